@@ -1,0 +1,38 @@
+// Files written atomically (temporary file in the same directory, fsync, rename, fsync of the
+// directory) so a killed process leaves either the old file or the new one, never a torn one.
+#pragma once
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace keel {
+
+void write_file_atomic(const std::string& path, std::string_view contents);
+std::string read_file(const std::string& path);  // keel::Error naming the path on failure
+bool path_exists(const std::string& path);
+void make_dirs(const std::string& path);  // mkdir -p; keel::Error on failure
+
+// The streaming form of write_file_atomic, for files too large to assemble in memory first
+// (checkpoints, safetensors): bytes go to ".<name>.tmp.<pid>" next to `path`, and commit()
+// fsyncs it, renames it over `path` and fsyncs the directory. Destroyed without commit()
+// (an exception on the way), the temporary file is removed and `path` is untouched.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(std::string path);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(const void* data, size_t size);
+  void write(std::string_view bytes) { write(bytes.data(), bytes.size()); }
+  void commit();
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string tmp_path_;
+  int fd_ = -1;
+  bool committed_ = false;
+};
+
+}  // namespace keel

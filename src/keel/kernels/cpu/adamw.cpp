@@ -1,0 +1,101 @@
+// AdamW (Loshchilov & Hutter 2019) reproducing torch.optim.AdamW's single-tensor path
+// (torch 1.13 `_single_tensor_adamw`) operation by operation in fp32:
+//   param.mul_(1 - lr*wd)
+//   exp_avg.mul_(b1).add_(grad, alpha=1-b1)            -> m = fma(g, 1-b1, m*b1)
+//   exp_avg_sq.mul_(b2).addcmul_(grad, grad, 1-b2)     -> v = v*b2 + ((1-b2)*g)*g
+//   denom = (exp_avg_sq.sqrt() / sqrt(1-b2^t)).add_(eps)
+//   param.addcdiv_(exp_avg, denom, value=-lr/(1-b1^t)) -> w = w + (-step_size*m) / denom
+// Scalars are formed in double (Python floats) and rounded to fp32 where torch rounds them.
+#include "keel/kernels/adamw.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace keel::kernels {
+namespace {
+
+// fp32 a*b + c with a single rounding, as torch's vectorised add_ (vec::fmadd) computes it.
+// a*b is exact in double, so the double sum is one rounding away from the exact result; rounding
+// that to float is then correct unless the double landed exactly on a float rounding boundary
+// (its 29 bits below float precision read 1000...0) or in float's subnormal range, where the
+// library fmaf decides. This keeps the common case free of a function call on CPUs where the
+// baseline build has no FMA instruction.
+inline float fused_multiply_add(float a, float b, float c) {
+  const double r = double(a) * double(b) + double(c);
+  uint64_t bits;
+  std::memcpy(&bits, &r, sizeof bits);
+  const bool on_boundary = (bits & 0x1fffffffu) == 0x10000000u;
+  const bool tiny = r != 0.0 && std::fabs(r) < 0x1p-125;
+  if (on_boundary || tiny) return std::fma(a, b, c);
+  return float(r);
+}
+
+// Elements per block of sum_of_squares: block sums are always formed the same way and added in
+// block order, so the result is independent of the number of threads.
+constexpr int64_t kSquaresBlock = int64_t(1) << 14;
+constexpr int64_t kBlocksPerRound = 256;
+constexpr int kLanes = 8;  // independent partial sums inside a block, for vectorisation
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelMinElements = int64_t(1) << 15;
+
+double block_sum_of_squares(const float* x, int64_t n) {
+  double lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int k = 0; k < kLanes; ++k) lane[k] += double(x[i + k]) * double(x[i + k]);
+  for (int k = 0; i < n; ++i, ++k) lane[k] += double(x[i]) * double(x[i]);
+  double sum = 0;
+  for (int k = 0; k < kLanes; ++k) sum += lane[k];
+  return sum;
+}
+
+}  // namespace
+
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s,
+                  double weight_decay, bf16* w_bf16) {
+  const float decay = float(1.0 - s.lr * weight_decay);
+  const float beta1 = float(s.beta1), one_minus_beta1 = float(1.0 - s.beta1);
+  const float beta2 = float(s.beta2), one_minus_beta2 = float(1.0 - s.beta2);
+  const double bias_correction1 = 1.0 - std::pow(s.beta1, double(s.step));
+  const double bias_correction2 = 1.0 - std::pow(s.beta2, double(s.step));
+  const float neg_step_size = float(-(s.lr / bias_correction1));
+  const float bias_correction2_sqrt = float(std::sqrt(bias_correction2));
+  const float eps = float(s.eps);
+#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
+  for (int64_t i = 0; i < n; ++i) {
+    const float gi = g[i];
+    const float mi = fused_multiply_add(gi, one_minus_beta1, m[i] * beta1);
+    const float vi = v[i] * beta2 + (one_minus_beta2 * gi) * gi;
+    const float denom = std::sqrt(vi) / bias_correction2_sqrt + eps;
+    const float wi = w[i] * decay + (neg_step_size * mi) / denom;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = wi;
+    if (w_bf16) w_bf16[i] = float_to_bf16(wi);
+  }
+}
+
+double sum_of_squares(const float* x, int64_t n) {
+  const int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
+  double partial[kBlocksPerRound];
+  double total = 0;
+  for (int64_t first = 0; first < blocks; first += kBlocksPerRound) {
+    const int64_t count = std::min(kBlocksPerRound, blocks - first);
+#pragma omp parallel for schedule(static) if (count > 1)
+    for (int64_t b = 0; b < count; ++b) {
+      const int64_t begin = (first + b) * kSquaresBlock;
+      partial[b] = block_sum_of_squares(x + begin, std::min(kSquaresBlock, n - begin));
+    }
+    for (int64_t b = 0; b < count; ++b) total += partial[b];
+  }
+  return total;
+}
+
+void scale_in_place(float* x, int64_t n, float factor) {
+#pragma omp parallel for simd schedule(static) if (n >= kParallelMinElements)
+  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+}  // namespace keel::kernels

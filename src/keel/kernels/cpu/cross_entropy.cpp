@@ -1,0 +1,73 @@
+// Softmax cross-entropy fused with its gradient, one row of logits at a time:
+//   lse = max + log(sum_j exp(x_j - max)),  loss = lse - x[label],
+//   d loss / d x_j = softmax_j - [j == label].
+// The row is overwritten in place: first with exp(x_j - max), then with the scaled gradient,
+// so only two passes over the vocabulary need an exp.
+#include "keel/kernels/cross_entropy.h"
+
+#include <cmath>
+#include <vector>
+
+#include "keel/core/error.h"
+
+namespace keel::kernels {
+namespace {
+
+// Below this many logits a parallel region costs more than it saves.
+constexpr int64_t kParallelMinElements = int64_t(1) << 15;
+
+
+// Loss of one row; the row becomes (softmax - onehot(label)) * grad_scale.
+template <typename T>
+double cross_entropy_row(T* x, int32_t label, int64_t vocab, double grad_scale) {
+  T max = x[0];
+  for (int64_t j = 1; j < vocab; ++j) max = x[j] > max ? x[j] : max;
+  const double target = double(x[label]);
+  double sum = 0;  // double: a 150k-term sum of float exps would lose the small ones
+  for (int64_t j = 0; j < vocab; ++j) {
+    const T e = std::exp(x[j] - max);
+    x[j] = e;
+    sum += double(e);
+  }
+  const double lse = double(max) + std::log(sum);
+  const double target_prob = double(x[label]) / sum;
+  const double prob_scale = grad_scale / sum;  // softmax_j * grad_scale = exp(x_j - max) * this
+  for (int64_t j = 0; j < vocab; ++j) x[j] = T(double(x[j]) * prob_scale);
+  x[label] = T((target_prob - 1.0) * grad_scale);
+  return lse - target;
+}
+
+}  // namespace
+
+template <typename T>
+double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows,
+                                      int64_t vocab, double grad_scale) {
+  for (int64_t r = 0; r < rows; ++r)
+    require(labels[r] == kIgnoreIndex || (labels[r] >= 0 && labels[r] < vocab),
+            "cross_entropy: row {} has label {}, expected {} or a token id in [0, {})", r,
+            labels[r], kIgnoreIndex, vocab);
+  // Row losses are summed after the parallel loop, in row order, so the total does not depend on
+  // the thread count.
+  static thread_local std::vector<double> row_loss;
+  row_loss.assign(rows, 0.0);
+  double* losses = row_loss.data();
+#pragma omp parallel for schedule(dynamic, 1) if (rows * vocab >= kParallelMinElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    T* x = logits + r * ld;
+    if (labels[r] == kIgnoreIndex) {
+      for (int64_t j = 0; j < vocab; ++j) x[j] = T(0);
+    } else {
+      losses[r] = cross_entropy_row(x, labels[r], vocab, grad_scale);
+    }
+  }
+  double total = 0;
+  for (int64_t r = 0; r < rows; ++r) total += losses[r];
+  return total;
+}
+
+template double cross_entropy_forward_backward<float>(float*, int64_t, const int32_t*, int64_t,
+                                                       int64_t, double);
+template double cross_entropy_forward_backward<double>(double*, int64_t, const int32_t*, int64_t,
+                                                        int64_t, double);
+
+}  // namespace keel::kernels

@@ -1,0 +1,154 @@
+// oneDNN matmul primitives, one per distinct (dtype, layout, shape, beta), created on first use and
+// reused: primitive creation costs far more than a small GEMM, and the training step calls the same
+// few shapes every step. Memory objects are cached too and only re-pointed (set_data_handle), so a
+// steady-state call allocates nothing.
+#include <chrono>
+#include <dnnl.hpp>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "keel/core/error.h"
+#include "keel/kernels/gemm.h"
+
+namespace keel::kernels {
+namespace {
+
+struct GemmKey {
+  bool bf16;
+  GemmShape s;
+  bool accumulate;
+  bool operator==(const GemmKey& o) const {
+    return bf16 == o.bf16 && accumulate == o.accumulate && s.trans_a == o.s.trans_a &&
+           s.trans_b == o.s.trans_b && s.m == o.s.m && s.n == o.s.n && s.k == o.s.k &&
+           s.lda == o.s.lda && s.ldb == o.s.ldb && s.ldc == o.s.ldc;
+  }
+};
+
+struct GemmKeyHash {
+  size_t operator()(const GemmKey& k) const {
+    size_t h = k.bf16 * 2 + k.accumulate;
+    for (int64_t v : {int64_t(k.s.trans_a), int64_t(k.s.trans_b), k.s.m, k.s.n, k.s.k, k.s.lda,
+                      k.s.ldb, k.s.ldc})
+      h = h * 1000003u ^ std::hash<int64_t>()(v);
+    return h;
+  }
+};
+
+struct GemmPlan {
+  dnnl::matmul primitive;
+  dnnl::memory a, b, c;
+  std::unordered_map<int, dnnl::memory> args;
+};
+
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+dnnl::stream& cpu_stream() {
+  static dnnl::stream stream(cpu_engine());
+  return stream;
+}
+
+// op(X) of logical size rows x cols stored row-major with leading dimension ld.
+dnnl::memory::desc operand_desc(Trans t, int64_t rows, int64_t cols, int64_t ld,
+                                dnnl::memory::data_type dt) {
+  dnnl::memory::dims dims{rows, cols};
+  dnnl::memory::dims strides = t == Trans::N ? dnnl::memory::dims{ld, 1} : dnnl::memory::dims{1, ld};
+  return dnnl::memory::desc(dims, dt, strides);
+}
+
+std::unique_ptr<GemmPlan> make_plan(const GemmKey& key) {
+  using dt = dnnl::memory::data_type;
+  const GemmShape& s = key.s;
+  dt in_type = key.bf16 ? dt::bf16 : dt::f32;
+  auto a_desc = operand_desc(s.trans_a, s.m, s.k, s.lda, in_type);
+  auto b_desc = operand_desc(s.trans_b, s.k, s.n, s.ldb, in_type);
+  auto c_desc = operand_desc(Trans::N, s.m, s.n, s.ldc, dt::f32);
+  dnnl::primitive_attr attr;
+  if (key.accumulate) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  auto& engine = cpu_engine();
+  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc, b_desc, c_desc), attr, engine);
+  auto plan = std::make_unique<GemmPlan>();
+  plan->primitive = dnnl::matmul(pd);
+  plan->a = dnnl::memory(a_desc, engine, DNNL_MEMORY_NONE);
+  plan->b = dnnl::memory(b_desc, engine, DNNL_MEMORY_NONE);
+  plan->c = dnnl::memory(c_desc, engine, DNNL_MEMORY_NONE);
+  plan->args = {{DNNL_ARG_SRC, plan->a}, {DNNL_ARG_WEIGHTS, plan->b}, {DNNL_ARG_DST, plan->c}};
+  return plan;
+}
+
+void validate(const GemmShape& s) {
+  require(s.m > 0 && s.n > 0 && s.k > 0, "gemm: empty shape {}x{}x{}", s.m, s.n, s.k);
+  require(s.lda >= (s.trans_a == Trans::N ? s.k : s.m) && s.ldb >= (s.trans_b == Trans::N ? s.n : s.k) &&
+              s.ldc >= s.n,
+          "gemm: leading dimension smaller than the row length");
+}
+
+void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, float beta) {
+  validate(s);
+  require(beta == 0.0f || beta == 1.0f, "gemm: beta must be 0 or 1, got {}", beta);
+  static std::unordered_map<GemmKey, std::unique_ptr<GemmPlan>, GemmKeyHash> cache;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);  // one stream, one caller at a time
+  GemmKey key{bf16, s, beta == 1.0f};
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, make_plan(key)).first;
+  GemmPlan& plan = *it->second;
+  plan.a.set_data_handle(const_cast<void*>(a));
+  plan.b.set_data_handle(const_cast<void*>(b));
+  plan.c.set_data_handle(c);
+  plan.primitive.execute(cpu_stream(), plan.args);
+  cpu_stream().wait();
+}
+
+}  // namespace
+
+void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, float beta) {
+  run(false, s, a, b, c, beta);
+}
+
+void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) {
+  run(true, s, a, b, c, beta);
+}
+
+void gemm_reference(const GemmShape& s, const double* a, const double* b, double* c, double beta) {
+  for (int64_t i = 0; i < s.m; ++i)
+    for (int64_t j = 0; j < s.n; ++j) {
+      double sum = 0;
+      for (int64_t p = 0; p < s.k; ++p) {
+        double av = s.trans_a == Trans::N ? a[i * s.lda + p] : a[p * s.lda + i];
+        double bv = s.trans_b == Trans::N ? b[p * s.ldb + j] : b[j * s.ldb + p];
+        sum += av * bv;
+      }
+      c[i * s.ldc + j] = sum + (beta == 0 ? 0.0 : beta * c[i * s.ldc + j]);
+    }
+}
+
+double measure_matmul_peak(bool use_bf16, int64_t size, int repeats) {
+  std::vector<float> a32(size * size, 0.5f), b32(size * size, 0.25f), c(size * size);
+  std::vector<bf16> a16(size * size, float_to_bf16(0.5f)), b16(size * size, float_to_bf16(0.25f));
+  auto shape = packed_gemm(Trans::N, Trans::N, size, size, size);
+  auto once = [&] {
+    if (use_bf16)
+      gemm_bf16(shape, a16.data(), b16.data(), c.data(), 0.0f);
+    else
+      gemm_f32(shape, a32.data(), b32.data(), c.data(), 0.0f);
+  };
+  once();  // warm-up: primitive creation and page faults
+  double best = 1e30;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    once();
+    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return 2.0 * double(size) * double(size) * double(size) / best;
+}
+
+}  // namespace keel::kernels

@@ -1,0 +1,93 @@
+// RMSNorm forward and backward (HF LlamaRMSNorm semantics).
+//   forward:  rstd = 1 / sqrt(mean(x^2) + eps),  y = w * (x * rstd)
+//   backward: with g = w * dy,
+//             dx = rstd * (g - x * rstd^2 * mean(g * x))
+//             dw += sum_rows(dy * x * rstd)
+#include "keel/kernels/rmsnorm.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace keel::kernels {
+namespace {
+
+// Columns of dw reduced by one task: rows are visited in order for every column, so the sum
+// for a column never depends on how many threads share the work.
+constexpr int64_t kDwColumnBlock = 256;
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelMinElements = int64_t(1) << 15;
+
+// mean(x^2) accumulated in double: for T=float this is at least as accurate as torch's float
+// reduction, and the result is rounded back to T before eps is added, as torch does.
+template <typename T>
+T mean_of_squares(const T* x, int64_t dim) {
+  double sum = 0;
+  for (int64_t c = 0; c < dim; ++c) sum += double(x[c]) * double(x[c]);
+  return T(sum / double(dim));
+}
+
+// d(loss)/dx for one row; mean(g*x) in double.
+template <typename T>
+void rmsnorm_row_backward(const T* x, const T* w, T rstd, const T* dy, int64_t dim, T* dx) {
+  double dot = 0;
+  for (int64_t c = 0; c < dim; ++c) dot += double(w[c]) * double(dy[c]) * double(x[c]);
+  const double r = rstd;
+  const double coef = r * r * (dot / double(dim));
+  for (int64_t c = 0; c < dim; ++c) {
+    const double g = double(w[c]) * double(dy[c]);
+    dx[c] = T(r * (g - double(x[c]) * coef));
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd) {
+#pragma omp parallel for schedule(static) if (rows * dim >= kParallelMinElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * dim;
+    T* yr = y + r * dim;
+    // torch: rsqrt(variance + eps) in the tensor's dtype, i.e. 1/sqrt correctly rounded.
+    const T rs = T(1) / std::sqrt(mean_of_squares(xr, dim) + T(eps));
+    rstd[r] = rs;
+    for (int64_t c = 0; c < dim; ++c) yr[c] = w[c] * (xr[c] * rs);
+  }
+}
+
+template <typename T>
+void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim,
+                      T* dx, T* dw) {
+  const int64_t column_blocks = (dim + kDwColumnBlock - 1) / kDwColumnBlock;
+#pragma omp parallel if (rows * dim >= kParallelMinElements)
+  {
+#pragma omp for schedule(static) nowait
+    for (int64_t r = 0; r < rows; ++r)
+      rmsnorm_row_backward(x + r * dim, w, rstd[r], dy + r * dim, dim, dx + r * dim);
+
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < column_blocks; ++blk) {
+      const int64_t c0 = blk * kDwColumnBlock;
+      const int64_t nc = std::min(kDwColumnBlock, dim - c0);
+      double acc[kDwColumnBlock] = {};
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* xr = x + r * dim + c0;
+        const T* dyr = dy + r * dim + c0;
+        const double rs = rstd[r];
+        for (int64_t c = 0; c < nc; ++c) acc[c] += double(dyr[c]) * (double(xr[c]) * rs);
+      }
+      for (int64_t c = 0; c < nc; ++c) dw[c0 + c] = T(double(dw[c0 + c]) + acc[c]);
+    }
+  }
+}
+
+template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*,
+                                     float*);
+template void rmsnorm_forward<double>(const double*, const double*, int64_t, int64_t, double,
+                                      double*, double*);
+template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*,
+                                      int64_t, int64_t, float*, float*);
+template void rmsnorm_backward<double>(const double*, const double*, const double*, const double*,
+                                       int64_t, int64_t, double*, double*);
+
+}  // namespace keel::kernels

@@ -1,0 +1,49 @@
+// SwiGLU (Shazeer 2020): out = silu(g) * u, silu(g) = g * sigmoid(g) = g / (1 + exp(-g)).
+// Derivatives: d out/du = silu(g);  d out/dg = u * sigmoid(g) * (1 + g * (1 - sigmoid(g))).
+#include "keel/kernels/swiglu.h"
+
+#include <cmath>
+
+namespace keel::kernels {
+namespace {
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr int64_t kParallelMinElements = int64_t(1) << 15;
+
+}  // namespace
+
+template <typename T>
+void swiglu_forward(const T* gate_up, int64_t rows, int64_t inter, T* out) {
+#pragma omp parallel for schedule(static) if (rows * inter >= kParallelMinElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* g = gate_up + r * 2 * inter;
+    const T* u = g + inter;
+    T* o = out + r * inter;
+    // torch's silu kernel evaluates x / (1 + exp(-x)); same expression for the same rounding.
+    for (int64_t c = 0; c < inter; ++c) o[c] = g[c] / (T(1) + std::exp(-g[c])) * u[c];
+  }
+}
+
+template <typename T>
+void swiglu_backward(const T* gate_up, const T* dout, int64_t rows, int64_t inter, T* dgate_up) {
+#pragma omp parallel for schedule(static) if (rows * inter >= kParallelMinElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    const T* g = gate_up + r * 2 * inter;
+    const T* u = g + inter;
+    const T* dy = dout + r * inter;
+    T* dg = dgate_up + r * 2 * inter;
+    T* du = dg + inter;
+    for (int64_t c = 0; c < inter; ++c) {
+      const T sig = T(1) / (T(1) + std::exp(-g[c]));
+      du[c] = dy[c] * (g[c] * sig);
+      dg[c] = dy[c] * u[c] * sig * (T(1) + g[c] * (T(1) - sig));
+    }
+  }
+}
+
+template void swiglu_forward<float>(const float*, int64_t, int64_t, float*);
+template void swiglu_forward<double>(const double*, int64_t, int64_t, double*);
+template void swiglu_backward<float>(const float*, const float*, int64_t, int64_t, float*);
+template void swiglu_backward<double>(const double*, const double*, int64_t, int64_t, double*);
+
+}  // namespace keel::kernels

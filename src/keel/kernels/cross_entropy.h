@@ -1,0 +1,19 @@
+// Softmax cross-entropy over a block of logits, fused with its gradient: the LM head computes a
+// block of rows of logits at a time, and this turns them into loss and dlogits in place, so the
+// full [tokens, vocab] logits never exist at once.
+#pragma once
+#include <cstdint>
+
+namespace keel::kernels {
+
+constexpr int32_t kIgnoreIndex = -100;  // label value that contributes neither loss nor gradient
+
+// logits: [rows, vocab] (row stride ld), overwritten by d(loss)/d(logits) * grad_scale
+// (softmax - onehot, times grad_scale; rows whose label is kIgnoreIndex get zeros).
+// Returns the SUM over non-ignored rows of -log softmax(logits)[label]
+// (callers divide by the number of target tokens). labels must be in [0, vocab) or kIgnoreIndex.
+template <typename T>
+double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows,
+                                      int64_t vocab, double grad_scale);
+
+}  // namespace keel::kernels

@@ -1,0 +1,15 @@
+// Token embedding lookup and its gradient (a scatter-add into the used rows).
+#pragma once
+#include <cstdint>
+
+namespace keel::kernels {
+
+// out[i] = table[ids[i]]; ids are validated by the caller to be < vocab.
+template <typename T>
+void embedding_forward(const int32_t* ids, int64_t n, const T* table, int64_t hidden, T* out);
+// dtable[ids[i]] += dout[i] (ACCUMULATES); deterministic whatever the thread count.
+template <typename T>
+void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hidden, int64_t vocab,
+                        T* dtable);
+
+}  // namespace keel::kernels

@@ -1,0 +1,722 @@
+#include "keel/model/config.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <simdjson.h>
+
+#include <cmath>
+#include <map>
+#include <optional>
+#include <set>
+#include <string_view>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+
+namespace keel::model {
+namespace {
+
+namespace dom = simdjson::dom;
+
+// --- the four formats ---------------------------------------------------------------------------
+
+// Where each size lives in a format's config.json, so parser, writer and error messages agree.
+struct FormatKeys {
+  const char* vocab;
+  const char* hidden;
+  const char* intermediate;
+  const char* layers;
+  const char* heads;
+  const char* kv_heads;
+  const char* head_dim;
+  const char* norm_eps;
+  const char* max_positions;
+};
+constexpr FormatKeys kTransformersKeys{"vocab_size",          "hidden_size",         "intermediate_size",
+                                      "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
+                                      "head_dim",            "rms_norm_eps",        "max_position_embeddings"};
+// THUDM's remote-code ChatGLMConfig (configuration_chatglm.py).
+constexpr FormatKeys kChatGlmKeys{"padded_vocab_size",   "hidden_size",         "ffn_hidden_size",
+                                 "num_layers",          "num_attention_heads", "multi_query_group_num",
+                                 "kv_channels",         "layernorm_epsilon",   "seq_length"};
+
+const FormatKeys& keys_of(Family f) { return f == Family::GlmOriginal ? kChatGlmKeys : kTransformersKeys; }
+
+struct FamilyFormat {
+  Family family;
+  std::string_view name;        // keel's name (recipes, CLI)
+  std::string_view model_type;  // config.json "model_type"
+  std::vector<std::string_view> architectures;  // first one is what keel writes
+  int64_t default_max_positions;                // the config class's default
+};
+
+const std::vector<FamilyFormat>& family_formats() {
+  static const std::vector<FamilyFormat> formats = {
+      {Family::Llama, "llama", "llama", {"LlamaForCausalLM"}, 2048},
+      {Family::Qwen2, "qwen2", "qwen2", {"Qwen2ForCausalLM"}, 32768},
+      {Family::Glm, "glm", "glm", {"GlmForCausalLM"}, 131072},
+      {Family::GlmOriginal, "glm_original", "chatglm", {"ChatGLMModel", "ChatGLMForConditionalGeneration"}, 2048},
+  };
+  return formats;
+}
+
+const FamilyFormat& format_of(Family f) {
+  for (const auto& format : family_formats()) {
+    if (format.family == f) return format;
+  }
+  fail("model config: unknown family value {}", int(f));
+}
+
+std::string supported_architectures() {
+  std::string list;
+  for (const auto& format : family_formats()) {
+    for (auto arch : format.architectures) list += (list.empty() ? "" : ", ") + std::string(arch);
+  }
+  return list;
+}
+
+// Sane upper bounds: a config.json is untrusted input, and these sizes become allocations.
+constexpr int64_t kMaxVocab = int64_t(1) << 31;
+constexpr int64_t kMaxHidden = int64_t(1) << 20;
+constexpr int64_t kMaxIntermediate = int64_t(1) << 22;
+constexpr int64_t kMaxLayers = 10000;
+constexpr int64_t kMaxHeads = int64_t(1) << 14;
+constexpr int64_t kMaxHeadDim = int64_t(1) << 14;
+constexpr int64_t kMaxProjection = int64_t(1) << 22;  // heads * head_dim
+constexpr int64_t kMaxPositions = int64_t(1) << 31;
+constexpr double kGlmRopeBase = 10000.0;  // ChatGLM: base = 10000 * rope_ratio
+
+// --- JSON text -----------------------------------------------------------------------------------
+
+std::string json_quoted(std::string_view s) {
+  std::string out = "\"";
+  for (char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(ch));
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + '"';
+}
+
+// Shortest text that reads back to the same double, written as Python's json does (10000.0,
+// 1e-05) so that a float stays a float for readers that care.
+std::string json_number(double v) {
+  std::string text = fmt::format("{}", v);
+  if (text.find_first_of(".eni") == std::string::npos) text += ".0";
+  return text;
+}
+
+const char* json_bool(bool v) { return v ? "true" : "false"; }
+
+// Pretty-printed like Python's json.dumps(indent=2), the layout transformers writes.
+void append_pretty(std::string& out, dom::element e, int indent) {
+  std::string pad(size_t(indent) + 2, ' ');
+  switch (e.type()) {
+    case dom::element_type::ARRAY: {
+      dom::array array = e;
+      if (array.size() == 0) {
+        out += "[]";
+        return;
+      }
+      out += '[';
+      bool first = true;
+      for (dom::element item : array) {
+        out += first ? "\n" : ",\n";
+        first = false;
+        out += pad;
+        append_pretty(out, item, indent + 2);
+      }
+      out += '\n' + std::string(size_t(indent), ' ') + ']';
+      return;
+    }
+    case dom::element_type::OBJECT: {
+      dom::object object = e;
+      if (object.size() == 0) {
+        out += "{}";
+        return;
+      }
+      out += '{';
+      bool first = true;
+      for (dom::key_value_pair kv : object) {
+        out += first ? "\n" : ",\n";
+        first = false;
+        out += pad + json_quoted(kv.key) + ": ";
+        append_pretty(out, kv.value, indent + 2);
+      }
+      out += '\n' + std::string(size_t(indent), ' ') + '}';
+      return;
+    }
+    case dom::element_type::INT64: out += std::to_string(int64_t(e)); return;
+    case dom::element_type::UINT64: out += std::to_string(uint64_t(e)); return;
+    case dom::element_type::DOUBLE: out += json_number(double(e)); return;
+    case dom::element_type::STRING: out += json_quoted(std::string_view(e)); return;
+    case dom::element_type::BOOL: out += json_bool(bool(e)); return;
+    case dom::element_type::NULL_VALUE: out += "null"; return;
+  }
+}
+
+std::string_view json_type_name(dom::element e) {
+  switch (e.type()) {
+    case dom::element_type::ARRAY: return "array";
+    case dom::element_type::OBJECT: return "object";
+    case dom::element_type::INT64:
+    case dom::element_type::UINT64: return "integer";
+    case dom::element_type::DOUBLE: return "number";
+    case dom::element_type::STRING: return "string";
+    case dom::element_type::BOOL: return "boolean";
+    case dom::element_type::NULL_VALUE: return "null";
+  }
+  return "unknown";
+}
+
+// "string \"4096\"": the type and, shortened, the value, so the user can find it in the file.
+std::string describe(dom::element e) {
+  std::string text = simdjson::minify(e);
+  if (text.size() > 40) text = text.substr(0, 37) + "...";
+  return e.is_null() ? "null" : fmt::format("{} {}", json_type_name(e), text);
+}
+
+dom::element parse_json(dom::parser& parser, const std::string& text, const std::string& path) {
+  dom::element root;
+  if (auto error = parser.parse(text.data(), text.size()).get(root)) {
+    fail("{}: expected valid JSON: {}", path, simdjson::error_message(error));
+  }
+  if (!root.is_object()) fail("{}: expected a JSON object at the top level, found {}", path, json_type_name(root));
+  return root;
+}
+
+// --- reading config.json -------------------------------------------------------------------------
+
+// The top-level object of a config.json with typed, checked accessors. Absent and null are the
+// same: transformers writes null for "use the default".
+class ConfigObject {
+ public:
+  ConfigObject(dom::object object, const std::string& path) : path_(path) {
+    for (dom::key_value_pair kv : object) {
+      // Python's json keeps the last duplicate, simdjson the first: refuse rather than guess.
+      if (!values_.emplace(kv.key, kv.value).second) fail("{}: key '{}': expected once, found twice", path, kv.key);
+    }
+  }
+
+  const std::string& path() const { return path_; }
+
+  std::optional<dom::element> get(std::string_view key) const {
+    auto it = values_.find(key);
+    if (it == values_.end() || it->second.is_null()) return std::nullopt;
+    return it->second;
+  }
+
+  [[noreturn]] void wrong_type(std::string_view key, std::string_view expected, dom::element found) const {
+    fail("{}: key '{}': expected {}, found {}", path_, key, expected, describe(found));
+  }
+
+  int64_t positive_int(std::string_view key) const {
+    auto v = get(key);
+    if (!v) fail("{}: key '{}': expected a positive integer, found nothing (the key is required)", path_, key);
+    return positive_int_value(key, *v);
+  }
+
+  int64_t positive_int_or(std::string_view key, int64_t fallback) const {
+    auto v = get(key);
+    return v ? positive_int_value(key, *v) : fallback;
+  }
+
+  // Token ids: absent or null -> -1.
+  int64_t token_id_or_none(std::string_view key) const {
+    auto v = get(key);
+    if (!v) return -1;
+    auto id = integer(*v);
+    if (!id || *id < 0) wrong_type(key, "a non-negative integer or null", *v);
+    return *id;
+  }
+
+  double positive_number_or(std::string_view key, double fallback) const {
+    auto v = get(key);
+    if (!v) return fallback;
+    return positive_number_value(key, *v);
+  }
+
+  double positive_number_value(std::string_view key, dom::element v) const {
+    if (!v.is_number()) wrong_type(key, "a positive number", v);
+    double x = v.type() == dom::element_type::DOUBLE ? double(v)
+               : v.type() == dom::element_type::INT64 ? double(int64_t(v))
+                                                       : double(uint64_t(v));
+    if (!(x > 0) || !std::isfinite(x)) wrong_type(key, "a positive number", v);
+    return x;
+  }
+
+  bool bool_or(std::string_view key, bool fallback) const {
+    auto v = get(key);
+    if (!v) return fallback;
+    if (!v->is_bool()) wrong_type(key, "true or false", *v);
+    return bool(*v);
+  }
+
+  std::optional<std::string> string(std::string_view key) const {
+    auto v = get(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) wrong_type(key, "a string", *v);
+    return std::string(std::string_view(*v));
+  }
+
+  static std::optional<int64_t> integer(dom::element v) {
+    if (v.type() == dom::element_type::INT64) return int64_t(v);
+    if (v.type() == dom::element_type::DOUBLE) {  // 4096.0: a float that is a whole number
+      double x = double(v);
+      if (std::isfinite(x) && x == std::floor(x) && std::abs(x) < 9.0e15) return int64_t(x);
+    }
+    return std::nullopt;  // UINT64 is above int64's range: too large for any size
+  }
+
+ private:
+  int64_t positive_int_value(std::string_view key, dom::element v) const {
+    auto x = integer(v);
+    if (!x || *x <= 0) wrong_type(key, "a positive integer", v);
+    return *x;
+  }
+
+  const std::string& path_;
+  std::map<std::string_view, dom::element, std::less<>> values_;  // views into the parser's document
+};
+
+Family detect_family(const ConfigObject& cfg, std::string* architecture) {
+  std::optional<std::string> model_type = cfg.string("model_type");
+  if (auto archs = cfg.get("architectures")) {
+    dom::array list;
+    dom::element first;
+    if (archs->get_array().get(list) != simdjson::SUCCESS || list.at(0).get(first) != simdjson::SUCCESS ||
+        !first.is_string()) {
+      cfg.wrong_type("architectures", "a non-empty array of strings", *archs);
+    }
+    *architecture = std::string(std::string_view(first));
+    for (const auto& format : family_formats()) {
+      for (auto arch : format.architectures) {
+        if (arch == *architecture) return format.family;
+      }
+    }
+    // THUDM's checkpoints name several remote-code classes; model_type is the reliable mark.
+    if (model_type == "chatglm") return Family::GlmOriginal;
+    fail("{}: key 'architectures': expected one of {}, found \"{}\" (not supported)", cfg.path(),
+         supported_architectures(), *architecture);
+  }
+  if (model_type) {
+    for (const auto& format : family_formats()) {
+      if (format.model_type == *model_type) {
+        *architecture = std::string(format.architectures.front());
+        return format.family;
+      }
+    }
+  }
+  fail("{}: key 'architectures': expected one of {} (or a known model_type), found {}", cfg.path(),
+       supported_architectures(), model_type ? fmt::format("model_type \"{}\"", *model_type) : "neither key");
+}
+
+// keel implements plain RoPE (Su et al. 2021); scaled variants (linear, dynamic NTK, YaRN,
+// llama3) change the frequencies and would silently give wrong results.
+void require_default_rope(const ConfigObject& cfg, std::string_view key, bool type_required) {
+  auto v = cfg.get(key);
+  if (!v) return;
+  dom::object object;
+  if (v->get_object().get(object) != simdjson::SUCCESS) cfg.wrong_type(key, "an object or null", *v);
+  dom::element type;
+  bool has_type = object["rope_type"].get(type) == simdjson::SUCCESS || object["type"].get(type) == simdjson::SUCCESS;
+  if (!has_type && (!type_required || object.size() == 0)) return;
+  if (has_type && type.is_string() && std::string_view(type) == "default") return;
+  fail("{}: key '{}': RoPE scaling {} is not supported (keel implements plain RoPE only; expected null or "
+       "rope_type \"default\")",
+       cfg.path(), key, has_type ? describe(type) : simdjson::minify(*v));
+}
+
+// transformers v5 moved rope_theta and partial_rotary_factor into "rope_parameters"; the
+// top-level key wins when both are present.
+std::optional<double> rope_parameter(const ConfigObject& cfg, std::string_view name) {
+  auto params = cfg.get("rope_parameters");
+  dom::element v;
+  if (!params || !params->is_object() || (*params)[name].get(v) != simdjson::SUCCESS || v.is_null()) return std::nullopt;
+  return cfg.positive_number_value(fmt::format("rope_parameters.{}", name), v);
+}
+
+// A flag of the original ChatGLM format that selects a variant keel does not implement.
+void require_flag(const ConfigObject& cfg, std::string_view key, bool default_value, bool supported, std::string_view why) {
+  if (cfg.bool_or(key, default_value) != supported) {
+    fail("{}: key '{}': {} is not supported ({}; expected {})", cfg.path(), key, json_bool(!supported), why,
+         json_bool(supported));
+  }
+}
+
+int64_t head_dim_or_derived(const ConfigObject& cfg, const FormatKeys& k, const ModelConfig& c) {
+  if (cfg.get(k.head_dim)) return cfg.positive_int(k.head_dim);
+  if (c.hidden_size % c.num_heads != 0) {
+    fail("{}: key '{}': absent, and {} ({}) is not a multiple of {} ({}) to derive it from", cfg.path(), k.head_dim,
+         k.hidden, c.hidden_size, k.heads, c.num_heads);
+  }
+  return c.hidden_size / c.num_heads;
+}
+
+// LlamaForCausalLM, Qwen2ForCausalLM and GlmForCausalLM share transformers' key names.
+void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
+  const FormatKeys& k = kTransformersKeys;
+  c.vocab_size = cfg.positive_int(k.vocab);
+  c.hidden_size = cfg.positive_int(k.hidden);
+  c.intermediate_size = cfg.positive_int(k.intermediate);
+  c.num_layers = cfg.positive_int(k.layers);
+  c.num_heads = cfg.positive_int(k.heads);
+  c.num_kv_heads = cfg.positive_int_or(k.kv_heads, c.num_heads);
+  c.head_dim = head_dim_or_derived(cfg, k, c);
+  c.rms_norm_eps = cfg.positive_number_or(k.norm_eps, 1e-6);
+  c.max_position_embeddings = cfg.positive_int_or(k.max_positions, format_of(c.family).default_max_positions);
+
+  if (auto act = cfg.string("hidden_act"); act && *act != "silu") {
+    fail("{}: key 'hidden_act': expected \"silu\" (the SwiGLU MLP keel implements), found \"{}\" (not supported)",
+         cfg.path(), *act);
+  }
+  require_default_rope(cfg, "rope_scaling", true);
+  require_default_rope(cfg, "rope_parameters", false);
+  c.rope_theta = cfg.positive_number_or("rope_theta", rope_parameter(cfg, "rope_theta").value_or(10000.0));
+  if (cfg.bool_or("mlp_bias", false)) {
+    fail("{}: key 'mlp_bias': true is not supported (keel's MLP has no biases; expected false)", cfg.path());
+  }
+
+  c.rotary_dim = c.head_dim;
+  c.rope_interleaved = false;
+  switch (c.family) {
+    case Family::Llama:
+      // Llama's attention_bias adds a bias to o_proj as well as q/k/v, and keel has no o_proj
+      // bias: accepting it would drop a trained tensor.
+      if (cfg.bool_or("attention_bias", false)) {
+        fail("{}: key 'attention_bias': true is not supported for LlamaForCausalLM (it adds an o_proj bias keel "
+             "does not implement; expected false)",
+             cfg.path());
+      }
+      c.qkv_bias = false;
+      break;
+    case Family::Qwen2:
+      c.qkv_bias = true;  // Qwen2Attention always has q/k/v biases, whatever the config says
+      if (cfg.bool_or("use_sliding_window", false)) {
+        fail("{}: key 'use_sliding_window': true is not supported (keel implements full causal attention; "
+             "expected false)",
+             cfg.path());
+      }
+      break;
+    case Family::Glm: {
+      c.qkv_bias = cfg.bool_or("attention_bias", true);
+      double factor =
+          cfg.positive_number_or("partial_rotary_factor", rope_parameter(cfg, "partial_rotary_factor").value_or(0.5));
+      if (factor > 1.0) {
+        fail("{}: key 'partial_rotary_factor': expected a number in (0, 1], found {}", cfg.path(), json_number(factor));
+      }
+      // As GlmRotaryEmbedding: int(head_dim * partial_rotary_factor), truncating.
+      c.rotary_dim = int64_t(double(c.head_dim) * factor);
+      c.rope_interleaved = true;
+      break;
+    }
+    case Family::GlmOriginal: break;
+  }
+}
+
+// THUDM/glm-4-9b's own format (configuration_chatglm.py); defaults are ChatGLMConfig's.
+void parse_chatglm_format(const ConfigObject& cfg, ModelConfig& c) {
+  const FormatKeys& k = kChatGlmKeys;
+  c.vocab_size = cfg.positive_int(k.vocab);
+  c.hidden_size = cfg.positive_int(k.hidden);
+  c.intermediate_size = cfg.positive_int(k.intermediate);
+  c.num_layers = cfg.positive_int(k.layers);
+  c.num_heads = cfg.positive_int(k.heads);
+  c.head_dim = head_dim_or_derived(cfg, k, c);
+  // Grouped-query attention is "multi-query attention" with multi_query_group_num groups.
+  bool grouped = cfg.bool_or("multi_query_attention", false);
+  c.num_kv_heads = grouped ? cfg.positive_int_or(k.kv_heads, 1) : c.num_heads;
+  c.rms_norm_eps = cfg.positive_number_or(k.norm_eps, 1e-5);
+  c.max_position_embeddings = cfg.positive_int_or(k.max_positions, format_of(c.family).default_max_positions);
+  c.qkv_bias = cfg.bool_or("add_qkv_bias", false);
+  c.rope_theta = kGlmRopeBase * cfg.positive_number_or("rope_ratio", 1.0);
+  // RotaryEmbedding(kv_channels // 2) in modeling_chatglm.py: half of each head rotates, in
+  // interleaved pairs (x[2i], x[2i+1]).
+  c.rotary_dim = c.head_dim / 2;
+  c.rope_interleaved = true;
+
+  require_flag(cfg, "rmsnorm", true, true, "keel implements RMSNorm, not LayerNorm");
+  require_flag(cfg, "post_layer_norm", true, true, "keel always applies the final norm");
+  require_flag(cfg, "apply_residual_connection_post_layernorm", false, false,
+               "keel implements the pre-norm residual");
+  require_flag(cfg, "add_bias_linear", false, false, "keel's dense and MLP layers have no biases");
+}
+
+DType parse_torch_dtype(const ConfigObject& cfg) {
+  // transformers >= 4.56 writes "dtype"; earlier versions "torch_dtype".
+  std::string_view key = cfg.get("torch_dtype") ? "torch_dtype" : "dtype";
+  auto v = cfg.get(key);
+  if (!v) return DType::F32;
+  std::string_view name = v->is_string() ? std::string_view(*v) : std::string_view();
+  if (name == "float32") return DType::F32;
+  if (name == "bfloat16") return DType::BF16;
+  if (name == "float16") return DType::F16;
+  cfg.wrong_type(key, "\"float32\", \"bfloat16\" or \"float16\"", *v);
+}
+
+std::vector<int64_t> parse_eos_token_ids(const ConfigObject& cfg) {
+  auto v = cfg.get("eos_token_id");
+  if (!v) return {};
+  constexpr std::string_view expected = "a non-negative integer, a list of them, or null";
+  if (auto id = ConfigObject::integer(*v)) {
+    if (*id < 0) cfg.wrong_type("eos_token_id", expected, *v);
+    return {*id};
+  }
+  dom::array list;
+  if (v->get_array().get(list) != simdjson::SUCCESS) cfg.wrong_type("eos_token_id", expected, *v);
+  std::vector<int64_t> ids;
+  for (dom::element item : list) {
+    auto id = ConfigObject::integer(item);
+    if (!id || *id < 0) cfg.wrong_type("eos_token_id", expected, *v);
+    ids.push_back(*id);
+  }
+  return ids;
+}
+
+// --- writing config.json -------------------------------------------------------------------------
+
+// The double f nearest to target / base for which base * f == target, so that a value a reader
+// rebuilds by multiplication (rope_theta = 10000 * rope_ratio) comes back bit-identical.
+double factor_reproducing(double target, double base) {
+  double f = target / base;
+  for (int i = 0; i < 8 && base * f != target; ++i) f = std::nextafter(f, base * f < target ? INFINITY : -INFINITY);
+  return f;
+}
+
+std::string eos_json(const std::vector<int64_t>& ids) {
+  if (ids.size() == 1) return std::to_string(ids[0]);
+  return fmt::format("[{}]", fmt::join(ids, ","));
+}
+
+// Fields as key -> JSON text; std::map sorts the keys, as transformers' sort_keys=True does.
+using JsonFields = std::map<std::string, std::string>;
+
+void add_common_fields(JsonFields& f, const ModelConfig& c, DType dtype) {
+  const FamilyFormat& format = format_of(c.family);
+  std::string_view arch = format.architectures.front();
+  for (auto known : format.architectures) {
+    if (known == c.architecture) arch = known;  // keep ChatGLMForConditionalGeneration if that was read
+  }
+  f["architectures"] = fmt::format("[{}]", json_quoted(arch));
+  f["model_type"] = json_quoted(format.model_type);
+  f["torch_dtype"] = json_quoted(dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32");
+  f["tie_word_embeddings"] = json_bool(c.tie_word_embeddings);
+  if (!c.eos_token_ids.empty()) f["eos_token_id"] = eos_json(c.eos_token_ids);
+  if (c.bos_token_id >= 0) f["bos_token_id"] = std::to_string(c.bos_token_id);
+  if (c.pad_token_id >= 0) f["pad_token_id"] = std::to_string(c.pad_token_id);
+  f["use_cache"] = "true";
+}
+
+void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
+  const FormatKeys& k = kTransformersKeys;
+  f[k.vocab] = std::to_string(c.vocab_size);
+  f[k.hidden] = std::to_string(c.hidden_size);
+  f[k.intermediate] = std::to_string(c.intermediate_size);
+  f[k.layers] = std::to_string(c.num_layers);
+  f[k.heads] = std::to_string(c.num_heads);
+  f[k.kv_heads] = std::to_string(c.num_kv_heads);
+  f[k.head_dim] = std::to_string(c.head_dim);
+  f[k.norm_eps] = json_number(c.rms_norm_eps);
+  f[k.max_positions] = std::to_string(c.max_position_embeddings);
+  f["hidden_act"] = "\"silu\"";
+  f["rope_theta"] = json_number(c.rope_theta);
+  f["rope_scaling"] = "null";
+  f["attention_dropout"] = "0.0";
+  switch (c.family) {
+    case Family::Llama:
+      f["attention_bias"] = "false";
+      f["mlp_bias"] = "false";
+      break;
+    case Family::Qwen2:
+      f["use_sliding_window"] = "false";
+      break;
+    case Family::Glm: {
+      f["attention_bias"] = json_bool(c.qkv_bias);
+      double factor = double(c.rotary_dim) / double(c.head_dim);
+      // The reader truncates head_dim * factor; make sure that lands on rotary_dim, not below.
+      for (int i = 0; i < 8 && int64_t(double(c.head_dim) * factor) < c.rotary_dim; ++i) {
+        factor = std::nextafter(factor, INFINITY);
+      }
+      f["partial_rotary_factor"] = json_number(factor);
+      break;
+    }
+    case Family::GlmOriginal: break;
+  }
+}
+
+void add_chatglm_fields(JsonFields& f, const ModelConfig& c) {
+  const FormatKeys& k = kChatGlmKeys;
+  f[k.vocab] = std::to_string(c.vocab_size);
+  f[k.hidden] = std::to_string(c.hidden_size);
+  f[k.intermediate] = std::to_string(c.intermediate_size);
+  f[k.layers] = std::to_string(c.num_layers);
+  f[k.heads] = std::to_string(c.num_heads);
+  f[k.kv_heads] = std::to_string(c.num_kv_heads);
+  f[k.head_dim] = std::to_string(c.head_dim);
+  f[k.norm_eps] = json_number(c.rms_norm_eps);
+  f[k.max_positions] = std::to_string(c.max_position_embeddings);
+  f["multi_query_attention"] = json_bool(c.num_kv_heads != c.num_heads);
+  f["add_qkv_bias"] = json_bool(c.qkv_bias);
+  f["rope_ratio"] = json_number(factor_reproducing(c.rope_theta, kGlmRopeBase));
+  f["rmsnorm"] = "true";
+  f["post_layer_norm"] = "true";
+  f["apply_residual_connection_post_layernorm"] = "false";
+  f["add_bias_linear"] = "false";
+  f["original_rope"] = "true";
+  f["attention_dropout"] = "0.0";
+  f["hidden_dropout"] = "0.0";
+}
+
+std::string generated_config_json(const ModelConfig& c, DType dtype) {
+  JsonFields fields;
+  add_common_fields(fields, c, dtype);
+  if (c.family == Family::GlmOriginal) {
+    add_chatglm_fields(fields, c);
+  } else {
+    add_transformers_fields(fields, c);
+  }
+  std::string json = "{";
+  for (const auto& [key, value] : fields) json += (json.size() > 1 ? "," : "") + json_quoted(key) + ":" + value;
+  return json + "}";
+}
+
+void check_size(const std::string& where, const char* key, int64_t value, int64_t limit) {
+  require(value > 0 && value < limit, "{}: {}: expected a positive integer below {}, found {}", where, key, limit, value);
+}
+
+}  // namespace
+
+std::string family_name(Family f) { return std::string(format_of(f).name); }
+
+Family family_from_name(const std::string& name) {
+  std::string valid;
+  for (const auto& format : family_formats()) {
+    if (format.name == name) return format.family;
+    valid += (valid.empty() ? "" : ", ") + std::string(format.name);
+  }
+  fail("model family: expected one of {}, found \"{}\"", valid, name);
+}
+
+int64_t ModelConfig::matmul_parameters() const {
+  int64_t attention = hidden_size * q_size() + 2 * hidden_size * kv_size() + q_size() * hidden_size;
+  int64_t mlp = 3 * hidden_size * intermediate_size;  // gate, up, down (SwiGLU)
+  // The LM head is a matmul on every token even when its weight is the embedding's.
+  return num_layers * (attention + mlp) + vocab_size * hidden_size;
+}
+
+int64_t ModelConfig::total_parameters() const {
+  int64_t embedding = vocab_size * hidden_size;
+  int64_t lm_head = tie_word_embeddings ? 0 : vocab_size * hidden_size;
+  int64_t per_layer = hidden_size * q_size() + 2 * hidden_size * kv_size() + q_size() * hidden_size +
+                      3 * hidden_size * intermediate_size + 2 * hidden_size;  // + input and post-attention norms
+  if (qkv_bias) per_layer += q_size() + 2 * kv_size();
+  return embedding + lm_head + num_layers * per_layer + hidden_size;  // + final norm
+}
+
+void validate(const ModelConfig& c, const std::string& where) {
+  const FormatKeys& k = keys_of(c.family);
+  const std::string family(format_of(c.family).name);
+  check_size(where, k.vocab, c.vocab_size, kMaxVocab);
+  check_size(where, k.hidden, c.hidden_size, kMaxHidden);
+  check_size(where, k.intermediate, c.intermediate_size, kMaxIntermediate);
+  check_size(where, k.layers, c.num_layers, kMaxLayers);
+  check_size(where, k.heads, c.num_heads, kMaxHeads);
+  check_size(where, k.kv_heads, c.num_kv_heads, kMaxHeads);
+  check_size(where, k.head_dim, c.head_dim, kMaxHeadDim);
+  check_size(where, k.max_positions, c.max_position_embeddings, kMaxPositions);
+  require(c.num_heads % c.num_kv_heads == 0,
+          "{}: {}: expected a multiple of {} ({}) so query heads share key/value heads evenly, found {}", where,
+          k.heads, k.kv_heads, c.num_kv_heads, c.num_heads);
+  require(c.q_size() < kMaxProjection, "{}: {} x {}: expected below {}, found {}", where, k.heads, k.head_dim,
+          kMaxProjection, c.q_size());
+
+  std::string_view rotary_source = c.family == Family::Glm           ? " (head_dim x partial_rotary_factor)"
+                                   : c.family == Family::GlmOriginal ? " (kv_channels / 2)"
+                                                                     : "";
+  require(c.rotary_dim > 0 && c.rotary_dim % 2 == 0 && c.rotary_dim <= c.head_dim,
+          "{}: rotary dimension{}: expected an even number from 2 to {} ({}), found {}", where, rotary_source,
+          k.head_dim, c.head_dim, c.rotary_dim);
+  require(c.rope_theta > 0 && std::isfinite(c.rope_theta), "{}: rope_theta: expected a positive number, found {}",
+          where, c.rope_theta);
+  require(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps), "{}: {}: expected a positive number, found {}", where,
+          k.norm_eps, c.rms_norm_eps);
+  for (int64_t id : c.eos_token_ids) require(id >= 0, "{}: eos_token_id: expected non-negative ids, found {}", where, id);
+  require(c.bos_token_id >= -1 && c.pad_token_id >= -1, "{}: bos/pad_token_id: expected an id or -1 for none", where);
+
+  // What each format can express: a config outside it could not be exported faithfully.
+  bool transformers_rope = c.family == Family::Llama || c.family == Family::Qwen2;
+  require(c.rope_interleaved != transformers_rope,
+          "{}: rope_interleaved: the {} format expects {} RoPE pairs, found the other layout", where, family,
+          transformers_rope ? "half-split (i, i + d/2)" : "interleaved (2i, 2i+1)");
+  require(!transformers_rope || c.rotary_dim == c.head_dim,
+          "{}: rotary dimension: the {} format rotates the whole head ({}), found {}", where, family, c.head_dim,
+          c.rotary_dim);
+  require(c.family != Family::GlmOriginal || c.rotary_dim * 2 == c.head_dim,
+          "{}: rotary dimension: the glm_original format rotates half of each head ({}), found {}", where,
+          c.head_dim / 2, c.rotary_dim);
+  require(c.family != Family::Llama || !c.qkv_bias,
+          "{}: qkv_bias: the llama format has no q/k/v-only biases (attention_bias adds an o_proj bias too)", where);
+  require(c.family != Family::Qwen2 || c.qkv_bias, "{}: qkv_bias: the qwen2 format always has q/k/v biases", where);
+}
+
+ModelConfig parse_model_config(const std::string& json_text, const std::string& path_for_errors) {
+  dom::parser parser;
+  dom::element root = parse_json(parser, json_text, path_for_errors);
+  ConfigObject cfg(dom::object(root), path_for_errors);
+
+  ModelConfig c;
+  c.family = detect_family(cfg, &c.architecture);
+  if (c.family == Family::GlmOriginal) {
+    parse_chatglm_format(cfg, c);
+  } else {
+    parse_transformers_format(cfg, c);
+  }
+  c.tie_word_embeddings = cfg.bool_or("tie_word_embeddings", false);
+  c.torch_dtype = parse_torch_dtype(cfg);
+  c.eos_token_ids = parse_eos_token_ids(cfg);
+  c.bos_token_id = cfg.token_id_or_none("bos_token_id");
+  c.pad_token_id = cfg.token_id_or_none("pad_token_id");
+  c.config_json = json_text;
+  validate(c, path_for_errors);
+  return c;
+}
+
+ModelConfig load_model_config(const std::string& path) { return parse_model_config(read_file(path), path); }
+
+std::string model_config_json(const ModelConfig& c, DType dtype) {
+  bool original = !c.config_json.empty();
+  std::string source = original ? c.config_json : generated_config_json(c, dtype);
+  dom::parser parser;
+  dom::object root = dom::object(parse_json(parser, source, "model config (config_json)"));
+
+  // Rewrite key by key in the original order; only the dtype changes.
+  std::string dtype_text = json_quoted(dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32");
+  std::string out = "{";
+  bool has_dtype = false;
+  for (dom::key_value_pair kv : root) {
+    out += out.size() > 1 ? ",\n  " : "\n  ";
+    out += json_quoted(kv.key) + ": ";
+    if (kv.key == "torch_dtype" || kv.key == "dtype") {
+      out += dtype_text;
+      has_dtype = true;
+    } else {
+      append_pretty(out, kv.value, 2);
+    }
+  }
+  if (!has_dtype) out += std::string(out.size() > 1 ? ",\n  " : "\n  ") + "\"torch_dtype\": " + dtype_text;
+  return out + "\n}\n";
+}
+
+}  // namespace keel::model

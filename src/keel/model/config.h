@@ -1,0 +1,67 @@
+// ModelConfig: the architecture of a decoder-only model, read from a Hugging Face config.json.
+// One internal description covers the four supported formats; `family` records which one the
+// checkpoint came in so that export writes it back in the same format and tensor names.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "keel/core/dtype.h"
+
+namespace keel::model {
+
+enum class Family : uint8_t {
+  Llama,        // LlamaForCausalLM
+  Qwen2,        // Qwen2ForCausalLM (Llama + q/k/v biases)
+  Glm,          // GlmForCausalLM (transformers-native glm-4-9b-hf)
+  GlmOriginal,  // ChatGLMModel / ChatGLMForConditionalGeneration (THUDM/glm-4-9b original format)
+};
+
+std::string family_name(Family f);  // "llama", "qwen2", "glm", "glm_original"
+Family family_from_name(const std::string& name);  // inverse; throws keel::Error listing valid names
+
+struct ModelConfig {
+  Family family = Family::Llama;
+  std::string architecture;  // as in config.json "architectures"[0]
+  int64_t vocab_size = 0;    // rows of the embedding (padded_vocab_size for GLM original)
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;  // ffn_hidden_size for GLM original
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;  // multi_query_group_num for GLM original (num_heads if MQA is off)
+  int64_t head_dim = 0;      // kv_channels for GLM original; else head_dim or hidden/heads
+  int64_t rotary_dim = 0;    // channels of each head that rotate (even)
+  bool rope_interleaved = false;  // GLM: pairs (2i, 2i+1); Llama/Qwen2: pairs (i, i + rotary_dim/2)
+  double rope_theta = 10000.0;    // GLM original: 10000 * rope_ratio
+  double rms_norm_eps = 1e-6;
+  bool qkv_bias = false;
+  bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 4096;  // seq_length for GLM original
+  DType torch_dtype = DType::F32;          // "torch_dtype" (or "dtype") in config.json
+  std::vector<int64_t> eos_token_ids;      // may be empty
+  int64_t bos_token_id = -1, pad_token_id = -1;  // -1 when absent
+  std::string config_json;  // the original text of config.json (empty for models built from scratch)
+
+  // Derived sizes.
+  int64_t q_size() const { return num_heads * head_dim; }
+  int64_t kv_size() const { return num_kv_heads * head_dim; }
+  // Parameters used in matmuls (for MFU: 6N FLOPs per token), including the LM head.
+  int64_t matmul_parameters() const;
+  int64_t total_parameters() const;
+};
+
+// Parses and validates config.json. Errors name the file and the key ("config.json: key
+// 'num_attention_heads': expected a positive integer"), including unknown architectures
+// (listing the supported ones) and inconsistent sizes (heads not dividing, odd rotary dim, ...).
+ModelConfig load_model_config(const std::string& path);
+ModelConfig parse_model_config(const std::string& json_text, const std::string& path_for_errors);
+
+// Checks the sizes are consistent (called by the parser and for configs built in code).
+void validate(const ModelConfig& c, const std::string& where);
+
+// config.json text for this config in its family's format (torch_dtype set to `dtype`).
+// If c.config_json is non-empty it is kept as is except for "torch_dtype", so keys keel does not
+// interpret survive a load/export round trip.
+std::string model_config_json(const ModelConfig& c, DType dtype);
+
+}  // namespace keel::model

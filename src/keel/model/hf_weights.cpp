@@ -1,0 +1,102 @@
+#include "keel/model/hf_weights.h"
+
+#include <set>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+
+namespace keel::model {
+namespace {
+
+struct Names {
+  std::string embed, final_norm, lm_head, layer_prefix;
+};
+
+Names family_names(Family f) {
+  if (f == Family::GlmOriginal)
+    return {"transformer.embedding.word_embeddings.weight", "transformer.encoder.final_layernorm.weight",
+            "transformer.output_layer.weight", "transformer.encoder.layers."};
+  return {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers."};
+}
+
+}  // namespace
+
+std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& ids) {
+  const Names names = family_names(c.family);
+  const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_size(), KV = c.kv_size();
+  std::vector<HfTensor> out;
+  out.push_back({names.embed, ids.embed, 0, c.vocab_size, H});
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const auto& p = ids.layers[l];
+    const std::string pre = names.layer_prefix + std::to_string(l) + ".";
+    out.push_back({pre + "input_layernorm.weight", p.input_norm, 0, H, 0});
+    if (c.family == Family::GlmOriginal) {
+      out.push_back({pre + "self_attention.query_key_value.weight", p.qkv_weight, 0, Q + 2 * KV, H});
+      if (p.qkv_bias >= 0) out.push_back({pre + "self_attention.query_key_value.bias", p.qkv_bias, 0, Q + 2 * KV, 0});
+      out.push_back({pre + "self_attention.dense.weight", p.o_weight, 0, H, Q});
+      out.push_back({pre + "post_attention_layernorm.weight", p.post_norm, 0, H, 0});
+      out.push_back({pre + "mlp.dense_h_to_4h.weight", p.gate_up_weight, 0, 2 * I, H});
+      out.push_back({pre + "mlp.dense_4h_to_h.weight", p.down_weight, 0, H, I});
+      continue;
+    }
+    const int64_t row[3] = {0, Q, Q + KV}, rows[3] = {Q, KV, KV};
+    const char* proj[3] = {"q_proj", "k_proj", "v_proj"};
+    for (int i = 0; i < 3; ++i) {
+      out.push_back({pre + "self_attn." + proj[i] + ".weight", p.qkv_weight, row[i], rows[i], H});
+      if (p.qkv_bias >= 0) out.push_back({pre + "self_attn." + proj[i] + ".bias", p.qkv_bias, row[i], rows[i], 0});
+    }
+    out.push_back({pre + "self_attn.o_proj.weight", p.o_weight, 0, H, Q});
+    out.push_back({pre + "post_attention_layernorm.weight", p.post_norm, 0, H, 0});
+    if (c.family == Family::Glm) {
+      out.push_back({pre + "mlp.gate_up_proj.weight", p.gate_up_weight, 0, 2 * I, H});
+    } else {
+      out.push_back({pre + "mlp.gate_proj.weight", p.gate_up_weight, 0, I, H});
+      out.push_back({pre + "mlp.up_proj.weight", p.gate_up_weight, I, I, H});
+    }
+    out.push_back({pre + "mlp.down_proj.weight", p.down_weight, 0, H, I});
+  }
+  out.push_back({names.final_norm, ids.final_norm, 0, H, 0});
+  if (!c.tie_word_embeddings) out.push_back({names.lm_head, ids.lm_head, 0, c.vocab_size, H});
+  return out;
+}
+
+namespace {
+
+// Buffers transformers keeps in some older checkpoints that carry no trainable state.
+bool is_ignorable(const std::string& name) {
+  return name.find("rotary_emb.inv_freq") != std::string::npos ||
+         name.find("rotary_pos_emb.inv_freq") != std::string::npos;
+}
+
+}  // namespace
+
+std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& dir) {
+  auto reader = CheckpointReader::open_dir(dir);
+  const auto tensors = hf_tensors(decoder.config(), decoder.ids());
+  auto& P = decoder.params();
+  std::set<std::string> used;
+  for (const auto& t : tensors) {
+    const int64_t cols = t.cols ? t.cols : 1;
+    reader.read_f32(t.name, t.shape(), P.weight(t.param) + t.row_begin * cols);
+    used.insert(t.name);
+  }
+  std::vector<std::string> unused;
+  for (const auto& name : reader.names())
+    if (!used.count(name) && !is_ignorable(name)) unused.push_back(name);
+  P.refresh_bf16_copy();
+  return unused;
+}
+
+void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
+  make_dirs(dir);
+  const auto& P = decoder.params();
+  std::vector<TensorToWrite> out;
+  for (const auto& t : hf_tensors(decoder.config(), decoder.ids())) {
+    const int64_t cols = t.cols ? t.cols : 1;
+    out.push_back({t.name, t.shape(), P.weight(t.param) + t.row_begin * cols});
+  }
+  write_model_weights(dir, out, dtype, max_shard_bytes);
+  write_file_atomic(dir + "/config.json", model_config_json(decoder.config(), dtype));
+}
+
+}  // namespace keel::model

@@ -1,0 +1,33 @@
+// Hugging Face tensor names of each family, mapped onto keel's internal (fused) parameters.
+// A checkpoint tensor is a block of consecutive rows of one internal parameter: Llama's q_proj,
+// k_proj and v_proj are the three row blocks of keel's fused qkv weight, GLM's gate_up_proj is
+// keel's gate_up weight as it is, ChatGLM's query_key_value is keel's qkv as it is. Loading copies
+// each tensor into its rows; exporting writes each block back under its own name.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "keel/model/decoder.h"
+#include "keel/model/safetensors.h"
+
+namespace keel::model {
+
+struct HfTensor {
+  std::string name;  // as in the checkpoint, e.g. "model.layers.0.self_attn.q_proj.weight"
+  int param = -1;    // internal parameter index
+  int64_t row_begin = 0, rows = 0, cols = 0;  // cols == 0 for vectors (norm weights, biases)
+  std::vector<int64_t> shape() const { return cols ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows}; }
+};
+
+// Every tensor of the family's checkpoint format, in the order transformers writes them.
+std::vector<HfTensor> hf_tensors(const ModelConfig& config, const DecoderParamIds& ids);
+
+// Loads all weights of `decoder` from a model directory (single or sharded safetensors). Missing or
+// mis-shaped tensors are errors naming the tensor and file; tensors the family does not use are
+// reported in the returned list (e.g. cached rotary buffers) rather than silently dropped.
+std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& dir);
+
+// Writes config.json and the weights (sharded above max_shard_bytes) in the family's format.
+void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes = 5ull << 30);
+
+}  // namespace keel::model

@@ -1,0 +1,697 @@
+#include "keel/model/safetensors.h"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <simdjson.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <filesystem>
+#include <limits>
+#include <optional>
+#include <set>
+#include <string_view>
+#include <system_error>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+
+namespace keel::model {
+
+// Tensor bytes are little-endian in the file and are copied without swapping.
+static_assert(std::endian::native == std::endian::little, "keel reads safetensors on little-endian hosts only");
+
+namespace {
+
+namespace dom = simdjson::dom;
+
+// The header is JSON describing the tensors, a few hundred bytes per tensor; the reference
+// implementation refuses headers over 100 MB, and so does keel, before allocating anything.
+constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+constexpr const char* kSingleFileName = "model.safetensors";
+constexpr const char* kIndexFileName = "model.safetensors.index.json";
+
+// Every dtype the safetensors format defines, with its width in bits, so that sizes of tensors
+// keel cannot read are still checked (a wrong size means a corrupt file either way).
+struct SafetensorsDtype {
+  std::string_view name;
+  unsigned bits;
+};
+constexpr SafetensorsDtype kSafetensorsDtypes[] = {
+    {"BOOL", 8},    {"U8", 8},      {"I8", 8},       {"F8_E5M2", 8},  {"F8_E4M3", 8}, {"F8_E8M0", 8},
+    {"I16", 16},    {"U16", 16},    {"F16", 16},     {"BF16", 16},    {"I32", 32},    {"U32", 32},
+    {"F32", 32},    {"F64", 64},    {"I64", 64},     {"U64", 64},     {"C64", 64},    {"F4", 4},
+    {"F6_E2M3", 6}, {"F6_E3M2", 6},
+};
+
+std::optional<unsigned> safetensors_dtype_bits(std::string_view name) {
+  for (const auto& d : kSafetensorsDtypes) {
+    if (d.name == name) return d.bits;
+  }
+  return std::nullopt;
+}
+
+std::optional<DType> keel_dtype(std::string_view name) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    if (dtype_name(t) == name) return t;
+  }
+  return std::nullopt;
+}
+
+std::string errno_text(int error) { return std::system_category().message(error); }
+
+std::string json_quoted(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  out += '"';
+  for (char ch : s) {
+    switch (ch) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (static_cast<unsigned char>(ch) < 0x20) {
+          out += fmt::format("\\u{:04x}", static_cast<unsigned>(ch));
+        } else {
+          out += ch;  // UTF-8 passes through; JSON allows it unescaped
+        }
+    }
+  }
+  out += '"';
+  return out;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+std::string_view json_type_name(dom::element e) {
+  switch (e.type()) {
+    case dom::element_type::ARRAY: return "an array";
+    case dom::element_type::OBJECT: return "an object";
+    case dom::element_type::INT64:
+    case dom::element_type::UINT64: return "an integer";
+    case dom::element_type::DOUBLE: return "a non-integer number";
+    case dom::element_type::STRING: return "a string";
+    case dom::element_type::BOOL: return "a boolean";
+    case dom::element_type::NULL_VALUE: return "null";
+  }
+  return "an unknown JSON value";
+}
+
+// Non-negative JSON integer, or nullopt (the caller words the error).
+std::optional<uint64_t> json_unsigned(dom::element e) {
+  if (e.type() == dom::element_type::UINT64) return uint64_t(e.get_uint64());
+  if (e.type() == dom::element_type::INT64) {
+    int64_t v = e.get_int64();
+    if (v >= 0) return uint64_t(v);
+  }
+  return std::nullopt;
+}
+
+[[noreturn]] void unsupported_dtype_error(const std::string& file, const std::string& name, const std::string& dtype) {
+  fail("{}: tensor '{}': expected dtype F32, BF16 or F16 (the ones keel reads), found {}", file, name, dtype);
+}
+
+// --- reading -----------------------------------------------------------------------------------
+
+struct MappedFile {
+  void* addr = nullptr;
+  size_t size = 0;
+};
+
+MappedFile map_file(const std::string& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("{}: cannot open safetensors file: {}", path, errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail("{}: expected a regular safetensors file, found {}", path, S_ISDIR(st.st_mode) ? "a directory" : "something else");
+  }
+  size_t size = size_t(st.st_size);
+  if (size < 8) {
+    ::close(fd);
+    fail("{}: expected at least 8 bytes (the header length), found a {}-byte file (truncated?)", path, size);
+  }
+  // MAP_PRIVATE + PROT_READ: pages come from the page cache on demand, so opening a 20 GB
+  // checkpoint costs nothing until tensors are read, and several ranks share the same pages.
+  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  int error = errno;
+  ::close(fd);
+  if (addr == MAP_FAILED) fail("{}: cannot memory-map {} bytes: {}", path, size, errno_text(error));
+  return {addr, size};
+}
+
+// One tensor entry of the header, checked against the data section of `data_size` bytes.
+struct HeaderEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;
+};
+
+std::vector<int64_t> parse_shape(const std::string& path, const std::string& name, dom::element e, int64_t* numel) {
+  dom::array dims;
+  if (e.get_array().get(dims) != simdjson::SUCCESS) {
+    fail("{}: tensor '{}': expected \"shape\" to be an array of non-negative integers, found {}", path, name,
+         json_type_name(e));
+  }
+  std::vector<int64_t> shape;
+  int64_t product = 1;
+  for (dom::element d : dims) {
+    auto v = json_unsigned(d);
+    if (!v || *v > uint64_t(std::numeric_limits<int64_t>::max())) {
+      fail("{}: tensor '{}': expected \"shape\" entries to be non-negative integers, found {} {}", path, name,
+           json_type_name(d), simdjson::minify(d));
+    }
+    shape.push_back(int64_t(*v));
+    // Checked so that a hostile shape cannot wrap around to a small, plausible size.
+    if (__builtin_mul_overflow(product, int64_t(*v), &product)) {
+      fail("{}: tensor '{}': shape {} has more elements than fit in 64 bits", path, name, simdjson::minify(e));
+    }
+  }
+  *numel = product;
+  return shape;
+}
+
+HeaderEntry parse_entry(const std::string& path, std::string name, dom::element e, uint64_t data_size) {
+  HeaderEntry entry;
+  entry.name = std::move(name);
+  const std::string& n = entry.name;
+  dom::object fields;
+  if (e.get_object().get(fields) != simdjson::SUCCESS) {
+    fail("{}: tensor '{}': expected an object {{dtype, shape, data_offsets}}, found {}", path, n, json_type_name(e));
+  }
+  dom::element dtype, shape, offsets;
+  if (fields["dtype"].get(dtype) != simdjson::SUCCESS || !dtype.is_string()) {
+    fail("{}: tensor '{}': expected \"dtype\" to be a string", path, n);
+  }
+  entry.dtype = std::string(std::string_view(dtype));
+  auto bits = safetensors_dtype_bits(entry.dtype);
+  if (!bits) fail("{}: tensor '{}': expected a safetensors dtype (F32, BF16, F16, I64, ...), found \"{}\"", path, n, entry.dtype);
+
+  if (fields["shape"].get(shape) != simdjson::SUCCESS) fail("{}: tensor '{}': expected a \"shape\" field", path, n);
+  int64_t numel = 0;
+  entry.shape = parse_shape(path, n, shape, &numel);
+
+  dom::array pair;
+  if (fields["data_offsets"].get(offsets) != simdjson::SUCCESS || offsets.get_array().get(pair) != simdjson::SUCCESS ||
+      pair.size() != 2 || !json_unsigned(pair.at(0).value()) || !json_unsigned(pair.at(1).value())) {
+    fail("{}: tensor '{}': expected \"data_offsets\" to be [begin, end] with non-negative integers", path, n);
+  }
+  entry.begin = *json_unsigned(pair.at(0).value());
+  entry.end = *json_unsigned(pair.at(1).value());
+  if (entry.begin > entry.end || entry.end > data_size) {
+    fail("{}: tensor '{}': expected data_offsets within the {}-byte data section with begin <= end, found [{}, {}]",
+         path, n, data_size, entry.begin, entry.end);
+  }
+  unsigned __int128 bits_total = static_cast<unsigned __int128>(numel) * *bits;
+  if (bits_total % 8 != 0 || bits_total / 8 != entry.end - entry.begin) {
+    fail("{}: tensor '{}': expected {} bytes for shape {} of {}, found data_offsets [{}, {}] spanning {} bytes", path,
+         n, static_cast<uint64_t>(bits_total / 8), shape_text(entry.shape), entry.dtype, entry.begin, entry.end,
+         entry.end - entry.begin);
+  }
+  return entry;
+}
+
+std::map<std::string, std::string> parse_metadata(const std::string& path, dom::element e) {
+  dom::object object;
+  if (e.get_object().get(object) != simdjson::SUCCESS) {
+    fail("{}: expected \"__metadata__\" to be an object of strings, found {}", path, json_type_name(e));
+  }
+  std::map<std::string, std::string> metadata;
+  for (dom::key_value_pair kv : object) {
+    if (!kv.value.is_string()) {
+      fail("{}: \"__metadata__\" key '{}': expected a string, found {}", path, kv.key, json_type_name(kv.value));
+    }
+    metadata[std::string(kv.key)] = std::string(std::string_view(kv.value));
+  }
+  return metadata;
+}
+
+// Two tensors sharing bytes would alias each other's weights; the reference writer never
+// produces that, so it means a corrupt or hostile file.
+void check_no_overlap(const std::string& path, std::vector<const HeaderEntry*> entries) {
+  std::sort(entries.begin(), entries.end(), [](const HeaderEntry* a, const HeaderEntry* b) {
+    return a->begin != b->begin ? a->begin < b->begin : a->end < b->end;
+  });
+  for (size_t i = 1; i < entries.size(); ++i) {
+    const HeaderEntry& prev = *entries[i - 1];
+    const HeaderEntry& cur = *entries[i];
+    if (cur.begin < prev.end) {
+      fail("{}: tensor '{}': expected data_offsets not overlapping other tensors, found [{}, {}] overlapping "
+           "tensor '{}' at [{}, {}]",
+           path, cur.name, cur.begin, cur.end, prev.name, prev.begin, prev.end);
+    }
+  }
+}
+
+// Parses and checks the header; `data` is the first byte of the data section.
+void parse_header(const std::string& path, std::string_view json, const uint8_t* data, uint64_t data_size,
+                  std::vector<TensorInfo>& tensors, std::map<std::string, std::string>& unsupported,
+                  std::map<std::string, std::string>& metadata) {
+  dom::parser parser;
+  dom::element root;
+  if (auto error = parser.parse(json.data(), json.size()).get(root)) {
+    fail("{}: expected the {}-byte header to be valid JSON: {}", path, json.size(), simdjson::error_message(error));
+  }
+  dom::object object;
+  if (root.get_object().get(object) != simdjson::SUCCESS) {
+    fail("{}: expected the header to be a JSON object, found {}", path, json_type_name(root));
+  }
+  std::vector<HeaderEntry> entries;
+  std::set<std::string_view> seen;
+  for (dom::key_value_pair kv : object) {
+    // JSON parsers disagree on which duplicate wins; refuse rather than guess.
+    if (!seen.insert(kv.key).second) fail("{}: tensor '{}': expected unique names, found it twice in the header", path, kv.key);
+    if (kv.key == "__metadata__") {
+      metadata = parse_metadata(path, kv.value);
+      continue;
+    }
+    entries.push_back(parse_entry(path, std::string(kv.key), kv.value, data_size));
+  }
+  std::vector<const HeaderEntry*> order;
+  for (const auto& e : entries) order.push_back(&e);
+  check_no_overlap(path, order);
+
+  for (auto& e : entries) {
+    auto dtype = keel_dtype(e.dtype);
+    if (!dtype) {
+      unsupported[e.name] = e.dtype;  // an error only if someone reads it
+      continue;
+    }
+    TensorInfo info;
+    info.name = std::move(e.name);
+    info.dtype = *dtype;
+    info.shape = std::move(e.shape);
+    info.data = data + e.begin;
+    info.nbytes = size_t(e.end - e.begin);
+    info.file = path;
+    tensors.push_back(std::move(info));
+  }
+}
+
+// Shard file names in an index are relative to the model directory; anything that could
+// point outside it (absolute paths, "..") is refused, since index files come from the internet.
+void check_shard_name(const std::string& index_path, const std::string& tensor, const std::string& shard) {
+  bool bad = shard.empty() || shard.front() == '/' || shard.find('\0') != std::string::npos;
+  for (size_t start = 0; !bad && start <= shard.size();) {
+    size_t slash = shard.find('/', start);
+    std::string_view part(shard.data() + start, (slash == std::string::npos ? shard.size() : slash) - start);
+    bad = part == "..";
+    if (slash == std::string::npos) break;
+    start = slash + 1;
+  }
+  if (bad) {
+    fail("{}: weight_map: tensor '{}': expected a file name relative to the model directory, found \"{}\"",
+         index_path, tensor, shard);
+  }
+}
+
+// weight_map of model.safetensors.index.json, in file order.
+std::vector<std::pair<std::string, std::string>> read_weight_map(const std::string& index_path) {
+  std::string text = read_file(index_path);
+  dom::parser parser;
+  dom::element root;
+  if (auto error = parser.parse(text.data(), text.size()).get(root)) {
+    fail("{}: expected valid JSON: {}", index_path, simdjson::error_message(error));
+  }
+  dom::element map_element;
+  dom::object map;
+  if (!root.is_object() || root["weight_map"].get(map_element) != simdjson::SUCCESS ||
+      map_element.get_object().get(map) != simdjson::SUCCESS) {
+    fail("{}: expected an object with a \"weight_map\" object {{tensor name: shard file}}", index_path);
+  }
+  std::vector<std::pair<std::string, std::string>> entries;
+  std::set<std::string_view> seen;
+  for (dom::key_value_pair kv : map) {
+    if (!seen.insert(kv.key).second) fail("{}: weight_map: tensor '{}': expected unique names, found it twice", index_path, kv.key);
+    if (!kv.value.is_string()) {
+      fail("{}: weight_map: tensor '{}': expected a shard file name, found {}", index_path, kv.key, json_type_name(kv.value));
+    }
+    entries.emplace_back(std::string(kv.key), std::string(std::string_view(kv.value)));
+    check_shard_name(index_path, entries.back().first, entries.back().second);
+  }
+  require(!entries.empty(), "{}: expected a non-empty \"weight_map\"", index_path);
+  return entries;
+}
+
+// --- writing -----------------------------------------------------------------------------------
+
+// Checks the tensors and returns each one's size in bytes once converted to `dtype`.
+std::vector<uint64_t> tensor_bytes(const std::string& where, const std::vector<TensorToWrite>& tensors, DType dtype) {
+  std::vector<uint64_t> sizes;
+  std::set<std::string_view> names;
+  for (const auto& t : tensors) {
+    require(!t.name.empty() && t.name != "__metadata__", "{}: expected a tensor name, found \"{}\"", where, t.name);
+    require(simdjson::validate_utf8(t.name.data(), t.name.size()), "{}: tensor '{}': expected a UTF-8 name", where, t.name);
+    require(names.insert(t.name).second, "{}: tensor '{}': expected unique names, found it twice", where, t.name);
+    int64_t numel = 1;
+    for (int64_t d : t.shape) {
+      require(d >= 0, "{}: tensor '{}': expected non-negative dimensions, found shape {}", where, t.name, shape_text(t.shape));
+      require(!__builtin_mul_overflow(numel, d, &numel), "{}: tensor '{}': shape {} overflows", where, t.name,
+              shape_text(t.shape));
+    }
+    require(numel == 0 || t.data != nullptr, "{}: tensor '{}': expected data for shape {}, found a null pointer", where,
+            t.name, shape_text(t.shape));
+    uint64_t bytes = 0;
+    require(!__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(dtype)), &bytes), "{}: tensor '{}': too large",
+            where, t.name);
+    sizes.push_back(bytes);
+  }
+  return sizes;
+}
+
+std::string header_json(const std::vector<TensorToWrite>& tensors, const std::vector<uint64_t>& sizes, DType dtype,
+                        const std::map<std::string, std::string>& metadata) {
+  std::string json = "{";
+  if (!metadata.empty()) {
+    json += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [key, value] : metadata) {
+      if (!first) json += ',';
+      first = false;
+      json += json_quoted(key) + ':' + json_quoted(value);
+    }
+    json += '}';
+  }
+  uint64_t offset = 0;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (json.size() > 1) json += ',';
+    json += fmt::format("{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}", json_quoted(tensors[i].name),
+                        dtype_name(dtype), fmt::join(tensors[i].shape, ","), offset, offset + sizes[i]);
+    offset += sizes[i];
+  }
+  json += '}';
+  // As the reference writer does: pad with spaces so the data section starts 8-byte aligned,
+  // which lets readers use the mapped tensors in place.
+  json.append((8 - json.size() % 8) % 8, ' ');
+  return json;
+}
+
+void write_tensor_data(AtomicFileWriter& out, const TensorToWrite& t, uint64_t nbytes, DType dtype) {
+  size_t n = size_t(nbytes / dtype_size(dtype));
+  if (dtype == DType::F32) {
+    out.write(t.data, nbytes);
+    return;
+  }
+  // Convert in bounded chunks: no second full copy of a multi-GB tensor in memory.
+  constexpr size_t kChunk = size_t(1) << 20;
+  std::vector<uint16_t> buffer(std::min(n, kChunk));
+  for (size_t start = 0; start < n; start += kChunk) {
+    size_t count = std::min(kChunk, n - start);
+    if (dtype == DType::BF16) {
+      convert_f32_to_bf16(t.data + start, reinterpret_cast<bf16*>(buffer.data()), count);
+    } else {
+      for (size_t i = 0; i < count; ++i) buffer[i] = float_to_f16(t.data[start + i]);
+    }
+    out.write(buffer.data(), count * sizeof(uint16_t));
+  }
+}
+
+void write_safetensors_sized(const std::string& path, const std::vector<TensorToWrite>& tensors,
+                             const std::vector<uint64_t>& sizes, DType dtype,
+                             const std::map<std::string, std::string>& metadata) {
+  for (const auto& [key, value] : metadata) {
+    require(simdjson::validate_utf8(key.data(), key.size()) && simdjson::validate_utf8(value.data(), value.size()),
+            "{}: metadata '{}': expected UTF-8 text", path, key);
+  }
+  std::string header = header_json(tensors, sizes, dtype, metadata);
+  uint8_t length[8];
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) length[i] = uint8_t(n >> (8 * i));  // little-endian u64
+  AtomicFileWriter out(path);
+  out.write(length, 8);
+  out.write(header);
+  for (size_t i = 0; i < tensors.size(); ++i) write_tensor_data(out, tensors[i], sizes[i], dtype);
+  out.commit();
+}
+
+std::string shard_file_name(size_t index, size_t count) {
+  return fmt::format("model-{:05d}-of-{:05d}.safetensors", index + 1, count);
+}
+
+// "model-00001-of-00003.safetensors", the names transformers gives shards.
+bool is_shard_file_name(std::string_view name) {
+  constexpr std::string_view pattern = "model-#####-of-#####.safetensors";
+  if (name.size() != pattern.size()) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (pattern[i] == '#' ? (name[i] < '0' || name[i] > '9') : name[i] != pattern[i]) return false;
+  }
+  return true;
+}
+
+// Greedy in the given order, as transformers' sharding: a new shard starts when the next tensor
+// would overflow the current one; a tensor larger than the limit gets a shard to itself.
+std::vector<std::vector<size_t>> plan_shards(const std::vector<uint64_t>& sizes, uint64_t max_shard_bytes) {
+  std::vector<std::vector<size_t>> shards;
+  uint64_t current = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (shards.empty() || (current > 0 && current + sizes[i] > max_shard_bytes)) {
+      shards.emplace_back();
+      current = 0;
+    }
+    shards.back().push_back(i);
+    current += sizes[i];
+  }
+  return shards;
+}
+
+// Loaders pick model.safetensors over an index and follow the index to its shards, so files
+// from an earlier save with a different layout would shadow or mix with the new weights.
+void remove_stale_weight_files(const std::string& dir, const std::set<std::string>& keep) {
+  std::error_code ec;
+  std::vector<std::string> stale;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = entry.path().filename().string();
+    bool weight_file = name == kSingleFileName || name == kIndexFileName || is_shard_file_name(name);
+    if (weight_file && !keep.count(name)) stale.push_back(entry.path().string());
+  }
+  if (ec) fail("{}: cannot list directory: {}", dir, ec.message());
+  for (const auto& path : stale) {
+    if (!std::filesystem::remove(path, ec) && ec) fail("{}: cannot remove stale weight file: {}", path, ec.message());
+  }
+}
+
+std::string index_json(const std::vector<TensorToWrite>& tensors, const std::vector<std::vector<size_t>>& shards,
+                       uint64_t total_size) {
+  std::map<std::string, std::string> weight_map;  // sorted by name, as transformers writes it
+  for (size_t s = 0; s < shards.size(); ++s) {
+    for (size_t i : shards[s]) weight_map[tensors[i].name] = shard_file_name(s, shards.size());
+  }
+  std::string json = fmt::format("{{\n  \"metadata\": {{\n    \"total_size\": {}\n  }},\n  \"weight_map\": {{", total_size);
+  bool first = true;
+  for (const auto& [name, file] : weight_map) {
+    json += first ? "\n" : ",\n";
+    first = false;
+    json += fmt::format("    {}: {}", json_quoted(name), json_quoted(file));
+  }
+  json += "\n  }\n}\n";
+  return json;
+}
+
+}  // namespace
+
+int64_t TensorInfo::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;  // checked against overflow when the header was parsed
+  return n;
+}
+
+std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile);
+  file->path_ = path;
+  MappedFile mapped = map_file(path);
+  file->map_ = mapped.addr;  // owned from here: the destructor unmaps even if parsing fails
+  file->map_size_ = mapped.size;
+
+  const uint8_t* bytes = static_cast<const uint8_t*>(mapped.addr);
+  uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = header_size << 8 | bytes[i];
+  uint64_t available = mapped.size - 8;
+  if (header_size > available) {
+    fail("{}: expected a header length of at most {} bytes (the rest of the file), found {} (truncated or not "
+         "a safetensors file?)",
+         path, available, header_size);
+  }
+  if (header_size > kMaxHeaderBytes) {
+    fail("{}: expected a header length of at most {} bytes, found {}", path, kMaxHeaderBytes, header_size);
+  }
+  std::string_view json(reinterpret_cast<const char*>(bytes + 8), header_size);
+  const uint8_t* data = bytes + 8 + header_size;
+  parse_header(path, json, data, available - header_size, file->tensors_, file->unsupported_, file->metadata_);
+  return file;
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(map_, map_size_);
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& t : tensors_) {
+    if (t.name == name) return &t;
+  }
+  auto it = unsupported_.find(name);
+  if (it != unsupported_.end()) unsupported_dtype_error(path_, name, it->second);
+  return nullptr;
+}
+
+CheckpointReader CheckpointReader::open_dir(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) fail("{}: cannot open model directory: {}", dir, errno_text(errno));
+  require(S_ISDIR(st.st_mode), "{}: expected a model directory, found a file", dir);
+
+  CheckpointReader reader;
+  reader.dir_ = dir;
+  auto add_file = [&reader](std::shared_ptr<SafetensorsFile> file) {
+    auto claim = [&](const std::string& name, const TensorInfo* info) {
+      auto [it, inserted] = reader.by_name_.emplace(name, info);
+      if (inserted) return;
+      // Find the other file for the message.
+      std::string other = it->second ? it->second->file : "another shard";
+      fail("{}: tensor '{}': expected in one shard only, found in {} and {}", reader.dir_, name, other, file->path());
+    };
+    for (const auto& t : file->tensors_) claim(t.name, &t);
+    for (const auto& [name, dtype] : file->unsupported_) claim(name, nullptr);
+    reader.files_.push_back(std::move(file));
+  };
+
+  // Same precedence as transformers' from_pretrained: the single file first, then the index.
+  std::string single = dir + "/" + kSingleFileName;
+  std::string index = dir + "/" + kIndexFileName;
+  if (path_exists(single)) {
+    add_file(SafetensorsFile::open(single));
+    return reader;
+  }
+  if (!path_exists(index)) {
+    std::string hint = path_exists(dir + "/pytorch_model.bin") || path_exists(dir + "/pytorch_model.bin.index.json")
+                           ? " (found pytorch_model.bin: convert it to safetensors first)"
+                           : "";
+    fail("{}: expected model weights {} or {}, found neither{}", dir, kSingleFileName, kIndexFileName, hint);
+  }
+
+  auto weight_map = read_weight_map(index);
+  std::map<std::string, std::shared_ptr<SafetensorsFile>> shards;  // each shard opened once
+  for (const auto& [tensor, shard] : weight_map) {
+    if (shards.count(shard)) continue;
+    std::string path = dir + "/" + shard;
+    require(path_exists(path), "{}: weight_map: tensor '{}': expected shard file {}, found no such file", index, tensor,
+            path);
+    auto file = std::shared_ptr<SafetensorsFile>(SafetensorsFile::open(path));
+    shards[shard] = file;
+    add_file(file);
+  }
+  for (const auto& [tensor, shard] : weight_map) {
+    const SafetensorsFile& file = *shards.at(shard);
+    bool present = file.unsupported_.count(tensor) != 0 ||
+                   std::any_of(file.tensors_.begin(), file.tensors_.end(), [&](const TensorInfo& t) { return t.name == tensor; });
+    require(present, "{}: weight_map: tensor '{}': expected in {}, found no such tensor there", index, tensor, file.path());
+  }
+  return reader;
+}
+
+std::vector<std::string> CheckpointReader::names() const {
+  std::vector<std::string> names;
+  names.reserve(by_name_.size());
+  for (const auto& [name, info] : by_name_) names.push_back(name);
+  return names;
+}
+
+bool CheckpointReader::has(const std::string& name) const { return by_name_.count(name) != 0; }
+
+const TensorInfo& CheckpointReader::get(const std::string& name) const {
+  auto it = by_name_.find(name);
+  if (it == by_name_.end()) fail("{}: tensor '{}': expected in the checkpoint, found no such tensor", dir_, name);
+  if (!it->second) {
+    for (const auto& file : files_) {
+      auto u = file->unsupported_.find(name);
+      if (u != file->unsupported_.end()) unsupported_dtype_error(file->path(), name, u->second);
+    }
+    fail("{}: tensor '{}': listed but not readable", dir_, name);  // unreachable: every null entry is unsupported
+  }
+  return *it->second;
+}
+
+void CheckpointReader::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const {
+  const TensorInfo& t = get(name);
+  if (t.shape != expected_shape) {
+    fail("{}: tensor '{}': expected shape {}, found {}", t.file, name, shape_text(expected_shape), shape_text(t.shape));
+  }
+  size_t n = size_t(t.numel());
+  if (n == 0) return;
+  const uint8_t* src = t.data;
+  // memcpy per element: the mapped data need not be aligned for the element type (headers
+  // from other writers are not always padded), and compilers turn it into a plain load.
+  switch (t.dtype) {
+    case DType::F32:
+      std::memcpy(dst, src, n * 4);
+      break;
+    case DType::BF16:
+#pragma omp parallel for schedule(static) if (n > (1u << 16))
+      for (size_t i = 0; i < n; ++i) {
+        bf16 v;
+        std::memcpy(&v.bits, src + 2 * i, 2);
+        dst[i] = bf16_to_float(v);
+      }
+      break;
+    case DType::F16:
+#pragma omp parallel for schedule(static) if (n > (1u << 16))
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = f16_to_float(h);
+      }
+      break;
+  }
+}
+
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors, DType dtype,
+                       const std::map<std::string, std::string>& metadata) {
+  write_safetensors_sized(path, tensors, tensor_bytes(path, tensors, dtype), dtype, metadata);
+}
+
+// Each file is replaced atomically; the directory as a whole is not (a crash between shards can
+// leave a mix), so checkpoints that must survive a crash are written to a fresh directory and
+// renamed into place by the caller.
+void write_model_weights(const std::string& dir, const std::vector<TensorToWrite>& tensors, DType dtype,
+                         uint64_t max_shard_bytes) {
+  require(!tensors.empty(), "{}: expected model weights to write, found no tensors", dir);
+  require(max_shard_bytes > 0, "{}: expected a positive shard size limit", dir);
+  std::vector<uint64_t> sizes = tensor_bytes(dir, tensors, dtype);
+  make_dirs(dir);
+  // transformers refuses to load safetensors files whose metadata lacks "format".
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  auto shards = plan_shards(sizes, max_shard_bytes);
+
+  if (shards.size() == 1) {
+    write_safetensors_sized(dir + "/" + kSingleFileName, tensors, sizes, dtype, metadata);
+    remove_stale_weight_files(dir, {kSingleFileName});
+    return;
+  }
+  std::set<std::string> written;
+  uint64_t total_size = 0;
+  for (size_t s = 0; s < shards.size(); ++s) {
+    std::vector<TensorToWrite> part;
+    std::vector<uint64_t> part_sizes;
+    for (size_t i : shards[s]) {
+      part.push_back(tensors[i]);
+      part_sizes.push_back(sizes[i]);
+      total_size += sizes[i];
+    }
+    std::string name = shard_file_name(s, shards.size());
+    write_safetensors_sized(dir + "/" + name, part, part_sizes, dtype, metadata);
+    written.insert(name);
+  }
+  write_file_atomic(dir + "/" + kIndexFileName, index_json(tensors, shards, total_size));
+  written.insert(kIndexFileName);
+  remove_stale_weight_files(dir, written);
+}
+
+}  // namespace keel::model

@@ -1,0 +1,90 @@
+// The safetensors format (https://github.com/huggingface/safetensors): an 8-byte little-endian
+// header length N, N bytes of JSON {name: {dtype, shape, data_offsets: [begin, end]}, optional
+// "__metadata__": {str: str}}, then the raw little-endian tensor bytes.
+// Files are untrusted: every size, offset and shape is checked before use, and errors name the
+// file and the tensor.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/core/dtype.h"
+
+namespace keel::model {
+
+struct TensorInfo {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;  // into the memory-mapped file
+  size_t nbytes = 0;
+  std::string file;  // path of the file it lives in (for error messages)
+  int64_t numel() const;
+};
+
+// One memory-mapped .safetensors file. Unsupported dtypes (anything but F32, BF16, F16) are an
+// error naming the tensor only when that tensor is read, so other tensors remain usable.
+class SafetensorsFile {
+ public:
+  static std::unique_ptr<SafetensorsFile> open(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* find(const std::string& name) const;  // nullptr if absent
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+ private:
+  SafetensorsFile() = default;
+  std::string path_;
+  void* map_ = nullptr;
+  size_t map_size_ = 0;
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, std::string> unsupported_;  // tensor name -> its dtype string
+  std::map<std::string, std::string> metadata_;
+  friend class CheckpointReader;
+};
+
+// A model directory's weights: model.safetensors, or shards listed by model.safetensors.index.json
+// ("weight_map": {tensor: file}). All tensors of all shards are visible by name.
+class CheckpointReader {
+ public:
+  static CheckpointReader open_dir(const std::string& dir);
+  std::vector<std::string> names() const;
+  bool has(const std::string& name) const;
+  // Throws keel::Error naming the tensor and the directory if absent.
+  const TensorInfo& get(const std::string& name) const;
+  // Converts the tensor (F32, BF16 or F16) to fp32 into dst, after checking its shape equals
+  // `expected_shape` exactly (error names tensor, file, expected and found shapes).
+  void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const;
+  DType dtype_of(const std::string& name) const { return get(name).dtype; }
+
+ private:
+  std::string dir_;
+  std::vector<std::shared_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorInfo*> by_name_;
+};
+
+// A tensor to write: fp32 source data converted to `dtype` on write.
+struct TensorToWrite {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+
+// Writes one .safetensors file atomically (temporary file, fsync, rename). Tensor order in the
+// file follows the given order; names must be unique. metadata goes into "__metadata__".
+void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors, DType dtype,
+                       const std::map<std::string, std::string>& metadata = {});
+
+// Writes the weights of a model directory: a single model.safetensors if the total fits in
+// max_shard_bytes, else model-00001-of-0000N.safetensors shards plus model.safetensors.index.json
+// (with "metadata": {"total_size": bytes}), as transformers' save_pretrained does.
+void write_model_weights(const std::string& dir, const std::vector<TensorToWrite>& tensors, DType dtype,
+                         uint64_t max_shard_bytes = 5ull << 30);
+
+}  // namespace keel::model

@@ -1,0 +1,25 @@
+// The embedded demo: a tiny Llama-architecture model learns two-digit addition from scratch.
+// Everything it needs is generated here, so it runs on a fresh machine with nothing downloaded:
+// data (train and held-out problems), a recipe, training through the normal `keel train` path,
+// then greedy answers on the held-out problems before and after, read back from the exported model.
+#pragma once
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+namespace keel::train {
+
+struct DemoOptions {
+  std::string work_dir = "demo";
+  int64_t max_steps = 400;
+  int64_t held_out = 200;
+};
+
+struct DemoResult {
+  double accuracy_before = 0, accuracy_after = 0;
+  double first_loss = 0, final_loss = 0;
+};
+
+DemoResult run_demo(const DemoOptions& options, std::ostream& log);
+
+}  // namespace keel::train

@@ -1,0 +1,56 @@
+#include "keel/train/model_setup.h"
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+#include "keel/model/hf_weights.h"
+#include "keel/model/safetensors.h"
+
+namespace keel::train {
+
+model::ModelConfig scratch_model_config(const ScratchModel& m) {
+  model::ModelConfig c;
+  c.family = model::family_from_name(m.family);
+  c.vocab_size = m.vocab_size;
+  c.hidden_size = m.hidden_size;
+  c.intermediate_size = m.intermediate_size;
+  c.num_layers = m.num_layers;
+  c.num_heads = m.num_heads;
+  c.num_kv_heads = m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads;
+  c.head_dim = m.head_dim > 0 ? m.head_dim : m.hidden_size / std::max<int64_t>(m.num_heads, 1);
+  const bool glm = c.family == model::Family::Glm || c.family == model::Family::GlmOriginal;
+  c.rotary_dim = glm ? c.head_dim / 2 : c.head_dim;  // GLM-4 rotates half of each head
+  c.rope_interleaved = glm;
+  c.rope_theta = m.rope_theta;
+  c.rms_norm_eps = m.rms_norm_eps;
+  c.qkv_bias = c.family != model::Family::Llama;
+  c.tie_word_embeddings = m.tie_word_embeddings;
+  c.max_position_embeddings = m.max_position_embeddings;
+  c.architecture = c.family == model::Family::Llama   ? "LlamaForCausalLM"
+                   : c.family == model::Family::Qwen2 ? "Qwen2ForCausalLM"
+                   : c.family == model::Family::Glm   ? "GlmForCausalLM"
+                                                      : "ChatGLMModel";
+  model::validate(c, "[model_config]");
+  return c;
+}
+
+ModelSetup setup_model(const Recipe& r) {
+  ModelSetup s;
+  const auto precision = r.dtype == "bf16" ? model::Precision::BF16 : model::Precision::F32;
+  if (r.model_config) {
+    auto config = scratch_model_config(*r.model_config);
+    s.decoder = std::make_unique<model::Decoder>(config, precision, r.batch_size, r.max_seq_len);
+    s.decoder->init_random(uint64_t(r.seed));
+    s.export_dtype = r.dtype == "bf16" ? DType::BF16 : DType::F32;
+    return s;
+  }
+  require(path_exists(r.model_name), "{}: model_name '{}' does not exist (keel reads local HF model directories only)",
+          r.source, r.model_name);
+  auto config = model::load_model_config(r.model_name + "/config.json");
+  s.decoder = std::make_unique<model::Decoder>(config, precision, r.batch_size, r.max_seq_len);
+  s.unused_tensors = model::load_hf_weights(*s.decoder, r.model_name);
+  s.export_dtype =
+      model::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, s.decoder->ids())[0].name);
+  return s;
+}
+
+}  // namespace keel::train

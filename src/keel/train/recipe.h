@@ -1,0 +1,74 @@
+// The training recipe: flat TOML keys named as in cann-recipes-train's TrainingConfig (so users of
+// that system find the same names) plus the Hugging Face Trainer knobs keel adds. Every key is
+// declared once in recipe.cpp with its type, default, check and help; unknown keys, wrong types
+// and out-of-range values are errors naming the key and line, with the nearest valid key for typos.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace keel::train {
+
+// Sizes of a model created from scratch (the [model_config] table) instead of loaded.
+struct ScratchModel {
+  std::string family = "llama";
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0;
+  int64_t num_kv_heads = 0, head_dim = 0, max_position_embeddings = 2048;
+  double rope_theta = 10000.0, rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+};
+
+struct Recipe {
+  // Model
+  std::string model_name;                    // local HF model directory
+  std::optional<ScratchModel> model_config;  // or a new model
+  std::string dtype = "bf16";                // fp32 | bf16
+  // Data
+  std::string data_path;
+  std::string eval_data_path;
+  int64_t max_seq_len = 2048;
+  bool preprocess_on_npu = false;  // accepted for compatibility; keel always prepares shards up front
+  bool shuffle = true;
+  // Training
+  int64_t batch_size = 1;  // sequences per micro-batch per rank
+  int64_t gradient_accumulation_steps = 1;
+  double learning_rate = 2e-5;
+  double weight_decay = 0.0;
+  int64_t max_steps = 0;  // 0: derived from num_epochs
+  int64_t num_epochs = 0;
+  int64_t warmup_steps = 0;
+  std::string lr_scheduler = "cosine";  // cosine | linear | constant
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;  // 0 disables clipping
+  int64_t seed = 42;
+  // Parallelism and optimisations
+  int64_t dp_degree = 1;
+  bool use_flash_attention = true;
+  bool use_gradient_checkpointing = false;
+  std::string topology = "auto";
+  double memory_pool_size = 0;  // GB, 0 = no cap
+  // Checkpoints and output
+  std::string checkpoint_dir;
+  int64_t save_interval = 0;
+  bool async_save = false;
+  std::string output_dir = "output";
+  int64_t log_interval = 1;
+  int64_t eval_interval = 0;
+
+  std::string source;  // path of the recipe file (for messages)
+};
+
+// Parses a recipe file; `overrides` are "key=value" strings applied after the file (--set),
+// with values in TOML syntax (strings may be bare). Validates every field and their combinations.
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+Recipe parse_recipe(const std::string& toml_text, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+
+// The fully resolved recipe (every key with its value, defaults included) as TOML.
+std::string recipe_to_toml(const Recipe& r);
+
+// Keys that are parsed and validated but whose feature is not active yet; warnings for those set.
+std::vector<std::string> inactive_key_warnings(const Recipe& r);
+
+}  // namespace keel::train

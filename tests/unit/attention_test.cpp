@@ -1,0 +1,248 @@
+// attention_forward / attention_backward against a naive softmax attention and finite differences.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "finite_difference.h"
+#include "keel/kernels/attention.h"
+
+namespace keel::kernels {
+namespace {
+
+using test::expect_gradient_matches;
+using test::random_vector;
+using test::sample_indices;
+
+// q, k and v live inside one fused row per token, [q heads | k heads | v heads | padding], as the
+// fused qkv projection lays them out; out rows are padded too, so every stride is non-trivial.
+struct FusedAttention {
+  AttentionShape shape;
+  int64_t q_offset, k_offset, v_offset;
+  std::vector<double> qkv;  // [tokens, ld]
+  std::vector<int32_t> segments;
+
+  FusedAttention(int64_t batch, int64_t seq, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                 uint64_t seed) {
+    const int64_t ld = (q_heads + 2 * kv_heads) * head_dim + 3;
+    shape = {batch, seq, q_heads, kv_heads, head_dim, ld, ld, ld, q_heads * head_dim + 5,
+             1.0 / std::sqrt(double(head_dim))};
+    q_offset = 0;
+    k_offset = q_heads * head_dim;
+    v_offset = (q_heads + kv_heads) * head_dim;
+    qkv = random_vector(tokens() * ld, seed, -1.5, 1.5);
+  }
+  int64_t tokens() const { return shape.batch * shape.seq; }
+  int64_t out_size() const { return tokens() * shape.ldo; }
+  int64_t lse_size() const { return shape.batch * shape.q_heads * shape.seq; }
+  const int32_t* segment_ids() const { return segments.empty() ? nullptr : segments.data(); }
+
+  template <typename T>
+  void forward(const std::vector<T>& buf, std::vector<T>& out, std::vector<T>& lse) const {
+    out.assign(out_size(), T(0));
+    lse.assign(lse_size(), T(0));
+    attention_forward<T>(shape, buf.data() + q_offset, buf.data() + k_offset,
+                         buf.data() + v_offset, segment_ids(), out.data(), lse.data());
+  }
+  template <typename T>
+  std::vector<T> backward(const std::vector<T>& buf, const std::vector<T>& out,
+                          const std::vector<T>& lse, const std::vector<T>& dout) const {
+    std::vector<T> grad(buf.size(), T(0));
+    attention_backward<T>(shape, buf.data() + q_offset, buf.data() + k_offset,
+                          buf.data() + v_offset, segment_ids(), out.data(), lse.data(),
+                          dout.data(), grad.data() + q_offset, grad.data() + k_offset,
+                          grad.data() + v_offset);
+    return grad;
+  }
+  // Indices of qkv that hold data (not row padding).
+  std::vector<int64_t> data_indices() const {
+    std::vector<int64_t> idx;
+    const int64_t width = (shape.q_heads + 2 * shape.kv_heads) * shape.head_dim;
+    for (int64_t t = 0; t < tokens(); ++t)
+      for (int64_t c = 0; c < width; ++c) idx.push_back(t * shape.ldq + c);
+    return idx;
+  }
+  // Weights of the test loss sum(out * weights); zero on row padding.
+  std::vector<double> loss_weights(uint64_t seed) const {
+    std::vector<double> w = random_vector(out_size(), seed);
+    for (int64_t t = 0; t < tokens(); ++t)
+      for (int64_t c = shape.q_heads * shape.head_dim; c < shape.ldo; ++c) w[t * shape.ldo + c] = 0;
+    return w;
+  }
+};
+
+// Direct softmax attention in double with the full [seq, seq] score matrix.
+void naive_attention(const FusedAttention& a, std::vector<double>& out, std::vector<double>& lse) {
+  const AttentionShape& s = a.shape;
+  out.assign(a.out_size(), 0.0);
+  lse.assign(a.lse_size(), 0.0);
+  const int64_t group = s.q_heads / s.kv_heads;
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t h = 0; h < s.q_heads; ++h)
+      for (int64_t i = 0; i < s.seq; ++i) {
+        const int64_t ti = b * s.seq + i;
+        const double* qi = a.qkv.data() + ti * s.ldq + a.q_offset + h * s.head_dim;
+        std::vector<double> scores;
+        std::vector<int64_t> keys;
+        for (int64_t j = 0; j <= i; ++j) {
+          if (!a.segments.empty() && a.segments[ti] != a.segments[b * s.seq + j]) continue;
+          const double* kj =
+              a.qkv.data() + (b * s.seq + j) * s.ldk + a.k_offset + h / group * s.head_dim;
+          double dot = 0;
+          for (int64_t d = 0; d < s.head_dim; ++d) dot += qi[d] * kj[d];
+          scores.push_back(dot * s.scale);
+          keys.push_back(j);
+        }
+        double max = -std::numeric_limits<double>::infinity();
+        for (double x : scores) max = std::max(max, x);
+        double sum = 0;
+        for (double x : scores) sum += std::exp(x - max);
+        lse[(b * s.q_heads + h) * s.seq + i] = max + std::log(sum);
+        double* o = out.data() + ti * s.ldo + h * s.head_dim;
+        for (size_t n = 0; n < keys.size(); ++n) {
+          const double p = std::exp(scores[n] - max) / sum;
+          const double* vj =
+              a.qkv.data() + (b * s.seq + keys[n]) * s.ldv + a.v_offset + h / group * s.head_dim;
+          for (int64_t d = 0; d < s.head_dim; ++d) o[d] += p * vj[d];
+        }
+      }
+}
+
+// Documents of the given lengths packed into each sequence (ids restart per sequence).
+std::vector<int32_t> packed_segments(int64_t batch, const std::vector<int64_t>& lengths) {
+  std::vector<int32_t> seg;
+  for (int64_t b = 0; b < batch; ++b)
+    for (size_t d = 0; d < lengths.size(); ++d)
+      for (int64_t t = 0; t < lengths[d]; ++t) seg.push_back(int32_t(d));
+  return seg;
+}
+
+void expect_forward_matches_naive(const FusedAttention& a) {
+  std::vector<double> out, lse, ref_out, ref_lse;
+  a.forward(a.qkv, out, lse);
+  naive_attention(a, ref_out, ref_lse);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref_out[i], 1e-12) << i;
+  for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse[i], ref_lse[i], 1e-12) << i;
+
+  // fp32 agrees to float precision.
+  std::vector<float> out_f, lse_f;
+  a.forward(test::to_float(a.qkv), out_f, lse_f);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out_f[i], ref_out[i], 2e-6) << i;
+  for (size_t i = 0; i < lse.size(); ++i)
+    ASSERT_NEAR(lse_f[i], ref_lse[i], 2e-6 * std::fabs(ref_lse[i]) + 1e-6) << i;
+}
+
+void expect_backward_matches_finite_differences(FusedAttention& a, int64_t samples) {
+  const std::vector<double> weights = a.loss_weights(99);
+  std::vector<double> out, lse;
+  a.forward(a.qkv, out, lse);
+  const std::vector<double> grad = a.backward(a.qkv, out, lse, weights);
+  const std::vector<int64_t> all = a.data_indices();
+  std::vector<int64_t> picked;
+  for (int64_t i : sample_indices(int64_t(all.size()), samples, 5)) picked.push_back(all[i]);
+  expect_gradient_matches("d qkv", a.qkv, grad, picked, [&] {
+    std::vector<double> o, l;
+    a.forward(a.qkv, o, l);
+    return test::weighted_sum(o, weights);
+  });
+}
+
+TEST(Attention, ForwardMatchesNaiveWithGqaAndStrides) {
+  FusedAttention a(2, 70, 4, 2, 8, 1);  // 70: two query/key tiles, the second partial
+  expect_forward_matches_naive(a);
+}
+
+TEST(Attention, ForwardMatchesNaiveMultiHeadAndMultiQuery) {
+  FusedAttention mha(1, 33, 3, 3, 4, 2);
+  expect_forward_matches_naive(mha);
+  FusedAttention mqa(1, 130, 4, 1, 8, 3);
+  expect_forward_matches_naive(mqa);
+}
+
+TEST(Attention, ForwardMatchesNaiveWithSegments) {
+  FusedAttention a(2, 150, 4, 2, 8, 4);
+  a.segments = packed_segments(2, {40, 70, 25, 15});
+  expect_forward_matches_naive(a);
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferencesSmall) {
+  FusedAttention a(2, 9, 4, 2, 4, 6);
+  expect_backward_matches_finite_differences(a, 1 << 30);  // every entry
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferencesAcrossTiles) {
+  FusedAttention a(2, 70, 4, 2, 8, 7);
+  expect_backward_matches_finite_differences(a, 400);
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferencesWithSegments) {
+  FusedAttention a(1, 140, 4, 2, 8, 8);
+  a.segments = packed_segments(1, {50, 30, 45, 15});  // boundaries inside and across tiles
+  expect_backward_matches_finite_differences(a, 400);
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferencesWithInterleavedSegments) {
+  // Not contiguous: a document id may reappear; the mask only compares ids.
+  FusedAttention a(1, 20, 2, 1, 4, 9);
+  for (int64_t t = 0; t < 20; ++t) a.segments.push_back(int32_t(t % 3 == 0));
+  expect_forward_matches_naive(a);
+  expect_backward_matches_finite_differences(a, 1 << 30);
+}
+
+// A packed sequence gives every document the output it would get alone.
+TEST(Attention, PackedDocumentsMatchDocumentsAlone) {
+  const std::vector<int64_t> lengths = {40, 70, 25, 15};
+  FusedAttention packed(1, 150, 4, 2, 8, 10);
+  packed.segments = packed_segments(1, lengths);
+  std::vector<double> out, lse;
+  packed.forward(packed.qkv, out, lse);
+  const AttentionShape& s = packed.shape;
+
+  int64_t start = 0;
+  for (int64_t len : lengths) {
+    FusedAttention alone(1, len, 4, 2, 8, 0);
+    std::copy_n(packed.qkv.begin() + start * s.ldq, len * s.ldq, alone.qkv.begin());
+    std::vector<double> out1, lse1;
+    alone.forward(alone.qkv, out1, lse1);
+    for (int64_t t = 0; t < len; ++t)
+      for (int64_t c = 0; c < s.q_heads * s.head_dim; ++c)
+        ASSERT_NEAR(out1[t * s.ldo + c], out[(start + t) * s.ldo + c], 1e-13);
+    for (int64_t h = 0; h < s.q_heads; ++h)
+      for (int64_t t = 0; t < len; ++t)
+        ASSERT_NEAR(lse1[h * len + t], lse[h * s.seq + start + t], 1e-13);
+    start += len;
+  }
+}
+
+TEST(Attention, BackwardIsIdenticalForOneAndTwoThreads) {
+  FusedAttention a(2, 150, 4, 2, 16, 11);
+  a.segments = packed_segments(2, {100, 50});
+  const std::vector<float> buf = test::to_float(a.qkv);
+  const std::vector<float> dout = test::to_float(a.loss_weights(12));
+  std::vector<float> grads[2];
+  for (int threads : {1, 2})
+    test::with_threads(threads, [&] {
+      std::vector<float> out, lse;
+      a.forward(buf, out, lse);
+      grads[threads - 1] = a.backward(buf, out, lse, dout);
+    });
+  ASSERT_EQ(std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)), 0);
+}
+
+TEST(Attention, FloatBackwardAgreesWithDouble) {
+  FusedAttention a(1, 100, 4, 2, 16, 13);
+  const std::vector<double> dout = a.loss_weights(14);
+  std::vector<double> out, lse;
+  a.forward(a.qkv, out, lse);
+  const std::vector<double> grad = a.backward(a.qkv, out, lse, dout);
+  std::vector<float> out_f, lse_f;
+  const std::vector<float> buf = test::to_float(a.qkv);
+  a.forward(buf, out_f, lse_f);
+  const std::vector<float> grad_f = a.backward(buf, out_f, lse_f, test::to_float(dout));
+  for (int64_t i : a.data_indices()) ASSERT_NEAR(grad_f[i], grad[i], 2e-5) << i;
+}
+
+}  // namespace
+}  // namespace keel::kernels

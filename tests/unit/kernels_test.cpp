@@ -1,0 +1,381 @@
+// RMSNorm, RoPE, SwiGLU, embedding, cross-entropy and AdamW kernels against naive formulas and
+// central finite differences in double precision; fp32 determinism across thread counts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "finite_difference.h"
+#include "keel/core/error.h"
+#include "keel/kernels/adamw.h"
+#include "keel/kernels/cross_entropy.h"
+#include "keel/kernels/embedding.h"
+#include "keel/kernels/rmsnorm.h"
+#include "keel/kernels/rope.h"
+#include "keel/kernels/swiglu.h"
+
+namespace keel::kernels {
+namespace {
+
+using test::expect_gradient_matches;
+using test::random_vector;
+using test::sample_indices;
+using test::weighted_sum;
+
+template <typename T>
+bool bitwise_equal(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+// ---------------------------------------------------------------------------------- RMSNorm
+
+TEST(RmsNorm, ForwardMatchesFormula) {
+  const int64_t rows = 5, dim = 300;
+  const double eps = 1e-5;
+  std::vector<double> x = random_vector(rows * dim, 1), w = random_vector(dim, 2);
+  std::vector<double> y(rows * dim), rstd(rows);
+  rmsnorm_forward(x.data(), w.data(), rows, dim, eps, y.data(), rstd.data());
+  std::vector<float> yf(rows * dim), rstdf(rows);
+  const std::vector<float> xf = test::to_float(x), wf = test::to_float(w);
+  rmsnorm_forward(xf.data(), wf.data(), rows, dim, eps, yf.data(), rstdf.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    double ms = 0;
+    for (int64_t c = 0; c < dim; ++c) ms += x[r * dim + c] * x[r * dim + c] / dim;
+    const double ref_rstd = 1 / std::sqrt(ms + eps);
+    EXPECT_NEAR(rstd[r], ref_rstd, 1e-14 * ref_rstd);
+    for (int64_t c = 0; c < dim; ++c) {
+      const double ref = w[c] * x[r * dim + c] * ref_rstd;
+      ASSERT_NEAR(y[r * dim + c], ref, 1e-14);
+      ASSERT_NEAR(yf[r * dim + c], ref, 1e-6);
+    }
+  }
+}
+
+TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
+  const int64_t rows = 4, dim = 300;  // dim spans two dw column blocks
+  const double eps = 1e-5;
+  std::vector<double> x = random_vector(rows * dim, 3), w = random_vector(dim, 4, 0.5, 1.5);
+  const std::vector<double> dy = random_vector(rows * dim, 5);
+  auto loss = [&] {
+    std::vector<double> y(rows * dim), rstd(rows);
+    rmsnorm_forward(x.data(), w.data(), rows, dim, eps, y.data(), rstd.data());
+    return weighted_sum(y, dy);
+  };
+  std::vector<double> y(rows * dim), rstd(rows), dx(rows * dim);
+  rmsnorm_forward(x.data(), w.data(), rows, dim, eps, y.data(), rstd.data());
+  const std::vector<double> dw0 = random_vector(dim, 6);  // dw accumulates into what is there
+  std::vector<double> dw = dw0;
+  rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, dim, dx.data(), dw.data());
+  for (int64_t c = 0; c < dim; ++c) dw[c] -= dw0[c];
+  expect_gradient_matches("dx", x, dx, sample_indices(rows * dim, 1 << 30, 0), loss);
+  expect_gradient_matches("dw", w, dw, sample_indices(dim, 1 << 30, 0), loss);
+}
+
+TEST(RmsNorm, BackwardIsIdenticalForOneAndTwoThreads) {
+  const int64_t rows = 64, dim = 700;  // large enough to run in parallel
+  const std::vector<float> x = test::to_float(random_vector(rows * dim, 7));
+  const std::vector<float> w = test::to_float(random_vector(dim, 8));
+  const std::vector<float> dy = test::to_float(random_vector(rows * dim, 9));
+  std::vector<float> y(rows * dim), rstd(rows);
+  rmsnorm_forward(x.data(), w.data(), rows, dim, 1e-6, y.data(), rstd.data());
+  std::vector<float> dx[2], dw[2];
+  for (int threads : {1, 2})
+    test::with_threads(threads, [&] {
+      dx[threads - 1].assign(rows * dim, 0.f);
+      dw[threads - 1].assign(dim, 0.25f);
+      rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, dim,
+                       dx[threads - 1].data(), dw[threads - 1].data());
+    });
+  EXPECT_TRUE(bitwise_equal(dx[0], dx[1]));
+  EXPECT_TRUE(bitwise_equal(dw[0], dw[1]));
+}
+
+// -------------------------------------------------------------------------------------- RoPE
+
+struct RopeCase {
+  bool interleaved;
+  int64_t head_dim, rotary_dim;
+};
+
+class RopeTest : public ::testing::TestWithParam<RopeCase> {};
+
+// Strided [tokens, heads, head_dim] rows with 3 padding elements per token.
+constexpr int64_t kRopeTokens = 6, kRopeHeads = 3, kRopeMaxPositions = 50;
+
+TEST_P(RopeTest, ForwardMatchesRotationFormula) {
+  const RopeCase rc = GetParam();
+  const RopeTable table = RopeTable::build(rc.rotary_dim, rc.interleaved, 10000.0, kRopeMaxPositions);
+  const int64_t ld = kRopeHeads * rc.head_dim + 3;
+  const std::vector<int32_t> positions = {0, 1, 7, 3, 49, 20};
+  const std::vector<double> x = random_vector(kRopeTokens * ld, 10);
+  std::vector<double> y = x;
+  rope_forward(y.data(), ld, positions.data(), kRopeTokens, kRopeHeads, rc.head_dim, table);
+  const int64_t half = rc.rotary_dim / 2;
+  for (int64_t t = 0; t < kRopeTokens; ++t) {
+    for (int64_t h = 0; h < kRopeHeads; ++h) {
+      const double* xi = x.data() + t * ld + h * rc.head_dim;
+      const double* yi = y.data() + t * ld + h * rc.head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const int64_t a = rc.interleaved ? 2 * i : i, b = rc.interleaved ? 2 * i + 1 : i + half;
+        const double c = table.cos[positions[t] * half + i], s = table.sin[positions[t] * half + i];
+        EXPECT_NEAR(yi[a], xi[a] * c - xi[b] * s, 1e-15);
+        EXPECT_NEAR(yi[b], xi[b] * c + xi[a] * s, 1e-15);
+      }
+      for (int64_t d = rc.rotary_dim; d < rc.head_dim; ++d) EXPECT_EQ(yi[d], xi[d]);  // pass-through
+    }
+    for (int64_t p = kRopeHeads * rc.head_dim; p < ld; ++p) EXPECT_EQ(y[t * ld + p], x[t * ld + p]);
+  }
+}
+
+TEST_P(RopeTest, BackwardMatchesFiniteDifferences) {
+  const RopeCase rc = GetParam();
+  const RopeTable table = RopeTable::build(rc.rotary_dim, rc.interleaved, 500.0, kRopeMaxPositions);
+  const int64_t ld = kRopeHeads * rc.head_dim + 3;
+  const std::vector<int32_t> positions = {5, 0, 17, 3, 49, 20};
+  std::vector<double> x = random_vector(kRopeTokens * ld, 11);
+  const std::vector<double> dy = random_vector(kRopeTokens * ld, 12);
+  std::vector<double> dx = dy;
+  rope_backward(dx.data(), ld, positions.data(), kRopeTokens, kRopeHeads, rc.head_dim, table);
+  expect_gradient_matches("dx", x, dx, sample_indices(kRopeTokens * ld, 1 << 30, 0), [&] {
+    std::vector<double> y = x;
+    rope_forward(y.data(), ld, positions.data(), kRopeTokens, kRopeHeads, rc.head_dim, table);
+    return weighted_sum(y, dy);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, RopeTest,
+                         ::testing::Values(RopeCase{false, 8, 8}, RopeCase{true, 8, 8},
+                                           RopeCase{false, 8, 4}, RopeCase{true, 12, 6}));
+
+TEST(RopeTable, FollowsHfInverseFrequencies) {
+  const int64_t dim = 64;
+  const double theta = 10000.0;
+  const RopeTable t = RopeTable::build(dim, false, theta, 4096);
+  ASSERT_EQ(t.cos.size(), size_t(4096 * dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    EXPECT_EQ(t.cos[i], 1.0f);  // position 0
+    EXPECT_EQ(t.sin[i], 0.0f);
+  }
+  // Against the exact angle pos * theta^(-2i/dim): the fp32 angle is off by at most a few ulp of
+  // the angle, which at position 4000 is ~1e-3 * 4e-4 rad.
+  for (int64_t p : {1, 100, 4000})
+    for (int64_t i = 0; i < dim / 2; ++i) {
+      const double angle = p * std::pow(theta, -2.0 * i / dim);
+      EXPECT_NEAR(t.cos[p * dim / 2 + i], std::cos(angle), 2e-7 + 3e-7 * angle);
+      EXPECT_NEAR(t.sin[p * dim / 2 + i], std::sin(angle), 2e-7 + 3e-7 * angle);
+    }
+  // The fp32 recipe exactly: float(p) * (1.0f / powf(theta, float(2i)/float(dim))).
+  const float inv_freq = 1.0f / std::pow(10000.0f, float(2 * 5) / float(dim));
+  EXPECT_EQ(t.cos[4000 * dim / 2 + 5], float(std::cos(double(4000.0f * inv_freq))));
+}
+
+// ------------------------------------------------------------------------------------ SwiGLU
+
+TEST(SwiGlu, ForwardMatchesFormula) {
+  const int64_t rows = 3, inter = 17;
+  const std::vector<double> gu = random_vector(rows * 2 * inter, 13, -6, 6);
+  std::vector<double> out(rows * inter);
+  swiglu_forward(gu.data(), rows, inter, out.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < inter; ++c) {
+      const double g = gu[r * 2 * inter + c], u = gu[r * 2 * inter + inter + c];
+      EXPECT_NEAR(out[r * inter + c], g / (1 + std::exp(-g)) * u, 1e-15);
+    }
+}
+
+TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
+  const int64_t rows = 3, inter = 17;
+  std::vector<double> gu = random_vector(rows * 2 * inter, 14, -6, 6);
+  const std::vector<double> dy = random_vector(rows * inter, 15);
+  std::vector<double> dgu(rows * 2 * inter);
+  swiglu_backward(gu.data(), dy.data(), rows, inter, dgu.data());
+  expect_gradient_matches("dgate_up", gu, dgu, sample_indices(rows * 2 * inter, 1 << 30, 0), [&] {
+    std::vector<double> out(rows * inter);
+    swiglu_forward(gu.data(), rows, inter, out.data());
+    return weighted_sum(out, dy);
+  });
+}
+
+// --------------------------------------------------------------------------------- Embedding
+
+TEST(Embedding, ForwardGathersRows) {
+  const int64_t vocab = 11, hidden = 5;
+  const std::vector<double> table = random_vector(vocab * hidden, 16);
+  const std::vector<int32_t> ids = {3, 0, 10, 3};
+  std::vector<double> out(ids.size() * hidden);
+  embedding_forward(ids.data(), int64_t(ids.size()), table.data(), hidden, out.data());
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (int64_t c = 0; c < hidden; ++c) EXPECT_EQ(out[i * hidden + c], table[ids[i] * hidden + c]);
+}
+
+TEST(Embedding, BackwardMatchesFiniteDifferences) {
+  const int64_t vocab = 9, hidden = 70;  // two column blocks
+  std::vector<double> table = random_vector(vocab * hidden, 17);
+  const std::vector<int32_t> ids = {3, 0, 8, 3, 3, 5};  // repeats accumulate
+  const int64_t n = int64_t(ids.size());
+  const std::vector<double> dy = random_vector(n * hidden, 18);
+  std::vector<double> dtable(vocab * hidden, 0.0);
+  embedding_backward(ids.data(), n, dy.data(), hidden, vocab, dtable.data());
+  expect_gradient_matches("dtable", table, dtable, sample_indices(vocab * hidden, 1 << 30, 0), [&] {
+    std::vector<double> out(n * hidden);
+    embedding_forward(ids.data(), n, table.data(), hidden, out.data());
+    return weighted_sum(out, dy);
+  });
+}
+
+TEST(Embedding, BackwardAccumulatesAndIsIdenticalForOneAndTwoThreads) {
+  const int64_t vocab = 50, hidden = 300, n = 500;
+  std::vector<int32_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = int32_t((i * 7) % 13);  // heavy repeats
+  const std::vector<float> dy = test::to_float(random_vector(n * hidden, 19));
+  std::vector<float> dtable[2];
+  for (int threads : {1, 2})
+    test::with_threads(threads, [&] {
+      dtable[threads - 1].assign(vocab * hidden, 1.0f);
+      embedding_backward(ids.data(), n, dy.data(), hidden, vocab, dtable[threads - 1].data());
+    });
+  EXPECT_TRUE(bitwise_equal(dtable[0], dtable[1]));
+  EXPECT_EQ(dtable[0][20 * hidden], 1.0f);  // unused rows keep what they had
+}
+
+TEST(Embedding, BackwardRejectsOutOfRangeIds) {
+  const std::vector<int32_t> ids = {1, 9};
+  std::vector<float> dy(2 * 4, 1.f), dtable(9 * 4, 0.f);
+  EXPECT_THROW(embedding_backward(ids.data(), 2, dy.data(), 4, 9, dtable.data()), keel::Error);
+}
+
+// ----------------------------------------------------------------------------- Cross-entropy
+
+TEST(CrossEntropy, LossAndGradientMatchFormula) {
+  const int64_t rows = 5, vocab = 37, ld = 40;
+  const std::vector<int32_t> labels = {3, kIgnoreIndex, 36, 0, 12};
+  const std::vector<double> x = random_vector(rows * ld, 20, -8, 8);
+  const double grad_scale = 0.25;
+  std::vector<double> g = x;
+  const double loss = cross_entropy_forward_backward(g.data(), ld, labels.data(), rows, vocab,
+                                                     grad_scale);
+  std::vector<float> gf = test::to_float(x);
+  const double loss_f = cross_entropy_forward_backward(gf.data(), ld, labels.data(), rows, vocab,
+                                                       grad_scale);
+  double ref_loss = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const double* xr = x.data() + r * ld;
+    for (int64_t j = vocab; j < ld; ++j) EXPECT_EQ(g[r * ld + j], xr[j]);  // padding untouched
+    if (labels[r] == kIgnoreIndex) {
+      for (int64_t j = 0; j < vocab; ++j) EXPECT_EQ(g[r * ld + j], 0.0);
+      continue;
+    }
+    long double sum = 0;
+    for (int64_t j = 0; j < vocab; ++j) sum += std::exp((long double)xr[j]);
+    ref_loss += double(std::log(sum) - xr[labels[r]]);
+    for (int64_t j = 0; j < vocab; ++j) {
+      const double ref = (double(std::exp((long double)xr[j]) / sum) - (j == labels[r])) * grad_scale;
+      EXPECT_NEAR(g[r * ld + j], ref, 1e-15);
+      EXPECT_NEAR(gf[r * ld + j], ref, 1e-7);
+    }
+  }
+  EXPECT_NEAR(loss, ref_loss, 1e-12);
+  EXPECT_NEAR(loss_f, ref_loss, 1e-5);
+}
+
+TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
+  const int64_t rows = 3, vocab = 20;
+  const std::vector<int32_t> labels = {4, 19, kIgnoreIndex};
+  std::vector<double> x = random_vector(rows * vocab, 21, -3, 3);
+  const double grad_scale = 0.5;
+  std::vector<double> g = x;
+  cross_entropy_forward_backward(g.data(), vocab, labels.data(), rows, vocab, grad_scale);
+  expect_gradient_matches("dlogits", x, g, sample_indices(rows * vocab, 1 << 30, 0), [&] {
+    std::vector<double> y = x;
+    return grad_scale *
+           cross_entropy_forward_backward(y.data(), vocab, labels.data(), rows, vocab, 1.0);
+  });
+}
+
+TEST(CrossEntropy, RejectsOutOfRangeLabels) {
+  std::vector<float> x(2 * 5, 0.f);
+  const std::vector<int32_t> labels = {1, 5};
+  EXPECT_THROW(cross_entropy_forward_backward(x.data(), 5, labels.data(), 2, 5, 1.0), keel::Error);
+  const std::vector<int32_t> negative = {-1, 0};
+  EXPECT_THROW(cross_entropy_forward_backward(x.data(), 5, negative.data(), 2, 5, 1.0), keel::Error);
+}
+
+// ------------------------------------------------------------------------------------- AdamW
+
+// torch 1.13 _single_tensor_adamw restated per element in fp32 (add_ with alpha is an fma in
+// torch's vectorised kernel; addcdiv is (value * t1) / t2).
+void torch_adamw_step(std::vector<float>& w, const std::vector<float>& g, std::vector<float>& m,
+                      std::vector<float>& v, const AdamWStep& s, double wd) {
+  const double bc1 = 1 - std::pow(s.beta1, double(s.step));
+  const double bc2 = 1 - std::pow(s.beta2, double(s.step));
+  for (size_t i = 0; i < w.size(); ++i) {
+    w[i] = w[i] * float(1 - s.lr * wd);
+    m[i] = std::fma(g[i], float(1 - s.beta1), m[i] * float(s.beta1));
+    v[i] = v[i] * float(s.beta2) + float(1 - s.beta2) * g[i] * g[i];
+    const float denom = std::sqrt(v[i]) / float(std::sqrt(bc2)) + float(s.eps);
+    w[i] = w[i] + float(-(s.lr / bc1)) * m[i] / denom;
+  }
+}
+
+TEST(AdamW, MatchesTorchArithmeticOverSeveralSteps) {
+  const int64_t n = 100003;
+  std::vector<float> w = test::to_float(random_vector(n, 22));
+  std::vector<float> m(n, 0.f), v(n, 0.f), w_ref = w, m_ref = m, v_ref = v;
+  std::vector<bf16> w_bf16(n);
+  for (double wd : {0.1, 0.0})
+    for (int64_t step = 1; step <= 4; ++step) {
+      const std::vector<float> g = test::to_float(random_vector(n, 100 + step, -1e-2, 1e-2));
+      const AdamWStep s{1e-3 * step, 0.9, 0.999, 1e-8, step};
+      adamw_update(w.data(), g.data(), m.data(), v.data(), n, s, wd, w_bf16.data());
+      torch_adamw_step(w_ref, g, m_ref, v_ref, s, wd);
+      ASSERT_TRUE(bitwise_equal(w, w_ref)) << "step " << step;
+      ASSERT_TRUE(bitwise_equal(m, m_ref)) << "step " << step;
+      ASSERT_TRUE(bitwise_equal(v, v_ref)) << "step " << step;
+      for (int64_t i = 0; i < n; i += 997) ASSERT_EQ(w_bf16[i].bits, float_to_bf16(w[i]).bits);
+    }
+}
+
+// The same algebra in double, to check the formula itself and not only its rounding.
+TEST(AdamW, AgreesWithDoublePrecisionAdamW) {
+  const int64_t n = 1000;
+  const double lr = 2e-3, b1 = 0.8, b2 = 0.95, eps = 1e-6, wd = 0.05;
+  std::vector<double> wd_ = random_vector(n, 23), md(n, 0), vd(n, 0);
+  std::vector<float> w = test::to_float(wd_), m(n, 0.f), v(n, 0.f);
+  for (int64_t t = 1; t <= 3; ++t) {
+    const std::vector<double> g = random_vector(n, 200 + t);
+    const std::vector<float> gf = test::to_float(g);
+    adamw_update(w.data(), gf.data(), m.data(), v.data(), n, AdamWStep{lr, b1, b2, eps, t}, wd,
+                 nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      wd_[i] *= 1 - lr * wd;
+      md[i] = b1 * md[i] + (1 - b1) * double(gf[i]);
+      vd[i] = b2 * vd[i] + (1 - b2) * double(gf[i]) * double(gf[i]);
+      const double m_hat = md[i] / (1 - std::pow(b1, t)), v_hat = vd[i] / (1 - std::pow(b2, t));
+      wd_[i] -= lr * m_hat / (std::sqrt(v_hat) + eps);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) ASSERT_NEAR(w[i], wd_[i], 1e-6 * (1 + std::fabs(wd_[i]))) << i;
+}
+
+TEST(SumOfSquares, MatchesLongDoubleAndIsIdenticalForOneAndTwoThreads) {
+  const int64_t n = 257 * (int64_t(1) << 14) + 123;  // more than one round of blocks, ragged end
+  const std::vector<float> x = test::to_float(random_vector(n, 24));
+  long double ref = 0;
+  for (float e : x) ref += (long double)e * e;
+  double sums[2];
+  for (int threads : {1, 2}) test::with_threads(threads, [&] { sums[threads - 1] = sum_of_squares(x.data(), n); });
+  EXPECT_NEAR(sums[0], double(ref), 1e-12 * double(ref));
+  EXPECT_EQ(std::memcmp(&sums[0], &sums[1], sizeof(double)), 0);
+  EXPECT_EQ(sum_of_squares(x.data(), 0), 0.0);
+  EXPECT_EQ(sum_of_squares(x.data(), 3), double(x[0]) * x[0] + double(x[1]) * x[1] + double(x[2]) * x[2]);
+}
+
+TEST(ScaleInPlace, MultipliesEveryElement) {
+  std::vector<float> x = {1.f, -2.f, 3.5f};
+  scale_in_place(x.data(), 3, 0.5f);
+  EXPECT_EQ(x, (std::vector<float>{0.5f, -1.f, 1.75f}));
+}
+
+}  // namespace
+}  // namespace keel::kernels

@@ -1,0 +1,441 @@
+// config.json parsing for the four supported formats (with their defaults and their error
+// messages), parameter counts against published model sizes, and export round trips.
+#include "keel/model/config.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <functional>
+#include <map>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+
+namespace keel::model {
+namespace {
+
+void expect_error(const std::function<void()>& fn, std::initializer_list<std::string> parts) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected keel::Error";
+  } catch (const Error& e) {
+    for (const auto& part : parts) EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+ModelConfig parse(const std::string& json) { return parse_model_config(json, "config.json"); }
+
+void expect_parse_error(const std::string& json, std::initializer_list<std::string> parts) {
+  expect_error([&] { parse(json); }, parts);
+}
+
+// Every field except the original text.
+void expect_same_model(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.family, b.family);
+  EXPECT_EQ(a.architecture, b.architecture);
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.intermediate_size, b.intermediate_size);
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.num_heads, b.num_heads);
+  EXPECT_EQ(a.num_kv_heads, b.num_kv_heads);
+  EXPECT_EQ(a.head_dim, b.head_dim);
+  EXPECT_EQ(a.rotary_dim, b.rotary_dim);
+  EXPECT_EQ(a.rope_interleaved, b.rope_interleaved);
+  EXPECT_EQ(a.rope_theta, b.rope_theta);
+  EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
+  EXPECT_EQ(a.qkv_bias, b.qkv_bias);
+  EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
+  EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
+  EXPECT_EQ(a.torch_dtype, b.torch_dtype);
+  EXPECT_EQ(a.eos_token_ids, b.eos_token_ids);
+  EXPECT_EQ(a.bos_token_id, b.bos_token_id);
+  EXPECT_EQ(a.pad_token_id, b.pad_token_id);
+}
+
+// meta-llama/Llama-2-7b-hf
+const char* kLlama2_7b = R"({
+  "architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+  "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 4096,
+  "model_type": "llama", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+  "pad_token_id": null, "pretraining_tp": 1, "rms_norm_eps": 1e-05, "rope_scaling": null, "tie_word_embeddings": false,
+  "torch_dtype": "float16", "transformers_version": "4.31.0.dev0", "use_cache": true, "vocab_size": 32000
+})";
+
+// Qwen/Qwen2-0.5B
+const char* kQwen2_05b = R"({
+  "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+  "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+  "max_position_embeddings": 131072, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+  "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 131072, "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.40.1",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936
+})";
+
+// THUDM/glm-4-9b-hf (transformers-native)
+const char* kGlm4_9b_hf = R"({
+  "architectures": ["GlmForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu", "hidden_size": 4096,
+  "initializer_range": 0.02, "intermediate_size": 13696, "max_position_embeddings": 131072, "model_type": "glm",
+  "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 2, "pad_token_id": 151329,
+  "partial_rotary_factor": 0.5, "rms_norm_eps": 1.5625e-07, "rope_theta": 10000.0, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.46.0.dev0", "use_cache": true, "vocab_size": 151552
+})";
+
+// THUDM/glm-4-9b (original remote-code format)
+const char* kGlm4_9b = R"({
+  "_name_or_path": "THUDM/glm-4-9b", "model_type": "chatglm", "architectures": ["ChatGLMModel"],
+  "auto_map": {"AutoConfig": "configuration_chatglm.ChatGLMConfig",
+               "AutoModelForCausalLM": "modeling_chatglm.ChatGLMForConditionalGeneration"},
+  "add_bias_linear": false, "add_qkv_bias": true, "apply_query_key_layer_scaling": true,
+  "apply_residual_connection_post_layernorm": false, "attention_dropout": 0.0, "attention_softmax_in_fp32": true,
+  "bias_dropout_fusion": true, "ffn_hidden_size": 13696, "fp32_residual_connection": false, "hidden_dropout": 0.0,
+  "hidden_size": 4096, "kv_channels": 128, "layernorm_epsilon": 1.5625e-07, "multi_query_attention": true,
+  "multi_query_group_num": 2, "num_attention_heads": 32, "num_layers": 40, "original_rope": true,
+  "padded_vocab_size": 151552, "post_layer_norm": true, "rmsnorm": true, "seq_length": 8192, "use_cache": true,
+  "torch_dtype": "bfloat16", "transformers_version": "4.42.4", "tie_word_embeddings": false,
+  "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329
+})";
+
+TEST(ModelConfig, Llama2) {
+  ModelConfig c = parse(kLlama2_7b);
+  EXPECT_EQ(c.family, Family::Llama);
+  EXPECT_EQ(c.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c.vocab_size, 32000);
+  EXPECT_EQ(c.num_kv_heads, 32);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim, 128);
+  EXPECT_FALSE(c.rope_interleaved);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.max_position_embeddings, 4096);
+  EXPECT_EQ(c.torch_dtype, DType::F16);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{2});
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.pad_token_id, -1);
+  EXPECT_EQ(c.config_json, kLlama2_7b);
+  EXPECT_EQ(c.total_parameters(), 6738415616);  // the published Llama-2-7b count
+}
+
+TEST(ModelConfig, LlamaDefaults) {
+  ModelConfig c = parse(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+                            "num_hidden_layers": 2, "num_attention_heads": 4})");
+  EXPECT_EQ(c.family, Family::Llama);
+  EXPECT_EQ(c.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.rotary_dim, 16);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.torch_dtype, DType::F32);
+  EXPECT_TRUE(c.eos_token_ids.empty());
+  EXPECT_EQ(c.bos_token_id, -1);
+}
+
+TEST(ModelConfig, Qwen2HasQkvBiasAndTiedEmbeddings) {
+  ModelConfig c = parse(kQwen2_05b);
+  EXPECT_EQ(c.family, Family::Qwen2);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.torch_dtype, DType::BF16);
+  EXPECT_EQ(c.total_parameters(), 494032768);  // the published Qwen2-0.5B count
+  // The LM head counts as a matmul even when tied to the embedding.
+  EXPECT_EQ(c.matmul_parameters(), c.total_parameters() - 24 * (2 * 896 + 896 + 2 * 128) - 896);  // less norms, biases
+}
+
+TEST(ModelConfig, MatmulParametersByHand) {
+  ModelConfig c = parse(R"({"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 12,
+                            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                            "tie_word_embeddings": true})");
+  // head_dim 2: q 8x8, k,v 8x4, o 8x8, MLP 3 x 8x12, LM head 10x8.
+  int64_t per_layer = 64 + 32 + 32 + 64 + 3 * 96;
+  EXPECT_EQ(c.matmul_parameters(), 3 * per_layer + 80);
+  EXPECT_EQ(c.total_parameters(), 80 + 3 * (per_layer + 16) + 8);  // tied: one copy of the embedding
+}
+
+TEST(ModelConfig, GlmTransformersNative) {
+  ModelConfig c = parse(kGlm4_9b_hf);
+  EXPECT_EQ(c.family, Family::Glm);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_TRUE(c.rope_interleaved);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.rms_norm_eps, 1.5625e-07);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{151329, 151336, 151338}));
+  EXPECT_EQ(c.pad_token_id, 151329);
+
+  ModelConfig d = parse(R"({"architectures": ["GlmForCausalLM"], "vocab_size": 100, "hidden_size": 64,
+                            "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})");
+  EXPECT_TRUE(d.qkv_bias);      // attention_bias defaults to true for GLM
+  EXPECT_EQ(d.rotary_dim, 8);   // partial_rotary_factor 0.5 of head_dim 16
+}
+
+TEST(ModelConfig, GlmOriginal) {
+  ModelConfig c = parse(kGlm4_9b);
+  EXPECT_EQ(c.family, Family::GlmOriginal);
+  EXPECT_EQ(c.architecture, "ChatGLMModel");
+  EXPECT_EQ(c.vocab_size, 151552);
+  EXPECT_EQ(c.intermediate_size, 13696);
+  EXPECT_EQ(c.num_layers, 40);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_TRUE(c.rope_interleaved);
+  EXPECT_EQ(c.rope_theta, 10000.0);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_EQ(c.max_position_embeddings, 8192);
+  EXPECT_EQ(c.torch_dtype, DType::BF16);
+  // Same network as glm-4-9b-hf: same parameter count.
+  EXPECT_EQ(c.total_parameters(), parse(kGlm4_9b_hf).total_parameters());
+}
+
+TEST(ModelConfig, GlmOriginalWithoutGroupedQueriesAndWithRopeRatio) {
+  ModelConfig c = parse(R"({"model_type": "chatglm", "architectures": ["ChatGLMForConditionalGeneration"],
+                            "padded_vocab_size": 100, "hidden_size": 64, "ffn_hidden_size": 96, "num_layers": 2,
+                            "num_attention_heads": 4, "multi_query_attention": false, "multi_query_group_num": 2,
+                            "rope_ratio": 500})");
+  EXPECT_EQ(c.architecture, "ChatGLMForConditionalGeneration");
+  EXPECT_EQ(c.num_kv_heads, 4);
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.rotary_dim, 8);
+  EXPECT_EQ(c.rope_theta, 5e6);
+  EXPECT_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_FALSE(c.qkv_bias);
+  // model_type marks the format even under an architecture name keel does not list.
+  EXPECT_EQ(parse(R"({"model_type": "chatglm", "architectures": ["ChatGLMForSequenceClassification"],
+                      "padded_vocab_size": 100, "hidden_size": 64, "ffn_hidden_size": 96, "num_layers": 2,
+                      "num_attention_heads": 4})")
+                .family,
+            Family::GlmOriginal);
+}
+
+TEST(ModelConfig, LoadFromFileNamesTheFile) {
+  char pattern[] = "/tmp/keel_config_XXXXXX";
+  ASSERT_NE(mkdtemp(pattern), nullptr);
+  std::string path = std::string(pattern) + "/config.json";
+  write_file_atomic(path, kQwen2_05b);
+  EXPECT_EQ(load_model_config(path).vocab_size, 151936);
+  write_file_atomic(path, R"({"model_type": "qwen2", "vocab_size": "many"})");
+  expect_error([&] { load_model_config(path); }, {path, "'vocab_size'", "positive integer", "string \"many\""});
+  expect_error([&] { load_model_config(std::string(pattern) + "/absent.json"); }, {"absent.json"});
+  std::filesystem::remove_all(pattern);
+}
+
+// --- errors -------------------------------------------------------------------------------------
+
+// A small Llama config.json; `fields` adds keys or replaces the default sizes.
+std::string llama_config(std::map<std::string, std::string> fields) {
+  std::map<std::string, std::string> all = {{"vocab_size", "100"}, {"hidden_size", "64"}, {"intermediate_size", "128"},
+                                            {"num_hidden_layers", "2"}, {"num_attention_heads", "4"}};
+  for (auto& [key, value] : fields) all[key] = value;
+  std::string json = R"({"architectures": ["LlamaForCausalLM"])";
+  for (const auto& [key, value] : all) json += ", \"" + key + "\": " + value;
+  return json + "}";
+}
+
+std::string llama_with(const std::string& extra) {
+  return llama_config({}).insert(1, extra.empty() ? "" : extra + ", ");
+}
+
+TEST(ModelConfigErrors, NotJsonOrNotObject) {
+  expect_parse_error("{", {"config.json", "valid JSON"});
+  expect_parse_error("[]", {"config.json", "JSON object", "array"});
+}
+
+TEST(ModelConfigErrors, UnknownArchitectureListsSupported) {
+  expect_parse_error(R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral"})",
+                     {"config.json", "MistralForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "GlmForCausalLM",
+                      "ChatGLMModel", "not supported"});
+  expect_parse_error(R"({"vocab_size": 3})", {"architectures", "LlamaForCausalLM"});
+  expect_parse_error(R"({"architectures": []})", {"architectures", "non-empty array"});
+}
+
+TEST(ModelConfigErrors, WrongTypes) {
+  expect_parse_error(llama_with(R"("num_key_value_heads": "2")"),
+                     {"config.json", "key 'num_key_value_heads'", "expected a positive integer", "found string \"2\""});
+  expect_parse_error(llama_with(R"("num_key_value_heads": 0)"), {"'num_key_value_heads'", "positive integer", "0"});
+  expect_parse_error(llama_with(R"("head_dim": 2.5)"), {"'head_dim'", "positive integer", "number 2.5"});
+  expect_parse_error(llama_with(R"("tie_word_embeddings": "yes")"), {"'tie_word_embeddings'", "true or false"});
+  expect_parse_error(llama_with(R"("rope_theta": -1)"), {"'rope_theta'", "positive number"});
+  expect_parse_error(llama_with(R"("torch_dtype": "int8")"), {"'torch_dtype'", "bfloat16", "int8"});
+  expect_parse_error(llama_with(R"("eos_token_id": [1, "x"])"), {"'eos_token_id'"});
+  expect_parse_error(llama_with(R"("bos_token_id": -3)"), {"'bos_token_id'", "non-negative"});
+  expect_parse_error(R"({"model_type": "llama", "vocab_size": 100})", {"'hidden_size'", "required"});
+  expect_parse_error(llama_with(R"("vocab_size": 5)"), {"'vocab_size'", "twice"});
+  // 4096.0 is a whole number: accepted as an integer.
+  EXPECT_EQ(parse(llama_with(R"("max_position_embeddings": 4096.0)")).max_position_embeddings, 4096);
+}
+
+TEST(ModelConfigErrors, TokenIdVariants) {
+  EXPECT_EQ(parse(llama_with(R"("eos_token_id": [1, 2], "bos_token_id": null, "pad_token_id": 0)")).eos_token_ids,
+            (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(parse(llama_with(R"("pad_token_id": 0)")).pad_token_id, 0);
+  EXPECT_EQ(parse(llama_with(R"("dtype": "bfloat16")")).torch_dtype, DType::BF16);
+}
+
+TEST(ModelConfigErrors, InconsistentSizes) {
+  expect_parse_error(llama_with(R"("num_key_value_heads": 3)"),
+                     {"config.json", "num_attention_heads", "multiple of num_key_value_heads (3)", "found 4"});
+  expect_parse_error(R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 65, "intermediate_size": 128,
+                         "num_hidden_layers": 2, "num_attention_heads": 4})",
+                     {"'head_dim'", "hidden_size (65)", "multiple"});
+  // GLM: head_dim 6 x 0.5 = 3 rotating channels, which cannot form pairs.
+  expect_parse_error(R"({"architectures": ["GlmForCausalLM"], "vocab_size": 100, "hidden_size": 24,
+                         "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 4, "head_dim": 6})",
+                     {"config.json", "rotary dimension", "partial_rotary_factor", "even", "found 3"});
+  expect_parse_error(llama_config({{"vocab_size", "4294967296"}}), {"vocab_size", "below 2147483648"});
+  expect_parse_error(llama_config({{"num_hidden_layers", "100000"}}), {"num_hidden_layers", "below 10000"});
+  expect_parse_error(llama_config({{"hidden_size", "18446744073709551615"}}), {"'hidden_size'", "positive integer"});
+}
+
+TEST(ModelConfigErrors, UnsupportedVariants) {
+  expect_parse_error(llama_with(R"("rope_scaling": {"rope_type": "llama3", "factor": 8.0})"),
+                     {"'rope_scaling'", "llama3", "not supported"});
+  expect_parse_error(llama_with(R"("rope_scaling": {"type": "linear", "factor": 2.0})"), {"'rope_scaling'", "linear"});
+  EXPECT_NO_THROW(parse(llama_with(R"("rope_scaling": {"rope_type": "default"})")));
+  expect_parse_error(llama_with(R"("hidden_act": "gelu")"), {"'hidden_act'", "silu", "gelu"});
+  expect_parse_error(llama_with(R"("attention_bias": true)"), {"'attention_bias'", "o_proj"});
+  expect_parse_error(llama_with(R"("mlp_bias": true)"), {"'mlp_bias'"});
+
+  std::string glm = R"({"model_type": "chatglm", "padded_vocab_size": 100, "hidden_size": 64, "ffn_hidden_size": 96,
+                        "num_layers": 2, "num_attention_heads": 4, )";
+  expect_parse_error(glm + R"("rmsnorm": false})", {"'rmsnorm'", "not supported", "RMSNorm"});
+  expect_parse_error(glm + R"("add_bias_linear": true})", {"'add_bias_linear'", "not supported"});
+  expect_parse_error(glm + R"("post_layer_norm": false})", {"'post_layer_norm'", "not supported"});
+  expect_parse_error(glm + R"("apply_residual_connection_post_layernorm": true})",
+                     {"'apply_residual_connection_post_layernorm'", "not supported"});
+}
+
+TEST(ModelConfigErrors, ValidateCodeBuiltConfigs) {
+  ModelConfig c;
+  c.family = Family::Llama;
+  c.vocab_size = 10, c.hidden_size = 8, c.intermediate_size = 16, c.num_layers = 1;
+  c.num_heads = 2, c.num_kv_heads = 2, c.head_dim = 4, c.rotary_dim = 4;
+  EXPECT_NO_THROW(validate(c, "recipe"));
+  c.rotary_dim = 6;
+  expect_error([&] { validate(c, "recipe"); }, {"recipe", "rotary dimension"});
+  c.rotary_dim = 4;
+  c.family = Family::Qwen2;  // Qwen2 without q/k/v biases cannot be written as a Qwen2 config
+  expect_error([&] { validate(c, "recipe"); }, {"qkv_bias", "qwen2"});
+}
+
+// --- names and export ---------------------------------------------------------------------------
+
+TEST(ModelConfig, FamilyNames) {
+  for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal}) {
+    EXPECT_EQ(family_from_name(family_name(f)), f);
+  }
+  EXPECT_EQ(family_name(Family::GlmOriginal), "glm_original");
+  expect_error([] { family_from_name("mistral"); }, {"mistral", "llama, qwen2, glm, glm_original"});
+}
+
+ModelConfig small_config(Family family) {
+  ModelConfig c;
+  c.family = family;
+  c.vocab_size = 1000;
+  c.hidden_size = 96;
+  c.intermediate_size = 160;
+  c.num_layers = 3;
+  c.num_heads = 6;
+  c.num_kv_heads = 2;
+  c.head_dim = 24;
+  c.rotary_dim = 24;
+  c.rope_theta = 123456.789;
+  c.rms_norm_eps = 1.5625e-07;
+  c.max_position_embeddings = 8192;
+  c.tie_word_embeddings = true;
+  c.eos_token_ids = {7, 9};
+  c.bos_token_id = 1;
+  switch (family) {
+    case Family::Llama: break;
+    case Family::Qwen2: c.qkv_bias = true; break;
+    case Family::Glm:
+      c.qkv_bias = true;
+      c.rotary_dim = 14;  // a factor (14/24) that is not a round number
+      c.rope_interleaved = true;
+      break;
+    case Family::GlmOriginal:
+      c.qkv_bias = true;
+      c.rotary_dim = 12;
+      c.rope_interleaved = true;
+      c.pad_token_id = 0;
+      break;
+  }
+  c.architecture = family == Family::Llama   ? "LlamaForCausalLM"
+                   : family == Family::Qwen2 ? "Qwen2ForCausalLM"
+                   : family == Family::Glm   ? "GlmForCausalLM"
+                                             : "ChatGLMModel";
+  return c;
+}
+
+TEST(ModelConfigExport, GeneratedJsonParsesBackEqual) {
+  for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal}) {
+    SCOPED_TRACE(family_name(f));
+    ModelConfig c = small_config(f);
+    validate(c, "test");
+    for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+      std::string json = model_config_json(c, dtype);
+      ModelConfig back = parse_model_config(json, "generated");
+      c.torch_dtype = dtype;
+      expect_same_model(c, back);
+      // Exported again from the parsed config (which keeps the text) gives the same text.
+      EXPECT_EQ(model_config_json(back, dtype), json);
+    }
+  }
+  // One-element eos lists come back as a plain integer, in either case the same ids.
+  ModelConfig c = small_config(Family::Llama);
+  c.eos_token_ids = {2};
+  EXPECT_EQ(parse_model_config(model_config_json(c, DType::F32), "generated").eos_token_ids, c.eos_token_ids);
+}
+
+TEST(ModelConfigExport, GeneratedJsonUsesEachFormatsKeys) {
+  std::string glm = model_config_json(small_config(Family::GlmOriginal), DType::BF16);
+  for (const char* key : {"\"padded_vocab_size\": 1000", "\"ffn_hidden_size\": 160", "\"kv_channels\": 24",
+                          "\"multi_query_attention\": true", "\"multi_query_group_num\": 2", "\"rmsnorm\": true",
+                          "\"post_layer_norm\": true", "\"apply_residual_connection_post_layernorm\": false",
+                          "\"add_bias_linear\": false", "\"original_rope\": true", "\"model_type\": \"chatglm\"",
+                          "\"torch_dtype\": \"bfloat16\"", "\"seq_length\": 8192"}) {
+    EXPECT_NE(glm.find(key), std::string::npos) << key << "\n" << glm;
+  }
+  std::string llama = model_config_json(small_config(Family::Llama), DType::F32);
+  for (const char* key : {"\"architectures\": [\n    \"LlamaForCausalLM\"\n  ]", "\"model_type\": \"llama\"",
+                          "\"rope_theta\": 123456.789", "\"rope_scaling\": null", "\"num_key_value_heads\": 2"}) {
+    EXPECT_NE(llama.find(key), std::string::npos) << key << "\n" << llama;
+  }
+  EXPECT_NE(model_config_json(small_config(Family::Glm), DType::F32).find("\"partial_rotary_factor\""), std::string::npos);
+}
+
+TEST(ModelConfigExport, OriginalTextKeptExceptDtype) {
+  ModelConfig c = parse(kGlm4_9b);
+  std::string json = model_config_json(c, DType::F32);
+  EXPECT_NE(json.find("\"torch_dtype\": \"float32\""), std::string::npos) << json;
+  EXPECT_EQ(json.find("bfloat16"), std::string::npos);
+  // Keys keel does not interpret survive, in their original order.
+  size_t name = json.find("\"_name_or_path\": \"THUDM/glm-4-9b\""), auto_map = json.find("\"AutoConfig\"");
+  EXPECT_NE(name, std::string::npos);
+  EXPECT_NE(auto_map, std::string::npos);
+  EXPECT_LT(name, auto_map);
+  expect_same_model(parse_model_config(json, "exported"), [&] {
+    ModelConfig expected = c;
+    expected.torch_dtype = DType::F32;
+    return expected;
+  }());
+
+  // A config without a dtype gains one; transformers >= 4.56 spelling "dtype" is replaced in place.
+  ModelConfig d = parse(llama_with(""));
+  EXPECT_NE(model_config_json(d, DType::BF16).find("\"torch_dtype\": \"bfloat16\""), std::string::npos);
+  ModelConfig e = parse(llama_with(R"("dtype": "float32")"));
+  std::string e_json = model_config_json(e, DType::F16);
+  EXPECT_NE(e_json.find("\"dtype\": \"float16\""), std::string::npos) << e_json;
+  EXPECT_EQ(e_json.find("torch_dtype"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace keel::model

@@ -1,0 +1,114 @@
+#include <gtest/gtest.h>
+
+#include "keel/core/error.h"
+#include "keel/train/recipe.h"
+
+using keel::train::parse_recipe;
+
+namespace {
+
+const char* kMinimal = R"(
+model_name = "/models/glm-4-9b"
+data_path = "train.jsonl"
+max_steps = 10
+)";
+
+std::string error_of(const std::string& text, std::vector<std::string> overrides = {}) {
+  try {
+    parse_recipe(text, "r.toml", overrides);
+  } catch (const keel::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(Recipe, DefaultsAndArticleKeys) {
+  auto r = parse_recipe(std::string(kMinimal) + R"(
+dtype = "bf16"
+batch_size = 4
+gradient_accumulation_steps = 4
+learning_rate = 2e-5
+weight_decay = 0.01
+warmup_steps = 200
+dp_degree = 1
+use_flash_attention = true
+use_gradient_checkpointing = false
+hccl_topology = "hccs_full_mesh"
+memory_pool_size = 56
+checkpoint_dir = "/shared/checkpoints"
+save_interval = 2000
+async_save = true
+preprocess_on_npu = true
+)",
+                        "r.toml");
+  EXPECT_EQ(r.batch_size, 4);
+  EXPECT_EQ(r.topology, "hccs_full_mesh");  // hccl_topology is accepted as an alias
+  EXPECT_DOUBLE_EQ(r.memory_pool_size, 56);
+  EXPECT_EQ(r.lr_scheduler, "cosine");
+  EXPECT_DOUBLE_EQ(r.adam_beta2, 0.999);
+  EXPECT_FALSE(keel::train::inactive_key_warnings(r).empty());
+}
+
+TEST(Recipe, UnknownKeyNamesLineAndSuggests) {
+  auto e = error_of(std::string(kMinimal) + "learning_rte = 1e-4\n");
+  EXPECT_NE(e.find("r.toml:5"), std::string::npos) << e;
+  EXPECT_NE(e.find("learning_rte"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean 'learning_rate'"), std::string::npos) << e;
+}
+
+TEST(Recipe, WrongTypeNamesKeyAndLine) {
+  auto e = error_of(std::string(kMinimal) + "batch_size = \"four\"\n");
+  EXPECT_NE(e.find("r.toml:5"), std::string::npos) << e;
+  EXPECT_NE(e.find("'batch_size' expects an integer, found a string"), std::string::npos) << e;
+}
+
+TEST(Recipe, InvalidValuesAreErrors) {
+  EXPECT_NE(error_of(std::string(kMinimal) + "dtype = \"fp8\"\n").find("'dtype'"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "lr_scheduler = \"step\"\n").find("'lr_scheduler'"), std::string::npos);
+  EXPECT_NE(error_of(std::string(kMinimal) + "batch_size = 0\n").find("'batch_size' must be positive"),
+            std::string::npos);
+  EXPECT_NE(error_of("data_path = \"x\"\nmax_steps = 1\n").find("model_name"), std::string::npos);
+  EXPECT_NE(error_of("model_name = \"m\"\nmax_steps = 1\n").find("data_path"), std::string::npos);
+  EXPECT_NE(error_of("model_name = [1\n").find("invalid TOML"), std::string::npos);
+}
+
+TEST(Recipe, OverridesApplyAfterTheFile) {
+  auto r = parse_recipe(kMinimal, "r.toml", {"max_steps=3", "output_dir=runs/a", "shuffle=false"});
+  EXPECT_EQ(r.max_steps, 3);
+  EXPECT_EQ(r.output_dir, "runs/a");
+  EXPECT_FALSE(r.shuffle);
+  auto e = error_of(kMinimal, {"max_stepz=3"});
+  EXPECT_NE(e.find("did you mean 'max_steps'"), std::string::npos) << e;
+}
+
+TEST(Recipe, ResolvedRecipeParsesBackToTheSameValues) {
+  auto r = parse_recipe(std::string(kMinimal) + "learning_rate = 3e-4\nweight_decay = 0.1\n", "r.toml");
+  auto again = parse_recipe(keel::train::recipe_to_toml(r), "resolved.toml");
+  EXPECT_EQ(again.model_name, r.model_name);
+  EXPECT_DOUBLE_EQ(again.learning_rate, r.learning_rate);
+  EXPECT_DOUBLE_EQ(again.weight_decay, r.weight_decay);
+  EXPECT_EQ(again.max_steps, r.max_steps);
+}
+
+TEST(Recipe, ModelConfigTable) {
+  auto r = parse_recipe(R"(
+data_path = "d.jsonl"
+max_steps = 1
+[model_config]
+family = "glm"
+vocab_size = 300
+hidden_size = 64
+intermediate_size = 128
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+)",
+                        "r.toml");
+  ASSERT_TRUE(r.model_config.has_value());
+  EXPECT_EQ(r.model_config->family, "glm");
+  EXPECT_EQ(r.model_config->num_kv_heads, 2);
+  auto e = error_of("data_path = \"d\"\nmax_steps = 1\n[model_config]\nhiden_size = 3\n");
+  EXPECT_NE(e.find("did you mean 'hidden_size'"), std::string::npos) << e;
+}
