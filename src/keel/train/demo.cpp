@@ -46,8 +46,16 @@ std::string text_of(const std::vector<int32_t>& ids) {
   return s;
 }
 
-// Held-out problems are those whose (a, b) hash lands in one bucket: never seen in training.
-bool is_held_out(const Problem& p) { return (p.a * 131 + p.b * 71) % 10 == 3; }
+// Held-out problems are those whose (a, b) hash lands in one bucket of ten: never seen in
+// training. The hash must mix well: a linear one such as (a + b) % 10 would hold out exactly the
+// sums ending in one digit, which the model could then never learn to write.
+bool is_held_out(const Problem& p) {
+  uint64_t h = uint64_t(p.a * 100 + p.b + 1) * 0x9e3779b97f4a7c15ull;
+  h ^= h >> 29;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 32;
+  return h % 10 == 3;
+}
 
 void write_training_data(const std::string& path, int64_t count, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -69,9 +77,13 @@ void write_training_data(const std::string& path, int64_t count, uint64_t seed) 
 
 std::vector<Problem> held_out_problems(int64_t count) {
   std::vector<Problem> out;
-  for (int a = 0; a < 100 && int64_t(out.size()) < count; a += 1)
-    for (int b = (a * 37) % 7; b < 100 && int64_t(out.size()) < count; b += 7)
-      if (is_held_out({a, b})) out.push_back({a, b});
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int> operand(0, 99);
+  std::set<std::pair<int, int>> seen;
+  while (int64_t(out.size()) < count) {
+    Problem p{operand(rng), operand(rng)};
+    if (is_held_out(p) && seen.insert({p.a, p.b}).second) out.push_back(p);
+  }
   return out;
 }
 
@@ -134,7 +146,7 @@ lr_scheduler = "cosine"
 max_steps = {2}
 max_grad_norm = 1.0
 seed = 7
-log_interval = 50
+log_interval = 100
 
 [model_config]
 family = "llama"
