@@ -11,8 +11,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"keel: fine-tune decoder-only LLMs (GLM-4, Llama, Qwen2) end to end on the CPU"};
   app.require_subcommand(1);
-  keel::cli::add_train_command(app);
-  keel::cli::add_demo_command(app);
+  keel::cli::add_registered_commands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
