@@ -3,6 +3,7 @@
 #include <simdjson.h>
 
 #include "keel/core/error.h"
+#include "keel/core/file_io.h"
 
 namespace keel::data {
 namespace {
@@ -27,6 +28,7 @@ void append_ids(simdjson::dom::element value, const char* field, const std::stri
 }  // namespace
 
 TokenRecords read_token_records(const std::string& path, int64_t vocab_size) {
+  require(path_exists(path), "{}: the data file does not exist", path);
   simdjson::padded_string text;
   auto load_error = simdjson::padded_string::load(path).get(text);
   require(load_error == simdjson::SUCCESS, "{}: cannot read the data file ({})", path,

@@ -37,6 +37,7 @@ class ParamStore {
   bf16* weight_bf16(int i) { return weights_bf16_.empty() ? nullptr : weights_bf16_.data() + params_[i].offset; }
 
   float* weights() { return weights_.data(); }
+  const float* weights_data() const { return weights_.data(); }
   float* grads() { return grads_.data(); }
   float* adam_m() { return adam_m_.data(); }
   float* adam_v() { return adam_v_.data(); }

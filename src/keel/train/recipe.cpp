@@ -126,7 +126,7 @@ std::string type_name(const toml::node& n) {
 
 std::string place_of(const toml::node& n, const std::string& source) {
   const auto& s = n.source();
-  if (s.begin.line == 0) return source;
+  if (s.begin.line == 0 || source.rfind("--set", 0) == 0) return source;  // overrides are one line
   return fmt::format("{}:{}", source, s.begin.line);
 }
 

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The README's demo: trains from scratch and must print a real accuracy gain on held-out problems.
+set -eu
+keel=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+out=$("$keel" demo --work "$work" 2>&1)
+echo "$out"
+line=$(grep -E "accuracy on [0-9]+ held-out problems" <<<"$out") || { echo "FAIL: no accuracy line"; exit 1; }
+before=$(sed -E 's/.*: ([0-9.]+)% before training.*/\1/' <<<"$line")
+after=$(sed -E 's/.*-> ([0-9.]+)% after.*/\1/' <<<"$line")
+awk -v b="$before" -v a="$after" 'BEGIN { exit !(a >= 80 && a - b >= 50) }' ||
+  { echo "FAIL: accuracy $before% -> $after% is not a real gain"; exit 1; }
+test -s "$work/run/metrics.jsonl" || { echo "FAIL: no metrics.jsonl"; exit 1; }
+test -s "$work/run/final/config.json" || { echo "FAIL: no exported model"; exit 1; }
+echo "demo ok: $before% -> $after%"
