@@ -6,8 +6,10 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libdnnl-dev            # oneDNN: GEMM primitives
-  libfmt-dev libsimdjson-dev libtomlplusplus-dev libcli11-dev
+  libfmt-dev libsimdjson-dev libtomlplusplus-dev libcli11-dev libxxhash-dev
+  libhwloc-dev           # hwloc: machine topology for keel topo and rank binding
   libgtest-dev
+  libpcre2-dev libicu-dev  # tokenizers: pre-tokenizer regexes (PCRE2 JIT), Unicode normalization (ICU)
   python3-torch python3-numpy  # PyTorch reference tests and benchmarks (/usr/bin/python3)
 )
 
@@ -15,6 +17,10 @@ missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+
+# Tokenizer conformance tests and bench run npm tiktoken and @huggingface/tokenizers. A node that
+# already brings its own npm (e.g. a nodesource build) is kept: Debian's npm would conflict with it.
+command -v npm >/dev/null 2>&1 || missing+=(nodejs npm)
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all packages present"

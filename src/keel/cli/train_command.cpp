@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "keel/cli/commands.h"
+#include "keel/train/progress.h"
 #include "keel/train/recipe.h"
 #include "keel/train/trainer.h"
 
@@ -15,6 +16,8 @@ struct TrainOptions {
   std::string recipe;
   std::vector<std::string> overrides;
   bool print_recipe = false;
+  std::string resume;
+  int64_t stop_after = 0;
 };
 
 const CommandRegistration kTrain{
@@ -23,14 +26,25 @@ const CommandRegistration kTrain{
       cmd.add_option("recipe", options->recipe, "Recipe file (TOML)")->required();
       cmd.add_option("--set", options->overrides, "Override a recipe key: --set key=value (repeatable)");
       cmd.add_flag("--print-recipe", options->print_recipe, "Print the fully resolved recipe and exit");
-      return [options] {
+      auto* resume = cmd.add_option("--resume", options->resume,
+                                    "Continue from a checkpoint: 'auto' (the latest in checkpoint_dir, if any; the "
+                                    "default when no value is given) or a step directory")
+                         ->expected(0, 1);
+      cmd.add_option("--stop-after", options->stop_after,
+                     "Stop after this step, saving a checkpoint as on Ctrl-C (for time-sliced jobs)");
+      return [options, resume] {
+        if (resume->count() > 0 && options->resume.empty()) options->resume = "auto";
         auto recipe = train::load_recipe(options->recipe, options->overrides);
         if (options->print_recipe) {
           fmt::print("{}", train::recipe_to_toml(recipe));
           return 0;
         }
-        train::run_training(recipe, std::cout);
-        return 0;
+        train::TrainOptions train_options;
+        train_options.terminal = train::stdout_is_terminal();
+        train_options.resume = options->resume;
+        train_options.stop_after_step = options->stop_after;
+        const auto result = train::run_training(recipe, std::cout, train_options);
+        return result.interrupted && result.interrupt_signal ? 128 + result.interrupt_signal : 0;
       };
     }};
 

@@ -57,6 +57,16 @@ bool is_held_out(const Problem& p) {
   return h % 10 == 3;
 }
 
+// One record: the question without loss, then the answer and the end mark with loss.
+std::string record_of(const Problem& p) {
+  auto ids = prompt_of(p);
+  std::vector<int32_t> labels(ids.size(), -100);
+  for (int32_t d : digits(p.a + p.b)) ids.push_back(d), labels.push_back(d);
+  ids.push_back(kEnd);
+  labels.push_back(kEnd);
+  return fmt::format("{{\"input_ids\": [{}], \"labels\": [{}]}}\n", fmt::join(ids, ", "), fmt::join(labels, ", "));
+}
+
 void write_training_data(const std::string& path, int64_t count, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> operand(0, 99);
@@ -64,12 +74,7 @@ void write_training_data(const std::string& path, int64_t count, uint64_t seed) 
   for (int64_t n = 0; n < count;) {
     Problem p{operand(rng), operand(rng)};
     if (is_held_out(p)) continue;
-    auto ids = prompt_of(p);
-    std::vector<int32_t> labels(ids.size(), -100);  // no loss on the question, only on the answer
-    for (int32_t d : digits(p.a + p.b)) ids.push_back(d), labels.push_back(d);
-    ids.push_back(kEnd);
-    labels.push_back(kEnd);
-    out += fmt::format("{{\"input_ids\": [{}], \"labels\": [{}]}}\n", fmt::join(ids, ", "), fmt::join(labels, ", "));
+    out += record_of(p);
     ++n;
   }
   write_file_atomic(path, out);
@@ -134,6 +139,8 @@ double accuracy(model::Decoder& decoder, const std::vector<Problem>& problems, s
 std::string demo_recipe(const std::string& work, int64_t steps) {
   return fmt::format(R"(# keel demo: a tiny Llama-architecture model learns two-digit addition from scratch.
 data_path = "{0}/train.jsonl"
+eval_data_path = "{0}/eval.jsonl"
+eval_interval = 200
 output_dir = "{0}/run"
 dtype = "fp32"
 max_seq_len = {1}
@@ -168,10 +175,13 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
   const std::string recipe_path = o.work_dir + "/recipe.toml";
   write_file_atomic(recipe_path, demo_recipe(o.work_dir, o.max_steps));
   write_training_data(o.work_dir + "/train.jsonl", 20000, 11);
-  const auto recipe = load_recipe(recipe_path);
   const auto problems = held_out_problems(o.held_out);
+  std::string eval_records;
+  for (const auto& p : problems) eval_records += record_of(p);
+  write_file_atomic(o.work_dir + "/eval.jsonl", eval_records);
   fmt::print(log, "keel demo: learning two-digit addition ({} held-out problems never seen in training)\n",
              problems.size());
+  const auto recipe = load_recipe(recipe_path);
   fmt::print(log, "  recipe: {}\n", recipe_path);
 
   DemoResult result;
@@ -183,8 +193,8 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
   }
   fmt::print(log, "  accuracy before training: {:.1f}%\n\n", 100 * result.accuracy_before);
 
-  const auto summary = run_training(recipe, log);
-  result.final_loss = summary.final_loss;
+  const auto trained_run = run_training(recipe, log);
+  result.final_loss = trained_run.summary.final_loss;
 
   // Evaluate the exported model, as a user would load it: this also exercises export + reload.
   const std::string final_dir = recipe.output_dir + "/final";

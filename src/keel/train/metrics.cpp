@@ -2,15 +2,48 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 
 #include "keel/core/error.h"
+#include "keel/core/file_io.h"
 
 namespace keel::train {
 
-MetricsWriter::MetricsWriter(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "w");
+std::string json_number(double v) {
+  // {:.9g} keeps every fp32 digit, so tests can compare losses to 1e-7 and beyond; JSON has no
+  // NaN or infinity, so those become null (a skipped step's loss).
+  return std::isfinite(v) ? fmt::format("{:.9g}", v) : "null";
+}
+
+namespace {
+
+// The lines of an existing metrics.jsonl whose "step" is at most `last_step`.
+std::string lines_through_step(const std::string& path, int64_t last_step) {
+  if (!path_exists(path)) return "";
+  std::string text = read_file(path), kept;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) break;  // a torn last line from a killed run: dropped
+    std::string line = text.substr(start, end + 1 - start);
+    start = end + 1;
+    const size_t key = line.find("\"step\": ");
+    if (key == std::string::npos) continue;
+    if (std::strtoll(line.c_str() + key + 8, nullptr, 10) <= last_step) kept += line;
+  }
+  return kept;
+}
+
+}  // namespace
+
+MetricsWriter::MetricsWriter(const std::string& path, int64_t keep_through_step) : path_(path) {
+  const std::string kept = keep_through_step > 0 ? lines_through_step(path, keep_through_step) : "";
+  write_file_atomic(path, kept);
+  file_ = std::fopen(path.c_str(), "a");
   require(file_ != nullptr, "{}: cannot open for writing ({})", path, std::strerror(errno));
 }
 
@@ -19,13 +52,18 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write(const StepMetrics& m) {
-  // {:.9g} keeps every fp32 digit, so tests can compare losses to 1e-7 and beyond.
+  const double t = std::max(m.step_time_s, 1e-12);
   auto line = fmt::format(
-      "{{\"step\": {}, \"loss\": {:.9g}, \"lr\": {:.9g}, \"grad_norm\": {:.9g}, \"tokens\": {}, "
-      "\"target_tokens\": {}, \"step_time_s\": {:.6f}, \"tokens_per_s\": {:.3f}, \"compute_s\": {:.6f}, "
-      "\"optimizer_s\": {:.6f}, \"data_s\": {:.6f}}}\n",
-      m.step, m.loss, m.lr, m.grad_norm, m.tokens, m.target_tokens, m.step_time_s, m.tokens_per_s, m.compute_s,
-      m.optimizer_s, m.data_s);
+      "{{\"step\": {}, \"loss\": {}, \"lr\": {:.9g}, \"grad_norm\": {}, \"tokens\": {}, "
+      "\"target_tokens\": {}, \"step_time_s\": {:.6f}, \"tokens_per_s\": {:.3f}, \"compute_share\": {:.4f}, "
+      "\"data_wait_share\": {:.4f}, \"optimizer_share\": {:.4f}, \"grad_sync_share\": {:.4f}, "
+      "\"checkpoint_s\": {:.6f}",
+      m.step, json_number(m.loss), m.lr, json_number(m.grad_norm), m.tokens, m.target_tokens, m.step_time_s,
+      m.tokens_per_s, m.compute_s / t, m.data_s / t, m.optimizer_s / t, m.grad_sync_s / t, m.checkpoint_s);
+  if (m.eval_loss >= 0)
+    line += fmt::format(", \"eval_loss\": {:.9g}, \"eval_perplexity\": {:.9g}", m.eval_loss, m.eval_perplexity);
+  if (m.skipped) line += ", \"skipped\": true";
+  line += "}\n";
   require(std::fputs(line.c_str(), file_) >= 0 && std::fflush(file_) == 0, "{}: write failed ({})", path_,
           std::strerror(errno));
 }

@@ -13,12 +13,19 @@ struct StepMetrics {
   int64_t tokens = 0;         // non-padding input tokens of the step (all micro-batches)
   int64_t target_tokens = 0;  // tokens that carried loss
   double step_time_s = 0, tokens_per_s = 0;
-  double compute_s = 0, optimizer_s = 0, data_s = 0;
+  double compute_s = 0, optimizer_s = 0, data_s = 0, grad_sync_s = 0, checkpoint_s = 0;
+  double eval_loss = -1, eval_perplexity = -1;  // negative: not evaluated at this step
+  bool skipped = false;                         // non-finite loss or gradient, step not applied
 };
+
+// A number as JSON: 9 significant digits, null for NaN and infinity.
+std::string json_number(double v);
 
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path);  // truncates
+  // Starts metrics.jsonl afresh, or, when resuming after step `keep_through_step` > 0, keeps the
+  // lines of steps up to it (written by the run being resumed) and appends after them.
+  explicit MetricsWriter(const std::string& path, int64_t keep_through_step = 0);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

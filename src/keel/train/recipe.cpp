@@ -55,6 +55,9 @@ const std::vector<Field>& fields() {
       {"checkpoint_dir", &Recipe::checkpoint_dir},
       {"save_interval", &Recipe::save_interval},
       {"async_save", &Recipe::async_save},
+      {"keep_last_n", &Recipe::keep_last_n},
+      {"fail_on_save_error", &Recipe::fail_on_save_error},
+      {"skip_nonfinite_steps", &Recipe::skip_nonfinite_steps},
       {"output_dir", &Recipe::output_dir},
       {"log_interval", &Recipe::log_interval},
       {"eval_interval", &Recipe::eval_interval},
@@ -260,6 +263,13 @@ void validate_recipe(const Recipe& r, const Where& w) {
   positive(r.dp_degree, "dp_degree");
   positive(r.log_interval, "log_interval");
   require(r.eval_interval >= 0, "{}: key 'eval_interval' must not be negative", w.of("eval_interval"));
+  require(r.keep_last_n >= 1, "{}: key 'keep_last_n' must be at least 1", w.of("keep_last_n"));
+  require(r.log_interval <= 1'000'000'000 && r.eval_interval <= 1'000'000'000 && r.save_interval <= 1'000'000'000,
+          "{}: intervals must be at most 1e9 steps", r.source);
+  require(!r.eval_data_path.empty() || r.eval_interval == 0,
+          "{}: key 'eval_interval' is set but 'eval_data_path' is not", w.of("eval_interval"));
+  require(r.save_interval == 0 || !r.checkpoint_dir.empty(),
+          "{}: key 'save_interval' is set but 'checkpoint_dir' is not", w.of("save_interval"));
   require(r.save_interval >= 0, "{}: key 'save_interval' must not be negative", w.of("save_interval"));
   non_negative(r.memory_pool_size, "memory_pool_size");
   require(!r.output_dir.empty(), "{}: key 'output_dir' must not be empty", w.of("output_dir"));
@@ -355,9 +365,6 @@ std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   };
   note(r.use_gradient_checkpointing, "use_gradient_checkpointing", "activations are kept for the backward pass");
   note(r.memory_pool_size > 0, "memory_pool_size", "the memory plan does not cap the arena yet");
-  note(!r.checkpoint_dir.empty() || r.save_interval > 0, "checkpoint_dir/save_interval",
-       "training-state checkpoints are not written yet; the final model is exported to output_dir/final");
-  note(r.async_save, "async_save", "checkpoints are not written yet");
   note(r.topology != "auto", "topology", "topology-aware placement is not active yet");
   note(!r.use_flash_attention, "use_flash_attention",
        "keel's attention is always the tiled flash-style kernel; false changes nothing");

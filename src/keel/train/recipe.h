@@ -53,8 +53,11 @@ struct Recipe {
   int64_t save_interval = 0;
   bool async_save = false;
   std::string output_dir = "output";
+  int64_t keep_last_n = 3;            // training-state checkpoints kept (older ones deleted)
+  bool fail_on_save_error = false;    // false: a failed save is reported and retried at the next interval
   int64_t log_interval = 1;
   int64_t eval_interval = 0;
+  bool skip_nonfinite_steps = false;  // false: a NaN/Inf loss or gradient stops training
 
   std::string source;  // path of the recipe file (for messages)
 };

@@ -5,16 +5,25 @@
 
 #include <chrono>
 #include <cmath>
+#include <memory>
+#include <optional>
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 #include "keel/data/batch_builder.h"
 #include "keel/data/token_records.h"
+#include "keel/kernels/gemm.h"
 #include "keel/model/hf_weights.h"
+#include "keel/core/checksum.h"
+#include "keel/train/checkpoint.h"
+#include "keel/train/evaluation.h"
+#include "keel/train/interrupt.h"
+#include "keel/train/loss_plot.h"
 #include "keel/train/lr_schedule.h"
 #include "keel/train/metrics.h"
 #include "keel/train/model_setup.h"
 #include "keel/train/optimizer.h"
+#include "keel/train/progress.h"
 
 namespace keel::train {
 namespace {
@@ -29,95 +38,258 @@ int64_t resolve_max_steps(const Recipe& r, int64_t records) {
   return std::max<int64_t>(1, (r.num_epochs * records + per_step - 1) / per_step);
 }
 
-}  // namespace
+// FLOPs of one trained token: 6 per matmul parameter (forward + backward) plus attention's
+// 12·L·T·d (scores and weighted values, forward and backward), the usual MFU convention.
+double flops_per_token(const model::ModelConfig& c, int64_t seq) {
+  return 6.0 * double(c.matmul_parameters()) + 12.0 * double(c.num_layers) * double(seq) * double(c.q_size());
+}
 
-TrainSummary run_training(const Recipe& r, std::ostream& log) {
-  require(r.dp_degree == 1,
-          "{}: dp_degree = {} needs data parallel over MPI, which is not in this version yet; use dp_degree = 1",
-          r.source, r.dp_degree);
-  for (const auto& w : inactive_key_warnings(r)) fmt::print(log, "note: {}\n", w);
+class Trainer {
+ public:
+  Trainer(const Recipe& r, std::ostream& log, const TrainOptions& options)
+      : r_(r), log_(log), options_(options), setup_(setup_model(r)), decoder_(*setup_.decoder),
+        config_(decoder_.config()) {
+    for (const auto& name : setup_.unused_tensors)
+      fmt::print(log_, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
+                 config_.architecture);
+    records_ = data::read_token_records(r.data_path, config_.vocab_size);
+    if (!r.eval_data_path.empty()) eval_records_ = data::read_token_records(r.eval_data_path, config_.vocab_size);
+    max_steps_ = resolve_max_steps(r, records_.size());
+    pad_id_ = config_.pad_token_id >= 0 && config_.pad_token_id < config_.vocab_size ? int32_t(config_.pad_token_id)
+                                                                                      : 0;
+    order_ = std::make_unique<data::SampleOrder>(records_.size(), r.shuffle, uint64_t(r.seed));
+    micro_.assign(r.gradient_accumulation_steps, data::make_micro_batch_buffers(r.batch_size, r.max_seq_len));
+    optimizer_ = std::make_unique<AdamW>(decoder_.params(), AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon,
+                                                                        r.weight_decay});
+    schedule_ = LrSchedule{r.lr_scheduler, r.learning_rate, r.warmup_steps, max_steps_};
+    state_.seed = uint64_t(r.seed);
+    state_.recipe_hash = fingerprint_of(recipe_to_toml(r));
+    state_.model_fingerprint = model_fingerprint(decoder_.params(), config_.architecture);
+    state_.data_fingerprint = data_fingerprint(records_);
+    state_.compat_fingerprint = compat_fingerprint(r);
+    if (!r.checkpoint_dir.empty()) {
+      if (int removed = clean_incomplete_checkpoints(r.checkpoint_dir))
+        fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save\n", removed,
+                   r.checkpoint_dir);
+      checkpoints_ = std::make_unique<CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
+    }
+    resume(options.resume);
+  }
 
-  ModelSetup setup = setup_model(r);
-  model::Decoder& decoder = *setup.decoder;
-  const auto& config = decoder.config();
-  for (const auto& name : setup.unused_tensors)
-    fmt::print(log, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
-               config.architecture);
+  TrainResult run() {
+    make_dirs(r_.output_dir);
+    MetricsWriter metrics(r_.output_dir + "/metrics.jsonl", state_.step);
+    Progress progress(log_, max_steps_, r_.log_interval, options_.terminal);
+    fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}\n", config_.architecture,
+               config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, records_.size(),
+               r_.data_path);
+    fmt::print(log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}\n", max_steps_,
+               r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype);
 
-  const auto records = data::read_token_records(r.data_path, config.vocab_size);
-  const int64_t max_steps = resolve_max_steps(r, records.size());
-  const int32_t pad_id = config.pad_token_id >= 0 && config.pad_token_id < config.vocab_size
-                             ? int32_t(config.pad_token_id) : 0;
-  data::SampleOrder order(records.size(), r.shuffle, uint64_t(r.seed));
-  std::vector<data::MicroBatchData> micro(r.gradient_accumulation_steps,
-                                          data::make_micro_batch_buffers(r.batch_size, r.max_seq_len));
+    InterruptGuard interrupt;
+    TrainResult result;
+    const auto start = Clock::now();
+    for (int64_t step = state_.step + 1; step <= max_steps_; ++step) {
+      StepMetrics m = train_step(step);
+      state_.step = step;
+      state_.samples_consumed = step * r_.gradient_accumulation_steps * r_.batch_size;
+      if (eval_due(step)) evaluate_into(m);
+      const bool interrupted =
+          (InterruptGuard::requested() || step == options_.stop_after_step) && step < max_steps_;
+      if (checkpoints_ && (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0)))
+        save_checkpoint(m, progress);
+      metrics.write(m);
+      result.summary.add_step(m);
+      progress.step(m, seconds_since(start));
+      if (interrupted) {
+        result.interrupted = true;
+        result.interrupt_signal = InterruptGuard::signal_number();  // 0 for --stop-after
+        progress.message(fmt::format("keel: interrupted after step {} of {}{}", step, max_steps_,
+                                     checkpoints_ ? "; resume with --resume auto" : ""));
+        break;
+      }
+    }
+    progress.finish();
+    if (checkpoints_) {
+      const std::string failure = checkpoints_->wait();
+      require(failure.empty() || !r_.fail_on_save_error, "the last checkpoint save failed: {}", failure);
+      if (!failure.empty()) fmt::print(log_, "warning: the last checkpoint save failed: {}\n", failure);
+    }
+    finish(result);
+    return result;
+  }
 
-  AdamW optimizer(decoder.params(), {r.adam_beta1, r.adam_beta2, r.adam_epsilon, r.weight_decay});
-  LrSchedule schedule{r.lr_scheduler, r.learning_rate, r.warmup_steps, max_steps};
-  make_dirs(r.output_dir);
-  MetricsWriter metrics(r.output_dir + "/metrics.jsonl");
+ private:
+  static std::string data_fingerprint(const data::TokenRecords& records) {
+    const uint64_t parts[3] = {
+        checksum(records.input_ids.data(), records.input_ids.size() * sizeof(int32_t)),
+        checksum(records.labels.data(), records.labels.size() * sizeof(int32_t)),
+        checksum(records.offsets.data(), records.offsets.size() * sizeof(int64_t))};
+    return checksum_hex(checksum(parts, sizeof(parts)));
+  }
 
-  fmt::print(log, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}, {} steps of {}x{}x{} tokens, {}\n",
-             config.architecture, config.num_layers, config.hidden_size, config.total_parameters() / 1e6,
-             records.size(), r.data_path, max_steps, r.gradient_accumulation_steps, r.batch_size, r.max_seq_len,
-             r.dtype);
+  // The recipe keys that decide which samples each step sees and how they are computed: a resume
+  // with any of them changed could not continue the run, so it is refused.
+  static std::string compat_fingerprint(const Recipe& r) {
+    return fingerprint_of(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
+                                      r.gradient_accumulation_steps, r.seed, r.shuffle, r.dp_degree,
+                                      r.model_config ? "scratch" : "loaded"));
+  }
 
-  TrainSummary summary;
-  const auto run_start = Clock::now();
-  int64_t total_tokens = 0;
-  for (int64_t step = 1; step <= max_steps; ++step) {
+  void resume(const std::string& request) {
+    if (request.empty()) return;
+    std::string path = request;
+    if (request == "auto") {
+      require(!r_.checkpoint_dir.empty(), "{}: --resume auto needs 'checkpoint_dir' in the recipe", r_.source);
+      path = latest_checkpoint(r_.checkpoint_dir);
+      if (path.empty()) {
+        fmt::print(log_, "keel: no checkpoint in {} yet; starting from step 1\n", r_.checkpoint_dir);
+        return;
+      }
+    }
+    const TrainingState saved = load_checkpoint(path, decoder_.params());
+    require(saved.model_fingerprint == state_.model_fingerprint,
+            "{}: the checkpoint was written for a different model (architecture or sizes changed)", path);
+    require(saved.data_fingerprint == state_.data_fingerprint,
+            "{}: the checkpoint was written for different training data ({} changed)", path, r_.data_path);
+    require(saved.compat_fingerprint == state_.compat_fingerprint,
+            "{}: the recipe changed in a key that decides the batches (dtype, max_seq_len, batch_size, "
+            "gradient_accumulation_steps, seed, shuffle or dp_degree); resuming would not continue the same run",
+            path);
+    require(saved.step < max_steps_, "{}: the checkpoint is at step {}, and max_steps is {}: nothing left to train",
+            path, saved.step, max_steps_);
+    if (saved.recipe_hash != state_.recipe_hash)
+      fmt::print(log_, "note: the recipe differs from the one that wrote {} (allowed keys such as max_steps, "
+                       "logging or save_interval)\n", path);
+    state_.step = saved.step;
+    state_.samples_consumed = saved.samples_consumed;
+    fmt::print(log_, "keel: resumed from {} at step {}\n", path, saved.step);
+  }
+
+  void save_checkpoint(StepMetrics& m, Progress& progress) {
+    const std::string failure = checkpoints_->take_failure();
+    if (!failure.empty()) {
+      require(!r_.fail_on_save_error, "checkpoint save failed: {}", failure);
+      progress.message(fmt::format("warning: the previous checkpoint save failed ({}); retrying now", failure));
+    }
+    try {
+      const SaveStats stats = checkpoints_->save(decoder_.params(), state_, recipe_to_toml(r_));
+      m.checkpoint_s = stats.blocked_s;
+    } catch (const Error& e) {
+      require(!r_.fail_on_save_error, "checkpoint save failed: {}", e.what());
+      progress.message(fmt::format("warning: checkpoint save failed ({}); training continues, next try at the next "
+                                   "interval", e.what()));
+    }
+    m.step_time_s += m.checkpoint_s;
+  }
+
+  bool eval_due(int64_t step) const {
+    if (eval_records_.size() == 0) return false;
+    return step == max_steps_ || (r_.eval_interval > 0 && step % r_.eval_interval == 0);
+  }
+
+  void evaluate_into(StepMetrics& m) {
+    auto buffers = data::make_micro_batch_buffers(r_.batch_size, r_.max_seq_len);
+    const EvalResult e = evaluate(decoder_, eval_records_, pad_id_, buffers);
+    m.eval_loss = e.loss;
+    m.eval_perplexity = e.perplexity;
+    last_eval_ = e;
+  }
+
+  StepMetrics train_step(int64_t step) {
     StepMetrics m;
     m.step = step;
     const auto t0 = Clock::now();
     // Gather the whole step's micro-batches first: the loss is normalised by the target tokens of
     // the whole step (transformers' gradient-accumulation fix), which must be known up front.
-    const int64_t first = (step - 1) * r.gradient_accumulation_steps * r.batch_size;
-    for (int64_t i = 0; i < r.gradient_accumulation_steps; ++i) {
-      data::fill_micro_batch(records, order, first + i * r.batch_size, pad_id, micro[i]);
-      m.tokens += micro[i].input_tokens;
-      m.target_tokens += micro[i].target_tokens;
+    const int64_t first = (step - 1) * r_.gradient_accumulation_steps * r_.batch_size;
+    for (int64_t i = 0; i < r_.gradient_accumulation_steps; ++i) {
+      data::fill_micro_batch(records_, *order_, first + i * r_.batch_size, pad_id_, micro_[i]);
+      m.tokens += micro_[i].input_tokens;
+      m.target_tokens += micro_[i].target_tokens;
     }
     m.data_s = seconds_since(t0);
 
     const auto t1 = Clock::now();
-    decoder.params().zero_grads();
+    decoder_.params().zero_grads();
     const double grad_scale = m.target_tokens > 0 ? 1.0 / double(m.target_tokens) : 0.0;
     double loss_sum = 0.0;
-    for (auto& mb : micro) {
+    for (auto& mb : micro_) {
       model::MicroBatch batch{mb.batch, mb.seq, mb.input_ids.data(), mb.targets.data(), mb.positions.data(), nullptr};
-      loss_sum += decoder.forward_backward(batch, grad_scale);
+      loss_sum += decoder_.forward_backward(batch, grad_scale);
     }
     m.compute_s = seconds_since(t1);
     m.loss = m.target_tokens > 0 ? loss_sum / double(m.target_tokens) : 0.0;
 
     const auto t2 = Clock::now();
-    m.grad_norm = gradient_norm(decoder.params());
-    require(std::isfinite(m.loss) && std::isfinite(m.grad_norm),
-            "step {}: the loss ({}) or gradient norm ({}) is not finite; stopping before the weights are corrupted",
-            step, m.loss, m.grad_norm);
-    clip_gradients(decoder.params(), m.grad_norm, r.max_grad_norm);
-    m.lr = schedule.lr_for_step(step);
-    optimizer.step(m.lr, step);
+    m.grad_norm = gradient_norm(decoder_.params());
+    m.lr = schedule_.lr_for_step(step);
+    if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
+      require(r_.skip_nonfinite_steps,
+              "step {}: the loss ({}) or the gradient norm ({}) is not finite; training stopped before the weights "
+              "were corrupted (set skip_nonfinite_steps = true to skip such steps instead)",
+              step, m.loss, m.grad_norm);
+      m.skipped = true;  // weights and optimizer state stay as they were
+    } else {
+      clip_gradients(decoder_.params(), m.grad_norm, r_.max_grad_norm);
+      optimizer_->step(m.lr, step);
+    }
     m.optimizer_s = seconds_since(t2);
-
     m.step_time_s = seconds_since(t0);
     m.tokens_per_s = double(m.tokens) / std::max(m.step_time_s, 1e-9);
-    total_tokens += m.tokens;
-    metrics.write(m);
-    if (step % r.log_interval == 0 || step == max_steps)
-      fmt::print(log, "step {}/{}  loss {:.4f}  lr {:.3e}  grad_norm {:.3f}  {:.0f} tokens/s\n", step, max_steps,
-                 m.loss, m.lr, m.grad_norm, m.tokens_per_s);
-    summary.final_loss = m.loss;
-    summary.steps = step;
+    return m;
   }
-  summary.seconds = seconds_since(run_start);
-  summary.tokens_per_s = double(total_tokens) / std::max(summary.seconds, 1e-9);
 
-  const std::string final_dir = r.output_dir + "/final";
-  model::save_hf_model(decoder, final_dir, setup.export_dtype);
-  fmt::print(log, "keel: {} steps in {:.1f} s ({:.0f} tokens/s), final loss {:.4f}; model written to {}\n",
-             summary.steps, summary.seconds, summary.tokens_per_s, summary.final_loss, final_dir);
-  return summary;
+  void finish(TrainResult& result) {
+    RunSummary& s = result.summary;
+    if (last_eval_) {
+      s.eval_loss = last_eval_->loss;
+      s.eval_perplexity = last_eval_->perplexity;
+    }
+    s.peak_memory_bytes = peak_rss_bytes();
+    s.matmul_peak_flops =
+        kernels::measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
+    s.finalize(flops_per_token(config_, r_.max_seq_len));
+    write_file_atomic(r_.output_dir + "/summary.json", summary_json(s));
+    const std::string plot = write_loss_plot(r_.output_dir);
+    fmt::print(log_, "\n{}", summary_table(s));
+    if (result.interrupted) {  // a partial model is not the run's result: the checkpoint is
+      fmt::print(log_, "keel: stopped early; metrics in {}/metrics.jsonl, summary.json, {}\n", r_.output_dir, plot);
+      return;
+    }
+    const std::string final_dir = r_.output_dir + "/final";
+    model::save_hf_model(decoder_, final_dir, setup_.export_dtype);
+    fmt::print(log_, "keel: model written to {}; metrics in {}/metrics.jsonl, summary.json, {}\n", final_dir,
+               r_.output_dir, plot);
+  }
+
+  const Recipe& r_;
+  std::ostream& log_;
+  TrainOptions options_;
+  ModelSetup setup_;
+  model::Decoder& decoder_;
+  const model::ModelConfig& config_;
+  data::TokenRecords records_, eval_records_;
+  int64_t max_steps_ = 0;
+  int32_t pad_id_ = 0;
+  std::unique_ptr<data::SampleOrder> order_;
+  std::vector<data::MicroBatchData> micro_;
+  std::unique_ptr<AdamW> optimizer_;
+  LrSchedule schedule_;
+  std::optional<EvalResult> last_eval_;
+  TrainingState state_;
+  std::unique_ptr<CheckpointWriter> checkpoints_;
+};
+
+}  // namespace
+
+TrainResult run_training(const Recipe& r, std::ostream& log, const TrainOptions& options) {
+  require(r.dp_degree == 1,
+          "{}: dp_degree = {} needs data parallel over MPI, which is not in this version yet; use dp_degree = 1",
+          r.source, r.dp_degree);
+  for (const auto& w : inactive_key_warnings(r)) fmt::print(log, "note: {}\n", w);
+  Trainer trainer(r, log, options);
+  return trainer.run();
 }
 
 }  // namespace keel::train

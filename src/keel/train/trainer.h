@@ -1,21 +1,29 @@
-// The training loop: recipe -> model + data -> optimizer steps -> metrics and the exported model.
+// The training loop: recipe -> model + data -> optimizer steps -> metrics, summary, plot and the
+// exported model.
 #pragma once
 #include <cstdint>
 #include <ostream>
+#include <string>
 
 #include "keel/train/recipe.h"
+#include "keel/train/summary.h"
 
 namespace keel::train {
 
-struct TrainSummary {
-  int64_t steps = 0;
-  double final_loss = 0;
-  double tokens_per_s = 0;
-  double seconds = 0;
+struct TrainOptions {
+  std::string resume;   // "" (fresh start), "auto" (latest checkpoint in checkpoint_dir, if any) or a path
+  bool terminal = false;  // live progress line instead of periodic log lines
+  int64_t stop_after_step = 0;  // > 0: stop (saving a checkpoint) after this step, as if interrupted
 };
 
-// Runs the recipe to completion, logging to `log`; writes output_dir/metrics.jsonl and
-// output_dir/final/ (an HF model directory).
-TrainSummary run_training(const Recipe& recipe, std::ostream& log);
+struct TrainResult {
+  RunSummary summary;
+  bool interrupted = false;  // stopped early by SIGINT/SIGTERM
+  int interrupt_signal = 0;
+};
+
+// Runs the recipe to completion (or until interrupted), logging to `log`; writes
+// output_dir/metrics.jsonl, summary.json, loss.svg and final/ (an HF model directory).
+TrainResult run_training(const Recipe& recipe, std::ostream& log, const TrainOptions& options = {});
 
 }  // namespace keel::train

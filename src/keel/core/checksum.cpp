@@ -1,0 +1,32 @@
+#include "keel/core/checksum.h"
+
+#include <fmt/format.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "keel/core/error.h"
+
+namespace keel {
+
+uint64_t checksum(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+uint64_t file_checksum(const std::string& path) {
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen(path.c_str(), "rb"), std::fclose);
+  require(file != nullptr, "{}: cannot open ({})", path, std::strerror(errno));
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t*)> state(XXH3_createState(), XXH3_freeState);
+  XXH3_64bits_reset(state.get());
+  std::vector<char> buffer(1 << 20);
+  size_t n;
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), file.get())) > 0) XXH3_64bits_update(state.get(), buffer.data(), n);
+  require(!std::ferror(file.get()), "{}: read error ({})", path, std::strerror(errno));
+  return XXH3_64bits_digest(state.get());
+}
+
+std::string checksum_hex(uint64_t value) { return fmt::format("{:016x}", value); }
+
+}  // namespace keel

@@ -1,0 +1,16 @@
+// Content checksums (XXH3, 64-bit): fast enough to verify multi-GB checkpoints and shards at
+// load time, so corruption is an error rather than silently wrong weights.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace keel {
+
+uint64_t checksum(const void* data, size_t size);
+inline uint64_t checksum(std::string_view bytes) { return checksum(bytes.data(), bytes.size()); }
+// Streams the file; keel::Error naming the path if it cannot be read.
+uint64_t file_checksum(const std::string& path);
+std::string checksum_hex(uint64_t value);  // 16 lowercase hex digits
+
+}  // namespace keel

@@ -1,0 +1,93 @@
+// Training-state checkpoints: everything needed to continue a run bit-identically.
+//
+//   checkpoint_dir/
+//     step-00000200/            one complete checkpoint
+//       weights.safetensors     fp32 master weights (keel's internal tensor names)
+//       optimizer.safetensors   AdamW first and second moments ("m.<name>", "v.<name>")
+//       trainer_state.json      step, samples consumed (the loader position), seed, fingerprints
+//       recipe.toml             the resolved recipe of the run that wrote it
+//       manifest.json           size and XXH3 checksum of every file above (written last)
+//     latest                    the name of the newest complete checkpoint (replaced atomically)
+//
+// A checkpoint is written into ".tmp-step-N-<pid>", every file fsynced, then renamed into place;
+// the `latest` pointer moves only after that. A process killed at any moment therefore leaves the
+// previous checkpoint intact; leftover ".tmp-*" directories are removed on the next start.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "keel/model/params.h"
+
+namespace keel::train {
+
+struct TrainingState {
+  int64_t step = 0;               // optimizer steps completed
+  int64_t samples_consumed = 0;   // position of the data loader in its sample stream
+  uint64_t seed = 0;
+  std::string recipe_hash;        // of the resolved recipe (informational: some keys may change)
+  std::string model_fingerprint;  // of the architecture and parameter layout: must match to resume
+  std::string data_fingerprint;   // of the training records: must match to resume
+  std::string compat_fingerprint; // of the recipe keys that shape the run (batch, accumulation, ...)
+};
+
+struct SaveStats {
+  double blocked_s = 0;  // time the training loop was blocked by this save
+  bool async = false;
+};
+
+class CheckpointWriter {
+ public:
+  CheckpointWriter(std::string dir, int64_t keep_last_n, bool async);
+  ~CheckpointWriter();  // waits for a save in flight
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Saves the state after `state.step`. Synchronous: writes before returning. Asynchronous:
+  // copies weights and optimizer state into a staging buffer (allocated once) and writes on a
+  // background thread; waits first if the previous save is still in flight (at most one).
+  // Throws keel::Error if a previous asynchronous save failed (see take_failure()).
+  SaveStats save(model::ParamStore& params, const TrainingState& state, const std::string& resolved_recipe);
+  // Waits for a save in flight; returns its error message, if it failed ("" otherwise).
+  std::string wait();
+  // The error of the last failed asynchronous save, once ("" if none).
+  std::string take_failure();
+  const std::string& dir() const { return dir_; }
+
+ private:
+  void write(const std::vector<model::Param>& layout, const float* weights, const float* m, const float* v,
+             const TrainingState& state, const std::string& recipe);
+  void background_loop();
+
+  std::string dir_;
+  int64_t keep_last_n_;
+  bool async_;
+  std::vector<float> staging_;  // async snapshot: weights | m | v
+  std::vector<model::Param> staged_layout_;
+  TrainingState staged_state_;
+  std::string staged_recipe_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool pending_ = false, stopping_ = false;
+  std::string failure_;
+  std::thread worker_;
+};
+
+// Removes incomplete ".tmp-*" directories left by a killed process; returns how many.
+int clean_incomplete_checkpoints(const std::string& dir);
+// The newest complete checkpoint in `dir` (per its `latest` pointer), or "" if there is none.
+std::string latest_checkpoint(const std::string& dir);
+
+// Verifies the manifest's checksums, then loads weights and optimizer state into `params`
+// (whose layout must match) and returns the training state. Errors name the file and problem.
+TrainingState load_checkpoint(const std::string& path, model::ParamStore& params);
+
+// Fingerprints of what must not change across a resume.
+std::string model_fingerprint(const model::ParamStore& params, const std::string& architecture);
+std::string fingerprint_of(std::string_view text);
+
+}  // namespace keel::train
