@@ -156,8 +156,8 @@ class Trainer {
             "{}: the recipe changed in a key that decides the batches (dtype, max_seq_len, batch_size, "
             "gradient_accumulation_steps, seed, shuffle or dp_degree); resuming would not continue the same run",
             path);
-    require(saved.step < max_steps_, "{}: the checkpoint is at step {}, and max_steps is {}: nothing left to train",
-            path, saved.step, max_steps_);
+    require(saved.step <= max_steps_, "{}: the checkpoint is at step {}, past max_steps = {}", path, saved.step,
+            max_steps_);
     if (saved.recipe_hash != state_.recipe_hash)
       fmt::print(log_, "note: the recipe differs from the one that wrote {} (allowed keys such as max_steps, "
                        "logging or save_interval)\n", path);

@@ -1,0 +1,264 @@
+#!/usr/bin/python3
+"""keel train end to end: progress output in both modes, metrics/summary/plot files, evaluation,
+SIGINT, NaN handling, bit-exact resume, SIGKILL crash recovery and corrupt checkpoints.
+
+    /usr/bin/python3 tests/integration/trainer_test.py KEEL [--only NAME]
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+KEEL = os.path.abspath(sys.argv[1])
+ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+WORK = tempfile.mkdtemp(prefix="keel_trainer_test_")
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("  FAIL:", what)
+    return cond
+
+
+def write_data(path, n, seed, vocab=32, lo=6, hi=20):
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            # a learnable pattern: counting up from a random start, modulo the vocabulary
+            start, length = rng.randrange(vocab), rng.randrange(lo, hi)
+            f.write(json.dumps({"input_ids": [(start + i) % vocab for i in range(length)]}) + "\n")
+
+
+def recipe(name, **overrides):
+    d = os.path.join(WORK, name)
+    os.makedirs(d, exist_ok=True)
+    keys = {
+        "data_path": os.path.join(WORK, "train.jsonl"), "output_dir": os.path.join(d, "out"),
+        "dtype": "fp32", "max_seq_len": 16, "batch_size": 4, "gradient_accumulation_steps": 2,
+        "learning_rate": 3e-3, "warmup_steps": 2, "max_steps": 12, "seed": 5, "shuffle": True,
+        "log_interval": 4, "weight_decay": 0.01,
+    }
+    keys.update(overrides)
+    lines = []
+    for k, v in keys.items():
+        if isinstance(v, bool):
+            lines.append("%s = %s" % (k, "true" if v else "false"))
+        elif isinstance(v, str):
+            lines.append('%s = "%s"' % (k, v))
+        else:
+            lines.append("%s = %r" % (k, v))
+    lines += ["[model_config]", 'family = "llama"', "vocab_size = 32", "hidden_size = 32",
+              "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"]
+    path = os.path.join(d, "recipe.toml")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path, d
+
+
+def run(args, env=None, **kw):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([KEEL] + args, capture_output=True, text=True, env=e, **kw)
+
+
+def metrics(d):
+    with open(os.path.join(d, "out", "metrics.jsonl")) as f:
+        return [json.loads(l) for l in f if l.strip()]
+
+
+def final_bytes(d):
+    with open(os.path.join(d, "out", "final", "model.safetensors"), "rb") as f:
+        return f.read()
+
+
+def test_outputs_and_plain_progress():
+    path, d = recipe("plain", eval_data_path=os.path.join(WORK, "eval.jsonl"), eval_interval=6)
+    r = run(["train", path], env={"KEEL_PROGRESS": ""})
+    check(r.returncode == 0, "plain run exits 0 (%s)" % r.stderr)
+    step_lines = [l for l in r.stdout.splitlines() if l.startswith("step ")]
+    check([l.split()[1] for l in step_lines] == ["4/12", "6/12", "8/12", "12/12"],
+          "non-terminal progress: one line per log_interval plus eval steps, got %s" % step_lines)
+    check("\r" not in r.stdout, "no carriage returns when not a terminal")
+    m = metrics(d)
+    check([x["step"] for x in m] == list(range(1, 13)), "metrics.jsonl has steps 1..12")
+    for key in ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "compute_share", "data_wait_share",
+                "optimizer_share", "grad_sync_share"):
+        check(all(key in x for x in m), "metrics.jsonl lines have %s" % key)
+    check("eval_loss" in m[5] and "eval_loss" in m[11] and "eval_loss" not in m[0], "eval at steps 6 and 12 only")
+    check(m[11]["loss"] < m[0]["loss"], "training loss falls (%s -> %s)" % (m[0]["loss"], m[11]["loss"]))
+    with open(os.path.join(d, "out", "summary.json")) as f:
+        s = json.load(f)
+    for key in ("tokens_per_s", "compute_share", "data_wait_share", "grad_sync_share", "optimizer_share",
+                "peak_memory_bytes", "mfu", "steps", "final_loss", "eval_loss", "eval_perplexity"):
+        check(key in s, "summary.json has %s" % key)
+    check(s["steps"] == 12 and s["peak_memory_bytes"] > 0 and 0 < s["mfu"] < 1, "summary values are sane: %s" % s)
+    check(abs(s["eval_perplexity"] - 2.718281828 ** s["eval_loss"]) < 1e-3 * s["eval_perplexity"],
+          "perplexity = exp(eval loss)")
+    for label in ("throughput", "compute utilization", "memory per rank", "gradient sync share", "MFU"):
+        check(label in r.stdout, "summary table shows %s" % label)
+    with open(os.path.join(d, "out", "loss.svg")) as f:
+        svg = f.read()
+    check(svg.startswith("<svg") and "training loss" in svg and "eval loss" in svg and "learning rate" in svg,
+          "loss.svg has the curves and the legend")
+    os.remove(os.path.join(d, "out", "loss.svg"))
+    r = run(["plot", os.path.join(d, "out")])
+    check(r.returncode == 0 and os.path.exists(os.path.join(d, "out", "loss.svg")), "keel plot redraws loss.svg")
+
+
+def test_live_progress():
+    path, d = recipe("live", max_steps=6)
+    e = dict(os.environ, KEEL_PROGRESS="live")
+    r = subprocess.run([KEEL, "train", path], capture_output=True, env=e)  # bytes: keep the carriage returns
+    check(r.returncode == 0, "live run exits 0")
+    check(r.stdout.count(b"\r\033[K") == 6 and b"ETA" in r.stdout, "terminal mode rewrites one live line per step")
+
+
+def test_sigint_saves_and_exits():
+    path, d = recipe("sigint", max_steps=100000, checkpoint_dir=os.path.join(WORK, "sigint", "ckpt"),
+                     save_interval=1000)
+    p = subprocess.Popen([KEEL, "train", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    mpath = os.path.join(d, "out", "metrics.jsonl")
+    deadline = time.time() + 60
+    while time.time() < deadline and not (os.path.exists(mpath) and os.path.getsize(mpath) > 0):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    check(p.returncode == 130, "SIGINT exits with 130, got %s" % p.returncode)
+    check("interrupted after step" in out, "SIGINT is reported")
+    latest = os.path.join(WORK, "sigint", "ckpt", "latest")
+    check(os.path.exists(latest), "a checkpoint is saved on SIGINT")
+    r = run(["train", path, "--resume", "--set", "max_steps=%d" % (len(metrics(d)) + 2)])
+    check(r.returncode == 0 and "resumed from" in r.stdout, "the interrupted run resumes (%s)" % r.stderr)
+
+
+def test_nonfinite():
+    path, d = recipe("nan", learning_rate=1e30, max_grad_norm=0.0, max_steps=6)
+    r = run(["train", path])
+    check(r.returncode == 2 and "not finite" in r.stderr and "step" in r.stderr,
+          "a NaN/Inf loss stops training with a clear error (%s)" % r.stderr.strip())
+    path, d = recipe("nan_skip", learning_rate=1e30, max_grad_norm=0.0, max_steps=6, skip_nonfinite_steps=True)
+    r = run(["train", path])
+    check(r.returncode == 0, "skip_nonfinite_steps keeps going (%s)" % r.stderr)
+    with open(os.path.join(d, "out", "summary.json")) as f:
+        s = json.load(f)
+    check(s["skipped_steps"] > 0, "skipped steps are counted (%s)" % s["skipped_steps"])
+
+
+def resume_case(name, dtype, async_save):
+    ck = os.path.join(WORK, name, "ckpt")
+    path, d = recipe(name, dtype=dtype, max_steps=10, checkpoint_dir=ck, save_interval=5, async_save=async_save)
+    r = run(["train", path])
+    check(r.returncode == 0, "%s straight run (%s)" % (name, r.stderr))
+    straight_m, straight_w = metrics(d), final_bytes(d)
+    shutil.rmtree(d + "/out")
+    shutil.rmtree(ck)
+    r1 = run(["train", path, "--stop-after", "5"])
+    r2 = run(["train", path, "--resume"])
+    check(r1.returncode == 0 and r2.returncode == 0, "%s stop + resume runs (%s %s)" % (name, r1.stderr, r2.stderr))
+    resumed_m = metrics(d)
+    key = lambda m: [(x["step"], x["loss"], x["lr"], x["grad_norm"]) for x in m]
+    check(key(straight_m) == key(resumed_m), "%s: losses bit-identical after resume" % name)
+    check(straight_w == final_bytes(d), "%s: final weights bit-identical after resume" % name)
+
+
+def test_resume():
+    resume_case("resume_fp32", "fp32", False)
+    resume_case("resume_bf16", "bf16", True)
+
+
+def test_crash_recovery():
+    """SIGKILL at 20 random moments (some during async saves); each time resume from the last
+    complete checkpoint; the final weights must equal an uninterrupted run's."""
+    ck = os.path.join(WORK, "crash", "ckpt")
+    path, d = recipe("crash", max_steps=600, checkpoint_dir=ck, save_interval=3, async_save=True, keep_last_n=2,
+                     batch_size=8)
+    r = run(["train", path])
+    check(r.returncode == 0, "uninterrupted run")
+    expected = final_bytes(d)
+    shutil.rmtree(d + "/out")
+    shutil.rmtree(ck)
+    rng = random.Random(7)
+    kills = 0
+    for attempt in range(200):
+        p = subprocess.Popen([KEEL, "train", path, "--resume"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if kills < 20:
+            try:
+                p.wait(timeout=rng.uniform(0.05, 0.6))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                kills += 1
+                continue
+        else:
+            p.wait(timeout=120)
+        out, err = p.communicate()
+        if p.returncode == 0:
+            break
+        check(False, "a resumed run failed after a kill: %s" % err.decode())
+        return
+    check(kills == 20, "the run was killed 20 times (%d)" % kills)
+    check(final_bytes(d) == expected, "after 20 SIGKILLs, the final weights equal the uninterrupted run's")
+
+
+def test_corrupt_checkpoints():
+    ck = os.path.join(WORK, "corrupt", "ckpt")
+    path, d = recipe("corrupt", max_steps=4, checkpoint_dir=ck, save_interval=2)
+    check(run(["train", path, "--stop-after", "2"]).returncode == 0, "checkpoint written")
+    step = os.path.join(ck, "step-00000002")
+    pristine = os.path.join(WORK, "corrupt", "pristine")
+    shutil.copytree(step, pristine)
+
+    def case(label, damage, expected, extra=()):
+        shutil.rmtree(step)
+        shutil.copytree(pristine, step)
+        damage()
+        r = run(["train", path, "--resume"] + list(extra))
+        check(r.returncode == 2 and expected in r.stderr,
+              "%s gives a clear error containing '%s' (got %d: %s)" % (label, expected, r.returncode, r.stderr.strip()))
+
+    def flip():
+        f = os.path.join(step, "weights.safetensors")
+        data = bytearray(open(f, "rb").read())
+        data[len(data) // 2] ^= 0x40
+        open(f, "wb").write(bytes(data))
+
+    def truncate():
+        f = os.path.join(step, "optimizer.safetensors")
+        os.truncate(f, os.path.getsize(f) // 2)
+
+    case("a flipped byte", flip, "checksum")
+    case("a truncated file", truncate, "truncated")
+    case("a missing file", lambda: os.remove(os.path.join(step, "trainer_state.json")), "missing")
+    case("a changed recipe", lambda: None, "recipe changed", ["--set", "batch_size=2"])
+    write_data(os.path.join(WORK, "other.jsonl"), 50, seed=99)
+    case("changed data", lambda: None, "different training data",
+         ["--set", "data_path=%s" % os.path.join(WORK, "other.jsonl")])
+
+
+def main():
+    write_data(os.path.join(WORK, "train.jsonl"), 200, seed=1)
+    write_data(os.path.join(WORK, "eval.jsonl"), 20, seed=2)
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    for name, fn in tests:
+        if ONLY and ONLY not in name:
+            continue
+        print(name)
+        t0 = time.time()
+        fn()
+        print("  %.1f s" % (time.time() - t0))
+    shutil.rmtree(WORK, ignore_errors=True)
+    if FAILURES:
+        print("%d failure(s)" % len(FAILURES))
+        sys.exit(1)
+    print("all trainer checks passed")
+
+
+if __name__ == "__main__":
+    main()
