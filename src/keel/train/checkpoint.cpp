@@ -82,6 +82,13 @@ void remove_old_checkpoints(const std::string& dir, int64_t keep_last_n, const s
     if (all[i].second != newest) fs::remove_all(dir + "/" + all[i].second);
 }
 
+// The snapshot is the only part of an asynchronous save that blocks training: use every core.
+void parallel_copy(float* dst, const float* src, int64_t n) {
+  constexpr int64_t kChunk = 1 << 20;
+#pragma omp parallel for schedule(static)
+  for (int64_t begin = 0; begin < n; begin += kChunk) std::memcpy(dst + begin, src + begin, sizeof(float) * std::min(kChunk, n - begin));
+}
+
 }  // namespace
 
 std::string fingerprint_of(std::string_view text) { return checksum_hex(checksum(text)); }
@@ -154,10 +161,10 @@ SaveStats CheckpointWriter::save(model::ParamStore& params, const TrainingState&
   std::unique_lock<std::mutex> lock(mutex_);
   cv_.wait(lock, [this] { return !pending_; });  // at most one save in flight
   const int64_t n = params.total();
-  if (staging_.size() != size_t(3 * n)) staging_.assign(size_t(3 * n), 0.0f);  // once: the staging buffer
-  std::memcpy(staging_.data(), params.weights(), sizeof(float) * n);
-  std::memcpy(staging_.data() + n, params.adam_m(), sizeof(float) * n);
-  std::memcpy(staging_.data() + 2 * n, params.adam_v(), sizeof(float) * n);
+  if (staging_.size() != size_t(3 * n)) staging_.assign(size_t(3 * n), 0.0f);  // unless prepare() did it
+  parallel_copy(staging_.data(), params.weights(), n);
+  parallel_copy(staging_.data() + n, params.adam_m(), n);
+  parallel_copy(staging_.data() + 2 * n, params.adam_v(), n);
   staged_layout_ = params.params();
   staged_state_ = state;
   staged_recipe_ = recipe;
@@ -166,6 +173,12 @@ SaveStats CheckpointWriter::save(model::ParamStore& params, const TrainingState&
   cv_.notify_all();
   stats.blocked_s = std::chrono::duration<double>(Clock::now() - t0).count();
   return stats;
+}
+
+void CheckpointWriter::prepare(const model::ParamStore& params) {
+  if (!async_) return;
+  std::lock_guard<std::mutex> lock(mutex_);
+  staging_.assign(size_t(3 * params.total()), 0.0f);
 }
 
 void CheckpointWriter::background_loop() {

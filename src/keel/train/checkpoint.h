@@ -52,6 +52,9 @@ class CheckpointWriter {
   // background thread; waits first if the previous save is still in flight (at most one).
   // Throws keel::Error if a previous asynchronous save failed (see take_failure()).
   SaveStats save(model::ParamStore& params, const TrainingState& state, const std::string& resolved_recipe);
+  // Allocates and touches the asynchronous staging buffer for `params` now, so no save pays for
+  // page faults and the memory is part of the run's footprint from the start.
+  void prepare(const model::ParamStore& params);
   // Waits for a save in flight; returns its error message, if it failed ("" otherwise).
   std::string wait();
   // The error of the last failed asynchronous save, once ("" if none).

@@ -72,6 +72,7 @@ class Trainer {
         fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save\n", removed,
                    r.checkpoint_dir);
       checkpoints_ = std::make_unique<CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
+      checkpoints_->prepare(decoder_.params());
     }
     resume(options.resume);
   }
