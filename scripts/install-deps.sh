@@ -9,6 +9,7 @@ packages=(
   libfmt-dev libsimdjson-dev libtomlplusplus-dev libcli11-dev libxxhash-dev
   libhwloc-dev           # hwloc: machine topology for keel topo and rank binding
   libgtest-dev
+  libopenmpi-dev openmpi-bin  # data parallel over MPI
   libpcre2-dev libicu-dev  # tokenizers: pre-tokenizer regexes (PCRE2 JIT), Unicode normalization (ICU)
   python3-torch python3-numpy  # PyTorch reference tests and benchmarks (/usr/bin/python3)
 )

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "keel/cli/commands.h"
+#include "keel/dist/communicator.h"
 #include "keel/train/progress.h"
 #include "keel/train/recipe.h"
 #include "keel/train/trainer.h"
@@ -40,7 +41,8 @@ const CommandRegistration kTrain{
           return 0;
         }
         train::TrainOptions train_options;
-        train_options.terminal = train::stdout_is_terminal();
+        // Under mpirun stdout is a forwarded pseudo-terminal: live lines would interleave.
+        train_options.terminal = train::stdout_is_terminal() && !dist::launched_by_mpi();
         train_options.resume = options->resume;
         train_options.stop_after_step = options->stop_after;
         const auto result = train::run_training(recipe, std::cout, train_options);

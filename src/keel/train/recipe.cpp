@@ -48,6 +48,10 @@ const std::vector<Field>& fields() {
       {"max_grad_norm", &Recipe::max_grad_norm},
       {"seed", &Recipe::seed},
       {"dp_degree", &Recipe::dp_degree},
+      {"bucket_size_mb", &Recipe::bucket_size_mb},
+      {"deterministic_reduce", &Recipe::deterministic_reduce},
+      {"comm_timeout_s", &Recipe::comm_timeout_s},
+      {"zero_stage", &Recipe::zero_stage},
       {"use_flash_attention", &Recipe::use_flash_attention},
       {"use_gradient_checkpointing", &Recipe::use_gradient_checkpointing},
       {"topology", &Recipe::topology, "hccl_topology"},
@@ -262,6 +266,10 @@ void validate_recipe(const Recipe& r, const Where& w) {
   require(r.adam_epsilon > 0, "{}: key 'adam_epsilon' must be positive", w.of("adam_epsilon"));
   positive(r.dp_degree, "dp_degree");
   positive(r.log_interval, "log_interval");
+  require(r.bucket_size_mb > 0 && r.bucket_size_mb <= 4096, "{}: key 'bucket_size_mb' must be in (0, 4096]",
+          w.of("bucket_size_mb"));
+  require(r.comm_timeout_s > 0, "{}: key 'comm_timeout_s' must be positive", w.of("comm_timeout_s"));
+  require(r.zero_stage == 0 || r.zero_stage == 1, "{}: key 'zero_stage' must be 0 or 1", w.of("zero_stage"));
   require(r.eval_interval >= 0, "{}: key 'eval_interval' must not be negative", w.of("eval_interval"));
   require(r.keep_last_n >= 1, "{}: key 'keep_last_n' must be at least 1", w.of("keep_last_n"));
   require(r.log_interval <= 1'000'000'000 && r.eval_interval <= 1'000'000'000 && r.save_interval <= 1'000'000'000,
@@ -365,6 +373,7 @@ std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   };
   note(r.use_gradient_checkpointing, "use_gradient_checkpointing", "activations are kept for the backward pass");
   note(r.memory_pool_size > 0, "memory_pool_size", "the memory plan does not cap the arena yet");
+  note(r.zero_stage == 1, "zero_stage", "optimizer state is replicated on every rank (ZeRO-1 is not active yet)");
   note(r.topology != "auto", "topology", "topology-aware placement is not active yet");
   note(!r.use_flash_attention, "use_flash_attention",
        "keel's attention is always the tiled flash-style kernel; false changes nothing");

@@ -12,6 +12,8 @@
 #include "keel/core/file_io.h"
 #include "keel/data/batch_builder.h"
 #include "keel/data/token_records.h"
+#include "keel/dist/communicator.h"
+#include "keel/dist/grad_buckets.h"
 #include "keel/kernels/gemm.h"
 #include "keel/model/hf_weights.h"
 #include "keel/core/checksum.h"
@@ -46,8 +48,8 @@ double flops_per_token(const model::ModelConfig& c, int64_t seq) {
 
 class Trainer {
  public:
-  Trainer(const Recipe& r, std::ostream& log, const TrainOptions& options)
-      : r_(r), log_(log), options_(options), setup_(setup_model(r)), decoder_(*setup_.decoder),
+  Trainer(const Recipe& r, std::ostream& log, const TrainOptions& options, dist::Communicator& comm)
+      : r_(r), log_(log), options_(options), comm_(comm), setup_(setup_model(r)), decoder_(*setup_.decoder),
         config_(decoder_.config()) {
     for (const auto& name : setup_.unused_tensors)
       fmt::print(log_, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
@@ -61,13 +63,18 @@ class Trainer {
     micro_.assign(r.gradient_accumulation_steps, data::make_micro_batch_buffers(r.batch_size, r.max_seq_len));
     optimizer_ = std::make_unique<AdamW>(decoder_.params(), AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon,
                                                                         r.weight_decay});
+    if (comm_.size() > 1) {
+      std::vector<dist::ParamSpan> spans;
+      for (const auto& p : decoder_.params().params()) spans.push_back({p.offset, p.numel});
+      buckets_ = std::make_unique<dist::GradBuckets>(spans, int64_t(r.bucket_size_mb * double(1 << 20)));
+    }
     schedule_ = LrSchedule{r.lr_scheduler, r.learning_rate, r.warmup_steps, max_steps_};
     state_.seed = uint64_t(r.seed);
     state_.recipe_hash = fingerprint_of(recipe_to_toml(r));
     state_.model_fingerprint = model_fingerprint(decoder_.params(), config_.architecture);
     state_.data_fingerprint = data_fingerprint(records_);
     state_.compat_fingerprint = compat_fingerprint(r);
-    if (!r.checkpoint_dir.empty()) {
+    if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
       if (int removed = clean_incomplete_checkpoints(r.checkpoint_dir))
         fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save\n", removed,
                    r.checkpoint_dir);
@@ -79,7 +86,9 @@ class Trainer {
 
   TrainResult run() {
     make_dirs(r_.output_dir);
-    MetricsWriter metrics(r_.output_dir + "/metrics.jsonl", state_.step);
+    // Only rank 0 writes files: every rank holds the same replicated state.
+    std::unique_ptr<MetricsWriter> metrics;
+    if (comm_.rank() == 0) metrics = std::make_unique<MetricsWriter>(r_.output_dir + "/metrics.jsonl", state_.step);
     Progress progress(log_, max_steps_, r_.log_interval, options_.terminal);
     fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}\n", config_.architecture,
                config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, records_.size(),
@@ -95,11 +104,10 @@ class Trainer {
       state_.step = step;
       state_.samples_consumed = step * r_.gradient_accumulation_steps * r_.batch_size;
       if (eval_due(step)) evaluate_into(m);
-      const bool interrupted =
-          (InterruptGuard::requested() || step == options_.stop_after_step) && step < max_steps_;
+      const bool interrupted = (interrupt_agreed() || step == options_.stop_after_step) && step < max_steps_;
       if (checkpoints_ && (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0)))
         save_checkpoint(m, progress);
-      metrics.write(m);
+      if (metrics) metrics->write(m);
       result.summary.add_step(m);
       progress.step(m, seconds_since(start));
       if (interrupted) {
@@ -184,6 +192,13 @@ class Trainer {
     m.step_time_s += m.checkpoint_s;
   }
 
+  // Every rank must stop after the same step: a signal may reach them at different moments.
+  bool interrupt_agreed() {
+    double flag = InterruptGuard::requested() ? 1.0 : 0.0;
+    if (comm_.size() > 1) comm_.allreduce_sum(&flag, 1);
+    return flag > 0;
+  }
+
   bool eval_due(int64_t step) const {
     if (eval_records_.size() == 0) return false;
     return step == max_steps_ || (r_.eval_interval > 0 && step % r_.eval_interval == 0);
@@ -203,13 +218,23 @@ class Trainer {
     const auto t0 = Clock::now();
     // Gather the whole step's micro-batches first: the loss is normalised by the target tokens of
     // the whole step (transformers' gradient-accumulation fix), which must be known up front.
-    const int64_t first = (step - 1) * r_.gradient_accumulation_steps * r_.batch_size;
+    // The step's global batch is the same samples whatever the world size: micro-batch i of
+    // rank r is the step's (i * ranks + r)-th, so dp=N equals dp=1 with N times the accumulation.
+    const int64_t ranks = comm_.size(), micro_per_step = r_.gradient_accumulation_steps * ranks;
+    const int64_t first = (step - 1) * micro_per_step * r_.batch_size;
+    double totals[2] = {0, 0};  // target tokens, input tokens: of the whole global step
     for (int64_t i = 0; i < r_.gradient_accumulation_steps; ++i) {
-      data::fill_micro_batch(records_, *order_, first + i * r_.batch_size, pad_id_, micro_[i]);
-      m.tokens += micro_[i].input_tokens;
-      m.target_tokens += micro_[i].target_tokens;
+      const int64_t global_micro = i * ranks + comm_.rank();
+      data::fill_micro_batch(records_, *order_, first + global_micro * r_.batch_size, pad_id_, micro_[i]);
+      totals[0] += double(micro_[i].target_tokens);
+      totals[1] += double(micro_[i].input_tokens);
     }
     m.data_s = seconds_since(t0);
+    const auto t_sync0 = Clock::now();
+    if (ranks > 1) comm_.allreduce_sum(totals, 2);
+    m.grad_sync_s += seconds_since(t_sync0);
+    m.target_tokens = int64_t(totals[0]);
+    m.tokens = int64_t(totals[1]);
 
     const auto t1 = Clock::now();
     decoder_.params().zero_grads();
@@ -220,6 +245,14 @@ class Trainer {
       loss_sum += decoder_.forward_backward(batch, grad_scale);
     }
     m.compute_s = seconds_since(t1);
+    if (ranks > 1) {
+      // Gradients are synchronised once per step, after the last micro-batch (accumulation needs none).
+      const auto t_sync = Clock::now();
+      buckets_->begin(decoder_.params().grads(), comm_, r_.deterministic_reduce);
+      buckets_->finish();
+      comm_.allreduce_sum(&loss_sum, 1);
+      m.grad_sync_s += seconds_since(t_sync);
+    }
     m.loss = m.target_tokens > 0 ? loss_sum / double(m.target_tokens) : 0.0;
 
     const auto t2 = Clock::now();
@@ -251,6 +284,8 @@ class Trainer {
     s.matmul_peak_flops =
         kernels::measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
     s.finalize(flops_per_token(config_, r_.max_seq_len));
+    s.ranks = int(comm_.size());
+    if (comm_.rank() != 0) return;
     write_file_atomic(r_.output_dir + "/summary.json", summary_json(s));
     const std::string plot = write_loss_plot(r_.output_dir);
     fmt::print(log_, "\n{}", summary_table(s));
@@ -267,6 +302,8 @@ class Trainer {
   const Recipe& r_;
   std::ostream& log_;
   TrainOptions options_;
+  dist::Communicator& comm_;
+  std::unique_ptr<dist::GradBuckets> buckets_;
   ModelSetup setup_;
   model::Decoder& decoder_;
   const model::ModelConfig& config_;
@@ -284,13 +321,44 @@ class Trainer {
 
 }  // namespace
 
+namespace {
+
+// Every rank must run the same recipe: compare a checksum of the resolved recipe across ranks.
+void check_same_recipe(const Recipe& r, dist::Communicator& comm) {
+  const uint64_t mine = checksum(recipe_to_toml(r));
+  std::vector<uint64_t> all(size_t(comm.size()));
+  comm.allgather(&mine, all.data(), sizeof(mine));
+  for (int rank = 0; rank < comm.size(); ++rank)
+    if (all[size_t(rank)] != all[0])
+      comm.abort(fmt::format("rank {} runs a different recipe than rank 0 (resolved recipes differ); every rank must "
+                             "be started with the same recipe and --set overrides", rank));
+}
+
+// A stream that discards what is written: ranks other than 0 stay quiet.
+struct NullStream : std::ostream {
+  NullStream() : std::ostream(nullptr) {}
+};
+
+}  // namespace
+
 TrainResult run_training(const Recipe& r, std::ostream& log, const TrainOptions& options) {
-  require(r.dp_degree == 1,
-          "{}: dp_degree = {} needs data parallel over MPI, which is not in this version yet; use dp_degree = 1",
-          r.source, r.dp_degree);
-  for (const auto& w : inactive_key_warnings(r)) fmt::print(log, "note: {}\n", w);
-  Trainer trainer(r, log, options);
-  return trainer.run();
+  auto comm = dist::make_communicator(r.comm_timeout_s);
+  require(r.dp_degree == comm->size(),
+          "{}: dp_degree = {} but the job has {} process(es); launch with `mpirun -np {}` (or `keel launch -n {}`), "
+          "or set dp_degree = {}",
+          r.source, r.dp_degree, comm->size(), r.dp_degree, r.dp_degree, comm->size());
+  if (comm->size() > 1) check_same_recipe(r, *comm);
+  NullStream quiet;
+  std::ostream& out = comm->rank() == 0 ? log : quiet;
+  for (const auto& w : inactive_key_warnings(r)) fmt::print(out, "note: {}\n", w);
+  if (comm->size() > 1) fmt::print(out, "keel: data parallel over {} ranks ({})\n", comm->size(), comm->name());
+  try {
+    Trainer trainer(r, out, options, *comm);
+    return trainer.run();
+  } catch (const Error& e) {
+    if (comm->size() > 1) comm->abort(fmt::format("rank {}: {}", comm->rank(), e.what()));
+    throw;
+  }
 }
 
 }  // namespace keel::train

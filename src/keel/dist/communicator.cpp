@@ -1,0 +1,39 @@
+#include "keel/dist/communicator.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "keel/core/error.h"
+#include "keel/dist/mpi_communicator.h"
+
+namespace keel::dist {
+namespace {
+
+class SingleProcess final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  std::string name() const override { return "single process"; }
+  Ticket allreduce_sum_async(float*, int64_t, bool) override { return 0; }
+  void wait(Ticket) override {}
+  void allreduce_sum(double*, int64_t) override {}
+  void broadcast(void*, int64_t, int) override {}
+  void allgather(const void* in, void* out, int64_t bytes) override { std::memcpy(out, in, size_t(bytes)); }
+  void barrier() override {}
+  [[noreturn]] void abort(const std::string& message) override { throw Error(message); }
+};
+
+}  // namespace
+
+bool launched_by_mpi() {
+  for (const char* var : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"})
+    if (std::getenv(var)) return true;
+  return false;
+}
+
+std::unique_ptr<Communicator> make_communicator(double timeout_s) {
+  if (!launched_by_mpi()) return std::make_unique<SingleProcess>();
+  return make_mpi_communicator(timeout_s);
+}
+
+}  // namespace keel::dist

@@ -1,0 +1,45 @@
+// dist::Communicator: the collectives data parallel needs, behind one interface so that MPI
+// (today) and NCCL/HCCL (later) are interchangeable. Collectives are queued and executed in
+// submission order by one communication thread, so the training thread can start a bucket's
+// allreduce and keep computing the backward pass (overlap), then wait only for what it needs.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace keel::dist {
+
+using Ticket = uint64_t;  // identifies a submitted collective; wait(ticket) blocks until it is done
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string name() const = 0;  // "single process", "MPI (Open MPI 4.1.4)", ...
+
+  // In-place sum over ranks of n floats. With `deterministic`, every rank adds the contributions
+  // in rank order 0..size-1, so results are bit-identical whatever the timing or algorithm.
+  virtual Ticket allreduce_sum_async(float* data, int64_t n, bool deterministic) = 0;
+  virtual void wait(Ticket ticket) = 0;
+  void allreduce_sum(float* data, int64_t n, bool deterministic = false) { wait(allreduce_sum_async(data, n, deterministic)); }
+
+  // Sum of doubles (losses, token counts): small, blocking, always in rank order.
+  virtual void allreduce_sum(double* data, int64_t n) = 0;
+  // Every rank receives root's bytes.
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  // Each rank contributes `bytes` bytes; `out` receives size() * bytes, rank-major.
+  virtual void allgather(const void* in, void* out, int64_t bytes) = 0;
+  virtual void barrier() = 0;
+  // Ends the whole job with an error (other ranks are terminated by the launcher).
+  [[noreturn]] virtual void abort(const std::string& message) = 0;
+};
+
+// The communicator for this process: MPI when started by mpirun (Open MPI's OMPI_COMM_WORLD_SIZE
+// or PMI_SIZE in the environment), otherwise a single process that needs no MPI runtime at all.
+// `timeout_s` bounds every wait: a rank that died or hangs ends the job with an error naming the
+// operation instead of a silent hang.
+std::unique_ptr<Communicator> make_communicator(double timeout_s);
+bool launched_by_mpi();
+
+}  // namespace keel::dist

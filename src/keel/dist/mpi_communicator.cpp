@@ -1,0 +1,206 @@
+// MPI is called from one thread only (the communication thread), so MPI_THREAD_FUNNELED suffices
+// and works with every MPI build. The training thread queues work and waits on tickets; a wait
+// that exceeds the timeout means a peer died or hangs, and the job is aborted with a message
+// naming the operation (Open MPI's launcher then names the rank that failed).
+#include <mpi.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "keel/core/error.h"
+#include "keel/dist/mpi_communicator.h"
+
+namespace keel::dist {
+namespace {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(double timeout_s) : timeout_s_(timeout_s) {
+    worker_ = std::thread([this] { loop(); });
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [this] { return initialized_; });
+    require(init_error_.empty(), "MPI: {}", init_error_);
+  }
+
+  ~MpiCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  std::string name() const override { return name_; }
+
+  Ticket allreduce_sum_async(float* data, int64_t n, bool deterministic) override {
+    return submit("allreduce of " + std::to_string(n) + " gradients", [this, data, n, deterministic] {
+      if (deterministic) {
+        ordered_sum(data, n);
+      } else {
+        for (int64_t done = 0; done < n;) {  // MPI counts are int: split huge buffers
+          const int count = int(std::min<int64_t>(n - done, int64_t(1) << 30));
+          check(MPI_Allreduce(MPI_IN_PLACE, data + done, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+          done += count;
+        }
+      }
+    });
+  }
+
+  void wait(Ticket ticket) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+    while (completed_ < ticket) {
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && completed_ < ticket) {
+        const std::string what = pending_name_;
+        lock.unlock();
+        abort(fmt::format("rank {}: '{}' did not complete within {} s: another rank died or hangs "
+                          "(raise comm_timeout_s if steps are legitimately slower)",
+                          rank_, what, timeout_s_));
+      }
+    }
+    if (!failure_.empty()) abort(failure_);
+  }
+
+  void allreduce_sum(double* data, int64_t n) override {
+    wait(submit("allreduce of step totals", [this, data, n] {
+      std::vector<double> all(size_t(n) * size_);
+      check(MPI_Allgather(data, int(n), MPI_DOUBLE, all.data(), int(n), MPI_DOUBLE, MPI_COMM_WORLD), "MPI_Allgather");
+      for (int64_t i = 0; i < n; ++i) {
+        double sum = 0;
+        for (int r = 0; r < size_; ++r) sum += all[size_t(r) * n + i];  // rank order: identical everywhere
+        data[i] = sum;
+      }
+    }));
+  }
+
+  void broadcast(void* data, int64_t bytes, int root) override {
+    wait(submit("broadcast", [=] { check(MPI_Bcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast"); }));
+  }
+
+  void allgather(const void* in, void* out, int64_t bytes) override {
+    wait(submit("allgather", [=] {
+      check(MPI_Allgather(in, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE, MPI_COMM_WORLD), "MPI_Allgather");
+    }));
+  }
+
+  void barrier() override {
+    wait(submit("barrier", [this] { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }));
+  }
+
+  // Exiting without MPI_Finalize makes the launcher (mpirun) terminate every other rank and
+  // report which one failed; MPI_Abort would need the MPI thread, which may be the stuck one.
+  [[noreturn]] void abort(const std::string& message) override {
+    fmt::print(stderr, "error: {}\n", message);
+    std::fflush(stderr);
+    std::_Exit(2);
+  }
+
+ private:
+  void check(int rc, const char* what) {
+    if (rc != MPI_SUCCESS) throw Error(fmt::format("rank {}: {} failed (MPI error {})", rank_, what, rc));
+  }
+
+  // Fixed-order sum: gather every rank's contribution, add them in rank order.
+  void ordered_sum(float* data, int64_t n) {
+    gather_buffer_.resize(size_t(n) * size_);
+    check(MPI_Allgather(data, int(n), MPI_FLOAT, gather_buffer_.data(), int(n), MPI_FLOAT, MPI_COMM_WORLD),
+          "MPI_Allgather");
+    for (int64_t i = 0; i < n; ++i) {
+      float sum = gather_buffer_[size_t(i)];
+      for (int r = 1; r < size_; ++r) sum += gather_buffer_[size_t(r) * n + i];
+      data[i] = sum;
+    }
+  }
+
+  Ticket submit(std::string what, std::function<void()> op) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back({++submitted_, std::move(what), std::move(op)});
+    cv_.notify_all();
+    return submitted_;
+  }
+
+  void loop() {
+    int provided = 0;
+    if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      init_error_ = "MPI_Init_thread failed";
+      initialized_ = true;
+      cv_.notify_all();
+      return;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    char version[MPI_MAX_LIBRARY_VERSION_STRING];
+    int length = 0;
+    MPI_Get_library_version(version, &length);
+    std::string library(version, strnlen(version, size_t(length)));
+    name_ = "MPI: " + library.substr(0, library.find_first_of(",\n"));  // "MPI: Open MPI v4.1.4"
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      initialized_ = true;
+    }
+    cv_.notify_all();
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
+        if (queue_.empty()) break;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        pending_name_ = job.what;
+      }
+      std::string error;
+      try {
+        job.op();
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        completed_ = job.ticket;
+        if (!error.empty() && failure_.empty()) failure_ = error;
+      }
+      cv_.notify_all();
+    }
+    MPI_Finalize();
+  }
+
+  struct Job {
+    Ticket ticket = 0;
+    std::string what;
+    std::function<void()> op;
+  };
+
+  double timeout_s_;
+  int rank_ = 0, size_ = 1;
+  std::string name_;
+  std::thread worker_;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<Job> queue_;
+  Ticket submitted_ = 0, completed_ = 0;
+  std::string pending_name_, failure_, init_error_;
+  bool initialized_ = false, stopping_ = false;
+  std::vector<float> gather_buffer_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_mpi_communicator(double timeout_s) {
+  return std::make_unique<MpiCommunicator>(timeout_s);
+}
+
+}  // namespace keel::dist

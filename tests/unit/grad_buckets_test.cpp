@@ -1,0 +1,84 @@
+// Gradient buckets: reverse-order grouping under the size cap, every parameter in exactly one
+// bucket, and allreduces started as soon as a bucket's last gradient is ready, in the same order
+// on every rank.
+#include "keel/dist/grad_buckets.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace keel::dist {
+namespace {
+
+// Records which ranges were submitted, in order.
+class RecordingCommunicator final : public Communicator {
+ public:
+  std::vector<std::pair<int64_t, int64_t>> submitted;  // (offset from base, count)
+  float* base = nullptr;
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  std::string name() const override { return "recording"; }
+  Ticket allreduce_sum_async(float* data, int64_t n, bool) override {
+    submitted.push_back({data - base, n});
+    return submitted.size();
+  }
+  void wait(Ticket) override {}
+  void allreduce_sum(double*, int64_t) override {}
+  void broadcast(void*, int64_t, int) override {}
+  void allgather(const void*, void*, int64_t) override {}
+  void barrier() override {}
+  [[noreturn]] void abort(const std::string& m) override { throw std::runtime_error(m); }
+};
+
+std::vector<ParamSpan> spans_of(const std::vector<int64_t>& sizes) {
+  std::vector<ParamSpan> spans;
+  int64_t offset = 0;
+  for (int64_t n : sizes) {
+    spans.push_back({offset, n});
+    offset += (n + 15) / 16 * 16;  // padded like the ParamStore
+  }
+  return spans;
+}
+
+TEST(GradBuckets, GroupsFromTheEndUnderTheCap) {
+  auto spans = spans_of({100, 40, 40, 40, 200, 10});
+  GradBuckets buckets(spans, 100 * sizeof(float));
+  const auto& b = buckets.buckets();
+  // From the back: {5} alone? 10 + 200 > 100, so {5}; {4} (200 > cap, alone); {2,3} (80); {1}... {0,1}? 100+40 > 100.
+  ASSERT_EQ(b.size(), 5u);
+  EXPECT_EQ(b[0].first_param, 5);
+  EXPECT_EQ(b[1].first_param, 4);
+  EXPECT_EQ(b[2].first_param, 2);
+  EXPECT_EQ(b[2].last_param, 3);
+  EXPECT_EQ(b[3].first_param, 1);
+  EXPECT_EQ(b[4].first_param, 0);
+  // Buckets tile the parameters: each covers its parameters' spans contiguously.
+  int covered = 0;
+  for (const auto& bucket : b) {
+    covered += bucket.last_param - bucket.first_param + 1;
+    EXPECT_EQ(bucket.offset, spans[bucket.first_param].offset);
+    EXPECT_EQ(bucket.offset + bucket.count, spans[bucket.last_param].offset + spans[bucket.last_param].count);
+  }
+  EXPECT_EQ(covered, 6);
+}
+
+TEST(GradBuckets, StartsABucketWhenItsLastGradientIsReady) {
+  auto spans = spans_of({16, 16, 16, 16});
+  GradBuckets buckets(spans, 32 * sizeof(float));  // {2,3}, {0,1}
+  std::vector<float> grads(64);
+  RecordingCommunicator comm;
+  comm.base = grads.data();
+  buckets.begin(grads.data(), comm, false);
+  buckets.param_ready(3);
+  EXPECT_TRUE(comm.submitted.empty());
+  buckets.param_ready(2);
+  ASSERT_EQ(comm.submitted.size(), 1u);
+  EXPECT_EQ(comm.submitted[0], std::make_pair(int64_t(32), int64_t(32)));
+  buckets.param_ready(1);
+  buckets.finish();  // starts {0,1} although param 0 never reported
+  ASSERT_EQ(comm.submitted.size(), 2u);
+  EXPECT_EQ(comm.submitted[1], std::make_pair(int64_t(0), int64_t(32)));
+}
+
+}  // namespace
+}  // namespace keel::dist
