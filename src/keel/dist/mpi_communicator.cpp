@@ -86,11 +86,11 @@ class MpiCommunicator final : public Communicator {
   }
 
   void broadcast(void* data, int64_t bytes, int root) override {
-    wait(submit("broadcast", [=] { check(MPI_Bcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast"); }));
+    wait(submit("broadcast", [this, data, bytes, root] { check(MPI_Bcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast"); }));
   }
 
   void allgather(const void* in, void* out, int64_t bytes) override {
-    wait(submit("allgather", [=] {
+    wait(submit("allgather", [this, in, out, bytes] {
       check(MPI_Allgather(in, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE, MPI_COMM_WORLD), "MPI_Allgather");
     }));
   }

@@ -1,0 +1,93 @@
+// keel launch -n N [--hostfile F] [--rankfile F] [--dry-run] RECIPE [--set key=value ...]
+// Runs `keel train` under mpirun with every rank bound to its own cores (see dist/launch.h).
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <memory>
+#include <system_error>
+
+#include "keel/cli/commands.h"
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+#include "keel/dist/launch.h"
+#include "keel/dist/topology.h"
+
+namespace keel::cli {
+namespace {
+
+struct LaunchOptions {
+  int ranks = 0;
+  std::string hostfile;
+  std::string rankfile;
+  std::string machine_xml;
+  bool dry_run = false;
+  std::string recipe;
+  std::vector<std::string> overrides;
+};
+
+std::string this_executable() {
+  char buffer[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buffer, sizeof buffer - 1);
+  require(n > 0, "cannot find keel's own path in /proc/self/exe: {}", std::system_category().message(errno));
+  return std::string(buffer, size_t(n));
+}
+
+// execvp would say only ENOENT; say what to install.
+void require_on_path(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    std::string dir = dirs.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (::access(((dir.empty() ? "." : dir) + "/" + program).c_str(), X_OK) == 0) return;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  fail("{} not found on PATH: keel launch runs OpenMPI's mpirun (Debian: apt-get install openmpi-bin)", program);
+}
+
+const CommandRegistration kLaunch{
+    "launch", "Run keel train on N ranks under mpirun, each bound to its own cores",
+    [](CLI::App& cmd) -> CommandAction {
+      auto o = std::make_shared<LaunchOptions>();
+      cmd.add_option("-n,--np", o->ranks, "Number of ranks (the world size; the recipe's dp_degree must match)")
+          ->required();
+      cmd.add_option("--hostfile", o->hostfile, "OpenMPI hostfile (keel rank-table --hostfile writes one)");
+      cmd.add_option("--rankfile", o->rankfile, "OpenMPI rankfile to bind with instead of the topology's plan");
+      cmd.add_option("--machine-xml", o->machine_xml, "Plan the binding on this hwloc XML instead of this machine");
+      cmd.add_flag("--dry-run", o->dry_run, "Print the mpirun command instead of running it");
+      cmd.add_option("recipe", o->recipe, "Recipe file (TOML)")->required();
+      cmd.add_option("--set", o->overrides, "Override a recipe key: --set key=value (repeatable)");
+      return [o] {
+        dist::Topology topology = o->machine_xml.empty() ? dist::detect_topology() : dist::xml_topology(o->machine_xml);
+        dist::LaunchRequest request;
+        request.world_size = o->ranks;
+        request.hostfile = o->hostfile;
+        request.rankfile = o->rankfile;
+        request.recipe = o->recipe;
+        request.overrides = o->overrides;
+        request.keel_executable = this_executable();
+        request.run_as_root = ::geteuid() == 0;
+        dist::LaunchCommand command = dist::launch_command(topology, request);
+        if (o->dry_run) {
+          fmt::print("# {}\n{}\n", command.plan_description, dist::shell_command_line(command.argv));
+          return 0;
+        }
+        require_on_path(command.argv.front());
+        fmt::print(stderr, "keel launch: {}\n{}\n", command.plan_description, dist::shell_command_line(command.argv));
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::vector<char*> argv;
+        for (auto& word : command.argv) argv.push_back(word.data());
+        argv.push_back(nullptr);
+        ::execvp(argv[0], argv.data());
+        fail("cannot run {}: {}", command.argv.front(), std::system_category().message(errno));
+      };
+    }};
+
+}  // namespace
+}  // namespace keel::cli
