@@ -1,0 +1,413 @@
+#include "keel/data/hf_tokenizer_json.h"
+
+#include <simdjson.h>
+
+#include <limits>
+#include <unordered_map>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+#include "keel/data/byte_level.h"
+
+namespace keel::data {
+// Ids may skip at most this many slots past the vocabulary and added tokens (reserved ranges in
+// real tokenizer files are far smaller); beyond it a file is claiming tables it does not fill.
+constexpr size_t kIdSlack = size_t(1) << 16;
+
+namespace {
+
+using simdjson::dom::array;
+using simdjson::dom::element;
+using simdjson::dom::object;
+
+// Reads one tokenizer.json; every accessor names the JSON path it was asked for.
+class Reader {
+ public:
+  explicit Reader(const std::string& origin) : origin_(origin) {}
+
+  [[noreturn]] void bad(std::string_view where, std::string_view expected) const {
+    fail("{}: {}: expected {}", origin_, where, expected);
+  }
+  object as_object(element e, std::string_view where) const {
+    object o;
+    if (e.get_object().get(o) != simdjson::SUCCESS) bad(where, "an object");
+    return o;
+  }
+  array as_array(element e, std::string_view where) const {
+    array a;
+    if (e.get_array().get(a) != simdjson::SUCCESS) bad(where, "an array");
+    return a;
+  }
+  std::string_view as_string(element e, std::string_view where) const {
+    std::string_view s;
+    if (e.get_string().get(s) != simdjson::SUCCESS) bad(where, "a string");
+    return s;
+  }
+  int64_t as_int(element e, std::string_view where) const {
+    int64_t v;
+    if (e.get_int64().get(v) != simdjson::SUCCESS) bad(where, "an integer");
+    return v;
+  }
+  // A member that is absent or null reads as missing.
+  std::optional<element> member(object o, std::string_view key) const {
+    element e;
+    if (o.at_key(key).get(e) != simdjson::SUCCESS || e.is_null()) return std::nullopt;
+    return e;
+  }
+  element required(object o, std::string_view key, std::string_view where) const {
+    auto e = member(o, key);
+    if (!e) fail("{}: {}: missing field '{}'", origin_, where, key);
+    return *e;
+  }
+  bool flag(object o, std::string_view key, bool fallback, std::string_view where) const {
+    auto e = member(o, key);
+    if (!e) return fallback;
+    bool v;
+    if (e->get_bool().get(v) != simdjson::SUCCESS) bad(fmt::format("{}.{}", where, key), "true or false");
+    return v;
+  }
+  std::string_view type_of(object o, std::string_view where) const {
+    return as_string(required(o, "type", where), fmt::format("{}.type", where));
+  }
+  const std::string& origin() const { return origin_; }
+
+ private:
+  const std::string& origin_;
+};
+
+std::optional<NormalizationForm> normalization_form(std::string_view type) {
+  if (type == "NFC") return NormalizationForm::nfc;
+  if (type == "NFD") return NormalizationForm::nfd;
+  if (type == "NFKC") return NormalizationForm::nfkc;
+  if (type == "NFKD") return NormalizationForm::nfkd;
+  return std::nullopt;
+}
+
+void read_normalizer(const Reader& r, element e, std::string_view where, std::vector<NormalizationForm>& out) {
+  object o = r.as_object(e, where);
+  std::string_view type = r.type_of(o, where);
+  if (auto form = normalization_form(type)) {
+    out.push_back(*form);
+  } else if (type == "Sequence") {
+    size_t i = 0;
+    for (element n : r.as_array(r.required(o, "normalizers", where), fmt::format("{}.normalizers", where)))
+      read_normalizer(r, n, fmt::format("{}.normalizers[{}]", where, i++), out);
+  } else {
+    fail("{}: {}: normalizer '{}' is not supported (keel reads NFC, NFD, NFKC, NFKD and Sequence)", r.origin(),
+         where, type);
+  }
+}
+
+SplitBehavior split_behavior(const Reader& r, std::string_view name, std::string_view where) {
+  if (name == "Removed") return SplitBehavior::removed;
+  if (name == "Isolated") return SplitBehavior::isolated;
+  if (name == "MergedWithPrevious") return SplitBehavior::merged_with_previous;
+  if (name == "MergedWithNext") return SplitBehavior::merged_with_next;
+  if (name == "Contiguous") return SplitBehavior::contiguous;
+  r.bad(where, "one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
+}
+
+// The regex Hugging Face's ByteLevel pre-tokenizer splits with when use_regex is true (GPT-2's).
+constexpr std::string_view kByteLevelPattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+void read_pre_tokenizer(const Reader& r, element e, std::string_view where, std::vector<PreTokenizerStep>& out,
+                        bool& byte_level) {
+  object o = r.as_object(e, where);
+  std::string_view type = r.type_of(o, where);
+  if (type == "Sequence") {
+    size_t i = 0;
+    for (element p : r.as_array(r.required(o, "pretokenizers", where), fmt::format("{}.pretokenizers", where)))
+      read_pre_tokenizer(r, p, fmt::format("{}.pretokenizers[{}]", where, i++), out, byte_level);
+  } else if (type == "ByteLevel") {
+    byte_level = true;
+    if (r.flag(o, "add_prefix_space", true, where)) {
+      PreTokenizerStep step;
+      step.kind = PreTokenizerStep::Kind::prefix_space;
+      out.push_back(std::move(step));
+    }
+    if (r.flag(o, "use_regex", true, where)) {
+      PreTokenizerStep step;
+      step.regex = std::make_shared<PretokenizerRegex>(kByteLevelPattern, RegexDialect::oniguruma, r.origin());
+      out.push_back(std::move(step));
+    }
+  } else if (type == "Split") {
+    PreTokenizerStep step;
+    const std::string pattern_at = fmt::format("{}.pattern", where);
+    object pattern = r.as_object(r.required(o, "pattern", where), pattern_at);
+    if (auto regex = r.member(pattern, "Regex")) {
+      step.regex = std::make_shared<PretokenizerRegex>(r.as_string(*regex, pattern_at + ".Regex"),
+                                                       RegexDialect::oniguruma,
+                                                       fmt::format("{}: {}", r.origin(), pattern_at));
+    } else if (auto literal = r.member(pattern, "String")) {
+      step.literal = r.as_string(*literal, pattern_at + ".String");
+    } else {
+      r.bad(pattern_at, "{\"Regex\": ...} or {\"String\": ...}");
+    }
+    const std::string behavior_at = fmt::format("{}.behavior", where);
+    step.behavior = split_behavior(r, r.as_string(r.required(o, "behavior", where), behavior_at), behavior_at);
+    step.invert = r.flag(o, "invert", false, where);
+    out.push_back(std::move(step));
+  } else if (type == "Digits") {
+    // Hugging Face: char::is_numeric (Unicode N), each digit alone or runs of them, isolated.
+    PreTokenizerStep step;
+    const bool individual = r.flag(o, "individual_digits", false, where);
+    step.regex =
+        std::make_shared<PretokenizerRegex>(individual ? "\\p{N}" : "\\p{N}+", RegexDialect::oniguruma, r.origin());
+    out.push_back(std::move(step));
+  } else {
+    fail("{}: {}: pre-tokenizer '{}' is not supported (keel reads ByteLevel, Split, Digits and Sequence)",
+         r.origin(), where, type);
+  }
+}
+
+// The single-sequence template's special tokens before and after the text ($A).
+void read_post_processor(const Reader& r, element e, std::string_view where, TokenizerParts& parts) {
+  object o = r.as_object(e, where);
+  std::string_view type = r.type_of(o, where);
+  if (type == "ByteLevel") return;  // only adjusts offsets
+  if (type == "Sequence") {
+    size_t i = 0;
+    for (element p : r.as_array(r.required(o, "processors", where), fmt::format("{}.processors", where)))
+      read_post_processor(r, p, fmt::format("{}.processors[{}]", where, i++), parts);
+    return;
+  }
+  if (type != "TemplateProcessing")
+    fail("{}: {}: post-processor '{}' is not supported (keel reads TemplateProcessing, ByteLevel and Sequence)",
+         r.origin(), where, type);
+  const std::string specials_at = fmt::format("{}.special_tokens", where);
+  std::unordered_map<std::string, std::vector<int32_t>> special_ids;
+  if (auto specials = r.member(o, "special_tokens")) {
+    for (auto [name, value] : r.as_object(*specials, specials_at)) {
+      const std::string at = fmt::format("{}.{}", specials_at, name);
+      std::vector<int32_t> ids;
+      for (element id : r.as_array(r.required(r.as_object(value, at), "ids", at), at + ".ids"))
+        ids.push_back(int32_t(r.as_int(id, at + ".ids")));
+      special_ids[std::string(name)] = std::move(ids);
+    }
+  }
+  const std::string single_at = fmt::format("{}.single", where);
+  bool seen_sequence = false;
+  size_t i = 0;
+  for (element item : r.as_array(r.required(o, "single", where), single_at)) {
+    const std::string at = fmt::format("{}[{}]", single_at, i++);
+    object piece = r.as_object(item, at);
+    if (r.member(piece, "Sequence")) {
+      seen_sequence = true;
+    } else if (auto special = r.member(piece, "SpecialToken")) {
+      const std::string name(r.as_string(r.required(r.as_object(*special, at), "id", at), at + ".SpecialToken.id"));
+      auto found = special_ids.find(name);
+      if (found == special_ids.end())
+        fail("{}: {}: special token '{}' is not listed in {}", r.origin(), at, name, specials_at);
+      auto& target = seen_sequence ? parts.template_suffix : parts.template_prefix;
+      target.insert(target.end(), found->second.begin(), found->second.end());
+    } else {
+      r.bad(at, "{\"SpecialToken\": ...} or {\"Sequence\": ...}");
+    }
+  }
+}
+
+void read_decoder(const Reader& r, element e, std::string_view where, bool& byte_level) {
+  object o = r.as_object(e, where);
+  std::string_view type = r.type_of(o, where);
+  if (type == "ByteLevel") {
+    byte_level = true;
+  } else if (type == "Sequence") {
+    size_t i = 0;
+    for (element d : r.as_array(r.required(o, "decoders", where), fmt::format("{}.decoders", where)))
+      read_decoder(r, d, fmt::format("{}.decoders[{}]", where, i++), byte_level);
+  } else {
+    fail("{}: {}: decoder '{}' is not supported (keel reads byte-level BPE: ByteLevel)", r.origin(), where, type);
+  }
+}
+
+// BOS/EOS by name from tokenizer_config.json: "bos_token": "<s>" or {"content": "<s>", ...}.
+std::optional<int32_t> config_token(const Tokenizer& tokenizer, object config, std::string_view key,
+                                    const std::string& origin) {
+  element e;
+  if (config.at_key(key).get(e) != simdjson::SUCCESS || e.is_null()) return std::nullopt;
+  std::string_view name;
+  object o;
+  if (e.get_object().get(o) == simdjson::SUCCESS) {
+    if (o.at_key("content").get_string().get(name) != simdjson::SUCCESS)
+      fail("{}: {}: expected a string or an object with 'content'", origin, key);
+  } else if (e.get_string().get(name) != simdjson::SUCCESS) {
+    fail("{}: {}: expected a string or an object with 'content'", origin, key);
+  }
+  auto id = tokenizer.token_to_id(name);
+  if (!id) fail("{}: {} '{}' is not a token of the tokenizer", origin, key, name);
+  return id;
+}
+
+}  // namespace
+
+std::string json_quote(std::string_view text) {
+  std::string out;
+  out.reserve(text.size() + 2);
+  out += '"';
+  for (char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
+        else out += c;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origin, std::string_view config_json) {
+  Reader r(origin);
+  simdjson::dom::parser parser;
+  element root_element;
+  auto error = parser.parse(json.data(), json.size()).get(root_element);
+  if (error) fail("{}: not valid JSON ({})", origin, simdjson::error_message(error));
+  object root = r.as_object(root_element, "the top level");
+
+  TokenizerParts parts;
+  parts.origin = origin;
+  parts.byte_level_names = true;
+
+  if (auto added = r.member(root, "added_tokens")) {
+    size_t i = 0;
+    for (element e : r.as_array(*added, "added_tokens")) {
+      const std::string at = fmt::format("added_tokens[{}]", i++);
+      object o = r.as_object(e, at);
+      AddedToken t;
+      t.content = r.as_string(r.required(o, "content", at), at + ".content");
+      const int64_t id = r.as_int(r.required(o, "id", at), at + ".id");
+      // Below INT32_MAX: the vocabulary size (largest id + 1) must fit in an int32 too.
+      require(id >= 0 && id < std::numeric_limits<int32_t>::max(), "{}: {}.id: {} is not a valid token id", origin, at,
+              id);
+      t.id = int32_t(id);
+      t.special = r.flag(o, "special", false, at);
+      t.normalized = r.flag(o, "normalized", !t.special, at);
+      t.lstrip = r.flag(o, "lstrip", false, at);
+      t.rstrip = r.flag(o, "rstrip", false, at);
+      t.single_word = r.flag(o, "single_word", false, at);
+      parts.added_tokens.push_back(std::move(t));
+    }
+  }
+  std::unordered_map<int32_t, bool> added_ids;
+  for (const auto& t : parts.added_tokens) added_ids[t.id] = true;
+
+  if (auto normalizer = r.member(root, "normalizer")) read_normalizer(r, *normalizer, "normalizer", parts.normalizers);
+  bool byte_level = false;
+  if (auto pre = r.member(root, "pre_tokenizer")) read_pre_tokenizer(r, *pre, "pre_tokenizer", parts.pre_tokenizer, byte_level);
+  if (auto post = r.member(root, "post_processor")) read_post_processor(r, *post, "post_processor", parts);
+  if (auto decoder = r.member(root, "decoder")) read_decoder(r, *decoder, "decoder", byte_level);
+  require(byte_level, "{}: neither the pre-tokenizer nor the decoder is ByteLevel: keel reads byte-level BPE "
+          "tokenizers only", origin);
+
+  object model = r.as_object(r.required(root, "model", "the top level"), "model");
+  if (auto type = r.member(model, "type")) {
+    std::string_view t = r.as_string(*type, "model.type");
+    require(t == "BPE", "{}: model.type: '{}' is not supported (keel reads BPE)", origin, t);
+  }
+  for (std::string_view key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (auto e = r.member(model, key))
+      require(r.as_string(*e, fmt::format("model.{}", key)).empty(),
+              "{}: model.{} is not supported by byte-level BPE in keel", origin, key);
+  if (auto dropout = r.member(model, "dropout")) {
+    double p = 0;
+    if (dropout->get_double().get(p) != simdjson::SUCCESS) r.bad("model.dropout", "a number or null");
+    require(p == 0, "{}: model.dropout {} is not supported (keel encodes deterministically)", origin, p);
+  }
+
+  object vocab_object = r.as_object(r.required(model, "vocab", "model"), "model.vocab");
+  const size_t vocab_entries = vocab_object.size();
+  const size_t id_limit = vocab_entries + parts.added_tokens.size() + kIdSlack;
+  std::vector<std::pair<std::string, int32_t>> vocab;
+  vocab.reserve(vocab_entries);
+  std::unordered_map<std::string_view, int32_t> id_of_spelling;
+  id_of_spelling.reserve(vocab_entries);
+  std::string bytes;
+  for (auto [spelling, value] : vocab_object) {
+    const std::string at = fmt::format("model.vocab[{}]", json_quote(spelling));
+    const int64_t id = r.as_int(value, at);
+    // Ids index dense tables, so a vocabulary claiming ids far past its size would make keel
+    // allocate for them; real files leave small gaps (reserved ids), hence the slack.
+    require(id >= 0 && size_t(id) < id_limit,
+            "{}: {}: id {} is outside [0, {}) for a vocabulary of {} entries and {} added tokens", origin, at, id,
+            id_limit, vocab_entries, parts.added_tokens.size());
+    require(id_of_spelling.emplace(spelling, int32_t(id)).second, "{}: {} appears twice", origin, at);
+    bytes.clear();
+    if (!bytes_from_byte_level(spelling, bytes)) {
+      // Added tokens may sit in the vocabulary with their plain spelling; their content encodes them.
+      require(added_ids.count(int32_t(id)), "{}: {}: not in the byte-level alphabet (keel reads byte-level BPE)",
+              origin, at);
+      continue;
+    }
+    vocab.emplace_back(bytes, int32_t(id));
+  }
+  std::vector<std::pair<int32_t, int32_t>> merges;
+  if (auto merges_element = r.member(model, "merges")) {
+    array merges_array = r.as_array(*merges_element, "model.merges");
+    merges.reserve(merges_array.size());
+    size_t i = 0;
+    for (element m : merges_array) {
+      const std::string at = fmt::format("model.merges[{}]", i++);
+      std::string_view left, right;
+      std::string_view line;
+      if (m.get_string().get(line) == simdjson::SUCCESS) {
+        // "a b": byte-level spellings never contain a space (the space byte is spelled 'Ġ').
+        const size_t space = line.find(' ');
+        if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos)
+          r.bad(at, "\"left right\" (two tokens separated by one space)");
+        left = line.substr(0, space);
+        right = line.substr(space + 1);
+      } else {
+        array pair = r.as_array(m, at);
+        if (pair.size() != 2) r.bad(at, "a pair [\"left\", \"right\"]");
+        left = r.as_string(pair.at(0).value_unsafe(), at);
+        right = r.as_string(pair.at(1).value_unsafe(), at);
+      }
+      auto a = id_of_spelling.find(left), b = id_of_spelling.find(right);
+      if (a == id_of_spelling.end()) fail("{}: {}: token {} is not in model.vocab", origin, at, json_quote(left));
+      if (b == id_of_spelling.end()) fail("{}: {}: token {} is not in model.vocab", origin, at, json_quote(right));
+      merges.emplace_back(a->second, b->second);
+    }
+  }
+
+  BytePairModel::MergeOptions options;
+  options.ignore_merges = r.flag(model, "ignore_merges", false, "model");
+  options.fuse_unk = r.flag(model, "fuse_unk", false, "model");
+  if (auto unk = r.member(model, "unk_token")) {
+    std::string_view name = r.as_string(*unk, "model.unk_token");
+    auto found = id_of_spelling.find(name);
+    if (found == id_of_spelling.end()) fail("{}: model.unk_token {} is not in model.vocab", origin, json_quote(name));
+    options.unk_id = found->second;
+  }
+  parts.model = BytePairModel::from_merges(vocab, merges, options, origin);
+  if (!parts.template_prefix.empty()) parts.bos_id = parts.template_prefix.front();
+  if (!parts.template_suffix.empty()) parts.eos_id = parts.template_suffix.back();
+  Tokenizer tokenizer(std::move(parts));
+
+  if (config_json.empty()) return tokenizer;
+  const std::string config_origin = origin + " (tokenizer_config.json)";
+  simdjson::dom::parser config_parser;
+  element config_element;
+  error = config_parser.parse(config_json.data(), config_json.size()).get(config_element);
+  if (error) fail("{}: not valid JSON ({})", config_origin, simdjson::error_message(error));
+  object config;
+  if (config_element.get_object().get(config) != simdjson::SUCCESS)
+    fail("{}: expected an object at the top level", config_origin);
+  auto bos = config_token(tokenizer, config, "bos_token", config_origin);
+  auto eos = config_token(tokenizer, config, "eos_token", config_origin);
+  tokenizer.set_bos_eos(bos ? bos : tokenizer.bos_id(), eos ? eos : tokenizer.eos_id());
+  return tokenizer;
+}
+
+Tokenizer load_hf_tokenizer_json(const std::string& path) {
+  const std::string json = read_file(path);
+  const size_t slash = path.rfind('/');
+  const std::string config_path = (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "tokenizer_config.json";
+  return hf_tokenizer_from_json(json, path, path_exists(config_path) ? read_file(config_path) : std::string());
+}
+
+}  // namespace keel::data

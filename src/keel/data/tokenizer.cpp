@@ -1,0 +1,349 @@
+#include "keel/data/tokenizer.h"
+
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/stringpiece.h>
+
+#include <algorithm>
+#include <cctype>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <tuple>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+#include "keel/data/byte_level.h"
+#include "keel/data/hf_tokenizer_json.h"
+#include "keel/data/tiktoken.h"
+
+namespace keel::data {
+namespace {
+
+// Decodes the code point at text[i] (valid UTF-8 assumed) and its length.
+uint32_t code_point_at(std::string_view text, size_t i, size_t& length) {
+  const auto c = static_cast<unsigned char>(text[i]);
+  if (c < 0x80) return length = 1, c;
+  length = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  uint32_t cp = c & (0x7F >> length);
+  for (size_t k = 1; k < length && i + k < text.size(); ++k) cp = (cp << 6) | (text[i + k] & 0x3F);
+  return cp;
+}
+
+// Start of the code point that ends just before byte `i`.
+size_t previous_code_point(std::string_view text, size_t i) {
+  do --i;
+  while (i > 0 && (static_cast<unsigned char>(text[i]) & 0xC0) == 0x80);
+  return i;
+}
+
+bool is_white_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
+         cp == 0x3000;
+}
+
+// For single_word added tokens: letters, digits and '_' (ASCII is what matters in practice; any
+// non-ASCII code point counts as a word character, so a match next to one is refused).
+bool is_word_byte(unsigned char c) { return c >= 0x80 || std::isalnum(c) || c == '_'; }
+
+std::string normalize(std::string_view text, NormalizationForm form) {
+  UErrorCode status = U_ZERO_ERROR;
+  const icu::Normalizer2* normalizer = nullptr;
+  switch (form) {
+    case NormalizationForm::nfc: normalizer = icu::Normalizer2::getNFCInstance(status); break;
+    case NormalizationForm::nfd: normalizer = icu::Normalizer2::getNFDInstance(status); break;
+    case NormalizationForm::nfkc: normalizer = icu::Normalizer2::getNFKCInstance(status); break;
+    case NormalizationForm::nfkd: normalizer = icu::Normalizer2::getNFKDInstance(status); break;
+  }
+  require(U_SUCCESS(status), "cannot load the ICU normalizer: {}", u_errorName(status));
+  const icu::StringPiece piece(text.data(), int32_t(text.size()));
+  // Most text is already normalized; checking is much cheaper than rewriting.
+  if (normalizer->isNormalizedUTF8(piece, status) && U_SUCCESS(status)) return std::string(text);
+  status = U_ZERO_ERROR;
+  std::string out;
+  icu::StringByteSink<std::string> sink(&out, int32_t(text.size()));
+  normalizer->normalizeUTF8(0, piece, sink, nullptr, status);
+  require(U_SUCCESS(status), "cannot normalize text: {}", u_errorName(status));
+  return out;
+}
+
+// One split step over one piece (Hugging Face's NormalizedString::split).
+void split_piece(std::string_view piece, const PreTokenizerStep& step, std::vector<std::string_view>& out) {
+  thread_local std::vector<std::tuple<size_t, size_t, bool>> parts;
+  parts.clear();
+  size_t pos = 0;
+  auto add_match = [&](size_t begin, size_t end) {
+    if (begin > pos) parts.emplace_back(pos, begin, false);
+    parts.emplace_back(begin, end, true);
+    pos = end;
+  };
+  if (step.regex) {
+    size_t begin = 0, end = 0;
+    while (pos < piece.size() && step.regex->find(piece, pos, begin, end)) add_match(begin, end);
+  } else if (!step.literal.empty()) {
+    for (size_t at; pos < piece.size() && (at = piece.find(step.literal, pos)) != std::string_view::npos;)
+      add_match(at, at + step.literal.size());
+  }
+  if (pos < piece.size()) parts.emplace_back(pos, piece.size(), false);
+  if (step.invert)
+    for (auto& p : parts) std::get<2>(p) = !std::get<2>(p);
+
+  thread_local std::vector<std::pair<size_t, size_t>> kept;
+  kept.clear();
+  bool previous_match = false;
+  switch (step.behavior) {
+    case SplitBehavior::isolated:
+      for (auto [b, e, m] : parts) kept.emplace_back(b, e);
+      break;
+    case SplitBehavior::removed:
+      for (auto [b, e, m] : parts)
+        if (!m) kept.emplace_back(b, e);
+      break;
+    case SplitBehavior::contiguous:
+      for (auto [b, e, m] : parts) {
+        if (m == previous_match && !kept.empty()) kept.back().second = e;
+        else kept.emplace_back(b, e);
+        previous_match = m;
+      }
+      break;
+    case SplitBehavior::merged_with_previous:
+      for (auto [b, e, m] : parts) {
+        if (m && !previous_match && !kept.empty()) kept.back().second = e;
+        else kept.emplace_back(b, e);
+        previous_match = m;
+      }
+      break;
+    case SplitBehavior::merged_with_next:
+      for (size_t i = parts.size(); i-- > 0;) {
+        auto [b, e, m] = parts[i];
+        if (m && !previous_match && !kept.empty()) kept.back().first = b;
+        else kept.emplace_back(b, e);
+        previous_match = m;
+      }
+      std::reverse(kept.begin(), kept.end());
+      break;
+  }
+  for (auto [b, e] : kept)
+    if (e > b) out.push_back(piece.substr(b, e - b));
+}
+
+// A tokenizer.json starts with '{'; a tiktoken rank file with base64.
+bool looks_like_json(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  require(bool(in), "{}: cannot open the tokenizer file", path);
+  char c;
+  while (in.get(c))
+    if (!std::isspace(static_cast<unsigned char>(c))) return c == '{';
+  fail("{}: the tokenizer file is empty", path);
+}
+
+}  // namespace
+
+Tokenizer::Tokenizer(TokenizerParts parts) : parts_(std::move(parts)) {
+  vocab_size_ = parts_.model.id_limit();
+  added_by_first_byte_.resize(256);
+  for (uint32_t i = 0; i < parts_.added_tokens.size(); ++i) {
+    const AddedToken& t = parts_.added_tokens[i];
+    require(!t.content.empty(), "{}: added token {} has empty content", parts_.origin, t.id);
+    require(t.id >= 0, "{}: added token '{}' has a negative id {}", parts_.origin, t.content, t.id);
+    require(find_invalid_utf8(t.content) == std::string_view::npos, "{}: added token {} is not valid UTF-8",
+            parts_.origin, t.id);
+    require(added_by_id_.emplace(t.id, i).second, "{}: two added tokens have id {}", parts_.origin, t.id);
+    require(added_by_content_.emplace(t.content, t.id).second, "{}: added token '{}' appears twice", parts_.origin,
+            t.content);
+    added_by_first_byte_[static_cast<unsigned char>(t.content[0])].push_back(i);
+    vocab_size_ = std::max(vocab_size_, t.id + 1);
+    has_normalized_added_ = has_normalized_added_ || (t.normalized && !parts_.normalizers.empty());
+  }
+  for (auto& group : added_by_first_byte_)
+    std::stable_sort(group.begin(), group.end(), [&](uint32_t a, uint32_t b) {
+      return parts_.added_tokens[a].content.size() > parts_.added_tokens[b].content.size();
+    });
+  for (int32_t id : parts_.template_prefix)
+    require(id >= 0 && id < vocab_size_, "{}: post-processor id {} is outside the vocabulary", parts_.origin, id);
+  for (int32_t id : parts_.template_suffix)
+    require(id >= 0 && id < vocab_size_, "{}: post-processor id {} is outside the vocabulary", parts_.origin, id);
+  for (auto id : {parts_.bos_id, parts_.eos_id})
+    require(!id || (*id >= 0 && *id < vocab_size_), "{}: BOS/EOS id {} is outside the vocabulary", parts_.origin,
+            id.value_or(-1));
+  fast_split_ = parts_.pre_tokenizer.size() == 1 && parts_.pre_tokenizer[0].kind == PreTokenizerStep::Kind::split &&
+                parts_.pre_tokenizer[0].regex && parts_.pre_tokenizer[0].behavior == SplitBehavior::isolated &&
+                !parts_.pre_tokenizer[0].invert;
+}
+
+void Tokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos) {
+  for (auto id : {bos, eos})
+    require(!id || (*id >= 0 && *id < vocab_size_), "{}: BOS/EOS id {} is outside the vocabulary", parts_.origin,
+            id.value_or(-1));
+  parts_.bos_id = bos;
+  parts_.eos_id = eos;
+}
+
+std::optional<Tokenizer::AddedMatch> Tokenizer::find_added(std::string_view text, size_t from, bool normalized_pass,
+                                                           const EncodeOptions& options) const {
+  if (parts_.added_tokens.empty()) return std::nullopt;
+  for (size_t i = from; i < text.size(); ++i) {
+    const auto& group = added_by_first_byte_[static_cast<unsigned char>(text[i])];
+    if (group.empty()) continue;
+    for (uint32_t index : group) {
+      const AddedToken& t = parts_.added_tokens[index];
+      // Without a normalizer both passes are one; with one, a normalized token is found in the
+      // normalized text and a raw one in the raw text (Hugging Face's AddedVocabulary).
+      if (has_normalized_added_ && (t.normalized && !t.special) != normalized_pass) continue;
+      if (t.special && options.split_special_tokens) continue;
+      if (text.compare(i, t.content.size(), t.content) != 0) continue;
+      size_t begin = i, end = i + t.content.size();
+      if (t.single_word) {
+        if (begin > 0 && is_word_byte(text[begin - 1])) continue;
+        if (end < text.size() && is_word_byte(text[end])) continue;
+      }
+      if (t.lstrip)
+        while (begin > from) {
+          size_t p = previous_code_point(text, begin), len;
+          if (!is_white_space(code_point_at(text, p, len))) break;
+          begin = p;
+        }
+      if (t.rstrip)
+        while (end < text.size()) {
+          size_t len;
+          if (!is_white_space(code_point_at(text, end, len))) break;
+          end += len;
+        }
+      return AddedMatch{begin, end, t.id};
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<int32_t> Tokenizer::encode(std::string_view text, EncodeOptions options) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3 + 4);
+  encode(text, ids, options);
+  return ids;
+}
+
+void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, EncodeOptions options) const {
+  const size_t bad = find_invalid_utf8(text);
+  if (bad != std::string_view::npos)
+    fail("text is not valid UTF-8: byte 0x{:02X} at offset {} does not start a well-formed character",
+         static_cast<unsigned char>(text[bad]), bad);
+  if (options.add_special_tokens) out.insert(out.end(), parts_.template_prefix.begin(), parts_.template_prefix.end());
+  encode_segment(text, false, out, options);
+  if (options.add_special_tokens) out.insert(out.end(), parts_.template_suffix.begin(), parts_.template_suffix.end());
+}
+
+void Tokenizer::encode_segment(std::string_view text, bool normalized_pass, std::vector<int32_t>& out,
+                               const EncodeOptions& options) const {
+  size_t pos = 0;
+  auto plain = [&](std::string_view segment) {
+    if (segment.empty()) return;
+    if (normalized_pass || parts_.normalizers.empty()) {
+      encode_normalized(segment, out);
+      return;
+    }
+    std::string normalized(segment);
+    for (NormalizationForm form : parts_.normalizers) normalized = normalize(normalized, form);
+    if (has_normalized_added_) encode_segment(normalized, true, out, options);
+    else encode_normalized(normalized, out);
+  };
+  while (auto match = find_added(text, pos, normalized_pass, options)) {
+    plain(text.substr(pos, match->begin - pos));
+    out.push_back(match->id);
+    pos = match->end;
+  }
+  plain(text.substr(pos));
+}
+
+void Tokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {
+  const BytePairModel& model = parts_.model;
+  if (fast_split_) {
+    parts_.pre_tokenizer[0].regex->split(
+        text, [&](size_t begin, size_t end) { model.encode(text.substr(begin, end - begin), out); });
+    return;
+  }
+  thread_local std::vector<std::string_view> pieces, next;
+  thread_local std::deque<std::string> prefixed;  // a deque keeps earlier strings where they are
+  pieces.assign(1, text);
+  prefixed.clear();
+  for (const PreTokenizerStep& step : parts_.pre_tokenizer) {
+    next.clear();
+    for (std::string_view piece : pieces) {
+      if (step.kind == PreTokenizerStep::Kind::prefix_space) {
+        if (!piece.empty() && piece[0] == ' ') {
+          next.push_back(piece);
+        } else {
+          prefixed.emplace_back(1, ' ');
+          prefixed.back().append(piece);
+          next.push_back(prefixed.back());
+        }
+      } else {
+        split_piece(piece, step, next);
+      }
+    }
+    std::swap(pieces, next);
+  }
+  for (std::string_view piece : pieces) model.encode(piece, out);
+}
+
+std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  std::string text;
+  text.reserve(ids.size() * 4);
+  for (int32_t id : ids) {
+    auto added = added_by_id_.find(id);
+    if (added != added_by_id_.end()) {
+      const AddedToken& t = parts_.added_tokens[added->second];
+      if (!(skip_special_tokens && t.special)) text += t.content;
+      continue;
+    }
+    std::string_view bytes = parts_.model.token_bytes(id);
+    require(!bytes.empty(), "cannot decode id {}: no token has it (vocabulary size {})", id, vocab_size_);
+    text += bytes;
+  }
+  return text;
+}
+
+bool Tokenizer::is_special(int32_t id) const {
+  auto added = added_by_id_.find(id);
+  return added != added_by_id_.end() && parts_.added_tokens[added->second].special;
+}
+
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
+  auto added = added_by_content_.find(std::string(token));
+  if (added != added_by_content_.end()) return added->second;
+  if (!parts_.byte_level_names) return parts_.model.find(token);
+  std::string bytes;
+  if (!bytes_from_byte_level(token, bytes)) return std::nullopt;
+  return parts_.model.find(bytes);
+}
+
+std::string Tokenizer::id_to_token(int32_t id) const {
+  auto added = added_by_id_.find(id);
+  if (added != added_by_id_.end()) return parts_.added_tokens[added->second].content;
+  std::string_view bytes = parts_.model.token_bytes(id);
+  require(!bytes.empty(), "no token has id {} (vocabulary size {})", id, vocab_size_);
+  return parts_.byte_level_names ? byte_level_spelling(bytes) : std::string(bytes);
+}
+
+Tokenizer load_tokenizer(const std::string& path, std::string_view pattern) {
+  std::string file = path;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    const std::string dir = path.back() == '/' ? path : path + "/";
+    if (path_exists(dir + "tokenizer.json")) {
+      file = dir + "tokenizer.json";
+    } else if (path_exists(dir + "tokenizer.model")) {
+      // GLM-4's original checkpoints ship their tiktoken ranks under this name.
+      return load_tiktoken(dir + "tokenizer.model", pattern.empty() ? "glm4" : pattern);
+    } else {
+      fail("{}: no tokenizer.json or tokenizer.model in this directory", path);
+    }
+  }
+  if (looks_like_json(file)) {
+    require(pattern.empty(), "{}: --pattern applies to tiktoken rank files; a tokenizer.json names its own", file);
+    return load_hf_tokenizer_json(file);
+  }
+  return load_tiktoken(file, pattern);
+}
+
+}  // namespace keel::data

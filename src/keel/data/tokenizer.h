@@ -1,0 +1,124 @@
+// Tokenizer: text -> token ids -> bytes, for byte-level BPE tokenizers from tokenizer.json
+// (hf_tokenizer_json.h) and tiktoken rank files (tiktoken.h); load_tokenizer() picks the format.
+//
+// Encoding runs the Hugging Face pipeline, which tiktoken's is a special case of:
+//   1. added tokens (special tokens such as <|endoftext|>) are cut out of the text first and map
+//      straight to their ids;
+//   2. each remaining segment is normalized (NFC/NFKC/...), then cut into pieces by the
+//      pre-tokenizer (regex splits);
+//   3. each piece is encoded by byte-level BPE;
+//   4. with add_special_tokens, the post-processor's template adds BOS/EOS around the ids.
+// A Tokenizer is immutable once built: one instance encodes from any number of threads.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "keel/data/bpe.h"
+#include "keel/data/pretokenizer.h"
+
+namespace keel::data {
+
+struct AddedToken {
+  std::string content;
+  int32_t id = -1;
+  bool special = false;
+  bool normalized = false;   // matched in the normalized text rather than the raw text
+  bool lstrip = false;       // also swallows the whitespace before it
+  bool rstrip = false;       // also swallows the whitespace after it
+  bool single_word = false;  // matched only when not inside a word
+};
+
+enum class NormalizationForm { nfc, nfd, nfkc, nfkd };
+
+// Hugging Face's SplitDelimiterBehavior: what happens to the matches of a split pattern.
+enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
+
+struct PreTokenizerStep {
+  enum class Kind {
+    split,         // cut each piece by `regex` (or `literal`), per `behavior` and `invert`
+    prefix_space,  // ByteLevel's add_prefix_space: a piece not starting with ' ' gets one
+  };
+  Kind kind = Kind::split;
+  std::shared_ptr<const PretokenizerRegex> regex;
+  std::string literal;  // used when regex is null
+  SplitBehavior behavior = SplitBehavior::isolated;
+  bool invert = false;
+};
+
+// Everything a loader gathers; the Tokenizer constructor checks it and builds the lookup tables.
+struct TokenizerParts {
+  std::string origin;  // the file it came from, for messages
+  BytePairModel model;
+  std::vector<AddedToken> added_tokens;
+  std::vector<NormalizationForm> normalizers;  // applied in order
+  std::vector<PreTokenizerStep> pre_tokenizer;
+  std::vector<int32_t> template_prefix;  // post-processor ids before the text (BOS)
+  std::vector<int32_t> template_suffix;  // and after it (EOS)
+  bool byte_level_names = false;  // token names use the byte-to-unicode spelling (tokenizer.json)
+  std::optional<int32_t> bos_id;
+  std::optional<int32_t> eos_id;
+};
+
+struct EncodeOptions {
+  bool add_special_tokens = false;    // apply the post-processor template (BOS/EOS)
+  bool split_special_tokens = false;  // treat special tokens in the text as plain text
+};
+
+class Tokenizer {
+ public:
+  explicit Tokenizer(TokenizerParts parts);
+
+  // keel::Error when `text` is not valid UTF-8 (naming the byte offset).
+  std::vector<int32_t> encode(std::string_view text, EncodeOptions options = {}) const;
+  void encode(std::string_view text, std::vector<int32_t>& out, EncodeOptions options = {}) const;
+  // The bytes the ids stand for (UTF-8 when the ids came from encode; a prefix of a token
+  // sequence may end inside a character). keel::Error for an id outside the vocabulary.
+  std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
+
+  // A token by its name: the content of an added token, else the vocabulary spelling
+  // (byte-level for tokenizer.json, raw bytes for tiktoken files).
+  std::optional<int32_t> token_to_id(std::string_view token) const;
+  std::string id_to_token(int32_t id) const;  // keel::Error for an unknown id
+  int32_t vocab_size() const { return vocab_size_; }
+  bool is_special(int32_t id) const;
+  std::optional<int32_t> bos_id() const { return parts_.bos_id; }
+  std::optional<int32_t> eos_id() const { return parts_.eos_id; }
+  // For loaders that learn BOS/EOS from a second file (tokenizer_config.json); before sharing.
+  void set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos);
+  const std::vector<AddedToken>& added_tokens() const { return parts_.added_tokens; }
+  const BytePairModel& model() const { return parts_.model; }
+  const std::string& origin() const { return parts_.origin; }
+
+ private:
+  struct AddedMatch {
+    size_t begin, end;  // bytes consumed from the text (with lstrip/rstrip whitespace)
+    int32_t id;
+  };
+  std::optional<AddedMatch> find_added(std::string_view text, size_t from, bool normalized_pass,
+                                       const EncodeOptions& options) const;
+  void encode_segment(std::string_view segment, bool normalized_pass, std::vector<int32_t>& out,
+                      const EncodeOptions& options) const;
+  void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
+
+  TokenizerParts parts_;
+  int32_t vocab_size_ = 0;
+  bool fast_split_ = false;  // pre-tokenizer is a single isolating regex: stream its pieces
+  bool has_normalized_added_ = false;
+  // Added tokens by first byte, longest first: leftmost-longest matching as Hugging Face does.
+  std::vector<std::vector<uint32_t>> added_by_first_byte_;
+  std::unordered_map<int32_t, uint32_t> added_by_id_;
+  std::unordered_map<std::string, int32_t> added_by_content_;
+};
+
+// Loads a tokenizer from a tokenizer.json file, a tiktoken rank file (`pattern` names its
+// pre-tokenizer; empty = inferred from the vocabulary size) or a model directory holding either
+// (tokenizer.json preferred; tokenizer.model is GLM-4's tiktoken file).
+Tokenizer load_tokenizer(const std::string& path, std::string_view pattern = {});
+
+}  // namespace keel::data
