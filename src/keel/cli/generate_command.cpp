@@ -1,0 +1,121 @@
+// keel generate --model DIR --prompt TEXT [--chat] [sampling options]
+// Loads an HF model directory (and its tokenizer), then streams the continuation to stdout.
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "keel/cli/commands.h"
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+#include "keel/data/chat_template.h"
+#include "keel/data/tokenizer.h"
+#include "keel/model/generator.h"
+#include "keel/model/hf_weights.h"
+
+namespace keel::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string model, prompt, prompt_ids, tokenizer, chat_template, system;
+  bool chat = false, show_ids = false;
+  model::SamplingOptions sampling;
+};
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    require(used > 0 && item.find_first_not_of(' ', used) == std::string::npos && v >= 0 && v < (1ll << 31),
+            "--prompt-ids: '{}' is not a token id (expected comma-separated non-negative integers)", item);
+    ids.push_back(int32_t(v));
+  }
+  require(!ids.empty(), "--prompt-ids is empty");
+  return ids;
+}
+
+int run_generate(GenerateOptions& o) {
+  require(o.prompt.empty() != o.prompt_ids.empty(), "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
+  auto config = model::load_model_config(o.model + "/config.json");
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  if (!o.prompt.empty() || !o.tokenizer.empty())
+    tokenizer = std::make_unique<data::Tokenizer>(data::load_tokenizer(o.tokenizer.empty() ? o.model : o.tokenizer));
+  std::vector<int32_t> prompt;
+  if (!o.prompt.empty()) {
+    std::string text = o.prompt;
+    if (o.chat) {
+      const auto format = o.chat_template.empty() ? data::detect_chat_format(o.model)
+                                                  : data::chat_format_from_name(o.chat_template);
+      std::vector<data::ChatMessage> messages;
+      if (!o.system.empty()) messages.push_back({"system", o.system});
+      messages.push_back({"user", o.prompt});
+      text = data::render_chat_text(format, messages, true);
+      for (const auto& stop : data::chat_stop_tokens(format))
+        if (auto id = tokenizer->token_to_id(stop)) o.sampling.stop_ids.push_back(*id);
+    }
+    prompt = tokenizer->encode(text);
+  } else {
+    prompt = parse_ids(o.prompt_ids);
+  }
+  for (int64_t eos : config.eos_token_ids) o.sampling.stop_ids.push_back(eos);
+  if (tokenizer && tokenizer->eos_id()) o.sampling.stop_ids.push_back(*tokenizer->eos_id());
+
+  model::Decoder decoder(config, model::Precision::F32, 1, 2);
+  model::load_hf_weights(decoder, o.model);
+  model::Generator generator(decoder, int64_t(prompt.size()) + o.sampling.max_new_tokens + 1);
+  std::vector<int32_t> pending;  // ids whose bytes may end inside a UTF-8 character
+  generator.generate(prompt, o.sampling, [&](int32_t id) {
+    if (o.show_ids || !tokenizer) {
+      fmt::print("{} ", id);
+    } else if (!tokenizer->is_special(id)) {
+      pending.push_back(id);
+      const std::string text = tokenizer->decode(pending);
+      if (!text.empty() && static_cast<unsigned char>(text.back()) < 0x80) {  // ends on a whole character
+        fmt::print("{}", text);
+        pending.clear();
+      }
+    }
+    std::fflush(stdout);
+  });
+  if (!pending.empty()) fmt::print("{}", tokenizer->decode(pending));
+  fmt::print("\n");
+  return 0;
+}
+
+const CommandRegistration kGenerate{
+    "generate", "Generate text from an HF model directory (greedy or sampled, with a KV cache)",
+    [](CLI::App& cmd) -> CommandAction {
+      auto o = std::make_shared<GenerateOptions>();
+      cmd.add_option("--model", o->model, "HF model directory (config.json, safetensors, tokenizer)")->required();
+      cmd.add_option("--prompt", o->prompt, "Prompt text (tokenized with the model's tokenizer)");
+      cmd.add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids instead of text");
+      cmd.add_option("--tokenizer", o->tokenizer, "tokenizer.json or tiktoken file (default: the model's)");
+      cmd.add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template as a user turn");
+      cmd.add_option("--chat-template", o->chat_template, "glm4 | llama3 | chatml (default: from the model)");
+      cmd.add_option("--system", o->system, "System message for --chat");
+      cmd.add_option("--max-new-tokens", o->sampling.max_new_tokens, "Tokens to generate")->capture_default_str();
+      cmd.add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();
+      cmd.add_option("--top-k", o->sampling.top_k, "Keep the k most likely tokens (0 = all)")->capture_default_str();
+      cmd.add_option("--top-p", o->sampling.top_p, "Nucleus sampling threshold")->capture_default_str();
+      cmd.add_option("--seed", o->sampling.seed, "Sampling seed")->capture_default_str();
+      cmd.add_flag("--ids", o->show_ids, "Print token ids instead of text");
+      return [o] {
+        require(o->sampling.max_new_tokens > 0 && o->sampling.max_new_tokens <= 1'000'000,
+                "--max-new-tokens must be in [1, 1000000]");
+        require(o->sampling.temperature >= 0, "--temperature must not be negative");
+        require(o->sampling.top_p > 0 && o->sampling.top_p <= 1, "--top-p must be in (0, 1]");
+        return run_generate(*o);
+      };
+    }};
+
+}  // namespace
+}  // namespace keel::cli

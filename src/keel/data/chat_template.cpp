@@ -1,0 +1,109 @@
+#include "keel/data/chat_template.h"
+
+#include <fmt/format.h>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+
+namespace keel::data {
+
+ChatFormat chat_format_from_name(const std::string& name) {
+  if (name == "glm4" || name == "glm") return ChatFormat::glm4;
+  if (name == "llama3" || name == "llama") return ChatFormat::llama3;
+  if (name == "chatml" || name == "qwen2") return ChatFormat::chatml;
+  fail("unknown chat template '{}': expected glm4, llama3 or chatml", name);
+}
+
+std::string chat_format_name(ChatFormat f) {
+  switch (f) {
+    case ChatFormat::glm4: return "glm4";
+    case ChatFormat::llama3: return "llama3";
+    case ChatFormat::chatml: return "chatml";
+  }
+  return "?";
+}
+
+ChatFormat detect_chat_format(const std::string& dir) {
+  const std::string tokenizer_config = dir + "/tokenizer_config.json";
+  if (path_exists(tokenizer_config)) {
+    const std::string text = read_file(tokenizer_config);
+    if (text.find("[gMASK]") != std::string::npos || text.find("<|assistant|>") != std::string::npos)
+      return ChatFormat::glm4;
+    if (text.find("<|start_header_id|>") != std::string::npos) return ChatFormat::llama3;
+    if (text.find("<|im_start|>") != std::string::npos) return ChatFormat::chatml;
+  }
+  const std::string config = dir + "/config.json";
+  if (path_exists(config)) {
+    const std::string text = read_file(config);
+    if (text.find("Glm") != std::string::npos || text.find("ChatGLM") != std::string::npos) return ChatFormat::glm4;
+    if (text.find("Qwen2") != std::string::npos) return ChatFormat::chatml;
+    if (text.find("Llama") != std::string::npos) return ChatFormat::llama3;
+  }
+  fail("{}: cannot tell the chat format (no chat_template in tokenizer_config.json, unknown architecture); "
+       "name it with --chat-template glm4|llama3|chatml", dir);
+}
+
+std::vector<ChatSegment> render_chat(ChatFormat f, const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+  std::vector<ChatSegment> out;
+  auto text = [&](std::string s) {
+    if (!out.empty() && !out.back().assistant) out.back().text += s;
+    else out.push_back({std::move(s), false});
+  };
+  auto answer = [&](std::string s) { out.push_back({std::move(s), true}); };
+  switch (f) {
+    case ChatFormat::glm4:
+      // [gMASK]<sop><|user|>\nQ<|assistant|>\nA ... ; the next <|user|> (or <|endoftext|>) ends a turn.
+      text("[gMASK]<sop>");
+      for (const auto& m : messages) {
+        if (m.role == "assistant") {
+          text("<|assistant|>\n");
+          answer(m.content);
+        } else {
+          text(fmt::format("<|{}|>\n{}", m.role, m.content));
+        }
+      }
+      if (add_generation_prompt) text("<|assistant|>\n");
+      break;
+    case ChatFormat::llama3:
+      text("<|begin_of_text|>");
+      for (const auto& m : messages) {
+        text(fmt::format("<|start_header_id|>{}<|end_header_id|>\n\n", m.role));
+        if (m.role == "assistant") answer(m.content + "<|eot_id|>");
+        else text(m.content + "<|eot_id|>");
+      }
+      if (add_generation_prompt) text("<|start_header_id|>assistant<|end_header_id|>\n\n");
+      break;
+    case ChatFormat::chatml:
+      for (const auto& m : messages) {
+        text(fmt::format("<|im_start|>{}\n", m.role));
+        if (m.role == "assistant") {
+          answer(m.content + "<|im_end|>");
+          text("\n");
+        } else {
+          text(m.content + "<|im_end|>\n");
+        }
+      }
+      if (add_generation_prompt) text("<|im_start|>assistant\n");
+      break;
+  }
+  // GLM-4 fine-tuning ends the last answer with the EOS token, which the model must learn to emit.
+  if (f == ChatFormat::glm4 && !out.empty() && out.back().assistant) answer("<|endoftext|>");
+  return out;
+}
+
+std::string render_chat_text(ChatFormat f, const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+  std::string s;
+  for (const auto& seg : render_chat(f, messages, add_generation_prompt)) s += seg.text;
+  return s;
+}
+
+std::vector<std::string> chat_stop_tokens(ChatFormat f) {
+  switch (f) {
+    case ChatFormat::glm4: return {"<|user|>", "<|endoftext|>", "<|observation|>"};
+    case ChatFormat::llama3: return {"<|eot_id|>", "<|end_of_text|>"};
+    case ChatFormat::chatml: return {"<|im_end|>", "<|endoftext|>"};
+  }
+  return {};
+}
+
+}  // namespace keel::data
