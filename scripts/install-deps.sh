@@ -11,6 +11,7 @@ packages=(
   libgtest-dev
   libopenmpi-dev openmpi-bin  # data parallel over MPI
   libpcre2-dev libicu-dev  # tokenizers: pre-tokenizer regexes (PCRE2 JIT), Unicode normalization (ICU)
+  zlib1g-dev libzstd-dev   # keel prepare: .jsonl.gz and .jsonl.zst input
   python3-torch python3-numpy  # PyTorch reference tests and benchmarks (/usr/bin/python3)
 )
 

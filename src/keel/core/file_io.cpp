@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <system_error>
 
 #include "keel/core/error.h"
@@ -95,7 +96,7 @@ void write_file_atomic(const std::string& path, std::string_view contents) {
   file.commit();
 }
 
-std::string read_file(const std::string& path) {
+std::string read_file(const std::string& path, size_t max_bytes) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) fail("{}: cannot open: {}", path, errno_text(errno));
   struct stat st {};
@@ -103,6 +104,12 @@ std::string read_file(const std::string& path) {
     ::close(fd);
     fail("{}: expected a file, found a directory", path);
   }
+  auto too_large = [&](uint64_t found) {
+    ::close(fd);
+    fail("{}: expected a file of at most {} bytes, found {} bytes (not a configuration or metadata file?)", path,
+         max_bytes, found);
+  };
+  if (st.st_size > 0 && uint64_t(st.st_size) > max_bytes) too_large(uint64_t(st.st_size));
   std::string contents;
   if (st.st_size > 0) contents.reserve(size_t(st.st_size));
   // Read to end of file rather than trusting st_size: pipes and /proc files report 0.
@@ -116,6 +123,7 @@ std::string read_file(const std::string& path) {
       ::close(fd);
       fail("{}: cannot read: {}", path, errno_text(error));
     }
+    if (contents.size() + size_t(n) > max_bytes) too_large(contents.size() + size_t(n));
     contents.append(buffer, size_t(n));
   }
   ::close(fd);

@@ -8,7 +8,12 @@
 namespace keel {
 
 void write_file_atomic(const std::string& path, std::string_view contents);
-std::string read_file(const std::string& path);  // keel::Error naming the path on failure
+// Files read whole are configuration and metadata (config.json, recipes, manifests, tokenizer
+// files, index files), never datasets or weights: a file over `max_bytes` is a keel::Error naming
+// it, raised before anything is allocated, so a hostile or mistaken path cannot make keel reserve
+// gigabytes. Parsers of small formats pass a tighter limit.
+inline constexpr size_t kMaxReadFileBytes = size_t(1) << 30;
+std::string read_file(const std::string& path, size_t max_bytes = kMaxReadFileBytes);  // keel::Error naming the path on failure
 bool path_exists(const std::string& path);
 void make_dirs(const std::string& path);  // mkdir -p; keel::Error on failure
 

@@ -1,6 +1,14 @@
 #include "keel/data/token_records.h"
 
+#include <fcntl.h>
 #include <simdjson.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
@@ -9,6 +17,49 @@ namespace keel::data {
 namespace {
 
 constexpr int32_t kIgnore = -100;
+
+// The longest line read as one record. A record of max_seq_len = 1048576 tokens (the recipe's
+// limit) with labels is about 16 MiB of JSON; a longer line is a corrupt or hostile file, refused
+// before the parser allocates for it.
+constexpr size_t kMaxLineBytes = size_t(64) << 20;
+
+// The file memory-mapped read-only: lines are parsed in place (each one copied into the parser's
+// padded buffer), so a large file costs page cache, not a heap copy of the whole file.
+class MappedText {
+ public:
+  explicit MappedText(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    require(fd >= 0, "{}: cannot open the data file ({})", path, std::strerror(errno));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      fail("{}: expected a regular data file (JSONL)", path);
+    }
+    size_ = size_t(st.st_size);
+    if (size_ > 0) {
+      addr_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      const int error = errno;
+      ::close(fd);
+      if (addr_ == MAP_FAILED) {
+        addr_ = nullptr;
+        fail("{}: cannot memory-map the data file ({})", path, std::strerror(error));
+      }
+      ::madvise(addr_, size_, MADV_SEQUENTIAL);
+    } else {
+      ::close(fd);
+    }
+  }
+  ~MappedText() {
+    if (addr_) ::munmap(addr_, size_);
+  }
+  MappedText(const MappedText&) = delete;
+  MappedText& operator=(const MappedText&) = delete;
+  std::string_view text() const { return {static_cast<const char*>(addr_), size_}; }
+
+ private:
+  void* addr_ = nullptr;
+  size_t size_ = 0;
+};
 
 void append_ids(simdjson::dom::element value, const char* field, const std::string& at, int64_t vocab,
                 bool allow_ignore, std::vector<int32_t>& out) {
@@ -29,18 +80,22 @@ void append_ids(simdjson::dom::element value, const char* field, const std::stri
 
 TokenRecords read_token_records(const std::string& path, int64_t vocab_size) {
   require(path_exists(path), "{}: the data file does not exist", path);
-  simdjson::padded_string text;
-  auto load_error = simdjson::padded_string::load(path).get(text);
-  require(load_error == simdjson::SUCCESS, "{}: cannot read the data file ({})", path,
-          simdjson::error_message(load_error));
+  const MappedText file(path);
   TokenRecords records;
   records.offsets.push_back(0);
   simdjson::dom::parser parser;
-  std::string_view all(text.data(), text.size());
+  const std::string_view all = file.text();
   size_t line_start = 0;
   for (int64_t line_no = 1; line_start < all.size(); ++line_no) {
-    size_t end = all.find('\n', line_start);
-    if (end == std::string_view::npos) end = all.size();
+    // Look for the end of the line no further than the limit: a 10 GB line is refused after
+    // reading 64 MiB of it, not after scanning (or allocating) all of it.
+    const size_t window = std::min(all.size() - line_start, kMaxLineBytes + 1);
+    const void* newline = std::memchr(all.data() + line_start, '\n', window);
+    const size_t end = newline ? size_t(static_cast<const char*>(newline) - all.data()) : line_start + window;
+    require(end - line_start <= kMaxLineBytes,
+            "{}:{}: line longer than {} MiB (expected one JSON record per line; a corrupt file, or a record far "
+            "beyond max_seq_len)",
+            path, line_no, kMaxLineBytes >> 20);
     std::string_view line = all.substr(line_start, end - line_start);
     line_start = end + 1;
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;

@@ -693,7 +693,11 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   return c;
 }
 
-ModelConfig load_model_config(const std::string& path) { return parse_model_config(read_file(path), path); }
+// A config.json is a few kilobytes; 16 MiB leaves room for any embedded extras and refuses a
+// mistaken path (a weights file, a dataset) before reading it.
+ModelConfig load_model_config(const std::string& path) {
+  return parse_model_config(read_file(path, size_t(16) << 20), path);
+}
 
 std::string model_config_json(const ModelConfig& c, DType dtype) {
   bool original = !c.config_json.empty();

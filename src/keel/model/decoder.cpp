@@ -4,7 +4,10 @@
 #include <cstring>
 #include <random>
 
+#include <fmt/format.h>
+
 #include "keel/core/error.h"
+#include "keel/core/process_memory.h"
 #include "keel/kernels/attention.h"
 #include "keel/kernels/cross_entropy.h"
 #include "keel/kernels/embedding.h"
@@ -23,11 +26,6 @@ namespace {
 int64_t lm_head_chunk_rows(int64_t vocab, int64_t tokens) {
   int64_t rows = (int64_t(8) << 20) / std::max<int64_t>(vocab, 1);
   return std::clamp<int64_t>(rows, 16, std::max<int64_t>(tokens, 1));
-}
-
-template <typename T>
-std::vector<T> sized(int64_t n) {
-  return std::vector<T>(size_t(n));
 }
 
 void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols) {
@@ -51,106 +49,225 @@ void add_into(float* dst, const float* a, const float* b, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
 }
 
+// Declares the parameters in the order of the flat buffers (HF module order). Shared by the
+// constructor and decoder_memory_plan so the plan sees exactly the store the decoder builds.
+void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& ids) {
+  const int64_t H = c.hidden_size, qkv_rows = c.q_size() + 2 * c.kv_size();
+  ids.embed = params.add("embed", {c.vocab_size, H}, true);
+  ids.layers.resize(c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    auto& p = ids.layers[l];
+    std::string prefix = "layers." + std::to_string(l) + ".";
+    p.input_norm = params.add(prefix + "input_norm", {H}, false);
+    p.qkv_weight = params.add(prefix + "qkv.weight", {qkv_rows, H}, true);
+    if (c.qkv_bias) p.qkv_bias = params.add(prefix + "qkv.bias", {qkv_rows}, false);
+    p.o_weight = params.add(prefix + "o.weight", {H, c.q_size()}, true);
+    p.post_norm = params.add(prefix + "post_attention_norm", {H}, false);
+    p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true);
+    p.down_weight = params.add(prefix + "down.weight", {H, c.intermediate_size}, true);
+  }
+  ids.final_norm = params.add("final_norm", {H}, false);
+  ids.lm_head = c.tie_word_embeddings ? ids.embed : params.add("lm_head", {c.vocab_size, H}, true);
+}
+
+// Plan ids of one block's intermediates (-1: not planned, e.g. bf16 copies in fp32 mode).
+struct BlockIds {
+  int xn1 = -1, rstd1 = -1, qkv = -1, attn = -1, lse = -1, xmid = -1, xn2 = -1, rstd2 = -1, gate_up = -1, act = -1;
+  int xn1_b = -1, attn_b = -1, xn2_b = -1, act_b = -1;
+};
+
+// Plan ids of every decoder buffer.
+struct DecoderLayout {
+  int weights = -1, grads = -1, weights_bf16 = -1, adam_m = -1, adam_v = -1;
+  std::vector<int> x;                          // [layers + 1] block inputs; x[layers] feeds the final norm
+  std::vector<BlockIds> forward, backward;     // the same ids unless checkpointing
+  int xn_final = -1, rstd_final = -1, xn_final_b = -1;
+  int dx = -1, dh = -1, dnorm = -1, dtmp = -1, d_act = -1, d_gate_up = -1, d_attn = -1, d_qkv = -1, dy_b = -1;
+  int logits = -1, logits_b = -1;
+};
+
+// Every buffer of a training step with its lifetime on the StepTimeline. This one description
+// drives both `keel plan` (decoder_memory_plan) and the real arena (the constructor).
+//
+// Lifetimes: parameters, gradients and optimizer state live across steps. Block l's input lives
+// from the forward of the block that writes it to block l's backward. Without checkpointing a
+// block's intermediates live from its forward to its backward, so all blocks' are alive at the
+// LM head; with checkpointing they are scratch of one position (the forward, then the
+// recomputation in the backward), so every block shares the same bytes. Gradient scratch lives
+// through the backward pass and shares its bytes with the LM head's logits chunk, which is dead
+// by then.
+DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Precision precision, int64_t max_batch,
+                              int64_t max_seq, const DecoderOptions& options, MemoryPlan& plan) {
+  using Cat = MemoryCategory;
+  const StepTimeline t{int32_t(c.num_layers)};
+  const bool bf = precision == Precision::BF16;
+  const int64_t N = max_batch * max_seq, H = c.hidden_size, I = c.intermediate_size, Q = c.q_size();
+  const int64_t QKV = Q + 2 * c.kv_size(), L = c.num_layers;
+  const size_t f32 = sizeof(float), b16 = sizeof(bf16);
+  auto add = [&](std::string name, Cat cat, int64_t elements, size_t element_size, int32_t first, int32_t last) {
+    return plan.add(std::move(name), cat, size_t(elements) * element_size, first, last);
+  };
+  // bf16 GEMM inputs exist only in bf16 mode.
+  auto add_bf16 = [&](std::string name, Cat cat, int64_t elements, int32_t first, int32_t last) {
+    return bf ? add(std::move(name), cat, elements, b16, first, last) : -1;
+  };
+
+  DecoderLayout d;
+  const int32_t always = 0, end = t.last();
+  d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
+  d.weights_bf16 = add_bf16("weights.bf16", Cat::ComputeWeights, param_elements, always, end);
+  d.grads = add("grads", Cat::Gradients, param_elements, f32, always, end);
+  if (options.optimizer_state) {
+    d.adam_m = add("adam.m", Cat::OptimizerState, param_elements, f32, always, end);
+    d.adam_v = add("adam.v", Cat::OptimizerState, param_elements, f32, always, end);
+  }
+
+  d.x.resize(size_t(L + 1));
+  for (int64_t l = 0; l <= L; ++l) {
+    const int32_t written = l == 0 ? t.forward(0) : t.forward(l - 1);  // the embedding writes x[0]
+    const int32_t read_last = l < L ? t.backward(l) : t.head();
+    d.x[size_t(l)] = add(l < L ? fmt::format("layers.{}.input", l) : "final_norm.input", Cat::Activations, N * H,
+                         f32, written, read_last);
+  }
+  auto block = [&](const std::string& prefix, Cat cat, int32_t first, int32_t last) {
+    BlockIds b;
+    // In bf16 the GEMMs of the backward pass read the bf16 copies of the normalised inputs and of
+    // the SwiGLU output (Linear::backward_weight), so their fp32 originals are scratch of the
+    // forward position only: one block's worth shared by all blocks.
+    const Cat gemm_input_cat = bf ? Cat::Workspace : cat;
+    const int32_t gemm_input_last = bf ? first : last;
+    b.xn1 = add(prefix + "xn1", gemm_input_cat, N * H, f32, first, gemm_input_last);
+    b.rstd1 = add(prefix + "rstd1", cat, N, f32, first, last);
+    b.qkv = add(prefix + "qkv", cat, N * QKV, f32, first, last);
+    b.attn = add(prefix + "attn", cat, N * Q, f32, first, last);  // attention_backward reads it
+    b.lse = add(prefix + "lse", cat, N * c.num_heads, f32, first, last);
+    b.xmid = add(prefix + "xmid", cat, N * H, f32, first, last);
+    b.xn2 = add(prefix + "xn2", gemm_input_cat, N * H, f32, first, gemm_input_last);
+    b.rstd2 = add(prefix + "rstd2", cat, N, f32, first, last);
+    b.gate_up = add(prefix + "gate_up", cat, N * 2 * I, f32, first, last);
+    b.act = add(prefix + "act", gemm_input_cat, N * I, f32, first, gemm_input_last);
+    b.xn1_b = add_bf16(prefix + "xn1.bf16", cat, N * H, first, last);
+    b.attn_b = add_bf16(prefix + "attn.bf16", cat, N * Q, first, last);
+    b.xn2_b = add_bf16(prefix + "xn2.bf16", cat, N * H, first, last);
+    b.act_b = add_bf16(prefix + "act.bf16", cat, N * I, first, last);
+    return b;
+  };
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string prefix = fmt::format("layers.{}.", l);
+    if (options.gradient_checkpointing) {
+      d.forward.push_back(block(prefix + "forward.", Cat::Workspace, t.forward(l), t.forward(l)));
+      d.backward.push_back(block(prefix + "recomputed.", Cat::Activations, t.backward(l), t.backward(l)));
+    } else {
+      d.forward.push_back(block(prefix, Cat::Activations, t.forward(l), t.backward(l)));
+      d.backward.push_back(d.forward.back());
+    }
+  }
+
+  const int32_t head = t.head(), backward_first = t.backward(L - 1), backward_last = t.backward(0);
+  d.xn_final = add("final_norm.output", Cat::Activations, N * H, f32, head, head);
+  d.rstd_final = add("final_norm.rstd", Cat::Activations, N, f32, head, head);
+  d.xn_final_b = add_bf16("final_norm.output.bf16", Cat::Activations, N * H, head, head);
+  const int64_t chunk = lm_head_chunk_rows(c.vocab_size, N);
+  d.logits = add("lm_head.logits", Cat::Workspace, chunk * c.vocab_size, f32, head, head);
+  d.logits_b = add_bf16("lm_head.logits.bf16", Cat::Workspace, chunk * c.vocab_size, head, head);
+  d.dx = add("grad.residual", Cat::Workspace, N * H, f32, head, backward_last);
+  d.dnorm = add("grad.norm_output", Cat::Workspace, N * H, f32, head, backward_last);
+  d.dh = add("grad.residual_mid", Cat::Workspace, N * H, f32, backward_first, backward_last);
+  d.dtmp = add("grad.norm_input", Cat::Workspace, N * H, f32, backward_first, backward_last);
+  d.d_act = add("grad.act", Cat::Workspace, N * I, f32, backward_first, backward_last);
+  d.d_gate_up = add("grad.gate_up", Cat::Workspace, N * 2 * I, f32, backward_first, backward_last);
+  d.d_attn = add("grad.attn", Cat::Workspace, N * Q, f32, backward_first, backward_last);
+  d.d_qkv = add("grad.qkv", Cat::Workspace, N * QKV, f32, backward_first, backward_last);
+  d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N * std::max({H, 2 * I, QKV}), backward_first, backward_last);
+
+  // The rotary table is a kernels::RopeTable (std::vector) built once: counted, not in the arena.
+  plan.add_external("rope_table", Cat::Data, size_t(max_seq) * size_t(c.rotary_dim) * f32, always, end);
+  return d;
+}
+
 }  // namespace
 
-struct LayerActivations {
-  std::vector<float> x, xn1, rstd1, qkv, attn, lse, xmid, xn2, rstd2, gate_up, act;
-  std::vector<bf16> xn1_b, attn_b, xn2_b, act_b;  // GEMM inputs in bf16 mode (empty in fp32)
+MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
+                               const DecoderOptions& options) {
+  model::validate(config, "model");
+  require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
+          max_batch, max_seq);
+  ParamStore params;
+  DecoderParamIds ids;
+  declare_params(config, params, ids);
+  MemoryPlan plan;
+  describe_memory(config, params.total(), precision, max_batch, max_seq, options, plan);
+  plan.pack();
+  return plan;
+}
+
+struct Decoder::BlockActivations {
+  float *xn1, *rstd1, *qkv, *attn, *lse, *xmid, *xn2, *rstd2, *gate_up, *act;
+  bf16 *xn1_b, *attn_b, *xn2_b, *act_b;  // GEMM inputs in bf16 mode (null in fp32)
 };
 
 struct Decoder::Buffers {
-  std::vector<LayerActivations> layers;
-  std::vector<float> x_final, xn_final, rstd_final;
-  std::vector<bf16> xn_final_b;
+  std::vector<float*> x;  // block inputs; x[layers] is the final norm's input
+  std::vector<BlockActivations> forward, backward;
+  float *xn_final, *rstd_final;
+  bf16* xn_final_b;
   // Gradient scratch, reused by every layer in turn.
-  std::vector<float> dx, dh, dnorm, dtmp, d_act, d_gate_up, d_attn, d_qkv, logits;
-  std::vector<bf16> dy_b, logits_b;
+  float *dx, *dh, *dnorm, *dtmp, *d_act, *d_gate_up, *d_attn, *d_qkv, *logits;
+  bf16 *dy_b, *logits_b;
 };
 
-Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq)
-    : config_(config), precision_(precision), max_batch_(max_batch), max_seq_(max_seq) {
+Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
+                 const DecoderOptions& options)
+    : config_(config), precision_(precision), max_batch_(max_batch), max_seq_(max_seq), options_(options) {
   model::validate(config_, "model");
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   const auto& c = config_;
-  const int64_t H = c.hidden_size, qkv_rows = c.q_size() + 2 * c.kv_size();
-  ids_.embed = params_.add("embed", {c.vocab_size, H}, true);
-  ids_.layers.resize(c.num_layers);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    auto& p = ids_.layers[l];
-    std::string prefix = "layers." + std::to_string(l) + ".";
-    p.input_norm = params_.add(prefix + "input_norm", {H}, false);
-    p.qkv_weight = params_.add(prefix + "qkv.weight", {qkv_rows, H}, true);
-    if (c.qkv_bias) p.qkv_bias = params_.add(prefix + "qkv.bias", {qkv_rows}, false);
-    p.o_weight = params_.add(prefix + "o.weight", {H, c.q_size()}, true);
-    p.post_norm = params_.add(prefix + "post_attention_norm", {H}, false);
-    p.gate_up_weight = params_.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true);
-    p.down_weight = params_.add(prefix + "down.weight", {H, c.intermediate_size}, true);
-  }
-  ids_.final_norm = params_.add("final_norm", {H}, false);
-  ids_.lm_head = c.tie_word_embeddings ? ids_.embed : params_.add("lm_head", {c.vocab_size, H}, true);
-  params_.allocate(precision_ == Precision::BF16);
+  declare_params(c, params_, ids_);
+  const DecoderLayout d = describe_memory(c, params_.total(), precision_, max_batch_, max_seq_, options_, plan_);
+  plan_.require_fits(options_.memory_cap_bytes, "memory_pool_size");
+  // The arena is touched up front: a plan beyond the machine's memory would end in the kernel's
+  // out-of-memory killer, so say so here, with the breakdown.
+  plan_.require_fits(physical_memory_bytes(), "this machine's physical memory");
+  arena_ = Arena(plan_.arena_bytes());
+
+  auto f32 = [&](int id) { return id < 0 ? nullptr : arena_.at<float>(plan_.offset(id)); };
+  auto b16 = [&](int id) { return id < 0 ? nullptr : arena_.at<bf16>(plan_.offset(id)); };
+  params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
 
   rope_ = kernels::RopeTable::build(c.rotary_dim, c.rope_interleaved, c.rope_theta, max_seq_);
 
-  const int64_t N = max_batch_ * max_seq_, I = c.intermediate_size, Q = c.q_size();
-  const bool bf = precision_ == Precision::BF16;
   buf_ = std::make_unique<Buffers>();
   auto& b = *buf_;
-  b.layers.resize(c.num_layers);
-  for (auto& a : b.layers) {
-    a.x = sized<float>(N * H);
-    a.xn1 = sized<float>(N * H);
-    a.rstd1 = sized<float>(N);
-    a.qkv = sized<float>(N * qkv_rows);
-    a.attn = sized<float>(N * Q);
-    a.lse = sized<float>(N * c.num_heads);
-    a.xmid = sized<float>(N * H);
-    a.xn2 = sized<float>(N * H);
-    a.rstd2 = sized<float>(N);
-    a.gate_up = sized<float>(N * 2 * I);
-    a.act = sized<float>(N * I);
-    if (bf) {
-      a.xn1_b = sized<bf16>(N * H);
-      a.attn_b = sized<bf16>(N * Q);
-      a.xn2_b = sized<bf16>(N * H);
-      a.act_b = sized<bf16>(N * I);
-    }
-  }
-  b.x_final = sized<float>(N * H);
-  b.xn_final = sized<float>(N * H);
-  b.rstd_final = sized<float>(N);
-  if (bf) b.xn_final_b = sized<bf16>(N * H);
-  for (auto* v : {&b.dx, &b.dh, &b.dnorm, &b.dtmp}) *v = sized<float>(N * H);
-  b.d_act = sized<float>(N * I);
-  b.d_gate_up = sized<float>(N * 2 * I);
-  b.d_attn = sized<float>(N * Q);
-  b.d_qkv = sized<float>(N * qkv_rows);
-  const int64_t chunk = lm_head_chunk_rows(c.vocab_size, N);
-  b.logits = sized<float>(chunk * c.vocab_size);
-  if (bf) {
-    b.dy_b = sized<bf16>(N * std::max({H, 2 * I, qkv_rows}));
-    b.logits_b = sized<bf16>(chunk * c.vocab_size);
-  }
+  for (int id : d.x) b.x.push_back(f32(id));
+  auto block = [&](const BlockIds& i) {
+    return BlockActivations{f32(i.xn1),   f32(i.rstd1), f32(i.qkv),  f32(i.attn),  f32(i.lse),
+                            f32(i.xmid),  f32(i.xn2),   f32(i.rstd2), f32(i.gate_up), f32(i.act),
+                            b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b)};
+  };
+  for (const auto& i : d.forward) b.forward.push_back(block(i));
+  for (const auto& i : d.backward) b.backward.push_back(block(i));
+  b.xn_final = f32(d.xn_final);
+  b.rstd_final = f32(d.rstd_final);
+  b.xn_final_b = b16(d.xn_final_b);
+  b.dx = f32(d.dx);
+  b.dh = f32(d.dh);
+  b.dnorm = f32(d.dnorm);
+  b.dtmp = f32(d.dtmp);
+  b.d_act = f32(d.d_act);
+  b.d_gate_up = f32(d.d_gate_up);
+  b.d_attn = f32(d.d_attn);
+  b.d_qkv = f32(d.d_qkv);
+  b.dy_b = b16(d.dy_b);
+  b.logits = f32(d.logits);
+  b.logits_b = b16(d.logits_b);
 }
 
 Decoder::~Decoder() = default;
 
 size_t Decoder::activation_bytes() const {
-  size_t total = 0;
-  auto add = [&](const auto& v) { total += v.size() * sizeof(v[0]); };
-  for (const auto& a : buf_->layers) {
-    for (const auto* v : {&a.x, &a.xn1, &a.rstd1, &a.qkv, &a.attn, &a.lse, &a.xmid, &a.xn2, &a.rstd2,
-                          &a.gate_up, &a.act})
-      add(*v);
-    for (const auto* v : {&a.xn1_b, &a.attn_b, &a.xn2_b, &a.act_b}) add(*v);
-  }
-  const auto& b = *buf_;
-  for (const auto* v : {&b.x_final, &b.xn_final, &b.rstd_final, &b.dx, &b.dh, &b.dnorm, &b.dtmp, &b.d_act,
-                        &b.d_gate_up, &b.d_attn, &b.d_qkv, &b.logits})
-    add(*v);
-  for (const auto* v : {&b.xn_final_b, &b.dy_b, &b.logits_b}) add(*v);
-  return total;
+  return plan_.category_bytes_at_peak(MemoryCategory::Activations) +
+         plan_.category_bytes_at_peak(MemoryCategory::Workspace);
 }
 
 void Decoder::init_random(uint64_t seed, double std) {
@@ -222,52 +339,49 @@ void to_bf16(const float* src, bf16* dst, int64_t n) {
 
 }  // namespace
 
+void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, const BlockActivations& a,
+                            float* x_out) {
+  const auto& c = config_;
+  const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size;
+  const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
+  Linear lin{precision_ == Precision::BF16, N};
+  auto& P = params_;
+  const auto& p = ids_.layers[l];
+  kernels::AttentionShape as{mb.batch, mb.seq, c.num_heads, c.num_kv_heads, c.head_dim, QKV, QKV, QKV, Q,
+                             1.0 / std::sqrt(double(c.head_dim))};
+
+  kernels::rmsnorm_forward(x, P.weight(p.input_norm), N, H, c.rms_norm_eps, a.xn1, a.rstd1);
+  to_bf16(a.xn1, a.xn1_b, N * H);
+  lin.forward(a.xn1, a.xn1_b, P.weight(p.qkv_weight), P.weight_bf16(p.qkv_weight), H, QKV, a.qkv, 0.0f);
+  if (p.qkv_bias >= 0) add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
+  kernels::rope_forward(a.qkv, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
+  kernels::rope_forward(a.qkv + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
+  kernels::attention_forward(as, a.qkv, a.qkv + Q, a.qkv + Q + KV, mb.segments, a.attn, a.lse);
+  to_bf16(a.attn, a.attn_b, N * Q);
+  std::memcpy(a.xmid, x, sizeof(float) * N * H);
+  lin.forward(a.attn, a.attn_b, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, a.xmid, 1.0f);
+
+  kernels::rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, c.rms_norm_eps, a.xn2, a.rstd2);
+  to_bf16(a.xn2, a.xn2_b, N * H);
+  lin.forward(a.xn2, a.xn2_b, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I, a.gate_up,
+              0.0f);
+  kernels::swiglu_forward(a.gate_up, N, I, a.act);
+  to_bf16(a.act, a.act_b, N * I);
+  if (!x_out) return;  // recomputation: the down projection's output is already the next input
+  std::memcpy(x_out, a.xmid, sizeof(float) * N * H);
+  lin.forward(a.act, a.act_b, P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, x_out, 1.0f);
+}
+
 void Decoder::forward(const MicroBatch& mb) {
   const auto& c = config_;
   auto& b = *buf_;
-  const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size;
-  const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
-  const bool bf = precision_ == Precision::BF16;
-  Linear lin{bf, N};
+  const int64_t N = mb.batch * mb.seq, H = c.hidden_size, L = c.num_layers;
   auto& P = params_;
 
-  kernels::embedding_forward(mb.input_ids, N, P.weight(ids_.embed), H, b.layers.empty() ? b.x_final.data()
-                                                                                          : b.layers[0].x.data());
-  kernels::AttentionShape as{mb.batch, mb.seq, c.num_heads, c.num_kv_heads, c.head_dim, QKV, QKV, QKV, Q,
-                             1.0 / std::sqrt(double(c.head_dim))};
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    auto& a = b.layers[l];
-    const auto& p = ids_.layers[l];
-    float* x_next = l + 1 < c.num_layers ? b.layers[l + 1].x.data() : b.x_final.data();
-
-    kernels::rmsnorm_forward(a.x.data(), P.weight(p.input_norm), N, H, c.rms_norm_eps, a.xn1.data(), a.rstd1.data());
-    to_bf16(a.xn1.data(), bf ? a.xn1_b.data() : nullptr, N * H);
-    lin.forward(a.xn1.data(), a.xn1_b.data(), P.weight(p.qkv_weight), P.weight_bf16(p.qkv_weight), H, QKV,
-                a.qkv.data(), 0.0f);
-    if (p.qkv_bias >= 0) add_bias_rows(a.qkv.data(), P.weight(p.qkv_bias), N, QKV);
-    kernels::rope_forward(a.qkv.data(), QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
-    kernels::rope_forward(a.qkv.data() + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
-    kernels::attention_forward(as, a.qkv.data(), a.qkv.data() + Q, a.qkv.data() + Q + KV, mb.segments,
-                               a.attn.data(), a.lse.data());
-    to_bf16(a.attn.data(), bf ? a.attn_b.data() : nullptr, N * Q);
-    std::memcpy(a.xmid.data(), a.x.data(), sizeof(float) * N * H);
-    lin.forward(a.attn.data(), a.attn_b.data(), P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H,
-                a.xmid.data(), 1.0f);
-
-    kernels::rmsnorm_forward(a.xmid.data(), P.weight(p.post_norm), N, H, c.rms_norm_eps, a.xn2.data(),
-                             a.rstd2.data());
-    to_bf16(a.xn2.data(), bf ? a.xn2_b.data() : nullptr, N * H);
-    lin.forward(a.xn2.data(), a.xn2_b.data(), P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I,
-                a.gate_up.data(), 0.0f);
-    kernels::swiglu_forward(a.gate_up.data(), N, I, a.act.data());
-    to_bf16(a.act.data(), bf ? a.act_b.data() : nullptr, N * I);
-    std::memcpy(x_next, a.xmid.data(), sizeof(float) * N * H);
-    lin.forward(a.act.data(), a.act_b.data(), P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, x_next,
-                1.0f);
-  }
-  kernels::rmsnorm_forward(b.x_final.data(), P.weight(ids_.final_norm), N, H, c.rms_norm_eps, b.xn_final.data(),
-                           b.rstd_final.data());
-  to_bf16(b.xn_final.data(), bf ? b.xn_final_b.data() : nullptr, N * H);
+  kernels::embedding_forward(mb.input_ids, N, P.weight(ids_.embed), H, b.x[0]);
+  for (int64_t l = 0; l < L; ++l) forward_block(mb, l, b.x[l], b.forward[l], b.x[l + 1]);
+  kernels::rmsnorm_forward(b.x[L], P.weight(ids_.final_norm), N, H, c.rms_norm_eps, b.xn_final, b.rstd_final);
+  to_bf16(b.xn_final, b.xn_final_b, N * H);
 }
 
 // Fused LM head + cross-entropy over row chunks: logits for `chunk` tokens at a time, turned into
@@ -283,15 +397,15 @@ double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backw
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
     Linear lin{bf, rows};
-    const float* xn = b.xn_final.data() + r0 * H;
-    const bf16* xnb = bf ? b.xn_final_b.data() + r0 * H : nullptr;
-    lin.forward(xn, xnb, P.weight(ids_.lm_head), P.weight_bf16(ids_.lm_head), H, V, b.logits.data(), 0.0f);
-    loss += kernels::cross_entropy_forward_backward(b.logits.data(), V, mb.targets + r0, rows, V, grad_scale);
+    const float* xn = b.xn_final + r0 * H;
+    const bf16* xnb = bf ? b.xn_final_b + r0 * H : nullptr;
+    lin.forward(xn, xnb, P.weight(ids_.lm_head), P.weight_bf16(ids_.lm_head), H, V, b.logits, 0.0f);
+    loss += kernels::cross_entropy_forward_backward(b.logits, V, mb.targets + r0, rows, V, grad_scale);
     if (!backward) continue;
-    to_bf16(b.logits.data(), bf ? b.logits_b.data() : nullptr, rows * V);
-    lin.backward_input(b.logits.data(), b.logits_b.data(), P.weight(ids_.lm_head), P.weight_bf16(ids_.lm_head), H, V,
-                       b.dnorm.data() + r0 * H);
-    lin.backward_weight(b.logits.data(), b.logits_b.data(), xn, xnb, H, V, P.grad(ids_.lm_head));
+    to_bf16(b.logits, b.logits_b, rows * V);
+    lin.backward_input(b.logits, b.logits_b, P.weight(ids_.lm_head), P.weight_bf16(ids_.lm_head), H, V,
+                       b.dnorm + r0 * H);
+    lin.backward_weight(b.logits, b.logits_b, xn, xnb, H, V, P.grad(ids_.lm_head));
   }
   return loss;
 }
@@ -300,51 +414,55 @@ void Decoder::backward(const MicroBatch& mb) {
   const auto& c = config_;
   auto& b = *buf_;
   auto& P = params_;
-  const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size;
+  const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size, L = c.num_layers;
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   const bool bf = precision_ == Precision::BF16;
   Linear lin{bf, N};
-  bf16* dyb = bf ? b.dy_b.data() : nullptr;
+  bf16* dyb = bf ? b.dy_b : nullptr;
 
-  kernels::rmsnorm_backward(b.x_final.data(), P.weight(ids_.final_norm), b.rstd_final.data(), b.dnorm.data(), N, H,
-                            b.dx.data(), P.grad(ids_.final_norm));
+  kernels::rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), b.rstd_final, b.dnorm, N, H, b.dx,
+                            P.grad(ids_.final_norm));
   kernels::AttentionShape as{mb.batch, mb.seq, c.num_heads, c.num_kv_heads, c.head_dim, QKV, QKV, QKV, Q,
                              1.0 / std::sqrt(double(c.head_dim))};
-  for (int64_t l = c.num_layers - 1; l >= 0; --l) {
-    auto& a = b.layers[l];
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const auto& a = b.backward[l];
+    const float* x = b.x[l];
     const auto& p = ids_.layers[l];
+    // Gradient checkpointing: the forward kept only x; the same code on the same input gives the
+    // same intermediates bit for bit, so the gradients equal those of the stored activations.
+    if (options_.gradient_checkpointing) forward_block(mb, l, x, a, nullptr);
+
     // MLP: x_next = xmid + down(swiglu(gate_up(rmsnorm(xmid))))
-    to_bf16(b.dx.data(), dyb, N * H);
-    lin.backward_input(b.dx.data(), dyb, P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, b.d_act.data());
-    lin.backward_weight(b.dx.data(), dyb, a.act.data(), a.act_b.data(), I, H, P.grad(p.down_weight));
-    kernels::swiglu_backward(a.gate_up.data(), b.d_act.data(), N, I, b.d_gate_up.data());
-    to_bf16(b.d_gate_up.data(), dyb, N * 2 * I);
-    lin.backward_input(b.d_gate_up.data(), dyb, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I,
-                       b.dnorm.data());
-    lin.backward_weight(b.d_gate_up.data(), dyb, a.xn2.data(), a.xn2_b.data(), H, 2 * I, P.grad(p.gate_up_weight));
-    kernels::rmsnorm_backward(a.xmid.data(), P.weight(p.post_norm), a.rstd2.data(), b.dnorm.data(), N, H,
-                              b.dtmp.data(), P.grad(p.post_norm));
-    add_into(b.dh.data(), b.dx.data(), b.dtmp.data(), N * H);
+    // (In bf16, a.xn1, a.xn2 and a.act hold another block's data by now: only their bf16 copies
+    // may be read here. See describe_memory.)
+    to_bf16(b.dx, dyb, N * H);
+    lin.backward_input(b.dx, dyb, P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, b.d_act);
+    lin.backward_weight(b.dx, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
+    kernels::swiglu_backward(a.gate_up, b.d_act, N, I, b.d_gate_up);
+    to_bf16(b.d_gate_up, dyb, N * 2 * I);
+    lin.backward_input(b.d_gate_up, dyb, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I,
+                       b.dnorm);
+    lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight));
+    kernels::rmsnorm_backward(a.xmid, P.weight(p.post_norm), a.rstd2, b.dnorm, N, H, b.dtmp, P.grad(p.post_norm));
+    add_into(b.dh, b.dx, b.dtmp, N * H);
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x)))))
-    to_bf16(b.dh.data(), dyb, N * H);
-    lin.backward_input(b.dh.data(), dyb, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, b.d_attn.data());
-    lin.backward_weight(b.dh.data(), dyb, a.attn.data(), a.attn_b.data(), Q, H, P.grad(p.o_weight));
-    float* dq = b.d_qkv.data();
-    kernels::attention_backward(as, a.qkv.data(), a.qkv.data() + Q, a.qkv.data() + Q + KV, mb.segments,
-                                a.attn.data(), a.lse.data(), b.d_attn.data(), dq, dq + Q, dq + Q + KV);
+    to_bf16(b.dh, dyb, N * H);
+    lin.backward_input(b.dh, dyb, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, b.d_attn);
+    lin.backward_weight(b.dh, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
+    float* dq = b.d_qkv;
+    kernels::attention_backward(as, a.qkv, a.qkv + Q, a.qkv + Q + KV, mb.segments, a.attn, a.lse, b.d_attn, dq,
+                                dq + Q, dq + Q + KV);
     kernels::rope_backward(dq, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
     kernels::rope_backward(dq + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
-    if (p.qkv_bias >= 0) accumulate_bias_grad(b.d_qkv.data(), N, QKV, P.grad(p.qkv_bias));
-    to_bf16(b.d_qkv.data(), dyb, N * QKV);
-    lin.backward_input(b.d_qkv.data(), dyb, P.weight(p.qkv_weight), P.weight_bf16(p.qkv_weight), H, QKV,
-                       b.dnorm.data());
-    lin.backward_weight(b.d_qkv.data(), dyb, a.xn1.data(), a.xn1_b.data(), H, QKV, P.grad(p.qkv_weight));
-    kernels::rmsnorm_backward(a.x.data(), P.weight(p.input_norm), a.rstd1.data(), b.dnorm.data(), N, H,
-                              b.dtmp.data(), P.grad(p.input_norm));
-    add_into(b.dx.data(), b.dh.data(), b.dtmp.data(), N * H);
+    if (p.qkv_bias >= 0) accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));
+    to_bf16(b.d_qkv, dyb, N * QKV);
+    lin.backward_input(b.d_qkv, dyb, P.weight(p.qkv_weight), P.weight_bf16(p.qkv_weight), H, QKV, b.dnorm);
+    lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
+    kernels::rmsnorm_backward(x, P.weight(p.input_norm), a.rstd1, b.dnorm, N, H, b.dtmp, P.grad(p.input_norm));
+    add_into(b.dx, b.dh, b.dtmp, N * H);
   }
-  kernels::embedding_backward(mb.input_ids, N, b.dx.data(), H, c.vocab_size, P.grad(ids_.embed));
+  kernels::embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, P.grad(ids_.embed));
 }
 
 double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
@@ -369,7 +487,7 @@ void Decoder::logits_at(const MicroBatch& mb, const int64_t* rows, int64_t count
   Linear lin{bf, 1};
   for (int64_t i = 0; i < count; ++i) {
     require(rows[i] >= 0 && rows[i] < mb.batch * mb.seq, "logits_at: row {} out of range", rows[i]);
-    lin.forward(buf_->xn_final.data() + rows[i] * H, bf ? buf_->xn_final_b.data() + rows[i] * H : nullptr,
+    lin.forward(buf_->xn_final + rows[i] * H, bf ? buf_->xn_final_b + rows[i] * H : nullptr,
                 params_.weight(ids_.lm_head), params_.weight_bf16(ids_.lm_head), H, V, out + i * V, 0.0f);
   }
 }

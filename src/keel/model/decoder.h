@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "keel/core/memory_plan.h"
 #include "keel/kernels/rope.h"
 #include "keel/model/config.h"
 #include "keel/model/params.h"
@@ -38,11 +39,45 @@ struct MicroBatch {
   const int32_t* segments = nullptr;   // [batch*seq] document ids for packed rows, or nullptr
 };
 
+struct DecoderOptions {
+  // Keep only each block's input in the forward pass and recompute the block inside the backward
+  // pass (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"): activation memory
+  // drops from every block's intermediates to one block's, for one more forward pass per step.
+  bool gradient_checkpointing = false;
+  // Plan AdamW's first and second moments in the arena (a decoder that will be trained);
+  // evaluation-only decoders leave them out.
+  bool optimizer_state = false;
+  // The largest arena allowed in bytes (the recipe's memory_pool_size); 0 = no cap. A plan above
+  // it fails at construction with the breakdown, before anything is allocated.
+  size_t memory_cap_bytes = 0;
+};
+
+// Positions on the abstract timeline of one training step that the decoder's memory plan uses:
+// 0 holds what lives across steps, then one position per block forward, the LM head (final norm,
+// logits and loss, and the final norm's backward), one per block backward (last block first), and
+// the optimizer step. Callers adding their own buffers (gradient buckets) use the same positions.
+struct StepTimeline {
+  int32_t layers = 0;
+  int32_t forward(int64_t layer) const { return int32_t(1 + layer); }
+  int32_t head() const { return 1 + layers; }
+  int32_t backward(int64_t layer) const { return int32_t(head() + layers - layer); }
+  int32_t optimizer() const { return head() + layers + 1; }
+  int32_t last() const { return optimizer(); }
+};
+
+// The memory plan of a decoder with these settings: every buffer the constructor will take from
+// its arena, with sizes and lifetimes, computed without allocating any of it (so `keel plan` can
+// plan a 9B model on a laptop). The constructor allocates from exactly this description.
+MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
+                               const DecoderOptions& options);
+
 class Decoder {
  public:
-  // max_batch x max_seq bounds every micro-batch; all activation buffers are sized from it now,
-  // so the training step itself allocates nothing.
-  Decoder(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq);
+  // max_batch x max_seq bounds every micro-batch. Every buffer (parameters, gradients, optimizer
+  // state, activations, scratch) is planned from it and placed in one arena now, so the training
+  // step itself allocates nothing.
+  Decoder(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
+          const DecoderOptions& options = {});
   ~Decoder();
 
   const ModelConfig& config() const { return config_; }
@@ -66,12 +101,21 @@ class Decoder {
   // Used by evaluation and greedy decoding.
   void logits_at(const MicroBatch& batch, const int64_t* rows, int64_t count, float* out);
 
-  // Activation memory this decoder holds (bytes), for reporting.
+  // Activation and scratch memory this decoder holds at the plan's peak (bytes), for reporting.
   size_t activation_bytes() const;
+  // The plan the arena was laid out from, and the arena's size.
+  const MemoryPlan& memory_plan() const { return plan_; }
+  size_t arena_bytes() const { return arena_.size(); }
+  const DecoderOptions& options() const { return options_; }
 
  private:
   struct Buffers;
+  struct BlockActivations;
   void forward(const MicroBatch& batch);
+  // Block `layer` from its input x_in: fills `a` and, unless x_out is null (recomputation inside
+  // the backward pass, which only needs the intermediates), writes the next block's input.
+  void forward_block(const MicroBatch& batch, int64_t layer, const float* x_in, const BlockActivations& a,
+                     float* x_out);
   double lm_head_loss(const MicroBatch& batch, double grad_scale, bool backward);
   void backward(const MicroBatch& batch);
   void validate(const MicroBatch& batch) const;
@@ -79,6 +123,9 @@ class Decoder {
   ModelConfig config_;
   Precision precision_;
   int64_t max_batch_, max_seq_;
+  DecoderOptions options_;
+  MemoryPlan plan_;
+  Arena arena_;
   ParamStore params_;
   DecoderParamIds ids_;
   kernels::RopeTable rope_;

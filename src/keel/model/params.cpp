@@ -11,7 +11,7 @@ constexpr int64_t kAlignElements = 16;  // 64 bytes of fp32: every tensor starts
 }
 
 int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_decay) {
-  require(weights_.empty(), "ParamStore: parameter '{}' declared after allocation", name);
+  require(!allocated(), "ParamStore: parameter '{}' declared after allocation", name);
   Param p;
   p.name = std::move(name);
   p.shape = std::move(shape);
@@ -25,20 +25,40 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_de
 }
 
 void ParamStore::allocate(bool with_bf16_copy) {
-  weights_.assign(total_, 0.0f);
-  grads_.assign(total_, 0.0f);
-  if (with_bf16_copy) weights_bf16_.assign(total_, bf16{0});
+  owned_weights_.assign(total_, 0.0f);
+  owned_grads_.assign(total_, 0.0f);
+  if (with_bf16_copy) owned_weights_bf16_.assign(total_, bf16{0});
+  weights_ = owned_weights_.data();
+  grads_ = owned_grads_.data();
+  weights_bf16_ = with_bf16_copy ? owned_weights_bf16_.data() : nullptr;
+}
+
+void ParamStore::bind(float* weights, float* grads, bf16* weights_bf16, float* adam_m, float* adam_v) {
+  require(weights && grads && (adam_m == nullptr) == (adam_v == nullptr),
+          "ParamStore::bind: weights and gradients are required, Adam moments come in pairs");
+  weights_ = weights;
+  grads_ = grads;
+  weights_bf16_ = weights_bf16;
+  adam_m_ = adam_m;
+  adam_v_ = adam_v;
 }
 
 void ParamStore::allocate_optimizer_state() {
-  adam_m_.assign(total_, 0.0f);
-  adam_v_.assign(total_, 0.0f);
+  if (adam_m_) {  // planned and bound: no allocation, only a fresh start for a new optimizer
+    std::fill(adam_m_, adam_m_ + total_, 0.0f);
+    std::fill(adam_v_, adam_v_ + total_, 0.0f);
+    return;
+  }
+  owned_adam_m_.assign(total_, 0.0f);
+  owned_adam_v_.assign(total_, 0.0f);
+  adam_m_ = owned_adam_m_.data();
+  adam_v_ = owned_adam_v_.data();
 }
 
-void ParamStore::zero_grads() { std::fill(grads_.begin(), grads_.end(), 0.0f); }
+void ParamStore::zero_grads() { std::fill(grads_, grads_ + total_, 0.0f); }
 
 void ParamStore::refresh_bf16_copy() {
-  if (!weights_bf16_.empty()) convert_f32_to_bf16(weights_.data(), weights_bf16_.data(), total_);
+  if (weights_bf16_) convert_f32_to_bf16(weights_, weights_bf16_, total_);
 }
 
 }  // namespace keel::model

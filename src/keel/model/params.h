@@ -2,6 +2,9 @@
 // gradient, Adam moments and bf16 compute copy in parallel buffers with the same offsets).
 // One flat range makes the optimizer, the global gradient norm, gradient buckets for data
 // parallel (contiguous ranges in reverse layer order) and ZeRO shards simple slices.
+//
+// The buffers are either bound to memory planned elsewhere (the decoder's arena: bind()) or owned
+// by the store (allocate()), for stores used outside a plan.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -21,28 +24,35 @@ struct Param {
 
 class ParamStore {
  public:
-  // Declares a parameter; returns its index. All declarations come before allocate().
+  // Declares a parameter; returns its index. All declarations come before allocate() or bind().
   int add(std::string name, std::vector<int64_t> shape, bool weight_decay);
-  // Allocates the buffers (weights, grads; Adam moments and the bf16 copy on request).
+  // Allocates zeroed buffers owned by the store (weights, grads; the bf16 copy on request).
   void allocate(bool with_bf16_copy);
+  // Points the store at buffers of total() elements planned elsewhere; bf16 copy and Adam moments
+  // may be null (not planned). The caller keeps the memory alive as long as the store.
+  void bind(float* weights, float* grads, bf16* weights_bf16, float* adam_m, float* adam_v);
+  // Makes the Adam moments available and zeroed: when they were planned and bound this only
+  // zeroes them; otherwise owned buffers are allocated here.
   void allocate_optimizer_state();
 
   const std::vector<Param>& params() const { return params_; }
   const Param& param(int i) const { return params_[i]; }
   int64_t total() const { return total_; }
+  bool allocated() const { return weights_ != nullptr; }
 
-  float* weight(int i) { return weights_.data() + params_[i].offset; }
-  const float* weight(int i) const { return weights_.data() + params_[i].offset; }
-  float* grad(int i) { return grads_.data() + params_[i].offset; }
-  bf16* weight_bf16(int i) { return weights_bf16_.empty() ? nullptr : weights_bf16_.data() + params_[i].offset; }
+  float* weight(int i) { return weights_ + params_[i].offset; }
+  const float* weight(int i) const { return weights_ + params_[i].offset; }
+  float* grad(int i) { return grads_ + params_[i].offset; }
+  bf16* weight_bf16(int i) { return weights_bf16_ ? weights_bf16_ + params_[i].offset : nullptr; }
 
-  float* weights() { return weights_.data(); }
-  const float* weights_data() const { return weights_.data(); }
-  float* grads() { return grads_.data(); }
-  float* adam_m() { return adam_m_.data(); }
-  float* adam_v() { return adam_v_.data(); }
-  bf16* weights_bf16() { return weights_bf16_.empty() ? nullptr : weights_bf16_.data(); }
-  bool has_bf16_copy() const { return !weights_bf16_.empty(); }
+  float* weights() { return weights_; }
+  const float* weights_data() const { return weights_; }
+  float* grads() { return grads_; }
+  float* adam_m() { return adam_m_; }
+  float* adam_v() { return adam_v_; }
+  bf16* weights_bf16() { return weights_bf16_; }
+  bool has_bf16_copy() const { return weights_bf16_ != nullptr; }
+  bool has_optimizer_state() const { return adam_m_ != nullptr; }
 
   void zero_grads();
   void refresh_bf16_copy();  // after weights change outside the optimizer (load, init)
@@ -50,8 +60,11 @@ class ParamStore {
  private:
   std::vector<Param> params_;
   int64_t total_ = 0;
-  std::vector<float> weights_, grads_, adam_m_, adam_v_;
-  std::vector<bf16> weights_bf16_;
+  float *weights_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
+  bf16* weights_bf16_ = nullptr;
+  // Storage when the store owns its buffers (allocate()); empty when bound to a plan.
+  std::vector<float> owned_weights_, owned_grads_, owned_adam_m_, owned_adam_v_;
+  std::vector<bf16> owned_weights_bf16_;
 };
 
 }  // namespace keel::model

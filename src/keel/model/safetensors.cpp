@@ -317,7 +317,7 @@ void check_shard_name(const std::string& index_path, const std::string& tensor, 
 
 // weight_map of model.safetensors.index.json, in file order.
 std::vector<std::pair<std::string, std::string>> read_weight_map(const std::string& index_path) {
-  std::string text = read_file(index_path);
+  std::string text = read_file(index_path, kMaxHeaderBytes);  // a few hundred bytes per tensor, as a header
   dom::parser parser;
   dom::element root;
   if (auto error = parser.parse(text.data(), text.size()).get(root)) {

@@ -11,7 +11,7 @@ namespace keel::train {
 
 struct DemoOptions {
   std::string work_dir = "demo";
-  int64_t max_steps = 1200;
+  int64_t max_steps = 1500;
   int64_t held_out = 200;
 };
 

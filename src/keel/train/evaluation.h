@@ -3,8 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "keel/data/batch_builder.h"
-#include "keel/data/token_records.h"
+#include "keel/train/batch_source.h"
 #include "keel/model/decoder.h"
 
 namespace keel::train {
@@ -14,9 +13,8 @@ struct EvalResult {
   int64_t target_tokens = 0;
 };
 
-// Runs every record once, in file order, in micro-batches shaped like `buffers` (reused); a last
-// partial batch is padded with fully ignored rows.
-EvalResult evaluate(model::Decoder& decoder, const data::TokenRecords& records, int32_t pad_id,
-                    data::MicroBatchData& buffers);
+// Runs every sequence once, in order: `source` must read without shuffling, one rank, one
+// micro-batch per step. Rows of a last partial batch (wrapped around to the start) carry no loss.
+EvalResult evaluate(model::Decoder& decoder, BatchSource& source);
 
 }  // namespace keel::train

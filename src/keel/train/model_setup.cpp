@@ -33,20 +33,36 @@ model::ModelConfig scratch_model_config(const ScratchModel& m) {
   return c;
 }
 
+model::ModelConfig recipe_model_config(const Recipe& r) {
+  if (r.model_config) return scratch_model_config(*r.model_config);
+  require(path_exists(r.model_name), "{}: model_name '{}' does not exist (keel reads local HF model directories only)",
+          r.source, r.model_name);
+  return model::load_model_config(r.model_name + "/config.json");
+}
+
+model::Precision recipe_precision(const Recipe& r) {
+  return r.dtype == "bf16" ? model::Precision::BF16 : model::Precision::F32;
+}
+
+model::DecoderOptions training_decoder_options(const Recipe& r) {
+  model::DecoderOptions o;
+  o.gradient_checkpointing = r.use_gradient_checkpointing;
+  o.optimizer_state = true;
+  o.memory_cap_bytes = size_t(r.memory_pool_size * double(size_t(1) << 30));
+  return o;
+}
+
 ModelSetup setup_model(const Recipe& r) {
   ModelSetup s;
-  const auto precision = r.dtype == "bf16" ? model::Precision::BF16 : model::Precision::F32;
+  const auto precision = recipe_precision(r);
+  const auto config = recipe_model_config(r);
+  s.decoder = std::make_unique<model::Decoder>(config, precision, r.batch_size, r.max_seq_len,
+                                               training_decoder_options(r));
   if (r.model_config) {
-    auto config = scratch_model_config(*r.model_config);
-    s.decoder = std::make_unique<model::Decoder>(config, precision, r.batch_size, r.max_seq_len);
     s.decoder->init_random(uint64_t(r.seed));
     s.export_dtype = r.dtype == "bf16" ? DType::BF16 : DType::F32;
     return s;
   }
-  require(path_exists(r.model_name), "{}: model_name '{}' does not exist (keel reads local HF model directories only)",
-          r.source, r.model_name);
-  auto config = model::load_model_config(r.model_name + "/config.json");
-  s.decoder = std::make_unique<model::Decoder>(config, precision, r.batch_size, r.max_seq_len);
   s.unused_tensors = model::load_hf_weights(*s.decoder, r.model_name);
   s.export_dtype =
       model::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, s.decoder->ids())[0].name);

@@ -16,6 +16,13 @@ struct ModelSetup {
 };
 
 model::ModelConfig scratch_model_config(const ScratchModel& m);
+// The model's architecture from the recipe alone: [model_config], or model_name/config.json
+// (no weights are read, so a directory holding only config.json is enough).
+model::ModelConfig recipe_model_config(const Recipe& recipe);
+model::Precision recipe_precision(const Recipe& recipe);
+// The decoder settings a training run of this recipe uses: gradient checkpointing, optimizer
+// state in the arena, and memory_pool_size (GiB) as the arena's cap.
+model::DecoderOptions training_decoder_options(const Recipe& recipe);
 ModelSetup setup_model(const Recipe& recipe);
 
 }  // namespace keel::train

@@ -32,6 +32,11 @@ const std::vector<Field>& fields() {
       {"data_path", &Recipe::data_path},
       {"eval_data_path", &Recipe::eval_data_path},
       {"max_seq_len", &Recipe::max_seq_len},
+      {"tokenizer", &Recipe::tokenizer},
+      {"packing", &Recipe::packing},
+      {"chat_template", &Recipe::chat_template},
+      {"num_workers", &Recipe::num_workers},
+      {"prefetch_factor", &Recipe::prefetch_factor},
       {"preprocess_on_npu", &Recipe::preprocess_on_npu},
       {"shuffle", &Recipe::shuffle},
       {"batch_size", &Recipe::batch_size},
@@ -225,7 +230,11 @@ void apply_override(Recipe& r, const std::string& kv, Where& where) {
     t = toml::parse(std::string_view(key + " = " + value), std::string_view("--set"));
   } catch (const toml::parse_error&) {
     // Bare words are strings: --set output_dir=runs/a
-    t = toml::parse(std::string_view(key + " = " + toml_quote(value)), std::string_view("--set"));
+    try {
+      t = toml::parse(std::string_view(key + " = " + toml_quote(value)), std::string_view("--set"));
+    } catch (const toml::parse_error& e) {  // not a key (`--set 'a b=1'`), or not a value even quoted
+      fail("--set '{}': expected key=value with a recipe key and a TOML value: {}", kv, e.description());
+    }
   }
   Where local{"--set " + kv, {}};
   apply_table(r, t, "--set " + kv, local);
@@ -248,6 +257,15 @@ void validate_recipe(const Recipe& r, const Where& w) {
   require(r.max_seq_len >= 2 && r.max_seq_len <= (1 << 20), "{}: key 'max_seq_len' must be in [2, 1048576], got {}",
           w.of("max_seq_len"), r.max_seq_len);
   positive(r.batch_size, "batch_size");
+  require(r.packing == "pad" || r.packing == "pack", "{}: key 'packing' must be \"pad\" or \"pack\", got \"{}\"",
+          w.of("packing"), r.packing);
+  require(r.chat_template == "auto" || r.chat_template == "glm4" || r.chat_template == "llama3" ||
+              r.chat_template == "chatml",
+          "{}: key 'chat_template' must be auto, glm4, llama3 or chatml, got \"{}\"", w.of("chat_template"),
+          r.chat_template);
+  require(r.num_workers >= 0 && r.num_workers <= 64, "{}: key 'num_workers' must be in [0, 64]", w.of("num_workers"));
+  require(r.prefetch_factor >= 1 && r.prefetch_factor <= 64, "{}: key 'prefetch_factor' must be in [1, 64]",
+          w.of("prefetch_factor"));
   positive(r.gradient_accumulation_steps, "gradient_accumulation_steps");
   require(r.max_steps > 0 || r.num_epochs > 0, "{}: set 'max_steps' or 'num_epochs'", r.source);
   require(r.max_steps >= 0 && r.max_steps <= 1'000'000'000, "{}: key 'max_steps' must be in [0, 1e9], got {}",
@@ -320,6 +338,11 @@ std::string toml_quote(const std::string& s) {
       out += "\\n";
       continue;
     }
+    // TOML forbids raw control characters in strings: escaped, the resolved recipe reads back.
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      out += fmt::format("\\u{:04X}", static_cast<unsigned char>(c));
+      continue;
+    }
     out += c;
   }
   return out + "\"";
@@ -378,7 +401,8 @@ std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   note(!r.use_flash_attention, "use_flash_attention",
        "keel's attention is always the tiled flash-style kernel; false changes nothing");
   note(r.preprocess_on_npu, "preprocess_on_npu",
-       "keel tokenizes once, before training, into prepared data; this key changes nothing");
+       "keel tokenizes once, before training, into prepared shards (keel prepare, or automatically for a JSONL "
+       "data_path); this key changes nothing");
   return w;
 }
 

@@ -28,6 +28,11 @@ struct Recipe {
   std::string data_path;
   std::string eval_data_path;
   int64_t max_seq_len = 2048;
+  std::string tokenizer;                 // tokenizer.json / tiktoken file or dir; "" = model_name's
+  std::string packing = "pad";           // "pad" one document per row, or "pack" several (no cross-attention)
+  std::string chat_template = "auto";    // glm4 | llama3 | chatml | auto (from the tokenizer's directory)
+  int64_t num_workers = 1;               // loader threads preparing batches ahead of the step
+  int64_t prefetch_factor = 2;           // steps kept ready
   bool preprocess_on_npu = false;  // accepted for compatibility; keel always prepares shards up front
   bool shuffle = true;
   // Training

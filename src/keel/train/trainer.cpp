@@ -11,7 +11,7 @@
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 #include "keel/data/batch_builder.h"
-#include "keel/data/token_records.h"
+#include "keel/train/batch_source.h"
 #include "keel/dist/communicator.h"
 #include "keel/dist/grad_buckets.h"
 #include "keel/kernels/gemm.h"
@@ -54,13 +54,21 @@ class Trainer {
     for (const auto& name : setup_.unused_tensors)
       fmt::print(log_, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
                  config_.architecture);
-    records_ = data::read_token_records(r.data_path, config_.vocab_size);
-    if (!r.eval_data_path.empty()) eval_records_ = data::read_token_records(r.eval_data_path, config_.vocab_size);
-    max_steps_ = resolve_max_steps(r, records_.size());
     pad_id_ = config_.pad_token_id >= 0 && config_.pad_token_id < config_.vocab_size ? int32_t(config_.pad_token_id)
                                                                                       : 0;
-    order_ = std::make_unique<data::SampleOrder>(records_.size(), r.shuffle, uint64_t(r.seed));
-    micro_.assign(r.gradient_accumulation_steps, data::make_micro_batch_buffers(r.batch_size, r.max_seq_len));
+    BatchSourceOptions source{.batch_size = r.batch_size, .seq_len = r.max_seq_len,
+                              .micro_batches_per_step = r.gradient_accumulation_steps, .rank = int(comm_.rank()),
+                              .ranks = int(comm_.size()), .shuffle = r.shuffle, .seed = uint64_t(r.seed),
+                              .vocab_size = config_.vocab_size, .pad_id = pad_id_};
+    loader_ = open_batch_source(r.data_path, r, source, log_);
+    if (!r.eval_data_path.empty()) {
+      source.micro_batches_per_step = 1;
+      source.rank = 0;
+      source.ranks = 1;
+      source.shuffle = false;  // every eval sequence once, in order
+      eval_loader_ = open_batch_source(r.eval_data_path, r, source, log_);
+    }
+    max_steps_ = resolve_max_steps(r, loader_->sequences());
     optimizer_ = std::make_unique<AdamW>(decoder_.params(), AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon,
                                                                         r.weight_decay});
     if (comm_.size() > 1) {
@@ -72,7 +80,7 @@ class Trainer {
     state_.seed = uint64_t(r.seed);
     state_.recipe_hash = fingerprint_of(recipe_to_toml(r));
     state_.model_fingerprint = model_fingerprint(decoder_.params(), config_.architecture);
-    state_.data_fingerprint = data_fingerprint(records_);
+    state_.data_fingerprint = loader_->fingerprint();
     state_.compat_fingerprint = compat_fingerprint(r);
     if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
       if (int removed = clean_incomplete_checkpoints(r.checkpoint_dir))
@@ -91,7 +99,7 @@ class Trainer {
     if (comm_.rank() == 0) metrics = std::make_unique<MetricsWriter>(r_.output_dir + "/metrics.jsonl", state_.step);
     Progress progress(log_, max_steps_, r_.log_interval, options_.terminal);
     fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}\n", config_.architecture,
-               config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, records_.size(),
+               config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, loader_->sequences(),
                r_.data_path);
     fmt::print(log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}\n", max_steps_,
                r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype);
@@ -102,7 +110,7 @@ class Trainer {
     for (int64_t step = state_.step + 1; step <= max_steps_; ++step) {
       StepMetrics m = train_step(step);
       state_.step = step;
-      state_.samples_consumed = step * r_.gradient_accumulation_steps * r_.batch_size;
+      state_.samples_consumed = step * loader_->samples_per_step();
       if (eval_due(step)) evaluate_into(m);
       const bool interrupted = (interrupt_agreed() || step == options_.stop_after_step) && step < max_steps_;
       if (checkpoints_ && (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0)))
@@ -129,14 +137,6 @@ class Trainer {
   }
 
  private:
-  static std::string data_fingerprint(const data::TokenRecords& records) {
-    const uint64_t parts[3] = {
-        checksum(records.input_ids.data(), records.input_ids.size() * sizeof(int32_t)),
-        checksum(records.labels.data(), records.labels.size() * sizeof(int32_t)),
-        checksum(records.offsets.data(), records.offsets.size() * sizeof(int64_t))};
-    return checksum_hex(checksum(parts, sizeof(parts)));
-  }
-
   // The recipe keys that decide which samples each step sees and how they are computed: a resume
   // with any of them changed could not continue the run, so it is refused.
   static std::string compat_fingerprint(const Recipe& r) {
@@ -200,13 +200,12 @@ class Trainer {
   }
 
   bool eval_due(int64_t step) const {
-    if (eval_records_.size() == 0) return false;
+    if (!eval_loader_) return false;
     return step == max_steps_ || (r_.eval_interval > 0 && step % r_.eval_interval == 0);
   }
 
   void evaluate_into(StepMetrics& m) {
-    auto buffers = data::make_micro_batch_buffers(r_.batch_size, r_.max_seq_len);
-    const EvalResult e = evaluate(decoder_, eval_records_, pad_id_, buffers);
+    const EvalResult e = evaluate(decoder_, *eval_loader_);
     m.eval_loss = e.loss;
     m.eval_perplexity = e.perplexity;
     last_eval_ = e;
@@ -220,16 +219,14 @@ class Trainer {
     // the whole step (transformers' gradient-accumulation fix), which must be known up front.
     // The step's global batch is the same samples whatever the world size: micro-batch i of
     // rank r is the step's (i * ranks + r)-th, so dp=N equals dp=1 with N times the accumulation.
-    const int64_t ranks = comm_.size(), micro_per_step = r_.gradient_accumulation_steps * ranks;
-    const int64_t first = (step - 1) * micro_per_step * r_.batch_size;
+    const int64_t ranks = comm_.size();
+    const auto micro = loader_->step_batches(step);  // prefetched in the background
     double totals[2] = {0, 0};  // target tokens, input tokens: of the whole global step
-    for (int64_t i = 0; i < r_.gradient_accumulation_steps; ++i) {
-      const int64_t global_micro = i * ranks + comm_.rank();
-      data::fill_micro_batch(records_, *order_, first + global_micro * r_.batch_size, pad_id_, micro_[i]);
-      totals[0] += double(micro_[i].target_tokens);
-      totals[1] += double(micro_[i].input_tokens);
+    for (const auto& mb : micro) {
+      totals[0] += double(mb.target_tokens);
+      totals[1] += double(mb.input_tokens);
     }
-    m.data_s = seconds_since(t0);
+    m.data_s = loader_->last_wait_seconds();
     const auto t_sync0 = Clock::now();
     if (ranks > 1) comm_.allreduce_sum(totals, 2);
     m.grad_sync_s += seconds_since(t_sync0);
@@ -240,8 +237,9 @@ class Trainer {
     decoder_.params().zero_grads();
     const double grad_scale = m.target_tokens > 0 ? 1.0 / double(m.target_tokens) : 0.0;
     double loss_sum = 0.0;
-    for (auto& mb : micro_) {
-      model::MicroBatch batch{mb.batch, mb.seq, mb.input_ids.data(), mb.targets.data(), mb.positions.data(), nullptr};
+    for (const auto& mb : micro) {
+      model::MicroBatch batch{mb.batch, mb.seq, mb.input_ids.data(), mb.targets.data(), mb.positions.data(),
+                              loader_->packed() ? mb.segments.data() : nullptr};
       loss_sum += decoder_.forward_backward(batch, grad_scale);
     }
     m.compute_s = seconds_since(t1);
@@ -307,11 +305,9 @@ class Trainer {
   ModelSetup setup_;
   model::Decoder& decoder_;
   const model::ModelConfig& config_;
-  data::TokenRecords records_, eval_records_;
+  std::unique_ptr<BatchSource> loader_, eval_loader_;
   int64_t max_steps_ = 0;
   int32_t pad_id_ = 0;
-  std::unique_ptr<data::SampleOrder> order_;
-  std::vector<data::MicroBatchData> micro_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;
   std::optional<EvalResult> last_eval_;

@@ -2,6 +2,7 @@
 // reused: primitive creation costs far more than a small GEMM, and the training step calls the same
 // few shapes every step. Memory objects are cached too and only re-pointed (set_data_handle), so a
 // steady-state call allocates nothing.
+#include <array>
 #include <chrono>
 #include <dnnl.hpp>
 #include <memory>
@@ -39,7 +40,9 @@ struct GemmKeyHash {
 struct GemmPlan {
   dnnl::matmul primitive;
   dnnl::memory a, b, c;
-  std::unordered_map<int, dnnl::memory> args;
+  // Execution arguments for the C API, built once: dnnl::primitive::execute would rebuild a
+  // std::vector of them from a map on every call, a heap allocation inside the step loop.
+  std::array<dnnl_exec_arg_t, 3> args;
 };
 
 dnnl::engine& cpu_engine() {
@@ -80,7 +83,8 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key) {
   plan->a = dnnl::memory(a_desc, engine, DNNL_MEMORY_NONE);
   plan->b = dnnl::memory(b_desc, engine, DNNL_MEMORY_NONE);
   plan->c = dnnl::memory(c_desc, engine, DNNL_MEMORY_NONE);
-  plan->args = {{DNNL_ARG_SRC, plan->a}, {DNNL_ARG_WEIGHTS, plan->b}, {DNNL_ARG_DST, plan->c}};
+  plan->args = {dnnl_exec_arg_t{DNNL_ARG_SRC, plan->a.get()}, dnnl_exec_arg_t{DNNL_ARG_WEIGHTS, plan->b.get()},
+                dnnl_exec_arg_t{DNNL_ARG_DST, plan->c.get()}};
   return plan;
 }
 
@@ -104,7 +108,9 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
   plan.a.set_data_handle(const_cast<void*>(a));
   plan.b.set_data_handle(const_cast<void*>(b));
   plan.c.set_data_handle(c);
-  plan.primitive.execute(cpu_stream(), plan.args);
+  dnnl::error::wrap_c_api(
+      dnnl_primitive_execute(plan.primitive.get(), cpu_stream().get(), int(plan.args.size()), plan.args.data()),
+      "could not execute a matmul");
   cpu_stream().wait();
 }
 

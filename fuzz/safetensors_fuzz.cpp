@@ -1,0 +1,41 @@
+// A .safetensors file (8-byte header length, JSON header, data): SafetensorsFile::open on the
+// file, then CheckpointReader::open_dir on a model directory holding it as model.safetensors,
+// reading every tensor keel accepts to fp32 (the bytes behind each TensorInfo must exist).
+#include <cstring>
+#include <vector>
+
+#include "fuzz_support.h"
+#include "keel/model/safetensors.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace keel;
+  static const std::string dir = fuzz::scratch_dir() + "/model";
+  static const bool made = std::filesystem::create_directories(dir) || true;
+  (void)made;
+  const std::string path = dir + "/model.safetensors";
+  fuzz::write_bytes(path, data, size);
+  try {
+    auto file = model::SafetensorsFile::open(path);
+    uint64_t sum = 0;
+    for (const auto& t : file->tensors()) {
+      if (t.nbytes > 0) sum += t.data[0] + t.data[t.nbytes - 1];  // first and last byte: in the mapping
+      if (file->find(t.name) != &t) fuzz::property_failed("find(name) returns another tensor", t.name);
+    }
+    (void)sum;
+  } catch (const Error&) {
+  }
+  try {
+    auto reader = model::CheckpointReader::open_dir(dir);
+    std::vector<float> out;
+    for (const auto& name : reader.names()) {
+      try {
+        const model::TensorInfo& t = reader.get(name);
+        out.assign(size_t(t.numel()), 0.0f);  // numel * element size == bytes in the file: bounded by the input
+        reader.read_f32(name, t.shape, out.data());
+      } catch (const Error&) {  // an unsupported dtype: an error for that tensor only
+      }
+    }
+  } catch (const Error&) {
+  }
+  return 0;
+}

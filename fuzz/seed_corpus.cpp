@@ -1,0 +1,280 @@
+// Writes the starting corpora of the fuzz targets with keel's own writers, so that every target
+// starts from inputs keel produces and accepts:  fuzz_seed_corpus OUT_DIR  ->  OUT_DIR/<target>/*.
+// scripts/fuzz.sh adds the repository's sample files (recipes/*.toml, tests/data) next to these.
+#include <fmt/format.h>
+
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "fuzz_support.h"
+#include "keel/core/file_io.h"
+#include "keel/data/bpe_trainer.h"
+#include "keel/data/shard_format.h"
+#include "keel/dist/rank_table.h"
+#include "keel/model/config.h"
+#include "keel/model/params.h"
+#include "keel/model/safetensors.h"
+#include "keel/train/checkpoint.h"
+#include "keel/train/recipe.h"
+
+namespace fs = std::filesystem;
+using namespace keel;
+
+namespace {
+
+std::string out_root;
+
+void seed(const std::string& target, const std::string& name, std::string_view bytes) {
+  fs::create_directories(out_root + "/" + target);
+  fuzz::write_bytes(out_root + "/" + target + "/" + name, bytes);
+}
+
+std::string prefixed(char selector, std::string_view bytes) { return std::string(1, selector) + std::string(bytes); }
+
+void safetensors_seeds(const std::string& tmp) {
+  const float v[24] = {1, -2, 3.5f, 0, 1e-3f, 65504, -0.0f, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23};
+  int n = 0;
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    const std::string path = fmt::format("{}/seed{}.safetensors", tmp, n);
+    model::write_safetensors(path,
+                             {{"model.embed_tokens.weight", {4, 3}, v},
+                              {"model.norm.weight", {3}, v + 12},
+                              {"scalar", {}, v + 15},
+                              {"empty", {0, 3}, nullptr}},
+                             dtype, n == 0 ? std::map<std::string, std::string>{{"format", "pt"}}
+                                           : std::map<std::string, std::string>{});
+    seed("safetensors", fmt::format("writer-{}", dtype_name(dtype)), read_file(path));
+    ++n;
+  }
+  // A dtype keel does not read (I64): its size is still checked, reading it is an error.
+  std::string header = R"({"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},"w":{"dtype":"F32","shape":[1],"data_offsets":[16,20]}})";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[size_t(i)] = char(uint64_t(header.size()) >> (8 * i));
+  file += header + std::string(20, '\x01');
+  seed("safetensors", "other-dtype", file);
+}
+
+void safetensors_index_seeds(const std::string& tmp) {
+  static const float values[6] = {1, 2, 3, 4, 5, 6};
+  const std::string dir = tmp + "/sharded";
+  model::write_model_weights(dir, {{"embed.weight", {2, 2}, values}, {"norm.weight", {2}, values},
+                                   {"lm_head.weight", {3, 2}, values}},
+                             DType::BF16, 12);
+  seed("safetensors_index", "writer", read_file(dir + "/model.safetensors.index.json"));
+}
+
+model::ModelConfig family_config(model::Family family) {
+  model::ModelConfig c;
+  c.family = family;
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  c.intermediate_size = 128;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = 16;
+  c.max_position_embeddings = 512;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 500000.0;
+  c.eos_token_ids = {1, 2};
+  c.bos_token_id = 0;
+  switch (family) {
+    case model::Family::Llama: c.rotary_dim = 16; break;
+    case model::Family::Qwen2: c.rotary_dim = 16, c.qkv_bias = true, c.tie_word_embeddings = true; break;
+    case model::Family::Glm: c.rotary_dim = 8, c.rope_interleaved = true, c.qkv_bias = true; break;
+    case model::Family::GlmOriginal: c.rotary_dim = 8, c.rope_interleaved = true, c.qkv_bias = true; break;
+  }
+  model::validate(c, "seed");
+  return c;
+}
+
+void model_config_seeds() {
+  for (auto family : {model::Family::Llama, model::Family::Qwen2, model::Family::Glm, model::Family::GlmOriginal}) {
+    for (DType dtype : {DType::BF16, DType::F32}) {
+      seed("model_config", fmt::format("writer-{}-{}", model::family_name(family), dtype_name(dtype)),
+           model::model_config_json(family_config(family), dtype));
+    }
+  }
+}
+
+void recipe_seeds() {
+  train::Recipe r;
+  r.data_path = "data/train.jsonl";
+  r.eval_data_path = "data/eval.jsonl";
+  r.eval_interval = 10;
+  r.max_steps = 100;
+  r.checkpoint_dir = "ckpt";
+  r.save_interval = 20;
+  train::ScratchModel m;
+  m.vocab_size = 256, m.hidden_size = 64, m.intermediate_size = 128, m.num_layers = 2, m.num_heads = 4;
+  r.model_config = m;
+  const std::string text = train::recipe_to_toml(r);
+  train::parse_recipe(text, "seed");  // the seed must itself be valid
+  seed("recipe", "writer-scratch", text);
+  seed("recipe", "writer-scratch-with-overrides",
+       text + std::string(1, '\0') + "max_steps=5\nlr_scheduler=linear\noutput_dir=runs/a b\nmodel_config.num_layers=3");
+  train::Recipe hf = r;
+  hf.model_config.reset();
+  hf.model_name = "models/glm-4-9b";
+  hf.dtype = "fp32";
+  seed("recipe", "writer-hf-model", train::recipe_to_toml(hf));
+}
+
+void token_records_seeds() {
+  seed("token_records", "ids", "{\"input_ids\": [1, 2, 3, 4]}\n{\"input_ids\": [5]}\n");
+  seed("token_records", "labels", "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n\n{\"input_ids\":[7,8],\"labels\":[7,-100]}");
+  seed("token_records", "crlf", "{\"input_ids\": [151551, 0]}\r\n  \r\n{\"labels\": [1], \"input_ids\": [1]}\r\n");
+}
+
+void checkpoint_seeds(const std::string& tmp) {
+  model::ParamStore p;
+  p.add("embed.weight", {4, 3}, true);
+  p.add("layers.0.norm.weight", {3}, false);
+  p.add("lm_head.weight", {4, 3}, true);
+  p.allocate(false);
+  p.allocate_optimizer_state();
+  for (int64_t i = 0; i < p.total(); ++i) p.weights()[i] = p.adam_m()[i] = p.adam_v()[i] = float(i);
+  train::TrainingState state;
+  state.step = 5;
+  state.samples_consumed = 40;
+  state.seed = 42;
+  state.recipe_hash = state.model_fingerprint = state.data_fingerprint = state.compat_fingerprint = "0123456789abcdef";
+  const std::string root = tmp + "/checkpoints";
+  {
+    train::CheckpointWriter writer(root, 3, false);
+    writer.save(p, state, "max_steps = 10\n");
+  }
+  const std::string dir = root + "/step-00000005";
+  seed("checkpoint", "manifest", prefixed(0, read_file(dir + "/manifest.json")));
+  seed("checkpoint", "trainer_state", prefixed(1, read_file(dir + "/trainer_state.json")));
+  seed("checkpoint", "weights", prefixed(2, read_file(dir + "/weights.safetensors")));
+  seed("checkpoint", "optimizer", prefixed(3, read_file(dir + "/optimizer.safetensors")));
+  seed("checkpoint", "latest", prefixed(4, read_file(root + "/latest")));
+}
+
+void rank_table_seeds() {
+  dist::RankTableRequest one;
+  one.npu_count = 8;
+  one.server_id = "10.0.0.1";
+  one.hccn_conf_path = "/nonexistent/hccn.conf";
+  one.device_ips = {"192.168.100.101", "192.168.101.101", "192.168.102.101", "192.168.103.101",
+                    "192.168.100.100", "192.168.101.100", "192.168.102.100", "192.168.103.100"};
+  const std::string single = dist::rank_table_json(dist::build_rank_table(one).table);
+  seed("rank_table", "writer-one-server", prefixed(0, single));
+  seed("rank_table", "writer-one-server-topology", prefixed(1, single));
+
+  const std::string servers_text = "10.0.0.1 npus=4 devices=0,1,2,3\n10.0.0.2 slots=4 # a hostfile line\n";
+  dist::RankTableRequest two;
+  two.npu_count = 4;
+  two.topology = dist::HcclTopology::Pcie;
+  two.servers = dist::parse_servers_file(servers_text, "servers.txt");
+  const std::string multi = dist::rank_table_json(dist::build_rank_table(two).table);
+  seed("rank_table", "writer-two-servers", prefixed(0, multi));
+  seed("rank_table", "writer-two-servers-pcie", prefixed(1, multi));  // '{' is odd: the pcie rule
+  seed("rank_table", "hccn-conf",
+       prefixed(2, "address_0=192.168.100.101\nnetmask_0=255.255.255.0\n# comment\naddress_1=192.168.101.101\n"));
+  seed("rank_table", "servers", prefixed(3, servers_text + "10.0.0.3 device_ips=1.2.3.4,1.2.3.5 hccn_conf=/x\n"));
+}
+
+void tokenizer_seeds() {
+  data::BpeTrainingOptions options;
+  options.vocab_size = 300;
+  options.special_tokens = {"<|endoftext|>", "<|user|>"};
+  options.min_frequency = 1;
+  data::BpeTrainer trainer(options);
+  trainer.add_text("the quick brown fox jumps over the lazy dog; the dog sleeps. 12345 naïve café 你好 the the");
+  const std::string json = trainer.tokenizer_json();
+  seed("tokenizer_json", "keel-trained", json);
+  seed("tokenizer_json", "keel-trained-with-text", json + std::string(1, '\0') + "<|user|> the dog 42\n");
+
+  // A rank file: the 256 bytes, then a few merges (tiktoken's base64 + rank lines).
+  auto base64 = [](std::string_view bytes) {
+    static const char* alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    std::string out;
+    size_t i = 0;
+    for (; i + 2 < bytes.size(); i += 3) {
+      uint32_t v = uint8_t(bytes[i]) << 16 | uint8_t(bytes[i + 1]) << 8 | uint8_t(bytes[i + 2]);
+      for (int s = 18; s >= 0; s -= 6) out += alphabet[(v >> s) & 63];
+    }
+    if (i + 1 == bytes.size()) {
+      uint32_t v = uint8_t(bytes[i]) << 16;
+      out += alphabet[(v >> 18) & 63], out += alphabet[(v >> 12) & 63], out += "==";
+    } else if (i + 2 == bytes.size()) {
+      uint32_t v = uint8_t(bytes[i]) << 16 | uint8_t(bytes[i + 1]) << 8;
+      out += alphabet[(v >> 18) & 63], out += alphabet[(v >> 12) & 63], out += alphabet[(v >> 6) & 63], out += '=';
+    }
+    return out;
+  };
+  std::string ranks;
+  int rank = 0;
+  for (int b = 0; b < 256; ++b) ranks += fmt::format("{} {}\n", base64(std::string(1, char(b))), rank++);
+  for (const char* merge : {"th", "he", "the", " t", " the", "ll", "llo", " w"}) {
+    ranks += fmt::format("{} {}\n", base64(merge), rank++);
+  }
+  seed("tiktoken", "ranks", ranks);
+}
+
+void records_seeds() {
+  seed("records", "every-shape",
+       "{\"text\": \"Hello, world.\"}\n"
+       "{\"prompt\": \"2+2?\", \"response\": \"4\", \"system\": \"Be brief.\"}\n"
+       "{\"instruction\": \"Translate\", \"input\": \"chat\", \"output\": \"cat\"}\n"
+       "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": \"user\", \"content\": \"hi\"}, "
+       "{\"role\": \"assistant\", \"content\": \"hello\"}]}\n"
+       "{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}, {\"from\": \"gpt\", \"value\": \"yo\"}]}\n"
+       "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n");
+  seed("records", "crlf-and-blank", "{\"text\": \"a\"}\r\n\r\n{\"text\": \"caf\u00e9 \u4f60\u597d\"}");
+}
+
+void shard_seeds(const std::string& tmp) {
+  const std::string path = tmp + "/shard-00000.bin";
+  data::ShardWriter writer(path);
+  const uint32_t a[] = {1, 2, 3, 4, 5}, b[] = {7, 8, 9};
+  const uint8_t ma[] = {0, 1, 1, 1, 1}, mb[] = {1, 1, 0};
+  writer.add_document(a, ma);
+  writer.add_document(b, mb);
+  writer.end_sequence();
+  writer.add_document(b, mb);
+  const data::ShardInfo info = writer.finish();
+  std::string counts(24, '\0');
+  const int64_t c[3] = {info.sequences, info.tokens, info.documents};
+  std::memcpy(counts.data(), c, sizeof c);
+  seed("shard", "writer-shard", prefixed(1, counts + read_file(path)));
+  data::ShardManifest m;
+  m.tokenizer_hash = "0123456789abcdef";
+  m.chat_template = "chatml";
+  m.max_seq_len = 64;
+  m.vocab_size = 1000;
+  m.source = "train.jsonl";
+  m.shards.push_back(info);
+  seed("shard", "writer-manifest", prefixed(0, data::manifest_json(m)));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: fuzz_seed_corpus OUT_DIR\n";
+    return 2;
+  }
+  out_root = argv[1];
+  const std::string tmp = fuzz::scratch_dir();
+  try {
+    safetensors_seeds(tmp);
+    safetensors_index_seeds(tmp);
+    model_config_seeds();
+    recipe_seeds();
+    token_records_seeds();
+    checkpoint_seeds(tmp);
+    rank_table_seeds();
+    tokenizer_seeds();
+    records_seeds();
+    shard_seeds(tmp);
+  } catch (const std::exception& e) {
+    std::cerr << "fuzz_seed_corpus: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "fuzz_seed_corpus: seeds written to " << out_root << "\n";
+  return 0;
+}

@@ -1,0 +1,52 @@
+// keel plan RECIPE.toml [--dp N] [--zero 1] [--device-memory 64GB] [--set key=value ...] [--json]
+// The per-rank memory plan of a training run, from config.json alone (no weights), with a verdict
+// against the device memory and what to change when it does not fit.
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "keel/cli/commands.h"
+#include "keel/train/memory_report.h"
+#include "keel/train/recipe.h"
+
+namespace keel::cli {
+namespace {
+
+struct PlanOptions {
+  std::string recipe;
+  std::vector<std::string> overrides;
+  int64_t dp = 0;
+  int zero = 0;
+  std::string device_memory;
+  bool json = false;
+};
+
+const CommandRegistration kPlan{
+    "plan", "Print the per-rank memory plan of a recipe and whether it fits the device",
+    [](CLI::App& cmd) -> CommandAction {
+      auto options = std::make_shared<PlanOptions>();
+      cmd.add_option("recipe", options->recipe, "Recipe file (TOML)")->required();
+      cmd.add_option("--dp", options->dp, "Data-parallel ranks (default: the recipe's dp_degree)")
+          ->check(CLI::PositiveNumber);
+      cmd.add_option("--zero", options->zero, "ZeRO stage: 0 (replicated) or 1 (optimizer state and master weights "
+                                              "sharded over the ranks)")
+          ->check(CLI::IsMember({0, 1}));
+      cmd.add_option("--device-memory", options->device_memory,
+                     "Memory per rank to check against, e.g. 64GB (binary units: 1 GB = 1 GiB)");
+      cmd.add_option("--set", options->overrides, "Override a recipe key: --set key=value (repeatable)");
+      cmd.add_flag("--json", options->json, "Print the plan's totals and categories as one JSON object");
+      return [options] {
+        const auto recipe = train::load_recipe(options->recipe, options->overrides);
+        train::PlanRequest request;
+        request.dp = options->dp;
+        request.zero_stage = options->zero;
+        if (!options->device_memory.empty())
+          request.device_memory_bytes = train::parse_memory_size(options->device_memory);
+        fmt::print("{}", options->json ? train::memory_report_json(recipe, request)
+                                       : train::memory_report(recipe, request));
+        return 0;
+      };
+    }};
+
+}  // namespace
+}  // namespace keel::cli

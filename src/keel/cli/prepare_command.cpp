@@ -1,0 +1,54 @@
+// keel prepare --data FILE.jsonl[.gz|.zst] --tokenizer PATH --out DIR --max-seq-len N [--pack|--pad]
+//              [--template glm4|llama3|chatml|auto] [--threads N] [--max-bad-fraction F]
+//   tokenizes JSONL records once, in parallel, into packed (or padded) memory-mappable shards
+//   (data/prepare.h); bad records are listed by line number in DIR/report.json.
+#include <iostream>
+#include <memory>
+
+#include "keel/cli/commands.h"
+#include "keel/data/prepare.h"
+
+namespace keel::cli {
+namespace {
+
+struct PrepareCliOptions {
+  data::PrepareOptions prepare;
+  bool pack = false, pad = false;
+};
+
+const CommandRegistration kPrepare{
+    "prepare", "Tokenize JSONL records into packed shards for training", [](CLI::App& cmd) -> CommandAction {
+      auto o = std::make_shared<PrepareCliOptions>();
+      auto& p = o->prepare;
+      cmd.add_option("--data", p.data_path, "Records: JSONL (.jsonl, .jsonl.gz, .jsonl.zst) with text, prompt/response, "
+                                            "instruction/input/output, messages or input_ids")
+          ->required();
+      cmd.add_option("--tokenizer", p.tokenizer_path,
+                     "tokenizer.json, a tiktoken rank file, or a model directory (optional for input_ids records)");
+      cmd.add_option("--out", p.out_dir, "Output directory (shards, manifest.json, report.json)")->required();
+      cmd.add_option("--max-seq-len", p.max_seq_len, "Tokens per training sequence")
+          ->required()
+          ->check(CLI::Range(int64_t(2), int64_t(1) << 24));
+      auto* pack = cmd.add_flag("--pack", o->pack, "Pack several documents per sequence (the default)");
+      cmd.add_flag("--pad", o->pad, "One document per sequence, padded when loaded")->excludes(pack);
+      cmd.add_option("--template", p.chat_template,
+                     "Chat template for conversation records: glm4, llama3, chatml, or auto (from the tokenizer's "
+                     "directory or special tokens)")
+          ->default_str("auto");
+      cmd.add_option("--threads", p.threads, "Tokenizer threads (default: all cores)")->check(CLI::Range(1, 1024));
+      cmd.add_option("--max-bad-fraction", p.max_bad_fraction,
+                     "Fail when more than this fraction of records is bad (default 0.01)")
+          ->check(CLI::Range(0.0, 1.0));
+      cmd.add_flag("--train-on-prompt", p.train_on_prompt, "Loss on every token of conversations, not only answers");
+      cmd.add_option("--vocab-size", p.vocab_size, "Without --tokenizer: the model's vocabulary size, to check ids");
+      cmd.add_option("--shard-tokens", p.shard_tokens, "Tokens per shard file (default 67108864)")
+          ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+      return [o] {
+        o->prepare.packing = o->pad ? data::Packing::pad : data::Packing::pack;
+        data::prepare(o->prepare, &std::cerr);
+        return 0;
+      };
+    }};
+
+}  // namespace
+}  // namespace keel::cli

@@ -1,0 +1,530 @@
+#include "keel/data/prepare.h"
+
+#include <fmt/format.h>
+#include <fmt/ostream.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <ostream>
+#include <thread>
+
+#include "keel/core/checksum.h"
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+#include "keel/data/chat_template.h"
+#include "keel/data/record_reader.h"
+#include "keel/data/tokenizer.h"
+
+namespace keel::data {
+
+double PrepareReport::fill() const {
+  return sequences > 0 && max_seq_len > 0 ? double(tokens) / (double(sequences) * double(max_seq_len)) : 0.0;
+}
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += char(c);
+    } else if (c < 0x20) {
+      out += fmt::format("\\u{:04x}", c);
+    } else {
+      out += char(c);
+    }
+  }
+  out += '"';
+  return out;
+}
+
+// What a worker makes of one chunk of lines: the kept documents back to back, in line order.
+struct ChunkResult {
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> mask;
+  std::vector<int64_t> document_ends;  // end offset of each document in tokens
+  std::vector<BadRecord> bad;
+  int64_t lines = 0, blank = 0, truncated = 0, truncated_tokens = 0, no_target = 0, bytes = 0;
+  // A configuration error (a chat record with no template known) stops prepare, not a skip.
+  std::optional<std::string> fatal;
+};
+
+struct Encoder {
+  const Tokenizer* tokenizer = nullptr;  // null: pre-tokenized records only
+  std::optional<ChatFormat> format;
+  int64_t max_seq_len = 0;
+  int64_t vocab_size = 0;
+  bool train_on_prompt = false;
+  std::string data_path;
+
+  // Appends the record as a document, or returns why it is bad.
+  std::string encode(const Record& r, int64_t line, ChunkResult& out, std::vector<int32_t>& ids,
+                     std::string& fatal) const {
+    const size_t start = out.tokens.size();
+    auto append = [&](const std::vector<int32_t>& piece, bool target) {
+      for (int32_t id : piece) {
+        out.tokens.push_back(uint32_t(id));
+        out.mask.push_back(target ? 1 : 0);
+      }
+    };
+    auto undo = [&] {
+      out.tokens.resize(start);
+      out.mask.resize(start);
+    };
+    try {
+      switch (r.kind) {
+        case RecordKind::tokens:
+          for (size_t t = 0; t < r.input_ids.size(); ++t) {
+            if (r.input_ids[t] >= vocab_size) {
+              undo();
+              return fmt::format("input_ids[{}] = {} is outside the vocabulary ({} tokens)", t, r.input_ids[t],
+                                 vocab_size);
+            }
+            if (r.labels[t] != -100 && r.labels[t] != r.input_ids[t]) {
+              undo();
+              return fmt::format("labels[{}] = {} is neither -100 nor input_ids[{}]", t, r.labels[t], t);
+            }
+            out.tokens.push_back(uint32_t(r.input_ids[t]));
+            out.mask.push_back(r.labels[t] != -100);
+          }
+          break;
+        case RecordKind::text: {
+          if (!tokenizer) {
+            fatal = fmt::format("{}:{}: a text record needs a tokenizer (--tokenizer)", data_path, line);
+            return {};
+          }
+          ids.clear();
+          tokenizer->encode(r.text, ids, EncodeOptions{.add_special_tokens = true});
+          // Documents are packed back to back: without an end marker the model would learn to
+          // run one into the next.
+          if (tokenizer->eos_id() && (ids.empty() || ids.back() != *tokenizer->eos_id())) ids.push_back(*tokenizer->eos_id());
+          append(ids, true);
+          break;
+        }
+        case RecordKind::conversation: {
+          if (!tokenizer || !format) {
+            fatal = fmt::format(
+                "{}:{}: a chat record needs a tokenizer and a chat template (--template glm4|llama3|chatml; "
+                "'auto' found none for this tokenizer)",
+                data_path, line);
+            return {};
+          }
+          // Segment by segment, so each token's mask is exact; the cut between a header and its
+          // content is at special tokens or newlines in every built-in template, where a BPE
+          // pre-tokenizer splits anyway.
+          for (const auto& segment : render_chat(*format, r.messages, false)) {
+            ids.clear();
+            tokenizer->encode(segment.text, ids);
+            append(ids, segment.assistant || train_on_prompt);
+          }
+          break;
+        }
+      }
+    } catch (const Error& e) {
+      undo();
+      return e.what();
+    }
+    int64_t length = int64_t(out.tokens.size() - start);
+    if (length > max_seq_len) {
+      ++out.truncated;
+      out.truncated_tokens += length - max_seq_len;
+      length = max_seq_len;
+      out.tokens.resize(start + size_t(length));
+      out.mask.resize(start + size_t(length));
+    }
+    // Token 0 of a document is never predicted (nothing before it in its document).
+    bool any_target = false;
+    for (int64_t t = 1; t < length && !any_target; ++t) any_target = out.mask[start + size_t(t)] != 0;
+    if (!any_target) {
+      ++out.no_target;
+      undo();
+      return {};
+    }
+    out.document_ends.push_back(int64_t(out.tokens.size()));
+    return {};
+  }
+};
+
+void process_chunk(const Encoder& encoder, RecordParser& parser, const LineChunk& chunk, ChunkResult& out) {
+  Record record;
+  std::vector<int32_t> ids;
+  out.lines = int64_t(chunk.lines.size());
+  out.bytes = int64_t(chunk.bytes.size());
+  for (size_t i = 0; i < chunk.lines.size(); ++i) {
+    const std::string_view line = chunk.lines[i];
+    const int64_t number = chunk.first_line + int64_t(i);
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) {
+      ++out.blank;
+      continue;
+    }
+    std::string why = parser.parse(line, record);
+    std::string fatal;
+    if (why.empty()) why = encoder.encode(record, number, out, ids, fatal);
+    if (!fatal.empty()) {
+      out.fatal = std::move(fatal);
+      return;
+    }
+    if (!why.empty()) out.bad.push_back({number, std::move(why)});
+  }
+}
+
+std::optional<ChatFormat> chat_format_for(const std::string& name, const std::string& tokenizer_path,
+                                          const Tokenizer* tokenizer) {
+  if (name == "none") return std::nullopt;
+  if (name != "auto") return chat_format_from_name(name);
+  if (tokenizer_path.empty() || !tokenizer) return std::nullopt;
+  const fs::path p(tokenizer_path);
+  const std::string dir = fs::is_directory(p) ? p.string() : p.parent_path().string();
+  try {
+    return detect_chat_format(dir.empty() ? "." : dir);
+  } catch (const Error&) {
+  }
+  // No model files around the tokenizer: its special tokens still tell the family.
+  if (tokenizer->token_to_id("[gMASK]")) return ChatFormat::glm4;
+  if (tokenizer->token_to_id("<|start_header_id|>")) return ChatFormat::llama3;
+  if (tokenizer->token_to_id("<|im_start|>")) return ChatFormat::chatml;
+  return std::nullopt;
+}
+
+// Shards are written one at a time; this thread packs documents into them in input order.
+class ShardSink {
+ public:
+  ShardSink(const PrepareOptions& o) : o_(o) {}
+  void add(std::span<const uint32_t> tokens, std::span<const uint8_t> mask) {
+    if (writer_ && open_ + int64_t(tokens.size()) > o_.max_seq_len) close_sequence();
+    if (!writer_) writer_ = std::make_unique<ShardWriter>(fmt::format("{}/shard-{:05d}.bin", o_.out_dir, shards_.size()));
+    writer_->add_document(tokens, mask);
+    open_ += int64_t(tokens.size());
+    if (o_.packing == Packing::pad) close_sequence();
+  }
+  std::vector<ShardInfo> finish() {
+    if (writer_) shards_.push_back(writer_->finish());
+    writer_.reset();
+    return std::move(shards_);
+  }
+
+ private:
+  // Ends the open sequence; a shard that has reached its size is finished (the next document
+  // opens the next shard).
+  void close_sequence() {
+    writer_->end_sequence();
+    open_ = 0;
+    if (writer_->tokens() >= o_.shard_tokens) {
+      shards_.push_back(writer_->finish());
+      writer_.reset();
+    }
+  }
+  const PrepareOptions& o_;
+  std::unique_ptr<ShardWriter> writer_;
+  std::vector<ShardInfo> shards_;
+  int64_t open_ = 0;
+};
+
+// Removes what a previous prepare left in the directory, manifest first: from then on the
+// directory is not valid prepared data until the new manifest lands.
+void clear_previous_output(const std::string& dir) {
+  std::error_code ec;
+  fs::remove(fs::path(dir) / "manifest.json", ec);
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("shard-", 0) == 0 && name.size() > 4 && name.compare(name.size() - 4, 4, ".bin") == 0)
+      fs::remove(entry.path(), ec);
+  }
+}
+
+}  // namespace
+
+std::string report_json(const PrepareReport& r) {
+  std::string bad;
+  for (size_t i = 0; i < r.bad_listed.size(); ++i)
+    bad += fmt::format("{}    {{\"line\": {}, \"reason\": {}}}", i ? ",\n" : "", r.bad_listed[i].line,
+                       json_string(r.bad_listed[i].reason));
+  return fmt::format(
+      "{{\n  \"lines\": {},\n  \"blank_lines\": {},\n  \"records\": {},\n  \"bad_records\": {},\n"
+      "  \"bad_records_listed\": {},\n  \"documents\": {},\n  \"truncated_documents\": {},\n"
+      "  \"truncated_tokens\": {},\n  \"no_target_documents\": {},\n  \"sequences\": {},\n  \"tokens\": {},\n"
+      "  \"shards\": {},\n  \"max_seq_len\": {},\n  \"fill\": {:.4f},\n  \"chat_template\": {},\n"
+      "  \"input_bytes\": {},\n  \"seconds\": {:.3f},\n  \"bad\": [\n{}\n  ]\n}}\n",
+      r.lines, r.blank_lines, r.records, r.bad_records, r.bad_listed.size(), r.documents, r.truncated_documents,
+      r.truncated_tokens, r.no_target_documents, r.sequences, r.tokens, r.shards, r.max_seq_len, r.fill(),
+      json_string(r.chat_template), r.input_bytes, r.seconds, bad);
+}
+
+std::string tokenizer_hash(const std::string& path) {
+  if (path.empty()) return "";
+  if (!fs::is_directory(path)) return checksum_hex(file_checksum(path));
+  std::string parts;
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}) {
+    const std::string file = path + "/" + name;
+    if (path_exists(file)) parts += fmt::format("{}={};", name, checksum_hex(file_checksum(file)));
+  }
+  require(!parts.empty(), "{}: no tokenizer.json or tokenizer.model in the directory", path);
+  return checksum_hex(checksum(parts));
+}
+
+PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
+  const auto start = std::chrono::steady_clock::now();
+  require(o.max_seq_len >= 2, "--max-seq-len must be at least 2 (got {})", o.max_seq_len);
+  require(o.max_bad_fraction >= 0 && o.max_bad_fraction <= 1, "--max-bad-fraction must be in [0, 1] (got {})",
+          o.max_bad_fraction);
+  require(path_exists(o.data_path), "{}: no such file", o.data_path);
+  std::optional<Tokenizer> tokenizer;
+  if (!o.tokenizer_path.empty()) tokenizer.emplace(load_tokenizer(o.tokenizer_path));
+  Encoder encoder;
+  encoder.tokenizer = tokenizer ? &*tokenizer : nullptr;
+  encoder.format = chat_format_for(o.chat_template, o.tokenizer_path, encoder.tokenizer);
+  encoder.max_seq_len = o.max_seq_len;
+  encoder.vocab_size = tokenizer ? tokenizer->vocab_size() : o.vocab_size;
+  encoder.train_on_prompt = o.train_on_prompt;
+  encoder.data_path = o.data_path;
+  require(encoder.vocab_size > 0, "prepare without a tokenizer needs the vocabulary size");
+
+  make_dirs(o.out_dir);
+  clear_previous_output(o.out_dir);
+  const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  // Two chunks per worker in flight: one being tokenized, one queued, so no worker waits on the
+  // reader; more would only add memory.
+  const size_t max_in_flight = size_t(threads) * 2 + 2;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::unique_ptr<LineChunk>> queue;  // read, waiting for a worker (FIFO by index)
+  size_t queue_head = 0;
+  std::map<int64_t, std::unique_ptr<ChunkResult>> done;
+  size_t in_flight = 0;
+  bool reading_done = false, abort = false;
+  int64_t chunks_read = 0;
+  std::exception_ptr failure;
+  auto record_failure = [&](std::exception_ptr e) {
+    std::lock_guard lock(mu);
+    if (!failure) failure = e;
+    abort = true;
+    cv.notify_all();
+  };
+
+  std::thread reader([&] {
+    try {
+      LineChunkReader lines(o.data_path, o.chunk_bytes);
+      for (;;) {
+        auto chunk = std::make_unique<LineChunk>();
+        {
+          std::unique_lock lock(mu);
+          cv.wait(lock, [&] { return abort || in_flight < max_in_flight; });
+          if (abort) return;
+        }
+        if (!lines.next(*chunk)) break;
+        std::lock_guard lock(mu);
+        ++in_flight;
+        ++chunks_read;
+        queue.push_back(std::move(chunk));
+        cv.notify_all();
+      }
+      std::lock_guard lock(mu);
+      reading_done = true;
+      cv.notify_all();
+    } catch (...) {
+      record_failure(std::current_exception());
+    }
+  });
+
+  std::vector<std::thread> workers;
+  for (int w = 0; w < threads; ++w) {
+    workers.emplace_back([&] {
+      try {
+        RecordParser parser;
+        for (;;) {
+          std::unique_ptr<LineChunk> chunk;
+          {
+            std::unique_lock lock(mu);
+            cv.wait(lock, [&] { return abort || queue_head < queue.size() || reading_done; });
+            if (abort || queue_head == queue.size()) return;
+            chunk = std::move(queue[queue_head++]);
+            if (queue_head == queue.size()) {
+              queue.clear();
+              queue_head = 0;
+            }
+          }
+          auto result = std::make_unique<ChunkResult>();
+          process_chunk(encoder, parser, *chunk, *result);
+          const int64_t index = chunk->index;
+          chunk.reset();  // its memory goes before the result is handed on
+          std::lock_guard lock(mu);
+          done.emplace(index, std::move(result));
+          cv.notify_all();
+        }
+      } catch (...) {
+        record_failure(std::current_exception());
+      }
+    });
+  }
+
+  PrepareReport report;
+  report.max_seq_len = o.max_seq_len;
+  report.chat_template = encoder.format ? chat_format_name(*encoder.format) : "none";
+  std::vector<ShardInfo> shards;
+  try {
+    ShardSink sink(o);
+    for (int64_t next = 0;; ++next) {
+      std::unique_ptr<ChunkResult> r;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return abort || done.count(next) || (reading_done && next == chunks_read); });
+        if (abort) break;
+        if (!done.count(next)) break;  // all chunks written
+        r = std::move(done[next]);
+        done.erase(next);
+      }
+      if (r->fatal) fail("{}", *r->fatal);
+      report.lines += r->lines;
+      report.blank_lines += r->blank;
+      report.bad_records += int64_t(r->bad.size());
+      for (auto& b : r->bad)
+        if (report.bad_listed.size() < kMaxListedBadRecords) report.bad_listed.push_back(std::move(b));
+      report.truncated_documents += r->truncated;
+      report.truncated_tokens += r->truncated_tokens;
+      report.no_target_documents += r->no_target;
+      report.input_bytes += r->bytes;
+      int64_t begin = 0;
+      for (int64_t end : r->document_ends) {
+        sink.add({r->tokens.data() + begin, size_t(end - begin)}, {r->mask.data() + begin, size_t(end - begin)});
+        begin = end;
+      }
+      report.documents += int64_t(r->document_ends.size());
+      r.reset();
+      std::lock_guard lock(mu);
+      --in_flight;
+      cv.notify_all();
+    }
+    if (!failure) shards = sink.finish();
+  } catch (...) {
+    record_failure(std::current_exception());
+  }
+  reader.join();
+  for (auto& w : workers) w.join();
+  if (failure) std::rethrow_exception(failure);
+
+  report.records = report.lines - report.blank_lines;
+  for (const auto& s : shards) {
+    report.sequences += s.sequences;
+    report.tokens += s.tokens;
+  }
+  report.shards = int64_t(shards.size());
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  write_file_atomic(o.out_dir + "/report.json", report_json(report));
+
+  if (log) {
+    fmt::print(*log, "keel prepare: {} records ({} bad, {} blank lines), {} documents ({} truncated, {} without targets)\n",
+               report.records, report.bad_records, report.blank_lines, report.documents, report.truncated_documents,
+               report.no_target_documents);
+    for (size_t i = 0; i < std::min<size_t>(report.bad_listed.size(), 10); ++i)
+      fmt::print(*log, "  {}:{}: {}\n", o.data_path, report.bad_listed[i].line, report.bad_listed[i].reason);
+    if (report.bad_records > 10) fmt::print(*log, "  ... all listed in {}/report.json\n", o.out_dir);
+    fmt::print(*log, "keel prepare: {} sequences of <= {} tokens ({}, {:.1f}% filled), {} tokens in {} shard(s); "
+                     "{:.1f} MB/s, {:.2f} s\n",
+               report.sequences, o.max_seq_len, packing_name(o.packing), 100.0 * report.fill(), report.tokens,
+               report.shards, double(report.input_bytes) / 1e6 / std::max(report.seconds, 1e-9), report.seconds);
+  }
+  require(report.records == 0 || double(report.bad_records) <= o.max_bad_fraction * double(report.records),
+          "{}: {} of {} records are bad ({:.2f}%, above --max-bad-fraction {}); first at line {}: {}; all listed in "
+          "{}/report.json",
+          o.data_path, report.bad_records, report.records, 100.0 * double(report.bad_records) / double(report.records),
+          o.max_bad_fraction, report.bad_listed.empty() ? 0 : report.bad_listed[0].line,
+          report.bad_listed.empty() ? "" : report.bad_listed[0].reason, o.out_dir);
+  require(report.sequences > 0, "{}: no usable records (nothing to train on); see {}/report.json", o.data_path,
+          o.out_dir);
+
+  ShardManifest m;
+  m.tokenizer_hash = tokenizer_hash(o.tokenizer_path);
+  m.chat_template = report.chat_template;
+  m.max_seq_len = o.max_seq_len;
+  m.packing = o.packing;
+  m.vocab_size = encoder.vocab_size;
+  m.pad_id = o.pad_id >= 0 ? o.pad_id : tokenizer && tokenizer->eos_id() ? *tokenizer->eos_id() : 0;
+  m.source = fs::absolute(o.data_path).string();
+  m.source_checksum = file_checksum(o.data_path);
+  m.shards = std::move(shards);
+  write_file_atomic(o.out_dir + "/manifest.json", manifest_json(m));
+  return report;
+}
+
+std::string resolve_training_data(const TrainingDataRequest& request, std::ostream* log) {
+  TrainingDataRequest q = request;
+  // A model directory without tokenizer files (a scratch or test model) means pre-tokenized data.
+  if (!q.tokenizer_path.empty() && fs::is_directory(q.tokenizer_path) &&
+      !path_exists(q.tokenizer_path + "/tokenizer.json") && !path_exists(q.tokenizer_path + "/tokenizer.model"))
+    q.tokenizer_path.clear();
+  if (is_prepared_dir(q.data_path)) {
+    const ShardManifest m = read_manifest(q.data_path);
+    require(m.max_seq_len <= q.max_seq_len,
+            "{}: prepared for max_seq_len {} but the recipe trains with {} (prepare again, or raise max_seq_len)",
+            q.data_path, m.max_seq_len, q.max_seq_len);
+    require(q.vocab_size <= 0 || m.vocab_size <= q.vocab_size,
+            "{}: prepared with a {}-token vocabulary, larger than the model's {}", q.data_path, m.vocab_size,
+            q.vocab_size);
+    if (!q.tokenizer_path.empty() && !m.tokenizer_hash.empty() && log) {
+      const std::string h = tokenizer_hash(q.tokenizer_path);
+      if (h != m.tokenizer_hash)
+        fmt::print(*log, "warning: {} was prepared with a different tokenizer than {}'s\n", q.data_path,
+                   q.tokenizer_path);
+    }
+    return q.data_path;
+  }
+  require(path_exists(q.data_path), "{}: no such file or prepared directory", q.data_path);
+  const std::string tok_hash = tokenizer_hash(q.tokenizer_path);
+  // The cache key covers everything the shards depend on, the content first (a path can be reused).
+  const std::string key = checksum_hex(checksum(fmt::format(
+      "{}|{}|{}|{}|{}|{}|{}|v{}", checksum_hex(file_checksum(q.data_path)), tok_hash, q.chat_template, q.max_seq_len,
+      packing_name(q.packing), q.vocab_size, q.pad_id, kShardFormatVersion)));
+  std::string cache = q.cache_dir;
+  if (cache.empty()) {
+    const fs::path parent = fs::path(q.data_path).parent_path();
+    cache = (parent.empty() ? fs::path(".") : parent).string() + "/.keel-cache";
+  }
+  const std::string dir = cache + "/" + key;
+  if (is_prepared_dir(dir)) {
+    if (log) fmt::print(*log, "keel: using data prepared earlier from {} in {}\n", q.data_path, dir);
+    return dir;
+  }
+  // Prepared beside the final name and renamed into place: a killed run leaves no half directory
+  // that a later run would take for prepared data.
+  const std::string tmp = fmt::format("{}.tmp.{}", dir, ::getpid());
+  std::error_code ec;
+  fs::remove_all(tmp, ec);
+  PrepareOptions o;
+  o.data_path = q.data_path;
+  o.tokenizer_path = q.tokenizer_path;
+  o.out_dir = tmp;
+  o.max_seq_len = q.max_seq_len;
+  o.packing = q.packing;
+  o.chat_template = q.chat_template;
+  o.threads = q.threads;
+  o.max_bad_fraction = q.max_bad_fraction;
+  o.vocab_size = q.vocab_size;
+  o.pad_id = q.pad_id;
+  if (log) fmt::print(*log, "keel: preparing {} into {}\n", q.data_path, dir);
+  try {
+    prepare(o, log);
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  fs::rename(tmp, dir, ec);
+  if (ec) {
+    // Another process prepared the same data meanwhile: theirs is as good as ours.
+    fs::remove_all(tmp, ec);
+    require(is_prepared_dir(dir), "{}: cannot move prepared data into place", dir);
+  }
+  return dir;
+}
+
+}  // namespace keel::data

@@ -1,0 +1,97 @@
+// keel prepare: JSONL records -> token ids + loss mask -> packed (or padded) sequences in shards.
+//
+// Tokenization is done once, in parallel, so training never waits for it. The pipeline streams:
+//
+//   reader thread ──chunks of lines──▶ N tokenizer workers ──results──▶ this thread: reorder,
+//                                                                       pack, write shards
+//
+// At most a fixed number of chunks are in flight (read but not yet written), so memory is
+// bounded by chunk size x in-flight chunks whatever the input size, and results are written in
+// input order, so the shards do not depend on the thread count.
+//
+// Documents: a text record is its tokens with BOS/EOS as the tokenizer's post-processor adds them
+// (EOS appended when it adds none), loss on every token; a conversation is rendered by the chat
+// template segment by segment, loss on the assistant segments only (unless train_on_prompt);
+// a pre-tokenized record keeps its ids and labels. A document longer than max_seq_len is
+// truncated (counted in the report). Packing is next-fit in input order: a document that does
+// not fit in the open sequence closes it. Document boundaries are stored, so the loader restarts
+// positions and keeps attention inside each document.
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "keel/data/shard_format.h"
+
+namespace keel::data {
+
+struct PrepareOptions {
+  std::string data_path;       // .jsonl, .jsonl.gz or .jsonl.zst
+  std::string tokenizer_path;  // tokenizer.json, tiktoken file or model directory; "" = pre-tokenized records only
+  std::string out_dir;
+  int64_t max_seq_len = 2048;
+  Packing packing = Packing::pack;
+  std::string chat_template = "auto";  // glm4 | llama3 | chatml | auto (from the tokenizer's directory / tokens)
+  int threads = 0;                     // tokenizer workers; 0 = all cores
+  double max_bad_fraction = 0.01;      // more bad records than this fraction of all records fails prepare
+  bool train_on_prompt = false;        // loss on every token of conversations, not only the assistant's
+  int64_t vocab_size = 0;              // only without a tokenizer: the model's vocabulary, to check ids
+  int32_t pad_id = -1;                 // -1: the tokenizer's EOS, else 0
+  int64_t shard_tokens = int64_t(1) << 26;  // a shard closes after this many tokens (256 MB of ids)
+  size_t chunk_bytes = size_t(1) << 20;     // lines handed to a worker at a time
+};
+
+struct BadRecord {
+  int64_t line;
+  std::string reason;
+};
+
+struct PrepareReport {
+  int64_t lines = 0;           // lines read, blank ones included
+  int64_t blank_lines = 0;     // skipped, counted
+  int64_t records = 0;         // non-blank lines
+  int64_t bad_records = 0;     // invalid JSON, missing fields, invalid UTF-8, ids out of range
+  std::vector<BadRecord> bad_listed;  // the first kMaxListedBadRecords of them, by line number
+  int64_t documents = 0;       // kept
+  int64_t truncated_documents = 0, truncated_tokens = 0;
+  int64_t no_target_documents = 0;  // skipped: nothing to learn (e.g. no assistant turn)
+  int64_t sequences = 0, tokens = 0, shards = 0;
+  int64_t input_bytes = 0;     // decompressed
+  double seconds = 0;
+  double fill() const;         // tokens / (sequences * max_seq_len)
+  int64_t max_seq_len = 0;
+  std::string chat_template;
+};
+inline constexpr size_t kMaxListedBadRecords = 10000;
+
+std::string report_json(const PrepareReport& r);
+
+// Runs prepare. Writes the shards, report.json and, last, manifest.json (a directory without a
+// manifest is not prepared data). keel::Error when the bad fraction exceeds the threshold
+// (report.json is still written, listing them), or on unreadable input or a failing disk.
+PrepareReport prepare(const PrepareOptions& options, std::ostream* log = nullptr);
+
+// A hash of the tokenizer files (tokenizer.json / tokenizer.model / tokenizer_config.json of a
+// directory, or the file itself), so shards record which tokenizer made them.
+std::string tokenizer_hash(const std::string& tokenizer_path);
+
+// What a training recipe says about its data; resolve_training_data turns it into a prepared
+// directory. data_path may already be one (returned as is after checks) or a JSONL file, prepared
+// once into cache_dir/<hash of content and settings> and reused by later runs.
+struct TrainingDataRequest {
+  std::string data_path;
+  std::string tokenizer_path;  // the model directory, or "" for pre-tokenized data
+  int64_t max_seq_len = 2048;
+  int64_t vocab_size = 0;      // the model's: shards with larger ids are refused
+  Packing packing = Packing::pack;
+  std::string chat_template = "auto";
+  std::string cache_dir;       // "" = <directory of data_path>/.keel-cache
+  int threads = 0;
+  double max_bad_fraction = 0.01;
+  int32_t pad_id = -1;
+};
+std::string resolve_training_data(const TrainingDataRequest& request, std::ostream* log = nullptr);
+
+}  // namespace keel::data

@@ -1,0 +1,387 @@
+#!/usr/bin/python3
+"""Fault injection for keel train: failing disks and corrupt inputs.
+
+Writes that fail: an LD_PRELOAD shim (fault_shim.c, compiled here) makes write() fail with
+ENOSPC or EIO, or fsync() fail with EIO, once a byte budget under the checkpoint directory is
+spent, so the first checkpoint is saved and the later ones fail; where mounting is permitted
+(CI runs as root) a small tmpfs that really fills up is used as well. In every case training either
+continues with a clear warning (fail_on_save_error = false) or stops with a clear error and exit
+status 2 (fail_on_save_error = true), no partial checkpoint is left behind, and the last good
+checkpoint still loads: `keel train --resume auto` continues from it, bit-identically.
+
+Corrupt inputs: a truncated safetensors model directory, a corrupt config.json, data files of
+binary garbage or invalid UTF-8, a binary recipe: each exits with status 2 and a message naming the
+file. (Corrupt checkpoints are tests/integration/trainer_test.py's; killed ranks are
+tests/integration/data_parallel_test.py's.)
+
+    /usr/bin/python3 tests/integration/fault_injection_test.py KEEL [--only NAME]
+"""
+import glob
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+KEEL = os.path.abspath(sys.argv[1])
+ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORK = tempfile.mkdtemp(prefix="keel_fault_test_")
+SHIM = os.path.join(WORK, "fault_shim.so")
+FAILURES = []
+SAVE_BYTES = [0]  # bytes one checkpoint save writes, measured by test_baseline
+
+
+def check(cond, what, output=None):
+    if not cond:
+        FAILURES.append(what)
+        print("  FAIL:", what)
+        if output:
+            print("    output:", output.strip().replace("\n", "\n    ")[-3000:])
+    return cond
+
+
+def write_data(path, n, seed, vocab=32, lo=6, hi=20):
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            start, length = rng.randrange(vocab), rng.randrange(lo, hi)
+            f.write(json.dumps({"input_ids": [(start + i) % vocab for i in range(length)]}) + "\n")
+
+
+def recipe(name, scratch=True, **overrides):
+    d = os.path.join(WORK, name)
+    os.makedirs(d, exist_ok=True)
+    keys = {
+        "data_path": os.path.join(WORK, "train.jsonl"), "output_dir": os.path.join(d, "out"),
+        "dtype": "fp32", "max_seq_len": 16, "batch_size": 4, "gradient_accumulation_steps": 1,
+        "learning_rate": 3e-3, "warmup_steps": 1, "max_steps": 6, "seed": 7, "log_interval": 1,
+    }
+    keys.update(overrides)
+    lines = []
+    for k, v in keys.items():
+        if isinstance(v, bool):
+            lines.append("%s = %s" % (k, "true" if v else "false"))
+        elif isinstance(v, str):
+            lines.append('%s = "%s"' % (k, v))
+        else:
+            lines.append("%s = %r" % (k, v))
+    if scratch:
+        lines += ["[model_config]", 'family = "llama"', "vocab_size = 32", "hidden_size = 32",
+                  "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"]
+    path = os.path.join(d, "recipe.toml")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path, d
+
+
+def run(args, env=None, timeout=600):
+    e = dict(os.environ)
+    e.update(env or {})
+    p = subprocess.run([KEEL] + args, capture_output=True, text=True, errors="replace", env=e, timeout=timeout)
+    p.output = p.stdout + p.stderr
+    return p
+
+
+def fault_env(directory, budget, op="write", error="ENOSPC"):
+    asan = os.environ.get("ASAN_OPTIONS", "")
+    return {
+        "LD_PRELOAD": SHIM, "KEEL_FAULT_DIR": directory, "KEEL_FAULT_BYTES": str(budget),
+        "KEEL_FAULT_OP": op, "KEEL_FAULT_ERRNO": error,
+        # An ASan build wants its runtime first among the preloaded libraries; the shim only wraps
+        # libc calls and forwards them (through ASan's interceptors), so the order is harmless.
+        "ASAN_OPTIONS": (asan + ":" if asan else "") + "verify_asan_link_order=0",
+    }
+
+
+def steps_of(d):
+    path = os.path.join(d, "out", "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(l)["step"] for l in f if l.strip()]
+
+
+def latest_of(ck):
+    try:
+        with open(os.path.join(ck, "latest")) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def leftovers(ck):
+    """Partial saves: .tmp-* directories and .<name>.tmp.<pid> files anywhere under ck."""
+    found = []
+    for root, dirs, files in os.walk(ck):
+        found += [os.path.join(root, n) for n in dirs + files if n.startswith(".tmp-") or ".tmp." in n]
+    return found
+
+
+def final_bytes(d):
+    with open(os.path.join(d, "out", "final", "model.safetensors"), "rb") as f:
+        return f.read()
+
+
+def check_last_good_checkpoint(name, d, ck, expected="step-00000002", reference=None):
+    """The last good checkpoint is intact and `keel train --resume auto` continues from it; with a
+    reference final model (a run that never stopped), the resumed run ends bit-identical to it."""
+    check(latest_of(ck) == expected, "%s: latest points to %s (found %s)" % (name, expected, latest_of(ck)))
+    check(not leftovers(ck), "%s: no partial checkpoint left behind (found %s)" % (name, leftovers(ck)))
+    step = int(expected.split("-")[1])
+    p = run(["train", os.path.join(d, "recipe.toml"), "--resume", "auto", "--set", "fail_on_save_error=false"])
+    if not check(p.returncode == 0, "%s: resume from the last good checkpoint exits 0 (got %d)" % (name, p.returncode),
+                 p.output):
+        return
+    check("resumed from %s at step %d" % (os.path.join(ck, expected), step) in p.output,
+          "%s: resumed from %s" % (name, expected), p.output)
+    check(steps_of(d) == list(range(1, 7)), "%s: metrics hold steps 1..6 after the resume (%s)" % (name, steps_of(d)))
+    if reference is not None:
+        check(final_bytes(d) == reference, "%s: the resumed run ends bit-identical to an uninterrupted one" % name)
+
+
+# --- failing writes -------------------------------------------------------------------------------
+
+def test_baseline():
+    """An uninterrupted run with checkpoints, no faults: the reference model, and the size of a save."""
+    ck = os.path.join(WORK, "baseline", "ckpt")
+    path, d = recipe("baseline", checkpoint_dir=ck, save_interval=2, keep_last_n=10)
+    p = run(["train", path])
+    check(p.returncode == 0, "baseline run exits 0", p.output)
+    step2 = os.path.join(ck, "step-00000002")
+    SAVE_BYTES[0] = sum(os.path.getsize(f) for f in glob.glob(os.path.join(step2, "*"))) + len("step-00000002\n")
+    check(SAVE_BYTES[0] > 0, "baseline: a checkpoint was written")
+    REFERENCE[0] = final_bytes(d)
+
+
+REFERENCE = [None]
+
+
+def budget():
+    return int(SAVE_BYTES[0] * 1.5)  # the first save fits, the second runs out of space
+
+
+def save_fault_case(name, fail_on_save_error, async_save=False, op="write", error="ENOSPC", message=None):
+    ck = os.path.join(WORK, name, "ckpt")
+    path, d = recipe(name, checkpoint_dir=ck, save_interval=2, async_save=async_save,
+                     fail_on_save_error=fail_on_save_error)
+    p = run(["train", path], env=fault_env(ck, budget(), op, error))
+    message = message or ("No space left on device" if error == "ENOSPC" else "Input/output error")
+    if fail_on_save_error:
+        check(p.returncode == 2, "%s: stops with exit status 2 (got %d)" % (name, p.returncode), p.output)
+        check("error:" in p.stderr and message in p.stderr and ck in p.stderr,
+              "%s: the error names the checkpoint and says '%s'" % (name, message), p.output)
+        check(steps_of(d)[-1:] in ([3], [4], [5], [6]),
+              "%s: stopped soon after the failed save at step 4 (metrics: %s)" % (name, steps_of(d)), p.output)
+    else:
+        check(p.returncode == 0, "%s: training continues and exits 0 (got %d)" % (name, p.returncode), p.output)
+        check("warning:" in p.output and "checkpoint save failed" in p.output and message in p.output,
+              "%s: a warning says the save failed with '%s'" % (name, message), p.output)
+        check(steps_of(d) == list(range(1, 7)), "%s: all 6 steps ran (%s)" % (name, steps_of(d)), p.output)
+        check(os.path.exists(os.path.join(d, "out", "final", "model.safetensors")),
+              "%s: the final model is written (output_dir is not on the failing disk)" % name)
+        if REFERENCE[0] is not None and os.path.exists(os.path.join(d, "out", "final", "model.safetensors")):
+            check(final_bytes(d) == REFERENCE[0], "%s: failed saves do not change the training" % name)
+    check_last_good_checkpoint(name, d, ck, reference=REFERENCE[0])
+
+
+def test_enospc_continues():
+    save_fault_case("enospc_continue", fail_on_save_error=False)
+
+
+def test_enospc_stops():
+    save_fault_case("enospc_stop", fail_on_save_error=True)
+
+
+def test_enospc_async_continues():
+    save_fault_case("enospc_async_continue", fail_on_save_error=False, async_save=True)
+
+
+def test_enospc_async_stops():
+    save_fault_case("enospc_async_stop", fail_on_save_error=True, async_save=True)
+
+
+def test_eio_write_stops():
+    save_fault_case("eio_write_stop", fail_on_save_error=True, error="EIO")
+
+
+def test_fsync_eio_stops():
+    save_fault_case("fsync_eio_stop", fail_on_save_error=True, op="fsync", error="EIO")
+
+
+def test_fsync_eio_continues():
+    save_fault_case("fsync_eio_continue", fail_on_save_error=False, op="fsync", error="EIO")
+
+
+def test_full_tmpfs():
+    """A real full file system: a tmpfs mounted with room for about one and a half checkpoints."""
+    mnt = os.path.join(WORK, "tmpfs")
+    os.makedirs(mnt)
+    size_kib = max(64, (budget() + 1023) // 1024)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=%dk" % size_kib, "tmpfs", mnt], capture_output=True,
+                       text=True)
+    if m.returncode != 0:
+        print("  skipped: cannot mount a tmpfs here (%s); the LD_PRELOAD cases cover ENOSPC" % m.stderr.strip())
+        return
+    try:
+        for fail in (False, True):
+            name = "tmpfs_%s" % ("stop" if fail else "continue")
+            ck = os.path.join(mnt, name)
+            path, d = recipe(name, checkpoint_dir=ck, save_interval=2, fail_on_save_error=fail)
+            p = run(["train", path])
+            if fail:
+                check(p.returncode == 2 and "No space left on device" in p.stderr and ck in p.stderr,
+                      "%s: exit 2 with an error naming the checkpoint and ENOSPC (got %d)" % (name, p.returncode),
+                      p.output)
+            else:
+                check(p.returncode == 0 and "No space left on device" in p.output,
+                      "%s: exit 0 with an ENOSPC warning (got %d)" % (name, p.returncode), p.output)
+                check(steps_of(d) == list(range(1, 7)), "%s: all 6 steps ran" % name)
+            check(latest_of(ck) == "step-00000002", "%s: latest points to step-00000002 (%s)" % (name, latest_of(ck)))
+            check(not leftovers(ck), "%s: no partial checkpoint left on the full disk (%s)" % (name, leftovers(ck)))
+            # Resume on the still-full disk: the good checkpoint loads; later saves fail again.
+            p = run(["train", path, "--resume", "auto", "--set", "fail_on_save_error=false"])
+            check(p.returncode == 0 and "resumed from %s/step-00000002 at step 2" % ck in p.output,
+                  "%s: resumes from the last good checkpoint on the full disk" % name, p.output)
+            if REFERENCE[0] is not None and p.returncode == 0:
+                check(final_bytes(d) == REFERENCE[0], "%s: the resumed run ends bit-identical" % name)
+            shutil.rmtree(ck, ignore_errors=True)
+    finally:
+        subprocess.run(["umount", mnt])
+
+
+# --- corrupt inputs ---------------------------------------------------------------------------------
+
+def expect_input_error(name, args, fragments):
+    p = run(args)
+    ok = check(p.returncode == 2, "%s: exit status 2 (got %d)" % (name, p.returncode), p.output)
+    ok = ok and check(all(f in p.stderr for f in fragments), "%s: the error names %s" % (name, fragments), p.output)
+    ok and check("internal error" not in p.output and "Sanitizer" not in p.output, "%s: a clean keel::Error" % name,
+                 p.output)
+
+
+def model_dir(name):
+    """A copy of the baseline run's exported model (config.json + model.safetensors)."""
+    src = os.path.join(WORK, "baseline", "out", "final")
+    dst = os.path.join(WORK, "models", name)
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_truncated_model():
+    if not os.path.exists(os.path.join(WORK, "baseline", "out", "final", "config.json")):
+        check(False, "truncated_model: needs the baseline model")
+        return
+    for label, keep in (("half", None), ("header", 4), ("data", -100)):
+        m = model_dir("truncated_" + label)
+        st = os.path.join(m, "model.safetensors")
+        size = os.path.getsize(st)
+        os.truncate(st, size // 2 if keep is None else (keep if keep > 0 else size + keep))
+        path, _ = recipe("truncated_model_" + label, scratch=False, model_name=m)
+        expect_input_error("truncated model.safetensors (%s)" % label, ["train", path], [st])
+    # A sharded directory whose index names a missing shard.
+    m = model_dir("missing_shard")
+    os.rename(os.path.join(m, "model.safetensors"), os.path.join(m, "model-00001-of-00002.safetensors"))
+    index = os.path.join(m, "model.safetensors.index.json")
+    with open(index, "w") as f:
+        json.dump({"weight_map": {"model.embed_tokens.weight": "model-00002-of-00002.safetensors"}}, f)
+    path, _ = recipe("missing_shard", scratch=False, model_name=m)
+    expect_input_error("index naming a missing shard", ["train", path], [index, "model-00002-of-00002.safetensors"])
+
+
+def test_corrupt_config():
+    if not os.path.exists(os.path.join(WORK, "baseline", "out", "final", "config.json")):
+        check(False, "corrupt_config: needs the baseline model")
+        return
+    cases = {
+        "garbage": bytes(random.Random(3).randrange(256) for _ in range(512)),
+        "truncated": None,
+        "absurd": None,
+        "not_an_object": b"[1, 2, 3]",
+        "empty": b"",
+    }
+    for label, content in cases.items():
+        m = model_dir("config_" + label)
+        cfg = os.path.join(m, "config.json")
+        if label == "truncated":
+            os.truncate(cfg, os.path.getsize(cfg) // 2)
+        elif label == "absurd":
+            with open(cfg) as f:
+                c = json.load(f)
+            c["hidden_size"] = 2 ** 40
+            with open(cfg, "w") as f:
+                json.dump(c, f)
+        else:
+            with open(cfg, "wb") as f:
+                f.write(content)
+        path, _ = recipe("config_" + label, scratch=False, model_name=m)
+        expect_input_error("config.json: %s" % label, ["train", path],
+                           [cfg] + (["hidden_size"] if label == "absurd" else []))
+
+
+def test_corrupt_data():
+    rng = random.Random(11)
+    good = '{"input_ids": [1, 2, 3, 4, 5, 6, 7, 8]}\n'
+    cases = {
+        "binary_garbage": bytes(rng.randrange(256) for _ in range(4096)),
+        "nul_bytes": b"\0" * 1000,
+        "invalid_utf8_in_string": (good + '{"input_ids": [1, 2], "note": "').encode() + b"\xff\xfe\x80" + b'"}\n',
+        "overlong_utf8": (good * 3 + '{"input_ids": [1], "x": "').encode() + b"\xc0\xaf" + b'"}\n',
+        "truncated_line": (good * 2 + '{"input_ids": [1, 2').encode(),
+        "garbage_after_good_lines": (good * 5).encode() + bytes(rng.randrange(256) for _ in range(64)) + b"\n",
+    }
+    line = {"binary_garbage": 1, "nul_bytes": 1, "invalid_utf8_in_string": 2, "overlong_utf8": 4,
+            "truncated_line": 3, "garbage_after_good_lines": 6}
+    for label, content in cases.items():
+        data = os.path.join(WORK, "data_%s.jsonl" % label)
+        with open(data, "wb") as f:
+            f.write(content)
+        path, _ = recipe("data_" + label, data_path=data)
+        expect_input_error("data file: %s" % label, ["train", path], ["%s:%d" % (data, line[label])])
+        # The same file as evaluation data.
+        path, _ = recipe("eval_" + label, eval_data_path=data, eval_interval=2)
+        expect_input_error("eval data file: %s" % label, ["train", path], ["%s:%d" % (data, line[label])])
+    path, _ = recipe("data_directory", data_path=WORK)
+    expect_input_error("a directory as data_path", ["train", path], [WORK])
+
+
+def test_corrupt_recipe():
+    d = os.path.join(WORK, "recipe_garbage")
+    os.makedirs(d)
+    path = os.path.join(d, "recipe.toml")
+    with open(path, "wb") as f:
+        f.write(bytes(random.Random(5).randrange(256) for _ in range(300)))
+    expect_input_error("binary recipe", ["train", path], [path])
+    with open(path, "wb") as f:
+        f.write(b'data_path = "\xff\xfe"\nmax_steps = 2\n')
+    expect_input_error("recipe with invalid UTF-8", ["train", path], [path])
+
+
+def main():
+    try:
+        subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", SHIM, os.path.join(HERE, "fault_shim.c"), "-ldl"],
+                       check=True)
+    except (OSError, subprocess.CalledProcessError) as e:
+        print("cannot compile the fault shim:", e)
+        sys.exit(1)
+    write_data(os.path.join(WORK, "train.jsonl"), 200, seed=1)
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    for name, fn in tests:
+        if ONLY and ONLY not in name and name != "test_baseline":
+            continue
+        print(name)
+        t0 = time.time()
+        fn()
+        print("  %.1f s" % (time.time() - t0))
+    if FAILURES:
+        print("%d failure(s); work directory kept: %s" % (len(FAILURES), WORK))
+        sys.exit(1)
+    shutil.rmtree(WORK, ignore_errors=True)
+    print("all fault injection checks passed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# keel plan on the reference article's GLM-4-9B recipe (a model directory holding only
+# config.json): the per-rank breakdown for dp 4 with and without ZeRO-1 and with gradient
+# checkpointing, a verdict against 64 GB cards with what to change, a [model_config] recipe, and
+# bad input rejected with exit status 2.
+set -u
+keel=$(realpath "$1")
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"  # the recipe's model_name is relative to the repository root
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+fail() {
+  echo "FAIL $1"
+  failures=$((failures + 1))
+}
+
+# run NAME ARGS...: keel plan must exit 0; its output goes to $work/NAME.out
+run() {
+  local name=$1
+  shift
+  "$keel" plan "$@" >"$work/$name.out" 2>&1
+  local status=$?
+  if [ "$status" -ne 0 ]; then
+    fail "$name: exit status $status for keel plan $*: $(cat "$work/$name.out")"
+    return 1
+  fi
+  echo "---- keel plan $*"
+  cat "$work/$name.out"
+}
+
+expect() {  # expect NAME TEXT: the output of NAME contains TEXT
+  grep -qF -- "$2" "$work/$1.out" || fail "$1: output lacks '$2'"
+}
+
+# The "total" line's value in GiB.
+total_gib() {
+  awk '$1 == "total" { v = $2; u = $3; if (u == "TiB") v *= 1024; if (u == "MiB") v /= 1024; print v }' "$work/$1.out"
+}
+
+recipe=recipes/glm4-9b.toml
+run dp4 "$recipe" --dp 4 --device-memory 64GB
+run dp4_zero1 "$recipe" --dp 4 --zero 1 --device-memory 64GB
+run dp4_ckpt "$recipe" --dp 4 --device-memory 64GB --set use_gradient_checkpointing=true
+run dp4_zero1_ckpt "$recipe" --dp 4 --zero 1 --device-memory 64GB --set use_gradient_checkpointing=true
+
+for name in dp4 dp4_zero1 dp4_ckpt dp4_zero1_ckpt; do
+  for line in "ChatGLMModel (glm_original), 40 layers, hidden 4096, 32 heads (2 kv), intermediate 13696, vocab 151552" \
+              "master weights" "compute weights" "gradients" "optimizer state" "activations" "workspace" \
+              "communication" "checkpoint staging" "packing waste" "total" "fits: NO" "what to change"; do
+    expect $name "$line"
+  done
+done
+expect dp4 "dp 4, ZeRO-0, gradient checkpointing off"
+expect dp4_zero1 "1/4 shard (ZeRO-1)"
+expect dp4_zero1 "dp 4, ZeRO-1"
+expect dp4_ckpt "gradient checkpointing on"
+expect dp4_ckpt "block inputs + one recomputed block"
+expect dp4 "--zero 1"
+expect dp4 "async_save = false"
+expect dp4 "use_gradient_checkpointing = true"
+expect dp4 "batch_size = 1 (accumulation 16)"
+
+# ZeRO-1 and checkpointing each shrink the plan.
+t_dp4=$(total_gib dp4)
+t_zero1=$(total_gib dp4_zero1)
+t_ckpt=$(total_gib dp4_ckpt)
+t_both=$(total_gib dp4_zero1_ckpt)
+awk -v a="$t_dp4" -v z="$t_zero1" -v c="$t_ckpt" -v b="$t_both" \
+  'BEGIN { exit !(z < a && c < a && b < z && b < c) }' ||
+  fail "totals do not shrink: dp4 $t_dp4, zero1 $t_zero1, checkpointing $t_ckpt, both $t_both GiB"
+
+# A small [model_config] recipe fits, and a generous device says so.
+cat >"$work/small.toml" <<TOML
+data_path = "none.jsonl"
+max_steps = 1
+batch_size = 2
+max_seq_len = 128
+[model_config]
+vocab_size = 1000
+hidden_size = 64
+intermediate_size = 128
+num_layers = 2
+num_heads = 4
+TOML
+run small "$work/small.toml" --device-memory 1GB
+expect small "fits: yes"
+run small_unchecked "$work/small.toml"
+expect small_unchecked "fits: not checked"
+
+# Bad input: exit status 2 and a message naming the problem.
+out=$("$keel" plan "$recipe" --device-memory 64XB 2>&1)
+status=$?
+[ "$status" -eq 2 ] && grep -qF "memory size '64XB'" <<<"$out" || fail "bad --device-memory: status $status: $out"
+out=$("$keel" plan "$recipe" --set model_name=tests/data/no-such-model 2>&1)
+status=$?
+[ "$status" -eq 2 ] && grep -qF "no-such-model" <<<"$out" || fail "missing model dir: status $status: $out"
+
+if [ "$failures" -ne 0 ]; then
+  echo "$failures failure(s)"
+  exit 1
+fi
+echo "keel plan: all checks passed"
