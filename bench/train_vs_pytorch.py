@@ -101,6 +101,10 @@ def run_keel(a, model_dir):
         sys.exit("keel failed:\n" + out)
     steps = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
     times = [s["step_time_s"] for s in steps[1:]] or [steps[0]["step_time_s"]]
+    # The process's own VmHWM (summary.json): wait4's ru_maxrss of a forked child inherits the
+    # parent Python's high-water mark and overstates small processes.
+    with open(os.path.join(out_dir, "summary.json")) as f:
+        rss = json.load(f)["peak_memory_bytes"]
     return a.batch * a.seq / statistics.median(times), rss
 
 
@@ -179,7 +183,9 @@ def torch_worker(a):
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.time() - t0)
-    print(json.dumps({"times": times}))
+    with open("/proc/self/status") as f:  # this process's own high-water mark
+        peak = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
+    print(json.dumps({"times": times, "peak_rss": peak}))
 
 
 def main():
@@ -209,6 +215,7 @@ def main():
         res = json.loads(out.strip().splitlines()[-1])
         times = res["times"][1:] or res["times"]
         torch_tps = a.batch * a.seq / statistics.median(times)
+        torch_rss = res["peak_rss"]
 
     fpt = flops_per_token(a)
     print("matmul peak (%s, oneDNN %d^3): %.1f GFLOP/s" % (a.dtype, peak["size"], peak_flops / 1e9))

@@ -4,7 +4,8 @@
 # first error, ASan aborts, LeakSanitizer checks every process at exit. Suppressions, each with its
 # reason, live in tests/sanitizers/.
 #
-#   scripts/test-sanitizers.sh                 unit + integration tests
+#   scripts/test-sanitizers.sh                 unit + integration tests (not the "reference" or
+#                                              "no_sanitizer" labels)
 #   scripts/test-sanitizers.sh -R Safetensors  extra arguments go to ctest
 #
 # KEEL_JOBS: build parallelism (default: nproc); KEEL_TEST_JOBS: ctest parallelism (default 2).
@@ -30,10 +31,21 @@ export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:suppressions=$supp/ubsa
 export HWLOC_COMPONENTS=-pci
 
 cd build-asan
-# The sanitizer run covers keel's own code paths; the reference tests compare numerics with
-# PyTorch/npm peers and gain nothing from ASan (their keel side runs in the unit tests too).
+# The reference tests compare numerics with PyTorch/npm peers and gain nothing from ASan (their keel
+# side runs in the unit tests too); "no_sanitizer" marks tests too slow under ASan (the demo).
 status=0
-ctest --output-on-failure -j "${KEEL_TEST_JOBS:-2}" -L 'unit|integration' -LE 'no_sanitizer' "$@" || status=$?
+if [ $# -gt 0 ]; then
+  ctest --output-on-failure -j "${KEEL_TEST_JOBS:-2}" -L 'unit|integration' -LE no_sanitizer "$@" || status=$?
+else
+  ctest --output-on-failure -j "${KEEL_TEST_JOBS:-2}" -L 'unit|integration' -LE no_sanitizer \
+    -E '^integration\.data_parallel$' || status=$?
+  # OpenMPI's MPI_Finalize leaks ~120 KB in ~3000 allocations per rank, most of them from MCA
+  # components it has dlclosed by then (frames in "<unknown module>": no suppression can match).
+  # The data-parallel test therefore runs with leak checking off; ASan's memory errors and UBSan
+  # stay on.
+  ASAN_OPTIONS="${ASAN_OPTIONS/detect_leaks=1/detect_leaks=0}" \
+    ctest --output-on-failure -R '^integration\.data_parallel$' || status=$?
+fi
 end=$(date +%s)
 echo "test-sanitizers: build $((built - start)) s, tests $((end - built)) s, total $((end - start)) s"
 exit $status

@@ -255,10 +255,14 @@ def test_full_tmpfs():
 
 # --- corrupt inputs ---------------------------------------------------------------------------------
 
-def expect_input_error(name, args, fragments):
+def expect_input_error(name, args, fragments, anywhere=()):
+    """Exit status 2, an error on stderr containing every fragment, and the output as a whole
+    (stdout too: a data report lists bad lines there) containing each of `anywhere`."""
     p = run(args)
     ok = check(p.returncode == 2, "%s: exit status 2 (got %d)" % (name, p.returncode), p.output)
     ok = ok and check(all(f in p.stderr for f in fragments), "%s: the error names %s" % (name, fragments), p.output)
+    ok = ok and check(all(f in p.output for f in anywhere), "%s: the output names %s" % (name, list(anywhere)),
+                      p.output)
     ok and check("internal error" not in p.output and "Sanitizer" not in p.output, "%s: a clean keel::Error" % name,
                  p.output)
 
@@ -339,11 +343,13 @@ def test_corrupt_data():
         data = os.path.join(WORK, "data_%s.jsonl" % label)
         with open(data, "wb") as f:
             f.write(content)
+        # The error names the file; the first bad line is named in it or in the report before it.
+        where = "%s:%d" % (data, line[label])
         path, _ = recipe("data_" + label, data_path=data)
-        expect_input_error("data file: %s" % label, ["train", path], ["%s:%d" % (data, line[label])])
+        expect_input_error("data file: %s" % label, ["train", path], [data], [where])
         # The same file as evaluation data.
         path, _ = recipe("eval_" + label, eval_data_path=data, eval_interval=2)
-        expect_input_error("eval data file: %s" % label, ["train", path], ["%s:%d" % (data, line[label])])
+        expect_input_error("eval data file: %s" % label, ["train", path], [data], [where])
     path, _ = recipe("data_directory", data_path=WORK)
     expect_input_error("a directory as data_path", ["train", path], [WORK])
 

@@ -16,7 +16,7 @@ struct PlanOptions {
   std::string recipe;
   std::vector<std::string> overrides;
   int64_t dp = 0;
-  int zero = 0;
+  int zero = -1;  // not given: the recipe's zero_stage
   std::string device_memory;
   bool json = false;
 };
@@ -29,7 +29,7 @@ const CommandRegistration kPlan{
       cmd.add_option("--dp", options->dp, "Data-parallel ranks (default: the recipe's dp_degree)")
           ->check(CLI::PositiveNumber);
       cmd.add_option("--zero", options->zero, "ZeRO stage: 0 (replicated) or 1 (optimizer state and master weights "
-                                              "sharded over the ranks)")
+                                              "sharded over the ranks); default: the recipe's zero_stage")
           ->check(CLI::IsMember({0, 1}));
       cmd.add_option("--device-memory", options->device_memory,
                      "Memory per rank to check against, e.g. 64GB (binary units: 1 GB = 1 GiB)");

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <vector>
 
 #include "keel/core/error.h"
@@ -20,7 +21,7 @@ RunShape run_shape(const Recipe& r) {
   s.max_seq_len = r.max_seq_len;
   s.gradient_accumulation_steps = r.gradient_accumulation_steps;
   s.dp = r.dp_degree;
-  s.zero_stage = 0;
+  s.zero_stage = int(r.zero_stage);
   s.gradient_checkpointing = r.use_gradient_checkpointing;
   return s;
 }
@@ -39,6 +40,29 @@ size_t weight_file_bytes(const std::string& dir, const model::ModelConfig& confi
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
     if (entry.path().extension() == ".safetensors") total += size_t(entry.file_size(ec));
   return total > 0 ? total : size_t(config.total_parameters()) * dtype_size(config.torch_dtype);
+}
+
+// The batch buffers of the trainer's data source (train/batch_source.cpp decides which): a
+// pre-tokenized JSONL file with padding is read into memory and filled into one step's micro-batches
+// (input ids, targets, positions); anything else goes through prepared shards, whose loader keeps
+// prefetch_factor + 1 steps of micro-batches (with document ids too) when it has worker threads.
+size_t loader_buffer_bytes(const Recipe& r, const RunShape& shape) {
+  const size_t micro_batch = size_t(shape.batch_size) * size_t(shape.max_seq_len) * sizeof(int32_t);
+  const size_t per_step = size_t(shape.gradient_accumulation_steps);
+  const std::string& path = r.data_path;
+  bool records = false;
+  if (r.packing == "pad" && path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.find_first_not_of(" \t\r") != std::string::npos) {
+        records = line.find("\"input_ids\"") != std::string::npos;
+        break;
+      }
+  }
+  if (records) return per_step * 3 * micro_batch;
+  const size_t slots = r.num_workers > 0 ? size_t(std::max<int64_t>(1, r.prefetch_factor)) + 1 : 1;
+  return slots * per_step * 4 * micro_batch;
 }
 
 }  // namespace
@@ -98,10 +122,7 @@ MemoryPlan training_memory_plan(const Recipe& r, const model::ModelConfig& confi
                       weight_file_bytes(r.model_name, config), 0, 0);
   plan.add_external("keel process at start", MemoryCategory::Runtime, kProcessStartBytes, 0, end);
   // What the trainer allocates after the setup, kept for the whole run.
-  plan.add_external("micro-batches", MemoryCategory::Data,
-                    size_t(shape.gradient_accumulation_steps) * 3 * size_t(shape.batch_size) *
-                        size_t(shape.max_seq_len) * sizeof(int32_t),
-                    1, end);
+  plan.add_external("micro-batches", MemoryCategory::Data, loader_buffer_bytes(r, shape), 1, end);
   if (shape.async_checkpoint && r.async_save && !r.checkpoint_dir.empty())
     plan.add_external("checkpoint snapshot (weights, m, v)", MemoryCategory::CheckpointStaging,
                       3 * ceil_div(param_elements, shards) * sizeof(float), 1, end);
@@ -209,9 +230,9 @@ namespace {
 RunShape requested_shape(const Recipe& r, const PlanRequest& request) {
   RunShape shape = run_shape(r);
   if (request.dp > 0) shape.dp = request.dp;
-  require(request.zero_stage == 0 || request.zero_stage == 1, "--zero {}: keel plans ZeRO stage 0 or 1",
-          request.zero_stage);
-  shape.zero_stage = request.zero_stage;
+  if (request.zero_stage >= 0) shape.zero_stage = request.zero_stage;
+  require(shape.zero_stage == 0 || shape.zero_stage == 1, "ZeRO stage {}: keel plans stage 0 or 1",
+          shape.zero_stage);
   return shape;
 }
 

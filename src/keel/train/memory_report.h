@@ -37,7 +37,7 @@ struct RunShape {
   bool gradient_checkpointing = false;
   bool async_checkpoint = true;             // false: plan without the recipe's async_save snapshot
 };
-RunShape run_shape(const Recipe& recipe);  // as the recipe configures it (ZeRO stage 0)
+RunShape run_shape(const Recipe& recipe);  // as the recipe configures it
 
 // The per-rank plan of one training process of this recipe with `shape` instead of the recipe's
 // own batch, sequence, accumulation, dp, ZeRO and checkpointing settings.
@@ -45,7 +45,7 @@ MemoryPlan training_memory_plan(const Recipe& recipe, const model::ModelConfig& 
 
 struct PlanRequest {
   int64_t dp = 0;                  // 0: the recipe's dp_degree
-  int zero_stage = 0;              // 0 or 1
+  int zero_stage = -1;             // 0 or 1; -1: the recipe's zero_stage
   size_t device_memory_bytes = 0;  // per rank; 0: no device check
 };
 

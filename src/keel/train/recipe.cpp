@@ -394,8 +394,6 @@ std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   auto note = [&](bool set, const char* key, const char* what) {
     if (set) w.push_back(fmt::format("recipe key '{}' is accepted but not active yet: {}", key, what));
   };
-  note(r.use_gradient_checkpointing, "use_gradient_checkpointing", "activations are kept for the backward pass");
-  note(r.memory_pool_size > 0, "memory_pool_size", "the memory plan does not cap the arena yet");
   note(r.zero_stage == 1, "zero_stage", "optimizer state is replicated on every rank (ZeRO-1 is not active yet)");
   note(r.topology != "auto", "topology", "topology-aware placement is not active yet");
   note(!r.use_flash_attention, "use_flash_attention",

@@ -21,6 +21,7 @@
 #include "keel/train/evaluation.h"
 #include "keel/train/interrupt.h"
 #include "keel/train/loss_plot.h"
+#include "keel/train/memory_report.h"
 #include "keel/train/lr_schedule.h"
 #include "keel/train/metrics.h"
 #include "keel/train/model_setup.h"
@@ -279,6 +280,9 @@ class Trainer {
       s.eval_perplexity = last_eval_->perplexity;
     }
     s.peak_memory_bytes = peak_rss_bytes();
+    RunShape shape = run_shape(r_);
+    shape.zero_stage = 0;  // ZeRO-1 is not executed yet: plan what actually runs
+    s.planned_memory_bytes = int64_t(training_memory_plan(r_, config_, shape).total_bytes());
     s.matmul_peak_flops =
         kernels::measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
     s.finalize(flops_per_token(config_, r_.max_seq_len));
