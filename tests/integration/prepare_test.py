@@ -81,7 +81,7 @@ def main():
     # 5 bad of 400 = 1.25%: fails at the default 1%, passes at 2%.
     r = prepare("strict")
     check(r.returncode == 2, f"prepare above the bad-record threshold: exit {r.returncode}, want 2")
-    check("5 of 400 records are bad" in r.stderr and "line 50" in r.stderr, f"threshold message: {r.stderr}")
+    check("5 of 400 records are bad" in r.stderr and data + ":50:" in r.stderr, f"threshold message: {r.stderr}")
     check(not os.path.exists(os.path.join(WORK, "strict", "manifest.json")), "failed prepare left a manifest")
 
     r = prepare("packed", "--max-bad-fraction", "0.02", "--threads", "2")

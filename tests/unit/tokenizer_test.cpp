@@ -7,6 +7,7 @@
 #include <limits>
 #include <random>
 
+#include "keel/core/json_text.h"
 #include "keel/core/error.h"
 #include "keel/data/bpe.h"
 #include "keel/data/bpe_trainer.h"
@@ -17,6 +18,7 @@
 #include "keel/data/tokenizer.h"
 
 using namespace keel::data;
+using keel::json_quoted;
 
 namespace {
 
@@ -69,13 +71,13 @@ std::string tokenizer_json(const std::vector<std::string>& extra,
   std::string vocab;
   int id = 0;
   for (int b = 0; b < 256; ++b)
-    vocab += fmt::format("{}{}: {}", id ? ", " : "", json_quote(byte_level_spelling(std::string(1, char(b)))), id),
+    vocab += fmt::format("{}{}: {}", id ? ", " : "", json_quoted(byte_level_spelling(std::string(1, char(b)))), id),
         ++id;
-  for (const auto& t : extra) vocab += fmt::format(", {}: {}", json_quote(byte_level_spelling(t)), id++);
+  for (const auto& t : extra) vocab += fmt::format(", {}: {}", json_quoted(byte_level_spelling(t)), id++);
   std::string merge_list;
   for (size_t i = 0; i < merges.size(); ++i)
     merge_list += fmt::format("{}{}", i ? ", " : "",
-                              json_quote(byte_level_spelling(merges[i].first) + " " + byte_level_spelling(merges[i].second)));
+                              json_quoted(byte_level_spelling(merges[i].first) + " " + byte_level_spelling(merges[i].second)));
   return fmt::format(R"({{"model": {{"type": "BPE", "vocab": {{{}}}, "merges": [{}]}}, {}}})", vocab, merge_list,
                      rest);
 }

@@ -16,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "keel/core/json_text.h"
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
@@ -212,7 +213,7 @@ const CommandRegistration kDetokenize{
                         }
                         out += "{\"text\": ";
                         try {
-                          out += data::json_quote(valid_utf8(tokenizer.decode(ids, o->skip_special_tokens)));
+                          out += json_quoted(valid_utf8(tokenizer.decode(ids, o->skip_special_tokens)));
                         } catch (const Error& e) {
                           fail("stdin:{}: {}", line_no, e.what());
                         }

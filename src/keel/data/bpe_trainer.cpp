@@ -1,3 +1,4 @@
+#include "keel/core/json_text.h"
 #include "keel/data/bpe_trainer.h"
 
 #include <simdjson.h>
@@ -179,14 +180,14 @@ std::string BpeTrainer::tokenizer_json() const {
     json += fmt::format(
         "{}\n    {{\"id\": {}, \"content\": {}, \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
         "\"normalized\": false, \"special\": true}}",
-        i ? "," : "", i, json_quote(options_.special_tokens[i]));
+        i ? "," : "", i, json_quoted(options_.special_tokens[i]));
   json += specials ? "\n  ],\n" : "],\n";
   json += "  \"normalizer\": null,\n";
   json += fmt::format(
       "  \"pre_tokenizer\": {{\"type\": \"Sequence\", \"pretokenizers\": [\n"
       "    {{\"type\": \"Split\", \"pattern\": {{\"Regex\": {}}}, \"behavior\": \"Isolated\", \"invert\": false}},\n"
       "    {{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": false}}]}},\n",
-      json_quote(pattern_text_));
+      json_quoted(pattern_text_));
   json += "  \"post_processor\": null,\n";
   json += "  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"trim_offsets\": true, "
           "\"use_regex\": true},\n";
@@ -194,14 +195,14 @@ std::string BpeTrainer::tokenizer_json() const {
           "null, \"end_of_word_suffix\": null, \"fuse_unk\": false, \"byte_fallback\": false, \"ignore_merges\": "
           "false,\n    \"vocab\": {";
   for (int32_t i = 0; i < specials; ++i)
-    json += fmt::format("{}\n      {}: {}", i ? "," : "", json_quote(options_.special_tokens[i]), i);
+    json += fmt::format("{}\n      {}: {}", i ? "," : "", json_quoted(options_.special_tokens[i]), i);
   for (int32_t t = 0; t < int32_t(tokens.size()); ++t)
-    json += fmt::format("{}\n      {}: {}", specials + t ? "," : "", json_quote(byte_level_spelling(tokens[t])),
+    json += fmt::format("{}\n      {}: {}", specials + t ? "," : "", json_quoted(byte_level_spelling(tokens[t])),
                         specials + t);
   json += "\n    },\n    \"merges\": [";
   for (size_t m = 0; m < merges.size(); ++m)
-    json += fmt::format("{}\n      [{}, {}]", m ? "," : "", json_quote(byte_level_spelling(tokens[merges[m].first])),
-                        json_quote(byte_level_spelling(tokens[merges[m].second])));
+    json += fmt::format("{}\n      [{}, {}]", m ? "," : "", json_quoted(byte_level_spelling(tokens[merges[m].first])),
+                        json_quoted(byte_level_spelling(tokens[merges[m].second])));
   json += "\n    ]\n  }\n}\n";
   return json;
 }

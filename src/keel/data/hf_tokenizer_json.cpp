@@ -1,3 +1,4 @@
+#include "keel/core/json_text.h"
 #include "keel/data/hf_tokenizer_json.h"
 
 #include <simdjson.h>
@@ -241,26 +242,6 @@ std::optional<int32_t> config_token(const Tokenizer& tokenizer, object config, s
 
 }  // namespace
 
-std::string json_quote(std::string_view text) {
-  std::string out;
-  out.reserve(text.size() + 2);
-  out += '"';
-  for (char c : text) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) out += fmt::format("\\u{:04x}", static_cast<unsigned char>(c));
-        else out += c;
-    }
-  }
-  out += '"';
-  return out;
-}
-
 Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origin, std::string_view config_json) {
   Reader r(origin);
   simdjson::dom::parser parser;
@@ -328,7 +309,7 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
   id_of_spelling.reserve(vocab_entries);
   std::string bytes;
   for (auto [spelling, value] : vocab_object) {
-    const std::string at = fmt::format("model.vocab[{}]", json_quote(spelling));
+    const std::string at = fmt::format("model.vocab[{}]", json_quoted(spelling));
     const int64_t id = r.as_int(value, at);
     // Ids index dense tables, so a vocabulary claiming ids far past its size would make keel
     // allocate for them; real files leave small gaps (reserved ids), hence the slack.
@@ -368,8 +349,8 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
         right = r.as_string(pair.at(1).value_unsafe(), at);
       }
       auto a = id_of_spelling.find(left), b = id_of_spelling.find(right);
-      if (a == id_of_spelling.end()) fail("{}: {}: token {} is not in model.vocab", origin, at, json_quote(left));
-      if (b == id_of_spelling.end()) fail("{}: {}: token {} is not in model.vocab", origin, at, json_quote(right));
+      if (a == id_of_spelling.end()) fail("{}: {}: token {} is not in model.vocab", origin, at, json_quoted(left));
+      if (b == id_of_spelling.end()) fail("{}: {}: token {} is not in model.vocab", origin, at, json_quoted(right));
       merges.emplace_back(a->second, b->second);
     }
   }
@@ -380,7 +361,7 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
   if (auto unk = r.member(model, "unk_token")) {
     std::string_view name = r.as_string(*unk, "model.unk_token");
     auto found = id_of_spelling.find(name);
-    if (found == id_of_spelling.end()) fail("{}: model.unk_token {} is not in model.vocab", origin, json_quote(name));
+    if (found == id_of_spelling.end()) fail("{}: model.unk_token {} is not in model.vocab", origin, json_quoted(name));
     options.unk_id = found->second;
   }
   parts.model = BytePairModel::from_merges(vocab, merges, options, origin);

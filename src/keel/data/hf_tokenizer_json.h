@@ -23,7 +23,4 @@ Tokenizer load_hf_tokenizer_json(const std::string& path);
 // From the text of a tokenizer.json; `config_json` is the text of tokenizer_config.json or empty.
 Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origin, std::string_view config_json = {});
 
-// `text` as a JSON string literal, quotes included (for writers of tokenizer.json).
-std::string json_quote(std::string_view text);
-
 }  // namespace keel::data

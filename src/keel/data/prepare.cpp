@@ -1,3 +1,4 @@
+#include "keel/core/json_text.h"
 #include "keel/data/prepare.h"
 
 #include <fmt/format.h>
@@ -31,22 +32,6 @@ double PrepareReport::fill() const {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20) {
-      out += fmt::format("\\u{:04x}", c);
-    } else {
-      out += char(c);
-    }
-  }
-  out += '"';
-  return out;
-}
 
 // What a worker makes of one chunk of lines: the kept documents back to back, in line order.
 struct ChunkResult {
@@ -248,7 +233,7 @@ std::string report_json(const PrepareReport& r) {
   std::string bad;
   for (size_t i = 0; i < r.bad_listed.size(); ++i)
     bad += fmt::format("{}    {{\"line\": {}, \"reason\": {}}}", i ? ",\n" : "", r.bad_listed[i].line,
-                       json_string(r.bad_listed[i].reason));
+                       json_quoted(r.bad_listed[i].reason));
   return fmt::format(
       "{{\n  \"lines\": {},\n  \"blank_lines\": {},\n  \"records\": {},\n  \"bad_records\": {},\n"
       "  \"bad_records_listed\": {},\n  \"documents\": {},\n  \"truncated_documents\": {},\n"
@@ -257,7 +242,7 @@ std::string report_json(const PrepareReport& r) {
       "  \"input_bytes\": {},\n  \"seconds\": {:.3f},\n  \"bad\": [\n{}\n  ]\n}}\n",
       r.lines, r.blank_lines, r.records, r.bad_records, r.bad_listed.size(), r.documents, r.truncated_documents,
       r.truncated_tokens, r.no_target_documents, r.sequences, r.tokens, r.shards, r.max_seq_len, r.fill(),
-      json_string(r.chat_template), r.input_bytes, r.seconds, bad);
+      json_quoted(r.chat_template), r.input_bytes, r.seconds, bad);
 }
 
 std::string tokenizer_hash(const std::string& path) {
@@ -435,10 +420,10 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
                report.shards, double(report.input_bytes) / 1e6 / std::max(report.seconds, 1e-9), report.seconds);
   }
   require(report.records == 0 || double(report.bad_records) <= o.max_bad_fraction * double(report.records),
-          "{}: {} of {} records are bad ({:.2f}%, above --max-bad-fraction {}); first at line {}: {}; all listed in "
+          "{}: {} of {} records are bad ({:.2f}%, above --max-bad-fraction {}); the first: {}:{}: {}; all listed in "
           "{}/report.json",
           o.data_path, report.bad_records, report.records, 100.0 * double(report.bad_records) / double(report.records),
-          o.max_bad_fraction, report.bad_listed.empty() ? 0 : report.bad_listed[0].line,
+          o.max_bad_fraction, o.data_path, report.bad_listed.empty() ? 0 : report.bad_listed[0].line,
           report.bad_listed.empty() ? "" : report.bad_listed[0].reason, o.out_dir);
   require(report.sequences > 0, "{}: no usable records (nothing to train on); see {}/report.json", o.data_path,
           o.out_dir);

@@ -1,3 +1,4 @@
+#include "keel/core/json_text.h"
 #include "keel/data/shard_format.h"
 
 #include <fcntl.h>
@@ -48,22 +49,6 @@ constexpr char kMagic[8] = {'K', 'E', 'E', 'L', 'S', 'H', 'D', '1'};
 
 uint64_t align8(uint64_t n) { return (n + 7) & ~uint64_t(7); }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += char(c);
-    } else if (c < 0x20) {
-      out += fmt::format("\\u{:04x}", c);
-    } else {
-      out += char(c);
-    }
-  }
-  out += '"';
-  return out;
-}
-
 // The section layout implied by the counts; the footer must state exactly this.
 struct Layout {
   uint64_t tokens, mask, sequences, documents, first_docs, footer, size;
@@ -89,7 +74,7 @@ std::string manifest_json(const ShardManifest& m) {
   for (size_t i = 0; i < m.shards.size(); ++i) {
     const auto& s = m.shards[i];
     shards += fmt::format("{}    {{\"file\": {}, \"sequences\": {}, \"tokens\": {}, \"documents\": {}, \"checksum\": \"{}\"}}",
-                          i ? ",\n" : "", json_string(s.file), s.sequences, s.tokens, s.documents,
+                          i ? ",\n" : "", json_quoted(s.file), s.sequences, s.tokens, s.documents,
                           checksum_hex(s.checksum));
   }
   return fmt::format(
@@ -97,8 +82,8 @@ std::string manifest_json(const ShardManifest& m) {
       "  \"max_seq_len\": {},\n  \"packing\": \"{}\",\n  \"vocab_size\": {},\n  \"pad_id\": {},\n  \"source\": {},\n"
       "  \"source_checksum\": \"{}\",\n  \"sequences\": {},\n  \"tokens\": {},\n  \"documents\": {},\n"
       "  \"shards\": [\n{}\n  ]\n}}\n",
-      m.version, json_string(m.tokenizer_hash), json_string(m.chat_template), m.max_seq_len, packing_name(m.packing),
-      m.vocab_size, m.pad_id, json_string(m.source), checksum_hex(m.source_checksum), m.sequences(), m.tokens(),
+      m.version, json_quoted(m.tokenizer_hash), json_quoted(m.chat_template), m.max_seq_len, packing_name(m.packing),
+      m.vocab_size, m.pad_id, json_quoted(m.source), checksum_hex(m.source_checksum), m.sequences(), m.tokens(),
       m.documents(), shards);
 }
 

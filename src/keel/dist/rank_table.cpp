@@ -1,3 +1,4 @@
+#include "keel/core/json_text.h"
 #include "keel/dist/rank_table.h"
 
 #include <arpa/inet.h>
@@ -52,22 +53,6 @@ std::vector<std::string_view> split(std::string_view text, char separator) {
     if (end == std::string_view::npos) return parts;
     start = end + 1;
   }
-}
-
-std::string json_escape(std::string_view s) {
-  std::string out;
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) out += fmt::format("\\u{:04x}", unsigned(c));
-        else out += char(c);
-    }
-  }
-  return out;
 }
 
 std::string_view json_type_name(dom::element e) {
@@ -360,13 +345,13 @@ std::string rank_table_json(const RankTable& table) {
     const RankTableServer& server = table.servers[s];
     out += s == 0 ? "\n" : ",\n";
     out += "        {\n";
-    out += fmt::format("            \"server_id\": \"{}\",\n", json_escape(server.server_id));
+    out += fmt::format("            \"server_id\": \"{}\",\n", json_escaped(server.server_id));
     out += "            \"device\": [";
     for (size_t d = 0; d < server.devices.size(); ++d) {
       const RankTableDevice& device = server.devices[d];
       out += d == 0 ? "\n" : ",\n";
       out += fmt::format("                {{\"device_id\": \"{}\", \"device_ip\": \"{}\", \"rank_id\": \"{}\"}}",
-                         device.device_id, json_escape(device.device_ip), device.rank_id);
+                         device.device_id, json_escaped(device.device_ip), device.rank_id);
     }
     out += "\n            ],\n";
     // hccl_tools and Huawei's template carry it; HCCL reads it as "not used".

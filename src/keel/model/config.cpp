@@ -1,3 +1,4 @@
+#include "keel/core/json_text.h"
 #include "keel/model/config.h"
 
 #include <fmt/format.h>
@@ -87,28 +88,6 @@ constexpr int64_t kMaxPositions = int64_t(1) << 31;
 constexpr double kGlmRopeBase = 10000.0;  // ChatGLM: base = 10000 * rope_ratio
 
 // --- JSON text -----------------------------------------------------------------------------------
-
-std::string json_quoted(std::string_view s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(ch));
-        } else {
-          out += ch;
-        }
-    }
-  }
-  return out + '"';
-}
 
 // Shortest text that reads back to the same double, written as Python's json does (10000.0,
 // 1e-05) so that a float stays a float for readers that care.

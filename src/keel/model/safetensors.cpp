@@ -1,3 +1,4 @@
+#include "keel/core/json_text.h"
 #include "keel/model/safetensors.h"
 
 #include <fcntl.h>
@@ -64,31 +65,6 @@ std::optional<DType> keel_dtype(std::string_view name) {
 }
 
 std::string errno_text(int error) { return std::system_category().message(error); }
-
-std::string json_quoted(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 2);
-  out += '"';
-  for (char ch : s) {
-    switch (ch) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (static_cast<unsigned char>(ch) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(ch));
-        } else {
-          out += ch;  // UTF-8 passes through; JSON allows it unescaped
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
 
 std::string shape_text(const std::vector<int64_t>& shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
