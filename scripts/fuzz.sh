@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
     --seconds=*) seconds="${1#*=}"; shift ;;
     --build-only) build_only=1; shift ;;
     --list) printf '%s\n' "${targets_all[@]}"; exit 0 ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -86,6 +86,11 @@ dict_for() {
 }
 
 mkdir -p build-fuzz/fuzz-logs
+# The targets write their inputs under KEEL_FUZZ_TMP (tmpfs); a crashing target exits without
+# cleaning up, so the whole directory goes at the end.
+KEEL_FUZZ_TMP=$(mktemp -d "$( [ -d /dev/shm ] && echo /dev/shm || echo /tmp )/keel-fuzz.XXXXXX")
+export KEEL_FUZZ_TMP
+trap 'rm -rf "$KEEL_FUZZ_TMP"' EXIT
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
 export ASAN_SYMBOLIZER_PATH="${ASAN_SYMBOLIZER_PATH:-$symbolizer}"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"

@@ -14,7 +14,7 @@ binary garbage or invalid UTF-8, a binary recipe: each exits with status 2 and a
 file. (Corrupt checkpoints are tests/integration/trainer_test.py's; killed ranks are
 tests/integration/data_parallel_test.py's.)
 
-    /usr/bin/python3 tests/integration/fault_injection_test.py KEEL [--only NAME]
+    /usr/bin/python3 tests/integration/fault_injection_test.py KEEL [--only NAME] [--verbose]
 """
 import glob
 import json
@@ -28,6 +28,7 @@ import time
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+VERBOSE = "--verbose" in sys.argv  # print every check, not only the failed ones
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORK = tempfile.mkdtemp(prefix="keel_fault_test_")
 SHIM = os.path.join(WORK, "fault_shim.so")
@@ -36,6 +37,8 @@ SAVE_BYTES = [0]  # bytes one checkpoint save writes, measured by test_baseline
 
 
 def check(cond, what, output=None):
+    if cond and VERBOSE:
+        print("  ok:", what)
     if not cond:
         FAILURES.append(what)
         print("  FAIL:", what)
@@ -249,6 +252,25 @@ def test_full_tmpfs():
             if REFERENCE[0] is not None and p.returncode == 0:
                 check(final_bytes(d) == REFERENCE[0], "%s: the resumed run ends bit-identical" % name)
             shutil.rmtree(ck, ignore_errors=True)
+
+        # output_dir on the full disk (checkpoints elsewhere): the export of the final model fails
+        # with a clear error; once space is freed (the tmpfs grown), --resume finishes the job.
+        name = "tmpfs_output"
+        ck = os.path.join(WORK, name, "ckpt")
+        out = os.path.join(mnt, name)
+        path, d = recipe(name, checkpoint_dir=ck, save_interval=2, output_dir=out)
+        subprocess.run(["mount", "-o", "remount,size=64k", mnt], check=True)
+        p = run(["train", path])
+        check(p.returncode == 2 and "No space left on device" in p.stderr and out in p.stderr,
+              "%s: exit 2 with an error naming the file on the full disk (got %d)" % (name, p.returncode), p.output)
+        check(latest_of(ck) == "step-00000006", "%s: the last checkpoint was saved (%s)" % (name, latest_of(ck)))
+        subprocess.run(["mount", "-o", "remount,size=%dk" % (4 * size_kib), mnt], check=True)
+        p = run(["train", path, "--resume", "auto"])
+        check(p.returncode == 0 and "resumed from %s/step-00000006 at step 6" % ck in p.output,
+              "%s: after space is freed, --resume finishes from the last checkpoint" % name, p.output)
+        if REFERENCE[0] is not None and p.returncode == 0:
+            with open(os.path.join(out, "final", "model.safetensors"), "rb") as f:
+                check(f.read() == REFERENCE[0], "%s: the exported model equals an uninterrupted run's" % name)
     finally:
         subprocess.run(["umount", mnt])
 

@@ -216,7 +216,7 @@ TEST(Prepare, CountsAndListsBadRecordsAndFailsAboveTheThreshold) {
   EXPECT_NE(read_file(o.out_dir + "/report.json").find("\"line\": 33"), std::string::npos);
 
   o.max_bad_fraction = 0.01;
-  expect_keel_error([&] { prepare(o); }, {"2 of 32 records are bad", "line 31", "report.json"});
+  expect_keel_error([&] { prepare(o); }, {"2 of 32 records are bad", "data.jsonl:31:", "report.json"});
   EXPECT_TRUE(path_exists(o.out_dir + "/report.json"));
   EXPECT_FALSE(path_exists(o.out_dir + "/manifest.json")) << "a failed prepare must not leave valid-looking data";
 

@@ -338,7 +338,7 @@ ShardFile::ShardFile(const std::string& path, const ShardInfo& expected, int64_t
       require(first_docs_[s] < first_docs_[s + 1] && document_offsets_[first_docs_[s]] == a,
               "{}: sequence {} does not start at a document boundary", path, s);
     }
-    if (verify_checksum) {
+    {  // always, even without checksums: an id past the vocabulary would index outside the embedding
       uint32_t largest = 0;
       for (uint64_t t = 0; t < num_tokens_; ++t) largest = std::max(largest, tokens_[t]);
       require(num_tokens_ == 0 || int64_t(largest) < vocab_size, "{}: token id {} is outside the vocabulary ({})",
