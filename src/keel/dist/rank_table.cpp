@@ -55,27 +55,6 @@ std::vector<std::string_view> split(std::string_view text, char separator) {
   }
 }
 
-std::string_view json_type_name(dom::element e) {
-  switch (e.type()) {
-    case dom::element_type::ARRAY: return "array";
-    case dom::element_type::OBJECT: return "object";
-    case dom::element_type::INT64:
-    case dom::element_type::UINT64: return "integer";
-    case dom::element_type::DOUBLE: return "number";
-    case dom::element_type::STRING: return "string";
-    case dom::element_type::BOOL: return "boolean";
-    case dom::element_type::NULL_VALUE: return "null";
-  }
-  return "unknown";
-}
-
-// "string \"x\"" / "integer 3": the type and, shortened, the value.
-std::string describe(dom::element e) {
-  std::string text = simdjson::minify(e);
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return e.is_null() ? "null" : fmt::format("{} {}", json_type_name(e), text);
-}
-
 }  // namespace
 
 // --- topologies --------------------------------------------------------------------------------
@@ -421,7 +400,7 @@ RankTableCheck check_rank_table(std::string_view json, const std::string& path, 
     }
     std::string_view s;
     if (v->get_string().get(s)) {
-      error(fmt::format("{}: \"{}\": expected a string such as \"{}\", found {}", where, key, example, describe(*v)));
+      error(fmt::format("{}: \"{}\": expected a string such as \"{}\", found {}", where, key, example, json_describe(*v)));
       return std::nullopt;
     }
     return s;
@@ -449,7 +428,7 @@ RankTableCheck check_rank_table(std::string_view json, const std::string& path, 
     return check;
   }
   if (list->get_array().get(servers)) {
-    error(fmt::format("{}: \"server_list\": expected an array of servers, found {}", path, describe(*list)));
+    error(fmt::format("{}: \"server_list\": expected an array of servers, found {}", path, json_describe(*list)));
     return check;
   }
   size_t server_total = servers.size();
@@ -470,7 +449,7 @@ RankTableCheck check_rank_table(std::string_view json, const std::string& path, 
     std::string where = fmt::format("{}: server_list[{}]", path, s++);
     dom::object server_object;
     if (server_element.get_object().get(server_object)) {
-      error(fmt::format("{}: expected an object with server_id and device, found {}", where, describe(server_element)));
+      error(fmt::format("{}: expected an object with server_id and device, found {}", where, json_describe(server_element)));
       continue;
     }
     auto server_fields = fields_of(server_object, where, errors);
@@ -490,7 +469,7 @@ RankTableCheck check_rank_table(std::string_view json, const std::string& path, 
       continue;
     }
     if (device_list->get_array().get(devices)) {
-      error(fmt::format("{}: \"device\": expected an array of devices, found {}", where, describe(*device_list)));
+      error(fmt::format("{}: \"device\": expected an array of devices, found {}", where, json_describe(*device_list)));
       check.table.servers.push_back(std::move(server));
       continue;
     }
@@ -504,7 +483,7 @@ RankTableCheck check_rank_table(std::string_view json, const std::string& path, 
       dom::object device_object;
       if (device_element.get_object().get(device_object)) {
         error(fmt::format("{}: expected an object with device_id, device_ip and rank_id, found {}", entry,
-                          describe(device_element)));
+                          json_describe(device_element)));
         continue;
       }
       auto device_fields = fields_of(device_object, entry, errors);
@@ -554,7 +533,7 @@ RankTableCheck check_rank_table(std::string_view json, const std::string& path, 
                                   : (v->get_uint64().get(unsigned_value) == simdjson::SUCCESS &&
                                      unsigned_value <= uint64_t(kMaxRank) && (value = int64_t(unsigned_value), true));
         if (!fits || value < 0 || value > kMaxRank) {
-          error(fmt::format("{}: rank_id: expected a non-negative rank, found {}", entry, describe(*v)));
+          error(fmt::format("{}: rank_id: expected a non-negative rank, found {}", entry, json_describe(*v)));
         } else {
           rank = value;
           if (!integer_rank_noted) {
@@ -565,7 +544,7 @@ RankTableCheck check_rank_table(std::string_view json, const std::string& path, 
           }
         }
       } else {
-        error(fmt::format("{}: rank_id: expected a string such as \"0\", found {}", entry, describe(*v)));
+        error(fmt::format("{}: rank_id: expected a string such as \"0\", found {}", entry, json_describe(*v)));
       }
       if (!rank) all_ranks_read = false;
       if (rank) {

@@ -146,27 +146,6 @@ void append_pretty(std::string& out, dom::element e, int indent) {
   }
 }
 
-std::string_view json_type_name(dom::element e) {
-  switch (e.type()) {
-    case dom::element_type::ARRAY: return "array";
-    case dom::element_type::OBJECT: return "object";
-    case dom::element_type::INT64:
-    case dom::element_type::UINT64: return "integer";
-    case dom::element_type::DOUBLE: return "number";
-    case dom::element_type::STRING: return "string";
-    case dom::element_type::BOOL: return "boolean";
-    case dom::element_type::NULL_VALUE: return "null";
-  }
-  return "unknown";
-}
-
-// "string \"4096\"": the type and, shortened, the value, so the user can find it in the file.
-std::string describe(dom::element e) {
-  std::string text = simdjson::minify(e);
-  if (text.size() > 40) text = text.substr(0, 37) + "...";
-  return e.is_null() ? "null" : fmt::format("{} {}", json_type_name(e), text);
-}
-
 dom::element parse_json(dom::parser& parser, const std::string& text, const std::string& path) {
   dom::element root;
   if (auto error = parser.parse(text.data(), text.size()).get(root)) {
@@ -198,7 +177,7 @@ class ConfigObject {
   }
 
   [[noreturn]] void wrong_type(std::string_view key, std::string_view expected, dom::element found) const {
-    fail("{}: key '{}': expected {}, found {}", path_, key, expected, describe(found));
+    fail("{}: key '{}': expected {}, found {}", path_, key, expected, json_describe(found));
   }
 
   int64_t positive_int(std::string_view key) const {
@@ -315,7 +294,7 @@ void require_default_rope(const ConfigObject& cfg, std::string_view key, bool ty
   if (has_type && type.is_string() && std::string_view(type) == "default") return;
   fail("{}: key '{}': RoPE scaling {} is not supported (keel implements plain RoPE only; expected null or "
        "rope_type \"default\")",
-       cfg.path(), key, has_type ? describe(type) : simdjson::minify(*v));
+       cfg.path(), key, has_type ? json_describe(type) : simdjson::minify(*v));
 }
 
 // transformers v5 moved rope_theta and partial_rotary_factor into "rope_parameters"; the
