@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "finite_difference.h"
+#include "keel/core/error.h"
+#include "keel/core/threads.h"
 #include "keel/kernels/attention.h"
 
 namespace keel::kernels {
@@ -54,6 +56,27 @@ struct FusedAttention {
                           buf.data() + v_offset, segment_ids(), out.data(), lse.data(),
                           dout.data(), grad.data() + q_offset, grad.data() + k_offset,
                           grad.data() + v_offset);
+    return grad;
+  }
+  // The blocked (GEMM) kernels on float data, with a workspace sized for the current threads.
+  void forward_blocked(AttentionMatmul precision, const std::vector<float>& buf, std::vector<float>& out,
+                       std::vector<float>& lse) const {
+    out.assign(out_size(), 0.0f);
+    lse.assign(lse_size(), 0.0f);
+    std::vector<char> ws(attention_workspace_bytes(shape, precision, max_threads()));
+    attention_forward_blocked(shape, precision, buf.data() + q_offset, buf.data() + k_offset,
+                              buf.data() + v_offset, segment_ids(), out.data(), lse.data(), ws.data(),
+                              ws.size());
+  }
+  std::vector<float> backward_blocked(AttentionMatmul precision, const std::vector<float>& buf,
+                                      const std::vector<float>& out, const std::vector<float>& lse,
+                                      const std::vector<float>& dout) const {
+    std::vector<float> grad(buf.size(), 0.0f);
+    std::vector<char> ws(attention_workspace_bytes(shape, precision, max_threads()));
+    attention_backward_blocked(shape, precision, buf.data() + q_offset, buf.data() + k_offset,
+                               buf.data() + v_offset, segment_ids(), out.data(), lse.data(), dout.data(),
+                               grad.data() + q_offset, grad.data() + k_offset, grad.data() + v_offset,
+                               ws.data(), ws.size());
     return grad;
   }
   // Indices of qkv that hold data (not row padding).
@@ -242,6 +265,104 @@ TEST(Attention, FloatBackwardAgreesWithDouble) {
   a.forward(buf, out_f, lse_f);
   const std::vector<float> grad_f = a.backward(buf, out_f, lse_f, test::to_float(dout));
   for (int64_t i : a.data_indices()) ASSERT_NEAR(grad_f[i], grad[i], 2e-5) << i;
+}
+
+// --- The blocked (GEMM) kernels: the same results as the reference kernel in double. ---
+
+// Relative L2 distance over the entries at `idx`.
+template <typename A, typename B>
+double relative_l2(const std::vector<A>& x, const std::vector<B>& ref, const std::vector<int64_t>& idx) {
+  double num = 0, den = 0;
+  for (int64_t i : idx) {
+    num += (double(x[i]) - double(ref[i])) * (double(x[i]) - double(ref[i]));
+    den += double(ref[i]) * double(ref[i]);
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+std::vector<int64_t> output_indices(const FusedAttention& a) {
+  std::vector<int64_t> idx;
+  for (int64_t t = 0; t < a.tokens(); ++t)
+    for (int64_t c = 0; c < a.shape.q_heads * a.shape.head_dim; ++c) idx.push_back(t * a.shape.ldo + c);
+  return idx;
+}
+
+// f32: within float rounding of the double reference, entry by entry; bf16: within bf16 rounding
+// of the inputs (relative L2, as for any bf16 product).
+void expect_blocked_matches_reference(const FusedAttention& a) {
+  std::vector<double> out, lse;
+  a.forward(a.qkv, out, lse);
+  const std::vector<double> dout = a.loss_weights(21);
+  const std::vector<double> grad = a.backward(a.qkv, out, lse, dout);
+  const std::vector<float> buf = test::to_float(a.qkv), dout_f = test::to_float(dout);
+  for (AttentionMatmul precision : {AttentionMatmul::F32, AttentionMatmul::BF16}) {
+    SCOPED_TRACE(precision == AttentionMatmul::F32 ? "f32" : "bf16");
+    std::vector<float> out_f, lse_f;
+    a.forward_blocked(precision, buf, out_f, lse_f);
+    const std::vector<float> grad_f = a.backward_blocked(precision, buf, out_f, lse_f, dout_f);
+    if (precision == AttentionMatmul::F32) {
+      for (int64_t i : output_indices(a)) ASSERT_NEAR(out_f[i], out[i], 4e-6) << i;
+      for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse_f[i], lse[i], 4e-6 * std::fabs(lse[i]) + 4e-6) << i;
+      for (int64_t i : a.data_indices()) ASSERT_NEAR(grad_f[i], grad[i], 4e-5) << i;
+    } else {
+      EXPECT_LT(relative_l2(out_f, out, output_indices(a)), 1e-2);
+      EXPECT_LT(relative_l2(grad_f, grad, a.data_indices()), 2e-2);
+      for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse_f[i], lse[i], 5e-2 * std::fabs(lse[i]) + 5e-2) << i;
+    }
+    // Padding between rows is never written.
+    for (int64_t t = 0; t < a.tokens(); ++t)
+      for (int64_t c = a.shape.q_heads * a.shape.head_dim; c < a.shape.ldo; ++c) ASSERT_EQ(out_f[t * a.shape.ldo + c], 0.0f);
+  }
+}
+
+TEST(AttentionBlocked, MatchesReferenceAcrossBlocksWithGqa) {
+  expect_blocked_matches_reference(FusedAttention(2, 150, 4, 2, 16, 31));  // blocks of 64, the last partial
+}
+
+TEST(AttentionBlocked, MatchesReferenceMultiQueryAndShort) {
+  expect_blocked_matches_reference(FusedAttention(1, 130, 4, 1, 8, 32));
+  expect_blocked_matches_reference(FusedAttention(3, 5, 2, 2, 4, 33));
+}
+
+TEST(AttentionBlocked, MatchesReferenceWithPackedDocuments) {
+  FusedAttention a(2, 200, 4, 2, 8, 34);
+  a.segments = packed_segments(2, {40, 90, 25, 45});  // documents starting inside and across blocks
+  expect_blocked_matches_reference(a);
+}
+
+TEST(AttentionBlocked, MatchesReferenceWithInterleavedSegments) {
+  FusedAttention a(1, 140, 2, 1, 8, 35);  // ids reappear: every key from 0 is visited, the mask decides
+  for (int64_t t = 0; t < 140; ++t) a.segments.push_back(int32_t((t / 7) % 3));
+  expect_blocked_matches_reference(a);
+}
+
+TEST(AttentionBlocked, IdenticalForOneAndTwoThreads) {
+  FusedAttention a(2, 150, 4, 2, 16, 36);
+  a.segments = packed_segments(2, {100, 50});
+  const std::vector<float> buf = test::to_float(a.qkv);
+  const std::vector<float> dout = test::to_float(a.loss_weights(37));
+  for (AttentionMatmul precision : {AttentionMatmul::F32, AttentionMatmul::BF16}) {
+    std::vector<float> outs[2], grads[2];
+    for (int threads : {1, 2})
+      test::with_threads(threads, [&] {
+        std::vector<float> lse;
+        a.forward_blocked(precision, buf, outs[threads - 1], lse);
+        grads[threads - 1] = a.backward_blocked(precision, buf, outs[threads - 1], lse, dout);
+      });
+    ASSERT_EQ(outs[0], outs[1]);
+    ASSERT_EQ(std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)), 0);
+  }
+}
+
+TEST(AttentionBlocked, RefusesASmallWorkspace) {
+  FusedAttention a(1, 100, 2, 1, 8, 38);
+  const std::vector<float> buf = test::to_float(a.qkv);
+  std::vector<float> out(a.out_size()), lse(a.lse_size());
+  std::vector<char> ws(attention_workspace_bytes(a.shape, AttentionMatmul::F32, max_threads()) - 1);
+  EXPECT_THROW(attention_forward_blocked(a.shape, AttentionMatmul::F32, buf.data(), buf.data() + a.k_offset,
+                                         buf.data() + a.v_offset, nullptr, out.data(), lse.data(), ws.data(),
+                                         ws.size()),
+               keel::Error);
 }
 
 }  // namespace

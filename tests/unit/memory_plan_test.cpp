@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <random>
 
 #include "keel/core/process_memory.h"
@@ -212,12 +214,24 @@ TEST(DecoderMemoryPlan, CheckpointingSharesOneBlockOfIntermediates) {
   const auto full = model::decoder_memory_plan(config, model::Precision::F32, 2, 64, {false, true, 0});
   const auto ckpt = model::decoder_memory_plan(config, model::Precision::F32, 2, 64, {true, true, 0});
   const size_t tokens = 2 * 64, H = 64;
-  // Every recomputed block's "qkv" sits at the same offset: the blocks share their bytes.
-  std::vector<size_t> qkv_offsets;
-  for (const auto& b : ckpt.buffers())
-    if (b.name.find("recomputed.qkv") != std::string::npos) qkv_offsets.push_back(b.offset);
-  ASSERT_EQ(qkv_offsets.size(), 4u);
-  for (size_t off : qkv_offsets) EXPECT_EQ(off, qkv_offsets[0]);
+  // The recomputed intermediates of all four blocks share their bytes: together they cover not
+  // much more of the arena than one block's worth.
+  std::vector<std::pair<size_t, size_t>> spans;  // [offset, end) of every recomputed buffer
+  size_t one_block = 0;
+  for (const auto& b : ckpt.buffers()) {
+    if (b.name.find(".recomputed.") == std::string::npos) continue;
+    spans.emplace_back(b.offset, b.offset + b.aligned_bytes);
+    if (b.name.rfind("layers.0.", 0) == 0) one_block += b.aligned_bytes;
+  }
+  ASSERT_GT(one_block, 0u);
+  std::sort(spans.begin(), spans.end());
+  size_t covered = 0, end = 0;
+  for (auto [begin, stop] : spans) {
+    if (stop <= end) continue;
+    covered += stop - std::max(begin, end);
+    end = stop;
+  }
+  EXPECT_LE(covered, one_block * 3 / 2) << ckpt.breakdown();  // 4 blocks unshared: 4x
   // Activations at the peak: all blocks' intermediates without checkpointing; the block inputs
   // and one block's intermediates with it.
   const size_t act_full = full.category_bytes_at_peak(MemoryCategory::Activations);

@@ -24,12 +24,13 @@ inline float bf16_to_float(bf16 v) {
   return f;
 }
 
+// Branch-free (a select, not a jump) so that loops converting arrays vectorise.
 inline bf16 float_to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet NaN
-  uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
-  return bf16{uint16_t((u + rounding) >> 16)};
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (u >> 16) | 0x40u;
+  return bf16{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
 }
 
 // IEEE binary16 <-> binary32, exact for every half value, round-to-nearest-even the other way.

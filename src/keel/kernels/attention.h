@@ -1,7 +1,14 @@
-// Causal self-attention with grouped-query heads, computed flash-style (Dao et al. 2022):
-// tiles of keys/values are visited with an online softmax, so no [T, T] matrix is ever held;
-// the backward pass recomputes probabilities from the saved log-sum-exp.
+// Causal self-attention with grouped-query heads. Two implementations of the same contract:
+// - attention_forward/backward<T>: flash-style (Dao et al. 2022), tiles of keys/values visited
+//   with an online softmax, scalar loops; templated so the tests run it in double against finite
+//   differences. The reference.
+// - attention_forward/backward_blocked: the training path. Blocks of query rows, each block's
+//   products (scores, probabilities x values, and the four products of the backward pass) as
+//   GEMMs on oneDNN, in fp32 or with bf16 inputs and fp32 accumulation, softmax in fp32. It holds
+//   one [block, seq] row of scores per thread, never [seq, seq], in a workspace the caller plans.
+// Both recompute the probabilities in the backward pass from the saved log-sum-exp.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 namespace keel::kernels {
@@ -29,5 +36,25 @@ template <typename T>
 void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v,
                         const int32_t* segments, const T* out, const T* lse, const T* dout, T* dq,
                         T* dk, T* dv);
+
+// Element type of the blocked kernel's GEMM inputs. BF16 rounds q, k, v, the probabilities and
+// the incoming gradients to bf16 before each product (accumulating in fp32), as bf16 autocast
+// does in PyTorch; F32 keeps everything in fp32.
+enum class AttentionMatmul : uint8_t { F32, BF16 };
+
+// Bytes of workspace the blocked kernels need when run on `threads` OpenMP threads (each thread
+// gets its own slice), for sequences up to s.seq long.
+size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision, int threads);
+
+// workspace: at least attention_workspace_bytes(s, precision, keel::max_threads()) bytes,
+// 64-byte aligned. Same layouts and results as attention_forward/backward<float>, up to
+// rounding (and the bf16 rounding of the inputs with BF16).
+void attention_forward_blocked(const AttentionShape& s, AttentionMatmul precision, const float* q,
+                               const float* k, const float* v, const int32_t* segments, float* out,
+                               float* lse, void* workspace, size_t workspace_bytes);
+void attention_backward_blocked(const AttentionShape& s, AttentionMatmul precision, const float* q,
+                                const float* k, const float* v, const int32_t* segments,
+                                const float* out, const float* lse, const float* dout, float* dq,
+                                float* dk, float* dv, void* workspace, size_t workspace_bytes);
 
 }  // namespace keel::kernels

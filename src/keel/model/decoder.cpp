@@ -8,6 +8,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/process_memory.h"
+#include "keel/core/threads.h"
 #include "keel/kernels/attention.h"
 #include "keel/kernels/cross_entropy.h"
 #include "keel/kernels/embedding.h"
@@ -70,6 +71,15 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
   ids.lm_head = c.tie_word_embeddings ? ids.embed : params.add("lm_head", {c.vocab_size, H}, true);
 }
 
+kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t batch, int64_t seq) {
+  const int64_t Q = c.q_size(), QKV = Q + 2 * c.kv_size();
+  return {batch, seq, c.num_heads, c.num_kv_heads, c.head_dim, QKV, QKV, QKV, Q, 1.0 / std::sqrt(double(c.head_dim))};
+}
+
+kernels::AttentionMatmul attention_matmul(Precision p) {
+  return p == Precision::BF16 ? kernels::AttentionMatmul::BF16 : kernels::AttentionMatmul::F32;
+}
+
 // Plan ids of one block's intermediates (-1: not planned, e.g. bf16 copies in fp32 mode).
 struct BlockIds {
   int xn1 = -1, rstd1 = -1, qkv = -1, attn = -1, lse = -1, xmid = -1, xn2 = -1, rstd2 = -1, gate_up = -1, act = -1;
@@ -84,6 +94,7 @@ struct DecoderLayout {
   int xn_final = -1, rstd_final = -1, xn_final_b = -1;
   int dx = -1, dh = -1, dnorm = -1, dtmp = -1, d_act = -1, d_gate_up = -1, d_attn = -1, d_qkv = -1, dy_b = -1;
   int logits = -1, logits_b = -1;
+  int attention_workspace = -1;
 };
 
 // Every buffer of a training step with its lifetime on the StepTimeline. This one description
@@ -180,6 +191,13 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
   d.d_qkv = add("grad.qkv", Cat::Workspace, N * QKV, f32, backward_first, backward_last);
   d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N * std::max({H, 2 * I, QKV}), backward_first, backward_last);
 
+  // The attention kernel's per-thread blocks of scores and packed heads, used by every layer in
+  // the forward and the backward pass.
+  d.attention_workspace = add("attention.workspace", Cat::Workspace,
+                              int64_t(kernels::attention_workspace_bytes(attention_shape(c, max_batch, max_seq),
+                                                                         attention_matmul(precision), max_threads())),
+                              1, t.forward(0), backward_last);
+
   // The rotary table is a kernels::RopeTable (std::vector) built once: counted, not in the arena.
   plan.add_external("rope_table", Cat::Data, size_t(max_seq) * size_t(c.rotary_dim) * f32, always, end);
   return d;
@@ -214,6 +232,8 @@ struct Decoder::Buffers {
   // Gradient scratch, reused by every layer in turn.
   float *dx, *dh, *dnorm, *dtmp, *d_act, *d_gate_up, *d_attn, *d_qkv, *logits;
   bf16 *dy_b, *logits_b;
+  void* attention_workspace;
+  size_t attention_workspace_bytes;
 };
 
 Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
@@ -259,6 +279,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   b.d_attn = f32(d.d_attn);
   b.d_qkv = f32(d.d_qkv);
   b.dy_b = b16(d.dy_b);
+  b.attention_workspace = arena_.at<char>(plan_.offset(d.attention_workspace));
+  b.attention_workspace_bytes = plan_.buffer(d.attention_workspace).bytes;
   b.logits = f32(d.logits);
   b.logits_b = b16(d.logits_b);
 }
@@ -347,8 +369,7 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   Linear lin{precision_ == Precision::BF16, N};
   auto& P = params_;
   const auto& p = ids_.layers[l];
-  kernels::AttentionShape as{mb.batch, mb.seq, c.num_heads, c.num_kv_heads, c.head_dim, QKV, QKV, QKV, Q,
-                             1.0 / std::sqrt(double(c.head_dim))};
+  const kernels::AttentionShape as = attention_shape(c, mb.batch, mb.seq);
 
   kernels::rmsnorm_forward(x, P.weight(p.input_norm), N, H, c.rms_norm_eps, a.xn1, a.rstd1);
   to_bf16(a.xn1, a.xn1_b, N * H);
@@ -356,7 +377,9 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   if (p.qkv_bias >= 0) add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
   kernels::rope_forward(a.qkv, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
   kernels::rope_forward(a.qkv + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
-  kernels::attention_forward(as, a.qkv, a.qkv + Q, a.qkv + Q + KV, mb.segments, a.attn, a.lse);
+  kernels::attention_forward_blocked(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV,
+                                     mb.segments, a.attn, a.lse, buf_->attention_workspace,
+                                     buf_->attention_workspace_bytes);
   to_bf16(a.attn, a.attn_b, N * Q);
   std::memcpy(a.xmid, x, sizeof(float) * N * H);
   lin.forward(a.attn, a.attn_b, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, a.xmid, 1.0f);
@@ -422,8 +445,7 @@ void Decoder::backward(const MicroBatch& mb) {
 
   kernels::rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), b.rstd_final, b.dnorm, N, H, b.dx,
                             P.grad(ids_.final_norm));
-  kernels::AttentionShape as{mb.batch, mb.seq, c.num_heads, c.num_kv_heads, c.head_dim, QKV, QKV, QKV, Q,
-                             1.0 / std::sqrt(double(c.head_dim))};
+  const kernels::AttentionShape as = attention_shape(c, mb.batch, mb.seq);
   for (int64_t l = L - 1; l >= 0; --l) {
     const auto& a = b.backward[l];
     const float* x = b.x[l];
@@ -451,8 +473,9 @@ void Decoder::backward(const MicroBatch& mb) {
     lin.backward_input(b.dh, dyb, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, b.d_attn);
     lin.backward_weight(b.dh, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
     float* dq = b.d_qkv;
-    kernels::attention_backward(as, a.qkv, a.qkv + Q, a.qkv + Q + KV, mb.segments, a.attn, a.lse, b.d_attn, dq,
-                                dq + Q, dq + Q + KV);
+    kernels::attention_backward_blocked(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV,
+                                        mb.segments, a.attn, a.lse, b.d_attn, dq, dq + Q, dq + Q + KV,
+                                        b.attention_workspace, b.attention_workspace_bytes);
     kernels::rope_backward(dq, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
     kernels::rope_backward(dq + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
     if (p.qkv_bias >= 0) accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));

@@ -1,12 +1,16 @@
 // oneDNN matmul primitives, one per distinct (dtype, layout, shape, beta), created on first use and
 // reused: primitive creation costs far more than a small GEMM, and the training step calls the same
 // few shapes every step. Memory objects are cached too and only re-pointed (set_data_handle), so a
-// steady-state call allocates nothing.
+// steady-state call needs no new objects.
+//
+// The cache and the stream are per thread: a call from outside a parallel region runs the product
+// on all threads (oneDNN parallelises it), while calls from inside an OpenMP parallel region (the
+// attention kernel gives each thread its own heads) run concurrently, each on its own thread, with
+// nothing shared.
 #include <array>
 #include <chrono>
 #include <dnnl.hpp>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -51,7 +55,7 @@ dnnl::engine& cpu_engine() {
 }
 
 dnnl::stream& cpu_stream() {
-  static dnnl::stream stream(cpu_engine());
+  thread_local dnnl::stream stream(cpu_engine());
   return stream;
 }
 
@@ -98,9 +102,7 @@ void validate(const GemmShape& s) {
 void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, float beta) {
   validate(s);
   require(beta == 0.0f || beta == 1.0f, "gemm: beta must be 0 or 1, got {}", beta);
-  static std::unordered_map<GemmKey, std::unique_ptr<GemmPlan>, GemmKeyHash> cache;
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);  // one stream, one caller at a time
+  thread_local std::unordered_map<GemmKey, std::unique_ptr<GemmPlan>, GemmKeyHash> cache;
   GemmKey key{bf16, s, beta == 1.0f};
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make_plan(key)).first;

@@ -1,0 +1,325 @@
+// Causal grouped-query attention over blocks of query rows, every product a GEMM.
+//
+// For one head and a block of rows [i0, i1) that may see keys [k0, i1) (k0 = 0, or the start of
+// the block's first document when packed documents make earlier keys invisible):
+//   forward   S = Q_blk K^T,  P = softmax(scale * S) over allowed keys,  O_blk = P V,
+//             lse = log-sum-exp of the row (saved);
+//   backward  S = Q_blk K^T,  P = exp(scale * S - lse),  dP = dO_blk V^T,
+//             dS = scale * P (dP - D)  with D_i = dO_i . O_i,
+//             dV += P^T dO_blk,  dK += dS^T Q_blk,  dQ_blk = dS K.
+// The scalar flash kernel (attention.cpp) does the same arithmetic one row at a time; here the
+// O(seq^2 * head_dim) work runs in oneDNN's GEMMs (AVX-512 / AVX-512 BF16 / AMX, or AVX2, chosen
+// by oneDNN at run time) and only the O(seq^2) softmax is ours, vectorised.
+//
+// Threads: each OpenMP thread takes whole heads (forward: a (sequence, q head); backward: a
+// (sequence, kv head) with all q heads of its group, so dk/dv have one writer) and calls
+// single-threaded GEMMs on its own slice of the workspace; results do not depend on the thread
+// count or on scheduling.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "keel/core/dtype.h"
+#include "keel/core/error.h"
+#include "keel/core/threads.h"
+#include "keel/kernels/attention.h"
+#include "keel/kernels/cpu/vector_ops.h"
+#include "keel/kernels/gemm.h"
+
+namespace keel::kernels {
+namespace {
+
+// Query rows per block. Causal blocks on the diagonal compute scores for keys past the row that
+// the mask then drops: ~block/seq of the work. 64 keeps that at 6% for seq 1024 while the GEMMs
+// stay large enough for oneDNN's kernels.
+constexpr int64_t kBlock = 64;
+constexpr size_t kAlign = 64;
+// Below this many multiply-adds (batch * q_heads * seq^2 * head_dim) one thread is faster.
+constexpr int64_t kParallelMinWork = int64_t(1) << 20;
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+inline void matmul(const GemmShape& s, const float* a, const float* b, float* c, float beta) {
+  gemm_f32(s, a, b, c, beta);
+}
+inline void matmul(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) {
+  gemm_bf16(s, a, b, c, beta);
+}
+inline void store(float x, float* dst) { *dst = x; }
+inline void store(float x, bf16* dst) { *dst = float_to_bf16(x); }
+
+// One thread's slice of the workspace: packed copies of the head's operands ([seq, head_dim],
+// in the GEMM input type M) and one block's rows of scores.
+template <typename M>
+struct ThreadScratch {
+  M *q, *k, *v, *dout;  // [seq, head_dim] each
+  float *s, *dp;        // [kBlock, seq] scores (then fp32 probabilities) and dP
+  M *p, *ds;            // [kBlock, seq] probabilities and score gradients as GEMM inputs
+  float* delta;         // [seq] D_i
+
+  static size_t bytes(int64_t seq, int64_t head_dim) {
+    const size_t operand = align_up(size_t(seq * head_dim) * sizeof(M));
+    const size_t row_f32 = align_up(size_t(kBlock * seq) * sizeof(float));
+    const size_t row_m = std::is_same_v<M, float> ? 0 : align_up(size_t(kBlock * seq) * sizeof(M));
+    return 4 * operand + 2 * row_f32 + 2 * row_m + align_up(size_t(seq) * sizeof(float));
+  }
+  static ThreadScratch at(char* base, int64_t seq, int64_t head_dim) {
+    const size_t operand = align_up(size_t(seq * head_dim) * sizeof(M));
+    const size_t row_f32 = align_up(size_t(kBlock * seq) * sizeof(float));
+    const size_t row_m = std::is_same_v<M, float> ? 0 : align_up(size_t(kBlock * seq) * sizeof(M));
+    ThreadScratch t;
+    t.q = reinterpret_cast<M*>(base);
+    t.k = reinterpret_cast<M*>(base + operand);
+    t.v = reinterpret_cast<M*>(base + 2 * operand);
+    t.dout = reinterpret_cast<M*>(base + 3 * operand);
+    char* rows = base + 4 * operand;
+    t.s = reinterpret_cast<float*>(rows);
+    t.dp = reinterpret_cast<float*>(rows + row_f32);
+    if constexpr (std::is_same_v<M, float>) {  // fp32 GEMMs read the fp32 rows in place
+      t.p = t.s;
+      t.ds = t.dp;
+    } else {
+      t.p = reinterpret_cast<M*>(rows + 2 * row_f32);
+      t.ds = reinterpret_cast<M*>(rows + 2 * row_f32 + row_m);
+    }
+    t.delta = reinterpret_cast<float*>(rows + 2 * row_f32 + 2 * row_m);
+    return t;
+  }
+};
+
+// Copies one head's [seq, head_dim] slice of a strided [tokens, ld] buffer into packed rows.
+template <typename M>
+void pack_head(const float* base, int64_t ld, int64_t token0, int64_t head, int64_t seq, int64_t head_dim,
+               M* dst) {
+  const VectorOps& ops = vector_ops();
+  for (int64_t t = 0; t < seq; ++t) {
+    const float* row = base + (token0 + t) * ld + head * head_dim;
+    if constexpr (std::is_same_v<M, float>)
+      std::memcpy(dst + t * head_dim, row, sizeof(float) * size_t(head_dim));
+    else
+      ops.scale_to_bf16(row, 1.0f, dst + t * head_dim, head_dim);
+  }
+}
+
+// Packed documents: the first key any row of [i0, i1) may attend, rounded down to a block
+// boundary (so GEMM shapes repeat). Exact only when each document is one run of positions with
+// ids increasing run by run, as packing writes them; otherwise every key from 0 is visited and
+// the mask alone decides.
+int64_t first_key(const int32_t* seg, bool runs_increase, int64_t i0) {
+  if (seg == nullptr || !runs_increase) return 0;
+  int64_t j = i0;
+  while (j > 0 && seg[j - 1] == seg[i0]) --j;
+  return j / kBlock * kBlock;
+}
+
+bool runs_increase(const int32_t* seg, int64_t seq) {
+  if (seg == nullptr) return true;
+  for (int64_t t = 1; t < seq; ++t)
+    if (seg[t] != seg[t - 1] && seg[t] < seg[t - 1]) return false;
+  return true;
+}
+
+// Key c (position k0 + c) is visible to row i: causal and, with packing, same document.
+struct RowMask {
+  const int32_t* seg;  // the sequence's ids, or null
+  int64_t i, k0;
+  int64_t causal_count() const { return i - k0 + 1; }
+};
+
+RowVisibility visibility(const RowMask& mask, int64_t n) {
+  return {std::min(n, mask.causal_count()), mask.seg ? mask.seg + mask.k0 : nullptr,
+          mask.seg ? mask.seg[mask.i] : 0};
+}
+
+// Forward softmax of one row of scores s[0, n): p = exp(scale*s - m) / sum over visible keys,
+// written to p (the GEMM input type; in fp32, p is s itself). Returns the row's log-sum-exp
+// (-inf when nothing is visible).
+template <typename M>
+float softmax_row(const RowMask& mask, float scale, int64_t n, float* s, M* p) {
+  const VectorOps& ops = vector_ops();
+  const RowVisibility vis = visibility(mask, n);
+  const float mx = ops.masked_max(s, vis);
+  if (mx == -std::numeric_limits<float>::infinity()) {  // no visible key (not possible causally)
+    for (int64_t c = 0; c < n; ++c) store(0.0f, p + c);
+    return mx;
+  }
+  const float m = mx * scale;  // scale > 0, so the max of the scaled scores
+  const float sum = ops.exp_and_sum(s, n, scale, m, vis);
+  if constexpr (std::is_same_v<M, float>)
+    ops.scale(s, 1.0f / sum, n);
+  else
+    ops.scale_to_bf16(s, 1.0f / sum, p, n);
+  return m + std::log(sum);
+}
+
+// Backward of one row: p = exp(scale*s - lse) over visible keys, ds = scale * p * (dp - delta),
+// computed in place in fp32 (s becomes p, dp becomes ds), then converted to the GEMM input type.
+template <typename M>
+void softmax_backward_row(const RowMask& mask, float scale, float lse, float delta, int64_t n, float* s,
+                          float* dp, M* p, M* ds) {
+  const VectorOps& ops = vector_ops();
+  RowVisibility vis = visibility(mask, n);
+  if (lse == -std::numeric_limits<float>::infinity()) vis.visible = 0;
+  ops.softmax_grad(s, dp, n, scale, lse, delta, vis);
+  if constexpr (!std::is_same_v<M, float>) {
+    ops.scale_to_bf16(s, 1.0f, p, n);
+    ops.scale_to_bf16(dp, 1.0f, ds, n);
+  }
+}
+
+template <typename M>
+void forward_head(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* seg,
+                  float* out, float* lse, int64_t b, int64_t h, ThreadScratch<M>& w) {
+  const int64_t hd = s.head_dim, T = s.seq, token0 = b * T, kv = h / (s.q_heads / s.kv_heads);
+  const float scale = float(s.scale);
+  const bool runs = runs_increase(seg, T);
+  pack_head(q, s.ldq, token0, h, T, hd, w.q);
+  pack_head(k, s.ldk, token0, kv, T, hd, w.k);
+  pack_head(v, s.ldv, token0, kv, T, hd, w.v);
+  float* lse_h = lse + (b * s.q_heads + h) * T;
+  for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
+    const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(seg, runs, i0), n = i0 + rows - k0;
+    matmul(GemmShape{Trans::N, Trans::T, rows, n, hd, hd, hd, n}, w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
+    for (int64_t r = 0; r < rows; ++r)
+      lse_h[i0 + r] = softmax_row(RowMask{seg, i0 + r, k0}, scale, n, w.s + r * n, w.p + r * n);
+    matmul(GemmShape{Trans::N, Trans::N, rows, hd, n, n, hd, s.ldo}, w.p, w.v + k0 * hd,
+           out + (token0 + i0) * s.ldo + h * hd, 0.0f);
+  }
+}
+
+template <typename M>
+void backward_kv_head(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* seg,
+                      const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                      int64_t b, int64_t kv, ThreadScratch<M>& w) {
+  const int64_t hd = s.head_dim, T = s.seq, token0 = b * T, group = s.q_heads / s.kv_heads;
+  const float scale = float(s.scale);
+  const bool runs = runs_increase(seg, T);
+  pack_head(k, s.ldk, token0, kv, T, hd, w.k);
+  pack_head(v, s.ldv, token0, kv, T, hd, w.v);
+  for (int64_t t = 0; t < T; ++t) {  // dk, dv accumulate over every block of every q head
+    std::memset(dk + (token0 + t) * s.ldk + kv * hd, 0, sizeof(float) * size_t(hd));
+    std::memset(dv + (token0 + t) * s.ldv + kv * hd, 0, sizeof(float) * size_t(hd));
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t h = kv * group + g;
+    pack_head(q, s.ldq, token0, h, T, hd, w.q);
+    pack_head(dout, s.ldo, token0, h, T, hd, w.dout);
+    for (int64_t t = 0; t < T; ++t) {
+      const float* o = out + (token0 + t) * s.ldo + h * hd;
+      const float* d = dout + (token0 + t) * s.ldo + h * hd;
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t c = 0; c < hd; ++c) sum += o[c] * d[c];
+      w.delta[t] = sum;
+    }
+    const float* lse_h = lse + (b * s.q_heads + h) * T;
+    for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
+      const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(seg, runs, i0), n = i0 + rows - k0;
+      matmul(GemmShape{Trans::N, Trans::T, rows, n, hd, hd, hd, n}, w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
+      matmul(GemmShape{Trans::N, Trans::T, rows, n, hd, hd, hd, n}, w.dout + i0 * hd, w.v + k0 * hd, w.dp, 0.0f);
+      for (int64_t r = 0; r < rows; ++r)
+        softmax_backward_row(RowMask{seg, i0 + r, k0}, scale, lse_h[i0 + r], w.delta[i0 + r], n, w.s + r * n,
+                             w.dp + r * n, w.p + r * n, w.ds + r * n);
+      const GemmShape keys_by_dim{Trans::T, Trans::N, n, hd, rows, n, hd, 0};
+      GemmShape into_dv = keys_by_dim, into_dk = keys_by_dim;
+      into_dv.ldc = s.ldv;
+      into_dk.ldc = s.ldk;
+      matmul(into_dv, w.p, w.dout + i0 * hd, dv + (token0 + k0) * s.ldv + kv * hd, 1.0f);
+      matmul(into_dk, w.ds, w.q + i0 * hd, dk + (token0 + k0) * s.ldk + kv * hd, 1.0f);
+      matmul(GemmShape{Trans::N, Trans::N, rows, hd, n, n, hd, s.ldq}, w.ds, w.k + k0 * hd,
+             dq + (token0 + i0) * s.ldq + h * hd, 0.0f);
+    }
+  }
+}
+
+void check_shape(const AttentionShape& s) {
+  require(s.batch > 0 && s.seq > 0 && s.head_dim > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0,
+          "attention: bad shape (batch {}, seq {}, heads {}/{}, head_dim {})", s.batch, s.seq, s.q_heads,
+          s.kv_heads, s.head_dim);
+}
+
+template <typename M>
+char* thread_base(void* workspace, size_t workspace_bytes, const AttentionShape& s) {
+  const size_t per_thread = ThreadScratch<M>::bytes(s.seq, s.head_dim);
+  const size_t needed = per_thread * size_t(max_threads());
+  require(workspace != nullptr && workspace_bytes >= needed,
+          "attention: workspace of {} bytes, {} needed for sequence {} on {} threads", workspace_bytes, needed, s.seq,
+          max_threads());
+  return static_cast<char*>(workspace);
+}
+
+inline bool parallel(const AttentionShape& s) {
+  return s.batch * s.q_heads * s.seq * s.seq * s.head_dim >= kParallelMinWork;
+}
+
+template <typename M>
+void forward_all(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* segments,
+                 float* out, float* lse, void* workspace, size_t workspace_bytes) {
+  check_shape(s);
+  char* base = thread_base<M>(workspace, workspace_bytes, s);
+  const size_t per_thread = ThreadScratch<M>::bytes(s.seq, s.head_dim);
+  const int64_t tasks = s.batch * s.q_heads;
+  auto task = [&](int64_t t, int thread) {
+    auto w = ThreadScratch<M>::at(base + size_t(thread) * per_thread, s.seq, s.head_dim);
+    const int64_t b = t / s.q_heads, h = t % s.q_heads;
+    forward_head(s, q, k, v, segments ? segments + b * s.seq : nullptr, out, lse, b, h, w);
+  };
+  if (!parallel(s)) {  // a branch, not `omp parallel if`: libgomp allocates a team even for if(false)
+    for (int64_t t = 0; t < tasks; ++t) task(t, 0);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < tasks; ++t) task(t, thread_index());
+}
+
+template <typename M>
+void backward_all(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* segments,
+                  const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                  void* workspace, size_t workspace_bytes) {
+  check_shape(s);
+  char* base = thread_base<M>(workspace, workspace_bytes, s);
+  const size_t per_thread = ThreadScratch<M>::bytes(s.seq, s.head_dim);
+  const int64_t tasks = s.batch * s.kv_heads;
+  auto task = [&](int64_t t, int thread) {
+    auto w = ThreadScratch<M>::at(base + size_t(thread) * per_thread, s.seq, s.head_dim);
+    const int64_t b = t / s.kv_heads, kv = t % s.kv_heads;
+    backward_kv_head(s, q, k, v, segments ? segments + b * s.seq : nullptr, out, lse, dout, dq, dk, dv, b, kv, w);
+  };
+  if (!parallel(s)) {
+    for (int64_t t = 0; t < tasks; ++t) task(t, 0);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < tasks; ++t) task(t, thread_index());
+}
+
+}  // namespace
+
+size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision, int threads) {
+  const size_t per_thread = precision == AttentionMatmul::BF16 ? ThreadScratch<bf16>::bytes(s.seq, s.head_dim)
+                                                               : ThreadScratch<float>::bytes(s.seq, s.head_dim);
+  return per_thread * size_t(std::max(threads, 1));
+}
+
+void attention_forward_blocked(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
+                               const float* v, const int32_t* segments, float* out, float* lse, void* workspace,
+                               size_t workspace_bytes) {
+  if (precision == AttentionMatmul::BF16)
+    forward_all<bf16>(s, q, k, v, segments, out, lse, workspace, workspace_bytes);
+  else
+    forward_all<float>(s, q, k, v, segments, out, lse, workspace, workspace_bytes);
+}
+
+void attention_backward_blocked(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
+                                const float* v, const int32_t* segments, const float* out, const float* lse,
+                                const float* dout, float* dq, float* dk, float* dv, void* workspace,
+                                size_t workspace_bytes) {
+  if (precision == AttentionMatmul::BF16)
+    backward_all<bf16>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes);
+  else
+    backward_all<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes);
+}
+
+}  // namespace keel::kernels

@@ -1,0 +1,51 @@
+// Elementwise row kernels compiled for several x86 levels and chosen once at run time.
+//
+// The library is built for the portable x86-64 baseline (SSE2), so code that should use AVX2 or
+// AVX-512 where the CPU has it is compiled three times (vector_ops.cpp includes
+// vector_ops_body.inc under different `#pragma GCC target`s) and called through this table.
+// KEEL_ISA=portable|avx2|avx512 lowers the choice (never above what the CPU supports): CI runs
+// the kernel tests on the portable path with it, so that path stays tested on AVX-512 machines.
+// Every level computes the same formulas in the same order, 16 lanes at a time; results may
+// differ in the last bit where a level fuses a multiply-add.
+#pragma once
+#include <cstdint>
+#include <string_view>
+
+#include "keel/core/dtype.h"
+
+namespace keel::kernels {
+
+enum class Isa : uint8_t { Portable, Avx2, Avx512 };
+std::string_view isa_name(Isa isa);  // "portable", "avx2", "avx512"
+
+// A key mask for a row of scores: lane c is visible when c < visible and, with packed documents,
+// seg[c] == own (seg null: no documents).
+struct RowVisibility {
+  int64_t visible;
+  const int32_t* seg;
+  int32_t own;
+};
+
+struct VectorOps {
+  Isa isa;
+  // max over visible c of s[c]; -inf when none is visible.
+  float (*masked_max)(const float* s, RowVisibility mask);
+  // s[c] = visible ? exp(s[c]*scale - shift) : 0 for c < n; returns the sum.
+  float (*exp_and_sum)(float* s, int64_t n, float scale, float shift, RowVisibility mask);
+  // Softmax backward from scores: p = visible ? exp(s*scale - lse) : 0, then s[c] = p and
+  // dp[c] = scale * p * (dp[c] - delta), for c < n.
+  void (*softmax_grad)(float* s, float* dp, int64_t n, float scale, float lse, float delta, RowVisibility mask);
+  // dst[c] = bf16(src[c] * factor), round to nearest even.
+  void (*scale_to_bf16)(const float* src, float factor, bf16* dst, int64_t n);
+  // x[c] *= factor.
+  void (*scale)(float* x, float factor, int64_t n);
+};
+
+// The table for this CPU (and KEEL_ISA), chosen on first use.
+const VectorOps& vector_ops();
+// The table of one level; throws keel::Error when this CPU lacks it. For tests.
+const VectorOps& vector_ops_for(Isa isa);
+// The best level this CPU supports.
+Isa cpu_isa();
+
+}  // namespace keel::kernels

@@ -1,0 +1,153 @@
+// The row kernels of every instruction-set level this CPU has, against double-precision formulas.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "keel/kernels/cpu/vector_math.h"
+#include "keel/kernels/cpu/vector_ops.h"
+
+namespace keel::kernels {
+namespace {
+
+std::vector<Isa> levels_here() {
+  std::vector<Isa> out;
+  for (Isa isa : {Isa::Portable, Isa::Avx2, Isa::Avx512})
+    if (isa <= cpu_isa()) out.push_back(isa);
+  return out;
+}
+
+std::vector<float> uniform(size_t n, float lo, float hi, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Relative error of float exp against double; below -87.3 (results under FLT_MIN) the
+// approximation returns about 1.2e-38 instead of a subnormal.
+void expect_exp_close(float got, double x) {
+  const double want = std::exp(x);
+  if (x < -87.3) {
+    EXPECT_LT(got, 2e-38f) << "exp(" << x << ")";
+    return;
+  }
+  // 2 ulp of the polynomial, plus the rounding of an argument computed in float (x*scale - shift,
+  // fused or not): half an ulp of x moves exp(x) by |x| * 2^-24 relative.
+  EXPECT_NEAR(got / want, 1.0, 3e-7 + std::fabs(x) * 6e-8) << "exp(" << x << ")";
+}
+
+TEST(VectorMath, ScalarExpWithinTwoUlp) {
+  for (float x : uniform(20000, -87.0f, 88.0f, 1)) expect_exp_close(exp_approx(x), double(x));
+  EXPECT_EQ(exp_approx(0.0f), 1.0f);
+  EXPECT_LT(exp_approx(-std::numeric_limits<float>::infinity()), 2e-38f);
+}
+
+TEST(VectorOps, ExpAndSumMasksAndMatchesDouble) {
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const VectorOps& ops = vector_ops_for(isa);
+    for (int64_t n : {1, 15, 16, 17, 40, 64, 100}) {
+      const std::vector<float> x = uniform(size_t(n), -30.0f, 3.0f, uint32_t(n));
+      std::vector<int32_t> seg(static_cast<size_t>(n));
+      for (int64_t c = 0; c < n; ++c) seg[size_t(c)] = int32_t(c % 5 == 2);
+      for (bool with_seg : {false, true}) {
+        const int64_t visible = std::max<int64_t>(1, n * 3 / 4);
+        const RowVisibility vis{visible, with_seg ? seg.data() : nullptr, 0};
+        std::vector<float> s = x;
+        const float scale = 0.7f, shift = -1.5f;
+        const float sum = ops.exp_and_sum(s.data(), n, scale, shift, vis);
+        double want_sum = 0;
+        for (int64_t c = 0; c < n; ++c) {
+          const bool on = c < visible && (!with_seg || seg[size_t(c)] == 0);
+          if (!on) {
+            ASSERT_EQ(s[size_t(c)], 0.0f) << c;
+            continue;
+          }
+          const double arg = double(x[size_t(c)]) * scale - shift;
+          expect_exp_close(s[size_t(c)], arg);
+          want_sum += std::exp(arg);
+        }
+        if (want_sum == 0)
+          EXPECT_EQ(sum, 0.0f);
+        else
+          EXPECT_NEAR(sum / want_sum, 1.0, 3e-6);
+        float want_max = -std::numeric_limits<float>::infinity();
+        for (int64_t c = 0; c < visible; ++c)
+          if (!with_seg || seg[size_t(c)] == 0) want_max = std::max(want_max, x[size_t(c)]);
+        EXPECT_EQ(ops.masked_max(x.data(), vis), want_max);
+      }
+    }
+    EXPECT_EQ(ops.masked_max(nullptr, RowVisibility{0, nullptr, 0}), -std::numeric_limits<float>::infinity());
+  }
+}
+
+TEST(VectorOps, SoftmaxGradMatchesDouble) {
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const VectorOps& ops = vector_ops_for(isa);
+    const int64_t n = 77, visible = 70;
+    const std::vector<float> s0 = uniform(n, -4.0f, 2.0f, 7), dp0 = uniform(n, -1.0f, 1.0f, 8);
+    std::vector<float> s = s0, dp = dp0;
+    const float scale = 0.125f, lse = 1.25f, delta = 0.3f;
+    ops.softmax_grad(s.data(), dp.data(), n, scale, lse, delta, RowVisibility{visible, nullptr, 0});
+    for (int64_t c = 0; c < n; ++c) {
+      if (c >= visible) {
+        ASSERT_EQ(s[size_t(c)], 0.0f);
+        ASSERT_EQ(dp[size_t(c)], 0.0f);
+        continue;
+      }
+      const double p = std::exp(double(s0[size_t(c)]) * scale - lse);
+      EXPECT_NEAR(s[size_t(c)], p, 4e-7 * p);
+      EXPECT_NEAR(dp[size_t(c)], scale * p * (double(dp0[size_t(c)]) - delta), 2e-6 * p + 1e-9);
+    }
+  }
+}
+
+TEST(VectorOps, Bf16ConversionIsRoundToNearestEvenOnEveryLevel) {
+  std::vector<float> x = uniform(1000, -1e4f, 1e4f, 9);
+  // Ties, both parities, infinities, NaN, the largest finite values, subnormals.
+  for (uint32_t bits : {0x3f808000u, 0x3f818000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f7fffffu, 0x00000001u,
+                        0x807fffffu, 0x3f80ffffu}) {
+    float f;
+    std::memcpy(&f, &bits, 4);
+    x.push_back(f);
+  }
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    for (float factor : {1.0f, 0.37f}) {
+      std::vector<bf16> got(x.size());
+      vector_ops_for(isa).scale_to_bf16(x.data(), factor, got.data(), int64_t(x.size()));
+      for (size_t i = 0; i < x.size(); ++i) ASSERT_EQ(got[i].bits, float_to_bf16(x[i] * factor).bits) << i;
+    }
+  }
+}
+
+TEST(VectorOps, LevelsAgree) {
+  const std::vector<float> x = uniform(203, -20.0f, 0.0f, 10);
+  std::vector<float> reference = x;
+  vector_ops_for(Isa::Portable).exp_and_sum(reference.data(), 203, 1.0f, 0.0f, RowVisibility{203, nullptr, 0});
+  for (Isa isa : levels_here()) {
+    std::vector<float> s = x;
+    vector_ops_for(isa).exp_and_sum(s.data(), 203, 1.0f, 0.0f, RowVisibility{203, nullptr, 0});
+    for (size_t i = 0; i < s.size(); ++i) EXPECT_NEAR(s[i], reference[i], 2.5e-7f * reference[i]) << isa_name(isa);
+  }
+}
+
+// KEEL_ISA (set by CI for the portable run) is what the kernels use, capped by the CPU.
+TEST(VectorOps, ChosenLevelFollowsKeelIsa) {
+  const char* env = std::getenv("KEEL_ISA");
+  Isa want = cpu_isa();
+  if (env && std::string(env) == "portable") want = Isa::Portable;
+  if (env && std::string(env) == "avx2") want = std::min(want, Isa::Avx2);
+  EXPECT_EQ(vector_ops().isa, want) << "KEEL_ISA=" << (env ? env : "(unset)");
+}
+
+}  // namespace
+}  // namespace keel::kernels
