@@ -306,13 +306,14 @@ def tail(text, n=40):
     return "\n".join(lines[-n:])
 
 
-def run_keel(keel, work, timeout):
+def run_keel(keel, work, timeout, keel_env=()):
     recipe = os.path.join(work, "recipe.toml")
     cmd = [keel, "train", recipe]
-    print("$ " + " ".join(cmd), flush=True)
+    print("$ " + " ".join(list(keel_env) + cmd), flush=True)
+    env = dict(os.environ, **dict(kv.split("=", 1) for kv in keel_env))
     t0 = time.time()
     try:
-        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired as e:
         print("keel stdout (tail):\n" + tail(e.stdout if isinstance(e.stdout, str) else ""))
         print("keel stderr (tail):\n" + tail(e.stderr if isinstance(e.stderr, str) else ""))
@@ -920,6 +921,8 @@ def main():
     ap.add_argument("--dtype", required=True, choices=("fp32", "bf16"))
     ap.add_argument("--work", required=True, help="work directory (model/, out/, ... are (re)created)")
     ap.add_argument("--timeout", type=int, default=540, help="seconds allowed for keel train")
+    ap.add_argument("--keel-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment for keel only (e.g. KEEL_ISA=portable: torch would read ONEDNN_* too)")
     ap.add_argument("--self-check", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -941,7 +944,7 @@ def main():
     cfg, spec, init, records = write_inputs(work, args.family, args.dtype)
     print("model: %s (%d tensors); data: %d records; recipe: %s"
           % (spec, len(init), len(records), os.path.join(work, "recipe.toml")))
-    failures = run_keel(keel, work, args.timeout)
+    failures = run_keel(keel, work, args.timeout, args.keel_env)
     if failures:
         print("FAIL: " + failures[0])
         return 1

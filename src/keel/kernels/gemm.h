@@ -18,8 +18,11 @@ struct GemmShape {
 
 // beta must be 0 (overwrite) or 1 (accumulate into C, as for gradients).
 void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, float beta);
-// bf16 inputs, fp32 accumulation and fp32 output.
+// bf16 inputs, fp32 accumulation and fp32 output. Where oneDNN has no bf16 matmul for this CPU
+// (x86 before AVX-512), the inputs are widened to fp32 (exactly) and an fp32 matmul runs.
 void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta);
+// True once some gemm_bf16 call had to widen its inputs (reported with the run's kernels).
+bool gemm_bf16_emulated();
 // Plain triple loop in double: the reference the kernels' tests compare against.
 void gemm_reference(const GemmShape& s, const double* a, const double* b, double* c, double beta);
 

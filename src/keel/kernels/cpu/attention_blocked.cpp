@@ -266,12 +266,7 @@ void forward_all(const AttentionShape& s, const float* q, const float* k, const 
     const int64_t b = t / s.q_heads, h = t % s.q_heads;
     forward_head(s, q, k, v, segments ? segments + b * s.seq : nullptr, out, lse, b, h, w);
   };
-  if (!parallel(s)) {  // a branch, not `omp parallel if`: libgomp allocates a team even for if(false)
-    for (int64_t t = 0; t < tasks; ++t) task(t, 0);
-    return;
-  }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < tasks; ++t) task(t, thread_index());
+  for_each_task(tasks, parallel(s), task);
 }
 
 template <typename M>
@@ -287,12 +282,7 @@ void backward_all(const AttentionShape& s, const float* q, const float* k, const
     const int64_t b = t / s.kv_heads, kv = t % s.kv_heads;
     backward_kv_head(s, q, k, v, segments ? segments + b * s.seq : nullptr, out, lse, dout, dq, dk, dv, b, kv, w);
   };
-  if (!parallel(s)) {
-    for (int64_t t = 0; t < tasks; ++t) task(t, 0);
-    return;
-  }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < tasks; ++t) task(t, thread_index());
+  for_each_task(tasks, parallel(s), task);
 }
 
 }  // namespace

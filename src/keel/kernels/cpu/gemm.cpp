@@ -8,6 +8,7 @@
 // attention kernel gives each thread its own heads) run concurrently, each on its own thread, with
 // nothing shared.
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <dnnl.hpp>
 #include <memory>
@@ -44,6 +45,9 @@ struct GemmKeyHash {
 struct GemmPlan {
   dnnl::matmul primitive;
   dnnl::memory a, b, c;
+  // bf16 on a CPU where oneDNN has no bf16 matmul (before AVX-512): the operands are widened
+  // into these fp32 copies (exact) and an fp32 primitive runs; same products, fp32 sums.
+  std::vector<float> a_wide, b_wide;
   // Execution arguments for the C API, built once: dnnl::primitive::execute would rebuild a
   // std::vector of them from a map on every call, a heap allocation inside the step loop.
   std::array<dnnl_exec_arg_t, 3> args;
@@ -59,6 +63,11 @@ dnnl::stream& cpu_stream() {
   return stream;
 }
 
+std::atomic<bool>& bf16_emulated() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
 // op(X) of logical size rows x cols stored row-major with leading dimension ld.
 dnnl::memory::desc operand_desc(Trans t, int64_t rows, int64_t cols, int64_t ld,
                                 dnnl::memory::data_type dt) {
@@ -67,12 +76,15 @@ dnnl::memory::desc operand_desc(Trans t, int64_t rows, int64_t cols, int64_t ld,
   return dnnl::memory::desc(dims, dt, strides);
 }
 
+// Elements an operand spans in memory: op(X) is rows x cols, stored with leading dimension ld.
+size_t stored_elements(Trans t, int64_t rows, int64_t cols, int64_t ld) {
+  return t == Trans::N ? size_t((rows - 1) * ld + cols) : size_t((cols - 1) * ld + rows);
+}
+
 std::unique_ptr<GemmPlan> make_plan(const GemmKey& key) {
   using dt = dnnl::memory::data_type;
   const GemmShape& s = key.s;
-  dt in_type = key.bf16 ? dt::bf16 : dt::f32;
-  auto a_desc = operand_desc(s.trans_a, s.m, s.k, s.lda, in_type);
-  auto b_desc = operand_desc(s.trans_b, s.k, s.n, s.ldb, in_type);
+  auto& engine = cpu_engine();
   auto c_desc = operand_desc(Trans::N, s.m, s.n, s.ldc, dt::f32);
   dnnl::primitive_attr attr;
   if (key.accumulate) {
@@ -80,12 +92,28 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key) {
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  auto& engine = cpu_engine();
-  dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc, b_desc, c_desc), attr, engine);
   auto plan = std::make_unique<GemmPlan>();
-  plan->primitive = dnnl::matmul(pd);
-  plan->a = dnnl::memory(a_desc, engine, DNNL_MEMORY_NONE);
-  plan->b = dnnl::memory(b_desc, engine, DNNL_MEMORY_NONE);
+  auto try_type = [&](dt in_type) -> bool {
+    auto a_desc = operand_desc(s.trans_a, s.m, s.k, s.lda, in_type);
+    auto b_desc = operand_desc(s.trans_b, s.k, s.n, s.ldb, in_type);
+    try {
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc, b_desc, c_desc), attr, engine);
+      plan->primitive = dnnl::matmul(pd);
+    } catch (const dnnl::error& e) {
+      if (e.status != dnnl_unimplemented) throw;
+      return false;
+    }
+    plan->a = dnnl::memory(a_desc, engine, DNNL_MEMORY_NONE);
+    plan->b = dnnl::memory(b_desc, engine, DNNL_MEMORY_NONE);
+    return true;
+  };
+  if (!try_type(key.bf16 ? dt::bf16 : dt::f32)) {
+    require(key.bf16, "gemm: oneDNN has no fp32 matmul for {}x{}x{}", s.m, s.n, s.k);
+    require(try_type(dt::f32), "gemm: oneDNN has no matmul for {}x{}x{}", s.m, s.n, s.k);
+    plan->a_wide.resize(stored_elements(s.trans_a, s.m, s.k, s.lda));
+    plan->b_wide.resize(stored_elements(s.trans_b, s.k, s.n, s.ldb));
+    bf16_emulated().store(true, std::memory_order_relaxed);
+  }
   plan->c = dnnl::memory(c_desc, engine, DNNL_MEMORY_NONE);
   plan->args = {dnnl_exec_arg_t{DNNL_ARG_SRC, plan->a.get()}, dnnl_exec_arg_t{DNNL_ARG_WEIGHTS, plan->b.get()},
                 dnnl_exec_arg_t{DNNL_ARG_DST, plan->c.get()}};
@@ -107,6 +135,12 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make_plan(key)).first;
   GemmPlan& plan = *it->second;
+  if (!plan.a_wide.empty()) {  // bf16 widened for an fp32 primitive (see GemmPlan)
+    convert_bf16_to_f32(static_cast<const keel::bf16*>(a), plan.a_wide.data(), plan.a_wide.size());
+    convert_bf16_to_f32(static_cast<const keel::bf16*>(b), plan.b_wide.data(), plan.b_wide.size());
+    a = plan.a_wide.data();
+    b = plan.b_wide.data();
+  }
   plan.a.set_data_handle(const_cast<void*>(a));
   plan.b.set_data_handle(const_cast<void*>(b));
   plan.c.set_data_handle(c);
@@ -117,6 +151,8 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
 }
 
 }  // namespace
+
+bool gemm_bf16_emulated() { return bf16_emulated().load(std::memory_order_relaxed); }
 
 void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, float beta) {
   run(false, s, a, b, c, beta);
