@@ -437,5 +437,29 @@ TEST(ModelConfigExport, OriginalTextKeptExceptDtype) {
   EXPECT_EQ(e_json.find("torch_dtype"), std::string::npos);
 }
 
+TEST(ModelConfigExport, GlmFormatsConvertBothWays) {
+  // THUDM/glm-4-9b (ChatGLMModel) as GlmForCausalLM and back: the same model, each format's keys.
+  const ModelConfig original = parse(kGlm4_9b);
+  const ModelConfig hf = config_for_family(original, Family::Glm);
+  EXPECT_EQ(hf.family, Family::Glm);
+  EXPECT_EQ(hf.architecture, "GlmForCausalLM");
+  EXPECT_TRUE(hf.config_json.empty());  // the ChatGLM keys (auto_map, ...) do not describe the new format
+  const std::string hf_json = model_config_json(hf, DType::BF16);
+  EXPECT_EQ(hf_json.find("padded_vocab_size"), std::string::npos) << hf_json;
+  const ModelConfig hf_back = parse_model_config(hf_json, "converted");
+  expect_same_model(hf_back, hf);
+  const ModelConfig again = config_for_family(hf_back, Family::GlmOriginal);
+  const ModelConfig again_back = parse_model_config(model_config_json(again, DType::BF16), "converted back");
+  expect_same_model(again_back, original);
+  // The same family: unchanged, original text included.
+  EXPECT_EQ(config_for_family(original, Family::GlmOriginal).config_json, original.config_json);
+
+  expect_error([] { config_for_family(small_config(Family::Llama), Family::GlmOriginal); },
+               {"llama", "LlamaForCausalLM", "glm_original", "only GLM-4 models"});
+  expect_error([] { config_for_family(small_config(Family::Qwen2), Family::Glm); }, {"qwen2", "glm"});
+  // GlmForCausalLM may rotate any even part of a head; ChatGLM rotates exactly half.
+  expect_error([] { config_for_family(small_config(Family::Glm), Family::GlmOriginal); }, {"rotates half"});
+}
+
 }  // namespace
 }  // namespace keel::model

@@ -657,6 +657,21 @@ ModelConfig load_model_config(const std::string& path) {
   return parse_model_config(read_file(path, size_t(16) << 20), path);
 }
 
+ModelConfig config_for_family(const ModelConfig& c, Family family) {
+  if (c.family == family) return c;
+  const auto is_glm = [](Family f) { return f == Family::Glm || f == Family::GlmOriginal; };
+  require(is_glm(c.family) && is_glm(family),
+          "a {} model ({}) cannot be written in the {} format: only GLM-4 models convert between the glm "
+          "(GlmForCausalLM) and glm_original (ChatGLMModel) formats",
+          format_of(c.family).name, c.architecture, format_of(family).name);
+  ModelConfig out = c;
+  out.family = family;
+  out.architecture = std::string(format_of(family).architectures.front());
+  out.config_json.clear();
+  validate(out, fmt::format("{} model in the {} format", format_of(c.family).name, format_of(family).name));
+  return out;
+}
+
 std::string model_config_json(const ModelConfig& c, DType dtype) {
   bool original = !c.config_json.empty();
   std::string source = original ? c.config_json : generated_config_json(c, dtype);

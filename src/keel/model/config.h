@@ -59,6 +59,12 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 // Checks the sizes are consistent (called by the parser and for configs built in code).
 void validate(const ModelConfig& c, const std::string& where);
 
+// The same model described in another family's format, for exporting it under that format's
+// tensor names and config.json: only glm <-> glm_original (GlmForCausalLM and THUDM's ChatGLMModel
+// hold the same weights under different names), anything else is a keel::Error naming both.
+// The converted config is generated afresh (config_json is cleared: its keys are the other format's).
+ModelConfig config_for_family(const ModelConfig& c, Family family);
+
 // config.json text for this config in its family's format (torch_dtype set to `dtype`).
 // If c.config_json is non-empty it is kept as is except for "torch_dtype", so keys keel does not
 // interpret survive a load/export round trip.

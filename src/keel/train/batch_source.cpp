@@ -86,7 +86,7 @@ std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const Re
     return std::make_unique<RecordsSource>(path, o);
   data::TrainingDataRequest q;
   q.data_path = path;
-  q.tokenizer_path = !r.tokenizer.empty() ? r.tokenizer : r.model_config ? "" : r.model_name;
+  q.tokenizer_path = recipe_tokenizer_path(r);
   q.max_seq_len = r.max_seq_len;
   q.vocab_size = o.vocab_size;
   q.pad_id = o.pad_id;

@@ -241,9 +241,19 @@ std::string latest_checkpoint(const std::string& dir) {
   return dir + "/" + name;
 }
 
-namespace {
+std::string checkpoint_step_dir(const std::string& path) {
+  std::error_code ec;
+  require(fs::exists(path, ec), "{}: checkpoint directory does not exist", path);
+  require(fs::is_directory(path, ec), "{}: expected a checkpoint directory, found a file", path);
+  if (path_exists(path + "/manifest.json")) return path;
+  if (path_exists(path + "/latest")) return latest_checkpoint(path);
+  fail("{}: not a keel checkpoint: expected manifest.json (a complete step-N checkpoint) or a 'latest' pointer "
+       "(a checkpoint_dir)",
+       path);
+}
 
-void verify_manifest(const std::string& path) {
+void verify_checkpoint(const std::string& path) {
+  require(fs::is_directory(path), "{}: checkpoint directory does not exist", path);
   const std::string manifest_path = path + "/manifest.json";
   require(path_exists(manifest_path), "{}: not a complete keel checkpoint (manifest.json is missing)", path);
   simdjson::dom::parser parser;
@@ -270,14 +280,14 @@ void verify_manifest(const std::string& path) {
   }
 }
 
-TrainingState parse_state(const std::string& path) {
+TrainingState read_checkpoint_state(const std::string& path) {
   const std::string state_path = path + "/trainer_state.json";
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
   simdjson::padded_string text(read_file(state_path));
   require(parser.parse(text).get(doc) == simdjson::SUCCESS, "{}: invalid JSON", state_path);
   TrainingState s;
-  uint64_t seed;
+  uint64_t seed = 0;
   std::string_view recipe_hash, model_fp, data_fp, compat_fp;
   require(doc["step"].get_int64().get(s.step) == simdjson::SUCCESS &&
               doc["samples_consumed"].get_int64().get(s.samples_consumed) == simdjson::SUCCESS &&
@@ -296,6 +306,8 @@ TrainingState parse_state(const std::string& path) {
   return s;
 }
 
+namespace {
+
 void read_tensors(const std::string& file, const std::vector<model::Param>& layout, float* base,
                   const std::string& prefix) {
   auto st = model::SafetensorsFile::open(file);
@@ -311,10 +323,14 @@ void read_tensors(const std::string& file, const std::vector<model::Param>& layo
 
 }  // namespace
 
+void read_checkpoint_weights(const std::string& path, model::ParamStore& params) {
+  read_tensors(path + "/weights.safetensors", params.params(), params.weights(), "");
+  params.refresh_bf16_copy();
+}
+
 TrainingState load_checkpoint(const std::string& path, model::ParamStore& params) {
-  require(fs::is_directory(path), "{}: checkpoint directory does not exist", path);
-  verify_manifest(path);
-  TrainingState state = parse_state(path);
+  verify_checkpoint(path);
+  TrainingState state = read_checkpoint_state(path);
   read_tensors(path + "/weights.safetensors", params.params(), params.weights(), "");
   read_tensors(path + "/optimizer.safetensors", params.params(), params.adam_m(), "m.");
   read_tensors(path + "/optimizer.safetensors", params.params(), params.adam_v(), "v.");

@@ -85,9 +85,21 @@ int clean_incomplete_checkpoints(const std::string& dir);
 // The newest complete checkpoint in `dir` (per its `latest` pointer), or "" if there is none.
 std::string latest_checkpoint(const std::string& dir);
 
+// The step directory `path` names: `path` itself when it holds a manifest.json (step-N/), else the
+// checkpoint its `latest` pointer names (a checkpoint_dir). Errors name the path and what is missing.
+std::string checkpoint_step_dir(const std::string& path);
+
 // Verifies the manifest's checksums, then loads weights and optimizer state into `params`
 // (whose layout must match) and returns the training state. Errors name the file and problem.
 TrainingState load_checkpoint(const std::string& path, model::ParamStore& params);
+
+// The steps of load_checkpoint, for readers that need the checkpoint's recipe before they can lay
+// out `params` (keel export). verify_checkpoint: every file the manifest lists exists with its
+// recorded size and XXH3 checksum (errors name the file); the readers below do not verify again.
+void verify_checkpoint(const std::string& path);
+TrainingState read_checkpoint_state(const std::string& path);  // trainer_state.json
+// The fp32 master weights (weights.safetensors) into `params`, whose layout must match.
+void read_checkpoint_weights(const std::string& path, model::ParamStore& params);
 
 // Fingerprints of what must not change across a resume.
 std::string model_fingerprint(const model::ParamStore& params, const std::string& architecture);

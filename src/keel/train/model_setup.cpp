@@ -52,6 +52,11 @@ model::DecoderOptions training_decoder_options(const Recipe& r) {
   return o;
 }
 
+DType recipe_export_dtype(const Recipe& r, const model::ModelConfig& config, const model::DecoderParamIds& ids) {
+  if (r.model_config) return r.dtype == "bf16" ? DType::BF16 : DType::F32;
+  return model::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, ids)[0].name);
+}
+
 ModelSetup setup_model(const Recipe& r) {
   ModelSetup s;
   const auto precision = recipe_precision(r);
@@ -60,12 +65,10 @@ ModelSetup setup_model(const Recipe& r) {
                                                training_decoder_options(r));
   if (r.model_config) {
     s.decoder->init_random(uint64_t(r.seed));
-    s.export_dtype = r.dtype == "bf16" ? DType::BF16 : DType::F32;
-    return s;
+  } else {
+    s.unused_tensors = model::load_hf_weights(*s.decoder, r.model_name);
   }
-  s.unused_tensors = model::load_hf_weights(*s.decoder, r.model_name);
-  s.export_dtype =
-      model::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, s.decoder->ids())[0].name);
+  s.export_dtype = recipe_export_dtype(r, config, s.decoder->ids());
   return s;
 }
 

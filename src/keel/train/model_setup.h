@@ -23,6 +23,9 @@ model::Precision recipe_precision(const Recipe& recipe);
 // The decoder settings a training run of this recipe uses: gradient checkpointing, optimizer
 // state in the arena, and memory_pool_size (GiB) as the arena's cap.
 model::DecoderOptions training_decoder_options(const Recipe& recipe);
+// The dtype a run's model is exported in by default (output_dir/final, keel export): that of
+// model_name's weights, or the recipe's dtype for a model built from [model_config].
+DType recipe_export_dtype(const Recipe& recipe, const model::ModelConfig& config, const model::DecoderParamIds& ids);
 ModelSetup setup_model(const Recipe& recipe);
 
 }  // namespace keel::train

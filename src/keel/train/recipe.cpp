@@ -389,6 +389,10 @@ std::string recipe_to_toml(const Recipe& r) {
   return out;
 }
 
+std::string recipe_tokenizer_path(const Recipe& r) {
+  return !r.tokenizer.empty() ? r.tokenizer : r.model_config ? "" : r.model_name;
+}
+
 std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   std::vector<std::string> w;
   auto note = [&](bool set, const char* key, const char* what) {

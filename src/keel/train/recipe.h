@@ -80,6 +80,10 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& source,
 // The fully resolved recipe (every key with its value, defaults included) as TOML.
 std::string recipe_to_toml(const Recipe& r);
 
+// The tokenizer a run of this recipe uses: `tokenizer`, else model_name's directory ("" for a new
+// model without one).
+std::string recipe_tokenizer_path(const Recipe& r);
+
 // Keys that are parsed and validated but whose feature is not active yet; warnings for those set.
 std::vector<std::string> inactive_key_warnings(const Recipe& r);
 

@@ -19,6 +19,7 @@
 #include "keel/core/checksum.h"
 #include "keel/train/checkpoint.h"
 #include "keel/train/evaluation.h"
+#include "keel/train/export.h"
 #include "keel/train/interrupt.h"
 #include "keel/train/loss_plot.h"
 #include "keel/train/memory_report.h"
@@ -297,6 +298,7 @@ class Trainer {
     }
     const std::string final_dir = r_.output_dir + "/final";
     model::save_hf_model(decoder_, final_dir, setup_.export_dtype);
+    copy_tokenizer_files(r_, final_dir);
     fmt::print(log_, "keel: model written to {}; metrics in {}/metrics.jsonl, summary.json, {}\n", final_dir,
                r_.output_dir, plot);
   }

@@ -1,0 +1,73 @@
+// keel export CHECKPOINT --to DIR [--dtype bf16|fp16|fp32] [--format hf|glm-original]
+//                                 [--max-shard-size 5GB] [--set key=value ...]
+// A training checkpoint (a step-N directory, or a checkpoint_dir: its `latest`) as a Hugging Face
+// model directory: config.json, safetensors and the tokenizer files of the run.
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "keel/cli/commands.h"
+#include "keel/core/error.h"
+#include "keel/train/export.h"
+#include "keel/train/memory_report.h"
+
+namespace keel::cli {
+namespace {
+
+struct ExportOptions {
+  std::string checkpoint, destination, dtype, format, max_shard_size = "5GB";
+  std::vector<std::string> overrides;
+};
+
+std::string_view dtype_label(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
+
+const CommandRegistration kExport{
+    "export", "Write a training checkpoint as a Hugging Face model directory (config, safetensors, tokenizer)",
+    [](CLI::App& cmd) -> CommandAction {
+      auto o = std::make_shared<ExportOptions>();
+      cmd.add_option("checkpoint", o->checkpoint,
+                     "A checkpoint (checkpoint_dir/step-N) or a checkpoint_dir (its latest checkpoint)")
+          ->required();
+      cmd.add_option("--to", o->destination, "Output model directory (created if missing)")->required();
+      cmd.add_option("--dtype", o->dtype,
+                     "bf16 | fp16 | fp32 (default: the dtype of the weights the run started from, as "
+                     "output_dir/final)");
+      cmd.add_option("--format", o->format,
+                     "hf (transformers' classes) | glm-original (ChatGLM names, GLM-4 models only); default: the "
+                     "format the model was trained in");
+      cmd.add_option("--max-shard-size", o->max_shard_size,
+                     "Largest safetensors file before sharding with model.safetensors.index.json (binary units: "
+                     "1 GB = 1 GiB)")
+          ->capture_default_str();
+      cmd.add_option("--set", o->overrides,
+                     "Override a key of the checkpoint's recipe, e.g. --set model_name=DIR when the base model moved "
+                     "(repeatable)");
+      return [o] {
+        train::ExportRequest request;
+        request.checkpoint = o->checkpoint;
+        request.destination = o->destination;
+        if (!o->dtype.empty()) request.dtype = train::export_dtype_from_name(o->dtype);
+        if (!o->format.empty()) request.format = train::export_format_from_name(o->format);
+        try {
+          request.max_shard_bytes = train::parse_memory_size(o->max_shard_size);
+        } catch (const Error& e) {
+          fail("--max-shard-size: {}", e.what());
+        }
+        require(request.max_shard_bytes > 0, "--max-shard-size: expected a positive size, found '{}'",
+                o->max_shard_size);
+        request.recipe_overrides = o->overrides;
+        const auto result = train::export_checkpoint(request);
+        fmt::print("keel: exported {} (step {}) to {}: {}, {} ({})\n", result.step_dir, result.step,
+                   request.destination, result.config.architecture, dtype_label(result.dtype),
+                   model::family_name(result.config.family));
+        if (result.tokenizer_files.empty()) {
+          fmt::print("keel: no tokenizer files to copy (the run had no tokenizer directory)\n");
+        } else {
+          fmt::print("keel: tokenizer files copied: {}\n", fmt::join(result.tokenizer_files, ", "));
+        }
+        return 0;
+      };
+    }};
+
+}  // namespace
+}  // namespace keel::cli
