@@ -445,6 +445,7 @@ void Decoder::backward(const MicroBatch& mb) {
 
   kernels::rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), b.rstd_final, b.dnorm, N, H, b.dx,
                             P.grad(ids_.final_norm));
+  grad_ready(ids_.final_norm);
   const kernels::AttentionShape as = attention_shape(c, mb.batch, mb.seq);
   for (int64_t l = L - 1; l >= 0; --l) {
     const auto& a = b.backward[l];
@@ -467,6 +468,7 @@ void Decoder::backward(const MicroBatch& mb) {
     lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight));
     kernels::rmsnorm_backward(a.xmid, P.weight(p.post_norm), a.rstd2, b.dnorm, N, H, b.dtmp, P.grad(p.post_norm));
     add_into(b.dh, b.dx, b.dtmp, N * H);
+    for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) grad_ready(id);
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x)))))
     to_bf16(b.dh, dyb, N * H);
@@ -484,14 +486,17 @@ void Decoder::backward(const MicroBatch& mb) {
     lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
     kernels::rmsnorm_backward(x, P.weight(p.input_norm), a.rstd1, b.dnorm, N, H, b.dtmp, P.grad(p.input_norm));
     add_into(b.dx, b.dh, b.dtmp, N * H);
+    for (int id : {p.o_weight, p.qkv_bias, p.qkv_weight, p.input_norm}) grad_ready(id);
   }
   kernels::embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, P.grad(ids_.embed));
+  grad_ready(ids_.embed);
 }
 
 double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
   validate(mb);
   forward(mb);
   double loss = lm_head_loss(mb, grad_scale, true);
+  if (!config_.tie_word_embeddings) grad_ready(ids_.lm_head);  // tied: the embedding adds to it last
   backward(mb);
   return loss;
 }

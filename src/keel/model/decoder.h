@@ -4,6 +4,7 @@
 // with hand-written forward and backward passes. Internally q/k/v and gate/up are always fused
 // (one GEMM each); family-specific tensor names and fusions are handled by hf_weights.h.
 #pragma once
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -94,6 +95,12 @@ class Decoder {
   // grad_scale (1 / target tokens of the whole optimizer step, so micro-batches sum to the mean).
   // Returns the sum of the token losses of this micro-batch.
   double forward_backward(const MicroBatch& batch, double grad_scale);
+  // Called with a parameter's index (into params().params()) as soon as the backward pass has
+  // made its gradient final: in reverse parameter order, the LM head first and the embedding last
+  // (a tied embedding only at the very end). Data parallel uses it to start a gradient bucket's
+  // allreduce while the backward pass goes on. An empty function turns it off.
+  void set_grad_ready_hook(std::function<void(int param)> hook) { grad_ready_ = std::move(hook); }
+
   // Forward only: the sum of the token losses (for evaluation).
   double forward_loss(const MicroBatch& batch);
 
@@ -130,6 +137,10 @@ class Decoder {
   DecoderParamIds ids_;
   kernels::RopeTable rope_;
   std::unique_ptr<Buffers> buf_;
+  std::function<void(int)> grad_ready_;
+  void grad_ready(int param) const {
+    if (grad_ready_ && param >= 0) grad_ready_(param);
+  }
 };
 
 }  // namespace keel::model

@@ -55,6 +55,7 @@ const std::vector<Field>& fields() {
       {"dp_degree", &Recipe::dp_degree},
       {"bucket_size_mb", &Recipe::bucket_size_mb},
       {"deterministic_reduce", &Recipe::deterministic_reduce},
+      {"overlap_grad_sync", &Recipe::overlap_grad_sync},
       {"comm_timeout_s", &Recipe::comm_timeout_s},
       {"zero_stage", &Recipe::zero_stage},
       {"use_flash_attention", &Recipe::use_flash_attention},

@@ -51,6 +51,7 @@ struct Recipe {
   int64_t dp_degree = 1;
   double bucket_size_mb = 25;         // gradient bucket size (HCCL_BUFFSIZE / DDP bucket_cap_mb analogue)
   bool deterministic_reduce = false;  // sum gradients in rank order: bit-identical runs whatever the timing
+  bool overlap_grad_sync = true;      // start each bucket's allreduce during the backward pass (false: after it)
   double comm_timeout_s = 600;        // a collective waiting longer ends the job (HCCL_CONNECT_TIMEOUT analogue)
   int64_t zero_stage = 0;             // 1: shard optimizer state across ranks (not active yet)
   bool use_flash_attention = true;

@@ -77,6 +77,11 @@ class Trainer {
       std::vector<dist::ParamSpan> spans;
       for (const auto& p : decoder_.params().params()) spans.push_back({p.offset, p.numel});
       buckets_ = std::make_unique<dist::GradBuckets>(spans, int64_t(r.bucket_size_mb * double(1 << 20)));
+      // Set once (no allocation per step); active only during a step's last backward pass.
+      if (r.overlap_grad_sync)
+        decoder_.set_grad_ready_hook([this](int param) {
+          if (sync_in_backward_) buckets_->param_ready(param);
+        });
     }
     schedule_ = LrSchedule{r.lr_scheduler, r.learning_rate, r.warmup_steps, max_steps_};
     state_.seed = uint64_t(r.seed);
@@ -239,16 +244,23 @@ class Trainer {
     decoder_.params().zero_grads();
     const double grad_scale = m.target_tokens > 0 ? 1.0 / double(m.target_tokens) : 0.0;
     double loss_sum = 0.0;
-    for (const auto& mb : micro) {
+    for (size_t i = 0; i < micro.size(); ++i) {
+      const auto& mb = micro[i];
       model::MicroBatch batch{mb.batch, mb.seq, mb.input_ids.data(), mb.targets.data(), mb.positions.data(),
                               loader_->packed() ? mb.segments.data() : nullptr};
+      // Gradients are synchronised once per step, during the last micro-batch's backward pass
+      // (overlap_grad_sync: each bucket as soon as its gradients are final) or after it.
+      const bool last = i + 1 == micro.size();
+      if (ranks > 1 && last) buckets_->begin(decoder_.params().grads(), comm_, r_.deterministic_reduce);
+      sync_in_backward_ = ranks > 1 && last && r_.overlap_grad_sync;
       loss_sum += decoder_.forward_backward(batch, grad_scale);
+      sync_in_backward_ = false;
     }
     m.compute_s = seconds_since(t1);
+    if (ranks > 1 && micro.empty()) buckets_->begin(decoder_.params().grads(), comm_, r_.deterministic_reduce);
     if (ranks > 1) {
-      // Gradients are synchronised once per step, after the last micro-batch (accumulation needs none).
+      // What is left of the synchronisation once the backward pass is done: the exposed part.
       const auto t_sync = Clock::now();
-      buckets_->begin(decoder_.params().grads(), comm_, r_.deterministic_reduce);
       buckets_->finish();
       comm_.allreduce_sum(&loss_sum, 1);
       m.grad_sync_s += seconds_since(t_sync);
@@ -308,6 +320,7 @@ class Trainer {
   TrainOptions options_;
   dist::Communicator& comm_;
   std::unique_ptr<dist::GradBuckets> buckets_;
+  bool sync_in_backward_ = false;  // the decoder's grad-ready hook feeds buckets_
   ModelSetup setup_;
   model::Decoder& decoder_;
   const model::ModelConfig& config_;
