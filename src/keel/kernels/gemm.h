@@ -23,6 +23,8 @@ void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, floa
 void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta);
 // True once some gemm_bf16 call had to widen its inputs (reported with the run's kernels).
 bool gemm_bf16_emulated();
+// Whether oneDNN has a bf16 matmul on this CPU (probed once), for the run's report.
+bool bf16_matmul_native();
 // Plain triple loop in double: the reference the kernels' tests compare against.
 void gemm_reference(const GemmShape& s, const double* a, const double* b, double* c, double beta);
 

@@ -13,7 +13,9 @@
 #include "keel/data/batch_builder.h"
 #include "keel/train/batch_source.h"
 #include "keel/dist/communicator.h"
+#include "keel/core/threads.h"
 #include "keel/dist/grad_buckets.h"
+#include "keel/kernels/cpu/vector_ops.h"
 #include "keel/kernels/gemm.h"
 #include "keel/model/hf_weights.h"
 #include "keel/core/checksum.h"
@@ -110,6 +112,11 @@ class Trainer {
                r_.data_path);
     fmt::print(log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}\n", max_steps_,
                r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype);
+    fmt::print(log_, "keel: {} thread(s) per rank, row kernels {}, {}\n", max_threads(),
+               kernels::isa_name(kernels::vector_ops().isa),
+               r_.dtype != "bf16"              ? "fp32 GEMMs"
+               : kernels::bf16_matmul_native() ? "bf16 GEMMs"
+                                               : "bf16 GEMMs widened to fp32 (no oneDNN bf16 matmul on this CPU)");
 
     InterruptGuard interrupt;
     TrainResult result;

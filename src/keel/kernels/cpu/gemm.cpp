@@ -154,6 +154,20 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
 
 bool gemm_bf16_emulated() { return bf16_emulated().load(std::memory_order_relaxed); }
 
+bool bf16_matmul_native() {
+  static const bool native = [] {
+    using dt = dnnl::memory::data_type;
+    const dnnl::memory::desc a({8, 8}, dt::bf16, dnnl::memory::dims{8, 1}), c({8, 8}, dt::f32, dnnl::memory::dims{8, 1});
+    try {
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), cpu_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return native;
+}
+
 void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, float beta) {
   run(false, s, a, b, c, beta);
 }
