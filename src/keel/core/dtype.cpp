@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "keel/core/threads.h"
+
 namespace keel {
 
 std::string_view dtype_name(DType t) {
@@ -61,13 +63,15 @@ uint16_t float_to_f16(float f) {
 }
 
 void convert_f32_to_bf16(const float* src, bf16* dst, size_t n) {
-#pragma omp parallel for schedule(static) if (n > (1u << 16))
-  for (size_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+  parallel_for(int64_t(n), n > (1u << 16), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dst[i] = float_to_bf16(src[i]);
+  });
 }
 
 void convert_bf16_to_f32(const bf16* src, float* dst, size_t n) {
-#pragma omp parallel for schedule(static) if (n > (1u << 16))
-  for (size_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+  parallel_for(int64_t(n), n > (1u << 16), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dst[i] = bf16_to_float(src[i]);
+  });
 }
 
 }  // namespace keel

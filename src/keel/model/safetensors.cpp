@@ -21,6 +21,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/core/threads.h"
 
 namespace keel::model {
 
@@ -610,20 +611,22 @@ void CheckpointReader::read_f32(const std::string& name, const std::vector<int64
       std::memcpy(dst, src, n * 4);
       break;
     case DType::BF16:
-#pragma omp parallel for schedule(static) if (n > (1u << 16))
-      for (size_t i = 0; i < n; ++i) {
-        bf16 v;
-        std::memcpy(&v.bits, src + 2 * i, 2);
-        dst[i] = bf16_to_float(v);
-      }
+      parallel_for(int64_t(n), n > (1u << 16), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          bf16 v;
+          std::memcpy(&v.bits, src + 2 * i, 2);
+          dst[i] = bf16_to_float(v);
+        }
+      });
       break;
     case DType::F16:
-#pragma omp parallel for schedule(static) if (n > (1u << 16))
-      for (size_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, src + 2 * i, 2);
-        dst[i] = f16_to_float(h);
-      }
+      parallel_for(int64_t(n), n > (1u << 16), [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+          uint16_t h;
+          std::memcpy(&h, src + 2 * i, 2);
+          dst[i] = f16_to_float(h);
+        }
+      });
       break;
   }
 }

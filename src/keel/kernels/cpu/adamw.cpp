@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "keel/core/threads.h"
+
 namespace keel::kernels {
 namespace {
 
@@ -63,18 +65,19 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const
   const float neg_step_size = float(-(s.lr / bias_correction1));
   const float bias_correction2_sqrt = float(std::sqrt(bias_correction2));
   const float eps = float(s.eps);
-#pragma omp parallel for schedule(static) if (n >= kParallelMinElements)
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g[i];
-    const float mi = fused_multiply_add(gi, one_minus_beta1, m[i] * beta1);
-    const float vi = v[i] * beta2 + (one_minus_beta2 * gi) * gi;
-    const float denom = std::sqrt(vi) / bias_correction2_sqrt + eps;
-    const float wi = w[i] * decay + (neg_step_size * mi) / denom;
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = wi;
-    if (w_bf16) w_bf16[i] = float_to_bf16(wi);
-  }
+  parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float gi = g[i];
+      const float mi = fused_multiply_add(gi, one_minus_beta1, m[i] * beta1);
+      const float vi = v[i] * beta2 + (one_minus_beta2 * gi) * gi;
+      const float denom = std::sqrt(vi) / bias_correction2_sqrt + eps;
+      const float wi = w[i] * decay + (neg_step_size * mi) / denom;
+      m[i] = mi;
+      v[i] = vi;
+      w[i] = wi;
+      if (w_bf16) w_bf16[i] = float_to_bf16(wi);
+    }
+  });
 }
 
 double sum_of_squares(const float* x, int64_t n) {
@@ -83,19 +86,22 @@ double sum_of_squares(const float* x, int64_t n) {
   double total = 0;
   for (int64_t first = 0; first < blocks; first += kBlocksPerRound) {
     const int64_t count = std::min(kBlocksPerRound, blocks - first);
-#pragma omp parallel for schedule(static) if (count > 1)
-    for (int64_t b = 0; b < count; ++b) {
-      const int64_t begin = (first + b) * kSquaresBlock;
-      partial[b] = block_sum_of_squares(x + begin, std::min(kSquaresBlock, n - begin));
-    }
+    parallel_for(count, count > 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t begin = (first + b) * kSquaresBlock;
+        partial[b] = block_sum_of_squares(x + begin, std::min(kSquaresBlock, n - begin));
+      }
+    });
     for (int64_t b = 0; b < count; ++b) total += partial[b];
   }
   return total;
 }
 
 void scale_in_place(float* x, int64_t n, float factor) {
-#pragma omp parallel for simd schedule(static) if (n >= kParallelMinElements)
-  for (int64_t i = 0; i < n; ++i) x[i] *= factor;
+  parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) x[i] *= factor;
+  });
 }
 
 }  // namespace keel::kernels

@@ -21,6 +21,8 @@
 #include <limits>
 #include <vector>
 
+#include "keel/core/threads.h"
+
 namespace keel::kernels {
 namespace {
 
@@ -277,15 +279,14 @@ void attention_forward(const AttentionShape& s, const T* q, const T* k, const T*
   const int64_t query_tiles = (s.seq + kQueryTile - 1) / kQueryTile;
   const int64_t tasks = s.batch * s.q_heads * query_tiles;
   // Later query tiles see more keys: dynamic scheduling balances the causal triangle.
-#pragma omp parallel for schedule(dynamic, 1) if (attention_work(s) >= kParallelMinWork)
-  for (int64_t task = 0; task < tasks; ++task) {
+  for_each_task(tasks, attention_work(s) >= kParallelMinWork, [&](int64_t task, int) {
     const int64_t qt = task % query_tiles;
     const int64_t h = task / query_tiles % s.q_heads;
     const int64_t b = task / query_tiles / s.q_heads;
     // seg is indexed by position within the sequence, the buffers by token b*seq + position.
     const int32_t* seg = segments ? segments + b * s.seq : nullptr;
     forward_query_tile(s, q, k, v, seg, HeadIndex{b, h, h / group}, qt * kQueryTile, out, lse);
-  }
+  });
 }
 
 template <typename T>
@@ -293,13 +294,12 @@ void attention_backward(const AttentionShape& s, const T* q, const T* k, const T
                         const int32_t* segments, const T* out, const T* lse, const T* dout, T* dq,
                         T* dk, T* dv) {
   const int64_t tasks = s.batch * s.kv_heads;
-#pragma omp parallel for schedule(dynamic, 1) if (attention_work(s) >= kParallelMinWork)
-  for (int64_t task = 0; task < tasks; ++task) {
+  for_each_task(tasks, attention_work(s) >= kParallelMinWork, [&](int64_t task, int) {
     const int64_t b = task / s.kv_heads;
     const int64_t kv_head = task % s.kv_heads;
     const int32_t* seg = segments ? segments + b * s.seq : nullptr;
     backward_kv_head(s, q, k, v, seg, out, lse, dout, dq, dk, dv, b, kv_head);
-  }
+  });
 }
 
 template void attention_forward<float>(const AttentionShape&, const float*, const float*,

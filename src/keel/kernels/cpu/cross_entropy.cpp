@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "keel/core/error.h"
+#include "keel/core/threads.h"
 
 namespace keel::kernels {
 namespace {
@@ -51,15 +52,14 @@ double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labe
   static thread_local std::vector<double> row_loss;
   row_loss.assign(rows, 0.0);
   double* losses = row_loss.data();
-#pragma omp parallel for schedule(dynamic, 1) if (rows * vocab >= kParallelMinElements)
-  for (int64_t r = 0; r < rows; ++r) {
+  for_each_task(rows, rows * vocab >= kParallelMinElements, [&](int64_t r, int) {
     T* x = logits + r * ld;
     if (labels[r] == kIgnoreIndex) {
       for (int64_t j = 0; j < vocab; ++j) x[j] = T(0);
     } else {
       losses[r] = cross_entropy_row(x, labels[r], vocab, grad_scale);
     }
-  }
+  });
   double total = 0;
   for (int64_t r = 0; r < rows; ++r) total += losses[r];
   return total;

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "keel/core/error.h"
+#include "keel/core/threads.h"
 
 namespace keel::kernels {
 namespace {
@@ -20,9 +21,10 @@ constexpr int64_t kParallelMinElements = int64_t(1) << 15;
 
 template <typename T>
 void embedding_forward(const int32_t* ids, int64_t n, const T* table, int64_t hidden, T* out) {
-#pragma omp parallel for schedule(static) if (n * hidden >= kParallelMinElements)
-  for (int64_t i = 0; i < n; ++i)
-    std::memcpy(out + i * hidden, table + int64_t(ids[i]) * hidden, sizeof(T) * hidden);
+  parallel_for(n, n * hidden >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      std::memcpy(out + i * hidden, table + int64_t(ids[i]) * hidden, sizeof(T) * hidden);
+  });
 }
 
 template <typename T>
@@ -32,16 +34,17 @@ void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hi
     require(ids[i] >= 0 && ids[i] < vocab,
             "embedding_backward: token {} has id {}, expected an id in [0, {})", i, ids[i], vocab);
   const int64_t blocks = (hidden + kColumnBlock - 1) / kColumnBlock;
-#pragma omp parallel for schedule(static) if (n * hidden >= kParallelMinElements)
-  for (int64_t blk = 0; blk < blocks; ++blk) {
-    const int64_t c0 = blk * kColumnBlock;
-    const int64_t nc = std::min(kColumnBlock, hidden - c0);
-    for (int64_t i = 0; i < n; ++i) {
-      T* dst = dtable + int64_t(ids[i]) * hidden + c0;
-      const T* src = dout + i * hidden + c0;
-      for (int64_t c = 0; c < nc; ++c) dst[c] += src[c];
+  parallel_for(blocks, n * hidden >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t blk = begin; blk < end; ++blk) {
+      const int64_t c0 = blk * kColumnBlock;
+      const int64_t nc = std::min(kColumnBlock, hidden - c0);
+      for (int64_t i = 0; i < n; ++i) {
+        T* dst = dtable + int64_t(ids[i]) * hidden + c0;
+        const T* src = dout + i * hidden + c0;
+        for (int64_t c = 0; c < nc; ++c) dst[c] += src[c];
+      }
     }
-  }
+  });
 }
 
 template void embedding_forward<float>(const int32_t*, int64_t, const float*, int64_t, float*);

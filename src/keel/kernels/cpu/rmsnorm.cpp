@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "keel/core/threads.h"
+
 namespace keel::kernels {
 namespace {
 
@@ -44,29 +46,29 @@ void rmsnorm_row_backward(const T* x, const T* w, T rstd, const T* dy, int64_t d
 
 template <typename T>
 void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd) {
-#pragma omp parallel for schedule(static) if (rows * dim >= kParallelMinElements)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * dim;
-    T* yr = y + r * dim;
-    // torch: rsqrt(variance + eps) in the tensor's dtype, i.e. 1/sqrt correctly rounded.
-    const T rs = T(1) / std::sqrt(mean_of_squares(xr, dim) + T(eps));
-    rstd[r] = rs;
-    for (int64_t c = 0; c < dim; ++c) yr[c] = w[c] * (xr[c] * rs);
-  }
+  parallel_for(rows, rows * dim >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * dim;
+      T* yr = y + r * dim;
+      // torch: rsqrt(variance + eps) in the tensor's dtype, i.e. 1/sqrt correctly rounded.
+      const T rs = T(1) / std::sqrt(mean_of_squares(xr, dim) + T(eps));
+      rstd[r] = rs;
+      for (int64_t c = 0; c < dim; ++c) yr[c] = w[c] * (xr[c] * rs);
+    }
+  });
 }
 
 template <typename T>
 void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim,
                       T* dx, T* dw) {
   const int64_t column_blocks = (dim + kDwColumnBlock - 1) / kDwColumnBlock;
-#pragma omp parallel if (rows * dim >= kParallelMinElements)
-  {
-#pragma omp for schedule(static) nowait
-    for (int64_t r = 0; r < rows; ++r)
+  const bool parallel = rows * dim >= kParallelMinElements;
+  parallel_for(rows, parallel, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
       rmsnorm_row_backward(x + r * dim, w, rstd[r], dy + r * dim, dim, dx + r * dim);
-
-#pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < column_blocks; ++blk) {
+  });
+  parallel_for(column_blocks, parallel, [&](int64_t begin, int64_t end) {
+    for (int64_t blk = begin; blk < end; ++blk) {
       const int64_t c0 = blk * kDwColumnBlock;
       const int64_t nc = std::min(kDwColumnBlock, dim - c0);
       double acc[kDwColumnBlock] = {};
@@ -78,7 +80,7 @@ void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_
       }
       for (int64_t c = 0; c < nc; ++c) dw[c0 + c] = T(double(dw[c0 + c]) + acc[c]);
     }
-  }
+  });
 }
 
 template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*,

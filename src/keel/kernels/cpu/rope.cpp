@@ -7,6 +7,8 @@
 #include <cassert>
 #include <cmath>
 
+#include "keel/core/threads.h"
+
 namespace keel::kernels {
 namespace {
 
@@ -44,15 +46,16 @@ void rotate_tokens(T* x, int64_t ld, const int32_t* positions, int64_t tokens, i
   const PairLayout layout = pair_layout(table);
   assert(table.rotary_dim <= head_dim);
   const int64_t work = tokens * heads * table.rotary_dim;
-#pragma omp parallel for schedule(static) if (work >= kParallelMinElements)
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int64_t pos = positions[t];
-    assert(pos >= 0 && pos < table.max_positions);
-    const float* cos = table.cos.data() + pos * pairs;
-    const float* sin = table.sin.data() + pos * pairs;
-    for (int64_t h = 0; h < heads; ++h)
-      rotate_head(x + t * ld + h * head_dim, cos, sin, pairs, layout, sign);
-  }
+  parallel_for(tokens, work >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t pos = positions[t];
+      assert(pos >= 0 && pos < table.max_positions);
+      const float* cos = table.cos.data() + pos * pairs;
+      const float* sin = table.sin.data() + pos * pairs;
+      for (int64_t h = 0; h < heads; ++h)
+        rotate_head(x + t * ld + h * head_dim, cos, sin, pairs, layout, sign);
+    }
+  });
 }
 
 }  // namespace

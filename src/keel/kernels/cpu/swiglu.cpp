@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "keel/core/threads.h"
+
 namespace keel::kernels {
 namespace {
 
@@ -14,31 +16,33 @@ constexpr int64_t kParallelMinElements = int64_t(1) << 15;
 
 template <typename T>
 void swiglu_forward(const T* gate_up, int64_t rows, int64_t inter, T* out) {
-#pragma omp parallel for schedule(static) if (rows * inter >= kParallelMinElements)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* g = gate_up + r * 2 * inter;
-    const T* u = g + inter;
-    T* o = out + r * inter;
-    // torch's silu kernel evaluates x / (1 + exp(-x)); same expression for the same rounding.
-    for (int64_t c = 0; c < inter; ++c) o[c] = g[c] / (T(1) + std::exp(-g[c])) * u[c];
-  }
+  parallel_for(rows, rows * inter >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gate_up + r * 2 * inter;
+      const T* u = g + inter;
+      T* o = out + r * inter;
+      // torch's silu kernel evaluates x / (1 + exp(-x)); same expression for the same rounding.
+      for (int64_t c = 0; c < inter; ++c) o[c] = g[c] / (T(1) + std::exp(-g[c])) * u[c];
+    }
+  });
 }
 
 template <typename T>
 void swiglu_backward(const T* gate_up, const T* dout, int64_t rows, int64_t inter, T* dgate_up) {
-#pragma omp parallel for schedule(static) if (rows * inter >= kParallelMinElements)
-  for (int64_t r = 0; r < rows; ++r) {
-    const T* g = gate_up + r * 2 * inter;
-    const T* u = g + inter;
-    const T* dy = dout + r * inter;
-    T* dg = dgate_up + r * 2 * inter;
-    T* du = dg + inter;
-    for (int64_t c = 0; c < inter; ++c) {
-      const T sig = T(1) / (T(1) + std::exp(-g[c]));
-      du[c] = dy[c] * (g[c] * sig);
-      dg[c] = dy[c] * u[c] * sig * (T(1) + g[c] * (T(1) - sig));
+  parallel_for(rows, rows * inter >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* g = gate_up + r * 2 * inter;
+      const T* u = g + inter;
+      const T* dy = dout + r * inter;
+      T* dg = dgate_up + r * 2 * inter;
+      T* du = dg + inter;
+      for (int64_t c = 0; c < inter; ++c) {
+        const T sig = T(1) / (T(1) + std::exp(-g[c]));
+        du[c] = dy[c] * (g[c] * sig);
+        dg[c] = dy[c] * u[c] * sig * (T(1) + g[c] * (T(1) - sig));
+      }
     }
-  }
+  });
 }
 
 template void swiglu_forward<float>(const float*, int64_t, int64_t, float*);
