@@ -140,6 +140,40 @@ TEST(VectorOps, LevelsAgree) {
   }
 }
 
+TEST(VectorOps, ExpSumInDoubleAndSwigluMatchDouble) {
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const VectorOps& ops = vector_ops_for(isa);
+    for (int64_t n : {1, 16, 37, 1000}) {
+      const std::vector<float> x = uniform(size_t(n), -20.0f, 1.0f, uint32_t(n) + 50);
+      std::vector<float> e = x;
+      const double sum = ops.exp_sum_f64(e.data(), n, 1.0f);
+      double want = 0;
+      for (int64_t c = 0; c < n; ++c) {
+        expect_exp_close(e[size_t(c)], double(x[size_t(c)]) - 1.0);
+        want += std::exp(double(x[size_t(c)]) - 1.0);
+      }
+      EXPECT_NEAR(sum / want, 1.0, 2e-6);
+
+      const std::vector<float> g = uniform(size_t(n), -8.0f, 8.0f, 1), u = uniform(size_t(n), -2.0f, 2.0f, 2),
+                               dy = uniform(size_t(n), -1.0f, 1.0f, 3);
+      std::vector<float> out(size_t(n) + 1, 7.0f), dg(size_t(n) + 1, 7.0f), du(size_t(n) + 1, 7.0f);
+      ops.silu_mul(g.data(), u.data(), out.data(), n);
+      ops.silu_mul_backward(g.data(), u.data(), dy.data(), dg.data(), du.data(), n);
+      for (int64_t c = 0; c < n; ++c) {
+        const double gd = g[size_t(c)], ud = u[size_t(c)], dyd = dy[size_t(c)];
+        const double sig = 1.0 / (1.0 + std::exp(-gd));
+        EXPECT_NEAR(out[size_t(c)], gd * sig * ud, 1e-6 * (1 + std::fabs(gd * ud)));
+        EXPECT_NEAR(du[size_t(c)], dyd * gd * sig, 1e-6 * (1 + std::fabs(gd)));
+        EXPECT_NEAR(dg[size_t(c)], dyd * ud * sig * (1 + gd * (1 - sig)), 1e-6 * (1 + std::fabs(gd * ud)));
+      }
+      EXPECT_EQ(out[size_t(n)], 7.0f);  // nothing written past n
+      EXPECT_EQ(dg[size_t(n)], 7.0f);
+      EXPECT_EQ(du[size_t(n)], 7.0f);
+    }
+  }
+}
+
 // KEEL_ISA (set by CI for the portable run) is what the kernels use, capped by the CPU.
 TEST(VectorOps, ChosenLevelFollowsKeelIsa) {
   const char* env = std::getenv("KEEL_ISA");

@@ -10,6 +10,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/threads.h"
+#include "keel/kernels/cpu/vector_ops.h"
 
 namespace keel::kernels {
 namespace {
@@ -19,6 +20,19 @@ constexpr int64_t kParallelMinElements = int64_t(1) << 15;
 
 
 // Loss of one row; the row becomes (softmax - onehot(label)) * grad_scale.
+// float: the same steps through the vectorised row kernels.
+double cross_entropy_row(float* x, int32_t label, int64_t vocab, double grad_scale) {
+  const VectorOps& ops = vector_ops();
+  const float max = ops.masked_max(x, RowVisibility{vocab, nullptr, 0});
+  const double target = double(x[label]);
+  const double sum = ops.exp_sum_f64(x, vocab, max);
+  const double lse = double(max) + std::log(sum);
+  const double target_prob = double(x[label]) / sum;
+  ops.scale(x, float(grad_scale / sum), vocab);
+  x[label] = float((target_prob - 1.0) * grad_scale);
+  return lse - target;
+}
+
 template <typename T>
 double cross_entropy_row(T* x, int32_t label, int64_t vocab, double grad_scale) {
   T max = x[0];

@@ -3,8 +3,10 @@
 #include "keel/kernels/swiglu.h"
 
 #include <cmath>
+#include <type_traits>
 
 #include "keel/core/threads.h"
+#include "keel/kernels/cpu/vector_ops.h"
 
 namespace keel::kernels {
 namespace {
@@ -21,8 +23,12 @@ void swiglu_forward(const T* gate_up, int64_t rows, int64_t inter, T* out) {
       const T* g = gate_up + r * 2 * inter;
       const T* u = g + inter;
       T* o = out + r * inter;
-      // torch's silu kernel evaluates x / (1 + exp(-x)); same expression for the same rounding.
-      for (int64_t c = 0; c < inter; ++c) o[c] = g[c] / (T(1) + std::exp(-g[c])) * u[c];
+      // torch's silu kernel evaluates x / (1 + exp(-x)); the same expression (float: vectorised,
+      // with keel's exp).
+      if constexpr (std::is_same_v<T, float>)
+        vector_ops().silu_mul(g, u, o, inter);
+      else
+        for (int64_t c = 0; c < inter; ++c) o[c] = g[c] / (T(1) + std::exp(-g[c])) * u[c];
     }
   });
 }
@@ -36,6 +42,10 @@ void swiglu_backward(const T* gate_up, const T* dout, int64_t rows, int64_t inte
       const T* dy = dout + r * inter;
       T* dg = dgate_up + r * 2 * inter;
       T* du = dg + inter;
+      if constexpr (std::is_same_v<T, float>) {
+        vector_ops().silu_mul_backward(g, u, dy, dg, du, inter);
+        continue;
+      }
       for (int64_t c = 0; c < inter; ++c) {
         const T sig = T(1) / (T(1) + std::exp(-g[c]));
         du[c] = dy[c] * (g[c] * sig);

@@ -39,6 +39,13 @@ struct VectorOps {
   void (*scale_to_bf16)(const float* src, float factor, bf16* dst, int64_t n);
   // x[c] *= factor.
   void (*scale)(float* x, float factor, int64_t n);
+  // x[c] = exp(x[c] - shift) for c < n; returns the sum, accumulated in double (a vocabulary-long
+  // sum of floats would lose the small terms).
+  double (*exp_sum_f64)(float* x, int64_t n, float shift);
+  // SwiGLU: out = g / (1 + exp(-g)) * u, and its backward: du = dy * silu(g),
+  // dg = dy * u * sig * (1 + g * (1 - sig)) with sig = 1 / (1 + exp(-g)).
+  void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);
+  void (*silu_mul_backward)(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n);
 };
 
 // The table for this CPU (and KEEL_ISA), chosen on first use.
