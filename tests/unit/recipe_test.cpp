@@ -112,3 +112,24 @@ num_kv_heads = 2
   auto e = error_of("data_path = \"d\"\nmax_steps = 1\n[model_config]\nhiden_size = 3\n");
   EXPECT_NE(e.find("did you mean 'hidden_size'"), std::string::npos) << e;
 }
+
+TEST(Recipe, BaselineModeKeys) {
+  auto r = parse_recipe(kMinimal, "r.toml");
+  EXPECT_EQ(r.data_pipeline, "prepared");
+  EXPECT_EQ(r.memory_planning, "planned");
+  r = parse_recipe(kMinimal, "r.toml", {"data_pipeline=on_the_fly", "memory_planning=per_tensor"});
+  EXPECT_EQ(r.data_pipeline, "on_the_fly");
+  EXPECT_EQ(r.memory_planning, "per_tensor");
+  const std::string toml = keel::train::recipe_to_toml(r);
+  EXPECT_NE(toml.find("data_pipeline = \"on_the_fly\""), std::string::npos) << toml;
+  EXPECT_NE(toml.find("memory_planning = \"per_tensor\""), std::string::npos) << toml;
+
+  auto e = error_of(std::string(kMinimal) + "data_pipeline = \"lazy\"\n");
+  EXPECT_NE(e.find("r.toml:5"), std::string::npos) << e;
+  EXPECT_NE(e.find("'data_pipeline' must be \"prepared\" or \"on_the_fly\""), std::string::npos) << e;
+  e = error_of(std::string(kMinimal) + "memory_planning = \"pooled\"\n");
+  EXPECT_NE(e.find("'memory_planning' must be \"planned\" or \"per_tensor\""), std::string::npos) << e;
+  e = error_of(std::string(kMinimal) + "packing = \"pack\"\n", {"data_pipeline=on_the_fly"});
+  EXPECT_NE(e.find("needs packing = \"pad\""), std::string::npos) << e;
+  EXPECT_NE(e.find("r.toml:5"), std::string::npos) << e;  // where packing was set
+}

@@ -4,11 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
-#include <cstdlib>
 #include <memory>
 #include <system_error>
 
+#include "keel/cli/child_process.h"
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
@@ -27,28 +26,6 @@ struct LaunchOptions {
   std::string recipe;
   std::vector<std::string> overrides;
 };
-
-std::string this_executable() {
-  char buffer[PATH_MAX];
-  ssize_t n = ::readlink("/proc/self/exe", buffer, sizeof buffer - 1);
-  require(n > 0, "cannot find keel's own path in /proc/self/exe: {}", std::system_category().message(errno));
-  return std::string(buffer, size_t(n));
-}
-
-// execvp would say only ENOENT; say what to install.
-void require_on_path(const std::string& program) {
-  const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t end = dirs.find(':', start);
-    std::string dir = dirs.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    if (::access(((dir.empty() ? "." : dir) + "/" + program).c_str(), X_OK) == 0) return;
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
-  fail("{} not found on PATH: keel launch runs OpenMPI's mpirun (Debian: apt-get install openmpi-bin)", program);
-}
 
 const CommandRegistration kLaunch{
     "launch", "Run keel train on N ranks under mpirun, each bound to its own cores",

@@ -34,113 +34,14 @@ namespace {
 namespace fs = std::filesystem;
 
 // What a worker makes of one chunk of lines: the kept documents back to back, in line order.
-struct ChunkResult {
-  std::vector<uint32_t> tokens;
-  std::vector<uint8_t> mask;
-  std::vector<int64_t> document_ends;  // end offset of each document in tokens
+struct ChunkResult : EncodedDocuments {
   std::vector<BadRecord> bad;
-  int64_t lines = 0, blank = 0, truncated = 0, truncated_tokens = 0, no_target = 0, bytes = 0;
+  int64_t lines = 0, blank = 0, bytes = 0;
   // A configuration error (a chat record with no template known) stops prepare, not a skip.
   std::optional<std::string> fatal;
 };
 
-struct Encoder {
-  const Tokenizer* tokenizer = nullptr;  // null: pre-tokenized records only
-  std::optional<ChatFormat> format;
-  int64_t max_seq_len = 0;
-  int64_t vocab_size = 0;
-  bool train_on_prompt = false;
-  std::string data_path;
-
-  // Appends the record as a document, or returns why it is bad.
-  std::string encode(const Record& r, int64_t line, ChunkResult& out, std::vector<int32_t>& ids,
-                     std::string& fatal) const {
-    const size_t start = out.tokens.size();
-    auto append = [&](const std::vector<int32_t>& piece, bool target) {
-      for (int32_t id : piece) {
-        out.tokens.push_back(uint32_t(id));
-        out.mask.push_back(target ? 1 : 0);
-      }
-    };
-    auto undo = [&] {
-      out.tokens.resize(start);
-      out.mask.resize(start);
-    };
-    try {
-      switch (r.kind) {
-        case RecordKind::tokens:
-          for (size_t t = 0; t < r.input_ids.size(); ++t) {
-            if (r.input_ids[t] >= vocab_size) {
-              undo();
-              return fmt::format("input_ids[{}] = {} is outside the vocabulary ({} tokens)", t, r.input_ids[t],
-                                 vocab_size);
-            }
-            if (r.labels[t] != -100 && r.labels[t] != r.input_ids[t]) {
-              undo();
-              return fmt::format("labels[{}] = {} is neither -100 nor input_ids[{}]", t, r.labels[t], t);
-            }
-            out.tokens.push_back(uint32_t(r.input_ids[t]));
-            out.mask.push_back(r.labels[t] != -100);
-          }
-          break;
-        case RecordKind::text: {
-          if (!tokenizer) {
-            fatal = fmt::format("{}:{}: a text record needs a tokenizer (--tokenizer)", data_path, line);
-            return {};
-          }
-          ids.clear();
-          tokenizer->encode(r.text, ids, EncodeOptions{.add_special_tokens = true});
-          // Documents are packed back to back: without an end marker the model would learn to
-          // run one into the next.
-          if (tokenizer->eos_id() && (ids.empty() || ids.back() != *tokenizer->eos_id())) ids.push_back(*tokenizer->eos_id());
-          append(ids, true);
-          break;
-        }
-        case RecordKind::conversation: {
-          if (!tokenizer || !format) {
-            fatal = fmt::format(
-                "{}:{}: a chat record needs a tokenizer and a chat template (--template glm4|llama3|chatml; "
-                "'auto' found none for this tokenizer)",
-                data_path, line);
-            return {};
-          }
-          // Segment by segment, so each token's mask is exact; the cut between a header and its
-          // content is at special tokens or newlines in every built-in template, where a BPE
-          // pre-tokenizer splits anyway.
-          for (const auto& segment : render_chat(*format, r.messages, false)) {
-            ids.clear();
-            tokenizer->encode(segment.text, ids);
-            append(ids, segment.assistant || train_on_prompt);
-          }
-          break;
-        }
-      }
-    } catch (const Error& e) {
-      undo();
-      return e.what();
-    }
-    int64_t length = int64_t(out.tokens.size() - start);
-    if (length > max_seq_len) {
-      ++out.truncated;
-      out.truncated_tokens += length - max_seq_len;
-      length = max_seq_len;
-      out.tokens.resize(start + size_t(length));
-      out.mask.resize(start + size_t(length));
-    }
-    // Token 0 of a document is never predicted (nothing before it in its document).
-    bool any_target = false;
-    for (int64_t t = 1; t < length && !any_target; ++t) any_target = out.mask[start + size_t(t)] != 0;
-    if (!any_target) {
-      ++out.no_target;
-      undo();
-      return {};
-    }
-    out.document_ends.push_back(int64_t(out.tokens.size()));
-    return {};
-  }
-};
-
-void process_chunk(const Encoder& encoder, RecordParser& parser, const LineChunk& chunk, ChunkResult& out) {
+void process_chunk(const DocumentEncoder& encoder, RecordParser& parser, const LineChunk& chunk, ChunkResult& out) {
   Record record;
   std::vector<int32_t> ids;
   out.lines = int64_t(chunk.lines.size());
@@ -161,24 +62,6 @@ void process_chunk(const Encoder& encoder, RecordParser& parser, const LineChunk
     }
     if (!why.empty()) out.bad.push_back({number, std::move(why)});
   }
-}
-
-std::optional<ChatFormat> chat_format_for(const std::string& name, const std::string& tokenizer_path,
-                                          const Tokenizer* tokenizer) {
-  if (name == "none") return std::nullopt;
-  if (name != "auto") return chat_format_from_name(name);
-  if (tokenizer_path.empty() || !tokenizer) return std::nullopt;
-  const fs::path p(tokenizer_path);
-  const std::string dir = fs::is_directory(p) ? p.string() : p.parent_path().string();
-  try {
-    return detect_chat_format(dir.empty() ? "." : dir);
-  } catch (const Error&) {
-  }
-  // No model files around the tokenizer: its special tokens still tell the family.
-  if (tokenizer->token_to_id("[gMASK]")) return ChatFormat::glm4;
-  if (tokenizer->token_to_id("<|start_header_id|>")) return ChatFormat::llama3;
-  if (tokenizer->token_to_id("<|im_start|>")) return ChatFormat::chatml;
-  return std::nullopt;
 }
 
 // Shards are written one at a time; this thread packs documents into them in input order.
@@ -229,6 +112,112 @@ void clear_previous_output(const std::string& dir) {
 
 }  // namespace
 
+std::optional<ChatFormat> chat_format_for(const std::string& name, const std::string& tokenizer_path,
+                                          const Tokenizer* tokenizer) {
+  if (name == "none") return std::nullopt;
+  if (name != "auto") return chat_format_from_name(name);
+  if (tokenizer_path.empty() || !tokenizer) return std::nullopt;
+  const fs::path p(tokenizer_path);
+  const std::string dir = fs::is_directory(p) ? p.string() : p.parent_path().string();
+  try {
+    return detect_chat_format(dir.empty() ? "." : dir);
+  } catch (const Error&) {
+  }
+  // No model files around the tokenizer: its special tokens still tell the family.
+  if (tokenizer->token_to_id("[gMASK]")) return ChatFormat::glm4;
+  if (tokenizer->token_to_id("<|start_header_id|>")) return ChatFormat::llama3;
+  if (tokenizer->token_to_id("<|im_start|>")) return ChatFormat::chatml;
+  return std::nullopt;
+}
+
+std::string DocumentEncoder::configuration_error(const Record& r, int64_t line) const {
+  if (r.kind == RecordKind::text && !tokenizer)
+    return fmt::format("{}:{}: a text record needs a tokenizer (--tokenizer)", data_path, line);
+  if (r.kind == RecordKind::conversation && (!tokenizer || !format))
+    return fmt::format(
+        "{}:{}: a chat record needs a tokenizer and a chat template (--template glm4|llama3|chatml; "
+        "'auto' found none for this tokenizer)",
+        data_path, line);
+  return {};
+}
+
+std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocuments& out, std::vector<int32_t>& ids,
+                                    std::string& fatal) const {
+  const size_t start = out.tokens.size();
+  auto append = [&](const std::vector<int32_t>& piece, bool target) {
+    for (int32_t id : piece) {
+      out.tokens.push_back(uint32_t(id));
+      out.mask.push_back(target ? 1 : 0);
+    }
+  };
+  auto undo = [&] {
+    out.tokens.resize(start);
+    out.mask.resize(start);
+  };
+  fatal = configuration_error(r, line);
+  if (!fatal.empty()) return {};
+  try {
+    switch (r.kind) {
+      case RecordKind::tokens:
+        for (size_t t = 0; t < r.input_ids.size(); ++t) {
+          if (r.input_ids[t] >= vocab_size) {
+            undo();
+            return fmt::format("input_ids[{}] = {} is outside the vocabulary ({} tokens)", t, r.input_ids[t],
+                               vocab_size);
+          }
+          if (r.labels[t] != -100 && r.labels[t] != r.input_ids[t]) {
+            undo();
+            return fmt::format("labels[{}] = {} is neither -100 nor input_ids[{}]", t, r.labels[t], t);
+          }
+          out.tokens.push_back(uint32_t(r.input_ids[t]));
+          out.mask.push_back(r.labels[t] != -100);
+        }
+        break;
+      case RecordKind::text: {
+        ids.clear();
+        tokenizer->encode(r.text, ids, EncodeOptions{.add_special_tokens = true});
+        // Documents are packed back to back: without an end marker the model would learn to
+        // run one into the next.
+        if (tokenizer->eos_id() && (ids.empty() || ids.back() != *tokenizer->eos_id())) ids.push_back(*tokenizer->eos_id());
+        append(ids, true);
+        break;
+      }
+      case RecordKind::conversation: {
+        // Segment by segment, so each token's mask is exact; the cut between a header and its
+        // content is at special tokens or newlines in every built-in template, where a BPE
+        // pre-tokenizer splits anyway.
+        for (const auto& segment : render_chat(*format, r.messages, false)) {
+          ids.clear();
+          tokenizer->encode(segment.text, ids);
+          append(ids, segment.assistant || train_on_prompt);
+        }
+        break;
+      }
+    }
+  } catch (const Error& e) {
+    undo();
+    return e.what();
+  }
+  int64_t length = int64_t(out.tokens.size() - start);
+  if (length > max_seq_len) {
+    ++out.truncated;
+    out.truncated_tokens += length - max_seq_len;
+    length = max_seq_len;
+    out.tokens.resize(start + size_t(length));
+    out.mask.resize(start + size_t(length));
+  }
+  // Token 0 of a document is never predicted (nothing before it in its document).
+  bool any_target = false;
+  for (int64_t t = 1; t < length && !any_target; ++t) any_target = out.mask[start + size_t(t)] != 0;
+  if (!any_target) {
+    ++out.no_target;
+    undo();
+    return {};
+  }
+  out.document_ends.push_back(int64_t(out.tokens.size()));
+  return {};
+}
+
 std::string report_json(const PrepareReport& r) {
   std::string bad;
   for (size_t i = 0; i < r.bad_listed.size(); ++i)
@@ -265,7 +254,7 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   require(path_exists(o.data_path), "{}: no such file", o.data_path);
   std::optional<Tokenizer> tokenizer;
   if (!o.tokenizer_path.empty()) tokenizer.emplace(load_tokenizer(o.tokenizer_path));
-  Encoder encoder;
+  DocumentEncoder encoder;
   encoder.tokenizer = tokenizer ? &*tokenizer : nullptr;
   encoder.format = chat_format_for(o.chat_template, o.tokenizer_path, encoder.tokenizer);
   encoder.max_seq_len = o.max_seq_len;
@@ -442,12 +431,24 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   return report;
 }
 
+std::string training_tokenizer_path(const std::string& path) {
+  // A model directory without tokenizer files (a scratch or test model) means pre-tokenized data.
+  if (!path.empty() && fs::is_directory(path) && !path_exists(path + "/tokenizer.json") &&
+      !path_exists(path + "/tokenizer.model"))
+    return "";
+  return path;
+}
+
+std::string training_data_fingerprint(const TrainingDataRequest& q) {
+  require(path_exists(q.data_path) && !fs::is_directory(q.data_path), "{}: no such file", q.data_path);
+  return checksum_hex(checksum(fmt::format("documents|{}|{}|{}|{}|{}|{}|{}", checksum_hex(file_checksum(q.data_path)),
+                                           tokenizer_hash(training_tokenizer_path(q.tokenizer_path)), q.chat_template,
+                                           q.max_seq_len, packing_name(q.packing), q.vocab_size, q.pad_id)));
+}
+
 std::string resolve_training_data(const TrainingDataRequest& request, std::ostream* log) {
   TrainingDataRequest q = request;
-  // A model directory without tokenizer files (a scratch or test model) means pre-tokenized data.
-  if (!q.tokenizer_path.empty() && fs::is_directory(q.tokenizer_path) &&
-      !path_exists(q.tokenizer_path + "/tokenizer.json") && !path_exists(q.tokenizer_path + "/tokenizer.model"))
-    q.tokenizer_path.clear();
+  q.tokenizer_path = training_tokenizer_path(q.tokenizer_path);
   if (is_prepared_dir(q.data_path)) {
     const ShardManifest m = read_manifest(q.data_path);
     require(m.max_seq_len <= q.max_seq_len,

@@ -19,13 +19,18 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "keel/data/chat_template.h"
+#include "keel/data/record_reader.h"
 #include "keel/data/shard_format.h"
 
 namespace keel::data {
+
+class Tokenizer;
 
 struct PrepareOptions {
   std::string data_path;       // .jsonl, .jsonl.gz or .jsonl.zst
@@ -93,5 +98,49 @@ struct TrainingDataRequest {
   int32_t pad_id = -1;
 };
 std::string resolve_training_data(const TrainingDataRequest& request, std::ostream* log = nullptr);
+
+// What training on `request`'s raw JSONL sees, independent of how the batches are made: a hash of
+// the file's content and the settings the documents depend on (tokenizer, template, max_seq_len,
+// packing, vocabulary, pad id). Prepared shards and on-the-fly tokenization of the same file give
+// the same fingerprint, so a run may resume with either. data_path must be a file.
+std::string training_data_fingerprint(const TrainingDataRequest& request);
+
+// The tokenizer that raw records of a training run are encoded with: "" when `path` is a model
+// directory without tokenizer files (a scratch or test model: the data must be pre-tokenized).
+std::string training_tokenizer_path(const std::string& path);
+
+// The chat template for `name` (glm4 | llama3 | chatml | auto | none): `auto` looks at the
+// tokenizer's directory, then at its special tokens; nullopt when none applies.
+std::optional<ChatFormat> chat_format_for(const std::string& name, const std::string& tokenizer_path,
+                                          const Tokenizer* tokenizer);
+
+// Kept documents back to back, as encode() appends them.
+struct EncodedDocuments {
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> mask;           // 1: the token is a prediction target
+  std::vector<int64_t> document_ends;  // end offset of each document in tokens
+  int64_t truncated = 0, truncated_tokens = 0, no_target = 0;
+};
+
+// One record -> its training document: what prepare writes for it, and what training with
+// data_pipeline = "on_the_fly" tokenizes on the training thread (the same code, so the same ids
+// and loss mask).
+struct DocumentEncoder {
+  const Tokenizer* tokenizer = nullptr;  // null: pre-tokenized records only
+  std::optional<ChatFormat> format;
+  int64_t max_seq_len = 0;
+  int64_t vocab_size = 0;
+  bool train_on_prompt = false;
+  std::string data_path;
+
+  // Why records of this kind cannot be encoded with this configuration at all (a text record
+  // without a tokenizer, a chat record without a template): "" when they can.
+  std::string configuration_error(const Record& r, int64_t line) const;
+  // Appends the record as a document to `out` (truncated to max_seq_len), or nothing when no
+  // token of it is a target (counted in out.no_target). Returns why the record is bad, or "".
+  // A configuration error is set in `fatal` instead. `ids` is scratch.
+  std::string encode(const Record& r, int64_t line, EncodedDocuments& out, std::vector<int32_t>& ids,
+                     std::string& fatal) const;
+};
 
 }  // namespace keel::data

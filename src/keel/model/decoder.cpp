@@ -1,6 +1,7 @@
 #include "keel/model/decoder.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -234,6 +235,83 @@ struct Decoder::Buffers {
   bf16 *dy_b, *logits_b;
   void* attention_workspace;
   size_t attention_workspace_bytes;
+
+  DecoderLayout layout;
+  // MemoryPlanning::PerTensor: the plan ids of the buffers allocated per call, and where each
+  // plan id lives while a call runs (null outside one).
+  std::vector<int> transient_ids;
+  std::vector<std::byte*> at;
+
+  // Points every activation and scratch pointer at at[plan id] (null for -1 ids).
+  void bind(const MemoryPlan& plan) {
+    const DecoderLayout& d = layout;
+    auto f32 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<float*>(at[size_t(id)]); };
+    auto b16 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<bf16*>(at[size_t(id)]); };
+    auto block = [&](const BlockIds& i) {
+      return BlockActivations{f32(i.xn1),   f32(i.rstd1), f32(i.qkv),  f32(i.attn),  f32(i.lse),
+                              f32(i.xmid),  f32(i.xn2),   f32(i.rstd2), f32(i.gate_up), f32(i.act),
+                              b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b)};
+    };
+    x.resize(d.x.size());
+    forward.resize(d.forward.size());
+    backward.resize(d.backward.size());
+    for (size_t i = 0; i < d.x.size(); ++i) x[i] = f32(d.x[i]);
+    for (size_t i = 0; i < d.forward.size(); ++i) forward[i] = block(d.forward[i]);
+    for (size_t i = 0; i < d.backward.size(); ++i) backward[i] = block(d.backward[i]);
+    xn_final = f32(d.xn_final);
+    rstd_final = f32(d.rstd_final);
+    xn_final_b = b16(d.xn_final_b);
+    dx = f32(d.dx);
+    dh = f32(d.dh);
+    dnorm = f32(d.dnorm);
+    dtmp = f32(d.dtmp);
+    d_act = f32(d.d_act);
+    d_gate_up = f32(d.d_gate_up);
+    d_attn = f32(d.d_attn);
+    d_qkv = f32(d.d_qkv);
+    dy_b = b16(d.dy_b);
+    attention_workspace = at[size_t(d.attention_workspace)];
+    attention_workspace_bytes = plan.buffer(d.attention_workspace).bytes;
+    logits = f32(d.logits);
+    logits_b = b16(d.logits_b);
+  }
+};
+
+// MemoryPlanning::PerTensor: allocates every transient buffer on entry to a forward_backward /
+// forward_loss / logits_at call, each with its own malloc, and frees them all on exit. Nothing
+// in MemoryPlanning::Planned.
+struct Decoder::TransientScope {
+  Buffers& b;
+  const MemoryPlan& plan;
+  TransientScope(Buffers& buffers, const MemoryPlan& memory_plan) : b(buffers), plan(memory_plan) {
+    if (b.transient_ids.empty()) return;
+    try {
+      for (int id : b.transient_ids) {
+        const size_t bytes = std::max<size_t>(plan.buffer(id).aligned_bytes, MemoryPlan::kCacheLine);
+        void* p = std::aligned_alloc(MemoryPlan::kCacheLine, bytes);
+        require(p != nullptr, "memory_planning = per_tensor: cannot allocate {} for {}", format_bytes(double(bytes)),
+                plan.buffer(id).name);
+        b.at[size_t(id)] = static_cast<std::byte*>(p);
+      }
+    } catch (...) {
+      release();
+      throw;
+    }
+    b.bind(plan);
+  }
+  ~TransientScope() {
+    if (b.transient_ids.empty()) return;
+    release();
+    b.bind(plan);  // null pointers: nothing outside a call may use the freed memory
+  }
+  void release() {
+    for (int id : b.transient_ids) {
+      std::free(b.at[size_t(id)]);
+      b.at[size_t(id)] = nullptr;
+    }
+  }
+  TransientScope(const TransientScope&) = delete;
+  TransientScope& operator=(const TransientScope&) = delete;
 };
 
 Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
@@ -244,45 +322,41 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
           max_batch, max_seq);
   const auto& c = config_;
   declare_params(c, params_, ids_);
-  const DecoderLayout d = describe_memory(c, params_.total(), precision_, max_batch_, max_seq_, options_, plan_);
+  buf_ = std::make_unique<Buffers>();
+  auto& b = *buf_;
+  const DecoderLayout& d = b.layout =
+      describe_memory(c, params_.total(), precision_, max_batch_, max_seq_, options_, plan_);
   plan_.require_fits(options_.memory_cap_bytes, "memory_pool_size");
   // The arena is touched up front: a plan beyond the machine's memory would end in the kernel's
   // out-of-memory killer, so say so here, with the breakdown.
   plan_.require_fits(physical_memory_bytes(), "this machine's physical memory");
-  arena_ = Arena(plan_.arena_bytes());
 
-  auto f32 = [&](int id) { return id < 0 ? nullptr : arena_.at<float>(plan_.offset(id)); };
-  auto b16 = [&](int id) { return id < 0 ? nullptr : arena_.at<bf16>(plan_.offset(id)); };
+  const auto& buffers = plan_.buffers();
+  b.at.assign(buffers.size(), nullptr);
+  if (options_.memory_planning == MemoryPlanning::Planned) {
+    arena_ = Arena(plan_.arena_bytes());
+    for (size_t id = 0; id < buffers.size(); ++id)
+      if (buffers[id].in_arena) b.at[id] = arena_.at<std::byte>(buffers[id].offset);
+  } else {
+    // What lives across steps gets an arena of its own, back to back; the rest is per call.
+    const int persistent[] = {d.weights, d.weights_bf16, d.grads, d.adam_m, d.adam_v};
+    MemoryPlan kept(plan_.alignment());
+    std::vector<std::pair<int, int>> kept_ids;  // plan id, id in `kept`
+    for (int id : persistent)
+      if (id >= 0) kept_ids.push_back({id, kept.add(buffers[size_t(id)].name, buffers[size_t(id)].category,
+                                                     buffers[size_t(id)].bytes, 0, 0)});
+    arena_ = Arena(kept.arena_bytes());
+    for (auto [id, kept_id] : kept_ids) b.at[size_t(id)] = arena_.at<std::byte>(kept.offset(kept_id));
+    for (size_t id = 0; id < buffers.size(); ++id)
+      if (buffers[id].in_arena && !b.at[id]) b.transient_ids.push_back(int(id));
+  }
+
+  auto f32 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<float*>(b.at[size_t(id)]); };
+  auto b16 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<bf16*>(b.at[size_t(id)]); };
   params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
 
   rope_ = kernels::RopeTable::build(c.rotary_dim, c.rope_interleaved, c.rope_theta, max_seq_);
-
-  buf_ = std::make_unique<Buffers>();
-  auto& b = *buf_;
-  for (int id : d.x) b.x.push_back(f32(id));
-  auto block = [&](const BlockIds& i) {
-    return BlockActivations{f32(i.xn1),   f32(i.rstd1), f32(i.qkv),  f32(i.attn),  f32(i.lse),
-                            f32(i.xmid),  f32(i.xn2),   f32(i.rstd2), f32(i.gate_up), f32(i.act),
-                            b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b)};
-  };
-  for (const auto& i : d.forward) b.forward.push_back(block(i));
-  for (const auto& i : d.backward) b.backward.push_back(block(i));
-  b.xn_final = f32(d.xn_final);
-  b.rstd_final = f32(d.rstd_final);
-  b.xn_final_b = b16(d.xn_final_b);
-  b.dx = f32(d.dx);
-  b.dh = f32(d.dh);
-  b.dnorm = f32(d.dnorm);
-  b.dtmp = f32(d.dtmp);
-  b.d_act = f32(d.d_act);
-  b.d_gate_up = f32(d.d_gate_up);
-  b.d_attn = f32(d.d_attn);
-  b.d_qkv = f32(d.d_qkv);
-  b.dy_b = b16(d.dy_b);
-  b.attention_workspace = arena_.at<char>(plan_.offset(d.attention_workspace));
-  b.attention_workspace_bytes = plan_.buffer(d.attention_workspace).bytes;
-  b.logits = f32(d.logits);
-  b.logits_b = b16(d.logits_b);
+  b.bind(plan_);
 }
 
 Decoder::~Decoder() = default;
@@ -494,6 +568,7 @@ void Decoder::backward(const MicroBatch& mb) {
 
 double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
   validate(mb);
+  TransientScope transients(*buf_, plan_);
   forward(mb);
   double loss = lm_head_loss(mb, grad_scale, true);
   if (!config_.tie_word_embeddings) grad_ready(ids_.lm_head);  // tied: the embedding adds to it last
@@ -503,12 +578,14 @@ double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
 
 double Decoder::forward_loss(const MicroBatch& mb) {
   validate(mb);
+  TransientScope transients(*buf_, plan_);
   forward(mb);
   return lm_head_loss(mb, 0.0, false);
 }
 
 void Decoder::logits_at(const MicroBatch& mb, const int64_t* rows, int64_t count, float* out) {
   validate(mb);
+  TransientScope transients(*buf_, plan_);
   forward(mb);
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   const bool bf = precision_ == Precision::BF16;

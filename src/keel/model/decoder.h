@@ -40,6 +40,17 @@ struct MicroBatch {
   const int32_t* segments = nullptr;   // [batch*seq] document ids for packed rows, or nullptr
 };
 
+// Where the buffers of a forward/backward pass live.
+enum class MemoryPlanning : uint8_t {
+  // Every buffer in one arena laid out before step 1, buffers of disjoint lifetimes sharing bytes.
+  Planned,
+  // The baseline a general-purpose allocator gives: only what lives across steps (weights, their
+  // bf16 copies, gradients, optimizer state) in the arena; every activation and scratch buffer is
+  // malloc'ed at the start of each forward_backward / forward_loss / logits_at call and freed at
+  // its end, none sharing bytes with another. Same results bit for bit.
+  PerTensor,
+};
+
 struct DecoderOptions {
   // Keep only each block's input in the forward pass and recompute the block inside the backward
   // pass (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"): activation memory
@@ -51,6 +62,7 @@ struct DecoderOptions {
   // The largest arena allowed in bytes (the recipe's memory_pool_size); 0 = no cap. A plan above
   // it fails at construction with the breakdown, before anything is allocated.
   size_t memory_cap_bytes = 0;
+  MemoryPlanning memory_planning = MemoryPlanning::Planned;
 };
 
 // Positions on the abstract timeline of one training step that the decoder's memory plan uses:
@@ -110,7 +122,8 @@ class Decoder {
 
   // Activation and scratch memory this decoder holds at the plan's peak (bytes), for reporting.
   size_t activation_bytes() const;
-  // The plan the arena was laid out from, and the arena's size.
+  // The plan the arena was laid out from, and the arena's size (with MemoryPlanning::PerTensor
+  // the arena holds only the plan's persistent buffers).
   const MemoryPlan& memory_plan() const { return plan_; }
   size_t arena_bytes() const { return arena_.size(); }
   const DecoderOptions& options() const { return options_; }
@@ -118,6 +131,7 @@ class Decoder {
  private:
   struct Buffers;
   struct BlockActivations;
+  struct TransientScope;  // MemoryPlanning::PerTensor: the call's own allocations
   void forward(const MicroBatch& batch);
   // Block `layer` from its input x_in: fills `a` and, unless x_out is null (recomputation inside
   // the backward pass, which only needs the intermediates), writes the next block's input.

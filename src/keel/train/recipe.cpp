@@ -38,6 +38,7 @@ const std::vector<Field>& fields() {
       {"num_workers", &Recipe::num_workers},
       {"prefetch_factor", &Recipe::prefetch_factor},
       {"preprocess_on_npu", &Recipe::preprocess_on_npu},
+      {"data_pipeline", &Recipe::data_pipeline},
       {"shuffle", &Recipe::shuffle},
       {"batch_size", &Recipe::batch_size},
       {"gradient_accumulation_steps", &Recipe::gradient_accumulation_steps},
@@ -62,6 +63,7 @@ const std::vector<Field>& fields() {
       {"use_gradient_checkpointing", &Recipe::use_gradient_checkpointing},
       {"topology", &Recipe::topology, "hccl_topology"},
       {"memory_pool_size", &Recipe::memory_pool_size},
+      {"memory_planning", &Recipe::memory_planning},
       {"checkpoint_dir", &Recipe::checkpoint_dir},
       {"save_interval", &Recipe::save_interval},
       {"async_save", &Recipe::async_save},
@@ -264,6 +266,16 @@ void validate_recipe(const Recipe& r, const Where& w) {
               r.chat_template == "chatml",
           "{}: key 'chat_template' must be auto, glm4, llama3 or chatml, got \"{}\"", w.of("chat_template"),
           r.chat_template);
+  require(r.data_pipeline == "prepared" || r.data_pipeline == "on_the_fly",
+          "{}: key 'data_pipeline' must be \"prepared\" or \"on_the_fly\", got \"{}\"", w.of("data_pipeline"),
+          r.data_pipeline);
+  require(r.data_pipeline != "on_the_fly" || r.packing == "pad",
+          "{}: data_pipeline = \"on_the_fly\" puts one record in each row and needs packing = \"pad\" (got \"{}\" "
+          "at {})",
+          w.of("data_pipeline"), r.packing, w.of("packing"));
+  require(r.memory_planning == "planned" || r.memory_planning == "per_tensor",
+          "{}: key 'memory_planning' must be \"planned\" or \"per_tensor\", got \"{}\"", w.of("memory_planning"),
+          r.memory_planning);
   require(r.num_workers >= 0 && r.num_workers <= 64, "{}: key 'num_workers' must be in [0, 64]", w.of("num_workers"));
   require(r.prefetch_factor >= 1 && r.prefetch_factor <= 64, "{}: key 'prefetch_factor' must be in [1, 64]",
           w.of("prefetch_factor"));

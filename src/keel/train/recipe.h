@@ -34,6 +34,10 @@ struct Recipe {
   int64_t num_workers = 1;               // loader threads preparing batches ahead of the step
   int64_t prefetch_factor = 2;           // steps kept ready
   bool preprocess_on_npu = false;  // accepted for compatibility; keel always prepares shards up front
+  // "prepared": raw JSONL tokenized once into shards, fed by the prefetching loader (the default);
+  // "on_the_fly": each step's records read and tokenized on the training thread, one per row (the
+  // naive baseline `keel bench ladder` measures against). Same batches either way.
+  std::string data_pipeline = "prepared";
   bool shuffle = true;
   // Training
   int64_t batch_size = 1;  // sequences per micro-batch per rank
@@ -58,6 +62,10 @@ struct Recipe {
   bool use_gradient_checkpointing = false;
   std::string topology = "auto";
   double memory_pool_size = 0;  // GB, 0 = no cap
+  // "planned": every buffer of a step placed in one arena before step 1 (the default);
+  // "per_tensor": only weights, gradients and optimizer state there, every activation and scratch
+  // buffer malloc'ed and freed around each forward/backward (the baseline). Same results.
+  std::string memory_planning = "planned";
   // Checkpoints and output
   std::string checkpoint_dir;
   int64_t save_interval = 0;

@@ -1,0 +1,78 @@
+#include "keel/cli/child_process.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <system_error>
+
+#include "keel/core/error.h"
+
+namespace keel::cli {
+
+std::string this_executable() {
+  char buffer[PATH_MAX];
+  ssize_t n = ::readlink("/proc/self/exe", buffer, sizeof buffer - 1);
+  require(n > 0, "cannot find keel's own path in /proc/self/exe: {}", std::system_category().message(errno));
+  return std::string(buffer, size_t(n));
+}
+
+void require_on_path(const std::string& program) {
+  if (program.find('/') != std::string::npos) {
+    require(::access(program.c_str(), X_OK) == 0, "{}: not an executable file", program);
+    return;
+  }
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    std::string dir = dirs.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (::access(((dir.empty() ? "." : dir) + "/" + program).c_str(), X_OK) == 0) return;
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  fail("{} not found on PATH: keel runs OpenMPI's mpirun for data-parallel jobs (Debian: apt-get install openmpi-bin)",
+       program);
+}
+
+int run_and_wait(const std::vector<std::string>& argv, const std::string& log_path) {
+  require(!argv.empty(), "run_and_wait: no program");
+  const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  require(log >= 0, "{}: cannot open for writing: {}", log_path, std::strerror(errno));
+  std::vector<std::string> words = argv;
+  std::vector<char*> args;
+  for (auto& word : words) args.push_back(word.data());
+  args.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int error = errno;
+    ::close(log);
+    fail("cannot start {}: {}", argv[0], std::strerror(error));
+  }
+  if (pid == 0) {  // the child: only async-signal-safe calls until exec
+    ::dup2(log, STDOUT_FILENO);
+    ::dup2(log, STDERR_FILENO);
+    ::execvp(args[0], args.data());
+    const char message[] = "keel: exec failed\n";
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, message, sizeof message - 1);
+    ::_exit(127);
+  }
+  ::close(log);
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    require(errno == EINTR, "waiting for {}: {}", argv[0], std::strerror(errno));
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace keel::cli
