@@ -11,6 +11,7 @@
 #include "keel/core/process_memory.h"
 #include "keel/core/threads.h"
 #include "keel/kernels/attention.h"
+#include "keel/kernels/cpu/vector_ops.h"
 #include "keel/kernels/cross_entropy.h"
 #include "keel/kernels/embedding.h"
 #include "keel/kernels/gemm.h"
@@ -30,25 +31,31 @@ int64_t lm_head_chunk_rows(int64_t vocab, int64_t tokens) {
   return std::clamp<int64_t>(rows, 16, std::max<int64_t>(tokens, 1));
 }
 
+// Below this many elements an elementwise pass runs on the calling thread alone.
+constexpr int64_t kParallelMinElements = int64_t(1) << 15;
+
 void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols) {
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) y[r * cols + c] += bias[c];
+  parallel_for(rows, rows * cols >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t c = 0; c < cols; ++c) y[r * cols + c] += bias[c];
+  });
 }
 
 // db[c] += sum over rows of dy[r, c]; columns are split across threads so sums stay in row order.
 void accumulate_bias_grad(const float* dy, int64_t rows, int64_t cols, float* db) {
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < cols; ++c) {
-    float sum = 0.0f;
-    for (int64_t r = 0; r < rows; ++r) sum += dy[r * cols + c];
-    db[c] += sum;
-  }
+  parallel_for(cols, rows * cols >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      float sum = 0.0f;
+      for (int64_t r = 0; r < rows; ++r) sum += dy[r * cols + c];
+      db[c] += sum;
+    }
+  });
 }
 
 void add_into(float* dst, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = a[i] + b[i];
+  parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dst[i] = a[i] + b[i];
+  });
 }
 
 // Declares the parameters in the order of the flat buffers (HF module order). Shared by the
@@ -429,8 +436,13 @@ struct Linear {
   }
 };
 
+// The GEMM inputs' bf16 copies, through the dispatched row kernel (AVX-512 where present).
 void to_bf16(const float* src, bf16* dst, int64_t n) {
-  if (dst) convert_f32_to_bf16(src, dst, size_t(n));
+  if (!dst) return;
+  const auto& ops = kernels::vector_ops();
+  parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    ops.scale_to_bf16(src + begin, 1.0f, dst + begin, end - begin);
+  });
 }
 
 }  // namespace
