@@ -9,42 +9,15 @@
 
 #include "keel/model/decoder.h"
 #include "keel/train/model_setup.h"
+#include "decoder_test_support.h"
 
 namespace keel::model {
 namespace {
 
-ModelConfig tiny(const std::string& family, bool qkv_bias) {
-  train::ScratchModel m;
-  m.family = family;
-  m.vocab_size = 97;
-  m.hidden_size = 48;
-  m.intermediate_size = 80;
-  m.num_layers = 3;
-  m.num_heads = 4;
-  m.num_kv_heads = 2;
-  auto c = train::scratch_model_config(m);
-  c.qkv_bias = qkv_bias;
-  return c;
-}
+using test::Batch;
+using test::random_batch;
 
-struct Batch {
-  std::vector<int32_t> ids, targets, positions;
-  MicroBatch view(int64_t batch, int64_t seq) const {
-    return {batch, seq, ids.data(), targets.data(), positions.data(), nullptr};
-  }
-};
-
-Batch random_batch(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Batch b;
-  for (int64_t s = 0; s < batch; ++s)
-    for (int64_t t = 0; t < seq; ++t) {
-      b.ids.push_back(int32_t(rng() % vocab));
-      b.targets.push_back(t + 1 < seq && rng() % 7 ? int32_t(rng() % vocab) : -100);
-      b.positions.push_back(int32_t(t));
-    }
-  return b;
-}
+ModelConfig tiny(const std::string& family, bool qkv_bias) { return test::tiny_config(family, qkv_bias); }
 
 void expect_identical_gradients(const std::string& family, bool qkv_bias, Precision precision) {
   const auto config = tiny(family, qkv_bias);

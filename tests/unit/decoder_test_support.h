@@ -1,0 +1,50 @@
+// A tiny decoder configuration and random micro-batches, shared by the decoder-level unit tests
+// (gradient checkpointing, per-tensor memory).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "keel/model/decoder.h"
+#include "keel/train/model_setup.h"
+
+namespace keel::model::test {
+
+// qkv_bias: forced on or off, or the family's default.
+inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qkv_bias = std::nullopt) {
+  train::ScratchModel m;
+  m.family = family;
+  m.vocab_size = 97;
+  m.hidden_size = 48;
+  m.intermediate_size = 80;
+  m.num_layers = 3;
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  auto c = train::scratch_model_config(m);
+  if (qkv_bias) c.qkv_bias = *qkv_bias;
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> ids, targets, positions;
+  MicroBatch view(int64_t batch, int64_t seq) const {
+    return {batch, seq, ids.data(), targets.data(), positions.data(), nullptr};
+  }
+};
+
+// About one target in seven is -100 (ignored), the last position always.
+inline Batch random_batch(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Batch b;
+  for (int64_t s = 0; s < batch; ++s)
+    for (int64_t t = 0; t < seq; ++t) {
+      b.ids.push_back(int32_t(rng() % vocab));
+      b.targets.push_back(t + 1 < seq && rng() % 7 ? int32_t(rng() % vocab) : -100);
+      b.positions.push_back(int32_t(t));
+    }
+  return b;
+}
+
+}  // namespace keel::model::test
