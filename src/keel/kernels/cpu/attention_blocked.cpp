@@ -59,16 +59,23 @@ struct ThreadScratch {
   M *p, *ds;            // [kBlock, seq] probabilities and score gradients as GEMM inputs
   float* delta;         // [seq] D_i
 
+  // Bytes of each section: packed operands, fp32 rows, rows in the GEMM input type (none in
+  // fp32, where the GEMMs read the fp32 rows).
+  struct Sizes {
+    size_t operand, row_f32, row_m;
+    Sizes(int64_t seq, int64_t head_dim)
+        : operand(align_up(size_t(seq * head_dim) * sizeof(M))),
+          row_f32(align_up(size_t(kBlock * seq) * sizeof(float))),
+          row_m(std::is_same_v<M, float> ? 0 : align_up(size_t(kBlock * seq) * sizeof(M))) {}
+  };
+
   static size_t bytes(int64_t seq, int64_t head_dim) {
-    const size_t operand = align_up(size_t(seq * head_dim) * sizeof(M));
-    const size_t row_f32 = align_up(size_t(kBlock * seq) * sizeof(float));
-    const size_t row_m = std::is_same_v<M, float> ? 0 : align_up(size_t(kBlock * seq) * sizeof(M));
-    return 4 * operand + 2 * row_f32 + 2 * row_m + align_up(size_t(seq) * sizeof(float));
+    const Sizes z(seq, head_dim);
+    return 4 * z.operand + 2 * z.row_f32 + 2 * z.row_m + align_up(size_t(seq) * sizeof(float));
   }
   static ThreadScratch at(char* base, int64_t seq, int64_t head_dim) {
-    const size_t operand = align_up(size_t(seq * head_dim) * sizeof(M));
-    const size_t row_f32 = align_up(size_t(kBlock * seq) * sizeof(float));
-    const size_t row_m = std::is_same_v<M, float> ? 0 : align_up(size_t(kBlock * seq) * sizeof(M));
+    const Sizes z(seq, head_dim);
+    const size_t operand = z.operand, row_f32 = z.row_f32, row_m = z.row_m;
     ThreadScratch t;
     t.q = reinterpret_cast<M*>(base);
     t.k = reinterpret_cast<M*>(base + operand);
@@ -254,35 +261,38 @@ inline bool parallel(const AttentionShape& s) {
   return s.batch * s.q_heads * s.seq * s.seq * s.head_dim >= kParallelMinWork;
 }
 
-template <typename M>
-void forward_all(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* segments,
-                 float* out, float* lse, void* workspace, size_t workspace_bytes) {
+// Runs f(batch, head, thread scratch) for every (sequence, head) in [0, batch * heads), one task
+// per pair, each thread on its own slice of the workspace.
+template <typename M, typename F>
+void for_each_head(const AttentionShape& s, int64_t heads, void* workspace, size_t workspace_bytes, F&& f) {
   check_shape(s);
   char* base = thread_base<M>(workspace, workspace_bytes, s);
   const size_t per_thread = ThreadScratch<M>::bytes(s.seq, s.head_dim);
-  const int64_t tasks = s.batch * s.q_heads;
-  auto task = [&](int64_t t, int thread) {
+  for_each_task(s.batch * heads, parallel(s), [&](int64_t t, int thread) {
     auto w = ThreadScratch<M>::at(base + size_t(thread) * per_thread, s.seq, s.head_dim);
-    const int64_t b = t / s.q_heads, h = t % s.q_heads;
-    forward_head(s, q, k, v, segments ? segments + b * s.seq : nullptr, out, lse, b, h, w);
-  };
-  for_each_task(tasks, parallel(s), task);
+    f(t / heads, t % heads, w);
+  });
+}
+
+const int32_t* sequence_segments(const int32_t* segments, const AttentionShape& s, int64_t b) {
+  return segments ? segments + b * s.seq : nullptr;
+}
+
+template <typename M>
+void forward_all(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* segments,
+                 float* out, float* lse, void* workspace, size_t workspace_bytes) {
+  for_each_head<M>(s, s.q_heads, workspace, workspace_bytes, [&](int64_t b, int64_t h, ThreadScratch<M>& w) {
+    forward_head(s, q, k, v, sequence_segments(segments, s, b), out, lse, b, h, w);
+  });
 }
 
 template <typename M>
 void backward_all(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* segments,
                   const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
                   void* workspace, size_t workspace_bytes) {
-  check_shape(s);
-  char* base = thread_base<M>(workspace, workspace_bytes, s);
-  const size_t per_thread = ThreadScratch<M>::bytes(s.seq, s.head_dim);
-  const int64_t tasks = s.batch * s.kv_heads;
-  auto task = [&](int64_t t, int thread) {
-    auto w = ThreadScratch<M>::at(base + size_t(thread) * per_thread, s.seq, s.head_dim);
-    const int64_t b = t / s.kv_heads, kv = t % s.kv_heads;
-    backward_kv_head(s, q, k, v, segments ? segments + b * s.seq : nullptr, out, lse, dout, dq, dk, dv, b, kv, w);
-  };
-  for_each_task(tasks, parallel(s), task);
+  for_each_head<M>(s, s.kv_heads, workspace, workspace_bytes, [&](int64_t b, int64_t kv, ThreadScratch<M>& w) {
+    backward_kv_head(s, q, k, v, sequence_segments(segments, s, b), out, lse, dout, dq, dk, dv, b, kv, w);
+  });
 }
 
 }  // namespace
