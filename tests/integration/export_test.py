@@ -20,28 +20,14 @@ import sys
 import tempfile
 import time
 
+from harness import check, run_tests, write_data
+
 import numpy as np
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 WORK = tempfile.mkdtemp(prefix="keel_export_test_")
-FAILURES = []
 VOCAB = 320  # room for the test tokenizer (300 ids); the training data uses ids below 32
-
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("  FAIL:", what)
-    return cond
-
-
-def write_data(path, n, seed, vocab=32, lo=6, hi=20):
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            start, length = rng.randrange(vocab), rng.randrange(lo, hi)
-            f.write(json.dumps({"input_ids": [(start + i) % vocab for i in range(length)]}) + "\n")
 
 
 def toml_value(v):
@@ -440,19 +426,7 @@ def test_errors():
 
 def main():
     write_data(os.path.join(WORK, "train.jsonl"), 100, seed=1)
-    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
-    for name, fn in tests:
-        if ONLY and ONLY not in name:
-            continue
-        print(name)
-        t0 = time.time()
-        fn()
-        print("  %.1f s" % (time.time() - t0))
-    shutil.rmtree(WORK, ignore_errors=True)
-    if FAILURES:
-        print("%d failure(s)" % len(FAILURES))
-        sys.exit(1)
-    print("all export checks passed")
+    run_tests(globals(), "export", WORK, only=ONLY, skip=None)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+from harness import write_data
+
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 VERBOSE = "--verbose" in sys.argv  # print every check, not only the failed ones
@@ -45,14 +47,6 @@ def check(cond, what, output=None):
         if output:
             print("    output:", output.strip().replace("\n", "\n    ")[-3000:])
     return cond
-
-
-def write_data(path, n, seed, vocab=32, lo=6, hi=20):
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            start, length = rng.randrange(vocab), rng.randrange(lo, hi)
-            f.write(json.dumps({"input_ids": [(start + i) % vocab for i in range(length)]}) + "\n")
 
 
 def recipe(name, scratch=True, **overrides):

@@ -14,28 +14,13 @@ import sys
 import tempfile
 import time
 
+from harness import check, run_tests, write_data
+
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 # --skip NAME: leave a test out (the sanitizer build skips crash_recovery: 1200 steps under ASan).
 SKIP = sys.argv[sys.argv.index("--skip") + 1] if "--skip" in sys.argv else None
 WORK = tempfile.mkdtemp(prefix="keel_trainer_test_")
-FAILURES = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("  FAIL:", what)
-    return cond
-
-
-def write_data(path, n, seed, vocab=32, lo=6, hi=20):
-    rng = random.Random(seed)
-    with open(path, "w") as f:
-        for _ in range(n):
-            # a learnable pattern: counting up from a random start, modulo the vocabulary
-            start, length = rng.randrange(vocab), rng.randrange(lo, hi)
-            f.write(json.dumps({"input_ids": [(start + i) % vocab for i in range(length)]}) + "\n")
 
 
 def recipe(name, **overrides):
@@ -251,19 +236,7 @@ def test_corrupt_checkpoints():
 def main():
     write_data(os.path.join(WORK, "train.jsonl"), 200, seed=1)
     write_data(os.path.join(WORK, "eval.jsonl"), 20, seed=2)
-    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
-    for name, fn in tests:
-        if (ONLY and ONLY not in name) or (SKIP and SKIP in name):
-            continue
-        print(name)
-        t0 = time.time()
-        fn()
-        print("  %.1f s" % (time.time() - t0))
-    shutil.rmtree(WORK, ignore_errors=True)
-    if FAILURES:
-        print("%d failure(s)" % len(FAILURES))
-        sys.exit(1)
-    print("all trainer checks passed")
+    run_tests(globals(), "trainer", WORK, only=ONLY, skip=SKIP)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""What the integration test scripts share: a failure list with check(), tiny pre-tokenized
+training data, and the runner that calls every test_* function of a script."""
+import json
+import random
+import shutil
+import sys
+import time
+
+FAILURES = []
+
+
+def check(cond, what):
+    if not cond:
+        FAILURES.append(what)
+        print("  FAIL:", what)
+    return cond
+
+
+def write_data(path, n, seed, vocab=32, lo=6, hi=20):
+    """n pre-tokenized records of a learnable pattern: counting up from a random start, modulo
+    the vocabulary."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(n):
+            start, length = rng.randrange(vocab), rng.randrange(lo, hi)
+            f.write(json.dumps({"input_ids": [(start + i) % vocab for i in range(length)]}) + "\n")
+
+
+def run_tests(namespace, suite, work, failures=FAILURES, only=None, skip=None):
+    """Runs namespace's test_* functions in definition order (those whose name contains `only`,
+    none containing `skip`), removes `work`, and exits 1 if anything failed."""
+    for name, fn in [(n, f) for n, f in namespace.items() if n.startswith("test_") and callable(f)]:
+        if (only and only not in name) or (skip and skip in name):
+            continue
+        print(name)
+        t0 = time.time()
+        fn()
+        print("  %.1f s" % (time.time() - t0))
+    shutil.rmtree(work, ignore_errors=True)
+    if failures:
+        print("%d failure(s)" % len(failures))
+        sys.exit(1)
+    print("all %s checks passed" % suite)
