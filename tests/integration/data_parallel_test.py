@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Data parallel over MPI (mpirun -np 2): same losses and weights as dp=1 with doubled gradient
-accumulation (shuffled or not), bit-identical reruns with deterministic_reduce, a clear error for
-a dp_degree that disagrees with the world size, for ranks started with different recipes, and for
-a rank that dies.
+accumulation (shuffled or not), bit-identical reruns with deterministic_reduce, ZeRO-1 equal to
+non-sharded training (fp32 and bf16, checkpoints and resume included) with half the optimizer
+memory per rank, a clear error for a dp_degree that disagrees with the world size, for ranks
+started with different recipes, and for a rank that dies.
 
     /usr/bin/python3 tests/integration/data_parallel_test.py KEEL
 """
@@ -103,6 +104,88 @@ def test_deterministic_reduce():
         with open(os.path.join(WORK, "det", "final", "model.safetensors"), "rb") as f:
             runs.append((losses, f.read()))
     check(runs[0] == runs[1], "two dp=2 runs with deterministic_reduce are bit-identical")
+
+
+def max_rel_l2(a, b):
+    """Worst relative L2 difference over the tensors of b, and its name."""
+    worst, worst_name = 0.0, ""
+    for name, t in b.items():
+        e = float((a[name].double() - t.double()).norm() / max(float(t.double().norm()), 1e-30))
+        if e > worst:
+            worst, worst_name = e, name
+    return worst, worst_name
+
+
+def compare_zero1(dtype):
+    """ZeRO-1 against replicated optimizer state, both at dp=2: same losses, weights and moments."""
+    runs = {}
+    for zero in (0, 1):
+        name = "zero%d_%s" % (zero, dtype)
+        path = write_recipe(name, dp_degree=2, dtype=dtype, zero_stage=zero,
+                            checkpoint_dir=os.path.join(WORK, name, "ckpt"), save_interval=5)
+        r = train(path, 2)
+        if not check(r.returncode == 0, "%s: dp=2 ZeRO-%d run (%s)" % (dtype, zero, (r.stdout + r.stderr)[-800:])):
+            return
+        runs[zero] = (r.stdout,) + results(name) + (
+            hf_models.load_safetensors(os.path.join(WORK, name, "ckpt", "step-00000005", "optimizer.safetensors")),)
+    check("ZeRO-1: AdamW moments sharded over 2 ranks" in runs[1][0], "%s: the run reports the sharding" % dtype)
+    (_, m0, w0, o0), (_, m1, w1, o1) = runs[0], runs[1]
+    worst = max(rel(a["loss"], b["loss"]) for a, b in zip(m1, m0))
+    check(len(m0) == len(m1) == 5 and worst <= 1e-6, "%s: ZeRO-1 losses equal replicated (worst %.2e)" % (dtype, worst))
+    worst = max(rel(a["grad_norm"], b["grad_norm"]) for a, b in zip(m1, m0))
+    check(worst <= 1e-6, "%s: ZeRO-1 gradient norms equal replicated (worst %.2e)" % (dtype, worst))
+    worst, where = max_rel_l2(w1, w0)
+    check(worst <= 1e-6, "%s: ZeRO-1 final weights equal replicated (worst relative L2 %.2e, %s)" % (dtype, worst, where))
+    # The checkpoint holds the whole moments, gathered from both ranks' shards by rank 0.
+    worst, where = max_rel_l2(o1, o0)
+    check(len(o1) == len(o0) and worst <= 1e-6,
+          "%s: ZeRO-1 checkpoint moments equal replicated (worst relative L2 %.2e, %s)" % (dtype, worst, where))
+
+
+def test_zero1_equals_replicated():
+    compare_zero1("fp32")
+    compare_zero1("bf16")  # also checks that each rank refreshes the bf16 copy of the other's shard
+
+
+def test_zero1_resume_and_determinism():
+    """An interrupted ZeRO-1 run resumed from its checkpoint ends bit-identical to an uninterrupted
+    one, and with deterministic_reduce two runs are bit-identical."""
+    def final_bytes(name):
+        with open(os.path.join(WORK, name, "final", "model.safetensors"), "rb") as f:
+            return f.read()
+
+    whole = write_recipe("zero_whole", dp_degree=2, zero_stage=1, deterministic_reduce=True)
+    finals = []
+    for i in range(2):
+        r = train(whole, 2)
+        if not check(r.returncode == 0, "ZeRO-1 deterministic run %d (%s)" % (i, r.stderr[-500:])):
+            return
+        finals.append(final_bytes("zero_whole"))
+    check(finals[0] == finals[1], "two ZeRO-1 runs with deterministic_reduce are bit-identical")
+
+    split = write_recipe("zero_split", dp_degree=2, zero_stage=1, deterministic_reduce=True,
+                         checkpoint_dir=os.path.join(WORK, "zero_split", "ckpt"))
+    r = train(split, 2, "--stop-after", "2")
+    if not check(r.returncode == 0, "ZeRO-1 run stopped after step 2 (%s)" % (r.stdout + r.stderr)[-500:]):
+        return
+    r = train(split, 2, "--resume", "auto")
+    if not check(r.returncode == 0 and "resumed from" in r.stdout, "ZeRO-1 resume (%s)" % (r.stdout + r.stderr)[-500:]):
+        return
+    check(final_bytes("zero_split") == finals[0], "ZeRO-1 resumed from its checkpoint ends bit-identical")
+
+
+def test_zero1_plan_halves_optimizer_memory():
+    path = write_recipe("zero_plan", dp_degree=2)
+    plans = {}
+    for zero in (0, 1):
+        r = subprocess.run([KEEL, "plan", path, "--json", "--zero", str(zero)], capture_output=True, text=True)
+        if not check(r.returncode == 0, "keel plan --zero %d (%s)" % (zero, r.stderr[-300:])):
+            return
+        plans[zero] = json.loads(r.stdout)["categories"]
+    ratio = plans[1]["optimizer state"] / plans[0]["optimizer state"]
+    check(ratio <= 0.5 + 1e-3, "ZeRO-1 plans %.3f of the optimizer state per rank at dp=2" % ratio)
+    check(plans[1]["master weights"] == plans[0]["master weights"] and plans[1]["gradients"] == plans[0]["gradients"],
+          "ZeRO-1 leaves weights and gradients whole")
 
 
 def test_world_size_mismatch():

@@ -14,6 +14,7 @@ namespace {
 class RecordingCommunicator final : public Communicator {
  public:
   std::vector<std::pair<int64_t, int64_t>> submitted;  // (offset from base, count)
+  std::vector<FlatRange> scattered;                     // reduce-scatters (ZeRO-1)
   float* base = nullptr;
   int rank() const override { return 0; }
   int size() const override { return 2; }
@@ -22,6 +23,13 @@ class RecordingCommunicator final : public Communicator {
     submitted.push_back({data - base, n});
     return submitted.size();
   }
+  Ticket reduce_scatter_sum_async(float* data, FlatRange range, const std::vector<FlatRange>&, bool) override {
+    EXPECT_EQ(data, base);  // ranges are offsets into the whole gradient buffer
+    scattered.push_back(range);
+    return scattered.size();
+  }
+  Ticket allgather_shards_async(float*, const std::vector<FlatRange>&) override { return 0; }
+  void gather_shards_to_root(const float*, float*, const std::vector<FlatRange>&) override {}
   void wait(Ticket) override {}
   void allreduce_sum(double*, int64_t) override {}
   void broadcast(void*, int64_t, int) override {}
@@ -78,6 +86,43 @@ TEST(GradBuckets, StartsABucketWhenItsLastGradientIsReady) {
   buckets.finish();  // starts {0,1} although param 0 never reported
   ASSERT_EQ(comm.submitted.size(), 2u);
   EXPECT_EQ(comm.submitted[1], std::make_pair(int64_t(0), int64_t(32)));
+}
+
+TEST(GradBuckets, ZeroOneReduceScattersEachBucketOntoTheShards) {
+  auto spans = spans_of({16, 16, 16, 16});
+  const std::vector<FlatRange> shards = shard_ranges(64, 2);
+  GradBuckets buckets(spans, 32 * sizeof(float), &shards);
+  std::vector<float> grads(64);
+  RecordingCommunicator comm;
+  comm.base = grads.data();
+  buckets.begin(grads.data(), comm, false);
+  for (int p = 3; p >= 0; --p) buckets.param_ready(p);
+  buckets.finish();
+  EXPECT_TRUE(comm.submitted.empty());  // no allreduce at all
+  ASSERT_EQ(comm.scattered.size(), 2u);
+  EXPECT_EQ(comm.scattered[0].begin, 32);
+  EXPECT_EQ(comm.scattered[0].end, 64);
+  EXPECT_EQ(comm.scattered[1].begin, 0);
+  EXPECT_EQ(comm.scattered[1].end, 32);
+}
+
+TEST(ShardRanges, CoverTheBufferInAlignedNearEqualParts) {
+  for (int64_t total : {16, 64, 1000 * 16, 12345 * 16}) {
+    for (int ranks : {1, 2, 3, 4, 7}) {
+      const auto shards = shard_ranges(total, ranks);
+      ASSERT_EQ(shards.size(), size_t(ranks));
+      EXPECT_EQ(shards.front().begin, 0);
+      EXPECT_EQ(shards.back().end, total);
+      for (int r = 0; r < ranks; ++r) {
+        EXPECT_EQ(shards[size_t(r)].begin % 16, 0);
+        EXPECT_LE(shards[size_t(r)].size(), shards[0].size());  // shard 0 is the largest: every rank plans it
+        EXPECT_GE(shards[size_t(r)].size(), shards[0].size() - 16);
+        if (r > 0) {
+          EXPECT_EQ(shards[size_t(r)].begin, shards[size_t(r) - 1].end);
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -16,6 +16,11 @@ class SingleProcess final : public Communicator {
   std::string name() const override { return "single process"; }
   Ticket allreduce_sum_async(float*, int64_t, bool) override { return 0; }
   void wait(Ticket) override {}
+  Ticket reduce_scatter_sum_async(float*, FlatRange, const std::vector<FlatRange>&, bool) override { return 0; }
+  Ticket allgather_shards_async(float*, const std::vector<FlatRange>&) override { return 0; }
+  void gather_shards_to_root(const float* mine, float* out, const std::vector<FlatRange>& shards) override {
+    if (mine != out + shards[0].begin) std::memcpy(out + shards[0].begin, mine, sizeof(float) * size_t(shards[0].size()));
+  }
   void allreduce_sum(double*, int64_t) override {}
   void broadcast(void*, int64_t, int) override {}
   void allgather(const void* in, void* out, int64_t bytes) override { std::memcpy(out, in, size_t(bytes)); }

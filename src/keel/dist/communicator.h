@@ -6,6 +6,9 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "keel/core/flat_range.h"
 
 namespace keel::dist {
 
@@ -23,6 +26,19 @@ class Communicator {
   virtual Ticket allreduce_sum_async(float* data, int64_t n, bool deterministic) = 0;
   virtual void wait(Ticket ticket) = 0;
   void allreduce_sum(float* data, int64_t n, bool deterministic = false) { wait(allreduce_sum_async(data, n, deterministic)); }
+
+  // ZeRO-1's collectives over a flat buffer split into `shards` (one per rank, contiguous, in rank
+  // order; see keel::shard_ranges). `shards` must stay alive until the collective completes.
+  //
+  // Reduce-scatter of data[range]: afterwards the part of `range` inside this rank's shard holds the
+  // sum over ranks (in place); the rest of `range` is left undefined. `deterministic` as above.
+  virtual Ticket reduce_scatter_sum_async(float* data, FlatRange range, const std::vector<FlatRange>& shards,
+                                          bool deterministic) = 0;
+  // In-place all-gather: every rank's shard of `data` is copied to every other rank.
+  virtual Ticket allgather_shards_async(float* data, const std::vector<FlatRange>& shards) = 0;
+  // Rank 0 receives every rank's shard into `out` at the shard's offset (`mine` is this rank's
+  // shard, shards[rank()].size() floats); `out` is used on rank 0 only.
+  virtual void gather_shards_to_root(const float* mine, float* out, const std::vector<FlatRange>& shards) = 0;
 
   // Sum of doubles (losses, token counts): small, blocking, always in rank order.
   virtual void allreduce_sum(double* data, int64_t n) = 0;

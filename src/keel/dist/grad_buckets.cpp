@@ -4,7 +4,9 @@
 
 namespace keel::dist {
 
-GradBuckets::GradBuckets(const std::vector<ParamSpan>& spans, int64_t bucket_bytes) {
+GradBuckets::GradBuckets(const std::vector<ParamSpan>& spans, int64_t bucket_bytes,
+                         const std::vector<FlatRange>* zero_shards)
+    : zero_shards_(zero_shards) {
   require(!spans.empty(), "gradient buckets: no parameters");
   const int64_t cap = std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)));
   bucket_of_param_.assign(spans.size(), -1);
@@ -38,7 +40,9 @@ void GradBuckets::begin(float* grads, Communicator& comm, bool deterministic) {
 
 void GradBuckets::start(Bucket& b) {
   b.started = true;
-  b.ticket = comm_->allreduce_sum_async(grads_ + b.offset, b.count, deterministic_);
+  b.ticket = zero_shards_ ? comm_->reduce_scatter_sum_async(grads_, {b.offset, b.offset + b.count}, *zero_shards_,
+                                                             deterministic_)
+                         : comm_->allreduce_sum_async(grads_ + b.offset, b.count, deterministic_);
 }
 
 void GradBuckets::param_ready(int param) {

@@ -2,7 +2,8 @@
 // reverse order of their position in the flat gradient buffer (the order the backward pass
 // finishes them), into contiguous ranges of about bucket_bytes. When the backward pass has
 // produced every gradient of a bucket, its allreduce starts on the communication thread while the
-// backward pass goes on; the optimizer waits for all buckets at the end.
+// backward pass goes on; the optimizer waits for all buckets at the end. Under ZeRO-1 the
+// allreduce becomes a reduce-scatter onto the ranks' shards (half the traffic of an allreduce).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -26,7 +27,11 @@ struct Bucket {
 class GradBuckets {
  public:
   // spans: every parameter's range, in flat-buffer order (contiguous, padding allowed between).
-  GradBuckets(const std::vector<ParamSpan>& spans, int64_t bucket_bytes);
+  // With `zero_shards` (ZeRO-1: one range of the flat buffer per rank, kept alive by the caller)
+  // each bucket is reduce-scattered instead of all-reduced: a rank ends up with the summed
+  // gradients of its own shard only, the rest of the buffer is left undefined.
+  GradBuckets(const std::vector<ParamSpan>& spans, int64_t bucket_bytes,
+              const std::vector<FlatRange>* zero_shards = nullptr);
   // Starts a step's synchronisation: nothing is ready.
   void begin(float* grads, Communicator& comm, bool deterministic);
   // The gradient of `param` is final for this step; starts its bucket's allreduce if it completes one.
@@ -42,6 +47,7 @@ class GradBuckets {
   float* grads_ = nullptr;
   Communicator* comm_ = nullptr;
   bool deterministic_ = false;
+  const std::vector<FlatRange>* zero_shards_ = nullptr;
 };
 
 }  // namespace keel::dist

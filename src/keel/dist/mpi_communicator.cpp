@@ -4,6 +4,7 @@
 // naming the operation (Open MPI's launcher then names the rank that failed).
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -50,12 +51,66 @@ class MpiCommunicator final : public Communicator {
         ordered_sum(data, n);
       } else {
         for (int64_t done = 0; done < n;) {  // MPI counts are int: split huge buffers
-          const int count = int(std::min<int64_t>(n - done, int64_t(1) << 30));
+          const int count = int(std::min<int64_t>(n - done, kMaxCount));
           check(MPI_Allreduce(MPI_IN_PLACE, data + done, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
           done += count;
         }
       }
     });
+  }
+
+  Ticket reduce_scatter_sum_async(float* data, FlatRange range, const std::vector<FlatRange>& shards,
+                                  bool deterministic) override {
+    return submit("reduce-scatter of " + std::to_string(range.size()) + " gradients",
+                  [this, data, range, &shards, deterministic] {
+                    require(range.size() < kMaxCount, "reduce-scatter of {} floats: buckets must stay below 2^30 "
+                            "elements (bucket_size_mb)", range.size());
+                    const FlatRange mine = range.intersect(shards[size_t(rank_)]);
+                    counts_.resize(size_t(size_));
+                    offsets_.resize(size_t(size_));
+                    for (int q = 0; q < size_; ++q) {
+                      const FlatRange part = range.intersect(shards[size_t(q)]);
+                      counts_[size_t(q)] = int(part.size());
+                      offsets_[size_t(q)] = int(part.begin - range.begin);
+                    }
+                    if (deterministic) {
+                      ordered_reduce_scatter(data, range, mine);
+                      return;
+                    }
+                    // In place: the input is the whole range, this rank's sum lands at its start.
+                    check(MPI_Reduce_scatter(MPI_IN_PLACE, data + range.begin, counts_.data(), MPI_FLOAT, MPI_SUM,
+                                             MPI_COMM_WORLD),
+                          "MPI_Reduce_scatter");
+                    if (mine.size() > 0 && mine.begin != range.begin)
+                      std::memmove(data + mine.begin, data + range.begin, sizeof(float) * size_t(mine.size()));
+                  });
+  }
+
+  // Each rank broadcasts its shard in turn: at two ranks the same traffic as a ring all-gather, and
+  // no int displacement limits the size of the buffer.
+  Ticket allgather_shards_async(float* data, const std::vector<FlatRange>& shards) override {
+    return submit("all-gather of the updated weights", [this, data, &shards] {
+      for (int q = 0; q < size_; ++q)
+        for_each_chunk(data + shards[size_t(q)].begin, shards[size_t(q)].size(), [&](float* p, int count) {
+          check(MPI_Bcast(p, count, MPI_FLOAT, q, MPI_COMM_WORLD), "MPI_Bcast");
+        });
+    });
+  }
+
+  void gather_shards_to_root(const float* mine, float* out, const std::vector<FlatRange>& shards) override {
+    wait(submit("gather of the optimizer state", [this, mine, out, &shards] {
+      if (rank_ == 0) {
+        std::memcpy(out + shards[0].begin, mine, sizeof(float) * size_t(shards[0].size()));
+        for (int q = 1; q < size_; ++q)
+          for_each_chunk(out + shards[size_t(q)].begin, shards[size_t(q)].size(), [&](float* p, int count) {
+            check(MPI_Recv(p, count, MPI_FLOAT, q, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
+          });
+      } else {
+        for_each_chunk(mine, shards[size_t(rank_)].size(), [&](const float* p, int count) {
+          check(MPI_Send(p, count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD), "MPI_Send");
+        });
+      }
+    }));
   }
 
   void wait(Ticket ticket) override {
@@ -121,6 +176,34 @@ class MpiCommunicator final : public Communicator {
       float sum = gather_buffer_[size_t(i)];
       for (int r = 1; r < size_; ++r) sum += gather_buffer_[size_t(r) * n + i];
       data[i] = sum;
+    }
+  }
+
+  // Rank-ordered reduce-scatter: every rank sends each other rank that rank's part of `range`
+  // (all-to-all), then adds the received contributions in rank order.
+  void ordered_reduce_scatter(float* data, FlatRange range, FlatRange mine) {
+    const int m = int(mine.size());
+    gather_buffer_.resize(size_t(m) * size_t(size_));
+    receive_counts_.assign(size_t(size_), m);
+    receive_offsets_.resize(size_t(size_));
+    for (int q = 0; q < size_; ++q) receive_offsets_[size_t(q)] = q * m;
+    check(MPI_Alltoallv(data + range.begin, counts_.data(), offsets_.data(), MPI_FLOAT, gather_buffer_.data(),
+                        receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT, MPI_COMM_WORLD),
+          "MPI_Alltoallv");
+    for (int i = 0; i < m; ++i) {
+      float sum = gather_buffer_[size_t(i)];
+      for (int q = 1; q < size_; ++q) sum += gather_buffer_[size_t(q) * size_t(m) + size_t(i)];
+      data[mine.begin + i] = sum;
+    }
+  }
+
+  // Calls f(pointer, count) over p[0, n) in pieces MPI's int counts can hold.
+  template <class T, class F>
+  static void for_each_chunk(T* p, int64_t n, F&& f) {
+    for (int64_t done = 0; done < n;) {
+      const int count = int(std::min<int64_t>(n - done, kMaxCount));
+      f(p + done, count);
+      done += count;
     }
   }
 
@@ -195,6 +278,8 @@ class MpiCommunicator final : public Communicator {
   std::string pending_name_, failure_, init_error_;
   bool initialized_ = false, stopping_ = false;
   std::vector<float> gather_buffer_;
+  std::vector<int> counts_, offsets_, receive_counts_, receive_offsets_;  // used by the communication thread only
+  static constexpr int64_t kMaxCount = int64_t(1) << 30;
 };
 
 }  // namespace

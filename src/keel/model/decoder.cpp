@@ -137,8 +137,12 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
   d.weights_bf16 = add_bf16("weights.bf16", Cat::ComputeWeights, param_elements, always, end);
   d.grads = add("grads", Cat::Gradients, param_elements, f32, always, end);
   if (options.optimizer_state) {
-    d.adam_m = add("adam.m", Cat::OptimizerState, param_elements, f32, always, end);
-    d.adam_v = add("adam.v", Cat::OptimizerState, param_elements, f32, always, end);
+    // Every rank plans the largest shard (shard 0), so all ranks have the same plan.
+    const int shards = options.optimizer_shards;
+    const int64_t moments = shard_ranges(param_elements, shards)[0].size();
+    const std::string part = shards > 1 ? fmt::format(" (1/{} shard)", shards) : "";
+    d.adam_m = add("adam.m" + part, Cat::OptimizerState, moments, f32, always, end);
+    d.adam_v = add("adam.v" + part, Cat::OptimizerState, moments, f32, always, end);
   }
 
   d.x.resize(size_t(L + 1));
@@ -216,6 +220,9 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
 MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
                                const DecoderOptions& options) {
   model::validate(config, "model");
+  require(options.optimizer_shards >= 1 && options.optimizer_shard >= 0 &&
+              options.optimizer_shard < options.optimizer_shards,
+          "decoder: optimizer shard {} of {} does not exist", options.optimizer_shard, options.optimizer_shards);
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   ParamStore params;
@@ -325,6 +332,9 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
                  const DecoderOptions& options)
     : config_(config), precision_(precision), max_batch_(max_batch), max_seq_(max_seq), options_(options) {
   model::validate(config_, "model");
+  require(options.optimizer_shards >= 1 && options.optimizer_shard >= 0 &&
+              options.optimizer_shard < options.optimizer_shards,
+          "decoder: optimizer shard {} of {} does not exist", options.optimizer_shard, options.optimizer_shards);
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   const auto& c = config_;
@@ -360,6 +370,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
 
   auto f32 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<float*>(b.at[size_t(id)]); };
   auto b16 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<bf16*>(b.at[size_t(id)]); };
+  if (options_.optimizer_state && options_.optimizer_shards > 1)
+    params_.set_optimizer_range(shard_ranges(params_.total(), options_.optimizer_shards)[options_.optimizer_shard]);
   params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
 
   rope_ = kernels::RopeTable::build(c.rotary_dim, c.rope_interleaved, c.rope_theta, max_seq_);

@@ -63,6 +63,10 @@ struct DecoderOptions {
   // it fails at construction with the breakdown, before anything is allocated.
   size_t memory_cap_bytes = 0;
   MemoryPlanning memory_planning = MemoryPlanning::Planned;
+  // ZeRO-1 (Rajbhandari et al. 2020, stage 1): the optimizer state is split over
+  // `optimizer_shards` data-parallel ranks (keel::shard_ranges of the flat parameter buffer) and
+  // this decoder plans and holds shard `optimizer_shard` of it.
+  int optimizer_shards = 1, optimizer_shard = 0;
 };
 
 // Positions on the abstract timeline of one training step that the decoder's memory plan uses:

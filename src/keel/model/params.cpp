@@ -43,22 +43,31 @@ void ParamStore::bind(float* weights, float* grads, bf16* weights_bf16, float* a
   adam_v_ = adam_v;
 }
 
+void ParamStore::set_optimizer_range(FlatRange range) {
+  require(range.begin >= 0 && range.begin <= range.end && range.end <= total_,
+          "ParamStore: optimizer range [{}, {}) outside the {} parameters", range.begin, range.end, total_);
+  optimizer_shard_ = range;
+}
+
 void ParamStore::allocate_optimizer_state() {
+  const auto n = size_t(optimizer_range().size());
   if (adam_m_) {  // planned and bound: no allocation, only a fresh start for a new optimizer
-    std::fill(adam_m_, adam_m_ + total_, 0.0f);
-    std::fill(adam_v_, adam_v_ + total_, 0.0f);
+    std::fill(adam_m_, adam_m_ + n, 0.0f);
+    std::fill(adam_v_, adam_v_ + n, 0.0f);
     return;
   }
-  owned_adam_m_.assign(total_, 0.0f);
-  owned_adam_v_.assign(total_, 0.0f);
+  owned_adam_m_.assign(n, 0.0f);
+  owned_adam_v_.assign(n, 0.0f);
   adam_m_ = owned_adam_m_.data();
   adam_v_ = owned_adam_v_.data();
 }
 
 void ParamStore::zero_grads() { std::fill(grads_, grads_ + total_, 0.0f); }
 
-void ParamStore::refresh_bf16_copy() {
-  if (weights_bf16_) convert_f32_to_bf16(weights_, weights_bf16_, total_);
+void ParamStore::refresh_bf16_copy() { refresh_bf16_copy({0, total_}); }
+
+void ParamStore::refresh_bf16_copy(FlatRange range) {
+  if (weights_bf16_) convert_f32_to_bf16(weights_ + range.begin, weights_bf16_ + range.begin, range.size());
 }
 
 }  // namespace keel::model

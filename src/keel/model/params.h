@@ -7,10 +7,12 @@
 // by the store (allocate()), for stores used outside a plan.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "keel/core/dtype.h"
+#include "keel/core/flat_range.h"
 
 namespace keel::model {
 
@@ -34,6 +36,10 @@ class ParamStore {
   // Makes the Adam moments available and zeroed: when they were planned and bound this only
   // zeroes them; otherwise owned buffers are allocated here.
   void allocate_optimizer_state();
+  // ZeRO-1: this process holds the Adam moments of `range` only (its shard of the flat buffer);
+  // set before bind() / allocate_optimizer_state(). Default: all of it.
+  void set_optimizer_range(FlatRange range);
+  FlatRange optimizer_range() const { return optimizer_shard_ ? *optimizer_shard_ : FlatRange{0, total_}; }
 
   const std::vector<Param>& params() const { return params_; }
   const Param& param(int i) const { return params_[i]; }
@@ -48,6 +54,7 @@ class ParamStore {
   float* weights() { return weights_; }
   const float* weights_data() const { return weights_; }
   float* grads() { return grads_; }
+  // The Adam moments of optimizer_range(): element i of the flat buffer is adam_m()[i - range.begin].
   float* adam_m() { return adam_m_; }
   float* adam_v() { return adam_v_; }
   bf16* weights_bf16() { return weights_bf16_; }
@@ -56,10 +63,12 @@ class ParamStore {
 
   void zero_grads();
   void refresh_bf16_copy();  // after weights change outside the optimizer (load, init)
+  void refresh_bf16_copy(FlatRange range);  // of part of the weights (ZeRO-1: the shards other ranks updated)
 
  private:
   std::vector<Param> params_;
   int64_t total_ = 0;
+  std::optional<FlatRange> optimizer_shard_;  // set by set_optimizer_range (ZeRO-1)
   float *weights_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
   bf16* weights_bf16_ = nullptr;
   // Storage when the store owns its buffers (allocate()); empty when bound to a plan.

@@ -150,22 +150,35 @@ void CheckpointWriter::write(const std::vector<model::Param>& layout, const floa
 }
 
 SaveStats CheckpointWriter::save(model::ParamStore& params, const TrainingState& state, const std::string& recipe) {
+  if (async_)
+    return save_snapshot(params.params(), params.total(), state, recipe, [&](float* weights, float* m, float* v) {
+      const int64_t n = params.total();
+      parallel_copy(weights, params.weights(), n);
+      parallel_copy(m, params.adam_m(), n);
+      parallel_copy(v, params.adam_v(), n);
+    });
+  const auto t0 = Clock::now();
+  write(params.params(), params.weights(), params.adam_m(), params.adam_v(), state, recipe);
+  return {std::chrono::duration<double>(Clock::now() - t0).count(), false};
+}
+
+SaveStats CheckpointWriter::save_snapshot(const std::vector<model::Param>& layout, int64_t n,
+                                          const TrainingState& state, const std::string& recipe,
+                                          const std::function<void(float*, float*, float*)>& fill) {
   const auto t0 = Clock::now();
   SaveStats stats;
   stats.async = async_;
+  std::unique_lock<std::mutex> lock(mutex_);
+  cv_.wait(lock, [this] { return !pending_; });  // at most one save in flight
+  if (staging_.size() != size_t(3 * n)) staging_.assign(size_t(3 * n), 0.0f);  // unless prepare() did it
+  fill(staging_.data(), staging_.data() + n, staging_.data() + 2 * n);
   if (!async_) {
-    write(params.params(), params.weights(), params.adam_m(), params.adam_v(), state, recipe);
+    lock.unlock();
+    write(layout, staging_.data(), staging_.data() + n, staging_.data() + 2 * n, state, recipe);
     stats.blocked_s = std::chrono::duration<double>(Clock::now() - t0).count();
     return stats;
   }
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [this] { return !pending_; });  // at most one save in flight
-  const int64_t n = params.total();
-  if (staging_.size() != size_t(3 * n)) staging_.assign(size_t(3 * n), 0.0f);  // unless prepare() did it
-  parallel_copy(staging_.data(), params.weights(), n);
-  parallel_copy(staging_.data() + n, params.adam_m(), n);
-  parallel_copy(staging_.data() + 2 * n, params.adam_v(), n);
-  staged_layout_ = params.params();
+  staged_layout_ = layout;
   staged_state_ = state;
   staged_recipe_ = recipe;
   pending_ = true;
@@ -175,8 +188,8 @@ SaveStats CheckpointWriter::save(model::ParamStore& params, const TrainingState&
   return stats;
 }
 
-void CheckpointWriter::prepare(const model::ParamStore& params) {
-  if (!async_) return;
+void CheckpointWriter::prepare(const model::ParamStore& params, bool snapshot) {
+  if (!async_ && !snapshot) return;
   std::lock_guard<std::mutex> lock(mutex_);
   staging_.assign(size_t(3 * params.total()), 0.0f);
 }
@@ -308,8 +321,10 @@ TrainingState read_checkpoint_state(const std::string& path) {
 
 namespace {
 
+// Reads the part of each tensor that lies in `window` of the flat buffer into base (which holds
+// that window: ZeRO-1 ranks keep the moments of their shard only).
 void read_tensors(const std::string& file, const std::vector<model::Param>& layout, float* base,
-                  const std::string& prefix) {
+                  const std::string& prefix, FlatRange window) {
   auto st = model::SafetensorsFile::open(file);
   for (const auto& p : layout) {
     const std::string name = prefix + p.name;
@@ -317,23 +332,26 @@ void read_tensors(const std::string& file, const std::vector<model::Param>& layo
     require(t != nullptr, "{}: tensor '{}' is missing", file, name);
     require(t->dtype == DType::F32 && t->shape == p.shape, "{}: tensor '{}' has dtype {} shape [{}], expected F32 [{}]",
             file, name, dtype_name(t->dtype), fmt::join(t->shape, ", "), fmt::join(p.shape, ", "));
-    std::memcpy(base + p.offset, t->data, sizeof(float) * p.numel);
+    const FlatRange part = FlatRange{p.offset, p.offset + p.numel}.intersect(window);
+    if (part.size() > 0)
+      std::memcpy(base + (part.begin - window.begin), t->data + sizeof(float) * size_t(part.begin - p.offset),
+                  sizeof(float) * size_t(part.size()));
   }
 }
 
 }  // namespace
 
 void read_checkpoint_weights(const std::string& path, model::ParamStore& params) {
-  read_tensors(path + "/weights.safetensors", params.params(), params.weights(), "");
+  read_tensors(path + "/weights.safetensors", params.params(), params.weights(), "", {0, params.total()});
   params.refresh_bf16_copy();
 }
 
 TrainingState load_checkpoint(const std::string& path, model::ParamStore& params) {
   verify_checkpoint(path);
   TrainingState state = read_checkpoint_state(path);
-  read_tensors(path + "/weights.safetensors", params.params(), params.weights(), "");
-  read_tensors(path + "/optimizer.safetensors", params.params(), params.adam_m(), "m.");
-  read_tensors(path + "/optimizer.safetensors", params.params(), params.adam_v(), "v.");
+  read_tensors(path + "/weights.safetensors", params.params(), params.weights(), "", {0, params.total()});
+  read_tensors(path + "/optimizer.safetensors", params.params(), params.adam_m(), "m.", params.optimizer_range());
+  read_tensors(path + "/optimizer.safetensors", params.params(), params.adam_v(), "v.", params.optimizer_range());
   params.refresh_bf16_copy();
   return state;
 }

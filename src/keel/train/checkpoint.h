@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -52,9 +53,16 @@ class CheckpointWriter {
   // background thread; waits first if the previous save is still in flight (at most one).
   // Throws keel::Error if a previous asynchronous save failed (see take_failure()).
   SaveStats save(model::ParamStore& params, const TrainingState& state, const std::string& resolved_recipe);
-  // Allocates and touches the asynchronous staging buffer for `params` now, so no save pays for
-  // page faults and the memory is part of the run's footprint from the start.
-  void prepare(const model::ParamStore& params);
+  // Saves from the staging buffer, which `fill(weights, m, v)` (each `total` floats) writes first:
+  // for state that is not in one ParamStore (ZeRO-1's moments, gathered from every rank). Written
+  // before returning or in the background, as save().
+  SaveStats save_snapshot(const std::vector<model::Param>& layout, int64_t total, const TrainingState& state,
+                          const std::string& resolved_recipe,
+                          const std::function<void(float* weights, float* m, float* v)>& fill);
+  // Allocates and touches the staging buffer for `params` now (when saves are asynchronous, or
+  // with `snapshot` for save_snapshot), so no save pays for page faults and the memory is part of
+  // the run's footprint from the start.
+  void prepare(const model::ParamStore& params, bool snapshot = false);
   // Waits for a save in flight; returns its error message, if it failed ("" otherwise).
   std::string wait();
   // The error of the last failed asynchronous save, once ("" if none).

@@ -28,7 +28,6 @@ RunShape run_shape(const Recipe& r) {
 
 namespace {
 
-size_t ceil_div(size_t a, size_t b) { return (a + b - 1) / b; }
 
 size_t gib(double n) { return size_t(n * double(size_t(1) << 30)); }
 
@@ -74,27 +73,23 @@ MemoryPlan training_memory_plan(const Recipe& r, const model::ModelConfig& confi
   auto options = training_decoder_options(r);
   options.gradient_checkpointing = shape.gradient_checkpointing;
   options.memory_cap_bytes = 0;  // the caller compares against the cap; here we only plan
+  // ZeRO-1 (Rajbhandari et al. 2020, stage 1): each rank keeps and updates 1/dp of the Adam moments
+  // (the decoder plans the shard). The fp32 master weights stay whole on every rank: in fp32 they
+  // are the compute weights, and in bf16 the norms and the embedding are read from them.
+  const size_t shards = shape.zero_stage >= 1 ? size_t(shape.dp) : 1;
+  options.optimizer_shards = int(shards);
   const auto precision = recipe_precision(r);
   const MemoryPlan decoder =
       model::decoder_memory_plan(config, precision, shape.batch_size, shape.max_seq_len, options);
 
-  // ZeRO-1 (Rajbhandari et al. 2020, stage 1): each rank keeps and updates 1/dp of the optimizer
-  // state and of the fp32 master weights, then all-gathers the updated compute copy in place. In
-  // fp32 the master weights are the compute weights, so only the optimizer state shards.
-  const size_t shards = shape.zero_stage >= 1 ? size_t(shape.dp) : 1;
-  const bool bf16 = precision == model::Precision::BF16;
   MemoryPlan plan(decoder.alignment());
   size_t param_elements = 0;
   for (const auto& b : decoder.buffers()) {
     if (b.name == "weights") param_elements = b.bytes / sizeof(float);
-    const bool sharded = shards > 1 && (b.category == MemoryCategory::OptimizerState ||
-                                        (b.category == MemoryCategory::MasterWeights && bf16));
-    const size_t bytes = sharded ? ceil_div(b.bytes, shards) : b.bytes;
-    const std::string name = sharded ? fmt::format("{} (1/{} shard)", b.name, shards) : b.name;
     if (b.in_arena)
-      plan.add(name, b.category, bytes, b.first_use, b.last_use);
+      plan.add(b.name, b.category, b.bytes, b.first_use, b.last_use);
     else
-      plan.add_external(name, b.category, bytes, b.first_use, b.last_use);
+      plan.add_external(b.name, b.category, b.bytes, b.first_use, b.last_use);
   }
 
   const model::StepTimeline t{int32_t(config.num_layers)};
@@ -123,9 +118,12 @@ MemoryPlan training_memory_plan(const Recipe& r, const model::ModelConfig& confi
   plan.add_external("keel process at start", MemoryCategory::Runtime, kProcessStartBytes, 0, end);
   // What the trainer allocates after the setup, kept for the whole run.
   plan.add_external("micro-batches", MemoryCategory::Data, loader_buffer_bytes(r, shape), 1, end);
-  if (shape.async_checkpoint && r.async_save && !r.checkpoint_dir.empty())
-    plan.add_external("checkpoint snapshot (weights, m, v)", MemoryCategory::CheckpointStaging,
-                      3 * ceil_div(param_elements, shards) * sizeof(float), 1, end);
+  // The snapshot an asynchronous save writes from; with ZeRO-1 rank 0 also gathers every rank's
+  // moments into one for each save, synchronous or not (the figure is rank 0's; other ranks have none).
+  if (!r.checkpoint_dir.empty() && ((shape.async_checkpoint && r.async_save) || shards > 1))
+    plan.add_external(shards > 1 ? "checkpoint snapshot (weights, m, v; rank 0 gathers the moments)"
+                                 : "checkpoint snapshot (weights, m, v)",
+                      MemoryCategory::CheckpointStaging, 3 * param_elements * sizeof(float), 1, end);
   plan.add_external("libraries while training", MemoryCategory::Runtime, kStepRuntimeBytes, 1, end);
   plan.pack();
   return plan;
@@ -190,7 +188,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
   const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-1)", shape.dp) : "";
   auto note = [&](MemoryCategory c) -> std::string {
     switch (c) {
-      case MemoryCategory::MasterWeights: return bf16 ? "fp32 master" + shard : "fp32 (the compute copy too)";
+      case MemoryCategory::MasterWeights: return bf16 ? "fp32 master, whole on every rank" : "fp32 (the compute copy too)";
       case MemoryCategory::ComputeWeights: return "bf16 copy the GEMMs read";
       case MemoryCategory::Gradients: return "fp32, accumulated over micro-batches";
       case MemoryCategory::OptimizerState: return "AdamW m and v, fp32" + (sharded ? shard : std::string());

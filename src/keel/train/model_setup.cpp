@@ -48,6 +48,7 @@ model::DecoderOptions training_decoder_options(const Recipe& r) {
   model::DecoderOptions o;
   o.gradient_checkpointing = r.use_gradient_checkpointing;
   o.optimizer_state = true;
+  o.optimizer_shards = r.zero_stage >= 1 ? int(r.dp_degree) : 1;
   o.memory_cap_bytes = size_t(r.memory_pool_size * double(size_t(1) << 30));
   o.memory_planning = r.memory_planning == "per_tensor" ? model::MemoryPlanning::PerTensor : model::MemoryPlanning::Planned;
   return o;
@@ -58,12 +59,13 @@ DType recipe_export_dtype(const Recipe& r, const model::ModelConfig& config, con
   return model::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, ids)[0].name);
 }
 
-ModelSetup setup_model(const Recipe& r) {
+ModelSetup setup_model(const Recipe& r, int rank) {
   ModelSetup s;
   const auto precision = recipe_precision(r);
   const auto config = recipe_model_config(r);
-  s.decoder = std::make_unique<model::Decoder>(config, precision, r.batch_size, r.max_seq_len,
-                                               training_decoder_options(r));
+  auto options = training_decoder_options(r);
+  options.optimizer_shard = options.optimizer_shards > 1 ? rank : 0;
+  s.decoder = std::make_unique<model::Decoder>(config, precision, r.batch_size, r.max_seq_len, options);
   if (r.model_config) {
     s.decoder->init_random(uint64_t(r.seed));
   } else {

@@ -21,11 +21,13 @@ model::ModelConfig scratch_model_config(const ScratchModel& m);
 model::ModelConfig recipe_model_config(const Recipe& recipe);
 model::Precision recipe_precision(const Recipe& recipe);
 // The decoder settings a training run of this recipe uses: gradient checkpointing, optimizer
-// state in the arena, memory_pool_size (GiB) as the arena's cap and memory_planning.
+// state in the arena (ZeRO-1: a 1/dp_degree shard), memory_pool_size (GiB) as the arena's cap and
+// memory_planning.
 model::DecoderOptions training_decoder_options(const Recipe& recipe);
 // The dtype a run's model is exported in by default (output_dir/final, keel export): that of
 // model_name's weights, or the recipe's dtype for a model built from [model_config].
 DType recipe_export_dtype(const Recipe& recipe, const model::ModelConfig& config, const model::DecoderParamIds& ids);
-ModelSetup setup_model(const Recipe& recipe);
+// `rank`: this process's data-parallel rank, which picks its optimizer shard under ZeRO-1.
+ModelSetup setup_model(const Recipe& recipe, int rank = 0);
 
 }  // namespace keel::train

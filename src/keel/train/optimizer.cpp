@@ -12,23 +12,35 @@ AdamW::AdamW(model::ParamStore& params, AdamWConfig config) : params_(params), c
 
 void AdamW::step(double lr, int64_t step) {
   kernels::AdamWStep s{float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), step};
+  // Only the parameters' parts inside this process's optimizer range (all of them, or its ZeRO-1
+  // shard): the moments are held for that range alone.
+  const FlatRange mine = params_.optimizer_range();
   for (size_t i = 0; i < params_.params().size(); ++i) {
     const auto& p = params_.param(int(i));
+    const FlatRange part = FlatRange{p.offset, p.offset + p.numel}.intersect(mine);
+    if (part.size() == 0) continue;
+    const int64_t local = part.begin - p.offset, moment = part.begin - mine.begin;
     const float wd = p.weight_decay ? float(config_.weight_decay) : 0.0f;
-    kernels::adamw_update(params_.weight(int(i)), params_.grad(int(i)), params_.adam_m() + p.offset,
-                          params_.adam_v() + p.offset, p.numel, s, wd, params_.weight_bf16(int(i)));
+    bf16* copy = params_.weight_bf16(int(i));
+    kernels::adamw_update(params_.weight(int(i)) + local, params_.grad(int(i)) + local, params_.adam_m() + moment,
+                          params_.adam_v() + moment, part.size(), s, wd, copy ? copy + local : nullptr);
   }
 }
 
-double gradient_norm(model::ParamStore& params) {
-  return std::sqrt(kernels::sum_of_squares(params.grads(), params.total()));
+double gradient_sum_of_squares(model::ParamStore& params, FlatRange range) {
+  return kernels::sum_of_squares(params.grads() + range.begin, range.size());
 }
 
-double clip_gradients(model::ParamStore& params, double norm, double max_norm) {
+double gradient_norm(model::ParamStore& params) {
+  return std::sqrt(gradient_sum_of_squares(params, {0, params.total()}));
+}
+
+double clip_gradients(model::ParamStore& params, double norm, double max_norm, FlatRange range) {
   if (max_norm <= 0) return 1.0;
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return 1.0;
-  kernels::scale_in_place(params.grads(), params.total(), float(coef));
+  if (range.end < 0) range = {0, params.total()};
+  kernels::scale_in_place(params.grads() + range.begin, range.size(), float(coef));
   return coef;
 }
 

@@ -409,9 +409,10 @@ std::string recipe_tokenizer_path(const Recipe& r) {
 std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   std::vector<std::string> w;
   auto note = [&](bool set, const char* key, const char* what) {
-    if (set) w.push_back(fmt::format("recipe key '{}' is accepted but not active yet: {}", key, what));
+    if (set) w.push_back(fmt::format("recipe key '{}' is accepted but has no effect here: {}", key, what));
   };
-  note(r.zero_stage == 1, "zero_stage", "optimizer state is replicated on every rank (ZeRO-1 is not active yet)");
+  note(r.zero_stage == 1 && r.dp_degree == 1, "zero_stage", "ZeRO-1 shards the optimizer state over dp_degree ranks; "
+       "with dp_degree = 1 there is nothing to shard");
   note(r.topology != "auto", "topology", "topology-aware placement is not active yet");
   note(!r.use_flash_attention, "use_flash_attention",
        "keel's attention is always the tiled flash-style kernel; false changes nothing");

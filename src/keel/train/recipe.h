@@ -57,7 +57,7 @@ struct Recipe {
   bool deterministic_reduce = false;  // sum gradients in rank order: bit-identical runs whatever the timing
   bool overlap_grad_sync = true;      // start each bucket's allreduce during the backward pass (false: after it)
   double comm_timeout_s = 600;        // a collective waiting longer ends the job (HCCL_CONNECT_TIMEOUT analogue)
-  int64_t zero_stage = 0;             // 1: shard optimizer state across ranks (not active yet)
+  int64_t zero_stage = 0;             // 1: shard the AdamW moments across the dp ranks (ZeRO-1)
   bool use_flash_attention = true;
   bool use_gradient_checkpointing = false;
   std::string topology = "auto";

@@ -53,7 +53,7 @@ double flops_per_token(const model::ModelConfig& c, int64_t seq) {
 class Trainer {
  public:
   Trainer(const Recipe& r, std::ostream& log, const TrainOptions& options, dist::Communicator& comm)
-      : r_(r), log_(log), options_(options), comm_(comm), setup_(setup_model(r)), decoder_(*setup_.decoder),
+      : r_(r), log_(log), options_(options), comm_(comm), setup_(setup_model(r, comm.rank())), decoder_(*setup_.decoder),
         config_(decoder_.config()) {
     for (const auto& name : setup_.unused_tensors)
       fmt::print(log_, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
@@ -78,7 +78,11 @@ class Trainer {
     if (comm_.size() > 1) {
       std::vector<dist::ParamSpan> spans;
       for (const auto& p : decoder_.params().params()) spans.push_back({p.offset, p.numel});
-      buckets_ = std::make_unique<dist::GradBuckets>(spans, int64_t(r.bucket_size_mb * double(1 << 20)));
+      // ZeRO-1: the decoder holds this rank's shard of the moments; gradients are reduce-scattered
+      // onto the same shards and the updated weights all-gathered after the optimizer step.
+      if (r.zero_stage >= 1) zero_shards_ = shard_ranges(decoder_.params().total(), int(comm_.size()));
+      buckets_ = std::make_unique<dist::GradBuckets>(spans, int64_t(r.bucket_size_mb * double(1 << 20)),
+                                                     zero_shards_.empty() ? nullptr : &zero_shards_);
       // Set once (no allocation per step); active only during a step's last backward pass.
       if (r.overlap_grad_sync)
         decoder_.set_grad_ready_hook([this](int param) {
@@ -96,7 +100,7 @@ class Trainer {
         fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save\n", removed,
                    r.checkpoint_dir);
       checkpoints_ = std::make_unique<CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
-      checkpoints_->prepare(decoder_.params());
+      checkpoints_->prepare(decoder_.params(), /*snapshot=*/!zero_shards_.empty());
     }
     resume(options.resume);
   }
@@ -117,6 +121,10 @@ class Trainer {
                r_.dtype != "bf16"              ? "fp32 GEMMs"
                : kernels::bf16_matmul_native() ? "bf16 GEMMs"
                                                : "bf16 GEMMs widened to fp32 (no oneDNN bf16 matmul on this CPU)");
+    if (!zero_shards_.empty())
+      fmt::print(log_, "keel: ZeRO-1: AdamW moments sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB\n",
+                 comm_.size(), 8e-6 * double(decoder_.params().optimizer_range().size()),
+                 8e-6 * double(decoder_.params().total()));
 
     InterruptGuard interrupt;
     TrainResult result;
@@ -127,7 +135,8 @@ class Trainer {
       state_.samples_consumed = step * loader_->samples_per_step();
       if (eval_due(step)) evaluate_into(m);
       const bool interrupted = (interrupt_agreed() || step == options_.stop_after_step) && step < max_steps_;
-      if (checkpoints_ && (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0)))
+      if (!r_.checkpoint_dir.empty() &&
+          (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0)))
         save_checkpoint(m, progress);
       if (metrics) metrics->write(m);
       result.summary.add_step(m);
@@ -189,14 +198,27 @@ class Trainer {
     fmt::print(log_, "keel: resumed from {} at step {}\n", path, saved.step);
   }
 
+  // Rank 0 writes the checkpoint. Under ZeRO-1 every rank takes part: rank 0 gathers the moments.
   void save_checkpoint(StepMetrics& m, Progress& progress) {
+    if (!checkpoints_) {
+      if (!zero_shards_.empty()) gather_moments(nullptr, nullptr);
+      return;
+    }
     const std::string failure = checkpoints_->take_failure();
     if (!failure.empty()) {
       require(!r_.fail_on_save_error, "checkpoint save failed: {}", failure);
       progress.message(fmt::format("warning: the previous checkpoint save failed ({}); retrying now", failure));
     }
     try {
-      const SaveStats stats = checkpoints_->save(decoder_.params(), state_, recipe_to_toml(r_));
+      model::ParamStore& params = decoder_.params();
+      const SaveStats stats =
+          zero_shards_.empty()
+              ? checkpoints_->save(params, state_, recipe_to_toml(r_))
+              : checkpoints_->save_snapshot(params.params(), params.total(), state_, recipe_to_toml(r_),
+                                            [&](float* weights, float* first, float* second) {
+                                              std::copy_n(params.weights(), params.total(), weights);
+                                              gather_moments(first, second);
+                                            });
       m.checkpoint_s = stats.blocked_s;
     } catch (const Error& e) {
       require(!r_.fail_on_save_error, "checkpoint save failed: {}", e.what());
@@ -211,6 +233,13 @@ class Trainer {
     double flag = InterruptGuard::requested() ? 1.0 : 0.0;
     if (comm_.size() > 1) comm_.allreduce_sum(&flag, 1);
     return flag > 0;
+  }
+
+  // ZeRO-1: every rank sends its shard of the Adam moments; rank 0 receives them into m and v.
+  void gather_moments(float* first, float* second) {
+    model::ParamStore& params = decoder_.params();
+    comm_.gather_shards_to_root(params.adam_m(), first, zero_shards_);
+    comm_.gather_shards_to_root(params.adam_v(), second, zero_shards_);
   }
 
   bool eval_due(int64_t step) const {
@@ -265,17 +294,23 @@ class Trainer {
     }
     m.compute_s = seconds_since(t1);
     if (ranks > 1 && micro.empty()) buckets_->begin(decoder_.params().grads(), comm_, r_.deterministic_reduce);
+    model::ParamStore& params = decoder_.params();
+    const FlatRange mine = params.optimizer_range();  // everything, or this rank's ZeRO-1 shard
+    double grad_squares = 0;  // under ZeRO-1, of every rank's shard
     if (ranks > 1) {
       // What is left of the synchronisation once the backward pass is done: the exposed part.
       const auto t_sync = Clock::now();
       buckets_->finish();
-      comm_.allreduce_sum(&loss_sum, 1);
+      double sums[2] = {loss_sum, zero_shards_.empty() ? 0.0 : gradient_sum_of_squares(params, mine)};
+      comm_.allreduce_sum(sums, 2);
+      loss_sum = sums[0];
+      grad_squares = sums[1];
       m.grad_sync_s += seconds_since(t_sync);
     }
     m.loss = m.target_tokens > 0 ? loss_sum / double(m.target_tokens) : 0.0;
 
     const auto t2 = Clock::now();
-    m.grad_norm = gradient_norm(decoder_.params());
+    m.grad_norm = zero_shards_.empty() ? gradient_norm(params) : std::sqrt(grad_squares);
     m.lr = schedule_.lr_for_step(step);
     if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
       require(r_.skip_nonfinite_steps,
@@ -284,10 +319,17 @@ class Trainer {
               step, m.loss, m.grad_norm);
       m.skipped = true;  // weights and optimizer state stay as they were
     } else {
-      clip_gradients(decoder_.params(), m.grad_norm, r_.max_grad_norm);
+      clip_gradients(params, m.grad_norm, r_.max_grad_norm, mine);
       optimizer_->step(m.lr, step);
     }
     m.optimizer_s = seconds_since(t2);
+    if (!zero_shards_.empty() && !m.skipped) {  // every rank needs every rank's updated shard
+      const auto t_gather = Clock::now();
+      comm_.wait(comm_.allgather_shards_async(params.weights(), zero_shards_));
+      for (const FlatRange& other : zero_shards_)
+        if (other.begin != mine.begin) params.refresh_bf16_copy(other);
+      m.grad_sync_s += seconds_since(t_gather);
+    }
     m.step_time_s = seconds_since(t0);
     m.tokens_per_s = double(m.tokens) / std::max(m.step_time_s, 1e-9);
     return m;
@@ -300,8 +342,7 @@ class Trainer {
       s.eval_perplexity = last_eval_->perplexity;
     }
     s.peak_memory_bytes = peak_rss_bytes();
-    RunShape shape = run_shape(r_);
-    shape.zero_stage = 0;  // ZeRO-1 is not executed yet: plan what actually runs
+    const RunShape shape = run_shape(r_);
     s.planned_memory_bytes = int64_t(training_memory_plan(r_, config_, shape).total_bytes());
     s.matmul_peak_flops =
         kernels::measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
@@ -326,6 +367,7 @@ class Trainer {
   std::ostream& log_;
   TrainOptions options_;
   dist::Communicator& comm_;
+  std::vector<FlatRange> zero_shards_;  // ZeRO-1: each rank's part of the flat parameters; empty otherwise
   std::unique_ptr<dist::GradBuckets> buckets_;
   bool sync_in_backward_ = false;  // the decoder's grad-ready hook feeds buckets_
   ModelSetup setup_;
