@@ -151,7 +151,7 @@ const CommandRegistration kTokenize{
       auto o = std::make_shared<TokenizeOptions>();
       cmd.add_option("--tokenizer", o->tokenizer, "tokenizer.json, a tiktoken rank file, or a model directory")
           ->required();
-      cmd.add_option("--pattern", o->pattern, "Pre-tokenizer of a tiktoken file: gpt2, cl100k, o200k, glm4");
+      cmd.add_option("--pattern", o->pattern, "Pre-tokenizer of a tiktoken file: gpt2, cl100k, o200k, glm4, qwen2");
       cmd.add_option("--threads", o->threads, "Encoding threads (default: all cores)")->check(CLI::Range(1, 1024));
       cmd.add_flag("--add-special-tokens", o->add_special_tokens, "Add the post-processor's BOS/EOS");
       return [o] {
@@ -186,7 +186,7 @@ const CommandRegistration kDetokenize{
       auto o = std::make_shared<TokenizeOptions>();
       cmd.add_option("--tokenizer", o->tokenizer, "tokenizer.json, a tiktoken rank file, or a model directory")
           ->required();
-      cmd.add_option("--pattern", o->pattern, "Pre-tokenizer of a tiktoken file: gpt2, cl100k, o200k, glm4");
+      cmd.add_option("--pattern", o->pattern, "Pre-tokenizer of a tiktoken file: gpt2, cl100k, o200k, glm4, qwen2");
       cmd.add_option("--threads", o->threads, "Decoding threads (default: all cores)")->check(CLI::Range(1, 1024));
       cmd.add_flag("--skip-special-tokens", o->skip_special_tokens, "Leave special tokens out of the text");
       return [o] {
@@ -238,7 +238,7 @@ const CommandRegistration kTokenizer{
       train->add_option("--vocab-size", o->training.vocab_size, "Vocabulary size (special tokens + 256 bytes + merges)")
           ->required();
       train->add_option("--special", o->training.special_tokens, "A special token (repeatable; ids 0, 1, ...)");
-      train->add_option("--pattern", o->training.pattern, "Pre-tokenizer pattern: gpt2, cl100k, o200k, glm4")
+      train->add_option("--pattern", o->training.pattern, "Pre-tokenizer pattern: gpt2, cl100k, o200k, glm4, qwen2")
           ->capture_default_str();
       train->add_option("--min-frequency", o->training.min_frequency, "Merge only pairs seen at least this often")
           ->capture_default_str();

@@ -23,8 +23,9 @@ struct NamedPattern {
 };
 
 // Verbatim from the references: tiktoken_ext/openai_public.py (gpt2, cl100k_base, o200k_base, as
-// the npm tiktoken package ships them) and GLM-4's tokenization_chatglm.py.
-constexpr std::array<NamedPattern, 4> kNamedPatterns{{
+// the npm tiktoken package ships them), GLM-4's tokenization_chatglm.py and Qwen2's tokenizer.json
+// (cl100k's with single digits: every number is spelled digit by digit, which arithmetic needs).
+constexpr std::array<NamedPattern, 5> kNamedPatterns{{
     {"gpt2", R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)"},
     {"cl100k",
      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"},
@@ -32,6 +33,8 @@ constexpr std::array<NamedPattern, 4> kNamedPatterns{{
      R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)"},
     {"glm4",
      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"},
+    {"qwen2",
+     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"},
 }};
 
 std::string pcre2_message(int code) {
@@ -126,7 +129,7 @@ std::string translate_pattern(std::string_view pattern, RegexDialect dialect, st
 std::string_view named_pattern(std::string_view name) {
   for (const auto& p : kNamedPatterns)
     if (p.name == name) return p.pattern;
-  fail("unknown pre-tokenizer pattern '{}': expected one of gpt2, cl100k, o200k, glm4", name);
+  fail("unknown pre-tokenizer pattern '{}': expected one of gpt2, cl100k, o200k, glm4, qwen2", name);
 }
 
 bool is_named_pattern(std::string_view name) {

@@ -31,7 +31,7 @@ enum class RegexDialect {
 // the pattern came from, for the error message of an unsupported construct.
 std::string translate_pattern(std::string_view pattern, RegexDialect dialect, std::string_view origin);
 
-// Pre-tokenizer patterns by name: gpt2, cl100k, o200k, glm4 (the pattern of GLM-4's
+// Pre-tokenizer patterns by name: gpt2, cl100k, o200k, glm4, qwen2 (the pattern of GLM-4's
 // tokenization_chatglm.py, which is cl100k's). keel::Error naming the known names otherwise.
 std::string_view named_pattern(std::string_view name);
 bool is_named_pattern(std::string_view name);

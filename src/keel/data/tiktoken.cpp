@@ -166,7 +166,7 @@ Tokenizer load_tiktoken(const std::string& path, std::string_view pattern) {
   if (pattern.empty()) {
     pattern = tiktoken_pattern_for(ranks.size());
     require(!pattern.empty(),
-            "{}: {} ranks match no known encoding; name the pre-tokenizer pattern (gpt2, cl100k, o200k, glm4)", path,
+            "{}: {} ranks match no known encoding; name the pre-tokenizer pattern (gpt2, cl100k, o200k, glm4, qwen2)", path,
             ranks.size());
   }
   return tiktoken_tokenizer(std::move(ranks), pattern, path);

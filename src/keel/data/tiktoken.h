@@ -1,6 +1,6 @@
 // tiktoken rank files: one "base64-token rank" line per token, ranks 0..N-1 (cl100k_base.tiktoken,
 // o200k_base.tiktoken, GLM-4's tokenizer.model). A rank file holds no pre-tokenizer and no special
-// tokens: the pattern is named (gpt2, cl100k, o200k, glm4) and the special tokens of the named
+// tokens: the pattern is named (gpt2, cl100k, o200k, glm4, qwen2) and the special tokens of the named
 // encoding are added when the vocabulary has that encoding's size.
 #pragma once
 #include <string>

@@ -1,7 +1,9 @@
-// The embedded demo: a tiny Llama-architecture model learns two-digit addition from scratch.
-// Everything it needs is generated here, so it runs on a fresh machine with nothing downloaded:
-// data (train and held-out problems), a recipe, training through the normal `keel train` path,
-// then greedy answers on the held-out problems before and after, read back from the exported model.
+// The embedded demo: a tiny Llama-architecture model learns two-digit addition, asked in chat
+// form, from scratch. Everything it needs is generated here, so it runs on a fresh machine with
+// nothing downloaded: conversations (train and held-out problems), a byte-level BPE tokenizer
+// trained by keel on them, a recipe whose raw JSONL keel prepares with the ChatML template (loss on
+// the answers only), training through the normal `keel train` path, then greedy chat answers on
+// the held-out problems before and after, from the exported model and its tokenizer.
 #pragma once
 #include <cstdint>
 #include <ostream>
