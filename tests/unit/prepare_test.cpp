@@ -258,6 +258,57 @@ TEST(Prepare, ChatTemplatesPutLossOnAssistantTokensOnly) {
   EXPECT_EQ(tok.decode(target_ids), "world<|im_end|>");
 }
 
+// A text longer than max_seq_len is split when packing (every token a target exactly once, chunks
+// overlapping by one context token) and truncated when padding (one example per row).
+TEST(Prepare, SplitsLongTextsWhenPackingAndTruncatesWhenPadding) {
+  TempDir dir;
+  BpeTrainingOptions t;
+  t.vocab_size = 260;
+  t.special_tokens = {"<|endoftext|>"};
+  BpeTrainer trainer(t);
+  trainer.add_text("abc");
+  write_file_atomic(dir / "tokenizer.json", trainer.tokenizer_json());
+  std::string text;
+  for (int i = 0; i < 40; ++i) text += char('a' + i % 26);  // 40 single-byte tokens (no merges)
+  write_file_atomic(dir / "data.jsonl", fmt::format("{{\"text\": \"{}\"}}\n{{\"text\": \"short\"}}\n", text));
+  const Tokenizer tok = load_tokenizer(dir / "tokenizer.json");
+  std::vector<int32_t> whole = tok.encode(text, EncodeOptions{.add_special_tokens = true});
+  if (tok.eos_id() && whole.back() != *tok.eos_id()) whole.push_back(*tok.eos_id());
+  ASSERT_GE(whole.size(), 40u);
+  PrepareOptions o;
+  o.data_path = dir / "data.jsonl";
+  o.tokenizer_path = dir / "tokenizer.json";
+  o.out_dir = dir / "packed";
+  o.max_seq_len = 16;
+  const PrepareReport packed = prepare(o);
+  EXPECT_EQ(packed.split_documents, 1);
+  EXPECT_EQ(packed.truncated_documents, 0);
+  // Chunks of 16 starting every 15 tokens cover the document; their targets are its tokens 1.. once.
+  PreparedData data(o.out_dir);
+  std::vector<int32_t> targets;
+  int64_t documents = 0;
+  for (int64_t s = 0; s < data.sequences(); ++s) {
+    const auto v = data.sequence(s);
+    for (size_t d = 0; d + 1 < v.document_offsets.size(); ++d, ++documents) {
+      const int64_t begin = int64_t(v.document_offsets[d]) - v.token_start;
+      const int64_t end = int64_t(v.document_offsets[d + 1]) - v.token_start;
+      EXPECT_LE(end - begin, o.max_seq_len);
+      if (documents == int64_t((whole.size() - 2) / 15 + 1)) break;  // the short record follows
+      for (int64_t i = begin + 1; i < end; ++i) targets.push_back(int32_t(v.tokens[size_t(i)]));
+    }
+  }
+  EXPECT_EQ(packed.documents, int64_t((whole.size() - 2) / 15 + 1) + 1);
+  EXPECT_EQ(targets, std::vector<int32_t>(whole.begin() + 1, whole.end()));
+
+  o.out_dir = dir / "padded";
+  o.packing = Packing::pad;
+  const PrepareReport padded = prepare(o);
+  EXPECT_EQ(padded.split_documents, 0);
+  EXPECT_EQ(padded.truncated_documents, 1);
+  EXPECT_EQ(padded.truncated_tokens, int64_t(whole.size()) - 16);
+  EXPECT_EQ(padded.documents, 2);
+}
+
 TEST(ResolveTrainingData, PreparesJsonlOnceIntoAContentKeyedCache) {
   TempDir dir;
   write_file_atomic(dir / "data.jsonl", token_records(10));

@@ -141,6 +141,24 @@ std::string DocumentEncoder::configuration_error(const Record& r, int64_t line) 
   return {};
 }
 
+// Replaces the document at out[start..] by consecutive chunks of max_seq_len tokens that overlap
+// by one: a chunk's first token is only context, so every token after the document's first is a
+// target exactly once, and positions restart per chunk as for any document.
+void split_into_chunks(EncodedDocuments& out, size_t start, int64_t max_seq_len) {
+  const std::vector<uint32_t> tokens(out.tokens.begin() + std::ptrdiff_t(start), out.tokens.end());
+  const std::vector<uint8_t> mask(out.mask.begin() + std::ptrdiff_t(start), out.mask.end());
+  out.tokens.resize(start);
+  out.mask.resize(start);
+  const int64_t n = int64_t(tokens.size());
+  for (int64_t begin = 0; begin + 1 < n; begin += max_seq_len - 1) {
+    const int64_t end = std::min(n, begin + max_seq_len);
+    out.tokens.insert(out.tokens.end(), tokens.begin() + begin, tokens.begin() + end);
+    out.mask.insert(out.mask.end(), mask.begin() + begin, mask.begin() + end);
+    out.document_ends.push_back(int64_t(out.tokens.size()));
+  }
+  ++out.split;
+}
+
 std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocuments& out, std::vector<int32_t>& ids,
                                     std::string& fatal) const {
   const size_t start = out.tokens.size();
@@ -199,6 +217,10 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
     return e.what();
   }
   int64_t length = int64_t(out.tokens.size() - start);
+  if (length > max_seq_len && split_long_text && r.kind == RecordKind::text && max_seq_len >= 2) {
+    split_into_chunks(out, start, max_seq_len);
+    return {};
+  }
   if (length > max_seq_len) {
     ++out.truncated;
     out.truncated_tokens += length - max_seq_len;
@@ -226,11 +248,13 @@ std::string report_json(const PrepareReport& r) {
   return fmt::format(
       "{{\n  \"lines\": {},\n  \"blank_lines\": {},\n  \"records\": {},\n  \"bad_records\": {},\n"
       "  \"bad_records_listed\": {},\n  \"documents\": {},\n  \"truncated_documents\": {},\n"
-      "  \"truncated_tokens\": {},\n  \"no_target_documents\": {},\n  \"sequences\": {},\n  \"tokens\": {},\n"
+      "  \"truncated_tokens\": {},\n  \"split_documents\": {},\n  \"no_target_documents\": {},\n"
+      "  \"sequences\": {},\n  \"tokens\": {},\n"
       "  \"shards\": {},\n  \"max_seq_len\": {},\n  \"fill\": {:.4f},\n  \"chat_template\": {},\n"
       "  \"input_bytes\": {},\n  \"seconds\": {:.3f},\n  \"bad\": [\n{}\n  ]\n}}\n",
       r.lines, r.blank_lines, r.records, r.bad_records, r.bad_listed.size(), r.documents, r.truncated_documents,
-      r.truncated_tokens, r.no_target_documents, r.sequences, r.tokens, r.shards, r.max_seq_len, r.fill(),
+      r.truncated_tokens, r.split_documents, r.no_target_documents, r.sequences, r.tokens, r.shards, r.max_seq_len,
+      r.fill(),
       json_quoted(r.chat_template), r.input_bytes, r.seconds, bad);
 }
 
@@ -260,6 +284,7 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   encoder.max_seq_len = o.max_seq_len;
   encoder.vocab_size = tokenizer ? tokenizer->vocab_size() : o.vocab_size;
   encoder.train_on_prompt = o.train_on_prompt;
+  encoder.split_long_text = o.packing == Packing::pack;
   encoder.data_path = o.data_path;
   require(encoder.vocab_size > 0, "prepare without a tokenizer needs the vocabulary size");
 
@@ -366,6 +391,7 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
         if (report.bad_listed.size() < kMaxListedBadRecords) report.bad_listed.push_back(std::move(b));
       report.truncated_documents += r->truncated;
       report.truncated_tokens += r->truncated_tokens;
+      report.split_documents += r->split;
       report.no_target_documents += r->no_target;
       report.input_bytes += r->bytes;
       int64_t begin = 0;
@@ -397,8 +423,10 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   write_file_atomic(o.out_dir + "/report.json", report_json(report));
 
   if (log) {
-    fmt::print(*log, "keel prepare: {} records ({} bad, {} blank lines), {} documents ({} truncated, {} without targets)\n",
+    fmt::print(*log, "keel prepare: {} records ({} bad, {} blank lines), {} documents ({} truncated, {} long texts "
+                     "split, {} without targets)\n",
                report.records, report.bad_records, report.blank_lines, report.documents, report.truncated_documents,
+               report.split_documents,
                report.no_target_documents);
     for (size_t i = 0; i < std::min<size_t>(report.bad_listed.size(), 10); ++i)
       fmt::print(*log, "  {}:{}: {}\n", o.data_path, report.bad_listed[i].line, report.bad_listed[i].reason);

@@ -12,8 +12,11 @@
 // Documents: a text record is its tokens with BOS/EOS as the tokenizer's post-processor adds them
 // (EOS appended when it adds none), loss on every token; a conversation is rendered by the chat
 // template segment by segment, loss on the assistant segments only (unless train_on_prompt);
-// a pre-tokenized record keeps its ids and labels. A document longer than max_seq_len is
-// truncated (counted in the report). Packing is next-fit in input order: a document that does
+// a pre-tokenized record keeps its ids and labels. A text document longer than max_seq_len is
+// split, when packing, into max_seq_len-token chunks that overlap by one token (so every token
+// but the first is predicted exactly once, as Hugging Face's group_texts chunking does); any
+// other long document (a conversation, pre-tokenized ids, or any record when padding: one
+// example per row) is truncated. Both are counted in the report. Packing is next-fit in input order: a document that does
 // not fit in the open sequence closes it. Document boundaries are stored, so the loader restarts
 // positions and keeps attention inside each document.
 #pragma once
@@ -60,7 +63,7 @@ struct PrepareReport {
   int64_t bad_records = 0;     // invalid JSON, missing fields, invalid UTF-8, ids out of range
   std::vector<BadRecord> bad_listed;  // the first kMaxListedBadRecords of them, by line number
   int64_t documents = 0;       // kept
-  int64_t truncated_documents = 0, truncated_tokens = 0;
+  int64_t truncated_documents = 0, truncated_tokens = 0, split_documents = 0;
   int64_t no_target_documents = 0;  // skipped: nothing to learn (e.g. no assistant turn)
   int64_t sequences = 0, tokens = 0, shards = 0;
   int64_t input_bytes = 0;     // decompressed
@@ -119,7 +122,7 @@ struct EncodedDocuments {
   std::vector<uint32_t> tokens;
   std::vector<uint8_t> mask;           // 1: the token is a prediction target
   std::vector<int64_t> document_ends;  // end offset of each document in tokens
-  int64_t truncated = 0, truncated_tokens = 0, no_target = 0;
+  int64_t truncated = 0, truncated_tokens = 0, no_target = 0, split = 0;
 };
 
 // One record -> its training document: what prepare writes for it, and what training with
@@ -131,12 +134,14 @@ struct DocumentEncoder {
   int64_t max_seq_len = 0;
   int64_t vocab_size = 0;
   bool train_on_prompt = false;
+  bool split_long_text = false;  // split (rather than truncate) text records longer than max_seq_len
   std::string data_path;
 
   // Why records of this kind cannot be encoded with this configuration at all (a text record
   // without a tokenizer, a chat record without a template): "" when they can.
   std::string configuration_error(const Record& r, int64_t line) const;
-  // Appends the record as a document to `out` (truncated to max_seq_len), or nothing when no
+  // Appends the record as a document to `out` (truncated to max_seq_len, or split into several
+  // with split_long_text), or nothing when no
   // token of it is a target (counted in out.no_target). Returns why the record is bad, or "".
   // A configuration error is set in `fatal` instead. `ids` is scratch.
   std::string encode(const Record& r, int64_t line, EncodedDocuments& out, std::vector<int32_t>& ids,
