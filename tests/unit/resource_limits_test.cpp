@@ -18,6 +18,7 @@
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 #include "keel/data/hf_tokenizer_json.h"
+#include "keel/data/prepare.h"
 #include "keel/data/tiktoken.h"
 #include "keel/data/token_records.h"
 #include "keel/model/config.h"
@@ -149,6 +150,36 @@ TEST(ResourceLimits, JsonlLongLineEndingInTheFile) {
   write_sparse(path, "{\"input_ids\": [1", 100 * kMiB);
   expect_cheap_error([&] { keel::data::read_token_records(path, 100); }, {path + ":1", "line longer than 64 MiB"},
                      160 * kMiB);
+}
+
+TEST(ResourceLimits, PrepareSkipsAndReportsALineOver64MiB) {
+  // keel prepare streams: a 400 MiB line (a hole of NUL bytes, no newline until the next record)
+  // is held only up to the 64 MiB limit (the buffer's capacity doubling makes that up to 128 MiB),
+  // read past in small pieces, and reported as a bad record with its line number.
+  TempDir dir;
+  const std::string path = dir / "train.jsonl";
+  write_sparse(path, "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1", 400 * kMiB);
+  {
+    std::ofstream tail(path, std::ios::binary | std::ios::app);
+    tail << "\n{\"input_ids\": [4, 5, 6]}\n";
+  }
+  keel::data::PrepareOptions o;
+  o.data_path = path;
+  o.out_dir = dir / "out";
+  o.vocab_size = 100;
+  o.max_seq_len = 8;
+  o.max_bad_fraction = 0.5;
+  keel::data::PrepareReport report;
+  const int64_t growth = peak_rss_growth([&] { report = keel::data::prepare(o); });
+  EXPECT_EQ(report.records, 3);
+  EXPECT_EQ(report.bad_records, 1);
+  ASSERT_EQ(report.bad_listed.size(), 1u);
+  EXPECT_EQ(report.bad_listed[0].line, 2);
+  EXPECT_NE(report.bad_listed[0].reason.find("above the 64 MiB limit"), std::string::npos) << report.bad_listed[0].reason;
+  EXPECT_EQ(report.documents, 2);  // the lines around it are kept
+  if (growth >= 0) {
+    EXPECT_LT(growth, 160 * kMiB) << "peak RSS grew by " << growth / kMiB << " MiB";
+  }
 }
 
 // --- tokenizers ----------------------------------------------------------------------------------

@@ -116,8 +116,10 @@ class ZstdSource final : public LineChunkReader::ByteSource {
 
 }  // namespace
 
-LineChunkReader::LineChunkReader(const std::string& path, size_t chunk_bytes)
-    : path_(path), chunk_bytes_(std::max<size_t>(chunk_bytes, 4096)) {
+LineChunkReader::LineChunkReader(const std::string& path, size_t chunk_bytes, size_t max_line_bytes)
+    : path_(path),
+      chunk_bytes_(std::max<size_t>(chunk_bytes, 4096)),
+      max_line_bytes_(std::max<size_t>(max_line_bytes, 1)) {
   if (ends_with(path, ".gz")) source_ = std::make_unique<GzipSource>(path);
   else if (ends_with(path, ".zst") || ends_with(path, ".zstd")) source_ = std::make_unique<ZstdSource>(path);
   else source_ = std::make_unique<PlainSource>(path);
@@ -129,10 +131,17 @@ bool LineChunkReader::next(LineChunk& chunk) {
   chunk.bytes.swap(carry_);
   carry_.clear();
   chunk.lines.clear();
+  chunk.overlong_bytes = 0;
   chunk.index = next_index_;
   chunk.first_line = next_line_;
-  // Read until the chunk is full and holds at least one newline (or the input ends).
-  while (!eof_ && (chunk.bytes.size() < chunk_bytes_ || chunk.bytes.find('\n') == std::string::npos)) {
+  // Read until the chunk is full and holds at least one newline (or the input ends). Only new
+  // bytes are searched, so a long line costs linear time.
+  bool newline = chunk.bytes.find('\n') != std::string::npos;
+  while (!eof_ && (chunk.bytes.size() < chunk_bytes_ || !newline)) {
+    if (!newline && chunk.bytes.size() > max_line_bytes_) {  // one line, already too long
+      skip_rest_of_line(chunk);
+      return true;
+    }
     const size_t old = chunk.bytes.size();
     const size_t want = std::max<size_t>(chunk_bytes_ - std::min(old, chunk_bytes_), 64 << 10);
     chunk.bytes.resize(old + want);
@@ -140,8 +149,13 @@ bool LineChunkReader::next(LineChunk& chunk) {
     chunk.bytes.resize(old + got);
     bytes_read_ += int64_t(got);
     if (got == 0) eof_ = true;
+    newline = newline || std::memchr(chunk.bytes.data() + old, '\n', got) != nullptr;
   }
   if (chunk.bytes.empty()) return false;
+  if (!newline && chunk.bytes.size() > max_line_bytes_) {  // the last line, too long
+    skip_rest_of_line(chunk);
+    return true;
+  }
   // Everything after the last newline waits for the next chunk, unless the input has ended.
   size_t keep = chunk.bytes.size();
   if (!eof_) {
@@ -161,6 +175,35 @@ bool LineChunkReader::next(LineChunk& chunk) {
   ++next_index_;
   next_line_ += int64_t(chunk.lines.size());
   return true;
+}
+
+// `chunk.bytes` is the start of a line longer than max_line_bytes: read past its end without
+// keeping it, and return it as one empty, overlong line. What follows its newline is carried.
+void LineChunkReader::skip_rest_of_line(LineChunk& chunk) {
+  int64_t length = int64_t(chunk.bytes.size());
+  std::string buffer(64 << 10, '\0');
+  while (!eof_) {
+    const size_t got = source_->read(buffer.data(), buffer.size());
+    bytes_read_ += int64_t(got);
+    if (got == 0) {
+      eof_ = true;
+      break;
+    }
+    const void* found = std::memchr(buffer.data(), '\n', got);
+    if (found) {
+      const size_t end = size_t(static_cast<const char*>(found) - buffer.data());
+      length += int64_t(end);
+      carry_.assign(buffer.data() + end + 1, got - end - 1);
+      break;
+    }
+    length += int64_t(got);
+  }
+  chunk.bytes.clear();
+  chunk.bytes.shrink_to_fit();  // give the memory of the line's start back
+  chunk.lines.assign(1, std::string_view());
+  chunk.overlong_bytes = length;
+  ++next_index_;
+  ++next_line_;
 }
 
 // ---------------------------------------------------------------------------------------------

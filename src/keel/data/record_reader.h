@@ -27,13 +27,20 @@ struct LineChunk {
   int64_t first_line = 1;
   std::string bytes;
   std::vector<std::string_view> lines;
+  // A line longer than the reader's max_line_bytes is not kept: it makes a chunk of its own whose
+  // one line is empty, with overlong_bytes > 0 saying how long it was (a bad record to report).
+  int64_t overlong_bytes = 0;
 };
 
 // Reads a file in chunks of about `chunk_bytes` of whole lines; a line longer than that makes a
-// chunk of its own. The compression is chosen by the name (.gz, .zst; anything else is plain).
+// chunk of its own, and one longer than `max_line_bytes` is skipped (streamed past, never held
+// in memory) and reported through LineChunk::overlong_bytes. The compression is chosen by the
+// name (.gz, .zst; anything else is plain).
 class LineChunkReader {
  public:
-  explicit LineChunkReader(const std::string& path, size_t chunk_bytes = size_t(1) << 20);
+  static constexpr size_t kDefaultMaxLineBytes = size_t(64) << 20;
+  explicit LineChunkReader(const std::string& path, size_t chunk_bytes = size_t(1) << 20,
+                           size_t max_line_bytes = kDefaultMaxLineBytes);
   ~LineChunkReader();
   LineChunkReader(const LineChunkReader&) = delete;
   LineChunkReader& operator=(const LineChunkReader&) = delete;
@@ -44,10 +51,10 @@ class LineChunkReader {
   class ByteSource;  // plain, gzip or zstd
 
  private:
-  void read_more();
+  void skip_rest_of_line(LineChunk& chunk);
   std::string path_;
   std::unique_ptr<ByteSource> source_;
-  size_t chunk_bytes_;
+  size_t chunk_bytes_, max_line_bytes_;
   std::string carry_;  // the start of a line cut by the end of the last read
   bool eof_ = false;
   int64_t next_index_ = 0, next_line_ = 1, bytes_read_ = 0;
