@@ -10,7 +10,7 @@ step still waits for after the backward pass: metrics.jsonl grad_sync_s) and its
 bus bandwidth of the allreduce the gradients need (bench/allreduce_bandwidth, same buffer size,
 same bucket size).
 
-    /usr/bin/python3 bench/grad_sync_bench.py --keel build/keel [--small] [--steps 4]
+    /usr/bin/python3 bench/grad_sync_bench.py --keel build/keel [--small] [--steps 4] [--zero 1]
 """
 import argparse
 import json
@@ -36,8 +36,8 @@ def run_dp2(a, model_dir, overlap):
                 (model_dir, os.path.join(a.work, "train.jsonl"), out))
         f.write('dtype = "%s"\nmax_seq_len = %d\nbatch_size = %d\nmax_steps = %d\nlearning_rate = 1e-4\n'
                 'shuffle = false\nlog_interval = 1\ndp_degree = 2\nbucket_size_mb = %g\n'
-                'overlap_grad_sync = %s\n' % (a.dtype, a.seq, a.batch, a.steps, a.bucket_mb,
-                                              "true" if overlap else "false"))
+                'overlap_grad_sync = %s\nzero_stage = %d\n' % (a.dtype, a.seq, a.batch, a.steps, a.bucket_mb,
+                                                                 "true" if overlap else "false", a.zero))
     proc = subprocess.run(MPIRUN + [a.keel, "train", recipe], capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit("keel under mpirun failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
@@ -55,6 +55,8 @@ def main():
     p.add_argument("--small", action="store_true")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--bucket-mb", type=float, default=25)
+    p.add_argument("--zero", type=int, choices=[0, 1], default=0,
+                   help="ZeRO stage: 1 reduce-scatters the buckets and all-gathers the updated weights")
     a = p.parse_args()
     # The workload's sizes: the throughput benchmark's defaults (or its --small).
     sys.argv = [sys.argv[0], "--keel", a.keel, "--work", a.work, "--steps", str(2 * a.steps), "--dtype", a.dtype] + \
@@ -73,7 +75,8 @@ def main():
     results = {overlap: run_dp2(a, model_dir, overlap) for overlap in (False, True)}
 
     print("model: llama hidden %d, %d layers, vocab %d; seq %d x batch %d per rank, %s, dp=2 (mpirun -np 2, 1 thread"
-          " per rank), buckets of %g MB" % (a.hidden, a.layers, a.vocab, a.seq, a.batch, a.dtype, a.bucket_mb))
+          " per rank), buckets of %g MB, ZeRO-%d" % (a.hidden, a.layers, a.vocab, a.seq, a.batch, a.dtype,
+                                                    a.bucket_mb, a.zero))
     print("raw MPI allreduce (%s): %.0f MB in %g MB buckets: %.3f s, bus bandwidth %.2f GB/s" %
           (bw["communicator"], bw["bytes"] / 2**20, a.bucket_mb, bw["seconds"], bw["busbw_GBps"]))
     for overlap in (False, True):
