@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <system_error>
 
 #include "keel/core/error.h"
@@ -128,6 +129,48 @@ std::string read_file(const std::string& path, size_t max_bytes) {
   }
   ::close(fd);
   return contents;
+}
+
+int64_t for_each_line(const std::string& path, size_t max_line_bytes,
+                      const std::function<void(std::string_view, bool)>& fn) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail("{}: cannot open: {}", path, errno_text(errno));
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  std::string line;
+  bool skipping = false;  // inside a line already longer than max_line_bytes
+  int64_t skipped = 0;
+  char buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail("{}: cannot read: {}", path, errno_text(errno));
+    if (n == 0) break;
+    for (size_t pos = 0; pos < size_t(n);) {
+      const void* found = std::memchr(buffer + pos, '\n', size_t(n) - pos);
+      const size_t end = found ? size_t(static_cast<const char*>(found) - buffer) : size_t(n);
+      if (!skipping) {
+        if (line.size() + (end - pos) > max_line_bytes) {
+          skipping = true;
+          line.clear();
+        } else {
+          line.append(buffer + pos, end - pos);
+        }
+      }
+      if (found) {
+        if (skipping) ++skipped;
+        else fn(line, true);
+        line.clear();
+        skipping = false;
+      }
+      pos = end + 1;
+    }
+  }
+  if (skipping) ++skipped;
+  else if (!line.empty()) fn(line, false);
+  return skipped;
 }
 
 bool path_exists(const std::string& path) {

@@ -2,6 +2,8 @@
 // directory) so a killed process leaves either the old file or the new one, never a torn one.
 #pragma once
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
@@ -14,6 +16,12 @@ void write_file_atomic(const std::string& path, std::string_view contents);
 // gigabytes. Parsers of small formats pass a tighter limit.
 inline constexpr size_t kMaxReadFileBytes = size_t(1) << 30;
 std::string read_file(const std::string& path, size_t max_bytes = kMaxReadFileBytes);  // keel::Error naming the path on failure
+// Streams a text file line by line without holding it: fn(line, complete) for each line, where
+// `complete` is false for a last line without its newline (a write cut short). A line longer than
+// max_line_bytes is skipped (counted in the return value) rather than held. For files that grow
+// without bound over a run (metrics.jsonl). keel::Error naming the path when it cannot be read.
+int64_t for_each_line(const std::string& path, size_t max_line_bytes,
+                      const std::function<void(std::string_view line, bool complete)>& fn);
 bool path_exists(const std::string& path);
 void make_dirs(const std::string& path);  // mkdir -p; keel::Error on failure
 

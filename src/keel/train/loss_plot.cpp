@@ -8,6 +8,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/train/metrics.h"
 
 namespace keel::train {
 namespace {
@@ -61,20 +62,47 @@ std::string polyline(const std::vector<std::pair<double, double>>& xy, const std
 
 }  // namespace
 
+namespace {
+
+// Keeps at most about 2 * kMaxPlotPoints of a series of any length, evenly spread: when the
+// kept points reach twice the budget every other one goes and the stride doubles. An 800-pixel
+// plot shows no more, and a run of a billion steps plots in bounded memory.
+constexpr size_t kMaxPlotPoints = 2000;
+
+class Decimator {
+ public:
+  void add(const PlotPoint& p) {
+    last_ = p;
+    if (seen_++ % stride_ != 0) return;
+    kept_.push_back(p);
+    if (kept_.size() < 2 * kMaxPlotPoints) return;
+    for (size_t i = 0; 2 * i < kept_.size(); ++i) kept_[i] = kept_[2 * i];
+    kept_.resize((kept_.size() + 1) / 2);
+    stride_ *= 2;
+  }
+  // The kept points, and always the last one seen (the plot ends where the run ended).
+  std::vector<PlotPoint>& points() {
+    if (seen_ > 0 && (seen_ - 1) % stride_ != 0) kept_.push_back(last_);
+    seen_ = 0;
+    return kept_;
+  }
+
+ private:
+  std::vector<PlotPoint> kept_;
+  PlotPoint last_{};
+  int64_t seen_ = 0, stride_ = 1;
+};
+
+}  // namespace
+
 std::vector<PlotPoint> read_plot_points(const std::string& path) {
   require(path_exists(path), "{}: no metrics to plot (expected metrics.jsonl from keel train)", path);
-  std::string text = read_file(path);
-  std::vector<PlotPoint> points;
+  Decimator training, evaluations;  // evaluations are rarer: thinned on their own
   simdjson::dom::parser parser;
-  size_t start = 0;
-  for (int64_t line_no = 1; start < text.size(); ++line_no) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(start, end - start);
-    start = end + 1;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+  for_each_line(path, kMaxMetricsLineBytes, [&](std::string_view line, bool) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) return;
     simdjson::dom::element doc;
-    if (parser.parse(line).get(doc) != simdjson::SUCCESS) continue;  // a line cut by a crash: skip it
+    if (parser.parse(line.data(), line.size()).get(doc) != simdjson::SUCCESS) return;  // a line cut by a crash
     PlotPoint p{-1, NAN, NAN, -1};
     double v;
     int64_t i;
@@ -82,8 +110,14 @@ std::vector<PlotPoint> read_plot_points(const std::string& path) {
     if (doc["loss"].get_double().get(v) == simdjson::SUCCESS) p.loss = v;
     if (doc["lr"].get_double().get(v) == simdjson::SUCCESS) p.lr = v;
     if (doc["eval_loss"].get_double().get(v) == simdjson::SUCCESS) p.eval_loss = v;
-    if (p.step >= 0) points.push_back(p);
-  }
+    if (p.step < 0) return;
+    if (p.eval_loss >= 0) evaluations.add({p.step, NAN, NAN, p.eval_loss});
+    p.eval_loss = -1;
+    training.add(p);
+  });
+  std::vector<PlotPoint> points = std::move(training.points());
+  points.insert(points.end(), evaluations.points().begin(), evaluations.points().end());
+  std::stable_sort(points.begin(), points.end(), [](const PlotPoint& a, const PlotPoint& b) { return a.step < b.step; });
   return points;
 }
 

@@ -21,28 +21,28 @@ std::string json_number(double v) {
 
 namespace {
 
-// The lines of an existing metrics.jsonl whose "step" is at most `last_step`.
-std::string lines_through_step(const std::string& path, int64_t last_step) {
-  if (!path_exists(path)) return "";
-  std::string text = read_file(path), kept;
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find('\n', start);
-    if (end == std::string::npos) break;  // a torn last line from a killed run: dropped
-    std::string line = text.substr(start, end + 1 - start);
-    start = end + 1;
-    const size_t key = line.find("\"step\": ");
-    if (key == std::string::npos) continue;
-    if (std::strtoll(line.c_str() + key + 8, nullptr, 10) <= last_step) kept += line;
-  }
-  return kept;
+// Rewrites an existing metrics.jsonl with only its lines whose "step" is at most `last_step`
+// (a resumed run continues after them), streaming: the file grows with the run, so it is never
+// read whole. A torn last line from a killed run is dropped.
+void keep_lines_through_step(const std::string& path, int64_t last_step) {
+  AtomicFileWriter out(path);
+  if (last_step > 0 && path_exists(path))
+    for_each_line(path, kMaxMetricsLineBytes, [&](std::string_view line, bool complete) {
+      const size_t key = line.find("\"step\": ");
+      if (!complete || key == std::string_view::npos) return;
+      const std::string number(line.substr(key + 8, 24));
+      if (std::strtoll(number.c_str(), nullptr, 10) <= last_step) {
+        out.write(line);
+        out.write("\n");
+      }
+    });
+  out.commit();
 }
 
 }  // namespace
 
 MetricsWriter::MetricsWriter(const std::string& path, int64_t keep_through_step) : path_(path) {
-  const std::string kept = keep_through_step > 0 ? lines_through_step(path, keep_through_step) : "";
-  write_file_atomic(path, kept);
+  keep_lines_through_step(path, keep_through_step);
   file_ = std::fopen(path.c_str(), "a");
   require(file_ != nullptr, "{}: cannot open for writing ({})", path, std::strerror(errno));
 }

@@ -21,6 +21,10 @@ struct StepMetrics {
 // A number as JSON: 9 significant digits, null for NaN and infinity.
 std::string json_number(double v);
 
+// A metrics.jsonl line is a few hundred bytes; a longer one is not keel's and is skipped by the
+// readers (resume, loss.svg), which stream the file.
+inline constexpr size_t kMaxMetricsLineBytes = size_t(1) << 20;
+
 class MetricsWriter {
  public:
   // Starts metrics.jsonl afresh, or, when resuming after step `keep_through_step` > 0, keeps the
