@@ -144,6 +144,10 @@ bool LineChunkReader::next(LineChunk& chunk) {
     }
     const size_t old = chunk.bytes.size();
     const size_t want = std::max<size_t>(chunk_bytes_ - std::min(old, chunk_bytes_), 64 << 10);
+    // A line longer than a chunk: make room up to the line limit at once, rather than letting the
+    // string double its way there (each doubling copies, and the old buffers add to the peak).
+    if (!newline && old >= chunk_bytes_ && old + want > chunk.bytes.capacity())
+      chunk.bytes.reserve(std::max(max_line_bytes_, old) + want);
     chunk.bytes.resize(old + want);
     const size_t got = source_->read(chunk.bytes.data() + old, want);
     chunk.bytes.resize(old + got);
