@@ -60,6 +60,7 @@ void MetricsWriter::write(const StepMetrics& m) {
       "\"checkpoint_s\": {:.6f}",
       m.step, json_number(m.loss), m.lr, json_number(m.grad_norm), m.tokens, m.target_tokens, m.step_time_s,
       m.tokens_per_s, m.compute_s / t, m.data_s / t, m.optimizer_s / t, m.grad_sync_s / t, m.checkpoint_s);
+  if (m.peer_wait_s > 0) line += fmt::format(", \"peer_wait_share\": {:.4f}", m.peer_wait_s / t);
   if (m.eval_loss >= 0)
     line += fmt::format(", \"eval_loss\": {:.9g}, \"eval_perplexity\": {:.9g}", m.eval_loss, m.eval_perplexity);
   if (m.skipped) line += ", \"skipped\": true";

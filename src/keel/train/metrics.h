@@ -14,6 +14,9 @@ struct StepMetrics {
   int64_t target_tokens = 0;  // tokens that carried loss
   double step_time_s = 0, tokens_per_s = 0;
   double compute_s = 0, optimizer_s = 0, data_s = 0, grad_sync_s = 0, checkpoint_s = 0;
+  // Part of grad_sync_s spent at the step's first collective (the global token count): time this
+  // rank waited for the slowest one to arrive, not transfer time (data parallel only).
+  double peer_wait_s = 0;
   double eval_loss = -1, eval_perplexity = -1;  // negative: not evaluated at this step
   bool skipped = false;                         // non-finite loss or gradient, step not applied
 };

@@ -272,7 +272,8 @@ class Trainer {
     m.data_s = loader_->last_wait_seconds();
     const auto t_sync0 = Clock::now();
     if (ranks > 1) comm_.allreduce_sum(totals, 2);
-    m.grad_sync_s += seconds_since(t_sync0);
+    m.peer_wait_s = ranks > 1 ? seconds_since(t_sync0) : 0.0;
+    m.grad_sync_s += m.peer_wait_s;
     m.target_tokens = int64_t(totals[0]);
     m.tokens = int64_t(totals[1]);
 
