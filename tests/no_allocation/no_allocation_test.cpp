@@ -223,8 +223,33 @@ namespace keel {
 namespace {
 
 struct Batch {
-  std::vector<int32_t> ids, targets, positions;
+  std::vector<int32_t> ids, targets, positions, segments;
 };
+
+// Rows packed with documents of random lengths (as keel prepare packs them): positions restart
+// and attention stays inside each document, so the attention GEMMs' shapes change from batch to
+// batch.
+Batch packed_batch(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Batch b;
+  for (int64_t s = 0; s < batch; ++s) {
+    int32_t segment = 0, position = 0;
+    int64_t left = 0;
+    for (int64_t t = 0; t < seq; ++t) {
+      if (left == 0) {
+        left = 1 + int64_t(rng() % uint64_t(seq));
+        ++segment;
+        position = 0;
+      }
+      --left;
+      b.ids.push_back(int32_t(rng() % vocab));
+      b.targets.push_back(left > 0 && t + 1 < seq ? int32_t(rng() % vocab) : -100);
+      b.positions.push_back(position++);
+      b.segments.push_back(segment);
+    }
+  }
+  return b;
+}
 
 Batch random_batch(int64_t batch, int64_t seq, int64_t vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -285,6 +310,7 @@ struct StepCase {
   model::Precision precision;
   bool checkpointing;
   int64_t seq = 32;
+  bool packed = false;  // micro-batches of packed documents, different in every step
 };
 
 // forward_backward over accumulated micro-batches, the gradient norm, clipping and AdamW: counted
@@ -303,14 +329,19 @@ AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
   model::Decoder decoder(config, param.precision, batch, seq, {param.checkpointing, true, 0});
   decoder.init_random(1);
   train::AdamW optimizer(decoder.params(), {0.9, 0.999, 1e-8, 0.01});
-  std::vector<Batch> micro;
-  for (int64_t i = 0; i < accumulation; ++i) micro.push_back(random_batch(batch, seq, config.vocab_size, 10 + i));
+  std::vector<Batch> pool;
+  const int64_t pool_size = param.packed ? accumulation * (steps + 1) : accumulation;
+  for (int64_t i = 0; i < pool_size; ++i)
+    pool.push_back(param.packed ? packed_batch(batch, seq, config.vocab_size, 10 + uint64_t(i))
+                                : random_batch(batch, seq, config.vocab_size, 10 + uint64_t(i)));
 
   double loss = 0;
   auto step = [&](int64_t number) {
     decoder.params().zero_grads();
-    for (const auto& b : micro) {
-      model::MicroBatch mb{batch, seq, b.ids.data(), b.targets.data(), b.positions.data(), nullptr};
+    for (int64_t i = 0; i < accumulation; ++i) {
+      const Batch& b = pool[size_t(((number - 1) * accumulation + i) % pool_size)];
+      model::MicroBatch mb{batch, seq, b.ids.data(), b.targets.data(), b.positions.data(),
+                           param.packed ? b.segments.data() : nullptr};
       loss += decoder.forward_backward(mb, 1.0 / double(accumulation * batch * (seq - 1)));
     }
     const double norm = train::gradient_norm(decoder.params());
@@ -359,6 +390,14 @@ INSTANTIATE_TEST_SUITE_P(
 // plans, which step 1 builds on every thread because for_each_task starts thread t on task t.
 TEST(NoAllocationParallelAttention, SteadyStateStepsAllocateNothing) {
   expect_no_allocation({"llama", model::Precision::BF16, false, 128}, 5);
+}
+
+// Packed documents: every step's rows hold other document boundaries, so each attention block
+// starts at another key block and the GEMM shapes differ from step to step (and from thread to
+// thread). The decoder builds every shape's plan on every thread before step 1.
+TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
+  expect_no_allocation({"llama", model::Precision::BF16, false, 256, true}, 5);
+  expect_no_allocation({"qwen2", model::Precision::F32, true, 200, true}, 5);  // a tail block of 8 rows
 }
 
 }  // namespace

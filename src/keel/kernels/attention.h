@@ -57,4 +57,10 @@ void attention_backward_blocked(const AttentionShape& s, AttentionMatmul precisi
                                 const float* out, const float* lse, const float* dout, float* dq,
                                 float* dk, float* dv, void* workspace, size_t workspace_bytes);
 
+// Builds, on every thread, the GEMM plans the blocked kernels can meet for sequences of exactly
+// s.seq (s.batch does not matter): with packed documents a query block starts at the key block of
+// its document, so the products' shapes change from batch to batch and from thread to thread. A
+// decoder calls this once, so that no step builds (allocates) a plan.
+void prepare_attention_blocked(const AttentionShape& s, AttentionMatmul precision);
+
 }  // namespace keel::kernels

@@ -21,6 +21,9 @@ void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, floa
 // bf16 inputs, fp32 accumulation and fp32 output. Where oneDNN has no bf16 matmul for this CPU
 // (x86 before AVX-512), the inputs are widened to fp32 (exactly) and an fp32 matmul runs.
 void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta);
+// Builds the calling thread's plan for this product now, as its first gemm_f32 (bf16_inputs =
+// false) or gemm_bf16 call would: a step loop that meets the shape later allocates nothing.
+void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta);
 // True once some gemm_bf16 call had to widen its inputs (reported with the run's kernels).
 bool gemm_bf16_emulated();
 // Whether oneDNN has a bf16 matmul on this CPU (probed once), for the run's report.

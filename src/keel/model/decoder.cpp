@@ -376,6 +376,9 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
 
   rope_ = kernels::RopeTable::build(c.rotary_dim, c.rope_interleaved, c.rope_theta, max_seq_);
   b.bind(plan_);
+  // Every attention GEMM plan a step can need, on every thread, now: packed documents change the
+  // shapes from step to step, and a plan built inside the step loop would allocate there.
+  kernels::prepare_attention_blocked(attention_shape(c, 1, max_seq_), attention_matmul(precision_));
 }
 
 Decoder::~Decoder() = default;

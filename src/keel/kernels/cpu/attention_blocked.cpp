@@ -16,6 +16,8 @@
 // single-threaded GEMMs on its own slice of the workspace; results do not depend on the thread
 // count or on scheduling.
 #include <algorithm>
+#include <utility>
+#include <vector>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -296,6 +298,30 @@ void backward_all(const AttentionShape& s, const float* q, const float* k, const
 }
 
 }  // namespace
+
+void prepare_attention_blocked(const AttentionShape& s, AttentionMatmul precision) {
+  check_shape(s);
+  const bool bf16 = precision == AttentionMatmul::BF16;
+  const int64_t T = s.seq, hd = s.head_dim;
+  // Query block i0 has `rows` rows and starts at key block k0 <= i0 (first_key): n = i0 + rows - k0
+  // keys. Every (rows, n) pair, with each product forward_head and backward_kv_head run on it.
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
+    const int64_t rows = std::min(kBlock, T - i0);
+    for (int64_t k0 = 0; k0 <= i0; k0 += kBlock) blocks.push_back({rows, i0 + rows - k0});
+  }
+  std::sort(blocks.begin(), blocks.end());
+  blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
+  for_each_task(max_threads(), true, [&](int64_t, int) {
+    for (auto [rows, n] : blocks) {
+      gemm_prepare(GemmShape{Trans::N, Trans::T, rows, n, hd, hd, hd, n}, bf16, 0.0f);      // scores, dP
+      gemm_prepare(GemmShape{Trans::N, Trans::N, rows, hd, n, n, hd, s.ldo}, bf16, 0.0f);   // P V
+      gemm_prepare(GemmShape{Trans::T, Trans::N, n, hd, rows, n, hd, s.ldv}, bf16, 1.0f);   // dV
+      gemm_prepare(GemmShape{Trans::T, Trans::N, n, hd, rows, n, hd, s.ldk}, bf16, 1.0f);   // dK
+      gemm_prepare(GemmShape{Trans::N, Trans::N, rows, hd, n, n, hd, s.ldq}, bf16, 0.0f);   // dQ
+    }
+  });
+}
 
 size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision, int threads) {
   const size_t per_thread = precision == AttentionMatmul::BF16 ? ThreadScratch<bf16>::bytes(s.seq, s.head_dim)

@@ -127,14 +127,19 @@ void validate(const GemmShape& s) {
           "gemm: leading dimension smaller than the row length");
 }
 
-void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, float beta) {
+// The calling thread's plan for this product, built on first use.
+GemmPlan& plan_for(bool bf16, const GemmShape& s, float beta) {
   validate(s);
   require(beta == 0.0f || beta == 1.0f, "gemm: beta must be 0 or 1, got {}", beta);
   thread_local std::unordered_map<GemmKey, std::unique_ptr<GemmPlan>, GemmKeyHash> cache;
   GemmKey key{bf16, s, beta == 1.0f};
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, make_plan(key)).first;
-  GemmPlan& plan = *it->second;
+  return *it->second;
+}
+
+void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, float beta) {
+  GemmPlan& plan = plan_for(bf16, s, beta);
   if (!plan.a_wide.empty()) {  // bf16 widened for an fp32 primitive (see GemmPlan)
     convert_bf16_to_f32(static_cast<const keel::bf16*>(a), plan.a_wide.data(), plan.a_wide.size());
     convert_bf16_to_f32(static_cast<const keel::bf16*>(b), plan.b_wide.data(), plan.b_wide.size());
@@ -175,6 +180,8 @@ void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, floa
 void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) {
   run(true, s, a, b, c, beta);
 }
+
+void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta) { plan_for(bf16_inputs, s, beta); }
 
 void gemm_reference(const GemmShape& s, const double* a, const double* b, double* c, double beta) {
   for (int64_t i = 0; i < s.m; ++i)
