@@ -145,14 +145,19 @@ struct TokenizeOptions {
 
 int default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
+// --tokenizer, --pattern and --threads, shared by tokenize and detokenize.
+void add_tokenizer_options(CLI::App& cmd, TokenizeOptions& o, const char* work) {
+  cmd.add_option("--tokenizer", o.tokenizer, "tokenizer.json, a tiktoken rank file, or a model directory")->required();
+  cmd.add_option("--pattern", o.pattern, "Pre-tokenizer of a tiktoken file: gpt2, cl100k, o200k, glm4, qwen2");
+  cmd.add_option("--threads", o.threads, fmt::format("{} threads (default: all cores)", work))
+      ->check(CLI::Range(1, 1024));
+}
+
 const CommandRegistration kTokenize{
     "tokenize", "Tokenize JSONL {\"text\": ...} from stdin into {\"input_ids\": [...]} lines",
     [](CLI::App& cmd) -> CommandAction {
       auto o = std::make_shared<TokenizeOptions>();
-      cmd.add_option("--tokenizer", o->tokenizer, "tokenizer.json, a tiktoken rank file, or a model directory")
-          ->required();
-      cmd.add_option("--pattern", o->pattern, "Pre-tokenizer of a tiktoken file: gpt2, cl100k, o200k, glm4, qwen2");
-      cmd.add_option("--threads", o->threads, "Encoding threads (default: all cores)")->check(CLI::Range(1, 1024));
+      add_tokenizer_options(cmd, *o, "Encoding");
       cmd.add_flag("--add-special-tokens", o->add_special_tokens, "Add the post-processor's BOS/EOS");
       return [o] {
         const data::Tokenizer tokenizer = data::load_tokenizer(o->tokenizer, o->pattern);
@@ -184,10 +189,7 @@ const CommandRegistration kDetokenize{
     "detokenize", "Decode JSONL {\"input_ids\": [...]} from stdin into {\"text\": ...} lines",
     [](CLI::App& cmd) -> CommandAction {
       auto o = std::make_shared<TokenizeOptions>();
-      cmd.add_option("--tokenizer", o->tokenizer, "tokenizer.json, a tiktoken rank file, or a model directory")
-          ->required();
-      cmd.add_option("--pattern", o->pattern, "Pre-tokenizer of a tiktoken file: gpt2, cl100k, o200k, glm4, qwen2");
-      cmd.add_option("--threads", o->threads, "Decoding threads (default: all cores)")->check(CLI::Range(1, 1024));
+      add_tokenizer_options(cmd, *o, "Decoding");
       cmd.add_flag("--skip-special-tokens", o->skip_special_tokens, "Leave special tokens out of the text");
       return [o] {
         const data::Tokenizer tokenizer = data::load_tokenizer(o->tokenizer, o->pattern);
