@@ -112,6 +112,33 @@ TEST(LineChunkReader, StreamsPlainGzipAndZstdWithLineNumbers) {
   expect_keel_error([&] { read_all_lines(dir / "cut.jsonl.zst", mismatch); }, {"cut.jsonl.zst", "truncated"});
 }
 
+// Lines over the limit are reported wherever they fall: inside a chunk with their newline, or so
+// long that they are streamed past; the numbering of the lines after them and the byte count hold.
+TEST(LineChunkReader, ReportsEveryLineOverTheLimit) {
+  TempDir dir;
+  const std::string text = std::string(50, 'a') + "\n" + std::string(150, 'b') + "\n" + std::string(20, 'c') + "\n" +
+                           std::string(10000, 'd') + "\n" + "tail" + "\n" + std::string(9000, 'e');
+  write_file_atomic(dir / "a.jsonl", text);
+  LineChunkReader reader(dir / "a.jsonl", 4096, 100);
+  LineChunk chunk;
+  std::vector<std::string> lines;
+  std::vector<std::pair<int64_t, int64_t>> overlong;  // line number, length
+  int64_t bytes = 0;
+  while (reader.next(chunk)) {
+    ASSERT_EQ(chunk.first_line, int64_t(lines.size()) + 1);
+    for (const auto& [index, length] : chunk.overlong) overlong.push_back({chunk.first_line + int64_t(index), length});
+    for (auto l : chunk.lines) lines.emplace_back(l);
+    bytes += chunk.input_bytes();
+  }
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_EQ(lines[0], std::string(50, 'a'));
+  EXPECT_EQ(lines[2], std::string(20, 'c'));
+  EXPECT_EQ(lines[4], "tail");
+  const std::vector<std::pair<int64_t, int64_t>> expected{{2, 150}, {4, 10000}, {6, 9000}};
+  EXPECT_EQ(overlong, expected);
+  EXPECT_EQ(bytes, int64_t(text.size()) + 1);  // a skipped last line is counted with a newline
+}
+
 // Pre-tokenized records need no tokenizer: document i is ids [i*10+1, i*10+2, ...], len 2 + i % 5.
 std::string token_records(int n) {
   std::string s;

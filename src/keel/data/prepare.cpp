@@ -45,15 +45,17 @@ void process_chunk(const DocumentEncoder& encoder, RecordParser& parser, const L
   Record record;
   std::vector<int32_t> ids;
   out.lines = int64_t(chunk.lines.size());
-  out.bytes = int64_t(chunk.bytes.size());
-  if (chunk.overlong_bytes > 0) {
-    out.bad.push_back({chunk.first_line, fmt::format("the line is {} bytes long, above the {} MiB limit for one record",
-                                                     chunk.overlong_bytes, LineChunkReader::kDefaultMaxLineBytes >> 20)});
-    return;
-  }
+  out.bytes = chunk.input_bytes();
+  size_t next_overlong = 0;
   for (size_t i = 0; i < chunk.lines.size(); ++i) {
     const std::string_view line = chunk.lines[i];
     const int64_t number = chunk.first_line + int64_t(i);
+    if (next_overlong < chunk.overlong.size() && chunk.overlong[next_overlong].first == i) {
+      out.bad.push_back({number, fmt::format("the line is {} bytes long, above the {} MiB limit for one record",
+                                             chunk.overlong[next_overlong++].second,
+                                             LineChunkReader::kDefaultMaxLineBytes >> 20)});
+      continue;
+    }
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) {
       ++out.blank;
       continue;

@@ -131,7 +131,7 @@ bool LineChunkReader::next(LineChunk& chunk) {
   chunk.bytes.swap(carry_);
   carry_.clear();
   chunk.lines.clear();
-  chunk.overlong_bytes = 0;
+  chunk.overlong.clear();
   chunk.index = next_index_;
   chunk.first_line = next_line_;
   // Read until the chunk is full and holds at least one newline (or the input ends). Only new
@@ -156,10 +156,6 @@ bool LineChunkReader::next(LineChunk& chunk) {
     newline = newline || std::memchr(chunk.bytes.data() + old, '\n', got) != nullptr;
   }
   if (chunk.bytes.empty()) return false;
-  if (!newline && chunk.bytes.size() > max_line_bytes_) {  // the last line, too long
-    skip_rest_of_line(chunk);
-    return true;
-  }
   // Everything after the last newline waits for the next chunk, unless the input has ended.
   size_t keep = chunk.bytes.size();
   if (!eof_) {
@@ -173,12 +169,24 @@ bool LineChunkReader::next(LineChunk& chunk) {
     if (end == std::string::npos) end = keep;
     size_t stop = end;
     if (stop > pos && chunk.bytes[stop - 1] == '\r') --stop;  // CRLF files
-    chunk.lines.emplace_back(chunk.bytes.data() + pos, stop - pos);
+    if (stop - pos > max_line_bytes_) {  // held (it came with its newline) but over the limit all the same
+      chunk.overlong.push_back({chunk.lines.size(), int64_t(end - pos)});
+      chunk.lines.emplace_back();
+    } else {
+      chunk.lines.emplace_back(chunk.bytes.data() + pos, stop - pos);
+    }
     pos = end + 1;
   }
   ++next_index_;
   next_line_ += int64_t(chunk.lines.size());
   return true;
+}
+
+int64_t LineChunk::input_bytes() const {
+  int64_t n = int64_t(bytes.size());
+  if (bytes.empty())  // a skipped line: only its length is known (and its newline)
+    for (const auto& [index, length] : overlong) n += length + 1;
+  return n;
 }
 
 // `chunk.bytes` is the start of a line longer than max_line_bytes: read past its end without
@@ -205,7 +213,7 @@ void LineChunkReader::skip_rest_of_line(LineChunk& chunk) {
   chunk.bytes.clear();
   chunk.bytes.shrink_to_fit();  // give the memory of the line's start back
   chunk.lines.assign(1, std::string_view());
-  chunk.overlong_bytes = length;
+  chunk.overlong.assign(1, {size_t(0), length});
   ++next_index_;
   ++next_line_;
 }

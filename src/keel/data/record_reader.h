@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "keel/data/chat_template.h"
@@ -27,14 +28,16 @@ struct LineChunk {
   int64_t first_line = 1;
   std::string bytes;
   std::vector<std::string_view> lines;
-  // A line longer than the reader's max_line_bytes is not kept: it makes a chunk of its own whose
-  // one line is empty, with overlong_bytes > 0 saying how long it was (a bad record to report).
-  int64_t overlong_bytes = 0;
+  // Lines longer than the reader's max_line_bytes (bad records to report): their index in
+  // `lines`, where they stand as empty views, and their length. One that does not fit in memory
+  // is never held: it makes a chunk of its own.
+  std::vector<std::pair<size_t, int64_t>> overlong;
+  int64_t input_bytes() const;  // the chunk's share of the input, overlong lines included
 };
 
 // Reads a file in chunks of about `chunk_bytes` of whole lines; a line longer than that makes a
 // chunk of its own, and one longer than `max_line_bytes` is skipped (streamed past, never held
-// in memory) and reported through LineChunk::overlong_bytes. The compression is chosen by the
+// in memory); both are reported through LineChunk::overlong. The compression is chosen by the
 // name (.gz, .zst; anything else is plain).
 class LineChunkReader {
  public:

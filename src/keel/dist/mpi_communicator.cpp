@@ -63,18 +63,11 @@ class MpiCommunicator final : public Communicator {
                                   bool deterministic) override {
     return submit("reduce-scatter of " + std::to_string(range.size()) + " gradients",
                   [this, data, range, &shards, deterministic] {
-                    require(range.size() < kMaxCount, "reduce-scatter of {} floats: buckets must stay below 2^30 "
-                            "elements (bucket_size_mb)", range.size());
-                    const FlatRange mine = range.intersect(shards[size_t(rank_)]);
-                    counts_.resize(size_t(size_));
-                    offsets_.resize(size_t(size_));
-                    for (int q = 0; q < size_; ++q) {
-                      const FlatRange part = range.intersect(shards[size_t(q)]);
-                      counts_[size_t(q)] = int(part.size());
-                      offsets_[size_t(q)] = int(part.begin - range.begin);
-                    }
                     if (deterministic) {
-                      ordered_reduce_scatter(data, range, mine);
+                      // Pieces whose all-to-all counts and displacements fit MPI's int.
+                      const int64_t piece = std::max<int64_t>(1, kMaxCount / size_);
+                      for (int64_t b = range.begin; b < range.end; b += piece)
+                        ordered_reduce_scatter(data, {b, std::min(b + piece, range.end)}, shards);
                       return;
                     }
                     // Open MPI 4.1's MPI_Reduce_scatter is slower here than its MPI_Allreduce of the whole
@@ -82,9 +75,9 @@ class MpiCommunicator final : public Communicator {
                     // 0.11 s, bench/allreduce_bandwidth --zero), although it moves half the bytes; so
                     // the range is all-reduced and this rank keeps its part. A transport whose
                     // reduce-scatter is cheaper (NCCL, HCCL) implements this interface with it.
-                    check(MPI_Allreduce(MPI_IN_PLACE, data + range.begin, int(range.size()), MPI_FLOAT, MPI_SUM,
-                                        MPI_COMM_WORLD),
-                          "MPI_Allreduce");
+                    for_each_chunk(data + range.begin, range.size(), [&](float* p, int count) {
+                      check(MPI_Allreduce(MPI_IN_PLACE, p, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+                    });
                   });
   }
 
@@ -181,14 +174,23 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // Rank-ordered reduce-scatter: every rank sends each other rank that rank's part of `range`
-  // (all-to-all), then adds the received contributions in rank order.
-  void ordered_reduce_scatter(float* data, FlatRange range, FlatRange mine) {
+  // Rank-ordered reduce-scatter of `range` (at most kMaxCount / size elements): every rank sends
+  // each other rank that rank's part (all-to-all), then adds the received contributions in rank
+  // order into its own part.
+  void ordered_reduce_scatter(float* data, FlatRange range, const std::vector<FlatRange>& shards) {
+    const FlatRange mine = range.intersect(shards[size_t(rank_)]);
+    counts_.resize(size_t(size_));
+    offsets_.resize(size_t(size_));
+    for (int q = 0; q < size_; ++q) {
+      const FlatRange part = range.intersect(shards[size_t(q)]);
+      counts_[size_t(q)] = int(part.size());
+      offsets_[size_t(q)] = part.size() > 0 ? int(part.begin - range.begin) : 0;
+    }
     const int m = int(mine.size());
     gather_buffer_.resize(size_t(m) * size_t(size_));
     receive_counts_.assign(size_t(size_), m);
     receive_offsets_.resize(size_t(size_));
-    for (int q = 0; q < size_; ++q) receive_offsets_[size_t(q)] = q * m;
+    for (int q = 0; q < size_; ++q) receive_offsets_[size_t(q)] = q * m;  // m * size <= kMaxCount
     check(MPI_Alltoallv(data + range.begin, counts_.data(), offsets_.data(), MPI_FLOAT, gather_buffer_.data(),
                         receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT, MPI_COMM_WORLD),
           "MPI_Alltoallv");
