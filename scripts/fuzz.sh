@@ -6,6 +6,10 @@
 #   scripts/fuzz.sh --list                   the targets
 #   scripts/fuzz.sh --build-only             build and write the seed corpora, run nothing
 #
+# Run it at normal priority and leave it running: libFuzzer's -timeout (10 s per input) is wall
+# time, so a fuzzer starved of CPU (nice 19 beside busy jobs) or stopped reports inputs that run
+# in 0.2 s as timeouts. Replay an artifact to check: build-fuzz/fuzz/fuzz_<target> <file>.
+#
 # Not part of CI (it takes targets x seconds). It installs clang when missing (apt-get: kept out of
 # scripts/install-deps.sh, which only the normal build needs), builds the "fuzz" preset into
 # build-fuzz/, writes the starting corpora with keel's own writers (fuzz/seed_corpus.cpp) plus the
@@ -31,7 +35,7 @@ while [ $# -gt 0 ]; do
     --seconds=*) seconds="${1#*=}"; shift ;;
     --build-only) build_only=1; shift ;;
     --list) printf '%s\n' "${targets_all[@]}"; exit 0 ;;
-    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
