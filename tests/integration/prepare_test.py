@@ -14,16 +14,10 @@ import subprocess
 import sys
 import tempfile
 
+from harness import FAILURES, check
+
 KEEL = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="keel_prepare_test_")
-FAILURES = []
-
-
-def check(cond, what):
-    if not cond:
-        FAILURES.append(what)
-        print("  FAIL:", what)
-    return cond
 
 
 def run(*args):

@@ -253,22 +253,31 @@ TEST(Prepare, CountsAndListsBadRecordsAndFailsAboveTheThreshold) {
   expect_keel_error([&] { prepare(o); }, {"data.jsonl:34", "needs a tokenizer"});
 }
 
-TEST(Prepare, ChatTemplatesPutLossOnAssistantTokensOnly) {
-  TempDir dir;
+// dir/tokenizer.json trained by keel on `text`, and options preparing dir/data.jsonl with it into
+// dir/<out>.
+PrepareOptions options_with_tokenizer(const TempDir& dir, int32_t vocab_size, std::vector<std::string> specials,
+                                      const std::string& text, const std::string& out, int64_t max_seq_len) {
   BpeTrainingOptions t;
-  t.vocab_size = 300;
-  t.special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+  t.vocab_size = vocab_size;
+  t.special_tokens = std::move(specials);
   BpeTrainer trainer(t);
-  trainer.add_text("user assistant system hello world answer question");
+  trainer.add_text(text);
   write_file_atomic(dir / "tokenizer.json", trainer.tokenizer_json());
-  write_file_atomic(dir / "data.jsonl",
-                    R"({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]})"
-                    "\n");
   PrepareOptions o;
   o.data_path = dir / "data.jsonl";
   o.tokenizer_path = dir / "tokenizer.json";
-  o.out_dir = dir / "out";
-  o.max_seq_len = 128;
+  o.out_dir = dir / out;
+  o.max_seq_len = max_seq_len;
+  return o;
+}
+
+TEST(Prepare, ChatTemplatesPutLossOnAssistantTokensOnly) {
+  TempDir dir;
+  const PrepareOptions o = options_with_tokenizer(dir, 300, {"<|endoftext|>", "<|im_start|>", "<|im_end|>"},
+                                                  "user assistant system hello world answer question", "out", 128);
+  write_file_atomic(dir / "data.jsonl",
+                    R"({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]})"
+                    "\n");
   const PrepareReport r = prepare(o);
   EXPECT_EQ(r.chat_template, "chatml");  // found from the tokenizer's special tokens
   PreparedData data(o.out_dir);
@@ -289,12 +298,7 @@ TEST(Prepare, ChatTemplatesPutLossOnAssistantTokensOnly) {
 // overlapping by one context token) and truncated when padding (one example per row).
 TEST(Prepare, SplitsLongTextsWhenPackingAndTruncatesWhenPadding) {
   TempDir dir;
-  BpeTrainingOptions t;
-  t.vocab_size = 260;
-  t.special_tokens = {"<|endoftext|>"};
-  BpeTrainer trainer(t);
-  trainer.add_text("abc");
-  write_file_atomic(dir / "tokenizer.json", trainer.tokenizer_json());
+  PrepareOptions o = options_with_tokenizer(dir, 260, {"<|endoftext|>"}, "abc", "packed", 16);
   std::string text;
   for (int i = 0; i < 40; ++i) text += char('a' + i % 26);  // 40 single-byte tokens (no merges)
   write_file_atomic(dir / "data.jsonl", fmt::format("{{\"text\": \"{}\"}}\n{{\"text\": \"short\"}}\n", text));
@@ -302,11 +306,6 @@ TEST(Prepare, SplitsLongTextsWhenPackingAndTruncatesWhenPadding) {
   std::vector<int32_t> whole = tok.encode(text, EncodeOptions{.add_special_tokens = true});
   if (tok.eos_id() && whole.back() != *tok.eos_id()) whole.push_back(*tok.eos_id());
   ASSERT_GE(whole.size(), 40u);
-  PrepareOptions o;
-  o.data_path = dir / "data.jsonl";
-  o.tokenizer_path = dir / "tokenizer.json";
-  o.out_dir = dir / "packed";
-  o.max_seq_len = 16;
   const PrepareReport packed = prepare(o);
   EXPECT_EQ(packed.split_documents, 1);
   EXPECT_EQ(packed.truncated_documents, 0);
