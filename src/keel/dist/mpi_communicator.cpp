@@ -47,15 +47,12 @@ class MpiCommunicator final : public Communicator {
 
   Ticket allreduce_sum_async(float* data, int64_t n, bool deterministic) override {
     return submit("allreduce of " + std::to_string(n) + " gradients", [this, data, n, deterministic] {
-      if (deterministic) {
-        ordered_sum(data, n);
-      } else {
-        for (int64_t done = 0; done < n;) {  // MPI counts are int: split huge buffers
-          const int count = int(std::min<int64_t>(n - done, kMaxCount));
-          check(MPI_Allreduce(MPI_IN_PLACE, data + done, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-          done += count;
-        }
-      }
+      for_each_chunk(data, n, kReducePiece, [&](float* p, int count) {
+        if (deterministic)
+          ordered_sum(p, count);
+        else
+          check(MPI_Allreduce(MPI_IN_PLACE, p, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+      });
     });
   }
 
@@ -64,8 +61,8 @@ class MpiCommunicator final : public Communicator {
     return submit("reduce-scatter of " + std::to_string(range.size()) + " gradients",
                   [this, data, range, &shards, deterministic] {
                     if (deterministic) {
-                      // Pieces whose all-to-all counts and displacements fit MPI's int.
-                      const int64_t piece = std::max<int64_t>(1, kMaxCount / size_);
+                      // Pieces of kReducePiece elements in all: bounded scratch, int counts and displacements.
+                      const int64_t piece = std::max<int64_t>(1, kReducePiece / size_);
                       for (int64_t b = range.begin; b < range.end; b += piece)
                         ordered_reduce_scatter(data, {b, std::min(b + piece, range.end)}, shards);
                       return;
@@ -75,7 +72,7 @@ class MpiCommunicator final : public Communicator {
                     // 0.11 s, bench/allreduce_bandwidth --zero), although it moves half the bytes; so
                     // the range is all-reduced and this rank keeps its part. A transport whose
                     // reduce-scatter is cheaper (NCCL, HCCL) implements this interface with it.
-                    for_each_chunk(data + range.begin, range.size(), [&](float* p, int count) {
+                    for_each_chunk(data + range.begin, range.size(), kReducePiece, [&](float* p, int count) {
                       check(MPI_Allreduce(MPI_IN_PLACE, p, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
                     });
                   });
@@ -86,7 +83,7 @@ class MpiCommunicator final : public Communicator {
   Ticket allgather_shards_async(float* data, const std::vector<FlatRange>& shards) override {
     return submit("all-gather of the updated weights", [this, data, &shards] {
       for (int q = 0; q < size_; ++q)
-        for_each_chunk(data + shards[size_t(q)].begin, shards[size_t(q)].size(), [&](float* p, int count) {
+        for_each_chunk(data + shards[size_t(q)].begin, shards[size_t(q)].size(), kMaxCount, [&](float* p, int count) {
           check(MPI_Bcast(p, count, MPI_FLOAT, q, MPI_COMM_WORLD), "MPI_Bcast");
         });
     });
@@ -97,11 +94,11 @@ class MpiCommunicator final : public Communicator {
       if (rank_ == 0) {
         std::memcpy(out + shards[0].begin, mine, sizeof(float) * size_t(shards[0].size()));
         for (int q = 1; q < size_; ++q)
-          for_each_chunk(out + shards[size_t(q)].begin, shards[size_t(q)].size(), [&](float* p, int count) {
+          for_each_chunk(out + shards[size_t(q)].begin, shards[size_t(q)].size(), kMaxCount, [&](float* p, int count) {
             check(MPI_Recv(p, count, MPI_FLOAT, q, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
           });
       } else {
-        for_each_chunk(mine, shards[size_t(rank_)].size(), [&](const float* p, int count) {
+        for_each_chunk(mine, shards[size_t(rank_)].size(), kMaxCount, [&](const float* p, int count) {
           check(MPI_Send(p, count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD), "MPI_Send");
         });
       }
@@ -163,18 +160,17 @@ class MpiCommunicator final : public Communicator {
   }
 
   // Fixed-order sum: gather every rank's contribution, add them in rank order.
-  void ordered_sum(float* data, int64_t n) {
-    gather_buffer_.resize(size_t(n) * size_);
-    check(MPI_Allgather(data, int(n), MPI_FLOAT, gather_buffer_.data(), int(n), MPI_FLOAT, MPI_COMM_WORLD),
-          "MPI_Allgather");
-    for (int64_t i = 0; i < n; ++i) {
+  void ordered_sum(float* data, int n) {
+    gather_buffer_.resize(size_t(n) * size_t(size_));
+    check(MPI_Allgather(data, n, MPI_FLOAT, gather_buffer_.data(), n, MPI_FLOAT, MPI_COMM_WORLD), "MPI_Allgather");
+    for (int i = 0; i < n; ++i) {
       float sum = gather_buffer_[size_t(i)];
       for (int r = 1; r < size_; ++r) sum += gather_buffer_[size_t(r) * n + i];
       data[i] = sum;
     }
   }
 
-  // Rank-ordered reduce-scatter of `range` (at most kMaxCount / size elements): every rank sends
+  // Rank-ordered reduce-scatter of `range` (at most kReducePiece / size elements): every rank sends
   // each other rank that rank's part (all-to-all), then adds the received contributions in rank
   // order into its own part.
   void ordered_reduce_scatter(float* data, FlatRange range, const std::vector<FlatRange>& shards) {
@@ -190,7 +186,7 @@ class MpiCommunicator final : public Communicator {
     gather_buffer_.resize(size_t(m) * size_t(size_));
     receive_counts_.assign(size_t(size_), m);
     receive_offsets_.resize(size_t(size_));
-    for (int q = 0; q < size_; ++q) receive_offsets_[size_t(q)] = q * m;  // m * size <= kMaxCount
+    for (int q = 0; q < size_; ++q) receive_offsets_[size_t(q)] = q * m;  // m * size <= kReducePiece
     check(MPI_Alltoallv(data + range.begin, counts_.data(), offsets_.data(), MPI_FLOAT, gather_buffer_.data(),
                         receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT, MPI_COMM_WORLD),
           "MPI_Alltoallv");
@@ -201,11 +197,11 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // Calls f(pointer, count) over p[0, n) in pieces MPI's int counts can hold.
+  // Calls f(pointer, count) over p[0, n) in pieces of at most `limit` elements (<= kMaxCount).
   template <class T, class F>
-  static void for_each_chunk(T* p, int64_t n, F&& f) {
+  static void for_each_chunk(T* p, int64_t n, int64_t limit, F&& f) {
     for (int64_t done = 0; done < n;) {
-      const int count = int(std::min<int64_t>(n - done, kMaxCount));
+      const int count = int(std::min<int64_t>(n - done, limit));
       f(p + done, count);
       done += count;
     }
@@ -283,7 +279,8 @@ class MpiCommunicator final : public Communicator {
   bool initialized_ = false, stopping_ = false;
   std::vector<float> gather_buffer_;
   std::vector<int> counts_, offsets_, receive_counts_, receive_offsets_;  // used by the communication thread only
-  static constexpr int64_t kMaxCount = int64_t(1) << 30;
+  static constexpr int64_t kMaxCount = int64_t(1) << 30;  // MPI counts are int
+  static constexpr int64_t kReducePiece = kMpiReducePiece;  // see mpi_communicator.h
 };
 
 }  // namespace

@@ -1,0 +1,122 @@
+// The MPI communicator's collectives checked element by element under `mpirun -np 2` (or more):
+// buffers span several of its reduction pieces (kMpiReducePiece) with ragged ends, so the piece
+// loops, the ZeRO-1 shard boundaries inside a bucket and both reduction modes are all exercised.
+// The integration tests train models too small to reach a piece boundary.
+//
+// Values are small integers, exact in float whatever the order of addition. Every rank runs every
+// collective even after a failed check (so no rank hangs), then exits non-zero if any check failed.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "keel/core/flat_range.h"
+#include "keel/dist/communicator.h"
+#include "keel/dist/mpi_communicator.h"
+
+namespace {
+
+using keel::FlatRange;
+using keel::dist::Communicator;
+
+int failures = 0;
+
+// Reports the first element where got != want(i) over `range`.
+template <class Want>
+void expect_range(const Communicator& comm, const std::string& what, const float* got, FlatRange range, Want want) {
+  for (int64_t i = range.begin; i < range.end; ++i) {
+    if (got[i] != want(i)) {
+      std::fprintf(stderr, "rank %d: %s: element %lld is %g, expected %g\n", comm.rank(), what.c_str(),
+                   static_cast<long long>(i), double(got[i]), double(want(i)));
+      ++failures;
+      return;
+    }
+  }
+}
+
+float contribution(int64_t i, int rank) { return float(i % 4093) + 1000.0f * float(rank); }
+
+float sum_over_ranks(int64_t i, int ranks) {
+  float s = 0;
+  for (int r = 0; r < ranks; ++r) s += contribution(i, r);
+  return s;
+}
+
+void fill(std::vector<float>& data, int rank) {
+  for (size_t i = 0; i < data.size(); ++i) data[i] = contribution(int64_t(i), rank);
+}
+
+void test_allreduce(Communicator& comm, bool deterministic) {
+  const int64_t n = 2 * keel::dist::kMpiReducePiece + 1237;  // two whole pieces and a ragged tail
+  std::vector<float> data(static_cast<size_t>(n));
+  fill(data, comm.rank());
+  comm.allreduce_sum(data.data(), n, deterministic);
+  expect_range(comm, std::string("allreduce") + (deterministic ? " (deterministic)" : ""), data.data(), {0, n},
+               [&](int64_t i) { return sum_over_ranks(i, comm.size()); });
+}
+
+void test_reduce_scatter(Communicator& comm, bool deterministic) {
+  const int64_t total = 3 * keel::dist::kMpiReducePiece + 50;
+  const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
+  const FlatRange mine = shards[size_t(comm.rank())];
+  std::vector<float> data(static_cast<size_t>(total));
+  fill(data, comm.rank());
+  // Two buckets as GradBuckets makes them: the tail first, then the rest; both cross a shard
+  // boundary and piece boundaries.
+  const FlatRange tail{keel::dist::kMpiReducePiece / 2 + 3, total}, head{0, tail.begin};
+  comm.wait(comm.reduce_scatter_sum_async(data.data(), tail, shards, deterministic));
+  comm.wait(comm.reduce_scatter_sum_async(data.data(), head, shards, deterministic));
+  expect_range(comm, std::string("reduce-scatter") + (deterministic ? " (deterministic)" : ""), data.data(), mine,
+               [&](int64_t i) { return sum_over_ranks(i, comm.size()); });
+}
+
+void test_allgather_and_gather(Communicator& comm) {
+  const int64_t total = 2 * keel::dist::kMpiReducePiece + 333;
+  const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
+  const FlatRange mine = shards[size_t(comm.rank())];
+  auto owner_value = [](int64_t i) { return float(i % 8191) - 77.0f; };
+  std::vector<float> data(size_t(total), -1.0f);
+  for (int64_t i = mine.begin; i < mine.end; ++i) data[size_t(i)] = owner_value(i);
+  comm.wait(comm.allgather_shards_async(data.data(), shards));
+  expect_range(comm, "all-gather of shards", data.data(), {0, total}, owner_value);
+
+  std::vector<float> gathered(comm.rank() == 0 ? size_t(total) : 0);
+  comm.gather_shards_to_root(data.data() + mine.begin, gathered.data(), shards);
+  if (comm.rank() == 0) expect_range(comm, "gather of shards to rank 0", gathered.data(), {0, total}, owner_value);
+}
+
+void test_step_totals(Communicator& comm) {
+  double totals[2] = {1.5 + comm.rank(), 1e12};
+  comm.allreduce_sum(totals, 2);
+  const double n = comm.size();
+  if (totals[0] != 1.5 * n + n * (n - 1) / 2 || totals[1] != 1e12 * n) {
+    std::fprintf(stderr, "rank %d: allreduce of doubles: got %g, %g\n", comm.rank(), totals[0], totals[1]);
+    ++failures;
+  }
+}
+
+}  // namespace
+
+int main() {
+  if (!keel::dist::launched_by_mpi()) {
+    std::fprintf(stderr, "run under mpirun with 2 or more ranks\n");
+    return 2;
+  }
+  auto comm = keel::dist::make_communicator(120);
+  if (comm->size() < 2) {
+    std::fprintf(stderr, "run under mpirun with 2 or more ranks (got %d)\n", comm->size());
+    return 2;
+  }
+  for (bool deterministic : {false, true}) {
+    test_allreduce(*comm, deterministic);
+    test_reduce_scatter(*comm, deterministic);
+  }
+  test_allgather_and_gather(*comm);
+  test_step_totals(*comm);
+  // Every rank's verdict: a failure on any rank fails every rank (and the mpirun exit status).
+  double failed = failures;
+  comm->allreduce_sum(&failed, 1);
+  if (comm->rank() == 0)
+    std::printf("%s: %d ranks, %.0f failed check(s)\n", failed == 0 ? "PASS" : "FAIL", comm->size(), failed);
+  return failed == 0 ? 0 : 1;
+}
