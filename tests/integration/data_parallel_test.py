@@ -2,7 +2,7 @@
 """Data parallel over MPI (mpirun -np 2): same losses and weights as dp=1 with doubled gradient
 accumulation (shuffled or not), bit-identical reruns with deterministic_reduce, ZeRO-1 equal to
 non-sharded training (fp32 and bf16, checkpoints and resume included) with half the optimizer
-memory per rank, a clear error for a dp_degree that disagrees with the world size, for ranks
+memory per rank, keel launch (with a hostfile too) equal to mpirun, a clear error for a dp_degree that disagrees with the world size, for ranks
 started with different recipes, and for a rank that dies.
 
     /usr/bin/python3 tests/integration/data_parallel_test.py KEEL
@@ -104,6 +104,30 @@ def test_deterministic_reduce():
         with open(os.path.join(WORK, "det", "final", "model.safetensors"), "rb") as f:
             runs.append((losses, f.read()))
     check(runs[0] == runs[1], "two dp=2 runs with deterministic_reduce are bit-identical")
+
+
+def test_keel_launch():
+    """keel launch starts the same job as a plain mpirun, with and without a hostfile (the multi-node
+    path: here one host, localhost, with two slots): bit-identical with deterministic_reduce."""
+    finals = []
+    for name, extra in (("launch_mpirun", None), ("launch", []), ("launch_hostfile", ["--hostfile"])):
+        path = write_recipe(name, dp_degree=2, deterministic_reduce=True)
+        if extra is None:
+            r = train(path, 2)
+        else:
+            if extra:
+                hostfile = os.path.join(WORK, "hostfile")
+                with open(hostfile, "w") as f:
+                    f.write("localhost slots=2\n")
+                extra = extra + [hostfile]
+            r = subprocess.run([KEEL, "launch", "-n", "2"] + extra + [path], capture_output=True, text=True,
+                               timeout=300)
+        if not check(r.returncode == 0, name + ("" if r.returncode == 0 else " (%s)" % (r.stdout + r.stderr)[-800:])):
+            return
+        with open(os.path.join(WORK, name, "final", "model.safetensors"), "rb") as f:
+            finals.append(f.read())
+    check(finals[0] == finals[1] == finals[2],
+          "keel launch -n 2, with and without --hostfile, trains bit-identically to mpirun -np 2")
 
 
 def max_rel_l2(a, b):

@@ -75,10 +75,10 @@ def recipe(name, scratch=True, **overrides):
     return path, d
 
 
-def run(args, env=None, timeout=600):
+def run(args, env=None, timeout=600, launcher=()):
     e = dict(os.environ)
     e.update(env or {})
-    p = subprocess.run([KEEL] + args, capture_output=True, text=True, errors="replace", env=e, timeout=timeout)
+    p = subprocess.run(list(launcher) + [KEEL] + args, capture_output=True, text=True, errors="replace", env=e, timeout=timeout)
     p.output = p.stdout + p.stderr
     return p
 
@@ -211,6 +211,32 @@ def test_fsync_eio_stops():
 
 def test_fsync_eio_continues():
     save_fault_case("fsync_eio_continue", fail_on_save_error=False, op="fsync", error="EIO")
+
+
+def test_slow_save_under_mpirun():
+    """dp=2: rank 0 writes a checkpoint on a slow disk while rank 1 waits at the next step. A save
+    slower than comm_timeout_s ends the job with an error that names the save, not a bare "hang";
+    with a timeout above the save's length the same run completes."""
+    if not shutil.which("mpirun"):
+        print("  skipped: no mpirun")
+        return
+    for name, timeout_s in (("slow_save_timeout", 2), ("slow_save_ok", 120)):
+        d = os.path.join(WORK, name)
+        path, _ = recipe(name, max_steps=3, save_interval=2, dp_degree=2, comm_timeout_s=timeout_s,
+                         checkpoint_dir=os.path.join(d, "ck"))
+        env = fault_env(os.path.join(d, "ck"), 0, op="slow")
+        env["KEEL_FAULT_SLEEP_S"] = "0.4"  # per fsync: a save makes about 14 (files and directories)
+        env["ASAN_OPTIONS"] += ":detect_leaks=0"  # Open MPI's own leaks at exit (see test-sanitizers.sh)
+        mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1"]
+        for var in env:
+            mpirun += ["-x", var]
+        p = run(["train", path], env=env, timeout=300, launcher=mpirun)
+        if timeout_s < 100:
+            check(p.returncode != 0 and "did not complete within 2 s" in p.output and
+                  "checkpoint of step 2, which rank 0 writes" in p.output and "raise comm_timeout_s" in p.output,
+                  "a save slower than comm_timeout_s: the error names the save", p.output)
+        else:
+            check(p.returncode == 0 and steps_of(d) == [1, 2, 3], "the same slow save within the timeout", p.output)
 
 
 def test_full_tmpfs():

@@ -6,6 +6,8 @@
  *   KEEL_FAULT_OP     "write": write()/pwrite() fail once the budget is spent (a partial write
  *                     first, as a real full disk gives); "fsync": writes succeed but fsync() and
  *                     fdatasync() fail once the budget is spent (writeback errors)
+ *                     "slow": nothing fails, but every fsync()/fdatasync() of such a file first
+ *                     sleeps KEEL_FAULT_SLEEP_S seconds (a slow disk)
  *   KEEL_FAULT_ERRNO  ENOSPC (default) or EIO
  *
  * Files are tracked from open()/openat()/creat() by path, and forgotten on close(). */
@@ -19,6 +21,7 @@
 #include <string.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #define MAX_FDS 65536
@@ -29,6 +32,7 @@ static size_t fault_dir_len;
 static long long budget = -1;
 static int fault_on_fsync;
 static int fault_errno = ENOSPC;
+static double slow_sync_s;
 
 static void init(void) {
   static int done;
@@ -40,6 +44,11 @@ static void init(void) {
   budget = b ? atoll(b) : -1;
   const char* op = getenv("KEEL_FAULT_OP");
   fault_on_fsync = op && strcmp(op, "fsync") == 0;
+  if (op && strcmp(op, "slow") == 0) {
+    const char* sleep_s = getenv("KEEL_FAULT_SLEEP_S");
+    slow_sync_s = sleep_s ? atof(sleep_s) : 1.0;
+    budget = -1; /* writes always succeed */
+  }
   const char* e = getenv("KEEL_FAULT_ERRNO");
   if (e && strcmp(e, "EIO") == 0) fault_errno = EIO;
 }
@@ -169,6 +178,11 @@ ssize_t writev(int fd, const struct iovec* iov, int iovcnt) {
 
 static int sync_fails(int fd) {
   init();
+  if (slow_sync_s > 0 && is_tracked(fd)) {
+    struct timespec t = {(time_t)slow_sync_s, (long)((slow_sync_s - (double)(time_t)slow_sync_s) * 1e9)};
+    while (nanosleep(&t, &t) != 0 && errno == EINTR) {
+    }
+  }
   return fault_on_fsync && is_tracked(fd) && budget >= 0 && atomic_load(&written) > budget;
 }
 

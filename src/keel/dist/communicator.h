@@ -49,6 +49,14 @@ class Communicator {
   virtual void barrier() = 0;
   // Ends the whole job with an error (other ranks are terminated by the launcher).
   [[noreturn]] virtual void abort(const std::string& message) = 0;
+
+  // What the job did last that can legitimately keep a peer away from the next collective (rank 0
+  // writing a checkpoint while the others wait): a wait that times out names it, so a slow save
+  // is not mistaken for a hung rank. "" clears it. Set and read on the training thread.
+  void set_wait_context(std::string context) { wait_context_ = std::move(context); }
+
+ protected:
+  std::string wait_context_;
 };
 
 // The communicator for this process: MPI when started by mpirun (Open MPI's OMPI_COMM_WORLD_SIZE

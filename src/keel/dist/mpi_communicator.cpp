@@ -113,8 +113,8 @@ class MpiCommunicator final : public Communicator {
         const std::string what = pending_name_;
         lock.unlock();
         abort(fmt::format("rank {}: '{}' did not complete within {} s: another rank died or hangs "
-                          "(raise comm_timeout_s if steps are legitimately slower)",
-                          rank_, what, timeout_s_));
+                          "(raise comm_timeout_s if steps are legitimately slower){}",
+                          rank_, what, timeout_s_, wait_context_.empty() ? "" : ". " + wait_context_));
       }
     }
     if (!failure_.empty()) abort(failure_);

@@ -136,8 +136,10 @@ class Trainer {
       if (eval_due(step)) evaluate_into(m);
       const bool interrupted = (interrupt_agreed() || step == options_.stop_after_step) && step < max_steps_;
       if (!r_.checkpoint_dir.empty() &&
-          (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0)))
+          (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0))) {
+        comm_.set_wait_context(save_wait_context(step));  // cleared by the next step's first collective
         save_checkpoint(m, progress);
+      }
       if (metrics) metrics->write(m);
       result.summary.add_step(m);
       progress.step(m, seconds_since(start));
@@ -228,6 +230,18 @@ class Trainer {
     m.step_time_s += m.checkpoint_s;
   }
 
+  // For the timeout error of the waits after a save: the other ranks wait while rank 0 writes.
+  std::string save_wait_context(int64_t step) const {
+    if (comm_.size() == 1) return "";
+    std::string s = fmt::format("The wait followed the checkpoint of step {}, which rank 0 writes while the other "
+                                "ranks wait", step);
+    if (r_.async_save)
+      s += zero_shards_.empty() ? " (asynchronously, but first for the previous save to finish)"
+                                : " (asynchronously, but the ZeRO-1 gather first waits for the previous save)";
+    return s + ": a save slower than comm_timeout_s ends the job like this; raise comm_timeout_s" +
+           (r_.async_save ? " or save_interval" : " or set async_save = true");
+  }
+
   // Every rank must stop after the same step: a signal may reach them at different moments.
   bool interrupt_agreed() {
     double flag = InterruptGuard::requested() ? 1.0 : 0.0;
@@ -272,6 +286,7 @@ class Trainer {
     m.data_s = loader_->last_wait_seconds();
     const auto t_sync0 = Clock::now();
     if (ranks > 1) comm_.allreduce_sum(totals, 2);
+    comm_.set_wait_context("");
     m.peer_wait_s = ranks > 1 ? seconds_since(t_sync0) : 0.0;
     m.grad_sync_s += m.peer_wait_s;
     m.target_tokens = int64_t(totals[0]);
