@@ -10,7 +10,7 @@ figure (the arena and what the trainer holds once steps run) is compared with th
 during the steps, apart from the setup, where weight files are mapped while they load. With --torch, also
 PyTorch's peak RSS on the same model and batch (bf16 autocast), as train_vs_pytorch.py runs it.
 
-    /usr/bin/python3 bench/memory_vs_plan.py --keel build/keel [--steps 3] [--small] [--torch] [--dp 2]
+    /usr/bin/python3 bench/memory_vs_plan.py --keel build/keel [--steps 3] [--small] [--torch] [--dp 2 [--zero 1]]
 """
 import argparse
 import importlib.util
@@ -42,6 +42,7 @@ def parse_args():
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--checkpointing", default="false,true")
     p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (mpirun -np DP, one thread each)")
+    p.add_argument("--zero", type=int, choices=[0, 1], default=0, help="ZeRO stage (1: AdamW moments sharded)")
     p.add_argument("--small", action="store_true", help="a quick smoke-size model")
     p.add_argument("--torch", action="store_true", help="also measure PyTorch's peak RSS (bf16 autocast)")
     a = p.parse_args()
@@ -98,7 +99,8 @@ def write_recipe(a, model_dir, dtype, checkpointing, tag):
                 (model_dir, os.path.join(a.work, "train.jsonl"), out_dir))
         f.write('dtype = "%s"\nmax_seq_len = %d\nbatch_size = %d\nmax_steps = %d\nlearning_rate = 1e-4\n'
                 'weight_decay = 0.01\nshuffle = false\nlog_interval = 1\nuse_gradient_checkpointing = %s\n'
-                'dp_degree = %d\n' % (dtype, a.seq, a.batch, a.steps, "true" if checkpointing else "false", a.dp))
+                'dp_degree = %d\nzero_stage = %d\n' % (dtype, a.seq, a.batch, a.steps, "true" if checkpointing else "false",
+                                                   a.dp, a.zero))
     return path, out_dir
 
 
@@ -108,8 +110,8 @@ def main():
     os.makedirs(a.work)
     a.steps = max(a.steps, 2)
     model_dir = tvp.make_workload(a)
-    print("model: llama hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %d steps, dp %d"
-          % (a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.steps, a.dp))
+    print("model: llama hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %d steps, dp %d, "
+          "ZeRO-%d" % (a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.steps, a.dp, a.zero))
     print("%-5s %-5s %10s %10s %8s   %10s %10s %8s %8s %12s" %
           ("dtype", "ckpt", "plan GiB", "peak GiB", "error", "steps plan", "steps RSS", "error", "step s",
            "activations"))

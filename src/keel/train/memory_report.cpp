@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "keel/core/error.h"
+#include "keel/dist/mpi_communicator.h"
 #include "keel/model/decoder.h"
 #include "keel/train/model_setup.h"
 
@@ -96,10 +97,12 @@ MemoryPlan training_memory_plan(const Recipe& r, const model::ModelConfig& confi
   const int32_t end = t.last();
   if (shape.dp > 1) {
     // Gradient buckets (dist::GradBuckets) are contiguous ranges of the gradient buffer, reduced in
-    // place by one communication thread, one bucket at a time. What they cost is MPI itself and the
-    // reduction's scratch: MPI_Allreduce's temporaries, or, for deterministic_reduce, the buffer
-    // every rank's bucket is gathered into (kept from the first step on).
-    const size_t bucket = std::min(size_t(r.bucket_size_mb * double(1 << 20)), param_elements * sizeof(float));
+    // place by one communication thread, one bucket at a time, handed to MPI in pieces of at most
+    // dist::kMpiReducePiece floats. What they cost is MPI itself and the reduction's scratch for one
+    // piece: MPI_Allreduce's temporaries, or, for deterministic_reduce, the buffer every rank's piece
+    // is gathered into (kept from the first step on).
+    const size_t bucket = std::min({size_t(r.bucket_size_mb * double(1 << 20)), param_elements * sizeof(float),
+                                    size_t(dist::kMpiReducePiece) * sizeof(float)});
     plan.add_external("MPI (library, shared-memory transport)", MemoryCategory::Communication, kMpiBytes, 0, end);
     if (r.deterministic_reduce)
       plan.add_external("rank-ordered reduction buffer (bucket x dp)", MemoryCategory::Communication,
