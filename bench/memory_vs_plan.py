@@ -10,7 +10,7 @@ figure (the arena and what the trainer holds once steps run) is compared with th
 during the steps, apart from the setup, where weight files are mapped while they load. With --torch, also
 PyTorch's peak RSS on the same model and batch (bf16 autocast), as train_vs_pytorch.py runs it.
 
-    /usr/bin/python3 bench/memory_vs_plan.py --keel build/keel [--steps 3] [--small] [--torch] [--dp 2 [--zero 1]]
+    /usr/bin/python3 bench/memory_vs_plan.py --keel build/keel [--steps 3] [--small] [--torch] [--dp 2 [--zero 1]] [--save sync|async]
 """
 import argparse
 import importlib.util
@@ -43,6 +43,8 @@ def parse_args():
     p.add_argument("--checkpointing", default="false,true")
     p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (mpirun -np DP, one thread each)")
     p.add_argument("--zero", type=int, choices=[0, 1], default=0, help="ZeRO stage (1: AdamW moments sharded)")
+    p.add_argument("--save", choices=["none", "sync", "async"], default="none",
+                   help="write a checkpoint after every step (synchronously or with async_save)")
     p.add_argument("--small", action="store_true", help="a quick smoke-size model")
     p.add_argument("--torch", action="store_true", help="also measure PyTorch's peak RSS (bf16 autocast)")
     a = p.parse_args()
@@ -101,6 +103,9 @@ def write_recipe(a, model_dir, dtype, checkpointing, tag):
                 'weight_decay = 0.01\nshuffle = false\nlog_interval = 1\nuse_gradient_checkpointing = %s\n'
                 'dp_degree = %d\nzero_stage = %d\n' % (dtype, a.seq, a.batch, a.steps, "true" if checkpointing else "false",
                                                    a.dp, a.zero))
+        if a.save != "none":
+            f.write('checkpoint_dir = "%s"\nsave_interval = 1\nkeep_last_n = 1\nasync_save = %s\n' %
+                    (os.path.join(out_dir, "checkpoints"), "true" if a.save == "async" else "false"))
     return path, out_dir
 
 
@@ -111,7 +116,8 @@ def main():
     a.steps = max(a.steps, 2)
     model_dir = tvp.make_workload(a)
     print("model: llama hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %d steps, dp %d, "
-          "ZeRO-%d" % (a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.steps, a.dp, a.zero))
+          "ZeRO-%d, checkpoints: %s" % (a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.steps,
+                                        a.dp, a.zero, a.save))
     print("%-5s %-5s %10s %10s %8s   %10s %10s %8s %8s %12s" %
           ("dtype", "ckpt", "plan GiB", "peak GiB", "error", "steps plan", "steps RSS", "error", "step s",
            "activations"))

@@ -5,6 +5,7 @@
 //
 // Values are small integers, exact in float whatever the order of addition. Every rank runs every
 // collective even after a failed check (so no rank hangs), then exits non-zero if any check failed.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -13,6 +14,7 @@
 #include "keel/core/flat_range.h"
 #include "keel/dist/communicator.h"
 #include "keel/dist/mpi_communicator.h"
+#include "keel/dist/shard_reader.h"
 
 namespace {
 
@@ -70,7 +72,7 @@ void test_reduce_scatter(Communicator& comm, bool deterministic) {
                [&](int64_t i) { return sum_over_ranks(i, comm.size()); });
 }
 
-void test_allgather_and_gather(Communicator& comm) {
+void test_allgather(Communicator& comm) {
   const int64_t total = 2 * keel::dist::kMpiReducePiece + 333;
   const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
   const FlatRange mine = shards[size_t(comm.rank())];
@@ -80,9 +82,36 @@ void test_allgather_and_gather(Communicator& comm) {
   comm.wait(comm.allgather_shards_async(data.data(), shards));
   expect_range(comm, "all-gather of shards", data.data(), {0, total}, owner_value);
 
-  std::vector<float> gathered(comm.rank() == 0 ? size_t(total) : 0);
-  comm.gather_shards_to_root(data.data() + mine.begin, gathered.data(), shards);
-  if (comm.rank() == 0) expect_range(comm, "gather of shards to rank 0", gathered.data(), {0, total}, owner_value);
+}
+
+// ZeRO-1 checkpoints: every rank streams its shards of two buffers to rank 0, which reads both
+// whole through ShardReader, piece by piece.
+void test_shards_to_root(Communicator& comm) {
+  const int64_t total = 3 * keel::dist::kShardPiece + 4321;
+  const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
+  const FlatRange mine = shards[size_t(comm.rank())];
+  auto stream_value = [](int stream, int64_t i) { return float(i % 8191) + (stream == 0 ? 0.5f : -0.5f); };
+  std::vector<float> m(static_cast<size_t>(mine.size())), v(static_cast<size_t>(mine.size()));
+  for (int64_t i = 0; i < mine.size(); ++i) {
+    m[size_t(i)] = stream_value(0, mine.begin + i);
+    v[size_t(i)] = stream_value(1, mine.begin + i);
+  }
+  if (comm.rank() != 0) {
+    comm.send_to_root(m.data(), mine.size());
+    comm.send_to_root(v.data(), mine.size());
+    return;
+  }
+  keel::dist::ShardReader reader(comm, shards, {m.data(), v.data()});
+  std::vector<float> whole(static_cast<size_t>(total));
+  for (int stream = 0; stream < 2; ++stream) {
+    for (int64_t begin = 0, n = 0; begin < total; begin += n) {
+      const float* p = reader.read(stream, begin, 1 << 20, &n);
+      std::copy_n(p, n, whole.data() + begin);
+    }
+    expect_range(comm, stream == 0 ? "shards of m streamed to rank 0" : "shards of v streamed to rank 0",
+                 whole.data(), {0, total}, [&](int64_t i) { return stream_value(stream, i); });
+  }
+  reader.drain();
 }
 
 void test_step_totals(Communicator& comm) {
@@ -111,7 +140,8 @@ int main() {
     test_allreduce(*comm, deterministic);
     test_reduce_scatter(*comm, deterministic);
   }
-  test_allgather_and_gather(*comm);
+  test_allgather(*comm);
+  test_shards_to_root(*comm);
   test_step_totals(*comm);
   // Every rank's verdict: a failure on any rank fails every rank (and the mpirun exit status).
   double failed = failures;

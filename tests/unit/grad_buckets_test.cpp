@@ -7,18 +7,17 @@
 
 #include <vector>
 
+#include "fake_communicator.h"
+
 namespace keel::dist {
 namespace {
 
 // Records which ranges were submitted, in order.
-class RecordingCommunicator final : public Communicator {
+class RecordingCommunicator final : public FakeCommunicator {
  public:
   std::vector<std::pair<int64_t, int64_t>> submitted;  // (offset from base, count)
   std::vector<FlatRange> scattered;                     // reduce-scatters (ZeRO-1)
   float* base = nullptr;
-  int rank() const override { return 0; }
-  int size() const override { return 2; }
-  std::string name() const override { return "recording"; }
   Ticket allreduce_sum_async(float* data, int64_t n, bool) override {
     submitted.push_back({data - base, n});
     return submitted.size();
@@ -28,14 +27,6 @@ class RecordingCommunicator final : public Communicator {
     scattered.push_back(range);
     return scattered.size();
   }
-  Ticket allgather_shards_async(float*, const std::vector<FlatRange>&) override { return 0; }
-  void gather_shards_to_root(const float*, float*, const std::vector<FlatRange>&) override {}
-  void wait(Ticket) override {}
-  void allreduce_sum(double*, int64_t) override {}
-  void broadcast(void*, int64_t, int) override {}
-  void allgather(const void*, void*, int64_t) override {}
-  void barrier() override {}
-  [[noreturn]] void abort(const std::string& m) override { throw std::runtime_error(m); }
 };
 
 std::vector<ParamSpan> spans_of(const std::vector<int64_t>& sizes) {

@@ -18,8 +18,9 @@ class SingleProcess final : public Communicator {
   void wait(Ticket) override {}
   Ticket reduce_scatter_sum_async(float*, FlatRange, const std::vector<FlatRange>&, bool) override { return 0; }
   Ticket allgather_shards_async(float*, const std::vector<FlatRange>&) override { return 0; }
-  void gather_shards_to_root(const float* mine, float* out, const std::vector<FlatRange>& shards) override {
-    if (mine != out + shards[0].begin) std::memcpy(out + shards[0].begin, mine, sizeof(float) * size_t(shards[0].size()));
+  void send_to_root(const float*, int64_t) override { throw Error("send_to_root: a single process is rank 0"); }
+  void receive_piece(int source, float*, int64_t) override {
+    throw Error("receive_piece: a single process has no rank " + std::to_string(source));
   }
   void allreduce_sum(double*, int64_t) override {}
   void broadcast(void*, int64_t, int) override {}

@@ -14,6 +14,9 @@ namespace keel::dist {
 
 using Ticket = uint64_t;  // identifies a submitted collective; wait(ticket) blocks until it is done
 
+// send_to_root's message size (16 MB): what rank 0 holds of another rank's shard at a time.
+inline constexpr int64_t kShardPiece = int64_t(4) << 20;
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -36,9 +39,13 @@ class Communicator {
                                           bool deterministic) = 0;
   // In-place all-gather: every rank's shard of `data` is copied to every other rank.
   virtual Ticket allgather_shards_async(float* data, const std::vector<FlatRange>& shards) = 0;
-  // Rank 0 receives every rank's shard into `out` at the shard's offset (`mine` is this rank's
-  // shard, shards[rank()].size() floats); `out` is used on rank 0 only.
-  virtual void gather_shards_to_root(const float* mine, float* out, const std::vector<FlatRange>& shards) = 0;
+
+  // Point-to-point, to stream a rank's shard of the optimizer state to rank 0 for a checkpoint
+  // (see ShardReader): send_to_root sends n floats to rank 0 as consecutive messages of
+  // kShardPiece floats (the last one shorter), blocking until rank 0 has taken them all; rank 0
+  // takes each message with receive_piece, `count` being that message's size.
+  virtual void send_to_root(const float* data, int64_t n) = 0;
+  virtual void receive_piece(int source, float* out, int64_t count) = 0;
 
   // Sum of doubles (losses, token counts): small, blocking, always in rank order.
   virtual void allreduce_sum(double* data, int64_t n) = 0;

@@ -89,19 +89,22 @@ class MpiCommunicator final : public Communicator {
     });
   }
 
-  void gather_shards_to_root(const float* mine, float* out, const std::vector<FlatRange>& shards) override {
-    wait(submit("gather of the optimizer state", [this, mine, out, &shards] {
-      if (rank_ == 0) {
-        std::memcpy(out + shards[0].begin, mine, sizeof(float) * size_t(shards[0].size()));
-        for (int q = 1; q < size_; ++q)
-          for_each_chunk(out + shards[size_t(q)].begin, shards[size_t(q)].size(), kMaxCount, [&](float* p, int count) {
-            check(MPI_Recv(p, count, MPI_FLOAT, q, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE), "MPI_Recv");
-          });
-      } else {
-        for_each_chunk(mine, shards[size_t(rank_)].size(), kMaxCount, [&](const float* p, int count) {
-          check(MPI_Send(p, count, MPI_FLOAT, 0, 0, MPI_COMM_WORLD), "MPI_Send");
-        });
-      }
+  void send_to_root(const float* data, int64_t n) override {
+    wait(submit("sending this rank's optimizer-state shard to rank 0", [this, data, n] {
+      for_each_chunk(data, n, kShardPiece, [&](const float* p, int count) {
+        check(MPI_Send(p, count, MPI_FLOAT, 0, kShardTag, MPI_COMM_WORLD), "MPI_Send");
+      });
+    }));
+  }
+
+  void receive_piece(int source, float* out, int64_t count) override {
+    wait(submit(fmt::format("receiving rank {}'s optimizer-state shard", source), [this, source, out, count] {
+      MPI_Status status;
+      check(MPI_Recv(out, int(count), MPI_FLOAT, source, kShardTag, MPI_COMM_WORLD, &status), "MPI_Recv");
+      int received = 0;
+      MPI_Get_count(&status, MPI_FLOAT, &received);
+      require(received == count, "rank {}: expected a piece of {} floats from rank {}, received {}", rank_, count,
+              source, received);
     }));
   }
 
@@ -280,6 +283,7 @@ class MpiCommunicator final : public Communicator {
   std::vector<float> gather_buffer_;
   std::vector<int> counts_, offsets_, receive_counts_, receive_offsets_;  // used by the communication thread only
   static constexpr int64_t kMaxCount = int64_t(1) << 30;  // MPI counts are int
+  static constexpr int kShardTag = 17;  // send_to_root's messages (collectives use their own context)
   static constexpr int64_t kReducePiece = kMpiReducePiece;  // see mpi_communicator.h
 };
 

@@ -336,7 +336,7 @@ std::vector<uint64_t> tensor_bytes(const std::string& where, const std::vector<T
       require(!__builtin_mul_overflow(numel, d, &numel), "{}: tensor '{}': shape {} overflows", where, t.name,
               shape_text(t.shape));
     }
-    require(numel == 0 || t.data != nullptr, "{}: tensor '{}': expected data for shape {}, found a null pointer", where,
+    require(numel == 0 || t.data != nullptr || t.read, "{}: tensor '{}': expected data for shape {}, found a null pointer", where,
             t.name, shape_text(t.shape));
     uint64_t bytes = 0;
     require(!__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(dtype)), &bytes), "{}: tensor '{}': too large",
@@ -375,21 +375,32 @@ std::string header_json(const std::vector<TensorToWrite>& tensors, const std::ve
 
 void write_tensor_data(AtomicFileWriter& out, const TensorToWrite& t, uint64_t nbytes, DType dtype) {
   size_t n = size_t(nbytes / dtype_size(dtype));
-  if (dtype == DType::F32) {
+  if (dtype == DType::F32 && !t.read) {
     out.write(t.data, nbytes);
     return;
   }
-  // Convert in bounded chunks: no second full copy of a multi-GB tensor in memory.
+  // In bounded chunks: no second full copy of a multi-GB tensor in memory.
   constexpr size_t kChunk = size_t(1) << 20;
-  std::vector<uint16_t> buffer(std::min(n, kChunk));
-  for (size_t start = 0; start < n; start += kChunk) {
-    size_t count = std::min(kChunk, n - start);
-    if (dtype == DType::BF16) {
-      convert_f32_to_bf16(t.data + start, reinterpret_cast<bf16*>(buffer.data()), count);
-    } else {
-      for (size_t i = 0; i < count; ++i) buffer[i] = float_to_f16(t.data[start + i]);
+  std::vector<uint16_t> buffer(dtype == DType::F32 ? 0 : std::min(n, kChunk));
+  for (size_t start = 0; start < n;) {
+    int64_t count = int64_t(std::min(kChunk, n - start));
+    const float* src = t.data + start;
+    if (t.read) {
+      src = t.read(int64_t(start), count, &count);
+      require(src != nullptr && count > 0 && size_t(count) <= std::min(kChunk, n - start),
+              "tensor '{}': its source returned no data at element {}", t.name, start);
     }
-    out.write(buffer.data(), count * sizeof(uint16_t));
+    if (dtype == DType::F32) {
+      out.write(src, size_t(count) * sizeof(float));
+    } else {
+      if (dtype == DType::BF16) {
+        convert_f32_to_bf16(src, reinterpret_cast<bf16*>(buffer.data()), size_t(count));
+      } else {
+        for (int64_t i = 0; i < count; ++i) buffer[size_t(i)] = float_to_f16(src[i]);
+      }
+      out.write(buffer.data(), size_t(count) * sizeof(uint16_t));
+    }
+    start += size_t(count);
   }
 }
 

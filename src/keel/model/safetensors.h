@@ -5,9 +5,11 @@
 // file and the tensor.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/core/dtype.h"
@@ -69,11 +71,21 @@ class CheckpointReader {
   std::map<std::string, const TensorInfo*> by_name_;
 };
 
-// A tensor to write: fp32 source data converted to `dtype` on write.
+// A tensor to write: fp32 source data converted to `dtype` on write. The data is `data`, or, when
+// `read` is set, comes piece by piece from read(begin, max_count, &n): a pointer to the tensor's
+// elements [begin, begin + n), 0 < n <= max_count, valid until the next call; pieces are asked
+// for in increasing order (a streamed source: ZeRO-1 moments arriving from other ranks).
 struct TensorToWrite {
+  using Reader = std::function<const float*(int64_t begin, int64_t max_count, int64_t* n)>;
+  TensorToWrite(std::string name, std::vector<int64_t> shape, const float* data)
+      : name(std::move(name)), shape(std::move(shape)), data(data) {}
+  TensorToWrite(std::string name, std::vector<int64_t> shape, Reader read)
+      : name(std::move(name)), shape(std::move(shape)), read(std::move(read)) {}
+
   std::string name;
   std::vector<int64_t> shape;
   const float* data = nullptr;
+  Reader read;
 };
 
 // Writes one .safetensors file atomically (temporary file, fsync, rename). Tensor order in the

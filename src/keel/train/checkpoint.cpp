@@ -41,6 +41,19 @@ std::vector<model::TensorToWrite> tensors_of(const std::vector<model::Param>& la
   return out;
 }
 
+// The moments "m.<name>" (which = 0) or "v.<name>" (which = 1), read from `source`.
+std::vector<model::TensorToWrite> moment_tensors(const std::vector<model::Param>& layout,
+                                                 const CheckpointWriter::MomentSource& source, int which) {
+  std::vector<model::TensorToWrite> out;
+  for (const auto& p : layout)
+    out.push_back({(which == 0 ? "m." : "v.") + p.name, p.shape,
+                   model::TensorToWrite::Reader([&source, which, offset = p.offset](int64_t begin, int64_t max_count,
+                                                                                   int64_t* n) {
+                     return source(which, offset + begin, max_count, n);
+                   })});
+  return out;
+}
+
 std::string state_json(const TrainingState& s) {
   return fmt::format(
       "{{\n  \"format\": \"keel-training-state\",\n  \"version\": 1,\n  \"step\": {},\n  \"samples_consumed\": {},\n"
@@ -118,16 +131,24 @@ CheckpointWriter::~CheckpointWriter() {
 
 void CheckpointWriter::write(const std::vector<model::Param>& layout, const float* weights, const float* m,
                              const float* v, const TrainingState& state, const std::string& recipe) {
+  write(layout, weights, [m, v](int which, int64_t begin, int64_t max_count, int64_t* n) {
+    *n = max_count;
+    return (which == 0 ? m : v) + begin;
+  }, state, recipe);
+}
+
+void CheckpointWriter::write(const std::vector<model::Param>& layout, const float* weights,
+                             const MomentSource& moments, const TrainingState& state, const std::string& recipe) {
   const std::string final_name = step_name(state.step);
   const std::string tmp = fmt::format("{}/.tmp-{}-{}", dir_, final_name, ::getpid());
   try {
     fs::remove_all(tmp);
     make_dirs(tmp);
     model::write_safetensors(tmp + "/weights.safetensors", tensors_of(layout, weights, ""), DType::F32);
-    auto moments = tensors_of(layout, m, "m.");
-    auto second = tensors_of(layout, v, "v.");
-    moments.insert(moments.end(), second.begin(), second.end());
-    model::write_safetensors(tmp + "/optimizer.safetensors", moments, DType::F32);
+    auto tensors = moment_tensors(layout, moments, 0);
+    auto second = moment_tensors(layout, moments, 1);
+    tensors.insert(tensors.end(), second.begin(), second.end());
+    model::write_safetensors(tmp + "/optimizer.safetensors", tensors, DType::F32);
     write_file_atomic(tmp + "/trainer_state.json", state_json(state));
     write_file_atomic(tmp + "/recipe.toml", recipe);
     write_file_atomic(tmp + "/manifest.json", manifest_json(tmp, state.step));
@@ -159,6 +180,15 @@ SaveStats CheckpointWriter::save(model::ParamStore& params, const TrainingState&
     });
   const auto t0 = Clock::now();
   write(params.params(), params.weights(), params.adam_m(), params.adam_v(), state, recipe);
+  return {std::chrono::duration<double>(Clock::now() - t0).count(), false};
+}
+
+SaveStats CheckpointWriter::save_streamed(const std::vector<model::Param>& layout, const float* weights,
+                                          const MomentSource& moments, const TrainingState& state,
+                                          const std::string& recipe) {
+  require(!async_, "checkpoint {}: a streamed save is synchronous", dir_);
+  const auto t0 = Clock::now();
+  write(layout, weights, moments, state, recipe);
   return {std::chrono::duration<double>(Clock::now() - t0).count(), false};
 }
 

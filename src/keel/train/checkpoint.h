@@ -59,6 +59,13 @@ class CheckpointWriter {
   SaveStats save_snapshot(const std::vector<model::Param>& layout, int64_t total, const TrainingState& state,
                           const std::string& resolved_recipe,
                           const std::function<void(float* weights, float* m, float* v)>& fill);
+  // A synchronous save whose optimizer state is read piece by piece while the file is written
+  // (ZeRO-1 on rank 0: the other ranks' moments arrive as they are needed; dist::ShardReader), so
+  // no copy of the whole state is held. moments(which, begin, max_count, &n) returns elements
+  // [begin, begin + n) of the flat m (which = 0) or v (which = 1), 0 < n <= max_count.
+  using MomentSource = std::function<const float*(int which, int64_t begin, int64_t max_count, int64_t* n)>;
+  SaveStats save_streamed(const std::vector<model::Param>& layout, const float* weights, const MomentSource& moments,
+                          const TrainingState& state, const std::string& resolved_recipe);
   // Allocates and touches the staging buffer for `params` now (when saves are asynchronous, or
   // with `snapshot` for save_snapshot), so no save pays for page faults and the memory is part of
   // the run's footprint from the start.
@@ -71,6 +78,8 @@ class CheckpointWriter {
 
  private:
   void write(const std::vector<model::Param>& layout, const float* weights, const float* m, const float* v,
+             const TrainingState& state, const std::string& recipe);
+  void write(const std::vector<model::Param>& layout, const float* weights, const MomentSource& moments,
              const TrainingState& state, const std::string& recipe);
   void background_loop();
 

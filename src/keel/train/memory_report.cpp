@@ -121,12 +121,19 @@ MemoryPlan training_memory_plan(const Recipe& r, const model::ModelConfig& confi
   plan.add_external("keel process at start", MemoryCategory::Runtime, kProcessStartBytes, 0, end);
   // What the trainer allocates after the setup, kept for the whole run.
   plan.add_external("micro-batches", MemoryCategory::Data, loader_buffer_bytes(r, shape), 1, end);
-  // The snapshot an asynchronous save writes from; with ZeRO-1 rank 0 also gathers every rank's
-  // moments into one for each save, synchronous or not (the figure is rank 0's; other ranks have none).
-  if (!r.checkpoint_dir.empty() && ((shape.async_checkpoint && r.async_save) || shards > 1))
+  // The snapshot an asynchronous save writes from (with ZeRO-1, rank 0 gathers every rank's moments
+  // into it). A synchronous ZeRO-1 save writes the other ranks' moments as they arrive, one piece
+  // at a time (dist::ShardReader). Both are rank 0's figures; the other ranks hold neither.
+  if (!r.checkpoint_dir.empty() && shape.async_checkpoint && r.async_save)
     plan.add_external(shards > 1 ? "checkpoint snapshot (weights, m, v; rank 0 gathers the moments)"
                                  : "checkpoint snapshot (weights, m, v)",
                       MemoryCategory::CheckpointStaging, 3 * param_elements * sizeof(float), 1, end);
+  else if (!r.checkpoint_dir.empty() && shards > 1)
+    plan.add_external("checkpoint receive buffer (one piece of another rank's moments)",
+                      MemoryCategory::CheckpointStaging,
+                      size_t(std::min<int64_t>(dist::kShardPiece, int64_t((param_elements + shards - 1) / shards))) *
+                          sizeof(float),
+                      1, end);
   plan.add_external("libraries while training", MemoryCategory::Runtime, kStepRuntimeBytes, 1, end);
   plan.pack();
   return plan;
@@ -201,7 +208,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
       case MemoryCategory::Workspace: return "gradient scratch, logits chunk (shared by lifetime)";
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
       case MemoryCategory::Data: return "weight files while loading, micro-batches, rotary table";
-      case MemoryCategory::CheckpointStaging: return "async save snapshot: weights, m, v";
+      case MemoryCategory::CheckpointStaging: return "async save snapshot (weights, m, v), or ZeRO-1's receive buffer";
       case MemoryCategory::Runtime: return "code, libraries, threads, library scratch (measured)";
       case MemoryCategory::kCount: break;
     }

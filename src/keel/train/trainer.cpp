@@ -15,6 +15,7 @@
 #include "keel/dist/communicator.h"
 #include "keel/core/threads.h"
 #include "keel/dist/grad_buckets.h"
+#include "keel/dist/shard_reader.h"
 #include "keel/kernels/cpu/vector_ops.h"
 #include "keel/kernels/gemm.h"
 #include "keel/model/hf_weights.h"
@@ -100,7 +101,9 @@ class Trainer {
         fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save\n", removed,
                    r.checkpoint_dir);
       checkpoints_ = std::make_unique<CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
-      checkpoints_->prepare(decoder_.params(), /*snapshot=*/!zero_shards_.empty());
+      // A ZeRO-1 save gathers the moments into a snapshot only when it is asynchronous; a
+      // synchronous one writes them as they arrive.
+      checkpoints_->prepare(decoder_.params(), /*snapshot=*/!zero_shards_.empty() && r.async_save);
     }
     resume(options.resume);
   }
@@ -200,10 +203,12 @@ class Trainer {
     fmt::print(log_, "keel: resumed from {} at step {}\n", path, saved.step);
   }
 
-  // Rank 0 writes the checkpoint. Under ZeRO-1 every rank takes part: rank 0 gathers the moments.
+  // Rank 0 writes the checkpoint. Under ZeRO-1 every rank takes part: the others send rank 0 their
+  // shards of the moments, which it writes as they arrive (synchronous saves) or gathers into the
+  // snapshot an asynchronous save writes from.
   void save_checkpoint(StepMetrics& m, Progress& progress) {
     if (!checkpoints_) {
-      if (!zero_shards_.empty()) gather_moments(nullptr, nullptr);
+      if (!zero_shards_.empty()) send_moments();
       return;
     }
     const std::string failure = checkpoints_->take_failure();
@@ -211,18 +216,32 @@ class Trainer {
       require(!r_.fail_on_save_error, "checkpoint save failed: {}", failure);
       progress.message(fmt::format("warning: the previous checkpoint save failed ({}); retrying now", failure));
     }
+    model::ParamStore& params = decoder_.params();
+    std::optional<dist::ShardReader> shards;  // ZeRO-1: the other ranks' moments, as they arrive
+    if (!zero_shards_.empty()) shards.emplace(comm_, zero_shards_, std::vector<const float*>{params.adam_m(), params.adam_v()});
     try {
-      model::ParamStore& params = decoder_.params();
-      const SaveStats stats =
-          zero_shards_.empty()
-              ? checkpoints_->save(params, state_, recipe_to_toml(r_))
-              : checkpoints_->save_snapshot(params.params(), params.total(), state_, recipe_to_toml(r_),
+      SaveStats stats;
+      if (!shards) {
+        stats = checkpoints_->save(params, state_, recipe_to_toml(r_));
+      } else if (r_.async_save) {
+        stats = checkpoints_->save_snapshot(params.params(), params.total(), state_, recipe_to_toml(r_),
                                             [&](float* weights, float* first, float* second) {
                                               std::copy_n(params.weights(), params.total(), weights);
-                                              gather_moments(first, second);
+                                              read_all(*shards, 0, params.total(), first);
+                                              read_all(*shards, 1, params.total(), second);
                                             });
+      } else {
+        stats = checkpoints_->save_streamed(
+            params.params(), params.weights(),
+            [&](int which, int64_t begin, int64_t max_count, int64_t* n) {
+              return shards->read(which, begin, max_count, n);
+            },
+            state_, recipe_to_toml(r_));
+      }
+      if (shards) shards->drain();
       m.checkpoint_s = stats.blocked_s;
     } catch (const Error& e) {
+      if (shards) shards->drain();  // the other ranks are still sending: let them finish
       require(!r_.fail_on_save_error, "checkpoint save failed: {}", e.what());
       progress.message(fmt::format("warning: checkpoint save failed ({}); training continues, next try at the next "
                                    "interval", e.what()));
@@ -249,11 +268,20 @@ class Trainer {
     return flag > 0;
   }
 
-  // ZeRO-1: every rank sends its shard of the Adam moments; rank 0 receives them into m and v.
-  void gather_moments(float* first, float* second) {
+  // ZeRO-1, every rank but 0: its shard of m, then of v (the order dist::ShardReader reads in).
+  void send_moments() {
     model::ParamStore& params = decoder_.params();
-    comm_.gather_shards_to_root(params.adam_m(), first, zero_shards_);
-    comm_.gather_shards_to_root(params.adam_v(), second, zero_shards_);
+    const int64_t n = params.optimizer_range().size();
+    comm_.send_to_root(params.adam_m(), n);
+    comm_.send_to_root(params.adam_v(), n);
+  }
+
+  // Copies stream `which` of the flat moments, [0, total), out of the reader into `out`.
+  static void read_all(dist::ShardReader& shards, int which, int64_t total, float* out) {
+    for (int64_t begin = 0, n = 0; begin < total; begin += n) {
+      const float* p = shards.read(which, begin, total - begin, &n);
+      std::copy_n(p, n, out + begin);
+    }
   }
 
   bool eval_due(int64_t step) const {
