@@ -213,30 +213,67 @@ def test_fsync_eio_continues():
     save_fault_case("fsync_eio_continue", fail_on_save_error=False, op="fsync", error="EIO")
 
 
+def mpirun_with(env):
+    """mpirun for 2 ranks passing `env` (the fault shim's settings) on to them."""
+    env["ASAN_OPTIONS"] += ":detect_leaks=0"  # Open MPI's own leaks at exit (see test-sanitizers.sh)
+    launcher = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1"]
+    for var in env:
+        launcher += ["-x", var]
+    return launcher
+
+
 def test_slow_save_under_mpirun():
-    """dp=2: rank 0 writes a checkpoint on a slow disk while rank 1 waits at the next step. A save
-    slower than comm_timeout_s ends the job with an error that names the save, not a bare "hang";
-    with a timeout above the save's length the same run completes."""
+    """dp=2: rank 0 writes a checkpoint on a slow disk while rank 1 waits (at the next step, or under
+    ZeRO-1 while sending its shard of the moments). A save slower than comm_timeout_s ends the job
+    with an error that names the save, not a bare "hang"; with a timeout above the save's length the
+    same run completes."""
     if not shutil.which("mpirun"):
         print("  skipped: no mpirun")
         return
-    for name, timeout_s in (("slow_save_timeout", 2), ("slow_save_ok", 120)):
+    for name, timeout_s, zero in (("slow_save_timeout", 2, 0), ("slow_save_timeout_zero1", 2, 1),
+                                  ("slow_save_ok", 120, 0)):
         d = os.path.join(WORK, name)
-        path, _ = recipe(name, max_steps=3, save_interval=2, dp_degree=2, comm_timeout_s=timeout_s,
+        path, _ = recipe(name, max_steps=3, save_interval=2, dp_degree=2, comm_timeout_s=timeout_s, zero_stage=zero,
                          checkpoint_dir=os.path.join(d, "ck"))
         env = fault_env(os.path.join(d, "ck"), 0, op="slow")
         env["KEEL_FAULT_SLEEP_S"] = "0.4"  # per fsync: a save makes about 14 (files and directories)
-        env["ASAN_OPTIONS"] += ":detect_leaks=0"  # Open MPI's own leaks at exit (see test-sanitizers.sh)
-        mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1"]
-        for var in env:
-            mpirun += ["-x", var]
-        p = run(["train", path], env=env, timeout=300, launcher=mpirun)
+        p = run(["train", path], env=env, timeout=300, launcher=mpirun_with(env))
         if timeout_s < 100:
             check(p.returncode != 0 and "did not complete within 2 s" in p.output and
                   "checkpoint of step 2, which rank 0 writes" in p.output and "raise comm_timeout_s" in p.output,
-                  "a save slower than comm_timeout_s: the error names the save", p.output)
+                  "%s: a save slower than comm_timeout_s: the error names the save" % name, p.output)
         else:
             check(p.returncode == 0 and steps_of(d) == [1, 2, 3], "the same slow save within the timeout", p.output)
+
+
+def test_zero1_failed_saves_under_mpirun():
+    """ZeRO-1 at dp=2: rank 0's saves fail (disk full) before or while it writes the moments rank 1
+    is sending. Rank 0 still takes every piece, so rank 1 is never left waiting: training goes on
+    and ends as a run without faults does."""
+    if not shutil.which("mpirun"):
+        print("  skipped: no mpirun")
+        return
+    finals = []
+    for name in ("zero1_no_fault", "zero1_enospc_at_once", "zero1_enospc_midway"):
+        budget_bytes = -1 if name == "zero1_no_fault" else 0
+        if name == "zero1_enospc_midway":  # the weights fit, the disk fills halfway through the moments
+            step2 = os.path.join(WORK, "zero1_no_fault", "ck", "step-00000002")
+            budget_bytes = os.path.getsize(os.path.join(step2, "weights.safetensors")) + \
+                os.path.getsize(os.path.join(step2, "optimizer.safetensors")) // 2
+        d = os.path.join(WORK, name)
+        ck = os.path.join(d, "ck")
+        path, _ = recipe(name, dp_degree=2, zero_stage=1, checkpoint_dir=ck, save_interval=2,
+                         fail_on_save_error=False, comm_timeout_s=10)
+        env = fault_env(ck, budget_bytes)
+        p = run(["train", path], env=env, timeout=300, launcher=mpirun_with(env))
+        ok = check(p.returncode == 0 and steps_of(d) == list(range(1, 7)),
+                   "%s: training continues through the failed saves and exits 0" % name, p.output)
+        if budget_bytes >= 0:
+            check("checkpoint save failed" in p.output and "No space left on device" in p.output,
+                  "%s: a warning says the save failed" % name, p.output)
+        if ok:
+            finals.append(final_bytes(d))
+    check(len(finals) == 3 and finals[0] == finals[1] == finals[2], "failed ZeRO-1 saves do not change the training")
 
 
 def test_full_tmpfs():

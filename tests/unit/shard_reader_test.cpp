@@ -105,6 +105,21 @@ TEST(ShardReader, RefusesToGoBackToAPieceAlreadyPassed) {
   EXPECT_TRUE(f.comm.all_received());
 }
 
+TEST(ShardReader, ReadAllReceivesEachStreamStraightIntoPlace) {
+  Fixture f(5 * kShardPiece + 77, 3);
+  ShardReader reader = f.reader();
+  const int64_t total = f.shards.back().end;
+  std::vector<float> out(static_cast<size_t>(total));
+  EXPECT_THROW(reader.read_all(1, out.data()), Error);  // stream 0 first
+  for (int stream = 0; stream < 2; ++stream) {
+    std::fill(out.begin(), out.end(), -1.0f);
+    reader.read_all(stream, out.data());
+    for (int64_t i = 0; i < total; ++i) ASSERT_EQ(out[size_t(i)], value(stream, i)) << "stream " << stream << " at " << i;
+  }
+  EXPECT_TRUE(f.comm.all_received());
+  reader.drain();  // nothing left: a no-op
+}
+
 TEST(ShardReader, TinyModelsWithEmptyShards) {
   Fixture f(20, 4);  // 16-element alignment: shards of 16, 4, 0, 0 elements
   ShardReader reader = f.reader();

@@ -65,6 +65,17 @@ const float* ShardReader::read(int stream, int64_t begin, int64_t max_count, int
   return buffer_.data() + (begin - piece_begin);
 }
 
+void ShardReader::read_all(int stream, float* out) {
+  require(held_.stream < 0 && (done(next_) || next_.stream == stream), "ShardReader: read_all of stream {} out of order",
+          stream);
+  std::copy_n(local_[size_t(stream)], shards_[0].size(), out);
+  for (; !done(next_) && next_.stream == stream; next_ = next_of(next_)) {
+    const FlatRange shard = shards_[size_t(next_.rank)];
+    const int64_t begin = shard.begin + next_.index * kShardPiece;
+    comm_.receive_piece(next_.rank, out + begin, std::min(kShardPiece, shard.end - begin));
+  }
+}
+
 void ShardReader::drain() {
   while (!done(next_)) receive_next();
 }

@@ -27,6 +27,10 @@ class ShardReader {
   // Reads must not go back: (stream, begin) only increases from one call to the next.
   const float* read(int stream, int64_t begin, int64_t max_count, int64_t* n);
 
+  // The whole of stream `stream` into out[0, total): pieces are received straight into place.
+  // Only in order: stream 0, then 1, before any read().
+  void read_all(int stream, float* out);
+
   // Receives every piece not read yet. Call once after the last read, also when writing failed.
   void drain();
 

@@ -384,7 +384,7 @@ void write_tensor_data(AtomicFileWriter& out, const TensorToWrite& t, uint64_t n
   std::vector<uint16_t> buffer(dtype == DType::F32 ? 0 : std::min(n, kChunk));
   for (size_t start = 0; start < n;) {
     int64_t count = int64_t(std::min(kChunk, n - start));
-    const float* src = t.data + start;
+    const float* src = t.read ? nullptr : t.data + start;
     if (t.read) {
       src = t.read(int64_t(start), count, &count);
       require(src != nullptr && count > 0 && size_t(count) <= std::min(kChunk, n - start),

@@ -218,7 +218,8 @@ class Trainer {
     }
     model::ParamStore& params = decoder_.params();
     std::optional<dist::ShardReader> shards;  // ZeRO-1: the other ranks' moments, as they arrive
-    if (!zero_shards_.empty()) shards.emplace(comm_, zero_shards_, std::vector<const float*>{params.adam_m(), params.adam_v()});
+    if (!zero_shards_.empty())
+      shards.emplace(comm_, zero_shards_, std::vector<const float*>{params.adam_m(), params.adam_v()});
     try {
       SaveStats stats;
       if (!shards) {
@@ -227,8 +228,8 @@ class Trainer {
         stats = checkpoints_->save_snapshot(params.params(), params.total(), state_, recipe_to_toml(r_),
                                             [&](float* weights, float* first, float* second) {
                                               std::copy_n(params.weights(), params.total(), weights);
-                                              read_all(*shards, 0, params.total(), first);
-                                              read_all(*shards, 1, params.total(), second);
+                                              shards->read_all(0, first);
+                                              shards->read_all(1, second);
                                             });
       } else {
         stats = checkpoints_->save_streamed(
@@ -245,6 +246,9 @@ class Trainer {
       require(!r_.fail_on_save_error, "checkpoint save failed: {}", e.what());
       progress.message(fmt::format("warning: checkpoint save failed ({}); training continues, next try at the next "
                                    "interval", e.what()));
+    } catch (...) {
+      if (shards) shards->drain();
+      throw;
     }
     m.step_time_s += m.checkpoint_s;
   }
@@ -271,18 +275,13 @@ class Trainer {
   // ZeRO-1, every rank but 0: its shard of m, then of v (the order dist::ShardReader reads in).
   void send_moments() {
     model::ParamStore& params = decoder_.params();
-    const int64_t n = params.optimizer_range().size();
+    const int64_t n = zero_shards_[size_t(comm_.rank())].size();  // what ShardReader expects of this rank
+    require(n == params.optimizer_range().size(), "ZeRO-1: this rank's shard ({}) is not its optimizer range ({})", n,
+            params.optimizer_range().size());
     comm_.send_to_root(params.adam_m(), n);
     comm_.send_to_root(params.adam_v(), n);
   }
 
-  // Copies stream `which` of the flat moments, [0, total), out of the reader into `out`.
-  static void read_all(dist::ShardReader& shards, int which, int64_t total, float* out) {
-    for (int64_t begin = 0, n = 0; begin < total; begin += n) {
-      const float* p = shards.read(which, begin, total - begin, &n);
-      std::copy_n(p, n, out + begin);
-    }
-  }
 
   bool eval_due(int64_t step) const {
     if (!eval_loader_) return false;
