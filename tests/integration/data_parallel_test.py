@@ -59,6 +59,11 @@ def train(path, ranks, *extra, timeout=300):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
+def why(r):
+    """A failed run's output tail, for a check's message (nothing when it succeeded)."""
+    return "" if r.returncode == 0 else " (%s)" % (r.stdout + r.stderr)[-800:]
+
+
 def results(name):
     with open(os.path.join(WORK, name, "metrics.jsonl")) as f:
         metrics = [json.loads(l) for l in f if l.strip()]
@@ -122,7 +127,7 @@ def test_keel_launch():
                 extra = extra + [hostfile]
             r = subprocess.run([KEEL, "launch", "-n", "2"] + extra + [path], capture_output=True, text=True,
                                timeout=300)
-        if not check(r.returncode == 0, name + ("" if r.returncode == 0 else " (%s)" % (r.stdout + r.stderr)[-800:])):
+        if not check(r.returncode == 0, name + why(r)):
             return
         with open(os.path.join(WORK, name, "final", "model.safetensors"), "rb") as f:
             finals.append(f.read())
@@ -198,6 +203,39 @@ def test_zero1_resume_and_determinism():
     if not check(r.returncode == 0 and "resumed from" in r.stdout, "ZeRO-1 resume (%s)" % (r.stdout + r.stderr)[-500:]):
         return
     check(final_bytes("zero_split") == finals[0], "ZeRO-1 resumed from its checkpoint ends bit-identical")
+
+
+def test_resume_on_another_number_of_ranks():
+    """A run stopped after step 2 resumes on another number of ranks with the accumulation changed
+    to keep the global batch (2 ranks x 2 <-> 1 rank x 4; ZeRO-1 on 2 ranks too): the same losses
+    and final weights as the uninterrupted run, up to the reduction order. A different global batch
+    is refused."""
+    one, two = {"dp_degree": 1, "gradient_accumulation_steps": 4}, {"dp_degree": 2, "gradient_accumulation_steps": 2}
+    whole = write_recipe("elastic_whole", **one)
+    r = train(whole, 1)
+    if not check(r.returncode == 0, "uninterrupted run" + why(r)):
+        return
+    m0, w0 = results("elastic_whole")
+    for name, first, then in (("elastic_2_to_1", dict(two), one), ("elastic_1_to_2", one, dict(two, zero_stage=1))):
+        ckpt = {"checkpoint_dir": os.path.join(WORK, name, "ckpt"), "save_interval": 1}
+        r = train(write_recipe(name, **first, **ckpt), first["dp_degree"], "--stop-after", "2")
+        if not check(r.returncode == 0, "%s: first part%s" % (name, why(r))):
+            continue
+        r = train(write_recipe(name, **then, **ckpt), then["dp_degree"], "--resume", "auto")
+        if not check(r.returncode == 0 and "resumed from" in r.stdout,
+                     "%s: resumed on %d rank(s)%s" % (name, then["dp_degree"], why(r))):
+            continue
+        m, w = results(name)
+        worst = max(rel(a["loss"], b["loss"]) for a, b in zip(m, m0))
+        check([x["step"] for x in m] == [1, 2, 3, 4, 5] and worst <= 1e-6,
+              "%s: same losses as the uninterrupted run (worst %.2e)" % (name, worst))
+        worst, where = max_rel_l2(w, w0)
+        check(worst <= 1e-5, "%s: same final weights (worst relative L2 %.2e, %s)" % (name, worst, where))
+    # Accumulation 2 on 1 rank is half the global batch: refused, naming the key.
+    r = train(write_recipe("elastic_1_to_2", dp_degree=1, gradient_accumulation_steps=2,
+                           checkpoint_dir=os.path.join(WORK, "elastic_1_to_2", "ckpt")), 1, "--resume", "auto")
+    check(r.returncode == 2 and "gradient_accumulation_steps x dp_degree" in r.stderr,
+          "a resume with another global batch is refused (%s)" % r.stderr.strip()[-300:])
 
 
 def test_zero1_plan_halves_optimizer_memory():

@@ -166,8 +166,19 @@ class Trainer {
 
  private:
   // The recipe keys that decide which samples each step sees and how they are computed: a resume
-  // with any of them changed could not continue the run, so it is refused.
+  // with any of them changed could not continue the run, so it is refused. The world size is not
+  // one of them, only the global batch: micro-batch i of rank r is the step's (i * ranks + r)-th
+  // whatever the number of ranks, so a run may resume on another number of ranks with the
+  // accumulation changed to keep gradient_accumulation_steps x dp_degree (a lost node, a bigger
+  // allocation).
   static std::string compat_fingerprint(const Recipe& r) {
+    return fingerprint_of(fmt::format("{}|{}|{}|global {}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
+                                      r.gradient_accumulation_steps * r.dp_degree, r.seed, r.shuffle,
+                                      r.model_config ? "scratch" : "loaded"));
+  }
+  // What checkpoints written before the above recorded: the same keys, accumulation and world size
+  // apart. Such a checkpoint resumes with both unchanged.
+  static std::string compat_fingerprint_v1(const Recipe& r) {
     return fingerprint_of(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
                                       r.gradient_accumulation_steps, r.seed, r.shuffle, r.dp_degree,
                                       r.model_config ? "scratch" : "loaded"));
@@ -189,9 +200,11 @@ class Trainer {
             "{}: the checkpoint was written for a different model (architecture or sizes changed)", path);
     require(saved.data_fingerprint == state_.data_fingerprint,
             "{}: the checkpoint was written for different training data ({} changed)", path, r_.data_path);
-    require(saved.compat_fingerprint == state_.compat_fingerprint,
-            "{}: the recipe changed in a key that decides the batches (dtype, max_seq_len, batch_size, "
-            "gradient_accumulation_steps, seed, shuffle or dp_degree); resuming would not continue the same run",
+    require(saved.compat_fingerprint == state_.compat_fingerprint ||
+                saved.compat_fingerprint == compat_fingerprint_v1(r_),
+            "{}: the recipe changed in a key that decides the batches (dtype, max_seq_len, batch_size, seed, "
+            "shuffle, or the global batch gradient_accumulation_steps x dp_degree); resuming would not continue the "
+            "same run",
             path);
     require(saved.step <= max_steps_, "{}: the checkpoint is at step {}, past max_steps = {}", path, saved.step,
             max_steps_);
