@@ -39,6 +39,8 @@
 #include <new>
 #include <random>
 
+#include "keel/dist/communicator.h"
+#include "keel/dist/grad_buckets.h"
 #include "keel/model/decoder.h"
 #include "keel/train/model_setup.h"
 #include "keel/train/optimizer.h"
@@ -70,6 +72,10 @@ constexpr int kStacks = 4, kFrames = 16;
 void* g_stacks[kStacks][kFrames];
 int g_stack_depth[kStacks];
 thread_local bool t_in_hook = false;
+// When set, only allocations of threads that set t_counted are counted (data parallel: the
+// training thread, not the communication thread, whose MPI calls allocate inside Open MPI).
+std::atomic<bool> g_this_thread_only{false};
+thread_local bool t_counted = false;
 
 // Allocations made while counting that are not freed yet: a fixed open-addressing set (no
 // allocation of its own), guarded by a spin lock because oneDNN's threads allocate too.
@@ -109,6 +115,7 @@ void forget(void* ptr) {
 // Classifies and counts one allocation; `caller` is the allocator's return address.
 void count_allocation(void* caller) {
   if (!g_counting.load(std::memory_order_relaxed) || t_in_hook) return;
+  if (g_this_thread_only.load(std::memory_order_relaxed) && !t_counted) return;
   Origin origin = kKeel;
   if (t_in_onednn > 0 || g_onednn_forking.load(std::memory_order_relaxed) > 0)
     origin = kOneDnnExecute;
@@ -123,7 +130,8 @@ void count_allocation(void* caller) {
 }
 
 void* counted(void* ptr, void* caller) {
-  if (g_counting.load(std::memory_order_relaxed) && !t_in_hook) {
+  if (g_counting.load(std::memory_order_relaxed) && !t_in_hook &&
+      (!g_this_thread_only.load(std::memory_order_relaxed) || t_counted)) {
     count_allocation(caller);
     remember(ptr);
   }
@@ -398,6 +406,79 @@ TEST(NoAllocationParallelAttention, SteadyStateStepsAllocateNothing) {
 TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
   expect_no_allocation({"llama", model::Precision::BF16, false, 256, true}, 5);
   expect_no_allocation({"qwen2", model::Precision::F32, true, 200, true}, 5);  // a tail block of 8 rows
+}
+
+// Data parallel (run under mpirun by ctest's mpi.no_allocation; skipped in a single process): the
+// training thread's steady-state steps allocate nothing either — queueing each bucket's collective
+// as the backward pass finishes it, the step totals, waiting, and under ZeRO-1 the reduce-scatter,
+// the sharded update and the weight all-gather. The communication thread is not counted: its MPI
+// calls allocate inside Open MPI (the allreduce's scratch buffer), outside keel's control.
+void expect_no_allocation_in_data_parallel_steps(bool zero1) {
+  if (!dist::launched_by_mpi()) GTEST_SKIP() << "runs under mpirun (ctest -R mpi.no_allocation)";
+  static auto comm = dist::make_communicator(60);  // one MPI session for the whole process
+  const int ranks = comm->size();
+  train::ScratchModel m;
+  m.family = "llama";
+  m.vocab_size = 500;
+  m.hidden_size = 64;
+  m.intermediate_size = 128;
+  m.num_layers = 2;
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  const auto config = train::scratch_model_config(m);
+  const int64_t batch = 2, seq = 32;
+  model::DecoderOptions options{false, true, 0};
+  if (zero1) {
+    options.optimizer_shards = ranks;
+    options.optimizer_shard = comm->rank();
+  }
+  model::Decoder decoder(config, model::Precision::BF16, batch, seq, options);
+  decoder.init_random(1);
+  model::ParamStore& params = decoder.params();
+  train::AdamW optimizer(params, {0.9, 0.999, 1e-8, 0.01});
+  const std::vector<FlatRange> shards = zero1 ? shard_ranges(params.total(), ranks) : std::vector<FlatRange>{};
+  std::vector<dist::ParamSpan> spans;
+  for (const auto& p : params.params()) spans.push_back({p.offset, p.numel});
+  dist::GradBuckets buckets(spans, 4096, zero1 ? &shards : nullptr);  // many small buckets: many collectives
+  decoder.set_grad_ready_hook([&](int param) { buckets.param_ready(param); });
+  const Batch b = random_batch(batch, seq, config.vocab_size, 7 + uint64_t(comm->rank()));
+
+  auto step = [&](int64_t number) {
+    double totals[2] = {double(batch * (seq - 1)), double(batch * seq)};
+    comm->allreduce_sum(totals, 2);
+    params.zero_grads();
+    buckets.begin(params.grads(), *comm, false);
+    model::MicroBatch mb{batch, seq, b.ids.data(), b.targets.data(), b.positions.data(), nullptr};
+    double sums[2] = {decoder.forward_backward(mb, 1.0 / totals[0]), 0.0};
+    buckets.finish();
+    const FlatRange mine = params.optimizer_range();
+    if (zero1) sums[1] = train::gradient_sum_of_squares(params, mine);
+    comm->allreduce_sum(sums, 2);
+    const double norm = zero1 ? std::sqrt(sums[1]) : train::gradient_norm(params);
+    train::clip_gradients(params, norm, 1.0, mine);
+    optimizer.step(1e-3, number);
+    if (zero1) {
+      comm->wait(comm->allgather_shards_async(params.weights(), shards));
+      for (const FlatRange& other : shards)
+        if (other.begin != mine.begin) params.refresh_bf16_copy(other);
+    }
+  };
+  step(1);  // warm-up
+  t_counted = true;
+  g_this_thread_only = true;
+  const auto n = allocations_during([&] {
+    for (int64_t s = 2; s < 6; ++s) step(s);
+  });
+  g_this_thread_only = false;
+  t_counted = false;
+  EXPECT_GT(buckets.buckets().size(), size_t(4));
+  EXPECT_EQ(n.by_origin[kKeel], 0) << "the training thread allocated in a data-parallel step (call stacks above)";
+  EXPECT_EQ(n.outstanding, 0) << "an allocation made during a step outlived it";
+}
+
+TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothing) { expect_no_allocation_in_data_parallel_steps(false); }
+TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroOne) {
+  expect_no_allocation_in_data_parallel_steps(true);
 }
 
 }  // namespace

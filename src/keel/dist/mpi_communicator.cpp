@@ -9,8 +9,6 @@
 #include <cstdio>
 #include <cstring>
 #include <condition_variable>
-#include <deque>
-#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -24,6 +22,21 @@ namespace keel::dist {
 namespace {
 
 class MpiCommunicator final : public Communicator {
+  enum class Op { Allreduce, ReduceScatter, AllgatherShards, SendToRoot, ReceivePiece, SumDoubles, Broadcast,
+                  Allgather, Barrier };
+  // A queued operation, as plain data (see submit).
+  struct Job {
+    Ticket ticket = 0;
+    Op op = Op::Barrier;
+    void* data = nullptr;                            // the buffer operated on (received into, for allgather)
+    const void* in = nullptr;                        // what allgather and send_to_root send
+    int64_t n = 0;                                   // elements (bytes for broadcast and allgather)
+    FlatRange range{};                               // reduce-scatter's range of `data`
+    const std::vector<FlatRange>* shards = nullptr;  // ZeRO-1's shards (kept alive by the caller)
+    bool deterministic = false;
+    int peer = 0;                                    // broadcast's root, receive_piece's source
+  };
+
  public:
   explicit MpiCommunicator(double timeout_s) : timeout_s_(timeout_s) {
     worker_ = std::thread([this] { loop(); });
@@ -46,66 +59,25 @@ class MpiCommunicator final : public Communicator {
   std::string name() const override { return name_; }
 
   Ticket allreduce_sum_async(float* data, int64_t n, bool deterministic) override {
-    return submit("allreduce of " + std::to_string(n) + " gradients", [this, data, n, deterministic] {
-      for_each_chunk(data, n, kReducePiece, [&](float* p, int count) {
-        if (deterministic)
-          ordered_sum(p, count);
-        else
-          check(MPI_Allreduce(MPI_IN_PLACE, p, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-      });
-    });
+    return submit({.op = Op::Allreduce, .data = data, .n = n, .deterministic = deterministic});
   }
 
   Ticket reduce_scatter_sum_async(float* data, FlatRange range, const std::vector<FlatRange>& shards,
                                   bool deterministic) override {
-    return submit("reduce-scatter of " + std::to_string(range.size()) + " gradients",
-                  [this, data, range, &shards, deterministic] {
-                    if (deterministic) {
-                      // Pieces of kReducePiece elements in all: bounded scratch, int counts and displacements.
-                      const int64_t piece = std::max<int64_t>(1, kReducePiece / size_);
-                      for (int64_t b = range.begin; b < range.end; b += piece)
-                        ordered_reduce_scatter(data, {b, std::min(b + piece, range.end)}, shards);
-                      return;
-                    }
-                    // Open MPI 4.1's MPI_Reduce_scatter is slower here than its MPI_Allreduce of the whole
-                    // range (shared memory, 2 ranks, 418 MB in 25 MB buckets: 0.15-0.17 s against
-                    // 0.11 s, bench/allreduce_bandwidth --zero), although it moves half the bytes; so
-                    // the range is all-reduced and this rank keeps its part. A transport whose
-                    // reduce-scatter is cheaper (NCCL, HCCL) implements this interface with it.
-                    for_each_chunk(data + range.begin, range.size(), kReducePiece, [&](float* p, int count) {
-                      check(MPI_Allreduce(MPI_IN_PLACE, p, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-                    });
-                  });
+    return submit(
+        {.op = Op::ReduceScatter, .data = data, .range = range, .shards = &shards, .deterministic = deterministic});
   }
 
-  // Each rank broadcasts its shard in turn: at two ranks the same traffic as a ring all-gather, and
-  // no int displacement limits the size of the buffer.
   Ticket allgather_shards_async(float* data, const std::vector<FlatRange>& shards) override {
-    return submit("all-gather of the updated weights", [this, data, &shards] {
-      for (int q = 0; q < size_; ++q)
-        for_each_chunk(data + shards[size_t(q)].begin, shards[size_t(q)].size(), kMaxCount, [&](float* p, int count) {
-          check(MPI_Bcast(p, count, MPI_FLOAT, q, MPI_COMM_WORLD), "MPI_Bcast");
-        });
-    });
+    return submit({.op = Op::AllgatherShards, .data = data, .shards = &shards});
   }
 
   void send_to_root(const float* data, int64_t n) override {
-    wait(submit("sending this rank's optimizer-state shard to rank 0", [this, data, n] {
-      for_each_chunk(data, n, kShardPiece, [&](const float* p, int count) {
-        check(MPI_Send(p, count, MPI_FLOAT, 0, kShardTag, MPI_COMM_WORLD), "MPI_Send");
-      });
-    }));
+    wait(submit({.op = Op::SendToRoot, .in = data, .n = n}));
   }
 
   void receive_piece(int source, float* out, int64_t count) override {
-    wait(submit(fmt::format("receiving rank {}'s optimizer-state shard", source), [this, source, out, count] {
-      MPI_Status status;
-      check(MPI_Recv(out, int(count), MPI_FLOAT, source, kShardTag, MPI_COMM_WORLD, &status), "MPI_Recv");
-      int received = 0;
-      MPI_Get_count(&status, MPI_FLOAT, &received);
-      require(received == count, "rank {}: expected a piece of {} floats from rank {}, received {}", rank_, count,
-              source, received);
-    }));
+    wait(submit({.op = Op::ReceivePiece, .data = out, .n = count, .peer = source}));
   }
 
   void wait(Ticket ticket) override {
@@ -113,7 +85,7 @@ class MpiCommunicator final : public Communicator {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
     while (completed_ < ticket) {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && completed_ < ticket) {
-        const std::string what = pending_name_;
+        const std::string what = describe(running_);
         lock.unlock();
         abort(fmt::format("rank {}: '{}' did not complete within {} s: another rank died or hangs "
                           "(raise comm_timeout_s if steps are legitimately slower){}",
@@ -123,31 +95,17 @@ class MpiCommunicator final : public Communicator {
     if (!failure_.empty()) abort(failure_);
   }
 
-  void allreduce_sum(double* data, int64_t n) override {
-    wait(submit("allreduce of step totals", [this, data, n] {
-      std::vector<double> all(size_t(n) * size_);
-      check(MPI_Allgather(data, int(n), MPI_DOUBLE, all.data(), int(n), MPI_DOUBLE, MPI_COMM_WORLD), "MPI_Allgather");
-      for (int64_t i = 0; i < n; ++i) {
-        double sum = 0;
-        for (int r = 0; r < size_; ++r) sum += all[size_t(r) * n + i];  // rank order: identical everywhere
-        data[i] = sum;
-      }
-    }));
-  }
+  void allreduce_sum(double* data, int64_t n) override { wait(submit({.op = Op::SumDoubles, .data = data, .n = n})); }
 
   void broadcast(void* data, int64_t bytes, int root) override {
-    wait(submit("broadcast", [this, data, bytes, root] { check(MPI_Bcast(data, int(bytes), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast"); }));
+    wait(submit({.op = Op::Broadcast, .data = data, .n = bytes, .peer = root}));
   }
 
   void allgather(const void* in, void* out, int64_t bytes) override {
-    wait(submit("allgather", [this, in, out, bytes] {
-      check(MPI_Allgather(in, int(bytes), MPI_BYTE, out, int(bytes), MPI_BYTE, MPI_COMM_WORLD), "MPI_Allgather");
-    }));
+    wait(submit({.op = Op::Allgather, .data = out, .in = in, .n = bytes}));
   }
 
-  void barrier() override {
-    wait(submit("barrier", [this] { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }));
-  }
+  void barrier() override { wait(submit({.op = Op::Barrier})); }
 
   // Exiting without MPI_Finalize makes the launcher (mpirun) terminate every other rank and
   // report which one failed; MPI_Abort would need the MPI thread, which may be the stuck one.
@@ -210,11 +168,115 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  Ticket submit(std::string what, std::function<void()> op) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back({++submitted_, std::move(what), std::move(op)});
+  // Queues a job. Jobs are plain data in a fixed ring: queueing allocates nothing, so a training
+  // step's collectives keep the step loop free of heap allocations.
+  Ticket submit(Job job) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [this] { return queued_ < ring_.size(); });  // full: the communication thread drains it
+    job.ticket = ++submitted_;
+    ring_[(head_ + queued_) % ring_.size()] = job;
+    ++queued_;
     cv_.notify_all();
     return submitted_;
+  }
+
+  void execute(const Job& job) {
+    switch (job.op) {
+      case Op::Allreduce: {
+        float* data = static_cast<float*>(job.data);
+        for_each_chunk(data, job.n, kReducePiece, [&](float* p, int count) {
+          if (job.deterministic)
+            ordered_sum(p, count);
+          else
+            check(MPI_Allreduce(MPI_IN_PLACE, p, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+        });
+        return;
+      }
+      case Op::ReduceScatter: {
+        float* data = static_cast<float*>(job.data);
+        const FlatRange range = job.range;
+        if (job.deterministic) {
+          // Pieces of kReducePiece elements in all: bounded scratch, int counts and displacements.
+          const int64_t piece = std::max<int64_t>(1, kReducePiece / size_);
+          for (int64_t b = range.begin; b < range.end; b += piece)
+            ordered_reduce_scatter(data, {b, std::min(b + piece, range.end)}, *job.shards);
+          return;
+        }
+        // Open MPI 4.1's MPI_Reduce_scatter is slower here than its MPI_Allreduce of the whole range
+        // (shared memory, 2 ranks, 418 MB in 25 MB buckets: 0.11-0.20 s against 0.09 s,
+        // bench/allreduce_bandwidth --zero), although it moves half the bytes; so the range is
+        // all-reduced and this rank keeps its part. A transport whose reduce-scatter is cheaper
+        // (NCCL, HCCL) implements this interface with it.
+        for_each_chunk(data + range.begin, range.size(), kReducePiece, [&](float* p, int count) {
+          check(MPI_Allreduce(MPI_IN_PLACE, p, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+        });
+        return;
+      }
+      case Op::AllgatherShards: {
+        // Each rank broadcasts its shard in turn: at two ranks the same traffic as a ring
+        // all-gather, and no int displacement limits the size of the buffer.
+        float* data = static_cast<float*>(job.data);
+        for (int q = 0; q < size_; ++q) {
+          const FlatRange shard = (*job.shards)[size_t(q)];
+          for_each_chunk(data + shard.begin, shard.size(), kMaxCount, [&](float* p, int count) {
+            check(MPI_Bcast(p, count, MPI_FLOAT, q, MPI_COMM_WORLD), "MPI_Bcast");
+          });
+        }
+        return;
+      }
+      case Op::SendToRoot:
+        for_each_chunk(static_cast<const float*>(job.in), job.n, kShardPiece, [&](const float* p, int count) {
+          check(MPI_Send(p, count, MPI_FLOAT, 0, kShardTag, MPI_COMM_WORLD), "MPI_Send");
+        });
+        return;
+      case Op::ReceivePiece: {
+        MPI_Status status;
+        check(MPI_Recv(job.data, int(job.n), MPI_FLOAT, job.peer, kShardTag, MPI_COMM_WORLD, &status), "MPI_Recv");
+        int received = 0;
+        MPI_Get_count(&status, MPI_FLOAT, &received);
+        require(received == job.n, "rank {}: expected a piece of {} floats from rank {}, received {}", rank_, job.n,
+                job.peer, received);
+        return;
+      }
+      case Op::SumDoubles: {  // small, and always in rank order: identical on every rank
+        double* data = static_cast<double*>(job.data);
+        sum_buffer_.resize(size_t(job.n) * size_t(size_));
+        check(MPI_Allgather(data, int(job.n), MPI_DOUBLE, sum_buffer_.data(), int(job.n), MPI_DOUBLE, MPI_COMM_WORLD),
+              "MPI_Allgather");
+        for (int64_t i = 0; i < job.n; ++i) {
+          double sum = 0;
+          for (int r = 0; r < size_; ++r) sum += sum_buffer_[size_t(r) * size_t(job.n) + size_t(i)];
+          data[i] = sum;
+        }
+        return;
+      }
+      case Op::Broadcast:
+        check(MPI_Bcast(job.data, int(job.n), MPI_BYTE, job.peer, MPI_COMM_WORLD), "MPI_Bcast");
+        return;
+      case Op::Allgather:
+        check(MPI_Allgather(job.in, int(job.n), MPI_BYTE, job.data, int(job.n), MPI_BYTE, MPI_COMM_WORLD),
+              "MPI_Allgather");
+        return;
+      case Op::Barrier:
+        check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+        return;
+    }
+  }
+
+  // What a job is, in words: for the error of a wait that timed out.
+  std::string describe(const Job& job) const {
+    switch (job.op) {
+      case Op::Allreduce: return fmt::format("allreduce of {} gradients", job.n);
+      case Op::ReduceScatter: return fmt::format("reduce-scatter of {} gradients", job.range.size());
+      case Op::AllgatherShards: return "all-gather of the updated weights";
+      case Op::SendToRoot: return "sending this rank's optimizer-state shard to rank 0";
+      case Op::ReceivePiece: return fmt::format("receiving rank {}'s optimizer-state shard", job.peer);
+      case Op::SumDoubles: return "allreduce of step totals";
+      case Op::Broadcast: return "broadcast";
+      case Op::Allgather: return "allgather";
+      case Op::Barrier: return "barrier";
+    }
+    return "collective";
   }
 
   void loop() {
@@ -242,15 +304,17 @@ class MpiCommunicator final : public Communicator {
       Job job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [this] { return !queue_.empty() || stopping_; });
-        if (queue_.empty()) break;
-        job = std::move(queue_.front());
-        queue_.pop_front();
-        pending_name_ = job.what;
+        cv_.wait(lock, [this] { return queued_ > 0 || stopping_; });
+        if (queued_ == 0) break;
+        job = ring_[head_];
+        head_ = (head_ + 1) % ring_.size();
+        --queued_;
+        running_ = job;
       }
+      cv_.notify_all();  // a submit waiting for room
       std::string error;
       try {
-        job.op();
+        execute(job);
       } catch (const std::exception& e) {
         error = e.what();
       }
@@ -264,11 +328,6 @@ class MpiCommunicator final : public Communicator {
     MPI_Finalize();
   }
 
-  struct Job {
-    Ticket ticket = 0;
-    std::string what;
-    std::function<void()> op;
-  };
 
   double timeout_s_;
   int rank_ = 0, size_ = 1;
@@ -276,15 +335,19 @@ class MpiCommunicator final : public Communicator {
   std::thread worker_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<Job> queue_;
+  std::vector<Job> ring_ = std::vector<Job>(kQueueCapacity);  // queued jobs: [head_, head_ + queued_)
+  size_t head_ = 0, queued_ = 0;
+  Job running_;  // the job the communication thread took last
   Ticket submitted_ = 0, completed_ = 0;
-  std::string pending_name_, failure_, init_error_;
+  std::string failure_, init_error_;
   bool initialized_ = false, stopping_ = false;
   std::vector<float> gather_buffer_;
+  std::vector<double> sum_buffer_;
   std::vector<int> counts_, offsets_, receive_counts_, receive_offsets_;  // used by the communication thread only
   static constexpr int64_t kMaxCount = int64_t(1) << 30;  // MPI counts are int
   static constexpr int kShardTag = 17;  // send_to_root's messages (collectives use their own context)
   static constexpr int64_t kReducePiece = kMpiReducePiece;  // see mpi_communicator.h
+  static constexpr size_t kQueueCapacity = 1024;            // a step queues one job per bucket, and a few
 };
 
 }  // namespace
