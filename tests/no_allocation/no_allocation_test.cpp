@@ -323,16 +323,21 @@ struct StepCase {
 
 // forward_backward over accumulated micro-batches, the gradient norm, clipping and AdamW: counted
 // over `steps` steps after one warm-up step.
-AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
+// The small model every case trains: 2 layers, hidden 64, vocabulary 500.
+model::ModelConfig small_model(const char* family) {
   train::ScratchModel m;
-  m.family = param.family;
+  m.family = family;
   m.vocab_size = 500;
   m.hidden_size = 64;
   m.intermediate_size = 128;
   m.num_layers = 2;
   m.num_heads = 4;
   m.num_kv_heads = 2;
-  const auto config = train::scratch_model_config(m);
+  return train::scratch_model_config(m);
+}
+
+AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
+  const auto config = small_model(param.family);
   const int64_t batch = 2, seq = param.seq, accumulation = 2;
   model::Decoder decoder(config, param.precision, batch, seq, {param.checkpointing, true, 0});
   decoder.init_random(1);
@@ -417,15 +422,7 @@ void expect_no_allocation_in_data_parallel_steps(bool zero1) {
   if (!dist::launched_by_mpi()) GTEST_SKIP() << "runs under mpirun (ctest -R mpi.no_allocation)";
   static auto comm = dist::make_communicator(60);  // one MPI session for the whole process
   const int ranks = comm->size();
-  train::ScratchModel m;
-  m.family = "llama";
-  m.vocab_size = 500;
-  m.hidden_size = 64;
-  m.intermediate_size = 128;
-  m.num_layers = 2;
-  m.num_heads = 4;
-  m.num_kv_heads = 2;
-  const auto config = train::scratch_model_config(m);
+  const auto config = small_model("llama");
   const int64_t batch = 2, seq = 32;
   model::DecoderOptions options{false, true, 0};
   if (zero1) {
