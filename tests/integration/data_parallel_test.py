@@ -2,8 +2,9 @@
 """Data parallel over MPI (mpirun -np 2): same losses and weights as dp=1 with doubled gradient
 accumulation (shuffled or not), bit-identical reruns with deterministic_reduce, ZeRO-1 equal to
 non-sharded training (fp32 and bf16, checkpoints and resume included) with half the optimizer
-memory per rank, keel launch (with a hostfile too) equal to mpirun, a clear error for a dp_degree that disagrees with the world size, for ranks
-started with different recipes, and for a rank that dies.
+memory per rank, resuming on another number of ranks, keel launch (with a hostfile too) equal to
+mpirun, and a clear error for a dp_degree that disagrees with the world size, for ranks started
+with different recipes, for a rank that dies and for one that hangs.
 
     /usr/bin/python3 tests/integration/data_parallel_test.py KEEL
 """
@@ -293,6 +294,40 @@ def test_killed_rank():
     check("rank" in out and ("exited on signal 9" in out or "did not complete" in out),
           "the error names the rank (%s)" % out.strip()[-400:])
     check(time.time() - killed_at < 45, "the job ended %.1f s after the kill" % (time.time() - killed_at))
+
+
+def test_hung_rank():
+    """A rank that stops responding (SIGSTOP: alive, but never reaching the next collective) ends
+    the job within comm_timeout_s with an error naming the waiting rank and the operation."""
+    path = write_recipe("hung", dp_degree=2, max_steps=1000000, comm_timeout_s=10)
+    p = subprocess.Popen(MPIRUN + ["-np", "2", KEEL, "train", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
+    metrics = os.path.join(WORK, "hung", "metrics.jsonl")
+    start = time.time()
+    while time.time() - start < 60 and not (os.path.exists(metrics) and os.path.getsize(metrics) > 0):
+        time.sleep(0.1)
+    ranks = subprocess.run(["pgrep", "-f", "keel train %s" % path], capture_output=True, text=True).stdout.split()
+    ranks = [int(x) for x in ranks if int(x) != p.pid]
+    if not check(len(ranks) >= 2, "two rank processes are running (%s)" % ranks):
+        p.kill()
+        return
+    os.kill(max(ranks), signal.SIGSTOP)
+    stopped_at = time.time()
+    try:
+        out, _ = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out = ""
+    finally:
+        for pid in ranks:  # the stopped rank, if the launcher left it behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    check(p.returncode not in (0, None), "the job fails when a rank hangs (exit %s)" % p.returncode)
+    check("did not complete within 10 s" in out and "another rank died or hangs" in out,
+          "the waiting rank names the operation it timed out in (%s)" % [l for l in out.splitlines() if "error:" in l])
+    check(time.time() - stopped_at < 45, "the job ended %.1f s after the rank stopped" % (time.time() - stopped_at))
 
 
 def main():
