@@ -172,7 +172,15 @@ class MpiCommunicator final : public Communicator {
   // step's collectives keep the step loop free of heap allocations.
   Ticket submit(Job job) {
     std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [this] { return queued_ < ring_.size(); });  // full: the communication thread drains it
+    // Full (a thousand collectives queued): the communication thread drains it, unless a peer died.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+    if (!cv_.wait_until(lock, deadline, [this] { return queued_ < ring_.size(); })) {
+      const std::string what = describe(running_);
+      lock.unlock();
+      abort(fmt::format("rank {}: '{}' did not complete within {} s, and {} more collectives are queued behind it: "
+                        "another rank died or hangs (raise comm_timeout_s if steps are legitimately slower)",
+                        rank_, what, timeout_s_, ring_.size()));
+    }
     job.ticket = ++submitted_;
     ring_[(head_ + queued_) % ring_.size()] = job;
     ++queued_;
