@@ -269,65 +269,53 @@ def test_different_recipes():
     check(r.returncode != 0 and "different recipe" in out, "ranks with different recipes are refused (%s)" % out[-300:])
 
 
-def test_killed_rank():
-    path = write_recipe("killed", dp_degree=2, max_steps=1000000, comm_timeout_s=20)
-    start = time.time()
+def signal_a_rank(name, sig, comm_timeout_s):
+    """Starts an endless dp=2 run, sends `sig` to one rank once steps are being written, and waits
+    (60 s at most) for the job to end. Returns (exit status or None, output, seconds it took to end)."""
+    path = write_recipe(name, dp_degree=2, max_steps=1000000, comm_timeout_s=comm_timeout_s)
     p = subprocess.Popen(MPIRUN + ["-np", "2", KEEL, "train", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          text=True)
-    metrics = os.path.join(WORK, "killed", "metrics.jsonl")
+    metrics = os.path.join(WORK, name, "metrics.jsonl")
+    start = time.time()
     while time.time() - start < 60 and not (os.path.exists(metrics) and os.path.getsize(metrics) > 0):
         time.sleep(0.1)
     ranks = subprocess.run(["pgrep", "-f", "keel train %s" % path], capture_output=True, text=True).stdout.split()
     ranks = [int(x) for x in ranks if int(x) != p.pid]
-    if not check(len(ranks) >= 2, "two rank processes are running (%s)" % ranks):
+    if not check(len(ranks) >= 2, "%s: two rank processes are running (%s)" % (name, ranks)):
         p.kill()
-        return
-    os.kill(max(ranks), signal.SIGKILL)
-    killed_at = time.time()
+        return None, "", 0.0
+    os.kill(max(ranks), sig)
+    sent_at = time.time()
+    out = ""
     try:
         out, _ = p.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         p.kill()
-        check(False, "the job did not end within 60 s of a rank dying")
-        return
-    check(p.returncode != 0, "the job fails when a rank dies (exit %d)" % p.returncode)
+    finally:
+        for pid in ranks:  # a stopped rank, if the launcher left it behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return p.returncode, out, time.time() - sent_at
+
+
+def test_killed_rank():
+    code, out, took = signal_a_rank("killed", signal.SIGKILL, 20)
+    check(code not in (0, None), "the job fails when a rank dies (exit %s)" % code)
     check("rank" in out and ("exited on signal 9" in out or "did not complete" in out),
           "the error names the rank (%s)" % out.strip()[-400:])
-    check(time.time() - killed_at < 45, "the job ended %.1f s after the kill" % (time.time() - killed_at))
+    check(took < 45, "the job ended %.1f s after the kill" % took)
 
 
 def test_hung_rank():
     """A rank that stops responding (SIGSTOP: alive, but never reaching the next collective) ends
     the job within comm_timeout_s with an error naming the waiting rank and the operation."""
-    path = write_recipe("hung", dp_degree=2, max_steps=1000000, comm_timeout_s=10)
-    p = subprocess.Popen(MPIRUN + ["-np", "2", KEEL, "train", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True)
-    metrics = os.path.join(WORK, "hung", "metrics.jsonl")
-    start = time.time()
-    while time.time() - start < 60 and not (os.path.exists(metrics) and os.path.getsize(metrics) > 0):
-        time.sleep(0.1)
-    ranks = subprocess.run(["pgrep", "-f", "keel train %s" % path], capture_output=True, text=True).stdout.split()
-    ranks = [int(x) for x in ranks if int(x) != p.pid]
-    if not check(len(ranks) >= 2, "two rank processes are running (%s)" % ranks):
-        p.kill()
-        return
-    os.kill(max(ranks), signal.SIGSTOP)
-    stopped_at = time.time()
-    try:
-        out, _ = p.communicate(timeout=60)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        out = ""
-    finally:
-        for pid in ranks:  # the stopped rank, if the launcher left it behind
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    check(p.returncode not in (0, None), "the job fails when a rank hangs (exit %s)" % p.returncode)
+    code, out, took = signal_a_rank("hung", signal.SIGSTOP, 10)
+    check(code not in (0, None), "the job fails when a rank hangs (exit %s)" % code)
     check("did not complete within 10 s" in out and "another rank died or hangs" in out,
           "the waiting rank names the operation it timed out in (%s)" % [l for l in out.splitlines() if "error:" in l])
-    check(time.time() - stopped_at < 45, "the job ended %.1f s after the rank stopped" % (time.time() - stopped_at))
+    check(took < 45, "the job ended %.1f s after the rank stopped" % took)
 
 
 def main():
