@@ -35,7 +35,11 @@ def check(cond, what):
     return cond
 
 
-def write_recipe(name, **overrides):
+SMALL_MODEL = {"vocab_size": 40, "hidden_size": 32, "intermediate_size": 48, "num_layers": 2, "num_heads": 4,
+               "num_kv_heads": 2}
+
+
+def write_recipe(name, model=None, **overrides):
     keys = {"data_path": os.path.join(WORK, "train.jsonl"), "output_dir": os.path.join(WORK, name),
             "dtype": "fp32", "max_seq_len": 16, "batch_size": 2, "gradient_accumulation_steps": 2,
             "learning_rate": 3e-3, "warmup_steps": 1, "max_steps": 5, "seed": 11, "shuffle": True,
@@ -47,8 +51,7 @@ def write_recipe(name, **overrides):
     # llama: no q/k/v biases. The k bias has an exactly zero true gradient (softmax is invariant to
     # adding the same q.b_k to every score), so Adam turns rounding noise there into lr-sized steps
     # of random sign in any implementation; it cannot be compared across reduction orders.
-    text += ('[model_config]\nfamily = "llama"\nvocab_size = 40\nhidden_size = 32\nintermediate_size = 48\n'
-             'num_layers = 2\nnum_heads = 4\nnum_kv_heads = 2\n')
+    text += '[model_config]\nfamily = "llama"\n' + "".join("%s = %d\n" % kv for kv in (model or SMALL_MODEL).items())
     path = os.path.join(WORK, name + ".toml")
     with open(path, "w") as f:
         f.write(text)
@@ -177,6 +180,30 @@ def compare_zero1(dtype, async_save):
 def test_zero1_equals_replicated():
     compare_zero1("fp32", async_save=False)
     compare_zero1("bf16", async_save=True)  # also: each rank refreshes the bf16 copy of the other's shard
+
+
+def test_zero1_checkpoint_spans_pieces():
+    """A model whose ZeRO-1 shards are larger than one 16 MB message (9.3M parameters: each rank's
+    slice of m and of v goes to rank 0 in two pieces): the streamed synchronous save and the
+    gathered asynchronous one write the same bytes as replicated training does."""
+    model = {"vocab_size": 8192, "hidden_size": 512, "intermediate_size": 64, "num_layers": 1, "num_heads": 4,
+             "num_kv_heads": 2}
+    files = {}
+    for tag, zero, async_save in (("replicated", 0, False), ("zero1_streamed", 1, False), ("zero1_async", 1, True)):
+        name = "pieces_" + tag
+        ckpt = os.path.join(WORK, name, "ckpt")
+        r = train(write_recipe(name, model=model, dp_degree=2, zero_stage=zero, async_save=async_save, max_steps=2,
+                               gradient_accumulation_steps=1, checkpoint_dir=ckpt, save_interval=2), 2)
+        if not check(r.returncode == 0, "%s run%s" % (tag, why(r))):
+            return
+        step = os.path.join(ckpt, "step-00000002")
+        files[tag] = []
+        for f in ("weights.safetensors", "optimizer.safetensors"):
+            with open(os.path.join(step, f), "rb") as fh:
+                files[tag].append(fh.read())
+    check(files["zero1_streamed"] == files["replicated"],
+          "ZeRO-1's streamed save writes the same weights and optimizer files as replicated training")
+    check(files["zero1_async"] == files["replicated"], "so does ZeRO-1's asynchronous save")
 
 
 def test_zero1_resume_and_determinism():
