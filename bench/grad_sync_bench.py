@@ -10,7 +10,11 @@ step still waits for after the backward pass: metrics.jsonl grad_sync_s) and its
 bus bandwidth of the allreduce the gradients need (bench/allreduce_bandwidth, same buffer size,
 same bucket size).
 
-    /usr/bin/python3 bench/grad_sync_bench.py --keel build/keel [--small] [--steps 4] [--zero 1]
+    /usr/bin/python3 bench/grad_sync_bench.py --keel build/keel [--small] [--steps 4] [--zero 1] [--repeat 3]
+
+On a shared machine one run can be off by a rank slowed by other work (the "after backward" row
+then shows that skew); --repeat R runs both configurations R times, alternating, and prints each
+run and the median of the runs.
 """
 import argparse
 import json
@@ -29,6 +33,7 @@ MPIRUN = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", 
 
 
 def run_dp2(a, model_dir, overlap):
+    """One training run at dp=2: (median step time, median exposed sync, median wait for the other rank)."""
     out = os.path.join(a.work, "out_overlap" if overlap else "out_after")
     recipe = os.path.join(a.work, "recipe.toml")
     with open(recipe, "w") as f:
@@ -58,6 +63,7 @@ def main():
     p.add_argument("--bucket-mb", type=float, default=25)
     p.add_argument("--zero", type=int, choices=[0, 1], default=0,
                    help="ZeRO stage: 1 reduce-scatters the buckets and all-gathers the updated weights")
+    p.add_argument("--repeat", type=int, default=1, help="runs of each configuration, alternating")
     a = p.parse_args()
     # The workload's sizes: the throughput benchmark's defaults (or its --small).
     sys.argv = [sys.argv[0], "--keel", a.keel, "--work", a.work, "--steps", str(2 * a.steps), "--dtype", a.dtype] + \
@@ -73,19 +79,31 @@ def main():
     bw_tool = os.path.join(os.path.dirname(os.path.abspath(a.keel)), "bench", "allreduce_bandwidth")
     bw = json.loads(subprocess.check_output(MPIRUN + [bw_tool, "--mb", str(a.bucket_mb), "--total-mb",
                                                       "%.0f" % grads_mb]).decode().strip().splitlines()[-1])
-    results = {overlap: run_dp2(a, model_dir, overlap) for overlap in (False, True)}
+    runs = {False: [], True: []}
+    for _ in range(max(1, a.repeat)):
+        for overlap in (False, True):
+            runs[overlap].append(run_dp2(a, model_dir, overlap))
 
     print("model: llama hidden %d, %d layers, vocab %d; seq %d x batch %d per rank, %s, dp=2 (mpirun -np 2, 1 thread"
           " per rank), buckets of %g MB, ZeRO-%d" % (a.hidden, a.layers, a.vocab, a.seq, a.batch, a.dtype,
                                                     a.bucket_mb, a.zero))
     print("raw MPI allreduce (%s): %.0f MB in %g MB buckets: %.3f s, bus bandwidth %.2f GB/s" %
           (bw["communicator"], bw["bytes"] / 2**20, a.bucket_mb, bw["seconds"], bw["busbw_GBps"]))
-    for overlap in (False, True):
-        step, sync, wait = results[overlap]
+    def show(label, step, sync, wait):
         print("%-28s step %7.3f s   exposed grad sync %6.3f s = %5.2f%% of the step (of which %.3f s waiting for "
-              "the other rank at the step's first collective)" %
-              ("overlapped with backward:" if overlap else "after backward (baseline):", step, sync, 100 * sync / step,
-               wait))
+              "the other rank at the step's first collective)" % (label, step, sync, 100 * sync / step, wait))
+
+    for overlap in (False, True):
+        label = "overlapped with backward:" if overlap else "after backward (baseline):"
+        if len(runs[overlap]) > 1:
+            for i, run in enumerate(runs[overlap]):
+                show("  run %d, %s" % (i + 1, "overlapped" if overlap else "after backward"), *run)
+            shares = sorted(100 * sync / step for step, sync, _ in runs[overlap])
+            label = "%s (median of %d runs; shares %s%%)" % (label[:-1], len(shares),
+                                                           ", ".join("%.2f" % x for x in shares))
+            print(label)
+            label = ""
+        show(label, *[statistics.median(run[i] for run in runs[overlap]) for i in range(3)])
 
 
 if __name__ == "__main__":
