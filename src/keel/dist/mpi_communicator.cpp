@@ -84,13 +84,7 @@ class MpiCommunicator final : public Communicator {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
     while (completed_ < ticket) {
-      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && completed_ < ticket) {
-        const std::string what = describe(running_);
-        lock.unlock();
-        abort(fmt::format("rank {}: '{}' did not complete within {} s: another rank died or hangs "
-                          "(raise comm_timeout_s if steps are legitimately slower){}",
-                          rank_, what, timeout_s_, wait_context_.empty() ? "" : ". " + wait_context_));
-      }
+      if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && completed_ < ticket) timed_out(lock);
     }
     if (!failure_.empty()) abort(failure_);
   }
@@ -118,6 +112,16 @@ class MpiCommunicator final : public Communicator {
  private:
   void check(int rc, const char* what) {
     if (rc != MPI_SUCCESS) throw Error(fmt::format("rank {}: {} failed (MPI error {})", rank_, what, rc));
+  }
+
+  // In-place sum over ranks of p[0, n), handed to MPI in pieces of at most kReducePiece floats.
+  void sum_in_pieces(float* p, int64_t n, bool deterministic) {
+    for_each_chunk(p, n, kReducePiece, [&](float* piece, int count) {
+      if (deterministic)
+        ordered_sum(piece, count);
+      else
+        check(MPI_Allreduce(MPI_IN_PLACE, piece, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+    });
   }
 
   // Fixed-order sum: gather every rank's contribution, add them in rank order.
@@ -174,13 +178,7 @@ class MpiCommunicator final : public Communicator {
     std::unique_lock<std::mutex> lock(mutex_);
     // Full (a thousand collectives queued): the communication thread drains it, unless a peer died.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
-    if (!cv_.wait_until(lock, deadline, [this] { return queued_ < ring_.size(); })) {
-      const std::string what = describe(running_);
-      lock.unlock();
-      abort(fmt::format("rank {}: '{}' did not complete within {} s, and {} more collectives are queued behind it: "
-                        "another rank died or hangs (raise comm_timeout_s if steps are legitimately slower)",
-                        rank_, what, timeout_s_, ring_.size()));
-    }
+    if (!cv_.wait_until(lock, deadline, [this] { return queued_ < ring_.size(); })) timed_out(lock);
     job.ticket = ++submitted_;
     ring_[(head_ + queued_) % ring_.size()] = job;
     ++queued_;
@@ -190,16 +188,9 @@ class MpiCommunicator final : public Communicator {
 
   void execute(const Job& job) {
     switch (job.op) {
-      case Op::Allreduce: {
-        float* data = static_cast<float*>(job.data);
-        for_each_chunk(data, job.n, kReducePiece, [&](float* p, int count) {
-          if (job.deterministic)
-            ordered_sum(p, count);
-          else
-            check(MPI_Allreduce(MPI_IN_PLACE, p, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-        });
+      case Op::Allreduce:
+        sum_in_pieces(static_cast<float*>(job.data), job.n, job.deterministic);
         return;
-      }
       case Op::ReduceScatter: {
         float* data = static_cast<float*>(job.data);
         const FlatRange range = job.range;
@@ -215,9 +206,7 @@ class MpiCommunicator final : public Communicator {
         // bench/allreduce_bandwidth --zero), although it moves half the bytes; so the range is
         // all-reduced and this rank keeps its part. A transport whose reduce-scatter is cheaper
         // (NCCL, HCCL) implements this interface with it.
-        for_each_chunk(data + range.begin, range.size(), kReducePiece, [&](float* p, int count) {
-          check(MPI_Allreduce(MPI_IN_PLACE, p, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
-        });
+        sum_in_pieces(data + range.begin, range.size(), false);
         return;
       }
       case Op::AllgatherShards: {
@@ -269,6 +258,16 @@ class MpiCommunicator final : public Communicator {
         check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
         return;
     }
+  }
+
+  // A wait (for a ticket, or for room in the ring) ran past the timeout: the job the communication
+  // thread is in never completes, so a peer died or hangs.
+  [[noreturn]] void timed_out(std::unique_lock<std::mutex>& lock) {
+    const std::string what = describe(running_);
+    lock.unlock();
+    abort(fmt::format("rank {}: '{}' did not complete within {} s: another rank died or hangs "
+                      "(raise comm_timeout_s if steps are legitimately slower){}",
+                      rank_, what, timeout_s_, wait_context_.empty() ? "" : ". " + wait_context_));
   }
 
   // What a job is, in words: for the error of a wait that timed out.

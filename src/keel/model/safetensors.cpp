@@ -336,8 +336,8 @@ std::vector<uint64_t> tensor_bytes(const std::string& where, const std::vector<T
       require(!__builtin_mul_overflow(numel, d, &numel), "{}: tensor '{}': shape {} overflows", where, t.name,
               shape_text(t.shape));
     }
-    require(numel == 0 || t.data != nullptr || t.read, "{}: tensor '{}': expected data for shape {}, found a null pointer", where,
-            t.name, shape_text(t.shape));
+    require(numel == 0 || t.data != nullptr || t.read,
+            "{}: tensor '{}': expected data for shape {}, found a null pointer", where, t.name, shape_text(t.shape));
     uint64_t bytes = 0;
     require(!__builtin_mul_overflow(uint64_t(numel), uint64_t(dtype_size(dtype)), &bytes), "{}: tensor '{}': too large",
             where, t.name);
@@ -384,11 +384,13 @@ void write_tensor_data(AtomicFileWriter& out, const TensorToWrite& t, uint64_t n
   std::vector<uint16_t> buffer(dtype == DType::F32 ? 0 : std::min(n, kChunk));
   for (size_t start = 0; start < n;) {
     int64_t count = int64_t(std::min(kChunk, n - start));
-    const float* src = t.read ? nullptr : t.data + start;
+    const float* src = nullptr;
     if (t.read) {
       src = t.read(int64_t(start), count, &count);
       require(src != nullptr && count > 0 && size_t(count) <= std::min(kChunk, n - start),
               "tensor '{}': its source returned no data at element {}", t.name, start);
+    } else {
+      src = t.data + start;
     }
     if (dtype == DType::F32) {
       out.write(src, size_t(count) * sizeof(float));

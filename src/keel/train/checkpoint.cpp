@@ -41,6 +41,14 @@ std::vector<model::TensorToWrite> tensors_of(const std::vector<model::Param>& la
   return out;
 }
 
+// Moments held whole in memory, as a MomentSource.
+CheckpointWriter::MomentSource moments_in(const float* m, const float* v) {
+  return [m, v](int which, int64_t begin, int64_t max_count, int64_t* n) {
+    *n = max_count;
+    return (which == 0 ? m : v) + begin;
+  };
+}
+
 // The moments "m.<name>" (which = 0) or "v.<name>" (which = 1), read from `source`.
 std::vector<model::TensorToWrite> moment_tensors(const std::vector<model::Param>& layout,
                                                  const CheckpointWriter::MomentSource& source, int which) {
@@ -131,10 +139,7 @@ CheckpointWriter::~CheckpointWriter() {
 
 void CheckpointWriter::write(const std::vector<model::Param>& layout, const float* weights, const float* m,
                              const float* v, const TrainingState& state, const std::string& recipe) {
-  write(layout, weights, [m, v](int which, int64_t begin, int64_t max_count, int64_t* n) {
-    *n = max_count;
-    return (which == 0 ? m : v) + begin;
-  }, state, recipe);
+  write(layout, weights, moments_in(m, v), state, recipe);
 }
 
 void CheckpointWriter::write(const std::vector<model::Param>& layout, const float* weights,
@@ -178,9 +183,7 @@ SaveStats CheckpointWriter::save(model::ParamStore& params, const TrainingState&
       parallel_copy(m, params.adam_m(), n);
       parallel_copy(v, params.adam_v(), n);
     });
-  const auto t0 = Clock::now();
-  write(params.params(), params.weights(), params.adam_m(), params.adam_v(), state, recipe);
-  return {std::chrono::duration<double>(Clock::now() - t0).count(), false};
+  return save_streamed(params.params(), params.weights(), moments_in(params.adam_m(), params.adam_v()), state, recipe);
 }
 
 SaveStats CheckpointWriter::save_streamed(const std::vector<model::Param>& layout, const float* weights,
