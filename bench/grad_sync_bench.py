@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Exposed gradient-synchronisation share of the step at dp=2, with and without overlap, next to
 the raw MPI allreduce bandwidth measured in the same invocation.
 
@@ -10,7 +10,7 @@ step still waits for after the backward pass: metrics.jsonl grad_sync_s) and its
 bus bandwidth of the allreduce the gradients need (bench/allreduce_bandwidth, same buffer size,
 same bucket size).
 
-    /usr/bin/python3 bench/grad_sync_bench.py --keel build/keel [--small] [--steps 4] [--zero 1] [--repeat 3]
+    $(scripts/python-env.sh) bench/grad_sync_bench.py --keel build/keel [--small] [--steps 4] [--zero 1] [--repeat 3]
 
 On a shared machine one run can be off by a rank slowed by other work (the "after backward" row
 then shows that skew); --repeat R runs both configurations R times, alternating, and prints each

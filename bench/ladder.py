@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The optimization ladder (`keel bench ladder`) on a text recipe of moderate size: English text
 records from the machine's own documentation (/usr/share/doc changelogs and copyright files;
 generated sentences where there is none), a byte-level BPE tokenizer trained on them with
 `keel tokenizer train`, and a new Llama-style model. Prints the four-row table (docs/performance.md).
 
-    /usr/bin/python3 bench/ladder.py KEEL [--dp 2] [--steps 8] [--repeat 3] [--mb 8]
+    $(scripts/python-env.sh) bench/ladder.py KEEL [--dp 2] [--steps 8] [--repeat 3] [--mb 8]
         [--hidden 256] [--layers 4] [--keep]
 
 --hidden 64 --layers 2 makes the compute cheap enough for the data stage to show.

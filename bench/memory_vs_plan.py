@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Planned memory (`keel plan`) next to the measured peak RSS of `keel train`, on the same model.
 
 Builds the bench model of train_vs_pytorch.py (random Llama: hidden 768, 12 layers, 12 heads,
@@ -10,7 +10,7 @@ figure (the arena and what the trainer holds once steps run) is compared with th
 during the steps, apart from the setup, where weight files are mapped while they load. With --torch, also
 PyTorch's peak RSS on the same model and batch (bf16 autocast), as train_vs_pytorch.py runs it.
 
-    /usr/bin/python3 bench/memory_vs_plan.py --keel build/keel [--steps 3] [--small] [--torch] [--dp 2 [--zero 1]] [--save sync|async]
+    $(scripts/python-env.sh) bench/memory_vs_plan.py --keel build/keel [--steps 3] [--small] [--torch] [--dp 2 [--zero 1]] [--save sync|async]
 """
 import argparse
 import importlib.util

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """keel prepare throughput (MB/s of JSONL) with 1 and 2 threads, and peak RSS on a >= 1 GB file.
 
-    /usr/bin/python3 bench/prepare_bench.py KEEL [--scaling-mb 200] [--big-gb 1.0] [--keep]
+    $(scripts/python-env.sh) bench/prepare_bench.py KEEL [--scaling-mb 200] [--big-gb 1.0] [--keep]
 
 Generates chat and text JSONL under /tmp (deleted at the end), trains a small tokenizer with
 `keel tokenizer train`, then runs `keel prepare`. Goals (issue 3): >= 1.8x from 1 to 2 threads,

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """How keel's training throughput and MFU change with the amount of work: sequence lengths
 512/1024/2048/4096 on the speed issue's 134M-parameter model, and a ~1B-parameter model.
 
@@ -8,7 +8,7 @@ Micro-batches hold 2048 tokens where the sequence allows (batch = 2048 / seq, at
 longer sequences change the attention share, not the GEMM sizes. MFU counts (6N + 12·L·T·d)
 FLOPs per token against the bf16 matmul peak measured in the same run.
 
-    /usr/bin/python3 bench/scaling.py --keel build/keel [--quick] [--skip-1b]
+    $(scripts/python-env.sh) bench/scaling.py --keel build/keel [--quick] [--skip-1b]
 """
 import argparse
 import json

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Training-step throughput of keel next to PyTorch on the same model and the same data.
 
 Builds a random Llama-architecture checkpoint (default: the reference workload of the speed
@@ -8,7 +8,7 @@ fused q/k/v and gate/up projections, torch.optim.AdamW) in separate processes, a
 tokens/s of each, their ratio, keel's MFU against the bf16 matmul peak measured in the same run,
 and the peak RSS of both processes.
 
-    /usr/bin/python3 bench/train_vs_pytorch.py --keel build/keel [--steps 4] [--small]
+    $(scripts/python-env.sh) bench/train_vs_pytorch.py --keel build/keel [--steps 4] [--small]
 """
 import argparse
 import json

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Configures and builds keel (Release, Ninja, ccache when present) into build/.
+#   scripts/build.sh                   configure + build
+#   scripts/build.sh --configure-only  configure only (scripts/check-fresh-machine.sh --configure-only)
+# KEEL_PYTHON (set by scripts/test.sh from scripts/python-env.sh) is the reference environment's
+# python for the Python tests; without it they are registered but fail saying how to get it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=${KEEL_JOBS:-$(nproc)}
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+args=(-S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release)
+[ -z "${KEEL_PYTHON:-}" ] || args+=("-DKEEL_PYTHON=$KEEL_PYTHON")
+cmake "${args[@]}" >/dev/null
+[ "${1:-}" = --configure-only ] && exit 0
 cmake --build build -j "$jobs"

@@ -6,13 +6,17 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build ccache pkg-config
   libdnnl-dev            # oneDNN: GEMM primitives
+  ocl-icd-opencl-dev     # Debian's oneDNN is built with its OpenCL runtime: dnnl-config.cmake
+                         # calls find_package(OpenCL), and libdnnl-dev only *recommends* it
   libfmt-dev libsimdjson-dev libtomlplusplus-dev libcli11-dev libxxhash-dev
   libhwloc-dev           # hwloc: machine topology for keel topo and rank binding
   libgtest-dev
   libopenmpi-dev openmpi-bin  # data parallel over MPI
   libpcre2-dev libicu-dev  # tokenizers: pre-tokenizer regexes (PCRE2 JIT), Unicode normalization (ICU)
   zlib1g-dev libzstd-dev   # keel prepare: .jsonl.gz and .jsonl.zst input
-  python3-torch python3-numpy  # PyTorch reference tests and benchmarks (/usr/bin/python3)
+  libopenblas0-pthread   # a real BLAS for numpy/torch peers (the reference BLAS runs 25x slower)
+  python3 python3-venv  # the reference/peer environment (scripts/python-env.sh) is a venv
+  ca-certificates curl git
 )
 
 missing=()

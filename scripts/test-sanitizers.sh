@@ -12,10 +12,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh >/dev/null
+KEEL_PYTHON=$(scripts/python-env.sh)
 jobs=${KEEL_JOBS:-$(nproc)}
 start=$(date +%s)
 
-cmake --preset asan >/dev/null
+cmake --preset asan "-DKEEL_PYTHON=$KEEL_PYTHON" >/dev/null
 cmake --build --preset asan -j "$jobs"
 built=$(date +%s)
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Data parallel over MPI (mpirun -np 2): same losses and weights as dp=1 with doubled gradient
 accumulation (shuffled or not), bit-identical reruns with deterministic_reduce, ZeRO-1 equal to
 non-sharded training (fp32 and bf16, checkpoints and resume included) with half the optimizer
@@ -6,7 +6,7 @@ memory per rank, resuming on another number of ranks, keel launch (with a hostfi
 mpirun, and a clear error for a dp_degree that disagrees with the world size, for ranks started
 with different recipes, for a rank that dies and for one that hangs.
 
-    /usr/bin/python3 tests/integration/data_parallel_test.py KEEL
+    $(scripts/python-env.sh) tests/integration/data_parallel_test.py KEEL
 """
 import json
 import os

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Fault injection for keel train: failing disks and corrupt inputs.
 
 Writes that fail: an LD_PRELOAD shim (fault_shim.c, compiled here) makes write() fail with
@@ -14,7 +14,7 @@ binary garbage or invalid UTF-8, a binary recipe: each exits with status 2 and a
 file. (Corrupt checkpoints are tests/integration/trainer_test.py's; killed ranks are
 tests/integration/data_parallel_test.py's.)
 
-    /usr/bin/python3 tests/integration/fault_injection_test.py KEEL [--only NAME] [--verbose]
+    $(scripts/python-env.sh) tests/integration/fault_injection_test.py KEEL [--only NAME] [--verbose]
 """
 import glob
 import json

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The baseline modes of `keel bench ladder` and the ladder itself, end to end:
 
 - data_pipeline = "on_the_fly" (records tokenized on the training thread) trains on exactly the
@@ -10,7 +10,7 @@
 - `keel bench ladder` at dp=1 (twice round, --repeat 2) and dp=2 under mpirun when it is
   installed: four rows with positive throughput, ladder.json, and the same losses in every row.
 
-    /usr/bin/python3 tests/integration/ladder_test.py KEEL
+    $(scripts/python-env.sh) tests/integration/ladder_test.py KEEL
 """
 import json
 import os

@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """keel prepare end to end: a tokenizer trained by `keel tokenizer train`, chat records of every
 shape plus bad lines, the bad-record report and threshold, packing vs padding, gzip/zstd input
 giving the same shards as plain JSONL, and thread-count independence.
 
-    /usr/bin/python3 tests/integration/prepare_test.py KEEL
+    $(scripts/python-env.sh) tests/integration/prepare_test.py KEEL
 """
 import gzip
 import json

@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """keel train end to end: progress output in both modes, metrics/summary/plot files, evaluation,
 SIGINT, NaN handling, bit-exact resume, SIGKILL crash recovery and corrupt checkpoints.
 
-    /usr/bin/python3 tests/integration/trainer_test.py KEEL [--only NAME]
+    $(scripts/python-env.sh) tests/integration/trainer_test.py KEEL [--only NAME]
 """
 import json
 import os

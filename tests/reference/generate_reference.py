@@ -1,8 +1,8 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """keel generate against PyTorch: greedy continuations of the same prompts are token-identical for
 every family (tiny random HF checkpoints built here; no tokenizer needed, ids in and out).
 
-    /usr/bin/python3 tests/reference/generate_reference.py --keel build/keel --work DIR
+    $(scripts/python-env.sh) tests/reference/generate_reference.py --keel build/keel --work DIR
 """
 import argparse
 import os
