@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """keel export end to end: checkpoints of tiny trained models written as HF model directories.
 
 Checks the exported tensors against the checkpoint's fp32 master weights (fp32 exactly; bf16 and
@@ -8,7 +8,7 @@ tokenizer files (in keel export and in output_dir/final), that the exports load 
 (train and generate) and in the PyTorch reference implementation (tests/reference/hf_models.py,
 when torch is installed), and clear errors for a corrupt checkpoint and bad arguments.
 
-    /usr/bin/python3 tests/integration/export_test.py KEEL [--only NAME]
+    $(scripts/python-env.sh) tests/integration/export_test.py KEEL [--only NAME]
 """
 import json
 import os
@@ -197,27 +197,38 @@ def generate_ids(model_dir, prompt="1,2,3,4", n=6):
 
 
 def torch_reference():
-    """tests/reference/hf_models.py (PyTorch), or None when torch is not installed."""
-    try:
-        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
-        import hf_models
-        return hf_models
-    except ImportError as e:
-        print("  (PyTorch reference skipped: %s)" % e)
-        return None
+    """tests/reference/hf_models.py: transformers' model classes and an independent safetensors
+    reader (the reference environment always has them: a missing import fails the test)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+    import hf_models
+    return hf_models
 
 
 def check_torch_loads(model_dir, what):
-    """The export loads in the PyTorch implementation of its HF architecture and continues a
-    prompt with the same greedy tokens as keel."""
+    """The export loads with transformers' from_pretrained (its own config and weight reading;
+    the original ChatGLM format, which transformers has no class for, through the reference's
+    conversion), gives the logits of the reference model built from the tensors as read
+    independently, and continues a prompt with the same greedy tokens as keel."""
     hm = torch_reference()
-    if hm is None:
-        return
-    _, _, model = hm.load_model(model_dir)  # strict: every tensor name and shape must match
+    import torch
+    import transformers
+    with open(os.path.join(model_dir, "config.json")) as f:
+        family = hm.family_of_config(json.load(f))
+    _, _, ref = hm.load_model(model_dir)  # strict: every tensor name and shape must match
+    if family == "glm_original":
+        model = ref
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model.eval()
+        ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]])
+        with torch.no_grad():
+            got, want = model(input_ids=ids).logits, hm.logits(ref, ids)
+        err = float((got - want).abs().max() / want.abs().max())
+        check(err == 0.0, "%s: from_pretrained gives the reference's logits (max rel diff %.1e)" % (what, err))
     prompt = [1, 2, 3, 4]
     expected = hm.greedy_generate(model, prompt, 6)
     check(generate_ids(model_dir, ",".join(map(str, prompt))) == expected,
-          "%s: keel and PyTorch continue the prompt identically (%s)" % (what, expected))
+          "%s: keel and transformers' generate continue the prompt identically (%s)" % (what, expected))
 
 
 # --- tests -----------------------------------------------------------------------------------------
@@ -233,12 +244,10 @@ def test_weights_dtypes_and_shards():
     r = export(step2, "--to", out, "--dtype", "fp32")
     if check(r.returncode == 0, "export of a step directory in fp32 (%s)" % r.stderr.strip()):
         check_weights(out, step2, "llama", "fp32", "step 2, fp32")
-        hm = torch_reference()
-        if hm is not None:  # the rounding computed here is PyTorch's
-            import torch
-            w = read_safetensors(os.path.join(step2, "weights.safetensors"))[0]["embed"][1]
-            t = torch.from_numpy(w.copy()).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
-            check(np.array_equal(t, bf16_bits(w)), "bf16 rounding here equals torch's .to(torch.bfloat16)")
+        import torch  # the rounding computed here is torch's
+        w = read_safetensors(os.path.join(step2, "weights.safetensors"))[0]["embed"][1]
+        t = torch.from_numpy(w.copy()).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        check(np.array_equal(t, bf16_bits(w)), "bf16 rounding here equals torch's .to(torch.bfloat16)")
         check(config_of(out)["torch_dtype"] == "float32", "config.json says float32")
         check("step 2" in r.stdout, "the output names the step exported (%s)" % r.stdout.strip())
         check_torch_loads(out, "llama fp32 export")

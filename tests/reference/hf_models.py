@@ -1,8 +1,7 @@
-"""PyTorch reference implementations of the decoder-only model families keel supports, plus a
-self-contained safetensors reader/writer.
-
-Only the Python standard library, torch and numpy are used (no transformers, no safetensors
-package), so the reference tests run with Debian's python3-torch.
+"""The reference models of the decoder-only families keel supports -- transformers' own classes,
+built from a config.json and a {tensor name: tensor} dict -- plus a self-contained safetensors
+reader/writer (kept independent of the safetensors package, so that a bug shared by keel and that
+package's reading cannot hide).
 
 Families (tensor names and config keys follow the Hugging Face checkpoints exactly):
   llama         LlamaForCausalLM               rotate_half RoPE, pairs (i, i + d/2)
@@ -13,8 +12,8 @@ Families (tensor names and config keys follow the Hugging Face checkpoints exact
                                                RoPE over the first kv_channels/2 channels,
                                                base 10000 * rope_ratio
 
-The modules' parameter names ARE the checkpoint tensor names (model.state_dict() can be written
-as is), so optimizer state, weight decay grouping and comparisons work directly on HF names.
+build_model/load_weights/model_tensors speak the family's checkpoint names; the model's parameter
+names are transformers' (the same, except glm_original, which runs as GlmForCausalLM).
 """
 import json
 import math
@@ -23,9 +22,14 @@ import struct
 from dataclasses import dataclass
 
 import numpy as np
+
+# Nothing is downloaded at run time, and the tests' logs are not progress bars.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
+import transformers
 
 FAMILIES = ("llama", "qwen2", "glm", "glm_original")
 
@@ -264,6 +268,8 @@ def make_config(family, vocab_size=256, hidden_size=64, intermediate_size=96, nu
             "max_position_embeddings": max_position_embeddings,
             "tie_word_embeddings": bool(tie_word_embeddings) if tie_word_embeddings is not None else False,
             "hidden_act": "silu", "torch_dtype": "float32", "attention_bias": True,
+            # GlmConfig's default pad id is GLM-4's (151329), beyond a tiny vocabulary
+            "pad_token_id": None,
         }
     if family == "glm_original":
         return {
@@ -338,239 +344,72 @@ def spec_from_config(cfg):
 # Modules
 # --------------------------------------------------------------------------------------------
 
-class RMSNorm(nn.Module):
-    """LlamaRMSNorm: normalize in fp32, cast back to the input dtype, then scale."""
-
-    def __init__(self, dim, eps):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x):
-        input_dtype = x.dtype
-        h = x.to(torch.float32)
-        var = h.pow(2).mean(-1, keepdim=True)
-        h = h * torch.rsqrt(var + self.eps)
-        return self.weight * h.to(input_dtype)
+# The reference models are transformers' own classes. The ChatGLM original format has no class in
+# transformers (its modeling file is remote code); it is converted to GlmForCausalLM exactly as
+# transformers' convert_glm_weights_to_hf.py does (glm_original_to_glm below) and converted back
+# for comparison, so it is checked through the same class.
+TRANSFORMERS_CLASSES = {
+    "llama": transformers.LlamaForCausalLM,
+    "qwen2": transformers.Qwen2ForCausalLM,
+    "glm": transformers.GlmForCausalLM,
+}
 
 
-def rope_inv_freq(rotary_dim, theta):
-    """HF: 1 / theta ** (arange(0, dim, 2) / dim), in fp32."""
-    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim))
+def transformers_family(spec):
+    return "glm" if spec.family == "glm_original" else spec.family
 
 
-def rope_angles(spec, seq_len):
-    """[seq_len, rotary_dim/2] fp32 angles position * inv_freq (as HF's fp32 outer product)."""
-    inv = rope_inv_freq(spec.rotary_dim, spec.rope_theta)
-    pos = torch.arange(seq_len, dtype=torch.int64).float()
-    return pos[:, None] * inv[None, :]
-
-
-def _rotate_half(x):
-    x1, x2 = x[..., : x.shape[-1] // 2], x[..., x.shape[-1] // 2:]
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def _rotate_half_interleaved(x):
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((-x2, x1), dim=-1).flatten(-2)
-
-
-def apply_rope_hf(x, angles, rotary_dim, interleaved):
-    """x: [B, heads, T, head_dim]. Llama/Qwen2 (rotate_half) or GLM-hf (interleaved, partial)."""
-    emb = torch.cat((angles, angles), dim=-1)  # [T, rot]
-    cos = emb.cos().to(x.dtype)[None, None]
-    sin = emb.sin().to(x.dtype)[None, None]
-    if interleaved:
-        cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, dim=-1)
-        sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, dim=-1)
-        x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-        out = x_rot * cos + _rotate_half_interleaved(x_rot) * sin
-        return torch.cat((out, x_pass), dim=-1)
-    x_rot, x_pass = x[..., :rotary_dim], x[..., rotary_dim:]
-    out = x_rot * cos + _rotate_half(x_rot) * sin
-    return torch.cat((out, x_pass), dim=-1)
-
-
-def apply_rope_chatglm(x, angles):
-    """modeling_chatglm.apply_rotary_pos_emb: x [B, heads, T, head_dim], cache = (cos, sin) of
-    the angles, pairs (2i, 2i+1) over the first 2 * angles.shape[-1] channels."""
-    b, nh, sq, _ = x.shape
-    cache = torch.stack([torch.cos(angles), torch.sin(angles)], dim=-1).to(x.dtype)  # [T, rot/2, 2]
-    rot_dim = cache.shape[-2] * 2
-    x, x_pass = x[..., :rot_dim], x[..., rot_dim:]
-    xshaped = x.reshape(b, nh, sq, rot_dim // 2, 2)
-    cache = cache[:sq].view(1, 1, sq, xshaped.size(3), 2)
-    x_out2 = torch.stack(
-        [xshaped[..., 0] * cache[..., 0] - xshaped[..., 1] * cache[..., 1],
-         xshaped[..., 1] * cache[..., 0] + xshaped[..., 0] * cache[..., 1]], -1)
-    return torch.cat((x_out2.flatten(3), x_pass), dim=-1)
-
-
-def repeat_kv(x, n_rep):
-    """[B, kv, T, hd] -> [B, kv * n_rep, T, hd]; query head h uses kv head h // n_rep."""
-    if n_rep == 1:
-        return x
-    b, kv, t, hd = x.shape
-    return x[:, :, None].expand(b, kv, n_rep, t, hd).reshape(b, kv * n_rep, t, hd)
-
-
-class Attention(nn.Module):
-    def __init__(self, spec):
-        super().__init__()
-        self.spec = spec
-        h, nh, kv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
-        if spec.family == "glm_original":
-            self.query_key_value = nn.Linear(h, (nh + 2 * kv) * hd, bias=spec.qkv_bias)
-            self.dense = nn.Linear(nh * hd, h, bias=False)
-        else:
-            self.q_proj = nn.Linear(h, nh * hd, bias=spec.qkv_bias)
-            self.k_proj = nn.Linear(h, kv * hd, bias=spec.qkv_bias)
-            self.v_proj = nn.Linear(h, kv * hd, bias=spec.qkv_bias)
-            self.o_proj = nn.Linear(nh * hd, h, bias=False)
-
-    def forward(self, x, angles):
-        s = self.spec
-        b, t, _ = x.shape
-        nh, kv, hd = s.num_heads, s.num_kv_heads, s.head_dim
-        if s.family == "glm_original":
-            q, k, v = self.query_key_value(x).split([nh * hd, kv * hd, kv * hd], dim=-1)
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = q.view(b, t, nh, hd).transpose(1, 2)
-        k = k.view(b, t, kv, hd).transpose(1, 2)
-        v = v.view(b, t, kv, hd).transpose(1, 2)
-        if s.family == "glm_original":
-            q, k = apply_rope_chatglm(q, angles), apply_rope_chatglm(k, angles)
-        else:
-            q = apply_rope_hf(q, angles, s.rotary_dim, s.rope_interleaved)
-            k = apply_rope_hf(k, angles, s.rotary_dim, s.rope_interleaved)
-        k = repeat_kv(k, nh // kv)
-        v = repeat_kv(v, nh // kv)
-        scores = torch.matmul(q, k.transpose(2, 3)) * (hd ** -0.5)
-        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        scores = scores.masked_fill(causal, torch.finfo(scores.dtype).min)
-        probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-        out = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, nh * hd)
-        return self.dense(out) if s.family == "glm_original" else self.o_proj(out)
-
-
-class MLP(nn.Module):
-    def __init__(self, spec):
-        super().__init__()
-        self.family = spec.family
-        h, i = spec.hidden_size, spec.intermediate_size
-        if spec.family == "glm_original":
-            self.dense_h_to_4h = nn.Linear(h, 2 * i, bias=False)
-            self.dense_4h_to_h = nn.Linear(i, h, bias=False)
-        elif spec.family == "glm":
-            self.gate_up_proj = nn.Linear(h, 2 * i, bias=False)
-            self.down_proj = nn.Linear(i, h, bias=False)
-        else:
-            self.gate_proj = nn.Linear(h, i, bias=False)
-            self.up_proj = nn.Linear(h, i, bias=False)
-            self.down_proj = nn.Linear(i, h, bias=False)
-
-    def forward(self, x):
-        if self.family == "glm_original":
-            gate, up = self.dense_h_to_4h(x).chunk(2, dim=-1)
-            return self.dense_4h_to_h(F.silu(gate) * up)
-        if self.family == "glm":
-            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-            return self.down_proj(up * F.silu(gate))
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class DecoderLayer(nn.Module):
-    def __init__(self, spec):
-        super().__init__()
-        self.attn_name = "self_attention" if spec.family == "glm_original" else "self_attn"
-        self.input_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        setattr(self, self.attn_name, Attention(spec))
-        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.rms_norm_eps)
-        self.mlp = MLP(spec)
-
-    def forward(self, x, angles):
-        x = x + getattr(self, self.attn_name)(self.input_layernorm(x), angles)
-        return x + self.mlp(self.post_attention_layernorm(x))
-
-
-class _Container(nn.Module):
-    pass
-
-
-class CausalLM(nn.Module):
-    """Decoder-only LM whose parameter names are the family's checkpoint tensor names."""
-
-    def __init__(self, spec):
-        super().__init__()
-        self.spec = spec
-        s = spec
-        layers = nn.ModuleList([DecoderLayer(s) for _ in range(s.num_layers)])
-        if s.family == "glm_original":
-            self.transformer = _Container()
-            self.transformer.embedding = _Container()
-            self.transformer.embedding.word_embeddings = nn.Embedding(s.vocab_size, s.hidden_size)
-            self.transformer.encoder = _Container()
-            self.transformer.encoder.layers = layers
-            self.transformer.encoder.final_layernorm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-            if not s.tie_word_embeddings:
-                self.transformer.output_layer = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
-        else:
-            self.model = _Container()
-            self.model.embed_tokens = nn.Embedding(s.vocab_size, s.hidden_size)
-            self.model.layers = layers
-            self.model.norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-            if not s.tie_word_embeddings:
-                self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
-
-    def _parts(self):
-        if self.spec.family == "glm_original":
-            t = self.transformer
-            head = t.embedding.word_embeddings.weight if self.spec.tie_word_embeddings else t.output_layer.weight
-            return t.embedding.word_embeddings, t.encoder.layers, t.encoder.final_layernorm, head
-        m = self.model
-        head = m.embed_tokens.weight if self.spec.tie_word_embeddings else self.lm_head.weight
-        return m.embed_tokens, m.layers, m.norm, head
-
-    def forward(self, input_ids):
-        """input_ids [B, T] (positions 0..T-1, causal, no padding mask: pad on the right)
-        -> logits [B, T, V]."""
-        embed, layers, norm, head = self._parts()
-        angles = rope_angles(self.spec, input_ids.shape[1]).to(input_ids.device)
-        h = embed(input_ids)
-        for layer in layers:
-            h = layer(h, angles)
-        return F.linear(norm(h), head)
-
-    def no_decay_parameter_names(self):
-        """Biases and RMSNorm weights (the parameters HF Trainer excludes from weight decay)."""
-        names = set()
-        for mname, mod in self.named_modules():
-            for pname, _ in mod.named_parameters(recurse=False):
-                full = (mname + "." if mname else "") + pname
-                if isinstance(mod, RMSNorm) or pname == "bias":
-                    names.add(full)
-        return names
+def transformers_config(spec, attn_implementation="sdpa"):
+    """The transformers config object of `spec` (glm_original: the GlmConfig it converts to)."""
+    family = transformers_family(spec)
+    cfg = make_config(family, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+                      intermediate_size=spec.intermediate_size, num_layers=spec.num_layers,
+                      num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+                      head_dim=spec.head_dim, rms_norm_eps=spec.rms_norm_eps,
+                      rope_theta=spec.rope_theta,
+                      max_position_embeddings=spec.max_position_embeddings,
+                      tie_word_embeddings=spec.tie_word_embeddings,
+                      partial_rotary_factor=spec.rotary_dim / spec.head_dim)
+    if family == "llama":
+        cfg["attention_bias"] = spec.qkv_bias
+    cfg.pop("torch_dtype", None)
+    # No padding index: GlmConfig defaults to GLM-4's pad id, and nn.Embedding would then give
+    # that row no gradient, which neither keel nor the checkpoint's semantics do.
+    cfg["pad_token_id"] = None
+    config = TRANSFORMERS_CLASSES[family].config_class(**cfg)
+    config._attn_implementation = attn_implementation
+    return config
 
 
 def build_model(spec, tensors=None, strict=True):
-    """A CausalLM for `spec`, with weights loaded from {hf_name: tensor} if given (converted to
-    the module's dtype, fp32 by default)."""
-    model = CausalLM(spec)
+    """The transformers model of `spec` (fp32), with weights loaded from {name: tensor} in the
+    family's checkpoint names if given. model.spec is `spec`."""
+    family = transformers_family(spec)
+    model = TRANSFORMERS_CLASSES[family](transformers_config(spec))
+    model.spec = spec
+    model.eval()  # no dropout (none configured anyway); training mode does not change the math
     if tensors is not None:
         load_weights(model, tensors, strict=strict)
     return model
 
 
+def _glm_spec(spec):
+    import dataclasses
+    return dataclasses.replace(spec, family="glm")
+
+
 def load_weights(model, tensors, strict=True):
+    """Copies {name: tensor} (the family's checkpoint names) into the model's parameters."""
+    spec = model.spec
+    if spec.family == "glm_original":
+        tensors = glm_original_to_glm(spec, tensors)
     params = dict(model.named_parameters())
     if strict:
         missing = sorted(set(params) - set(tensors))
         unexpected = sorted(set(tensors) - set(params))
         if missing or unexpected:
             raise ValueError("checkpoint names do not match the %s model: missing %s, unexpected %s"
-                             % (model.spec.family, missing, unexpected))
+                             % (spec.family, missing, unexpected))
     with torch.no_grad():
         for name, p in params.items():
             if name in tensors:
@@ -581,12 +420,28 @@ def load_weights(model, tensors, strict=True):
 
 
 def model_tensors(model):
-    """{hf_name: detached fp32 clone} of the model's parameters (what a checkpoint holds)."""
-    return {n: p.detach().to(torch.float32).clone() for n, p in model.named_parameters()}
+    """{checkpoint name: detached fp32 clone} of the model's parameters (what a checkpoint of the
+    model's family holds; a tied LM head is the embedding and is not listed)."""
+    out = {n: p.detach().to(torch.float32).clone() for n, p in model.named_parameters()}
+    if model.spec.family == "glm_original":
+        out = glm_to_glm_original(_glm_spec(model.spec), out)
+    return out
+
+
+def logits(model, input_ids):
+    """[B, T] ids (positions 0..T-1, causal, no padding mask: pad on the right) -> [B, T, V]."""
+    return model(input_ids=input_ids, use_cache=False).logits
+
+
+def no_decay_parameter_names(model):
+    """The parameters transformers' Trainer excludes from weight decay (its own rule:
+    Trainer.get_decay_parameter_names -- biases and norm weights)."""
+    decay = set(transformers.Trainer.get_decay_parameter_names(None, model))
+    return {n for n, _ in model.named_parameters() if n not in decay}
 
 
 def load_model(model_dir):
-    """(config dict, ModelSpec, CausalLM) from a HF model directory."""
+    """(config dict, ModelSpec, model) from a HF model directory."""
     with open(os.path.join(model_dir, "config.json")) as f:
         cfg = json.load(f)
     spec = spec_from_config(cfg)
@@ -746,15 +601,10 @@ def causal_lm_loss_sum(logits, labels, ignore_index=-100):
 
 @torch.no_grad()
 def greedy_generate(model, prompt_ids, max_new_tokens, eos_token_ids=()):
-    """Greedy decoding without a KV cache (recomputes the prefix each step; fine for tiny
-    models). Returns the generated ids (without the prompt)."""
-    ids = list(prompt_ids)
-    out = []
-    for _ in range(max_new_tokens):
-        logits = model(torch.tensor([ids], dtype=torch.long))
-        nxt = int(logits[0, -1].argmax())
-        out.append(nxt)
-        ids.append(nxt)
-        if nxt in eos_token_ids:
-            break
-    return out
+    """transformers' model.generate, greedy, with its KV cache. Returns the generated ids
+    (without the prompt); stops after an id in eos_token_ids."""
+    out = model.generate(torch.tensor([list(prompt_ids)], dtype=torch.long),
+                         attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                         max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False,
+                         num_beams=1, eos_token_id=list(eos_token_ids) or None, pad_token_id=0)
+    return [int(x) for x in out[0, len(prompt_ids):]]

@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Reference test: keel's fine-tuning against the same training done in PyTorch.
 
-    /usr/bin/python3 tests/reference/train_reference.py --keel PATH_TO_KEEL \
+    $(scripts/python-env.sh) tests/reference/train_reference.py --keel PATH_TO_KEEL \
         --family {llama,qwen2,glm,glm_original} --dtype {fp32,bf16} --work WORKDIR
 
 1. Writes a tiny random model of the family in its Hugging Face format to WORKDIR/model
@@ -72,7 +72,7 @@ IGNORE = -100
 # torch fp32 training) -- another bf16 implementation should not be much further from torch bf16
 # than fp32 is.
 TOL = {
-    "fp32": {"loss": 1e-5, "lr": 1e-6, "grad_norm": 1e-4, "weights": 1e-4, "update": 1e-2},
+    "fp32": {"loss": 1e-5, "lr": 1e-6, "grad_norm": 1e-5, "weights": 1e-5, "update": 1e-2},
     "bf16": {"loss": 2e-2, "lr": 1e-6, "grad_norm": 5e-2, "weights": 5e-2, "update": 0.2},
 }
 BF16_NOISE_FACTOR = 5.0
@@ -212,7 +212,7 @@ def torch_train(spec, init, records, mode, variant=None):
     model = hf.build_model(spec, init).to(pdtype)
     if mode == "bf16emu":
         emulate_bf16_gemms(model)
-    no_decay = model.no_decay_parameter_names()
+    no_decay = hf.no_decay_parameter_names(model)
     if variant == "decay_all":
         no_decay = set()
     elif variant == "no_decay_embed":
@@ -238,9 +238,9 @@ def torch_train(spec, init, records, mode, variant=None):
         for ids, labels in batch:
             if mode == "bf16":
                 with torch.autocast("cpu", dtype=torch.bfloat16):
-                    logits = model(ids)
+                    logits = hf.logits(model, ids)
             else:
-                logits = model(ids)
+                logits = hf.logits(model, ids)
             loss_sum, n_micro = hf.causal_lm_loss_sum(logits.to(pdtype), labels)
             if variant == "mean_per_micro":
                 loss = loss_sum / max(1, n_micro) / GRAD_ACCUM
@@ -774,8 +774,8 @@ def self_check(family, dtype, work):
                            embed_std=0.1 if spec.tie_word_embeddings else 0.5)
     ids = torch.tensor([records[3]["input_ids"][:MAX_SEQ_LEN], records[1]["input_ids"][:MAX_SEQ_LEN]])
     with torch.no_grad():
-        logits = model(ids)
-        check(torch.equal(logits, fresh(ids)), "model reloaded from disk gives identical logits")
+        logits = hf.logits(model, ids)
+        check(torch.equal(logits, hf.logits(fresh, ids)), "model reloaded from disk gives identical logits")
     expected_names = {
         "llama": 2 + 9 * spec.num_layers + 1, "qwen2": 1 + 12 * spec.num_layers + 1,
         "glm": 2 + 11 * spec.num_layers + 1, "glm_original": 2 + 7 * spec.num_layers + 1,
@@ -798,7 +798,7 @@ def self_check(family, dtype, work):
           "the naive check is sensitive to the rotary dimension")
     with torch.no_grad():
         mb_ids, mb_lab = micro_batches(records)[0]
-        lsum, n = hf.causal_lm_loss_sum(model(mb_ids), mb_lab)
+        lsum, n = hf.causal_lm_loss_sum(hf.logits(model, mb_ids), mb_lab)
     print("  (initial loss of micro-batch 0: %.4f per token; log(V) = %.4f)" % (float(lsum) / n, math.log(spec.vocab_size)))
 
     if family in ("glm", "glm_original"):
@@ -809,7 +809,7 @@ def self_check(family, dtype, work):
         conv = hf.glm_to_glm_original(spec, init) if family == "glm" else hf.glm_original_to_glm(spec, init)
         omodel = hf.build_model(ospec, conv)
         with torch.no_grad():
-            ologits = omodel(ids)
+            ologits = hf.logits(omodel, ids)
         err = rel_max(ologits, logits)
         check(err < 1e-6, "%s with the converted weights gives the same logits (max rel %.2e)" % (other, err))
         same = hf.model_tensors(hf.random_init(hf.build_model(ospec), MODEL_SEED))
@@ -831,11 +831,11 @@ def self_check(family, dtype, work):
     batch = mbs[GRAD_ACCUM:2 * GRAD_ACCUM]
     n_tok = per_step[1]
     for ids_b, lab_b in batch:
-        ls, _ = hf.causal_lm_loss_sum(m1(ids_b), lab_b)
+        ls, _ = hf.causal_lm_loss_sum(hf.logits(m1, ids_b), lab_b)
         (ls / n_tok).backward()
     cat_ids = torch.cat([b[0] for b in batch])
     cat_lab = torch.cat([b[1] for b in batch])
-    ls, n2 = hf.causal_lm_loss_sum(m2(cat_ids), cat_lab)
+    ls, n2 = hf.causal_lm_loss_sum(hf.logits(m2, cat_ids), cat_lab)
     (ls / n2).backward()
     g1 = dict((n, p.grad) for n, p in m1.named_parameters())
     err = max(float((g1[n] - p.grad).abs().max()) for n, p in m2.named_parameters())

@@ -471,9 +471,12 @@ void add_common_fields(JsonFields& f, const ModelConfig& c, DType dtype) {
   f["model_type"] = json_quoted(format.model_type);
   f["torch_dtype"] = json_quoted(dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32");
   f["tie_word_embeddings"] = json_bool(c.tie_word_embeddings);
-  if (!c.eos_token_ids.empty()) f["eos_token_id"] = eos_json(c.eos_token_ids);
-  if (c.bos_token_id >= 0) f["bos_token_id"] = std::to_string(c.bos_token_id);
-  if (c.pad_token_id >= 0) f["pad_token_id"] = std::to_string(c.pad_token_id);
+  // Ids the model does not have are written as null, not left out: transformers fills a missing
+  // key with the family's defaults (GlmConfig: GLM-4's pad and eos ids, beyond a new model's
+  // vocabulary), and GlmForCausalLM cannot even be built with a pad id outside the vocabulary.
+  f["eos_token_id"] = c.eos_token_ids.empty() ? "null" : eos_json(c.eos_token_ids);
+  f["bos_token_id"] = c.bos_token_id >= 0 ? std::to_string(c.bos_token_id) : "null";
+  f["pad_token_id"] = c.pad_token_id >= 0 ? std::to_string(c.pad_token_id) : "null";
   f["use_cache"] = "true";
 }
 
