@@ -1,10 +1,13 @@
 // Tokenizer encode throughput, keel next to npm tiktoken, same corpus, same vocabulary
 // (cl100k_base), same run: 1 and 2 threads (tiktoken: worker_threads, one encoder each).
 //
-// usage: node bench/tokenizer_bench.mjs [--build DIR] [--mb N]
+// usage: node bench/tokenizer_bench.mjs [--build DIR] [--mb N] [--corpus-only]
 //   DIR: the CMake build directory (holding bench/tokenizer_bench; default: build); npm packages go to
 //   DIR/npm. The corpus is ~N MB (default 8) of text found on any Debian machine: license and
 //   copyright texts (English prose, paragraphs deduplicated) and the Python standard library (code).
+//   --corpus-only: write the corpus (DIR/bench_tokenizer/corpus.jsonl), cl100k_base.tiktoken and the
+//   same vocabulary as a tokenizer.json (cl100k_base.json, Split + ByteLevel as Llama 3's) and
+//   stop: bench/tokenizer_native_bench.py runs the PyPI peers on them.
 import fs from "node:fs";
 import path from "node:path";
 import { execFileSync } from "node:child_process";
@@ -28,7 +31,7 @@ if (!isMainThread) {
     parentPort.postMessage({ seconds: Number(process.hrtime.bigint() - start) / 1e9, tokens });
   });
 } else {
-  const { installPeers, ranksFromEncoderJson, writeTiktokenFile } = await import(
+  const { installPeers, ranksFromEncoderJson, writeTiktokenFile, tokenizerJsonFromRanks } = await import(
     path.join(here, "../tests/reference/tokenizer_peers.mjs"));
   const args = Object.fromEntries(process.argv.slice(2).reduce(
     (acc, a, i, all) => (a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1]]] : acc), []));
@@ -87,6 +90,18 @@ if (!isMainThread) {
   const rankFile = path.join(work, "cl100k_base.tiktoken");
   writeTiktokenFile(rankFile, ranksFromEncoderJson(peers.encoderJson("cl100k_base")));
   console.log(`corpus: ${(bytes / 1e6).toFixed(2)} MB in ${docs.length} documents (prose and Python code), cl100k_base`);
+  if (process.argv.includes("--corpus-only")) {
+    const encoder = peers.encoderJson("cl100k_base");
+    const jsonFile = path.join(work, "cl100k_base.json");
+    fs.writeFileSync(jsonFile, JSON.stringify(tokenizerJsonFromRanks(ranksFromEncoderJson(encoder), {
+      preTokenizer: { type: "Sequence", pretokenizers: [
+        { type: "Split", pattern: { Regex: encoder.pat_str }, behavior: "Isolated", invert: false },
+        { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false }] },
+      addedTokens: Object.entries(encoder.special_tokens).map(([content, id]) => ({ id, content })),
+    })));
+    console.log(`wrote ${corpusFile}, ${rankFile}, ${jsonFile}`);
+    process.exit(0);
+  }
 
   // --- npm tiktoken -------------------------------------------------------------------------
   const workers = [0, 1].map(() => new Worker(fileURLToPath(import.meta.url), { workerData: { npmDir } }));

