@@ -1,28 +1,56 @@
 #!/usr/bin/env python3
-"""Training-step throughput of keel next to PyTorch on the same model and the same data.
+"""Training-step throughput of keel next to the PyTorch stacks a user would run instead, on the
+same checkpoint, the same data and the same cores, in one run.
 
 Builds a random Llama-architecture checkpoint (default: the reference workload of the speed
 issue: hidden 768, 12 layers, 12 heads, intermediate 2048, vocab 32000, sequence 1024,
-micro-batch 2), trains it for a few steps in keel (`keel train`) and in PyTorch (bf16 autocast,
-fused q/k/v and gate/up projections, torch.optim.AdamW) in separate processes, and prints
-tokens/s of each, their ratio, keel's MFU against the bf16 matmul peak measured in the same run,
-and the peak RSS of both processes.
+micro-batch 2) and random token ids (one train.jsonl, read by every peer in file order), then
+trains it for --steps optimizer steps, each peer in its own process:
 
-    $(scripts/python-env.sh) bench/train_vs_pytorch.py --keel build/keel [--steps 4] [--small]
+  keel             `keel train` (dtype bf16: fp32 master weights, bf16 GEMM inputs)
+  HF Trainer       transformers' Trainer on AutoModelForCausalLM.from_pretrained(...,
+                   attn_implementation="sdpa"), TrainingArguments(bf16=True, use_cpu=True,
+                   optim="adamw_torch_fused", falling back to "adamw_torch")
+  torch eager      a plain loop on the same transformers model: bf16 autocast, sdpa,
+                   torch.optim.AdamW(fused=True) (foreach where fused does not run on the CPU)
+  torch.compile    the same loop on torch.compile(model) (inductor), under --compile-timeout
+  torchtune        not run: not in the pinned environment (requirements-dev.txt)
+
+Every peer: AdamW lr 1e-4 (constant), weight decay 0.01 except biases and norm weights, gradient
+clipping at 1.0, gradient checkpointing with --checkpointing, torch.set_num_threads(--threads)
+and OMP_NUM_THREADS=--threads for keel.
+
+Reported per peer: tokens/s = batch x seq / the median step time after the first (warm-up) step;
+peak RSS = ru_maxrss of the peer's process tree (os.wait4 on that child; this parent never
+imports torch, so the high-water mark a child inherits from it across fork/exec is 10-20 MB; the
+JSON line adds each process's own VmHWM, read right after its last step, as a cross-check);
+MFU = tokens/s x (6 N + 12 L T d) / the bf16 (or fp32) oneDNN GEMM peak that build/bench/
+matmul_peak measures in the same run (PaLM's model FLOPs: N counts the matmul weights, the LM
+head included and the embedding lookup excluded; recomputation under checkpointing is not
+counted), and keel's tokens/s over the peer's. The header lists the versions of everything
+compared; the last line is the table as one JSON object (for docs/performance.md).
+
+    $(scripts/python-env.sh) bench/train_vs_pytorch.py --keel build/keel [--steps 4] [--small] \\
+        [--checkpointing] [--peers trainer,eager,compile] [--compile-timeout 900]
 """
 import argparse
 import json
-import math
 import os
-import resource
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
+
+PEERS = ("trainer", "eager", "compile")
+PEER_NAMES = {"keel": "keel", "trainer": "HF Trainer", "eager": "torch eager", "compile": "torch.compile",
+              "torchtune": "torchtune"}
 
 
 def parse_args():
@@ -40,13 +68,23 @@ def parse_args():
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--steps", type=int, default=4, help="optimizer steps; the first is warm-up")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing in every peer")
+    p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
+                   help="threads of every peer (default: the cores this process may run on)")
+    p.add_argument("--peers", default=",".join(PEERS), help="PyTorch peers to run, of: " + ",".join(PEERS))
+    p.add_argument("--compile-timeout", type=float, default=900,
+                   help="seconds the torch.compile peer may take in all (compilation included)")
     p.add_argument("--small", action="store_true", help="a quick smoke-size model")
+    p.add_argument("--skip-torch", action="store_true", help="keel only")
+    p.add_argument("--role", choices=("workload",) + PEERS, help=argparse.SUPPRESS)
+    # The plain-torch peer on the workload in --work (bench/memory_vs_plan.py --torch runs it).
     p.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
-    p.add_argument("--skip-torch", action="store_true")
     a = p.parse_args()
     if a.small:
         a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq = 256, 4, 4, 704, 8000, 256
     a.kv_heads = a.kv_heads or a.heads
+    if a.torch_worker:
+        a.role = "eager"
     return a
 
 
@@ -79,13 +117,114 @@ def make_workload(a):
     return model_dir
 
 
-def run_with_peak_rss(cmd):
-    """Runs cmd to completion; returns (exit code, output, peak RSS in bytes of that process)."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out = proc.stdout.read()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, out, usage.ru_maxrss * 1024
+# --------------------------------------------------------------------------------------------
+# Versions (printed in the header: a ratio means little without what it was measured against)
+# --------------------------------------------------------------------------------------------
+
+def keel_version(keel):
+    try:
+        out = subprocess.run([keel, "--version"], capture_output=True, text=True, timeout=30)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except OSError:
+        pass
+    root = os.path.join(HERE, "..")
+    try:
+        commit = subprocess.check_output(["git", "-C", root, "rev-parse", "--short", "HEAD"], text=True).strip()
+        dirty = subprocess.check_output(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                                        text=True).strip()
+        return "git " + commit + (" + uncommitted changes" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def python_versions():
+    """Runs in the workload child (the parent stays torch-free): the Python side's versions."""
+    import importlib.util
+    import platform
+    import numpy
+    import torch
+    import transformers
+    import accelerate
+    cfg = torch.__config__.show()
+    blas = next((l.strip(" -") for l in cfg.splitlines()
+                 if "Math Kernel Library" in l or "OpenBLAS" in l or "BLIS" in l), None)
+    if blas is None:
+        m = re.search(r"BLAS_INFO=([^,\s]+)", cfg)
+        blas = "BLAS_INFO=" + m.group(1) if m else "none listed"
+    m = re.search(r"MKL-DNN (v[\w.]+)", cfg)
+    onednn = m.group(1) if m else ("available" if torch.backends.mkldnn.is_available() else "absent")
+    try:
+        np_blas = numpy.show_config(mode="dicts")["Build Dependencies"]["blas"]
+        np_blas = "%s %s" % (np_blas.get("name"), np_blas.get("version"))
+    except Exception as e:  # numpy < 1.25 has no mode="dicts"
+        np_blas = "unknown (%s)" % e
+    try:
+        import threadpoolctl
+        np_blas += "; threadpoolctl: " + ", ".join(
+            "%s %s" % (i.get("internal_api"), i.get("version")) for i in threadpoolctl.threadpool_info())
+    except ImportError:
+        pass
+    torchtune = importlib.util.find_spec("torchtune")
+    return {
+        "torch": torch.__version__ + (" (CUDA %s build, run on the CPU)" % torch.version.cuda
+                                      if torch.version.cuda else ""),
+        "torch_blas": blas, "torch_onednn": onednn, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "transformers": transformers.__version__, "accelerate": accelerate.__version__,
+        "numpy": numpy.__version__, "numpy_blas": np_blas,
+        "python": platform.python_version(),
+        "torchtune": getattr(__import__("torchtune"), "__version__", "installed") if torchtune else None,
+    }
+
+
+def cpu_model():
+    flags = set()
+    name = "unknown"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name") and name == "unknown":
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    isa = [x for x in ("avx512f", "avx512_bf16", "amx_bf16") if x in flags]
+    return "%s (%s)" % (name, ", ".join(isa) or "no AVX-512")
+
+
+# --------------------------------------------------------------------------------------------
+# Running a peer: its own process, its own peak RSS
+# --------------------------------------------------------------------------------------------
+
+def run_child(cmd, env=None, timeout=None):
+    """Runs cmd to completion or `timeout` seconds; returns (exit code or None on timeout,
+    output, ru_maxrss in bytes of the child's tree -- the largest of the child and the
+    descendants it waited for; a child killed on timeout is reaped with its whole session)."""
+    with tempfile.TemporaryFile(mode="w+") as log:  # a file, not a pipe: no reader thread needed
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        deadline = time.time() + timeout if timeout else None
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            if deadline and time.time() > deadline:
+                os.killpg(proc.pid, signal.SIGKILL)  # the peer and its compile workers
+                _, status, usage = os.wait4(proc.pid, 0)
+                code = None
+                break
+            time.sleep(0.05)
+        proc.returncode = -1 if code is None else code  # reaped here: Popen must not wait again
+        log.seek(0)
+        return code, log.read(), usage.ru_maxrss * 1024
+
+
+def peer_env(a):
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               HF_HUB_DISABLE_PROGRESS_BARS="1", TRANSFORMERS_VERBOSITY="error",
+               TOKENIZERS_PARALLELISM="false",
+               # a cold inductor cache per run: the compile time reported is what a first run pays
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(a.work, "inductor_cache"))
+    return env
 
 
 def run_keel(a, model_dir):
@@ -95,136 +234,279 @@ def run_keel(a, model_dir):
         f.write('model_name = "%s"\ndata_path = "%s"\noutput_dir = "%s"\n' %
                 (model_dir, os.path.join(a.work, "train.jsonl"), out_dir))
         f.write('dtype = "%s"\nmax_seq_len = %d\nbatch_size = %d\nmax_steps = %d\nlearning_rate = 1e-4\n'
-                'weight_decay = 0.01\nshuffle = false\nlog_interval = 1\n' % (a.dtype, a.seq, a.batch, a.steps))
-    code, out, rss = run_with_peak_rss([a.keel, "train", recipe])
+                'lr_scheduler = "constant"\nweight_decay = 0.01\nmax_grad_norm = 1.0\nshuffle = false\n'
+                'log_interval = 1\nuse_gradient_checkpointing = %s\n'
+                % (a.dtype, a.seq, a.batch, a.steps, "true" if a.checkpointing else "false"))
+    code, out, rss = run_child([a.keel, "train", recipe], env=peer_env(a))
     if code != 0:
         sys.exit("keel failed:\n" + out)
+    m = re.search(r"keel: (\d+) thread\(s\) per rank", out)
+    if m and int(m.group(1)) != a.threads:
+        print("warning: keel ran %s threads, the PyTorch peers %d" % (m.group(1), a.threads))
     steps = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
-    times = [s["step_time_s"] for s in steps[1:]] or [steps[0]["step_time_s"]]
-    # The process's own VmHWM (summary.json): wait4's ru_maxrss of a forked child inherits the
-    # parent Python's high-water mark and overstates small processes.
-    with open(os.path.join(out_dir, "summary.json")) as f:
-        rss = json.load(f)["peak_memory_bytes"]
-    return a.batch * a.seq / statistics.median(times), rss
+    with open(os.path.join(out_dir, "summary.json")) as f:  # keel's own VmHWM, a cross-check of rss
+        vmhwm = json.load(f)["peak_memory_bytes"]
+    return {"times": [s["step_time_s"] for s in steps], "rss": rss, "vmhwm": vmhwm,
+            "settings": "%s, flash-style attention, AdamW%s" % (a.dtype, ", checkpointing" if a.checkpointing else "")}
 
 
-def torch_worker(a):
-    """Runs in its own process: trains the same checkpoint in PyTorch, prints JSON."""
+def run_peer(a, role):
+    """One PyTorch peer in its own process (this same file with --role); its result or why not."""
+    cmd = [sys.executable, os.path.abspath(__file__)] + [x for x in sys.argv[1:]] + ["--role", role]
+    timeout = a.compile_timeout if role == "compile" else None
+    t0 = time.time()
+    code, out, rss = run_child(cmd, env=peer_env(a), timeout=timeout)
+    if code is None:
+        return {"error": "killed after %.0f s (--compile-timeout): compilation had not finished" % (time.time() - t0)}
+    lines = [l for l in out.splitlines() if l.startswith("RESULT ")]
+    if code != 0 or not lines:
+        tail = [l for l in out.strip().splitlines() if l.strip()][-1:] or ["no output"]
+        return {"error": "exit %d: %s" % (code, tail[0][:300]), "log": out}
+    res = json.loads(lines[-1][len("RESULT "):])
+    res["rss"] = rss
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# The PyTorch peers (each runs in its own process: `--role trainer|eager|compile`)
+# --------------------------------------------------------------------------------------------
+
+def load_peer_inputs(a, checkpointing):
+    """The transformers model from the checkpoint (fp32 master weights, sdpa attention) and the
+    token ids of train.jsonl as one [records, seq] tensor (the sequence length is the data's, so
+    that --torch-worker runs on whatever workload --work holds)."""
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-    import hf_models as hm
-    torch.set_num_threads(os.cpu_count())
+    import transformers
+    torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    cfg, spec, ref = hm.load_model(os.path.join(a.work, "model"))
-    d, nh, kv, hd = spec.hidden_size, spec.num_heads, spec.num_kv_heads, spec.head_dim
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.join(a.work, "model"), attn_implementation="sdpa", dtype=torch.float32)
+    model.config.use_cache = False
+    if checkpointing:
+        # non-reentrant: the variant torch recommends, and the one torch.compile traces.
+        # (transformers 5 renamed gradient_checkpointing_enable; the old name warns.)
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    ids = torch.tensor([json.loads(l)["input_ids"] for l in open(os.path.join(a.work, "train.jsonl"))])
+    return model, ids
 
-    class Block(nn.Module):  # fused q/k/v and gate/up: the strongest plain-PyTorch baseline
+
+def fused_adamw_runs():
+    """Whether torch.optim.AdamW(fused=True) steps on CPU tensors (torch >= 2.4 has the kernel)."""
+    import torch
+    try:
+        p = torch.nn.Parameter(torch.zeros(8))
+        p.grad = torch.ones(8)
+        torch.optim.AdamW([p], lr=1e-3, fused=True).step()
+        return True, None
+    except Exception as e:  # RuntimeError on builds without the CPU kernel
+        return False, "%s: %s" % (type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+
+
+def peak_vmhwm():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
+
+
+def trainer_peer(a):
+    import torch
+    import transformers
+    model, ids = load_peer_inputs(a, checkpointing=False)  # TrainingArguments turns it on
+
+    class Rows(torch.utils.data.Dataset):  # ready tensors: the data loader costs nothing
+        def __len__(self):
+            return ids.shape[0]
+
+        def __getitem__(self, i):
+            return {"input_ids": ids[i], "labels": ids[i]}  # the model shifts the labels itself
+
+    class StepTimes(transformers.TrainerCallback):
+        # on_step_end to on_step_end: a whole optimizer step as the Trainer runs it, its data
+        # fetch, clipping, scheduler and callbacks included; the first step from on_step_begin.
         def __init__(self):
-            super().__init__()
-            self.n1 = hm.RMSNorm(d, spec.rms_norm_eps)
-            self.qkv = nn.Linear(d, (nh + 2 * kv) * hd, bias=False)
-            self.o = nn.Linear(nh * hd, d, bias=False)
-            self.n2 = hm.RMSNorm(d, spec.rms_norm_eps)
-            self.gate_up = nn.Linear(d, 2 * spec.intermediate_size, bias=False)
-            self.down = nn.Linear(spec.intermediate_size, d, bias=False)
+            self.begin, self.ends = None, []
 
-        def forward(self, x, cos, sin):
-            B, T, _ = x.shape
-            q, k, v = self.qkv(self.n1(x)).split([nh * hd, kv * hd, kv * hd], dim=-1)
-            q = q.view(B, T, nh, hd).transpose(1, 2)
-            k = k.view(B, T, kv, hd).transpose(1, 2)
-            v = v.view(B, T, kv, hd).transpose(1, 2)
-            def rot(t):
-                t1, t2 = t[..., : hd // 2], t[..., hd // 2:]
-                return t * cos + torch.cat((-t2, t1), -1) * sin
-            q, k = rot(q), rot(k)
-            if kv != nh:
-                k = k.repeat_interleave(nh // kv, dim=1)
-                v = v.repeat_interleave(nh // kv, dim=1)
-            s = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-            mask = torch.full((T, T), float("-inf")).triu(1)
-            p = torch.softmax(s.float() + mask, dim=-1).to(q.dtype)
-            x = x + self.o((p @ v).transpose(1, 2).reshape(B, T, nh * hd))
-            g, u = self.gate_up(self.n2(x)).chunk(2, dim=-1)
-            return x + self.down(F.silu(g) * u)
+        def on_step_begin(self, args, state, control, **kw):
+            if self.begin is None:
+                self.begin = time.perf_counter()
 
-    class Model(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed = nn.Embedding(spec.vocab_size, d)
-            self.blocks = nn.ModuleList([Block() for _ in range(spec.num_layers)])
-            self.norm = hm.RMSNorm(d, spec.rms_norm_eps)
-            self.head = nn.Linear(d, spec.vocab_size, bias=False)
+        def on_step_end(self, args, state, control, **kw):
+            self.ends.append(time.perf_counter())
 
-        def forward(self, ids):
-            T = ids.shape[1]
-            inv = 1.0 / (spec.rope_theta ** (torch.arange(0, hd, 2).float() / hd))
-            f = torch.outer(torch.arange(T).float(), inv)
-            emb = torch.cat((f, f), -1)
-            cos, sin = emb.cos(), emb.sin()
-            x = self.embed(ids)
-            for b in self.blocks:
-                x = b(x, cos, sin)
-            return self.head(self.norm(x))
+    fused, why = fused_adamw_runs()
+    optim = "adamw_torch_fused" if fused else "adamw_torch"
+    kw = dict(output_dir=os.path.join(a.work, "trainer_out"), use_cpu=True, bf16=a.dtype == "bf16",
+              optim=optim, per_device_train_batch_size=a.batch, max_steps=a.steps, learning_rate=1e-4,
+              lr_scheduler_type="constant", weight_decay=0.01, max_grad_norm=1.0,
+              dataloader_num_workers=0, dataloader_pin_memory=False, logging_strategy="no",
+              save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True, seed=0)
+    fields = transformers.TrainingArguments.__dataclass_fields__
+    # transformers 5 calls it activation checkpointing; gradient_checkpointing is its deprecated alias
+    ckpt = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    kw[ckpt] = a.checkpointing
+    if a.checkpointing:
+        kw[ckpt + "_kwargs"] = {"use_reentrant": False}
+    if "train_sampling_strategy" in fields:
+        kw["train_sampling_strategy"] = "sequential"  # file order, as keel's shuffle = false
+    # (Without it the Trainer samples the rows at random: other batches of the same random
+    # tokens, the same shapes -- the same work for a speed benchmark.)
+    args = transformers.TrainingArguments(**kw)
+    timer = StepTimes()
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Rows(),
+                                   data_collator=lambda rows: {k: torch.stack([r[k] for r in rows]) for k in rows[0]},
+                                   callbacks=[timer])
+    trainer.train()
+    times = [b - a_ for a_, b in zip([timer.begin] + timer.ends[:-1], timer.ends)]
+    note = "optim %s" % optim + ("" if fused else " (fused AdamW did not run: %s)" % why)
+    if "train_sampling_strategy" not in kw:
+        note += "; rows in random order"
+    return {"times": times, "vmhwm": peak_vmhwm(), "note": note,
+            "settings": "%s, sdpa, %s%s" % ("bf16=True" if a.dtype == "bf16" else "fp32", optim,
+                                            ", checkpointing" if a.checkpointing else "")}
 
-    model = Model()
-    ids_all = [json.loads(l)["input_ids"] for l in open(os.path.join(a.work, "train.jsonl"))]
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+
+def loop_peer(a, compiled):
+    import torch
+    import hf_models as hm
+    model, ids = load_peer_inputs(a, a.checkpointing)
+    # Trainer's weight-decay rule (no decay for biases and norm weights), as keel's
+    no_decay = hm.no_decay_parameter_names(model)
+    groups = [{"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": 0.01},
+              {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0}]
+    fused, why = fused_adamw_runs()
+    opt = torch.optim.AdamW(groups, lr=1e-4, **({"fused": True} if fused else {"foreach": True}))
+    optim = "AdamW(fused=True)" if fused else "AdamW(foreach=True)"
+    step_model = model
+    if compiled:
+        # The whole model, default mode (inductor, C++/OpenMP kernels on the CPU): what
+        # `torch.compile(model)` gives a user. Forward and backward graphs compile in step 1.
+        step_model = torch.compile(model)
     times = []
     for step in range(a.steps):
-        batch = torch.tensor(ids_all[step * a.batch:(step + 1) * a.batch])
-        t0 = time.time()
+        batch = ids[step * a.batch:(step + 1) * a.batch]
+        t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
-            logits = model(batch)
-        loss = F.cross_entropy(logits[:, :-1].float().reshape(-1, spec.vocab_size), batch[:, 1:].reshape(-1))
+            loss = step_model(input_ids=batch, labels=batch, use_cache=False).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        times.append(time.time() - t0)
-    with open("/proc/self/status") as f:  # this process's own high-water mark
-        peak = next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM:"))
-    print(json.dumps({"times": times, "peak_rss": peak}))
+        times.append(time.perf_counter() - t0)
+    note = optim + ("" if fused else " (fused did not run: %s)" % why)
+    if compiled:
+        note += "; step 1 (compilation) %.1f s" % times[0]
+    return {"times": times, "vmhwm": peak_vmhwm(), "note": note,
+            "settings": "%s, sdpa, %s%s%s" % ("bf16 autocast" if a.dtype == "bf16" else "fp32", optim,
+                                              ", checkpointing" if a.checkpointing else "",
+                                              ", inductor" if compiled else "")}
 
+
+def worker(a):
+    if a.role == "workload":
+        make_workload(a)
+        res = python_versions()
+    elif a.role == "trainer":
+        res = trainer_peer(a)
+    else:
+        res = loop_peer(a, compiled=a.role == "compile")
+    print("RESULT " + json.dumps(res), flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------
 
 def main():
     a = parse_args()
-    if a.torch_worker:
-        torch_worker(a)
+    if a.role:
+        worker(a)
         return
     shutil.rmtree(a.work, ignore_errors=True)
     os.makedirs(a.work)
-    print("model: llama hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %s, %d steps"
-          % (a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.dtype, a.steps))
-    model_dir = make_workload(a)
+    peers = [] if a.skip_torch else [p for p in a.peers.split(",") if p]
+    unknown = set(peers) - set(PEERS)
+    if unknown:
+        sys.exit("unknown peer(s) %s; known: %s" % (", ".join(sorted(unknown)), ", ".join(PEERS)))
+
+    # The checkpoint and the versions come from a child, so that this process stays small (its
+    # high-water mark is what every child's ru_maxrss starts from).
+    code, out, _ = run_child([sys.executable, os.path.abspath(__file__)] + sys.argv[1:] + ["--role", "workload"],
+                             env=peer_env(a))
+    if code != 0:
+        sys.exit("building the workload failed:\n" + out)
+    versions = json.loads([l for l in out.splitlines() if l.startswith("RESULT ")][-1][len("RESULT "):])
+    model_dir = os.path.join(a.work, "model")
+    versions["keel"] = keel_version(a.keel)
 
     peak_tool = a.matmul_peak or os.path.join(os.path.dirname(os.path.abspath(a.keel)), "bench", "matmul_peak")
-    peak = json.loads(subprocess.check_output([peak_tool]))
+    peak = json.loads(subprocess.check_output([peak_tool], env=peer_env(a)))
     peak_flops = peak["bf16_flops"] if a.dtype == "bf16" else peak["f32_flops"]
 
-    keel_tps, keel_rss = run_keel(a, model_dir)
+    print("keel %s | torch %s | transformers %s | accelerate %s | numpy %s | Python %s"
+          % (versions["keel"], versions["torch"], versions["transformers"], versions["accelerate"],
+             versions["numpy"], versions["python"]))
+    print("torch BLAS: %s | torch oneDNN (MKL-DNN): %s | torch CPU capability: %s | numpy BLAS: %s"
+          % (versions["torch_blas"], versions["torch_onednn"], versions["torch_cpu_capability"],
+             versions["numpy_blas"]))
+    print("CPU: %s, %d cores (%d usable), %d threads per peer"
+          % (cpu_model(), os.cpu_count(), len(os.sched_getaffinity(0)), a.threads))
+    print("model: llama hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %s, %d steps%s"
+          % (a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.dtype, a.steps,
+             ", gradient checkpointing" if a.checkpointing else ""))
+    print("matmul peak (%s, oneDNN %d^3): %.1f GFLOP/s; %.3f GFLOP per token (6N + 12LTd, N = %.1fM)"
+          % (a.dtype, peak["size"], peak_flops / 1e9, flops_per_token(a) / 1e9, matmul_parameters(a) / 1e6))
+    sys.stdout.flush()
 
-    torch_tps = torch_rss = None
-    if not a.skip_torch:
-        code, out, torch_rss = run_with_peak_rss(
-            [sys.executable, os.path.abspath(__file__), "--torch-worker", "--work", a.work, "--steps", str(a.steps),
-             "--batch", str(a.batch), "--dtype", a.dtype, "--keel", a.keel])
-        if code != 0:
-            sys.exit("PyTorch worker failed:\n" + out)
-        res = json.loads(out.strip().splitlines()[-1])
-        times = res["times"][1:] or res["times"]
-        torch_tps = a.batch * a.seq / statistics.median(times)
-        torch_rss = res["peak_rss"]
+    results = {"keel": run_keel(a, model_dir)}
+    for p in peers:
+        results[p] = run_peer(a, p)
+    tt = versions.get("torchtune")
+    results["torchtune"] = {"error": "not run (%s)" % (
+        "torchtune %s is installed, but this benchmark has no torchtune recipe yet" % tt if tt else
+        "not installed in the pinned environment, requirements-dev.txt")}
 
     fpt = flops_per_token(a)
-    print("matmul peak (%s, oneDNN %d^3): %.1f GFLOP/s" % (a.dtype, peak["size"], peak_flops / 1e9))
-    print("keel    : %8.1f tokens/s   MFU %5.1f%%   peak RSS %.2f GB" %
-          (keel_tps, 100 * keel_tps * fpt / peak_flops, keel_rss / 1e9))
-    if torch_tps:
-        print("PyTorch : %8.1f tokens/s   MFU %5.1f%%   peak RSS %.2f GB" %
-              (torch_tps, 100 * torch_tps * fpt / peak_flops, torch_rss / 1e9))
-        print("ratio keel/PyTorch: %.2fx" % (keel_tps / torch_tps))
+    rows = []
+    keel_tps = None
+    for name, r in results.items():
+        row = {"peer": PEER_NAMES[name], "settings": r.get("settings", ""), "note": r.get("note", "")}
+        if "times" in r:
+            times = r["times"][1:] or r["times"]  # step 1 warms up (and compiles, for torch.compile)
+            step = statistics.median(times)
+            tps = a.batch * a.seq / step
+            keel_tps = keel_tps or tps  # keel's row comes first
+            row.update(status="ok", tokens_per_s=round(tps, 2), step_time_s=round(step, 4),
+                       peak_rss_bytes=r["rss"], vmhwm_bytes=r.get("vmhwm"), mfu=round(tps * fpt / peak_flops, 4),
+                       keel_over_peer=round(keel_tps / tps, 3), step_times_s=[round(t, 4) for t in r["times"]])
+        else:
+            row.update(status=r["error"])
+        rows.append(row)
+
+    print()
+    print("%-14s %10s %9s %9s %7s %9s   %s" % ("peer", "tokens/s", "step s", "peak RSS", "MFU", "keel/peer", "settings"))
+    for row in rows:
+        if row["status"] == "ok":
+            print("%-14s %10.1f %9.3f %7.2f GB %6.1f%% %8.2fx   %s" %
+                  (row["peer"], row["tokens_per_s"], row["step_time_s"], row["peak_rss_bytes"] / 1e9,
+                   100 * row["mfu"], row["keel_over_peer"], row["settings"]))
+        else:
+            print("%-14s %s" % (row["peer"], row["status"]))
+    for row in rows:
+        if row["note"]:
+            print("  %s: %s" % (row["peer"], row["note"]))
+    for name, r in results.items():
+        if "log" in r:  # a failed peer: enough of its log to see why
+            print("\n--- %s log (last 40 lines) ---\n%s" % (PEER_NAMES[name], "\n".join(r["log"].splitlines()[-40:])))
+    print(json.dumps({
+        "bench": "train_vs_pytorch", "date": time.strftime("%Y-%m-%d"),
+        "model": {"family": "llama", "hidden": a.hidden, "layers": a.layers, "heads": a.heads, "kv_heads": a.kv_heads,
+                  "intermediate": a.intermediate, "vocab": a.vocab, "seq": a.seq, "batch": a.batch},
+        "dtype": a.dtype, "steps": a.steps, "checkpointing": a.checkpointing, "threads": a.threads,
+        "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "flops_per_token": fpt,
+        "peers": rows}))
 
 
 if __name__ == "__main__":
