@@ -246,7 +246,7 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
   Reader r(origin);
   simdjson::dom::parser parser;
   element root_element;
-  auto error = parser.parse(json.data(), json.size()).get(root_element);
+  auto error = parse_json_document(parser, json, root_element);
   if (error) fail("{}: not valid JSON ({})", origin, simdjson::error_message(error));
   object root = r.as_object(root_element, "the top level");
 
@@ -373,7 +373,7 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
   const std::string config_origin = origin + " (tokenizer_config.json)";
   simdjson::dom::parser config_parser;
   element config_element;
-  error = config_parser.parse(config_json.data(), config_json.size()).get(config_element);
+  error = parse_json_document(config_parser, config_json, config_element);
   if (error) fail("{}: not valid JSON ({})", config_origin, simdjson::error_message(error));
   object config;
   if (config_element.get_object().get(config) != simdjson::SUCCESS)
