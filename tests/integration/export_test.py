@@ -415,7 +415,7 @@ def test_errors():
         os.chmod(ro, 0o500)
         fails([step, "--to", ro], [ro, "not writable"], "a read-only destination")
         os.chmod(ro, 0o700)
-    fails([step, "--to", step], ["the checkpoint itself"], "the checkpoint as destination")
+    fails([step, "--to", step], ["is the input checkpoint"], "the checkpoint as destination")
     fails([step, "--to", to, "--format", "glm-original"], ["llama", "glm_original"],
           "--format glm-original of a llama model")
     check(not os.path.exists(to), "a failed export leaves no directory behind")

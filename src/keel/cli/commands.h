@@ -11,6 +11,17 @@
 
 namespace keel::cli {
 
+// Exit codes, for every command: 0 success, 1 an internal error, 2 bad input or usage (a
+// keel::Error, a wrong option), 3 `keel plan`: the plan does not fit the given memory; 128 + N
+// stopped by signal N (e.g. 130 for Ctrl-C).
+inline constexpr int kExitInternalError = 1;
+inline constexpr int kExitBadInput = 2;
+inline constexpr int kExitDoesNotFit = 3;
+
+// "keel 0.2.0 (commit 1a2b3c4d, Release, GCC 12.2.0, OpenMP, native bf16 kernels selected at run
+// time)": `keel --version`, generated at build time from git and the CMake configuration.
+std::string version_text();
+
 using CommandAction = std::function<int()>;
 using CommandSetup = std::function<CommandAction(CLI::App& subcommand)>;
 

@@ -17,6 +17,7 @@ namespace {
 struct ExportOptions {
   std::string checkpoint, destination, dtype, format, max_shard_size = "5GB";
   std::vector<std::string> overrides;
+  bool overwrite = false;
 };
 
 std::string_view dtype_label(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
@@ -42,8 +43,11 @@ const CommandRegistration kExport{
       cmd.add_option("--set", o->overrides,
                      "Override a key of the checkpoint's recipe, e.g. --set model_name=DIR when the base model moved "
                      "(repeatable)");
+      cmd.add_flag("--overwrite", o->overwrite,
+                   "Replace a destination that holds files keel did not write (refused by default)");
       return [o] {
         train::ExportRequest request;
+        request.overwrite = o->overwrite;
         request.checkpoint = o->checkpoint;
         request.destination = o->destination;
         if (!o->dtype.empty()) request.dtype = train::export_dtype_from_name(o->dtype);

@@ -69,6 +69,11 @@ int run_generate(GenerateOptions& o) {
   for (int64_t eos : config.eos_token_ids) o.sampling.stop_ids.push_back(eos);
   if (tokenizer && tokenizer->eos_id()) o.sampling.stop_ids.push_back(*tokenizer->eos_id());
 
+  // Past max_position_embeddings the model continues on positions it never saw: garbage, silently.
+  require(int64_t(prompt.size()) + o.sampling.max_new_tokens <= config.max_position_embeddings,
+          "{}/config.json: the prompt ({} tokens) + --max-new-tokens ({}) exceed the model's {} positions "
+          "(max_position_embeddings); shorten the prompt or lower --max-new-tokens",
+          o.model, prompt.size(), o.sampling.max_new_tokens, config.max_position_embeddings);
   model::Decoder decoder(config, model::Precision::F32, 1, 2);
   model::load_hf_weights(decoder, o.model);
   model::Generator generator(decoder, int64_t(prompt.size()) + o.sampling.max_new_tokens + 1);

@@ -44,7 +44,9 @@ const CommandRegistration kPlan{
           request.device_memory_bytes = train::parse_memory_size(options->device_memory);
         fmt::print("{}", options->json ? train::memory_report_json(recipe, request)
                                        : train::memory_report(recipe, request));
-        return 0;
+        // Scripts can act on the verdict: 3 when the plan does not fit (2 stays "bad input").
+        const auto fits = train::plan_fits(recipe, request);
+        return fits && !*fits ? kExitDoesNotFit : 0;
       };
     }};
 

@@ -19,6 +19,7 @@ struct TrainOptions {
   bool print_recipe = false;
   std::string resume;
   int64_t stop_after = 0;
+  bool overwrite = false;
 };
 
 const CommandRegistration kTrain{
@@ -33,6 +34,8 @@ const CommandRegistration kTrain{
                          ->expected(0, 1);
       cmd.add_option("--stop-after", options->stop_after,
                      "Stop after this step, saving a checkpoint as on Ctrl-C (for time-sliced jobs)");
+      cmd.add_flag("--overwrite", options->overwrite,
+                   "Start afresh even though checkpoint_dir holds an earlier run's checkpoints (they are deleted)");
       return [options, resume] {
         if (resume->count() > 0 && options->resume.empty()) options->resume = "auto";
         auto recipe = train::load_recipe(options->recipe, options->overrides);
@@ -45,6 +48,7 @@ const CommandRegistration kTrain{
         train_options.terminal = train::stdout_is_terminal() && !dist::launched_by_mpi();
         train_options.resume = options->resume;
         train_options.stop_after_step = options->stop_after;
+        train_options.overwrite = options->overwrite;
         const auto result = train::run_training(recipe, std::cout, train_options);
         return result.interrupted && result.interrupt_signal ? 128 + result.interrupt_signal : 0;
       };

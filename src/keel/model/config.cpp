@@ -148,7 +148,7 @@ void append_pretty(std::string& out, dom::element e, int indent) {
 
 dom::element parse_json(dom::parser& parser, const std::string& text, const std::string& path) {
   dom::element root;
-  if (auto error = parser.parse(text.data(), text.size()).get(root)) {
+  if (auto error = parse_json_document(parser, text, root)) {
     fail("{}: expected valid JSON: {}", path, simdjson::error_message(error));
   }
   if (!root.is_object()) fail("{}: expected a JSON object at the top level, found {}", path, json_type_name(root));

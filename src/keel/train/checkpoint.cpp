@@ -96,11 +96,19 @@ std::vector<std::pair<int64_t, std::string>> complete_checkpoints(const std::str
   return out;
 }
 
+// The manifest goes first: a deletion cut short (a kill, a full disk) leaves a directory without
+// one, which no reader takes for a complete checkpoint and the next start cleans up.
+void remove_checkpoint_dir(const std::string& path) {
+  std::error_code ec;
+  fs::remove(path + "/manifest.json", ec);
+  fs::remove_all(path);
+}
+
 void remove_old_checkpoints(const std::string& dir, int64_t keep_last_n, const std::string& newest) {
   auto all = complete_checkpoints(dir);
   const int64_t excess = int64_t(all.size()) - keep_last_n;
   for (int64_t i = 0; i < excess; ++i)
-    if (all[i].second != newest) fs::remove_all(dir + "/" + all[i].second);
+    if (all[i].second != newest) remove_checkpoint_dir(dir + "/" + all[i].second);
 }
 
 // The snapshot is the only part of an asynchronous save that blocks training: use every core.
@@ -272,6 +280,17 @@ int clean_incomplete_checkpoints(const std::string& dir) {
       fs::remove_all(entry.path(), ignored);
       ++removed;
     }
+  }
+  return removed;
+}
+
+int remove_checkpoints(const std::string& dir) {
+  std::error_code ec;
+  fs::remove(fs::path(dir) / "latest", ec);
+  int removed = 0;
+  for (const auto& [step, name] : complete_checkpoints(dir)) {
+    remove_checkpoint_dir(dir + "/" + name);
+    ++removed;
   }
   return removed;
 }

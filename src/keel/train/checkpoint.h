@@ -99,6 +99,9 @@ class CheckpointWriter {
 
 // Removes incomplete ".tmp-*" directories left by a killed process; returns how many.
 int clean_incomplete_checkpoints(const std::string& dir);
+// Deletes every checkpoint in `dir` (the `latest` pointer first, then each step-N with its manifest
+// first, so a deletion cut short never leaves something that looks complete); returns how many.
+int remove_checkpoints(const std::string& dir);
 // The newest complete checkpoint in `dir` (per its `latest` pointer), or "" if there is none.
 std::string latest_checkpoint(const std::string& dir);
 

@@ -12,6 +12,7 @@
 #include "keel/model/hf_weights.h"
 #include "keel/train/checkpoint.h"
 #include "keel/train/model_setup.h"
+#include "keel/train/run_guard.h"
 
 namespace keel::train {
 namespace {
@@ -104,6 +105,14 @@ std::vector<std::string> copy_tokenizer_files(const Recipe& r, const std::string
 
 ExportResult export_checkpoint(const ExportRequest& request) {
   const std::string step_dir = checkpoint_step_dir(request.checkpoint);
+  {  // Before anything is written: never over the run's inputs, never over a model keel did not write.
+    const std::string recipe_path = step_dir + "/recipe.toml";
+    const Recipe recipe = parse_recipe(read_file(recipe_path), recipe_path, request.recipe_overrides);
+    auto inputs = recipe_inputs(recipe);
+    inputs.push_back({"checkpoint", request.checkpoint});
+    refuse_outputs_over_inputs({{"--to", request.destination}}, inputs);
+    refuse_replacing_foreign_model(request.destination, request.overwrite);
+  }
   const bool created = prepare_destination(request.destination, step_dir);
   try {
     return export_into(request, step_dir);
@@ -153,6 +162,7 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
   read_checkpoint_weights(step_dir, decoder.params());
   model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes);
   result.tokenizer_files = copy_tokenizer_files(recipe, request.destination);
+  write_model_marker(request.destination, fmt::format("keel export of {}", step_dir));
   return result;
 }
 

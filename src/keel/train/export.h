@@ -25,6 +25,9 @@ struct ExportRequest {
   ExportFormat format = ExportFormat::AsTrained;
   uint64_t max_shard_bytes = 5ull << 30;
   std::vector<std::string> recipe_overrides;  // "key=value" applied to the checkpoint's recipe.toml
+  // Replace a destination that holds files keel did not write (by default refused: it may be the
+  // user's model).
+  bool overwrite = false;
 };
 
 struct ExportResult {

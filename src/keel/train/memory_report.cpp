@@ -32,6 +32,12 @@ namespace {
 
 size_t gib(double n) { return size_t(n * double(size_t(1) << 30)); }
 
+// A plan fits when its total is within the device memory and its arena within memory_pool_size
+// (each limit 0: not checked).
+bool within_limits(size_t total, size_t arena, size_t device, size_t pool) {
+  return (device == 0 || total <= device) && (pool == 0 || arena <= pool);
+}
+
 // The size of a model directory's .safetensors files, or, for a directory with config.json only,
 // what they would take in the config's torch_dtype.
 size_t weight_file_bytes(const std::string& dir, const model::ModelConfig& config) {
@@ -267,8 +273,17 @@ std::string memory_report_json(const Recipe& r, const PlanRequest& request) {
                      plan.arena_bytes() + training_external, categories);
 }
 
+std::optional<bool> plan_fits(const Recipe& r, const PlanRequest& request) {
+  const size_t device = request.device_memory_bytes;
+  const size_t pool = gib(r.memory_pool_size);
+  if (device == 0 && pool == 0) return std::nullopt;
+  const auto plan = training_memory_plan(r, recipe_model_config(r), requested_shape(r, request));
+  return within_limits(plan.total_bytes(), plan.arena_bytes(), device, pool);
+}
+
 std::string memory_report(const Recipe& r, const PlanRequest& request) {
   const auto config = recipe_model_config(r);
+  require_sequence_fits_model(r, config);
   const bool bf16 = recipe_precision(r) == model::Precision::BF16;
   const RunShape shape = requested_shape(r, request);
   const size_t device = request.device_memory_bytes;
@@ -278,7 +293,7 @@ std::string memory_report(const Recipe& r, const PlanRequest& request) {
     const auto plan = training_memory_plan(r, config, c.shape);
     c.total = plan.total_bytes();
     c.arena = plan.arena_bytes();
-    c.fits = (device == 0 || c.total <= device) && (pool == 0 || c.arena <= pool);
+    c.fits = within_limits(c.total, c.arena, device, pool);
   };
 
   const auto plan = training_memory_plan(r, config, shape);

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -54,6 +55,9 @@ struct PlanRequest {
 // micro-batch, gradient checkpointing, ZeRO-1 and sequence-length changes that make it fit (each
 // planned with the same planner).
 std::string memory_report(const Recipe& recipe, const PlanRequest& request);
+// Whether the configured run fits the device memory and memory_pool_size; nullopt when neither is
+// given (nothing to check). `keel plan` exits non-zero when this is false.
+std::optional<bool> plan_fits(const Recipe& recipe, const PlanRequest& request);
 
 // The plan of the configured run as one JSON object: total, arena, live peak, waste, bytes outside
 // the arena, and bytes per category at the peak (for scripts and benchmarks).

@@ -33,6 +33,14 @@ model::ModelConfig scratch_model_config(const ScratchModel& m) {
   return c;
 }
 
+void require_sequence_fits_model(const Recipe& r, const model::ModelConfig& c) {
+  require(r.max_seq_len <= c.max_position_embeddings,
+          "{}: max_seq_len = {} is longer than the model's {} positions (max_position_embeddings in {}): it would "
+          "train on positions the model never had. Set max_seq_len <= {}",
+          r.source, r.max_seq_len, c.max_position_embeddings,
+          r.model_config ? "[model_config]" : r.model_name + "/config.json", c.max_position_embeddings);
+}
+
 model::ModelConfig recipe_model_config(const Recipe& r) {
   if (r.model_config) return scratch_model_config(*r.model_config);
   require(path_exists(r.model_name), "{}: model_name '{}' does not exist (keel reads local HF model directories only)",

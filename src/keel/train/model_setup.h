@@ -20,6 +20,9 @@ model::ModelConfig scratch_model_config(const ScratchModel& m);
 // (no weights are read, so a directory holding only config.json is enough).
 model::ModelConfig recipe_model_config(const Recipe& recipe);
 model::Precision recipe_precision(const Recipe& recipe);
+// keel::Error when the run's sequences are longer than the model has positions
+// (max_position_embeddings): it would train on positions the model never had, silently.
+void require_sequence_fits_model(const Recipe& recipe, const model::ModelConfig& config);
 // The decoder settings a training run of this recipe uses: gradient checkpointing, optimizer
 // state in the arena (ZeRO-1: a 1/dp_degree shard), memory_pool_size (GiB) as the arena's cap and
 // memory_planning.

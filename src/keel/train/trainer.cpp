@@ -30,6 +30,7 @@
 #include "keel/train/metrics.h"
 #include "keel/train/model_setup.h"
 #include "keel/train/optimizer.h"
+#include "keel/train/run_guard.h"
 #include "keel/train/progress.h"
 
 namespace keel::train {
@@ -56,6 +57,7 @@ class Trainer {
   Trainer(const Recipe& r, std::ostream& log, const TrainOptions& options, dist::Communicator& comm)
       : r_(r), log_(log), options_(options), comm_(comm), setup_(setup_model(r, comm.rank())), decoder_(*setup_.decoder),
         config_(decoder_.config()) {
+    require_sequence_fits_model(r, config_);
     for (const auto& name : setup_.unused_tensors)
       fmt::print(log_, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
                  config_.architecture);
@@ -97,6 +99,7 @@ class Trainer {
     state_.data_fingerprint = loader_->fingerprint();
     state_.compat_fingerprint = compat_fingerprint(r);
     if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
+      refuse_mixing_runs(r.checkpoint_dir, options);
       if (int removed = clean_incomplete_checkpoints(r.checkpoint_dir))
         fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save\n", removed,
                    r.checkpoint_dir);
@@ -109,6 +112,13 @@ class Trainer {
   }
 
   TrainResult run() {
+    if (already_complete_) {
+      // Nothing to train: the run's files (summary.json, final/) stay as the finished run left them.
+      fmt::print(log_, "keel: already complete at step {} (max_steps = {}); nothing changed. To train further, "
+                       "resume with a larger max_steps (--set max_steps=N)\n",
+                 state_.step, max_steps_);
+      return TrainResult{};
+    }
     make_dirs(r_.output_dir);
     // Only rank 0 writes files: every rank holds the same replicated state.
     std::unique_ptr<MetricsWriter> metrics;
@@ -213,7 +223,22 @@ class Trainer {
                        "logging or save_interval)\n", path);
     state_.step = saved.step;
     state_.samples_consumed = saved.samples_consumed;
-    fmt::print(log_, "keel: resumed from {} at step {}\n", path, saved.step);
+    already_complete_ = saved.step == max_steps_;
+    if (!already_complete_) fmt::print(log_, "keel: resumed from {} at step {}\n", path, saved.step);
+  }
+
+  // A fresh run must not write its checkpoints between another run's (their steps interleave and
+  // keep_last_n prunes the wrong ones): refused unless --resume or --overwrite says what to do.
+  void refuse_mixing_runs(const std::string& dir, const TrainOptions& options) {
+    if (!options.resume.empty()) return;
+    const std::string latest = latest_checkpoint(dir);
+    if (latest.empty()) return;
+    if (!options.overwrite)
+      fail("checkpoint_dir '{}' holds checkpoints of an earlier run (latest: {}). Pass --resume auto to continue "
+           "it, --overwrite to delete them and start afresh, or choose another checkpoint_dir",
+           dir, latest);
+    const int removed = remove_checkpoints(dir);
+    fmt::print(log_, "keel: --overwrite: removed {} checkpoint(s) of the earlier run from {}\n", removed, dir);
   }
 
   // Rank 0 writes the checkpoint. Under ZeRO-1 every rank takes part: the others send rank 0 their
@@ -415,6 +440,7 @@ class Trainer {
     const std::string final_dir = r_.output_dir + "/final";
     model::save_hf_model(decoder_, final_dir, setup_.export_dtype);
     copy_tokenizer_files(r_, final_dir);
+    write_model_marker(final_dir, "keel train: the run's final model");
     fmt::print(log_, "keel: model written to {}; metrics in {}/metrics.jsonl, summary.json, {}\n", final_dir,
                r_.output_dir, plot);
   }
@@ -436,6 +462,7 @@ class Trainer {
   LrSchedule schedule_;
   std::optional<EvalResult> last_eval_;
   TrainingState state_;
+  bool already_complete_ = false;  // resumed from a checkpoint at max_steps
   std::unique_ptr<CheckpointWriter> checkpoints_;
 };
 
@@ -473,6 +500,14 @@ TrainResult run_training(const Recipe& r, std::ostream& log, const TrainOptions&
   for (const auto& w : inactive_key_warnings(r)) fmt::print(out, "note: {}\n", w);
   if (comm->size() > 1) fmt::print(out, "keel: data parallel over {} ranks ({})\n", comm->size(), comm->name());
   try {
+    refuse_outputs_over_inputs(recipe_outputs(r), recipe_inputs(r));
+    // Rank 0 writes every file of the run, so it owns the directories: a second run into them fails
+    // at once instead of mixing checkpoints, metrics and summaries with this one.
+    std::optional<DirectoryLock> output_lock, checkpoint_lock;
+    if (comm->rank() == 0) {
+      output_lock.emplace(r.output_dir, "output_dir");
+      if (!r.checkpoint_dir.empty()) checkpoint_lock.emplace(r.checkpoint_dir, "checkpoint_dir");
+    }
     Trainer trainer(r, out, options, *comm);
     return trainer.run();
   } catch (const Error& e) {

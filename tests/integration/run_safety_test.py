@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Nothing lost, nothing silent: the everyday mistakes that used to overwrite or mix the user's
+work without a word, each tried as a user would make it.
+
+  - a run whose output_dir holds its own input model (continuing from a previous result)
+  - keel export over the run's base model, and over any directory keel did not write
+  - two runs at once into one output_dir / checkpoint_dir (also while one runs under mpirun)
+  - a fresh run into a checkpoint_dir that holds another run's checkpoints
+  - --resume auto on a finished run (used to overwrite summary.json with zeros)
+  - max_seq_len beyond max_position_embeddings (train, plan), generation past it
+  - exit codes: usage errors 2, `keel plan` 3 when it does not fit; `keel --version`
+
+    $(scripts/python-env.sh) tests/integration/run_safety_test.py KEEL [--only NAME]
+"""
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+from harness import check, run_tests, write_data
+
+KEEL = os.path.abspath(sys.argv[1])
+ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
+WORK = tempfile.mkdtemp(prefix="keel_run_safety_test_")
+MODEL_CONFIG = ["[model_config]", 'family = "llama"', "vocab_size = 32", "hidden_size = 32",
+                "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2",
+                "max_position_embeddings = 64"]
+
+
+def toml_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    return repr(v)
+
+
+def recipe(name, scratch=True, **overrides):
+    d = os.path.join(WORK, name)
+    os.makedirs(d, exist_ok=True)
+    keys = {"data_path": os.path.join(WORK, "train.jsonl"), "output_dir": os.path.join(d, "out"),
+            "dtype": "fp32", "max_seq_len": 16, "batch_size": 4, "learning_rate": 3e-3,
+            "max_steps": 4, "seed": 5, "log_interval": 2}
+    keys.update(overrides)
+    lines = ["%s = %s" % (k, toml_value(v)) for k, v in keys.items() if v is not None]
+    if scratch:
+        lines += MODEL_CONFIG
+    path = os.path.join(d, "recipe.toml")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return path, d
+
+
+def run(args, **kw):
+    return subprocess.run([KEEL] + [str(a) for a in args], capture_output=True, text=True, **kw)
+
+
+def digest_tree(d):
+    """{relative path: sha256} of every file below d but the run lock (which names its last holder)."""
+    out = {}
+    for root, _, files in os.walk(d):
+        for f in files:
+            if f == ".keel.lock":
+                continue
+            p = os.path.join(root, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, d)] = hashlib.sha256(fh.read()).hexdigest()
+    return out
+
+
+def trained_model(name):
+    """A finished run: returns (its directory, output_dir/final)."""
+    path, d = recipe(name)
+    r = run(["train", path])
+    check(r.returncode == 0, "%s trains (%s)" % (name, r.stderr.strip()[-300:]))
+    return d, os.path.join(d, "out", "final")
+
+
+def test_output_dir_over_the_input_model():
+    # Continue tuning a previous result with output_dir = the previous run's directory: its
+    # final/ (this run's input) is where this run would write its own final/.
+    d, final = trained_model("base")
+    before = digest_tree(final)
+    for key, value in (("output_dir", os.path.join(d, "out")), ("output_dir", final),
+                       ("checkpoint_dir", os.path.join(final, "ckpt"))):
+        path, _ = recipe("continue_" + key, scratch=False, model_name=final,
+                         **{key: value})
+        r = run(["train", path])
+        check(r.returncode == 2, "%s = %s over the input model is refused with exit 2 (got %d)"
+              % (key, value, r.returncode))
+        check(key in r.stderr and final in r.stderr and "input" in r.stderr,
+              "the refusal names %s and the input model (%s)" % (key, r.stderr.strip()))
+    check(digest_tree(final) == before, "the input model is unchanged")
+    # The same continuation into a new directory works.
+    path, d2 = recipe("continue_ok", scratch=False, model_name=final)
+    r = run(["train", path])
+    check(r.returncode == 0, "continuing into a new output_dir trains (%s)" % r.stderr.strip()[-300:])
+
+
+def test_export_never_replaces_a_foreign_model():
+    base_d, base = trained_model("export_base")
+    path, d = recipe("export_run", scratch=False, model_name=base,
+                     checkpoint_dir=os.path.join(WORK, "export_run", "ckpt"), save_interval=2)
+    r = run(["train", path])
+    check(r.returncode == 0, "the run to export trains (%s)" % r.stderr.strip()[-300:])
+    ckpt = os.path.join(d, "ckpt")
+    before = digest_tree(base)
+    r = run(["export", ckpt, "--to", base])
+    check(r.returncode == 2 and "model_name" in r.stderr and base in r.stderr,
+          "export onto the run's own base model is refused naming it (exit %d: %s)" % (r.returncode, r.stderr.strip()))
+    r = run(["export", ckpt, "--to", base, "--overwrite"])
+    check(r.returncode == 2, "--overwrite does not allow replacing the run's input model (exit %d)" % r.returncode)
+    check(digest_tree(base) == before, "the base model is unchanged")
+
+    foreign = os.path.join(WORK, "someone_elses_model")
+    os.makedirs(foreign)
+    with open(os.path.join(foreign, "model.safetensors"), "wb") as f:
+        f.write(b"not keel's")
+    r = run(["export", ckpt, "--to", foreign])
+    check(r.returncode == 2 and "--overwrite" in r.stderr,
+          "export into a directory keel did not write is refused, naming --overwrite (%s)" % r.stderr.strip())
+    with open(os.path.join(foreign, "model.safetensors"), "rb") as f:
+        check(f.read() == b"not keel's", "the foreign file is untouched")
+    r = run(["export", ckpt, "--to", foreign, "--overwrite"])
+    check(r.returncode == 0, "--overwrite replaces it (%s)" % r.stderr.strip())
+
+    mine = os.path.join(WORK, "my_export")
+    for attempt in ("first", "again"):
+        r = run(["export", ckpt, "--to", mine])
+        check(r.returncode == 0, "%s export into keel's own export directory (%s)" % (attempt, r.stderr.strip()))
+    check(os.path.exists(os.path.join(mine, ".keel-model")), "the export carries keel's marker")
+    check(os.path.exists(os.path.join(base, ".keel-model")), "a run's final/ carries keel's marker")
+
+
+def start_long_run(name, launcher=()):
+    path, d = recipe(name, max_steps=100000, checkpoint_dir=os.path.join(WORK, name, "ckpt"),
+                     save_interval=1000000, **({"dp_degree": 2} if launcher else {}))
+    env = dict(os.environ)
+    if launcher:  # Open MPI leaks at MPI_Finalize (see scripts/test-sanitizers.sh): no leak check there
+        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "").replace("detect_leaks=1", "detect_leaks=0")
+    p = subprocess.Popen(list(launcher) + [KEEL, "train", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True, env=env)
+    lock = os.path.join(d, "out", ".keel.lock")
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None:  # the first step shows the lock is held
+        if os.path.exists(os.path.join(d, "out", "metrics.jsonl")) and os.path.getsize(lock) > 0:
+            break
+        time.sleep(0.1)
+    return path, d, p
+
+
+def stop(p):
+    try:
+        os.killpg(p.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.communicate()
+
+
+def check_second_run_refused(path, d, what):
+    t0 = time.time()
+    # A plain second run (dp_degree = 1) into the directories the first run holds.
+    r = run(["train", path, "--overwrite", "--set", "dp_degree=1"], timeout=120)
+    check(r.returncode == 2, "%s: a second run into the same directories is refused (exit %d)" % (what, r.returncode))
+    check("in use by another keel run" in r.stderr and "pid" in r.stderr,
+          "%s: the refusal names the holder (%s)" % (what, r.stderr.strip()))
+    check(time.time() - t0 < 30, "%s: refused at once" % what)
+
+
+def test_one_run_per_directory():
+    path, d, p = start_long_run("concurrent")
+    check(p.poll() is None, "the first run is training")
+    check_second_run_refused(path, d, "plain")
+    stop(p)
+    mpirun = shutil.which("mpirun")
+    if check(mpirun is not None, "mpirun is installed (scripts/install-deps.sh)"):
+        path, d, p = start_long_run("concurrent_mpi", launcher=(mpirun, "--allow-run-as-root", "--oversubscribe",
+                                                                "-np", "2", "-x", "OMP_NUM_THREADS=1"))
+        check(p.poll() is None, "the mpirun job is training")
+        check_second_run_refused(path, d, "under mpirun")
+        stop(p)
+
+
+def test_fresh_run_into_another_runs_checkpoints():
+    ck = os.path.join(WORK, "shared_ckpt")
+    path, d = recipe("first", checkpoint_dir=ck, save_interval=2)
+    check(run(["train", path]).returncode == 0, "the first run trains")
+    before = digest_tree(ck)
+    path2, d2 = recipe("second", checkpoint_dir=ck, save_interval=2, seed=6, max_steps=6)
+    r = run(["train", path2])
+    check(r.returncode == 2 and "--resume" in r.stderr and "--overwrite" in r.stderr,
+          "a fresh run into a checkpoint_dir holding another run is refused, naming --resume and --overwrite (%s)"
+          % r.stderr.strip())
+    check(digest_tree(ck) == before, "the earlier run's checkpoints are untouched")
+    r = run(["train", path2, "--overwrite"])
+    check(r.returncode == 0 and "removed" in r.stdout, "--overwrite starts afresh, saying what it removed (%s)"
+          % r.stderr.strip()[-300:])
+    names = sorted(n for n in os.listdir(ck) if n.startswith("step-"))
+    check(names == ["step-00000002", "step-00000004", "step-00000006"] or len(names) <= 3,
+          "only the new run's checkpoints remain (%s)" % names)
+
+
+def test_resume_of_a_finished_run_changes_nothing():
+    path, d = recipe("finished", checkpoint_dir=os.path.join(WORK, "finished", "ckpt"), save_interval=2)
+    check(run(["train", path]).returncode == 0, "the run trains to the end")
+    before = digest_tree(os.path.join(d, "out"))
+    r = run(["train", path, "--resume", "auto"])
+    check(r.returncode == 0 and "already complete at step 4" in r.stdout,
+          "--resume auto on a finished run says it is complete (%s %s)" % (r.stdout.strip()[-200:], r.stderr.strip()))
+    after = digest_tree(os.path.join(d, "out"))
+    check(after == before, "summary.json, metrics and final/ are unchanged")
+
+
+def test_sequence_longer_than_the_model():
+    path, d = recipe("too_long", max_seq_len=128)  # the model has 64 positions
+    for cmd in (["train", path], ["plan", path]):
+        r = run(cmd)
+        check(r.returncode == 2 and "128" in r.stderr and "64" in r.stderr and "max_position_embeddings" in r.stderr,
+              "keel %s: max_seq_len beyond max_position_embeddings is an error with both numbers (exit %d: %s)"
+              % (cmd[0], r.returncode, r.stderr.strip()))
+    _, final = trained_model("short_model")
+    r = run(["generate", "--model", final, "--prompt-ids", "1,2,3", "--max-new-tokens", "100", "--ids"])
+    check(r.returncode == 2 and "max_position_embeddings" in r.stderr,
+          "generation past the model's positions is refused (exit %d: %s)" % (r.returncode, r.stderr.strip()))
+    r = run(["generate", "--model", final, "--prompt-ids", "1,2,3", "--max-new-tokens", "8", "--ids"])
+    check(r.returncode == 0, "generation within them works (%s)" % r.stderr.strip())
+
+
+def test_exit_codes_and_version():
+    r = run(["prepare"])
+    check(r.returncode == 2, "a usage error (missing required options) exits 2 (got %d)" % r.returncode)
+    r = run(["train", "--no-such-flag", "x.toml"])
+    check(r.returncode == 2, "an unknown option exits 2 (got %d)" % r.returncode)
+    r = run(["--help"])
+    check(r.returncode == 0, "--help exits 0")
+    r = run(["--version"])
+    check(r.returncode == 0 and r.stdout.startswith("keel ") and "commit" in r.stdout,
+          "--version prints the version and commit (%s)" % r.stdout.strip())
+    path, d = recipe("plan")
+    r = run(["plan", path, "--device-memory", "1MiB"])
+    check(r.returncode == 3 and "fits: NO" in r.stdout, "keel plan exits 3 when the plan does not fit (got %d)"
+          % r.returncode)
+    r = run(["plan", path, "--device-memory", "64GB"])
+    check(r.returncode == 0 and "fits: yes" in r.stdout, "and 0 when it fits (got %d)" % r.returncode)
+    r = run(["plan", path])
+    check(r.returncode == 0, "and 0 when nothing is checked (got %d)" % r.returncode)
+
+
+def main():
+    write_data(os.path.join(WORK, "train.jsonl"), 64, seed=1)
+    run_tests(globals(), "run safety", WORK, only=ONLY)
+
+
+if __name__ == "__main__":
+    main()
