@@ -16,13 +16,22 @@ fail() {
   failures=$((failures + 1))
 }
 
-# run NAME ARGS...: keel plan must exit 0; its output goes to $work/NAME.out
+# run NAME ARGS...: keel plan must exit 0, or 3 when the plan does not fit the given device memory
+# (the output then says "fits: NO"); its output goes to $work/NAME.out
 run() {
   local name=$1
   shift
   "$keel" plan "$@" >"$work/$name.out" 2>&1
   local status=$?
-  if [ "$status" -ne 0 ]; then
+  if [ "$status" -eq 3 ] && ! grep -qF "fits: NO" "$work/$name.out"; then
+    fail "$name: exit status 3 without 'fits: NO' for keel plan $*"
+    return 1
+  fi
+  if [ "$status" -eq 0 ] && grep -qF "fits: NO" "$work/$name.out"; then
+    fail "$name: 'fits: NO' but exit status 0 for keel plan $*"
+    return 1
+  fi
+  if [ "$status" -ne 0 ] && [ "$status" -ne 3 ]; then
     fail "$name: exit status $status for keel plan $*: $(cat "$work/$name.out")"
     return 1
   fi

@@ -36,11 +36,9 @@ bool is_within(const fs::path& inner, const fs::path& outer) {
   return true;
 }
 
-// A tokenizer given as a file (tokenizer.json, a tiktoken file) stands for its directory: that is
-// where the model's other files live too.
-std::string directory_of_input(const std::string& path) {
+bool is_file(const std::string& path) {
   std::error_code ec;
-  return fs::is_regular_file(path, ec) ? fs::path(path).parent_path().string() : path;
+  return fs::is_regular_file(path, ec);
 }
 
 std::string host_name() {
@@ -57,8 +55,13 @@ void refuse_outputs_over_inputs(const std::vector<NamedPath>& outputs, const std
     const fs::path o = resolved(out.path);
     for (const auto& in : inputs) {
       if (in.path.empty()) continue;
-      const fs::path i = resolved(directory_of_input(in.path));
-      const char* relation = o == i ? "is" : is_within(o, i) ? "lies inside" : is_within(i, o) ? "contains" : nullptr;
+      const fs::path i = resolved(in.path);
+      // A directory is protected whole; a single file (a tokenizer.json given by itself) only from
+      // being the output or lying inside one: its siblings are not the run's input.
+      const char* relation = o == i                            ? "is"
+                             : !is_file(in.path) && is_within(o, i) ? "lies inside"
+                             : is_within(i, o)                      ? "contains"
+                                                                    : nullptr;
       if (!relation) continue;
       fail("{} '{}' {} the input {} '{}': keel would overwrite its own input. Write the run somewhere else "
            "(e.g. a new output_dir next to it)",

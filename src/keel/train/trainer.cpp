@@ -223,7 +223,9 @@ class Trainer {
                        "logging or save_interval)\n", path);
     state_.step = saved.step;
     state_.samples_consumed = saved.samples_consumed;
-    already_complete_ = saved.step == max_steps_;
+    // At max_steps with the final model written, the run is finished: nothing to do. Without it (the
+    // save of final/ failed, e.g. on a full disk) the resume goes on to write it.
+    already_complete_ = saved.step == max_steps_ && path_exists(r_.output_dir + "/final/config.json");
     if (!already_complete_) fmt::print(log_, "keel: resumed from {} at step {}\n", path, saved.step);
   }
 
