@@ -53,8 +53,16 @@ fi
 
 root=$(mktemp -d /var/tmp/keel-fresh.XXXXXX)
 mounted=()
+child=""
 cleanup() {
   local status=$?
+  # Interrupted: stop what runs in the root first (it is a process group of its own), or the
+  # build would go on in the background and keep the mounts busy.
+  if [ -n "$child" ] && kill -0 "$child" 2>/dev/null; then
+    kill -TERM -- "-$child" 2>/dev/null || true
+    sleep 2
+    kill -KILL -- "-$child" 2>/dev/null || true
+  fi
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
     umount -l "${mounted[i]}" 2>/dev/null || true
   done
@@ -96,8 +104,13 @@ echo "check-fresh-machine: commit $commit in a fresh Debian 12 root ($root)"
 in_root() {  # in_root NAME COMMAND: runs COMMAND in the clone inside the root, timed
   local name=$1 cmd=$2 start end status=0
   start=$(date +%s)
-  chroot "$root" /usr/bin/env -i "${env_vars[@]}" CI="${CI:-}" /bin/bash -c "cd /root/keel && $cmd" \
-    >"$root/$name.log" 2>&1 || status=$?
+  # In its own session (setsid), in the background, so that `wait` returns on a signal and the
+  # cleanup can end the whole group.
+  setsid chroot "$root" /usr/bin/env -i "${env_vars[@]}" CI="${CI:-}" /bin/bash -c "cd /root/keel && $cmd" \
+    >"$root/$name.log" 2>&1 &
+  child=$!
+  wait "$child" || status=$?
+  child=""
   end=$(date +%s)
   cp "$root/$name.log" "$cache/last-$name.log"
   if [ $status -eq 0 ]; then
