@@ -18,8 +18,9 @@ inline constexpr int kExitInternalError = 1;
 inline constexpr int kExitBadInput = 2;
 inline constexpr int kExitDoesNotFit = 3;
 
-// "keel 0.2.0 (commit 1a2b3c4d, Release, GCC 12.2.0, OpenMP, native bf16 kernels selected at run
-// time)": `keel --version`, generated at build time from git and the CMake configuration.
+// `keel --version`, e.g. "keel 0.3.0 (commit 480dcc42a5; Release, GNU 12.2.0, OpenMP, oneDNN 2.6.3,
+// kernels chosen per CPU at run time)": generated at build time (cmake/version.cmake) from git and
+// the CMake configuration.
 std::string version_text();
 
 using CommandAction = std::function<int()>;

@@ -42,11 +42,11 @@ const CommandRegistration kPlan{
         request.zero_stage = options->zero;
         if (!options->device_memory.empty())
           request.device_memory_bytes = train::parse_memory_size(options->device_memory);
-        fmt::print("{}", options->json ? train::memory_report_json(recipe, request)
-                                       : train::memory_report(recipe, request));
+        const auto report =
+            options->json ? train::memory_report_json(recipe, request) : train::memory_report(recipe, request);
+        fmt::print("{}", report.text);
         // Scripts can act on the verdict: 3 when the plan does not fit (2 stays "bad input").
-        const auto fits = train::plan_fits(recipe, request);
-        return fits && !*fits ? kExitDoesNotFit : 0;
+        return report.fits && !*report.fits ? kExitDoesNotFit : 0;
       };
     }};
 

@@ -54,7 +54,7 @@ bool prepare_destination(const std::string& dir, const std::string& step_dir) {
   return !existed;
 }
 
-ExportResult export_into(const ExportRequest& request, const std::string& step_dir);
+ExportResult export_into(const ExportRequest& request, const std::string& step_dir, const Recipe& recipe);
 
 model::Family family_of_export(const model::ModelConfig& trained, ExportFormat format) {
   switch (format) {
@@ -105,17 +105,16 @@ std::vector<std::string> copy_tokenizer_files(const Recipe& r, const std::string
 
 ExportResult export_checkpoint(const ExportRequest& request) {
   const std::string step_dir = checkpoint_step_dir(request.checkpoint);
-  {  // Before anything is written: never over the run's inputs, never over a model keel did not write.
-    const std::string recipe_path = step_dir + "/recipe.toml";
-    const Recipe recipe = parse_recipe(read_file(recipe_path), recipe_path, request.recipe_overrides);
-    auto inputs = recipe_inputs(recipe);
-    inputs.push_back({"checkpoint", request.checkpoint});
-    refuse_outputs_over_inputs({{"--to", request.destination}}, inputs);
-    refuse_replacing_foreign_model(request.destination, request.overwrite);
-  }
+  const std::string recipe_path = step_dir + "/recipe.toml";
+  const Recipe recipe = parse_recipe(read_file(recipe_path), recipe_path, request.recipe_overrides);
+  // Before anything is written: never over the run's inputs, never over a model keel did not write.
+  auto inputs = recipe_inputs(recipe);
+  inputs.push_back({"checkpoint", request.checkpoint});
+  refuse_outputs_over_inputs({{"--to", request.destination}}, inputs);
+  refuse_replacing_foreign_model(request.destination, request.overwrite);
   const bool created = prepare_destination(request.destination, step_dir);
   try {
-    return export_into(request, step_dir);
+    return export_into(request, step_dir, recipe);
   } catch (...) {
     std::error_code ignored;
     if (created) fs::remove_all(request.destination, ignored);  // nothing of a failed export is left behind
@@ -125,7 +124,7 @@ ExportResult export_checkpoint(const ExportRequest& request) {
 
 namespace {
 
-ExportResult export_into(const ExportRequest& request, const std::string& step_dir) {
+ExportResult export_into(const ExportRequest& request, const std::string& step_dir, const Recipe& recipe) {
   ExportResult result;
   result.step_dir = step_dir;
   verify_checkpoint(step_dir);
@@ -133,7 +132,6 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
   result.step = state.step;
 
   const std::string recipe_path = step_dir + "/recipe.toml";
-  const Recipe recipe = parse_recipe(read_file(recipe_path), recipe_path, request.recipe_overrides);
   require(recipe.model_config || path_exists(recipe.model_name),
           "{}: model_name '{}' does not exist (the model the run started from: its config.json describes the "
           "checkpoint; a relative path is taken from the current directory, give the model's place with --set "

@@ -252,9 +252,14 @@ RunShape requested_shape(const Recipe& r, const PlanRequest& request) {
 
 }  // namespace
 
-std::string memory_report_json(const Recipe& r, const PlanRequest& request) {
+MemoryReport memory_report_json(const Recipe& r, const PlanRequest& request) {
   const auto config = recipe_model_config(r);
+  require_sequence_fits_model(r, config);
   const auto plan = training_memory_plan(r, config, requested_shape(r, request));
+  MemoryReport report;
+  const size_t device = request.device_memory_bytes;
+  const size_t pool = gib(r.memory_pool_size);
+  if (device != 0 || pool != 0) report.fits = within_limits(plan.total_bytes(), plan.arena_bytes(), device, pool);
   std::string categories;
   for (int i = 0; i < kMemoryCategories; ++i) {
     const auto c = MemoryCategory(i);
@@ -265,23 +270,20 @@ std::string memory_report_json(const Recipe& r, const PlanRequest& request) {
   size_t training_external = 0;
   for (int32_t p = 1; p <= model::StepTimeline{int32_t(config.num_layers)}.last(); ++p)
     training_external = std::max(training_external, plan.external_bytes_at(p));
-  return fmt::format("{{\"total_bytes\": {}, \"arena_bytes\": {}, \"peak_live_bytes\": {}, \"waste\": {:.6f}, "
-                     "\"external_bytes\": {}, \"setup_bytes\": {}, \"training_bytes\": {}, "
-                     "\"categories\": {{{}}}}}\n",
-                     plan.total_bytes(), plan.arena_bytes(), plan.peak_live_bytes(), plan.waste(),
-                     plan.external_bytes(), plan.arena_bytes() + plan.external_bytes_at(0),
-                     plan.arena_bytes() + training_external, categories);
+  report.text = fmt::format(
+      "{{\"total_bytes\": {}, \"arena_bytes\": {}, \"peak_live_bytes\": {}, \"waste\": {:.6f}, "
+      "\"external_bytes\": {}, \"setup_bytes\": {}, \"training_bytes\": {}, \"fits\": {}, "
+      "\"categories\": {{{}}}}}\n",
+      plan.total_bytes(), plan.arena_bytes(), plan.peak_live_bytes(), plan.waste(), plan.external_bytes(),
+      plan.arena_bytes() + plan.external_bytes_at(0), plan.arena_bytes() + training_external,
+      report.fits ? (*report.fits ? "true" : "false") : "null", categories);
+  return report;
 }
 
-std::optional<bool> plan_fits(const Recipe& r, const PlanRequest& request) {
-  const size_t device = request.device_memory_bytes;
-  const size_t pool = gib(r.memory_pool_size);
-  if (device == 0 && pool == 0) return std::nullopt;
-  const auto plan = training_memory_plan(r, recipe_model_config(r), requested_shape(r, request));
-  return within_limits(plan.total_bytes(), plan.arena_bytes(), device, pool);
-}
+namespace {
 
-std::string memory_report(const Recipe& r, const PlanRequest& request) {
+// The text of memory_report; sets `fits` when a limit was given.
+std::string memory_report_text(const Recipe& r, const PlanRequest& request, std::optional<bool>& fits) {
   const auto config = recipe_model_config(r);
   require_sequence_fits_model(r, config);
   const bool bf16 = recipe_precision(r) == model::Precision::BF16;
@@ -320,6 +322,7 @@ std::string memory_report(const Recipe& r, const PlanRequest& request) {
 
   Candidate configured{shape, {}, 0};
   evaluate(configured);
+  if (device != 0 || pool != 0) fits = configured.fits;
   if (device == 0 && pool == 0) {
     out += "fits: not checked (give --device-memory, or memory_pool_size in the recipe)\n";
     return out;
@@ -430,6 +433,14 @@ std::string memory_report(const Recipe& r, const PlanRequest& request) {
                      fmt::join(smallest->changes, " + "), format_bytes(double(smallest->total)),
                      format_bytes(double(floor)));
   return out;
+}
+
+}  // namespace
+
+MemoryReport memory_report(const Recipe& r, const PlanRequest& request) {
+  MemoryReport report;
+  report.text = memory_report_text(r, request, report.fits);
+  return report;
 }
 
 }  // namespace keel::train

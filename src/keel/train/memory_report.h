@@ -54,14 +54,18 @@ struct PlanRequest {
 // total, whether it fits the device memory and memory_pool_size, and when it does not, the
 // micro-batch, gradient checkpointing, ZeRO-1 and sequence-length changes that make it fit (each
 // planned with the same planner).
-std::string memory_report(const Recipe& recipe, const PlanRequest& request);
-// Whether the configured run fits the device memory and memory_pool_size; nullopt when neither is
-// given (nothing to check). `keel plan` exits non-zero when this is false.
-std::optional<bool> plan_fits(const Recipe& recipe, const PlanRequest& request);
+struct MemoryReport {
+  std::string text;
+  // Whether the configured run fits the device memory and memory_pool_size; nullopt when neither
+  // is given (nothing to check). `keel plan` exits 3 when this is false.
+  std::optional<bool> fits;
+};
+MemoryReport memory_report(const Recipe& recipe, const PlanRequest& request);
 
 // The plan of the configured run as one JSON object: total, arena, live peak, waste, bytes outside
 // the arena, and bytes per category at the peak (for scripts and benchmarks).
-std::string memory_report_json(const Recipe& recipe, const PlanRequest& request);
+// "fits" is true, false or null as MemoryReport::fits.
+MemoryReport memory_report_json(const Recipe& recipe, const PlanRequest& request);
 
 // "64GB", "64 GiB", "512MiB", "1.5TB", "64" (GiB): memory sizes in binary units, as device memory is
 // quoted (a "64 GB" card holds 64 GiB). keel::Error for anything else.

@@ -101,10 +101,10 @@ DirectoryLock::DirectoryLock(const std::string& dir, std::string_view role) {
             role, dir, holder.empty() ? "owner unknown" : holder, role);
     fail("{}: cannot lock {}: {}", role, path, std::strerror(err));
   }
+  // Who holds it, for the message a second run prints. Failing to write this note is harmless: the
+  // lock holds without it.
   const std::string owner = fmt::format("pid {} on {}\n", ::getpid(), host_name());
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, owner.data(), owner.size(), 0) != ssize_t(owner.size())) {
-    // The lock holds without the note; only the message a second run prints would lack the owner.
-  }
+  if (::ftruncate(fd_, 0) == 0) (void)!::pwrite(fd_, owner.data(), owner.size(), 0);
 }
 
 DirectoryLock::~DirectoryLock() {
