@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/dist/communicator.h"
+#include "keel/distributed/communicator.h"
 
 int main(int argc, char** argv) {
   double bucket_mb = 25, total_mb = 512;
@@ -42,19 +42,19 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  auto comm = keel::dist::make_communicator(600);
+  auto comm = keel::distributed::make_communicator(600);
   const int64_t total = int64_t(total_mb * (1 << 20) / sizeof(float));
   const int64_t bucket = std::max<int64_t>(1, int64_t(bucket_mb * (1 << 20) / sizeof(float)));
   std::vector<float> data(size_t(total), 1.0f);
   auto once = [&] {  // the gradient buffer in buckets, all queued, then waited for: as a step does
-    std::vector<keel::dist::Ticket> tickets;
+    std::vector<keel::distributed::Ticket> tickets;
     for (int64_t off = 0; off < total; off += bucket)
       tickets.push_back(comm->allreduce_sum_async(data.data() + off, std::min(bucket, total - off), false));
     for (auto t : tickets) comm->wait(t);
   };
   const std::vector<keel::FlatRange> shards = keel::shard_ranges(total, comm->size());
   auto reduce_scatter = [&] {
-    std::vector<keel::dist::Ticket> tickets;
+    std::vector<keel::distributed::Ticket> tickets;
     for (int64_t off = 0; off < total; off += bucket)
       tickets.push_back(comm->reduce_scatter_sum_async(data.data(), {off, std::min(off + bucket, total)}, shards, false));
     for (auto t : tickets) comm->wait(t);

@@ -9,30 +9,30 @@
 #include <filesystem>
 
 #include "keel/model/decoder.h"
-#include "keel/train/checkpoint.h"
-#include "keel/train/model_setup.h"
+#include "keel/checkpoint/checkpoint.h"
+#include "keel/run/model_setup.h"
 
 using namespace keel;
 
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "/tmp/keel_checkpoint_bench";
-  train::ScratchModel m;
+  run::ScratchModel m;
   m.family = "llama";
   m.vocab_size = 32000;
   m.hidden_size = 768;
   m.intermediate_size = 2048;
   m.num_layers = 12;
   m.num_heads = 12;
-  model::Decoder decoder(train::scratch_model_config(m), model::Precision::BF16, 1, 16);
+  model::Decoder decoder(run::scratch_model_config(m), model::Precision::BF16, 1, 16);
   decoder.init_random(1);
   decoder.params().allocate_optimizer_state();
-  train::TrainingState state;
+  checkpoint::TrainingState state;
   const double gb = double(decoder.params().total()) * 3 * 4 / 1e9;
   fmt::print("state: {:.1f}M parameters, {:.2f} GB of fp32 weights + AdamW moments\n",
              double(decoder.params().total()) / 1e6, gb);
   for (bool async : {false, true}) {
     std::filesystem::remove_all(dir);
-    train::CheckpointWriter writer(dir, 2, async);
+    checkpoint::CheckpointWriter writer(dir, 2, async);
     writer.prepare(decoder.params());
     double blocked = 0, total = 0;
     const int saves = 3;

@@ -11,7 +11,7 @@
 #include "keel/core/checksum.h"
 #include "keel/core/file_io.h"
 #include "keel/model/params.h"
-#include "keel/train/checkpoint.h"
+#include "keel/checkpoint/checkpoint.h"
 
 namespace {
 
@@ -44,13 +44,13 @@ Fixture& fixture() {
       fx->params.adam_m()[i] = float(i) * 0.25f;
       fx->params.adam_v()[i] = float(i) * 0.125f;
     }
-    keel::train::TrainingState state;
+    keel::checkpoint::TrainingState state;
     state.step = 5;
     state.samples_consumed = 40;
     state.seed = 42;
     state.recipe_hash = state.model_fingerprint = state.data_fingerprint = state.compat_fingerprint = "0123456789abcdef";
     {
-      keel::train::CheckpointWriter writer(fx->root, 3, false);
+      keel::checkpoint::CheckpointWriter writer(fx->root, 3, false);
       writer.save(fx->params, state, "max_steps = 10\n");
     }
     fx->step_dir = fx->root + "/step-00000005";
@@ -96,9 +96,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::write_bytes(fx.root + "/latest", latest);
 
   try {
-    const std::string path = train::latest_checkpoint(fx.root);
+    const std::string path = checkpoint::latest_checkpoint(fx.root);
     if (path.empty()) return 0;
-    train::TrainingState s = train::load_checkpoint(path, fx.params);
+    checkpoint::TrainingState s = checkpoint::load_checkpoint(path, fx.params);
     if (s.step < 0 || s.samples_consumed < 0) fuzz::property_failed("negative step accepted");
   } catch (const Error&) {
   }

@@ -5,7 +5,7 @@
 #include <fmt/ranges.h>
 
 #include "fuzz_support.h"
-#include "keel/dist/rank_table.h"
+#include "keel/cluster/rank_table.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace keel;
@@ -16,21 +16,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     switch (which) {
       case 0:
       case 1: {
-        std::optional<dist::HcclTopology> topology;
-        if (which == 1) topology = size > 1 && (data[1] & 1) ? dist::HcclTopology::Pcie : dist::HcclTopology::HccsFullMesh;
-        dist::RankTableCheck check = dist::check_rank_table(text, "rank_table.json", topology);
+        std::optional<cluster::HcclTopology> topology;
+        if (which == 1) topology = size > 1 && (data[1] & 1) ? cluster::HcclTopology::Pcie : cluster::HcclTopology::HccsFullMesh;
+        cluster::RankTableCheck check = cluster::check_rank_table(text, "rank_table.json", topology);
         if (!check.ok()) break;
-        const std::string json = dist::rank_table_json(check.table);
-        dist::RankTableCheck again = dist::check_rank_table(json, "rewritten rank_table.json", topology);
+        const std::string json = cluster::rank_table_json(check.table);
+        cluster::RankTableCheck again = cluster::check_rank_table(json, "rewritten rank_table.json", topology);
         if (!again.ok())
           fuzz::property_failed("an accepted rank table is refused once rewritten",
                                 fmt::format("{}\n{}", json, fmt::join(again.errors, "\n")));
-        if (dist::rank_table_json(again.table) != json) fuzz::property_failed("rank_table_json is not stable", json);
-        (void)dist::hostfile_text(check.table);
+        if (cluster::rank_table_json(again.table) != json) fuzz::property_failed("rank_table_json is not stable", json);
+        (void)cluster::hostfile_text(check.table);
         break;
       }
-      case 2: (void)dist::parse_hccn_conf(text, "/etc/hccn.conf"); break;
-      case 3: (void)dist::parse_servers_file(text, "servers.txt"); break;
+      case 2: (void)cluster::parse_hccn_conf(text, "/etc/hccn.conf"); break;
+      case 3: (void)cluster::parse_servers_file(text, "servers.txt"); break;
     }
   } catch (const Error&) {
   }

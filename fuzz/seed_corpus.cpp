@@ -11,12 +11,12 @@
 #include "keel/core/file_io.h"
 #include "keel/data/bpe_trainer.h"
 #include "keel/data/shard_format.h"
-#include "keel/dist/rank_table.h"
+#include "keel/cluster/rank_table.h"
 #include "keel/model/config.h"
 #include "keel/model/params.h"
 #include "keel/model/safetensors.h"
-#include "keel/train/checkpoint.h"
-#include "keel/train/recipe.h"
+#include "keel/checkpoint/checkpoint.h"
+#include "keel/run/recipe.h"
 
 namespace fs = std::filesystem;
 using namespace keel;
@@ -99,26 +99,26 @@ void model_config_seeds() {
 }
 
 void recipe_seeds() {
-  train::Recipe r;
+  run::Recipe r;
   r.data_path = "data/train.jsonl";
   r.eval_data_path = "data/eval.jsonl";
   r.eval_interval = 10;
   r.max_steps = 100;
   r.checkpoint_dir = "ckpt";
   r.save_interval = 20;
-  train::ScratchModel m;
+  run::ScratchModel m;
   m.vocab_size = 256, m.hidden_size = 64, m.intermediate_size = 128, m.num_layers = 2, m.num_heads = 4;
   r.model_config = m;
-  const std::string text = train::recipe_to_toml(r);
-  train::parse_recipe(text, "seed");  // the seed must itself be valid
+  const std::string text = run::recipe_to_toml(r);
+  run::parse_recipe(text, "seed");  // the seed must itself be valid
   seed("recipe", "writer-scratch", text);
   seed("recipe", "writer-scratch-with-overrides",
        text + std::string(1, '\0') + "max_steps=5\nlr_scheduler=linear\noutput_dir=runs/a b\nmodel_config.num_layers=3");
-  train::Recipe hf = r;
+  run::Recipe hf = r;
   hf.model_config.reset();
   hf.model_name = "models/glm-4-9b";
   hf.dtype = "fp32";
-  seed("recipe", "writer-hf-model", train::recipe_to_toml(hf));
+  seed("recipe", "writer-hf-model", run::recipe_to_toml(hf));
 }
 
 void token_records_seeds() {
@@ -135,14 +135,14 @@ void checkpoint_seeds(const std::string& tmp) {
   p.allocate(false);
   p.allocate_optimizer_state();
   for (int64_t i = 0; i < p.total(); ++i) p.weights()[i] = p.adam_m()[i] = p.adam_v()[i] = float(i);
-  train::TrainingState state;
+  checkpoint::TrainingState state;
   state.step = 5;
   state.samples_consumed = 40;
   state.seed = 42;
   state.recipe_hash = state.model_fingerprint = state.data_fingerprint = state.compat_fingerprint = "0123456789abcdef";
   const std::string root = tmp + "/checkpoints";
   {
-    train::CheckpointWriter writer(root, 3, false);
+    checkpoint::CheckpointWriter writer(root, 3, false);
     writer.save(p, state, "max_steps = 10\n");
   }
   const std::string dir = root + "/step-00000005";
@@ -154,22 +154,22 @@ void checkpoint_seeds(const std::string& tmp) {
 }
 
 void rank_table_seeds() {
-  dist::RankTableRequest one;
+  cluster::RankTableRequest one;
   one.npu_count = 8;
   one.server_id = "10.0.0.1";
   one.hccn_conf_path = "/nonexistent/hccn.conf";
   one.device_ips = {"192.168.100.101", "192.168.101.101", "192.168.102.101", "192.168.103.101",
                     "192.168.100.100", "192.168.101.100", "192.168.102.100", "192.168.103.100"};
-  const std::string single = dist::rank_table_json(dist::build_rank_table(one).table);
+  const std::string single = cluster::rank_table_json(cluster::build_rank_table(one).table);
   seed("rank_table", "writer-one-server", prefixed(0, single));
   seed("rank_table", "writer-one-server-topology", prefixed(1, single));
 
   const std::string servers_text = "10.0.0.1 npus=4 devices=0,1,2,3\n10.0.0.2 slots=4 # a hostfile line\n";
-  dist::RankTableRequest two;
+  cluster::RankTableRequest two;
   two.npu_count = 4;
-  two.topology = dist::HcclTopology::Pcie;
-  two.servers = dist::parse_servers_file(servers_text, "servers.txt");
-  const std::string multi = dist::rank_table_json(dist::build_rank_table(two).table);
+  two.topology = cluster::HcclTopology::Pcie;
+  two.servers = cluster::parse_servers_file(servers_text, "servers.txt");
+  const std::string multi = cluster::rank_table_json(cluster::build_rank_table(two).table);
   seed("rank_table", "writer-two-servers", prefixed(0, multi));
   seed("rank_table", "writer-two-servers-pcie", prefixed(1, multi));  // '{' is odd: the pcie rule
   seed("rank_table", "hccn-conf",

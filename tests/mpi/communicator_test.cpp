@@ -12,14 +12,14 @@
 #include <vector>
 
 #include "keel/core/flat_range.h"
-#include "keel/dist/communicator.h"
-#include "keel/dist/mpi_communicator.h"
-#include "keel/dist/shard_reader.h"
+#include "keel/distributed/communicator.h"
+#include "keel/distributed/mpi_communicator.h"
+#include "keel/distributed/shard_reader.h"
 
 namespace {
 
 using keel::FlatRange;
-using keel::dist::Communicator;
+using keel::distributed::Communicator;
 
 int failures = 0;
 
@@ -49,7 +49,7 @@ void fill(std::vector<float>& data, int rank) {
 }
 
 void test_allreduce(Communicator& comm, bool deterministic) {
-  const int64_t n = 2 * keel::dist::kMpiReducePiece + 1237;  // two whole pieces and a ragged tail
+  const int64_t n = 2 * keel::distributed::kMpiReducePiece + 1237;  // two whole pieces and a ragged tail
   std::vector<float> data(static_cast<size_t>(n));
   fill(data, comm.rank());
   comm.allreduce_sum(data.data(), n, deterministic);
@@ -58,14 +58,14 @@ void test_allreduce(Communicator& comm, bool deterministic) {
 }
 
 void test_reduce_scatter(Communicator& comm, bool deterministic) {
-  const int64_t total = 3 * keel::dist::kMpiReducePiece + 50;
+  const int64_t total = 3 * keel::distributed::kMpiReducePiece + 50;
   const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
   const FlatRange mine = shards[size_t(comm.rank())];
   std::vector<float> data(static_cast<size_t>(total));
   fill(data, comm.rank());
   // Two buckets as GradBuckets makes them: the tail first, then the rest; both cross a shard
   // boundary and piece boundaries.
-  const FlatRange tail{keel::dist::kMpiReducePiece / 2 + 3, total}, head{0, tail.begin};
+  const FlatRange tail{keel::distributed::kMpiReducePiece / 2 + 3, total}, head{0, tail.begin};
   comm.wait(comm.reduce_scatter_sum_async(data.data(), tail, shards, deterministic));
   comm.wait(comm.reduce_scatter_sum_async(data.data(), head, shards, deterministic));
   expect_range(comm, std::string("reduce-scatter") + (deterministic ? " (deterministic)" : ""), data.data(), mine,
@@ -73,7 +73,7 @@ void test_reduce_scatter(Communicator& comm, bool deterministic) {
 }
 
 void test_allgather(Communicator& comm) {
-  const int64_t total = 2 * keel::dist::kMpiReducePiece + 333;
+  const int64_t total = 2 * keel::distributed::kMpiReducePiece + 333;
   const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
   const FlatRange mine = shards[size_t(comm.rank())];
   auto owner_value = [](int64_t i) { return float(i % 8191) - 77.0f; };
@@ -87,7 +87,7 @@ void test_allgather(Communicator& comm) {
 // ZeRO-1 checkpoints: every rank streams its shards of two buffers to rank 0, which reads both
 // whole through ShardReader, piece by piece.
 void test_shards_to_root(Communicator& comm) {
-  const int64_t total = 3 * keel::dist::kShardPiece + 4321;
+  const int64_t total = 3 * keel::distributed::kShardPiece + 4321;
   const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
   const FlatRange mine = shards[size_t(comm.rank())];
   auto stream_value = [](int stream, int64_t i) { return float(i % 8191) + (stream == 0 ? 0.5f : -0.5f); };
@@ -101,7 +101,7 @@ void test_shards_to_root(Communicator& comm) {
     comm.send_to_root(v.data(), mine.size());
     return;
   }
-  keel::dist::ShardReader reader(comm, shards, {m.data(), v.data()});
+  keel::distributed::ShardReader reader(comm, shards, {m.data(), v.data()});
   std::vector<float> whole(static_cast<size_t>(total));
   for (int stream = 0; stream < 2; ++stream) {
     for (int64_t begin = 0, n = 0; begin < total; begin += n) {
@@ -127,11 +127,11 @@ void test_step_totals(Communicator& comm) {
 }  // namespace
 
 int main() {
-  if (!keel::dist::launched_by_mpi()) {
+  if (!keel::distributed::launched_by_mpi()) {
     std::fprintf(stderr, "run under mpirun with 2 or more ranks\n");
     return 2;
   }
-  auto comm = keel::dist::make_communicator(120);
+  auto comm = keel::distributed::make_communicator(120);
   if (comm->size() < 2) {
     std::fprintf(stderr, "run under mpirun with 2 or more ranks (got %d)\n", comm->size());
     return 2;

@@ -39,10 +39,10 @@
 #include <new>
 #include <random>
 
-#include "keel/dist/communicator.h"
-#include "keel/dist/grad_buckets.h"
+#include "keel/distributed/communicator.h"
+#include "keel/distributed/grad_buckets.h"
 #include "keel/model/decoder.h"
-#include "keel/train/model_setup.h"
+#include "keel/run/model_setup.h"
 #include "keel/train/optimizer.h"
 
 extern "C" {
@@ -325,7 +325,7 @@ struct StepCase {
 // over `steps` steps after one warm-up step.
 // The small model every case trains: 2 layers, hidden 64, vocabulary 500.
 model::ModelConfig small_model(const char* family) {
-  train::ScratchModel m;
+  run::ScratchModel m;
   m.family = family;
   m.vocab_size = 500;
   m.hidden_size = 64;
@@ -333,7 +333,7 @@ model::ModelConfig small_model(const char* family) {
   m.num_layers = 2;
   m.num_heads = 4;
   m.num_kv_heads = 2;
-  return train::scratch_model_config(m);
+  return run::scratch_model_config(m);
 }
 
 AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
@@ -419,8 +419,8 @@ TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
 // the sharded update and the weight all-gather. The communication thread is not counted: its MPI
 // calls allocate inside Open MPI (the allreduce's scratch buffer), outside keel's control.
 void expect_no_allocation_in_data_parallel_steps(bool zero1) {
-  if (!dist::launched_by_mpi()) GTEST_SKIP() << "runs under mpirun (ctest -R mpi.no_allocation)";
-  static auto comm = dist::make_communicator(60);  // one MPI session for the whole process
+  if (!distributed::launched_by_mpi()) GTEST_SKIP() << "runs under mpirun (ctest -R mpi.no_allocation)";
+  static auto comm = distributed::make_communicator(60);  // one MPI session for the whole process
   const int ranks = comm->size();
   const auto config = small_model("llama");
   const int64_t batch = 2, seq = 32;
@@ -434,9 +434,9 @@ void expect_no_allocation_in_data_parallel_steps(bool zero1) {
   model::ParamStore& params = decoder.params();
   train::AdamW optimizer(params, {0.9, 0.999, 1e-8, 0.01});
   const std::vector<FlatRange> shards = zero1 ? shard_ranges(params.total(), ranks) : std::vector<FlatRange>{};
-  std::vector<dist::ParamSpan> spans;
+  std::vector<distributed::ParamSpan> spans;
   for (const auto& p : params.params()) spans.push_back({p.offset, p.numel});
-  dist::GradBuckets buckets(spans, 4096, zero1 ? &shards : nullptr);  // many small buckets: many collectives
+  distributed::GradBuckets buckets(spans, 4096, zero1 ? &shards : nullptr);  // many small buckets: many collectives
   decoder.set_grad_ready_hook([&](int param) { buckets.param_ready(param); });
   const Batch b = random_batch(batch, seq, config.vocab_size, 7 + uint64_t(comm->rank()));
 

@@ -8,13 +8,13 @@
 #include <vector>
 
 #include "keel/model/decoder.h"
-#include "keel/train/model_setup.h"
+#include "keel/run/model_setup.h"
 
 namespace keel::model::test {
 
 // qkv_bias: forced on or off, or the family's default.
 inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qkv_bias = std::nullopt) {
-  train::ScratchModel m;
+  run::ScratchModel m;
   m.family = family;
   m.vocab_size = 97;
   m.hidden_size = 48;
@@ -22,7 +22,7 @@ inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qk
   m.num_layers = 3;
   m.num_heads = 4;
   m.num_kv_heads = 2;
-  auto c = train::scratch_model_config(m);
+  auto c = run::scratch_model_config(m);
   if (qkv_bias) c.qkv_bias = *qkv_bias;
   return c;
 }

@@ -4,9 +4,9 @@
 #include <string>
 #include <vector>
 
-#include "keel/dist/communicator.h"
+#include "keel/distributed/communicator.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 
 class FakeCommunicator : public Communicator {
  public:
@@ -30,4 +30,4 @@ class FakeCommunicator : public Communicator {
   int size_, rank_;
 };
 
-}  // namespace keel::dist
+}  // namespace keel::distributed

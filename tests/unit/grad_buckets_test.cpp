@@ -1,7 +1,7 @@
 // Gradient buckets: reverse-order grouping under the size cap, every parameter in exactly one
 // bucket, and allreduces started as soon as a bucket's last gradient is ready, in the same order
 // on every rank.
-#include "keel/dist/grad_buckets.h"
+#include "keel/distributed/grad_buckets.h"
 
 #include <gtest/gtest.h>
 
@@ -9,7 +9,7 @@
 
 #include "fake_communicator.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 namespace {
 
 // Records which ranges were submitted, in order.
@@ -117,4 +117,4 @@ TEST(ShardRanges, CoverTheBufferInAlignedNearEqualParts) {
 }
 
 }  // namespace
-}  // namespace keel::dist
+}  // namespace keel::distributed

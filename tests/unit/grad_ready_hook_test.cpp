@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "keel/model/decoder.h"
-#include "keel/train/model_setup.h"
+#include "keel/run/model_setup.h"
 
 namespace keel::model {
 namespace {
 
 void expect_hook_sees_final_gradients(const std::string& family, bool tied, bool checkpointing) {
-  train::ScratchModel m;
+  run::ScratchModel m;
   m.family = family;
   m.vocab_size = 61;
   m.hidden_size = 32;
@@ -24,7 +24,7 @@ void expect_hook_sees_final_gradients(const std::string& family, bool tied, bool
   m.num_heads = 4;
   m.num_kv_heads = 2;
   m.tie_word_embeddings = tied;
-  const auto config = train::scratch_model_config(m);
+  const auto config = run::scratch_model_config(m);
   const int64_t batch = 2, seq = 16;
   Decoder decoder(config, Precision::F32, batch, seq, {checkpointing, true, 0});
   decoder.init_random(3, 0.2);

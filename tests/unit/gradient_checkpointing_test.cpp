@@ -8,7 +8,7 @@
 #include <random>
 
 #include "keel/model/decoder.h"
-#include "keel/train/model_setup.h"
+#include "keel/run/model_setup.h"
 #include "decoder_test_support.h"
 
 namespace keel::model {

@@ -12,7 +12,7 @@
 
 #include "keel/core/process_memory.h"
 #include "keel/model/decoder.h"
-#include "keel/train/model_setup.h"
+#include "keel/run/model_setup.h"
 #include "test_support.h"
 
 namespace keel {
@@ -182,7 +182,7 @@ TEST(ProcessMemory, ReportsResidentSetAndItsPeak) {
 // ---- the decoder's plan ----
 
 model::ModelConfig small_config(const std::string& family) {
-  train::ScratchModel m;
+  run::ScratchModel m;
   m.family = family;
   m.vocab_size = 300;
   m.hidden_size = 64;
@@ -190,7 +190,7 @@ model::ModelConfig small_config(const std::string& family) {
   m.num_layers = 4;
   m.num_heads = 4;
   m.num_kv_heads = 2;
-  return train::scratch_model_config(m);
+  return run::scratch_model_config(m);
 }
 
 TEST(DecoderMemoryPlan, IsWhatTheDecoderAllocates) {

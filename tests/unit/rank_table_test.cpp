@@ -7,12 +7,12 @@
 #include <set>
 
 #include "keel/core/file_io.h"
-#include "keel/dist/launch.h"
-#include "keel/dist/rank_table.h"
-#include "keel/dist/topology.h"
+#include "keel/cluster/launch.h"
+#include "keel/cluster/rank_table.h"
+#include "keel/cluster/topology.h"
 #include "test_support.h"
 
-using namespace keel::dist;
+using namespace keel::cluster;
 using keel::testing::expect_keel_error;
 using keel::testing::TempDir;
 

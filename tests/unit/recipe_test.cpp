@@ -1,9 +1,9 @@
 #include <gtest/gtest.h>
 
 #include "keel/core/error.h"
-#include "keel/train/recipe.h"
+#include "keel/run/recipe.h"
 
-using keel::train::parse_recipe;
+using keel::run::parse_recipe;
 
 namespace {
 
@@ -48,7 +48,7 @@ preprocess_on_npu = true
   EXPECT_DOUBLE_EQ(r.memory_pool_size, 56);
   EXPECT_EQ(r.lr_scheduler, "cosine");
   EXPECT_DOUBLE_EQ(r.adam_beta2, 0.999);
-  EXPECT_FALSE(keel::train::inactive_key_warnings(r).empty());
+  EXPECT_FALSE(keel::run::inactive_key_warnings(r).empty());
 }
 
 TEST(Recipe, UnknownKeyNamesLineAndSuggests) {
@@ -85,7 +85,7 @@ TEST(Recipe, OverridesApplyAfterTheFile) {
 
 TEST(Recipe, ResolvedRecipeParsesBackToTheSameValues) {
   auto r = parse_recipe(std::string(kMinimal) + "learning_rate = 3e-4\nweight_decay = 0.1\n", "r.toml");
-  auto again = parse_recipe(keel::train::recipe_to_toml(r), "resolved.toml");
+  auto again = parse_recipe(keel::run::recipe_to_toml(r), "resolved.toml");
   EXPECT_EQ(again.model_name, r.model_name);
   EXPECT_DOUBLE_EQ(again.learning_rate, r.learning_rate);
   EXPECT_DOUBLE_EQ(again.weight_decay, r.weight_decay);
@@ -120,7 +120,7 @@ TEST(Recipe, BaselineModeKeys) {
   r = parse_recipe(kMinimal, "r.toml", {"data_pipeline=on_the_fly", "memory_planning=per_tensor"});
   EXPECT_EQ(r.data_pipeline, "on_the_fly");
   EXPECT_EQ(r.memory_planning, "per_tensor");
-  const std::string toml = keel::train::recipe_to_toml(r);
+  const std::string toml = keel::run::recipe_to_toml(r);
   EXPECT_NE(toml.find("data_pipeline = \"on_the_fly\""), std::string::npos) << toml;
   EXPECT_NE(toml.find("memory_planning = \"per_tensor\""), std::string::npos) << toml;
 

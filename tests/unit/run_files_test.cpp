@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 
 #include "keel/core/file_io.h"
-#include "keel/train/loss_plot.h"
-#include "keel/train/metrics.h"
+#include "keel/report/loss_plot.h"
+#include "keel/report/metrics.h"
 #include "test_support.h"
 
 namespace keel {
@@ -51,7 +51,7 @@ TEST(LossPlot, ThinsALongRunToABoundedNumberOfPointsKeepingBothEnds) {
   const int64_t steps = 100000;
   for (int64_t s = 1; s <= steps; ++s) text += metrics_line(s, 10.0 / double(s), s % 100 == 0);
   write_file_atomic(dir / "metrics.jsonl", text + "{\"step\": 100001, \"lo");  // a torn last line
-  const auto points = train::read_plot_points(dir / "metrics.jsonl");
+  const auto points = report::read_plot_points(dir / "metrics.jsonl");
   int64_t training = 0, evaluations = 0;
   for (const auto& p : points) {
     training += std::isfinite(p.loss);
@@ -63,7 +63,7 @@ TEST(LossPlot, ThinsALongRunToABoundedNumberOfPointsKeepingBothEnds) {
   EXPECT_EQ(points.front().step, 1);
   EXPECT_EQ(points.back().step, steps);  // the last step is always shown
   for (size_t i = 1; i < points.size(); ++i) EXPECT_LE(points[i - 1].step, points[i].step);
-  const std::string svg = train::loss_plot_svg(points, "run");
+  const std::string svg = report::loss_plot_svg(points, "run");
   EXPECT_LT(svg.size(), size_t(400000));
 }
 
@@ -71,9 +71,9 @@ TEST(MetricsWriter, ResumeKeepsTheLinesThroughTheCheckpointStepAndDropsATornOne)
   TempDir dir;
   write_file_atomic(dir / "metrics.jsonl",
                     metrics_line(1, 3, false) + metrics_line(2, 2, false) + metrics_line(3, 1, false) + "{\"step\": 4");
-  { train::MetricsWriter writer(dir / "metrics.jsonl", 2); }
+  { report::MetricsWriter writer(dir / "metrics.jsonl", 2); }
   EXPECT_EQ(read_file(dir / "metrics.jsonl"), metrics_line(1, 3, false) + metrics_line(2, 2, false));
-  { train::MetricsWriter writer(dir / "metrics.jsonl", 0); }  // a fresh run starts empty
+  { report::MetricsWriter writer(dir / "metrics.jsonl", 0); }  // a fresh run starts empty
   EXPECT_EQ(read_file(dir / "metrics.jsonl"), "");
 }
 

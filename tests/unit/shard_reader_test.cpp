@@ -2,7 +2,7 @@
 // other ranks: each sends its shards of m, then of v, in kShardPiece messages, exactly as
 // Communicator::send_to_root does. Reads must see the right values, take the pieces in the one
 // order the senders use, and leave nothing unreceived after drain().
-#include "keel/dist/shard_reader.h"
+#include "keel/distributed/shard_reader.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include "fake_communicator.h"
 #include "keel/core/error.h"
 
-namespace keel::dist {
+namespace keel::distributed {
 namespace {
 
 float value(int stream, int64_t i) { return float(i % 65521) + (stream == 0 ? 0.25f : 0.75f); }
@@ -130,4 +130,4 @@ TEST(ShardReader, TinyModelsWithEmptyShards) {
 }
 
 }  // namespace
-}  // namespace keel::dist
+}  // namespace keel::distributed

@@ -8,11 +8,11 @@
 #include <thread>
 
 #include "keel/core/file_io.h"
-#include "keel/dist/launch.h"
-#include "keel/dist/topology.h"
+#include "keel/cluster/launch.h"
+#include "keel/cluster/topology.h"
 #include "test_support.h"
 
-using namespace keel::dist;
+using namespace keel::cluster;
 using keel::testing::expect_keel_error;
 using keel::testing::TempDir;
 

@@ -12,10 +12,10 @@
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
-#include "keel/dist/launch.h"
-#include "keel/dist/topology.h"
-#include "keel/train/ladder.h"
-#include "keel/train/recipe.h"
+#include "keel/cluster/launch.h"
+#include "keel/cluster/topology.h"
+#include "keel/cli/ladder.h"
+#include "keel/run/recipe.h"
 
 namespace keel::cli {
 namespace {
@@ -53,15 +53,15 @@ int run_ladder(const LadderOptions& o) {
   require(o.steps >= 1 && o.steps <= 100000, "--steps must be in [1, 100000], got {}", o.steps);
   require(o.repeats >= 1 && o.repeats <= 100, "--repeat must be in [1, 100], got {}", o.repeats);
   // Checks the recipe and the overrides once, before any row runs.
-  const train::Recipe recipe = train::load_recipe(o.recipe, o.overrides);
-  const auto stages = train::ladder_stages(recipe);
+  const run::Recipe recipe = run::load_recipe(o.recipe, o.overrides);
+  const auto stages = cli::ladder_stages(recipe);
   const std::string out_dir = recipe.output_dir;
   const std::string rows_dir = out_dir + "/ladder";
   make_dirs(rows_dir);
   const std::string exe = this_executable();
   const int ranks = int(recipe.dp_degree);
-  std::unique_ptr<dist::Topology> topology;
-  if (ranks > 1) topology = std::make_unique<dist::Topology>(dist::detect_topology());
+  std::unique_ptr<cluster::Topology> topology;
+  if (ranks > 1) topology = std::make_unique<cluster::Topology>(cluster::detect_topology());
 
   fmt::print("keel bench ladder: {} on {} rank{}, {} step{} per row (the first {} not timed){}\n", o.recipe, ranks,
              ranks == 1 ? "" : "s", o.steps, o.steps == 1 ? "" : "s", o.steps > kWarmupSteps ? kWarmupSteps : 0,
@@ -70,7 +70,7 @@ int run_ladder(const LadderOptions& o) {
 
   // Rows run in turn, and with repeats round after round, so that a load that comes and goes on a
   // shared machine spreads over every row instead of landing on one.
-  std::vector<std::vector<train::LadderResult>> runs(stages.size());
+  std::vector<std::vector<cli::LadderResult>> runs(stages.size());
   for (int64_t round = 1; round <= o.repeats; ++round) {
     for (size_t i = 0; i < stages.size(); ++i) {
       const std::string dir = o.repeats == 1 ? fmt::format("{}/row-{}", rows_dir, i + 1)
@@ -79,24 +79,24 @@ int run_ladder(const LadderOptions& o) {
       std::filesystem::remove_all(dir, ec);  // a previous ladder's row: its metrics must not mix in
       make_dirs(dir);
       std::vector<std::string> settings = o.overrides;
-      for (const auto& s : train::ladder_run_settings(o.steps, dir)) settings.push_back(s);
+      for (const auto& s : cli::ladder_run_settings(o.steps, dir)) settings.push_back(s);
       for (const auto& s : stages[i].settings) settings.push_back(s);
       std::vector<std::string> argv;
       if (ranks > 1) {
-        dist::LaunchRequest request;
+        cluster::LaunchRequest request;
         request.world_size = ranks;
         request.recipe = o.recipe;
         request.overrides = settings;
         request.keel_executable = exe;
         request.run_as_root = ::geteuid() == 0;
-        argv = dist::launch_command(*topology, request).argv;
+        argv = cluster::launch_command(*topology, request).argv;
         require_on_path(argv.front());
       } else {
         argv = {exe, "train", o.recipe};
         for (const auto& s : settings) argv.insert(argv.end(), {"--set", s});
       }
       const std::string log = dir + "/train.log";
-      write_file_atomic(log, "# " + dist::shell_command_line(argv) + "\n");
+      write_file_atomic(log, "# " + cluster::shell_command_line(argv) + "\n");
       if (o.repeats == 1)
         fmt::print("row {}/{}: {} ... ", i + 1, stages.size(), stages[i].name);
       else
@@ -108,18 +108,18 @@ int run_ladder(const LadderOptions& o) {
         fail("row {} ({}) failed with exit status {}; the end of {}:\n{}", i + 1, stages[i].name, status, log,
              log_tail(log, 15));
       }
-      train::LadderResult r = train::read_ladder_result(dir, kWarmupSteps);
+      cli::LadderResult r = cli::read_ladder_result(dir, kWarmupSteps);
       r.stage = stages[i].name;
       fmt::print("{:.1f} tokens/s\n", r.tokens_per_s);
       runs[i].push_back(std::move(r));
     }
   }
-  std::vector<train::LadderResult> results;
-  for (auto& row : runs) results.push_back(train::median_run(std::move(row)));
-  train::use_common_matmul_peak(results);
-  fmt::print("\n{}", train::ladder_table(results));
+  std::vector<cli::LadderResult> results;
+  for (auto& row : runs) results.push_back(cli::median_run(std::move(row)));
+  cli::use_common_matmul_peak(results);
+  fmt::print("\n{}", cli::ladder_table(results));
   const std::string json_path = out_dir + "/ladder.json";
-  write_file_atomic(json_path, train::ladder_json(o.recipe, o.steps, kWarmupSteps, o.repeats, stages, results));
+  write_file_atomic(json_path, cli::ladder_json(o.recipe, o.steps, kWarmupSteps, o.repeats, stages, results));
   fmt::print("keel: the table is in {}; each row's run (log, metrics, summary) in {}/row-N{}\n", json_path, rows_dir,
              o.repeats > 1 ? "-run-K (the table shows each row's median run by throughput)" : "");
   return 0;

@@ -3,7 +3,7 @@
 #include <memory>
 
 #include "keel/cli/commands.h"
-#include "keel/train/demo.h"
+#include "keel/cli/demo.h"
 
 namespace keel::cli {
 namespace {
@@ -11,12 +11,12 @@ namespace {
 const CommandRegistration kDemo{
     "demo", "Train a tiny model from scratch on generated data and show what it learned",
     [](CLI::App& cmd) -> CommandAction {
-      auto options = std::make_shared<train::DemoOptions>();
+      auto options = std::make_shared<cli::DemoOptions>();
       cmd.add_option("--work", options->work_dir, "Directory for the demo's data, recipe and run")
           ->capture_default_str();
       cmd.add_option("--steps", options->max_steps, "Optimizer steps")->capture_default_str();
       return [options] {
-        train::run_demo(*options, std::cout);
+        cli::run_demo(*options, std::cout);
         return 0;
       };
     }};

@@ -8,8 +8,8 @@
 
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
-#include "keel/train/export.h"
-#include "keel/train/memory_report.h"
+#include "keel/checkpoint/export.h"
+#include "keel/report/memory_report.h"
 
 namespace keel::cli {
 namespace {
@@ -46,21 +46,21 @@ const CommandRegistration kExport{
       cmd.add_flag("--overwrite", o->overwrite,
                    "Replace a destination that holds files keel did not write (refused by default)");
       return [o] {
-        train::ExportRequest request;
+        checkpoint::ExportRequest request;
         request.overwrite = o->overwrite;
         request.checkpoint = o->checkpoint;
         request.destination = o->destination;
-        if (!o->dtype.empty()) request.dtype = train::export_dtype_from_name(o->dtype);
-        if (!o->format.empty()) request.format = train::export_format_from_name(o->format);
+        if (!o->dtype.empty()) request.dtype = checkpoint::export_dtype_from_name(o->dtype);
+        if (!o->format.empty()) request.format = checkpoint::export_format_from_name(o->format);
         try {
-          request.max_shard_bytes = train::parse_memory_size(o->max_shard_size);
+          request.max_shard_bytes = report::parse_memory_size(o->max_shard_size);
         } catch (const Error& e) {
           fail("--max-shard-size: {}", e.what());
         }
         require(request.max_shard_bytes > 0, "--max-shard-size: expected a positive size, found '{}'",
                 o->max_shard_size);
         request.recipe_overrides = o->overrides;
-        const auto result = train::export_checkpoint(request);
+        const auto result = checkpoint::export_checkpoint(request);
         fmt::print("keel: exported {} (step {}) to {}: {}, {} ({})\n", result.step_dir, result.step,
                    request.destination, result.config.architecture, dtype_label(result.dtype),
                    model::family_name(result.config.family));

@@ -11,8 +11,8 @@
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
-#include "keel/dist/launch.h"
-#include "keel/dist/topology.h"
+#include "keel/cluster/launch.h"
+#include "keel/cluster/topology.h"
 
 namespace keel::cli {
 namespace {
@@ -40,8 +40,8 @@ const CommandRegistration kLaunch{
       cmd.add_option("recipe", o->recipe, "Recipe file (TOML)")->required();
       cmd.add_option("--set", o->overrides, "Override a recipe key: --set key=value (repeatable)");
       return [o] {
-        dist::Topology topology = o->machine_xml.empty() ? dist::detect_topology() : dist::xml_topology(o->machine_xml);
-        dist::LaunchRequest request;
+        cluster::Topology topology = o->machine_xml.empty() ? cluster::detect_topology() : cluster::xml_topology(o->machine_xml);
+        cluster::LaunchRequest request;
         request.world_size = o->ranks;
         request.hostfile = o->hostfile;
         request.rankfile = o->rankfile;
@@ -49,13 +49,13 @@ const CommandRegistration kLaunch{
         request.overrides = o->overrides;
         request.keel_executable = this_executable();
         request.run_as_root = ::geteuid() == 0;
-        dist::LaunchCommand command = dist::launch_command(topology, request);
+        cluster::LaunchCommand command = cluster::launch_command(topology, request);
         if (o->dry_run) {
-          fmt::print("# {}\n{}\n", command.plan_description, dist::shell_command_line(command.argv));
+          fmt::print("# {}\n{}\n", command.plan_description, cluster::shell_command_line(command.argv));
           return 0;
         }
         require_on_path(command.argv.front());
-        fmt::print(stderr, "keel launch: {}\n{}\n", command.plan_description, dist::shell_command_line(command.argv));
+        fmt::print(stderr, "keel launch: {}\n{}\n", command.plan_description, cluster::shell_command_line(command.argv));
         std::fflush(stdout);
         std::fflush(stderr);
         std::vector<char*> argv;

@@ -6,8 +6,8 @@
 #include <memory>
 
 #include "keel/cli/commands.h"
-#include "keel/train/memory_report.h"
-#include "keel/train/recipe.h"
+#include "keel/report/memory_report.h"
+#include "keel/run/recipe.h"
 
 namespace keel::cli {
 namespace {
@@ -36,14 +36,14 @@ const CommandRegistration kPlan{
       cmd.add_option("--set", options->overrides, "Override a recipe key: --set key=value (repeatable)");
       cmd.add_flag("--json", options->json, "Print the plan's totals and categories as one JSON object");
       return [options] {
-        const auto recipe = train::load_recipe(options->recipe, options->overrides);
-        train::PlanRequest request;
+        const auto recipe = run::load_recipe(options->recipe, options->overrides);
+        report::PlanRequest request;
         request.dp = options->dp;
         request.zero_stage = options->zero;
         if (!options->device_memory.empty())
-          request.device_memory_bytes = train::parse_memory_size(options->device_memory);
+          request.device_memory_bytes = report::parse_memory_size(options->device_memory);
         const auto report =
-            options->json ? train::memory_report_json(recipe, request) : train::memory_report(recipe, request);
+            options->json ? report::memory_report_json(recipe, request) : report::memory_report(recipe, request);
         fmt::print("{}", report.text);
         // Scripts can act on the verdict: 3 when the plan does not fit (2 stays "bad input").
         return report.fits && !*report.fits ? kExitDoesNotFit : 0;

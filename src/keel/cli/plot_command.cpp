@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "keel/cli/commands.h"
-#include "keel/train/loss_plot.h"
+#include "keel/report/loss_plot.h"
 
 namespace keel::cli {
 namespace {
@@ -16,7 +16,7 @@ const CommandRegistration kPlot{
       auto run_dir = std::make_shared<std::string>();
       cmd.add_option("run_dir", *run_dir, "A training output_dir (holding metrics.jsonl)")->required();
       return [run_dir] {
-        fmt::print("{}\n", train::write_loss_plot(*run_dir));
+        fmt::print("{}\n", report::write_loss_plot(*run_dir));
         return 0;
       };
     }};

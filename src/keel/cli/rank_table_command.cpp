@@ -11,9 +11,9 @@
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
-#include "keel/dist/launch.h"
-#include "keel/dist/rank_table.h"
-#include "keel/dist/topology.h"
+#include "keel/cluster/launch.h"
+#include "keel/cluster/rank_table.h"
+#include "keel/cluster/topology.h"
 
 namespace keel::cli {
 namespace {
@@ -25,7 +25,7 @@ struct RankTableOptions {
   std::string topology;
   std::string server_id;
   std::vector<std::string> device_ips;
-  std::string hccn_conf = dist::kHccnConfPath;
+  std::string hccn_conf = cluster::kHccnConfPath;
   std::string servers;
   std::string out = "rank_table.json";
   std::string hostfile;
@@ -33,7 +33,7 @@ struct RankTableOptions {
   std::string machine_xml;
 };
 
-bool same_table(const dist::RankTable& a, const dist::RankTable& b) {
+bool same_table(const cluster::RankTable& a, const cluster::RankTable& b) {
   if (a.servers.size() != b.servers.size()) return false;
   for (size_t s = 0; s < a.servers.size(); ++s) {
     const auto& x = a.servers[s];
@@ -48,29 +48,29 @@ bool same_table(const dist::RankTable& a, const dist::RankTable& b) {
   return true;
 }
 
-std::string summary(const dist::RankTable& table) {
+std::string summary(const cluster::RankTable& table) {
   int n = table.device_count();
   return fmt::format("{} server{}, {} device{} (ranks 0-{})", table.servers.size(), table.servers.size() == 1 ? "" : "s",
                      n, n == 1 ? "" : "s", n - 1);
 }
 
-void write_mpi_files(const RankTableOptions& o, const dist::RankTable& table) {
+void write_mpi_files(const RankTableOptions& o, const cluster::RankTable& table) {
   if (!o.hostfile.empty()) {
-    write_file_atomic(o.hostfile, dist::hostfile_text(table));
+    write_file_atomic(o.hostfile, cluster::hostfile_text(table));
     fmt::print(stderr, "wrote {}: OpenMPI hostfile for keel launch --hostfile\n", o.hostfile);
   }
   if (!o.rankfile.empty()) {
-    dist::Topology machine = o.machine_xml.empty() ? dist::detect_topology() : dist::xml_topology(o.machine_xml);
-    write_file_atomic(o.rankfile, dist::rankfile_text(table, machine));
+    cluster::Topology machine = o.machine_xml.empty() ? cluster::detect_topology() : cluster::xml_topology(o.machine_xml);
+    write_file_atomic(o.rankfile, cluster::rankfile_text(table, machine));
     fmt::print(stderr, "wrote {}: OpenMPI rankfile for keel launch --rankfile (cores planned on {})\n", o.rankfile,
                machine.source);
   }
 }
 
 int check(const RankTableOptions& o) {
-  std::optional<dist::HcclTopology> topology;
-  if (!o.topology.empty()) topology = dist::hccl_topology_from_name(o.topology);
-  dist::RankTableCheck result = dist::check_rank_table(read_file(o.check), o.check, topology);
+  std::optional<cluster::HcclTopology> topology;
+  if (!o.topology.empty()) topology = cluster::hccl_topology_from_name(o.topology);
+  cluster::RankTableCheck result = cluster::check_rank_table(read_file(o.check), o.check, topology);
   for (const auto& note : result.notes) fmt::print(stderr, "note: {}\n", note);
   if (!result.ok()) {
     std::string message = fmt::format("{}: not a valid rank table ({} problem{}):", o.check, result.errors.size(),
@@ -84,20 +84,20 @@ int check(const RankTableOptions& o) {
 }
 
 int generate(const RankTableOptions& o) {
-  dist::RankTableRequest request;
-  request.topology = dist::hccl_topology_from_name(o.topology.empty() ? "hccs_full_mesh" : o.topology);
+  cluster::RankTableRequest request;
+  request.topology = cluster::hccl_topology_from_name(o.topology.empty() ? "hccs_full_mesh" : o.topology);
   require(o.npu_count >= 0, "--npu-count: expected a positive count, found {}", o.npu_count);
   request.npu_count = o.npu_count;
   request.device_ids = o.devices;
   request.device_ips = o.device_ips;
   request.server_id = o.server_id;
   request.hccn_conf_path = o.hccn_conf;
-  if (!o.servers.empty()) request.servers = dist::parse_servers_file(read_file(o.servers), o.servers);
-  dist::GeneratedRankTable generated = dist::build_rank_table(request);
-  std::string json = dist::rank_table_json(generated.table);
+  if (!o.servers.empty()) request.servers = cluster::parse_servers_file(read_file(o.servers), o.servers);
+  cluster::GeneratedRankTable generated = cluster::build_rank_table(request);
+  std::string json = cluster::rank_table_json(generated.table);
 
   // Read back what was written: the writer and the validator must agree on every field.
-  dist::RankTableCheck self = dist::check_rank_table(json, o.out);
+  cluster::RankTableCheck self = cluster::check_rank_table(json, o.out);
   if (!same_table(self.table, generated.table)) throw std::logic_error("rank-table: the written table reads back differently");
 
   if (o.out == "-") {
@@ -106,7 +106,7 @@ int generate(const RankTableOptions& o) {
     write_file_atomic(o.out, json);
   }
   fmt::print(stderr, "{}{}: {}, topology {}\n", o.out == "-" ? "rank table" : "wrote ", o.out == "-" ? "" : o.out,
-             summary(generated.table), dist::hccl_topology_name(request.topology));
+             summary(generated.table), cluster::hccl_topology_name(request.topology));
   for (const auto& note : generated.notes) fmt::print(stderr, "note: {}\n", note);
   if (o.out != "-") fmt::print(stderr, "use it with: export RANK_TABLE_FILE={}\n", o.out);
   write_mpi_files(o, generated.table);

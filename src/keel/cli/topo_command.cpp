@@ -6,8 +6,8 @@
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
-#include "keel/dist/launch.h"
-#include "keel/dist/topology.h"
+#include "keel/cluster/launch.h"
+#include "keel/cluster/topology.h"
 
 namespace keel::cli {
 namespace {
@@ -21,7 +21,7 @@ struct TopoOptions {
 
 // With no --ranks: one rank per accelerator, else per NUMA node, else per core complex - the
 // units a data-parallel job is laid out in.
-int default_ranks(const dist::Topology& topology) {
+int default_ranks(const cluster::Topology& topology) {
   if (!topology.accelerators().empty()) return int(topology.accelerators().size());
   if (topology.numa_nodes_with_cores() > 1) return topology.numa_nodes_with_cores();
   return std::max<int>(1, int(topology.core_complexes.size()));
@@ -43,22 +43,22 @@ const CommandRegistration kTopo{
       return [options] {
         require(options->ranks >= 0, "--ranks: expected a positive number of ranks, found {}", options->ranks);
         if (!options->export_xml.empty()) {
-          write_file_atomic(options->export_xml, dist::export_topology_xml());
+          write_file_atomic(options->export_xml, cluster::export_topology_xml());
           fmt::print("wrote {}\n", options->export_xml);
           return 0;
         }
-        dist::Topology topology = !options->xml.empty()         ? dist::xml_topology(options->xml)
-                                  : !options->synthetic.empty() ? dist::synthetic_topology(options->synthetic)
-                                                                : dist::detect_topology();
-        fmt::print("{}", dist::topology_report(topology));
+        cluster::Topology topology = !options->xml.empty()         ? cluster::xml_topology(options->xml)
+                                  : !options->synthetic.empty() ? cluster::synthetic_topology(options->synthetic)
+                                                                : cluster::detect_topology();
+        fmt::print("{}", cluster::topology_report(topology));
         int ranks = options->ranks > 0 ? options->ranks : default_ranks(topology);
         auto accelerators = topology.accelerators();
         std::vector<int> rank_devices;
         if (!accelerators.empty() && ranks <= int(accelerators.size()))
           rank_devices.assign(accelerators.begin(), accelerators.begin() + ranks);
-        dist::BindingPlan plan = rank_devices.empty() ? dist::plan_binding(topology, ranks)
-                                                      : dist::plan_device_binding(topology, rank_devices);
-        fmt::print("{}", dist::rank_link_report(topology, plan, rank_devices));
+        cluster::BindingPlan plan = rank_devices.empty() ? cluster::plan_binding(topology, ranks)
+                                                      : cluster::plan_device_binding(topology, rank_devices);
+        fmt::print("{}", cluster::rank_link_report(topology, plan, rank_devices));
         return 0;
       };
     }};

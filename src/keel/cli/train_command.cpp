@@ -5,9 +5,9 @@
 #include <memory>
 
 #include "keel/cli/commands.h"
-#include "keel/dist/communicator.h"
-#include "keel/train/progress.h"
-#include "keel/train/recipe.h"
+#include "keel/distributed/communicator.h"
+#include "keel/report/progress.h"
+#include "keel/run/recipe.h"
 #include "keel/train/trainer.h"
 
 namespace keel::cli {
@@ -38,14 +38,14 @@ const CommandRegistration kTrain{
                    "Start afresh even though checkpoint_dir holds an earlier run's checkpoints (they are deleted)");
       return [options, resume] {
         if (resume->count() > 0 && options->resume.empty()) options->resume = "auto";
-        auto recipe = train::load_recipe(options->recipe, options->overrides);
+        auto recipe = run::load_recipe(options->recipe, options->overrides);
         if (options->print_recipe) {
-          fmt::print("{}", train::recipe_to_toml(recipe));
+          fmt::print("{}", run::recipe_to_toml(recipe));
           return 0;
         }
         train::TrainOptions train_options;
         // Under mpirun stdout is a forwarded pseudo-terminal: live lines would interleave.
-        train_options.terminal = train::stdout_is_terminal() && !dist::launched_by_mpi();
+        train_options.terminal = report::stdout_is_terminal() && !distributed::launched_by_mpi();
         train_options.resume = options->resume;
         train_options.stop_after_step = options->stop_after;
         train_options.overwrite = options->overwrite;

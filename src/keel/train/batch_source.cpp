@@ -246,14 +246,14 @@ bool is_pretokenized_jsonl(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const Recipe& r, const BatchSourceOptions& o,
+std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const run::Recipe& r, const BatchSourceOptions& o,
                                                std::ostream& log) {
   const bool plain_jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
   if (plain_jsonl && path_exists(path) && is_pretokenized_jsonl(path) && r.packing == "pad")
     return std::make_unique<RecordsSource>(path, o);
   data::TrainingDataRequest q;
   q.data_path = path;
-  q.tokenizer_path = recipe_tokenizer_path(r);
+  q.tokenizer_path = run::recipe_tokenizer_path(r);
   q.max_seq_len = r.max_seq_len;
   q.vocab_size = o.vocab_size;
   q.pad_id = o.pad_id;

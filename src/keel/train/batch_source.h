@@ -13,7 +13,7 @@
 #include <string>
 
 #include "keel/data/shard_loader.h"
-#include "keel/train/recipe.h"
+#include "keel/run/recipe.h"
 
 namespace keel::train {
 
@@ -39,7 +39,7 @@ struct BatchSourceOptions {
 };
 
 // Opens `path` as the recipe says (tokenizer, packing, chat template, loader threads).
-std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const Recipe& recipe,
+std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const run::Recipe& recipe,
                                                const BatchSourceOptions& options, std::ostream& log);
 
 }  // namespace keel::train

@@ -12,26 +12,26 @@
 #include "keel/core/file_io.h"
 #include "keel/data/batch_builder.h"
 #include "keel/train/batch_source.h"
-#include "keel/dist/communicator.h"
+#include "keel/distributed/communicator.h"
 #include "keel/core/threads.h"
-#include "keel/dist/grad_buckets.h"
-#include "keel/dist/shard_reader.h"
+#include "keel/distributed/grad_buckets.h"
+#include "keel/distributed/shard_reader.h"
 #include "keel/kernels/cpu/vector_ops.h"
 #include "keel/kernels/gemm.h"
 #include "keel/model/hf_weights.h"
 #include "keel/core/checksum.h"
-#include "keel/train/checkpoint.h"
+#include "keel/checkpoint/checkpoint.h"
 #include "keel/train/evaluation.h"
-#include "keel/train/export.h"
+#include "keel/checkpoint/export.h"
 #include "keel/train/interrupt.h"
-#include "keel/train/loss_plot.h"
-#include "keel/train/memory_report.h"
+#include "keel/report/loss_plot.h"
+#include "keel/report/memory_report.h"
 #include "keel/train/lr_schedule.h"
-#include "keel/train/metrics.h"
-#include "keel/train/model_setup.h"
+#include "keel/report/metrics.h"
+#include "keel/run/model_setup.h"
 #include "keel/train/optimizer.h"
-#include "keel/train/run_guard.h"
-#include "keel/train/progress.h"
+#include "keel/run/run_guard.h"
+#include "keel/report/progress.h"
 
 namespace keel::train {
 namespace {
@@ -40,7 +40,7 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-int64_t resolve_max_steps(const Recipe& r, int64_t records) {
+int64_t resolve_max_steps(const run::Recipe& r, int64_t records) {
   if (r.max_steps > 0) return r.max_steps;
   const int64_t per_step = r.batch_size * r.gradient_accumulation_steps;
   return std::max<int64_t>(1, (r.num_epochs * records + per_step - 1) / per_step);
@@ -54,10 +54,10 @@ double flops_per_token(const model::ModelConfig& c, int64_t seq) {
 
 class Trainer {
  public:
-  Trainer(const Recipe& r, std::ostream& log, const TrainOptions& options, dist::Communicator& comm)
-      : r_(r), log_(log), options_(options), comm_(comm), setup_(setup_model(r, comm.rank())), decoder_(*setup_.decoder),
+  Trainer(const run::Recipe& r, std::ostream& log, const TrainOptions& options, distributed::Communicator& comm)
+      : r_(r), log_(log), options_(options), comm_(comm), setup_(run::setup_model(r, comm.rank())), decoder_(*setup_.decoder),
         config_(decoder_.config()) {
-    require_sequence_fits_model(r, config_);
+    run::require_sequence_fits_model(r, config_);
     for (const auto& name : setup_.unused_tensors)
       fmt::print(log_, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
                  config_.architecture);
@@ -79,12 +79,12 @@ class Trainer {
     optimizer_ = std::make_unique<AdamW>(decoder_.params(), AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon,
                                                                         r.weight_decay});
     if (comm_.size() > 1) {
-      std::vector<dist::ParamSpan> spans;
+      std::vector<distributed::ParamSpan> spans;
       for (const auto& p : decoder_.params().params()) spans.push_back({p.offset, p.numel});
       // ZeRO-1: the decoder holds this rank's shard of the moments; gradients are reduce-scattered
       // onto the same shards and the updated weights all-gathered after the optimizer step.
       if (r.zero_stage >= 1) zero_shards_ = shard_ranges(decoder_.params().total(), int(comm_.size()));
-      buckets_ = std::make_unique<dist::GradBuckets>(spans, int64_t(r.bucket_size_mb * double(1 << 20)),
+      buckets_ = std::make_unique<distributed::GradBuckets>(spans, int64_t(r.bucket_size_mb * double(1 << 20)),
                                                      zero_shards_.empty() ? nullptr : &zero_shards_);
       // Set once (no allocation per step); active only during a step's last backward pass.
       if (r.overlap_grad_sync)
@@ -94,16 +94,16 @@ class Trainer {
     }
     schedule_ = LrSchedule{r.lr_scheduler, r.learning_rate, r.warmup_steps, max_steps_};
     state_.seed = uint64_t(r.seed);
-    state_.recipe_hash = fingerprint_of(recipe_to_toml(r));
-    state_.model_fingerprint = model_fingerprint(decoder_.params(), config_.architecture);
+    state_.recipe_hash = checkpoint::fingerprint_of(run::recipe_to_toml(r));
+    state_.model_fingerprint = checkpoint::model_fingerprint(decoder_.params(), config_.architecture);
     state_.data_fingerprint = loader_->fingerprint();
     state_.compat_fingerprint = compat_fingerprint(r);
     if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
       refuse_mixing_runs(r.checkpoint_dir, options);
-      if (int removed = clean_incomplete_checkpoints(r.checkpoint_dir))
+      if (int removed = checkpoint::clean_incomplete_checkpoints(r.checkpoint_dir))
         fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save\n", removed,
                    r.checkpoint_dir);
-      checkpoints_ = std::make_unique<CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
+      checkpoints_ = std::make_unique<checkpoint::CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
       // A ZeRO-1 save gathers the moments into a snapshot only when it is asynchronous; a
       // synchronous one writes them as they arrive.
       checkpoints_->prepare(decoder_.params(), /*snapshot=*/!zero_shards_.empty() && r.async_save);
@@ -121,9 +121,9 @@ class Trainer {
     }
     make_dirs(r_.output_dir);
     // Only rank 0 writes files: every rank holds the same replicated state.
-    std::unique_ptr<MetricsWriter> metrics;
-    if (comm_.rank() == 0) metrics = std::make_unique<MetricsWriter>(r_.output_dir + "/metrics.jsonl", state_.step);
-    Progress progress(log_, max_steps_, r_.log_interval, options_.terminal);
+    std::unique_ptr<report::MetricsWriter> metrics;
+    if (comm_.rank() == 0) metrics = std::make_unique<report::MetricsWriter>(r_.output_dir + "/metrics.jsonl", state_.step);
+    report::Progress progress(log_, max_steps_, r_.log_interval, options_.terminal);
     fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}\n", config_.architecture,
                config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, loader_->sequences(),
                r_.data_path);
@@ -143,7 +143,7 @@ class Trainer {
     TrainResult result;
     const auto start = Clock::now();
     for (int64_t step = state_.step + 1; step <= max_steps_; ++step) {
-      StepMetrics m = train_step(step);
+      report::StepMetrics m = train_step(step);
       state_.step = step;
       state_.samples_consumed = step * loader_->samples_per_step();
       if (eval_due(step)) evaluate_into(m);
@@ -181,15 +181,15 @@ class Trainer {
   // whatever the number of ranks, so a run may resume on another number of ranks with the
   // accumulation changed to keep gradient_accumulation_steps x dp_degree (a lost node, a bigger
   // allocation).
-  static std::string compat_fingerprint(const Recipe& r) {
-    return fingerprint_of(fmt::format("{}|{}|{}|global {}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
+  static std::string compat_fingerprint(const run::Recipe& r) {
+    return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|global {}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
                                       r.gradient_accumulation_steps * r.dp_degree, r.seed, r.shuffle,
                                       r.model_config ? "scratch" : "loaded"));
   }
   // What checkpoints written before the above recorded: the same keys, accumulation and world size
   // apart. Such a checkpoint resumes with both unchanged.
-  static std::string compat_fingerprint_v1(const Recipe& r) {
-    return fingerprint_of(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
+  static std::string compat_fingerprint_v1(const run::Recipe& r) {
+    return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
                                       r.gradient_accumulation_steps, r.seed, r.shuffle, r.dp_degree,
                                       r.model_config ? "scratch" : "loaded"));
   }
@@ -199,13 +199,13 @@ class Trainer {
     std::string path = request;
     if (request == "auto") {
       require(!r_.checkpoint_dir.empty(), "{}: --resume auto needs 'checkpoint_dir' in the recipe", r_.source);
-      path = latest_checkpoint(r_.checkpoint_dir);
+      path = checkpoint::latest_checkpoint(r_.checkpoint_dir);
       if (path.empty()) {
         fmt::print(log_, "keel: no checkpoint in {} yet; starting from step 1\n", r_.checkpoint_dir);
         return;
       }
     }
-    const TrainingState saved = load_checkpoint(path, decoder_.params());
+    const checkpoint::TrainingState saved = checkpoint::load_checkpoint(path, decoder_.params());
     require(saved.model_fingerprint == state_.model_fingerprint,
             "{}: the checkpoint was written for a different model (architecture or sizes changed)", path);
     require(saved.data_fingerprint == state_.data_fingerprint,
@@ -233,20 +233,20 @@ class Trainer {
   // keep_last_n prunes the wrong ones): refused unless --resume or --overwrite says what to do.
   void refuse_mixing_runs(const std::string& dir, const TrainOptions& options) {
     if (!options.resume.empty()) return;
-    const std::string latest = latest_checkpoint(dir);
+    const std::string latest = checkpoint::latest_checkpoint(dir);
     if (latest.empty()) return;
     if (!options.overwrite)
       fail("checkpoint_dir '{}' holds checkpoints of an earlier run (latest: {}). Pass --resume auto to continue "
            "it, --overwrite to delete them and start afresh, or choose another checkpoint_dir",
            dir, latest);
-    const int removed = remove_checkpoints(dir);
+    const int removed = checkpoint::remove_checkpoints(dir);
     fmt::print(log_, "keel: --overwrite: removed {} checkpoint(s) of the earlier run from {}\n", removed, dir);
   }
 
   // Rank 0 writes the checkpoint. Under ZeRO-1 every rank takes part: the others send rank 0 their
   // shards of the moments, which it writes as they arrive (synchronous saves) or gathers into the
   // snapshot an asynchronous save writes from.
-  void save_checkpoint(StepMetrics& m, Progress& progress) {
+  void save_checkpoint(report::StepMetrics& m, report::Progress& progress) {
     if (!checkpoints_) {
       if (!zero_shards_.empty()) send_moments();
       return;
@@ -257,15 +257,15 @@ class Trainer {
       progress.message(fmt::format("warning: the previous checkpoint save failed ({}); retrying now", failure));
     }
     model::ParamStore& params = decoder_.params();
-    std::optional<dist::ShardReader> shards;  // ZeRO-1: the other ranks' moments, as they arrive
+    std::optional<distributed::ShardReader> shards;  // ZeRO-1: the other ranks' moments, as they arrive
     if (!zero_shards_.empty())
       shards.emplace(comm_, zero_shards_, std::vector<const float*>{params.adam_m(), params.adam_v()});
     try {
-      SaveStats stats;
+      checkpoint::SaveStats stats;
       if (!shards) {
-        stats = checkpoints_->save(params, state_, recipe_to_toml(r_));
+        stats = checkpoints_->save(params, state_, run::recipe_to_toml(r_));
       } else if (r_.async_save) {
-        stats = checkpoints_->save_snapshot(params.params(), params.total(), state_, recipe_to_toml(r_),
+        stats = checkpoints_->save_snapshot(params.params(), params.total(), state_, run::recipe_to_toml(r_),
                                             [&](float* weights, float* first, float* second) {
                                               std::copy_n(params.weights(), params.total(), weights);
                                               shards->read_all(0, first);
@@ -277,7 +277,7 @@ class Trainer {
             [&](int which, int64_t begin, int64_t max_count, int64_t* n) {
               return shards->read(which, begin, max_count, n);
             },
-            state_, recipe_to_toml(r_));
+            state_, run::recipe_to_toml(r_));
       }
       if (shards) shards->drain();
       m.checkpoint_s = stats.blocked_s;
@@ -312,7 +312,7 @@ class Trainer {
     return flag > 0;
   }
 
-  // ZeRO-1, every rank but 0: its shard of m, then of v (the order dist::ShardReader reads in).
+  // ZeRO-1, every rank but 0: its shard of m, then of v (the order distributed::ShardReader reads in).
   void send_moments() {
     model::ParamStore& params = decoder_.params();
     const int64_t n = zero_shards_[size_t(comm_.rank())].size();  // what ShardReader expects of this rank
@@ -328,15 +328,15 @@ class Trainer {
     return step == max_steps_ || (r_.eval_interval > 0 && step % r_.eval_interval == 0);
   }
 
-  void evaluate_into(StepMetrics& m) {
+  void evaluate_into(report::StepMetrics& m) {
     const EvalResult e = evaluate(decoder_, *eval_loader_);
     m.eval_loss = e.loss;
     m.eval_perplexity = e.perplexity;
     last_eval_ = e;
   }
 
-  StepMetrics train_step(int64_t step) {
-    StepMetrics m;
+  report::StepMetrics train_step(int64_t step) {
+    report::StepMetrics m;
     m.step = step;
     const auto t0 = Clock::now();
     // Gather the whole step's micro-batches first: the loss is normalised by the target tokens of
@@ -419,42 +419,42 @@ class Trainer {
   }
 
   void finish(TrainResult& result) {
-    RunSummary& s = result.summary;
+    report::RunSummary& s = result.summary;
     if (last_eval_) {
       s.eval_loss = last_eval_->loss;
       s.eval_perplexity = last_eval_->perplexity;
     }
-    s.peak_memory_bytes = peak_rss_bytes();
-    const RunShape shape = run_shape(r_);
-    s.planned_memory_bytes = int64_t(training_memory_plan(r_, config_, shape).total_bytes());
+    s.peak_memory_bytes = report::peak_rss_bytes();
+    const report::RunShape shape = report::run_shape(r_);
+    s.planned_memory_bytes = int64_t(report::training_memory_plan(r_, config_, shape).total_bytes());
     s.matmul_peak_flops =
         kernels::measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
     s.finalize(flops_per_token(config_, r_.max_seq_len));
     s.ranks = int(comm_.size());
     if (comm_.rank() != 0) return;
-    write_file_atomic(r_.output_dir + "/summary.json", summary_json(s));
-    const std::string plot = write_loss_plot(r_.output_dir);
-    fmt::print(log_, "\n{}", summary_table(s));
+    write_file_atomic(r_.output_dir + "/summary.json", report::summary_json(s));
+    const std::string plot = report::write_loss_plot(r_.output_dir);
+    fmt::print(log_, "\n{}", report::summary_table(s));
     if (result.interrupted) {  // a partial model is not the run's result: the checkpoint is
       fmt::print(log_, "keel: stopped early; metrics in {}/metrics.jsonl, summary.json, {}\n", r_.output_dir, plot);
       return;
     }
     const std::string final_dir = r_.output_dir + "/final";
     model::save_hf_model(decoder_, final_dir, setup_.export_dtype);
-    copy_tokenizer_files(r_, final_dir);
-    write_model_marker(final_dir, "keel train: the run's final model");
+    checkpoint::copy_tokenizer_files(r_, final_dir);
+    run::write_model_marker(final_dir, "keel train: the run's final model");
     fmt::print(log_, "keel: model written to {}; metrics in {}/metrics.jsonl, summary.json, {}\n", final_dir,
                r_.output_dir, plot);
   }
 
-  const Recipe& r_;
+  const run::Recipe& r_;
   std::ostream& log_;
   TrainOptions options_;
-  dist::Communicator& comm_;
+  distributed::Communicator& comm_;
   std::vector<FlatRange> zero_shards_;  // ZeRO-1: each rank's part of the flat parameters; empty otherwise
-  std::unique_ptr<dist::GradBuckets> buckets_;
+  std::unique_ptr<distributed::GradBuckets> buckets_;
   bool sync_in_backward_ = false;  // the decoder's grad-ready hook feeds buckets_
-  ModelSetup setup_;
+  run::ModelSetup setup_;
   model::Decoder& decoder_;
   const model::ModelConfig& config_;
   std::unique_ptr<BatchSource> loader_, eval_loader_;
@@ -463,9 +463,9 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;
   std::optional<EvalResult> last_eval_;
-  TrainingState state_;
+  checkpoint::TrainingState state_;
   bool already_complete_ = false;  // resumed from a checkpoint at max_steps
-  std::unique_ptr<CheckpointWriter> checkpoints_;
+  std::unique_ptr<checkpoint::CheckpointWriter> checkpoints_;
 };
 
 }  // namespace
@@ -473,8 +473,8 @@ class Trainer {
 namespace {
 
 // Every rank must run the same recipe: compare a checksum of the resolved recipe across ranks.
-void check_same_recipe(const Recipe& r, dist::Communicator& comm) {
-  const uint64_t mine = checksum(recipe_to_toml(r));
+void check_same_recipe(const run::Recipe& r, distributed::Communicator& comm) {
+  const uint64_t mine = checksum(run::recipe_to_toml(r));
   std::vector<uint64_t> all(size_t(comm.size()));
   comm.allgather(&mine, all.data(), sizeof(mine));
   for (int rank = 0; rank < comm.size(); ++rank)
@@ -490,8 +490,8 @@ struct NullStream : std::ostream {
 
 }  // namespace
 
-TrainResult run_training(const Recipe& r, std::ostream& log, const TrainOptions& options) {
-  auto comm = dist::make_communicator(r.comm_timeout_s);
+TrainResult run_training(const run::Recipe& r, std::ostream& log, const TrainOptions& options) {
+  auto comm = distributed::make_communicator(r.comm_timeout_s);
   require(r.dp_degree == comm->size(),
           "{}: dp_degree = {} but the job has {} process(es); launch with `mpirun -np {}` (or `keel launch -n {}`), "
           "or set dp_degree = {}",
@@ -499,13 +499,13 @@ TrainResult run_training(const Recipe& r, std::ostream& log, const TrainOptions&
   if (comm->size() > 1) check_same_recipe(r, *comm);
   NullStream quiet;
   std::ostream& out = comm->rank() == 0 ? log : quiet;
-  for (const auto& w : inactive_key_warnings(r)) fmt::print(out, "note: {}\n", w);
+  for (const auto& w : run::inactive_key_warnings(r)) fmt::print(out, "note: {}\n", w);
   if (comm->size() > 1) fmt::print(out, "keel: data parallel over {} ranks ({})\n", comm->size(), comm->name());
   try {
-    refuse_outputs_over_inputs(recipe_outputs(r), recipe_inputs(r));
+    run::refuse_outputs_over_inputs(run::recipe_outputs(r), run::recipe_inputs(r));
     // Rank 0 writes every file of the run, so it owns the directories: a second run into them fails
     // at once instead of mixing checkpoints, metrics and summaries with this one.
-    std::optional<DirectoryLock> output_lock, checkpoint_lock;
+    std::optional<run::DirectoryLock> output_lock, checkpoint_lock;
     if (comm->rank() == 0) {
       output_lock.emplace(r.output_dir, "output_dir");
       if (!r.checkpoint_dir.empty()) checkpoint_lock.emplace(r.checkpoint_dir, "checkpoint_dir");

@@ -5,8 +5,8 @@
 #include <ostream>
 #include <string>
 
-#include "keel/train/recipe.h"
-#include "keel/train/summary.h"
+#include "keel/run/recipe.h"
+#include "keel/report/summary.h"
 
 namespace keel::train {
 
@@ -20,13 +20,13 @@ struct TrainOptions {
 };
 
 struct TrainResult {
-  RunSummary summary;
+  report::RunSummary summary;
   bool interrupted = false;  // stopped early by SIGINT/SIGTERM
   int interrupt_signal = 0;
 };
 
 // Runs the recipe to completion (or until interrupted), logging to `log`; writes
 // output_dir/metrics.jsonl, summary.json, loss.svg and final/ (an HF model directory).
-TrainResult run_training(const Recipe& recipe, std::ostream& log, const TrainOptions& options = {});
+TrainResult run_training(const run::Recipe& recipe, std::ostream& log, const TrainOptions& options = {});
 
 }  // namespace keel::train

@@ -1,0 +1,168 @@
+#include "keel/checkpoint/export.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+#include "keel/model/decoder.h"
+#include "keel/model/hf_weights.h"
+#include "keel/checkpoint/checkpoint.h"
+#include "keel/run/model_setup.h"
+#include "keel/run/run_guard.h"
+
+namespace keel::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What transformers' tokenizer and generation classes read from a model directory, besides the
+// weights and config.json.
+constexpr const char* kTokenizerFiles[] = {
+    "tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "tokenizer.model",   "vocab.json",            "merges.txt",              "vocab.txt",
+    "chat_template.jinja", "chat_template.json",  "generation_config.json"};
+
+// tokenization_chatglm.py and the like: the remote-code tokenizer tokenizer_config.json's auto_map names.
+bool is_tokenizer_code(const std::string& name) {
+  return name.rfind("tokenization_", 0) == 0 && name.size() > 3 && name.compare(name.size() - 3, 3, ".py") == 0;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return fs::equivalent(a, b, ec);
+}
+
+void copy_into(const std::string& source, const std::string& dir, const std::string& name,
+               std::vector<std::string>& copied) {
+  const std::string target = dir + "/" + name;
+  if (!same_file(source, target)) write_file_atomic(target, read_file(source));  // errors name the file
+  copied.push_back(name);
+}
+
+// Checked before the (long) verification and load; returns whether the directory was created here.
+bool prepare_destination(const std::string& dir, const std::string& step_dir) {
+  require(!dir.empty(), "--to: expected a destination directory");
+  require(!same_file(dir, step_dir), "{}: the destination is the checkpoint itself; export to another directory", dir);
+  std::error_code ec;
+  const bool existed = fs::exists(dir, ec);
+  make_dirs(dir);  // errors name the directory and the reason
+  require(::access(dir.c_str(), W_OK | X_OK) == 0, "{}: destination is not writable ({})", dir, std::strerror(errno));
+  return !existed;
+}
+
+ExportResult export_into(const ExportRequest& request, const std::string& step_dir, const run::Recipe& recipe);
+
+model::Family family_of_export(const model::ModelConfig& trained, ExportFormat format) {
+  switch (format) {
+    case ExportFormat::AsTrained: return trained.family;
+    case ExportFormat::Hf: return trained.family == model::Family::GlmOriginal ? model::Family::Glm : trained.family;
+    case ExportFormat::GlmOriginal: return model::Family::GlmOriginal;
+  }
+  return trained.family;
+}
+
+}  // namespace
+
+DType export_dtype_from_name(const std::string& name) {
+  if (name == "bf16" || name == "bfloat16") return DType::BF16;
+  if (name == "fp16" || name == "float16") return DType::F16;
+  if (name == "fp32" || name == "float32") return DType::F32;
+  fail("--dtype: expected bf16, fp16 or fp32, found '{}'", name);
+}
+
+ExportFormat export_format_from_name(const std::string& name) {
+  if (name == "hf") return ExportFormat::Hf;
+  if (name == "glm-original" || name == "glm_original") return ExportFormat::GlmOriginal;
+  fail("--format: expected hf or glm-original, found '{}'", name);
+}
+
+std::vector<std::string> copy_tokenizer_files(const run::Recipe& r, const std::string& dir) {
+  std::vector<std::string> copied;
+  const std::string source = run::recipe_tokenizer_path(r);
+  std::error_code ec;
+  if (!source.empty() && fs::is_directory(source, ec)) {
+    for (const char* name : kTokenizerFiles)
+      if (path_exists(source + "/" + name)) copy_into(source + "/" + name, dir, name, copied);
+    for (const auto& entry : fs::directory_iterator(source, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (is_tokenizer_code(name) && entry.is_regular_file(ec)) copy_into(entry.path().string(), dir, name, copied);
+    }
+  } else if (!source.empty() && fs::is_regular_file(source, ec)) {
+    const std::string name = fs::path(source).filename().string();
+    const bool json = name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0;
+    copy_into(source, dir, json ? "tokenizer.json" : name, copied);
+  }
+  // Generation defaults (eos ids, sampling) belong to the model even when the tokenizer came from elsewhere.
+  const std::string generation = r.model_name + "/generation_config.json";
+  if (!r.model_config && source != r.model_name && path_exists(generation))
+    copy_into(generation, dir, "generation_config.json", copied);
+  return copied;
+}
+
+ExportResult export_checkpoint(const ExportRequest& request) {
+  const std::string step_dir = checkpoint_step_dir(request.checkpoint);
+  const std::string recipe_path = step_dir + "/recipe.toml";
+  const run::Recipe recipe = run::parse_recipe(read_file(recipe_path), recipe_path, request.recipe_overrides);
+  // Before anything is written: never over the run's inputs, never over a model keel did not write.
+  auto inputs = run::recipe_inputs(recipe);
+  inputs.push_back({"checkpoint", request.checkpoint});
+  run::refuse_outputs_over_inputs({{"--to", request.destination}}, inputs);
+  run::refuse_replacing_foreign_model(request.destination, request.overwrite);
+  const bool created = prepare_destination(request.destination, step_dir);
+  try {
+    return export_into(request, step_dir, recipe);
+  } catch (...) {
+    std::error_code ignored;
+    if (created) fs::remove_all(request.destination, ignored);  // nothing of a failed export is left behind
+    throw;
+  }
+}
+
+namespace {
+
+ExportResult export_into(const ExportRequest& request, const std::string& step_dir, const run::Recipe& recipe) {
+  ExportResult result;
+  result.step_dir = step_dir;
+  verify_checkpoint(step_dir);
+  const TrainingState state = read_checkpoint_state(step_dir);
+  result.step = state.step;
+
+  const std::string recipe_path = step_dir + "/recipe.toml";
+  require(recipe.model_config || path_exists(recipe.model_name),
+          "{}: model_name '{}' does not exist (the model the run started from: its config.json describes the "
+          "checkpoint; a relative path is taken from the current directory, give the model's place with --set "
+          "model_name=DIR)",
+          recipe_path, recipe.model_name);
+  const model::ModelConfig trained = run::recipe_model_config(recipe);
+  result.config = model::config_for_family(trained, family_of_export(trained, request.format));
+
+  // Only the weights are needed: the smallest decoder (no optimizer state, a 1 x 2 batch). The two
+  // GLM formats share keel's internal parameter layout, so the checkpoint loads into either.
+  model::Decoder decoder(result.config, model::Precision::F32, 1, 2);
+  require(model_fingerprint(decoder.params(), trained.architecture) == state.model_fingerprint,
+          "{}: the checkpoint was written for a different model than {} describes now (architecture or sizes "
+          "changed)",
+          step_dir, recipe.model_config ? recipe_path + " [model_config]" : recipe.model_name + "/config.json");
+  if (request.dtype) {
+    result.dtype = *request.dtype;
+  } else {
+    try {
+      result.dtype = run::recipe_export_dtype(recipe, trained, decoder.ids());
+    } catch (const Error& e) {
+      fail("{} (the default export dtype is that of the weights the run started from; choose one with --dtype)",
+           e.what());
+    }
+  }
+  read_checkpoint_weights(step_dir, decoder.params());
+  model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes);
+  result.tokenizer_files = copy_tokenizer_files(recipe, request.destination);
+  run::write_model_marker(request.destination, fmt::format("keel export of {}", step_dir));
+  return result;
+}
+
+}  // namespace
+}  // namespace keel::checkpoint

@@ -1,0 +1,58 @@
+// keel export: a training checkpoint (checkpoint.h) -> a Hugging Face model directory, and the
+// tokenizer files every exported model carries (here and in the trainer's output_dir/final).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "keel/core/dtype.h"
+#include "keel/model/config.h"
+#include "keel/run/recipe.h"
+
+namespace keel::checkpoint {
+
+enum class ExportFormat : uint8_t {
+  AsTrained,    // the format (tensor names, config.json) the model was loaded or created in
+  Hf,           // transformers' own classes: a glm_original model becomes GlmForCausalLM
+  GlmOriginal,  // THUDM's ChatGLMModel names and config (GLM-4 models only)
+};
+
+struct ExportRequest {
+  std::string checkpoint;   // a step-N directory, or a checkpoint_dir (its `latest` is exported)
+  std::string destination;  // created if missing
+  std::optional<DType> dtype;  // default: as output_dir/final (run::recipe_export_dtype)
+  ExportFormat format = ExportFormat::AsTrained;
+  uint64_t max_shard_bytes = 5ull << 30;
+  std::vector<std::string> recipe_overrides;  // "key=value" applied to the checkpoint's recipe.toml
+  // Replace a destination that holds files keel did not write (by default refused: it may be the
+  // user's model).
+  bool overwrite = false;
+};
+
+struct ExportResult {
+  std::string step_dir;  // the checkpoint exported
+  int64_t step = 0;
+  DType dtype = DType::F32;
+  model::ModelConfig config;  // as written (family and architecture of the export)
+  std::vector<std::string> tokenizer_files;
+};
+
+// Verifies the checkpoint's manifest checksums, rebuilds the model from its recipe, loads the fp32
+// master weights and writes config.json + safetensors (sharded with an index above
+// max_shard_bytes) + the tokenizer files. Errors name the file: missing checkpoint, checksum
+// mismatch, a model that no longer matches the checkpoint, an unwritable destination.
+ExportResult export_checkpoint(const ExportRequest& request);
+
+// Copies the tokenizer of the run (run::recipe_tokenizer_path: tokenizer.json, tokenizer_config.json,
+// special_tokens_map.json, tokenizer.model, vocab/merges files, chat templates, tokenization_*.py)
+// and model_name's generation_config.json into the model directory `dir`; a tokenizer given as a
+// single file is copied as tokenizer.json (JSON) or under its own name (tiktoken ranks). Files
+// that are not there are skipped. Returns the names copied.
+std::vector<std::string> copy_tokenizer_files(const run::Recipe& recipe, const std::string& dir);
+
+// Command-line spellings: "bf16" | "fp16" | "fp32" and "hf" | "glm-original"; errors list them.
+DType export_dtype_from_name(const std::string& name);
+ExportFormat export_format_from_name(const std::string& name);
+
+}  // namespace keel::checkpoint

@@ -1,0 +1,60 @@
+#include "keel/distributed/grad_buckets.h"
+
+#include "keel/core/error.h"
+
+namespace keel::distributed {
+
+GradBuckets::GradBuckets(const std::vector<ParamSpan>& spans, int64_t bucket_bytes,
+                         const std::vector<FlatRange>* zero_shards)
+    : zero_shards_(zero_shards) {
+  require(!spans.empty(), "gradient buckets: no parameters");
+  const int64_t cap = std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)));
+  bucket_of_param_.assign(spans.size(), -1);
+  // Walk from the last parameter backwards: the LM head and last layers finish first.
+  int last = int(spans.size()) - 1;
+  while (last >= 0) {
+    int first = last;
+    int64_t size = spans[last].count;
+    while (first > 0 && size + spans[first - 1].count <= cap) size += spans[--first].count;
+    Bucket b;
+    b.first_param = first;
+    b.last_param = last;
+    b.offset = spans[first].offset;
+    b.count = spans[last].offset + spans[last].count - b.offset;  // includes alignment padding: harmless zeros
+    for (int p = first; p <= last; ++p) bucket_of_param_[p] = int(buckets_.size());
+    buckets_.push_back(b);
+    last = first - 1;
+  }
+}
+
+void GradBuckets::begin(float* grads, Communicator& comm, bool deterministic) {
+  grads_ = grads;
+  comm_ = &comm;
+  deterministic_ = deterministic;
+  for (auto& b : buckets_) {
+    b.pending = b.last_param - b.first_param + 1;
+    b.started = false;
+    b.ticket = 0;
+  }
+}
+
+void GradBuckets::start(Bucket& b) {
+  b.started = true;
+  b.ticket = zero_shards_ ? comm_->reduce_scatter_sum_async(grads_, {b.offset, b.offset + b.count}, *zero_shards_,
+                                                             deterministic_)
+                         : comm_->allreduce_sum_async(grads_ + b.offset, b.count, deterministic_);
+}
+
+void GradBuckets::param_ready(int param) {
+  Bucket& b = buckets_[bucket_of_param_[param]];
+  if (--b.pending == 0 && !b.started) start(b);
+}
+
+void GradBuckets::finish() {
+  // Start stragglers in bucket order (identical on every rank, so collectives match up).
+  for (auto& b : buckets_)
+    if (!b.started) start(b);
+  for (auto& b : buckets_) comm_->wait(b.ticket);
+}
+
+}  // namespace keel::distributed

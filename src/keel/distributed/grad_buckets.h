@@ -1,0 +1,53 @@
+// Gradient buckets (the HCCL_BUFFSIZE / DDP bucket_cap_mb analogue): parameters are grouped, in
+// reverse order of their position in the flat gradient buffer (the order the backward pass
+// finishes them), into contiguous ranges of about bucket_bytes. When the backward pass has
+// produced every gradient of a bucket, its allreduce starts on the communication thread while the
+// backward pass goes on; the optimizer waits for all buckets at the end. Under ZeRO-1 the
+// allreduce becomes a reduce-scatter onto the ranks' shards (half the traffic of an allreduce).
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "keel/distributed/communicator.h"
+
+namespace keel::distributed {
+
+struct ParamSpan {
+  int64_t offset = 0, count = 0;  // elements in the flat gradient buffer
+};
+
+struct Bucket {
+  int64_t offset = 0, count = 0;  // a contiguous range of the flat gradient buffer
+  int first_param = 0, last_param = 0;  // [first, last] parameter indices it covers
+  int pending = 0;                // parameters whose gradient is not final yet this step
+  Ticket ticket = 0;
+  bool started = false;
+};
+
+class GradBuckets {
+ public:
+  // spans: every parameter's range, in flat-buffer order (contiguous, padding allowed between).
+  // With `zero_shards` (ZeRO-1: one range of the flat buffer per rank, kept alive by the caller)
+  // each bucket is reduce-scattered instead of all-reduced: a rank ends up with the summed
+  // gradients of its own shard only, the rest of the buffer is left undefined.
+  GradBuckets(const std::vector<ParamSpan>& spans, int64_t bucket_bytes,
+              const std::vector<FlatRange>* zero_shards = nullptr);
+  // Starts a step's synchronisation: nothing is ready.
+  void begin(float* grads, Communicator& comm, bool deterministic);
+  // The gradient of `param` is final for this step; starts its bucket's allreduce if it completes one.
+  void param_ready(int param);
+  // Starts whatever has not started (params that never reported), then waits for every bucket.
+  void finish();
+  const std::vector<Bucket>& buckets() const { return buckets_; }
+
+ private:
+  void start(Bucket& b);
+  std::vector<Bucket> buckets_;
+  std::vector<int> bucket_of_param_;
+  float* grads_ = nullptr;
+  Communicator* comm_ = nullptr;
+  bool deterministic_ = false;
+  const std::vector<FlatRange>* zero_shards_ = nullptr;
+};
+
+}  // namespace keel::distributed

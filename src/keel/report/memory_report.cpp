@@ -1,0 +1,446 @@
+#include "keel/report/memory_report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "keel/core/error.h"
+#include "keel/distributed/mpi_communicator.h"
+#include "keel/model/decoder.h"
+#include "keel/run/model_setup.h"
+
+namespace keel::report {
+
+RunShape run_shape(const run::Recipe& r) {
+  RunShape s;
+  s.batch_size = r.batch_size;
+  s.max_seq_len = r.max_seq_len;
+  s.gradient_accumulation_steps = r.gradient_accumulation_steps;
+  s.dp = r.dp_degree;
+  s.zero_stage = int(r.zero_stage);
+  s.gradient_checkpointing = r.use_gradient_checkpointing;
+  return s;
+}
+
+namespace {
+
+
+size_t gib(double n) { return size_t(n * double(size_t(1) << 30)); }
+
+// A plan fits when its total is within the device memory and its arena within memory_pool_size
+// (each limit 0: not checked).
+bool within_limits(size_t total, size_t arena, size_t device, size_t pool) {
+  return (device == 0 || total <= device) && (pool == 0 || arena <= pool);
+}
+
+// The size of a model directory's .safetensors files, or, for a directory with config.json only,
+// what they would take in the config's torch_dtype.
+size_t weight_file_bytes(const std::string& dir, const model::ModelConfig& config) {
+  size_t total = 0;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
+    if (entry.path().extension() == ".safetensors") total += size_t(entry.file_size(ec));
+  return total > 0 ? total : size_t(config.total_parameters()) * dtype_size(config.torch_dtype);
+}
+
+// The batch buffers of the trainer's data source (train/batch_source.cpp decides which): a
+// pre-tokenized JSONL file with padding is read into memory and filled into one step's micro-batches
+// (input ids, targets, positions); anything else goes through prepared shards, whose loader keeps
+// prefetch_factor + 1 steps of micro-batches (with document ids too) when it has worker threads.
+size_t loader_buffer_bytes(const run::Recipe& r, const RunShape& shape) {
+  const size_t micro_batch = size_t(shape.batch_size) * size_t(shape.max_seq_len) * sizeof(int32_t);
+  const size_t per_step = size_t(shape.gradient_accumulation_steps);
+  const std::string& path = r.data_path;
+  bool records = false;
+  if (r.packing == "pad" && path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {
+    std::ifstream in(path);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.find_first_not_of(" \t\r") != std::string::npos) {
+        records = line.find("\"input_ids\"") != std::string::npos;
+        break;
+      }
+  }
+  if (records) return per_step * 3 * micro_batch;
+  const size_t slots = r.num_workers > 0 ? size_t(std::max<int64_t>(1, r.prefetch_factor)) + 1 : 1;
+  return slots * per_step * 4 * micro_batch;
+}
+
+}  // namespace
+
+MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
+  require(shape.dp >= 1, "memory plan: dp must be at least 1, got {}", shape.dp);
+  require(shape.zero_stage == 0 || shape.zero_stage == 1, "memory plan: ZeRO stage {} is not supported (0 or 1)",
+          shape.zero_stage);
+  auto options = run::training_decoder_options(r);
+  options.gradient_checkpointing = shape.gradient_checkpointing;
+  options.memory_cap_bytes = 0;  // the caller compares against the cap; here we only plan
+  // ZeRO-1 (Rajbhandari et al. 2020, stage 1): each rank keeps and updates 1/dp of the Adam moments
+  // (the decoder plans the shard). The fp32 master weights stay whole on every rank: in fp32 they
+  // are the compute weights, and in bf16 the norms and the embedding are read from them.
+  const size_t shards = shape.zero_stage >= 1 ? size_t(shape.dp) : 1;
+  options.optimizer_shards = int(shards);
+  const auto precision = run::recipe_precision(r);
+  const MemoryPlan decoder =
+      model::decoder_memory_plan(config, precision, shape.batch_size, shape.max_seq_len, options);
+
+  MemoryPlan plan(decoder.alignment());
+  size_t param_elements = 0;
+  for (const auto& b : decoder.buffers()) {
+    if (b.name == "weights") param_elements = b.bytes / sizeof(float);
+    if (b.in_arena)
+      plan.add(b.name, b.category, b.bytes, b.first_use, b.last_use);
+    else
+      plan.add_external(b.name, b.category, b.bytes, b.first_use, b.last_use);
+  }
+
+  const model::StepTimeline t{int32_t(config.num_layers)};
+  const int32_t end = t.last();
+  if (shape.dp > 1) {
+    // Gradient buckets (distributed::GradBuckets) are contiguous ranges of the gradient buffer, reduced in
+    // place by one communication thread, one bucket at a time, handed to MPI in pieces of at most
+    // distributed::kMpiReducePiece floats. What they cost is MPI itself and the reduction's scratch for one
+    // piece: MPI_Allreduce's temporaries, or, for deterministic_reduce, the buffer every rank's piece
+    // is gathered into (kept from the first step on).
+    const size_t bucket = std::min({size_t(r.bucket_size_mb * double(1 << 20)), param_elements * sizeof(float),
+                                    size_t(distributed::kMpiReducePiece) * sizeof(float)});
+    plan.add_external("MPI (library, shared-memory transport)", MemoryCategory::Communication, kMpiBytes, 0, end);
+    if (r.deterministic_reduce)
+      plan.add_external("rank-ordered reduction buffer (bucket x dp)", MemoryCategory::Communication,
+                        bucket * size_t(shape.dp), 1, end);
+    else
+      plan.add_external("allreduce scratch", MemoryCategory::Communication,
+                        size_t(double(bucket) * kAllreduceScratchPerBucketByte), t.backward(config.num_layers - 1),
+                        t.optimizer());
+  }
+  // Position 0 is also the model's setup: the arena is touched, then the weights load. Loading
+  // maps the weight files and every page read stays resident until the load ends, so a large
+  // model's process peaks right there, by the files' size on top of the arena.
+  if (!r.model_config)
+    plan.add_external("weight files mapped while loading", MemoryCategory::Data,
+                      weight_file_bytes(r.model_name, config), 0, 0);
+  plan.add_external("keel process at start", MemoryCategory::Runtime, kProcessStartBytes, 0, end);
+  // What the trainer allocates after the setup, kept for the whole run.
+  plan.add_external("micro-batches", MemoryCategory::Data, loader_buffer_bytes(r, shape), 1, end);
+  // The snapshot an asynchronous save writes from (with ZeRO-1, rank 0 gathers every rank's moments
+  // into it). A synchronous ZeRO-1 save writes the other ranks' moments as they arrive, one piece
+  // at a time (distributed::ShardReader). Both are rank 0's figures; the other ranks hold neither.
+  if (!r.checkpoint_dir.empty() && shape.async_checkpoint && r.async_save)
+    plan.add_external(shards > 1 ? "checkpoint snapshot (weights, m, v; rank 0 gathers the moments)"
+                                 : "checkpoint snapshot (weights, m, v)",
+                      MemoryCategory::CheckpointStaging, 3 * param_elements * sizeof(float), 1, end);
+  else if (!r.checkpoint_dir.empty() && shards > 1)
+    plan.add_external("checkpoint receive buffer (one piece of another rank's moments)",
+                      MemoryCategory::CheckpointStaging,
+                      size_t(std::min<int64_t>(distributed::kShardPiece, int64_t((param_elements + shards - 1) / shards))) *
+                          sizeof(float),
+                      1, end);
+  plan.add_external("libraries while training", MemoryCategory::Runtime, kStepRuntimeBytes, 1, end);
+  plan.pack();
+  return plan;
+}
+
+size_t parse_memory_size(std::string_view text) {
+  std::string s;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) s += char(std::toupper(static_cast<unsigned char>(c)));
+  size_t digits = 0;
+  while (digits < s.size() && (std::isdigit(static_cast<unsigned char>(s[digits])) || s[digits] == '.')) ++digits;
+  std::string unit = s.substr(digits);
+  double value = 0;
+  bool ok = digits > 0;
+  if (ok) {
+    try {
+      size_t used = 0;
+      value = std::stod(s.substr(0, digits), &used);
+      ok = used == digits && value >= 0 && std::isfinite(value);
+    } catch (const std::exception&) {
+      ok = false;
+    }
+  }
+  if (unit.size() == 3 && unit[1] == 'I') unit.erase(1, 1);  // GiB -> GB: binary either way
+  if (unit.size() == 2 && unit[1] == 'B') unit.pop_back();   // GB -> G
+  static const std::pair<const char*, int> kUnits[] = {{"", 30}, {"B", 0}, {"K", 10}, {"M", 20}, {"G", 30}, {"T", 40}};
+  for (const auto& [name, shift] : kUnits)
+    if (ok && unit == name) return size_t(value * double(uint64_t(1) << shift));
+  fail("memory size '{}': expected a number with an optional unit B, KB, MB, GB or TB (binary: 1 GB = 1 GiB), "
+       "e.g. 64GB",
+       text);
+}
+
+namespace {
+
+struct Candidate {
+  RunShape shape;
+  std::vector<std::string> changes;  // what differs from the configured run, in words
+  int cost = 0;                      // preference: lower changes less of the run
+  size_t total = 0, arena = 0;
+  bool fits = false;
+};
+
+// A position of the step timeline in words.
+std::string position_name(const model::StepTimeline& t, int32_t p) {
+  if (p <= 0) return "setup (weights loading)";
+  if (p < t.head()) return fmt::format("forward of block {}", p - t.forward(0));
+  if (p == t.head()) return "LM head and loss";
+  if (p < t.optimizer()) return fmt::format("backward of block {}", t.head() + t.layers - p);
+  return "optimizer step";
+}
+
+std::string shape_summary(const RunShape& s) {
+  return fmt::format("micro-batch {} x {} tokens, accumulation {}, dp {}, ZeRO-{}, gradient checkpointing {}",
+                     s.batch_size, s.max_seq_len, s.gradient_accumulation_steps, s.dp, s.zero_stage,
+                     s.gradient_checkpointing ? "on" : "off");
+}
+
+// The per-category lines of the report, with what each holds.
+std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool bf16) {
+  const bool sharded = shape.zero_stage >= 1 && shape.dp > 1;
+  const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-1)", shape.dp) : "";
+  auto note = [&](MemoryCategory c) -> std::string {
+    switch (c) {
+      case MemoryCategory::MasterWeights: return bf16 ? "fp32 master, whole on every rank" : "fp32 (the compute copy too)";
+      case MemoryCategory::ComputeWeights: return "bf16 copy the GEMMs read";
+      case MemoryCategory::Gradients: return "fp32, accumulated over micro-batches";
+      case MemoryCategory::OptimizerState: return "AdamW m and v, fp32" + (sharded ? shard : std::string());
+      case MemoryCategory::Activations:
+        return shape.gradient_checkpointing ? "block inputs + one recomputed block (checkpointing)"
+                                            : "every block's intermediates, kept for backward";
+      case MemoryCategory::Workspace: return "gradient scratch, logits chunk (shared by lifetime)";
+      case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
+      case MemoryCategory::Data: return "weight files while loading, micro-batches, rotary table";
+      case MemoryCategory::CheckpointStaging: return "async save snapshot (weights, m, v), or ZeRO-1's receive buffer";
+      case MemoryCategory::Runtime: return "code, libraries, threads, library scratch (measured)";
+      case MemoryCategory::kCount: break;
+    }
+    return "";
+  };
+  std::string out;
+  for (int i = 0; i < kMemoryCategories; ++i) {
+    const auto c = MemoryCategory(i);
+    const size_t bytes = plan.category_bytes_at_peak(c);
+    if (bytes == 0 && plan.category_bytes(c) == 0) continue;
+    out += fmt::format("  {:<20}{:>12}   {}\n", category_name(c), format_bytes(double(bytes)), note(c));
+  }
+  out += fmt::format("  {:<20}{:>12}   arena {} / live peak {} - 1 = {:.2f}% (fragmentation_threshold)\n",
+                     "packing waste", format_bytes(double(plan.arena_bytes() - plan.peak_live_bytes())),
+                     format_bytes(double(plan.arena_bytes())), format_bytes(double(plan.peak_live_bytes())),
+                     100.0 * plan.waste());
+  out += fmt::format("  {:<20}{:>12}   arena {} (one mapping, planned before step 1) + {} outside it\n", "total",
+                     format_bytes(double(plan.total_bytes())), format_bytes(double(plan.arena_bytes())),
+                     format_bytes(double(plan.external_bytes())));
+  return out;
+}
+
+}  // namespace
+
+namespace {
+
+RunShape requested_shape(const run::Recipe& r, const PlanRequest& request) {
+  RunShape shape = run_shape(r);
+  if (request.dp > 0) shape.dp = request.dp;
+  if (request.zero_stage >= 0) shape.zero_stage = request.zero_stage;
+  require(shape.zero_stage == 0 || shape.zero_stage == 1, "ZeRO stage {}: keel plans stage 0 or 1",
+          shape.zero_stage);
+  return shape;
+}
+
+}  // namespace
+
+MemoryReport memory_report_json(const run::Recipe& r, const PlanRequest& request) {
+  const auto config = run::recipe_model_config(r);
+  run::require_sequence_fits_model(r, config);
+  const auto plan = training_memory_plan(r, config, requested_shape(r, request));
+  MemoryReport report;
+  const size_t device = request.device_memory_bytes;
+  const size_t pool = gib(r.memory_pool_size);
+  if (device != 0 || pool != 0) report.fits = within_limits(plan.total_bytes(), plan.arena_bytes(), device, pool);
+  std::string categories;
+  for (int i = 0; i < kMemoryCategories; ++i) {
+    const auto c = MemoryCategory(i);
+    categories += fmt::format("{}\"{}\": {}", categories.empty() ? "" : ", ", category_name(c),
+                              plan.category_bytes_at_peak(c));
+  }
+  // Position 0 is the setup (weights loading); from position 1 on, the training steps.
+  size_t training_external = 0;
+  for (int32_t p = 1; p <= model::StepTimeline{int32_t(config.num_layers)}.last(); ++p)
+    training_external = std::max(training_external, plan.external_bytes_at(p));
+  report.text = fmt::format(
+      "{{\"total_bytes\": {}, \"arena_bytes\": {}, \"peak_live_bytes\": {}, \"waste\": {:.6f}, "
+      "\"external_bytes\": {}, \"setup_bytes\": {}, \"training_bytes\": {}, \"fits\": {}, "
+      "\"categories\": {{{}}}}}\n",
+      plan.total_bytes(), plan.arena_bytes(), plan.peak_live_bytes(), plan.waste(), plan.external_bytes(),
+      plan.arena_bytes() + plan.external_bytes_at(0), plan.arena_bytes() + training_external,
+      report.fits ? (*report.fits ? "true" : "false") : "null", categories);
+  return report;
+}
+
+namespace {
+
+// The text of memory_report; sets `fits` when a limit was given.
+std::string memory_report_text(const run::Recipe& r, const PlanRequest& request, std::optional<bool>& fits) {
+  const auto config = run::recipe_model_config(r);
+  run::require_sequence_fits_model(r, config);
+  const bool bf16 = run::recipe_precision(r) == model::Precision::BF16;
+  const RunShape shape = requested_shape(r, request);
+  const size_t device = request.device_memory_bytes;
+  const size_t pool = gib(r.memory_pool_size);
+
+  auto evaluate = [&](Candidate& c) {
+    const auto plan = training_memory_plan(r, config, c.shape);
+    c.total = plan.total_bytes();
+    c.arena = plan.arena_bytes();
+    c.fits = within_limits(c.total, c.arena, device, pool);
+  };
+
+  const auto plan = training_memory_plan(r, config, shape);
+  std::string out;
+  out += fmt::format("keel plan: {}\n", r.source);
+  const double parameters = double(config.total_parameters());
+  out += fmt::format("model: {} ({}), {} layers, hidden {}, {} heads ({} kv), intermediate {}, vocab {}: {} "
+                     "parameters\n",
+                     config.architecture, model::family_name(config.family), config.num_layers, config.hidden_size,
+                     config.num_heads, config.num_kv_heads, config.intermediate_size, config.vocab_size,
+                     parameters >= 1e9 ? fmt::format("{:.2f}B", parameters / 1e9)
+                                       : fmt::format("{:.2f}M", parameters / 1e6));
+  out += fmt::format("run: {}, {}\n", r.dtype, shape_summary(shape));
+  if (shape.zero_stage >= 1 && shape.dp == 1) out += "note: ZeRO-1 with dp 1 shards nothing\n";
+  const model::StepTimeline timeline{int32_t(config.num_layers)};
+  const auto arena_peak = position_name(timeline, plan.peak_position());
+  const auto other_peak = position_name(timeline, plan.external_peak_position());
+  out += arena_peak == other_peak
+             ? fmt::format("\nper-rank memory at its peak, during the {}:\n", arena_peak)
+             : fmt::format("\nper-rank memory at its peak: the arena's during the {}, the rest's during the {}:\n",
+                           arena_peak, other_peak);
+  out += breakdown_lines(plan, shape, bf16);
+  out += "  (not planned: the training records held in memory, 8 bytes per token)\n\n";
+
+  Candidate configured{shape, {}, 0};
+  evaluate(configured);
+  if (device != 0 || pool != 0) fits = configured.fits;
+  if (device == 0 && pool == 0) {
+    out += "fits: not checked (give --device-memory, or memory_pool_size in the recipe)\n";
+    return out;
+  }
+  std::vector<std::string> limits;
+  if (device) limits.push_back(fmt::format("{} of device memory per rank", format_bytes(double(device))));
+  if (pool) limits.push_back(fmt::format("memory_pool_size {} for the arena", format_bytes(double(pool))));
+  const std::string limit_text = fmt::format("{}", fmt::join(limits, " and "));
+  if (configured.fits) {
+    out += fmt::format("fits: yes, within {}", limit_text);
+    if (device) out += fmt::format(" ({} to spare)", format_bytes(double(device - configured.total)));
+    out += "\n";
+    return out;
+  }
+  out += fmt::format("fits: NO: needs {} per rank (arena {}), over {}\n", format_bytes(double(configured.total)),
+                     format_bytes(double(configured.arena)), limit_text);
+
+  // What to change: every combination of ZeRO-1, gradient checkpointing, smaller micro-batches
+  // (the accumulation grows so the global batch stays) and shorter sequences, each planned.
+  std::vector<Candidate> candidates;
+  std::vector<int> zero_options{shape.zero_stage};
+  if (shape.zero_stage == 0 && shape.dp > 1) zero_options.push_back(1);
+  std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
+  if (!shape.gradient_checkpointing) checkpointing_options.push_back(true);
+  std::vector<int64_t> batches{shape.batch_size};
+  for (int64_t b = shape.batch_size; b % 2 == 0;) batches.push_back(b /= 2);
+  if (batches.back() != 1) batches.push_back(1);
+  std::vector<int64_t> seqs{shape.max_seq_len};
+  for (int64_t s = shape.max_seq_len; s % 2 == 0 && s / 2 >= 256;) seqs.push_back(s /= 2);
+  std::vector<bool> async_options{r.async_save && !r.checkpoint_dir.empty()};
+  if (async_options[0]) async_options.push_back(false);
+  for (int zero : zero_options)
+    for (bool ckpt : checkpointing_options)
+      for (bool async_save : async_options)
+        for (size_t bi = 0; bi < batches.size(); ++bi)
+          for (size_t si = 0; si < seqs.size(); ++si) {
+            Candidate c{shape, {}, 0};
+            if (zero != shape.zero_stage) {
+              c.shape.zero_stage = zero;
+              c.changes.push_back("--zero 1");
+              c.cost += 1;  // the same math; a reduce-scatter + all-gather instead of an all-reduce
+            }
+            if (async_save != async_options[0]) {
+              c.shape.async_checkpoint = false;
+              c.changes.push_back("async_save = false");
+              c.cost += 1;  // training pauses while a checkpoint is written, every save_interval steps
+            }
+            if (ckpt != shape.gradient_checkpointing) {
+              c.shape.gradient_checkpointing = ckpt;
+              c.changes.push_back("use_gradient_checkpointing = true");
+              c.cost += 2;  // one more forward pass per step (about a third more compute)
+            }
+            if (bi > 0) {
+              c.shape.batch_size = batches[bi];
+              c.shape.gradient_accumulation_steps =
+                  shape.gradient_accumulation_steps * shape.batch_size / batches[bi];  // same global batch
+              c.changes.push_back(fmt::format("batch_size = {} (accumulation {})", c.shape.batch_size,
+                                              c.shape.gradient_accumulation_steps));
+              c.cost += 3 + int(bi);  // smaller GEMMs run less efficiently
+            }
+            if (si > 0) {
+              c.shape.max_seq_len = seqs[si];
+              c.changes.push_back(fmt::format("max_seq_len = {}", seqs[si]));
+              c.cost += 8 + 2 * int(si);  // changes what the model sees: last resort
+            }
+            if (c.changes.empty()) continue;
+            evaluate(c);
+            candidates.push_back(std::move(c));
+          }
+
+  out += "\nwhat to change (each planned with the same planner):\n";
+  out += fmt::format("  {:>12}  {:<5} {}\n", "per rank", "fits", "change");
+  auto line = [&](const Candidate& c) {
+    out += fmt::format("  {:>12}  {:<5} {}\n", format_bytes(double(c.total)), c.fits ? "yes" : "no",
+                       fmt::join(c.changes, " + "));
+  };
+  // One change at a time: the mildest setting of each knob that fits, or its strongest.
+  for (const char* knob : {"--zero", "async_save", "use_gradient_checkpointing", "batch_size", "max_seq_len"}) {
+    const Candidate* best = nullptr;
+    for (const auto& c : candidates) {
+      if (c.changes.size() != 1 || c.changes[0].find(knob) == std::string::npos) continue;
+      if (!best || (c.fits && (!best->fits || c.cost < best->cost)) || (!c.fits && !best->fits && c.total < best->total))
+        best = &c;
+    }
+    if (best) line(*best);
+  }
+  const Candidate* recommended = nullptr;
+  for (const auto& c : candidates)
+    if (c.fits && (!recommended || c.changes.size() < recommended->changes.size() ||
+                   (c.changes.size() == recommended->changes.size() && c.cost < recommended->cost)))
+      recommended = &c;
+  const Candidate* smallest = &candidates.front();
+  for (const auto& c : candidates)
+    if (c.total < smallest->total) smallest = &c;
+  if (recommended) {
+    if (recommended->changes.size() > 1) line(*recommended);
+    out += fmt::format("\nrecommended: {} -> {} per rank\n", fmt::join(recommended->changes, " + "),
+                       format_bytes(double(recommended->total)));
+    return out;
+  }
+  line(*smallest);
+  // Nothing fits: say what no activation setting can fix.
+  const size_t elements = size_t(config.total_parameters());
+  const size_t floor = elements * ((bf16 ? 2 : 4) + 4);  // compute weights + fp32 gradients, never sharded
+  out += fmt::format("\nnothing above fits. The smallest ({}) still needs {} per rank; even with ZeRO-1 over any "
+                     "number of ranks the replicated weights and fp32 gradients alone take {}. More memory per rank, "
+                     "sharded gradients (ZeRO-2, not in keel yet) or a smaller model are needed.\n",
+                     fmt::join(smallest->changes, " + "), format_bytes(double(smallest->total)),
+                     format_bytes(double(floor)));
+  return out;
+}
+
+}  // namespace
+
+MemoryReport memory_report(const run::Recipe& r, const PlanRequest& request) {
+  MemoryReport report;
+  report.text = memory_report_text(r, request, report.fits);
+  return report;
+}
+
+}  // namespace keel::report

@@ -1,0 +1,46 @@
+// metrics.jsonl: one JSON object per optimizer step, appended and flushed as the run goes, so a
+// crashed or running job can be inspected (and plotted) at any time.
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace keel::report {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  int64_t tokens = 0;         // non-padding input tokens of the step (all micro-batches)
+  int64_t target_tokens = 0;  // tokens that carried loss
+  double step_time_s = 0, tokens_per_s = 0;
+  double compute_s = 0, optimizer_s = 0, data_s = 0, grad_sync_s = 0, checkpoint_s = 0;
+  // Part of grad_sync_s spent at the step's first collective (the global token count): time this
+  // rank waited for the slowest one to arrive, not transfer time (data parallel only).
+  double peer_wait_s = 0;
+  double eval_loss = -1, eval_perplexity = -1;  // negative: not evaluated at this step
+  bool skipped = false;                         // non-finite loss or gradient, step not applied
+};
+
+// A number as JSON: 9 significant digits, null for NaN and infinity.
+std::string json_number(double v);
+
+// A metrics.jsonl line is a few hundred bytes; a longer one is not keel's and is skipped by the
+// readers (resume, loss.svg), which stream the file.
+inline constexpr size_t kMaxMetricsLineBytes = size_t(1) << 20;
+
+class MetricsWriter {
+ public:
+  // Starts metrics.jsonl afresh, or, when resuming after step `keep_through_step` > 0, keeps the
+  // lines of steps up to it (written by the run being resumed) and appends after them.
+  explicit MetricsWriter(const std::string& path, int64_t keep_through_step = 0);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+  void write(const StepMetrics& m);
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+}  // namespace keel::report

@@ -1,0 +1,37 @@
+// The end-of-run summary, in the shape of the reference article's optimization table:
+// throughput, compute utilization, memory per rank, gradient-sync share, plus the data-wait and
+// optimizer shares and MFU. Printed as a table and written to output_dir/summary.json.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "keel/report/metrics.h"
+
+namespace keel::report {
+
+struct RunSummary {
+  int64_t steps = 0, skipped_steps = 0, tokens = 0;
+  double seconds = 0;           // wall time of the steps (excluding setup and export)
+  double final_loss = 0;
+  double tokens_per_s = 0;
+  double compute_share = 0, data_wait_share = 0, grad_sync_share = 0, optimizer_share = 0, checkpoint_share = 0;
+  int64_t peak_memory_bytes = 0;     // RSS high-water mark of the process
+  int64_t planned_memory_bytes = 0;  // what the memory plan predicted (0 if not planned)
+  double mfu = 0;                    // model FLOPs per second over the measured matmul peak
+  double matmul_peak_flops = 0;
+  double eval_loss = -1, eval_perplexity = -1;
+  int ranks = 1;
+
+  // Accumulates one step's timings and tokens.
+  void add_step(const StepMetrics& m);
+  // Turns the accumulated times into shares and throughput.
+  void finalize(double flops_per_token);
+};
+
+std::string summary_table(const RunSummary& s);
+std::string summary_json(const RunSummary& s);
+
+// Peak resident set size of this process so far (VmHWM), in bytes; 0 if unknown.
+int64_t peak_rss_bytes();
+
+}  // namespace keel::report

@@ -1,0 +1,86 @@
+#include "keel/run/model_setup.h"
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+#include "keel/model/hf_weights.h"
+#include "keel/model/safetensors.h"
+
+namespace keel::run {
+
+model::ModelConfig scratch_model_config(const ScratchModel& m) {
+  model::ModelConfig c;
+  c.family = model::family_from_name(m.family);
+  c.vocab_size = m.vocab_size;
+  c.hidden_size = m.hidden_size;
+  c.intermediate_size = m.intermediate_size;
+  c.num_layers = m.num_layers;
+  c.num_heads = m.num_heads;
+  c.num_kv_heads = m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads;
+  c.head_dim = m.head_dim > 0 ? m.head_dim : m.hidden_size / std::max<int64_t>(m.num_heads, 1);
+  const bool glm = c.family == model::Family::Glm || c.family == model::Family::GlmOriginal;
+  c.rotary_dim = glm ? c.head_dim / 2 : c.head_dim;  // GLM-4 rotates half of each head
+  c.rope_interleaved = glm;
+  c.rope_theta = m.rope_theta;
+  c.rms_norm_eps = m.rms_norm_eps;
+  c.qkv_bias = c.family != model::Family::Llama;
+  c.tie_word_embeddings = m.tie_word_embeddings;
+  c.max_position_embeddings = m.max_position_embeddings;
+  c.architecture = c.family == model::Family::Llama   ? "LlamaForCausalLM"
+                   : c.family == model::Family::Qwen2 ? "Qwen2ForCausalLM"
+                   : c.family == model::Family::Glm   ? "GlmForCausalLM"
+                                                      : "ChatGLMModel";
+  model::validate(c, "[model_config]");
+  return c;
+}
+
+void require_sequence_fits_model(const Recipe& r, const model::ModelConfig& c) {
+  require(r.max_seq_len <= c.max_position_embeddings,
+          "{}: max_seq_len = {} is longer than the model's {} positions (max_position_embeddings in {}): it would "
+          "train on positions the model never had. Set max_seq_len <= {}",
+          r.source, r.max_seq_len, c.max_position_embeddings,
+          r.model_config ? "[model_config]" : r.model_name + "/config.json", c.max_position_embeddings);
+}
+
+model::ModelConfig recipe_model_config(const Recipe& r) {
+  if (r.model_config) return scratch_model_config(*r.model_config);
+  require(path_exists(r.model_name), "{}: model_name '{}' does not exist (keel reads local HF model directories only)",
+          r.source, r.model_name);
+  return model::load_model_config(r.model_name + "/config.json");
+}
+
+model::Precision recipe_precision(const Recipe& r) {
+  return r.dtype == "bf16" ? model::Precision::BF16 : model::Precision::F32;
+}
+
+model::DecoderOptions training_decoder_options(const Recipe& r) {
+  model::DecoderOptions o;
+  o.gradient_checkpointing = r.use_gradient_checkpointing;
+  o.optimizer_state = true;
+  o.optimizer_shards = r.zero_stage >= 1 ? int(r.dp_degree) : 1;
+  o.memory_cap_bytes = size_t(r.memory_pool_size * double(size_t(1) << 30));
+  o.memory_planning = r.memory_planning == "per_tensor" ? model::MemoryPlanning::PerTensor : model::MemoryPlanning::Planned;
+  return o;
+}
+
+DType recipe_export_dtype(const Recipe& r, const model::ModelConfig& config, const model::DecoderParamIds& ids) {
+  if (r.model_config) return r.dtype == "bf16" ? DType::BF16 : DType::F32;
+  return model::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, ids)[0].name);
+}
+
+ModelSetup setup_model(const Recipe& r, int rank) {
+  ModelSetup s;
+  const auto precision = recipe_precision(r);
+  const auto config = recipe_model_config(r);
+  auto options = training_decoder_options(r);
+  options.optimizer_shard = options.optimizer_shards > 1 ? rank : 0;
+  s.decoder = std::make_unique<model::Decoder>(config, precision, r.batch_size, r.max_seq_len, options);
+  if (r.model_config) {
+    s.decoder->init_random(uint64_t(r.seed));
+  } else {
+    s.unused_tensors = model::load_hf_weights(*s.decoder, r.model_name);
+  }
+  s.export_dtype = recipe_export_dtype(r, config, s.decoder->ids());
+  return s;
+}
+
+}  // namespace keel::run

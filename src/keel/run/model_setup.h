@@ -1,0 +1,36 @@
+// Builds the model a recipe asks for: loaded from an HF directory, or new from [model_config].
+#pragma once
+#include <memory>
+#include <string>
+
+#include "keel/core/dtype.h"
+#include "keel/model/decoder.h"
+#include "keel/run/recipe.h"
+
+namespace keel::run {
+
+struct ModelSetup {
+  std::unique_ptr<model::Decoder> decoder;
+  DType export_dtype = DType::F32;  // the dtype the weights came in (or the recipe's, for new models)
+  std::vector<std::string> unused_tensors;
+};
+
+model::ModelConfig scratch_model_config(const ScratchModel& m);
+// The model's architecture from the recipe alone: [model_config], or model_name/config.json
+// (no weights are read, so a directory holding only config.json is enough).
+model::ModelConfig recipe_model_config(const Recipe& recipe);
+model::Precision recipe_precision(const Recipe& recipe);
+// keel::Error when the run's sequences are longer than the model has positions
+// (max_position_embeddings): it would train on positions the model never had, silently.
+void require_sequence_fits_model(const Recipe& recipe, const model::ModelConfig& config);
+// The decoder settings a training run of this recipe uses: gradient checkpointing, optimizer
+// state in the arena (ZeRO-1: a 1/dp_degree shard), memory_pool_size (GiB) as the arena's cap and
+// memory_planning.
+model::DecoderOptions training_decoder_options(const Recipe& recipe);
+// The dtype a run's model is exported in by default (output_dir/final, keel export): that of
+// model_name's weights, or the recipe's dtype for a model built from [model_config].
+DType recipe_export_dtype(const Recipe& recipe, const model::ModelConfig& config, const model::DecoderParamIds& ids);
+// `rank`: this process's data-parallel rank, which picks its optimizer shard under ZeRO-1.
+ModelSetup setup_model(const Recipe& recipe, int rank = 0);
+
+}  // namespace keel::run

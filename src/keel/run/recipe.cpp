@@ -1,0 +1,425 @@
+#include "keel/run/recipe.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <toml++/toml.h>
+#include <variant>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+
+namespace keel::run {
+
+std::string toml_quote(const std::string& s);
+
+namespace {
+
+using Member = std::variant<std::string Recipe::*, int64_t Recipe::*, double Recipe::*, bool Recipe::*>;
+
+struct Field {
+  const char* key;
+  Member member;
+  const char* alias = nullptr;  // second accepted name (cann-recipes-train spelling)
+};
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = {
+      {"model_name", &Recipe::model_name},
+      {"dtype", &Recipe::dtype},
+      {"data_path", &Recipe::data_path},
+      {"eval_data_path", &Recipe::eval_data_path},
+      {"max_seq_len", &Recipe::max_seq_len},
+      {"tokenizer", &Recipe::tokenizer},
+      {"packing", &Recipe::packing},
+      {"chat_template", &Recipe::chat_template},
+      {"num_workers", &Recipe::num_workers},
+      {"prefetch_factor", &Recipe::prefetch_factor},
+      {"preprocess_on_npu", &Recipe::preprocess_on_npu},
+      {"data_pipeline", &Recipe::data_pipeline},
+      {"shuffle", &Recipe::shuffle},
+      {"batch_size", &Recipe::batch_size},
+      {"gradient_accumulation_steps", &Recipe::gradient_accumulation_steps},
+      {"learning_rate", &Recipe::learning_rate},
+      {"weight_decay", &Recipe::weight_decay},
+      {"max_steps", &Recipe::max_steps},
+      {"num_epochs", &Recipe::num_epochs},
+      {"warmup_steps", &Recipe::warmup_steps},
+      {"lr_scheduler", &Recipe::lr_scheduler},
+      {"adam_beta1", &Recipe::adam_beta1},
+      {"adam_beta2", &Recipe::adam_beta2},
+      {"adam_epsilon", &Recipe::adam_epsilon},
+      {"max_grad_norm", &Recipe::max_grad_norm},
+      {"seed", &Recipe::seed},
+      {"dp_degree", &Recipe::dp_degree},
+      {"bucket_size_mb", &Recipe::bucket_size_mb},
+      {"deterministic_reduce", &Recipe::deterministic_reduce},
+      {"overlap_grad_sync", &Recipe::overlap_grad_sync},
+      {"comm_timeout_s", &Recipe::comm_timeout_s},
+      {"zero_stage", &Recipe::zero_stage},
+      {"use_flash_attention", &Recipe::use_flash_attention},
+      {"use_gradient_checkpointing", &Recipe::use_gradient_checkpointing},
+      {"topology", &Recipe::topology, "hccl_topology"},
+      {"memory_pool_size", &Recipe::memory_pool_size},
+      {"memory_planning", &Recipe::memory_planning},
+      {"checkpoint_dir", &Recipe::checkpoint_dir},
+      {"save_interval", &Recipe::save_interval},
+      {"async_save", &Recipe::async_save},
+      {"keep_last_n", &Recipe::keep_last_n},
+      {"fail_on_save_error", &Recipe::fail_on_save_error},
+      {"skip_nonfinite_steps", &Recipe::skip_nonfinite_steps},
+      {"output_dir", &Recipe::output_dir},
+      {"log_interval", &Recipe::log_interval},
+      {"eval_interval", &Recipe::eval_interval},
+  };
+  return table;
+}
+
+const std::vector<std::string>& model_config_keys() {
+  static const std::vector<std::string> keys = {
+      "family",      "vocab_size", "hidden_size", "intermediate_size",       "num_layers",
+      "num_heads",   "num_kv_heads", "head_dim",  "max_position_embeddings", "rope_theta",
+      "rms_norm_eps", "tie_word_embeddings"};
+  return keys;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string suggestion(const std::string& key, const std::vector<std::string>& valid) {
+  std::string best;
+  size_t best_distance = ~size_t(0);
+  for (const auto& v : valid) {
+    size_t d = edit_distance(key, v);
+    if (d < best_distance) best_distance = d, best = v;
+  }
+  if (best_distance <= std::max<size_t>(2, key.size() / 3)) return fmt::format(" (did you mean '{}'?)", best);
+  return "";
+}
+
+std::vector<std::string> all_keys() {
+  std::vector<std::string> keys;
+  for (const auto& f : fields()) {
+    keys.push_back(f.key);
+    if (f.alias) keys.push_back(f.alias);
+  }
+  keys.push_back("model_config");
+  return keys;
+}
+
+struct Where {
+  std::string source;
+  std::map<std::string, std::string> place;  // key -> "recipe.toml:12" or "--set"
+  std::string of(const std::string& key) const {
+    auto it = place.find(key);
+    return it == place.end() ? source : it->second;
+  }
+};
+
+std::string type_name(const toml::node& n) {
+  switch (n.type()) {
+    case toml::node_type::string: return "a string";
+    case toml::node_type::integer: return "an integer";
+    case toml::node_type::floating_point: return "a number";
+    case toml::node_type::boolean: return "a boolean";
+    case toml::node_type::table: return "a table";
+    case toml::node_type::array: return "an array";
+    default: return "a date/time";
+  }
+}
+
+std::string place_of(const toml::node& n, const std::string& source) {
+  const auto& s = n.source();
+  if (s.begin.line == 0 || source.rfind("--set", 0) == 0) return source;  // overrides are one line
+  return fmt::format("{}:{}", source, s.begin.line);
+}
+
+void assign(Recipe& r, const Field& f, const toml::node& n, const std::string& where, const std::string& key) {
+  std::visit(
+      [&](auto member) {
+        using T = std::remove_cvref_t<decltype(r.*member)>;
+        if constexpr (std::is_same_v<T, std::string>) {
+          auto v = n.value<std::string>();
+          require(n.is_string() && v.has_value(), "{}: key '{}' expects a string, found {}", where, key, type_name(n));
+          r.*member = *v;
+        } else if constexpr (std::is_same_v<T, int64_t>) {
+          require(n.is_integer(), "{}: key '{}' expects an integer, found {}", where, key, type_name(n));
+          r.*member = *n.value<int64_t>();
+        } else if constexpr (std::is_same_v<T, double>) {
+          require(n.is_number(), "{}: key '{}' expects a number, found {}", where, key, type_name(n));
+          r.*member = *n.value<double>();
+        } else {
+          require(n.is_boolean(), "{}: key '{}' expects true or false, found {}", where, key, type_name(n));
+          r.*member = *n.value<bool>();
+        }
+      },
+      f.member);
+}
+
+void parse_model_config_table(Recipe& r, const toml::table& t, const std::string& source, Where& where) {
+  ScratchModel m;
+  for (const auto& [k, node] : t) {
+    const std::string key(k.str());
+    const std::string at = place_of(node, source);
+    const std::string full = "model_config." + key;
+    where.place[full] = at;
+    auto integer = [&](int64_t& dst) {
+      require(node.is_integer(), "{}: key '{}' expects an integer, found {}", at, full, type_name(node));
+      dst = *node.value<int64_t>();
+    };
+    if (key == "family") {
+      require(node.is_string(), "{}: key '{}' expects a string, found {}", at, full, type_name(node));
+      m.family = *node.value<std::string>();
+    } else if (key == "vocab_size") integer(m.vocab_size);
+    else if (key == "hidden_size") integer(m.hidden_size);
+    else if (key == "intermediate_size") integer(m.intermediate_size);
+    else if (key == "num_layers") integer(m.num_layers);
+    else if (key == "num_heads") integer(m.num_heads);
+    else if (key == "num_kv_heads") integer(m.num_kv_heads);
+    else if (key == "head_dim") integer(m.head_dim);
+    else if (key == "max_position_embeddings") integer(m.max_position_embeddings);
+    else if (key == "rope_theta" || key == "rms_norm_eps") {
+      require(node.is_number(), "{}: key '{}' expects a number, found {}", at, full, type_name(node));
+      (key == "rope_theta" ? m.rope_theta : m.rms_norm_eps) = *node.value<double>();
+    } else if (key == "tie_word_embeddings") {
+      require(node.is_boolean(), "{}: key '{}' expects true or false, found {}", at, full, type_name(node));
+      m.tie_word_embeddings = *node.value<bool>();
+    } else {
+      fail("{}: unknown key '{}' in [model_config]{}; valid keys: {}", at, key,
+           suggestion(key, model_config_keys()), fmt::join(model_config_keys(), ", "));
+    }
+  }
+  r.model_config = m;
+}
+
+void apply_table(Recipe& r, const toml::table& t, const std::string& source, Where& where) {
+  for (const auto& [k, node] : t) {
+    const std::string key(k.str());
+    const std::string at = place_of(node, source);
+    if (key == "model_config") {
+      require(node.is_table(), "{}: key 'model_config' expects a table, found {}", at, type_name(node));
+      parse_model_config_table(r, *node.as_table(), source, where);
+      where.place["model_config"] = at;
+      continue;
+    }
+    auto it = std::find_if(fields().begin(), fields().end(), [&](const Field& f) {
+      return key == f.key || (f.alias && key == f.alias);
+    });
+    if (it == fields().end())
+      fail("{}: unknown key '{}'{}. `keel train --print-recipe` lists every key.", at, key,
+           suggestion(key, all_keys()));
+    assign(r, *it, node, at, key);
+    where.place[it->key] = at;
+  }
+}
+
+void apply_override(Recipe& r, const std::string& kv, Where& where) {
+  auto eq = kv.find('=');
+  require(eq != std::string::npos && eq > 0, "--set '{}': expected key=value", kv);
+  std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
+  toml::table t;
+  try {
+    t = toml::parse(std::string_view(key + " = " + value), std::string_view("--set"));
+  } catch (const toml::parse_error&) {
+    // Bare words are strings: --set output_dir=runs/a
+    try {
+      t = toml::parse(std::string_view(key + " = " + toml_quote(value)), std::string_view("--set"));
+    } catch (const toml::parse_error& e) {  // not a key (`--set 'a b=1'`), or not a value even quoted
+      fail("--set '{}': expected key=value with a recipe key and a TOML value: {}", kv, e.description());
+    }
+  }
+  Where local{"--set " + kv, {}};
+  apply_table(r, t, "--set " + kv, local);
+  for (auto& [k, v] : local.place) where.place[k] = "--set " + kv;
+}
+
+void validate_recipe(const Recipe& r, const Where& w) {
+  auto positive = [&](int64_t v, const char* key) {
+    require(v > 0, "{}: key '{}' must be positive, got {}", w.of(key), key, v);
+  };
+  auto non_negative = [&](double v, const char* key) {
+    require(v >= 0, "{}: key '{}' must not be negative, got {}", w.of(key), key, v);
+  };
+  require(r.model_name.empty() != !r.model_config.has_value(),
+          "{}: give exactly one of 'model_name' (an HF model directory) or a [model_config] table", r.source);
+  require(r.dtype == "fp32" || r.dtype == "bf16", "{}: key 'dtype' must be \"fp32\" or \"bf16\", got \"{}\"",
+          w.of("dtype"), r.dtype);
+  require(!r.data_path.empty(), "{}: key 'data_path' is required (a JSONL file of training records)", r.source);
+  positive(r.max_seq_len, "max_seq_len");
+  require(r.max_seq_len >= 2 && r.max_seq_len <= (1 << 20), "{}: key 'max_seq_len' must be in [2, 1048576], got {}",
+          w.of("max_seq_len"), r.max_seq_len);
+  positive(r.batch_size, "batch_size");
+  require(r.packing == "pad" || r.packing == "pack", "{}: key 'packing' must be \"pad\" or \"pack\", got \"{}\"",
+          w.of("packing"), r.packing);
+  require(r.chat_template == "auto" || r.chat_template == "glm4" || r.chat_template == "llama3" ||
+              r.chat_template == "chatml",
+          "{}: key 'chat_template' must be auto, glm4, llama3 or chatml, got \"{}\"", w.of("chat_template"),
+          r.chat_template);
+  require(r.data_pipeline == "prepared" || r.data_pipeline == "on_the_fly",
+          "{}: key 'data_pipeline' must be \"prepared\" or \"on_the_fly\", got \"{}\"", w.of("data_pipeline"),
+          r.data_pipeline);
+  require(r.data_pipeline != "on_the_fly" || r.packing == "pad",
+          "{}: data_pipeline = \"on_the_fly\" puts one record in each row and needs packing = \"pad\" (got \"{}\" "
+          "at {})",
+          w.of("data_pipeline"), r.packing, w.of("packing"));
+  require(r.memory_planning == "planned" || r.memory_planning == "per_tensor",
+          "{}: key 'memory_planning' must be \"planned\" or \"per_tensor\", got \"{}\"", w.of("memory_planning"),
+          r.memory_planning);
+  require(r.num_workers >= 0 && r.num_workers <= 64, "{}: key 'num_workers' must be in [0, 64]", w.of("num_workers"));
+  require(r.prefetch_factor >= 1 && r.prefetch_factor <= 64, "{}: key 'prefetch_factor' must be in [1, 64]",
+          w.of("prefetch_factor"));
+  positive(r.gradient_accumulation_steps, "gradient_accumulation_steps");
+  require(r.max_steps > 0 || r.num_epochs > 0, "{}: set 'max_steps' or 'num_epochs'", r.source);
+  require(r.max_steps >= 0 && r.max_steps <= 1'000'000'000, "{}: key 'max_steps' must be in [0, 1e9], got {}",
+          w.of("max_steps"), r.max_steps);
+  require(r.num_epochs >= 0 && r.num_epochs <= 1'000'000, "{}: key 'num_epochs' must be in [0, 1e6], got {}",
+          w.of("num_epochs"), r.num_epochs);
+  require(r.warmup_steps >= 0, "{}: key 'warmup_steps' must not be negative", w.of("warmup_steps"));
+  non_negative(r.learning_rate, "learning_rate");
+  non_negative(r.weight_decay, "weight_decay");
+  non_negative(r.max_grad_norm, "max_grad_norm");
+  require(r.lr_scheduler == "cosine" || r.lr_scheduler == "linear" || r.lr_scheduler == "constant",
+          "{}: key 'lr_scheduler' must be \"cosine\", \"linear\" or \"constant\", got \"{}\"", w.of("lr_scheduler"),
+          r.lr_scheduler);
+  require(r.adam_beta1 >= 0 && r.adam_beta1 < 1, "{}: key 'adam_beta1' must be in [0, 1)", w.of("adam_beta1"));
+  require(r.adam_beta2 >= 0 && r.adam_beta2 < 1, "{}: key 'adam_beta2' must be in [0, 1)", w.of("adam_beta2"));
+  require(r.adam_epsilon > 0, "{}: key 'adam_epsilon' must be positive", w.of("adam_epsilon"));
+  positive(r.dp_degree, "dp_degree");
+  positive(r.log_interval, "log_interval");
+  require(r.bucket_size_mb > 0 && r.bucket_size_mb <= 4096, "{}: key 'bucket_size_mb' must be in (0, 4096]",
+          w.of("bucket_size_mb"));
+  require(r.comm_timeout_s > 0, "{}: key 'comm_timeout_s' must be positive", w.of("comm_timeout_s"));
+  require(r.zero_stage == 0 || r.zero_stage == 1, "{}: key 'zero_stage' must be 0 or 1", w.of("zero_stage"));
+  require(r.eval_interval >= 0, "{}: key 'eval_interval' must not be negative", w.of("eval_interval"));
+  require(r.keep_last_n >= 1, "{}: key 'keep_last_n' must be at least 1", w.of("keep_last_n"));
+  require(r.log_interval <= 1'000'000'000 && r.eval_interval <= 1'000'000'000 && r.save_interval <= 1'000'000'000,
+          "{}: intervals must be at most 1e9 steps", r.source);
+  require(!r.eval_data_path.empty() || r.eval_interval == 0,
+          "{}: key 'eval_interval' is set but 'eval_data_path' is not", w.of("eval_interval"));
+  require(r.save_interval == 0 || !r.checkpoint_dir.empty(),
+          "{}: key 'save_interval' is set but 'checkpoint_dir' is not", w.of("save_interval"));
+  require(r.save_interval >= 0, "{}: key 'save_interval' must not be negative", w.of("save_interval"));
+  non_negative(r.memory_pool_size, "memory_pool_size");
+  require(!r.output_dir.empty(), "{}: key 'output_dir' must not be empty", w.of("output_dir"));
+  if (r.model_config) {
+    const auto& m = *r.model_config;
+    for (auto [v, k] : {std::pair{m.vocab_size, "vocab_size"}, {m.hidden_size, "hidden_size"},
+                        {m.intermediate_size, "intermediate_size"}, {m.num_layers, "num_layers"},
+                        {m.num_heads, "num_heads"}})
+      require(v > 0, "{}: key 'model_config.{}' is required and must be positive", w.of("model_config"), k);
+  }
+}
+
+}  // namespace
+
+Recipe parse_recipe(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+  Recipe r;
+  r.source = source;
+  Where where{source, {}};
+  toml::table t;
+  try {
+    t = toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    fail("{}:{}:{}: invalid TOML: {}", source, e.source().begin.line, e.source().begin.column, e.description());
+  }
+  apply_table(r, t, source, where);
+  for (const auto& kv : overrides) apply_override(r, kv, where);
+  validate_recipe(r, where);
+  return r;
+}
+
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  return parse_recipe(read_file(path), path, overrides);
+}
+
+std::string toml_quote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    // TOML forbids raw control characters in strings: escaped, the resolved recipe reads back.
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      out += fmt::format("\\u{:04X}", static_cast<unsigned char>(c));
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+namespace {
+
+// A TOML float that reads back as the same double (TOML needs a '.' or an exponent).
+std::string toml_number(double v) {
+  std::string s = fmt::format("{}", v);
+  if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+  return s;
+}
+
+}  // namespace
+
+std::string recipe_to_toml(const Recipe& r) {
+  std::string out;
+  for (const auto& f : fields()) {
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_cvref_t<decltype(r.*member)>;
+          if constexpr (std::is_same_v<T, std::string>)
+            out += fmt::format("{} = {}\n", f.key, toml_quote(r.*member));
+          else if constexpr (std::is_same_v<T, bool>)
+            out += fmt::format("{} = {}\n", f.key, (r.*member) ? "true" : "false");
+          else if constexpr (std::is_same_v<T, double>)
+            out += fmt::format("{} = {}\n", f.key, toml_number(r.*member));
+          else
+            out += fmt::format("{} = {}\n", f.key, r.*member);
+        },
+        f.member);
+  }
+  if (r.model_config) {
+    const auto& m = *r.model_config;
+    out += fmt::format(
+        "\n[model_config]\nfamily = {}\nvocab_size = {}\nhidden_size = {}\nintermediate_size = {}\nnum_layers = {}\n"
+        "num_heads = {}\nnum_kv_heads = {}\nhead_dim = {}\nmax_position_embeddings = {}\nrope_theta = {}\n"
+        "rms_norm_eps = {}\ntie_word_embeddings = {}\n",
+        toml_quote(m.family), m.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers, m.num_heads,
+        m.num_kv_heads, m.head_dim, m.max_position_embeddings, toml_number(m.rope_theta),
+        toml_number(m.rms_norm_eps), m.tie_word_embeddings ? "true" : "false");
+  }
+  return out;
+}
+
+std::string recipe_tokenizer_path(const Recipe& r) {
+  return !r.tokenizer.empty() ? r.tokenizer : r.model_config ? "" : r.model_name;
+}
+
+std::vector<std::string> inactive_key_warnings(const Recipe& r) {
+  std::vector<std::string> w;
+  auto note = [&](bool set, const char* key, const char* what) {
+    if (set) w.push_back(fmt::format("recipe key '{}' is accepted but has no effect here: {}", key, what));
+  };
+  note(r.zero_stage == 1 && r.dp_degree == 1, "zero_stage", "ZeRO-1 shards the optimizer state over dp_degree ranks; "
+       "with dp_degree = 1 there is nothing to shard");
+  note(r.topology != "auto", "topology", "topology-aware placement is not active yet");
+  note(!r.use_flash_attention, "use_flash_attention",
+       "keel's attention is always the tiled flash-style kernel; false changes nothing");
+  note(r.preprocess_on_npu, "preprocess_on_npu",
+       "keel tokenizes once, before training, into prepared shards (keel prepare, or automatically for a JSONL "
+       "data_path); this key changes nothing");
+  return w;
+}
+
+}  // namespace keel::run

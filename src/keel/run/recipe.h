@@ -1,0 +1,99 @@
+// The training recipe: flat TOML keys named as in cann-recipes-train's TrainingConfig (so users of
+// that system find the same names) plus the Hugging Face Trainer knobs keel adds. Every key is
+// declared once in recipe.cpp with its type, default, check and help; unknown keys, wrong types
+// and out-of-range values are errors naming the key and line, with the nearest valid key for typos.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace keel::run {
+
+// Sizes of a model created from scratch (the [model_config] table) instead of loaded.
+struct ScratchModel {
+  std::string family = "llama";
+  int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0;
+  int64_t num_kv_heads = 0, head_dim = 0, max_position_embeddings = 2048;
+  double rope_theta = 10000.0, rms_norm_eps = 1e-6;
+  bool tie_word_embeddings = false;
+};
+
+struct Recipe {
+  // Model
+  std::string model_name;                    // local HF model directory
+  std::optional<ScratchModel> model_config;  // or a new model
+  std::string dtype = "bf16";                // fp32 | bf16
+  // Data
+  std::string data_path;
+  std::string eval_data_path;
+  int64_t max_seq_len = 2048;
+  std::string tokenizer;                 // tokenizer.json / tiktoken file or dir; "" = model_name's
+  std::string packing = "pad";           // "pad" one document per row, or "pack" several (no cross-attention)
+  std::string chat_template = "auto";    // glm4 | llama3 | chatml | auto (from the tokenizer's directory)
+  int64_t num_workers = 1;               // loader threads preparing batches ahead of the step
+  int64_t prefetch_factor = 2;           // steps kept ready
+  bool preprocess_on_npu = false;  // accepted for compatibility; keel always prepares shards up front
+  // "prepared": raw JSONL tokenized once into shards, fed by the prefetching loader (the default);
+  // "on_the_fly": each step's records read and tokenized on the training thread, one per row (the
+  // naive baseline `keel bench ladder` measures against). Same batches either way.
+  std::string data_pipeline = "prepared";
+  bool shuffle = true;
+  // Training
+  int64_t batch_size = 1;  // sequences per micro-batch per rank
+  int64_t gradient_accumulation_steps = 1;
+  double learning_rate = 2e-5;
+  double weight_decay = 0.0;
+  int64_t max_steps = 0;  // 0: derived from num_epochs
+  int64_t num_epochs = 0;
+  int64_t warmup_steps = 0;
+  std::string lr_scheduler = "cosine";  // cosine | linear | constant
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;  // 0 disables clipping
+  int64_t seed = 42;
+  // Parallelism and optimisations
+  int64_t dp_degree = 1;
+  double bucket_size_mb = 25;         // gradient bucket size (HCCL_BUFFSIZE / DDP bucket_cap_mb analogue)
+  bool deterministic_reduce = false;  // sum gradients in rank order: bit-identical runs whatever the timing
+  bool overlap_grad_sync = true;      // start each bucket's allreduce during the backward pass (false: after it)
+  double comm_timeout_s = 600;        // a collective waiting longer ends the job (HCCL_CONNECT_TIMEOUT analogue)
+  int64_t zero_stage = 0;             // 1: shard the AdamW moments across the dp ranks (ZeRO-1)
+  bool use_flash_attention = true;
+  bool use_gradient_checkpointing = false;
+  std::string topology = "auto";
+  double memory_pool_size = 0;  // GB, 0 = no cap
+  // "planned": every buffer of a step placed in one arena before step 1 (the default);
+  // "per_tensor": only weights, gradients and optimizer state there, every activation and scratch
+  // buffer malloc'ed and freed around each forward/backward (the baseline). Same results.
+  std::string memory_planning = "planned";
+  // Checkpoints and output
+  std::string checkpoint_dir;
+  int64_t save_interval = 0;
+  bool async_save = false;
+  std::string output_dir = "output";
+  int64_t keep_last_n = 3;            // training-state checkpoints kept (older ones deleted)
+  bool fail_on_save_error = false;    // false: a failed save is reported and retried at the next interval
+  int64_t log_interval = 1;
+  int64_t eval_interval = 0;
+  bool skip_nonfinite_steps = false;  // false: a NaN/Inf loss or gradient stops training
+
+  std::string source;  // path of the recipe file (for messages)
+};
+
+// Parses a recipe file; `overrides` are "key=value" strings applied after the file (--set),
+// with values in TOML syntax (strings may be bare). Validates every field and their combinations.
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+Recipe parse_recipe(const std::string& toml_text, const std::string& source,
+                    const std::vector<std::string>& overrides = {});
+
+// The fully resolved recipe (every key with its value, defaults included) as TOML.
+std::string recipe_to_toml(const Recipe& r);
+
+// The tokenizer a run of this recipe uses: `tokenizer`, else model_name's directory ("" for a new
+// model without one).
+std::string recipe_tokenizer_path(const Recipe& r);
+
+// Keys that are parsed and validated but whose feature is not active yet; warnings for those set.
+std::vector<std::string> inactive_key_warnings(const Recipe& r);
+
+}  // namespace keel::run
