@@ -1,5 +1,5 @@
 // The MPI communicator's collectives checked element by element under `mpirun -np 2` (or more):
-// buffers span several of its reduction pieces (kMpiReducePiece) with ragged ends, so the piece
+// buffers span several of its reduction pieces (kMessagePiece) with ragged ends, so the piece
 // loops, the ZeRO-1 shard boundaries inside a bucket and both reduction modes are all exercised.
 // The integration tests train models too small to reach a piece boundary.
 //
@@ -49,23 +49,23 @@ void fill(std::vector<float>& data, int rank) {
 }
 
 void test_allreduce(Communicator& comm, bool deterministic) {
-  const int64_t n = 2 * keel::distributed::kMpiReducePiece + 1237;  // two whole pieces and a ragged tail
+  const int64_t n = 2 * keel::distributed::kMessagePiece + 1237;  // two whole pieces and a ragged tail
   std::vector<float> data(static_cast<size_t>(n));
   fill(data, comm.rank());
-  comm.allreduce_sum(data.data(), n, deterministic);
+  comm.allreduce_sum_and_wait(data.data(), n, deterministic);
   expect_range(comm, std::string("allreduce") + (deterministic ? " (deterministic)" : ""), data.data(), {0, n},
                [&](int64_t i) { return sum_over_ranks(i, comm.size()); });
 }
 
 void test_reduce_scatter(Communicator& comm, bool deterministic) {
-  const int64_t total = 3 * keel::distributed::kMpiReducePiece + 50;
+  const int64_t total = 3 * keel::distributed::kMessagePiece + 50;
   const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
   const FlatRange mine = shards[size_t(comm.rank())];
   std::vector<float> data(static_cast<size_t>(total));
   fill(data, comm.rank());
   // Two buckets as GradBuckets makes them: the tail first, then the rest; both cross a shard
   // boundary and piece boundaries.
-  const FlatRange tail{keel::distributed::kMpiReducePiece / 2 + 3, total}, head{0, tail.begin};
+  const FlatRange tail{keel::distributed::kMessagePiece / 2 + 3, total}, head{0, tail.begin};
   comm.wait(comm.reduce_scatter_sum_async(data.data(), tail, shards, deterministic));
   comm.wait(comm.reduce_scatter_sum_async(data.data(), head, shards, deterministic));
   expect_range(comm, std::string("reduce-scatter") + (deterministic ? " (deterministic)" : ""), data.data(), mine,
@@ -73,7 +73,7 @@ void test_reduce_scatter(Communicator& comm, bool deterministic) {
 }
 
 void test_allgather(Communicator& comm) {
-  const int64_t total = 2 * keel::distributed::kMpiReducePiece + 333;
+  const int64_t total = 2 * keel::distributed::kMessagePiece + 333;
   const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
   const FlatRange mine = shards[size_t(comm.rank())];
   auto owner_value = [](int64_t i) { return float(i % 8191) - 77.0f; };
@@ -87,7 +87,7 @@ void test_allgather(Communicator& comm) {
 // ZeRO-1 checkpoints: every rank streams its shards of two buffers to rank 0, which reads both
 // whole through ShardReader, piece by piece.
 void test_shards_to_root(Communicator& comm) {
-  const int64_t total = 3 * keel::distributed::kShardPiece + 4321;
+  const int64_t total = 3 * keel::distributed::kMessagePiece + 4321;
   const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
   const FlatRange mine = shards[size_t(comm.rank())];
   auto stream_value = [](int stream, int64_t i) { return float(i % 8191) + (stream == 0 ? 0.5f : -0.5f); };
@@ -116,7 +116,7 @@ void test_shards_to_root(Communicator& comm) {
 
 void test_step_totals(Communicator& comm) {
   double totals[2] = {1.5 + comm.rank(), 1e12};
-  comm.allreduce_sum(totals, 2);
+  comm.allreduce_totals(totals, 2);
   const double n = comm.size();
   if (totals[0] != 1.5 * n + n * (n - 1) / 2 || totals[1] != 1e12 * n) {
     std::fprintf(stderr, "rank %d: allreduce of doubles: got %g, %g\n", comm.rank(), totals[0], totals[1]);
@@ -145,7 +145,7 @@ int main() {
   test_step_totals(*comm);
   // Every rank's verdict: a failure on any rank fails every rank (and the mpirun exit status).
   double failed = failures;
-  comm->allreduce_sum(&failed, 1);
+  comm->allreduce_totals(&failed, 1);
   if (comm->rank() == 0)
     std::printf("%s: %d ranks, %.0f failed check(s)\n", failed == 0 ? "PASS" : "FAIL", comm->size(), failed);
   return failed == 0 ? 0 : 1;

@@ -341,7 +341,7 @@ AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
   const int64_t batch = 2, seq = param.seq, accumulation = 2;
   model::Decoder decoder(config, param.precision, batch, seq, {param.checkpointing, true, 0});
   decoder.init_random(1);
-  train::AdamW optimizer(decoder.params(), {0.9, 0.999, 1e-8, 0.01});
+  train::AdamW optimizer(decoder.backend(), decoder.params(), {0.9, 0.999, 1e-8, 0.01});
   std::vector<Batch> pool;
   const int64_t pool_size = param.packed ? accumulation * (steps + 1) : accumulation;
   for (int64_t i = 0; i < pool_size; ++i)
@@ -357,8 +357,8 @@ AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
                            param.packed ? b.segments.data() : nullptr};
       loss += decoder.forward_backward(mb, 1.0 / double(accumulation * batch * (seq - 1)));
     }
-    const double norm = train::gradient_norm(decoder.params());
-    train::clip_gradients(decoder.params(), norm, 1.0);
+    const double norm = train::gradient_norm(decoder.backend(), decoder.params());
+    train::clip_gradients(decoder.backend(), decoder.params(), norm, 1.0);
     optimizer.step(1e-3, number);
   };
   step(1);  // warm-up: GEMM primitives, thread pools and the kernels' scratch appear here
@@ -432,27 +432,27 @@ void expect_no_allocation_in_data_parallel_steps(bool zero1) {
   model::Decoder decoder(config, model::Precision::BF16, batch, seq, options);
   decoder.init_random(1);
   model::ParamStore& params = decoder.params();
-  train::AdamW optimizer(params, {0.9, 0.999, 1e-8, 0.01});
+  train::AdamW optimizer(decoder.backend(), params, {0.9, 0.999, 1e-8, 0.01});
   const std::vector<FlatRange> shards = zero1 ? shard_ranges(params.total(), ranks) : std::vector<FlatRange>{};
   std::vector<distributed::ParamSpan> spans;
   for (const auto& p : params.params()) spans.push_back({p.offset, p.numel});
   distributed::GradBuckets buckets(spans, 4096, zero1 ? &shards : nullptr);  // many small buckets: many collectives
-  decoder.set_grad_ready_hook([&](int param) { buckets.param_ready(param); });
+  decoder.set_grad_ready_hook([&](int param, ComputeEvent written) { buckets.param_ready(param, written); });
   const Batch b = random_batch(batch, seq, config.vocab_size, 7 + uint64_t(comm->rank()));
 
   auto step = [&](int64_t number) {
     double totals[2] = {double(batch * (seq - 1)), double(batch * seq)};
-    comm->allreduce_sum(totals, 2);
+    comm->allreduce_totals(totals, 2);
     params.zero_grads();
     buckets.begin(params.grads(), *comm, false);
     model::MicroBatch mb{batch, seq, b.ids.data(), b.targets.data(), b.positions.data(), nullptr};
     double sums[2] = {decoder.forward_backward(mb, 1.0 / totals[0]), 0.0};
     buckets.finish();
     const FlatRange mine = params.optimizer_range();
-    if (zero1) sums[1] = train::gradient_sum_of_squares(params, mine);
-    comm->allreduce_sum(sums, 2);
-    const double norm = zero1 ? std::sqrt(sums[1]) : train::gradient_norm(params);
-    train::clip_gradients(params, norm, 1.0, mine);
+    if (zero1) sums[1] = train::gradient_sum_of_squares(decoder.backend(), params, mine);
+    comm->allreduce_totals(sums, 2);
+    const double norm = zero1 ? std::sqrt(sums[1]) : train::gradient_norm(decoder.backend(), params);
+    train::clip_gradients(decoder.backend(), params, norm, 1.0, mine);
     optimizer.step(1e-3, number);
     if (zero1) {
       comm->wait(comm->allgather_shards_async(params.weights(), shards));

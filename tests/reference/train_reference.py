@@ -139,7 +139,7 @@ def toml_str(s):
     return json.dumps(s)  # a TOML basic string for ordinary paths
 
 
-def write_inputs(work, family, dtype):
+def write_inputs(work, family, dtype, backend="cpu"):
     """Writes WORKDIR/model, train.jsonl and recipe.toml; returns (config, spec, init tensors,
     records)."""
     model_dir = os.path.join(work, "model")
@@ -182,6 +182,7 @@ def write_inputs(work, family, dtype):
         "seed = %d" % SEED,
         "shuffle = false",
         "output_dir = %s" % toml_str(out_dir),
+        "backend = %s" % toml_str(backend),
         "",
     ])
     with open(os.path.join(work, "recipe.toml"), "w") as f:
@@ -923,13 +924,15 @@ def main():
     ap.add_argument("--timeout", type=int, default=540, help="seconds allowed for keel train")
     ap.add_argument("--keel-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment for keel only (e.g. KEEL_ISA=portable: torch would read ONEDNN_* too)")
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "reference"),
+                    help="keel's compute backend (the recipe's `backend` key)")
     ap.add_argument("--self-check", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(2)
     torch.manual_seed(SEED)
     work = os.path.abspath(args.work)
-    print("reference test: family=%s dtype=%s work=%s (torch %s)" % (args.family, args.dtype, work,
-                                                                      torch.__version__))
+    print("reference test: family=%s dtype=%s backend=%s work=%s (torch %s)"
+          % (args.family, args.dtype, args.backend, work, torch.__version__))
     if args.self_check:
         try:
             self_check(args.family, args.dtype, work)
@@ -941,7 +944,7 @@ def main():
         ap.error("--keel is required (unless --self-check)")
     keel = os.path.abspath(args.keel)
 
-    cfg, spec, init, records = write_inputs(work, args.family, args.dtype)
+    cfg, spec, init, records = write_inputs(work, args.family, args.dtype, args.backend)
     print("model: %s (%d tensors); data: %d records; recipe: %s"
           % (spec, len(init), len(records), os.path.join(work, "recipe.toml")))
     failures = run_keel(keel, work, args.timeout, args.keel_env)
@@ -952,11 +955,13 @@ def main():
     metrics, kcfg, ktensors = read_keel_outputs(os.path.join(work, "out"), failures)
     failures += compare(spec, args.dtype, cfg, init, ref, metrics, kcfg, ktensors)
     if failures:
-        print("\nFAIL (%s, %s): %d problem(s):" % (args.family, args.dtype, len(failures)))
+        print("\nFAIL (%s, %s, %s backend): %d problem(s):" % (args.family, args.dtype, args.backend,
+                                                            len(failures)))
         for f in failures:
             print("  - " + f)
         return 1
-    print("\nPASS (%s, %s): keel matches the PyTorch reference" % (args.family, args.dtype))
+    print("\nPASS (%s, %s, %s backend): keel matches the PyTorch reference"
+          % (args.family, args.dtype, args.backend))
     return 0
 
 

@@ -10,6 +10,7 @@
 #include "keel/core/error.h"
 #include "keel/core/threads.h"
 #include "keel/kernels/attention.h"
+#include "keel/kernels/reference/attention.h"
 
 namespace keel::kernels {
 namespace {

@@ -1,5 +1,9 @@
-// A tiny decoder configuration and random micro-batches, shared by the decoder-level unit tests
-// (gradient checkpointing, per-tensor memory).
+// A tiny decoder configuration, random micro-batches and the backends, shared by the decoder-level
+// unit tests (gradient checkpointing, per-tensor memory, grad-ready hook, backend agreement).
+//
+// Every decoder test runs once per backend (kernels/backend.h), CTranslate2's one-suite-per-device
+// pattern: the suite takes the backend's name as a parameter (each_backend()) and builds its
+// decoders with on_backend(name, options).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -7,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
+
+#include "keel/kernels/backend.h"
 #include "keel/model/decoder.h"
 #include "keel/run/model_setup.h"
 
@@ -25,6 +32,13 @@ inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qk
   auto c = run::scratch_model_config(m);
   if (qkv_bias) c.qkv_bias = *qkv_bias;
   return c;
+}
+
+inline auto each_backend() { return ::testing::ValuesIn(kernels::backend_names()); }
+
+inline DecoderOptions on_backend(const std::string& backend, DecoderOptions options = {}) {
+  options.backend = &kernels::backend_named(backend);
+  return options;
 }
 
 struct Batch {

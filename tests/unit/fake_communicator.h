@@ -14,13 +14,15 @@ class FakeCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string name() const override { return "fake"; }
-  Ticket allreduce_sum_async(float*, int64_t, bool) override { return 0; }
-  Ticket reduce_scatter_sum_async(float*, FlatRange, const std::vector<FlatRange>&, bool) override { return 0; }
+  Ticket allreduce_sum_async(float*, int64_t, bool, ComputeEvent) override { return 0; }
+  Ticket reduce_scatter_sum_async(float*, FlatRange, const std::vector<FlatRange>&, bool, ComputeEvent) override {
+    return 0;
+  }
   Ticket allgather_shards_async(float*, const std::vector<FlatRange>&) override { return 0; }
   void send_to_root(const float*, int64_t) override {}
   void receive_piece(int, float*, int64_t) override {}
   void wait(Ticket) override {}
-  void allreduce_sum(double*, int64_t) override {}
+  void allreduce_totals(double*, int64_t) override {}
   void broadcast(void*, int64_t, int) override {}
   void allgather(const void*, void*, int64_t) override {}
   void barrier() override {}

@@ -17,14 +17,18 @@ class RecordingCommunicator final : public FakeCommunicator {
  public:
   std::vector<std::pair<int64_t, int64_t>> submitted;  // (offset from base, count)
   std::vector<FlatRange> scattered;                     // reduce-scatters (ZeRO-1)
+  std::vector<uint64_t> after;                          // each collective's compute event
   float* base = nullptr;
-  Ticket allreduce_sum_async(float* data, int64_t n, bool) override {
+  Ticket allreduce_sum_async(float* data, int64_t n, bool, ComputeEvent ready) override {
     submitted.push_back({data - base, n});
+    after.push_back(ready.sequence);
     return submitted.size();
   }
-  Ticket reduce_scatter_sum_async(float* data, FlatRange range, const std::vector<FlatRange>&, bool) override {
+  Ticket reduce_scatter_sum_async(float* data, FlatRange range, const std::vector<FlatRange>&, bool,
+                                  ComputeEvent ready) override {
     EXPECT_EQ(data, base);  // ranges are offsets into the whole gradient buffer
     scattered.push_back(range);
+    after.push_back(ready.sequence);
     return scattered.size();
   }
 };
@@ -77,6 +81,23 @@ TEST(GradBuckets, StartsABucketWhenItsLastGradientIsReady) {
   buckets.finish();  // starts {0,1} although param 0 never reported
   ASSERT_EQ(comm.submitted.size(), 2u);
   EXPECT_EQ(comm.submitted[1], std::make_pair(int64_t(0), int64_t(32)));
+}
+
+// A device backend's gradients are final only once its stream passes the event that wrote them:
+// each bucket's collective carries the latest event of its parameters.
+TEST(GradBuckets, ACollectiveWaitsForTheLatestEventOfItsBucket) {
+  auto spans = spans_of({16, 16, 16, 16});
+  GradBuckets buckets(spans, 32 * sizeof(float));  // {2,3}, {0,1}
+  std::vector<float> grads(64);
+  RecordingCommunicator comm;
+  comm.base = grads.data();
+  buckets.begin(grads.data(), comm, false);
+  buckets.param_ready(3, ComputeEvent{7});
+  buckets.param_ready(2, ComputeEvent{5});  // reported later, written earlier: 7 still stands
+  buckets.param_ready(1, ComputeEvent{9});
+  buckets.param_ready(0, ComputeEvent{12});
+  buckets.finish();
+  EXPECT_EQ(comm.after, (std::vector<uint64_t>{7, 12}));
 }
 
 TEST(GradBuckets, ZeroOneReduceScattersEachBucketOntoTheShards) {

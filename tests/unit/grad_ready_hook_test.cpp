@@ -10,11 +10,13 @@
 
 #include "keel/model/decoder.h"
 #include "keel/run/model_setup.h"
+#include "decoder_test_support.h"
 
 namespace keel::model {
 namespace {
 
-void expect_hook_sees_final_gradients(const std::string& family, bool tied, bool checkpointing) {
+void expect_hook_sees_final_gradients(const std::string& family, bool tied, bool checkpointing,
+                                      const std::string& backend) {
   run::ScratchModel m;
   m.family = family;
   m.vocab_size = 61;
@@ -26,14 +28,17 @@ void expect_hook_sees_final_gradients(const std::string& family, bool tied, bool
   m.tie_word_embeddings = tied;
   const auto config = run::scratch_model_config(m);
   const int64_t batch = 2, seq = 16;
-  Decoder decoder(config, Precision::F32, batch, seq, {checkpointing, true, 0});
+  Decoder decoder(config, Precision::F32, batch, seq, test::on_backend(backend, {checkpointing, true, 0}));
   decoder.init_random(3, 0.2);
   ParamStore& params = decoder.params();
   const int n = int(params.params().size());
 
   std::vector<int> calls(size_t(n), 0), order;
   std::vector<std::vector<float>> at_hook(static_cast<size_t>(n));
-  decoder.set_grad_ready_hook([&](int p) {
+  uint64_t last_event = 0;
+  decoder.set_grad_ready_hook([&](int p, ComputeEvent written) {
+    EXPECT_GT(written.sequence, last_event) << "events are recorded in the order the gradients finish";
+    last_event = written.sequence;
     ASSERT_GE(p, 0);
     ASSERT_LT(p, n);
     ++calls[size_t(p)];
@@ -64,17 +69,21 @@ void expect_hook_sees_final_gradients(const std::string& family, bool tied, bool
   EXPECT_EQ(order.back(), decoder.ids().embed);
 }
 
-TEST(GradReadyHook, ReportsEachParameterOnceWhenFinal) {
+class GradReadyHook : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GradReadyHook, ReportsEachParameterOnceWhenFinal) {
   for (const char* family : {"llama", "qwen2", "glm", "glm_original"})
     for (bool checkpointing : {false, true}) {
       SCOPED_TRACE(std::string(family) + (checkpointing ? " checkpointing" : ""));
-      expect_hook_sees_final_gradients(family, false, checkpointing);
+      expect_hook_sees_final_gradients(family, false, checkpointing, GetParam());
     }
 }
 
-TEST(GradReadyHook, TiedEmbeddingIsReportedAfterTheEmbeddingBackward) {
-  expect_hook_sees_final_gradients("qwen2", true, false);
+TEST_P(GradReadyHook, TiedEmbeddingIsReportedAfterTheEmbeddingBackward) {
+  expect_hook_sees_final_gradients("qwen2", true, false, GetParam());
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, GradReadyHook, test::each_backend(), [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace keel::model

@@ -19,11 +19,12 @@ using test::random_batch;
 
 ModelConfig tiny(const std::string& family, bool qkv_bias) { return test::tiny_config(family, qkv_bias); }
 
-void expect_identical_gradients(const std::string& family, bool qkv_bias, Precision precision) {
+void expect_identical_gradients(const std::string& family, bool qkv_bias, Precision precision,
+                                const std::string& backend) {
   const auto config = tiny(family, qkv_bias);
   const int64_t batch = 2, seq = 24;
-  Decoder stored(config, precision, batch, seq, {false, true, 0});
-  Decoder recomputed(config, precision, batch, seq, {true, true, 0});
+  Decoder stored(config, precision, batch, seq, test::on_backend(backend, {false, true, 0}));
+  Decoder recomputed(config, precision, batch, seq, test::on_backend(backend, {true, true, 0}));
   stored.init_random(11, 0.2);
   recomputed.init_random(11, 0.2);
   ASSERT_EQ(stored.params().total(), recomputed.params().total());
@@ -54,30 +55,38 @@ void expect_identical_gradients(const std::string& family, bool qkv_bias, Precis
   EXPECT_GT(sum, 0.0);
 }
 
-class GradientCheckpointing : public ::testing::TestWithParam<std::tuple<const char*, bool>> {};
+// (family, q/k/v bias), backend
+using Case = std::tuple<std::tuple<const char*, bool>, std::string>;
+class GradientCheckpointing : public ::testing::TestWithParam<Case> {
+ protected:
+  void expect_identical(Precision precision) {
+    const auto& [model, backend] = GetParam();
+    expect_identical_gradients(std::get<0>(model), std::get<1>(model), precision, backend);
+  }
+};
 
-TEST_P(GradientCheckpointing, GradientsAreBitIdenticalInFp32) {
-  expect_identical_gradients(std::get<0>(GetParam()), std::get<1>(GetParam()), Precision::F32);
-}
-
-TEST_P(GradientCheckpointing, GradientsAreBitIdenticalInBf16) {
-  expect_identical_gradients(std::get<0>(GetParam()), std::get<1>(GetParam()), Precision::BF16);
-}
+TEST_P(GradientCheckpointing, GradientsAreBitIdenticalInFp32) { expect_identical(Precision::F32); }
+TEST_P(GradientCheckpointing, GradientsAreBitIdenticalInBf16) { expect_identical(Precision::BF16); }
 
 INSTANTIATE_TEST_SUITE_P(Families, GradientCheckpointing,
-                         // Llama never has q/k/v biases, Qwen2 always; the GLM formats either way.
-                         ::testing::Values(std::tuple{"llama", false}, std::tuple{"qwen2", true},
-                                           std::tuple{"glm", false}, std::tuple{"glm", true},
-                                           std::tuple{"glm_original", false}, std::tuple{"glm_original", true}),
+                         ::testing::Combine(
+                             // Llama never has q/k/v biases, Qwen2 always; the GLM formats either way.
+                             ::testing::Values(std::tuple{"llama", false}, std::tuple{"qwen2", true},
+                                               std::tuple{"glm", false}, std::tuple{"glm", true},
+                                               std::tuple{"glm_original", false}, std::tuple{"glm_original", true}),
+                             test::each_backend()),
                          [](const auto& info) {
-                           return std::string(std::get<0>(info.param)) +
-                                  (std::get<1>(info.param) ? "_qkv_bias" : "_no_bias");
+                           const auto& model = std::get<0>(info.param);
+                           return std::string(std::get<0>(model)) + (std::get<1>(model) ? "_qkv_bias_" : "_no_bias_") +
+                                  std::get<1>(info.param);
                          });
 
-TEST(GradientCheckpointingLoss, EvaluationAndLogitsAgree) {
+class GradientCheckpointingLoss : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GradientCheckpointingLoss, EvaluationAndLogitsAgree) {
   const auto config = tiny("glm", true);
-  Decoder stored(config, Precision::F32, 1, 16, {false, false, 0});
-  Decoder recomputed(config, Precision::F32, 1, 16, {true, false, 0});
+  Decoder stored(config, Precision::F32, 1, 16, test::on_backend(GetParam(), {false, false, 0}));
+  Decoder recomputed(config, Precision::F32, 1, 16, test::on_backend(GetParam(), {true, false, 0}));
   stored.init_random(5);
   recomputed.init_random(5);
   const auto b = random_batch(1, 16, config.vocab_size, 3);
@@ -88,6 +97,9 @@ TEST(GradientCheckpointingLoss, EvaluationAndLogitsAgree) {
   recomputed.logits_at(b.view(1, 16), rows, 3, lb.data());
   EXPECT_EQ(std::memcmp(la.data(), lb.data(), sizeof(float) * la.size()), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Backends, GradientCheckpointingLoss, test::each_backend(),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace keel::model

@@ -26,10 +26,10 @@ bool same_bits(const T& a, const T& b) {
   return std::memcmp(&a, &b, sizeof(T)) == 0;
 }
 
-void expect_identical(const std::string& family, Precision precision, bool checkpointing) {
+void expect_identical(const std::string& family, Precision precision, bool checkpointing, const std::string& backend) {
   const auto config = tiny(family);
   const int64_t batch = 2, seq = 24;
-  DecoderOptions planned_options{checkpointing, true, 0, MemoryPlanning::Planned};
+  DecoderOptions planned_options = test::on_backend(backend, {checkpointing, true, 0, MemoryPlanning::Planned});
   DecoderOptions per_tensor_options = planned_options;
   per_tensor_options.memory_planning = MemoryPlanning::PerTensor;
   Decoder planned(config, precision, batch, seq, planned_options);
@@ -81,16 +81,23 @@ void expect_identical(const std::string& family, Precision precision, bool check
   EXPECT_EQ(std::memcmp(xa.data(), xb.data(), sizeof(float) * xa.size()), 0);
 }
 
-class PerTensorMemory : public ::testing::TestWithParam<const char*> {};
+// family, backend
+class PerTensorMemory : public ::testing::TestWithParam<std::tuple<const char*, std::string>> {
+ protected:
+  void expect(Precision precision, bool checkpointing) {
+    expect_identical(std::get<0>(GetParam()), precision, checkpointing, std::get<1>(GetParam()));
+  }
+};
 
-TEST_P(PerTensorMemory, BitIdenticalToPlannedInFp32) { expect_identical(GetParam(), Precision::F32, false); }
-TEST_P(PerTensorMemory, BitIdenticalToPlannedInBf16) { expect_identical(GetParam(), Precision::BF16, false); }
-TEST_P(PerTensorMemory, BitIdenticalToPlannedWithCheckpointing) {
-  expect_identical(GetParam(), Precision::BF16, true);
-}
+TEST_P(PerTensorMemory, BitIdenticalToPlannedInFp32) { expect(Precision::F32, false); }
+TEST_P(PerTensorMemory, BitIdenticalToPlannedInBf16) { expect(Precision::BF16, false); }
+TEST_P(PerTensorMemory, BitIdenticalToPlannedWithCheckpointing) { expect(Precision::BF16, true); }
 
-INSTANTIATE_TEST_SUITE_P(Families, PerTensorMemory, ::testing::Values("llama", "qwen2", "glm"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Families, PerTensorMemory,
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "glm"), test::each_backend()),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
+                         });
 
 TEST(PerTensorMemoryErrors, BadBatchLeavesTheDecoderUsable) {
   const auto config = tiny("llama");

@@ -1,5 +1,5 @@
 // ShardReader (rank 0's side of a ZeRO-1 checkpoint) against a fake communicator that plays the
-// other ranks: each sends its shards of m, then of v, in kShardPiece messages, exactly as
+// other ranks: each sends its shards of m, then of v, in kMessagePiece messages, exactly as
 // Communicator::send_to_root does. Reads must see the right values, take the pieces in the one
 // order the senders use, and leave nothing unreceived after drain().
 #include "keel/distributed/shard_reader.h"
@@ -23,8 +23,8 @@ class SendingRanks final : public FakeCommunicator {
   explicit SendingRanks(const std::vector<FlatRange>& shards) : FakeCommunicator(int(shards.size())) {
     for (size_t r = 1; r < shards.size(); ++r)
       for (int stream = 0; stream < 2; ++stream)
-        for (int64_t b = shards[r].begin; b < shards[r].end; b += kShardPiece)
-          queued[int(r)].push_back({stream, b, std::min(kShardPiece, shards[r].end - b)});
+        for (int64_t b = shards[r].begin; b < shards[r].end; b += kMessagePiece)
+          queued[int(r)].push_back({stream, b, std::min(kMessagePiece, shards[r].end - b)});
   }
   void receive_piece(int source, float* out, int64_t count) override {
     auto& q = queued[source];
@@ -72,7 +72,7 @@ void read_and_check(ShardReader& reader, int stream, int64_t begin, int64_t end,
 }
 
 TEST(ShardReader, ReadsEveryRanksShardInOrderAcrossPieces) {
-  Fixture f(3 * kShardPiece + 12345, 3);  // rank 1 and 2 each send two pieces per stream
+  Fixture f(3 * kMessagePiece + 12345, 3);  // rank 1 and 2 each send two pieces per stream
   ShardReader reader = f.reader();
   const int64_t total = f.shards.back().end;
   for (int stream = 0; stream < 2; ++stream) read_and_check(reader, stream, 0, total, 1 << 20);
@@ -82,7 +82,7 @@ TEST(ShardReader, ReadsEveryRanksShardInOrderAcrossPieces) {
 }
 
 TEST(ShardReader, SkippedPiecesAreReceivedAndDroppedAndDrainFinishesTheSends) {
-  Fixture f(4 * kShardPiece + 999, 2);
+  Fixture f(4 * kMessagePiece + 999, 2);
   ShardReader reader = f.reader();
   const FlatRange other = f.shards[1];
   // Stream 0: only a little of rank 1's last piece (the rest skipped, as padding would be).
@@ -95,7 +95,7 @@ TEST(ShardReader, SkippedPiecesAreReceivedAndDroppedAndDrainFinishesTheSends) {
 }
 
 TEST(ShardReader, RefusesToGoBackToAPieceAlreadyPassed) {
-  Fixture f(3 * kShardPiece, 2);
+  Fixture f(3 * kMessagePiece, 2);
   ShardReader reader = f.reader();
   const FlatRange other = f.shards[1];
   int64_t n = 0;
@@ -106,7 +106,7 @@ TEST(ShardReader, RefusesToGoBackToAPieceAlreadyPassed) {
 }
 
 TEST(ShardReader, ReadAllReceivesEachStreamStraightIntoPlace) {
-  Fixture f(5 * kShardPiece + 77, 3);
+  Fixture f(5 * kMessagePiece + 77, 3);
   ShardReader reader = f.reader();
   const int64_t total = f.shards.back().end;
   std::vector<float> out(static_cast<size_t>(total));

@@ -372,27 +372,59 @@ std::optional<dom::element> field(const std::map<std::string_view, dom::element>
 
 }  // namespace
 
-RankTableCheck check_rank_table(std::string_view json, const std::string& path, std::optional<HcclTopology> topology) {
-  RankTableCheck check;
-  auto& errors = check.errors;
-  auto error = [&](std::string text) { errors.push_back(std::move(text)); };
+namespace {
 
-  dom::parser parser;
-  dom::element root;
-  if (auto e = parser.parse(json.data(), json.size()).get(root)) {
-    error(fmt::format("{}: expected valid JSON: {}", path, simdjson::error_message(e)));
-    return check;
+// check_rank_table's walk over one table, a step per level of the schema (the top level, a
+// server, a device, its rank), collecting every problem rather than stopping at the first, with
+// the cross-entry state (ids seen so far, where) in members.
+class RankTableChecker {
+ public:
+  RankTableChecker(const std::string& path, std::optional<HcclTopology> topology) : path_(path), topology_(topology) {}
+
+  RankTableCheck run(std::string_view json) {
+    dom::parser parser;
+    dom::element root;
+    if (auto e = parser.parse(json.data(), json.size()).get(root)) {
+      error(fmt::format("{}: expected valid JSON: {}", path_, simdjson::error_message(e)));
+      return std::move(check_);
+    }
+    dom::object top;
+    if (root.get_object().get(top)) {
+      error(fmt::format("{}: expected a JSON object at the top level, found {}", path_, json_type_name(root)));
+      return std::move(check_);
+    }
+    auto fields = fields_of(top, path_, check_.errors);
+    const std::optional<int64_t> server_count = check_header(fields);
+    auto list = field(fields, "server_list");
+    dom::array servers;
+    if (!list) {
+      error(fmt::format("{}: \"server_list\" is missing (expected an array of servers)", path_));
+      return std::move(check_);
+    }
+    if (list->get_array().get(servers)) {
+      error(fmt::format("{}: \"server_list\": expected an array of servers, found {}", path_, json_describe(*list)));
+      return std::move(check_);
+    }
+    const size_t server_total = servers.size();
+    if (server_total == 0) error(fmt::format("{}: \"server_list\" is empty (expected at least one server)", path_));
+    if (server_count && size_t(*server_count) != server_total) {
+      error(fmt::format("{}: \"server_count\" is \"{}\" but server_list has {} server{}", path_, *server_count,
+                        server_total, server_total == 1 ? "" : "s"));
+    }
+    size_t s = 0;
+    for (dom::element server : servers) check_server(server, s++);
+    check_ranks_contiguous();
+    return std::move(check_);
   }
-  dom::object top;
-  if (root.get_object().get(top)) {
-    error(fmt::format("{}: expected a JSON object at the top level, found {}", path, json_type_name(root)));
-    return check;
-  }
-  auto fields = fields_of(top, path, errors);
+
+ private:
+  using Fields = std::map<std::string_view, dom::element>;
+
+  void error(std::string text) { check_.errors.push_back(std::move(text)); }
 
   // A required string field; nullopt (and an error) when absent or not a string.
-  auto string_field = [&](const std::map<std::string_view, dom::element>& f, std::string_view key,
-                          const std::string& where, std::string_view example) -> std::optional<std::string_view> {
+  std::optional<std::string_view> string_field(const Fields& f, std::string_view key, const std::string& where,
+                                               std::string_view example) {
     auto v = field(f, key);
     if (!v) {
       error(fmt::format("{}: \"{}\" is missing (expected a string such as \"{}\")", where, key, example));
@@ -404,186 +436,194 @@ RankTableCheck check_rank_table(std::string_view json, const std::string& path, 
       return std::nullopt;
     }
     return s;
-  };
-
-  if (auto version = string_field(fields, "version", path, "1.0"); version && *version != "1.0") {
-    error(fmt::format("{}: \"version\": expected \"1.0\" (the schema keel reads and writes), found \"{}\"", path,
-                      *version));
-  }
-  if (auto status = string_field(fields, "status", path, "completed"); status && *status != "completed") {
-    error(fmt::format("{}: \"status\": expected \"completed\", found \"{}\" (HCCL waits on a table that is not "
-                      "completed; \"initializing\" means the scheduler has not finished writing it)",
-                      path, *status));
-  }
-  std::optional<int64_t> server_count;
-  if (auto count = string_field(fields, "server_count", path, "1")) {
-    server_count = decimal(*count, kMaxRank);
-    if (!server_count) error(fmt::format("{}: \"server_count\": expected a count such as \"2\", found \"{}\"", path, *count));
   }
 
-  auto list = field(fields, "server_list");
-  dom::array servers;
-  if (!list) {
-    error(fmt::format("{}: \"server_list\" is missing (expected an array of servers)", path));
-    return check;
-  }
-  if (list->get_array().get(servers)) {
-    error(fmt::format("{}: \"server_list\": expected an array of servers, found {}", path, json_describe(*list)));
-    return check;
-  }
-  size_t server_total = servers.size();
-  if (server_total == 0) error(fmt::format("{}: \"server_list\" is empty (expected at least one server)", path));
-  if (server_count && size_t(*server_count) != server_total) {
-    error(fmt::format("{}: \"server_count\" is \"{}\" but server_list has {} server{}", path, *server_count,
-                      server_total, server_total == 1 ? "" : "s"));
-  }
-
-  std::map<std::string, std::string> server_where;  // server_id -> first entry
-  std::map<std::string, std::string> ip_where;      // device_ip -> first entry
-  std::map<int64_t, std::string> rank_where;        // rank_id -> first entry
-  bool integer_rank_noted = false;
-  int64_t listed = 0;  // device entries, well-formed or not: the ranks must be 0 .. listed-1
-  bool all_ranks_read = true;  // a gap left by an unreadable rank_id is that entry's error, not another
-  size_t s = 0;
-  for (dom::element server_element : servers) {
-    std::string where = fmt::format("{}: server_list[{}]", path, s++);
-    dom::object server_object;
-    if (server_element.get_object().get(server_object)) {
-      error(fmt::format("{}: expected an object with server_id and device, found {}", where, json_describe(server_element)));
-      continue;
+  // version, status and server_count; returns the count when it reads as one.
+  std::optional<int64_t> check_header(const Fields& fields) {
+    if (auto version = string_field(fields, "version", path_, "1.0"); version && *version != "1.0") {
+      error(fmt::format("{}: \"version\": expected \"1.0\" (the schema keel reads and writes), found \"{}\"", path_,
+                        *version));
     }
-    auto server_fields = fields_of(server_object, where, errors);
+    if (auto status = string_field(fields, "status", path_, "completed"); status && *status != "completed") {
+      error(fmt::format("{}: \"status\": expected \"completed\", found \"{}\" (HCCL waits on a table that is not "
+                        "completed; \"initializing\" means the scheduler has not finished writing it)",
+                        path_, *status));
+    }
+    std::optional<int64_t> server_count;
+    if (auto count = string_field(fields, "server_count", path_, "1")) {
+      server_count = decimal(*count, kMaxRank);
+      if (!server_count)
+        error(fmt::format("{}: \"server_count\": expected a count such as \"2\", found \"{}\"", path_, *count));
+    }
+    return server_count;
+  }
+
+  void check_server(dom::element element, size_t index) {
+    std::string where = fmt::format("{}: server_list[{}]", path_, index);
+    dom::object object;
+    if (element.get_object().get(object)) {
+      error(fmt::format("{}: expected an object with server_id and device, found {}", where, json_describe(element)));
+      return;
+    }
+    auto fields = fields_of(object, where, check_.errors);
     RankTableServer server;
-    if (auto id = string_field(server_fields, "server_id", where, "10.0.0.1")) {
+    if (auto id = string_field(fields, "server_id", where, "10.0.0.1")) {
       server.server_id = std::string(*id);
       where += fmt::format(" (server_id \"{}\")", server.server_id);
       if (!is_ip_address(*id)) error(fmt::format("{}: server_id: expected the server's IP address", where));
-      auto [it, inserted] = server_where.emplace(server.server_id, where);
+      auto [it, inserted] = server_where_.emplace(server.server_id, where);
       if (!inserted) error(fmt::format("{}: server_id duplicates {}", where, it->second));
     }
-    auto device_list = field(server_fields, "device");
+    auto device_list = field(fields, "device");
     dom::array devices;
     if (!device_list) {
       error(fmt::format("{}: \"device\" is missing (expected an array of devices)", where));
-      check.table.servers.push_back(std::move(server));
-      continue;
-    }
-    if (device_list->get_array().get(devices)) {
+    } else if (device_list->get_array().get(devices)) {
       error(fmt::format("{}: \"device\": expected an array of devices, found {}", where, json_describe(*device_list)));
-      check.table.servers.push_back(std::move(server));
-      continue;
+    } else {
+      if (devices.size() == 0) error(fmt::format("{}: \"device\" is empty (expected at least one device)", where));
+      listed_ += int64_t(devices.size());
+      std::map<int64_t, std::string> device_where;  // device_id -> first entry on this server
+      size_t d = 0;
+      for (dom::element device : devices)
+        if (auto checked = check_device(device, fmt::format("{}.device[{}]", where, d++), server, device_where))
+          server.devices.push_back(std::move(*checked));
+      check_device_set(where, device_where);
     }
-    if (devices.size() == 0) error(fmt::format("{}: \"device\" is empty (expected at least one device)", where));
-    listed += int64_t(devices.size());
+    check_.table.servers.push_back(std::move(server));
+  }
 
-    std::map<int64_t, std::string> device_where;  // device_id -> first entry on this server
-    size_t d = 0;
-    for (dom::element device_element : devices) {
-      std::string entry = fmt::format("{}.device[{}]", where, d++);
-      dom::object device_object;
-      if (device_element.get_object().get(device_object)) {
-        error(fmt::format("{}: expected an object with device_id, device_ip and rank_id, found {}", entry,
-                          json_describe(device_element)));
-        continue;
-      }
-      auto device_fields = fields_of(device_object, entry, errors);
-      RankTableDevice device;
-      bool complete = true;
-      if (auto id = string_field(device_fields, "device_id", entry, "0")) {
-        auto value = decimal(*id, kMaxDeviceId);
-        if (!value) {
-          error(fmt::format("{}: device_id: expected a device number 0-{}, found \"{}\"", entry, kMaxDeviceId, *id));
-          complete = false;
-        } else {
-          device.device_id = int(*value);
-          entry += fmt::format(" (device_id \"{}\")", *value);
-          auto [it, inserted] = device_where.emplace(*value, entry);
-          if (!inserted) error(fmt::format("{}: device_id duplicates {}", entry, it->second));
-        }
-      } else {
-        complete = false;
-      }
-      if (auto ip = string_field(device_fields, "device_ip", entry, "192.168.100.101")) {
-        device.device_ip = std::string(*ip);
-        if (*ip == kDeviceIpPlaceholder) {
-          error(fmt::format("{}: device_ip is still the placeholder \"{}\": replace it with address_{} from "
-                            "/etc/hccn.conf on server {}",
-                            entry, kDeviceIpPlaceholder, device.device_id, server.server_id));
-        } else if (!is_ip_address(*ip)) {
-          error(fmt::format("{}: device_ip: expected an IP address, found \"{}\"", entry, *ip));
-        } else {
-          auto [it, inserted] = ip_where.emplace(device.device_ip, entry);
-          if (!inserted) error(fmt::format("{}: device_ip {} duplicates {}", entry, *ip, it->second));
-        }
-      } else {
-        complete = false;
-      }
-      // rank_id: a string per the schema; an integer is accepted, as merged tables have it.
-      std::optional<int64_t> rank;
-      if (auto v = field(device_fields, "rank_id"); !v) {
-        error(fmt::format("{}: \"rank_id\" is missing (expected a string such as \"0\")", entry));
-      } else if (v->is_string()) {
-        std::string_view text = v->get_string().value_unsafe();
-        rank = decimal(text, kMaxRank);
-        if (!rank) error(fmt::format("{}: rank_id: expected a rank such as \"0\", found \"{}\"", entry, text));
-      } else if (v->is_int64() || v->is_uint64()) {
-        int64_t value = 0;
-        uint64_t unsigned_value = 0;
-        bool fits = v->is_int64() ? (v->get_int64().get(value) == simdjson::SUCCESS)
-                                  : (v->get_uint64().get(unsigned_value) == simdjson::SUCCESS &&
-                                     unsigned_value <= uint64_t(kMaxRank) && (value = int64_t(unsigned_value), true));
-        if (!fits || value < 0 || value > kMaxRank) {
-          error(fmt::format("{}: rank_id: expected a non-negative rank, found {}", entry, json_describe(*v)));
-        } else {
-          rank = value;
-          if (!integer_rank_noted) {
-            check.notes.push_back(fmt::format("{}: rank_id is an integer; HCCL's schema has strings (\"{}\"), "
-                                              "keel accepts both",
-                                              entry, value));
-            integer_rank_noted = true;
-          }
-        }
-      } else {
-        error(fmt::format("{}: rank_id: expected a string such as \"0\", found {}", entry, json_describe(*v)));
-      }
-      if (!rank) all_ranks_read = false;
-      if (rank) {
-        device.rank_id = int(*rank);
-        auto [it, inserted] = rank_where.emplace(*rank, entry);
-        if (!inserted) error(fmt::format("{}: rank_id {} duplicates {}", entry, *rank, it->second));
-      } else {
-        complete = false;
-      }
-      if (complete) server.devices.push_back(std::move(device));
+  // The device when every field of it reads; errors for each that does not.
+  std::optional<RankTableDevice> check_device(dom::element element, std::string entry, const RankTableServer& server,
+                                              std::map<int64_t, std::string>& device_where) {
+    dom::object object;
+    if (element.get_object().get(object)) {
+      error(fmt::format("{}: expected an object with device_id, device_ip and rank_id, found {}", entry,
+                        json_describe(element)));
+      return std::nullopt;
     }
-    if (topology && !device_where.empty()) {
-      std::vector<int> ids;
-      for (const auto& [id, ignored] : device_where) ids.push_back(int(id));
-      if (std::string problem = device_set_problem(*topology, ids); !problem.empty()) {
-        error(fmt::format("{}: --topology {}: {}", where, hccl_topology_name(*topology), problem));
+    auto fields = fields_of(object, entry, check_.errors);
+    RankTableDevice device;
+    bool complete = true;
+    if (auto id = string_field(fields, "device_id", entry, "0")) {
+      auto value = decimal(*id, kMaxDeviceId);
+      if (!value) {
+        error(fmt::format("{}: device_id: expected a device number 0-{}, found \"{}\"", entry, kMaxDeviceId, *id));
+        complete = false;
+      } else {
+        device.device_id = int(*value);
+        entry += fmt::format(" (device_id \"{}\")", *value);
+        auto [it, inserted] = device_where.emplace(*value, entry);
+        if (!inserted) error(fmt::format("{}: device_id duplicates {}", entry, it->second));
       }
+    } else {
+      complete = false;
     }
-    check.table.servers.push_back(std::move(server));
+    if (auto ip = string_field(fields, "device_ip", entry, "192.168.100.101")) {
+      device.device_ip = std::string(*ip);
+      if (*ip == kDeviceIpPlaceholder) {
+        error(fmt::format("{}: device_ip is still the placeholder \"{}\": replace it with address_{} from "
+                          "/etc/hccn.conf on server {}",
+                          entry, kDeviceIpPlaceholder, device.device_id, server.server_id));
+      } else if (!is_ip_address(*ip)) {
+        error(fmt::format("{}: device_ip: expected an IP address, found \"{}\"", entry, *ip));
+      } else {
+        auto [it, inserted] = ip_where_.emplace(device.device_ip, entry);
+        if (!inserted) error(fmt::format("{}: device_ip {} duplicates {}", entry, *ip, it->second));
+      }
+    } else {
+      complete = false;
+    }
+    const std::optional<int64_t> rank = read_rank(fields, entry);
+    if (rank) {
+      device.rank_id = int(*rank);
+      auto [it, inserted] = rank_where_.emplace(*rank, entry);
+      if (!inserted) error(fmt::format("{}: rank_id {} duplicates {}", entry, *rank, it->second));
+    } else {
+      all_ranks_read_ = false;
+      complete = false;
+    }
+    return complete ? std::optional(std::move(device)) : std::nullopt;
+  }
+
+  // rank_id: a string per the schema; an integer is accepted, as merged tables have it.
+  std::optional<int64_t> read_rank(const Fields& fields, const std::string& entry) {
+    auto v = field(fields, "rank_id");
+    if (!v) {
+      error(fmt::format("{}: \"rank_id\" is missing (expected a string such as \"0\")", entry));
+      return std::nullopt;
+    }
+    if (v->is_string()) {
+      std::string_view text = v->get_string().value_unsafe();
+      auto rank = decimal(text, kMaxRank);
+      if (!rank) error(fmt::format("{}: rank_id: expected a rank such as \"0\", found \"{}\"", entry, text));
+      return rank;
+    }
+    if (!v->is_int64() && !v->is_uint64()) {
+      error(fmt::format("{}: rank_id: expected a string such as \"0\", found {}", entry, json_describe(*v)));
+      return std::nullopt;
+    }
+    int64_t value = 0;
+    uint64_t unsigned_value = 0;
+    bool fits = v->is_int64() ? (v->get_int64().get(value) == simdjson::SUCCESS)
+                              : (v->get_uint64().get(unsigned_value) == simdjson::SUCCESS &&
+                                 unsigned_value <= uint64_t(kMaxRank) && (value = int64_t(unsigned_value), true));
+    if (!fits || value < 0 || value > kMaxRank) {
+      error(fmt::format("{}: rank_id: expected a non-negative rank, found {}", entry, json_describe(*v)));
+      return std::nullopt;
+    }
+    if (!integer_rank_noted_) {
+      check_.notes.push_back(fmt::format("{}: rank_id is an integer; HCCL's schema has strings (\"{}\"), "
+                                         "keel accepts both",
+                                         entry, value));
+      integer_rank_noted_ = true;
+    }
+    return value;
+  }
+
+  // --topology: the server's devices must form a set that topology can connect.
+  void check_device_set(const std::string& where, const std::map<int64_t, std::string>& device_where) {
+    if (!topology_ || device_where.empty()) return;
+    std::vector<int> ids;
+    for (const auto& [id, ignored] : device_where) ids.push_back(int(id));
+    if (std::string problem = device_set_problem(*topology_, ids); !problem.empty())
+      error(fmt::format("{}: --topology {}: {}", where, hccl_topology_name(*topology_), problem));
   }
 
   // Ranks must be exactly 0 .. N-1 for the N devices listed.
-  if (!rank_where.empty()) {
+  void check_ranks_contiguous() {
+    if (rank_where_.empty()) return;
     std::vector<int64_t> missing;
-    for (int64_t r = 0; r < listed && missing.size() <= 10; ++r)
-      if (!rank_where.count(r)) missing.push_back(r);
-    for (const auto& [rank, where] : rank_where) {
-      if (rank >= listed) {
+    for (int64_t r = 0; r < listed_ && missing.size() <= 10; ++r)
+      if (!rank_where_.count(r)) missing.push_back(r);
+    for (const auto& [rank, where] : rank_where_) {
+      if (rank >= listed_) {
         error(fmt::format("{}: rank_id {} is out of range: the table lists {} devices, so ranks must be 0-{}", where,
-                          rank, listed, listed - 1));
+                          rank, listed_, listed_ - 1));
       }
     }
-    if (!missing.empty() && all_ranks_read) {
+    if (!missing.empty() && all_ranks_read_) {
       error(fmt::format("{}: ranks are not contiguous: no device has rank_id {}{} (expected 0-{}, one per device)",
-                        path, fmt::join(missing.begin(), missing.begin() + std::min<size_t>(missing.size(), 10), ", "),
-                        missing.size() > 10 ? ", ..." : "", listed - 1));
+                        path_, fmt::join(missing.begin(), missing.begin() + std::min<size_t>(missing.size(), 10), ", "),
+                        missing.size() > 10 ? ", ..." : "", listed_ - 1));
     }
   }
-  return check;
+
+  const std::string& path_;
+  std::optional<HcclTopology> topology_;
+  RankTableCheck check_;
+  std::map<std::string, std::string> server_where_;  // server_id -> first entry
+  std::map<std::string, std::string> ip_where_;      // device_ip -> first entry
+  std::map<int64_t, std::string> rank_where_;        // rank_id -> first entry
+  bool integer_rank_noted_ = false;
+  int64_t listed_ = 0;          // device entries, well-formed or not: the ranks must be 0 .. listed-1
+  bool all_ranks_read_ = true;  // a gap left by an unreadable rank_id is that entry's error, not another
+};
+
+}  // namespace
+
+RankTableCheck check_rank_table(std::string_view json, const std::string& path, std::optional<HcclTopology> topology) {
+  return RankTableChecker(path, topology).run(json);
 }
 
 RankTable read_rank_table(const std::string& path, std::optional<HcclTopology> topology) {

@@ -105,6 +105,172 @@ class ShardSink {
   int64_t open_ = 0;
 };
 
+// The reading and tokenizing half of prepare: one reader thread cuts the input into chunks of
+// lines, `threads` workers tokenize them, and the caller takes the results back in input order
+// (next()), writing each before it asks for the one after. At most max_in_flight chunks exist at
+// once, read or tokenized or waiting to be written, so memory stays bounded whatever the input.
+class ChunkPipeline {
+ public:
+  ChunkPipeline(const std::string& data_path, size_t chunk_bytes, const DocumentEncoder& encoder, int threads)
+      // Two chunks per worker in flight: one being tokenized, one queued, so no worker waits on
+      // the reader; more would only add memory.
+      : encoder_(encoder), max_in_flight_(size_t(threads) * 2 + 2) {
+    reader_ = std::thread([this, data_path, chunk_bytes] { guarded([&] { read(data_path, chunk_bytes); }); });
+    for (int w = 0; w < threads; ++w) workers_.emplace_back([this] { guarded([&] { work(); }); });
+  }
+  ~ChunkPipeline() { join(); }
+  ChunkPipeline(const ChunkPipeline&) = delete;
+  ChunkPipeline& operator=(const ChunkPipeline&) = delete;
+
+  // The next chunk's result in input order; nullptr when every chunk has been delivered or
+  // something failed (finish() says what).
+  std::unique_ptr<ChunkResult> next() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return abort_ || done_.count(next_) || (reading_done_ && next_ == chunks_read_); });
+    if (abort_ || !done_.count(next_)) return nullptr;
+    auto r = std::move(done_[next_]);
+    done_.erase(next_++);
+    return r;
+  }
+  // A delivered chunk is written: the reader may read another.
+  void written() {
+    std::lock_guard lock(mu_);
+    --in_flight_;
+    cv_.notify_all();
+  }
+  // Stops the threads; the first failure is the one finish() rethrows.
+  void fail(std::exception_ptr e) {
+    std::lock_guard lock(mu_);
+    if (!failure_) failure_ = e;
+    abort_ = true;
+    cv_.notify_all();
+  }
+  void finish() {
+    join();
+    if (failure_) std::rethrow_exception(failure_);
+  }
+  bool failed() {
+    std::lock_guard lock(mu_);
+    return failure_ != nullptr;
+  }
+
+ private:
+  template <class F>
+  void guarded(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      fail(std::current_exception());
+    }
+  }
+
+  void read(const std::string& data_path, size_t chunk_bytes) {
+    LineChunkReader lines(data_path, chunk_bytes);
+    for (;;) {
+      auto chunk = std::make_unique<LineChunk>();
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return abort_ || in_flight_ < max_in_flight_; });
+        if (abort_) return;
+      }
+      if (!lines.next(*chunk)) break;
+      std::lock_guard lock(mu_);
+      ++in_flight_;
+      ++chunks_read_;
+      queue_.push_back(std::move(chunk));
+      cv_.notify_all();
+    }
+    std::lock_guard lock(mu_);
+    reading_done_ = true;
+    cv_.notify_all();
+  }
+
+  void work() {
+    RecordParser parser;
+    for (;;) {
+      std::unique_ptr<LineChunk> chunk;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return abort_ || queue_head_ < queue_.size() || reading_done_; });
+        if (abort_ || queue_head_ == queue_.size()) return;
+        chunk = std::move(queue_[queue_head_++]);
+        if (queue_head_ == queue_.size()) {
+          queue_.clear();
+          queue_head_ = 0;
+        }
+      }
+      auto result = std::make_unique<ChunkResult>();
+      process_chunk(encoder_, parser, *chunk, *result);
+      const int64_t index = chunk->index;
+      chunk.reset();  // its memory goes before the result is handed on
+      std::lock_guard lock(mu_);
+      done_.emplace(index, std::move(result));
+      cv_.notify_all();
+    }
+  }
+
+  void join() {
+    if (reader_.joinable()) reader_.join();
+    for (auto& w : workers_)
+      if (w.joinable()) w.join();
+  }
+
+  const DocumentEncoder& encoder_;
+  const size_t max_in_flight_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<LineChunk>> queue_;  // read, waiting for a worker (FIFO by index)
+  size_t queue_head_ = 0;
+  std::map<int64_t, std::unique_ptr<ChunkResult>> done_;  // tokenized, by chunk index
+  size_t in_flight_ = 0;
+  bool reading_done_ = false, abort_ = false;
+  int64_t chunks_read_ = 0, next_ = 0;
+  std::exception_ptr failure_;
+  std::thread reader_;
+  std::vector<std::thread> workers_;
+};
+
+// Adds one chunk's counts to the report.
+void tally(PrepareReport& report, ChunkResult& r) {
+  report.lines += r.lines;
+  report.blank_lines += r.blank;
+  report.bad_records += int64_t(r.bad.size());
+  for (auto& b : r.bad)
+    if (report.bad_listed.size() < kMaxListedBadRecords) report.bad_listed.push_back(std::move(b));
+  report.truncated_documents += r.truncated;
+  report.truncated_tokens += r.truncated_tokens;
+  report.split_documents += r.split;
+  report.no_target_documents += r.no_target;
+  report.input_bytes += r.bytes;
+  report.documents += int64_t(r.document_ends.size());
+}
+
+void print_report(std::ostream& log, const PrepareReport& report, const PrepareOptions& o) {
+  fmt::print(log, "keel prepare: {} records ({} bad, {} blank lines), {} documents ({} truncated, {} long texts "
+                  "split, {} without targets)\n",
+             report.records, report.bad_records, report.blank_lines, report.documents, report.truncated_documents,
+             report.split_documents, report.no_target_documents);
+  for (size_t i = 0; i < std::min<size_t>(report.bad_listed.size(), 10); ++i)
+    fmt::print(log, "  {}:{}: {}\n", o.data_path, report.bad_listed[i].line, report.bad_listed[i].reason);
+  if (report.bad_records > 10) fmt::print(log, "  ... all listed in {}/report.json\n", o.out_dir);
+  fmt::print(log, "keel prepare: {} sequences of <= {} tokens ({}, {:.1f}% filled), {} tokens in {} shard(s); "
+                  "{:.1f} MB/s, {:.2f} s\n",
+             report.sequences, o.max_seq_len, packing_name(o.packing), 100.0 * report.fill(), report.tokens,
+             report.shards, double(report.input_bytes) / 1e6 / std::max(report.seconds, 1e-9), report.seconds);
+}
+
+// keel::Error when the data is too bad to train on: too many bad records, or nothing left.
+void require_usable(const PrepareReport& report, const PrepareOptions& o) {
+  require(report.records == 0 || double(report.bad_records) <= o.max_bad_fraction * double(report.records),
+          "{}: {} of {} records are bad ({:.2f}%, above --max-bad-fraction {}); the first: {}:{}: {}; all listed in "
+          "{}/report.json",
+          o.data_path, report.bad_records, report.records, 100.0 * double(report.bad_records) / double(report.records),
+          o.max_bad_fraction, o.data_path, report.bad_listed.empty() ? 0 : report.bad_listed[0].line,
+          report.bad_listed.empty() ? "" : report.bad_listed[0].reason, o.out_dir);
+  require(report.sequences > 0, "{}: no usable records (nothing to train on); see {}/report.json", o.data_path,
+          o.out_dir);
+}
+
 // Removes what a previous prepare left in the directory, manifest first: from then on the
 // directory is not valid prepared data until the new manifest lands.
 void clear_previous_output(const std::string& dir) {
@@ -297,128 +463,32 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
 
   make_dirs(o.out_dir);
   clear_previous_output(o.out_dir);
-  const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
-  // Two chunks per worker in flight: one being tokenized, one queued, so no worker waits on the
-  // reader; more would only add memory.
-  const size_t max_in_flight = size_t(threads) * 2 + 2;
-
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::unique_ptr<LineChunk>> queue;  // read, waiting for a worker (FIFO by index)
-  size_t queue_head = 0;
-  std::map<int64_t, std::unique_ptr<ChunkResult>> done;
-  size_t in_flight = 0;
-  bool reading_done = false, abort = false;
-  int64_t chunks_read = 0;
-  std::exception_ptr failure;
-  auto record_failure = [&](std::exception_ptr e) {
-    std::lock_guard lock(mu);
-    if (!failure) failure = e;
-    abort = true;
-    cv.notify_all();
-  };
-
-  std::thread reader([&] {
-    try {
-      LineChunkReader lines(o.data_path, o.chunk_bytes);
-      for (;;) {
-        auto chunk = std::make_unique<LineChunk>();
-        {
-          std::unique_lock lock(mu);
-          cv.wait(lock, [&] { return abort || in_flight < max_in_flight; });
-          if (abort) return;
-        }
-        if (!lines.next(*chunk)) break;
-        std::lock_guard lock(mu);
-        ++in_flight;
-        ++chunks_read;
-        queue.push_back(std::move(chunk));
-        cv.notify_all();
-      }
-      std::lock_guard lock(mu);
-      reading_done = true;
-      cv.notify_all();
-    } catch (...) {
-      record_failure(std::current_exception());
-    }
-  });
-
-  std::vector<std::thread> workers;
-  for (int w = 0; w < threads; ++w) {
-    workers.emplace_back([&] {
-      try {
-        RecordParser parser;
-        for (;;) {
-          std::unique_ptr<LineChunk> chunk;
-          {
-            std::unique_lock lock(mu);
-            cv.wait(lock, [&] { return abort || queue_head < queue.size() || reading_done; });
-            if (abort || queue_head == queue.size()) return;
-            chunk = std::move(queue[queue_head++]);
-            if (queue_head == queue.size()) {
-              queue.clear();
-              queue_head = 0;
-            }
-          }
-          auto result = std::make_unique<ChunkResult>();
-          process_chunk(encoder, parser, *chunk, *result);
-          const int64_t index = chunk->index;
-          chunk.reset();  // its memory goes before the result is handed on
-          std::lock_guard lock(mu);
-          done.emplace(index, std::move(result));
-          cv.notify_all();
-        }
-      } catch (...) {
-        record_failure(std::current_exception());
-      }
-    });
-  }
-
   PrepareReport report;
   report.max_seq_len = o.max_seq_len;
   report.chat_template = encoder.format ? chat_format_name(*encoder.format) : "none";
   std::vector<ShardInfo> shards;
-  try {
-    ShardSink sink(o);
-    for (int64_t next = 0;; ++next) {
-      std::unique_ptr<ChunkResult> r;
-      {
-        std::unique_lock lock(mu);
-        cv.wait(lock, [&] { return abort || done.count(next) || (reading_done && next == chunks_read); });
-        if (abort) break;
-        if (!done.count(next)) break;  // all chunks written
-        r = std::move(done[next]);
-        done.erase(next);
+  {
+    const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
+    ChunkPipeline pipeline(o.data_path, o.chunk_bytes, encoder, threads);
+    try {
+      ShardSink sink(o);
+      while (auto r = pipeline.next()) {
+        if (r->fatal) fail("{}", *r->fatal);
+        tally(report, *r);
+        int64_t begin = 0;
+        for (int64_t end : r->document_ends) {
+          sink.add({r->tokens.data() + begin, size_t(end - begin)}, {r->mask.data() + begin, size_t(end - begin)});
+          begin = end;
+        }
+        r.reset();
+        pipeline.written();
       }
-      if (r->fatal) fail("{}", *r->fatal);
-      report.lines += r->lines;
-      report.blank_lines += r->blank;
-      report.bad_records += int64_t(r->bad.size());
-      for (auto& b : r->bad)
-        if (report.bad_listed.size() < kMaxListedBadRecords) report.bad_listed.push_back(std::move(b));
-      report.truncated_documents += r->truncated;
-      report.truncated_tokens += r->truncated_tokens;
-      report.split_documents += r->split;
-      report.no_target_documents += r->no_target;
-      report.input_bytes += r->bytes;
-      int64_t begin = 0;
-      for (int64_t end : r->document_ends) {
-        sink.add({r->tokens.data() + begin, size_t(end - begin)}, {r->mask.data() + begin, size_t(end - begin)});
-        begin = end;
-      }
-      report.documents += int64_t(r->document_ends.size());
-      r.reset();
-      std::lock_guard lock(mu);
-      --in_flight;
-      cv.notify_all();
+      if (!pipeline.failed()) shards = sink.finish();
+    } catch (...) {
+      pipeline.fail(std::current_exception());
     }
-    if (!failure) shards = sink.finish();
-  } catch (...) {
-    record_failure(std::current_exception());
+    pipeline.finish();
   }
-  reader.join();
-  for (auto& w : workers) w.join();
-  if (failure) std::rethrow_exception(failure);
 
   report.records = report.lines - report.blank_lines;
   for (const auto& s : shards) {
@@ -428,30 +498,10 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   report.shards = int64_t(shards.size());
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   write_file_atomic(o.out_dir + "/report.json", report_json(report));
+  if (log) print_report(*log, report, o);
+  require_usable(report, o);
 
-  if (log) {
-    fmt::print(*log, "keel prepare: {} records ({} bad, {} blank lines), {} documents ({} truncated, {} long texts "
-                     "split, {} without targets)\n",
-               report.records, report.bad_records, report.blank_lines, report.documents, report.truncated_documents,
-               report.split_documents,
-               report.no_target_documents);
-    for (size_t i = 0; i < std::min<size_t>(report.bad_listed.size(), 10); ++i)
-      fmt::print(*log, "  {}:{}: {}\n", o.data_path, report.bad_listed[i].line, report.bad_listed[i].reason);
-    if (report.bad_records > 10) fmt::print(*log, "  ... all listed in {}/report.json\n", o.out_dir);
-    fmt::print(*log, "keel prepare: {} sequences of <= {} tokens ({}, {:.1f}% filled), {} tokens in {} shard(s); "
-                     "{:.1f} MB/s, {:.2f} s\n",
-               report.sequences, o.max_seq_len, packing_name(o.packing), 100.0 * report.fill(), report.tokens,
-               report.shards, double(report.input_bytes) / 1e6 / std::max(report.seconds, 1e-9), report.seconds);
-  }
-  require(report.records == 0 || double(report.bad_records) <= o.max_bad_fraction * double(report.records),
-          "{}: {} of {} records are bad ({:.2f}%, above --max-bad-fraction {}); the first: {}:{}: {}; all listed in "
-          "{}/report.json",
-          o.data_path, report.bad_records, report.records, 100.0 * double(report.bad_records) / double(report.records),
-          o.max_bad_fraction, o.data_path, report.bad_listed.empty() ? 0 : report.bad_listed[0].line,
-          report.bad_listed.empty() ? "" : report.bad_listed[0].reason, o.out_dir);
-  require(report.sequences > 0, "{}: no usable records (nothing to train on); see {}/report.json", o.data_path,
-          o.out_dir);
-
+  // Last: a directory without a manifest is not prepared data.
   ShardManifest m;
   m.tokenizer_hash = tokenizer_hash(o.tokenizer_path);
   m.chat_template = report.chat_template;

@@ -14,15 +14,17 @@ class SingleProcess final : public Communicator {
   int rank() const override { return 0; }
   int size() const override { return 1; }
   std::string name() const override { return "single process"; }
-  Ticket allreduce_sum_async(float*, int64_t, bool) override { return 0; }
+  Ticket allreduce_sum_async(float*, int64_t, bool, ComputeEvent) override { return 0; }
   void wait(Ticket) override {}
-  Ticket reduce_scatter_sum_async(float*, FlatRange, const std::vector<FlatRange>&, bool) override { return 0; }
+  Ticket reduce_scatter_sum_async(float*, FlatRange, const std::vector<FlatRange>&, bool, ComputeEvent) override {
+    return 0;
+  }
   Ticket allgather_shards_async(float*, const std::vector<FlatRange>&) override { return 0; }
   void send_to_root(const float*, int64_t) override { throw Error("send_to_root: a single process is rank 0"); }
   void receive_piece(int source, float*, int64_t) override {
     throw Error("receive_piece: a single process has no rank " + std::to_string(source));
   }
-  void allreduce_sum(double*, int64_t) override {}
+  void allreduce_totals(double*, int64_t) override {}
   void broadcast(void*, int64_t, int) override {}
   void allgather(const void* in, void* out, int64_t bytes) override { std::memcpy(out, in, size_t(bytes)); }
   void barrier() override {}

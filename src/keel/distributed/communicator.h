@@ -8,14 +8,21 @@
 #include <string>
 #include <vector>
 
+#include "keel/core/compute_event.h"
 #include "keel/core/flat_range.h"
 
 namespace keel::distributed {
 
 using Ticket = uint64_t;  // identifies a submitted collective; wait(ticket) blocks until it is done
 
-// send_to_root's message size (16 MB): what rank 0 holds of another rank's shard at a time.
-inline constexpr int64_t kShardPiece = int64_t(4) << 20;
+// The largest message keel hands to MPI, in floats (16 MB), for two reasons that agree on the size:
+// - memory: send_to_root streams a rank's shard to rank 0 in pieces this size, so rank 0 never
+//   holds more than one piece of another rank's state;
+// - speed: Open MPI's allreduce allocates a scratch buffer as large as the message on every call;
+//   above glibc's largest mmap threshold (32 MB) that is a fresh mmap, page-faulted and unmapped
+//   each time (a 98 MB embedding gradient took 0.26 s instead of 0.025 s in a VM). Reductions go
+//   to MPI in pieces this size, which reuse heap memory and are large enough for latency to be noise.
+inline constexpr int64_t kMessagePiece = int64_t(4) << 20;
 
 class Communicator {
  public:
@@ -26,9 +33,13 @@ class Communicator {
 
   // In-place sum over ranks of n floats. With `deterministic`, every rank adds the contributions
   // in rank order 0..size-1, so results are bit-identical whatever the timing or algorithm.
-  virtual Ticket allreduce_sum_async(float* data, int64_t n, bool deterministic) = 0;
+  // `after`: the compute event that wrote `data` (kernels/backend.h); the collective must not read
+  // it before the event. Communicators of host memory fed by the CPU backends find it complete.
+  virtual Ticket allreduce_sum_async(float* data, int64_t n, bool deterministic, ComputeEvent after = {}) = 0;
   virtual void wait(Ticket ticket) = 0;
-  void allreduce_sum(float* data, int64_t n, bool deterministic = false) { wait(allreduce_sum_async(data, n, deterministic)); }
+  void allreduce_sum_and_wait(float* data, int64_t n, bool deterministic = false) {
+    wait(allreduce_sum_async(data, n, deterministic));
+  }
 
   // ZeRO-1's collectives over a flat buffer split into `shards` (one per rank, contiguous, in rank
   // order; see keel::shard_ranges). `shards` must stay alive until the collective completes.
@@ -36,19 +47,20 @@ class Communicator {
   // Reduce-scatter of data[range]: afterwards the part of `range` inside this rank's shard holds the
   // sum over ranks (in place); the rest of `range` is left undefined. `deterministic` as above.
   virtual Ticket reduce_scatter_sum_async(float* data, FlatRange range, const std::vector<FlatRange>& shards,
-                                          bool deterministic) = 0;
+                                          bool deterministic, ComputeEvent after = {}) = 0;
   // In-place all-gather: every rank's shard of `data` is copied to every other rank.
   virtual Ticket allgather_shards_async(float* data, const std::vector<FlatRange>& shards) = 0;
 
   // Point-to-point, to stream a rank's shard of the optimizer state to rank 0 for a checkpoint
   // (see ShardReader): send_to_root sends n floats to rank 0 as consecutive messages of
-  // kShardPiece floats (the last one shorter), blocking until rank 0 has taken them all; rank 0
+  // kMessagePiece floats (the last one shorter), blocking until rank 0 has taken them all; rank 0
   // takes each message with receive_piece, `count` being that message's size.
   virtual void send_to_root(const float* data, int64_t n) = 0;
   virtual void receive_piece(int source, float* out, int64_t count) = 0;
 
-  // Sum of doubles (losses, token counts): small, blocking, always in rank order.
-  virtual void allreduce_sum(double* data, int64_t n) = 0;
+  // Sum of a step's totals (losses, token counts, gradient squares) in doubles: small, blocking,
+  // always in rank order.
+  virtual void allreduce_totals(double* data, int64_t n) = 0;
   // Every rank receives root's bytes.
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   // Each rank contributes `bytes` bytes; `out` receives size() * bytes, rank-major.

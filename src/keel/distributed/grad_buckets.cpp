@@ -41,12 +41,13 @@ void GradBuckets::begin(float* grads, Communicator& comm, bool deterministic) {
 void GradBuckets::start(Bucket& b) {
   b.started = true;
   b.ticket = zero_shards_ ? comm_->reduce_scatter_sum_async(grads_, {b.offset, b.offset + b.count}, *zero_shards_,
-                                                             deterministic_)
-                         : comm_->allreduce_sum_async(grads_ + b.offset, b.count, deterministic_);
+                                                             deterministic_, b.ready)
+                         : comm_->allreduce_sum_async(grads_ + b.offset, b.count, deterministic_, b.ready);
 }
 
-void GradBuckets::param_ready(int param) {
+void GradBuckets::param_ready(int param, ComputeEvent ready) {
   Bucket& b = buckets_[bucket_of_param_[param]];
+  if (ready.sequence > b.ready.sequence) b.ready = ready;
   if (--b.pending == 0 && !b.started) start(b);
 }
 

@@ -22,6 +22,7 @@ struct Bucket {
   int pending = 0;                // parameters whose gradient is not final yet this step
   Ticket ticket = 0;
   bool started = false;
+  ComputeEvent ready;             // the latest event that wrote one of its gradients this step
 };
 
 class GradBuckets {
@@ -34,8 +35,9 @@ class GradBuckets {
               const std::vector<FlatRange>* zero_shards = nullptr);
   // Starts a step's synchronisation: nothing is ready.
   void begin(float* grads, Communicator& comm, bool deterministic);
-  // The gradient of `param` is final for this step; starts its bucket's allreduce if it completes one.
-  void param_ready(int param);
+  // The gradient of `param` is final for this step once `ready` (the compute event that wrote it)
+  // has passed; starts its bucket's allreduce, after the bucket's latest event, if it completes one.
+  void param_ready(int param, ComputeEvent ready = {});
   // Starts whatever has not started (params that never reported), then waits for every bucket.
   void finish();
   const std::vector<Bucket>& buckets() const { return buckets_; }

@@ -58,12 +58,15 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string name() const override { return name_; }
 
-  Ticket allreduce_sum_async(float* data, int64_t n, bool deterministic) override {
+  // `after` is complete already: this communicator moves host memory written by the CPU backends,
+  // whose operations have finished when they return. (A device communicator would make its
+  // stream wait for the event before the collective.)
+  Ticket allreduce_sum_async(float* data, int64_t n, bool deterministic, ComputeEvent) override {
     return submit({.op = Op::Allreduce, .data = data, .n = n, .deterministic = deterministic});
   }
 
   Ticket reduce_scatter_sum_async(float* data, FlatRange range, const std::vector<FlatRange>& shards,
-                                  bool deterministic) override {
+                                  bool deterministic, ComputeEvent) override {
     return submit(
         {.op = Op::ReduceScatter, .data = data, .range = range, .shards = &shards, .deterministic = deterministic});
   }
@@ -89,7 +92,7 @@ class MpiCommunicator final : public Communicator {
     if (!failure_.empty()) abort(failure_);
   }
 
-  void allreduce_sum(double* data, int64_t n) override { wait(submit({.op = Op::SumDoubles, .data = data, .n = n})); }
+  void allreduce_totals(double* data, int64_t n) override { wait(submit({.op = Op::SumDoubles, .data = data, .n = n})); }
 
   void broadcast(void* data, int64_t bytes, int root) override {
     wait(submit({.op = Op::Broadcast, .data = data, .n = bytes, .peer = root}));
@@ -114,9 +117,9 @@ class MpiCommunicator final : public Communicator {
     if (rc != MPI_SUCCESS) throw Error(fmt::format("rank {}: {} failed (MPI error {})", rank_, what, rc));
   }
 
-  // In-place sum over ranks of p[0, n), handed to MPI in pieces of at most kReducePiece floats.
+  // In-place sum over ranks of p[0, n), handed to MPI in pieces of at most kMessagePiece floats.
   void sum_in_pieces(float* p, int64_t n, bool deterministic) {
-    for_each_chunk(p, n, kReducePiece, [&](float* piece, int count) {
+    for_each_chunk(p, n, kMessagePiece, [&](float* piece, int count) {
       if (deterministic)
         ordered_sum(piece, count);
       else
@@ -128,14 +131,21 @@ class MpiCommunicator final : public Communicator {
   void ordered_sum(float* data, int n) {
     gather_buffer_.resize(size_t(n) * size_t(size_));
     check(MPI_Allgather(data, n, MPI_FLOAT, gather_buffer_.data(), n, MPI_FLOAT, MPI_COMM_WORLD), "MPI_Allgather");
-    for (int i = 0; i < n; ++i) {
-      float sum = gather_buffer_[size_t(i)];
-      for (int r = 1; r < size_; ++r) sum += gather_buffer_[size_t(r) * n + i];
-      data[i] = sum;
+    add_in_rank_order(gather_buffer_.data(), n, data);
+  }
+
+  // out[i] = the ranks' contributions added in rank order 0, 1, ...: `gathered` holds size_ blocks
+  // of `count` values, rank-major. The same order on every rank makes the sums bit-identical.
+  template <class T>
+  void add_in_rank_order(const T* gathered, int64_t count, T* out) const {
+    for (int64_t i = 0; i < count; ++i) {
+      T sum = gathered[i];
+      for (int r = 1; r < size_; ++r) sum += gathered[size_t(r) * size_t(count) + size_t(i)];
+      out[i] = sum;
     }
   }
 
-  // Rank-ordered reduce-scatter of `range` (at most kReducePiece / size elements): every rank sends
+  // Rank-ordered reduce-scatter of `range` (at most kMessagePiece / size elements): every rank sends
   // each other rank that rank's part (all-to-all), then adds the received contributions in rank
   // order into its own part.
   void ordered_reduce_scatter(float* data, FlatRange range, const std::vector<FlatRange>& shards) {
@@ -151,15 +161,11 @@ class MpiCommunicator final : public Communicator {
     gather_buffer_.resize(size_t(m) * size_t(size_));
     receive_counts_.assign(size_t(size_), m);
     receive_offsets_.resize(size_t(size_));
-    for (int q = 0; q < size_; ++q) receive_offsets_[size_t(q)] = q * m;  // m * size <= kReducePiece
+    for (int q = 0; q < size_; ++q) receive_offsets_[size_t(q)] = q * m;  // m * size <= kMessagePiece
     check(MPI_Alltoallv(data + range.begin, counts_.data(), offsets_.data(), MPI_FLOAT, gather_buffer_.data(),
                         receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT, MPI_COMM_WORLD),
           "MPI_Alltoallv");
-    for (int i = 0; i < m; ++i) {
-      float sum = gather_buffer_[size_t(i)];
-      for (int q = 1; q < size_; ++q) sum += gather_buffer_[size_t(q) * size_t(m) + size_t(i)];
-      data[mine.begin + i] = sum;
-    }
+    add_in_rank_order(gather_buffer_.data(), m, data + mine.begin);
   }
 
   // Calls f(pointer, count) over p[0, n) in pieces of at most `limit` elements (<= kMaxCount).
@@ -195,8 +201,8 @@ class MpiCommunicator final : public Communicator {
         float* data = static_cast<float*>(job.data);
         const FlatRange range = job.range;
         if (job.deterministic) {
-          // Pieces of kReducePiece elements in all: bounded scratch, int counts and displacements.
-          const int64_t piece = std::max<int64_t>(1, kReducePiece / size_);
+          // Pieces of kMessagePiece elements in all: bounded scratch, int counts and displacements.
+          const int64_t piece = std::max<int64_t>(1, kMessagePiece / size_);
           for (int64_t b = range.begin; b < range.end; b += piece)
             ordered_reduce_scatter(data, {b, std::min(b + piece, range.end)}, *job.shards);
           return;
@@ -222,7 +228,7 @@ class MpiCommunicator final : public Communicator {
         return;
       }
       case Op::SendToRoot:
-        for_each_chunk(static_cast<const float*>(job.in), job.n, kShardPiece, [&](const float* p, int count) {
+        for_each_chunk(static_cast<const float*>(job.in), job.n, kMessagePiece, [&](const float* p, int count) {
           check(MPI_Send(p, count, MPI_FLOAT, 0, kShardTag, MPI_COMM_WORLD), "MPI_Send");
         });
         return;
@@ -240,11 +246,7 @@ class MpiCommunicator final : public Communicator {
         sum_buffer_.resize(size_t(job.n) * size_t(size_));
         check(MPI_Allgather(data, int(job.n), MPI_DOUBLE, sum_buffer_.data(), int(job.n), MPI_DOUBLE, MPI_COMM_WORLD),
               "MPI_Allgather");
-        for (int64_t i = 0; i < job.n; ++i) {
-          double sum = 0;
-          for (int r = 0; r < size_; ++r) sum += sum_buffer_[size_t(r) * size_t(job.n) + size_t(i)];
-          data[i] = sum;
-        }
+        add_in_rank_order(sum_buffer_.data(), job.n, data);
         return;
       }
       case Op::Broadcast:
@@ -353,7 +355,6 @@ class MpiCommunicator final : public Communicator {
   std::vector<int> counts_, offsets_, receive_counts_, receive_offsets_;  // used by the communication thread only
   static constexpr int64_t kMaxCount = int64_t(1) << 30;  // MPI counts are int
   static constexpr int kShardTag = 17;  // send_to_root's messages (collectives use their own context)
-  static constexpr int64_t kReducePiece = kMpiReducePiece;  // see mpi_communicator.h
   static constexpr size_t kQueueCapacity = 1024;            // a step queues one job per bucket, and a few
 };
 

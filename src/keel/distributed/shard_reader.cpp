@@ -11,12 +11,12 @@ ShardReader::ShardReader(Communicator& comm, const std::vector<FlatRange>& shard
     : comm_(comm), shards_(shards), local_(std::move(local)) {
   require(shards_.size() >= 1 && shards_[0].begin == 0, "ShardReader: expected the ranks' shards, rank 0's first");
   next_ = next_of(PieceId{0, 1, -1});
-  for (size_t r = 1; r < shards_.size(); ++r) largest_piece_ = std::max(largest_piece_, std::min(kShardPiece, shards_[r].size()));
+  for (size_t r = 1; r < shards_.size(); ++r) largest_piece_ = std::max(largest_piece_, std::min(kMessagePiece, shards_[r].size()));
 }
 
 int64_t ShardReader::pieces_of(int rank) const {
   if (rank >= int(shards_.size())) return 0;
-  return (shards_[size_t(rank)].size() + kShardPiece - 1) / kShardPiece;
+  return (shards_[size_t(rank)].size() + kMessagePiece - 1) / kMessagePiece;
 }
 
 ShardReader::PieceId ShardReader::next_of(PieceId p) const {
@@ -36,7 +36,7 @@ bool ShardReader::before(const PieceId& a, const PieceId& b) const {
 
 void ShardReader::receive_next() {
   const FlatRange shard = shards_[size_t(next_.rank)];
-  const int64_t count = std::min(kShardPiece, shard.size() - next_.index * kShardPiece);
+  const int64_t count = std::min(kMessagePiece, shard.size() - next_.index * kMessagePiece);
   buffer_.resize(size_t(largest_piece_));  // allocated at the first piece, then kept
   comm_.receive_piece(next_.rank, buffer_.data(), count);
   held_ = next_;
@@ -53,14 +53,14 @@ const float* ShardReader::read(int stream, int64_t begin, int64_t max_count, int
     *n = std::min(max_count, shard.end - begin);
     return local_[size_t(stream)] + begin;
   }
-  const PieceId want{stream, rank, (begin - shard.begin) / kShardPiece};
+  const PieceId want{stream, rank, (begin - shard.begin) / kMessagePiece};
   if (!(held_ == want)) {
     require(!before(want, next_), "ShardReader: read of stream {} at {} goes back to a piece already received",
             stream, begin);
     while (!(held_ == want)) receive_next();
   }
-  const int64_t piece_begin = shard.begin + want.index * kShardPiece;
-  const int64_t piece_end = std::min(shard.end, piece_begin + kShardPiece);
+  const int64_t piece_begin = shard.begin + want.index * kMessagePiece;
+  const int64_t piece_end = std::min(shard.end, piece_begin + kMessagePiece);
   *n = std::min(max_count, piece_end - begin);
   return buffer_.data() + (begin - piece_begin);
 }
@@ -71,8 +71,8 @@ void ShardReader::read_all(int stream, float* out) {
   std::copy_n(local_[size_t(stream)], shards_[0].size(), out);
   for (; !done(next_) && next_.stream == stream; next_ = next_of(next_)) {
     const FlatRange shard = shards_[size_t(next_.rank)];
-    const int64_t begin = shard.begin + next_.index * kShardPiece;
-    comm_.receive_piece(next_.rank, out + begin, std::min(kShardPiece, shard.end - begin));
+    const int64_t begin = shard.begin + next_.index * kMessagePiece;
+    comm_.receive_piece(next_.rank, out + begin, std::min(kMessagePiece, shard.end - begin));
   }
 }
 

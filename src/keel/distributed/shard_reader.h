@@ -1,7 +1,7 @@
 // Rank 0's side of a ZeRO-1 checkpoint. Every rank owns one shard of the flat optimizer state (the
 // Adam moments m and v, "streams" 0 and 1); a checkpoint needs them whole, in one file, without
 // rank 0 ever holding the whole of them: the other ranks send their shards with
-// Communicator::send_to_root (m, then v, in kShardPiece messages), and rank 0 reads the streams
+// Communicator::send_to_root (m, then v, in kMessagePiece messages), and rank 0 reads the streams
 // front to back, receiving each piece when it first needs it into one piece-sized buffer.
 //
 // Pieces arrive in one fixed order: stream by stream, and within a stream rank by rank (1, 2, ...),
@@ -37,7 +37,7 @@ class ShardReader {
  private:
   struct PieceId {
     int stream = 0, rank = 1;
-    int64_t index = 0;  // the index-th kShardPiece of that rank's shard
+    int64_t index = 0;  // the index-th kMessagePiece of that rank's shard
     bool operator==(const PieceId&) const = default;
   };
   bool done(const PieceId& p) const { return p.stream >= int(local_.size()); }

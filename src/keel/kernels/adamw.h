@@ -5,15 +5,9 @@
 #include <cstdint>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/shapes.h"
 
 namespace keel::kernels {
-
-// Hyper-parameters are doubles because torch keeps them as Python floats: 1 - beta1,
-// 1 - lr * weight_decay, beta2^t, ... are formed in double and only then rounded to fp32.
-struct AdamWStep {
-  double lr, beta1, beta2, eps;
-  int64_t step;  // counts from 1
-};
 
 // Updates n parameters in place. weight_decay is per call (0 for biases and norm weights).
 // If w_bf16 is not null it receives the bf16 copy of the updated weights (compute copy).

@@ -4,9 +4,9 @@
 #pragma once
 #include <cstdint>
 
-namespace keel::kernels {
+#include "keel/kernels/shapes.h"
 
-constexpr int32_t kIgnoreIndex = -100;  // label value that contributes neither loss nor gradient
+namespace keel::kernels {
 
 // logits: [rows, vocab] (row stride ld), overwritten by d(loss)/d(logits) * grad_scale
 // (softmax - onehot, times grad_scale; rows whose label is kIgnoreIndex get zeros).

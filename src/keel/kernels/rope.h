@@ -6,18 +6,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "keel/kernels/shapes.h"
+
 namespace keel::kernels {
-
-struct RopeTable {
-  int64_t rotary_dim = 0;   // even, <= head_dim
-  bool interleaved = false;
-  int64_t max_positions = 0;
-  // cos/sin [max_positions, rotary_dim/2], computed exactly as HF does: inv_freq in fp32,
-  // theta^(-2i/rotary_dim), angle = float(position) * inv_freq (fp32 product), then cos/sin.
-  std::vector<float> cos, sin;
-
-  static RopeTable build(int64_t rotary_dim, bool interleaved, double theta, int64_t max_positions);
-};
 
 // x: [tokens, heads, head_dim] with row stride ld (elements between consecutive tokens);
 // positions[tokens] index the table (must be < max_positions). Rotates in place.

@@ -10,13 +10,6 @@
 #include "keel/core/error.h"
 #include "keel/core/process_memory.h"
 #include "keel/core/threads.h"
-#include "keel/kernels/attention.h"
-#include "keel/kernels/cpu/vector_ops.h"
-#include "keel/kernels/cross_entropy.h"
-#include "keel/kernels/embedding.h"
-#include "keel/kernels/gemm.h"
-#include "keel/kernels/rmsnorm.h"
-#include "keel/kernels/swiglu.h"
 
 namespace keel::model {
 
@@ -29,33 +22,6 @@ namespace {
 int64_t lm_head_chunk_rows(int64_t vocab, int64_t tokens) {
   int64_t rows = (int64_t(8) << 20) / std::max<int64_t>(vocab, 1);
   return std::clamp<int64_t>(rows, 16, std::max<int64_t>(tokens, 1));
-}
-
-// Below this many elements an elementwise pass runs on the calling thread alone.
-constexpr int64_t kParallelMinElements = int64_t(1) << 15;
-
-void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols) {
-  parallel_for(rows, rows * cols >= kParallelMinElements, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      for (int64_t c = 0; c < cols; ++c) y[r * cols + c] += bias[c];
-  });
-}
-
-// db[c] += sum over rows of dy[r, c]; columns are split across threads so sums stay in row order.
-void accumulate_bias_grad(const float* dy, int64_t rows, int64_t cols, float* db) {
-  parallel_for(cols, rows * cols >= kParallelMinElements, [&](int64_t begin, int64_t end) {
-    for (int64_t c = begin; c < end; ++c) {
-      float sum = 0.0f;
-      for (int64_t r = 0; r < rows; ++r) sum += dy[r * cols + c];
-      db[c] += sum;
-    }
-  });
-}
-
-void add_into(float* dst, const float* a, const float* b, int64_t n) {
-  parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) dst[i] = a[i] + b[i];
-  });
 }
 
 // Declares the parameters in the order of the flat buffers (HF module order). Shared by the
@@ -77,6 +43,16 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
   }
   ids.final_norm = params.add("final_norm", {H}, false);
   ids.lm_head = c.tie_word_embeddings ? ids.embed : params.add("lm_head", {c.vocab_size, H}, true);
+}
+
+// What the plan and the constructor both refuse, before anything is laid out.
+void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_seq, const DecoderOptions& options) {
+  model::validate(config, "model");
+  require(options.optimizer_shards >= 1 && options.optimizer_shard >= 0 &&
+              options.optimizer_shard < options.optimizer_shards,
+          "decoder: optimizer shard {} of {} does not exist", options.optimizer_shard, options.optimizer_shards);
+  require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
+          max_batch, max_seq);
 }
 
 kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t batch, int64_t seq) {
@@ -206,8 +182,8 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
   // The attention kernel's per-thread blocks of scores and packed heads, used by every layer in
   // the forward and the backward pass.
   d.attention_workspace = add("attention.workspace", Cat::Workspace,
-                              int64_t(kernels::attention_workspace_bytes(attention_shape(c, max_batch, max_seq),
-                                                                         attention_matmul(precision), max_threads())),
+                              int64_t(backend_of(options).attention_workspace_bytes(attention_shape(c, max_batch, max_seq),
+                                                                                      attention_matmul(precision))),
                               1, t.forward(0), backward_last);
 
   // The rotary table is a kernels::RopeTable (std::vector) built once: counted, not in the arena.
@@ -219,12 +195,7 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
 
 MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
                                const DecoderOptions& options) {
-  model::validate(config, "model");
-  require(options.optimizer_shards >= 1 && options.optimizer_shard >= 0 &&
-              options.optimizer_shard < options.optimizer_shards,
-          "decoder: optimizer shard {} of {} does not exist", options.optimizer_shard, options.optimizer_shards);
-  require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
-          max_batch, max_seq);
+  check_arguments(config, max_batch, max_seq, options);
   ParamStore params;
   DecoderParamIds ids;
   declare_params(config, params, ids);
@@ -330,13 +301,13 @@ struct Decoder::TransientScope {
 
 Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
                  const DecoderOptions& options)
-    : config_(config), precision_(precision), max_batch_(max_batch), max_seq_(max_seq), options_(options) {
-  model::validate(config_, "model");
-  require(options.optimizer_shards >= 1 && options.optimizer_shard >= 0 &&
-              options.optimizer_shard < options.optimizer_shards,
-          "decoder: optimizer shard {} of {} does not exist", options.optimizer_shard, options.optimizer_shards);
-  require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
-          max_batch, max_seq);
+    : config_(config),
+      precision_(precision),
+      max_batch_(max_batch),
+      max_seq_(max_seq),
+      options_(options),
+      backend_(backend_of(options)) {
+  check_arguments(config_, max_batch, max_seq, options);
   const auto& c = config_;
   declare_params(c, params_, ids_);
   buf_ = std::make_unique<Buffers>();
@@ -351,7 +322,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   const auto& buffers = plan_.buffers();
   b.at.assign(buffers.size(), nullptr);
   if (options_.memory_planning == MemoryPlanning::Planned) {
-    arena_ = Arena(plan_.arena_bytes());
+    arena_ = backend_.allocate(plan_.arena_bytes());
     for (size_t id = 0; id < buffers.size(); ++id)
       if (buffers[id].in_arena) b.at[id] = arena_.at<std::byte>(buffers[id].offset);
   } else {
@@ -362,7 +333,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     for (int id : persistent)
       if (id >= 0) kept_ids.push_back({id, kept.add(buffers[size_t(id)].name, buffers[size_t(id)].category,
                                                      buffers[size_t(id)].bytes, 0, 0)});
-    arena_ = Arena(kept.arena_bytes());
+    arena_ = backend_.allocate(kept.arena_bytes());
     for (auto [id, kept_id] : kept_ids) b.at[size_t(id)] = arena_.at<std::byte>(kept.offset(kept_id));
     for (size_t id = 0; id < buffers.size(); ++id)
       if (buffers[id].in_arena && !b.at[id]) b.transient_ids.push_back(int(id));
@@ -378,7 +349,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   b.bind(plan_);
   // Every attention GEMM plan a step can need, on every thread, now: packed documents change the
   // shapes from step to step, and a plan built inside the step loop would allocate there.
-  kernels::prepare_attention_blocked(attention_shape(c, 1, max_seq_), attention_matmul(precision_));
+  backend_.prepare_attention(attention_shape(c, 1, max_seq_), attention_matmul(precision_));
 }
 
 Decoder::~Decoder() = default;
@@ -420,79 +391,71 @@ void Decoder::validate(const MicroBatch& mb) const {
 namespace {
 
 struct Linear {
+  kernels::Backend& backend;
   bool bf;
   int64_t rows;  // tokens
   // y[rows, out] (+)= x[rows, in] W[out, in]^T
   void forward(const float* x, const bf16* xb, const float* w, const bf16* wb, int64_t in, int64_t out, float* y,
                float beta) const {
-    auto s = kernels::packed_gemm(Trans::N, Trans::T, rows, out, in);
-    if (bf)
-      kernels::gemm_bf16(s, xb, wb, y, beta);
-    else
-      kernels::gemm_f32(s, x, w, y, beta);
+    product(kernels::packed_gemm(Trans::N, Trans::T, rows, out, in), x, xb, w, wb, y, beta);
   }
   // dx[rows, in] = dy[rows, out] W[out, in]
   void backward_input(const float* dy, const bf16* dyb, const float* w, const bf16* wb, int64_t in, int64_t out,
                       float* dx) const {
-    auto s = kernels::packed_gemm(Trans::N, Trans::N, rows, in, out);
-    if (bf)
-      kernels::gemm_bf16(s, dyb, wb, dx, 0.0f);
-    else
-      kernels::gemm_f32(s, dy, w, dx, 0.0f);
+    product(kernels::packed_gemm(Trans::N, Trans::N, rows, in, out), dy, dyb, w, wb, dx, 0.0f);
   }
   // dW[out, in] += dy[rows, out]^T x[rows, in]
   void backward_weight(const float* dy, const bf16* dyb, const float* x, const bf16* xb, int64_t in, int64_t out,
                        float* dw) const {
-    auto s = kernels::packed_gemm(Trans::T, Trans::N, out, in, rows);
+    product(kernels::packed_gemm(Trans::T, Trans::N, out, in, rows), dy, dyb, x, xb, dw, 1.0f);
+  }
+  // In bf16 the products read the operands' bf16 copies, in fp32 the operands themselves.
+  void product(const kernels::GemmShape& s, const float* a, const bf16* ab, const float* b, const bf16* bb, float* c,
+               float beta) const {
     if (bf)
-      kernels::gemm_bf16(s, dyb, xb, dw, 1.0f);
+      backend.gemm_bf16(s, ab, bb, c, beta);
     else
-      kernels::gemm_f32(s, dy, x, dw, 1.0f);
+      backend.gemm(s, a, b, c, beta);
   }
 };
 
-// The GEMM inputs' bf16 copies, through the dispatched row kernel (AVX-512 where present).
-void to_bf16(const float* src, bf16* dst, int64_t n) {
-  if (!dst) return;
-  const auto& ops = kernels::vector_ops();
-  parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
-    ops.scale_to_bf16(src + begin, 1.0f, dst + begin, end - begin);
-  });
-}
-
 }  // namespace
+
+void Decoder::to_bf16(const float* src, bf16* dst, int64_t n) {
+  if (dst) backend_.cast_to_bf16(src, dst, n);
+}
 
 void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, const BlockActivations& a,
                             float* x_out) {
   const auto& c = config_;
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size;
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
-  Linear lin{precision_ == Precision::BF16, N};
+  Linear lin{backend_, precision_ == Precision::BF16, N};
   auto& P = params_;
   const auto& p = ids_.layers[l];
   const kernels::AttentionShape as = attention_shape(c, mb.batch, mb.seq);
 
-  kernels::rmsnorm_forward(x, P.weight(p.input_norm), N, H, c.rms_norm_eps, a.xn1, a.rstd1);
+  backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, c.rms_norm_eps, a.xn1, a.rstd1);
   to_bf16(a.xn1, a.xn1_b, N * H);
   lin.forward(a.xn1, a.xn1_b, P.weight(p.qkv_weight), P.weight_bf16(p.qkv_weight), H, QKV, a.qkv, 0.0f);
-  if (p.qkv_bias >= 0) add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
-  kernels::rope_forward(a.qkv, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
-  kernels::rope_forward(a.qkv + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
-  kernels::attention_forward_blocked(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV,
+  if (p.qkv_bias >= 0) backend_.add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
+  backend_.rope_forward(a.qkv, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
+  backend_.rope_forward(a.qkv + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
+  backend_.attention_forward(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV,
                                      mb.segments, a.attn, a.lse, buf_->attention_workspace,
                                      buf_->attention_workspace_bytes);
   to_bf16(a.attn, a.attn_b, N * Q);
-  std::memcpy(a.xmid, x, sizeof(float) * N * H);
+  backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
   lin.forward(a.attn, a.attn_b, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, a.xmid, 1.0f);
 
-  kernels::rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, c.rms_norm_eps, a.xn2, a.rstd2);
+  backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, c.rms_norm_eps, a.xn2, a.rstd2);
   to_bf16(a.xn2, a.xn2_b, N * H);
   lin.forward(a.xn2, a.xn2_b, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I, a.gate_up,
               0.0f);
-  kernels::swiglu_forward(a.gate_up, N, I, a.act);
+  backend_.swiglu_forward(a.gate_up, N, I, a.act);
   to_bf16(a.act, a.act_b, N * I);
   if (!x_out) return;  // recomputation: the down projection's output is already the next input
-  std::memcpy(x_out, a.xmid, sizeof(float) * N * H);
+  backend_.copy_on_device(x_out, a.xmid, sizeof(float) * N * H);
   lin.forward(a.act, a.act_b, P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, x_out, 1.0f);
 }
 
@@ -502,9 +465,9 @@ void Decoder::forward(const MicroBatch& mb) {
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, L = c.num_layers;
   auto& P = params_;
 
-  kernels::embedding_forward(mb.input_ids, N, P.weight(ids_.embed), H, b.x[0]);
+  backend_.embedding_forward(mb.input_ids, N, P.weight(ids_.embed), H, b.x[0]);
   for (int64_t l = 0; l < L; ++l) forward_block(mb, l, b.x[l], b.forward[l], b.x[l + 1]);
-  kernels::rmsnorm_forward(b.x[L], P.weight(ids_.final_norm), N, H, c.rms_norm_eps, b.xn_final, b.rstd_final);
+  backend_.rmsnorm_forward(b.x[L], P.weight(ids_.final_norm), N, H, c.rms_norm_eps, b.xn_final, b.rstd_final);
   to_bf16(b.xn_final, b.xn_final_b, N * H);
 }
 
@@ -520,11 +483,11 @@ double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backw
   double loss = 0.0;
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
-    Linear lin{bf, rows};
+    Linear lin{backend_, bf, rows};
     const float* xn = b.xn_final + r0 * H;
     const bf16* xnb = bf ? b.xn_final_b + r0 * H : nullptr;
     lin.forward(xn, xnb, P.weight(ids_.lm_head), P.weight_bf16(ids_.lm_head), H, V, b.logits, 0.0f);
-    loss += kernels::cross_entropy_forward_backward(b.logits, V, mb.targets + r0, rows, V, grad_scale);
+    loss += backend_.cross_entropy_forward_backward(b.logits, V, mb.targets + r0, rows, V, grad_scale);
     if (!backward) continue;
     to_bf16(b.logits, b.logits_b, rows * V);
     lin.backward_input(b.logits, b.logits_b, P.weight(ids_.lm_head), P.weight_bf16(ids_.lm_head), H, V,
@@ -541,10 +504,10 @@ void Decoder::backward(const MicroBatch& mb) {
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size, L = c.num_layers;
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   const bool bf = precision_ == Precision::BF16;
-  Linear lin{bf, N};
+  Linear lin{backend_, bf, N};
   bf16* dyb = bf ? b.dy_b : nullptr;
 
-  kernels::rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), b.rstd_final, b.dnorm, N, H, b.dx,
+  backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), b.rstd_final, b.dnorm, N, H, b.dx,
                             P.grad(ids_.final_norm));
   grad_ready(ids_.final_norm);
   const kernels::AttentionShape as = attention_shape(c, mb.batch, mb.seq);
@@ -562,13 +525,13 @@ void Decoder::backward(const MicroBatch& mb) {
     to_bf16(b.dx, dyb, N * H);
     lin.backward_input(b.dx, dyb, P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, b.d_act);
     lin.backward_weight(b.dx, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
-    kernels::swiglu_backward(a.gate_up, b.d_act, N, I, b.d_gate_up);
+    backend_.swiglu_backward(a.gate_up, b.d_act, N, I, b.d_gate_up);
     to_bf16(b.d_gate_up, dyb, N * 2 * I);
     lin.backward_input(b.d_gate_up, dyb, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I,
                        b.dnorm);
     lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight));
-    kernels::rmsnorm_backward(a.xmid, P.weight(p.post_norm), a.rstd2, b.dnorm, N, H, b.dtmp, P.grad(p.post_norm));
-    add_into(b.dh, b.dx, b.dtmp, N * H);
+    backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), a.rstd2, b.dnorm, N, H, b.dtmp, P.grad(p.post_norm));
+    backend_.add(b.dh, b.dx, b.dtmp, N * H);
     for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) grad_ready(id);
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x)))))
@@ -576,20 +539,20 @@ void Decoder::backward(const MicroBatch& mb) {
     lin.backward_input(b.dh, dyb, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, b.d_attn);
     lin.backward_weight(b.dh, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
     float* dq = b.d_qkv;
-    kernels::attention_backward_blocked(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV,
+    backend_.attention_backward(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV,
                                         mb.segments, a.attn, a.lse, b.d_attn, dq, dq + Q, dq + Q + KV,
                                         b.attention_workspace, b.attention_workspace_bytes);
-    kernels::rope_backward(dq, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
-    kernels::rope_backward(dq + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
-    if (p.qkv_bias >= 0) accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));
+    backend_.rope_backward(dq, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
+    backend_.rope_backward(dq + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
+    if (p.qkv_bias >= 0) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));
     to_bf16(b.d_qkv, dyb, N * QKV);
     lin.backward_input(b.d_qkv, dyb, P.weight(p.qkv_weight), P.weight_bf16(p.qkv_weight), H, QKV, b.dnorm);
     lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
-    kernels::rmsnorm_backward(x, P.weight(p.input_norm), a.rstd1, b.dnorm, N, H, b.dtmp, P.grad(p.input_norm));
-    add_into(b.dx, b.dh, b.dtmp, N * H);
+    backend_.rmsnorm_backward(x, P.weight(p.input_norm), a.rstd1, b.dnorm, N, H, b.dtmp, P.grad(p.input_norm));
+    backend_.add(b.dx, b.dh, b.dtmp, N * H);
     for (int id : {p.o_weight, p.qkv_bias, p.qkv_weight, p.input_norm}) grad_ready(id);
   }
-  kernels::embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, P.grad(ids_.embed));
+  backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, P.grad(ids_.embed));
   grad_ready(ids_.embed);
 }
 
@@ -616,7 +579,7 @@ void Decoder::logits_at(const MicroBatch& mb, const int64_t* rows, int64_t count
   forward(mb);
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   const bool bf = precision_ == Precision::BF16;
-  Linear lin{bf, 1};
+  Linear lin{backend_, bf, 1};
   for (int64_t i = 0; i < count; ++i) {
     require(rows[i] >= 0 && rows[i] < mb.batch * mb.seq, "logits_at: row {} out of range", rows[i]);
     lin.forward(buf_->xn_final + rows[i] * H, bf ? buf_->xn_final_b + rows[i] * H : nullptr,

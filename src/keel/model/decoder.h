@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "keel/core/memory_plan.h"
-#include "keel/kernels/rope.h"
+#include "keel/kernels/backend.h"
 #include "keel/model/config.h"
 #include "keel/model/params.h"
 
@@ -67,7 +67,13 @@ struct DecoderOptions {
   // `optimizer_shards` data-parallel ranks (keel::shard_ranges of the flat parameter buffer) and
   // this decoder plans and holds shard `optimizer_shard` of it.
   int optimizer_shards = 1, optimizer_shard = 0;
+  // Where the step computes and its arena lives; nullptr: kernels::default_backend() (the CPU).
+  kernels::Backend* backend = nullptr;
 };
+
+inline kernels::Backend& backend_of(const DecoderOptions& options) {
+  return options.backend ? *options.backend : kernels::default_backend();
+}
 
 // Positions on the abstract timeline of one training step that the decoder's memory plan uses:
 // 0 holds what lives across steps, then one position per block forward, the LM head (final norm,
@@ -113,9 +119,11 @@ class Decoder {
   double forward_backward(const MicroBatch& batch, double grad_scale);
   // Called with a parameter's index (into params().params()) as soon as the backward pass has
   // made its gradient final: in reverse parameter order, the LM head first and the embedding last
-  // (a tied embedding only at the very end). Data parallel uses it to start a gradient bucket's
-  // allreduce while the backward pass goes on. An empty function turns it off.
-  void set_grad_ready_hook(std::function<void(int param)> hook) { grad_ready_ = std::move(hook); }
+  // (a tied embedding only at the very end), with the backend's event after the write (a device
+  // communicator waits for it). Data parallel uses it to start a gradient bucket's allreduce while
+  // the backward pass goes on. An empty function turns it off.
+  using GradReadyHook = std::function<void(int param, ComputeEvent written)>;
+  void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
 
   // Forward only: the sum of the token losses (for evaluation).
   double forward_loss(const MicroBatch& batch);
@@ -131,6 +139,7 @@ class Decoder {
   const MemoryPlan& memory_plan() const { return plan_; }
   size_t arena_bytes() const { return arena_.size(); }
   const DecoderOptions& options() const { return options_; }
+  kernels::Backend& backend() const { return backend_; }
 
  private:
   struct Buffers;
@@ -144,20 +153,22 @@ class Decoder {
   double lm_head_loss(const MicroBatch& batch, double grad_scale, bool backward);
   void backward(const MicroBatch& batch);
   void validate(const MicroBatch& batch) const;
+  void to_bf16(const float* src, bf16* dst, int64_t n);  // a GEMM input's bf16 copy, if planned
 
   ModelConfig config_;
   Precision precision_;
   int64_t max_batch_, max_seq_;
   DecoderOptions options_;
+  kernels::Backend& backend_;
   MemoryPlan plan_;
   Arena arena_;
   ParamStore params_;
   DecoderParamIds ids_;
   kernels::RopeTable rope_;
   std::unique_ptr<Buffers> buf_;
-  std::function<void(int)> grad_ready_;
+  GradReadyHook grad_ready_;
   void grad_ready(int param) const {
-    if (grad_ready_ && param >= 0) grad_ready_(param);
+    if (grad_ready_ && param >= 0) grad_ready_(param, backend_.record_event());
   }
 };
 

@@ -6,23 +6,17 @@
 #include <numeric>
 
 #include "keel/core/error.h"
-#include "keel/kernels/embedding.h"
-#include "keel/kernels/gemm.h"
-#include "keel/kernels/rmsnorm.h"
-#include "keel/kernels/swiglu.h"
 
 namespace keel::model {
-namespace {
 
 // y[rows, out] (+)= x[rows, in] W[out, in]^T, in fp32.
-void linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y, float beta) {
-  kernels::gemm_f32(kernels::packed_gemm(kernels::Trans::N, kernels::Trans::T, rows, out, in), x, w, y, beta);
+void Generator::linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
+                       float beta) {
+  backend_.gemm(kernels::packed_gemm(kernels::Trans::N, kernels::Trans::T, rows, out, in), x, w, y, beta);
 }
 
-}  // namespace
-
 Generator::Generator(const Decoder& decoder, int64_t max_length)
-    : decoder_(decoder), c_(decoder.config()), max_length_(max_length) {
+    : decoder_(decoder), backend_(decoder.backend()), c_(decoder.config()), max_length_(max_length) {
   require(max_length > 0, "generation: max_length must be positive");
   rope_ = kernels::RopeTable::build(c_.rotary_dim, c_.rope_interleaved, c_.rope_theta, max_length);
   k_cache_.assign(c_.num_layers, std::vector<float>(size_t(max_length * c_.kv_size())));
@@ -34,67 +28,41 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
   const auto& P = decoder_.params();
   const auto& I = decoder_.ids();
   const int64_t H = c_.hidden_size, Q = c_.q_size(), KV = c_.kv_size(), QKV = Q + 2 * KV, D = c_.head_dim;
-  const int64_t inter = c_.intermediate_size, group = c_.num_heads / c_.num_kv_heads;
+  const int64_t inter = c_.intermediate_size;
   for (int64_t i = 0; i < n; ++i)
     require(ids[i] >= 0 && ids[i] < c_.vocab_size, "generation: token id {} is outside the vocabulary", ids[i]);
   x_.resize(n * H), xn_.resize(n * H), qkv_.resize(n * QKV), attn_.resize(n * Q), h_.resize(n * H);
-  gate_up_.resize(n * 2 * inter), act_.resize(n * inter), scores_.resize(position + n);
+  gate_up_.resize(n * 2 * inter), act_.resize(n * inter);
   std::vector<float> rstd(n);
   std::vector<int32_t> positions(n);
   std::iota(positions.begin(), positions.end(), int32_t(position));
-  kernels::embedding_forward(ids, n, P.weight(I.embed), H, x_.data());
-  const double scale = 1.0 / std::sqrt(double(D));
+  backend_.embedding_forward(ids, n, P.weight(I.embed), H, x_.data());
   for (int64_t l = 0; l < c_.num_layers; ++l) {
     const auto& p = I.layers[l];
-    kernels::rmsnorm_forward(x_.data(), P.weight(p.input_norm), n, H, c_.rms_norm_eps, xn_.data(), rstd.data());
+    backend_.rmsnorm_forward(x_.data(), P.weight(p.input_norm), n, H, c_.rms_norm_eps, xn_.data(), rstd.data());
     linear(xn_.data(), P.weight(p.qkv_weight), n, H, QKV, qkv_.data(), 0.0f);
-    if (p.qkv_bias >= 0)
-      for (int64_t t = 0; t < n; ++t)
-        for (int64_t j = 0; j < QKV; ++j) qkv_[t * QKV + j] += P.weight(p.qkv_bias)[j];
-    kernels::rope_forward(qkv_.data(), QKV, positions.data(), n, c_.num_heads, D, rope_);
-    kernels::rope_forward(qkv_.data() + Q, QKV, positions.data(), n, c_.num_kv_heads, D, rope_);
+    if (p.qkv_bias >= 0) backend_.add_bias_rows(qkv_.data(), P.weight(p.qkv_bias), n, QKV);
+    backend_.rope_forward(qkv_.data(), QKV, positions.data(), n, c_.num_heads, D, rope_);
+    backend_.rope_forward(qkv_.data() + Q, QKV, positions.data(), n, c_.num_kv_heads, D, rope_);
     float* kc = k_cache_[l].data();
     float* vc = v_cache_[l].data();
     for (int64_t t = 0; t < n; ++t) {
       std::memcpy(kc + (position + t) * KV, qkv_.data() + t * QKV + Q, sizeof(float) * KV);
       std::memcpy(vc + (position + t) * KV, qkv_.data() + t * QKV + Q + KV, sizeof(float) * KV);
     }
-    // Causal attention of the new positions over the cache (softmax in double for stability).
-    for (int64_t t = 0; t < n; ++t) {
-      const int64_t keys = position + t + 1;
-      for (int64_t h = 0; h < c_.num_heads; ++h) {
-        const float* q = qkv_.data() + t * QKV + h * D;
-        const int64_t kvh = h / group;
-        double max_score = -1e300;
-        for (int64_t j = 0; j < keys; ++j) {
-          const float* k = kc + j * KV + kvh * D;
-          double s = 0;
-          for (int64_t d = 0; d < D; ++d) s += double(q[d]) * double(k[d]);
-          scores_[j] = float(s * scale);
-          max_score = std::max(max_score, double(scores_[j]));
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < keys; ++j) sum += std::exp(double(scores_[j]) - max_score);
-        float* out = attn_.data() + t * Q + h * D;
-        std::fill(out, out + D, 0.0f);
-        for (int64_t j = 0; j < keys; ++j) {
-          const float w = float(std::exp(double(scores_[j]) - max_score) / sum);
-          const float* v = vc + j * KV + kvh * D;
-          for (int64_t d = 0; d < D; ++d) out[d] += w * v[d];
-        }
-      }
-    }
+    backend_.cached_attention(qkv_.data(), QKV, n, position, kc, vc, c_.num_heads, c_.num_kv_heads, D,
+                              attn_.data());
     std::memcpy(h_.data(), x_.data(), sizeof(float) * n * H);
     linear(attn_.data(), P.weight(p.o_weight), n, Q, H, h_.data(), 1.0f);
-    kernels::rmsnorm_forward(h_.data(), P.weight(p.post_norm), n, H, c_.rms_norm_eps, xn_.data(), rstd.data());
+    backend_.rmsnorm_forward(h_.data(), P.weight(p.post_norm), n, H, c_.rms_norm_eps, xn_.data(), rstd.data());
     linear(xn_.data(), P.weight(p.gate_up_weight), n, H, 2 * inter, gate_up_.data(), 0.0f);
-    kernels::swiglu_forward(gate_up_.data(), n, inter, act_.data());
+    backend_.swiglu_forward(gate_up_.data(), n, inter, act_.data());
     std::memcpy(x_.data(), h_.data(), sizeof(float) * n * H);
     linear(act_.data(), P.weight(p.down_weight), n, inter, H, x_.data(), 1.0f);
   }
   // Only the last position's logits are needed to continue.
   const float* last = x_.data() + (n - 1) * H;
-  kernels::rmsnorm_forward(last, P.weight(I.final_norm), 1, H, c_.rms_norm_eps, xn_.data(), rstd.data());
+  backend_.rmsnorm_forward(last, P.weight(I.final_norm), 1, H, c_.rms_norm_eps, xn_.data(), rstd.data());
   logits_.resize(c_.vocab_size);
   linear(xn_.data(), P.weight(I.lm_head), 1, H, c_.vocab_size, logits_.data(), 0.0f);
   return logits_;

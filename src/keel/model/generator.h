@@ -35,13 +35,15 @@ class Generator {
 
  private:
   int32_t sample(const SamplingOptions& options);
+  void linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y, float beta);
 
   const Decoder& decoder_;
+  kernels::Backend& backend_;
   const ModelConfig& c_;
   int64_t max_length_;
   kernels::RopeTable rope_;
   std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer [max_length, kv_heads * head_dim]
-  std::vector<float> x_, xn_, qkv_, attn_, h_, gate_up_, act_, scores_, logits_;
+  std::vector<float> x_, xn_, qkv_, attn_, h_, gate_up_, act_, logits_;
   std::mt19937_64 rng_;
 };
 

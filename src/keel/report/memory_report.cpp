@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "keel/core/error.h"
-#include "keel/distributed/mpi_communicator.h"
+#include "keel/distributed/communicator.h"
 #include "keel/model/decoder.h"
 #include "keel/run/model_setup.h"
 
@@ -104,11 +104,11 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   if (shape.dp > 1) {
     // Gradient buckets (distributed::GradBuckets) are contiguous ranges of the gradient buffer, reduced in
     // place by one communication thread, one bucket at a time, handed to MPI in pieces of at most
-    // distributed::kMpiReducePiece floats. What they cost is MPI itself and the reduction's scratch for one
+    // distributed::kMessagePiece floats. What they cost is MPI itself and the reduction's scratch for one
     // piece: MPI_Allreduce's temporaries, or, for deterministic_reduce, the buffer every rank's piece
     // is gathered into (kept from the first step on).
     const size_t bucket = std::min({size_t(r.bucket_size_mb * double(1 << 20)), param_elements * sizeof(float),
-                                    size_t(distributed::kMpiReducePiece) * sizeof(float)});
+                                    size_t(distributed::kMessagePiece) * sizeof(float)});
     plan.add_external("MPI (library, shared-memory transport)", MemoryCategory::Communication, kMpiBytes, 0, end);
     if (r.deterministic_reduce)
       plan.add_external("rank-ordered reduction buffer (bucket x dp)", MemoryCategory::Communication,
@@ -137,7 +137,7 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   else if (!r.checkpoint_dir.empty() && shards > 1)
     plan.add_external("checkpoint receive buffer (one piece of another rank's moments)",
                       MemoryCategory::CheckpointStaging,
-                      size_t(std::min<int64_t>(distributed::kShardPiece, int64_t((param_elements + shards - 1) / shards))) *
+                      size_t(std::min<int64_t>(distributed::kMessagePiece, int64_t((param_elements + shards - 1) / shards))) *
                           sizeof(float),
                       1, end);
   plan.add_external("libraries while training", MemoryCategory::Runtime, kStepRuntimeBytes, 1, end);
@@ -282,22 +282,9 @@ MemoryReport memory_report_json(const run::Recipe& r, const PlanRequest& request
 
 namespace {
 
-// The text of memory_report; sets `fits` when a limit was given.
-std::string memory_report_text(const run::Recipe& r, const PlanRequest& request, std::optional<bool>& fits) {
-  const auto config = run::recipe_model_config(r);
-  run::require_sequence_fits_model(r, config);
-  const bool bf16 = run::recipe_precision(r) == model::Precision::BF16;
-  const RunShape shape = requested_shape(r, request);
-  const size_t device = request.device_memory_bytes;
-  const size_t pool = gib(r.memory_pool_size);
-
-  auto evaluate = [&](Candidate& c) {
-    const auto plan = training_memory_plan(r, config, c.shape);
-    c.total = plan.total_bytes();
-    c.arena = plan.arena_bytes();
-    c.fits = within_limits(c.total, c.arena, device, pool);
-  };
-
+// What the report says of the configured run: the model, the run, the per-category breakdown.
+std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape,
+                                 bool bf16) {
   const auto plan = training_memory_plan(r, config, shape);
   std::string out;
   out += fmt::format("keel plan: {}\n", r.source);
@@ -319,30 +306,14 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
                            arena_peak, other_peak);
   out += breakdown_lines(plan, shape, bf16);
   out += "  (not planned: the training records held in memory, 8 bytes per token)\n\n";
+  return out;
+}
 
-  Candidate configured{shape, {}, 0};
-  evaluate(configured);
-  if (device != 0 || pool != 0) fits = configured.fits;
-  if (device == 0 && pool == 0) {
-    out += "fits: not checked (give --device-memory, or memory_pool_size in the recipe)\n";
-    return out;
-  }
-  std::vector<std::string> limits;
-  if (device) limits.push_back(fmt::format("{} of device memory per rank", format_bytes(double(device))));
-  if (pool) limits.push_back(fmt::format("memory_pool_size {} for the arena", format_bytes(double(pool))));
-  const std::string limit_text = fmt::format("{}", fmt::join(limits, " and "));
-  if (configured.fits) {
-    out += fmt::format("fits: yes, within {}", limit_text);
-    if (device) out += fmt::format(" ({} to spare)", format_bytes(double(device - configured.total)));
-    out += "\n";
-    return out;
-  }
-  out += fmt::format("fits: NO: needs {} per rank (arena {}), over {}\n", format_bytes(double(configured.total)),
-                     format_bytes(double(configured.arena)), limit_text);
-
-  // What to change: every combination of ZeRO-1, gradient checkpointing, smaller micro-batches
-  // (the accumulation grows so the global batch stays) and shorter sequences, each planned.
-  std::vector<Candidate> candidates;
+// Every combination of ZeRO-1, synchronous saves, gradient checkpointing, smaller micro-batches
+// (the accumulation grows so the global batch stays) and shorter sequences that differs from the
+// configured run, with its changes in words and a cost (lower changes less of the run); not yet
+// planned.
+std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape) {
   std::vector<int> zero_options{shape.zero_stage};
   if (shape.zero_stage == 0 && shape.dp > 1) zero_options.push_back(1);
   std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
@@ -354,6 +325,7 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
   for (int64_t s = shape.max_seq_len; s % 2 == 0 && s / 2 >= 256;) seqs.push_back(s /= 2);
   std::vector<bool> async_options{r.async_save && !r.checkpoint_dir.empty()};
   if (async_options[0]) async_options.push_back(false);
+  std::vector<Candidate> candidates;
   for (int zero : zero_options)
     for (bool ckpt : checkpointing_options)
       for (bool async_save : async_options)
@@ -388,12 +360,15 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
               c.changes.push_back(fmt::format("max_seq_len = {}", seqs[si]));
               c.cost += 8 + 2 * int(si);  // changes what the model sees: last resort
             }
-            if (c.changes.empty()) continue;
-            evaluate(c);
-            candidates.push_back(std::move(c));
+            if (!c.changes.empty()) candidates.push_back(std::move(c));
           }
+  return candidates;
+}
 
-  out += "\nwhat to change (each planned with the same planner):\n";
+// The planned alternatives in words: the best setting of each knob alone, then the recommended
+// change (the fewest changes that fit, the mildest first), or, when nothing fits, why.
+std::string advice_lines(const std::vector<Candidate>& candidates, const model::ModelConfig& config, bool bf16) {
+  std::string out = "\nwhat to change (each planned with the same planner):\n";
   out += fmt::format("  {:>12}  {:<5} {}\n", "per rank", "fits", "change");
   auto line = [&](const Candidate& c) {
     out += fmt::format("  {:>12}  {:<5} {}\n", format_bytes(double(c.total)), c.fits ? "yes" : "no",
@@ -433,6 +408,46 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
                      fmt::join(smallest->changes, " + "), format_bytes(double(smallest->total)),
                      format_bytes(double(floor)));
   return out;
+}
+
+// The text of memory_report; sets `fits` when a limit was given.
+std::string memory_report_text(const run::Recipe& r, const PlanRequest& request, std::optional<bool>& fits) {
+  const auto config = run::recipe_model_config(r);
+  run::require_sequence_fits_model(r, config);
+  const bool bf16 = run::recipe_precision(r) == model::Precision::BF16;
+  const RunShape shape = requested_shape(r, request);
+  const size_t device = request.device_memory_bytes;
+  const size_t pool = gib(r.memory_pool_size);
+  auto evaluate = [&](Candidate& c) {
+    const auto plan = training_memory_plan(r, config, c.shape);
+    c.total = plan.total_bytes();
+    c.arena = plan.arena_bytes();
+    c.fits = within_limits(c.total, c.arena, device, pool);
+  };
+
+  std::string out = configured_run_lines(r, config, shape, bf16);
+  Candidate configured{shape, {}, 0};
+  evaluate(configured);
+  if (device == 0 && pool == 0) {
+    out += "fits: not checked (give --device-memory, or memory_pool_size in the recipe)\n";
+    return out;
+  }
+  fits = configured.fits;
+  std::vector<std::string> limits;
+  if (device) limits.push_back(fmt::format("{} of device memory per rank", format_bytes(double(device))));
+  if (pool) limits.push_back(fmt::format("memory_pool_size {} for the arena", format_bytes(double(pool))));
+  const std::string limit_text = fmt::format("{}", fmt::join(limits, " and "));
+  if (configured.fits) {
+    out += fmt::format("fits: yes, within {}", limit_text);
+    if (device) out += fmt::format(" ({} to spare)", format_bytes(double(device - configured.total)));
+    out += "\n";
+    return out;
+  }
+  out += fmt::format("fits: NO: needs {} per rank (arena {}), over {}\n", format_bytes(double(configured.total)),
+                     format_bytes(double(configured.arena)), limit_text);
+  std::vector<Candidate> candidates = alternatives(r, shape);
+  for (auto& c : candidates) evaluate(c);
+  return out + advice_lines(candidates, config, bf16);
 }
 
 }  // namespace

@@ -31,7 +31,4 @@ struct RunSummary {
 std::string summary_table(const RunSummary& s);
 std::string summary_json(const RunSummary& s);
 
-// Peak resident set size of this process so far (VmHWM), in bytes; 0 if unknown.
-int64_t peak_rss_bytes();
-
 }  // namespace keel::report

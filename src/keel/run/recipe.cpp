@@ -17,13 +17,34 @@ std::string toml_quote(const std::string& s);
 
 namespace {
 
-using Member = std::variant<std::string Recipe::*, int64_t Recipe::*, double Recipe::*, bool Recipe::*>;
-
-struct Field {
+// One key of a TOML table and the member of S it fills: the tables below are the only place each
+// key is spelled, for parsing, printing (recipe_to_toml) and the list of valid keys alike.
+template <class S>
+struct FieldOf {
   const char* key;
-  Member member;
+  std::variant<std::string S::*, int64_t S::*, double S::*, bool S::*> member;
   const char* alias = nullptr;  // second accepted name (cann-recipes-train spelling)
 };
+using Field = FieldOf<Recipe>;
+
+// [model_config]: a new model's architecture.
+const std::vector<FieldOf<ScratchModel>>& model_config_fields() {
+  static const std::vector<FieldOf<ScratchModel>> table = {
+      {"family", &ScratchModel::family},
+      {"vocab_size", &ScratchModel::vocab_size},
+      {"hidden_size", &ScratchModel::hidden_size},
+      {"intermediate_size", &ScratchModel::intermediate_size},
+      {"num_layers", &ScratchModel::num_layers},
+      {"num_heads", &ScratchModel::num_heads},
+      {"num_kv_heads", &ScratchModel::num_kv_heads},
+      {"head_dim", &ScratchModel::head_dim},
+      {"max_position_embeddings", &ScratchModel::max_position_embeddings},
+      {"rope_theta", &ScratchModel::rope_theta},
+      {"rms_norm_eps", &ScratchModel::rms_norm_eps},
+      {"tie_word_embeddings", &ScratchModel::tie_word_embeddings},
+  };
+  return table;
+}
 
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
@@ -64,6 +85,7 @@ const std::vector<Field>& fields() {
       {"topology", &Recipe::topology, "hccl_topology"},
       {"memory_pool_size", &Recipe::memory_pool_size},
       {"memory_planning", &Recipe::memory_planning},
+      {"backend", &Recipe::backend},
       {"checkpoint_dir", &Recipe::checkpoint_dir},
       {"save_interval", &Recipe::save_interval},
       {"async_save", &Recipe::async_save},
@@ -78,10 +100,11 @@ const std::vector<Field>& fields() {
 }
 
 const std::vector<std::string>& model_config_keys() {
-  static const std::vector<std::string> keys = {
-      "family",      "vocab_size", "hidden_size", "intermediate_size",       "num_layers",
-      "num_heads",   "num_kv_heads", "head_dim",  "max_position_embeddings", "rope_theta",
-      "rms_norm_eps", "tie_word_embeddings"};
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const auto& f : model_config_fields()) k.push_back(f.key);
+    return k;
+  }();
   return keys;
 }
 
@@ -145,7 +168,8 @@ std::string place_of(const toml::node& n, const std::string& source) {
   return fmt::format("{}:{}", source, s.begin.line);
 }
 
-void assign(Recipe& r, const Field& f, const toml::node& n, const std::string& where, const std::string& key) {
+template <class S>
+void assign(S& r, const FieldOf<S>& f, const toml::node& n, const std::string& where, const std::string& key) {
   std::visit(
       [&](auto member) {
         using T = std::remove_cvref_t<decltype(r.*member)>;
@@ -174,31 +198,12 @@ void parse_model_config_table(Recipe& r, const toml::table& t, const std::string
     const std::string at = place_of(node, source);
     const std::string full = "model_config." + key;
     where.place[full] = at;
-    auto integer = [&](int64_t& dst) {
-      require(node.is_integer(), "{}: key '{}' expects an integer, found {}", at, full, type_name(node));
-      dst = *node.value<int64_t>();
-    };
-    if (key == "family") {
-      require(node.is_string(), "{}: key '{}' expects a string, found {}", at, full, type_name(node));
-      m.family = *node.value<std::string>();
-    } else if (key == "vocab_size") integer(m.vocab_size);
-    else if (key == "hidden_size") integer(m.hidden_size);
-    else if (key == "intermediate_size") integer(m.intermediate_size);
-    else if (key == "num_layers") integer(m.num_layers);
-    else if (key == "num_heads") integer(m.num_heads);
-    else if (key == "num_kv_heads") integer(m.num_kv_heads);
-    else if (key == "head_dim") integer(m.head_dim);
-    else if (key == "max_position_embeddings") integer(m.max_position_embeddings);
-    else if (key == "rope_theta" || key == "rms_norm_eps") {
-      require(node.is_number(), "{}: key '{}' expects a number, found {}", at, full, type_name(node));
-      (key == "rope_theta" ? m.rope_theta : m.rms_norm_eps) = *node.value<double>();
-    } else if (key == "tie_word_embeddings") {
-      require(node.is_boolean(), "{}: key '{}' expects true or false, found {}", at, full, type_name(node));
-      m.tie_word_embeddings = *node.value<bool>();
-    } else {
-      fail("{}: unknown key '{}' in [model_config]{}; valid keys: {}", at, key,
-           suggestion(key, model_config_keys()), fmt::join(model_config_keys(), ", "));
-    }
+    const auto& table = model_config_fields();
+    auto it = std::find_if(table.begin(), table.end(), [&](const auto& f) { return key == f.key; });
+    if (it == table.end())
+      fail("{}: unknown key '{}' in [model_config]{}; valid keys: {}", at, key, suggestion(key, model_config_keys()),
+           fmt::join(model_config_keys(), ", "));
+    assign(m, *it, node, at, full);
   }
   r.model_config = m;
 }
@@ -276,6 +281,8 @@ void validate_recipe(const Recipe& r, const Where& w) {
   require(r.memory_planning == "planned" || r.memory_planning == "per_tensor",
           "{}: key 'memory_planning' must be \"planned\" or \"per_tensor\", got \"{}\"", w.of("memory_planning"),
           r.memory_planning);
+  require(r.backend == "cpu" || r.backend == "reference",
+          "{}: key 'backend' must be \"cpu\" or \"reference\", got \"{}\"", w.of("backend"), r.backend);
   require(r.num_workers >= 0 && r.num_workers <= 64, "{}: key 'num_workers' must be in [0, 64]", w.of("num_workers"));
   require(r.prefetch_factor >= 1 && r.prefetch_factor <= 64, "{}: key 'prefetch_factor' must be in [1, 64]",
           w.of("prefetch_factor"));
@@ -372,32 +379,35 @@ std::string toml_number(double v) {
 
 }  // namespace
 
-std::string recipe_to_toml(const Recipe& r) {
-  std::string out;
-  for (const auto& f : fields()) {
+namespace {
+
+template <class S>
+void write_fields(const S& s, const std::vector<FieldOf<S>>& table, std::string& out) {
+  for (const auto& f : table) {
     std::visit(
         [&](auto member) {
-          using T = std::remove_cvref_t<decltype(r.*member)>;
+          using T = std::remove_cvref_t<decltype(s.*member)>;
           if constexpr (std::is_same_v<T, std::string>)
-            out += fmt::format("{} = {}\n", f.key, toml_quote(r.*member));
+            out += fmt::format("{} = {}\n", f.key, toml_quote(s.*member));
           else if constexpr (std::is_same_v<T, bool>)
-            out += fmt::format("{} = {}\n", f.key, (r.*member) ? "true" : "false");
+            out += fmt::format("{} = {}\n", f.key, (s.*member) ? "true" : "false");
           else if constexpr (std::is_same_v<T, double>)
-            out += fmt::format("{} = {}\n", f.key, toml_number(r.*member));
+            out += fmt::format("{} = {}\n", f.key, toml_number(s.*member));
           else
-            out += fmt::format("{} = {}\n", f.key, r.*member);
+            out += fmt::format("{} = {}\n", f.key, s.*member);
         },
         f.member);
   }
+}
+
+}  // namespace
+
+std::string recipe_to_toml(const Recipe& r) {
+  std::string out;
+  write_fields(r, fields(), out);
   if (r.model_config) {
-    const auto& m = *r.model_config;
-    out += fmt::format(
-        "\n[model_config]\nfamily = {}\nvocab_size = {}\nhidden_size = {}\nintermediate_size = {}\nnum_layers = {}\n"
-        "num_heads = {}\nnum_kv_heads = {}\nhead_dim = {}\nmax_position_embeddings = {}\nrope_theta = {}\n"
-        "rms_norm_eps = {}\ntie_word_embeddings = {}\n",
-        toml_quote(m.family), m.vocab_size, m.hidden_size, m.intermediate_size, m.num_layers, m.num_heads,
-        m.num_kv_heads, m.head_dim, m.max_position_embeddings, toml_number(m.rope_theta),
-        toml_number(m.rms_norm_eps), m.tie_word_embeddings ? "true" : "false");
+    out += "\n[model_config]\n";
+    write_fields(*r.model_config, model_config_fields(), out);
   }
   return out;
 }

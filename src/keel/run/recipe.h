@@ -1,5 +1,6 @@
-// The training recipe: flat TOML keys named as in cann-recipes-train's TrainingConfig (so users of
-// that system find the same names) plus the Hugging Face Trainer knobs keel adds. Every key is
+// The recipe is the run's configuration (what cann-recipes-train calls TrainingConfig and HF calls
+// TrainingArguments): one TOML file of flat keys named as in cann-recipes-train's TrainingConfig
+// (so users of that system find the same names) plus the Hugging Face Trainer knobs keel adds. Every key is
 // declared once in recipe.cpp with its type, default, check and help; unknown keys, wrong types
 // and out-of-range values are errors naming the key and line, with the nearest valid key for typos.
 #pragma once
@@ -66,6 +67,9 @@ struct Recipe {
   // "per_tensor": only weights, gradients and optimizer state there, every activation and scratch
   // buffer malloc'ed and freed around each forward/backward (the baseline). Same results.
   std::string memory_planning = "planned";
+  // Where the step computes (kernels/backend.h): "cpu" (oneDNN GEMMs, AVX-512 row kernels; the
+  // default) or "reference" (every operation in double on scalar loops: slow, for checking).
+  std::string backend = "cpu";
   // Checkpoints and output
   std::string checkpoint_dir;
   int64_t save_interval = 0;

@@ -2,11 +2,11 @@
 
 #include <cmath>
 
-#include "keel/kernels/adamw.h"
 
 namespace keel::train {
 
-AdamW::AdamW(model::ParamStore& params, AdamWConfig config) : params_(params), config_(config) {
+AdamW::AdamW(kernels::Backend& backend, model::ParamStore& params, AdamWConfig config)
+    : backend_(backend), params_(params), config_(config) {
   params_.allocate_optimizer_state();
 }
 
@@ -22,25 +22,26 @@ void AdamW::step(double lr, int64_t step) {
     const int64_t local = part.begin - p.offset, moment = part.begin - mine.begin;
     const float wd = p.weight_decay ? float(config_.weight_decay) : 0.0f;
     bf16* copy = params_.weight_bf16(int(i));
-    kernels::adamw_update(params_.weight(int(i)) + local, params_.grad(int(i)) + local, params_.adam_m() + moment,
+    backend_.adamw_update(params_.weight(int(i)) + local, params_.grad(int(i)) + local, params_.adam_m() + moment,
                           params_.adam_v() + moment, part.size(), s, wd, copy ? copy + local : nullptr);
   }
 }
 
-double gradient_sum_of_squares(model::ParamStore& params, FlatRange range) {
-  return kernels::sum_of_squares(params.grads() + range.begin, range.size());
+double gradient_sum_of_squares(kernels::Backend& backend, model::ParamStore& params, FlatRange range) {
+  return backend.sum_of_squares(params.grads() + range.begin, range.size());
 }
 
-double gradient_norm(model::ParamStore& params) {
-  return std::sqrt(gradient_sum_of_squares(params, {0, params.total()}));
+double gradient_norm(kernels::Backend& backend, model::ParamStore& params) {
+  return std::sqrt(gradient_sum_of_squares(backend, params, {0, params.total()}));
 }
 
-double clip_gradients(model::ParamStore& params, double norm, double max_norm, FlatRange range) {
+double clip_gradients(kernels::Backend& backend, model::ParamStore& params, double norm, double max_norm,
+                      FlatRange range) {
   if (max_norm <= 0) return 1.0;
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return 1.0;
   if (range.end < 0) range = {0, params.total()};
-  kernels::scale_in_place(params.grads() + range.begin, range.size(), float(coef));
+  backend.scale_in_place(params.grads() + range.begin, range.size(), float(coef));
   return coef;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "keel/kernels/backend.h"
 #include "keel/model/params.h"
 
 namespace keel::train {
@@ -13,22 +14,24 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  AdamW(model::ParamStore& params, AdamWConfig config);
+  AdamW(kernels::Backend& backend, model::ParamStore& params, AdamWConfig config);
   // One update with learning rate lr of the parameters in params.optimizer_range() (everything, or
   // this rank's ZeRO-1 shard); `step` counts from 1 (bias correction).
   void step(double lr, int64_t step);
 
  private:
+  kernels::Backend& backend_;
   model::ParamStore& params_;
   AdamWConfig config_;
 };
 
 // Global L2 norm of all gradients (as clip_grad_norm_ computes it).
-double gradient_norm(model::ParamStore& params);
+double gradient_norm(kernels::Backend& backend, model::ParamStore& params);
 // The sum of squares of the gradients in `range` (ZeRO-1: ranks add theirs for the global norm).
-double gradient_sum_of_squares(model::ParamStore& params, FlatRange range);
+double gradient_sum_of_squares(kernels::Backend& backend, model::ParamStore& params, FlatRange range);
 // Scales the gradients in `range` (default: all) by max_norm / (norm + 1e-6) when that is below 1,
 // like clip_grad_norm_. Returns the factor applied (1 when not clipped).
-double clip_gradients(model::ParamStore& params, double norm, double max_norm, FlatRange range = {0, -1});
+double clip_gradients(kernels::Backend& backend, model::ParamStore& params, double norm, double max_norm,
+                      FlatRange range = {0, -1});
 
 }  // namespace keel::train

@@ -10,14 +10,13 @@
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/core/process_memory.h"
 #include "keel/data/batch_builder.h"
 #include "keel/train/batch_source.h"
 #include "keel/distributed/communicator.h"
 #include "keel/core/threads.h"
 #include "keel/distributed/grad_buckets.h"
 #include "keel/distributed/shard_reader.h"
-#include "keel/kernels/cpu/vector_ops.h"
-#include "keel/kernels/gemm.h"
 #include "keel/model/hf_weights.h"
 #include "keel/core/checksum.h"
 #include "keel/checkpoint/checkpoint.h"
@@ -76,7 +75,7 @@ class Trainer {
       eval_loader_ = open_batch_source(r.eval_data_path, r, source, log_);
     }
     max_steps_ = resolve_max_steps(r, loader_->sequences());
-    optimizer_ = std::make_unique<AdamW>(decoder_.params(), AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon,
+    optimizer_ = std::make_unique<AdamW>(decoder_.backend(), decoder_.params(), AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon,
                                                                         r.weight_decay});
     if (comm_.size() > 1) {
       std::vector<distributed::ParamSpan> spans;
@@ -88,8 +87,8 @@ class Trainer {
                                                      zero_shards_.empty() ? nullptr : &zero_shards_);
       // Set once (no allocation per step); active only during a step's last backward pass.
       if (r.overlap_grad_sync)
-        decoder_.set_grad_ready_hook([this](int param) {
-          if (sync_in_backward_) buckets_->param_ready(param);
+        decoder_.set_grad_ready_hook([this](int param, ComputeEvent written) {
+          if (sync_in_backward_) buckets_->param_ready(param, written);
         });
     }
     schedule_ = LrSchedule{r.lr_scheduler, r.learning_rate, r.warmup_steps, max_steps_};
@@ -129,11 +128,8 @@ class Trainer {
                r_.data_path);
     fmt::print(log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}\n", max_steps_,
                r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype);
-    fmt::print(log_, "keel: {} thread(s) per rank, row kernels {}, {}\n", max_threads(),
-               kernels::isa_name(kernels::vector_ops().isa),
-               r_.dtype != "bf16"              ? "fp32 GEMMs"
-               : kernels::bf16_matmul_native() ? "bf16 GEMMs"
-                                               : "bf16 GEMMs widened to fp32 (no oneDNN bf16 matmul on this CPU)");
+    fmt::print(log_, "keel: {} thread(s) per rank, {}\n", max_threads(),
+               decoder_.backend().description(decoder_.precision() == model::Precision::BF16));
     if (!zero_shards_.empty())
       fmt::print(log_, "keel: ZeRO-1: AdamW moments sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB\n",
                  comm_.size(), 8e-6 * double(decoder_.params().optimizer_range().size()),
@@ -308,7 +304,7 @@ class Trainer {
   // Every rank must stop after the same step: a signal may reach them at different moments.
   bool interrupt_agreed() {
     double flag = InterruptGuard::requested() ? 1.0 : 0.0;
-    if (comm_.size() > 1) comm_.allreduce_sum(&flag, 1);
+    if (comm_.size() > 1) comm_.allreduce_totals(&flag, 1);
     return flag > 0;
   }
 
@@ -352,7 +348,7 @@ class Trainer {
     }
     m.data_s = loader_->last_wait_seconds();
     const auto t_sync0 = Clock::now();
-    if (ranks > 1) comm_.allreduce_sum(totals, 2);
+    if (ranks > 1) comm_.allreduce_totals(totals, 2);
     comm_.set_wait_context("");
     m.peer_wait_s = ranks > 1 ? seconds_since(t_sync0) : 0.0;
     m.grad_sync_s += m.peer_wait_s;
@@ -384,8 +380,8 @@ class Trainer {
       // What is left of the synchronisation once the backward pass is done: the exposed part.
       const auto t_sync = Clock::now();
       buckets_->finish();
-      double sums[2] = {loss_sum, zero_shards_.empty() ? 0.0 : gradient_sum_of_squares(params, mine)};
-      comm_.allreduce_sum(sums, 2);
+      double sums[2] = {loss_sum, zero_shards_.empty() ? 0.0 : gradient_sum_of_squares(decoder_.backend(), params, mine)};
+      comm_.allreduce_totals(sums, 2);
       loss_sum = sums[0];
       grad_squares = sums[1];
       m.grad_sync_s += seconds_since(t_sync);
@@ -393,7 +389,7 @@ class Trainer {
     m.loss = m.target_tokens > 0 ? loss_sum / double(m.target_tokens) : 0.0;
 
     const auto t2 = Clock::now();
-    m.grad_norm = zero_shards_.empty() ? gradient_norm(params) : std::sqrt(grad_squares);
+    m.grad_norm = zero_shards_.empty() ? gradient_norm(decoder_.backend(), params) : std::sqrt(grad_squares);
     m.lr = schedule_.lr_for_step(step);
     if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
       require(r_.skip_nonfinite_steps,
@@ -402,7 +398,7 @@ class Trainer {
               step, m.loss, m.grad_norm);
       m.skipped = true;  // weights and optimizer state stay as they were
     } else {
-      clip_gradients(params, m.grad_norm, r_.max_grad_norm, mine);
+      clip_gradients(decoder_.backend(), params, m.grad_norm, r_.max_grad_norm, mine);
       optimizer_->step(m.lr, step);
     }
     m.optimizer_s = seconds_since(t2);
@@ -424,11 +420,11 @@ class Trainer {
       s.eval_loss = last_eval_->loss;
       s.eval_perplexity = last_eval_->perplexity;
     }
-    s.peak_memory_bytes = report::peak_rss_bytes();
+    s.peak_memory_bytes = int64_t(peak_resident_bytes());
     const report::RunShape shape = report::run_shape(r_);
     s.planned_memory_bytes = int64_t(report::training_memory_plan(r_, config_, shape).total_bytes());
     s.matmul_peak_flops =
-        kernels::measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
+        decoder_.backend().measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
     s.finalize(flops_per_token(config_, r_.max_seq_len));
     s.ranks = int(comm_.size());
     if (comm_.rank() != 0) return;

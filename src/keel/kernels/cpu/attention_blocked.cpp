@@ -49,6 +49,18 @@ inline void matmul(const GemmShape& s, const float* a, const float* b, float* c,
 inline void matmul(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) {
   gemm_bf16(s, a, b, c, beta);
 }
+// The products of one block: `rows` query rows against its `n` keys, head_dim hd, on packed
+// [rows|n, hd] operands. Spelled once here for the kernels and for prepare_attention_blocked.
+struct BlockProducts {
+  int64_t rows, n, hd;
+  // [rows, n] = [rows, hd] x [n, hd]^T: the scores Q K^T, and dP = dO V^T.
+  GemmShape rows_by_keys() const { return {Trans::N, Trans::T, rows, n, hd, hd, hd, n}; }
+  // [rows, hd] = [rows, n] x [n, hd], written with row stride ldc: P V into out, dS K into dq.
+  GemmShape rows_by_dim(int64_t ldc) const { return {Trans::N, Trans::N, rows, hd, n, n, hd, ldc}; }
+  // [n, hd] += [rows, n]^T x [rows, hd], row stride ldc: P^T dO into dv, dS^T Q into dk.
+  GemmShape keys_by_dim(int64_t ldc) const { return {Trans::T, Trans::N, n, hd, rows, n, hd, ldc}; }
+};
+
 inline void store(float x, float* dst) { *dst = x; }
 inline void store(float x, bf16* dst) { *dst = float_to_bf16(x); }
 
@@ -190,11 +202,11 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
   float* lse_h = lse + (b * s.q_heads + h) * T;
   for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
     const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(seg, runs, i0), n = i0 + rows - k0;
-    matmul(GemmShape{Trans::N, Trans::T, rows, n, hd, hd, hd, n}, w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
+    const BlockProducts block{rows, n, hd};
+    matmul(block.rows_by_keys(), w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
     for (int64_t r = 0; r < rows; ++r)
       lse_h[i0 + r] = softmax_row(RowMask{seg, i0 + r, k0}, scale, n, w.s + r * n, w.p + r * n);
-    matmul(GemmShape{Trans::N, Trans::N, rows, hd, n, n, hd, s.ldo}, w.p, w.v + k0 * hd,
-           out + (token0 + i0) * s.ldo + h * hd, 0.0f);
+    matmul(block.rows_by_dim(s.ldo), w.p, w.v + k0 * hd, out + (token0 + i0) * s.ldo + h * hd, 0.0f);
   }
 }
 
@@ -226,19 +238,15 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
     const float* lse_h = lse + (b * s.q_heads + h) * T;
     for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
       const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(seg, runs, i0), n = i0 + rows - k0;
-      matmul(GemmShape{Trans::N, Trans::T, rows, n, hd, hd, hd, n}, w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
-      matmul(GemmShape{Trans::N, Trans::T, rows, n, hd, hd, hd, n}, w.dout + i0 * hd, w.v + k0 * hd, w.dp, 0.0f);
+      const BlockProducts block{rows, n, hd};
+      matmul(block.rows_by_keys(), w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
+      matmul(block.rows_by_keys(), w.dout + i0 * hd, w.v + k0 * hd, w.dp, 0.0f);
       for (int64_t r = 0; r < rows; ++r)
         softmax_backward_row(RowMask{seg, i0 + r, k0}, scale, lse_h[i0 + r], w.delta[i0 + r], n, w.s + r * n,
                              w.dp + r * n, w.p + r * n, w.ds + r * n);
-      const GemmShape keys_by_dim{Trans::T, Trans::N, n, hd, rows, n, hd, 0};
-      GemmShape into_dv = keys_by_dim, into_dk = keys_by_dim;
-      into_dv.ldc = s.ldv;
-      into_dk.ldc = s.ldk;
-      matmul(into_dv, w.p, w.dout + i0 * hd, dv + (token0 + k0) * s.ldv + kv * hd, 1.0f);
-      matmul(into_dk, w.ds, w.q + i0 * hd, dk + (token0 + k0) * s.ldk + kv * hd, 1.0f);
-      matmul(GemmShape{Trans::N, Trans::N, rows, hd, n, n, hd, s.ldq}, w.ds, w.k + k0 * hd,
-             dq + (token0 + i0) * s.ldq + h * hd, 0.0f);
+      matmul(block.keys_by_dim(s.ldv), w.p, w.dout + i0 * hd, dv + (token0 + k0) * s.ldv + kv * hd, 1.0f);
+      matmul(block.keys_by_dim(s.ldk), w.ds, w.q + i0 * hd, dk + (token0 + k0) * s.ldk + kv * hd, 1.0f);
+      matmul(block.rows_by_dim(s.ldq), w.ds, w.k + k0 * hd, dq + (token0 + i0) * s.ldq + h * hd, 0.0f);
     }
   }
 }
@@ -314,11 +322,12 @@ void prepare_attention_blocked(const AttentionShape& s, AttentionMatmul precisio
   blocks.erase(std::unique(blocks.begin(), blocks.end()), blocks.end());
   for_each_task(max_threads(), true, [&](int64_t, int) {
     for (auto [rows, n] : blocks) {
-      gemm_prepare(GemmShape{Trans::N, Trans::T, rows, n, hd, hd, hd, n}, bf16, 0.0f);      // scores, dP
-      gemm_prepare(GemmShape{Trans::N, Trans::N, rows, hd, n, n, hd, s.ldo}, bf16, 0.0f);   // P V
-      gemm_prepare(GemmShape{Trans::T, Trans::N, n, hd, rows, n, hd, s.ldv}, bf16, 1.0f);   // dV
-      gemm_prepare(GemmShape{Trans::T, Trans::N, n, hd, rows, n, hd, s.ldk}, bf16, 1.0f);   // dK
-      gemm_prepare(GemmShape{Trans::N, Trans::N, rows, hd, n, n, hd, s.ldq}, bf16, 0.0f);   // dQ
+      const BlockProducts block{rows, n, hd};
+      gemm_prepare(block.rows_by_keys(), bf16, 0.0f);      // scores, dP
+      gemm_prepare(block.rows_by_dim(s.ldo), bf16, 0.0f);  // P V
+      gemm_prepare(block.keys_by_dim(s.ldv), bf16, 1.0f);  // dV
+      gemm_prepare(block.keys_by_dim(s.ldk), bf16, 1.0f);  // dK
+      gemm_prepare(block.rows_by_dim(s.ldq), bf16, 0.0f);  // dQ
     }
   });
 }

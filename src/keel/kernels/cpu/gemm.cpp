@@ -183,19 +183,6 @@ void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float
 
 void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta) { plan_for(bf16_inputs, s, beta); }
 
-void gemm_reference(const GemmShape& s, const double* a, const double* b, double* c, double beta) {
-  for (int64_t i = 0; i < s.m; ++i)
-    for (int64_t j = 0; j < s.n; ++j) {
-      double sum = 0;
-      for (int64_t p = 0; p < s.k; ++p) {
-        double av = s.trans_a == Trans::N ? a[i * s.lda + p] : a[p * s.lda + i];
-        double bv = s.trans_b == Trans::N ? b[p * s.ldb + j] : b[j * s.ldb + p];
-        sum += av * bv;
-      }
-      c[i * s.ldc + j] = sum + (beta == 0 ? 0.0 : beta * c[i * s.ldc + j]);
-    }
-}
-
 double measure_matmul_peak(bool use_bf16, int64_t size, int repeats) {
   std::vector<float> a32(size * size, 0.5f), b32(size * size, 0.25f), c(size * size);
   std::vector<bf16> a16(size * size, float_to_bf16(0.5f)), b16(size * size, float_to_bf16(0.25f));

@@ -14,7 +14,7 @@
 // pass gives each (batch, kv head) to one thread, which loops over the q heads of its group, so
 // dk/dv of a kv head and dq of its q heads each have a single writer and a fixed summation
 // order whatever the thread count.
-#include "keel/kernels/attention.h"
+#include "keel/kernels/reference/attention.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,0 +1,134 @@
+// The device seam: every operation a training step computes, as one interface. model/ and train/
+// reach compute only through a Backend; what runs behind it (oneDNN and AVX-512 row kernels, a
+// scalar double-precision reference, later CUDA or Ascend) is private to kernels/.
+//
+// The operations are coarse, one per step of the decoder (a GEMM, a norm, attention, the fused LM
+// head loss, the optimizer update), so a device backend can launch one kernel per call. Pointers
+// are the backend's memory: what allocate() returns (for the CPU backends, host memory). Calls are
+// ordered as issued; a backend that runs them asynchronously makes record_event/wait_event and
+// synchronize mean what they say (the CPU backends finish each call before returning, so their
+// events are complete when recorded).
+//
+// Two implementations: "cpu" (the training path) and "reference" (every operation computed in
+// double from the same float inputs and rounded once at the end: slow, exact to fp32, the one
+// every other backend is tested against). backend_named() picks one; the recipe's `backend` key
+// and the tests choose by name.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "keel/core/compute_event.h"
+#include "keel/core/dtype.h"
+#include "keel/core/memory_plan.h"
+#include "keel/kernels/shapes.h"
+
+namespace keel::kernels {
+
+using keel::ComputeEvent;  // core/compute_event.h
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // "cpu", "reference": the name the recipe's `backend` key takes.
+  virtual std::string_view name() const = 0;
+  // One line for the run's log: the instruction set, the GEMM library, bf16 support.
+  virtual std::string description(bool bf16) const = 0;
+
+  // ---- memory and ordering
+  // `bytes` of device memory in one block (the memory plan's arena), 64-byte aligned, zeroed.
+  virtual Arena allocate(size_t bytes) = 0;
+  virtual void copy_to_device(void* device_dst, const void* host_src, size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* device_src, size_t bytes) = 0;
+  virtual void copy_on_device(void* dst, const void* src, size_t bytes) = 0;
+  virtual ComputeEvent record_event() = 0;
+  // Blocks the host until everything issued before `event` has finished.
+  virtual void wait_event(const ComputeEvent& event) = 0;
+  virtual void synchronize() = 0;
+
+  // ---- GEMM: c = op(a) op(b) + beta c, beta 0 (overwrite) or 1 (accumulate, as for gradients).
+  virtual void gemm(const GemmShape& s, const float* a, const float* b, float* c, float beta) = 0;
+  // bf16 inputs, fp32 accumulation and output.
+  virtual void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) = 0;
+  // Prepares whatever the backend builds for a product on first use, so that a step loop meeting
+  // the shape later allocates nothing.
+  virtual void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) = 0;
+  // This machine's matmul throughput on a size^3 product, in FLOP/s (MFU's denominator).
+  virtual double measure_matmul_peak(bool bf16, int64_t size, int repeats) = 0;
+
+  // ---- elementwise and row operations on [rows, cols] row-major buffers
+  // dst = bf16(src): the compute copy of weights and GEMM inputs.
+  virtual void cast_to_bf16(const float* src, bf16* dst, int64_t n) = 0;
+  virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a + b
+  virtual void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols) = 0;  // y[r] += bias
+  // db[c] += sum over rows of dy[r, c] (ACCUMULATES), summed in row order.
+  virtual void accumulate_bias_grad(const float* dy, int64_t rows, int64_t cols, float* db) = 0;
+
+  // ---- the decoder's layers (contracts as in HF transformers' modules)
+  // RMSNorm (LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * w; rstd [rows] saved for backward.
+  virtual void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, float* y,
+                               float* rstd) = 0;
+  // dx overwritten; dw ACCUMULATES.
+  virtual void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
+                                int64_t dim, float* dx, float* dw) = 0;
+  // x: [tokens, heads, head_dim] with row stride ld; rotates in place (backward: by -angle).
+  virtual void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
+                            int64_t head_dim, const RopeTable& table) = 0;
+  virtual void rope_backward(float* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
+                             int64_t head_dim, const RopeTable& table) = 0;
+  // SwiGLU: out = silu(gate) * up with gate_up[r] = [gate (inter) | up (inter)].
+  virtual void swiglu_forward(const float* gate_up, int64_t rows, int64_t inter, float* out) = 0;
+  virtual void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter,
+                               float* dgate_up) = 0;
+  // out[i] = table[ids[i]]; backward ACCUMULATES dtable[ids[i]] += dout[i], deterministically.
+  virtual void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden,
+                                 float* out) = 0;
+  virtual void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden,
+                                  int64_t vocab, float* dtable) = 0;
+  // Softmax cross-entropy over a block of logits [rows, vocab] (row stride ld), fused with its
+  // gradient: logits are overwritten by (softmax - onehot) * grad_scale (zeros for kIgnoreIndex
+  // rows). Returns the SUM of -log softmax(logits)[label] over non-ignored rows.
+  virtual double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows,
+                                                int64_t vocab, double grad_scale) = 0;
+
+  // ---- causal grouped-query attention (layouts in shapes.h)
+  // segments: optional [batch*seq] document ids (a query attends to earlier keys of its own
+  // document); lse [batch, q_heads, seq] saved for the backward pass, which overwrites dq/dk/dv.
+  // workspace: attention_workspace_bytes(s, precision) bytes the caller plans, 64-byte aligned.
+  virtual size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision) = 0;
+  // Called once per decoder with the longest sequence: builds what any later call can need.
+  virtual void prepare_attention(const AttentionShape& s, AttentionMatmul precision) = 0;
+  virtual void attention_forward(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
+                                 const float* v, const int32_t* segments, float* out, float* lse, void* workspace,
+                                 size_t workspace_bytes) = 0;
+  virtual void attention_backward(const AttentionShape& s, AttentionMatmul precision, const float* q,
+                                  const float* k, const float* v, const int32_t* segments, const float* out,
+                                  const float* lse, const float* dout, float* dq, float* dk, float* dv,
+                                  void* workspace, size_t workspace_bytes) = 0;
+  // Generation: `tokens` new queries (q [tokens, q_heads*head_dim], row stride ldq) at positions
+  // first_position.. over a KV cache holding keys/values of positions 0..first_position+tokens-1
+  // ([positions, kv_heads*head_dim] each); causal, softmax over the cached keys; out [tokens, q_heads*head_dim].
+  virtual void cached_attention(const float* q, int64_t ldq, int64_t tokens, int64_t first_position,
+                                const float* k_cache, const float* v_cache, int64_t q_heads, int64_t kv_heads,
+                                int64_t head_dim, float* out) = 0;
+
+  // ---- optimizer
+  // AdamW on n parameters in place (shapes.h); w_bf16, if not null, receives bf16(w) after.
+  virtual void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s,
+                            double weight_decay, bf16* w_bf16) = 0;
+  // Sum of squares in double (the global gradient norm of clip_grad_norm_).
+  virtual double sum_of_squares(const float* x, int64_t n) = 0;
+  virtual void scale_in_place(float* x, int64_t n, float factor) = 0;
+};
+
+// The backend of that name ("cpu", "reference"); keel::Error naming the known ones otherwise.
+// Backends are process-wide and live until exit.
+Backend& backend_named(std::string_view name);
+std::vector<std::string> backend_names();
+// The training path's default: "cpu".
+Backend& default_backend();
+
+}  // namespace keel::kernels

@@ -1,0 +1,180 @@
+#include "keel/kernels/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+
+#include "keel/core/threads.h"
+#include "keel/kernels/adamw.h"
+#include "keel/kernels/attention.h"
+#include "keel/kernels/cpu/vector_ops.h"
+#include "keel/kernels/cross_entropy.h"
+#include "keel/kernels/embedding.h"
+#include "keel/kernels/gemm.h"
+#include "keel/kernels/host_memory.h"
+#include "keel/kernels/rmsnorm.h"
+#include "keel/kernels/rope.h"
+#include "keel/kernels/swiglu.h"
+
+namespace keel::kernels {
+namespace {
+
+// Below this many elements an elementwise pass runs on the calling thread alone.
+constexpr int64_t kParallelMinElements = int64_t(1) << 15;
+
+class CpuBackend final : public HostMemoryBackend {
+ public:
+  std::string_view name() const override { return "cpu"; }
+  std::string description(bool bf16) const override {
+    return fmt::format("cpu backend: row kernels {}, {}", isa_name(vector_ops().isa),
+                       !bf16                  ? "fp32 GEMMs on oneDNN"
+                       : bf16_matmul_native() ? "bf16 GEMMs on oneDNN"
+                                              : "bf16 GEMMs widened to fp32 (no oneDNN bf16 matmul on this CPU)");
+  }
+
+  void gemm(const GemmShape& s, const float* a, const float* b, float* c, float beta) override {
+    gemm_f32(s, a, b, c, beta);
+  }
+  void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) override {
+    kernels::gemm_bf16(s, a, b, c, beta);
+  }
+  void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) override { gemm_prepare(s, bf16_inputs, beta); }
+  double measure_matmul_peak(bool bf16, int64_t size, int repeats) override {
+    return kernels::measure_matmul_peak(bf16, size, repeats);
+  }
+
+  // The GEMM inputs' bf16 copies, through the dispatched row kernel (AVX-512 where present).
+  void cast_to_bf16(const float* src, bf16* dst, int64_t n) override {
+    const auto& ops = vector_ops();
+    parallel_for(n, n >= kParallelMinElements,
+                 [&](int64_t begin, int64_t end) { ops.scale_to_bf16(src + begin, 1.0f, dst + begin, end - begin); });
+  }
+  void add(float* dst, const float* a, const float* b, int64_t n) override {
+    parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) dst[i] = a[i] + b[i];
+    });
+  }
+  void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols) override {
+    parallel_for(rows, rows * cols >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t c = 0; c < cols; ++c) y[r * cols + c] += bias[c];
+    });
+  }
+  // Columns are split across threads so that each sum stays in row order.
+  void accumulate_bias_grad(const float* dy, int64_t rows, int64_t cols, float* db) override {
+    parallel_for(cols, rows * cols >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+      for (int64_t c = begin; c < end; ++c) {
+        float sum = 0.0f;
+        for (int64_t r = 0; r < rows; ++r) sum += dy[r * cols + c];
+        db[c] += sum;
+      }
+    });
+  }
+
+  void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, float* y,
+                       float* rstd) override {
+    kernels::rmsnorm_forward(x, w, rows, dim, eps, y, rstd);
+  }
+  void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
+                        int64_t dim, float* dx, float* dw) override {
+    kernels::rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw);
+  }
+  void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                    const RopeTable& table) override {
+    kernels::rope_forward(x, ld, positions, tokens, heads, head_dim, table);
+  }
+  void rope_backward(float* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
+                     int64_t head_dim, const RopeTable& table) override {
+    kernels::rope_backward(dx, ld, positions, tokens, heads, head_dim, table);
+  }
+  void swiglu_forward(const float* gate_up, int64_t rows, int64_t inter, float* out) override {
+    kernels::swiglu_forward(gate_up, rows, inter, out);
+  }
+  void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter,
+                       float* dgate_up) override {
+    kernels::swiglu_backward(gate_up, dout, rows, inter, dgate_up);
+  }
+  void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
+    kernels::embedding_forward(ids, n, table, hidden, out);
+  }
+  void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
+                          float* dtable) override {
+    kernels::embedding_backward(ids, n, dout, hidden, vocab, dtable);
+  }
+  double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows,
+                                        int64_t vocab, double grad_scale) override {
+    return kernels::cross_entropy_forward_backward(logits, ld, labels, rows, vocab, grad_scale);
+  }
+
+  size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision) override {
+    return kernels::attention_workspace_bytes(s, precision, max_threads());
+  }
+  void prepare_attention(const AttentionShape& s, AttentionMatmul precision) override {
+    prepare_attention_blocked(s, precision);
+  }
+  void attention_forward(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
+                         const float* v, const int32_t* segments, float* out, float* lse, void* workspace,
+                         size_t workspace_bytes) override {
+    attention_forward_blocked(s, precision, q, k, v, segments, out, lse, workspace, workspace_bytes);
+  }
+  void attention_backward(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
+                          const float* v, const int32_t* segments, const float* out, const float* lse,
+                          const float* dout, float* dq, float* dk, float* dv, void* workspace,
+                          size_t workspace_bytes) override {
+    attention_backward_blocked(s, precision, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace,
+                               workspace_bytes);
+  }
+  // One query row at a time against the cache; the softmax in double for stability. Generation is
+  // latency-bound on one sequence: no blocking, no threads.
+  void cached_attention(const float* q, int64_t ldq, int64_t tokens, int64_t first_position, const float* k_cache,
+                        const float* v_cache, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                        float* out) override {
+    const int64_t D = head_dim, KV = kv_heads * D, group = q_heads / kv_heads;
+    const double scale = 1.0 / std::sqrt(double(D));
+    // One row of scores per thread: the backend is shared by the process.
+    static thread_local std::vector<float> scores_;
+    scores_.resize(size_t(first_position + tokens));
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t keys = first_position + t + 1;
+      for (int64_t h = 0; h < q_heads; ++h) {
+        const float* qh = q + t * ldq + h * D;
+        const int64_t kvh = h / group;
+        double max_score = -1e300;
+        for (int64_t j = 0; j < keys; ++j) {
+          const float* kj = k_cache + j * KV + kvh * D;
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d) s += double(qh[d]) * double(kj[d]);
+          scores_[j] = float(s * scale);
+          max_score = std::max(max_score, double(scores_[j]));
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < keys; ++j) sum += std::exp(double(scores_[j]) - max_score);
+        float* o = out + t * q_heads * D + h * D;
+        std::fill(o, o + D, 0.0f);
+        for (int64_t j = 0; j < keys; ++j) {
+          const float w = float(std::exp(double(scores_[j]) - max_score) / sum);
+          const float* vj = v_cache + j * KV + kvh * D;
+          for (int64_t d = 0; d < D; ++d) o[d] += w * vj[d];
+        }
+      }
+    }
+  }
+
+  void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s,
+                    double weight_decay, bf16* w_bf16) override {
+    kernels::adamw_update(w, g, m, v, n, s, weight_decay, w_bf16);
+  }
+  double sum_of_squares(const float* x, int64_t n) override { return kernels::sum_of_squares(x, n); }
+  void scale_in_place(float* x, int64_t n, float factor) override { kernels::scale_in_place(x, n, factor); }
+};
+
+}  // namespace
+
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+}  // namespace keel::kernels

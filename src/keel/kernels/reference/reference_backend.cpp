@@ -1,0 +1,264 @@
+#include "keel/kernels/reference/reference_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "keel/kernels/cross_entropy.h"
+#include "keel/kernels/embedding.h"
+#include "keel/kernels/host_memory.h"
+#include "keel/kernels/reference/attention.h"
+#include "keel/kernels/reference/gemm.h"
+#include "keel/kernels/rmsnorm.h"
+#include "keel/kernels/rope.h"
+#include "keel/kernels/swiglu.h"
+
+namespace keel::kernels {
+namespace {
+
+using Doubles = std::vector<double>;
+
+// Elements a strided [rows, cols] view spans: (rows - 1) * ld + cols.
+int64_t span(int64_t rows, int64_t cols, int64_t ld) { return rows <= 0 ? 0 : (rows - 1) * ld + cols; }
+
+template <typename T>
+Doubles widen(const T* x, int64_t n) {
+  Doubles d(size_t(std::max<int64_t>(n, 0)));
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, bf16>)
+      d[i] = bf16_to_float(x[i]);
+    else
+      d[i] = double(x[i]);
+  }
+  return d;
+}
+
+void narrow(const Doubles& d, float* x) {
+  for (size_t i = 0; i < d.size(); ++i) x[i] = float(d[i]);
+}
+
+// Writes back only the [rows, cols] elements of a strided view: views of one fused buffer
+// (q, k and v of the qkv projection) interleave, and each must leave the others' columns alone.
+void narrow_view(const Doubles& d, int64_t rows, int64_t cols, int64_t ld, float* x) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) x[r * ld + c] = float(d[size_t(r * ld + c)]);
+}
+
+double round_to_bf16(double x) { return bf16_to_float(float_to_bf16(float(x))); }
+
+class ReferenceBackend final : public HostMemoryBackend {
+ public:
+  std::string_view name() const override { return "reference"; }
+  std::string description(bool bf16) const override {
+    return std::string("reference backend: every operation in double precision on scalar loops (slow; for tests "
+                       "and for checking other backends)") +
+           (bf16 ? ", GEMM and attention inputs rounded to bf16" : "");
+  }
+
+  void gemm(const GemmShape& s, const float* a, const float* b, float* c, float beta) override {
+    product(s, widen(a, a_span(s)), widen(b, b_span(s)), c, beta);
+  }
+  void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) override {
+    product(s, widen(a, a_span(s)), widen(b, b_span(s)), c, beta);
+  }
+  void prepare_gemm(const GemmShape&, bool, float) override {}
+  double measure_matmul_peak(bool bf16, int64_t size, int repeats) override {
+    size = std::min<int64_t>(size, 128);  // a triple loop: a small product says as much
+    const auto s = packed_gemm(Trans::N, Trans::N, size, size, size);
+    std::vector<float> a(size_t(size * size), 0.5f), b(a.size(), 0.25f), c(a.size());
+    double best = 1e30;
+    for (int r = 0; r < std::max(repeats, 1); ++r) {
+      auto t0 = std::chrono::steady_clock::now();
+      gemm(s, a.data(), b.data(), c.data(), 0.0f);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return 2.0 * double(size) * double(size) * double(size) / best;
+  }
+
+  void cast_to_bf16(const float* src, bf16* dst, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+  }
+  void add(float* dst, const float* a, const float* b, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) dst[i] = float(double(a[i]) + double(b[i]));
+  }
+  void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols) override {
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c) y[r * cols + c] = float(double(y[r * cols + c]) + double(bias[c]));
+  }
+  void accumulate_bias_grad(const float* dy, int64_t rows, int64_t cols, float* db) override {
+    for (int64_t c = 0; c < cols; ++c) {
+      double sum = db[c];
+      for (int64_t r = 0; r < rows; ++r) sum += dy[r * cols + c];
+      db[c] = float(sum);
+    }
+  }
+
+  void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, float* y,
+                       float* rstd) override {
+    Doubles yd(size_t(rows * dim)), rd(static_cast<size_t>(rows));
+    kernels::rmsnorm_forward(widen(x, rows * dim).data(), widen(w, dim).data(), rows, dim, eps, yd.data(), rd.data());
+    narrow(yd, y), narrow(rd, rstd);
+  }
+  void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
+                        int64_t dim, float* dx, float* dw) override {
+    Doubles dxd(size_t(rows * dim)), dwd = widen(dw, dim);
+    kernels::rmsnorm_backward(widen(x, rows * dim).data(), widen(w, dim).data(), widen(rstd, rows).data(),
+                              widen(dy, rows * dim).data(), rows, dim, dxd.data(), dwd.data());
+    narrow(dxd, dx), narrow(dwd, dw);
+  }
+  void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                    const RopeTable& table) override {
+    Doubles xd = widen(x, span(tokens, heads * head_dim, ld));
+    kernels::rope_forward(xd.data(), ld, positions, tokens, heads, head_dim, table);
+    narrow_view(xd, tokens, heads * head_dim, ld, x);
+  }
+  void rope_backward(float* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
+                     int64_t head_dim, const RopeTable& table) override {
+    Doubles xd = widen(dx, span(tokens, heads * head_dim, ld));
+    kernels::rope_backward(xd.data(), ld, positions, tokens, heads, head_dim, table);
+    narrow_view(xd, tokens, heads * head_dim, ld, dx);
+  }
+  void swiglu_forward(const float* gate_up, int64_t rows, int64_t inter, float* out) override {
+    Doubles od(size_t(rows * inter));
+    kernels::swiglu_forward(widen(gate_up, rows * 2 * inter).data(), rows, inter, od.data());
+    narrow(od, out);
+  }
+  void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter,
+                       float* dgate_up) override {
+    Doubles dd(size_t(rows * 2 * inter));
+    kernels::swiglu_backward(widen(gate_up, rows * 2 * inter).data(), widen(dout, rows * inter).data(), rows, inter,
+                             dd.data());
+    narrow(dd, dgate_up);
+  }
+  void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
+    for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * hidden, table + int64_t(ids[i]) * hidden, sizeof(float) * hidden);
+  }
+  // Each used row summed in double, in token order, then rounded once.
+  void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
+                          float* dtable) override {
+    Doubles dd = widen(dtable, vocab * hidden);
+    kernels::embedding_backward(ids, n, widen(dout, n * hidden).data(), hidden, vocab, dd.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = int64_t(ids[i]) * hidden;
+      for (int64_t h = 0; h < hidden; ++h) dtable[row + h] = float(dd[size_t(row + h)]);
+    }
+  }
+  double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows,
+                                        int64_t vocab, double grad_scale) override {
+    Doubles ld_ = widen(logits, span(rows, vocab, ld));
+    const double loss = kernels::cross_entropy_forward_backward(ld_.data(), ld, labels, rows, vocab, grad_scale);
+    narrow_view(ld_, rows, vocab, ld, logits);
+    return loss;
+  }
+
+  size_t attention_workspace_bytes(const AttentionShape&, AttentionMatmul) override { return 0; }
+  void prepare_attention(const AttentionShape&, AttentionMatmul) override {}
+  void attention_forward(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
+                         const float* v, const int32_t* segments, float* out, float* lse, void*, size_t) override {
+    const int64_t N = s.batch * s.seq, Q = s.q_heads * s.head_dim;
+    Doubles qd = input(q, N, Q, s.ldq, precision), kd = input(k, N, s.kv_heads * s.head_dim, s.ldk, precision),
+            vd = input(v, N, s.kv_heads * s.head_dim, s.ldv, precision);
+    Doubles od(size_t(span(N, Q, s.ldo))), lsed(size_t(s.batch * s.q_heads * s.seq));
+    kernels::attention_forward(s, qd.data(), kd.data(), vd.data(), segments, od.data(), lsed.data());
+    narrow_view(od, N, Q, s.ldo, out);
+    narrow(lsed, lse);
+  }
+  void attention_backward(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
+                          const float* v, const int32_t* segments, const float* out, const float* lse,
+                          const float* dout, float* dq, float* dk, float* dv, void*, size_t) override {
+    const int64_t N = s.batch * s.seq, Q = s.q_heads * s.head_dim, KV = s.kv_heads * s.head_dim;
+    Doubles qd = input(q, N, Q, s.ldq, precision), kd = input(k, N, KV, s.ldk, precision),
+            vd = input(v, N, KV, s.ldv, precision);
+    Doubles dqd(qd.size()), dkd(kd.size()), dvd(vd.size());
+    kernels::attention_backward(s, qd.data(), kd.data(), vd.data(), segments, widen(out, span(N, Q, s.ldo)).data(),
+                                widen(lse, s.batch * s.q_heads * s.seq).data(),
+                                input(dout, N, Q, s.ldo, precision).data(), dqd.data(), dkd.data(), dvd.data());
+    narrow_view(dqd, N, Q, s.ldq, dq);
+    narrow_view(dkd, N, KV, s.ldk, dk);
+    narrow_view(dvd, N, KV, s.ldv, dv);
+  }
+  void cached_attention(const float* q, int64_t ldq, int64_t tokens, int64_t first_position, const float* k_cache,
+                        const float* v_cache, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                        float* out) override {
+    const int64_t D = head_dim, KV = kv_heads * D, group = q_heads / kv_heads;
+    const double scale = 1.0 / std::sqrt(double(D));
+    for (int64_t t = 0; t < tokens; ++t) {
+      const int64_t keys = first_position + t + 1;
+      for (int64_t h = 0; h < q_heads; ++h) {
+        const float* qh = q + t * ldq + h * D;
+        const int64_t kvh = h / group;
+        Doubles scores(static_cast<size_t>(keys));
+        double max_score = -1e300;
+        for (int64_t j = 0; j < keys; ++j) {
+          double s = 0;
+          for (int64_t d = 0; d < D; ++d) s += double(qh[d]) * double(k_cache[j * KV + kvh * D + d]);
+          scores[j] = s * scale;
+          max_score = std::max(max_score, scores[j]);
+        }
+        double sum = 0;
+        for (double& s : scores) sum += s = std::exp(s - max_score);
+        for (int64_t d = 0; d < D; ++d) {
+          double acc = 0;
+          for (int64_t j = 0; j < keys; ++j) acc += scores[j] / sum * double(v_cache[j * KV + kvh * D + d]);
+          out[t * q_heads * D + h * D + d] = float(acc);
+        }
+      }
+    }
+  }
+
+  // torch.optim.AdamW's update formed in double from the fp32 state, each result rounded once.
+  void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s,
+                    double weight_decay, bf16* w_bf16) override {
+    const double bias1 = 1.0 - std::pow(s.beta1, double(s.step));
+    const double bias2_sqrt = std::sqrt(1.0 - std::pow(s.beta2, double(s.step)));
+    for (int64_t i = 0; i < n; ++i) {
+      const double gi = g[i];
+      const double mi = s.beta1 * m[i] + (1.0 - s.beta1) * gi;
+      const double vi = s.beta2 * v[i] + (1.0 - s.beta2) * gi * gi;
+      const double wi = double(w[i]) * (1.0 - s.lr * weight_decay) - s.lr / bias1 * mi / (std::sqrt(vi) / bias2_sqrt + s.eps);
+      m[i] = float(mi), v[i] = float(vi), w[i] = float(wi);
+      if (w_bf16) w_bf16[i] = float_to_bf16(w[i]);
+    }
+  }
+  double sum_of_squares(const float* x, int64_t n) override {
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += double(x[i]) * double(x[i]);
+    return sum;
+  }
+  void scale_in_place(float* x, int64_t n, float factor) override {
+    for (int64_t i = 0; i < n; ++i) x[i] = float(double(x[i]) * double(factor));
+  }
+
+ private:
+  static int64_t a_span(const GemmShape& s) {
+    return s.trans_a == Trans::N ? span(s.m, s.k, s.lda) : span(s.k, s.m, s.lda);
+  }
+  static int64_t b_span(const GemmShape& s) {
+    return s.trans_b == Trans::N ? span(s.k, s.n, s.ldb) : span(s.n, s.k, s.ldb);
+  }
+  static void product(const GemmShape& s, const Doubles& a, const Doubles& b, float* c, float beta) {
+    Doubles cd = beta == 0.0f ? Doubles(size_t(span(s.m, s.n, s.ldc))) : widen(c, span(s.m, s.n, s.ldc));
+    gemm_reference(s, a.data(), b.data(), cd.data(), beta);
+    narrow_view(cd, s.m, s.n, s.ldc, c);
+  }
+  // Attention's inputs in double; with BF16 products rounded to bf16 first, as the CPU backend's
+  // products and bf16 autocast see them.
+  static Doubles input(const float* x, int64_t rows, int64_t cols, int64_t ld, AttentionMatmul precision) {
+    Doubles d = widen(x, span(rows, cols, ld));
+    if (precision == AttentionMatmul::BF16)
+      for (double& e : d) e = round_to_bf16(e);
+    return d;
+  }
+
+};
+
+}  // namespace
+
+Backend& reference_backend() {
+  static ReferenceBackend backend;
+  return backend;
+}
+
+}  // namespace keel::kernels

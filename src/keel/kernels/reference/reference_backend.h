@@ -1,0 +1,13 @@
+// The reference backend: every operation in double precision from the float inputs, rounded to
+// float once at the end, on plain loops (gemm_reference, the flash-style attention template, the
+// row kernels instantiated for double). Slow and exact to fp32: the decoder tests and the
+// reference trainings run on it next to the CPU backend, and a new backend is checked against it.
+// Private to kernels/: others ask backend_named("reference").
+#pragma once
+#include "keel/kernels/backend.h"
+
+namespace keel::kernels {
+
+Backend& reference_backend();
+
+}  // namespace keel::kernels

@@ -1,0 +1,65 @@
+// The value types every backend's operations take: the shapes of products and of attention, the
+// rotary table, AdamW's step constants. Public (model/ and train/ build them); no code runs here
+// except RopeTable::build.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace keel::kernels {
+
+// ---- GEMM: C = op(A) * op(B) + beta * C, all matrices row-major; op(X) is X or its transpose.
+// A linear layer with HF weight W [out, in] is y = x W^T: packed_gemm(N, T, tokens, out, in).
+enum class Trans : uint8_t { N, T };
+
+struct GemmShape {
+  Trans trans_a, trans_b;
+  int64_t m, n, k;
+  int64_t lda, ldb, ldc;  // leading dimensions (row strides in elements) as stored
+};
+
+// The common case of tightly packed operands.
+inline GemmShape packed_gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k) {
+  return {ta, tb, m, n, k, ta == Trans::N ? k : m, tb == Trans::N ? n : k, n};
+}
+
+// ---- Causal self-attention with grouped-query heads.
+struct AttentionShape {
+  int64_t batch, seq;            // sequences in the micro-batch and their (padded) length
+  int64_t q_heads, kv_heads;     // q_heads % kv_heads == 0; q head h reads kv head h / (q_heads/kv_heads)
+  int64_t head_dim;
+  int64_t ldq, ldk, ldv, ldo;    // row strides (elements between consecutive tokens)
+  double scale;                  // usually 1/sqrt(head_dim)
+};
+
+// Element type of attention's products. BF16 rounds q, k, v, the probabilities and the incoming
+// gradients to bf16 before each product (accumulating in fp32), as bf16 autocast does in
+// PyTorch; F32 keeps everything in fp32.
+enum class AttentionMatmul : uint8_t { F32, BF16 };
+
+// ---- Rotary position embedding (Su et al. 2021, RoFormer), full or partial, in the two layouts HF
+// uses: half (Llama/Qwen2, "rotate_half"): pairs (i, i + rotary_dim/2); interleaved (GLM-4):
+// pairs (2i, 2i+1). Only the first rotary_dim channels of each head rotate.
+struct RopeTable {
+  int64_t rotary_dim = 0;   // even, <= head_dim
+  bool interleaved = false;
+  int64_t max_positions = 0;
+  // cos/sin [max_positions, rotary_dim/2], computed exactly as HF does: inv_freq in fp32,
+  // theta^(-2i/rotary_dim), angle = float(position) * inv_freq (fp32 product), then cos/sin.
+  std::vector<float> cos, sin;
+  static RopeTable build(int64_t rotary_dim, bool interleaved, double theta, int64_t max_positions);
+};
+
+// ---- AdamW (Loshchilov & Hutter 2019) with exactly torch.optim.AdamW's fp32 arithmetic:
+//   w *= 1 - lr*wd;  m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g;
+//   denom = sqrt(v) / sqrt(1 - b2^t) + eps;  w -= lr / (1 - b1^t) * m / denom.
+// Hyper-parameters are doubles because torch keeps them as Python floats: 1 - beta1,
+// 1 - lr * weight_decay, beta2^t, ... are formed in double and only then rounded to fp32.
+struct AdamWStep {
+  double lr, beta1, beta2, eps;
+  int64_t step;  // counts from 1
+};
+
+// Label value that contributes neither loss nor gradient (torch's ignore_index).
+constexpr int32_t kIgnoreIndex = -100;
+
+}  // namespace keel::kernels
