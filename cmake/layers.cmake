@@ -1,0 +1,41 @@
+# The layers of keel, one static library per room of src/keel/, each compiled against a view of
+# the source tree that holds its own room and the public headers of the rooms below it, nothing
+# else: an include of a room above (or of a backend's private kernels header) is "No such file"
+# at compile time, not a review comment. tests/layers/layer_include_test.cmake checks that it is.
+#
+# A view is build/layers/<room>/keel/ with a symlink per visible room; kernels/ shows only its
+# public seam (kernels_public_headers): the backends behind it are kernels' own business.
+
+set(KEEL_SOURCE_ROOT ${CMAKE_SOURCE_DIR}/src/keel)
+set(KEEL_KERNELS_PUBLIC_HEADERS backend.h shapes.h)
+
+# Makes `view`/<room> show what layers above may include of `room`.
+function(keel_view_room view room)
+  if(room STREQUAL "kernels")
+    file(MAKE_DIRECTORY ${view}/kernels)
+    foreach(header ${KEEL_KERNELS_PUBLIC_HEADERS})
+      file(CREATE_LINK ${KEEL_SOURCE_ROOT}/kernels/${header} ${view}/kernels/${header} SYMBOLIC)
+    endforeach()
+  else()
+    file(CREATE_LINK ${KEEL_SOURCE_ROOT}/${room} ${view}/${room} SYMBOLIC)
+  endif()
+endfunction()
+
+# keel_layer(ROOM [BELOW room...] [PUBLIC_LINK target...] [PRIVATE_LINK target...])
+# Defines keel_ROOM from src/keel/ROOM/**.cpp, linking keel_<below> for every room BELOW it.
+function(keel_layer room)
+  cmake_parse_arguments(L "" "" "BELOW;PUBLIC_LINK;PRIVATE_LINK" ${ARGN})
+  set(root ${CMAKE_BINARY_DIR}/layers/${room})
+  file(REMOVE_RECURSE ${root})
+  file(MAKE_DIRECTORY ${root}/keel)
+  file(CREATE_LINK ${KEEL_SOURCE_ROOT}/${room} ${root}/keel/${room} SYMBOLIC)
+  set(below_targets "")
+  foreach(below ${L_BELOW})
+    keel_view_room(${root}/keel ${below})
+    list(APPEND below_targets keel_${below})
+  endforeach()
+  file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${KEEL_SOURCE_ROOT}/${room}/*.cpp)
+  add_library(keel_${room} STATIC ${sources})
+  target_include_directories(keel_${room} PRIVATE ${root})
+  target_link_libraries(keel_${room} PUBLIC ${below_targets} ${L_PUBLIC_LINK} PRIVATE ${L_PRIVATE_LINK})
+endfunction()
