@@ -34,9 +34,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "%s needs a value\n", argv[i]);
       return 2;
     }
-    if (a == "--mb") bucket_mb = std::atof(argv[i + 1]);
-    else if (a == "--total-mb") total_mb = std::atof(argv[i + 1]);
-    else if (a == "--repeats") repeats = std::atoi(argv[i + 1]);
+    if (a == "--mb")
+      bucket_mb = std::atof(argv[i + 1]);
+    else if (a == "--total-mb")
+      total_mb = std::atof(argv[i + 1]);
+    else if (a == "--repeats")
+      repeats = std::atoi(argv[i + 1]);
     else {
       std::fprintf(stderr, "unknown option %s\n", argv[i]);
       return 2;
@@ -56,7 +59,8 @@ int main(int argc, char** argv) {
   auto reduce_scatter = [&] {
     std::vector<keel::distributed::Ticket> tickets;
     for (int64_t off = 0; off < total; off += bucket)
-      tickets.push_back(comm->reduce_scatter_sum_async(data.data(), {off, std::min(off + bucket, total)}, shards, false));
+      tickets.push_back(
+          comm->reduce_scatter_sum_async(data.data(), {off, std::min(off + bucket, total)}, shards, false));
     for (auto t : tickets) comm->wait(t);
   };
   auto allgather = [&] { comm->wait(comm->allgather_shards_async(data.data(), shards)); };
@@ -75,19 +79,21 @@ int main(int argc, char** argv) {
   if (zero) {
     const double rs = best_of(reduce_scatter), ag = best_of(allgather);
     if (comm->rank() == 0)
-      std::printf("{\"ranks\": %d, \"bytes\": %.0f, \"bucket_bytes\": %.0f, \"reduce_scatter_seconds\": %.6f, "
-                  "\"reduce_scatter_busbw_GBps\": %.3f, \"allgather_seconds\": %.6f, \"allgather_busbw_GBps\": %.3f, "
-                  "\"communicator\": \"%s\"}\n",
-                  comm->size(), bytes, double(bucket) * sizeof(float), rs, bytes * (n - 1) / n / rs / 1e9, ag,
-                  bytes * (n - 1) / n / ag / 1e9, comm->name().c_str());
+      std::printf(
+          "{\"ranks\": %d, \"bytes\": %.0f, \"bucket_bytes\": %.0f, \"reduce_scatter_seconds\": %.6f, "
+          "\"reduce_scatter_busbw_GBps\": %.3f, \"allgather_seconds\": %.6f, \"allgather_busbw_GBps\": %.3f, "
+          "\"communicator\": \"%s\"}\n",
+          comm->size(), bytes, double(bucket) * sizeof(float), rs, bytes * (n - 1) / n / rs / 1e9, ag,
+          bytes * (n - 1) / n / ag / 1e9, comm->name().c_str());
     return 0;
   }
   const double best = best_of(once);
   const double algbw = bytes / best;
   if (comm->rank() == 0)
-    std::printf("{\"ranks\": %d, \"bytes\": %.0f, \"bucket_bytes\": %.0f, \"seconds\": %.6f, \"algbw_GBps\": %.3f, "
-                "\"busbw_GBps\": %.3f, \"communicator\": \"%s\"}\n",
-                comm->size(), bytes, double(bucket) * sizeof(float), best, algbw / 1e9,
-                n > 1 ? algbw * 2 * (n - 1) / n / 1e9 : 0.0, comm->name().c_str());
+    std::printf(
+        "{\"ranks\": %d, \"bytes\": %.0f, \"bucket_bytes\": %.0f, \"seconds\": %.6f, \"algbw_GBps\": %.3f, "
+        "\"busbw_GBps\": %.3f, \"communicator\": \"%s\"}\n",
+        comm->size(), bytes, double(bucket) * sizeof(float), best, algbw / 1e9,
+        n > 1 ? algbw * 2 * (n - 1) / n / 1e9 : 0.0, comm->name().c_str());
   return 0;
 }

@@ -66,8 +66,7 @@ int main(int argc, char** argv) {
     const auto tokenizer = keel::data::load_tokenizer(argv[1], argc > 3 ? argv[3] : "");
     const int repeats = argc > 4 ? std::max(1, std::atoi(argv[4])) : 3;
     simdjson::padded_string corpus;
-    keel::require(simdjson::padded_string::load(argv[2]).get(corpus) == simdjson::SUCCESS, "{}: cannot read",
-                  argv[2]);
+    keel::require(simdjson::padded_string::load(argv[2]).get(corpus) == simdjson::SUCCESS, "{}: cannot read", argv[2]);
     simdjson::dom::parser parser;
     std::vector<std::string> docs;
     size_t bytes = 0;

@@ -20,9 +20,9 @@ using keel::model::ParamStore;
 const char* const kFiles[] = {"weights.safetensors", "optimizer.safetensors", "trainer_state.json", "recipe.toml"};
 
 struct Fixture {
-  std::string root;                            // checkpoint_dir
-  std::string step_dir;                        // root/step-00000005
-  std::map<std::string, std::string> files;   // the valid checkpoint's files
+  std::string root;                          // checkpoint_dir
+  std::string step_dir;                      // root/step-00000005
+  std::map<std::string, std::string> files;  // the valid checkpoint's files
   ParamStore params;
 };
 
@@ -48,7 +48,8 @@ Fixture& fixture() {
     state.step = 5;
     state.samples_consumed = 40;
     state.seed = 42;
-    state.recipe_hash = state.model_fingerprint = state.data_fingerprint = state.compat_fingerprint = "0123456789abcdef";
+    state.recipe_hash = state.model_fingerprint = state.data_fingerprint = state.compat_fingerprint =
+        "0123456789abcdef";
     {
       keel::checkpoint::CheckpointWriter writer(fx->root, 3, false);
       writer.save(fx->params, state, "max_steps = 10\n");
@@ -69,8 +70,9 @@ std::string manifest_for(const std::map<std::string, std::string>& files) {
     entries += fmt::format("{}    \"{}\": {{\"size\": {}, \"xxh3\": \"{}\"}}", entries.empty() ? "" : ",\n", name,
                            bytes.size(), keel::checksum_hex(keel::checksum(bytes)));
   }
-  return fmt::format("{{\n  \"format\": \"keel-checkpoint\",\n  \"version\": 1,\n  \"step\": 5,\n  \"files\": {{\n{}\n  }}\n}}\n",
-                     entries);
+  return fmt::format(
+      "{{\n  \"format\": \"keel-checkpoint\",\n  \"version\": 1,\n  \"step\": 5,\n  \"files\": {{\n{}\n  }}\n}}\n",
+      entries);
 }
 
 }  // namespace
@@ -100,7 +102,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (path.empty()) return 0;
     checkpoint::TrainingState s = checkpoint::load_checkpoint(path, fx.params);
     if (s.step < 0 || s.samples_consumed < 0) fuzz::property_failed("negative step accepted");
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

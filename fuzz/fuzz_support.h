@@ -23,8 +23,9 @@ namespace keel::fuzz {
 inline const std::string& scratch_dir() {
   static const std::string* dir = [] {
     const char* base = std::getenv("KEEL_FUZZ_TMP");
-    auto* d = new std::string(std::string(base ? base : (std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp")) +
-                              "/keel-fuzz-" + std::to_string(::getpid()));
+    auto* d =
+        new std::string(std::string(base ? base : (std::filesystem::is_directory("/dev/shm") ? "/dev/shm" : "/tmp")) +
+                        "/keel-fuzz-" + std::to_string(::getpid()));
     std::filesystem::create_directories(*d);
     std::atexit([] {
       std::error_code ignored;
@@ -48,7 +49,9 @@ inline void write_bytes(const std::string& path, const void* data, size_t size) 
   }
   ::close(fd);
 }
-inline void write_bytes(const std::string& path, std::string_view bytes) { write_bytes(path, bytes.data(), bytes.size()); }
+inline void write_bytes(const std::string& path, std::string_view bytes) {
+  write_bytes(path, bytes.data(), bytes.size());
+}
 
 // The input split at the first NUL byte: a main part and the rest (e.g. recipe text and --set
 // overrides, tokenizer.json and text to encode). Seeds are written the same way.

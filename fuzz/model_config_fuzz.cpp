@@ -13,10 +13,10 @@ std::string describe(const keel::model::ModelConfig& c, bool with_architecture =
   return fmt::format(
       "family={} arch={} vocab={} hidden={} inter={} layers={} heads={} kv={} head_dim={} rotary={} interleaved={} "
       "theta={} eps={} qkv_bias={} tie={} max_pos={} dtype={} eos=[{}] bos={} pad={}",
-      keel::model::family_name(c.family), with_architecture ? c.architecture : "-", c.vocab_size, c.hidden_size, c.intermediate_size,
-      c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.rotary_dim, c.rope_interleaved, c.rope_theta,
-      c.rms_norm_eps, c.qkv_bias, c.tie_word_embeddings, c.max_position_embeddings, keel::dtype_name(c.torch_dtype),
-      fmt::join(c.eos_token_ids, ","), c.bos_token_id, c.pad_token_id);
+      keel::model::family_name(c.family), with_architecture ? c.architecture : "-", c.vocab_size, c.hidden_size,
+      c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.rotary_dim, c.rope_interleaved,
+      c.rope_theta, c.rms_norm_eps, c.qkv_bias, c.tie_word_embeddings, c.max_position_embeddings,
+      keel::dtype_name(c.torch_dtype), fmt::join(c.eos_token_ids, ","), c.bos_token_id, c.pad_token_id);
 }
 
 // `with_architecture`: false for the generated text, which names the family's own class even when
@@ -30,8 +30,8 @@ void check_round_trip(const keel::model::ModelConfig& c, const std::string& text
     keel::fuzz::property_failed(which, fmt::format("{}\nexported text:\n{}\nerror: {}", describe(c), text, e.what()));
   }
   if (describe(back, with_architecture) != describe(c, with_architecture)) {
-    keel::fuzz::property_failed(which, fmt::format("read:     {}\nreread:   {}\nexported text:\n{}", describe(c),
-                                                   describe(back), text));
+    keel::fuzz::property_failed(
+        which, fmt::format("read:     {}\nreread:   {}\nexported text:\n{}", describe(c), describe(back), text));
   }
 }
 
@@ -51,6 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   check_round_trip(c, model::model_config_json(c, c.torch_dtype), "original config.json round trip", true);
   model::ModelConfig scratch = c;
   scratch.config_json.clear();
-  check_round_trip(scratch, model::model_config_json(scratch, c.torch_dtype), "generated config.json round trip", false);
+  check_round_trip(scratch, model::model_config_json(scratch, c.torch_dtype), "generated config.json round trip",
+                   false);
   return 0;
 }

@@ -17,7 +17,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 0:
       case 1: {
         std::optional<cluster::HcclTopology> topology;
-        if (which == 1) topology = size > 1 && (data[1] & 1) ? cluster::HcclTopology::Pcie : cluster::HcclTopology::HccsFullMesh;
+        if (which == 1)
+          topology = size > 1 && (data[1] & 1) ? cluster::HcclTopology::Pcie : cluster::HcclTopology::HccsFullMesh;
         cluster::RankTableCheck check = cluster::check_rank_table(text, "rank_table.json", topology);
         if (!check.ok()) break;
         const std::string json = cluster::rank_table_json(check.table);
@@ -32,7 +33,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2: (void)cluster::parse_hccn_conf(text, "/etc/hccn.conf"); break;
       case 3: (void)cluster::parse_servers_file(text, "servers.txt"); break;
     }
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

@@ -48,7 +48,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (got != want) {
           auto shown = [](std::string_view v) {
             std::string out;
-            for (unsigned char c : v) out += (c >= 0x20 && c < 0x7f) ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
+            for (unsigned char c : v)
+              out += (c >= 0x20 && c < 0x7f) ? std::string(1, char(c)) : fmt::format("\\x{:02x}", c);
             return out;
           };
           fuzz::property_failed("LineChunkReader changes a line",
@@ -58,7 +59,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       expected_line += int64_t(chunk.lines.size());
     }
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

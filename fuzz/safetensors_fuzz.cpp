@@ -22,8 +22,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (file->find(t.name) != &t) fuzz::property_failed("find(name) returns another tensor", t.name);
     }
     (void)sum;
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   try {
     auto reader = model::CheckpointReader::open_dir(dir);
     std::vector<float> out;
@@ -35,7 +34,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       } catch (const Error&) {  // an unsupported dtype: an error for that tensor only
       }
     }
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

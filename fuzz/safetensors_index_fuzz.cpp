@@ -9,9 +9,9 @@ namespace {
 // Two shards and an index, as keel's writer lays them out (seed_corpus.cpp writes the same).
 void write_sharded_model(const std::string& dir) {
   static const float values[6] = {1, 2, 3, 4, 5, 6};
-  keel::model::write_model_weights(dir, {{"embed.weight", {2, 2}, values}, {"norm.weight", {2}, values},
-                                         {"lm_head.weight", {3, 2}, values}},
-                                   keel::DType::BF16, /*max_shard_bytes=*/12);
+  keel::model::write_model_weights(
+      dir, {{"embed.weight", {2, 2}, values}, {"norm.weight", {2}, values}, {"lm_head.weight", {3, 2}, values}},
+      keel::DType::BF16, /*max_shard_bytes=*/12);
 }
 
 const std::string& model_dir() {
@@ -38,7 +38,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       out.assign(size_t(t.numel()), 0.0f);
       reader.read_f32(name, t.shape, out.data());
     }
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

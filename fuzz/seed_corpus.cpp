@@ -33,22 +33,24 @@ void seed(const std::string& target, const std::string& name, std::string_view b
 std::string prefixed(char selector, std::string_view bytes) { return std::string(1, selector) + std::string(bytes); }
 
 void safetensors_seeds(const std::string& tmp) {
-  const float v[24] = {1, -2, 3.5f, 0, 1e-3f, 65504, -0.0f, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23};
+  const float v[24] = {1,  -2, 3.5f, 0,  1e-3f, 65504, -0.0f, 7,  8,  9,  10, 11,
+                       12, 13, 14,   15, 16,    17,    18,    19, 20, 21, 22, 23};
   int n = 0;
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
     const std::string path = fmt::format("{}/seed{}.safetensors", tmp, n);
-    model::write_safetensors(path,
-                             {{"model.embed_tokens.weight", {4, 3}, v},
-                              {"model.norm.weight", {3}, v + 12},
-                              {"scalar", {}, v + 15},
-                              {"empty", {0, 3}, nullptr}},
-                             dtype, n == 0 ? std::map<std::string, std::string>{{"format", "pt"}}
-                                           : std::map<std::string, std::string>{});
+    model::write_safetensors(
+        path,
+        {{"model.embed_tokens.weight", {4, 3}, v},
+         {"model.norm.weight", {3}, v + 12},
+         {"scalar", {}, v + 15},
+         {"empty", {0, 3}, nullptr}},
+        dtype, n == 0 ? std::map<std::string, std::string>{{"format", "pt"}} : std::map<std::string, std::string>{});
     seed("safetensors", fmt::format("writer-{}", dtype_name(dtype)), read_file(path));
     ++n;
   }
   // A dtype keel does not read (I64): its size is still checked, reading it is an error.
-  std::string header = R"({"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},"w":{"dtype":"F32","shape":[1],"data_offsets":[16,20]}})";
+  std::string header =
+      R"({"ids":{"dtype":"I64","shape":[2],"data_offsets":[0,16]},"w":{"dtype":"F32","shape":[1],"data_offsets":[16,20]}})";
   std::string file(8, '\0');
   for (int i = 0; i < 8; ++i) file[size_t(i)] = char(uint64_t(header.size()) >> (8 * i));
   file += header + std::string(20, '\x01');
@@ -58,9 +60,9 @@ void safetensors_seeds(const std::string& tmp) {
 void safetensors_index_seeds(const std::string& tmp) {
   static const float values[6] = {1, 2, 3, 4, 5, 6};
   const std::string dir = tmp + "/sharded";
-  model::write_model_weights(dir, {{"embed.weight", {2, 2}, values}, {"norm.weight", {2}, values},
-                                   {"lm_head.weight", {3, 2}, values}},
-                             DType::BF16, 12);
+  model::write_model_weights(
+      dir, {{"embed.weight", {2, 2}, values}, {"norm.weight", {2}, values}, {"lm_head.weight", {3, 2}, values}},
+      DType::BF16, 12);
   seed("safetensors_index", "writer", read_file(dir + "/model.safetensors.index.json"));
 }
 
@@ -112,8 +114,9 @@ void recipe_seeds() {
   const std::string text = run::recipe_to_toml(r);
   run::parse_recipe(text, "seed");  // the seed must itself be valid
   seed("recipe", "writer-scratch", text);
-  seed("recipe", "writer-scratch-with-overrides",
-       text + std::string(1, '\0') + "max_steps=5\nlr_scheduler=linear\noutput_dir=runs/a b\nmodel_config.num_layers=3");
+  seed(
+      "recipe", "writer-scratch-with-overrides",
+      text + std::string(1, '\0') + "max_steps=5\nlr_scheduler=linear\noutput_dir=runs/a b\nmodel_config.num_layers=3");
   run::Recipe hf = r;
   hf.model_config.reset();
   hf.model_name = "models/glm-4-9b";
@@ -123,7 +126,8 @@ void recipe_seeds() {
 
 void token_records_seeds() {
   seed("token_records", "ids", "{\"input_ids\": [1, 2, 3, 4]}\n{\"input_ids\": [5]}\n");
-  seed("token_records", "labels", "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n\n{\"input_ids\":[7,8],\"labels\":[7,-100]}");
+  seed("token_records", "labels",
+       "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n\n{\"input_ids\":[7,8],\"labels\":[7,-100]}");
   seed("token_records", "crlf", "{\"input_ids\": [151551, 0]}\r\n  \r\n{\"labels\": [1], \"input_ids\": [1]}\r\n");
 }
 

@@ -60,7 +60,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       for (uint64_t d : v.document_offsets) sum += d;
     }
     (void)sum;
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

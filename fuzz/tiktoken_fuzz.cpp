@@ -23,7 +23,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::vector<int32_t> ids = tokenizer.encode(sample);
     std::string back = tokenizer.decode(ids);
     if (all_bytes && back != sample) fuzz::property_failed("decode(encode(text)) != text", back);
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

@@ -20,7 +20,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (r.input_ids[i] < 0 || r.input_ids[i] >= kVocab) fuzz::property_failed("id outside the vocabulary");
       if (r.labels[i] != -100 && (r.labels[i] < 0 || r.labels[i] >= kVocab)) fuzz::property_failed("bad label");
     }
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

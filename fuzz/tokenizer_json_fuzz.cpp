@@ -13,11 +13,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (bool special : {false, true}) {
       std::vector<int32_t> ids = tokenizer.encode(text, {.add_special_tokens = special});
       for (int32_t id : ids) {
-        if (id < 0 || id >= tokenizer.vocab_size()) fuzz::property_failed("encode returned an id outside the vocabulary");
+        if (id < 0 || id >= tokenizer.vocab_size())
+          fuzz::property_failed("encode returned an id outside the vocabulary");
       }
       (void)tokenizer.decode(ids, special);
     }
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

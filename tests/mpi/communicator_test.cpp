@@ -81,7 +81,6 @@ void test_allgather(Communicator& comm) {
   for (int64_t i = mine.begin; i < mine.end; ++i) data[size_t(i)] = owner_value(i);
   comm.wait(comm.allgather_shards_async(data.data(), shards));
   expect_range(comm, "all-gather of shards", data.data(), {0, total}, owner_value);
-
 }
 
 // ZeRO-1 checkpoints: every rank streams its shards of two buffers to rank 0, which reads both
@@ -108,8 +107,8 @@ void test_shards_to_root(Communicator& comm) {
       const float* p = reader.read(stream, begin, 1 << 20, &n);
       std::copy_n(p, n, whole.data() + begin);
     }
-    expect_range(comm, stream == 0 ? "shards of m streamed to rank 0" : "shards of v streamed to rank 0",
-                 whole.data(), {0, total}, [&](int64_t i) { return stream_value(stream, i); });
+    expect_range(comm, stream == 0 ? "shards of m streamed to rank 0" : "shards of v streamed to rank 0", whole.data(),
+                 {0, total}, [&](int64_t i) { return stream_value(stream, i); });
   }
   reader.drain();
 }

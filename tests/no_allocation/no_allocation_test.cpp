@@ -88,8 +88,7 @@ size_t slot_of(uintptr_t p) { return (p >> 4) * 0x9E3779B97F4A7C15ull % kSlots; 
 
 void remember(void* ptr) {
   if (!ptr) return;
-  while (g_live_lock.test_and_set(std::memory_order_acquire)) {
-  }
+  while (g_live_lock.test_and_set(std::memory_order_acquire)) {}
   for (size_t i = slot_of(uintptr_t(ptr)), n = 0; n < kSlots; i = (i + 1) % kSlots, ++n)
     if (g_live[i].load() == 0 || g_live[i].load() == 1) {  // empty or deleted
       g_live[i] = uintptr_t(ptr);
@@ -101,8 +100,7 @@ void remember(void* ptr) {
 
 void forget(void* ptr) {
   if (!ptr || g_live_count.load(std::memory_order_relaxed) == 0) return;
-  while (g_live_lock.test_and_set(std::memory_order_acquire)) {
-  }
+  while (g_live_lock.test_and_set(std::memory_order_acquire)) {}
   for (size_t i = slot_of(uintptr_t(ptr)), n = 0; n < kSlots && g_live[i].load() != 0; i = (i + 1) % kSlots, ++n)
     if (g_live[i].load() == uintptr_t(ptr)) {
       g_live[i] = 1;  // deleted marker keeps probe chains intact
@@ -298,15 +296,17 @@ AllocationCount allocations_during(Fn&& fn, bool print_stacks = true) {
 
 TEST(CountingAllocator, SeesEveryKindOfAllocation) {
   void* kept = nullptr;
-  const auto n = allocations_during([&] {
-    auto* v = new std::vector<int>(100);
-    delete v;
-    void* p = nullptr;
-    EXPECT_EQ(posix_memalign(&p, 64, 1000), 0);
-    free(p);
-    free(calloc(3, 7));
-    kept = malloc(10);
-  }, false);
+  const auto n = allocations_during(
+      [&] {
+        auto* v = new std::vector<int>(100);
+        delete v;
+        void* p = nullptr;
+        EXPECT_EQ(posix_memalign(&p, 64, 1000), 0);
+        free(p);
+        free(calloc(3, 7));
+        kept = malloc(10);
+      },
+      false);
   EXPECT_EQ(n.by_origin[kKeel], 5);  // the vector object, its storage, posix_memalign, calloc, malloc
   EXPECT_EQ(n.outstanding, 1);       // `kept`
   free(kept);
@@ -353,8 +353,8 @@ AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
     decoder.params().zero_grads();
     for (int64_t i = 0; i < accumulation; ++i) {
       const Batch& b = pool[size_t(((number - 1) * accumulation + i) % pool_size)];
-      model::MicroBatch mb{batch, seq, b.ids.data(), b.targets.data(), b.positions.data(),
-                           param.packed ? b.segments.data() : nullptr};
+      model::MicroBatch mb{
+          batch, seq, b.ids.data(), b.targets.data(), b.positions.data(), param.packed ? b.segments.data() : nullptr};
       loss += decoder.forward_backward(mb, 1.0 / double(accumulation * batch * (seq - 1)));
     }
     const double norm = train::gradient_norm(decoder.backend(), decoder.params());
@@ -388,14 +388,16 @@ TEST_P(NoAllocation, SteadyStateStepsAllocateNothing) { expect_no_allocation(Get
 
 // Sequences of 32 keep attention, and most elementwise kernels, below their parallel thresholds:
 // the serial paths (no OpenMP region at all).
-INSTANTIATE_TEST_SUITE_P(
-    Steps, NoAllocation,
-    ::testing::Values(StepCase{"llama", model::Precision::F32, false}, StepCase{"llama", model::Precision::BF16, false},
-                      StepCase{"glm", model::Precision::BF16, true}, StepCase{"qwen2", model::Precision::F32, true}),
-    [](const auto& info) {
-      return std::string(info.param.family) + (info.param.precision == model::Precision::BF16 ? "_bf16" : "_fp32") +
-             (info.param.checkpointing ? "_checkpointing" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Steps, NoAllocation,
+                         ::testing::Values(StepCase{"llama", model::Precision::F32, false},
+                                           StepCase{"llama", model::Precision::BF16, false},
+                                           StepCase{"glm", model::Precision::BF16, true},
+                                           StepCase{"qwen2", model::Precision::F32, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.family) +
+                                  (info.param.precision == model::Precision::BF16 ? "_bf16" : "_fp32") +
+                                  (info.param.checkpointing ? "_checkpointing" : "");
+                         });
 
 // Sequences of 128 put attention (batch * heads * seq^2 * head_dim = 2^21 multiply-adds) and the
 // SwiGLU and cross-entropy kernels above their parallel thresholds: every thread of the team

@@ -27,11 +27,10 @@ struct FusedAttention {
   std::vector<double> qkv;  // [tokens, ld]
   std::vector<int32_t> segments;
 
-  FusedAttention(int64_t batch, int64_t seq, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
-                 uint64_t seed) {
+  FusedAttention(int64_t batch, int64_t seq, int64_t q_heads, int64_t kv_heads, int64_t head_dim, uint64_t seed) {
     const int64_t ld = (q_heads + 2 * kv_heads) * head_dim + 3;
-    shape = {batch, seq, q_heads, kv_heads, head_dim, ld, ld, ld, q_heads * head_dim + 5,
-             1.0 / std::sqrt(double(head_dim))};
+    shape = {
+        batch, seq, q_heads, kv_heads, head_dim, ld, ld, ld, q_heads * head_dim + 5, 1.0 / std::sqrt(double(head_dim))};
     q_offset = 0;
     k_offset = q_heads * head_dim;
     v_offset = (q_heads + kv_heads) * head_dim;
@@ -46,16 +45,15 @@ struct FusedAttention {
   void forward(const std::vector<T>& buf, std::vector<T>& out, std::vector<T>& lse) const {
     out.assign(out_size(), T(0));
     lse.assign(lse_size(), T(0));
-    attention_forward<T>(shape, buf.data() + q_offset, buf.data() + k_offset,
-                         buf.data() + v_offset, segment_ids(), out.data(), lse.data());
+    attention_forward<T>(shape, buf.data() + q_offset, buf.data() + k_offset, buf.data() + v_offset, segment_ids(),
+                         out.data(), lse.data());
   }
   template <typename T>
-  std::vector<T> backward(const std::vector<T>& buf, const std::vector<T>& out,
-                          const std::vector<T>& lse, const std::vector<T>& dout) const {
+  std::vector<T> backward(const std::vector<T>& buf, const std::vector<T>& out, const std::vector<T>& lse,
+                          const std::vector<T>& dout) const {
     std::vector<T> grad(buf.size(), T(0));
-    attention_backward<T>(shape, buf.data() + q_offset, buf.data() + k_offset,
-                          buf.data() + v_offset, segment_ids(), out.data(), lse.data(),
-                          dout.data(), grad.data() + q_offset, grad.data() + k_offset,
+    attention_backward<T>(shape, buf.data() + q_offset, buf.data() + k_offset, buf.data() + v_offset, segment_ids(),
+                          out.data(), lse.data(), dout.data(), grad.data() + q_offset, grad.data() + k_offset,
                           grad.data() + v_offset);
     return grad;
   }
@@ -65,19 +63,17 @@ struct FusedAttention {
     out.assign(out_size(), 0.0f);
     lse.assign(lse_size(), 0.0f);
     std::vector<char> ws(attention_workspace_bytes(shape, precision, max_threads()));
-    attention_forward_blocked(shape, precision, buf.data() + q_offset, buf.data() + k_offset,
-                              buf.data() + v_offset, segment_ids(), out.data(), lse.data(), ws.data(),
-                              ws.size());
+    attention_forward_blocked(shape, precision, buf.data() + q_offset, buf.data() + k_offset, buf.data() + v_offset,
+                              segment_ids(), out.data(), lse.data(), ws.data(), ws.size());
   }
   std::vector<float> backward_blocked(AttentionMatmul precision, const std::vector<float>& buf,
                                       const std::vector<float>& out, const std::vector<float>& lse,
                                       const std::vector<float>& dout) const {
     std::vector<float> grad(buf.size(), 0.0f);
     std::vector<char> ws(attention_workspace_bytes(shape, precision, max_threads()));
-    attention_backward_blocked(shape, precision, buf.data() + q_offset, buf.data() + k_offset,
-                               buf.data() + v_offset, segment_ids(), out.data(), lse.data(), dout.data(),
-                               grad.data() + q_offset, grad.data() + k_offset, grad.data() + v_offset,
-                               ws.data(), ws.size());
+    attention_backward_blocked(shape, precision, buf.data() + q_offset, buf.data() + k_offset, buf.data() + v_offset,
+                               segment_ids(), out.data(), lse.data(), dout.data(), grad.data() + q_offset,
+                               grad.data() + k_offset, grad.data() + v_offset, ws.data(), ws.size());
     return grad;
   }
   // Indices of qkv that hold data (not row padding).
@@ -112,8 +108,7 @@ void naive_attention(const FusedAttention& a, std::vector<double>& out, std::vec
         std::vector<int64_t> keys;
         for (int64_t j = 0; j <= i; ++j) {
           if (!a.segments.empty() && a.segments[ti] != a.segments[b * s.seq + j]) continue;
-          const double* kj =
-              a.qkv.data() + (b * s.seq + j) * s.ldk + a.k_offset + h / group * s.head_dim;
+          const double* kj = a.qkv.data() + (b * s.seq + j) * s.ldk + a.k_offset + h / group * s.head_dim;
           double dot = 0;
           for (int64_t d = 0; d < s.head_dim; ++d) dot += qi[d] * kj[d];
           scores.push_back(dot * s.scale);
@@ -127,8 +122,7 @@ void naive_attention(const FusedAttention& a, std::vector<double>& out, std::vec
         double* o = out.data() + ti * s.ldo + h * s.head_dim;
         for (size_t n = 0; n < keys.size(); ++n) {
           const double p = std::exp(scores[n] - max) / sum;
-          const double* vj =
-              a.qkv.data() + (b * s.seq + keys[n]) * s.ldv + a.v_offset + h / group * s.head_dim;
+          const double* vj = a.qkv.data() + (b * s.seq + keys[n]) * s.ldv + a.v_offset + h / group * s.head_dim;
           for (int64_t d = 0; d < s.head_dim; ++d) o[d] += p * vj[d];
         }
       }
@@ -154,8 +148,7 @@ void expect_forward_matches_naive(const FusedAttention& a) {
   std::vector<float> out_f, lse_f;
   a.forward(test::to_float(a.qkv), out_f, lse_f);
   for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out_f[i], ref_out[i], 2e-6) << i;
-  for (size_t i = 0; i < lse.size(); ++i)
-    ASSERT_NEAR(lse_f[i], ref_lse[i], 2e-6 * std::fabs(ref_lse[i]) + 1e-6) << i;
+  for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse_f[i], ref_lse[i], 2e-6 * std::fabs(ref_lse[i]) + 1e-6) << i;
 }
 
 void expect_backward_matches_finite_differences(FusedAttention& a, int64_t samples) {
@@ -234,8 +227,7 @@ TEST(Attention, PackedDocumentsMatchDocumentsAlone) {
       for (int64_t c = 0; c < s.q_heads * s.head_dim; ++c)
         ASSERT_NEAR(out1[t * s.ldo + c], out[(start + t) * s.ldo + c], 1e-13);
     for (int64_t h = 0; h < s.q_heads; ++h)
-      for (int64_t t = 0; t < len; ++t)
-        ASSERT_NEAR(lse1[h * len + t], lse[h * s.seq + start + t], 1e-13);
+      for (int64_t t = 0; t < len; ++t) ASSERT_NEAR(lse1[h * len + t], lse[h * s.seq + start + t], 1e-13);
     start += len;
   }
 }
@@ -312,7 +304,8 @@ void expect_blocked_matches_reference(const FusedAttention& a) {
     }
     // Padding between rows is never written.
     for (int64_t t = 0; t < a.tokens(); ++t)
-      for (int64_t c = a.shape.q_heads * a.shape.head_dim; c < a.shape.ldo; ++c) ASSERT_EQ(out_f[t * a.shape.ldo + c], 0.0f);
+      for (int64_t c = a.shape.q_heads * a.shape.head_dim; c < a.shape.ldo; ++c)
+        ASSERT_EQ(out_f[t * a.shape.ldo + c], 0.0f);
   }
 }
 
@@ -360,10 +353,10 @@ TEST(AttentionBlocked, RefusesASmallWorkspace) {
   const std::vector<float> buf = test::to_float(a.qkv);
   std::vector<float> out(a.out_size()), lse(a.lse_size());
   std::vector<char> ws(attention_workspace_bytes(a.shape, AttentionMatmul::F32, max_threads()) - 1);
-  EXPECT_THROW(attention_forward_blocked(a.shape, AttentionMatmul::F32, buf.data(), buf.data() + a.k_offset,
-                                         buf.data() + a.v_offset, nullptr, out.data(), lse.data(), ws.data(),
-                                         ws.size()),
-               keel::Error);
+  EXPECT_THROW(
+      attention_forward_blocked(a.shape, AttentionMatmul::F32, buf.data(), buf.data() + a.k_offset,
+                                buf.data() + a.v_offset, nullptr, out.data(), lse.data(), ws.data(), ws.size()),
+      keel::Error);
 }
 
 }  // namespace

@@ -110,14 +110,15 @@ TEST_P(BackendAgreement, CpuTrainsAsTheReferenceBackendDoes) {
   EXPECT_LT(weight_gap, weight_tol) << "relative L2 of the weight updates";
   // Not vacuous: the run moves the loss by far more than the tolerance.
   EXPECT_GT(std::abs(ref.losses.front() - ref.losses.back()), 10 * later * loss_tol * std::abs(ref.losses.back()));
-  std::printf("%s %s: worst loss gap %.3g, weight-update gap %.3g (relative)\n", family, bf ? "bf16" : "fp32",
-              [&] {
-                double worst = 0;
-                for (int s = 0; s < steps; ++s)
-                  worst = std::max(worst, std::abs(cpu.losses[s] - ref.losses[s]) / std::abs(ref.losses[s]));
-                return worst;
-              }(),
-              weight_gap);
+  std::printf(
+      "%s %s: worst loss gap %.3g, weight-update gap %.3g (relative)\n", family, bf ? "bf16" : "fp32",
+      [&] {
+        double worst = 0;
+        for (int s = 0; s < steps; ++s)
+          worst = std::max(worst, std::abs(cpu.losses[s] - ref.losses[s]) / std::abs(ref.losses[s]));
+        return worst;
+      }(),
+      weight_gap);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, BackendAgreement,

@@ -21,9 +21,7 @@ inline std::vector<double> random_vector(size_t n, uint64_t seed, double lo = -1
   return v;
 }
 
-inline std::vector<float> to_float(const std::vector<double>& v) {
-  return std::vector<float>(v.begin(), v.end());
-}
+inline std::vector<float> to_float(const std::vector<double>& v) { return std::vector<float>(v.begin(), v.end()); }
 
 // Up to `count` distinct indices of [0, n) (all of them when n <= count), ascending.
 inline std::vector<int64_t> sample_indices(int64_t n, int64_t count, uint64_t seed) {
@@ -38,11 +36,9 @@ inline std::vector<int64_t> sample_indices(int64_t n, int64_t count, uint64_t se
 }
 
 // Compares analytic[i] with the central difference of loss() in x[i] for each i in indices.
-inline void expect_gradient_matches(const char* what, std::vector<double>& x,
-                                    const std::vector<double>& analytic,
-                                    const std::vector<int64_t>& indices,
-                                    const std::function<double()>& loss, double eps = 1e-6,
-                                    double tolerance = 1e-6) {
+inline void expect_gradient_matches(const char* what, std::vector<double>& x, const std::vector<double>& analytic,
+                                    const std::vector<int64_t>& indices, const std::function<double()>& loss,
+                                    double eps = 1e-6, double tolerance = 1e-6) {
   // One thread: the kernels are tiny here, and on a loaded machine every parallel region's
   // barrier can cost a scheduler tick.
   const int saved_threads = omp_get_max_threads();
@@ -61,8 +57,7 @@ inline void expect_gradient_matches(const char* what, std::vector<double>& x,
       ADD_FAILURE() << what << "[" << i << "]: analytic " << analytic[i] << " numeric " << numeric;
   }
   omp_set_num_threads(saved_threads);
-  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << indices.size()
-                         << " gradient entries differ";
+  EXPECT_EQ(failures, 0) << what << ": " << failures << " of " << indices.size() << " gradient entries differ";
 }
 
 inline double weighted_sum(const std::vector<double>& y, const std::vector<double>& weights) {

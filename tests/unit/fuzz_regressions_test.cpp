@@ -102,8 +102,9 @@ TEST(FuzzRegressions, TokenizerAddedTokenIdInt32Max) {
 // written raw by recipe_to_toml, which TOML forbids, so the resolved recipe (--print-recipe, a
 // checkpoint's recipe.toml) did not parse back. (data/fuzz/recipe/control-character-in-string)
 TEST(FuzzRegressions, RecipeToTomlEscapesControlCharacters) {
-  const std::string model = "max_steps = 1\n[model_config]\nvocab_size = 8\nhidden_size = 8\nintermediate_size = 8\n"
-                            "num_layers = 1\nnum_heads = 1\n";
+  const std::string model =
+      "max_steps = 1\n[model_config]\nvocab_size = 8\nhidden_size = 8\nintermediate_size = 8\n"
+      "num_layers = 1\nnum_heads = 1\n";
   for (const char* value : {R"(x\u0001y)", R"(x\ry)", R"(x\u007Fy)", R"(tab\there)", R"(q\"uote\\)"}) {
     SCOPED_TRACE(value);
     const auto r = keel::run::parse_recipe(std::string("data_path = \"") + value + "\"\n" + model, "recipe.toml");

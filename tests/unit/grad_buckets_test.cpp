@@ -16,8 +16,8 @@ namespace {
 class RecordingCommunicator final : public FakeCommunicator {
  public:
   std::vector<std::pair<int64_t, int64_t>> submitted;  // (offset from base, count)
-  std::vector<FlatRange> scattered;                     // reduce-scatters (ZeRO-1)
-  std::vector<uint64_t> after;                          // each collective's compute event
+  std::vector<FlatRange> scattered;                    // reduce-scatters (ZeRO-1)
+  std::vector<uint64_t> after;                         // each collective's compute event
   float* base = nullptr;
   Ticket allreduce_sum_async(float* data, int64_t n, bool, ComputeEvent ready) override {
     submitted.push_back({data - base, n});

@@ -109,8 +109,9 @@ TEST(HfWeightsErrors, UnusedTensorsAreReported) {
   TempDir dir;
   std::vector<TensorToWrite> tensors;
   for (const auto& t : hf_tensors(config, model.ids()))
-    tensors.push_back({t.name, t.shape(), model.params().weights_data() + model.params().param(t.param).offset +
-                                              t.row_begin * (t.cols ? t.cols : 1)});
+    tensors.push_back(
+        {t.name, t.shape(),
+         model.params().weights_data() + model.params().param(t.param).offset + t.row_begin * (t.cols ? t.cols : 1)});
   std::vector<float> extra(4, 1.0f);
   tensors.push_back({"model.layers.0.mlp.extra_adapter.weight", {2, 2}, extra.data()});
   write_model_weights(dir.path(), tensors, DType::F32);

@@ -18,7 +18,8 @@ TEST(JsonText, BigIntegersGetAFractionAndNothingElseChanges) {
   EXPECT_EQ(json_with_big_integers_as_doubles("[-9223372036854775808,-9223372036854775809]"),
             "[-9223372036854775808,-9223372036854775809.0]");
   // Digits inside strings, escaped quotes, fractions and exponents are left alone.
-  const std::string untouched = R"({"a\"99999999999999999999999": "123456789012345678901234", "b": 1.5e300, "c": 123456789012345678901234.5})";
+  const std::string untouched =
+      R"({"a\"99999999999999999999999": "123456789012345678901234", "b": 1.5e300, "c": 123456789012345678901234.5})";
   EXPECT_EQ(json_with_big_integers_as_doubles(untouched), untouched);
 }
 

@@ -84,8 +84,8 @@ TEST(RmsNorm, BackwardIsIdenticalForOneAndTwoThreads) {
     test::with_threads(threads, [&] {
       dx[threads - 1].assign(rows * dim, 0.f);
       dw[threads - 1].assign(dim, 0.25f);
-      rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, dim,
-                       dx[threads - 1].data(), dw[threads - 1].data());
+      rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, dim, dx[threads - 1].data(),
+                       dw[threads - 1].data());
     });
   EXPECT_TRUE(bitwise_equal(dx[0], dx[1]));
   EXPECT_TRUE(bitwise_equal(dw[0], dw[1]));
@@ -145,8 +145,8 @@ TEST_P(RopeTest, BackwardMatchesFiniteDifferences) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, RopeTest,
-                         ::testing::Values(RopeCase{false, 8, 8}, RopeCase{true, 8, 8},
-                                           RopeCase{false, 8, 4}, RopeCase{true, 12, 6}));
+                         ::testing::Values(RopeCase{false, 8, 8}, RopeCase{true, 8, 8}, RopeCase{false, 8, 4},
+                                           RopeCase{true, 12, 6}));
 
 TEST(RopeTable, FollowsHfInverseFrequencies) {
   const int64_t dim = 64;
@@ -253,11 +253,9 @@ TEST(CrossEntropy, LossAndGradientMatchFormula) {
   const std::vector<double> x = random_vector(rows * ld, 20, -8, 8);
   const double grad_scale = 0.25;
   std::vector<double> g = x;
-  const double loss = cross_entropy_forward_backward(g.data(), ld, labels.data(), rows, vocab,
-                                                     grad_scale);
+  const double loss = cross_entropy_forward_backward(g.data(), ld, labels.data(), rows, vocab, grad_scale);
   std::vector<float> gf = test::to_float(x);
-  const double loss_f = cross_entropy_forward_backward(gf.data(), ld, labels.data(), rows, vocab,
-                                                       grad_scale);
+  const double loss_f = cross_entropy_forward_backward(gf.data(), ld, labels.data(), rows, vocab, grad_scale);
   double ref_loss = 0;
   for (int64_t r = 0; r < rows; ++r) {
     const double* xr = x.data() + r * ld;
@@ -288,8 +286,7 @@ TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
   cross_entropy_forward_backward(g.data(), vocab, labels.data(), rows, vocab, grad_scale);
   expect_gradient_matches("dlogits", x, g, sample_indices(rows * vocab, 1 << 30, 0), [&] {
     std::vector<double> y = x;
-    return grad_scale *
-           cross_entropy_forward_backward(y.data(), vocab, labels.data(), rows, vocab, 1.0);
+    return grad_scale * cross_entropy_forward_backward(y.data(), vocab, labels.data(), rows, vocab, 1.0);
   });
 }
 
@@ -305,8 +302,8 @@ TEST(CrossEntropy, RejectsOutOfRangeLabels) {
 
 // torch 1.13 _single_tensor_adamw restated per element in fp32 (add_ with alpha is an fma in
 // torch's vectorised kernel; addcdiv is (value * t1) / t2).
-void torch_adamw_step(std::vector<float>& w, const std::vector<float>& g, std::vector<float>& m,
-                      std::vector<float>& v, const AdamWStep& s, double wd) {
+void torch_adamw_step(std::vector<float>& w, const std::vector<float>& g, std::vector<float>& m, std::vector<float>& v,
+                      const AdamWStep& s, double wd) {
   const double bc1 = 1 - std::pow(s.beta1, double(s.step));
   const double bc2 = 1 - std::pow(s.beta2, double(s.step));
   for (size_t i = 0; i < w.size(); ++i) {
@@ -345,8 +342,7 @@ TEST(AdamW, AgreesWithDoublePrecisionAdamW) {
   for (int64_t t = 1; t <= 3; ++t) {
     const std::vector<double> g = random_vector(n, 200 + t);
     const std::vector<float> gf = test::to_float(g);
-    adamw_update(w.data(), gf.data(), m.data(), v.data(), n, AdamWStep{lr, b1, b2, eps, t}, wd,
-                 nullptr);
+    adamw_update(w.data(), gf.data(), m.data(), v.data(), n, AdamWStep{lr, b1, b2, eps, t}, wd, nullptr);
     for (int64_t i = 0; i < n; ++i) {
       wd_[i] *= 1 - lr * wd;
       md[i] = b1 * md[i] + (1 - b1) * double(gf[i]);

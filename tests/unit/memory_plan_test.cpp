@@ -37,8 +37,8 @@ void expect_valid_packing(const MemoryPlan& plan) {
           b[i].offset < b[j].offset + b[j].aligned_bytes && b[j].offset < b[i].offset + b[i].aligned_bytes;
       EXPECT_FALSE(live_together && share_bytes)
           << b[i].name << " [" << b[i].first_use << "," << b[i].last_use << "] @" << b[i].offset << "+"
-          << b[i].aligned_bytes << " overlaps " << b[j].name << " [" << b[j].first_use << "," << b[j].last_use
-          << "] @" << b[j].offset << "+" << b[j].aligned_bytes;
+          << b[i].aligned_bytes << " overlaps " << b[j].name << " [" << b[j].first_use << "," << b[j].last_use << "] @"
+          << b[j].offset << "+" << b[j].aligned_bytes;
     }
   }
   EXPECT_EQ(plan.arena_bytes(), top);
@@ -65,11 +65,11 @@ TEST(MemoryPlan, RandomInstancesNeverOverlapLiveBuffers) {
 
 TEST(MemoryPlan, PeakIsTheLargestSumOfLiveBytes) {
   MemoryPlan plan(64);
-  plan.add("a", MemoryCategory::Activations, 100, 0, 2);   // 128 aligned
-  plan.add("b", MemoryCategory::Activations, 64, 1, 3);    // 64
-  plan.add("c", MemoryCategory::Workspace, 1000, 3, 3);    // 1024
-  plan.add("d", MemoryCategory::Workspace, 10, 4, 9);      // 64
-  EXPECT_EQ(plan.peak_live_bytes(), 64u + 1024u);  // at position 3
+  plan.add("a", MemoryCategory::Activations, 100, 0, 2);  // 128 aligned
+  plan.add("b", MemoryCategory::Activations, 64, 1, 3);   // 64
+  plan.add("c", MemoryCategory::Workspace, 1000, 3, 3);   // 1024
+  plan.add("d", MemoryCategory::Workspace, 10, 4, 9);     // 64
+  EXPECT_EQ(plan.peak_live_bytes(), 64u + 1024u);         // at position 3
   EXPECT_EQ(plan.peak_position(), 3);
   EXPECT_EQ(plan.naive_bytes(), 128u + 64u + 1024u + 64u);
   expect_valid_packing(plan);
@@ -94,8 +94,7 @@ TEST(MemoryPlan, ForwardBackwardActivationsPackWithLittleWaste) {
   MemoryPlan plan;
   plan.add("params", MemoryCategory::MasterWeights, 50 << 20, 0, 2 * L + 2);
   for (int l = 0; l < L; ++l)
-    for (int k = 0; k < 5; ++k)
-      plan.add("act", MemoryCategory::Activations, size_t(1 + k) << 20, 1 + l, 2 * L + 1 - l);
+    for (int k = 0; k < 5; ++k) plan.add("act", MemoryCategory::Activations, size_t(1 + k) << 20, 1 + l, 2 * L + 1 - l);
   plan.add("logits", MemoryCategory::Workspace, 30 << 20, L + 1, L + 1);
   plan.add("grad.a", MemoryCategory::Workspace, 8 << 20, L + 2, 2 * L + 1);
   plan.add("grad.b", MemoryCategory::Workspace, 8 << 20, L + 2, 2 * L + 1);
@@ -266,8 +265,11 @@ TEST(DecoderMemoryPlan, PlansANineBillionParameterModelWithoutAllocatingIt) {
 
 TEST(DecoderMemoryPlan, MemoryCapFailsAtConstruction) {
   const auto config = small_config("llama");
-  expect_keel_error([&] { model::Decoder d(config, model::Precision::F32, 2, 32, {false, true, 4096}); },
-                    {"memory_pool_size", "activations", "optimizer state"});
+  expect_keel_error(
+      [&] {
+        model::Decoder d(config, model::Precision::F32, 2, 32, {false, true, 4096});
+      },
+      {"memory_pool_size", "activations", "optimizer state"});
 }
 
 }  // namespace

@@ -173,8 +173,8 @@ TEST(ModelConfig, GlmTransformersNative) {
 
   ModelConfig d = parse(R"({"architectures": ["GlmForCausalLM"], "vocab_size": 100, "hidden_size": 64,
                             "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4})");
-  EXPECT_TRUE(d.qkv_bias);      // attention_bias defaults to true for GLM
-  EXPECT_EQ(d.rotary_dim, 8);   // partial_rotary_factor 0.5 of head_dim 16
+  EXPECT_TRUE(d.qkv_bias);     // attention_bias defaults to true for GLM
+  EXPECT_EQ(d.rotary_dim, 8);  // partial_rotary_factor 0.5 of head_dim 16
 }
 
 TEST(ModelConfig, GlmOriginal) {
@@ -232,8 +232,11 @@ TEST(ModelConfig, LoadFromFileNamesTheFile) {
 
 // A small Llama config.json; `fields` adds keys or replaces the default sizes.
 std::string llama_config(std::map<std::string, std::string> fields) {
-  std::map<std::string, std::string> all = {{"vocab_size", "100"}, {"hidden_size", "64"}, {"intermediate_size", "128"},
-                                            {"num_hidden_layers", "2"}, {"num_attention_heads", "4"}};
+  std::map<std::string, std::string> all = {{"vocab_size", "100"},
+                                            {"hidden_size", "64"},
+                                            {"intermediate_size", "128"},
+                                            {"num_hidden_layers", "2"},
+                                            {"num_attention_heads", "4"}};
   for (auto& [key, value] : fields) all[key] = value;
   std::string json = R"({"architectures": ["LlamaForCausalLM"])";
   for (const auto& [key, value] : all) json += ", \"" + key + "\": " + value;
@@ -409,7 +412,8 @@ TEST(ModelConfigExport, GeneratedJsonUsesEachFormatsKeys) {
                           "\"rope_theta\": 123456.789", "\"rope_scaling\": null", "\"num_key_value_heads\": 2"}) {
     EXPECT_NE(llama.find(key), std::string::npos) << key << "\n" << llama;
   }
-  EXPECT_NE(model_config_json(small_config(Family::Glm), DType::F32).find("\"partial_rotary_factor\""), std::string::npos);
+  EXPECT_NE(model_config_json(small_config(Family::Glm), DType::F32).find("\"partial_rotary_factor\""),
+            std::string::npos);
 }
 
 TEST(ModelConfigExport, OriginalTextKeptExceptDtype) {

@@ -38,7 +38,8 @@ TEST(RecordParser, ReadsEveryRecordShape) {
   ASSERT_EQ(r.messages.size(), 2u);
   EXPECT_EQ(r.messages[0].content, "do\n\nthis");
 
-  EXPECT_EQ(p.parse(R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})", r), "");
+  EXPECT_EQ(p.parse(R"({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]})", r),
+            "");
   ASSERT_EQ(r.messages.size(), 2u);
   EXPECT_EQ(p.parse(R"({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]})", r), "");
   ASSERT_EQ(r.messages.size(), 2u);

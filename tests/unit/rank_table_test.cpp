@@ -77,8 +77,9 @@ void expect_schema(const std::string& json) {
 }
 
 // A valid two-server table to break in one place at a time.
-std::string two_servers(const std::string& server_count = R"("2")", const std::string& status = R"("completed")",
-                        const std::string& device_1_1 = R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": "3"})") {
+std::string two_servers(
+    const std::string& server_count = R"("2")", const std::string& status = R"("completed")",
+    const std::string& device_1_1 = R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": "3"})") {
   return R"({"version": "1.0", "server_count": )" + server_count + R"(, "status": )" + status + R"(,
   "server_list": [
     {"server_id": "10.0.0.1", "device": [
@@ -86,7 +87,8 @@ std::string two_servers(const std::string& server_count = R"("2")", const std::s
       {"device_id": "1", "device_ip": "10.0.0.102", "rank_id": "1"}]},
     {"server_id": "10.0.0.2", "device": [
       {"device_id": "0", "device_ip": "10.1.0.1", "rank_id": "2"},
-      )" + device_1_1 + R"(]}]})";
+      )" +
+         device_1_1 + R"(]}]})";
 }
 
 std::vector<std::string> errors_of(const std::string& json, std::optional<HcclTopology> topology = std::nullopt) {
@@ -150,7 +152,8 @@ TEST(RankTableWriter, SingleServerFromHccnConf) {
   EXPECT_EQ(devices[3].device_id, 3);
   EXPECT_EQ(devices[3].device_ip, "192.168.103.101");
   EXPECT_EQ(devices[3].rank_id, 3);
-  EXPECT_NE(json.find(R"("device_id": "3", "device_ip": "192.168.103.101", "rank_id": "3")"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("device_id": "3", "device_ip": "192.168.103.101", "rank_id": "3")"), std::string::npos)
+      << json;
 }
 
 TEST(RankTableWriter, PlaceholderWithoutAddresses) {
@@ -164,9 +167,10 @@ TEST(RankTableWriter, PlaceholderWithoutAddresses) {
   // Left as is, the check refuses it, naming each device.
   auto errors = errors_of(json);
   ASSERT_EQ(errors.size(), 2u);
-  EXPECT_NE(errors[1].find("server_list[0] (server_id \"10.0.0.1\").device[1] (device_id \"1\"): device_ip is still the "
-                           "placeholder"),
-            std::string::npos)
+  EXPECT_NE(
+      errors[1].find("server_list[0] (server_id \"10.0.0.1\").device[1] (device_id \"1\"): device_ip is still the "
+                     "placeholder"),
+      std::string::npos)
       << errors[1];
 }
 
@@ -233,7 +237,9 @@ TEST(RankTableWriter, SeveralServersFromAServersFile) {
   std::string servers =
       "# server_id  settings\n"
       "10.0.0.1 npus=2 device_ips=192.168.1.1,192.168.1.2\n"
-      "10.0.0.2 slots=2 hccn_conf=" + dir / "node2-hccn.conf" + "   # an OpenMPI-style slots count\n"
+      "10.0.0.2 slots=2 hccn_conf=" +
+      dir / "node2-hccn.conf" +
+      "   # an OpenMPI-style slots count\n"
       "10.0.0.3\tdevices=4,5\n";  // tab-separated, as hand-written files often are
   RankTableRequest r;
   r.topology = HcclTopology::Pcie;
@@ -295,7 +301,8 @@ TEST(RankTableCheck, AcceptsAValidTable) {
 
 TEST(RankTableCheck, IntegerRankIdsAreAcceptedWithANote) {
   RankTableCheck check = check_rank_table(
-      two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": 3})"), "t.json");
+      two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": 3})"),
+      "t.json");
   EXPECT_TRUE(check.ok()) << (check.errors.empty() ? "" : check.errors[0]);
   ASSERT_EQ(check.notes.size(), 1u);
   EXPECT_NE(check.notes[0].find("rank_id is an integer"), std::string::npos);
@@ -303,7 +310,8 @@ TEST(RankTableCheck, IntegerRankIdsAreAcceptedWithANote) {
 }
 
 TEST(RankTableCheck, StatusVersionAndCounts) {
-  expect_one_error(two_servers(R"("2")", R"("initializing")"), {"t.json: \"status\": expected \"completed\"", "initializing"});
+  expect_one_error(two_servers(R"("2")", R"("initializing")"),
+                   {"t.json: \"status\": expected \"completed\"", "initializing"});
   expect_one_error(two_servers(R"("3")"), {"\"server_count\" is \"3\" but server_list has 2 servers"});
   expect_one_error(two_servers(R"(2)"), {"\"server_count\": expected a string such as \"1\", found integer 2"});
   expect_one_error(two_servers(R"("two")"), {"\"server_count\": expected a count", "\"two\""});
@@ -330,42 +338,52 @@ TEST(RankTableCheck, DuplicateAndMissingRanks) {
   errors = errors_of(
       two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": "4"})"));
   ASSERT_EQ(errors.size(), 2u);
-  EXPECT_NE(errors[0].find("device[1] (device_id \"1\"): rank_id 4 is out of range: the table lists 4 devices, so ranks "
-                           "must be 0-3"),
-            std::string::npos)
+  EXPECT_NE(
+      errors[0].find("device[1] (device_id \"1\"): rank_id 4 is out of range: the table lists 4 devices, so ranks "
+                     "must be 0-3"),
+      std::string::npos)
       << errors[0];
   EXPECT_NE(errors[1].find("ranks are not contiguous: no device has rank_id 3"), std::string::npos) << errors[1];
-  expect_one_error(two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": -3})"),
-                   {"device[1] (device_id \"1\"): rank_id: expected a non-negative rank, found integer -3"});
-  expect_one_error(two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": "x3"})"),
-                   {"rank_id: expected a rank such as \"0\", found \"x3\""});
-  expect_one_error(two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": 3.0})"),
-                   {"rank_id: expected a string such as \"0\", found number 3.0"});
+  expect_one_error(
+      two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": -3})"),
+      {"device[1] (device_id \"1\"): rank_id: expected a non-negative rank, found integer -3"});
+  expect_one_error(
+      two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": "x3"})"),
+      {"rank_id: expected a rank such as \"0\", found \"x3\""});
+  expect_one_error(
+      two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0.2", "rank_id": 3.0})"),
+      {"rank_id: expected a string such as \"0\", found number 3.0"});
   // An unreadable rank_id is the one error: the gap it leaves is not reported again.
   expect_one_error(two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0.2"})"),
                    {"device[1] (device_id \"1\"): \"rank_id\" is missing"});
 }
 
 TEST(RankTableCheck, DuplicateDevicesServersAndAddresses) {
-  expect_one_error(two_servers(R"("2")", R"("completed")", R"({"device_id": "0", "device_ip": "10.1.0.2", "rank_id": "3"})"),
-                   {"server_list[1] (server_id \"10.0.0.2\").device[1] (device_id \"0\"): device_id duplicates",
-                    ".device[0] (device_id \"0\")"});
-  expect_one_error(two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.0.0.101", "rank_id": "3"})"),
-                   {"device[1] (device_id \"1\"): device_ip 10.0.0.101 duplicates t.json: server_list[0]"});
+  expect_one_error(
+      two_servers(R"("2")", R"("completed")", R"({"device_id": "0", "device_ip": "10.1.0.2", "rank_id": "3"})"),
+      {"server_list[1] (server_id \"10.0.0.2\").device[1] (device_id \"0\"): device_id duplicates",
+       ".device[0] (device_id \"0\")"});
+  expect_one_error(
+      two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.0.0.101", "rank_id": "3"})"),
+      {"device[1] (device_id \"1\"): device_ip 10.0.0.101 duplicates t.json: server_list[0]"});
   std::string same_server = two_servers();
   same_server.replace(same_server.find("10.0.0.2"), 8, "10.0.0.1");
-  expect_one_error(same_server, {"server_list[1] (server_id \"10.0.0.1\"): server_id duplicates t.json: server_list[0]"});
+  expect_one_error(same_server,
+                   {"server_list[1] (server_id \"10.0.0.1\"): server_id duplicates t.json: server_list[0]"});
   std::string bad_server = two_servers();
   bad_server.replace(bad_server.find("10.0.0.2"), 8, "node-two");
-  expect_one_error(bad_server, {"server_list[1] (server_id \"node-two\"): server_id: expected the server's IP address"});
-  expect_one_error(two_servers(R"("2")", R"("completed")", R"({"device_id": 1, "device_ip": "10.1.0.2", "rank_id": "3"})"),
-                   {"server_list[1] (server_id \"10.0.0.2\").device[1]: \"device_id\": expected a string such as \"0\", "
-                    "found integer 1"});
-  expect_one_error(two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0", "rank_id": "3"})"),
-                   {"device_ip: expected an IP address, found \"10.1.0\""});
+  expect_one_error(bad_server,
+                   {"server_list[1] (server_id \"node-two\"): server_id: expected the server's IP address"});
   expect_one_error(
-      two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_id": "1", "device_ip": "10.1.0.2", "rank_id": "3"})"),
-      {"device[1]: key \"device_id\" appears twice"});
+      two_servers(R"("2")", R"("completed")", R"({"device_id": 1, "device_ip": "10.1.0.2", "rank_id": "3"})"),
+      {"server_list[1] (server_id \"10.0.0.2\").device[1]: \"device_id\": expected a string such as \"0\", "
+       "found integer 1"});
+  expect_one_error(
+      two_servers(R"("2")", R"("completed")", R"({"device_id": "1", "device_ip": "10.1.0", "rank_id": "3"})"),
+      {"device_ip: expected an IP address, found \"10.1.0\""});
+  expect_one_error(two_servers(R"("2")", R"("completed")",
+                               R"({"device_id": "1", "device_id": "1", "device_ip": "10.1.0.2", "rank_id": "3"})"),
+                   {"device[1]: key \"device_id\" appears twice"});
 }
 
 TEST(RankTableCheck, StructuralProblems) {

@@ -28,8 +28,8 @@
 
 namespace {
 
-using keel::testing::TempDir;
 using keel::testing::expect_keel_error;
+using keel::testing::TempDir;
 
 constexpr int64_t kMiB = int64_t(1) << 20;
 
@@ -89,8 +89,9 @@ TEST(ResourceLimits, SafetensorsTensorOf2To60Bytes) {
   TempDir dir;
   // 2^28 x 2^30 F32 elements = 2^60 bytes, claimed by a 64-byte file.
   write_text(dir / "model.safetensors",
-             safetensors_bytes(R"({"w":{"dtype":"F32","shape":[268435456,1073741824],"data_offsets":[0,1152921504606846976]}})",
-                               std::string(64, '\0')));
+             safetensors_bytes(
+                 R"({"w":{"dtype":"F32","shape":[268435456,1073741824],"data_offsets":[0,1152921504606846976]}})",
+                 std::string(64, '\0')));
   expect_cheap_error([&] { keel::model::SafetensorsFile::open(dir / "model.safetensors"); },
                      {"model.safetensors", "tensor 'w'", "data_offsets within the 64-byte data section"});
   expect_cheap_error([&] { keel::model::CheckpointReader::open_dir(dir.path()); }, {"tensor 'w'"});
@@ -101,9 +102,10 @@ TEST(ResourceLimits, SafetensorsTensorOf2To60Bytes) {
   expect_cheap_error([&] { keel::model::SafetensorsFile::open(dir / "model.safetensors"); },
                      {"tensor 'w'", "expected 1152921504606846976 bytes"});
   // Element counts that overflow 64 bits cannot wrap around to a small size.
-  write_text(dir / "model.safetensors",
-             safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,64]}})",
-                               std::string(64, '\0')));
+  write_text(
+      dir / "model.safetensors",
+      safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,64]}})",
+                        std::string(64, '\0')));
   expect_cheap_error([&] { keel::model::SafetensorsFile::open(dir / "model.safetensors"); },
                      {"tensor 'w'", "more elements than fit in 64 bits"});
 }
@@ -139,8 +141,8 @@ TEST(ResourceLimits, JsonlLineOf10GB) {
   write_sparse(path, "{\"input_ids\": [1, 2, 3]}\n{\"input_ids\": [1", 10 * 1024 * kMiB);
   // The reader maps the file and looks for the line's end no further than the 64 MiB limit:
   // those mapped pages are the only memory it touches.
-  expect_cheap_error([&] { keel::data::read_token_records(path, 100); },
-                     {path + ":2", "line longer than 64 MiB"}, 160 * kMiB);
+  expect_cheap_error([&] { keel::data::read_token_records(path, 100); }, {path + ":2", "line longer than 64 MiB"},
+                     160 * kMiB);
 }
 
 TEST(ResourceLimits, JsonlLongLineEndingInTheFile) {
@@ -175,7 +177,8 @@ TEST(ResourceLimits, PrepareSkipsAndReportsALineOver64MiB) {
   EXPECT_EQ(report.bad_records, 1);
   ASSERT_EQ(report.bad_listed.size(), 1u);
   EXPECT_EQ(report.bad_listed[0].line, 2);
-  EXPECT_NE(report.bad_listed[0].reason.find("above the 64 MiB limit"), std::string::npos) << report.bad_listed[0].reason;
+  EXPECT_NE(report.bad_listed[0].reason.find("above the 64 MiB limit"), std::string::npos)
+      << report.bad_listed[0].reason;
   EXPECT_EQ(report.documents, 2);  // the lines around it are kept
   if (growth >= 0) {
     EXPECT_LT(growth, 100 * kMiB) << "peak RSS grew by " << growth / kMiB << " MiB";
@@ -241,9 +244,8 @@ num_heads = 2
 )";
   // 10^9 steps with a log line each is accepted: nothing is sized by the step count.
   keel::run::Recipe r;
-  const int64_t growth = peak_rss_growth([&] {
-    r = keel::run::parse_recipe("max_steps = 1000000000\nlog_interval = 1\n" + base, "recipe.toml");
-  });
+  const int64_t growth = peak_rss_growth(
+      [&] { r = keel::run::parse_recipe("max_steps = 1000000000\nlog_interval = 1\n" + base, "recipe.toml"); });
   EXPECT_EQ(r.max_steps, 1000000000);
   if (growth >= 0) {
     EXPECT_LT(growth, 16 * kMiB);
@@ -263,7 +265,8 @@ num_heads = 2
 TEST(ResourceLimits, RecipeFileOf10GB) {
   TempDir dir;
   write_sparse(dir / "recipe.toml", "max_steps = 1\n# ", 10 * 1024 * kMiB);
-  expect_cheap_error([&] { keel::run::load_recipe(dir / "recipe.toml"); }, {"recipe.toml", "expected a file of at most"});
+  expect_cheap_error([&] { keel::run::load_recipe(dir / "recipe.toml"); },
+                     {"recipe.toml", "expected a file of at most"});
 }
 
 // --- config.json ---------------------------------------------------------------------------------
@@ -292,8 +295,9 @@ TEST(ResourceLimits, ModelConfigAbsurdSizes) {
                      {"config.json", "intermediate_size"});
   expect_cheap_error([&] { keel::model::parse_model_config(config("head_dim", "1048576"), "config.json"); },
                      {"config.json", "head_dim"});
-  expect_cheap_error([&] { keel::model::parse_model_config(config("max_position_embeddings", "1e300"), "config.json"); },
-                     {"config.json", "max_position_embeddings"});
+  expect_cheap_error(
+      [&] { keel::model::parse_model_config(config("max_position_embeddings", "1e300"), "config.json"); },
+      {"config.json", "max_position_embeddings"});
   expect_cheap_error(
       [&] { keel::model::parse_model_config(config("vocab_size", "18446744073709551615"), "config.json"); },
       {"config.json", "vocab_size"});

@@ -24,8 +24,9 @@ TEST(ForEachLine, SplitsLinesReportsATornLastOneAndSkipsOverlongOnes) {
   const std::string long_line(100000, 'x');  // crosses the 64 KiB read size
   write_file_atomic(dir / "f", "a\n\n" + long_line + "\nbc\n" + std::string(300, 'y') + "\ntorn");
   std::vector<std::pair<std::string, bool>> seen;
-  const int64_t skipped =
-      for_each_line(dir / "f", 200000, [&](std::string_view l, bool complete) { seen.push_back({std::string(l), complete}); });
+  const int64_t skipped = for_each_line(dir / "f", 200000, [&](std::string_view l, bool complete) {
+    seen.push_back({std::string(l), complete});
+  });
   EXPECT_EQ(skipped, 0);
   ASSERT_EQ(seen.size(), 6u);
   EXPECT_EQ(seen[0], std::make_pair(std::string("a"), true));
@@ -34,7 +35,11 @@ TEST(ForEachLine, SplitsLinesReportsATornLastOneAndSkipsOverlongOnes) {
   EXPECT_EQ(seen[3], std::make_pair(std::string("bc"), true));
   EXPECT_EQ(seen[5], std::make_pair(std::string("torn"), false));
   seen.clear();
-  EXPECT_EQ(for_each_line(dir / "f", 256, [&](std::string_view l, bool) { seen.push_back({std::string(l), true}); }), 2);
+  EXPECT_EQ(for_each_line(dir / "f", 256,
+                          [&](std::string_view l, bool) {
+                            seen.push_back({std::string(l), true});
+                          }),
+            2);
   ASSERT_EQ(seen.size(), 4u);  // the 100000- and 300-byte lines are skipped
   EXPECT_EQ(seen[2].first, "bc");
   EXPECT_EQ(seen[3].first, "torn");

@@ -70,8 +70,10 @@ std::vector<float> read_all(const CheckpointReader& r, const std::string& name) 
 TEST_F(SafetensorsTest, RoundTripF32IsExact) {
   auto a = ramp(6), b = ramp(5);
   float scalar = 3.25f;
-  std::vector<TensorToWrite> tensors = {
-      {"layer.weight", {2, 3}, a.data()}, {"bias \"quoted\"", {5}, b.data()}, {"scalar", {}, &scalar}, {"empty", {0, 4}, nullptr}};
+  std::vector<TensorToWrite> tensors = {{"layer.weight", {2, 3}, a.data()},
+                                        {"bias \"quoted\"", {5}, b.data()},
+                                        {"scalar", {}, &scalar},
+                                        {"empty", {0, 4}, nullptr}};
   write_safetensors(path("model.safetensors"), tensors, DType::F32, {{"format", "pt"}, {"note", "line\nbreak"}});
 
   auto file = SafetensorsFile::open(path("model.safetensors"));
@@ -106,8 +108,8 @@ TEST_F(SafetensorsTest, HeaderIsPaddedSoDataIsEightByteAligned) {
 
 TEST_F(SafetensorsTest, RoundTripBf16AndF16RoundToNearest) {
   auto values = ramp(1000, 5.f);
-  values.push_back(65504.f);   // largest half
-  values.push_back(1e-7f);     // half subnormal
+  values.push_back(65504.f);  // largest half
+  values.push_back(1e-7f);    // half subnormal
   values.push_back(-0.f);
   for (DType dtype : {DType::BF16, DType::F16}) {
     write_safetensors(path("model.safetensors"), {{"w", {int64_t(values.size())}, values.data()}}, dtype);
@@ -115,7 +117,8 @@ TEST_F(SafetensorsTest, RoundTripBf16AndF16RoundToNearest) {
     EXPECT_EQ(reader.dtype_of("w"), dtype);
     auto back = read_all(reader, "w");
     for (size_t i = 0; i < values.size(); ++i) {
-      float expected = dtype == DType::BF16 ? bf16_to_float(float_to_bf16(values[i])) : f16_to_float(float_to_f16(values[i]));
+      float expected =
+          dtype == DType::BF16 ? bf16_to_float(float_to_bf16(values[i])) : f16_to_float(float_to_f16(values[i]));
       ASSERT_EQ(std::memcmp(&back[i], &expected, 4), 0) << dtype_name(dtype) << " at " << i;
     }
   }
@@ -160,8 +163,11 @@ TEST_F(SafetensorsTest, ShardedWeightsReadBackLikeSingleFile) {
 
 TEST_F(SafetensorsTest, WriteRejectsBadTensors) {
   float x = 1;
-  expect_error([&] { write_safetensors(path("a.safetensors"), {{"a", {1}, &x}, {"a", {1}, &x}}, DType::F32); },
-               {"'a'", "unique"});
+  expect_error(
+      [&] {
+        write_safetensors(path("a.safetensors"), {{"a", {1}, &x}, {"a", {1}, &x}}, DType::F32);
+      },
+      {"'a'", "unique"});
   expect_error([&] { write_safetensors(path("a.safetensors"), {{"a", {4}, nullptr}}, DType::F32); }, {"null"});
   expect_error([&] { write_safetensors(path("a.safetensors"), {{"a", {-1}, &x}}, DType::F32); }, {"non-negative"});
   expect_error([&] { write_model_weights(path("m"), {}, DType::F32); }, {"no tensors"});
@@ -211,12 +217,12 @@ TEST_F(SafetensorsTest, OffsetsOutOfBounds) {
 
 TEST_F(SafetensorsTest, SizeMismatchWithShape) {
   write_raw(path("x.safetensors"), R"({"w":{"dtype":"BF16","shape":[2,3],"data_offsets":[0,8]}})", "12345678");
-  expect_error([&] { SafetensorsFile::open(path("x.safetensors")); }, {"tensor 'w'", "expected 12 bytes", "[2, 3]", "8 bytes"});
+  expect_error([&] { SafetensorsFile::open(path("x.safetensors")); },
+               {"tensor 'w'", "expected 12 bytes", "[2, 3]", "8 bytes"});
 }
 
 TEST_F(SafetensorsTest, ShapeProductOverflowAndBadDims) {
-  write_raw(path("x.safetensors"),
-            R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", "");
+  write_raw(path("x.safetensors"), R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", "");
   expect_error([&] { SafetensorsFile::open(path("x.safetensors")); }, {"tensor 'w'", "64 bits"});
   write_raw(path("y.safetensors"), R"({"w":{"dtype":"F32","shape":[2,-1],"data_offsets":[0,0]}})", "");
   expect_error([&] { SafetensorsFile::open(path("y.safetensors")); }, {"tensor 'w'", "non-negative"});
@@ -225,16 +231,18 @@ TEST_F(SafetensorsTest, ShapeProductOverflowAndBadDims) {
 }
 
 TEST_F(SafetensorsTest, OverlappingTensors) {
-  write_raw(path("x.safetensors"),
-            R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-            "12345678");
+  write_raw(
+      path("x.safetensors"),
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+      "12345678");
   expect_error([&] { SafetensorsFile::open(path("x.safetensors")); }, {"overlapping", "'a'", "'b'"});
 }
 
 TEST_F(SafetensorsTest, DuplicateNamesInHeader) {
-  write_raw(path("x.safetensors"),
-            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-            "12345678");
+  write_raw(
+      path("x.safetensors"),
+      R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+      "12345678");
   expect_error([&] { SafetensorsFile::open(path("x.safetensors")); }, {"tensor 'a'", "twice"});
 }
 
@@ -272,7 +280,11 @@ TEST_F(SafetensorsTest, ShapeMismatchInReadF32) {
   write_safetensors(path("model.safetensors"), {{"w", {2, 3}, a.data()}}, DType::F32);
   auto reader = CheckpointReader::open_dir(dir_);
   std::vector<float> out(6);
-  expect_error([&] { reader.read_f32("w", {3, 2}, out.data()); }, {"tensor 'w'", "expected shape [3, 2]", "found [2, 3]"});
+  expect_error(
+      [&] {
+        reader.read_f32("w", {3, 2}, out.data());
+      },
+      {"tensor 'w'", "expected shape [3, 2]", "found [2, 3]"});
   expect_error([&] { reader.get("nope"); }, {"tensor 'nope'", dir_});
 }
 
@@ -303,21 +315,24 @@ TEST_F(ShardedDirTest, IndexWithHandNamedShards) {
 
 TEST_F(ShardedDirTest, MissingShardFile) {
   write_shards();
-  write_file_atomic(path("model.safetensors.index.json"), R"({"weight_map":{"x":"a.safetensors","y":"c.safetensors"}})");
-  expect_error([&] { CheckpointReader::open_dir(dir_); }, {"index.json", "tensor 'y'", "c.safetensors", "no such file"});
+  write_file_atomic(path("model.safetensors.index.json"),
+                    R"({"weight_map":{"x":"a.safetensors","y":"c.safetensors"}})");
+  expect_error([&] { CheckpointReader::open_dir(dir_); },
+               {"index.json", "tensor 'y'", "c.safetensors", "no such file"});
 }
 
 TEST_F(ShardedDirTest, IndexReferencesMissingTensor) {
   write_shards();
-  write_file_atomic(path("model.safetensors.index.json"), R"({"weight_map":{"x":"a.safetensors","z":"b.safetensors"}})");
-  expect_error([&] { CheckpointReader::open_dir(dir_); }, {"index.json", "tensor 'z'", "b.safetensors", "no such tensor"});
+  write_file_atomic(path("model.safetensors.index.json"),
+                    R"({"weight_map":{"x":"a.safetensors","z":"b.safetensors"}})");
+  expect_error([&] { CheckpointReader::open_dir(dir_); },
+               {"index.json", "tensor 'z'", "b.safetensors", "no such tensor"});
 }
 
 TEST_F(ShardedDirTest, PathTraversalInIndex) {
   write_shards();
   for (std::string shard : {"../a.safetensors", "/etc/passwd", "sub/../../a.safetensors", ""}) {
-    write_file_atomic(path("model.safetensors.index.json"),
-                      R"({"weight_map":{"x":")" + shard + R"("}})");
+    write_file_atomic(path("model.safetensors.index.json"), R"({"weight_map":{"x":")" + shard + R"("}})");
     expect_error([&] { CheckpointReader::open_dir(dir_); }, {"tensor 'x'", "relative to the model directory"});
   }
 }
@@ -325,7 +340,8 @@ TEST_F(ShardedDirTest, PathTraversalInIndex) {
 TEST_F(ShardedDirTest, TensorInTwoShards) {
   write_shards();
   write_safetensors(path("b.safetensors"), {{"x", {2}, values}}, DType::F32);
-  write_file_atomic(path("model.safetensors.index.json"), R"({"weight_map":{"x":"a.safetensors","y":"b.safetensors"}})");
+  write_file_atomic(path("model.safetensors.index.json"),
+                    R"({"weight_map":{"x":"a.safetensors","y":"b.safetensors"}})");
   expect_error([&] { CheckpointReader::open_dir(dir_); }, {"tensor 'x'", "one shard only"});
 }
 
@@ -360,8 +376,7 @@ TEST_F(SafetensorsTest, RandomCorruptionNeverCrashes) {
       // Reading every tensor in full lets the sanitizers see any access outside the mapping.
       auto reader = CheckpointReader::open_dir(path("corrupt"));
       for (const auto& name : reader.names()) read_all(reader, name);
-    } catch (const Error&) {
-    }
+    } catch (const Error&) {}
   }
 }
 

@@ -19,7 +19,8 @@ using keel::testing::TempDir;
 
 // Document i: ids [i*10+1 ...], length 2 + i % 3, first label -100. With max_seq_len 4 every
 // document fits alone, and with padding each is one sequence, identified by its first id.
-std::string prepared(const TempDir& dir, int documents, Packing packing, int64_t max_seq_len, int64_t shard_tokens = 30) {
+std::string prepared(const TempDir& dir, int documents, Packing packing, int64_t max_seq_len,
+                     int64_t shard_tokens = 30) {
   std::string s;
   for (int i = 0; i < documents; ++i) {
     std::string ids, labels;

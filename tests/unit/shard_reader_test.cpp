@@ -67,7 +67,8 @@ void read_and_check(ShardReader& reader, int stream, int64_t begin, int64_t end,
     const float* p = reader.read(stream, begin, std::min(step, end - begin), &n);
     ASSERT_GT(n, 0);
     ASSERT_LE(n, std::min(step, end - begin));
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(p[i], value(stream, begin + i)) << "stream " << stream << " at " << begin + i;
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(p[i], value(stream, begin + i)) << "stream " << stream << " at " << begin + i;
   }
 }
 
@@ -114,7 +115,8 @@ TEST(ShardReader, ReadAllReceivesEachStreamStraightIntoPlace) {
   for (int stream = 0; stream < 2; ++stream) {
     std::fill(out.begin(), out.end(), -1.0f);
     reader.read_all(stream, out.data());
-    for (int64_t i = 0; i < total; ++i) ASSERT_EQ(out[size_t(i)], value(stream, i)) << "stream " << stream << " at " << i;
+    for (int64_t i = 0; i < total; ++i)
+      ASSERT_EQ(out[size_t(i)], value(stream, i)) << "stream " << stream << " at " << i;
   }
   EXPECT_TRUE(f.comm.all_received());
   reader.drain();  // nothing left: a no-op

@@ -76,10 +76,10 @@ std::string tokenizer_json(const std::vector<std::string>& extra,
   for (const auto& t : extra) vocab += fmt::format(", {}: {}", json_quoted(byte_level_spelling(t)), id++);
   std::string merge_list;
   for (size_t i = 0; i < merges.size(); ++i)
-    merge_list += fmt::format("{}{}", i ? ", " : "",
-                              json_quoted(byte_level_spelling(merges[i].first) + " " + byte_level_spelling(merges[i].second)));
-  return fmt::format(R"({{"model": {{"type": "BPE", "vocab": {{{}}}, "merges": [{}]}}, {}}})", vocab, merge_list,
-                     rest);
+    merge_list +=
+        fmt::format("{}{}", i ? ", " : "",
+                    json_quoted(byte_level_spelling(merges[i].first) + " " + byte_level_spelling(merges[i].second)));
+  return fmt::format(R"({{"model": {{"type": "BPE", "vocab": {{{}}}, "merges": [{}]}}, {}}})", vocab, merge_list, rest);
 }
 
 const std::string kByteLevelDecoder = R"("decoder": {"type": "ByteLevel"})";
@@ -171,8 +171,8 @@ TEST(BytePair, MergesLowestRankFirst) {
 TEST(BytePair, MatchesNaiveReferenceOnShortAndLongPieces) {
   // Overlapping tokens over a 3-letter alphabet force many ties and competing merges; pieces up
   // to 300 bytes exercise both the rescan (<= 32 symbols) and the heap merge loop.
-  const std::vector<std::string> extra{"aa", "ab", "ba", "aaa", "bc", "cab", "abab", "aab", "ca", "cc", "ccc",
-                                       "bca", "aaaa", "abc", "cabab"};
+  const std::vector<std::string> extra{"aa", "ab", "ba",  "aaa", "bc",   "cab", "abab", "aab",
+                                       "ca", "cc", "ccc", "bca", "aaaa", "abc", "cabab"};
   const auto ranks = byte_ranks(extra);
   auto model = BytePairModel::from_ranks(ranks, "test");
   std::mt19937 rng(7);
@@ -192,7 +192,8 @@ TEST(BytePair, MatchesNaiveReferenceOnShortAndLongPieces) {
 TEST(Tiktoken, RankFileErrorsNameTheLine) {
   const std::string good = tiktoken_text(byte_ranks({}));
   EXPECT_EQ(parse_tiktoken_ranks(good, "r").size(), 256u);
-  expect_error([&] { parse_tiktoken_ranks(good + "@@@@ 256\n", "r.tiktoken"); }, "r.tiktoken:257: '@@@@' is not valid base64");
+  expect_error([&] { parse_tiktoken_ranks(good + "@@@@ 256\n", "r.tiktoken"); },
+               "r.tiktoken:257: '@@@@' is not valid base64");
   expect_error([&] { parse_tiktoken_ranks(good + "YWJ 256\n", "r"); }, "not valid base64");
   expect_error([&] { parse_tiktoken_ranks(good + "YWI=\n", "r"); }, "r:257: expected 'base64-token rank'");
   expect_error([&] { parse_tiktoken_ranks(good + "YWI= x1\n", "r"); }, "rank 'x1' is not a non-negative integer");
@@ -202,8 +203,13 @@ TEST(Tiktoken, RankFileErrorsNameTheLine) {
   expect_error([&] { parse_tiktoken_ranks("YQ== 0\n\nYg== 2\n", "r"); }, "rank 1 is missing");
   expect_error([&] { parse_tiktoken_ranks("", "r"); }, "no ranks");
   // Structurally fine but not byte-level: a byte without a token, or two ranks with one token.
-  expect_error([&] { tiktoken_tokenizer(parse_tiktoken_ranks("YQ== 0\n", "r"), "cl100k", "r"); }, "byte 0x00 has no token");
-  expect_error([&] { tiktoken_tokenizer(byte_ranks({"ab", "ab"}), "cl100k", "r"); }, "tokens 256 and 257 have the same bytes");
+  expect_error([&] { tiktoken_tokenizer(parse_tiktoken_ranks("YQ== 0\n", "r"), "cl100k", "r"); },
+               "byte 0x00 has no token");
+  expect_error(
+      [&] {
+        tiktoken_tokenizer(byte_ranks({"ab", "ab"}), "cl100k", "r");
+      },
+      "tokens 256 and 257 have the same bytes");
   expect_error([&] { load_tiktoken(write_temp(good), ""); }, "256 ranks match no known encoding");
   expect_error([&] { load_tiktoken("/nonexistent/cl100k.tiktoken", "cl100k"); }, "/nonexistent/cl100k.tiktoken");
 }
@@ -229,8 +235,10 @@ TEST(HfTokenizerJson, SplitBehaviors) {
   auto ids_for = [&](const std::string& behavior, const std::string& text) {
     auto json = tokenizer_json(extra, merges,
                                R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", )"
-                               R"("pattern": {"String": "-"}, "behavior": ")" + behavior + R"("}, )"
-                               R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}, )" +
+                               R"("pattern": {"String": "-"}, "behavior": ")" +
+                                   behavior +
+                                   R"("}, )"
+                                   R"({"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]}, )" +
                                    kByteLevelDecoder);
     return hf_tokenizer_from_json(json, "t.json").encode(text);
   };
@@ -253,9 +261,9 @@ TEST(HfTokenizerJson, TemplateNormalizerDigitsPrefixSpace) {
   const std::string pre =
       R"("pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": true},)"
       R"( {"type": "ByteLevel", "add_prefix_space": true, "use_regex": true}]})";
-  const std::string json = tokenizer_json({" h", " hi", "\xC3\xA9", "12"}, {{" ", "h"}, {" h", "i"}, {"\xC3", "\xA9"}, {"1", "2"}},
-                                          added + ", " + post + ", " + pre + R"(, "normalizer": {"type": "NFC"}, )" +
-                                              kByteLevelDecoder);
+  const std::string json =
+      tokenizer_json({" h", " hi", "\xC3\xA9", "12"}, {{" ", "h"}, {" h", "i"}, {"\xC3", "\xA9"}, {"1", "2"}},
+                     added + ", " + post + ", " + pre + R"(, "normalizer": {"type": "NFC"}, )" + kByteLevelDecoder);
   auto tokenizer = hf_tokenizer_from_json(json, "t.json");
   EXPECT_EQ(tokenizer.encode("hi", {.add_special_tokens = true}), (std::vector<int32_t>{300, 257, 301}));
   EXPECT_EQ(tokenizer.bos_id(), 300);
@@ -288,24 +296,46 @@ TEST(HfTokenizerJson, BadFilesNameThePlace) {
   expect_error([] { hf_tokenizer_from_json("[]", "bad.json"); }, "the top level: expected an object");
   expect_error([] { hf_tokenizer_from_json(R"({"decoder": {"type": "ByteLevel"}})", "bad.json"); },
                "missing field 'model'");
-  expect_error([&] { hf_tokenizer_from_json(tokenizer_json({}, {{"a", "q"}}, ok_rest), "bad.json"); },
-               "merge 0 joins tokens 97 and 113 into bytes that are not in the vocabulary");
-  expect_error([&] { hf_tokenizer_from_json(tokenizer_json({}, {}, R"("decoder": {"type": "Metaspace"})"), "bad.json"); },
-               "decoder 'Metaspace' is not supported");
+  expect_error(
+      [&] {
+        hf_tokenizer_from_json(tokenizer_json({}, {{"a", "q"}}, ok_rest), "bad.json");
+      },
+      "merge 0 joins tokens 97 and 113 into bytes that are not in the vocabulary");
+  expect_error(
+      [&] { hf_tokenizer_from_json(tokenizer_json({}, {}, R"("decoder": {"type": "Metaspace"})"), "bad.json"); },
+      "decoder 'Metaspace' is not supported");
   expect_error([&] { hf_tokenizer_from_json(tokenizer_json({}, {}, R"("decoder": null)"), "bad.json"); },
                "keel reads byte-level BPE tokenizers only");
-  expect_error([&] {
-    hf_tokenizer_from_json(tokenizer_json({}, {}, ok_rest + R"(, "pre_tokenizer": {"type": "Whitespace"})"), "bad.json");
-  }, "pre-tokenizer 'Whitespace' is not supported");
-  expect_error([&] {
-    hf_tokenizer_from_json(tokenizer_json({}, {}, ok_rest + R"(, "normalizer": {"type": "Lowercase"})"), "bad.json");
-  }, "normalizer: normalizer 'Lowercase' is not supported");
-  expect_error([&] {
-    hf_tokenizer_from_json(tokenizer_json({}, {}, ok_rest + R"(, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "("}, "behavior": "Isolated"})"), "bad.json");
-  }, "cannot compile pre-tokenizer pattern");
-  expect_error([&] {
-    hf_tokenizer_from_json(tokenizer_json({}, {}, ok_rest + R"(, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Sideways"})"), "bad.json");
-  }, "pre_tokenizer.behavior: expected one of Removed");
+  expect_error(
+      [&] {
+        hf_tokenizer_from_json(tokenizer_json({}, {}, ok_rest + R"(, "pre_tokenizer": {"type": "Whitespace"})"),
+                               "bad.json");
+      },
+      "pre-tokenizer 'Whitespace' is not supported");
+  expect_error(
+      [&] {
+        hf_tokenizer_from_json(tokenizer_json({}, {}, ok_rest + R"(, "normalizer": {"type": "Lowercase"})"),
+                               "bad.json");
+      },
+      "normalizer: normalizer 'Lowercase' is not supported");
+  expect_error(
+      [&] {
+        hf_tokenizer_from_json(
+            tokenizer_json(
+                {}, {},
+                ok_rest + R"(, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "("}, "behavior": "Isolated"})"),
+            "bad.json");
+      },
+      "cannot compile pre-tokenizer pattern");
+  expect_error(
+      [&] {
+        hf_tokenizer_from_json(
+            tokenizer_json(
+                {}, {},
+                ok_rest + R"(, "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Sideways"})"),
+            "bad.json");
+      },
+      "pre_tokenizer.behavior: expected one of Removed");
   // A vocabulary claiming an id far beyond its size.
   std::string huge = tokenizer_json({}, {}, ok_rest);
   huge.replace(huge.find("\"!\": 33"), 7, "\"!\": 2000000000");

@@ -37,8 +37,9 @@ std::string bridge_xml(int gp, const char* bus, const char* range, int depth, co
 }
 
 std::string device_xml(int gp, const char* bus, const char* type, const std::string& children = "") {
-  return fmt::format(R"(<object type="PCIDev" gp_index="{}" pci_busid="{}" pci_type="{}" pci_link_speed="31.5">{}</object>)",
-                     gp, bus, type, children);
+  return fmt::format(
+      R"(<object type="PCIDev" gp_index="{}" pci_busid="{}" pci_type="{}" pci_link_speed="31.5">{}</object>)", gp, bus,
+      type, children);
 }
 
 const char* kH100 = "0302 [10de:2330] [10de:16c1] a1";
@@ -51,13 +52,13 @@ std::string two_socket_gpu_xml() {
   std::string cores0, cores1;
   for (int c = 0; c < 4; ++c) cores0 += core_xml(c);
   for (int c = 4; c < 8; ++c) cores1 += core_xml(c);
-  std::string pci_switch = bridge_xml(
-      102, "0000:01:00.0", "02-05", 1,
-      bridge_xml(103, "0000:02:00.0", "03-03", 2, device_xml(104, "0000:03:00.0", kH100)) +
-          bridge_xml(105, "0000:02:01.0", "04-04", 2, device_xml(106, "0000:04:00.0", kH100)) +
-          bridge_xml(107, "0000:02:02.0", "05-05", 2,
-                     device_xml(108, "0000:05:00.0", "0207 [15b3:101b] [15b3:0007] 00",
-                                R"(<object type="OSDev" gp_index="109" name="mlx5_0" osdev_type="3"/>)")));
+  std::string pci_switch =
+      bridge_xml(102, "0000:01:00.0", "02-05", 1,
+                 bridge_xml(103, "0000:02:00.0", "03-03", 2, device_xml(104, "0000:03:00.0", kH100)) +
+                     bridge_xml(105, "0000:02:01.0", "04-04", 2, device_xml(106, "0000:04:00.0", kH100)) +
+                     bridge_xml(107, "0000:02:02.0", "05-05", 2,
+                                device_xml(108, "0000:05:00.0", "0207 [15b3:101b] [15b3:0007] 00",
+                                           R"(<object type="OSDev" gp_index="109" name="mlx5_0" osdev_type="3"/>)")));
   std::string host0 = R"(<object type="Bridge" gp_index="100" bridge_type="0-1" depth="0" bridge_pci="0000:[00-0f]">)" +
                       bridge_xml(101, "0000:00:01.0", "01-05", 0, pci_switch) +
                       bridge_xml(110, "0000:00:02.0", "06-06", 0, device_xml(111, "0000:06:00.0", kH100)) +
@@ -183,12 +184,12 @@ TEST(Topology, ThisMachine) {
 // --- PCI side ----------------------------------------------------------------------------------
 
 TEST(Topology, ClassifiesPciDevices) {
-  EXPECT_EQ(classify_pci_device(0x10de, 0x0302), PciDeviceKind::Gpu);  // H100: 3D controller
-  EXPECT_EQ(classify_pci_device(0x1002, 0x0380), PciDeviceKind::Gpu);  // MI250
-  EXPECT_EQ(classify_pci_device(0x19e5, 0x1200), PciDeviceKind::Npu);  // Ascend 910
-  EXPECT_EQ(classify_pci_device(0x19e5, 0x0200), PciDeviceKind::Nic);  // Huawei Hi1822 NIC, not an NPU
+  EXPECT_EQ(classify_pci_device(0x10de, 0x0302), PciDeviceKind::Gpu);    // H100: 3D controller
+  EXPECT_EQ(classify_pci_device(0x1002, 0x0380), PciDeviceKind::Gpu);    // MI250
+  EXPECT_EQ(classify_pci_device(0x19e5, 0x1200), PciDeviceKind::Npu);    // Ascend 910
+  EXPECT_EQ(classify_pci_device(0x19e5, 0x0200), PciDeviceKind::Nic);    // Huawei Hi1822 NIC, not an NPU
   EXPECT_EQ(classify_pci_device(0x1a03, 0x0300), PciDeviceKind::Other);  // ASPEED BMC VGA
-  EXPECT_EQ(classify_pci_device(0x15b3, 0x0207), PciDeviceKind::Nic);  // ConnectX InfiniBand
+  EXPECT_EQ(classify_pci_device(0x15b3, 0x0207), PciDeviceKind::Nic);    // ConnectX InfiniBand
   EXPECT_EQ(classify_pci_device(0x144d, 0x0108), PciDeviceKind::Storage);
 }
 
@@ -219,11 +220,13 @@ TEST(Topology, PcieTreeFromXml) {
   EXPECT_EQ(common_bridge(t, gpu03, gpu81), -1);
 
   std::string report = topology_report(t);
-  EXPECT_NE(report.find("PCIe switch below root port 0000:00:01.0: GPU 0000:03:00.0, GPU 0000:04:00.0, NIC 0000:05:00.0"),
-            std::string::npos)
+  EXPECT_NE(
+      report.find("PCIe switch below root port 0000:00:01.0: GPU 0000:03:00.0, GPU 0000:04:00.0, NIC 0000:05:00.0"),
+      std::string::npos)
       << report;
-  EXPECT_NE(report.find("closest NIC to GPU 0000:81:00.0: NIC 0000:05:00.0 (mlx5_0) (cross-socket)"), std::string::npos);
-  EXPECT_NE(report.find("HCCS"), std::string::npos);  // the NPU note
+  EXPECT_NE(report.find("closest NIC to GPU 0000:81:00.0: NIC 0000:05:00.0 (mlx5_0) (cross-socket)"),
+            std::string::npos);
+  EXPECT_NE(report.find("HCCS"), std::string::npos);          // the NPU note
   EXPECT_EQ(report.find("0000:00:1f.0"), std::string::npos);  // the BMC's VGA is not listed
 }
 
@@ -334,9 +337,24 @@ TEST(Launch, MpirunCommandFromTheTopology) {
   TempDir dir;
   Topology t = synthetic_topology(kTwoSocket);
   LaunchCommand c = launch_command(t, request_for(dir, 4));
-  std::vector<std::string> expected = {"mpirun", "--allow-run-as-root", "-np", "4", "--map-by", "ppr:1:numa:PE=8",
-                                       "--bind-to", "core", "-x", "OMP_NUM_THREADS=8", "-x", "OMP_PROC_BIND=close",
-                                       "-x", "OMP_PLACES=cores", "/opt/keel/keel", "train", dir / "r.toml", "--set",
+  std::vector<std::string> expected = {"mpirun",
+                                       "--allow-run-as-root",
+                                       "-np",
+                                       "4",
+                                       "--map-by",
+                                       "ppr:1:numa:PE=8",
+                                       "--bind-to",
+                                       "core",
+                                       "-x",
+                                       "OMP_NUM_THREADS=8",
+                                       "-x",
+                                       "OMP_PROC_BIND=close",
+                                       "-x",
+                                       "OMP_PLACES=cores",
+                                       "/opt/keel/keel",
+                                       "train",
+                                       dir / "r.toml",
+                                       "--set",
                                        "dp_degree=4"};
   EXPECT_EQ(c.argv, expected);
   LaunchRequest user = request_for(dir, 4);

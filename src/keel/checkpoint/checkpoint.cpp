@@ -55,10 +55,10 @@ std::vector<model::TensorToWrite> moment_tensors(const std::vector<model::Param>
   std::vector<model::TensorToWrite> out;
   for (const auto& p : layout)
     out.push_back({(which == 0 ? "m." : "v.") + p.name, p.shape,
-                   model::TensorToWrite::Reader([&source, which, offset = p.offset](int64_t begin, int64_t max_count,
-                                                                                   int64_t* n) {
-                     return source(which, offset + begin, max_count, n);
-                   })});
+                   model::TensorToWrite::Reader(
+                       [&source, which, offset = p.offset](int64_t begin, int64_t max_count, int64_t* n) {
+                         return source(which, offset + begin, max_count, n);
+                       })});
   return out;
 }
 
@@ -77,8 +77,9 @@ std::string manifest_json(const std::string& dir, int64_t step) {
     files += fmt::format("{}    \"{}\": {{\"size\": {}, \"xxh3\": \"{}\"}}", files.empty() ? "" : ",\n", name,
                          fs::file_size(path), checksum_hex(file_checksum(path)));
   }
-  return fmt::format("{{\n  \"format\": \"keel-checkpoint\",\n  \"version\": 1,\n  \"step\": {},\n  \"files\": {{\n{}\n  }}\n}}\n",
-                     step, files);
+  return fmt::format(
+      "{{\n  \"format\": \"keel-checkpoint\",\n  \"version\": 1,\n  \"step\": {},\n  \"files\": {{\n{}\n  }}\n}}\n",
+      step, files);
 }
 
 // Checkpoint directories in `dir`, oldest first.
@@ -115,7 +116,8 @@ void remove_old_checkpoints(const std::string& dir, int64_t keep_last_n, const s
 void parallel_copy(float* dst, const float* src, int64_t n) {
   constexpr int64_t kChunk = 1 << 20;
 #pragma omp parallel for schedule(static)
-  for (int64_t begin = 0; begin < n; begin += kChunk) std::memcpy(dst + begin, src + begin, sizeof(float) * std::min(kChunk, n - begin));
+  for (int64_t begin = 0; begin < n; begin += kChunk)
+    std::memcpy(dst + begin, src + begin, sizeof(float) * std::min(kChunk, n - begin));
 }
 
 }  // namespace
@@ -150,8 +152,8 @@ void CheckpointWriter::write(const std::vector<model::Param>& layout, const floa
   write(layout, weights, moments_in(m, v), state, recipe);
 }
 
-void CheckpointWriter::write(const std::vector<model::Param>& layout, const float* weights,
-                             const MomentSource& moments, const TrainingState& state, const std::string& recipe) {
+void CheckpointWriter::write(const std::vector<model::Param>& layout, const float* weights, const MomentSource& moments,
+                             const TrainingState& state, const std::string& recipe) {
   const std::string final_name = step_name(state.step);
   const std::string tmp = fmt::format("{}/.tmp-{}-{}", dir_, final_name, ::getpid());
   try {
@@ -210,7 +212,7 @@ SaveStats CheckpointWriter::save_snapshot(const std::vector<model::Param>& layou
   SaveStats stats;
   stats.async = async_;
   std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [this] { return !pending_; });  // at most one save in flight
+  cv_.wait(lock, [this] { return !pending_; });                                // at most one save in flight
   if (staging_.size() != size_t(3 * n)) staging_.assign(size_t(3 * n), 0.0f);  // unless prepare() did it
   fill(staging_.data(), staging_.data() + n, staging_.data() + 2 * n);
   if (!async_) {
@@ -312,9 +314,10 @@ std::string checkpoint_step_dir(const std::string& path) {
   require(fs::is_directory(path, ec), "{}: expected a checkpoint directory, found a file", path);
   if (path_exists(path + "/manifest.json")) return path;
   if (path_exists(path + "/latest")) return latest_checkpoint(path);
-  fail("{}: not a keel checkpoint: expected manifest.json (a complete step-N checkpoint) or a 'latest' pointer "
-       "(a checkpoint_dir)",
-       path);
+  fail(
+      "{}: not a keel checkpoint: expected manifest.json (a complete step-N checkpoint) or a 'latest' pointer "
+      "(a checkpoint_dir)",
+      path);
 }
 
 void verify_checkpoint(const std::string& path) {

@@ -27,13 +27,13 @@
 namespace keel::checkpoint {
 
 struct TrainingState {
-  int64_t step = 0;               // optimizer steps completed
-  int64_t samples_consumed = 0;   // position of the data loader in its sample stream
+  int64_t step = 0;              // optimizer steps completed
+  int64_t samples_consumed = 0;  // position of the data loader in its sample stream
   uint64_t seed = 0;
-  std::string recipe_hash;        // of the resolved recipe (informational: some keys may change)
-  std::string model_fingerprint;  // of the architecture and parameter layout: must match to resume
-  std::string data_fingerprint;   // of the training records: must match to resume
-  std::string compat_fingerprint; // of the recipe keys that shape the run (batch, accumulation, ...)
+  std::string recipe_hash;         // of the resolved recipe (informational: some keys may change)
+  std::string model_fingerprint;   // of the architecture and parameter layout: must match to resume
+  std::string data_fingerprint;    // of the training records: must match to resume
+  std::string compat_fingerprint;  // of the recipe keys that shape the run (batch, accumulation, ...)
 };
 
 struct SaveStats {

@@ -21,10 +21,17 @@ namespace fs = std::filesystem;
 
 // What transformers' tokenizer and generation classes read from a model directory, besides the
 // weights and config.json.
-constexpr const char* kTokenizerFiles[] = {
-    "tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "tokenizer.model",   "vocab.json",            "merges.txt",              "vocab.txt",
-    "chat_template.jinja", "chat_template.json",  "generation_config.json"};
+constexpr const char* kTokenizerFiles[] = {"tokenizer.json",
+                                           "tokenizer_config.json",
+                                           "special_tokens_map.json",
+                                           "added_tokens.json",
+                                           "tokenizer.model",
+                                           "vocab.json",
+                                           "merges.txt",
+                                           "vocab.txt",
+                                           "chat_template.jinja",
+                                           "chat_template.json",
+                                           "generation_config.json"};
 
 // tokenization_chatglm.py and the like: the remote-code tokenizer tokenizer_config.json's auto_map names.
 bool is_tokenizer_code(const std::string& name) {

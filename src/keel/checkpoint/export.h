@@ -19,8 +19,8 @@ enum class ExportFormat : uint8_t {
 };
 
 struct ExportRequest {
-  std::string checkpoint;   // a step-N directory, or a checkpoint_dir (its `latest` is exported)
-  std::string destination;  // created if missing
+  std::string checkpoint;      // a step-N directory, or a checkpoint_dir (its `latest` is exported)
+  std::string destination;     // created if missing
   std::optional<DType> dtype;  // default: as output_dir/final (run::recipe_export_dtype)
   ExportFormat format = ExportFormat::AsTrained;
   uint64_t max_shard_bytes = 5ull << 30;

@@ -87,11 +87,12 @@ void write_tokenizer(const std::string& dir, const std::vector<Problem>& train) 
   make_dirs(dir);
   write_file_atomic(dir + "/tokenizer.json", trainer.tokenizer_json());
   // The template is data (keel renders ChatML natively and never runs Jinja).
-  write_file_atomic(dir + "/tokenizer_config.json",
-                    R"({"chat_template": "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",)"
-                    "\n"
-                    R"( "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})"
-                    "\n");
+  write_file_atomic(
+      dir + "/tokenizer_config.json",
+      R"({"chat_template": "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",)"
+      "\n"
+      R"( "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})"
+      "\n");
 }
 
 // Greedy chat answers with the KV-cache generator, as `keel generate --chat` produces them.
@@ -112,8 +113,7 @@ class ChatEvaluator {
     return tokenizer_.decode(out);
   }
 
-  double accuracy(const model::Decoder& decoder, const std::vector<Problem>& held_out, std::ostream* show,
-                  int shown) {
+  double accuracy(const model::Decoder& decoder, const std::vector<Problem>& held_out, std::ostream* show, int shown) {
     int64_t correct = 0;
     for (size_t i = 0; i < held_out.size(); ++i) {
       const std::string got = answer(decoder, held_out[i]);
@@ -185,10 +185,14 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
 
   const std::string recipe_path = o.work_dir + "/recipe.toml";
   write_file_atomic(recipe_path, demo_recipe(o.work_dir, o.max_steps, tokenizer.vocab_size()));
-  fmt::print(log, "keel demo: a model learns two-digit addition in chat form ({} held-out problems never seen in "
-                  "training)\n", held_out.size());
-  fmt::print(log, "  data: {0}/train.jsonl ({1} conversations), tokenizer: {0}/tokenizer ({2} tokens, trained by "
-                  "keel), recipe: {3}\n", o.work_dir, train_problems.size(), tokenizer.vocab_size(), recipe_path);
+  fmt::print(log,
+             "keel demo: a model learns two-digit addition in chat form ({} held-out problems never seen in "
+             "training)\n",
+             held_out.size());
+  fmt::print(log,
+             "  data: {0}/train.jsonl ({1} conversations), tokenizer: {0}/tokenizer ({2} tokens, trained by "
+             "keel), recipe: {3}\n",
+             o.work_dir, train_problems.size(), tokenizer.vocab_size(), recipe_path);
   const auto recipe = run::load_recipe(recipe_path);
 
   DemoResult result;

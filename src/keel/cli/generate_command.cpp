@@ -53,8 +53,8 @@ int run_generate(GenerateOptions& o) {
   if (!o.prompt.empty()) {
     std::string text = o.prompt;
     if (o.chat) {
-      const auto format = o.chat_template.empty() ? data::detect_chat_format(o.model)
-                                                  : data::chat_format_from_name(o.chat_template);
+      const auto format =
+          o.chat_template.empty() ? data::detect_chat_format(o.model) : data::chat_format_from_name(o.chat_template);
       std::vector<data::ChatMessage> messages;
       if (!o.system.empty()) messages.push_back({"system", o.system});
       messages.push_back({"user", o.prompt});

@@ -45,9 +45,14 @@ std::vector<LadderStage> ladder_stages(const run::Recipe& r) {
 }
 
 std::vector<std::string> ladder_run_settings(int64_t steps, const std::string& output_dir) {
-  return {fmt::format("max_steps={}", steps), fmt::format("output_dir={}", json_quoted(output_dir)),
-          "packing=pad",       "checkpoint_dir=\"\"", "save_interval=0", "async_save=false",
-          "eval_data_path=\"\"", "eval_interval=0"};
+  return {fmt::format("max_steps={}", steps),
+          fmt::format("output_dir={}", json_quoted(output_dir)),
+          "packing=pad",
+          "checkpoint_dir=\"\"",
+          "save_interval=0",
+          "async_save=false",
+          "eval_data_path=\"\"",
+          "eval_interval=0"};
 }
 
 LadderResult read_ladder_result(const std::string& dir, int64_t warmup_steps) {
@@ -139,10 +144,10 @@ std::string ladder_table(const std::vector<LadderResult>& rows) {
 
 std::string ladder_json(const std::string& recipe_path, int64_t steps, int64_t warmup_steps, int64_t repeats,
                         const std::vector<LadderStage>& stages, const std::vector<LadderResult>& rows) {
-  std::string out = fmt::format("{{\n  \"recipe\": {},\n  \"steps\": {},\n  \"warmup_steps_excluded\": {},\n"
-                                "  \"repeats\": {},\n  \"ranks\": {},\n  \"rows\": [\n",
-                                json_quoted(recipe_path), steps, warmup_steps, repeats,
-                                rows.empty() ? 1 : rows[0].ranks);
+  std::string out = fmt::format(
+      "{{\n  \"recipe\": {},\n  \"steps\": {},\n  \"warmup_steps_excluded\": {},\n"
+      "  \"repeats\": {},\n  \"ranks\": {},\n  \"rows\": [\n",
+      json_quoted(recipe_path), steps, warmup_steps, repeats, rows.empty() ? 1 : rows[0].ranks);
   for (size_t i = 0; i < rows.size(); ++i) {
     const LadderResult& r = rows[i];
     std::string settings;
@@ -156,14 +161,16 @@ std::string ladder_json(const std::string& recipe_path, int64_t steps, int64_t w
         "\"peak_memory_bytes\": {}, \"grad_sync_share\": {}, \"data_wait_share\": {}, \"optimizer_share\": {}, "
         "\"mfu\": {}, \"matmul_peak_flops\": {}, \"planned_memory_bytes\": {}, \"measured_steps\": {}, "
         "\"seconds\": {}, \"runs_tokens_per_s\": [{}], \"output_dir\": {}}}{}\n",
-        i + 1, json_quoted(r.stage), settings, report::json_number(r.tokens_per_s), report::json_number(r.compute_share),
-        r.peak_memory_bytes, report::json_number(r.grad_sync_share), report::json_number(r.data_wait_share),
-        report::json_number(r.optimizer_share), report::json_number(r.mfu), report::json_number(r.matmul_peak_flops), r.planned_memory_bytes, r.measured_steps,
+        i + 1, json_quoted(r.stage), settings, report::json_number(r.tokens_per_s),
+        report::json_number(r.compute_share), r.peak_memory_bytes, report::json_number(r.grad_sync_share),
+        report::json_number(r.data_wait_share), report::json_number(r.optimizer_share), report::json_number(r.mfu),
+        report::json_number(r.matmul_peak_flops), r.planned_memory_bytes, r.measured_steps,
         report::json_number(r.seconds), runs, json_quoted(r.output_dir), i + 1 < rows.size() ? "," : "");
   }
   out += "  ]";
   if (rows.size() > 1 && rows.front().tokens_per_s > 0)
-    out += fmt::format(",\n  \"speedup\": {}", report::json_number(rows.back().tokens_per_s / rows.front().tokens_per_s));
+    out +=
+        fmt::format(",\n  \"speedup\": {}", report::json_number(rows.back().tokens_per_s / rows.front().tokens_per_s));
   return out + "\n}\n";
 }
 

@@ -40,7 +40,8 @@ const CommandRegistration kLaunch{
       cmd.add_option("recipe", o->recipe, "Recipe file (TOML)")->required();
       cmd.add_option("--set", o->overrides, "Override a recipe key: --set key=value (repeatable)");
       return [o] {
-        cluster::Topology topology = o->machine_xml.empty() ? cluster::detect_topology() : cluster::xml_topology(o->machine_xml);
+        cluster::Topology topology =
+            o->machine_xml.empty() ? cluster::detect_topology() : cluster::xml_topology(o->machine_xml);
         cluster::LaunchRequest request;
         request.world_size = o->ranks;
         request.hostfile = o->hostfile;
@@ -55,7 +56,8 @@ const CommandRegistration kLaunch{
           return 0;
         }
         require_on_path(command.argv.front());
-        fmt::print(stderr, "keel launch: {}\n{}\n", command.plan_description, cluster::shell_command_line(command.argv));
+        fmt::print(stderr, "keel launch: {}\n{}\n", command.plan_description,
+                   cluster::shell_command_line(command.argv));
         std::fflush(stdout);
         std::fflush(stderr);
         std::vector<char*> argv;

@@ -28,8 +28,9 @@ const CommandRegistration kPlan{
       cmd.add_option("recipe", options->recipe, "Recipe file (TOML)")->required();
       cmd.add_option("--dp", options->dp, "Data-parallel ranks (default: the recipe's dp_degree)")
           ->check(CLI::PositiveNumber);
-      cmd.add_option("--zero", options->zero, "ZeRO stage: 0 (replicated) or 1 (AdamW moments sharded over the "
-                                              "ranks); default: the recipe's zero_stage")
+      cmd.add_option("--zero", options->zero,
+                     "ZeRO stage: 0 (replicated) or 1 (AdamW moments sharded over the "
+                     "ranks); default: the recipe's zero_stage")
           ->check(CLI::IsMember({0, 1}));
       cmd.add_option("--device-memory", options->device_memory,
                      "Memory per rank to check against, e.g. 64GB (binary units: 1 GB = 1 GiB)");

@@ -20,8 +20,9 @@ const CommandRegistration kPrepare{
     "prepare", "Tokenize JSONL records into packed shards for training", [](CLI::App& cmd) -> CommandAction {
       auto o = std::make_shared<PrepareCliOptions>();
       auto& p = o->prepare;
-      cmd.add_option("--data", p.data_path, "Records: JSONL (.jsonl, .jsonl.gz, .jsonl.zst) with text, prompt/response, "
-                                            "instruction/input/output, messages or input_ids")
+      cmd.add_option("--data", p.data_path,
+                     "Records: JSONL (.jsonl, .jsonl.gz, .jsonl.zst) with text, prompt/response, "
+                     "instruction/input/output, messages or input_ids")
           ->required();
       cmd.add_option("--tokenizer", p.tokenizer_path,
                      "tokenizer.json, a tiktoken rank file, or a model directory (optional for input_ids records)");

@@ -50,8 +50,8 @@ bool same_table(const cluster::RankTable& a, const cluster::RankTable& b) {
 
 std::string summary(const cluster::RankTable& table) {
   int n = table.device_count();
-  return fmt::format("{} server{}, {} device{} (ranks 0-{})", table.servers.size(), table.servers.size() == 1 ? "" : "s",
-                     n, n == 1 ? "" : "s", n - 1);
+  return fmt::format("{} server{}, {} device{} (ranks 0-{})", table.servers.size(),
+                     table.servers.size() == 1 ? "" : "s", n, n == 1 ? "" : "s", n - 1);
 }
 
 void write_mpi_files(const RankTableOptions& o, const cluster::RankTable& table) {
@@ -60,7 +60,8 @@ void write_mpi_files(const RankTableOptions& o, const cluster::RankTable& table)
     fmt::print(stderr, "wrote {}: OpenMPI hostfile for keel launch --hostfile\n", o.hostfile);
   }
   if (!o.rankfile.empty()) {
-    cluster::Topology machine = o.machine_xml.empty() ? cluster::detect_topology() : cluster::xml_topology(o.machine_xml);
+    cluster::Topology machine =
+        o.machine_xml.empty() ? cluster::detect_topology() : cluster::xml_topology(o.machine_xml);
     write_file_atomic(o.rankfile, cluster::rankfile_text(table, machine));
     fmt::print(stderr, "wrote {}: OpenMPI rankfile for keel launch --rankfile (cores planned on {})\n", o.rankfile,
                machine.source);
@@ -98,7 +99,8 @@ int generate(const RankTableOptions& o) {
 
   // Read back what was written: the writer and the validator must agree on every field.
   cluster::RankTableCheck self = cluster::check_rank_table(json, o.out);
-  if (!same_table(self.table, generated.table)) throw std::logic_error("rank-table: the written table reads back differently");
+  if (!same_table(self.table, generated.table))
+    throw std::logic_error("rank-table: the written table reads back differently");
 
   if (o.out == "-") {
     fmt::print("{}", json);
@@ -117,25 +119,29 @@ const CommandRegistration kRankTable{
     "rank-table", "Write an HCCL rank_table.json (version 1.0) for the NPUs, or --check one",
     [](CLI::App& cmd) -> CommandAction {
       auto o = std::make_shared<RankTableOptions>();
-      auto* check_option = cmd.add_option("--check", o->check, "Validate an existing rank table instead of writing one");
+      auto* check_option =
+          cmd.add_option("--check", o->check, "Validate an existing rank table instead of writing one");
       auto* npus = cmd.add_option("--npu-count", o->npu_count, "NPUs per server (devices 0..N-1 unless --devices)");
       auto* devices = cmd.add_option("--devices", o->devices, "Device ids to use, e.g. 4,5,6,7")->delimiter(',');
       cmd.add_option("--topology", o->topology,
                      "How a server's NPUs are linked: hccs_full_mesh (default; e.g. Atlas 800T A2) or pcie (HCCS "
                      "islands of 4 joined by PCIe, e.g. Atlas 800 with Ascend 910)");
-      auto* server_id =
-          cmd.add_option("--server-id", o->server_id, "This server's IP address (default: its first non-loopback IPv4)");
+      auto* server_id = cmd.add_option("--server-id", o->server_id,
+                                       "This server's IP address (default: its first non-loopback IPv4)");
       auto* device_ips =
-          cmd.add_option("--device-ips", o->device_ips, "Each device's RoCE IP, in device order: a,b,c,...")->delimiter(',');
+          cmd.add_option("--device-ips", o->device_ips, "Each device's RoCE IP, in device order: a,b,c,...")
+              ->delimiter(',');
       cmd.add_option("--hccn-conf", o->hccn_conf, "Where device IPs are read from when --device-ips is not given")
           ->capture_default_str();
-      auto* servers = cmd.add_option("--servers", o->servers,
-                     "Servers file, one line each: <server_id> [npus=N] [devices=...] [device_ips=...] [hccn_conf=F]");
+      auto* servers = cmd.add_option(
+          "--servers", o->servers,
+          "Servers file, one line each: <server_id> [npus=N] [devices=...] [device_ips=...] [hccn_conf=F]");
       cmd.add_option("--out", o->out, "Where to write the table ('-' for stdout)")->capture_default_str();
       cmd.add_option("--hostfile", o->hostfile, "Also write an OpenMPI hostfile for the same servers");
       cmd.add_option("--rankfile", o->rankfile, "Also write an OpenMPI rankfile binding each rank near its NPU");
-      cmd.add_option("--machine-xml", o->machine_xml,
-                     "Plan the rankfile's cores on this hwloc XML (keel topo --export-xml on a server) instead of here");
+      cmd.add_option(
+          "--machine-xml", o->machine_xml,
+          "Plan the rankfile's cores on this hwloc XML (keel topo --export-xml on a server) instead of here");
       // --check reads a table; the options that describe one to write make no sense with it.
       for (auto* writing : {npus, devices, server_id, device_ips, servers}) check_option->excludes(writing);
       return [o] { return o->check.empty() ? generate(*o) : check(*o); };

@@ -193,34 +193,32 @@ const CommandRegistration kDetokenize{
       cmd.add_flag("--skip-special-tokens", o->skip_special_tokens, "Leave special tokens out of the text");
       return [o] {
         const data::Tokenizer tokenizer = data::load_tokenizer(o->tokenizer, o->pattern);
-        process_stdin(o->threads ? o->threads : default_threads(),
-                      [&](std::string_view line, size_t line_no, std::string& out) {
-                        thread_local simdjson::dom::parser parser;
-                        thread_local std::vector<int32_t> ids;
-                        if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
-                        simdjson::dom::element doc;
-                        auto error = parser.parse(line.data(), line.size()).get(doc);
-                        if (error) fail("stdin:{}: invalid JSON ({})", line_no, simdjson::error_message(error));
-                        simdjson::dom::array array;
-                        if (doc["input_ids"].get_array().get(array) != simdjson::SUCCESS)
-                          fail("stdin:{}: expected an object with an array field \"input_ids\"", line_no);
-                        ids.clear();
-                        for (auto item : array) {
-                          int64_t id;
-                          if (item.get_int64().get(id) != simdjson::SUCCESS || id < 0 ||
-                              id >= tokenizer.vocab_size())
-                            fail("stdin:{}: \"input_ids\" must hold integers in [0, {})", line_no,
-                                 tokenizer.vocab_size());
-                          ids.push_back(int32_t(id));
-                        }
-                        out += "{\"text\": ";
-                        try {
-                          out += json_quoted(valid_utf8(tokenizer.decode(ids, o->skip_special_tokens)));
-                        } catch (const Error& e) {
-                          fail("stdin:{}: {}", line_no, e.what());
-                        }
-                        out += "}\n";
-                      });
+        process_stdin(
+            o->threads ? o->threads : default_threads(), [&](std::string_view line, size_t line_no, std::string& out) {
+              thread_local simdjson::dom::parser parser;
+              thread_local std::vector<int32_t> ids;
+              if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
+              simdjson::dom::element doc;
+              auto error = parser.parse(line.data(), line.size()).get(doc);
+              if (error) fail("stdin:{}: invalid JSON ({})", line_no, simdjson::error_message(error));
+              simdjson::dom::array array;
+              if (doc["input_ids"].get_array().get(array) != simdjson::SUCCESS)
+                fail("stdin:{}: expected an object with an array field \"input_ids\"", line_no);
+              ids.clear();
+              for (auto item : array) {
+                int64_t id;
+                if (item.get_int64().get(id) != simdjson::SUCCESS || id < 0 || id >= tokenizer.vocab_size())
+                  fail("stdin:{}: \"input_ids\" must hold integers in [0, {})", line_no, tokenizer.vocab_size());
+                ids.push_back(int32_t(id));
+              }
+              out += "{\"text\": ";
+              try {
+                out += json_quoted(valid_utf8(tokenizer.decode(ids, o->skip_special_tokens)));
+              } catch (const Error& e) {
+                fail("stdin:{}: {}", line_no, e.what());
+              }
+              out += "}\n";
+            });
         return 0;
       };
     }};

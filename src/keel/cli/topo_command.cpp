@@ -48,8 +48,8 @@ const CommandRegistration kTopo{
           return 0;
         }
         cluster::Topology topology = !options->xml.empty()         ? cluster::xml_topology(options->xml)
-                                  : !options->synthetic.empty() ? cluster::synthetic_topology(options->synthetic)
-                                                                : cluster::detect_topology();
+                                     : !options->synthetic.empty() ? cluster::synthetic_topology(options->synthetic)
+                                                                   : cluster::detect_topology();
         fmt::print("{}", cluster::topology_report(topology));
         int ranks = options->ranks > 0 ? options->ranks : default_ranks(topology);
         auto accelerators = topology.accelerators();
@@ -57,7 +57,7 @@ const CommandRegistration kTopo{
         if (!accelerators.empty() && ranks <= int(accelerators.size()))
           rank_devices.assign(accelerators.begin(), accelerators.begin() + ranks);
         cluster::BindingPlan plan = rank_devices.empty() ? cluster::plan_binding(topology, ranks)
-                                                      : cluster::plan_device_binding(topology, rank_devices);
+                                                         : cluster::plan_device_binding(topology, rank_devices);
         fmt::print("{}", cluster::rank_link_report(topology, plan, rank_devices));
         return 0;
       };

@@ -92,8 +92,8 @@ BindingPlan plan_binding(const Topology& topology, int ranks_per_node) {
     for (int i = 0; i < cores; ++i) all[i] = i;
     plan.rank_cores.assign(R, all);
     plan.mpirun_args = {"--bind-to", "none", "--oversubscribe"};
-    plan.description = fmt::format("{} ranks on {} cores: more ranks than cores, so none is bound and each runs 1 thread",
-                                   R, cores);
+    plan.description =
+        fmt::format("{} ranks on {} cores: more ranks than cores, so none is bound and each runs 1 thread", R, cores);
     return plan;
   }
 
@@ -121,9 +121,9 @@ BindingPlan plan_binding(const Topology& topology, int ranks_per_node) {
     // neighbours share it; PE=k gives each rank k cores and binds it to them.
     plan.mpirun_args = {"--map-by", fmt::format("ppr:{}:{}:PE={}", per_domain, level.mpirun_name, k), "--bind-to",
                         "core"};
-    plan.description = per_domain == 1 ? fmt::format("one rank per {}, {} core{} each", level.name, k, k == 1 ? "" : "s")
-                                       : fmt::format("{} ranks per {}, {} core{} each", per_domain, level.name, k,
-                                                     k == 1 ? "" : "s");
+    plan.description =
+        per_domain == 1 ? fmt::format("one rank per {}, {} core{} each", level.name, k, k == 1 ? "" : "s")
+                        : fmt::format("{} ranks per {}, {} core{} each", per_domain, level.name, k, k == 1 ? "" : "s");
     return plan;
   }
   // Ranks that divide neither: equal runs of cores in machine order.
@@ -133,9 +133,10 @@ BindingPlan plan_binding(const Topology& topology, int ranks_per_node) {
   for (int i = 0; i < cores; ++i) all[i] = i;
   for (int r = 0; r < R; ++r) plan.rank_cores.push_back(slice(all, r * k, k));
   plan.mpirun_args = {"--map-by", fmt::format("ppr:{}:node:PE={}", R, k), "--bind-to", "core"};
-  plan.description = fmt::format("{} ranks per node, {} core{} each in machine order ({} ranks do not divide evenly "
-                                 "among the NUMA nodes or sockets)",
-                                 R, k, k == 1 ? "" : "s", R);
+  plan.description = fmt::format(
+      "{} ranks per node, {} core{} each in machine order ({} ranks do not divide evenly "
+      "among the NUMA nodes or sockets)",
+      R, k, k == 1 ? "" : "s", R);
   return plan;
 }
 
@@ -188,7 +189,8 @@ std::string rank_link_report(const Topology& topology, const BindingPlan& plan, 
     std::string device;
     if (by_device) {
       const PciDevice& d = topology.devices[rank_devices[r]];
-      device = fmt::format(", {} {}{}", pci_device_kind_name(d.kind), d.bus_id, d.name.empty() ? "" : " (" + d.name + ")");
+      device =
+          fmt::format(", {} {}{}", pci_device_kind_name(d.kind), d.bus_id, d.name.empty() ? "" : " (" + d.name + ")");
     }
     line(fmt::format("  rank {}: cores {} (hardware threads {}){}", r, format_index_list(logical),
                      format_index_list(pus), device));
@@ -231,7 +233,8 @@ std::string rank_link_report(const Topology& topology, const BindingPlan& plan, 
     }
   }
   std::string summary;
-  for (const auto& [key, count] : pairs) summary += fmt::format("{}{} {}", summary.empty() ? "" : ", ", count, key.second);
+  for (const auto& [key, count] : pairs)
+    summary += fmt::format("{}{} {}", summary.empty() ? "" : ", ", count, key.second);
   line(fmt::format("  pairs: {}", summary));
   return out;
 }
@@ -287,7 +290,8 @@ std::string rankfile_text(const RankTable& table, const Topology& topology) {
     for (size_t i = 0; i < server.devices.size(); ++i) {
       std::vector<int> logical;
       for (int c : plan.rank_cores[i]) logical.push_back(topology.cores[c].logical_index);
-      out += fmt::format("rank {}={} slot={}\n", server.devices[i].rank_id, server.server_id, format_index_list(logical));
+      out +=
+          fmt::format("rank {}={} slot={}\n", server.devices[i].rank_id, server.server_id, format_index_list(logical));
     }
   }
   return out;
@@ -320,7 +324,8 @@ std::vector<RankfileEntry> parse_rankfile(std::string_view text, const std::stri
     size_t start = 0;
     while (start <= slots.size()) {
       size_t comma = slots.find(',', start);
-      std::string_view item = slots.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
+      std::string_view item =
+          slots.substr(start, comma == std::string_view::npos ? std::string_view::npos : comma - start);
       size_t dash = item.find('-');
       auto first = small_number(item.substr(0, dash));
       auto last = dash == std::string_view::npos ? first : small_number(item.substr(dash + 1));
@@ -350,7 +355,8 @@ LaunchCommand launch_command(const Topology& topology, const LaunchRequest& requ
   std::vector<HostfileEntry> hosts;
   if (!request.hostfile.empty()) hosts = parse_hostfile(read_file(request.hostfile), request.hostfile);
   const int H = hosts.empty() ? 1 : int(hosts.size());
-  require(N % H == 0, "{}: {} ranks do not divide evenly over its {} hosts: give -n a multiple of {} so every server "
+  require(N % H == 0,
+          "{}: {} ranks do not divide evenly over its {} hosts: give -n a multiple of {} so every server "
           "runs the same number of ranks",
           request.hostfile, N, H, H);
   const int per_node = N / H;
@@ -381,8 +387,8 @@ LaunchCommand launch_command(const Topology& topology, const LaunchRequest& requ
     threads = plan.cores_per_rank;
     bound = plan.bound;
     argv.insert(argv.end(), plan.mpirun_args.begin(), plan.mpirun_args.end());
-    command.plan_description = fmt::format("{} rank{} on {} host{}: {}", N, N == 1 ? "" : "s", H, H == 1 ? "" : "s",
-                                           plan.description);
+    command.plan_description =
+        fmt::format("{} rank{} on {} host{}: {}", N, N == 1 ? "" : "s", H, H == 1 ? "" : "s", plan.description);
   }
   argv.insert(argv.end(), {"-x", fmt::format("OMP_NUM_THREADS={}", threads)});
   // Keep each OpenMP thread on one core of the rank's set instead of wandering inside it.
@@ -396,7 +402,8 @@ std::string shell_command_line(const std::vector<std::string>& argv) {
   std::string out;
   for (const auto& word : argv) {
     bool plain = !word.empty() && std::all_of(word.begin(), word.end(), [](char c) {
-      return std::isalnum(static_cast<unsigned char>(c)) || std::string_view("_@%+=:,./-").find(c) != std::string_view::npos;
+      return std::isalnum(static_cast<unsigned char>(c)) ||
+             std::string_view("_@%+=:,./-").find(c) != std::string_view::npos;
     });
     if (!out.empty()) out += ' ';
     if (plain) {

@@ -17,8 +17,8 @@ namespace keel::cluster {
 
 struct BindingPlan {
   int ranks_per_node = 1;
-  int cores_per_rank = 1;  // = OMP_NUM_THREADS of each rank
-  bool bound = true;       // false when there are more ranks than cores
+  int cores_per_rank = 1;                    // = OMP_NUM_THREADS of each rank
+  bool bound = true;                         // false when there are more ranks than cores
   std::vector<std::vector<int>> rank_cores;  // local rank -> indices into Topology::cores
   std::vector<std::string> mpirun_args;      // --map-by ... --bind-to ... (or --bind-to none --oversubscribe)
   std::string description;                   // "one rank per NUMA node, 8 cores each"

@@ -62,9 +62,10 @@ std::vector<std::string_view> split(std::string_view text, char separator) {
 HcclTopology hccl_topology_from_name(std::string_view name) {
   if (name == "hccs_full_mesh") return HcclTopology::HccsFullMesh;
   if (name == "pcie") return HcclTopology::Pcie;
-  fail("topology '{}': expected hccs_full_mesh (every NPU of a server linked to every other by HCCS, e.g. Atlas "
-       "800T A2) or pcie (HCCS islands of 4 joined by PCIe, e.g. Atlas 800 with Ascend 910)",
-       name);
+  fail(
+      "topology '{}': expected hccs_full_mesh (every NPU of a server linked to every other by HCCS, e.g. Atlas "
+      "800T A2) or pcie (HCCS islands of 4 joined by PCIe, e.g. Atlas 800 with Ascend 910)",
+      name);
 }
 
 std::string_view hccl_topology_name(HcclTopology topology) {
@@ -86,9 +87,10 @@ std::string device_set_problem(HcclTopology topology, const std::vector<int>& de
   int island = *unique.begin() / kPcieIslandSize;
   for (int d : unique) {
     if (d / kPcieIslandSize != island) {
-      return fmt::format("devices {} span the two HCCS islands (0-3 and 4-7) of a pcie server: use up to 4 devices "
-                         "from one island, or all 8",
-                         fmt::join(device_ids, ","));
+      return fmt::format(
+          "devices {} span the two HCCS islands (0-3 and 4-7) of a pcie server: use up to 4 devices "
+          "from one island, or all 8",
+          fmt::join(device_ids, ","));
     }
   }
   return "";
@@ -182,14 +184,17 @@ std::vector<ServerSpec> parse_servers_file(std::string_view text, const std::str
       if (!seen.insert(key == "slots" ? "npus" : key).second) fail("{}: '{}' given twice", spec.where, key);
       if (key == "npus" || key == "slots") {
         auto n = decimal(value, kMaxFullMeshDevices);
-        if (!n || *n == 0) fail("{}: {}: expected a device count 1-{}, found '{}'", spec.where, key, kMaxFullMeshDevices, value);
+        if (!n || *n == 0)
+          fail("{}: {}: expected a device count 1-{}, found '{}'", spec.where, key, kMaxFullMeshDevices, value);
         spec.npu_count = int(*n);
       } else if (key == "max_slots") {
         // OpenMPI hostfile key; says nothing about NPUs.
       } else if (key == "devices") {
         for (std::string_view d : split(value, ',')) {
           auto id = decimal(d, kMaxDeviceId);
-          if (!id) fail("{}: devices: expected device ids 0-{} separated by commas, found '{}'", spec.where, kMaxDeviceId, value);
+          if (!id)
+            fail("{}: devices: expected device ids 0-{} separated by commas, found '{}'", spec.where, kMaxDeviceId,
+                 value);
           spec.device_ids.push_back(int(*id));
         }
       } else if (key == "device_ips") {
@@ -242,7 +247,8 @@ GeneratedRankTable build_rank_table(const RankTableRequest& request) {
     int npus = spec.npu_count > 0 ? spec.npu_count : request.npu_count;
     std::vector<int> ids = spec.device_ids;
     if (ids.empty()) {
-      require(npus > 0, "{}: how many NPUs? give --npu-count{}", spec.where, single ? " or --devices" : " or npus= on its line");
+      require(npus > 0, "{}: how many NPUs? give --npu-count{}", spec.where,
+              single ? " or --devices" : " or npus= on its line");
       for (int d = 0; d < npus; ++d) ids.push_back(d);
     } else {
       require(npus <= 0 || npus == int(ids.size()), "{}: {} NPUs asked for, but {} devices listed ({})", spec.where,
@@ -289,8 +295,7 @@ GeneratedRankTable build_rank_table(const RankTableRequest& request) {
             hccn                ? fmt::format(" in {}", hccn_path)
             : hccn_path.empty() ? std::string()
                                 : fmt::format(" ({} not found)", hccn_path),
-            kDeviceIpPlaceholder,
-            single ? "--device-ips" : "device_ips= or hccn_conf= on its line"));
+            kDeviceIpPlaceholder, single ? "--device-ips" : "device_ips= or hccn_conf= on its line"));
       }
     }
 
@@ -359,7 +364,8 @@ std::map<std::string_view, dom::element> fields_of(dom::object object, const std
                                                    std::vector<std::string>& errors) {
   std::map<std::string_view, dom::element> fields;
   for (dom::key_value_pair kv : object) {
-    if (!fields.emplace(kv.key, kv.value).second) errors.push_back(fmt::format("{}: key \"{}\" appears twice", where, kv.key));
+    if (!fields.emplace(kv.key, kv.value).second)
+      errors.push_back(fmt::format("{}: key \"{}\" appears twice", where, kv.key));
   }
   return fields;
 }
@@ -432,7 +438,8 @@ class RankTableChecker {
     }
     std::string_view s;
     if (v->get_string().get(s)) {
-      error(fmt::format("{}: \"{}\": expected a string such as \"{}\", found {}", where, key, example, json_describe(*v)));
+      error(fmt::format("{}: \"{}\": expected a string such as \"{}\", found {}", where, key, example,
+                        json_describe(*v)));
       return std::nullopt;
     }
     return s;
@@ -445,9 +452,10 @@ class RankTableChecker {
                         *version));
     }
     if (auto status = string_field(fields, "status", path_, "completed"); status && *status != "completed") {
-      error(fmt::format("{}: \"status\": expected \"completed\", found \"{}\" (HCCL waits on a table that is not "
-                        "completed; \"initializing\" means the scheduler has not finished writing it)",
-                        path_, *status));
+      error(
+          fmt::format("{}: \"status\": expected \"completed\", found \"{}\" (HCCL waits on a table that is not "
+                      "completed; \"initializing\" means the scheduler has not finished writing it)",
+                      path_, *status));
     }
     std::optional<int64_t> server_count;
     if (auto count = string_field(fields, "server_count", path_, "1")) {
@@ -522,9 +530,10 @@ class RankTableChecker {
     if (auto ip = string_field(fields, "device_ip", entry, "192.168.100.101")) {
       device.device_ip = std::string(*ip);
       if (*ip == kDeviceIpPlaceholder) {
-        error(fmt::format("{}: device_ip is still the placeholder \"{}\": replace it with address_{} from "
-                          "/etc/hccn.conf on server {}",
-                          entry, kDeviceIpPlaceholder, device.device_id, server.server_id));
+        error(
+            fmt::format("{}: device_ip is still the placeholder \"{}\": replace it with address_{} from "
+                        "/etc/hccn.conf on server {}",
+                        entry, kDeviceIpPlaceholder, device.device_id, server.server_id));
       } else if (!is_ip_address(*ip)) {
         error(fmt::format("{}: device_ip: expected an IP address, found \"{}\"", entry, *ip));
       } else {
@@ -573,9 +582,10 @@ class RankTableChecker {
       return std::nullopt;
     }
     if (!integer_rank_noted_) {
-      check_.notes.push_back(fmt::format("{}: rank_id is an integer; HCCL's schema has strings (\"{}\"), "
-                                         "keel accepts both",
-                                         entry, value));
+      check_.notes.push_back(
+          fmt::format("{}: rank_id is an integer; HCCL's schema has strings (\"{}\"), "
+                      "keel accepts both",
+                      entry, value));
       integer_rank_noted_ = true;
     }
     return value;

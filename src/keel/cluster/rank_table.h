@@ -62,21 +62,21 @@ std::optional<std::map<int, std::string>> read_hccn_conf(const std::string& path
 // `slots=N` is read as npus=N so that an OpenMPI hostfile is a servers file too.
 struct ServerSpec {
   std::string server_id;
-  int npu_count = 0;                     // 0: RankTableRequest::npu_count
-  std::vector<int> device_ids;           // empty: 0 .. npu_count-1
-  std::vector<std::string> device_ips;   // empty: from hccn_conf, else the placeholder
-  std::string hccn_conf;                 // that server's /etc/hccn.conf, copied here
-  std::string where;                     // "servers.txt:3", for messages
+  int npu_count = 0;                    // 0: RankTableRequest::npu_count
+  std::vector<int> device_ids;          // empty: 0 .. npu_count-1
+  std::vector<std::string> device_ips;  // empty: from hccn_conf, else the placeholder
+  std::string hccn_conf;                // that server's /etc/hccn.conf, copied here
+  std::string where;                    // "servers.txt:3", for messages
 };
 std::vector<ServerSpec> parse_servers_file(std::string_view text, const std::string& path);
 
 struct RankTableRequest {
   HcclTopology topology = HcclTopology::HccsFullMesh;
-  int npu_count = 0;                     // per server
-  std::vector<int> device_ids;           // single server: --devices
-  std::vector<std::string> device_ips;   // single server: --device-ips (wins over hccn.conf)
-  std::string server_id;                 // single server: empty = this host's address
-  std::vector<ServerSpec> servers;       // --servers; empty = this machine alone
+  int npu_count = 0;                           // per server
+  std::vector<int> device_ids;                 // single server: --devices
+  std::vector<std::string> device_ips;         // single server: --device-ips (wins over hccn.conf)
+  std::string server_id;                       // single server: empty = this host's address
+  std::vector<ServerSpec> servers;             // --servers; empty = this machine alone
   std::string hccn_conf_path = kHccnConfPath;  // single server
 };
 

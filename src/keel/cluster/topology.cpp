@@ -101,9 +101,8 @@ Topology topology_from_hwloc(hwloc_topology_t t, std::string source) {
     if (last_level != nullptr) {
       auto [it, inserted] = complex_of_cache.emplace(last_level->gp_index, int(topo.core_complexes.size()));
       if (inserted) {
-        topo.core_complexes.push_back(
-            {unique_container(last_level->cpuset, packages), int(last_level->attr->cache.depth),
-             uint64_t(last_level->attr->cache.size)});
+        topo.core_complexes.push_back({unique_container(last_level->cpuset, packages),
+                                       int(last_level->attr->cache.depth), uint64_t(last_level->attr->cache.size)});
       }
       core.core_complex = it->second;
     }
@@ -119,7 +118,7 @@ Topology topology_from_hwloc(hwloc_topology_t t, std::string source) {
     level.level = int(first->attr->cache.depth);
     level.kind = first->attr->cache.type == HWLOC_OBJ_CACHE_INSTRUCTION ? 'i'
                  : first->attr->cache.type == HWLOC_OBJ_CACHE_DATA      ? 'd'
-                                                                         : 'u';
+                                                                        : 'u';
     level.bytes = first->attr->cache.size;
     level.count = int(caches.size());
     level.cores_each = hwloc_get_nbobjs_inside_cpuset_by_type(t, first->cpuset, HWLOC_OBJ_CORE);
@@ -144,13 +143,14 @@ Topology topology_from_hwloc(hwloc_topology_t t, std::string source) {
     const auto& attr = b->attr->bridge;
     bridge.host = attr.upstream_type == HWLOC_OBJ_BRIDGE_HOST;
     if (bridge.host) {
-      bridge.name = fmt::format("{:04x}:[{:02x}-{:02x}]", unsigned(attr.downstream.pci.domain),
-                                unsigned(attr.downstream.pci.secondary_bus),
-                                unsigned(attr.downstream.pci.subordinate_bus));
+      bridge.name =
+          fmt::format("{:04x}:[{:02x}-{:02x}]", unsigned(attr.downstream.pci.domain),
+                      unsigned(attr.downstream.pci.secondary_bus), unsigned(attr.downstream.pci.subordinate_bus));
     } else {
       bridge.name = pci_bus_id(attr.upstream.pci);
     }
-    if (b->parent != nullptr && b->parent->type == HWLOC_OBJ_BRIDGE) bridge.parent = bridge_index.at(b->parent->gp_index);
+    if (b->parent != nullptr && b->parent->type == HWLOC_OBJ_BRIDGE)
+      bridge.parent = bridge_index.at(b->parent->gp_index);
     locate(b, bridge.numa_node, bridge.package);
     topo.bridges.push_back(std::move(bridge));
   }
@@ -164,13 +164,15 @@ Topology topology_from_hwloc(hwloc_topology_t t, std::string source) {
     device.kind = classify_pci_device(pci.vendor_id, pci.class_id);
     device.link_gbytes_per_s = pci.linkspeed;
     for (hwloc_obj_t os = d->io_first_child; os != nullptr; os = os->next_sibling) {
-      if (os->type == HWLOC_OBJ_OS_DEVICE && os->name) device.name += (device.name.empty() ? "" : ",") + std::string(os->name);
+      if (os->type == HWLOC_OBJ_OS_DEVICE && os->name)
+        device.name += (device.name.empty() ? "" : ",") + std::string(os->name);
     }
     if (device.name.empty()) {
       const char* product = hwloc_obj_get_info_by_name(d, "PCIDevice");
       if (product) device.name = product;
     }
-    if (d->parent != nullptr && d->parent->type == HWLOC_OBJ_BRIDGE) device.parent_bridge = bridge_index.at(d->parent->gp_index);
+    if (d->parent != nullptr && d->parent->type == HWLOC_OBJ_BRIDGE)
+      device.parent_bridge = bridge_index.at(d->parent->gp_index);
     locate(d, device.numa_node, device.package);
     topo.devices.push_back(std::move(device));
   }
@@ -244,7 +246,8 @@ Topology detect_topology() {
   HwlocTopology t;
   if (hwloc_topology_load(t.handle) != 0) fail("hwloc: cannot read this machine's topology");
   std::string version = hwloc_version_of(t.handle);
-  return topology_from_hwloc(t.handle, version.empty() ? "this machine" : fmt::format("this machine (hwloc {})", version));
+  return topology_from_hwloc(t.handle,
+                             version.empty() ? "this machine" : fmt::format("this machine (hwloc {})", version));
 }
 
 Topology synthetic_topology(const std::string& description) {
@@ -258,13 +261,13 @@ Topology synthetic_topology(const std::string& description) {
 
 Topology xml_topology(const std::string& path) {
   // hwloc's own error for a missing file is a bare -1; say which file.
-  require(path_exists(path), "{}: no such file (expected an hwloc XML export, e.g. from keel topo --export-xml)",
-          path);
+  require(path_exists(path), "{}: no such file (expected an hwloc XML export, e.g. from keel topo --export-xml)", path);
   HwlocTopology t;
   if (hwloc_topology_set_xml(t.handle, path.c_str()) != 0 || hwloc_topology_load(t.handle) != 0) {
-    fail("{}: hwloc cannot load it as a topology (expected an hwloc XML export, from keel topo --export-xml "
-         "or lstopo FILE.xml)",
-         path);
+    fail(
+        "{}: hwloc cannot load it as a topology (expected an hwloc XML export, from keel topo --export-xml "
+        "or lstopo FILE.xml)",
+        path);
   }
   std::string version = hwloc_version_of(t.handle);
   return topology_from_hwloc(t.handle, version.empty() ? fmt::format("XML {}", path)
@@ -276,7 +279,8 @@ std::string export_topology_xml() {
   if (hwloc_topology_load(t.handle) != 0) fail("hwloc: cannot read this machine's topology");
   char* buffer = nullptr;
   int length = 0;
-  if (hwloc_topology_export_xmlbuffer(t.handle, &buffer, &length, 0) != 0) fail("hwloc: cannot export the topology as XML");
+  if (hwloc_topology_export_xmlbuffer(t.handle, &buffer, &length, 0) != 0)
+    fail("hwloc: cannot export the topology as XML");
   std::string xml(buffer, length > 0 ? size_t(length - 1) : 0);  // length counts the final NUL
   hwloc_free_xmlbuffer(t.handle, buffer);
   return xml;
@@ -338,8 +342,8 @@ std::vector<int> bridge_chain(const Topology& topology, int device) {
 }
 
 void require_device(const Topology& topology, int device) {
-  require(device >= 0 && size_t(device) < topology.devices.size(), "device {} is not one of the {} PCI devices",
-          device, topology.devices.size());
+  require(device >= 0 && size_t(device) < topology.devices.size(), "device {} is not one of the {} PCI devices", device,
+          topology.devices.size());
 }
 
 }  // namespace
@@ -514,8 +518,9 @@ std::string topology_report(const Topology& topology) {
                      d.device_id, d.name.empty() ? "-" : d.name, where));
   }
   if (topology.accelerators().empty()) {
-    line("accelerators: none (GPUs: display/3D controllers from NVIDIA, AMD, Intel, or processing accelerators; "
-         "NPUs: Huawei 0x19e5 processing accelerators)");
+    line(
+        "accelerators: none (GPUs: display/3D controllers from NVIDIA, AMD, Intel, or processing accelerators; "
+        "NPUs: Huawei 0x19e5 processing accelerators)");
   }
 
   // Which listed devices share a PCIe switch (the same root port) or a host bridge.
@@ -560,8 +565,9 @@ std::string topology_report(const Topology& topology) {
   bool has_npu = std::any_of(topology.devices.begin(), topology.devices.end(),
                              [](const PciDevice& d) { return d.kind == PciDeviceKind::Npu; });
   if (has_npu) {
-    line("note: Ascend NPUs talk to each other over HCCS, which is not PCIe and hwloc cannot see; the PCIe classes "
-         "above are the path HCCL falls back to (see keel rank-table --topology)");
+    line(
+        "note: Ascend NPUs talk to each other over HCCS, which is not PCIe and hwloc cannot see; the PCIe classes "
+        "above are the path HCCL falls back to (see keel rank-table --topology)");
   }
   return out;
 }

@@ -35,9 +35,9 @@ struct CoreComplex {
 struct CpuCore {
   int logical_index = 0;  // hwloc's logical index: what OpenMPI rankfiles and --report-bindings count
   int os_index = 0;
-  std::vector<int> pus;  // OS indices of its hardware threads (what taskset and /proc/cpuinfo call CPUs)
-  int package = -1;      // index into Topology::packages
-  int numa_node = -1;    // index into Topology::numa_nodes
+  std::vector<int> pus;   // OS indices of its hardware threads (what taskset and /proc/cpuinfo call CPUs)
+  int package = -1;       // index into Topology::packages
+  int numa_node = -1;     // index into Topology::numa_nodes
   int core_complex = -1;  // index into Topology::core_complexes; -1 when no cache is shared
 };
 
@@ -68,7 +68,7 @@ struct PciDevice {
   uint16_t device_id = 0;
   uint16_t class_id = 0;  // base class << 8 | subclass, as in lspci -n
   PciDeviceKind kind = PciDeviceKind::Other;
-  std::string name;       // the OS devices hwloc found on it (eth0, mlx5_0, nvme0n1), or the PCI names
+  std::string name;        // the OS devices hwloc found on it (eth0, mlx5_0, nvme0n1), or the PCI names
   int parent_bridge = -1;  // index into Topology::bridges; -1 when hwloc attached it without a bridge
   int numa_node = -1;
   int package = -1;
@@ -94,7 +94,7 @@ struct Topology {
   int numa_nodes_with_cores() const;
 };
 
-Topology detect_topology();                                  // this machine
+Topology detect_topology();                                   // this machine
 Topology synthetic_topology(const std::string& description);  // hwloc synthetic syntax
 Topology xml_topology(const std::string& path);               // an hwloc XML export
 std::string export_topology_xml();                            // this machine, for xml_topology elsewhere

@@ -22,7 +22,8 @@ uint64_t file_checksum(const std::string& path) {
   XXH3_64bits_reset(state.get());
   std::vector<char> buffer(1 << 20);
   size_t n;
-  while ((n = std::fread(buffer.data(), 1, buffer.size(), file.get())) > 0) XXH3_64bits_update(state.get(), buffer.data(), n);
+  while ((n = std::fread(buffer.data(), 1, buffer.size(), file.get())) > 0)
+    XXH3_64bits_update(state.get(), buffer.data(), n);
   require(!std::ferror(file.get()), "{}: read error ({})", path, std::strerror(errno));
   return XXH3_64bits_digest(state.get());
 }

@@ -46,12 +46,12 @@ uint16_t float_to_f16(float f) {
   std::memcpy(&u, &f, 4);
   uint16_t sign = uint16_t((u >> 16) & 0x8000u);
   uint32_t abs = u & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;        // NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;       // overflow (incl. values rounding up) -> inf
-  if (abs < 0x38800000u) {                              // result is subnormal or zero
-    if (abs < 0x33000000u) return sign;                 // below half of the smallest subnormal
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow (incl. values rounding up) -> inf
+  if (abs < 0x38800000u) {                        // result is subnormal or zero
+    if (abs < 0x33000000u) return sign;           // below half of the smallest subnormal
     uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
-    int shift = 126 - int(abs >> 23);                   // 14 .. 24
+    int shift = 126 - int(abs >> 23);  // 14 .. 24
     uint32_t half_ulp = 1u << (shift - 1 + 0);
     uint32_t rounded = mant >> shift;
     uint32_t rest = mant & ((1u << shift) - 1);

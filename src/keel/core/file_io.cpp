@@ -47,8 +47,7 @@ void fsync_dir(const std::string& dir) {
 }  // namespace
 
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
-  require(!path_.empty() && path_.back() != '/', "'{}': expected a file path, found a directory path",
-          path_);
+  require(!path_.empty() && path_.back() != '/', "'{}': expected a file path, found a directory path", path_);
   // Same directory as the target so that rename() is atomic (never crosses a file system).
   size_t slash = path_.rfind('/');
   std::string dir_prefix = slash == std::string::npos ? "" : path_.substr(0, slash + 1);
@@ -160,16 +159,20 @@ int64_t for_each_line(const std::string& path, size_t max_line_bytes,
         }
       }
       if (found) {
-        if (skipping) ++skipped;
-        else fn(line, true);
+        if (skipping)
+          ++skipped;
+        else
+          fn(line, true);
         line.clear();
         skipping = false;
       }
       pos = end + 1;
     }
   }
-  if (skipping) ++skipped;
-  else if (!line.empty()) fn(line, false);
+  if (skipping)
+    ++skipped;
+  else if (!line.empty())
+    fn(line, false);
   return skipped;
 }
 

@@ -15,7 +15,8 @@ void write_file_atomic(const std::string& path, std::string_view contents);
 // it, raised before anything is allocated, so a hostile or mistaken path cannot make keel reserve
 // gigabytes. Parsers of small formats pass a tighter limit.
 inline constexpr size_t kMaxReadFileBytes = size_t(1) << 30;
-std::string read_file(const std::string& path, size_t max_bytes = kMaxReadFileBytes);  // keel::Error naming the path on failure
+std::string read_file(const std::string& path,
+                      size_t max_bytes = kMaxReadFileBytes);  // keel::Error naming the path on failure
 // Streams a text file line by line without holding it: fn(line, complete) for each line, where
 // `complete` is false for a last line without its newline (a write cut short). A line longer than
 // max_line_bytes is skipped (counted in the return value) rather than held. For files that grow

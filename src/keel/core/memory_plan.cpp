@@ -41,8 +41,8 @@ MemoryPlan::MemoryPlan(size_t alignment) : alignment_(alignment) {
           alignment);
 }
 
-int MemoryPlan::add_buffer(std::string name, MemoryCategory category, size_t bytes, int32_t first_use,
-                           int32_t last_use, bool in_arena) {
+int MemoryPlan::add_buffer(std::string name, MemoryCategory category, size_t bytes, int32_t first_use, int32_t last_use,
+                           bool in_arena) {
   require(first_use <= last_use, "memory plan: buffer '{}' is last used ({}) before it is first used ({})", name,
           last_use, first_use);
   require(bytes <= (size_t(1) << 56), "memory plan: buffer '{}' of {} bytes is implausibly large", name, bytes);
@@ -232,11 +232,11 @@ std::string MemoryPlan::breakdown() const {
     if (at_peak == 0 && category_bytes(cat) == 0) continue;
     out += fmt::format("  {:<18} {:>12}\n", category_name(cat), format_bytes(double(at_peak)));
   }
-  out += fmt::format("  {:<18} {:>12}  (arena {} = peak {} + {:.2f}% packing waste; {} buffers would take {} "
-                     "unshared)\n",
-                     "packing waste", format_bytes(double(arena_bytes_ - peak_live_bytes_)),
-                     format_bytes(double(arena_bytes_)), format_bytes(double(peak_live_bytes_)), 100.0 * waste(),
-                     buffers_.size(), format_bytes(double(naive_bytes())));
+  out += fmt::format(
+      "  {:<18} {:>12}  (arena {} = peak {} + {:.2f}% packing waste; {} buffers would take {} "
+      "unshared)\n",
+      "packing waste", format_bytes(double(arena_bytes_ - peak_live_bytes_)), format_bytes(double(arena_bytes_)),
+      format_bytes(double(peak_live_bytes_)), 100.0 * waste(), buffers_.size(), format_bytes(double(naive_bytes())));
   out += fmt::format("  {:<18} {:>12}\n", "total", format_bytes(double(total_bytes())));
   return out;
 }
@@ -257,8 +257,7 @@ Arena::Arena(size_t bytes) : size_(bytes) {
   // kernel can back all of it with huge pages.
   const size_t reserve = mapped_ + MemoryPlan::kHugePage;
   void* raw = mmap(nullptr, reserve, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (raw == MAP_FAILED)
-    fail("cannot map a {} memory arena: {}", format_bytes(double(mapped_)), std::strerror(errno));
+  if (raw == MAP_FAILED) fail("cannot map a {} memory arena: {}", format_bytes(double(mapped_)), std::strerror(errno));
   const auto base = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (base + MemoryPlan::kHugePage - 1) & ~uintptr_t(MemoryPlan::kHugePage - 1);
   if (aligned > base) munmap(raw, aligned - base);

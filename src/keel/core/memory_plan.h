@@ -19,16 +19,16 @@
 namespace keel {
 
 enum class MemoryCategory : uint8_t {
-  MasterWeights,   // fp32 weights the optimizer updates
-  ComputeWeights,  // bf16 copies of the weights that the GEMMs read
-  Gradients,       // fp32 gradients, accumulated over micro-batches
-  OptimizerState,  // AdamW first and second moments
-  Activations,     // forward results kept for the backward pass
-  Workspace,       // scratch of one layer or one operation at a time
-  Communication,   // gradient buckets in flight between data-parallel ranks
-  Data,            // token batches and lookup tables
+  MasterWeights,      // fp32 weights the optimizer updates
+  ComputeWeights,     // bf16 copies of the weights that the GEMMs read
+  Gradients,          // fp32 gradients, accumulated over micro-batches
+  OptimizerState,     // AdamW first and second moments
+  Activations,        // forward results kept for the backward pass
+  Workspace,          // scratch of one layer or one operation at a time
+  Communication,      // gradient buckets in flight between data-parallel ranks
+  Data,               // token batches and lookup tables
   CheckpointStaging,  // the snapshot an asynchronous checkpoint save writes from
-  Runtime,         // the program itself: code, libraries, thread stacks, library scratch
+  Runtime,            // the program itself: code, libraries, thread stacks, library scratch
   kCount
 };
 constexpr int kMemoryCategories = int(MemoryCategory::kCount);

@@ -30,8 +30,8 @@ class SampleOrder {
 struct MicroBatchData {
   int64_t batch = 0, seq = 0;
   std::vector<int32_t> input_ids, targets, positions;  // [batch*seq]
-  int64_t input_tokens = 0;   // non-padding tokens
-  int64_t target_tokens = 0;  // tokens that carry loss
+  int64_t input_tokens = 0;                            // non-padding tokens
+  int64_t target_tokens = 0;                           // tokens that carry loss
 };
 
 // Fills `out` (already sized, reused every step) from samples [first_sample, first_sample + batch).

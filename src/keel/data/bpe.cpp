@@ -148,8 +148,7 @@ std::optional<int32_t> BytePairModel::find(std::string_view bytes) const {
     const TokenSlot& s = token_table_[slot];
     if (s.id < 0) return std::nullopt;
     if (s.head == head && s.length == bytes.size() &&
-        (bytes.size() <= 8 ||
-         std::memcmp(arena_.data() + offsets_[s.id] + 8, bytes.data() + 8, bytes.size() - 8) == 0))
+        (bytes.size() <= 8 || std::memcmp(arena_.data() + offsets_[s.id] + 8, bytes.data() + 8, bytes.size() - 8) == 0))
       return s.id;
   }
 }
@@ -159,8 +158,7 @@ BytePairModel BytePairModel::from_ranks(std::vector<std::string> tokens, std::st
   for (size_t rank = 0; rank < tokens.size(); ++rank) model.add_token(tokens[rank], int32_t(rank), origin);
   model.build_token_table(origin);
   for (int b = 0; b < 256; ++b)
-    require(model.byte_ids_[b] >= 0, "{}: byte 0x{:02X} has no token (a byte-level rank file has all 256)", origin,
-            b);
+    require(model.byte_ids_[b] >= 0, "{}: byte 0x{:02X} has no token (a byte-level rank file has all 256)", origin, b);
   // tiktoken merges any two adjacent parts whose concatenation is a token, ranked by that token:
   // every split of every token into two tokens is such a pair.
   size_t pairs = 0;
@@ -180,8 +178,8 @@ BytePairModel BytePairModel::from_ranks(std::vector<std::string> tokens, std::st
 }
 
 BytePairModel BytePairModel::from_merges(const std::vector<std::pair<std::string, int32_t>>& vocab,
-                                         const std::vector<std::pair<int32_t, int32_t>>& merges,
-                                         MergeOptions options, std::string_view origin) {
+                                         const std::vector<std::pair<int32_t, int32_t>>& merges, MergeOptions options,
+                                         std::string_view origin) {
   BytePairModel model;
   for (const auto& [bytes, id] : vocab) model.add_token(bytes, id, origin);
   model.build_token_table(origin);
@@ -194,8 +192,8 @@ BytePairModel BytePairModel::from_merges(const std::vector<std::pair<std::string
             right);
     joined.assign(model.token_bytes(left)).append(model.token_bytes(right));
     auto merged = model.find(joined);
-    require(merged.has_value(), "{}: merge {} joins tokens {} and {} into bytes that are not in the vocabulary",
-            origin, rank, left, right);
+    require(merged.has_value(), "{}: merge {} joins tokens {} and {} into bytes that are not in the vocabulary", origin,
+            rank, left, right);
     model.add_merge(left, right, {uint32_t(rank), *merged});
   }
   model.options_ = options;

@@ -24,9 +24,9 @@ namespace keel::data {
 class BytePairModel {
  public:
   struct MergeOptions {
-    bool ignore_merges = false;        // emit a piece that is in the vocabulary whole, before merging
-    std::optional<int32_t> unk_id;     // the symbol for a byte without a token (else the byte is dropped)
-    bool fuse_unk = false;             // consecutive unknown bytes become one unk
+    bool ignore_merges = false;     // emit a piece that is in the vocabulary whole, before merging
+    std::optional<int32_t> unk_id;  // the symbol for a byte without a token (else the byte is dropped)
+    bool fuse_unk = false;          // consecutive unknown bytes become one unk
   };
 
   // tiktoken: tokens[rank] holds the bytes of the token with that rank (= id). Every one of the
@@ -69,18 +69,18 @@ class BytePairModel {
   void merge_long(std::vector<int32_t>& symbols, std::vector<int32_t>& out) const;
 
   struct TokenSlot {
-    uint64_t head;    // the token's first eight bytes, zero-padded
+    uint64_t head;  // the token's first eight bytes, zero-padded
     uint32_t length;
-    int32_t id;       // -1: empty
+    int32_t id;  // -1: empty
   };
   struct PairSlot {
     uint64_t key;  // kNoPair: empty
     Merge merge;
   };
 
-  std::string arena_;               // the bytes of every token, back to back
-  std::vector<uint32_t> offsets_;   // by id
-  std::vector<uint32_t> lengths_;   // by id; 0 = no token with this id
+  std::string arena_;              // the bytes of every token, back to back
+  std::vector<uint32_t> offsets_;  // by id
+  std::vector<uint32_t> lengths_;  // by id; 0 = no token with this id
   std::vector<TokenSlot> token_table_;
   std::vector<PairSlot> pair_table_;
   size_t token_count_ = 0;

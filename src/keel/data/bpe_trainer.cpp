@@ -169,8 +169,10 @@ std::string BpeTrainer::tokenizer_json() const {
     for (uint64_t key : changed) {
       auto it = pair_counts.find(key);
       if (it == pair_counts.end()) continue;
-      if (it->second <= 0) pair_counts.erase(it);
-      else heap.push({it->second, key});
+      if (it->second <= 0)
+        pair_counts.erase(it);
+      else
+        heap.push({it->second, key});
     }
   }
 
@@ -186,14 +188,17 @@ std::string BpeTrainer::tokenizer_json() const {
   json += fmt::format(
       "  \"pre_tokenizer\": {{\"type\": \"Sequence\", \"pretokenizers\": [\n"
       "    {{\"type\": \"Split\", \"pattern\": {{\"Regex\": {}}}, \"behavior\": \"Isolated\", \"invert\": false}},\n"
-      "    {{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": false}}]}},\n",
+      "    {{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"trim_offsets\": true, \"use_regex\": "
+      "false}}]}},\n",
       json_quoted(pattern_text_));
   json += "  \"post_processor\": null,\n";
-  json += "  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"trim_offsets\": true, "
-          "\"use_regex\": true},\n";
-  json += "  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, \"continuing_subword_prefix\": "
-          "null, \"end_of_word_suffix\": null, \"fuse_unk\": false, \"byte_fallback\": false, \"ignore_merges\": "
-          "false,\n    \"vocab\": {";
+  json +=
+      "  \"decoder\": {\"type\": \"ByteLevel\", \"add_prefix_space\": true, \"trim_offsets\": true, "
+      "\"use_regex\": true},\n";
+  json +=
+      "  \"model\": {\"type\": \"BPE\", \"dropout\": null, \"unk_token\": null, \"continuing_subword_prefix\": "
+      "null, \"end_of_word_suffix\": null, \"fuse_unk\": false, \"byte_fallback\": false, \"ignore_merges\": "
+      "false,\n    \"vocab\": {";
   for (int32_t i = 0; i < specials; ++i)
     json += fmt::format("{}\n      {}: {}", i ? "," : "", json_quoted(options_.special_tokens[i]), i);
   for (int32_t t = 0; t < int32_t(tokens.size()); ++t)

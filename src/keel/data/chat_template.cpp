@@ -39,15 +39,20 @@ ChatFormat detect_chat_format(const std::string& dir) {
     if (text.find("Qwen2") != std::string::npos) return ChatFormat::chatml;
     if (text.find("Llama") != std::string::npos) return ChatFormat::llama3;
   }
-  fail("{}: cannot tell the chat format (no chat_template in tokenizer_config.json, unknown architecture); "
-       "name it with --chat-template glm4|llama3|chatml", dir);
+  fail(
+      "{}: cannot tell the chat format (no chat_template in tokenizer_config.json, unknown architecture); "
+      "name it with --chat-template glm4|llama3|chatml",
+      dir);
 }
 
-std::vector<ChatSegment> render_chat(ChatFormat f, const std::vector<ChatMessage>& messages, bool add_generation_prompt) {
+std::vector<ChatSegment> render_chat(ChatFormat f, const std::vector<ChatMessage>& messages,
+                                     bool add_generation_prompt) {
   std::vector<ChatSegment> out;
   auto text = [&](std::string s) {
-    if (!out.empty() && !out.back().assistant) out.back().text += s;
-    else out.push_back({std::move(s), false});
+    if (!out.empty() && !out.back().assistant)
+      out.back().text += s;
+    else
+      out.push_back({std::move(s), false});
   };
   auto answer = [&](std::string s) { out.push_back({std::move(s), true}); };
   switch (f) {
@@ -68,8 +73,10 @@ std::vector<ChatSegment> render_chat(ChatFormat f, const std::vector<ChatMessage
       text("<|begin_of_text|>");
       for (const auto& m : messages) {
         text(fmt::format("<|start_header_id|>{}<|end_header_id|>\n\n", m.role));
-        if (m.role == "assistant") answer(m.content + "<|eot_id|>");
-        else text(m.content + "<|eot_id|>");
+        if (m.role == "assistant")
+          answer(m.content + "<|eot_id|>");
+        else
+          text(m.content + "<|eot_id|>");
       }
       if (add_generation_prompt) text("<|start_header_id|>assistant<|end_header_id|>\n\n");
       break;

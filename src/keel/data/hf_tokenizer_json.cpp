@@ -94,8 +94,8 @@ void read_normalizer(const Reader& r, element e, std::string_view where, std::ve
     for (element n : r.as_array(r.required(o, "normalizers", where), fmt::format("{}.normalizers", where)))
       read_normalizer(r, n, fmt::format("{}.normalizers[{}]", where, i++), out);
   } else {
-    fail("{}: {}: normalizer '{}' is not supported (keel reads NFC, NFD, NFKC, NFKD and Sequence)", r.origin(),
-         where, type);
+    fail("{}: {}: normalizer '{}' is not supported (keel reads NFC, NFD, NFKC, NFKD and Sequence)", r.origin(), where,
+         type);
   }
 }
 
@@ -137,9 +137,9 @@ void read_pre_tokenizer(const Reader& r, element e, std::string_view where, std:
     const std::string pattern_at = fmt::format("{}.pattern", where);
     object pattern = r.as_object(r.required(o, "pattern", where), pattern_at);
     if (auto regex = r.member(pattern, "Regex")) {
-      step.regex = std::make_shared<PretokenizerRegex>(r.as_string(*regex, pattern_at + ".Regex"),
-                                                       RegexDialect::oniguruma,
-                                                       fmt::format("{}: {}", r.origin(), pattern_at));
+      step.regex =
+          std::make_shared<PretokenizerRegex>(r.as_string(*regex, pattern_at + ".Regex"), RegexDialect::oniguruma,
+                                              fmt::format("{}: {}", r.origin(), pattern_at));
     } else if (auto literal = r.member(pattern, "String")) {
       step.literal = r.as_string(*literal, pattern_at + ".String");
     } else {
@@ -157,8 +157,8 @@ void read_pre_tokenizer(const Reader& r, element e, std::string_view where, std:
         std::make_shared<PretokenizerRegex>(individual ? "\\p{N}" : "\\p{N}+", RegexDialect::oniguruma, r.origin());
     out.push_back(std::move(step));
   } else {
-    fail("{}: {}: pre-tokenizer '{}' is not supported (keel reads ByteLevel, Split, Digits and Sequence)",
-         r.origin(), where, type);
+    fail("{}: {}: pre-tokenizer '{}' is not supported (keel reads ByteLevel, Split, Digits and Sequence)", r.origin(),
+         where, type);
   }
 }
 
@@ -279,11 +279,14 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
 
   if (auto normalizer = r.member(root, "normalizer")) read_normalizer(r, *normalizer, "normalizer", parts.normalizers);
   bool byte_level = false;
-  if (auto pre = r.member(root, "pre_tokenizer")) read_pre_tokenizer(r, *pre, "pre_tokenizer", parts.pre_tokenizer, byte_level);
+  if (auto pre = r.member(root, "pre_tokenizer"))
+    read_pre_tokenizer(r, *pre, "pre_tokenizer", parts.pre_tokenizer, byte_level);
   if (auto post = r.member(root, "post_processor")) read_post_processor(r, *post, "post_processor", parts);
   if (auto decoder = r.member(root, "decoder")) read_decoder(r, *decoder, "decoder", byte_level);
-  require(byte_level, "{}: neither the pre-tokenizer nor the decoder is ByteLevel: keel reads byte-level BPE "
-          "tokenizers only", origin);
+  require(byte_level,
+          "{}: neither the pre-tokenizer nor the decoder is ByteLevel: keel reads byte-level BPE "
+          "tokenizers only",
+          origin);
 
   object model = r.as_object(r.required(root, "model", "the top level"), "model");
   if (auto type = r.member(model, "type")) {
@@ -387,7 +390,8 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
 Tokenizer load_hf_tokenizer_json(const std::string& path) {
   const std::string json = read_file(path);
   const size_t slash = path.rfind('/');
-  const std::string config_path = (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "tokenizer_config.json";
+  const std::string config_path =
+      (slash == std::string::npos ? "" : path.substr(0, slash + 1)) + "tokenizer_config.json";
   return hf_tokenizer_from_json(json, path, path_exists(config_path) ? read_file(config_path) : std::string());
 }
 

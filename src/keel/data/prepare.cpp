@@ -51,9 +51,9 @@ void process_chunk(const DocumentEncoder& encoder, RecordParser& parser, const L
     const std::string_view line = chunk.lines[i];
     const int64_t number = chunk.first_line + int64_t(i);
     if (next_overlong < chunk.overlong.size() && chunk.overlong[next_overlong].first == i) {
-      out.bad.push_back({number, fmt::format("the line is {} bytes long, above the {} MiB limit for one record",
-                                             chunk.overlong[next_overlong++].second,
-                                             LineChunkReader::kDefaultMaxLineBytes >> 20)});
+      out.bad.push_back(
+          {number, fmt::format("the line is {} bytes long, above the {} MiB limit for one record",
+                               chunk.overlong[next_overlong++].second, LineChunkReader::kDefaultMaxLineBytes >> 20)});
       continue;
     }
     if (line.find_first_not_of(" \t\r") == std::string_view::npos) {
@@ -77,7 +77,8 @@ class ShardSink {
   ShardSink(const PrepareOptions& o) : o_(o) {}
   void add(std::span<const uint32_t> tokens, std::span<const uint8_t> mask) {
     if (writer_ && open_ + int64_t(tokens.size()) > o_.max_seq_len) close_sequence();
-    if (!writer_) writer_ = std::make_unique<ShardWriter>(fmt::format("{}/shard-{:05d}.bin", o_.out_dir, shards_.size()));
+    if (!writer_)
+      writer_ = std::make_unique<ShardWriter>(fmt::format("{}/shard-{:05d}.bin", o_.out_dir, shards_.size()));
     writer_->add_document(tokens, mask);
     open_ += int64_t(tokens.size());
     if (o_.packing == Packing::pad) close_sequence();
@@ -246,15 +247,17 @@ void tally(PrepareReport& report, ChunkResult& r) {
 }
 
 void print_report(std::ostream& log, const PrepareReport& report, const PrepareOptions& o) {
-  fmt::print(log, "keel prepare: {} records ({} bad, {} blank lines), {} documents ({} truncated, {} long texts "
-                  "split, {} without targets)\n",
+  fmt::print(log,
+             "keel prepare: {} records ({} bad, {} blank lines), {} documents ({} truncated, {} long texts "
+             "split, {} without targets)\n",
              report.records, report.bad_records, report.blank_lines, report.documents, report.truncated_documents,
              report.split_documents, report.no_target_documents);
   for (size_t i = 0; i < std::min<size_t>(report.bad_listed.size(), 10); ++i)
     fmt::print(log, "  {}:{}: {}\n", o.data_path, report.bad_listed[i].line, report.bad_listed[i].reason);
   if (report.bad_records > 10) fmt::print(log, "  ... all listed in {}/report.json\n", o.out_dir);
-  fmt::print(log, "keel prepare: {} sequences of <= {} tokens ({}, {:.1f}% filled), {} tokens in {} shard(s); "
-                  "{:.1f} MB/s, {:.2f} s\n",
+  fmt::print(log,
+             "keel prepare: {} sequences of <= {} tokens ({}, {:.1f}% filled), {} tokens in {} shard(s); "
+             "{:.1f} MB/s, {:.2f} s\n",
              report.sequences, o.max_seq_len, packing_name(o.packing), 100.0 * report.fill(), report.tokens,
              report.shards, double(report.input_bytes) / 1e6 / std::max(report.seconds, 1e-9), report.seconds);
 }
@@ -294,8 +297,7 @@ std::optional<ChatFormat> chat_format_for(const std::string& name, const std::st
   const std::string dir = fs::is_directory(p) ? p.string() : p.parent_path().string();
   try {
     return detect_chat_format(dir.empty() ? "." : dir);
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   // No model files around the tokenizer: its special tokens still tell the family.
   if (tokenizer->token_to_id("[gMASK]")) return ChatFormat::glm4;
   if (tokenizer->token_to_id("<|start_header_id|>")) return ChatFormat::llama3;
@@ -369,7 +371,8 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
         tokenizer->encode(r.text, ids, EncodeOptions{.add_special_tokens = true});
         // Documents are packed back to back: without an end marker the model would learn to
         // run one into the next.
-        if (tokenizer->eos_id() && (ids.empty() || ids.back() != *tokenizer->eos_id())) ids.push_back(*tokenizer->eos_id());
+        if (tokenizer->eos_id() && (ids.empty() || ids.back() != *tokenizer->eos_id()))
+          ids.push_back(*tokenizer->eos_id());
         append(ids, true);
         break;
       }
@@ -427,8 +430,7 @@ std::string report_json(const PrepareReport& r) {
       "  \"input_bytes\": {},\n  \"seconds\": {:.3f},\n  \"bad\": [\n{}\n  ]\n}}\n",
       r.lines, r.blank_lines, r.records, r.bad_records, r.bad_listed.size(), r.documents, r.truncated_documents,
       r.truncated_tokens, r.split_documents, r.no_target_documents, r.sequences, r.tokens, r.shards, r.max_seq_len,
-      r.fill(),
-      json_quoted(r.chat_template), r.input_bytes, r.seconds, bad);
+      r.fill(), json_quoted(r.chat_template), r.input_bytes, r.seconds, bad);
 }
 
 std::string tokenizer_hash(const std::string& path) {
@@ -553,9 +555,9 @@ std::string resolve_training_data(const TrainingDataRequest& request, std::ostre
   require(path_exists(q.data_path), "{}: no such file or prepared directory", q.data_path);
   const std::string tok_hash = tokenizer_hash(q.tokenizer_path);
   // The cache key covers everything the shards depend on, the content first (a path can be reused).
-  const std::string key = checksum_hex(checksum(fmt::format(
-      "{}|{}|{}|{}|{}|{}|{}|v{}", checksum_hex(file_checksum(q.data_path)), tok_hash, q.chat_template, q.max_seq_len,
-      packing_name(q.packing), q.vocab_size, q.pad_id, kShardFormatVersion)));
+  const std::string key = checksum_hex(checksum(
+      fmt::format("{}|{}|{}|{}|{}|{}|{}|v{}", checksum_hex(file_checksum(q.data_path)), tok_hash, q.chat_template,
+                  q.max_seq_len, packing_name(q.packing), q.vocab_size, q.pad_id, kShardFormatVersion)));
   std::string cache = q.cache_dir;
   if (cache.empty()) {
     const fs::path parent = fs::path(q.data_path).parent_path();

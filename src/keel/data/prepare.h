@@ -41,12 +41,12 @@ struct PrepareOptions {
   std::string out_dir;
   int64_t max_seq_len = 2048;
   Packing packing = Packing::pack;
-  std::string chat_template = "auto";  // glm4 | llama3 | chatml | auto (from the tokenizer's directory / tokens)
-  int threads = 0;                     // tokenizer workers; 0 = all cores
-  double max_bad_fraction = 0.01;      // more bad records than this fraction of all records fails prepare
-  bool train_on_prompt = false;        // loss on every token of conversations, not only the assistant's
-  int64_t vocab_size = 0;              // only without a tokenizer: the model's vocabulary, to check ids
-  int32_t pad_id = -1;                 // -1: the tokenizer's EOS, else 0
+  std::string chat_template = "auto";       // glm4 | llama3 | chatml | auto (from the tokenizer's directory / tokens)
+  int threads = 0;                          // tokenizer workers; 0 = all cores
+  double max_bad_fraction = 0.01;           // more bad records than this fraction of all records fails prepare
+  bool train_on_prompt = false;             // loss on every token of conversations, not only the assistant's
+  int64_t vocab_size = 0;                   // only without a tokenizer: the model's vocabulary, to check ids
+  int32_t pad_id = -1;                      // -1: the tokenizer's EOS, else 0
   int64_t shard_tokens = int64_t(1) << 26;  // a shard closes after this many tokens (256 MB of ids)
   size_t chunk_bytes = size_t(1) << 20;     // lines handed to a worker at a time
 };
@@ -57,18 +57,18 @@ struct BadRecord {
 };
 
 struct PrepareReport {
-  int64_t lines = 0;           // lines read, blank ones included
-  int64_t blank_lines = 0;     // skipped, counted
-  int64_t records = 0;         // non-blank lines
-  int64_t bad_records = 0;     // invalid JSON, missing fields, invalid UTF-8, ids out of range
+  int64_t lines = 0;                  // lines read, blank ones included
+  int64_t blank_lines = 0;            // skipped, counted
+  int64_t records = 0;                // non-blank lines
+  int64_t bad_records = 0;            // invalid JSON, missing fields, invalid UTF-8, ids out of range
   std::vector<BadRecord> bad_listed;  // the first kMaxListedBadRecords of them, by line number
-  int64_t documents = 0;       // kept
+  int64_t documents = 0;              // kept
   int64_t truncated_documents = 0, truncated_tokens = 0, split_documents = 0;
   int64_t no_target_documents = 0;  // skipped: nothing to learn (e.g. no assistant turn)
   int64_t sequences = 0, tokens = 0, shards = 0;
-  int64_t input_bytes = 0;     // decompressed
+  int64_t input_bytes = 0;  // decompressed
   double seconds = 0;
-  double fill() const;         // tokens / (sequences * max_seq_len)
+  double fill() const;  // tokens / (sequences * max_seq_len)
   int64_t max_seq_len = 0;
   std::string chat_template;
 };
@@ -92,10 +92,10 @@ struct TrainingDataRequest {
   std::string data_path;
   std::string tokenizer_path;  // the model directory, or "" for pre-tokenized data
   int64_t max_seq_len = 2048;
-  int64_t vocab_size = 0;      // the model's: shards with larger ids are refused
+  int64_t vocab_size = 0;  // the model's: shards with larger ids are refused
   Packing packing = Packing::pack;
   std::string chat_template = "auto";
-  std::string cache_dir;       // "" = <directory of data_path>/.keel-cache
+  std::string cache_dir;  // "" = <directory of data_path>/.keel-cache
   int threads = 0;
   double max_bad_fraction = 0.01;
   int32_t pad_id = -1;

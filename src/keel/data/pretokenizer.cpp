@@ -87,15 +87,17 @@ std::string translate_pattern(std::string_view pattern, RegexDialect dialect, st
     if (c == '\\' && i + 1 < pattern.size()) {
       char d = pattern[++i];
       if (d == 's') {
-        if (in_class) out += kWhiteSpace;
-        else out.append("[").append(kWhiteSpace).append("]");
+        if (in_class)
+          out += kWhiteSpace;
+        else
+          out.append("[").append(kWhiteSpace).append("]");
       } else if (d == 'S') {
         require(!in_class, "{}: pattern '{}': \\S inside a character class is not supported", origin, pattern);
         out.append("[^").append(kWhiteSpace).append("]");
       } else if (dialect == RegexDialect::oniguruma && (d == 'h' || d == 'H')) {
         // Oniguruma's \h is a hex digit; PCRE2's would be horizontal space.
-        if (in_class) require(d == 'h', "{}: pattern '{}': \\H inside a character class is not supported", origin,
-                              pattern);
+        if (in_class)
+          require(d == 'h', "{}: pattern '{}': \\H inside a character class is not supported", origin, pattern);
         out += in_class ? "0-9a-fA-F" : (d == 'h' ? "[0-9a-fA-F]" : "[^0-9a-fA-F]");
       } else {
         out += c;
@@ -158,10 +160,14 @@ size_t find_invalid_utf8(std::string_view text) {
     }
     size_t len;
     uint32_t min;
-    if (c >= 0xC2 && c <= 0xDF) len = 2, min = 0x80;
-    else if (c >= 0xE0 && c <= 0xEF) len = 3, min = 0x800;
-    else if (c >= 0xF0 && c <= 0xF4) len = 4, min = 0x10000;
-    else return i;
+    if (c >= 0xC2 && c <= 0xDF)
+      len = 2, min = 0x80;
+    else if (c >= 0xE0 && c <= 0xEF)
+      len = 3, min = 0x800;
+    else if (c >= 0xF0 && c <= 0xF4)
+      len = 4, min = 0x10000;
+    else
+      return i;
     if (i + len > n) return i;
     uint32_t cp = c & (0x7F >> len);
     for (size_t k = 1; k < len; ++k) {
@@ -186,8 +192,8 @@ PretokenizerRegex::PretokenizerRegex(std::string_view pattern, RegexDialect dial
   code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), options, &error, &error_offset,
                         context);
   pcre2_compile_context_free(context);
-  require(code_ != nullptr, "{}: cannot compile pre-tokenizer pattern '{}': {} (at offset {} of '{}')", origin,
-          pattern, pcre2_message(error), error_offset, source);
+  require(code_ != nullptr, "{}: cannot compile pre-tokenizer pattern '{}': {} (at offset {} of '{}')", origin, pattern,
+          pcre2_message(error), error_offset, source);
   // Without JIT (an unsupported CPU) matching still works through the interpreter, only slower.
   jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
 }
@@ -201,8 +207,8 @@ bool PretokenizerRegex::find(std::string_view text, size_t start, size_t& match_
     int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, state.data, state.context)
                   : pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, state.data, state.context);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
-    require(rc >= 0, "pre-tokenizer pattern '{}' failed at byte {} of a {}-byte text: {}", pattern_, start,
-            text.size(), pcre2_message(rc));
+    require(rc >= 0, "pre-tokenizer pattern '{}' failed at byte {} of a {}-byte text: {}", pattern_, start, text.size(),
+            pcre2_message(rc));
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
     if (ovector[1] > ovector[0]) {
       match_begin = ovector[0];

@@ -72,7 +72,9 @@ class GzipSource final : public LineChunkReader::ByteSource {
 class ZstdSource final : public LineChunkReader::ByteSource {
  public:
   explicit ZstdSource(const std::string& path)
-      : path_(path), file_(std::fopen(path.c_str(), "rb")), stream_(ZSTD_createDStream()),
+      : path_(path),
+        file_(std::fopen(path.c_str(), "rb")),
+        stream_(ZSTD_createDStream()),
         in_buffer_(ZSTD_DStreamInSize()) {
     require(file_ != nullptr, "{}: cannot open ({})", path, std::strerror(errno));
     require(stream_ != nullptr, "{}: cannot create a zstd decompression stream", path);
@@ -120,9 +122,12 @@ LineChunkReader::LineChunkReader(const std::string& path, size_t chunk_bytes, si
     : path_(path),
       chunk_bytes_(std::max<size_t>(chunk_bytes, 4096)),
       max_line_bytes_(std::max<size_t>(max_line_bytes, 1)) {
-  if (ends_with(path, ".gz")) source_ = std::make_unique<GzipSource>(path);
-  else if (ends_with(path, ".zst") || ends_with(path, ".zstd")) source_ = std::make_unique<ZstdSource>(path);
-  else source_ = std::make_unique<PlainSource>(path);
+  if (ends_with(path, ".gz"))
+    source_ = std::make_unique<GzipSource>(path);
+  else if (ends_with(path, ".zst") || ends_with(path, ".zstd"))
+    source_ = std::make_unique<ZstdSource>(path);
+  else
+    source_ = std::make_unique<PlainSource>(path);
 }
 
 LineChunkReader::~LineChunkReader() = default;
@@ -257,7 +262,8 @@ bool has_key(const object& o, std::string_view key) {
 // ShareGPT speaker names to the roles the chat templates know.
 std::string normalized_role(std::string_view role) {
   if (role == "human" || role == "user") return "user";
-  if (role == "gpt" || role == "assistant" || role == "chatgpt" || role == "model" || role == "bing") return "assistant";
+  if (role == "gpt" || role == "assistant" || role == "chatgpt" || role == "model" || role == "bing")
+    return "assistant";
   if (role == "system") return "system";
   if (role == "tool" || role == "function" || role == "observation" || role == "ipython") return std::string(role);
   return {};

@@ -24,7 +24,7 @@ namespace keel::data {
 // A run of whole lines from the input: `bytes` holds them back to back, `lines` cuts them
 // (without the newline), and the first line's number is `first_line` (1-based).
 struct LineChunk {
-  int64_t index = 0;       // 0, 1, 2, ... in file order
+  int64_t index = 0;  // 0, 1, 2, ... in file order
   int64_t first_line = 1;
   std::string bytes;
   std::vector<std::string_view> lines;
@@ -67,9 +67,9 @@ enum class RecordKind { text, conversation, tokens };
 
 struct Record {
   RecordKind kind = RecordKind::text;
-  std::string text;                         // kind == text
-  std::vector<ChatMessage> messages;        // kind == conversation
-  std::vector<int32_t> input_ids, labels;   // kind == tokens (labels same length, -100 = no loss)
+  std::string text;                        // kind == text
+  std::vector<ChatMessage> messages;       // kind == conversation
+  std::vector<int32_t> input_ids, labels;  // kind == tokens (labels same length, -100 = no loss)
   void clear() {
     text.clear();
     messages.clear();

@@ -73,9 +73,9 @@ std::string manifest_json(const ShardManifest& m) {
   std::string shards;
   for (size_t i = 0; i < m.shards.size(); ++i) {
     const auto& s = m.shards[i];
-    shards += fmt::format("{}    {{\"file\": {}, \"sequences\": {}, \"tokens\": {}, \"documents\": {}, \"checksum\": \"{}\"}}",
-                          i ? ",\n" : "", json_quoted(s.file), s.sequences, s.tokens, s.documents,
-                          checksum_hex(s.checksum));
+    shards += fmt::format(
+        "{}    {{\"file\": {}, \"sequences\": {}, \"tokens\": {}, \"documents\": {}, \"checksum\": \"{}\"}}",
+        i ? ",\n" : "", json_quoted(s.file), s.sequences, s.tokens, s.documents, checksum_hex(s.checksum));
   }
   return fmt::format(
       "{{\n  \"format\": \"keel-shards\",\n  \"version\": {},\n  \"tokenizer_hash\": {},\n  \"chat_template\": {},\n"
@@ -190,8 +190,10 @@ struct ShardWriter::Impl {
     XXH3_64bits_update(state, p, size);
     written += size;
     if (buffer.size() + size > kBuffer) flush();
-    if (size >= kBuffer) file.write(p, size);
-    else buffer.insert(buffer.end(), p, p + size);
+    if (size >= kBuffer)
+      file.write(p, size);
+    else
+      buffer.insert(buffer.end(), p, p + size);
   }
   void flush() {
     if (!buffer.empty()) file.write(buffer.data(), buffer.size());
@@ -341,8 +343,8 @@ ShardFile::ShardFile(const std::string& path, const ShardInfo& expected, int64_t
     {  // always, even without checksums: an id past the vocabulary would index outside the embedding
       uint32_t largest = 0;
       for (uint64_t t = 0; t < num_tokens_; ++t) largest = std::max(largest, tokens_[t]);
-      require(num_tokens_ == 0 || int64_t(largest) < vocab_size, "{}: token id {} is outside the vocabulary ({})",
-              path, largest, vocab_size);
+      require(num_tokens_ == 0 || int64_t(largest) < vocab_size, "{}: token id {} is outside the vocabulary ({})", path,
+              largest, vocab_size);
     }
   } catch (...) {
     ::munmap(const_cast<uint8_t*>(data_), size_);

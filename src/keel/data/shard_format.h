@@ -54,9 +54,9 @@ struct ShardManifest {
   std::string chat_template;   // "glm4" | "llama3" | "chatml" | "none"
   int64_t max_seq_len = 0;
   Packing packing = Packing::pack;
-  int64_t vocab_size = 0;      // every token id is below it
+  int64_t vocab_size = 0;  // every token id is below it
   int32_t pad_id = 0;
-  std::string source;          // the JSONL it was prepared from
+  std::string source;  // the JSONL it was prepared from
   uint64_t source_checksum = 0;
   std::vector<ShardInfo> shards;
 
@@ -112,7 +112,7 @@ class ShardFile {
     const uint8_t* mask_bits;  // bit (mask_start + t)
     int64_t mask_start;
     std::span<const uint64_t> document_offsets;  // [first doc .. one past last doc], absolute token offsets
-    int64_t token_start;                          // absolute offset of tokens[0]
+    int64_t token_start;                         // absolute offset of tokens[0]
     bool target(int64_t t) const {
       const int64_t bit = mask_start + t;
       return (mask_bits[bit >> 3] >> (bit & 7)) & 1;

@@ -17,9 +17,8 @@ PackedMicroBatch make_packed_micro_batch_buffers(int64_t batch, int64_t seq) {
   return m;
 }
 
-void fill_packed_row(const ShardFile::SequenceView& s, int64_t seq, int32_t pad_id, int64_t vocab_size,
-                     int32_t* in, int32_t* tg, int32_t* pos, int32_t* seg, int64_t& input_tokens,
-                     int64_t& target_tokens) {
+void fill_packed_row(const ShardFile::SequenceView& s, int64_t seq, int32_t pad_id, int64_t vocab_size, int32_t* in,
+                     int32_t* tg, int32_t* pos, int32_t* seg, int64_t& input_tokens, int64_t& target_tokens) {
   const int64_t len = std::min<int64_t>(int64_t(s.tokens.size()), seq);
   const auto& docs = s.document_offsets;  // absolute offsets: docs[j] .. docs[j+1] is document j of the row
   size_t j = 0;

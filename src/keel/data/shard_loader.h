@@ -40,8 +40,8 @@ PackedMicroBatch make_packed_micro_batch_buffers(int64_t batch, int64_t seq);
 // in the same document and carries loss (else -100); positions restart at 0 at every document.
 // Adds the row's non-padding and target tokens to the counts. keel::Error for an id >= vocab_size.
 void fill_packed_row(const ShardFile::SequenceView& sequence, int64_t seq, int32_t pad_id, int64_t vocab_size,
-                     int32_t* input_ids, int32_t* targets, int32_t* positions, int32_t* segments,
-                     int64_t& input_tokens, int64_t& target_tokens);
+                     int32_t* input_ids, int32_t* targets, int32_t* positions, int32_t* segments, int64_t& input_tokens,
+                     int64_t& target_tokens);
 
 struct ShardLoaderOptions {
   int64_t batch_size = 1;              // sequences per micro-batch per rank

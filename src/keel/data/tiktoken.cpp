@@ -107,8 +107,8 @@ std::vector<std::string> parse_tiktoken_ranks(std::string_view text, std::string
             "{}:{}: rank '{}' is not a non-negative integer", origin, line_no, rank_text);
     // Ranks must be 0..N-1 for N tokens, so a rank of N or more (however large) is a gap: checking
     // it here also keeps a bogus huge rank from sizing an allocation.
-    require(rank < lines, "{}:{}: rank {} leaves a gap: a file of {} lines holds ranks 0 to {}", origin, line_no,
-            rank, lines, lines - 1);
+    require(rank < lines, "{}:{}: rank {} leaves a gap: a file of {} lines holds ranks 0 to {}", origin, line_no, rank,
+            lines, lines - 1);
     if (tokens.size() <= rank) {
       tokens.resize(rank + 1);
       line_of_rank.resize(rank + 1, 0);
@@ -166,8 +166,8 @@ Tokenizer load_tiktoken(const std::string& path, std::string_view pattern) {
   if (pattern.empty()) {
     pattern = tiktoken_pattern_for(ranks.size());
     require(!pattern.empty(),
-            "{}: {} ranks match no known encoding; name the pre-tokenizer pattern (gpt2, cl100k, o200k, glm4, qwen2)", path,
-            ranks.size());
+            "{}: {} ranks match no known encoding; name the pre-tokenizer pattern (gpt2, cl100k, o200k, glm4, qwen2)",
+            path, ranks.size());
   }
   return tiktoken_tokenizer(std::move(ranks), pattern, path);
 }

@@ -64,8 +64,7 @@ class MappedText {
 void append_ids(simdjson::dom::element value, const char* field, const std::string& at, int64_t vocab,
                 bool allow_ignore, std::vector<int32_t>& out) {
   simdjson::dom::array array;
-  require(value.get_array().get(array) == simdjson::SUCCESS, "{}: field '{}' must be an array of integers", at,
-          field);
+  require(value.get_array().get(array) == simdjson::SUCCESS, "{}: field '{}' must be an array of integers", at, field);
   for (auto item : array) {
     int64_t v;
     require(item.get_int64().get(v) == simdjson::SUCCESS, "{}: field '{}' must contain only integers", at, field);

@@ -39,8 +39,7 @@ size_t previous_code_point(std::string_view text, size_t i) {
 
 bool is_white_space(uint32_t cp) {
   return (cp >= 0x09 && cp <= 0x0D) || cp == 0x20 || cp == 0x85 || cp == 0xA0 || cp == 0x1680 ||
-         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F ||
-         cp == 0x3000;
+         (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 // For single_word added tokens: letters, digits and '_' (ASCII is what matters in practice; any
@@ -102,23 +101,29 @@ void split_piece(std::string_view piece, const PreTokenizerStep& step, std::vect
       break;
     case SplitBehavior::contiguous:
       for (auto [b, e, m] : parts) {
-        if (m == previous_match && !kept.empty()) kept.back().second = e;
-        else kept.emplace_back(b, e);
+        if (m == previous_match && !kept.empty())
+          kept.back().second = e;
+        else
+          kept.emplace_back(b, e);
         previous_match = m;
       }
       break;
     case SplitBehavior::merged_with_previous:
       for (auto [b, e, m] : parts) {
-        if (m && !previous_match && !kept.empty()) kept.back().second = e;
-        else kept.emplace_back(b, e);
+        if (m && !previous_match && !kept.empty())
+          kept.back().second = e;
+        else
+          kept.emplace_back(b, e);
         previous_match = m;
       }
       break;
     case SplitBehavior::merged_with_next:
       for (size_t i = parts.size(); i-- > 0;) {
         auto [b, e, m] = parts[i];
-        if (m && !previous_match && !kept.empty()) kept.back().first = b;
-        else kept.emplace_back(b, e);
+        if (m && !previous_match && !kept.empty())
+          kept.back().first = b;
+        else
+          kept.emplace_back(b, e);
         previous_match = m;
       }
       std::reverse(kept.begin(), kept.end());
@@ -244,8 +249,10 @@ void Tokenizer::encode_segment(std::string_view text, bool normalized_pass, std:
     }
     std::string normalized(segment);
     for (NormalizationForm form : parts_.normalizers) normalized = normalize(normalized, form);
-    if (has_normalized_added_) encode_segment(normalized, true, out, options);
-    else encode_normalized(normalized, out);
+    if (has_normalized_added_)
+      encode_segment(normalized, true, out, options);
+    else
+      encode_normalized(normalized, out);
   };
   while (auto match = find_added(text, pos, normalized_pass, options)) {
     plain(text.substr(pos, match->begin - pos));

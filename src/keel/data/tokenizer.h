@@ -60,7 +60,7 @@ struct TokenizerParts {
   std::vector<PreTokenizerStep> pre_tokenizer;
   std::vector<int32_t> template_prefix;  // post-processor ids before the text (BOS)
   std::vector<int32_t> template_suffix;  // and after it (EOS)
-  bool byte_level_names = false;  // token names use the byte-to-unicode spelling (tokenizer.json)
+  bool byte_level_names = false;         // token names use the byte-to-unicode spelling (tokenizer.json)
   std::optional<int32_t> bos_id;
   std::optional<int32_t> eos_id;
 };

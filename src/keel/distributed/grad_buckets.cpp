@@ -41,8 +41,8 @@ void GradBuckets::begin(float* grads, Communicator& comm, bool deterministic) {
 void GradBuckets::start(Bucket& b) {
   b.started = true;
   b.ticket = zero_shards_ ? comm_->reduce_scatter_sum_async(grads_, {b.offset, b.offset + b.count}, *zero_shards_,
-                                                             deterministic_, b.ready)
-                         : comm_->allreduce_sum_async(grads_ + b.offset, b.count, deterministic_, b.ready);
+                                                            deterministic_, b.ready)
+                          : comm_->allreduce_sum_async(grads_ + b.offset, b.count, deterministic_, b.ready);
 }
 
 void GradBuckets::param_ready(int param, ComputeEvent ready) {

@@ -17,12 +17,12 @@ struct ParamSpan {
 };
 
 struct Bucket {
-  int64_t offset = 0, count = 0;  // a contiguous range of the flat gradient buffer
+  int64_t offset = 0, count = 0;        // a contiguous range of the flat gradient buffer
   int first_param = 0, last_param = 0;  // [first, last] parameter indices it covers
-  int pending = 0;                // parameters whose gradient is not final yet this step
+  int pending = 0;                      // parameters whose gradient is not final yet this step
   Ticket ticket = 0;
   bool started = false;
-  ComputeEvent ready;             // the latest event that wrote one of its gradients this step
+  ComputeEvent ready;  // the latest event that wrote one of its gradients this step
 };
 
 class GradBuckets {

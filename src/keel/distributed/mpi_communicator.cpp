@@ -22,8 +22,17 @@ namespace keel::distributed {
 namespace {
 
 class MpiCommunicator final : public Communicator {
-  enum class Op { Allreduce, ReduceScatter, AllgatherShards, SendToRoot, ReceivePiece, SumDoubles, Broadcast,
-                  Allgather, Barrier };
+  enum class Op {
+    Allreduce,
+    ReduceScatter,
+    AllgatherShards,
+    SendToRoot,
+    ReceivePiece,
+    SumDoubles,
+    Broadcast,
+    Allgather,
+    Barrier
+  };
   // A queued operation, as plain data (see submit).
   struct Job {
     Ticket ticket = 0;
@@ -34,7 +43,7 @@ class MpiCommunicator final : public Communicator {
     FlatRange range{};                               // reduce-scatter's range of `data`
     const std::vector<FlatRange>* shards = nullptr;  // ZeRO-1's shards (kept alive by the caller)
     bool deterministic = false;
-    int peer = 0;                                    // broadcast's root, receive_piece's source
+    int peer = 0;  // broadcast's root, receive_piece's source
   };
 
  public:
@@ -75,9 +84,7 @@ class MpiCommunicator final : public Communicator {
     return submit({.op = Op::AllgatherShards, .data = data, .shards = &shards});
   }
 
-  void send_to_root(const float* data, int64_t n) override {
-    wait(submit({.op = Op::SendToRoot, .in = data, .n = n}));
-  }
+  void send_to_root(const float* data, int64_t n) override { wait(submit({.op = Op::SendToRoot, .in = data, .n = n})); }
 
   void receive_piece(int source, float* out, int64_t count) override {
     wait(submit({.op = Op::ReceivePiece, .data = out, .n = count, .peer = source}));
@@ -92,7 +99,9 @@ class MpiCommunicator final : public Communicator {
     if (!failure_.empty()) abort(failure_);
   }
 
-  void allreduce_totals(double* data, int64_t n) override { wait(submit({.op = Op::SumDoubles, .data = data, .n = n})); }
+  void allreduce_totals(double* data, int64_t n) override {
+    wait(submit({.op = Op::SumDoubles, .data = data, .n = n}));
+  }
 
   void broadcast(void* data, int64_t bytes, int root) override {
     wait(submit({.op = Op::Broadcast, .data = data, .n = bytes, .peer = root}));
@@ -194,9 +203,7 @@ class MpiCommunicator final : public Communicator {
 
   void execute(const Job& job) {
     switch (job.op) {
-      case Op::Allreduce:
-        sum_in_pieces(static_cast<float*>(job.data), job.n, job.deterministic);
-        return;
+      case Op::Allreduce: sum_in_pieces(static_cast<float*>(job.data), job.n, job.deterministic); return;
       case Op::ReduceScatter: {
         float* data = static_cast<float*>(job.data);
         const FlatRange range = job.range;
@@ -256,9 +263,7 @@ class MpiCommunicator final : public Communicator {
         check(MPI_Allgather(job.in, int(job.n), MPI_BYTE, job.data, int(job.n), MPI_BYTE, MPI_COMM_WORLD),
               "MPI_Allgather");
         return;
-      case Op::Barrier:
-        check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
-        return;
+      case Op::Barrier: check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); return;
     }
   }
 
@@ -267,9 +272,10 @@ class MpiCommunicator final : public Communicator {
   [[noreturn]] void timed_out(std::unique_lock<std::mutex>& lock) {
     const std::string what = describe(running_);
     lock.unlock();
-    abort(fmt::format("rank {}: '{}' did not complete within {} s: another rank died or hangs "
-                      "(raise comm_timeout_s if steps are legitimately slower){}",
-                      rank_, what, timeout_s_, wait_context_.empty() ? "" : ". " + wait_context_));
+    abort(
+        fmt::format("rank {}: '{}' did not complete within {} s: another rank died or hangs "
+                    "(raise comm_timeout_s if steps are legitimately slower){}",
+                    rank_, what, timeout_s_, wait_context_.empty() ? "" : ". " + wait_context_));
   }
 
   // What a job is, in words: for the error of a wait that timed out.
@@ -337,7 +343,6 @@ class MpiCommunicator final : public Communicator {
     MPI_Finalize();
   }
 
-
   double timeout_s_;
   int rank_ = 0, size_ = 1;
   std::string name_;
@@ -353,9 +358,9 @@ class MpiCommunicator final : public Communicator {
   std::vector<float> gather_buffer_;
   std::vector<double> sum_buffer_;
   std::vector<int> counts_, offsets_, receive_counts_, receive_offsets_;  // used by the communication thread only
-  static constexpr int64_t kMaxCount = int64_t(1) << 30;  // MPI counts are int
-  static constexpr int kShardTag = 17;  // send_to_root's messages (collectives use their own context)
-  static constexpr size_t kQueueCapacity = 1024;            // a step queues one job per bucket, and a few
+  static constexpr int64_t kMaxCount = int64_t(1) << 30;                  // MPI counts are int
+  static constexpr int kShardTag = 17;            // send_to_root's messages (collectives use their own context)
+  static constexpr size_t kQueueCapacity = 1024;  // a step queues one job per bucket, and a few
 };
 
 }  // namespace

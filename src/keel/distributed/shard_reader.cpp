@@ -11,7 +11,8 @@ ShardReader::ShardReader(Communicator& comm, const std::vector<FlatRange>& shard
     : comm_(comm), shards_(shards), local_(std::move(local)) {
   require(shards_.size() >= 1 && shards_[0].begin == 0, "ShardReader: expected the ranks' shards, rank 0's first");
   next_ = next_of(PieceId{0, 1, -1});
-  for (size_t r = 1; r < shards_.size(); ++r) largest_piece_ = std::max(largest_piece_, std::min(kMessagePiece, shards_[r].size()));
+  for (size_t r = 1; r < shards_.size(); ++r)
+    largest_piece_ = std::max(largest_piece_, std::min(kMessagePiece, shards_[r].size()));
 }
 
 int64_t ShardReader::pieces_of(int rank) const {
@@ -55,8 +56,8 @@ const float* ShardReader::read(int stream, int64_t begin, int64_t max_count, int
   }
   const PieceId want{stream, rank, (begin - shard.begin) / kMessagePiece};
   if (!(held_ == want)) {
-    require(!before(want, next_), "ShardReader: read of stream {} at {} goes back to a piece already received",
-            stream, begin);
+    require(!before(want, next_), "ShardReader: read of stream {} at {} goes back to a piece already received", stream,
+            begin);
     while (!(held_ == want)) receive_next();
   }
   const int64_t piece_begin = shard.begin + want.index * kMessagePiece;
@@ -66,8 +67,8 @@ const float* ShardReader::read(int stream, int64_t begin, int64_t max_count, int
 }
 
 void ShardReader::read_all(int stream, float* out) {
-  require(held_.stream < 0 && (done(next_) || next_.stream == stream), "ShardReader: read_all of stream {} out of order",
-          stream);
+  require(held_.stream < 0 && (done(next_) || next_.stream == stream),
+          "ShardReader: read_all of stream {} out of order", stream);
   std::copy_n(local_[size_t(stream)], shards_[0].size(), out);
   for (; !done(next_) && next_.stream == stream; next_ = next_of(next_)) {
     const FlatRange shard = shards_[size_t(next_.rank)];

@@ -51,8 +51,8 @@ class ShardReader {
   std::vector<const float*> local_;
   std::vector<float> buffer_;  // the last received piece
   int64_t largest_piece_ = 0;
-  PieceId held_{-1, 0, 0};     // which piece buffer_ holds
-  PieceId next_;               // the next piece to arrive
+  PieceId held_{-1, 0, 0};  // which piece buffer_ holds
+  PieceId next_;            // the next piece to arrive
 };
 
 }  // namespace keel::distributed

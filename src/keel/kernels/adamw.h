@@ -11,8 +11,8 @@ namespace keel::kernels {
 
 // Updates n parameters in place. weight_decay is per call (0 for biases and norm weights).
 // If w_bf16 is not null it receives the bf16 copy of the updated weights (compute copy).
-void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s,
-                  double weight_decay, bf16* w_bf16);
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s, double weight_decay,
+                  bf16* w_bf16);
 
 // Sum of squares in double (for the global gradient norm of clip_grad_norm_).
 double sum_of_squares(const float* x, int64_t n);

@@ -62,7 +62,7 @@ class Backend {
   // ---- elementwise and row operations on [rows, cols] row-major buffers
   // dst = bf16(src): the compute copy of weights and GEMM inputs.
   virtual void cast_to_bf16(const float* src, bf16* dst, int64_t n) = 0;
-  virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;  // dst = a + b
+  virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;              // dst = a + b
   virtual void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols) = 0;  // y[r] += bias
   // db[c] += sum over rows of dy[r, c] (ACCUMULATES), summed in row order.
   virtual void accumulate_bias_grad(const float* dy, int64_t rows, int64_t cols, float* db) = 0;
@@ -84,10 +84,9 @@ class Backend {
   virtual void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter,
                                float* dgate_up) = 0;
   // out[i] = table[ids[i]]; backward ACCUMULATES dtable[ids[i]] += dout[i], deterministically.
-  virtual void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden,
-                                 float* out) = 0;
-  virtual void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden,
-                                  int64_t vocab, float* dtable) = 0;
+  virtual void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) = 0;
+  virtual void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
+                                  float* dtable) = 0;
   // Softmax cross-entropy over a block of logits [rows, vocab] (row stride ld), fused with its
   // gradient: logits are overwritten by (softmax - onehot) * grad_scale (zeros for kIgnoreIndex
   // rows). Returns the SUM of -log softmax(logits)[label] over non-ignored rows.
@@ -104,10 +103,10 @@ class Backend {
   virtual void attention_forward(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
                                  const float* v, const int32_t* segments, float* out, float* lse, void* workspace,
                                  size_t workspace_bytes) = 0;
-  virtual void attention_backward(const AttentionShape& s, AttentionMatmul precision, const float* q,
-                                  const float* k, const float* v, const int32_t* segments, const float* out,
-                                  const float* lse, const float* dout, float* dq, float* dk, float* dv,
-                                  void* workspace, size_t workspace_bytes) = 0;
+  virtual void attention_backward(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
+                                  const float* v, const int32_t* segments, const float* out, const float* lse,
+                                  const float* dout, float* dq, float* dk, float* dv, void* workspace,
+                                  size_t workspace_bytes) = 0;
   // Generation: `tokens` new queries (q [tokens, q_heads*head_dim], row stride ldq) at positions
   // first_position.. over a KV cache holding keys/values of positions 0..first_position+tokens-1
   // ([positions, kv_heads*head_dim] each); causal, softmax over the cached keys; out [tokens, q_heads*head_dim].

@@ -13,7 +13,7 @@ namespace keel::kernels {
 // Returns the SUM over non-ignored rows of -log softmax(logits)[label]
 // (callers divide by the number of target tokens). labels must be in [0, vocab) or kIgnoreIndex.
 template <typename T>
-double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows,
-                                      int64_t vocab, double grad_scale);
+double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
+                                      double grad_scale);
 
 }  // namespace keel::kernels

@@ -9,7 +9,6 @@ template <typename T>
 void embedding_forward(const int32_t* ids, int64_t n, const T* table, int64_t hidden, T* out);
 // dtable[ids[i]] += dout[i] (ACCUMULATES); deterministic whatever the thread count.
 template <typename T>
-void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hidden, int64_t vocab,
-                        T* dtable);
+void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hidden, int64_t vocab, T* dtable);
 
 }  // namespace keel::kernels

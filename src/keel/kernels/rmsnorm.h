@@ -10,7 +10,6 @@ void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double e
 
 // dx = (overwritten) gradient w.r.t. x; dw is ACCUMULATED into (+=) so micro-batches add up.
 template <typename T>
-void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim,
-                      T* dx, T* dw);
+void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw);
 
 }  // namespace keel::kernels

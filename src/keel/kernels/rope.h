@@ -13,11 +13,11 @@ namespace keel::kernels {
 // x: [tokens, heads, head_dim] with row stride ld (elements between consecutive tokens);
 // positions[tokens] index the table (must be < max_positions). Rotates in place.
 template <typename T>
-void rope_forward(T* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
-                  int64_t head_dim, const RopeTable& table);
+void rope_forward(T* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                  const RopeTable& table);
 // Gradient of rope_forward: rotates by the negative angle, in place on dx.
 template <typename T>
-void rope_backward(T* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
-                   int64_t head_dim, const RopeTable& table);
+void rope_backward(T* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                   const RopeTable& table);
 
 }  // namespace keel::kernels

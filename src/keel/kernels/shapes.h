@@ -24,11 +24,11 @@ inline GemmShape packed_gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k
 
 // ---- Causal self-attention with grouped-query heads.
 struct AttentionShape {
-  int64_t batch, seq;            // sequences in the micro-batch and their (padded) length
-  int64_t q_heads, kv_heads;     // q_heads % kv_heads == 0; q head h reads kv head h / (q_heads/kv_heads)
+  int64_t batch, seq;         // sequences in the micro-batch and their (padded) length
+  int64_t q_heads, kv_heads;  // q_heads % kv_heads == 0; q head h reads kv head h / (q_heads/kv_heads)
   int64_t head_dim;
-  int64_t ldq, ldk, ldv, ldo;    // row strides (elements between consecutive tokens)
-  double scale;                  // usually 1/sqrt(head_dim)
+  int64_t ldq, ldk, ldv, ldo;  // row strides (elements between consecutive tokens)
+  double scale;                // usually 1/sqrt(head_dim)
 };
 
 // Element type of attention's products. BF16 rounds q, k, v, the probabilities and the incoming
@@ -40,7 +40,7 @@ enum class AttentionMatmul : uint8_t { F32, BF16 };
 // uses: half (Llama/Qwen2, "rotate_half"): pairs (i, i + rotary_dim/2); interleaved (GLM-4):
 // pairs (2i, 2i+1). Only the first rotary_dim channels of each head rotate.
 struct RopeTable {
-  int64_t rotary_dim = 0;   // even, <= head_dim
+  int64_t rotary_dim = 0;  // even, <= head_dim
   bool interleaved = false;
   int64_t max_positions = 0;
   // cos/sin [max_positions, rotary_dim/2], computed exactly as HF does: inv_freq in fp32,

@@ -33,20 +33,20 @@ struct FormatKeys {
   const char* norm_eps;
   const char* max_positions;
 };
-constexpr FormatKeys kTransformersKeys{"vocab_size",          "hidden_size",         "intermediate_size",
-                                      "num_hidden_layers",   "num_attention_heads", "num_key_value_heads",
-                                      "head_dim",            "rms_norm_eps",        "max_position_embeddings"};
+constexpr FormatKeys kTransformersKeys{"vocab_size",        "hidden_size",         "intermediate_size",
+                                       "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                       "head_dim",          "rms_norm_eps",        "max_position_embeddings"};
 // THUDM's remote-code ChatGLMConfig (configuration_chatglm.py).
-constexpr FormatKeys kChatGlmKeys{"padded_vocab_size",   "hidden_size",         "ffn_hidden_size",
-                                 "num_layers",          "num_attention_heads", "multi_query_group_num",
-                                 "kv_channels",         "layernorm_epsilon",   "seq_length"};
+constexpr FormatKeys kChatGlmKeys{"padded_vocab_size", "hidden_size",         "ffn_hidden_size",
+                                  "num_layers",        "num_attention_heads", "multi_query_group_num",
+                                  "kv_channels",       "layernorm_epsilon",   "seq_length"};
 
 const FormatKeys& keys_of(Family f) { return f == Family::GlmOriginal ? kChatGlmKeys : kTransformersKeys; }
 
 struct FamilyFormat {
   Family family;
-  std::string_view name;        // keel's name (recipes, CLI)
-  std::string_view model_type;  // config.json "model_type"
+  std::string_view name;                        // keel's name (recipes, CLI)
+  std::string_view model_type;                  // config.json "model_type"
   std::vector<std::string_view> architectures;  // first one is what keel writes
   int64_t default_max_positions;                // the config class's default
 };
@@ -208,9 +208,9 @@ class ConfigObject {
 
   double positive_number_value(std::string_view key, dom::element v) const {
     if (!v.is_number()) wrong_type(key, "a positive number", v);
-    double x = v.type() == dom::element_type::DOUBLE ? double(v)
+    double x = v.type() == dom::element_type::DOUBLE  ? double(v)
                : v.type() == dom::element_type::INT64 ? double(int64_t(v))
-                                                       : double(uint64_t(v));
+                                                      : double(uint64_t(v));
     if (!(x > 0) || !std::isfinite(x)) wrong_type(key, "a positive number", v);
     return x;
   }
@@ -292,9 +292,10 @@ void require_default_rope(const ConfigObject& cfg, std::string_view key, bool ty
   bool has_type = object["rope_type"].get(type) == simdjson::SUCCESS || object["type"].get(type) == simdjson::SUCCESS;
   if (!has_type && (!type_required || object.size() == 0)) return;
   if (has_type && type.is_string() && std::string_view(type) == "default") return;
-  fail("{}: key '{}': RoPE scaling {} is not supported (keel implements plain RoPE only; expected null or "
-       "rope_type \"default\")",
-       cfg.path(), key, has_type ? json_describe(type) : simdjson::minify(*v));
+  fail(
+      "{}: key '{}': RoPE scaling {} is not supported (keel implements plain RoPE only; expected null or "
+      "rope_type \"default\")",
+      cfg.path(), key, has_type ? json_describe(type) : simdjson::minify(*v));
 }
 
 // transformers v5 moved rope_theta and partial_rotary_factor into "rope_parameters"; the
@@ -302,12 +303,14 @@ void require_default_rope(const ConfigObject& cfg, std::string_view key, bool ty
 std::optional<double> rope_parameter(const ConfigObject& cfg, std::string_view name) {
   auto params = cfg.get("rope_parameters");
   dom::element v;
-  if (!params || !params->is_object() || (*params)[name].get(v) != simdjson::SUCCESS || v.is_null()) return std::nullopt;
+  if (!params || !params->is_object() || (*params)[name].get(v) != simdjson::SUCCESS || v.is_null())
+    return std::nullopt;
   return cfg.positive_number_value(fmt::format("rope_parameters.{}", name), v);
 }
 
 // A flag of the original ChatGLM format that selects a variant keel does not implement.
-void require_flag(const ConfigObject& cfg, std::string_view key, bool default_value, bool supported, std::string_view why) {
+void require_flag(const ConfigObject& cfg, std::string_view key, bool default_value, bool supported,
+                  std::string_view why) {
   if (cfg.bool_or(key, default_value) != supported) {
     fail("{}: key '{}': {} is not supported ({}; expected {})", cfg.path(), key, json_bool(!supported), why,
          json_bool(supported));
@@ -354,18 +357,20 @@ void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
       // Llama's attention_bias adds a bias to o_proj as well as q/k/v, and keel has no o_proj
       // bias: accepting it would drop a trained tensor.
       if (cfg.bool_or("attention_bias", false)) {
-        fail("{}: key 'attention_bias': true is not supported for LlamaForCausalLM (it adds an o_proj bias keel "
-             "does not implement; expected false)",
-             cfg.path());
+        fail(
+            "{}: key 'attention_bias': true is not supported for LlamaForCausalLM (it adds an o_proj bias keel "
+            "does not implement; expected false)",
+            cfg.path());
       }
       c.qkv_bias = false;
       break;
     case Family::Qwen2:
       c.qkv_bias = true;  // Qwen2Attention always has q/k/v biases, whatever the config says
       if (cfg.bool_or("use_sliding_window", false)) {
-        fail("{}: key 'use_sliding_window': true is not supported (keel implements full causal attention; "
-             "expected false)",
-             cfg.path());
+        fail(
+            "{}: key 'use_sliding_window': true is not supported (keel implements full causal attention; "
+            "expected false)",
+            cfg.path());
       }
       break;
     case Family::Glm: {
@@ -407,8 +412,7 @@ void parse_chatglm_format(const ConfigObject& cfg, ModelConfig& c) {
 
   require_flag(cfg, "rmsnorm", true, true, "keel implements RMSNorm, not LayerNorm");
   require_flag(cfg, "post_layer_norm", true, true, "keel always applies the final norm");
-  require_flag(cfg, "apply_residual_connection_post_layernorm", false, false,
-               "keel implements the pre-norm residual");
+  require_flag(cfg, "apply_residual_connection_post_layernorm", false, false, "keel implements the pre-norm residual");
   require_flag(cfg, "add_bias_linear", false, false, "keel's dense and MLP layers have no biases");
 }
 
@@ -500,9 +504,7 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
       f["attention_bias"] = "false";
       f["mlp_bias"] = "false";
       break;
-    case Family::Qwen2:
-      f["use_sliding_window"] = "false";
-      break;
+    case Family::Qwen2: f["use_sliding_window"] = "false"; break;
     case Family::Glm: {
       f["attention_bias"] = json_bool(c.qkv_bias);
       double factor = double(c.rotary_dim) / double(c.head_dim);
@@ -554,7 +556,8 @@ std::string generated_config_json(const ModelConfig& c, DType dtype) {
 }
 
 void check_size(const std::string& where, const char* key, int64_t value, int64_t limit) {
-  require(value > 0 && value < limit, "{}: {}: expected a positive integer below {}, found {}", where, key, limit, value);
+  require(value > 0 && value < limit, "{}: {}: expected a positive integer below {}, found {}", where, key, limit,
+          value);
 }
 
 }  // namespace
@@ -613,7 +616,8 @@ void validate(const ModelConfig& c, const std::string& where) {
           where, c.rope_theta);
   require(c.rms_norm_eps > 0 && std::isfinite(c.rms_norm_eps), "{}: {}: expected a positive number, found {}", where,
           k.norm_eps, c.rms_norm_eps);
-  for (int64_t id : c.eos_token_ids) require(id >= 0, "{}: eos_token_id: expected non-negative ids, found {}", where, id);
+  for (int64_t id : c.eos_token_ids)
+    require(id >= 0, "{}: eos_token_id: expected non-negative ids, found {}", where, id);
   require(c.bos_token_id >= -1 && c.pad_token_id >= -1, "{}: bos/pad_token_id: expected an id or -1 for none", where);
 
   // What each format can express: a config outside it could not be exported faithfully.

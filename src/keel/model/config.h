@@ -17,7 +17,7 @@ enum class Family : uint8_t {
   GlmOriginal,  // ChatGLMModel / ChatGLMForConditionalGeneration (THUDM/glm-4-9b original format)
 };
 
-std::string family_name(Family f);  // "llama", "qwen2", "glm", "glm_original"
+std::string family_name(Family f);                 // "llama", "qwen2", "glm", "glm_original"
 Family family_from_name(const std::string& name);  // inverse; throws keel::Error listing valid names
 
 struct ModelConfig {
@@ -28,17 +28,17 @@ struct ModelConfig {
   int64_t intermediate_size = 0;  // ffn_hidden_size for GLM original
   int64_t num_layers = 0;
   int64_t num_heads = 0;
-  int64_t num_kv_heads = 0;  // multi_query_group_num for GLM original (num_heads if MQA is off)
-  int64_t head_dim = 0;      // kv_channels for GLM original; else head_dim or hidden/heads
-  int64_t rotary_dim = 0;    // channels of each head that rotate (even)
+  int64_t num_kv_heads = 0;       // multi_query_group_num for GLM original (num_heads if MQA is off)
+  int64_t head_dim = 0;           // kv_channels for GLM original; else head_dim or hidden/heads
+  int64_t rotary_dim = 0;         // channels of each head that rotate (even)
   bool rope_interleaved = false;  // GLM: pairs (2i, 2i+1); Llama/Qwen2: pairs (i, i + rotary_dim/2)
   double rope_theta = 10000.0;    // GLM original: 10000 * rope_ratio
   double rms_norm_eps = 1e-6;
   bool qkv_bias = false;
   bool tie_word_embeddings = false;
-  int64_t max_position_embeddings = 4096;  // seq_length for GLM original
-  DType torch_dtype = DType::F32;          // "torch_dtype" (or "dtype") in config.json
-  std::vector<int64_t> eos_token_ids;      // may be empty
+  int64_t max_position_embeddings = 4096;        // seq_length for GLM original
+  DType torch_dtype = DType::F32;                // "torch_dtype" (or "dtype") in config.json
+  std::vector<int64_t> eos_token_ids;            // may be empty
   int64_t bos_token_id = -1, pad_token_id = -1;  // -1 when absent
   std::string config_json;  // the original text of config.json (empty for models built from scratch)
 

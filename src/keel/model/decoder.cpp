@@ -73,8 +73,8 @@ struct BlockIds {
 // Plan ids of every decoder buffer.
 struct DecoderLayout {
   int weights = -1, grads = -1, weights_bf16 = -1, adam_m = -1, adam_v = -1;
-  std::vector<int> x;                          // [layers + 1] block inputs; x[layers] feeds the final norm
-  std::vector<BlockIds> forward, backward;     // the same ids unless checkpointing
+  std::vector<int> x;                       // [layers + 1] block inputs; x[layers] feeds the final norm
+  std::vector<BlockIds> forward, backward;  // the same ids unless checkpointing
   int xn_final = -1, rstd_final = -1, xn_final_b = -1;
   int dx = -1, dh = -1, dnorm = -1, dtmp = -1, d_act = -1, d_gate_up = -1, d_attn = -1, d_qkv = -1, dy_b = -1;
   int logits = -1, logits_b = -1;
@@ -125,8 +125,8 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
   for (int64_t l = 0; l <= L; ++l) {
     const int32_t written = l == 0 ? t.forward(0) : t.forward(l - 1);  // the embedding writes x[0]
     const int32_t read_last = l < L ? t.backward(l) : t.head();
-    d.x[size_t(l)] = add(l < L ? fmt::format("layers.{}.input", l) : "final_norm.input", Cat::Activations, N * H,
-                         f32, written, read_last);
+    d.x[size_t(l)] = add(l < L ? fmt::format("layers.{}.input", l) : "final_norm.input", Cat::Activations, N * H, f32,
+                         written, read_last);
   }
   auto block = [&](const std::string& prefix, Cat cat, int32_t first, int32_t last) {
     BlockIds b;
@@ -182,8 +182,8 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
   // The attention kernel's per-thread blocks of scores and packed heads, used by every layer in
   // the forward and the backward pass.
   d.attention_workspace = add("attention.workspace", Cat::Workspace,
-                              int64_t(backend_of(options).attention_workspace_bytes(attention_shape(c, max_batch, max_seq),
-                                                                                      attention_matmul(precision))),
+                              int64_t(backend_of(options).attention_workspace_bytes(
+                                  attention_shape(c, max_batch, max_seq), attention_matmul(precision))),
                               1, t.forward(0), backward_last);
 
   // The rotary table is a kernels::RopeTable (std::vector) built once: counted, not in the arena.
@@ -233,8 +233,8 @@ struct Decoder::Buffers {
     auto f32 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<float*>(at[size_t(id)]); };
     auto b16 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<bf16*>(at[size_t(id)]); };
     auto block = [&](const BlockIds& i) {
-      return BlockActivations{f32(i.xn1),   f32(i.rstd1), f32(i.qkv),  f32(i.attn),  f32(i.lse),
-                              f32(i.xmid),  f32(i.xn2),   f32(i.rstd2), f32(i.gate_up), f32(i.act),
+      return BlockActivations{f32(i.xn1),   f32(i.rstd1),  f32(i.qkv),   f32(i.attn),    f32(i.lse),
+                              f32(i.xmid),  f32(i.xn2),    f32(i.rstd2), f32(i.gate_up), f32(i.act),
                               b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b)};
     };
     x.resize(d.x.size());
@@ -331,8 +331,9 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     MemoryPlan kept(plan_.alignment());
     std::vector<std::pair<int, int>> kept_ids;  // plan id, id in `kept`
     for (int id : persistent)
-      if (id >= 0) kept_ids.push_back({id, kept.add(buffers[size_t(id)].name, buffers[size_t(id)].category,
-                                                     buffers[size_t(id)].bytes, 0, 0)});
+      if (id >= 0)
+        kept_ids.push_back(
+            {id, kept.add(buffers[size_t(id)].name, buffers[size_t(id)].category, buffers[size_t(id)].bytes, 0, 0)});
     arena_ = backend_.allocate(kept.arena_bytes());
     for (auto [id, kept_id] : kept_ids) b.at[size_t(id)] = arena_.at<std::byte>(kept.offset(kept_id));
     for (size_t id = 0; id < buffers.size(); ++id)
@@ -377,8 +378,7 @@ void Decoder::validate(const MicroBatch& mb) const {
   const int64_t n = mb.batch * mb.seq;
   for (int64_t i = 0; i < n; ++i) {
     require(mb.input_ids[i] >= 0 && mb.input_ids[i] < config_.vocab_size,
-            "token id {} at position {} is outside the vocabulary (size {})", mb.input_ids[i], i,
-            config_.vocab_size);
+            "token id {} at position {} is outside the vocabulary (size {})", mb.input_ids[i], i, config_.vocab_size);
     require(mb.targets[i] == kernels::kIgnoreIndex || (mb.targets[i] >= 0 && mb.targets[i] < config_.vocab_size),
             "label {} at position {} is outside the vocabulary (size {}) and is not -100", mb.targets[i], i,
             config_.vocab_size);
@@ -425,8 +425,7 @@ void Decoder::to_bf16(const float* src, bf16* dst, int64_t n) {
   if (dst) backend_.cast_to_bf16(src, dst, n);
 }
 
-void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, const BlockActivations& a,
-                            float* x_out) {
+void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, const BlockActivations& a, float* x_out) {
   const auto& c = config_;
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size;
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
@@ -441,17 +440,15 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   if (p.qkv_bias >= 0) backend_.add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
   backend_.rope_forward(a.qkv, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
   backend_.rope_forward(a.qkv + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
-  backend_.attention_forward(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV,
-                                     mb.segments, a.attn, a.lse, buf_->attention_workspace,
-                                     buf_->attention_workspace_bytes);
+  backend_.attention_forward(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV, mb.segments, a.attn,
+                             a.lse, buf_->attention_workspace, buf_->attention_workspace_bytes);
   to_bf16(a.attn, a.attn_b, N * Q);
   backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
   lin.forward(a.attn, a.attn_b, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, a.xmid, 1.0f);
 
   backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, c.rms_norm_eps, a.xn2, a.rstd2);
   to_bf16(a.xn2, a.xn2_b, N * H);
-  lin.forward(a.xn2, a.xn2_b, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I, a.gate_up,
-              0.0f);
+  lin.forward(a.xn2, a.xn2_b, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
   backend_.swiglu_forward(a.gate_up, N, I, a.act);
   to_bf16(a.act, a.act_b, N * I);
   if (!x_out) return;  // recomputation: the down projection's output is already the next input
@@ -539,9 +536,9 @@ void Decoder::backward(const MicroBatch& mb) {
     lin.backward_input(b.dh, dyb, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, b.d_attn);
     lin.backward_weight(b.dh, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
     float* dq = b.d_qkv;
-    backend_.attention_backward(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV,
-                                        mb.segments, a.attn, a.lse, b.d_attn, dq, dq + Q, dq + Q + KV,
-                                        b.attention_workspace, b.attention_workspace_bytes);
+    backend_.attention_backward(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV, mb.segments, a.attn,
+                                a.lse, b.d_attn, dq, dq + Q, dq + Q + KV, b.attention_workspace,
+                                b.attention_workspace_bytes);
     backend_.rope_backward(dq, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
     backend_.rope_backward(dq + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
     if (p.qkv_bias >= 0) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));

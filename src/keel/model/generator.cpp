@@ -10,8 +10,7 @@
 namespace keel::model {
 
 // y[rows, out] (+)= x[rows, in] W[out, in]^T, in fp32.
-void Generator::linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y,
-                       float beta) {
+void Generator::linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y, float beta) {
   backend_.gemm(kernels::packed_gemm(kernels::Trans::N, kernels::Trans::T, rows, out, in), x, w, y, beta);
 }
 
@@ -50,8 +49,7 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
       std::memcpy(kc + (position + t) * KV, qkv_.data() + t * QKV + Q, sizeof(float) * KV);
       std::memcpy(vc + (position + t) * KV, qkv_.data() + t * QKV + Q + KV, sizeof(float) * KV);
     }
-    backend_.cached_attention(qkv_.data(), QKV, n, position, kc, vc, c_.num_heads, c_.num_kv_heads, D,
-                              attn_.data());
+    backend_.cached_attention(qkv_.data(), QKV, n, position, kc, vc, c_.num_heads, c_.num_kv_heads, D, attn_.data());
     std::memcpy(h_.data(), x_.data(), sizeof(float) * n * H);
     linear(attn_.data(), P.weight(p.o_weight), n, Q, H, h_.data(), 1.0f);
     backend_.rmsnorm_forward(h_.data(), P.weight(p.post_norm), n, H, c_.rms_norm_eps, xn_.data(), rstd.data());

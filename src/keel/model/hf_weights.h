@@ -13,8 +13,8 @@
 namespace keel::model {
 
 struct HfTensor {
-  std::string name;  // as in the checkpoint, e.g. "model.layers.0.self_attn.q_proj.weight"
-  int param = -1;    // internal parameter index
+  std::string name;                           // as in the checkpoint, e.g. "model.layers.0.self_attn.q_proj.weight"
+  int param = -1;                             // internal parameter index
   int64_t row_begin = 0, rows = 0, cols = 0;  // cols == 0 for vectors (norm weights, biases)
   std::vector<int64_t> shape() const { return cols ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows}; }
 };

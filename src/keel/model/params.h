@@ -17,11 +17,11 @@
 namespace keel::model {
 
 struct Param {
-  std::string name;              // internal name, e.g. "layers.3.qkv.weight"
-  std::vector<int64_t> shape;    // [rows, cols] or [n]
-  int64_t offset = 0;            // into the flat buffers, in elements (64-byte aligned)
+  std::string name;            // internal name, e.g. "layers.3.qkv.weight"
+  std::vector<int64_t> shape;  // [rows, cols] or [n]
+  int64_t offset = 0;          // into the flat buffers, in elements (64-byte aligned)
   int64_t numel = 0;
-  bool weight_decay = true;      // false for biases and norm weights (HF Trainer's rule)
+  bool weight_decay = true;  // false for biases and norm weights (HF Trainer's rule)
 };
 
 class ParamStore {
@@ -62,7 +62,7 @@ class ParamStore {
   bool has_optimizer_state() const { return adam_m_ != nullptr; }
 
   void zero_grads();
-  void refresh_bf16_copy();  // after weights change outside the optimizer (load, init)
+  void refresh_bf16_copy();                 // after weights change outside the optimizer (load, init)
   void refresh_bf16_copy(FlatRange range);  // of part of the weights (ZeRO-1: the shards other ranks updated)
 
  private:

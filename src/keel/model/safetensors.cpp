@@ -45,10 +45,9 @@ struct SafetensorsDtype {
   unsigned bits;
 };
 constexpr SafetensorsDtype kSafetensorsDtypes[] = {
-    {"BOOL", 8},    {"U8", 8},      {"I8", 8},       {"F8_E5M2", 8},  {"F8_E4M3", 8}, {"F8_E8M0", 8},
-    {"I16", 16},    {"U16", 16},    {"F16", 16},     {"BF16", 16},    {"I32", 32},    {"U32", 32},
-    {"F32", 32},    {"F64", 64},    {"I64", 64},     {"U64", 64},     {"C64", 64},    {"F4", 4},
-    {"F6_E2M3", 6}, {"F6_E3M2", 6},
+    {"BOOL", 8}, {"U8", 8},   {"I8", 8},    {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"I16", 16},
+    {"U16", 16}, {"F16", 16}, {"BF16", 16}, {"I32", 32},    {"U32", 32},    {"F32", 32},    {"F64", 64},
+    {"I64", 64}, {"U64", 64}, {"C64", 64},  {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6},
 };
 
 std::optional<unsigned> safetensors_dtype_bits(std::string_view name) {
@@ -110,7 +109,8 @@ MappedFile map_file(const std::string& path) {
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    fail("{}: expected a regular safetensors file, found {}", path, S_ISDIR(st.st_mode) ? "a directory" : "something else");
+    fail("{}: expected a regular safetensors file, found {}", path,
+         S_ISDIR(st.st_mode) ? "a directory" : "something else");
   }
   size_t size = size_t(st.st_size);
   if (size < 8) {
@@ -172,7 +172,9 @@ HeaderEntry parse_entry(const std::string& path, std::string name, dom::element 
   }
   entry.dtype = std::string(std::string_view(dtype));
   auto bits = safetensors_dtype_bits(entry.dtype);
-  if (!bits) fail("{}: tensor '{}': expected a safetensors dtype (F32, BF16, F16, I64, ...), found \"{}\"", path, n, entry.dtype);
+  if (!bits)
+    fail("{}: tensor '{}': expected a safetensors dtype (F32, BF16, F16, I64, ...), found \"{}\"", path, n,
+         entry.dtype);
 
   if (fields["shape"].get(shape) != simdjson::SUCCESS) fail("{}: tensor '{}': expected a \"shape\" field", path, n);
   int64_t numel = 0;
@@ -223,9 +225,10 @@ void check_no_overlap(const std::string& path, std::vector<const HeaderEntry*> e
     const HeaderEntry& prev = *entries[i - 1];
     const HeaderEntry& cur = *entries[i];
     if (cur.begin < prev.end) {
-      fail("{}: tensor '{}': expected data_offsets not overlapping other tensors, found [{}, {}] overlapping "
-           "tensor '{}' at [{}, {}]",
-           path, cur.name, cur.begin, cur.end, prev.name, prev.begin, prev.end);
+      fail(
+          "{}: tensor '{}': expected data_offsets not overlapping other tensors, found [{}, {}] overlapping "
+          "tensor '{}' at [{}, {}]",
+          path, cur.name, cur.begin, cur.end, prev.name, prev.begin, prev.end);
     }
   }
 }
@@ -247,7 +250,8 @@ void parse_header(const std::string& path, std::string_view json, const uint8_t*
   std::set<std::string_view> seen;
   for (dom::key_value_pair kv : object) {
     // JSON parsers disagree on which duplicate wins; refuse rather than guess.
-    if (!seen.insert(kv.key).second) fail("{}: tensor '{}': expected unique names, found it twice in the header", path, kv.key);
+    if (!seen.insert(kv.key).second)
+      fail("{}: tensor '{}': expected unique names, found it twice in the header", path, kv.key);
     if (kv.key == "__metadata__") {
       metadata = parse_metadata(path, kv.value);
       continue;
@@ -287,8 +291,8 @@ void check_shard_name(const std::string& index_path, const std::string& tensor, 
     start = slash + 1;
   }
   if (bad) {
-    fail("{}: weight_map: tensor '{}': expected a file name relative to the model directory, found \"{}\"",
-         index_path, tensor, shard);
+    fail("{}: weight_map: tensor '{}': expected a file name relative to the model directory, found \"{}\"", index_path,
+         tensor, shard);
   }
 }
 
@@ -309,9 +313,11 @@ std::vector<std::pair<std::string, std::string>> read_weight_map(const std::stri
   std::vector<std::pair<std::string, std::string>> entries;
   std::set<std::string_view> seen;
   for (dom::key_value_pair kv : map) {
-    if (!seen.insert(kv.key).second) fail("{}: weight_map: tensor '{}': expected unique names, found it twice", index_path, kv.key);
+    if (!seen.insert(kv.key).second)
+      fail("{}: weight_map: tensor '{}': expected unique names, found it twice", index_path, kv.key);
     if (!kv.value.is_string()) {
-      fail("{}: weight_map: tensor '{}': expected a shard file name, found {}", index_path, kv.key, json_type_name(kv.value));
+      fail("{}: weight_map: tensor '{}': expected a shard file name, found {}", index_path, kv.key,
+           json_type_name(kv.value));
     }
     entries.emplace_back(std::string(kv.key), std::string(std::string_view(kv.value)));
     check_shard_name(index_path, entries.back().first, entries.back().second);
@@ -328,11 +334,13 @@ std::vector<uint64_t> tensor_bytes(const std::string& where, const std::vector<T
   std::set<std::string_view> names;
   for (const auto& t : tensors) {
     require(!t.name.empty() && t.name != "__metadata__", "{}: expected a tensor name, found \"{}\"", where, t.name);
-    require(simdjson::validate_utf8(t.name.data(), t.name.size()), "{}: tensor '{}': expected a UTF-8 name", where, t.name);
+    require(simdjson::validate_utf8(t.name.data(), t.name.size()), "{}: tensor '{}': expected a UTF-8 name", where,
+            t.name);
     require(names.insert(t.name).second, "{}: tensor '{}': expected unique names, found it twice", where, t.name);
     int64_t numel = 1;
     for (int64_t d : t.shape) {
-      require(d >= 0, "{}: tensor '{}': expected non-negative dimensions, found shape {}", where, t.name, shape_text(t.shape));
+      require(d >= 0, "{}: tensor '{}': expected non-negative dimensions, found shape {}", where, t.name,
+              shape_text(t.shape));
       require(!__builtin_mul_overflow(numel, d, &numel), "{}: tensor '{}': shape {} overflows", where, t.name,
               shape_text(t.shape));
     }
@@ -476,7 +484,8 @@ std::string index_json(const std::vector<TensorToWrite>& tensors, const std::vec
   for (size_t s = 0; s < shards.size(); ++s) {
     for (size_t i : shards[s]) weight_map[tensors[i].name] = shard_file_name(s, shards.size());
   }
-  std::string json = fmt::format("{{\n  \"metadata\": {{\n    \"total_size\": {}\n  }},\n  \"weight_map\": {{", total_size);
+  std::string json =
+      fmt::format("{{\n  \"metadata\": {{\n    \"total_size\": {}\n  }},\n  \"weight_map\": {{", total_size);
   bool first = true;
   for (const auto& [name, file] : weight_map) {
     json += first ? "\n" : ",\n";
@@ -507,9 +516,10 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   for (int i = 7; i >= 0; --i) header_size = header_size << 8 | bytes[i];
   uint64_t available = mapped.size - 8;
   if (header_size > available) {
-    fail("{}: expected a header length of at most {} bytes (the rest of the file), found {} (truncated or not "
-         "a safetensors file?)",
-         path, available, header_size);
+    fail(
+        "{}: expected a header length of at most {} bytes (the rest of the file), found {} (truncated or not "
+        "a safetensors file?)",
+        path, available, header_size);
   }
   if (header_size > kMaxHeaderBytes) {
     fail("{}: expected a header length of at most {} bytes, found {}", path, kMaxHeaderBytes, header_size);
@@ -580,9 +590,11 @@ CheckpointReader CheckpointReader::open_dir(const std::string& dir) {
   }
   for (const auto& [tensor, shard] : weight_map) {
     const SafetensorsFile& file = *shards.at(shard);
-    bool present = file.unsupported_.count(tensor) != 0 ||
-                   std::any_of(file.tensors_.begin(), file.tensors_.end(), [&](const TensorInfo& t) { return t.name == tensor; });
-    require(present, "{}: weight_map: tensor '{}': expected in {}, found no such tensor there", index, tensor, file.path());
+    bool present =
+        file.unsupported_.count(tensor) != 0 ||
+        std::any_of(file.tensors_.begin(), file.tensors_.end(), [&](const TensorInfo& t) { return t.name == tensor; });
+    require(present, "{}: weight_map: tensor '{}': expected in {}, found no such tensor there", index, tensor,
+            file.path());
   }
   return reader;
 }
@@ -620,9 +632,7 @@ void CheckpointReader::read_f32(const std::string& name, const std::vector<int64
   // memcpy per element: the mapped data need not be aligned for the element type (headers
   // from other writers are not always padded), and compilers turn it into a plain load.
   switch (t.dtype) {
-    case DType::F32:
-      std::memcpy(dst, src, n * 4);
-      break;
+    case DType::F32: std::memcpy(dst, src, n * 4); break;
     case DType::BF16:
       parallel_for(int64_t(n), n > (1u << 16), [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {

@@ -117,7 +117,8 @@ std::vector<PlotPoint> read_plot_points(const std::string& path) {
   });
   std::vector<PlotPoint> points = std::move(training.points());
   points.insert(points.end(), evaluations.points().begin(), evaluations.points().end());
-  std::stable_sort(points.begin(), points.end(), [](const PlotPoint& a, const PlotPoint& b) { return a.step < b.step; });
+  std::stable_sort(points.begin(), points.end(),
+                   [](const PlotPoint& a, const PlotPoint& b) { return a.step < b.step; });
   return points;
 }
 
@@ -151,12 +152,13 @@ std::string loss_plot_svg(const std::vector<PlotPoint>& points, const std::strin
   for (double t : ticks(y.lo, y.hi)) {
     svg += fmt::format("<line x1=\"{0}\" x2=\"{1}\" y1=\"{2:.1f}\" y2=\"{2:.1f}\" stroke=\"#eee\"/>\n", kLeft,
                        kWidth - kRight, y.map(t));
-    svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", kLeft - 6, y.map(t) + 4, label(t));
+    svg +=
+        fmt::format("<text x=\"{}\" y=\"{:.1f}\" text-anchor=\"end\">{}</text>\n", kLeft - 6, y.map(t) + 4, label(t));
   }
   if (lr_hi > 0)
     for (double t : ticks(0, y_lr.hi, 5))
-      svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" fill=\"#c60\">{}</text>\n", kWidth - kRight + 6,
-                         y_lr.map(t) + 4, fmt::format("{:.2g}", t));
+      svg += fmt::format("<text x=\"{}\" y=\"{:.1f}\" fill=\"#c60\">{}</text>\n", kWidth - kRight + 6, y_lr.map(t) + 4,
+                         fmt::format("{:.2g}", t));
   svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"none\" stroke=\"#333\"/>\n", kLeft,
                      kTop, kWidth - kLeft - kRight, kHeight - kTop - kBottom);
   svg += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">optimizer step</text>\n",
@@ -176,15 +178,16 @@ std::string loss_plot_svg(const std::vector<PlotPoint>& points, const std::strin
   svg += polyline(lr, "#c60", 1.2, "5,3");
   svg += polyline(train, "#1f77b4", 1.6);
   svg += polyline(eval, "#2ca02c", 2.0);
-  for (auto [px, py] : eval) svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"#2ca02c\"/>\n", px, py);
+  for (auto [px, py] : eval)
+    svg += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"#2ca02c\"/>\n", px, py);
 
   // Legend, top right inside the plot.
   std::vector<std::tuple<const char*, const char*, const char*>> entries = {{"training loss", "#1f77b4", ""}};
   if (!eval.empty()) entries.push_back({"eval loss", "#2ca02c", ""});
   if (!lr.empty()) entries.push_back({"learning rate", "#c60", "5,3"});
   const double lx = kWidth - kRight - 150, ly = kTop + 12;
-  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"142\" height=\"{}\" fill=\"white\" stroke=\"#999\"/>\n",
-                     lx - 6, ly - 8, 8 + 18 * entries.size());
+  svg += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"142\" height=\"{}\" fill=\"white\" stroke=\"#999\"/>\n", lx - 6,
+                     ly - 8, 8 + 18 * entries.size());
   for (size_t i = 0; i < entries.size(); ++i) {
     auto [name, color, dash] = entries[i];
     const double yy = ly + 4 + i * 18;

@@ -29,7 +29,6 @@ RunShape run_shape(const run::Recipe& r) {
 
 namespace {
 
-
 size_t gib(double n) { return size_t(n * double(size_t(1) << 30)); }
 
 // A plan fits when its total is within the device memory and its arena within memory_pool_size
@@ -135,11 +134,11 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
                                  : "checkpoint snapshot (weights, m, v)",
                       MemoryCategory::CheckpointStaging, 3 * param_elements * sizeof(float), 1, end);
   else if (!r.checkpoint_dir.empty() && shards > 1)
-    plan.add_external("checkpoint receive buffer (one piece of another rank's moments)",
-                      MemoryCategory::CheckpointStaging,
-                      size_t(std::min<int64_t>(distributed::kMessagePiece, int64_t((param_elements + shards - 1) / shards))) *
-                          sizeof(float),
-                      1, end);
+    plan.add_external(
+        "checkpoint receive buffer (one piece of another rank's moments)", MemoryCategory::CheckpointStaging,
+        size_t(std::min<int64_t>(distributed::kMessagePiece, int64_t((param_elements + shards - 1) / shards))) *
+            sizeof(float),
+        1, end);
   plan.add_external("libraries while training", MemoryCategory::Runtime, kStepRuntimeBytes, 1, end);
   plan.pack();
   return plan;
@@ -168,9 +167,10 @@ size_t parse_memory_size(std::string_view text) {
   static const std::pair<const char*, int> kUnits[] = {{"", 30}, {"B", 0}, {"K", 10}, {"M", 20}, {"G", 30}, {"T", 40}};
   for (const auto& [name, shift] : kUnits)
     if (ok && unit == name) return size_t(value * double(uint64_t(1) << shift));
-  fail("memory size '{}': expected a number with an optional unit B, KB, MB, GB or TB (binary: 1 GB = 1 GiB), "
-       "e.g. 64GB",
-       text);
+  fail(
+      "memory size '{}': expected a number with an optional unit B, KB, MB, GB or TB (binary: 1 GB = 1 GiB), "
+      "e.g. 64GB",
+      text);
 }
 
 namespace {
@@ -204,7 +204,8 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
   const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-1)", shape.dp) : "";
   auto note = [&](MemoryCategory c) -> std::string {
     switch (c) {
-      case MemoryCategory::MasterWeights: return bf16 ? "fp32 master, whole on every rank" : "fp32 (the compute copy too)";
+      case MemoryCategory::MasterWeights:
+        return bf16 ? "fp32 master, whole on every rank" : "fp32 (the compute copy too)";
       case MemoryCategory::ComputeWeights: return "bf16 copy the GEMMs read";
       case MemoryCategory::Gradients: return "fp32, accumulated over micro-batches";
       case MemoryCategory::OptimizerState: return "AdamW m and v, fp32" + (sharded ? shard : std::string());
@@ -245,8 +246,7 @@ RunShape requested_shape(const run::Recipe& r, const PlanRequest& request) {
   RunShape shape = run_shape(r);
   if (request.dp > 0) shape.dp = request.dp;
   if (request.zero_stage >= 0) shape.zero_stage = request.zero_stage;
-  require(shape.zero_stage == 0 || shape.zero_stage == 1, "ZeRO stage {}: keel plans stage 0 or 1",
-          shape.zero_stage);
+  require(shape.zero_stage == 0 || shape.zero_stage == 1, "ZeRO stage {}: keel plans stage 0 or 1", shape.zero_stage);
   return shape;
 }
 
@@ -263,8 +263,8 @@ MemoryReport memory_report_json(const run::Recipe& r, const PlanRequest& request
   std::string categories;
   for (int i = 0; i < kMemoryCategories; ++i) {
     const auto c = MemoryCategory(i);
-    categories += fmt::format("{}\"{}\": {}", categories.empty() ? "" : ", ", category_name(c),
-                              plan.category_bytes_at_peak(c));
+    categories +=
+        fmt::format("{}\"{}\": {}", categories.empty() ? "" : ", ", category_name(c), plan.category_bytes_at_peak(c));
   }
   // Position 0 is the setup (weights loading); from position 1 on, the training steps.
   size_t training_external = 0;
@@ -289,12 +289,12 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
   std::string out;
   out += fmt::format("keel plan: {}\n", r.source);
   const double parameters = double(config.total_parameters());
-  out += fmt::format("model: {} ({}), {} layers, hidden {}, {} heads ({} kv), intermediate {}, vocab {}: {} "
-                     "parameters\n",
-                     config.architecture, model::family_name(config.family), config.num_layers, config.hidden_size,
-                     config.num_heads, config.num_kv_heads, config.intermediate_size, config.vocab_size,
-                     parameters >= 1e9 ? fmt::format("{:.2f}B", parameters / 1e9)
-                                       : fmt::format("{:.2f}M", parameters / 1e6));
+  out += fmt::format(
+      "model: {} ({}), {} layers, hidden {}, {} heads ({} kv), intermediate {}, vocab {}: {} "
+      "parameters\n",
+      config.architecture, model::family_name(config.family), config.num_layers, config.hidden_size, config.num_heads,
+      config.num_kv_heads, config.intermediate_size, config.vocab_size,
+      parameters >= 1e9 ? fmt::format("{:.2f}B", parameters / 1e9) : fmt::format("{:.2f}M", parameters / 1e6));
   out += fmt::format("run: {}, {}\n", r.dtype, shape_summary(shape));
   if (shape.zero_stage >= 1 && shape.dp == 1) out += "note: ZeRO-1 with dp 1 shards nothing\n";
   const model::StepTimeline timeline{int32_t(config.num_layers)};
@@ -379,7 +379,8 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
     const Candidate* best = nullptr;
     for (const auto& c : candidates) {
       if (c.changes.size() != 1 || c.changes[0].find(knob) == std::string::npos) continue;
-      if (!best || (c.fits && (!best->fits || c.cost < best->cost)) || (!c.fits && !best->fits && c.total < best->total))
+      if (!best || (c.fits && (!best->fits || c.cost < best->cost)) ||
+          (!c.fits && !best->fits && c.total < best->total))
         best = &c;
     }
     if (best) line(*best);
@@ -402,11 +403,11 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
   // Nothing fits: say what no activation setting can fix.
   const size_t elements = size_t(config.total_parameters());
   const size_t floor = elements * ((bf16 ? 2 : 4) + 4);  // compute weights + fp32 gradients, never sharded
-  out += fmt::format("\nnothing above fits. The smallest ({}) still needs {} per rank; even with ZeRO-1 over any "
-                     "number of ranks the replicated weights and fp32 gradients alone take {}. More memory per rank, "
-                     "sharded gradients (ZeRO-2, not in keel yet) or a smaller model are needed.\n",
-                     fmt::join(smallest->changes, " + "), format_bytes(double(smallest->total)),
-                     format_bytes(double(floor)));
+  out += fmt::format(
+      "\nnothing above fits. The smallest ({}) still needs {} per rank; even with ZeRO-1 over any "
+      "number of ranks the replicated weights and fp32 gradients alone take {}. More memory per rank, "
+      "sharded gradients (ZeRO-2, not in keel yet) or a smaller model are needed.\n",
+      fmt::join(smallest->changes, " + "), format_bytes(double(smallest->total)), format_bytes(double(floor)));
   return out;
 }
 

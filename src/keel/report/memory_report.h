@@ -30,13 +30,13 @@ constexpr double kAllreduceScratchPerBucketByte = 0.25;
 
 // The knobs a run's memory depends on and that "what to change" varies.
 struct RunShape {
-  int64_t batch_size = 1;                   // sequences per micro-batch per rank
+  int64_t batch_size = 1;  // sequences per micro-batch per rank
   int64_t max_seq_len = 2048;
   int64_t gradient_accumulation_steps = 1;
-  int64_t dp = 1;                           // data-parallel ranks
-  int zero_stage = 0;                       // 0: replicated; 1: optimizer state + master weights sharded over dp
+  int64_t dp = 1;      // data-parallel ranks
+  int zero_stage = 0;  // 0: replicated; 1: optimizer state + master weights sharded over dp
   bool gradient_checkpointing = false;
-  bool async_checkpoint = true;             // false: plan without the recipe's async_save snapshot
+  bool async_checkpoint = true;  // false: plan without the recipe's async_save snapshot
 };
 RunShape run_shape(const run::Recipe& recipe);  // as the recipe configures it
 

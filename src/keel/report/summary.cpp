@@ -42,7 +42,8 @@ std::string summary_table(const RunSummary& s) {
   out += fmt::format("{:<34}{:.1f}%\n", "gradient sync share", 100 * s.grad_sync_share);
   out += fmt::format("{:<34}{:.1f}%\n", "data wait share", 100 * s.data_wait_share);
   out += fmt::format("{:<34}{:.1f}%\n", "optimizer share", 100 * s.optimizer_share);
-  if (s.checkpoint_share > 0) out += fmt::format("{:<34}{:.1f}%\n", "checkpoint (blocking) share", 100 * s.checkpoint_share);
+  if (s.checkpoint_share > 0)
+    out += fmt::format("{:<34}{:.1f}%\n", "checkpoint (blocking) share", 100 * s.checkpoint_share);
   out += fmt::format("{:<34}{} ({} skipped)\n", "steps", s.steps, s.skipped_steps);
   out += fmt::format("{:<34}{:.4f}\n", "final training loss", s.final_loss);
   if (s.eval_loss >= 0)

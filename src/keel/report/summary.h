@@ -11,7 +11,7 @@ namespace keel::report {
 
 struct RunSummary {
   int64_t steps = 0, skipped_steps = 0, tokens = 0;
-  double seconds = 0;           // wall time of the steps (excluding setup and export)
+  double seconds = 0;  // wall time of the steps (excluding setup and export)
   double final_loss = 0;
   double tokens_per_s = 0;
   double compute_share = 0, data_wait_share = 0, grad_sync_share = 0, optimizer_share = 0, checkpoint_share = 0;

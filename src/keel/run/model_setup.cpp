@@ -58,7 +58,8 @@ model::DecoderOptions training_decoder_options(const Recipe& r) {
   o.optimizer_state = true;
   o.optimizer_shards = r.zero_stage >= 1 ? int(r.dp_degree) : 1;
   o.memory_cap_bytes = size_t(r.memory_pool_size * double(size_t(1) << 30));
-  o.memory_planning = r.memory_planning == "per_tensor" ? model::MemoryPlanning::PerTensor : model::MemoryPlanning::Planned;
+  o.memory_planning =
+      r.memory_planning == "per_tensor" ? model::MemoryPlanning::PerTensor : model::MemoryPlanning::Planned;
   o.backend = &kernels::backend_named(r.backend);
   return o;
 }

@@ -218,9 +218,8 @@ void apply_table(Recipe& r, const toml::table& t, const std::string& source, Whe
       where.place["model_config"] = at;
       continue;
     }
-    auto it = std::find_if(fields().begin(), fields().end(), [&](const Field& f) {
-      return key == f.key || (f.alias && key == f.alias);
-    });
+    auto it = std::find_if(fields().begin(), fields().end(),
+                           [&](const Field& f) { return key == f.key || (f.alias && key == f.alias); });
     if (it == fields().end())
       fail("{}: unknown key '{}'{}. `keel train --print-recipe` lists every key.", at, key,
            suggestion(key, all_keys()));
@@ -321,8 +320,10 @@ void validate_recipe(const Recipe& r, const Where& w) {
   require(!r.output_dir.empty(), "{}: key 'output_dir' must not be empty", w.of("output_dir"));
   if (r.model_config) {
     const auto& m = *r.model_config;
-    for (auto [v, k] : {std::pair{m.vocab_size, "vocab_size"}, {m.hidden_size, "hidden_size"},
-                        {m.intermediate_size, "intermediate_size"}, {m.num_layers, "num_layers"},
+    for (auto [v, k] : {std::pair{m.vocab_size, "vocab_size"},
+                        {m.hidden_size, "hidden_size"},
+                        {m.intermediate_size, "intermediate_size"},
+                        {m.num_layers, "num_layers"},
                         {m.num_heads, "num_heads"}})
       require(v > 0, "{}: key 'model_config.{}' is required and must be positive", w.of("model_config"), k);
   }
@@ -421,7 +422,8 @@ std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   auto note = [&](bool set, const char* key, const char* what) {
     if (set) w.push_back(fmt::format("recipe key '{}' is accepted but has no effect here: {}", key, what));
   };
-  note(r.zero_stage == 1 && r.dp_degree == 1, "zero_stage", "ZeRO-1 shards the optimizer state over dp_degree ranks; "
+  note(r.zero_stage == 1 && r.dp_degree == 1, "zero_stage",
+       "ZeRO-1 shards the optimizer state over dp_degree ranks; "
        "with dp_degree = 1 there is nothing to shard");
   note(r.topology != "auto", "topology", "topology-aware placement is not active yet");
   note(!r.use_flash_attention, "use_flash_attention",

@@ -29,12 +29,12 @@ struct Recipe {
   std::string data_path;
   std::string eval_data_path;
   int64_t max_seq_len = 2048;
-  std::string tokenizer;                 // tokenizer.json / tiktoken file or dir; "" = model_name's
-  std::string packing = "pad";           // "pad" one document per row, or "pack" several (no cross-attention)
-  std::string chat_template = "auto";    // glm4 | llama3 | chatml | auto (from the tokenizer's directory)
-  int64_t num_workers = 1;               // loader threads preparing batches ahead of the step
-  int64_t prefetch_factor = 2;           // steps kept ready
-  bool preprocess_on_npu = false;  // accepted for compatibility; keel always prepares shards up front
+  std::string tokenizer;               // tokenizer.json / tiktoken file or dir; "" = model_name's
+  std::string packing = "pad";         // "pad" one document per row, or "pack" several (no cross-attention)
+  std::string chat_template = "auto";  // glm4 | llama3 | chatml | auto (from the tokenizer's directory)
+  int64_t num_workers = 1;             // loader threads preparing batches ahead of the step
+  int64_t prefetch_factor = 2;         // steps kept ready
+  bool preprocess_on_npu = false;      // accepted for compatibility; keel always prepares shards up front
   // "prepared": raw JSONL tokenized once into shards, fed by the prefetching loader (the default);
   // "on_the_fly": each step's records read and tokenized on the training thread, one per row (the
   // naive baseline `keel bench ladder` measures against). Same batches either way.
@@ -75,8 +75,8 @@ struct Recipe {
   int64_t save_interval = 0;
   bool async_save = false;
   std::string output_dir = "output";
-  int64_t keep_last_n = 3;            // training-state checkpoints kept (older ones deleted)
-  bool fail_on_save_error = false;    // false: a failed save is reported and retried at the next interval
+  int64_t keep_last_n = 3;          // training-state checkpoints kept (older ones deleted)
+  bool fail_on_save_error = false;  // false: a failed save is reported and retried at the next interval
   int64_t log_interval = 1;
   int64_t eval_interval = 0;
   bool skip_nonfinite_steps = false;  // false: a NaN/Inf loss or gradient stops training

@@ -58,14 +58,15 @@ void refuse_outputs_over_inputs(const std::vector<NamedPath>& outputs, const std
       const fs::path i = resolved(in.path);
       // A directory is protected whole; a single file (a tokenizer.json given by itself) only from
       // being the output or lying inside one: its siblings are not the run's input.
-      const char* relation = o == i                            ? "is"
+      const char* relation = o == i                                 ? "is"
                              : !is_file(in.path) && is_within(o, i) ? "lies inside"
                              : is_within(i, o)                      ? "contains"
                                                                     : nullptr;
       if (!relation) continue;
-      fail("{} '{}' {} the input {} '{}': keel would overwrite its own input. Write the run somewhere else "
-           "(e.g. a new output_dir next to it)",
-           out.role, out.path, relation, in.role, in.path);
+      fail(
+          "{} '{}' {} the input {} '{}': keel would overwrite its own input. Write the run somewhere else "
+          "(e.g. a new output_dir next to it)",
+          out.role, out.path, relation, in.role, in.path);
     }
   }
 }
@@ -91,12 +92,12 @@ DirectoryLock::DirectoryLock(const std::string& dir, std::string_view role) {
     std::string holder;
     try {
       holder = read_file(path, 4096);
-    } catch (const Error&) {
-    }
+    } catch (const Error&) {}
     while (!holder.empty() && (holder.back() == '\n' || holder.back() == ' ')) holder.pop_back();
     ::close(fd_);
     fd_ = -1;
-    require(err != EWOULDBLOCK, "{} '{}' is in use by another keel run ({}): one run at a time per directory; "
+    require(err != EWOULDBLOCK,
+            "{} '{}' is in use by another keel run ({}): one run at a time per directory; "
             "wait for it, or give this run another {}",
             role, dir, holder.empty() ? "owner unknown" : holder, role);
     fail("{}: cannot lock {}: {}", role, path, std::strerror(err));
@@ -121,9 +122,10 @@ void refuse_replacing_foreign_model(const std::string& dir, bool overwrite) {
   if (overwrite || !fs::exists(dir, ec)) return;
   require(fs::is_directory(dir, ec), "'{}' exists and is not a directory", dir);
   if (fs::is_empty(dir, ec) || fs::exists(fs::path(dir) / kModelMarkerFile, ec)) return;
-  fail("'{}' already holds files that keel did not write (no {} marker): keel will not replace a model it did "
-       "not write. Choose another directory, or pass --overwrite",
-       dir, kModelMarkerFile);
+  fail(
+      "'{}' already holds files that keel did not write (no {} marker): keel will not replace a model it did "
+      "not write. Choose another directory, or pass --overwrite",
+      dir, kModelMarkerFile);
 }
 
 }  // namespace keel::run

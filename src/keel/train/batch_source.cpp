@@ -21,17 +21,15 @@ namespace {
 class RecordsSource final : public BatchSource {
  public:
   RecordsSource(const std::string& path, const BatchSourceOptions& o)
-      : o_(o), records_(data::read_token_records(path, o.vocab_size)),
-        order_(records_.size(), o.shuffle, o.seed) {
+      : o_(o), records_(data::read_token_records(path, o.vocab_size)), order_(records_.size(), o.shuffle, o.seed) {
     for (int64_t i = 0; i < o.micro_batches_per_step; ++i) {
       data::PackedMicroBatch mb;
       static_cast<data::MicroBatchData&>(mb) = data::make_micro_batch_buffers(o.batch_size, o.seq_len);
       micro_.push_back(std::move(mb));
     }
-    const uint64_t parts[3] = {
-        checksum(records_.input_ids.data(), records_.input_ids.size() * sizeof(int32_t)),
-        checksum(records_.labels.data(), records_.labels.size() * sizeof(int32_t)),
-        checksum(records_.offsets.data(), records_.offsets.size() * sizeof(int64_t))};
+    const uint64_t parts[3] = {checksum(records_.input_ids.data(), records_.input_ids.size() * sizeof(int32_t)),
+                               checksum(records_.labels.data(), records_.labels.size() * sizeof(int32_t)),
+                               checksum(records_.offsets.data(), records_.offsets.size() * sizeof(int64_t))};
     fingerprint_ = checksum_hex(checksum(parts, sizeof(parts)));
   }
 
@@ -174,8 +172,9 @@ class OnTheFlySource final : public BatchSource {
             "{}: {} of {} records are bad ({:.2f}%, above the {}% allowed); the first: {}", path_, bad, nonblank,
             100.0 * double(bad) / double(nonblank), 100 * max_bad_fraction, first_bad);
     require(!records_.empty(), "{}: no usable records (nothing to train on)", path_);
-    fmt::print(log_, "keel: {} of {} records of {} kept ({} bad, {} without targets, {} truncated); each step reads "
-                     "and tokenizes its records on the training thread (data_pipeline = \"on_the_fly\")\n",
+    fmt::print(log_,
+               "keel: {} of {} records of {} kept ({} bad, {} without targets, {} truncated); each step reads "
+               "and tokenizes its records on the training thread (data_pipeline = \"on_the_fly\")\n",
                records_.size(), nonblank, path_, bad, document_.no_target, document_.truncated);
   }
 
@@ -246,8 +245,8 @@ bool is_pretokenized_jsonl(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const run::Recipe& r, const BatchSourceOptions& o,
-                                               std::ostream& log) {
+std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const run::Recipe& r,
+                                               const BatchSourceOptions& o, std::ostream& log) {
   const bool plain_jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
   if (plain_jsonl && path_exists(path) && is_pretokenized_jsonl(path) && r.packing == "pad")
     return std::make_unique<RecordsSource>(path, o);
@@ -263,13 +262,19 @@ std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const ru
   const std::string dir = data::resolve_training_data(q, &log);
   // Raw JSONL: the data is identified by its content and settings, whichever pipeline reads it.
   std::string fingerprint = dir == path ? "" : data::training_data_fingerprint(q);
-  return std::make_unique<ShardSource>(
-      dir, data::ShardLoaderOptions{.batch_size = o.batch_size, .seq_len = o.seq_len,
-                                    .micro_batches_per_step = o.micro_batches_per_step, .rank = o.rank,
-                                    .ranks = o.ranks, .shuffle = o.shuffle, .seed = o.seed,
-                                    .num_workers = int(r.num_workers), .prefetch_factor = int(r.prefetch_factor),
-                                    .vocab_size = o.vocab_size, .pad_id = o.pad_id},
-      std::move(fingerprint));
+  return std::make_unique<ShardSource>(dir,
+                                       data::ShardLoaderOptions{.batch_size = o.batch_size,
+                                                                .seq_len = o.seq_len,
+                                                                .micro_batches_per_step = o.micro_batches_per_step,
+                                                                .rank = o.rank,
+                                                                .ranks = o.ranks,
+                                                                .shuffle = o.shuffle,
+                                                                .seed = o.seed,
+                                                                .num_workers = int(r.num_workers),
+                                                                .prefetch_factor = int(r.prefetch_factor),
+                                                                .vocab_size = o.vocab_size,
+                                                                .pad_id = o.pad_id},
+                                       std::move(fingerprint));
 }
 
 }  // namespace keel::train

@@ -22,7 +22,7 @@ class BatchSource {
   virtual ~BatchSource() = default;
   // This rank's micro-batches of optimizer step `step` (1-based); valid until the next call.
   virtual std::span<const data::PackedMicroBatch> step_batches(int64_t step) = 0;
-  virtual int64_t sequences() const = 0;        // samples in one epoch
+  virtual int64_t sequences() const = 0;         // samples in one epoch
   virtual int64_t samples_per_step() const = 0;  // global, all ranks
   virtual std::string fingerprint() const = 0;   // of the data: a resume must see the same
   virtual bool packed() const = 0;               // rows hold several documents (segments matter)

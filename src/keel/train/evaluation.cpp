@@ -18,7 +18,11 @@ EvalResult evaluate(model::Decoder& decoder, BatchSource& loader) {
         mb.target_tokens -= target != -100;
         target = -100;
       }
-    model::MicroBatch batch{mb.batch, mb.seq, mb.input_ids.data(), mb.targets.data(), mb.positions.data(),
+    model::MicroBatch batch{mb.batch,
+                            mb.seq,
+                            mb.input_ids.data(),
+                            mb.targets.data(),
+                            mb.positions.data(),
                             loader.packed() ? mb.segments.data() : nullptr};
     loss_sum += decoder.forward_loss(batch);
     result.target_tokens += mb.target_tokens;

@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-
 namespace keel::train {
 
 AdamW::AdamW(kernels::Backend& backend, model::ParamStore& params, AdamWConfig config)

@@ -54,18 +54,28 @@ double flops_per_token(const model::ModelConfig& c, int64_t seq) {
 class Trainer {
  public:
   Trainer(const run::Recipe& r, std::ostream& log, const TrainOptions& options, distributed::Communicator& comm)
-      : r_(r), log_(log), options_(options), comm_(comm), setup_(run::setup_model(r, comm.rank())), decoder_(*setup_.decoder),
+      : r_(r),
+        log_(log),
+        options_(options),
+        comm_(comm),
+        setup_(run::setup_model(r, comm.rank())),
+        decoder_(*setup_.decoder),
         config_(decoder_.config()) {
     run::require_sequence_fits_model(r, config_);
     for (const auto& name : setup_.unused_tensors)
       fmt::print(log_, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
                  config_.architecture);
-    pad_id_ = config_.pad_token_id >= 0 && config_.pad_token_id < config_.vocab_size ? int32_t(config_.pad_token_id)
-                                                                                      : 0;
-    BatchSourceOptions source{.batch_size = r.batch_size, .seq_len = r.max_seq_len,
-                              .micro_batches_per_step = r.gradient_accumulation_steps, .rank = int(comm_.rank()),
-                              .ranks = int(comm_.size()), .shuffle = r.shuffle, .seed = uint64_t(r.seed),
-                              .vocab_size = config_.vocab_size, .pad_id = pad_id_};
+    pad_id_ =
+        config_.pad_token_id >= 0 && config_.pad_token_id < config_.vocab_size ? int32_t(config_.pad_token_id) : 0;
+    BatchSourceOptions source{.batch_size = r.batch_size,
+                              .seq_len = r.max_seq_len,
+                              .micro_batches_per_step = r.gradient_accumulation_steps,
+                              .rank = int(comm_.rank()),
+                              .ranks = int(comm_.size()),
+                              .shuffle = r.shuffle,
+                              .seed = uint64_t(r.seed),
+                              .vocab_size = config_.vocab_size,
+                              .pad_id = pad_id_};
     loader_ = open_batch_source(r.data_path, r, source, log_);
     if (!r.eval_data_path.empty()) {
       source.micro_batches_per_step = 1;
@@ -75,8 +85,8 @@ class Trainer {
       eval_loader_ = open_batch_source(r.eval_data_path, r, source, log_);
     }
     max_steps_ = resolve_max_steps(r, loader_->sequences());
-    optimizer_ = std::make_unique<AdamW>(decoder_.backend(), decoder_.params(), AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon,
-                                                                        r.weight_decay});
+    optimizer_ = std::make_unique<AdamW>(decoder_.backend(), decoder_.params(),
+                                         AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon, r.weight_decay});
     if (comm_.size() > 1) {
       std::vector<distributed::ParamSpan> spans;
       for (const auto& p : decoder_.params().params()) spans.push_back({p.offset, p.numel});
@@ -84,7 +94,7 @@ class Trainer {
       // onto the same shards and the updated weights all-gathered after the optimizer step.
       if (r.zero_stage >= 1) zero_shards_ = shard_ranges(decoder_.params().total(), int(comm_.size()));
       buckets_ = std::make_unique<distributed::GradBuckets>(spans, int64_t(r.bucket_size_mb * double(1 << 20)),
-                                                     zero_shards_.empty() ? nullptr : &zero_shards_);
+                                                            zero_shards_.empty() ? nullptr : &zero_shards_);
       // Set once (no allocation per step); active only during a step's last backward pass.
       if (r.overlap_grad_sync)
         decoder_.set_grad_ready_hook([this](int param, ComputeEvent written) {
@@ -113,15 +123,17 @@ class Trainer {
   TrainResult run() {
     if (already_complete_) {
       // Nothing to train: the run's files (summary.json, final/) stay as the finished run left them.
-      fmt::print(log_, "keel: already complete at step {} (max_steps = {}); nothing changed. To train further, "
-                       "resume with a larger max_steps (--set max_steps=N)\n",
+      fmt::print(log_,
+                 "keel: already complete at step {} (max_steps = {}); nothing changed. To train further, "
+                 "resume with a larger max_steps (--set max_steps=N)\n",
                  state_.step, max_steps_);
       return TrainResult{};
     }
     make_dirs(r_.output_dir);
     // Only rank 0 writes files: every rank holds the same replicated state.
     std::unique_ptr<report::MetricsWriter> metrics;
-    if (comm_.rank() == 0) metrics = std::make_unique<report::MetricsWriter>(r_.output_dir + "/metrics.jsonl", state_.step);
+    if (comm_.rank() == 0)
+      metrics = std::make_unique<report::MetricsWriter>(r_.output_dir + "/metrics.jsonl", state_.step);
     report::Progress progress(log_, max_steps_, r_.log_interval, options_.terminal);
     fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}\n", config_.architecture,
                config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, loader_->sequences(),
@@ -179,15 +191,15 @@ class Trainer {
   // allocation).
   static std::string compat_fingerprint(const run::Recipe& r) {
     return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|global {}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
-                                      r.gradient_accumulation_steps * r.dp_degree, r.seed, r.shuffle,
-                                      r.model_config ? "scratch" : "loaded"));
+                                                  r.gradient_accumulation_steps * r.dp_degree, r.seed, r.shuffle,
+                                                  r.model_config ? "scratch" : "loaded"));
   }
   // What checkpoints written before the above recorded: the same keys, accumulation and world size
   // apart. Such a checkpoint resumes with both unchanged.
   static std::string compat_fingerprint_v1(const run::Recipe& r) {
     return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
-                                      r.gradient_accumulation_steps, r.seed, r.shuffle, r.dp_degree,
-                                      r.model_config ? "scratch" : "loaded"));
+                                                  r.gradient_accumulation_steps, r.seed, r.shuffle, r.dp_degree,
+                                                  r.model_config ? "scratch" : "loaded"));
   }
 
   void resume(const std::string& request) {
@@ -206,17 +218,19 @@ class Trainer {
             "{}: the checkpoint was written for a different model (architecture or sizes changed)", path);
     require(saved.data_fingerprint == state_.data_fingerprint,
             "{}: the checkpoint was written for different training data ({} changed)", path, r_.data_path);
-    require(saved.compat_fingerprint == state_.compat_fingerprint ||
-                saved.compat_fingerprint == compat_fingerprint_v1(r_),
-            "{}: the recipe changed in a key that decides the batches (dtype, max_seq_len, batch_size, seed, "
-            "shuffle, or the global batch gradient_accumulation_steps x dp_degree); resuming would not continue the "
-            "same run",
-            path);
+    require(
+        saved.compat_fingerprint == state_.compat_fingerprint || saved.compat_fingerprint == compat_fingerprint_v1(r_),
+        "{}: the recipe changed in a key that decides the batches (dtype, max_seq_len, batch_size, seed, "
+        "shuffle, or the global batch gradient_accumulation_steps x dp_degree); resuming would not continue the "
+        "same run",
+        path);
     require(saved.step <= max_steps_, "{}: the checkpoint is at step {}, past max_steps = {}", path, saved.step,
             max_steps_);
     if (saved.recipe_hash != state_.recipe_hash)
-      fmt::print(log_, "note: the recipe differs from the one that wrote {} (allowed keys such as max_steps, "
-                       "logging or save_interval)\n", path);
+      fmt::print(log_,
+                 "note: the recipe differs from the one that wrote {} (allowed keys such as max_steps, "
+                 "logging or save_interval)\n",
+                 path);
     state_.step = saved.step;
     state_.samples_consumed = saved.samples_consumed;
     // At max_steps with the final model written, the run is finished: nothing to do. Without it (the
@@ -232,9 +246,10 @@ class Trainer {
     const std::string latest = checkpoint::latest_checkpoint(dir);
     if (latest.empty()) return;
     if (!options.overwrite)
-      fail("checkpoint_dir '{}' holds checkpoints of an earlier run (latest: {}). Pass --resume auto to continue "
-           "it, --overwrite to delete them and start afresh, or choose another checkpoint_dir",
-           dir, latest);
+      fail(
+          "checkpoint_dir '{}' holds checkpoints of an earlier run (latest: {}). Pass --resume auto to continue "
+          "it, --overwrite to delete them and start afresh, or choose another checkpoint_dir",
+          dir, latest);
     const int removed = checkpoint::remove_checkpoints(dir);
     fmt::print(log_, "keel: --overwrite: removed {} checkpoint(s) of the earlier run from {}\n", removed, dir);
   }
@@ -280,8 +295,10 @@ class Trainer {
     } catch (const Error& e) {
       if (shards) shards->drain();  // the other ranks are still sending: let them finish
       require(!r_.fail_on_save_error, "checkpoint save failed: {}", e.what());
-      progress.message(fmt::format("warning: checkpoint save failed ({}); training continues, next try at the next "
-                                   "interval", e.what()));
+      progress.message(
+          fmt::format("warning: checkpoint save failed ({}); training continues, next try at the next "
+                      "interval",
+                      e.what()));
     } catch (...) {
       if (shards) shards->drain();
       throw;
@@ -292,8 +309,10 @@ class Trainer {
   // For the timeout error of the waits after a save: the other ranks wait while rank 0 writes.
   std::string save_wait_context(int64_t step) const {
     if (comm_.size() == 1) return "";
-    std::string s = fmt::format("The wait followed the checkpoint of step {}, which rank 0 writes while the other "
-                                "ranks wait", step);
+    std::string s = fmt::format(
+        "The wait followed the checkpoint of step {}, which rank 0 writes while the other "
+        "ranks wait",
+        step);
     if (r_.async_save)
       s += zero_shards_.empty() ? " (asynchronously, but first for the previous save to finish)"
                                 : " (asynchronously, but the ZeRO-1 gather first waits for the previous save)";
@@ -318,7 +337,6 @@ class Trainer {
     comm_.send_to_root(params.adam_v(), n);
   }
 
-
   bool eval_due(int64_t step) const {
     if (!eval_loader_) return false;
     return step == max_steps_ || (r_.eval_interval > 0 && step % r_.eval_interval == 0);
@@ -341,7 +359,7 @@ class Trainer {
     // rank r is the step's (i * ranks + r)-th, so dp=N equals dp=1 with N times the accumulation.
     const int64_t ranks = comm_.size();
     const auto micro = loader_->step_batches(step);  // prefetched in the background
-    double totals[2] = {0, 0};  // target tokens, input tokens: of the whole global step
+    double totals[2] = {0, 0};                       // target tokens, input tokens: of the whole global step
     for (const auto& mb : micro) {
       totals[0] += double(mb.target_tokens);
       totals[1] += double(mb.input_tokens);
@@ -361,7 +379,11 @@ class Trainer {
     double loss_sum = 0.0;
     for (size_t i = 0; i < micro.size(); ++i) {
       const auto& mb = micro[i];
-      model::MicroBatch batch{mb.batch, mb.seq, mb.input_ids.data(), mb.targets.data(), mb.positions.data(),
+      model::MicroBatch batch{mb.batch,
+                              mb.seq,
+                              mb.input_ids.data(),
+                              mb.targets.data(),
+                              mb.positions.data(),
                               loader_->packed() ? mb.segments.data() : nullptr};
       // Gradients are synchronised once per step, during the last micro-batch's backward pass
       // (overlap_grad_sync: each bucket as soon as its gradients are final) or after it.
@@ -375,12 +397,13 @@ class Trainer {
     if (ranks > 1 && micro.empty()) buckets_->begin(decoder_.params().grads(), comm_, r_.deterministic_reduce);
     model::ParamStore& params = decoder_.params();
     const FlatRange mine = params.optimizer_range();  // everything, or this rank's ZeRO-1 shard
-    double grad_squares = 0;  // under ZeRO-1, of every rank's shard
+    double grad_squares = 0;                          // under ZeRO-1, of every rank's shard
     if (ranks > 1) {
       // What is left of the synchronisation once the backward pass is done: the exposed part.
       const auto t_sync = Clock::now();
       buckets_->finish();
-      double sums[2] = {loss_sum, zero_shards_.empty() ? 0.0 : gradient_sum_of_squares(decoder_.backend(), params, mine)};
+      double sums[2] = {loss_sum,
+                        zero_shards_.empty() ? 0.0 : gradient_sum_of_squares(decoder_.backend(), params, mine)};
       comm_.allreduce_totals(sums, 2);
       loss_sum = sums[0];
       grad_squares = sums[1];
@@ -475,8 +498,10 @@ void check_same_recipe(const run::Recipe& r, distributed::Communicator& comm) {
   comm.allgather(&mine, all.data(), sizeof(mine));
   for (int rank = 0; rank < comm.size(); ++rank)
     if (all[size_t(rank)] != all[0])
-      comm.abort(fmt::format("rank {} runs a different recipe than rank 0 (resolved recipes differ); every rank must "
-                             "be started with the same recipe and --set overrides", rank));
+      comm.abort(
+          fmt::format("rank {} runs a different recipe than rank 0 (resolved recipes differ); every rank must "
+                      "be started with the same recipe and --set overrides",
+                      rank));
 }
 
 // A stream that discards what is written: ranks other than 0 stay quiet.

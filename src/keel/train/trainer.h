@@ -11,8 +11,8 @@
 namespace keel::train {
 
 struct TrainOptions {
-  std::string resume;   // "" (fresh start), "auto" (latest checkpoint in checkpoint_dir, if any) or a path
-  bool terminal = false;  // live progress line instead of periodic log lines
+  std::string resume;           // "" (fresh start), "auto" (latest checkpoint in checkpoint_dir, if any) or a path
+  bool terminal = false;        // live progress line instead of periodic log lines
   int64_t stop_after_step = 0;  // > 0: stop (saving a checkpoint) after this step, as if interrupted
   // A fresh run (no resume) into a checkpoint_dir that holds another run's checkpoints: refused
   // unless this is set, which deletes them first.

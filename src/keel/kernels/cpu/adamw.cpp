@@ -55,8 +55,8 @@ double block_sum_of_squares(const float* x, int64_t n) {
 
 }  // namespace
 
-void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s,
-                  double weight_decay, bf16* w_bf16) {
+void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s, double weight_decay,
+                  bf16* w_bf16) {
   const float decay = float(1.0 - s.lr * weight_decay);
   const float beta1 = float(s.beta1), one_minus_beta1 = float(1.0 - s.beta1);
   const float beta2 = float(s.beta2), one_minus_beta2 = float(1.0 - s.beta2);

@@ -112,8 +112,7 @@ struct ThreadScratch {
 
 // Copies one head's [seq, head_dim] slice of a strided [tokens, ld] buffer into packed rows.
 template <typename M>
-void pack_head(const float* base, int64_t ld, int64_t token0, int64_t head, int64_t seq, int64_t head_dim,
-               M* dst) {
+void pack_head(const float* base, int64_t ld, int64_t token0, int64_t head, int64_t seq, int64_t head_dim, M* dst) {
   const VectorOps& ops = vector_ops();
   for (int64_t t = 0; t < seq; ++t) {
     const float* row = base + (token0 + t) * ld + head * head_dim;
@@ -150,8 +149,7 @@ struct RowMask {
 };
 
 RowVisibility visibility(const RowMask& mask, int64_t n) {
-  return {std::min(n, mask.causal_count()), mask.seg ? mask.seg + mask.k0 : nullptr,
-          mask.seg ? mask.seg[mask.i] : 0};
+  return {std::min(n, mask.causal_count()), mask.seg ? mask.seg + mask.k0 : nullptr, mask.seg ? mask.seg[mask.i] : 0};
 }
 
 // Forward softmax of one row of scores s[0, n): p = exp(scale*s - m) / sum over visible keys,
@@ -178,8 +176,8 @@ float softmax_row(const RowMask& mask, float scale, int64_t n, float* s, M* p) {
 // Backward of one row: p = exp(scale*s - lse) over visible keys, ds = scale * p * (dp - delta),
 // computed in place in fp32 (s becomes p, dp becomes ds), then converted to the GEMM input type.
 template <typename M>
-void softmax_backward_row(const RowMask& mask, float scale, float lse, float delta, int64_t n, float* s,
-                          float* dp, M* p, M* ds) {
+void softmax_backward_row(const RowMask& mask, float scale, float lse, float delta, int64_t n, float* s, float* dp,
+                          M* p, M* ds) {
   const VectorOps& ops = vector_ops();
   RowVisibility vis = visibility(mask, n);
   if (lse == -std::numeric_limits<float>::infinity()) vis.visible = 0;
@@ -212,8 +210,8 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
 
 template <typename M>
 void backward_kv_head(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* seg,
-                      const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
-                      int64_t b, int64_t kv, ThreadScratch<M>& w) {
+                      const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv, int64_t b,
+                      int64_t kv, ThreadScratch<M>& w) {
   const int64_t hd = s.head_dim, T = s.seq, token0 = b * T, group = s.q_heads / s.kv_heads;
   const float scale = float(s.scale);
   const bool runs = runs_increase(seg, T);
@@ -253,8 +251,8 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
 
 void check_shape(const AttentionShape& s) {
   require(s.batch > 0 && s.seq > 0 && s.head_dim > 0 && s.kv_heads > 0 && s.q_heads % s.kv_heads == 0,
-          "attention: bad shape (batch {}, seq {}, heads {}/{}, head_dim {})", s.batch, s.seq, s.q_heads,
-          s.kv_heads, s.head_dim);
+          "attention: bad shape (batch {}, seq {}, heads {}/{}, head_dim {})", s.batch, s.seq, s.q_heads, s.kv_heads,
+          s.head_dim);
 }
 
 template <typename M>

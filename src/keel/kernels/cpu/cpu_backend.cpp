@@ -77,23 +77,22 @@ class CpuBackend final : public HostMemoryBackend {
                        float* rstd) override {
     kernels::rmsnorm_forward(x, w, rows, dim, eps, y, rstd);
   }
-  void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
-                        int64_t dim, float* dx, float* dw) override {
+  void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows, int64_t dim,
+                        float* dx, float* dw) override {
     kernels::rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw);
   }
   void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                     const RopeTable& table) override {
     kernels::rope_forward(x, ld, positions, tokens, heads, head_dim, table);
   }
-  void rope_backward(float* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
-                     int64_t head_dim, const RopeTable& table) override {
+  void rope_backward(float* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                     const RopeTable& table) override {
     kernels::rope_backward(dx, ld, positions, tokens, heads, head_dim, table);
   }
   void swiglu_forward(const float* gate_up, int64_t rows, int64_t inter, float* out) override {
     kernels::swiglu_forward(gate_up, rows, inter, out);
   }
-  void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter,
-                       float* dgate_up) override {
+  void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter, float* dgate_up) override {
     kernels::swiglu_backward(gate_up, dout, rows, inter, dgate_up);
   }
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
@@ -103,8 +102,8 @@ class CpuBackend final : public HostMemoryBackend {
                           float* dtable) override {
     kernels::embedding_backward(ids, n, dout, hidden, vocab, dtable);
   }
-  double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows,
-                                        int64_t vocab, double grad_scale) override {
+  double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
+                                        double grad_scale) override {
     return kernels::cross_entropy_forward_backward(logits, ld, labels, rows, vocab, grad_scale);
   }
 
@@ -123,8 +122,7 @@ class CpuBackend final : public HostMemoryBackend {
                           const float* v, const int32_t* segments, const float* out, const float* lse,
                           const float* dout, float* dq, float* dk, float* dv, void* workspace,
                           size_t workspace_bytes) override {
-    attention_backward_blocked(s, precision, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace,
-                               workspace_bytes);
+    attention_backward_blocked(s, precision, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes);
   }
   // One query row at a time against the cache; the softmax in double for stability. Generation is
   // latency-bound on one sequence: no blocking, no threads.
@@ -162,8 +160,8 @@ class CpuBackend final : public HostMemoryBackend {
     }
   }
 
-  void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s,
-                    double weight_decay, bf16* w_bf16) override {
+  void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s, double weight_decay,
+                    bf16* w_bf16) override {
     kernels::adamw_update(w, g, m, v, n, s, weight_decay, w_bf16);
   }
   double sum_of_squares(const float* x, int64_t n) override { return kernels::sum_of_squares(x, n); }

@@ -18,7 +18,6 @@ namespace {
 // Below this many logits a parallel region costs more than it saves.
 constexpr int64_t kParallelMinElements = int64_t(1) << 15;
 
-
 // Loss of one row; the row becomes (softmax - onehot(label)) * grad_scale.
 // float: the same steps through the vectorised row kernels.
 double cross_entropy_row(float* x, int32_t label, int64_t vocab, double grad_scale) {
@@ -55,12 +54,12 @@ double cross_entropy_row(T* x, int32_t label, int64_t vocab, double grad_scale) 
 }  // namespace
 
 template <typename T>
-double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows,
-                                      int64_t vocab, double grad_scale) {
+double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
+                                      double grad_scale) {
   for (int64_t r = 0; r < rows; ++r)
     require(labels[r] == kIgnoreIndex || (labels[r] >= 0 && labels[r] < vocab),
-            "cross_entropy: row {} has label {}, expected {} or a token id in [0, {})", r,
-            labels[r], kIgnoreIndex, vocab);
+            "cross_entropy: row {} has label {}, expected {} or a token id in [0, {})", r, labels[r], kIgnoreIndex,
+            vocab);
   // Row losses are summed after the parallel loop, in row order, so the total does not depend on
   // the thread count.
   static thread_local std::vector<double> row_loss;
@@ -79,9 +78,7 @@ double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labe
   return total;
 }
 
-template double cross_entropy_forward_backward<float>(float*, int64_t, const int32_t*, int64_t,
-                                                       int64_t, double);
-template double cross_entropy_forward_backward<double>(double*, int64_t, const int32_t*, int64_t,
-                                                        int64_t, double);
+template double cross_entropy_forward_backward<float>(float*, int64_t, const int32_t*, int64_t, int64_t, double);
+template double cross_entropy_forward_backward<double>(double*, int64_t, const int32_t*, int64_t, int64_t, double);
 
 }  // namespace keel::kernels

@@ -28,11 +28,10 @@ void embedding_forward(const int32_t* ids, int64_t n, const T* table, int64_t hi
 }
 
 template <typename T>
-void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hidden, int64_t vocab,
-                        T* dtable) {
+void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hidden, int64_t vocab, T* dtable) {
   for (int64_t i = 0; i < n; ++i)
-    require(ids[i] >= 0 && ids[i] < vocab,
-            "embedding_backward: token {} has id {}, expected an id in [0, {})", i, ids[i], vocab);
+    require(ids[i] >= 0 && ids[i] < vocab, "embedding_backward: token {} has id {}, expected an id in [0, {})", i,
+            ids[i], vocab);
   const int64_t blocks = (hidden + kColumnBlock - 1) / kColumnBlock;
   parallel_for(blocks, n * hidden >= kParallelMinElements, [&](int64_t begin, int64_t end) {
     for (int64_t blk = begin; blk < end; ++blk) {
@@ -49,9 +48,7 @@ void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hi
 
 template void embedding_forward<float>(const int32_t*, int64_t, const float*, int64_t, float*);
 template void embedding_forward<double>(const int32_t*, int64_t, const double*, int64_t, double*);
-template void embedding_backward<float>(const int32_t*, int64_t, const float*, int64_t, int64_t,
-                                        float*);
-template void embedding_backward<double>(const int32_t*, int64_t, const double*, int64_t, int64_t,
-                                         double*);
+template void embedding_backward<float>(const int32_t*, int64_t, const float*, int64_t, int64_t, float*);
+template void embedding_backward<double>(const int32_t*, int64_t, const double*, int64_t, int64_t, double*);
 
 }  // namespace keel::kernels

@@ -26,17 +26,15 @@ struct GemmKey {
   GemmShape s;
   bool accumulate;
   bool operator==(const GemmKey& o) const {
-    return bf16 == o.bf16 && accumulate == o.accumulate && s.trans_a == o.s.trans_a &&
-           s.trans_b == o.s.trans_b && s.m == o.s.m && s.n == o.s.n && s.k == o.s.k &&
-           s.lda == o.s.lda && s.ldb == o.s.ldb && s.ldc == o.s.ldc;
+    return bf16 == o.bf16 && accumulate == o.accumulate && s.trans_a == o.s.trans_a && s.trans_b == o.s.trans_b &&
+           s.m == o.s.m && s.n == o.s.n && s.k == o.s.k && s.lda == o.s.lda && s.ldb == o.s.ldb && s.ldc == o.s.ldc;
   }
 };
 
 struct GemmKeyHash {
   size_t operator()(const GemmKey& k) const {
     size_t h = k.bf16 * 2 + k.accumulate;
-    for (int64_t v : {int64_t(k.s.trans_a), int64_t(k.s.trans_b), k.s.m, k.s.n, k.s.k, k.s.lda,
-                      k.s.ldb, k.s.ldc})
+    for (int64_t v : {int64_t(k.s.trans_a), int64_t(k.s.trans_b), k.s.m, k.s.n, k.s.k, k.s.lda, k.s.ldb, k.s.ldc})
       h = h * 1000003u ^ std::hash<int64_t>()(v);
     return h;
   }
@@ -69,8 +67,7 @@ std::atomic<bool>& bf16_emulated() {
 }
 
 // op(X) of logical size rows x cols stored row-major with leading dimension ld.
-dnnl::memory::desc operand_desc(Trans t, int64_t rows, int64_t cols, int64_t ld,
-                                dnnl::memory::data_type dt) {
+dnnl::memory::desc operand_desc(Trans t, int64_t rows, int64_t cols, int64_t ld, dnnl::memory::data_type dt) {
   dnnl::memory::dims dims{rows, cols};
   dnnl::memory::dims strides = t == Trans::N ? dnnl::memory::dims{ld, 1} : dnnl::memory::dims{1, ld};
   return dnnl::memory::desc(dims, dt, strides);
@@ -122,8 +119,7 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key) {
 
 void validate(const GemmShape& s) {
   require(s.m > 0 && s.n > 0 && s.k > 0, "gemm: empty shape {}x{}x{}", s.m, s.n, s.k);
-  require(s.lda >= (s.trans_a == Trans::N ? s.k : s.m) && s.ldb >= (s.trans_b == Trans::N ? s.n : s.k) &&
-              s.ldc >= s.n,
+  require(s.lda >= (s.trans_a == Trans::N ? s.k : s.m) && s.ldb >= (s.trans_b == Trans::N ? s.n : s.k) && s.ldc >= s.n,
           "gemm: leading dimension smaller than the row length");
 }
 
@@ -162,7 +158,8 @@ bool gemm_bf16_emulated() { return bf16_emulated().load(std::memory_order_relaxe
 bool bf16_matmul_native() {
   static const bool native = [] {
     using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a({8, 8}, dt::bf16, dnnl::memory::dims{8, 1}), c({8, 8}, dt::f32, dnnl::memory::dims{8, 1});
+    const dnnl::memory::desc a({8, 8}, dt::bf16, dnnl::memory::dims{8, 1}),
+        c({8, 8}, dt::f32, dnnl::memory::dims{8, 1});
     try {
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), cpu_engine());
       return true;
@@ -177,9 +174,7 @@ void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, floa
   run(false, s, a, b, c, beta);
 }
 
-void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) {
-  run(true, s, a, b, c, beta);
-}
+void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) { run(true, s, a, b, c, beta); }
 
 void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta) { plan_for(bf16_inputs, s, beta); }
 

@@ -59,8 +59,7 @@ void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double e
 }
 
 template <typename T>
-void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim,
-                      T* dx, T* dw) {
+void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw) {
   const int64_t column_blocks = (dim + kDwColumnBlock - 1) / kDwColumnBlock;
   const bool parallel = rows * dim >= kParallelMinElements;
   parallel_for(rows, parallel, [&](int64_t begin, int64_t end) {
@@ -83,13 +82,11 @@ void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_
   });
 }
 
-template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*,
-                                     float*);
-template void rmsnorm_forward<double>(const double*, const double*, int64_t, int64_t, double,
-                                      double*, double*);
-template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*,
-                                      int64_t, int64_t, float*, float*);
-template void rmsnorm_backward<double>(const double*, const double*, const double*, const double*,
-                                       int64_t, int64_t, double*, double*);
+template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*, float*);
+template void rmsnorm_forward<double>(const double*, const double*, int64_t, int64_t, double, double*, double*);
+template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*, int64_t, int64_t, float*,
+                                      float*);
+template void rmsnorm_backward<double>(const double*, const double*, const double*, const double*, int64_t, int64_t,
+                                       double*, double*);
 
 }  // namespace keel::kernels

@@ -26,8 +26,7 @@ PairLayout pair_layout(const RopeTable& t) {
 
 // sign = +1 rotates by +angle (forward), -1 by -angle (backward).
 template <typename T>
-void rotate_head(T* x, const float* cos, const float* sin, int64_t pairs, PairLayout layout,
-                 T sign) {
+void rotate_head(T* x, const float* cos, const float* sin, int64_t pairs, PairLayout layout, T sign) {
   for (int64_t i = 0; i < pairs; ++i) {
     T* a = x + i * layout.first_stride;
     T* b = a + layout.second_offset;
@@ -40,8 +39,8 @@ void rotate_head(T* x, const float* cos, const float* sin, int64_t pairs, PairLa
 }
 
 template <typename T>
-void rotate_tokens(T* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
-                   int64_t head_dim, const RopeTable& table, T sign) {
+void rotate_tokens(T* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                   const RopeTable& table, T sign) {
   const int64_t pairs = table.rotary_dim / 2;
   const PairLayout layout = pair_layout(table);
   assert(table.rotary_dim <= head_dim);
@@ -52,16 +51,14 @@ void rotate_tokens(T* x, int64_t ld, const int32_t* positions, int64_t tokens, i
       assert(pos >= 0 && pos < table.max_positions);
       const float* cos = table.cos.data() + pos * pairs;
       const float* sin = table.sin.data() + pos * pairs;
-      for (int64_t h = 0; h < heads; ++h)
-        rotate_head(x + t * ld + h * head_dim, cos, sin, pairs, layout, sign);
+      for (int64_t h = 0; h < heads; ++h) rotate_head(x + t * ld + h * head_dim, cos, sin, pairs, layout, sign);
     }
   });
 }
 
 }  // namespace
 
-RopeTable RopeTable::build(int64_t rotary_dim, bool interleaved, double theta,
-                           int64_t max_positions) {
+RopeTable RopeTable::build(int64_t rotary_dim, bool interleaved, double theta, int64_t max_positions) {
   RopeTable t;
   t.rotary_dim = rotary_dim;
   t.interleaved = interleaved;
@@ -89,24 +86,20 @@ RopeTable RopeTable::build(int64_t rotary_dim, bool interleaved, double theta,
 }
 
 template <typename T>
-void rope_forward(T* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
-                  int64_t head_dim, const RopeTable& table) {
+void rope_forward(T* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                  const RopeTable& table) {
   rotate_tokens(x, ld, positions, tokens, heads, head_dim, table, T(1));
 }
 
 template <typename T>
-void rope_backward(T* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
-                   int64_t head_dim, const RopeTable& table) {
+void rope_backward(T* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                   const RopeTable& table) {
   rotate_tokens(dx, ld, positions, tokens, heads, head_dim, table, T(-1));
 }
 
-template void rope_forward<float>(float*, int64_t, const int32_t*, int64_t, int64_t, int64_t,
-                                  const RopeTable&);
-template void rope_forward<double>(double*, int64_t, const int32_t*, int64_t, int64_t, int64_t,
-                                   const RopeTable&);
-template void rope_backward<float>(float*, int64_t, const int32_t*, int64_t, int64_t, int64_t,
-                                   const RopeTable&);
-template void rope_backward<double>(double*, int64_t, const int32_t*, int64_t, int64_t, int64_t,
-                                    const RopeTable&);
+template void rope_forward<float>(float*, int64_t, const int32_t*, int64_t, int64_t, int64_t, const RopeTable&);
+template void rope_forward<double>(double*, int64_t, const int32_t*, int64_t, int64_t, int64_t, const RopeTable&);
+template void rope_backward<float>(float*, int64_t, const int32_t*, int64_t, int64_t, int64_t, const RopeTable&);
+template void rope_backward<double>(double*, int64_t, const int32_t*, int64_t, int64_t, int64_t, const RopeTable&);
 
 }  // namespace keel::kernels

@@ -46,14 +46,10 @@ T* head_row(T* base, int64_t ld, int64_t token, int64_t head, int64_t head_dim) 
   return base + token * ld + head * head_dim;
 }
 
-inline int64_t attention_work(const AttentionShape& s) {
-  return s.batch * s.q_heads * s.seq * s.seq * s.head_dim;
-}
+inline int64_t attention_work(const AttentionShape& s) { return s.batch * s.q_heads * s.seq * s.seq * s.head_dim; }
 
 // Query i may attend key j: causal, and within the same document when segments are given.
-inline bool attends(const int32_t* seg, int64_t i, int64_t j) {
-  return j <= i && (seg == nullptr || seg[i] == seg[j]);
-}
+inline bool attends(const int32_t* seg, int64_t i, int64_t j) { return j <= i && (seg == nullptr || seg[i] == seg[j]); }
 
 // True when some query in [i0, i0+nq) may attend some key in [j0, j0+nk); lets packed documents
 // skip whole tiles of other documents.
@@ -69,8 +65,8 @@ bool tile_has_allowed_pair(const int32_t* seg, int64_t i0, int64_t nq, int64_t j
 // Copies rows [j0, j0+nk) of one head into a [head_dim, kKeyTile] transposed tile, so that a
 // query's dot products with all keys of the tile vectorise over the keys.
 template <typename T>
-void load_transposed_tile(const T* base, int64_t ld, int64_t token0, int64_t head, int64_t head_dim,
-                          int64_t nk, T* tile) {
+void load_transposed_tile(const T* base, int64_t ld, int64_t token0, int64_t head, int64_t head_dim, int64_t nk,
+                          T* tile) {
   for (int64_t c = 0; c < nk; ++c) {
     const T* row = head_row(base, ld, token0 + c, head, head_dim);
     for (int64_t d = 0; d < head_dim; ++d) tile[d * kKeyTile + c] = row[d];
@@ -104,8 +100,8 @@ struct HeadIndex {
 
 // Forward for one query tile of one head: the online softmax over all key tiles it can see.
 template <typename T>
-void forward_query_tile(const AttentionShape& s, const T* q, const T* k, const T* v,
-                        const int32_t* seg, HeadIndex hp, int64_t i0, T* out, T* lse) {
+void forward_query_tile(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* seg, HeadIndex hp,
+                        int64_t i0, T* out, T* lse) {
   const int64_t hd = s.head_dim;
   const int64_t token0 = hp.batch * s.seq;
   const int64_t nq = std::min(kQueryTile, s.seq - i0);
@@ -113,11 +109,11 @@ void forward_query_tile(const AttentionShape& s, const T* q, const T* k, const T
   const T neg_inf = -std::numeric_limits<T>::infinity();
 
   T* scratch = thread_scratch<T>(hd * kKeyTile + kKeyTile + nq * (hd + 2));
-  T* k_tile = scratch;                    // [hd, kKeyTile]
-  T* scores = k_tile + hd * kKeyTile;     // [kKeyTile]
-  T* acc = scores + kKeyTile;             // [nq, hd]
-  T* row_max = acc + nq * hd;             // [nq]
-  T* row_sum = row_max + nq;              // [nq]
+  T* k_tile = scratch;                 // [hd, kKeyTile]
+  T* scores = k_tile + hd * kKeyTile;  // [kKeyTile]
+  T* acc = scores + kKeyTile;          // [nq, hd]
+  T* row_max = acc + nq * hd;          // [nq]
+  T* row_sum = row_max + nq;           // [nq]
   std::fill(acc, acc + nq * hd, T(0));
   std::fill(row_max, row_max + nq, neg_inf);
   std::fill(row_sum, row_sum + nq, T(0));
@@ -151,9 +147,7 @@ void forward_query_tile(const AttentionShape& s, const T* q, const T* k, const T
       if (alpha != T(1))
         for (int64_t d = 0; d < hd; ++d) acc_row[d] *= alpha;
       for (int64_t c = 0; c < n; ++c)
-        if (scores[c] != T(0))
-          add_scaled(acc_row, scores[c], head_row(v, s.ldv, token0 + j0 + c, hp.kv_head, hd),
-                     hd);
+        if (scores[c] != T(0)) add_scaled(acc_row, scores[c], head_row(v, s.ldv, token0 + j0 + c, hp.kv_head, hd), hd);
     }
   }
 
@@ -197,9 +191,8 @@ struct BackwardScratch {
 // Backward for one (batch, kv head): all key tiles, and for each the query rows of every q head
 // of the group that can see it.
 template <typename T>
-void backward_kv_head(const AttentionShape& s, const T* q, const T* k, const T* v,
-                      const int32_t* seg, const T* out, const T* lse, const T* dout, T* dq, T* dk,
-                      T* dv, int64_t b, int64_t kv_head) {
+void backward_kv_head(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* seg, const T* out,
+                      const T* lse, const T* dout, T* dq, T* dk, T* dv, int64_t b, int64_t kv_head) {
   const int64_t hd = s.head_dim;
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t token0 = b * s.seq;
@@ -273,8 +266,8 @@ void backward_kv_head(const AttentionShape& s, const T* q, const T* k, const T* 
 }  // namespace
 
 template <typename T>
-void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v,
-                       const int32_t* segments, T* out, T* lse) {
+void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments, T* out,
+                       T* lse) {
   const int64_t group = s.q_heads / s.kv_heads;
   const int64_t query_tiles = (s.seq + kQueryTile - 1) / kQueryTile;
   const int64_t tasks = s.batch * s.q_heads * query_tiles;
@@ -290,9 +283,8 @@ void attention_forward(const AttentionShape& s, const T* q, const T* k, const T*
 }
 
 template <typename T>
-void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v,
-                        const int32_t* segments, const T* out, const T* lse, const T* dout, T* dq,
-                        T* dk, T* dv) {
+void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
+                        const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv) {
   const int64_t tasks = s.batch * s.kv_heads;
   for_each_task(tasks, attention_work(s) >= kParallelMinWork, [&](int64_t task, int) {
     const int64_t b = task / s.kv_heads;
@@ -302,15 +294,14 @@ void attention_backward(const AttentionShape& s, const T* q, const T* k, const T
   });
 }
 
-template void attention_forward<float>(const AttentionShape&, const float*, const float*,
-                                       const float*, const int32_t*, float*, float*);
-template void attention_forward<double>(const AttentionShape&, const double*, const double*,
-                                        const double*, const int32_t*, double*, double*);
-template void attention_backward<float>(const AttentionShape&, const float*, const float*,
-                                        const float*, const int32_t*, const float*, const float*,
-                                        const float*, float*, float*, float*);
-template void attention_backward<double>(const AttentionShape&, const double*, const double*,
-                                         const double*, const int32_t*, const double*,
-                                         const double*, const double*, double*, double*, double*);
+template void attention_forward<float>(const AttentionShape&, const float*, const float*, const float*, const int32_t*,
+                                       float*, float*);
+template void attention_forward<double>(const AttentionShape&, const double*, const double*, const double*,
+                                        const int32_t*, double*, double*);
+template void attention_backward<float>(const AttentionShape&, const float*, const float*, const float*, const int32_t*,
+                                        const float*, const float*, const float*, float*, float*, float*);
+template void attention_backward<double>(const AttentionShape&, const double*, const double*, const double*,
+                                         const int32_t*, const double*, const double*, const double*, double*, double*,
+                                         double*);
 
 }  // namespace keel::kernels

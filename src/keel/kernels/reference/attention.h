@@ -16,14 +16,13 @@ namespace keel::kernels {
 //   document per sequence.
 // lse: [batch, q_heads, seq] log-sum-exp of the scaled scores, saved for the backward pass.
 template <typename T>
-void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v,
-                       const int32_t* segments, T* out, T* lse);
+void attention_forward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments, T* out,
+                       T* lse);
 
 // dout has out's layout (row stride ldo). dq, dk, dv are overwritten (same layouts as q, k, v,
 // with the same strides).
 template <typename T>
-void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v,
-                        const int32_t* segments, const T* out, const T* lse, const T* dout, T* dq,
-                        T* dk, T* dv);
+void attention_backward(const AttentionShape& s, const T* q, const T* k, const T* v, const int32_t* segments,
+                        const T* out, const T* lse, const T* dout, T* dq, T* dk, T* dv);
 
 }  // namespace keel::kernels

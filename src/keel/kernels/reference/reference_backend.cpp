@@ -52,8 +52,9 @@ class ReferenceBackend final : public HostMemoryBackend {
  public:
   std::string_view name() const override { return "reference"; }
   std::string description(bool bf16) const override {
-    return std::string("reference backend: every operation in double precision on scalar loops (slow; for tests "
-                       "and for checking other backends)") +
+    return std::string(
+               "reference backend: every operation in double precision on scalar loops (slow; for tests "
+               "and for checking other backends)") +
            (bf16 ? ", GEMM and attention inputs rounded to bf16" : "");
   }
 
@@ -101,8 +102,8 @@ class ReferenceBackend final : public HostMemoryBackend {
     kernels::rmsnorm_forward(widen(x, rows * dim).data(), widen(w, dim).data(), rows, dim, eps, yd.data(), rd.data());
     narrow(yd, y), narrow(rd, rstd);
   }
-  void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
-                        int64_t dim, float* dx, float* dw) override {
+  void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows, int64_t dim,
+                        float* dx, float* dw) override {
     Doubles dxd(size_t(rows * dim)), dwd = widen(dw, dim);
     kernels::rmsnorm_backward(widen(x, rows * dim).data(), widen(w, dim).data(), widen(rstd, rows).data(),
                               widen(dy, rows * dim).data(), rows, dim, dxd.data(), dwd.data());
@@ -114,8 +115,8 @@ class ReferenceBackend final : public HostMemoryBackend {
     kernels::rope_forward(xd.data(), ld, positions, tokens, heads, head_dim, table);
     narrow_view(xd, tokens, heads * head_dim, ld, x);
   }
-  void rope_backward(float* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
-                     int64_t head_dim, const RopeTable& table) override {
+  void rope_backward(float* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+                     const RopeTable& table) override {
     Doubles xd = widen(dx, span(tokens, heads * head_dim, ld));
     kernels::rope_backward(xd.data(), ld, positions, tokens, heads, head_dim, table);
     narrow_view(xd, tokens, heads * head_dim, ld, dx);
@@ -125,15 +126,15 @@ class ReferenceBackend final : public HostMemoryBackend {
     kernels::swiglu_forward(widen(gate_up, rows * 2 * inter).data(), rows, inter, od.data());
     narrow(od, out);
   }
-  void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter,
-                       float* dgate_up) override {
+  void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter, float* dgate_up) override {
     Doubles dd(size_t(rows * 2 * inter));
     kernels::swiglu_backward(widen(gate_up, rows * 2 * inter).data(), widen(dout, rows * inter).data(), rows, inter,
                              dd.data());
     narrow(dd, dgate_up);
   }
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
-    for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * hidden, table + int64_t(ids[i]) * hidden, sizeof(float) * hidden);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(out + i * hidden, table + int64_t(ids[i]) * hidden, sizeof(float) * hidden);
   }
   // Each used row summed in double, in token order, then rounded once.
   void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
@@ -145,8 +146,8 @@ class ReferenceBackend final : public HostMemoryBackend {
       for (int64_t h = 0; h < hidden; ++h) dtable[row + h] = float(dd[size_t(row + h)]);
     }
   }
-  double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows,
-                                        int64_t vocab, double grad_scale) override {
+  double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
+                                        double grad_scale) override {
     Doubles ld_ = widen(logits, span(rows, vocab, ld));
     const double loss = kernels::cross_entropy_forward_backward(ld_.data(), ld, labels, rows, vocab, grad_scale);
     narrow_view(ld_, rows, vocab, ld, logits);
@@ -209,15 +210,16 @@ class ReferenceBackend final : public HostMemoryBackend {
   }
 
   // torch.optim.AdamW's update formed in double from the fp32 state, each result rounded once.
-  void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s,
-                    double weight_decay, bf16* w_bf16) override {
+  void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s, double weight_decay,
+                    bf16* w_bf16) override {
     const double bias1 = 1.0 - std::pow(s.beta1, double(s.step));
     const double bias2_sqrt = std::sqrt(1.0 - std::pow(s.beta2, double(s.step)));
     for (int64_t i = 0; i < n; ++i) {
       const double gi = g[i];
       const double mi = s.beta1 * m[i] + (1.0 - s.beta1) * gi;
       const double vi = s.beta2 * v[i] + (1.0 - s.beta2) * gi * gi;
-      const double wi = double(w[i]) * (1.0 - s.lr * weight_decay) - s.lr / bias1 * mi / (std::sqrt(vi) / bias2_sqrt + s.eps);
+      const double wi =
+          double(w[i]) * (1.0 - s.lr * weight_decay) - s.lr / bias1 * mi / (std::sqrt(vi) / bias2_sqrt + s.eps);
       m[i] = float(mi), v[i] = float(vi), w[i] = float(wi);
       if (w_bf16) w_bf16[i] = float_to_bf16(w[i]);
     }
@@ -251,7 +253,6 @@ class ReferenceBackend final : public HostMemoryBackend {
       for (double& e : d) e = round_to_bf16(e);
     return d;
   }
-
 };
 
 }  // namespace
