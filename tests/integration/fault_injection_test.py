@@ -249,7 +249,7 @@ def test_slow_save_under_mpirun():
 def test_zero1_failed_saves_under_mpirun():
     """ZeRO-1 at dp=2: rank 0's saves fail (disk full) before or while it writes the moments rank 1
     is sending. Rank 0 still takes every piece, so rank 1 is never left waiting: training goes on
-    and ends as a run without faults does."""
+    and ends as a run without faults does, and then says (non-zero exit) that no save succeeded."""
     if not shutil.which("mpirun"):
         print("  skipped: no mpirun")
         return
@@ -266,8 +266,11 @@ def test_zero1_failed_saves_under_mpirun():
                          fail_on_save_error=False, comm_timeout_s=10)
         env = fault_env(ck, budget_bytes)
         p = run(["train", path], env=env, timeout=300, launcher=mpirun_with(env))
-        ok = check(p.returncode == 0 and steps_of(d) == list(range(1, 7)),
-                   "%s: training continues through the failed saves and exits 0" % name, p.output)
+        faults = budget_bytes >= 0
+        ok = check((p.returncode != 0) == faults and steps_of(d) == list(range(1, 7))
+                   and (not faults or "3 of 3 checkpoint saves" in p.output),
+                   "%s: training continues through the failed saves, then %s" % (
+                       name, "reports that none succeeded (non-zero exit)" if faults else "exits 0"), p.output)
         if budget_bytes >= 0:
             check("checkpoint save failed" in p.output and "No space left on device" in p.output,
                   "%s: a warning says the save failed" % name, p.output)
@@ -303,10 +306,14 @@ def test_full_tmpfs():
             check(latest_of(ck) == "step-00000002", "%s: latest points to step-00000002 (%s)" % (name, latest_of(ck)))
             check(not leftovers(ck), "%s: no partial checkpoint left on the full disk (%s)" % (name, leftovers(ck)))
             # Resume on the still-full disk: the good checkpoint loads; later saves fail again.
+            # Every save of the resumed run fails (the disk has no older checkpoint to give up): it
+            # trains to the end, then says so with a non-zero exit.
             p = run(["train", path, "--resume", "auto", "--set", "fail_on_save_error=false"])
-            check(p.returncode == 0 and "resumed from %s/step-00000002 at step 2" % ck in p.output,
-                  "%s: resumes from the last good checkpoint on the full disk" % name, p.output)
-            if REFERENCE[0] is not None and p.returncode == 0:
+            check(p.returncode != 0 and "resumed from %s/step-00000002 at step 2" % ck in p.output
+                  and "2 of 2 checkpoint saves" in p.output,
+                  "%s: resumes from the last good checkpoint on the full disk, and reports its failed saves"
+                  % name, p.output)
+            if REFERENCE[0] is not None and os.path.exists(os.path.join(d, "out", "final", "model.safetensors")):
                 check(final_bytes(d) == REFERENCE[0], "%s: the resumed run ends bit-identical" % name)
             shutil.rmtree(ck, ignore_errors=True)
 
@@ -330,6 +337,73 @@ def test_full_tmpfs():
                 check(f.read() == REFERENCE[0], "%s: the exported model equals an uninterrupted run's" % name)
     finally:
         subprocess.run(["umount", mnt])
+
+
+# --- checkpoints under disk pressure ---------------------------------------------------------------
+
+def test_disk_holding_two_checkpoints():
+    """A disk with room for two and a half checkpoints, a save every step: old checkpoints used to be
+    deleted only after a new save succeeded, so every save after the second failed and the run ended
+    with exit 0 at step 2. Now a full disk makes room (all but the newest intact checkpoint) and saves
+    again."""
+    ck = os.path.join(WORK, "two_fit", "ckpt")
+    path, d = recipe("two_fit", checkpoint_dir=ck, save_interval=1)
+    p = run(["train", path], env=fault_env(ck, int(SAVE_BYTES[0] * 2.5), op="capacity"))
+    check(p.returncode == 0, "two_fit: exits 0 (got %d)" % p.returncode, p.output)
+    check(latest_of(ck) == "step-00000006", "two_fit: every step's save went through (latest %s)" % latest_of(ck),
+          p.output)
+    check("the disk is full; removed" in p.output, "two_fit: says it made room, and how", p.output)
+    check(not leftovers(ck), "two_fit: no partial checkpoint left (%s)" % leftovers(ck))
+    if REFERENCE[0] is not None and p.returncode == 0:
+        check(final_bytes(d) == REFERENCE[0], "two_fit: the training is unchanged")
+
+
+def test_checkpoint_that_never_fits():
+    """No save ever fits: the run used to exit 0 without a single checkpoint. Now it ends with an
+    error and a summary line saying how many saves failed."""
+    ck = os.path.join(WORK, "never_fits", "ckpt")
+    path, d = recipe("never_fits", checkpoint_dir=ck, save_interval=2, fail_on_save_error=False)
+    p = run(["train", path], env=fault_env(ck, SAVE_BYTES[0] // 2, op="capacity"))
+    check(p.returncode != 0, "never_fits: a run with no successful save does not exit 0", p.output)
+    check("3 of 3 checkpoint saves" in p.output and "none was written" in p.output,
+          "never_fits: says every save failed and nothing was written", p.output)
+    check(os.path.exists(os.path.join(d, "out", "final", "model.safetensors")),
+          "never_fits: the final model (outside the full disk) is still written")
+
+
+def test_resume_from_a_corrupt_latest_names_the_intact_one():
+    ck = os.path.join(WORK, "corrupt_latest", "ckpt")
+    path, d = recipe("corrupt_latest", checkpoint_dir=ck, save_interval=2, keep_last_n=10)
+    check(run(["train", path]).returncode == 0, "corrupt_latest: trains")
+    weights = os.path.join(ck, "step-00000006", "weights.safetensors")
+    with open(weights, "r+b") as f:
+        f.seek(os.path.getsize(weights) - 8)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    p = run(["train", path, "--resume", "auto", "--set", "max_steps=8"])
+    intact = os.path.join(ck, "step-00000004")
+    check(p.returncode == 2 and "newest intact checkpoint is %s" % intact in p.stderr
+          and "--resume %s" % intact in p.stderr,
+          "corrupt_latest: refused, naming the newest intact checkpoint and how to resume from it", p.output)
+
+
+def test_leftovers_of_killed_processes_are_cleaned():
+    """What a kill -9 can leave: a save cut short (.tmp-step-N-PID/), a pointer update cut short
+    (.latest.tmp.PID) and a deletion cut short (step-N/ without its manifest). The next start removes
+    them all; they used to stay (the last two forever)."""
+    ck = os.path.join(WORK, "leftovers", "ckpt")
+    path, d = recipe("leftovers", checkpoint_dir=ck, save_interval=2, keep_last_n=10)
+    check(run(["train", path]).returncode == 0, "leftovers: trains")
+    os.makedirs(os.path.join(ck, ".tmp-step-00000007-999"))
+    with open(os.path.join(ck, ".latest.tmp.999"), "w") as f:
+        f.write("step-00000007\n")
+    os.remove(os.path.join(ck, "step-00000002", "manifest.json"))  # as a deletion cut short leaves it
+    p = run(["train", path, "--resume", "auto", "--set", "max_steps=8"])
+    check(p.returncode == 0 and "removed 3 incomplete checkpoint(s)" in p.output,
+          "leftovers: the next start removes the three and says so", p.output)
+    check(not leftovers(ck) and not os.path.exists(os.path.join(ck, "step-00000002")),
+          "leftovers: none remain (%s)" % leftovers(ck))
 
 
 # --- corrupt inputs ---------------------------------------------------------------------------------

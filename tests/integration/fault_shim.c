@@ -8,6 +8,9 @@
  *                     fdatasync() fail once the budget is spent (writeback errors)
  *                     "slow": nothing fails, but every fsync()/fdatasync() of such a file first
  *                     sleeps KEEL_FAULT_SLEEP_S seconds (a slow disk)
+ *                     "capacity": the directory is a disk of KEEL_FAULT_BYTES bytes: a write fails
+ *                     (after a partial one) when the files under it would exceed that size;
+ *                     deleting files there makes room again
  *   KEEL_FAULT_ERRNO  ENOSPC (default) or EIO
  *
  * Files are tracked from open()/openat()/creat() by path, and forgotten on close(). */
@@ -15,10 +18,13 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -33,6 +39,9 @@ static long long budget = -1;
 static int fault_on_fsync;
 static int fault_errno = ENOSPC;
 static double slow_sync_s;
+static int capacity_mode;
+static pthread_mutex_t usage_lock = PTHREAD_MUTEX_INITIALIZER;
+static long long usage_total;
 
 static void init(void) {
   static int done;
@@ -44,6 +53,7 @@ static void init(void) {
   budget = b ? atoll(b) : -1;
   const char* op = getenv("KEEL_FAULT_OP");
   fault_on_fsync = op && strcmp(op, "fsync") == 0;
+  capacity_mode = op && strcmp(op, "capacity") == 0;
   if (op && strcmp(op, "slow") == 0) {
     const char* sleep_s = getenv("KEEL_FAULT_SLEEP_S");
     slow_sync_s = sleep_s ? atof(sleep_s) : 1.0;
@@ -119,8 +129,26 @@ int close(int fd) {
   return real_close(fd);
 }
 
+static int add_file_size(const char* path, const struct stat* st, int type, struct FTW* ftw) {
+  (void)path, (void)ftw;
+  if (type == FTW_F) usage_total += (long long)st->st_size;
+  return 0;
+}
+
+/* Capacity mode: what the disk has left, from the sizes of the files under the directory now. */
+static ssize_t room_for(size_t count) {
+  pthread_mutex_lock(&usage_lock);
+  usage_total = 0;
+  nftw(fault_dir, add_file_size, 16, FTW_PHYS);
+  long long left = budget - usage_total;
+  pthread_mutex_unlock(&usage_lock);
+  if (left <= 0) return 0;
+  return (size_t)left < count ? (ssize_t)left : (ssize_t)count;
+}
+
 /* How many of `count` bytes may be written now: all of them, fewer (a partial write), or none. */
 static ssize_t allowed(int fd, size_t count) {
+  if (capacity_mode && is_tracked(fd) && budget >= 0) return room_for(count);
   if (!is_tracked(fd) || budget < 0 || fault_on_fsync) return (ssize_t)count;
   long long before = atomic_fetch_add(&written, (long long)count);
   if (before + (long long)count <= budget) return (ssize_t)count;

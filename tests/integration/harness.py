@@ -16,6 +16,18 @@ def check(cond, what):
     return cond
 
 
+def start_training(keel, recipe_path, metrics_path, timeout=60):
+    """Starts `keel train RECIPE` and returns the process once its first step is logged in
+    metrics_path (or after `timeout` seconds): a run that is surely training, to interrupt."""
+    import os
+    import subprocess
+    p = subprocess.Popen([keel, "train", recipe_path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (os.path.exists(metrics_path) and os.path.getsize(metrics_path) > 0):
+        time.sleep(0.05)
+    return p
+
+
 def write_data(path, n, seed, vocab=32, lo=6, hi=20):
     """n pre-tokenized records of a learnable pattern: counting up from a random start, modulo
     the vocabulary."""

@@ -9,6 +9,11 @@ work without a word, each tried as a user would make it.
   - --resume auto on a finished run (used to overwrite summary.json with zeros)
   - max_seq_len beyond max_position_embeddings (train, plan), generation past it
   - exit codes: usage errors 2, `keel plan` 3 when it does not fit; `keel --version`
+  - Ctrl-C without a checkpoint_dir (used to save nothing, without a word)
+  - a resume that changes the learning rate (a raised max_steps) or runs on changed data
+  - a chat template whose markers the tokenizer lacks; a tokenizer larger than the model
+  - relative paths in a recipe (resolved against the recipe file), cache_dir, max_bad_fraction and
+    the report of a failed preparation
 
     $(scripts/python-env.sh) tests/integration/run_safety_test.py KEEL [--only NAME]
 """
@@ -22,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from harness import check, run_tests, write_data
+from harness import check, run_tests, start_training, write_data
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -253,6 +258,196 @@ def test_exit_codes_and_version():
     check(r.returncode == 0 and "fits: yes" in r.stdout, "and 0 when it fits (got %d)" % r.returncode)
     r = run(["plan", path])
     check(r.returncode == 0, "and 0 when nothing is checked (got %d)" % r.returncode)
+
+
+def final_weights(d):
+    with open(os.path.join(d, "out", "final", "model.safetensors"), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def test_interrupt_without_checkpoint_dir_keeps_the_work():
+    # SIGINT in the middle of a long run: exit 130, a checkpoint in output_dir/interrupted, and the
+    # exact command that resumes it.
+    path, d = recipe("interrupted", max_steps=100000)
+    p = start_training(KEEL, path, os.path.join(d, "out", "metrics.jsonl"))
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    saved = os.path.join(d, "out", "interrupted")
+    check(p.returncode == 130, "SIGINT exits 130 (got %s: %s)" % (p.returncode, err.strip()[-300:]))
+    check(os.path.exists(os.path.join(saved, "latest")), "a checkpoint is saved in output_dir/interrupted")
+    command = "keel train %s --resume %s" % (path, saved)
+    check(command in out, "the exact resume command is printed (%s)" % out.strip()[-300:])
+    # The saved work continues where it stopped: stopped after step 3 and resumed with the printed
+    # command, a run ends with the weights of a run never interrupted.
+    path, d = recipe("interrupted_resumed", max_steps=6)
+    r = run(["train", path, "--stop-after", "3"])
+    saved = os.path.join(d, "out", "interrupted")
+    check(("--resume %s" % saved) in r.stdout, "--stop-after saves and prints the command too (%s)"
+          % r.stdout.strip()[-300:])
+    r = run(["train", path, "--resume", saved])
+    check(r.returncode == 0 and "resumed from" in r.stdout, "the printed command resumes (%s)" % r.stderr.strip())
+    path2, d2 = recipe("never_interrupted", max_steps=6)
+    check(run(["train", path2]).returncode == 0, "the same run without interruption trains")
+    check(final_weights(d) == final_weights(d2), "interrupted + resumed = never interrupted, byte for byte")
+
+
+def test_resume_says_what_changes():
+    # A raised max_steps stretches the cosine decay: the rate at the resume step jumps. Said, with both rates.
+    ck = os.path.join(WORK, "schedule", "ckpt")
+    path, d = recipe("schedule", checkpoint_dir=ck, save_interval=2, max_steps=4, warmup_steps=1)
+    check(run(["train", path]).returncode == 0, "the run trains")
+    r = run(["train", path, "--resume", "auto", "--set", "max_steps=8"])
+    check(r.returncode == 0 and "the learning-rate schedule changed (max_steps 4 -> 8" in r.stdout
+          and "step 5 trains at" in r.stdout,
+          "a resume with a raised max_steps prints the old and new learning rate (%s)" % r.stdout.strip()[-400:])
+    # Data changed since the checkpoint: refused, naming the flag that accepts it; accepted with it.
+    data = os.path.join(WORK, "schedule", "data.jsonl")
+    write_data(data, 64, seed=1)
+    ck = os.path.join(WORK, "newdata", "ckpt")
+    path, d = recipe("newdata", checkpoint_dir=ck, save_interval=2, max_steps=4, data_path=data)
+    check(run(["train", path]).returncode == 0, "the run on the first data trains")
+    write_data(data, 64, seed=2)
+    r = run(["train", path, "--resume", "auto", "--set", "max_steps=6"])
+    check(r.returncode == 2 and "--resume-with-new-data" in r.stderr,
+          "a resume on changed data is refused, naming --resume-with-new-data (%s)" % r.stderr.strip())
+    r = run(["train", path, "--resume", "auto", "--set", "max_steps=6", "--resume-with-new-data"])
+    check(r.returncode == 0 and "the training data changed since" in r.stdout and "step 5 on reads" in r.stdout,
+          "--resume-with-new-data continues, saying where the new data is read from (%s %s)"
+          % (r.stdout.strip()[-300:], r.stderr.strip()))
+
+
+def small_tokenizer(name, specials):
+    """A 300-token BPE tokenizer trained by keel, with the given special tokens."""
+    d = os.path.join(WORK, name)
+    os.makedirs(d, exist_ok=True)
+    corpus = os.path.join(d, "corpus.jsonl")
+    with open(corpus, "w") as f:
+        for i in range(200):
+            f.write(json.dumps({"text": "the quick brown fox %d jumps over the lazy dog %d" % (i, i * 7)}) + "\n")
+    out = os.path.join(d, "tokenizer.json")
+    args = ["tokenizer", "train", "--data", corpus, "--vocab-size", "300", "--out", out]
+    for s in specials:
+        args += ["--special", s]
+    r = run(args)
+    check(r.returncode == 0, "the tokenizer trains (%s)" % r.stderr.strip())
+    return out, corpus
+
+
+def test_template_markers_and_vocabulary_checked_up_front():
+    tokenizer, corpus = small_tokenizer("plain_tokenizer", ["<|endoftext|>"])
+    chat = os.path.join(WORK, "plain_tokenizer", "chat.jsonl")
+    with open(chat, "w") as f:
+        for i in range(20):
+            f.write(json.dumps({"messages": [{"role": "user", "content": "hi %d" % i},
+                                             {"role": "assistant", "content": "the fox %d" % i}]}) + "\n")
+    r = run(["prepare", "--data", chat, "--tokenizer", tokenizer, "--out", os.path.join(WORK, "chatml_out"),
+             "--max-seq-len", "64", "--template", "chatml"])
+    check(r.returncode == 2 and "<|im_start|>" in r.stderr and "one token" in r.stderr,
+          "--template chatml with a tokenizer lacking <|im_start|> is refused (exit %d: %s)"
+          % (r.returncode, r.stderr.strip()))
+    # A 300-token tokenizer for a 32-token model: refused before anything is tokenized.
+    path, d = recipe("vocab_too_large", data_path=corpus, tokenizer=tokenizer)
+    r = run(["train", path])
+    check(r.returncode == 2 and "-token vocabulary, larger than the model's vocab_size 32" in r.stderr
+          and "Nothing was tokenized" in r.stderr,
+          "a tokenizer larger than the model is refused up front, with both sizes (exit %d: %s)"
+          % (r.returncode, r.stderr.strip()))
+    check(not os.path.exists(os.path.join(os.path.dirname(corpus), ".keel-cache")),
+          "nothing was prepared before the refusal")
+
+
+def test_paths_cache_and_bad_records():
+    # A recipe with relative paths, run from another directory: they resolve against the recipe file.
+    d = os.path.join(WORK, "relative")
+    os.makedirs(d, exist_ok=True)
+    shutil.copy(os.path.join(WORK, "train.jsonl"), os.path.join(d, "data.jsonl"))
+    with open(os.path.join(d, "recipe.toml"), "w") as f:
+        f.write("\n".join(['data_path = "data.jsonl"', 'output_dir = "out"', 'dtype = "fp32"', "max_seq_len = 16",
+                           "batch_size = 4", "max_steps = 2"] + MODEL_CONFIG) + "\n")
+    elsewhere = os.path.join(WORK, "elsewhere")
+    os.makedirs(elsewhere, exist_ok=True)
+    r = run(["train", os.path.join(d, "recipe.toml")], cwd=elsewhere)
+    check(r.returncode == 0 and os.path.exists(os.path.join(d, "out", "final", "config.json")),
+          "relative paths resolve against the recipe's directory, not the current one (%s)" % r.stderr.strip())
+    r = run(["train", os.path.join(d, "recipe.toml"), "--set", "output_dir=cli_out", "--print-recipe"], cwd=elsewhere)
+    check('output_dir = "%s"' % os.path.join(elsewhere, "cli_out") in r.stdout,
+          "a --set path is relative to the current directory (%s)" % r.stdout.strip()[-300:])
+    # 5 bad records of 69 (7%): over the default 1%, the failed preparation's report is kept where
+    # the message says; max_bad_fraction = 0.1 accepts them; cache_dir chooses where shards go.
+    data = os.path.join(WORK, "bad_records.jsonl")
+    shutil.copy(os.path.join(WORK, "train.jsonl"), data)
+    with open(data, "a") as f:
+        for _ in range(5):
+            f.write('{"input_ids": [1, 2, \n')
+    cache = os.path.join(WORK, "my_cache")
+    path, _ = recipe("bad_records", data_path=data, packing="pack", cache_dir=cache)
+    r = run(["train", path])
+    reports = [w for w in r.stderr.replace(";", " ").split() if w.endswith("report.json")]
+    check(r.returncode == 2 and "5 of 69 records are bad" in r.stderr and reports and os.path.exists(reports[0]),
+          "bad records over the threshold: the message names a report that exists (%s)" % r.stderr.strip())
+    r = run(["train", path, "--set", "max_bad_fraction=0.1"])
+    check(r.returncode == 0, "max_bad_fraction = 0.1 accepts them (%s)" % r.stderr.strip()[-300:])
+    check(os.path.isdir(cache) and any(n != os.path.basename(reports[0] if reports else "") for n in os.listdir(cache))
+          and not os.path.exists(os.path.join(WORK, ".keel-cache")),
+          "the shards went to cache_dir, not next to the data (%s)" % (os.listdir(cache) if os.path.isdir(cache) else None))
+
+
+def test_decisions_are_printed():
+    # What keel decided for the user is said before the work: tokenizer, template, packing; and rows
+    # that are mostly padding are warned about, naming the better setting.
+    r = run(["prepare", "--data", os.path.join(WORK, "train.jsonl"), "--vocab-size", "32", "--max-seq-len", "256",
+             "--pad", "--out", os.path.join(WORK, "padded")])
+    out = r.stdout + r.stderr  # keel prepare logs to stderr
+    check(r.returncode == 0 and "tokenizer none (pre-tokenized records); chat template none" in out
+          and "one document per row, padded" in out,
+          "prepare prints the tokenizer, template and packing it uses (%s)" % out.strip()[:400])
+    check("% padding" in out and 'packing = "pack"' in out,
+          "rows that are mostly padding are warned about (%s)" % out.strip()[-400:])
+    tokenizer, _ = small_tokenizer("chatml_tokenizer", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    chat = os.path.join(WORK, "chatml_tokenizer", "chat.jsonl")
+    with open(chat, "w") as f:
+        for i in range(20):
+            f.write(json.dumps({"messages": [{"role": "user", "content": "hi %d" % i},
+                                             {"role": "assistant", "content": "the fox %d" % i}]}) + "\n")
+    r = run(["prepare", "--data", chat, "--tokenizer", tokenizer, "--max-seq-len", "64",
+             "--out", os.path.join(WORK, "chatml_out")])
+    check(r.returncode == 0 and "chat template chatml (detected from the tokenizer's special tokens)" in r.stderr,
+          "the template chosen, and why (%s %s)" % (r.stdout.strip()[:400], r.stderr.strip()))
+
+
+def test_ranks_die_with_their_launcher():
+    mpirun = shutil.which("mpirun")
+    if not check(mpirun is not None, "mpirun is installed (scripts/install-deps.sh)"):
+        return
+    path, d, p = start_long_run("orphans", launcher=(mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                                                     "-x", "OMP_NUM_THREADS=1"))
+    ranks = [r for r in subprocess.run(["pgrep", "-f", " train %s" % path], capture_output=True,
+                                       text=True).stdout.split() if int(r) != p.pid]  # not mpirun itself
+    check(len(ranks) == 2, "two ranks train (%s)" % ranks)
+    metrics = os.path.join(d, "out", "metrics.jsonl")
+
+    def steps_logged():
+        with open(metrics) as f:
+            return sum(1 for _ in f)
+
+    os.kill(p.pid, signal.SIGKILL)  # the launcher goes, as after a double Ctrl-C
+    p.communicate()
+    at_launcher_death = steps_logged()
+
+    def alive():
+        return [r for r in ranks if os.path.exists("/proc/%s" % r)
+                and open("/proc/%s/stat" % r).read().split()[2] != "Z"]
+
+    deadline = time.time() + 10
+    while time.time() < deadline and alive():
+        time.sleep(0.05)
+    check(not alive(), "the ranks die with their launcher (alive: %s)" % alive())
+    # Steps of this model take milliseconds: ranks that trained on "out of sight" for even a
+    # fraction of a second would log many more. At most the step in flight may land.
+    check(steps_logged() - at_launcher_death <= 1, "no rank trains on after its launcher is gone (%d more steps)"
+          % (steps_logged() - at_launcher_death))
+    for r in alive():
+        os.kill(int(r), signal.SIGKILL)
 
 
 def main():

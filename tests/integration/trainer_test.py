@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from harness import check, run_tests, write_data
+from harness import check, run_tests, start_training, write_data
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -110,11 +110,7 @@ def test_live_progress():
 def test_sigint_saves_and_exits():
     path, d = recipe("sigint", max_steps=100000, checkpoint_dir=os.path.join(WORK, "sigint", "ckpt"),
                      save_interval=1000)
-    p = subprocess.Popen([KEEL, "train", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    mpath = os.path.join(d, "out", "metrics.jsonl")
-    deadline = time.time() + 60
-    while time.time() < deadline and not (os.path.exists(mpath) and os.path.getsize(mpath) > 0):
-        time.sleep(0.05)
+    p = start_training(KEEL, path, os.path.join(d, "out", "metrics.jsonl"))
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     check(p.returncode == 130, "SIGINT exits with 130, got %s" % p.returncode)

@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <system_error>
+#include <utility>
 
 #include "keel/core/checksum.h"
 #include "keel/core/error.h"
@@ -105,6 +108,11 @@ void remove_checkpoint_dir(const std::string& path) {
   fs::remove_all(path);
 }
 
+// Whether an error message reports a full disk (the errno text every writer of keel puts in it).
+bool out_of_space(const std::string& message) {
+  return message.find(std::system_category().message(ENOSPC)) != std::string::npos;
+}
+
 void remove_old_checkpoints(const std::string& dir, int64_t keep_last_n, const std::string& newest) {
   auto all = complete_checkpoints(dir);
   const int64_t excess = int64_t(all.size()) - keep_last_n;
@@ -149,11 +157,67 @@ CheckpointWriter::~CheckpointWriter() {
 
 void CheckpointWriter::write(const std::vector<model::Param>& layout, const float* weights, const float* m,
                              const float* v, const TrainingState& state, const std::string& recipe) {
-  write(layout, weights, moments_in(m, v), state, recipe);
+  write(layout, weights, moments_in(m, v), state, recipe, /*replayable=*/true);
 }
 
+// The retention rule on a full disk: everything but the newest intact checkpoint goes (the one a
+// resume would use), then the save is tried once more. Without it, a disk that holds two
+// checkpoints fails every save after the second, since old ones are pruned only after a success.
 void CheckpointWriter::write(const std::vector<model::Param>& layout, const float* weights, const MomentSource& moments,
-                             const TrainingState& state, const std::string& recipe) {
+                             const TrainingState& state, const std::string& recipe, bool replayable) {
+  {
+    std::lock_guard<std::mutex> lock(record_mutex_);
+    ++record_.attempted;
+  }
+  auto failed = [&] {
+    std::lock_guard<std::mutex> lock(record_mutex_);
+    ++record_.failed;
+    ++record_.failed_in_a_row;
+  };
+  try {
+    try {
+      write_once(layout, weights, moments, state, recipe);
+    } catch (const Error& e) {
+      if (!out_of_space(e.what())) throw;
+      const std::string keep = newest_intact_checkpoint(dir_);
+      int removed = 0;
+      for (const auto& [step, name] : complete_checkpoints(dir_))
+        if (dir_ + "/" + name != keep) {
+          remove_checkpoint_dir(dir_ + "/" + name);
+          ++removed;
+        }
+      if (removed == 0) throw;
+      const std::string note =
+          fmt::format("checkpoint {}: the disk is full; removed {} older checkpoint(s), keeping {}", dir_, removed,
+                      keep.empty() ? std::string("none intact") : keep);
+      {
+        std::lock_guard<std::mutex> lock(record_mutex_);
+        notes_.push_back(note + (replayable ? "; saving again" : "; the next save has room"));
+      }
+      if (!replayable) throw;
+      write_once(layout, weights, moments, state, recipe);
+    }
+  } catch (...) {
+    failed();
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(record_mutex_);
+  record_.failed_in_a_row = 0;
+  record_.last_saved_step = state.step;
+}
+
+std::vector<std::string> CheckpointWriter::take_notes() {
+  std::lock_guard<std::mutex> lock(record_mutex_);
+  return std::exchange(notes_, {});
+}
+
+SaveRecord CheckpointWriter::record() const {
+  std::lock_guard<std::mutex> lock(record_mutex_);
+  return record_;
+}
+
+void CheckpointWriter::write_once(const std::vector<model::Param>& layout, const float* weights,
+                                  const MomentSource& moments, const TrainingState& state, const std::string& recipe) {
   const std::string final_name = step_name(state.step);
   const std::string tmp = fmt::format("{}/.tmp-{}-{}", dir_, final_name, ::getpid());
   try {
@@ -201,7 +265,7 @@ SaveStats CheckpointWriter::save_streamed(const std::vector<model::Param>& layou
                                           const std::string& recipe) {
   require(!async_, "checkpoint {}: a streamed save is synchronous", dir_);
   const auto t0 = Clock::now();
-  write(layout, weights, moments, state, recipe);
+  write(layout, weights, moments, state, recipe, /*replayable=*/false);
   return {std::chrono::duration<double>(Clock::now() - t0).count(), false};
 }
 
@@ -276,14 +340,32 @@ std::string CheckpointWriter::take_failure() {
 int clean_incomplete_checkpoints(const std::string& dir) {
   int removed = 0;
   if (!fs::is_directory(dir)) return 0;
+  std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(dir)) {
-    if (entry.path().filename().string().rfind(".tmp-", 0) == 0) {
-      std::error_code ignored;
-      fs::remove_all(entry.path(), ignored);
-      ++removed;
-    }
+    const std::string name = entry.path().filename().string();
+    const bool save_cut_short = name.rfind(".tmp-", 0) == 0;
+    const bool pointer_cut_short = name.rfind(".latest.tmp.", 0) == 0;
+    const bool deletion_cut_short =
+        entry.is_directory() && name.rfind("step-", 0) == 0 && !path_exists(entry.path().string() + "/manifest.json");
+    if (save_cut_short || pointer_cut_short || deletion_cut_short) stale.push_back(entry.path());
+  }
+  for (const auto& path : stale) {
+    std::error_code ignored;
+    fs::remove_all(path, ignored);
+    ++removed;
   }
   return removed;
+}
+
+std::string newest_intact_checkpoint(const std::string& dir) {
+  auto all = complete_checkpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      verify_checkpoint(dir + "/" + it->second);
+      return dir + "/" + it->second;
+    } catch (const Error&) {}
+  }
+  return "";
 }
 
 int remove_checkpoints(const std::string& dir) {

@@ -41,6 +41,14 @@ struct SaveStats {
   bool async = false;
 };
 
+// How a run's saves went, for its end: a run whose saves all failed, or whose last ones did, must
+// not end as if its work were safe.
+struct SaveRecord {
+  int64_t attempted = 0, failed = 0;
+  int64_t failed_in_a_row = 0;  // the latest saves that failed, one after another
+  int64_t last_saved_step = -1;
+};
+
 class CheckpointWriter {
  public:
   CheckpointWriter(std::string dir, int64_t keep_last_n, bool async);
@@ -74,13 +82,20 @@ class CheckpointWriter {
   std::string wait();
   // The error of the last failed asynchronous save, once ("" if none).
   std::string take_failure();
+  // What the writer did on its own since the last call (room made on a full disk), in words.
+  std::vector<std::string> take_notes();
+  SaveRecord record() const;
   const std::string& dir() const { return dir_; }
 
  private:
   void write(const std::vector<model::Param>& layout, const float* weights, const float* m, const float* v,
              const TrainingState& state, const std::string& recipe);
+  // `replayable`: `moments` can be read a second time, so a save that failed for lack of space can
+  // be retried once room is made (not so for ZeRO-1's streamed moments: the next save benefits).
   void write(const std::vector<model::Param>& layout, const float* weights, const MomentSource& moments,
-             const TrainingState& state, const std::string& recipe);
+             const TrainingState& state, const std::string& recipe, bool replayable);
+  void write_once(const std::vector<model::Param>& layout, const float* weights, const MomentSource& moments,
+                  const TrainingState& state, const std::string& recipe);
   void background_loop();
 
   std::string dir_;
@@ -94,11 +109,18 @@ class CheckpointWriter {
   std::condition_variable cv_;
   bool pending_ = false, stopping_ = false;
   std::string failure_;
+  std::vector<std::string> notes_;
+  mutable std::mutex record_mutex_;  // record_ and notes_: written by whichever thread saves
+  SaveRecord record_;
   std::thread worker_;
 };
 
-// Removes incomplete ".tmp-*" directories left by a killed process; returns how many.
+// Removes what a killed process can leave in a checkpoint_dir: ".tmp-*" directories of a save cut
+// short, ".latest.tmp.<pid>" files of a pointer update cut short, and step-N directories without a
+// manifest (a deletion cut short: the manifest goes first); returns how many.
 int clean_incomplete_checkpoints(const std::string& dir);
+// The newest checkpoint in `dir` that passes verify_checkpoint, or "" if none does.
+std::string newest_intact_checkpoint(const std::string& dir);
 // Deletes every checkpoint in `dir` (the `latest` pointer first, then each step-N with its manifest
 // first, so a deletion cut short never leaves something that looks complete); returns how many.
 int remove_checkpoints(const std::string& dir);

@@ -1,6 +1,9 @@
 // keel train RECIPE.toml [--set key=value ...] [--print-recipe]
 #include <fmt/format.h>
+#include <sys/prctl.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <iostream>
 #include <memory>
 
@@ -13,6 +16,18 @@
 namespace keel::cli {
 namespace {
 
+// A rank started by mpirun dies with it. Without this, a double Ctrl-C returned mpirun in 0.1 s
+// while both ranks trained on out of sight and moved `latest`, and a resume started at once
+// raced them. The kernel sends the signal when the parent goes; a parent already gone before the
+// request took effect is seen by getppid(). SIGKILL, not SIGTERM: a rank alone can make no
+// collective progress, so there is no step boundary to wait for.
+void die_with_launcher() {
+  if (!distributed::launched_by_mpi()) return;
+  const pid_t launcher = ::getppid();
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != launcher) std::_Exit(128 + SIGKILL);
+}
+
 struct TrainOptions {
   std::string recipe;
   std::vector<std::string> overrides;
@@ -20,6 +35,7 @@ struct TrainOptions {
   std::string resume;
   int64_t stop_after = 0;
   bool overwrite = false;
+  bool resume_with_new_data = false;
 };
 
 const CommandRegistration kTrain{
@@ -34,10 +50,14 @@ const CommandRegistration kTrain{
                          ->expected(0, 1);
       cmd.add_option("--stop-after", options->stop_after,
                      "Stop after this step, saving a checkpoint as on Ctrl-C (for time-sliced jobs)");
+      cmd.add_flag("--resume-with-new-data", options->resume_with_new_data,
+                   "Resume although the training data changed since the checkpoint: step s then reads what the "
+                   "new data's order puts at step s (docs/checkpoints.md)");
       cmd.add_flag("--overwrite", options->overwrite,
                    "Start afresh even though checkpoint_dir holds an earlier run's checkpoints (they are deleted)");
       return [options, resume] {
         if (resume->count() > 0 && options->resume.empty()) options->resume = "auto";
+        die_with_launcher();
         auto recipe = run::load_recipe(options->recipe, options->overrides);
         if (options->print_recipe) {
           fmt::print("{}", run::recipe_to_toml(recipe));
@@ -49,6 +69,8 @@ const CommandRegistration kTrain{
         train_options.resume = options->resume;
         train_options.stop_after_step = options->stop_after;
         train_options.overwrite = options->overwrite;
+        train_options.resume_with_new_data = options->resume_with_new_data;
+        train_options.overrides = options->overrides;
         const auto result = train::run_training(recipe, std::cout, train_options);
         return result.interrupted && result.interrupt_signal ? 128 + result.interrupt_signal : 0;
       };

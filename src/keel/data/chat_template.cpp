@@ -104,6 +104,15 @@ std::string render_chat_text(ChatFormat f, const std::vector<ChatMessage>& messa
   return s;
 }
 
+std::vector<std::string> chat_format_markers(ChatFormat format) {
+  switch (format) {
+    case ChatFormat::glm4: return {"[gMASK]", "<sop>", "<|user|>", "<|assistant|>", "<|endoftext|>"};
+    case ChatFormat::llama3: return {"<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"};
+    case ChatFormat::chatml: return {"<|im_start|>", "<|im_end|>"};
+  }
+  return {};
+}
+
 std::vector<std::string> chat_stop_tokens(ChatFormat f) {
   switch (f) {
     case ChatFormat::glm4: return {"<|user|>", "<|endoftext|>", "<|observation|>"};

@@ -34,6 +34,11 @@ std::vector<ChatSegment> render_chat(ChatFormat format, const std::vector<ChatMe
                                      bool add_generation_prompt);
 std::string render_chat_text(ChatFormat format, const std::vector<ChatMessage>& messages, bool add_generation_prompt);
 
+// The special tokens every rendering of this format contains. Each must be one token of the
+// tokenizer: otherwise the markers would be encoded as plain text and the model would learn a
+// format nobody serves.
+std::vector<std::string> chat_format_markers(ChatFormat format);
+
 // The special token that ends an assistant turn in this format ("<|user|>" for GLM-4 also ends it).
 std::vector<std::string> chat_stop_tokens(ChatFormat format);
 

@@ -260,12 +260,20 @@ void print_report(std::ostream& log, const PrepareReport& report, const PrepareO
              "{:.1f} MB/s, {:.2f} s\n",
              report.sequences, o.max_seq_len, packing_name(o.packing), 100.0 * report.fill(), report.tokens,
              report.shards, double(report.input_bytes) / 1e6 / std::max(report.seconds, 1e-9), report.seconds);
+  // Rows that are mostly padding spend most of every step on nothing.
+  if (o.packing == Packing::pad && report.sequences > 0 && report.fill() < 0.5)
+    fmt::print(log,
+               "warning: the rows are {:.0f}% padding ({:.1f} tokens per document in rows of {}): packing = \"pack\" "
+               "fills them (packed documents never attend to each other), or a lower max_seq_len wastes less\n",
+               100.0 * (1.0 - report.fill()), double(report.tokens) / double(std::max<int64_t>(report.documents, 1)),
+               o.max_seq_len);
 }
 
 // keel::Error when the data is too bad to train on: too many bad records, or nothing left.
 void require_usable(const PrepareReport& report, const PrepareOptions& o) {
   require(report.records == 0 || double(report.bad_records) <= o.max_bad_fraction * double(report.records),
-          "{}: {} of {} records are bad ({:.2f}%, above --max-bad-fraction {}); the first: {}:{}: {}; all listed in "
+          "{}: {} of {} records are bad ({:.2f}%, above the allowed fraction {}: --max-bad-fraction, or "
+          "max_bad_fraction in a recipe); the first: {}:{}: {}; all listed in "
           "{}/report.json",
           o.data_path, report.bad_records, report.records, 100.0 * double(report.bad_records) / double(report.records),
           o.max_bad_fraction, o.data_path, report.bad_listed.empty() ? 0 : report.bad_listed[0].line,
@@ -288,21 +296,45 @@ void clear_previous_output(const std::string& dir) {
 
 }  // namespace
 
-std::optional<ChatFormat> chat_format_for(const std::string& name, const std::string& tokenizer_path,
-                                          const Tokenizer* tokenizer) {
+namespace {
+
+std::optional<ChatFormat> choose_chat_format(const std::string& name, const std::string& tokenizer_path,
+                                             const Tokenizer* tokenizer, std::string& why) {
+  why = "chosen by name";
   if (name == "none") return std::nullopt;
   if (name != "auto") return chat_format_from_name(name);
+  why = "no tokenizer: records must be pre-tokenized";
   if (tokenizer_path.empty() || !tokenizer) return std::nullopt;
   const fs::path p(tokenizer_path);
   const std::string dir = fs::is_directory(p) ? p.string() : p.parent_path().string();
   try {
+    why = fmt::format("detected from the model files in {}", dir.empty() ? "." : dir);
     return detect_chat_format(dir.empty() ? "." : dir);
   } catch (const Error&) {}
   // No model files around the tokenizer: its special tokens still tell the family.
+  why = "detected from the tokenizer's special tokens";
   if (tokenizer->token_to_id("[gMASK]")) return ChatFormat::glm4;
   if (tokenizer->token_to_id("<|start_header_id|>")) return ChatFormat::llama3;
   if (tokenizer->token_to_id("<|im_start|>")) return ChatFormat::chatml;
+  why = "none known for this tokenizer: conversations are refused, text records are used as they are";
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<ChatFormat> chat_format_for(const std::string& name, const std::string& tokenizer_path,
+                                          const Tokenizer* tokenizer, std::string* why) {
+  std::string reason;
+  const auto format = choose_chat_format(name, tokenizer_path, tokenizer, reason);
+  if (why) *why = reason;
+  if (format && tokenizer)
+    for (const auto& marker : chat_format_markers(*format))
+      require(tokenizer->token_to_id(marker).has_value(),
+              "{}: the {} chat template needs '{}' as one token, and this tokenizer has no such token: the "
+              "conversation markers would be encoded as plain text. Use the tokenizer of the model the template is "
+              "for, or the model's own template (chat_template = \"auto\")",
+              tokenizer_path, chat_format_name(*format), marker);
+  return format;
 }
 
 std::string DocumentEncoder::configuration_error(const Record& r, int64_t line) const {
@@ -455,7 +487,8 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   if (!o.tokenizer_path.empty()) tokenizer.emplace(load_tokenizer(o.tokenizer_path));
   DocumentEncoder encoder;
   encoder.tokenizer = tokenizer ? &*tokenizer : nullptr;
-  encoder.format = chat_format_for(o.chat_template, o.tokenizer_path, encoder.tokenizer);
+  std::string template_reason;
+  encoder.format = chat_format_for(o.chat_template, o.tokenizer_path, encoder.tokenizer, &template_reason);
   encoder.max_seq_len = o.max_seq_len;
   encoder.vocab_size = tokenizer ? tokenizer->vocab_size() : o.vocab_size;
   encoder.train_on_prompt = o.train_on_prompt;
@@ -463,6 +496,12 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   encoder.data_path = o.data_path;
   require(encoder.vocab_size > 0, "prepare without a tokenizer needs the vocabulary size");
 
+  if (log)  // the decisions taken for the user, before the work
+    fmt::print(*log, "keel prepare: tokenizer {}; chat template {} ({}); {} into rows of {} tokens\n",
+               tokenizer ? fmt::format("{} ({} tokens)", o.tokenizer_path, tokenizer->vocab_size())
+                         : std::string("none (pre-tokenized records)"),
+               encoder.format ? chat_format_name(*encoder.format) : "none", template_reason,
+               o.packing == Packing::pack ? "documents packed" : "one document per row, padded", o.max_seq_len);
   make_dirs(o.out_dir);
   clear_previous_output(o.out_dir);
   PrepareReport report;
@@ -536,6 +575,15 @@ std::string training_data_fingerprint(const TrainingDataRequest& q) {
 std::string resolve_training_data(const TrainingDataRequest& request, std::ostream* log) {
   TrainingDataRequest q = request;
   q.tokenizer_path = training_tokenizer_path(q.tokenizer_path);
+  // A tokenizer larger than the model is refused before anything is tokenized (minutes, on a
+  // large file), not by the loader afterwards.
+  if (!q.tokenizer_path.empty() && q.vocab_size > 0 && !is_prepared_dir(q.data_path)) {
+    const int64_t tokenizer_vocab = load_tokenizer(q.tokenizer_path).vocab_size();
+    require(tokenizer_vocab <= q.vocab_size,
+            "{}: the tokenizer has a {}-token vocabulary, larger than the model's vocab_size {}: its ids would fall "
+            "outside the embedding. Nothing was tokenized; use the model's own tokenizer",
+            q.tokenizer_path, tokenizer_vocab, q.vocab_size);
+  }
   if (is_prepared_dir(q.data_path)) {
     const ShardManifest m = read_manifest(q.data_path);
     require(m.max_seq_len <= q.max_seq_len,
@@ -587,6 +635,18 @@ std::string resolve_training_data(const TrainingDataRequest& request, std::ostre
   if (log) fmt::print(*log, "keel: preparing {} into {}\n", q.data_path, dir);
   try {
     prepare(o, log);
+  } catch (const Error& e) {
+    // The report of a failed preparation (bad records, all listed) outlives the temporary
+    // directory, and the message names where it went.
+    std::string message = e.what();
+    const std::string report = tmp + "/report.json", kept = dir + ".failed-report.json";
+    if (path_exists(report)) {
+      fs::rename(report, kept, ec);
+      for (size_t at; !ec && (at = message.find(tmp + "/report.json")) != std::string::npos;)
+        message.replace(at, report.size(), kept);
+    }
+    fs::remove_all(tmp, ec);
+    throw Error(message);
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

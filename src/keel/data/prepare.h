@@ -114,8 +114,9 @@ std::string training_tokenizer_path(const std::string& path);
 
 // The chat template for `name` (glm4 | llama3 | chatml | auto | none): `auto` looks at the
 // tokenizer's directory, then at its special tokens; nullopt when none applies.
+// `why`, if given, receives how the choice was made, for the log.
 std::optional<ChatFormat> chat_format_for(const std::string& name, const std::string& tokenizer_path,
-                                          const Tokenizer* tokenizer);
+                                          const Tokenizer* tokenizer, std::string* why = nullptr);
 
 // Kept documents back to back, as encode() appends them.
 struct EncodedDocuments {

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <functional>
+#include <filesystem>
 #include <map>
+#include <set>
 #include <toml++/toml.h>
 #include <variant>
 
@@ -12,6 +14,8 @@
 #include "keel/core/file_io.h"
 
 namespace keel::run {
+
+namespace fs = std::filesystem;
 
 std::string toml_quote(const std::string& s);
 
@@ -93,6 +97,8 @@ const std::vector<Field>& fields() {
       {"fail_on_save_error", &Recipe::fail_on_save_error},
       {"skip_nonfinite_steps", &Recipe::skip_nonfinite_steps},
       {"output_dir", &Recipe::output_dir},
+      {"cache_dir", &Recipe::cache_dir},
+      {"max_bad_fraction", &Recipe::max_bad_fraction},
       {"log_interval", &Recipe::log_interval},
       {"eval_interval", &Recipe::eval_interval},
   };
@@ -317,6 +323,8 @@ void validate_recipe(const Recipe& r, const Where& w) {
           "{}: key 'save_interval' is set but 'checkpoint_dir' is not", w.of("save_interval"));
   require(r.save_interval >= 0, "{}: key 'save_interval' must not be negative", w.of("save_interval"));
   non_negative(r.memory_pool_size, "memory_pool_size");
+  require(r.max_bad_fraction >= 0 && r.max_bad_fraction <= 1, "{}: key 'max_bad_fraction' must be in [0, 1], got {}",
+          w.of("max_bad_fraction"), r.max_bad_fraction);
   require(!r.output_dir.empty(), "{}: key 'output_dir' must not be empty", w.of("output_dir"));
   if (r.model_config) {
     const auto& m = *r.model_config;
@@ -348,7 +356,23 @@ Recipe parse_recipe(const std::string& text, const std::string& source, const st
 }
 
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
-  return parse_recipe(read_file(path), path, overrides);
+  Recipe r = parse_recipe(read_file(path), path, overrides);
+  // Which keys the overrides set: those are relative to the current directory.
+  std::set<std::string> from_command_line;
+  for (const auto& kv : overrides) from_command_line.insert(kv.substr(0, kv.find('=')));
+  const fs::path recipe_dir = fs::absolute(path).parent_path();
+  for (auto [key, value] : {std::pair{"model_name", &r.model_name},
+                            {"data_path", &r.data_path},
+                            {"eval_data_path", &r.eval_data_path},
+                            {"tokenizer", &r.tokenizer},
+                            {"output_dir", &r.output_dir},
+                            {"checkpoint_dir", &r.checkpoint_dir},
+                            {"cache_dir", &r.cache_dir}}) {
+    if (value->empty() || fs::path(*value).is_absolute()) continue;
+    const fs::path base = from_command_line.count(key) ? fs::current_path() : recipe_dir;
+    *value = (base / *value).lexically_normal().string();
+  }
+  return r;
 }
 
 std::string toml_quote(const std::string& s) {

@@ -75,6 +75,11 @@ struct Recipe {
   int64_t save_interval = 0;
   bool async_save = false;
   std::string output_dir = "output";
+  // Where raw JSONL is prepared into shards: "" = <directory of data_path>/.keel-cache.
+  std::string cache_dir;
+  // Bad records (invalid JSON, missing fields, ids out of range) tolerated in the training data,
+  // as a fraction of its records; above it, preparation stops and lists them.
+  double max_bad_fraction = 0.01;
   int64_t keep_last_n = 3;          // training-state checkpoints kept (older ones deleted)
   bool fail_on_save_error = false;  // false: a failed save is reported and retried at the next interval
   int64_t log_interval = 1;
@@ -84,6 +89,11 @@ struct Recipe {
   std::string source;  // path of the recipe file (for messages)
 };
 
+// Paths in a recipe file (model_name, data_path, eval_data_path, tokenizer, output_dir,
+// checkpoint_dir, cache_dir) are relative to the file's directory, so a recipe works from
+// wherever keel runs; paths given with --set are relative to the current directory, as the shell
+// the user typed them in. load_recipe makes both absolute: the resolved recipe a checkpoint stores
+// means the same from anywhere.
 // Parses a recipe file; `overrides` are "key=value" strings applied after the file (--set),
 // with values in TOML syntax (strings may be bare). Validates every field and their combinations.
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});

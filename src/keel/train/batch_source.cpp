@@ -258,6 +258,8 @@ std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const ru
   q.pad_id = o.pad_id;
   q.packing = r.packing == "pack" ? data::Packing::pack : data::Packing::pad;
   q.chat_template = r.chat_template;
+  q.cache_dir = r.cache_dir;
+  q.max_bad_fraction = r.max_bad_fraction;
   if (r.data_pipeline == "on_the_fly") return std::make_unique<OnTheFlySource>(q, o, log);
   const std::string dir = data::resolve_training_data(q, &log);
   // Raw JSONL: the data is identified by its content and settings, whichever pipeline reads it.

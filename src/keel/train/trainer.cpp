@@ -110,8 +110,8 @@ class Trainer {
     if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
       refuse_mixing_runs(r.checkpoint_dir, options);
       if (int removed = checkpoint::clean_incomplete_checkpoints(r.checkpoint_dir))
-        fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save\n", removed,
-                   r.checkpoint_dir);
+        fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save or deletion\n",
+                   removed, r.checkpoint_dir);
       checkpoints_ = std::make_unique<checkpoint::CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
       // A ZeRO-1 save gathers the moments into a snapshot only when it is asynchronous; a
       // synchronous one writes them as they arrive.
@@ -159,16 +159,23 @@ class Trainer {
       if (!r_.checkpoint_dir.empty() &&
           (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0))) {
         comm_.set_wait_context(save_wait_context(step));  // cleared by the next step's first collective
-        save_checkpoint(m, progress);
+        save_checkpoint(checkpoints_.get(), m, progress);
       }
+      // No checkpoint_dir: an interrupted run's work is kept in output_dir/interrupted/ all the same.
+      std::string saved_to;
+      if (interrupted && r_.checkpoint_dir.empty()) saved_to = save_interrupted(m, progress);
       if (metrics) metrics->write(m);
       result.summary.add_step(m);
       progress.step(m, seconds_since(start));
       if (interrupted) {
         result.interrupted = true;
         result.interrupt_signal = InterruptGuard::signal_number();  // 0 for --stop-after
-        progress.message(fmt::format("keel: interrupted after step {} of {}{}", step, max_steps_,
-                                     checkpoints_ ? "; resume with --resume auto" : ""));
+        progress.message(fmt::format(
+            "keel: interrupted after step {} of {}; {}", step, max_steps_,
+            checkpoints_ ? fmt::format("resume with: {} --resume auto", train_command())
+            : saved_to.empty()
+                ? std::string("nothing saved: writing the checkpoint failed (above)")
+                : fmt::format("saved to {}; resume with: {} --resume {}", saved_to, train_command(), saved_to)));
         break;
       }
     }
@@ -177,8 +184,10 @@ class Trainer {
       const std::string failure = checkpoints_->wait();
       require(failure.empty() || !r_.fail_on_save_error, "the last checkpoint save failed: {}", failure);
       if (!failure.empty()) fmt::print(log_, "warning: the last checkpoint save failed: {}\n", failure);
+      for (const auto& note : checkpoints_->take_notes()) fmt::print(log_, "keel: {}\n", note);
     }
     finish(result);
+    if (checkpoints_) require_saves_succeeded(checkpoints_->record());
     return result;
   }
 
@@ -204,7 +213,7 @@ class Trainer {
 
   void resume(const std::string& request) {
     if (request.empty()) return;
-    std::string path = request;
+    std::string path = request == "auto" ? request : checkpoint::checkpoint_step_dir(request);
     if (request == "auto") {
       require(!r_.checkpoint_dir.empty(), "{}: --resume auto needs 'checkpoint_dir' in the recipe", r_.source);
       path = checkpoint::latest_checkpoint(r_.checkpoint_dir);
@@ -213,11 +222,30 @@ class Trainer {
         return;
       }
     }
-    const checkpoint::TrainingState saved = checkpoint::load_checkpoint(path, decoder_.params());
+    checkpoint::TrainingState saved;
+    try {
+      saved = checkpoint::load_checkpoint(path, decoder_.params());
+    } catch (const Error& e) {
+      if (request != "auto") throw;
+      // The latest is corrupt: say which one a resume can use instead.
+      const std::string intact = checkpoint::newest_intact_checkpoint(r_.checkpoint_dir);
+      fail("{}; {}", e.what(),
+           intact.empty()
+               ? fmt::format("no checkpoint in {} is intact", r_.checkpoint_dir)
+               : fmt::format("the newest intact checkpoint is {}: resume from it with --resume {}", intact, intact));
+    }
     require(saved.model_fingerprint == state_.model_fingerprint,
             "{}: the checkpoint was written for a different model (architecture or sizes changed)", path);
-    require(saved.data_fingerprint == state_.data_fingerprint,
-            "{}: the checkpoint was written for different training data ({} changed)", path, r_.data_path);
+    if (saved.data_fingerprint != state_.data_fingerprint) {
+      require(options_.resume_with_new_data,
+              "{}: the checkpoint was written for different training data ({} changed). To continue on the new data, "
+              "add --resume-with-new-data",
+              path, r_.data_path);
+      fmt::print(log_,
+                 "note: the training data changed since {} ({}); --resume-with-new-data: step {} on reads what the "
+                 "new data's order puts at that step, as if the run had trained on it from the start\n",
+                 path, r_.data_path, saved.step + 1);
+    }
     require(
         saved.compat_fingerprint == state_.compat_fingerprint || saved.compat_fingerprint == compat_fingerprint_v1(r_),
         "{}: the recipe changed in a key that decides the batches (dtype, max_seq_len, batch_size, seed, "
@@ -226,17 +254,42 @@ class Trainer {
         path);
     require(saved.step <= max_steps_, "{}: the checkpoint is at step {}, past max_steps = {}", path, saved.step,
             max_steps_);
-    if (saved.recipe_hash != state_.recipe_hash)
+    if (saved.recipe_hash != state_.recipe_hash) {
       fmt::print(log_,
                  "note: the recipe differs from the one that wrote {} (allowed keys such as max_steps, "
                  "logging or save_interval)\n",
                  path);
+      note_schedule_change(path, saved.step);
+    }
     state_.step = saved.step;
     state_.samples_consumed = saved.samples_consumed;
     // At max_steps with the final model written, the run is finished: nothing to do. Without it (the
     // save of final/ failed, e.g. on a full disk) the resume goes on to write it.
     already_complete_ = saved.step == max_steps_ && path_exists(r_.output_dir + "/final/config.json");
     if (!already_complete_) fmt::print(log_, "keel: resumed from {} at step {}\n", path, saved.step);
+  }
+
+  // A changed max_steps, learning rate, scheduler or warmup moves the learning rate at the resume
+  // step (a raised max_steps stretches a cosine decay): say so with both rates, rather than let the
+  // loss curve jump without a word.
+  void note_schedule_change(const std::string& checkpoint, int64_t step) {
+    const std::string saved_recipe = checkpoint::checkpoint_step_dir(checkpoint) + "/recipe.toml";
+    if (!path_exists(saved_recipe)) return;
+    run::Recipe before;
+    try {
+      before = run::parse_recipe(read_file(saved_recipe), saved_recipe);
+    } catch (const Error&) {
+      return;  // written by another keel version: the general note above stands
+    }
+    const LrSchedule old{before.lr_scheduler, before.learning_rate, before.warmup_steps,
+                         before.max_steps > 0 ? before.max_steps : max_steps_};
+    const double was = old.lr_for_step(step + 1), now = schedule_.lr_for_step(step + 1);
+    if (was == now) return;
+    fmt::print(log_,
+               "note: the learning-rate schedule changed (max_steps {} -> {}, learning_rate {} -> {}, {} -> {}): "
+               "step {} trains at {:.4g} instead of {:.4g}\n",
+               old.total_steps, max_steps_, before.learning_rate, r_.learning_rate, before.lr_scheduler,
+               r_.lr_scheduler, step + 1, now, was);
   }
 
   // A fresh run must not write its checkpoints between another run's (their steps interleave and
@@ -254,15 +307,38 @@ class Trainer {
     fmt::print(log_, "keel: --overwrite: removed {} checkpoint(s) of the earlier run from {}\n", removed, dir);
   }
 
-  // Rank 0 writes the checkpoint. Under ZeRO-1 every rank takes part: the others send rank 0 their
-  // shards of the moments, which it writes as they arrive (synchronous saves) or gathers into the
-  // snapshot an asynchronous save writes from.
-  void save_checkpoint(report::StepMetrics& m, report::Progress& progress) {
-    if (!checkpoints_) {
-      if (!zero_shards_.empty()) send_moments();
-      return;
+  // `keel train RECIPE [--set ...]` as this run was started, for the resume commands keel prints.
+  std::string train_command() const {
+    std::string command = "keel train " + r_.source;
+    for (const auto& o : options_.overrides) command += " --set " + o;
+    return command;
+  }
+
+  // Interrupted without a checkpoint_dir: one synchronous checkpoint into output_dir/interrupted
+  // (every rank takes part, as in any save). Returns that directory on rank 0 when the save
+  // succeeded, "" otherwise.
+  std::string save_interrupted(report::StepMetrics& m, report::Progress& progress) {
+    const std::string dir = r_.output_dir + "/interrupted";
+    std::unique_ptr<checkpoint::CheckpointWriter> writer;
+    if (comm_.rank() == 0) {
+      checkpoint::remove_checkpoints(dir);  // an earlier interruption's: this one supersedes it
+      writer = std::make_unique<checkpoint::CheckpointWriter>(dir, /*keep_last_n=*/1, /*async=*/false);
+      writer->prepare(decoder_.params(), /*snapshot=*/false);
     }
-    const std::string failure = checkpoints_->take_failure();
+    const bool saved = save_checkpoint(writer.get(), m, progress);
+    return saved && writer ? dir : "";
+  }
+
+  // Rank 0 writes the checkpoint through `writer`. Under ZeRO-1 every rank takes part: the others
+  // send rank 0 their shards of the moments, which it writes as they arrive (synchronous saves) or
+  // gathers into the snapshot an asynchronous save writes from. Returns whether rank 0's save went
+  // through (or was queued, when asynchronous).
+  bool save_checkpoint(checkpoint::CheckpointWriter* writer, report::StepMetrics& m, report::Progress& progress) {
+    if (!writer) {
+      if (!zero_shards_.empty()) send_moments();
+      return false;
+    }
+    const std::string failure = writer->take_failure();
     if (!failure.empty()) {
       require(!r_.fail_on_save_error, "checkpoint save failed: {}", failure);
       progress.message(fmt::format("warning: the previous checkpoint save failed ({}); retrying now", failure));
@@ -274,16 +350,16 @@ class Trainer {
     try {
       checkpoint::SaveStats stats;
       if (!shards) {
-        stats = checkpoints_->save(params, state_, run::recipe_to_toml(r_));
-      } else if (r_.async_save) {
-        stats = checkpoints_->save_snapshot(params.params(), params.total(), state_, run::recipe_to_toml(r_),
-                                            [&](float* weights, float* first, float* second) {
-                                              std::copy_n(params.weights(), params.total(), weights);
-                                              shards->read_all(0, first);
-                                              shards->read_all(1, second);
-                                            });
+        stats = writer->save(params, state_, run::recipe_to_toml(r_));
+      } else if (r_.async_save && writer == checkpoints_.get()) {
+        stats = writer->save_snapshot(params.params(), params.total(), state_, run::recipe_to_toml(r_),
+                                      [&](float* weights, float* first, float* second) {
+                                        std::copy_n(params.weights(), params.total(), weights);
+                                        shards->read_all(0, first);
+                                        shards->read_all(1, second);
+                                      });
       } else {
-        stats = checkpoints_->save_streamed(
+        stats = writer->save_streamed(
             params.params(), params.weights(),
             [&](int which, int64_t begin, int64_t max_count, int64_t* n) {
               return shards->read(which, begin, max_count, n);
@@ -292,6 +368,9 @@ class Trainer {
       }
       if (shards) shards->drain();
       m.checkpoint_s = stats.blocked_s;
+      m.step_time_s += m.checkpoint_s;
+      for (const auto& note : writer->take_notes()) progress.message("keel: " + note);
+      return true;
     } catch (const Error& e) {
       if (shards) shards->drain();  // the other ranks are still sending: let them finish
       require(!r_.fail_on_save_error, "checkpoint save failed: {}", e.what());
@@ -303,7 +382,22 @@ class Trainer {
       if (shards) shards->drain();
       throw;
     }
-    m.step_time_s += m.checkpoint_s;
+    return false;
+  }
+
+  // A run whose checkpoints all failed, or whose last kFailedSavesAtEnd did, must not exit 0 as
+  // if its work were safe (the final model is written first: it is kept whatever happens here).
+  static constexpr int64_t kFailedSavesAtEnd = 3;
+  void require_saves_succeeded(const checkpoint::SaveRecord& s) {
+    if (s.attempted == 0 || (s.failed < s.attempted && s.failed_in_a_row < kFailedSavesAtEnd)) return;
+    const std::string newest =
+        s.last_saved_step < 0 ? "none was written" : fmt::format("the newest is of step {}", s.last_saved_step);
+    fmt::print(log_, "keel: {} of {} checkpoint saves failed, the last {} in a row; {}\n", s.failed, s.attempted,
+               s.failed_in_a_row, newest);
+    fail(
+        "{} of {} checkpoint saves into {} failed (the last {} in a row; {}): the run's state is not safe to "
+        "resume from. Free space or choose another checkpoint_dir",
+        s.failed, s.attempted, r_.checkpoint_dir, s.failed_in_a_row, newest);
   }
 
   // For the timeout error of the waits after a save: the other ranks wait while rank 0 writes.

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "keel/run/recipe.h"
 #include "keel/report/summary.h"
@@ -17,6 +18,12 @@ struct TrainOptions {
   // A fresh run (no resume) into a checkpoint_dir that holds another run's checkpoints: refused
   // unless this is set, which deletes them first.
   bool overwrite = false;
+  // The training data changed since the checkpoint (its fingerprint differs): continue anyway. The
+  // batches stay a function of the step number, so step s reads what the new data's order puts at
+  // step s, as if the run had trained on the new data from the start.
+  bool resume_with_new_data = false;
+  // The command line's --set overrides, repeated in the resume commands keel prints.
+  std::vector<std::string> overrides;
 };
 
 struct TrainResult {
