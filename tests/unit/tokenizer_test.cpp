@@ -290,6 +290,40 @@ TEST(HfTokenizerJson, MergesAsPairsAndIgnoreMerges) {
   EXPECT_EQ(plain.encode("abcab"), (std::vector<int32_t>{258, 256}));
 }
 
+// SentencePiece-style BPE as Llama 2 ships it: no ByteLevel anywhere, tokens in plain UTF-8 with
+// U+2581 for the space, Prepend + Replace normalizers, byte fallback for characters without a
+// token, and the Replace / ByteFallback / Fuse / Strip decoder chain. (The real Llama 2, Gemma 3
+// and Gemini directories are compared with the Rust tokenizers library by
+// tests/reference/tokenizer_native.py.)
+TEST(HfTokenizerJson, SentencePieceStyleBpe) {
+  std::string vocab = R"("<unk>": 0, "<s>": 1, "\u2581": 2, "a": 3, "b": 4, "\u2581a": 5, "\u2581ab": 6)";
+  for (int b = 0; b < 256; ++b) vocab += fmt::format(R"(, "<0x{:02X}>": {})", b, 7 + b);
+  const std::string json = fmt::format(R"({{
+    "added_tokens": [{{"id": 1, "content": "<s>", "special": true}}],
+    "normalizer": {{"type": "Sequence", "normalizers": [
+      {{"type": "Prepend", "prepend": "\u2581"}},
+      {{"type": "Replace", "pattern": {{"String": " "}}, "content": "\u2581"}}]}},
+    "pre_tokenizer": null,
+    "decoder": {{"type": "Sequence", "decoders": [
+      {{"type": "Replace", "pattern": {{"String": "\u2581"}}, "content": " "}},
+      {{"type": "ByteFallback"}}, {{"type": "Fuse"}},
+      {{"type": "Strip", "content": " ", "start": 1, "stop": 0}}]}},
+    "model": {{"type": "BPE", "unk_token": "<unk>", "fuse_unk": true, "byte_fallback": true,
+              "vocab": {{{}}}, "merges": ["\u2581 a", "\u2581a b"]}}}})",
+                                       vocab);
+  const Tokenizer tok = hf_tokenizer_from_json(json, "sp.json");
+  // "ab a" -> "\u2581ab\u2581a"; "\u00e9" has no token: its two bytes' fallback tokens.
+  EXPECT_EQ(tok.encode("ab a"), (std::vector<int32_t>{6, 5}));
+  EXPECT_EQ(tok.encode("a\xC3\xA9"), (std::vector<int32_t>{5, 7 + 0xC3, 7 + 0xA9}));
+  // Each stretch between added tokens is normalized on its own: the Prepend comes back after <s>.
+  EXPECT_EQ(tok.encode("a<s>b"), (std::vector<int32_t>{5, 1, 2, 4}));
+  EXPECT_EQ(tok.decode(tok.encode("ab a\xC3\xA9")), "ab a\xC3\xA9");           // the leading space stripped
+  EXPECT_EQ(tok.decode(std::vector<int32_t>{7 + 0xC3, 5}), "\xEF\xBF\xBD a");  // a lone byte: U+FFFD
+  EXPECT_EQ(tok.token_to_id("\xE2\x96\x81"
+                            "ab"),
+            6);  // split: a hex escape would swallow "ab"
+}
+
 TEST(HfTokenizerJson, BadFilesNameThePlace) {
   const std::string ok_rest = kByteLevelDecoder;
   expect_error([] { hf_tokenizer_from_json("{not json", "bad.json"); }, "bad.json: not valid JSON");
@@ -304,8 +338,13 @@ TEST(HfTokenizerJson, BadFilesNameThePlace) {
   expect_error(
       [&] { hf_tokenizer_from_json(tokenizer_json({}, {}, R"("decoder": {"type": "Metaspace"})"), "bad.json"); },
       "decoder 'Metaspace' is not supported");
-  expect_error([&] { hf_tokenizer_from_json(tokenizer_json({}, {}, R"("decoder": null)"), "bad.json"); },
-               "keel reads byte-level BPE tokenizers only");
+  expect_error(
+      [&] {
+        hf_tokenizer_from_json(
+            tokenizer_json({}, {}, R"("normalizer": {"type": "Replace", "pattern": {"Regex": " +"}, "content": "_"})"),
+            "bad.json");
+      },
+      "normalizer.pattern: a Replace normalizer with a Regex pattern is not supported");
   expect_error(
       [&] {
         hf_tokenizer_from_json(tokenizer_json({}, {}, ok_rest + R"(, "pre_tokenizer": {"type": "Whitespace"})"),

@@ -174,6 +174,7 @@ BytePairModel BytePairModel::from_ranks(std::vector<std::string> tokens, std::st
     }
   }
   model.options_.ignore_merges = true;
+  std::fill(std::begin(model.fallback_ids_), std::end(model.fallback_ids_), -1);  // byte-level: never needed
   return model;
 }
 
@@ -197,6 +198,8 @@ BytePairModel BytePairModel::from_merges(const std::vector<std::pair<std::string
     model.add_merge(left, right, {uint32_t(rank), *merged});
   }
   model.options_ = options;
+  for (int b = 0; b < 256; ++b)
+    model.fallback_ids_[b] = options.byte_fallback ? model.find(fmt::format("<0x{:02X}>", b)).value_or(-1) : -1;
   return model;
 }
 
@@ -230,10 +233,40 @@ void BytePairModel::encode(std::string_view piece, std::vector<int32_t>& out) co
   entry.ids.assign(out.begin() + begin, out.end());
 }
 
+// A character without a token, as Hugging Face's BPE does: its bytes' "<0xXX>" tokens when the
+// model falls back to bytes and has all of them, else unk (fused with an unk before it), else
+// nothing.
+void BytePairModel::push_unknown(std::string_view bytes, std::vector<int32_t>& symbols) const {
+  if (options_.byte_fallback) {
+    bool all = true;
+    for (unsigned char c : bytes) all = all && fallback_ids_[c] >= 0;
+    if (all) {
+      for (unsigned char c : bytes) symbols.push_back(fallback_ids_[c]);
+      return;
+    }
+  }
+  if (!options_.unk_id) return;
+  if (options_.fuse_unk && !symbols.empty() && symbols.back() == *options_.unk_id) return;
+  symbols.push_back(*options_.unk_id);
+}
+
 void BytePairModel::encode_uncached(std::string_view piece, std::vector<int32_t>& out) const {
   thread_local std::vector<int32_t> symbols;
   symbols.clear();
-  for (unsigned char c : piece) {
+  if (options_.char_level) {
+    // One symbol per UTF-8 character (the text was checked to be valid UTF-8).
+    for (size_t i = 0; i < piece.size();) {
+      const unsigned char lead = static_cast<unsigned char>(piece[i]);
+      const size_t length = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+      const std::string_view character = piece.substr(i, length);
+      if (auto id = find(character))
+        symbols.push_back(*id);
+      else
+        push_unknown(character, symbols);
+      i += length;
+    }
+  }
+  for (unsigned char c : options_.char_level ? std::string_view() : piece) {
     int32_t id = byte_ids_[c];
     if (id < 0) {
       // Hugging Face BPE: an unknown symbol becomes unk_token, or vanishes when there is none.

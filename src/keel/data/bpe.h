@@ -27,6 +27,12 @@ class BytePairModel {
     bool ignore_merges = false;     // emit a piece that is in the vocabulary whole, before merging
     std::optional<int32_t> unk_id;  // the symbol for a byte without a token (else the byte is dropped)
     bool fuse_unk = false;          // consecutive unknown bytes become one unk
+    // SentencePiece-style BPE (Llama 2, Gemma, Mistral): a piece starts as one symbol per UTF-8
+    // character, not per byte, and the vocabulary spells tokens in plain UTF-8 (with U+2581 for
+    // the space). A character without a token becomes its bytes' "<0xXX>" tokens with
+    // `byte_fallback`, else unk.
+    bool char_level = false;
+    bool byte_fallback = false;
   };
 
   // tiktoken: tokens[rank] holds the bytes of the token with that rank (= id). Every one of the
@@ -65,6 +71,7 @@ class BytePairModel {
   void build_token_table(std::string_view origin);
   void add_merge(int32_t left, int32_t right, Merge merge);
   void encode_uncached(std::string_view piece, std::vector<int32_t>& out) const;
+  void push_unknown(std::string_view bytes, std::vector<int32_t>& symbols) const;
   void merge_short(std::vector<int32_t>& symbols) const;
   void merge_long(std::vector<int32_t>& symbols, std::vector<int32_t>& out) const;
 
@@ -86,6 +93,7 @@ class BytePairModel {
   size_t token_count_ = 0;
   size_t merge_count_ = 0;
   int32_t byte_ids_[256];
+  int32_t fallback_ids_[256];  // byte_fallback: the id of "<0xXX>" for each byte, -1 if none
   MergeOptions options_;
   uint64_t cache_owner_ = 0;  // distinguishes this model's entries in the per-thread piece cache
 };

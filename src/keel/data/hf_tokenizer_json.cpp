@@ -84,18 +84,37 @@ std::optional<NormalizationForm> normalization_form(std::string_view type) {
   return std::nullopt;
 }
 
-void read_normalizer(const Reader& r, element e, std::string_view where, std::vector<NormalizationForm>& out) {
+// A Replace step's {"String": ...} pattern (a {"Regex": ...} one is refused, naming it).
+std::string literal_pattern(const Reader& r, object o, std::string_view where, std::string_view what) {
+  const std::string at = fmt::format("{}.pattern", where);
+  object pattern = r.as_object(r.required(o, "pattern", where), at);
+  if (auto literal = r.member(pattern, "String")) return std::string(r.as_string(*literal, at + ".String"));
+  fail("{}: {}: a {} with a Regex pattern is not supported (keel reads String patterns)", r.origin(), at, what);
+}
+
+void read_normalizer(const Reader& r, element e, std::string_view where, std::vector<NormalizerStep>& out) {
   object o = r.as_object(e, where);
   std::string_view type = r.type_of(o, where);
+  NormalizerStep step;
   if (auto form = normalization_form(type)) {
-    out.push_back(*form);
+    step.form = *form;
+    out.push_back(step);
+  } else if (type == "Prepend") {
+    step.kind = NormalizerStep::Kind::prepend;
+    step.text = r.as_string(r.required(o, "prepend", where), fmt::format("{}.prepend", where));
+    out.push_back(step);
+  } else if (type == "Replace") {
+    step.kind = NormalizerStep::Kind::replace;
+    step.text = literal_pattern(r, o, where, "Replace normalizer");
+    step.content = r.as_string(r.required(o, "content", where), fmt::format("{}.content", where));
+    out.push_back(step);
   } else if (type == "Sequence") {
     size_t i = 0;
     for (element n : r.as_array(r.required(o, "normalizers", where), fmt::format("{}.normalizers", where)))
       read_normalizer(r, n, fmt::format("{}.normalizers[{}]", where, i++), out);
   } else {
-    fail("{}: {}: normalizer '{}' is not supported (keel reads NFC, NFD, NFKC, NFKD and Sequence)", r.origin(), where,
-         type);
+    fail("{}: {}: normalizer '{}' is not supported (keel reads NFC, NFD, NFKC, NFKD, Prepend, Replace and Sequence)",
+         r.origin(), where, type);
   }
 }
 
@@ -208,17 +227,38 @@ void read_post_processor(const Reader& r, element e, std::string_view where, Tok
   }
 }
 
-void read_decoder(const Reader& r, element e, std::string_view where, bool& byte_level) {
+void read_decoder(const Reader& r, element e, std::string_view where, bool& byte_level, std::vector<DecoderStep>& out) {
   object o = r.as_object(e, where);
   std::string_view type = r.type_of(o, where);
+  DecoderStep step;
   if (type == "ByteLevel") {
     byte_level = true;
   } else if (type == "Sequence") {
     size_t i = 0;
     for (element d : r.as_array(r.required(o, "decoders", where), fmt::format("{}.decoders", where)))
-      read_decoder(r, d, fmt::format("{}.decoders[{}]", where, i++), byte_level);
+      read_decoder(r, d, fmt::format("{}.decoders[{}]", where, i++), byte_level, out);
+  } else if (type == "Replace") {
+    step.kind = DecoderStep::Kind::replace;
+    step.text = literal_pattern(r, o, where, "Replace decoder");
+    step.content = r.as_string(r.required(o, "content", where), fmt::format("{}.content", where));
+    out.push_back(step);
+  } else if (type == "ByteFallback") {
+    step.kind = DecoderStep::Kind::byte_fallback;
+    out.push_back(step);
+  } else if (type == "Fuse") {
+    step.kind = DecoderStep::Kind::fuse;
+    out.push_back(step);
+  } else if (type == "Strip") {
+    step.kind = DecoderStep::Kind::strip;
+    step.text = r.as_string(r.required(o, "content", where), fmt::format("{}.content", where));
+    step.start = size_t(r.as_int(r.required(o, "start", where), fmt::format("{}.start", where)));
+    step.stop = size_t(r.as_int(r.required(o, "stop", where), fmt::format("{}.stop", where)));
+    out.push_back(step);
   } else {
-    fail("{}: {}: decoder '{}' is not supported (keel reads byte-level BPE: ByteLevel)", r.origin(), where, type);
+    fail(
+        "{}: {}: decoder '{}' is not supported (keel reads ByteLevel, Replace, ByteFallback, Fuse, Strip and "
+        "Sequence)",
+        r.origin(), where, type);
   }
 }
 
@@ -282,11 +322,11 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
   if (auto pre = r.member(root, "pre_tokenizer"))
     read_pre_tokenizer(r, *pre, "pre_tokenizer", parts.pre_tokenizer, byte_level);
   if (auto post = r.member(root, "post_processor")) read_post_processor(r, *post, "post_processor", parts);
-  if (auto decoder = r.member(root, "decoder")) read_decoder(r, *decoder, "decoder", byte_level);
-  require(byte_level,
-          "{}: neither the pre-tokenizer nor the decoder is ByteLevel: keel reads byte-level BPE "
-          "tokenizers only",
-          origin);
+  if (auto decoder = r.member(root, "decoder")) read_decoder(r, *decoder, "decoder", byte_level, parts.decoders);
+  // Without ByteLevel anywhere this is SentencePiece-style BPE (Llama 2, Gemma, Mistral): tokens
+  // are spelled in plain UTF-8, a piece starts as characters, and the decoder chain runs.
+  parts.byte_level_names = byte_level;
+  if (byte_level) parts.decoders.clear();  // ByteLevel decodes to the tokens' bytes
 
   object model = r.as_object(r.required(root, "model", "the top level"), "model");
   if (auto type = r.member(model, "type")) {
@@ -321,6 +361,10 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
             id_limit, vocab_entries, parts.added_tokens.size());
     require(id_of_spelling.emplace(spelling, int32_t(id)).second, "{}: {} appears twice", origin, at);
     bytes.clear();
+    if (!byte_level) {
+      vocab.emplace_back(std::string(spelling), int32_t(id));
+      continue;
+    }
     if (!bytes_from_byte_level(spelling, bytes)) {
       // Added tokens may sit in the vocabulary with their plain spelling; their content encodes them.
       require(added_ids.count(int32_t(id)), "{}: {}: not in the byte-level alphabet (keel reads byte-level BPE)",
@@ -361,6 +405,8 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
   BytePairModel::MergeOptions options;
   options.ignore_merges = r.flag(model, "ignore_merges", false, "model");
   options.fuse_unk = r.flag(model, "fuse_unk", false, "model");
+  options.char_level = !byte_level;
+  options.byte_fallback = r.flag(model, "byte_fallback", false, "model");
   if (auto unk = r.member(model, "unk_token")) {
     std::string_view name = r.as_string(*unk, "model.unk_token");
     auto found = id_of_spelling.find(name);

@@ -67,6 +67,97 @@ std::string normalize(std::string_view text, NormalizationForm form) {
   return out;
 }
 
+void replace_all(std::string& s, std::string_view from, std::string_view to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t pos = 0;
+  for (size_t at; (at = s.find(from, pos)) != std::string::npos; pos = at + from.size())
+    out.append(s, pos, at - pos).append(to);
+  if (pos == 0) return;
+  out.append(s, pos, std::string::npos);
+  s = std::move(out);
+}
+
+void apply(const NormalizerStep& step, std::string& s) {
+  switch (step.kind) {
+    case NormalizerStep::Kind::unicode: s = normalize(s, step.form); return;
+    case NormalizerStep::Kind::prepend:
+      if (!s.empty()) s.insert(0, step.text);
+      return;
+    case NormalizerStep::Kind::replace: replace_all(s, step.text, step.content); return;
+  }
+}
+
+// "<0xXX>" (SentencePiece's byte tokens): the byte, or -1.
+int fallback_byte(std::string_view token) {
+  if (token.size() != 6 || token.substr(0, 3) != "<0x" || token[5] != '>') return -1;
+  int value = 0;
+  for (char c : token.substr(3, 2)) {
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (digit < 0) return -1;
+    value = value * 16 + digit;
+  }
+  return value;
+}
+
+// The number of leading (or trailing) characters `c` of `s`, at most `limit`.
+size_t run_of(std::string_view s, std::string_view c, size_t limit, bool from_end) {
+  size_t n = 0;
+  while (n < limit && !c.empty() && s.size() >= (n + 1) * c.size() &&
+         s.substr(from_end ? s.size() - (n + 1) * c.size() : n * c.size(), c.size()) == c)
+    ++n;
+  return n;
+}
+
+void apply(const DecoderStep& step, std::vector<std::string>& tokens) {
+  switch (step.kind) {
+    case DecoderStep::Kind::replace:
+      for (auto& t : tokens) replace_all(t, step.text, step.content);
+      return;
+    case DecoderStep::Kind::byte_fallback: {
+      std::vector<std::string> out;
+      std::string bytes;
+      size_t run = 0;  // byte tokens in `bytes`
+      auto flush = [&] {
+        if (run == 0) return;
+        if (find_invalid_utf8(bytes) == std::string_view::npos)
+          out.push_back(bytes);
+        else
+          for (size_t i = 0; i < run; ++i) out.emplace_back("\xEF\xBF\xBD");  // U+FFFD per byte token
+        bytes.clear();
+        run = 0;
+      };
+      for (auto& t : tokens) {
+        const int b = fallback_byte(t);
+        if (b >= 0) {
+          bytes.push_back(char(b));
+          ++run;
+        } else {
+          flush();
+          out.push_back(std::move(t));
+        }
+      }
+      flush();
+      tokens = std::move(out);
+      return;
+    }
+    case DecoderStep::Kind::fuse: {
+      std::string all;
+      for (const auto& t : tokens) all += t;
+      tokens.assign(1, std::move(all));
+      return;
+    }
+    case DecoderStep::Kind::strip:
+      for (auto& t : tokens) {
+        const size_t head = run_of(t, step.text, step.start, false) * step.text.size();
+        t.erase(0, head);
+        const size_t tail = run_of(t, step.text, step.stop, true) * step.text.size();
+        t.erase(t.size() - tail);
+      }
+      return;
+  }
+}
+
 // One split step over one piece (Hugging Face's NormalizedString::split).
 void split_piece(std::string_view piece, const PreTokenizerStep& step, std::vector<std::string_view>& out) {
   thread_local std::vector<std::tuple<size_t, size_t, bool>> parts;
@@ -248,7 +339,7 @@ void Tokenizer::encode_segment(std::string_view text, bool normalized_pass, std:
       return;
     }
     std::string normalized(segment);
-    for (NormalizationForm form : parts_.normalizers) normalized = normalize(normalized, form);
+    for (const NormalizerStep& step : parts_.normalizers) apply(step, normalized);
     if (has_normalized_added_)
       encode_segment(normalized, true, out, options);
     else
@@ -294,6 +385,7 @@ void Tokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& o
 }
 
 std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  if (!parts_.decoders.empty()) return decode_chain(ids, skip_special_tokens);
   std::string text;
   text.reserve(ids.size() * 4);
   for (int32_t id : ids) {
@@ -307,6 +399,28 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
     require(!bytes.empty(), "cannot decode id {}: no token has it (vocabulary size {})", id, vocab_size_);
     text += bytes;
   }
+  return text;
+}
+
+// Hugging Face's decode for tokenizers with a decoder chain (SentencePiece-style): each id's string
+// (an added token's content, else its vocabulary spelling), then each step over the list.
+std::string Tokenizer::decode_chain(std::span<const int32_t> ids, bool skip_special_tokens) const {
+  std::vector<std::string> tokens;
+  tokens.reserve(ids.size());
+  for (int32_t id : ids) {
+    auto added = added_by_id_.find(id);
+    if (added != added_by_id_.end()) {
+      const AddedToken& t = parts_.added_tokens[added->second];
+      if (!(skip_special_tokens && t.special)) tokens.push_back(t.content);
+      continue;
+    }
+    std::string_view bytes = parts_.model.token_bytes(id);
+    require(!bytes.empty(), "cannot decode id {}: no token has it (vocabulary size {})", id, vocab_size_);
+    tokens.emplace_back(bytes);
+  }
+  for (const DecoderStep& step : parts_.decoders) apply(step, tokens);
+  std::string text;
+  for (const auto& t : tokens) text += t;
   return text;
 }
 

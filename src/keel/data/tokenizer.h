@@ -36,6 +36,32 @@ struct AddedToken {
 
 enum class NormalizationForm { nfc, nfd, nfkc, nfkd };
 
+// One step of tokenizer.json's normalizer, applied to each stretch of text between added tokens.
+struct NormalizerStep {
+  enum class Kind {
+    unicode,  // `form`
+    prepend,  // `text` before a non-empty string (SentencePiece's leading "\u2581")
+    replace,  // every `text` by `content` (" " -> "\u2581")
+  };
+  Kind kind = Kind::unicode;
+  NormalizationForm form = NormalizationForm::nfc;
+  std::string text, content;
+};
+
+// One step of tokenizer.json's decoder chain, applied to the tokens' strings in order (Hugging
+// Face's decode_chain). Byte-level tokenizers have none: their tokens are the bytes.
+struct DecoderStep {
+  enum class Kind {
+    replace,        // every `text` by `content` in each token ("\u2581" -> " ")
+    byte_fallback,  // runs of "<0xXX>" tokens -> their bytes (U+FFFD each when not valid UTF-8)
+    fuse,           // all tokens into one
+    strip,          // up to `start` leading and `stop` trailing `text` characters off each token
+  };
+  Kind kind = Kind::replace;
+  std::string text, content;
+  size_t start = 0, stop = 0;
+};
+
 // Hugging Face's SplitDelimiterBehavior: what happens to the matches of a split pattern.
 enum class SplitBehavior { removed, isolated, merged_with_previous, merged_with_next, contiguous };
 
@@ -56,7 +82,8 @@ struct TokenizerParts {
   std::string origin;  // the file it came from, for messages
   BytePairModel model;
   std::vector<AddedToken> added_tokens;
-  std::vector<NormalizationForm> normalizers;  // applied in order
+  std::vector<NormalizerStep> normalizers;  // applied in order
+  std::vector<DecoderStep> decoders;        // empty: a token decodes to its bytes
   std::vector<PreTokenizerStep> pre_tokenizer;
   std::vector<int32_t> template_prefix;  // post-processor ids before the text (BOS)
   std::vector<int32_t> template_suffix;  // and after it (EOS)
@@ -105,6 +132,7 @@ class Tokenizer {
   void encode_segment(std::string_view segment, bool normalized_pass, std::vector<int32_t>& out,
                       const EncodeOptions& options) const;
   void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
+  std::string decode_chain(std::span<const int32_t> ids, bool skip_special_tokens) const;
 
   TokenizerParts parts_;
   int32_t vocab_size_ = 0;
