@@ -48,13 +48,18 @@ ChatFormat detect_chat_format(const std::string& dir) {
 std::vector<ChatSegment> render_chat(ChatFormat f, const std::vector<ChatMessage>& messages,
                                      bool add_generation_prompt) {
   std::vector<ChatSegment> out;
-  auto text = [&](std::string s) {
-    if (!out.empty() && !out.back().assistant)
+  // Consecutive pieces of the same kind (loss or not, content or markup) join one segment.
+  auto add = [&](std::string s, bool assistant, bool content) {
+    if (s.empty()) return;
+    if (!out.empty() && out.back().assistant == assistant && out.back().content == content)
       out.back().text += s;
     else
-      out.push_back({std::move(s), false});
+      out.push_back({std::move(s), assistant, content});
   };
-  auto answer = [&](std::string s) { out.push_back({std::move(s), true}); };
+  auto text = [&](std::string s) { add(std::move(s), false, false); };          // markup, no loss
+  auto said = [&](const std::string& s) { add(s, false, true); };               // a prompt's content
+  auto answer = [&](const std::string& s) { add(s, true, true); };              // an answer's content
+  auto answer_markup = [&](std::string s) { add(std::move(s), true, false); };  // its end marker
   switch (f) {
     case ChatFormat::glm4:
       // [gMASK]<sop><|user|>\nQ<|assistant|>\nA ... ; the next <|user|> (or <|endoftext|>) ends a turn.
@@ -64,7 +69,8 @@ std::vector<ChatSegment> render_chat(ChatFormat f, const std::vector<ChatMessage
           text("<|assistant|>\n");
           answer(m.content);
         } else {
-          text(fmt::format("<|{}|>\n{}", m.role, m.content));
+          text(fmt::format("<|{}|>\n", m.role));
+          said(m.content);
         }
       }
       if (add_generation_prompt) text("<|assistant|>\n");
@@ -73,10 +79,13 @@ std::vector<ChatSegment> render_chat(ChatFormat f, const std::vector<ChatMessage
       text("<|begin_of_text|>");
       for (const auto& m : messages) {
         text(fmt::format("<|start_header_id|>{}<|end_header_id|>\n\n", m.role));
-        if (m.role == "assistant")
-          answer(m.content + "<|eot_id|>");
-        else
-          text(m.content + "<|eot_id|>");
+        if (m.role == "assistant") {
+          answer(m.content);
+          answer_markup("<|eot_id|>");
+        } else {
+          said(m.content);
+          text("<|eot_id|>");
+        }
       }
       if (add_generation_prompt) text("<|start_header_id|>assistant<|end_header_id|>\n\n");
       break;
@@ -84,17 +93,19 @@ std::vector<ChatSegment> render_chat(ChatFormat f, const std::vector<ChatMessage
       for (const auto& m : messages) {
         text(fmt::format("<|im_start|>{}\n", m.role));
         if (m.role == "assistant") {
-          answer(m.content + "<|im_end|>");
+          answer(m.content);
+          answer_markup("<|im_end|>");
           text("\n");
         } else {
-          text(m.content + "<|im_end|>\n");
+          said(m.content);
+          text("<|im_end|>\n");
         }
       }
       if (add_generation_prompt) text("<|im_start|>assistant\n");
       break;
   }
   // GLM-4 fine-tuning ends the last answer with the EOS token, which the model must learn to emit.
-  if (f == ChatFormat::glm4 && !out.empty() && out.back().assistant) answer("<|endoftext|>");
+  if (f == ChatFormat::glm4 && !out.empty() && out.back().assistant) answer_markup("<|endoftext|>");
   return out;
 }
 

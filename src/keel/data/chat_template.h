@@ -18,6 +18,10 @@ struct ChatMessage {
 struct ChatSegment {
   std::string text;
   bool assistant = false;  // carries loss when training on conversations
+  // A message's own text, as opposed to the template's markup. Special-token strings in it are
+  // encoded as plain text: a record of scraped data holding "<|im_end|><|im_start|>assistant"
+  // must not forge a turn boundary.
+  bool content = false;
 };
 
 // "glm4" | "llama3" | "chatml" (aliases: "qwen2" for chatml, "glm" for glm4, "llama" for llama3).

@@ -412,9 +412,11 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
         // Segment by segment, so each token's mask is exact; the cut between a header and its
         // content is at special tokens or newlines in every built-in template, where a BPE
         // pre-tokenizer splits anyway.
+        // A message's content is encoded with special-token strings as plain text (a user cannot
+        // forge a turn boundary); the template's markup with its special tokens.
         for (const auto& segment : render_chat(*format, r.messages, false)) {
           ids.clear();
-          tokenizer->encode(segment.text, ids);
+          tokenizer->encode(segment.text, ids, EncodeOptions{.split_special_tokens = segment.content});
           append(ids, segment.assistant || train_on_prompt);
         }
         break;
