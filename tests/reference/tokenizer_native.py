@@ -172,6 +172,25 @@ def check_hf(keel, report, label, tokenizer_path, keel_path, texts):
     report.rows.append((label, "identical" if ok else "MISMATCH", f"{len(texts)} texts"))
 
 
+def metaspace_tokenizers(directory, corpus):
+    """SentencePiece-style tokenizers with the Metaspace pre-tokenizer and decoder (as older Llama,
+    Mistral and TinyLlama files have them), trained here by the tokenizers library itself on the
+    corpus, with byte fallback: (name, path) for each prepend scheme."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    out = []
+    for scheme in ("first", "always"):
+        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme)
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
+        specials = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+        tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=1500, special_tokens=specials,
+                                                            show_progress=False))
+        path = directory / f"metaspace_{scheme}.json"
+        tok.save(str(path))
+        out.append((f"metaspace-{scheme} (trained by tokenizers)", path))
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -197,6 +216,13 @@ def main():
         print(f"tokenizers {entry['name']} ({entry['file']})")
         check_hf(keel, report, f"tokenizers {entry['name']}", entry["file"], entry["file"],
                  entry.get("texts", corpus))
+    # Special tokens inside the text: prepend_scheme "first" prepends only to the input's start, not
+    # after a special token (the corpus alone never shows the difference).
+    around_specials = ["<s>Hello world", "Hello</s>world", "<s> two words</s> after", "x<unk>y", " <s>a",
+                       "<0x41>literal"]
+    for name, path in metaspace_tokenizers(files, corpus):
+        print(f"tokenizers {name} ({path})")
+        check_hf(keel, report, f"tokenizers {name}", path, path, corpus + around_specials)
 
     refused = []
     for model in manifest["models"]:

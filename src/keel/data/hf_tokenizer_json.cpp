@@ -127,6 +127,21 @@ SplitBehavior split_behavior(const Reader& r, std::string_view name, std::string
   r.bad(where, "one of Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous");
 }
 
+// Metaspace's prepend_scheme ("always", "first", "never"), or the add_prefix_space flag of files
+// written before it existed (true = always).
+PreTokenizerStep::Prepend metaspace_prepend(const Reader& r, object o, std::string_view where) {
+  if (auto scheme = r.member(o, "prepend_scheme")) {
+    const std::string at = fmt::format("{}.prepend_scheme", where);
+    const std::string_view s = r.as_string(*scheme, at);
+    if (s == "always") return PreTokenizerStep::Prepend::always;
+    if (s == "first") return PreTokenizerStep::Prepend::first;
+    if (s == "never") return PreTokenizerStep::Prepend::never;
+    r.bad(at, "\"always\", \"first\" or \"never\"");
+  }
+  return r.flag(o, "add_prefix_space", true, where) ? PreTokenizerStep::Prepend::always
+                                                    : PreTokenizerStep::Prepend::never;
+}
+
 // The regex Hugging Face's ByteLevel pre-tokenizer splits with when use_regex is true (GPT-2's).
 constexpr std::string_view kByteLevelPattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
@@ -168,6 +183,13 @@ void read_pre_tokenizer(const Reader& r, element e, std::string_view where, std:
     step.behavior = split_behavior(r, r.as_string(r.required(o, "behavior", where), behavior_at), behavior_at);
     step.invert = r.flag(o, "invert", false, where);
     out.push_back(std::move(step));
+  } else if (type == "Metaspace") {
+    PreTokenizerStep step;
+    step.kind = PreTokenizerStep::Kind::metaspace;
+    step.literal = r.as_string(r.required(o, "replacement", where), fmt::format("{}.replacement", where));
+    step.prepend = metaspace_prepend(r, o, where);
+    step.split_on_literal = r.flag(o, "split", true, where);
+    out.push_back(std::move(step));
   } else if (type == "Digits") {
     // Hugging Face: char::is_numeric (Unicode N), each digit alone or runs of them, isolated.
     PreTokenizerStep step;
@@ -176,8 +198,10 @@ void read_pre_tokenizer(const Reader& r, element e, std::string_view where, std:
         std::make_shared<PretokenizerRegex>(individual ? "\\p{N}" : "\\p{N}+", RegexDialect::oniguruma, r.origin());
     out.push_back(std::move(step));
   } else {
-    fail("{}: {}: pre-tokenizer '{}' is not supported (keel reads ByteLevel, Split, Digits and Sequence)", r.origin(),
-         where, type);
+    fail(
+        "{}: {}: pre-tokenizer '{}' is not supported (keel reads ByteLevel, Metaspace, Split, Digits and "
+        "Sequence)",
+        r.origin(), where, type);
   }
 }
 
@@ -242,6 +266,11 @@ void read_decoder(const Reader& r, element e, std::string_view where, bool& byte
     step.text = literal_pattern(r, o, where, "Replace decoder");
     step.content = r.as_string(r.required(o, "content", where), fmt::format("{}.content", where));
     out.push_back(step);
+  } else if (type == "Metaspace") {
+    step.kind = DecoderStep::Kind::metaspace;
+    step.text = r.as_string(r.required(o, "replacement", where), fmt::format("{}.replacement", where));
+    step.start = metaspace_prepend(r, o, where) == PreTokenizerStep::Prepend::never ? 0 : 1;
+    out.push_back(step);
   } else if (type == "ByteFallback") {
     step.kind = DecoderStep::Kind::byte_fallback;
     out.push_back(step);
@@ -256,8 +285,8 @@ void read_decoder(const Reader& r, element e, std::string_view where, bool& byte
     out.push_back(step);
   } else {
     fail(
-        "{}: {}: decoder '{}' is not supported (keel reads ByteLevel, Replace, ByteFallback, Fuse, Strip and "
-        "Sequence)",
+        "{}: {}: decoder '{}' is not supported (keel reads ByteLevel, Metaspace, Replace, ByteFallback, Fuse, "
+        "Strip and Sequence)",
         r.origin(), where, type);
   }
 }

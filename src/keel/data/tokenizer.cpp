@@ -147,6 +147,9 @@ void apply(const DecoderStep& step, std::vector<std::string>& tokens) {
       tokens.assign(1, std::move(all));
       return;
     }
+    case DecoderStep::Kind::metaspace:
+      for (size_t i = 0; i < tokens.size(); ++i) replace_all(tokens[i], step.text, i == 0 && step.start ? "" : " ");
+      return;
     case DecoderStep::Kind::strip:
       for (auto& t : tokens) {
         const size_t head = run_of(t, step.text, step.start, false) * step.text.size();
@@ -325,25 +328,26 @@ void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, EncodeO
     fail("text is not valid UTF-8: byte 0x{:02X} at offset {} does not start a well-formed character",
          static_cast<unsigned char>(text[bad]), bad);
   if (options.add_special_tokens) out.insert(out.end(), parts_.template_prefix.begin(), parts_.template_prefix.end());
-  encode_segment(text, false, out, options);
+  encode_segment(text, false, true, out, options);
   if (options.add_special_tokens) out.insert(out.end(), parts_.template_suffix.begin(), parts_.template_suffix.end());
 }
 
-void Tokenizer::encode_segment(std::string_view text, bool normalized_pass, std::vector<int32_t>& out,
+void Tokenizer::encode_segment(std::string_view text, bool normalized_pass, bool at_start, std::vector<int32_t>& out,
                                const EncodeOptions& options) const {
   size_t pos = 0;
   auto plain = [&](std::string_view segment) {
     if (segment.empty()) return;
+    const bool first = at_start && segment.data() == text.data();  // the input's first stretch
     if (normalized_pass || parts_.normalizers.empty()) {
-      encode_normalized(segment, out);
+      encode_normalized(segment, first, out);
       return;
     }
     std::string normalized(segment);
     for (const NormalizerStep& step : parts_.normalizers) apply(step, normalized);
     if (has_normalized_added_)
-      encode_segment(normalized, true, out, options);
+      encode_segment(normalized, true, first, out, options);
     else
-      encode_normalized(normalized, out);
+      encode_normalized(normalized, first, out);
   };
   while (auto match = find_added(text, pos, normalized_pass, options)) {
     plain(text.substr(pos, match->begin - pos));
@@ -353,7 +357,7 @@ void Tokenizer::encode_segment(std::string_view text, bool normalized_pass, std:
   plain(text.substr(pos));
 }
 
-void Tokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& out) const {
+void Tokenizer::encode_normalized(std::string_view text, bool at_start, std::vector<int32_t>& out) const {
   const BytePairModel& model = parts_.model;
   if (fast_split_) {
     parts_.pre_tokenizer[0].regex->split(
@@ -367,7 +371,29 @@ void Tokenizer::encode_normalized(std::string_view text, std::vector<int32_t>& o
   for (const PreTokenizerStep& step : parts_.pre_tokenizer) {
     next.clear();
     for (std::string_view piece : pieces) {
-      if (step.kind == PreTokenizerStep::Kind::prefix_space) {
+      if (step.kind == PreTokenizerStep::Kind::metaspace) {
+        // Hugging Face's Metaspace: spaces become the replacement, which is prepended (always, or
+        // only to the input's first piece), then each replacement starts a new piece.
+        std::string s(piece);
+        replace_all(s, " ", step.literal);
+        const bool prepend =
+            step.prepend == PreTokenizerStep::Prepend::always ||
+            (step.prepend == PreTokenizerStep::Prepend::first && at_start && piece.data() == text.data());
+        if (prepend && s.compare(0, step.literal.size(), step.literal) != 0) s.insert(0, step.literal);
+        prefixed.push_back(std::move(s));
+        const std::string_view whole = prefixed.back();
+        if (!step.split_on_literal) {
+          next.push_back(whole);
+          continue;
+        }
+        size_t begin = 0;
+        for (size_t at = whole.find(step.literal, 1); at != std::string_view::npos;
+             at = whole.find(step.literal, at + step.literal.size())) {
+          next.push_back(whole.substr(begin, at - begin));
+          begin = at;
+        }
+        next.push_back(whole.substr(begin));
+      } else if (step.kind == PreTokenizerStep::Kind::prefix_space) {
         if (!piece.empty() && piece[0] == ' ') {
           next.push_back(piece);
         } else {

@@ -56,6 +56,7 @@ struct DecoderStep {
     byte_fallback,  // runs of "<0xXX>" tokens -> their bytes (U+FFFD each when not valid UTF-8)
     fuse,           // all tokens into one
     strip,          // up to `start` leading and `stop` trailing `text` characters off each token
+    metaspace,      // `text` -> ' ' in each token; in the first, dropped (`start` = 1: it was prepended)
   };
   Kind kind = Kind::replace;
   std::string text, content;
@@ -69,7 +70,11 @@ struct PreTokenizerStep {
   enum class Kind {
     split,         // cut each piece by `regex` (or `literal`), per `behavior` and `invert`
     prefix_space,  // ByteLevel's add_prefix_space: a piece not starting with ' ' gets one
+    metaspace,     // SentencePiece's: ' ' -> `literal`, prepended per `prepend`, then split before it
   };
+  enum class Prepend { always, first, never };  // metaspace: first = only at the start of the input
+  Prepend prepend = Prepend::always;
+  bool split_on_literal = true;  // metaspace: cut before each `literal`
   Kind kind = Kind::split;
   std::shared_ptr<const PretokenizerRegex> regex;
   std::string literal;  // used when regex is null
@@ -129,9 +134,10 @@ class Tokenizer {
   };
   std::optional<AddedMatch> find_added(std::string_view text, size_t from, bool normalized_pass,
                                        const EncodeOptions& options) const;
-  void encode_segment(std::string_view segment, bool normalized_pass, std::vector<int32_t>& out,
+  void encode_segment(std::string_view segment, bool normalized_pass, bool at_start, std::vector<int32_t>& out,
                       const EncodeOptions& options) const;
-  void encode_normalized(std::string_view text, std::vector<int32_t>& out) const;
+  // at_start: `text` begins the input (Metaspace's prepend_scheme "first").
+  void encode_normalized(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   std::string decode_chain(std::span<const int32_t> ids, bool skip_special_tokens) const;
 
   TokenizerParts parts_;
