@@ -19,6 +19,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--keel", required=True)
     p.add_argument("--work", required=True)
+    p.add_argument("--backend", default="cpu", choices=("cpu", "reference"), help="keel generate --backend")
     a = p.parse_args()
     torch.set_num_threads(2)
     failures = 0
@@ -34,7 +35,8 @@ def main():
         for prompt in prompts:
             expected = hm.greedy_generate(model, prompt, 16)
             r = subprocess.run([a.keel, "generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
-                                "--max-new-tokens", "16", "--ids"], capture_output=True, text=True)
+                                "--max-new-tokens", "16", "--ids", "--backend", a.backend], capture_output=True,
+                               text=True)
             if r.returncode != 0:
                 print("FAIL %s: keel generate exited %d: %s" % (family, r.returncode, r.stderr))
                 failures += 1
@@ -43,7 +45,8 @@ def main():
             # Sampling with top_k = 1 must reduce to greedy whatever the temperature and seed.
             r2 = subprocess.run([a.keel, "generate", "--model", model_dir, "--prompt-ids",
                                  ",".join(map(str, prompt)), "--max-new-tokens", "16", "--ids", "--temperature", "0.7",
-                                 "--top-k", "1", "--seed", "9"], capture_output=True, text=True)
+                                 "--top-k", "1", "--seed", "9", "--backend", a.backend], capture_output=True,
+                                text=True)
             sampled = [int(x) for x in r2.stdout.split()] if r2.returncode == 0 else None
             ok = got == expected and sampled == expected
             print("%s %s: keel %s, torch %s%s" % ("ok  " if ok else "FAIL", family, got, expected,

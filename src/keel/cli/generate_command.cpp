@@ -11,6 +11,7 @@
 #include "keel/core/file_io.h"
 #include "keel/data/chat_template.h"
 #include "keel/data/tokenizer.h"
+#include "keel/kernels/backend.h"
 #include "keel/model/generator.h"
 #include "keel/model/hf_weights.h"
 
@@ -18,7 +19,7 @@ namespace keel::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, prompt, prompt_ids, tokenizer, chat_template, system;
+  std::string model, prompt, prompt_ids, tokenizer, chat_template, system, backend = "cpu";
   bool chat = false, show_ids = false;
   model::SamplingOptions sampling;
 };
@@ -74,7 +75,9 @@ int run_generate(GenerateOptions& o) {
           "{}/config.json: the prompt ({} tokens) + --max-new-tokens ({}) exceed the model's {} positions "
           "(max_position_embeddings); shorten the prompt or lower --max-new-tokens",
           o.model, prompt.size(), o.sampling.max_new_tokens, config.max_position_embeddings);
-  model::Decoder decoder(config, model::Precision::F32, 1, 2);
+  model::DecoderOptions decoder_options;
+  decoder_options.backend = &kernels::backend_named(o.backend);
+  model::Decoder decoder(config, model::Precision::F32, 1, 2, decoder_options);
   model::load_hf_weights(decoder, o.model);
   model::Generator generator(decoder, int64_t(prompt.size()) + o.sampling.max_new_tokens + 1);
   std::vector<int32_t> pending;  // ids whose bytes may end inside a UTF-8 character
@@ -104,6 +107,8 @@ const CommandRegistration kGenerate{
       cmd.add_option("--prompt", o->prompt, "Prompt text (tokenized with the model's tokenizer)");
       cmd.add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids instead of text");
       cmd.add_option("--tokenizer", o->tokenizer, "tokenizer.json or tiktoken file (default: the model's)");
+      cmd.add_option("--backend", o->backend, "Where generation computes: cpu or reference (as the recipe key)")
+          ->capture_default_str();
       cmd.add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template as a user turn");
       cmd.add_option("--chat-template", o->chat_template, "glm4 | llama3 | chatml (default: from the model)");
       cmd.add_option("--system", o->system, "System message for --chat");
