@@ -2,8 +2,13 @@
 # The README's demo: trains from scratch and must print a real accuracy gain on held-out problems.
 set -eu
 keel=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+keel=$(realpath "$keel")
+root=$(mktemp -d)
+trap 'rm -rf "$root"' EXIT
+# A relative --work, as scripts/demo.sh passes it: the recipe the demo writes must resolve against
+# its own directory.
+cd "$root"
+work=build/demo
 out=$("$keel" demo --work "$work" 2>&1)
 echo "$out"
 line=$(grep -E "accuracy on [0-9]+ held-out problems" <<<"$out") || { echo "FAIL: no accuracy line"; exit 1; }

@@ -134,14 +134,15 @@ class ChatEvaluator {
 std::string demo_recipe(const std::string& work, int64_t steps, int64_t vocab) {
   return fmt::format(R"(# keel demo: a tiny Llama-architecture model learns two-digit addition, asked in chat form,
 # from scratch. data_path is raw JSONL of conversations: keel prepares it once into packed shards
-# (ChatML template, loss on the assistant's answers only) in {0}/.keel-cache.
-data_path = "{0}/train.jsonl"
-eval_data_path = "{0}/eval.jsonl"
-tokenizer = "{0}/tokenizer"
+# (ChatML template, loss on the assistant's answers only) in .keel-cache next to it. Paths are
+# relative to this file's directory ({0}), so the recipe moves with its data.
+data_path = "train.jsonl"
+eval_data_path = "eval.jsonl"
+tokenizer = "tokenizer"
 chat_template = "chatml"
 packing = "pack"
 eval_interval = 200
-output_dir = "{0}/run"
+output_dir = "run"
 dtype = "fp32"
 max_seq_len = {1}
 batch_size = 32
