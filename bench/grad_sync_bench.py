@@ -65,6 +65,7 @@ def main():
                    help="ZeRO stage: 1 reduce-scatters the buckets and all-gathers the updated weights")
     p.add_argument("--repeat", type=int, default=1, help="runs of each configuration, alternating")
     a = p.parse_args()
+    a.work = os.path.abspath(a.work)  # recipe paths resolve against the recipe file, not the cwd
     # The workload's sizes: the throughput benchmark's defaults (or its --small).
     sys.argv = [sys.argv[0], "--keel", a.keel, "--work", a.work, "--steps", str(2 * a.steps), "--dtype", a.dtype] + \
         (["--small"] if a.small else [])

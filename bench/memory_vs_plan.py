@@ -48,6 +48,7 @@ def parse_args():
     p.add_argument("--small", action="store_true", help="a quick smoke-size model")
     p.add_argument("--torch", action="store_true", help="also measure PyTorch's peak RSS (bf16 autocast)")
     a = p.parse_args()
+    a.work = os.path.abspath(a.work)  # recipe paths resolve against the recipe file, not the cwd
     if a.small:
         a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq = 256, 4, 4, 704, 8000, 256
     a.kv_heads = a.heads

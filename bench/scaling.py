@@ -65,6 +65,7 @@ def main():
     p.add_argument("--quick", action="store_true", help="sequence 512 and 1024 only")
     p.add_argument("--skip-1b", action="store_true")
     a = p.parse_args()
+    a.work = os.path.abspath(a.work)  # recipe paths resolve against the recipe file, not the cwd
     peak_tool = os.path.join(os.path.dirname(os.path.abspath(a.keel)), "bench", "matmul_peak")
     peak = json.loads(subprocess.check_output([peak_tool]))["bf16_flops"]
     print("bf16 matmul peak: %.1f GFLOP/s" % (peak / 1e9))

@@ -80,6 +80,7 @@ def parse_args():
     # The plain-torch peer on the workload in --work (bench/memory_vs_plan.py --torch runs it).
     p.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
+    a.work = os.path.abspath(a.work)  # recipe paths resolve against the recipe file, not the cwd
     if a.small:
         a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq = 256, 4, 4, 704, 8000, 256
     a.kv_heads = a.kv_heads or a.heads
