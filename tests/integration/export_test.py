@@ -18,7 +18,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 
 from harness import check, run_tests, write_data
 
@@ -121,7 +120,7 @@ def bf16_bits(x):
 def expected_tensors(master, family, cfg):
     """The HF tensors of keel's internal (fused) parameters, written out here independently of
     hf_weights.cpp: {hf name: fp32 array}."""
-    H, I, L = cfg["hidden"], cfg["intermediate"], cfg["layers"]
+    I, L = cfg["intermediate"], cfg["layers"]
     Q, KV = cfg["heads"] * cfg["head_dim"], cfg["kv_heads"] * cfg["head_dim"]
     m = {k: v[1] for k, v in master.items()}
     out = {}
