@@ -403,6 +403,13 @@ def test_decisions_are_printed():
           "prepare prints the tokenizer, template and packing it uses (%s)" % out.strip()[:400])
     check("% padding" in out and 'packing = "pack"' in out,
           "rows that are mostly padding are warned about (%s)" % out.strip()[-400:])
+    # Progress while a file is prepared (every KEEL_PROGRESS_INTERVAL_S seconds; 0 = every chunk):
+    # records, bytes, the share of the file and the time left. Short inputs print none by default.
+    r = subprocess.run([KEEL, "prepare", "--data", os.path.join(WORK, "train.jsonl"), "--vocab-size", "32",
+                        "--max-seq-len", "64", "--out", os.path.join(WORK, "progress")], capture_output=True,
+                       text=True, env=dict(os.environ, KEEL_PROGRESS_INTERVAL_S="0"))
+    check(r.returncode == 0 and "keel prepare: 64 records, " in r.stderr and "% of the file" in r.stderr
+          and "MB/s" in r.stderr, "prepare prints its progress (%s)" % r.stderr.strip()[:400])
     tokenizer, _ = small_tokenizer("chatml_tokenizer", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     chat = os.path.join(WORK, "chatml_tokenizer", "chat.jsonl")
     with open(chat, "w") as f:

@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <map>
@@ -229,6 +230,45 @@ class ChunkPipeline {
   std::exception_ptr failure_;
   std::thread reader_;
   std::vector<std::thread> workers_;
+};
+
+// Periodic lines while a large file is prepared (it used to print nothing until the end, minutes
+// for a few GB): records and bytes so far, the share of the file, MB/s and the time left. Every
+// KEEL_PROGRESS_INTERVAL_S seconds (default 5; 0 = after every chunk, for tests); nothing for
+// inputs shorter than that.
+class PrepareProgress {
+ public:
+  PrepareProgress(std::ostream* log, const std::string& data_path) : log_(log) {
+    const char* interval = std::getenv("KEEL_PROGRESS_INTERVAL_S");
+    interval_s_ = interval ? std::max(0.0, std::atof(interval)) : 5.0;
+    // The share of the file is known for plain JSONL only: compressed input is counted decompressed.
+    const bool compressed = data_path.ends_with(".gz") || data_path.ends_with(".zst");
+    std::error_code ec;
+    const auto size = fs::file_size(data_path, ec);
+    if (!compressed && !ec) file_bytes_ = double(size);
+  }
+  void chunk_done(const PrepareReport& report) {
+    if (!log_) return;
+    const auto now = std::chrono::steady_clock::now();
+    const double elapsed = std::chrono::duration<double>(now - start_).count();
+    if (elapsed - last_s_ < interval_s_ || (interval_s_ > 0 && elapsed < interval_s_)) return;
+    last_s_ = elapsed;
+    const double mb = double(report.input_bytes) / 1e6, rate = mb / std::max(elapsed, 1e-9);
+    std::string share;
+    if (file_bytes_ > 0) {
+      const double done = std::min(1.0, double(report.input_bytes) / file_bytes_);
+      share = fmt::format(" ({:.0f}% of the file, about {:.0f} s left)", 100.0 * done,
+                          rate > 0 ? (file_bytes_ / 1e6 - mb) / rate : 0.0);
+    }
+    fmt::print(*log_, "keel prepare: {} records, {:.1f} MB read{}, {:.1f} MB/s\n", report.lines - report.blank_lines,
+               mb, share, rate);
+    log_->flush();
+  }
+
+ private:
+  std::ostream* log_;
+  double interval_s_ = 5.0, file_bytes_ = 0, last_s_ = 0;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
 // Adds one chunk's counts to the report.
@@ -513,6 +553,7 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   {
     const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     ChunkPipeline pipeline(o.data_path, o.chunk_bytes, encoder, threads);
+    PrepareProgress progress(log, o.data_path);
     try {
       ShardSink sink(o);
       while (auto r = pipeline.next()) {
@@ -525,6 +566,7 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
         }
         r.reset();
         pipeline.written();
+        progress.chunk_done(report);
       }
       if (!pipeline.failed()) shards = sink.finish();
     } catch (...) {
