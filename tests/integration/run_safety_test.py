@@ -390,6 +390,10 @@ def test_paths_cache_and_bad_records():
     check(os.path.isdir(cache) and any(n != os.path.basename(reports[0] if reports else "") for n in os.listdir(cache))
           and not os.path.exists(os.path.join(WORK, ".keel-cache")),
           "the shards went to cache_dir, not next to the data (%s)" % (os.listdir(cache) if os.path.isdir(cache) else None))
+    cache2 = os.path.join(WORK, "cli_cache")
+    r = run(["train", path, "--set", "max_bad_fraction=0.1", "--overwrite", "--cache-dir", cache2])
+    check(r.returncode == 0 and os.path.isdir(cache2) and os.listdir(cache2),
+          "keel train --cache-dir chooses the cache too (%s)" % r.stderr.strip()[-300:])
 
 
 def test_decisions_are_printed():
@@ -410,6 +414,12 @@ def test_decisions_are_printed():
                        text=True, env=dict(os.environ, KEEL_PROGRESS_INTERVAL_S="0"))
     check(r.returncode == 0 and "keel prepare: 64 records, " in r.stderr and "% of the file" in r.stderr
           and "MB/s" in r.stderr, "prepare prints its progress (%s)" % r.stderr.strip()[:400])
+    # A model trained without any tokenizer (pre-tokenized data, scratch model): its final/ cannot
+    # generate from text, and the run says so instead of `keel generate` failing later.
+    path, d = recipe("no_tokenizer")
+    r = run(["train", path])
+    check(r.returncode == 0 and "has no tokenizer" in r.stdout and "--tokenizer" in r.stdout,
+          "a final model without a tokenizer is warned about (%s)" % r.stdout.strip()[-300:])
     tokenizer, _ = small_tokenizer("chatml_tokenizer", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     chat = os.path.join(WORK, "chatml_tokenizer", "chat.jsonl")
     with open(chat, "w") as f:

@@ -36,6 +36,7 @@ struct TrainOptions {
   int64_t stop_after = 0;
   bool overwrite = false;
   bool resume_with_new_data = false;
+  std::string cache_dir;
 };
 
 const CommandRegistration kTrain{
@@ -50,6 +51,9 @@ const CommandRegistration kTrain{
                          ->expected(0, 1);
       cmd.add_option("--stop-after", options->stop_after,
                      "Stop after this step, saving a checkpoint as on Ctrl-C (for time-sliced jobs)");
+      cmd.add_option("--cache-dir", options->cache_dir,
+                     "Where raw JSONL is prepared into shards (the recipe's cache_dir; default: .keel-cache next to "
+                     "data_path)");
       cmd.add_flag("--resume-with-new-data", options->resume_with_new_data,
                    "Resume although the training data changed since the checkpoint: step s then reads what the "
                    "new data's order puts at step s (docs/checkpoints.md)");
@@ -58,6 +62,7 @@ const CommandRegistration kTrain{
       return [options, resume] {
         if (resume->count() > 0 && options->resume.empty()) options->resume = "auto";
         die_with_launcher();
+        if (!options->cache_dir.empty()) options->overrides.push_back("cache_dir=" + options->cache_dir);
         auto recipe = run::load_recipe(options->recipe, options->overrides);
         if (options->print_recipe) {
           fmt::print("{}", run::recipe_to_toml(recipe));

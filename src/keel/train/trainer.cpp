@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ostream.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -554,7 +555,16 @@ class Trainer {
     }
     const std::string final_dir = r_.output_dir + "/final";
     model::save_hf_model(decoder_, final_dir, setup_.export_dtype);
-    checkpoint::copy_tokenizer_files(r_, final_dir);
+    const auto tokenizer_files = checkpoint::copy_tokenizer_files(r_, final_dir);
+    const bool has_tokenizer = std::any_of(tokenizer_files.begin(), tokenizer_files.end(), [](const std::string& f) {
+      return f == "tokenizer.json" || f == "tokenizer.model" || f == "vocab.json";
+    });
+    if (!has_tokenizer)  // said now, not discovered when generation fails
+      fmt::print(log_,
+                 "warning: {}/ has no tokenizer: the recipe names none and model_name has none (the data was "
+                 "pre-tokenized). `keel generate --model {}` will need --tokenizer; set `tokenizer` in the recipe "
+                 "to ship one with the model\n",
+                 final_dir, final_dir);
     run::write_model_marker(final_dir, "keel train: the run's final model");
     fmt::print(log_, "keel: model written to {}; metrics in {}/metrics.jsonl, summary.json, {}\n", final_dir,
                r_.output_dir, plot);
