@@ -160,7 +160,7 @@ void CheckpointWriter::write(const std::vector<model::Param>& layout, const floa
   write(layout, weights, moments_in(m, v), state, recipe, /*replayable=*/true);
 }
 
-// The retention rule on a full disk: everything but the newest intact checkpoint goes (the one a
+// The retention rule on a full disk: everything but the checkpoint `latest` names goes (the one a
 // resume would use), then the save is tried once more. Without it, a disk that holds two
 // checkpoints fails every save after the second, since old ones are pruned only after a success.
 void CheckpointWriter::write(const std::vector<model::Param>& layout, const float* weights, const MomentSource& moments,
@@ -179,7 +179,12 @@ void CheckpointWriter::write(const std::vector<model::Param>& layout, const floa
       write_once(layout, weights, moments, state, recipe);
     } catch (const Error& e) {
       if (!out_of_space(e.what())) throw;
-      const std::string keep = newest_intact_checkpoint(dir_);
+      // The one `latest` names: this writer put it there after a complete, fsynced save (checking
+      // every checksum of a 9B model's checkpoint here would read ~100 GB).
+      std::string keep;
+      try {
+        keep = latest_checkpoint(dir_);
+      } catch (const Error&) {}
       int removed = 0;
       for (const auto& [step, name] : complete_checkpoints(dir_))
         if (dir_ + "/" + name != keep) {

@@ -44,6 +44,10 @@ class Reader {
     if (e.get_string().get(s) != simdjson::SUCCESS) bad(where, "a string");
     return s;
   }
+  // The required string field `key` of `o`, errors naming where.key.
+  std::string_view string_field(object o, std::string_view key, std::string_view where) const {
+    return as_string(required(o, key, where), fmt::format("{}.{}", where, key));
+  }
   int64_t as_int(element e, std::string_view where) const {
     int64_t v;
     if (e.get_int64().get(v) != simdjson::SUCCESS) bad(where, "an integer");
@@ -101,12 +105,12 @@ void read_normalizer(const Reader& r, element e, std::string_view where, std::ve
     out.push_back(step);
   } else if (type == "Prepend") {
     step.kind = NormalizerStep::Kind::prepend;
-    step.text = r.as_string(r.required(o, "prepend", where), fmt::format("{}.prepend", where));
+    step.text = r.string_field(o, "prepend", where);
     out.push_back(step);
   } else if (type == "Replace") {
     step.kind = NormalizerStep::Kind::replace;
     step.text = literal_pattern(r, o, where, "Replace normalizer");
-    step.content = r.as_string(r.required(o, "content", where), fmt::format("{}.content", where));
+    step.content = r.string_field(o, "content", where);
     out.push_back(step);
   } else if (type == "Sequence") {
     size_t i = 0;
@@ -186,7 +190,7 @@ void read_pre_tokenizer(const Reader& r, element e, std::string_view where, std:
   } else if (type == "Metaspace") {
     PreTokenizerStep step;
     step.kind = PreTokenizerStep::Kind::metaspace;
-    step.literal = r.as_string(r.required(o, "replacement", where), fmt::format("{}.replacement", where));
+    step.literal = r.string_field(o, "replacement", where);
     step.prepend = metaspace_prepend(r, o, where);
     step.split_on_literal = r.flag(o, "split", true, where);
     out.push_back(std::move(step));
@@ -264,11 +268,11 @@ void read_decoder(const Reader& r, element e, std::string_view where, bool& byte
   } else if (type == "Replace") {
     step.kind = DecoderStep::Kind::replace;
     step.text = literal_pattern(r, o, where, "Replace decoder");
-    step.content = r.as_string(r.required(o, "content", where), fmt::format("{}.content", where));
+    step.content = r.string_field(o, "content", where);
     out.push_back(step);
   } else if (type == "Metaspace") {
     step.kind = DecoderStep::Kind::metaspace;
-    step.text = r.as_string(r.required(o, "replacement", where), fmt::format("{}.replacement", where));
+    step.text = r.string_field(o, "replacement", where);
     step.start = metaspace_prepend(r, o, where) == PreTokenizerStep::Prepend::never ? 0 : 1;
     out.push_back(step);
   } else if (type == "ByteFallback") {
@@ -279,7 +283,7 @@ void read_decoder(const Reader& r, element e, std::string_view where, bool& byte
     out.push_back(step);
   } else if (type == "Strip") {
     step.kind = DecoderStep::Kind::strip;
-    step.text = r.as_string(r.required(o, "content", where), fmt::format("{}.content", where));
+    step.text = r.string_field(o, "content", where);
     step.start = size_t(r.as_int(r.required(o, "start", where), fmt::format("{}.start", where)));
     step.stop = size_t(r.as_int(r.required(o, "stop", where), fmt::format("{}.stop", where)));
     out.push_back(step);

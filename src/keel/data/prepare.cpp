@@ -527,6 +527,12 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   require(path_exists(o.data_path), "{}: no such file", o.data_path);
   std::optional<Tokenizer> tokenizer;
   if (!o.tokenizer_path.empty()) tokenizer.emplace(load_tokenizer(o.tokenizer_path));
+  // A tokenizer larger than the model is refused before anything is tokenized (minutes, on a
+  // large file) or written, not by the loader afterwards.
+  require(!tokenizer || o.vocab_size <= 0 || tokenizer->vocab_size() <= o.vocab_size,
+          "{}: the tokenizer has a {}-token vocabulary, larger than the model's vocab_size {}: its ids would fall "
+          "outside the embedding. Nothing was tokenized; use the model's own tokenizer",
+          o.tokenizer_path, tokenizer ? tokenizer->vocab_size() : 0, o.vocab_size);
   DocumentEncoder encoder;
   encoder.tokenizer = tokenizer ? &*tokenizer : nullptr;
   std::string template_reason;
@@ -619,15 +625,6 @@ std::string training_data_fingerprint(const TrainingDataRequest& q) {
 std::string resolve_training_data(const TrainingDataRequest& request, std::ostream* log) {
   TrainingDataRequest q = request;
   q.tokenizer_path = training_tokenizer_path(q.tokenizer_path);
-  // A tokenizer larger than the model is refused before anything is tokenized (minutes, on a
-  // large file), not by the loader afterwards.
-  if (!q.tokenizer_path.empty() && q.vocab_size > 0 && !is_prepared_dir(q.data_path)) {
-    const int64_t tokenizer_vocab = load_tokenizer(q.tokenizer_path).vocab_size();
-    require(tokenizer_vocab <= q.vocab_size,
-            "{}: the tokenizer has a {}-token vocabulary, larger than the model's vocab_size {}: its ids would fall "
-            "outside the embedding. Nothing was tokenized; use the model's own tokenizer",
-            q.tokenizer_path, tokenizer_vocab, q.vocab_size);
-  }
   if (is_prepared_dir(q.data_path)) {
     const ShardManifest m = read_manifest(q.data_path);
     require(m.max_seq_len <= q.max_seq_len,

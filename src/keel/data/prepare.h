@@ -41,12 +41,12 @@ struct PrepareOptions {
   std::string out_dir;
   int64_t max_seq_len = 2048;
   Packing packing = Packing::pack;
-  std::string chat_template = "auto";       // glm4 | llama3 | chatml | auto (from the tokenizer's directory / tokens)
-  int threads = 0;                          // tokenizer workers; 0 = all cores
-  double max_bad_fraction = 0.01;           // more bad records than this fraction of all records fails prepare
-  bool train_on_prompt = false;             // loss on every token of conversations, not only the assistant's
-  int64_t vocab_size = 0;                   // only without a tokenizer: the model's vocabulary, to check ids
-  int32_t pad_id = -1;                      // -1: the tokenizer's EOS, else 0
+  std::string chat_template = "auto";  // glm4 | llama3 | chatml | auto (from the tokenizer's directory / tokens)
+  int threads = 0;                     // tokenizer workers; 0 = all cores
+  double max_bad_fraction = 0.01;      // more bad records than this fraction of all records fails prepare
+  bool train_on_prompt = false;        // loss on every token of conversations, not only the assistant's
+  int64_t vocab_size = 0;              // the model's vocabulary: checks ids, and a tokenizer is refused when larger
+  int32_t pad_id = -1;                 // -1: the tokenizer's EOS, else 0
   int64_t shard_tokens = int64_t(1) << 26;  // a shard closes after this many tokens (256 MB of ids)
   size_t chunk_bytes = size_t(1) << 20;     // lines handed to a worker at a time
 };
