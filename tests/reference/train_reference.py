@@ -200,7 +200,7 @@ def lr_lambda(current_step):
     return max(0.0, 0.5 * (1.0 + math.cos(math.pi * 0.5 * 2.0 * progress)))
 
 
-def torch_train(spec, init, records, mode, variant=None):
+def torch_train(spec, init, records, mode, variant=None, make_model=None, final_tensors=None):
     """Hugging Face Trainer semantics. mode: "fp32", "bf16" (autocast bf16 forward, fp32 master
     weights, loss in fp32), "fp64" (everything in double) or "bf16emu" (emulated bf16 GEMMs);
     the last two serve --self-check as stand-ins for keel.
@@ -208,9 +208,12 @@ def torch_train(spec, init, records, mode, variant=None):
     "decay_all" (weight decay on biases and norms too), "no_decay_embed" (none on embedding and
     LM head), "mean_per_micro" (each micro-batch averaged over its own tokens, then / GA).
 
+    make_model (optional): builds the model to train instead (a PeftModel: only the parameters that
+    require gradients train); final_tensors(model) then gives the "final" tensors.
+
     Returns {"steps": [{step, loss, lr, grad_norm, clipped, tokens}], "final": {name: fp32}}."""
     pdtype = torch.float64 if mode == "fp64" else torch.float32
-    model = hf.build_model(spec, init).to(pdtype)
+    model = (make_model() if make_model else hf.build_model(spec, init)).to(pdtype)
     if mode == "bf16emu":
         emulate_bf16_gemms(model)
     no_decay = hf.no_decay_parameter_names(model)
@@ -219,7 +222,7 @@ def torch_train(spec, init, records, mode, variant=None):
     elif variant == "no_decay_embed":
         no_decay |= {n for n, _ in model.named_parameters()
                      if any(k in n for k in ("embed", "lm_head", "output_layer"))}
-    named = list(model.named_parameters())
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
         {"params": [p for n, p in named if n not in no_decay], "weight_decay": WEIGHT_DECAY},
         {"params": [p for n, p in named if n in no_decay], "weight_decay": 0.0},
@@ -252,13 +255,13 @@ def torch_train(spec, init, records, mode, variant=None):
             loss_total += float(loss_sum)
         lr = opt.param_groups[0]["lr"]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(
-            model.parameters(), float("inf") if variant == "no_clip" else MAX_GRAD_NORM))
+            [p for _, p in named], float("inf") if variant == "no_clip" else MAX_GRAD_NORM))
         opt.step()
         sched.step()
         steps.append({"step": step + 1, "loss": loss_total / n_tokens, "lr": lr,
                       "grad_norm": grad_norm, "clipped": grad_norm > MAX_GRAD_NORM,
                       "tokens": n_tokens})
-    return {"steps": steps, "final": hf.model_tensors(model)}
+    return {"steps": steps, "final": final_tensors(model) if final_tensors else hf.model_tensors(model)}
 
 
 def emulate_bf16_gemms(model):

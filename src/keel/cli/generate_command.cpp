@@ -14,12 +14,13 @@
 #include "keel/kernels/backend.h"
 #include "keel/model/generator.h"
 #include "keel/model/hf_weights.h"
+#include "keel/model/peft_adapter.h"
 
 namespace keel::cli {
 namespace {
 
 struct GenerateOptions {
-  std::string model, prompt, prompt_ids, tokenizer, chat_template, system, backend = "cpu";
+  std::string model, adapter, prompt, prompt_ids, tokenizer, chat_template, system, backend = "cpu";
   bool chat = false, show_ids = false;
   model::SamplingOptions sampling;
 };
@@ -46,6 +47,16 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 int run_generate(GenerateOptions& o) {
   require(o.prompt.empty() != o.prompt_ids.empty(), "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
+  // A LoRA run's final/ is an adapter: its base model is the one adapter_config.json names.
+  if (o.adapter.empty() && model::is_peft_adapter_dir(o.model) && !path_exists(o.model + "/config.json")) {
+    const std::string base = model::read_peft_adapter_config(o.model).base_model;
+    require(!base.empty(), "{}: a LoRA adapter without base_model_name_or_path; give the base model with --model and "
+            "the adapter with --adapter", o.model);
+    if (o.tokenizer.empty() && path_exists(o.model + "/tokenizer.json")) o.tokenizer = o.model;
+    o.adapter = o.model;
+    o.model = base;
+    fmt::print(stderr, "keel: {} is a LoRA adapter; generating with its base model {}\n", o.adapter, o.model);
+  }
   auto config = model::load_model_config(o.model + "/config.json");
   std::unique_ptr<data::Tokenizer> tokenizer;
   if (!o.prompt.empty() || !o.tokenizer.empty())
@@ -79,6 +90,10 @@ int run_generate(GenerateOptions& o) {
   decoder_options.backend = &kernels::backend_named(o.backend);
   model::Decoder decoder(config, model::Precision::F32, 1, 2, decoder_options);
   model::load_hf_weights(decoder, o.model);
+  if (!o.adapter.empty()) {
+    const int64_t merged = model::merge_peft_adapter(decoder, o.adapter);
+    fmt::print(stderr, "keel: LoRA adapter {} merged into the weights ({} modules)\n", o.adapter, merged);
+  }
   model::Generator generator(decoder, int64_t(prompt.size()) + o.sampling.max_new_tokens + 1);
   std::vector<int32_t> pending;  // ids whose bytes may end inside a UTF-8 character
   generator.generate(prompt, o.sampling, [&](int32_t id) {
@@ -107,6 +122,7 @@ const CommandRegistration kGenerate{
       cmd.add_option("--prompt", o->prompt, "Prompt text (tokenized with the model's tokenizer)");
       cmd.add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids instead of text");
       cmd.add_option("--tokenizer", o->tokenizer, "tokenizer.json or tiktoken file (default: the model's)");
+      cmd.add_option("--adapter", o->adapter, "A LoRA adapter directory in PEFT's format, merged into the model");
       cmd.add_option("--backend", o->backend, "Where generation computes: cpu or reference (as the recipe key)")
           ->capture_default_str();
       cmd.add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template as a user turn");

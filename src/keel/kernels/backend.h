@@ -71,7 +71,7 @@ class Backend {
   // RMSNorm (LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * w; rstd [rows] saved for backward.
   virtual void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, float* y,
                                float* rstd) = 0;
-  // dx overwritten; dw ACCUMULATES.
+  // dx overwritten; dw ACCUMULATES (null: a frozen weight, no gradient).
   virtual void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
                                 int64_t dim, float* dx, float* dw) = 0;
   // x: [tokens, heads, head_dim] with row stride ld; rotates in place (backward: by -angle).

@@ -45,6 +45,15 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
   ids.lm_head = c.tie_word_embeddings ? ids.embed : params.add("lm_head", {c.vocab_size, H}, true);
 }
 
+// LoRA: the targeted modules and their A/B matrices in `adapter` (nothing without LoRA).
+std::vector<LoraModule> declare_adapter(const ModelConfig& c, const DecoderParamIds& ids, const LoraSpec& spec,
+                                        ParamStore& adapter) {
+  if (!spec.enabled()) return {};
+  auto modules = lora_modules(c, ids, spec);
+  declare_lora_params(modules, spec.rank, adapter);
+  return modules;
+}
+
 // What the plan and the constructor both refuse, before anything is laid out.
 void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_seq, const DecoderOptions& options) {
   model::validate(config, "model");
@@ -68,11 +77,31 @@ kernels::AttentionMatmul attention_matmul(Precision p) {
 struct BlockIds {
   int xn1 = -1, rstd1 = -1, qkv = -1, attn = -1, lse = -1, xmid = -1, xn2 = -1, rstd2 = -1, gate_up = -1, act = -1;
   int xn1_b = -1, attn_b = -1, xn2_b = -1, act_b = -1;
+  int lora_u = -1, lora_u_b = -1;  // LoRA: scaling * x A^T of each of the block's modules
 };
+
+// What the plan needs to know of the adapter: its size and each block's module count.
+struct AdapterShape {
+  int64_t elements = 0, rank = 0;
+  std::vector<int64_t> modules_per_layer;
+  bool enabled() const { return rank > 0; }
+};
+
+AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& modules, const ParamStore& adapter,
+                           const LoraSpec& spec) {
+  AdapterShape a;
+  if (modules.empty()) return a;
+  a.elements = adapter.total();
+  a.rank = spec.rank;
+  a.modules_per_layer.assign(size_t(c.num_layers), 0);
+  for (const auto& m : modules) ++a.modules_per_layer[size_t(m.layer)];
+  return a;
+}
 
 // Plan ids of every decoder buffer.
 struct DecoderLayout {
   int weights = -1, grads = -1, weights_bf16 = -1, adam_m = -1, adam_v = -1;
+  int lora_weights = -1, lora_grads = -1, lora_weights_bf16 = -1, lora_du = -1, lora_du_b = -1;
   std::vector<int> x;                       // [layers + 1] block inputs; x[layers] feeds the final norm
   std::vector<BlockIds> forward, backward;  // the same ids unless checkpointing
   int xn_final = -1, rstd_final = -1, xn_final_b = -1;
@@ -91,8 +120,9 @@ struct DecoderLayout {
 // recomputation in the backward), so every block shares the same bytes. Gradient scratch lives
 // through the backward pass and shares its bytes with the LM head's logits chunk, which is dead
 // by then.
-DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Precision precision, int64_t max_batch,
-                              int64_t max_seq, const DecoderOptions& options, MemoryPlan& plan) {
+DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, const AdapterShape& adapter,
+                              Precision precision, int64_t max_batch, int64_t max_seq, const DecoderOptions& options,
+                              MemoryPlan& plan) {
   using Cat = MemoryCategory;
   const StepTimeline t{int32_t(c.num_layers)};
   const bool bf = precision == Precision::BF16;
@@ -111,11 +141,18 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
   const int32_t always = 0, end = t.last();
   d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
   d.weights_bf16 = add_bf16("weights.bf16", Cat::ComputeWeights, param_elements, always, end);
-  d.grads = add("grads", Cat::Gradients, param_elements, f32, always, end);
+  // Under LoRA the model's weights are frozen: gradients and moments only for the adapter.
+  if (!adapter.enabled()) d.grads = add("grads", Cat::Gradients, param_elements, f32, always, end);
+  const int64_t trained = adapter.enabled() ? adapter.elements : param_elements;
+  if (adapter.enabled()) {
+    d.lora_weights = add("lora.weights", Cat::MasterWeights, trained, f32, always, end);
+    d.lora_weights_bf16 = add_bf16("lora.weights.bf16", Cat::ComputeWeights, trained, always, end);
+    d.lora_grads = add("lora.grads", Cat::Gradients, trained, f32, always, end);
+  }
   if (options.optimizer_state) {
     // Every rank plans the largest shard (shard 0), so all ranks have the same plan.
     const int shards = options.optimizer_shards;
-    const int64_t moments = shard_ranges(param_elements, shards)[0].size();
+    const int64_t moments = shard_ranges(trained, shards)[0].size();
     const std::string part = shards > 1 ? fmt::format(" (1/{} shard)", shards) : "";
     d.adam_m = add("adam.m" + part, Cat::OptimizerState, moments, f32, always, end);
     d.adam_v = add("adam.v" + part, Cat::OptimizerState, moments, f32, always, end);
@@ -128,7 +165,7 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
     d.x[size_t(l)] = add(l < L ? fmt::format("layers.{}.input", l) : "final_norm.input", Cat::Activations, N * H, f32,
                          written, read_last);
   }
-  auto block = [&](const std::string& prefix, Cat cat, int32_t first, int32_t last) {
+  auto block = [&](int64_t layer, const std::string& prefix, Cat cat, int32_t first, int32_t last) {
     BlockIds b;
     // In bf16 the GEMMs of the backward pass read the bf16 copies of the normalised inputs and of
     // the SwiGLU output (Linear::backward_weight), so their fp32 originals are scratch of the
@@ -149,15 +186,20 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
     b.attn_b = add_bf16(prefix + "attn.bf16", cat, N * Q, first, last);
     b.xn2_b = add_bf16(prefix + "xn2.bf16", cat, N * H, first, last);
     b.act_b = add_bf16(prefix + "act.bf16", cat, N * I, first, last);
+    if (adapter.enabled() && adapter.modules_per_layer[size_t(layer)] > 0) {
+      const int64_t u = N * adapter.rank * adapter.modules_per_layer[size_t(layer)];
+      b.lora_u = add(prefix + "lora.u", cat, u, f32, first, last);
+      b.lora_u_b = add_bf16(prefix + "lora.u.bf16", cat, u, first, last);
+    }
     return b;
   };
   for (int64_t l = 0; l < L; ++l) {
     const std::string prefix = fmt::format("layers.{}.", l);
     if (options.gradient_checkpointing) {
-      d.forward.push_back(block(prefix + "forward.", Cat::Workspace, t.forward(l), t.forward(l)));
-      d.backward.push_back(block(prefix + "recomputed.", Cat::Activations, t.backward(l), t.backward(l)));
+      d.forward.push_back(block(l, prefix + "forward.", Cat::Workspace, t.forward(l), t.forward(l)));
+      d.backward.push_back(block(l, prefix + "recomputed.", Cat::Activations, t.backward(l), t.backward(l)));
     } else {
-      d.forward.push_back(block(prefix, Cat::Activations, t.forward(l), t.backward(l)));
+      d.forward.push_back(block(l, prefix, Cat::Activations, t.forward(l), t.backward(l)));
       d.backward.push_back(d.forward.back());
     }
   }
@@ -178,6 +220,10 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
   d.d_attn = add("grad.attn", Cat::Workspace, N * Q, f32, backward_first, backward_last);
   d.d_qkv = add("grad.qkv", Cat::Workspace, N * QKV, f32, backward_first, backward_last);
   d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N * std::max({H, 2 * I, QKV}), backward_first, backward_last);
+  if (adapter.enabled()) {
+    d.lora_du = add("grad.lora", Cat::Workspace, N * adapter.rank, f32, backward_first, backward_last);
+    d.lora_du_b = add_bf16("grad.lora.bf16", Cat::Workspace, N * adapter.rank, backward_first, backward_last);
+  }
 
   // The attention kernel's per-thread blocks of scores and packed heads, used by every layer in
   // the forward and the backward pass.
@@ -196,11 +242,13 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, Prec
 MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
                                const DecoderOptions& options) {
   check_arguments(config, max_batch, max_seq, options);
-  ParamStore params;
+  ParamStore params, adapter;
   DecoderParamIds ids;
   declare_params(config, params, ids);
+  const auto modules = declare_adapter(config, ids, options.lora, adapter);
   MemoryPlan plan;
-  describe_memory(config, params.total(), precision, max_batch, max_seq, options, plan);
+  describe_memory(config, params.total(), adapter_shape(config, modules, adapter, options.lora), precision, max_batch,
+                  max_seq, options, plan);
   plan.pack();
   return plan;
 }
@@ -208,6 +256,8 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
 struct Decoder::BlockActivations {
   float *xn1, *rstd1, *qkv, *attn, *lse, *xmid, *xn2, *rstd2, *gate_up, *act;
   bf16 *xn1_b, *attn_b, *xn2_b, *act_b;  // GEMM inputs in bf16 mode (null in fp32)
+  float* lora_u;                         // [modules of the block][tokens, rank] (null without LoRA)
+  bf16* lora_u_b;
 };
 
 struct Decoder::Buffers {
@@ -218,6 +268,8 @@ struct Decoder::Buffers {
   // Gradient scratch, reused by every layer in turn.
   float *dx, *dh, *dnorm, *dtmp, *d_act, *d_gate_up, *d_attn, *d_qkv, *logits;
   bf16 *dy_b, *logits_b;
+  float* lora_du;  // LoRA: scaling * dy B of one module [tokens, rank]
+  bf16* lora_du_b;
   void* attention_workspace;
   size_t attention_workspace_bytes;
 
@@ -235,7 +287,8 @@ struct Decoder::Buffers {
     auto block = [&](const BlockIds& i) {
       return BlockActivations{f32(i.xn1),   f32(i.rstd1),  f32(i.qkv),   f32(i.attn),    f32(i.lse),
                               f32(i.xmid),  f32(i.xn2),    f32(i.rstd2), f32(i.gate_up), f32(i.act),
-                              b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b)};
+                              b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b), f32(i.lora_u),
+                              b16(i.lora_u_b)};
     };
     x.resize(d.x.size());
     forward.resize(d.forward.size());
@@ -255,6 +308,8 @@ struct Decoder::Buffers {
     d_attn = f32(d.d_attn);
     d_qkv = f32(d.d_qkv);
     dy_b = b16(d.dy_b);
+    lora_du = f32(d.lora_du);
+    lora_du_b = b16(d.lora_du_b);
     attention_workspace = at[size_t(d.attention_workspace)];
     attention_workspace_bytes = plan.buffer(d.attention_workspace).bytes;
     logits = f32(d.logits);
@@ -310,10 +365,15 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   check_arguments(config_, max_batch, max_seq, options);
   const auto& c = config_;
   declare_params(c, params_, ids_);
+  lora_ = declare_adapter(c, ids_, options_.lora, adapter_);
+  lora_by_slot_.resize(size_t(c.num_layers));
+  for (size_t i = 0; i < lora_.size(); ++i)
+    lora_by_slot_[size_t(lora_[i].layer)][size_t(lora_[i].slot)].push_back(int(i));
   buf_ = std::make_unique<Buffers>();
   auto& b = *buf_;
   const DecoderLayout& d = b.layout =
-      describe_memory(c, params_.total(), precision_, max_batch_, max_seq_, options_, plan_);
+      describe_memory(c, params_.total(), adapter_shape(c, lora_, adapter_, options_.lora), precision_, max_batch_,
+                      max_seq_, options_, plan_);
   plan_.require_fits(options_.memory_cap_bytes, "memory_pool_size");
   // The arena is touched up front: a plan beyond the machine's memory would end in the kernel's
   // out-of-memory killer, so say so here, with the breakdown.
@@ -327,7 +387,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
       if (buffers[id].in_arena) b.at[id] = arena_.at<std::byte>(buffers[id].offset);
   } else {
     // What lives across steps gets an arena of its own, back to back; the rest is per call.
-    const int persistent[] = {d.weights, d.weights_bf16, d.grads, d.adam_m, d.adam_v};
+    const int persistent[] = {d.weights, d.weights_bf16,   d.grads,    d.adam_m,
+                              d.adam_v,  d.lora_weights, d.lora_grads, d.lora_weights_bf16};
     MemoryPlan kept(plan_.alignment());
     std::vector<std::pair<int, int>> kept_ids;  // plan id, id in `kept`
     for (int id : persistent)
@@ -342,9 +403,15 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
 
   auto f32 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<float*>(b.at[size_t(id)]); };
   auto b16 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<bf16*>(b.at[size_t(id)]); };
+  ParamStore& trained = trainable();
   if (options_.optimizer_state && options_.optimizer_shards > 1)
-    params_.set_optimizer_range(shard_ranges(params_.total(), options_.optimizer_shards)[options_.optimizer_shard]);
-  params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
+    trained.set_optimizer_range(shard_ranges(trained.total(), options_.optimizer_shards)[options_.optimizer_shard]);
+  if (lora_.empty()) {
+    params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
+  } else {
+    params_.bind(f32(d.weights), nullptr, b16(d.weights_bf16), nullptr, nullptr);
+    adapter_.bind(f32(d.lora_weights), f32(d.lora_grads), b16(d.lora_weights_bf16), f32(d.adam_m), f32(d.adam_v));
+  }
 
   rope_ = kernels::RopeTable::build(c.rotary_dim, c.rope_interleaved, c.rope_theta, max_seq_);
   b.bind(plan_);
@@ -370,6 +437,10 @@ void Decoder::init_random(uint64_t seed, double std) {
     for (int64_t i = 0; i < p.numel; ++i) w[i] = is_norm ? 1.0f : is_bias ? 0.0f : normal(rng);
   }
   params_.refresh_bf16_copy();
+}
+
+void Decoder::init_adapter(uint64_t seed) {
+  if (!lora_.empty()) init_lora(lora_, adapter_, seed);
 }
 
 void Decoder::validate(const MicroBatch& mb) const {
@@ -437,6 +508,7 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, c.rms_norm_eps, a.xn1, a.rstd1);
   to_bf16(a.xn1, a.xn1_b, N * H);
   lin.forward(a.xn1, a.xn1_b, P.weight(p.qkv_weight), P.weight_bf16(p.qkv_weight), H, QKV, a.qkv, 0.0f);
+  lora_forward(l, LinearSlot::Qkv, N, a.xn1, a.xn1_b, a.qkv, QKV, a, true);
   if (p.qkv_bias >= 0) backend_.add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
   backend_.rope_forward(a.qkv, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
   backend_.rope_forward(a.qkv + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
@@ -445,15 +517,75 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   to_bf16(a.attn, a.attn_b, N * Q);
   backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
   lin.forward(a.attn, a.attn_b, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, a.xmid, 1.0f);
+  lora_forward(l, LinearSlot::O, N, a.attn, a.attn_b, a.xmid, H, a, true);
 
   backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, c.rms_norm_eps, a.xn2, a.rstd2);
   to_bf16(a.xn2, a.xn2_b, N * H);
   lin.forward(a.xn2, a.xn2_b, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
+  lora_forward(l, LinearSlot::GateUp, N, a.xn2, a.xn2_b, a.gate_up, 2 * I, a, true);
   backend_.swiglu_forward(a.gate_up, N, I, a.act);
   to_bf16(a.act, a.act_b, N * I);
-  if (!x_out) return;  // recomputation: the down projection's output is already the next input
-  backend_.copy_on_device(x_out, a.xmid, sizeof(float) * N * H);
-  lin.forward(a.act, a.act_b, P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, x_out, 1.0f);
+  // Recomputation (x_out null): the down projection's output is already the next block's input;
+  // only its LoRA activations are wanted again.
+  if (x_out) {
+    backend_.copy_on_device(x_out, a.xmid, sizeof(float) * N * H);
+    lin.forward(a.act, a.act_b, P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, x_out, 1.0f);
+  }
+  lora_forward(l, LinearSlot::Down, N, a.act, a.act_b, x_out, H, a, x_out != nullptr);
+}
+
+void Decoder::lora_forward(int64_t layer, LinearSlot slot, int64_t N, const float* x, const bf16* xb, float* y,
+                           int64_t ldy, const BlockActivations& a, bool apply) {
+  if (lora_.empty()) return;
+  const bool bf = precision_ == Precision::BF16;
+  const int64_t r = options_.lora.rank;
+  const auto scaling = float(options_.lora.scaling());
+  Linear lin{backend_, bf, N};
+  for (int i : lora_by_slot_[size_t(layer)][size_t(slot)]) {
+    const LoraModule& m = lora_[size_t(i)];
+    float* u = a.lora_u + m.index_in_layer * N * r;
+    bf16* ub = bf ? a.lora_u_b + m.index_in_layer * N * r : nullptr;
+    lin.forward(x, xb, adapter_.weight(m.a), adapter_.weight_bf16(m.a), m.cols, r, u, 0.0f);
+    // PEFT scales B's output; scaling u instead is the same product, and the backward pass's dB
+    // then reads u as it is.
+    backend_.scale_in_place(u, N * r, scaling);
+    to_bf16(u, ub, N * r);
+    if (apply)  // y[:, row_begin : row_begin + rows] += u B^T
+      lin.product({Trans::N, Trans::T, N, m.rows, r, r, r, ldy}, u, ub, adapter_.weight(m.b),
+                  adapter_.weight_bf16(m.b), y + m.row_begin, 1.0f);
+  }
+}
+
+void Decoder::lora_backward(int64_t layer, LinearSlot slot, int64_t N, const float* dy, const bf16* dyb, int64_t ldy,
+                            const float* x, const bf16* xb, float* dx, const BlockActivations& a) {
+  if (lora_.empty()) return;
+  auto& b = *buf_;
+  const bool bf = precision_ == Precision::BF16;
+  const int64_t r = options_.lora.rank;
+  const auto scaling = float(options_.lora.scaling());
+  Linear lin{backend_, bf, N};
+  const auto& modules = lora_by_slot_[size_t(layer)][size_t(slot)];
+  // Last module first: gradients become final in reverse parameter order (GradReadyHook).
+  for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
+    const LoraModule& m = lora_[size_t(*it)];
+    const float* u = a.lora_u + m.index_in_layer * N * r;
+    const bf16* ub = bf ? a.lora_u_b + m.index_in_layer * N * r : nullptr;
+    const float* dy_m = dy + m.row_begin;
+    const bf16* dyb_m = bf ? dyb + m.row_begin : nullptr;
+    // dB[rows, r] += dy[:, rows]^T u
+    lin.product({Trans::T, Trans::N, m.rows, r, N, ldy, r, r}, dy_m, dyb_m, u, ub, adapter_.grad(m.b), 1.0f);
+    // du[N, r] = scaling * dy[:, rows] B
+    lin.product({Trans::N, Trans::N, N, r, m.rows, ldy, r, r}, dy_m, dyb_m, adapter_.weight(m.b),
+                adapter_.weight_bf16(m.b), b.lora_du, 0.0f);
+    backend_.scale_in_place(b.lora_du, N * r, scaling);
+    to_bf16(b.lora_du, b.lora_du_b, N * r);
+    // dA[r, cols] += du^T x;  dx[N, cols] += du A
+    lin.backward_weight(b.lora_du, b.lora_du_b, x, xb, m.cols, r, adapter_.grad(m.a));
+    lin.product({Trans::N, Trans::N, N, m.cols, r, r, m.cols, m.cols}, b.lora_du, b.lora_du_b, adapter_.weight(m.a),
+                adapter_.weight_bf16(m.a), dx, 1.0f);
+    grad_ready(m.b);
+    grad_ready(m.a);
+  }
 }
 
 void Decoder::forward(const MicroBatch& mb) {
@@ -489,7 +621,7 @@ double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backw
     to_bf16(b.logits, b.logits_b, rows * V);
     lin.backward_input(b.logits, b.logits_b, P.weight(ids_.lm_head), P.weight_bf16(ids_.lm_head), H, V,
                        b.dnorm + r0 * H);
-    lin.backward_weight(b.logits, b.logits_b, xn, xnb, H, V, P.grad(ids_.lm_head));
+    if (!P.frozen()) lin.backward_weight(b.logits, b.logits_b, xn, xnb, H, V, P.grad(ids_.lm_head));
   }
   return loss;
 }
@@ -501,12 +633,13 @@ void Decoder::backward(const MicroBatch& mb) {
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size, L = c.num_layers;
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   const bool bf = precision_ == Precision::BF16;
+  const bool frozen = P.frozen();  // LoRA: no weight-gradient GEMMs for the base weights
   Linear lin{backend_, bf, N};
   bf16* dyb = bf ? b.dy_b : nullptr;
 
   backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), b.rstd_final, b.dnorm, N, H, b.dx,
                             P.grad(ids_.final_norm));
-  grad_ready(ids_.final_norm);
+  base_grad_ready(ids_.final_norm);
   const kernels::AttentionShape as = attention_shape(c, mb.batch, mb.seq);
   for (int64_t l = L - 1; l >= 0; --l) {
     const auto& a = b.backward[l];
@@ -521,36 +654,40 @@ void Decoder::backward(const MicroBatch& mb) {
     // may be read here. See describe_memory.)
     to_bf16(b.dx, dyb, N * H);
     lin.backward_input(b.dx, dyb, P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, b.d_act);
-    lin.backward_weight(b.dx, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
+    if (!frozen) lin.backward_weight(b.dx, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
+    lora_backward(l, LinearSlot::Down, N, b.dx, dyb, H, a.act, a.act_b, b.d_act, a);
     backend_.swiglu_backward(a.gate_up, b.d_act, N, I, b.d_gate_up);
     to_bf16(b.d_gate_up, dyb, N * 2 * I);
     lin.backward_input(b.d_gate_up, dyb, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I,
                        b.dnorm);
-    lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight));
+    if (!frozen) lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight));
+    lora_backward(l, LinearSlot::GateUp, N, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
     backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), a.rstd2, b.dnorm, N, H, b.dtmp, P.grad(p.post_norm));
     backend_.add(b.dh, b.dx, b.dtmp, N * H);
-    for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) grad_ready(id);
+    for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) base_grad_ready(id);
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x)))))
     to_bf16(b.dh, dyb, N * H);
     lin.backward_input(b.dh, dyb, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, b.d_attn);
-    lin.backward_weight(b.dh, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
+    if (!frozen) lin.backward_weight(b.dh, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
+    lora_backward(l, LinearSlot::O, N, b.dh, dyb, H, a.attn, a.attn_b, b.d_attn, a);
     float* dq = b.d_qkv;
     backend_.attention_backward(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV, mb.segments, a.attn,
                                 a.lse, b.d_attn, dq, dq + Q, dq + Q + KV, b.attention_workspace,
                                 b.attention_workspace_bytes);
     backend_.rope_backward(dq, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
     backend_.rope_backward(dq + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
-    if (p.qkv_bias >= 0) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));
+    if (p.qkv_bias >= 0 && !frozen) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));
     to_bf16(b.d_qkv, dyb, N * QKV);
     lin.backward_input(b.d_qkv, dyb, P.weight(p.qkv_weight), P.weight_bf16(p.qkv_weight), H, QKV, b.dnorm);
-    lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
+    if (!frozen) lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
+    lora_backward(l, LinearSlot::Qkv, N, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
     backend_.rmsnorm_backward(x, P.weight(p.input_norm), a.rstd1, b.dnorm, N, H, b.dtmp, P.grad(p.input_norm));
     backend_.add(b.dx, b.dh, b.dtmp, N * H);
-    for (int id : {p.o_weight, p.qkv_bias, p.qkv_weight, p.input_norm}) grad_ready(id);
+    for (int id : {p.o_weight, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);
   }
-  backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, P.grad(ids_.embed));
-  grad_ready(ids_.embed);
+  if (!frozen) backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, P.grad(ids_.embed));
+  base_grad_ready(ids_.embed);
 }
 
 double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
@@ -558,7 +695,7 @@ double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
   TransientScope transients(*buf_, plan_);
   forward(mb);
   double loss = lm_head_loss(mb, grad_scale, true);
-  if (!config_.tie_word_embeddings) grad_ready(ids_.lm_head);  // tied: the embedding adds to it last
+  if (!config_.tie_word_embeddings) base_grad_ready(ids_.lm_head);  // tied: the embedding adds to it last
   backward(mb);
   return loss;
 }

@@ -4,14 +4,16 @@
 // with hand-written forward and backward passes. Internally q/k/v and gate/up are always fused
 // (one GEMM each); family-specific tensor names and fusions are handled by hf_weights.h.
 #pragma once
-#include <functional>
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "keel/core/memory_plan.h"
 #include "keel/kernels/backend.h"
 #include "keel/model/config.h"
+#include "keel/model/lora.h"
 #include "keel/model/params.h"
 
 namespace keel::model {
@@ -69,6 +71,9 @@ struct DecoderOptions {
   int optimizer_shards = 1, optimizer_shard = 0;
   // Where the step computes and its arena lives; nullptr: kernels::default_backend() (the CPU).
   kernels::Backend* backend = nullptr;
+  // LoRA (lora.h): the base weights are frozen (no gradients, no optimizer state, no weight-gradient
+  // GEMMs) and the adapter's matrices are what trains. rank 0: full fine-tuning.
+  LoraSpec lora;
 };
 
 inline kernels::Backend& backend_of(const DecoderOptions& options) {
@@ -105,19 +110,29 @@ class Decoder {
 
   const ModelConfig& config() const { return config_; }
   Precision precision() const { return precision_; }
+  // The model's weights. Frozen (no gradients) under LoRA.
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
   const DecoderParamIds& ids() const { return ids_; }
+  // What the optimizer updates: the model's weights, or under LoRA the adapter's matrices.
+  ParamStore& trainable() { return lora_.empty() ? params_ : adapter_; }
+  const ParamStore& trainable() const { return lora_.empty() ? params_ : adapter_; }
+  bool has_adapter() const { return !lora_.empty(); }
+  const ParamStore& adapter() const { return adapter_; }
+  ParamStore& adapter() { return adapter_; }
+  const std::vector<LoraModule>& lora_modules() const { return lora_; }
 
   // Initialises weights as transformers does for a new model: normal(0, std) matrices, zero biases,
   // unit norm weights. Deterministic in `seed`.
   void init_random(uint64_t seed, double std = 0.02);
+  // The adapter's initialisation (lora.h: init_lora), deterministic in `seed`.
+  void init_adapter(uint64_t seed);
 
   // Forward and backward of one micro-batch. Gradients are ADDED to params().grads(), scaled by
   // grad_scale (1 / target tokens of the whole optimizer step, so micro-batches sum to the mean).
   // Returns the sum of the token losses of this micro-batch.
   double forward_backward(const MicroBatch& batch, double grad_scale);
-  // Called with a parameter's index (into params().params()) as soon as the backward pass has
+  // Called with a parameter's index (into trainable().params()) as soon as the backward pass has
   // made its gradient final: in reverse parameter order, the LM head first and the embedding last
   // (a tied embedding only at the very end), with the backend's event after the write (a device
   // communicator waits for it). Data parallel uses it to start a gradient bucket's allreduce while
@@ -154,6 +169,14 @@ class Decoder {
   void backward(const MicroBatch& batch);
   void validate(const MicroBatch& batch) const;
   void to_bf16(const float* src, bf16* dst, int64_t n);  // a GEMM input's bf16 copy, if planned
+  // LoRA on one linear layer of block `layer` (lora.h). Forward: u = scaling * x A^T for each of
+  // its modules (kept for the backward pass), then, unless only u is wanted (recomputation of the
+  // down projection), y[:, rows] += u B^T. Backward: dB += dy^T u, du = scaling * dy B,
+  // dA += du^T x, dx += du A.
+  void lora_forward(int64_t layer, LinearSlot slot, int64_t tokens, const float* x, const bf16* xb, float* y,
+                    int64_t ldy, const BlockActivations& a, bool apply);
+  void lora_backward(int64_t layer, LinearSlot slot, int64_t tokens, const float* dy, const bf16* dyb, int64_t ldy,
+                     const float* x, const bf16* xb, float* dx, const BlockActivations& a);
 
   ModelConfig config_;
   Precision precision_;
@@ -164,11 +187,18 @@ class Decoder {
   Arena arena_;
   ParamStore params_;
   DecoderParamIds ids_;
+  ParamStore adapter_;                                                      // LoRA's A and B matrices
+  std::vector<LoraModule> lora_;                                            // empty: full fine-tuning
+  std::vector<std::array<std::vector<int>, kLinearSlots>> lora_by_slot_;  // [layer][slot] -> modules
   kernels::RopeTable rope_;
   std::unique_ptr<Buffers> buf_;
   GradReadyHook grad_ready_;
+  // `param` of trainable(); base weights report only when they train (not under LoRA).
   void grad_ready(int param) const {
     if (grad_ready_ && param >= 0) grad_ready_(param, backend_.record_event());
+  }
+  void base_grad_ready(int param) const {
+    if (lora_.empty()) grad_ready(param);
   }
 };
 

@@ -34,8 +34,8 @@ void ParamStore::allocate(bool with_bf16_copy) {
 }
 
 void ParamStore::bind(float* weights, float* grads, bf16* weights_bf16, float* adam_m, float* adam_v) {
-  require(weights && grads && (adam_m == nullptr) == (adam_v == nullptr),
-          "ParamStore::bind: weights and gradients are required, Adam moments come in pairs");
+  require(weights && (adam_m == nullptr) == (adam_v == nullptr) && (grads || !adam_m),
+          "ParamStore::bind: weights are required, Adam moments come in pairs and need gradients");
   weights_ = weights;
   grads_ = grads;
   weights_bf16_ = weights_bf16;
@@ -62,7 +62,9 @@ void ParamStore::allocate_optimizer_state() {
   adam_v_ = owned_adam_v_.data();
 }
 
-void ParamStore::zero_grads() { std::fill(grads_, grads_ + total_, 0.0f); }
+void ParamStore::zero_grads() {
+  if (grads_) std::fill(grads_, grads_ + total_, 0.0f);
+}
 
 void ParamStore::refresh_bf16_copy() { refresh_bf16_copy({0, total_}); }
 

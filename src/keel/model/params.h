@@ -31,7 +31,8 @@ class ParamStore {
   // Allocates zeroed buffers owned by the store (weights, grads; the bf16 copy on request).
   void allocate(bool with_bf16_copy);
   // Points the store at buffers of total() elements planned elsewhere; bf16 copy and Adam moments
-  // may be null (not planned). The caller keeps the memory alive as long as the store.
+  // may be null (not planned), and so may the gradients of a frozen store (LoRA's base weights).
+  // The caller keeps the memory alive as long as the store.
   void bind(float* weights, float* grads, bf16* weights_bf16, float* adam_m, float* adam_v);
   // Makes the Adam moments available and zeroed: when they were planned and bound this only
   // zeroes them; otherwise owned buffers are allocated here.
@@ -48,7 +49,8 @@ class ParamStore {
 
   float* weight(int i) { return weights_ + params_[i].offset; }
   const float* weight(int i) const { return weights_ + params_[i].offset; }
-  float* grad(int i) { return grads_ + params_[i].offset; }
+  float* grad(int i) { return grads_ ? grads_ + params_[i].offset : nullptr; }
+  bool frozen() const { return grads_ == nullptr; }
   bf16* weight_bf16(int i) { return weights_bf16_ ? weights_bf16_ + params_[i].offset : nullptr; }
 
   float* weights() { return weights_; }

@@ -543,6 +543,16 @@ const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   return nullptr;
 }
 
+CheckpointReader CheckpointReader::open_file(const std::string& path) {
+  CheckpointReader reader;
+  reader.dir_ = path;
+  auto file = std::shared_ptr<SafetensorsFile>(SafetensorsFile::open(path));
+  for (const auto& t : file->tensors_) reader.by_name_.emplace(t.name, &t);
+  for (const auto& [name, dtype] : file->unsupported_) reader.by_name_.emplace(name, nullptr);
+  reader.files_.push_back(std::move(file));
+  return reader;
+}
+
 CheckpointReader CheckpointReader::open_dir(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) fail("{}: cannot open model directory: {}", dir, errno_text(errno));

@@ -56,6 +56,8 @@ class SafetensorsFile {
 class CheckpointReader {
  public:
   static CheckpointReader open_dir(const std::string& dir);
+  // One .safetensors file on its own (a PEFT adapter's adapter_model.safetensors).
+  static CheckpointReader open_file(const std::string& path);
   std::vector<std::string> names() const;
   bool has(const std::string& name) const;
   // Throws keel::Error naming the tensor and the directory if absent.

@@ -91,7 +91,8 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   MemoryPlan plan(decoder.alignment());
   size_t param_elements = 0;
   for (const auto& b : decoder.buffers()) {
-    if (b.name == "weights") param_elements = b.bytes / sizeof(float);
+    // What trains (the gradients buckets reduce, the checkpoint holds): the weights, or LoRA's adapter.
+    if (b.name == "grads" || b.name == "lora.grads") param_elements = b.bytes / sizeof(float);
     if (b.in_arena)
       plan.add(b.name, b.category, b.bytes, b.first_use, b.last_use);
     else

@@ -3,6 +3,7 @@
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 #include "keel/model/hf_weights.h"
+#include "keel/model/peft_adapter.h"
 #include "keel/model/safetensors.h"
 
 namespace keel::run {
@@ -61,7 +62,18 @@ model::DecoderOptions training_decoder_options(const Recipe& r) {
   o.memory_planning =
       r.memory_planning == "per_tensor" ? model::MemoryPlanning::PerTensor : model::MemoryPlanning::Planned;
   o.backend = &kernels::backend_named(r.backend);
+  o.lora = recipe_lora_spec(r);
   return o;
+}
+
+model::LoraSpec recipe_lora_spec(const Recipe& r) {
+  model::LoraSpec spec;
+  if (r.finetuning_type != "lora") return spec;  // rank 0: full fine-tuning
+  spec.rank = r.lora_rank;
+  spec.alpha = lora_alpha(r);
+  spec.rslora = r.use_rslora;
+  spec.targets = lora_targets(r);
+  return spec;
 }
 
 DType recipe_export_dtype(const Recipe& r, const model::ModelConfig& config, const model::DecoderParamIds& ids) {
@@ -81,6 +93,10 @@ ModelSetup setup_model(const Recipe& r, int rank) {
   } else {
     s.unused_tensors = model::load_hf_weights(*s.decoder, r.model_name);
   }
+  if (!r.adapter_name_or_path.empty())
+    model::load_peft_adapter(*s.decoder, r.adapter_name_or_path);
+  else
+    s.decoder->init_adapter(uint64_t(r.seed));
   s.export_dtype = recipe_export_dtype(r, config, s.decoder->ids());
   return s;
 }

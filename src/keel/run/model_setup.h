@@ -27,6 +27,8 @@ void require_sequence_fits_model(const Recipe& recipe, const model::ModelConfig&
 // state in the arena (ZeRO-1: a 1/dp_degree shard), memory_pool_size (GiB) as the arena's cap and
 // memory_planning.
 model::DecoderOptions training_decoder_options(const Recipe& recipe);
+// The recipe's LoRA settings (rank 0 when finetuning_type is "full").
+model::LoraSpec recipe_lora_spec(const Recipe& recipe);
 // The dtype a run's model is exported in by default (output_dir/final, keel export): that of
 // model_name's weights, or the recipe's dtype for a model built from [model_config].
 DType recipe_export_dtype(const Recipe& recipe, const model::ModelConfig& config, const model::DecoderParamIds& ids);

@@ -65,6 +65,15 @@ const std::vector<Field>& fields() {
       {"preprocess_on_npu", &Recipe::preprocess_on_npu},
       {"data_pipeline", &Recipe::data_pipeline},
       {"shuffle", &Recipe::shuffle},
+      {"finetuning_type", &Recipe::finetuning_type},
+      {"lora_rank", &Recipe::lora_rank},
+      {"lora_alpha", &Recipe::lora_alpha},
+      {"lora_dropout", &Recipe::lora_dropout},
+      {"lora_target", &Recipe::lora_target},
+      {"use_rslora", &Recipe::use_rslora},
+      {"adapter_name_or_path", &Recipe::adapter_name_or_path},
+      {"additional_target", &Recipe::additional_target},
+      {"quantization_bit", &Recipe::quantization_bit},
       {"batch_size", &Recipe::batch_size},
       {"gradient_accumulation_steps", &Recipe::gradient_accumulation_steps},
       {"learning_rate", &Recipe::learning_rate},
@@ -229,6 +238,17 @@ void apply_table(Recipe& r, const toml::table& t, const std::string& source, Whe
     if (it == fields().end())
       fail("{}: unknown key '{}'{}. `keel train --print-recipe` lists every key.", at, key,
            suggestion(key, all_keys()));
+    if (key == "lora_target" && node.is_array()) {  // ["q_proj", "v_proj"]: the comma-separated form
+      std::string joined;
+      for (const auto& item : *node.as_array()) {
+        require(item.is_string(), "{}: key 'lora_target' expects a string or a list of strings, found {} in the list",
+                at, type_name(item));
+        joined += (joined.empty() ? "" : ",") + *item.value<std::string>();
+      }
+      r.lora_target = joined;
+      where.place[key] = at;
+      continue;
+    }
     assign(r, *it, node, at, key);
     where.place[it->key] = at;
   }
@@ -252,6 +272,47 @@ void apply_override(Recipe& r, const std::string& kv, Where& where) {
   Where local{"--set " + kv, {}};
   apply_table(r, t, "--set " + kv, local);
   for (auto& [k, v] : local.place) where.place[k] = "--set " + kv;
+}
+
+void validate_finetuning(const Recipe& r, const Where& w) {
+  require(r.finetuning_type == "full" || r.finetuning_type == "lora",
+          "{}: key 'finetuning_type' must be \"full\" or \"lora\", got \"{}\"", w.of("finetuning_type"),
+          r.finetuning_type);
+  require(r.quantization_bit == 0,
+          "{}: key 'quantization_bit' = {}: QLoRA's quantized base weights are not supported yet; train with "
+          "finetuning_type = \"lora\" on bf16 weights (dtype = \"bf16\")",
+          w.of("quantization_bit"), r.quantization_bit);
+  require(r.additional_target.empty(),
+          "{}: key 'additional_target' (modules trained fully beside the adapters) is not supported yet",
+          w.of("additional_target"));
+  if (r.finetuning_type != "lora") {
+    // A LoRA setting given a value of its own would be ignored: say so. (The resolved recipe a
+    // checkpoint keeps lists every key with its default, which is fine.)
+    const Recipe defaults;
+    for (auto [key, changed] : {std::pair{"lora_rank", r.lora_rank != defaults.lora_rank},
+                                {"lora_alpha", r.lora_alpha != defaults.lora_alpha},
+                                {"lora_dropout", r.lora_dropout != defaults.lora_dropout},
+                                {"lora_target", r.lora_target != defaults.lora_target},
+                                {"use_rslora", r.use_rslora != defaults.use_rslora},
+                                {"adapter_name_or_path", !r.adapter_name_or_path.empty()}})
+      require(!changed,
+              "{}: key '{}' applies to LoRA, but finetuning_type is \"{}\" (set finetuning_type = \"lora\")",
+              w.of(key), key, r.finetuning_type);
+    return;
+  }
+  require(r.lora_rank >= 1 && r.lora_rank <= 4096, "{}: key 'lora_rank' must be in [1, 4096], got {}",
+          w.of("lora_rank"), r.lora_rank);
+  require(r.lora_alpha >= 0, "{}: key 'lora_alpha' must not be negative (0: 2 x lora_rank), got {}",
+          w.of("lora_alpha"), r.lora_alpha);
+  require(r.lora_dropout == 0,
+          "{}: key 'lora_dropout' = {}: dropout on the adapters' input is not supported yet; set 0",
+          w.of("lora_dropout"), r.lora_dropout);
+  const auto targets = lora_targets(r);
+  require(!targets.empty(), "{}: key 'lora_target' names no module; use \"all\" or names such as \"q_proj,v_proj\"",
+          w.of("lora_target"));
+  for (const auto& t : targets)
+    require(!t.empty(), "{}: key 'lora_target' = \"{}\" has an empty name between commas", w.of("lora_target"),
+            r.lora_target);
 }
 
 void validate_recipe(const Recipe& r, const Where& w) {
@@ -292,6 +353,7 @@ void validate_recipe(const Recipe& r, const Where& w) {
   require(r.prefetch_factor >= 1 && r.prefetch_factor <= 64, "{}: key 'prefetch_factor' must be in [1, 64]",
           w.of("prefetch_factor"));
   positive(r.gradient_accumulation_steps, "gradient_accumulation_steps");
+  validate_finetuning(r, w);
   require(r.max_steps > 0 || r.num_epochs > 0, "{}: set 'max_steps' or 'num_epochs'", r.source);
   require(r.max_steps >= 0 && r.max_steps <= 1'000'000'000, "{}: key 'max_steps' must be in [0, 1e9], got {}",
           w.of("max_steps"), r.max_steps);
@@ -367,7 +429,8 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
                             {"tokenizer", &r.tokenizer},
                             {"output_dir", &r.output_dir},
                             {"checkpoint_dir", &r.checkpoint_dir},
-                            {"cache_dir", &r.cache_dir}}) {
+                            {"cache_dir", &r.cache_dir},
+                            {"adapter_name_or_path", &r.adapter_name_or_path}}) {
     if (value->empty() || fs::path(*value).is_absolute()) continue;
     const fs::path base = from_command_line.count(key) ? fs::current_path() : recipe_dir;
     *value = (base / *value).lexically_normal().string();
@@ -440,6 +503,23 @@ std::string recipe_to_toml(const Recipe& r) {
 std::string recipe_tokenizer_path(const Recipe& r) {
   return !r.tokenizer.empty() ? r.tokenizer : r.model_config ? "" : r.model_name;
 }
+
+std::vector<std::string> lora_targets(const Recipe& r) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (begin <= r.lora_target.size()) {
+    size_t end = r.lora_target.find(',', begin);
+    if (end == std::string::npos) end = r.lora_target.size();
+    std::string item = r.lora_target.substr(begin, end - begin);
+    const auto first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+    out.push_back(first == std::string::npos ? "" : item.substr(first, last - first + 1));
+    begin = end + 1;
+  }
+  if (out.size() == 1 && out[0].empty()) out.clear();
+  return out;
+}
+
+double lora_alpha(const Recipe& r) { return r.lora_alpha > 0 ? r.lora_alpha : 2.0 * double(r.lora_rank); }
 
 std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   std::vector<std::string> w;

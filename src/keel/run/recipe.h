@@ -40,6 +40,19 @@ struct Recipe {
   // naive baseline `keel bench ladder` measures against). Same batches either way.
   std::string data_pipeline = "prepared";
   bool shuffle = true;
+  // Fine-tuning method, named as LLaMA-Factory names it: "full" trains every weight; "lora" freezes
+  // them and trains low-rank adapters (model/lora.h) on the lora_target modules.
+  std::string finetuning_type = "full";
+  int64_t lora_rank = 8;
+  double lora_alpha = 0;    // 0: 2 x lora_rank (LLaMA-Factory's default)
+  double lora_dropout = 0;  // dropout on the adapters' input (only 0 so far)
+  // "all" (every linear layer of the blocks) or the model's module names separated by commas
+  // ("q_proj,v_proj"; a TOML list of strings is accepted too).
+  std::string lora_target = "all";
+  bool use_rslora = false;               // scaling alpha / sqrt(rank) instead of alpha / rank
+  std::string adapter_name_or_path;      // a PEFT adapter directory to continue training from
+  std::string additional_target;         // modules trained fully beside the adapters (not supported yet)
+  int64_t quantization_bit = 0;          // 4: QLoRA's NF4 base weights (not supported yet)
   // Training
   int64_t batch_size = 1;  // sequences per micro-batch per rank
   int64_t gradient_accumulation_steps = 1;
@@ -106,6 +119,11 @@ std::string recipe_to_toml(const Recipe& r);
 // The tokenizer a run of this recipe uses: `tokenizer`, else model_name's directory ("" for a new
 // model without one).
 std::string recipe_tokenizer_path(const Recipe& r);
+
+// The lora_target list: "all" or the names between commas, trimmed.
+std::vector<std::string> lora_targets(const Recipe& r);
+// lora_alpha as used: the recipe's, or 2 x lora_rank when 0.
+double lora_alpha(const Recipe& r);
 
 // Keys that are parsed and validated but whose feature is not active yet; warnings for those set.
 std::vector<std::string> inactive_key_warnings(const Recipe& r);

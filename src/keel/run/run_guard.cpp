@@ -75,6 +75,7 @@ std::vector<NamedPath> recipe_inputs(const Recipe& r) {
   std::vector<NamedPath> in;
   if (!r.model_config && !r.model_name.empty()) in.push_back({"model_name", r.model_name});
   if (!r.tokenizer.empty()) in.push_back({"tokenizer", r.tokenizer});
+  if (!r.adapter_name_or_path.empty()) in.push_back({"adapter_name_or_path", r.adapter_name_or_path});
   return in;
 }
 

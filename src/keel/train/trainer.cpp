@@ -19,6 +19,7 @@
 #include "keel/distributed/grad_buckets.h"
 #include "keel/distributed/shard_reader.h"
 #include "keel/model/hf_weights.h"
+#include "keel/model/peft_adapter.h"
 #include "keel/core/checksum.h"
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/train/evaluation.h"
@@ -47,9 +48,14 @@ int64_t resolve_max_steps(const run::Recipe& r, int64_t records) {
 }
 
 // FLOPs of one trained token: 6 per matmul parameter (forward + backward) plus attention's
-// 12·L·T·d (scores and weighted values, forward and backward), the usual MFU convention.
-double flops_per_token(const model::ModelConfig& c, int64_t seq) {
-  return 6.0 * double(c.matmul_parameters()) + 12.0 * double(c.num_layers) * double(seq) * double(c.q_size());
+// 12·L·T·d (scores and weighted values, forward and backward), the usual MFU convention. Frozen
+// weights (LoRA) cost 4: forward and the input gradient, no weight gradient; the adapter's
+// matrices are trained weights (6 each).
+double flops_per_token(const model::Decoder& d, int64_t seq) {
+  const model::ModelConfig& c = d.config();
+  const double attention = 12.0 * double(c.num_layers) * double(seq) * double(c.q_size());
+  if (!d.has_adapter()) return 6.0 * double(c.matmul_parameters()) + attention;
+  return 4.0 * double(c.matmul_parameters()) + 6.0 * double(d.adapter().total()) + attention;
 }
 
 class Trainer {
@@ -86,14 +92,14 @@ class Trainer {
       eval_loader_ = open_batch_source(r.eval_data_path, r, source, log_);
     }
     max_steps_ = resolve_max_steps(r, loader_->sequences());
-    optimizer_ = std::make_unique<AdamW>(decoder_.backend(), decoder_.params(),
+    optimizer_ = std::make_unique<AdamW>(decoder_.backend(), decoder_.trainable(),
                                          AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon, r.weight_decay});
     if (comm_.size() > 1) {
       std::vector<distributed::ParamSpan> spans;
-      for (const auto& p : decoder_.params().params()) spans.push_back({p.offset, p.numel});
+      for (const auto& p : decoder_.trainable().params()) spans.push_back({p.offset, p.numel});
       // ZeRO-1: the decoder holds this rank's shard of the moments; gradients are reduce-scattered
       // onto the same shards and the updated weights all-gathered after the optimizer step.
-      if (r.zero_stage >= 1) zero_shards_ = shard_ranges(decoder_.params().total(), int(comm_.size()));
+      if (r.zero_stage >= 1) zero_shards_ = shard_ranges(decoder_.trainable().total(), int(comm_.size()));
       buckets_ = std::make_unique<distributed::GradBuckets>(spans, int64_t(r.bucket_size_mb * double(1 << 20)),
                                                             zero_shards_.empty() ? nullptr : &zero_shards_);
       // Set once (no allocation per step); active only during a step's last backward pass.
@@ -105,7 +111,7 @@ class Trainer {
     schedule_ = LrSchedule{r.lr_scheduler, r.learning_rate, r.warmup_steps, max_steps_};
     state_.seed = uint64_t(r.seed);
     state_.recipe_hash = checkpoint::fingerprint_of(run::recipe_to_toml(r));
-    state_.model_fingerprint = checkpoint::model_fingerprint(decoder_.params(), config_.architecture);
+    state_.model_fingerprint = checkpoint::model_fingerprint(decoder_.trainable(), config_.architecture);
     state_.data_fingerprint = loader_->fingerprint();
     state_.compat_fingerprint = compat_fingerprint(r);
     if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
@@ -116,7 +122,7 @@ class Trainer {
       checkpoints_ = std::make_unique<checkpoint::CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
       // A ZeRO-1 save gathers the moments into a snapshot only when it is asynchronous; a
       // synchronous one writes them as they arrive.
-      checkpoints_->prepare(decoder_.params(), /*snapshot=*/!zero_shards_.empty() && r.async_save);
+      checkpoints_->prepare(decoder_.trainable(), /*snapshot=*/!zero_shards_.empty() && r.async_save);
     }
     resume(options.resume);
   }
@@ -141,12 +147,13 @@ class Trainer {
                r_.data_path);
     fmt::print(log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}\n", max_steps_,
                r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype);
+    if (decoder_.has_adapter()) print_lora();
     fmt::print(log_, "keel: {} thread(s) per rank, {}\n", max_threads(),
                decoder_.backend().description(decoder_.precision() == model::Precision::BF16));
     if (!zero_shards_.empty())
       fmt::print(log_, "keel: ZeRO-1: AdamW moments sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB\n",
-                 comm_.size(), 8e-6 * double(decoder_.params().optimizer_range().size()),
-                 8e-6 * double(decoder_.params().total()));
+                 comm_.size(), 8e-6 * double(decoder_.trainable().optimizer_range().size()),
+                 8e-6 * double(decoder_.trainable().total()));
 
     InterruptGuard interrupt;
     TrainResult result;
@@ -193,6 +200,22 @@ class Trainer {
   }
 
  private:
+  // What LoRA trains, said once: the modules, the scaling, and the share of the model that trains.
+  void print_lora() {
+    const model::LoraSpec& spec = decoder_.options().lora;
+    std::vector<std::string> names;
+    for (const auto& m : decoder_.lora_modules())
+      if (std::find(names.begin(), names.end(), m.name) == names.end()) names.push_back(m.name);
+    const double trained = double(decoder_.adapter().total()), base = double(config_.total_parameters());
+    fmt::print(log_,
+               "keel: LoRA rank {}, alpha {} (scaling {:.4g}{}) on {} modules ({}); {} trainable parameters ({:.3f}% "
+               "of {:.1f}M), the model's weights frozen; adapter {}\n",
+               spec.rank, spec.alpha, spec.scaling(), spec.rslora ? ", rsLoRA" : "", decoder_.lora_modules().size(),
+               fmt::join(names, ", "), int64_t(trained), 100.0 * trained / base, base / 1e6,
+               r_.adapter_name_or_path.empty() ? fmt::format("initialised as PEFT does (seed {})", r_.seed)
+                                               : "loaded from " + r_.adapter_name_or_path);
+  }
+
   // The recipe keys that decide which samples each step sees and how they are computed: a resume
   // with any of them changed could not continue the run, so it is refused. The world size is not
   // one of them, only the global batch: micro-batch i of rank r is the step's (i * ranks + r)-th
@@ -225,7 +248,7 @@ class Trainer {
     }
     checkpoint::TrainingState saved;
     try {
-      saved = checkpoint::load_checkpoint(path, decoder_.params());
+      saved = checkpoint::load_checkpoint(path, decoder_.trainable());
     } catch (const Error& e) {
       if (request != "auto") throw;
       // The latest is corrupt: say which one a resume can use instead.
@@ -266,7 +289,8 @@ class Trainer {
     state_.samples_consumed = saved.samples_consumed;
     // At max_steps with the final model written, the run is finished: nothing to do. Without it (the
     // save of final/ failed, e.g. on a full disk) the resume goes on to write it.
-    already_complete_ = saved.step == max_steps_ && path_exists(r_.output_dir + "/final/config.json");
+    already_complete_ = saved.step == max_steps_ && (path_exists(r_.output_dir + "/final/config.json") ||
+                                                     path_exists(r_.output_dir + "/final/adapter_config.json"));
     if (!already_complete_) fmt::print(log_, "keel: resumed from {} at step {}\n", path, saved.step);
   }
 
@@ -324,7 +348,7 @@ class Trainer {
     if (comm_.rank() == 0) {
       checkpoint::remove_checkpoints(dir);  // an earlier interruption's: this one supersedes it
       writer = std::make_unique<checkpoint::CheckpointWriter>(dir, /*keep_last_n=*/1, /*async=*/false);
-      writer->prepare(decoder_.params(), /*snapshot=*/false);
+      writer->prepare(decoder_.trainable(), /*snapshot=*/false);
     }
     const bool saved = save_checkpoint(writer.get(), m, progress);
     return saved && writer ? dir : "";
@@ -344,7 +368,7 @@ class Trainer {
       require(!r_.fail_on_save_error, "checkpoint save failed: {}", failure);
       progress.message(fmt::format("warning: the previous checkpoint save failed ({}); retrying now", failure));
     }
-    model::ParamStore& params = decoder_.params();
+    model::ParamStore& params = decoder_.trainable();
     std::optional<distributed::ShardReader> shards;  // ZeRO-1: the other ranks' moments, as they arrive
     if (!zero_shards_.empty())
       shards.emplace(comm_, zero_shards_, std::vector<const float*>{params.adam_m(), params.adam_v()});
@@ -424,7 +448,7 @@ class Trainer {
 
   // ZeRO-1, every rank but 0: its shard of m, then of v (the order distributed::ShardReader reads in).
   void send_moments() {
-    model::ParamStore& params = decoder_.params();
+    model::ParamStore& params = decoder_.trainable();
     const int64_t n = zero_shards_[size_t(comm_.rank())].size();  // what ShardReader expects of this rank
     require(n == params.optimizer_range().size(), "ZeRO-1: this rank's shard ({}) is not its optimizer range ({})", n,
             params.optimizer_range().size());
@@ -469,7 +493,7 @@ class Trainer {
     m.tokens = int64_t(totals[1]);
 
     const auto t1 = Clock::now();
-    decoder_.params().zero_grads();
+    decoder_.trainable().zero_grads();
     const double grad_scale = m.target_tokens > 0 ? 1.0 / double(m.target_tokens) : 0.0;
     double loss_sum = 0.0;
     for (size_t i = 0; i < micro.size(); ++i) {
@@ -483,14 +507,14 @@ class Trainer {
       // Gradients are synchronised once per step, during the last micro-batch's backward pass
       // (overlap_grad_sync: each bucket as soon as its gradients are final) or after it.
       const bool last = i + 1 == micro.size();
-      if (ranks > 1 && last) buckets_->begin(decoder_.params().grads(), comm_, r_.deterministic_reduce);
+      if (ranks > 1 && last) buckets_->begin(decoder_.trainable().grads(), comm_, r_.deterministic_reduce);
       sync_in_backward_ = ranks > 1 && last && r_.overlap_grad_sync;
       loss_sum += decoder_.forward_backward(batch, grad_scale);
       sync_in_backward_ = false;
     }
     m.compute_s = seconds_since(t1);
-    if (ranks > 1 && micro.empty()) buckets_->begin(decoder_.params().grads(), comm_, r_.deterministic_reduce);
-    model::ParamStore& params = decoder_.params();
+    if (ranks > 1 && micro.empty()) buckets_->begin(decoder_.trainable().grads(), comm_, r_.deterministic_reduce);
+    model::ParamStore& params = decoder_.trainable();
     const FlatRange mine = params.optimizer_range();  // everything, or this rank's ZeRO-1 shard
     double grad_squares = 0;                          // under ZeRO-1, of every rank's shard
     if (ranks > 1) {
@@ -543,7 +567,7 @@ class Trainer {
     s.planned_memory_bytes = int64_t(report::training_memory_plan(r_, config_, shape).total_bytes());
     s.matmul_peak_flops =
         decoder_.backend().measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
-    s.finalize(flops_per_token(config_, r_.max_seq_len));
+    s.finalize(flops_per_token(decoder_, r_.max_seq_len));
     s.ranks = int(comm_.size());
     if (comm_.rank() != 0) return;
     write_file_atomic(r_.output_dir + "/summary.json", report::summary_json(s));
@@ -554,7 +578,10 @@ class Trainer {
       return;
     }
     const std::string final_dir = r_.output_dir + "/final";
-    model::save_hf_model(decoder_, final_dir, setup_.export_dtype);
+    if (decoder_.has_adapter())  // the adapter in fp32, as PEFT keeps and saves it
+      model::save_peft_adapter(decoder_, final_dir, r_.model_config ? "" : r_.model_name, r_.lora_dropout, DType::F32);
+    else
+      model::save_hf_model(decoder_, final_dir, setup_.export_dtype);
     const auto tokenizer_files = checkpoint::copy_tokenizer_files(r_, final_dir);
     const bool has_tokenizer = std::any_of(tokenizer_files.begin(), tokenizer_files.end(), [](const std::string& f) {
       return f == "tokenizer.json" || f == "tokenizer.model" || f == "vocab.json";
@@ -566,8 +593,8 @@ class Trainer {
                  "to ship one with the model\n",
                  final_dir, final_dir);
     run::write_model_marker(final_dir, "keel train: the run's final model");
-    fmt::print(log_, "keel: model written to {}; metrics in {}/metrics.jsonl, summary.json, {}\n", final_dir,
-               r_.output_dir, plot);
+    fmt::print(log_, "keel: {} written to {}; metrics in {}/metrics.jsonl, summary.json, {}\n",
+               decoder_.has_adapter() ? "LoRA adapter (PEFT format)" : "model", final_dir, r_.output_dir, plot);
   }
 
   const run::Recipe& r_;

@@ -66,6 +66,7 @@ void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_
     for (int64_t r = begin; r < end; ++r)
       rmsnorm_row_backward(x + r * dim, w, rstd[r], dy + r * dim, dim, dx + r * dim);
   });
+  if (!dw) return;  // a frozen norm weight (LoRA): no gradient wanted
   parallel_for(column_blocks, parallel, [&](int64_t begin, int64_t end) {
     for (int64_t blk = begin; blk < end; ++blk) {
       const int64_t c0 = blk * kDwColumnBlock;

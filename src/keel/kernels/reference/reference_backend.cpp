@@ -104,10 +104,11 @@ class ReferenceBackend final : public HostMemoryBackend {
   }
   void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows, int64_t dim,
                         float* dx, float* dw) override {
-    Doubles dxd(size_t(rows * dim)), dwd = widen(dw, dim);
+    Doubles dxd(size_t(rows * dim)), dwd = dw ? widen(dw, dim) : Doubles();
     kernels::rmsnorm_backward(widen(x, rows * dim).data(), widen(w, dim).data(), widen(rstd, rows).data(),
-                              widen(dy, rows * dim).data(), rows, dim, dxd.data(), dwd.data());
-    narrow(dxd, dx), narrow(dwd, dw);
+                              widen(dy, rows * dim).data(), rows, dim, dxd.data(), dw ? dwd.data() : nullptr);
+    narrow(dxd, dx);
+    if (dw) narrow(dwd, dw);
   }
   void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                     const RopeTable& table) override {

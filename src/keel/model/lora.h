@@ -1,0 +1,61 @@
+// LoRA (Hu et al. 2021, "LoRA: Low-Rank Adaptation of Large Language Models"): the base weights
+// stay frozen and each targeted linear layer W [out, in] gains a trainable low-rank update,
+//   y = x W^T + scaling * (x A^T) B^T,   A [r, in], B [out, r],
+// with scaling = alpha / r (or alpha / sqrt(r) with rsLoRA, Kalajdzievski 2023). Modules are named
+// and shaped as the Hugging Face model names them (q_proj, query_key_value, gate_up_proj, ...), so
+// the adapter keel writes is PEFT's: keel's fused internal weights (qkv, gate_up) hold one LoRA
+// pair per HF module, each on its block of output rows.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "keel/model/config.h"
+#include "keel/model/params.h"
+
+namespace keel::model {
+
+struct DecoderParamIds;
+
+struct LoraSpec {
+  int64_t rank = 0;  // 0: no LoRA (full fine-tuning)
+  double alpha = 16.0;
+  bool rslora = false;
+  // HF module names ("q_proj", "self_attn.q_proj", a full path) or "all" (every linear layer of
+  // the blocks); a module matches a target equal to its path or to a suffix of it after a '.',
+  // as PEFT's target_modules matches.
+  std::vector<std::string> targets{"all"};
+  bool enabled() const { return rank > 0; }
+  double scaling() const;
+};
+
+// Which of a block's internal linear layers a module belongs to (decoder.h: qkv, o, gate_up, down).
+enum class LinearSlot : uint8_t { Qkv, O, GateUp, Down };
+inline constexpr int kLinearSlots = 4;
+
+struct LoraModule {
+  std::string path;  // the HF module path, e.g. "model.layers.0.self_attn.q_proj"
+  std::string name;  // its last component, e.g. "q_proj" (what target_modules lists)
+  int64_t layer = 0;
+  LinearSlot slot = LinearSlot::Qkv;
+  int64_t row_begin = 0, rows = 0, cols = 0;  // its rows of the internal weight [.., cols]; cols = in features
+  int a = -1, b = -1;                         // A [rank, cols] and B [rows, rank] in the adapter's ParamStore
+  int64_t index_in_layer = 0;                 // its place among the layer's modules (activation buffers)
+};
+
+// The linear modules of the model's blocks that `spec` targets, in the order transformers names
+// them (layer by layer). keel::Error when a target matches nothing, naming the model's modules.
+std::vector<LoraModule> lora_modules(const ModelConfig& config, const DecoderParamIds& ids, const LoraSpec& spec);
+// Every distinct linear-module name of the model's blocks ("q_proj", "k_proj", ...).
+std::vector<std::string> block_linear_names(const ModelConfig& config, const DecoderParamIds& ids);
+// Declares A and B of every module in `adapter` (fills their a/b indices), with weight decay: to
+// the Trainer, PEFT's matrices are ordinary weights.
+void declare_lora_params(std::vector<LoraModule>& modules, int64_t rank, ParamStore& adapter);
+// PEFT's initialisation: A kaiming-uniform with a = sqrt(5) (uniform in +-1/sqrt(in)), B zero.
+// Deterministic in `seed`.
+void init_lora(const std::vector<LoraModule>& modules, ParamStore& adapter, uint64_t seed);
+
+// PEFT's tensor names of a module's matrices: "base_model.model.<path>.lora_A.weight".
+std::string peft_tensor_name(const LoraModule& m, bool a);
+
+}  // namespace keel::model

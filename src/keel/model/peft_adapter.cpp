@@ -1,0 +1,254 @@
+#include "keel/model/peft_adapter.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <vector>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+#include "keel/core/json_text.h"
+#include "keel/model/safetensors.h"
+
+namespace keel::model {
+
+namespace dom = simdjson::dom;
+
+namespace {
+
+std::string config_path(const std::string& dir) { return dir + "/" + kAdapterConfigFile; }
+
+double number(dom::element e, const std::string& path, const char* key) {
+  double d = 0;
+  int64_t i = 0;
+  if (e.get(d) == simdjson::SUCCESS) return d;
+  if (e.get(i) == simdjson::SUCCESS) return double(i);
+  fail("{}: key '{}': expected a number, found {}", path, key, json_describe(e));
+}
+
+// The internal weight a module's rows belong to.
+int weight_of(const DecoderParamIds& ids, const LoraModule& m) {
+  const auto& p = ids.layers[size_t(m.layer)];
+  switch (m.slot) {
+    case LinearSlot::Qkv: return p.qkv_weight;
+    case LinearSlot::O: return p.o_weight;
+    case LinearSlot::GateUp: return p.gate_up_weight;
+    case LinearSlot::Down: return p.down_weight;
+  }
+  return -1;
+}
+
+// W[rows of m] += scaling * B A, with B and A as fp32 [rows, r] and [r, cols].
+void merge_module(Decoder& d, const LoraModule& m, int64_t rank, double scaling, const float* a, const float* b) {
+  std::vector<float> scaled_b(b, b + m.rows * rank);
+  for (float& v : scaled_b) v = float(double(v) * scaling);
+  float* w = d.params().weight(weight_of(d.ids(), m)) + m.row_begin * m.cols;
+  d.backend().gemm(kernels::packed_gemm(kernels::Trans::N, kernels::Trans::N, m.rows, m.cols, rank), scaled_b.data(),
+                   a, w, 1.0f);
+}
+
+std::string json_string_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + json_quoted(items[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+bool is_peft_adapter_dir(const std::string& dir) { return path_exists(config_path(dir)); }
+
+PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
+  const std::string path = config_path(dir);
+  require(path_exists(path), "{}: expected a PEFT adapter directory holding {}, found no such file", dir,
+          kAdapterConfigFile);
+  const std::string text = read_file(path);
+  dom::parser parser;
+  dom::element root;
+  if (auto error = parse_json_document(parser, text, root)) fail("{}: expected valid JSON: {}", path, simdjson::error_message(error));
+  dom::object object;
+  require(root.get(object) == simdjson::SUCCESS, "{}: expected a JSON object", path);
+  auto get = [&](const char* key) -> std::optional<dom::element> {
+    dom::element e;
+    if (object.at_key(key).get(e) != simdjson::SUCCESS || e.is_null()) return std::nullopt;
+    return e;
+  };
+  PeftAdapterConfig c;
+  std::string_view type;
+  require(get("peft_type") && get("peft_type")->get(type) == simdjson::SUCCESS && type == "LORA",
+          "{}: key 'peft_type': expected \"LORA\" (keel loads LoRA adapters), found {}", path,
+          get("peft_type") ? json_describe(*get("peft_type")) : "nothing");
+  auto r = get("r");
+  require(r.has_value(), "{}: key 'r': expected the LoRA rank, found nothing", path);
+  const double rank = number(*r, path, "r");
+  require(rank >= 1 && rank == std::floor(rank), "{}: key 'r': expected a positive integer, found {}", path, rank);
+  c.spec.rank = int64_t(rank);
+  c.spec.alpha = get("lora_alpha") ? number(*get("lora_alpha"), path, "lora_alpha") : 8.0;  // PEFT's default
+  c.dropout = get("lora_dropout") ? number(*get("lora_dropout"), path, "lora_dropout") : 0.0;
+  bool rslora = false;
+  if (auto e = get("use_rslora")) require(e->get(rslora) == simdjson::SUCCESS, "{}: key 'use_rslora': expected true or false", path);
+  c.spec.rslora = rslora;
+  std::string_view base;
+  if (auto e = get("base_model_name_or_path"); e && e->get(base) == simdjson::SUCCESS) c.base_model = std::string(base);
+
+  auto targets = get("target_modules");
+  require(targets.has_value(), "{}: key 'target_modules': expected a list of module names, found nothing", path);
+  c.spec.targets.clear();
+  std::string_view one;
+  dom::array list;
+  if (targets->get(one) == simdjson::SUCCESS) {
+    // PEFT reads a string as a regular expression over module paths, except "all-linear".
+    require(one == "all-linear",
+            "{}: key 'target_modules': the regular expression \"{}\" is not supported; keel needs a list of module "
+            "names (or \"all-linear\")",
+            path, one);
+    c.spec.targets = {"all"};
+  } else {
+    require(targets->get(list) == simdjson::SUCCESS,
+            "{}: key 'target_modules': expected a list of module names, found {}", path, json_describe(*targets));
+    for (dom::element e : list) {
+      require(e.get(one) == simdjson::SUCCESS, "{}: key 'target_modules': expected strings, found {}", path,
+              json_describe(e));
+      c.spec.targets.emplace_back(one);
+    }
+  }
+  std::string_view bias = "none";
+  if (auto e = get("bias"))
+    require(e->get(bias) == simdjson::SUCCESS, "{}: key 'bias': expected a string, found {}", path, json_describe(*e));
+  require(bias == "none", "{}: key 'bias': \"{}\" trains biases too; keel's LoRA adapters have bias \"none\"", path,
+          bias);
+  for (const char* key : {"modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern"}) {
+    auto e = get(key);
+    if (!e) continue;
+    dom::array a;
+    dom::object o;
+    const bool empty = (e->get(a) == simdjson::SUCCESS && a.size() == 0) || (e->get(o) == simdjson::SUCCESS && o.size() == 0);
+    require(empty, "{}: key '{}' = {} is not supported by keel's LoRA", path, key, json_describe(*e));
+  }
+  bool dora = false;
+  if (auto e = get("use_dora"))
+    require(e->get(dora) == simdjson::SUCCESS, "{}: key 'use_dora': expected true or false", path);
+  require(!dora, "{}: key 'use_dora': DoRA adapters are not supported", path);
+  return c;
+}
+
+void save_peft_adapter(const Decoder& decoder, const std::string& dir, const std::string& base_model, double dropout,
+                       DType dtype) {
+  require(decoder.has_adapter(), "save_peft_adapter: the model has no LoRA adapter");
+  make_dirs(dir);
+  const auto& modules = decoder.lora_modules();
+  const auto& adapter = decoder.adapter();
+  const LoraSpec& spec = decoder.options().lora;
+  std::vector<TensorToWrite> tensors;
+  std::vector<std::string> names;
+  for (const auto& m : modules) {
+    tensors.push_back({peft_tensor_name(m, true), adapter.param(m.a).shape, adapter.weight(m.a)});
+    tensors.push_back({peft_tensor_name(m, false), adapter.param(m.b).shape, adapter.weight(m.b)});
+    if (std::find(names.begin(), names.end(), m.name) == names.end()) names.push_back(m.name);
+  }
+  write_safetensors(dir + "/" + kAdapterWeightsFile, tensors, dtype, {{"format", "pt"}});
+  // The keys PEFT's LoraConfig writes that loaders read; target_modules as the resolved names.
+  const std::string json = fmt::format(
+      "{{\n"
+      "  \"base_model_name_or_path\": {},\n"
+      "  \"bias\": \"none\",\n"
+      "  \"fan_in_fan_out\": false,\n"
+      "  \"inference_mode\": true,\n"
+      "  \"init_lora_weights\": true,\n"
+      "  \"layers_to_transform\": null,\n"
+      "  \"lora_alpha\": {},\n"
+      "  \"lora_dropout\": {},\n"
+      "  \"modules_to_save\": null,\n"
+      "  \"peft_type\": \"LORA\",\n"
+      "  \"r\": {},\n"
+      "  \"revision\": null,\n"
+      "  \"target_modules\": {},\n"
+      "  \"task_type\": \"CAUSAL_LM\",\n"
+      "  \"use_dora\": false,\n"
+      "  \"use_rslora\": {}\n"
+      "}}\n",
+      json_quoted(base_model), spec.alpha, dropout, spec.rank, json_string_list(names), spec.rslora ? "true" : "false");
+  write_file_atomic(config_path(dir), json);
+}
+
+namespace {
+
+// The adapter's modules for `decoder`'s model, with their checks against what the file holds.
+std::vector<LoraModule> adapter_modules(const Decoder& decoder, const std::string& dir, const PeftAdapterConfig& c) {
+  try {
+    return lora_modules(decoder.config(), decoder.ids(), c.spec);
+  } catch (const Error& e) {
+    fail("{}: {}", config_path(dir), e.what());
+  }
+}
+
+void read_module(const CheckpointReader& reader, const LoraModule& m, int64_t rank, float* a, float* b) {
+  reader.read_f32(peft_tensor_name(m, true), {rank, m.cols}, a);
+  reader.read_f32(peft_tensor_name(m, false), {m.rows, rank}, b);
+}
+
+// Tensors in the file that no module of the configuration reads: a different model's adapter.
+void require_all_used(const CheckpointReader& reader, const std::vector<LoraModule>& modules, const std::string& path) {
+  std::set<std::string> used;
+  for (const auto& m : modules) used.insert({peft_tensor_name(m, true), peft_tensor_name(m, false)});
+  for (const auto& name : reader.names())
+    require(used.count(name), "{}: tensor '{}' belongs to no module of this model's adapter (another model's adapter?)",
+            path, name);
+}
+
+}  // namespace
+
+void load_peft_adapter(Decoder& decoder, const std::string& dir) {
+  require(decoder.has_adapter(), "{}: an adapter can only be loaded into a LoRA run (finetuning_type = \"lora\")", dir);
+  const PeftAdapterConfig c = read_peft_adapter_config(dir);
+  const LoraSpec& mine = decoder.options().lora;
+  const std::string path = config_path(dir);
+  require(c.spec.rank == mine.rank, "{}: r = {} but the recipe's lora_rank is {}", path, c.spec.rank, mine.rank);
+  require(c.spec.alpha == mine.alpha, "{}: lora_alpha = {} but the recipe's lora_alpha is {}", path, c.spec.alpha,
+          mine.alpha);
+  require(c.spec.rslora == mine.rslora, "{}: use_rslora = {} but the recipe's use_rslora is {}", path, c.spec.rslora,
+          mine.rslora);
+  const auto modules = adapter_modules(decoder, dir, c);
+  std::vector<std::string> theirs, ours;
+  for (const auto& m : modules) theirs.push_back(m.path);
+  for (const auto& m : decoder.lora_modules()) ours.push_back(m.path);
+  require(theirs == ours,
+          "{}: target_modules {} adapt {} modules, the recipe's lora_target {} adapts {}: set lora_target to the "
+          "adapter's modules",
+          path, json_string_list(c.spec.targets), theirs.size(), json_string_list(mine.targets), ours.size());
+  const std::string weights = dir + "/" + kAdapterWeightsFile;
+  const auto reader = CheckpointReader::open_file(weights);
+  require_all_used(reader, modules, weights);
+  ParamStore& adapter = decoder.adapter();
+  for (const auto& m : decoder.lora_modules()) read_module(reader, m, mine.rank, adapter.weight(m.a), adapter.weight(m.b));
+  adapter.refresh_bf16_copy();
+}
+
+int64_t merge_peft_adapter(Decoder& decoder, const std::string& dir) {
+  const PeftAdapterConfig c = read_peft_adapter_config(dir);
+  const auto modules = adapter_modules(decoder, dir, c);
+  const std::string weights = dir + "/" + kAdapterWeightsFile;
+  const auto reader = CheckpointReader::open_file(weights);
+  require_all_used(reader, modules, weights);
+  const int64_t r = c.spec.rank;
+  std::vector<float> a, b;
+  for (const auto& m : modules) {
+    a.resize(size_t(r * m.cols));
+    b.resize(size_t(m.rows * r));
+    read_module(reader, m, r, a.data(), b.data());
+    merge_module(decoder, m, r, c.spec.scaling(), a.data(), b.data());
+  }
+  decoder.params().refresh_bf16_copy();
+  return int64_t(modules.size());
+}
+
+void merge_own_adapter(Decoder& decoder) {
+  const LoraSpec& spec = decoder.options().lora;
+  const ParamStore& adapter = decoder.adapter();
+  for (const auto& m : decoder.lora_modules())
+    merge_module(decoder, m, spec.rank, spec.scaling(), adapter.weight(m.a), adapter.weight(m.b));
+  decoder.params().refresh_bf16_copy();
+}
+
+}  // namespace keel::model

@@ -1,0 +1,260 @@
+// LoRA in the decoder (model/lora.h), checked against the full model it stands for: with
+// W_eff = W + s B A merged into a plain decoder's weights, the LoRA decoder's loss must equal the
+// merged one's, and its adapter gradients must be the chain rule through W_eff,
+//   dL/dB = s dL/dW_eff A^T,   dL/dA = s B^T dL/dW_eff,
+// for every family's module layout (fused qkv and gate_up rows, GLM's fused names), on each
+// backend. Also: the frozen base has no gradients, the plan holds none for it, the adapter's
+// initialisation is PEFT's, gradient checkpointing changes nothing, the grad-ready hook reports
+// every adapter matrix once, and a target that matches nothing names the model's modules.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "keel/core/error.h"
+#include "keel/model/decoder.h"
+#include "keel/model/peft_adapter.h"
+#include "decoder_test_support.h"
+
+namespace keel::model {
+namespace {
+
+using test::random_batch;
+
+LoraSpec spec_of(std::vector<std::string> targets, bool rslora = false) {
+  LoraSpec s;
+  s.rank = 3;
+  s.alpha = 5;
+  s.rslora = rslora;
+  s.targets = std::move(targets);
+  return s;
+}
+
+// Random A and B (B is zero after init_lora, which would make dA vanish).
+void randomise_adapter(Decoder& d, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 0.3f);
+  ParamStore& a = d.adapter();
+  for (int64_t i = 0; i < a.total(); ++i) a.weights()[i] = normal(rng);
+  a.refresh_bf16_copy();
+}
+
+int weight_param(const Decoder& d, const LoraModule& m) {
+  const auto& p = d.ids().layers[size_t(m.layer)];
+  switch (m.slot) {
+    case LinearSlot::Qkv: return p.qkv_weight;
+    case LinearSlot::O: return p.o_weight;
+    case LinearSlot::GateUp: return p.gate_up_weight;
+    case LinearSlot::Down: return p.down_weight;
+  }
+  return -1;
+}
+
+struct Case {
+  const char* family;
+  std::vector<std::string> targets;
+  bool rslora;
+};
+
+class LoraAgainstMerged : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {"llama", {"all"}, false},
+      {"qwen2", {"q_proj", "v_proj", "down_proj"}, true},
+      {"glm", {"k_proj", "gate_up_proj"}, false},
+      {"glm_original", {"query_key_value", "dense", "dense_4h_to_h"}, false},
+  };
+  return c;
+}
+
+TEST_P(LoraAgainstMerged, LossAndAdapterGradientsAreTheChainRuleThroughTheMergedWeights) {
+  const auto& [index, backend] = GetParam();
+  const Case& c = cases()[size_t(index)];
+  const auto config = test::tiny_config(c.family);
+  const int64_t batch = 2, seq = 12;
+  DecoderOptions with_lora = test::on_backend(backend, {false, true, 0});
+  with_lora.lora = spec_of(c.targets, c.rslora);
+  Decoder lora(config, Precision::F32, batch, seq, with_lora);
+  Decoder merged(config, Precision::F32, batch, seq, test::on_backend(backend, {false, true, 0}));
+  lora.init_random(7, 0.2);
+  merged.init_random(7, 0.2);
+  randomise_adapter(lora, 8);
+  ASSERT_FALSE(lora.lora_modules().empty());
+  const double s = with_lora.lora.scaling();
+  const int64_t r = with_lora.lora.rank;
+
+  // W_eff = W + s B A, in double, into the plain decoder.
+  for (const auto& m : lora.lora_modules()) {
+    const float* A = lora.adapter().weight(m.a);
+    const float* B = lora.adapter().weight(m.b);
+    float* W = merged.params().weight(weight_param(merged, m)) + m.row_begin * m.cols;
+    for (int64_t i = 0; i < m.rows; ++i)
+      for (int64_t j = 0; j < m.cols; ++j) {
+        double sum = 0;
+        for (int64_t k = 0; k < r; ++k) sum += double(B[i * r + k]) * A[k * m.cols + j];
+        W[i * m.cols + j] = float(W[i * m.cols + j] + s * sum);
+      }
+  }
+  merged.params().refresh_bf16_copy();
+
+  const auto data = random_batch(batch, seq, config.vocab_size, 3);
+  lora.trainable().zero_grads();
+  merged.params().zero_grads();
+  const double loss_lora = lora.forward_backward(data.view(batch, seq), 1.0 / 20);
+  const double loss_merged = merged.forward_backward(data.view(batch, seq), 1.0 / 20);
+  EXPECT_NEAR(loss_lora, loss_merged, 1e-5 * std::abs(loss_merged));
+  EXPECT_TRUE(lora.params().frozen());
+  EXPECT_EQ(lora.params().grads(), nullptr);
+
+  for (const auto& m : lora.lora_modules()) {
+    const float* A = lora.adapter().weight(m.a);
+    const float* B = lora.adapter().weight(m.b);
+    const float* dW = merged.params().grad(weight_param(merged, m)) + m.row_begin * m.cols;
+    const float* dA = lora.adapter().grad(m.a);
+    const float* dB = lora.adapter().grad(m.b);
+    double err_a = 0, norm_a = 0, err_b = 0, norm_b = 0;
+    for (int64_t k = 0; k < r; ++k)
+      for (int64_t j = 0; j < m.cols; ++j) {  // dA[k, j] = s sum_i B[i, k] dW[i, j]
+        double want = 0;
+        for (int64_t i = 0; i < m.rows; ++i) want += double(B[i * r + k]) * dW[i * m.cols + j];
+        want *= s;
+        err_a += (dA[k * m.cols + j] - want) * (dA[k * m.cols + j] - want);
+        norm_a += want * want;
+      }
+    for (int64_t i = 0; i < m.rows; ++i)
+      for (int64_t k = 0; k < r; ++k) {  // dB[i, k] = s sum_j dW[i, j] A[k, j]
+        double want = 0;
+        for (int64_t j = 0; j < m.cols; ++j) want += double(dW[i * m.cols + j]) * A[k * m.cols + j];
+        want *= s;
+        err_b += (dB[i * r + k] - want) * (dB[i * r + k] - want);
+        norm_b += want * want;
+      }
+    EXPECT_GT(norm_a, 0) << m.path;
+    EXPECT_GT(norm_b, 0) << m.path;
+    EXPECT_LT(std::sqrt(err_a / norm_a), 1e-4) << m.path << ".lora_A";
+    EXPECT_LT(std::sqrt(err_b / norm_b), 1e-4) << m.path << ".lora_B";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, LoraAgainstMerged, ::testing::Combine(::testing::Range(0, 4), test::each_backend()),
+                         [](const auto& info) {
+                           return std::string(cases()[size_t(std::get<0>(info.param))].family) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
+TEST(Lora, PlanHasNoGradientsOrMomentsForTheFrozenWeights) {
+  const auto config = test::tiny_config("llama");
+  DecoderOptions full{false, true, 0};
+  DecoderOptions lora = full;
+  lora.lora = spec_of({"all"});
+  const MemoryPlan full_plan = decoder_memory_plan(config, Precision::BF16, 2, 16, full);
+  const MemoryPlan lora_plan = decoder_memory_plan(config, Precision::BF16, 2, 16, lora);
+  Decoder d(config, Precision::BF16, 2, 16, lora);
+  auto bytes_of = [](const MemoryPlan& p, const std::string& name) -> size_t {
+    for (const auto& b : p.buffers())
+      if (b.name == name) return b.bytes;
+    return 0;
+  };
+  EXPECT_GT(bytes_of(full_plan, "grads"), 0u);
+  EXPECT_EQ(bytes_of(lora_plan, "grads"), 0u);
+  EXPECT_EQ(bytes_of(lora_plan, "lora.grads"), sizeof(float) * size_t(d.adapter().total()));
+  EXPECT_EQ(bytes_of(lora_plan, "adam.m"), sizeof(float) * size_t(d.adapter().total()));
+  EXPECT_EQ(bytes_of(lora_plan, "weights"), bytes_of(full_plan, "weights"));
+  EXPECT_LT(lora_plan.arena_bytes(), full_plan.arena_bytes());
+  // The decoder allocates exactly the plan `keel plan` shows.
+  EXPECT_EQ(d.memory_plan().arena_bytes(), lora_plan.arena_bytes());
+}
+
+TEST(Lora, InitialisationIsPeftsAndDeterministicInTheSeed) {
+  const auto config = test::tiny_config("llama");
+  DecoderOptions o{false, true, 0};
+  o.lora = spec_of({"q_proj", "down_proj"});
+  Decoder a(config, Precision::F32, 1, 8, o), b(config, Precision::F32, 1, 8, o), c(config, Precision::F32, 1, 8, o);
+  a.init_adapter(1);
+  b.init_adapter(1);
+  c.init_adapter(2);
+  const size_t bytes = sizeof(float) * size_t(a.adapter().total());
+  EXPECT_EQ(std::memcmp(a.adapter().weights(), b.adapter().weights(), bytes), 0);
+  EXPECT_NE(std::memcmp(a.adapter().weights(), c.adapter().weights(), bytes), 0);
+  for (const auto& m : a.lora_modules()) {
+    const double bound = 1.0 / std::sqrt(double(m.cols));  // kaiming_uniform_(a = sqrt(5))
+    const float* A = a.adapter().weight(m.a);
+    double sum_sq = 0, max_abs = 0;
+    const int64_t n = a.adapter().param(m.a).numel;
+    for (int64_t i = 0; i < n; ++i) sum_sq += double(A[i]) * A[i], max_abs = std::max(max_abs, double(std::abs(A[i])));
+    EXPECT_LE(max_abs, bound) << m.path;
+    EXPECT_GT(max_abs, 0.8 * bound) << m.path;
+    EXPECT_NEAR(std::sqrt(sum_sq / double(n)), bound / std::sqrt(3.0), 0.25 * bound) << m.path;  // uniform's std
+    const float* B = a.adapter().weight(m.b);
+    for (int64_t i = 0; i < a.adapter().param(m.b).numel; ++i) ASSERT_EQ(B[i], 0.0f) << m.path;
+  }
+  EXPECT_EQ(a.lora_modules().size(), 2u * size_t(config.num_layers));
+}
+
+TEST(Lora, GradientCheckpointingGivesTheSameAdapterGradients) {
+  for (Precision precision : {Precision::F32, Precision::BF16}) {
+    const auto config = test::tiny_config("qwen2");
+    DecoderOptions stored_options{false, true, 0}, recomputed_options{true, true, 0};
+    stored_options.lora = recomputed_options.lora = spec_of({"all"});
+    Decoder stored(config, precision, 2, 16, stored_options), recomputed(config, precision, 2, 16, recomputed_options);
+    for (Decoder* d : {&stored, &recomputed}) {
+      d->init_random(4, 0.2);
+      randomise_adapter(*d, 5);
+      d->trainable().zero_grads();
+      d->forward_backward(random_batch(2, 16, config.vocab_size, 6).view(2, 16), 0.05);
+    }
+    EXPECT_EQ(std::memcmp(stored.adapter().grads(), recomputed.adapter().grads(),
+                          sizeof(float) * size_t(stored.adapter().total())),
+              0);
+  }
+}
+
+TEST(Lora, GradReadyHookReportsEveryAdapterMatrixOnceInReverseOrder) {
+  const auto config = test::tiny_config("llama");
+  DecoderOptions o{false, true, 0};
+  o.lora = spec_of({"all"});
+  Decoder d(config, Precision::F32, 2, 8, o);
+  d.init_random(1, 0.2);
+  randomise_adapter(d, 2);
+  std::vector<int> order;
+  std::vector<std::vector<float>> seen(d.adapter().params().size());
+  d.set_grad_ready_hook([&](int p, ComputeEvent) {
+    order.push_back(p);
+    const float* g = d.adapter().grad(p);
+    seen[size_t(p)].assign(g, g + d.adapter().param(p).numel);
+  });
+  d.trainable().zero_grads();
+  d.forward_backward(random_batch(2, 8, config.vocab_size, 3).view(2, 8), 0.1);
+  ASSERT_EQ(order.size(), d.adapter().params().size());
+  for (size_t i = 0; i < order.size(); ++i)
+    EXPECT_EQ(order[i], int(order.size() - 1 - i)) << "adapter parameters become final last-declared first";
+  for (size_t p = 0; p < seen.size(); ++p)  // final when reported
+    EXPECT_EQ(std::memcmp(seen[p].data(), d.adapter().grad(int(p)), sizeof(float) * seen[p].size()), 0)
+        << d.adapter().param(int(p)).name;
+}
+
+TEST(Lora, ATargetThatMatchesNothingNamesTheModelsModules) {
+  const auto config = test::tiny_config("glm_original");
+  DecoderOptions o;
+  o.lora = spec_of({"q_proj"});
+  try {
+    Decoder d(config, Precision::F32, 1, 4, o);
+    FAIL() << "a ChatGLM model has no q_proj";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'q_proj' matches no linear layer"), std::string::npos) << what;
+    EXPECT_NE(what.find("query_key_value, dense, dense_h_to_4h, dense_4h_to_h"), std::string::npos) << what;
+  }
+  o.lora = spec_of({"self_attention.query_key_value"});  // a path suffix matches, as in PEFT
+  Decoder d(config, Precision::F32, 1, 4, o);
+  EXPECT_EQ(d.lora_modules().size(), size_t(config.num_layers));
+  EXPECT_EQ(d.lora_modules()[0].path, "transformer.encoder.layers.0.self_attention.query_key_value");
+  EXPECT_EQ(d.lora_modules()[0].rows, config.q_size() + 2 * config.kv_size());
+}
+
+}  // namespace
+}  // namespace keel::model
