@@ -20,11 +20,15 @@
    PeftModel.from_pretrained loads it with no missing or unexpected key and gives the logits of
    the torch-trained PeftModel; `keel generate --adapter` continues prompts greedily exactly as
    transformers' generate on that PeftModel does.
+5. The run's checkpoint: `keel export` writes the same adapter; `keel export --merge` writes the
+   model PEFT's merge_and_unload makes of keel's adapter (fp32 rounding); a run stopped after step
+   1 and resumed ends with the uninterrupted run's adapter, bit for bit.
 """
 import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -160,6 +164,48 @@ def check_generate(keel, work, spec, init, final_dir, model_dir, failures):
         failures.append("keel generate --adapter %s != PEFT's greedy continuation %s" % (got, expected))
 
 
+def keel_cli(keel, work, args, failures):
+    print("$ keel " + " ".join(args))
+    proc = subprocess.run([keel] + args, cwd=work, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        failures.append("keel %s failed (%d): %s" % (args[0], proc.returncode, proc.stderr.strip()[-600:]))
+    return proc.returncode == 0
+
+
+def check_export_and_resume(keel, work, spec, init, failures):
+    out = os.path.join(work, "out")
+    final = hf.load_safetensors(os.path.join(out, "final", "adapter_model.safetensors"))
+    ckpt = os.path.join(work, "checkpoints")
+    exported = os.path.join(work, "exported_adapter")
+    if keel_cli(keel, work, ["export", ckpt, "--to", exported, "--overwrite"], failures):
+        again = hf.load_safetensors(os.path.join(exported, "adapter_model.safetensors"))
+        if set(again) != set(final) or any(not torch.equal(again[k], final[k]) for k in final):
+            failures.append("keel export of the last checkpoint is not the run's final adapter")
+    merged_dir = os.path.join(work, "merged")
+    if keel_cli(keel, work, ["export", ckpt, "--to", merged_dir, "--merge", "--overwrite"], failures):
+        merged = hf.load_checkpoint(merged_dir)
+        want = hf.model_tensors(peft_model(spec, init, os.path.join(out, "final"), trainable=False).merge_and_unload())
+        worst = 0.0
+        for name, t in want.items():
+            if name not in merged:
+                failures.append("keel export --merge lacks %s" % name)
+                continue
+            err = float((merged[name].double() - t.double()).norm() / t.double().norm())
+            worst = max(worst, err)
+        print("keel export --merge vs PEFT merge_and_unload of keel's adapter: worst rel err %.2e" % worst)
+        if worst > 1e-6:
+            failures.append("keel export --merge differs from PEFT's merge_and_unload by %.3g > 1e-6" % worst)
+    resumed = os.path.join(work, "resumed")
+    common = ["--set", "output_dir=" + resumed, "--set", "checkpoint_dir=" + os.path.join(work, "resumed_ckpt")]
+    if keel_cli(keel, work, ["train", "recipe.toml", "--stop-after", "1", "--overwrite"] + common, failures) and \
+            keel_cli(keel, work, ["train", "recipe.toml", "--resume", "auto"] + common, failures):
+        again = hf.load_safetensors(os.path.join(resumed, "final", "adapter_model.safetensors"))
+        same = set(again) == set(final) and all(torch.equal(again[k], final[k]) for k in final)
+        print("stopped after step 1 and resumed: adapter %s the uninterrupted run's" % ("equals" if same else "differs from"))
+        if not same:
+            failures.append("a LoRA run stopped after step 1 and resumed does not end with the same adapter")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keel", required=True)
@@ -175,6 +221,8 @@ def main():
     print("LoRA reference test: family=%s dtype=%s backend=%s (torch %s, transformers %s, peft %s)"
           % (args.family, args.dtype, args.backend, torch.__version__, hf.transformers.__version__, peft.__version__))
 
+    for stale in ("checkpoints", "resumed", "resumed_ckpt", "merged", "exported_adapter", "initial_adapter"):
+        shutil.rmtree(os.path.join(work, stale), ignore_errors=True)  # an earlier run's
     cfg, spec, init, records = tr.write_inputs(work, args.family, args.dtype, args.backend)
     model_dir = os.path.join(work, "model")
     adapter_dir = os.path.join(work, "initial_adapter")
@@ -182,8 +230,9 @@ def main():
     target, _, rslora = FAMILY_LORA[args.family]
     with open(os.path.join(work, "recipe.toml"), "a") as f:
         f.write("finetuning_type = \"lora\"\nlora_rank = %d\nlora_alpha = %d\nlora_target = %s\nuse_rslora = %s\n"
-                "adapter_name_or_path = %s\n" % (RANK, ALPHA, target, "true" if rslora else "false",
-                                                 json.dumps(adapter_dir)))
+                "adapter_name_or_path = %s\ncheckpoint_dir = %s\n"
+                % (RANK, ALPHA, target, "true" if rslora else "false", json.dumps(adapter_dir),
+                   json.dumps(os.path.join(work, "checkpoints"))))
     failures = tr.run_keel(keel, work, args.timeout)
     if failures:
         print("FAIL: " + failures[0])
@@ -213,6 +262,7 @@ def main():
             failures.append("PEFT's logits with keel's adapter differ from the reference's by %.3g > %.2g" % (err, bound))
         if args.dtype == "fp32":  # greedy tokens are only stable where the weights agree to fp32 rounding
             check_generate(keel, work, spec, init, final_dir, model_dir, failures)
+        check_export_and_resume(keel, work, spec, init, failures)
     if failures:
         print("\nFAIL (LoRA, %s, %s): %d problem(s):" % (args.family, args.dtype, len(failures)))
         for f in failures:

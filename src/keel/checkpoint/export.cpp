@@ -10,6 +10,7 @@
 #include "keel/core/file_io.h"
 #include "keel/model/decoder.h"
 #include "keel/model/hf_weights.h"
+#include "keel/model/peft_adapter.h"
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/run/model_setup.h"
 #include "keel/run/run_guard.h"
@@ -148,9 +149,20 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
   result.config = model::config_for_family(trained, family_of_export(trained, request.format));
 
   // Only the weights are needed: the smallest decoder (no optimizer state, a 1 x 2 batch). The two
-  // GLM formats share keel's internal parameter layout, so the checkpoint loads into either.
-  model::Decoder decoder(result.config, model::Precision::F32, 1, 2);
-  require(model_fingerprint(decoder.params(), trained.architecture) == state.model_fingerprint,
+  // GLM formats share keel's internal parameter layout, so the checkpoint loads into either. A LoRA
+  // run's checkpoint holds its adapter: the decoder has the same one.
+  model::DecoderOptions options;
+  options.lora = run::recipe_lora_spec(recipe);
+  require(!request.merge || options.lora.enabled(),
+          "--merge: {} is a checkpoint of full fine-tuning (finetuning_type = \"{}\"); there is no adapter to merge",
+          step_dir, recipe.finetuning_type);
+  if (options.lora.enabled() && !request.merge)
+    require(request.format == ExportFormat::AsTrained,
+            "--format: a LoRA checkpoint exports as a PEFT adapter on the model it was trained on; --format applies "
+            "with --merge");
+  model::Decoder decoder(result.config, model::Precision::F32, 1, 2, options);
+  result.adapter = options.lora.enabled() && !request.merge;
+  require(model_fingerprint(decoder.trainable(), trained.architecture) == state.model_fingerprint,
           "{}: the checkpoint was written for a different model than {} describes now (architecture or sizes "
           "changed)",
           step_dir, recipe.model_config ? recipe_path + " [model_config]" : recipe.model_name + "/config.json");
@@ -164,8 +176,23 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
            e.what());
     }
   }
-  read_checkpoint_weights(step_dir, decoder.params());
-  model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes);
+  if (result.adapter) {  // the adapter as the run's final/ holds it: fp32, PEFT's names
+    read_checkpoint_weights(step_dir, decoder.adapter());
+    model::save_peft_adapter(decoder, request.destination, recipe.model_config ? "" : recipe.model_name,
+                             recipe.lora_dropout, request.dtype.value_or(DType::F32));
+    result.dtype = request.dtype.value_or(DType::F32);
+  } else if (options.lora.enabled()) {  // --merge: W + scaling B A, in the base model's format and dtype
+    read_checkpoint_weights(step_dir, decoder.adapter());
+    if (recipe.model_config)
+      decoder.init_random(uint64_t(recipe.seed));  // the run's base: a new model, from its seed
+    else
+      model::load_hf_weights(decoder, recipe.model_name);
+    model::merge_own_adapter(decoder);
+    model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes);
+  } else {
+    read_checkpoint_weights(step_dir, decoder.params());
+    model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes);
+  }
   result.tokenizer_files = copy_tokenizer_files(recipe, request.destination);
   run::write_model_marker(request.destination, fmt::format("keel export of {}", step_dir));
   return result;

@@ -28,6 +28,9 @@ struct ExportRequest {
   // Replace a destination that holds files keel did not write (by default refused: it may be the
   // user's model).
   bool overwrite = false;
+  // A LoRA run's checkpoint: write the full model with the adapter merged into its weights
+  // (W + scaling B A, PEFT's merge_and_unload) instead of the adapter.
+  bool merge = false;
 };
 
 struct ExportResult {
@@ -35,6 +38,7 @@ struct ExportResult {
   int64_t step = 0;
   DType dtype = DType::F32;
   model::ModelConfig config;  // as written (family and architecture of the export)
+  bool adapter = false;       // a PEFT adapter was written (a LoRA checkpoint without --merge)
   std::vector<std::string> tokenizer_files;
 };
 

@@ -17,7 +17,7 @@ namespace {
 struct ExportOptions {
   std::string checkpoint, destination, dtype, format, max_shard_size = "5GB";
   std::vector<std::string> overrides;
-  bool overwrite = false;
+  bool overwrite = false, merge = false;
 };
 
 std::string_view dtype_label(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
@@ -43,11 +43,15 @@ const CommandRegistration kExport{
       cmd.add_option("--set", o->overrides,
                      "Override a key of the checkpoint's recipe, e.g. --set model_name=DIR when the base model moved "
                      "(repeatable)");
+      cmd.add_flag("--merge", o->merge,
+                   "A LoRA run's checkpoint: write the full model with the adapter merged into its weights (default: "
+                   "the adapter, in PEFT's format)");
       cmd.add_flag("--overwrite", o->overwrite,
                    "Replace a destination that holds files keel did not write (refused by default)");
       return [o] {
         checkpoint::ExportRequest request;
         request.overwrite = o->overwrite;
+        request.merge = o->merge;
         request.checkpoint = o->checkpoint;
         request.destination = o->destination;
         if (!o->dtype.empty()) request.dtype = checkpoint::export_dtype_from_name(o->dtype);
@@ -61,9 +65,9 @@ const CommandRegistration kExport{
                 o->max_shard_size);
         request.recipe_overrides = o->overrides;
         const auto result = checkpoint::export_checkpoint(request);
-        fmt::print("keel: exported {} (step {}) to {}: {}, {} ({})\n", result.step_dir, result.step,
-                   request.destination, result.config.architecture, dtype_label(result.dtype),
-                   model::family_name(result.config.family));
+        fmt::print("keel: exported {} (step {}) to {}: {}{}, {} ({})\n", result.step_dir, result.step,
+                   request.destination, result.adapter ? "a LoRA adapter (PEFT format) for " : "",
+                   result.config.architecture, dtype_label(result.dtype), model::family_name(result.config.family));
         if (result.tokenizer_files.empty()) {
           fmt::print("keel: no tokenizer files to copy (the run had no tokenizer directory)\n");
         } else {
