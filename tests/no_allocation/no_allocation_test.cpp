@@ -319,6 +319,7 @@ struct StepCase {
   bool checkpointing;
   int64_t seq = 32;
   bool packed = false;  // micro-batches of packed documents, different in every step
+  bool lora = false;    // LoRA on every linear layer: the adapter trains, the model's weights are frozen
 };
 
 // forward_backward over accumulated micro-batches, the gradient norm, clipping and AdamW: counted
@@ -339,9 +340,12 @@ model::ModelConfig small_model(const char* family) {
 AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
   const auto config = small_model(param.family);
   const int64_t batch = 2, seq = param.seq, accumulation = 2;
-  model::Decoder decoder(config, param.precision, batch, seq, {param.checkpointing, true, 0});
+  model::DecoderOptions options{param.checkpointing, true, 0};
+  if (param.lora) options.lora.rank = 4;
+  model::Decoder decoder(config, param.precision, batch, seq, options);
   decoder.init_random(1);
-  train::AdamW optimizer(decoder.backend(), decoder.params(), {0.9, 0.999, 1e-8, 0.01});
+  decoder.init_adapter(2);
+  train::AdamW optimizer(decoder.backend(), decoder.trainable(), {0.9, 0.999, 1e-8, 0.01});
   std::vector<Batch> pool;
   const int64_t pool_size = param.packed ? accumulation * (steps + 1) : accumulation;
   for (int64_t i = 0; i < pool_size; ++i)
@@ -350,15 +354,15 @@ AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
 
   double loss = 0;
   auto step = [&](int64_t number) {
-    decoder.params().zero_grads();
+    decoder.trainable().zero_grads();
     for (int64_t i = 0; i < accumulation; ++i) {
       const Batch& b = pool[size_t(((number - 1) * accumulation + i) % pool_size)];
       model::MicroBatch mb{
           batch, seq, b.ids.data(), b.targets.data(), b.positions.data(), param.packed ? b.segments.data() : nullptr};
       loss += decoder.forward_backward(mb, 1.0 / double(accumulation * batch * (seq - 1)));
     }
-    const double norm = train::gradient_norm(decoder.backend(), decoder.params());
-    train::clip_gradients(decoder.backend(), decoder.params(), norm, 1.0);
+    const double norm = train::gradient_norm(decoder.backend(), decoder.trainable());
+    train::clip_gradients(decoder.backend(), decoder.trainable(), norm, 1.0);
     optimizer.step(1e-3, number);
   };
   step(1);  // warm-up: GEMM primitives, thread pools and the kernels' scratch appear here
@@ -392,11 +396,13 @@ INSTANTIATE_TEST_SUITE_P(Steps, NoAllocation,
                          ::testing::Values(StepCase{"llama", model::Precision::F32, false},
                                            StepCase{"llama", model::Precision::BF16, false},
                                            StepCase{"glm", model::Precision::BF16, true},
-                                           StepCase{"qwen2", model::Precision::F32, true}),
+                                           StepCase{"qwen2", model::Precision::F32, true},
+                                           StepCase{"llama", model::Precision::BF16, false, 32, false, true},
+                                           StepCase{"glm", model::Precision::F32, true, 32, false, true}),
                          [](const auto& info) {
                            return std::string(info.param.family) +
                                   (info.param.precision == model::Precision::BF16 ? "_bf16" : "_fp32") +
-                                  (info.param.checkpointing ? "_checkpointing" : "");
+                                  (info.param.checkpointing ? "_checkpointing" : "") + (info.param.lora ? "_lora" : "");
                          });
 
 // Sequences of 128 put attention (batch * heads * seq^2 * head_dim = 2^21 multiply-adds) and the

@@ -18,6 +18,7 @@
 #include "keel/model/decoder.h"
 #include "keel/model/peft_adapter.h"
 #include "decoder_test_support.h"
+#include "test_support.h"
 
 namespace keel::model {
 namespace {
@@ -254,6 +255,52 @@ TEST(Lora, ATargetThatMatchesNothingNamesTheModelsModules) {
   EXPECT_EQ(d.lora_modules().size(), size_t(config.num_layers));
   EXPECT_EQ(d.lora_modules()[0].path, "transformer.encoder.layers.0.self_attention.query_key_value");
   EXPECT_EQ(d.lora_modules()[0].rows, config.q_size() + 2 * config.kv_size());
+}
+
+TEST(Lora, AdapterRoundTripsThroughPeftsFormatAndMismatchesAreNamed) {
+  const auto config = test::tiny_config("glm");
+  DecoderOptions o{false, true, 0};
+  o.lora = spec_of({"q_proj", "gate_up_proj"});
+  Decoder source(config, Precision::F32, 1, 8, o), target(config, Precision::F32, 1, 8, o);
+  source.init_random(1, 0.2);
+  randomise_adapter(source, 9);
+  keel::testing::TempDir dir;
+  save_peft_adapter(source, dir.path(), "/models/glm", 0.0, DType::F32);
+  const PeftAdapterConfig read = read_peft_adapter_config(dir.path());
+  EXPECT_EQ(read.spec.rank, 3);
+  EXPECT_EQ(read.spec.alpha, 5.0);
+  EXPECT_EQ(read.base_model, "/models/glm");
+  EXPECT_EQ(read.spec.targets, (std::vector<std::string>{"q_proj", "gate_up_proj"}));
+  load_peft_adapter(target, dir.path());
+  EXPECT_EQ(std::memcmp(source.adapter().weights(), target.adapter().weights(),
+                        sizeof(float) * size_t(source.adapter().total())),
+            0);
+
+  auto error_loading_into = [&](const LoraSpec& spec) -> std::string {
+    DecoderOptions other{false, true, 0};
+    other.lora = spec;
+    Decoder d(config, Precision::F32, 1, 8, other);
+    try {
+      load_peft_adapter(d, dir.path());
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  LoraSpec rank4 = o.lora;
+  rank4.rank = 4;
+  EXPECT_NE(error_loading_into(rank4).find("r = 3 but the recipe's lora_rank is 4"), std::string::npos);
+  EXPECT_NE(error_loading_into(spec_of({"all"})).find("set lora_target to the adapter's modules"), std::string::npos);
+  // Another model's adapter: a module this model does not have.
+  const auto llama = test::tiny_config("llama");
+  DecoderOptions on_llama{false, true, 0};
+  on_llama.lora = spec_of({"q_proj", "gate_up_proj"});
+  try {
+    Decoder d(llama, Precision::F32, 1, 8, on_llama);
+    FAIL() << "llama has no gate_up_proj";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'gate_up_proj' matches no linear layer"), std::string::npos);
+  }
 }
 
 }  // namespace

@@ -133,3 +133,42 @@ TEST(Recipe, BaselineModeKeys) {
   EXPECT_NE(e.find("needs packing = \"pad\""), std::string::npos) << e;
   EXPECT_NE(e.find("r.toml:5"), std::string::npos) << e;  // where packing was set
 }
+
+TEST(Recipe, LoraKeysAsLlamaFactoryNamesThem) {
+  auto r = parse_recipe(std::string(kMinimal) + R"(
+finetuning_type = "lora"
+lora_rank = 16
+lora_target = ["q_proj", "v_proj"]
+use_rslora = true
+)",
+                        "r.toml");
+  EXPECT_EQ(r.lora_rank, 16);
+  EXPECT_EQ(keel::run::lora_targets(r), (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(keel::run::lora_alpha(r), 32.0);  // 2 x rank when unset, as LLaMA-Factory
+  // The comma-separated form, trimmed, and the list form read back from the resolved recipe.
+  r = parse_recipe(std::string(kMinimal) + "finetuning_type = \"lora\"\nlora_target = \"q_proj , dense\"\n", "r.toml");
+  EXPECT_EQ(keel::run::lora_targets(r), (std::vector<std::string>{"q_proj", "dense"}));
+  const auto back = parse_recipe(keel::run::recipe_to_toml(r), "resolved.toml");
+  EXPECT_EQ(keel::run::lora_targets(back), keel::run::lora_targets(r));
+  EXPECT_EQ(keel::run::lora_targets(parse_recipe(kMinimal, "r.toml")), (std::vector<std::string>{"all"}));
+}
+
+TEST(Recipe, LoraNonsenseCombinationsAreErrors) {
+  const std::string lora = std::string(kMinimal) + "finetuning_type = \"lora\"\n";
+  auto e = error_of(std::string(kMinimal) + "lora_rank = 16\n");
+  EXPECT_NE(e.find("r.toml:5: key 'lora_rank' applies to LoRA, but finetuning_type is \"full\""), std::string::npos)
+      << e;
+  e = error_of(lora + "quantization_bit = 4\n");
+  EXPECT_NE(e.find("'quantization_bit'"), std::string::npos) << e;
+  EXPECT_NE(e.find("not supported yet"), std::string::npos) << e;
+  e = error_of(lora + "lora_rank = 0\n");
+  EXPECT_NE(e.find("'lora_rank' must be in [1, 4096]"), std::string::npos) << e;
+  e = error_of(lora + "lora_target = \"q_proj,,v_proj\"\n");
+  EXPECT_NE(e.find("empty name between commas"), std::string::npos) << e;
+  e = error_of(lora + "lora_target = [\"q_proj\", 3]\n");
+  EXPECT_NE(e.find("'lora_target' expects a string or a list of strings"), std::string::npos) << e;
+  e = error_of(std::string(kMinimal) + "finetuning_type = \"freeze\"\n");
+  EXPECT_NE(e.find("'finetuning_type' must be \"full\" or \"lora\""), std::string::npos) << e;
+  e = error_of(lora + "additional_target = \"lm_head\"\n");
+  EXPECT_NE(e.find("'additional_target'"), std::string::npos) << e;
+}
