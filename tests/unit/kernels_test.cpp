@@ -209,6 +209,18 @@ TEST(Embedding, ForwardGathersRows) {
     for (int64_t c = 0; c < hidden; ++c) EXPECT_EQ(out[i * hidden + c], table[ids[i] * hidden + c]);
 }
 
+TEST(Embedding, ForwardFromABf16TableWidensExactly) {
+  const int64_t vocab = 7, hidden = 300;  // rows long enough for the vector conversion path
+  std::vector<bf16> table(size_t(vocab * hidden));
+  const auto values = random_vector(table.size(), 17, -3, 3);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = float_to_bf16(float(values[i]));
+  const std::vector<int32_t> ids = {6, 0, 6, 2};
+  std::vector<float> out(ids.size() * hidden);
+  embedding_forward_bf16(ids.data(), int64_t(ids.size()), table.data(), hidden, out.data());
+  for (size_t i = 0; i < ids.size(); ++i)
+    for (int64_t c = 0; c < hidden; ++c) ASSERT_EQ(out[i * hidden + c], bf16_to_float(table[ids[i] * hidden + c]));
+}
+
 TEST(Embedding, BackwardMatchesFiniteDifferences) {
   const int64_t vocab = 9, hidden = 70;  // two column blocks
   std::vector<double> table = random_vector(vocab * hidden, 17);

@@ -164,10 +164,38 @@ TEST(Lora, PlanHasNoGradientsOrMomentsForTheFrozenWeights) {
   EXPECT_EQ(bytes_of(lora_plan, "grads"), 0u);
   EXPECT_EQ(bytes_of(lora_plan, "lora.grads"), sizeof(float) * size_t(d.adapter().total()));
   EXPECT_EQ(bytes_of(lora_plan, "adam.m"), sizeof(float) * size_t(d.adapter().total()));
-  EXPECT_EQ(bytes_of(lora_plan, "weights"), bytes_of(full_plan, "weights"));
+  // In bf16 the frozen matrices have no fp32 masters: only the norms' are left.
+  EXPECT_LT(bytes_of(lora_plan, "weights"), bytes_of(full_plan, "weights") / 20);
+  EXPECT_EQ(bytes_of(lora_plan, "weights.bf16 (frozen matrices in bf16 only)"), bytes_of(full_plan, "weights.bf16"));
   EXPECT_LT(lora_plan.arena_bytes(), full_plan.arena_bytes());
+  // In fp32 the matrices are the GEMMs' inputs themselves: all kept.
+  EXPECT_EQ(bytes_of(decoder_memory_plan(config, Precision::F32, 2, 16, lora), "weights"),
+            bytes_of(decoder_memory_plan(config, Precision::F32, 2, 16, full), "weights"));
   // The decoder allocates exactly the plan `keel plan` shows.
   EXPECT_EQ(d.memory_plan().arena_bytes(), lora_plan.arena_bytes());
+}
+
+// In bf16 the frozen matrices live in bf16 alone; with B = 0 (PEFT's start) the model must be
+// the plain bf16 model bit for bit, given fp32 weights that are already bf16 values.
+TEST(Lora, Bf16BaseHeldInBf16AloneIsThePlainBf16Model) {
+  for (const char* family : {"llama", "qwen2"}) {  // qwen2: tied embedding (embedding and LM head in bf16)
+    const auto config = test::tiny_config(family);
+    DecoderOptions plain_options{false, true, 0};
+    DecoderOptions lora_options = plain_options;
+    lora_options.lora = spec_of({"all"});
+    Decoder plain(config, Precision::BF16, 2, 16, plain_options), lora(config, Precision::BF16, 2, 16, lora_options);
+    plain.init_random(3, 0.2);
+    lora.init_random(3, 0.2);
+    lora.init_adapter(4);
+    ParamStore& P = plain.params();
+    for (int64_t i = 0; i < P.total(); ++i) P.weights()[i] = bf16_to_float(float_to_bf16(P.weights()[i]));
+    P.refresh_bf16_copy();
+    EXPECT_GT(lora.params().compute_only_total(), 0);
+    EXPECT_EQ(lora.params().weight(lora.ids().embed), nullptr);
+    const auto data = random_batch(2, 16, config.vocab_size, 5);
+    const double a = plain.forward_loss(data.view(2, 16)), b = lora.forward_loss(data.view(2, 16));
+    EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << family << ": " << a << " vs " << b;
+  }
 }
 
 TEST(Lora, InitialisationIsPeftsAndDeterministicInTheSeed) {

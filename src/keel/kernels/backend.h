@@ -85,6 +85,9 @@ class Backend {
                                float* dgate_up) = 0;
   // out[i] = table[ids[i]]; backward ACCUMULATES dtable[ids[i]] += dout[i], deterministically.
   virtual void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) = 0;
+  // The same from a bf16 table (a frozen embedding held only as bf16), widened exactly to fp32.
+  virtual void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, int64_t hidden,
+                                      float* out) = 0;
   virtual void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
                                   float* dtable) = 0;
   // Softmax cross-entropy over a block of logits [rows, vocab] (row stride ld), fused with its

@@ -2,11 +2,15 @@
 #pragma once
 #include <cstdint>
 
+#include "keel/core/dtype.h"
+
 namespace keel::kernels {
 
 // out[i] = table[ids[i]]; ids are validated by the caller to be < vocab.
 template <typename T>
 void embedding_forward(const int32_t* ids, int64_t n, const T* table, int64_t hidden, T* out);
+// The same from a bf16 table, widened to fp32 (exact).
+void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, int64_t hidden, float* out);
 // dtable[ids[i]] += dout[i] (ACCUMULATES); deterministic whatever the thread count.
 template <typename T>
 void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hidden, int64_t vocab, T* dtable);

@@ -26,23 +26,31 @@ int64_t lm_head_chunk_rows(int64_t vocab, int64_t tokens) {
 
 // Declares the parameters in the order of the flat buffers (HF module order). Shared by the
 // constructor and decoder_memory_plan so the plan sees exactly the store the decoder builds.
-void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& ids) {
+// compute_only: the matrices (embedding, projections, LM head) are frozen bf16 GEMM inputs with no
+// fp32 master (LoRA in bf16); norms and biases keep theirs (the kernels read them in fp32).
+void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& ids, bool compute_only = false) {
   const int64_t H = c.hidden_size, qkv_rows = c.q_size() + 2 * c.kv_size();
-  ids.embed = params.add("embed", {c.vocab_size, H}, true);
+  const bool master = !compute_only;
+  ids.embed = params.add("embed", {c.vocab_size, H}, true, master);
   ids.layers.resize(c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     auto& p = ids.layers[l];
     std::string prefix = "layers." + std::to_string(l) + ".";
     p.input_norm = params.add(prefix + "input_norm", {H}, false);
-    p.qkv_weight = params.add(prefix + "qkv.weight", {qkv_rows, H}, true);
+    p.qkv_weight = params.add(prefix + "qkv.weight", {qkv_rows, H}, true, master);
     if (c.qkv_bias) p.qkv_bias = params.add(prefix + "qkv.bias", {qkv_rows}, false);
-    p.o_weight = params.add(prefix + "o.weight", {H, c.q_size()}, true);
+    p.o_weight = params.add(prefix + "o.weight", {H, c.q_size()}, true, master);
     p.post_norm = params.add(prefix + "post_attention_norm", {H}, false);
-    p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true);
-    p.down_weight = params.add(prefix + "down.weight", {H, c.intermediate_size}, true);
+    p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true, master);
+    p.down_weight = params.add(prefix + "down.weight", {H, c.intermediate_size}, true, master);
   }
   ids.final_norm = params.add("final_norm", {H}, false);
-  ids.lm_head = c.tie_word_embeddings ? ids.embed : params.add("lm_head", {c.vocab_size, H}, true);
+  ids.lm_head = c.tie_word_embeddings ? ids.embed : params.add("lm_head", {c.vocab_size, H}, true, master);
+}
+
+// LoRA in bf16 keeps the frozen matrices in bf16 only: their fp32 masters would never be read.
+bool compute_only_base(const DecoderOptions& options, Precision precision) {
+  return options.lora.enabled() && precision == Precision::BF16;
 }
 
 // LoRA: the targeted modules and their A/B matrices in `adapter` (nothing without LoRA).
@@ -120,9 +128,10 @@ struct DecoderLayout {
 // recomputation in the backward), so every block shares the same bytes. Gradient scratch lives
 // through the backward pass and shares its bytes with the LM head's logits chunk, which is dead
 // by then.
-DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, const AdapterShape& adapter,
+DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, const AdapterShape& adapter,
                               Precision precision, int64_t max_batch, int64_t max_seq, const DecoderOptions& options,
                               MemoryPlan& plan) {
+  const int64_t param_elements = params.total();
   using Cat = MemoryCategory;
   const StepTimeline t{int32_t(c.num_layers)};
   const bool bf = precision == Precision::BF16;
@@ -140,7 +149,8 @@ DecoderLayout describe_memory(const ModelConfig& c, int64_t param_elements, cons
   DecoderLayout d;
   const int32_t always = 0, end = t.last();
   d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
-  d.weights_bf16 = add_bf16("weights.bf16", Cat::ComputeWeights, param_elements, always, end);
+  d.weights_bf16 = add_bf16(params.compute_only_total() ? "weights.bf16 (frozen matrices in bf16 only)" : "weights.bf16",
+                            Cat::ComputeWeights, params.bf16_total(), always, end);
   // Under LoRA the model's weights are frozen: gradients and moments only for the adapter.
   if (!adapter.enabled()) d.grads = add("grads", Cat::Gradients, param_elements, f32, always, end);
   const int64_t trained = adapter.enabled() ? adapter.elements : param_elements;
@@ -244,11 +254,11 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
   check_arguments(config, max_batch, max_seq, options);
   ParamStore params, adapter;
   DecoderParamIds ids;
-  declare_params(config, params, ids);
+  declare_params(config, params, ids, compute_only_base(options, precision));
   const auto modules = declare_adapter(config, ids, options.lora, adapter);
   MemoryPlan plan;
-  describe_memory(config, params.total(), adapter_shape(config, modules, adapter, options.lora), precision, max_batch,
-                  max_seq, options, plan);
+  describe_memory(config, params, adapter_shape(config, modules, adapter, options.lora), precision, max_batch, max_seq,
+                  options, plan);
   plan.pack();
   return plan;
 }
@@ -364,7 +374,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
       backend_(backend_of(options)) {
   check_arguments(config_, max_batch, max_seq, options);
   const auto& c = config_;
-  declare_params(c, params_, ids_);
+  declare_params(c, params_, ids_, compute_only_base(options_, precision_));
   lora_ = declare_adapter(c, ids_, options_.lora, adapter_);
   lora_by_slot_.resize(size_t(c.num_layers));
   for (size_t i = 0; i < lora_.size(); ++i)
@@ -372,8 +382,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   buf_ = std::make_unique<Buffers>();
   auto& b = *buf_;
   const DecoderLayout& d = b.layout =
-      describe_memory(c, params_.total(), adapter_shape(c, lora_, adapter_, options_.lora), precision_, max_batch_,
-                      max_seq_, options_, plan_);
+      describe_memory(c, params_, adapter_shape(c, lora_, adapter_, options_.lora), precision_, max_batch_, max_seq_,
+                      options_, plan_);
   plan_.require_fits(options_.memory_cap_bytes, "memory_pool_size");
   // The arena is touched up front: a plan beyond the machine's memory would end in the kernel's
   // out-of-memory killer, so say so here, with the breakdown.
@@ -431,10 +441,17 @@ void Decoder::init_random(uint64_t seed, double std) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, float(std));
   for (const auto& p : params_.params()) {
-    float* w = params_.weight(&p - params_.params().data());
-    bool is_norm = p.name.find("norm") != std::string::npos;
-    bool is_bias = p.name.find(".bias") != std::string::npos;
-    for (int64_t i = 0; i < p.numel; ++i) w[i] = is_norm ? 1.0f : is_bias ? 0.0f : normal(rng);
+    const int i = int(&p - params_.params().data());
+    const bool is_norm = p.name.find("norm") != std::string::npos;
+    const bool is_bias = p.name.find(".bias") != std::string::npos;
+    auto value = [&] { return is_norm ? 1.0f : is_bias ? 0.0f : normal(rng); };
+    if (p.master) {
+      float* w = params_.weight(i);
+      for (int64_t k = 0; k < p.numel; ++k) w[k] = value();
+    } else {  // compute-only: the same draws, rounded as the bf16 copy of a master would be
+      bf16* w = params_.weight_bf16(i);
+      for (int64_t k = 0; k < p.numel; ++k) w[k] = float_to_bf16(value());
+    }
   }
   params_.refresh_bf16_copy();
 }
@@ -594,7 +611,10 @@ void Decoder::forward(const MicroBatch& mb) {
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, L = c.num_layers;
   auto& P = params_;
 
-  backend_.embedding_forward(mb.input_ids, N, P.weight(ids_.embed), H, b.x[0]);
+  if (P.param(ids_.embed).master)
+    backend_.embedding_forward(mb.input_ids, N, P.weight(ids_.embed), H, b.x[0]);
+  else
+    backend_.embedding_forward_bf16(mb.input_ids, N, P.weight_bf16(ids_.embed), H, b.x[0]);
   for (int64_t l = 0; l < L; ++l) forward_block(mb, l, b.x[l], b.forward[l], b.x[l + 1]);
   backend_.rmsnorm_forward(b.x[L], P.weight(ids_.final_norm), N, H, c.rms_norm_eps, b.xn_final, b.rstd_final);
   to_bf16(b.xn_final, b.xn_final_b, N * H);

@@ -77,7 +77,10 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
   std::set<std::string> used;
   for (const auto& t : tensors) {
     const int64_t cols = t.cols ? t.cols : 1;
-    reader.read_f32(t.name, t.shape(), P.weight(t.param) + t.row_begin * cols);
+    if (P.param(t.param).master)
+      reader.read_f32(t.name, t.shape(), P.weight(t.param) + t.row_begin * cols);
+    else  // a compute-only (frozen bf16) matrix: straight into bf16, no fp32 copy on the way
+      reader.read_bf16(t.name, t.shape(), P.weight_bf16(t.param) + t.row_begin * cols);
     used.insert(t.name);
   }
   std::vector<std::string> unused;
@@ -91,6 +94,9 @@ void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, 
   make_dirs(dir);
   const auto& P = decoder.params();
   std::vector<TensorToWrite> out;
+  require(P.compute_only_total() == 0,
+          "save_hf_model: the model's matrices are held in bf16 only (LoRA in bf16); export the adapter, or merge "
+          "it with keel export --merge");
   for (const auto& t : hf_tensors(decoder.config(), decoder.ids())) {
     const int64_t cols = t.cols ? t.cols : 1;
     out.push_back({t.name, t.shape(), P.weight(t.param) + t.row_begin * cols});

@@ -10,16 +10,18 @@ namespace {
 constexpr int64_t kAlignElements = 16;  // 64 bytes of fp32: every tensor starts on a cache line
 }
 
-int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_decay) {
+int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_decay, bool master) {
   require(!allocated(), "ParamStore: parameter '{}' declared after allocation", name);
   Param p;
   p.name = std::move(name);
   p.shape = std::move(shape);
   p.numel = 1;
   for (int64_t d : p.shape) p.numel *= d;
-  p.offset = total_;
   p.weight_decay = weight_decay;
-  total_ += (p.numel + kAlignElements - 1) / kAlignElements * kAlignElements;
+  p.master = master;
+  int64_t& end = master ? total_ : compute_only_total_;
+  p.offset = end;
+  end += (p.numel + kAlignElements - 1) / kAlignElements * kAlignElements;
   params_.push_back(std::move(p));
   return int(params_.size()) - 1;
 }
@@ -27,7 +29,8 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_de
 void ParamStore::allocate(bool with_bf16_copy) {
   owned_weights_.assign(total_, 0.0f);
   owned_grads_.assign(total_, 0.0f);
-  if (with_bf16_copy) owned_weights_bf16_.assign(total_, bf16{0});
+  require(with_bf16_copy || compute_only_total_ == 0, "ParamStore: compute-only parameters need the bf16 buffer");
+  if (with_bf16_copy) owned_weights_bf16_.assign(size_t(bf16_total()), bf16{0});
   weights_ = owned_weights_.data();
   grads_ = owned_grads_.data();
   weights_bf16_ = with_bf16_copy ? owned_weights_bf16_.data() : nullptr;
@@ -36,6 +39,8 @@ void ParamStore::allocate(bool with_bf16_copy) {
 void ParamStore::bind(float* weights, float* grads, bf16* weights_bf16, float* adam_m, float* adam_v) {
   require(weights && (adam_m == nullptr) == (adam_v == nullptr) && (grads || !adam_m),
           "ParamStore::bind: weights are required, Adam moments come in pairs and need gradients");
+  require(weights_bf16 || compute_only_total_ == 0, "ParamStore::bind: compute-only parameters need the bf16 buffer");
+  require(!grads || compute_only_total_ == 0, "ParamStore::bind: compute-only parameters are frozen (no gradients)");
   weights_ = weights;
   grads_ = grads;
   weights_bf16_ = weights_bf16;

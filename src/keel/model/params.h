@@ -3,6 +3,10 @@
 // One flat range makes the optimizer, the global gradient norm, gradient buckets for data
 // parallel (contiguous ranges in reverse layer order) and ZeRO shards simple slices.
 //
+// A frozen tensor that only feeds bf16 GEMMs (LoRA's base matrices in bf16) needs no fp32 master:
+// it is declared compute-only and lives in the bf16 buffer alone, after the mirror of the fp32
+// buffer: bf16 = [copies of the masters, total() elements | compute-only tensors].
+//
 // The buffers are either bound to memory planned elsewhere (the decoder's arena: bind()) or owned
 // by the store (allocate()), for stores used outside a plan.
 #pragma once
@@ -22,12 +26,13 @@ struct Param {
   int64_t offset = 0;          // into the flat buffers, in elements (64-byte aligned)
   int64_t numel = 0;
   bool weight_decay = true;  // false for biases and norm weights (HF Trainer's rule)
+  bool master = true;        // false: compute-only (bf16 alone; offset counts in the compute-only part)
 };
 
 class ParamStore {
  public:
   // Declares a parameter; returns its index. All declarations come before allocate() or bind().
-  int add(std::string name, std::vector<int64_t> shape, bool weight_decay);
+  int add(std::string name, std::vector<int64_t> shape, bool weight_decay, bool master = true);
   // Allocates zeroed buffers owned by the store (weights, grads; the bf16 copy on request).
   void allocate(bool with_bf16_copy);
   // Points the store at buffers of total() elements planned elsewhere; bf16 copy and Adam moments
@@ -44,14 +49,18 @@ class ParamStore {
 
   const std::vector<Param>& params() const { return params_; }
   const Param& param(int i) const { return params_[i]; }
-  int64_t total() const { return total_; }
+  int64_t total() const { return total_; }  // elements with an fp32 master
+  int64_t compute_only_total() const { return compute_only_total_; }
+  int64_t bf16_total() const { return total_ + compute_only_total_; }  // the bf16 buffer's elements
   bool allocated() const { return weights_ != nullptr; }
 
-  float* weight(int i) { return weights_ + params_[i].offset; }
-  const float* weight(int i) const { return weights_ + params_[i].offset; }
+  // The fp32 master; null for a compute-only tensor.
+  float* weight(int i) { return params_[i].master ? weights_ + params_[i].offset : nullptr; }
+  const float* weight(int i) const { return params_[i].master ? weights_ + params_[i].offset : nullptr; }
   float* grad(int i) { return grads_ ? grads_ + params_[i].offset : nullptr; }
   bool frozen() const { return grads_ == nullptr; }
-  bf16* weight_bf16(int i) { return weights_bf16_ ? weights_bf16_ + params_[i].offset : nullptr; }
+  bf16* weight_bf16(int i) { return weights_bf16_ ? weights_bf16_ + bf16_offset(params_[i]) : nullptr; }
+  const bf16* weight_bf16(int i) const { return weights_bf16_ ? weights_bf16_ + bf16_offset(params_[i]) : nullptr; }
 
   float* weights() { return weights_; }
   const float* weights_data() const { return weights_; }
@@ -68,8 +77,9 @@ class ParamStore {
   void refresh_bf16_copy(FlatRange range);  // of part of the weights (ZeRO-1: the shards other ranks updated)
 
  private:
+  int64_t bf16_offset(const Param& p) const { return p.master ? p.offset : total_ + p.offset; }
   std::vector<Param> params_;
-  int64_t total_ = 0;
+  int64_t total_ = 0, compute_only_total_ = 0;
   std::optional<FlatRange> optimizer_shard_;  // set by set_optimizer_range (ZeRO-1)
   float *weights_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
   bf16* weights_bf16_ = nullptr;

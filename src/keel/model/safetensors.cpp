@@ -18,6 +18,7 @@
 #include <set>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
@@ -631,37 +632,63 @@ const TensorInfo& CheckpointReader::get(const std::string& name) const {
   return *it->second;
 }
 
-void CheckpointReader::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const {
+namespace {
+
+// A tensor's elements converted one by one: to fp32 (exact from BF16 and F16) or to bf16 (fp32
+// rounded to nearest even, as keel's bf16 copies are; F16 through fp32, where it is exact).
+template <typename Out, typename Convert>
+void convert_elements(const TensorInfo& t, Out* dst, Convert convert) {
+  const size_t n = size_t(t.numel());
+  const uint8_t* src = t.data;
+  // memcpy per element: the mapped data need not be aligned for the element type (headers
+  // from other writers are not always padded), and compilers turn it into a plain load.
+  parallel_for(int64_t(n), n > (1u << 16), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float v = 0.0f;
+      if (t.dtype == DType::F32) {
+        std::memcpy(&v, src + 4 * i, 4);
+      } else if (t.dtype == DType::BF16) {
+        bf16 b;
+        std::memcpy(&b.bits, src + 2 * i, 2);
+        if constexpr (std::is_same_v<Out, bf16>) {
+          dst[i] = b;  // as stored: no round trip
+          continue;
+        }
+        v = bf16_to_float(b);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        v = f16_to_float(h);
+      }
+      dst[i] = convert(v);
+    }
+  });
+}
+
+}  // namespace
+
+const TensorInfo& CheckpointReader::get_shaped(const std::string& name, const std::vector<int64_t>& expected_shape) const {
   const TensorInfo& t = get(name);
   if (t.shape != expected_shape) {
     fail("{}: tensor '{}': expected shape {}, found {}", t.file, name, shape_text(expected_shape), shape_text(t.shape));
   }
-  size_t n = size_t(t.numel());
-  if (n == 0) return;
-  const uint8_t* src = t.data;
-  // memcpy per element: the mapped data need not be aligned for the element type (headers
-  // from other writers are not always padded), and compilers turn it into a plain load.
-  switch (t.dtype) {
-    case DType::F32: std::memcpy(dst, src, n * 4); break;
-    case DType::BF16:
-      parallel_for(int64_t(n), n > (1u << 16), [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          bf16 v;
-          std::memcpy(&v.bits, src + 2 * i, 2);
-          dst[i] = bf16_to_float(v);
-        }
-      });
-      break;
-    case DType::F16:
-      parallel_for(int64_t(n), n > (1u << 16), [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) {
-          uint16_t h;
-          std::memcpy(&h, src + 2 * i, 2);
-          dst[i] = f16_to_float(h);
-        }
-      });
-      break;
+  return t;
+}
+
+void CheckpointReader::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const {
+  const TensorInfo& t = get_shaped(name, expected_shape);
+  if (t.numel() == 0) return;
+  if (t.dtype == DType::F32) {
+    std::memcpy(dst, t.data, size_t(t.numel()) * 4);
+    return;
   }
+  convert_elements(t, dst, [](float v) { return v; });
+}
+
+void CheckpointReader::read_bf16(const std::string& name, const std::vector<int64_t>& expected_shape, bf16* dst) const {
+  const TensorInfo& t = get_shaped(name, expected_shape);
+  if (t.numel() == 0) return;
+  convert_elements(t, dst, [](float v) { return float_to_bf16(v); });
 }
 
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors, DType dtype,

@@ -65,9 +65,12 @@ class CheckpointReader {
   // Converts the tensor (F32, BF16 or F16) to fp32 into dst, after checking its shape equals
   // `expected_shape` exactly (error names tensor, file, expected and found shapes).
   void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const;
+  // The same into bf16: BF16 as stored, F32 rounded to nearest even, F16 through fp32.
+  void read_bf16(const std::string& name, const std::vector<int64_t>& expected_shape, bf16* dst) const;
   DType dtype_of(const std::string& name) const { return get(name).dtype; }
 
  private:
+  const TensorInfo& get_shaped(const std::string& name, const std::vector<int64_t>& expected_shape) const;
   std::string dir_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorInfo*> by_name_;

@@ -98,6 +98,9 @@ class CpuBackend final : public HostMemoryBackend {
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
     kernels::embedding_forward(ids, n, table, hidden, out);
   }
+  void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, int64_t hidden, float* out) override {
+    kernels::embedding_forward_bf16(ids, n, table, hidden, out);
+  }
   void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
                           float* dtable) override {
     kernels::embedding_backward(ids, n, dout, hidden, vocab, dtable);

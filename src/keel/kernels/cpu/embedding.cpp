@@ -27,6 +27,13 @@ void embedding_forward(const int32_t* ids, int64_t n, const T* table, int64_t hi
   });
 }
 
+void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, int64_t hidden, float* out) {
+  parallel_for(n, n * hidden >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      convert_bf16_to_f32(table + int64_t(ids[i]) * hidden, out + i * hidden, size_t(hidden));
+  });
+}
+
 template <typename T>
 void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hidden, int64_t vocab, T* dtable) {
   for (int64_t i = 0; i < n; ++i)

@@ -137,6 +137,10 @@ class ReferenceBackend final : public HostMemoryBackend {
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(out + i * hidden, table + int64_t(ids[i]) * hidden, sizeof(float) * hidden);
   }
+  void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, int64_t hidden, float* out) override {
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < hidden; ++c) out[i * hidden + c] = bf16_to_float(table[int64_t(ids[i]) * hidden + c]);
+  }
   // Each used row summed in double, in token order, then rounded once.
   void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
                           float* dtable) override {
