@@ -101,6 +101,29 @@ def compare_to_dp1(shuffle):
     check(worst_w <= 1e-5, "%s: final weights equal (worst relative L2 %.2e, %s)" % (tag, worst_w, worst_name))
 
 
+def test_lora_data_parallel():
+    """LoRA over 2 ranks, ZeRO-1 sharding the adapter's moments: the buckets, the gradient norm
+    and the all-gather work on the adapter; the result is dp=1's with doubled accumulation."""
+    lora = {"finetuning_type": "lora", "lora_rank": 4, "lora_target": "all"}
+    one = write_recipe("lora_dp1", gradient_accumulation_steps=4, **lora)
+    two = write_recipe("lora_dp2", gradient_accumulation_steps=2, dp_degree=2, zero_stage=1, **lora)
+    r1, r2 = train(one, 1), train(two, 2)
+    if not (check(r1.returncode == 0, "LoRA dp=1 run%s" % why(r1)) and check(r2.returncode == 0, "LoRA dp=2 run%s" % why(r2))):
+        return
+    check("LoRA rank 4" in r1.stdout and "AdamW moments sharded over 2 ranks" in r2.stdout,
+          "LoRA announced; ZeRO-1 shards the adapter's moments")
+    adapters = []
+    for name in ("lora_dp1", "lora_dp2"):
+        with open(os.path.join(WORK, name, "metrics.jsonl")) as f:
+            metrics = [json.loads(l) for l in f if l.strip()]
+        adapters.append((metrics, hf_models.load_safetensors(os.path.join(WORK, name, "final", "adapter_model.safetensors"))))
+    (m1, a1), (m2, a2) = adapters
+    worst = max(rel(a["loss"], b["loss"]) for a, b in zip(m2, m1))
+    check(len(m1) == len(m2) == 5 and worst <= 1e-6, "LoRA: dp=2 losses equal dp=1 (worst %.2e)" % worst)
+    worst_w = max(float((a2[k] - t).norm() / t.norm()) for k, t in a1.items())
+    check(set(a1) == set(a2) and worst_w <= 1e-5, "LoRA: the adapters equal (worst relative L2 %.2e)" % worst_w)
+
+
 def test_deterministic_reduce():
     path = write_recipe("det", dp_degree=2, deterministic_reduce=True)
     runs = []
