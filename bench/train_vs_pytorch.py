@@ -20,6 +20,11 @@ Every peer: AdamW lr 1e-4 (constant), weight decay 0.01 except biases and norm w
 clipping at 1.0, gradient checkpointing with --checkpointing, torch.set_num_threads(--threads)
 and OMP_NUM_THREADS=--threads for keel.
 
+--lora R: LoRA fine-tuning instead, rank R, alpha 2R, on every linear layer of the blocks: keel's
+finetuning_type = "lora" against PEFT (get_peft_model, LoraConfig target_modules "all-linear") in
+every PyTorch peer; keel's full fine-tuning runs as one more row, for the LoRA/full step ratio.
+MFU then counts 4 FLOPs per frozen weight (no weight gradient) and 6 per adapter weight.
+
 Reported per peer: tokens/s = batch x seq / the median step time after the first (warm-up) step;
 peak RSS = ru_maxrss of the peer's process tree (os.wait4 on that child; this parent never
 imports torch, so the high-water mark a child inherits from it across fork/exec is 10-20 MB; the
@@ -49,8 +54,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
 
 PEERS = ("trainer", "eager", "compile")
-PEER_NAMES = {"keel": "keel", "trainer": "HF Trainer", "eager": "torch eager", "compile": "torch.compile",
-              "torchtune": "torchtune"}
+PEER_NAMES = {"keel": "keel", "keel_full": "keel (full FT)", "trainer": "HF Trainer", "eager": "torch eager",
+              "compile": "torch.compile", "torchtune": "torchtune"}
 
 
 def parse_args():
@@ -75,6 +80,7 @@ def parse_args():
     p.add_argument("--compile-timeout", type=float, default=900,
                    help="seconds the torch.compile peer may take in all (compilation included)")
     p.add_argument("--small", action="store_true", help="a quick smoke-size model")
+    p.add_argument("--lora", type=int, default=0, metavar="RANK", help="LoRA of this rank instead of full fine-tuning")
     p.add_argument("--skip-torch", action="store_true", help="keel only")
     p.add_argument("--role", choices=("workload",) + PEERS, help=argparse.SUPPRESS)
     # The plain-torch peer on the workload in --work (bench/memory_vs_plan.py --torch runs it).
@@ -95,9 +101,22 @@ def matmul_parameters(a):
     return a.layers * per_layer + a.vocab * d
 
 
-def flops_per_token(a):
-    # 6N for the matmuls (forward + backward) plus 12·L·T·d for attention scores and values.
-    return 6 * matmul_parameters(a) + 12 * a.layers * a.seq * a.hidden
+def lora_parameters(a):
+    """The adapter of --lora on every linear layer of the blocks: r x (in + out) per module."""
+    d, hd = a.hidden, a.hidden // a.heads
+    q, kv, i = a.heads * hd, a.kv_heads * hd, a.intermediate
+    per_layer = (d + q) + 2 * (d + kv) + (q + d) + 2 * (d + i) + (i + d)
+    return a.lora * a.layers * per_layer
+
+
+def flops_per_token(a, lora=None):
+    # 6N for the matmuls (forward + backward) plus 12·L·T·d for attention scores and values; under
+    # LoRA 4 per frozen weight (forward and input gradient) and 6 per adapter weight.
+    lora = a.lora if lora is None else lora
+    attention = 12 * a.layers * a.seq * a.hidden
+    if not lora:
+        return 6 * matmul_parameters(a) + attention
+    return 4 * matmul_parameters(a) + 6 * lora_parameters(a) + attention
 
 
 def make_workload(a):
@@ -147,6 +166,7 @@ def python_versions():
     import torch
     import transformers
     import accelerate
+    import peft
     cfg = torch.__config__.show()
     blas = next((l.strip(" -") for l in cfg.splitlines()
                  if "Math Kernel Library" in l or "OpenBLAS" in l or "BLIS" in l), None)
@@ -171,7 +191,7 @@ def python_versions():
         "torch": torch.__version__ + (" (CUDA %s build, run on the CPU)" % torch.version.cuda
                                       if torch.version.cuda else ""),
         "torch_blas": blas, "torch_onednn": onednn, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "transformers": transformers.__version__, "accelerate": accelerate.__version__,
+        "transformers": transformers.__version__, "accelerate": accelerate.__version__, "peft": peft.__version__,
         "numpy": numpy.__version__, "numpy_blas": np_blas,
         "python": platform.python_version(),
         "torchtune": getattr(__import__("torchtune"), "__version__", "installed") if torchtune else None,
@@ -228,9 +248,9 @@ def peer_env(a):
     return env
 
 
-def run_keel(a, model_dir):
-    out_dir = os.path.join(a.work, "keel_out")
-    recipe = os.path.join(a.work, "recipe.toml")
+def run_keel(a, model_dir, lora):
+    out_dir = os.path.join(a.work, "keel_out_lora" if lora else "keel_out")
+    recipe = os.path.join(a.work, "recipe_lora.toml" if lora else "recipe.toml")
     with open(recipe, "w") as f:
         f.write('model_name = "%s"\ndata_path = "%s"\noutput_dir = "%s"\n' %
                 (model_dir, os.path.join(a.work, "train.jsonl"), out_dir))
@@ -238,6 +258,8 @@ def run_keel(a, model_dir):
                 'lr_scheduler = "constant"\nweight_decay = 0.01\nmax_grad_norm = 1.0\nshuffle = false\n'
                 'log_interval = 1\nuse_gradient_checkpointing = %s\n'
                 % (a.dtype, a.seq, a.batch, a.steps, "true" if a.checkpointing else "false"))
+        if lora:
+            f.write('finetuning_type = "lora"\nlora_rank = %d\nlora_target = "all"\n' % lora)
     code, out, rss = run_child([a.keel, "train", recipe], env=peer_env(a))
     if code != 0:
         sys.exit("keel failed:\n" + out)
@@ -248,7 +270,8 @@ def run_keel(a, model_dir):
     with open(os.path.join(out_dir, "summary.json")) as f:  # keel's own VmHWM, a cross-check of rss
         vmhwm = json.load(f)["peak_memory_bytes"]
     return {"times": [s["step_time_s"] for s in steps], "rss": rss, "vmhwm": vmhwm,
-            "settings": "%s, flash-style attention, AdamW%s" % (a.dtype, ", checkpointing" if a.checkpointing else "")}
+            "settings": "%s%s, flash-style attention, AdamW%s" % (
+                "LoRA r=%d, " % lora if lora else "", a.dtype, ", checkpointing" if a.checkpointing else "")}
 
 
 def run_peer(a, role):
@@ -290,6 +313,10 @@ def load_peer_inputs(a, checkpointing):
             model.activation_checkpointing_enable({"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if a.lora:
+        import peft
+        model = peft.get_peft_model(model, peft.LoraConfig(r=a.lora, lora_alpha=2 * a.lora, lora_dropout=0.0,
+                                                           target_modules="all-linear", task_type="CAUSAL_LM"))
     model.train()
     ids = torch.tensor([json.loads(l)["input_ids"] for l in open(os.path.join(a.work, "train.jsonl"))])
     return model, ids
@@ -365,8 +392,9 @@ def trainer_peer(a):
     if "train_sampling_strategy" not in kw:
         note += "; rows in random order"
     return {"times": times, "vmhwm": peak_vmhwm(), "note": note,
-            "settings": "%s, sdpa, %s%s" % ("bf16=True" if a.dtype == "bf16" else "fp32", optim,
-                                            ", checkpointing" if a.checkpointing else "")}
+            "settings": "%s%s, sdpa, %s%s" % ("PEFT LoRA r=%d, " % a.lora if a.lora else "",
+                                              "bf16=True" if a.dtype == "bf16" else "fp32", optim,
+                                              ", checkpointing" if a.checkpointing else "")}
 
 
 def loop_peer(a, compiled):
@@ -375,8 +403,9 @@ def loop_peer(a, compiled):
     model, ids = load_peer_inputs(a, a.checkpointing)
     # Trainer's weight-decay rule (no decay for biases and norm weights), as keel's
     no_decay = hm.no_decay_parameter_names(model)
-    groups = [{"params": [p for n, p in model.named_parameters() if n not in no_decay], "weight_decay": 0.01},
-              {"params": [p for n, p in model.named_parameters() if n in no_decay], "weight_decay": 0.0}]
+    trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]  # PEFT: the adapter
+    groups = [{"params": [p for n, p in trained if n not in no_decay], "weight_decay": 0.01},
+              {"params": [p for n, p in trained if n in no_decay], "weight_decay": 0.0}]
     fused, why = fused_adamw_runs()
     opt = torch.optim.AdamW(groups, lr=1e-4, **({"fused": True} if fused else {"foreach": True}))
     optim = "AdamW(fused=True)" if fused else "AdamW(foreach=True)"
@@ -392,7 +421,7 @@ def loop_peer(a, compiled):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "bf16"):
             loss = step_model(input_ids=batch, labels=batch, use_cache=False).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for _, p in trained], 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t0)
@@ -400,7 +429,8 @@ def loop_peer(a, compiled):
     if compiled:
         note += "; step 1 (compilation) %.1f s" % times[0]
     return {"times": times, "vmhwm": peak_vmhwm(), "note": note,
-            "settings": "%s, sdpa, %s%s%s" % ("bf16 autocast" if a.dtype == "bf16" else "fp32", optim,
+            "settings": "%s%s, sdpa, %s%s%s" % ("PEFT LoRA r=%d, " % a.lora if a.lora else "",
+                                                "bf16 autocast" if a.dtype == "bf16" else "fp32", optim,
                                               ", checkpointing" if a.checkpointing else "",
                                               ", inductor" if compiled else "")}
 
@@ -446,22 +476,28 @@ def main():
     peak = json.loads(subprocess.check_output([peak_tool], env=peer_env(a)))
     peak_flops = peak["bf16_flops"] if a.dtype == "bf16" else peak["f32_flops"]
 
-    print("keel %s | torch %s | transformers %s | accelerate %s | numpy %s | Python %s"
-          % (versions["keel"], versions["torch"], versions["transformers"], versions["accelerate"],
+    print("keel %s | torch %s | transformers %s | accelerate %s | peft %s | numpy %s | Python %s"
+          % (versions["keel"], versions["torch"], versions["transformers"], versions["accelerate"], versions["peft"],
              versions["numpy"], versions["python"]))
     print("torch BLAS: %s | torch oneDNN (MKL-DNN): %s | torch CPU capability: %s | numpy BLAS: %s"
           % (versions["torch_blas"], versions["torch_onednn"], versions["torch_cpu_capability"],
              versions["numpy_blas"]))
     print("CPU: %s, %d cores (%d usable), %d threads per peer"
           % (cpu_model(), os.cpu_count(), len(os.sched_getaffinity(0)), a.threads))
-    print("model: llama hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %s, %d steps%s"
+    print("model: llama hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %s, %d steps%s%s"
           % (a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.dtype, a.steps,
-             ", gradient checkpointing" if a.checkpointing else ""))
-    print("matmul peak (%s, oneDNN %d^3): %.1f GFLOP/s; %.3f GFLOP per token (6N + 12LTd, N = %.1fM)"
-          % (a.dtype, peak["size"], peak_flops / 1e9, flops_per_token(a) / 1e9, matmul_parameters(a) / 1e6))
+             ", gradient checkpointing" if a.checkpointing else "",
+             "; LoRA rank %d, alpha %d, all linear layers (%.2fM adapter weights)" % (a.lora, 2 * a.lora,
+                                                                                     lora_parameters(a) / 1e6)
+             if a.lora else ""))
+    print("matmul peak (%s, oneDNN %d^3): %.1f GFLOP/s; %.3f GFLOP per token (%s, N = %.1fM)"
+          % (a.dtype, peak["size"], peak_flops / 1e9, flops_per_token(a) / 1e9,
+             "4N + 6 x adapter + 12LTd" if a.lora else "6N + 12LTd", matmul_parameters(a) / 1e6))
     sys.stdout.flush()
 
-    results = {"keel": run_keel(a, model_dir)}
+    results = {"keel": run_keel(a, model_dir, a.lora)}
+    if a.lora:  # keel's own full fine-tuning on the same workload: what LoRA saves
+        results["keel_full"] = run_keel(a, model_dir, 0)
     for p in peers:
         results[p] = run_peer(a, p)
     tt = versions.get("torchtune")
@@ -479,8 +515,9 @@ def main():
             step = statistics.median(times)
             tps = a.batch * a.seq / step
             keel_tps = keel_tps or tps  # keel's row comes first
+            row_fpt = flops_per_token(a, lora=0) if name == "keel_full" else fpt
             row.update(status="ok", tokens_per_s=round(tps, 2), step_time_s=round(step, 4),
-                       peak_rss_bytes=r["rss"], vmhwm_bytes=r.get("vmhwm"), mfu=round(tps * fpt / peak_flops, 4),
+                       peak_rss_bytes=r["rss"], vmhwm_bytes=r.get("vmhwm"), mfu=round(tps * row_fpt / peak_flops, 4),
                        keel_over_peer=round(keel_tps / tps, 3), step_times_s=[round(t, 4) for t in r["times"]])
         else:
             row.update(status=r["error"])
@@ -505,7 +542,7 @@ def main():
         "bench": "train_vs_pytorch", "date": time.strftime("%Y-%m-%d"),
         "model": {"family": "llama", "hidden": a.hidden, "layers": a.layers, "heads": a.heads, "kv_heads": a.kv_heads,
                   "intermediate": a.intermediate, "vocab": a.vocab, "seq": a.seq, "batch": a.batch},
-        "dtype": a.dtype, "steps": a.steps, "checkpointing": a.checkpointing, "threads": a.threads,
+        "dtype": a.dtype, "steps": a.steps, "checkpointing": a.checkpointing, "threads": a.threads, "lora_rank": a.lora,
         "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "flops_per_token": fpt,
         "peers": rows}))
 
