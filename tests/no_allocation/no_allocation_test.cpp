@@ -320,6 +320,7 @@ struct StepCase {
   int64_t seq = 32;
   bool packed = false;  // micro-batches of packed documents, different in every step
   bool lora = false;    // LoRA on every linear layer: the adapter trains, the model's weights are frozen
+  bool nf4 = false;     // QLoRA: the frozen projections in NF4, dequantized tile by tile
 };
 
 // forward_backward over accumulated micro-batches, the gradient norm, clipping and AdamW: counted
@@ -342,6 +343,7 @@ AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
   const int64_t batch = 2, seq = param.seq, accumulation = 2;
   model::DecoderOptions options{param.checkpointing, true, 0};
   if (param.lora) options.lora.rank = 4;
+  options.nf4_base = param.nf4;
   model::Decoder decoder(config, param.precision, batch, seq, options);
   decoder.init_random(1);
   decoder.init_adapter(2);
@@ -398,11 +400,13 @@ INSTANTIATE_TEST_SUITE_P(Steps, NoAllocation,
                                            StepCase{"glm", model::Precision::BF16, true},
                                            StepCase{"qwen2", model::Precision::F32, true},
                                            StepCase{"llama", model::Precision::BF16, false, 32, false, true},
-                                           StepCase{"glm", model::Precision::F32, true, 32, false, true}),
+                                           StepCase{"glm", model::Precision::F32, true, 32, false, true},
+                                           StepCase{"llama", model::Precision::BF16, true, 32, false, true, true}),
                          [](const auto& info) {
                            return std::string(info.param.family) +
                                   (info.param.precision == model::Precision::BF16 ? "_bf16" : "_fp32") +
-                                  (info.param.checkpointing ? "_checkpointing" : "") + (info.param.lora ? "_lora" : "");
+                                  (info.param.checkpointing ? "_checkpointing" : "") + (info.param.lora ? "_lora" : "") +
+                                  (info.param.nf4 ? "_nf4" : "");
                          });
 
 // Sequences of 128 put attention (batch * heads * seq^2 * head_dim = 2^21 multiply-adds) and the

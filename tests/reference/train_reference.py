@@ -139,9 +139,9 @@ def toml_str(s):
     return json.dumps(s)  # a TOML basic string for ordinary paths
 
 
-def write_inputs(work, family, dtype, backend="cpu"):
+def write_inputs(work, family, dtype, backend="cpu", config_overrides=None):
     """Writes WORKDIR/model, train.jsonl and recipe.toml; returns (config, spec, init tensors,
-    records)."""
+    records). config_overrides: make_config arguments (sizes) other than the defaults."""
     model_dir = os.path.join(work, "model")
     out_dir = os.path.join(work, "out")
     for d in (model_dir, out_dir):
@@ -149,7 +149,7 @@ def write_inputs(work, family, dtype, backend="cpu"):
             shutil.rmtree(d)
     os.makedirs(work, exist_ok=True)
 
-    cfg = hf.make_config(family)
+    cfg = hf.make_config(family, **(config_overrides or {}))
     spec = hf.spec_from_config(cfg)
     model = hf.random_init(hf.build_model(spec), MODEL_SEED,
                            embed_std=0.1 if spec.tie_word_embeddings else 0.5)

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "keel/core/error.h"
+#include "keel/core/nf4.h"
 #include "keel/model/decoder.h"
 #include "keel/model/peft_adapter.h"
 #include "decoder_test_support.h"
@@ -196,6 +197,57 @@ TEST(Lora, Bf16BaseHeldInBf16AloneIsThePlainBf16Model) {
     const double a = plain.forward_loss(data.view(2, 16)), b = lora.forward_loss(data.view(2, 16));
     EXPECT_EQ(std::memcmp(&a, &b, sizeof a), 0) << family << ": " << a << " vs " << b;
   }
+}
+
+// QLoRA: the NF4 decoder computes with exactly the dequantized weights. A LoRA decoder given those
+// weights (and the same adapter) has the same loss and adapter gradients, up to the GEMMs' tiling
+// (the NF4 products run a tile of rows at a time), in fp32 and bf16 and on each backend.
+TEST(Lora, Nf4BaseComputesWithItsDequantizedWeights) {
+  for (const std::string& backend : kernels::backend_names())
+    for (Precision precision : {Precision::F32, Precision::BF16})
+      for (bool double_quantization : {false, true}) {
+        auto config = test::tiny_config("qwen2");
+        config.hidden_size = 64, config.intermediate_size = 128, config.head_dim = 16, config.rotary_dim = 16;
+        DecoderOptions q = test::on_backend(backend, {false, true, 0}), plain = q;
+        q.lora = plain.lora = spec_of({"all"});
+        q.nf4_base = true;
+        q.double_quantization = double_quantization;
+        q.nf4_tile_elements = 24 * 64;  // tiles of 24 rows: every projection in several, the last one short
+        Decoder quantized(config, precision, 2, 12, q), reference(config, precision, 2, 12, plain);
+        quantized.init_random(5, 0.2);
+        reference.init_random(5, 0.2);
+        ASSERT_GT(quantized.params().nf4_total(), 0);
+        // The reference's projections := the NF4 decoder's dequantized ones.
+        ParamStore& Q = quantized.params();
+        ParamStore& R = reference.params();
+        for (size_t i = 0; i < Q.params().size(); ++i) {
+          const Param& p = Q.param(int(i));
+          if (p.storage != ParamStorage::Nf4) continue;
+          std::vector<float> w(size_t(p.numel));
+          nf4_dequantize(Q.nf4(int(i)).packed, Q.nf4(int(i)).absmax, p.numel, w.data());
+          if (R.param(int(i)).master())
+            std::copy(w.begin(), w.end(), R.weight(int(i)));
+          else
+            for (int64_t k = 0; k < p.numel; ++k) R.weight_bf16(int(i))[k] = float_to_bf16(w[size_t(k)]);
+        }
+        R.refresh_bf16_copy();
+        randomise_adapter(quantized, 6);
+        randomise_adapter(reference, 6);
+        const auto data = random_batch(2, 12, config.vocab_size, 7);
+        quantized.trainable().zero_grads();
+        reference.trainable().zero_grads();
+        const double a = quantized.forward_backward(data.view(2, 12), 0.05);
+        const double b = reference.forward_backward(data.view(2, 12), 0.05);
+        const std::string what = backend + (precision == Precision::BF16 ? " bf16" : " fp32") +
+                                 (double_quantization ? " double quantization" : "");
+        EXPECT_NEAR(a, b, (precision == Precision::BF16 ? 1e-4 : 1e-6) * std::abs(b)) << what;
+        double err = 0, norm = 0;
+        for (int64_t i = 0; i < quantized.adapter().total(); ++i) {
+          const double d = double(quantized.adapter().grads()[i]) - reference.adapter().grads()[i];
+          err += d * d, norm += double(reference.adapter().grads()[i]) * reference.adapter().grads()[i];
+        }
+        EXPECT_LT(std::sqrt(err / norm), precision == Precision::BF16 ? 1e-2 : 1e-5) << what;
+      }
 }
 
 TEST(Lora, InitialisationIsPeftsAndDeterministicInTheSeed) {

@@ -158,9 +158,15 @@ TEST(Recipe, LoraNonsenseCombinationsAreErrors) {
   auto e = error_of(std::string(kMinimal) + "lora_rank = 16\n");
   EXPECT_NE(e.find("r.toml:5: key 'lora_rank' applies to LoRA, but finetuning_type is \"full\""), std::string::npos)
       << e;
-  e = error_of(lora + "quantization_bit = 4\n");
-  EXPECT_NE(e.find("'quantization_bit'"), std::string::npos) << e;
-  EXPECT_NE(e.find("not supported yet"), std::string::npos) << e;
+  e = error_of(std::string(kMinimal) + "quantization_bit = 4\n");
+  EXPECT_NE(e.find("'quantization_bit' = 4 quantizes frozen weights: it needs finetuning_type = \"lora\""),
+            std::string::npos)
+      << e;
+  e = error_of(lora + "quantization_bit = 8\n");
+  EXPECT_NE(e.find("'quantization_bit' must be 0 (no quantization) or 4"), std::string::npos) << e;
+  e = error_of(lora + "quantization_bit = 4\nquantization_type = \"fp4\"\n");
+  EXPECT_NE(e.find("\"fp4\" is not supported yet"), std::string::npos) << e;
+  EXPECT_EQ(error_of(lora + "quantization_bit = 4\ndouble_quantization = false\n"), "");
   e = error_of(lora + "lora_rank = 0\n");
   EXPECT_NE(e.find("'lora_rank' must be in [1, 4096]"), std::string::npos) << e;
   e = error_of(lora + "lora_target = \"q_proj,,v_proj\"\n");

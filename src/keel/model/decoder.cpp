@@ -26,32 +26,44 @@ int64_t lm_head_chunk_rows(int64_t vocab, int64_t tokens) {
 
 // Declares the parameters in the order of the flat buffers (HF module order). Shared by the
 // constructor and decoder_memory_plan so the plan sees exactly the store the decoder builds.
-// compute_only: the matrices (embedding, projections, LM head) are frozen bf16 GEMM inputs with no
-// fp32 master (LoRA in bf16); norms and biases keep theirs (the kernels read them in fp32).
-void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& ids, bool compute_only = false) {
+// How the frozen matrices are held: the embedding and LM head, and the blocks' projections. Norms
+// and biases always keep fp32 masters (the kernels read them in fp32).
+struct BaseStorage {
+  ParamStorage head = ParamStorage::Master, blocks = ParamStorage::Master;
+};
+
+// LoRA in bf16 keeps the frozen matrices in bf16 only (their fp32 masters would never be read);
+// QLoRA stores the blocks' projections as NF4 (bitsandbytes leaves the embedding and LM head be).
+BaseStorage base_storage(const DecoderOptions& options, Precision precision) {
+  BaseStorage s;
+  if (!options.lora.enabled()) return s;
+  s.head = precision == Precision::BF16 ? ParamStorage::Bf16 : ParamStorage::Master;
+  s.blocks = options.nf4_base ? ParamStorage::Nf4 : s.head;
+  return s;
+}
+
+void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& ids, BaseStorage storage = {}) {
   const int64_t H = c.hidden_size, qkv_rows = c.q_size() + 2 * c.kv_size();
-  const bool master = !compute_only;
-  ids.embed = params.add("embed", {c.vocab_size, H}, true, master);
+  const ParamStorage head = storage.head, blocks = storage.blocks;
+  ids.embed = params.add("embed", {c.vocab_size, H}, true, head);
   ids.layers.resize(c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     auto& p = ids.layers[l];
     std::string prefix = "layers." + std::to_string(l) + ".";
     p.input_norm = params.add(prefix + "input_norm", {H}, false);
-    p.qkv_weight = params.add(prefix + "qkv.weight", {qkv_rows, H}, true, master);
+    p.qkv_weight = params.add(prefix + "qkv.weight", {qkv_rows, H}, true, blocks);
     if (c.qkv_bias) p.qkv_bias = params.add(prefix + "qkv.bias", {qkv_rows}, false);
-    p.o_weight = params.add(prefix + "o.weight", {H, c.q_size()}, true, master);
+    p.o_weight = params.add(prefix + "o.weight", {H, c.q_size()}, true, blocks);
     p.post_norm = params.add(prefix + "post_attention_norm", {H}, false);
-    p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true, master);
-    p.down_weight = params.add(prefix + "down.weight", {H, c.intermediate_size}, true, master);
+    p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true, blocks);
+    p.down_weight = params.add(prefix + "down.weight", {H, c.intermediate_size}, true, blocks);
   }
   ids.final_norm = params.add("final_norm", {H}, false);
-  ids.lm_head = c.tie_word_embeddings ? ids.embed : params.add("lm_head", {c.vocab_size, H}, true, master);
+  ids.lm_head = c.tie_word_embeddings ? ids.embed : params.add("lm_head", {c.vocab_size, H}, true, head);
 }
 
-// LoRA in bf16 keeps the frozen matrices in bf16 only: their fp32 masters would never be read.
-bool compute_only_base(const DecoderOptions& options, Precision precision) {
-  return options.lora.enabled() && precision == Precision::BF16;
-}
+// QLoRA dequantizes whole rows, as many as fit in `budget` weights (at least one).
+int64_t nf4_tile_rows(int64_t rows, int64_t cols, int64_t budget) { return std::clamp<int64_t>(budget / cols, 1, rows); }
 
 // LoRA: the targeted modules and their A/B matrices in `adapter` (nothing without LoRA).
 std::vector<LoraModule> declare_adapter(const ModelConfig& c, const DecoderParamIds& ids, const LoraSpec& spec,
@@ -70,6 +82,14 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           "decoder: optimizer shard {} of {} does not exist", options.optimizer_shard, options.optimizer_shards);
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
+  require(!options.nf4_base || options.lora.enabled(), "decoder: NF4 base weights (QLoRA) need LoRA");
+  // Every HF tensor of a projection must start and end on a 64-element NF4 block, as bitsandbytes
+  // quantizes each on its own.
+  require(!options.nf4_base || (config.hidden_size % kNf4BlockSize == 0 && config.intermediate_size % kNf4BlockSize == 0 &&
+                                config.q_size() % kNf4BlockSize == 0),
+          "QLoRA: hidden_size ({}), intermediate_size ({}) and heads x head_dim ({}) must be multiples of {} (NF4 "
+          "blocks of whole rows)",
+          config.hidden_size, config.intermediate_size, config.q_size(), kNf4BlockSize);
 }
 
 kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t batch, int64_t seq) {
@@ -110,6 +130,7 @@ AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& 
 struct DecoderLayout {
   int weights = -1, grads = -1, weights_bf16 = -1, adam_m = -1, adam_v = -1;
   int lora_weights = -1, lora_grads = -1, lora_weights_bf16 = -1, lora_du = -1, lora_du_b = -1;
+  int nf4_packed = -1, nf4_absmax = -1, nf4_tile = -1, nf4_tile_b = -1;
   std::vector<int> x;                       // [layers + 1] block inputs; x[layers] feeds the final norm
   std::vector<BlockIds> forward, backward;  // the same ids unless checkpointing
   int xn_final = -1, rstd_final = -1, xn_final_b = -1;
@@ -151,6 +172,11 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
   d.weights_bf16 = add_bf16(params.compute_only_total() ? "weights.bf16 (frozen matrices in bf16 only)" : "weights.bf16",
                             Cat::ComputeWeights, params.bf16_total(), always, end);
+  if (params.nf4_total() > 0) {
+    d.nf4_packed = add("weights.nf4 (4-bit codes)", Cat::ComputeWeights, params.nf4_total() / 2, 1, always, end);
+    d.nf4_absmax =
+        add("weights.nf4.absmax", Cat::ComputeWeights, params.nf4_total() / kNf4BlockSize, f32, always, end);
+  }
   // Under LoRA the model's weights are frozen: gradients and moments only for the adapter.
   if (!adapter.enabled()) d.grads = add("grads", Cat::Gradients, param_elements, f32, always, end);
   const int64_t trained = adapter.enabled() ? adapter.elements : param_elements;
@@ -230,6 +256,16 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   d.d_attn = add("grad.attn", Cat::Workspace, N * Q, f32, backward_first, backward_last);
   d.d_qkv = add("grad.qkv", Cat::Workspace, N * QKV, f32, backward_first, backward_last);
   d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N * std::max({H, 2 * I, QKV}), backward_first, backward_last);
+  if (params.nf4_total() > 0) {  // one tile of dequantized rows, used by every NF4 GEMM in turn
+    int64_t tile = 0;
+    for (const auto& p : params.params())
+      if (p.storage == ParamStorage::Nf4)
+        tile = std::max(tile, nf4_tile_rows(p.shape[0], p.shape[1], options.nf4_tile_elements) * p.shape[1]);
+    if (bf)
+      d.nf4_tile_b = add("nf4.dequantized_tile (bf16)", Cat::Workspace, tile, b16, t.forward(0), backward_last);
+    else
+      d.nf4_tile = add("nf4.dequantized_tile", Cat::Workspace, tile, f32, t.forward(0), backward_last);
+  }
   if (adapter.enabled()) {
     d.lora_du = add("grad.lora", Cat::Workspace, N * adapter.rank, f32, backward_first, backward_last);
     d.lora_du_b = add_bf16("grad.lora.bf16", Cat::Workspace, N * adapter.rank, backward_first, backward_last);
@@ -254,7 +290,7 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
   check_arguments(config, max_batch, max_seq, options);
   ParamStore params, adapter;
   DecoderParamIds ids;
-  declare_params(config, params, ids, compute_only_base(options, precision));
+  declare_params(config, params, ids, base_storage(options, precision));
   const auto modules = declare_adapter(config, ids, options.lora, adapter);
   MemoryPlan plan;
   describe_memory(config, params, adapter_shape(config, modules, adapter, options.lora), precision, max_batch, max_seq,
@@ -280,6 +316,9 @@ struct Decoder::Buffers {
   bf16 *dy_b, *logits_b;
   float* lora_du;  // LoRA: scaling * dy B of one module [tokens, rank]
   bf16* lora_du_b;
+  float* nf4_tile;  // QLoRA: dequantized rows of an NF4 weight (fp32 or bf16, by precision)
+  bf16* nf4_tile_b;
+  int64_t nf4_tile_elements;
   void* attention_workspace;
   size_t attention_workspace_bytes;
 
@@ -320,6 +359,10 @@ struct Decoder::Buffers {
     dy_b = b16(d.dy_b);
     lora_du = f32(d.lora_du);
     lora_du_b = b16(d.lora_du_b);
+    nf4_tile = f32(d.nf4_tile);
+    nf4_tile_b = b16(d.nf4_tile_b);
+    const int tile = d.nf4_tile >= 0 ? d.nf4_tile : d.nf4_tile_b;
+    nf4_tile_elements = tile < 0 ? 0 : int64_t(plan.buffer(tile).bytes / (d.nf4_tile >= 0 ? sizeof(float) : sizeof(bf16)));
     attention_workspace = at[size_t(d.attention_workspace)];
     attention_workspace_bytes = plan.buffer(d.attention_workspace).bytes;
     logits = f32(d.logits);
@@ -374,7 +417,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
       backend_(backend_of(options)) {
   check_arguments(config_, max_batch, max_seq, options);
   const auto& c = config_;
-  declare_params(c, params_, ids_, compute_only_base(options_, precision_));
+  declare_params(c, params_, ids_, base_storage(options_, precision_));
   lora_ = declare_adapter(c, ids_, options_.lora, adapter_);
   lora_by_slot_.resize(size_t(c.num_layers));
   for (size_t i = 0; i < lora_.size(); ++i)
@@ -397,8 +440,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
       if (buffers[id].in_arena) b.at[id] = arena_.at<std::byte>(buffers[id].offset);
   } else {
     // What lives across steps gets an arena of its own, back to back; the rest is per call.
-    const int persistent[] = {d.weights, d.weights_bf16,   d.grads,    d.adam_m,
-                              d.adam_v,  d.lora_weights, d.lora_grads, d.lora_weights_bf16};
+    const int persistent[] = {d.weights,      d.weights_bf16, d.grads,      d.adam_m,     d.adam_v,
+                              d.lora_weights, d.lora_grads,   d.lora_weights_bf16, d.nf4_packed, d.nf4_absmax};
     MemoryPlan kept(plan_.alignment());
     std::vector<std::pair<int, int>> kept_ids;  // plan id, id in `kept`
     for (int id : persistent)
@@ -420,6 +463,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
   } else {
     params_.bind(f32(d.weights), nullptr, b16(d.weights_bf16), nullptr, nullptr);
+    if (d.nf4_packed >= 0)
+      params_.bind_nf4(reinterpret_cast<uint8_t*>(b.at[size_t(d.nf4_packed)]), f32(d.nf4_absmax));
     adapter_.bind(f32(d.lora_weights), f32(d.lora_grads), b16(d.lora_weights_bf16), f32(d.adam_m), f32(d.adam_v));
   }
 
@@ -445,12 +490,16 @@ void Decoder::init_random(uint64_t seed, double std) {
     const bool is_norm = p.name.find("norm") != std::string::npos;
     const bool is_bias = p.name.find(".bias") != std::string::npos;
     auto value = [&] { return is_norm ? 1.0f : is_bias ? 0.0f : normal(rng); };
-    if (p.master) {
+    if (p.master()) {
       float* w = params_.weight(i);
       for (int64_t k = 0; k < p.numel; ++k) w[k] = value();
-    } else {  // compute-only: the same draws, rounded as the bf16 copy of a master would be
+    } else if (p.storage == ParamStorage::Bf16) {  // the same draws, rounded as a master's bf16 copy
       bf16* w = params_.weight_bf16(i);
       for (int64_t k = 0; k < p.numel; ++k) w[k] = float_to_bf16(value());
+    } else {  // NF4: the same draws, quantized
+      std::vector<float> w(size_t(p.numel));
+      for (float& v : w) v = value();
+      params_.store_nf4(i, 0, w.data(), p.numel, options_.double_quantization);
     }
   }
   params_.refresh_bf16_copy();
@@ -478,10 +527,51 @@ void Decoder::validate(const MicroBatch& mb) const {
 // ---- linear layers: y = x W^T, in fp32 or with bf16 inputs and fp32 accumulation ----
 namespace {
 
+// A weight as a GEMM reads it: fp32 (and its bf16 copy), or NF4 (QLoRA).
+struct Weight {
+  const float* f32 = nullptr;
+  const bf16* b16 = nullptr;
+  Nf4Weight nf4;
+};
+
 struct Linear {
   kernels::Backend& backend;
   bool bf;
   int64_t rows;  // tokens
+  // QLoRA: NF4 weights are dequantized here, nf4_tile_rows at a time (fp32 or bf16 by precision).
+  float* tile = nullptr;
+  bf16* tile_b = nullptr;
+  int64_t tile_elements = 0;
+
+  void forward(const float* x, const bf16* xb, const Weight& w, int64_t in, int64_t out, float* y, float beta) const {
+    if (!w.nf4) return forward(x, xb, w.f32, w.b16, in, out, y, beta);
+    const int64_t step = nf4_tile_rows(out, in, tile_elements);
+    for (int64_t r0 = 0; r0 < out; r0 += step) {  // y[:, r0 : r0 + n] (+)= x W[r0 : r0 + n]^T
+      const int64_t n = std::min(step, out - r0);
+      dequantize_rows(w.nf4, r0, n, in);
+      product({Trans::N, Trans::T, rows, n, in, in, in, out}, x, xb, tile, tile_b, y + r0, beta);
+    }
+  }
+  void backward_input(const float* dy, const bf16* dyb, const Weight& w, int64_t in, int64_t out, float* dx) const {
+    if (!w.nf4) return backward_input(dy, dyb, w.f32, w.b16, in, out, dx);
+    const int64_t step = nf4_tile_rows(out, in, tile_elements);
+    for (int64_t r0 = 0; r0 < out; r0 += step) {  // dx (+)= dy[:, r0 : r0 + n] W[r0 : r0 + n]
+      const int64_t n = std::min(step, out - r0);
+      dequantize_rows(w.nf4, r0, n, in);
+      product({Trans::N, Trans::N, rows, in, n, out, in, in}, dy + r0, dyb ? dyb + r0 : nullptr, tile, tile_b, dx,
+              r0 == 0 ? 0.0f : 1.0f);
+    }
+  }
+  void dequantize_rows(const Nf4Weight& w, int64_t first_row, int64_t n, int64_t in) const {
+    require(n * in <= tile_elements, "decoder: an NF4 tile of {} x {} exceeds the planned {}", n, in, tile_elements);
+    const uint8_t* packed = w.packed + first_row * in / 2;
+    const float* absmax = w.absmax + first_row * in / kNf4BlockSize;
+    if (bf)
+      backend.dequantize_nf4_bf16(packed, absmax, n * in, tile_b);
+    else
+      backend.dequantize_nf4(packed, absmax, n * in, tile);
+  }
+
   // y[rows, out] (+)= x[rows, in] W[out, in]^T
   void forward(const float* x, const bf16* xb, const float* w, const bf16* wb, int64_t in, int64_t out, float* y,
                float beta) const {
@@ -517,14 +607,15 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   const auto& c = config_;
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size;
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
-  Linear lin{backend_, precision_ == Precision::BF16, N};
+  Linear lin{backend_, precision_ == Precision::BF16, N, buf_->nf4_tile, buf_->nf4_tile_b, buf_->nf4_tile_elements};
+  auto W = [&](int id) { return Weight{params_.weight(id), params_.weight_bf16(id), params_.nf4(id)}; };
   auto& P = params_;
   const auto& p = ids_.layers[l];
   const kernels::AttentionShape as = attention_shape(c, mb.batch, mb.seq);
 
   backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, c.rms_norm_eps, a.xn1, a.rstd1);
   to_bf16(a.xn1, a.xn1_b, N * H);
-  lin.forward(a.xn1, a.xn1_b, P.weight(p.qkv_weight), P.weight_bf16(p.qkv_weight), H, QKV, a.qkv, 0.0f);
+  lin.forward(a.xn1, a.xn1_b, W(p.qkv_weight), H, QKV, a.qkv, 0.0f);
   lora_forward(l, LinearSlot::Qkv, N, a.xn1, a.xn1_b, a.qkv, QKV, a, true);
   if (p.qkv_bias >= 0) backend_.add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
   backend_.rope_forward(a.qkv, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
@@ -533,12 +624,12 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
                              a.lse, buf_->attention_workspace, buf_->attention_workspace_bytes);
   to_bf16(a.attn, a.attn_b, N * Q);
   backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
-  lin.forward(a.attn, a.attn_b, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, a.xmid, 1.0f);
+  lin.forward(a.attn, a.attn_b, W(p.o_weight), Q, H, a.xmid, 1.0f);
   lora_forward(l, LinearSlot::O, N, a.attn, a.attn_b, a.xmid, H, a, true);
 
   backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, c.rms_norm_eps, a.xn2, a.rstd2);
   to_bf16(a.xn2, a.xn2_b, N * H);
-  lin.forward(a.xn2, a.xn2_b, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
+  lin.forward(a.xn2, a.xn2_b, W(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
   lora_forward(l, LinearSlot::GateUp, N, a.xn2, a.xn2_b, a.gate_up, 2 * I, a, true);
   backend_.swiglu_forward(a.gate_up, N, I, a.act);
   to_bf16(a.act, a.act_b, N * I);
@@ -546,7 +637,7 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   // only its LoRA activations are wanted again.
   if (x_out) {
     backend_.copy_on_device(x_out, a.xmid, sizeof(float) * N * H);
-    lin.forward(a.act, a.act_b, P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, x_out, 1.0f);
+    lin.forward(a.act, a.act_b, W(p.down_weight), I, H, x_out, 1.0f);
   }
   lora_forward(l, LinearSlot::Down, N, a.act, a.act_b, x_out, H, a, x_out != nullptr);
 }
@@ -611,7 +702,7 @@ void Decoder::forward(const MicroBatch& mb) {
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, L = c.num_layers;
   auto& P = params_;
 
-  if (P.param(ids_.embed).master)
+  if (P.param(ids_.embed).master())
     backend_.embedding_forward(mb.input_ids, N, P.weight(ids_.embed), H, b.x[0]);
   else
     backend_.embedding_forward_bf16(mb.input_ids, N, P.weight_bf16(ids_.embed), H, b.x[0]);
@@ -654,7 +745,8 @@ void Decoder::backward(const MicroBatch& mb) {
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   const bool bf = precision_ == Precision::BF16;
   const bool frozen = P.frozen();  // LoRA: no weight-gradient GEMMs for the base weights
-  Linear lin{backend_, bf, N};
+  Linear lin{backend_, bf, N, b.nf4_tile, b.nf4_tile_b, b.nf4_tile_elements};
+  auto W = [&](int id) { return Weight{P.weight(id), P.weight_bf16(id), P.nf4(id)}; };
   bf16* dyb = bf ? b.dy_b : nullptr;
 
   backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), b.rstd_final, b.dnorm, N, H, b.dx,
@@ -673,12 +765,12 @@ void Decoder::backward(const MicroBatch& mb) {
     // (In bf16, a.xn1, a.xn2 and a.act hold another block's data by now: only their bf16 copies
     // may be read here. See describe_memory.)
     to_bf16(b.dx, dyb, N * H);
-    lin.backward_input(b.dx, dyb, P.weight(p.down_weight), P.weight_bf16(p.down_weight), I, H, b.d_act);
+    lin.backward_input(b.dx, dyb, W(p.down_weight), I, H, b.d_act);
     if (!frozen) lin.backward_weight(b.dx, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
     lora_backward(l, LinearSlot::Down, N, b.dx, dyb, H, a.act, a.act_b, b.d_act, a);
     backend_.swiglu_backward(a.gate_up, b.d_act, N, I, b.d_gate_up);
     to_bf16(b.d_gate_up, dyb, N * 2 * I);
-    lin.backward_input(b.d_gate_up, dyb, P.weight(p.gate_up_weight), P.weight_bf16(p.gate_up_weight), H, 2 * I,
+    lin.backward_input(b.d_gate_up, dyb, W(p.gate_up_weight), H, 2 * I,
                        b.dnorm);
     if (!frozen) lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight));
     lora_backward(l, LinearSlot::GateUp, N, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
@@ -688,7 +780,7 @@ void Decoder::backward(const MicroBatch& mb) {
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x)))))
     to_bf16(b.dh, dyb, N * H);
-    lin.backward_input(b.dh, dyb, P.weight(p.o_weight), P.weight_bf16(p.o_weight), Q, H, b.d_attn);
+    lin.backward_input(b.dh, dyb, W(p.o_weight), Q, H, b.d_attn);
     if (!frozen) lin.backward_weight(b.dh, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
     lora_backward(l, LinearSlot::O, N, b.dh, dyb, H, a.attn, a.attn_b, b.d_attn, a);
     float* dq = b.d_qkv;
@@ -699,7 +791,7 @@ void Decoder::backward(const MicroBatch& mb) {
     backend_.rope_backward(dq + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
     if (p.qkv_bias >= 0 && !frozen) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));
     to_bf16(b.d_qkv, dyb, N * QKV);
-    lin.backward_input(b.d_qkv, dyb, P.weight(p.qkv_weight), P.weight_bf16(p.qkv_weight), H, QKV, b.dnorm);
+    lin.backward_input(b.d_qkv, dyb, W(p.qkv_weight), H, QKV, b.dnorm);
     if (!frozen) lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
     lora_backward(l, LinearSlot::Qkv, N, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
     backend_.rmsnorm_backward(x, P.weight(p.input_norm), a.rstd1, b.dnorm, N, H, b.dtmp, P.grad(p.input_norm));

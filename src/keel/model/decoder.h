@@ -74,6 +74,15 @@ struct DecoderOptions {
   // LoRA (lora.h): the base weights are frozen (no gradients, no optimizer state, no weight-gradient
   // GEMMs) and the adapter's matrices are what trains. rank 0: full fine-tuning.
   LoraSpec lora;
+  // QLoRA (Dettmers et al. 2023): the blocks' frozen matrices stored as NF4 (core/nf4.h) and
+  // dequantized a tile of rows at a time inside their GEMMs, in the precision's compute type;
+  // double quantization rounds each HF tensor's absmax values through bitsandbytes' 8-bit scheme
+  // (kept dequantized: the same numbers, 0.05 byte per weight more). Needs LoRA.
+  bool nf4_base = false;
+  bool double_quantization = true;
+  // The most NF4 weights dequantized at once (a tile of whole rows, planned as scratch); 8 MiB of
+  // bf16 by default, small in tests to run the tiling.
+  int64_t nf4_tile_elements = int64_t(1) << 22;
 };
 
 inline kernels::Backend& backend_of(const DecoderOptions& options) {

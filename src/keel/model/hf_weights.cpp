@@ -77,10 +77,18 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
   std::set<std::string> used;
   for (const auto& t : tensors) {
     const int64_t cols = t.cols ? t.cols : 1;
-    if (P.param(t.param).master)
-      reader.read_f32(t.name, t.shape(), P.weight(t.param) + t.row_begin * cols);
-    else  // a compute-only (frozen bf16) matrix: straight into bf16, no fp32 copy on the way
-      reader.read_bf16(t.name, t.shape(), P.weight_bf16(t.param) + t.row_begin * cols);
+    switch (P.param(t.param).storage) {
+      case ParamStorage::Master: reader.read_f32(t.name, t.shape(), P.weight(t.param) + t.row_begin * cols); break;
+      case ParamStorage::Bf16:  // a frozen bf16 matrix: straight into bf16, no fp32 copy on the way
+        reader.read_bf16(t.name, t.shape(), P.weight_bf16(t.param) + t.row_begin * cols);
+        break;
+      case ParamStorage::Nf4: {  // QLoRA: quantized tensor by tensor, one fp32 tensor in memory at a time
+        std::vector<float> values(static_cast<size_t>(t.rows * cols));
+        reader.read_f32(t.name, t.shape(), values.data());
+        P.store_nf4(t.param, t.row_begin * cols, values.data(), t.rows * cols, decoder.options().double_quantization);
+        break;
+      }
+    }
     used.insert(t.name);
   }
   std::vector<std::string> unused;
@@ -94,8 +102,9 @@ void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, 
   make_dirs(dir);
   const auto& P = decoder.params();
   std::vector<TensorToWrite> out;
-  require(P.compute_only_total() == 0,
-          "save_hf_model: the model's matrices are held in bf16 only (LoRA in bf16); export the adapter, or merge "
+  require(P.compute_only_total() == 0 && P.nf4_total() == 0,
+          "save_hf_model: the model's matrices are held in bf16 or NF4 only (LoRA, QLoRA); export the adapter, or "
+          "merge "
           "it with keel export --merge");
   for (const auto& t : hf_tensors(decoder.config(), decoder.ids())) {
     const int64_t cols = t.cols ? t.cols : 1;

@@ -10,7 +10,7 @@ namespace {
 constexpr int64_t kAlignElements = 16;  // 64 bytes of fp32: every tensor starts on a cache line
 }
 
-int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_decay, bool master) {
+int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_decay, ParamStorage storage) {
   require(!allocated(), "ParamStore: parameter '{}' declared after allocation", name);
   Param p;
   p.name = std::move(name);
@@ -18,10 +18,15 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_de
   p.numel = 1;
   for (int64_t d : p.shape) p.numel *= d;
   p.weight_decay = weight_decay;
-  p.master = master;
-  int64_t& end = master ? total_ : compute_only_total_;
+  p.storage = storage;
+  // NF4 tensors start on a 64-byte line of both their codes and their absmax values.
+  const int64_t align = storage == ParamStorage::Nf4 ? kNf4BlockSize * kAlignElements : kAlignElements;
+  require(storage != ParamStorage::Nf4 || p.numel % kNf4BlockSize == 0,
+          "NF4: tensor '{}' has {} elements, not a multiple of the {}-element block", p.name, p.numel, kNf4BlockSize);
+  int64_t& end = storage == ParamStorage::Master ? total_ : storage == ParamStorage::Bf16 ? compute_only_total_
+                                                                                        : nf4_total_;
   p.offset = end;
-  end += (p.numel + kAlignElements - 1) / kAlignElements * kAlignElements;
+  end += (p.numel + align - 1) / align * align;
   params_.push_back(std::move(p));
   return int(params_.size()) - 1;
 }
@@ -40,12 +45,42 @@ void ParamStore::bind(float* weights, float* grads, bf16* weights_bf16, float* a
   require(weights && (adam_m == nullptr) == (adam_v == nullptr) && (grads || !adam_m),
           "ParamStore::bind: weights are required, Adam moments come in pairs and need gradients");
   require(weights_bf16 || compute_only_total_ == 0, "ParamStore::bind: compute-only parameters need the bf16 buffer");
-  require(!grads || compute_only_total_ == 0, "ParamStore::bind: compute-only parameters are frozen (no gradients)");
+  require(!grads || (compute_only_total_ == 0 && nf4_total_ == 0),
+          "ParamStore::bind: compute-only parameters are frozen (no gradients)");
   weights_ = weights;
   grads_ = grads;
   weights_bf16_ = weights_bf16;
   adam_m_ = adam_m;
   adam_v_ = adam_v;
+}
+
+void ParamStore::bind_nf4(uint8_t* packed, float* absmax) {
+  require(packed && absmax, "ParamStore::bind_nf4: both buffers are required");
+  nf4_packed_ = packed;
+  nf4_absmax_ = absmax;
+}
+
+Nf4Weight ParamStore::nf4(int i) const {
+  const Param& p = params_[size_t(i)];
+  if (p.storage != ParamStorage::Nf4 || !nf4_packed_) return {};
+  return {nf4_packed_ + p.offset / 2, nf4_absmax_ + p.offset / kNf4BlockSize};
+}
+
+void ParamStore::store_nf4(int i, int64_t first, const float* values, int64_t n, bool double_quantization) {
+  const Param& p = params_[size_t(i)];
+  require(p.storage == ParamStorage::Nf4 && nf4_packed_, "ParamStore: '{}' is not an NF4 tensor", p.name);
+  require(first % kNf4BlockSize == 0 && n % kNf4BlockSize == 0 && first >= 0 && first + n <= p.numel,
+          "NF4: elements [{}, {}) of '{}' are not whole {}-element blocks inside its {}", first, first + n, p.name,
+          kNf4BlockSize, p.numel);
+  float* absmax = nf4_absmax_ + (p.offset + first) / kNf4BlockSize;
+  nf4_quantize(values, n, nf4_packed_ + (p.offset + first) / 2, absmax);
+  if (!double_quantization) return;
+  const int64_t count = n / kNf4BlockSize;
+  std::vector<uint8_t> codes(static_cast<size_t>(count));
+  std::vector<float> absmax2(static_cast<size_t>((count + kNf4DoubleBlockSize - 1) / kNf4DoubleBlockSize));
+  float offset = 0.0f;
+  nf4_quantize_absmax(absmax, count, codes.data(), absmax2.data(), &offset);
+  nf4_dequantize_absmax(codes.data(), absmax2.data(), offset, count, absmax);
 }
 
 void ParamStore::set_optimizer_range(FlatRange range) {

@@ -3,9 +3,10 @@
 // One flat range makes the optimizer, the global gradient norm, gradient buckets for data
 // parallel (contiguous ranges in reverse layer order) and ZeRO shards simple slices.
 //
-// A frozen tensor that only feeds bf16 GEMMs (LoRA's base matrices in bf16) needs no fp32 master:
-// it is declared compute-only and lives in the bf16 buffer alone, after the mirror of the fp32
-// buffer: bf16 = [copies of the masters, total() elements | compute-only tensors].
+// A frozen tensor that only feeds GEMMs needs no fp32 master: it is declared compute-only and
+// lives either in the bf16 buffer alone (LoRA's base matrices in bf16), after the mirror of the
+// fp32 buffer: bf16 = [copies of the masters, total() elements | compute-only tensors], or as
+// NF4 (QLoRA: core/nf4.h), in a buffer of packed 4-bit codes with one fp32 absmax per 64 elements.
 //
 // The buffers are either bound to memory planned elsewhere (the decoder's arena: bind()) or owned
 // by the store (allocate()), for stores used outside a plan.
@@ -17,22 +18,39 @@
 
 #include "keel/core/dtype.h"
 #include "keel/core/flat_range.h"
+#include "keel/core/nf4.h"
 
 namespace keel::model {
+
+enum class ParamStorage : uint8_t {
+  Master,  // fp32 master (and its bf16 copy when the store has one)
+  Bf16,    // compute-only, bf16 alone
+  Nf4,     // compute-only, NF4 (packed codes + absmax per 64 elements)
+};
 
 struct Param {
   std::string name;            // internal name, e.g. "layers.3.qkv.weight"
   std::vector<int64_t> shape;  // [rows, cols] or [n]
-  int64_t offset = 0;          // into the flat buffers, in elements (64-byte aligned)
+  int64_t offset = 0;          // in elements, into the buffers of its storage (64-byte aligned)
   int64_t numel = 0;
   bool weight_decay = true;  // false for biases and norm weights (HF Trainer's rule)
-  bool master = true;        // false: compute-only (bf16 alone; offset counts in the compute-only part)
+  ParamStorage storage = ParamStorage::Master;
+  bool master() const { return storage == ParamStorage::Master; }
+};
+
+// An NF4 tensor's storage: element i is kNf4Values[code i] * absmax[i / 64], code i in the high
+// nibble of packed[i / 2] for even i, the low one for odd i.
+struct Nf4Weight {
+  const uint8_t* packed = nullptr;
+  const float* absmax = nullptr;
+  explicit operator bool() const { return packed != nullptr; }
 };
 
 class ParamStore {
  public:
   // Declares a parameter; returns its index. All declarations come before allocate() or bind().
-  int add(std::string name, std::vector<int64_t> shape, bool weight_decay, bool master = true);
+  int add(std::string name, std::vector<int64_t> shape, bool weight_decay,
+          ParamStorage storage = ParamStorage::Master);
   // Allocates zeroed buffers owned by the store (weights, grads; the bf16 copy on request).
   void allocate(bool with_bf16_copy);
   // Points the store at buffers of total() elements planned elsewhere; bf16 copy and Adam moments
@@ -52,15 +70,28 @@ class ParamStore {
   int64_t total() const { return total_; }  // elements with an fp32 master
   int64_t compute_only_total() const { return compute_only_total_; }
   int64_t bf16_total() const { return total_ + compute_only_total_; }  // the bf16 buffer's elements
+  int64_t nf4_total() const { return nf4_total_; }                       // elements stored as NF4
+  // The NF4 buffers: nf4_total() / 2 bytes of codes, nf4_total() / 64 absmax values.
+  void bind_nf4(uint8_t* packed, float* absmax);
+  Nf4Weight nf4(int i) const;
+  // Quantizes n values into NF4 tensor i from element `first` on (both multiples of 64: HF tensors
+  // are quantized one by one, as bitsandbytes quantizes each module), with double quantization's
+  // round trip of their absmax values when asked.
+  void store_nf4(int i, int64_t first, const float* values, int64_t n, bool double_quantization);
+  uint8_t* nf4_packed(int i) { return nf4_packed_ + params_[i].offset / 2; }
+  float* nf4_absmax(int i) { return nf4_absmax_ + params_[i].offset / kNf4BlockSize; }
   bool allocated() const { return weights_ != nullptr; }
 
   // The fp32 master; null for a compute-only tensor.
-  float* weight(int i) { return params_[i].master ? weights_ + params_[i].offset : nullptr; }
-  const float* weight(int i) const { return params_[i].master ? weights_ + params_[i].offset : nullptr; }
+  float* weight(int i) { return params_[i].master() ? weights_ + params_[i].offset : nullptr; }
+  const float* weight(int i) const { return params_[i].master() ? weights_ + params_[i].offset : nullptr; }
   float* grad(int i) { return grads_ ? grads_ + params_[i].offset : nullptr; }
   bool frozen() const { return grads_ == nullptr; }
-  bf16* weight_bf16(int i) { return weights_bf16_ ? weights_bf16_ + bf16_offset(params_[i]) : nullptr; }
-  const bf16* weight_bf16(int i) const { return weights_bf16_ ? weights_bf16_ + bf16_offset(params_[i]) : nullptr; }
+  // The bf16 copy or compute-only bf16 tensor; null for NF4 and without a bf16 buffer.
+  bf16* weight_bf16(int i) { return has_bf16(params_[i]) ? weights_bf16_ + bf16_offset(params_[i]) : nullptr; }
+  const bf16* weight_bf16(int i) const {
+    return has_bf16(params_[i]) ? weights_bf16_ + bf16_offset(params_[i]) : nullptr;
+  }
 
   float* weights() { return weights_; }
   const float* weights_data() const { return weights_; }
@@ -77,9 +108,12 @@ class ParamStore {
   void refresh_bf16_copy(FlatRange range);  // of part of the weights (ZeRO-1: the shards other ranks updated)
 
  private:
-  int64_t bf16_offset(const Param& p) const { return p.master ? p.offset : total_ + p.offset; }
+  int64_t bf16_offset(const Param& p) const { return p.master() ? p.offset : total_ + p.offset; }
+  bool has_bf16(const Param& p) const { return weights_bf16_ && p.storage != ParamStorage::Nf4; }
   std::vector<Param> params_;
-  int64_t total_ = 0, compute_only_total_ = 0;
+  int64_t total_ = 0, compute_only_total_ = 0, nf4_total_ = 0;
+  uint8_t* nf4_packed_ = nullptr;
+  float* nf4_absmax_ = nullptr;
   std::optional<FlatRange> optimizer_shard_;  // set by set_optimizer_range (ZeRO-1)
   float *weights_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
   bf16* weights_bf16_ = nullptr;

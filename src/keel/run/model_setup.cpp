@@ -63,6 +63,8 @@ model::DecoderOptions training_decoder_options(const Recipe& r) {
       r.memory_planning == "per_tensor" ? model::MemoryPlanning::PerTensor : model::MemoryPlanning::Planned;
   o.backend = &kernels::backend_named(r.backend);
   o.lora = recipe_lora_spec(r);
+  o.nf4_base = r.quantization_bit == 4;
+  o.double_quantization = r.double_quantization;
   return o;
 }
 

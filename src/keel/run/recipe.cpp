@@ -74,6 +74,8 @@ const std::vector<Field>& fields() {
       {"adapter_name_or_path", &Recipe::adapter_name_or_path},
       {"additional_target", &Recipe::additional_target},
       {"quantization_bit", &Recipe::quantization_bit},
+      {"quantization_type", &Recipe::quantization_type},
+      {"double_quantization", &Recipe::double_quantization},
       {"batch_size", &Recipe::batch_size},
       {"gradient_accumulation_steps", &Recipe::gradient_accumulation_steps},
       {"learning_rate", &Recipe::learning_rate},
@@ -278,10 +280,18 @@ void validate_finetuning(const Recipe& r, const Where& w) {
   require(r.finetuning_type == "full" || r.finetuning_type == "lora",
           "{}: key 'finetuning_type' must be \"full\" or \"lora\", got \"{}\"", w.of("finetuning_type"),
           r.finetuning_type);
-  require(r.quantization_bit == 0,
-          "{}: key 'quantization_bit' = {}: QLoRA's quantized base weights are not supported yet; train with "
-          "finetuning_type = \"lora\" on bf16 weights (dtype = \"bf16\")",
-          w.of("quantization_bit"), r.quantization_bit);
+  require(r.quantization_bit == 0 || r.quantization_bit == 4,
+          "{}: key 'quantization_bit' must be 0 (no quantization) or 4 (QLoRA's NF4), got {}", w.of("quantization_bit"),
+          r.quantization_bit);
+  require(r.quantization_type == "nf4" || r.quantization_type == "fp4",
+          "{}: key 'quantization_type' must be \"nf4\" or \"fp4\", got \"{}\"", w.of("quantization_type"),
+          r.quantization_type);
+  require(r.quantization_bit == 0 || r.quantization_type == "nf4",
+          "{}: key 'quantization_type' = \"fp4\" is not supported yet; QLoRA's NF4 is (quantization_type = \"nf4\")",
+          w.of("quantization_type"));
+  require(r.quantization_bit == 0 || r.finetuning_type == "lora",
+          "{}: key 'quantization_bit' = 4 quantizes frozen weights: it needs finetuning_type = \"lora\" (QLoRA)",
+          w.of("quantization_bit"));
   require(r.additional_target.empty(),
           "{}: key 'additional_target' (modules trained fully beside the adapters) is not supported yet",
           w.of("additional_target"));

@@ -52,7 +52,11 @@ struct Recipe {
   bool use_rslora = false;               // scaling alpha / sqrt(rank) instead of alpha / rank
   std::string adapter_name_or_path;      // a PEFT adapter directory to continue training from
   std::string additional_target;         // modules trained fully beside the adapters (not supported yet)
-  int64_t quantization_bit = 0;          // 4: QLoRA's NF4 base weights (not supported yet)
+  // QLoRA: 4 stores the frozen projections in 4 bits (bitsandbytes' NF4), dequantized inside the
+  // GEMMs; 0 keeps them in the run's dtype.
+  int64_t quantization_bit = 0;
+  std::string quantization_type = "nf4";  // nf4 (fp4: not supported yet)
+  bool double_quantization = true;        // the absmax values in 8 bits too, as bitsandbytes' compress_statistics
   // Training
   int64_t batch_size = 1;  // sequences per micro-batch per rank
   int64_t gradient_accumulation_steps = 1;

@@ -214,6 +214,16 @@ class Trainer {
                fmt::join(names, ", "), int64_t(trained), 100.0 * trained / base, base / 1e6,
                r_.adapter_name_or_path.empty() ? fmt::format("initialised as PEFT does (seed {})", r_.seed)
                                                : "loaded from " + r_.adapter_name_or_path);
+    const model::ParamStore& frozen = decoder_.params();
+    if (frozen.nf4_total() > 0) {
+      int64_t matrices = 0;
+      for (const auto& p : frozen.params()) matrices += p.storage == model::ParamStorage::Nf4;
+      fmt::print(log_,
+                 "keel: QLoRA: {} projection matrices ({:.1f}M weights) held as NF4, {:.2f} GB instead of {:.2f} GB "
+                 "in bf16 (double quantization {}); dequantized a tile at a time inside their GEMMs\n",
+                 matrices, double(frozen.nf4_total()) / 1e6, double(frozen.nf4_total()) * (0.5 + 4.0 / 64) / 1e9,
+                 double(frozen.nf4_total()) * 2 / 1e9, decoder_.options().double_quantization ? "on" : "off");
+    }
   }
 
   // The recipe keys that decide which samples each step sees and how they are computed: a resume

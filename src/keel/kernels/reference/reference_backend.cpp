@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "keel/kernels/cross_entropy.h"
+#include "keel/core/nf4.h"
 #include "keel/kernels/embedding.h"
 #include "keel/kernels/host_memory.h"
 #include "keel/kernels/reference/attention.h"
@@ -136,6 +137,14 @@ class ReferenceBackend final : public HostMemoryBackend {
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(out + i * hidden, table + int64_t(ids[i]) * hidden, sizeof(float) * hidden);
+  }
+  void dequantize_nf4(const uint8_t* packed, const float* absmax, int64_t n, float* out) override {
+    nf4_dequantize(packed, absmax, n, out);
+  }
+  void dequantize_nf4_bf16(const uint8_t* packed, const float* absmax, int64_t n, bf16* out) override {
+    std::vector<float> wide(size_t(std::max<int64_t>(n, 0)));
+    nf4_dequantize(packed, absmax, n, wide.data());
+    for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(wide[size_t(i)]);
   }
   void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, int64_t hidden, float* out) override {
     for (int64_t i = 0; i < n; ++i)
