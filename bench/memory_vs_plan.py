@@ -47,6 +47,7 @@ def parse_args():
                    help="write a checkpoint after every step (synchronously or with async_save)")
     p.add_argument("--small", action="store_true", help="a quick smoke-size model")
     p.add_argument("--lora", type=int, default=0, metavar="RANK", help="LoRA of this rank on every linear layer")
+    p.add_argument("--qlora", action="store_true", help="with --lora: the projections in NF4 (quantization_bit = 4)")
     p.add_argument("--torch", action="store_true", help="also measure PyTorch's peak RSS (bf16 autocast)")
     a = p.parse_args()
     a.work = os.path.abspath(a.work)  # recipe paths resolve against the recipe file, not the cwd
@@ -107,6 +108,8 @@ def write_recipe(a, model_dir, dtype, checkpointing, tag):
                                                    a.dp, a.zero))
         if a.lora:
             f.write('finetuning_type = "lora"\nlora_rank = %d\nlora_target = "all"\n' % a.lora)
+            if a.qlora:
+                f.write('quantization_bit = 4\n')
         if a.save != "none":
             f.write('checkpoint_dir = "%s"\nsave_interval = 1\nkeep_last_n = 1\nasync_save = %s\n' %
                     (os.path.join(out_dir, "checkpoints"), "true" if a.save == "async" else "false"))
@@ -121,7 +124,8 @@ def main():
     model_dir = tvp.make_workload(a)
     print("model: llama hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %d steps, dp %d, "
           "ZeRO-%d, checkpoints: %s%s" % (a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.steps,
-                                          a.dp, a.zero, a.save, "; LoRA rank %d, all linear layers" % a.lora if a.lora else ""))
+                                          a.dp, a.zero, a.save, "; %s rank %d, all linear layers" % (
+                                              "QLoRA (NF4)" if a.qlora else "LoRA", a.lora) if a.lora else ""))
     print("%-5s %-5s %10s %10s %8s   %10s %10s %8s %8s %12s" %
           ("dtype", "ckpt", "plan GiB", "peak GiB", "error", "steps plan", "steps RSS", "error", "step s",
            "activations"))

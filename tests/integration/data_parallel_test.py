@@ -103,8 +103,9 @@ def compare_to_dp1(shuffle):
 
 def test_lora_data_parallel():
     """LoRA over 2 ranks, ZeRO-1 sharding the adapter's moments: the buckets, the gradient norm
-    and the all-gather work on the adapter; the result is dp=1's with doubled accumulation."""
-    lora = {"finetuning_type": "lora", "lora_rank": 4, "lora_target": "all"}
+    and the all-gather work on the adapter; the result is dp=1's with doubled accumulation, LoRA
+    dropout included (its masks follow the micro-batch's place in the global step)."""
+    lora = {"finetuning_type": "lora", "lora_rank": 4, "lora_target": "all", "lora_dropout": 0.1}
     one = write_recipe("lora_dp1", gradient_accumulation_steps=4, **lora)
     two = write_recipe("lora_dp2", gradient_accumulation_steps=2, dp_degree=2, zero_stage=1, **lora)
     r1, r2 = train(one, 1), train(two, 2)

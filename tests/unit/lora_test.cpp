@@ -8,6 +8,7 @@
 // every adapter matrix once, and a target that matches nothing names the model's modules.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -248,6 +249,57 @@ TEST(Lora, Nf4BaseComputesWithItsDequantizedWeights) {
         }
         EXPECT_LT(std::sqrt(err / norm), precision == Precision::BF16 ? 1e-2 : 1e-5) << what;
       }
+}
+
+// LoRA dropout: the adapter gradients of a training pass are the derivative of that same pass's loss
+// (the mask drawn from the micro-batch's key, regenerated in the backward pass), checked against
+// central differences on the double-precision backend; the same key gives the same gradients, and a
+// pass without a key (evaluation) has no dropout.
+TEST(Lora, DropoutGradientsAreTheDerivativeOfTheDroppedOutLoss) {
+  for (Precision precision : {Precision::F32, Precision::BF16}) {
+    const auto config = test::tiny_config("llama");
+    DecoderOptions o = test::on_backend("reference", {false, true, 0});
+    o.lora = spec_of({"q_proj", "o_proj", "down_proj"});
+    o.lora.dropout = 0.3;
+    DecoderOptions no_dropout = o;
+    no_dropout.lora.dropout = 0.0;
+    Decoder d(config, precision, 2, 10, o), plain(config, precision, 2, 10, no_dropout);
+    for (Decoder* x : {&d, &plain}) {
+      x->init_random(1, 0.2);
+      randomise_adapter(*x, 2);
+    }
+    const auto data = random_batch(2, 10, config.vocab_size, 3);
+    MicroBatch mb = data.view(2, 10);
+    mb.dropout_key = 12345;
+    d.trainable().zero_grads();
+    d.forward_backward(mb, 1.0);
+    const std::vector<float> grads(d.adapter().grads(), d.adapter().grads() + d.adapter().total());
+    d.trainable().zero_grads();
+    d.forward_backward(mb, 1.0);
+    EXPECT_EQ(std::memcmp(grads.data(), d.adapter().grads(), sizeof(float) * grads.size()), 0) << "same key, same masks";
+    // Without a key (evaluation) the loss is the model's without dropout; with one it differs.
+    MicroBatch eval = data.view(2, 10);
+    EXPECT_EQ(d.forward_loss(eval), plain.forward_loss(eval));
+    EXPECT_NE(d.forward_loss(mb), plain.forward_loss(mb));
+    if (precision == Precision::BF16) continue;  // central differences need fp32's resolution
+    // Central differences of the dropped-out loss, on the entries with the largest gradients.
+    std::vector<int64_t> order(grads.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+    std::partial_sort(order.begin(), order.begin() + 24, order.end(),
+                      [&](int64_t a, int64_t b) { return std::abs(grads[size_t(a)]) > std::abs(grads[size_t(b)]); });
+    float* w = d.adapter().weights();
+    for (int k = 0; k < 24; ++k) {
+      const int64_t i = order[size_t(k)];
+      const float saved = w[i], eps = 2e-3f;
+      w[i] = saved + eps;
+      const double up = d.forward_loss(mb);
+      w[i] = saved - eps;
+      const double down = d.forward_loss(mb);
+      w[i] = saved;
+      const double numeric = (up - down) / (2.0 * double(eps));
+      EXPECT_NEAR(grads[size_t(i)], numeric, 2e-2 * std::abs(numeric) + 1e-4) << "adapter element " << i;
+    }
+  }
 }
 
 TEST(Lora, InitialisationIsPeftsAndDeterministicInTheSeed) {

@@ -467,3 +467,18 @@ TEST(ModelConfigExport, GlmFormatsConvertBothWays) {
 
 }  // namespace
 }  // namespace keel::model
+
+TEST(ModelConfig, APrequantizedCheckpointIsRefusedByName) {
+  const std::string json = R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+    "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}})";
+  try {
+    keel::model::parse_model_config(json, "m/config.json");
+    FAIL() << "a bitsandbytes checkpoint must be refused";
+  } catch (const keel::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("m/config.json: key 'quantization_config'"), std::string::npos) << what;
+    EXPECT_NE(what.find("quant_method \"bitsandbytes\""), std::string::npos) << what;
+    EXPECT_NE(what.find("quantization_bit = 4"), std::string::npos) << what;
+  }
+}

@@ -63,6 +63,10 @@ class Backend {
   // dst = bf16(src): the compute copy of weights and GEMM inputs.
   virtual void cast_to_bf16(const float* src, bf16* dst, int64_t n) = 0;
   virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;              // dst = a + b
+  // Dropout with core/dropout_mask.h's mask for `key`: y[i] = x[i] / (1 - p) where kept, else 0
+  // (y may be x). The bf16 form scales in fp32 and rounds once.
+  virtual void dropout(const float* x, float* y, int64_t n, double p, uint64_t key) = 0;
+  virtual void dropout_bf16(const bf16* x, bf16* y, int64_t n, double p, uint64_t key) = 0;
   virtual void add_bias_rows(float* y, const float* bias, int64_t rows, int64_t cols) = 0;  // y[r] += bias
   // db[c] += sum over rows of dy[r, c] (ACCUMULATES), summed in row order.
   virtual void accumulate_bias_grad(const float* dy, int64_t rows, int64_t cols, float* db) = 0;

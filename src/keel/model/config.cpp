@@ -649,6 +649,18 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     parse_transformers_format(cfg, c);
   }
   c.tie_word_embeddings = cfg.bool_or("tie_word_embeddings", false);
+  // A checkpoint saved already quantized (transformers + bitsandbytes, GPTQ, AWQ...): its weights
+  // are not floating point, and reading them as such would be garbage. Said here, by name.
+  if (auto q = cfg.get("quantization_config")) {
+    std::string method = "unknown";
+    dom::object o;
+    std::string_view m;
+    if (q->get(o) == simdjson::SUCCESS && o["quant_method"].get(m) == simdjson::SUCCESS) method = std::string(m);
+    fail("{}: key 'quantization_config': the checkpoint is saved already quantized (quant_method \"{}\"); keel "
+         "loads bf16/fp16/fp32 checkpoints and quantizes them itself: point model_name at the full-precision model "
+         "and set quantization_bit = 4 for QLoRA",
+         path_for_errors, method);
+  }
   c.torch_dtype = parse_torch_dtype(cfg);
   c.eos_token_ids = parse_eos_token_ids(cfg);
   c.bos_token_id = cfg.token_id_or_none("bos_token_id");

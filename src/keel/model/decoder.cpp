@@ -7,9 +7,11 @@
 
 #include <fmt/format.h>
 
+#include "keel/core/dropout_mask.h"
 #include "keel/core/error.h"
 #include "keel/core/process_memory.h"
 #include "keel/core/threads.h"
+#include "keel/model/hf_weights.h"
 
 namespace keel::model {
 
@@ -108,9 +110,11 @@ struct BlockIds {
   int lora_u = -1, lora_u_b = -1;  // LoRA: scaling * x A^T of each of the block's modules
 };
 
-// What the plan needs to know of the adapter: its size and each block's module count.
+// What the plan needs to know of the adapter: its size, each block's module count, and the widest
+// module input (LoRA dropout's scratch).
 struct AdapterShape {
-  int64_t elements = 0, rank = 0;
+  int64_t elements = 0, rank = 0, widest_input = 0;
+  bool dropout = false;
   std::vector<int64_t> modules_per_layer;
   bool enabled() const { return rank > 0; }
 };
@@ -122,7 +126,8 @@ AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& 
   a.elements = adapter.total();
   a.rank = spec.rank;
   a.modules_per_layer.assign(size_t(c.num_layers), 0);
-  for (const auto& m : modules) ++a.modules_per_layer[size_t(m.layer)];
+  for (const auto& m : modules) ++a.modules_per_layer[size_t(m.layer)], a.widest_input = std::max(a.widest_input, m.cols);
+  a.dropout = spec.dropout > 0;
   return a;
 }
 
@@ -131,6 +136,7 @@ struct DecoderLayout {
   int weights = -1, grads = -1, weights_bf16 = -1, adam_m = -1, adam_v = -1;
   int lora_weights = -1, lora_grads = -1, lora_weights_bf16 = -1, lora_du = -1, lora_du_b = -1;
   int nf4_packed = -1, nf4_absmax = -1, nf4_tile = -1, nf4_tile_b = -1;
+  int lora_dropped = -1, lora_dropped_b = -1, lora_dx = -1;
   std::vector<int> x;                       // [layers + 1] block inputs; x[layers] feeds the final norm
   std::vector<BlockIds> forward, backward;  // the same ids unless checkpointing
   int xn_final = -1, rstd_final = -1, xn_final_b = -1;
@@ -266,6 +272,14 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     else
       d.nf4_tile = add("nf4.dequantized_tile", Cat::Workspace, tile, f32, t.forward(0), backward_last);
   }
+  if (adapter.dropout) {  // a module's dropped-out input (forward and backward), and its dx before the mask
+    const int64_t wide = N * adapter.widest_input;
+    if (bf)
+      d.lora_dropped_b = add("lora.dropout.input (bf16)", Cat::Workspace, wide, b16, t.forward(0), backward_last);
+    else
+      d.lora_dropped = add("lora.dropout.input", Cat::Workspace, wide, f32, t.forward(0), backward_last);
+    d.lora_dx = add("grad.lora.dropout", Cat::Workspace, wide, f32, backward_first, backward_last);
+  }
   if (adapter.enabled()) {
     d.lora_du = add("grad.lora", Cat::Workspace, N * adapter.rank, f32, backward_first, backward_last);
     d.lora_du_b = add_bf16("grad.lora.bf16", Cat::Workspace, N * adapter.rank, backward_first, backward_last);
@@ -299,6 +313,22 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
   return plan;
 }
 
+int64_t nf4_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files) {
+  if (!options.nf4_base) return 0;
+  ParamStore params;
+  DecoderParamIds ids;
+  declare_params(config, params, ids);
+  int64_t most = 0;
+  if (from_files) {
+    for (const auto& t : hf_tensors(config, ids))
+      if (t.cols > 0 && t.param != ids.embed && t.param != ids.lm_head) most = std::max(most, t.rows * t.cols);
+  } else {
+    for (const auto& l : ids.layers)
+      for (int id : {l.qkv_weight, l.o_weight, l.gate_up_weight, l.down_weight}) most = std::max(most, params.param(id).numel);
+  }
+  return most;
+}
+
 struct Decoder::BlockActivations {
   float *xn1, *rstd1, *qkv, *attn, *lse, *xmid, *xn2, *rstd2, *gate_up, *act;
   bf16 *xn1_b, *attn_b, *xn2_b, *act_b;  // GEMM inputs in bf16 mode (null in fp32)
@@ -316,6 +346,8 @@ struct Decoder::Buffers {
   bf16 *dy_b, *logits_b;
   float* lora_du;  // LoRA: scaling * dy B of one module [tokens, rank]
   bf16* lora_du_b;
+  float *lora_dropped, *lora_dx;  // LoRA dropout: a module's dropped-out input; its input gradient before the mask
+  bf16* lora_dropped_b;
   float* nf4_tile;  // QLoRA: dequantized rows of an NF4 weight (fp32 or bf16, by precision)
   bf16* nf4_tile_b;
   int64_t nf4_tile_elements;
@@ -359,6 +391,9 @@ struct Decoder::Buffers {
     dy_b = b16(d.dy_b);
     lora_du = f32(d.lora_du);
     lora_du_b = b16(d.lora_du_b);
+    lora_dropped = f32(d.lora_dropped);
+    lora_dropped_b = b16(d.lora_dropped_b);
+    lora_dx = f32(d.lora_dx);
     nf4_tile = f32(d.nf4_tile);
     nf4_tile_b = b16(d.nf4_tile_b);
     const int tile = d.nf4_tile >= 0 ? d.nf4_tile : d.nf4_tile_b;
@@ -616,7 +651,7 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, c.rms_norm_eps, a.xn1, a.rstd1);
   to_bf16(a.xn1, a.xn1_b, N * H);
   lin.forward(a.xn1, a.xn1_b, W(p.qkv_weight), H, QKV, a.qkv, 0.0f);
-  lora_forward(l, LinearSlot::Qkv, N, a.xn1, a.xn1_b, a.qkv, QKV, a, true);
+  lora_forward(mb, l, LinearSlot::Qkv, a.xn1, a.xn1_b, a.qkv, QKV, a, true);
   if (p.qkv_bias >= 0) backend_.add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
   backend_.rope_forward(a.qkv, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
   backend_.rope_forward(a.qkv + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
@@ -625,12 +660,12 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   to_bf16(a.attn, a.attn_b, N * Q);
   backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
   lin.forward(a.attn, a.attn_b, W(p.o_weight), Q, H, a.xmid, 1.0f);
-  lora_forward(l, LinearSlot::O, N, a.attn, a.attn_b, a.xmid, H, a, true);
+  lora_forward(mb, l, LinearSlot::O, a.attn, a.attn_b, a.xmid, H, a, true);
 
   backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, c.rms_norm_eps, a.xn2, a.rstd2);
   to_bf16(a.xn2, a.xn2_b, N * H);
   lin.forward(a.xn2, a.xn2_b, W(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
-  lora_forward(l, LinearSlot::GateUp, N, a.xn2, a.xn2_b, a.gate_up, 2 * I, a, true);
+  lora_forward(mb, l, LinearSlot::GateUp, a.xn2, a.xn2_b, a.gate_up, 2 * I, a, true);
   backend_.swiglu_forward(a.gate_up, N, I, a.act);
   to_bf16(a.act, a.act_b, N * I);
   // Recomputation (x_out null): the down projection's output is already the next block's input;
@@ -639,12 +674,30 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
     backend_.copy_on_device(x_out, a.xmid, sizeof(float) * N * H);
     lin.forward(a.act, a.act_b, W(p.down_weight), I, H, x_out, 1.0f);
   }
-  lora_forward(l, LinearSlot::Down, N, a.act, a.act_b, x_out, H, a, x_out != nullptr);
+  lora_forward(mb, l, LinearSlot::Down, a.act, a.act_b, x_out, H, a, x_out != nullptr);
 }
 
-void Decoder::lora_forward(int64_t layer, LinearSlot slot, int64_t N, const float* x, const bf16* xb, float* y,
-                           int64_t ldy, const BlockActivations& a, bool apply) {
+std::pair<const float*, const bf16*> Decoder::lora_input(const MicroBatch& mb, int module, int64_t cols,
+                                                         const float* x, const bf16* xb) {
+  const double p = options_.lora.dropout;
+  if (p <= 0 || mb.dropout_key == 0) return {x, xb};
+  auto& b = *buf_;
+  const int64_t n = mb.batch * mb.seq * cols;
+  const uint64_t key = dropout_subkey(mb.dropout_key, uint64_t(module));
+  // In bf16 the input's bf16 copy is what survives until the backward pass: drop out from it, so
+  // that the backward pass regenerates the very same values.
+  if (precision_ == Precision::BF16) {
+    backend_.dropout_bf16(xb, b.lora_dropped_b, n, p, key);
+    return {nullptr, b.lora_dropped_b};
+  }
+  backend_.dropout(x, b.lora_dropped, n, p, key);
+  return {b.lora_dropped, nullptr};
+}
+
+void Decoder::lora_forward(const MicroBatch& mb, int64_t layer, LinearSlot slot, const float* x, const bf16* xb,
+                           float* y, int64_t ldy, const BlockActivations& a, bool apply) {
   if (lora_.empty()) return;
+  const int64_t N = mb.batch * mb.seq;
   const bool bf = precision_ == Precision::BF16;
   const int64_t r = options_.lora.rank;
   const auto scaling = float(options_.lora.scaling());
@@ -653,7 +706,8 @@ void Decoder::lora_forward(int64_t layer, LinearSlot slot, int64_t N, const floa
     const LoraModule& m = lora_[size_t(i)];
     float* u = a.lora_u + m.index_in_layer * N * r;
     bf16* ub = bf ? a.lora_u_b + m.index_in_layer * N * r : nullptr;
-    lin.forward(x, xb, adapter_.weight(m.a), adapter_.weight_bf16(m.a), m.cols, r, u, 0.0f);
+    const auto [in, in_b] = lora_input(mb, i, m.cols, x, xb);
+    lin.forward(in, in_b, adapter_.weight(m.a), adapter_.weight_bf16(m.a), m.cols, r, u, 0.0f);
     // PEFT scales B's output; scaling u instead is the same product, and the backward pass's dB
     // then reads u as it is.
     backend_.scale_in_place(u, N * r, scaling);
@@ -664,9 +718,11 @@ void Decoder::lora_forward(int64_t layer, LinearSlot slot, int64_t N, const floa
   }
 }
 
-void Decoder::lora_backward(int64_t layer, LinearSlot slot, int64_t N, const float* dy, const bf16* dyb, int64_t ldy,
-                            const float* x, const bf16* xb, float* dx, const BlockActivations& a) {
+void Decoder::lora_backward(const MicroBatch& mb, int64_t layer, LinearSlot slot, const float* dy, const bf16* dyb,
+                            int64_t ldy, const float* x, const bf16* xb, float* dx, const BlockActivations& a) {
   if (lora_.empty()) return;
+  const int64_t N = mb.batch * mb.seq;
+  const bool dropout = options_.lora.dropout > 0 && mb.dropout_key != 0;
   auto& b = *buf_;
   const bool bf = precision_ == Precision::BF16;
   const int64_t r = options_.lora.rank;
@@ -687,10 +743,16 @@ void Decoder::lora_backward(int64_t layer, LinearSlot slot, int64_t N, const flo
                 adapter_.weight_bf16(m.b), b.lora_du, 0.0f);
     backend_.scale_in_place(b.lora_du, N * r, scaling);
     to_bf16(b.lora_du, b.lora_du_b, N * r);
-    // dA[r, cols] += du^T x;  dx[N, cols] += du A
-    lin.backward_weight(b.lora_du, b.lora_du_b, x, xb, m.cols, r, adapter_.grad(m.a));
+    // dA[r, cols] += du^T x;  dx[N, cols] += du A  (x and dx through the module's dropout mask)
+    const auto [in, in_b] = lora_input(mb, *it, m.cols, x, xb);
+    lin.backward_weight(b.lora_du, b.lora_du_b, in, in_b, m.cols, r, adapter_.grad(m.a));
     lin.product({Trans::N, Trans::N, N, m.cols, r, r, m.cols, m.cols}, b.lora_du, b.lora_du_b, adapter_.weight(m.a),
-                adapter_.weight_bf16(m.a), dx, 1.0f);
+                adapter_.weight_bf16(m.a), dropout ? b.lora_dx : dx, dropout ? 0.0f : 1.0f);
+    if (dropout) {
+      const int64_t n = N * m.cols;
+      backend_.dropout(b.lora_dx, b.lora_dx, n, options_.lora.dropout, dropout_subkey(mb.dropout_key, uint64_t(*it)));
+      backend_.add(dx, dx, b.lora_dx, n);
+    }
     grad_ready(m.b);
     grad_ready(m.a);
   }
@@ -767,13 +829,13 @@ void Decoder::backward(const MicroBatch& mb) {
     to_bf16(b.dx, dyb, N * H);
     lin.backward_input(b.dx, dyb, W(p.down_weight), I, H, b.d_act);
     if (!frozen) lin.backward_weight(b.dx, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
-    lora_backward(l, LinearSlot::Down, N, b.dx, dyb, H, a.act, a.act_b, b.d_act, a);
+    lora_backward(mb, l, LinearSlot::Down, b.dx, dyb, H, a.act, a.act_b, b.d_act, a);
     backend_.swiglu_backward(a.gate_up, b.d_act, N, I, b.d_gate_up);
     to_bf16(b.d_gate_up, dyb, N * 2 * I);
     lin.backward_input(b.d_gate_up, dyb, W(p.gate_up_weight), H, 2 * I,
                        b.dnorm);
     if (!frozen) lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight));
-    lora_backward(l, LinearSlot::GateUp, N, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
+    lora_backward(mb, l, LinearSlot::GateUp, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
     backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), a.rstd2, b.dnorm, N, H, b.dtmp, P.grad(p.post_norm));
     backend_.add(b.dh, b.dx, b.dtmp, N * H);
     for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) base_grad_ready(id);
@@ -782,7 +844,7 @@ void Decoder::backward(const MicroBatch& mb) {
     to_bf16(b.dh, dyb, N * H);
     lin.backward_input(b.dh, dyb, W(p.o_weight), Q, H, b.d_attn);
     if (!frozen) lin.backward_weight(b.dh, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
-    lora_backward(l, LinearSlot::O, N, b.dh, dyb, H, a.attn, a.attn_b, b.d_attn, a);
+    lora_backward(mb, l, LinearSlot::O, b.dh, dyb, H, a.attn, a.attn_b, b.d_attn, a);
     float* dq = b.d_qkv;
     backend_.attention_backward(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV, mb.segments, a.attn,
                                 a.lse, b.d_attn, dq, dq + Q, dq + Q + KV, b.attention_workspace,
@@ -793,7 +855,7 @@ void Decoder::backward(const MicroBatch& mb) {
     to_bf16(b.d_qkv, dyb, N * QKV);
     lin.backward_input(b.d_qkv, dyb, W(p.qkv_weight), H, QKV, b.dnorm);
     if (!frozen) lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
-    lora_backward(l, LinearSlot::Qkv, N, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
+    lora_backward(mb, l, LinearSlot::Qkv, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
     backend_.rmsnorm_backward(x, P.weight(p.input_norm), a.rstd1, b.dnorm, N, H, b.dtmp, P.grad(p.input_norm));
     backend_.add(b.dx, b.dh, b.dtmp, N * H);
     for (int id : {p.o_weight, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);

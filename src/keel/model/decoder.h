@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "keel/core/memory_plan.h"
@@ -40,6 +41,10 @@ struct MicroBatch {
   const int32_t* targets = nullptr;    // [batch*seq] id of the NEXT token to predict, or -100
   const int32_t* positions = nullptr;  // [batch*seq] rotary positions, each < seq
   const int32_t* segments = nullptr;   // [batch*seq] document ids for packed rows, or nullptr
+  // LoRA dropout's masks are drawn from this key (core/dropout_mask.h), a function of the step and
+  // the micro-batch's place in it, so resumes and recomputations draw the same; 0: no dropout
+  // (evaluation, generation).
+  uint64_t dropout_key = 0;
 };
 
 // Where the buffers of a forward/backward pass live.
@@ -107,6 +112,11 @@ struct StepTimeline {
 // plan a 9B model on a laptop). The constructor allocates from exactly this description.
 MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
                                const DecoderOptions& options);
+
+// QLoRA's setup scratch: the most weights held in fp32 at once while the NF4 projections are
+// filled — the largest HF tensor of a projection (loaded one by one), or the largest fused one
+// (a new model's random initialisation). 0 without NF4.
+int64_t nf4_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files);
 
 class Decoder {
  public:
@@ -182,10 +192,14 @@ class Decoder {
   // its modules (kept for the backward pass), then, unless only u is wanted (recomputation of the
   // down projection), y[:, rows] += u B^T. Backward: dB += dy^T u, du = scaling * dy B,
   // dA += du^T x, dx += du A.
-  void lora_forward(int64_t layer, LinearSlot slot, int64_t tokens, const float* x, const bf16* xb, float* y,
-                    int64_t ldy, const BlockActivations& a, bool apply);
-  void lora_backward(int64_t layer, LinearSlot slot, int64_t tokens, const float* dy, const bf16* dyb, int64_t ldy,
-                     const float* x, const bf16* xb, float* dx, const BlockActivations& a);
+  void lora_forward(const MicroBatch& batch, int64_t layer, LinearSlot slot, const float* x, const bf16* xb,
+                    float* y, int64_t ldy, const BlockActivations& a, bool apply);
+  void lora_backward(const MicroBatch& batch, int64_t layer, LinearSlot slot, const float* dy, const bf16* dyb,
+                     int64_t ldy, const float* x, const bf16* xb, float* dx, const BlockActivations& a);
+  // LoRA dropout: module m's input, dropped out with its key into the planned scratch (fp32 or
+  // bf16 by precision); the returned pointers replace x / xb. Unchanged without dropout.
+  std::pair<const float*, const bf16*> lora_input(const MicroBatch& batch, int module, int64_t cols, const float* x,
+                                                  const bf16* xb);
 
   ModelConfig config_;
   Precision precision_;

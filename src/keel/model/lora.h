@@ -25,6 +25,9 @@ struct LoraSpec {
   // the blocks); a module matches a target equal to its path or to a suffix of it after a '.',
   // as PEFT's target_modules matches.
   std::vector<std::string> targets{"all"};
+  // Dropout on each module's input on the LoRA path only (PEFT's lora_dropout), in training
+  // passes (MicroBatch::dropout_key set); the base path sees the input unchanged.
+  double dropout = 0.0;
   bool enabled() const { return rank > 0; }
   double scaling() const;
 };

@@ -124,6 +124,10 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   if (!r.model_config)
     plan.add_external("weight files mapped while loading", MemoryCategory::Data,
                       weight_file_bytes(r.model_name, config), 0, 0);
+  // QLoRA fills its NF4 projections one tensor at a time from fp32: that tensor, during the setup.
+  if (const int64_t scratch = model::nf4_setup_scratch_elements(config, options, !r.model_config))
+    plan.add_external("NF4 quantization (one projection in fp32)", MemoryCategory::Data,
+                      size_t(scratch) * sizeof(float), 0, 0);
   plan.add_external("keel process at start", MemoryCategory::Runtime, kProcessStartBytes, 0, end);
   // What the trainer allocates after the setup, kept for the whole run.
   plan.add_external("micro-batches", MemoryCategory::Data, loader_buffer_bytes(r, shape), 1, end);
@@ -203,13 +207,26 @@ std::string shape_summary(const RunShape& s) {
 std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool bf16) {
   const bool sharded = shape.zero_stage >= 1 && shape.dp > 1;
   const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-1)", shape.dp) : "";
+  // LoRA and QLoRA show in the plan's buffers (model/decoder.cpp names them).
+  bool lora = false, nf4 = false;
+  for (const auto& b : plan.buffers()) {
+    lora = lora || b.name == "lora.weights";
+    nf4 = nf4 || b.name.rfind("weights.nf4", 0) == 0;
+  }
   auto note = [&](MemoryCategory c) -> std::string {
     switch (c) {
       case MemoryCategory::MasterWeights:
+        if (lora) return bf16 ? "fp32: the adapter, the frozen norms and biases" : "fp32: the model (frozen) and the adapter";
         return bf16 ? "fp32 master, whole on every rank" : "fp32 (the compute copy too)";
-      case MemoryCategory::ComputeWeights: return "bf16 copy the GEMMs read";
-      case MemoryCategory::Gradients: return "fp32, accumulated over micro-batches";
-      case MemoryCategory::OptimizerState: return "AdamW m and v, fp32" + (sharded ? shard : std::string());
+      case MemoryCategory::ComputeWeights:
+        if (nf4) return "frozen projections in NF4 (4-bit codes + absmax), embedding/LM head and adapter in bf16";
+        if (lora) return "frozen matrices in bf16 alone (no fp32 masters), the adapter's bf16 copy";
+        return "bf16 copy the GEMMs read";
+      case MemoryCategory::Gradients:
+        return lora ? "fp32, the adapter's only (frozen weights have none)" : "fp32, accumulated over micro-batches";
+      case MemoryCategory::OptimizerState:
+        return std::string(lora ? "AdamW m and v of the adapter, fp32" : "AdamW m and v, fp32") +
+               (sharded ? shard : std::string());
       case MemoryCategory::Activations:
         return shape.gradient_checkpointing ? "block inputs + one recomputed block (checkpointing)"
                                             : "every block's intermediates, kept for backward";

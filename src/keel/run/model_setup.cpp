@@ -75,6 +75,7 @@ model::LoraSpec recipe_lora_spec(const Recipe& r) {
   spec.alpha = lora_alpha(r);
   spec.rslora = r.use_rslora;
   spec.targets = lora_targets(r);
+  spec.dropout = r.lora_dropout;
   return spec;
 }
 

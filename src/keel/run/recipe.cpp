@@ -314,8 +314,7 @@ void validate_finetuning(const Recipe& r, const Where& w) {
           w.of("lora_rank"), r.lora_rank);
   require(r.lora_alpha >= 0, "{}: key 'lora_alpha' must not be negative (0: 2 x lora_rank), got {}",
           w.of("lora_alpha"), r.lora_alpha);
-  require(r.lora_dropout == 0,
-          "{}: key 'lora_dropout' = {}: dropout on the adapters' input is not supported yet; set 0",
+  require(r.lora_dropout >= 0 && r.lora_dropout < 1, "{}: key 'lora_dropout' must be in [0, 1), got {}",
           w.of("lora_dropout"), r.lora_dropout);
   const auto targets = lora_targets(r);
   require(!targets.empty(), "{}: key 'lora_target' names no module; use \"all\" or names such as \"q_proj,v_proj\"",

@@ -45,7 +45,7 @@ struct Recipe {
   std::string finetuning_type = "full";
   int64_t lora_rank = 8;
   double lora_alpha = 0;    // 0: 2 x lora_rank (LLaMA-Factory's default)
-  double lora_dropout = 0;  // dropout on the adapters' input (only 0 so far)
+  double lora_dropout = 0;  // dropout on the adapters' input (PEFT's lora_dropout)
   // "all" (every linear layer of the blocks) or the model's module names separated by commas
   // ("q_proj,v_proj"; a TOML list of strings is accepted too).
   std::string lora_target = "all";

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 
+#include "keel/core/dropout_mask.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 #include "keel/core/process_memory.h"
@@ -514,6 +515,10 @@ class Trainer {
                               mb.targets.data(),
                               mb.positions.data(),
                               loader_->packed() ? mb.segments.data() : nullptr};
+      // LoRA dropout: masks from the seed, the step and the micro-batch's place in the global step
+      // (i * ranks + rank), so a resume, or another number of ranks, draws the same ones.
+      batch.dropout_key = dropout_subkey(splitmix64(uint64_t(r_.seed)), uint64_t(step) << 24 | (i * uint64_t(ranks) +
+                                                                                                 uint64_t(comm_.rank())));
       // Gradients are synchronised once per step, during the last micro-batch's backward pass
       // (overlap_grad_sync: each bucket as soon as its gradients are final) or after it.
       const bool last = i + 1 == micro.size();

@@ -11,6 +11,7 @@
 #include "keel/kernels/attention.h"
 #include "keel/kernels/cpu/vector_ops.h"
 #include "keel/kernels/cross_entropy.h"
+#include "keel/core/dropout_mask.h"
 #include "keel/kernels/embedding.h"
 #include "keel/kernels/nf4_dequantize.h"
 #include "keel/kernels/gemm.h"
@@ -51,6 +52,21 @@ class CpuBackend final : public HostMemoryBackend {
     const auto& ops = vector_ops();
     parallel_for(n, n >= kParallelMinElements,
                  [&](int64_t begin, int64_t end) { ops.scale_to_bf16(src + begin, 1.0f, dst + begin, end - begin); });
+  }
+  void dropout(const float* x, float* y, int64_t n, double p, uint64_t key) override {
+    const uint64_t threshold = dropout_keep_threshold(p);
+    const auto scale = float(1.0 / (1.0 - p));
+    parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) y[i] = dropout_keeps(key, uint64_t(i), threshold) ? x[i] * scale : 0.0f;
+    });
+  }
+  void dropout_bf16(const bf16* x, bf16* y, int64_t n, double p, uint64_t key) override {
+    const uint64_t threshold = dropout_keep_threshold(p);
+    const auto scale = float(1.0 / (1.0 - p));
+    parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        y[i] = float_to_bf16(dropout_keeps(key, uint64_t(i), threshold) ? bf16_to_float(x[i]) * scale : 0.0f);
+    });
   }
   void add(float* dst, const float* a, const float* b, int64_t n) override {
     parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "keel/kernels/cross_entropy.h"
+#include "keel/core/dropout_mask.h"
 #include "keel/core/nf4.h"
 #include "keel/kernels/embedding.h"
 #include "keel/kernels/host_memory.h"
@@ -145,6 +146,15 @@ class ReferenceBackend final : public HostMemoryBackend {
     std::vector<float> wide(size_t(std::max<int64_t>(n, 0)));
     nf4_dequantize(packed, absmax, n, wide.data());
     for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(wide[size_t(i)]);
+  }
+  void dropout(const float* x, float* y, int64_t n, double p, uint64_t key) override {
+    const uint64_t threshold = dropout_keep_threshold(p);
+    for (int64_t i = 0; i < n; ++i) y[i] = dropout_keeps(key, uint64_t(i), threshold) ? float(double(x[i]) / (1.0 - p)) : 0.0f;
+  }
+  void dropout_bf16(const bf16* x, bf16* y, int64_t n, double p, uint64_t key) override {
+    const uint64_t threshold = dropout_keep_threshold(p);
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = float_to_bf16(dropout_keeps(key, uint64_t(i), threshold) ? float(double(bf16_to_float(x[i])) / (1.0 - p)) : 0.0f);
   }
   void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, int64_t hidden, float* out) override {
     for (int64_t i = 0; i < n; ++i)
