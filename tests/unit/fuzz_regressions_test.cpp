@@ -33,6 +33,7 @@ KEEL_FUZZ_ENTRY(tokenizer_json)
 KEEL_FUZZ_ENTRY(tiktoken)
 KEEL_FUZZ_ENTRY(records)
 KEEL_FUZZ_ENTRY(shard)
+KEEL_FUZZ_ENTRY(peft_adapter_config)
 
 namespace {
 
@@ -72,6 +73,7 @@ KEEL_FUZZ_REPLAY(tokenizer_json)
 KEEL_FUZZ_REPLAY(tiktoken)
 KEEL_FUZZ_REPLAY(records)
 KEEL_FUZZ_REPLAY(shard)
+KEEL_FUZZ_REPLAY(peft_adapter_config)
 
 // --- named cases ----------------------------------------------------------------------------------
 

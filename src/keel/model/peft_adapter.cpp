@@ -63,7 +63,10 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
   const std::string path = config_path(dir);
   require(path_exists(path), "{}: expected a PEFT adapter directory holding {}, found no such file", dir,
           kAdapterConfigFile);
-  const std::string text = read_file(path);
+  return parse_peft_adapter_config(read_file(path), path);
+}
+
+PeftAdapterConfig parse_peft_adapter_config(const std::string& text, const std::string& path) {
   dom::parser parser;
   dom::element root;
   if (auto error = parse_json_document(parser, text, root)) fail("{}: expected valid JSON: {}", path, simdjson::error_message(error));
@@ -82,10 +85,14 @@ PeftAdapterConfig read_peft_adapter_config(const std::string& dir) {
   auto r = get("r");
   require(r.has_value(), "{}: key 'r': expected the LoRA rank, found nothing", path);
   const double rank = number(*r, path, "r");
-  require(rank >= 1 && rank == std::floor(rank), "{}: key 'r': expected a positive integer, found {}", path, rank);
+  require(rank >= 1 && rank <= 65536 && rank == std::floor(rank),
+          "{}: key 'r': expected a positive integer up to 65536, found {}", path, rank);
   c.spec.rank = int64_t(rank);
   c.spec.alpha = get("lora_alpha") ? number(*get("lora_alpha"), path, "lora_alpha") : 8.0;  // PEFT's default
   c.dropout = get("lora_dropout") ? number(*get("lora_dropout"), path, "lora_dropout") : 0.0;
+  require(std::isfinite(c.spec.alpha), "{}: key 'lora_alpha': expected a finite number, found {}", path, c.spec.alpha);
+  require(c.dropout >= 0 && c.dropout < 1, "{}: key 'lora_dropout': expected a number in [0, 1), found {}", path,
+          c.dropout);
   bool rslora = false;
   if (auto e = get("use_rslora")) require(e->get(rslora) == simdjson::SUCCESS, "{}: key 'use_rslora': expected true or false", path);
   c.spec.rslora = rslora;

@@ -22,6 +22,8 @@ struct PeftAdapterConfig {
   std::string base_model;  // base_model_name_or_path ("" if absent)
 };
 PeftAdapterConfig read_peft_adapter_config(const std::string& dir);
+// The same from the text of an adapter_config.json (`path` names it in errors).
+PeftAdapterConfig parse_peft_adapter_config(const std::string& text, const std::string& path);
 bool is_peft_adapter_dir(const std::string& dir);
 
 // Writes the decoder's adapter (it must have one) into `dir` in `dtype`.
