@@ -98,6 +98,18 @@ expect small "fits: yes"
 run small_unchecked "$work/small.toml"
 expect small_unchecked "fits: not checked"
 
+# LoRA and QLoRA on the article's GLM-4-9B: frozen weights without gradients or moments, and
+# QLoRA's NF4 projections; one 64 GB card holds either (LoRA with one 8192-token sequence per micro-batch).
+run glm_lora "$recipe" --dp 1 --device-memory 64GB --set finetuning_type=lora --set use_gradient_checkpointing=true \
+  --set batch_size=1
+expect glm_lora "fp32, the adapter's only (frozen weights have none)"
+expect glm_lora "frozen matrices in bf16 alone"
+expect glm_lora "fits: yes"
+run glm_qlora "$recipe" --dp 1 --device-memory 64GB --set finetuning_type=lora --set quantization_bit=4 \
+  --set use_gradient_checkpointing=true
+expect glm_qlora "frozen projections in NF4"
+expect glm_qlora "fits: yes"
+
 # Bad input: exit status 2 and a message naming the problem.
 out=$("$keel" plan "$recipe" --device-memory 64XB 2>&1)
 status=$?
