@@ -3,6 +3,7 @@
 #include "keel/core/error.h"
 #include "keel/core/nf4.h"
 #include "keel/core/threads.h"
+#include "keel/kernels/cpu/vector_ops.h"
 
 namespace keel::kernels {
 namespace {
@@ -19,22 +20,28 @@ struct PairTable {
 };
 const PairTable kPairs;
 
+// A block's 64 code values (unscaled): the scaling and, for bf16, the rounding then run on whole
+// vectors (vector_ops' scale_to_bf16, compiled per ISA).
+void block_values(const uint8_t* codes, float* values) {
+  for (int64_t j = 0; j < kNf4BlockSize / 2; ++j) values[2 * j] = kPairs.first[codes[j]], values[2 * j + 1] = kPairs.second[codes[j]];
+}
+
 template <typename Out>
 void dequantize(const uint8_t* packed, const float* absmax, int64_t n, Out* out) {
   require(n % kNf4BlockSize == 0, "dequantize_nf4: {} elements, not a multiple of {}", n, kNf4BlockSize);
   const int64_t blocks = n / kNf4BlockSize;
+  const VectorOps& ops = vector_ops();
   parallel_for(blocks, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+    alignas(64) float values[kNf4BlockSize];
     for (int64_t b = begin; b < end; ++b) {
       const float scale = absmax[b];
-      const uint8_t* codes = packed + b * (kNf4BlockSize / 2);
       Out* o = out + b * kNf4BlockSize;
-      for (int64_t j = 0; j < kNf4BlockSize / 2; ++j) {
-        const float v0 = kPairs.first[codes[j]] * scale, v1 = kPairs.second[codes[j]] * scale;
-        if constexpr (sizeof(Out) == sizeof(float)) {
-          o[2 * j] = v0, o[2 * j + 1] = v1;
-        } else {
-          o[2 * j] = float_to_bf16(v0), o[2 * j + 1] = float_to_bf16(v1);
-        }
+      if constexpr (sizeof(Out) == sizeof(float)) {
+        block_values(packed + b * (kNf4BlockSize / 2), o);
+        for (int64_t i = 0; i < kNf4BlockSize; ++i) o[i] *= scale;
+      } else {
+        block_values(packed + b * (kNf4BlockSize / 2), values);
+        ops.scale_to_bf16(values, scale, o, kNf4BlockSize);
       }
     }
   });
