@@ -67,10 +67,13 @@ ADAPTER_KEYS = ("peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "ta
 PEFT_NAME = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$")
 
 
+SAVED = None  # --modules-to-save: PEFT's modules_to_save, keel's additional_target
+
+
 def lora_config(family):
     _, targets, rslora = FAMILY_LORA[family]
     return LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0, target_modules=targets, use_rslora=rslora,
-                      bias="none", task_type="CAUSAL_LM")
+                      bias="none", task_type="CAUSAL_LM", modules_to_save=SAVED)
 
 
 def write_initial_adapter(spec, init, family, model_dir, out):
@@ -109,7 +112,9 @@ def check_adapter_files(final_dir, spec, init, family, model_dir, failures):
             failures.append("adapter_config.json lacks %r" % key)
     _, targets, rslora = FAMILY_LORA[family]
     expect = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": RANK, "lora_alpha": ALPHA, "bias": "none",
-              "use_rslora": rslora, "base_model_name_or_path": model_dir, "modules_to_save": None}
+              "use_rslora": rslora, "base_model_name_or_path": model_dir}
+    if sorted(config.get("modules_to_save") or []) != sorted(SAVED or []):
+        failures.append("adapter_config.json modules_to_save = %r, expected %r" % (config.get("modules_to_save"), SAVED))
     for key, value in expect.items():
         if config.get(key) != value:
             failures.append("adapter_config.json %r = %r, expected %r" % (key, config.get(key), value))
@@ -121,6 +126,9 @@ def check_adapter_files(final_dir, spec, init, family, model_dir, failures):
     model_modules = {n for n, _ in hf.build_model(spec, init).named_modules()}
     tensors = hf.load_safetensors(os.path.join(final_dir, "adapter_model.safetensors"))
     for name, t in tensors.items():
+        if SAVED and name.startswith("base_model.model.") and name.endswith(".weight") and \
+                name.split(".")[-2] in SAVED:  # a module trained fully: vLLM takes lm_head / embed_tokens
+            continue
         m = PEFT_NAME.match(name)
         if not m:
             failures.append("adapter tensor %r is not named base_model.model.<module>.lora_{A,B}.weight" % name)
@@ -237,7 +245,11 @@ def main():
     ap.add_argument("--backend", default="cpu", choices=("cpu", "reference"))
     ap.add_argument("--timeout", type=int, default=540)
     ap.add_argument("--qlora", choices=("none", "nf4", "nf4-dq"), default="none")
+    ap.add_argument("--modules-to-save", default="", help="comma-separated: PEFT's modules_to_save (keel's "
+                    "additional_target), e.g. lm_head,embed_tokens")
     args = ap.parse_args()
+    global SAVED
+    SAVED = [m for m in args.modules_to_save.split(",") if m] or None
     torch.set_num_threads(2)
     work = os.path.abspath(args.work)
     keel = os.path.abspath(args.keel)
@@ -263,6 +275,8 @@ def main():
                    json.dumps(os.path.join(work, "checkpoints"))))
         if qlora:
             f.write("quantization_bit = 4\ndouble_quantization = %s\n" % ("true" if args.qlora == "nf4-dq" else "false"))
+        if SAVED:
+            f.write("additional_target = %s\n" % json.dumps(",".join(SAVED)))
     failures = tr.run_keel(keel, work, args.timeout)
     if failures:
         print("FAIL: " + failures[0])

@@ -302,6 +302,38 @@ TEST(Lora, DropoutGradientsAreTheDerivativeOfTheDroppedOutLoss) {
   }
 }
 
+// additional_target: the embedding and LM head of untied models by their HF names; anything else,
+// or a tied embedding, is an error naming what is possible.
+TEST(Lora, ModulesToSaveAreTheEmbeddingAndTheLmHead) {
+  auto spec = spec_of({"q_proj"});
+  spec.modules_to_save = {"lm_head", "embed_tokens"};
+  DecoderOptions o;
+  o.lora = spec;
+  auto llama = test::tiny_config("llama");
+  llama.tie_word_embeddings = false;
+  Decoder d(llama, Precision::F32, 1, 4, o);
+  ASSERT_EQ(d.trained_embedding(), 0);  // first, so that it becomes final last
+  ASSERT_EQ(d.trained_lm_head(), int(d.adapter().params().size()) - 1);
+  EXPECT_EQ(d.adapter().param(d.trained_embedding()).name, "model.embed_tokens.weight");
+  EXPECT_EQ(d.adapter().param(d.trained_lm_head()).name, "lm_head.weight");
+  d.init_random(1, 0.2);
+  d.init_adapter(2);  // the trained copies start as the originals
+  EXPECT_EQ(std::memcmp(d.adapter().weight(d.trained_lm_head()), d.params().weight(d.ids().lm_head),
+                        sizeof(float) * size_t(d.params().param(d.ids().lm_head).numel)),
+            0);
+  spec.modules_to_save = {"q_proj"};
+  o.lora = spec;
+  keel::testing::expect_keel_error([&] { Decoder x(llama, Precision::F32, 1, 4, o); },
+                                   {"additional_target 'q_proj' is neither the embedding nor the LM head",
+                                    "embed_tokens, lm_head"});
+  auto tied = test::tiny_config("qwen2");
+  tied.tie_word_embeddings = true;
+  spec.modules_to_save = {"embed_tokens"};
+  o.lora = spec;
+  keel::testing::expect_keel_error([&] { Decoder x(tied, Precision::F32, 1, 4, o); },
+                                   {"ties its embedding to its LM head"});
+}
+
 TEST(Lora, InitialisationIsPeftsAndDeterministicInTheSeed) {
   const auto config = test::tiny_config("llama");
   DecoderOptions o{false, true, 0};

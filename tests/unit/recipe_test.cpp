@@ -175,6 +175,7 @@ TEST(Recipe, LoraNonsenseCombinationsAreErrors) {
   EXPECT_NE(e.find("'lora_target' expects a string or a list of strings"), std::string::npos) << e;
   e = error_of(std::string(kMinimal) + "finetuning_type = \"freeze\"\n");
   EXPECT_NE(e.find("'finetuning_type' must be \"full\" or \"lora\""), std::string::npos) << e;
-  e = error_of(lora + "additional_target = \"lm_head\"\n");
-  EXPECT_NE(e.find("'additional_target'"), std::string::npos) << e;
+  e = error_of(std::string(kMinimal) + "additional_target = \"lm_head\"\n");
+  EXPECT_NE(e.find("'additional_target' names modules trained beside LoRA's adapters"), std::string::npos) << e;
+  EXPECT_EQ(error_of(lora + "additional_target = [\"lm_head\", \"embed_tokens\"]\n"), "");
 }

@@ -67,13 +67,24 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
 // QLoRA dequantizes whole rows, as many as fit in `budget` weights (at least one).
 int64_t nf4_tile_rows(int64_t rows, int64_t cols, int64_t budget) { return std::clamp<int64_t>(budget / cols, 1, rows); }
 
-// LoRA: the targeted modules and their A/B matrices in `adapter` (nothing without LoRA).
-std::vector<LoraModule> declare_adapter(const ModelConfig& c, const DecoderParamIds& ids, const LoraSpec& spec,
-                                        ParamStore& adapter) {
-  if (!spec.enabled()) return {};
-  auto modules = lora_modules(c, ids, spec);
-  declare_lora_params(modules, spec.rank, adapter);
-  return modules;
+// LoRA: the targeted modules and their A/B matrices in `adapter` (nothing without LoRA), and the
+// trained copies of modules_to_save: the embedding first and the LM head last, so that the
+// adapter's parameters, like the model's, become final in reverse order in the backward pass.
+struct AdapterLayout {
+  std::vector<LoraModule> modules;
+  SavedModules saved;
+  int embed = -1, lm_head = -1;
+};
+AdapterLayout declare_adapter(const ModelConfig& c, const DecoderParamIds& ids, const LoraSpec& spec,
+                              ParamStore& adapter) {
+  AdapterLayout a;
+  if (!spec.enabled()) return a;
+  a.modules = lora_modules(c, ids, spec);
+  a.saved = resolve_modules_to_save(c, ids, spec);
+  if (!a.saved.embedding.empty()) a.embed = adapter.add(a.saved.embedding, {c.vocab_size, c.hidden_size}, true);
+  declare_lora_params(a.modules, spec.rank, adapter);
+  if (!a.saved.lm_head.empty()) a.lm_head = adapter.add(a.saved.lm_head, {c.vocab_size, c.hidden_size}, true);
+  return a;
 }
 
 // What the plan and the constructor both refuse, before anything is laid out.
@@ -305,10 +316,10 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
   ParamStore params, adapter;
   DecoderParamIds ids;
   declare_params(config, params, ids, base_storage(options, precision));
-  const auto modules = declare_adapter(config, ids, options.lora, adapter);
+  const auto layout = declare_adapter(config, ids, options.lora, adapter);
   MemoryPlan plan;
-  describe_memory(config, params, adapter_shape(config, modules, adapter, options.lora), precision, max_batch, max_seq,
-                  options, plan);
+  describe_memory(config, params, adapter_shape(config, layout.modules, adapter, options.lora), precision, max_batch,
+                  max_seq, options, plan);
   plan.pack();
   return plan;
 }
@@ -453,7 +464,13 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   check_arguments(config_, max_batch, max_seq, options);
   const auto& c = config_;
   declare_params(c, params_, ids_, base_storage(options_, precision_));
-  lora_ = declare_adapter(c, ids_, options_.lora, adapter_);
+  {
+    AdapterLayout layout = declare_adapter(c, ids_, options_.lora, adapter_);
+    lora_ = std::move(layout.modules);
+    saved_ = std::move(layout.saved);
+    trained_embed_ = layout.embed;
+    trained_lm_head_ = layout.lm_head;
+  }
   lora_by_slot_.resize(size_t(c.num_layers));
   for (size_t i = 0; i < lora_.size(); ++i)
     lora_by_slot_[size_t(lora_[i].layer)][size_t(lora_[i].slot)].push_back(int(i));
@@ -541,7 +558,22 @@ void Decoder::init_random(uint64_t seed, double std) {
 }
 
 void Decoder::init_adapter(uint64_t seed) {
-  if (!lora_.empty()) init_lora(lora_, adapter_, seed);
+  if (lora_.empty()) return;
+  init_lora(lora_, adapter_, seed);
+  copy_saved_modules_from_model();
+}
+
+void Decoder::copy_saved_modules_from_model() {
+  // PEFT's ModulesToSaveWrapper starts its trained copy from the original weights.
+  for (auto [copy, original] : {std::pair{trained_embed_, ids_.embed}, std::pair{trained_lm_head_, ids_.lm_head}}) {
+    if (copy < 0) continue;
+    const int64_t n = adapter_.param(copy).numel;
+    if (params_.param(original).master())
+      std::copy_n(params_.weight(original), n, adapter_.weight(copy));
+    else
+      convert_bf16_to_f32(params_.weight_bf16(original), adapter_.weight(copy), size_t(n));
+  }
+  adapter_.refresh_bf16_copy();
 }
 
 void Decoder::validate(const MicroBatch& mb) const {
@@ -764,7 +796,9 @@ void Decoder::forward(const MicroBatch& mb) {
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, L = c.num_layers;
   auto& P = params_;
 
-  if (P.param(ids_.embed).master())
+  if (trained_embed_ >= 0)  // modules_to_save: the adapter's trained copy
+    backend_.embedding_forward(mb.input_ids, N, adapter_.weight(trained_embed_), H, b.x[0]);
+  else if (P.param(ids_.embed).master())
     backend_.embedding_forward(mb.input_ids, N, P.weight(ids_.embed), H, b.x[0]);
   else
     backend_.embedding_forward_bf16(mb.input_ids, N, P.weight_bf16(ids_.embed), H, b.x[0]);
@@ -778,7 +812,9 @@ void Decoder::forward(const MicroBatch& mb) {
 double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backward) {
   const auto& c = config_;
   auto& b = *buf_;
-  auto& P = params_;
+  // The LM head: the model's, or the adapter's trained copy (modules_to_save).
+  ParamStore& HS = trained_lm_head_ >= 0 ? adapter_ : params_;
+  const int head = trained_lm_head_ >= 0 ? trained_lm_head_ : ids_.lm_head;
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, V = c.vocab_size;
   const bool bf = precision_ == Precision::BF16;
   const int64_t chunk = lm_head_chunk_rows(V, max_batch_ * max_seq_);
@@ -788,13 +824,13 @@ double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backw
     Linear lin{backend_, bf, rows};
     const float* xn = b.xn_final + r0 * H;
     const bf16* xnb = bf ? b.xn_final_b + r0 * H : nullptr;
-    lin.forward(xn, xnb, P.weight(ids_.lm_head), P.weight_bf16(ids_.lm_head), H, V, b.logits, 0.0f);
+    lin.forward(xn, xnb, HS.weight(head), HS.weight_bf16(head), H, V, b.logits, 0.0f);
     loss += backend_.cross_entropy_forward_backward(b.logits, V, mb.targets + r0, rows, V, grad_scale);
     if (!backward) continue;
     to_bf16(b.logits, b.logits_b, rows * V);
-    lin.backward_input(b.logits, b.logits_b, P.weight(ids_.lm_head), P.weight_bf16(ids_.lm_head), H, V,
+    lin.backward_input(b.logits, b.logits_b, HS.weight(head), HS.weight_bf16(head), H, V,
                        b.dnorm + r0 * H);
-    if (!P.frozen()) lin.backward_weight(b.logits, b.logits_b, xn, xnb, H, V, P.grad(ids_.lm_head));
+    if (!HS.frozen()) lin.backward_weight(b.logits, b.logits_b, xn, xnb, H, V, HS.grad(head));
   }
   return loss;
 }
@@ -862,6 +898,10 @@ void Decoder::backward(const MicroBatch& mb) {
   }
   if (!frozen) backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, P.grad(ids_.embed));
   base_grad_ready(ids_.embed);
+  if (trained_embed_ >= 0) {  // modules_to_save: the adapter's copy of the embedding trains
+    backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, adapter_.grad(trained_embed_));
+    grad_ready(trained_embed_);
+  }
 }
 
 double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
@@ -870,6 +910,7 @@ double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
   forward(mb);
   double loss = lm_head_loss(mb, grad_scale, true);
   if (!config_.tie_word_embeddings) base_grad_ready(ids_.lm_head);  // tied: the embedding adds to it last
+  if (trained_lm_head_ >= 0) grad_ready(trained_lm_head_);
   backward(mb);
   return loss;
 }
@@ -888,10 +929,12 @@ void Decoder::logits_at(const MicroBatch& mb, const int64_t* rows, int64_t count
   const int64_t H = config_.hidden_size, V = config_.vocab_size;
   const bool bf = precision_ == Precision::BF16;
   Linear lin{backend_, bf, 1};
+  const ParamStore& HS = trained_lm_head_ >= 0 ? adapter_ : params_;
+  const int head = trained_lm_head_ >= 0 ? trained_lm_head_ : ids_.lm_head;
   for (int64_t i = 0; i < count; ++i) {
     require(rows[i] >= 0 && rows[i] < mb.batch * mb.seq, "logits_at: row {} out of range", rows[i]);
-    lin.forward(buf_->xn_final + rows[i] * H, bf ? buf_->xn_final_b + rows[i] * H : nullptr,
-                params_.weight(ids_.lm_head), params_.weight_bf16(ids_.lm_head), H, V, out + i * V, 0.0f);
+    lin.forward(buf_->xn_final + rows[i] * H, bf ? buf_->xn_final_b + rows[i] * H : nullptr, HS.weight(head),
+                HS.weight_bf16(head), H, V, out + i * V, 0.0f);
   }
 }
 

@@ -140,12 +140,18 @@ class Decoder {
   const ParamStore& adapter() const { return adapter_; }
   ParamStore& adapter() { return adapter_; }
   const std::vector<LoraModule>& lora_modules() const { return lora_; }
+  // The adapter's trained copies of the embedding and the LM head (modules_to_save), -1 if none.
+  int trained_embedding() const { return trained_embed_; }
+  int trained_lm_head() const { return trained_lm_head_; }
+  const SavedModules& saved_modules() const { return saved_; }
 
   // Initialises weights as transformers does for a new model: normal(0, std) matrices, zero biases,
   // unit norm weights. Deterministic in `seed`.
   void init_random(uint64_t seed, double std = 0.02);
   // The adapter's initialisation (lora.h: init_lora), deterministic in `seed`.
   void init_adapter(uint64_t seed);
+  // modules_to_save: the adapter's trained copies := the model's embedding / LM head (PEFT's start).
+  void copy_saved_modules_from_model();
 
   // Forward and backward of one micro-batch. Gradients are ADDED to params().grads(), scaled by
   // grad_scale (1 / target tokens of the whole optimizer step, so micro-batches sum to the mean).
@@ -213,6 +219,8 @@ class Decoder {
   ParamStore adapter_;                                                      // LoRA's A and B matrices
   std::vector<LoraModule> lora_;                                            // empty: full fine-tuning
   std::vector<std::array<std::vector<int>, kLinearSlots>> lora_by_slot_;  // [layer][slot] -> modules
+  SavedModules saved_;                                                    // modules_to_save
+  int trained_embed_ = -1, trained_lm_head_ = -1;                         // their copies in adapter_
   kernels::RopeTable rope_;
   std::unique_ptr<Buffers> buf_;
   GradReadyHook grad_ready_;

@@ -113,6 +113,35 @@ void init_lora(const std::vector<LoraModule>& modules, ParamStore& adapter, uint
   adapter.refresh_bf16_copy();
 }
 
+SavedModules resolve_modules_to_save(const ModelConfig& config, const DecoderParamIds& ids, const LoraSpec& spec) {
+  SavedModules saved;
+  if (spec.modules_to_save.empty()) return saved;
+  std::string embedding, head;  // the tensors' names
+  for (const auto& t : hf_tensors(config, ids)) {
+    if (t.param == ids.embed && embedding.empty()) embedding = t.name;
+    if (t.param == ids.lm_head && !config.tie_word_embeddings) head = t.name;
+  }
+  auto module = [](const std::string& tensor) { return tensor.substr(0, tensor.size() - std::string(".weight").size()); };
+  auto last = [](const std::string& path) { return path.substr(path.rfind('.') + 1); };
+  const std::string choices = head.empty() ? last(module(embedding)) : last(module(embedding)) + ", " + last(module(head));
+  for (const auto& name : spec.modules_to_save) {
+    if (matches(module(embedding), name)) {
+      require(!config.tie_word_embeddings,
+              "additional_target '{}': {} ties its embedding to its LM head (one tensor in two roles); training it "
+              "beside LoRA is not supported",
+              name, config.architecture);
+      if (saved.embedding.empty()) saved.embedding = embedding, saved.names.push_back(last(module(embedding)));
+    } else if (!head.empty() && matches(module(head), name)) {
+      if (saved.lm_head.empty()) saved.lm_head = head, saved.names.push_back(last(module(head)));
+    } else {
+      fail("additional_target '{}' is neither the embedding nor the LM head of {} ({}); only those train beside the "
+           "adapters",
+           name, config.architecture, choices);
+    }
+  }
+  return saved;
+}
+
 std::string peft_tensor_name(const LoraModule& m, bool a) {
   return fmt::format("base_model.model.{}.lora_{}.weight", m.path, a ? "A" : "B");
 }

@@ -28,6 +28,10 @@ struct LoraSpec {
   // Dropout on each module's input on the LoRA path only (PEFT's lora_dropout), in training
   // passes (MicroBatch::dropout_key set); the base path sees the input unchanged.
   double dropout = 0.0;
+  // Modules trained fully beside the adapters (PEFT's modules_to_save, LLaMA-Factory's
+  // additional_target): the embedding and/or the LM head, by their HF names ("embed_tokens",
+  // "lm_head"; ChatGLM's "word_embeddings", "output_layer"). Each trains as a copy of the original.
+  std::vector<std::string> modules_to_save;
   bool enabled() const { return rank > 0; }
   double scaling() const;
 };
@@ -60,5 +64,14 @@ void init_lora(const std::vector<LoraModule>& modules, ParamStore& adapter, uint
 
 // PEFT's tensor names of a module's matrices: "base_model.model.<path>.lora_A.weight".
 std::string peft_tensor_name(const LoraModule& m, bool a);
+
+// modules_to_save resolved against the model: the HF tensor names of the embedding and the LM head
+// to train ("" when not), and the names as target lists write them. keel::Error for a name that is
+// neither (naming both) or for tied embeddings (one tensor, two roles: not supported).
+struct SavedModules {
+  std::string embedding, lm_head;             // e.g. "model.embed_tokens.weight", "lm_head.weight"
+  std::vector<std::string> names;             // e.g. {"embed_tokens", "lm_head"}
+};
+SavedModules resolve_modules_to_save(const ModelConfig& config, const DecoderParamIds& ids, const LoraSpec& spec);
 
 }  // namespace keel::model

@@ -20,6 +20,9 @@ namespace {
 
 std::string config_path(const std::string& dir) { return dir + "/" + kAdapterConfigFile; }
 
+// PEFT's prefix of every tensor name in an adapter file.
+const std::string kPeftPrefix = "base_model.model.";
+
 double number(dom::element e, const std::string& path, const char* key) {
   double d = 0;
   int64_t i = 0;
@@ -125,7 +128,17 @@ PeftAdapterConfig parse_peft_adapter_config(const std::string& text, const std::
     require(e->get(bias) == simdjson::SUCCESS, "{}: key 'bias': expected a string, found {}", path, json_describe(*e));
   require(bias == "none", "{}: key 'bias': \"{}\" trains biases too; keel's LoRA adapters have bias \"none\"", path,
           bias);
-  for (const char* key : {"modules_to_save", "layers_to_transform", "rank_pattern", "alpha_pattern"}) {
+  if (auto e = get("modules_to_save")) {  // the embedding and/or LM head trained fully beside the adapters
+    dom::array saved;
+    require(e->get(saved) == simdjson::SUCCESS, "{}: key 'modules_to_save': expected a list of module names, found {}",
+            path, json_describe(*e));
+    for (dom::element name : saved) {
+      require(name.get(one) == simdjson::SUCCESS, "{}: key 'modules_to_save': expected strings, found {}", path,
+              json_describe(name));
+      c.spec.modules_to_save.emplace_back(one);
+    }
+  }
+  for (const char* key : {"layers_to_transform", "rank_pattern", "alpha_pattern"}) {
     auto e = get(key);
     if (!e) continue;
     dom::array a;
@@ -154,6 +167,9 @@ void save_peft_adapter(const Decoder& decoder, const std::string& dir, const std
     tensors.push_back({peft_tensor_name(m, false), adapter.param(m.b).shape, adapter.weight(m.b)});
     if (std::find(names.begin(), names.end(), m.name) == names.end()) names.push_back(m.name);
   }
+  // modules_to_save under their HF tensor names, as PEFT's get_peft_model_state_dict writes them.
+  for (int copy : {decoder.trained_embedding(), decoder.trained_lm_head()})
+    if (copy >= 0) tensors.push_back({kPeftPrefix + adapter.param(copy).name, adapter.param(copy).shape, adapter.weight(copy)});
   write_safetensors(dir + "/" + kAdapterWeightsFile, tensors, dtype, {{"format", "pt"}});
   // The keys PEFT's LoraConfig writes that loaders read; target_modules as the resolved names.
   const std::string json = fmt::format(
@@ -166,7 +182,7 @@ void save_peft_adapter(const Decoder& decoder, const std::string& dir, const std
       "  \"layers_to_transform\": null,\n"
       "  \"lora_alpha\": {},\n"
       "  \"lora_dropout\": {},\n"
-      "  \"modules_to_save\": null,\n"
+      "  \"modules_to_save\": {},\n"
       "  \"peft_type\": \"LORA\",\n"
       "  \"r\": {},\n"
       "  \"revision\": null,\n"
@@ -175,7 +191,9 @@ void save_peft_adapter(const Decoder& decoder, const std::string& dir, const std
       "  \"use_dora\": false,\n"
       "  \"use_rslora\": {}\n"
       "}}\n",
-      json_quoted(base_model), spec.alpha, dropout, spec.rank, json_string_list(names), spec.rslora ? "true" : "false");
+      json_quoted(base_model), spec.alpha, dropout,
+      decoder.saved_modules().names.empty() ? std::string("null") : json_string_list(decoder.saved_modules().names),
+      spec.rank, json_string_list(names), spec.rslora ? "true" : "false");
   write_file_atomic(config_path(dir), json);
 }
 
@@ -196,9 +214,12 @@ void read_module(const CheckpointReader& reader, const LoraModule& m, int64_t ra
 }
 
 // Tensors in the file that no module of the configuration reads: a different model's adapter.
-void require_all_used(const CheckpointReader& reader, const std::vector<LoraModule>& modules, const std::string& path) {
+void require_all_used(const CheckpointReader& reader, const std::vector<LoraModule>& modules,
+                      const SavedModules& saved, const std::string& path) {
   std::set<std::string> used;
   for (const auto& m : modules) used.insert({peft_tensor_name(m, true), peft_tensor_name(m, false)});
+  for (const auto& tensor : {saved.embedding, saved.lm_head})
+    if (!tensor.empty()) used.insert(kPeftPrefix + tensor);
   for (const auto& name : reader.names())
     require(used.count(name), "{}: tensor '{}' belongs to no module of this model's adapter (another model's adapter?)",
             path, name);
@@ -224,20 +245,34 @@ void load_peft_adapter(Decoder& decoder, const std::string& dir) {
           "{}: target_modules {} adapt {} modules, the recipe's lora_target {} adapts {}: set lora_target to the "
           "adapter's modules",
           path, json_string_list(c.spec.targets), theirs.size(), json_string_list(mine.targets), ours.size());
+  const SavedModules saved = resolve_modules_to_save(decoder.config(), decoder.ids(), c.spec);
+  require(saved.embedding == decoder.saved_modules().embedding && saved.lm_head == decoder.saved_modules().lm_head,
+          "{}: modules_to_save {} but the recipe's additional_target is {}: set additional_target to the adapter's",
+          path, json_string_list(saved.names), json_string_list(decoder.saved_modules().names));
   const std::string weights = dir + "/" + kAdapterWeightsFile;
   const auto reader = CheckpointReader::open_file(weights);
-  require_all_used(reader, modules, weights);
+  require_all_used(reader, modules, saved, weights);
   ParamStore& adapter = decoder.adapter();
   for (const auto& m : decoder.lora_modules()) read_module(reader, m, mine.rank, adapter.weight(m.a), adapter.weight(m.b));
+  for (int copy : {decoder.trained_embedding(), decoder.trained_lm_head()})
+    if (copy >= 0) reader.read_f32(kPeftPrefix + adapter.param(copy).name, adapter.param(copy).shape, adapter.weight(copy));
   adapter.refresh_bf16_copy();
 }
 
 int64_t merge_peft_adapter(Decoder& decoder, const std::string& dir) {
   const PeftAdapterConfig c = read_peft_adapter_config(dir);
   const auto modules = adapter_modules(decoder, dir, c);
+  const SavedModules saved = resolve_modules_to_save(decoder.config(), decoder.ids(), c.spec);
   const std::string weights = dir + "/" + kAdapterWeightsFile;
   const auto reader = CheckpointReader::open_file(weights);
-  require_all_used(reader, modules, weights);
+  require_all_used(reader, modules, saved, weights);
+  // modules_to_save replace the model's embedding / LM head.
+  ParamStore& P = decoder.params();
+  const auto& ids = decoder.ids();
+  if (!saved.embedding.empty())
+    reader.read_f32(kPeftPrefix + saved.embedding, P.param(ids.embed).shape, P.weight(ids.embed));
+  if (!saved.lm_head.empty())
+    reader.read_f32(kPeftPrefix + saved.lm_head, P.param(ids.lm_head).shape, P.weight(ids.lm_head));
   const int64_t r = c.spec.rank;
   std::vector<float> a, b;
   for (const auto& m : modules) {
@@ -253,6 +288,13 @@ int64_t merge_peft_adapter(Decoder& decoder, const std::string& dir) {
 void merge_own_adapter(Decoder& decoder) {
   const LoraSpec& spec = decoder.options().lora;
   const ParamStore& adapter = decoder.adapter();
+  ParamStore& P = decoder.params();
+  if (decoder.trained_embedding() >= 0)
+    std::copy_n(adapter.weight(decoder.trained_embedding()), P.param(decoder.ids().embed).numel,
+                P.weight(decoder.ids().embed));
+  if (decoder.trained_lm_head() >= 0)
+    std::copy_n(adapter.weight(decoder.trained_lm_head()), P.param(decoder.ids().lm_head).numel,
+                P.weight(decoder.ids().lm_head));
   for (const auto& m : decoder.lora_modules())
     merge_module(decoder, m, spec.rank, spec.scaling(), adapter.weight(m.a), adapter.weight(m.b));
   decoder.params().refresh_bf16_copy();

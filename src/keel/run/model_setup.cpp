@@ -76,6 +76,7 @@ model::LoraSpec recipe_lora_spec(const Recipe& r) {
   spec.rslora = r.use_rslora;
   spec.targets = lora_targets(r);
   spec.dropout = r.lora_dropout;
+  spec.modules_to_save = additional_targets(r);
   return spec;
 }
 

@@ -240,14 +240,14 @@ void apply_table(Recipe& r, const toml::table& t, const std::string& source, Whe
     if (it == fields().end())
       fail("{}: unknown key '{}'{}. `keel train --print-recipe` lists every key.", at, key,
            suggestion(key, all_keys()));
-    if (key == "lora_target" && node.is_array()) {  // ["q_proj", "v_proj"]: the comma-separated form
+    if ((key == "lora_target" || key == "additional_target") && node.is_array()) {  // ["q_proj", "v_proj"]
       std::string joined;
       for (const auto& item : *node.as_array()) {
-        require(item.is_string(), "{}: key 'lora_target' expects a string or a list of strings, found {} in the list",
-                at, type_name(item));
+        require(item.is_string(), "{}: key '{}' expects a string or a list of strings, found {} in the list", at, key,
+                type_name(item));
         joined += (joined.empty() ? "" : ",") + *item.value<std::string>();
       }
-      r.lora_target = joined;
+      (key == "lora_target" ? r.lora_target : r.additional_target) = joined;
       where.place[key] = at;
       continue;
     }
@@ -292,9 +292,13 @@ void validate_finetuning(const Recipe& r, const Where& w) {
   require(r.quantization_bit == 0 || r.finetuning_type == "lora",
           "{}: key 'quantization_bit' = 4 quantizes frozen weights: it needs finetuning_type = \"lora\" (QLoRA)",
           w.of("quantization_bit"));
-  require(r.additional_target.empty(),
-          "{}: key 'additional_target' (modules trained fully beside the adapters) is not supported yet",
+  require(r.additional_target.empty() || r.finetuning_type == "lora",
+          "{}: key 'additional_target' names modules trained beside LoRA's adapters: it needs finetuning_type = "
+          "\"lora\"",
           w.of("additional_target"));
+  for (const auto& t : additional_targets(r))
+    require(!t.empty(), "{}: key 'additional_target' = \"{}\" has an empty name between commas",
+            w.of("additional_target"), r.additional_target);
   if (r.finetuning_type != "lora") {
     // A LoRA setting given a value of its own would be ignored: say so. (The resolved recipe a
     // checkpoint keeps lists every key with its default, which is fine.)
@@ -513,13 +517,16 @@ std::string recipe_tokenizer_path(const Recipe& r) {
   return !r.tokenizer.empty() ? r.tokenizer : r.model_config ? "" : r.model_name;
 }
 
-std::vector<std::string> lora_targets(const Recipe& r) {
+namespace {
+
+// "a, b,c" -> {"a", "b", "c"}; "" -> {}.
+std::vector<std::string> comma_list(const std::string& text) {
   std::vector<std::string> out;
   size_t begin = 0;
-  while (begin <= r.lora_target.size()) {
-    size_t end = r.lora_target.find(',', begin);
-    if (end == std::string::npos) end = r.lora_target.size();
-    std::string item = r.lora_target.substr(begin, end - begin);
+  while (begin <= text.size()) {
+    size_t end = text.find(',', begin);
+    if (end == std::string::npos) end = text.size();
+    std::string item = text.substr(begin, end - begin);
     const auto first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
     out.push_back(first == std::string::npos ? "" : item.substr(first, last - first + 1));
     begin = end + 1;
@@ -527,6 +534,11 @@ std::vector<std::string> lora_targets(const Recipe& r) {
   if (out.size() == 1 && out[0].empty()) out.clear();
   return out;
 }
+
+}  // namespace
+
+std::vector<std::string> lora_targets(const Recipe& r) { return comma_list(r.lora_target); }
+std::vector<std::string> additional_targets(const Recipe& r) { return comma_list(r.additional_target); }
 
 double lora_alpha(const Recipe& r) { return r.lora_alpha > 0 ? r.lora_alpha : 2.0 * double(r.lora_rank); }
 

@@ -51,7 +51,9 @@ struct Recipe {
   std::string lora_target = "all";
   bool use_rslora = false;               // scaling alpha / sqrt(rank) instead of alpha / rank
   std::string adapter_name_or_path;      // a PEFT adapter directory to continue training from
-  std::string additional_target;         // modules trained fully beside the adapters (not supported yet)
+  // Modules trained fully beside the adapters (PEFT's modules_to_save), separated by commas: the
+  // embedding and/or the LM head ("embed_tokens,lm_head").
+  std::string additional_target;
   // QLoRA: 4 stores the frozen projections in 4 bits (bitsandbytes' NF4), dequantized inside the
   // GEMMs; 0 keeps them in the run's dtype.
   int64_t quantization_bit = 0;
@@ -126,6 +128,8 @@ std::string recipe_tokenizer_path(const Recipe& r);
 
 // The lora_target list: "all" or the names between commas, trimmed.
 std::vector<std::string> lora_targets(const Recipe& r);
+// additional_target as a list (the names between commas, trimmed).
+std::vector<std::string> additional_targets(const Recipe& r);
 // lora_alpha as used: the recipe's, or 2 x lora_rank when 0.
 double lora_alpha(const Recipe& r);
 

@@ -215,6 +215,9 @@ class Trainer {
                fmt::join(names, ", "), int64_t(trained), 100.0 * trained / base, base / 1e6,
                r_.adapter_name_or_path.empty() ? fmt::format("initialised as PEFT does (seed {})", r_.seed)
                                                : "loaded from " + r_.adapter_name_or_path);
+    if (!decoder_.saved_modules().names.empty())
+      fmt::print(log_, "keel: additional_target: {} trained fully beside the adapters (copies of the originals)\n",
+                 fmt::join(decoder_.saved_modules().names, ", "));
     const model::ParamStore& frozen = decoder_.params();
     if (frozen.nf4_total() > 0) {
       int64_t matrices = 0;
