@@ -3,6 +3,13 @@
 //   keel_nf4_tool IN.f32 N OUT_DIR
 // writes OUT_DIR/packed.u8, absmax.f32, dequantized.f32 (NF4), and for double quantization of
 // the absmax values absmax_codes.u8, absmax2.f32, offset.f32, absmax_dequantized.f32.
+// The comparison with bitsandbytes is the Python test's; the tool itself checks the format's own
+// invariants and exits 1 naming the first elements that break one: each block's absmax is the
+// largest |x| in it; every dequantized value lies within its block's absmax, has its input's sign
+// (or is 0) and is within half the widest gap between NF4 values of it; each absmax after double
+// quantization is within half the dynamic map's widest step (0.0141) of the original.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -34,6 +41,39 @@ void write_raw(const std::string& path, const std::vector<T>& v) {
   std::fclose(f);
 }
 
+int failures = 0;
+void check(bool ok, const std::string& what) {
+  if (ok) return;
+  if (failures++ < 10) std::fprintf(stderr, "keel_nf4_tool: %s\n", what.c_str());
+}
+
+void check_nf4(const std::vector<float>& x, const std::vector<float>& absmax, const std::vector<float>& dequantized) {
+  float widest_gap = 0.0f;
+  for (int i = 0; i + 1 < 16; ++i) widest_gap = std::max(widest_gap, keel::kNf4Values[i + 1] - keel::kNf4Values[i]);
+  const size_t block = size_t(keel::kNf4BlockSize);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const size_t b = i / block;
+    if (i % block == 0) {
+      float m = 0.0f;
+      for (size_t j = i; j < std::min(x.size(), i + block); ++j) m = std::max(m, std::fabs(x[j]));
+      check(m == absmax[b], "block " + std::to_string(b) + ": absmax is not the largest |x|");
+    }
+    const float d = dequantized[i];
+    check(std::fabs(d) <= absmax[b], "element " + std::to_string(i) + ": dequantized beyond its block's absmax");
+    check(d == 0.0f || (d > 0) == (x[i] > 0), "element " + std::to_string(i) + ": dequantized with the wrong sign");
+    check(std::fabs(d - x[i]) <= 0.5f * widest_gap * absmax[b] * (1 + 1e-5f),
+          "element " + std::to_string(i) + ": farther from its input than half the widest NF4 gap");
+  }
+}
+
+void check_absmax(const std::vector<float>& absmax, const std::vector<float>& absmax2, const std::vector<float>& back) {
+  for (size_t i = 0; i < absmax.size(); ++i) {
+    const float scale = absmax2[i / size_t(keel::kNf4DoubleBlockSize)];
+    check(std::fabs(back[i] - absmax[i]) <= 0.5f * 0.0141f * scale + 1e-6f * std::fabs(absmax[i]),
+          "absmax " + std::to_string(i) + ": double quantization moved it by more than half a step");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -62,5 +102,8 @@ int main(int argc, char** argv) {
   write_raw(out + "/absmax2.f32", absmax2);
   write_raw(out + "/offset.f32", offset);
   write_raw(out + "/absmax_dequantized.f32", absmax_back);
-  return 0;
+  check_nf4(x, absmax, dequantized);
+  check_absmax(absmax, absmax2, absmax_back);
+  if (failures) std::fprintf(stderr, "keel_nf4_tool: %d invariant(s) broken\n", failures);
+  return failures ? 1 : 0;
 }

@@ -45,17 +45,6 @@ void randomise_adapter(Decoder& d, uint64_t seed) {
   a.refresh_bf16_copy();
 }
 
-int weight_param(const Decoder& d, const LoraModule& m) {
-  const auto& p = d.ids().layers[size_t(m.layer)];
-  switch (m.slot) {
-    case LinearSlot::Qkv: return p.qkv_weight;
-    case LinearSlot::O: return p.o_weight;
-    case LinearSlot::GateUp: return p.gate_up_weight;
-    case LinearSlot::Down: return p.down_weight;
-  }
-  return -1;
-}
-
 struct Case {
   const char* family;
   std::vector<std::string> targets;
@@ -94,7 +83,7 @@ TEST_P(LoraAgainstMerged, LossAndAdapterGradientsAreTheChainRuleThroughTheMerged
   for (const auto& m : lora.lora_modules()) {
     const float* A = lora.adapter().weight(m.a);
     const float* B = lora.adapter().weight(m.b);
-    float* W = merged.params().weight(weight_param(merged, m)) + m.row_begin * m.cols;
+    float* W = merged.params().weight(module_weight(merged.ids(), m)) + m.row_begin * m.cols;
     for (int64_t i = 0; i < m.rows; ++i)
       for (int64_t j = 0; j < m.cols; ++j) {
         double sum = 0;
@@ -116,7 +105,7 @@ TEST_P(LoraAgainstMerged, LossAndAdapterGradientsAreTheChainRuleThroughTheMerged
   for (const auto& m : lora.lora_modules()) {
     const float* A = lora.adapter().weight(m.a);
     const float* B = lora.adapter().weight(m.b);
-    const float* dW = merged.params().grad(weight_param(merged, m)) + m.row_begin * m.cols;
+    const float* dW = merged.params().grad(module_weight(merged.ids(), m)) + m.row_begin * m.cols;
     const float* dA = lora.adapter().grad(m.a);
     const float* dB = lora.adapter().grad(m.b);
     double err_a = 0, norm_a = 0, err_b = 0, norm_b = 0;

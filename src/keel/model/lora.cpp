@@ -22,16 +22,22 @@ struct Owner {
   LinearSlot slot;
 };
 
+int slot_weight(const LayerParamIds& p, LinearSlot slot) {
+  switch (slot) {
+    case LinearSlot::Qkv: return p.qkv_weight;
+    case LinearSlot::O: return p.o_weight;
+    case LinearSlot::GateUp: return p.gate_up_weight;
+    case LinearSlot::Down: return p.down_weight;
+  }
+  return -1;
+}
+
 // Internal parameter index -> the block and linear layer it is the weight of.
 std::map<int, Owner> linear_owners(const DecoderParamIds& ids) {
   std::map<int, Owner> owners;
-  for (size_t l = 0; l < ids.layers.size(); ++l) {
-    const auto& p = ids.layers[l];
-    owners[p.qkv_weight] = {int64_t(l), LinearSlot::Qkv};
-    owners[p.o_weight] = {int64_t(l), LinearSlot::O};
-    owners[p.gate_up_weight] = {int64_t(l), LinearSlot::GateUp};
-    owners[p.down_weight] = {int64_t(l), LinearSlot::Down};
-  }
+  for (size_t l = 0; l < ids.layers.size(); ++l)
+    for (int s = 0; s < kLinearSlots; ++s)
+      owners[slot_weight(ids.layers[l], LinearSlot(s))] = {int64_t(l), LinearSlot(s)};
   return owners;
 }
 
@@ -63,6 +69,10 @@ bool matches(const std::string& path, const std::string& target) {
 }
 
 }  // namespace
+
+int module_weight(const DecoderParamIds& ids, const LoraModule& m) {
+  return slot_weight(ids.layers[size_t(m.layer)], m.slot);
+}
 
 std::vector<std::string> block_linear_names(const ModelConfig& config, const DecoderParamIds& ids) {
   std::vector<std::string> names;

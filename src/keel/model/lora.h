@@ -50,6 +50,9 @@ struct LoraModule {
   int64_t index_in_layer = 0;                 // its place among the layer's modules (activation buffers)
 };
 
+// The internal weight a module's rows belong to: its block's fused qkv, o, gate_up or down.
+int module_weight(const DecoderParamIds& ids, const LoraModule& m);
+
 // The linear modules of the model's blocks that `spec` targets, in the order transformers names
 // them (layer by layer). keel::Error when a target matches nothing, naming the model's modules.
 std::vector<LoraModule> lora_modules(const ModelConfig& config, const DecoderParamIds& ids, const LoraSpec& spec);

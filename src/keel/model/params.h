@@ -78,8 +78,6 @@ class ParamStore {
   // are quantized one by one, as bitsandbytes quantizes each module), with double quantization's
   // round trip of their absmax values when asked.
   void store_nf4(int i, int64_t first, const float* values, int64_t n, bool double_quantization);
-  uint8_t* nf4_packed(int i) { return nf4_packed_ + params_[i].offset / 2; }
-  float* nf4_absmax(int i) { return nf4_absmax_ + params_[i].offset / kNf4BlockSize; }
   bool allocated() const { return weights_ != nullptr; }
 
   // The fp32 master; null for a compute-only tensor.

@@ -31,23 +31,11 @@ double number(dom::element e, const std::string& path, const char* key) {
   fail("{}: key '{}': expected a number, found {}", path, key, json_describe(e));
 }
 
-// The internal weight a module's rows belong to.
-int weight_of(const DecoderParamIds& ids, const LoraModule& m) {
-  const auto& p = ids.layers[size_t(m.layer)];
-  switch (m.slot) {
-    case LinearSlot::Qkv: return p.qkv_weight;
-    case LinearSlot::O: return p.o_weight;
-    case LinearSlot::GateUp: return p.gate_up_weight;
-    case LinearSlot::Down: return p.down_weight;
-  }
-  return -1;
-}
-
 // W[rows of m] += scaling * B A, with B and A as fp32 [rows, r] and [r, cols].
 void merge_module(Decoder& d, const LoraModule& m, int64_t rank, double scaling, const float* a, const float* b) {
   std::vector<float> scaled_b(b, b + m.rows * rank);
   for (float& v : scaled_b) v = float(double(v) * scaling);
-  float* w = d.params().weight(weight_of(d.ids(), m)) + m.row_begin * m.cols;
+  float* w = d.params().weight(module_weight(d.ids(), m)) + m.row_begin * m.cols;
   d.backend().gemm(kernels::packed_gemm(kernels::Trans::N, kernels::Trans::N, m.rows, m.cols, rank), scaled_b.data(),
                    a, w, 1.0f);
 }
