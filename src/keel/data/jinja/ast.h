@@ -1,0 +1,86 @@
+// The syntax tree of a chat template: expressions and statements as Jinja's parser builds them.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/data/jinja/value.h"
+
+namespace keel::data::jinja {
+
+struct Expr;
+using ExprPtr = std::unique_ptr<Expr>;
+
+struct Expr {
+  enum class Kind {
+    literal,   // value
+    name,      // name
+    list,      // args
+    tuple,     // args
+    dict,      // args = key, value, key, value, ...
+    attribute, // args[0] . name
+    item,      // args[0] [ args[1] ]
+    slice,     // args[0] [ args[1] : args[2] : args[3] ] (null = omitted)
+    call,      // args[0] ( args[1..] , kwargs )
+    filter,    // name, args[0] = the value, args[1..] and kwargs = the filter's arguments
+    test,      // name, args[0] = the value, args[1..] = the test's arguments; negated
+    logical_not,
+    negate,
+    plus,
+    binary,    // name = the operator (+ - * / // % ** ~), args[0], args[1]
+    compare,   // args[0] then per operator in `ops` the next operand
+    logical_and,
+    logical_or,
+    conditional,  // args[0] if args[1] else args[2] (null: undefined)
+  };
+  Kind kind;
+  int line = 0;
+  Value value;
+  std::string name;
+  std::vector<ExprPtr> args;
+  std::vector<std::pair<std::string, ExprPtr>> kwargs;
+  std::vector<std::string> ops;  // compare: ==, !=, <, >, <=, >=, in, notin
+  bool negated = false;
+};
+
+struct Node;
+using Body = std::vector<Node>;
+
+struct Node {
+  enum class Kind {
+    text,        // text
+    print,       // {{ expr }}
+    if_block,    // expr, body, else_body (an elif is an if inside else_body)
+    for_loop,    // targets in expr [if condition]: body, else_body
+    set,         // targets (or namespace target.attribute) = expr
+    set_block,   // {% set target %}body{% endset %}, optionally | filters (expr applies them to `caller`)
+    macro,       // name(params = defaults): body
+    call_block,  // {% call macro(args) %}body{% endcall %}
+    filter_block,// {% filter f %}body{% endfilter %}
+    break_loop,
+    continue_loop,
+    generation,  // {% generation %}body{% endgeneration %}: transformers' assistant-tracking tag
+  };
+  Kind kind;
+  int line = 0;
+  std::string text;
+  ExprPtr expr, condition;
+  std::vector<std::string> targets;
+  std::string attribute;  // set ns.attribute
+  std::vector<std::pair<std::string, ExprPtr>> params;
+  Body body, else_body;
+};
+
+struct TemplateAst {
+  Body body;
+  // Every literal string of the template (its text and string constants): transformers counts a
+  // non-special added token as a control token when the template writes it.
+  std::vector<std::string> literals;
+  bool has_generation = false;
+};
+
+// keel::Error "chat template line N: ..." for a syntax error or a construct keel does not run
+// (extends, include, import: a template is rendered alone, without file access).
+TemplateAst parse_template(std::string_view source);
+
+}  // namespace keel::data::jinja

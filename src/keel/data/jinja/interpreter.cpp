@@ -1,0 +1,611 @@
+#include "keel/data/jinja/interpreter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+
+#include "keel/core/error.h"
+
+namespace keel::data::jinja {
+
+Value CallArgs::get(size_t index, std::string_view name, Value fallback) const {
+  if (index < positional.size()) return positional[index];
+  if (const Value* v = keyword(name)) return *v;
+  return fallback;
+}
+
+const Value* CallArgs::keyword(std::string_view name) const {
+  for (const auto& [k, v] : keywords)
+    if (k == name) return &v;
+  return nullptr;
+}
+
+Interpreter::Interpreter(const TemplateAst& ast, const std::string& origin, const RenderLimits& limits)
+    : ast_(ast), origin_(origin), limits_(limits) {}
+
+void Interpreter::error(int line, const std::string& what) const { fail("{} line {}: {}", origin_, line, what); }
+
+void Interpreter::step() {
+  if (++steps_ > limits_.max_steps)
+    fail("{}: rendering stopped after {} steps (a template must finish in bounded work)", origin_, limits_.max_steps);
+}
+
+Rendered Interpreter::run(const Dict& variables) {
+  auto globals = std::make_shared<Frame>();
+  Dict builtins;
+  add_builtin_globals(builtins);
+  for (auto& [k, v] : builtins.items) (*globals)[k] = v;
+  auto top = std::make_shared<Frame>();
+  for (const auto& [k, v] : variables.items) (*top)[k] = v;
+  frames_ = {globals, top};
+  outputs_.assign(1, Str());
+  exec(ast_.body);
+  return Rendered{std::move(outputs_[0]), std::move(generation_)};
+}
+
+void Interpreter::emit(const Str& s) {
+  outputs_.back().append(s);
+  if (outputs_.back().text.size() > limits_.max_output_bytes)
+    fail("{}: the rendering exceeds {} bytes", origin_, limits_.max_output_bytes);
+}
+
+Value Interpreter::filtered_body(const Node& n) {
+  // The parser wrote the filters as applied to a variable named "caller": bind it to the body.
+  auto frame = std::make_shared<Frame>();
+  (*frame)["caller"] = Value(capture(n.body));
+  frames_.push_back(frame);
+  Value v = eval(*n.expr);
+  frames_.pop_back();
+  return v;
+}
+
+Str Interpreter::capture(const Body& body) {
+  outputs_.emplace_back();
+  exec(body);
+  Str out = std::move(outputs_.back());
+  outputs_.pop_back();
+  return out;
+}
+
+Value Interpreter::lookup(const std::string& name) const {
+  for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
+    auto found = (*it)->find(name);
+    if (found != (*it)->end()) return found->second;
+  }
+  return Value::undefined(name);
+}
+
+void Interpreter::assign(const std::string& name, Value v) { (*frames_.back())[name] = std::move(v); }
+
+Interpreter::Flow Interpreter::exec(const Body& body) {
+  for (const Node& n : body) {
+    const Flow f = exec(n);
+    if (f != Flow::normal) return f;
+  }
+  return Flow::normal;
+}
+
+Interpreter::Flow Interpreter::exec(const Node& n) {
+  step();
+  switch (n.kind) {
+    case Node::Kind::text: emit(Str(n.text)); return Flow::normal;
+    case Node::Kind::print: emit(to_str(eval(*n.expr))); return Flow::normal;
+    case Node::Kind::if_block: return exec(eval(*n.expr).truthy() ? n.body : n.else_body);
+    case Node::Kind::for_loop: return for_loop(n);
+    case Node::Kind::set: {
+      Value v = eval(*n.expr);
+      if (!n.attribute.empty()) {
+        Value target = lookup(n.targets[0]);
+        if (target.kind() != Value::Kind::ns)
+          error(n.line, fmt::format("cannot assign attribute '{}' on {}: only a namespace() takes attributes",
+                                    n.attribute, target.type_name()));
+        if (!n.attribute.empty() && n.attribute[0] == '_')
+          error(n.line, "a namespace cannot store underscore-prefixed attributes");
+        target.ns_dict().set(n.attribute, std::move(v));
+      } else if (n.targets.size() == 1) {
+        assign(n.targets[0], std::move(v));
+      } else {
+        if (!v.is_list() || v.as_list().size() != n.targets.size())
+          error(n.line, fmt::format("cannot unpack {} into {} names", v.type_name(), n.targets.size()));
+        for (size_t i = 0; i < n.targets.size(); ++i) assign(n.targets[i], v.as_list()[i]);
+      }
+      return Flow::normal;
+    }
+    case Node::Kind::set_block: assign(n.targets[0], filtered_body(n)); return Flow::normal;
+    case Node::Kind::filter_block: emit(to_str(filtered_body(n))); return Flow::normal;
+    case Node::Kind::macro: define_macro(n); return Flow::normal;
+    case Node::Kind::call_block: {
+      const Body* body = &n.body;
+      Value caller = Value::function("caller", [body](Interpreter& in, CallArgs&) { return Value(in.capture(*body)); });
+      const Expr& call = *n.expr;
+      Value callee = eval(*call.args[0]);
+      CallArgs args;
+      for (size_t i = 1; i < call.args.size(); ++i) args.positional.push_back(eval(*call.args[i]));
+      for (const auto& [k, e] : call.kwargs) args.keywords.emplace_back(k, eval(*e));
+      args.keywords.emplace_back("caller", caller);
+      emit(to_str(this->call(callee, args, n.line)));
+      return Flow::normal;
+    }
+    case Node::Kind::break_loop: return Flow::break_loop;
+    case Node::Kind::continue_loop: return Flow::continue_loop;
+    case Node::Kind::generation: {
+      // transformers records where the block's output lands in the whole rendering.
+      const bool top = outputs_.size() == 1;
+      const size_t begin = outputs_.back().text.size();
+      const Flow f = exec(n.body);
+      if (top) generation_.emplace_back(begin, outputs_.back().text.size());
+      return f;
+    }
+  }
+  return Flow::normal;
+}
+
+namespace {
+
+// What `for` iterates: a list's items, a dict's keys, a string's characters; nothing for undefined.
+List iteration_items(Interpreter& in, const Value& v, int line) {
+  switch (v.kind()) {
+    case Value::Kind::list: return v.as_list();
+    case Value::Kind::dict: {
+      List keys;
+      for (const auto& [k, x] : v.as_dict().items) keys.emplace_back(Str(k));
+      return keys;
+    }
+    case Value::Kind::string: {
+      List chars;
+      const Str& s = v.as_str();
+      for (size_t pos = 0; pos < s.text.size();) {
+        size_t len;
+        decode_code_point(s.text, pos, len);
+        chars.emplace_back(s.substr(pos, pos + len));
+        pos += len;
+      }
+      return chars;
+    }
+    case Value::Kind::undefined: return {};
+    default: in.error(line, fmt::format("'{}' object is not iterable", v.type_name()));
+  }
+}
+
+}  // namespace
+
+Interpreter::Flow Interpreter::for_loop(const Node& n) {
+  const List all = iteration_items(*this, eval(*n.expr), n.line);
+  auto frame = std::make_shared<Frame>();
+  frames_.push_back(frame);
+  auto bind = [&](const Value& item) {
+    if (n.targets.size() == 1) {
+      (*frame)[n.targets[0]] = item;
+      return;
+    }
+    if (!item.is_list() || item.as_list().size() != n.targets.size())
+      error(n.line, fmt::format("cannot unpack {} into {} loop variables", item.type_name(), n.targets.size()));
+    for (size_t i = 0; i < n.targets.size(); ++i) (*frame)[n.targets[i]] = item.as_list()[i];
+  };
+  List items;
+  if (n.condition) {
+    for (const Value& item : all) {
+      bind(item);
+      if (eval(*n.condition).truthy()) items.push_back(item);
+    }
+  } else {
+    items = all;
+  }
+  const int64_t length = int64_t(items.size());
+  for (int64_t i = 0; i < length; ++i) {
+    step();  // an iteration is work even when its body is empty
+    frame->clear();  // a loop body's `set`s do not outlive the iteration
+    bind(items[size_t(i)]);
+    Dict loop;
+    loop.set("index", Value(i + 1));
+    loop.set("index0", Value(i));
+    loop.set("revindex", Value(length - i));
+    loop.set("revindex0", Value(length - i - 1));
+    loop.set("first", Value(i == 0));
+    loop.set("last", Value(i == length - 1));
+    loop.set("length", Value(length));
+    loop.set("depth", Value(int64_t(1)));
+    loop.set("depth0", Value(int64_t(0)));
+    loop.set("previtem", i > 0 ? items[size_t(i - 1)] : Value::undefined("previtem"));
+    loop.set("nextitem", i + 1 < length ? items[size_t(i + 1)] : Value::undefined("nextitem"));
+    loop.set("cycle", Value::function("cycle", [i](Interpreter& in, CallArgs& args) {
+      if (args.positional.empty()) in.error(0, "loop.cycle() needs at least one argument");
+      return args.positional[size_t(i) % args.positional.size()];
+    }));
+    (*frame)["loop"] = Value(std::move(loop));
+    const Flow f = exec(n.body);
+    if (f == Flow::break_loop) break;
+  }
+  frames_.pop_back();
+  if (length == 0) return exec(n.else_body);
+  return Flow::normal;
+}
+
+void Interpreter::define_macro(const Node& n) {
+  const Node* node = &n;
+  assign(n.text, Value::function(n.text, [node](Interpreter& in, CallArgs& args) {
+    if (++in.depth_ > in.limits_.max_call_depth) {
+      --in.depth_;
+      in.error(node->line, fmt::format("macro calls nested deeper than {}", in.limits_.max_call_depth));
+    }
+    const auto saved = in.frames_;
+    auto frame = std::make_shared<Frame>();
+    in.frames_ = {saved[0], saved[1], frame};
+    for (size_t p = 0; p < node->params.size(); ++p) {
+      const auto& [name, def] = node->params[p];
+      if (p < args.positional.size())
+        (*frame)[name] = args.positional[p];
+      else if (const Value* v = args.keyword(name))
+        (*frame)[name] = *v;
+      else
+        (*frame)[name] = def ? in.eval(*def) : Value::undefined(name);
+    }
+    if (args.positional.size() > node->params.size())
+      in.error(node->line, fmt::format("macro '{}' takes {} arguments, {} given", node->text, node->params.size(),
+                                       args.positional.size()));
+    for (const auto& [k, v] : args.keywords) {
+      bool known = k == "caller";
+      for (const auto& [name, def] : node->params) known = known || name == k;
+      if (!known) in.error(node->line, fmt::format("macro '{}' has no argument '{}'", node->text, k));
+      if (k == "caller") (*frame)["caller"] = v;
+    }
+    Str out;
+    try {
+      out = in.capture(node->body);
+    } catch (...) {
+      in.frames_ = saved;
+      --in.depth_;
+      throw;
+    }
+    in.frames_ = saved;
+    --in.depth_;
+    return Value(std::move(out));
+  }));
+}
+
+Value Interpreter::call(const Value& callee, CallArgs& args, int line) {
+  if (callee.kind() == Value::Kind::callable) return callee.as_callable().call(*this, args);
+  if (callee.is_undefined()) error(line, fmt::format("'{}' is undefined", callee.undefined_name()));
+  error(line, fmt::format("'{}' object is not callable", callee.type_name()));
+}
+
+Value Interpreter::apply_filter(const std::string& name, const Value& subject, CallArgs& args, int line) {
+  return builtin_filter(*this, name, subject, args, line);
+}
+
+bool Interpreter::apply_test(const std::string& name, const Value& subject, CallArgs& args, int line) {
+  return builtin_test(*this, name, subject, args, line);
+}
+
+Value Interpreter::attribute(const Value& object, const std::string& name, int line) {
+  switch (object.kind()) {
+    case Value::Kind::undefined:
+      error(line, fmt::format("'{}' is undefined (reading its attribute '{}')", object.undefined_name(), name));
+    case Value::Kind::ns: {
+      const Value* v = static_cast<const Dict&>(object.ns_dict()).find(name);
+      return v ? *v : Value::undefined(name);
+    }
+    case Value::Kind::dict: {
+      // Python's getattr first: a dict's methods shadow its keys (message.items is the method).
+      Value method = builtin_method(object, name);
+      if (!method.is_undefined()) return method;
+      const Value* v = object.as_dict().find(name);
+      return v ? *v : Value::undefined(name);
+    }
+    default: {
+      Value method = builtin_method(object, name);
+      return method.is_undefined() ? Value::undefined(name) : method;
+    }
+  }
+}
+
+Value Interpreter::item(const Value& object, const Value& key, int line) {
+  switch (object.kind()) {
+    case Value::Kind::undefined:
+      error(line, fmt::format("'{}' is undefined (reading its item {})", object.undefined_name(), repr(key)));
+    case Value::Kind::dict:
+    case Value::Kind::ns: {
+      if (key.is_string()) {
+        const Dict& d = object.kind() == Value::Kind::ns ? object.ns_dict() : object.as_dict();
+        if (const Value* v = d.find(key.as_str().text)) return *v;
+        return attribute(object, key.as_str().text, line);  // Jinja falls back to getattr
+      }
+      return Value::undefined();
+    }
+    case Value::Kind::list: {
+      if (!key.is_number()) {
+        if (key.is_string()) return builtin_method(object, key.as_str().text);
+        error(line, fmt::format("list indices must be integers, not {}", key.type_name()));
+      }
+      const List& l = object.as_list();
+      int64_t i = key.as_int();
+      if (i < 0) i += int64_t(l.size());
+      if (i < 0 || i >= int64_t(l.size())) return Value::undefined();
+      return l[size_t(i)];
+    }
+    case Value::Kind::string: {
+      if (!key.is_number()) return key.is_string() ? builtin_method(object, key.as_str().text) : Value::undefined();
+      const Str& s = object.as_str();
+      const int64_t n = int64_t(code_point_count(s.text));
+      int64_t i = key.as_int();
+      if (i < 0) i += n;
+      if (i < 0 || i >= n) return Value::undefined();
+      const size_t b = byte_offset(s.text, size_t(i)), e = byte_offset(s.text, size_t(i + 1));
+      return Value(s.substr(b, e));
+    }
+    default: return Value::undefined();
+  }
+}
+
+namespace {
+
+// Python's slice indices for a sequence of n items.
+std::vector<size_t> slice_indices(int64_t n, const Value& start, const Value& stop, const Value& step_v,
+                                  Interpreter& in, int line) {
+  auto as_index = [&](const Value& v) -> std::optional<int64_t> {
+    if (v.is_undefined() || v.is_none()) return std::nullopt;
+    if (!v.is_number()) in.error(line, "slice indices must be integers or None");
+    return v.as_int();
+  };
+  const int64_t step = as_index(step_v).value_or(1);
+  if (step == 0) in.error(line, "slice step cannot be zero");
+  auto clamp = [&](std::optional<int64_t> v, int64_t fallback) {
+    if (!v) return fallback;
+    int64_t x = *v;
+    if (x < 0) x += n;
+    if (step > 0) return std::clamp<int64_t>(x, 0, n);
+    return std::clamp<int64_t>(x, -1, n - 1);
+  };
+  const int64_t b = clamp(as_index(start), step > 0 ? 0 : n - 1);
+  const int64_t e = clamp(as_index(stop), step > 0 ? n : -1);
+  std::vector<size_t> out;
+  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) out.push_back(size_t(i));
+  return out;
+}
+
+}  // namespace
+
+Value Interpreter::eval(const Expr& e) {
+  step();
+  switch (e.kind) {
+    case Expr::Kind::literal: return e.value;
+    case Expr::Kind::name: return lookup(e.name);
+    case Expr::Kind::list:
+    case Expr::Kind::tuple: {
+      List items;
+      for (const auto& a : e.args) items.push_back(eval(*a));
+      return Value(std::move(items), e.kind == Expr::Kind::tuple);
+    }
+    case Expr::Kind::dict: {
+      Dict d;
+      for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
+        Value k = eval(*e.args[i]);
+        if (!k.is_string()) error(e.line, "keel reads dict literals with string keys only");
+        d.set(k.as_str().text, eval(*e.args[i + 1]));
+      }
+      return Value(std::move(d));
+    }
+    case Expr::Kind::attribute: return attribute(eval(*e.args[0]), e.name, e.line);
+    case Expr::Kind::item: return item(eval(*e.args[0]), eval(*e.args[1]), e.line);
+    case Expr::Kind::slice: {
+      Value object = eval(*e.args[0]);
+      Value parts[3];
+      for (int k = 0; k < 3; ++k)
+        if (e.args[size_t(k) + 1]) parts[k] = eval(*e.args[size_t(k) + 1]);
+      if (object.is_list()) {
+        const List& l = object.as_list();
+        List out;
+        for (size_t i : slice_indices(int64_t(l.size()), parts[0], parts[1], parts[2], *this, e.line))
+          out.push_back(l[i]);
+        return Value(std::move(out), object.is_tuple());
+      }
+      if (object.is_string()) {
+        const Str& s = object.as_str();
+        std::vector<size_t> starts;  // byte offset of each code point
+        for (size_t pos = 0; pos < s.text.size();) {
+          size_t len;
+          decode_code_point(s.text, pos, len);
+          starts.push_back(pos);
+          pos += len;
+        }
+        starts.push_back(s.text.size());
+        Str out;
+        for (size_t i : slice_indices(int64_t(starts.size() - 1), parts[0], parts[1], parts[2], *this, e.line))
+          out.append(s.substr(starts[i], starts[i + 1]));
+        return Value(std::move(out));
+      }
+      if (object.is_undefined()) error(e.line, fmt::format("'{}' is undefined", object.undefined_name()));
+      error(e.line, fmt::format("'{}' object is not subscriptable", object.type_name()));
+    }
+    case Expr::Kind::call: {
+      Value callee = eval(*e.args[0]);
+      CallArgs args;
+      for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
+      for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
+      if (callee.is_undefined() && e.args[0]->kind == Expr::Kind::attribute)
+        error(e.line, fmt::format("'{}' has no method '{}'", repr(eval(*e.args[0]->args[0])).substr(0, 60),
+                                  e.args[0]->name));
+      return call(callee, args, e.line);
+    }
+    case Expr::Kind::filter: {
+      Value subject = eval(*e.args[0]);
+      CallArgs args;
+      for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
+      for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
+      return apply_filter(e.name, subject, args, e.line);
+    }
+    case Expr::Kind::test: {
+      Value subject = eval(*e.args[0]);
+      CallArgs args;
+      for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
+      for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
+      return Value(apply_test(e.name, subject, args, e.line) != e.negated);
+    }
+    case Expr::Kind::logical_not: return Value(!eval(*e.args[0]).truthy());
+    case Expr::Kind::negate:
+    case Expr::Kind::plus: {
+      Value v = eval(*e.args[0]);
+      if (!v.is_number()) error(e.line, fmt::format("bad operand type for unary -: '{}'", v.type_name()));
+      if (e.kind == Expr::Kind::plus) return v.kind() == Value::Kind::real ? v : Value(v.as_int());
+      return v.kind() == Value::Kind::real ? Value(-v.as_real()) : Value(-v.as_int());
+    }
+    case Expr::Kind::binary: return binary(e);
+    case Expr::Kind::compare: return Value(compare(e));
+    case Expr::Kind::logical_and: {
+      Value a = eval(*e.args[0]);
+      return a.truthy() ? eval(*e.args[1]) : a;
+    }
+    case Expr::Kind::logical_or: {
+      Value a = eval(*e.args[0]);
+      return a.truthy() ? a : eval(*e.args[1]);
+    }
+    case Expr::Kind::conditional:
+      if (eval(*e.args[1]).truthy()) return eval(*e.args[0]);
+      return e.args[2] ? eval(*e.args[2]) : Value::undefined();
+  }
+  return Value::undefined();
+}
+
+namespace {
+
+bool contains(Interpreter& in, const Value& container, const Value& item, int line) {
+  switch (container.kind()) {
+    case Value::Kind::string:
+      if (!item.is_string())
+        in.error(line, fmt::format("'in <string>' requires string as left operand, not {}", item.type_name()));
+      return container.as_str().text.find(item.as_str().text) != std::string::npos;
+    case Value::Kind::list:
+      for (const Value& x : container.as_list())
+        if (equal(x, item)) return true;
+      return false;
+    case Value::Kind::dict:
+    case Value::Kind::ns:
+      return item.is_string() && (container.kind() == Value::Kind::ns ? container.ns_dict() : container.as_dict())
+                                         .find(item.as_str().text) != nullptr;
+    case Value::Kind::undefined: return false;
+    default: in.error(line, fmt::format("argument of type '{}' is not iterable", container.type_name()));
+  }
+}
+
+Value repeat(const Value& seq, int64_t times) {
+  if (seq.is_string()) {
+    Str out;
+    for (int64_t i = 0; i < times; ++i) out.append(seq.as_str());
+    return Value(std::move(out));
+  }
+  List out;
+  for (int64_t i = 0; i < times; ++i) out.insert(out.end(), seq.as_list().begin(), seq.as_list().end());
+  return Value(std::move(out));
+}
+
+}  // namespace
+
+bool Interpreter::compare(const Expr& e) {
+  Value left = eval(*e.args[0]);
+  for (size_t k = 0; k < e.ops.size(); ++k) {
+    Value right = eval(*e.args[k + 1]);
+    const std::string& op = e.ops[k];
+    bool ok;
+    try {
+      if (op == "==") ok = equal(left, right);
+      else if (op == "!=") ok = !equal(left, right);
+      else if (op == "<") ok = less(left, right);
+      else if (op == ">") ok = less(right, left);
+      else if (op == "<=") ok = !less(right, left);
+      else if (op == ">=") ok = !less(left, right);
+      else if (op == "in") ok = contains(*this, right, left, e.line);
+      else ok = !contains(*this, right, left, e.line);
+    } catch (const Error& x) {
+      if (std::string_view(x.what()).find(" line ") != std::string_view::npos) throw;
+      error(e.line, x.what());
+    }
+    if (!ok) return false;
+    left = std::move(right);
+  }
+  return true;
+}
+
+Value Interpreter::binary(const Expr& e) {
+  const std::string& op = e.name;
+  Value a = eval(*e.args[0]), b = eval(*e.args[1]);
+  if (op == "~") {
+    Str s = to_str(a);
+    s.append(to_str(b));
+    return Value(std::move(s));
+  }
+  for (const Value* v : {&a, &b})
+    if (v->is_undefined()) error(e.line, fmt::format("'{}' is undefined", v->undefined_name()));
+  const bool numbers = a.is_number() && b.is_number();
+  const bool real = numbers && (a.kind() == Value::Kind::real || b.kind() == Value::Kind::real);
+  auto unsupported = [&]() {
+    error(e.line, fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, a.type_name(), b.type_name()));
+  };
+  if (op == "+") {
+    if (numbers) return real ? Value(a.as_real() + b.as_real()) : Value(a.as_int() + b.as_int());
+    if (a.is_string() && b.is_string()) {
+      Str s = a.as_str();
+      s.append(b.as_str());
+      return Value(std::move(s));
+    }
+    if (a.is_list() && b.is_list()) {
+      List l = a.as_list();
+      l.insert(l.end(), b.as_list().begin(), b.as_list().end());
+      return Value(std::move(l));
+    }
+    unsupported();
+  }
+  if (op == "*") {
+    if (numbers) return real ? Value(a.as_real() * b.as_real()) : Value(a.as_int() * b.as_int());
+    if ((a.is_string() || a.is_list()) && b.kind() == Value::Kind::integer) return repeat(a, b.as_int());
+    if ((b.is_string() || b.is_list()) && a.kind() == Value::Kind::integer) return repeat(b, a.as_int());
+    unsupported();
+  }
+  if (!numbers) unsupported();
+  if (op == "-") return real ? Value(a.as_real() - b.as_real()) : Value(a.as_int() - b.as_int());
+  if (op == "**") {
+    if (!real && b.as_int() >= 0) {
+      int64_t r = 1;
+      for (int64_t i = 0; i < b.as_int(); ++i) r *= a.as_int();
+      return Value(r);
+    }
+    return Value(std::pow(a.as_real(), b.as_real()));
+  }
+  if ((op == "/" || op == "//" || op == "%") && b.as_real() == 0) error(e.line, "division by zero");
+  if (op == "/") return Value(a.as_real() / b.as_real());
+  if (op == "//") {
+    if (real) return Value(std::floor(a.as_real() / b.as_real()));
+    const int64_t x = a.as_int(), y = b.as_int(), q = x / y;
+    return Value((x % y != 0 && ((x < 0) != (y < 0))) ? q - 1 : q);
+  }
+  if (op == "%") {
+    if (real) {
+      const double r = std::fmod(a.as_real(), b.as_real());
+      return Value((r != 0 && ((r < 0) != (b.as_real() < 0))) ? r + b.as_real() : r);
+    }
+    const int64_t x = a.as_int(), y = b.as_int(), r = x % y;
+    return Value((r != 0 && ((r < 0) != (y < 0))) ? r + y : r);
+  }
+  unsupported();
+}
+
+Template::Template(std::string source, std::string origin)
+    : source_(std::move(source)), origin_(std::move(origin)) {
+  try {
+    ast_ = std::make_unique<TemplateAst>(parse_template(source_));
+  } catch (const Error& e) {
+    fail("{}: {}", origin_, e.what());
+  }
+}
+
+Template::~Template() = default;
+Template::Template(Template&&) noexcept = default;
+
+Rendered Template::render(const Dict& variables, const RenderLimits& limits) const {
+  Interpreter in(*ast_, origin_, limits);
+  return in.run(variables);
+}
+
+bool Template::has_generation() const { return ast_->has_generation; }
+const std::vector<std::string>& Template::literals() const { return ast_->literals; }
+
+}  // namespace keel::data::jinja

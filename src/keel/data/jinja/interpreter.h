@@ -1,0 +1,75 @@
+// The tree-walking interpreter behind Template::render, and what the built-in filters, tests and
+// methods (builtins.cpp) need from it.
+#pragma once
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/data/jinja/ast.h"
+#include "keel/data/jinja/template.h"
+#include "keel/data/jinja/value.h"
+
+namespace keel::data::jinja {
+
+struct CallArgs {
+  std::vector<Value> positional;
+  std::vector<std::pair<std::string, Value>> keywords;
+  // argument `index`, else keyword `name`, else `fallback`
+  Value get(size_t index, std::string_view name, Value fallback = Value()) const;
+  const Value* keyword(std::string_view name) const;
+};
+
+class Interpreter {
+ public:
+  Interpreter(const TemplateAst& ast, const std::string& origin, const RenderLimits& limits);
+  Rendered run(const Dict& variables);
+
+  Value call(const Value& callee, CallArgs& args, int line);
+  Value apply_filter(const std::string& name, const Value& subject, CallArgs& args, int line);
+  bool apply_test(const std::string& name, const Value& subject, CallArgs& args, int line);
+  Value attribute(const Value& object, const std::string& name, int line);
+  Value item(const Value& object, const Value& key, int line);
+  // counts one unit of work against the limit
+  void step();
+  [[noreturn]] void error(int line, const std::string& what) const;
+  const std::string& origin() const { return origin_; }
+
+ private:
+  enum class Flow { normal, break_loop, continue_loop };
+  using Frame = std::map<std::string, Value, std::less<>>;
+
+  Flow exec(const Body& body);
+  Flow exec(const Node& node);
+  Flow for_loop(const Node& node);
+  void define_macro(const Node& node);
+  Value eval(const Expr& e);
+  Value binary(const Expr& e);
+  bool compare(const Expr& e);
+  Value lookup(const std::string& name) const;
+  void assign(const std::string& name, Value v);
+  void emit(const Str& s);
+  // Renders `body` into a string instead of the output (macros, set blocks, filter blocks).
+  Str capture(const Body& body);
+  // A set block's or filter block's body, rendered and passed through its filters.
+  Value filtered_body(const Node& n);
+
+  const TemplateAst& ast_;
+  const std::string& origin_;
+  RenderLimits limits_;
+  uint64_t steps_ = 0;
+  int depth_ = 0;
+  std::vector<std::shared_ptr<Frame>> frames_;  // [0] globals, [1] the template's, then locals
+  std::vector<Str> outputs_;                    // [0] the rendering; captures above it
+  std::vector<std::pair<size_t, size_t>> generation_;
+};
+
+// builtins.cpp
+Value builtin_filter(Interpreter& in, const std::string& name, const Value& subject, CallArgs& args, int line);
+bool builtin_test(Interpreter& in, const std::string& name, const Value& subject, CallArgs& args, int line);
+// A method of a str, list or dict ("strip", "items", ...) bound to `object`; undefined if none.
+Value builtin_method(const Value& object, const std::string& name);
+// raise_exception, strftime_now, namespace, dict, range, cycler-free globals transformers sets.
+void add_builtin_globals(Dict& globals);
+
+}  // namespace keel::data::jinja

@@ -1,0 +1,577 @@
+// Jinja's grammar, precedence from lowest: conditional (a if b else c), or, and, not,
+// comparisons (chained as in Python), + -, ~, * / // %, **, unary - +, then primaries with
+// their postfixes (.attr, [item], [a:b:c], (call)) followed by filters (|f) and tests (is t).
+#include <charconv>
+#include <set>
+
+#include "keel/core/error.h"
+#include "keel/data/jinja/ast.h"
+#include "keel/data/jinja/lexer.h"
+
+namespace keel::data::jinja {
+namespace {
+
+using T = Token::Type;
+
+class Parser {
+ public:
+  explicit Parser(std::vector<Token> tokens) : t_(std::move(tokens)) {}
+
+  TemplateAst run() {
+    TemplateAst ast;
+    std::string end;
+    ast.body = body({}, end);
+    ast.literals = std::move(literals_);
+    ast.has_generation = has_generation_;
+    return ast;
+  }
+
+ private:
+  const Token& peek(size_t ahead = 0) const { return t_[std::min(i_ + ahead, t_.size() - 1)]; }
+  const Token& next() { return t_[std::min(i_++, t_.size() - 1)]; }
+  bool is_op(std::string_view op, size_t ahead = 0) const {
+    return peek(ahead).type == T::op && peek(ahead).text == op;
+  }
+  bool is_name(std::string_view name, size_t ahead = 0) const {
+    return peek(ahead).type == T::name && peek(ahead).text == name;
+  }
+  [[noreturn]] void error(const std::string& what) const {
+    const Token& t = peek();
+    fail("chat template line {}: {} (at {})", t.line, what,
+         t.type == T::end ? "the end of the template" : "'" + t.text + "'");
+  }
+  void expect_op(std::string_view op) {
+    if (!is_op(op)) error(fmt::format("expected '{}'", op));
+    ++i_;
+  }
+  std::string expect_name() {
+    if (peek().type != T::name) error("expected a name");
+    return next().text;
+  }
+  void expect_block_end() {
+    if (peek().type != T::block_end) error("expected '%}'");
+    ++i_;
+  }
+
+  // Statements until a block tag named in `ends`; `end` gets the name found (its tag is consumed
+  // up to the name: the caller reads the rest).
+  Body body(const std::set<std::string>& ends, std::string& end) {
+    Body out;
+    while (true) {
+      const Token& t = peek();
+      if (t.type == T::end) {
+        if (!ends.empty())
+          fail("chat template line {}: missing {{% {} %}} before the end of the template", t.line, *ends.begin());
+        return out;
+      }
+      if (t.type == T::data) {
+        literals_.push_back(t.text);
+        out.push_back(Node{.kind = Node::Kind::text, .line = t.line, .text = t.text});
+        ++i_;
+      } else if (t.type == T::variable_begin) {
+        ++i_;
+        Node n{.kind = Node::Kind::print, .line = t.line};
+        n.expr = expression();
+        if (peek().type != T::variable_end) error("expected '}}'");
+        ++i_;
+        out.push_back(std::move(n));
+      } else {  // block_begin
+        ++i_;
+        const std::string name = expect_name();
+        if (ends.count(name)) {
+          end = name;
+          return out;
+        }
+        out.push_back(statement(name, t.line));
+      }
+    }
+  }
+
+  Node statement(const std::string& name, int line) {
+    std::string end;
+    if (name == "if") {
+      Node n{.kind = Node::Kind::if_block, .line = line};
+      n.expr = expression();
+      expect_block_end();
+      n.body = body({"elif", "else", "endif"}, end);
+      Node* tail = &n;
+      while (end == "elif") {
+        Node e{.kind = Node::Kind::if_block, .line = peek().line};
+        e.expr = expression();
+        expect_block_end();
+        e.body = body({"elif", "else", "endif"}, end);
+        tail->else_body.push_back(std::move(e));
+        tail = &tail->else_body.back();
+      }
+      if (end == "else") {
+        expect_block_end();
+        tail->else_body = body({"endif"}, end);
+      }
+      expect_block_end();
+      return n;
+    }
+    if (name == "for") {
+      Node n{.kind = Node::Kind::for_loop, .line = line};
+      do n.targets.push_back(expect_name());
+      while (is_op(",") && (++i_, true));
+      if (!is_name("in")) error("expected 'in'");
+      ++i_;
+      n.expr = expression(false);
+      if (is_name("if")) {
+        ++i_;
+        n.condition = expression(false);
+      }
+      if (is_name("recursive")) error("recursive loops are not supported");
+      expect_block_end();
+      n.body = body({"else", "endfor"}, end);
+      if (end == "else") {
+        expect_block_end();
+        n.else_body = body({"endfor"}, end);
+      }
+      expect_block_end();
+      return n;
+    }
+    if (name == "set") {
+      Node n{.kind = Node::Kind::set, .line = line};
+      n.targets.push_back(expect_name());
+      if (is_op(".")) {
+        ++i_;
+        n.attribute = expect_name();
+      } else {
+        while (is_op(",")) {
+          ++i_;
+          n.targets.push_back(expect_name());
+        }
+      }
+      if (is_op("=")) {
+        ++i_;
+        n.expr = expression();
+        expect_block_end();
+        return n;
+      }
+      if (n.targets.size() != 1 || !n.attribute.empty()) error("expected '='");
+      n.kind = Node::Kind::set_block;
+      n.expr = filters_on_caller();
+      expect_block_end();
+      n.body = body({"endset"}, end);
+      expect_block_end();
+      return n;
+    }
+    if (name == "macro") {
+      Node n{.kind = Node::Kind::macro, .line = line};
+      n.text = expect_name();
+      expect_op("(");
+      while (!is_op(")")) {
+        std::string param = expect_name();
+        ExprPtr def;
+        if (is_op("=")) {
+          ++i_;
+          def = expression();
+        }
+        n.params.emplace_back(std::move(param), std::move(def));
+        if (!is_op(")")) expect_op(",");
+      }
+      ++i_;
+      expect_block_end();
+      n.body = body({"endmacro"}, end);
+      if (peek().type == T::name) ++i_;  // {% endmacro name %}
+      expect_block_end();
+      return n;
+    }
+    if (name == "call") {
+      Node n{.kind = Node::Kind::call_block, .line = line};
+      if (is_op("(")) error("call blocks with caller arguments are not supported");
+      n.expr = expression();
+      if (n.expr->kind != Expr::Kind::call) error("expected a macro call");
+      expect_block_end();
+      n.body = body({"endcall"}, end);
+      expect_block_end();
+      return n;
+    }
+    if (name == "filter") {
+      Node n{.kind = Node::Kind::filter_block, .line = line};
+      --i_;  // the filter chain starts at its first name
+      n.expr = filters_on_caller(true);
+      expect_block_end();
+      n.body = body({"endfilter"}, end);
+      expect_block_end();
+      return n;
+    }
+    if (name == "break" || name == "continue") {
+      expect_block_end();
+      return Node{.kind = name == "break" ? Node::Kind::break_loop : Node::Kind::continue_loop, .line = line};
+    }
+    if (name == "generation") {
+      has_generation_ = true;
+      Node n{.kind = Node::Kind::generation, .line = line};
+      expect_block_end();
+      n.body = body({"endgeneration"}, end);
+      expect_block_end();
+      return n;
+    }
+    if (name == "extends" || name == "include" || name == "import" || name == "from" || name == "block")
+      fail("chat template line {}: '{}' is not supported: a chat template is rendered alone, without other files",
+           line, name);
+    fail("chat template line {}: unknown statement '{}'", line, name);
+  }
+
+  // `| f(args) | g` applied to a placeholder named "caller" (set blocks and filter blocks).
+  ExprPtr filters_on_caller(bool first_without_pipe = false) {
+    auto e = std::make_unique<Expr>(Expr{.kind = Expr::Kind::name, .line = peek().line, .name = "caller"});
+    if (first_without_pipe) e = filter(std::move(e));
+    while (is_op("|")) {
+      ++i_;
+      e = filter(std::move(e));
+    }
+    return e;
+  }
+
+  ExprPtr make(Expr::Kind kind, int line) { return std::make_unique<Expr>(Expr{.kind = kind, .line = line}); }
+
+  ExprPtr expression(bool with_conditional = true) {
+    ExprPtr e = logical_or();
+    if (!with_conditional) return e;
+    while (is_name("if")) {
+      const int line = next().line;
+      auto c = make(Expr::Kind::conditional, line);
+      c->args.push_back(std::move(e));
+      c->args.push_back(logical_or());
+      if (is_name("else")) {
+        ++i_;
+        c->args.push_back(expression());
+      } else {
+        c->args.push_back(nullptr);
+      }
+      e = std::move(c);
+    }
+    return e;
+  }
+
+  ExprPtr logical_or() {
+    ExprPtr e = logical_and();
+    while (is_name("or")) {
+      auto o = make(Expr::Kind::logical_or, next().line);
+      o->args.push_back(std::move(e));
+      o->args.push_back(logical_and());
+      e = std::move(o);
+    }
+    return e;
+  }
+
+  ExprPtr logical_and() {
+    ExprPtr e = logical_not();
+    while (is_name("and")) {
+      auto o = make(Expr::Kind::logical_and, next().line);
+      o->args.push_back(std::move(e));
+      o->args.push_back(logical_not());
+      e = std::move(o);
+    }
+    return e;
+  }
+
+  ExprPtr logical_not() {
+    if (is_name("not")) {
+      auto o = make(Expr::Kind::logical_not, next().line);
+      o->args.push_back(logical_not());
+      return o;
+    }
+    return compare();
+  }
+
+  ExprPtr compare() {
+    ExprPtr first = math1();
+    ExprPtr c;
+    while (true) {
+      std::string op;
+      if (peek().type == T::op && (peek().text == "==" || peek().text == "!=" || peek().text == "<" ||
+                                   peek().text == ">" || peek().text == "<=" || peek().text == ">=")) {
+        op = next().text;
+      } else if (is_name("in")) {
+        ++i_;
+        op = "in";
+      } else if (is_name("not") && is_name("in", 1)) {
+        i_ += 2;
+        op = "notin";
+      } else {
+        break;
+      }
+      if (!c) {
+        c = make(Expr::Kind::compare, first->line);
+        c->args.push_back(std::move(first));
+      }
+      c->ops.push_back(op);
+      c->args.push_back(math1());
+    }
+    return c ? std::move(c) : std::move(first);
+  }
+
+  ExprPtr binary(ExprPtr left, const std::string& op, ExprPtr right) {
+    auto b = make(Expr::Kind::binary, left->line);
+    b->name = op;
+    b->args.push_back(std::move(left));
+    b->args.push_back(std::move(right));
+    return b;
+  }
+
+  ExprPtr math1() {
+    ExprPtr e = concat();
+    while (is_op("+") || is_op("-")) {
+      const std::string op = next().text;
+      e = binary(std::move(e), op, concat());
+    }
+    return e;
+  }
+
+  ExprPtr concat() {
+    ExprPtr e = math2();
+    while (is_op("~")) {
+      ++i_;
+      e = binary(std::move(e), "~", math2());
+    }
+    return e;
+  }
+
+  ExprPtr math2() {
+    ExprPtr e = power();
+    while (is_op("*") || is_op("/") || is_op("//") || is_op("%")) {
+      const std::string op = next().text;
+      e = binary(std::move(e), op, power());
+    }
+    return e;
+  }
+
+  ExprPtr power() {
+    ExprPtr e = unary();
+    while (is_op("**")) {
+      ++i_;
+      e = binary(std::move(e), "**", unary());
+    }
+    return e;
+  }
+
+  ExprPtr unary(bool with_filter = true) {
+    ExprPtr e;
+    if (is_op("-") || is_op("+")) {
+      const Token& t = next();
+      e = make(t.text == "-" ? Expr::Kind::negate : Expr::Kind::plus, t.line);
+      e->args.push_back(unary(false));
+    } else {
+      e = primary();
+    }
+    e = postfix(std::move(e));
+    if (with_filter) e = filters_and_tests(std::move(e));
+    return e;
+  }
+
+  ExprPtr primary() {
+    const Token& t = peek();
+    if (t.type == T::name) {
+      ++i_;
+      if (t.text == "true" || t.text == "True") return literal(Value(true), t.line);
+      if (t.text == "false" || t.text == "False") return literal(Value(false), t.line);
+      if (t.text == "none" || t.text == "None") return literal(Value::none(), t.line);
+      auto e = make(Expr::Kind::name, t.line);
+      e->name = t.text;
+      return e;
+    }
+    if (t.type == T::string) {
+      std::string s;
+      while (peek().type == T::string) s += next().text;  // adjacent literals join
+      literals_.push_back(s);
+      return literal(Value(s), t.line);
+    }
+    if (t.type == T::integer) {
+      ++i_;
+      int64_t v = 0;
+      const auto r = std::from_chars(t.text.data(), t.text.data() + t.text.size(), v);
+      if (r.ec != std::errc()) fail("chat template line {}: integer {} is out of range", t.line, t.text);
+      return literal(Value(v), t.line);
+    }
+    if (t.type == T::real) {
+      ++i_;
+      return literal(Value(std::stod(t.text)), t.line);
+    }
+    if (is_op("(")) {
+      ++i_;
+      if (is_op(")")) {
+        ++i_;
+        return make(Expr::Kind::tuple, t.line);
+      }
+      ExprPtr e = expression();
+      if (is_op(",")) {
+        auto tuple = make(Expr::Kind::tuple, t.line);
+        tuple->args.push_back(std::move(e));
+        while (is_op(",")) {
+          ++i_;
+          if (is_op(")")) break;
+          tuple->args.push_back(expression());
+        }
+        e = std::move(tuple);
+      }
+      expect_op(")");
+      return e;
+    }
+    if (is_op("[")) {
+      ++i_;
+      auto e = make(Expr::Kind::list, t.line);
+      while (!is_op("]")) {
+        e->args.push_back(expression());
+        if (!is_op("]")) expect_op(",");
+      }
+      ++i_;
+      return e;
+    }
+    if (is_op("{")) {
+      ++i_;
+      auto e = make(Expr::Kind::dict, t.line);
+      while (!is_op("}")) {
+        e->args.push_back(expression());
+        expect_op(":");
+        e->args.push_back(expression());
+        if (!is_op("}")) expect_op(",");
+      }
+      ++i_;
+      return e;
+    }
+    error("expected an expression");
+  }
+
+  ExprPtr literal(Value v, int line) {
+    auto e = make(Expr::Kind::literal, line);
+    e->value = std::move(v);
+    return e;
+  }
+
+  ExprPtr postfix(ExprPtr e) {
+    while (true) {
+      if (is_op(".")) {
+        const int line = next().line;
+        auto a = make(Expr::Kind::attribute, line);
+        if (peek().type == T::integer) {  // x.0 is x[0]
+          a->kind = Expr::Kind::item;
+          a->args.push_back(std::move(e));
+          a->args.push_back(literal(Value(int64_t(std::stoll(next().text))), line));
+        } else {
+          a->name = expect_name();
+          a->args.push_back(std::move(e));
+        }
+        e = std::move(a);
+      } else if (is_op("[")) {
+        e = subscript(std::move(e));
+      } else if (is_op("(")) {
+        e = call(std::move(e));
+      } else {
+        return e;
+      }
+    }
+  }
+
+  ExprPtr subscript(ExprPtr e) {
+    const int line = next().line;
+    ExprPtr parts[3];
+    int colons = 0;
+    while (!is_op("]")) {
+      if (is_op(":")) {
+        ++i_;
+        if (++colons > 2) error("too many ':' in a slice");
+        continue;
+      }
+      if (parts[colons]) error("expected ':' or ']'");
+      parts[colons] = expression();
+    }
+    ++i_;
+    if (colons == 0) {
+      if (!parts[0]) error("empty subscript");
+      auto item = make(Expr::Kind::item, line);
+      item->args.push_back(std::move(e));
+      item->args.push_back(std::move(parts[0]));
+      return item;
+    }
+    auto s = make(Expr::Kind::slice, line);
+    s->args.push_back(std::move(e));
+    for (auto& p : parts) s->args.push_back(std::move(p));
+    return s;
+  }
+
+  // Arguments after '(' (consumed here) up to ')': positional into e->args, keywords into kwargs.
+  void arguments(Expr& e) {
+    expect_op("(");
+    while (!is_op(")")) {
+      if (peek().type == T::name && is_op("=", 1)) {
+        std::string key = next().text;
+        ++i_;
+        e.kwargs.emplace_back(std::move(key), expression());
+      } else {
+        if (!e.kwargs.empty()) error("positional argument after a keyword argument");
+        e.args.push_back(expression());
+      }
+      if (!is_op(")")) expect_op(",");
+    }
+    ++i_;
+  }
+
+  ExprPtr call(ExprPtr callee) {
+    auto c = make(Expr::Kind::call, callee->line);
+    c->args.push_back(std::move(callee));
+    arguments(*c);
+    return c;
+  }
+
+  ExprPtr filter(ExprPtr value) {
+    auto f = make(Expr::Kind::filter, value->line);
+    f->name = expect_name();
+    while (is_op(".")) {  // dotted filter names
+      ++i_;
+      f->name += "." + expect_name();
+    }
+    f->args.push_back(std::move(value));
+    if (is_op("(")) arguments(*f);
+    return f;
+  }
+
+  ExprPtr filters_and_tests(ExprPtr e) {
+    while (true) {
+      if (is_op("|")) {
+        ++i_;
+        e = filter(std::move(e));
+      } else if (is_name("is")) {
+        const int line = next().line;
+        auto t = make(Expr::Kind::test, line);
+        if (is_name("not")) {
+          ++i_;
+          t->negated = true;
+        }
+        t->name = expect_name();
+        while (is_op(".")) {
+          ++i_;
+          t->name += "." + expect_name();
+        }
+        t->args.push_back(std::move(e));
+        if (is_op("(")) {
+          arguments(*t);
+        } else if ((peek().type == T::name || peek().type == T::string || peek().type == T::integer ||
+                    peek().type == T::real || is_op("[") || is_op("{")) &&
+                   !is_name("else") && !is_name("or") && !is_name("and")) {
+          if (is_name("is")) error("tests cannot be chained with 'is'");
+          t->args.push_back(postfix(primary()));
+        }
+        e = std::move(t);
+      } else if (is_op("(")) {
+        e = call(std::move(e));
+      } else {
+        return e;
+      }
+    }
+  }
+
+  std::vector<Token> t_;
+  size_t i_ = 0;
+  std::vector<std::string> literals_;
+  bool has_generation_ = false;
+};
+
+}  // namespace
+
+TemplateAst parse_template(std::string_view source) { return Parser(tokenize_template(source)).run(); }
+
+}  // namespace keel::data::jinja

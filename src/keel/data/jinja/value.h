@@ -1,0 +1,150 @@
+// The values a chat template computes with: Python's as Jinja sees them (None, bool, int, float,
+// str, list, dict, plus Jinja's undefined, namespaces and callables), with Python's semantics
+// for truth, equality, ordering and str()/repr(), because transformers renders templates with
+// Python's Jinja and keel must print the same characters.
+//
+// Strings carry their provenance: `runs` mark the bytes that came from the conversation (a
+// message's content, a tool's schema) rather than from the template. Concatenation, slicing and
+// the stripping methods keep the marks exact; operations that rebuild text (case changes,
+// tojson) mark all of their result when any input byte was marked. The renderer uses the marks
+// to encode special-token strings inside data as text and to find each assistant message's turn.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace keel::data::jinja {
+
+// [begin, end) bytes of a string that came from data `source` (>= 0: the message's index in the
+// conversation; kOtherData: tools, documents and other inputs).
+struct Run {
+  size_t begin, end;
+  int source;
+};
+constexpr int kOtherData = -1;
+
+struct Str {
+  std::string text;
+  std::vector<Run> runs;  // sorted, disjoint, non-empty
+
+  Str() = default;
+  Str(std::string t) : text(std::move(t)) {}
+  Str(std::string t, int source);  // all of it from `source`
+
+  void append(const Str& other);
+  void append(std::string_view plain) { text += plain; }
+  // bytes [begin, end) with their marks
+  Str substr(size_t begin, size_t end) const;
+  // the first source any byte came from, or nullopt-like `kNoSource`
+  int first_source() const { return runs.empty() ? kNoSource : runs.front().source; }
+  bool marked() const { return !runs.empty(); }
+  static constexpr int kNoSource = -2;
+};
+
+class Value;
+using List = std::vector<Value>;
+
+// An ordered dict with string keys (JSON's objects, Jinja's dict literals and namespaces).
+struct Dict {
+  std::vector<std::pair<std::string, Value>> items;
+  const Value* find(std::string_view key) const;
+  Value* find(std::string_view key);
+  void set(std::string key, Value value);
+};
+
+class Interpreter;
+struct CallArgs;
+// A Jinja callable: a macro, a global function such as raise_exception, or a bound method.
+using NativeFunction = std::function<Value(Interpreter&, CallArgs&)>;
+struct Callable {
+  std::string name;
+  NativeFunction call;
+};
+
+class Value {
+ public:
+  enum class Kind { undefined, none, boolean, integer, real, string, list, dict, ns, callable };
+
+  Value() = default;  // undefined
+  static Value undefined(std::string name = {});
+  static Value none();
+  Value(bool b);
+  Value(int64_t i);
+  Value(int i) : Value(int64_t(i)) {}
+  Value(double d);
+  Value(Str s);
+  Value(std::string s) : Value(Str(std::move(s))) {}
+  Value(const char* s) : Value(Str(std::string(s))) {}
+  Value(List l, bool tuple = false);
+  Value(Dict d);
+  static Value namespace_of(Dict d);
+  static Value function(std::string name, NativeFunction f);
+
+  Kind kind() const { return kind_; }
+  bool is_undefined() const { return kind_ == Kind::undefined; }
+  bool is_none() const { return kind_ == Kind::none; }
+  bool is_string() const { return kind_ == Kind::string; }
+  bool is_number() const { return kind_ == Kind::integer || kind_ == Kind::real || kind_ == Kind::boolean; }
+  bool is_list() const { return kind_ == Kind::list; }
+  bool is_dict() const { return kind_ == Kind::dict; }
+  bool is_tuple() const { return kind_ == Kind::list && tuple_; }
+
+  bool as_bool() const { return b_; }
+  int64_t as_int() const { return kind_ == Kind::boolean ? int64_t(b_) : i_; }
+  double as_real() const { return kind_ == Kind::real ? d_ : double(as_int()); }
+  const Str& as_str() const { return *s_; }
+  const List& as_list() const { return *l_; }
+  const Dict& as_dict() const { return *m_; }
+  Dict& ns_dict() const { return *m_; }  // a namespace's attributes (namespaces are mutable)
+  const Callable& as_callable() const { return *c_; }
+  const std::string& undefined_name() const { return name_; }
+
+  bool truthy() const;
+  // Python's type name, for messages ("str", "list", "dict", "NoneType", ...)
+  std::string type_name() const;
+
+ private:
+  Kind kind_ = Kind::undefined;
+  bool b_ = false, tuple_ = false;
+  int64_t i_ = 0;
+  double d_ = 0;
+  std::shared_ptr<const Str> s_;
+  std::shared_ptr<const List> l_;
+  std::shared_ptr<Dict> m_;
+  std::shared_ptr<const Callable> c_;
+  std::string name_;  // an undefined value's name, for messages
+};
+
+// Python's ==, and <, <=, ... (keel::Error for unorderable types, as Python raises TypeError).
+bool equal(const Value& a, const Value& b);
+bool less(const Value& a, const Value& b);
+
+// Python's str() and repr(); Jinja prints str(), undefined as "".
+Str to_str(const Value& v);
+std::string repr(const Value& v);
+// Python's float repr: shortest round trip, "1.0", "1e-05", "1e+16".
+std::string float_repr(double d);
+
+// Python's json.dumps as transformers' tojson calls it (ensure_ascii=False by default,
+// separators (", ", ": ") or ("," , ": ") with an indent, keys in insertion order unless sorted).
+struct JsonOptions {
+  bool ensure_ascii = false;
+  int indent = -1;  // -1: no newlines
+  std::string item_separator = ", ", key_separator = ": ";
+  bool sort_keys = false;
+};
+std::string to_json(const Value& v, const JsonOptions& options);
+
+// Unicode helpers on UTF-8, in code points as Python indexes strings.
+size_t code_point_count(std::string_view s);
+// byte offset of code point `index` (0 <= index <= count)
+size_t byte_offset(std::string_view s, size_t index);
+bool is_python_space(uint32_t cp);
+uint32_t decode_code_point(std::string_view s, size_t pos, size_t& length);
+void append_utf8(std::string& out, uint32_t cp);
+
+}  // namespace keel::data::jinja
