@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets_all=(safetensors safetensors_index model_config recipe token_records checkpoint rank_table tokenizer_json tiktoken records shard peft_adapter_config)
+targets_all=(safetensors safetensors_index model_config recipe token_records checkpoint rank_table tokenizer_json tiktoken records shard peft_adapter_config chat_template)
 seconds=600
 build_only=0
 targets=()
@@ -85,6 +85,7 @@ dict_for() {
     recipe) echo fuzz/dict/toml.dict ;;
     rank_table) echo fuzz/dict/rank_table.dict ;;
     tiktoken) echo "" ;;
+    chat_template) echo fuzz/dict/jinja.dict ;;
     *) echo fuzz/dict/json.dict ;;
   esac
 }

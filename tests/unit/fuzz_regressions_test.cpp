@@ -34,6 +34,7 @@ KEEL_FUZZ_ENTRY(tiktoken)
 KEEL_FUZZ_ENTRY(records)
 KEEL_FUZZ_ENTRY(shard)
 KEEL_FUZZ_ENTRY(peft_adapter_config)
+KEEL_FUZZ_ENTRY(chat_template)
 
 namespace {
 
@@ -74,6 +75,7 @@ KEEL_FUZZ_REPLAY(tiktoken)
 KEEL_FUZZ_REPLAY(records)
 KEEL_FUZZ_REPLAY(shard)
 KEEL_FUZZ_REPLAY(peft_adapter_config)
+KEEL_FUZZ_REPLAY(chat_template)
 
 // --- named cases ----------------------------------------------------------------------------------
 

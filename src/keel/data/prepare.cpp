@@ -282,6 +282,7 @@ void tally(PrepareReport& report, ChunkResult& r) {
   report.truncated_tokens += r.truncated_tokens;
   report.split_documents += r.split;
   report.no_target_documents += r.no_target;
+  report.records_with_special_strings += r.special_string_records;
   report.input_bytes += r.bytes;
   report.documents += int64_t(r.document_ends.size());
 }
@@ -292,6 +293,11 @@ void print_report(std::ostream& log, const PrepareReport& report, const PrepareO
              "split, {} without targets)\n",
              report.records, report.bad_records, report.blank_lines, report.documents, report.truncated_documents,
              report.split_documents, report.no_target_documents);
+  if (report.records_with_special_strings > 0)
+    fmt::print(log,
+               "keel prepare: {} conversations hold special-token strings in their text (e.g. \"<|im_end|>\" in a "
+               "message): encoded as text, not as the tokens\n",
+               report.records_with_special_strings);
   for (size_t i = 0; i < std::min<size_t>(report.bad_listed.size(), 10); ++i)
     fmt::print(log, "  {}:{}: {}\n", o.data_path, report.bad_listed[i].line, report.bad_listed[i].reason);
   if (report.bad_records > 10) fmt::print(log, "  ... all listed in {}/report.json\n", o.out_dir);
@@ -377,10 +383,48 @@ std::optional<ChatFormat> chat_format_for(const std::string& name, const std::st
   return format;
 }
 
+std::string choose_chat_template(DocumentEncoder& encoder, const std::string& name, const std::string& tokenizer_path,
+                                 std::string* why) {
+  encoder.format.reset();
+  encoder.model_template.reset();
+  const bool file = name.ends_with(".jinja") || (name != "auto" && name != "model" && path_exists(name));
+  std::optional<ModelChatTemplate> own;
+  if (file) {
+    own = chat_template_from_file(name, tokenizer_path.empty() || fs::is_directory(tokenizer_path)
+                                            ? tokenizer_path
+                                            : fs::path(tokenizer_path).parent_path().string());
+  } else if ((name == "auto" || name == "model") && !tokenizer_path.empty() && encoder.tokenizer) {
+    const fs::path p(tokenizer_path);
+    own = find_model_chat_template(fs::is_directory(p) ? p.string() : p.parent_path().string());
+    require(own || name == "auto",
+            "{}: chat_template = \"model\" but the directory has no chat template (chat_template.jinja, "
+            "chat_template.json or \"chat_template\" in tokenizer_config.json)",
+            tokenizer_path);
+  } else {
+    require(name != "model", "chat_template = \"model\" needs the model's tokenizer directory");
+  }
+  if (own) {
+    require(encoder.tokenizer != nullptr, "{}: a chat template needs a tokenizer", own->origin);
+    if (why) *why = fmt::format("the model's own template, {}", own->origin);
+    const std::string recorded = "model:" + own->checksum;
+    encoder.model_template = std::make_shared<ChatTemplateEncoder>(std::move(*own), encoder.tokenizer);
+    return recorded;
+  }
+  encoder.format = chat_format_for(name, tokenizer_path, encoder.tokenizer, why);
+  return encoder.format ? chat_format_name(*encoder.format) : "none";
+}
+
+std::string chat_template_key(const std::string& name) {
+  // "jinja1": since model templates are rendered, "auto" means something else than before.
+  if (name.ends_with(".jinja") || (name != "auto" && name != "model" && path_exists(name)))
+    return fmt::format("{}|{}|jinja1", name, checksum_hex(file_checksum(name)));
+  return name + "|jinja1";
+}
+
 std::string DocumentEncoder::configuration_error(const Record& r, int64_t line) const {
   if (r.kind == RecordKind::text && !tokenizer)
     return fmt::format("{}:{}: a text record needs a tokenizer (--tokenizer)", data_path, line);
-  if (r.kind == RecordKind::conversation && (!tokenizer || !format))
+  if (r.kind == RecordKind::conversation && (!tokenizer || (!format && !model_template)))
     return fmt::format(
         "{}:{}: a chat record needs a tokenizer and a chat template (--template glm4|llama3|chatml; "
         "'auto' found none for this tokenizer)",
@@ -449,16 +493,40 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
         break;
       }
       case RecordKind::conversation: {
+        if (model_template) {
+          ChatInput input;
+          if (!r.raw.empty()) {
+            thread_local simdjson::dom::parser parser;
+            simdjson::dom::element doc;
+            if (parse_json_document(parser, r.raw, doc) != simdjson::SUCCESS) return "invalid JSON";
+            const std::string why = chat_input_from_record(doc, input);
+            if (!why.empty()) return why;
+          } else {
+            input = chat_input_from_messages(r.messages);
+          }
+          const EncodedChat chat = model_template->encode(input);
+          if (chat.control_strings_in_data > 0) ++out.special_string_records;
+          for (size_t t = 0; t < chat.ids.size(); ++t) {
+            out.tokens.push_back(uint32_t(chat.ids[t]));
+            out.mask.push_back(chat.assistant_mask[t] || train_on_prompt ? 1 : 0);
+          }
+          break;
+        }
         // Segment by segment, so each token's mask is exact; the cut between a header and its
         // content is at special tokens or newlines in every built-in template, where a BPE
         // pre-tokenizer splits anyway.
         // A message's content is encoded with special-token strings as plain text (a user cannot
         // forge a turn boundary); the template's markup with its special tokens.
+        bool special_strings = false;
         for (const auto& segment : render_chat(*format, r.messages, false)) {
+          if (segment.content && !special_strings)
+            for (const AddedToken& t : tokenizer->added_tokens())
+              if (t.special && segment.text.find(t.content) != std::string::npos) special_strings = true;
           ids.clear();
           tokenizer->encode(segment.text, ids, EncodeOptions{.split_special_tokens = segment.content});
           append(ids, segment.assistant || train_on_prompt);
         }
+        if (special_strings) ++out.special_string_records;
         break;
       }
     }
@@ -499,11 +567,12 @@ std::string report_json(const PrepareReport& r) {
       "{{\n  \"lines\": {},\n  \"blank_lines\": {},\n  \"records\": {},\n  \"bad_records\": {},\n"
       "  \"bad_records_listed\": {},\n  \"documents\": {},\n  \"truncated_documents\": {},\n"
       "  \"truncated_tokens\": {},\n  \"split_documents\": {},\n  \"no_target_documents\": {},\n"
+      "  \"records_with_special_strings\": {},\n"
       "  \"sequences\": {},\n  \"tokens\": {},\n"
       "  \"shards\": {},\n  \"max_seq_len\": {},\n  \"fill\": {:.4f},\n  \"chat_template\": {},\n"
       "  \"input_bytes\": {},\n  \"seconds\": {:.3f},\n  \"bad\": [\n{}\n  ]\n}}\n",
       r.lines, r.blank_lines, r.records, r.bad_records, r.bad_listed.size(), r.documents, r.truncated_documents,
-      r.truncated_tokens, r.split_documents, r.no_target_documents, r.sequences, r.tokens, r.shards, r.max_seq_len,
+      r.truncated_tokens, r.split_documents, r.no_target_documents, r.records_with_special_strings, r.sequences, r.tokens, r.shards, r.max_seq_len,
       r.fill(), json_quoted(r.chat_template), r.input_bytes, r.seconds, bad);
 }
 
@@ -511,7 +580,8 @@ std::string tokenizer_hash(const std::string& path) {
   if (path.empty()) return "";
   if (!fs::is_directory(path)) return checksum_hex(file_checksum(path));
   std::string parts;
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"}) {
+  for (const char* name :
+       {"tokenizer.json", "tokenizer.model", "tokenizer_config.json", "chat_template.jinja", "chat_template.json"}) {
     const std::string file = path + "/" + name;
     if (path_exists(file)) parts += fmt::format("{}={};", name, checksum_hex(file_checksum(file)));
   }
@@ -536,7 +606,7 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   DocumentEncoder encoder;
   encoder.tokenizer = tokenizer ? &*tokenizer : nullptr;
   std::string template_reason;
-  encoder.format = chat_format_for(o.chat_template, o.tokenizer_path, encoder.tokenizer, &template_reason);
+  const std::string template_name = choose_chat_template(encoder, o.chat_template, o.tokenizer_path, &template_reason);
   encoder.max_seq_len = o.max_seq_len;
   encoder.vocab_size = tokenizer ? tokenizer->vocab_size() : o.vocab_size;
   encoder.train_on_prompt = o.train_on_prompt;
@@ -548,13 +618,13 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
     fmt::print(*log, "keel prepare: tokenizer {}; chat template {} ({}); {} into rows of {} tokens\n",
                tokenizer ? fmt::format("{} ({} tokens)", o.tokenizer_path, tokenizer->vocab_size())
                          : std::string("none (pre-tokenized records)"),
-               encoder.format ? chat_format_name(*encoder.format) : "none", template_reason,
+               template_name, template_reason,
                o.packing == Packing::pack ? "documents packed" : "one document per row, padded", o.max_seq_len);
   make_dirs(o.out_dir);
   clear_previous_output(o.out_dir);
   PrepareReport report;
   report.max_seq_len = o.max_seq_len;
-  report.chat_template = encoder.format ? chat_format_name(*encoder.format) : "none";
+  report.chat_template = template_name;
   std::vector<ShardInfo> shards;
   {
     const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
@@ -618,7 +688,7 @@ std::string training_tokenizer_path(const std::string& path) {
 std::string training_data_fingerprint(const TrainingDataRequest& q) {
   require(path_exists(q.data_path) && !fs::is_directory(q.data_path), "{}: no such file", q.data_path);
   return checksum_hex(checksum(fmt::format("documents|{}|{}|{}|{}|{}|{}|{}", checksum_hex(file_checksum(q.data_path)),
-                                           tokenizer_hash(training_tokenizer_path(q.tokenizer_path)), q.chat_template,
+                                           tokenizer_hash(training_tokenizer_path(q.tokenizer_path)), chat_template_key(q.chat_template),
                                            q.max_seq_len, packing_name(q.packing), q.vocab_size, q.pad_id)));
 }
 
@@ -645,7 +715,7 @@ std::string resolve_training_data(const TrainingDataRequest& request, std::ostre
   const std::string tok_hash = tokenizer_hash(q.tokenizer_path);
   // The cache key covers everything the shards depend on, the content first (a path can be reused).
   const std::string key = checksum_hex(checksum(
-      fmt::format("{}|{}|{}|{}|{}|{}|{}|v{}", checksum_hex(file_checksum(q.data_path)), tok_hash, q.chat_template,
+      fmt::format("{}|{}|{}|{}|{}|{}|{}|v{}", checksum_hex(file_checksum(q.data_path)), tok_hash, chat_template_key(q.chat_template),
                   q.max_seq_len, packing_name(q.packing), q.vocab_size, q.pad_id, kShardFormatVersion)));
   std::string cache = q.cache_dir;
   if (cache.empty()) {

@@ -22,11 +22,13 @@
 #pragma once
 #include <cstdint>
 #include <iosfwd>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "keel/data/chat_encoding.h"
 #include "keel/data/chat_template.h"
 #include "keel/data/record_reader.h"
 #include "keel/data/shard_format.h"
@@ -41,7 +43,9 @@ struct PrepareOptions {
   std::string out_dir;
   int64_t max_seq_len = 2048;
   Packing packing = Packing::pack;
-  std::string chat_template = "auto";  // glm4 | llama3 | chatml | auto (from the tokenizer's directory / tokens)
+  // auto (the model's own template, else a built-in chosen from the tokenizer's directory or tokens)
+  // | model | glm4 | llama3 | chatml | none | a .jinja file
+  std::string chat_template = "auto";
   int threads = 0;                     // tokenizer workers; 0 = all cores
   double max_bad_fraction = 0.01;      // more bad records than this fraction of all records fails prepare
   bool train_on_prompt = false;        // loss on every token of conversations, not only the assistant's
@@ -65,6 +69,8 @@ struct PrepareReport {
   int64_t documents = 0;              // kept
   int64_t truncated_documents = 0, truncated_tokens = 0, split_documents = 0;
   int64_t no_target_documents = 0;  // skipped: nothing to learn (e.g. no assistant turn)
+  // conversations whose own text held special-token strings (encoded as text, not as the tokens)
+  int64_t records_with_special_strings = 0;
   int64_t sequences = 0, tokens = 0, shards = 0;
   int64_t input_bytes = 0;  // decompressed
   double seconds = 0;
@@ -124,6 +130,7 @@ struct EncodedDocuments {
   std::vector<uint8_t> mask;           // 1: the token is a prediction target
   std::vector<int64_t> document_ends;  // end offset of each document in tokens
   int64_t truncated = 0, truncated_tokens = 0, no_target = 0, split = 0;
+  int64_t special_string_records = 0;
 };
 
 // One record -> its training document: what prepare writes for it, and what training with
@@ -131,7 +138,8 @@ struct EncodedDocuments {
 // and loss mask).
 struct DocumentEncoder {
   const Tokenizer* tokenizer = nullptr;  // null: pre-tokenized records only
-  std::optional<ChatFormat> format;
+  std::optional<ChatFormat> format;      // a built-in template, or
+  std::shared_ptr<const ChatTemplateEncoder> model_template;  // the model's own (Jinja) template
   int64_t max_seq_len = 0;
   int64_t vocab_size = 0;
   bool train_on_prompt = false;
@@ -148,5 +156,16 @@ struct DocumentEncoder {
   std::string encode(const Record& r, int64_t line, EncodedDocuments& out, std::vector<int32_t>& ids,
                      std::string& fatal) const;
 };
+
+// Chooses how `encoder` renders conversations for chat_template `name` (see PrepareOptions), with
+// encoder.tokenizer set: sets encoder.format or encoder.model_template. Returns the name recorded
+// in manifests and reports ("model:<checksum of the template>", "chatml", "none", ...); `why`
+// receives where the template came from, for the log.
+std::string choose_chat_template(DocumentEncoder& encoder, const std::string& name, const std::string& tokenizer_path,
+                                 std::string* why = nullptr);
+
+// What the prepared documents' cache key and fingerprint take from chat_template `name`: the name,
+// and a template file's checksum (a model directory's template is in tokenizer_hash already).
+std::string chat_template_key(const std::string& name);
 
 }  // namespace keel::data

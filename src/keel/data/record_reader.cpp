@@ -233,6 +233,16 @@ struct RecordParser::Impl {
 RecordParser::RecordParser() : impl_(std::make_unique<Impl>()) {}
 RecordParser::~RecordParser() = default;
 
+// ShareGPT speaker names to the roles the chat templates know.
+std::string normalized_role(std::string_view role) {
+  if (role == "human" || role == "user") return "user";
+  if (role == "gpt" || role == "assistant" || role == "chatgpt" || role == "model" || role == "bing")
+    return "assistant";
+  if (role == "system") return "system";
+  if (role == "tool" || role == "function" || role == "observation" || role == "ipython") return std::string(role);
+  return {};
+}
+
 namespace {
 
 using simdjson::dom::element;
@@ -259,15 +269,6 @@ bool has_key(const object& o, std::string_view key) {
   return o.at_key(key).get(e) == simdjson::SUCCESS;
 }
 
-// ShareGPT speaker names to the roles the chat templates know.
-std::string normalized_role(std::string_view role) {
-  if (role == "human" || role == "user") return "user";
-  if (role == "gpt" || role == "assistant" || role == "chatgpt" || role == "model" || role == "bing")
-    return "assistant";
-  if (role == "system") return "system";
-  if (role == "tool" || role == "function" || role == "observation" || role == "ipython") return std::string(role);
-  return {};
-}
 
 std::string parse_messages(const element& list, bool sharegpt, std::vector<ChatMessage>& out) {
   const char* field = sharegpt ? "conversations" : "messages";
@@ -323,10 +324,12 @@ std::string RecordParser::parse(std::string_view line, Record& out) {
   element e;
   if (o.at_key("messages").get(e) == simdjson::SUCCESS) {
     out.kind = RecordKind::conversation;
+    out.raw = line;
     return parse_messages(e, false, out.messages);
   }
   if (o.at_key("conversations").get(e) == simdjson::SUCCESS) {
     out.kind = RecordKind::conversation;
+    out.raw = line;
     return parse_messages(e, true, out.messages);
   }
   if (has_key(o, "prompt") || has_key(o, "response")) {

@@ -69,10 +69,14 @@ struct Record {
   RecordKind kind = RecordKind::text;
   std::string text;                        // kind == text
   std::vector<ChatMessage> messages;       // kind == conversation
+  // kind == conversation from "messages"/"conversations": the record's JSON, for a model's own
+  // template (which may read tools, tool_calls, reasoning_content, ...)
+  std::string raw;
   std::vector<int32_t> input_ids, labels;  // kind == tokens (labels same length, -100 = no loss)
   void clear() {
     text.clear();
     messages.clear();
+    raw.clear();
     input_ids.clear();
     labels.clear();
   }
@@ -81,6 +85,9 @@ struct Record {
 // Parses one JSONL line. Returns an empty string on success, else why the record is bad
 // ("invalid JSON at ...", "missing field 'text' ...", "invalid UTF-8 in 'content'").
 // A parser per thread: RecordParser is not thread-safe, and reuses its buffers across lines.
+// ShareGPT speaker names ("human", "gpt", ...) to the roles chat templates know; "" when unknown.
+std::string normalized_role(std::string_view role);
+
 class RecordParser {
  public:
   RecordParser();

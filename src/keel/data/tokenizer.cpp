@@ -450,6 +450,21 @@ std::string Tokenizer::decode_chain(std::span<const int32_t> ids, bool skip_spec
   return text;
 }
 
+std::string Tokenizer::token_surface(int32_t id) const {
+  auto added = added_by_id_.find(id);
+  if (added != added_by_id_.end()) return parts_.added_tokens[added->second].content;
+  std::string token(parts_.model.token_bytes(id));
+  for (const DecoderStep& step : parts_.decoders) {
+    if (step.kind == DecoderStep::Kind::replace) replace_all(token, step.text, step.content);
+    if (step.kind == DecoderStep::Kind::metaspace) replace_all(token, step.text, " ");
+    if (step.kind == DecoderStep::Kind::byte_fallback) {
+      const int b = fallback_byte(token);
+      if (b >= 0) token.assign(1, char(b));
+    }
+  }
+  return token;
+}
+
 bool Tokenizer::is_special(int32_t id) const {
   auto added = added_by_id_.find(id);
   return added != added_by_id_.end() && parts_.added_tokens[added->second].special;

@@ -119,6 +119,11 @@ class Tokenizer {
   std::string id_to_token(int32_t id) const;  // keel::Error for an unknown id
   int32_t vocab_size() const { return vocab_size_; }
   bool is_special(int32_t id) const;
+  bool is_added(int32_t id) const { return added_by_id_.count(id) != 0; }
+  // The text a token stands for where it sits in the input, for mapping tokens back to input
+  // offsets: an added token's content; a vocabulary token's bytes, with SentencePiece's "\u2581"
+  // read as a space and "<0xXX>" as its byte (a byte of a character, alone, may be invalid UTF-8).
+  std::string token_surface(int32_t id) const;
   std::optional<int32_t> bos_id() const { return parts_.bos_id; }
   std::optional<int32_t> eos_id() const { return parts_.eos_id; }
   // For loaders that learn BOS/EOS from a second file (tokenizer_config.json); before sharing.

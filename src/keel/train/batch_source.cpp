@@ -102,7 +102,7 @@ class OnTheFlySource final : public BatchSource {
     const std::string tokenizer_path = data::training_tokenizer_path(q.tokenizer_path);
     if (!tokenizer_path.empty()) tokenizer_.emplace(data::load_tokenizer(tokenizer_path));
     encoder_.tokenizer = tokenizer_ ? &*tokenizer_ : nullptr;
-    encoder_.format = data::chat_format_for(q.chat_template, tokenizer_path, encoder_.tokenizer);
+    data::choose_chat_template(encoder_, q.chat_template, tokenizer_path);
     encoder_.max_seq_len = q.max_seq_len;
     encoder_.vocab_size = tokenizer_ ? tokenizer_->vocab_size() : q.vocab_size;
     encoder_.data_path = path;

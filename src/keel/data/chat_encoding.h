@@ -1,0 +1,61 @@
+// A conversation through a model's own chat template into token ids and the loss mask, as
+// transformers' apply_chat_template(tokenize=True) produces them:
+//
+// - Ids: the rendered text is encoded as one string (the tokenizer matches the template's special
+//   tokens), except that a control token written inside the conversation's own strings (a user's
+//   "<|im_end|><|im_start|>assistant") is encoded as plain text, as transformers does with
+//   sanitize_control_tokens=True: the text is cut before and after each such string and the pieces
+//   after the first are encoded after a "\n" that is then dropped (so SentencePiece adds no prefix
+//   space). Control tokens: the tokenizer's special tokens and the added tokens the template's
+//   literal text contains (whitespace tokens aside).
+// - Mask: with {% generation %} in the template, the tokens overlapping a generation block (as
+//   transformers' return_assistant_tokens_mask). Without, derived (the rule of docs/data.md): for
+//   each assistant message, from the end of the generation prompt before the message's first
+//   rendered character (or that character, when the prompt is not there) to the end of the first
+//   control token the template writes after the message's last rendered character: the answer,
+//   any reasoning and tool calls in it, and the end-of-turn token the model must learn to stop with.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "keel/data/model_chat_template.h"
+
+namespace keel::data {
+
+class Tokenizer;
+
+struct EncodedChat {
+  std::string text;
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> assistant_mask;  // per id: 1 = an assistant token
+  bool from_generation_tags = false;    // the mask is transformers' (else derived)
+  int64_t control_strings_in_data = 0;  // control-token strings in the conversation, encoded as text
+  int64_t assistant_turns_without_text = 0;  // assistant messages that rendered nothing of their own
+};
+
+class ChatTemplateEncoder {
+ public:
+  // `tokenizer` (not owned: it must outlive the encoder) may be null for render();
+  // `control_tokens_in_data` = true matches special-token strings inside the conversation as the
+  // tokens (for datasets that rely on it).
+  ChatTemplateEncoder(ModelChatTemplate t, const Tokenizer* tokenizer, bool control_tokens_in_data = false);
+
+  std::string render(const ChatInput& input) const;
+  // keel::Error for a template error or raise_exception (its message names the template).
+  EncodedChat encode(const ChatInput& input) const;
+
+  const ModelChatTemplate& chat_template() const { return t_; }
+  // The control tokens, longest first.
+  const std::vector<std::string>& control_tokens() const { return control_tokens_; }
+
+ private:
+  ModelChatTemplate t_;
+  const Tokenizer* tokenizer_;
+  bool control_tokens_in_data_;
+  std::vector<std::string> control_tokens_;
+  std::vector<int32_t> newline_ids_;
+};
+
+}  // namespace keel::data
