@@ -100,6 +100,24 @@ def main():
     padded = json.load(open(os.path.join(WORK, "padded", "manifest.json"))) if r.returncode == 0 else {}
     check(r.returncode == 0 and padded.get("sequences") == 395, f"--pad: one document per sequence: {r.stderr}")
 
+    # keel inspect: the prepared directory's documents, and the raw JSONL encoded on the fly as
+    # prepare encodes it, are the same documents (ids and labels), in file order.
+    r = run("inspect", os.path.join(WORK, "padded"), "--limit", "1000")
+    from_shards = [json.loads(line) for line in r.stdout.splitlines()]
+    check(r.returncode == 0 and len(from_shards) == 395, f"inspect of prepared data: {len(from_shards)} documents, "
+          f"exit {r.returncode}: {r.stderr[-300:]}")
+    r = run("inspect", data, "--tokenizer", tokenizer, "--template", "chatml", "--max-seq-len", "128", "--limit", "1000")
+    from_jsonl = [json.loads(line) for line in r.stdout.splitlines()]
+    check(r.returncode == 0 and from_jsonl == from_shards, f"inspect of the JSONL differs from the prepared documents "
+          f"({len(from_jsonl)} vs {len(from_shards)}): {r.stderr[-300:]}")
+    for d in from_shards[:50]:
+        check(all(l == -100 or l == i for i, l in zip(d["input_ids"], d["labels"])), "labels are -100 or the id")
+    check(any(-100 in d["labels"] for d in from_shards) and any(l != -100 for d in from_shards for l in d["labels"]),
+          "chat documents have both trained and untrained tokens")
+    r = run("inspect", data, "--tokenizer", tokenizer, "--template", "chatml", "--limit", "1", "--text")
+    check(r.returncode == 0 and "«" in r.stdout and "<|im_start|>assistant" in r.stdout,
+          f"inspect --text marks the trained span: {r.stdout[:400]} {r.stderr[-300:]}")
+
     def shard_sums(out):
         return [s["checksum"] for s in json.load(open(os.path.join(WORK, out, "manifest.json")))["shards"]]
 

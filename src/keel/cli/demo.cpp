@@ -86,7 +86,8 @@ void write_tokenizer(const std::string& dir, const std::vector<Problem>& train) 
   }
   make_dirs(dir);
   write_file_atomic(dir + "/tokenizer.json", trainer.tokenizer_json());
-  // The template is data (keel renders ChatML natively and never runs Jinja).
+  // ChatML in Jinja, as a Qwen2 directory ships it: `keel generate --chat` renders it (the demo's
+  // recipe names the built-in chatml, which renders the same text).
   write_file_atomic(
       dir + "/tokenizer_config.json",
       R"({"chat_template": "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}",)"

@@ -3,13 +3,16 @@
 #include <fmt/format.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/data/chat_encoding.h"
 #include "keel/data/chat_template.h"
+#include "keel/data/model_chat_template.h"
 #include "keel/data/tokenizer.h"
 #include "keel/kernels/backend.h"
 #include "keel/model/generator.h"
@@ -64,17 +67,38 @@ int run_generate(GenerateOptions& o) {
   std::vector<int32_t> prompt;
   if (!o.prompt.empty()) {
     std::string text = o.prompt;
+    std::optional<data::ModelChatTemplate> own;  // the model's own template, as training applies it
+    std::vector<data::ChatMessage> messages;
     if (o.chat) {
-      const auto format =
-          o.chat_template.empty() ? data::detect_chat_format(o.model) : data::chat_format_from_name(o.chat_template);
-      std::vector<data::ChatMessage> messages;
       if (!o.system.empty()) messages.push_back({"system", o.system});
       messages.push_back({"user", o.prompt});
+      const std::string dir = !o.tokenizer.empty() && !std::filesystem::is_directory(o.tokenizer)
+                                  ? std::filesystem::path(o.tokenizer).parent_path().string()
+                                  : (o.tokenizer.empty() ? o.model : o.tokenizer);
+      if (o.chat_template.ends_with(".jinja"))
+        own = data::chat_template_from_file(o.chat_template, dir);
+      else if (o.chat_template.empty() || o.chat_template == "auto" || o.chat_template == "model")
+        own = data::find_model_chat_template(dir);
+      require(own || o.chat_template != "model", "{}: --chat-template model, but the directory has no chat template",
+              dir);
+    }
+    if (own) {
+      fmt::print(stderr, "keel: chat template: the model's own, {}\n", own->origin);
+      const data::ChatTemplateEncoder encoder(std::move(*own), tokenizer.get());
+      data::ChatInput input = data::chat_input_from_messages(messages);
+      input.add_generation_prompt = true;
+      prompt = encoder.encode(input).ids;
+    } else if (o.chat) {
+      const auto format = o.chat_template.empty() || o.chat_template == "auto" ? data::detect_chat_format(o.model)
+                                                                               : data::chat_format_from_name(o.chat_template);
+      fmt::print(stderr, "keel: chat template: keel's built-in {}\n", data::chat_format_name(format));
       text = data::render_chat_text(format, messages, true);
       for (const auto& stop : data::chat_stop_tokens(format))
         if (auto id = tokenizer->token_to_id(stop)) o.sampling.stop_ids.push_back(*id);
+      prompt = tokenizer->encode(text);
+    } else {
+      prompt = tokenizer->encode(text);
     }
-    prompt = tokenizer->encode(text);
   } else {
     prompt = parse_ids(o.prompt_ids);
   }
@@ -126,7 +150,9 @@ const CommandRegistration kGenerate{
       cmd.add_option("--backend", o->backend, "Where generation computes: cpu or reference (as the recipe key)")
           ->capture_default_str();
       cmd.add_flag("--chat", o->chat, "Wrap the prompt in the model's chat template as a user turn");
-      cmd.add_option("--chat-template", o->chat_template, "glm4 | llama3 | chatml (default: from the model)");
+      cmd.add_option("--chat-template", o->chat_template,
+                     "model (the model's own Jinja template) | a .jinja file | glm4 | llama3 | chatml (default: the "
+                     "model's own when it has one, else a built-in chosen from the model)");
       cmd.add_option("--system", o->system, "System message for --chat");
       cmd.add_option("--max-new-tokens", o->sampling.max_new_tokens, "Tokens to generate")->capture_default_str();
       cmd.add_option("--temperature", o->sampling.temperature, "0 = greedy")->capture_default_str();

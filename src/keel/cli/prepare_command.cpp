@@ -1,5 +1,5 @@
 // keel prepare --data FILE.jsonl[.gz|.zst] --tokenizer PATH --out DIR --max-seq-len N [--pack|--pad]
-//              [--template glm4|llama3|chatml|auto] [--threads N] [--max-bad-fraction F]
+//              [--template auto|model|FILE.jinja|glm4|llama3|chatml|none] [--threads N] [--max-bad-fraction F]
 //   tokenizes JSONL records once, in parallel, into packed (or padded) memory-mappable shards
 //   (data/prepare.h); bad records are listed by line number in DIR/report.json.
 #include <iostream>
@@ -33,8 +33,8 @@ const CommandRegistration kPrepare{
       auto* pack = cmd.add_flag("--pack", o->pack, "Pack several documents per sequence (the default)");
       cmd.add_flag("--pad", o->pad, "One document per sequence, padded when loaded")->excludes(pack);
       cmd.add_option("--template", p.chat_template,
-                     "Chat template for conversation records: glm4, llama3, chatml, or auto (from the tokenizer's "
-                     "directory or special tokens)")
+                     "Chat template for conversation records: auto (the model's own from the tokenizer's directory, "
+                     "else a built-in chosen from it), model, a .jinja file, glm4, llama3, chatml or none")
           ->default_str("auto");
       cmd.add_option("--threads", p.threads, "Tokenizer threads (default: all cores)")->check(CLI::Range(1, 1024));
       cmd.add_option("--max-bad-fraction", p.max_bad_fraction,
