@@ -74,15 +74,21 @@ const CommandRegistration kChatTemplate{
           if (parse_json_document(parser, line, doc) != simdjson::SUCCESS || !doc.is_object())
             fail("stdin:{}: not a JSON object", line_no);
           data::ChatInput input;
-          std::string why = data::chat_input_from_record(doc, input);
+          std::string why;
+          try {
+            why = data::chat_input_from_record(doc, input);
+            simdjson::dom::object kwargs;
+            if (doc["kwargs"].get_object().get(kwargs) == simdjson::SUCCESS)
+              for (auto field : kwargs)
+                input.variables.set(std::string(field.key), data::json_to_value(field.value, data::jinja::kOtherData));
+          } catch (const Error& e) {  // a value keel cannot hold (an integer beyond 64 bits): this record only
+            out += "{\"error\": " + json_quoted(fmt::format("stdin:{}: {}", line_no, e.what())) + "}\n";
+            return;
+          }
           if (!why.empty()) fail("stdin:{}: {}", line_no, why);
           input.add_generation_prompt = o->add_generation_prompt;
           bool flag;
           if (doc["add_generation_prompt"].get_bool().get(flag) == simdjson::SUCCESS) input.add_generation_prompt = flag;
-          simdjson::dom::object kwargs;
-          if (doc["kwargs"].get_object().get(kwargs) == simdjson::SUCCESS)
-            for (auto field : kwargs)
-              input.variables.set(std::string(field.key), data::json_to_value(field.value, data::jinja::kOtherData));
           const auto& encoder = input.tools.is_list() ? *with_tools : *plain;
           try {
             if (!tokenizer) {

@@ -20,6 +20,49 @@ bool all_space(std::string_view s) {
   return true;
 }
 
+// Tokens [k, j) over text[begin, end), which the tokenizer saw normalized: each token's span in the
+// normalized stretch, mapped back to the raw text by the normalized length of each raw prefix (a
+// raw character that normalization merged with the next lands in the token holding the merge).
+// False when the tokens do not spell the normalized stretch (or it is too long to map).
+bool align_normalized(const Tokenizer& tok, std::string_view text, size_t begin, size_t end,
+                      const std::vector<int32_t>& ids, size_t k, size_t j, std::vector<Span>& out) {
+  const std::string_view raw = text.substr(begin, end - begin);
+  if (raw.size() > 4096) return false;  // quadratic below: normalized prefixes
+  const std::string norm = tok.normalize_unicode(raw);
+  if (norm == raw) return false;
+  std::vector<Span> spans;  // in the normalized stretch
+  std::string scratch;
+  size_t q = 0;
+  for (size_t m = k; m < j; ++m) {
+    const std::string_view s = tok.token_surface(ids[m], scratch);
+    if (norm.compare(q, s.size(), s) == 0) {
+      spans.emplace_back(q, q + s.size());
+      q += s.size();
+    } else if (!s.empty() && s[0] == ' ' && norm.compare(q, s.size() - 1, s.substr(1)) == 0) {
+      spans.emplace_back(q, q + s.size() - 1);
+      q += s.size() - 1;
+    } else {
+      return false;
+    }
+  }
+  // normalized length of each raw prefix that ends at a character boundary
+  std::vector<std::pair<size_t, size_t>> prefix;  // (raw bytes, normalized bytes)
+  for (size_t r = 0; r <= raw.size();) {
+    prefix.emplace_back(r, tok.normalize_unicode(raw.substr(0, r)).size());
+    if (r == raw.size()) break;
+    size_t len;
+    jinja::decode_code_point(raw, r, len);
+    r += len;
+  }
+  auto to_raw = [&](size_t x) {  // the first raw boundary whose prefix covers x normalized bytes
+    auto it = std::lower_bound(prefix.begin(), prefix.end(), x,
+                               [](const std::pair<size_t, size_t>& a, size_t v) { return a.second < v; });
+    return begin + (it == prefix.end() ? raw.size() : it->first);
+  };
+  for (size_t m = k; m < j; ++m) out[m] = {to_raw(spans[m - k].first), to_raw(spans[m - k].second)};
+  return true;
+}
+
 // Each id's [begin, end) bytes in `text` (the text the ids were encoded from), by walking the
 // ids' surface strings along it. Where the tokenizer changed the text (a normalizer, the prefix
 // space SentencePiece adds, whitespace an added token swallowed), the walk steps over the
@@ -27,15 +70,16 @@ bool all_space(std::string_view s) {
 // found in the text share that stretch, which only widens a token's span for the mask.
 std::vector<Span> token_offsets(const Tokenizer& tok, std::string_view text, const std::vector<int32_t>& ids) {
   std::vector<Span> out(ids.size());
+  std::string scratch;
   size_t p = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
-    const std::string s = tok.token_surface(ids[k]);
+    const std::string_view s = tok.token_surface(ids[k], scratch);
     if (text.compare(p, s.size(), s) == 0) {
       out[k] = {p, p + s.size()};
       p += s.size();
       continue;
     }
-    if (!s.empty() && s[0] == ' ' && text.compare(p, s.size() - 1, std::string_view(s).substr(1)) == 0) {
+    if (!s.empty() && s[0] == ' ' && text.compare(p, s.size() - 1, s.substr(1)) == 0) {
       out[k] = {p, p + s.size() - 1};  // the prefix space the tokenizer added
       p += s.size() - 1;
       continue;
@@ -46,18 +90,21 @@ std::vector<Span> token_offsets(const Tokenizer& tok, std::string_view text, con
       p = q + s.size();
       continue;
     }
-    // Lost the thread: resynchronise on the next added token found in the text.
+    // Lost the thread: up to the next added token found in the text, the tokenizer saw the text
+    // normalized (NFC: "e" + U+0301 is "é"). Walk the normalized stretch and map back.
     size_t j = k + 1, resume = text.size();
     for (; j < ids.size(); ++j) {
       if (!tok.is_added(ids[j])) continue;
-      const size_t at = text.find(tok.token_surface(ids[j]), p);
+      const size_t at = text.find(tok.token_surface(ids[j], scratch), p);
       if (at != std::string_view::npos) {
         resume = at;
         break;
       }
     }
-    for (size_t m = k; m < j; ++m) out[m] = {p, std::max(p, resume)};
-    p = std::max(p, resume);
+    resume = std::max(p, resume);
+    if (!align_normalized(tok, text, p, resume, ids, k, j, out))
+      for (size_t m = k; m < j; ++m) out[m] = {p, resume};  // each of them somewhere in the stretch
+    p = resume;
     k = j - 1;
   }
   return out;
@@ -87,7 +134,52 @@ ChatTemplateEncoder::ChatTemplateEncoder(ModelChatTemplate t, const Tokenizer* t
   }
   std::stable_sort(control_tokens_.begin(), control_tokens_.end(),
                    [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
+  for (size_t i = 0; i < control_tokens_.size(); ++i)
+    control_by_first_byte_[static_cast<unsigned char>(control_tokens_[i][0])].push_back(uint32_t(i));
   newline_ids_ = tokenizer_->encode("\n");
+}
+
+const std::string* ChatTemplateEncoder::control_token_at(const std::string& text, size_t at, size_t limit) const {
+  for (uint32_t i : control_by_first_byte_[static_cast<unsigned char>(text[at])]) {
+    const std::string& c = control_tokens_[i];
+    if (c.size() <= limit - at && text.compare(at, c.size(), c) == 0) return &c;
+  }
+  return nullptr;
+}
+
+std::string ChatTemplateEncoder::generation_prompt(const ChatInput& input, size_t first_answer) const {
+  if (first_answer == 0) return {};
+  const jinja::List& messages = input.messages.as_list();
+  const jinja::Value* role = messages[first_answer - 1].is_dict() ? messages[first_answer - 1].as_dict().find("role")
+                                                                   : nullptr;
+  std::string key = fmt::format("{}|{}|", role && role->is_string() ? role->as_str().text : "?",
+                                input.tools.is_list() ? "tools" : "-");
+  try {
+    key += jinja::to_json(jinja::Value(input.variables), {});
+  } catch (const Error&) {
+    key += "?";  // a variable JSON cannot show: never reused
+  }
+  {
+    std::lock_guard lock(prompts_mutex_);
+    if (auto it = prompts_.find(key); it != prompts_.end()) return it->second;
+  }
+  // What add_generation_prompt adds after the messages before the first answer.
+  std::string prompt;
+  try {
+    ChatInput head = input;
+    head.messages = jinja::Value(jinja::List(messages.begin(), messages.begin() + std::ptrdiff_t(first_answer)));
+    head.add_generation_prompt = false;
+    const std::string without = render(head);
+    head.add_generation_prompt = true;
+    const std::string with = render(head);
+    if (with.size() > without.size() && with.compare(0, without.size(), without) == 0)
+      prompt = with.substr(without.size());
+  } catch (const Error&) {
+    // a template that refuses a conversation ending before the answer: no prompt to look for
+  }
+  std::lock_guard lock(prompts_mutex_);
+  if (key.back() != '?' && prompts_.size() < 1024) prompts_.emplace(key, prompt);
+  return prompt;
 }
 
 std::string ChatTemplateEncoder::render(const ChatInput& input) const {
@@ -107,12 +199,7 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   if (!control_tokens_in_data_)
     for (const jinja::Run& run : r.text.runs)
       for (size_t pos = run.begin; pos < run.end;) {
-        const std::string* hit = nullptr;
-        for (const std::string& c : control_tokens_)
-          if (c.size() <= run.end - pos && text.compare(pos, c.size(), c) == 0) {
-            hit = &c;
-            break;
-          }
+        const std::string* hit = control_token_at(text, pos, run.end);
         if (!hit) {
           ++pos;
           continue;
@@ -126,7 +213,8 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   auto add_piece = [&](size_t begin, size_t end, bool as_text, bool first) {
     const std::string_view piece = std::string_view(text).substr(begin, end - begin);
     if (piece.empty() && !first) return;
-    const EncodeOptions options{.split_special_tokens = as_text};
+    // transformers encodes a marked control token with no added token matched, special or not.
+    const EncodeOptions options{.split_special_tokens = as_text, .no_added_tokens = as_text};
     std::vector<int32_t> ids;
     if (!first) {
       ids = tokenizer_->encode("\n" + std::string(piece), options);
@@ -169,30 +257,12 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
     const jinja::Value* role = messages[i].is_dict() ? messages[i].as_dict().find("role") : nullptr;
     return role && role->is_string() && role->as_str().text == "assistant";
   };
-  // The generation prompt: what add_generation_prompt adds after the messages before the first answer.
   std::string prompt;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    if (!is_assistant(i)) continue;
-    if (i == 0) break;
-    try {
-      ChatInput head = input;
-      head.messages = jinja::Value(jinja::List(messages.begin(), messages.begin() + std::ptrdiff_t(i)));
-      head.add_generation_prompt = false;
-      const std::string without = render(head);
-      head.add_generation_prompt = true;
-      const std::string with = render(head);
-      if (with.size() > without.size() && with.compare(0, without.size(), without) == 0)
-        prompt = with.substr(without.size());
-    } catch (const Error&) {
-      // a template that refuses a conversation ending before the answer: no prompt to look for
+  for (size_t i = 0; i < messages.size(); ++i)
+    if (is_assistant(i)) {
+      prompt = generation_prompt(input, i);
+      break;
     }
-    break;
-  }
-  auto in_data = [&](size_t at) {
-    for (const jinja::Run& run : r.text.runs)
-      if (at >= run.begin && at < run.end) return true;
-    return false;
-  };
   std::vector<Span> spans;
   size_t previous_end = 0;
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -209,16 +279,17 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
       }
       size_t next_data = text.size();
       for (size_t j = i + 1; j < messages.size(); ++j) next_data = std::min(next_data, extent[j].first);
+      // The first control token of the template's text (outside every data run) after the message.
       size_t end = e.second;
+      auto run = std::lower_bound(r.text.runs.begin(), r.text.runs.end(), e.second,
+                                  [](const jinja::Run& x, size_t at) { return x.end <= at; });
       for (size_t at = e.second; at < next_data && at < text.size(); ++at) {
-        if (in_data(at)) continue;
-        const std::string* hit = nullptr;
-        for (const std::string& c : control_tokens_)
-          if (text.compare(at, c.size(), c) == 0) {
-            hit = &c;
-            break;
-          }
-        if (hit) {
+        while (run != r.text.runs.end() && run->end <= at) ++run;
+        if (run != r.text.runs.end() && run->begin <= at) {
+          at = run->end - 1;  // inside data: skip the run
+          continue;
+        }
+        if (const std::string* hit = control_token_at(text, at, text.size())) {
           end = at + hit->size();
           break;
         }

@@ -9,12 +9,15 @@
 //   space). Control tokens: the tokenizer's special tokens and the added tokens the template's
 //   literal text contains (whitespace tokens aside).
 // - Mask: with {% generation %} in the template, the tokens overlapping a generation block (as
-//   transformers' return_assistant_tokens_mask). Without, derived (the rule of docs/data.md): for
+//   transformers' return_assistant_tokens_mask). Without, derived (docs/chat-templates.md): for
 //   each assistant message, from the end of the generation prompt before the message's first
 //   rendered character (or that character, when the prompt is not there) to the end of the first
 //   control token the template writes after the message's last rendered character: the answer,
 //   any reasoning and tool calls in it, and the end-of-turn token the model must learn to stop with.
 #pragma once
+#include <array>
+#include <map>
+#include <mutex>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -55,7 +58,17 @@ class ChatTemplateEncoder {
   const Tokenizer* tokenizer_;
   bool control_tokens_in_data_;
   std::vector<std::string> control_tokens_;
+  // control_tokens_ indices by first byte: the scans over every byte of a conversation compare
+  // only the few tokens that can start there.
+  std::array<std::vector<uint32_t>, 256> control_by_first_byte_;
+  // The longest control token starting at text[at] (whole within [at, limit)), or null.
+  const std::string* control_token_at(const std::string& text, size_t at, size_t limit) const;
   std::vector<int32_t> newline_ids_;
+  // The generation prompt of a conversation whose answer follows `key` (the role before it,
+  // whether tools are given, the extra variables): rendered twice the first time, then reused.
+  std::string generation_prompt(const ChatInput& input, size_t first_answer) const;
+  mutable std::mutex prompts_mutex_;
+  mutable std::map<std::string, std::string> prompts_;
 };
 
 }  // namespace keel::data

@@ -23,7 +23,8 @@ Value json_to_value(simdjson::dom::element e, int source) {
     case T::NULL_VALUE: return Value::none();
     case T::BOOL: return Value(bool(e.get_bool().value()));
     case T::INT64: return Value(int64_t(e.get_int64().value()));
-    case T::UINT64: return Value(double(e.get_uint64().value()));
+    case T::UINT64:  // Python would keep it exact; keel's integers are 64-bit, and says so
+      fail("the integer {} is beyond 64 bits", e.get_uint64().value());
     case T::DOUBLE: return Value(e.get_double().value());
     case T::STRING: return Value(Str(std::string(e.get_string().value()), source));
     case T::ARRAY: {
@@ -35,7 +36,7 @@ Value json_to_value(simdjson::dom::element e, int source) {
     case T::OBJECT: {
       Dict d;
       simdjson::dom::object object = e.get_object().value_unsafe();
-      for (auto field : object) d.set(std::string(field.key), json_to_value(field.value, source));
+      for (auto field : object) d.set(jinja::dict_key(Value(std::string(field.key))), json_to_value(field.value, source));
       return Value(std::move(d));
     }
     default: return Value::none();

@@ -290,7 +290,7 @@ std::optional<Tokenizer::AddedMatch> Tokenizer::find_added(std::string_view text
       // Without a normalizer both passes are one; with one, a normalized token is found in the
       // normalized text and a raw one in the raw text (Hugging Face's AddedVocabulary).
       if (has_normalized_added_ && (t.normalized && !t.special) != normalized_pass) continue;
-      if (t.special && options.split_special_tokens) continue;
+      if ((t.special && options.split_special_tokens) || options.no_added_tokens) continue;
       if (text.compare(i, t.content.size(), t.content) != 0) continue;
       size_t begin = i, end = i + t.content.size();
       if (t.single_word) {
@@ -450,10 +450,12 @@ std::string Tokenizer::decode_chain(std::span<const int32_t> ids, bool skip_spec
   return text;
 }
 
-std::string Tokenizer::token_surface(int32_t id) const {
+std::string_view Tokenizer::token_surface(int32_t id, std::string& scratch) const {
   auto added = added_by_id_.find(id);
   if (added != added_by_id_.end()) return parts_.added_tokens[added->second].content;
-  std::string token(parts_.model.token_bytes(id));
+  if (parts_.decoders.empty()) return parts_.model.token_bytes(id);
+  std::string& token = scratch;
+  token.assign(parts_.model.token_bytes(id));
   for (const DecoderStep& step : parts_.decoders) {
     if (step.kind == DecoderStep::Kind::replace) replace_all(token, step.text, step.content);
     if (step.kind == DecoderStep::Kind::metaspace) replace_all(token, step.text, " ");
@@ -463,6 +465,13 @@ std::string Tokenizer::token_surface(int32_t id) const {
     }
   }
   return token;
+}
+
+std::string Tokenizer::normalize_unicode(std::string_view text) const {
+  std::string s(text);
+  for (const NormalizerStep& step : parts_.normalizers)
+    if (step.kind == NormalizerStep::Kind::unicode) apply(step, s);
+  return s;
 }
 
 bool Tokenizer::is_special(int32_t id) const {

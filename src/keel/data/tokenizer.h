@@ -100,6 +100,7 @@ struct TokenizerParts {
 struct EncodeOptions {
   bool add_special_tokens = false;    // apply the post-processor template (BOS/EOS)
   bool split_special_tokens = false;  // treat special tokens in the text as plain text
+  bool no_added_tokens = false;       // treat every added token (special or not) as plain text
 };
 
 class Tokenizer {
@@ -123,7 +124,10 @@ class Tokenizer {
   // The text a token stands for where it sits in the input, for mapping tokens back to input
   // offsets: an added token's content; a vocabulary token's bytes, with SentencePiece's "\u2581"
   // read as a space and "<0xXX>" as its byte (a byte of a character, alone, may be invalid UTF-8).
-  std::string token_surface(int32_t id) const;
+  // Points into the tokenizer, or into `scratch` when the spelling had to be rewritten.
+  std::string_view token_surface(int32_t id, std::string& scratch) const;
+  // The text after the normalizer's Unicode steps (NFC, NFKC, ...), the ones that move characters.
+  std::string normalize_unicode(std::string_view text) const;
   std::optional<int32_t> bos_id() const { return parts_.bos_id; }
   std::optional<int32_t> eos_id() const { return parts_.eos_id; }
   // For loaders that learn BOS/EOS from a second file (tokenizer_config.json); before sharing.

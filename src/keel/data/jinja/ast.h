@@ -60,6 +60,7 @@ struct Node {
     break_loop,
     continue_loop,
     generation,  // {% generation %}body{% endgeneration %}: transformers' assistant-tracking tag
+    with_block,  // {% with targets = params... %}body{% endwith %}: params' names and values, a scope
   };
   Kind kind;
   int line = 0;
@@ -78,6 +79,11 @@ struct TemplateAst {
   std::vector<std::string> literals;
   bool has_generation = false;
 };
+
+// The built-in filters and tests by name (builtins.cpp): an unknown one is a syntax error where
+// Jinja's compiler reports it.
+bool is_builtin_filter(std::string_view name);
+bool is_builtin_test(std::string_view name);
 
 // keel::Error "chat template line N: ..." for a syntax error or a construct keel does not run
 // (extends, include, import: a template is rendered alone, without file access).

@@ -8,6 +8,10 @@
 #include <algorithm>
 #include <cmath>
 #include <ctime>
+#include <cstring>
+#include <set>
+
+#include <fmt/printf.h>
 
 #include "keel/core/error.h"
 #include "keel/data/jinja/interpreter.h"
@@ -16,6 +20,7 @@ namespace keel::data::jinja {
 namespace {
 
 [[noreturn]] void bad(Interpreter& in, int line, const std::string& what) { in.error(line, what); }
+List as_items(Interpreter& in, const Value& v, int line);
 
 // A result built from `from` by a transformation that does not keep byte positions: marked whole
 // when any of `from` was.
@@ -60,19 +65,54 @@ std::string case_mapped(const std::string& s, int how) {  // 0 lower, 1 upper
   return out;
 }
 
-// Python's str.capitalize (first character upper, the rest lower) and Jinja's title filter
-// (each word after a space, '-', or an opening bracket starts upper).
+// One character in title case (full mapping: "ﬁ" -> "Fi", "ǆ" -> "ǅ"), as Python's str.title
+// and str.capitalize write a word's first character.
+std::string title_case(const std::string& ch) {
+  icu::UnicodeString u = icu::UnicodeString::fromUTF8(ch);
+  u.toTitle(nullptr, icu::Locale::getRoot(), U_TITLECASE_NO_LOWERCASE | U_TITLECASE_NO_BREAK_ADJUSTMENT);
+  std::string out;
+  u.toUTF8String(out);
+  return out;
+}
+
+// Python's str.capitalize: the first character in title case, the rest lower.
 std::string capitalized(const std::string& s) {
   if (s.empty()) return s;
   size_t len;
   decode_code_point(s, 0, len);
-  return case_mapped(s.substr(0, len), 1) + case_mapped(s.substr(len), 0);
+  return title_case(s.substr(0, len)) + case_mapped(s.substr(len), 0);
 }
 
+// Python's str.title: a cased character after a cased one lowercased, any other titlecased.
+std::string python_title(const std::string& s) {
+  std::string out;
+  bool previous_cased = false;
+  for (size_t pos = 0; pos < s.size();) {
+    size_t len;
+    const uint32_t cp = decode_code_point(s, pos, len);
+    const std::string ch = s.substr(pos, len);
+    out += previous_cased ? case_mapped(ch, 0) : title_case(ch);
+    previous_cased = u_hasBinaryProperty(UChar32(cp), UCHAR_CASED);
+    pos += len;
+  }
+  return out;
+}
+
+// Python's str.islower / isupper: some cased character, and none of the other case.
+bool python_is_case(const std::string& s, bool lower) {
+  return case_mapped(s, lower ? 0 : 1) == s && case_mapped(s, lower ? 1 : 0) != s;
+}
+
+// Jinja's title filter: each word (after whitespace, '-' or an opening bracket) upper first,
+// the rest lower.
 std::string titled(const std::string& s) {
   std::string out, word;
   auto flush = [&] {
-    if (!word.empty()) out += capitalized(word);
+    if (!word.empty()) {
+      size_t len;
+      decode_code_point(word, 0, len);
+      out += case_mapped(word.substr(0, len), 1) + case_mapped(word.substr(len), 0);
+    }
     word.clear();
   };
   for (size_t pos = 0; pos < s.size();) {
@@ -222,6 +262,31 @@ bool all_code_points(const std::string& s, bool (*pred)(uint32_t)) {
   return true;
 }
 
+// The byte range of s[start:end] for a method's optional start/end arguments (positions
+// `first`, `first + 1`), in characters with Python's negative and clamped indices.
+std::pair<size_t, size_t> python_range(Interpreter& in, const std::string& s, const CallArgs& a, size_t first) {
+  const int64_t n = int64_t(code_point_count(s));
+  auto index = [&](const Value& v, int64_t fallback) {
+    if (v.is_undefined() || v.is_none()) return fallback;
+    if (!v.is_number()) in.error(0, "slice indices must be integers or None");
+    int64_t x = v.as_int();
+    if (x < 0) x += n;
+    return std::clamp<int64_t>(x, 0, n);
+  };
+  const int64_t b = index(a.get(first, "start"), 0), e = std::max(b, index(a.get(first + 1, "end"), n));
+  return {byte_offset(s, size_t(b)), byte_offset(s, size_t(e))};
+}
+
+// Python's line boundaries: \n, \r, \r\n, \v, \f, \x1c-\x1e, \x85, U+2028, U+2029.
+size_t line_break_length(const std::string& s, size_t pos) {
+  const auto c = static_cast<unsigned char>(s[pos]);
+  if (c == '\r') return pos + 1 < s.size() && s[pos + 1] == '\n' ? 2 : 1;
+  if (c == '\n' || c == '\v' || c == '\f' || (c >= 0x1C && c <= 0x1E)) return 1;
+  if (s.compare(pos, 2, "\xC2\x85") == 0) return 2;
+  if (s.compare(pos, 3, "\xE2\x80\xA8") == 0 || s.compare(pos, 3, "\xE2\x80\xA9") == 0) return 3;
+  return 0;
+}
+
 Value string_method(const Value& self, const std::string& name) {
   using A = CallArgs;
   auto method = [&](auto body) {
@@ -239,21 +304,27 @@ Value string_method(const Value& self, const std::string& name) {
       return Value(split(s, sep, maxsplit.as_int(), name == "rsplit"));
     });
   if (name == "splitlines")
-    return method([](Interpreter&, const Str& s, A&) {
+    return method([](Interpreter&, const Str& s, A& a) {
+      const bool keepends = a.get(0, "keepends", Value(false)).truthy();
       List out;
       size_t begin = 0;
-      for (size_t i = 0; i < s.text.size(); ++i)
-        if (s.text[i] == '\n' || s.text[i] == '\r') {
-          out.emplace_back(s.substr(begin, i));
-          if (s.text[i] == '\r' && i + 1 < s.text.size() && s.text[i + 1] == '\n') ++i;
-          begin = i + 1;
+      for (size_t i = 0; i < s.text.size();) {
+        const size_t n = line_break_length(s.text, i);
+        if (n == 0) {
+          ++i;
+          continue;
         }
+        out.emplace_back(s.substr(begin, keepends ? i + n : i));
+        i += n;
+        begin = i;
+      }
       if (begin < s.text.size()) out.emplace_back(s.substr(begin, s.text.size()));
       return Value(std::move(out));
     });
   if (name == "startswith" || name == "endswith")
-    return method([name](Interpreter&, const Str& s, A& a) {
-      return Value(starts_or_ends(s, a.get(0, "prefix"), name == "startswith"));
+    return method([name](Interpreter& in, const Str& s, A& a) {
+      const auto [b, e] = python_range(in, s.text, a, 1);
+      return Value(starts_or_ends(s.substr(b, e), a.get(0, "prefix"), name == "startswith"));
     });
   if (name == "replace")
     return method([](Interpreter& in, const Str& s, A& a) {
@@ -266,34 +337,119 @@ Value string_method(const Value& self, const std::string& name) {
   if (name == "capitalize")
     return method([](Interpreter&, const Str& s, A&) { return Value(rebuilt(capitalized(s.text), s)); });
   if (name == "title")
-    return method([](Interpreter&, const Str& s, A&) { return Value(rebuilt(titled(s.text), s)); });
+    return method([](Interpreter&, const Str& s, A&) { return Value(rebuilt(python_title(s.text), s)); });
+  if (name == "swapcase" || name == "casefold")
+    return method([name](Interpreter&, const Str& s, A&) {
+      if (name == "casefold") return Value(rebuilt(case_mapped(s.text, 0), s));
+      std::string out;
+      for (size_t pos = 0; pos < s.text.size();) {
+        size_t len;
+        const uint32_t cp = decode_code_point(s.text, pos, len);
+        const std::string ch = s.text.substr(pos, len);
+        out += u_isupper(UChar32(cp)) ? case_mapped(ch, 0) : u_islower(UChar32(cp)) ? case_mapped(ch, 1) : ch;
+        pos += len;
+      }
+      return Value(rebuilt(std::move(out), s));
+    });
   if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count")
     return method([name](Interpreter& in, const Str& s, A& a) -> Value {
       const std::string& sub = need_str(in, a.get(0, "sub"), name.c_str(), 0).text;
+      const auto [b, e] = python_range(in, s.text, a, 1);
+      const std::string_view window = std::string_view(s.text).substr(b, e - b);
       if (name == "count") {
-        if (sub.empty()) return Value(int64_t(code_point_count(s.text) + 1));
+        if (sub.empty()) return Value(int64_t(code_point_count(window) + 1));
         int64_t n = 0;
-        for (size_t at = s.text.find(sub); at != std::string::npos; at = s.text.find(sub, at + sub.size())) ++n;
+        for (size_t at = window.find(sub); at != std::string::npos; at = window.find(sub, at + sub.size())) ++n;
         return Value(n);
       }
-      const size_t at = name[0] == 'r' ? s.text.rfind(sub) : s.text.find(sub);
+      const size_t at = name[0] == 'r' ? window.rfind(sub) : window.find(sub);
       if (at == std::string::npos) {
         if (name.find("index") != std::string::npos) in.error(0, "substring not found");
         return Value(int64_t(-1));
       }
-      return Value(int64_t(code_point_count(std::string_view(s.text).substr(0, at))));
+      return Value(int64_t(code_point_count(std::string_view(s.text).substr(0, b + at))));
     });
   if (name == "join")
     return method([](Interpreter& in, const Str& s, A& a) {
       Value items = a.get(0, "iterable");
       Str out;
-      if (!items.is_list()) in.error(0, "str.join expects a list");
+      if (!items.is_list() && !items.is_string()) in.error(0, "str.join expects a list or a string");
       bool first = true;
-      for (const Value& x : items.as_list()) {
+      for (const Value& x : as_items(in, items, 0)) {
         if (!first) out.append(s);
         first = false;
         out.append(need_str(in, x, "str.join", 0));
       }
+      return Value(std::move(out));
+    });
+  if (name == "center" || name == "ljust" || name == "rjust" || name == "zfill")
+    return method([name](Interpreter& in, const Str& s, A& a) {
+      const int64_t width = a.get(0, "width", Value(int64_t(0))).as_int();
+      const int64_t n = int64_t(code_point_count(s.text));
+      if (width <= n) return Value(s);
+      const Value fill_v = a.get(1, "fillchar", Value(name == "zfill" ? "0" : " "));
+      const std::string fill = need_str(in, fill_v, name.c_str(), 0).text;
+      auto pad = [&](int64_t k) {
+        std::string p;
+        for (int64_t i = 0; i < k; ++i) p += fill;
+        return Str(p);
+      };
+      const int64_t total = width - n;
+      // Python's center puts the extra character on the right when the text's length is even
+      // relative to the total, as its formula does: left = total / 2 + (total & width & 1).
+      const int64_t left = name == "ljust" ? 0 : name == "center" ? total / 2 + (total & width & 1) : total;
+      Str out = pad(left);
+      if (name == "zfill" && !s.text.empty() && (s.text[0] == '-' || s.text[0] == '+')) {
+        out = Str(s.text.substr(0, 1));
+        out.append(pad(left));
+        out.append(s.substr(1, s.text.size()));
+        return Value(std::move(out));
+      }
+      out.append(s);
+      out.append(pad(total - left));
+      return Value(std::move(out));
+    });
+  if (name == "partition" || name == "rpartition")
+    return method([name](Interpreter& in, const Str& s, A& a) {
+      const std::string& sep = need_str(in, a.get(0, "sep"), name.c_str(), 0).text;
+      if (sep.empty()) in.error(0, "empty separator");
+      const size_t at = name == "partition" ? s.text.find(sep) : s.text.rfind(sep);
+      if (at == std::string::npos)
+        return name == "partition" ? Value(List{Value(s), Value(""), Value("")}, true)
+                                   : Value(List{Value(""), Value(""), Value(s)}, true);
+      return Value(List{Value(s.substr(0, at)), Value(s.substr(at, at + sep.size())),
+                        Value(s.substr(at + sep.size(), s.text.size()))},
+                   true);
+    });
+  if (name == "format")
+    return method([](Interpreter& in, const Str& s, A& a) {
+      // str.format with {}, {0} and {name} fields (no format specs: chat templates use none).
+      Str out;
+      size_t next = 0, literal = 0;
+      const std::string& f = s.text;
+      for (size_t i = 0; i < f.size(); ++i) {
+        if (f[i] != '{' && f[i] != '}') continue;
+        out.append(s.substr(literal, i));
+        if (i + 1 < f.size() && f[i + 1] == f[i]) {
+          out.append(Str(std::string(1, f[i])));
+          literal = ++i + 1;
+          continue;
+        }
+        if (f[i] == '}') in.error(0, "str.format: single '}'");
+        const size_t close = f.find('}', i);
+        if (close == std::string::npos) in.error(0, "str.format: '{' without '}'");
+        const std::string field = f.substr(i + 1, close - i - 1);
+        if (field.find_first_of(":!.[") != std::string::npos) in.error(0, "str.format: format specs are not supported");
+        Value v;
+        if (field.empty()) v = a.get(next++, "");
+        else if (std::all_of(field.begin(), field.end(), ::isdigit)) v = a.get(size_t(std::stoul(field)), "");
+        else if (const Value* k = a.keyword(field)) v = *k;
+        if (v.is_undefined()) in.error(0, fmt::format("str.format: no value for {{{}}}", field));
+        out.append(to_str(v));
+        literal = close + 1;
+        i = close;
+      }
+      out.append(s.substr(literal, f.size()));
       return Value(std::move(out));
     });
   if (name == "removeprefix" || name == "removesuffix")
@@ -320,10 +476,7 @@ Value string_method(const Value& self, const std::string& name) {
   if (name == "isspace")
     return method([](Interpreter&, const Str& s, A&) { return Value(all_code_points(s.text, is_python_space)); });
   if (name == "islower" || name == "isupper")
-    return method([name](Interpreter&, const Str& s, A&) {
-      const std::string other = case_mapped(s.text, name == "islower" ? 1 : 0);
-      return Value(other != s.text && case_mapped(s.text, name == "islower" ? 0 : 1) == s.text);
-    });
+    return method([name](Interpreter&, const Str& s, A&) { return Value(python_is_case(s.text, name == "islower")); });
   return Value::undefined(name);
 }
 
@@ -336,17 +489,18 @@ Value builtin_method(const Value& self, const std::string& name) {
       return Value::function(name, [self, name](Interpreter&, CallArgs&) {
         List out;
         for (const auto& [k, v] : self.as_dict().items) {
-          if (name == "items") out.emplace_back(List{Value(Str(k)), v}, true);
-          else if (name == "keys") out.emplace_back(Str(k));
+          if (name == "items") out.emplace_back(List{key_value(k), v}, true);
+          else if (name == "keys") out.push_back(key_value(k));
           else out.push_back(v);
         }
         return Value(std::move(out));
       });
+    if (name == "copy") return Value::function(name, [self](Interpreter&, CallArgs&) { return Value(self.as_dict()); });
     if (name == "get")
       return Value::function(name, [self](Interpreter& in, CallArgs& a) {
         Value key = a.get(0, "key");
-        if (!key.is_string()) return a.get(1, "default", Value::none());
-        const Value* v = self.as_dict().find(key.as_str().text);
+        if (key.is_list() || key.is_dict()) in.error(0, fmt::format("unhashable type: '{}'", key.type_name()));
+        const Value* v = self.as_dict().find(dict_key(key));
         (void)in;
         return v ? *v : a.get(1, "default", Value::none());
       });
@@ -376,7 +530,7 @@ List as_items(Interpreter& in, const Value& v, int line) {
   if (v.is_undefined()) return {};
   if (v.is_dict()) {
     List keys;
-    for (const auto& [k, x] : v.as_dict().items) keys.emplace_back(Str(k));
+    for (const auto& [k, x] : v.as_dict().items) keys.push_back(key_value(k));
     return keys;
   }
   if (v.is_string()) {
@@ -427,6 +581,7 @@ bool sort_less(const Value& a, const Value& b, bool case_sensitive) {
 
 Value select_like(Interpreter& in, const Value& subject, CallArgs& a, int line, bool attr, bool keep) {
   List out;
+  if (!subject.truthy()) return Value(std::move(out));  // Jinja: `if value:` first (none selects nothing)
   for (const Value& x : as_items(in, subject, line)) {
     Value probe = attr ? get_path(in, x, a.get(0, "attribute"), line) : x;
     const size_t test_at = attr ? 1 : 0;
@@ -443,7 +598,11 @@ Value select_like(Interpreter& in, const Value& subject, CallArgs& a, int line, 
   return Value(std::move(out));
 }
 
+}  // namespace
+
+// Markup.escape: HTML-escaped, as Markup; a Markup value is already escaped.
 Value html_escape(const Value& v) {
+  if (v.is_markup()) return v;
   const Str s = to_str(v);
   std::string out;
   for (char c : s.text) {
@@ -456,8 +615,10 @@ Value html_escape(const Value& v) {
       default: out += c;
     }
   }
-  return Value(rebuilt(std::move(out), s));
+  return Value::markup(rebuilt(std::move(out), s));
 }
+
+namespace {
 
 Value to_int(const Value& v, const Value& fallback) {
   if (v.is_number()) return v.kind() == Value::Kind::real ? Value(int64_t(v.as_real())) : Value(v.as_int());
@@ -465,6 +626,11 @@ Value to_int(const Value& v, const Value& fallback) {
     const std::string& t = v.as_str().text;
     const auto [b, e] = strip_bounds(t, Value(), true, true);
     std::string s = t.substr(b, e - b);
+    // Python's int() takes one underscore between digits ("1_000").
+    for (size_t i = 1; i + 1 < s.size(); ++i)
+      if (s[i] == '_' && std::isdigit(static_cast<unsigned char>(s[i - 1])) &&
+          std::isdigit(static_cast<unsigned char>(s[i + 1])))
+        s.erase(i, 1);
     try {
       size_t used;
       const long long x = std::stoll(s, &used, 10);
@@ -478,6 +644,98 @@ Value to_int(const Value& v, const Value& fallback) {
 }
 
 }  // namespace
+
+Str python_percent_format(Interpreter& in, const Str& format, const Value& args, int line) {
+  // Python's printf-style `format % args`: a tuple gives the values in order, a dict names them
+  // with %(key)s, anything else is the one value.
+  const List single{args};
+  const List& values = args.is_list() && args.is_tuple() ? args.as_list() : single;
+  size_t next = 0;
+  Str out;
+  const std::string& f = format.text;
+  size_t literal = 0;
+  for (size_t i = 0; i < f.size(); ++i) {
+    if (f[i] != '%') continue;
+    out.append(format.substr(literal, i));
+    size_t j = i + 1;
+    Value value;
+    bool have = false;
+    if (j < f.size() && f[j] == '(') {
+      const size_t close = f.find(')', j);
+      if (close == std::string::npos || !args.is_dict()) bad(in, line, "format requires a mapping");
+      const Value* found = args.as_dict().find(f.substr(j + 1, close - j - 1));
+      if (!found) bad(in, line, fmt::format("format: no key '{}'", f.substr(j + 1, close - j - 1)));
+      value = *found;
+      have = true;
+      j = close + 1;
+    }
+    std::string flags;
+    while (j < f.size() && std::strchr("-+ #0", f[j])) flags += f[j++];
+    std::string width, precision;
+    while (j < f.size() && std::isdigit(static_cast<unsigned char>(f[j]))) width += f[j++];
+    if (j < f.size() && f[j] == '.') {
+      precision = ".";
+      ++j;
+      while (j < f.size() && std::isdigit(static_cast<unsigned char>(f[j]))) precision += f[j++];
+    }
+    if (j >= f.size()) bad(in, line, "incomplete format");
+    const char conversion = f[j];
+    literal = j + 1;
+    i = j;
+    if (conversion == '%') {
+      out.append(Str("%"));
+      continue;
+    }
+    if (!have) {
+      if (next >= values.size()) bad(in, line, "not enough arguments for format string");
+      value = values[next++];
+    }
+    const std::string spec = "%" + flags + width + precision;
+    std::string piece;
+    switch (conversion) {
+      case 's':
+      case 'r':
+      case 'a': {
+        const Str s = conversion == 's' ? to_str(value) : Str(repr(value));
+        std::string w = fmt::sprintf(spec + "s", s.text);
+        if (w == s.text && s.marked()) {
+          out.append(s);
+          continue;
+        }
+        piece = w;
+        break;
+      }
+      case 'd':
+      case 'i':
+      case 'u':
+      case 'x':
+      case 'X':
+      case 'o':
+        if (!value.is_number()) bad(in, line, fmt::format("%{} format: a number is required, not {}", conversion, value.type_name()));
+        piece = fmt::sprintf(spec + "ll" + (conversion == 'i' || conversion == 'u' ? 'd' : conversion), (long long)value.as_int());
+        break;
+      case 'f':
+      case 'F':
+      case 'e':
+      case 'E':
+      case 'g':
+      case 'G':
+        if (!value.is_number()) bad(in, line, fmt::format("%{} format: a number is required, not {}", conversion, value.type_name()));
+        piece = fmt::sprintf(spec + conversion, value.as_real());
+        break;
+      case 'c':
+        if (value.is_string()) piece = value.as_str().text;
+        else append_utf8(piece, uint32_t(value.as_int()));
+        break;
+      default: bad(in, line, fmt::format("unsupported format character '{}'", conversion));
+    }
+    out.append(marked_like(piece, value));
+  }
+  if (next < values.size() && !args.is_dict() && args.is_tuple())
+    bad(in, line, "not all arguments converted during string formatting");
+  out.append(format.substr(literal, f.size()));
+  return out;
+}
 
 Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, CallArgs& a, int line) {
   auto str_of = [&](const Value& x) { return to_str(x); };
@@ -556,8 +814,20 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
                           count.is_number() ? count.as_int() : -1));
   }
   if (name == "string") return v.is_string() ? v : Value(str_of(v));
-  if (name == "safe") return v;
-  if (name == "e" || name == "escape" || name == "forceescape") return html_escape(v);
+  if (name == "format") {
+    Value args;
+    if (!a.keywords.empty()) {
+      Dict d;
+      for (const auto& [k, x] : a.keywords) d.set(k, x);
+      args = Value(std::move(d));
+    } else {
+      args = Value(List(a.positional), true);
+    }
+    return Value(python_percent_format(in, str_of(v), args, line));
+  }
+  if (name == "safe") return v.is_markup() ? v : Value::markup(str_of(v));
+  if (name == "e" || name == "escape") return html_escape(v);
+  if (name == "forceescape") return html_escape(Value(str_of(v)));
   if (name == "pprint") return Value(marked_like(repr(v), v));
   if (name == "int") return to_int(v, a.get(0, "default", Value(int64_t(0))));
   if (name == "float") {
@@ -573,18 +843,29 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     return v.kind() == Value::Kind::real ? Value(std::fabs(v.as_real())) : Value(int64_t(std::llabs(v.as_int())));
   }
   if (name == "round") {
+    if (!v.is_number()) bad(in, line, fmt::format("round: expects a number, got {}", v.type_name()));
     const int precision = int(a.get(0, "precision", Value(int64_t(0))).as_int());
     const std::string method = a.get(1, "method", Value("common")).as_str().text;
+    if (method == "common") {
+      // Python's round(): an int stays an int; a float rounds its exact binary value to the
+      // nearest decimal, ties to even, as printf does.
+      if (v.kind() != Value::Kind::real && precision >= 0) return v;
+      if (precision < 0) {
+        const double scale = std::pow(10.0, -precision);
+        return Value(std::nearbyint(v.as_real() / scale) * scale);
+      }
+      return Value(std::stod(fmt::format("{:.{}f}", v.as_real(), precision)));
+    }
+    if (method != "ceil" && method != "floor") bad(in, line, "round: method must be common, ceil or floor");
     const double scale = std::pow(10.0, precision), x = v.as_real() * scale;
-    const double r = method == "ceil" ? std::ceil(x) : method == "floor" ? std::floor(x) : std::round(x);
-    return Value(r / scale);
+    return Value((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
   }
   if (name == "list") return Value(as_items(in, v, line));
   if (name == "items") {
     if (v.is_undefined()) return Value(List{});
     if (!v.is_dict()) bad(in, line, fmt::format("items: expected a mapping, got {}", v.type_name()));
     List out;
-    for (const auto& [k, x] : v.as_dict().items) out.emplace_back(List{Value(Str(k)), x}, true);
+    for (const auto& [k, x] : v.as_dict().items) out.emplace_back(List{key_value(k), x}, true);
     return Value(std::move(out));
   }
   if (name == "reverse") {
@@ -639,7 +920,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     const bool by_value = a.get(1, "by", Value("key")).as_str().text == "value";
     const bool reverse = a.get(2, "reverse", Value(false)).truthy();
     List items;
-    for (const auto& [k, x] : v.as_dict().items) items.emplace_back(List{Value(Str(k)), x}, true);
+    for (const auto& [k, x] : v.as_dict().items) items.emplace_back(List{key_value(k), x}, true);
     std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
       const Value& kx = x.as_list()[by_value ? 1 : 0];
       const Value& ky = y.as_list()[by_value ? 1 : 0];
@@ -662,13 +943,17 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     List items = as_items(in, v, line);
     if (items.empty()) return Value::undefined(name);
     const bool case_sensitive = a.get(0, "case_sensitive", Value(false)).truthy();
+    const Value attribute = a.get(1, "attribute");
+    auto key = [&](const Value& x) { return attribute.is_undefined() ? x : get_path(in, x, attribute, line); };
     Value best = items[0];
     for (const Value& x : items)
-      if (name == "min" ? sort_less(x, best, case_sensitive) : sort_less(best, x, case_sensitive)) best = x;
+      if (name == "min" ? sort_less(key(x), key(best), case_sensitive) : sort_less(key(best), key(x), case_sensitive))
+        best = x;
     return best;
   }
   if (name == "map") {
     List out;
+    if (!v.truthy()) return Value(std::move(out));  // Jinja maps nothing over a falsy value (none)
     if (const Value* attribute = a.keyword("attribute")) {
       const Value* fallback = a.keyword("default");
       for (const Value& x : as_items(in, v, line)) {
@@ -687,7 +972,11 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   if (name == "reject") return select_like(in, v, a, line, false, false);
   if (name == "selectattr") return select_like(in, v, a, line, true, true);
   if (name == "rejectattr") return select_like(in, v, a, line, true, false);
-  if (name == "attr") return in.attribute(v, to_str(a.get(0, "name")).text, line);
+  if (name == "attr") {  // Python's getattr only: a dict's keys are not attributes
+    const std::string attribute = to_str(a.get(0, "name")).text;
+    if (v.kind() == Value::Kind::ns) return in.attribute(v, attribute, line);
+    return builtin_method(v, attribute);
+  }
   if (name == "indent") {
     const Value width = a.get(0, "width", Value(int64_t(4)));
     const bool first = a.get(1, "first", Value(false)).truthy(), blank = a.get(2, "blank", Value(false)).truthy();
@@ -695,11 +984,17 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     // Jinja's: lines of s + "\n" (so a trailing newline keeps an empty last line); every line
     // but the first indented unless empty (or always with blank); the first with first=True.
     const Str s = str_of(v);
-    std::vector<Str> lines;
+    std::vector<Str> lines;  // Python's splitlines of s + "\n": every line boundary ends a line
     size_t begin = 0;
-    for (size_t at = s.text.find('\n'); at != std::string::npos; at = s.text.find('\n', begin)) {
-      lines.push_back(s.substr(begin, at));
-      begin = at + 1;
+    for (size_t i = 0; i < s.text.size();) {
+      const size_t n = line_break_length(s.text, i);
+      if (n == 0) {
+        ++i;
+        continue;
+      }
+      lines.push_back(s.substr(begin, i));
+      i += n;
+      begin = i;
     }
     lines.push_back(s.substr(begin, s.text.size()));
     Str out;
@@ -713,21 +1008,63 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     }
     return Value(std::move(out));
   }
-  if (name == "wordcount") return Value(int64_t(split(str_of(v), Value(), -1, false).size()));
+  if (name == "center") {
+    CallArgs args;
+    args.positional = {a.get(0, "width", Value(int64_t(80)))};
+    Value method = builtin_method(Value(str_of(v)), "center");
+    return in.call(method, args, line);
+  }
+  if (name == "truncate") {  // Jinja's: cut at a word (unless killwords) when longer than length + leeway
+    const Str s = str_of(v);
+    const int64_t length = a.get(0, "length", Value(int64_t(255))).as_int();
+    const bool killwords = a.get(1, "killwords", Value(false)).truthy();
+    const Str end = to_str(a.get(2, "end", Value("...")));
+    const int64_t leeway = a.get(3, "leeway", Value(int64_t(5))).as_int();
+    const int64_t n = int64_t(code_point_count(s.text)), end_n = int64_t(code_point_count(end.text));
+    if (length < end_n) bad(in, line, "truncate: expected length >= the end's length");
+    if (n <= length + leeway) return Value(s);
+    Str out = s.substr(0, byte_offset(s.text, size_t(length - end_n)));
+    if (!killwords) {
+      const size_t space = out.text.rfind(' ');
+      if (space != std::string::npos) out = out.substr(0, space);
+    }
+    out.append(end);
+    return Value(std::move(out));
+  }
+  if (name == "wordcount") {  // Jinja counts runs of \w (letters, digits, underscore)
+    const std::string t = str_of(v).text;
+    int64_t words = 0;
+    bool in_word = false;
+    for (size_t pos = 0; pos < t.size();) {
+      size_t len;
+      const uint32_t cp = decode_code_point(t, pos, len);
+      const bool w = cp == '_' || u_isalnum(UChar32(cp)) || u_hasBinaryProperty(UChar32(cp), UCHAR_ALPHABETIC);
+      words += w && !in_word;
+      in_word = w;
+      pos += len;
+    }
+    return Value(words);
+  }
   if (name == "batch" || name == "slice") {
     const int64_t n = a.get(0, name == "batch" ? "linecount" : "slices").as_int();
     if (n <= 0) bad(in, line, fmt::format("{}: needs a positive count", name));
     List items = as_items(in, v, line), out;
+    const Value fill = a.get(1, "fill_with");
     if (name == "batch") {
-      for (size_t i = 0; i < items.size(); i += size_t(n))
-        out.emplace_back(List(items.begin() + std::ptrdiff_t(i), items.begin() + std::ptrdiff_t(std::min(items.size(), i + size_t(n)))));
+      for (size_t i = 0; i < items.size(); i += size_t(n)) {
+        List group(items.begin() + std::ptrdiff_t(i), items.begin() + std::ptrdiff_t(std::min(items.size(), i + size_t(n))));
+        while (!fill.is_undefined() && !fill.is_none() && group.size() < size_t(n)) group.push_back(fill);
+        out.emplace_back(std::move(group));
+      }
       return Value(std::move(out));
     }
     const size_t per = items.size() / size_t(n), extra = items.size() % size_t(n);
     size_t offset = 0;
     for (size_t k = 0; k < size_t(n); ++k) {
       const size_t take = per + (k < extra ? 1 : 0);
-      out.emplace_back(List(items.begin() + std::ptrdiff_t(offset), items.begin() + std::ptrdiff_t(offset + take)));
+      List group(items.begin() + std::ptrdiff_t(offset), items.begin() + std::ptrdiff_t(offset + take));
+      if (!fill.is_undefined() && !fill.is_none() && k >= extra && extra > 0) group.push_back(fill);
+      out.emplace_back(std::move(group));
       offset += take;
     }
     return Value(std::move(out));
@@ -752,7 +1089,11 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& v, Call
   if (name == "iterable") return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
   if (name == "sequence") return v.is_string() || v.is_list() || v.is_dict();
   if (name == "callable") return v.kind() == K::callable;
-  if (name == "sameas") return v.kind() == other.kind() && (v.is_none() || v.kind() == K::boolean ? equal(v, other) : false);
+  if (name == "sameas") {  // Python's `is`: the same object (small ints and strings are shared, as in CPython)
+    if (v.kind() != other.kind()) return false;
+    if (v.is_list() || v.is_dict() || v.kind() == K::ns || v.kind() == K::callable) return v.identity() == other.identity();
+    return equal(v, other);
+  }
   if (name == "eq" || name == "equalto" || name == "==") return equal(v, other);
   if (name == "ne" || name == "!=") return !equal(v, other);
   try {
@@ -766,7 +1107,7 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& v, Call
   if (name == "in") {
     const Value seq = a.get(0, "seq");
     if (seq.is_string()) return v.is_string() && seq.as_str().text.find(v.as_str().text) != std::string::npos;
-    if (seq.is_dict()) return v.is_string() && seq.as_dict().find(v.as_str().text);
+    if (seq.is_dict()) return !v.is_list() && !v.is_dict() && seq.as_dict().find(dict_key(v));
     for (const Value& x : as_items(in, seq, line))
       if (equal(x, v)) return true;
     return false;
@@ -780,13 +1121,30 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& v, Call
     }
     return (v.as_int() % 2 != 0) == (name == "odd");
   }
-  if (name == "lower" || name == "upper") {
-    const std::string& t = to_str(v).text;
-    return case_mapped(t, name == "upper") == t;
-  }
-  if (name == "escaped") return false;
-  if (name == "filter" || name == "test") return v.is_string();  // every name asked about is known or refused
+  if (name == "lower" || name == "upper") return python_is_case(to_str(v).text, name == "lower");
+  if (name == "escaped") return v.is_markup();
+  if (name == "filter") return v.is_string() && is_builtin_filter(v.as_str().text);
+  if (name == "test") return v.is_string() && is_builtin_test(v.as_str().text);
   bad(in, line, fmt::format("unknown test '{}'", name));
+}
+
+bool is_builtin_filter(std::string_view name) {
+  static const std::set<std::string_view, std::less<>> names = {
+      "tojson", "trim", "strip", "length", "count", "first", "last", "join", "default", "d", "upper", "lower",
+      "capitalize", "title", "replace", "string", "format", "safe", "e", "escape", "forceescape", "pprint", "int",
+      "float", "abs", "round", "list", "items", "reverse", "unique", "sort", "dictsort", "sum", "min", "max", "map",
+      "select", "reject", "selectattr", "rejectattr", "attr", "indent", "wordcount", "batch", "slice", "center",
+      "truncate"};
+  return names.count(name) != 0;
+}
+
+bool is_builtin_test(std::string_view name) {
+  static const std::set<std::string_view, std::less<>> names = {
+      "defined", "undefined", "none", "boolean", "true", "false", "integer", "float", "number", "string", "mapping",
+      "iterable", "sequence", "callable", "sameas", "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le",
+      "<=", "gt", "greaterthan", ">", "ge", ">=", "in", "odd", "even", "divisibleby", "lower", "upper", "escaped",
+      "filter", "test"};
+  return names.count(name) != 0;
 }
 
 void add_builtin_globals(Dict& g) {
@@ -804,6 +1162,13 @@ void add_builtin_globals(Dict& g) {
   auto make_dict = [](Interpreter& in, CallArgs& a, bool ns) {
     Dict d;
     for (const Value& p : a.positional) {
+      if (p.is_list()) {  // dict([("a", 1), ...])
+        for (const Value& pair : p.as_list()) {
+          if (!pair.is_list() || pair.as_list().size() != 2) in.error(0, "dict() takes pairs of a key and a value");
+          d.set(dict_key(pair.as_list()[0]), pair.as_list()[1]);
+        }
+        continue;
+      }
       if (!p.is_dict()) in.error(0, "namespace()/dict() take a mapping or keyword arguments");
       for (const auto& [k, v] : p.as_dict().items) d.set(k, v);
     }
@@ -829,7 +1194,7 @@ void add_builtin_globals(Dict& g) {
     if (step == 0) in.error(0, "range() arg 3 must not be zero");
     List out;
     for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (out.size() >= 1'000'000) in.error(0, "range() longer than 1000000 items");
+      if (out.size() >= 100'000) in.error(0, "range too big (the sandbox allows 100000 items)");
       out.emplace_back(i);
     }
     return Value(std::move(out));

@@ -1,12 +1,16 @@
 #include "keel/data/jinja/interpreter.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <optional>
 
 #include "keel/core/error.h"
 
 namespace keel::data::jinja {
+namespace {
+List iteration_items(Interpreter& in, const Value& v, int line);
+}  // namespace
 
 Value CallArgs::get(size_t index, std::string_view name, Value fallback) const {
   if (index < positional.size()) return positional[index];
@@ -31,10 +35,14 @@ void Interpreter::step() {
 }
 
 Rendered Interpreter::run(const Dict& variables) {
-  auto globals = std::make_shared<Frame>();
-  Dict builtins;
-  add_builtin_globals(builtins);
-  for (auto& [k, v] : builtins.items) (*globals)[k] = v;
+  // The globals are stateless functions, never assigned to (sets go to the frames above): built once.
+  static const std::shared_ptr<Frame> globals = [] {
+    auto frame = std::make_shared<Frame>();
+    Dict builtins;
+    add_builtin_globals(builtins);
+    for (auto& [k, v] : builtins.items) (*frame)[k] = v;
+    return frame;
+  }();
   auto top = std::make_shared<Frame>();
   for (const auto& [k, v] : variables.items) (*top)[k] = v;
   frames_ = {globals, top};
@@ -105,9 +113,10 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
       } else if (n.targets.size() == 1) {
         assign(n.targets[0], std::move(v));
       } else {
-        if (!v.is_list() || v.as_list().size() != n.targets.size())
+        const List items = iteration_items(*this, v, n.line);  // a list, a string's characters, ...
+        if (items.size() != n.targets.size())
           error(n.line, fmt::format("cannot unpack {} into {} names", v.type_name(), n.targets.size()));
-        for (size_t i = 0; i < n.targets.size(); ++i) assign(n.targets[i], v.as_list()[i]);
+        for (size_t i = 0; i < n.targets.size(); ++i) assign(n.targets[i], items[i]);
       }
       return Flow::normal;
     }
@@ -125,6 +134,14 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
       args.keywords.emplace_back("caller", caller);
       emit(to_str(this->call(callee, args, n.line)));
       return Flow::normal;
+    }
+    case Node::Kind::with_block: {
+      auto frame = std::make_shared<Frame>();
+      for (const auto& [name, e] : n.params) (*frame)[name] = eval(*e);  // evaluated outside the new scope
+      frames_.push_back(frame);
+      const Flow f = exec(n.body);
+      frames_.pop_back();
+      return f;
     }
     case Node::Kind::break_loop: return Flow::break_loop;
     case Node::Kind::continue_loop: return Flow::continue_loop;
@@ -148,7 +165,7 @@ List iteration_items(Interpreter& in, const Value& v, int line) {
     case Value::Kind::list: return v.as_list();
     case Value::Kind::dict: {
       List keys;
-      for (const auto& [k, x] : v.as_dict().items) keys.emplace_back(Str(k));
+      for (const auto& [k, x] : v.as_dict().items) keys.push_back(key_value(k));
       return keys;
     }
     case Value::Kind::string: {
@@ -197,21 +214,22 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
     frame->clear();  // a loop body's `set`s do not outlive the iteration
     bind(items[size_t(i)]);
     Dict loop;
-    loop.set("index", Value(i + 1));
-    loop.set("index0", Value(i));
-    loop.set("revindex", Value(length - i));
-    loop.set("revindex0", Value(length - i - 1));
-    loop.set("first", Value(i == 0));
-    loop.set("last", Value(i == length - 1));
-    loop.set("length", Value(length));
-    loop.set("depth", Value(int64_t(1)));
-    loop.set("depth0", Value(int64_t(0)));
-    loop.set("previtem", i > 0 ? items[size_t(i - 1)] : Value::undefined("previtem"));
-    loop.set("nextitem", i + 1 < length ? items[size_t(i + 1)] : Value::undefined("nextitem"));
-    loop.set("cycle", Value::function("cycle", [i](Interpreter& in, CallArgs& args) {
-      if (args.positional.empty()) in.error(0, "loop.cycle() needs at least one argument");
-      return args.positional[size_t(i) % args.positional.size()];
-    }));
+    loop.items = {
+        {"index", Value(i + 1)},
+        {"index0", Value(i)},
+        {"revindex", Value(length - i)},
+        {"revindex0", Value(length - i - 1)},
+        {"first", Value(i == 0)},
+        {"last", Value(i == length - 1)},
+        {"length", Value(length)},
+        {"depth", Value(int64_t(1))},
+        {"depth0", Value(int64_t(0))},
+        {"previtem", i > 0 ? items[size_t(i - 1)] : Value::undefined("previtem")},
+        {"nextitem", i + 1 < length ? items[size_t(i + 1)] : Value::undefined("nextitem")},
+        {"cycle", Value::function("cycle", [i](Interpreter& in, CallArgs& args) {
+           if (args.positional.empty()) in.error(0, "loop.cycle() needs at least one argument");
+           return args.positional[size_t(i) % args.positional.size()];
+         })}};
     (*frame)["loop"] = Value(std::move(loop));
     const Flow f = exec(n.body);
     if (f == Flow::break_loop) break;
@@ -305,17 +323,16 @@ Value Interpreter::item(const Value& object, const Value& key, int line) {
       error(line, fmt::format("'{}' is undefined (reading its item {})", object.undefined_name(), repr(key)));
     case Value::Kind::dict:
     case Value::Kind::ns: {
-      if (key.is_string()) {
-        const Dict& d = object.kind() == Value::Kind::ns ? object.ns_dict() : object.as_dict();
-        if (const Value* v = d.find(key.as_str().text)) return *v;
-        return attribute(object, key.as_str().text, line);  // Jinja falls back to getattr
-      }
+      const Dict& d = object.kind() == Value::Kind::ns ? object.ns_dict() : object.as_dict();
+      if (key.is_list() || key.is_dict()) return Value::undefined();  // unhashable: a failed lookup
+      if (const Value* v = d.find(dict_key(key))) return *v;
+      if (key.is_string()) return attribute(object, key.as_str().text, line);  // Jinja falls back to getattr
       return Value::undefined();
     }
     case Value::Kind::list: {
-      if (!key.is_number()) {
+      if (!key.is_number() || key.kind() == Value::Kind::real) {
         if (key.is_string()) return builtin_method(object, key.as_str().text);
-        error(line, fmt::format("list indices must be integers, not {}", key.type_name()));
+        return Value::undefined();  // Jinja: a failed lookup is undefined (l[1.5], l[none])
       }
       const List& l = object.as_list();
       int64_t i = key.as_int();
@@ -324,7 +341,8 @@ Value Interpreter::item(const Value& object, const Value& key, int line) {
       return l[size_t(i)];
     }
     case Value::Kind::string: {
-      if (!key.is_number()) return key.is_string() ? builtin_method(object, key.as_str().text) : Value::undefined();
+      if (!key.is_number() || key.kind() == Value::Kind::real)
+        return key.is_string() ? builtin_method(object, key.as_str().text) : Value::undefined();
       const Str& s = object.as_str();
       const int64_t n = int64_t(code_point_count(s.text));
       int64_t i = key.as_int();
@@ -380,8 +398,9 @@ Value Interpreter::eval(const Expr& e) {
       Dict d;
       for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
         Value k = eval(*e.args[i]);
-        if (!k.is_string()) error(e.line, "keel reads dict literals with string keys only");
-        d.set(k.as_str().text, eval(*e.args[i + 1]));
+        if (k.is_list() || k.is_dict() || k.is_undefined())
+          error(e.line, fmt::format("unhashable type: '{}' as a dict key", k.type_name()));
+        d.set(dict_key(k), eval(*e.args[i + 1]));
       }
       return Value(std::move(d));
     }
@@ -447,6 +466,7 @@ Value Interpreter::eval(const Expr& e) {
       Value v = eval(*e.args[0]);
       if (!v.is_number()) error(e.line, fmt::format("bad operand type for unary -: '{}'", v.type_name()));
       if (e.kind == Expr::Kind::plus) return v.kind() == Value::Kind::real ? v : Value(v.as_int());
+      if (v.kind() != Value::Kind::real && v.as_int() == INT64_MIN) error(e.line, "integer overflow (64 bits)");
       return v.kind() == Value::Kind::real ? Value(-v.as_real()) : Value(-v.as_int());
     }
     case Expr::Kind::binary: return binary(e);
@@ -480,8 +500,9 @@ bool contains(Interpreter& in, const Value& container, const Value& item, int li
       return false;
     case Value::Kind::dict:
     case Value::Kind::ns:
-      return item.is_string() && (container.kind() == Value::Kind::ns ? container.ns_dict() : container.as_dict())
-                                         .find(item.as_str().text) != nullptr;
+      if (item.is_list() || item.is_dict()) in.error(line, fmt::format("unhashable type: '{}'", item.type_name()));
+      return (container.kind() == Value::Kind::ns ? container.ns_dict() : container.as_dict()).find(dict_key(item)) !=
+             nullptr;
     case Value::Kind::undefined: return false;
     default: in.error(line, fmt::format("argument of type '{}' is not iterable", container.type_name()));
   }
@@ -540,12 +561,31 @@ Value Interpreter::binary(const Expr& e) {
   auto unsupported = [&]() {
     error(e.line, fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, a.type_name(), b.type_name()));
   };
+  // Python's integers have no limit; keel's are 64-bit and say so rather than wrap.
+  // Python's integers have no limit; keel's are 64-bit and say so rather than wrap.
+  auto integer = [&](int64_t x, int64_t y) {
+    int64_t r = 1;
+    bool overflow = false;
+    if (op == "+") overflow = __builtin_add_overflow(x, y, &r);
+    if (op == "-") overflow = __builtin_sub_overflow(x, y, &r);
+    if (op == "*") overflow = __builtin_mul_overflow(x, y, &r);
+    if (op == "**")  // by squaring: bounded work for any exponent
+      for (int64_t base = x, exponent = y; exponent > 0 && !overflow; exponent >>= 1) {
+        if (exponent & 1) overflow = __builtin_mul_overflow(r, base, &r);
+        if ((exponent >> 1) && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
+      }
+    if (overflow) error(e.line, fmt::format("integer overflow in {} (keel's integers are 64-bit)", op));
+    return Value(r);
+  };
+  if (op == "%" && a.is_string()) return Value(python_percent_format(*this, a.as_str(), b, e.line));
   if (op == "+") {
-    if (numbers) return real ? Value(a.as_real() + b.as_real()) : Value(a.as_int() + b.as_int());
+    if (numbers) return real ? Value(a.as_real() + b.as_real()) : integer(a.as_int(), b.as_int());
     if (a.is_string() && b.is_string()) {
-      Str s = a.as_str();
-      s.append(b.as_str());
-      return Value(std::move(s));
+      // Markup + str escapes the str; so does str + Markup (Markup's __radd__ goes first).
+      const bool markup = a.is_markup() || b.is_markup();
+      Str s = markup ? html_escape(a).as_str() : a.as_str();
+      s.append(markup ? html_escape(b).as_str() : b.as_str());
+      return markup ? Value::markup(std::move(s)) : Value(std::move(s));
     }
     if (a.is_list() && b.is_list()) {
       List l = a.as_list();
@@ -555,19 +595,15 @@ Value Interpreter::binary(const Expr& e) {
     unsupported();
   }
   if (op == "*") {
-    if (numbers) return real ? Value(a.as_real() * b.as_real()) : Value(a.as_int() * b.as_int());
+    if (numbers) return real ? Value(a.as_real() * b.as_real()) : integer(a.as_int(), b.as_int());
     if ((a.is_string() || a.is_list()) && b.kind() == Value::Kind::integer) return repeat(a, b.as_int());
     if ((b.is_string() || b.is_list()) && a.kind() == Value::Kind::integer) return repeat(b, a.as_int());
     unsupported();
   }
   if (!numbers) unsupported();
-  if (op == "-") return real ? Value(a.as_real() - b.as_real()) : Value(a.as_int() - b.as_int());
+  if (op == "-") return real ? Value(a.as_real() - b.as_real()) : integer(a.as_int(), b.as_int());
   if (op == "**") {
-    if (!real && b.as_int() >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < b.as_int(); ++i) r *= a.as_int();
-      return Value(r);
-    }
+    if (!real && b.as_int() >= 0) return integer(a.as_int(), b.as_int());
     return Value(std::pow(a.as_real(), b.as_real()));
   }
   if ((op == "/" || op == "//" || op == "%") && b.as_real() == 0) error(e.line, "division by zero");

@@ -69,6 +69,10 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& subj
 bool builtin_test(Interpreter& in, const std::string& name, const Value& subject, CallArgs& args, int line);
 // A method of a str, list or dict ("strip", "items", ...) bound to `object`; undefined if none.
 Value builtin_method(const Value& object, const std::string& name);
+// Markup.escape (the escape filter): HTML-escaped, as Markup; Markup itself unchanged.
+Value html_escape(const Value& v);
+// Python's `format % args` (the % operator on a string and the format filter).
+Str python_percent_format(Interpreter& in, const Str& format, const Value& args, int line);
 // raise_exception, strftime_now, namespace, dict, range, cycler-free globals transformers sets.
 void add_builtin_globals(Dict& globals);
 

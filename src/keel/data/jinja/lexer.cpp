@@ -1,6 +1,10 @@
 #include "keel/data/jinja/lexer.h"
 
+#include <unicode/uchar.h>
+
 #include <cctype>
+#include <climits>
+#include <cstring>
 
 #include "keel/core/error.h"
 #include "keel/data/jinja/value.h"
@@ -63,6 +67,17 @@ std::string decode_string(std::string_view body, int line) {
       case 'f': out += '\f'; break;
       case 'v': out += '\v'; break;
       case '\n': break;  // a backslash-newline continues the line
+      case 'N': {  // \N{NAME}: the character by its Unicode name
+        const size_t close = body.find('}', i);
+        UErrorCode status = U_ZERO_ERROR;
+        const UChar32 cp = i + 1 < body.size() && body[i + 1] == '{' && close != std::string_view::npos
+                               ? u_charFromName(U_EXTENDED_CHAR_NAME, std::string(body.substr(i + 2, close - i - 2)).c_str(), &status)
+                               : -1;
+        require(cp >= 0 && U_SUCCESS(status), "chat template line {}: malformed \\N{{...}} escape", line);
+        append_utf8(out, uint32_t(cp));
+        i = close;
+        break;
+      }
       case 'x': hex(2); break;
       case 'u': hex(4); break;
       case 'U': hex(8); break;
@@ -116,8 +131,9 @@ class Lexer {
         line_starting = block();
       } else {
         out_.push_back({Token::Type::variable_begin, "{{", line_});
-        expression("}}");
+        const char close_modifier = expression("}}");
         out_.push_back({Token::Type::variable_end, "}}", line_});
+        if (close_modifier == '-') strip_following_whitespace();
         line_starting = false;
       }
     }
@@ -157,16 +173,20 @@ class Lexer {
     if (!data.empty()) out_.push_back({Token::Type::data, data, line_});
   }
 
-  // After a block or comment end: `-` strips all following whitespace, else trim_blocks drops
-  // one newline. Returns whether the next text starts a line.
-  bool after_block_end(bool strip) {
-    if (strip) {
-      const size_t next = lstrip_begin(src_, pos_);
-      line_ += count_lines(pos_, next);
-      pos_ = next;
+  void strip_following_whitespace() {
+    const size_t next = lstrip_begin(src_, pos_);
+    line_ += count_lines(pos_, next);
+    pos_ = next;
+  }
+
+  // After a block or comment end ('-', '+' or 0 before it): `-` strips all following whitespace,
+  // `+` keeps it, else trim_blocks drops one newline. Returns whether the next text starts a line.
+  bool after_block_end(char modifier) {
+    if (modifier == '-') {
+      strip_following_whitespace();
       return false;
     }
-    if (pos_ < src_.size() && src_[pos_] == '\n') {
+    if (modifier != '+' && pos_ < src_.size() && src_[pos_] == '\n') {
       ++pos_;
       ++line_;
       return true;
@@ -177,27 +197,29 @@ class Lexer {
   bool comment() {
     const size_t end = src_.find("#}", pos_);
     require(end != std::string::npos, "chat template line {}: comment not closed with '#}}'", line_);
-    const bool strip = end > pos_ && src_[end - 1] == '-';
+    const char modifier = end > pos_ && (src_[end - 1] == '-' || src_[end - 1] == '+') ? src_[end - 1] : 0;
     line_ += count_lines(pos_, end);
     pos_ = end + 2;
-    return after_block_end(strip);
+    return after_block_end(modifier);
   }
 
   bool block() {
     const size_t first = out_.size();
     out_.push_back({Token::Type::block_begin, "{%", line_});
-    const bool strip = expression("%}");
+    const char modifier = expression("%}");
     out_.push_back({Token::Type::block_end, "%}", line_});
     if (out_.size() == first + 3 && out_[first + 1].type == Token::Type::name && out_[first + 1].text == "raw") {
       out_.resize(first);
-      return raw(strip);
+      return raw(modifier);
     }
-    return after_block_end(strip);
+    return after_block_end(modifier);
   }
 
-  // {% raw %}...{% endraw %}: the text as it is, up to the end tag (whose `-` strips before it).
-  bool raw(bool strip_after_open) {
-    after_block_end(strip_after_open);
+  // {% raw %}...{% endraw %}: the text as it is, up to the end tag. Jinja keeps the newline after
+  // {% raw %} (no trim_blocks there), and treats the end tag as any block tag: `-` or lstrip_blocks
+  // before it, `-`, `+` or trim_blocks after it.
+  bool raw(char open_modifier) {
+    if (open_modifier == '-') strip_following_whitespace();
     for (size_t at = src_.find("{%", pos_); at != std::string::npos; at = src_.find("{%", at + 2)) {
       size_t p = at + 2;
       const bool strip_before = p < src_.size() && src_[p] == '-';
@@ -210,29 +232,39 @@ class Lexer {
       if (strip_after) ++p;
       if (src_.compare(p, 2, "%}") != 0) continue;
       std::string data = src_.substr(pos_, at - pos_);
-      if (strip_before) data.resize(rstrip_end(data));
+      const bool keep_before = src_[at + 2] == '+';
+      if (strip_before) {
+        data.resize(rstrip_end(data));
+      } else if (!keep_before) {
+        const size_t l_pos = data.rfind('\n') == std::string::npos ? std::string::npos : data.rfind('\n') + 1;
+        if (l_pos != std::string::npos && l_pos < data.size() &&
+            data.find_first_not_of(" \t", l_pos) == std::string::npos)
+          data.resize(l_pos);
+      }
       emit_data(data);
       line_ += count_lines(pos_, p + 2);
       pos_ = p + 2;
-      return after_block_end(strip_after);
+      return after_block_end(strip_after ? '-' : 0);
     }
     fail("chat template line {}: {{% raw %}} without {{% endraw %}}", line_);
   }
 
-  // Tokens up to the closing delimiter; returns whether it carried `-`.
-  bool expression(std::string_view close) {
+  // Tokens up to the closing delimiter, which only closes the tag outside brackets ({{ {'a': 1}}}
+  // is a dict); returns the modifier before it: '-', '+' or 0.
+  char expression(std::string_view close) {
     const int start_line = line_;
+    int depth = 0;
     while (true) {
       while (pos_ < src_.size() && is_space(src_[pos_])) line_ += src_[pos_++] == '\n';
       require(pos_ < src_.size(), "chat template line {}: tag not closed with '{}'", start_line, close);
-      if (src_.compare(pos_, close.size(), close) == 0) {
+      if (depth == 0 && src_.compare(pos_, close.size(), close) == 0) {
         pos_ += close.size();
-        return false;
+        return 0;
       }
-      if ((src_[pos_] == '-' || src_[pos_] == '+') && src_.compare(pos_ + 1, close.size(), close) == 0) {
-        const bool strip = src_[pos_] == '-';
+      if (depth == 0 && (src_[pos_] == '-' || src_[pos_] == '+') && src_.compare(pos_ + 1, close.size(), close) == 0) {
+        const char modifier = src_[pos_];
         pos_ += 1 + close.size();
-        return strip;
+        return modifier;
       }
       const char c = src_[pos_];
       if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
@@ -252,6 +284,8 @@ class Lexer {
         require(std::string_view("+-*/%~<>=()[]{},.:|;!").find(c) != std::string_view::npos || op.size() == 2,
                 "chat template line {}: unexpected character '{}'", line_, c);
         require(op != "!", "chat template line {}: unexpected character '!'", line_);
+        if (op == "(" || op == "[" || op == "{") ++depth;
+        if ((op == ")" || op == "]" || op == "}") && depth > 0) --depth;
         out_.push_back({Token::Type::op, op, line_});
         pos_ += op.size();
       }
@@ -259,6 +293,28 @@ class Lexer {
   }
 
   void number() {
+    if (src_[pos_] == '0' && pos_ + 1 < src_.size() && std::strchr("xXoObB", src_[pos_ + 1])) {
+      const int base = std::strchr("xX", src_[pos_ + 1]) ? 16 : std::strchr("oO", src_[pos_ + 1]) ? 8 : 2;
+      size_t end = pos_ + 2;
+      std::string digits;
+      while (end < src_.size() && (std::isxdigit(static_cast<unsigned char>(src_[end])) || src_[end] == '_')) {
+        if (src_[end] != '_') digits += src_[end];
+        ++end;
+      }
+      require(!digits.empty(), "chat template line {}: a number prefix without digits", line_);
+      size_t used = 0;
+      unsigned long long v = 0;
+      try {
+        v = std::stoull(digits, &used, base);
+      } catch (const std::exception&) {
+        fail("chat template line {}: integer {} is out of range (64 bits)", line_, src_.substr(pos_, end - pos_));
+      }
+      require(used == digits.size() && v <= uint64_t(INT64_MAX), "chat template line {}: bad integer {}", line_,
+              src_.substr(pos_, end - pos_));
+      out_.push_back({Token::Type::integer, std::to_string(v), line_});
+      pos_ = end;
+      return;
+    }
     size_t end = pos_;
     auto digits = [&] {
       while (end < src_.size() && (std::isdigit(static_cast<unsigned char>(src_[end])) || src_[end] == '_')) ++end;
@@ -282,6 +338,9 @@ class Lexer {
     std::string text;
     for (size_t i = pos_; i < end; ++i)
       if (src_[i] != '_') text += src_[i];
+    // Python: a decimal integer does not start with 0 ("007" is a syntax error, as in Jinja).
+    require(real || text.size() == 1 || text[0] != '0' || text.find_first_not_of('0') == std::string::npos,
+            "chat template line {}: leading zeros in integer {}", line_, text);
     out_.push_back({real ? Token::Type::real : Token::Type::integer, text, line_});
     pos_ = end;
   }

@@ -90,6 +90,10 @@ class Parser {
   Node statement(const std::string& name, int line) {
     std::string end;
     if (name == "if") {
+      // Jinja compiles an if's test and branches in a "soft" frame: an unknown filter or test
+      // there fails only when run (templates guard them with `is filter`).
+      const bool was_soft = soft_;
+      soft_ = true;
       Node n{.kind = Node::Kind::if_block, .line = line};
       n.expr = expression();
       expect_block_end();
@@ -108,12 +112,16 @@ class Parser {
         tail->else_body = body({"endif"}, end);
       }
       expect_block_end();
+      soft_ = was_soft;
       return n;
     }
     if (name == "for") {
       Node n{.kind = Node::Kind::for_loop, .line = line};
+      const bool parenthesized = is_op("(");
+      if (parenthesized) ++i_;
       do n.targets.push_back(expect_name());
-      while (is_op(",") && (++i_, true));
+      while (is_op(",") && (++i_, true) && !is_op(")"));
+      if (parenthesized) expect_op(")");
       if (!is_name("in")) error("expected 'in'");
       ++i_;
       n.expr = expression(false);
@@ -123,11 +131,29 @@ class Parser {
       }
       if (is_name("recursive")) error("recursive loops are not supported");
       expect_block_end();
+      const bool was_soft = soft_;
+      soft_ = false;  // a loop body is a new frame: strict again
+      ++loop_depth_;
       n.body = body({"else", "endfor"}, end);
+      --loop_depth_;
       if (end == "else") {
         expect_block_end();
         n.else_body = body({"endfor"}, end);
       }
+      soft_ = was_soft;
+      expect_block_end();
+      return n;
+    }
+    if (name == "with") {
+      Node n{.kind = Node::Kind::with_block, .line = line};
+      while (!(peek().type == T::block_end)) {
+        std::string target = expect_name();
+        expect_op("=");
+        n.params.emplace_back(std::move(target), expression());
+        if (peek().type != T::block_end) expect_op(",");
+      }
+      expect_block_end();
+      n.body = body({"endwith"}, end);
       expect_block_end();
       return n;
     }
@@ -146,6 +172,16 @@ class Parser {
       if (is_op("=")) {
         ++i_;
         n.expr = expression();
+        if (is_op(",")) {  // {% set a, b = 1, 2 %}: a tuple without parentheses
+          auto tuple = make(Expr::Kind::tuple, n.expr->line);
+          tuple->args.push_back(std::move(n.expr));
+          while (is_op(",")) {
+            ++i_;
+            if (peek().type == T::block_end) break;
+            tuple->args.push_back(expression());
+          }
+          n.expr = std::move(tuple);
+        }
         expect_block_end();
         return n;
       }
@@ -173,7 +209,13 @@ class Parser {
       }
       ++i_;
       expect_block_end();
+      const bool was_soft = soft_;
+      const int loops = loop_depth_;
+      soft_ = false;
+      loop_depth_ = 0;  // `break` in a macro does not leave the caller's loop
       n.body = body({"endmacro"}, end);
+      soft_ = was_soft;
+      loop_depth_ = loops;
       if (peek().type == T::name) ++i_;  // {% endmacro name %}
       expect_block_end();
       return n;
@@ -190,7 +232,6 @@ class Parser {
     }
     if (name == "filter") {
       Node n{.kind = Node::Kind::filter_block, .line = line};
-      --i_;  // the filter chain starts at its first name
       n.expr = filters_on_caller(true);
       expect_block_end();
       n.body = body({"endfilter"}, end);
@@ -198,6 +239,7 @@ class Parser {
       return n;
     }
     if (name == "break" || name == "continue") {
+      if (loop_depth_ == 0) fail("chat template line {}: '{}' outside a loop", line, name);
       expect_block_end();
       return Node{.kind = name == "break" ? Node::Kind::break_loop : Node::Kind::continue_loop, .line = line};
     }
@@ -228,11 +270,31 @@ class Parser {
 
   ExprPtr make(Expr::Kind kind, int line) { return std::make_unique<Expr>(Expr{.kind = kind, .line = line}); }
 
+  // Unknown filters and tests are reported when the outermost expression ends: only then is it
+  // known whether they sat in a conditional expression (Jinja's soft frame: a run-time error).
   ExprPtr expression(bool with_conditional = true) {
+    const size_t unknown_before = unknown_.size();
+    ++expression_depth_;
+    ExprPtr e = conditional(with_conditional);
+    --expression_depth_;
+    if (e->kind == Expr::Kind::conditional) unknown_.resize(unknown_before);
+    if (expression_depth_ == 0 && !unknown_.empty()) {
+      const std::string what = unknown_.front();
+      unknown_.clear();
+      error(what);
+    }
+    return e;
+  }
+
+  ExprPtr conditional(bool with_conditional) {
     ExprPtr e = logical_or();
     if (!with_conditional) return e;
     while (is_name("if")) {
+      // Parsed already as the value: a conditional's parts are in Jinja's soft frame, where an
+      // unknown filter is a run-time error (checked again below for the value).
       const int line = next().line;
+      const bool was_soft = soft_;
+      soft_ = true;
       auto c = make(Expr::Kind::conditional, line);
       c->args.push_back(std::move(e));
       c->args.push_back(logical_or());
@@ -242,6 +304,7 @@ class Parser {
       } else {
         c->args.push_back(nullptr);
       }
+      soft_ = was_soft;
       e = std::move(c);
     }
     return e;
@@ -524,6 +587,7 @@ class Parser {
       ++i_;
       f->name += "." + expect_name();
     }
+    if (!soft_ && !is_builtin_filter(f->name)) unknown_.push_back(fmt::format("no filter named '{}'", f->name));
     f->args.push_back(std::move(value));
     if (is_op("(")) arguments(*f);
     return f;
@@ -546,6 +610,7 @@ class Parser {
           ++i_;
           t->name += "." + expect_name();
         }
+        if (!soft_ && !is_builtin_test(t->name)) unknown_.push_back(fmt::format("no test named '{}'", t->name));
         t->args.push_back(std::move(e));
         if (is_op("(")) {
           arguments(*t);
@@ -568,6 +633,10 @@ class Parser {
   size_t i_ = 0;
   std::vector<std::string> literals_;
   bool has_generation_ = false;
+  bool soft_ = false;    // inside an if or a conditional expression (Jinja's soft frame)
+  std::vector<std::string> unknown_;  // unknown filters/tests of the expression being parsed
+  int expression_depth_ = 0;
+  int loop_depth_ = 0;   // for loops around the statement being parsed
 };
 
 }  // namespace

@@ -56,8 +56,13 @@ void Dict::set(std::string key, Value value) {
 
 Value Value::undefined(std::string name) {
   Value v;
-  v.name_ = std::move(name);
+  if (!name.empty()) v.p_ = std::make_shared<const std::string>(std::move(name));
   return v;
+}
+
+const std::string& Value::undefined_name() const {
+  static const std::string unnamed;
+  return kind_ == Kind::undefined && p_ ? *static_cast<const std::string*>(p_.get()) : unnamed;
 }
 
 Value Value::none() {
@@ -66,12 +71,18 @@ Value Value::none() {
   return v;
 }
 
-Value::Value(bool b) : kind_(Kind::boolean), b_(b) {}
+Value::Value(bool b) : kind_(Kind::boolean), i_(b) {}
 Value::Value(int64_t i) : kind_(Kind::integer), i_(i) {}
 Value::Value(double d) : kind_(Kind::real), d_(d) {}
-Value::Value(Str s) : kind_(Kind::string), s_(std::make_shared<const Str>(std::move(s))) {}
-Value::Value(List l, bool tuple) : kind_(Kind::list), tuple_(tuple), l_(std::make_shared<const List>(std::move(l))) {}
-Value::Value(Dict d) : kind_(Kind::dict), m_(std::make_shared<Dict>(std::move(d))) {}
+Value::Value(Str s) : kind_(Kind::string), p_(std::make_shared<const Str>(std::move(s))) {}
+Value::Value(List l, bool tuple) : kind_(Kind::list), tuple_(tuple), p_(std::make_shared<const List>(std::move(l))) {}
+Value::Value(Dict d) : kind_(Kind::dict), p_(std::make_shared<Dict>(std::move(d))) {}
+
+Value Value::markup(Str s) {
+  Value v(std::move(s));
+  v.tuple_ = true;
+  return v;
+}
 
 Value Value::namespace_of(Dict d) {
   Value v(std::move(d));
@@ -82,7 +93,7 @@ Value Value::namespace_of(Dict d) {
 Value Value::function(std::string name, NativeFunction f) {
   Value v;
   v.kind_ = Kind::callable;
-  v.c_ = std::make_shared<const Callable>(Callable{std::move(name), std::move(f)});
+  v.p_ = std::make_shared<const Callable>(Callable{std::move(name), std::move(f)});
   return v;
 }
 
@@ -90,12 +101,12 @@ bool Value::truthy() const {
   switch (kind_) {
     case Kind::undefined:
     case Kind::none: return false;
-    case Kind::boolean: return b_;
+    case Kind::boolean:
     case Kind::integer: return i_ != 0;
     case Kind::real: return d_ != 0;
-    case Kind::string: return !s_->text.empty();
-    case Kind::list: return !l_->empty();
-    case Kind::dict: return !m_->items.empty();
+    case Kind::string: return !as_str().text.empty();
+    case Kind::list: return !as_list().empty();
+    case Kind::dict: return !as_dict().items.empty();
     case Kind::ns:
     case Kind::callable: return true;
   }
@@ -118,13 +129,49 @@ std::string Value::type_name() const {
   return "?";
 }
 
+std::string dict_key(const Value& key) {
+  using K = Value::Kind;
+  switch (key.kind()) {
+    case K::string: {
+      const std::string& s = key.as_str().text;
+      return s.empty() || s[0] != '\0' ? s : std::string("\0s", 2) + s;
+    }
+    case K::boolean:
+    case K::integer: return std::string("\0i", 2) + std::to_string(key.as_int());
+    case K::real:
+      if (key.as_real() == std::floor(key.as_real()) && std::fabs(key.as_real()) < 9e18)
+        return std::string("\0i", 2) + std::to_string(int64_t(key.as_real()));  // 1.0 and 1 are one key
+      return std::string("\0f", 2) + float_repr(key.as_real());
+    case K::none: return std::string("\0n", 2);
+    default: fail("unhashable type: '{}'", key.type_name());
+  }
+}
+
+Value key_value(const std::string& key) {
+  if (key.empty() || key[0] != '\0') return Value(Str(key));
+  const std::string rest = key.substr(2);
+  switch (key.size() > 1 ? key[1] : 's') {
+    case 'i': return Value(int64_t(std::stoll(rest)));
+    case 'f': return Value(std::stod(rest));
+    case 'n': return Value::none();
+    default: return Value(Str(rest));
+  }
+}
+
+std::string json_key(const std::string& key) {
+  const Value v = key_value(key);
+  if (v.is_string()) return v.as_str().text;
+  if (v.is_none()) return "null";
+  return to_str(v).text;
+}
+
 bool equal(const Value& a, const Value& b) {
   using K = Value::Kind;
   if (a.is_number() && b.is_number()) {
     if (a.kind() == K::real || b.kind() == K::real) return a.as_real() == b.as_real();
     return a.as_int() == b.as_int();
   }
-  if (a.kind() != b.kind()) return false;
+  if (a.kind() != b.kind() || a.is_tuple() != b.is_tuple()) return false;  // (1, 2) != [1, 2]
   switch (a.kind()) {
     case K::undefined:
     case K::none: return true;
@@ -369,7 +416,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
       for (size_t i = 0; i < items.size(); ++i) {
         if (i) out += o.item_separator;
         newline(level + 1);
-        json_string(out, items[i]->first, o.ensure_ascii);
+        json_string(out, json_key(items[i]->first), o.ensure_ascii);
         out += o.key_separator;
         json_value(out, items[i]->second, o, level + 1);
       }
@@ -403,7 +450,7 @@ std::string repr(const Value& v) {
       for (const auto& [k, x] : v.as_dict().items) {
         if (!first) out += ", ";
         first = false;
-        out += string_repr(k) + ": " + repr(x);
+        out += repr(key_value(k)) + ": " + repr(x);
       }
       return out + "}";
     }

@@ -92,32 +92,48 @@ class Value {
   bool is_list() const { return kind_ == Kind::list; }
   bool is_dict() const { return kind_ == Kind::dict; }
   bool is_tuple() const { return kind_ == Kind::list && tuple_; }
+  // Jinja's Markup (a string from `safe` or `escape`): adding a plain string to it escapes that
+  // string, and escaping it again changes nothing. Real templates rely on it (functionary's
+  // `"..."|safe + tool | tojson` prints the JSON HTML-escaped).
+  static Value markup(Str s);
+  bool is_markup() const { return kind_ == Kind::string && tuple_; }
 
-  bool as_bool() const { return b_; }
-  int64_t as_int() const { return kind_ == Kind::boolean ? int64_t(b_) : i_; }
-  double as_real() const { return kind_ == Kind::real ? d_ : double(as_int()); }
-  const Str& as_str() const { return *s_; }
-  const List& as_list() const { return *l_; }
-  const Dict& as_dict() const { return *m_; }
-  Dict& ns_dict() const { return *m_; }  // a namespace's attributes (namespaces are mutable)
-  const Callable& as_callable() const { return *c_; }
-  const std::string& undefined_name() const { return name_; }
+  bool as_bool() const { return i_ != 0; }
+  int64_t as_int() const { return kind_ == Kind::real ? int64_t(d_) : i_; }
+  double as_real() const { return kind_ == Kind::real ? d_ : double(i_); }
+  const Str& as_str() const { return *static_cast<const Str*>(p_.get()); }
+  const List& as_list() const { return *static_cast<const List*>(p_.get()); }
+  const Dict& as_dict() const { return *static_cast<const Dict*>(p_.get()); }
+  // A namespace's attributes: namespaces are the one mutable value (made non-const in namespace_of).
+  Dict& ns_dict() const { return *const_cast<Dict*>(static_cast<const Dict*>(p_.get())); }
+  const Callable& as_callable() const { return *static_cast<const Callable*>(p_.get()); }
+  const std::string& undefined_name() const;
 
   bool truthy() const;
+  // The object behind a container or callable (Python's `is`).
+  const void* identity() const { return p_.get(); }
   // Python's type name, for messages ("str", "list", "dict", "NoneType", ...)
   std::string type_name() const;
 
  private:
+  // 32 bytes, one reference count to copy: templates copy values at every lookup.
   Kind kind_ = Kind::undefined;
-  bool b_ = false, tuple_ = false;
-  int64_t i_ = 0;
-  double d_ = 0;
-  std::shared_ptr<const Str> s_;
-  std::shared_ptr<const List> l_;
-  std::shared_ptr<Dict> m_;
-  std::shared_ptr<const Callable> c_;
-  std::string name_;  // an undefined value's name, for messages
+  bool tuple_ = false;  // list: a tuple; string: Markup
+  union {
+    int64_t i_ = 0;  // boolean, integer
+    double d_;       // real
+  };
+  // string: Str, list: List, dict/ns: Dict, callable: Callable, undefined: its name (std::string)
+  std::shared_ptr<const void> p_;
 };
+
+// Dict keys are strings; Python's other hashable keys ({0: 0, 512: 128} in real templates: ints,
+// None, floats, bools as ints) are written after a NUL byte so that no string key is mistaken for
+// one (a string key that starts with NUL is escaped the same way). keel::Error for an unhashable key.
+std::string dict_key(const Value& key);
+Value key_value(const std::string& key);
+// The key as json.dumps writes it ("1", "null", "true").
+std::string json_key(const std::string& key);
 
 // Python's ==, and <, <=, ... (keel::Error for unorderable types, as Python raises TypeError).
 bool equal(const Value& a, const Value& b);
