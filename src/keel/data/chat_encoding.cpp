@@ -134,8 +134,11 @@ ChatTemplateEncoder::ChatTemplateEncoder(ModelChatTemplate t, const Tokenizer* t
   }
   std::stable_sort(control_tokens_.begin(), control_tokens_.end(),
                    [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
-  for (size_t i = 0; i < control_tokens_.size(); ++i)
-    control_by_first_byte_[static_cast<unsigned char>(control_tokens_[i][0])].push_back(uint32_t(i));
+  for (size_t i = 0; i < control_tokens_.size(); ++i) {
+    const char first = control_tokens_[i][0];
+    if (control_by_first_byte_[static_cast<unsigned char>(first)].empty()) control_first_bytes_ += first;
+    control_by_first_byte_[static_cast<unsigned char>(first)].push_back(uint32_t(i));
+  }
   newline_ids_ = tokenizer_->encode("\n");
 }
 
@@ -199,6 +202,8 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   if (!control_tokens_in_data_)
     for (const jinja::Run& run : r.text.runs)
       for (size_t pos = run.begin; pos < run.end;) {
+        pos = control_first_bytes_.empty() ? std::string::npos : text.find_first_of(control_first_bytes_, pos);
+        if (pos >= run.end) break;
         const std::string* hit = control_token_at(text, pos, run.end);
         if (!hit) {
           ++pos;

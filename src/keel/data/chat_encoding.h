@@ -61,6 +61,7 @@ class ChatTemplateEncoder {
   // control_tokens_ indices by first byte: the scans over every byte of a conversation compare
   // only the few tokens that can start there.
   std::array<std::vector<uint32_t>, 256> control_by_first_byte_;
+  std::string control_first_bytes_;  // the distinct first bytes: scans jump between them
   // The longest control token starting at text[at] (whole within [at, limit)), or null.
   const std::string* control_token_at(const std::string& text, size_t at, size_t limit) const;
   std::vector<int32_t> newline_ids_;

@@ -51,6 +51,12 @@ Rendered Interpreter::run(const Dict& variables) {
   return Rendered{std::move(outputs_[0]), std::move(generation_)};
 }
 
+void Interpreter::emit(std::string_view template_text) {
+  outputs_.back().append(template_text);
+  if (outputs_.back().text.size() > limits_.max_output_bytes)
+    fail("{}: the rendering exceeds {} bytes", origin_, limits_.max_output_bytes);
+}
+
 void Interpreter::emit(const Str& s) {
   outputs_.back().append(s);
   if (outputs_.back().text.size() > limits_.max_output_bytes)
@@ -96,8 +102,15 @@ Interpreter::Flow Interpreter::exec(const Body& body) {
 Interpreter::Flow Interpreter::exec(const Node& n) {
   step();
   switch (n.kind) {
-    case Node::Kind::text: emit(Str(n.text)); return Flow::normal;
-    case Node::Kind::print: emit(to_str(eval(*n.expr))); return Flow::normal;
+    case Node::Kind::text: emit(std::string_view(n.text)); return Flow::normal;
+    case Node::Kind::print: {
+      const Value v = eval(*n.expr);
+      if (v.is_string())
+        emit(v.as_str());  // no copy of the string on its way out
+      else
+        emit(to_str(v));
+      return Flow::normal;
+    }
     case Node::Kind::if_block: return exec(eval(*n.expr).truthy() ? n.body : n.else_body);
     case Node::Kind::for_loop: return for_loop(n);
     case Node::Kind::set: {
@@ -209,7 +222,14 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
     items = all;
   }
   const int64_t length = int64_t(items.size());
+  // loop.cycle reads the iteration through a shared counter: one function per loop, not per iteration.
+  auto index = std::make_shared<int64_t>(0);
+  const Value cycle = Value::function("cycle", [index](Interpreter& in, CallArgs& args) {
+    if (args.positional.empty()) in.error(0, "loop.cycle() needs at least one argument");
+    return args.positional[size_t(*index) % args.positional.size()];
+  });
   for (int64_t i = 0; i < length; ++i) {
+    *index = i;
     step();  // an iteration is work even when its body is empty
     frame->clear();  // a loop body's `set`s do not outlive the iteration
     bind(items[size_t(i)]);
@@ -226,10 +246,7 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
         {"depth0", Value(int64_t(0))},
         {"previtem", i > 0 ? items[size_t(i - 1)] : Value::undefined("previtem")},
         {"nextitem", i + 1 < length ? items[size_t(i + 1)] : Value::undefined("nextitem")},
-        {"cycle", Value::function("cycle", [i](Interpreter& in, CallArgs& args) {
-           if (args.positional.empty()) in.error(0, "loop.cycle() needs at least one argument");
-           return args.positional[size_t(i) % args.positional.size()];
-         })}};
+        {"cycle", cycle}};
     (*frame)["loop"] = Value(std::move(loop));
     const Flow f = exec(n.body);
     if (f == Flow::break_loop) break;

@@ -49,6 +49,7 @@ class Interpreter {
   Value lookup(const std::string& name) const;
   void assign(const std::string& name, Value v);
   void emit(const Str& s);
+  void emit(std::string_view template_text);
   // Renders `body` into a string instead of the output (macros, set blocks, filter blocks).
   Str capture(const Body& body);
   // A set block's or filter block's body, rendered and passed through its filters.
