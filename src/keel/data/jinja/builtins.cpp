@@ -6,6 +6,8 @@
 #include <unicode/unistr.h>
 
 #include <algorithm>
+#include <charconv>
+#include <climits>
 #include <cmath>
 #include <ctime>
 #include <cstring>
@@ -262,6 +264,13 @@ bool all_code_points(const std::string& s, bool (*pred)(uint32_t)) {
   return true;
 }
 
+// A run of digits as an index; one too large for any list indexes nothing.
+size_t parse_index(const std::string& digits) {
+  size_t v = 0;
+  const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), v);
+  return r.ec == std::errc() ? std::min<size_t>(v, size_t(INT64_MAX)) : size_t(INT64_MAX);
+}
+
 // The byte range of s[start:end] for a method's optional start/end arguments (positions
 // `first`, `first + 1`), in characters with Python's negative and clamped indices.
 std::pair<size_t, size_t> python_range(Interpreter& in, const std::string& s, const CallArgs& a, size_t first) {
@@ -442,7 +451,7 @@ Value string_method(const Value& self, const std::string& name) {
         if (field.find_first_of(":!.[") != std::string::npos) in.error(0, "str.format: format specs are not supported");
         Value v;
         if (field.empty()) v = a.get(next++, "");
-        else if (std::all_of(field.begin(), field.end(), ::isdigit)) v = a.get(size_t(std::stoul(field)), "");
+        else if (std::all_of(field.begin(), field.end(), ::isdigit)) v = a.get(parse_index(field), "");
         else if (const Value* k = a.keyword(field)) v = *k;
         if (v.is_undefined()) in.error(0, fmt::format("str.format: no value for {{{}}}", field));
         out.append(to_str(v));
@@ -556,7 +565,7 @@ Value get_path(Interpreter& in, const Value& v, const Value& path, int line) {
     const size_t dot = p.find('.', begin);
     std::string part = p.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
     const bool digits = !part.empty() && std::all_of(part.begin(), part.end(), ::isdigit);
-    cur = digits ? in.item(cur, Value(int64_t(std::stoll(part))), line) : in.item(cur, Value(part), line);
+    cur = digits ? in.item(cur, Value(int64_t(parse_index(part))), line) : in.item(cur, Value(part), line);
     if (dot == std::string::npos) return cur;
     begin = dot + 1;
   }

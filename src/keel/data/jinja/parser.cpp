@@ -2,6 +2,7 @@
 // comparisons (chained as in Python), + -, ~, * / // %, **, unary - +, then primaries with
 // their postfixes (.attr, [item], [a:b:c], (call)) followed by filters (|f) and tests (is t).
 #include <charconv>
+#include <cstdlib>
 #include <set>
 
 #include "keel/core/error.h"
@@ -452,7 +453,7 @@ class Parser {
     }
     if (t.type == T::real) {
       ++i_;
-      return literal(Value(std::stod(t.text)), t.line);
+      return literal(Value(std::strtod(t.text.c_str(), nullptr)), t.line);  // 1e999 is inf, as in Python
     }
     if (is_op("(")) {
       ++i_;
@@ -513,7 +514,11 @@ class Parser {
         if (peek().type == T::integer) {  // x.0 is x[0]
           a->kind = Expr::Kind::item;
           a->args.push_back(std::move(e));
-          a->args.push_back(literal(Value(int64_t(std::stoll(next().text))), line));
+          const std::string digits = next().text;
+          int64_t index = 0;
+          const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), index);
+          if (r.ec != std::errc()) fail("chat template line {}: index {} is out of range", line, digits);
+          a->args.push_back(literal(Value(index), line));
         } else {
           a->name = expect_name();
           a->args.push_back(std::move(e));
