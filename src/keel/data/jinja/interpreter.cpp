@@ -27,7 +27,9 @@ const Value* CallArgs::keyword(std::string_view name) const {
 Interpreter::Interpreter(const TemplateAst& ast, const std::string& origin, const RenderLimits& limits)
     : ast_(ast), origin_(origin), limits_(limits) {}
 
-void Interpreter::error(int line, const std::string& what) const { fail("{} line {}: {}", origin_, line, what); }
+void Interpreter::error(int line, const std::string& what) const {
+  fail("{} line {}: {}", origin_, line > 0 ? line : line_, what);
+}
 
 void Interpreter::step() {
   if (++steps_ > limits_.max_steps)
@@ -402,6 +404,7 @@ std::vector<size_t> slice_indices(int64_t n, const Value& start, const Value& st
 
 Value Interpreter::eval(const Expr& e) {
   step();
+  line_ = e.line;
   switch (e.kind) {
     case Expr::Kind::literal: return e.value;
     case Expr::Kind::name: return lookup(e.name);
@@ -655,7 +658,13 @@ Template::Template(Template&&) noexcept = default;
 
 Rendered Template::render(const Dict& variables, const RenderLimits& limits) const {
   Interpreter in(*ast_, origin_, limits);
-  return in.run(variables);
+  try {
+    return in.run(variables);
+  } catch (const Error& e) {
+    // A value's own check (a filter given the wrong kind of value) names no template: name it.
+    if (std::string_view(e.what()).rfind(origin_, 0) == 0) throw;
+    fail("{} line {}: {}", origin_, in.line(), e.what());
+  }
 }
 
 bool Template::has_generation() const { return ast_->has_generation; }

@@ -34,6 +34,7 @@ class Interpreter {
   void step();
   [[noreturn]] void error(int line, const std::string& what) const;
   const std::string& origin() const { return origin_; }
+  int line() const { return line_; }  // of the expression evaluated last
 
  private:
   enum class Flow { normal, break_loop, continue_loop };
@@ -59,6 +60,7 @@ class Interpreter {
   const std::string& origin_;
   RenderLimits limits_;
   uint64_t steps_ = 0;
+  int line_ = 0;
   int depth_ = 0;
   std::vector<std::shared_ptr<Frame>> frames_;  // [0] globals, [1] the template's, then locals
   std::vector<Str> outputs_;                    // [0] the rendering; captures above it

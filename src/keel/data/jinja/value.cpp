@@ -60,6 +60,11 @@ Value Value::undefined(std::string name) {
   return v;
 }
 
+void Value::wrong_kind(const char* wanted) const {
+  fail("expected a {}, got {}{}", wanted, type_name(),
+       kind_ == Kind::undefined && !undefined_name().empty() ? " ('" + undefined_name() + "')" : "");
+}
+
 const std::string& Value::undefined_name() const {
   static const std::string unnamed;
   return kind_ == Kind::undefined && p_ ? *static_cast<const std::string*>(p_.get()) : unnamed;

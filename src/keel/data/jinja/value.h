@@ -99,14 +99,37 @@ class Value {
   bool is_markup() const { return kind_ == Kind::string && tuple_; }
 
   bool as_bool() const { return i_ != 0; }
-  int64_t as_int() const { return kind_ == Kind::real ? int64_t(d_) : i_; }
-  double as_real() const { return kind_ == Kind::real ? d_ : double(i_); }
-  const Str& as_str() const { return *static_cast<const Str*>(p_.get()); }
-  const List& as_list() const { return *static_cast<const List*>(p_.get()); }
-  const Dict& as_dict() const { return *static_cast<const Dict*>(p_.get()); }
+  int64_t as_int() const {
+    expect(is_number(), "number");
+    return kind_ == Kind::real ? int64_t(d_) : i_;
+  }
+  double as_real() const {
+    expect(is_number(), "number");
+    return kind_ == Kind::real ? d_ : double(i_);
+  }
+  // The accessors check the kind (keel::Error "expected a str, got bool"): a template hands any value
+  // to any filter or method, and a wrong one must be an error, never a misread.
+  const Str& as_str() const {
+    expect(kind_ == Kind::string, "str");
+    return *static_cast<const Str*>(p_.get());
+  }
+  const List& as_list() const {
+    expect(kind_ == Kind::list, "list");
+    return *static_cast<const List*>(p_.get());
+  }
+  const Dict& as_dict() const {
+    expect(kind_ == Kind::dict || kind_ == Kind::ns, "dict");
+    return *static_cast<const Dict*>(p_.get());
+  }
   // A namespace's attributes: namespaces are the one mutable value (made non-const in namespace_of).
-  Dict& ns_dict() const { return *const_cast<Dict*>(static_cast<const Dict*>(p_.get())); }
-  const Callable& as_callable() const { return *static_cast<const Callable*>(p_.get()); }
+  Dict& ns_dict() const {
+    expect(kind_ == Kind::ns || kind_ == Kind::dict, "namespace");
+    return *const_cast<Dict*>(static_cast<const Dict*>(p_.get()));
+  }
+  const Callable& as_callable() const {
+    expect(kind_ == Kind::callable, "function");
+    return *static_cast<const Callable*>(p_.get());
+  }
   const std::string& undefined_name() const;
 
   bool truthy() const;
@@ -116,6 +139,10 @@ class Value {
   std::string type_name() const;
 
  private:
+  void expect(bool ok, const char* wanted) const {
+    if (!ok) wrong_kind(wanted);
+  }
+  [[noreturn]] void wrong_kind(const char* wanted) const;
   // 32 bytes, one reference count to copy: templates copy values at every lookup.
   Kind kind_ = Kind::undefined;
   bool tuple_ = false;  // list: a tuple; string: Markup
