@@ -151,8 +151,9 @@ def check_tiktoken(keel, report, entry, corpus):
     report.rows.append((f"tiktoken {name}", "identical" if ok else "MISMATCH", f"{len(corpus)} texts"))
 
 
-def check_hf(keel, report, label, tokenizer_path, keel_path, texts):
-    """The Rust library on tokenizer_path, keel on keel_path (the file, or the model directory)."""
+def check_hf(keel, report, label, tokenizer_path, keel_path, texts, decode=True):
+    """The Rust library on tokenizer_path, keel on keel_path (the file, or the model directory);
+    decode=False for pipelines whose text cannot come back (whitespace removed, lowercased)."""
     rust = tokenizers.Tokenizer.from_file(str(tokenizer_path))
     ok = True
     with_specials = None
@@ -164,7 +165,7 @@ def check_hf(keel, report, label, tokenizer_path, keel_path, texts):
         if add:
             with_specials = actual
     # Decode keel's ids with BOS/EOS and in-text special tokens, both ways of treating them.
-    for skip in (False, True):
+    for skip in ((False, True) if decode else ()):
         expected = rust.decode_batch(with_specials, skip_special_tokens=skip)
         actual = keel.decode(keel_path, with_specials, ["--skip-special-tokens"] if skip else [])
         flag = " --skip-special-tokens" if skip else ""
@@ -189,6 +190,38 @@ def metaspace_tokenizers(directory, corpus):
         path = directory / f"metaspace_{scheme}.json"
         tok.save(str(path))
         out.append((f"metaspace-{scheme} (trained by tokenizers)", path))
+    return out
+
+
+def component_tokenizers(directory, corpus):
+    """BPE tokenizers built by the tokenizers library with the normalizers and pre-tokenizers that
+    older and non-LLM tokenizer.json files use (Strip, Lowercase, Replace with a Regex, NFKC,
+    Whitespace, WhitespaceSplit, Punctuation with each behavior), trained here on the corpus:
+    (name, path) each."""
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    setups = {
+        "strip-lowercase-regex-replace + whitespace-split + punctuation":
+            (normalizers.Sequence([normalizers.NFKC(), normalizers.Strip(), normalizers.Lowercase(),
+                                   normalizers.Replace(Regex(r"\s+"), " ")]),
+             pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()])),
+        "whitespace + digits": (normalizers.Strip(left=True, right=False),
+                                pre_tokenizers.Sequence([pre_tokenizers.Whitespace(),
+                                                         pre_tokenizers.Digits(individual_digits=True)])),
+    }
+    for behavior in ("removed", "merged_with_previous", "merged_with_next", "contiguous"):
+        setups[f"punctuation-{behavior}"] = (normalizers.Replace(Regex(r"[0-9]+"), "#"),
+                                             pre_tokenizers.Punctuation(behavior=behavior))
+    out = []
+    for name, (normalizer, pre_tokenizer) in setups.items():
+        tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+        tok.normalizer = normalizer
+        tok.pre_tokenizer = pre_tokenizer
+        specials = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+        tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=1200, special_tokens=specials,
+                                                            show_progress=False))
+        path = directory / f"components_{len(out)}.json"
+        tok.save(str(path))
+        out.append((f"{name} (trained by tokenizers)", path))
     return out
 
 
@@ -265,6 +298,10 @@ def main():
     for name, path in metaspace_tokenizers(files, corpus):
         print(f"tokenizers {name} ({path})")
         check_hf(keel, report, f"tokenizers {name}", path, path, corpus + around_specials)
+
+    for name, path in component_tokenizers(files, corpus):
+        print(f"tokenizers {name} ({path})")
+        check_hf(keel, report, f"tokenizers {name}", path, path, corpus, decode=False)
 
     # The model directories on the corpus and a generated one (generated_corpus), together over 5,000.
     model_corpus = corpus + generated_corpus(max(0, 5200 - len(corpus)))

@@ -109,15 +109,30 @@ void read_normalizer(const Reader& r, element e, std::string_view where, std::ve
     out.push_back(step);
   } else if (type == "Replace") {
     step.kind = NormalizerStep::Kind::replace;
-    step.text = literal_pattern(r, o, where, "Replace normalizer");
+    const std::string at = fmt::format("{}.pattern", where);
+    object pattern = r.as_object(r.required(o, "pattern", where), at);
+    if (auto regex = r.member(pattern, "Regex"))
+      step.regex = std::make_shared<PretokenizerRegex>(r.as_string(*regex, at + ".Regex"), RegexDialect::oniguruma,
+                                                       fmt::format("{}: {}", r.origin(), at));
+    else
+      step.text = literal_pattern(r, o, where, "Replace normalizer");
     step.content = r.string_field(o, "content", where);
+    out.push_back(step);
+  } else if (type == "Strip") {
+    step.kind = NormalizerStep::Kind::strip;
+    step.left = r.flag(o, "strip_left", true, where);
+    step.right = r.flag(o, "strip_right", true, where);
+    out.push_back(step);
+  } else if (type == "Lowercase") {
+    step.kind = NormalizerStep::Kind::lowercase;
     out.push_back(step);
   } else if (type == "Sequence") {
     size_t i = 0;
     for (element n : r.as_array(r.required(o, "normalizers", where), fmt::format("{}.normalizers", where)))
       read_normalizer(r, n, fmt::format("{}.normalizers[{}]", where, i++), out);
   } else {
-    fail("{}: {}: normalizer '{}' is not supported (keel reads NFC, NFD, NFKC, NFKD, Prepend, Replace and Sequence)",
+    fail("{}: {}: normalizer '{}' is not supported (keel reads NFC, NFD, NFKC, NFKD, Prepend, Replace, Strip, "
+         "Lowercase and Sequence)",
          r.origin(), where, type);
   }
 }
@@ -194,6 +209,27 @@ void read_pre_tokenizer(const Reader& r, element e, std::string_view where, std:
     step.prepend = metaspace_prepend(r, o, where);
     step.split_on_literal = r.flag(o, "split", true, where);
     out.push_back(std::move(step));
+  } else if (type == "Whitespace" || type == "WhitespaceSplit") {
+    // Hugging Face: Whitespace keeps the runs of \w and of other non-space characters
+    // (\w+|[^\w\s]+, in Rust's regex crate, whose \w also holds the combining marks PCRE2's
+    // leaves out: spelled out here); WhitespaceSplit cuts at whitespace. Both drop the whitespace.
+    constexpr std::string_view kWord = "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}";
+    PreTokenizerStep step;
+    step.regex = std::make_shared<PretokenizerRegex>(
+        type == "Whitespace" ? fmt::format("[{0}]+|[^{0}\\s]+", kWord) : std::string("\\s+"), RegexDialect::oniguruma,
+        r.origin());
+    step.behavior = SplitBehavior::removed;
+    step.invert = type == "Whitespace";
+    out.push_back(std::move(step));
+  } else if (type == "Punctuation") {
+    // Hugging Face: each ASCII punctuation or Unicode P* character is a delimiter (default Isolated).
+    PreTokenizerStep step;
+    step.regex = std::make_shared<PretokenizerRegex>("[\\p{P}!-/:-@\\[-`{-~]", RegexDialect::oniguruma, r.origin());
+    const std::string behavior_at = fmt::format("{}.behavior", where);
+    step.behavior = r.member(o, "behavior")
+                        ? split_behavior(r, r.as_string(*r.member(o, "behavior"), behavior_at), behavior_at)
+                        : SplitBehavior::isolated;
+    out.push_back(std::move(step));
   } else if (type == "Digits") {
     // Hugging Face: char::is_numeric (Unicode N), each digit alone or runs of them, isolated.
     PreTokenizerStep step;
@@ -203,8 +239,8 @@ void read_pre_tokenizer(const Reader& r, element e, std::string_view where, std:
     out.push_back(std::move(step));
   } else {
     fail(
-        "{}: {}: pre-tokenizer '{}' is not supported (keel reads ByteLevel, Metaspace, Split, Digits and "
-        "Sequence)",
+        "{}: {}: pre-tokenizer '{}' is not supported (keel reads ByteLevel, Metaspace, Split, Digits, Whitespace, "
+        "WhitespaceSplit, Punctuation and Sequence)",
         r.origin(), where, type);
   }
 }

@@ -1,7 +1,9 @@
 #include "keel/data/tokenizer.h"
 
 #include <unicode/bytestream.h>
+#include <unicode/locid.h>
 #include <unicode/normalizer2.h>
+#include <unicode/unistr.h>
 #include <unicode/stringpiece.h>
 
 #include <algorithm>
@@ -84,7 +86,39 @@ void apply(const NormalizerStep& step, std::string& s) {
     case NormalizerStep::Kind::prepend:
       if (!s.empty()) s.insert(0, step.text);
       return;
-    case NormalizerStep::Kind::replace: replace_all(s, step.text, step.content); return;
+    case NormalizerStep::Kind::replace:
+      if (!step.regex) {
+        replace_all(s, step.text, step.content);
+      } else {
+        std::string out;
+        size_t pos = 0, b = 0, e = 0;
+        while (pos < s.size() && step.regex->find(s, pos, b, e)) {
+          out.append(s, pos, b - pos);
+          out += step.content;
+          pos = e;
+        }
+        out.append(s, pos, std::string::npos);
+        s = std::move(out);
+      }
+      return;
+    case NormalizerStep::Kind::strip: {
+      size_t b = 0, e = s.size(), len;
+      while (step.left && b < e && is_white_space(code_point_at(s, b, len))) b += len;
+      while (step.right && e > b) {
+        const size_t p = previous_code_point(s, e);
+        if (!is_white_space(code_point_at(s, p, len))) break;
+        e = p;
+      }
+      s = s.substr(b, e - b);
+      return;
+    }
+    case NormalizerStep::Kind::lowercase: {
+      icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
+      u.toLower(icu::Locale::getRoot());
+      s.clear();
+      u.toUTF8String(s);
+      return;
+    }
   }
 }
 

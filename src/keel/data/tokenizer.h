@@ -41,11 +41,15 @@ struct NormalizerStep {
   enum class Kind {
     unicode,  // `form`
     prepend,  // `text` before a non-empty string (SentencePiece's leading "\u2581")
-    replace,  // every `text` by `content` (" " -> "\u2581")
+    replace,  // every `text` (or every match of `regex`) by `content` (" " -> "\u2581")
+    strip,    // whitespace off the start (`left`) and the end (`right`)
+    lowercase,
   };
   Kind kind = Kind::unicode;
   NormalizationForm form = NormalizationForm::nfc;
   std::string text, content;
+  std::shared_ptr<const PretokenizerRegex> regex;  // replace with a Regex pattern
+  bool left = false, right = false;
 };
 
 // One step of tokenizer.json's decoder chain, applied to the tokens' strings in order (Hugging
