@@ -240,7 +240,7 @@ def generated_corpus(n, seed=17):
         "code": ["def f(x):\n    return x ** 2\n", "for (int i = 0; i < n; ++i) { a[i] += b[i]; }",
                  '{"key": [1, 2.5e-3, null, true], "nested": {"a": "b"}}', "SELECT * FROM t WHERE id = 42;",
                  "x = lambda *args, **kw: (args, kw)", "<div class=\"a\">&amp;</div>", "#!/usr/bin/env bash\nset -e",
-                 "    \tindented\n\t\tmore", "a_b_c = snake_case + camelCase + PascalCase", "0x1F 0b101 1_000_000"],
+                 "    \tindented\n\t\tmore", "<b> </b> <i>  </i> x> </y", "a_b_c = snake_case + camelCase + PascalCase", "0x1F 0b101 1_000_000"],
         "space": [" ", "  ", "    ", "\t", "\n", "\n\n", "\r\n", " \n ", "\u00a0", "\u3000", "\u2009", "\u200b",
                   "\u2028", "\u0085", "        \n"],
         "emoji": ["😀", "👍🏽", "👨‍👩‍👧‍👦", "🏳️‍🌈", "🇯🇵🇫🇷", "1️⃣", "❤️", "🧑🏿‍💻", "🫠", "☃"],

@@ -303,6 +303,30 @@ Tokenizer::Tokenizer(TokenizerParts parts) : parts_(std::move(parts)) {
   fast_split_ = parts_.pre_tokenizer.size() == 1 && parts_.pre_tokenizer[0].kind == PreTokenizerStep::Kind::split &&
                 parts_.pre_tokenizer[0].regex && parts_.pre_tokenizer[0].behavior == SplitBehavior::isolated &&
                 !parts_.pre_tokenizer[0].invert;
+  std::string marker;
+  for (const NormalizerStep& step : parts_.normalizers)
+    if (step.kind == NormalizerStep::Kind::replace && !step.regex && step.text == " ") marker = step.content;
+  // No pre-tokenizer, or Gemma 3's Split on " " that the normalizer leaves nothing to split.
+  const bool one_piece =
+      parts_.pre_tokenizer.empty() ||
+      (parts_.pre_tokenizer.size() == 1 && parts_.pre_tokenizer[0].kind == PreTokenizerStep::Kind::split &&
+       !parts_.pre_tokenizer[0].regex && parts_.pre_tokenizer[0].literal == " " && !marker.empty() &&
+       marker.find(' ') == std::string::npos);
+  if (one_piece && !marker.empty()) {
+    bool too_many = false;
+    for (int32_t id = 0; id < vocab_size_ && !too_many; ++id) {
+      const std::string_view t = parts_.model.token_bytes(id);
+      size_t lead = 0;
+      while (t.compare(lead, marker.size(), marker) == 0) lead += marker.size();
+      for (size_t at = t.find(marker, lead); at != std::string_view::npos; at = t.find(marker, at + marker.size())) {
+        if (at >= marker.size() && t.compare(at - marker.size(), marker.size(), marker) == 0) continue;  // in a run
+        inner_marker_tokens_.push_back({std::string(t), at});
+        too_many = inner_marker_tokens_.size() > 64;
+      }
+    }
+    if (!too_many) word_marker_ = marker;
+    else inner_marker_tokens_.clear();
+  }
 }
 
 void Tokenizer::set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos) {
@@ -396,6 +420,23 @@ void Tokenizer::encode_normalized(std::string_view text, bool at_start, std::vec
   if (fast_split_) {
     parts_.pre_tokenizer[0].regex->split(
         text, [&](size_t begin, size_t end) { model.encode(text.substr(begin, end - begin), out); });
+    return;
+  }
+  if (!word_marker_.empty()) {  // cut before each run of markers that follows other text
+    size_t begin = 0;
+    for (size_t at = text.find(word_marker_); at != std::string_view::npos;
+         at = text.find(word_marker_, at + word_marker_.size())) {
+      if (at == begin ||
+          (at >= word_marker_.size() && text.compare(at - word_marker_.size(), word_marker_.size(), word_marker_) == 0))
+        continue;
+      bool spanned = false;  // a vocabulary token spells the text across this cut
+      for (const InnerMarkerToken& t : inner_marker_tokens_)
+        spanned = spanned || (at >= t.marker_at && text.compare(at - t.marker_at, t.text.size(), t.text) == 0);
+      if (spanned) continue;
+      model.encode(text.substr(begin, at - begin), out);
+      begin = at;
+    }
+    model.encode(text.substr(begin), out);
     return;
   }
   thread_local std::vector<std::string_view> pieces, next;

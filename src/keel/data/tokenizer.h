@@ -156,6 +156,17 @@ class Tokenizer {
   TokenizerParts parts_;
   int32_t vocab_size_ = 0;
   bool fast_split_ = false;  // pre-tokenizer is a single isolating regex: stream its pieces
+  // SentencePiece-style BPE without a pre-tokenizer (Llama 2, Gemma) sees each text as one piece.
+  // A merge across the start of a word (a marker "\u2581" after other text) makes a token with the
+  // marker inside; when the vocabulary has none but a few (Gemma 3 has ">\u2581</"), the piece may be
+  // cut before each word except where one of those few spells the text across the cut: the same
+  // ids, and BPE works on words (and its cache hits) instead of on whole documents.
+  std::string word_marker_;
+  struct InnerMarkerToken {
+    std::string text;
+    size_t marker_at;  // where a marker after other text starts in it
+  };
+  std::vector<InnerMarkerToken> inner_marker_tokens_;
   bool has_normalized_added_ = false;
   // Added tokens by first byte, longest first: leftmost-longest matching as Hugging Face does.
   std::vector<std::vector<uint32_t>> added_by_first_byte_;
