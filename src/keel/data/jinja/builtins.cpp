@@ -394,6 +394,7 @@ Value string_method(const Value& self, const std::string& name) {
   if (name == "center" || name == "ljust" || name == "rjust" || name == "zfill")
     return method([name](Interpreter& in, const Str& s, A& a) {
       const int64_t width = a.get(0, "width", Value(int64_t(0))).as_int();
+      in.require_size(uint64_t(std::max<int64_t>(width, 0)));
       const int64_t n = int64_t(code_point_count(s.text));
       if (width <= n) return Value(s);
       const Value fill_v = a.get(1, "fillchar", Value(name == "zfill" ? "0" : " "));
@@ -687,6 +688,8 @@ Str python_percent_format(Interpreter& in, const Str& format, const Value& args,
       ++j;
       while (j < f.size() && std::isdigit(static_cast<unsigned char>(f[j]))) precision += f[j++];
     }
+    for (const std::string& n : {width, precision.empty() ? std::string() : precision.substr(1)})
+      if (n.size() > 9 || (!n.empty() && std::stoul(n) > 1'000'000)) bad(in, line, "format: width or precision too large");
     if (j >= f.size()) bad(in, line, "incomplete format");
     const char conversion = f[j];
     literal = j + 1;
@@ -988,8 +991,9 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   }
   if (name == "indent") {
     const Value width = a.get(0, "width", Value(int64_t(4)));
+    if (!width.is_string()) in.require_size(uint64_t(std::max<int64_t>(width.as_int(), 0)));
     const bool first = a.get(1, "first", Value(false)).truthy(), blank = a.get(2, "blank", Value(false)).truthy();
-    const Str pad = width.is_string() ? width.as_str() : Str(std::string(size_t(width.as_int()), ' '));
+    const Str pad = width.is_string() ? width.as_str() : Str(std::string(size_t(std::max<int64_t>(width.as_int(), 0)), ' '));
     // Jinja's: lines of s + "\n" (so a trailing newline keeps an empty last line); every line
     // but the first indented unless empty (or always with blank); the first with first=True.
     const Str s = str_of(v);

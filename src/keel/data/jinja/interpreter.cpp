@@ -36,6 +36,11 @@ void Interpreter::step() {
     fail("{}: rendering stopped after {} steps (a template must finish in bounded work)", origin_, limits_.max_steps);
 }
 
+void Interpreter::require_size(uint64_t bytes) const {
+  if (bytes > limits_.max_output_bytes)
+    error(0, fmt::format("a value of {} bytes or items exceeds the limit of {}", bytes, limits_.max_output_bytes));
+}
+
 Rendered Interpreter::run(const Dict& variables) {
   // The globals are stateless functions, never assigned to (sets go to the frames above): built once.
   static const std::shared_ptr<Frame> globals = [] {
@@ -571,7 +576,9 @@ Value Interpreter::binary(const Expr& e) {
   Value a = eval(*e.args[0]), b = eval(*e.args[1]);
   if (op == "~") {
     Str s = to_str(a);
-    s.append(to_str(b));
+    const Str right = to_str(b);
+    require_size(s.text.size() + right.text.size());
+    s.append(right);
     return Value(std::move(s));
   }
   for (const Value* v : {&a, &b})
@@ -600,6 +607,8 @@ Value Interpreter::binary(const Expr& e) {
   if (op == "%" && a.is_string()) return Value(python_percent_format(*this, a.as_str(), b, e.line));
   if (op == "+") {
     if (numbers) return real ? Value(a.as_real() + b.as_real()) : integer(a.as_int(), b.as_int());
+    if (a.is_string() && b.is_string()) require_size(a.as_str().text.size() + b.as_str().text.size());
+    if (a.is_list() && b.is_list()) require_size((a.as_list().size() + b.as_list().size()) * sizeof(Value));
     if (a.is_string() && b.is_string()) {
       // Markup + str escapes the str; so does str + Markup (Markup's __radd__ goes first).
       const bool markup = a.is_markup() || b.is_markup();
@@ -616,8 +625,12 @@ Value Interpreter::binary(const Expr& e) {
   }
   if (op == "*") {
     if (numbers) return real ? Value(a.as_real() * b.as_real()) : integer(a.as_int(), b.as_int());
-    if ((a.is_string() || a.is_list()) && b.kind() == Value::Kind::integer) return repeat(a, b.as_int());
-    if ((b.is_string() || b.is_list()) && a.kind() == Value::Kind::integer) return repeat(b, a.as_int());
+    for (const auto& [seq, n] : {std::pair{&a, &b}, std::pair{&b, &a}})
+      if ((seq->is_string() || seq->is_list()) && n->kind() == Value::Kind::integer) {
+        const uint64_t unit = seq->is_string() ? seq->as_str().text.size() : seq->as_list().size() * sizeof(Value);
+        if (n->as_int() > 0 && unit > 0) require_size(n->as_int() > int64_t(1) << 40 ? UINT64_MAX : unit * uint64_t(n->as_int()));
+        return repeat(*seq, n->as_int());
+      }
     unsupported();
   }
   if (!numbers) unsupported();

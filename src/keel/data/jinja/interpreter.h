@@ -32,6 +32,9 @@ class Interpreter {
   Value item(const Value& object, const Value& key, int line);
   // counts one unit of work against the limit
   void step();
+  // A value about to be built `bytes` (or items) large: an error past the output limit, before
+  // the memory is taken ('x' * 10**12, indent(10**9)).
+  void require_size(uint64_t bytes) const;
   [[noreturn]] void error(int line, const std::string& what) const;
   const std::string& origin() const { return origin_; }
   int line() const { return line_; }  // of the expression evaluated last
