@@ -99,6 +99,19 @@ def compare_to_dp1(shuffle):
         if e > worst_w:
             worst_w, worst_name = e, name
     check(worst_w <= 1e-5, "%s: final weights equal (worst relative L2 %.2e, %s)" % (tag, worst_w, worst_name))
+    # MFU is the job's: its FLOPs per second over the sum of the peaks every rank measured (rank 0's
+    # peak alone made it twice too high at dp = 2). Checked as accounting, not as a timing.
+    s1, s2 = (json.load(open(os.path.join(WORK, n, "summary.json"))) for n in ("dp1_%s" % shuffle, "dp2_%s" % shuffle))
+    check(len(s1["matmul_peak_flops_per_rank"]) == 1 and len(s2["matmul_peak_flops_per_rank"]) == 2 and
+          all(p > 0 for p in s2["matmul_peak_flops_per_rank"]), "%s: a measured peak per rank %s" %
+          (tag, s2["matmul_peak_flops_per_rank"]))
+    for s in (s1, s2):
+        check(rel(s["matmul_peak_flops"], sum(s["matmul_peak_flops_per_rank"])) <= 1e-9,
+              "%s: the job's peak is the sum of the ranks' (%s)" % (tag, s["matmul_peak_flops_per_rank"]))
+        check(rel(s["mfu"], s["tokens_per_s"] * s["flops_per_token"] / s["matmul_peak_flops"]) <= 1e-5,
+              "%s: mfu = job tokens/s x FLOPs per token / job peak" % tag)
+    check(rel(s1["flops_per_token"], s2["flops_per_token"]) <= 1e-12,
+          "%s: dp=1 and dp=2 count the same FLOPs per token" % tag)
 
 
 def test_lora_data_parallel():

@@ -27,6 +27,7 @@ void RunSummary::finalize(double flops_per_token) {
   for (double* share : {&compute_share, &data_wait_share, &grad_sync_share, &optimizer_share, &checkpoint_share})
     *share /= t;
   tokens_per_s = double(tokens) / t;
+  this->flops_per_token = flops_per_token;
   mfu = matmul_peak_flops > 0 ? tokens_per_s * flops_per_token / matmul_peak_flops : 0.0;
 }
 
@@ -67,6 +68,11 @@ std::string summary_json(const RunSummary& s) {
   field("planned_memory_bytes", std::to_string(s.planned_memory_bytes));
   field("mfu", num(s.mfu));
   field("matmul_peak_flops", num(s.matmul_peak_flops));
+  std::string per_rank = "[";
+  for (size_t i = 0; i < s.matmul_peak_flops_per_rank.size(); ++i)
+    per_rank += (i ? ", " : "") + num(s.matmul_peak_flops_per_rank[i]);
+  field("matmul_peak_flops_per_rank", per_rank + "]");
+  field("flops_per_token", num(s.flops_per_token));
   field("steps", std::to_string(s.steps));
   field("skipped_steps", std::to_string(s.skipped_steps));
   field("tokens", std::to_string(s.tokens));

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "keel/report/metrics.h"
 
@@ -17,8 +18,13 @@ struct RunSummary {
   double compute_share = 0, data_wait_share = 0, grad_sync_share = 0, optimizer_share = 0, checkpoint_share = 0;
   int64_t peak_memory_bytes = 0;     // RSS high-water mark of the process
   int64_t planned_memory_bytes = 0;  // what the memory plan predicted (0 if not planned)
-  double mfu = 0;                    // model FLOPs per second over the measured matmul peak
-  double matmul_peak_flops = 0;
+  // The job's useful FLOPs per second over the job's matmul peak: the peaks every rank measured at
+  // once (each with its own threads, as it trains), summed. Rank 0's alone made a dp = N job's MFU
+  // N times too high.
+  double mfu = 0;
+  double matmul_peak_flops = 0;                    // the job's: sum of the ranks'
+  std::vector<double> matmul_peak_flops_per_rank;  // what each rank measured
+  double flops_per_token = 0;                      // the model FLOPs MFU counts per token
   double eval_loss = -1, eval_perplexity = -1;
   int ranks = 1;
 

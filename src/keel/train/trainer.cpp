@@ -583,8 +583,14 @@ class Trainer {
     s.peak_memory_bytes = int64_t(peak_resident_bytes());
     const report::RunShape shape = report::run_shape(r_);
     s.planned_memory_bytes = int64_t(report::training_memory_plan(r_, config_, shape).total_bytes());
-    s.matmul_peak_flops =
+    // Every rank measures at once, with the threads it trains with, and the job's peak is their sum.
+    std::vector<double> peaks(size_t(comm_.size()), 0.0);
+    peaks[size_t(comm_.rank())] =
         decoder_.backend().measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
+    comm_.allreduce_totals(peaks.data(), int64_t(peaks.size()));
+    s.matmul_peak_flops_per_rank = peaks;
+    s.matmul_peak_flops = 0;
+    for (double p : peaks) s.matmul_peak_flops += p;
     s.finalize(flops_per_token(decoder_, r_.max_seq_len));
     s.ranks = int(comm_.size());
     if (comm_.rank() != 0) return;
