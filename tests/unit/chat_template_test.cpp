@@ -160,6 +160,16 @@ TEST(Prepare, SpecialStringsInAModelTemplatesMessagesAreTextAndCounted) {
   for (uint32_t id : v.tokens) starts += int32_t(id) == *tok.token_to_id("<|im_start|>");
   EXPECT_EQ(starts, 2);  // the template's two turns, not the forged third
   EXPECT_EQ(only_document(o).targets, "answer<|im_end|>");
+
+  // special_tokens_in_messages: for datasets that write their markers inside messages on purpose.
+  PrepareOptions matched = o;
+  matched.special_tokens_in_messages = true;
+  matched.out_dir = dir / "matched";
+  EXPECT_EQ(prepare(matched).records_with_special_strings, 0);
+  PreparedData as_tokens(matched.out_dir);
+  starts = 0;
+  for (uint32_t id : as_tokens.sequence(0).tokens) starts += int32_t(id) == *tok.token_to_id("<|im_start|>");
+  EXPECT_EQ(starts, 3);
 }
 
 TEST(Prepare, ATemplateThatRefusesARecordMakesItABadRecordNamingWhy) {

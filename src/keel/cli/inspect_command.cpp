@@ -24,7 +24,7 @@ namespace {
 struct InspectOptions {
   std::string data, tokenizer, chat_template = "auto";
   int64_t max_seq_len = 2048, limit = 5;
-  bool text = false;
+  bool text = false, train_on_prompt = false, special_tokens_in_messages = false;
 };
 
 class DocumentPrinter {
@@ -88,6 +88,8 @@ void inspect_prepared(const InspectOptions& o, DocumentPrinter& printer) {
 void inspect_jsonl(const InspectOptions& o, const data::Tokenizer* tokenizer, DocumentPrinter& printer) {
   data::DocumentEncoder encoder;
   encoder.tokenizer = tokenizer;
+  encoder.train_on_prompt = o.train_on_prompt;
+  encoder.special_tokens_in_messages = o.special_tokens_in_messages;
   std::string why;
   const std::string name = data::choose_chat_template(encoder, o.chat_template, o.tokenizer, &why);
   encoder.max_seq_len = o.max_seq_len;
@@ -139,6 +141,9 @@ const CommandRegistration kInspect{
           ->capture_default_str();
       cmd.add_option("--limit", o->limit, "Documents to print")->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 40));
       cmd.add_flag("--text", o->text, "Decoded text with the trained spans between « and »");
+      cmd.add_flag("--train-on-prompt", o->train_on_prompt, "JSONL: as keel prepare's --train-on-prompt");
+      cmd.add_flag("--special-tokens-in-messages", o->special_tokens_in_messages,
+                   "JSONL: as keel prepare's --special-tokens-in-messages");
       return [o] {
         const bool prepared = data::is_prepared_dir(o->data);
         require(prepared || path_exists(o->data), "{}: no such file or prepared directory", o->data);

@@ -41,6 +41,8 @@ const CommandRegistration kPrepare{
                      "Fail when more than this fraction of records is bad (default 0.01)")
           ->check(CLI::Range(0.0, 1.0));
       cmd.add_flag("--train-on-prompt", p.train_on_prompt, "Loss on every token of conversations, not only answers");
+      cmd.add_flag("--special-tokens-in-messages", p.special_tokens_in_messages,
+                   "Special-token strings inside messages are the tokens (default: encoded as plain text)");
       cmd.add_option("--vocab-size", p.vocab_size, "Without --tokenizer: the model's vocabulary size, to check ids");
       cmd.add_option("--shard-tokens", p.shard_tokens, "Tokens per shard file (default 67108864)")
           ->check(CLI::Range(int64_t(1), int64_t(1) << 40));

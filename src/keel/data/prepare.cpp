@@ -407,7 +407,8 @@ std::string choose_chat_template(DocumentEncoder& encoder, const std::string& na
     require(encoder.tokenizer != nullptr, "{}: a chat template needs a tokenizer", own->origin);
     if (why) *why = fmt::format("the model's own template, {}", own->origin);
     const std::string recorded = "model:" + own->checksum;
-    encoder.model_template = std::make_shared<ChatTemplateEncoder>(std::move(*own), encoder.tokenizer);
+    encoder.model_template =
+        std::make_shared<ChatTemplateEncoder>(std::move(*own), encoder.tokenizer, encoder.special_tokens_in_messages);
     return recorded;
   }
   encoder.format = chat_format_for(name, tokenizer_path, encoder.tokenizer, why);
@@ -420,6 +421,15 @@ std::string chat_template_key(const std::string& name) {
     return fmt::format("{}|{}|jinja1", name, checksum_hex(file_checksum(name)));
   return name + "|jinja1";
 }
+
+namespace {
+
+// The settings beside the template that change which tokens a conversation gives and trains.
+std::string masking_key(const TrainingDataRequest& q) {
+  return fmt::format("|prompt={}|specials={}", q.train_on_prompt, q.special_tokens_in_messages);
+}
+
+}  // namespace
 
 std::string DocumentEncoder::configuration_error(const Record& r, int64_t line) const {
   if (r.kind == RecordKind::text && !tokenizer)
@@ -523,7 +533,8 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
             for (const AddedToken& t : tokenizer->added_tokens())
               if (t.special && segment.text.find(t.content) != std::string::npos) special_strings = true;
           ids.clear();
-          tokenizer->encode(segment.text, ids, EncodeOptions{.split_special_tokens = segment.content});
+          tokenizer->encode(segment.text, ids,
+                            EncodeOptions{.split_special_tokens = segment.content && !special_tokens_in_messages});
           append(ids, segment.assistant || train_on_prompt);
         }
         if (special_strings) ++out.special_string_records;
@@ -606,6 +617,7 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   DocumentEncoder encoder;
   encoder.tokenizer = tokenizer ? &*tokenizer : nullptr;
   std::string template_reason;
+  encoder.special_tokens_in_messages = o.special_tokens_in_messages;
   const std::string template_name = choose_chat_template(encoder, o.chat_template, o.tokenizer_path, &template_reason);
   encoder.max_seq_len = o.max_seq_len;
   encoder.vocab_size = tokenizer ? tokenizer->vocab_size() : o.vocab_size;
@@ -688,7 +700,8 @@ std::string training_tokenizer_path(const std::string& path) {
 std::string training_data_fingerprint(const TrainingDataRequest& q) {
   require(path_exists(q.data_path) && !fs::is_directory(q.data_path), "{}: no such file", q.data_path);
   return checksum_hex(checksum(fmt::format("documents|{}|{}|{}|{}|{}|{}|{}", checksum_hex(file_checksum(q.data_path)),
-                                           tokenizer_hash(training_tokenizer_path(q.tokenizer_path)), chat_template_key(q.chat_template),
+                                           tokenizer_hash(training_tokenizer_path(q.tokenizer_path)),
+                                           chat_template_key(q.chat_template) + masking_key(q),
                                            q.max_seq_len, packing_name(q.packing), q.vocab_size, q.pad_id)));
 }
 
@@ -715,7 +728,8 @@ std::string resolve_training_data(const TrainingDataRequest& request, std::ostre
   const std::string tok_hash = tokenizer_hash(q.tokenizer_path);
   // The cache key covers everything the shards depend on, the content first (a path can be reused).
   const std::string key = checksum_hex(checksum(
-      fmt::format("{}|{}|{}|{}|{}|{}|{}|v{}", checksum_hex(file_checksum(q.data_path)), tok_hash, chat_template_key(q.chat_template),
+      fmt::format("{}|{}|{}|{}|{}|{}|{}|v{}", checksum_hex(file_checksum(q.data_path)), tok_hash,
+                  chat_template_key(q.chat_template) + masking_key(q),
                   q.max_seq_len, packing_name(q.packing), q.vocab_size, q.pad_id, kShardFormatVersion)));
   std::string cache = q.cache_dir;
   if (cache.empty()) {
@@ -739,6 +753,8 @@ std::string resolve_training_data(const TrainingDataRequest& request, std::ostre
   o.max_seq_len = q.max_seq_len;
   o.packing = q.packing;
   o.chat_template = q.chat_template;
+  o.train_on_prompt = q.train_on_prompt;
+  o.special_tokens_in_messages = q.special_tokens_in_messages;
   o.threads = q.threads;
   o.max_bad_fraction = q.max_bad_fraction;
   o.vocab_size = q.vocab_size;

@@ -49,6 +49,9 @@ struct PrepareOptions {
   int threads = 0;                     // tokenizer workers; 0 = all cores
   double max_bad_fraction = 0.01;      // more bad records than this fraction of all records fails prepare
   bool train_on_prompt = false;        // loss on every token of conversations, not only the assistant's
+  // special-token strings inside messages are matched as the tokens (datasets written that way);
+  // by default they are text, and only the template's markers are control tokens
+  bool special_tokens_in_messages = false;
   int64_t vocab_size = 0;              // the model's vocabulary: checks ids, and a tokenizer is refused when larger
   int32_t pad_id = -1;                 // -1: the tokenizer's EOS, else 0
   int64_t shard_tokens = int64_t(1) << 26;  // a shard closes after this many tokens (256 MB of ids)
@@ -101,6 +104,8 @@ struct TrainingDataRequest {
   int64_t vocab_size = 0;  // the model's: shards with larger ids are refused
   Packing packing = Packing::pack;
   std::string chat_template = "auto";
+  bool train_on_prompt = false;
+  bool special_tokens_in_messages = false;
   std::string cache_dir;  // "" = <directory of data_path>/.keel-cache
   int threads = 0;
   double max_bad_fraction = 0.01;
@@ -143,6 +148,7 @@ struct DocumentEncoder {
   int64_t max_seq_len = 0;
   int64_t vocab_size = 0;
   bool train_on_prompt = false;
+  bool special_tokens_in_messages = false;  // set before choose_chat_template
   bool split_long_text = false;  // split (rather than truncate) text records longer than max_seq_len
   std::string data_path;
 

@@ -60,6 +60,8 @@ const std::vector<Field>& fields() {
       {"tokenizer", &Recipe::tokenizer},
       {"packing", &Recipe::packing},
       {"chat_template", &Recipe::chat_template},
+      {"train_on_prompt", &Recipe::train_on_prompt},
+      {"special_tokens_in_messages", &Recipe::special_tokens_in_messages},
       {"num_workers", &Recipe::num_workers},
       {"prefetch_factor", &Recipe::prefetch_factor},
       {"preprocess_on_npu", &Recipe::preprocess_on_npu},
@@ -346,10 +348,11 @@ void validate_recipe(const Recipe& r, const Where& w) {
   positive(r.batch_size, "batch_size");
   require(r.packing == "pad" || r.packing == "pack", "{}: key 'packing' must be \"pad\" or \"pack\", got \"{}\"",
           w.of("packing"), r.packing);
-  require(r.chat_template == "auto" || r.chat_template == "glm4" || r.chat_template == "llama3" ||
-              r.chat_template == "chatml",
-          "{}: key 'chat_template' must be auto, glm4, llama3 or chatml, got \"{}\"", w.of("chat_template"),
-          r.chat_template);
+  require(r.chat_template == "auto" || r.chat_template == "model" || r.chat_template == "glm4" ||
+              r.chat_template == "llama3" || r.chat_template == "chatml" || r.chat_template == "none" ||
+              r.chat_template.ends_with(".jinja"),
+          "{}: key 'chat_template' must be auto, model, a .jinja file, glm4, llama3, chatml or none, got \"{}\"",
+          w.of("chat_template"), r.chat_template);
   require(r.data_pipeline == "prepared" || r.data_pipeline == "on_the_fly",
           "{}: key 'data_pipeline' must be \"prepared\" or \"on_the_fly\", got \"{}\"", w.of("data_pipeline"),
           r.data_pipeline);

@@ -31,7 +31,10 @@ struct Recipe {
   int64_t max_seq_len = 2048;
   std::string tokenizer;               // tokenizer.json / tiktoken file or dir; "" = model_name's
   std::string packing = "pad";         // "pad" one document per row, or "pack" several (no cross-attention)
-  std::string chat_template = "auto";  // glm4 | llama3 | chatml | auto (from the tokenizer's directory)
+  // auto (the model's own Jinja template, else a built-in) | model | a .jinja file | glm4 | llama3 | chatml
+  std::string chat_template = "auto";
+  bool train_on_prompt = false;             // loss on every token of a conversation, not only the answers
+  bool special_tokens_in_messages = false;  // special-token strings in messages are the tokens (not text)
   int64_t num_workers = 1;             // loader threads preparing batches ahead of the step
   int64_t prefetch_factor = 2;         // steps kept ready
   bool preprocess_on_npu = false;      // accepted for compatibility; keel always prepares shards up front

@@ -102,6 +102,8 @@ class OnTheFlySource final : public BatchSource {
     const std::string tokenizer_path = data::training_tokenizer_path(q.tokenizer_path);
     if (!tokenizer_path.empty()) tokenizer_.emplace(data::load_tokenizer(tokenizer_path));
     encoder_.tokenizer = tokenizer_ ? &*tokenizer_ : nullptr;
+    encoder_.train_on_prompt = q.train_on_prompt;
+    encoder_.special_tokens_in_messages = q.special_tokens_in_messages;
     data::choose_chat_template(encoder_, q.chat_template, tokenizer_path);
     encoder_.max_seq_len = q.max_seq_len;
     encoder_.vocab_size = tokenizer_ ? tokenizer_->vocab_size() : q.vocab_size;
@@ -258,6 +260,8 @@ std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const ru
   q.pad_id = o.pad_id;
   q.packing = r.packing == "pack" ? data::Packing::pack : data::Packing::pad;
   q.chat_template = r.chat_template;
+  q.train_on_prompt = r.train_on_prompt;
+  q.special_tokens_in_messages = r.special_tokens_in_messages;
   q.cache_dir = r.cache_dir;
   q.max_bad_fraction = r.max_bad_fraction;
   if (r.data_pipeline == "on_the_fly") return std::make_unique<OnTheFlySource>(q, o, log);
