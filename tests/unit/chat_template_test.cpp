@@ -73,7 +73,7 @@ TEST(JinjaTemplate, UntrustedTemplatesAreBoundedAndErrorsNameTheLine) {
       {"t: rendering stopped after 100000 steps"});
   expect_keel_error(
       [&] { jinja::Template("{% for i in range(100000) %}0123456789{% endfor %}", "t").render(vars, small); },
-      {"t: the rendering exceeds 65536 bytes"});
+      {"t line 1", "exceeds the limit of 65536"});
   expect_keel_error([&] { jinja::Template("ok\n{% if messages %}\n{{ x }", "t"); }, {"t: chat template line 3"});
   expect_keel_error([&] { jinja::Template("{% include 'other.jinja' %}", "t"); }, {"'include' is not supported"});
   expect_keel_error([&] { jinja::Template("{{ raise_exception('roles must alternate') }}", "t").render(vars); },

@@ -615,6 +615,7 @@ Value html_escape(const Value& v) {
   if (v.is_markup()) return v;
   const Str s = to_str(v);
   std::string out;
+  ValueSizeLimit::check(s.text.size() * 5);  // at most 5 bytes per byte
   for (char c : s.text) {
     switch (c) {
       case '&': out += "&amp;"; break;

@@ -671,6 +671,7 @@ Template::Template(Template&&) noexcept = default;
 
 Rendered Template::render(const Dict& variables, const RenderLimits& limits) const {
   Interpreter in(*ast_, origin_, limits);
+  const ValueSizeLimit value_limit(limits.max_output_bytes);
   try {
     return in.run(variables);
   } catch (const Error& e) {

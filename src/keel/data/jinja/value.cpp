@@ -11,11 +11,24 @@
 
 namespace keel::data::jinja {
 
+namespace {
+thread_local size_t max_value_bytes = SIZE_MAX;
+}  // namespace
+
+ValueSizeLimit::ValueSizeLimit(size_t bytes) : previous_(max_value_bytes) { max_value_bytes = bytes; }
+ValueSizeLimit::~ValueSizeLimit() { max_value_bytes = previous_; }
+
+void ValueSizeLimit::check(size_t bytes) {
+  if (bytes > max_value_bytes)
+    fail("a value of {} bytes or more exceeds the limit of {} (the rendering's output limit)", bytes, max_value_bytes);
+}
+
 Str::Str(std::string t, int source) : text(std::move(t)) {
   if (!text.empty()) runs.push_back({0, text.size(), source});
 }
 
 void Str::append(const Str& other) {
+  ValueSizeLimit::check(text.size() + other.text.size());
   const size_t shift = text.size();
   text += other.text;
   for (const Run& r : other.runs) {
@@ -377,6 +390,7 @@ void json_string(std::string& out, std::string_view s, bool ensure_ascii) {
 
 void json_value(std::string& out, const Value& v, const JsonOptions& o, int level) {
   using K = Value::Kind;
+  ValueSizeLimit::check(out.size());
   auto newline = [&](int depth) {
     if (o.indent < 0) return;
     out += '\n';
@@ -437,6 +451,7 @@ void json_value(std::string& out, const Value& v, const JsonOptions& o, int leve
 
 std::string repr(const Value& v) {
   using K = Value::Kind;
+  if (v.is_list() || v.is_dict()) ValueSizeLimit::check(v.is_list() ? v.as_list().size() : v.as_dict().items.size());
   switch (v.kind()) {
     case K::string: return string_repr(v.as_str().text);
     case K::list: {
@@ -445,6 +460,7 @@ std::string repr(const Value& v) {
       for (size_t i = 0; i < l.size(); ++i) {
         if (i) out += ", ";
         out += repr(l[i]);
+        ValueSizeLimit::check(out.size());
       }
       if (v.is_tuple() && l.size() == 1) out += ',';
       return out + (v.is_tuple() ? ")" : "]");
@@ -456,6 +472,7 @@ std::string repr(const Value& v) {
         if (!first) out += ", ";
         first = false;
         out += repr(key_value(k)) + ": " + repr(x);
+        ValueSizeLimit::check(out.size());
       }
       return out + "}";
     }

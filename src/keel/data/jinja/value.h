@@ -19,6 +19,19 @@
 
 namespace keel::data::jinja {
 
+// The largest string a rendering may build, for the thread rendering (Template::render sets it to
+// its output limit): every way to grow a string checks it, so that nested filters cannot take the
+// memory first ('x' | e | e | e ..., a long separator in join after join).
+class ValueSizeLimit {
+ public:
+  explicit ValueSizeLimit(size_t bytes);
+  ~ValueSizeLimit();
+  static void check(size_t bytes);  // keel::Error past the limit
+
+ private:
+  size_t previous_;
+};
+
 // [begin, end) bytes of a string that came from data `source` (>= 0: the message's index in the
 // conversation; kOtherData: tools, documents and other inputs).
 struct Run {
@@ -36,7 +49,10 @@ struct Str {
   Str(std::string t, int source);  // all of it from `source`
 
   void append(const Str& other);
-  void append(std::string_view plain) { text += plain; }
+  void append(std::string_view plain) {
+    ValueSizeLimit::check(text.size() + plain.size());
+    text += plain;
+  }
   // bytes [begin, end) with their marks
   Str substr(size_t begin, size_t end) const;
   // the first source any byte came from, or nullopt-like `kNoSource`
