@@ -49,8 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const data::jinja::Rendered b = templ.render(vars, limits);
     if (a.text.text != b.text.text || a.generation != b.generation) fuzz::property_failed("renders deterministically");
     for (const auto& run : a.text.runs)
-      if (run.begin >= run.end || run.end > a.text.text.size())
-        fuzz::property_failed("data marks lie inside the text");
+      if (run.begin >= run.end || run.end > a.text.text.size()) fuzz::property_failed("data marks lie inside the text");
     for (const auto& [begin, end] : a.generation)
       if (begin > end || end > a.text.text.size()) fuzz::property_failed("generation spans lie inside the text");
   } catch (const Error& e) {

@@ -106,7 +106,7 @@ def compare_to_dp1(shuffle):
           all(p > 0 for p in s2["matmul_peak_flops_per_rank"]), "%s: a measured peak per rank %s" %
           (tag, s2["matmul_peak_flops_per_rank"]))
     for s in (s1, s2):
-        check(rel(s["matmul_peak_flops"], sum(s["matmul_peak_flops_per_rank"])) <= 1e-9,
+        check(rel(s["matmul_peak_flops"], sum(s["matmul_peak_flops_per_rank"])) <= 1e-7,  # 9 printed digits
               "%s: the job's peak is the sum of the ranks' (%s)" % (tag, s["matmul_peak_flops_per_rank"]))
         check(rel(s["mfu"], s["tokens_per_s"] * s["flops_per_token"] / s["matmul_peak_flops"]) <= 1e-5,
               "%s: mfu = job tokens/s x FLOPs per token / job peak" % tag)

@@ -63,8 +63,9 @@ TEST(JinjaTemplate, GenerationBlocksRecordWhereTheirOutputLands) {
 TEST(JinjaTemplate, UntrustedTemplatesAreBoundedAndErrorsNameTheLine) {
   const jinja::RenderLimits small{.max_steps = 100000, .max_output_bytes = 1 << 16, .max_call_depth = 16};
   const Dict vars = one_message("user", "x");
-  expect_keel_error([&] { jinja::Template("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "t").render(vars, small); },
-                    {"t line 1", "nested deeper than 16"});
+  expect_keel_error(
+      [&] { jinja::Template("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "t").render(vars, small); },
+      {"t line 1", "nested deeper than 16"});
   expect_keel_error(
       [&] {
         jinja::Template("{% for i in range(1000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}", "t")

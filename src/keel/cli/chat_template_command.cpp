@@ -42,16 +42,19 @@ const CommandRegistration kChatTemplate{
     [](CLI::App& cmd) -> CommandAction {
       auto o = std::make_shared<ChatTemplateOptions>();
       cmd.add_option("--tokenizer", o->tokenizer, "Model or tokenizer directory (its template and tokenizer)");
-      cmd.add_option("--template", o->template_file, "A .jinja file (or a JSON file with \"chat_template\") to use instead");
+      cmd.add_option("--template", o->template_file,
+                     "A .jinja file (or a JSON file with \"chat_template\") to use instead");
       cmd.add_option("--template-name", o->template_name, "A named template of the directory (e.g. tool_use)");
       cmd.add_flag("--add-generation-prompt", o->add_generation_prompt, "End with the assistant's header");
       cmd.add_flag("--control-tokens-in-data", o->control_tokens_in_data,
                    "Match special-token strings inside messages as the tokens (default: encoded as text)");
       cmd.add_option("--threads", o->threads, "Worker threads (default: all cores)")->check(CLI::Range(1, 1024));
       return [o] {
-        require(!o->tokenizer.empty() || !o->template_file.empty(), "keel chat-template: give --tokenizer or --template");
+        require(!o->tokenizer.empty() || !o->template_file.empty(),
+                "keel chat-template: give --tokenizer or --template");
         std::string dir = o->tokenizer;
-        if (!dir.empty() && !std::filesystem::is_directory(dir)) dir = std::filesystem::path(dir).parent_path().string();
+        if (!dir.empty() && !std::filesystem::is_directory(dir))
+          dir = std::filesystem::path(dir).parent_path().string();
         std::shared_ptr<const data::Tokenizer> tokenizer;
         if (!o->tokenizer.empty()) tokenizer = std::make_shared<data::Tokenizer>(data::load_tokenizer(o->tokenizer));
         // With tools the directory's tool_use template may apply: both encoders, chosen per record.
@@ -61,8 +64,10 @@ const CommandRegistration kChatTemplate{
             t = data::chat_template_from_file(o->template_file, dir);
           else
             t = data::find_model_chat_template(dir, o->template_name, with_tools);
-          require(t.has_value(), "{}: no chat template (looked for chat_template.jinja, chat_template.json and "
-                                 "\"chat_template\" in tokenizer_config.json)", dir);
+          require(t.has_value(),
+                  "{}: no chat template (looked for chat_template.jinja, chat_template.json and "
+                  "\"chat_template\" in tokenizer_config.json)",
+                  dir);
           return std::make_shared<data::ChatTemplateEncoder>(std::move(*t), tokenizer.get(), o->control_tokens_in_data);
         };
         const auto plain = encoder_for(false), with_tools = encoder_for(true);
@@ -88,7 +93,8 @@ const CommandRegistration kChatTemplate{
           if (!why.empty()) fail("stdin:{}: {}", line_no, why);
           input.add_generation_prompt = o->add_generation_prompt;
           bool flag;
-          if (doc["add_generation_prompt"].get_bool().get(flag) == simdjson::SUCCESS) input.add_generation_prompt = flag;
+          if (doc["add_generation_prompt"].get_bool().get(flag) == simdjson::SUCCESS)
+            input.add_generation_prompt = flag;
           const auto& encoder = input.tools.is_list() ? *with_tools : *plain;
           try {
             if (!tokenizer) {

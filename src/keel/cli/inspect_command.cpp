@@ -46,8 +46,8 @@ class DocumentPrinter {
     }
     int64_t n_trained = 0;
     for (bool b : trained) n_trained += b;
-    std::string out = fmt::format("--- document {} ({}, {} tokens, {} trained)\n", printed_, where, tokens.size(),
-                                  n_trained);
+    std::string out =
+        fmt::format("--- document {} ({}, {} tokens, {} trained)\n", printed_, where, tokens.size(), n_trained);
     // Each run of trained or untrained tokens decoded on its own, so the marks fall between tokens.
     for (size_t begin = 0; begin < tokens.size();) {
       size_t end = begin;
@@ -75,7 +75,8 @@ void inspect_prepared(const InspectOptions& o, DocumentPrinter& printer) {
     const auto v = prepared.sequence(s);
     for (size_t d = 0; d + 1 < v.document_offsets.size(); ++d) {
       const int64_t begin = std::max<int64_t>(int64_t(v.document_offsets[d]) - v.token_start, 0);
-      const int64_t end = std::min<int64_t>(int64_t(v.document_offsets[d + 1]) - v.token_start, int64_t(v.tokens.size()));
+      const int64_t end =
+          std::min<int64_t>(int64_t(v.document_offsets[d + 1]) - v.token_start, int64_t(v.tokens.size()));
       if (end <= begin) continue;
       std::vector<bool> trained;
       for (int64_t t = begin; t < end; ++t) trained.push_back(v.target(t));
@@ -134,12 +135,14 @@ const CommandRegistration kInspect{
     [](CLI::App& cmd) -> CommandAction {
       auto o = std::make_shared<InspectOptions>();
       cmd.add_option("data", o->data, "A keel prepare directory, or JSONL records")->required();
-      cmd.add_option("--tokenizer", o->tokenizer,
-                     "Tokenizer or model directory (JSONL: to encode; --text: to decode)");
-      cmd.add_option("--template", o->chat_template, "Chat template, as keel prepare's --template")->capture_default_str();
+      cmd.add_option("--tokenizer", o->tokenizer, "Tokenizer or model directory (JSONL: to encode; --text: to decode)");
+      cmd.add_option("--template", o->chat_template, "Chat template, as keel prepare's --template")
+          ->capture_default_str();
       cmd.add_option("--max-seq-len", o->max_seq_len, "JSONL: tokens per document before truncation")
           ->capture_default_str();
-      cmd.add_option("--limit", o->limit, "Documents to print")->capture_default_str()->check(CLI::Range(int64_t(1), int64_t(1) << 40));
+      cmd.add_option("--limit", o->limit, "Documents to print")
+          ->capture_default_str()
+          ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
       cmd.add_flag("--text", o->text, "Decoded text with the trained spans between « and »");
       cmd.add_flag("--train-on-prompt", o->train_on_prompt, "JSONL: as keel prepare's --train-on-prompt");
       cmd.add_flag("--special-tokens-in-messages", o->special_tokens_in_messages,

@@ -153,8 +153,8 @@ const std::string* ChatTemplateEncoder::control_token_at(const std::string& text
 std::string ChatTemplateEncoder::generation_prompt(const ChatInput& input, size_t first_answer) const {
   if (first_answer == 0) return {};
   const jinja::List& messages = input.messages.as_list();
-  const jinja::Value* role = messages[first_answer - 1].is_dict() ? messages[first_answer - 1].as_dict().find("role")
-                                                                   : nullptr;
+  const jinja::Value* role =
+      messages[first_answer - 1].is_dict() ? messages[first_answer - 1].as_dict().find("role") : nullptr;
   std::string key = fmt::format("{}|{}|", role && role->is_string() ? role->as_str().text : "?",
                                 input.tools.is_list() ? "tools" : "-");
   try {
@@ -230,7 +230,8 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
     } else {
       ids = tokenizer_->encode(piece, options);
     }
-    for (const Span& s : token_offsets(*tokenizer_, piece, ids)) offsets.emplace_back(s.first + begin, s.second + begin);
+    for (const Span& s : token_offsets(*tokenizer_, piece, ids))
+      offsets.emplace_back(s.first + begin, s.second + begin);
     out.ids.insert(out.ids.end(), ids.begin(), ids.end());
   };
   size_t pos = 0;

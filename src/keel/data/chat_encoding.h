@@ -32,9 +32,9 @@ class Tokenizer;
 struct EncodedChat {
   std::string text;
   std::vector<int32_t> ids;
-  std::vector<uint8_t> assistant_mask;  // per id: 1 = an assistant token
-  bool from_generation_tags = false;    // the mask is transformers' (else derived)
-  int64_t control_strings_in_data = 0;  // control-token strings in the conversation, encoded as text
+  std::vector<uint8_t> assistant_mask;       // per id: 1 = an assistant token
+  bool from_generation_tags = false;         // the mask is transformers' (else derived)
+  int64_t control_strings_in_data = 0;       // control-token strings in the conversation, encoded as text
   int64_t assistant_turns_without_text = 0;  // assistant messages that rendered nothing of their own
 };
 

@@ -36,7 +36,8 @@ Value json_to_value(simdjson::dom::element e, int source) {
     case T::OBJECT: {
       Dict d;
       simdjson::dom::object object = e.get_object().value_unsafe();
-      for (auto field : object) d.set(jinja::dict_key(Value(std::string(field.key))), json_to_value(field.value, source));
+      for (auto field : object)
+        d.set(jinja::dict_key(Value(std::string(field.key))), json_to_value(field.value, source));
       return Value(std::move(d));
     }
     default: return Value::none();

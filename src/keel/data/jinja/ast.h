@@ -13,22 +13,22 @@ using ExprPtr = std::unique_ptr<Expr>;
 
 struct Expr {
   enum class Kind {
-    literal,   // value
-    name,      // name
-    list,      // args
-    tuple,     // args
-    dict,      // args = key, value, key, value, ...
-    attribute, // args[0] . name
-    item,      // args[0] [ args[1] ]
-    slice,     // args[0] [ args[1] : args[2] : args[3] ] (null = omitted)
-    call,      // args[0] ( args[1..] , kwargs )
-    filter,    // name, args[0] = the value, args[1..] and kwargs = the filter's arguments
-    test,      // name, args[0] = the value, args[1..] = the test's arguments; negated
+    literal,    // value
+    name,       // name
+    list,       // args
+    tuple,      // args
+    dict,       // args = key, value, key, value, ...
+    attribute,  // args[0] . name
+    item,       // args[0] [ args[1] ]
+    slice,      // args[0] [ args[1] : args[2] : args[3] ] (null = omitted)
+    call,       // args[0] ( args[1..] , kwargs )
+    filter,     // name, args[0] = the value, args[1..] and kwargs = the filter's arguments
+    test,       // name, args[0] = the value, args[1..] = the test's arguments; negated
     logical_not,
     negate,
     plus,
-    binary,    // name = the operator (+ - * / // % ** ~), args[0], args[1]
-    compare,   // args[0] then per operator in `ops` the next operand
+    binary,   // name = the operator (+ - * / // % ** ~), args[0], args[1]
+    compare,  // args[0] then per operator in `ops` the next operand
     logical_and,
     logical_or,
     conditional,  // args[0] if args[1] else args[2] (null: undefined)
@@ -48,15 +48,15 @@ using Body = std::vector<Node>;
 
 struct Node {
   enum class Kind {
-    text,        // text
-    print,       // {{ expr }}
-    if_block,    // expr, body, else_body (an elif is an if inside else_body)
-    for_loop,    // targets in expr [if condition]: body, else_body
-    set,         // targets (or namespace target.attribute) = expr
-    set_block,   // {% set target %}body{% endset %}, optionally | filters (expr applies them to `caller`)
-    macro,       // name(params = defaults): body
-    call_block,  // {% call macro(args) %}body{% endcall %}
-    filter_block,// {% filter f %}body{% endfilter %}
+    text,          // text
+    print,         // {{ expr }}
+    if_block,      // expr, body, else_body (an elif is an if inside else_body)
+    for_loop,      // targets in expr [if condition]: body, else_body
+    set,           // targets (or namespace target.attribute) = expr
+    set_block,     // {% set target %}body{% endset %}, optionally | filters (expr applies them to `caller`)
+    macro,         // name(params = defaults): body
+    call_block,    // {% call macro(args) %}body{% endcall %}
+    filter_block,  // {% filter f %}body{% endfilter %}
     break_loop,
     continue_loop,
     generation,  // {% generation %}body{% endgeneration %}: transformers' assistant-tracking tag

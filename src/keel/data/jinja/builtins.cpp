@@ -56,12 +56,15 @@ std::string case_mapped(const std::string& s, int how) {  // 0 lower, 1 upper
   for (char c : s) ascii = ascii && static_cast<unsigned char>(c) < 0x80;
   if (ascii) {
     std::string out = s;
-    for (char& c : out) c = char(how ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
+    for (char& c : out)
+      c = char(how ? std::toupper(static_cast<unsigned char>(c)) : std::tolower(static_cast<unsigned char>(c)));
     return out;
   }
   icu::UnicodeString u = icu::UnicodeString::fromUTF8(s);
-  if (how) u.toUpper(icu::Locale::getRoot());
-  else u.toLower(icu::Locale::getRoot());
+  if (how)
+    u.toUpper(icu::Locale::getRoot());
+  else
+    u.toLower(icu::Locale::getRoot());
   std::string out;
   u.toUTF8String(out);
   return out;
@@ -201,8 +204,10 @@ List split(const Str& s, const Value& sep, int64_t maxsplit, bool from_right) {
   std::vector<size_t> cuts;
   for (size_t at = t.find(d); at != std::string::npos; at = t.find(d, at + d.size())) cuts.push_back(at);
   if (maxsplit >= 0 && int64_t(cuts.size()) > maxsplit) {
-    if (from_right) cuts.erase(cuts.begin(), cuts.end() - maxsplit);
-    else cuts.resize(size_t(maxsplit));
+    if (from_right)
+      cuts.erase(cuts.begin(), cuts.end() - maxsplit);
+    else
+      cuts.resize(size_t(maxsplit));
   }
   size_t begin = 0;
   for (size_t at : cuts) {
@@ -299,7 +304,8 @@ size_t line_break_length(const std::string& s, size_t pos) {
 Value string_method(const Value& self, const std::string& name) {
   using A = CallArgs;
   auto method = [&](auto body) {
-    return Value::function(name, [self, body, name](Interpreter& in, A& a) -> Value { return body(in, self.as_str(), a); });
+    return Value::function(name,
+                           [self, body, name](Interpreter& in, A& a) -> Value { return body(in, self.as_str(), a); });
   };
   if (name == "strip" || name == "lstrip" || name == "rstrip")
     return method([name](Interpreter&, const Str& s, A& a) {
@@ -339,10 +345,12 @@ Value string_method(const Value& self, const std::string& name) {
     return method([](Interpreter& in, const Str& s, A& a) {
       const Str& old = need_str(in, a.get(0, "old"), "replace", 0);
       const Value with = a.get(1, "new");
-      return Value(replaced(s, old.text, need_str(in, with, "replace", 0), a.get(2, "count", Value(int64_t(-1))).as_int()));
+      return Value(
+          replaced(s, old.text, need_str(in, with, "replace", 0), a.get(2, "count", Value(int64_t(-1))).as_int()));
     });
   if (name == "upper" || name == "lower")
-    return method([name](Interpreter&, const Str& s, A&) { return Value(rebuilt(case_mapped(s.text, name == "upper"), s)); });
+    return method(
+        [name](Interpreter&, const Str& s, A&) { return Value(rebuilt(case_mapped(s.text, name == "upper"), s)); });
   if (name == "capitalize")
     return method([](Interpreter&, const Str& s, A&) { return Value(rebuilt(capitalized(s.text), s)); });
   if (name == "title")
@@ -451,9 +459,12 @@ Value string_method(const Value& self, const std::string& name) {
         const std::string field = f.substr(i + 1, close - i - 1);
         if (field.find_first_of(":!.[") != std::string::npos) in.error(0, "str.format: format specs are not supported");
         Value v;
-        if (field.empty()) v = a.get(next++, "");
-        else if (std::all_of(field.begin(), field.end(), ::isdigit)) v = a.get(parse_index(field), "");
-        else if (const Value* k = a.keyword(field)) v = *k;
+        if (field.empty())
+          v = a.get(next++, "");
+        else if (std::all_of(field.begin(), field.end(), ::isdigit))
+          v = a.get(parse_index(field), "");
+        else if (const Value* k = a.keyword(field))
+          v = *k;
         if (v.is_undefined()) in.error(0, fmt::format("str.format: no value for {{{}}}", field));
         out.append(to_str(v));
         literal = close + 1;
@@ -465,7 +476,8 @@ Value string_method(const Value& self, const std::string& name) {
   if (name == "removeprefix" || name == "removesuffix")
     return method([name](Interpreter& in, const Str& s, A& a) {
       const std::string& p = need_str(in, a.get(0, "prefix"), name.c_str(), 0).text;
-      if (name == "removeprefix" && s.text.compare(0, p.size(), p) == 0) return Value(s.substr(p.size(), s.text.size()));
+      if (name == "removeprefix" && s.text.compare(0, p.size(), p) == 0)
+        return Value(s.substr(p.size(), s.text.size()));
       if (name == "removesuffix" && !p.empty() && p.size() <= s.text.size() &&
           s.text.compare(s.text.size() - p.size(), p.size(), p) == 0)
         return Value(s.substr(0, s.text.size() - p.size()));
@@ -499,9 +511,12 @@ Value builtin_method(const Value& self, const std::string& name) {
       return Value::function(name, [self, name](Interpreter&, CallArgs&) {
         List out;
         for (const auto& [k, v] : self.as_dict().items) {
-          if (name == "items") out.emplace_back(List{key_value(k), v}, true);
-          else if (name == "keys") out.push_back(key_value(k));
-          else out.push_back(v);
+          if (name == "items")
+            out.emplace_back(List{key_value(k), v}, true);
+          else if (name == "keys")
+            out.push_back(key_value(k));
+          else
+            out.push_back(v);
         }
         return Value(std::move(out));
       });
@@ -584,8 +599,7 @@ std::string sort_key_text(const Value& v, bool case_sensitive) {
 }
 
 bool sort_less(const Value& a, const Value& b, bool case_sensitive) {
-  if (!case_sensitive && a.is_string() && b.is_string())
-    return sort_key_text(a, false) < sort_key_text(b, false);
+  if (!case_sensitive && a.is_string() && b.is_string()) return sort_key_text(a, false) < sort_key_text(b, false);
   return less(a, b);
 }
 
@@ -648,8 +662,7 @@ Value to_int(const Value& v, const Value& fallback) {
       if (used == s.size()) return Value(int64_t(x));
       const double d = std::stod(s, &used);
       if (used == s.size()) return Value(int64_t(d));
-    } catch (const std::exception&) {
-    }
+    } catch (const std::exception&) {}
   }
   return fallback;
 }
@@ -690,7 +703,8 @@ Str python_percent_format(Interpreter& in, const Str& format, const Value& args,
       while (j < f.size() && std::isdigit(static_cast<unsigned char>(f[j]))) precision += f[j++];
     }
     for (const std::string& n : {width, precision.empty() ? std::string() : precision.substr(1)})
-      if (n.size() > 9 || (!n.empty() && std::stoul(n) > 1'000'000)) bad(in, line, "format: width or precision too large");
+      if (n.size() > 9 || (!n.empty() && std::stoul(n) > 1'000'000))
+        bad(in, line, "format: width or precision too large");
     if (j >= f.size()) bad(in, line, "incomplete format");
     const char conversion = f[j];
     literal = j + 1;
@@ -705,42 +719,55 @@ Str python_percent_format(Interpreter& in, const Str& format, const Value& args,
     }
     const std::string spec = "%" + flags + width + precision;
     std::string piece;
-    switch (conversion) {
-      case 's':
-      case 'r':
-      case 'a': {
-        const Str s = conversion == 's' ? to_str(value) : Str(repr(value));
-        std::string w = fmt::sprintf(spec + "s", s.text);
-        if (w == s.text && s.marked()) {
-          out.append(s);
-          continue;
+    try {  // fmt rejects some flag and conversion pairs Python accepts ("%#s"): an error, not a crash
+      switch (conversion) {
+        case 's':
+        case 'r':
+        case 'a': {
+          const Str s = conversion == 's' ? to_str(value) : Str(repr(value));
+          std::string w = fmt::sprintf(spec + "s", s.text);
+          if (w == s.text && s.marked()) {
+            out.append(s);
+            continue;
+          }
+          piece = w;
+          break;
         }
-        piece = w;
-        break;
+        case 'd':
+        case 'i':
+        case 'u':
+        case 'x':
+        case 'X':
+        case 'o':
+          if (!value.is_number())
+            bad(in, line, fmt::format("%{} format: a number is required, not {}", conversion, value.type_name()));
+          piece = fmt::sprintf(spec + "ll" + (conversion == 'i' || conversion == 'u' ? 'd' : conversion),
+                               (long long)value.as_int());
+          break;
+        case 'f':
+        case 'F':
+        case 'e':
+        case 'E':
+        case 'g':
+        case 'G':
+          if (!value.is_number())
+            bad(in, line, fmt::format("%{} format: a number is required, not {}", conversion, value.type_name()));
+          piece = fmt::sprintf(spec + conversion, value.as_real());
+          break;
+        case 'c':
+          if (value.is_string()) {
+            piece = value.as_str().text;
+          } else {
+            const int64_t cp = value.as_int();
+            if (cp < 0 || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+              bad(in, line, "%c arg not in range(0x110000)");
+            append_utf8(piece, uint32_t(cp));
+          }
+          break;
+        default: bad(in, line, fmt::format("unsupported format character '{}'", conversion));
       }
-      case 'd':
-      case 'i':
-      case 'u':
-      case 'x':
-      case 'X':
-      case 'o':
-        if (!value.is_number()) bad(in, line, fmt::format("%{} format: a number is required, not {}", conversion, value.type_name()));
-        piece = fmt::sprintf(spec + "ll" + (conversion == 'i' || conversion == 'u' ? 'd' : conversion), (long long)value.as_int());
-        break;
-      case 'f':
-      case 'F':
-      case 'e':
-      case 'E':
-      case 'g':
-      case 'G':
-        if (!value.is_number()) bad(in, line, fmt::format("%{} format: a number is required, not {}", conversion, value.type_name()));
-        piece = fmt::sprintf(spec + conversion, value.as_real());
-        break;
-      case 'c':
-        if (value.is_string()) piece = value.as_str().text;
-        else append_utf8(piece, uint32_t(value.as_int()));
-        break;
-      default: bad(in, line, fmt::format("unsupported format character '{}'", conversion));
+    } catch (const fmt::format_error& e) {
+      bad(in, line, fmt::format("format: unsupported conversion '{}' ({})", spec + conversion, e.what()));
     }
     out.append(marked_like(piece, value));
   }
@@ -823,8 +850,8 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   if (name == "replace") {
     const Str s = str_of(v);
     const Value count = a.get(2, "count");
-    return Value(replaced(s, str_of(a.get(0, "old")).text, str_of(a.get(1, "new")),
-                          count.is_number() ? count.as_int() : -1));
+    return Value(
+        replaced(s, str_of(a.get(0, "old")).text, str_of(a.get(1, "new")), count.is_number() ? count.as_int() : -1));
   }
   if (name == "string") return v.is_string() ? v : Value(str_of(v));
   if (name == "format") {
@@ -847,8 +874,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     if (v.is_number()) return Value(v.as_real());
     if (v.is_string()) try {
         return Value(std::stod(v.as_str().text));
-      } catch (const std::exception&) {
-      }
+      } catch (const std::exception&) {}
     return a.get(0, "default", Value(0.0));
   }
   if (name == "abs") {
@@ -994,7 +1020,8 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     const Value width = a.get(0, "width", Value(int64_t(4)));
     if (!width.is_string()) in.require_size(uint64_t(std::max<int64_t>(width.as_int(), 0)));
     const bool first = a.get(1, "first", Value(false)).truthy(), blank = a.get(2, "blank", Value(false)).truthy();
-    const Str pad = width.is_string() ? width.as_str() : Str(std::string(size_t(std::max<int64_t>(width.as_int(), 0)), ' '));
+    const Str pad =
+        width.is_string() ? width.as_str() : Str(std::string(size_t(std::max<int64_t>(width.as_int(), 0)), ' '));
     // Jinja's: lines of s + "\n" (so a trailing newline keeps an empty last line); every line
     // but the first indented unless empty (or always with blank); the first with first=True.
     const Str s = str_of(v);
@@ -1066,7 +1093,8 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     const Value fill = a.get(1, "fill_with");
     if (name == "batch") {
       for (size_t i = 0; i < items.size(); i += size_t(n)) {
-        List group(items.begin() + std::ptrdiff_t(i), items.begin() + std::ptrdiff_t(std::min(items.size(), i + size_t(n))));
+        List group(items.begin() + std::ptrdiff_t(i),
+                   items.begin() + std::ptrdiff_t(std::min(items.size(), i + size_t(n))));
         while (!fill.is_undefined() && !fill.is_none() && group.size() < size_t(n)) group.push_back(fill);
         out.emplace_back(std::move(group));
       }
@@ -1105,7 +1133,8 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& v, Call
   if (name == "callable") return v.kind() == K::callable;
   if (name == "sameas") {  // Python's `is`: the same object (small ints and strings are shared, as in CPython)
     if (v.kind() != other.kind()) return false;
-    if (v.is_list() || v.is_dict() || v.kind() == K::ns || v.kind() == K::callable) return v.identity() == other.identity();
+    if (v.is_list() || v.is_dict() || v.kind() == K::ns || v.kind() == K::callable)
+      return v.identity() == other.identity();
     return equal(v, other);
   }
   if (name == "eq" || name == "equalto" || name == "==") return equal(v, other);
@@ -1144,35 +1173,36 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& v, Call
 
 bool is_builtin_filter(std::string_view name) {
   static const std::set<std::string_view, std::less<>> names = {
-      "tojson", "trim", "strip", "length", "count", "first", "last", "join", "default", "d", "upper", "lower",
-      "capitalize", "title", "replace", "string", "format", "safe", "e", "escape", "forceescape", "pprint", "int",
-      "float", "abs", "round", "list", "items", "reverse", "unique", "sort", "dictsort", "sum", "min", "max", "map",
-      "select", "reject", "selectattr", "rejectattr", "attr", "indent", "wordcount", "batch", "slice", "center",
-      "truncate"};
+      "tojson",  "trim",   "strip",     "length", "count",       "first",  "last",       "join",
+      "default", "d",      "upper",     "lower",  "capitalize",  "title",  "replace",    "string",
+      "format",  "safe",   "e",         "escape", "forceescape", "pprint", "int",        "float",
+      "abs",     "round",  "list",      "items",  "reverse",     "unique", "sort",       "dictsort",
+      "sum",     "min",    "max",       "map",    "select",      "reject", "selectattr", "rejectattr",
+      "attr",    "indent", "wordcount", "batch",  "slice",       "center", "truncate"};
   return names.count(name) != 0;
 }
 
 bool is_builtin_test(std::string_view name) {
   static const std::set<std::string_view, std::less<>> names = {
-      "defined", "undefined", "none", "boolean", "true", "false", "integer", "float", "number", "string", "mapping",
-      "iterable", "sequence", "callable", "sameas", "eq", "equalto", "==", "ne", "!=", "lt", "lessthan", "<", "le",
-      "<=", "gt", "greaterthan", ">", "ge", ">=", "in", "odd", "even", "divisibleby", "lower", "upper", "escaped",
-      "filter", "test"};
+      "defined", "undefined", "none",     "boolean",     "true",   "false", "integer",     "float",  "number", "string",
+      "mapping", "iterable",  "sequence", "callable",    "sameas", "eq",    "equalto",     "==",     "ne",     "!=",
+      "lt",      "lessthan",  "<",        "le",          "<=",     "gt",    "greaterthan", ">",      "ge",     ">=",
+      "in",      "odd",       "even",     "divisibleby", "lower",  "upper", "escaped",     "filter", "test"};
   return names.count(name) != 0;
 }
 
 void add_builtin_globals(Dict& g) {
   g.set("raise_exception", Value::function("raise_exception", [](Interpreter& in, CallArgs& a) -> Value {
-    fail("{}: the template refused the conversation: {}", in.origin(), to_str(a.get(0, "message")).text);
-  }));
+          fail("{}: the template refused the conversation: {}", in.origin(), to_str(a.get(0, "message")).text);
+        }));
   g.set("strftime_now", Value::function("strftime_now", [](Interpreter&, CallArgs& a) {
-    const std::time_t now = std::time(nullptr);
-    std::tm local{};
-    localtime_r(&now, &local);
-    char buf[256];
-    const size_t n = std::strftime(buf, sizeof buf, to_str(a.get(0, "format")).text.c_str(), &local);
-    return Value(std::string(buf, n));
-  }));
+          const std::time_t now = std::time(nullptr);
+          std::tm local{};
+          localtime_r(&now, &local);
+          char buf[256];
+          const size_t n = std::strftime(buf, sizeof buf, to_str(a.get(0, "format")).text.c_str(), &local);
+          return Value(std::string(buf, n));
+        }));
   auto make_dict = [](Interpreter& in, CallArgs& a, bool ns) {
     Dict d;
     for (const Value& p : a.positional) {
@@ -1192,27 +1222,28 @@ void add_builtin_globals(Dict& g) {
     }
     return ns ? Value::namespace_of(std::move(d)) : Value(std::move(d));
   };
-  g.set("namespace", Value::function("namespace", [make_dict](Interpreter& in, CallArgs& a) { return make_dict(in, a, true); }));
+  g.set("namespace",
+        Value::function("namespace", [make_dict](Interpreter& in, CallArgs& a) { return make_dict(in, a, true); }));
   g.set("dict", Value::function("dict", [make_dict](Interpreter& in, CallArgs& a) { return make_dict(in, a, false); }));
   g.set("range", Value::function("range", [](Interpreter& in, CallArgs& a) {
-    int64_t start = 0, stop, step = 1;
-    if (a.positional.size() == 1) {
-      stop = a.positional[0].as_int();
-    } else if (a.positional.size() >= 2) {
-      start = a.positional[0].as_int();
-      stop = a.positional[1].as_int();
-      if (a.positional.size() > 2) step = a.positional[2].as_int();
-    } else {
-      in.error(0, "range expects 1 to 3 integers");
-    }
-    if (step == 0) in.error(0, "range() arg 3 must not be zero");
-    List out;
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
-      if (out.size() >= 100'000) in.error(0, "range too big (the sandbox allows 100000 items)");
-      out.emplace_back(i);
-    }
-    return Value(std::move(out));
-  }));
+          int64_t start = 0, stop, step = 1;
+          if (a.positional.size() == 1) {
+            stop = a.positional[0].as_int();
+          } else if (a.positional.size() >= 2) {
+            start = a.positional[0].as_int();
+            stop = a.positional[1].as_int();
+            if (a.positional.size() > 2) step = a.positional[2].as_int();
+          } else {
+            in.error(0, "range expects 1 to 3 integers");
+          }
+          if (step == 0) in.error(0, "range() arg 3 must not be zero");
+          List out;
+          for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+            if (out.size() >= 100'000) in.error(0, "range too big (the sandbox allows 100000 items)");
+            out.emplace_back(i);
+          }
+          return Value(std::move(out));
+        }));
 }
 
 }  // namespace keel::data::jinja

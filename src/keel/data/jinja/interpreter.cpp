@@ -237,23 +237,22 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
   });
   for (int64_t i = 0; i < length; ++i) {
     *index = i;
-    step();  // an iteration is work even when its body is empty
+    step();          // an iteration is work even when its body is empty
     frame->clear();  // a loop body's `set`s do not outlive the iteration
     bind(items[size_t(i)]);
     Dict loop;
-    loop.items = {
-        {"index", Value(i + 1)},
-        {"index0", Value(i)},
-        {"revindex", Value(length - i)},
-        {"revindex0", Value(length - i - 1)},
-        {"first", Value(i == 0)},
-        {"last", Value(i == length - 1)},
-        {"length", Value(length)},
-        {"depth", Value(int64_t(1))},
-        {"depth0", Value(int64_t(0))},
-        {"previtem", i > 0 ? items[size_t(i - 1)] : Value::undefined("previtem")},
-        {"nextitem", i + 1 < length ? items[size_t(i + 1)] : Value::undefined("nextitem")},
-        {"cycle", cycle}};
+    loop.items = {{"index", Value(i + 1)},
+                  {"index0", Value(i)},
+                  {"revindex", Value(length - i)},
+                  {"revindex0", Value(length - i - 1)},
+                  {"first", Value(i == 0)},
+                  {"last", Value(i == length - 1)},
+                  {"length", Value(length)},
+                  {"depth", Value(int64_t(1))},
+                  {"depth0", Value(int64_t(0))},
+                  {"previtem", i > 0 ? items[size_t(i - 1)] : Value::undefined("previtem")},
+                  {"nextitem", i + 1 < length ? items[size_t(i + 1)] : Value::undefined("nextitem")},
+                  {"cycle", cycle}};
     (*frame)["loop"] = Value(std::move(loop));
     const Flow f = exec(n.body);
     if (f == Flow::break_loop) break;
@@ -266,43 +265,43 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
 void Interpreter::define_macro(const Node& n) {
   const Node* node = &n;
   assign(n.text, Value::function(n.text, [node](Interpreter& in, CallArgs& args) {
-    if (++in.depth_ > in.limits_.max_call_depth) {
-      --in.depth_;
-      in.error(node->line, fmt::format("macro calls nested deeper than {}", in.limits_.max_call_depth));
-    }
-    const auto saved = in.frames_;
-    auto frame = std::make_shared<Frame>();
-    in.frames_ = {saved[0], saved[1], frame};
-    for (size_t p = 0; p < node->params.size(); ++p) {
-      const auto& [name, def] = node->params[p];
-      if (p < args.positional.size())
-        (*frame)[name] = args.positional[p];
-      else if (const Value* v = args.keyword(name))
-        (*frame)[name] = *v;
-      else
-        (*frame)[name] = def ? in.eval(*def) : Value::undefined(name);
-    }
-    if (args.positional.size() > node->params.size())
-      in.error(node->line, fmt::format("macro '{}' takes {} arguments, {} given", node->text, node->params.size(),
-                                       args.positional.size()));
-    for (const auto& [k, v] : args.keywords) {
-      bool known = k == "caller";
-      for (const auto& [name, def] : node->params) known = known || name == k;
-      if (!known) in.error(node->line, fmt::format("macro '{}' has no argument '{}'", node->text, k));
-      if (k == "caller") (*frame)["caller"] = v;
-    }
-    Str out;
-    try {
-      out = in.capture(node->body);
-    } catch (...) {
-      in.frames_ = saved;
-      --in.depth_;
-      throw;
-    }
-    in.frames_ = saved;
-    --in.depth_;
-    return Value(std::move(out));
-  }));
+           if (++in.depth_ > in.limits_.max_call_depth) {
+             --in.depth_;
+             in.error(node->line, fmt::format("macro calls nested deeper than {}", in.limits_.max_call_depth));
+           }
+           const auto saved = in.frames_;
+           auto frame = std::make_shared<Frame>();
+           in.frames_ = {saved[0], saved[1], frame};
+           for (size_t p = 0; p < node->params.size(); ++p) {
+             const auto& [name, def] = node->params[p];
+             if (p < args.positional.size())
+               (*frame)[name] = args.positional[p];
+             else if (const Value* v = args.keyword(name))
+               (*frame)[name] = *v;
+             else
+               (*frame)[name] = def ? in.eval(*def) : Value::undefined(name);
+           }
+           if (args.positional.size() > node->params.size())
+             in.error(node->line, fmt::format("macro '{}' takes {} arguments, {} given", node->text,
+                                              node->params.size(), args.positional.size()));
+           for (const auto& [k, v] : args.keywords) {
+             bool known = k == "caller";
+             for (const auto& [name, def] : node->params) known = known || name == k;
+             if (!known) in.error(node->line, fmt::format("macro '{}' has no argument '{}'", node->text, k));
+             if (k == "caller") (*frame)["caller"] = v;
+           }
+           Str out;
+           try {
+             out = in.capture(node->body);
+           } catch (...) {
+             in.frames_ = saved;
+             --in.depth_;
+             throw;
+           }
+           in.frames_ = saved;
+           --in.depth_;
+           return Value(std::move(out));
+         }));
 }
 
 Value Interpreter::call(const Value& callee, CallArgs& args, int line) {
@@ -467,8 +466,8 @@ Value Interpreter::eval(const Expr& e) {
       for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
       for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
       if (callee.is_undefined() && e.args[0]->kind == Expr::Kind::attribute)
-        error(e.line, fmt::format("'{}' has no method '{}'", repr(eval(*e.args[0]->args[0])).substr(0, 60),
-                                  e.args[0]->name));
+        error(e.line,
+              fmt::format("'{}' has no method '{}'", repr(eval(*e.args[0]->args[0])).substr(0, 60), e.args[0]->name));
       return call(callee, args, e.line);
     }
     case Expr::Kind::filter: {
@@ -553,14 +552,22 @@ bool Interpreter::compare(const Expr& e) {
     const std::string& op = e.ops[k];
     bool ok;
     try {
-      if (op == "==") ok = equal(left, right);
-      else if (op == "!=") ok = !equal(left, right);
-      else if (op == "<") ok = less(left, right);
-      else if (op == ">") ok = less(right, left);
-      else if (op == "<=") ok = !less(right, left);
-      else if (op == ">=") ok = !less(left, right);
-      else if (op == "in") ok = contains(*this, right, left, e.line);
-      else ok = !contains(*this, right, left, e.line);
+      if (op == "==")
+        ok = equal(left, right);
+      else if (op == "!=")
+        ok = !equal(left, right);
+      else if (op == "<")
+        ok = less(left, right);
+      else if (op == ">")
+        ok = less(right, left);
+      else if (op == "<=")
+        ok = !less(right, left);
+      else if (op == ">=")
+        ok = !less(left, right);
+      else if (op == "in")
+        ok = contains(*this, right, left, e.line);
+      else
+        ok = !contains(*this, right, left, e.line);
     } catch (const Error& x) {
       if (std::string_view(x.what()).find(" line ") != std::string_view::npos) throw;
       error(e.line, x.what());
@@ -628,7 +635,8 @@ Value Interpreter::binary(const Expr& e) {
     for (const auto& [seq, n] : {std::pair{&a, &b}, std::pair{&b, &a}})
       if ((seq->is_string() || seq->is_list()) && n->kind() == Value::Kind::integer) {
         const uint64_t unit = seq->is_string() ? seq->as_str().text.size() : seq->as_list().size() * sizeof(Value);
-        if (n->as_int() > 0 && unit > 0) require_size(n->as_int() > int64_t(1) << 40 ? UINT64_MAX : unit * uint64_t(n->as_int()));
+        if (n->as_int() > 0 && unit > 0)
+          require_size(n->as_int() > int64_t(1) << 40 ? UINT64_MAX : unit * uint64_t(n->as_int()));
         return repeat(*seq, n->as_int());
       }
     unsupported();
@@ -657,8 +665,7 @@ Value Interpreter::binary(const Expr& e) {
   unsupported();
 }
 
-Template::Template(std::string source, std::string origin)
-    : source_(std::move(source)), origin_(std::move(origin)) {
+Template::Template(std::string source, std::string origin) : source_(std::move(source)), origin_(std::move(origin)) {
   try {
     ast_ = std::make_unique<TemplateAst>(parse_template(source_));
   } catch (const Error& e) {

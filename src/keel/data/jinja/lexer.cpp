@@ -67,12 +67,13 @@ std::string decode_string(std::string_view body, int line) {
       case 'f': out += '\f'; break;
       case 'v': out += '\v'; break;
       case '\n': break;  // a backslash-newline continues the line
-      case 'N': {  // \N{NAME}: the character by its Unicode name
+      case 'N': {        // \N{NAME}: the character by its Unicode name
         const size_t close = body.find('}', i);
         UErrorCode status = U_ZERO_ERROR;
-        const UChar32 cp = i + 1 < body.size() && body[i + 1] == '{' && close != std::string_view::npos
-                               ? u_charFromName(U_EXTENDED_CHAR_NAME, std::string(body.substr(i + 2, close - i - 2)).c_str(), &status)
-                               : -1;
+        const UChar32 cp =
+            i + 1 < body.size() && body[i + 1] == '{' && close != std::string_view::npos
+                ? u_charFromName(U_EXTENDED_CHAR_NAME, std::string(body.substr(i + 2, close - i - 2)).c_str(), &status)
+                : -1;
         require(cp >= 0 && U_SUCCESS(status), "chat template line {}: malformed \\N{{...}} escape", line);
         append_utf8(out, uint32_t(cp));
         i = close;
@@ -354,8 +355,8 @@ class Lexer {
       ++end;
     }
     require(end < src_.size(), "chat template line {}: string literal not closed", start_line);
-    out_.push_back(
-        {Token::Type::string, decode_string(std::string_view(src_).substr(pos_ + 1, end - pos_ - 1), line_), start_line});
+    out_.push_back({Token::Type::string, decode_string(std::string_view(src_).substr(pos_ + 1, end - pos_ - 1), line_),
+                    start_line});
     pos_ = end + 1;
   }
 

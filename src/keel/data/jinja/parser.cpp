@@ -253,8 +253,8 @@ class Parser {
       return n;
     }
     if (name == "extends" || name == "include" || name == "import" || name == "from" || name == "block")
-      fail("chat template line {}: '{}' is not supported: a chat template is rendered alone, without other files",
-           line, name);
+      fail("chat template line {}: '{}' is not supported: a chat template is rendered alone, without other files", line,
+           name);
     fail("chat template line {}: unknown statement '{}'", line, name);
   }
 
@@ -638,10 +638,10 @@ class Parser {
   size_t i_ = 0;
   std::vector<std::string> literals_;
   bool has_generation_ = false;
-  bool soft_ = false;    // inside an if or a conditional expression (Jinja's soft frame)
+  bool soft_ = false;                 // inside an if or a conditional expression (Jinja's soft frame)
   std::vector<std::string> unknown_;  // unknown filters/tests of the expression being parsed
   int expression_depth_ = 0;
-  int loop_depth_ = 0;   // for loops around the statement being parsed
+  int loop_depth_ = 0;  // for loops around the statement being parsed
 };
 
 }  // namespace

@@ -17,13 +17,13 @@ namespace keel::data::jinja {
 struct TemplateAst;
 
 struct RenderLimits {
-  uint64_t max_steps = 20'000'000;          // expressions and statements evaluated
+  uint64_t max_steps = 20'000'000;  // expressions and statements evaluated
   size_t max_output_bytes = size_t(64) << 20;
-  int max_call_depth = 64;                   // nested macro calls
+  int max_call_depth = 64;  // nested macro calls
 };
 
 struct Rendered {
-  Str text;                                          // with the data marks of its strings
+  Str text;                                           // with the data marks of its strings
   std::vector<std::pair<size_t, size_t>> generation;  // byte ranges of {% generation %} blocks
 };
 

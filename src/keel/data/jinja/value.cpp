@@ -241,7 +241,8 @@ uint32_t decode_code_point(std::string_view s, size_t pos, size_t& length) {
   }
   const int n = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
   uint32_t cp = c & (0x3F >> (n - 1));
-  for (int k = 1; k < n && pos + size_t(k) < s.size(); ++k) cp = (cp << 6) | (static_cast<unsigned char>(s[pos + k]) & 0x3F);
+  for (int k = 1; k < n && pos + size_t(k) < s.size(); ++k)
+    cp = (cp << 6) | (static_cast<unsigned char>(s[pos + k]) & 0x3F);
   length = std::min(size_t(n), s.size() - pos);
   return cp;
 }
@@ -283,8 +284,8 @@ size_t byte_offset(std::string_view s, size_t index) {
 // str.isspace(): Unicode White_Space plus the ASCII separators Python counts (0x1C-0x1F).
 bool is_python_space(uint32_t cp) {
   if (cp < 0x80) return cp == ' ' || (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x1F);
-  return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 ||
-         cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
+  return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202F || cp == 0x205F || cp == 0x3000;
 }
 
 std::string float_repr(double d) {
@@ -356,8 +357,9 @@ std::string string_repr(std::string_view s) {
     } else if (cp == '\t') {
       out += "\\t";
     } else if (!printable(cp)) {
-      out += cp < 0x100 ? fmt::format("\\x{:02x}", cp) : cp < 0x10000 ? fmt::format("\\u{:04x}", cp)
-                                                                        : fmt::format("\\U{:08x}", cp);
+      out += cp < 0x100     ? fmt::format("\\x{:02x}", cp)
+             : cp < 0x10000 ? fmt::format("\\u{:04x}", cp)
+                            : fmt::format("\\U{:08x}", cp);
     } else {
       out.append(s.substr(pos, len));
     }
