@@ -53,8 +53,10 @@ int run_generate(GenerateOptions& o) {
   // A LoRA run's final/ is an adapter: its base model is the one adapter_config.json names.
   if (o.adapter.empty() && model::is_peft_adapter_dir(o.model) && !path_exists(o.model + "/config.json")) {
     const std::string base = model::read_peft_adapter_config(o.model).base_model;
-    require(!base.empty(), "{}: a LoRA adapter without base_model_name_or_path; give the base model with --model and "
-            "the adapter with --adapter", o.model);
+    require(!base.empty(),
+            "{}: a LoRA adapter without base_model_name_or_path; give the base model with --model and "
+            "the adapter with --adapter",
+            o.model);
     if (o.tokenizer.empty() && path_exists(o.model + "/tokenizer.json")) o.tokenizer = o.model;
     o.adapter = o.model;
     o.model = base;
@@ -88,9 +90,23 @@ int run_generate(GenerateOptions& o) {
       data::ChatInput input = data::chat_input_from_messages(messages);
       input.add_generation_prompt = true;
       prompt = encoder.encode(input).ids;
+      // The turn's end as training learned it: the last token of an answer's loss span in a probe
+      // conversation (GLM-4's next <|user|>, or <|im_end|>, <|eot_id|>, ... that EOS may not be).
+      try {
+        const data::EncodedChat probe =
+            encoder.encode(data::chat_input_from_messages({{"user", "x"}, {"assistant", "y"}}));
+        for (size_t t = probe.ids.size(); t-- > 0;)
+          if (probe.assistant_mask[t]) {
+            if (tokenizer->is_added(probe.ids[t])) o.sampling.stop_ids.push_back(probe.ids[t]);
+            break;
+          }
+      } catch (const Error&) {
+        // a template that refuses the probe: EOS alone stops generation
+      }
     } else if (o.chat) {
-      const auto format = o.chat_template.empty() || o.chat_template == "auto" ? data::detect_chat_format(o.model)
-                                                                               : data::chat_format_from_name(o.chat_template);
+      const auto format = o.chat_template.empty() || o.chat_template == "auto"
+                              ? data::detect_chat_format(o.model)
+                              : data::chat_format_from_name(o.chat_template);
       fmt::print(stderr, "keel: chat template: keel's built-in {}\n", data::chat_format_name(format));
       text = data::render_chat_text(format, messages, true);
       for (const auto& stop : data::chat_stop_tokens(format))
