@@ -77,6 +77,14 @@ TEST(JinjaTemplate, UntrustedTemplatesAreBoundedAndErrorsNameTheLine) {
       {"t line 1", "exceeds the limit of 65536"});
   expect_keel_error([&] { jinja::Template("ok\n{% if messages %}\n{{ x }", "t"); }, {"t: chat template line 3"});
   expect_keel_error([&] { jinja::Template("{% include 'other.jinja' %}", "t"); }, {"'include' is not supported"});
+  // Nesting is bounded before the stack is: brackets, `not`s and blocks.
+  expect_keel_error(
+      [&] { jinja::Template("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}", "t"); },
+      {"nested more than 128 levels deep"});
+  expect_keel_error([&] { jinja::Template("{{ " + std::string(10000, '-') + "1 }}", "t"); }, {"nested more than 128"});
+  std::string blocks;
+  for (int i = 0; i < 1000; ++i) blocks += "{% if true %}";
+  expect_keel_error([&] { jinja::Template(blocks, "t"); }, {"nested more than 128"});
   expect_keel_error([&] { jinja::Template("{{ raise_exception('roles must alternate') }}", "t").render(vars); },
                     {"t: the template refused the conversation: roles must alternate"});
   expect_keel_error([&] { jinja::Template("{{ nothing.here }}", "t").render(vars); }, {"'nothing' is undefined"});

@@ -883,7 +883,9 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   }
   if (name == "round") {
     if (!v.is_number()) bad(in, line, fmt::format("round: expects a number, got {}", v.type_name()));
-    const int precision = int(a.get(0, "precision", Value(int64_t(0))).as_int());
+    // Beyond ±400 digits a double has nothing left to round (and printf would be asked for a
+    // billion digits).
+    const int precision = int(std::clamp<int64_t>(a.get(0, "precision", Value(int64_t(0))).as_int(), -400, 400));
     const std::string method = a.get(1, "method", Value("common")).as_str().text;
     if (method == "common") {
       // Python's round(): an int stays an int; a float rounds its exact binary value to the
@@ -1089,6 +1091,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   if (name == "batch" || name == "slice") {
     const int64_t n = a.get(0, name == "batch" ? "linecount" : "slices").as_int();
     if (n <= 0) bad(in, line, fmt::format("{}: needs a positive count", name));
+    if (name == "slice") in.require_size(uint64_t(n) * sizeof(Value));  // n lists are made, even empty
     List items = as_items(in, v, line), out;
     const Value fill = a.get(1, "fill_with");
     if (name == "batch") {

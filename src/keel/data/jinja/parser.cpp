@@ -88,7 +88,19 @@ class Parser {
     }
   }
 
+  // Nesting is bounded (blocks in blocks, brackets in brackets, `not not ...`): the parser and the
+  // interpreter recurse once per level, and a template must not be able to exhaust the stack.
+  static constexpr int kMaxNesting = 128;
+  struct Nested {
+    Parser& p;
+    explicit Nested(Parser& parser) : p(parser) {
+      if (++p.nesting_ > kMaxNesting) p.error(fmt::format("nested more than {} levels deep", kMaxNesting));
+    }
+    ~Nested() { --p.nesting_; }
+  };
+
   Node statement(const std::string& name, int line) {
+    const Nested nested(*this);
     std::string end;
     if (name == "if") {
       // Jinja compiles an if's test and branches in a "soft" frame: an unknown filter or test
@@ -274,6 +286,7 @@ class Parser {
   // Unknown filters and tests are reported when the outermost expression ends: only then is it
   // known whether they sat in a conditional expression (Jinja's soft frame: a run-time error).
   ExprPtr expression(bool with_conditional = true) {
+    const Nested nested(*this);
     const size_t unknown_before = unknown_.size();
     ++expression_depth_;
     ExprPtr e = conditional(with_conditional);
@@ -334,6 +347,7 @@ class Parser {
   }
 
   ExprPtr logical_not() {
+    const Nested nested(*this);
     if (is_name("not")) {
       auto o = make(Expr::Kind::logical_not, next().line);
       o->args.push_back(logical_not());
@@ -414,6 +428,7 @@ class Parser {
   }
 
   ExprPtr unary(bool with_filter = true) {
+    const Nested nested(*this);
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       const Token& t = next();
@@ -641,6 +656,7 @@ class Parser {
   bool soft_ = false;                 // inside an if or a conditional expression (Jinja's soft frame)
   std::vector<std::string> unknown_;  // unknown filters/tests of the expression being parsed
   int expression_depth_ = 0;
+  int nesting_ = 0;
   int loop_depth_ = 0;  // for loops around the statement being parsed
 };
 

@@ -19,7 +19,7 @@ struct TemplateAst;
 struct RenderLimits {
   uint64_t max_steps = 20'000'000;  // expressions and statements evaluated
   size_t max_output_bytes = size_t(64) << 20;
-  int max_call_depth = 64;  // nested macro calls
+  int max_call_depth = 32;  // nested macro calls (each may hold 128 levels of syntax)
 };
 
 struct Rendered {
