@@ -174,21 +174,28 @@ def check_hf(keel, report, label, tokenizer_path, keel_path, texts, decode=True)
     report.rows.append((label, "identical" if ok else "MISMATCH", f"{len(texts)} texts"))
 
 
+def train_and_save(tok, corpus, vocab_size, path):
+    """Trains `tok` (a tokenizers.Tokenizer with BPE and byte fallback) on the corpus with the
+    special tokens and byte tokens of SentencePiece-style files, and saves it as tokenizer.json."""
+    from tokenizers import trainers
+    specials = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+                                                        show_progress=False))
+    tok.save(str(path))
+    return path
+
+
 def metaspace_tokenizers(directory, corpus):
     """SentencePiece-style tokenizers with the Metaspace pre-tokenizer and decoder (as older Llama,
     Mistral and TinyLlama files have them), trained here by the tokenizers library itself on the
     corpus, with byte fallback: (name, path) for each prepend scheme."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     out = []
     for scheme in ("first", "always"):
         tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True, fuse_unk=True))
         tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=scheme)
         tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme=scheme)
-        specials = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
-        tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=1500, special_tokens=specials,
-                                                            show_progress=False))
-        path = directory / f"metaspace_{scheme}.json"
-        tok.save(str(path))
+        path = train_and_save(tok, corpus, 1500, directory / f"metaspace_{scheme}.json")
         out.append((f"metaspace-{scheme} (trained by tokenizers)", path))
     return out
 
@@ -198,7 +205,7 @@ def component_tokenizers(directory, corpus):
     older and non-LLM tokenizer.json files use (Strip, Lowercase, Replace with a Regex, NFKC,
     Whitespace, WhitespaceSplit, Punctuation with each behavior), trained here on the corpus:
     (name, path) each."""
-    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, models, normalizers, pre_tokenizers
     setups = {
         "strip-lowercase-regex-replace + whitespace-split + punctuation":
             (normalizers.Sequence([normalizers.NFKC(), normalizers.Strip(), normalizers.Lowercase(),
@@ -216,11 +223,7 @@ def component_tokenizers(directory, corpus):
         tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
         tok.normalizer = normalizer
         tok.pre_tokenizer = pre_tokenizer
-        specials = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
-        tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=1200, special_tokens=specials,
-                                                            show_progress=False))
-        path = directory / f"components_{len(out)}.json"
-        tok.save(str(path))
+        path = train_and_save(tok, corpus, 1200, directory / f"components_{len(out)}.json")
         out.append((f"{name} (trained by tokenizers)", path))
     return out
 

@@ -181,6 +181,25 @@ TEST(Prepare, SpecialStringsInAModelTemplatesMessagesAreTextAndCounted) {
   EXPECT_EQ(starts, 3);
 }
 
+// With a model's own template the messages reach it as they are: an assistant turn of tool calls
+// with "content": null (OpenAI's shape) is the template's to render, not a bad record.
+TEST(Prepare, AModelTemplateGetsTheMessagesAsTheyAre) {
+  TempDir dir;
+  PrepareOptions o = chatml_directory(
+      dir, R"({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": null,)"
+           R"( "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {}}}]}]})"
+           "\n");
+  write_file_atomic(dir / "tools.jinja",
+                    "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}"
+                    "{% for c in m.tool_calls or [] %}{{ c.function.name }}{% endfor %}<|im_end|>\n{% endfor %}"
+                    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}");
+  o.chat_template = dir / "tools.jinja";
+  const PrepareReport r = prepare(o);
+  EXPECT_EQ(r.bad_records, 0);
+  EXPECT_EQ(r.documents, 1);
+  EXPECT_EQ(only_document(o).targets, "get_weather<|im_end|>");
+}
+
 TEST(Prepare, ATemplateThatRefusesARecordMakesItABadRecordNamingWhy) {
   TempDir dir;
   PrepareOptions o = chatml_directory(dir, "");

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <filesystem>
 #include <memory>
 #include <sstream>
 
@@ -13,6 +12,7 @@
 #include "keel/data/chat_encoding.h"
 #include "keel/data/chat_template.h"
 #include "keel/data/model_chat_template.h"
+#include "keel/data/prepare.h"
 #include "keel/data/tokenizer.h"
 #include "keel/kernels/backend.h"
 #include "keel/model/generator.h"
@@ -68,25 +68,23 @@ int run_generate(GenerateOptions& o) {
     tokenizer = std::make_unique<data::Tokenizer>(data::load_tokenizer(o.tokenizer.empty() ? o.model : o.tokenizer));
   std::vector<int32_t> prompt;
   if (!o.prompt.empty()) {
-    std::string text = o.prompt;
-    std::optional<data::ModelChatTemplate> own;  // the model's own template, as training applies it
     std::vector<data::ChatMessage> messages;
+    // The template as training chooses it (data::choose_chat_template): the model's own, else a
+    // built-in, or the one --chat-template names.
+    data::DocumentEncoder chat;
     if (o.chat) {
       if (!o.system.empty()) messages.push_back({"system", o.system});
       messages.push_back({"user", o.prompt});
-      const std::string dir = !o.tokenizer.empty() && !std::filesystem::is_directory(o.tokenizer)
-                                  ? std::filesystem::path(o.tokenizer).parent_path().string()
-                                  : (o.tokenizer.empty() ? o.model : o.tokenizer);
-      if (o.chat_template.ends_with(".jinja"))
-        own = data::chat_template_from_file(o.chat_template, dir);
-      else if (o.chat_template.empty() || o.chat_template == "auto" || o.chat_template == "model")
-        own = data::find_model_chat_template(dir);
-      require(own || o.chat_template != "model", "{}: --chat-template model, but the directory has no chat template",
-              dir);
+      chat.tokenizer = tokenizer.get();
+      const std::string tokenizer_path = o.tokenizer.empty() ? o.model : o.tokenizer;
+      std::string why;
+      const std::string name =
+          data::choose_chat_template(chat, o.chat_template.empty() ? "auto" : o.chat_template, tokenizer_path, &why);
+      require(chat.model_template || chat.format, "{}: --chat needs a chat template ({})", tokenizer_path, why);
+      fmt::print(stderr, "keel: chat template {} ({})\n", name, why);
     }
-    if (own) {
-      fmt::print(stderr, "keel: chat template: the model's own, {}\n", own->origin);
-      const data::ChatTemplateEncoder encoder(std::move(*own), tokenizer.get());
+    if (chat.model_template) {
+      const data::ChatTemplateEncoder& encoder = *chat.model_template;
       data::ChatInput input = data::chat_input_from_messages(messages);
       input.add_generation_prompt = true;
       prompt = encoder.encode(input).ids;
@@ -103,17 +101,12 @@ int run_generate(GenerateOptions& o) {
       } catch (const Error&) {
         // a template that refuses the probe: EOS alone stops generation
       }
-    } else if (o.chat) {
-      const auto format = o.chat_template.empty() || o.chat_template == "auto"
-                              ? data::detect_chat_format(o.model)
-                              : data::chat_format_from_name(o.chat_template);
-      fmt::print(stderr, "keel: chat template: keel's built-in {}\n", data::chat_format_name(format));
-      text = data::render_chat_text(format, messages, true);
-      for (const auto& stop : data::chat_stop_tokens(format))
+    } else if (chat.format) {
+      prompt = tokenizer->encode(data::render_chat_text(*chat.format, messages, true));
+      for (const auto& stop : data::chat_stop_tokens(*chat.format))
         if (auto id = tokenizer->token_to_id(stop)) o.sampling.stop_ids.push_back(*id);
-      prompt = tokenizer->encode(text);
     } else {
-      prompt = tokenizer->encode(text);
+      prompt = tokenizer->encode(o.prompt);
     }
   } else {
     prompt = parse_ids(o.prompt_ids);

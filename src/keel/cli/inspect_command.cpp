@@ -98,7 +98,7 @@ void inspect_jsonl(const InspectOptions& o, const data::Tokenizer* tokenizer, Do
   encoder.data_path = o.data;
   std::cerr << fmt::format("keel inspect: {} encoded as keel prepare would: chat template {} ({}), rows of {} tokens\n",
                            o.data, name, why, o.max_seq_len);
-  data::RecordParser parser;
+  data::RecordParser parser = encoder.record_parser();
   data::Record record;
   std::vector<int32_t> scratch;
   bool more = true;

@@ -24,6 +24,14 @@ bool all_space(std::string_view s) {
 // normalized stretch, mapped back to the raw text by the normalized length of each raw prefix (a
 // raw character that normalization merged with the next lands in the token holding the merge).
 // False when the tokens do not spell the normalized stretch (or it is too long to map).
+// The bytes a token's surface `s` takes in `text` at `p`: all of it, or all but the prefix space
+// the tokenizer added (SentencePiece's); npos when it is not there.
+size_t surface_at(std::string_view text, size_t p, std::string_view s) {
+  if (text.compare(p, s.size(), s) == 0) return s.size();
+  if (!s.empty() && s[0] == ' ' && text.compare(p, s.size() - 1, s.substr(1)) == 0) return s.size() - 1;
+  return std::string_view::npos;
+}
+
 bool align_normalized(const Tokenizer& tok, std::string_view text, size_t begin, size_t end,
                       const std::vector<int32_t>& ids, size_t k, size_t j, std::vector<Span>& out) {
   const std::string_view raw = text.substr(begin, end - begin);
@@ -34,16 +42,10 @@ bool align_normalized(const Tokenizer& tok, std::string_view text, size_t begin,
   std::string scratch;
   size_t q = 0;
   for (size_t m = k; m < j; ++m) {
-    const std::string_view s = tok.token_surface(ids[m], scratch);
-    if (norm.compare(q, s.size(), s) == 0) {
-      spans.emplace_back(q, q + s.size());
-      q += s.size();
-    } else if (!s.empty() && s[0] == ' ' && norm.compare(q, s.size() - 1, s.substr(1)) == 0) {
-      spans.emplace_back(q, q + s.size() - 1);
-      q += s.size() - 1;
-    } else {
-      return false;
-    }
+    const size_t n = surface_at(norm, q, tok.token_surface(ids[m], scratch));
+    if (n == std::string_view::npos) return false;
+    spans.emplace_back(q, q + n);
+    q += n;
   }
   // normalized length of each raw prefix that ends at a character boundary
   std::vector<std::pair<size_t, size_t>> prefix;  // (raw bytes, normalized bytes)
@@ -74,14 +76,9 @@ std::vector<Span> token_offsets(const Tokenizer& tok, std::string_view text, con
   size_t p = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     const std::string_view s = tok.token_surface(ids[k], scratch);
-    if (text.compare(p, s.size(), s) == 0) {
-      out[k] = {p, p + s.size()};
-      p += s.size();
-      continue;
-    }
-    if (!s.empty() && s[0] == ' ' && text.compare(p, s.size() - 1, s.substr(1)) == 0) {
-      out[k] = {p, p + s.size() - 1};  // the prefix space the tokenizer added
-      p += s.size() - 1;
+    if (const size_t n = surface_at(text, p, s); n != std::string_view::npos) {
+      out[k] = {p, p + n};
+      p += n;
       continue;
     }
     const size_t q = s.empty() ? std::string_view::npos : text.find(s, p);

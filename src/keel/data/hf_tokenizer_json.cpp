@@ -131,9 +131,10 @@ void read_normalizer(const Reader& r, element e, std::string_view where, std::ve
     for (element n : r.as_array(r.required(o, "normalizers", where), fmt::format("{}.normalizers", where)))
       read_normalizer(r, n, fmt::format("{}.normalizers[{}]", where, i++), out);
   } else {
-    fail("{}: {}: normalizer '{}' is not supported (keel reads NFC, NFD, NFKC, NFKD, Prepend, Replace, Strip, "
-         "Lowercase and Sequence)",
-         r.origin(), where, type);
+    fail(
+        "{}: {}: normalizer '{}' is not supported (keel reads NFC, NFD, NFKC, NFKD, Prepend, Replace, Strip, "
+        "Lowercase and Sequence)",
+        r.origin(), where, type);
   }
 }
 
@@ -336,20 +337,21 @@ std::optional<int32_t> config_token(const Tokenizer& tokenizer, object config, s
                                     const std::string& origin) {
   element e;
   if (config.at_key(key).get(e) != simdjson::SUCCESS || e.is_null()) return std::nullopt;
-  std::string_view name;
-  object o;
-  if (e.get_object().get(o) == simdjson::SUCCESS) {
-    if (o.at_key("content").get_string().get(name) != simdjson::SUCCESS)
-      fail("{}: {}: expected a string or an object with 'content'", origin, key);
-  } else if (e.get_string().get(name) != simdjson::SUCCESS) {
-    fail("{}: {}: expected a string or an object with 'content'", origin, key);
-  }
-  auto id = tokenizer.token_to_id(name);
-  if (!id) fail("{}: {} '{}' is not a token of the tokenizer", origin, key, name);
+  const auto name = config_token_text(e);
+  if (!name) fail("{}: {}: expected a string or an object with 'content'", origin, key);
+  auto id = tokenizer.token_to_id(*name);
+  if (!id) fail("{}: {} '{}' is not a token of the tokenizer", origin, key, *name);
   return id;
 }
 
 }  // namespace
+
+std::optional<std::string_view> config_token_text(simdjson::dom::element e) {
+  std::string_view s;
+  if (e.get_string().get(s) == simdjson::SUCCESS) return s;
+  if (e.is_object() && e["content"].get_string().get(s) == simdjson::SUCCESS) return s;
+  return std::nullopt;
+}
 
 Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origin, std::string_view config_json) {
   Reader r(origin);

@@ -11,6 +11,9 @@
 // Anything else is a keel::Error naming the file and the JSON path, not a silent difference.
 // BOS/EOS come from the template, or from tokenizer_config.json next to the file when present.
 #pragma once
+#include <simdjson.h>
+
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -22,5 +25,9 @@ Tokenizer load_hf_tokenizer_json(const std::string& path);
 
 // From the text of a tokenizer.json; `config_json` is the text of tokenizer_config.json or empty.
 Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origin, std::string_view config_json = {});
+
+// A token named in tokenizer_config.json ("bos_token": "<s>", or an AddedToken object with
+// "content"): its text, or nullopt for anything else (null included).
+std::optional<std::string_view> config_token_text(simdjson::dom::element e);
 
 }  // namespace keel::data

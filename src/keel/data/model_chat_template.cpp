@@ -8,6 +8,7 @@
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 #include "keel/core/json_text.h"
+#include "keel/data/hf_tokenizer_json.h"
 #include "keel/data/record_reader.h"
 
 namespace keel::data {
@@ -57,21 +58,15 @@ Dict special_tokens_of(const std::string& dir) {
   simdjson::dom::parser parser;
   simdjson::dom::element root;
   if (parse_json_document(parser, text, root) != simdjson::SUCCESS || !root.is_object()) return out;
-  auto token_text = [](simdjson::dom::element v) -> std::optional<std::string> {
-    std::string_view s;
-    if (v.get_string().get(s) == simdjson::SUCCESS) return std::string(s);
-    if (v.is_object() && v["content"].get_string().get(s) == simdjson::SUCCESS) return std::string(s);
-    return std::nullopt;
-  };
   for (const char* key : {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}) {
     simdjson::dom::element v;
     if (root[key].get(v) != simdjson::SUCCESS) continue;
-    if (auto s = token_text(v)) out.set(key, Value(*s));
+    if (auto s = config_token_text(v)) out.set(key, Value(std::string(*s)));
   }
   simdjson::dom::object extra;
   if (root["extra_special_tokens"].get_object().get(extra) == simdjson::SUCCESS)
     for (auto field : extra)
-      if (auto s = token_text(field.value)) out.set(std::string(field.key), Value(*s));
+      if (auto s = config_token_text(field.value)) out.set(std::string(field.key), Value(std::string(*s)));
   return out;
 }
 

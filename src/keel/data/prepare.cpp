@@ -188,7 +188,7 @@ class ChunkPipeline {
   }
 
   void work() {
-    RecordParser parser;
+    RecordParser parser = encoder_.record_parser();
     for (;;) {
       std::unique_ptr<LineChunk> chunk;
       {
@@ -383,13 +383,21 @@ std::optional<ChatFormat> chat_format_for(const std::string& name, const std::st
   return format;
 }
 
+namespace {
+
+// chat_template names a template file (.jinja, or a JSON file holding "chat_template").
+bool is_template_file(const std::string& name) {
+  return name.ends_with(".jinja") || (name != "auto" && name != "model" && path_exists(name));
+}
+
+}  // namespace
+
 std::string choose_chat_template(DocumentEncoder& encoder, const std::string& name, const std::string& tokenizer_path,
                                  std::string* why) {
   encoder.format.reset();
   encoder.model_template.reset();
-  const bool file = name.ends_with(".jinja") || (name != "auto" && name != "model" && path_exists(name));
   std::optional<ModelChatTemplate> own;
-  if (file) {
+  if (is_template_file(name)) {
     own = chat_template_from_file(name, tokenizer_path.empty() || fs::is_directory(tokenizer_path)
                                             ? tokenizer_path
                                             : fs::path(tokenizer_path).parent_path().string());
@@ -417,7 +425,7 @@ std::string choose_chat_template(DocumentEncoder& encoder, const std::string& na
 
 std::string chat_template_key(const std::string& name) {
   // "jinja1": since model templates are rendered, "auto" means something else than before.
-  if (name.ends_with(".jinja") || (name != "auto" && name != "model" && path_exists(name)))
+  if (is_template_file(name))
     return fmt::format("{}|{}|jinja1", name, checksum_hex(file_checksum(name)));
   return name + "|jinja1";
 }
@@ -504,17 +512,8 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
       }
       case RecordKind::conversation: {
         if (model_template) {
-          ChatInput input;
-          if (!r.raw.empty()) {
-            thread_local simdjson::dom::parser parser;
-            simdjson::dom::element doc;
-            if (parse_json_document(parser, r.raw, doc) != simdjson::SUCCESS) return "invalid JSON";
-            const std::string why = chat_input_from_record(doc, input);
-            if (!why.empty()) return why;
-          } else {
-            input = chat_input_from_messages(r.messages);
-          }
-          const EncodedChat chat = model_template->encode(input);
+          // Read whole by the encoder's record_parser(), or role/content pairs (prompt/response).
+          const EncodedChat chat = model_template->encode(r.chat ? *r.chat : chat_input_from_messages(r.messages));
           if (chat.control_strings_in_data > 0) ++out.special_string_records;
           for (size_t t = 0; t < chat.ids.size(); ++t) {
             out.tokens.push_back(uint32_t(chat.ids[t]));

@@ -152,6 +152,10 @@ struct DocumentEncoder {
   bool split_long_text = false;  // split (rather than truncate) text records longer than max_seq_len
   std::string data_path;
 
+  // The parser for the records this encoder encodes (conversations read whole for a model's
+  // own template).
+  RecordParser record_parser() const { return RecordParser(model_template != nullptr); }
+
   // Why records of this kind cannot be encoded with this configuration at all (a text record
   // without a tokenizer, a chat record without a template): "" when they can.
   std::string configuration_error(const Record& r, int64_t line) const;

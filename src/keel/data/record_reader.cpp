@@ -228,10 +228,15 @@ void LineChunkReader::skip_rest_of_line(LineChunk& chunk) {
 
 struct RecordParser::Impl {
   simdjson::dom::parser parser;
+  bool for_model_template = false;
 };
 
-RecordParser::RecordParser() : impl_(std::make_unique<Impl>()) {}
+RecordParser::RecordParser(bool for_model_template) : impl_(std::make_unique<Impl>()) {
+  impl_->for_model_template = for_model_template;
+}
 RecordParser::~RecordParser() = default;
+RecordParser::RecordParser(RecordParser&&) noexcept = default;
+RecordParser& RecordParser::operator=(RecordParser&&) noexcept = default;
 
 // ShareGPT speaker names to the roles the chat templates know.
 std::string normalized_role(std::string_view role) {
@@ -268,7 +273,6 @@ bool has_key(const object& o, std::string_view key) {
   element e;
   return o.at_key(key).get(e) == simdjson::SUCCESS;
 }
-
 
 std::string parse_messages(const element& list, bool sharegpt, std::vector<ChatMessage>& out) {
   const char* field = sharegpt ? "conversations" : "messages";
@@ -322,15 +326,15 @@ std::string RecordParser::parse(std::string_view line, Record& out) {
   if (doc.get_object().get(o) != simdjson::SUCCESS) return "not a JSON object";
 
   element e;
-  if (o.at_key("messages").get(e) == simdjson::SUCCESS) {
+  const bool messages = o.at_key("messages").get(e) == simdjson::SUCCESS;
+  if (messages || o.at_key("conversations").get(e) == simdjson::SUCCESS) {
     out.kind = RecordKind::conversation;
-    out.raw = line;
-    return parse_messages(e, false, out.messages);
-  }
-  if (o.at_key("conversations").get(e) == simdjson::SUCCESS) {
-    out.kind = RecordKind::conversation;
-    out.raw = line;
-    return parse_messages(e, true, out.messages);
+    if (!impl_->for_model_template) return parse_messages(e, !messages, out.messages);
+    try {
+      return chat_input_from_record(doc, out.chat.emplace());
+    } catch (const Error& x) {  // a value a template cannot be given (an integer beyond 64 bits)
+      return x.what();
+    }
   }
   if (has_key(o, "prompt") || has_key(o, "response")) {
     out.kind = RecordKind::conversation;

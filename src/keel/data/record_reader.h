@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "keel/data/chat_template.h"
+#include "keel/data/model_chat_template.h"
 
 namespace keel::data {
 
@@ -67,31 +68,36 @@ enum class RecordKind { text, conversation, tokens };
 
 struct Record {
   RecordKind kind = RecordKind::text;
-  std::string text;                        // kind == text
-  std::vector<ChatMessage> messages;       // kind == conversation
-  // kind == conversation from "messages"/"conversations": the record's JSON, for a model's own
-  // template (which may read tools, tool_calls, reasoning_content, ...)
-  std::string raw;
+  std::string text;                   // kind == text
+  std::vector<ChatMessage> messages;  // kind == conversation
+  // kind == conversation from "messages"/"conversations", read for a model's own template
+  // (RecordParser(true)): the messages as they are (tool_calls, reasoning_content, a null content,
+  // any role: the template decides), with tools and documents; `messages` stays empty
+  std::optional<ChatInput> chat;
   std::vector<int32_t> input_ids, labels;  // kind == tokens (labels same length, -100 = no loss)
   void clear() {
     text.clear();
     messages.clear();
-    raw.clear();
+    chat.reset();
     input_ids.clear();
     labels.clear();
   }
 };
 
-// Parses one JSONL line. Returns an empty string on success, else why the record is bad
-// ("invalid JSON at ...", "missing field 'text' ...", "invalid UTF-8 in 'content'").
-// A parser per thread: RecordParser is not thread-safe, and reuses its buffers across lines.
 // ShareGPT speaker names ("human", "gpt", ...) to the roles chat templates know; "" when unknown.
 std::string normalized_role(std::string_view role);
 
+// Parses one JSONL line. Returns an empty string on success, else why the record is bad
+// ("invalid JSON at ...", "missing field 'text' ...", "invalid UTF-8 in 'content'").
+// A parser per thread: RecordParser is not thread-safe, and reuses its buffers across lines.
+// for_model_template: conversations are read into Record::chat for a model's own template, once
+// and with every field, instead of into role/content pairs for a built-in one.
 class RecordParser {
  public:
-  RecordParser();
+  explicit RecordParser(bool for_model_template = false);
   ~RecordParser();
+  RecordParser(RecordParser&&) noexcept;
+  RecordParser& operator=(RecordParser&&) noexcept;
   std::string parse(std::string_view line, Record& out);
 
  private:

@@ -105,6 +105,7 @@ class OnTheFlySource final : public BatchSource {
     encoder_.train_on_prompt = q.train_on_prompt;
     encoder_.special_tokens_in_messages = q.special_tokens_in_messages;
     data::choose_chat_template(encoder_, q.chat_template, tokenizer_path);
+    parser_ = encoder_.record_parser();
     encoder_.max_seq_len = q.max_seq_len;
     encoder_.vocab_size = tokenizer_ ? tokenizer_->vocab_size() : q.vocab_size;
     encoder_.data_path = path;

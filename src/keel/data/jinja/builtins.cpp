@@ -22,7 +22,6 @@ namespace keel::data::jinja {
 namespace {
 
 [[noreturn]] void bad(Interpreter& in, int line, const std::string& what) { in.error(line, what); }
-List as_items(Interpreter& in, const Value& v, int line);
 
 // A result built from `from` by a transformation that does not keep byte positions: marked whole
 // when any of `from` was.
@@ -33,22 +32,6 @@ Str rebuilt(std::string text, const Str& from) {
     return s;
   }
   return from.marked() ? Str(std::move(text), from.first_source()) : Str(std::move(text));
-}
-
-int source_in(const Value& v) {
-  if (v.is_string()) return v.as_str().first_source();
-  if (v.is_list())
-    for (const Value& x : v.as_list())
-      if (int s = source_in(x); s != Str::kNoSource) return s;
-  if (v.is_dict())
-    for (const auto& [k, x] : v.as_dict().items)
-      if (int s = source_in(x); s != Str::kNoSource) return s;
-  return Str::kNoSource;
-}
-
-Str marked_like(std::string text, const Value& from) {
-  const int s = source_in(from);
-  return s == Str::kNoSource ? Str(std::move(text)) : Str(std::move(text), s);
 }
 
 std::string case_mapped(const std::string& s, int how) {  // 0 lower, 1 upper
@@ -301,6 +284,25 @@ size_t line_break_length(const std::string& s, size_t pos) {
   return 0;
 }
 
+// s cut at Python's line boundaries (with them when keepends), the text after the last boundary
+// included even when empty: str.splitlines drops that one when empty, Jinja's indent keeps it.
+std::vector<Str> line_pieces(const Str& s, bool keepends) {
+  std::vector<Str> out;
+  size_t begin = 0;
+  for (size_t i = 0; i < s.text.size();) {
+    const size_t n = line_break_length(s.text, i);
+    if (n == 0) {
+      ++i;
+      continue;
+    }
+    out.push_back(s.substr(begin, keepends ? i + n : i));
+    i += n;
+    begin = i;
+  }
+  out.push_back(s.substr(begin, s.text.size()));
+  return out;
+}
+
 Value string_method(const Value& self, const std::string& name) {
   using A = CallArgs;
   auto method = [&](auto body) {
@@ -320,21 +322,9 @@ Value string_method(const Value& self, const std::string& name) {
     });
   if (name == "splitlines")
     return method([](Interpreter&, const Str& s, A& a) {
-      const bool keepends = a.get(0, "keepends", Value(false)).truthy();
-      List out;
-      size_t begin = 0;
-      for (size_t i = 0; i < s.text.size();) {
-        const size_t n = line_break_length(s.text, i);
-        if (n == 0) {
-          ++i;
-          continue;
-        }
-        out.emplace_back(s.substr(begin, keepends ? i + n : i));
-        i += n;
-        begin = i;
-      }
-      if (begin < s.text.size()) out.emplace_back(s.substr(begin, s.text.size()));
-      return Value(std::move(out));
+      std::vector<Str> lines = line_pieces(s, a.get(0, "keepends", Value(false)).truthy());
+      if (lines.back().text.empty()) lines.pop_back();
+      return Value(List(lines.begin(), lines.end()));
     });
   if (name == "startswith" || name == "endswith")
     return method([name](Interpreter& in, const Str& s, A& a) {
@@ -392,7 +382,7 @@ Value string_method(const Value& self, const std::string& name) {
       Str out;
       if (!items.is_list() && !items.is_string()) in.error(0, "str.join expects a list or a string");
       bool first = true;
-      for (const Value& x : as_items(in, items, 0)) {
+      for (const Value& x : iteration_items(in, items, 0)) {
         if (!first) out.append(s);
         first = false;
         out.append(need_str(in, x, "str.join", 0));
@@ -402,7 +392,7 @@ Value string_method(const Value& self, const std::string& name) {
   if (name == "center" || name == "ljust" || name == "rjust" || name == "zfill")
     return method([name](Interpreter& in, const Str& s, A& a) {
       const int64_t width = a.get(0, "width", Value(int64_t(0))).as_int();
-      in.require_size(uint64_t(std::max<int64_t>(width, 0)));
+      ValueSizeLimit::check(uint64_t(std::max<int64_t>(width, 0)));
       const int64_t n = int64_t(code_point_count(s.text));
       if (width <= n) return Value(s);
       const Value fill_v = a.get(1, "fillchar", Value(name == "zfill" ? "0" : " "));
@@ -550,27 +540,6 @@ Value builtin_method(const Value& self, const std::string& name) {
 
 namespace {
 
-List as_items(Interpreter& in, const Value& v, int line) {
-  if (v.is_list()) return v.as_list();
-  if (v.is_undefined()) return {};
-  if (v.is_dict()) {
-    List keys;
-    for (const auto& [k, x] : v.as_dict().items) keys.push_back(key_value(k));
-    return keys;
-  }
-  if (v.is_string()) {
-    List chars;
-    for (size_t pos = 0; pos < v.as_str().text.size();) {
-      size_t len;
-      decode_code_point(v.as_str().text, pos, len);
-      chars.emplace_back(v.as_str().substr(pos, pos + len));
-      pos += len;
-    }
-    return chars;
-  }
-  bad(in, line, fmt::format("'{}' object is not iterable", v.type_name()));
-}
-
 // An attribute path "a.b" or an item index, as Jinja's make_attrgetter reads it.
 Value get_path(Interpreter& in, const Value& v, const Value& path, int line) {
   if (path.is_number()) return in.item(v, path, line);
@@ -606,7 +575,7 @@ bool sort_less(const Value& a, const Value& b, bool case_sensitive) {
 Value select_like(Interpreter& in, const Value& subject, CallArgs& a, int line, bool attr, bool keep) {
   List out;
   if (!subject.truthy()) return Value(std::move(out));  // Jinja: `if value:` first (none selects nothing)
-  for (const Value& x : as_items(in, subject, line)) {
+  for (const Value& x : iteration_items(in, subject, line)) {
     Value probe = attr ? get_path(in, x, a.get(0, "attribute"), line) : x;
     const size_t test_at = attr ? 1 : 0;
     bool ok;
@@ -814,7 +783,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     bad(in, line, fmt::format("object of type '{}' has no len()", v.type_name()));
   }
   if (name == "first" || name == "last") {
-    List items = as_items(in, v, line);
+    List items = iteration_items(in, v, line);
     if (items.empty()) return Value::undefined(name);
     return name == "first" ? items.front() : items.back();
   }
@@ -823,7 +792,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     Value attribute = a.get(1, "attribute");
     Str out;
     bool first = true;
-    for (const Value& x : as_items(in, v, line)) {
+    for (const Value& x : iteration_items(in, v, line)) {
       if (!first) out.append(sep);
       first = false;
       out.append(str_of(attribute.is_undefined() ? x : get_path(in, x, attribute, line)));
@@ -901,7 +870,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     const double scale = std::pow(10.0, precision), x = v.as_real() * scale;
     return Value((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
   }
-  if (name == "list") return Value(as_items(in, v, line));
+  if (name == "list") return Value(iteration_items(in, v, line));
   if (name == "items") {
     if (v.is_undefined()) return Value(List{});
     if (!v.is_dict()) bad(in, line, fmt::format("items: expected a mapping, got {}", v.type_name()));
@@ -910,27 +879,18 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     return Value(std::move(out));
   }
   if (name == "reverse") {
-    if (v.is_string()) {
-      Str out;
-      std::vector<std::pair<size_t, size_t>> chars;
-      for (size_t pos = 0; pos < v.as_str().text.size();) {
-        size_t len;
-        decode_code_point(v.as_str().text, pos, len);
-        chars.emplace_back(pos, pos + len);
-        pos += len;
-      }
-      for (auto it = chars.rbegin(); it != chars.rend(); ++it) out.append(v.as_str().substr(it->first, it->second));
-      return Value(std::move(out));
-    }
-    List items = as_items(in, v, line);
+    List items = iteration_items(in, v, line);  // a string's characters, too
     std::reverse(items.begin(), items.end());
-    return Value(std::move(items));
+    if (!v.is_string()) return Value(std::move(items));
+    Str out;
+    for (const Value& c : items) out.append(c.as_str());
+    return Value(std::move(out));
   }
   if (name == "unique") {
     List out;
     const bool case_sensitive = a.get(0, "case_sensitive", Value(false)).truthy();
     Value attribute = a.get(1, "attribute");
-    for (const Value& x : as_items(in, v, line)) {
+    for (const Value& x : iteration_items(in, v, line)) {
       Value key = attribute.is_undefined() ? x : get_path(in, x, attribute, line);
       bool seen = false;
       for (const Value& y : out) {
@@ -944,7 +904,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     return Value(std::move(out));
   }
   if (name == "sort") {
-    List items = as_items(in, v, line);
+    List items = iteration_items(in, v, line);
     const bool reverse = a.get(0, "reverse", Value(false)).truthy();
     const bool case_sensitive = a.get(1, "case_sensitive", Value(false)).truthy();
     Value attribute = a.get(2, "attribute");
@@ -972,7 +932,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   if (name == "sum") {
     Value total = a.get(1, "start", Value(int64_t(0)));
     Value attribute = a.get(0, "attribute");
-    for (const Value& x : as_items(in, v, line)) {
+    for (const Value& x : iteration_items(in, v, line)) {
       Value y = attribute.is_undefined() ? x : get_path(in, x, attribute, line);
       if (!y.is_number() || !total.is_number()) bad(in, line, "sum: expects numbers");
       total = total.kind() == Value::Kind::real || y.kind() == Value::Kind::real ? Value(total.as_real() + y.as_real())
@@ -981,7 +941,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     return total;
   }
   if (name == "min" || name == "max") {
-    List items = as_items(in, v, line);
+    List items = iteration_items(in, v, line);
     if (items.empty()) return Value::undefined(name);
     const bool case_sensitive = a.get(0, "case_sensitive", Value(false)).truthy();
     const Value attribute = a.get(1, "attribute");
@@ -997,7 +957,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     if (!v.truthy()) return Value(std::move(out));  // Jinja maps nothing over a falsy value (none)
     if (const Value* attribute = a.keyword("attribute")) {
       const Value* fallback = a.keyword("default");
-      for (const Value& x : as_items(in, v, line)) {
+      for (const Value& x : iteration_items(in, v, line)) {
         Value y = get_path(in, x, *attribute, line);
         out.push_back(y.is_undefined() && fallback ? *fallback : y);
       }
@@ -1006,7 +966,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     if (a.positional.empty()) bad(in, line, "map needs a filter name or attribute=");
     const std::string filter = to_str(a.positional[0]).text;
     CallArgs fargs = rest_of(a, 1);
-    for (const Value& x : as_items(in, v, line)) out.push_back(in.apply_filter(filter, x, fargs, line));
+    for (const Value& x : iteration_items(in, v, line)) out.push_back(in.apply_filter(filter, x, fargs, line));
     return Value(std::move(out));
   }
   if (name == "select") return select_like(in, v, a, line, false, true);
@@ -1020,26 +980,14 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   }
   if (name == "indent") {
     const Value width = a.get(0, "width", Value(int64_t(4)));
-    if (!width.is_string()) in.require_size(uint64_t(std::max<int64_t>(width.as_int(), 0)));
+    if (!width.is_string()) ValueSizeLimit::check(uint64_t(std::max<int64_t>(width.as_int(), 0)));
     const bool first = a.get(1, "first", Value(false)).truthy(), blank = a.get(2, "blank", Value(false)).truthy();
     const Str pad =
         width.is_string() ? width.as_str() : Str(std::string(size_t(std::max<int64_t>(width.as_int(), 0)), ' '));
     // Jinja's: lines of s + "\n" (so a trailing newline keeps an empty last line); every line
     // but the first indented unless empty (or always with blank); the first with first=True.
     const Str s = str_of(v);
-    std::vector<Str> lines;  // Python's splitlines of s + "\n": every line boundary ends a line
-    size_t begin = 0;
-    for (size_t i = 0; i < s.text.size();) {
-      const size_t n = line_break_length(s.text, i);
-      if (n == 0) {
-        ++i;
-        continue;
-      }
-      lines.push_back(s.substr(begin, i));
-      i += n;
-      begin = i;
-    }
-    lines.push_back(s.substr(begin, s.text.size()));
+    const std::vector<Str> lines = line_pieces(s, false);  // Python's splitlines of s + "\n"
     Str out;
     if (first) out.append(pad);
     for (size_t i = 0; i < lines.size(); ++i) {
@@ -1091,8 +1039,8 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   if (name == "batch" || name == "slice") {
     const int64_t n = a.get(0, name == "batch" ? "linecount" : "slices").as_int();
     if (n <= 0) bad(in, line, fmt::format("{}: needs a positive count", name));
-    if (name == "slice") in.require_size(uint64_t(n) * sizeof(Value));  // n lists are made, even empty
-    List items = as_items(in, v, line), out;
+    if (name == "slice") ValueSizeLimit::check(uint64_t(n) * sizeof(Value));  // n lists are made, even empty
+    List items = iteration_items(in, v, line), out;
     const Value fill = a.get(1, "fill_with");
     if (name == "batch") {
       for (size_t i = 0; i < items.size(); i += size_t(n)) {
@@ -1154,7 +1102,7 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& v, Call
     const Value seq = a.get(0, "seq");
     if (seq.is_string()) return v.is_string() && seq.as_str().text.find(v.as_str().text) != std::string::npos;
     if (seq.is_dict()) return !v.is_list() && !v.is_dict() && seq.as_dict().find(dict_key(v));
-    for (const Value& x : as_items(in, seq, line))
+    for (const Value& x : iteration_items(in, seq, line))
       if (equal(x, v)) return true;
     return false;
   }

@@ -8,9 +8,6 @@
 #include "keel/core/error.h"
 
 namespace keel::data::jinja {
-namespace {
-List iteration_items(Interpreter& in, const Value& v, int line);
-}  // namespace
 
 Value CallArgs::get(size_t index, std::string_view name, Value fallback) const {
   if (index < positional.size()) return positional[index];
@@ -36,11 +33,6 @@ void Interpreter::step() {
     fail("{}: rendering stopped after {} steps (a template must finish in bounded work)", origin_, limits_.max_steps);
 }
 
-void Interpreter::require_size(uint64_t bytes) const {
-  if (bytes > limits_.max_output_bytes)
-    error(0, fmt::format("a value of {} bytes or items exceeds the limit of {}", bytes, limits_.max_output_bytes));
-}
-
 Rendered Interpreter::run(const Dict& variables) {
   // The globals are stateless functions, never assigned to (sets go to the frames above): built once.
   static const std::shared_ptr<Frame> globals = [] {
@@ -58,17 +50,9 @@ Rendered Interpreter::run(const Dict& variables) {
   return Rendered{std::move(outputs_[0]), std::move(generation_)};
 }
 
-void Interpreter::emit(std::string_view template_text) {
-  outputs_.back().append(template_text);
-  if (outputs_.back().text.size() > limits_.max_output_bytes)
-    fail("{}: the rendering exceeds {} bytes", origin_, limits_.max_output_bytes);
-}
-
-void Interpreter::emit(const Str& s) {
-  outputs_.back().append(s);
-  if (outputs_.back().text.size() > limits_.max_output_bytes)
-    fail("{}: the rendering exceeds {} bytes", origin_, limits_.max_output_bytes);
-}
+// The output is bounded by ValueSizeLimit, which every string's growth checks (Template::render).
+void Interpreter::emit(std::string_view template_text) { outputs_.back().append(template_text); }
+void Interpreter::emit(const Str& s) { outputs_.back().append(s); }
 
 Value Interpreter::filtered_body(const Node& n) {
   // The parser wrote the filters as applied to a variable named "caller": bind it to the body.
@@ -177,9 +161,7 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
   return Flow::normal;
 }
 
-namespace {
-
-// What `for` iterates: a list's items, a dict's keys, a string's characters; nothing for undefined.
+// interpreter.h
 List iteration_items(Interpreter& in, const Value& v, int line) {
   switch (v.kind()) {
     case Value::Kind::list: return v.as_list();
@@ -203,8 +185,6 @@ List iteration_items(Interpreter& in, const Value& v, int line) {
     default: in.error(line, fmt::format("'{}' object is not iterable", v.type_name()));
   }
 }
-
-}  // namespace
 
 Interpreter::Flow Interpreter::for_loop(const Node& n) {
   const List all = iteration_items(*this, eval(*n.expr), n.line);
@@ -587,9 +567,7 @@ Value Interpreter::binary(const Expr& e) {
   Value a = eval(*e.args[0]), b = eval(*e.args[1]);
   if (op == "~") {
     Str s = to_str(a);
-    const Str right = to_str(b);
-    require_size(s.text.size() + right.text.size());
-    s.append(right);
+    s.append(to_str(b));  // Str::append checks the size limit
     return Value(std::move(s));
   }
   for (const Value* v : {&a, &b})
@@ -618,8 +596,7 @@ Value Interpreter::binary(const Expr& e) {
   if (op == "%" && a.is_string()) return Value(python_percent_format(*this, a.as_str(), b, e.line));
   if (op == "+") {
     if (numbers) return real ? Value(a.as_real() + b.as_real()) : integer(a.as_int(), b.as_int());
-    if (a.is_string() && b.is_string()) require_size(a.as_str().text.size() + b.as_str().text.size());
-    if (a.is_list() && b.is_list()) require_size((a.as_list().size() + b.as_list().size()) * sizeof(Value));
+    if (a.is_list() && b.is_list()) ValueSizeLimit::check((a.as_list().size() + b.as_list().size()) * sizeof(Value));
     if (a.is_string() && b.is_string()) {
       // Markup + str escapes the str; so does str + Markup (Markup's __radd__ goes first).
       const bool markup = a.is_markup() || b.is_markup();
@@ -640,7 +617,7 @@ Value Interpreter::binary(const Expr& e) {
       if ((seq->is_string() || seq->is_list()) && n->kind() == Value::Kind::integer) {
         const uint64_t unit = seq->is_string() ? seq->as_str().text.size() : seq->as_list().size() * sizeof(Value);
         if (n->as_int() > 0 && unit > 0)
-          require_size(n->as_int() > int64_t(1) << 40 ? UINT64_MAX : unit * uint64_t(n->as_int()));
+          ValueSizeLimit::check(n->as_int() > int64_t(1) << 40 ? UINT64_MAX : unit * uint64_t(n->as_int()));
         return repeat(*seq, n->as_int());
       }
     unsupported();

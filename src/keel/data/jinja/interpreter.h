@@ -32,9 +32,6 @@ class Interpreter {
   Value item(const Value& object, const Value& key, int line);
   // counts one unit of work against the limit
   void step();
-  // A value about to be built `bytes` (or items) large: an error past the output limit, before
-  // the memory is taken ('x' * 10**12, indent(10**9)).
-  void require_size(uint64_t bytes) const;
   [[noreturn]] void error(int line, const std::string& what) const;
   const std::string& origin() const { return origin_; }
   int line() const { return line_; }  // of the expression evaluated last
@@ -69,6 +66,10 @@ class Interpreter {
   std::vector<Str> outputs_;                    // [0] the rendering; captures above it
   std::vector<std::pair<size_t, size_t>> generation_;
 };
+
+// What `for` and the filters iterate (Python's iter()): a list's items, a dict's keys, a string's
+// characters; nothing for undefined; keel::Error naming the line for anything else.
+List iteration_items(Interpreter& in, const Value& v, int line);
 
 // builtins.cpp
 Value builtin_filter(Interpreter& in, const std::string& name, const Value& subject, CallArgs& args, int line);

@@ -496,19 +496,23 @@ Str to_str(const Value& v) {
     case K::callable: return Str("<function " + v.as_callable().name + ">");
     default: break;
   }
-  // A container printed whole: its repr, marked as data when any string inside was.
-  std::string text = repr(v);
-  int source = Str::kNoSource;
-  std::function<void(const Value&)> find = [&](const Value& x) {
-    if (source != Str::kNoSource) return;
-    if (x.is_string() && x.as_str().marked()) source = x.as_str().first_source();
-    if (x.is_list())
-      for (const auto& y : x.as_list()) find(y);
-    if (x.is_dict())
-      for (const auto& [k, y] : x.as_dict().items) find(y);
-  };
-  find(v);
-  return source == Str::kNoSource ? Str(std::move(text)) : Str(std::move(text), source);
+  return marked_like(repr(v), v);  // a container printed whole
+}
+
+int first_source(const Value& v) {
+  if (v.is_string()) return v.as_str().first_source();
+  if (v.is_list())
+    for (const Value& x : v.as_list())
+      if (const int s = first_source(x); s != Str::kNoSource) return s;
+  if (v.is_dict())
+    for (const auto& [k, x] : v.as_dict().items)
+      if (const int s = first_source(x); s != Str::kNoSource) return s;
+  return Str::kNoSource;
+}
+
+Str marked_like(std::string text, const Value& from) {
+  const int s = first_source(from);
+  return s == Str::kNoSource ? Str(std::move(text)) : Str(std::move(text), s);
 }
 
 std::string to_json(const Value& v, const JsonOptions& options) {

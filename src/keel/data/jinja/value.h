@@ -182,6 +182,11 @@ std::string json_key(const std::string& key);
 bool equal(const Value& a, const Value& b);
 bool less(const Value& a, const Value& b);
 
+// The first data source of any string in `v` (containers searched in order), or Str::kNoSource.
+int first_source(const Value& v);
+// `text` (rebuilt from `from`: its repr, its JSON) marked whole when anything in `from` was.
+Str marked_like(std::string text, const Value& from);
+
 // Python's str() and repr(); Jinja prints str(), undefined as "".
 Str to_str(const Value& v);
 std::string repr(const Value& v);
