@@ -37,9 +37,9 @@ def toml_value(v):
     return repr(v)
 
 
-def recipe(name, family="llama", scratch=True, **overrides):
-    """A tiny run writing checkpoints to NAME/ckpt; a model from [model_config] unless scratch=False
-    (then model_name must be among the overrides)."""
+def recipe(name, family="llama", scratch=True, model_keys=(), **overrides):
+    """A tiny run writing checkpoints to NAME/ckpt; a model from [model_config] (plus model_keys
+    lines) unless scratch=False (then model_name must be among the overrides)."""
     d = os.path.join(WORK, name)
     os.makedirs(d, exist_ok=True)
     keys = {
@@ -52,7 +52,7 @@ def recipe(name, family="llama", scratch=True, **overrides):
     lines = ["%s = %s" % (k, toml_value(v)) for k, v in keys.items() if v is not None]  # None: key left out
     if scratch:
         lines += ["[model_config]", 'family = "%s"' % family, "vocab_size = %d" % VOCAB, "hidden_size = 32",
-                  "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"]
+                  "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"] + list(model_keys)
     path = os.path.join(d, "recipe.toml")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -148,6 +148,9 @@ def expected_tensors(master, family, cfg):
             out[p + "self_attn.%s.weight" % proj] = m[i + "qkv.weight"][lo:hi]
             if i + "qkv.bias" in m:
                 out[p + "self_attn.%s.bias" % proj] = m[i + "qkv.bias"][lo:hi]
+        if i + "q_norm" in m:  # qwen3
+            out[p + "self_attn.q_norm.weight"] = m[i + "q_norm"]
+            out[p + "self_attn.k_norm.weight"] = m[i + "k_norm"]
         out[p + "self_attn.o_proj.weight"] = m[i + "o.weight"]
         out[p + "post_attention_layernorm.weight"] = m[i + "post_attention_norm"]
         if family == "glm":
@@ -162,10 +165,10 @@ def expected_tensors(master, family, cfg):
 TINY = {"hidden": 32, "intermediate": 64, "layers": 2, "heads": 4, "kv_heads": 2, "head_dim": 8}
 
 
-def check_weights(export_dir, step_dir, family, dtype, what):
+def check_weights(export_dir, step_dir, family, dtype, what, shape=None):
     """The exported tensors are the checkpoint's master weights in `dtype`, bit for bit."""
     master, _ = read_safetensors(os.path.join(step_dir, "weights.safetensors"))
-    expected = expected_tensors(master, family, TINY)
+    expected = expected_tensors(master, family, shape or TINY)
     got = read_model_dir(export_dir)
     if not check(set(got) == set(expected), "%s: tensor names %s" % (what, sorted(set(got) ^ set(expected)))):
         return
@@ -384,6 +387,27 @@ def test_glm_formats():
     check(r.returncode == 0 and config_of(os.path.join(d2, "hf"))["architectures"] == ["GlmForCausalLM"],
           "--format hf turns ChatGLM into GlmForCausalLM (%s)" % r.stderr.strip())
     check_weights(os.path.join(d2, "hf"), step, "glm", "fp32", "ChatGLM run exported as hf")
+
+
+def test_qwen3_and_mistral():
+    """New models of the families keel added last: their generated config.json is read by
+    transformers as keel read it (Qwen3's q/k norms and head_dim, Mistral's sliding window)."""
+    for family, keys in (("qwen3", ["head_dim = 16"]), ("mistral", ["sliding_window = 3"])):
+        path, d = recipe(family, family=family, model_keys=keys)
+        train(path, "the %s run" % family)
+        step4 = os.path.join(d, "ckpt", "step-00000004")
+        out = os.path.join(d, "hf")
+        r = export(step4, "--to", out, "--dtype", "fp32")
+        if not check(r.returncode == 0, "%s export (%s)" % (family, r.stderr.strip())):
+            continue
+        cfg = config_of(out)
+        if family == "qwen3":
+            check(cfg["head_dim"] == 16 and cfg["use_sliding_window"] is False, "Qwen3 config.json (%s)" % cfg)
+            check_weights(out, step4, family, "fp32", "qwen3, fp32", dict(TINY, head_dim=16))
+        else:
+            check(cfg["sliding_window"] == 3, "Mistral config.json keeps the window (%s)" % cfg)
+            check_weights(out, step4, family, "fp32", "mistral, fp32")
+        check_torch_loads(out, "%s export" % family)
 
 
 def test_errors():

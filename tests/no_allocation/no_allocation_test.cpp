@@ -335,6 +335,7 @@ model::ModelConfig small_model(const char* family) {
   m.num_layers = 2;
   m.num_heads = 4;
   m.num_kv_heads = 2;
+  if (std::string(family) == "mistral") m.sliding_window = 7;  // a window inside the shortest sequence
   return run::scratch_model_config(m);
 }
 
@@ -399,6 +400,8 @@ INSTANTIATE_TEST_SUITE_P(Steps, NoAllocation,
                                            StepCase{"llama", model::Precision::BF16, false},
                                            StepCase{"glm", model::Precision::BF16, true},
                                            StepCase{"qwen2", model::Precision::F32, true},
+                                           StepCase{"qwen3", model::Precision::BF16, true},
+                                           StepCase{"mistral", model::Precision::BF16, false},
                                            StepCase{"llama", model::Precision::BF16, false, 32, false, true},
                                            StepCase{"glm", model::Precision::F32, true, 32, false, true},
                                            StepCase{"llama", model::Precision::BF16, true, 32, false, true, true}),
@@ -423,6 +426,7 @@ TEST(NoAllocationParallelAttention, SteadyStateStepsAllocateNothing) {
 TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
   expect_no_allocation({"llama", model::Precision::BF16, false, 256, true}, 5);
   expect_no_allocation({"qwen2", model::Precision::F32, true, 200, true}, 5);  // a tail block of 8 rows
+  expect_no_allocation({"mistral", model::Precision::BF16, false, 200, true}, 5);  // windows start mid-document
 }
 
 // Data parallel (run under mpirun by ctest's mpi.no_allocation; skipped in a single process): the

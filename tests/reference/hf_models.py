@@ -11,6 +11,9 @@ Families (tensor names and config keys follow the Hugging Face checkpoints exact
   glm_original  ChatGLMModel (THUDM/glm-4-9b)  fused query_key_value and dense_h_to_4h, interleaved
                                                RoPE over the first kv_channels/2 channels,
                                                base 10000 * rope_ratio
+  qwen3         Qwen3ForCausalLM               llama + q_norm/k_norm (RMSNorm of each head before
+                                               RoPE), head_dim independent of hidden/heads
+  mistral       MistralForCausalLM             llama + sliding-window attention
 
 build_model/load_weights/model_tensors speak the family's checkpoint names; the model's parameter
 names are transformers' (the same, except glm_original, which runs as GlmForCausalLM).
@@ -31,7 +34,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-FAMILIES = ("llama", "qwen2", "glm", "glm_original")
+FAMILIES = ("llama", "qwen2", "glm", "glm_original", "qwen3", "mistral")
 
 # --------------------------------------------------------------------------------------------
 # safetensors
@@ -227,50 +230,34 @@ class ModelSpec:
     qkv_bias: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
+    qk_norm: bool = False      # qwen3
+    sliding_window: int = 0    # mistral (0: none)
+
+
+# The transformers families' own keys beside the shared ones (defaults where tie_word_embeddings
+# is None: the family's usual small-model choice).
+_TRANSFORMERS_FAMILY_KEYS = {
+    "llama": ({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
+               "mlp_bias": False}, False),
+    "qwen2": ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False}, True),
+    # GlmConfig's default pad id is GLM-4's (151329), beyond a tiny vocabulary
+    "glm": ({"architectures": ["GlmForCausalLM"], "model_type": "glm", "attention_bias": True,
+             "pad_token_id": None}, False),
+    "qwen3": ({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
+               "use_sliding_window": False}, True),
+    "mistral": ({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, False),
+}
 
 
 def make_config(family, vocab_size=256, hidden_size=64, intermediate_size=96, num_layers=2,
-                num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+                num_heads=4, num_kv_heads=2, head_dim=None, rms_norm_eps=1e-5, rope_theta=10000.0,
                 max_position_embeddings=64, tie_word_embeddings=None, partial_rotary_factor=0.5,
-                rope_ratio=1):
-    """config.json (as a dict) of a model of `family` in its Hugging Face format."""
-    if family == "llama":
-        return {
-            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "vocab_size": vocab_size, "hidden_size": hidden_size,
-            "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
-            "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads,
-            "head_dim": head_dim, "rms_norm_eps": rms_norm_eps, "rope_theta": rope_theta,
-            "max_position_embeddings": max_position_embeddings,
-            "tie_word_embeddings": bool(tie_word_embeddings) if tie_word_embeddings is not None else False,
-            "hidden_act": "silu", "torch_dtype": "float32", "attention_bias": False,
-            "mlp_bias": False,
-        }
-    if family == "qwen2":
-        return {
-            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
-            "vocab_size": vocab_size, "hidden_size": hidden_size,
-            "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
-            "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads,
-            "head_dim": head_dim, "rms_norm_eps": rms_norm_eps, "rope_theta": rope_theta,
-            "max_position_embeddings": max_position_embeddings,
-            "tie_word_embeddings": bool(tie_word_embeddings) if tie_word_embeddings is not None else True,
-            "hidden_act": "silu", "torch_dtype": "float32", "use_sliding_window": False,
-        }
-    if family == "glm":
-        return {
-            "architectures": ["GlmForCausalLM"], "model_type": "glm",
-            "vocab_size": vocab_size, "hidden_size": hidden_size,
-            "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
-            "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads,
-            "head_dim": head_dim, "partial_rotary_factor": partial_rotary_factor,
-            "rms_norm_eps": rms_norm_eps, "rope_theta": rope_theta,
-            "max_position_embeddings": max_position_embeddings,
-            "tie_word_embeddings": bool(tie_word_embeddings) if tie_word_embeddings is not None else False,
-            "hidden_act": "silu", "torch_dtype": "float32", "attention_bias": True,
-            # GlmConfig's default pad id is GLM-4's (151329), beyond a tiny vocabulary
-            "pad_token_id": None,
-        }
+                rope_ratio=1, sliding_window=5):
+    """config.json (as a dict) of a model of `family` in its Hugging Face format. head_dim
+    defaults to 16 (hidden / heads), for qwen3 to 32: independent of hidden / heads, as in the real
+    Qwen3 configs. mistral's sliding_window defaults to 5, shorter than the tests' sequences."""
+    if head_dim is None:
+        head_dim = 32 if family == "qwen3" else 16
     if family == "glm_original":
         return {
             "architectures": ["ChatGLMModel"], "model_type": "chatglm",
@@ -285,7 +272,24 @@ def make_config(family, vocab_size=256, hidden_size=64, intermediate_size=96, nu
             "tie_word_embeddings": bool(tie_word_embeddings) if tie_word_embeddings is not None else False,
             "torch_dtype": "float32",
         }
-    raise ValueError("unknown family %r (expected one of %s)" % (family, ", ".join(FAMILIES)))
+    if family not in _TRANSFORMERS_FAMILY_KEYS:
+        raise ValueError("unknown family %r (expected one of %s)" % (family, ", ".join(FAMILIES)))
+    own, tied_default = _TRANSFORMERS_FAMILY_KEYS[family]
+    cfg = {
+        "vocab_size": vocab_size, "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size, "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads,
+        "head_dim": head_dim, "rms_norm_eps": rms_norm_eps, "rope_theta": rope_theta,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": bool(tie_word_embeddings) if tie_word_embeddings is not None else tied_default,
+        "hidden_act": "silu", "torch_dtype": "float32",
+    }
+    cfg.update(own)
+    if family == "glm":
+        cfg["partial_rotary_factor"] = partial_rotary_factor
+    if family == "mistral":
+        cfg["sliding_window"] = sliding_window
+    return cfg
 
 
 def family_of_config(cfg):
@@ -299,6 +303,10 @@ def family_of_config(cfg):
         return "glm"
     if mt == "chatglm" or arch in ("ChatGLMModel", "ChatGLMForConditionalGeneration"):
         return "glm_original"
+    if mt == "qwen3" or arch == "Qwen3ForCausalLM":
+        return "qwen3"
+    if mt == "mistral" or arch == "MistralForCausalLM":
+        return "mistral"
     raise ValueError("unsupported config: model_type=%r architectures=%r" % (mt, arch))
 
 
@@ -322,7 +330,7 @@ def spec_from_config(cfg):
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position_embeddings=cfg.get("seq_length", 2048))
     heads = cfg["num_attention_heads"]
-    hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    hd = cfg.get("head_dim") or (128 if family == "qwen3" else cfg["hidden_size"] // heads)
     rot = hd
     if family == "glm":
         rot = int(hd * cfg.get("partial_rotary_factor", 0.5))
@@ -337,7 +345,9 @@ def spec_from_config(cfg):
         rotary_dim=rot, rope_interleaved=(family == "glm"),
         rope_theta=float(cfg.get("rope_theta", 10000.0)), rms_norm_eps=cfg["rms_norm_eps"],
         qkv_bias=qkv_bias, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        max_position_embeddings=cfg.get("max_position_embeddings", 2048))
+        max_position_embeddings=cfg.get("max_position_embeddings", 2048),
+        qk_norm=(family == "qwen3"),
+        sliding_window=(cfg.get("sliding_window", 4096) or 0) if family == "mistral" else 0)
 
 
 # --------------------------------------------------------------------------------------------
@@ -352,6 +362,8 @@ TRANSFORMERS_CLASSES = {
     "llama": transformers.LlamaForCausalLM,
     "qwen2": transformers.Qwen2ForCausalLM,
     "glm": transformers.GlmForCausalLM,
+    "qwen3": transformers.Qwen3ForCausalLM,
+    "mistral": transformers.MistralForCausalLM,
 }
 
 
@@ -369,7 +381,8 @@ def transformers_config(spec, attn_implementation="sdpa"):
                       rope_theta=spec.rope_theta,
                       max_position_embeddings=spec.max_position_embeddings,
                       tie_word_embeddings=spec.tie_word_embeddings,
-                      partial_rotary_factor=spec.rotary_dim / spec.head_dim)
+                      partial_rotary_factor=spec.rotary_dim / spec.head_dim,
+                      sliding_window=spec.sliding_window or None)
     if family == "llama":
         cfg["attention_bias"] = spec.qkv_bias
     cfg.pop("torch_dtype", None)
@@ -482,6 +495,10 @@ def random_init(model, seed, matrix_std=0.02, qk_std=0.15, embed_std=0.5, head_s
         canon[p + "down_w"] = randn((s.hidden_size, s.intermediate_size), matrix_std)
     canon["final_norm"] = 1 + randn((s.hidden_size,), norm_std)
     canon["head"] = randn((s.vocab_size, s.hidden_size), head_std)
+    if s.qk_norm:  # drawn last, so the other families' weights stay what they were
+        for i in range(s.num_layers):
+            canon["L%d.q_norm" % i] = 1 + randn((hd,), norm_std)
+            canon["L%d.k_norm" % i] = 1 + randn((hd,), norm_std)
     load_weights(model, canonical_to_hf(s, canon))
     return model
 
@@ -516,6 +533,9 @@ def canonical_to_hf(spec, canon):
             out[p + "self_attn.%s_proj.weight" % x] = canon[c + x + "_w"]
             if s.qkv_bias:
                 out[p + "self_attn.%s_proj.bias" % x] = canon[c + x + "_b"]
+        if s.qk_norm:
+            out[p + "self_attn.q_norm.weight"] = canon[c + "q_norm"]
+            out[p + "self_attn.k_norm.weight"] = canon[c + "k_norm"]
         out[p + "self_attn.o_proj.weight"] = canon[c + "o_w"]
         out[p + "post_attention_layernorm.weight"] = canon[c + "post_norm"]
         if s.family == "glm":

@@ -2,7 +2,7 @@
 """Reference test: keel's LoRA fine-tuning against PEFT on transformers' model, in torch.
 
     $(scripts/python-env.sh) tests/reference/lora_reference.py --keel PATH_TO_KEEL \
-        --family {llama,qwen2,glm} --dtype {fp32,bf16} --work WORKDIR
+        --family {llama,qwen2,glm,qwen3,mistral} --dtype {fp32,bf16} --work WORKDIR
 
 1. The tiny model, data and recipe of train_reference.py, plus finetuning_type = "lora" with the
    family's targets (FAMILY_LORA: every linear layer, a subset as a TOML list, rsLoRA).
@@ -61,6 +61,9 @@ FAMILY_LORA = {
     "llama": ('"all"', ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], False),
     "qwen2": ('["q_proj", "v_proj"]', ["q_proj", "v_proj"], False),
     "glm": ('"k_proj, o_proj, gate_up_proj, down_proj"', ["k_proj", "o_proj", "gate_up_proj", "down_proj"], True),
+    "qwen3": ('"all"', ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], True),
+    "mistral": ('["self_attn.q_proj", "self_attn.k_proj", "mlp.up_proj"]', ["self_attn.q_proj", "self_attn.k_proj",
+                                                                           "mlp.up_proj"], False),
 }
 ADAPTER_KEYS = ("peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora", "bias",
                 "base_model_name_or_path", "modules_to_save")
@@ -118,12 +121,15 @@ def check_adapter_files(final_dir, spec, init, family, model_dir, failures):
     for key, value in expect.items():
         if config.get(key) != value:
             failures.append("adapter_config.json %r = %r, expected %r" % (key, config.get(key), value))
-    if sorted(config.get("target_modules") or []) != sorted(targets):
-        failures.append("adapter_config.json target_modules = %r, expected %r" % (config.get("target_modules"),
-                                                                                   targets))
+    model_modules = {n for n, _ in hf.build_model(spec, init).named_modules()}
+
+    def selected(target_list):  # PEFT's rule: a module matches a target equal to it or to a suffix after "."
+        return {n for n in model_modules if any(n == t or n.endswith("." + t) for t in target_list)}
+    written = config.get("target_modules") or []
+    if selected(written) != selected(targets):
+        failures.append("adapter_config.json target_modules = %r selects other modules than %r" % (written, targets))
     if config.get("use_dora"):
         failures.append("adapter_config.json use_dora is set (vLLM refuses DoRA)")
-    model_modules = {n for n, _ in hf.build_model(spec, init).named_modules()}
     tensors = hf.load_safetensors(os.path.join(final_dir, "adapter_model.safetensors"))
     for name, t in tensors.items():
         if SAVED and name.startswith("base_model.model.") and name.endswith(".weight") and \
@@ -135,7 +141,7 @@ def check_adapter_files(final_dir, spec, init, family, model_dir, failures):
             continue
         if m.group(1) not in model_modules:
             failures.append("adapter tensor %r: the model has no module %r" % (name, m.group(1)))
-        if m.group(1).split(".")[-1] not in targets:
+        if m.group(1) not in selected(written):
             failures.append("adapter tensor %r: module outside target_modules" % name)
         rows, cols = t.shape
         if (m.group(2) == "A" and rows != RANK) or (m.group(2) == "B" and cols != RANK):

@@ -108,6 +108,7 @@ void naive_attention(const FusedAttention& a, std::vector<double>& out, std::vec
         std::vector<int64_t> keys;
         for (int64_t j = 0; j <= i; ++j) {
           if (!a.segments.empty() && a.segments[ti] != a.segments[b * s.seq + j]) continue;
+          if (s.window > 0 && j <= i - s.window) continue;  // outside the sliding window
           const double* kj = a.qkv.data() + (b * s.seq + j) * s.ldk + a.k_offset + h / group * s.head_dim;
           double dot = 0;
           for (int64_t d = 0; d < s.head_dim; ++d) dot += qi[d] * kj[d];
@@ -209,9 +210,10 @@ TEST(Attention, BackwardMatchesFiniteDifferencesWithInterleavedSegments) {
 }
 
 // A packed sequence gives every document the output it would get alone.
-TEST(Attention, PackedDocumentsMatchDocumentsAlone) {
+void expect_packed_documents_match_documents_alone(int64_t window) {
   const std::vector<int64_t> lengths = {40, 70, 25, 15};
   FusedAttention packed(1, 150, 4, 2, 8, 10);
+  packed.shape.window = window;
   packed.segments = packed_segments(1, lengths);
   std::vector<double> out, lse;
   packed.forward(packed.qkv, out, lse);
@@ -220,6 +222,7 @@ TEST(Attention, PackedDocumentsMatchDocumentsAlone) {
   int64_t start = 0;
   for (int64_t len : lengths) {
     FusedAttention alone(1, len, 4, 2, 8, 0);
+    alone.shape.window = window;
     std::copy_n(packed.qkv.begin() + start * s.ldq, len * s.ldq, alone.qkv.begin());
     std::vector<double> out1, lse1;
     alone.forward(alone.qkv, out1, lse1);
@@ -231,6 +234,41 @@ TEST(Attention, PackedDocumentsMatchDocumentsAlone) {
     start += len;
   }
 }
+
+TEST(Attention, PackedDocumentsMatchDocumentsAlone) { expect_packed_documents_match_documents_alone(0); }
+
+// Sliding-window attention (Mistral): query i sees keys i - window < j <= i. `check` runs on `a`
+// with each window, alone and with packed documents of `lengths`.
+template <typename Check>
+void for_each_window(FusedAttention a, std::initializer_list<int64_t> windows, const std::vector<int64_t>& lengths,
+                     Check check) {
+  for (int64_t window : windows) {
+    SCOPED_TRACE(window);
+    a.shape.window = window;
+    a.segments.clear();
+    check(a);
+    a.segments = packed_segments(a.shape.batch, lengths);
+    check(a);
+  }
+}
+
+TEST(Attention, SlidingWindowForwardMatchesNaive) {
+  // one key, inside a tile, tile-sized, across tiles, beyond the sequence
+  for_each_window(FusedAttention(2, 150, 4, 2, 8, 50), {1, 5, 64, 65, 200}, {40, 70, 25, 15},
+                  [](const FusedAttention& a) { expect_forward_matches_naive(a); });
+}
+
+TEST(Attention, SlidingWindowBackwardMatchesFiniteDifferences) {
+  FusedAttention a(1, 140, 4, 2, 8, 51);
+  a.shape.window = 37;  // window edges inside and across tiles
+  a.segments = packed_segments(1, {50, 30, 45, 15});
+  expect_backward_matches_finite_differences(a, 400);
+  FusedAttention small(2, 9, 4, 2, 4, 52);
+  small.shape.window = 3;
+  expect_backward_matches_finite_differences(small, 1 << 30);
+}
+
+TEST(Attention, SlidingWindowPackedDocumentsMatchDocumentsAlone) { expect_packed_documents_match_documents_alone(33); }
 
 TEST(Attention, BackwardIsIdenticalForOneAndTwoThreads) {
   FusedAttention a(2, 150, 4, 2, 16, 11);
@@ -328,6 +366,12 @@ TEST(AttentionBlocked, MatchesReferenceWithInterleavedSegments) {
   FusedAttention a(1, 140, 2, 1, 8, 35);  // ids reappear: every key from 0 is visited, the mask decides
   for (int64_t t = 0; t < 140; ++t) a.segments.push_back(int32_t((t / 7) % 3));
   expect_blocked_matches_reference(a);
+}
+
+TEST(AttentionBlocked, MatchesReferenceWithSlidingWindow) {
+  // inside a block, a block, across blocks
+  for_each_window(FusedAttention(2, 200, 4, 2, 8, 53), {1, 30, 64, 100}, {40, 90, 25, 45},
+                  [](const FusedAttention& a) { expect_blocked_matches_reference(a); });
 }
 
 TEST(AttentionBlocked, IdenticalForOneAndTwoThreads) {

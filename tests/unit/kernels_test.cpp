@@ -91,6 +91,56 @@ TEST(RmsNorm, BackwardIsIdenticalForOneAndTwoThreads) {
   EXPECT_TRUE(bitwise_equal(dw[0], dw[1]));
 }
 
+// Qwen3's q_norm/k_norm: each head of a strided [tokens, heads, head_dim] view normalised with one
+// weight, leaving the other columns of the fused row alone.
+TEST(HeadRmsNorm, EqualsRmsNormOfEachHeadAndKeepsOtherColumns) {
+  const int64_t tokens = 5, heads = 3, dim = 8, ld = heads * dim + 7, ldy = heads * dim + 2;
+  const double eps = 1e-6;
+  std::vector<double> x = random_vector(tokens * ld, 40), w = random_vector(dim, 41, 0.5, 1.5);
+  std::vector<double> y(size_t(tokens * ldy), -9.0), rstd(tokens * heads);
+  head_rmsnorm_forward(x.data(), ld, w.data(), tokens, heads, dim, eps, y.data(), ldy, rstd.data());
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t h = 0; h < heads; ++h) {
+      std::vector<double> y1(dim), r1(1);
+      rmsnorm_forward(x.data() + t * ld + h * dim, w.data(), 1, dim, eps, y1.data(), r1.data());
+      EXPECT_EQ(rstd[t * heads + h], r1[0]);
+      for (int64_t c = 0; c < dim; ++c) ASSERT_EQ(y[t * ldy + h * dim + c], y1[c]);
+    }
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = heads * dim; c < ldy; ++c) ASSERT_EQ(y[t * ldy + c], -9.0);  // row padding untouched
+  // In place (y = x), as generation normalises the fused projection output.
+  std::vector<double> inplace = x;
+  head_rmsnorm_forward(inplace.data(), ld, w.data(), tokens, heads, dim, eps, inplace.data(), ld, rstd.data());
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = 0; c < ld; ++c)
+      ASSERT_EQ(inplace[t * ld + c], c < heads * dim ? y[t * ldy + c] : x[t * ld + c]);
+}
+
+TEST(HeadRmsNorm, BackwardMatchesFiniteDifferences) {
+  const int64_t tokens = 4, heads = 3, dim = 6, ld = heads * dim + 5, ldy = heads * dim + 1, lddx = heads * dim + 3;
+  const double eps = 1e-5;
+  std::vector<double> x = random_vector(tokens * ld, 42), w = random_vector(dim, 43, 0.5, 1.5);
+  std::vector<double> dy = random_vector(tokens * ldy, 44);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = heads * dim; c < ldy; ++c) dy[t * ldy + c] = 0;  // padding is not an output
+  auto loss = [&] {
+    std::vector<double> y(tokens * ldy), rstd(tokens * heads);
+    head_rmsnorm_forward(x.data(), ld, w.data(), tokens, heads, dim, eps, y.data(), ldy, rstd.data());
+    return weighted_sum(y, dy);
+  };
+  std::vector<double> y(tokens * ldy), rstd(tokens * heads), dx(tokens * lddx), dw(dim, 0.0);
+  head_rmsnorm_forward(x.data(), ld, w.data(), tokens, heads, dim, eps, y.data(), ldy, rstd.data());
+  head_rmsnorm_backward(x.data(), ld, w.data(), rstd.data(), dy.data(), ldy, tokens, heads, dim, dx.data(), lddx,
+                        dw.data());
+  // dx in x's layout for the comparison.
+  std::vector<double> dx_at_x(x.size(), 0.0);
+  std::vector<int64_t> data;
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t c = 0; c < heads * dim; ++c) dx_at_x[t * ld + c] = dx[t * lddx + c], data.push_back(t * ld + c);
+  expect_gradient_matches("dx", x, dx_at_x, data, loss);
+  expect_gradient_matches("dw", w, dw, sample_indices(dim, 1 << 30, 0), loss);
+}
+
 // -------------------------------------------------------------------------------------- RoPE
 
 struct RopeCase {

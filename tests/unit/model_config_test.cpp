@@ -46,6 +46,9 @@ void expect_same_model(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.rope_theta, b.rope_theta);
   EXPECT_EQ(a.rms_norm_eps, b.rms_norm_eps);
   EXPECT_EQ(a.qkv_bias, b.qkv_bias);
+  EXPECT_EQ(a.qk_norm, b.qk_norm);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.sliding_layers, b.sliding_layers);
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
   EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
   EXPECT_EQ(a.torch_dtype, b.torch_dtype);
@@ -97,6 +100,82 @@ const char* kGlm4_9b = R"({
   "torch_dtype": "bfloat16", "transformers_version": "4.42.4", "tie_word_embeddings": false,
   "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329
 })";
+
+// Qwen/Qwen3-0.6B
+const char* kQwen3_06b = R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024, "initializer_range": 0.02,
+  "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+// mistralai/Mistral-7B-v0.1
+const char* kMistral_7b = R"({
+  "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu",
+  "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336, "max_position_embeddings": 32768,
+  "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": true, "vocab_size": 32000
+})";
+
+TEST(ModelConfig, Qwen3HasHeadNormsAndItsOwnHeadDim) {
+  ModelConfig c = parse(kQwen3_06b);
+  EXPECT_EQ(c.family, Family::Qwen3);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_EQ(c.head_dim, 128);  // not 1024 / 16
+  EXPECT_EQ(c.q_size(), 2048);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_EQ(c.window_of(27), 0);
+  EXPECT_EQ(c.total_parameters(), 596049920);  // transformers' Qwen3ForCausalLM of this config
+  // head_dim absent: Qwen3Config's default 128, whatever hidden / heads is.
+  std::string no_head_dim = kQwen3_06b;
+  no_head_dim.replace(no_head_dim.find("\"head_dim\": 128, "), 17, "");
+  EXPECT_EQ(parse(no_head_dim).head_dim, 128);
+  expect_parse_error(std::string(kQwen3_06b).replace(std::string(kQwen3_06b).find("\"attention_bias\": false"), 23,
+                                                     "\"attention_bias\": true"),
+                     {"'attention_bias'", "Qwen3ForCausalLM", "o_proj"});
+}
+
+TEST(ModelConfig, Qwen3SlidingWindowLayersAsTransformersReadsThem) {
+  const std::string base = R"({"model_type": "qwen3", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
+                               "num_hidden_layers": 4, "num_attention_heads": 4, "head_dim": 16, )";
+  // use_sliding_window off: no window, whatever sliding_window says.
+  EXPECT_EQ(parse(base + R"("use_sliding_window": false, "sliding_window": 8})").sliding_window, 0);
+  // On: layers from max_window_layers on slide, or those layer_types names.
+  ModelConfig c = parse(base + R"("use_sliding_window": true, "sliding_window": 8, "max_window_layers": 2})");
+  EXPECT_EQ(c.sliding_window, 8);
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{false, false, true, true}));
+  c = parse(base + R"("use_sliding_window": true, "sliding_window": 8, "layer_types": ["sliding_attention",
+                     "full_attention", "sliding_attention", "full_attention"]})");
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(c.window_of(0), 8);
+  EXPECT_EQ(c.window_of(1), 0);
+  expect_parse_error(base + R"("use_sliding_window": true, "layer_types": ["full_attention"]})",
+                     {"'layer_types'", "one per layer (4)"});
+  expect_parse_error(base + R"("use_sliding_window": true, "layer_types": ["a", "b", "c", "d"]})",
+                     {"'layer_types'", "sliding_attention"});
+}
+
+TEST(ModelConfig, MistralSlidesOnEveryLayer) {
+  ModelConfig c = parse(kMistral_7b);
+  EXPECT_EQ(c.family, Family::Mistral);
+  EXPECT_FALSE(c.qkv_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.sliding_layers, std::vector<bool>(32, true));
+  EXPECT_EQ(c.total_parameters(), 7241732096);  // the published Mistral-7B count
+  // MistralConfig: an absent key is its default 4096, null is full attention.
+  const std::string base = R"({"model_type": "mistral", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
+                               "num_hidden_layers": 2, "num_attention_heads": 4)";
+  EXPECT_EQ(parse(base + "}").sliding_window, 4096);
+  EXPECT_EQ(parse(base + R"(, "sliding_window": null})").sliding_window, 0);
+  EXPECT_TRUE(parse(base + R"(, "sliding_window": null})").sliding_layers.empty());
+  expect_parse_error(base + R"(, "sliding_window": 0})", {"'sliding_window'", "positive integer"});
+}
 
 TEST(ModelConfig, Llama2) {
   ModelConfig c = parse(kLlama2_7b);
@@ -253,9 +332,9 @@ TEST(ModelConfigErrors, NotJsonOrNotObject) {
 }
 
 TEST(ModelConfigErrors, UnknownArchitectureListsSupported) {
-  expect_parse_error(R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral"})",
-                     {"config.json", "MistralForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "GlmForCausalLM",
-                      "ChatGLMModel", "not supported"});
+  expect_parse_error(R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2"})",
+                     {"config.json", "Gemma2ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "GlmForCausalLM",
+                      "ChatGLMModel", "Qwen3ForCausalLM", "MistralForCausalLM", "not supported"});
   expect_parse_error(R"({"vocab_size": 3})", {"architectures", "LlamaForCausalLM"});
   expect_parse_error(R"({"architectures": []})", {"architectures", "non-empty array"});
 }
@@ -306,6 +385,9 @@ TEST(ModelConfigErrors, UnsupportedVariants) {
   expect_parse_error(llama_with(R"("hidden_act": "gelu")"), {"'hidden_act'", "silu", "gelu"});
   expect_parse_error(llama_with(R"("attention_bias": true)"), {"'attention_bias'", "o_proj"});
   expect_parse_error(llama_with(R"("mlp_bias": true)"), {"'mlp_bias'"});
+  expect_parse_error(std::string(kQwen2_05b).replace(std::string(kQwen2_05b).find("\"use_sliding_window\": false"), 27,
+                                                     "\"use_sliding_window\": true"),
+                     {"'use_sliding_window'", "Qwen2ForCausalLM"});
 
   std::string glm = R"({"model_type": "chatglm", "padded_vocab_size": 100, "hidden_size": 64, "ffn_hidden_size": 96,
                         "num_layers": 2, "num_attention_heads": 4, )";
@@ -327,16 +409,29 @@ TEST(ModelConfigErrors, ValidateCodeBuiltConfigs) {
   c.rotary_dim = 4;
   c.family = Family::Qwen2;  // Qwen2 without q/k/v biases cannot be written as a Qwen2 config
   expect_error([&] { validate(c, "recipe"); }, {"qkv_bias", "qwen2"});
+  c.family = Family::Qwen3;  // Qwen3 always has q/k norms
+  expect_error([&] { validate(c, "recipe"); }, {"qk_norm", "qwen3"});
+  c.qk_norm = true;
+  EXPECT_NO_THROW(validate(c, "recipe"));
+  c.family = Family::Llama;
+  expect_error([&] { validate(c, "recipe"); }, {"qk_norm", "llama"});
+  c.qk_norm = false;
+  c.sliding_window = 16;  // a window needs its layers
+  expect_error([&] { validate(c, "recipe"); }, {"sliding_window", "llama"});
+  c.family = Family::Mistral;
+  expect_error([&] { validate(c, "recipe"); }, {"sliding_layers", "one entry per layer (1)"});
+  c.sliding_layers = {true};
+  EXPECT_NO_THROW(validate(c, "recipe"));
 }
 
 // --- names and export ---------------------------------------------------------------------------
 
 TEST(ModelConfig, FamilyNames) {
-  for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal}) {
+  for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral}) {
     EXPECT_EQ(family_from_name(family_name(f)), f);
   }
   EXPECT_EQ(family_name(Family::GlmOriginal), "glm_original");
-  expect_error([] { family_from_name("mistral"); }, {"mistral", "llama, qwen2, glm, glm_original"});
+  expect_error([] { family_from_name("gemma2"); }, {"gemma2", "llama, qwen2, glm, glm_original, qwen3, mistral"});
 }
 
 ModelConfig small_config(Family family) {
@@ -370,16 +465,24 @@ ModelConfig small_config(Family family) {
       c.rope_interleaved = true;
       c.pad_token_id = 0;
       break;
+    case Family::Qwen3:
+      c.qk_norm = true;
+      c.sliding_window = 11;
+      c.sliding_layers = {false, true, true};
+      break;
+    case Family::Mistral:
+      c.sliding_window = 7;
+      c.sliding_layers = {true, true, true};
+      break;
   }
-  c.architecture = family == Family::Llama   ? "LlamaForCausalLM"
-                   : family == Family::Qwen2 ? "Qwen2ForCausalLM"
-                   : family == Family::Glm   ? "GlmForCausalLM"
-                                             : "ChatGLMModel";
+  ModelConfig traits = c;
+  apply_family_traits(traits);
+  c.architecture = traits.architecture;
   return c;
 }
 
 TEST(ModelConfigExport, GeneratedJsonParsesBackEqual) {
-  for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal}) {
+  for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral}) {
     SCOPED_TRACE(family_name(f));
     ModelConfig c = small_config(f);
     validate(c, "test");

@@ -78,6 +78,14 @@ class Backend {
   // dx overwritten; dw ACCUMULATES (null: a frozen weight, no gradient).
   virtual void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
                                 int64_t dim, float* dx, float* dw) = 0;
+  // The same norm on each head of [tokens, heads, head_dim] rows (Qwen3's q_norm/k_norm, one
+  // weight w [head_dim] for every head): x with row stride ldx, y (may be x) with ldy, rstd
+  // [tokens * heads]; backward: dy with ldy, dx (overwritten) with lddx, dw ACCUMULATES (null: frozen).
+  virtual void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
+                                    int64_t head_dim, double eps, float* y, int64_t ldy, float* rstd) = 0;
+  virtual void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, const float* rstd, const float* dy,
+                                     int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float* dx,
+                                     int64_t lddx, float* dw) = 0;
   // x: [tokens, heads, head_dim] with row stride ld; rotates in place (backward: by -angle).
   virtual void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
                             int64_t head_dim, const RopeTable& table) = 0;
@@ -121,10 +129,11 @@ class Backend {
                                   size_t workspace_bytes) = 0;
   // Generation: `tokens` new queries (q [tokens, q_heads*head_dim], row stride ldq) at positions
   // first_position.. over a KV cache holding keys/values of positions 0..first_position+tokens-1
-  // ([positions, kv_heads*head_dim] each); causal, softmax over the cached keys; out [tokens, q_heads*head_dim].
+  // ([positions, kv_heads*head_dim] each); causal (and inside the sliding window, if window > 0),
+  // softmax over the cached keys; out [tokens, q_heads*head_dim].
   virtual void cached_attention(const float* q, int64_t ldq, int64_t tokens, int64_t first_position,
                                 const float* k_cache, const float* v_cache, int64_t q_heads, int64_t kv_heads,
-                                int64_t head_dim, float* out) = 0;
+                                int64_t head_dim, int64_t window, float* out) = 0;
 
   // ---- optimizer
   // AdamW on n parameters in place (shapes.h); w_bf16, if not null, receives bf16(w) after.

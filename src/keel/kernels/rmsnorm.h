@@ -12,4 +12,15 @@ void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double e
 template <typename T>
 void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw);
 
+// The same norm applied to each of `heads` vectors of `dim` in a token's row (Qwen3's q_norm and
+// k_norm: one weight shared by the heads): token t's head h is at x + t * ldx + h * dim, and at
+// the same place in y (row stride ldy; y may be x), dy and dx with their strides; rstd
+// [tokens * heads]. rmsnorm_forward/backward are the case heads = 1, ld = dim.
+template <typename T>
+void head_rmsnorm_forward(const T* x, int64_t ldx, const T* w, int64_t tokens, int64_t heads, int64_t dim, double eps,
+                          T* y, int64_t ldy, T* rstd);
+template <typename T>
+void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, const T* dy, int64_t ldy,
+                           int64_t tokens, int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw);
+
 }  // namespace keel::kernels

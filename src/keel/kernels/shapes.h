@@ -29,7 +29,14 @@ struct AttentionShape {
   int64_t head_dim;
   int64_t ldq, ldk, ldv, ldo;  // row strides (elements between consecutive tokens)
   double scale;                // usually 1/sqrt(head_dim)
+  // Sliding-window attention (Mistral; Gemma's local layers): query i sees keys j with
+  // i - window < j <= i, itself included, as transformers' sliding_window_overlay. 0: every
+  // earlier key.
+  int64_t window = 0;
 };
+
+// Key j is inside query i's window (causality and documents are checked separately).
+inline bool in_window(int64_t window, int64_t i, int64_t j) { return window <= 0 || j > i - window; }
 
 // Element type of attention's products. BF16 rounds q, k, v, the probabilities and the incoming
 // gradients to bf16 before each product (accumulating in fp32), as bf16 autocast does in

@@ -57,6 +57,8 @@ const std::vector<FamilyFormat>& family_formats() {
       {Family::Qwen2, "qwen2", "qwen2", {"Qwen2ForCausalLM"}, 32768},
       {Family::Glm, "glm", "glm", {"GlmForCausalLM"}, 131072},
       {Family::GlmOriginal, "glm_original", "chatglm", {"ChatGLMModel", "ChatGLMForConditionalGeneration"}, 2048},
+      {Family::Qwen3, "qwen3", "qwen3", {"Qwen3ForCausalLM"}, 32768},
+      {Family::Mistral, "mistral", "mistral", {"MistralForCausalLM"}, 4096 * 32},
   };
   return formats;
 }
@@ -169,6 +171,9 @@ class ConfigObject {
   }
 
   const std::string& path() const { return path_; }
+
+  // The key is written, even as null (where null and absent mean different things).
+  bool written(std::string_view key) const { return values_.count(key) > 0; }
 
   std::optional<dom::element> get(std::string_view key) const {
     auto it = values_.find(key);
@@ -319,6 +324,7 @@ void require_flag(const ConfigObject& cfg, std::string_view key, bool default_va
 
 int64_t head_dim_or_derived(const ConfigObject& cfg, const FormatKeys& k, const ModelConfig& c) {
   if (cfg.get(k.head_dim)) return cfg.positive_int(k.head_dim);
+  if (c.family == Family::Qwen3) return 128;  // Qwen3Config's default, not hidden / heads
   if (c.hidden_size % c.num_heads != 0) {
     fail("{}: key '{}': absent, and {} ({}) is not a multiple of {} ({}) to derive it from", cfg.path(), k.head_dim,
          k.hidden, c.hidden_size, k.heads, c.num_heads);
@@ -326,7 +332,59 @@ int64_t head_dim_or_derived(const ConfigObject& cfg, const FormatKeys& k, const 
   return c.hidden_size / c.num_heads;
 }
 
-// LlamaForCausalLM, Qwen2ForCausalLM and GlmForCausalLM share transformers' key names.
+// Llama's and Qwen3's attention_bias adds a bias to o_proj as well as q/k/v, and keel has no
+// o_proj bias: accepting it would drop a trained tensor.
+void refuse_attention_bias(const ConfigObject& cfg, std::string_view architecture) {
+  if (cfg.bool_or("attention_bias", false)) {
+    fail("{}: key 'attention_bias': true is not supported for {} (it adds an o_proj bias keel does not implement; "
+         "expected false)",
+         cfg.path(), architecture);
+  }
+}
+
+// "layer_types": one "full_attention" or "sliding_attention" per layer.
+std::vector<bool> parse_layer_types(const ConfigObject& cfg, int64_t layers) {
+  constexpr std::string_view expected = "a list of \"full_attention\" / \"sliding_attention\", one per layer";
+  auto v = cfg.get("layer_types");
+  dom::array list;
+  if (v->get_array().get(list) != simdjson::SUCCESS || int64_t(list.size()) != layers)
+    cfg.wrong_type("layer_types", fmt::format("{} ({})", expected, layers), *v);
+  std::vector<bool> sliding;
+  for (dom::element item : list) {
+    std::string_view type = item.is_string() ? std::string_view(item) : std::string_view();
+    if (type != "full_attention" && type != "sliding_attention") cfg.wrong_type("layer_types", expected, *v);
+    sliding.push_back(type == "sliding_attention");
+  }
+  return sliding;
+}
+
+// Sliding-window attention as each family's config class reads it.
+void parse_sliding_window(const ConfigObject& cfg, ModelConfig& c) {
+  if (c.family == Family::Mistral) {
+    // MistralConfig: an absent key means its default 4096, null means full attention; every
+    // layer uses it (MistralModel ignores layer_types).
+    c.sliding_window = cfg.written("sliding_window") ? cfg.positive_int_or("sliding_window", 0) : 4096;
+    c.sliding_layers.assign(size_t(c.num_layers), true);
+  } else if (c.family == Family::Qwen3 || c.family == Family::Qwen2) {
+    // Qwen2/Qwen3Config: the window applies only with use_sliding_window, to the layers layer_types
+    // names, or else to those from max_window_layers on.
+    if (!cfg.bool_or("use_sliding_window", false)) return;
+    if (c.family == Family::Qwen2) {
+      fail("{}: key 'use_sliding_window': true is not supported for Qwen2ForCausalLM (expected false)", cfg.path());
+    }
+    c.sliding_window = cfg.written("sliding_window") ? cfg.positive_int_or("sliding_window", 0) : 4096;
+    if (cfg.get("layer_types")) {
+      c.sliding_layers = parse_layer_types(cfg, c.num_layers);
+    } else {
+      const int64_t first = cfg.get("max_window_layers") ? cfg.positive_int("max_window_layers") : 28;
+      for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers.push_back(l >= first);
+    }
+  }
+  if (c.sliding_window == 0) c.sliding_layers.clear();
+}
+
+// LlamaForCausalLM, Qwen2ForCausalLM, GlmForCausalLM, Qwen3ForCausalLM and MistralForCausalLM share
+// transformers' key names.
 void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
   const FormatKeys& k = kTransformersKeys;
   c.vocab_size = cfg.positive_int(k.vocab);
@@ -354,25 +412,17 @@ void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
   c.rope_interleaved = false;
   switch (c.family) {
     case Family::Llama:
-      // Llama's attention_bias adds a bias to o_proj as well as q/k/v, and keel has no o_proj
-      // bias: accepting it would drop a trained tensor.
-      if (cfg.bool_or("attention_bias", false)) {
-        fail(
-            "{}: key 'attention_bias': true is not supported for LlamaForCausalLM (it adds an o_proj bias keel "
-            "does not implement; expected false)",
-            cfg.path());
-      }
+      refuse_attention_bias(cfg, "LlamaForCausalLM");
       c.qkv_bias = false;
       break;
     case Family::Qwen2:
       c.qkv_bias = true;  // Qwen2Attention always has q/k/v biases, whatever the config says
-      if (cfg.bool_or("use_sliding_window", false)) {
-        fail(
-            "{}: key 'use_sliding_window': true is not supported (keel implements full causal attention; "
-            "expected false)",
-            cfg.path());
-      }
       break;
+    case Family::Qwen3:
+      refuse_attention_bias(cfg, "Qwen3ForCausalLM");
+      c.qk_norm = true;
+      break;
+    case Family::Mistral: break;  // MistralAttention has no biases, whatever the config says
     case Family::Glm: {
       c.qkv_bias = cfg.bool_or("attention_bias", true);
       double factor =
@@ -387,6 +437,7 @@ void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
     }
     case Family::GlmOriginal: break;
   }
+  parse_sliding_window(cfg, c);
 }
 
 // THUDM/glm-4-9b's own format (configuration_chatglm.py); defaults are ChatGLMConfig's.
@@ -505,6 +556,19 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
       f["mlp_bias"] = "false";
       break;
     case Family::Qwen2: f["use_sliding_window"] = "false"; break;
+    case Family::Qwen3: {
+      f["attention_bias"] = "false";
+      f["use_sliding_window"] = json_bool(c.sliding_window > 0);
+      f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
+      std::string types;
+      for (int64_t l = 0; l < c.num_layers; ++l)
+        types += fmt::format("{}\"{}_attention\"", l ? "," : "", c.window_of(l) > 0 ? "sliding" : "full");
+      f["layer_types"] = "[" + types + "]";
+      break;
+    }
+    case Family::Mistral:
+      f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
+      break;
     case Family::Glm: {
       f["attention_bias"] = json_bool(c.qkv_bias);
       double factor = double(c.rotary_dim) / double(c.head_dim);
@@ -586,6 +650,7 @@ int64_t ModelConfig::total_parameters() const {
   int64_t per_layer = hidden_size * q_size() + 2 * hidden_size * kv_size() + q_size() * hidden_size +
                       3 * hidden_size * intermediate_size + 2 * hidden_size;  // + input and post-attention norms
   if (qkv_bias) per_layer += q_size() + 2 * kv_size();
+  if (qk_norm) per_layer += 2 * head_dim;  // q_norm, k_norm
   return embedding + lm_head + num_layers * per_layer + hidden_size;  // + final norm
 }
 
@@ -621,7 +686,8 @@ void validate(const ModelConfig& c, const std::string& where) {
   require(c.bos_token_id >= -1 && c.pad_token_id >= -1, "{}: bos/pad_token_id: expected an id or -1 for none", where);
 
   // What each format can express: a config outside it could not be exported faithfully.
-  bool transformers_rope = c.family == Family::Llama || c.family == Family::Qwen2;
+  bool transformers_rope = c.family == Family::Llama || c.family == Family::Qwen2 || c.family == Family::Qwen3 ||
+                           c.family == Family::Mistral;
   require(c.rope_interleaved != transformers_rope,
           "{}: rope_interleaved: the {} format expects {} RoPE pairs, found the other layout", where, family,
           transformers_rope ? "half-split (i, i + d/2)" : "interleaved (2i, 2i+1)");
@@ -634,6 +700,26 @@ void validate(const ModelConfig& c, const std::string& where) {
   require(c.family != Family::Llama || !c.qkv_bias,
           "{}: qkv_bias: the llama format has no q/k/v-only biases (attention_bias adds an o_proj bias too)", where);
   require(c.family != Family::Qwen2 || c.qkv_bias, "{}: qkv_bias: the qwen2 format always has q/k/v biases", where);
+  require(!c.qkv_bias || (c.family != Family::Qwen3 && c.family != Family::Mistral),
+          "{}: qkv_bias: the {} format has no q/k/v-only biases", where, family);
+  require(c.qk_norm == (c.family == Family::Qwen3), "{}: qk_norm: the {} format {} q/k norms", where, family,
+          c.family == Family::Qwen3 ? "always has" : "has no");
+  require(c.sliding_window >= 0 && c.sliding_window < kMaxPositions,
+          "{}: sliding_window: expected 0 (none) or a positive number of positions, found {}", where, c.sliding_window);
+  require(c.sliding_window == 0 || c.family == Family::Mistral || c.family == Family::Qwen3,
+          "{}: sliding_window: the {} format has no sliding-window attention", where, family);
+  require(c.sliding_window == 0 ? c.sliding_layers.empty() : int64_t(c.sliding_layers.size()) == c.num_layers,
+          "{}: sliding_layers: expected one entry per layer ({}) with a sliding window, none without, found {}", where,
+          c.num_layers, c.sliding_layers.size());
+}
+
+void apply_family_traits(ModelConfig& c) {
+  const bool glm = c.family == Family::Glm || c.family == Family::GlmOriginal;
+  c.architecture = std::string(format_of(c.family).architectures.front());
+  c.rotary_dim = glm ? c.head_dim / 2 : c.head_dim;  // GLM-4 rotates half of each head
+  c.rope_interleaved = glm;
+  c.qkv_bias = c.family == Family::Qwen2 || glm;
+  c.qk_norm = c.family == Family::Qwen3;
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& path_for_errors) {

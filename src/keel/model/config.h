@@ -15,9 +15,12 @@ enum class Family : uint8_t {
   Qwen2,        // Qwen2ForCausalLM (Llama + q/k/v biases)
   Glm,          // GlmForCausalLM (transformers-native glm-4-9b-hf)
   GlmOriginal,  // ChatGLMModel / ChatGLMForConditionalGeneration (THUDM/glm-4-9b original format)
+  Qwen3,        // Qwen3ForCausalLM (Llama + RMSNorm of each query and key head before RoPE)
+  Mistral,      // MistralForCausalLM (Llama + sliding-window attention)
 };
 
-std::string family_name(Family f);                 // "llama", "qwen2", "glm", "glm_original"
+// "llama", "qwen2", "glm", "glm_original", "qwen3", "mistral"
+std::string family_name(Family f);
 Family family_from_name(const std::string& name);  // inverse; throws keel::Error listing valid names
 
 struct ModelConfig {
@@ -35,12 +38,25 @@ struct ModelConfig {
   double rope_theta = 10000.0;    // GLM original: 10000 * rope_ratio
   double rms_norm_eps = 1e-6;
   bool qkv_bias = false;
+  // Qwen3: q_norm and k_norm, an RMSNorm over each head's head_dim channels (one weight for all
+  // query heads, one for all key heads), applied after the projection and before RoPE.
+  bool qk_norm = false;
+  // Sliding-window attention: a layer marked in sliding_layers lets query i see keys j with
+  // i - sliding_window < j <= i (transformers' sliding_window_overlay). 0: none. Mistral marks
+  // every layer; Qwen3 with use_sliding_window the layers its layer_types name.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;  // [num_layers] when sliding_window > 0
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 4096;        // seq_length for GLM original
   DType torch_dtype = DType::F32;                // "torch_dtype" (or "dtype") in config.json
   std::vector<int64_t> eos_token_ids;            // may be empty
   int64_t bos_token_id = -1, pad_token_id = -1;  // -1 when absent
   std::string config_json;  // the original text of config.json (empty for models built from scratch)
+
+  // The window layer `layer`'s attention uses (0: every earlier key).
+  int64_t window_of(int64_t layer) const {
+    return sliding_window > 0 && sliding_layers.at(size_t(layer)) ? sliding_window : 0;
+  }
 
   // Derived sizes.
   int64_t q_size() const { return num_heads * head_dim; }
@@ -58,6 +74,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
 // Checks the sizes are consistent (called by the parser and for configs built in code).
 void validate(const ModelConfig& c, const std::string& where);
+
+// Sets what the family fixes (architecture name, q/k/v biases, RoPE layout and rotary width, q/k
+// norms) on a config built in code from sizes (a recipe's [model_config]).
+void apply_family_traits(ModelConfig& c);
 
 // The same model described in another family's format, for exporting it under that format's
 // tensor names and config.json: only glm <-> glm_original (GlmForCausalLM and THUDM's ChatGLMModel

@@ -55,6 +55,10 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
     p.input_norm = params.add(prefix + "input_norm", {H}, false);
     p.qkv_weight = params.add(prefix + "qkv.weight", {qkv_rows, H}, true, blocks);
     if (c.qkv_bias) p.qkv_bias = params.add(prefix + "qkv.bias", {qkv_rows}, false);
+    if (c.qk_norm) {
+      p.q_norm = params.add(prefix + "q_norm", {c.head_dim}, false);
+      p.k_norm = params.add(prefix + "k_norm", {c.head_dim}, false);
+    }
     p.o_weight = params.add(prefix + "o.weight", {H, c.q_size()}, true, blocks);
     p.post_norm = params.add(prefix + "post_attention_norm", {H}, false);
     p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true, blocks);
@@ -105,9 +109,13 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           config.hidden_size, config.intermediate_size, config.q_size(), kNf4BlockSize);
 }
 
-kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t batch, int64_t seq) {
-  const int64_t Q = c.q_size(), QKV = Q + 2 * c.kv_size();
-  return {batch, seq, c.num_heads, c.num_kv_heads, c.head_dim, QKV, QKV, QKV, Q, 1.0 / std::sqrt(double(c.head_dim))};
+// Attention reads q and k from the qkv projection's output, or with q/k norms from their own
+// normalised [tokens, q | k] buffer (the projection's output stays as the norms' backward needs it).
+kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t layer, int64_t batch, int64_t seq) {
+  const int64_t Q = c.q_size(), QK = Q + c.kv_size(), QKV = QK + c.kv_size();
+  const int64_t ldqk = c.qk_norm ? QK : QKV;
+  return {batch, seq, c.num_heads, c.num_kv_heads, c.head_dim,   ldqk,
+          ldqk,  QKV, Q,           1.0 / std::sqrt(double(c.head_dim)), c.window_of(layer)};
 }
 
 kernels::AttentionMatmul attention_matmul(Precision p) {
@@ -117,6 +125,7 @@ kernels::AttentionMatmul attention_matmul(Precision p) {
 // Plan ids of one block's intermediates (-1: not planned, e.g. bf16 copies in fp32 mode).
 struct BlockIds {
   int xn1 = -1, rstd1 = -1, qkv = -1, attn = -1, lse = -1, xmid = -1, xn2 = -1, rstd2 = -1, gate_up = -1, act = -1;
+  int qk = -1, rstd_qk = -1;  // q/k norms: the normalised, rotated q | k, and each head's rstd
   int xn1_b = -1, attn_b = -1, xn2_b = -1, act_b = -1;
   int lora_u = -1, lora_u_b = -1;  // LoRA: scaling * x A^T of each of the block's modules
 };
@@ -152,6 +161,7 @@ struct DecoderLayout {
   std::vector<BlockIds> forward, backward;  // the same ids unless checkpointing
   int xn_final = -1, rstd_final = -1, xn_final_b = -1;
   int dx = -1, dh = -1, dnorm = -1, dtmp = -1, d_act = -1, d_gate_up = -1, d_attn = -1, d_qkv = -1, dy_b = -1;
+  int d_qk = -1;  // q/k norms: the gradient of the normalised q | k
   int logits = -1, logits_b = -1;
   int attention_workspace = -1;
 };
@@ -228,6 +238,10 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     b.xn1 = add(prefix + "xn1", gemm_input_cat, N * H, f32, first, gemm_input_last);
     b.rstd1 = add(prefix + "rstd1", cat, N, f32, first, last);
     b.qkv = add(prefix + "qkv", cat, N * QKV, f32, first, last);
+    if (c.qk_norm) {
+      b.qk = add(prefix + "qk_normed", cat, N * (Q + c.kv_size()), f32, first, last);
+      b.rstd_qk = add(prefix + "qk_norm.rstd", cat, N * (c.num_heads + c.num_kv_heads), f32, first, last);
+    }
     b.attn = add(prefix + "attn", cat, N * Q, f32, first, last);  // attention_backward reads it
     b.lse = add(prefix + "lse", cat, N * c.num_heads, f32, first, last);
     b.xmid = add(prefix + "xmid", cat, N * H, f32, first, last);
@@ -272,6 +286,7 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   d.d_gate_up = add("grad.gate_up", Cat::Workspace, N * 2 * I, f32, backward_first, backward_last);
   d.d_attn = add("grad.attn", Cat::Workspace, N * Q, f32, backward_first, backward_last);
   d.d_qkv = add("grad.qkv", Cat::Workspace, N * QKV, f32, backward_first, backward_last);
+  if (c.qk_norm) d.d_qk = add("grad.qk_normed", Cat::Workspace, N * (Q + c.kv_size()), f32, backward_first, backward_last);
   d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N * std::max({H, 2 * I, QKV}), backward_first, backward_last);
   if (params.nf4_total() > 0) {  // one tile of dequantized rows, used by every NF4 GEMM in turn
     int64_t tile = 0;
@@ -300,7 +315,7 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   // the forward and the backward pass.
   d.attention_workspace = add("attention.workspace", Cat::Workspace,
                               int64_t(backend_of(options).attention_workspace_bytes(
-                                  attention_shape(c, max_batch, max_seq), attention_matmul(precision))),
+                                  attention_shape(c, 0, max_batch, max_seq), attention_matmul(precision))),
                               1, t.forward(0), backward_last);
 
   // The rotary table is a kernels::RopeTable (std::vector) built once: counted, not in the arena.
@@ -342,6 +357,7 @@ int64_t nf4_setup_scratch_elements(const ModelConfig& config, const DecoderOptio
 
 struct Decoder::BlockActivations {
   float *xn1, *rstd1, *qkv, *attn, *lse, *xmid, *xn2, *rstd2, *gate_up, *act;
+  float *qk, *rstd_qk;                   // q/k norms (null without)
   bf16 *xn1_b, *attn_b, *xn2_b, *act_b;  // GEMM inputs in bf16 mode (null in fp32)
   float* lora_u;                         // [modules of the block][tokens, rank] (null without LoRA)
   bf16* lora_u_b;
@@ -353,7 +369,7 @@ struct Decoder::Buffers {
   float *xn_final, *rstd_final;
   bf16* xn_final_b;
   // Gradient scratch, reused by every layer in turn.
-  float *dx, *dh, *dnorm, *dtmp, *d_act, *d_gate_up, *d_attn, *d_qkv, *logits;
+  float *dx, *dh, *dnorm, *dtmp, *d_act, *d_gate_up, *d_attn, *d_qkv, *d_qk, *logits;
   bf16 *dy_b, *logits_b;
   float* lora_du;  // LoRA: scaling * dy B of one module [tokens, rank]
   bf16* lora_du_b;
@@ -379,7 +395,7 @@ struct Decoder::Buffers {
     auto block = [&](const BlockIds& i) {
       return BlockActivations{f32(i.xn1),   f32(i.rstd1),  f32(i.qkv),   f32(i.attn),    f32(i.lse),
                               f32(i.xmid),  f32(i.xn2),    f32(i.rstd2), f32(i.gate_up), f32(i.act),
-                              b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b), f32(i.lora_u),
+                              f32(i.qk),    f32(i.rstd_qk), b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b), f32(i.lora_u),
                               b16(i.lora_u_b)};
     };
     x.resize(d.x.size());
@@ -399,6 +415,7 @@ struct Decoder::Buffers {
     d_gate_up = f32(d.d_gate_up);
     d_attn = f32(d.d_attn);
     d_qkv = f32(d.d_qkv);
+    d_qk = f32(d.d_qk);
     dy_b = b16(d.dy_b);
     lora_du = f32(d.lora_du);
     lora_du_b = b16(d.lora_du_b);
@@ -524,7 +541,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   b.bind(plan_);
   // Every attention GEMM plan a step can need, on every thread, now: packed documents change the
   // shapes from step to step, and a plan built inside the step loop would allocate there.
-  backend_.prepare_attention(attention_shape(c, 1, max_seq_), attention_matmul(precision_));
+  backend_.prepare_attention(attention_shape(c, 0, 1, max_seq_), attention_matmul(precision_));
 }
 
 Decoder::~Decoder() = default;
@@ -678,16 +695,26 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   auto W = [&](int id) { return Weight{params_.weight(id), params_.weight_bf16(id), params_.nf4(id)}; };
   auto& P = params_;
   const auto& p = ids_.layers[l];
-  const kernels::AttentionShape as = attention_shape(c, mb.batch, mb.seq);
+  const kernels::AttentionShape as = attention_shape(c, l, mb.batch, mb.seq);
 
   backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, c.rms_norm_eps, a.xn1, a.rstd1);
   to_bf16(a.xn1, a.xn1_b, N * H);
   lin.forward(a.xn1, a.xn1_b, W(p.qkv_weight), H, QKV, a.qkv, 0.0f);
   lora_forward(mb, l, LinearSlot::Qkv, a.xn1, a.xn1_b, a.qkv, QKV, a, true);
   if (p.qkv_bias >= 0) backend_.add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
-  backend_.rope_forward(a.qkv, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
-  backend_.rope_forward(a.qkv + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
-  backend_.attention_forward(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV, mb.segments, a.attn,
+  // q and k as attention reads them (ld as.ldq): rotated in place, or first normalised head by
+  // head into their own buffer (Qwen3), which keeps the projection's output for the backward pass.
+  float* qk = a.qkv;
+  if (c.qk_norm) {
+    qk = a.qk;
+    backend_.head_rmsnorm_forward(a.qkv, QKV, P.weight(p.q_norm), N, c.num_heads, c.head_dim, c.rms_norm_eps, qk,
+                                  as.ldq, a.rstd_qk);
+    backend_.head_rmsnorm_forward(a.qkv + Q, QKV, P.weight(p.k_norm), N, c.num_kv_heads, c.head_dim, c.rms_norm_eps,
+                                  qk + Q, as.ldk, a.rstd_qk + N * c.num_heads);
+  }
+  backend_.rope_forward(qk, as.ldq, mb.positions, N, c.num_heads, c.head_dim, rope_);
+  backend_.rope_forward(qk + Q, as.ldk, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
+  backend_.attention_forward(as, attention_matmul(precision_), qk, qk + Q, a.qkv + Q + KV, mb.segments, a.attn,
                              a.lse, buf_->attention_workspace, buf_->attention_workspace_bytes);
   to_bf16(a.attn, a.attn_b, N * Q);
   backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
@@ -850,8 +877,8 @@ void Decoder::backward(const MicroBatch& mb) {
   backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), b.rstd_final, b.dnorm, N, H, b.dx,
                             P.grad(ids_.final_norm));
   base_grad_ready(ids_.final_norm);
-  const kernels::AttentionShape as = attention_shape(c, mb.batch, mb.seq);
   for (int64_t l = L - 1; l >= 0; --l) {
+    const kernels::AttentionShape as = attention_shape(c, l, mb.batch, mb.seq);
     const auto& a = b.backward[l];
     const float* x = b.x[l];
     const auto& p = ids_.layers[l];
@@ -881,12 +908,20 @@ void Decoder::backward(const MicroBatch& mb) {
     lin.backward_input(b.dh, dyb, W(p.o_weight), Q, H, b.d_attn);
     if (!frozen) lin.backward_weight(b.dh, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
     lora_backward(mb, l, LinearSlot::O, b.dh, dyb, H, a.attn, a.attn_b, b.d_attn, a);
-    float* dq = b.d_qkv;
-    backend_.attention_backward(as, attention_matmul(precision_), a.qkv, a.qkv + Q, a.qkv + Q + KV, mb.segments, a.attn,
-                                a.lse, b.d_attn, dq, dq + Q, dq + Q + KV, b.attention_workspace,
+    // dq | dk land where attention read q | k: in d_qkv, or with q/k norms in d_qk first.
+    const float* qk = c.qk_norm ? a.qk : a.qkv;
+    float* dqk = c.qk_norm ? b.d_qk : b.d_qkv;
+    backend_.attention_backward(as, attention_matmul(precision_), qk, qk + Q, a.qkv + Q + KV, mb.segments, a.attn,
+                                a.lse, b.d_attn, dqk, dqk + Q, b.d_qkv + Q + KV, b.attention_workspace,
                                 b.attention_workspace_bytes);
-    backend_.rope_backward(dq, QKV, mb.positions, N, c.num_heads, c.head_dim, rope_);
-    backend_.rope_backward(dq + Q, QKV, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
+    backend_.rope_backward(dqk, as.ldq, mb.positions, N, c.num_heads, c.head_dim, rope_);
+    backend_.rope_backward(dqk + Q, as.ldk, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
+    if (c.qk_norm) {
+      backend_.head_rmsnorm_backward(a.qkv, QKV, P.weight(p.q_norm), a.rstd_qk, dqk, as.ldq, N, c.num_heads,
+                                     c.head_dim, b.d_qkv, QKV, P.grad(p.q_norm));
+      backend_.head_rmsnorm_backward(a.qkv + Q, QKV, P.weight(p.k_norm), a.rstd_qk + N * c.num_heads, dqk + Q,
+                                     as.ldk, N, c.num_kv_heads, c.head_dim, b.d_qkv + Q, QKV, P.grad(p.k_norm));
+    }
     if (p.qkv_bias >= 0 && !frozen) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));
     to_bf16(b.d_qkv, dyb, N * QKV);
     lin.backward_input(b.d_qkv, dyb, W(p.qkv_weight), H, QKV, b.dnorm);
@@ -894,7 +929,7 @@ void Decoder::backward(const MicroBatch& mb) {
     lora_backward(mb, l, LinearSlot::Qkv, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
     backend_.rmsnorm_backward(x, P.weight(p.input_norm), a.rstd1, b.dnorm, N, H, b.dtmp, P.grad(p.input_norm));
     backend_.add(b.dx, b.dh, b.dtmp, N * H);
-    for (int id : {p.o_weight, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);
+    for (int id : {p.o_weight, p.k_norm, p.q_norm, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);
   }
   if (!frozen) backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, P.grad(ids_.embed));
   base_grad_ready(ids_.embed);

@@ -1,8 +1,10 @@
-// The decoder-only transformer shared by the Llama, Qwen2 and GLM-4 families:
+// The decoder-only transformer shared by the Llama, Qwen2, Qwen3, Mistral and GLM-4 families:
 //   x = embed(ids); for each layer: x += o(attn(rope(qkv(rmsnorm(x))))); x += down(swiglu(gate_up(rmsnorm(x))))
 //   loss = cross_entropy(lm_head(rmsnorm(x)), next-token labels)
 // with hand-written forward and backward passes. Internally q/k/v and gate/up are always fused
-// (one GEMM each); family-specific tensor names and fusions are handled by hf_weights.h.
+// (one GEMM each); family-specific tensor names and fusions are handled by hf_weights.h. Qwen3
+// normalises each query and key head before RoPE (q_norm, k_norm); Mistral's layers attend
+// through a sliding window.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -25,7 +27,7 @@ enum class Precision : uint8_t {
 };
 
 struct LayerParamIds {
-  int input_norm = -1, qkv_weight = -1, qkv_bias = -1, o_weight = -1;
+  int input_norm = -1, qkv_weight = -1, qkv_bias = -1, q_norm = -1, k_norm = -1, o_weight = -1;
   int post_norm = -1, gate_up_weight = -1, down_weight = -1;
 };
 

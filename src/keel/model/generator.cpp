@@ -43,6 +43,13 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
     backend_.rmsnorm_forward(x_.data(), P.weight(p.input_norm), n, H, c_.rms_norm_eps, xn_.data(), rstd.data());
     linear(xn_.data(), P.weight(p.qkv_weight), n, H, QKV, qkv_.data(), 0.0f);
     if (p.qkv_bias >= 0) backend_.add_bias_rows(qkv_.data(), P.weight(p.qkv_bias), n, QKV);
+    if (c_.qk_norm) {  // Qwen3: each query and key head normalised before RoPE, in place
+      qk_rstd_.resize(size_t(n * (c_.num_heads + c_.num_kv_heads)));
+      backend_.head_rmsnorm_forward(qkv_.data(), QKV, P.weight(p.q_norm), n, c_.num_heads, D, c_.rms_norm_eps,
+                                    qkv_.data(), QKV, qk_rstd_.data());
+      backend_.head_rmsnorm_forward(qkv_.data() + Q, QKV, P.weight(p.k_norm), n, c_.num_kv_heads, D, c_.rms_norm_eps,
+                                    qkv_.data() + Q, QKV, qk_rstd_.data() + n * c_.num_heads);
+    }
     backend_.rope_forward(qkv_.data(), QKV, positions.data(), n, c_.num_heads, D, rope_);
     backend_.rope_forward(qkv_.data() + Q, QKV, positions.data(), n, c_.num_kv_heads, D, rope_);
     float* kc = k_cache_[l].data();
@@ -51,7 +58,8 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
       std::memcpy(kc + (position + t) * KV, qkv_.data() + t * QKV + Q, sizeof(float) * KV);
       std::memcpy(vc + (position + t) * KV, qkv_.data() + t * QKV + Q + KV, sizeof(float) * KV);
     }
-    backend_.cached_attention(qkv_.data(), QKV, n, position, kc, vc, c_.num_heads, c_.num_kv_heads, D, attn_.data());
+    backend_.cached_attention(qkv_.data(), QKV, n, position, kc, vc, c_.num_heads, c_.num_kv_heads, D,
+                              c_.window_of(l), attn_.data());
     std::memcpy(h_.data(), x_.data(), sizeof(float) * n * H);
     linear(attn_.data(), P.weight(p.o_weight), n, Q, H, h_.data(), 1.0f);
     backend_.rmsnorm_forward(h_.data(), P.weight(p.post_norm), n, H, c_.rms_norm_eps, xn_.data(), rstd.data());

@@ -44,6 +44,7 @@ class Generator {
   kernels::RopeTable rope_;
   std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer [max_length, kv_heads * head_dim]
   std::vector<float> x_, xn_, qkv_, attn_, h_, gate_up_, act_, logits_;
+  std::vector<float> qk_rstd_;  // q/k norms: each head's rstd (not needed after, but the kernel writes it)
   std::mt19937_64 rng_;
 };
 

@@ -45,6 +45,10 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& id
       out.push_back({pre + "self_attn." + proj[i] + ".weight", p.qkv_weight, row[i], rows[i], H});
       if (p.qkv_bias >= 0) out.push_back({pre + "self_attn." + proj[i] + ".bias", p.qkv_bias, row[i], rows[i], 0});
     }
+    if (p.q_norm >= 0) {
+      out.push_back({pre + "self_attn.q_norm.weight", p.q_norm, 0, c.head_dim, 0});
+      out.push_back({pre + "self_attn.k_norm.weight", p.k_norm, 0, c.head_dim, 0});
+    }
     out.push_back({pre + "self_attn.o_proj.weight", p.o_weight, 0, H, Q});
     out.push_back({pre + "post_attention_layernorm.weight", p.post_norm, 0, H, 0});
     if (c.family == Family::Glm) {

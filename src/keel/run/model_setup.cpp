@@ -18,18 +18,15 @@ model::ModelConfig scratch_model_config(const ScratchModel& m) {
   c.num_heads = m.num_heads;
   c.num_kv_heads = m.num_kv_heads > 0 ? m.num_kv_heads : m.num_heads;
   c.head_dim = m.head_dim > 0 ? m.head_dim : m.hidden_size / std::max<int64_t>(m.num_heads, 1);
-  const bool glm = c.family == model::Family::Glm || c.family == model::Family::GlmOriginal;
-  c.rotary_dim = glm ? c.head_dim / 2 : c.head_dim;  // GLM-4 rotates half of each head
-  c.rope_interleaved = glm;
   c.rope_theta = m.rope_theta;
   c.rms_norm_eps = m.rms_norm_eps;
-  c.qkv_bias = c.family != model::Family::Llama;
   c.tie_word_embeddings = m.tie_word_embeddings;
   c.max_position_embeddings = m.max_position_embeddings;
-  c.architecture = c.family == model::Family::Llama   ? "LlamaForCausalLM"
-                   : c.family == model::Family::Qwen2 ? "Qwen2ForCausalLM"
-                   : c.family == model::Family::Glm   ? "GlmForCausalLM"
-                                                      : "ChatGLMModel";
+  model::apply_family_traits(c);
+  if (m.sliding_window > 0) {
+    c.sliding_window = m.sliding_window;
+    c.sliding_layers.assign(size_t(std::max<int64_t>(c.num_layers, 0)), true);
+  }
   model::validate(c, "[model_config]");
   return c;
 }

@@ -46,6 +46,7 @@ const std::vector<FieldOf<ScratchModel>>& model_config_fields() {
       {"rope_theta", &ScratchModel::rope_theta},
       {"rms_norm_eps", &ScratchModel::rms_norm_eps},
       {"tie_word_embeddings", &ScratchModel::tie_word_embeddings},
+      {"sliding_window", &ScratchModel::sliding_window},
   };
   return table;
 }

@@ -16,6 +16,7 @@ struct ScratchModel {
   std::string family = "llama";
   int64_t vocab_size = 0, hidden_size = 0, intermediate_size = 0, num_layers = 0, num_heads = 0;
   int64_t num_kv_heads = 0, head_dim = 0, max_position_embeddings = 2048;
+  int64_t sliding_window = 0;  // mistral, qwen3: every layer attends through this window (0: none)
   double rope_theta = 10000.0, rms_norm_eps = 1e-6;
   bool tie_word_embeddings = false;
 };

@@ -123,14 +123,18 @@ void pack_head(const float* base, int64_t ld, int64_t token0, int64_t head, int6
   }
 }
 
-// Packed documents: the first key any row of [i0, i1) may attend, rounded down to a block
-// boundary (so GEMM shapes repeat). Exact only when each document is one run of positions with
-// ids increasing run by run, as packing writes them; otherwise every key from 0 is visited and
-// the mask alone decides.
-int64_t first_key(const int32_t* seg, bool runs_increase, int64_t i0) {
-  if (seg == nullptr || !runs_increase) return 0;
-  int64_t j = i0;
-  while (j > 0 && seg[j - 1] == seg[i0]) --j;
+// The first key any row of [i0, i1) may attend, rounded down to a block boundary (so GEMM shapes
+// repeat): the start of the block's first document with packed documents, and no earlier than
+// the first row's sliding window. The document bound is exact only when each document is one run
+// of positions with ids increasing run by run, as packing writes them; otherwise every key from 0
+// is visited and the mask alone decides.
+int64_t first_key(const AttentionShape& s, const int32_t* seg, bool runs_increase, int64_t i0) {
+  int64_t j = 0;
+  if (seg != nullptr && runs_increase) {
+    j = i0;
+    while (j > 0 && seg[j - 1] == seg[i0]) --j;
+  }
+  if (s.window > 0) j = std::max(j, i0 - s.window + 1);
   return j / kBlock * kBlock;
 }
 
@@ -141,15 +145,18 @@ bool runs_increase(const int32_t* seg, int64_t seq) {
   return true;
 }
 
-// Key c (position k0 + c) is visible to row i: causal and, with packing, same document.
+// Key c (position k0 + c) is visible to row i: causal, inside the sliding window and, with
+// packing, same document.
 struct RowMask {
   const int32_t* seg;  // the sequence's ids, or null
-  int64_t i, k0;
+  int64_t i, k0, window;
   int64_t causal_count() const { return i - k0 + 1; }
+  int64_t first_in_window() const { return window > 0 ? std::max<int64_t>(0, i - window + 1 - k0) : 0; }
 };
 
 RowVisibility visibility(const RowMask& mask, int64_t n) {
-  return {std::min(n, mask.causal_count()), mask.seg ? mask.seg + mask.k0 : nullptr, mask.seg ? mask.seg[mask.i] : 0};
+  return {std::min(n, mask.causal_count()), mask.seg ? mask.seg + mask.k0 : nullptr, mask.seg ? mask.seg[mask.i] : 0,
+          mask.first_in_window()};
 }
 
 // Forward softmax of one row of scores s[0, n): p = exp(scale*s - m) / sum over visible keys,
@@ -199,11 +206,11 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
   pack_head(v, s.ldv, token0, kv, T, hd, w.v);
   float* lse_h = lse + (b * s.q_heads + h) * T;
   for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
-    const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(seg, runs, i0), n = i0 + rows - k0;
+    const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(s, seg, runs, i0), n = i0 + rows - k0;
     const BlockProducts block{rows, n, hd};
     matmul(block.rows_by_keys(), w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
     for (int64_t r = 0; r < rows; ++r)
-      lse_h[i0 + r] = softmax_row(RowMask{seg, i0 + r, k0}, scale, n, w.s + r * n, w.p + r * n);
+      lse_h[i0 + r] = softmax_row(RowMask{seg, i0 + r, k0, s.window}, scale, n, w.s + r * n, w.p + r * n);
     matmul(block.rows_by_dim(s.ldo), w.p, w.v + k0 * hd, out + (token0 + i0) * s.ldo + h * hd, 0.0f);
   }
 }
@@ -235,12 +242,12 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
     }
     const float* lse_h = lse + (b * s.q_heads + h) * T;
     for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
-      const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(seg, runs, i0), n = i0 + rows - k0;
+      const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(s, seg, runs, i0), n = i0 + rows - k0;
       const BlockProducts block{rows, n, hd};
       matmul(block.rows_by_keys(), w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
       matmul(block.rows_by_keys(), w.dout + i0 * hd, w.v + k0 * hd, w.dp, 0.0f);
       for (int64_t r = 0; r < rows; ++r)
-        softmax_backward_row(RowMask{seg, i0 + r, k0}, scale, lse_h[i0 + r], w.delta[i0 + r], n, w.s + r * n,
+        softmax_backward_row(RowMask{seg, i0 + r, k0, s.window}, scale, lse_h[i0 + r], w.delta[i0 + r], n, w.s + r * n,
                              w.dp + r * n, w.p + r * n, w.ds + r * n);
       matmul(block.keys_by_dim(s.ldv), w.p, w.dout + i0 * hd, dv + (token0 + k0) * s.ldv + kv * hd, 1.0f);
       matmul(block.keys_by_dim(s.ldk), w.ds, w.q + i0 * hd, dk + (token0 + k0) * s.ldk + kv * hd, 1.0f);

@@ -98,6 +98,15 @@ class CpuBackend final : public HostMemoryBackend {
                         float* dx, float* dw) override {
     kernels::rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw);
   }
+  void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
+                            int64_t head_dim, double eps, float* y, int64_t ldy, float* rstd) override {
+    kernels::head_rmsnorm_forward(x, ldx, w, tokens, heads, head_dim, eps, y, ldy, rstd);
+  }
+  void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, const float* rstd, const float* dy,
+                             int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float* dx, int64_t lddx,
+                             float* dw) override {
+    kernels::head_rmsnorm_backward(x, ldx, w, rstd, dy, ldy, tokens, heads, head_dim, dx, lddx, dw);
+  }
   void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                     const RopeTable& table) override {
     kernels::rope_forward(x, ld, positions, tokens, heads, head_dim, table);
@@ -153,7 +162,7 @@ class CpuBackend final : public HostMemoryBackend {
   // One query row at a time against the cache; the softmax in double for stability. Generation is
   // latency-bound on one sequence: no blocking, no threads.
   void cached_attention(const float* q, int64_t ldq, int64_t tokens, int64_t first_position, const float* k_cache,
-                        const float* v_cache, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                        const float* v_cache, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t window,
                         float* out) override {
     const int64_t D = head_dim, KV = kv_heads * D, group = q_heads / kv_heads;
     const double scale = 1.0 / std::sqrt(double(D));
@@ -162,11 +171,12 @@ class CpuBackend final : public HostMemoryBackend {
     scores_.resize(size_t(first_position + tokens));
     for (int64_t t = 0; t < tokens; ++t) {
       const int64_t keys = first_position + t + 1;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, keys - window) : 0;  // the sliding window's first key
       for (int64_t h = 0; h < q_heads; ++h) {
         const float* qh = q + t * ldq + h * D;
         const int64_t kvh = h / group;
         double max_score = -1e300;
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = first; j < keys; ++j) {
           const float* kj = k_cache + j * KV + kvh * D;
           double s = 0;
           for (int64_t d = 0; d < D; ++d) s += double(qh[d]) * double(kj[d]);
@@ -174,10 +184,10 @@ class CpuBackend final : public HostMemoryBackend {
           max_score = std::max(max_score, double(scores_[j]));
         }
         double sum = 0;
-        for (int64_t j = 0; j < keys; ++j) sum += std::exp(double(scores_[j]) - max_score);
+        for (int64_t j = first; j < keys; ++j) sum += std::exp(double(scores_[j]) - max_score);
         float* o = out + t * q_heads * D + h * D;
         std::fill(o, o + D, 0.0f);
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = first; j < keys; ++j) {
           const float w = float(std::exp(double(scores_[j]) - max_score) / sum);
           const float* vj = v_cache + j * KV + kvh * D;
           for (int64_t d = 0; d < D; ++d) o[d] += w * vj[d];

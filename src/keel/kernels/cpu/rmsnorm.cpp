@@ -42,29 +42,41 @@ void rmsnorm_row_backward(const T* x, const T* w, T rstd, const T* dy, int64_t d
   }
 }
 
+// Row r of `heads` vectors per token: token r / heads, head r % heads.
+struct HeadRows {
+  int64_t heads, dim;
+  int64_t at(int64_t r, int64_t ld) const { return r / heads * ld + r % heads * dim; }
+};
+
 }  // namespace
 
 template <typename T>
-void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd) {
+void head_rmsnorm_forward(const T* x, int64_t ldx, const T* w, int64_t tokens, int64_t heads, int64_t dim, double eps,
+                          T* y, int64_t ldy, T* rstd) {
+  const HeadRows hr{heads, dim};
+  const int64_t rows = tokens * heads;
   parallel_for(rows, rows * dim >= kParallelMinElements, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * dim;
-      T* yr = y + r * dim;
+      const T* xr = x + hr.at(r, ldx);
+      T* yr = y + hr.at(r, ldy);
       // torch: rsqrt(variance + eps) in the tensor's dtype, i.e. 1/sqrt correctly rounded.
       const T rs = T(1) / std::sqrt(mean_of_squares(xr, dim) + T(eps));
       rstd[r] = rs;
-      for (int64_t c = 0; c < dim; ++c) yr[c] = w[c] * (xr[c] * rs);
+      for (int64_t c = 0; c < dim; ++c) yr[c] = w[c] * (xr[c] * rs);  // y may be x: each element read first
     }
   });
 }
 
 template <typename T>
-void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw) {
+void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, const T* dy, int64_t ldy,
+                           int64_t tokens, int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw) {
+  const HeadRows hr{heads, dim};
+  const int64_t rows = tokens * heads;
   const int64_t column_blocks = (dim + kDwColumnBlock - 1) / kDwColumnBlock;
   const bool parallel = rows * dim >= kParallelMinElements;
   parallel_for(rows, parallel, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
-      rmsnorm_row_backward(x + r * dim, w, rstd[r], dy + r * dim, dim, dx + r * dim);
+      rmsnorm_row_backward(x + hr.at(r, ldx), w, rstd[r], dy + hr.at(r, ldy), dim, dx + hr.at(r, lddx));
   });
   if (!dw) return;  // a frozen norm weight (LoRA): no gradient wanted
   parallel_for(column_blocks, parallel, [&](int64_t begin, int64_t end) {
@@ -73,8 +85,8 @@ void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_
       const int64_t nc = std::min(kDwColumnBlock, dim - c0);
       double acc[kDwColumnBlock] = {};
       for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + r * dim + c0;
-        const T* dyr = dy + r * dim + c0;
+        const T* xr = x + hr.at(r, ldx) + c0;
+        const T* dyr = dy + hr.at(r, ldy) + c0;
         const double rs = rstd[r];
         for (int64_t c = 0; c < nc; ++c) acc[c] += double(dyr[c]) * (double(xr[c]) * rs);
       }
@@ -83,6 +95,24 @@ void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_
   });
 }
 
+template <typename T>
+void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd) {
+  head_rmsnorm_forward(x, dim, w, rows, 1, dim, eps, y, dim, rstd);
+}
+
+template <typename T>
+void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw) {
+  head_rmsnorm_backward(x, dim, w, rstd, dy, dim, rows, 1, dim, dx, dim, dw);
+}
+
+template void head_rmsnorm_forward<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t, double,
+                                          float*, int64_t, float*);
+template void head_rmsnorm_forward<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t, double,
+                                           double*, int64_t, double*);
+template void head_rmsnorm_backward<float>(const float*, int64_t, const float*, const float*, const float*, int64_t,
+                                           int64_t, int64_t, int64_t, float*, int64_t, float*);
+template void head_rmsnorm_backward<double>(const double*, int64_t, const double*, const double*, const double*,
+                                            int64_t, int64_t, int64_t, int64_t, double*, int64_t, double*);
 template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*, float*);
 template void rmsnorm_forward<double>(const double*, const double*, int64_t, int64_t, double, double*, double*);
 template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*, int64_t, int64_t, float*,

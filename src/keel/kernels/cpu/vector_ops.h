@@ -18,12 +18,13 @@ namespace keel::kernels {
 enum class Isa : uint8_t { Portable, Avx2, Avx512 };
 std::string_view isa_name(Isa isa);  // "portable", "avx2", "avx512"
 
-// A key mask for a row of scores: lane c is visible when c < visible and, with packed documents,
-// seg[c] == own (seg null: no documents).
+// A key mask for a row of scores: lane c is visible when first <= c < visible and, with packed
+// documents, seg[c] == own (seg null: no documents).
 struct RowVisibility {
   int64_t visible;
   const int32_t* seg;
   int32_t own;
+  int64_t first = 0;  // keys before it are outside a sliding window
 };
 
 struct VectorOps {

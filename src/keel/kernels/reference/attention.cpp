@@ -48,13 +48,20 @@ T* head_row(T* base, int64_t ld, int64_t token, int64_t head, int64_t head_dim) 
 
 inline int64_t attention_work(const AttentionShape& s) { return s.batch * s.q_heads * s.seq * s.seq * s.head_dim; }
 
-// Query i may attend key j: causal, and within the same document when segments are given.
-inline bool attends(const int32_t* seg, int64_t i, int64_t j) { return j <= i && (seg == nullptr || seg[i] == seg[j]); }
+// Query i may attend key j: causal, inside the sliding window if there is one, and within the
+// same document when segments are given.
+inline bool attends(const AttentionShape& s, const int32_t* seg, int64_t i, int64_t j) {
+  return j <= i && in_window(s.window, i, j) && (seg == nullptr || seg[i] == seg[j]);
+}
 
 // True when some query in [i0, i0+nq) may attend some key in [j0, j0+nk); lets packed documents
-// skip whole tiles of other documents.
-bool tile_has_allowed_pair(const int32_t* seg, int64_t i0, int64_t nq, int64_t j0, int64_t nk) {
+// skip whole tiles of other documents, and a sliding window the tiles behind it.
+bool tile_has_allowed_pair(const AttentionShape& s, const int32_t* seg, int64_t i0, int64_t nq, int64_t j0,
+                           int64_t nk) {
   if (j0 > i0 + nq - 1) return false;
+  // The block's first row reaches furthest back: if the tile's last key is behind its window, the
+  // whole tile is behind every row's.
+  if (!in_window(s.window, i0, j0 + nk - 1)) return false;
   if (seg == nullptr) return true;
   for (int64_t i = i0; i < i0 + nq; ++i)
     for (int64_t j = j0; j < std::min(j0 + nk, i + 1); ++j)
@@ -121,7 +128,7 @@ void forward_query_tile(const AttentionShape& s, const T* q, const T* k, const T
   const int64_t last_query = i0 + nq - 1;
   for (int64_t j0 = 0; j0 <= last_query; j0 += kKeyTile) {
     const int64_t nk = std::min(kKeyTile, s.seq - j0);
-    if (!tile_has_allowed_pair(seg, i0, nq, j0, nk)) continue;
+    if (!tile_has_allowed_pair(s, seg, i0, nq, j0, nk)) continue;
     load_transposed_tile(k, s.ldk, token0 + j0, hp.kv_head, hd, nk, k_tile);
     for (int64_t r = 0; r < nq; ++r) {
       const int64_t i = i0 + r;
@@ -130,7 +137,7 @@ void forward_query_tile(const AttentionShape& s, const T* q, const T* k, const T
       dot_with_tile(head_row(q, s.ldq, token0 + i, hp.q_head, hd), k_tile, hd, n, scores);
       T tile_max = neg_inf;
       for (int64_t c = 0; c < n; ++c) {
-        scores[c] = attends(seg, i, j0 + c) ? scores[c] * scale : neg_inf;
+        scores[c] = attends(s, seg, i, j0 + c) ? scores[c] * scale : neg_inf;
         tile_max = std::max(tile_max, scores[c]);
       }
       if (tile_max == neg_inf) continue;  // every key of this tile is in another document
@@ -226,7 +233,7 @@ void backward_kv_head(const AttentionShape& s, const T* q, const T* k, const T* 
       // Query tiles on the same grid as the forward pass; those ending before j0 see no key here.
       for (int64_t i0 = j0 / kQueryTile * kQueryTile; i0 < s.seq; i0 += kQueryTile) {
         const int64_t nq = std::min(kQueryTile, s.seq - i0);
-        if (!tile_has_allowed_pair(seg, i0, nq, j0, nk)) continue;
+        if (!tile_has_allowed_pair(s, seg, i0, nq, j0, nk)) continue;
         for (int64_t i = i0; i < i0 + nq; ++i) {
           const int64_t n = causal_keys(i, j0, nk);
           if (n <= 0 || lse_h[i] == neg_inf) continue;
@@ -237,7 +244,7 @@ void backward_kv_head(const AttentionShape& s, const T* q, const T* k, const T* 
           const T delta = w.delta[g * s.seq + i];
           bool any = false;
           for (int64_t c = 0; c < n; ++c) {
-            const bool allowed = attends(seg, i, j0 + c);
+            const bool allowed = attends(s, seg, i, j0 + c);
             const T p = allowed ? std::exp(w.p[c] * scale - lse_h[i]) : T(0);
             w.p[c] = p;
             // scale folded in: d(loss)/d(q.k) = scale * ds_ij.

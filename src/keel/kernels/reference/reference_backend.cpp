@@ -112,6 +112,26 @@ class ReferenceBackend final : public HostMemoryBackend {
     narrow(dxd, dx);
     if (dw) narrow(dwd, dw);
   }
+  void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
+                            int64_t head_dim, double eps, float* y, int64_t ldy, float* rstd) override {
+    const int64_t cols = heads * head_dim;
+    Doubles yd(size_t(span(tokens, cols, ldy))), rd(size_t(tokens * heads));
+    kernels::head_rmsnorm_forward(widen(x, span(tokens, cols, ldx)).data(), ldx, widen(w, head_dim).data(), tokens,
+                                  heads, head_dim, eps, yd.data(), ldy, rd.data());
+    narrow_view(yd, tokens, cols, ldy, y);
+    narrow(rd, rstd);
+  }
+  void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, const float* rstd, const float* dy,
+                             int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float* dx, int64_t lddx,
+                             float* dw) override {
+    const int64_t cols = heads * head_dim;
+    Doubles dxd(size_t(span(tokens, cols, lddx))), dwd = dw ? widen(dw, head_dim) : Doubles();
+    kernels::head_rmsnorm_backward(widen(x, span(tokens, cols, ldx)).data(), ldx, widen(w, head_dim).data(),
+                                   widen(rstd, tokens * heads).data(), widen(dy, span(tokens, cols, ldy)).data(), ldy,
+                                   tokens, heads, head_dim, dxd.data(), lddx, dw ? dwd.data() : nullptr);
+    narrow_view(dxd, tokens, cols, lddx, dx);
+    if (dw) narrow(dwd, dw);
+  }
   void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                     const RopeTable& table) override {
     Doubles xd = widen(x, span(tokens, heads * head_dim, ld));
@@ -205,28 +225,29 @@ class ReferenceBackend final : public HostMemoryBackend {
     narrow_view(dvd, N, KV, s.ldv, dv);
   }
   void cached_attention(const float* q, int64_t ldq, int64_t tokens, int64_t first_position, const float* k_cache,
-                        const float* v_cache, int64_t q_heads, int64_t kv_heads, int64_t head_dim,
+                        const float* v_cache, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t window,
                         float* out) override {
     const int64_t D = head_dim, KV = kv_heads * D, group = q_heads / kv_heads;
     const double scale = 1.0 / std::sqrt(double(D));
     for (int64_t t = 0; t < tokens; ++t) {
       const int64_t keys = first_position + t + 1;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, keys - window) : 0;  // the sliding window's first key
       for (int64_t h = 0; h < q_heads; ++h) {
         const float* qh = q + t * ldq + h * D;
         const int64_t kvh = h / group;
         Doubles scores(static_cast<size_t>(keys));
         double max_score = -1e300;
-        for (int64_t j = 0; j < keys; ++j) {
+        for (int64_t j = first; j < keys; ++j) {
           double s = 0;
           for (int64_t d = 0; d < D; ++d) s += double(qh[d]) * double(k_cache[j * KV + kvh * D + d]);
           scores[j] = s * scale;
           max_score = std::max(max_score, scores[j]);
         }
         double sum = 0;
-        for (double& s : scores) sum += s = std::exp(s - max_score);
+        for (int64_t j = first; j < keys; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
         for (int64_t d = 0; d < D; ++d) {
           double acc = 0;
-          for (int64_t j = 0; j < keys; ++j) acc += scores[j] / sum * double(v_cache[j * KV + kvh * D + d]);
+          for (int64_t j = first; j < keys; ++j) acc += scores[j] / sum * double(v_cache[j * KV + kvh * D + d]);
           out[t * q_heads * D + h * D + d] = float(acc);
         }
       }
