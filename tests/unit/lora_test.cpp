@@ -410,24 +410,32 @@ TEST(Lora, ATargetThatMatchesNothingNamesTheModelsModules) {
   EXPECT_EQ(d.lora_modules()[0].rows, config.q_size() + 2 * config.kv_size());
 }
 
+// A random model and adapter in `source`, its adapter saved in PEFT's format to `dir`.
+void save_random_adapter(Decoder& source, uint64_t seed, const std::string& dir, const std::string& base_model) {
+  source.init_random(1, 0.2);
+  randomise_adapter(source, seed);
+  save_peft_adapter(source, dir, base_model, 0.0, DType::F32);
+}
+
+void expect_same_adapter(Decoder& a, Decoder& b) {
+  ASSERT_EQ(a.adapter().total(), b.adapter().total());
+  EXPECT_EQ(std::memcmp(a.adapter().weights(), b.adapter().weights(), sizeof(float) * size_t(a.adapter().total())), 0);
+}
+
 TEST(Lora, AdapterRoundTripsThroughPeftsFormatAndMismatchesAreNamed) {
   const auto config = test::tiny_config("glm");
   DecoderOptions o{false, true, 0};
   o.lora = spec_of({"q_proj", "gate_up_proj"});
   Decoder source(config, Precision::F32, 1, 8, o), target(config, Precision::F32, 1, 8, o);
-  source.init_random(1, 0.2);
-  randomise_adapter(source, 9);
   keel::testing::TempDir dir;
-  save_peft_adapter(source, dir.path(), "/models/glm", 0.0, DType::F32);
+  save_random_adapter(source, 9, dir.path(), "/models/glm");
   const PeftAdapterConfig read = read_peft_adapter_config(dir.path());
   EXPECT_EQ(read.spec.rank, 3);
   EXPECT_EQ(read.spec.alpha, 5.0);
   EXPECT_EQ(read.base_model, "/models/glm");
   EXPECT_EQ(read.spec.targets, (std::vector<std::string>{"q_proj", "gate_up_proj"}));
   load_peft_adapter(target, dir.path());
-  EXPECT_EQ(std::memcmp(source.adapter().weights(), target.adapter().weights(),
-                        sizeof(float) * size_t(source.adapter().total())),
-            0);
+  expect_same_adapter(source, target);
 
   auto error_loading_into = [&](const LoraSpec& spec) -> std::string {
     DecoderOptions other{false, true, 0};
@@ -454,6 +462,24 @@ TEST(Lora, AdapterRoundTripsThroughPeftsFormatAndMismatchesAreNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'gate_up_proj' matches no linear layer"), std::string::npos);
   }
+}
+
+// A target naming some of the modules of one name by path: the adapter lists those paths, since the
+// bare name would make PEFT adapt every layer's module.
+TEST(Lora, AdapterNamesModulesByPathWhenTheirNamesWouldSelectMore) {
+  const auto config = test::tiny_config("qwen3");
+  DecoderOptions o{false, true, 0};
+  o.lora = spec_of({"layers.1.self_attn.q_proj", "down_proj"});
+  Decoder source(config, Precision::F32, 1, 8, o), target(config, Precision::F32, 1, 8, o);
+  keel::testing::TempDir dir;
+  save_random_adapter(source, 10, dir.path(), "/models/qwen3");
+  std::vector<std::string> expected;
+  for (const auto& m : source.lora_modules()) expected.push_back(m.path);
+  ASSERT_EQ(expected.size(), size_t(1 + config.num_layers));
+  EXPECT_EQ(expected[0], "model.layers.0.mlp.down_proj");
+  EXPECT_EQ(read_peft_adapter_config(dir.path()).spec.targets, expected);
+  load_peft_adapter(target, dir.path());  // and it loads back: the same modules
+  expect_same_adapter(source, target);
 }
 
 }  // namespace

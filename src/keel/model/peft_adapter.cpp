@@ -155,6 +155,15 @@ void save_peft_adapter(const Decoder& decoder, const std::string& dir, const std
     tensors.push_back({peft_tensor_name(m, false), adapter.param(m.b).shape, adapter.weight(m.b)});
     if (std::find(names.begin(), names.end(), m.name) == names.end()) names.push_back(m.name);
   }
+  // target_modules as module names (what vLLM and most tools expect) when those names select
+  // exactly the adapted modules; a target naming some of them by path (layers.0.self_attn.q_proj)
+  // would be widened by the bare name, so then every adapted module's full path.
+  LoraSpec by_name = spec;
+  by_name.targets = names;
+  if (lora_modules(decoder.config(), decoder.ids(), by_name).size() != modules.size()) {
+    names.clear();
+    for (const auto& m : modules) names.push_back(m.path);
+  }
   // modules_to_save under their HF tensor names, as PEFT's get_peft_model_state_dict writes them.
   for (int copy : {decoder.trained_embedding(), decoder.trained_lm_head()})
     if (copy >= 0) tensors.push_back({kPeftPrefix + adapter.param(copy).name, adapter.param(copy).shape, adapter.weight(copy)});
