@@ -35,6 +35,9 @@ def parse_args():
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--intermediate", type=int, default=2048)
+    p.add_argument("--family", choices=("llama", "qwen3", "mistral"), default="llama",
+                   help="the checkpoint's architecture (train_vs_pytorch.py --family)")
+    p.add_argument("--sliding-window", type=int, default=0, help="mistral: the attention window (0: none)")
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--batch", type=int, default=2)
@@ -122,8 +125,9 @@ def main():
     os.makedirs(a.work)
     a.steps = max(a.steps, 2)
     model_dir = tvp.make_workload(a)
-    print("model: llama hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %d steps, dp %d, "
-          "ZeRO-%d, checkpoints: %s%s" % (a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.steps,
+    print("model: %s hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %d steps, dp %d, "
+          "ZeRO-%d, checkpoints: %s%s" % (a.family + (" window %d" % a.sliding_window if a.sliding_window else ""),
+                                          a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.steps,
                                           a.dp, a.zero, a.save, "; %s rank %d, all linear layers" % (
                                               "QLoRA (NF4)" if a.qlora else "LoRA", a.lora) if a.lora else ""))
     print("%-5s %-5s %10s %10s %8s   %10s %10s %8s %8s %12s" %

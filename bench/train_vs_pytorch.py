@@ -68,6 +68,10 @@ def parse_args():
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--kv-heads", type=int, default=None)
     p.add_argument("--intermediate", type=int, default=2048)
+    p.add_argument("--family", choices=("llama", "qwen3", "mistral"), default="llama",
+                   help="the checkpoint's architecture (same shape; qwen3 adds q/k norms, mistral a sliding window)")
+    p.add_argument("--sliding-window", type=int, default=0,
+                   help="mistral: the attention window (0: none, sliding_window = null)")
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--batch", type=int, default=2)
@@ -109,11 +113,21 @@ def lora_parameters(a):
     return a.lora * a.layers * per_layer
 
 
+def attention_keys(a):
+    """The T of attention's 12·L·T·d. PaLM's convention counts every key of the sequence, twice the
+    keys a causal query sees on average; with a sliding window, the same convention is twice the
+    keys each query of the sequence sees on average (its window, or fewer at the start)."""
+    window = getattr(a, "sliding_window", 0)
+    if not window or window >= a.seq:
+        return a.seq
+    return 2.0 * sum(min(i + 1, window) for i in range(a.seq)) / a.seq
+
+
 def flops_per_token(a, lora=None):
     # 6N for the matmuls (forward + backward) plus 12·L·T·d for attention scores and values; under
     # LoRA 4 per frozen weight (forward and input gradient) and 6 per adapter weight.
     lora = a.lora if lora is None else lora
-    attention = 12 * a.layers * a.seq * a.hidden
+    attention = 12 * a.layers * attention_keys(a) * a.hidden
     if not lora:
         return 6 * matmul_parameters(a) + attention
     return 4 * matmul_parameters(a) + 6 * lora_parameters(a) + attention
@@ -123,9 +137,12 @@ def make_workload(a):
     import torch
     import hf_models as hm
     model_dir = os.path.join(a.work, "model")
-    cfg = hm.make_config("llama", vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
+    family = getattr(a, "family", "llama")
+    cfg = hm.make_config(family, vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                          num_layers=a.layers, num_heads=a.heads, num_kv_heads=a.kv_heads,
-                         head_dim=a.hidden // a.heads, max_position_embeddings=a.seq)
+                         head_dim=a.hidden // a.heads, max_position_embeddings=a.seq, tie_word_embeddings=False)
+    if family == "mistral":
+        cfg["sliding_window"] = getattr(a, "sliding_window", 0) or None
     spec = hm.spec_from_config(cfg)
     model = hm.random_init(hm.build_model(spec), seed=1)
     hm.save_checkpoint(model_dir, cfg, hm.model_tensors(model))
@@ -484,8 +501,9 @@ def main():
              versions["numpy_blas"]))
     print("CPU: %s, %d cores (%d usable), %d threads per peer"
           % (cpu_model(), os.cpu_count(), len(os.sched_getaffinity(0)), a.threads))
-    print("model: llama hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %s, %d steps%s%s"
-          % (a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.dtype, a.steps,
+    print("model: %s hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %s, %d steps%s%s"
+          % (a.family + (" (window %d)" % a.sliding_window if a.sliding_window else ""), a.hidden, a.layers, a.heads,
+             a.intermediate, a.vocab, a.seq, a.batch, a.dtype, a.steps,
              ", gradient checkpointing" if a.checkpointing else "",
              "; LoRA rank %d, alpha %d, all linear layers (%.2fM adapter weights)" % (a.lora, 2 * a.lora,
                                                                                      lora_parameters(a) / 1e6)
@@ -540,7 +558,8 @@ def main():
             print("\n--- %s log (last 40 lines) ---\n%s" % (PEER_NAMES[name], "\n".join(r["log"].splitlines()[-40:])))
     print(json.dumps({
         "bench": "train_vs_pytorch", "date": time.strftime("%Y-%m-%d"),
-        "model": {"family": "llama", "hidden": a.hidden, "layers": a.layers, "heads": a.heads, "kv_heads": a.kv_heads,
+        "model": {"family": a.family, "sliding_window": a.sliding_window, "hidden": a.hidden, "layers": a.layers,
+                  "heads": a.heads, "kv_heads": a.kv_heads,
                   "intermediate": a.intermediate, "vocab": a.vocab, "seq": a.seq, "batch": a.batch},
         "dtype": a.dtype, "steps": a.steps, "checkpointing": a.checkpointing, "threads": a.threads, "lora_rank": a.lora,
         "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "flops_per_token": fpt,

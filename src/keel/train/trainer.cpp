@@ -48,13 +48,25 @@ int64_t resolve_max_steps(const run::Recipe& r, int64_t records) {
   return std::max<int64_t>(1, (r.num_epochs * records + per_step - 1) / per_step);
 }
 
+// The T of a layer's attention FLOPs, 12·T·d per token. PaLM's convention counts every key of the
+// sequence: twice the keys a causal query sees on average. A sliding window keeps the convention:
+// twice the keys each query sees on average (its window, or fewer near the start).
+double attention_keys(const model::ModelConfig& c, int64_t layer, int64_t seq) {
+  const int64_t window = c.window_of(layer);
+  if (window <= 0 || window >= seq) return double(seq);
+  const double full = double(window) * double(seq - window + 1);     // queries window-1.. see `window` keys
+  const double ramp = double(window - 1) * double(window) / 2.0;     // queries 0..window-2 see i + 1
+  return 2.0 * (full + ramp) / double(seq);
+}
+
 // FLOPs of one trained token: 6 per matmul parameter (forward + backward) plus attention's
 // 12·L·T·d (scores and weighted values, forward and backward), the usual MFU convention. Frozen
 // weights (LoRA) cost 4: forward and the input gradient, no weight gradient; the adapter's
 // matrices are trained weights (6 each).
 double flops_per_token(const model::Decoder& d, int64_t seq) {
   const model::ModelConfig& c = d.config();
-  const double attention = 12.0 * double(c.num_layers) * double(seq) * double(c.q_size());
+  double attention = 0;
+  for (int64_t l = 0; l < c.num_layers; ++l) attention += 12.0 * attention_keys(c, l, seq) * double(c.q_size());
   if (!d.has_adapter()) return 6.0 * double(c.matmul_parameters()) + attention;
   return 4.0 * double(c.matmul_parameters()) + 6.0 * double(d.adapter().total()) + attention;
 }
