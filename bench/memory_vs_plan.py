@@ -35,7 +35,7 @@ def parse_args():
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--intermediate", type=int, default=2048)
-    p.add_argument("--family", choices=("llama", "qwen3", "mistral"), default="llama",
+    p.add_argument("--family", choices=("llama", "qwen3", "mistral", "gemma2", "gemma3"), default="llama",
                    help="the checkpoint's architecture (train_vs_pytorch.py --family)")
     p.add_argument("--sliding-window", type=int, default=0, help="mistral: the attention window (0: none)")
     p.add_argument("--vocab", type=int, default=32000)

@@ -68,10 +68,12 @@ def parse_args():
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--kv-heads", type=int, default=None)
     p.add_argument("--intermediate", type=int, default=2048)
-    p.add_argument("--family", choices=("llama", "qwen3", "mistral"), default="llama",
-                   help="the checkpoint's architecture (same shape; qwen3 adds q/k norms, mistral a sliding window)")
+    p.add_argument("--family", choices=("llama", "qwen3", "mistral", "gemma2", "gemma3"), default="llama",
+                   help="the checkpoint's architecture at the same shape (qwen3: q/k norms; mistral: a sliding "
+                        "window; gemma2/3: sandwich norms, GeGLU, soft caps 50/30 for gemma2, window 4096)")
     p.add_argument("--sliding-window", type=int, default=0,
-                   help="mistral: the attention window (0: none, sliding_window = null)")
+                   help="mistral: the attention window (0: none, sliding_window = null); gemma: of its "
+                        "sliding layers (0: 4096)")
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--batch", type=int, default=2)
@@ -114,13 +116,18 @@ def lora_parameters(a):
 
 
 def attention_keys(a):
-    """The T of attention's 12·L·T·d. PaLM's convention counts every key of the sequence, twice the
-    keys a causal query sees on average; with a sliding window, the same convention is twice the
-    keys each query of the sequence sees on average (its window, or fewer at the start)."""
+    """The T of attention's 12·L·T·d, averaged over the layers. PaLM's convention counts every key
+    of the sequence, twice the keys a causal query sees on average; with a sliding window, the same
+    convention is twice the keys each query sees on average (its window, or fewer at the start).
+    Mistral slides on every layer, Gemma 2 on the even ones, Gemma 3 on five of six."""
     window = getattr(a, "sliding_window", 0)
+    family = getattr(a, "family", "llama")
     if not window or window >= a.seq:
         return a.seq
-    return 2.0 * sum(min(i + 1, window) for i in range(a.seq)) / a.seq
+    windowed = 2.0 * sum(min(i + 1, window) for i in range(a.seq)) / a.seq
+    sliding = [family == "mistral" or (family == "gemma2" and l % 2 == 0) or (family == "gemma3" and (l + 1) % 6 != 0)
+               for l in range(a.layers)]
+    return sum(windowed if s else a.seq for s in sliding) / a.layers
 
 
 def flops_per_token(a, lora=None):
@@ -143,6 +150,11 @@ def make_workload(a):
                          head_dim=a.hidden // a.heads, max_position_embeddings=a.seq, tie_word_embeddings=False)
     if family == "mistral":
         cfg["sliding_window"] = getattr(a, "sliding_window", 0) or None
+    if family.startswith("gemma"):  # the real models' settings, not the tests' small caps and windows
+        cfg.update({"sliding_window": getattr(a, "sliding_window", 0) or 4096,
+                    "query_pre_attn_scalar": a.hidden // a.heads, "layer_types": None,
+                    "attn_logit_softcapping": 50.0 if family == "gemma2" else None,
+                    "final_logit_softcapping": 30.0 if family == "gemma2" else None})
     spec = hm.spec_from_config(cfg)
     model = hm.random_init(hm.build_model(spec), seed=1)
     hm.save_checkpoint(model_dir, cfg, hm.model_tensors(model))

@@ -50,9 +50,11 @@ def recipe(name, family="llama", scratch=True, model_keys=(), **overrides):
     }
     keys.update(overrides)
     lines = ["%s = %s" % (k, toml_value(v)) for k, v in keys.items() if v is not None]  # None: key left out
-    if scratch:
-        lines += ["[model_config]", 'family = "%s"' % family, "vocab_size = %d" % VOCAB, "hidden_size = 32",
-                  "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"] + list(model_keys)
+    if scratch:  # model_keys ("key = value") add to or replace the tiny model's keys
+        model = ['family = "%s"' % family, "vocab_size = %d" % VOCAB, "hidden_size = 32", "intermediate_size = 64",
+                 "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"]
+        replaced = {k.split("=")[0].strip() for k in model_keys}
+        lines += ["[model_config]"] + [k for k in model if k.split("=")[0].strip() not in replaced] + list(model_keys)
     path = os.path.join(d, "recipe.toml")
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
@@ -152,7 +154,12 @@ def expected_tensors(master, family, cfg):
             out[p + "self_attn.q_norm.weight"] = m[i + "q_norm"]
             out[p + "self_attn.k_norm.weight"] = m[i + "k_norm"]
         out[p + "self_attn.o_proj.weight"] = m[i + "o.weight"]
-        out[p + "post_attention_layernorm.weight"] = m[i + "post_attention_norm"]
+        if i + "attention_output_norm" in m:  # Gemma: a norm on each branch's output
+            out[p + "post_attention_layernorm.weight"] = m[i + "attention_output_norm"]
+            out[p + "pre_feedforward_layernorm.weight"] = m[i + "post_attention_norm"]
+            out[p + "post_feedforward_layernorm.weight"] = m[i + "mlp_output_norm"]
+        else:
+            out[p + "post_attention_layernorm.weight"] = m[i + "post_attention_norm"]
         if family == "glm":
             out[p + "mlp.gate_up_proj.weight"] = m[i + "gate_up.weight"]
         else:
@@ -389,10 +396,13 @@ def test_glm_formats():
     check_weights(os.path.join(d2, "hf"), step, "glm", "fp32", "ChatGLM run exported as hf")
 
 
-def test_qwen3_and_mistral():
+def test_newer_families():
     """New models of the families keel added last: their generated config.json is read by
-    transformers as keel read it (Qwen3's q/k norms and head_dim, Mistral's sliding window)."""
-    for family, keys in (("qwen3", ["head_dim = 16"]), ("mistral", ["sliding_window = 3"])):
+    transformers as keel read it (Qwen3's q/k norms and head_dim, Mistral's sliding window,
+    Gemma's layout, scalar, caps, window pattern and RoPE bases)."""
+    for family, keys in (("qwen3", ["head_dim = 16"]), ("mistral", ["sliding_window = 3"]),
+                         ("gemma2", ["head_dim = 8", "sliding_window = 3"]),
+                         ("gemma3", ["head_dim = 8", "sliding_window = 3", "num_layers = 6"])):
         path, d = recipe(family, family=family, model_keys=keys)
         train(path, "the %s run" % family)
         step4 = os.path.join(d, "ckpt", "step-00000004")
@@ -404,9 +414,16 @@ def test_qwen3_and_mistral():
         if family == "qwen3":
             check(cfg["head_dim"] == 16 and cfg["use_sliding_window"] is False, "Qwen3 config.json (%s)" % cfg)
             check_weights(out, step4, family, "fp32", "qwen3, fp32", dict(TINY, head_dim=16))
-        else:
+        elif family == "mistral":
             check(cfg["sliding_window"] == 3, "Mistral config.json keeps the window (%s)" % cfg)
             check_weights(out, step4, family, "fp32", "mistral, fp32")
+        else:
+            expected_types = (["sliding_attention", "full_attention"] if family == "gemma2" else
+                              ["sliding_attention"] * 5 + ["full_attention"])
+            check(cfg["sliding_window"] == 3 and cfg["layer_types"] == expected_types and
+                  cfg["query_pre_attn_scalar"] == 256, "%s config.json (%s)" % (family, cfg))
+            check_weights(out, step4, family, "fp32", family + ", fp32",
+                          dict(TINY, layers=2 if family == "gemma2" else 6))
         check_torch_loads(out, "%s export" % family)
 
 

@@ -335,7 +335,8 @@ model::ModelConfig small_model(const char* family) {
   m.num_layers = 2;
   m.num_heads = 4;
   m.num_kv_heads = 2;
-  if (std::string(family) == "mistral") m.sliding_window = 7;  // a window inside the shortest sequence
+  const std::string f = family;
+  if (f == "mistral" || f == "gemma2" || f == "gemma3") m.sliding_window = 7;  // inside the shortest sequence
   return run::scratch_model_config(m);
 }
 
@@ -402,6 +403,8 @@ INSTANTIATE_TEST_SUITE_P(Steps, NoAllocation,
                                            StepCase{"qwen2", model::Precision::F32, true},
                                            StepCase{"qwen3", model::Precision::BF16, true},
                                            StepCase{"mistral", model::Precision::BF16, false},
+                                           StepCase{"gemma2", model::Precision::BF16, true},
+                                           StepCase{"gemma3", model::Precision::F32, false},
                                            StepCase{"llama", model::Precision::BF16, false, 32, false, true},
                                            StepCase{"glm", model::Precision::F32, true, 32, false, true},
                                            StepCase{"llama", model::Precision::BF16, true, 32, false, true, true}),
@@ -427,6 +430,7 @@ TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
   expect_no_allocation({"llama", model::Precision::BF16, false, 256, true}, 5);
   expect_no_allocation({"qwen2", model::Precision::F32, true, 200, true}, 5);  // a tail block of 8 rows
   expect_no_allocation({"mistral", model::Precision::BF16, false, 200, true}, 5);  // windows start mid-document
+  expect_no_allocation({"gemma2", model::Precision::F32, false, 128}, 5);  // soft-capped attention, parallel
 }
 
 // Data parallel (run under mpirun by ctest's mpi.no_allocation; skipped in a single process): the

@@ -14,6 +14,12 @@ Families (tensor names and config keys follow the Hugging Face checkpoints exact
   qwen3         Qwen3ForCausalLM               llama + q_norm/k_norm (RMSNorm of each head before
                                                RoPE), head_dim independent of hidden/heads
   mistral       MistralForCausalLM             llama + sliding-window attention
+  gemma2        Gemma2ForCausalLM              (1 + w) RMSNorms, also on each branch's output
+                                               (sandwich), GeGLU, embeddings x sqrt(hidden),
+                                               query_pre_attn_scalar, attention-logit and final-logit
+                                               soft-capping, alternating sliding/full layers, tied
+  gemma3        Gemma3ForCausalLM (text)       gemma2's layout + (1 + w) q/k norms, a local RoPE base
+                                               for the sliding layers, no caps by default
 
 build_model/load_weights/model_tensors speak the family's checkpoint names; the model's parameter
 names are transformers' (the same, except glm_original, which runs as GlmForCausalLM).
@@ -34,7 +40,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-FAMILIES = ("llama", "qwen2", "glm", "glm_original", "qwen3", "mistral")
+FAMILIES = ("llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2", "gemma3")
 
 # --------------------------------------------------------------------------------------------
 # safetensors
@@ -230,8 +236,13 @@ class ModelSpec:
     qkv_bias: bool
     tie_word_embeddings: bool
     max_position_embeddings: int
-    qk_norm: bool = False      # qwen3
+    qk_norm: bool = False      # qwen3, gemma3
     sliding_window: int = 0    # mistral (0: none)
+    extra: tuple = ()          # gemma: the config keys beyond the shared ones, as (key, value) pairs
+
+    @property
+    def gemma(self):
+        return self.family in ("gemma2", "gemma3")
 
 
 # The transformers families' own keys beside the shared ones (defaults where tie_word_embeddings
@@ -246,7 +257,19 @@ _TRANSFORMERS_FAMILY_KEYS = {
     "qwen3": ({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
                "use_sliding_window": False}, True),
     "mistral": ({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, False),
+    # Caps far below Gemma 2's 50 / 30 and a scalar other than head_dim, so that each matters at
+    # these sizes; windows shorter than the tests' sequences; layers of both kinds.
+    "gemma2": ({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_act": "gelu_pytorch_tanh",
+                "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False, "query_pre_attn_scalar": 24,
+                "attn_logit_softcapping": 1.5, "final_logit_softcapping": 3.0, "sliding_window": 5}, True),
+    "gemma3": ({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh", "attention_bias": False,
+                "query_pre_attn_scalar": 24, "sliding_window": 5, "rope_local_base_freq": 100.0,
+                "final_logit_softcapping": 3.0, "attn_logit_softcapping": None}, True),
 }
+# The keys of a gemma config the spec carries as they are (ModelSpec.extra).
+_GEMMA_KEYS = ("hidden_act", "hidden_activation", "query_pre_attn_scalar", "attn_logit_softcapping",
+               "final_logit_softcapping", "sliding_window", "rope_local_base_freq", "layer_types")
 
 
 def make_config(family, vocab_size=256, hidden_size=64, intermediate_size=96, num_layers=2,
@@ -289,6 +312,8 @@ def make_config(family, vocab_size=256, hidden_size=64, intermediate_size=96, nu
         cfg["partial_rotary_factor"] = partial_rotary_factor
     if family == "mistral":
         cfg["sliding_window"] = sliding_window
+    if family in ("gemma2", "gemma3"):
+        cfg["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)]
     return cfg
 
 
@@ -307,6 +332,10 @@ def family_of_config(cfg):
         return "qwen3"
     if mt == "mistral" or arch == "MistralForCausalLM":
         return "mistral"
+    if mt == "gemma2" or arch == "Gemma2ForCausalLM":
+        return "gemma2"
+    if mt == "gemma3_text" or arch == "Gemma3ForCausalLM":
+        return "gemma3"
     raise ValueError("unsupported config: model_type=%r architectures=%r" % (mt, arch))
 
 
@@ -330,7 +359,8 @@ def spec_from_config(cfg):
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             max_position_embeddings=cfg.get("seq_length", 2048))
     heads = cfg["num_attention_heads"]
-    hd = cfg.get("head_dim") or (128 if family == "qwen3" else cfg["hidden_size"] // heads)
+    hd = cfg.get("head_dim") or (128 if family == "qwen3" else 256 if family.startswith("gemma")
+                                 else cfg["hidden_size"] // heads)
     rot = hd
     if family == "glm":
         rot = int(hd * cfg.get("partial_rotary_factor", 0.5))
@@ -346,8 +376,9 @@ def spec_from_config(cfg):
         rope_theta=float(cfg.get("rope_theta", 10000.0)), rms_norm_eps=cfg["rms_norm_eps"],
         qkv_bias=qkv_bias, tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
-        qk_norm=(family == "qwen3"),
-        sliding_window=(cfg.get("sliding_window", 4096) or 0) if family == "mistral" else 0)
+        qk_norm=family in ("qwen3", "gemma3"),
+        sliding_window=(cfg.get("sliding_window", 4096) or 0) if family == "mistral" else 0,
+        extra=tuple((k, cfg[k]) for k in _GEMMA_KEYS if k in cfg) if family.startswith("gemma") else ())
 
 
 # --------------------------------------------------------------------------------------------
@@ -364,6 +395,8 @@ TRANSFORMERS_CLASSES = {
     "glm": transformers.GlmForCausalLM,
     "qwen3": transformers.Qwen3ForCausalLM,
     "mistral": transformers.MistralForCausalLM,
+    "gemma2": transformers.Gemma2ForCausalLM,
+    "gemma3": transformers.Gemma3ForCausalLM,
 }
 
 
@@ -385,12 +418,14 @@ def transformers_config(spec, attn_implementation="sdpa"):
                       sliding_window=spec.sliding_window or None)
     if family == "llama":
         cfg["attention_bias"] = spec.qkv_bias
+    cfg.update(dict(spec.extra))
     cfg.pop("torch_dtype", None)
     # No padding index: GlmConfig defaults to GLM-4's pad id, and nn.Embedding would then give
     # that row no gradient, which neither keel nor the checkpoint's semantics do.
     cfg["pad_token_id"] = None
     config = TRANSFORMERS_CLASSES[family].config_class(**cfg)
-    config._attn_implementation = attn_implementation
+    # sdpa has no soft-capping: transformers runs Gemma 2 eagerly
+    config._attn_implementation = "eager" if family == "gemma2" else attn_implementation
     return config
 
 
@@ -473,6 +508,7 @@ def random_init(model, seed, matrix_std=0.02, qk_std=0.15, embed_std=0.5, head_s
     s = model.spec
     gen = torch.Generator().manual_seed(seed)
     nh, kv, hd = s.num_heads, s.num_kv_heads, s.head_dim
+    one = 0.0 if s.gemma else 1.0  # Gemma's norms scale by 1 + w: the same scales, stored as w
 
     def randn(shape, std):
         return torch.randn(*shape, generator=gen) * std
@@ -481,7 +517,7 @@ def random_init(model, seed, matrix_std=0.02, qk_std=0.15, embed_std=0.5, head_s
     canon["embed"] = randn((s.vocab_size, s.hidden_size), embed_std)
     for i in range(s.num_layers):
         p = "L%d." % i
-        canon[p + "in_norm"] = 1 + randn((s.hidden_size,), norm_std)
+        canon[p + "in_norm"] = one + randn((s.hidden_size,), norm_std)
         canon[p + "q_w"] = randn((nh * hd, s.hidden_size), qk_std)
         canon[p + "k_w"] = randn((kv * hd, s.hidden_size), qk_std)
         canon[p + "v_w"] = randn((kv * hd, s.hidden_size), matrix_std)
@@ -489,16 +525,20 @@ def random_init(model, seed, matrix_std=0.02, qk_std=0.15, embed_std=0.5, head_s
         canon[p + "k_b"] = randn((kv * hd,), bias_std)
         canon[p + "v_b"] = randn((kv * hd,), bias_std)
         canon[p + "o_w"] = randn((s.hidden_size, nh * hd), matrix_std)
-        canon[p + "post_norm"] = 1 + randn((s.hidden_size,), norm_std)
+        canon[p + "post_norm"] = one + randn((s.hidden_size,), norm_std)
         canon[p + "gate_w"] = randn((s.intermediate_size, s.hidden_size), matrix_std)
         canon[p + "up_w"] = randn((s.intermediate_size, s.hidden_size), matrix_std)
         canon[p + "down_w"] = randn((s.hidden_size, s.intermediate_size), matrix_std)
-    canon["final_norm"] = 1 + randn((s.hidden_size,), norm_std)
+    canon["final_norm"] = one + randn((s.hidden_size,), norm_std)
     canon["head"] = randn((s.vocab_size, s.hidden_size), head_std)
     if s.qk_norm:  # drawn last, so the other families' weights stay what they were
         for i in range(s.num_layers):
-            canon["L%d.q_norm" % i] = 1 + randn((hd,), norm_std)
-            canon["L%d.k_norm" % i] = 1 + randn((hd,), norm_std)
+            canon["L%d.q_norm" % i] = one + randn((hd,), norm_std)
+            canon["L%d.k_norm" % i] = one + randn((hd,), norm_std)
+    if s.gemma:  # the sandwich norms on each branch's output
+        for i in range(s.num_layers):
+            canon["L%d.attn_out_norm" % i] = randn((s.hidden_size,), norm_std)
+            canon["L%d.mlp_out_norm" % i] = randn((s.hidden_size,), norm_std)
     load_weights(model, canonical_to_hf(s, canon))
     return model
 
@@ -537,7 +577,12 @@ def canonical_to_hf(spec, canon):
             out[p + "self_attn.q_norm.weight"] = canon[c + "q_norm"]
             out[p + "self_attn.k_norm.weight"] = canon[c + "k_norm"]
         out[p + "self_attn.o_proj.weight"] = canon[c + "o_w"]
-        out[p + "post_attention_layernorm.weight"] = canon[c + "post_norm"]
+        if s.gemma:  # post_attention_layernorm is on the attention's output; the MLP's input norm is "pre"
+            out[p + "post_attention_layernorm.weight"] = canon[c + "attn_out_norm"]
+            out[p + "pre_feedforward_layernorm.weight"] = canon[c + "post_norm"]
+            out[p + "post_feedforward_layernorm.weight"] = canon[c + "mlp_out_norm"]
+        else:
+            out[p + "post_attention_layernorm.weight"] = canon[c + "post_norm"]
         if s.family == "glm":
             out[p + "mlp.gate_up_proj.weight"] = torch.cat([canon[c + "gate_w"], canon[c + "up_w"]], 0)
         else:

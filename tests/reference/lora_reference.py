@@ -2,7 +2,7 @@
 """Reference test: keel's LoRA fine-tuning against PEFT on transformers' model, in torch.
 
     $(scripts/python-env.sh) tests/reference/lora_reference.py --keel PATH_TO_KEEL \
-        --family {llama,qwen2,glm,qwen3,mistral} --dtype {fp32,bf16} --work WORKDIR
+        --family {llama,qwen2,glm,qwen3,mistral,gemma2,gemma3} --dtype {fp32,bf16} --work WORKDIR
 
 1. The tiny model, data and recipe of train_reference.py, plus finetuning_type = "lora" with the
    family's targets (FAMILY_LORA: every linear layer, a subset as a TOML list, rsLoRA).
@@ -64,6 +64,8 @@ FAMILY_LORA = {
     "qwen3": ('"all"', ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], True),
     "mistral": ('["self_attn.q_proj", "self_attn.k_proj", "mlp.up_proj"]', ["self_attn.q_proj", "self_attn.k_proj",
                                                                            "mlp.up_proj"], False),
+    "gemma2": ('"all"', ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], False),
+    "gemma3": ('"q_proj, o_proj, down_proj"', ["q_proj", "o_proj", "down_proj"], True),
 }
 ADAPTER_KEYS = ("peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora", "bias",
                 "base_model_name_or_path", "modules_to_save")

@@ -112,7 +112,8 @@ void naive_attention(const FusedAttention& a, std::vector<double>& out, std::vec
           const double* kj = a.qkv.data() + (b * s.seq + j) * s.ldk + a.k_offset + h / group * s.head_dim;
           double dot = 0;
           for (int64_t d = 0; d < s.head_dim; ++d) dot += qi[d] * kj[d];
-          scores.push_back(dot * s.scale);
+          const double score = dot * s.scale;
+          scores.push_back(s.softcap > 0 ? s.softcap * std::tanh(score / s.softcap) : score);
           keys.push_back(j);
         }
         double max = -std::numeric_limits<double>::infinity();
@@ -372,6 +373,26 @@ TEST(AttentionBlocked, MatchesReferenceWithSlidingWindow) {
   // inside a block, a block, across blocks
   for_each_window(FusedAttention(2, 200, 4, 2, 8, 53), {1, 30, 64, 100}, {40, 90, 25, 45},
                   [](const FusedAttention& a) { expect_blocked_matches_reference(a); });
+}
+
+// Attention-logit soft-capping (Gemma 2), with and without windows and documents.
+TEST(Attention, SoftCappedForwardMatchesNaiveAndBackwardFiniteDifferences) {
+  FusedAttention a(1, 140, 4, 2, 8, 54);
+  a.shape.softcap = 1.2;  // the scores reach several units: deep in tanh's curve
+  expect_forward_matches_naive(a);
+  expect_backward_matches_finite_differences(a, 400);
+  for_each_window(FusedAttention(1, 140, 4, 2, 8, 55), {9, 70}, {50, 30, 45, 15}, [](FusedAttention a) {
+    a.shape.softcap = 1.2;
+    expect_forward_matches_naive(a);
+    expect_backward_matches_finite_differences(a, 200);
+  });
+}
+
+TEST(AttentionBlocked, MatchesReferenceWithSoftCapping) {
+  for_each_window(FusedAttention(2, 200, 4, 2, 8, 56), {0, 30}, {40, 90, 25, 45}, [](FusedAttention a) {
+    a.shape.softcap = 1.2;
+    expect_blocked_matches_reference(a);
+  });
 }
 
 TEST(AttentionBlocked, IdenticalForOneAndTwoThreads) {

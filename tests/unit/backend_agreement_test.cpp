@@ -122,7 +122,8 @@ TEST_P(BackendAgreement, CpuTrainsAsTheReferenceBackendDoes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, BackendAgreement,
-                         ::testing::Combine(::testing::Values("llama", "qwen2", "glm", "glm_original", "qwen3", "mistral"),
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2",
+                                                              "gemma3"),
                                             ::testing::Values(Precision::F32, Precision::BF16)),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)) +

@@ -29,7 +29,8 @@ inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qk
   m.num_layers = 3;
   m.num_heads = 4;
   m.num_kv_heads = 2;
-  if (family == "mistral") m.sliding_window = 5;  // shorter than the tests' sequences, so that it matters
+  // Windows shorter than the tests' sequences, so that they matter.
+  if (family == "mistral" || family == "gemma2" || family == "gemma3") m.sliding_window = 5;
   auto c = run::scratch_model_config(m);
   if (qkv_bias) c.qkv_bias = *qkv_bias;
   return c;

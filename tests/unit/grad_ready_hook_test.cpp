@@ -72,7 +72,7 @@ void expect_hook_sees_final_gradients(const std::string& family, bool tied, bool
 class GradReadyHook : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(GradReadyHook, ReportsEachParameterOnceWhenFinal) {
-  for (const char* family : {"llama", "qwen2", "glm", "glm_original", "qwen3", "mistral"})
+  for (const char* family : {"llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2", "gemma3"})
     for (bool checkpointing : {false, true}) {
       SCOPED_TRACE(std::string(family) + (checkpointing ? " checkpointing" : ""));
       expect_hook_sees_final_gradients(family, false, checkpointing, GetParam());

@@ -72,7 +72,8 @@ INSTANTIATE_TEST_SUITE_P(Families, GradientCheckpointing,
                          ::testing::Combine(
                              // Llama never has q/k/v biases, Qwen2 always; the GLM formats either way.
                              ::testing::Values(std::tuple{"llama", false}, std::tuple{"qwen2", true}, std::tuple{"qwen3", false},
-                                               std::tuple{"mistral", false},
+                                               std::tuple{"mistral", false}, std::tuple{"gemma2", false},
+                                               std::tuple{"gemma3", false},
                                                std::tuple{"glm", false}, std::tuple{"glm", true},
                                                std::tuple{"glm_original", false}, std::tuple{"glm_original", true}),
                              test::each_backend()),

@@ -13,7 +13,7 @@
 #include "keel/kernels/embedding.h"
 #include "keel/kernels/rmsnorm.h"
 #include "keel/kernels/rope.h"
-#include "keel/kernels/swiglu.h"
+#include "keel/kernels/glu.h"
 
 namespace keel::kernels {
 namespace {
@@ -55,21 +55,34 @@ TEST(RmsNorm, ForwardMatchesFormula) {
 TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   const int64_t rows = 4, dim = 300;  // dim spans two dw column blocks
   const double eps = 1e-5;
-  std::vector<double> x = random_vector(rows * dim, 3), w = random_vector(dim, 4, 0.5, 1.5);
-  const std::vector<double> dy = random_vector(rows * dim, 5);
-  auto loss = [&] {
-    std::vector<double> y(rows * dim), rstd(rows);
-    rmsnorm_forward(x.data(), w.data(), rows, dim, eps, y.data(), rstd.data());
-    return weighted_sum(y, dy);
-  };
-  std::vector<double> y(rows * dim), rstd(rows), dx(rows * dim);
-  rmsnorm_forward(x.data(), w.data(), rows, dim, eps, y.data(), rstd.data());
-  const std::vector<double> dw0 = random_vector(dim, 6);  // dw accumulates into what is there
-  std::vector<double> dw = dw0;
-  rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, dim, dx.data(), dw.data());
-  for (int64_t c = 0; c < dim; ++c) dw[c] -= dw0[c];
-  expect_gradient_matches("dx", x, dx, sample_indices(rows * dim, 1 << 30, 0), loss);
-  expect_gradient_matches("dw", w, dw, sample_indices(dim, 1 << 30, 0), loss);
+  for (double offset : {0.0, 1.0}) {  // Llama's w, Gemma's 1 + w (weights around 0 then)
+    SCOPED_TRACE(offset);
+    std::vector<double> x = random_vector(rows * dim, 3), w = random_vector(dim, 4, 0.5 - offset, 1.5 - offset);
+    const std::vector<double> dy = random_vector(rows * dim, 5);
+    auto loss = [&] {
+      std::vector<double> y(rows * dim), rstd(rows);
+      rmsnorm_forward(x.data(), w.data(), rows, dim, eps, y.data(), rstd.data(), offset);
+      return weighted_sum(y, dy);
+    };
+    std::vector<double> y(rows * dim), rstd(rows), dx(rows * dim);
+    rmsnorm_forward(x.data(), w.data(), rows, dim, eps, y.data(), rstd.data(), offset);
+    const std::vector<double> dw0 = random_vector(dim, 6);  // dw accumulates into what is there
+    std::vector<double> dw = dw0;
+    rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, dim, dx.data(), dw.data(), offset);
+    for (int64_t c = 0; c < dim; ++c) dw[c] -= dw0[c];
+    expect_gradient_matches("dx", x, dx, sample_indices(rows * dim, 1 << 30, 0), loss);
+    expect_gradient_matches("dw", w, dw, sample_indices(dim, 1 << 30, 0), loss);
+  }
+}
+
+TEST(RmsNorm, GemmaOffsetScalesByOnePlusW) {
+  const int64_t rows = 2, dim = 8;
+  const std::vector<double> x = random_vector(rows * dim, 7), w = random_vector(dim, 8, -0.2, 0.2);
+  std::vector<double> one_plus_w = w, y(rows * dim), y1(rows * dim), rstd(rows);
+  for (double& v : one_plus_w) v += 1.0;
+  rmsnorm_forward(x.data(), w.data(), rows, dim, 1e-6, y.data(), rstd.data(), 1.0);
+  rmsnorm_forward(x.data(), one_plus_w.data(), rows, dim, 1e-6, y1.data(), rstd.data());
+  EXPECT_EQ(y, y1);
 }
 
 TEST(RmsNorm, BackwardIsIdenticalForOneAndTwoThreads) {
@@ -226,7 +239,7 @@ TEST(SwiGlu, ForwardMatchesFormula) {
   const int64_t rows = 3, inter = 17;
   const std::vector<double> gu = random_vector(rows * 2 * inter, 13, -6, 6);
   std::vector<double> out(rows * inter);
-  swiglu_forward(gu.data(), rows, inter, out.data());
+  glu_forward(GluActivation::Silu, gu.data(), rows, inter, out.data());
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < inter; ++c) {
       const double g = gu[r * 2 * inter + c], u = gu[r * 2 * inter + inter + c];
@@ -234,17 +247,38 @@ TEST(SwiGlu, ForwardMatchesFormula) {
     }
 }
 
-TEST(SwiGlu, BackwardMatchesFiniteDifferences) {
+TEST(Glu, BackwardMatchesFiniteDifferences) {
   const int64_t rows = 3, inter = 17;
-  std::vector<double> gu = random_vector(rows * 2 * inter, 14, -6, 6);
-  const std::vector<double> dy = random_vector(rows * inter, 15);
-  std::vector<double> dgu(rows * 2 * inter);
-  swiglu_backward(gu.data(), dy.data(), rows, inter, dgu.data());
-  expect_gradient_matches("dgate_up", gu, dgu, sample_indices(rows * 2 * inter, 1 << 30, 0), [&] {
-    std::vector<double> out(rows * inter);
-    swiglu_forward(gu.data(), rows, inter, out.data());
-    return weighted_sum(out, dy);
-  });
+  for (GluActivation act : {GluActivation::Silu, GluActivation::GeluTanh}) {
+    SCOPED_TRACE(act == GluActivation::Silu ? "SwiGLU" : "GeGLU");
+    std::vector<double> gu = random_vector(rows * 2 * inter, 14, -6, 6);
+    const std::vector<double> dy = random_vector(rows * inter, 15);
+    std::vector<double> dgu(rows * 2 * inter);
+    glu_backward(act, gu.data(), dy.data(), rows, inter, dgu.data());
+    expect_gradient_matches("dgate_up", gu, dgu, sample_indices(rows * 2 * inter, 1 << 30, 0), [&] {
+      std::vector<double> out(rows * inter);
+      glu_forward(act, gu.data(), rows, inter, out.data());
+      return weighted_sum(out, dy);
+    });
+  }
+}
+
+// GeGLU (Gemma): GELU with torch's tanh approximation.
+TEST(GeGlu, ForwardMatchesTorchsTanhGelu) {
+  const int64_t rows = 3, inter = 17;
+  const std::vector<double> gu = random_vector(rows * 2 * inter, 22, -6, 6);
+  std::vector<double> out(rows * inter);
+  glu_forward(GluActivation::GeluTanh, gu.data(), rows, inter, out.data());
+  std::vector<float> out_f(rows * inter);
+  const std::vector<float> gu_f = test::to_float(gu);
+  glu_forward(GluActivation::GeluTanh, gu_f.data(), rows, inter, out_f.data());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < inter; ++c) {
+      const double g = gu[r * 2 * inter + c], u = gu[r * 2 * inter + inter + c];
+      const double gelu = 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g)));
+      EXPECT_NEAR(out[r * inter + c], gelu * u, 1e-14);
+      EXPECT_NEAR(out_f[r * inter + c], gelu * u, 1e-5 * (1 + std::fabs(gelu * u)));
+    }
 }
 
 // --------------------------------------------------------------------------------- Embedding
@@ -350,6 +384,28 @@ TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
     std::vector<double> y = x;
     return grad_scale * cross_entropy_forward_backward(y.data(), vocab, labels.data(), rows, vocab, 1.0);
   });
+}
+
+// Gemma 2's final-logit soft-capping: the loss of cap * tanh(x / cap), differentiated through the cap.
+TEST(CrossEntropy, SoftCappedLossAndGradientMatchFiniteDifferences) {
+  const int64_t rows = 3, vocab = 20;
+  const double cap = 2.5;
+  const std::vector<int32_t> labels = {4, 19, kIgnoreIndex};
+  std::vector<double> x = random_vector(rows * vocab, 25, -6, 6);  // well into tanh's curve
+  std::vector<double> capped = x;
+  for (double& v : capped) v = cap * std::tanh(v / cap);
+  std::vector<double> plain = capped;
+  const double expected = cross_entropy_forward_backward(plain.data(), vocab, labels.data(), rows, vocab, 1.0);
+  std::vector<double> g = x;
+  EXPECT_NEAR(cross_entropy_forward_backward(g.data(), vocab, labels.data(), rows, vocab, 1.0, cap), expected, 1e-13);
+  expect_gradient_matches("dlogits", x, g, sample_indices(rows * vocab, 1 << 30, 0), [&] {
+    std::vector<double> y = x;
+    return cross_entropy_forward_backward(y.data(), vocab, labels.data(), rows, vocab, 1.0, cap);
+  });
+  // float agrees.
+  std::vector<float> gf = test::to_float(x);
+  EXPECT_NEAR(cross_entropy_forward_backward(gf.data(), vocab, labels.data(), rows, vocab, 1.0, cap), expected, 1e-5);
+  for (int64_t i = 0; i < rows * vocab; ++i) ASSERT_NEAR(gf[i], g[i], 1e-6) << i;
 }
 
 TEST(CrossEntropy, RejectsOutOfRangeLabels) {

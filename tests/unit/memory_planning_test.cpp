@@ -94,7 +94,7 @@ TEST_P(PerTensorMemory, BitIdenticalToPlannedInBf16) { expect(Precision::BF16, f
 TEST_P(PerTensorMemory, BitIdenticalToPlannedWithCheckpointing) { expect(Precision::BF16, true); }
 
 INSTANTIATE_TEST_SUITE_P(Families, PerTensorMemory,
-                         ::testing::Combine(::testing::Values("llama", "qwen2", "glm", "qwen3", "mistral"), test::each_backend()),
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "glm", "qwen3", "mistral", "gemma2", "gemma3"), test::each_backend()),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)) + "_" + std::get<1>(info.param);
                          });

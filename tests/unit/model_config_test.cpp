@@ -49,6 +49,14 @@ void expect_same_model(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.qk_norm, b.qk_norm);
   EXPECT_EQ(a.sliding_window, b.sliding_window);
   EXPECT_EQ(a.sliding_layers, b.sliding_layers);
+  EXPECT_EQ(a.norm_weight_offset, b.norm_weight_offset);
+  EXPECT_EQ(a.mlp_activation, b.mlp_activation);
+  EXPECT_EQ(a.scale_embeddings, b.scale_embeddings);
+  EXPECT_EQ(a.sandwich_norms, b.sandwich_norms);
+  EXPECT_EQ(a.attention_scale, b.attention_scale);
+  EXPECT_EQ(a.attn_logit_softcap, b.attn_logit_softcap);
+  EXPECT_EQ(a.final_logit_softcap, b.final_logit_softcap);
+  EXPECT_EQ(a.rope_local_theta, b.rope_local_theta);
   EXPECT_EQ(a.tie_word_embeddings, b.tie_word_embeddings);
   EXPECT_EQ(a.max_position_embeddings, b.max_position_embeddings);
   EXPECT_EQ(a.torch_dtype, b.torch_dtype);
@@ -175,6 +183,83 @@ TEST(ModelConfig, MistralSlidesOnEveryLayer) {
   EXPECT_EQ(parse(base + R"(, "sliding_window": null})").sliding_window, 0);
   EXPECT_TRUE(parse(base + R"(, "sliding_window": null})").sliding_layers.empty());
   expect_parse_error(base + R"(, "sliding_window": 0})", {"'sliding_window'", "positive integer"});
+}
+
+// google/gemma-2-2b
+const char* kGemma2_2b = R"({
+  "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 107],
+  "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+  "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+  "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+  "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+  "transformers_version": "4.42.4", "use_cache": true, "vocab_size": 256000
+})";
+
+// google/gemma-3-1b-it
+const char* kGemma3_1b = R"({
+  "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+  "final_logit_softcapping": null, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+  "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+  "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+  "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+  "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+  "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144
+})";
+
+TEST(ModelConfig, Gemma2AsGemma2ConfigReadsIt) {
+  ModelConfig c = parse(kGemma2_2b);
+  EXPECT_EQ(c.family, Family::Gemma2);
+  EXPECT_TRUE(c.tie_word_embeddings);  // Gemma2Config's default
+  EXPECT_EQ(c.norm_weight_offset, 1.0);
+  EXPECT_EQ(c.mlp_activation, kernels::GluActivation::GeluTanh);
+  EXPECT_TRUE(c.scale_embeddings);
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.attention_scale, 1.0 / 16.0);  // 256^-0.5
+  EXPECT_EQ(c.attn_logit_softcap, 50.0);
+  EXPECT_EQ(c.final_logit_softcap, 30.0);
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.window_of(0), 4096);  // even layers slide
+  EXPECT_EQ(c.window_of(1), 0);
+  EXPECT_EQ(c.rope_local_theta, 0.0);
+  EXPECT_EQ(c.total_parameters(), 2614341888);  // transformers' Gemma2ForCausalLM of this config
+  // Caps: absent is Gemma2Config's default, null none.
+  const std::string base = R"({"model_type": "gemma2", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 96,
+                               "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 16)";
+  EXPECT_EQ(parse(base + "}").attn_logit_softcap, 50.0);
+  EXPECT_EQ(parse(base + "}").head_dim, 16);
+  EXPECT_EQ(parse(base + R"(, "attn_logit_softcapping": null, "final_logit_softcapping": null})").final_logit_softcap,
+            0.0);
+  expect_parse_error(base + R"(, "hidden_activation": "gelu"})", {"'hidden_activation'", "gelu_pytorch_tanh"});
+  expect_parse_error(base + R"(, "attention_bias": true})", {"'attention_bias'", "Gemma2ForCausalLM"});
+}
+
+TEST(ModelConfig, Gemma3AsGemma3TextConfigReadsIt) {
+  ModelConfig c = parse(kGemma3_1b);
+  EXPECT_EQ(c.family, Family::Gemma3);
+  EXPECT_EQ(c.architecture, "Gemma3ForCausalLM");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.attn_logit_softcap, 0.0);
+  EXPECT_EQ(c.final_logit_softcap, 0.0);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.rope_local_theta, 1e4);
+  EXPECT_EQ(c.sliding_window, 512);
+  for (int64_t l = 0; l < 26; ++l) EXPECT_EQ(c.window_of(l), (l + 1) % 6 == 0 ? 0 : 512) << l;  // 5 local : 1 global
+  EXPECT_EQ(c.total_parameters(), 999885952);  // transformers' Gemma3ForCausalLM of this config
+  // transformers v5 writes the two RoPE bases per layer type.
+  const std::string base = R"({"model_type": "gemma3_text", "vocab_size": 100, "hidden_size": 64,
+                               "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4)";
+  c = parse(base + R"(, "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 5e5},
+                                           "sliding_attention": {"rope_type": "default", "rope_theta": 2e3}}})");
+  EXPECT_EQ(c.rope_theta, 5e5);
+  EXPECT_EQ(c.rope_local_theta, 2e3);
+  EXPECT_EQ(c.head_dim, 256);  // Gemma3TextConfig's default
+  expect_parse_error(base + R"(, "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0}}})",
+                     {"'rope_parameters.full_attention'", "linear", "not supported"});
+  expect_parse_error(base + R"(, "use_bidirectional_attention": true})", {"'use_bidirectional_attention'"});
 }
 
 TEST(ModelConfig, Llama2) {
@@ -332,9 +417,10 @@ TEST(ModelConfigErrors, NotJsonOrNotObject) {
 }
 
 TEST(ModelConfigErrors, UnknownArchitectureListsSupported) {
-  expect_parse_error(R"({"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2"})",
-                     {"config.json", "Gemma2ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "GlmForCausalLM",
-                      "ChatGLMModel", "Qwen3ForCausalLM", "MistralForCausalLM", "not supported"});
+  expect_parse_error(R"({"architectures": ["Phi3ForCausalLM"], "model_type": "phi3"})",
+                     {"config.json", "Phi3ForCausalLM", "LlamaForCausalLM", "Qwen2ForCausalLM", "GlmForCausalLM",
+                      "ChatGLMModel", "Qwen3ForCausalLM", "MistralForCausalLM", "Gemma2ForCausalLM",
+                      "Gemma3ForCausalLM", "not supported"});
   expect_parse_error(R"({"vocab_size": 3})", {"architectures", "LlamaForCausalLM"});
   expect_parse_error(R"({"architectures": []})", {"architectures", "non-empty array"});
 }
@@ -427,11 +513,13 @@ TEST(ModelConfigErrors, ValidateCodeBuiltConfigs) {
 // --- names and export ---------------------------------------------------------------------------
 
 TEST(ModelConfig, FamilyNames) {
-  for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral}) {
+  for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral,
+                   Family::Gemma2, Family::Gemma3}) {
     EXPECT_EQ(family_from_name(family_name(f)), f);
   }
   EXPECT_EQ(family_name(Family::GlmOriginal), "glm_original");
-  expect_error([] { family_from_name("gemma2"); }, {"gemma2", "llama, qwen2, glm, glm_original, qwen3, mistral"});
+  expect_error([] { family_from_name("phi3"); },
+               {"phi3", "llama, qwen2, glm, glm_original, qwen3, mistral, gemma2, gemma3"});
 }
 
 ModelConfig small_config(Family family) {
@@ -474,6 +562,22 @@ ModelConfig small_config(Family family) {
       c.sliding_window = 7;
       c.sliding_layers = {true, true, true};
       break;
+    case Family::Gemma2:
+    case Family::Gemma3: {
+      ModelConfig traits = c;
+      apply_family_traits(traits);
+      c.qk_norm = traits.qk_norm;
+      c.norm_weight_offset = 1.0;
+      c.mlp_activation = kernels::GluActivation::GeluTanh;
+      c.scale_embeddings = c.sandwich_norms = true;
+      c.attention_scale = 0.125;  // query_pre_attn_scalar 64
+      c.attn_logit_softcap = family == Family::Gemma2 ? 20.0 : 0.0;
+      c.final_logit_softcap = 15.5;
+      c.rope_local_theta = family == Family::Gemma3 ? 321.0 : 0.0;
+      c.sliding_window = 9;
+      c.sliding_layers = {true, false, true};
+      break;
+    }
   }
   ModelConfig traits = c;
   apply_family_traits(traits);
@@ -482,7 +586,8 @@ ModelConfig small_config(Family family) {
 }
 
 TEST(ModelConfigExport, GeneratedJsonParsesBackEqual) {
-  for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral}) {
+  for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral,
+                   Family::Gemma2, Family::Gemma3}) {
     SCOPED_TRACE(family_name(f));
     ModelConfig c = small_config(f);
     validate(c, "test");

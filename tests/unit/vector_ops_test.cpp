@@ -174,6 +174,47 @@ TEST(VectorOps, ExpSumInDoubleAndSwigluMatchDouble) {
   }
 }
 
+// Gemma's GeGLU and soft caps: tanh through exp, within 1e-7 absolutely on every level.
+TEST(VectorOps, GeluTanhAndSoftCapMatchDouble) {
+  const double beta = std::sqrt(2.0 / M_PI), kappa = 0.044715;
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const VectorOps& ops = vector_ops_for(isa);
+    for (int64_t n : {1, 16, 37, 1000}) {
+      const std::vector<float> g = uniform(size_t(n), -8.0f, 8.0f, 4), u = uniform(size_t(n), -2.0f, 2.0f, 5),
+                               dy = uniform(size_t(n), -1.0f, 1.0f, 6);
+      std::vector<float> out(size_t(n) + 1, 7.0f), dg(size_t(n) + 1, 7.0f), du(size_t(n) + 1, 7.0f);
+      ops.gelu_tanh_mul(g.data(), u.data(), out.data(), n);
+      ops.gelu_tanh_mul_backward(g.data(), u.data(), dy.data(), dg.data(), du.data(), n);
+      for (int64_t c = 0; c < n; ++c) {
+        const double x = g[size_t(c)], ud = u[size_t(c)], dyd = dy[size_t(c)];
+        const double t = std::tanh(beta * (x + kappa * x * x * x));
+        const double gelu = 0.5 * x * (1 + t);
+        const double d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * beta * (1 + 3 * kappa * x * x);
+        EXPECT_NEAR(out[size_t(c)], gelu * ud, 1e-6 * (1 + std::fabs(x * ud)));
+        EXPECT_NEAR(du[size_t(c)], dyd * gelu, 1e-6 * (1 + std::fabs(x)));
+        EXPECT_NEAR(dg[size_t(c)], dyd * ud * d, 2e-6 * (1 + std::fabs(x * ud)));
+      }
+      EXPECT_EQ(out[size_t(n)], 7.0f);  // nothing written past n
+      EXPECT_EQ(dg[size_t(n)], 7.0f);
+      EXPECT_EQ(du[size_t(n)], 7.0f);
+
+      const float scale = 0.3f, cap = 2.5f;
+      std::vector<float> x = uniform(size_t(n), -40.0f, 40.0f, 7), slope(size_t(n) + 1, 7.0f);
+      x.push_back(7.0f);
+      const std::vector<float> raw = x;
+      ops.soft_cap(x.data(), n, scale, cap, slope.data());
+      for (int64_t c = 0; c < n; ++c) {
+        const double th = std::tanh(double(raw[size_t(c)]) * scale / cap);
+        EXPECT_NEAR(x[size_t(c)], cap * th, 1e-6 * cap);
+        EXPECT_NEAR(slope[size_t(c)], scale * (1 - th * th), 1e-6 * scale);
+      }
+      EXPECT_EQ(x[size_t(n)], 7.0f);
+      EXPECT_EQ(slope[size_t(n)], 7.0f);
+    }
+  }
+}
+
 // KEEL_ISA (set by CI for the portable run) is what the kernels use, capped by the CPU.
 TEST(VectorOps, ChosenLevelFollowsKeelIsa) {
   const char* env = std::getenv("KEEL_ISA");

@@ -72,29 +72,32 @@ class Backend {
   virtual void accumulate_bias_grad(const float* dy, int64_t rows, int64_t cols, float* db) = 0;
 
   // ---- the decoder's layers (contracts as in HF transformers' modules)
-  // RMSNorm (LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * w; rstd [rows] saved for backward.
-  virtual void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, float* y,
-                               float* rstd) = 0;
+  // RMSNorm (LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * (weight_offset + w), the offset 0,
+  // or 1 for Gemma's (1 + w); rstd [rows] saved for backward.
+  virtual void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps,
+                               double weight_offset, float* y, float* rstd) = 0;
   // dx overwritten; dw ACCUMULATES (null: a frozen weight, no gradient).
-  virtual void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows,
-                                int64_t dim, float* dx, float* dw) = 0;
+  virtual void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd,
+                                const float* dy, int64_t rows, int64_t dim, float* dx, float* dw) = 0;
   // The same norm on each head of [tokens, heads, head_dim] rows (Qwen3's q_norm/k_norm, one
   // weight w [head_dim] for every head): x with row stride ldx, y (may be x) with ldy, rstd
   // [tokens * heads]; backward: dy with ldy, dx (overwritten) with lddx, dw ACCUMULATES (null: frozen).
   virtual void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
-                                    int64_t head_dim, double eps, float* y, int64_t ldy, float* rstd) = 0;
-  virtual void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, const float* rstd, const float* dy,
-                                     int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float* dx,
-                                     int64_t lddx, float* dw) = 0;
+                                    int64_t head_dim, double eps, double weight_offset, float* y, int64_t ldy,
+                                    float* rstd) = 0;
+  virtual void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, double weight_offset,
+                                     const float* rstd, const float* dy, int64_t ldy, int64_t tokens, int64_t heads,
+                                     int64_t head_dim, float* dx, int64_t lddx, float* dw) = 0;
   // x: [tokens, heads, head_dim] with row stride ld; rotates in place (backward: by -angle).
   virtual void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
                             int64_t head_dim, const RopeTable& table) = 0;
   virtual void rope_backward(float* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
                              int64_t head_dim, const RopeTable& table) = 0;
-  // SwiGLU: out = silu(gate) * up with gate_up[r] = [gate (inter) | up (inter)].
-  virtual void swiglu_forward(const float* gate_up, int64_t rows, int64_t inter, float* out) = 0;
-  virtual void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter,
-                               float* dgate_up) = 0;
+  // The gated MLP activation (glu.h): out = act(gate) * up with gate_up[r] = [gate (inter) | up
+  // (inter)]; SwiGLU (silu) or GeGLU (tanh-approximated GELU).
+  virtual void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out) = 0;
+  virtual void glu_backward(GluActivation act, const float* gate_up, const float* dout, int64_t rows, int64_t inter,
+                            float* dgate_up) = 0;
   // out[i] = table[ids[i]]; backward ACCUMULATES dtable[ids[i]] += dout[i], deterministically.
   virtual void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) = 0;
   // NF4 (core/nf4.h) to fp32 or bf16: out[i] = kNf4Values[code i] * absmax[i / 64] for n elements
@@ -109,9 +112,10 @@ class Backend {
                                   float* dtable) = 0;
   // Softmax cross-entropy over a block of logits [rows, vocab] (row stride ld), fused with its
   // gradient: logits are overwritten by (softmax - onehot) * grad_scale (zeros for kIgnoreIndex
-  // rows). Returns the SUM of -log softmax(logits)[label] over non-ignored rows.
+  // rows). Returns the SUM of -log softmax(logits)[label] over non-ignored rows. softcap > 0: of
+  // softcap * tanh(logits / softcap) (Gemma 2's final-logit soft-capping), 0: none.
   virtual double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows,
-                                                int64_t vocab, double grad_scale) = 0;
+                                                int64_t vocab, double grad_scale, double softcap) = 0;
 
   // ---- causal grouped-query attention (layouts in shapes.h)
   // segments: optional [batch*seq] document ids (a query attends to earlier keys of its own
@@ -127,13 +131,12 @@ class Backend {
                                   const float* v, const int32_t* segments, const float* out, const float* lse,
                                   const float* dout, float* dq, float* dk, float* dv, void* workspace,
                                   size_t workspace_bytes) = 0;
-  // Generation: `tokens` new queries (q [tokens, q_heads*head_dim], row stride ldq) at positions
+  // Generation: `tokens` new queries (q [tokens, q_heads*head_dim], row stride s.ldq) at positions
   // first_position.. over a KV cache holding keys/values of positions 0..first_position+tokens-1
-  // ([positions, kv_heads*head_dim] each); causal (and inside the sliding window, if window > 0),
-  // softmax over the cached keys; out [tokens, q_heads*head_dim].
-  virtual void cached_attention(const float* q, int64_t ldq, int64_t tokens, int64_t first_position,
-                                const float* k_cache, const float* v_cache, int64_t q_heads, int64_t kv_heads,
-                                int64_t head_dim, int64_t window, float* out) = 0;
+  // ([positions, kv_heads*head_dim] each); causal, with s's heads, scale, sliding window and soft
+  // cap (its batch and seq are not used); out [tokens, q_heads*head_dim].
+  virtual void cached_attention(const AttentionShape& s, const float* q, int64_t tokens, int64_t first_position,
+                                const float* k_cache, const float* v_cache, float* out) = 0;
 
   // ---- optimizer
   // AdamW on n parameters in place (shapes.h); w_bf16, if not null, receives bf16(w) after.

@@ -12,8 +12,10 @@ namespace keel::kernels {
 // (softmax - onehot, times grad_scale; rows whose label is kIgnoreIndex get zeros).
 // Returns the SUM over non-ignored rows of -log softmax(logits)[label]
 // (callers divide by the number of target tokens). labels must be in [0, vocab) or kIgnoreIndex.
+// softcap > 0 (Gemma 2's final_logit_softcapping): the loss of softcap * tanh(logits / softcap),
+// and its gradient with respect to the logits before the cap.
 template <typename T>
 double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                      double grad_scale);
+                                      double grad_scale, double softcap = 0.0);
 
 }  // namespace keel::kernels

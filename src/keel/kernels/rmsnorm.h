@@ -1,4 +1,5 @@
-// RMSNorm (Zhang & Sennrich 2019) as in HF LlamaRMSNorm: y = x / sqrt(mean(x^2) + eps) * w.
+// RMSNorm (Zhang & Sennrich 2019) as in HF LlamaRMSNorm: y = x / sqrt(mean(x^2) + eps) * w, or
+// Gemma's * (1 + w): weight_offset 1 (added to w in T first, as Gemma's 1.0 + weight.float()).
 #pragma once
 #include <cstdint>
 
@@ -6,11 +7,13 @@ namespace keel::kernels {
 
 // x, y: [rows, dim]; w: [dim]; rstd: [rows] saved for the backward pass.
 template <typename T>
-void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd);
+void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd,
+                     double weight_offset = 0.0);
 
 // dx = (overwritten) gradient w.r.t. x; dw is ACCUMULATED into (+=) so micro-batches add up.
 template <typename T>
-void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw);
+void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw,
+                      double weight_offset = 0.0);
 
 // The same norm applied to each of `heads` vectors of `dim` in a token's row (Qwen3's q_norm and
 // k_norm: one weight shared by the heads): token t's head h is at x + t * ldx + h * dim, and at
@@ -18,9 +21,10 @@ void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_
 // [tokens * heads]. rmsnorm_forward/backward are the case heads = 1, ld = dim.
 template <typename T>
 void head_rmsnorm_forward(const T* x, int64_t ldx, const T* w, int64_t tokens, int64_t heads, int64_t dim, double eps,
-                          T* y, int64_t ldy, T* rstd);
+                          T* y, int64_t ldy, T* rstd, double weight_offset = 0.0);
 template <typename T>
 void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, const T* dy, int64_t ldy,
-                           int64_t tokens, int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw);
+                           int64_t tokens, int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw,
+                           double weight_offset = 0.0);
 
 }  // namespace keel::kernels

@@ -22,6 +22,9 @@ inline GemmShape packed_gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k
   return {ta, tb, m, n, k, ta == Trans::N ? k : m, tb == Trans::N ? n : k, n};
 }
 
+// ---- The MLP's gate activation (glu.h): silu (SwiGLU) or tanh-approximated GELU (GeGLU).
+enum class GluActivation : uint8_t { Silu, GeluTanh };
+
 // ---- Causal self-attention with grouped-query heads.
 struct AttentionShape {
   int64_t batch, seq;         // sequences in the micro-batch and their (padded) length
@@ -33,6 +36,9 @@ struct AttentionShape {
   // i - window < j <= i, itself included, as transformers' sliding_window_overlay. 0: every
   // earlier key.
   int64_t window = 0;
+  // Attention-logit soft-capping (Gemma 2): each scaled score s becomes softcap * tanh(s /
+  // softcap) before the mask and the softmax. 0: none.
+  double softcap = 0.0;
 };
 
 // Key j is inside query i's window (causality and documents are checked separately).

@@ -59,6 +59,8 @@ const std::vector<FamilyFormat>& family_formats() {
       {Family::GlmOriginal, "glm_original", "chatglm", {"ChatGLMModel", "ChatGLMForConditionalGeneration"}, 2048},
       {Family::Qwen3, "qwen3", "qwen3", {"Qwen3ForCausalLM"}, 32768},
       {Family::Mistral, "mistral", "mistral", {"MistralForCausalLM"}, 4096 * 32},
+      {Family::Gemma2, "gemma2", "gemma2", {"Gemma2ForCausalLM"}, 8192},
+      {Family::Gemma3, "gemma3", "gemma3_text", {"Gemma3ForCausalLM"}, 131072},
   };
   return formats;
 }
@@ -293,6 +295,17 @@ void require_default_rope(const ConfigObject& cfg, std::string_view key, bool ty
   if (!v) return;
   dom::object object;
   if (v->get_object().get(object) != simdjson::SUCCESS) cfg.wrong_type(key, "an object or null", *v);
+  // Gemma 3 (transformers v5): one set of parameters per layer type, each checked the same way.
+  for (std::string_view layer_type : {"full_attention", "sliding_attention"}) {
+    dom::object per_type;
+    if (object[layer_type].get(per_type) != simdjson::SUCCESS) continue;
+    dom::element type;
+    if ((per_type["rope_type"].get(type) == simdjson::SUCCESS || per_type["type"].get(type) == simdjson::SUCCESS) &&
+        !(type.is_string() && std::string_view(type) == "default"))
+      fail("{}: key '{}.{}': RoPE scaling {} is not supported (keel implements plain RoPE only; expected rope_type "
+           "\"default\")",
+           cfg.path(), key, layer_type, json_describe(type));
+  }
   dom::element type;
   bool has_type = object["rope_type"].get(type) == simdjson::SUCCESS || object["type"].get(type) == simdjson::SUCCESS;
   if (!has_type && (!type_required || object.size() == 0)) return;
@@ -303,14 +316,52 @@ void require_default_rope(const ConfigObject& cfg, std::string_view key, bool ty
       cfg.path(), key, has_type ? json_describe(type) : simdjson::minify(*v));
 }
 
-// transformers v5 moved rope_theta and partial_rotary_factor into "rope_parameters"; the
-// top-level key wins when both are present.
-std::optional<double> rope_parameter(const ConfigObject& cfg, std::string_view name) {
+// transformers v5 moved rope_theta and partial_rotary_factor into "rope_parameters" (for Gemma 3
+// one object per layer type: `layer_type`); the top-level key wins when both are present.
+std::optional<double> rope_parameter(const ConfigObject& cfg, std::string_view name,
+                                     std::string_view layer_type = {}) {
   auto params = cfg.get("rope_parameters");
-  dom::element v;
-  if (!params || !params->is_object() || (*params)[name].get(v) != simdjson::SUCCESS || v.is_null())
+  dom::element scope, v;
+  if (!params || !params->is_object()) return std::nullopt;
+  scope = *params;
+  if (!layer_type.empty() && (scope[layer_type].get(scope) != simdjson::SUCCESS || !scope.is_object()))
     return std::nullopt;
-  return cfg.positive_number_value(fmt::format("rope_parameters.{}", name), v);
+  if (scope[name].get(v) != simdjson::SUCCESS || v.is_null()) return std::nullopt;
+  return cfg.positive_number_value(
+      layer_type.empty() ? fmt::format("rope_parameters.{}", name)
+                         : fmt::format("rope_parameters.{}.{}", layer_type, name),
+      v);
+}
+
+// Gemma 2 and 3: GeGLU, (1 + w) norms, scaled embeddings, sandwich norms, the attention's scale
+// and the soft caps, read as Gemma2Config / Gemma3TextConfig read them (an absent cap is the
+// class's default, null none).
+void parse_gemma(const ConfigObject& cfg, ModelConfig& c) {
+  std::optional<std::string> act = cfg.string("hidden_activation");
+  std::string_view key = "hidden_activation";
+  if (!act) act = cfg.string("hidden_act"), key = "hidden_act";
+  if (act && *act != "gelu_pytorch_tanh") {
+    fail("{}: key '{}': expected \"gelu_pytorch_tanh\" (the GeGLU MLP keel implements), found \"{}\" (not "
+         "supported)",
+         cfg.path(), key, *act);
+  }
+  if (cfg.bool_or("use_bidirectional_attention", false)) {
+    fail("{}: key 'use_bidirectional_attention': true is not supported (keel trains causal language models; "
+         "expected false)",
+         cfg.path());
+  }
+  c.mlp_activation = kernels::GluActivation::GeluTanh;
+  c.norm_weight_offset = 1.0;
+  c.scale_embeddings = true;
+  c.sandwich_norms = true;
+  c.attention_scale = std::pow(cfg.positive_number_or("query_pre_attn_scalar", 256.0), -0.5);
+  const bool gemma2 = c.family == Family::Gemma2;
+  auto cap = [&](std::string_view name, double gemma2_default) {
+    if (!cfg.written(name)) return gemma2 ? gemma2_default : 0.0;
+    return cfg.positive_number_or(name, 0.0);
+  };
+  c.attn_logit_softcap = cap("attn_logit_softcapping", 50.0);
+  c.final_logit_softcap = cap("final_logit_softcapping", 30.0);
 }
 
 // A flag of the original ChatGLM format that selects a variant keel does not implement.
@@ -325,6 +376,7 @@ void require_flag(const ConfigObject& cfg, std::string_view key, bool default_va
 int64_t head_dim_or_derived(const ConfigObject& cfg, const FormatKeys& k, const ModelConfig& c) {
   if (cfg.get(k.head_dim)) return cfg.positive_int(k.head_dim);
   if (c.family == Family::Qwen3) return 128;  // Qwen3Config's default, not hidden / heads
+  if (c.gemma()) return 256;                  // Gemma2Config's and Gemma3TextConfig's
   if (c.hidden_size % c.num_heads != 0) {
     fail("{}: key '{}': absent, and {} ({}) is not a multiple of {} ({}) to derive it from", cfg.path(), k.head_dim,
          k.hidden, c.hidden_size, k.heads, c.num_heads);
@@ -365,6 +417,16 @@ void parse_sliding_window(const ConfigObject& cfg, ModelConfig& c) {
     // layer uses it (MistralModel ignores layer_types).
     c.sliding_window = cfg.written("sliding_window") ? cfg.positive_int_or("sliding_window", 0) : 4096;
     c.sliding_layers.assign(size_t(c.num_layers), true);
+  } else if (c.gemma()) {
+    // Gemma 2 alternates sliding and full layers (even layers slide), Gemma 3 slides on five of
+    // every sliding_window_pattern (6) layers; layer_types, when written, says which.
+    c.sliding_window = cfg.written("sliding_window") ? cfg.positive_int_or("sliding_window", 0) : 4096;
+    if (cfg.get("layer_types")) {
+      c.sliding_layers = parse_layer_types(cfg, c.num_layers);
+    } else {
+      const int64_t pattern = c.family == Family::Gemma2 ? 2 : cfg.positive_int_or("sliding_window_pattern", 6);
+      for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers.push_back((l + 1) % pattern != 0);
+    }
   } else if (c.family == Family::Qwen3 || c.family == Family::Qwen2) {
     // Qwen2/Qwen3Config: the window applies only with use_sliding_window, to the layers layer_types
     // names, or else to those from max_window_layers on.
@@ -397,13 +459,21 @@ void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
   c.rms_norm_eps = cfg.positive_number_or(k.norm_eps, 1e-6);
   c.max_position_embeddings = cfg.positive_int_or(k.max_positions, format_of(c.family).default_max_positions);
 
-  if (auto act = cfg.string("hidden_act"); act && *act != "silu") {
+  if (c.gemma()) {
+    parse_gemma(cfg, c);
+  } else if (auto act = cfg.string("hidden_act"); act && *act != "silu") {
     fail("{}: key 'hidden_act': expected \"silu\" (the SwiGLU MLP keel implements), found \"{}\" (not supported)",
          cfg.path(), *act);
   }
   require_default_rope(cfg, "rope_scaling", true);
   require_default_rope(cfg, "rope_parameters", false);
   c.rope_theta = cfg.positive_number_or("rope_theta", rope_parameter(cfg, "rope_theta").value_or(10000.0));
+  if (c.family == Family::Gemma3) {  // Gemma3TextConfig: global and local bases
+    c.rope_theta = cfg.positive_number_or(
+        "rope_theta", rope_parameter(cfg, "rope_theta", "full_attention").value_or(1000000.0));
+    c.rope_local_theta = cfg.positive_number_or(
+        "rope_local_base_freq", rope_parameter(cfg, "rope_theta", "sliding_attention").value_or(10000.0));
+  }
   if (cfg.bool_or("mlp_bias", false)) {
     fail("{}: key 'mlp_bias': true is not supported (keel's MLP has no biases; expected false)", cfg.path());
   }
@@ -423,6 +493,11 @@ void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
       c.qk_norm = true;
       break;
     case Family::Mistral: break;  // MistralAttention has no biases, whatever the config says
+    case Family::Gemma2: refuse_attention_bias(cfg, "Gemma2ForCausalLM"); break;
+    case Family::Gemma3:
+      refuse_attention_bias(cfg, "Gemma3ForCausalLM");
+      c.qk_norm = true;
+      break;
     case Family::Glm: {
       c.qkv_bias = cfg.bool_or("attention_bias", true);
       double factor =
@@ -535,6 +610,13 @@ void add_common_fields(JsonFields& f, const ModelConfig& c, DType dtype) {
   f["use_cache"] = "true";
 }
 
+std::string layer_types_json(const ModelConfig& c) {
+  std::string types;
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    types += fmt::format("{}\"{}_attention\"", l ? "," : "", c.window_of(l) > 0 ? "sliding" : "full");
+  return "[" + types + "]";
+}
+
 void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
   const FormatKeys& k = kTransformersKeys;
   f[k.vocab] = std::to_string(c.vocab_size);
@@ -546,7 +628,7 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
   f[k.head_dim] = std::to_string(c.head_dim);
   f[k.norm_eps] = json_number(c.rms_norm_eps);
   f[k.max_positions] = std::to_string(c.max_position_embeddings);
-  f["hidden_act"] = "\"silu\"";
+  f[c.gemma() ? "hidden_activation" : "hidden_act"] = c.gemma() ? "\"gelu_pytorch_tanh\"" : "\"silu\"";
   f["rope_theta"] = json_number(c.rope_theta);
   f["rope_scaling"] = "null";
   f["attention_dropout"] = "0.0";
@@ -560,15 +642,27 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
       f["attention_bias"] = "false";
       f["use_sliding_window"] = json_bool(c.sliding_window > 0);
       f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
-      std::string types;
-      for (int64_t l = 0; l < c.num_layers; ++l)
-        types += fmt::format("{}\"{}_attention\"", l ? "," : "", c.window_of(l) > 0 ? "sliding" : "full");
-      f["layer_types"] = "[" + types + "]";
+      f["layer_types"] = layer_types_json(c);
       break;
     }
     case Family::Mistral:
       f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
       break;
+    case Family::Gemma2:
+    case Family::Gemma3: {
+      f["attention_bias"] = "false";
+      f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
+      f["layer_types"] = layer_types_json(c);
+      // Gemma's config classes type it as an integer (and validate that): write one when it is.
+      const double scalar = std::pow(c.attention_scale, -2.0);
+      f["query_pre_attn_scalar"] = std::abs(scalar - std::round(scalar)) < 1e-9 * scalar
+                                       ? std::to_string(std::llround(scalar))
+                                       : json_number(scalar);
+      f["attn_logit_softcapping"] = c.attn_logit_softcap > 0 ? json_number(c.attn_logit_softcap) : "null";
+      f["final_logit_softcapping"] = c.final_logit_softcap > 0 ? json_number(c.final_logit_softcap) : "null";
+      if (c.family == Family::Gemma3) f["rope_local_base_freq"] = json_number(c.rope_local_theta);
+      break;
+    }
     case Family::Glm: {
       f["attention_bias"] = json_bool(c.qkv_bias);
       double factor = double(c.rotary_dim) / double(c.head_dim);
@@ -650,7 +744,8 @@ int64_t ModelConfig::total_parameters() const {
   int64_t per_layer = hidden_size * q_size() + 2 * hidden_size * kv_size() + q_size() * hidden_size +
                       3 * hidden_size * intermediate_size + 2 * hidden_size;  // + input and post-attention norms
   if (qkv_bias) per_layer += q_size() + 2 * kv_size();
-  if (qk_norm) per_layer += 2 * head_dim;  // q_norm, k_norm
+  if (qk_norm) per_layer += 2 * head_dim;         // q_norm, k_norm
+  if (sandwich_norms) per_layer += 2 * hidden_size;  // the attention's and the MLP's output norms
   return embedding + lm_head + num_layers * per_layer + hidden_size;  // + final norm
 }
 
@@ -687,7 +782,7 @@ void validate(const ModelConfig& c, const std::string& where) {
 
   // What each format can express: a config outside it could not be exported faithfully.
   bool transformers_rope = c.family == Family::Llama || c.family == Family::Qwen2 || c.family == Family::Qwen3 ||
-                           c.family == Family::Mistral;
+                           c.family == Family::Mistral || c.gemma();
   require(c.rope_interleaved != transformers_rope,
           "{}: rope_interleaved: the {} format expects {} RoPE pairs, found the other layout", where, family,
           transformers_rope ? "half-split (i, i + d/2)" : "interleaved (2i, 2i+1)");
@@ -700,13 +795,28 @@ void validate(const ModelConfig& c, const std::string& where) {
   require(c.family != Family::Llama || !c.qkv_bias,
           "{}: qkv_bias: the llama format has no q/k/v-only biases (attention_bias adds an o_proj bias too)", where);
   require(c.family != Family::Qwen2 || c.qkv_bias, "{}: qkv_bias: the qwen2 format always has q/k/v biases", where);
-  require(!c.qkv_bias || (c.family != Family::Qwen3 && c.family != Family::Mistral),
+  require(!c.qkv_bias || (c.family != Family::Qwen3 && c.family != Family::Mistral && !c.gemma()),
           "{}: qkv_bias: the {} format has no q/k/v-only biases", where, family);
-  require(c.qk_norm == (c.family == Family::Qwen3), "{}: qk_norm: the {} format {} q/k norms", where, family,
-          c.family == Family::Qwen3 ? "always has" : "has no");
+  const bool head_norms = c.family == Family::Qwen3 || c.family == Family::Gemma3;
+  require(c.qk_norm == head_norms, "{}: qk_norm: the {} format {} q/k norms", where, family,
+          head_norms ? "always has" : "has no");
+  const bool gemma_layout = c.norm_weight_offset == 1.0 && c.scale_embeddings && c.sandwich_norms &&
+                            c.mlp_activation == kernels::GluActivation::GeluTanh;
+  const bool llama_layout = c.norm_weight_offset == 0.0 && !c.scale_embeddings && !c.sandwich_norms &&
+                            c.mlp_activation == kernels::GluActivation::Silu && c.attn_logit_softcap == 0 &&
+                            c.final_logit_softcap == 0 && c.rope_local_theta == 0 && c.attention_scale == 0;
+  require(c.gemma() ? gemma_layout : llama_layout,
+          "{}: the {} format {}", where, family,
+          c.gemma() ? "has Gemma's layout: (1 + w) norms, scaled embeddings, sandwich norms and GeGLU"
+                    : "has none of Gemma's differences (norm offset, scaled embeddings, sandwich norms, GeGLU, "
+                      "soft caps, attention scale, local RoPE base)");
+  require(c.attn_logit_softcap >= 0 && c.final_logit_softcap >= 0 && c.attention_scale >= 0 &&
+              c.rope_local_theta >= 0 && std::isfinite(c.attention_scale + c.attn_logit_softcap +
+                                                       c.final_logit_softcap + c.rope_local_theta),
+          "{}: soft caps, attention scale and local RoPE base: expected finite non-negative numbers", where);
   require(c.sliding_window >= 0 && c.sliding_window < kMaxPositions,
           "{}: sliding_window: expected 0 (none) or a positive number of positions, found {}", where, c.sliding_window);
-  require(c.sliding_window == 0 || c.family == Family::Mistral || c.family == Family::Qwen3,
+  require(c.sliding_window == 0 || c.family == Family::Mistral || c.family == Family::Qwen3 || c.gemma(),
           "{}: sliding_window: the {} format has no sliding-window attention", where, family);
   require(c.sliding_window == 0 ? c.sliding_layers.empty() : int64_t(c.sliding_layers.size()) == c.num_layers,
           "{}: sliding_layers: expected one entry per layer ({}) with a sliding window, none without, found {}", where,
@@ -719,7 +829,17 @@ void apply_family_traits(ModelConfig& c) {
   c.rotary_dim = glm ? c.head_dim / 2 : c.head_dim;  // GLM-4 rotates half of each head
   c.rope_interleaved = glm;
   c.qkv_bias = c.family == Family::Qwen2 || glm;
-  c.qk_norm = c.family == Family::Qwen3;
+  c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Gemma3;
+  if (c.gemma()) {  // the config classes' defaults, bar the windows (set by the caller)
+    c.norm_weight_offset = 1.0;
+    c.mlp_activation = kernels::GluActivation::GeluTanh;
+    c.scale_embeddings = true;
+    c.sandwich_norms = true;
+    c.attention_scale = std::pow(256.0, -0.5);
+    c.attn_logit_softcap = c.family == Family::Gemma2 ? 50.0 : 0.0;
+    c.final_logit_softcap = c.family == Family::Gemma2 ? 30.0 : 0.0;
+    c.rope_local_theta = c.family == Family::Gemma3 ? 10000.0 : 0.0;
+  }
 }
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& path_for_errors) {
@@ -734,7 +854,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   } else {
     parse_transformers_format(cfg, c);
   }
-  c.tie_word_embeddings = cfg.bool_or("tie_word_embeddings", false);
+  c.tie_word_embeddings = cfg.bool_or("tie_word_embeddings", c.gemma());  // Gemma's configs tie by default
   // A checkpoint saved already quantized (transformers + bitsandbytes, GPTQ, AWQ...): its weights
   // are not floating point, and reading them as such would be garbage. Said here, by name.
   if (auto q = cfg.get("quantization_config")) {

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/shapes.h"
 
 namespace keel::model {
 
@@ -17,9 +18,11 @@ enum class Family : uint8_t {
   GlmOriginal,  // ChatGLMModel / ChatGLMForConditionalGeneration (THUDM/glm-4-9b original format)
   Qwen3,        // Qwen3ForCausalLM (Llama + RMSNorm of each query and key head before RoPE)
   Mistral,      // MistralForCausalLM (Llama + sliding-window attention)
+  Gemma2,       // Gemma2ForCausalLM (sandwich norms, GeGLU, soft-capping, alternating windows)
+  Gemma3,       // Gemma3ForCausalLM, text (Gemma 2's layout + q/k norms and a local RoPE base)
 };
 
-// "llama", "qwen2", "glm", "glm_original", "qwen3", "mistral"
+// "llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2", "gemma3"
 std::string family_name(Family f);
 Family family_from_name(const std::string& name);  // inverse; throws keel::Error listing valid names
 
@@ -46,6 +49,17 @@ struct ModelConfig {
   // every layer; Qwen3 with use_sliding_window the layers its layer_types name.
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;  // [num_layers] when sliding_window > 0
+  // Gemma's differences (each the Llama behaviour at its default):
+  double norm_weight_offset = 0.0;  // RMSNorm scales by (offset + w): Gemma's 1 + w
+  kernels::GluActivation mlp_activation = kernels::GluActivation::Silu;  // Gemma: GeGLU (gelu_pytorch_tanh)
+  bool scale_embeddings = false;    // the embedding's output times sqrt(hidden_size), rounded to float
+  // A norm on the attention's and on the MLP's output before each residual add (Gemma's
+  // post_attention_layernorm and post_feedforward_layernorm; its pre-MLP norm is keel's post norm).
+  bool sandwich_norms = false;
+  double attention_scale = 0.0;      // scores' scale; 0: 1/sqrt(head_dim). Gemma: query_pre_attn_scalar^-0.5
+  double attn_logit_softcap = 0.0;   // Gemma 2: scores -> cap * tanh(scores / cap); 0: none
+  double final_logit_softcap = 0.0;  // Gemma 2: logits -> cap * tanh(logits / cap); 0: none
+  double rope_local_theta = 0.0;     // Gemma 3: the RoPE base of sliding-window layers; 0: rope_theta
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 4096;        // seq_length for GLM original
   DType torch_dtype = DType::F32;                // "torch_dtype" (or "dtype") in config.json
@@ -53,6 +67,7 @@ struct ModelConfig {
   int64_t bos_token_id = -1, pad_token_id = -1;  // -1 when absent
   std::string config_json;  // the original text of config.json (empty for models built from scratch)
 
+  bool gemma() const { return family == Family::Gemma2 || family == Family::Gemma3; }
   // The window layer `layer`'s attention uses (0: every earlier key).
   int64_t window_of(int64_t layer) const {
     return sliding_window > 0 && sliding_layers.at(size_t(layer)) ? sliding_window : 0;

@@ -60,9 +60,11 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
       p.k_norm = params.add(prefix + "k_norm", {c.head_dim}, false);
     }
     p.o_weight = params.add(prefix + "o.weight", {H, c.q_size()}, true, blocks);
+    if (c.sandwich_norms) p.attn_out_norm = params.add(prefix + "attention_output_norm", {H}, false);
     p.post_norm = params.add(prefix + "post_attention_norm", {H}, false);
     p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true, blocks);
     p.down_weight = params.add(prefix + "down.weight", {H, c.intermediate_size}, true, blocks);
+    if (c.sandwich_norms) p.mlp_out_norm = params.add(prefix + "mlp_output_norm", {H}, false);
   }
   ids.final_norm = params.add("final_norm", {H}, false);
   ids.lm_head = c.tie_word_embeddings ? ids.embed : params.add("lm_head", {c.vocab_size, H}, true, head);
@@ -109,15 +111,6 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           config.hidden_size, config.intermediate_size, config.q_size(), kNf4BlockSize);
 }
 
-// Attention reads q and k from the qkv projection's output, or with q/k norms from their own
-// normalised [tokens, q | k] buffer (the projection's output stays as the norms' backward needs it).
-kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t layer, int64_t batch, int64_t seq) {
-  const int64_t Q = c.q_size(), QK = Q + c.kv_size(), QKV = QK + c.kv_size();
-  const int64_t ldqk = c.qk_norm ? QK : QKV;
-  return {batch, seq, c.num_heads, c.num_kv_heads, c.head_dim,   ldqk,
-          ldqk,  QKV, Q,           1.0 / std::sqrt(double(c.head_dim)), c.window_of(layer)};
-}
-
 kernels::AttentionMatmul attention_matmul(Precision p) {
   return p == Precision::BF16 ? kernels::AttentionMatmul::BF16 : kernels::AttentionMatmul::F32;
 }
@@ -126,6 +119,7 @@ kernels::AttentionMatmul attention_matmul(Precision p) {
 struct BlockIds {
   int xn1 = -1, rstd1 = -1, qkv = -1, attn = -1, lse = -1, xmid = -1, xn2 = -1, rstd2 = -1, gate_up = -1, act = -1;
   int qk = -1, rstd_qk = -1;  // q/k norms: the normalised, rotated q | k, and each head's rstd
+  int ao = -1, rstd_ao = -1, mo = -1, rstd_mo = -1;  // sandwich norms: the attention's / MLP's output and rstd
   int xn1_b = -1, attn_b = -1, xn2_b = -1, act_b = -1;
   int lora_u = -1, lora_u_b = -1;  // LoRA: scaling * x A^T of each of the block's modules
 };
@@ -247,6 +241,12 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     b.xmid = add(prefix + "xmid", cat, N * H, f32, first, last);
     b.xn2 = add(prefix + "xn2", gemm_input_cat, N * H, f32, first, gemm_input_last);
     b.rstd2 = add(prefix + "rstd2", cat, N, f32, first, last);
+    if (c.sandwich_norms) {
+      b.ao = add(prefix + "attention_output", cat, N * H, f32, first, last);
+      b.rstd_ao = add(prefix + "attention_output.rstd", cat, N, f32, first, last);
+      b.mo = add(prefix + "mlp_output", cat, N * H, f32, first, last);
+      b.rstd_mo = add(prefix + "mlp_output.rstd", cat, N, f32, first, last);
+    }
     b.gate_up = add(prefix + "gate_up", cat, N * 2 * I, f32, first, last);
     b.act = add(prefix + "act", gemm_input_cat, N * I, f32, first, gemm_input_last);
     b.xn1_b = add_bf16(prefix + "xn1.bf16", cat, N * H, first, last);
@@ -320,10 +320,32 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
 
   // The rotary table is a kernels::RopeTable (std::vector) built once: counted, not in the arena.
   plan.add_external("rope_table", Cat::Data, size_t(max_seq) * size_t(c.rotary_dim) * f32, always, end);
+  if (c.rope_local_theta > 0)  // Gemma 3's sliding-window layers rotate with their own base
+    plan.add_external("rope_table.local", Cat::Data, size_t(max_seq) * size_t(c.rotary_dim) * f32, always, end);
   return d;
 }
 
 }  // namespace
+
+// Attention reads q and k from the qkv projection's output, or with q/k norms from their own
+// normalised [tokens, q | k] buffer (the projection's output stays as the norms' backward needs it).
+kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t layer, int64_t batch, int64_t seq) {
+  const int64_t Q = c.q_size(), QK = Q + c.kv_size(), QKV = QK + c.kv_size();
+  const int64_t ldqk = c.qk_norm ? QK : QKV;
+  const double scale = c.attention_scale > 0 ? c.attention_scale : 1.0 / std::sqrt(double(c.head_dim));
+  return {batch, seq, c.num_heads, c.num_kv_heads, c.head_dim, ldqk,  ldqk, QKV, Q, scale, c.window_of(layer),
+          c.attn_logit_softcap};
+}
+
+// torch.tensor(hidden_size**0.5, dtype=float32): Gemma's normalizer.
+float embedding_scale(const ModelConfig& c) { return float(std::sqrt(double(c.hidden_size))); }
+
+// As transformers: logits / cap, tanh, * cap, in float.
+void soft_cap(double cap, float* logits, int64_t n) {
+  if (cap <= 0) return;
+  const auto c = float(cap);
+  for (int64_t i = 0; i < n; ++i) logits[i] = std::tanh(logits[i] / c) * c;
+}
 
 MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
                                const DecoderOptions& options) {
@@ -358,6 +380,7 @@ int64_t nf4_setup_scratch_elements(const ModelConfig& config, const DecoderOptio
 struct Decoder::BlockActivations {
   float *xn1, *rstd1, *qkv, *attn, *lse, *xmid, *xn2, *rstd2, *gate_up, *act;
   float *qk, *rstd_qk;                   // q/k norms (null without)
+  float *ao, *rstd_ao, *mo, *rstd_mo;    // sandwich norms (null without)
   bf16 *xn1_b, *attn_b, *xn2_b, *act_b;  // GEMM inputs in bf16 mode (null in fp32)
   float* lora_u;                         // [modules of the block][tokens, rank] (null without LoRA)
   bf16* lora_u_b;
@@ -395,7 +418,8 @@ struct Decoder::Buffers {
     auto block = [&](const BlockIds& i) {
       return BlockActivations{f32(i.xn1),   f32(i.rstd1),  f32(i.qkv),   f32(i.attn),    f32(i.lse),
                               f32(i.xmid),  f32(i.xn2),    f32(i.rstd2), f32(i.gate_up), f32(i.act),
-                              f32(i.qk),    f32(i.rstd_qk), b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b), f32(i.lora_u),
+                              f32(i.qk),    f32(i.rstd_qk), f32(i.ao),    f32(i.rstd_ao), f32(i.mo),
+                              f32(i.rstd_mo), b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b), f32(i.lora_u),
                               b16(i.lora_u_b)};
     };
     x.resize(d.x.size());
@@ -538,6 +562,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   }
 
   rope_ = kernels::RopeTable::build(c.rotary_dim, c.rope_interleaved, c.rope_theta, max_seq_);
+  if (c.rope_local_theta > 0)
+    rope_local_ = kernels::RopeTable::build(c.rotary_dim, c.rope_interleaved, c.rope_local_theta, max_seq_);
   b.bind(plan_);
   // Every attention GEMM plan a step can need, on every thread, now: packed documents change the
   // shapes from step to step, and a plan built inside the step loop would allocate there.
@@ -697,7 +723,9 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   const auto& p = ids_.layers[l];
   const kernels::AttentionShape as = attention_shape(c, l, mb.batch, mb.seq);
 
-  backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, c.rms_norm_eps, a.xn1, a.rstd1);
+  const double eps = c.rms_norm_eps, offset = c.norm_weight_offset;
+  const kernels::RopeTable& rope = rope_of(l);
+  backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, eps, offset, a.xn1, a.rstd1);
   to_bf16(a.xn1, a.xn1_b, N * H);
   lin.forward(a.xn1, a.xn1_b, W(p.qkv_weight), H, QKV, a.qkv, 0.0f);
   lora_forward(mb, l, LinearSlot::Qkv, a.xn1, a.xn1_b, a.qkv, QKV, a, true);
@@ -707,26 +735,42 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   float* qk = a.qkv;
   if (c.qk_norm) {
     qk = a.qk;
-    backend_.head_rmsnorm_forward(a.qkv, QKV, P.weight(p.q_norm), N, c.num_heads, c.head_dim, c.rms_norm_eps, qk,
-                                  as.ldq, a.rstd_qk);
-    backend_.head_rmsnorm_forward(a.qkv + Q, QKV, P.weight(p.k_norm), N, c.num_kv_heads, c.head_dim, c.rms_norm_eps,
+    backend_.head_rmsnorm_forward(a.qkv, QKV, P.weight(p.q_norm), N, c.num_heads, c.head_dim, eps, offset, qk, as.ldq,
+                                  a.rstd_qk);
+    backend_.head_rmsnorm_forward(a.qkv + Q, QKV, P.weight(p.k_norm), N, c.num_kv_heads, c.head_dim, eps, offset,
                                   qk + Q, as.ldk, a.rstd_qk + N * c.num_heads);
   }
-  backend_.rope_forward(qk, as.ldq, mb.positions, N, c.num_heads, c.head_dim, rope_);
-  backend_.rope_forward(qk + Q, as.ldk, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
+  backend_.rope_forward(qk, as.ldq, mb.positions, N, c.num_heads, c.head_dim, rope);
+  backend_.rope_forward(qk + Q, as.ldk, mb.positions, N, c.num_kv_heads, c.head_dim, rope);
   backend_.attention_forward(as, attention_matmul(precision_), qk, qk + Q, a.qkv + Q + KV, mb.segments, a.attn,
                              a.lse, buf_->attention_workspace, buf_->attention_workspace_bytes);
   to_bf16(a.attn, a.attn_b, N * Q);
-  backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
-  lin.forward(a.attn, a.attn_b, W(p.o_weight), Q, H, a.xmid, 1.0f);
-  lora_forward(mb, l, LinearSlot::O, a.attn, a.attn_b, a.xmid, H, a, true);
+  if (c.sandwich_norms) {  // xmid = x + norm(o(attn)): the projection's output kept for the norm's backward
+    lin.forward(a.attn, a.attn_b, W(p.o_weight), Q, H, a.ao, 0.0f);
+    lora_forward(mb, l, LinearSlot::O, a.attn, a.attn_b, a.ao, H, a, true);
+    backend_.rmsnorm_forward(a.ao, P.weight(p.attn_out_norm), N, H, eps, offset, a.xmid, a.rstd_ao);
+    backend_.add(a.xmid, a.xmid, x, N * H);
+  } else {  // xmid = x + o(attn)
+    backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
+    lin.forward(a.attn, a.attn_b, W(p.o_weight), Q, H, a.xmid, 1.0f);
+    lora_forward(mb, l, LinearSlot::O, a.attn, a.attn_b, a.xmid, H, a, true);
+  }
 
-  backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, c.rms_norm_eps, a.xn2, a.rstd2);
+  backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, eps, offset, a.xn2, a.rstd2);
   to_bf16(a.xn2, a.xn2_b, N * H);
   lin.forward(a.xn2, a.xn2_b, W(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
   lora_forward(mb, l, LinearSlot::GateUp, a.xn2, a.xn2_b, a.gate_up, 2 * I, a, true);
-  backend_.swiglu_forward(a.gate_up, N, I, a.act);
+  backend_.glu_forward(c.mlp_activation, a.gate_up, N, I, a.act);
   to_bf16(a.act, a.act_b, N * I);
+  if (c.sandwich_norms) {  // x_out = xmid + norm(down(act)); recomputation needs the norm's input again
+    lin.forward(a.act, a.act_b, W(p.down_weight), I, H, a.mo, 0.0f);
+    lora_forward(mb, l, LinearSlot::Down, a.act, a.act_b, a.mo, H, a, true);
+    // Recomputation (x_out null) wants only rstd: the output goes to gradient scratch not yet in use.
+    backend_.rmsnorm_forward(a.mo, P.weight(p.mlp_out_norm), N, H, eps, offset, x_out ? x_out : buf_->dtmp,
+                             a.rstd_mo);
+    if (x_out) backend_.add(x_out, x_out, a.xmid, N * H);
+    return;
+  }
   // Recomputation (x_out null): the down projection's output is already the next block's input;
   // only its LoRA activations are wanted again.
   if (x_out) {
@@ -829,8 +873,10 @@ void Decoder::forward(const MicroBatch& mb) {
     backend_.embedding_forward(mb.input_ids, N, P.weight(ids_.embed), H, b.x[0]);
   else
     backend_.embedding_forward_bf16(mb.input_ids, N, P.weight_bf16(ids_.embed), H, b.x[0]);
+  if (c.scale_embeddings) backend_.scale_in_place(b.x[0], N * H, embedding_scale(c));
   for (int64_t l = 0; l < L; ++l) forward_block(mb, l, b.x[l], b.forward[l], b.x[l + 1]);
-  backend_.rmsnorm_forward(b.x[L], P.weight(ids_.final_norm), N, H, c.rms_norm_eps, b.xn_final, b.rstd_final);
+  backend_.rmsnorm_forward(b.x[L], P.weight(ids_.final_norm), N, H, c.rms_norm_eps, c.norm_weight_offset, b.xn_final,
+                           b.rstd_final);
   to_bf16(b.xn_final, b.xn_final_b, N * H);
 }
 
@@ -852,7 +898,8 @@ double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backw
     const float* xn = b.xn_final + r0 * H;
     const bf16* xnb = bf ? b.xn_final_b + r0 * H : nullptr;
     lin.forward(xn, xnb, HS.weight(head), HS.weight_bf16(head), H, V, b.logits, 0.0f);
-    loss += backend_.cross_entropy_forward_backward(b.logits, V, mb.targets + r0, rows, V, grad_scale);
+    loss += backend_.cross_entropy_forward_backward(b.logits, V, mb.targets + r0, rows, V, grad_scale,
+                                                    c.final_logit_softcap);
     if (!backward) continue;
     to_bf16(b.logits, b.logits_b, rows * V);
     lin.backward_input(b.logits, b.logits_b, HS.weight(head), HS.weight_bf16(head), H, V,
@@ -873,12 +920,22 @@ void Decoder::backward(const MicroBatch& mb) {
   Linear lin{backend_, bf, N, b.nf4_tile, b.nf4_tile_b, b.nf4_tile_elements};
   auto W = [&](int id) { return Weight{P.weight(id), P.weight_bf16(id), P.nf4(id)}; };
   bf16* dyb = bf ? b.dy_b : nullptr;
+  const double offset = c.norm_weight_offset;
+  // Sandwich norms: the gradient of a branch's output (its projection's) back through the norm on
+  // it, into b.dtmp, the norm's weight gradient then final; without them, dy itself.
+  auto through_output_norm = [&](const float* dy, const float* branch_out, const float* rstd, int norm) {
+    if (!c.sandwich_norms) return dy;
+    backend_.rmsnorm_backward(branch_out, P.weight(norm), offset, rstd, dy, N, H, b.dtmp, P.grad(norm));
+    base_grad_ready(norm);
+    return static_cast<const float*>(b.dtmp);
+  };
 
-  backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), b.rstd_final, b.dnorm, N, H, b.dx,
+  backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), offset, b.rstd_final, b.dnorm, N, H, b.dx,
                             P.grad(ids_.final_norm));
   base_grad_ready(ids_.final_norm);
   for (int64_t l = L - 1; l >= 0; --l) {
     const kernels::AttentionShape as = attention_shape(c, l, mb.batch, mb.seq);
+    const kernels::RopeTable& rope = rope_of(l);
     const auto& a = b.backward[l];
     const float* x = b.x[l];
     const auto& p = ids_.layers[l];
@@ -886,51 +943,57 @@ void Decoder::backward(const MicroBatch& mb) {
     // same intermediates bit for bit, so the gradients equal those of the stored activations.
     if (options_.gradient_checkpointing) forward_block(mb, l, x, a, nullptr);
 
-    // MLP: x_next = xmid + down(swiglu(gate_up(rmsnorm(xmid))))
+    // MLP: x_next = xmid + down(glu(gate_up(rmsnorm(xmid)))), the branch normalised with sandwich norms
     // (In bf16, a.xn1, a.xn2 and a.act hold another block's data by now: only their bf16 copies
     // may be read here. See describe_memory.)
-    to_bf16(b.dx, dyb, N * H);
-    lin.backward_input(b.dx, dyb, W(p.down_weight), I, H, b.d_act);
-    if (!frozen) lin.backward_weight(b.dx, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
-    lora_backward(mb, l, LinearSlot::Down, b.dx, dyb, H, a.act, a.act_b, b.d_act, a);
-    backend_.swiglu_backward(a.gate_up, b.d_act, N, I, b.d_gate_up);
+    const float* d_mlp = through_output_norm(b.dx, a.mo, a.rstd_mo, p.mlp_out_norm);  // d down's output
+    to_bf16(d_mlp, dyb, N * H);
+    lin.backward_input(d_mlp, dyb, W(p.down_weight), I, H, b.d_act);
+    if (!frozen) lin.backward_weight(d_mlp, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
+    lora_backward(mb, l, LinearSlot::Down, d_mlp, dyb, H, a.act, a.act_b, b.d_act, a);
+    backend_.glu_backward(c.mlp_activation, a.gate_up, b.d_act, N, I, b.d_gate_up);
     to_bf16(b.d_gate_up, dyb, N * 2 * I);
     lin.backward_input(b.d_gate_up, dyb, W(p.gate_up_weight), H, 2 * I,
                        b.dnorm);
     if (!frozen) lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight));
     lora_backward(mb, l, LinearSlot::GateUp, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
-    backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), a.rstd2, b.dnorm, N, H, b.dtmp, P.grad(p.post_norm));
+    backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), offset, a.rstd2, b.dnorm, N, H, b.dtmp,
+                              P.grad(p.post_norm));
     backend_.add(b.dh, b.dx, b.dtmp, N * H);
     for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) base_grad_ready(id);
 
-    // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x)))))
-    to_bf16(b.dh, dyb, N * H);
-    lin.backward_input(b.dh, dyb, W(p.o_weight), Q, H, b.d_attn);
-    if (!frozen) lin.backward_weight(b.dh, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
-    lora_backward(mb, l, LinearSlot::O, b.dh, dyb, H, a.attn, a.attn_b, b.d_attn, a);
+    // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x))))), the branch normalised with sandwich norms
+    const float* d_out = through_output_norm(b.dh, a.ao, a.rstd_ao, p.attn_out_norm);  // d o's output
+    to_bf16(d_out, dyb, N * H);
+    lin.backward_input(d_out, dyb, W(p.o_weight), Q, H, b.d_attn);
+    if (!frozen) lin.backward_weight(d_out, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
+    lora_backward(mb, l, LinearSlot::O, d_out, dyb, H, a.attn, a.attn_b, b.d_attn, a);
     // dq | dk land where attention read q | k: in d_qkv, or with q/k norms in d_qk first.
     const float* qk = c.qk_norm ? a.qk : a.qkv;
     float* dqk = c.qk_norm ? b.d_qk : b.d_qkv;
     backend_.attention_backward(as, attention_matmul(precision_), qk, qk + Q, a.qkv + Q + KV, mb.segments, a.attn,
                                 a.lse, b.d_attn, dqk, dqk + Q, b.d_qkv + Q + KV, b.attention_workspace,
                                 b.attention_workspace_bytes);
-    backend_.rope_backward(dqk, as.ldq, mb.positions, N, c.num_heads, c.head_dim, rope_);
-    backend_.rope_backward(dqk + Q, as.ldk, mb.positions, N, c.num_kv_heads, c.head_dim, rope_);
+    backend_.rope_backward(dqk, as.ldq, mb.positions, N, c.num_heads, c.head_dim, rope);
+    backend_.rope_backward(dqk + Q, as.ldk, mb.positions, N, c.num_kv_heads, c.head_dim, rope);
     if (c.qk_norm) {
-      backend_.head_rmsnorm_backward(a.qkv, QKV, P.weight(p.q_norm), a.rstd_qk, dqk, as.ldq, N, c.num_heads,
+      backend_.head_rmsnorm_backward(a.qkv, QKV, P.weight(p.q_norm), offset, a.rstd_qk, dqk, as.ldq, N, c.num_heads,
                                      c.head_dim, b.d_qkv, QKV, P.grad(p.q_norm));
-      backend_.head_rmsnorm_backward(a.qkv + Q, QKV, P.weight(p.k_norm), a.rstd_qk + N * c.num_heads, dqk + Q,
-                                     as.ldk, N, c.num_kv_heads, c.head_dim, b.d_qkv + Q, QKV, P.grad(p.k_norm));
+      backend_.head_rmsnorm_backward(a.qkv + Q, QKV, P.weight(p.k_norm), offset, a.rstd_qk + N * c.num_heads,
+                                     dqk + Q, as.ldk, N, c.num_kv_heads, c.head_dim, b.d_qkv + Q, QKV,
+                                     P.grad(p.k_norm));
     }
     if (p.qkv_bias >= 0 && !frozen) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));
     to_bf16(b.d_qkv, dyb, N * QKV);
     lin.backward_input(b.d_qkv, dyb, W(p.qkv_weight), H, QKV, b.dnorm);
     if (!frozen) lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
     lora_backward(mb, l, LinearSlot::Qkv, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
-    backend_.rmsnorm_backward(x, P.weight(p.input_norm), a.rstd1, b.dnorm, N, H, b.dtmp, P.grad(p.input_norm));
+    backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dtmp,
+                              P.grad(p.input_norm));
     backend_.add(b.dx, b.dh, b.dtmp, N * H);
     for (int id : {p.o_weight, p.k_norm, p.q_norm, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);
   }
+  if (c.scale_embeddings) backend_.scale_in_place(b.dx, N * H, embedding_scale(c));
   if (!frozen) backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, P.grad(ids_.embed));
   base_grad_ready(ids_.embed);
   if (trained_embed_ >= 0) {  // modules_to_save: the adapter's copy of the embedding trains
@@ -970,6 +1033,7 @@ void Decoder::logits_at(const MicroBatch& mb, const int64_t* rows, int64_t count
     require(rows[i] >= 0 && rows[i] < mb.batch * mb.seq, "logits_at: row {} out of range", rows[i]);
     lin.forward(buf_->xn_final + rows[i] * H, bf ? buf_->xn_final_b + rows[i] * H : nullptr, HS.weight(head),
                 HS.weight_bf16(head), H, V, out + i * V, 0.0f);
+    soft_cap(config_.final_logit_softcap, out + i * V, V);
   }
 }
 

@@ -1,10 +1,12 @@
-// The decoder-only transformer shared by the Llama, Qwen2, Qwen3, Mistral and GLM-4 families:
-//   x = embed(ids); for each layer: x += o(attn(rope(qkv(rmsnorm(x))))); x += down(swiglu(gate_up(rmsnorm(x))))
+// The decoder-only transformer shared by the Llama, Qwen2, Qwen3, Mistral, Gemma 2/3 and GLM-4
+// families (docs/models.md):
+//   x = embed(ids); for each layer: x += o(attn(rope(qkv(rmsnorm(x))))); x += down(glu(gate_up(rmsnorm(x))))
 //   loss = cross_entropy(lm_head(rmsnorm(x)), next-token labels)
 // with hand-written forward and backward passes. Internally q/k/v and gate/up are always fused
 // (one GEMM each); family-specific tensor names and fusions are handled by hf_weights.h. Qwen3
 // normalises each query and key head before RoPE (q_norm, k_norm); Mistral's layers attend
-// through a sliding window.
+// through a sliding window; Gemma adds a norm on each residual branch's output ("sandwich"),
+// scales embeddings by sqrt(hidden), uses GeGLU, (1 + w) norms, and soft-caps scores and logits.
 #pragma once
 #include <array>
 #include <cstdint>
@@ -28,7 +30,9 @@ enum class Precision : uint8_t {
 
 struct LayerParamIds {
   int input_norm = -1, qkv_weight = -1, qkv_bias = -1, q_norm = -1, k_norm = -1, o_weight = -1;
-  int post_norm = -1, gate_up_weight = -1, down_weight = -1;
+  int attn_out_norm = -1;  // sandwich norms (Gemma): on the attention's output
+  int post_norm = -1, gate_up_weight = -1, down_weight = -1;  // post_norm: the MLP's input norm
+  int mlp_out_norm = -1;   // sandwich norms: on the MLP's output
 };
 
 struct DecoderParamIds {
@@ -114,6 +118,15 @@ struct StepTimeline {
 // plan a 9B model on a laptop). The constructor allocates from exactly this description.
 MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
                                const DecoderOptions& options);
+
+// Layer `layer`'s attention for micro-batches of batch x seq, as the decoder runs it: heads, the
+// scores' scale, its sliding window and soft cap; q/k/v row strides of the fused projection (q and
+// k from their own [tokens, q | k] buffer with q/k norms).
+kernels::AttentionShape attention_shape(const ModelConfig& config, int64_t layer, int64_t batch, int64_t seq);
+// Gemma: the factor the embedding's output is multiplied by, sqrt(hidden_size) rounded to float.
+float embedding_scale(const ModelConfig& config);
+// Gemma 2's final-logit soft-capping on n logits in place (cap 0: none): x = cap * tanh(x / cap).
+void soft_cap(double cap, float* logits, int64_t n);
 
 // QLoRA's setup scratch: the most weights held in fp32 at once while the NF4 projections are
 // filled — the largest HF tensor of a projection (loaded one by one), or the largest fused one
@@ -223,7 +236,10 @@ class Decoder {
   std::vector<std::array<std::vector<int>, kLinearSlots>> lora_by_slot_;  // [layer][slot] -> modules
   SavedModules saved_;                                                    // modules_to_save
   int trained_embed_ = -1, trained_lm_head_ = -1;                         // their copies in adapter_
-  kernels::RopeTable rope_;
+  kernels::RopeTable rope_, rope_local_;  // rope_local_: Gemma 3's sliding layers (empty otherwise)
+  const kernels::RopeTable& rope_of(int64_t layer) const {
+    return config_.rope_local_theta > 0 && config_.window_of(layer) > 0 ? rope_local_ : rope_;
+  }
   std::unique_ptr<Buffers> buf_;
   GradReadyHook grad_ready_;
   // `param` of trainable(); base weights report only when they train (not under LoRA).

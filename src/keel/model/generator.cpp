@@ -20,59 +20,83 @@ Generator::Generator(const Decoder& decoder, int64_t max_length)
   require(decoder.params().compute_only_total() == 0 && decoder.params().nf4_total() == 0 && !decoder.has_adapter(),
           "generation: needs the model's fp32 weights without an adapter of its own (merge an adapter first)");
   rope_ = kernels::RopeTable::build(c_.rotary_dim, c_.rope_interleaved, c_.rope_theta, max_length);
+  if (c_.rope_local_theta > 0)
+    rope_local_ = kernels::RopeTable::build(c_.rotary_dim, c_.rope_interleaved, c_.rope_local_theta, max_length);
   k_cache_.assign(c_.num_layers, std::vector<float>(size_t(max_length * c_.kv_size())));
   v_cache_.assign(c_.num_layers, std::vector<float>(size_t(max_length * c_.kv_size())));
 }
 
+// The decoder's forward pass (decoder.cpp: forward_block) for n new tokens over the cache, in fp32.
 const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t position) {
   require(position + n <= max_length_, "generation: {} tokens exceed the maximum length {}", position + n, max_length_);
   const auto& P = decoder_.params();
   const auto& I = decoder_.ids();
   const int64_t H = c_.hidden_size, Q = c_.q_size(), KV = c_.kv_size(), QKV = Q + 2 * KV, D = c_.head_dim;
   const int64_t inter = c_.intermediate_size;
+  const double eps = c_.rms_norm_eps, offset = c_.norm_weight_offset;
   for (int64_t i = 0; i < n; ++i)
     require(ids[i] >= 0 && ids[i] < c_.vocab_size, "generation: token id {} is outside the vocabulary", ids[i]);
   x_.resize(n * H), xn_.resize(n * H), qkv_.resize(n * QKV), attn_.resize(n * Q), h_.resize(n * H);
   gate_up_.resize(n * 2 * inter), act_.resize(n * inter);
+  if (c_.sandwich_norms) branch_.resize(n * H);
   std::vector<float> rstd(n);
   std::vector<int32_t> positions(n);
   std::iota(positions.begin(), positions.end(), int32_t(position));
   backend_.embedding_forward(ids, n, P.weight(I.embed), H, x_.data());
+  if (c_.scale_embeddings) backend_.scale_in_place(x_.data(), n * H, embedding_scale(c_));
+  // Sandwich norms: residual += norm(branch), the branch normalised in place.
+  auto add_normed_branch = [&](float* residual, float* branch, int norm) {
+    backend_.rmsnorm_forward(branch, P.weight(norm), n, H, eps, offset, branch, rstd.data());
+    backend_.add(residual, residual, branch, n * H);
+  };
   for (int64_t l = 0; l < c_.num_layers; ++l) {
     const auto& p = I.layers[l];
-    backend_.rmsnorm_forward(x_.data(), P.weight(p.input_norm), n, H, c_.rms_norm_eps, xn_.data(), rstd.data());
+    const kernels::RopeTable& rope = c_.rope_local_theta > 0 && c_.window_of(l) > 0 ? rope_local_ : rope_;
+    kernels::AttentionShape as = attention_shape(c_, l, 1, n);
+    as.ldq = as.ldk = as.ldv = QKV;  // q, k and v stay in the projection's output here
+    backend_.rmsnorm_forward(x_.data(), P.weight(p.input_norm), n, H, eps, offset, xn_.data(), rstd.data());
     linear(xn_.data(), P.weight(p.qkv_weight), n, H, QKV, qkv_.data(), 0.0f);
     if (p.qkv_bias >= 0) backend_.add_bias_rows(qkv_.data(), P.weight(p.qkv_bias), n, QKV);
-    if (c_.qk_norm) {  // Qwen3: each query and key head normalised before RoPE, in place
+    if (c_.qk_norm) {  // Qwen3, Gemma 3: each query and key head normalised before RoPE, in place
       qk_rstd_.resize(size_t(n * (c_.num_heads + c_.num_kv_heads)));
-      backend_.head_rmsnorm_forward(qkv_.data(), QKV, P.weight(p.q_norm), n, c_.num_heads, D, c_.rms_norm_eps,
+      backend_.head_rmsnorm_forward(qkv_.data(), QKV, P.weight(p.q_norm), n, c_.num_heads, D, eps, offset,
                                     qkv_.data(), QKV, qk_rstd_.data());
-      backend_.head_rmsnorm_forward(qkv_.data() + Q, QKV, P.weight(p.k_norm), n, c_.num_kv_heads, D, c_.rms_norm_eps,
+      backend_.head_rmsnorm_forward(qkv_.data() + Q, QKV, P.weight(p.k_norm), n, c_.num_kv_heads, D, eps, offset,
                                     qkv_.data() + Q, QKV, qk_rstd_.data() + n * c_.num_heads);
     }
-    backend_.rope_forward(qkv_.data(), QKV, positions.data(), n, c_.num_heads, D, rope_);
-    backend_.rope_forward(qkv_.data() + Q, QKV, positions.data(), n, c_.num_kv_heads, D, rope_);
+    backend_.rope_forward(qkv_.data(), QKV, positions.data(), n, c_.num_heads, D, rope);
+    backend_.rope_forward(qkv_.data() + Q, QKV, positions.data(), n, c_.num_kv_heads, D, rope);
     float* kc = k_cache_[l].data();
     float* vc = v_cache_[l].data();
     for (int64_t t = 0; t < n; ++t) {
       std::memcpy(kc + (position + t) * KV, qkv_.data() + t * QKV + Q, sizeof(float) * KV);
       std::memcpy(vc + (position + t) * KV, qkv_.data() + t * QKV + Q + KV, sizeof(float) * KV);
     }
-    backend_.cached_attention(qkv_.data(), QKV, n, position, kc, vc, c_.num_heads, c_.num_kv_heads, D,
-                              c_.window_of(l), attn_.data());
+    backend_.cached_attention(as, qkv_.data(), n, position, kc, vc, attn_.data());
     std::memcpy(h_.data(), x_.data(), sizeof(float) * n * H);
-    linear(attn_.data(), P.weight(p.o_weight), n, Q, H, h_.data(), 1.0f);
-    backend_.rmsnorm_forward(h_.data(), P.weight(p.post_norm), n, H, c_.rms_norm_eps, xn_.data(), rstd.data());
+    if (c_.sandwich_norms) {
+      linear(attn_.data(), P.weight(p.o_weight), n, Q, H, branch_.data(), 0.0f);
+      add_normed_branch(h_.data(), branch_.data(), p.attn_out_norm);
+    } else {
+      linear(attn_.data(), P.weight(p.o_weight), n, Q, H, h_.data(), 1.0f);
+    }
+    backend_.rmsnorm_forward(h_.data(), P.weight(p.post_norm), n, H, eps, offset, xn_.data(), rstd.data());
     linear(xn_.data(), P.weight(p.gate_up_weight), n, H, 2 * inter, gate_up_.data(), 0.0f);
-    backend_.swiglu_forward(gate_up_.data(), n, inter, act_.data());
+    backend_.glu_forward(c_.mlp_activation, gate_up_.data(), n, inter, act_.data());
     std::memcpy(x_.data(), h_.data(), sizeof(float) * n * H);
-    linear(act_.data(), P.weight(p.down_weight), n, inter, H, x_.data(), 1.0f);
+    if (c_.sandwich_norms) {
+      linear(act_.data(), P.weight(p.down_weight), n, inter, H, branch_.data(), 0.0f);
+      add_normed_branch(x_.data(), branch_.data(), p.mlp_out_norm);
+    } else {
+      linear(act_.data(), P.weight(p.down_weight), n, inter, H, x_.data(), 1.0f);
+    }
   }
   // Only the last position's logits are needed to continue.
   const float* last = x_.data() + (n - 1) * H;
-  backend_.rmsnorm_forward(last, P.weight(I.final_norm), 1, H, c_.rms_norm_eps, xn_.data(), rstd.data());
+  backend_.rmsnorm_forward(last, P.weight(I.final_norm), 1, H, eps, offset, xn_.data(), rstd.data());
   logits_.resize(c_.vocab_size);
   linear(xn_.data(), P.weight(I.lm_head), 1, H, c_.vocab_size, logits_.data(), 0.0f);
+  soft_cap(c_.final_logit_softcap, logits_.data(), c_.vocab_size);
   return logits_;
 }
 
@@ -81,7 +105,8 @@ int32_t Generator::sample(const SamplingOptions& o) {
   if (o.temperature <= 0.0) return int32_t(std::max_element(logits_.begin(), logits_.end()) - logits_.begin());
   std::vector<int32_t> order(V);
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits_[a] > logits_[b]; });
+  // Equal logits (soft-capped ones saturate in float) keep id order, so top_k = 1 is greedy's argmax.
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits_[a] > logits_[b]; });
   int64_t keep = o.top_k > 0 ? std::min<int64_t>(o.top_k, V) : V;
   std::vector<double> probs(keep);
   const double top = logits_[order[0]];

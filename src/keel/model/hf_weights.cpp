@@ -50,7 +50,13 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& id
       out.push_back({pre + "self_attn.k_norm.weight", p.k_norm, 0, c.head_dim, 0});
     }
     out.push_back({pre + "self_attn.o_proj.weight", p.o_weight, 0, H, Q});
-    out.push_back({pre + "post_attention_layernorm.weight", p.post_norm, 0, H, 0});
+    if (p.attn_out_norm >= 0) {  // Gemma: post_attention_layernorm is on the attention's output
+      out.push_back({pre + "post_attention_layernorm.weight", p.attn_out_norm, 0, H, 0});
+      out.push_back({pre + "pre_feedforward_layernorm.weight", p.post_norm, 0, H, 0});
+      out.push_back({pre + "post_feedforward_layernorm.weight", p.mlp_out_norm, 0, H, 0});
+    } else {
+      out.push_back({pre + "post_attention_layernorm.weight", p.post_norm, 0, H, 0});
+    }
     if (c.family == Family::Glm) {
       out.push_back({pre + "mlp.gate_up_proj.weight", p.gate_up_weight, 0, 2 * I, H});
     } else {

@@ -23,9 +23,12 @@ model::ModelConfig scratch_model_config(const ScratchModel& m) {
   c.tie_word_embeddings = m.tie_word_embeddings;
   c.max_position_embeddings = m.max_position_embeddings;
   model::apply_family_traits(c);
-  if (m.sliding_window > 0) {
+  if (m.sliding_window > 0) {  // every layer (mistral, qwen3), or the family's pattern (gemma2, gemma3)
     c.sliding_window = m.sliding_window;
-    c.sliding_layers.assign(size_t(std::max<int64_t>(c.num_layers, 0)), true);
+    for (int64_t l = 0; l < c.num_layers; ++l)
+      c.sliding_layers.push_back(c.family == model::Family::Gemma2   ? l % 2 == 0
+                                 : c.family == model::Family::Gemma3 ? (l + 1) % 6 != 0
+                                                                     : true);
   }
   model::validate(c, "[model_config]");
   return c;

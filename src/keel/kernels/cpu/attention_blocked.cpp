@@ -72,6 +72,7 @@ struct ThreadScratch {
   float *s, *dp;        // [kBlock, seq] scores (then fp32 probabilities) and dP
   M *p, *ds;            // [kBlock, seq] probabilities and score gradients as GEMM inputs
   float* delta;         // [seq] D_i
+  float* cap;           // [kBlock, seq] soft-capping's d(capped)/d(score) (null without a cap)
 
   // Bytes of each section: packed operands, fp32 rows, rows in the GEMM input type (none in
   // fp32, where the GEMMs read the fp32 rows).
@@ -83,11 +84,11 @@ struct ThreadScratch {
           row_m(std::is_same_v<M, float> ? 0 : align_up(size_t(kBlock * seq) * sizeof(M))) {}
   };
 
-  static size_t bytes(int64_t seq, int64_t head_dim) {
+  static size_t bytes(int64_t seq, int64_t head_dim, bool softcap) {
     const Sizes z(seq, head_dim);
-    return 4 * z.operand + 2 * z.row_f32 + 2 * z.row_m + align_up(size_t(seq) * sizeof(float));
+    return 4 * z.operand + (softcap ? 3 : 2) * z.row_f32 + 2 * z.row_m + align_up(size_t(seq) * sizeof(float));
   }
-  static ThreadScratch at(char* base, int64_t seq, int64_t head_dim) {
+  static ThreadScratch at(char* base, int64_t seq, int64_t head_dim, bool softcap) {
     const Sizes z(seq, head_dim);
     const size_t operand = z.operand, row_f32 = z.row_f32, row_m = z.row_m;
     ThreadScratch t;
@@ -106,6 +107,8 @@ struct ThreadScratch {
       t.ds = reinterpret_cast<M*>(rows + 2 * row_f32 + row_m);
     }
     t.delta = reinterpret_cast<float*>(rows + 2 * row_f32 + 2 * row_m);
+    t.cap = softcap ? reinterpret_cast<float*>(rows + 2 * row_f32 + 2 * row_m + align_up(size_t(seq) * sizeof(float)))
+                    : nullptr;
     return t;
   }
 };
@@ -180,15 +183,25 @@ float softmax_row(const RowMask& mask, float scale, int64_t n, float* s, M* p) {
   return m + std::log(sum);
 }
 
+// Attention-logit soft-capping (Gemma 2) of one row of raw scores, in place: s = cap *
+// tanh(scale * s / cap), in transformers' order (scale, divide, tanh, multiply); with `slope`, also
+// d(capped)/d(raw) = scale * (1 - tanh^2) for the backward pass. The softmax then runs with scale 1.
+void soft_cap_row(float* s, int64_t n, float scale, float cap, float* slope) {
+  vector_ops().soft_cap(s, n, scale, cap, slope);
+}
+
 // Backward of one row: p = exp(scale*s - lse) over visible keys, ds = scale * p * (dp - delta),
 // computed in place in fp32 (s becomes p, dp becomes ds), then converted to the GEMM input type.
+// With soft-capping, s is already capped (scale 1) and ds is multiplied by the cap's slope.
 template <typename M>
 void softmax_backward_row(const RowMask& mask, float scale, float lse, float delta, int64_t n, float* s, float* dp,
-                          M* p, M* ds) {
+                          M* p, M* ds, const float* cap_slope) {
   const VectorOps& ops = vector_ops();
   RowVisibility vis = visibility(mask, n);
   if (lse == -std::numeric_limits<float>::infinity()) vis.visible = 0;
   ops.softmax_grad(s, dp, n, scale, lse, delta, vis);
+  if (cap_slope)
+    for (int64_t c = 0; c < n; ++c) dp[c] *= cap_slope[c];
   if constexpr (!std::is_same_v<M, float>) {
     ops.scale_to_bf16(s, 1.0f, p, n);
     ops.scale_to_bf16(dp, 1.0f, ds, n);
@@ -199,7 +212,7 @@ template <typename M>
 void forward_head(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* seg,
                   float* out, float* lse, int64_t b, int64_t h, ThreadScratch<M>& w) {
   const int64_t hd = s.head_dim, T = s.seq, token0 = b * T, kv = h / (s.q_heads / s.kv_heads);
-  const float scale = float(s.scale);
+  const float scale = float(s.scale), cap = float(s.softcap);
   const bool runs = runs_increase(seg, T);
   pack_head(q, s.ldq, token0, h, T, hd, w.q);
   pack_head(k, s.ldk, token0, kv, T, hd, w.k);
@@ -209,8 +222,11 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
     const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(s, seg, runs, i0), n = i0 + rows - k0;
     const BlockProducts block{rows, n, hd};
     matmul(block.rows_by_keys(), w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
-    for (int64_t r = 0; r < rows; ++r)
-      lse_h[i0 + r] = softmax_row(RowMask{seg, i0 + r, k0, s.window}, scale, n, w.s + r * n, w.p + r * n);
+    for (int64_t r = 0; r < rows; ++r) {
+      if (cap > 0) soft_cap_row(w.s + r * n, n, scale, cap, nullptr);
+      lse_h[i0 + r] =
+          softmax_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, n, w.s + r * n, w.p + r * n);
+    }
     matmul(block.rows_by_dim(s.ldo), w.p, w.v + k0 * hd, out + (token0 + i0) * s.ldo + h * hd, 0.0f);
   }
 }
@@ -220,7 +236,7 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
                       const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv, int64_t b,
                       int64_t kv, ThreadScratch<M>& w) {
   const int64_t hd = s.head_dim, T = s.seq, token0 = b * T, group = s.q_heads / s.kv_heads;
-  const float scale = float(s.scale);
+  const float scale = float(s.scale), cap = float(s.softcap);
   const bool runs = runs_increase(seg, T);
   pack_head(k, s.ldk, token0, kv, T, hd, w.k);
   pack_head(v, s.ldv, token0, kv, T, hd, w.v);
@@ -246,9 +262,12 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
       const BlockProducts block{rows, n, hd};
       matmul(block.rows_by_keys(), w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
       matmul(block.rows_by_keys(), w.dout + i0 * hd, w.v + k0 * hd, w.dp, 0.0f);
-      for (int64_t r = 0; r < rows; ++r)
-        softmax_backward_row(RowMask{seg, i0 + r, k0, s.window}, scale, lse_h[i0 + r], w.delta[i0 + r], n, w.s + r * n,
-                             w.dp + r * n, w.p + r * n, w.ds + r * n);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* slope = cap > 0 ? w.cap + r * n : nullptr;
+        if (cap > 0) soft_cap_row(w.s + r * n, n, scale, cap, slope);
+        softmax_backward_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, lse_h[i0 + r],
+                             w.delta[i0 + r], n, w.s + r * n, w.dp + r * n, w.p + r * n, w.ds + r * n, slope);
+      }
       matmul(block.keys_by_dim(s.ldv), w.p, w.dout + i0 * hd, dv + (token0 + k0) * s.ldv + kv * hd, 1.0f);
       matmul(block.keys_by_dim(s.ldk), w.ds, w.q + i0 * hd, dk + (token0 + k0) * s.ldk + kv * hd, 1.0f);
       matmul(block.rows_by_dim(s.ldq), w.ds, w.k + k0 * hd, dq + (token0 + i0) * s.ldq + h * hd, 0.0f);
@@ -264,7 +283,7 @@ void check_shape(const AttentionShape& s) {
 
 template <typename M>
 char* thread_base(void* workspace, size_t workspace_bytes, const AttentionShape& s) {
-  const size_t per_thread = ThreadScratch<M>::bytes(s.seq, s.head_dim);
+  const size_t per_thread = ThreadScratch<M>::bytes(s.seq, s.head_dim, s.softcap > 0);
   const size_t needed = per_thread * size_t(max_threads());
   require(workspace != nullptr && workspace_bytes >= needed,
           "attention: workspace of {} bytes, {} needed for sequence {} on {} threads", workspace_bytes, needed, s.seq,
@@ -282,9 +301,9 @@ template <typename M, typename F>
 void for_each_head(const AttentionShape& s, int64_t heads, void* workspace, size_t workspace_bytes, F&& f) {
   check_shape(s);
   char* base = thread_base<M>(workspace, workspace_bytes, s);
-  const size_t per_thread = ThreadScratch<M>::bytes(s.seq, s.head_dim);
+  const size_t per_thread = ThreadScratch<M>::bytes(s.seq, s.head_dim, s.softcap > 0);
   for_each_task(s.batch * heads, parallel(s), [&](int64_t t, int thread) {
-    auto w = ThreadScratch<M>::at(base + size_t(thread) * per_thread, s.seq, s.head_dim);
+    auto w = ThreadScratch<M>::at(base + size_t(thread) * per_thread, s.seq, s.head_dim, s.softcap > 0);
     f(t / heads, t % heads, w);
   });
 }
@@ -338,8 +357,9 @@ void prepare_attention_blocked(const AttentionShape& s, AttentionMatmul precisio
 }
 
 size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision, int threads) {
-  const size_t per_thread = precision == AttentionMatmul::BF16 ? ThreadScratch<bf16>::bytes(s.seq, s.head_dim)
-                                                               : ThreadScratch<float>::bytes(s.seq, s.head_dim);
+  const bool cap = s.softcap > 0;
+  const size_t per_thread = precision == AttentionMatmul::BF16 ? ThreadScratch<bf16>::bytes(s.seq, s.head_dim, cap)
+                                                               : ThreadScratch<float>::bytes(s.seq, s.head_dim, cap);
   return per_thread * size_t(std::max(threads, 1));
 }
 

@@ -10,6 +10,7 @@
 #include "keel/kernels/adamw.h"
 #include "keel/kernels/attention.h"
 #include "keel/kernels/cpu/vector_ops.h"
+#include "keel/kernels/cached_attention.h"
 #include "keel/kernels/cross_entropy.h"
 #include "keel/core/dropout_mask.h"
 #include "keel/kernels/embedding.h"
@@ -18,7 +19,7 @@
 #include "keel/kernels/host_memory.h"
 #include "keel/kernels/rmsnorm.h"
 #include "keel/kernels/rope.h"
-#include "keel/kernels/swiglu.h"
+#include "keel/kernels/glu.h"
 
 namespace keel::kernels {
 namespace {
@@ -90,22 +91,23 @@ class CpuBackend final : public HostMemoryBackend {
     });
   }
 
-  void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, float* y,
-                       float* rstd) override {
-    kernels::rmsnorm_forward(x, w, rows, dim, eps, y, rstd);
+  void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, double weight_offset,
+                       float* y, float* rstd) override {
+    kernels::rmsnorm_forward(x, w, rows, dim, eps, y, rstd, weight_offset);
   }
-  void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows, int64_t dim,
-                        float* dx, float* dw) override {
-    kernels::rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw);
+  void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd, const float* dy,
+                        int64_t rows, int64_t dim, float* dx, float* dw) override {
+    kernels::rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw, weight_offset);
   }
   void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
-                            int64_t head_dim, double eps, float* y, int64_t ldy, float* rstd) override {
-    kernels::head_rmsnorm_forward(x, ldx, w, tokens, heads, head_dim, eps, y, ldy, rstd);
+                            int64_t head_dim, double eps, double weight_offset, float* y, int64_t ldy,
+                            float* rstd) override {
+    kernels::head_rmsnorm_forward(x, ldx, w, tokens, heads, head_dim, eps, y, ldy, rstd, weight_offset);
   }
-  void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, const float* rstd, const float* dy,
-                             int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float* dx, int64_t lddx,
-                             float* dw) override {
-    kernels::head_rmsnorm_backward(x, ldx, w, rstd, dy, ldy, tokens, heads, head_dim, dx, lddx, dw);
+  void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, double weight_offset, const float* rstd,
+                             const float* dy, int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float* dx,
+                             int64_t lddx, float* dw) override {
+    kernels::head_rmsnorm_backward(x, ldx, w, rstd, dy, ldy, tokens, heads, head_dim, dx, lddx, dw, weight_offset);
   }
   void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                     const RopeTable& table) override {
@@ -115,11 +117,12 @@ class CpuBackend final : public HostMemoryBackend {
                      const RopeTable& table) override {
     kernels::rope_backward(dx, ld, positions, tokens, heads, head_dim, table);
   }
-  void swiglu_forward(const float* gate_up, int64_t rows, int64_t inter, float* out) override {
-    kernels::swiglu_forward(gate_up, rows, inter, out);
+  void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out) override {
+    kernels::glu_forward(act, gate_up, rows, inter, out);
   }
-  void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter, float* dgate_up) override {
-    kernels::swiglu_backward(gate_up, dout, rows, inter, dgate_up);
+  void glu_backward(GluActivation act, const float* gate_up, const float* dout, int64_t rows, int64_t inter,
+                    float* dgate_up) override {
+    kernels::glu_backward(act, gate_up, dout, rows, inter, dgate_up);
   }
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
     kernels::embedding_forward(ids, n, table, hidden, out);
@@ -138,8 +141,8 @@ class CpuBackend final : public HostMemoryBackend {
     kernels::embedding_backward(ids, n, dout, hidden, vocab, dtable);
   }
   double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                        double grad_scale) override {
-    return kernels::cross_entropy_forward_backward(logits, ld, labels, rows, vocab, grad_scale);
+                                        double grad_scale, double softcap) override {
+    return kernels::cross_entropy_forward_backward(logits, ld, labels, rows, vocab, grad_scale, softcap);
   }
 
   size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision) override {
@@ -159,41 +162,9 @@ class CpuBackend final : public HostMemoryBackend {
                           size_t workspace_bytes) override {
     attention_backward_blocked(s, precision, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes);
   }
-  // One query row at a time against the cache; the softmax in double for stability. Generation is
-  // latency-bound on one sequence: no blocking, no threads.
-  void cached_attention(const float* q, int64_t ldq, int64_t tokens, int64_t first_position, const float* k_cache,
-                        const float* v_cache, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t window,
-                        float* out) override {
-    const int64_t D = head_dim, KV = kv_heads * D, group = q_heads / kv_heads;
-    const double scale = 1.0 / std::sqrt(double(D));
-    // One row of scores per thread: the backend is shared by the process.
-    static thread_local std::vector<float> scores_;
-    scores_.resize(size_t(first_position + tokens));
-    for (int64_t t = 0; t < tokens; ++t) {
-      const int64_t keys = first_position + t + 1;
-      const int64_t first = window > 0 ? std::max<int64_t>(0, keys - window) : 0;  // the sliding window's first key
-      for (int64_t h = 0; h < q_heads; ++h) {
-        const float* qh = q + t * ldq + h * D;
-        const int64_t kvh = h / group;
-        double max_score = -1e300;
-        for (int64_t j = first; j < keys; ++j) {
-          const float* kj = k_cache + j * KV + kvh * D;
-          double s = 0;
-          for (int64_t d = 0; d < D; ++d) s += double(qh[d]) * double(kj[d]);
-          scores_[j] = float(s * scale);
-          max_score = std::max(max_score, double(scores_[j]));
-        }
-        double sum = 0;
-        for (int64_t j = first; j < keys; ++j) sum += std::exp(double(scores_[j]) - max_score);
-        float* o = out + t * q_heads * D + h * D;
-        std::fill(o, o + D, 0.0f);
-        for (int64_t j = first; j < keys; ++j) {
-          const float w = float(std::exp(double(scores_[j]) - max_score) / sum);
-          const float* vj = v_cache + j * KV + kvh * D;
-          for (int64_t d = 0; d < D; ++d) o[d] += w * vj[d];
-        }
-      }
-    }
+  void cached_attention(const AttentionShape& s, const float* q, int64_t tokens, int64_t first_position,
+                        const float* k_cache, const float* v_cache, float* out) override {
+    kernels::cached_attention(s, q, tokens, first_position, k_cache, v_cache, out);
   }
 
   void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s, double weight_decay,

@@ -3,9 +3,12 @@
 //   d loss / d x_j = softmax_j - [j == label].
 // The row is overwritten in place: first with exp(x_j - max), then with the scaled gradient,
 // so only two passes over the vocabulary need an exp.
+// Final-logit soft-capping (Gemma 2) first replaces each logit by cap * tanh(x / cap), as
+// transformers does (divide, tanh, multiply), and multiplies the gradient by 1 - tanh^2.
 #include "keel/kernels/cross_entropy.h"
 
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "keel/core/error.h"
@@ -51,11 +54,34 @@ double cross_entropy_row(T* x, int32_t label, int64_t vocab, double grad_scale) 
   return lse - target;
 }
 
+// Soft-capping around a row's loss: the capped logits in place, the cap's slope 1 - tanh^2 kept
+// for the gradient's chain rule (float: the vectorised row kernel). The thread's buffer grows to
+// the vocabulary once; steps then reuse it.
+template <typename T>
+double capped_cross_entropy_row(T* x, int32_t label, int64_t vocab, double grad_scale, double softcap) {
+  static thread_local std::vector<T> slope_of_row;
+  if (slope_of_row.size() < size_t(vocab)) slope_of_row.resize(size_t(vocab));
+  T* slope = slope_of_row.data();
+  const T cap = T(softcap);
+  if constexpr (std::is_same_v<T, float>) {
+    vector_ops().soft_cap(x, vocab, 1.0f, cap, slope);
+  } else {
+    for (int64_t j = 0; j < vocab; ++j) {
+      const T t = std::tanh(x[j] / cap);
+      x[j] = t * cap;
+      slope[j] = T(1) - t * t;
+    }
+  }
+  const double loss = cross_entropy_row(x, label, vocab, grad_scale);
+  for (int64_t j = 0; j < vocab; ++j) x[j] *= slope[j];
+  return loss;
+}
+
 }  // namespace
 
 template <typename T>
 double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                      double grad_scale) {
+                                      double grad_scale, double softcap) {
   for (int64_t r = 0; r < rows; ++r)
     require(labels[r] == kIgnoreIndex || (labels[r] >= 0 && labels[r] < vocab),
             "cross_entropy: row {} has label {}, expected {} or a token id in [0, {})", r, labels[r], kIgnoreIndex,
@@ -70,7 +96,8 @@ double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labe
     if (labels[r] == kIgnoreIndex) {
       for (int64_t j = 0; j < vocab; ++j) x[j] = T(0);
     } else {
-      losses[r] = cross_entropy_row(x, labels[r], vocab, grad_scale);
+      losses[r] = softcap > 0 ? capped_cross_entropy_row(x, labels[r], vocab, grad_scale, softcap)
+                              : cross_entropy_row(x, labels[r], vocab, grad_scale);
     }
   });
   double total = 0;
@@ -78,7 +105,9 @@ double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labe
   return total;
 }
 
-template double cross_entropy_forward_backward<float>(float*, int64_t, const int32_t*, int64_t, int64_t, double);
-template double cross_entropy_forward_backward<double>(double*, int64_t, const int32_t*, int64_t, int64_t, double);
+template double cross_entropy_forward_backward<float>(float*, int64_t, const int32_t*, int64_t, int64_t, double,
+                                                      double);
+template double cross_entropy_forward_backward<double>(double*, int64_t, const int32_t*, int64_t, int64_t, double,
+                                                       double);
 
 }  // namespace keel::kernels

@@ -1,6 +1,7 @@
-// RMSNorm forward and backward (HF LlamaRMSNorm semantics).
-//   forward:  rstd = 1 / sqrt(mean(x^2) + eps),  y = w * (x * rstd)
-//   backward: with g = w * dy,
+// RMSNorm forward and backward (HF LlamaRMSNorm semantics; Gemma's scales by 1 + w: the weight
+// offset, 0 or 1, is added to w in the kernel's type first, as Gemma's (1.0 + weight.float()) is).
+//   forward:  rstd = 1 / sqrt(mean(x^2) + eps),  y = (offset + w) * (x * rstd)
+//   backward: with g = (offset + w) * dy,
 //             dx = rstd * (g - x * rstd^2 * mean(g * x))
 //             dw += sum_rows(dy * x * rstd)
 #include "keel/kernels/rmsnorm.h"
@@ -31,13 +32,13 @@ T mean_of_squares(const T* x, int64_t dim) {
 
 // d(loss)/dx for one row; mean(g*x) in double.
 template <typename T>
-void rmsnorm_row_backward(const T* x, const T* w, T rstd, const T* dy, int64_t dim, T* dx) {
+void rmsnorm_row_backward(const T* x, const T* w, T offset, T rstd, const T* dy, int64_t dim, T* dx) {
   double dot = 0;
-  for (int64_t c = 0; c < dim; ++c) dot += double(w[c]) * double(dy[c]) * double(x[c]);
+  for (int64_t c = 0; c < dim; ++c) dot += double(w[c] + offset) * double(dy[c]) * double(x[c]);
   const double r = rstd;
   const double coef = r * r * (dot / double(dim));
   for (int64_t c = 0; c < dim; ++c) {
-    const double g = double(w[c]) * double(dy[c]);
+    const double g = double(w[c] + offset) * double(dy[c]);
     dx[c] = T(r * (g - double(x[c]) * coef));
   }
 }
@@ -52,8 +53,9 @@ struct HeadRows {
 
 template <typename T>
 void head_rmsnorm_forward(const T* x, int64_t ldx, const T* w, int64_t tokens, int64_t heads, int64_t dim, double eps,
-                          T* y, int64_t ldy, T* rstd) {
+                          T* y, int64_t ldy, T* rstd, double weight_offset) {
   const HeadRows hr{heads, dim};
+  const T offset = T(weight_offset);
   const int64_t rows = tokens * heads;
   parallel_for(rows, rows * dim >= kParallelMinElements, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -62,21 +64,23 @@ void head_rmsnorm_forward(const T* x, int64_t ldx, const T* w, int64_t tokens, i
       // torch: rsqrt(variance + eps) in the tensor's dtype, i.e. 1/sqrt correctly rounded.
       const T rs = T(1) / std::sqrt(mean_of_squares(xr, dim) + T(eps));
       rstd[r] = rs;
-      for (int64_t c = 0; c < dim; ++c) yr[c] = w[c] * (xr[c] * rs);  // y may be x: each element read first
+      for (int64_t c = 0; c < dim; ++c) yr[c] = (w[c] + offset) * (xr[c] * rs);  // y may be x: each read first
     }
   });
 }
 
 template <typename T>
 void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, const T* dy, int64_t ldy,
-                           int64_t tokens, int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw) {
+                           int64_t tokens, int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw,
+                           double weight_offset) {
   const HeadRows hr{heads, dim};
+  const T offset = T(weight_offset);
   const int64_t rows = tokens * heads;
   const int64_t column_blocks = (dim + kDwColumnBlock - 1) / kDwColumnBlock;
   const bool parallel = rows * dim >= kParallelMinElements;
   parallel_for(rows, parallel, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
-      rmsnorm_row_backward(x + hr.at(r, ldx), w, rstd[r], dy + hr.at(r, ldy), dim, dx + hr.at(r, lddx));
+      rmsnorm_row_backward(x + hr.at(r, ldx), w, offset, rstd[r], dy + hr.at(r, ldy), dim, dx + hr.at(r, lddx));
   });
   if (!dw) return;  // a frozen norm weight (LoRA): no gradient wanted
   parallel_for(column_blocks, parallel, [&](int64_t begin, int64_t end) {
@@ -96,28 +100,30 @@ void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, c
 }
 
 template <typename T>
-void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd) {
-  head_rmsnorm_forward(x, dim, w, rows, 1, dim, eps, y, dim, rstd);
+void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd,
+                     double weight_offset) {
+  head_rmsnorm_forward(x, dim, w, rows, 1, dim, eps, y, dim, rstd, weight_offset);
 }
 
 template <typename T>
-void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw) {
-  head_rmsnorm_backward(x, dim, w, rstd, dy, dim, rows, 1, dim, dx, dim, dw);
+void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw,
+                      double weight_offset) {
+  head_rmsnorm_backward(x, dim, w, rstd, dy, dim, rows, 1, dim, dx, dim, dw, weight_offset);
 }
 
 template void head_rmsnorm_forward<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t, double,
-                                          float*, int64_t, float*);
+                                          float*, int64_t, float*, double);
 template void head_rmsnorm_forward<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t, double,
-                                           double*, int64_t, double*);
+                                           double*, int64_t, double*, double);
 template void head_rmsnorm_backward<float>(const float*, int64_t, const float*, const float*, const float*, int64_t,
-                                           int64_t, int64_t, int64_t, float*, int64_t, float*);
+                                           int64_t, int64_t, int64_t, float*, int64_t, float*, double);
 template void head_rmsnorm_backward<double>(const double*, int64_t, const double*, const double*, const double*,
-                                            int64_t, int64_t, int64_t, int64_t, double*, int64_t, double*);
-template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*, float*);
-template void rmsnorm_forward<double>(const double*, const double*, int64_t, int64_t, double, double*, double*);
+                                            int64_t, int64_t, int64_t, int64_t, double*, int64_t, double*, double);
+template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*, float*, double);
+template void rmsnorm_forward<double>(const double*, const double*, int64_t, int64_t, double, double*, double*, double);
 template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*, int64_t, int64_t, float*,
-                                      float*);
+                                      float*, double);
 template void rmsnorm_backward<double>(const double*, const double*, const double*, const double*, int64_t, int64_t,
-                                       double*, double*);
+                                       double*, double*, double);
 
 }  // namespace keel::kernels

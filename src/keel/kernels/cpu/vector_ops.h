@@ -47,6 +47,13 @@ struct VectorOps {
   // dg = dy * u * sig * (1 + g * (1 - sig)) with sig = 1 / (1 + exp(-g)).
   void (*silu_mul)(const float* g, const float* u, float* out, int64_t n);
   void (*silu_mul_backward)(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n);
+  // GeGLU: out = gelu_tanh(g) * u with torch's tanh approximation, and its backward (glu.cpp has
+  // the formulas); tanh through exp: 1 - 2 / (exp(2x) + 1), within 1e-7 of tanh absolutely.
+  void (*gelu_tanh_mul)(const float* g, const float* u, float* out, int64_t n);
+  void (*gelu_tanh_mul_backward)(const float* g, const float* u, const float* dy, float* dg, float* du, int64_t n);
+  // Soft-capping: x[c] = cap * tanh(x[c] * scale / cap) (scale, divide, tanh, multiply, as
+  // transformers), and when slope is not null slope[c] = scale * (1 - tanh^2), for c < n.
+  void (*soft_cap)(float* x, int64_t n, float scale, float cap, float* slope);
 };
 
 // The table for this CPU (and KEEL_ISA), chosen on first use.

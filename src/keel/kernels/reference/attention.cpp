@@ -9,6 +9,8 @@
 // Backward, recomputing p_ij = exp(s_ij - lse_i) from the saved lse:
 //   D_i = dout_i . out_i,  dv_j += p_ij dout_i,  dp_ij = dout_i . v_j,
 //   ds_ij = p_ij (dp_ij - D_i),  dq_i += scale ds_ij k_j,  dk_j += scale ds_ij q_i.
+// Soft-capping (Gemma 2) replaces s_ij by cap tanh(s_ij / cap), and multiplies ds_ij by its slope
+// 1 - tanh^2.
 //
 // Determinism: the forward pass gives each (batch, head, query tile) to one thread. The backward
 // pass gives each (batch, kv head) to one thread, which loops over the q heads of its group, so
@@ -97,6 +99,19 @@ void add_scaled(T* y, T a, const T* x, int64_t n) {
   for (int64_t d = 0; d < n; ++d) y[d] += a * x[d];
 }
 
+// A scaled score as the softmax sees it: soft-capped when the shape says so.
+template <typename T>
+T capped(const AttentionShape& s, T scaled) {
+  return s.softcap > 0 ? T(s.softcap) * std::tanh(scaled / T(s.softcap)) : scaled;
+}
+// d capped / d scaled.
+template <typename T>
+T cap_slope(const AttentionShape& s, T scaled) {
+  if (s.softcap <= 0) return T(1);
+  const T t = std::tanh(scaled / T(s.softcap));
+  return T(1) - t * t;
+}
+
 // Number of keys of the tile starting at j0 that row i can reach causally.
 inline int64_t causal_keys(int64_t i, int64_t j0, int64_t nk) { return std::min(nk, i - j0 + 1); }
 
@@ -137,7 +152,7 @@ void forward_query_tile(const AttentionShape& s, const T* q, const T* k, const T
       dot_with_tile(head_row(q, s.ldq, token0 + i, hp.q_head, hd), k_tile, hd, n, scores);
       T tile_max = neg_inf;
       for (int64_t c = 0; c < n; ++c) {
-        scores[c] = attends(s, seg, i, j0 + c) ? scores[c] * scale : neg_inf;
+        scores[c] = attends(s, seg, i, j0 + c) ? capped(s, scores[c] * scale) : neg_inf;
         tile_max = std::max(tile_max, scores[c]);
       }
       if (tile_max == neg_inf) continue;  // every key of this tile is in another document
@@ -245,10 +260,11 @@ void backward_kv_head(const AttentionShape& s, const T* q, const T* k, const T* 
           bool any = false;
           for (int64_t c = 0; c < n; ++c) {
             const bool allowed = attends(s, seg, i, j0 + c);
-            const T p = allowed ? std::exp(w.p[c] * scale - lse_h[i]) : T(0);
+            const T scaled = w.p[c] * scale;
+            const T p = allowed ? std::exp(capped(s, scaled) - lse_h[i]) : T(0);
             w.p[c] = p;
-            // scale folded in: d(loss)/d(q.k) = scale * ds_ij.
-            w.ds[c] = p * (w.ds[c] - delta) * scale;
+            // scale (and the cap's slope) folded in: d(loss)/d(q.k) = scale * ds_ij.
+            w.ds[c] = p * (w.ds[c] - delta) * scale * cap_slope(s, scaled);
             any = any || allowed;
           }
           if (!any) continue;

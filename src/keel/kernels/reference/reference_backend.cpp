@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "keel/kernels/cached_attention.h"
 #include "keel/kernels/cross_entropy.h"
 #include "keel/core/dropout_mask.h"
 #include "keel/core/nf4.h"
@@ -15,7 +16,7 @@
 #include "keel/kernels/reference/gemm.h"
 #include "keel/kernels/rmsnorm.h"
 #include "keel/kernels/rope.h"
-#include "keel/kernels/swiglu.h"
+#include "keel/kernels/glu.h"
 
 namespace keel::kernels {
 namespace {
@@ -98,37 +99,34 @@ class ReferenceBackend final : public HostMemoryBackend {
     }
   }
 
-  void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, float* y,
-                       float* rstd) override {
-    Doubles yd(size_t(rows * dim)), rd(static_cast<size_t>(rows));
-    kernels::rmsnorm_forward(widen(x, rows * dim).data(), widen(w, dim).data(), rows, dim, eps, yd.data(), rd.data());
-    narrow(yd, y), narrow(rd, rstd);
+  // A plain norm is the one-head case of the per-head norm.
+  void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, double weight_offset,
+                       float* y, float* rstd) override {
+    head_rmsnorm_forward(x, dim, w, rows, 1, dim, eps, weight_offset, y, dim, rstd);
   }
-  void rmsnorm_backward(const float* x, const float* w, const float* rstd, const float* dy, int64_t rows, int64_t dim,
-                        float* dx, float* dw) override {
-    Doubles dxd(size_t(rows * dim)), dwd = dw ? widen(dw, dim) : Doubles();
-    kernels::rmsnorm_backward(widen(x, rows * dim).data(), widen(w, dim).data(), widen(rstd, rows).data(),
-                              widen(dy, rows * dim).data(), rows, dim, dxd.data(), dw ? dwd.data() : nullptr);
-    narrow(dxd, dx);
-    if (dw) narrow(dwd, dw);
+  void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd, const float* dy,
+                        int64_t rows, int64_t dim, float* dx, float* dw) override {
+    head_rmsnorm_backward(x, dim, w, weight_offset, rstd, dy, dim, rows, 1, dim, dx, dim, dw);
   }
   void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
-                            int64_t head_dim, double eps, float* y, int64_t ldy, float* rstd) override {
+                            int64_t head_dim, double eps, double weight_offset, float* y, int64_t ldy,
+                            float* rstd) override {
     const int64_t cols = heads * head_dim;
     Doubles yd(size_t(span(tokens, cols, ldy))), rd(size_t(tokens * heads));
     kernels::head_rmsnorm_forward(widen(x, span(tokens, cols, ldx)).data(), ldx, widen(w, head_dim).data(), tokens,
-                                  heads, head_dim, eps, yd.data(), ldy, rd.data());
+                                  heads, head_dim, eps, yd.data(), ldy, rd.data(), weight_offset);
     narrow_view(yd, tokens, cols, ldy, y);
     narrow(rd, rstd);
   }
-  void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, const float* rstd, const float* dy,
-                             int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float* dx, int64_t lddx,
-                             float* dw) override {
+  void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, double weight_offset, const float* rstd,
+                             const float* dy, int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float* dx,
+                             int64_t lddx, float* dw) override {
     const int64_t cols = heads * head_dim;
     Doubles dxd(size_t(span(tokens, cols, lddx))), dwd = dw ? widen(dw, head_dim) : Doubles();
     kernels::head_rmsnorm_backward(widen(x, span(tokens, cols, ldx)).data(), ldx, widen(w, head_dim).data(),
                                    widen(rstd, tokens * heads).data(), widen(dy, span(tokens, cols, ldy)).data(), ldy,
-                                   tokens, heads, head_dim, dxd.data(), lddx, dw ? dwd.data() : nullptr);
+                                   tokens, heads, head_dim, dxd.data(), lddx, dw ? dwd.data() : nullptr,
+                                   weight_offset);
     narrow_view(dxd, tokens, cols, lddx, dx);
     if (dw) narrow(dwd, dw);
   }
@@ -144,15 +142,16 @@ class ReferenceBackend final : public HostMemoryBackend {
     kernels::rope_backward(xd.data(), ld, positions, tokens, heads, head_dim, table);
     narrow_view(xd, tokens, heads * head_dim, ld, dx);
   }
-  void swiglu_forward(const float* gate_up, int64_t rows, int64_t inter, float* out) override {
+  void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out) override {
     Doubles od(size_t(rows * inter));
-    kernels::swiglu_forward(widen(gate_up, rows * 2 * inter).data(), rows, inter, od.data());
+    kernels::glu_forward(act, widen(gate_up, rows * 2 * inter).data(), rows, inter, od.data());
     narrow(od, out);
   }
-  void swiglu_backward(const float* gate_up, const float* dout, int64_t rows, int64_t inter, float* dgate_up) override {
+  void glu_backward(GluActivation act, const float* gate_up, const float* dout, int64_t rows, int64_t inter,
+                    float* dgate_up) override {
     Doubles dd(size_t(rows * 2 * inter));
-    kernels::swiglu_backward(widen(gate_up, rows * 2 * inter).data(), widen(dout, rows * inter).data(), rows, inter,
-                             dd.data());
+    kernels::glu_backward(act, widen(gate_up, rows * 2 * inter).data(), widen(dout, rows * inter).data(), rows, inter,
+                          dd.data());
     narrow(dd, dgate_up);
   }
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
@@ -191,9 +190,10 @@ class ReferenceBackend final : public HostMemoryBackend {
     }
   }
   double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                        double grad_scale) override {
+                                        double grad_scale, double softcap) override {
     Doubles ld_ = widen(logits, span(rows, vocab, ld));
-    const double loss = kernels::cross_entropy_forward_backward(ld_.data(), ld, labels, rows, vocab, grad_scale);
+    const double loss =
+        kernels::cross_entropy_forward_backward(ld_.data(), ld, labels, rows, vocab, grad_scale, softcap);
     narrow_view(ld_, rows, vocab, ld, logits);
     return loss;
   }
@@ -224,34 +224,13 @@ class ReferenceBackend final : public HostMemoryBackend {
     narrow_view(dkd, N, KV, s.ldk, dk);
     narrow_view(dvd, N, KV, s.ldv, dv);
   }
-  void cached_attention(const float* q, int64_t ldq, int64_t tokens, int64_t first_position, const float* k_cache,
-                        const float* v_cache, int64_t q_heads, int64_t kv_heads, int64_t head_dim, int64_t window,
-                        float* out) override {
-    const int64_t D = head_dim, KV = kv_heads * D, group = q_heads / kv_heads;
-    const double scale = 1.0 / std::sqrt(double(D));
-    for (int64_t t = 0; t < tokens; ++t) {
-      const int64_t keys = first_position + t + 1;
-      const int64_t first = window > 0 ? std::max<int64_t>(0, keys - window) : 0;  // the sliding window's first key
-      for (int64_t h = 0; h < q_heads; ++h) {
-        const float* qh = q + t * ldq + h * D;
-        const int64_t kvh = h / group;
-        Doubles scores(static_cast<size_t>(keys));
-        double max_score = -1e300;
-        for (int64_t j = first; j < keys; ++j) {
-          double s = 0;
-          for (int64_t d = 0; d < D; ++d) s += double(qh[d]) * double(k_cache[j * KV + kvh * D + d]);
-          scores[j] = s * scale;
-          max_score = std::max(max_score, scores[j]);
-        }
-        double sum = 0;
-        for (int64_t j = first; j < keys; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
-        for (int64_t d = 0; d < D; ++d) {
-          double acc = 0;
-          for (int64_t j = first; j < keys; ++j) acc += scores[j] / sum * double(v_cache[j * KV + kvh * D + d]);
-          out[t * q_heads * D + h * D + d] = float(acc);
-        }
-      }
-    }
+  void cached_attention(const AttentionShape& s, const float* q, int64_t tokens, int64_t first_position,
+                        const float* k_cache, const float* v_cache, float* out) override {
+    const int64_t Q = s.q_heads * s.head_dim, cached = (first_position + tokens) * s.kv_heads * s.head_dim;
+    Doubles od(size_t(tokens * Q));
+    kernels::cached_attention(s, widen(q, span(tokens, Q, s.ldq)).data(), tokens, first_position,
+                              widen(k_cache, cached).data(), widen(v_cache, cached).data(), od.data());
+    narrow(od, out);
   }
 
   // torch.optim.AdamW's update formed in double from the fp32 state, each result rounded once.
