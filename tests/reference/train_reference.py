@@ -154,7 +154,8 @@ def write_inputs(work, family, dtype, backend="cpu", config_overrides=None):
     model = hf.random_init(hf.build_model(spec), MODEL_SEED,
                            embed_std=0.1 if spec.tie_word_embeddings else 0.5)
     init = hf.model_tensors(model)
-    hf.save_checkpoint(model_dir, cfg, init)
+    # The newer families' checkpoints are sharded (model.safetensors.index.json), the others one file.
+    hf.save_checkpoint(model_dir, cfg, init, shards=2 if family in ("qwen3", "mistral", "gemma2", "gemma3") else 1)
 
     records = make_records(spec.vocab_size)
     data_path = os.path.join(work, "train.jsonl")

@@ -211,10 +211,11 @@ TEST(Attention, BackwardMatchesFiniteDifferencesWithInterleavedSegments) {
 }
 
 // A packed sequence gives every document the output it would get alone.
-void expect_packed_documents_match_documents_alone(int64_t window) {
+void expect_packed_documents_match_documents_alone(int64_t window, double softcap = 0.0) {
   const std::vector<int64_t> lengths = {40, 70, 25, 15};
   FusedAttention packed(1, 150, 4, 2, 8, 10);
   packed.shape.window = window;
+  packed.shape.softcap = softcap;
   packed.segments = packed_segments(1, lengths);
   std::vector<double> out, lse;
   packed.forward(packed.qkv, out, lse);
@@ -224,6 +225,7 @@ void expect_packed_documents_match_documents_alone(int64_t window) {
   for (int64_t len : lengths) {
     FusedAttention alone(1, len, 4, 2, 8, 0);
     alone.shape.window = window;
+    alone.shape.softcap = softcap;
     std::copy_n(packed.qkv.begin() + start * s.ldq, len * s.ldq, alone.qkv.begin());
     std::vector<double> out1, lse1;
     alone.forward(alone.qkv, out1, lse1);
@@ -270,6 +272,11 @@ TEST(Attention, SlidingWindowBackwardMatchesFiniteDifferences) {
 }
 
 TEST(Attention, SlidingWindowPackedDocumentsMatchDocumentsAlone) { expect_packed_documents_match_documents_alone(33); }
+
+TEST(Attention, SoftCappedPackedDocumentsMatchDocumentsAlone) {
+  expect_packed_documents_match_documents_alone(0, 1.2);
+  expect_packed_documents_match_documents_alone(33, 1.2);  // Gemma 2's sliding layers
+}
 
 TEST(Attention, BackwardIsIdenticalForOneAndTwoThreads) {
   FusedAttention a(2, 150, 4, 2, 16, 11);
