@@ -81,18 +81,19 @@ model::ModelConfig family_config(model::Family family) {
   c.rope_theta = 500000.0;
   c.eos_token_ids = {1, 2};
   c.bos_token_id = 0;
-  switch (family) {
-    case model::Family::Llama: c.rotary_dim = 16; break;
-    case model::Family::Qwen2: c.rotary_dim = 16, c.qkv_bias = true, c.tie_word_embeddings = true; break;
-    case model::Family::Glm: c.rotary_dim = 8, c.rope_interleaved = true, c.qkv_bias = true; break;
-    case model::Family::GlmOriginal: c.rotary_dim = 8, c.rope_interleaved = true, c.qkv_bias = true; break;
+  model::apply_family_traits(c);  // biases, RoPE layout, q/k norms, Gemma's layout
+  c.tie_word_embeddings = family == model::Family::Qwen2 || c.gemma();
+  if (family == model::Family::Mistral || c.gemma()) {  // windows, and layers of both kinds for Gemma
+    c.sliding_window = 32;
+    c.sliding_layers = {true, !c.gemma()};
   }
   model::validate(c, "seed");
   return c;
 }
 
 void model_config_seeds() {
-  for (auto family : {model::Family::Llama, model::Family::Qwen2, model::Family::Glm, model::Family::GlmOriginal}) {
+  for (auto family : {model::Family::Llama, model::Family::Qwen2, model::Family::Glm, model::Family::GlmOriginal,
+                      model::Family::Qwen3, model::Family::Mistral, model::Family::Gemma2, model::Family::Gemma3}) {
     for (DType dtype : {DType::BF16, DType::F32}) {
       seed("model_config", fmt::format("writer-{}-{}", model::family_name(family), dtype_name(dtype)),
            model::model_config_json(family_config(family), dtype));

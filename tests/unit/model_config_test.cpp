@@ -53,7 +53,7 @@ void expect_same_model(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.mlp_activation, b.mlp_activation);
   EXPECT_EQ(a.scale_embeddings, b.scale_embeddings);
   EXPECT_EQ(a.sandwich_norms, b.sandwich_norms);
-  EXPECT_EQ(a.attention_scale, b.attention_scale);
+  EXPECT_EQ(a.query_pre_attn_scalar, b.query_pre_attn_scalar);
   EXPECT_EQ(a.attn_logit_softcap, b.attn_logit_softcap);
   EXPECT_EQ(a.final_logit_softcap, b.final_logit_softcap);
   EXPECT_EQ(a.rope_local_theta, b.rope_local_theta);
@@ -218,7 +218,7 @@ TEST(ModelConfig, Gemma2AsGemma2ConfigReadsIt) {
   EXPECT_TRUE(c.scale_embeddings);
   EXPECT_TRUE(c.sandwich_norms);
   EXPECT_FALSE(c.qk_norm);
-  EXPECT_EQ(c.attention_scale, 1.0 / 16.0);  // 256^-0.5
+  EXPECT_EQ(c.query_pre_attn_scalar, 256.0);
   EXPECT_EQ(c.attn_logit_softcap, 50.0);
   EXPECT_EQ(c.final_logit_softcap, 30.0);
   EXPECT_EQ(c.sliding_window, 4096);
@@ -570,7 +570,7 @@ ModelConfig small_config(Family family) {
       c.norm_weight_offset = 1.0;
       c.mlp_activation = kernels::GluActivation::GeluTanh;
       c.scale_embeddings = c.sandwich_norms = true;
-      c.attention_scale = 0.125;  // query_pre_attn_scalar 64
+      c.query_pre_attn_scalar = 64.5;  // not a whole number: written as a float
       c.attn_logit_softcap = family == Family::Gemma2 ? 20.0 : 0.0;
       c.final_logit_softcap = 15.5;
       c.rope_local_theta = family == Family::Gemma3 ? 321.0 : 0.0;

@@ -354,7 +354,7 @@ void parse_gemma(const ConfigObject& cfg, ModelConfig& c) {
   c.norm_weight_offset = 1.0;
   c.scale_embeddings = true;
   c.sandwich_norms = true;
-  c.attention_scale = std::pow(cfg.positive_number_or("query_pre_attn_scalar", 256.0), -0.5);
+  c.query_pre_attn_scalar = cfg.positive_number_or("query_pre_attn_scalar", 256.0);
   const bool gemma2 = c.family == Family::Gemma2;
   auto cap = [&](std::string_view name, double gemma2_default) {
     if (!cfg.written(name)) return gemma2 ? gemma2_default : 0.0;
@@ -653,11 +653,10 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
       f["attention_bias"] = "false";
       f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
       f["layer_types"] = layer_types_json(c);
-      // Gemma's config classes type it as an integer (and validate that): write one when it is.
-      const double scalar = std::pow(c.attention_scale, -2.0);
-      f["query_pre_attn_scalar"] = std::abs(scalar - std::round(scalar)) < 1e-9 * scalar
-                                       ? std::to_string(std::llround(scalar))
-                                       : json_number(scalar);
+      // Gemma's config classes type it as an integer (and validate that): written as one when it is.
+      const double scalar = c.query_pre_attn_scalar;
+      f["query_pre_attn_scalar"] = scalar == std::floor(scalar) && scalar < 9.0e15 ? std::to_string(int64_t(scalar))
+                                                                                    : json_number(scalar);
       f["attn_logit_softcapping"] = c.attn_logit_softcap > 0 ? json_number(c.attn_logit_softcap) : "null";
       f["final_logit_softcapping"] = c.final_logit_softcap > 0 ? json_number(c.final_logit_softcap) : "null";
       if (c.family == Family::Gemma3) f["rope_local_base_freq"] = json_number(c.rope_local_theta);
@@ -804,16 +803,16 @@ void validate(const ModelConfig& c, const std::string& where) {
                             c.mlp_activation == kernels::GluActivation::GeluTanh;
   const bool llama_layout = c.norm_weight_offset == 0.0 && !c.scale_embeddings && !c.sandwich_norms &&
                             c.mlp_activation == kernels::GluActivation::Silu && c.attn_logit_softcap == 0 &&
-                            c.final_logit_softcap == 0 && c.rope_local_theta == 0 && c.attention_scale == 0;
+                            c.final_logit_softcap == 0 && c.rope_local_theta == 0 && c.query_pre_attn_scalar == 0;
   require(c.gemma() ? gemma_layout : llama_layout,
           "{}: the {} format {}", where, family,
           c.gemma() ? "has Gemma's layout: (1 + w) norms, scaled embeddings, sandwich norms and GeGLU"
                     : "has none of Gemma's differences (norm offset, scaled embeddings, sandwich norms, GeGLU, "
                       "soft caps, attention scale, local RoPE base)");
-  require(c.attn_logit_softcap >= 0 && c.final_logit_softcap >= 0 && c.attention_scale >= 0 &&
-              c.rope_local_theta >= 0 && std::isfinite(c.attention_scale + c.attn_logit_softcap +
+  require(c.attn_logit_softcap >= 0 && c.final_logit_softcap >= 0 && c.query_pre_attn_scalar >= 0 &&
+              c.rope_local_theta >= 0 && std::isfinite(c.query_pre_attn_scalar + c.attn_logit_softcap +
                                                        c.final_logit_softcap + c.rope_local_theta),
-          "{}: soft caps, attention scale and local RoPE base: expected finite non-negative numbers", where);
+          "{}: soft caps, query_pre_attn_scalar and local RoPE base: expected finite non-negative numbers", where);
   require(c.sliding_window >= 0 && c.sliding_window < kMaxPositions,
           "{}: sliding_window: expected 0 (none) or a positive number of positions, found {}", where, c.sliding_window);
   require(c.sliding_window == 0 || c.family == Family::Mistral || c.family == Family::Qwen3 || c.gemma(),
@@ -835,7 +834,7 @@ void apply_family_traits(ModelConfig& c) {
     c.mlp_activation = kernels::GluActivation::GeluTanh;
     c.scale_embeddings = true;
     c.sandwich_norms = true;
-    c.attention_scale = std::pow(256.0, -0.5);
+    c.query_pre_attn_scalar = 256.0;
     c.attn_logit_softcap = c.family == Family::Gemma2 ? 50.0 : 0.0;
     c.final_logit_softcap = c.family == Family::Gemma2 ? 30.0 : 0.0;
     c.rope_local_theta = c.family == Family::Gemma3 ? 10000.0 : 0.0;

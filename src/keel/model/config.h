@@ -56,7 +56,7 @@ struct ModelConfig {
   // A norm on the attention's and on the MLP's output before each residual add (Gemma's
   // post_attention_layernorm and post_feedforward_layernorm; its pre-MLP norm is keel's post norm).
   bool sandwich_norms = false;
-  double attention_scale = 0.0;      // scores' scale; 0: 1/sqrt(head_dim). Gemma: query_pre_attn_scalar^-0.5
+  double query_pre_attn_scalar = 0;  // Gemma: scores scaled by its^-0.5; 0: by 1/sqrt(head_dim)
   double attn_logit_softcap = 0.0;   // Gemma 2: scores -> cap * tanh(scores / cap); 0: none
   double final_logit_softcap = 0.0;  // Gemma 2: logits -> cap * tanh(logits / cap); 0: none
   double rope_local_theta = 0.0;     // Gemma 3: the RoPE base of sliding-window layers; 0: rope_theta

@@ -332,7 +332,9 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
 kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t layer, int64_t batch, int64_t seq) {
   const int64_t Q = c.q_size(), QK = Q + c.kv_size(), QKV = QK + c.kv_size();
   const int64_t ldqk = c.qk_norm ? QK : QKV;
-  const double scale = c.attention_scale > 0 ? c.attention_scale : 1.0 / std::sqrt(double(c.head_dim));
+  // Gemma: query_pre_attn_scalar**-0.5 as Python computes it (pow); else 1/sqrt(head_dim).
+  const double scale =
+      c.query_pre_attn_scalar > 0 ? std::pow(c.query_pre_attn_scalar, -0.5) : 1.0 / std::sqrt(double(c.head_dim));
   return {batch, seq, c.num_heads, c.num_kv_heads, c.head_dim, ldqk,  ldqk, QKV, Q, scale, c.window_of(layer),
           c.attn_logit_softcap};
 }
