@@ -424,6 +424,21 @@ def test_decisions_are_printed():
     r = run(["train", path])
     check(r.returncode == 0 and "has no tokenizer" in r.stdout and "--tokenizer" in r.stdout,
           "a final model without a tokenizer is warned about (%s)" % r.stdout.strip()[-300:])
+    # Loading a model's weights and writing an export show their progress too: a plain line per
+    # interval in a log, one line rewritten in place on a terminal (KEEL_PROGRESS=live stands in).
+    path, d = recipe("progress_load", scratch=False, model_name=os.path.join(WORK, "no_tokenizer", "out", "final"),
+                     checkpoint_dir=os.path.join(WORK, "progress_load", "ckpt"), max_steps=2, save_interval=2)
+    quick = dict(os.environ, KEEL_PROGRESS_INTERVAL_S="0", KEEL_PROGRESS="plain")
+    r = run(["train", path], env=quick)
+    final = os.path.join(WORK, "no_tokenizer", "out", "final")
+    check(r.returncode == 0 and ("loading %s: " % final) in r.stdout and "M weights" in r.stdout
+          and "s left" in r.stdout, "loading weights prints its progress (%s)" % r.stdout.strip()[:600])
+    r = subprocess.run([KEEL, "export", os.path.join(d, "ckpt"), "--to", os.path.join(d, "exported")],
+                       capture_output=True, env=dict(quick, KEEL_PROGRESS="live"))  # bytes: "\r" kept as is
+    out = r.stdout.decode(errors="replace")
+    live = out.split("\n")[0]  # rewritten in place: one line until it ends
+    check(r.returncode == 0 and live.count("\r\033[Kwriting ") > 1 and " MB (" in live and "MB/s" in live
+          and "keel: exported" in out, "export shows a live progress line (%r)" % out[:600])
     tokenizer, _ = small_tokenizer("chatml_tokenizer", ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
     chat = os.path.join(WORK, "chatml_tokenizer", "chat.jsonl")
     with open(chat, "w") as f:

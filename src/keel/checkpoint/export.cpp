@@ -176,6 +176,7 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
            e.what());
     }
   }
+  WorkProgress progress(request.progress_log, request.live_progress);
   if (result.adapter) {  // the adapter as the run's final/ holds it: fp32, PEFT's names
     read_checkpoint_weights(step_dir, decoder.adapter());
     model::save_peft_adapter(decoder, request.destination, recipe.model_config ? "" : recipe.model_name,
@@ -186,13 +187,14 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     if (recipe.model_config)
       decoder.init_random(uint64_t(recipe.seed));  // the run's base: a new model, from its seed
     else
-      model::load_hf_weights(decoder, recipe.model_name);
+      model::load_hf_weights(decoder, recipe.model_name, &progress);
     model::merge_own_adapter(decoder);
-    model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes);
+    model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes, &progress);
   } else {
     read_checkpoint_weights(step_dir, decoder.params());
-    model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes);
+    model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes, &progress);
   }
+  progress.finish();
   result.tokenizer_files = copy_tokenizer_files(recipe, request.destination);
   run::write_model_marker(request.destination, fmt::format("keel export of {}", step_dir));
   return result;

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,9 @@ struct ExportRequest {
   // A LoRA run's checkpoint: write the full model with the adapter merged into its weights
   // (W + scaling B A, PEFT's merge_and_unload) instead of the adapter.
   bool merge = false;
+  // Where the progress of loading and writing weights goes (none if null); a live line if set.
+  std::ostream* progress_log = nullptr;
+  bool live_progress = false;
 };
 
 struct ExportResult {

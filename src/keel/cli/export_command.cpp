@@ -4,10 +4,12 @@
 // model directory: config.json, safetensors and the tokenizer files of the run.
 #include <fmt/format.h>
 
+#include <iostream>
 #include <memory>
 
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
+#include "keel/core/work_progress.h"
 #include "keel/checkpoint/export.h"
 #include "keel/report/memory_report.h"
 
@@ -64,6 +66,8 @@ const CommandRegistration kExport{
         require(request.max_shard_bytes > 0, "--max-shard-size: expected a positive size, found '{}'",
                 o->max_shard_size);
         request.recipe_overrides = o->overrides;
+        request.progress_log = &std::cout;
+        request.live_progress = stdout_is_terminal();
         const auto result = checkpoint::export_checkpoint(request);
         fmt::print("keel: exported {} (step {}) to {}: {}{}, {} ({})\n", result.step_dir, result.step,
                    request.destination, result.adapter ? "a LoRA adapter (PEFT format) for " : "",

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "keel/cli/commands.h"
+#include "keel/core/work_progress.h"
 #include "keel/data/prepare.h"
 
 namespace keel::cli {
@@ -48,6 +49,7 @@ const CommandRegistration kPrepare{
           ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
       return [o] {
         o->prepare.packing = o->pad ? data::Packing::pad : data::Packing::pack;
+        o->prepare.live_progress = stdout_is_terminal();
         data::prepare(o->prepare, &std::cerr);
         return 0;
       };

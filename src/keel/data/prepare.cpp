@@ -20,6 +20,7 @@
 #include "keel/core/checksum.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/core/work_progress.h"
 #include "keel/data/chat_template.h"
 #include "keel/data/record_reader.h"
 #include "keel/data/tokenizer.h"
@@ -232,15 +233,12 @@ class ChunkPipeline {
   std::vector<std::thread> workers_;
 };
 
-// Periodic lines while a large file is prepared (it used to print nothing until the end, minutes
-// for a few GB): records and bytes so far, the share of the file, MB/s and the time left. Every
-// KEEL_PROGRESS_INTERVAL_S seconds (default 5; 0 = after every chunk, for tests); nothing for
-// inputs shorter than that.
+// Progress while a large file is prepared (it used to print nothing until the end, minutes for a
+// few GB): records and bytes so far, the share of the file, MB/s and the time left, as a live
+// line on a terminal or a line every few seconds (core/work_progress.h).
 class PrepareProgress {
  public:
-  PrepareProgress(std::ostream* log, const std::string& data_path) : log_(log) {
-    const char* interval = std::getenv("KEEL_PROGRESS_INTERVAL_S");
-    interval_s_ = interval ? std::max(0.0, std::atof(interval)) : 5.0;
+  PrepareProgress(std::ostream* log, const std::string& data_path, bool live) : line_(log, live) {
     // The share of the file is known for plain JSONL only: compressed input is counted decompressed.
     const bool compressed = data_path.ends_with(".gz") || data_path.ends_with(".zst");
     std::error_code ec;
@@ -248,27 +246,20 @@ class PrepareProgress {
     if (!compressed && !ec) file_bytes_ = double(size);
   }
   void chunk_done(const PrepareReport& report) {
-    if (!log_) return;
-    const auto now = std::chrono::steady_clock::now();
-    const double elapsed = std::chrono::duration<double>(now - start_).count();
-    if (elapsed - last_s_ < interval_s_ || (interval_s_ > 0 && elapsed < interval_s_)) return;
-    last_s_ = elapsed;
-    const double mb = double(report.input_bytes) / 1e6, rate = mb / std::max(elapsed, 1e-9);
+    if (!line_.due()) return;
+    const double mb = double(report.input_bytes) / 1e6, rate = mb / std::max(line_.elapsed_s(), 1e-9);
     std::string share;
     if (file_bytes_ > 0) {
       const double done = std::min(1.0, double(report.input_bytes) / file_bytes_);
       share = fmt::format(" ({:.0f}% of the file, about {:.0f} s left)", 100.0 * done,
                           rate > 0 ? (file_bytes_ / 1e6 - mb) / rate : 0.0);
     }
-    fmt::print(*log_, "keel prepare: {} records, {:.1f} MB read{}, {:.1f} MB/s\n", report.lines - report.blank_lines,
-               mb, share, rate);
-    log_->flush();
+    line_.print(fmt::format("keel prepare: {} records, {:.1f} MB read{}, {:.1f} MB/s",
+                            report.lines - report.blank_lines, mb, share, rate));
   }
-
  private:
-  std::ostream* log_;
-  double interval_s_ = 5.0, file_bytes_ = 0, last_s_ = 0;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  WorkProgress line_;
+  double file_bytes_ = 0;
 };
 
 // Adds one chunk's counts to the report.
@@ -640,7 +631,7 @@ PrepareReport prepare(const PrepareOptions& o, std::ostream* log) {
   {
     const int threads = o.threads > 0 ? o.threads : int(std::max(1u, std::thread::hardware_concurrency()));
     ChunkPipeline pipeline(o.data_path, o.chunk_bytes, encoder, threads);
-    PrepareProgress progress(log, o.data_path);
+    PrepareProgress progress(log, o.data_path, o.live_progress);
     try {
       ShardSink sink(o);
       while (auto r = pipeline.next()) {

@@ -38,6 +38,7 @@ namespace keel::data {
 class Tokenizer;
 
 struct PrepareOptions {
+  bool live_progress = false;  // progress as one live line (a terminal) rather than periodic lines
   std::string data_path;       // .jsonl, .jsonl.gz or .jsonl.zst
   std::string tokenizer_path;  // tokenizer.json, tiktoken file or model directory; "" = pre-tokenized records only
   std::string out_dir;

@@ -80,13 +80,17 @@ bool is_ignorable(const std::string& name) {
 
 }  // namespace
 
-std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& dir) {
+std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& dir, WorkProgress* progress) {
   auto reader = CheckpointReader::open_dir(dir);
   const auto tensors = hf_tensors(decoder.config(), decoder.ids());
   auto& P = decoder.params();
   std::set<std::string> used;
+  double total = 0, done = 0;  // weights, in millions
+  for (const auto& t : tensors) total += double(t.rows * (t.cols ? t.cols : 1)) / 1e6;
   for (const auto& t : tensors) {
     const int64_t cols = t.cols ? t.cols : 1;
+    if (progress) progress->update("loading " + dir, done, total, "M weights");
+    done += double(t.rows * cols) / 1e6;
     switch (P.param(t.param).storage) {
       case ParamStorage::Master: reader.read_f32(t.name, t.shape(), P.weight(t.param) + t.row_begin * cols); break;
       case ParamStorage::Bf16:  // a frozen bf16 matrix: straight into bf16, no fp32 copy on the way
@@ -108,7 +112,8 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
   return unused;
 }
 
-void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes) {
+void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes,
+                   WorkProgress* progress) {
   make_dirs(dir);
   const auto& P = decoder.params();
   std::vector<TensorToWrite> out;
@@ -120,7 +125,7 @@ void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, 
     const int64_t cols = t.cols ? t.cols : 1;
     out.push_back({t.name, t.shape(), P.weight(t.param) + t.row_begin * cols});
   }
-  write_model_weights(dir, out, dtype, max_shard_bytes);
+  write_model_weights(dir, out, dtype, max_shard_bytes, progress);
   write_file_atomic(dir + "/config.json", model_config_json(decoder.config(), dtype));
 }
 

@@ -25,9 +25,12 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& config, const DecoderParamId
 // Loads all weights of `decoder` from a model directory (single or sharded safetensors). Missing or
 // mis-shaped tensors are errors naming the tensor and file; tensors the family does not use are
 // reported in the returned list (e.g. cached rotary buffers) rather than silently dropped.
-std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& dir);
+// progress, if given, shows the weights read (and quantized, with QLoRA).
+std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& dir, WorkProgress* progress = nullptr);
 
-// Writes config.json and the weights (sharded above max_shard_bytes) in the family's format.
-void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes = 5ull << 30);
+// Writes config.json and the weights (sharded above max_shard_bytes) in the family's format;
+// progress, if given, shows the bytes written.
+void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes = 5ull << 30,
+                   WorkProgress* progress = nullptr);
 
 }  // namespace keel::model

@@ -415,9 +415,20 @@ void write_tensor_data(AtomicFileWriter& out, const TensorToWrite& t, uint64_t n
   }
 }
 
+// Bytes written of a model's weights, for a progress line (core/work_progress.h).
+struct WrittenBytes {
+  WorkProgress* line = nullptr;
+  std::string label;
+  double done = 0, total = 0;
+  void add(uint64_t bytes) {
+    done += double(bytes);
+    if (line) line->update(label, done / 1e6, total / 1e6, "MB");
+  }
+};
+
 void write_safetensors_sized(const std::string& path, const std::vector<TensorToWrite>& tensors,
                              const std::vector<uint64_t>& sizes, DType dtype,
-                             const std::map<std::string, std::string>& metadata) {
+                             const std::map<std::string, std::string>& metadata, WrittenBytes* progress = nullptr) {
   for (const auto& [key, value] : metadata) {
     require(simdjson::validate_utf8(key.data(), key.size()) && simdjson::validate_utf8(value.data(), value.size()),
             "{}: metadata '{}': expected UTF-8 text", path, key);
@@ -429,7 +440,10 @@ void write_safetensors_sized(const std::string& path, const std::vector<TensorTo
   AtomicFileWriter out(path);
   out.write(length, 8);
   out.write(header);
-  for (size_t i = 0; i < tensors.size(); ++i) write_tensor_data(out, tensors[i], sizes[i], dtype);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    write_tensor_data(out, tensors[i], sizes[i], dtype);
+    if (progress) progress->add(sizes[i]);
+  }
   out.commit();
 }
 
@@ -700,17 +714,19 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
 // leave a mix), so checkpoints that must survive a crash are written to a fresh directory and
 // renamed into place by the caller.
 void write_model_weights(const std::string& dir, const std::vector<TensorToWrite>& tensors, DType dtype,
-                         uint64_t max_shard_bytes) {
+                         uint64_t max_shard_bytes, WorkProgress* progress) {
   require(!tensors.empty(), "{}: expected model weights to write, found no tensors", dir);
   require(max_shard_bytes > 0, "{}: expected a positive shard size limit", dir);
   std::vector<uint64_t> sizes = tensor_bytes(dir, tensors, dtype);
+  WrittenBytes written_bytes{progress, "writing " + dir};
+  for (uint64_t b : sizes) written_bytes.total += double(b);
   make_dirs(dir);
   // transformers refuses to load safetensors files whose metadata lacks "format".
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   auto shards = plan_shards(sizes, max_shard_bytes);
 
   if (shards.size() == 1) {
-    write_safetensors_sized(dir + "/" + kSingleFileName, tensors, sizes, dtype, metadata);
+    write_safetensors_sized(dir + "/" + kSingleFileName, tensors, sizes, dtype, metadata, &written_bytes);
     remove_stale_weight_files(dir, {kSingleFileName});
     return;
   }
@@ -725,7 +741,7 @@ void write_model_weights(const std::string& dir, const std::vector<TensorToWrite
       total_size += sizes[i];
     }
     std::string name = shard_file_name(s, shards.size());
-    write_safetensors_sized(dir + "/" + name, part, part_sizes, dtype, metadata);
+    write_safetensors_sized(dir + "/" + name, part, part_sizes, dtype, metadata, &written_bytes);
     written.insert(name);
   }
   write_file_atomic(dir + "/" + kIndexFileName, index_json(tensors, shards, total_size));

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "keel/core/dtype.h"
+#include "keel/core/work_progress.h"
 
 namespace keel::model {
 
@@ -101,7 +102,8 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
 // Writes the weights of a model directory: a single model.safetensors if the total fits in
 // max_shard_bytes, else model-00001-of-0000N.safetensors shards plus model.safetensors.index.json
 // (with "metadata": {"total_size": bytes}), as transformers' save_pretrained does.
+// progress, if given, shows the bytes written (core/work_progress.h).
 void write_model_weights(const std::string& dir, const std::vector<TensorToWrite>& tensors, DType dtype,
-                         uint64_t max_shard_bytes = 5ull << 30);
+                         uint64_t max_shard_bytes = 5ull << 30, WorkProgress* progress = nullptr);
 
 }  // namespace keel::model

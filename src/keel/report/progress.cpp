@@ -2,21 +2,10 @@
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
-#include <unistd.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 namespace keel::report {
-
-bool stdout_is_terminal() {
-  if (const char* mode = std::getenv("KEEL_PROGRESS")) {
-    if (std::strcmp(mode, "live") == 0) return true;
-    if (std::strcmp(mode, "plain") == 0) return false;
-  }
-  return isatty(STDOUT_FILENO) == 1;
-}
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";

@@ -6,6 +6,7 @@
 #include <ostream>
 #include <string>
 
+#include "keel/core/work_progress.h"
 #include "keel/report/metrics.h"
 
 namespace keel::report {
@@ -26,8 +27,7 @@ class Progress {
   bool terminal_, live_line_ = false;
 };
 
-// Whether standard output is an interactive terminal (KEEL_PROGRESS=plain|live overrides).
-bool stdout_is_terminal();
+using keel::stdout_is_terminal;  // core/work_progress.h
 
 // "1h02m", "3m05s", "42s".
 std::string format_duration(double seconds);

@@ -85,7 +85,7 @@ DType recipe_export_dtype(const Recipe& r, const model::ModelConfig& config, con
   return model::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, ids)[0].name);
 }
 
-ModelSetup setup_model(const Recipe& r, int rank) {
+ModelSetup setup_model(const Recipe& r, int rank, std::ostream* progress_log, bool live_progress) {
   ModelSetup s;
   const auto precision = recipe_precision(r);
   const auto config = recipe_model_config(r);
@@ -95,7 +95,8 @@ ModelSetup setup_model(const Recipe& r, int rank) {
   if (r.model_config) {
     s.decoder->init_random(uint64_t(r.seed));
   } else {
-    s.unused_tensors = model::load_hf_weights(*s.decoder, r.model_name);
+    WorkProgress progress(progress_log, live_progress);
+    s.unused_tensors = model::load_hf_weights(*s.decoder, r.model_name, &progress);
   }
   if (!r.adapter_name_or_path.empty())
     model::load_peft_adapter(*s.decoder, r.adapter_name_or_path);

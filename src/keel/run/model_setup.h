@@ -1,6 +1,7 @@
 // Builds the model a recipe asks for: loaded from an HF directory, or new from [model_config].
 #pragma once
 #include <memory>
+#include <ostream>
 #include <string>
 
 #include "keel/core/dtype.h"
@@ -33,6 +34,8 @@ model::LoraSpec recipe_lora_spec(const Recipe& recipe);
 // model_name's weights, or the recipe's dtype for a model built from [model_config].
 DType recipe_export_dtype(const Recipe& recipe, const model::ModelConfig& config, const model::DecoderParamIds& ids);
 // `rank`: this process's data-parallel rank, which picks its optimizer shard under ZeRO-1.
-ModelSetup setup_model(const Recipe& recipe, int rank = 0);
+// progress_log, if given, shows the weights loading (a live line with live_progress).
+ModelSetup setup_model(const Recipe& recipe, int rank = 0, std::ostream* progress_log = nullptr,
+                       bool live_progress = false);
 
 }  // namespace keel::run

@@ -78,7 +78,7 @@ class Trainer {
         log_(log),
         options_(options),
         comm_(comm),
-        setup_(run::setup_model(r, comm.rank())),
+        setup_(run::setup_model(r, comm.rank(), &log, options.terminal)),
         decoder_(*setup_.decoder),
         config_(decoder_.config()) {
     run::require_sequence_fits_model(r, config_);
