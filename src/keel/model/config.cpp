@@ -412,6 +412,8 @@ std::vector<bool> parse_layer_types(const ConfigObject& cfg, int64_t layers) {
 
 // Sliding-window attention as each family's config class reads it.
 void parse_sliding_window(const ConfigObject& cfg, ModelConfig& c) {
+  // A layer count beyond the bound is validate()'s error to report; no per-layer list before it.
+  if (c.num_layers >= kMaxLayers) return;
   if (c.family == Family::Mistral) {
     // MistralConfig: an absent key means its default 4096, null means full attention; every
     // layer uses it (MistralModel ignores layer_types).
