@@ -23,6 +23,7 @@ model::ModelConfig scratch_model_config(const ScratchModel& m) {
   c.tie_word_embeddings = m.tie_word_embeddings;
   c.max_position_embeddings = m.max_position_embeddings;
   model::apply_family_traits(c);
+  model::validate(c, "[model_config]");  // the sizes first: the window's list has one entry per layer
   if (m.sliding_window > 0) {  // every layer (mistral, qwen3), or the family's pattern (gemma2, gemma3)
     c.sliding_window = m.sliding_window;
     for (int64_t l = 0; l < c.num_layers; ++l)

@@ -413,6 +413,8 @@ void validate_recipe(const Recipe& r, const Where& w) {
                         {m.num_layers, "num_layers"},
                         {m.num_heads, "num_heads"}})
       require(v > 0, "{}: key 'model_config.{}' is required and must be positive", w.of("model_config"), k);
+    require(m.sliding_window >= 0, "{}: key 'model_config.sliding_window' must be 0 (none) or positive, got {}",
+            w.of("model_config"), m.sliding_window);
   }
 }
 
