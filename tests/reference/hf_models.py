@@ -320,22 +320,11 @@ def make_config(family, vocab_size=256, hidden_size=64, intermediate_size=96, nu
 def family_of_config(cfg):
     mt = cfg.get("model_type")
     arch = (cfg.get("architectures") or [""])[0]
-    if mt == "llama" or arch == "LlamaForCausalLM":
-        return "llama"
-    if mt == "qwen2" or arch == "Qwen2ForCausalLM":
-        return "qwen2"
-    if mt == "glm" or arch == "GlmForCausalLM":
-        return "glm"
-    if mt == "chatglm" or arch in ("ChatGLMModel", "ChatGLMForConditionalGeneration"):
-        return "glm_original"
-    if mt == "qwen3" or arch == "Qwen3ForCausalLM":
-        return "qwen3"
-    if mt == "mistral" or arch == "MistralForCausalLM":
-        return "mistral"
-    if mt == "gemma2" or arch == "Gemma2ForCausalLM":
-        return "gemma2"
-    if mt == "gemma3_text" or arch == "Gemma3ForCausalLM":
-        return "gemma3"
+    known = {f: (keys["model_type"], keys["architectures"]) for f, (keys, _) in _TRANSFORMERS_FAMILY_KEYS.items()}
+    known["glm_original"] = ("chatglm", ["ChatGLMModel", "ChatGLMForConditionalGeneration"])
+    for family, (model_type, architectures) in known.items():
+        if mt == model_type or arch in architectures:
+            return family
     raise ValueError("unsupported config: model_type=%r architectures=%r" % (mt, arch))
 
 

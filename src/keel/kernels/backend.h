@@ -63,6 +63,9 @@ class Backend {
   // dst = bf16(src): the compute copy of weights and GEMM inputs.
   virtual void cast_to_bf16(const float* src, bf16* dst, int64_t n) = 0;
   virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;              // dst = a + b
+  // Soft-capping in place, x = cap * tanh(x / cap) (Gemma 2's final logits outside the fused loss:
+  // evaluation's and generation's logits).
+  virtual void soft_cap(float* x, int64_t n, double cap) = 0;
   // Dropout with core/dropout_mask.h's mask for `key`: y[i] = x[i] / (1 - p) where kept, else 0
   // (y may be x). The bf16 form scales in fp32 and rounds once.
   virtual void dropout(const float* x, float* y, int64_t n, double p, uint64_t key) = 0;

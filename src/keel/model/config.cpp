@@ -6,6 +6,7 @@
 #include <simdjson.h>
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -410,41 +411,44 @@ std::vector<bool> parse_layer_types(const ConfigObject& cfg, int64_t layers) {
   return sliding;
 }
 
-// Sliding-window attention as each family's config class reads it.
+// Sliding-window attention as each family's config class reads it: the window (an absent key is
+// the classes' default 4096, null is none) and which layers use it (layer_types when written, or
+// the family's rule).
 void parse_sliding_window(const ConfigObject& cfg, ModelConfig& c) {
   // A layer count beyond the bound is validate()'s error to report; no per-layer list before it.
   if (c.num_layers >= kMaxLayers) return;
-  if (c.family == Family::Mistral) {
-    // MistralConfig: an absent key means its default 4096, null means full attention; every
-    // layer uses it (MistralModel ignores layer_types).
-    c.sliding_window = cfg.written("sliding_window") ? cfg.positive_int_or("sliding_window", 0) : 4096;
-    c.sliding_layers.assign(size_t(c.num_layers), true);
-  } else if (c.gemma()) {
-    // Gemma 2 alternates sliding and full layers (even layers slide), Gemma 3 slides on five of
-    // every sliding_window_pattern (6) layers; layer_types, when written, says which.
-    c.sliding_window = cfg.written("sliding_window") ? cfg.positive_int_or("sliding_window", 0) : 4096;
-    if (cfg.get("layer_types")) {
-      c.sliding_layers = parse_layer_types(cfg, c.num_layers);
-    } else {
-      const int64_t pattern = c.family == Family::Gemma2 ? 2 : cfg.positive_int_or("sliding_window_pattern", 6);
-      for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers.push_back((l + 1) % pattern != 0);
+  std::function<bool(int64_t)> slides;  // the family's rule for layer l
+  bool layer_types = true;              // whether the family reads layer_types
+  switch (c.family) {
+    case Family::Mistral:  // every layer; MistralModel ignores layer_types
+      slides = [](int64_t) { return true; };
+      layer_types = false;
+      break;
+    case Family::Gemma2: slides = [](int64_t l) { return l % 2 == 0; }; break;
+    case Family::Gemma3: {  // five of every sliding_window_pattern (6) layers
+      const int64_t pattern = cfg.positive_int_or("sliding_window_pattern", 6);
+      slides = [pattern](int64_t l) { return (l + 1) % pattern != 0; };
+      break;
     }
-  } else if (c.family == Family::Qwen3 || c.family == Family::Qwen2) {
-    // Qwen2/Qwen3Config: the window applies only with use_sliding_window, to the layers layer_types
-    // names, or else to those from max_window_layers on.
-    if (!cfg.bool_or("use_sliding_window", false)) return;
-    if (c.family == Family::Qwen2) {
-      fail("{}: key 'use_sliding_window': true is not supported for Qwen2ForCausalLM (expected false)", cfg.path());
-    }
-    c.sliding_window = cfg.written("sliding_window") ? cfg.positive_int_or("sliding_window", 0) : 4096;
-    if (cfg.get("layer_types")) {
-      c.sliding_layers = parse_layer_types(cfg, c.num_layers);
-    } else {
+    case Family::Qwen2:
+    case Family::Qwen3: {  // only with use_sliding_window, from max_window_layers on
+      if (!cfg.bool_or("use_sliding_window", false)) return;
+      if (c.family == Family::Qwen2) {
+        fail("{}: key 'use_sliding_window': true is not supported for Qwen2ForCausalLM (expected false)", cfg.path());
+      }
       const int64_t first = cfg.get("max_window_layers") ? cfg.positive_int("max_window_layers") : 28;
-      for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers.push_back(l >= first);
+      slides = [first](int64_t l) { return l >= first; };
+      break;
     }
+    default: return;
   }
-  if (c.sliding_window == 0) c.sliding_layers.clear();
+  c.sliding_window = cfg.written("sliding_window") ? cfg.positive_int_or("sliding_window", 0) : 4096;
+  if (c.sliding_window == 0) return;
+  if (layer_types && cfg.get("layer_types")) {
+    c.sliding_layers = parse_layer_types(cfg, c.num_layers);
+  } else {
+    for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers.push_back(slides(l));
+  }
 }
 
 // LlamaForCausalLM, Qwen2ForCausalLM, GlmForCausalLM, Qwen3ForCausalLM and MistralForCausalLM share

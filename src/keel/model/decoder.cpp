@@ -342,13 +342,6 @@ kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t layer, int
 // torch.tensor(hidden_size**0.5, dtype=float32): Gemma's normalizer.
 float embedding_scale(const ModelConfig& c) { return float(std::sqrt(double(c.hidden_size))); }
 
-// As transformers: logits / cap, tanh, * cap, in float.
-void soft_cap(double cap, float* logits, int64_t n) {
-  if (cap <= 0) return;
-  const auto c = float(cap);
-  for (int64_t i = 0; i < n; ++i) logits[i] = std::tanh(logits[i] / c) * c;
-}
-
 MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
                                const DecoderOptions& options) {
   check_arguments(config, max_batch, max_seq, options);
@@ -1035,7 +1028,7 @@ void Decoder::logits_at(const MicroBatch& mb, const int64_t* rows, int64_t count
     require(rows[i] >= 0 && rows[i] < mb.batch * mb.seq, "logits_at: row {} out of range", rows[i]);
     lin.forward(buf_->xn_final + rows[i] * H, bf ? buf_->xn_final_b + rows[i] * H : nullptr, HS.weight(head),
                 HS.weight_bf16(head), H, V, out + i * V, 0.0f);
-    soft_cap(config_.final_logit_softcap, out + i * V, V);
+    if (config_.final_logit_softcap > 0) backend_.soft_cap(out + i * V, V, config_.final_logit_softcap);
   }
 }
 

@@ -125,8 +125,6 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
 kernels::AttentionShape attention_shape(const ModelConfig& config, int64_t layer, int64_t batch, int64_t seq);
 // Gemma: the factor the embedding's output is multiplied by, sqrt(hidden_size) rounded to float.
 float embedding_scale(const ModelConfig& config);
-// Gemma 2's final-logit soft-capping on n logits in place (cap 0: none): x = cap * tanh(x / cap).
-void soft_cap(double cap, float* logits, int64_t n);
 
 // QLoRA's setup scratch: the most weights held in fp32 at once while the NF4 projections are
 // filled — the largest HF tensor of a projection (loaded one by one), or the largest fused one

@@ -96,7 +96,7 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
   backend_.rmsnorm_forward(last, P.weight(I.final_norm), 1, H, eps, offset, xn_.data(), rstd.data());
   logits_.resize(c_.vocab_size);
   linear(xn_.data(), P.weight(I.lm_head), 1, H, c_.vocab_size, logits_.data(), 0.0f);
-  soft_cap(c_.final_logit_softcap, logits_.data(), c_.vocab_size);
+  if (c_.final_logit_softcap > 0) backend_.soft_cap(logits_.data(), c_.vocab_size, c_.final_logit_softcap);
   return logits_;
 }
 

@@ -183,13 +183,6 @@ float softmax_row(const RowMask& mask, float scale, int64_t n, float* s, M* p) {
   return m + std::log(sum);
 }
 
-// Attention-logit soft-capping (Gemma 2) of one row of raw scores, in place: s = cap *
-// tanh(scale * s / cap), in transformers' order (scale, divide, tanh, multiply); with `slope`, also
-// d(capped)/d(raw) = scale * (1 - tanh^2) for the backward pass. The softmax then runs with scale 1.
-void soft_cap_row(float* s, int64_t n, float scale, float cap, float* slope) {
-  vector_ops().soft_cap(s, n, scale, cap, slope);
-}
-
 // Backward of one row: p = exp(scale*s - lse) over visible keys, ds = scale * p * (dp - delta),
 // computed in place in fp32 (s becomes p, dp becomes ds), then converted to the GEMM input type.
 // With soft-capping, s is already capped (scale 1) and ds is multiplied by the cap's slope.
@@ -223,7 +216,8 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
     const BlockProducts block{rows, n, hd};
     matmul(block.rows_by_keys(), w.q + i0 * hd, w.k + k0 * hd, w.s, 0.0f);
     for (int64_t r = 0; r < rows; ++r) {
-      if (cap > 0) soft_cap_row(w.s + r * n, n, scale, cap, nullptr);
+      // Soft-capping (Gemma 2): the row becomes cap * tanh(scale * s / cap); the softmax then runs with scale 1.
+      if (cap > 0) vector_ops().soft_cap(w.s + r * n, n, scale, cap, nullptr);
       lse_h[i0 + r] =
           softmax_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, n, w.s + r * n, w.p + r * n);
     }
@@ -264,7 +258,7 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
       matmul(block.rows_by_keys(), w.dout + i0 * hd, w.v + k0 * hd, w.dp, 0.0f);
       for (int64_t r = 0; r < rows; ++r) {
         float* slope = cap > 0 ? w.cap + r * n : nullptr;
-        if (cap > 0) soft_cap_row(w.s + r * n, n, scale, cap, slope);
+        if (cap > 0) vector_ops().soft_cap(w.s + r * n, n, scale, cap, slope);  // slope: d capped / d raw
         softmax_backward_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, lse_h[i0 + r],
                              w.delta[i0 + r], n, w.s + r * n, w.dp + r * n, w.p + r * n, w.ds + r * n, slope);
       }

@@ -117,6 +117,7 @@ class CpuBackend final : public HostMemoryBackend {
                      const RopeTable& table) override {
     kernels::rope_backward(dx, ld, positions, tokens, heads, head_dim, table);
   }
+  void soft_cap(float* x, int64_t n, double cap) override { vector_ops().soft_cap(x, n, 1.0f, float(cap), nullptr); }
   void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out) override {
     kernels::glu_forward(act, gate_up, rows, inter, out);
   }

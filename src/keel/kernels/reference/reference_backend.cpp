@@ -142,6 +142,12 @@ class ReferenceBackend final : public HostMemoryBackend {
     kernels::rope_backward(xd.data(), ld, positions, tokens, heads, head_dim, table);
     narrow_view(xd, tokens, heads * head_dim, ld, dx);
   }
+  // In float, as transformers computes it (logits / cap, tanh, * cap), not in double: saturated
+  // logits then equal cap exactly and tie as they do there, which greedy decoding's argmax sees.
+  void soft_cap(float* x, int64_t n, double cap) override {
+    const auto c = float(cap);
+    for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] / c) * c;
+  }
   void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out) override {
     Doubles od(size_t(rows * inter));
     kernels::glu_forward(act, widen(gate_up, rows * 2 * inter).data(), rows, inter, od.data());
