@@ -179,3 +179,16 @@ TEST(Recipe, LoraNonsenseCombinationsAreErrors) {
   EXPECT_NE(e.find("'additional_target' names modules trained beside LoRA's adapters"), std::string::npos) << e;
   EXPECT_EQ(error_of(lora + "additional_target = [\"lm_head\", \"embed_tokens\"]\n"), "");
 }
+
+TEST(Recipe, ReportToAsTransformersSpellsIt) {
+  EXPECT_FALSE(keel::run::reports_to_tensorboard(parse_recipe(kMinimal, "r.toml")));  // default "none"
+  EXPECT_TRUE(keel::run::reports_to_tensorboard(parse_recipe(std::string(kMinimal) + "report_to = \"all\"\n", "r")));
+  EXPECT_TRUE(
+      keel::run::reports_to_tensorboard(parse_recipe(std::string(kMinimal) + "report_to = [\"tensorboard\"]\n", "r")));
+  auto e = error_of(std::string(kMinimal) + "report_to = [\"tensorboard\", \"wandb\"]\n");
+  EXPECT_NE(e.find("r.toml:5: key 'report_to'"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"wandb\" is not one of them"), std::string::npos) << e;
+  e = error_of(std::string(kMinimal) + "report_to = \"none,tensorboard\"\n");
+  EXPECT_NE(e.find("lists \"none\" beside other names"), std::string::npos) << e;
+  EXPECT_NE(error_of(std::string(kMinimal) + "report_to = []\n").find("'report_to' is empty"), std::string::npos);
+}

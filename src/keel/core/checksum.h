@@ -13,4 +13,9 @@ inline uint64_t checksum(std::string_view bytes) { return checksum(bytes.data(),
 uint64_t file_checksum(const std::string& path);
 std::string checksum_hex(uint64_t value);  // 16 lowercase hex digits
 
+// CRC-32C (Castagnoli), the checksum of the TFRecord framing TensorBoard's event files use: not
+// for keel's own files (XXH3 above is faster), only where a format prescribes it.
+uint32_t crc32c(const void* data, size_t size);
+inline uint32_t crc32c(std::string_view bytes) { return crc32c(bytes.data(), bytes.size()); }
+
 }  // namespace keel

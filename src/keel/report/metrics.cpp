@@ -51,18 +51,50 @@ MetricsWriter::~MetricsWriter() {
   if (file_) std::fclose(file_);
 }
 
-void MetricsWriter::write(const StepMetrics& m) {
+std::vector<MetricField> step_metric_fields(const StepMetrics& m) {
+  using F = MetricField::Format;
   const double t = std::max(m.step_time_s, 1e-12);
-  auto line = fmt::format(
-      "{{\"step\": {}, \"loss\": {}, \"lr\": {:.9g}, \"grad_norm\": {}, \"tokens\": {}, "
-      "\"target_tokens\": {}, \"step_time_s\": {:.6f}, \"tokens_per_s\": {:.3f}, \"compute_share\": {:.4f}, "
-      "\"data_wait_share\": {:.4f}, \"optimizer_share\": {:.4f}, \"grad_sync_share\": {:.4f}, "
-      "\"checkpoint_s\": {:.6f}",
-      m.step, json_number(m.loss), m.lr, json_number(m.grad_norm), m.tokens, m.target_tokens, m.step_time_s,
-      m.tokens_per_s, m.compute_s / t, m.data_s / t, m.optimizer_s / t, m.grad_sync_s / t, m.checkpoint_s);
-  if (m.peer_wait_s > 0) line += fmt::format(", \"peer_wait_share\": {:.4f}", m.peer_wait_s / t);
-  if (m.eval_loss >= 0)
-    line += fmt::format(", \"eval_loss\": {:.9g}, \"eval_perplexity\": {:.9g}", m.eval_loss, m.eval_perplexity);
+  std::vector<MetricField> fields = {
+      {"loss", m.loss, F::Significant},
+      {"lr", m.lr, F::Significant},
+      {"grad_norm", m.grad_norm, F::Significant},
+      {"tokens", double(m.tokens), F::Integer},
+      {"target_tokens", double(m.target_tokens), F::Integer},
+      {"step_time_s", m.step_time_s, F::Fixed6},
+      {"tokens_per_s", m.tokens_per_s, F::Fixed3},
+      {"compute_share", m.compute_s / t, F::Fixed4},
+      {"data_wait_share", m.data_s / t, F::Fixed4},
+      {"optimizer_share", m.optimizer_s / t, F::Fixed4},
+      {"grad_sync_share", m.grad_sync_s / t, F::Fixed4},
+      {"checkpoint_s", m.checkpoint_s, F::Fixed6},
+  };
+  if (m.peer_wait_s > 0) fields.push_back({"peer_wait_share", m.peer_wait_s / t, F::Fixed4});
+  if (m.eval_loss >= 0) {
+    fields.push_back({"eval_loss", m.eval_loss, F::Significant});
+    fields.push_back({"eval_perplexity", m.eval_perplexity, F::Significant});
+  }
+  return fields;
+}
+
+namespace {
+
+std::string formatted(const MetricField& f) {
+  using F = MetricField::Format;
+  switch (f.format) {
+    case F::Integer: return fmt::format("{}", int64_t(f.value));
+    case F::Fixed3: return fmt::format("{:.3f}", f.value);
+    case F::Fixed4: return fmt::format("{:.4f}", f.value);
+    case F::Fixed6: return fmt::format("{:.6f}", f.value);
+    case F::Significant: break;
+  }
+  return json_number(f.value);
+}
+
+}  // namespace
+
+void MetricsWriter::write(const StepMetrics& m) {
+  std::string line = fmt::format("{{\"step\": {}", m.step);
+  for (const MetricField& f : step_metric_fields(m)) line += fmt::format(", \"{}\": {}", f.name, formatted(f));
   if (m.skipped) line += ", \"skipped\": true";
   line += "}\n";
   require(std::fputs(line.c_str(), file_) >= 0 && std::fflush(file_) == 0, "{}: write failed ({})", path_,

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 namespace keel::report {
 
@@ -23,6 +24,19 @@ struct StepMetrics {
 
 // A number as JSON: 9 significant digits, null for NaN and infinity.
 std::string json_number(double v);
+
+// One value of a step's record, as metrics.jsonl names and prints it. The list below is the one
+// place the record's fields are spelled: metrics.jsonl and TensorBoard's scalars both come from it.
+struct MetricField {
+  enum class Format { Significant, Integer, Fixed3, Fixed4, Fixed6 };
+  const char* name;
+  double value;
+  Format format;
+};
+// The fields of one step, in metrics.jsonl's order: the optional ones (peer_wait_share,
+// eval_loss, eval_perplexity) only when the step has them. `skipped` is not a number and is not
+// listed (metrics.jsonl adds it).
+std::vector<MetricField> step_metric_fields(const StepMetrics& m);
 
 // A metrics.jsonl line is a few hundred bytes; a longer one is not keel's and is skipped by the
 // readers (resume, loss.svg), which stream the file.

@@ -114,6 +114,7 @@ const std::vector<Field>& fields() {
       {"cache_dir", &Recipe::cache_dir},
       {"max_bad_fraction", &Recipe::max_bad_fraction},
       {"log_interval", &Recipe::log_interval},
+      {"report_to", &Recipe::report_to},
       {"eval_interval", &Recipe::eval_interval},
   };
   return table;
@@ -243,14 +244,15 @@ void apply_table(Recipe& r, const toml::table& t, const std::string& source, Whe
     if (it == fields().end())
       fail("{}: unknown key '{}'{}. `keel train --print-recipe` lists every key.", at, key,
            suggestion(key, all_keys()));
-    if ((key == "lora_target" || key == "additional_target") && node.is_array()) {  // ["q_proj", "v_proj"]
+    // ["q_proj", "v_proj"], ["tensorboard"]: lists kept as the names between commas.
+    if ((key == "lora_target" || key == "additional_target" || key == "report_to") && node.is_array()) {
       std::string joined;
       for (const auto& item : *node.as_array()) {
         require(item.is_string(), "{}: key '{}' expects a string or a list of strings, found {} in the list", at, key,
                 type_name(item));
         joined += (joined.empty() ? "" : ",") + *item.value<std::string>();
       }
-      (key == "lora_target" ? r.lora_target : r.additional_target) = joined;
+      (key == "lora_target" ? r.lora_target : key == "report_to" ? r.report_to : r.additional_target) = joined;
       where.place[key] = at;
       continue;
     }
@@ -405,6 +407,16 @@ void validate_recipe(const Recipe& r, const Where& w) {
   require(r.max_bad_fraction >= 0 && r.max_bad_fraction <= 1, "{}: key 'max_bad_fraction' must be in [0, 1], got {}",
           w.of("max_bad_fraction"), r.max_bad_fraction);
   require(!r.output_dir.empty(), "{}: key 'output_dir' must not be empty", w.of("output_dir"));
+  const auto reports = report_destinations(r);
+  for (const auto& name : reports) {
+    require(name == "none" || name == "tensorboard" || name == "all",
+            "{}: key 'report_to' = \"{}\": keel reports to \"tensorboard\" (event files under output_dir/runs/), "
+            "\"all\" (the same) or \"none\"; \"{}\" is not one of them",
+            w.of("report_to"), r.report_to, name);
+    require(name != "none" || reports.size() == 1, "{}: key 'report_to' = \"{}\" lists \"none\" beside other names",
+            w.of("report_to"), r.report_to);
+  }
+  require(!reports.empty(), "{}: key 'report_to' is empty; use \"none\" for no reporting", w.of("report_to"));
   if (r.model_config) {
     const auto& m = *r.model_config;
     for (auto [v, k] : {std::pair{m.vocab_size, "vocab_size"},
@@ -545,6 +557,12 @@ std::vector<std::string> comma_list(const std::string& text) {
 
 std::vector<std::string> lora_targets(const Recipe& r) { return comma_list(r.lora_target); }
 std::vector<std::string> additional_targets(const Recipe& r) { return comma_list(r.additional_target); }
+std::vector<std::string> report_destinations(const Recipe& r) { return comma_list(r.report_to); }
+bool reports_to_tensorboard(const Recipe& r) {
+  for (const auto& name : report_destinations(r))
+    if (name == "tensorboard" || name == "all") return true;
+  return false;
+}
 
 double lora_alpha(const Recipe& r) { return r.lora_alpha > 0 ? r.lora_alpha : 2.0 * double(r.lora_rank); }
 

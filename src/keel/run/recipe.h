@@ -106,6 +106,10 @@ struct Recipe {
   int64_t keep_last_n = 3;          // training-state checkpoints kept (older ones deleted)
   bool fail_on_save_error = false;  // false: a failed save is reported and retried at the next interval
   int64_t log_interval = 1;
+  // Where metrics go besides metrics.jsonl, as transformers' report_to: "none", "tensorboard"
+  // (event files under output_dir/runs/) or "all" (every integration keel has: TensorBoard); a
+  // TOML list of those names is accepted too.
+  std::string report_to = "none";
   int64_t eval_interval = 0;
   bool skip_nonfinite_steps = false;  // false: a NaN/Inf loss or gradient stops training
 
@@ -134,6 +138,9 @@ std::string recipe_tokenizer_path(const Recipe& r);
 std::vector<std::string> lora_targets(const Recipe& r);
 // additional_target as a list (the names between commas, trimmed).
 std::vector<std::string> additional_targets(const Recipe& r);
+// report_to as a list, and whether it asks for TensorBoard event files.
+std::vector<std::string> report_destinations(const Recipe& r);
+bool reports_to_tensorboard(const Recipe& r);
 // lora_alpha as used: the recipe's, or 2 x lora_rank when 0.
 double lora_alpha(const Recipe& r);
 

@@ -30,6 +30,7 @@
 #include "keel/report/memory_report.h"
 #include "keel/train/lr_schedule.h"
 #include "keel/report/metrics.h"
+#include "keel/report/tensorboard.h"
 #include "keel/run/model_setup.h"
 #include "keel/train/optimizer.h"
 #include "keel/run/run_guard.h"
@@ -154,6 +155,15 @@ class Trainer {
     std::unique_ptr<report::MetricsWriter> metrics;
     if (comm_.rank() == 0)
       metrics = std::make_unique<report::MetricsWriter>(r_.output_dir + "/metrics.jsonl", state_.step);
+    std::unique_ptr<report::TensorBoardLog> tensorboard;
+    if (comm_.rank() == 0 && run::reports_to_tensorboard(r_)) {
+      tensorboard = std::make_unique<report::TensorBoardLog>(r_.output_dir, run::recipe_to_toml(r_), state_.step + 1,
+                                                             r_.log_interval);
+      fmt::print(log_, "keel: TensorBoard events in {} (report_to = \"{}\"){}\n", tensorboard->path(), r_.report_to,
+                 state_.step > 0 ? fmt::format("; steps from {} on replace what an earlier run logged there",
+                                               state_.step + 1)
+                                 : "");
+    }
     report::Progress progress(log_, max_steps_, r_.log_interval, options_.terminal);
     fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}\n", config_.architecture,
                config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, loader_->sequences(),
@@ -175,17 +185,26 @@ class Trainer {
       report::StepMetrics m = train_step(step);
       state_.step = step;
       state_.samples_consumed = step * loader_->samples_per_step();
-      if (eval_due(step)) evaluate_into(m);
+      if (eval_due(step)) {
+        evaluate_into(m);
+        if (options_.on_evaluate && comm_.rank() == 0) options_.on_evaluate(step, m.eval_loss, m.eval_perplexity);
+      }
       const bool interrupted = (interrupt_agreed() || step == options_.stop_after_step) && step < max_steps_;
       if (!r_.checkpoint_dir.empty() &&
           (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0))) {
         comm_.set_wait_context(save_wait_context(step));  // cleared by the next step's first collective
-        save_checkpoint(checkpoints_.get(), m, progress);
+        if (save_checkpoint(checkpoints_.get(), m, progress) && options_.on_save)
+          options_.on_save(step, r_.checkpoint_dir);
       }
       // No checkpoint_dir: an interrupted run's work is kept in output_dir/interrupted/ all the same.
       std::string saved_to;
       if (interrupted && r_.checkpoint_dir.empty()) saved_to = save_interrupted(m, progress);
+      if (!saved_to.empty() && options_.on_save) options_.on_save(step, saved_to);
       if (metrics) metrics->write(m);
+      if (tensorboard) tensorboard->write(m);
+      if (options_.on_log && comm_.rank() == 0 &&
+          (step % r_.log_interval == 0 || step == max_steps_ || interrupted))
+        options_.on_log(m);
       result.summary.add_step(m);
       progress.step(m, seconds_since(start));
       if (interrupted) {

@@ -2,11 +2,13 @@
 // exported model.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <ostream>
 #include <string>
 #include <vector>
 
 #include "keel/run/recipe.h"
+#include "keel/report/metrics.h"
 #include "keel/report/summary.h"
 
 namespace keel::train {
@@ -24,6 +26,13 @@ struct TrainOptions {
   bool resume_with_new_data = false;
   // The command line's --set overrides, repeated in the resume commands keel prints.
   std::vector<std::string> overrides;
+  // For callers embedding the trainer (the Python package's callbacks), on rank 0, on the training
+  // thread: each step at the log interval (and the last) with metrics.jsonl's record, each
+  // evaluation, each checkpoint save (its step and checkpoint_dir, or output_dir/interrupted).
+  // An exception thrown by one ends the run as keel's own errors do.
+  std::function<void(const report::StepMetrics&)> on_log;
+  std::function<void(int64_t step, double eval_loss, double eval_perplexity)> on_evaluate;
+  std::function<void(int64_t step, const std::string& directory)> on_save;
 };
 
 struct TrainResult {
