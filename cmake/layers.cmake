@@ -39,3 +39,17 @@ function(keel_layer room)
   target_include_directories(keel_${room} PRIVATE ${root})
   target_link_libraries(keel_${room} PUBLIC ${below_targets} ${L_PUBLIC_LINK} PRIVATE ${L_PRIVATE_LINK})
 endfunction()
+
+# keel_top_app(TARGET ROOM): TARGET (the CLI, the Python extension) is an app on top of every layer:
+# it sees its own room and every other one, kernels through its public seam only, and links them all.
+function(keel_top_app target room)
+  set(view ${CMAKE_BINARY_DIR}/layers/${room})
+  file(REMOVE_RECURSE ${view})
+  file(MAKE_DIRECTORY ${view}/keel)
+  foreach(r ${room} train checkpoint report run cluster distributed data model kernels core)
+    keel_view_room(${view}/keel ${r})
+  endforeach()
+  target_include_directories(${target} PRIVATE ${view})
+  target_link_libraries(${target} PRIVATE keel_train keel_cluster keel_checkpoint keel_report keel_run
+                        keel_distributed keel_data keel_model keel_kernels keel_core)
+endfunction()

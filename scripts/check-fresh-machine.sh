@@ -3,7 +3,8 @@
 # `debootstrap --variant=minbase bookworm` root, copies a clean clone of the current commit into a
 # throw-away copy of it, and runs the commands there under chroot, as a new user's machine would.
 #
-#   scripts/check-fresh-machine.sh                 demo, then every test (scripts/demo.sh, scripts/test.sh)
+#   scripts/check-fresh-machine.sh                 demo, then every test (scripts/demo.sh, scripts/test.sh),
+#                                                  then `pip install .` and the Python package's tests
 #   scripts/check-fresh-machine.sh --configure-only  install-deps + the Python environment + CMake configure
 #                                                  (the cheap part CI runs on every submission)
 #   scripts/check-fresh-machine.sh --keep          leave the root in place afterwards (its path is printed)
@@ -128,5 +129,12 @@ if [ "$mode" = configure ]; then
 else
   in_root demo 'scripts/demo.sh' || status=$?
   in_root test 'scripts/test.sh' || status=$?
+  # The Python package as a user installs it: `pip install .` (build dependencies from PyPI, the
+  # build/ that scripts/test.sh left reused), then its tests against the installed package, the
+  # `keel` command pip put on the environment's PATH and the article's rank-table module.
+  in_root package 'python=$(scripts/python-env.sh) && "$python" -m pip install -q . && cd / &&
+    "$python" -m pytest -q -p no:cacheprovider /root/keel/tests/python &&
+    "$(dirname "$python")/keel" --version &&
+    "$python" -m keel.rank_table --npu_count 4 --topology hccs_full_mesh --out /tmp/rank_table.json' || status=$?
 fi
 exit $status

@@ -16,6 +16,7 @@ packages=(
   zlib1g-dev libzstd-dev   # keel prepare: .jsonl.gz and .jsonl.zst input
   libopenblas0-pthread   # a real BLAS for numpy/torch peers (the reference BLAS runs 25x slower)
   python3 python3-venv  # the reference/peer environment (scripts/python-env.sh) is a venv
+  python3-dev            # Python.h: the keel Python package's extension (pyproject.toml)
   ca-certificates curl git
 )
 

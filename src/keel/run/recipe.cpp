@@ -183,9 +183,10 @@ std::string type_name(const toml::node& n) {
   }
 }
 
-std::string place_of(const toml::node& n, const std::string& source) {
+// `one_line`: the source is an override (--set, a TrainingConfig keyword), named whole.
+std::string place_of(const toml::node& n, const std::string& source, bool one_line) {
   const auto& s = n.source();
-  if (s.begin.line == 0 || source.rfind("--set", 0) == 0) return source;  // overrides are one line
+  if (s.begin.line == 0 || one_line) return source;
   return fmt::format("{}:{}", source, s.begin.line);
 }
 
@@ -212,11 +213,12 @@ void assign(S& r, const FieldOf<S>& f, const toml::node& n, const std::string& w
       f.member);
 }
 
-void parse_model_config_table(Recipe& r, const toml::table& t, const std::string& source, Where& where) {
+void parse_model_config_table(Recipe& r, const toml::table& t, const std::string& source, Where& where,
+                              bool one_line) {
   ScratchModel m;
   for (const auto& [k, node] : t) {
     const std::string key(k.str());
-    const std::string at = place_of(node, source);
+    const std::string at = place_of(node, source, one_line);
     const std::string full = "model_config." + key;
     where.place[full] = at;
     const auto& table = model_config_fields();
@@ -229,13 +231,13 @@ void parse_model_config_table(Recipe& r, const toml::table& t, const std::string
   r.model_config = m;
 }
 
-void apply_table(Recipe& r, const toml::table& t, const std::string& source, Where& where) {
+void apply_table(Recipe& r, const toml::table& t, const std::string& source, Where& where, bool one_line = false) {
   for (const auto& [k, node] : t) {
     const std::string key(k.str());
-    const std::string at = place_of(node, source);
+    const std::string at = place_of(node, source, one_line);
     if (key == "model_config") {
       require(node.is_table(), "{}: key 'model_config' expects a table, found {}", at, type_name(node));
-      parse_model_config_table(r, *node.as_table(), source, where);
+      parse_model_config_table(r, *node.as_table(), source, where, one_line);
       where.place["model_config"] = at;
       continue;
     }
@@ -261,9 +263,15 @@ void apply_table(Recipe& r, const toml::table& t, const std::string& source, Whe
   }
 }
 
-void apply_override(Recipe& r, const std::string& kv, Where& where) {
+// `label` names where overrides come from: "--set" (the command line: "--set kv") or a caller's
+// name such as "TrainingConfig" (the Python package: "TrainingConfig(kv)").
+std::string override_place(const std::string& label, const std::string& kv) {
+  return label == "--set" ? "--set " + kv : fmt::format("{}({})", label, kv);
+}
+
+void apply_override(Recipe& r, const std::string& kv, Where& where, const std::string& label) {
   auto eq = kv.find('=');
-  require(eq != std::string::npos && eq > 0, "--set '{}': expected key=value", kv);
+  require(eq != std::string::npos && eq > 0, "{} '{}': expected key=value", label, kv);
   std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
   toml::table t;
   try {
@@ -273,12 +281,14 @@ void apply_override(Recipe& r, const std::string& kv, Where& where) {
     try {
       t = toml::parse(std::string_view(key + " = " + toml_quote(value)), std::string_view("--set"));
     } catch (const toml::parse_error& e) {  // not a key (`--set 'a b=1'`), or not a value even quoted
-      fail("--set '{}': expected key=value with a recipe key and a TOML value: {}", kv, e.description());
+      fail("{}: expected key=value with a recipe key and a TOML value: {}",
+           label == "--set" ? fmt::format("--set '{}'", kv) : override_place(label, kv), e.description());
     }
   }
-  Where local{"--set " + kv, {}};
-  apply_table(r, t, "--set " + kv, local);
-  for (auto& [k, v] : local.place) where.place[k] = "--set " + kv;
+  const std::string place = override_place(label, kv);
+  Where local{place, {}};
+  apply_table(r, t, place, local, /*one_line=*/true);
+  for (auto& [k, v] : local.place) where.place[k] = place;
 }
 
 void validate_finetuning(const Recipe& r, const Where& w) {
@@ -432,7 +442,8 @@ void validate_recipe(const Recipe& r, const Where& w) {
 
 }  // namespace
 
-Recipe parse_recipe(const std::string& text, const std::string& source, const std::vector<std::string>& overrides) {
+Recipe parse_recipe(const std::string& text, const std::string& source, const std::vector<std::string>& overrides,
+                    const std::string& override_label) {
   Recipe r;
   r.source = source;
   Where where{source, {}};
@@ -443,7 +454,7 @@ Recipe parse_recipe(const std::string& text, const std::string& source, const st
     fail("{}:{}:{}: invalid TOML: {}", source, e.source().begin.line, e.source().begin.column, e.description());
   }
   apply_table(r, t, source, where);
-  for (const auto& kv : overrides) apply_override(r, kv, where);
+  for (const auto& kv : overrides) apply_override(r, kv, where, override_label);
   validate_recipe(r, where);
   return r;
 }
@@ -453,7 +464,12 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
   // Which keys the overrides set: those are relative to the current directory.
   std::set<std::string> from_command_line;
   for (const auto& kv : overrides) from_command_line.insert(kv.substr(0, kv.find('=')));
-  const fs::path recipe_dir = fs::absolute(path).parent_path();
+  make_paths_absolute(r, fs::absolute(path).parent_path().string(), from_command_line);
+  return r;
+}
+
+void make_paths_absolute(Recipe& r, const std::string& base_dir, const std::set<std::string>& keys_from_cwd) {
+  const fs::path recipe_dir = base_dir;
   for (auto [key, value] : {std::pair{"model_name", &r.model_name},
                             {"data_path", &r.data_path},
                             {"eval_data_path", &r.eval_data_path},
@@ -463,10 +479,16 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
                             {"cache_dir", &r.cache_dir},
                             {"adapter_name_or_path", &r.adapter_name_or_path}}) {
     if (value->empty() || fs::path(*value).is_absolute()) continue;
-    const fs::path base = from_command_line.count(key) ? fs::current_path() : recipe_dir;
+    const fs::path base = keys_from_cwd.count(key) ? fs::current_path() : recipe_dir;
     *value = (base / *value).lexically_normal().string();
   }
-  return r;
+}
+
+std::vector<std::pair<std::string, std::string>> recipe_key_aliases() {
+  std::vector<std::pair<std::string, std::string>> aliases;
+  for (const auto& f : fields())
+    if (f.alias) aliases.emplace_back(f.alias, f.key);
+  return aliases;
 }
 
 std::string toml_quote(const std::string& s) {

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -124,8 +125,15 @@ struct Recipe {
 // Parses a recipe file; `overrides` are "key=value" strings applied after the file (--set),
 // with values in TOML syntax (strings may be bare). Validates every field and their combinations.
 Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides = {});
+// `override_label` names the overrides in messages: "--set" (the CLI: "--set key=value: ...") or
+// a caller's name ("TrainingConfig": "TrainingConfig(key=value): ..."). Paths stay as written.
 Recipe parse_recipe(const std::string& toml_text, const std::string& source,
-                    const std::vector<std::string>& overrides = {});
+                    const std::vector<std::string>& overrides = {}, const std::string& override_label = "--set");
+// The path keys made absolute: relative to `base_dir`, or to the current directory for the keys
+// in `keys_from_cwd` (load_recipe: the file's directory, and the cwd for --set keys).
+void make_paths_absolute(Recipe& r, const std::string& base_dir, const std::set<std::string>& keys_from_cwd = {});
+// Second names accepted for keys (cann-recipes-train's spelling -> keel's key).
+std::vector<std::pair<std::string, std::string>> recipe_key_aliases();
 
 // The fully resolved recipe (every key with its value, defaults included) as TOML.
 std::string recipe_to_toml(const Recipe& r);
