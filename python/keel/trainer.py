@@ -1,5 +1,6 @@
 """keel.Trainer: `keel train` from Python, the same trainer as the CLI, with callbacks."""
 import json
+import os
 import signal
 import sys
 
@@ -55,3 +56,20 @@ class Trainer:
             raise KeyboardInterrupt("keel: training stopped by Ctrl-C after %d step(s) of this run; resume with "
                                     "train(resume=\"auto\")" % self.summary.get("steps", 0))
         return self.summary
+
+    def evaluate(self):
+        """Loss and perplexity on eval_data_path, computed as training evaluates. After train():
+        of the trained model (output_dir/final: the model, or the LoRA adapter on model_name);
+        before: of the config's model. Returns {"eval_loss", "eval_perplexity", "eval_target_tokens"}."""
+        config = self.config
+        if self.summary is not None and not self.summary.get("interrupted"):
+            values = config.to_dict()
+            final = os.path.join(config.output_dir, "final")
+            if config.finetuning_type == "lora":
+                values["adapter_name_or_path"] = final
+            else:
+                values["model_name"] = final
+                values.pop("model_config", None)
+            config = TrainingConfig(**values)
+        sys.stdout.flush()
+        return dict(_native.evaluate(config.to_toml(), "TrainingConfig"))

@@ -109,6 +109,20 @@ def test_callbacks(tmp_path):
     assert seen["save"] == [(3, str(tmp_path / "ckpt")), (6, str(tmp_path / "ckpt")), (8, str(tmp_path / "ckpt"))]
 
 
+def test_evaluate_before_and_after_training(tmp_path):
+    config = small_config(tmp_path, eval_data_path=write_counting_data(tmp_path / "eval.jsonl", 20, 9),
+                          eval_interval=4)
+    trainer = keel.Trainer(config)
+    before = trainer.evaluate()
+    summary = trainer.train()
+    after = trainer.evaluate()
+    # The trained model (output_dir/final) gives what the run's last evaluation logged.
+    assert after["eval_loss"] == pytest.approx(summary["eval_loss"], rel=1e-6)
+    assert after["eval_loss"] < before["eval_loss"] and after["eval_target_tokens"] > 0
+    with pytest.raises(keel.Error, match="eval_data_path"):
+        keel.Trainer(small_config(tmp_path, output_dir=str(tmp_path / "other"))).evaluate()
+
+
 def test_an_exception_in_a_callback_stops_the_run(tmp_path):
     def on_log(step, metrics):
         if step == 4:

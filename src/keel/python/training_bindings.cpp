@@ -12,6 +12,7 @@
 #include "keel/python/bindings.h"
 #include "keel/report/memory_report.h"
 #include "keel/run/recipe.h"
+#include "keel/train/evaluation.h"
 #include "keel/train/trainer.h"
 
 namespace nb = nanobind;
@@ -111,6 +112,24 @@ void bind_training(nb::module_& m) {
         "stop_after"_a = 0, "on_log"_a = nb::none(), "on_evaluate"_a = nb::none(), "on_save"_a = nb::none(),
         "Runs `keel train` on a resolved recipe; returns the summary (JSON text) and whether a signal or "
         "stop_after stopped it early.");
+  m.def(
+      "evaluate",
+      [](const std::string& resolved_recipe, const std::string& source) {
+        const run::Recipe recipe = run::parse_recipe(resolved_recipe, source);
+        train::EvalResult result;
+        {
+          nb::gil_scoped_release released;
+          result = train::evaluate_recipe(recipe, std::cout);
+          std::cout.flush();
+        }
+        nb::dict out;
+        out["eval_loss"] = result.loss;
+        out["eval_perplexity"] = result.perplexity;
+        out["eval_target_tokens"] = result.target_tokens;
+        return out;
+      },
+      "resolved_recipe"_a, "source"_a,
+      "The recipe's model on its eval_data_path, as training evaluates: loss, perplexity, target tokens.");
   m.def(
       "plan",
       [](const std::string& resolved_recipe, const std::string& source, int64_t dp, int zero_stage,

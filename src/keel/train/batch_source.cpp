@@ -248,6 +248,10 @@ bool is_pretokenized_jsonl(const std::string& path) {
 
 }  // namespace
 
+int32_t model_pad_id(const model::ModelConfig& config) {
+  return config.pad_token_id >= 0 && config.pad_token_id < config.vocab_size ? int32_t(config.pad_token_id) : 0;
+}
+
 std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const run::Recipe& r,
                                                const BatchSourceOptions& o, std::ostream& log) {
   const bool plain_jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "keel/data/shard_loader.h"
+#include "keel/model/config.h"
 #include "keel/run/recipe.h"
 
 namespace keel::train {
@@ -37,6 +38,9 @@ struct BatchSourceOptions {
   int64_t vocab_size = 0;
   int32_t pad_id = 0;
 };
+
+// The id padding gets in a run of this model: its pad_token_id when it has one in its vocabulary, else 0.
+int32_t model_pad_id(const model::ModelConfig& config);
 
 // Opens `path` as the recipe says (tokenizer, packing, chat template, loader threads).
 std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const run::Recipe& recipe,

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "keel/core/error.h"
+#include "keel/run/model_setup.h"
+
 namespace keel::train {
 
 EvalResult evaluate(model::Decoder& decoder, BatchSource& loader) {
@@ -30,6 +33,27 @@ EvalResult evaluate(model::Decoder& decoder, BatchSource& loader) {
   result.loss = result.target_tokens > 0 ? loss_sum / double(result.target_tokens) : 0.0;
   result.perplexity = std::exp(result.loss);
   return result;
+}
+
+BatchSourceOptions evaluation_source_options(const run::Recipe& r, const model::ModelConfig& config) {
+  return BatchSourceOptions{.batch_size = r.batch_size,
+                            .seq_len = r.max_seq_len,
+                            .micro_batches_per_step = 1,
+                            .rank = 0,
+                            .ranks = 1,
+                            .shuffle = false,  // every eval sequence once, in order
+                            .seed = uint64_t(r.seed),
+                            .vocab_size = config.vocab_size,
+                            .pad_id = model_pad_id(config)};
+}
+
+EvalResult evaluate_recipe(const run::Recipe& r, std::ostream& log) {
+  require(!r.eval_data_path.empty(), "{}: evaluation needs eval_data_path (held-out records)", r.source);
+  run::ModelSetup setup = run::setup_model(r, /*rank=*/0, &log);
+  model::Decoder& decoder = *setup.decoder;
+  run::require_sequence_fits_model(r, decoder.config());
+  auto loader = open_batch_source(r.eval_data_path, r, evaluation_source_options(r, decoder.config()), log);
+  return evaluate(decoder, *loader);
 }
 
 }  // namespace keel::train

@@ -2,9 +2,11 @@
 // -100-ignoring loss as training) and its perplexity.
 #pragma once
 #include <cstdint>
+#include <ostream>
 
 #include "keel/train/batch_source.h"
 #include "keel/model/decoder.h"
+#include "keel/run/recipe.h"
 
 namespace keel::train {
 
@@ -16,5 +18,13 @@ struct EvalResult {
 // Runs every sequence once, in order: `source` must read without shuffling, one rank, one
 // micro-batch per step. Rows of a last partial batch (wrapped around to the start) carry no loss.
 EvalResult evaluate(model::Decoder& decoder, BatchSource& source);
+
+// How evaluation reads eval_data_path: every sequence once, in order, one rank, batch_size rows.
+BatchSourceOptions evaluation_source_options(const run::Recipe& recipe, const model::ModelConfig& config);
+
+// The recipe's model (model_name, with adapter_name_or_path for LoRA; or a new [model_config]
+// model) evaluated on its eval_data_path, as a training run evaluates: batch_size rows of
+// max_seq_len, the same data preparation. keel.Trainer.evaluate() calls it.
+EvalResult evaluate_recipe(const run::Recipe& recipe, std::ostream& log);
 
 }  // namespace keel::train

@@ -86,8 +86,7 @@ class Trainer {
     for (const auto& name : setup_.unused_tensors)
       fmt::print(log_, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
                  config_.architecture);
-    pad_id_ =
-        config_.pad_token_id >= 0 && config_.pad_token_id < config_.vocab_size ? int32_t(config_.pad_token_id) : 0;
+    pad_id_ = model_pad_id(config_);
     BatchSourceOptions source{.batch_size = r.batch_size,
                               .seq_len = r.max_seq_len,
                               .micro_batches_per_step = r.gradient_accumulation_steps,
@@ -98,13 +97,8 @@ class Trainer {
                               .vocab_size = config_.vocab_size,
                               .pad_id = pad_id_};
     loader_ = open_batch_source(r.data_path, r, source, log_);
-    if (!r.eval_data_path.empty()) {
-      source.micro_batches_per_step = 1;
-      source.rank = 0;
-      source.ranks = 1;
-      source.shuffle = false;  // every eval sequence once, in order
-      eval_loader_ = open_batch_source(r.eval_data_path, r, source, log_);
-    }
+    if (!r.eval_data_path.empty())
+      eval_loader_ = open_batch_source(r.eval_data_path, r, evaluation_source_options(r, config_), log_);
     max_steps_ = resolve_max_steps(r, loader_->sequences());
     optimizer_ = std::make_unique<AdamW>(decoder_.backend(), decoder_.trainable(),
                                          AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon, r.weight_decay});
