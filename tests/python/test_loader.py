@@ -173,6 +173,17 @@ def _positions(seg, mask):
     return np.array(out)
 
 
+def test_a_prepared_directory_gives_the_same_batches(chat_setup, tmp_path):
+    """keel.prepare's directory (keel prepare) and the raw JSONL prepared by keel.Dataset itself."""
+    keel.prepare(chat_setup["data"], tmp_path / "prepared", tokenizer=chat_setup["model"], max_seq_len=SEQ,
+                 chat_template="chatml")
+    raw = keel.DataLoader(packed_dataset(chat_setup, tmp_path), batch_size=3, seed=2, num_workers=0)
+    prepared = keel.DataLoader(keel.Dataset(str(tmp_path / "prepared")), batch_size=3, seed=2, num_workers=0)
+    assert len(raw) == len(prepared)
+    for a, b in zip(raw, prepared):
+        assert same(flatten(a), flatten(b))
+
+
 def test_ranks_split_the_global_batch(tmp_path):
     data = write_counting_data(tmp_path / "ids.jsonl", 50, seed=3)
     dataset = keel.Dataset(data, max_seq_len=24, packing="pad", vocab_size=32, cache_dir=str(tmp_path / "cache"))

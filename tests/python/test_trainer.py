@@ -11,7 +11,10 @@
 """
 import json
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -19,6 +22,7 @@ import torch
 import transformers
 
 import keel
+import keel._command
 from conftest import (SMALL_MODEL, metrics_lines, run_cli, without_timing, write_counting_data, write_recipe)
 
 
@@ -178,6 +182,28 @@ def test_other_threads_run_while_keel_trains(tmp_path):
     assert all(b > a for a, b in zip(seen_at_log, seen_at_log[1:])), seen_at_log
 
 
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="no mpirun (Open MPI: scripts/install-deps.sh)")
+def test_data_parallel_under_mpirun(tmp_path):
+    """`mpirun -np 2 python train.py` trains as `mpirun -np 2 keel train recipe.toml` does."""
+    config = small_config(tmp_path, dp_degree=2, batch_size=2, output_dir=str(tmp_path / "python"))
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text(config.to_toml().replace(str(tmp_path / "python"), str(tmp_path / "cli")))
+    script = tmp_path / "train.py"
+    script.write_text("import sys, keel\nconfig = keel.TrainingConfig.from_toml(sys.argv[1])\n"
+                      "print('steps', keel.Trainer(config).train()['steps'])\n")
+    (tmp_path / "python.toml").write_text(config.to_toml())
+    mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1"]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    python = subprocess.run(mpirun + ["-x", "PYTHONPATH", sys.executable, str(script), str(tmp_path / "python.toml")],
+                            capture_output=True, text=True, env=env, timeout=300)
+    assert python.returncode == 0, python.stdout[-2000:] + python.stderr[-2000:]
+    assert python.stdout.count("steps 8") == 2  # both ranks return the summary
+    cli = subprocess.run(mpirun + [keel._command.keel_binary(), "train", str(recipe)], capture_output=True, text=True,
+                         timeout=300)
+    assert cli.returncode == 0, cli.stderr[-2000:]
+    assert without_timing(metrics_lines(tmp_path / "python")) == without_timing(metrics_lines(tmp_path / "cli"))
+
+
 def test_plan_prepare_generate_as_the_cli(tmp_path, chat_setup):
     config = small_config(tmp_path)
     plan = keel.plan(config, dp=2, zero_stage=1, device_memory="1GB")
@@ -201,3 +227,15 @@ def test_plan_prepare_generate_as_the_cli(tmp_path, chat_setup):
     assert cli.returncode == 0 and text == cli.stdout
     with pytest.raises(keel.Error, match="config.json"):
         keel.generate(str(tmp_path / "nowhere"), "x")
+
+
+def test_rank_table_as_the_article_spells_it(tmp_path):
+    """python -m keel.rank_table --npu_count 4 --topology hccs_full_mesh: `keel rank-table`'s table."""
+    python = subprocess.run([sys.executable, "-m", "keel.rank_table", "--npu_count", "4", "--topology",
+                             "hccs_full_mesh", "--out", str(tmp_path / "python.json")], capture_output=True, text=True,
+                            env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert python.returncode == 0, python.stderr
+    cli = run_cli("rank-table", "--npu-count", 4, "--topology", "hccs_full_mesh", "--out", tmp_path / "cli.json")
+    assert cli.returncode == 0, cli.stderr
+    a, b = (json.load(open(tmp_path / n)) for n in ("python.json", "cli.json"))
+    assert a == b and len(a["server_list"][0]["device"]) == 4
