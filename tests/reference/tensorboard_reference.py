@@ -28,7 +28,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c  # noqa: E402
 
 # metrics.jsonl prints some values to fixed decimals; the event file holds float32.
-DECIMALS = {"tokens_per_s": 3, "step_time_s": 6, "checkpoint_s": 6}
+DECIMALS = {"tokens_per_s": 3, "step_time_s": 6, "checkpoint_s": 6, "peak_memory_gb": 4}
 
 
 def write_recipe(work, out, ckpt):
@@ -129,7 +129,8 @@ def main():
             compared += 1
             check(abs(e.value - want) <= tol, "%s at step %d: %r in the event file, %r in metrics.jsonl"
                   % (tag, e.step, e.value, want))
-    check("eval/loss" in tags and "train/loss" in tags and "train/lr" in tags, "loss, lr and eval loss are logged")
+    check({"eval/loss", "train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "train/peak_memory_gb"}
+          <= tags, "loss, lr, gradient norm, throughput, memory and eval loss are logged")
     print("compared %d scalars over %d tags" % (compared, len(tags)))
 
     texts = acc.Tags()["tensors"]

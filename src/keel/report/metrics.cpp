@@ -69,6 +69,8 @@ std::vector<MetricField> step_metric_fields(const StepMetrics& m) {
       {"checkpoint_s", m.checkpoint_s, F::Fixed6},
   };
   if (m.peer_wait_s > 0) fields.push_back({"peer_wait_share", m.peer_wait_s / t, F::Fixed4});
+  // In GB of 1e9 bytes, as the summary table prints the run's peak.
+  if (m.peak_memory_bytes > 0) fields.push_back({"peak_memory_gb", double(m.peak_memory_bytes) / 1e9, F::Fixed4});
   if (m.eval_loss >= 0) {
     fields.push_back({"eval_loss", m.eval_loss, F::Significant});
     fields.push_back({"eval_perplexity", m.eval_perplexity, F::Significant});

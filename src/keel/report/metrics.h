@@ -19,6 +19,7 @@ struct StepMetrics {
   // rank waited for the slowest one to arrive, not transfer time (data parallel only).
   double peer_wait_s = 0;
   double eval_loss = -1, eval_perplexity = -1;  // negative: not evaluated at this step
+  int64_t peak_memory_bytes = 0;                // the process's resident high-water mark after the step (VmHWM)
   bool skipped = false;                         // non-finite loss or gradient, step not applied
 };
 
@@ -34,7 +35,7 @@ struct MetricField {
   Format format;
 };
 // The fields of one step, in metrics.jsonl's order: the optional ones (peer_wait_share,
-// eval_loss, eval_perplexity) only when the step has them. `skipped` is not a number and is not
+// peak_memory_gb, eval_loss, eval_perplexity) only when the step has them. `skipped` is not a number and is not
 // listed (metrics.jsonl adds it).
 std::vector<MetricField> step_metric_fields(const StepMetrics& m);
 

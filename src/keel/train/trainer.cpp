@@ -177,6 +177,7 @@ class Trainer {
     const auto start = Clock::now();
     for (int64_t step = state_.step + 1; step <= max_steps_; ++step) {
       report::StepMetrics m = train_step(step);
+      m.peak_memory_bytes = int64_t(peak_resident_bytes());  // a read of /proc: allocates nothing
       state_.step = step;
       state_.samples_consumed = step * loader_->samples_per_step();
       if (eval_due(step)) {
