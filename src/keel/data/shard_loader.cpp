@@ -36,7 +36,9 @@ void fill_packed_row(const ShardFile::SequenceView& s, int64_t seq, int32_t pad_
     tg[t] = next_in_doc && s.target(t + 1) ? int32_t(s.tokens[size_t(t + 1)]) : kIgnore;
     target_tokens += tg[t] != kIgnore;
   }
-  // Padding: its own segment (no real token attends to it, and it to none), positions from 0.
+  // Padding: its own segment (no real token attends to it, and it to none), positions from 0. Its
+  // id, docs.size(), is one past the next document id: keel.DataLoader (python/keel/data.py)
+  // finds where padding starts by that step of two.
   const int32_t pad_segment = int32_t(docs.size());
   for (int64_t t = len; t < seq; ++t) {
     in[t] = pad_id;
