@@ -192,3 +192,15 @@ TEST(Recipe, ReportToAsTransformersSpellsIt) {
   EXPECT_NE(e.find("lists \"none\" beside other names"), std::string::npos) << e;
   EXPECT_NE(error_of(std::string(kMinimal) + "report_to = []\n").find("'report_to' is empty"), std::string::npos);
 }
+
+TEST(Recipe, OverlapGradSyncIsAutoTrueOrFalse) {
+  EXPECT_EQ(parse_recipe(kMinimal, "r.toml").overlap_grad_sync, "auto");
+  EXPECT_EQ(parse_recipe(std::string(kMinimal) + "overlap_grad_sync = true\n", "r").overlap_grad_sync, "true");
+  EXPECT_EQ(parse_recipe(kMinimal, "r", {"overlap_grad_sync=false"}).overlap_grad_sync, "false");
+  EXPECT_EQ(parse_recipe(kMinimal, "r", {"overlap_grad_sync=auto"}).overlap_grad_sync, "auto");
+  const auto e = error_of(std::string(kMinimal) + "overlap_grad_sync = \"sometimes\"\n");
+  EXPECT_NE(e.find("r.toml:5: key 'overlap_grad_sync' must be true, false or \"auto\""), std::string::npos) << e;
+  // The resolved recipe (what checkpoints keep) reads back.
+  const auto r = parse_recipe(keel::run::recipe_to_toml(parse_recipe(kMinimal, "r", {"overlap_grad_sync=true"})), "r");
+  EXPECT_EQ(r.overlap_grad_sync, "true");
+}

@@ -15,6 +15,7 @@
 #include "keel/cluster/launch.h"
 #include "keel/cluster/topology.h"
 #include "keel/cli/ladder.h"
+#include "keel/train/sync_overlap.h"
 #include "keel/run/recipe.h"
 
 namespace keel::cli {
@@ -118,6 +119,15 @@ int run_ladder(const LadderOptions& o) {
   for (auto& row : runs) results.push_back(cli::median_run(std::move(row)));
   cli::use_common_matmul_peak(results);
   fmt::print("\n{}", cli::ladder_table(results));
+  if (ranks > 1) {
+    // Rows 3 and 4 overlap by force, to measure it; a run with the default decides by the host, and
+    // keel launch gives each rank as many compute threads as it has cores.
+    train::HostCores host = train::host_cores(ranks);
+    host.usable = host.compute_threads = std::max(1, host.online / ranks);
+    fmt::print("note: rows 3 and 4 overlap the gradient sync (overlap_grad_sync = true, set by the ladder); with the "
+               "default, a run launched so here would decide: {}\n",
+               train::decide_overlap("auto", host).reason);
+  }
   const std::string json_path = out_dir + "/ladder.json";
   write_file_atomic(json_path, cli::ladder_json(o.recipe, o.steps, kWarmupSteps, o.repeats, stages, results));
   fmt::print("keel: the table is in {}; each row's run (log, metrics, summary) in {}/row-N{}\n", json_path, rows_dir,

@@ -246,6 +246,11 @@ void apply_table(Recipe& r, const toml::table& t, const std::string& source, Whe
     if (it == fields().end())
       fail("{}: unknown key '{}'{}. `keel train --print-recipe` lists every key.", at, key,
            suggestion(key, all_keys()));
+    if (key == "overlap_grad_sync" && node.is_boolean()) {  // true/false, as before "auto" existed
+      r.overlap_grad_sync = *node.value<bool>() ? "true" : "false";
+      where.place[key] = at;
+      continue;
+    }
     // ["q_proj", "v_proj"], ["tensorboard"]: lists kept as the names between commas.
     if ((key == "lora_target" || key == "additional_target" || key == "report_to") && node.is_array()) {
       std::string joined;
@@ -402,6 +407,9 @@ void validate_recipe(const Recipe& r, const Where& w) {
   positive(r.log_interval, "log_interval");
   require(r.bucket_size_mb > 0 && r.bucket_size_mb <= 4096, "{}: key 'bucket_size_mb' must be in (0, 4096]",
           w.of("bucket_size_mb"));
+  require(r.overlap_grad_sync == "auto" || r.overlap_grad_sync == "true" || r.overlap_grad_sync == "false",
+          "{}: key 'overlap_grad_sync' must be true, false or \"auto\", got \"{}\"", w.of("overlap_grad_sync"),
+          r.overlap_grad_sync);
   require(r.comm_timeout_s > 0, "{}: key 'comm_timeout_s' must be positive", w.of("comm_timeout_s"));
   require(r.zero_stage == 0 || r.zero_stage == 1, "{}: key 'zero_stage' must be 0 or 1", w.of("zero_stage"));
   require(r.eval_interval >= 0, "{}: key 'eval_interval' must not be negative", w.of("eval_interval"));

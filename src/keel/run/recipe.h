@@ -80,7 +80,10 @@ struct Recipe {
   int64_t dp_degree = 1;
   double bucket_size_mb = 25;         // gradient bucket size (HCCL_BUFFSIZE / DDP bucket_cap_mb analogue)
   bool deterministic_reduce = false;  // sum gradients in rank order: bit-identical runs whatever the timing
-  bool overlap_grad_sync = true;      // start each bucket's allreduce during the backward pass (false: after it)
+  // "true": start each bucket's allreduce during the backward pass; "false": after it; "auto" (the
+  // default): during it when the host has a core to spare per rank for the communication
+  // thread's progress, else after it (train/sync_overlap.h). TOML true/false are accepted.
+  std::string overlap_grad_sync = "auto";
   double comm_timeout_s = 600;        // a collective waiting longer ends the job (HCCL_CONNECT_TIMEOUT analogue)
   int64_t zero_stage = 0;             // 1: shard the AdamW moments across the dp ranks (ZeRO-1)
   bool use_flash_attention = true;

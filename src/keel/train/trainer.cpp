@@ -26,6 +26,7 @@
 #include "keel/train/evaluation.h"
 #include "keel/checkpoint/export.h"
 #include "keel/train/interrupt.h"
+#include "keel/train/sync_overlap.h"
 #include "keel/report/loss_plot.h"
 #include "keel/report/memory_report.h"
 #include "keel/train/lr_schedule.h"
@@ -110,8 +111,11 @@ class Trainer {
       if (r.zero_stage >= 1) zero_shards_ = shard_ranges(decoder_.trainable().total(), int(comm_.size()));
       buckets_ = std::make_unique<distributed::GradBuckets>(spans, int64_t(r.bucket_size_mb * double(1 << 20)),
                                                             zero_shards_.empty() ? nullptr : &zero_shards_);
+      const OverlapDecision overlap = decide_overlap(r.overlap_grad_sync, host_cores(int(comm_.size())));
+      overlap_grad_sync_ = overlap.overlap;
+      fmt::print(log_, "keel: {}\n", overlap.reason);
       // Set once (no allocation per step); active only during a step's last backward pass.
-      if (r.overlap_grad_sync)
+      if (overlap_grad_sync_)
         decoder_.set_grad_ready_hook([this](int param, ComputeEvent written) {
           if (sync_in_backward_) buckets_->param_ready(param, written);
         });
@@ -552,7 +556,7 @@ class Trainer {
       // (overlap_grad_sync: each bucket as soon as its gradients are final) or after it.
       const bool last = i + 1 == micro.size();
       if (ranks > 1 && last) buckets_->begin(decoder_.trainable().grads(), comm_, r_.deterministic_reduce);
-      sync_in_backward_ = ranks > 1 && last && r_.overlap_grad_sync;
+      sync_in_backward_ = ranks > 1 && last && overlap_grad_sync_;
       loss_sum += decoder_.forward_backward(batch, grad_scale);
       sync_in_backward_ = false;
     }
@@ -654,6 +658,7 @@ class Trainer {
   std::vector<FlatRange> zero_shards_;  // ZeRO-1: each rank's part of the flat parameters; empty otherwise
   std::unique_ptr<distributed::GradBuckets> buckets_;
   bool sync_in_backward_ = false;  // the decoder's grad-ready hook feeds buckets_
+  bool overlap_grad_sync_ = false;  // decided at start (sync_overlap.h): the recipe's setting and the host's cores
   run::ModelSetup setup_;
   model::Decoder& decoder_;
   const model::ModelConfig& config_;
