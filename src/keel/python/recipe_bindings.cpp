@@ -27,11 +27,8 @@ void bind_recipe(nb::module_& m) {
       "resolve_recipe",
       [](const std::string& toml_text, const std::string& source, const std::vector<std::string>& overrides,
          const std::string& override_label, const std::string& base_dir) {
-        run::Recipe r = run::parse_recipe(toml_text, source, overrides, override_label);
-        std::set<std::string> keys;  // overrides' paths are relative to the current directory
-        for (const auto& kv : overrides) keys.insert(kv.substr(0, kv.find('=')));
-        run::make_paths_absolute(r, base_dir.empty() ? std::filesystem::current_path().string() : base_dir, keys);
-        return run::recipe_to_toml(r);
+        const std::string base = base_dir.empty() ? std::filesystem::current_path().string() : base_dir;
+        return run::recipe_to_toml(run::resolve_recipe(toml_text, source, base, overrides, override_label));
       },
       nb::arg("toml_text"), nb::arg("source"), nb::arg("overrides") = std::vector<std::string>{},
       nb::arg("override_label") = "--set", nb::arg("base_dir") = "",

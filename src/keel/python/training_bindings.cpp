@@ -60,18 +60,12 @@ nb::dict metrics_dict(const report::StepMetrics& m) {
   return d;
 }
 
-// Runs one of the user's callbacks on the training thread with the GIL held; a Python exception
-// leaves as nb::python_error and ends the run (the trainer's destructors release its locks).
-template <class... Args>
-void call_back(const nb::object& callback, Args&&... args) {
-  nb::gil_scoped_acquire gil;
-  callback(std::forward<Args>(args)...);
-}
-
 nb::dict train(const std::string& resolved_recipe, const std::string& source, const std::string& resume,
                bool overwrite, int64_t stop_after, const nb::object& on_log, const nb::object& on_evaluate,
                const nb::object& on_save) {
   const run::Recipe recipe = run::parse_recipe(resolved_recipe, source);
+  // The user's callbacks run on the training thread with the GIL taken back; a Python exception
+  // leaves as nb::python_error and ends the run (the trainer's destructors release its locks).
   train::TrainOptions options;
   options.resume = resume;
   options.overwrite = overwrite;
@@ -90,7 +84,10 @@ nb::dict train(const std::string& resolved_recipe, const std::string& source, co
       on_evaluate(step, metrics);
     };
   if (!on_save.is_none())
-    options.on_save = [&](int64_t step, const std::string& directory) { call_back(on_save, step, directory); };
+    options.on_save = [&](int64_t step, const std::string& directory) {
+      nb::gil_scoped_acquire gil;
+      on_save(step, directory);
+    };
   train::TrainResult result;
   {
     nb::gil_scoped_release released;

@@ -23,11 +23,19 @@ namespace {
 
 // One key of a TOML table and the member of S it fills: the tables below are the only place each
 // key is spelled, for parsing, printing (recipe_to_toml) and the list of valid keys alike.
+// What a string key accepts besides a TOML string.
+enum class Also {
+  Nothing,
+  NameList,  // a list of strings, kept as the names between commas (["q_proj", "v_proj"])
+  Boolean,   // true/false, kept as "true"/"false" (a switch that also has a word: "auto")
+};
+
 template <class S>
 struct FieldOf {
   const char* key;
   std::variant<std::string S::*, int64_t S::*, double S::*, bool S::*> member;
   const char* alias = nullptr;  // second accepted name (cann-recipes-train spelling)
+  Also also = Also::Nothing;
 };
 using Field = FieldOf<Recipe>;
 
@@ -72,10 +80,10 @@ const std::vector<Field>& fields() {
       {"lora_rank", &Recipe::lora_rank},
       {"lora_alpha", &Recipe::lora_alpha},
       {"lora_dropout", &Recipe::lora_dropout},
-      {"lora_target", &Recipe::lora_target},
+      {"lora_target", &Recipe::lora_target, nullptr, Also::NameList},
       {"use_rslora", &Recipe::use_rslora},
       {"adapter_name_or_path", &Recipe::adapter_name_or_path},
-      {"additional_target", &Recipe::additional_target},
+      {"additional_target", &Recipe::additional_target, nullptr, Also::NameList},
       {"quantization_bit", &Recipe::quantization_bit},
       {"quantization_type", &Recipe::quantization_type},
       {"double_quantization", &Recipe::double_quantization},
@@ -95,7 +103,7 @@ const std::vector<Field>& fields() {
       {"dp_degree", &Recipe::dp_degree},
       {"bucket_size_mb", &Recipe::bucket_size_mb},
       {"deterministic_reduce", &Recipe::deterministic_reduce},
-      {"overlap_grad_sync", &Recipe::overlap_grad_sync},
+      {"overlap_grad_sync", &Recipe::overlap_grad_sync, nullptr, Also::Boolean},
       {"comm_timeout_s", &Recipe::comm_timeout_s},
       {"zero_stage", &Recipe::zero_stage},
       {"use_flash_attention", &Recipe::use_flash_attention},
@@ -114,7 +122,7 @@ const std::vector<Field>& fields() {
       {"cache_dir", &Recipe::cache_dir},
       {"max_bad_fraction", &Recipe::max_bad_fraction},
       {"log_interval", &Recipe::log_interval},
-      {"report_to", &Recipe::report_to},
+      {"report_to", &Recipe::report_to, nullptr, Also::NameList},
       {"eval_interval", &Recipe::eval_interval},
   };
   return table;
@@ -196,6 +204,20 @@ void assign(S& r, const FieldOf<S>& f, const toml::node& n, const std::string& w
       [&](auto member) {
         using T = std::remove_cvref_t<decltype(r.*member)>;
         if constexpr (std::is_same_v<T, std::string>) {
+          if (f.also == Also::Boolean && n.is_boolean()) {
+            r.*member = *n.value<bool>() ? "true" : "false";
+            return;
+          }
+          if (f.also == Also::NameList && n.is_array()) {
+            std::string joined;
+            for (const auto& item : *n.as_array()) {
+              require(item.is_string(), "{}: key '{}' expects a string or a list of strings, found {} in the list",
+                      where, key, type_name(item));
+              joined += (joined.empty() ? "" : ",") + *item.value<std::string>();
+            }
+            r.*member = joined;
+            return;
+          }
           auto v = n.value<std::string>();
           require(n.is_string() && v.has_value(), "{}: key '{}' expects a string, found {}", where, key, type_name(n));
           r.*member = *v;
@@ -246,37 +268,22 @@ void apply_table(Recipe& r, const toml::table& t, const std::string& source, Whe
     if (it == fields().end())
       fail("{}: unknown key '{}'{}. `keel train --print-recipe` lists every key.", at, key,
            suggestion(key, all_keys()));
-    if (key == "overlap_grad_sync" && node.is_boolean()) {  // true/false, as before "auto" existed
-      r.overlap_grad_sync = *node.value<bool>() ? "true" : "false";
-      where.place[key] = at;
-      continue;
-    }
-    // ["q_proj", "v_proj"], ["tensorboard"]: lists kept as the names between commas.
-    if ((key == "lora_target" || key == "additional_target" || key == "report_to") && node.is_array()) {
-      std::string joined;
-      for (const auto& item : *node.as_array()) {
-        require(item.is_string(), "{}: key '{}' expects a string or a list of strings, found {} in the list", at, key,
-                type_name(item));
-        joined += (joined.empty() ? "" : ",") + *item.value<std::string>();
-      }
-      (key == "lora_target" ? r.lora_target : key == "report_to" ? r.report_to : r.additional_target) = joined;
-      where.place[key] = at;
-      continue;
-    }
     assign(r, *it, node, at, key);
     where.place[it->key] = at;
   }
 }
 
-// `label` names where overrides come from: "--set" (the command line: "--set kv") or a caller's
-// name such as "TrainingConfig" (the Python package: "TrainingConfig(kv)").
-std::string override_place(const std::string& label, const std::string& kv) {
-  return label == "--set" ? "--set " + kv : fmt::format("{}({})", label, kv);
+// `label` names where overrides come from: "--set" (the command line: "--set kv", quoted when the
+// text is not a key=value) or a caller's name such as "TrainingConfig" (the Python package:
+// "TrainingConfig(kv)").
+std::string override_place(const std::string& label, const std::string& kv, bool quoted = false) {
+  if (label != "--set") return fmt::format("{}({})", label, kv);
+  return quoted ? fmt::format("--set '{}'", kv) : "--set " + kv;
 }
 
 void apply_override(Recipe& r, const std::string& kv, Where& where, const std::string& label) {
   auto eq = kv.find('=');
-  require(eq != std::string::npos && eq > 0, "{} '{}': expected key=value", label, kv);
+  require(eq != std::string::npos && eq > 0, "{}: expected key=value", override_place(label, kv, /*quoted=*/true));
   std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
   toml::table t;
   try {
@@ -286,8 +293,8 @@ void apply_override(Recipe& r, const std::string& kv, Where& where, const std::s
     try {
       t = toml::parse(std::string_view(key + " = " + toml_quote(value)), std::string_view("--set"));
     } catch (const toml::parse_error& e) {  // not a key (`--set 'a b=1'`), or not a value even quoted
-      fail("{}: expected key=value with a recipe key and a TOML value: {}",
-           label == "--set" ? fmt::format("--set '{}'", kv) : override_place(label, kv), e.description());
+      fail("{}: expected key=value with a recipe key and a TOML value: {}", override_place(label, kv, /*quoted=*/true),
+           e.description());
     }
   }
   const std::string place = override_place(label, kv);
@@ -467,15 +474,10 @@ Recipe parse_recipe(const std::string& text, const std::string& source, const st
   return r;
 }
 
-Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
-  Recipe r = parse_recipe(read_file(path), path, overrides);
-  // Which keys the overrides set: those are relative to the current directory.
-  std::set<std::string> from_command_line;
-  for (const auto& kv : overrides) from_command_line.insert(kv.substr(0, kv.find('=')));
-  make_paths_absolute(r, fs::absolute(path).parent_path().string(), from_command_line);
-  return r;
-}
+namespace {
 
+// The path keys made absolute: relative to `base_dir`, or to the current directory for the keys
+// in `keys_from_cwd`.
 void make_paths_absolute(Recipe& r, const std::string& base_dir, const std::set<std::string>& keys_from_cwd) {
   const fs::path recipe_dir = base_dir;
   for (auto [key, value] : {std::pair{"model_name", &r.model_name},
@@ -491,6 +493,23 @@ void make_paths_absolute(Recipe& r, const std::string& base_dir, const std::set<
     *value = (base / *value).lexically_normal().string();
   }
 }
+
+}  // namespace
+
+Recipe load_recipe(const std::string& path, const std::vector<std::string>& overrides) {
+  return resolve_recipe(read_file(path), path, fs::absolute(path).parent_path().string(), overrides);
+}
+
+Recipe resolve_recipe(const std::string& text, const std::string& source, const std::string& base_dir,
+                      const std::vector<std::string>& overrides, const std::string& override_label) {
+  Recipe r = parse_recipe(text, source, overrides, override_label);
+  // Which keys the overrides set: those are relative to the current directory.
+  std::set<std::string> from_overrides;
+  for (const auto& kv : overrides) from_overrides.insert(kv.substr(0, kv.find('=')));
+  make_paths_absolute(r, base_dir, from_overrides);
+  return r;
+}
+
 
 std::vector<std::pair<std::string, std::string>> recipe_key_aliases() {
   std::vector<std::pair<std::string, std::string>> aliases;

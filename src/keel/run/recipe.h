@@ -6,7 +6,6 @@
 #pragma once
 #include <cstdint>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -132,9 +131,11 @@ Recipe load_recipe(const std::string& path, const std::vector<std::string>& over
 // a caller's name ("TrainingConfig": "TrainingConfig(key=value): ..."). Paths stay as written.
 Recipe parse_recipe(const std::string& toml_text, const std::string& source,
                     const std::vector<std::string>& overrides = {}, const std::string& override_label = "--set");
-// The path keys made absolute: relative to `base_dir`, or to the current directory for the keys
-// in `keys_from_cwd` (load_recipe: the file's directory, and the cwd for --set keys).
-void make_paths_absolute(Recipe& r, const std::string& base_dir, const std::set<std::string>& keys_from_cwd = {});
+// parse_recipe, then the paths made absolute: relative to `base_dir`, the override keys' to the
+// current directory. load_recipe is this with the file's text and directory; the Python package
+// calls it with the current directory.
+Recipe resolve_recipe(const std::string& text, const std::string& source, const std::string& base_dir,
+                      const std::vector<std::string>& overrides = {}, const std::string& override_label = "--set");
 // Second names accepted for keys (cann-recipes-train's spelling -> keel's key).
 std::vector<std::pair<std::string, std::string>> recipe_key_aliases();
 
