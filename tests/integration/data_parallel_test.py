@@ -21,6 +21,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import hf_models  # noqa: E402  (safetensors reader)
+from harness import max_rel_l2  # noqa: E402
 
 KEEL = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="keel_dp_test_")
@@ -182,16 +183,6 @@ def test_keel_launch():
             finals.append(f.read())
     check(finals[0] == finals[1] == finals[2],
           "keel launch -n 2, with and without --hostfile, trains bit-identically to mpirun -np 2")
-
-
-def max_rel_l2(a, b):
-    """Worst relative L2 difference over the tensors of b, and its name."""
-    worst, worst_name = 0.0, ""
-    for name, t in b.items():
-        e = float((a[name].double() - t.double()).norm() / max(float(t.double().norm()), 1e-30))
-        if e > worst:
-            worst, worst_name = e, name
-    return worst, worst_name
 
 
 def compare_zero1(dtype, async_save):

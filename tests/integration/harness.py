@@ -1,5 +1,6 @@
 """What the integration test scripts share: a failure list with check(), tiny pre-tokenized
-training data, and the runner that calls every test_* function of a script."""
+training data, the worst relative difference of two sets of tensors, and the runner that calls
+every test_* function of a script."""
 import json
 import random
 import shutil
@@ -36,6 +37,16 @@ def write_data(path, n, seed, vocab=32, lo=6, hi=20):
         for _ in range(n):
             start, length = rng.randrange(vocab), rng.randrange(lo, hi)
             f.write(json.dumps({"input_ids": [(start + i) % vocab for i in range(length)]}) + "\n")
+
+
+def max_rel_l2(a, b):
+    """Worst relative L2 difference over the tensors of b (torch tensors, by name), and its name."""
+    worst, worst_name = 0.0, ""
+    for name, t in b.items():
+        e = float((a[name].double() - t.double()).norm() / max(float(t.double().norm()), 1e-30))
+        if e > worst:
+            worst, worst_name = e, name
+    return worst, worst_name
 
 
 def run_tests(namespace, suite, work, failures=FAILURES, only=None, skip=None):

@@ -53,8 +53,9 @@ run dp4 "$recipe" --dp 4 --device-memory 64GB
 run dp4_zero1 "$recipe" --dp 4 --zero 1 --device-memory 64GB
 run dp4_ckpt "$recipe" --dp 4 --device-memory 64GB --set use_gradient_checkpointing=true
 run dp4_zero1_ckpt "$recipe" --dp 4 --zero 1 --device-memory 64GB --set use_gradient_checkpointing=true
+run dp4_zero2 "$recipe" --dp 4 --zero 2 --device-memory 64GB
 
-for name in dp4 dp4_zero1 dp4_ckpt dp4_zero1_ckpt; do
+for name in dp4 dp4_zero1 dp4_ckpt dp4_zero1_ckpt dp4_zero2; do
   for line in "ChatGLMModel (glm_original), 40 layers, hidden 4096, 32 heads (2 kv), intermediate 13696, vocab 151552" \
               "master weights" "compute weights" "gradients" "optimizer state" "activations" "workspace" \
               "communication" "checkpoint staging" "packing waste" "total" "fits: NO" "what to change"; do
@@ -66,7 +67,11 @@ expect dp4_zero1 "1/4 shard (ZeRO-1)"
 expect dp4_zero1 "dp 4, ZeRO-1"
 expect dp4_ckpt "gradient checkpointing on"
 expect dp4_ckpt "block inputs + one recomputed block"
-expect dp4 "--zero 1"
+expect dp4_zero2 "dp 4, ZeRO-2"
+expect dp4_zero2 "1/4 shard accumulated"
+expect dp4_zero2 "1/4 shard (ZeRO-2)"
+expect dp4 "--zero 2"   # no ZeRO stage fits alone: the knob's strongest setting is shown
+expect dp4 "even with ZeRO-2 over any number of ranks"
 expect dp4 "async_save = false"
 expect dp4 "use_gradient_checkpointing = true"
 expect dp4 "batch_size = 1 (accumulation 16)"
@@ -76,9 +81,10 @@ t_dp4=$(total_gib dp4)
 t_zero1=$(total_gib dp4_zero1)
 t_ckpt=$(total_gib dp4_ckpt)
 t_both=$(total_gib dp4_zero1_ckpt)
-awk -v a="$t_dp4" -v z="$t_zero1" -v c="$t_ckpt" -v b="$t_both" \
-  'BEGIN { exit !(z < a && c < a && b < z && b < c) }' ||
-  fail "totals do not shrink: dp4 $t_dp4, zero1 $t_zero1, checkpointing $t_ckpt, both $t_both GiB"
+t_zero2=$(total_gib dp4_zero2)
+awk -v a="$t_dp4" -v z="$t_zero1" -v c="$t_ckpt" -v b="$t_both" -v z2="$t_zero2" \
+  'BEGIN { exit !(z < a && c < a && b < z && b < c && z2 < z) }' ||
+  fail "totals do not shrink: dp4 $t_dp4, zero1 $t_zero1, zero2 $t_zero2, checkpointing $t_ckpt, both $t_both GiB"
 
 # A small [model_config] recipe fits, and a generous device says so.
 cat >"$work/small.toml" <<TOML

@@ -1,6 +1,6 @@
 // The MPI communicator's collectives checked element by element under `mpirun -np 2` (or more):
 // buffers span several of its reduction pieces (kMessagePiece) with ragged ends, so the piece
-// loops, the ZeRO-1 shard boundaries inside a bucket and both reduction modes are all exercised.
+// loops, the ZeRO shard boundaries inside a bucket and both reduction modes are all exercised.
 // The integration tests train models too small to reach a piece boundary.
 //
 // Values are small integers, exact in float whatever the order of addition. Every rank runs every
@@ -72,6 +72,27 @@ void test_reduce_scatter(Communicator& comm, bool deterministic) {
                [&](int64_t i) { return sum_over_ranks(i, comm.size()); });
 }
 
+// ZeRO-2: two buckets reduced from their own staging buffers (holding only their range) into the
+// rank's shard, twice (two micro-batches): the shard accumulates both sums; the sums' accumulator
+// outside this rank's part of each range is left alone.
+void test_reduce_scatter_accumulate(Communicator& comm, bool deterministic) {
+  const int64_t total = 3 * keel::distributed::kMessagePiece + 50;
+  const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
+  const FlatRange mine = shards[size_t(comm.rank())];
+  std::vector<float> sums(size_t(mine.size()), 0.5f);
+  const FlatRange tail{keel::distributed::kMessagePiece / 2 + 3, total}, head{0, tail.begin};
+  for (int micro = 0; micro < 2; ++micro)
+    for (FlatRange bucket : {tail, head}) {
+      std::vector<float> staged(size_t(bucket.size()));
+      for (int64_t i = bucket.begin; i < bucket.end; ++i) staged[size_t(i - bucket.begin)] = contribution(i, comm.rank());
+      comm.wait(comm.reduce_scatter_accumulate_async(staged.data(), bucket, shards, sums.data(), deterministic));
+    }
+  std::vector<float> whole(size_t(total), 0.0f);
+  std::copy(sums.begin(), sums.end(), whole.begin() + mine.begin);
+  expect_range(comm, std::string("reduce-scatter into the shard (ZeRO-2)") + (deterministic ? " (deterministic)" : ""),
+               whole.data(), mine, [&](int64_t i) { return 0.5f + 2.0f * sum_over_ranks(i, comm.size()); });
+}
+
 void test_allgather(Communicator& comm) {
   const int64_t total = 2 * keel::distributed::kMessagePiece + 333;
   const std::vector<FlatRange> shards = keel::shard_ranges(total, comm.size());
@@ -138,6 +159,7 @@ int main() {
   for (bool deterministic : {false, true}) {
     test_allreduce(*comm, deterministic);
     test_reduce_scatter(*comm, deterministic);
+    test_reduce_scatter_accumulate(*comm, deterministic);
   }
   test_allgather(*comm);
   test_shards_to_root(*comm);

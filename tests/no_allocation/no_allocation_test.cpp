@@ -43,6 +43,7 @@
 #include "keel/distributed/grad_buckets.h"
 #include "keel/model/decoder.h"
 #include "keel/run/model_setup.h"
+#include "keel/train/grad_sync.h"
 #include "keel/train/optimizer.h"
 
 extern "C" {
@@ -435,50 +436,46 @@ TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
 
 // Data parallel (run under mpirun by ctest's mpi.no_allocation; skipped in a single process): the
 // training thread's steady-state steps allocate nothing either — queueing each bucket's collective
-// as the backward pass finishes it, the step totals, waiting, and under ZeRO-1 the reduce-scatter,
-// the sharded update and the weight all-gather. The communication thread is not counted: its MPI
-// calls allocate inside Open MPI (the allreduce's scratch buffer), outside keel's control.
-void expect_no_allocation_in_data_parallel_steps(bool zero1) {
+// as the backward pass finishes it, the step totals, waiting, under ZeRO-1 the reduce-scatter, the
+// sharded update and the weight all-gather, and under ZeRO-2 the staged reductions of every
+// micro-batch and the waits of the position hook. The step is train::GradSync's, as the trainer
+// runs it. The communication thread is not counted: its MPI calls allocate inside Open MPI (the
+// allreduce's scratch buffer), outside keel's control.
+void expect_no_allocation_in_data_parallel_steps(int zero_stage) {
   if (!distributed::launched_by_mpi()) GTEST_SKIP() << "runs under mpirun (ctest -R mpi.no_allocation)";
   static auto comm = distributed::make_communicator(60);  // one MPI session for the whole process
   const int ranks = comm->size();
   const auto config = small_model("llama");
   const int64_t batch = 2, seq = 32;
   model::DecoderOptions options{false, true, 0};
-  if (zero1) {
+  if (zero_stage >= 1) {
     options.optimizer_shards = ranks;
     options.optimizer_shard = comm->rank();
+    options.shard_gradients = zero_stage >= 2;
   }
   model::Decoder decoder(config, model::Precision::BF16, batch, seq, options);
   decoder.init_random(1);
   model::ParamStore& params = decoder.params();
   train::AdamW optimizer(decoder.backend(), params, {0.9, 0.999, 1e-8, 0.01});
-  const std::vector<FlatRange> shards = zero1 ? shard_ranges(params.total(), ranks) : std::vector<FlatRange>{};
-  std::vector<distributed::ParamSpan> spans;
-  for (const auto& p : params.params()) spans.push_back({p.offset, p.numel});
-  distributed::GradBuckets buckets(spans, 4096, zero1 ? &shards : nullptr);  // many small buckets: many collectives
-  decoder.set_grad_ready_hook([&](int param, ComputeEvent written) { buckets.param_ready(param, written); });
+  // Many small buckets: many collectives.
+  train::GradSync sync(decoder, *comm, {.zero_stage = zero_stage, .bucket_bytes = 4096, .overlap = true});
   const Batch b = random_batch(batch, seq, config.vocab_size, 7 + uint64_t(comm->rank()));
 
   auto step = [&](int64_t number) {
-    double totals[2] = {double(batch * (seq - 1)), double(batch * seq)};
+    double totals[2] = {double(2 * batch * (seq - 1)), double(2 * batch * seq)};
     comm->allreduce_totals(totals, 2);
-    params.zero_grads();
-    buckets.begin(params.grads(), *comm, false);
-    model::MicroBatch mb{batch, seq, b.ids.data(), b.targets.data(), b.positions.data(), nullptr};
-    double sums[2] = {decoder.forward_backward(mb, 1.0 / totals[0]), 0.0};
-    buckets.finish();
-    const FlatRange mine = params.optimizer_range();
-    if (zero1) sums[1] = train::gradient_sum_of_squares(decoder.backend(), params, mine);
-    comm->allreduce_totals(sums, 2);
-    const double norm = zero1 ? std::sqrt(sums[1]) : train::gradient_norm(decoder.backend(), params);
-    train::clip_gradients(decoder.backend(), params, norm, 1.0, mine);
-    optimizer.step(1e-3, number);
-    if (zero1) {
-      comm->wait(comm->allgather_shards_async(params.weights(), shards));
-      for (const FlatRange& other : shards)
-        if (other.begin != mine.begin) params.refresh_bf16_copy(other);
+    sync.begin_step();
+    double loss = 0;
+    for (int micro = 0; micro < 2; ++micro) {  // accumulation 2: ZeRO-2 reduces every micro-batch
+      sync.before_micro_batch(micro == 1);
+      model::MicroBatch mb{batch, seq, b.ids.data(), b.targets.data(), b.positions.data(), nullptr};
+      loss += decoder.forward_backward(mb, 1.0 / totals[0]);
+      sync.after_micro_batch();
     }
+    const train::SyncedStep synced = sync.finish(loss);
+    train::clip_gradients(decoder.backend(), params, synced.grad_norm, 1.0);
+    optimizer.step(1e-3, number);
+    sync.gather_weights();
   };
   step(1);  // warm-up
   t_counted = true;
@@ -488,14 +485,16 @@ void expect_no_allocation_in_data_parallel_steps(bool zero1) {
   });
   g_this_thread_only = false;
   t_counted = false;
-  EXPECT_GT(buckets.buckets().size(), size_t(4));
   EXPECT_EQ(n.by_origin[kKeel], 0) << "the training thread allocated in a data-parallel step (call stacks above)";
   EXPECT_EQ(n.outstanding, 0) << "an allocation made during a step outlived it";
 }
 
-TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothing) { expect_no_allocation_in_data_parallel_steps(false); }
+TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothing) { expect_no_allocation_in_data_parallel_steps(0); }
 TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroOne) {
-  expect_no_allocation_in_data_parallel_steps(true);
+  expect_no_allocation_in_data_parallel_steps(1);
+}
+TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroTwo) {
+  expect_no_allocation_in_data_parallel_steps(2);
 }
 
 }  // namespace

@@ -18,6 +18,10 @@ class FakeCommunicator : public Communicator {
   Ticket reduce_scatter_sum_async(float*, FlatRange, const std::vector<FlatRange>&, bool, ComputeEvent) override {
     return 0;
   }
+  Ticket reduce_scatter_accumulate_async(float*, FlatRange, const std::vector<FlatRange>&, float*, bool,
+                                         ComputeEvent) override {
+    return 0;
+  }
   Ticket allgather_shards_async(float*, const std::vector<FlatRange>&) override { return 0; }
   void send_to_root(const float*, int64_t) override {}
   void receive_piece(int, float*, int64_t) override {}

@@ -31,6 +31,19 @@ class RecordingCommunicator final : public FakeCommunicator {
     after.push_back(ready.sequence);
     return scattered.size();
   }
+  struct Staged {
+    const float* from;
+    FlatRange range;
+    float* into;
+  };
+  std::vector<Staged> staged;  // ZeRO-2's reductions from staging buffers
+  std::vector<Ticket> waited;
+  Ticket reduce_scatter_accumulate_async(float* from, FlatRange range, const std::vector<FlatRange>&, float* into,
+                                         bool, ComputeEvent) override {
+    staged.push_back({from, range, into});
+    return staged.size();
+  }
+  void wait(Ticket t) override { waited.push_back(t); }
 };
 
 std::vector<ParamSpan> spans_of(const std::vector<int64_t>& sizes) {
@@ -116,6 +129,45 @@ TEST(GradBuckets, ZeroOneReduceScattersEachBucketOntoTheShards) {
   EXPECT_EQ(comm.scattered[0].end, 64);
   EXPECT_EQ(comm.scattered[1].begin, 0);
   EXPECT_EQ(comm.scattered[1].end, 32);
+}
+
+// ZeRO-2: buckets never cross the start of a gradient group (each lies in one staging buffer),
+// reduce from where each bucket's first parameter is staged into the shard, and a group's buckets
+// can be waited for on their own; blocking buckets are waited for as they start.
+TEST(GradBuckets, ZeroTwoReducesEachGroupsBucketsFromItsStaging) {
+  auto spans = spans_of({16, 16, 16, 16, 16});
+  const std::vector<FlatRange> shards = shard_ranges(80, 2);
+  GradBuckets buckets(spans, 64 * sizeof(float), &shards, {0, 3});  // groups {0,1,2}, {3,4}
+  const auto& b = buckets.buckets();
+  ASSERT_EQ(b.size(), 2u) << "the cap would take 4 parameters; the group start cuts at 3";
+  EXPECT_EQ(b[0].first_param, 3);
+  EXPECT_EQ(b[1].first_param, 0);
+  EXPECT_EQ(b[1].last_param, 2);
+  std::vector<float> group_a(48), group_b(32), shard(40);
+  const std::vector<float*> at = {group_a.data(), group_a.data() + 16, group_a.data() + 32, group_b.data(),
+                                  group_b.data() + 16};
+  RecordingCommunicator comm;
+  buckets.begin_staged(at, shard.data(), comm, false, /*blocking=*/false);
+  buckets.param_ready(4);
+  buckets.param_ready(3);
+  ASSERT_EQ(comm.staged.size(), 1u);
+  EXPECT_EQ(comm.staged[0].from, group_b.data());
+  EXPECT_EQ(comm.staged[0].range.begin, 48);
+  EXPECT_EQ(comm.staged[0].range.end, 80);
+  EXPECT_EQ(comm.staged[0].into, shard.data());
+  EXPECT_TRUE(comm.waited.empty());
+  buckets.wait_params(3, 4);
+  EXPECT_EQ(comm.waited, (std::vector<Ticket>{1}));
+  buckets.wait_params(0, 2);  // not ready yet: started now, then waited for
+  ASSERT_EQ(comm.staged.size(), 2u);
+  EXPECT_EQ(comm.staged[1].from, group_a.data());
+  EXPECT_EQ(comm.waited, (std::vector<Ticket>{1, 2}));
+
+  RecordingCommunicator blocking;
+  buckets.begin_staged(at, shard.data(), blocking, false, /*blocking=*/true);
+  buckets.param_ready(4);
+  buckets.param_ready(3);
+  EXPECT_EQ(blocking.waited, (std::vector<Ticket>{1}));
 }
 
 TEST(ShardRanges, CoverTheBufferInAlignedNearEqualParts) {

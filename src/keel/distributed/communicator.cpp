@@ -19,6 +19,13 @@ class SingleProcess final : public Communicator {
   Ticket reduce_scatter_sum_async(float*, FlatRange, const std::vector<FlatRange>&, bool, ComputeEvent) override {
     return 0;
   }
+  // The sum over one rank is its contribution: accumulated as it is.
+  Ticket reduce_scatter_accumulate_async(float* staged, FlatRange range, const std::vector<FlatRange>& shards,
+                                         float* shard_sums, bool, ComputeEvent) override {
+    const FlatRange mine = range.intersect(shards.at(0));
+    for (int64_t j = mine.begin; j < mine.end; ++j) shard_sums[j - shards[0].begin] += staged[j - range.begin];
+    return 0;
+  }
   Ticket allgather_shards_async(float*, const std::vector<FlatRange>&) override { return 0; }
   void send_to_root(const float*, int64_t) override { throw Error("send_to_root: a single process is rank 0"); }
   void receive_piece(int source, float*, int64_t) override {

@@ -48,6 +48,13 @@ class Communicator {
   // sum over ranks (in place); the rest of `range` is left undefined. `deterministic` as above.
   virtual Ticket reduce_scatter_sum_async(float* data, FlatRange range, const std::vector<FlatRange>& shards,
                                           bool deterministic, ComputeEvent after = {}) = 0;
+  // ZeRO-2's reduce-scatter, from a staging buffer into an accumulator: staged[0, range.size())
+  // holds this rank's contribution to `range` of the flat buffer; afterwards, for every element j
+  // of `range` inside this rank's shard, shard_sums[j - shard.begin] += the sum over ranks of
+  // element j (added as reduce_scatter_sum_async adds, then accumulated). `staged` is scratch
+  // until the collective completes.
+  virtual Ticket reduce_scatter_accumulate_async(float* staged, FlatRange range, const std::vector<FlatRange>& shards,
+                                                 float* shard_sums, bool deterministic, ComputeEvent after = {}) = 0;
   // In-place all-gather: every rank's shard of `data` is copied to every other rank.
   virtual Ticket allgather_shards_async(float* data, const std::vector<FlatRange>& shards) = 0;
 

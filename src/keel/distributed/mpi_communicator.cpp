@@ -25,6 +25,7 @@ class MpiCommunicator final : public Communicator {
   enum class Op {
     Allreduce,
     ReduceScatter,
+    ReduceScatterAccumulate,
     AllgatherShards,
     SendToRoot,
     ReceivePiece,
@@ -41,7 +42,8 @@ class MpiCommunicator final : public Communicator {
     const void* in = nullptr;                        // what allgather and send_to_root send
     int64_t n = 0;                                   // elements (bytes for broadcast and allgather)
     FlatRange range{};                               // reduce-scatter's range of `data`
-    const std::vector<FlatRange>* shards = nullptr;  // ZeRO-1's shards (kept alive by the caller)
+    const std::vector<FlatRange>* shards = nullptr;  // ZeRO's shards (kept alive by the caller)
+    float* sums = nullptr;                           // ZeRO-2's accumulator of this rank's shard
     bool deterministic = false;
     int peer = 0;  // broadcast's root, receive_piece's source
   };
@@ -78,6 +80,16 @@ class MpiCommunicator final : public Communicator {
                                   bool deterministic, ComputeEvent) override {
     return submit(
         {.op = Op::ReduceScatter, .data = data, .range = range, .shards = &shards, .deterministic = deterministic});
+  }
+
+  Ticket reduce_scatter_accumulate_async(float* staged, FlatRange range, const std::vector<FlatRange>& shards,
+                                         float* shard_sums, bool deterministic, ComputeEvent) override {
+    return submit({.op = Op::ReduceScatterAccumulate,
+                   .data = staged,
+                   .range = range,
+                   .shards = &shards,
+                   .sums = shard_sums,
+                   .deterministic = deterministic});
   }
 
   Ticket allgather_shards_async(float* data, const std::vector<FlatRange>& shards) override {
@@ -154,10 +166,10 @@ class MpiCommunicator final : public Communicator {
     }
   }
 
-  // Rank-ordered reduce-scatter of `range` (at most kMessagePiece / size elements): every rank sends
-  // each other rank that rank's part (all-to-all), then adds the received contributions in rank
-  // order into its own part.
-  void ordered_reduce_scatter(float* data, FlatRange range, const std::vector<FlatRange>& shards) {
+  // Rank-ordered reduce-scatter of `range` (at most kMessagePiece / size elements) of the flat
+  // buffer whose element range.begin is base[0]: every rank sends each other rank that rank's part
+  // (all-to-all), then adds the received contributions in rank order into its own part, in place.
+  void ordered_reduce_scatter(float* base, FlatRange range, const std::vector<FlatRange>& shards) {
     const FlatRange mine = range.intersect(shards[size_t(rank_)]);
     counts_.resize(size_t(size_));
     offsets_.resize(size_t(size_));
@@ -171,10 +183,29 @@ class MpiCommunicator final : public Communicator {
     receive_counts_.assign(size_t(size_), m);
     receive_offsets_.resize(size_t(size_));
     for (int q = 0; q < size_; ++q) receive_offsets_[size_t(q)] = q * m;  // m * size <= kMessagePiece
-    check(MPI_Alltoallv(data + range.begin, counts_.data(), offsets_.data(), MPI_FLOAT, gather_buffer_.data(),
+    check(MPI_Alltoallv(base, counts_.data(), offsets_.data(), MPI_FLOAT, gather_buffer_.data(),
                         receive_counts_.data(), receive_offsets_.data(), MPI_FLOAT, MPI_COMM_WORLD),
           "MPI_Alltoallv");
-    add_in_rank_order(gather_buffer_.data(), m, data + mine.begin);
+    if (m > 0) add_in_rank_order(gather_buffer_.data(), m, base + (mine.begin - range.begin));
+  }
+
+  // Reduce-scatter of `range` of the flat buffer whose element range.begin is base[0], in place:
+  // this rank's part ends up holding the sums (the rest is left undefined).
+  void reduce_scatter_in_place(float* base, FlatRange range, const std::vector<FlatRange>& shards,
+                               bool deterministic) {
+    if (deterministic) {
+      // Pieces of kMessagePiece elements in all: bounded scratch, int counts and displacements.
+      const int64_t piece = std::max<int64_t>(1, kMessagePiece / size_);
+      for (int64_t b = range.begin; b < range.end; b += piece)
+        ordered_reduce_scatter(base + (b - range.begin), {b, std::min(b + piece, range.end)}, shards);
+      return;
+    }
+    // Open MPI 4.1's MPI_Reduce_scatter is slower here than its MPI_Allreduce of the whole range
+    // (shared memory, 2 ranks, 418 MB in 25 MB buckets: 0.11-0.20 s against 0.09 s,
+    // bench/allreduce_bandwidth --zero), although it moves half the bytes; so the range is
+    // all-reduced and this rank keeps its part. A transport whose reduce-scatter is cheaper
+    // (NCCL, HCCL) implements this interface with it.
+    sum_in_pieces(base, range.size(), false);
   }
 
   // Calls f(pointer, count) over p[0, n) in pieces of at most `limit` elements (<= kMaxCount).
@@ -204,22 +235,18 @@ class MpiCommunicator final : public Communicator {
   void execute(const Job& job) {
     switch (job.op) {
       case Op::Allreduce: sum_in_pieces(static_cast<float*>(job.data), job.n, job.deterministic); return;
-      case Op::ReduceScatter: {
-        float* data = static_cast<float*>(job.data);
-        const FlatRange range = job.range;
-        if (job.deterministic) {
-          // Pieces of kMessagePiece elements in all: bounded scratch, int counts and displacements.
-          const int64_t piece = std::max<int64_t>(1, kMessagePiece / size_);
-          for (int64_t b = range.begin; b < range.end; b += piece)
-            ordered_reduce_scatter(data, {b, std::min(b + piece, range.end)}, *job.shards);
-          return;
-        }
-        // Open MPI 4.1's MPI_Reduce_scatter is slower here than its MPI_Allreduce of the whole range
-        // (shared memory, 2 ranks, 418 MB in 25 MB buckets: 0.11-0.20 s against 0.09 s,
-        // bench/allreduce_bandwidth --zero), although it moves half the bytes; so the range is
-        // all-reduced and this rank keeps its part. A transport whose reduce-scatter is cheaper
-        // (NCCL, HCCL) implements this interface with it.
-        sum_in_pieces(data + range.begin, range.size(), false);
+      case Op::ReduceScatter:
+        reduce_scatter_in_place(static_cast<float*>(job.data) + job.range.begin, job.range, *job.shards,
+                                job.deterministic);
+        return;
+      case Op::ReduceScatterAccumulate: {
+        float* staged = static_cast<float*>(job.data);
+        reduce_scatter_in_place(staged, job.range, *job.shards, job.deterministic);
+        const FlatRange shard = (*job.shards)[size_t(rank_)], mine = job.range.intersect(shard);
+        if (mine.size() == 0) return;
+        const float* sums = staged + (mine.begin - job.range.begin);
+        float* into = job.sums + (mine.begin - shard.begin);
+        for (int64_t j = 0; j < mine.size(); ++j) into[j] += sums[j];
         return;
       }
       case Op::AllgatherShards: {
@@ -283,6 +310,8 @@ class MpiCommunicator final : public Communicator {
     switch (job.op) {
       case Op::Allreduce: return fmt::format("allreduce of {} gradients", job.n);
       case Op::ReduceScatter: return fmt::format("reduce-scatter of {} gradients", job.range.size());
+      case Op::ReduceScatterAccumulate:
+        return fmt::format("reduce-scatter of {} staged gradients (ZeRO-2)", job.range.size());
       case Op::AllgatherShards: return "all-gather of the updated weights";
       case Op::SendToRoot: return "sending this rank's optimizer-state shard to rank 0";
       case Op::ReceivePiece: return fmt::format("receiving rank {}'s optimizer-state shard", job.peer);

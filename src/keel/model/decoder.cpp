@@ -93,12 +93,61 @@ AdapterLayout declare_adapter(const ModelConfig& c, const DecoderParamIds& ids, 
   return a;
 }
 
+// ZeRO-2's gradient groups of the trainable store (GradGroup): each tensor's positions of the
+// StepTimeline where the backward pass writes its gradient, runs of equal positions grouped. The
+// model's tensors: the head's at the head, a block's in its backward, the embedding at the end
+// (and at the head too when the LM head is the embedding). LoRA's: a module's A and B in its
+// block's backward, the trained copies of the embedding and LM head where the originals' are.
+std::vector<GradGroup> gradient_groups(const ModelConfig& c, const DecoderParamIds& ids, const ParamStore& trained,
+                                       const AdapterLayout& adapter) {
+  const StepTimeline t{int32_t(c.num_layers)};
+  const int n = int(trained.params().size());
+  std::vector<std::pair<int32_t, int32_t>> written(size_t(n), {-1, -1});
+  auto at = [&](int param, int32_t first, int32_t last) {
+    if (param >= 0) written[size_t(param)] = {first, last};
+  };
+  const bool tied = c.tie_word_embeddings;
+  if (adapter.modules.empty()) {
+    at(ids.embed, tied ? t.head() : t.backward(0), t.backward(0));
+    at(ids.final_norm, t.head(), t.head());
+    if (!tied) at(ids.lm_head, t.head(), t.head());
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const LayerParamIds& p = ids.layers[size_t(l)];
+      for (int id : {p.input_norm, p.qkv_weight, p.qkv_bias, p.q_norm, p.k_norm, p.o_weight, p.attn_out_norm,
+                     p.post_norm, p.gate_up_weight, p.down_weight, p.mlp_out_norm})
+        at(id, t.backward(l), t.backward(l));
+    }
+  } else {
+    for (const LoraModule& m : adapter.modules) {
+      at(m.a, t.backward(m.layer), t.backward(m.layer));
+      at(m.b, t.backward(m.layer), t.backward(m.layer));
+    }
+    at(adapter.embed, t.backward(0), t.backward(0));
+    at(adapter.lm_head, t.head(), t.head());
+  }
+  std::vector<GradGroup> groups;
+  for (int i = 0; i < n; ++i) {
+    require(written[size_t(i)].first >= 0, "ZeRO-2: no position writes the gradient of '{}'", trained.param(i).name);
+    if (groups.empty() || written[size_t(i)] != std::make_pair(groups.back().first_written, groups.back().last_written))
+      groups.push_back({i, i, {trained.param(i).offset, 0}, written[size_t(i)].first, written[size_t(i)].second});
+    groups.back().last_param = i;
+  }
+  for (size_t g = 0; g < groups.size(); ++g)
+    groups[g].range.end = g + 1 < groups.size() ? groups[g + 1].range.begin : trained.total();
+  // The order the backward pass finishes them: by the position of their last write.
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const GradGroup& a, const GradGroup& b) { return a.last_written < b.last_written; });
+  return groups;
+}
+
 // What the plan and the constructor both refuse, before anything is laid out.
 void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_seq, const DecoderOptions& options) {
   model::validate(config, "model");
   require(options.optimizer_shards >= 1 && options.optimizer_shard >= 0 &&
               options.optimizer_shard < options.optimizer_shards,
           "decoder: optimizer shard {} of {} does not exist", options.optimizer_shard, options.optimizer_shards);
+  require(!options.shard_gradients || (options.optimizer_state && options.optimizer_shards > 1),
+          "decoder: sharded gradients (ZeRO-2) need the optimizer state sharded over more than one rank");
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   require(!options.nf4_base || options.lora.enabled(), "decoder: NF4 base weights (QLoRA) need LoRA");
@@ -151,6 +200,8 @@ struct DecoderLayout {
   int lora_weights = -1, lora_grads = -1, lora_weights_bf16 = -1, lora_du = -1, lora_du_b = -1;
   int nf4_packed = -1, nf4_absmax = -1, nf4_tile = -1, nf4_tile_b = -1;
   int lora_dropped = -1, lora_dropped_b = -1, lora_dx = -1;
+  int grad_shard = -1;            // ZeRO-2: this rank's summed gradients
+  std::vector<int> grad_staging;  // ZeRO-2: one per GradGroup
   std::vector<int> x;                       // [layers + 1] block inputs; x[layers] feeds the final norm
   std::vector<BlockIds> forward, backward;  // the same ids unless checkpointing
   int xn_final = -1, rstd_final = -1, xn_final_b = -1;
@@ -159,6 +210,13 @@ struct DecoderLayout {
   int logits = -1, logits_b = -1;
   int attention_workspace = -1;
 };
+
+// Where the backward pass writes a gradient group, in words (its staging buffer's name).
+std::string written_where(const StepTimeline& t, const GradGroup& g) {
+  auto at = [&](int32_t p) { return p == t.head() ? std::string("head") : fmt::format("layer {}", t.head() + t.layers - p); };
+  return g.first_written == g.last_written ? "written at " + at(g.first_written)
+                                           : fmt::format("written from {} to {}", at(g.first_written), at(g.last_written));
+}
 
 // Every buffer of a training step with its lifetime on the StepTimeline. This one description
 // drives both `keel plan` (decoder_memory_plan) and the real arena (the constructor).
@@ -171,8 +229,8 @@ struct DecoderLayout {
 // through the backward pass and shares its bytes with the LM head's logits chunk, which is dead
 // by then.
 DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, const AdapterShape& adapter,
-                              Precision precision, int64_t max_batch, int64_t max_seq, const DecoderOptions& options,
-                              MemoryPlan& plan) {
+                              const std::vector<GradGroup>& grad_groups, Precision precision, int64_t max_batch,
+                              int64_t max_seq, const DecoderOptions& options, MemoryPlan& plan) {
   const int64_t param_elements = params.total();
   using Cat = MemoryCategory;
   const StepTimeline t{int32_t(c.num_layers)};
@@ -199,12 +257,24 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
         add("weights.nf4.absmax", Cat::ComputeWeights, params.nf4_total() / kNf4BlockSize, f32, always, end);
   }
   // Under LoRA the model's weights are frozen: gradients and moments only for the adapter.
-  if (!adapter.enabled()) d.grads = add("grads", Cat::Gradients, param_elements, f32, always, end);
+  const bool staged = options.shard_gradients;
+  if (!adapter.enabled() && !staged) d.grads = add("grads", Cat::Gradients, param_elements, f32, always, end);
   const int64_t trained = adapter.enabled() ? adapter.elements : param_elements;
   if (adapter.enabled()) {
     d.lora_weights = add("lora.weights", Cat::MasterWeights, trained, f32, always, end);
     d.lora_weights_bf16 = add_bf16("lora.weights.bf16", Cat::ComputeWeights, trained, always, end);
-    d.lora_grads = add("lora.grads", Cat::Gradients, trained, f32, always, end);
+    if (!staged) d.lora_grads = add("lora.grads", Cat::Gradients, trained, f32, always, end);
+  }
+  if (staged) {
+    // ZeRO-2: the summed gradients of the (largest) shard, and each group's staging while the
+    // backward pass writes it and its reduction runs.
+    const std::string what = adapter.enabled() ? "lora.grads" : "grads";
+    const int shards = options.optimizer_shards;
+    d.grad_shard = add(fmt::format("{} (1/{} shard)", what, shards), Cat::Gradients,
+                       shard_ranges(trained, shards)[0].size(), f32, always, end);
+    for (const GradGroup& g : grad_groups)
+      d.grad_staging.push_back(add(fmt::format("{}.staged ({})", what, written_where(t, g)), Cat::Gradients,
+                                   g.range.size(), f32, g.first_written, g.last_written + 1));
   }
   if (options.optimizer_state) {
     // Every rank plans the largest shard (shard 0), so all ranks have the same plan.
@@ -349,9 +419,12 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
   DecoderParamIds ids;
   declare_params(config, params, ids, base_storage(options, precision));
   const auto layout = declare_adapter(config, ids, options.lora, adapter);
+  const std::vector<GradGroup> groups =
+      options.shard_gradients ? gradient_groups(config, ids, layout.modules.empty() ? params : adapter, layout)
+                              : std::vector<GradGroup>{};
   MemoryPlan plan;
-  describe_memory(config, params, adapter_shape(config, layout.modules, adapter, options.lora), precision, max_batch,
-                  max_seq, options, plan);
+  describe_memory(config, params, adapter_shape(config, layout.modules, adapter, options.lora), groups, precision,
+                  max_batch, max_seq, options, plan);
   plan.pack();
   return plan;
 }
@@ -502,6 +575,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   declare_params(c, params_, ids_, base_storage(options_, precision_));
   {
     AdapterLayout layout = declare_adapter(c, ids_, options_.lora, adapter_);
+    if (options_.shard_gradients)
+      grad_groups_ = gradient_groups(c, ids_, layout.modules.empty() ? params_ : adapter_, layout);
     lora_ = std::move(layout.modules);
     saved_ = std::move(layout.saved);
     trained_embed_ = layout.embed;
@@ -513,8 +588,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   buf_ = std::make_unique<Buffers>();
   auto& b = *buf_;
   const DecoderLayout& d = b.layout =
-      describe_memory(c, params_, adapter_shape(c, lora_, adapter_, options_.lora), precision_, max_batch_, max_seq_,
-                      options_, plan_);
+      describe_memory(c, params_, adapter_shape(c, lora_, adapter_, options_.lora), grad_groups_, precision_,
+                      max_batch_, max_seq_, options_, plan_);
   plan_.require_fits(options_.memory_cap_bytes, "memory_pool_size");
   // The arena is touched up front: a plan beyond the machine's memory would end in the kernel's
   // out-of-memory killer, so say so here, with the breakdown.
@@ -527,9 +602,12 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     for (size_t id = 0; id < buffers.size(); ++id)
       if (buffers[id].in_arena) b.at[id] = arena_.at<std::byte>(buffers[id].offset);
   } else {
-    // What lives across steps gets an arena of its own, back to back; the rest is per call.
-    const int persistent[] = {d.weights,      d.weights_bf16, d.grads,      d.adam_m,     d.adam_v,
-                              d.lora_weights, d.lora_grads,   d.lora_weights_bf16, d.nf4_packed, d.nf4_absmax};
+    // What lives across steps gets an arena of its own, back to back; the rest is per call. ZeRO-2's
+    // staging is kept too: the gradients' addresses are bound once.
+    std::vector<int> persistent = {d.weights,      d.weights_bf16, d.grads,      d.adam_m,     d.adam_v,
+                                   d.lora_weights, d.lora_grads,   d.lora_weights_bf16, d.nf4_packed, d.nf4_absmax,
+                                   d.grad_shard};
+    persistent.insert(persistent.end(), d.grad_staging.begin(), d.grad_staging.end());
     MemoryPlan kept(plan_.alignment());
     std::vector<std::pair<int, int>> kept_ids;  // plan id, id in `kept`
     for (int id : persistent)
@@ -547,6 +625,16 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   ParamStore& trained = trainable();
   if (options_.optimizer_state && options_.optimizer_shards > 1)
     trained.set_optimizer_range(shard_ranges(trained.total(), options_.optimizer_shards)[options_.optimizer_shard]);
+  if (options_.shard_gradients) {  // ZeRO-2: each tensor's gradient at its place in its group's staging
+    std::vector<float*> grad_at(trained.params().size(), nullptr);
+    for (size_t g = 0; g < grad_groups_.size(); ++g) {
+      GradGroup& group = grad_groups_[g];
+      group.staging = f32(d.grad_staging[g]);
+      for (int i = group.first_param; i <= group.last_param; ++i)
+        grad_at[size_t(i)] = group.staging + (trained.param(i).offset - group.range.begin);
+    }
+    trained.bind_staged_grads(std::move(grad_at), f32(d.grad_shard));
+  }
   if (lora_.empty()) {
     params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
   } else {
@@ -928,7 +1016,9 @@ void Decoder::backward(const MicroBatch& mb) {
   backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), offset, b.rstd_final, b.dnorm, N, H, b.dx,
                             P.grad(ids_.final_norm));
   base_grad_ready(ids_.final_norm);
+  const StepTimeline t{int32_t(L)};
   for (int64_t l = L - 1; l >= 0; --l) {
+    enter_position(t.backward(l));
     const kernels::AttentionShape as = attention_shape(c, l, mb.batch, mb.seq);
     const kernels::RopeTable& rope = rope_of(l);
     const auto& a = b.backward[l];
@@ -997,10 +1087,18 @@ void Decoder::backward(const MicroBatch& mb) {
   }
 }
 
+void Decoder::enter_position(int32_t position) {
+  if (position_hook_) position_hook_(position);
+  for (const GradGroup& g : grad_groups_)
+    if (g.first_written == position) std::fill_n(g.staging, g.range.size(), 0.0f);
+}
+
 double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
   validate(mb);
   TransientScope transients(*buf_, plan_);
   forward(mb);
+  const StepTimeline t{int32_t(config_.num_layers)};
+  enter_position(t.head());
   double loss = lm_head_loss(mb, grad_scale, true);
   if (!config_.tie_word_embeddings) base_grad_ready(ids_.lm_head);  // tied: the embedding adds to it last
   if (trained_lm_head_ >= 0) grad_ready(trained_lm_head_);

@@ -80,6 +80,11 @@ struct DecoderOptions {
   // `optimizer_shards` data-parallel ranks (keel::shard_ranges of the flat parameter buffer) and
   // this decoder plans and holds shard `optimizer_shard` of it.
   int optimizer_shards = 1, optimizer_shard = 0;
+  // ZeRO-2 (stage 2): the gradients are sharded too. No whole gradient buffer is planned: the
+  // backward pass writes each group of gradients it finishes together (GradGroup) into a staging
+  // buffer that lives only until that group has been reduce-scattered, and this decoder keeps the
+  // summed gradients of its optimizer shard. Needs optimizer_shards > 1.
+  bool shard_gradients = false;
   // Where the step computes and its arena lives; nullptr: kernels::default_backend() (the CPU).
   kernels::Backend* backend = nullptr;
   // LoRA (lora.h): the base weights are frozen (no gradients, no optimizer state, no weight-gradient
@@ -111,6 +116,18 @@ struct StepTimeline {
   int32_t backward(int64_t layer) const { return int32_t(head() + layers - layer); }
   int32_t optimizer() const { return head() + layers + 1; }
   int32_t last() const { return optimizer(); }
+};
+
+// ZeRO-2: trainable tensors whose gradients the backward pass writes at the same positions of the
+// StepTimeline, contiguous in the flat buffer: the LM head and final norm (at the head), one block
+// (its backward), the embedding (the end of the backward pass; from the head on when tied to the
+// LM head). Their staging buffer lives from first_written to last_written + 1: the reduction of a
+// group may run during the next position and must be complete before the one after.
+struct GradGroup {
+  int first_param = 0, last_param = 0;  // [first, last] of Decoder::trainable()
+  FlatRange range;                      // their span of the flat buffer (the staging's layout)
+  int32_t first_written = 0, last_written = 0;
+  float* staging = nullptr;  // range.size() floats (set by the decoder; null in a plan)
 };
 
 // The memory plan of a decoder with these settings: every buffer the constructor will take from
@@ -177,6 +194,14 @@ class Decoder {
   // the backward pass goes on. An empty function turns it off.
   using GradReadyHook = std::function<void(int param, ComputeEvent written)>;
   void set_grad_ready_hook(GradReadyHook hook) { grad_ready_ = std::move(hook); }
+  // ZeRO-2 (DecoderOptions::shard_gradients): the groups of gradients and their staging buffers,
+  // in the order the backward pass finishes them; empty otherwise.
+  const std::vector<GradGroup>& grad_groups() const { return grad_groups_; }
+  // Called as the backward pass enters each StepTimeline position (the head, then each block's
+  // backward), before it writes a gradient there: ZeRO-2 waits there for the reductions whose
+  // staging the position may reuse. The decoder then zeroes the staging of the groups that begin.
+  using PositionHook = std::function<void(int32_t position)>;
+  void set_backward_position_hook(PositionHook hook) { position_hook_ = std::move(hook); }
 
   // Forward only: the sum of the token losses (for evaluation).
   double forward_loss(const MicroBatch& batch);
@@ -240,6 +265,9 @@ class Decoder {
   }
   std::unique_ptr<Buffers> buf_;
   GradReadyHook grad_ready_;
+  std::vector<GradGroup> grad_groups_;
+  PositionHook position_hook_;
+  void enter_position(int32_t position);
   // `param` of trainable(); base weights report only when they train (not under LoRA).
   void grad_ready(int param) const {
     if (grad_ready_ && param >= 0) grad_ready_(param, backend_.record_event());

@@ -42,8 +42,9 @@ void ParamStore::allocate(bool with_bf16_copy) {
 }
 
 void ParamStore::bind(float* weights, float* grads, bf16* weights_bf16, float* adam_m, float* adam_v) {
-  require(weights && (adam_m == nullptr) == (adam_v == nullptr) && (grads || !adam_m),
+  require(weights && (adam_m == nullptr) == (adam_v == nullptr) && (grads || !adam_m || staged_grads()),
           "ParamStore::bind: weights are required, Adam moments come in pairs and need gradients");
+  require(!grads || !staged_grads(), "ParamStore::bind: the gradients are staged (ZeRO-2); no whole buffer");
   require(weights_bf16 || compute_only_total_ == 0, "ParamStore::bind: compute-only parameters need the bf16 buffer");
   require(!grads || (compute_only_total_ == 0 && nf4_total_ == 0),
           "ParamStore::bind: compute-only parameters are frozen (no gradients)");
@@ -102,8 +103,20 @@ void ParamStore::allocate_optimizer_state() {
   adam_v_ = owned_adam_v_.data();
 }
 
+void ParamStore::bind_staged_grads(std::vector<float*> grad_at, float* shard) {
+  require(grad_at.size() == params_.size() && shard && compute_only_total_ == 0 && nf4_total_ == 0,
+          "ParamStore::bind_staged_grads: one gradient address per tensor and a shard, for a store whose tensors "
+          "all train");
+  grads_ = nullptr;
+  grad_at_ = std::move(grad_at);
+  grad_shard_ = shard;
+}
+
 void ParamStore::zero_grads() {
-  if (grads_) std::fill(grads_, grads_ + total_, 0.0f);
+  if (grad_shard_)
+    std::fill(grad_shard_, grad_shard_ + optimizer_range().size(), 0.0f);
+  else if (grads_)
+    std::fill(grads_, grads_ + total_, 0.0f);
 }
 
 void ParamStore::refresh_bf16_copy() { refresh_bf16_copy({0, total_}); }

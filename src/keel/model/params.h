@@ -63,6 +63,12 @@ class ParamStore {
   // ZeRO-1: this process holds the Adam moments of `range` only (its shard of the flat buffer);
   // set before bind() / allocate_optimizer_state(). Default: all of it.
   void set_optimizer_range(FlatRange range);
+  // ZeRO-2: no whole gradient buffer. The backward pass writes tensor i's gradient at grad_at[i]
+  // (a staging buffer reused once its part has been reduce-scattered) and this rank's summed
+  // gradients of optimizer_range() live in `shard` (shard_grads()). Instead of bind()'s
+  // gradients (null there); call before bind(), after set_optimizer_range().
+  void bind_staged_grads(std::vector<float*> grad_at, float* shard);
+  bool staged_grads() const { return !grad_at_.empty(); }
   FlatRange optimizer_range() const { return optimizer_shard_ ? *optimizer_shard_ : FlatRange{0, total_}; }
 
   const std::vector<Param>& params() const { return params_; }
@@ -83,8 +89,13 @@ class ParamStore {
   // The fp32 master; null for a compute-only tensor.
   float* weight(int i) { return params_[i].master() ? weights_ + params_[i].offset : nullptr; }
   const float* weight(int i) const { return params_[i].master() ? weights_ + params_[i].offset : nullptr; }
-  float* grad(int i) { return grads_ ? grads_ + params_[i].offset : nullptr; }
-  bool frozen() const { return grads_ == nullptr; }
+  // Where the backward pass adds tensor i's gradient: the whole gradient buffer, or under ZeRO-2
+  // its staging buffer.
+  float* grad(int i) {
+    if (!grad_at_.empty()) return grad_at_[size_t(i)];
+    return grads_ ? grads_ + params_[i].offset : nullptr;
+  }
+  bool frozen() const { return grads_ == nullptr && grad_at_.empty(); }
   // The bf16 copy or compute-only bf16 tensor; null for NF4 and without a bf16 buffer.
   bf16* weight_bf16(int i) { return has_bf16(params_[i]) ? weights_bf16_ + bf16_offset(params_[i]) : nullptr; }
   const bf16* weight_bf16(int i) const {
@@ -93,7 +104,11 @@ class ParamStore {
 
   float* weights() { return weights_; }
   const float* weights_data() const { return weights_; }
+  // The whole gradient buffer (null under ZeRO-2, which has none).
   float* grads() { return grads_; }
+  // The summed gradients the optimizer reads, of optimizer_range(): element i of the flat buffer
+  // is shard_grads()[i - range.begin] (the whole buffer's part, or ZeRO-2's shard).
+  float* shard_grads() { return grad_shard_ ? grad_shard_ : grads_ ? grads_ + optimizer_range().begin : nullptr; }
   // The Adam moments of optimizer_range(): element i of the flat buffer is adam_m()[i - range.begin].
   float* adam_m() { return adam_m_; }
   float* adam_v() { return adam_v_; }
@@ -101,6 +116,8 @@ class ParamStore {
   bool has_bf16_copy() const { return weights_bf16_ != nullptr; }
   bool has_optimizer_state() const { return adam_m_ != nullptr; }
 
+  // Zeroes what the step accumulates into: the gradient buffer, or ZeRO-2's shard (the staging
+  // buffers are zeroed by the decoder as their part of the backward pass begins).
   void zero_grads();
   void refresh_bf16_copy();                 // after weights change outside the optimizer (load, init)
   void refresh_bf16_copy(FlatRange range);  // of part of the weights (ZeRO-1: the shards other ranks updated)
@@ -114,6 +131,8 @@ class ParamStore {
   float* nf4_absmax_ = nullptr;
   std::optional<FlatRange> optimizer_shard_;  // set by set_optimizer_range (ZeRO-1)
   float *weights_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
+  std::vector<float*> grad_at_;  // ZeRO-2: each tensor's staged gradient
+  float* grad_shard_ = nullptr;  // ZeRO-2: this rank's summed gradients
   bf16* weights_bf16_ = nullptr;
   // Storage when the store owns its buffers (allocate()); empty when bound to a plan.
   std::vector<float> owned_weights_, owned_grads_, owned_adam_m_, owned_adam_v_;

@@ -74,7 +74,7 @@ size_t loader_buffer_bytes(const run::Recipe& r, const RunShape& shape) {
 
 MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
   require(shape.dp >= 1, "memory plan: dp must be at least 1, got {}", shape.dp);
-  require(shape.zero_stage == 0 || shape.zero_stage == 1, "memory plan: ZeRO stage {} is not supported (0 or 1)",
+  require(shape.zero_stage >= 0 && shape.zero_stage <= 2, "memory plan: ZeRO stage {} is not supported (0, 1 or 2)",
           shape.zero_stage);
   auto options = run::training_decoder_options(r);
   options.gradient_checkpointing = shape.gradient_checkpointing;
@@ -82,8 +82,11 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   // ZeRO-1 (Rajbhandari et al. 2020, stage 1): each rank keeps and updates 1/dp of the Adam moments
   // (the decoder plans the shard). The fp32 master weights stay whole on every rank: in fp32 they
   // are the compute weights, and in bf16 the norms and the embedding are read from them.
+  // ZeRO-2 shards the gradients too: the decoder plans this rank's shard of them and the staging of
+  // the groups the backward pass writes and reduces.
   const size_t shards = shape.zero_stage >= 1 ? size_t(shape.dp) : 1;
   options.optimizer_shards = int(shards);
+  options.shard_gradients = shape.zero_stage >= 2 && shards > 1;
   const auto precision = run::recipe_precision(r);
   const MemoryPlan decoder =
       model::decoder_memory_plan(config, precision, shape.batch_size, shape.max_seq_len, options);
@@ -92,7 +95,7 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   size_t param_elements = 0;
   for (const auto& b : decoder.buffers()) {
     // What trains (the gradients buckets reduce, the checkpoint holds): the weights, or LoRA's adapter.
-    if (b.name == "grads" || b.name == "lora.grads") param_elements = b.bytes / sizeof(float);
+    if (b.name == "lora.weights" || (b.name == "weights" && param_elements == 0)) param_elements = b.bytes / sizeof(float);
     if (b.in_arena)
       plan.add(b.name, b.category, b.bytes, b.first_use, b.last_use);
     else
@@ -206,7 +209,7 @@ std::string shape_summary(const RunShape& s) {
 // The per-category lines of the report, with what each holds.
 std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool bf16) {
   const bool sharded = shape.zero_stage >= 1 && shape.dp > 1;
-  const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-1)", shape.dp) : "";
+  const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-{})", shape.dp, shape.zero_stage) : "";
   // LoRA and QLoRA show in the plan's buffers (model/decoder.cpp names them).
   bool lora = false, nf4 = false;
   for (const auto& b : plan.buffers()) {
@@ -223,6 +226,9 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
         if (lora) return "frozen matrices in bf16 alone (no fp32 masters), the adapter's bf16 copy";
         return "bf16 copy the GEMMs read";
       case MemoryCategory::Gradients:
+        if (sharded && shape.zero_stage >= 2)
+          return fmt::format("fp32{}: 1/{} shard accumulated, plus the staging of the groups being written or reduced",
+                             lora ? ", the adapter's" : "", shape.dp);
         return lora ? "fp32, the adapter's only (frozen weights have none)" : "fp32, accumulated over micro-batches";
       case MemoryCategory::OptimizerState:
         return std::string(lora ? "AdamW m and v of the adapter, fp32" : "AdamW m and v, fp32") +
@@ -264,7 +270,8 @@ RunShape requested_shape(const run::Recipe& r, const PlanRequest& request) {
   RunShape shape = run_shape(r);
   if (request.dp > 0) shape.dp = request.dp;
   if (request.zero_stage >= 0) shape.zero_stage = request.zero_stage;
-  require(shape.zero_stage == 0 || shape.zero_stage == 1, "ZeRO stage {}: keel plans stage 0 or 1", shape.zero_stage);
+  require(shape.zero_stage >= 0 && shape.zero_stage <= 2, "ZeRO stage {}: keel plans stages 0, 1 and 2",
+          shape.zero_stage);
   return shape;
 }
 
@@ -314,7 +321,7 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
       config.num_kv_heads, config.intermediate_size, config.vocab_size,
       parameters >= 1e9 ? fmt::format("{:.2f}B", parameters / 1e9) : fmt::format("{:.2f}M", parameters / 1e6));
   out += fmt::format("run: {}, {}\n", r.dtype, shape_summary(shape));
-  if (shape.zero_stage >= 1 && shape.dp == 1) out += "note: ZeRO-1 with dp 1 shards nothing\n";
+  if (shape.zero_stage >= 1 && shape.dp == 1) out += fmt::format("note: ZeRO-{} with dp 1 shards nothing\n", shape.zero_stage);
   const model::StepTimeline timeline{int32_t(config.num_layers)};
   const auto arena_peak = position_name(timeline, plan.peak_position());
   const auto other_peak = position_name(timeline, plan.external_peak_position());
@@ -333,7 +340,8 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
 // planned.
 std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape) {
   std::vector<int> zero_options{shape.zero_stage};
-  if (shape.zero_stage == 0 && shape.dp > 1) zero_options.push_back(1);
+  if (shape.dp > 1)
+    for (int stage = shape.zero_stage + 1; stage <= 2; ++stage) zero_options.push_back(stage);
   std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
   if (!shape.gradient_checkpointing) checkpointing_options.push_back(true);
   std::vector<int64_t> batches{shape.batch_size};
@@ -352,8 +360,10 @@ std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape)
             Candidate c{shape, {}, 0};
             if (zero != shape.zero_stage) {
               c.shape.zero_stage = zero;
-              c.changes.push_back("--zero 1");
-              c.cost += 1;  // the same math; a reduce-scatter + all-gather instead of an all-reduce
+              c.changes.push_back(fmt::format("--zero {}", zero));
+              // The same math: a reduce-scatter + all-gather instead of an all-reduce; stage 2
+              // reduces every micro-batch.
+              c.cost += zero;
             }
             if (async_save != async_options[0]) {
               c.shape.async_checkpoint = false;
@@ -420,12 +430,13 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
   line(*smallest);
   // Nothing fits: say what no activation setting can fix.
   const size_t elements = size_t(config.total_parameters());
-  const size_t floor = elements * ((bf16 ? 2 : 4) + 4);  // compute weights + fp32 gradients, never sharded
+  const size_t floor = elements * ((bf16 ? 2 : 0) + 4);  // fp32 masters (+ bf16 copy): whole under ZeRO-2
   out += fmt::format(
-      "\nnothing above fits. The smallest ({}) still needs {} per rank; even with ZeRO-1 over any "
-      "number of ranks the replicated weights and fp32 gradients alone take {}. More memory per rank, "
-      "sharded gradients (ZeRO-2, not in keel yet) or a smaller model are needed.\n",
-      fmt::join(smallest->changes, " + "), format_bytes(double(smallest->total)), format_bytes(double(floor)));
+      "\nnothing above fits. The smallest ({}) still needs {} per rank; even with ZeRO-2 over any "
+      "number of ranks the replicated weights ({}) alone take {}. More memory per rank, "
+      "sharded parameters (ZeRO-3, not in keel yet) or a smaller model are needed.\n",
+      fmt::join(smallest->changes, " + "), format_bytes(double(smallest->total)),
+      bf16 ? "fp32 masters and their bf16 copy" : "fp32", format_bytes(double(floor)));
   return out;
 }
 

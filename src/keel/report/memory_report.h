@@ -34,7 +34,7 @@ struct RunShape {
   int64_t max_seq_len = 2048;
   int64_t gradient_accumulation_steps = 1;
   int64_t dp = 1;      // data-parallel ranks
-  int zero_stage = 0;  // 0: replicated; 1: optimizer state + master weights sharded over dp
+  int zero_stage = 0;  // 0: replicated; 1: optimizer state sharded over dp; 2: and the gradients
   bool gradient_checkpointing = false;
   bool async_checkpoint = true;  // false: plan without the recipe's async_save snapshot
 };
@@ -46,7 +46,7 @@ MemoryPlan training_memory_plan(const run::Recipe& recipe, const model::ModelCon
 
 struct PlanRequest {
   int64_t dp = 0;                  // 0: the recipe's dp_degree
-  int zero_stage = -1;             // 0 or 1; -1: the recipe's zero_stage
+  int zero_stage = -1;             // 0, 1 or 2; -1: the recipe's zero_stage
   size_t device_memory_bytes = 0;  // per rank; 0: no device check
 };
 

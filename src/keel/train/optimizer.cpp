@@ -21,26 +21,24 @@ void AdamW::step(double lr, int64_t step) {
     const int64_t local = part.begin - p.offset, moment = part.begin - mine.begin;
     const float wd = p.weight_decay ? float(config_.weight_decay) : 0.0f;
     bf16* copy = params_.weight_bf16(int(i));
-    backend_.adamw_update(params_.weight(int(i)) + local, params_.grad(int(i)) + local, params_.adam_m() + moment,
+    backend_.adamw_update(params_.weight(int(i)) + local, params_.shard_grads() + moment, params_.adam_m() + moment,
                           params_.adam_v() + moment, part.size(), s, wd, copy ? copy + local : nullptr);
   }
 }
 
-double gradient_sum_of_squares(kernels::Backend& backend, model::ParamStore& params, FlatRange range) {
-  return backend.sum_of_squares(params.grads() + range.begin, range.size());
+double gradient_sum_of_squares(kernels::Backend& backend, model::ParamStore& params) {
+  return backend.sum_of_squares(params.shard_grads(), params.optimizer_range().size());
 }
 
 double gradient_norm(kernels::Backend& backend, model::ParamStore& params) {
-  return std::sqrt(gradient_sum_of_squares(backend, params, {0, params.total()}));
+  return std::sqrt(gradient_sum_of_squares(backend, params));
 }
 
-double clip_gradients(kernels::Backend& backend, model::ParamStore& params, double norm, double max_norm,
-                      FlatRange range) {
+double clip_gradients(kernels::Backend& backend, model::ParamStore& params, double norm, double max_norm) {
   if (max_norm <= 0) return 1.0;
   const double coef = max_norm / (norm + 1e-6);
   if (coef >= 1.0) return 1.0;
-  if (range.end < 0) range = {0, params.total()};
-  backend.scale_in_place(params.grads() + range.begin, range.size(), float(coef));
+  backend.scale_in_place(params.shard_grads(), params.optimizer_range().size(), float(coef));
   return coef;
 }
 

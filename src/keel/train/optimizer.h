@@ -16,7 +16,7 @@ class AdamW {
  public:
   AdamW(kernels::Backend& backend, model::ParamStore& params, AdamWConfig config);
   // One update with learning rate lr of the parameters in params.optimizer_range() (everything, or
-  // this rank's ZeRO-1 shard); `step` counts from 1 (bias correction).
+  // this rank's ZeRO shard) from params.shard_grads(); `step` counts from 1 (bias correction).
   void step(double lr, int64_t step);
 
  private:
@@ -25,13 +25,14 @@ class AdamW {
   AdamWConfig config_;
 };
 
-// Global L2 norm of all gradients (as clip_grad_norm_ computes it).
+// The gradients' functions read params.shard_grads() over params.optimizer_range(): all of them,
+// or under ZeRO this rank's shard (whose sums of squares the ranks add for the global norm).
+//
+// L2 norm of the gradients (as clip_grad_norm_ computes it; the global norm without ZeRO).
 double gradient_norm(kernels::Backend& backend, model::ParamStore& params);
-// The sum of squares of the gradients in `range` (ZeRO-1: ranks add theirs for the global norm).
-double gradient_sum_of_squares(kernels::Backend& backend, model::ParamStore& params, FlatRange range);
-// Scales the gradients in `range` (default: all) by max_norm / (norm + 1e-6) when that is below 1,
-// like clip_grad_norm_. Returns the factor applied (1 when not clipped).
-double clip_gradients(kernels::Backend& backend, model::ParamStore& params, double norm, double max_norm,
-                      FlatRange range = {0, -1});
+double gradient_sum_of_squares(kernels::Backend& backend, model::ParamStore& params);
+// Scales the gradients by max_norm / (norm + 1e-6) when that is below 1, like clip_grad_norm_.
+// Returns the factor applied (1 when not clipped).
+double clip_gradients(kernels::Backend& backend, model::ParamStore& params, double norm, double max_norm);
 
 }  // namespace keel::train

@@ -17,7 +17,6 @@
 #include "keel/train/batch_source.h"
 #include "keel/distributed/communicator.h"
 #include "keel/core/threads.h"
-#include "keel/distributed/grad_buckets.h"
 #include "keel/distributed/shard_reader.h"
 #include "keel/model/hf_weights.h"
 #include "keel/model/peft_adapter.h"
@@ -25,6 +24,7 @@
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/train/evaluation.h"
 #include "keel/checkpoint/export.h"
+#include "keel/train/grad_sync.h"
 #include "keel/train/interrupt.h"
 #include "keel/train/sync_overlap.h"
 #include "keel/report/loss_plot.h"
@@ -104,21 +104,16 @@ class Trainer {
     optimizer_ = std::make_unique<AdamW>(decoder_.backend(), decoder_.trainable(),
                                          AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon, r.weight_decay});
     if (comm_.size() > 1) {
-      std::vector<distributed::ParamSpan> spans;
-      for (const auto& p : decoder_.trainable().params()) spans.push_back({p.offset, p.numel});
-      // ZeRO-1: the decoder holds this rank's shard of the moments; gradients are reduce-scattered
-      // onto the same shards and the updated weights all-gathered after the optimizer step.
-      if (r.zero_stage >= 1) zero_shards_ = shard_ranges(decoder_.trainable().total(), int(comm_.size()));
-      buckets_ = std::make_unique<distributed::GradBuckets>(spans, int64_t(r.bucket_size_mb * double(1 << 20)),
-                                                            zero_shards_.empty() ? nullptr : &zero_shards_);
       const OverlapDecision overlap = decide_overlap(r.overlap_grad_sync, host_cores(int(comm_.size())));
-      overlap_grad_sync_ = overlap.overlap;
       fmt::print(log_, "keel: {}\n", overlap.reason);
-      // Set once (no allocation per step); active only during a step's last backward pass.
-      if (overlap_grad_sync_)
-        decoder_.set_grad_ready_hook([this](int param, ComputeEvent written) {
-          if (sync_in_backward_) buckets_->param_ready(param, written);
-        });
+      // ZeRO-1/2: the decoder holds this rank's shard of the moments (and under ZeRO-2 of the
+      // gradients); grad_sync.h says what each stage reduces when.
+      sync_ = std::make_unique<GradSync>(decoder_, comm_,
+                                         GradSyncOptions{.zero_stage = int(r.zero_stage),
+                                                         .bucket_bytes = int64_t(r.bucket_size_mb * double(1 << 20)),
+                                                         .overlap = overlap.overlap,
+                                                         .deterministic = r.deterministic_reduce});
+      zero_shards_ = sync_->shards();
     }
     schedule_ = LrSchedule{r.lr_scheduler, r.learning_rate, r.warmup_steps, max_steps_};
     state_.seed = uint64_t(r.seed);
@@ -171,10 +166,18 @@ class Trainer {
     if (decoder_.has_adapter()) print_lora();
     fmt::print(log_, "keel: {} thread(s) per rank, {}\n", max_threads(),
                decoder_.backend().description(decoder_.precision() == model::Precision::BF16));
-    if (!zero_shards_.empty())
-      fmt::print(log_, "keel: ZeRO-1: AdamW moments sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB\n",
-                 comm_.size(), 8e-6 * double(decoder_.trainable().optimizer_range().size()),
-                 8e-6 * double(decoder_.trainable().total()));
+    if (!zero_shards_.empty()) {
+      const double shard = double(decoder_.trainable().optimizer_range().size()),
+                   whole = double(decoder_.trainable().total());
+      if (r_.zero_stage == 1)
+        fmt::print(log_, "keel: ZeRO-1: AdamW moments sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB\n",
+                   comm_.size(), 8e-6 * shard, 8e-6 * whole);
+      else
+        fmt::print(log_,
+                   "keel: ZeRO-2: AdamW moments and gradients sharded over {} ranks, {:.2f} MB per rank instead of "
+                   "{:.2f} MB; the backward pass stages {} groups of gradients, reduce-scattered every micro-batch\n",
+                   comm_.size(), 12e-6 * shard, 12e-6 * whole, decoder_.grad_groups().size());
+    }
 
     InterruptGuard interrupt;
     TrainResult result;
@@ -537,9 +540,12 @@ class Trainer {
     m.tokens = int64_t(totals[1]);
 
     const auto t1 = Clock::now();
-    decoder_.trainable().zero_grads();
+    if (sync_)
+      sync_->begin_step();
+    else
+      decoder_.trainable().zero_grads();
     const double grad_scale = m.target_tokens > 0 ? 1.0 / double(m.target_tokens) : 0.0;
-    double loss_sum = 0.0;
+    double loss_sum = 0.0, exposed_s = 0.0;
     for (size_t i = 0; i < micro.size(); ++i) {
       const auto& mb = micro[i];
       model::MicroBatch batch{mb.batch,
@@ -552,34 +558,30 @@ class Trainer {
       // (i * ranks + rank), so a resume, or another number of ranks, draws the same ones.
       batch.dropout_key = dropout_subkey(splitmix64(uint64_t(r_.seed)), uint64_t(step) << 24 | (i * uint64_t(ranks) +
                                                                                                  uint64_t(comm_.rank())));
-      // Gradients are synchronised once per step, during the last micro-batch's backward pass
-      // (overlap_grad_sync: each bucket as soon as its gradients are final) or after it.
-      const bool last = i + 1 == micro.size();
-      if (ranks > 1 && last) buckets_->begin(decoder_.trainable().grads(), comm_, r_.deterministic_reduce);
-      sync_in_backward_ = ranks > 1 && last && overlap_grad_sync_;
+      if (sync_) sync_->before_micro_batch(i + 1 == micro.size());
       loss_sum += decoder_.forward_backward(batch, grad_scale);
-      sync_in_backward_ = false;
+      if (sync_) {
+        const auto t_wait = Clock::now();  // ZeRO-2: the micro-batch's last reductions
+        sync_->after_micro_batch();
+        exposed_s += seconds_since(t_wait);
+      }
     }
-    m.compute_s = seconds_since(t1);
-    if (ranks > 1 && micro.empty()) buckets_->begin(decoder_.trainable().grads(), comm_, r_.deterministic_reduce);
+    m.compute_s = seconds_since(t1) - exposed_s;
+    m.grad_sync_s += exposed_s;
     model::ParamStore& params = decoder_.trainable();
-    const FlatRange mine = params.optimizer_range();  // everything, or this rank's ZeRO-1 shard
-    double grad_squares = 0;                          // under ZeRO-1, of every rank's shard
-    if (ranks > 1) {
+    if (sync_) {
       // What is left of the synchronisation once the backward pass is done: the exposed part.
       const auto t_sync = Clock::now();
-      buckets_->finish();
-      double sums[2] = {loss_sum,
-                        zero_shards_.empty() ? 0.0 : gradient_sum_of_squares(decoder_.backend(), params, mine)};
-      comm_.allreduce_totals(sums, 2);
-      loss_sum = sums[0];
-      grad_squares = sums[1];
+      const SyncedStep synced = sync_->finish(loss_sum);
+      loss_sum = synced.loss_sum;
+      m.grad_norm = synced.grad_norm;
       m.grad_sync_s += seconds_since(t_sync);
+    } else {
+      m.grad_norm = gradient_norm(decoder_.backend(), params);
     }
     m.loss = m.target_tokens > 0 ? loss_sum / double(m.target_tokens) : 0.0;
 
     const auto t2 = Clock::now();
-    m.grad_norm = zero_shards_.empty() ? gradient_norm(decoder_.backend(), params) : std::sqrt(grad_squares);
     m.lr = schedule_.lr_for_step(step);
     if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
       require(r_.skip_nonfinite_steps,
@@ -588,15 +590,13 @@ class Trainer {
               step, m.loss, m.grad_norm);
       m.skipped = true;  // weights and optimizer state stay as they were
     } else {
-      clip_gradients(decoder_.backend(), params, m.grad_norm, r_.max_grad_norm, mine);
+      clip_gradients(decoder_.backend(), params, m.grad_norm, r_.max_grad_norm);
       optimizer_->step(m.lr, step);
     }
     m.optimizer_s = seconds_since(t2);
-    if (!zero_shards_.empty() && !m.skipped) {  // every rank needs every rank's updated shard
+    if (sync_ && !m.skipped) {  // ZeRO: every rank needs every rank's updated shard
       const auto t_gather = Clock::now();
-      comm_.wait(comm_.allgather_shards_async(params.weights(), zero_shards_));
-      for (const FlatRange& other : zero_shards_)
-        if (other.begin != mine.begin) params.refresh_bf16_copy(other);
+      sync_->gather_weights();
       m.grad_sync_s += seconds_since(t_gather);
     }
     m.step_time_s = seconds_since(t0);
@@ -655,13 +655,11 @@ class Trainer {
   std::ostream& log_;
   TrainOptions options_;
   distributed::Communicator& comm_;
-  std::vector<FlatRange> zero_shards_;  // ZeRO-1: each rank's part of the flat parameters; empty otherwise
-  std::unique_ptr<distributed::GradBuckets> buckets_;
-  bool sync_in_backward_ = false;  // the decoder's grad-ready hook feeds buckets_
-  bool overlap_grad_sync_ = false;  // decided at start (sync_overlap.h): the recipe's setting and the host's cores
+  std::vector<FlatRange> zero_shards_;  // ZeRO: each rank's part of the flat parameters; empty otherwise
   run::ModelSetup setup_;
   model::Decoder& decoder_;
   const model::ModelConfig& config_;
+  std::unique_ptr<GradSync> sync_;  // data parallel's gradient path (dp > 1); holds hooks into decoder_
   std::unique_ptr<BatchSource> loader_, eval_loader_;
   int64_t max_steps_ = 0;
   int32_t pad_id_ = 0;

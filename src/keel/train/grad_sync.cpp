@@ -1,0 +1,104 @@
+#include "keel/train/grad_sync.h"
+
+#include <cmath>
+
+#include "keel/core/error.h"
+#include "keel/train/optimizer.h"
+
+namespace keel::train {
+
+GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, const GradSyncOptions& options)
+    : decoder_(decoder), comm_(comm), options_(options) {
+  model::ParamStore& params = decoder_.trainable();
+  const bool staged = options_.zero_stage >= 2;
+  require(staged == params.staged_grads(),
+          "gradient sync: ZeRO stage {} but the decoder's gradients are {}", options_.zero_stage,
+          params.staged_grads() ? "staged (ZeRO-2)" : "whole");
+  std::vector<distributed::ParamSpan> spans;
+  for (const auto& p : params.params()) spans.push_back({p.offset, p.numel});
+  if (options_.zero_stage >= 1) {
+    shards_ = shard_ranges(params.total(), comm_.size());
+    const FlatRange mine = shards_[size_t(comm_.rank())];
+    require(params.optimizer_range().begin == mine.begin && params.optimizer_range().end == mine.end,
+            "gradient sync: the decoder's optimizer range is not rank {}'s ZeRO shard", comm_.rank());
+  }
+  std::vector<int> group_starts;
+  for (const model::GradGroup& g : decoder_.grad_groups()) group_starts.push_back(g.first_param);
+  buckets_ = std::make_unique<distributed::GradBuckets>(spans, options_.bucket_bytes,
+                                                        shards_.empty() ? nullptr : &shards_, group_starts);
+  if (staged)
+    for (int i = 0; i < int(params.params().size()); ++i) staged_.push_back(params.grad(i));
+  // Set once (no allocation per step); they act only while in_backward_.
+  decoder_.set_grad_ready_hook([this](int param, ComputeEvent written) {
+    if (in_backward_) buckets_->param_ready(param, written);
+  });
+  if (staged) decoder_.set_backward_position_hook([this](int32_t at) { position(at); });
+}
+
+GradSync::~GradSync() {
+  decoder_.set_grad_ready_hook({});
+  decoder_.set_backward_position_hook({});
+}
+
+void GradSync::begin_step() {
+  decoder_.trainable().zero_grads();
+  began_ = false;
+}
+
+void GradSync::before_micro_batch(bool last) {
+  model::ParamStore& params = decoder_.trainable();
+  if (!staged_.empty()) {
+    buckets_->begin_staged(staged_, params.shard_grads(), comm_, options_.deterministic, !options_.overlap);
+    began_ = in_backward_ = true;
+    next_wait_ = 0;
+    return;
+  }
+  // Whole gradients accumulate locally: synchronised once, during the last backward pass
+  // (overlap: each bucket as soon as its gradients are final) or after it.
+  if (!last) return;
+  buckets_->begin(params.grads(), comm_, options_.deterministic);
+  began_ = true;
+  in_backward_ = options_.overlap;
+}
+
+void GradSync::after_micro_batch() {
+  in_backward_ = false;
+  // ZeRO-2: the next micro-batch's forward pass reuses the staging of the last groups.
+  if (!staged_.empty()) buckets_->finish();
+}
+
+// ZeRO-2: a group's staging may be reused from two positions after its last write on (its plan
+// lifetime ends one after): its reductions must be complete by then. Groups come in the order of
+// their last write, positions in increasing order.
+void GradSync::position(int32_t at) {
+  if (!in_backward_) return;
+  const auto& groups = decoder_.grad_groups();
+  while (next_wait_ < groups.size() && groups[next_wait_].last_written + 1 < at) {
+    buckets_->wait_params(groups[next_wait_].first_param, groups[next_wait_].last_param);
+    ++next_wait_;
+  }
+}
+
+SyncedStep GradSync::finish(double local_loss_sum) {
+  model::ParamStore& params = decoder_.trainable();
+  if (staged_.empty()) {
+    if (!began_) buckets_->begin(params.grads(), comm_, options_.deterministic);  // a step without micro-batches
+    buckets_->finish();
+  }
+  // Under ZeRO each rank holds the summed gradients of its shard only: the ranks add their sums of
+  // squares; replicated, every rank holds them all.
+  double sums[2] = {local_loss_sum, shards_.empty() ? 0.0 : gradient_sum_of_squares(decoder_.backend(), params)};
+  comm_.allreduce_totals(sums, 2);
+  return {sums[0], shards_.empty() ? gradient_norm(decoder_.backend(), params) : std::sqrt(sums[1])};
+}
+
+void GradSync::gather_weights() {
+  if (shards_.empty()) return;
+  model::ParamStore& params = decoder_.trainable();
+  comm_.wait(comm_.allgather_shards_async(params.weights(), shards_));
+  const FlatRange mine = params.optimizer_range();
+  for (const FlatRange& other : shards_)
+    if (other.begin != mine.begin) params.refresh_bf16_copy(other);
+}
+
+}  // namespace keel::train

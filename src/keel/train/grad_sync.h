@@ -1,0 +1,75 @@
+// Data parallel's gradient path through one training step, for every ZeRO stage (Rajbhandari et
+// al. 2020): the buckets fed by the decoder's grad-ready hook, the reductions, the global gradient
+// norm and, under ZeRO, the all-gather of the updated weights.
+//
+// - stage 0 (replicated): gradients accumulate locally over the micro-batches and each bucket is
+//   all-reduced during (overlap) or after the last backward pass; every rank steps everything.
+// - stage 1: the same buckets are reduce-scattered onto each rank's shard; a rank steps its shard
+//   with its shard of the moments, then the shards are all-gathered.
+// - stage 2: no whole gradient buffer. Every micro-batch's backward pass writes each gradient
+//   group (model::GradGroup) into a staging buffer, its buckets are reduce-scattered into this
+//   rank's accumulated shard as they become final, and the decoder's position hook waits for a
+//   group's reductions before its staging can be reused. Without overlap each bucket is reduced as
+//   soon as it is final (the staging cannot wait for the end of the backward pass).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "keel/core/flat_range.h"
+#include "keel/distributed/communicator.h"
+#include "keel/distributed/grad_buckets.h"
+#include "keel/model/decoder.h"
+
+namespace keel::train {
+
+struct GradSyncOptions {
+  int zero_stage = 0;
+  int64_t bucket_bytes = int64_t(25) << 20;
+  bool overlap = true;         // reduce buckets during the backward pass (train/sync_overlap.h decides)
+  bool deterministic = false;  // rank-ordered sums (bit-identical reruns)
+};
+
+// What a step's reductions leave: sums over every rank.
+struct SyncedStep {
+  double loss_sum = 0;   // of the token losses
+  double grad_norm = 0;  // the global L2 norm of the step's gradients
+};
+
+class GradSync {
+ public:
+  // Installs the decoder's hooks (removed by the destructor). The decoder's trainable store must
+  // be sharded as `options.zero_stage` says (run::training_decoder_options does it).
+  GradSync(model::Decoder& decoder, distributed::Communicator& comm, const GradSyncOptions& options);
+  ~GradSync();
+  GradSync(const GradSync&) = delete;
+  GradSync& operator=(const GradSync&) = delete;
+
+  // Each rank's part of the flat trainable buffer under ZeRO; empty when replicated.
+  const std::vector<FlatRange>& shards() const { return shards_; }
+
+  // The step's gradients start from zero (the buffer, or ZeRO-2's shard).
+  void begin_step();
+  // Around each micro-batch's forward_backward; `last`: the step's last micro-batch.
+  void before_micro_batch(bool last);
+  void after_micro_batch();
+  // After the last micro-batch: waits for the reductions still running (the exposed
+  // communication), then sums the loss and the squares of the gradients over the ranks.
+  SyncedStep finish(double local_loss_sum);
+  // ZeRO: every rank's updated shard of the weights to every rank (and their bf16 copies).
+  void gather_weights();
+
+ private:
+  void position(int32_t position);
+  model::Decoder& decoder_;
+  distributed::Communicator& comm_;
+  GradSyncOptions options_;
+  std::vector<FlatRange> shards_;
+  std::unique_ptr<distributed::GradBuckets> buckets_;
+  std::vector<float*> staged_;  // ZeRO-2: where each trainable tensor's gradient is written
+  bool began_ = false;          // the buckets of the current micro-batch (or step) have begun
+  bool in_backward_ = false;    // the hooks feed the buckets
+  size_t next_wait_ = 0;        // ZeRO-2: the first group whose reductions were not waited for
+};
+
+}  // namespace keel::train
