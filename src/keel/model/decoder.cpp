@@ -429,6 +429,10 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
   return plan;
 }
 
+void declare_model_params(const ModelConfig& config, ParamStore& params, DecoderParamIds& ids) {
+  declare_params(config, params, ids);
+}
+
 int64_t nf4_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files) {
   if (!options.nf4_base) return 0;
   ParamStore params;

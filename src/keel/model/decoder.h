@@ -143,6 +143,10 @@ kernels::AttentionShape attention_shape(const ModelConfig& config, int64_t layer
 // Gemma: the factor the embedding's output is multiplied by, sqrt(hidden_size) rounded to float.
 float embedding_scale(const ModelConfig& config);
 
+// The model's parameters as the decoder declares them (fp32 masters, full fine-tuning), without
+// memory: for what needs the tensor layout of a config (plans, tensor names) and no decoder.
+void declare_model_params(const ModelConfig& config, ParamStore& params, DecoderParamIds& ids);
+
 // QLoRA's setup scratch: the most weights held in fp32 at once while the NF4 projections are
 // filled — the largest HF tensor of a projection (loaded one by one), or the largest fused one
 // (a new model's random initialisation). 0 without NF4.

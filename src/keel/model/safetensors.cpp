@@ -689,20 +689,37 @@ const TensorInfo& CheckpointReader::get_shaped(const std::string& name, const st
   return t;
 }
 
+namespace {
+
+// A tensor's file pages, once read, leave this process's resident set: they stay in the page cache
+// (shared with other ranks, re-read from there if touched again), but a load no longer peaks at the
+// arena plus every file it read (17.5 GiB more for GLM-4-9B), only plus the tensor being read.
+// Whole pages around the tensor, its neighbours' bytes included: dropping a clean page of a
+// read-only private mapping only means the next access faults it in again.
+void release_pages(const TensorInfo& t) {
+  static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + t.nbytes + page - 1) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // advisory
+}
+
+}  // namespace
+
 void CheckpointReader::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const {
   const TensorInfo& t = get_shaped(name, expected_shape);
   if (t.numel() == 0) return;
-  if (t.dtype == DType::F32) {
+  if (t.dtype == DType::F32)
     std::memcpy(dst, t.data, size_t(t.numel()) * 4);
-    return;
-  }
-  convert_elements(t, dst, [](float v) { return v; });
+  else
+    convert_elements(t, dst, [](float v) { return v; });
+  release_pages(t);
 }
 
 void CheckpointReader::read_bf16(const std::string& name, const std::vector<int64_t>& expected_shape, bf16* dst) const {
   const TensorInfo& t = get_shaped(name, expected_shape);
   if (t.numel() == 0) return;
   convert_elements(t, dst, [](float v) { return float_to_bf16(v); });
+  release_pages(t);
 }
 
 void write_safetensors(const std::string& path, const std::vector<TensorToWrite>& tensors, DType dtype,

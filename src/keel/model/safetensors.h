@@ -64,7 +64,9 @@ class CheckpointReader {
   // Throws keel::Error naming the tensor and the directory if absent.
   const TensorInfo& get(const std::string& name) const;
   // Converts the tensor (F32, BF16 or F16) to fp32 into dst, after checking its shape equals
-  // `expected_shape` exactly (error names tensor, file, expected and found shapes).
+  // `expected_shape` exactly (error names tensor, file, expected and found shapes). Its file pages
+  // then leave the process's resident set (they stay in the page cache): a load holds one
+  // tensor's pages at a time.
   void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const;
   // The same into bf16: BF16 as stored, F32 rounded to nearest even, F16 through fp32.
   void read_bf16(const std::string& name, const std::vector<int64_t>& expected_shape, bf16* dst) const;

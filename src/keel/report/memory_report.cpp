@@ -12,6 +12,8 @@
 #include "keel/core/error.h"
 #include "keel/distributed/communicator.h"
 #include "keel/model/decoder.h"
+#include "keel/model/hf_weights.h"
+#include "keel/model/safetensors.h"
 #include "keel/run/model_setup.h"
 
 namespace keel::report {
@@ -37,14 +39,25 @@ bool within_limits(size_t total, size_t arena, size_t device, size_t pool) {
   return (device == 0 || total <= device) && (pool == 0 || arena <= pool);
 }
 
-// The size of a model directory's .safetensors files, or, for a directory with config.json only,
-// what they would take in the config's torch_dtype.
-size_t weight_file_bytes(const std::string& dir, const model::ModelConfig& config) {
-  size_t total = 0;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec))
-    if (entry.path().extension() == ".safetensors") total += size_t(entry.file_size(ec));
-  return total > 0 ? total : size_t(config.total_parameters()) * dtype_size(config.torch_dtype);
+// The file pages a load holds at once: those of the largest tensor (CheckpointReader releases each
+// tensor's pages once read), from the directory's safetensors headers, or, for a directory with
+// config.json only, what that tensor would take in the config's torch_dtype.
+size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelConfig& config) {
+  model::ParamStore params;
+  model::DecoderParamIds ids;
+  model::declare_model_params(config, params, ids);
+  size_t largest = 0;
+  try {
+    const auto reader = model::CheckpointReader::open_dir(dir);
+    for (const auto& t : model::hf_tensors(config, ids))
+      if (reader.has(t.name)) largest = std::max(largest, reader.get(t.name).nbytes);
+  } catch (const Error&) {
+    largest = 0;  // no weights (config.json only), or unreadable: the load reports that itself
+  }
+  if (largest > 0) return largest;
+  for (const auto& t : model::hf_tensors(config, ids))
+    largest = std::max(largest, size_t(t.rows * (t.cols ? t.cols : 1)) * dtype_size(config.torch_dtype));
+  return largest;
 }
 
 // The batch buffers of the trainer's data source (train/batch_source.cpp decides which): a
@@ -121,12 +134,11 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
                         size_t(double(bucket) * kAllreduceScratchPerBucketByte), t.backward(config.num_layers - 1),
                         t.optimizer());
   }
-  // Position 0 is also the model's setup: the arena is touched, then the weights load. Loading
-  // maps the weight files and every page read stays resident until the load ends, so a large
-  // model's process peaks right there, by the files' size on top of the arena.
+  // Position 0 is also the model's setup: the arena is touched, then the weights load, tensor by
+  // tensor from the mapped files, each tensor's pages released once it is read.
   if (!r.model_config)
-    plan.add_external("weight files mapped while loading", MemoryCategory::Data,
-                      weight_file_bytes(r.model_name, config), 0, 0);
+    plan.add_external("weight file pages while loading (the largest tensor)", MemoryCategory::Data,
+                      largest_weight_tensor_bytes(r.model_name, config), 0, 0);
   // QLoRA fills its NF4 projections one tensor at a time from fp32: that tensor, during the setup.
   if (const int64_t scratch = model::nf4_setup_scratch_elements(config, options, !r.model_config))
     plan.add_external("NF4 quantization (one projection in fp32)", MemoryCategory::Data,
@@ -238,7 +250,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
                                             : "every block's intermediates, kept for backward";
       case MemoryCategory::Workspace: return "gradient scratch, logits chunk (shared by lifetime)";
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
-      case MemoryCategory::Data: return "weight files while loading, micro-batches, rotary table";
+      case MemoryCategory::Data: return "the weight file pages of the tensor loading, micro-batches, rotary table";
       case MemoryCategory::CheckpointStaging: return "async save snapshot (weights, m, v), or ZeRO-1's receive buffer";
       case MemoryCategory::Runtime: return "code, libraries, threads, library scratch (measured)";
       case MemoryCategory::kCount: break;

@@ -1,11 +1,23 @@
 #include "keel/train/grad_sync.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "keel/core/error.h"
 #include "keel/train/optimizer.h"
 
 namespace keel::train {
+namespace {
+
+// Runs f, adding the seconds it took to `total`.
+template <class F>
+void timed(double& total, F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
 
 GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, const GradSyncOptions& options)
     : decoder_(decoder), comm_(comm), options_(options) {
@@ -30,9 +42,9 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
     for (int i = 0; i < int(params.params().size()); ++i) staged_.push_back(params.grad(i));
   // Set once (no allocation per step); they act only while in_backward_.
   decoder_.set_grad_ready_hook([this](int param, ComputeEvent written) {
-    if (in_backward_) buckets_->param_ready(param, written);
+    if (in_backward_) timed(hook_seconds_, [&] { buckets_->param_ready(param, written); });
   });
-  if (staged) decoder_.set_backward_position_hook([this](int32_t at) { position(at); });
+  if (staged) decoder_.set_backward_position_hook([this](int32_t at) { timed(hook_seconds_, [&] { position(at); }); });
 }
 
 GradSync::~GradSync() {
@@ -90,6 +102,12 @@ SyncedStep GradSync::finish(double local_loss_sum) {
   double sums[2] = {local_loss_sum, shards_.empty() ? 0.0 : gradient_sum_of_squares(decoder_.backend(), params)};
   comm_.allreduce_totals(sums, 2);
   return {sums[0], shards_.empty() ? gradient_norm(decoder_.backend(), params) : std::sqrt(sums[1])};
+}
+
+double GradSync::take_hook_seconds() {
+  const double s = hook_seconds_;
+  hook_seconds_ = 0;
+  return s;
 }
 
 void GradSync::gather_weights() {

@@ -58,6 +58,10 @@ class GradSync {
   SyncedStep finish(double local_loss_sum);
   // ZeRO: every rank's updated shard of the weights to every rank (and their bf16 copies).
   void gather_weights();
+  // The time the training thread spent in the decoder's hooks since the last call: queueing
+  // buckets, and under ZeRO-2 waiting for reductions inside the backward pass (exposed
+  // communication the step's compute time must not include).
+  double take_hook_seconds();
 
  private:
   void position(int32_t position);
@@ -70,6 +74,7 @@ class GradSync {
   bool began_ = false;          // the buckets of the current micro-batch (or step) have begun
   bool in_backward_ = false;    // the hooks feed the buckets
   size_t next_wait_ = 0;        // ZeRO-2: the first group whose reductions were not waited for
+  double hook_seconds_ = 0;
 };
 
 }  // namespace keel::train

@@ -563,7 +563,7 @@ class Trainer {
       if (sync_) {
         const auto t_wait = Clock::now();  // ZeRO-2: the micro-batch's last reductions
         sync_->after_micro_batch();
-        exposed_s += seconds_since(t_wait);
+        exposed_s += seconds_since(t_wait) + sync_->take_hook_seconds();
       }
     }
     m.compute_s = seconds_since(t1) - exposed_s;
