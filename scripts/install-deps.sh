@@ -12,6 +12,7 @@ packages=(
   libhwloc-dev           # hwloc: machine topology for keel topo and rank binding
   libgtest-dev
   libopenmpi-dev openmpi-bin  # data parallel over MPI
+  iproute2               # ip netns: network namespaces stand in for hosts in the multi-host test
   libpcre2-dev libicu-dev  # tokenizers: pre-tokenizer regexes (PCRE2 JIT), Unicode normalization (ICU)
   zlib1g-dev libzstd-dev   # keel prepare: .jsonl.gz and .jsonl.zst input
   libopenblas0-pthread   # a real BLAS for numpy/torch peers (the reference BLAS runs 25x slower)

@@ -1,10 +1,13 @@
 #include "keel/cli/child_process.h"
 
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -70,6 +73,80 @@ int run_and_wait(const std::vector<std::string>& argv, const std::string& log_pa
   while (::waitpid(pid, &status, 0) < 0) {
     require(errno == EINTR, "waiting for {}: {}", argv[0], std::strerror(errno));
   }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+int run_supervised(const std::vector<std::string>& argv, const std::string& fatal_marker, double grace_s) {
+  require(!argv.empty(), "run_supervised: no program");
+  int pipe_fds[2];
+  require(::pipe2(pipe_fds, O_CLOEXEC) == 0, "cannot make a pipe: {}", std::strerror(errno));
+  std::vector<std::string> words = argv;
+  std::vector<char*> args;
+  for (auto& word : words) args.push_back(word.data());
+  args.push_back(nullptr);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    const int error = errno;
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    fail("cannot start {}: {}", argv[0], std::strerror(error));
+  }
+  if (pid == 0) {  // the child: only async-signal-safe calls until exec
+    ::dup2(pipe_fds[1], STDERR_FILENO);
+    ::execvp(args[0], args.data());
+    const char message[] = "keel: exec failed\n";
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, message, sizeof message - 1);
+    ::_exit(127);
+  }
+  ::close(pipe_fds[1]);
+  // Ctrl-C reaches the child too (same process group): this process outlives it to report.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  struct sigaction old_int {}, old_term {};
+  ::sigaction(SIGINT, &ignore, &old_int);
+  ::sigaction(SIGTERM, &ignore, &old_term);
+
+  using Clock = std::chrono::steady_clock;
+  std::string line;
+  bool open = true, fatal = false;
+  bool killed = false;  // after the marker and the grace
+  Clock::time_point next{};
+  int status = 0;
+  for (;;) {
+    if (::waitpid(pid, &status, WNOHANG) == pid) break;
+    // SIGKILL, not SIGTERM: the ranks are done, and Open MPI's orderly shutdown is what waits on
+    // the lost daemon (and crashed in PMIx_Finalize when tried).
+    if (fatal && !killed && Clock::now() >= next) killed = ::kill(pid, SIGKILL) == 0;
+    if (!open) {
+      ::usleep(50'000);
+      continue;
+    }
+    pollfd p{pipe_fds[0], POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    char buffer[4096];
+    const ssize_t n = ::read(pipe_fds[0], buffer, sizeof buffer);
+    if (n <= 0) {
+      if (n < 0 && errno == EINTR) continue;
+      open = false;  // the child (and everything holding its stderr) closed it
+      continue;
+    }
+    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, buffer, size_t(n));
+    line.append(buffer, size_t(n));
+    for (size_t end; (end = line.find('\n')) != std::string::npos; line.erase(0, end + 1))
+      if (!fatal && line.substr(0, end).find(fatal_marker) != std::string::npos) {
+        fatal = true;
+        next = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(grace_s));
+      }
+    if (line.size() > 65536) line.clear();  // no newline in sight: not a line to look at
+  }
+  ::close(pipe_fds[0]);
+  ::sigaction(SIGINT, &old_int, nullptr);
+  ::sigaction(SIGTERM, &old_term, nullptr);
+  if (killed) return 2;
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 1;

@@ -372,6 +372,11 @@ LaunchCommand launch_command(const Topology& topology, const LaunchRequest& requ
   if (request.run_as_root) argv.push_back("--allow-run-as-root");  // OpenMPI refuses root without it
   argv.insert(argv.end(), {"-np", std::to_string(N)});
   if (!request.hostfile.empty()) argv.insert(argv.end(), {"--hostfile", request.hostfile});
+  if (!request.launch_agent.empty()) argv.insert(argv.end(), {"--mca", "plm_rsh_agent", request.launch_agent});
+  if (!request.network.empty())  // both the launch's out-of-band channel and MPI's own messages
+    argv.insert(argv.end(), {"--mca", "oob_tcp_if_include", request.network, "--mca", "btl_tcp_if_include",
+                             request.network});
+
   int threads = 1;
   bool bound = true;
   if (!request.rankfile.empty()) {
@@ -395,6 +400,7 @@ LaunchCommand launch_command(const Topology& topology, const LaunchRequest& requ
   if (bound) argv.insert(argv.end(), {"-x", "OMP_PROC_BIND=close", "-x", "OMP_PLACES=cores"});
   argv.insert(argv.end(), {request.keel_executable, "train", request.recipe});
   for (const auto& o : request.overrides) argv.insert(argv.end(), {"--set", o});
+  if (!request.resume.empty()) argv.insert(argv.end(), {"--resume", request.resume});
   return command;
 }
 

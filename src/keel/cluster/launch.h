@@ -59,8 +59,14 @@ struct LaunchRequest {
   std::string rankfile;  // empty: bind with --map-by from the topology
   std::string recipe;
   std::vector<std::string> overrides;  // --set key=value, passed on to keel train
+  std::string resume;                  // --resume, passed on to keel train (empty: none)
   std::string keel_executable;
   bool run_as_root = false;
+  // Across hosts: what starts Open MPI's daemon on another host instead of ssh (plm_rsh_agent: it
+  // is called as AGENT HOST COMMAND...), and the network (CIDR) the job's TCP traffic must use
+  // when hosts have several. Empty: Open MPI's defaults.
+  std::string launch_agent;
+  std::string network;
 };
 
 struct LaunchCommand {

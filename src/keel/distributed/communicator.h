@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "keel/core/compute_event.h"
@@ -23,6 +24,10 @@ using Ticket = uint64_t;  // identifies a submitted collective; wait(ticket) blo
 //   each time (a 98 MB embedding gradient took 0.26 s instead of 0.025 s in a VM). Reductions go
 //   to MPI in pieces this size, which reuse heap memory and are large enough for latency to be noise.
 inline constexpr int64_t kMessagePiece = int64_t(4) << 20;
+
+// In the error of a wait that ran past comm_timeout_s (a rank died, hangs or its host is lost):
+// `keel launch` ends the job when a rank says it, whatever mpirun still waits for.
+inline constexpr std::string_view kPeerTimeoutMarker = "did not complete within";
 
 class Communicator {
  public:

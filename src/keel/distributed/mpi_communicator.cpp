@@ -3,6 +3,7 @@
 // that exceeds the timeout means a peer died or hangs, and the job is aborted with a message
 // naming the operation (Open MPI's launcher then names the rank that failed).
 #include <mpi.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "keel/core/error.h"
 #include "keel/distributed/mpi_communicator.h"
@@ -300,9 +302,27 @@ class MpiCommunicator final : public Communicator {
     const std::string what = describe(running_);
     lock.unlock();
     abort(
-        fmt::format("rank {}: '{}' did not complete within {} s: another rank died or hangs "
+        fmt::format("rank {}{}: '{}' {} {} s: another rank died or hangs{} "
                     "(raise comm_timeout_s if steps are legitimately slower){}",
-                    rank_, what, timeout_s_, wait_context_.empty() ? "" : ". " + wait_context_));
+                    rank_, host_of(rank_), what, kPeerTimeoutMarker, timeout_s_, other_ranks(),
+                    wait_context_.empty() ? "" : ". " + wait_context_));
+  }
+
+  // " on HOST", or "" before the hosts are known.
+  std::string host_of(int rank) const {
+    return size_t(rank) < hosts_.size() ? " on " + hosts_[size_t(rank)] : std::string();
+  }
+  // Where the peers run, when they span more than this host (a lost host is then the first suspect):
+  // " (rank 1 on h2, rank 2 on h3)", at most a few named.
+  std::string other_ranks() const {
+    bool elsewhere = false;
+    for (const auto& h : hosts_) elsewhere = elsewhere || h != hosts_[size_t(rank_)];
+    if (!elsewhere) return "";
+    std::string out;
+    int named = 0;
+    for (int r = 0; r < size_ && named < 8; ++r)
+      if (r != rank_) out += fmt::format("{}rank {}{}", named++ ? ", " : " (", r, host_of(r));
+    return out + (size_ - 1 > named ? ", ...)" : ")");
   }
 
   // What a job is, in words: for the error of a wait that timed out.
@@ -334,11 +354,22 @@ class MpiCommunicator final : public Communicator {
     }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    // Every rank's host, for messages that must say where a silent peer runs.
+    char host[kHostNameBytes] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    std::vector<char> hosts(size_t(size_) * kHostNameBytes);
+    if (MPI_Allgather(host, kHostNameBytes, MPI_CHAR, hosts.data(), kHostNameBytes, MPI_CHAR, MPI_COMM_WORLD) ==
+        MPI_SUCCESS)
+      for (int r = 0; r < size_; ++r) hosts_.emplace_back(hosts.data() + size_t(r) * kHostNameBytes);
     char version[MPI_MAX_LIBRARY_VERSION_STRING];
     int length = 0;
     MPI_Get_library_version(version, &length);
     std::string library(version, strnlen(version, size_t(length)));
     name_ = "MPI: " + library.substr(0, library.find_first_of(",\n"));  // "MPI: Open MPI v4.1.4"
+    std::vector<std::string> distinct = hosts_;
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    if (distinct.size() > 1) name_ += fmt::format(", {} hosts: {}", distinct.size(), fmt::join(distinct, ", "));
     {
       std::lock_guard<std::mutex> lock(mutex_);
       initialized_ = true;
@@ -387,6 +418,8 @@ class MpiCommunicator final : public Communicator {
   std::vector<float> gather_buffer_;
   std::vector<double> sum_buffer_;
   std::vector<int> counts_, offsets_, receive_counts_, receive_offsets_;  // used by the communication thread only
+  std::vector<std::string> hosts_;                                        // each rank's host name
+  static constexpr int kHostNameBytes = 64;
   static constexpr int64_t kMaxCount = int64_t(1) << 30;                  // MPI counts are int
   static constexpr int kShardTag = 17;            // send_to_root's messages (collectives use their own context)
   static constexpr size_t kQueueCapacity = 1024;  // a step queues one job per bucket, and a few
