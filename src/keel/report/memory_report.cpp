@@ -251,7 +251,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
       case MemoryCategory::Workspace: return "gradient scratch, logits chunk (shared by lifetime)";
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
       case MemoryCategory::Data: return "the weight file pages of the tensor loading, micro-batches, rotary table";
-      case MemoryCategory::CheckpointStaging: return "async save snapshot (weights, m, v), or ZeRO-1's receive buffer";
+      case MemoryCategory::CheckpointStaging: return "async save snapshot (weights, m, v), or ZeRO's receive buffer";
       case MemoryCategory::Runtime: return "code, libraries, threads, library scratch (measured)";
       case MemoryCategory::kCount: break;
     }
