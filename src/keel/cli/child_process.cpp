@@ -44,10 +44,11 @@ void require_on_path(const std::string& program) {
        program);
 }
 
-int run_and_wait(const std::vector<std::string>& argv, const std::string& log_path) {
-  require(!argv.empty(), "run_and_wait: no program");
-  const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  require(log >= 0, "{}: cannot open for writing: {}", log_path, std::strerror(errno));
+namespace {
+
+// Starts argv[0] (searched on PATH) with its stdout and stderr on the given descriptors (-1: this
+// process's own); fails naming the program when fork does.
+pid_t start_child(const std::vector<std::string>& argv, int out_fd, int err_fd) {
   std::vector<std::string> words = argv;
   std::vector<char*> args;
   for (auto& word : words) args.push_back(word.data());
@@ -55,52 +56,57 @@ int run_and_wait(const std::vector<std::string>& argv, const std::string& log_pa
   std::fflush(stdout);
   std::fflush(stderr);
   const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int error = errno;
-    ::close(log);
-    fail("cannot start {}: {}", argv[0], std::strerror(error));
-  }
+  if (pid < 0) fail("cannot start {}: {}", argv[0], std::strerror(errno));
   if (pid == 0) {  // the child: only async-signal-safe calls until exec
-    ::dup2(log, STDOUT_FILENO);
-    ::dup2(log, STDERR_FILENO);
+    if (out_fd >= 0) ::dup2(out_fd, STDOUT_FILENO);
+    if (err_fd >= 0) ::dup2(err_fd, STDERR_FILENO);
     ::execvp(args[0], args.data());
     const char message[] = "keel: exec failed\n";
     [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, message, sizeof message - 1);
     ::_exit(127);
+  }
+  return pid;
+}
+
+// A waitpid status as a shell reports it: the exit code, or 128 + the signal.
+int exit_status(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+}  // namespace
+
+int run_and_wait(const std::vector<std::string>& argv, const std::string& log_path) {
+  require(!argv.empty(), "run_and_wait: no program");
+  const int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  require(log >= 0, "{}: cannot open for writing: {}", log_path, std::strerror(errno));
+  pid_t pid = -1;
+  try {
+    pid = start_child(argv, log, log);
+  } catch (...) {
+    ::close(log);
+    throw;
   }
   ::close(log);
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0) {
     require(errno == EINTR, "waiting for {}: {}", argv[0], std::strerror(errno));
   }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+  return exit_status(status);
 }
 
 int run_supervised(const std::vector<std::string>& argv, const std::string& fatal_marker, double grace_s) {
   require(!argv.empty(), "run_supervised: no program");
   int pipe_fds[2];
   require(::pipe2(pipe_fds, O_CLOEXEC) == 0, "cannot make a pipe: {}", std::strerror(errno));
-  std::vector<std::string> words = argv;
-  std::vector<char*> args;
-  for (auto& word : words) args.push_back(word.data());
-  args.push_back(nullptr);
-  std::fflush(stdout);
-  std::fflush(stderr);
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    const int error = errno;
+  pid_t pid = -1;
+  try {
+    pid = start_child(argv, -1, pipe_fds[1]);
+  } catch (...) {
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
-    fail("cannot start {}: {}", argv[0], std::strerror(error));
-  }
-  if (pid == 0) {  // the child: only async-signal-safe calls until exec
-    ::dup2(pipe_fds[1], STDERR_FILENO);
-    ::execvp(args[0], args.data());
-    const char message[] = "keel: exec failed\n";
-    [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, message, sizeof message - 1);
-    ::_exit(127);
+    throw;
   }
   ::close(pipe_fds[1]);
   // Ctrl-C reaches the child too (same process group): this process outlives it to report.
@@ -146,10 +152,7 @@ int run_supervised(const std::vector<std::string>& argv, const std::string& fata
   ::close(pipe_fds[0]);
   ::sigaction(SIGINT, &old_int, nullptr);
   ::sigaction(SIGTERM, &old_term, nullptr);
-  if (killed) return 2;
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
-  return 1;
+  return killed ? 2 : exit_status(status);
 }
 
 }  // namespace keel::cli

@@ -113,7 +113,6 @@ class Trainer {
                                                          .bucket_bytes = int64_t(r.bucket_size_mb * double(1 << 20)),
                                                          .overlap = overlap.overlap,
                                                          .deterministic = r.deterministic_reduce});
-      zero_shards_ = sync_->shards();
     }
     schedule_ = LrSchedule{r.lr_scheduler, r.learning_rate, r.warmup_steps, max_steps_};
     state_.seed = uint64_t(r.seed);
@@ -129,7 +128,7 @@ class Trainer {
       checkpoints_ = std::make_unique<checkpoint::CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
       // A ZeRO-1 save gathers the moments into a snapshot only when it is asynchronous; a
       // synchronous one writes them as they arrive.
-      checkpoints_->prepare(decoder_.trainable(), /*snapshot=*/!zero_shards_.empty() && r.async_save);
+      checkpoints_->prepare(decoder_.trainable(), /*snapshot=*/!zero_shards().empty() && r.async_save);
     }
     resume(options.resume);
   }
@@ -166,7 +165,7 @@ class Trainer {
     if (decoder_.has_adapter()) print_lora();
     fmt::print(log_, "keel: {} thread(s) per rank, {}\n", max_threads(),
                decoder_.backend().description(decoder_.precision() == model::Precision::BF16));
-    if (!zero_shards_.empty()) {
+    if (!zero_shards().empty()) {
       const double shard = double(decoder_.trainable().optimizer_range().size()),
                    whole = double(decoder_.trainable().total());
       if (r_.zero_stage == 1)
@@ -407,7 +406,7 @@ class Trainer {
   // through (or was queued, when asynchronous).
   bool save_checkpoint(checkpoint::CheckpointWriter* writer, report::StepMetrics& m, report::Progress& progress) {
     if (!writer) {
-      if (!zero_shards_.empty()) send_moments();
+      if (!zero_shards().empty()) send_moments();
       return false;
     }
     const std::string failure = writer->take_failure();
@@ -417,8 +416,8 @@ class Trainer {
     }
     model::ParamStore& params = decoder_.trainable();
     std::optional<distributed::ShardReader> shards;  // ZeRO-1: the other ranks' moments, as they arrive
-    if (!zero_shards_.empty())
-      shards.emplace(comm_, zero_shards_, std::vector<const float*>{params.adam_m(), params.adam_v()});
+    if (!zero_shards().empty())
+      shards.emplace(comm_, zero_shards(), std::vector<const float*>{params.adam_m(), params.adam_v()});
     try {
       checkpoint::SaveStats stats;
       if (!shards) {
@@ -480,7 +479,7 @@ class Trainer {
         "ranks wait",
         step);
     if (r_.async_save)
-      s += zero_shards_.empty() ? " (asynchronously, but first for the previous save to finish)"
+      s += zero_shards().empty() ? " (asynchronously, but first for the previous save to finish)"
                                 : " (asynchronously, but the ZeRO-1 gather first waits for the previous save)";
     return s + ": a save slower than comm_timeout_s ends the job like this; raise comm_timeout_s" +
            (r_.async_save ? " or save_interval" : " or set async_save = true");
@@ -496,7 +495,7 @@ class Trainer {
   // ZeRO-1, every rank but 0: its shard of m, then of v (the order distributed::ShardReader reads in).
   void send_moments() {
     model::ParamStore& params = decoder_.trainable();
-    const int64_t n = zero_shards_[size_t(comm_.rank())].size();  // what ShardReader expects of this rank
+    const int64_t n = zero_shards()[size_t(comm_.rank())].size();  // what ShardReader expects of this rank
     require(n == params.optimizer_range().size(), "ZeRO-1: this rank's shard ({}) is not its optimizer range ({})", n,
             params.optimizer_range().size());
     comm_.send_to_root(params.adam_m(), n);
@@ -655,11 +654,15 @@ class Trainer {
   std::ostream& log_;
   TrainOptions options_;
   distributed::Communicator& comm_;
-  std::vector<FlatRange> zero_shards_;  // ZeRO: each rank's part of the flat parameters; empty otherwise
   run::ModelSetup setup_;
   model::Decoder& decoder_;
   const model::ModelConfig& config_;
   std::unique_ptr<GradSync> sync_;  // data parallel's gradient path (dp > 1); holds hooks into decoder_
+  // ZeRO: each rank's part of the flat parameters (the sync's); empty otherwise.
+  const std::vector<FlatRange>& zero_shards() const {
+    static const std::vector<FlatRange> none;
+    return sync_ ? sync_->shards() : none;
+  }
   std::unique_ptr<BatchSource> loader_, eval_loader_;
   int64_t max_steps_ = 0;
   int32_t pad_id_ = 0;
