@@ -346,7 +346,7 @@ AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
   const int64_t batch = 2, seq = param.seq, accumulation = 2;
   model::DecoderOptions options{param.checkpointing, true, 0};
   if (param.lora) options.lora.rank = 4;
-  options.nf4_base = param.nf4;
+  options.four_bit_base = param.nf4;
   model::Decoder decoder(config, param.precision, batch, seq, options);
   decoder.init_random(1);
   decoder.init_adapter(2);

@@ -2,7 +2,7 @@
 """Reference test: keel's LoRA fine-tuning against PEFT on transformers' model, in torch.
 
     $(scripts/python-env.sh) tests/reference/lora_reference.py --keel PATH_TO_KEEL \
-        --family {llama,qwen2,glm,qwen3,mistral,gemma2,gemma3} --dtype {fp32,bf16} --work WORKDIR
+        --family {llama,qwen2,glm,glm_original,qwen3,mistral,gemma2,gemma3} --dtype {fp32,bf16} --work WORKDIR
 
 1. The tiny model, data and recipe of train_reference.py, plus finetuning_type = "lora" with the
    family's targets (FAMILY_LORA: every linear layer, a subset as a TOML list, rsLoRA).
@@ -24,15 +24,24 @@
    model PEFT's merge_and_unload makes of keel's adapter (fp32 rounding); a run stopped after step
    1 and resumed ends with the uninterrupted run's adapter, bit for bit.
 
---qlora nf4 | nf4-dq: QLoRA. keel quantizes the model's projections to NF4 at load
-(quantization_bit = 4, double_quantization off or on); the reference trains PEFT on transformers'
-model whose projections are what bitsandbytes makes of them: dequantize_4bit(quantize_4bit(W,
-blocksize 64, "nf4", compress_statistics)), in fp32 (a QLoRA GEMM computes with exactly these
-weights; bitsandbytes' Linear4bit, which would do the same inside the module, does not train on
-the CPU). Sizes are multiples of the 64-element NF4 block (intermediate 128). With double
-quantization keel takes the nearest code for each absmax (bitsandbytes' native CPU kernel a
-neighbour for ~0.1%: tests/reference/nf4_reference.py), so that mode is compared in bf16's
-tolerance only. Merge and generate use the full-precision base, as a QLoRA adapter is deployed.
+--qlora nf4 | nf4-dq | fp4 | fp4-dq: QLoRA. keel quantizes the model's projections to NF4 or FP4
+at load (quantization_bit = 4, quantization_type, double_quantization off or on); the reference
+trains PEFT on transformers' model whose projections are what bitsandbytes makes of them:
+dequantize_4bit(quantize_4bit(W, blocksize 64, TYPE, compress_statistics)), in fp32 (a QLoRA GEMM
+computes with exactly these weights; bitsandbytes' Linear4bit, which would do the same inside the
+module, does not train on the CPU). Sizes are multiples of the 64-element block (intermediate 128).
+With double quantization keel takes the nearest code for each absmax (bitsandbytes' native CPU
+kernel a neighbour for ~0.1%: tests/reference/four_bit_reference.py), so that mode is compared in
+bf16's tolerance only. Merge and generate use the full-precision base, as a QLoRA adapter is
+deployed.
+
+--prequantized (with --qlora): the model keel trains on is the checkpoint transformers saves after
+loading the tiny model with BitsAndBytesConfig(load_in_4bit=True, TYPE, double quantization) on the
+CPU (uint8 codes + quantization states, quantization_config in config.json), and the recipe does not
+set quantization_bit: keel reads the codes as they are. The reference's projections are
+bitsandbytes' dequantize_4bit of that saved model's weights (its own codes, so double quantization
+is compared at fp32's tolerance too); generate, merge and the PEFT checks use that 4-bit model.
+`keel generate` on it without an adapter also equals transformers' generate on the 4-bit model.
 """
 import argparse
 import json
@@ -66,7 +75,20 @@ FAMILY_LORA = {
                                                                            "mlp.up_proj"], False),
     "gemma2": ('"all"', ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], False),
     "gemma3": ('"q_proj, o_proj, down_proj"', ["q_proj", "o_proj", "down_proj"], True),
+    # ChatGLM's own module names in keel's recipe; PEFT's targets on the reference model (below).
+    "glm_original": ('"all"', ["query_key_value", "o_proj", "gate_up_proj", "down_proj"], False),
 }
+# glm_original: ChatGLM's modeling code is remote code transformers does not ship, so the reference
+# model is transformers' GlmForCausalLM on the converted weights with its q/k/v projections fused
+# back into ChatGLM's query_key_value (one Linear whose output rows are q | k | v; q_proj, k_proj and
+# v_proj become slices of it), so that PEFT adapts the modules ChatGLM has: one LoRA pair on the
+# fused q/k/v, as PEFT on ChatGLM does. Its module names map to ChatGLM's one to one:
+CHATGLM_MODULES = (("model.layers.{}.self_attn.query_key_value", "transformer.encoder.layers.{}.self_attention.query_key_value"),
+                   ("model.layers.{}.self_attn.o_proj", "transformer.encoder.layers.{}.self_attention.dense"),
+                   ("model.layers.{}.mlp.gate_up_proj", "transformer.encoder.layers.{}.mlp.dense_h_to_4h"),
+                   ("model.layers.{}.mlp.down_proj", "transformer.encoder.layers.{}.mlp.dense_4h_to_h"))
+CHATGLM_TARGETS = {"query_key_value": "query_key_value", "o_proj": "dense", "gate_up_proj": "dense_h_to_4h",
+                   "down_proj": "dense_4h_to_h"}
 ADAPTER_KEYS = ("peft_type", "task_type", "r", "lora_alpha", "lora_dropout", "target_modules", "use_rslora", "bias",
                 "base_model_name_or_path", "modules_to_save")
 PEFT_NAME = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$")
@@ -84,23 +106,131 @@ def lora_config(family):
 def write_initial_adapter(spec, init, family, model_dir, out):
     """PEFT's adapter with random B; returns its tensors {PEFT name: fp32}."""
     torch.manual_seed(tr.SEED)
-    model = get_peft_model(hf.build_model(spec, init), lora_config(family))
+    model = get_peft_model(reference_model(spec, init), lora_config(family))
     g = torch.Generator().manual_seed(tr.SEED + 1)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * B_INIT_STD)
     model.peft_config["default"].base_model_name_or_path = model_dir
-    model.save_pretrained(out)
-    return {k: v.detach().float().clone() for k, v in get_peft_model_state_dict(model).items()}
+    # glm_original: ChatGLM's padded vocabulary differs from the converted config's, which PEFT would
+    # take for a resized embedding and save; nothing trains it.
+    model.save_pretrained(out, save_embedding_layers=spec.family != "glm_original" and "auto")
+    if spec.family == "glm_original":  # the adapter as PEFT on ChatGLM's own model names it
+        shutil.rmtree(out + ".reference_names", ignore_errors=True)
+        shutil.move(out, out + ".reference_names")
+        convert_adapter_dir(out + ".reference_names", out, chatglm_module, lambda t: CHATGLM_TARGETS.get(t, t))
+    return adapter_tensors(model)
+
+
+class QkvSlice(torch.nn.Module):
+    """q_proj, k_proj or v_proj of an attention whose q/k/v live in one fused query_key_value."""
+
+    def __init__(self, attention, begin, end):
+        super().__init__()
+        object.__setattr__(self, "attention", attention)  # not a submodule: the fused layer is found once
+        self.begin, self.end = begin, end
+
+    def forward(self, x):
+        return self.attention.query_key_value(x)[..., self.begin:self.end]
+
+
+def reference_model(spec, init):
+    """transformers' model of the family; for glm_original with ChatGLM's fused query_key_value."""
+    model = hf.build_model(spec, init)
+    if spec.family != "glm_original":
+        return model
+    for layer in model.model.layers:
+        a = layer.self_attn
+        parts = [a.q_proj, a.k_proj, a.v_proj]
+        fused = torch.nn.Linear(parts[0].in_features, sum(p.out_features for p in parts), bias=parts[0].bias is not None)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([p.weight for p in parts]))
+            if fused.bias is not None:
+                fused.bias.copy_(torch.cat([p.bias for p in parts]))
+        a.query_key_value = fused
+        begin = 0
+        for name, p in zip(("q_proj", "k_proj", "v_proj"), parts):
+            setattr(a, name, QkvSlice(a, begin, begin + p.out_features))
+            begin += p.out_features
+    return model
+
+
+def reference_tensors(model):
+    """hf.model_tensors of a reference model: the family's checkpoint names (glm_original: its fused
+    q/k/v split back first)."""
+    if model.spec.family != "glm_original":
+        return hf.model_tensors(model)
+    out = {}
+    for name, p in model.named_parameters():
+        m = re.match(r"^(model\.layers\.\d+\.self_attn)\.query_key_value\.(weight|bias)$", name)
+        if not m:
+            out[name] = p.detach().float().clone()
+            continue
+        attention = model.get_submodule(m.group(1))
+        for part in ("q_proj", "k_proj", "v_proj"):
+            piece = getattr(attention, part)
+            out["%s.%s.%s" % (m.group(1), part, m.group(2))] = p.detach().float()[piece.begin:piece.end].clone()
+    return hf.glm_to_glm_original(hf._glm_spec(model.spec), out)
+
+
+def map_module(name, to_chatglm):
+    """A module path between the reference model's names and ChatGLM's (unchanged where neither has it)."""
+    for reference, chatglm in CHATGLM_MODULES:
+        source, target = (reference, chatglm) if to_chatglm else (chatglm, reference)
+        m = re.match("^" + re.escape(source).replace(r"\{\}", r"(\d+)") + "$", name)
+        if m:
+            return target.format(m.group(1))
+    return name
+
+
+def chatglm_module(name):
+    return map_module(name, True)
+
+
+def reference_module(name):
+    return map_module(name, False)
+
+
+def rename_adapter(tensors, module_map):
+    """PEFT adapter tensor names with their module path mapped."""
+    out = {}
+    for name, t in tensors.items():
+        m = PEFT_NAME.match(name)
+        out["base_model.model.%s.lora_%s.weight" % (module_map(m.group(1)), m.group(2)) if m else name] = t
+    return out
+
+
+def convert_adapter_dir(src, dst, module_map, target_map):
+    """A copy of adapter directory `src` with its modules renamed (glm_original: between ChatGLM's
+    names and the reference model's)."""
+    shutil.rmtree(dst, ignore_errors=True)
+    os.makedirs(dst)
+    with open(os.path.join(src, "adapter_config.json")) as f:
+        config = json.load(f)
+    config["target_modules"] = [target_map(t) for t in config["target_modules"]]
+    with open(os.path.join(dst, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    from safetensors.torch import save_file
+    tensors = rename_adapter(hf.load_safetensors(os.path.join(src, "adapter_model.safetensors")), module_map)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, os.path.join(dst, "adapter_model.safetensors"))
+    return dst
 
 
 def peft_model(spec, init, adapter_dir, trainable):
-    return PeftModel.from_pretrained(hf.build_model(spec, init), adapter_dir, is_trainable=trainable)
+    """PeftModel.from_pretrained on the reference model; adapter_dir in the family's own names."""
+    if spec.family == "glm_original":
+        back = {v: k for k, v in CHATGLM_TARGETS.items()}
+        adapter_dir = convert_adapter_dir(adapter_dir, adapter_dir.rstrip("/") + ".reference_names", reference_module,
+                                          lambda t: back.get(t, t))
+    return PeftModel.from_pretrained(reference_model(spec, init), adapter_dir, is_trainable=trainable)
 
 
 def adapter_tensors(model):
-    return {k: v.detach().float().clone() for k, v in get_peft_model_state_dict(model).items()}
+    """{PEFT name in the family's own module names: fp32} of a PeftModel's adapter."""
+    tensors = {k: v.detach().float().clone()
+               for k, v in get_peft_model_state_dict(model, save_embedding_layers=False).items()}
+    return rename_adapter(tensors, chatglm_module) if model.base_model.model.spec.family == "glm_original" else tensors
 
 
 def check_adapter_files(final_dir, spec, init, family, model_dir, failures):
@@ -123,7 +253,10 @@ def check_adapter_files(final_dir, spec, init, family, model_dir, failures):
     for key, value in expect.items():
         if config.get(key) != value:
             failures.append("adapter_config.json %r = %r, expected %r" % (key, config.get(key), value))
-    model_modules = {n for n, _ in hf.build_model(spec, init).named_modules()}
+    model_modules = {n for n, _ in reference_model(spec, init).named_modules()}
+    if family == "glm_original":  # ChatGLM's own names
+        model_modules = {chatglm_module(n) for n in model_modules}
+        targets = [CHATGLM_TARGETS[t] for t in targets]
 
     def selected(target_list):  # PEFT's rule: a module matches a target equal to it or to a suffix after "."
         return {n for n in model_modules if any(n == t or n.endswith("." + t) for t in target_list)}
@@ -159,14 +292,21 @@ def check_peft_loads(spec, init, final_dir, ref_model_tensors, records, failures
     if missing:
         failures.append("PeftModel.from_pretrained: adapter tensors not loaded: %s" % missing[:4])
     ref = peft_model(spec, init, final_dir, trainable=False).eval()
+    copied = 0
     with torch.no_grad():
         for name, p in ref.named_parameters():
-            key = name.replace(".default", "")
+            key = name.replace(".modules_to_save.default", "").replace(".default", "")
+            if spec.family == "glm_original":
+                key = next(iter(rename_adapter({key: None}, chatglm_module)))
             if key in ref_model_tensors:
                 p.copy_(ref_model_tensors[key])
+                copied += 1
         ids, _ = tr.micro_batches(records)[0]
         a = hf.logits(model, ids).double()
         b = hf.logits(ref, ids).double()
+    if copied != len(ref_model_tensors):  # else the comparison would be of keel's adapter with itself
+        failures.append("the reference's adapter: %d of %d tensors found in the PeftModel"
+                        % (copied, len(ref_model_tensors)))
     err = float((a - b).norm() / b.norm())
     print("logits of PEFT with keel's adapter vs the torch-trained adapter: rel err %.2e" % err)
     return err
@@ -210,7 +350,7 @@ def check_export_and_resume(keel, work, spec, init, failures):
     merged_dir = os.path.join(work, "merged")
     if keel_cli(keel, work, ["export", ckpt, "--to", merged_dir, "--merge", "--overwrite"], failures):
         merged = hf.load_checkpoint(merged_dir)
-        want = hf.model_tensors(peft_model(spec, init, os.path.join(out, "final"), trainable=False).merge_and_unload())
+        want = reference_tensors(peft_model(spec, init, os.path.join(out, "final"), trainable=False).merge_and_unload())
         worst = 0.0
         for name, t in want.items():
             if name not in merged:
@@ -232,16 +372,54 @@ def check_export_and_resume(keel, work, spec, init, failures):
             failures.append("a LoRA run stopped after step 1 and resumed does not end with the same adapter")
 
 
-def bnb_round_trip(spec, init, double_quantization):
-    """The model's projections as bitsandbytes' NF4 holds them (fp32), other tensors unchanged."""
+def bnb_round_trip(spec, init, quant_type, double_quantization):
+    """The model's projections as bitsandbytes' 4-bit type holds them (fp32), other tensors unchanged."""
     import bitsandbytes.functional as F
     out = dict(init)
     for name, t in init.items():
         if t.dim() == 2 and ".layers." in name and "embed" not in name:
-            packed, state = F.quantize_4bit(t.float().contiguous(), blocksize=64, quant_type="nf4",
+            packed, state = F.quantize_4bit(t.float().contiguous(), blocksize=64, quant_type=quant_type,
                                             compress_statistics=double_quantization)
             out[name] = F.dequantize_4bit(packed, state).float()
     return out
+
+
+def bnb_saved_model(model_dir, out_dir, quant_type, double_quantization):
+    """transformers + bitsandbytes: the model loaded in 4 bits on the CPU and saved so (save_pretrained);
+    returns the 4-bit model and its projections dequantized by bitsandbytes {HF name: fp32}."""
+    import bitsandbytes.functional as F
+    from bitsandbytes.nn import Linear4bit
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    shutil.rmtree(out_dir, ignore_errors=True)
+    quantized = AutoModelForCausalLM.from_pretrained(
+        model_dir, device_map="cpu", dtype=torch.float32,
+        quantization_config=BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant_type,
+                                               bnb_4bit_use_double_quant=double_quantization,
+                                               bnb_4bit_compute_dtype=torch.float32))
+    quantized.save_pretrained(out_dir)
+    weights = {name + ".weight": F.dequantize_4bit(m.weight.data, m.weight.quant_state).float()
+               for name, m in quantized.named_modules() if isinstance(m, Linear4bit)}
+    print("transformers + bitsandbytes saved the model in 4 bits (%s%s): %d quantized projections in %s"
+          % (quant_type, ", double quantization" if double_quantization else "", len(weights), out_dir))
+    return quantized.eval(), weights
+
+
+def check_generate_4bit(keel, work, quantized, model_dir, failures):
+    """`keel generate` on the 4-bit checkpoint vs transformers' generate on the 4-bit model (greedy)."""
+    prompt = [5, 17, 33, 2, 41]
+    expected = hf.greedy_generate(quantized, prompt, 8)
+    cmd = [keel, "generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "8",
+           "--ids"]
+    print("$ " + " ".join(cmd))
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        failures.append("keel generate on the 4-bit checkpoint failed (%d): %s"
+                        % (proc.returncode, proc.stderr.strip()[-400:]))
+        return
+    got = [int(x) for x in proc.stdout.split()]
+    print("keel generate on the 4-bit checkpoint: %s; transformers' 4-bit model: %s" % (got, expected))
+    if got != expected:
+        failures.append("keel generate on the 4-bit checkpoint %s != transformers' %s" % (got, expected))
 
 
 def main():
@@ -252,7 +430,9 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--backend", default="cpu", choices=("cpu", "reference"))
     ap.add_argument("--timeout", type=int, default=540)
-    ap.add_argument("--qlora", choices=("none", "nf4", "nf4-dq"), default="none")
+    ap.add_argument("--qlora", choices=("none", "nf4", "nf4-dq", "fp4", "fp4-dq"), default="none")
+    ap.add_argument("--prequantized", action="store_true", help="train on a checkpoint transformers + bitsandbytes "
+                    "saved in 4 bits (the docstring)")
     ap.add_argument("--modules-to-save", default="", help="comma-separated: PEFT's modules_to_save (keel's "
                     "additional_target), e.g. lm_head,embed_tokens")
     args = ap.parse_args()
@@ -261,18 +441,32 @@ def main():
     torch.set_num_threads(2)
     work = os.path.abspath(args.work)
     keel = os.path.abspath(args.keel)
-    print("LoRA reference test: family=%s dtype=%s backend=%s qlora=%s (torch %s, transformers %s, peft %s)"
-          % (args.family, args.dtype, args.backend, args.qlora, torch.__version__, hf.transformers.__version__,
-             peft.__version__))
+    print("LoRA reference test: family=%s dtype=%s backend=%s qlora=%s%s (torch %s, transformers %s, peft %s)"
+          % (args.family, args.dtype, args.backend, args.qlora, " prequantized" if args.prequantized else "",
+             torch.__version__, hf.transformers.__version__, peft.__version__))
 
     for stale in ("checkpoints", "resumed", "resumed_ckpt", "merged", "exported_adapter", "initial_adapter"):
         shutil.rmtree(os.path.join(work, stale), ignore_errors=True)  # an earlier run's
     qlora = args.qlora != "none"
+    if args.prequantized and not qlora:
+        ap.error("--prequantized needs --qlora")
+    quant_type, double_quantization = args.qlora.split("-")[0], args.qlora.endswith("-dq")
     cfg, spec, init, records = tr.write_inputs(work, args.family, args.dtype, args.backend,
                                                {"intermediate_size": 128} if qlora else None)
-    # What the trained model computes with: the weights, or under QLoRA bitsandbytes' NF4 of them.
-    base = bnb_round_trip(spec, init, args.qlora == "nf4-dq") if qlora else init
+    # What the trained model computes with: the weights, or under QLoRA bitsandbytes' 4 bits of them.
     model_dir = os.path.join(work, "model")
+    base = bnb_round_trip(spec, init, quant_type, double_quantization) if qlora else init
+    deployed = init  # the base an adapter is deployed on (merge, generate)
+    if args.prequantized:
+        model_dir = os.path.join(work, "model_4bit")
+        quantized, weights = bnb_saved_model(os.path.join(work, "model"), model_dir, quant_type, double_quantization)
+        base = dict(init)
+        base.update(weights)
+        deployed = base
+        with open(os.path.join(work, "recipe.toml")) as f:
+            recipe = f.read()
+        with open(os.path.join(work, "recipe.toml"), "w") as f:
+            f.write(recipe.replace(json.dumps(os.path.join(work, "model")), json.dumps(model_dir)))
     adapter_dir = os.path.join(work, "initial_adapter")
     initial = write_initial_adapter(spec, base, args.family, model_dir, adapter_dir)
     target, _, rslora = FAMILY_LORA[args.family]
@@ -281,8 +475,9 @@ def main():
                 "adapter_name_or_path = %s\ncheckpoint_dir = %s\n"
                 % (RANK, ALPHA, target, "true" if rslora else "false", json.dumps(adapter_dir),
                    json.dumps(os.path.join(work, "checkpoints"))))
-        if qlora:
-            f.write("quantization_bit = 4\ndouble_quantization = %s\n" % ("true" if args.qlora == "nf4-dq" else "false"))
+        if qlora and not args.prequantized:
+            f.write("quantization_bit = 4\nquantization_type = \"%s\"\ndouble_quantization = %s\n"
+                    % (quant_type, "true" if double_quantization else "false"))
         if SAVED:
             f.write("additional_target = %s\n" % json.dumps(",".join(SAVED)))
     failures = tr.run_keel(keel, work, args.timeout)
@@ -298,7 +493,7 @@ def main():
     ref_fp32 = train("fp32") if args.dtype == "bf16" else None
     # Double quantization: keel's absmax codes are the nearest, bitsandbytes' native kernel's not
     # always (the docstring): bf16's tolerance, sized by a bf16 run, whatever the dtype.
-    tol_dtype = "bf16" if args.qlora == "nf4-dq" else args.dtype
+    tol_dtype = "bf16" if double_quantization and not args.prequantized else args.dtype
     if tol_dtype == "bf16" and ref_fp32 is None:
         ref_fp32, ref_bf16 = ref, train("bf16")
         ref["tol"] = tr.tensor_tolerances(spec, "bf16", initial, ref_bf16, ref_fp32)
@@ -320,15 +515,18 @@ def main():
         if not err <= bound:
             failures.append("PEFT's logits with keel's adapter differ from the reference's by %.3g > %.2g" % (err, bound))
         if args.dtype == "fp32":  # greedy tokens are only stable where the weights agree to fp32 rounding
-            check_generate(keel, work, spec, init, final_dir, model_dir, failures)
-        check_export_and_resume(keel, work, spec, init, failures)
+            check_generate(keel, work, spec, deployed, final_dir, model_dir, failures)
+            if args.prequantized:
+                check_generate_4bit(keel, work, quantized, model_dir, failures)
+        check_export_and_resume(keel, work, spec, deployed, failures)
     if failures:
         print("\nFAIL (LoRA, %s, %s): %d problem(s):" % (args.family, args.dtype, len(failures)))
         for f in failures:
             print("  - " + f)
         return 1
-    print("\nPASS (%s, %s, %s): keel matches PEFT" % ("QLoRA " + args.qlora if qlora else "LoRA", args.family,
-                                                    args.dtype))
+    print("\nPASS (%s, %s, %s): keel matches PEFT" % (
+        "QLoRA " + args.qlora + (" from a 4-bit checkpoint" if args.prequantized else "") if qlora else "LoRA",
+        args.family, args.dtype))
     return 0
 
 

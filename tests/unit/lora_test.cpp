@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "keel/core/error.h"
-#include "keel/core/nf4.h"
+#include "keel/core/four_bit.h"
 #include "keel/model/decoder.h"
 #include "keel/model/peft_adapter.h"
 #include "decoder_test_support.h"
@@ -189,32 +189,36 @@ TEST(Lora, Bf16BaseHeldInBf16AloneIsThePlainBf16Model) {
   }
 }
 
-// QLoRA: the NF4 decoder computes with exactly the dequantized weights. A LoRA decoder given those
-// weights (and the same adapter) has the same loss and adapter gradients, up to the GEMMs' tiling
-// (the NF4 products run a tile of rows at a time), in fp32 and bf16 and on each backend.
-TEST(Lora, Nf4BaseComputesWithItsDequantizedWeights) {
+// QLoRA: the 4-bit decoder (NF4 and FP4) computes with exactly the dequantized weights. A LoRA
+// decoder given those weights (and the same adapter) has the same loss and adapter gradients, up to
+// the GEMMs' tiling (the 4-bit products run a tile of rows at a time), in fp32 and bf16 and on each
+// backend.
+TEST(Lora, FourBitBaseComputesWithItsDequantizedWeights) {
   for (const std::string& backend : kernels::backend_names())
     for (Precision precision : {Precision::F32, Precision::BF16})
-      for (bool double_quantization : {false, true}) {
+      for (auto [type, double_quantization] : {std::pair{FourBitType::Nf4, false}, std::pair{FourBitType::Nf4, true},
+                                               std::pair{FourBitType::Fp4, true}}) {
         auto config = test::tiny_config("qwen2");
         config.hidden_size = 64, config.intermediate_size = 128, config.head_dim = 16, config.rotary_dim = 16;
         DecoderOptions q = test::on_backend(backend, {false, true, 0}), plain = q;
         q.lora = plain.lora = spec_of({"all"});
-        q.nf4_base = true;
+        q.four_bit_base = true;
+        q.four_bit_type = type;
         q.double_quantization = double_quantization;
-        q.nf4_tile_elements = 24 * 64;  // tiles of 24 rows: every projection in several, the last one short
+        q.four_bit_tile_elements = 24 * 64;  // tiles of 24 rows: every projection in several, the last one short
         Decoder quantized(config, precision, 2, 12, q), reference(config, precision, 2, 12, plain);
         quantized.init_random(5, 0.2);
         reference.init_random(5, 0.2);
-        ASSERT_GT(quantized.params().nf4_total(), 0);
+        ASSERT_GT(quantized.params().four_bit_total(), 0);
         // The reference's projections := the NF4 decoder's dequantized ones.
         ParamStore& Q = quantized.params();
         ParamStore& R = reference.params();
         for (size_t i = 0; i < Q.params().size(); ++i) {
           const Param& p = Q.param(int(i));
-          if (p.storage != ParamStorage::Nf4) continue;
+          if (p.storage != ParamStorage::FourBit) continue;
           std::vector<float> w(size_t(p.numel));
-          nf4_dequantize(Q.nf4(int(i)).packed, Q.nf4(int(i)).absmax, p.numel, w.data());
+          const FourBitWeight stored = Q.four_bit(int(i));
+          four_bit_dequantize(stored.type, stored.packed, stored.absmax, p.numel, w.data());
           if (R.param(int(i)).master())
             std::copy(w.begin(), w.end(), R.weight(int(i)));
           else
@@ -228,7 +232,8 @@ TEST(Lora, Nf4BaseComputesWithItsDequantizedWeights) {
         reference.trainable().zero_grads();
         const double a = quantized.forward_backward(data.view(2, 12), 0.05);
         const double b = reference.forward_backward(data.view(2, 12), 0.05);
-        const std::string what = backend + (precision == Precision::BF16 ? " bf16" : " fp32") +
+        const std::string what = backend + (precision == Precision::BF16 ? " bf16 " : " fp32 ") +
+                                 std::string(four_bit_type_name(type)) +
                                  (double_quantization ? " double quantization" : "");
         EXPECT_NEAR(a, b, (precision == Precision::BF16 ? 1e-4 : 1e-6) * std::abs(b)) << what;
         double err = 0, norm = 0;

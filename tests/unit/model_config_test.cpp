@@ -676,17 +676,65 @@ TEST(ModelConfigExport, GlmFormatsConvertBothWays) {
 }  // namespace
 }  // namespace keel::model
 
-TEST(ModelConfig, APrequantizedCheckpointIsRefusedByName) {
-  const std::string json = R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 64,
-    "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
-    "quantization_config": {"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}})";
+namespace {
+
+std::string quantized_llama_config(const std::string& quantization_config) {
+  return R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 32, "hidden_size": 64,
+    "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "quantization_config": )" +
+         quantization_config + "}";
+}
+
+std::string quantization_error(const std::string& quantization_config) {
   try {
-    keel::model::parse_model_config(json, "m/config.json");
-    FAIL() << "a bitsandbytes checkpoint must be refused";
+    keel::model::parse_model_config(quantized_llama_config(quantization_config), "m/config.json");
   } catch (const keel::Error& e) {
-    const std::string what = e.what();
-    EXPECT_NE(what.find("m/config.json: key 'quantization_config'"), std::string::npos) << what;
-    EXPECT_NE(what.find("quant_method \"bitsandbytes\""), std::string::npos) << what;
-    EXPECT_NE(what.find("quantization_bit = 4"), std::string::npos) << what;
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(ModelConfig, ABitsandbytesFourBitCheckpointIsRead) {
+  using keel::FourBitType;
+  auto nf4 = keel::model::parse_model_config(
+      quantized_llama_config(R"({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": true, "bnb_4bit_quant_storage": "uint8"})"),
+      "m/config.json");
+  ASSERT_TRUE(nf4.saved_four_bit);
+  EXPECT_EQ(nf4.saved_four_bit->type, FourBitType::Nf4);
+  EXPECT_TRUE(nf4.saved_four_bit->double_quantization);
+  // BitsAndBytesConfig's defaults: FP4 without double quantization (transformers' older spelling).
+  auto fp4 = keel::model::parse_model_config(
+      quantized_llama_config(R"({"quant_method": "bitsandbytes", "_load_in_4bit": true})"), "m/config.json");
+  ASSERT_TRUE(fp4.saved_four_bit);
+  EXPECT_EQ(fp4.saved_four_bit->type, FourBitType::Fp4);
+  EXPECT_FALSE(fp4.saved_four_bit->double_quantization);
+  // What keel writes for it (a merged export) is full precision: no quantization_config.
+  EXPECT_EQ(keel::model::model_config_json(nf4, keel::DType::BF16).find("quantization_config"), std::string::npos);
+  EXPECT_FALSE(keel::model::parse_model_config(keel::model::model_config_json(nf4, keel::DType::BF16), "x")
+                   .saved_four_bit);
+}
+
+TEST(ModelConfig, OtherQuantizedCheckpointsAreRefusedByName) {
+  struct Case {
+    std::string config;
+    std::vector<std::string> expected;
+  };
+  const std::vector<Case> cases = {
+      {R"({"quant_method": "gptq", "bits": 4})", {"m/config.json: key 'quantization_config'", "\"gptq\"",
+                                                   "quantization_bit = 4"}},
+      {R"({"quant_method": "bitsandbytes", "load_in_8bit": true})", {"8-bit", "load_in_8bit", "quantization_bit = 4"}},
+      {R"({"quant_method": "bitsandbytes"})", {"without load_in_4bit"}},
+      {R"({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "int4"})",
+       {"bnb_4bit_quant_type", "\"int4\""}},
+      {R"({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_storage": "bfloat16"})",
+       {"bnb_4bit_quant_storage", "\"bfloat16\""}},
+      {R"("bitsandbytes")", {"quantization_config", "expected an object"}},
+  };
+  for (const auto& c : cases) {
+    const std::string what = quantization_error(c.config);
+    ASSERT_FALSE(what.empty()) << c.config << " must be refused";
+    for (const auto& e : c.expected) EXPECT_NE(what.find(e), std::string::npos) << c.config << ": " << what;
   }
 }

@@ -164,8 +164,9 @@ TEST(Recipe, LoraNonsenseCombinationsAreErrors) {
       << e;
   e = error_of(lora + "quantization_bit = 8\n");
   EXPECT_NE(e.find("'quantization_bit' must be 0 (no quantization) or 4"), std::string::npos) << e;
-  e = error_of(lora + "quantization_bit = 4\nquantization_type = \"fp4\"\n");
-  EXPECT_NE(e.find("\"fp4\" is not supported yet"), std::string::npos) << e;
+  EXPECT_EQ(error_of(lora + "quantization_bit = 4\nquantization_type = \"fp4\"\n"), "");
+  e = error_of(lora + "quantization_bit = 4\nquantization_type = \"int4\"\n");
+  EXPECT_NE(e.find("'quantization_type' must be \"nf4\" or \"fp4\", got \"int4\""), std::string::npos) << e;
   EXPECT_EQ(error_of(lora + "quantization_bit = 4\ndouble_quantization = false\n"), "");
   e = error_of(lora + "lora_rank = 0\n");
   EXPECT_NE(e.find("'lora_rank' must be in [1, 4096]"), std::string::npos) << e;

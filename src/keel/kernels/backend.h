@@ -22,6 +22,7 @@
 
 #include "keel/core/compute_event.h"
 #include "keel/core/dtype.h"
+#include "keel/core/four_bit.h"
 #include "keel/core/memory_plan.h"
 #include "keel/kernels/shapes.h"
 
@@ -103,11 +104,13 @@ class Backend {
                             float* dgate_up) = 0;
   // out[i] = table[ids[i]]; backward ACCUMULATES dtable[ids[i]] += dout[i], deterministically.
   virtual void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) = 0;
-  // NF4 (core/nf4.h) to fp32 or bf16: out[i] = kNf4Values[code i] * absmax[i / 64] for n elements
-  // (n a multiple of 64), rounded to bf16 for the bf16 form. QLoRA's GEMMs read their weights so,
-  // a tile of rows at a time.
-  virtual void dequantize_nf4(const uint8_t* packed, const float* absmax, int64_t n, float* out) = 0;
-  virtual void dequantize_nf4_bf16(const uint8_t* packed, const float* absmax, int64_t n, bf16* out) = 0;
+  // NF4 or FP4 (core/four_bit.h) to fp32 or bf16: out[i] = four_bit_values(type)[code i] *
+  // absmax[i / 64] for n elements (n a multiple of 64), rounded to bf16 for the bf16 form. QLoRA's
+  // GEMMs read their weights so, a tile of rows at a time.
+  virtual void dequantize_4bit(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
+                               float* out) = 0;
+  virtual void dequantize_4bit_bf16(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
+                                    bf16* out) = 0;
   // The same from a bf16 table (a frozen embedding held only as bf16), widened exactly to fp32.
   virtual void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, int64_t hidden,
                                       float* out) = 0;

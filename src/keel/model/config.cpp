@@ -847,6 +847,42 @@ void apply_family_traits(ModelConfig& c) {
   }
 }
 
+// A checkpoint saved already quantized. transformers + bitsandbytes in 4 bits is read (its codes as
+// they are); anything else (8-bit, GPTQ, AWQ...) is not floating point keel could read, and reading
+// it as such would be garbage: said here, by name.
+std::optional<ModelConfig::SavedFourBit> parse_quantization_config(const ConfigObject& cfg) {
+  auto q = cfg.get("quantization_config");
+  if (!q) return std::nullopt;
+  const std::string key = cfg.path() + ": key 'quantization_config'";
+  dom::object object;
+  if (q->get(object) != simdjson::SUCCESS) cfg.wrong_type("quantization_config", "an object", *q);
+  ConfigObject qc(object, key);
+  const std::string method = qc.string("quant_method").value_or("unknown");
+  const char* full_precision = "point model_name at the full-precision model (keel quantizes it itself with "
+                               "quantization_bit = 4)";
+  if (method != "bitsandbytes")
+    fail("{}: the checkpoint is saved quantized by \"{}\"; keel reads bitsandbytes 4-bit checkpoints and bf16/fp16/"
+         "fp32 ones: {}",
+         key, method, full_precision);
+  if (qc.bool_or("load_in_8bit", false) || qc.bool_or("_load_in_8bit", false))
+    fail("{}: an 8-bit bitsandbytes checkpoint (LLM.int8, load_in_8bit); keel reads 4-bit ones (load_in_4bit): {}", key,
+         full_precision);
+  if (!qc.bool_or("load_in_4bit", false) && !qc.bool_or("_load_in_4bit", false))
+    fail("{}: quant_method \"bitsandbytes\" without load_in_4bit; keel reads 4-bit bitsandbytes checkpoints: {}", key,
+         full_precision);
+  ModelConfig::SavedFourBit saved;
+  // BitsAndBytesConfig's defaults: fp4, no double quantization, uint8 storage.
+  const std::string type = qc.string("bnb_4bit_quant_type").value_or("fp4");
+  auto parsed = parse_four_bit_type(type);
+  if (!parsed) fail("{}: bnb_4bit_quant_type: expected \"nf4\" or \"fp4\", found \"{}\"", key, type);
+  saved.type = *parsed;
+  saved.double_quantization = qc.bool_or("bnb_4bit_use_double_quant", false);
+  const std::string storage = qc.string("bnb_4bit_quant_storage").value_or("uint8");
+  if (storage != "uint8")
+    fail("{}: bnb_4bit_quant_storage: expected \"uint8\" (codes two per byte), found \"{}\"", key, storage);
+  return saved;
+}
+
 ModelConfig parse_model_config(const std::string& json_text, const std::string& path_for_errors) {
   dom::parser parser;
   dom::element root = parse_json(parser, json_text, path_for_errors);
@@ -860,18 +896,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     parse_transformers_format(cfg, c);
   }
   c.tie_word_embeddings = cfg.bool_or("tie_word_embeddings", c.gemma());  // Gemma's configs tie by default
-  // A checkpoint saved already quantized (transformers + bitsandbytes, GPTQ, AWQ...): its weights
-  // are not floating point, and reading them as such would be garbage. Said here, by name.
-  if (auto q = cfg.get("quantization_config")) {
-    std::string method = "unknown";
-    dom::object o;
-    std::string_view m;
-    if (q->get(o) == simdjson::SUCCESS && o["quant_method"].get(m) == simdjson::SUCCESS) method = std::string(m);
-    fail("{}: key 'quantization_config': the checkpoint is saved already quantized (quant_method \"{}\"); keel "
-         "loads bf16/fp16/fp32 checkpoints and quantizes them itself: point model_name at the full-precision model "
-         "and set quantization_bit = 4 for QLoRA",
-         path_for_errors, method);
-  }
+  c.saved_four_bit = parse_quantization_config(cfg);
   c.torch_dtype = parse_torch_dtype(cfg);
   c.eos_token_ids = parse_eos_token_ids(cfg);
   c.bos_token_id = cfg.token_id_or_none("bos_token_id");
@@ -913,6 +938,9 @@ std::string model_config_json(const ModelConfig& c, DType dtype) {
   std::string out = "{";
   bool has_dtype = false;
   for (dom::key_value_pair kv : root) {
+    // What keel writes is full precision, even when the model was read from a 4-bit checkpoint
+    // (keel export --merge of a QLoRA run on one): its config must not claim otherwise.
+    if (kv.key == "quantization_config") continue;
     out += out.size() > 1 ? ",\n  " : "\n  ";
     out += json_quoted(kv.key) + ": ";
     if (kv.key == "torch_dtype" || kv.key == "dtype") {

@@ -3,10 +3,12 @@
 // checkpoint came in so that export writes it back in the same format and tensor names.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "keel/core/dtype.h"
+#include "keel/core/four_bit.h"
 #include "keel/kernels/shapes.h"
 
 namespace keel::model {
@@ -66,6 +68,14 @@ struct ModelConfig {
   std::vector<int64_t> eos_token_ids;            // may be empty
   int64_t bos_token_id = -1, pad_token_id = -1;  // -1 when absent
   std::string config_json;  // the original text of config.json (empty for models built from scratch)
+  // A checkpoint transformers saved with bitsandbytes in 4 bits (config.json's quantization_config,
+  // quant_method "bitsandbytes", load_in_4bit): the blocks' projections are stored quantized
+  // (model/bnb_4bit.h), the rest in torch_dtype. Unset for a full-precision checkpoint.
+  struct SavedFourBit {
+    FourBitType type = FourBitType::Nf4;
+    bool double_quantization = false;
+  };
+  std::optional<SavedFourBit> saved_four_bit;
 
   bool gemma() const { return family == Family::Gemma2 || family == Family::Gemma3; }
   // The window layer `layer`'s attention uses (0: every earlier key).

@@ -35,12 +35,12 @@ struct BaseStorage {
 };
 
 // LoRA in bf16 keeps the frozen matrices in bf16 only (their fp32 masters would never be read);
-// QLoRA stores the blocks' projections as NF4 (bitsandbytes leaves the embedding and LM head be).
+// QLoRA stores the blocks' projections in 4 bits (bitsandbytes leaves the embedding and LM head be).
 BaseStorage base_storage(const DecoderOptions& options, Precision precision) {
   BaseStorage s;
   if (!options.lora.enabled()) return s;
   s.head = precision == Precision::BF16 ? ParamStorage::Bf16 : ParamStorage::Master;
-  s.blocks = options.nf4_base ? ParamStorage::Nf4 : s.head;
+  s.blocks = options.four_bit_base ? ParamStorage::FourBit : s.head;
   return s;
 }
 
@@ -71,7 +71,7 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
 }
 
 // QLoRA dequantizes whole rows, as many as fit in `budget` weights (at least one).
-int64_t nf4_tile_rows(int64_t rows, int64_t cols, int64_t budget) { return std::clamp<int64_t>(budget / cols, 1, rows); }
+int64_t four_bit_tile_rows(int64_t rows, int64_t cols, int64_t budget) { return std::clamp<int64_t>(budget / cols, 1, rows); }
 
 // LoRA: the targeted modules and their A/B matrices in `adapter` (nothing without LoRA), and the
 // trained copies of modules_to_save: the embedding first and the LM head last, so that the
@@ -150,14 +150,14 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           "decoder: sharded gradients (ZeRO-2) need the optimizer state sharded over more than one rank");
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
-  require(!options.nf4_base || options.lora.enabled(), "decoder: NF4 base weights (QLoRA) need LoRA");
-  // Every HF tensor of a projection must start and end on a 64-element NF4 block, as bitsandbytes
+  require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
+  // Every HF tensor of a projection must start and end on a 64-element 4-bit block, as bitsandbytes
   // quantizes each on its own.
-  require(!options.nf4_base || (config.hidden_size % kNf4BlockSize == 0 && config.intermediate_size % kNf4BlockSize == 0 &&
-                                config.q_size() % kNf4BlockSize == 0),
-          "QLoRA: hidden_size ({}), intermediate_size ({}) and heads x head_dim ({}) must be multiples of {} (NF4 "
+  require(!options.four_bit_base || (config.hidden_size % kFourBitBlockSize == 0 && config.intermediate_size % kFourBitBlockSize == 0 &&
+                                config.q_size() % kFourBitBlockSize == 0),
+          "QLoRA: hidden_size ({}), intermediate_size ({}) and heads x head_dim ({}) must be multiples of {} (4-bit "
           "blocks of whole rows)",
-          config.hidden_size, config.intermediate_size, config.q_size(), kNf4BlockSize);
+          config.hidden_size, config.intermediate_size, config.q_size(), kFourBitBlockSize);
 }
 
 kernels::AttentionMatmul attention_matmul(Precision p) {
@@ -198,7 +198,7 @@ AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& 
 struct DecoderLayout {
   int weights = -1, grads = -1, weights_bf16 = -1, adam_m = -1, adam_v = -1;
   int lora_weights = -1, lora_grads = -1, lora_weights_bf16 = -1, lora_du = -1, lora_du_b = -1;
-  int nf4_packed = -1, nf4_absmax = -1, nf4_tile = -1, nf4_tile_b = -1;
+  int four_bit_packed = -1, four_bit_absmax = -1, four_bit_tile = -1, four_bit_tile_b = -1;
   int lora_dropped = -1, lora_dropped_b = -1, lora_dx = -1;
   int grad_shard = -1;            // ZeRO-2: this rank's summed gradients
   std::vector<int> grad_staging;  // ZeRO-2: one per GradGroup
@@ -251,10 +251,12 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
   d.weights_bf16 = add_bf16(params.compute_only_total() ? "weights.bf16 (frozen matrices in bf16 only)" : "weights.bf16",
                             Cat::ComputeWeights, params.bf16_total(), always, end);
-  if (params.nf4_total() > 0) {
-    d.nf4_packed = add("weights.nf4 (4-bit codes)", Cat::ComputeWeights, params.nf4_total() / 2, 1, always, end);
-    d.nf4_absmax =
-        add("weights.nf4.absmax", Cat::ComputeWeights, params.nf4_total() / kNf4BlockSize, f32, always, end);
+  if (params.four_bit_total() > 0) {
+    const std::string_view type = four_bit_type_name(options.four_bit_type);  // report/memory_report reads it
+    d.four_bit_packed =
+        add(fmt::format("weights.{} (4-bit codes)", type), Cat::ComputeWeights, params.four_bit_total() / 2, 1, always, end);
+    d.four_bit_absmax = add(fmt::format("weights.{}.absmax", type), Cat::ComputeWeights,
+                            params.four_bit_total() / kFourBitBlockSize, f32, always, end);
   }
   // Under LoRA the model's weights are frozen: gradients and moments only for the adapter.
   const bool staged = options.shard_gradients;
@@ -358,15 +360,15 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   d.d_qkv = add("grad.qkv", Cat::Workspace, N * QKV, f32, backward_first, backward_last);
   if (c.qk_norm) d.d_qk = add("grad.qk_normed", Cat::Workspace, N * (Q + c.kv_size()), f32, backward_first, backward_last);
   d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N * std::max({H, 2 * I, QKV}), backward_first, backward_last);
-  if (params.nf4_total() > 0) {  // one tile of dequantized rows, used by every NF4 GEMM in turn
+  if (params.four_bit_total() > 0) {  // one tile of dequantized rows, used by every 4-bit GEMM in turn
     int64_t tile = 0;
     for (const auto& p : params.params())
-      if (p.storage == ParamStorage::Nf4)
-        tile = std::max(tile, nf4_tile_rows(p.shape[0], p.shape[1], options.nf4_tile_elements) * p.shape[1]);
+      if (p.storage == ParamStorage::FourBit)
+        tile = std::max(tile, four_bit_tile_rows(p.shape[0], p.shape[1], options.four_bit_tile_elements) * p.shape[1]);
     if (bf)
-      d.nf4_tile_b = add("nf4.dequantized_tile (bf16)", Cat::Workspace, tile, b16, t.forward(0), backward_last);
+      d.four_bit_tile_b = add("4bit.dequantized_tile (bf16)", Cat::Workspace, tile, b16, t.forward(0), backward_last);
     else
-      d.nf4_tile = add("nf4.dequantized_tile", Cat::Workspace, tile, f32, t.forward(0), backward_last);
+      d.four_bit_tile = add("4bit.dequantized_tile", Cat::Workspace, tile, f32, t.forward(0), backward_last);
   }
   if (adapter.dropout) {  // a module's dropped-out input (forward and backward), and its dx before the mask
     const int64_t wide = N * adapter.widest_input;
@@ -433,8 +435,9 @@ void declare_model_params(const ModelConfig& config, ParamStore& params, Decoder
   declare_params(config, params, ids);
 }
 
-int64_t nf4_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files) {
-  if (!options.nf4_base) return 0;
+int64_t four_bit_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files) {
+  // A checkpoint bitsandbytes saved in 4 bits is copied as it is: no tensor passes through fp32.
+  if (!options.four_bit_base || (from_files && config.saved_four_bit)) return 0;
   ParamStore params;
   DecoderParamIds ids;
   declare_params(config, params, ids);
@@ -470,9 +473,9 @@ struct Decoder::Buffers {
   bf16* lora_du_b;
   float *lora_dropped, *lora_dx;  // LoRA dropout: a module's dropped-out input; its input gradient before the mask
   bf16* lora_dropped_b;
-  float* nf4_tile;  // QLoRA: dequantized rows of an NF4 weight (fp32 or bf16, by precision)
-  bf16* nf4_tile_b;
-  int64_t nf4_tile_elements;
+  float* four_bit_tile;  // QLoRA: dequantized rows of a 4-bit weight (fp32 or bf16, by precision)
+  bf16* four_bit_tile_b;
+  int64_t four_bit_tile_elements;
   void* attention_workspace;
   size_t attention_workspace_bytes;
 
@@ -518,10 +521,10 @@ struct Decoder::Buffers {
     lora_dropped = f32(d.lora_dropped);
     lora_dropped_b = b16(d.lora_dropped_b);
     lora_dx = f32(d.lora_dx);
-    nf4_tile = f32(d.nf4_tile);
-    nf4_tile_b = b16(d.nf4_tile_b);
-    const int tile = d.nf4_tile >= 0 ? d.nf4_tile : d.nf4_tile_b;
-    nf4_tile_elements = tile < 0 ? 0 : int64_t(plan.buffer(tile).bytes / (d.nf4_tile >= 0 ? sizeof(float) : sizeof(bf16)));
+    four_bit_tile = f32(d.four_bit_tile);
+    four_bit_tile_b = b16(d.four_bit_tile_b);
+    const int tile = d.four_bit_tile >= 0 ? d.four_bit_tile : d.four_bit_tile_b;
+    four_bit_tile_elements = tile < 0 ? 0 : int64_t(plan.buffer(tile).bytes / (d.four_bit_tile >= 0 ? sizeof(float) : sizeof(bf16)));
     attention_workspace = at[size_t(d.attention_workspace)];
     attention_workspace_bytes = plan.buffer(d.attention_workspace).bytes;
     logits = f32(d.logits);
@@ -576,6 +579,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
       backend_(backend_of(options)) {
   check_arguments(config_, max_batch, max_seq, options);
   const auto& c = config_;
+  params_.set_four_bit_type(options_.four_bit_type);
   declare_params(c, params_, ids_, base_storage(options_, precision_));
   {
     AdapterLayout layout = declare_adapter(c, ids_, options_.lora, adapter_);
@@ -609,7 +613,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     // What lives across steps gets an arena of its own, back to back; the rest is per call. ZeRO-2's
     // staging is kept too: the gradients' addresses are bound once.
     std::vector<int> persistent = {d.weights,      d.weights_bf16, d.grads,      d.adam_m,     d.adam_v,
-                                   d.lora_weights, d.lora_grads,   d.lora_weights_bf16, d.nf4_packed, d.nf4_absmax,
+                                   d.lora_weights, d.lora_grads,   d.lora_weights_bf16, d.four_bit_packed, d.four_bit_absmax,
                                    d.grad_shard};
     persistent.insert(persistent.end(), d.grad_staging.begin(), d.grad_staging.end());
     MemoryPlan kept(plan_.alignment());
@@ -643,8 +647,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
   } else {
     params_.bind(f32(d.weights), nullptr, b16(d.weights_bf16), nullptr, nullptr);
-    if (d.nf4_packed >= 0)
-      params_.bind_nf4(reinterpret_cast<uint8_t*>(b.at[size_t(d.nf4_packed)]), f32(d.nf4_absmax));
+    if (d.four_bit_packed >= 0)
+      params_.bind_four_bit(reinterpret_cast<uint8_t*>(b.at[size_t(d.four_bit_packed)]), f32(d.four_bit_absmax));
     adapter_.bind(f32(d.lora_weights), f32(d.lora_grads), b16(d.lora_weights_bf16), f32(d.adam_m), f32(d.adam_v));
   }
 
@@ -678,10 +682,10 @@ void Decoder::init_random(uint64_t seed, double std) {
     } else if (p.storage == ParamStorage::Bf16) {  // the same draws, rounded as a master's bf16 copy
       bf16* w = params_.weight_bf16(i);
       for (int64_t k = 0; k < p.numel; ++k) w[k] = float_to_bf16(value());
-    } else {  // NF4: the same draws, quantized
+    } else {  // 4-bit: the same draws, quantized
       std::vector<float> w(size_t(p.numel));
       for (float& v : w) v = value();
-      params_.store_nf4(i, 0, w.data(), p.numel, options_.double_quantization);
+      params_.store_four_bit(i, 0, w.data(), p.numel, options_.double_quantization);
     }
   }
   params_.refresh_bf16_copy();
@@ -724,49 +728,49 @@ void Decoder::validate(const MicroBatch& mb) const {
 // ---- linear layers: y = x W^T, in fp32 or with bf16 inputs and fp32 accumulation ----
 namespace {
 
-// A weight as a GEMM reads it: fp32 (and its bf16 copy), or NF4 (QLoRA).
+// A weight as a GEMM reads it: fp32 (and its bf16 copy), or 4-bit (QLoRA).
 struct Weight {
   const float* f32 = nullptr;
   const bf16* b16 = nullptr;
-  Nf4Weight nf4;
+  FourBitWeight four_bit;
 };
 
 struct Linear {
   kernels::Backend& backend;
   bool bf;
   int64_t rows;  // tokens
-  // QLoRA: NF4 weights are dequantized here, nf4_tile_rows at a time (fp32 or bf16 by precision).
+  // QLoRA: 4-bit weights are dequantized here, four_bit_tile_rows at a time (fp32 or bf16 by precision).
   float* tile = nullptr;
   bf16* tile_b = nullptr;
   int64_t tile_elements = 0;
 
   void forward(const float* x, const bf16* xb, const Weight& w, int64_t in, int64_t out, float* y, float beta) const {
-    if (!w.nf4) return forward(x, xb, w.f32, w.b16, in, out, y, beta);
-    const int64_t step = nf4_tile_rows(out, in, tile_elements);
+    if (!w.four_bit) return forward(x, xb, w.f32, w.b16, in, out, y, beta);
+    const int64_t step = four_bit_tile_rows(out, in, tile_elements);
     for (int64_t r0 = 0; r0 < out; r0 += step) {  // y[:, r0 : r0 + n] (+)= x W[r0 : r0 + n]^T
       const int64_t n = std::min(step, out - r0);
-      dequantize_rows(w.nf4, r0, n, in);
+      dequantize_rows(w.four_bit, r0, n, in);
       product({Trans::N, Trans::T, rows, n, in, in, in, out}, x, xb, tile, tile_b, y + r0, beta);
     }
   }
   void backward_input(const float* dy, const bf16* dyb, const Weight& w, int64_t in, int64_t out, float* dx) const {
-    if (!w.nf4) return backward_input(dy, dyb, w.f32, w.b16, in, out, dx);
-    const int64_t step = nf4_tile_rows(out, in, tile_elements);
+    if (!w.four_bit) return backward_input(dy, dyb, w.f32, w.b16, in, out, dx);
+    const int64_t step = four_bit_tile_rows(out, in, tile_elements);
     for (int64_t r0 = 0; r0 < out; r0 += step) {  // dx (+)= dy[:, r0 : r0 + n] W[r0 : r0 + n]
       const int64_t n = std::min(step, out - r0);
-      dequantize_rows(w.nf4, r0, n, in);
+      dequantize_rows(w.four_bit, r0, n, in);
       product({Trans::N, Trans::N, rows, in, n, out, in, in}, dy + r0, dyb ? dyb + r0 : nullptr, tile, tile_b, dx,
               r0 == 0 ? 0.0f : 1.0f);
     }
   }
-  void dequantize_rows(const Nf4Weight& w, int64_t first_row, int64_t n, int64_t in) const {
-    require(n * in <= tile_elements, "decoder: an NF4 tile of {} x {} exceeds the planned {}", n, in, tile_elements);
+  void dequantize_rows(const FourBitWeight& w, int64_t first_row, int64_t n, int64_t in) const {
+    require(n * in <= tile_elements, "decoder: a 4-bit tile of {} x {} exceeds the planned {}", n, in, tile_elements);
     const uint8_t* packed = w.packed + first_row * in / 2;
-    const float* absmax = w.absmax + first_row * in / kNf4BlockSize;
+    const float* absmax = w.absmax + first_row * in / kFourBitBlockSize;
     if (bf)
-      backend.dequantize_nf4_bf16(packed, absmax, n * in, tile_b);
+      backend.dequantize_4bit_bf16(w.type, packed, absmax, n * in, tile_b);
     else
-      backend.dequantize_nf4(packed, absmax, n * in, tile);
+      backend.dequantize_4bit(w.type, packed, absmax, n * in, tile);
   }
 
   // y[rows, out] (+)= x[rows, in] W[out, in]^T
@@ -804,8 +808,8 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   const auto& c = config_;
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size;
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
-  Linear lin{backend_, precision_ == Precision::BF16, N, buf_->nf4_tile, buf_->nf4_tile_b, buf_->nf4_tile_elements};
-  auto W = [&](int id) { return Weight{params_.weight(id), params_.weight_bf16(id), params_.nf4(id)}; };
+  Linear lin{backend_, precision_ == Precision::BF16, N, buf_->four_bit_tile, buf_->four_bit_tile_b, buf_->four_bit_tile_elements};
+  auto W = [&](int id) { return Weight{params_.weight(id), params_.weight_bf16(id), params_.four_bit(id)}; };
   auto& P = params_;
   const auto& p = ids_.layers[l];
   const kernels::AttentionShape as = attention_shape(c, l, mb.batch, mb.seq);
@@ -1004,8 +1008,8 @@ void Decoder::backward(const MicroBatch& mb) {
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   const bool bf = precision_ == Precision::BF16;
   const bool frozen = P.frozen();  // LoRA: no weight-gradient GEMMs for the base weights
-  Linear lin{backend_, bf, N, b.nf4_tile, b.nf4_tile_b, b.nf4_tile_elements};
-  auto W = [&](int id) { return Weight{P.weight(id), P.weight_bf16(id), P.nf4(id)}; };
+  Linear lin{backend_, bf, N, b.four_bit_tile, b.four_bit_tile_b, b.four_bit_tile_elements};
+  auto W = [&](int id) { return Weight{P.weight(id), P.weight_bf16(id), P.four_bit(id)}; };
   bf16* dyb = bf ? b.dy_b : nullptr;
   const double offset = c.norm_weight_offset;
   // Sandwich norms: the gradient of a branch's output (its projection's) back through the norm on

@@ -90,15 +90,18 @@ struct DecoderOptions {
   // LoRA (lora.h): the base weights are frozen (no gradients, no optimizer state, no weight-gradient
   // GEMMs) and the adapter's matrices are what trains. rank 0: full fine-tuning.
   LoraSpec lora;
-  // QLoRA (Dettmers et al. 2023): the blocks' frozen matrices stored as NF4 (core/nf4.h) and
-  // dequantized a tile of rows at a time inside their GEMMs, in the precision's compute type;
-  // double quantization rounds each HF tensor's absmax values through bitsandbytes' 8-bit scheme
-  // (kept dequantized: the same numbers, 0.05 byte per weight more). Needs LoRA.
-  bool nf4_base = false;
+  // QLoRA (Dettmers et al. 2023): the blocks' frozen matrices stored in 4 bits, NF4 or FP4
+  // (core/four_bit.h), and dequantized a tile of rows at a time inside their GEMMs, in the
+  // precision's compute type; double quantization rounds each HF tensor's absmax values through
+  // bitsandbytes' 8-bit scheme (kept dequantized: the same numbers, 0.05 byte per weight more).
+  // A checkpoint saved in 4 bits by bitsandbytes (ModelConfig::saved_four_bit) is read as it is.
+  // Needs LoRA.
+  bool four_bit_base = false;
+  FourBitType four_bit_type = FourBitType::Nf4;
   bool double_quantization = true;
-  // The most NF4 weights dequantized at once (a tile of whole rows, planned as scratch); 8 MiB of
+  // The most 4-bit weights dequantized at once (a tile of whole rows, planned as scratch); 8 MiB of
   // bf16 by default, small in tests to run the tiling.
-  int64_t nf4_tile_elements = int64_t(1) << 22;
+  int64_t four_bit_tile_elements = int64_t(1) << 22;
 };
 
 inline kernels::Backend& backend_of(const DecoderOptions& options) {
@@ -147,10 +150,11 @@ float embedding_scale(const ModelConfig& config);
 // memory: for what needs the tensor layout of a config (plans, tensor names) and no decoder.
 void declare_model_params(const ModelConfig& config, ParamStore& params, DecoderParamIds& ids);
 
-// QLoRA's setup scratch: the most weights held in fp32 at once while the NF4 projections are
+// QLoRA's setup scratch: the most weights held in fp32 at once while the 4-bit projections are
 // filled — the largest HF tensor of a projection (loaded one by one), or the largest fused one
-// (a new model's random initialisation). 0 without NF4.
-int64_t nf4_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files);
+// (a new model's random initialisation). 0 without 4-bit weights, and for a checkpoint saved in
+// 4 bits (copied as it is).
+int64_t four_bit_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files);
 
 class Decoder {
  public:

@@ -4,6 +4,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/model/bnb_4bit.h"
 
 namespace keel::model {
 namespace {
@@ -91,15 +92,35 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
     const int64_t cols = t.cols ? t.cols : 1;
     if (progress) progress->update("loading " + dir, done, total, "M weights");
     done += double(t.rows * cols) / 1e6;
-    switch (P.param(t.param).storage) {
-      case ParamStorage::Master: reader.read_f32(t.name, t.shape(), P.weight(t.param) + t.row_begin * cols); break;
+    const ParamStorage storage = P.param(t.param).storage;
+    const int64_t first = t.row_begin * cols, n = t.rows * cols;
+    // A checkpoint bitsandbytes saved in 4 bits: QLoRA copies the codes as they are; a decoder
+    // holding full-precision weights (generation, a merged export) gets them dequantized.
+    const auto& saved = decoder.config().saved_four_bit;
+    if (saved && (storage == ParamStorage::FourBit || is_bnb_4bit(reader, t.name))) {
+      if (storage == ParamStorage::FourBit) {
+        const auto slot = P.four_bit_slot(t.param, first, n);
+        read_bnb_4bit(reader, t.name, t.shape(), saved->type, slot.packed, slot.absmax);
+      } else {
+        std::vector<float> values(static_cast<size_t>(storage == ParamStorage::Master ? 0 : n));
+        float* out = storage == ParamStorage::Master ? P.weight(t.param) + first : values.data();
+        read_bnb_4bit_dequantized(reader, t.name, t.shape(), saved->type, out);
+        if (storage == ParamStorage::Bf16) convert_f32_to_bf16(values.data(), P.weight_bf16(t.param) + first, size_t(n));
+      }
+      for (const auto& name : reader.names())  // its parts: .absmax, .quant_map, .quant_state...
+        if (name.rfind(t.name + ".", 0) == 0) used.insert(name);
+      used.insert(t.name);
+      continue;
+    }
+    switch (storage) {
+      case ParamStorage::Master: reader.read_f32(t.name, t.shape(), P.weight(t.param) + first); break;
       case ParamStorage::Bf16:  // a frozen bf16 matrix: straight into bf16, no fp32 copy on the way
-        reader.read_bf16(t.name, t.shape(), P.weight_bf16(t.param) + t.row_begin * cols);
+        reader.read_bf16(t.name, t.shape(), P.weight_bf16(t.param) + first);
         break;
-      case ParamStorage::Nf4: {  // QLoRA: quantized tensor by tensor, one fp32 tensor in memory at a time
-        std::vector<float> values(static_cast<size_t>(t.rows * cols));
+      case ParamStorage::FourBit: {  // QLoRA: quantized tensor by tensor, one fp32 tensor in memory at a time
+        std::vector<float> values(static_cast<size_t>(n));
         reader.read_f32(t.name, t.shape(), values.data());
-        P.store_nf4(t.param, t.row_begin * cols, values.data(), t.rows * cols, decoder.options().double_quantization);
+        P.store_four_bit(t.param, first, values.data(), n, decoder.options().double_quantization);
         break;
       }
     }
@@ -117,7 +138,7 @@ void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, 
   make_dirs(dir);
   const auto& P = decoder.params();
   std::vector<TensorToWrite> out;
-  require(P.compute_only_total() == 0 && P.nf4_total() == 0,
+  require(P.compute_only_total() == 0 && P.four_bit_total() == 0,
           "save_hf_model: the model's matrices are held in bf16 or NF4 only (LoRA, QLoRA); export the adapter, or "
           "merge "
           "it with keel export --merge");

@@ -19,12 +19,12 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_de
   for (int64_t d : p.shape) p.numel *= d;
   p.weight_decay = weight_decay;
   p.storage = storage;
-  // NF4 tensors start on a 64-byte line of both their codes and their absmax values.
-  const int64_t align = storage == ParamStorage::Nf4 ? kNf4BlockSize * kAlignElements : kAlignElements;
-  require(storage != ParamStorage::Nf4 || p.numel % kNf4BlockSize == 0,
-          "NF4: tensor '{}' has {} elements, not a multiple of the {}-element block", p.name, p.numel, kNf4BlockSize);
+  // 4-bit tensors start on a 64-byte line of both their codes and their absmax values.
+  const int64_t align = storage == ParamStorage::FourBit ? kFourBitBlockSize * kAlignElements : kAlignElements;
+  require(storage != ParamStorage::FourBit || p.numel % kFourBitBlockSize == 0,
+          "4-bit: tensor '{}' has {} elements, not a multiple of the {}-element block", p.name, p.numel, kFourBitBlockSize);
   int64_t& end = storage == ParamStorage::Master ? total_ : storage == ParamStorage::Bf16 ? compute_only_total_
-                                                                                        : nf4_total_;
+                                                                                        : four_bit_total_;
   p.offset = end;
   end += (p.numel + align - 1) / align * align;
   params_.push_back(std::move(p));
@@ -46,7 +46,7 @@ void ParamStore::bind(float* weights, float* grads, bf16* weights_bf16, float* a
           "ParamStore::bind: weights are required, Adam moments come in pairs and need gradients");
   require(!grads || !staged_grads(), "ParamStore::bind: the gradients are staged (ZeRO-2); no whole buffer");
   require(weights_bf16 || compute_only_total_ == 0, "ParamStore::bind: compute-only parameters need the bf16 buffer");
-  require(!grads || (compute_only_total_ == 0 && nf4_total_ == 0),
+  require(!grads || (compute_only_total_ == 0 && four_bit_total_ == 0),
           "ParamStore::bind: compute-only parameters are frozen (no gradients)");
   weights_ = weights;
   grads_ = grads;
@@ -55,33 +55,47 @@ void ParamStore::bind(float* weights, float* grads, bf16* weights_bf16, float* a
   adam_v_ = adam_v;
 }
 
-void ParamStore::bind_nf4(uint8_t* packed, float* absmax) {
-  require(packed && absmax, "ParamStore::bind_nf4: both buffers are required");
-  nf4_packed_ = packed;
-  nf4_absmax_ = absmax;
+void ParamStore::bind_four_bit(uint8_t* packed, float* absmax) {
+  require(packed && absmax, "ParamStore::bind_four_bit: both buffers are required");
+  four_bit_packed_ = packed;
+  four_bit_absmax_ = absmax;
 }
 
-Nf4Weight ParamStore::nf4(int i) const {
+FourBitWeight ParamStore::four_bit(int i) const {
   const Param& p = params_[size_t(i)];
-  if (p.storage != ParamStorage::Nf4 || !nf4_packed_) return {};
-  return {nf4_packed_ + p.offset / 2, nf4_absmax_ + p.offset / kNf4BlockSize};
+  if (p.storage != ParamStorage::FourBit || !four_bit_packed_) return {};
+  return {four_bit_packed_ + p.offset / 2, four_bit_absmax_ + p.offset / kFourBitBlockSize, four_bit_type_};
 }
 
-void ParamStore::store_nf4(int i, int64_t first, const float* values, int64_t n, bool double_quantization) {
+namespace {
+
+void require_four_bit_blocks(const Param& p, bool bound, int64_t first, int64_t n) {
+  require(p.storage == ParamStorage::FourBit && bound, "ParamStore: '{}' is not a 4-bit tensor", p.name);
+  require(first % kFourBitBlockSize == 0 && n % kFourBitBlockSize == 0 && first >= 0 && first + n <= p.numel,
+          "4-bit: elements [{}, {}) of '{}' are not whole {}-element blocks inside its {}", first, first + n, p.name,
+          kFourBitBlockSize, p.numel);
+}
+
+}  // namespace
+
+ParamStore::FourBitSlot ParamStore::four_bit_slot(int i, int64_t first, int64_t n) {
   const Param& p = params_[size_t(i)];
-  require(p.storage == ParamStorage::Nf4 && nf4_packed_, "ParamStore: '{}' is not an NF4 tensor", p.name);
-  require(first % kNf4BlockSize == 0 && n % kNf4BlockSize == 0 && first >= 0 && first + n <= p.numel,
-          "NF4: elements [{}, {}) of '{}' are not whole {}-element blocks inside its {}", first, first + n, p.name,
-          kNf4BlockSize, p.numel);
-  float* absmax = nf4_absmax_ + (p.offset + first) / kNf4BlockSize;
-  nf4_quantize(values, n, nf4_packed_ + (p.offset + first) / 2, absmax);
+  require_four_bit_blocks(p, four_bit_packed_ != nullptr, first, n);
+  return {four_bit_packed_ + (p.offset + first) / 2, four_bit_absmax_ + (p.offset + first) / kFourBitBlockSize};
+}
+
+void ParamStore::store_four_bit(int i, int64_t first, const float* values, int64_t n, bool double_quantization) {
+  const Param& p = params_[size_t(i)];
+  require_four_bit_blocks(p, four_bit_packed_ != nullptr, first, n);
+  float* absmax = four_bit_absmax_ + (p.offset + first) / kFourBitBlockSize;
+  four_bit_quantize(four_bit_type_, values, n, four_bit_packed_ + (p.offset + first) / 2, absmax);
   if (!double_quantization) return;
-  const int64_t count = n / kNf4BlockSize;
+  const int64_t count = n / kFourBitBlockSize;
   std::vector<uint8_t> codes(static_cast<size_t>(count));
-  std::vector<float> absmax2(static_cast<size_t>((count + kNf4DoubleBlockSize - 1) / kNf4DoubleBlockSize));
+  std::vector<float> absmax2(static_cast<size_t>((count + kAbsmaxBlockSize - 1) / kAbsmaxBlockSize));
   float offset = 0.0f;
-  nf4_quantize_absmax(absmax, count, codes.data(), absmax2.data(), &offset);
-  nf4_dequantize_absmax(codes.data(), absmax2.data(), offset, count, absmax);
+  quantize_absmax(absmax, count, codes.data(), absmax2.data(), &offset);
+  dequantize_absmax(codes.data(), absmax2.data(), offset, count, absmax);
 }
 
 void ParamStore::set_optimizer_range(FlatRange range) {
@@ -104,7 +118,7 @@ void ParamStore::allocate_optimizer_state() {
 }
 
 void ParamStore::bind_staged_grads(std::vector<float*> grad_at, float* shard) {
-  require(grad_at.size() == params_.size() && shard && compute_only_total_ == 0 && nf4_total_ == 0,
+  require(grad_at.size() == params_.size() && shard && compute_only_total_ == 0 && four_bit_total_ == 0,
           "ParamStore::bind_staged_grads: one gradient address per tensor and a shard, for a store whose tensors "
           "all train");
   grads_ = nullptr;

@@ -6,7 +6,8 @@
 // A frozen tensor that only feeds GEMMs needs no fp32 master: it is declared compute-only and
 // lives either in the bf16 buffer alone (LoRA's base matrices in bf16), after the mirror of the
 // fp32 buffer: bf16 = [copies of the masters, total() elements | compute-only tensors], or as
-// NF4 (QLoRA: core/nf4.h), in a buffer of packed 4-bit codes with one fp32 absmax per 64 elements.
+// 4-bit (QLoRA: NF4 or FP4, core/four_bit.h), in a buffer of packed codes with one fp32 absmax per
+// 64 elements; one 4-bit type per store.
 //
 // The buffers are either bound to memory planned elsewhere (the decoder's arena: bind()) or owned
 // by the store (allocate()), for stores used outside a plan.
@@ -18,14 +19,14 @@
 
 #include "keel/core/dtype.h"
 #include "keel/core/flat_range.h"
-#include "keel/core/nf4.h"
+#include "keel/core/four_bit.h"
 
 namespace keel::model {
 
 enum class ParamStorage : uint8_t {
   Master,  // fp32 master (and its bf16 copy when the store has one)
   Bf16,    // compute-only, bf16 alone
-  Nf4,     // compute-only, NF4 (packed codes + absmax per 64 elements)
+  FourBit,  // compute-only, NF4 or FP4 (packed codes + absmax per 64 elements)
 };
 
 struct Param {
@@ -38,11 +39,12 @@ struct Param {
   bool master() const { return storage == ParamStorage::Master; }
 };
 
-// An NF4 tensor's storage: element i is kNf4Values[code i] * absmax[i / 64], code i in the high
-// nibble of packed[i / 2] for even i, the low one for odd i.
-struct Nf4Weight {
+// A 4-bit tensor's storage: element i is four_bit_values(type)[code i] * absmax[i / 64], code i in
+// the high nibble of packed[i / 2] for even i, the low one for odd i.
+struct FourBitWeight {
   const uint8_t* packed = nullptr;
   const float* absmax = nullptr;
+  FourBitType type = FourBitType::Nf4;
   explicit operator bool() const { return packed != nullptr; }
 };
 
@@ -76,14 +78,25 @@ class ParamStore {
   int64_t total() const { return total_; }  // elements with an fp32 master
   int64_t compute_only_total() const { return compute_only_total_; }
   int64_t bf16_total() const { return total_ + compute_only_total_; }  // the bf16 buffer's elements
-  int64_t nf4_total() const { return nf4_total_; }                       // elements stored as NF4
-  // The NF4 buffers: nf4_total() / 2 bytes of codes, nf4_total() / 64 absmax values.
-  void bind_nf4(uint8_t* packed, float* absmax);
-  Nf4Weight nf4(int i) const;
-  // Quantizes n values into NF4 tensor i from element `first` on (both multiples of 64: HF tensors
-  // are quantized one by one, as bitsandbytes quantizes each module), with double quantization's
-  // round trip of their absmax values when asked.
-  void store_nf4(int i, int64_t first, const float* values, int64_t n, bool double_quantization);
+  int64_t four_bit_total() const { return four_bit_total_; }  // elements stored in 4 bits
+  // The 4-bit type of every FourBit tensor (before any store_four_bit). Default NF4.
+  void set_four_bit_type(FourBitType type) { four_bit_type_ = type; }
+  FourBitType four_bit_type() const { return four_bit_type_; }
+  // The 4-bit buffers: four_bit_total() / 2 bytes of codes, four_bit_total() / 64 absmax values.
+  void bind_four_bit(uint8_t* packed, float* absmax);
+  FourBitWeight four_bit(int i) const;
+  // Quantizes n values into 4-bit tensor i from element `first` on (both multiples of 64: HF
+  // tensors are quantized one by one, as bitsandbytes quantizes each module), with double
+  // quantization's round trip of their absmax values when asked.
+  void store_four_bit(int i, int64_t first, const float* values, int64_t n, bool double_quantization);
+  // Where elements [first, first + n) of 4-bit tensor i are stored (whole blocks), for codes read as
+  // they are (a checkpoint bitsandbytes saved): n / 2 bytes of codes, n / 64 absmax values.
+  struct FourBitSlot {
+    uint8_t* packed;
+    float* absmax;
+  };
+  FourBitSlot four_bit_slot(int i, int64_t first, int64_t n);
+
   bool allocated() const { return weights_ != nullptr; }
 
   // The fp32 master; null for a compute-only tensor.
@@ -96,7 +109,7 @@ class ParamStore {
     return grads_ ? grads_ + params_[i].offset : nullptr;
   }
   bool frozen() const { return grads_ == nullptr && grad_at_.empty(); }
-  // The bf16 copy or compute-only bf16 tensor; null for NF4 and without a bf16 buffer.
+  // The bf16 copy or compute-only bf16 tensor; null for 4-bit tensors and without a bf16 buffer.
   bf16* weight_bf16(int i) { return has_bf16(params_[i]) ? weights_bf16_ + bf16_offset(params_[i]) : nullptr; }
   const bf16* weight_bf16(int i) const {
     return has_bf16(params_[i]) ? weights_bf16_ + bf16_offset(params_[i]) : nullptr;
@@ -124,11 +137,12 @@ class ParamStore {
 
  private:
   int64_t bf16_offset(const Param& p) const { return p.master() ? p.offset : total_ + p.offset; }
-  bool has_bf16(const Param& p) const { return weights_bf16_ && p.storage != ParamStorage::Nf4; }
+  bool has_bf16(const Param& p) const { return weights_bf16_ && p.storage != ParamStorage::FourBit; }
   std::vector<Param> params_;
-  int64_t total_ = 0, compute_only_total_ = 0, nf4_total_ = 0;
-  uint8_t* nf4_packed_ = nullptr;
-  float* nf4_absmax_ = nullptr;
+  int64_t total_ = 0, compute_only_total_ = 0, four_bit_total_ = 0;
+  FourBitType four_bit_type_ = FourBitType::Nf4;
+  uint8_t* four_bit_packed_ = nullptr;
+  float* four_bit_absmax_ = nullptr;
   std::optional<FlatRange> optimizer_shard_;  // set by set_optimizer_range (ZeRO-1)
   float *weights_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
   std::vector<float*> grad_at_;  // ZeRO-2: each tensor's staged gradient

@@ -237,7 +237,7 @@ void check_no_overlap(const std::string& path, std::vector<const HeaderEntry*> e
 // Parses and checks the header; `data` is the first byte of the data section.
 void parse_header(const std::string& path, std::string_view json, const uint8_t* data, uint64_t data_size,
                   std::vector<TensorInfo>& tensors, std::map<std::string, std::string>& unsupported,
-                  std::map<std::string, std::string>& metadata) {
+                  std::vector<TensorInfo>& bytes, std::map<std::string, std::string>& metadata) {
   dom::parser parser;
   dom::element root;
   if (auto error = parser.parse(json.data(), json.size()).get(root)) {
@@ -266,7 +266,9 @@ void parse_header(const std::string& path, std::string_view json, const uint8_t*
   for (auto& e : entries) {
     auto dtype = keel_dtype(e.dtype);
     if (!dtype) {
-      unsupported[e.name] = e.dtype;  // an error only if someone reads it
+      unsupported[e.name] = e.dtype;  // an error only if someone reads it as numbers
+      if (e.dtype == "U8")            // bitsandbytes' packed codes and quantization states
+        bytes.push_back({e.name, DType::F32, e.shape, data + e.begin, size_t(e.end - e.begin), path});
       continue;
     }
     TensorInfo info;
@@ -541,7 +543,8 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   }
   std::string_view json(reinterpret_cast<const char*>(bytes + 8), header_size);
   const uint8_t* data = bytes + 8 + header_size;
-  parse_header(path, json, data, available - header_size, file->tensors_, file->unsupported_, file->metadata_);
+  parse_header(path, json, data, available - header_size, file->tensors_, file->unsupported_, file->bytes_,
+               file->metadata_);
   return file;
 }
 
@@ -564,6 +567,7 @@ CheckpointReader CheckpointReader::open_file(const std::string& path) {
   auto file = std::shared_ptr<SafetensorsFile>(SafetensorsFile::open(path));
   for (const auto& t : file->tensors_) reader.by_name_.emplace(t.name, &t);
   for (const auto& [name, dtype] : file->unsupported_) reader.by_name_.emplace(name, nullptr);
+  for (const auto& t : file->bytes_) reader.bytes_by_name_.emplace(t.name, &t);
   reader.files_.push_back(std::move(file));
   return reader;
 }
@@ -585,6 +589,7 @@ CheckpointReader CheckpointReader::open_dir(const std::string& dir) {
     };
     for (const auto& t : file->tensors_) claim(t.name, &t);
     for (const auto& [name, dtype] : file->unsupported_) claim(name, nullptr);
+    for (const auto& t : file->bytes_) reader.bytes_by_name_.emplace(t.name, &t);
     reader.files_.push_back(std::move(file));
   };
 
@@ -712,6 +717,27 @@ void CheckpointReader::read_f32(const std::string& name, const std::vector<int64
     std::memcpy(dst, t.data, size_t(t.numel()) * 4);
   else
     convert_elements(t, dst, [](float v) { return v; });
+  release_pages(t);
+}
+
+const TensorInfo& CheckpointReader::get_bytes(const std::string& name) const {
+  auto it = bytes_by_name_.find(name);
+  if (it != bytes_by_name_.end()) return *it->second;
+  if (!has(name)) fail("{}: tensor '{}': expected in the checkpoint, found no such tensor", dir_, name);
+  for (const auto& file : files_) {
+    auto u = file->unsupported_.find(name);
+    if (u != file->unsupported_.end()) fail("{}: tensor '{}': expected dtype U8, found {}", file->path(), name, u->second);
+  }
+  fail("{}: tensor '{}': expected dtype U8, found {}", get(name).file, name, dtype_name(get(name).dtype));
+}
+
+std::vector<int64_t> CheckpointReader::bytes_shape(const std::string& name) const { return get_bytes(name).shape; }
+
+void CheckpointReader::read_u8(const std::string& name, const std::vector<int64_t>& expected_shape, uint8_t* dst) const {
+  const TensorInfo& t = get_bytes(name);
+  if (t.shape != expected_shape)
+    fail("{}: tensor '{}': expected shape {}, found {}", t.file, name, shape_text(expected_shape), shape_text(t.shape));
+  std::memcpy(dst, t.data, t.nbytes);
   release_pages(t);
 }
 

@@ -48,6 +48,7 @@ class SafetensorsFile {
   size_t map_size_ = 0;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> unsupported_;  // tensor name -> its dtype string
+  std::vector<TensorInfo> bytes_;                   // the U8 tensors among them, read as bytes
   std::map<std::string, std::string> metadata_;
   friend class CheckpointReader;
 };
@@ -61,6 +62,7 @@ class CheckpointReader {
   static CheckpointReader open_file(const std::string& path);
   std::vector<std::string> names() const;
   bool has(const std::string& name) const;
+  const std::string& dir() const { return dir_; }  // or the file, for open_file
   // Throws keel::Error naming the tensor and the directory if absent.
   const TensorInfo& get(const std::string& name) const;
   // Converts the tensor (F32, BF16 or F16) to fp32 into dst, after checking its shape equals
@@ -71,12 +73,19 @@ class CheckpointReader {
   // The same into bf16: BF16 as stored, F32 rounded to nearest even, F16 through fp32.
   void read_bf16(const std::string& name, const std::vector<int64_t>& expected_shape, bf16* dst) const;
   DType dtype_of(const std::string& name) const { return get(name).dtype; }
+  // U8 tensors (bitsandbytes' packed codes and quantization states: model/bnb_4bit.h), as bytes.
+  // Errors name the tensor, its file and the dtype or shape found. Pages released as above.
+  bool has_bytes(const std::string& name) const { return bytes_by_name_.count(name) != 0; }
+  std::vector<int64_t> bytes_shape(const std::string& name) const;
+  void read_u8(const std::string& name, const std::vector<int64_t>& expected_shape, uint8_t* dst) const;
 
  private:
   const TensorInfo& get_shaped(const std::string& name, const std::vector<int64_t>& expected_shape) const;
+  const TensorInfo& get_bytes(const std::string& name) const;
   std::string dir_;
   std::vector<std::shared_ptr<SafetensorsFile>> files_;
   std::map<std::string, const TensorInfo*> by_name_;
+  std::map<std::string, const TensorInfo*> bytes_by_name_;
 };
 
 // A tensor to write: fp32 source data converted to `dtype` on write. The data is `data`, or, when

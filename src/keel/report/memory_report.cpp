@@ -89,7 +89,7 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   require(shape.dp >= 1, "memory plan: dp must be at least 1, got {}", shape.dp);
   require(shape.zero_stage >= 0 && shape.zero_stage <= 2, "memory plan: ZeRO stage {} is not supported (0, 1 or 2)",
           shape.zero_stage);
-  auto options = run::training_decoder_options(r);
+  auto options = run::training_decoder_options(r, config);
   options.gradient_checkpointing = shape.gradient_checkpointing;
   options.memory_cap_bytes = 0;  // the caller compares against the cap; here we only plan
   // ZeRO-1 (Rajbhandari et al. 2020, stage 1): each rank keeps and updates 1/dp of the Adam moments
@@ -139,9 +139,9 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   if (!r.model_config)
     plan.add_external("weight file pages while loading (the largest tensor)", MemoryCategory::Data,
                       largest_weight_tensor_bytes(r.model_name, config), 0, 0);
-  // QLoRA fills its NF4 projections one tensor at a time from fp32: that tensor, during the setup.
-  if (const int64_t scratch = model::nf4_setup_scratch_elements(config, options, !r.model_config))
-    plan.add_external("NF4 quantization (one projection in fp32)", MemoryCategory::Data,
+  // QLoRA fills its 4-bit projections one tensor at a time from fp32: that tensor, during the setup.
+  if (const int64_t scratch = model::four_bit_setup_scratch_elements(config, options, !r.model_config))
+    plan.add_external("4-bit quantization (one projection in fp32)", MemoryCategory::Data,
                       size_t(scratch) * sizeof(float), 0, 0);
   plan.add_external("keel process at start", MemoryCategory::Runtime, kProcessStartBytes, 0, end);
   // What the trainer allocates after the setup, kept for the whole run.
@@ -223,10 +223,12 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
   const bool sharded = shape.zero_stage >= 1 && shape.dp > 1;
   const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-{})", shape.dp, shape.zero_stage) : "";
   // LoRA and QLoRA show in the plan's buffers (model/decoder.cpp names them).
-  bool lora = false, nf4 = false;
+  bool lora = false;
+  std::string four_bit;  // "NF4" or "FP4" when the projections are held in 4 bits
   for (const auto& b : plan.buffers()) {
     lora = lora || b.name == "lora.weights";
-    nf4 = nf4 || b.name.rfind("weights.nf4", 0) == 0;
+    if (b.name.rfind("weights.nf4", 0) == 0) four_bit = "NF4";
+    if (b.name.rfind("weights.fp4", 0) == 0) four_bit = "FP4";
   }
   auto note = [&](MemoryCategory c) -> std::string {
     switch (c) {
@@ -234,7 +236,9 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
         if (lora) return bf16 ? "fp32: the adapter, the frozen norms and biases" : "fp32: the model (frozen) and the adapter";
         return bf16 ? "fp32 master, whole on every rank" : "fp32 (the compute copy too)";
       case MemoryCategory::ComputeWeights:
-        if (nf4) return "frozen projections in NF4 (4-bit codes + absmax), embedding/LM head and adapter in bf16";
+        if (!four_bit.empty())
+          return fmt::format("frozen projections in {} (4-bit codes + absmax), embedding/LM head and adapter in bf16",
+                             four_bit);
         if (lora) return "frozen matrices in bf16 alone (no fp32 masters), the adapter's bf16 copy";
         return "bf16 copy the GEMMs read";
       case MemoryCategory::Gradients:

@@ -54,7 +54,35 @@ model::Precision recipe_precision(const Recipe& r) {
   return r.dtype == "bf16" ? model::Precision::BF16 : model::Precision::F32;
 }
 
-model::DecoderOptions training_decoder_options(const Recipe& r) {
+namespace {
+
+// QLoRA's 4-bit base: quantized by keel at load (quantization_bit = 4), or as a checkpoint
+// transformers + bitsandbytes saved in 4 bits holds it (read as it is; nothing is requantized).
+void set_four_bit_base(const Recipe& r, const model::ModelConfig& config, model::DecoderOptions& o) {
+  o.double_quantization = r.double_quantization;
+  o.four_bit_type = parse_four_bit_type(r.quantization_type).value_or(FourBitType::Nf4);
+  o.four_bit_base = r.quantization_bit == 4;
+  if (!config.saved_four_bit) return;
+  const auto& saved = *config.saved_four_bit;
+  const std::string_view type = four_bit_type_name(saved.type);
+  require(r.finetuning_type == "lora",
+          "{}: model_name '{}' is saved in 4 bits by bitsandbytes ({}, config.json's quantization_config): its weights "
+          "can only stay frozen. Train LoRA adapters on it (finetuning_type = \"lora\": QLoRA), or start from the "
+          "full-precision model to fine-tune every weight",
+          r.source, r.model_name, type);
+  require(r.quantization_bit == 0 || r.quantization_type == type,
+          "{}: quantization_type = \"{}\", but model_name '{}' is saved in 4 bits as {} by bitsandbytes: keel reads its "
+          "codes as they are and does not requantize. Remove quantization_bit (the checkpoint decides) or set "
+          "quantization_type = \"{}\"",
+          r.source, r.quantization_type, r.model_name, type, type);
+  o.four_bit_base = true;
+  o.four_bit_type = saved.type;
+  o.double_quantization = saved.double_quantization;
+}
+
+}  // namespace
+
+model::DecoderOptions training_decoder_options(const Recipe& r, const model::ModelConfig& config) {
   model::DecoderOptions o;
   o.gradient_checkpointing = r.use_gradient_checkpointing;
   o.optimizer_state = true;
@@ -65,8 +93,7 @@ model::DecoderOptions training_decoder_options(const Recipe& r) {
       r.memory_planning == "per_tensor" ? model::MemoryPlanning::PerTensor : model::MemoryPlanning::Planned;
   o.backend = &kernels::backend_named(r.backend);
   o.lora = recipe_lora_spec(r);
-  o.nf4_base = r.quantization_bit == 4;
-  o.double_quantization = r.double_quantization;
+  set_four_bit_base(r, config, o);
   return o;
 }
 
@@ -91,7 +118,7 @@ ModelSetup setup_model(const Recipe& r, int rank, std::ostream* progress_log, bo
   ModelSetup s;
   const auto precision = recipe_precision(r);
   const auto config = recipe_model_config(r);
-  auto options = training_decoder_options(r);
+  auto options = training_decoder_options(r, config);
   options.optimizer_shard = options.optimizer_shards > 1 ? rank : 0;
   s.decoder = std::make_unique<model::Decoder>(config, precision, r.batch_size, r.max_seq_len, options);
   if (r.model_config) {

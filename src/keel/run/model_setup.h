@@ -26,8 +26,9 @@ model::Precision recipe_precision(const Recipe& recipe);
 void require_sequence_fits_model(const Recipe& recipe, const model::ModelConfig& config);
 // The decoder settings a training run of this recipe uses: gradient checkpointing, optimizer
 // state in the arena (ZeRO-1: a 1/dp_degree shard), memory_pool_size (GiB) as the arena's cap and
-// memory_planning.
-model::DecoderOptions training_decoder_options(const Recipe& recipe);
+// memory_planning, LoRA and QLoRA's 4-bit base (the recipe's quantization_bit, or the model's own
+// when it was saved in 4 bits by bitsandbytes: keel::Error when the recipe asks otherwise).
+model::DecoderOptions training_decoder_options(const Recipe& recipe, const model::ModelConfig& config);
 // The recipe's LoRA settings (rank 0 when finetuning_type is "full").
 model::LoraSpec recipe_lora_spec(const Recipe& recipe);
 // The dtype a run's model is exported in by default (output_dir/final, keel export): that of

@@ -11,6 +11,7 @@
 #include <variant>
 
 #include "keel/core/error.h"
+#include "keel/core/four_bit.h"
 #include "keel/core/file_io.h"
 
 namespace keel::run {
@@ -308,14 +309,11 @@ void validate_finetuning(const Recipe& r, const Where& w) {
           "{}: key 'finetuning_type' must be \"full\" or \"lora\", got \"{}\"", w.of("finetuning_type"),
           r.finetuning_type);
   require(r.quantization_bit == 0 || r.quantization_bit == 4,
-          "{}: key 'quantization_bit' must be 0 (no quantization) or 4 (QLoRA's NF4), got {}", w.of("quantization_bit"),
-          r.quantization_bit);
-  require(r.quantization_type == "nf4" || r.quantization_type == "fp4",
+          "{}: key 'quantization_bit' must be 0 (no quantization) or 4 (QLoRA: NF4 or FP4), got {}",
+          w.of("quantization_bit"), r.quantization_bit);
+  require(parse_four_bit_type(r.quantization_type).has_value(),
           "{}: key 'quantization_type' must be \"nf4\" or \"fp4\", got \"{}\"", w.of("quantization_type"),
           r.quantization_type);
-  require(r.quantization_bit == 0 || r.quantization_type == "nf4",
-          "{}: key 'quantization_type' = \"fp4\" is not supported yet; QLoRA's NF4 is (quantization_type = \"nf4\")",
-          w.of("quantization_type"));
   require(r.quantization_bit == 0 || r.finetuning_type == "lora",
           "{}: key 'quantization_bit' = 4 quantizes frozen weights: it needs finetuning_type = \"lora\" (QLoRA)",
           w.of("quantization_bit"));

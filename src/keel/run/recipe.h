@@ -61,7 +61,7 @@ struct Recipe {
   // QLoRA: 4 stores the frozen projections in 4 bits (bitsandbytes' NF4), dequantized inside the
   // GEMMs; 0 keeps them in the run's dtype.
   int64_t quantization_bit = 0;
-  std::string quantization_type = "nf4";  // nf4 (fp4: not supported yet)
+  std::string quantization_type = "nf4";  // nf4 or fp4 (bitsandbytes' bnb_4bit_quant_type)
   bool double_quantization = true;        // the absmax values in 8 bits too, as bitsandbytes' compress_statistics
   // Training
   int64_t batch_size = 1;  // sequences per micro-batch per rank

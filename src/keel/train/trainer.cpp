@@ -4,6 +4,7 @@
 #include <fmt/ostream.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -251,14 +252,20 @@ class Trainer {
       fmt::print(log_, "keel: additional_target: {} trained fully beside the adapters (copies of the originals)\n",
                  fmt::join(decoder_.saved_modules().names, ", "));
     const model::ParamStore& frozen = decoder_.params();
-    if (frozen.nf4_total() > 0) {
+    if (frozen.four_bit_total() > 0) {
       int64_t matrices = 0;
-      for (const auto& p : frozen.params()) matrices += p.storage == model::ParamStorage::Nf4;
+      for (const auto& p : frozen.params()) matrices += p.storage == model::ParamStorage::FourBit;
+      std::string type(four_bit_type_name(frozen.four_bit_type()));
+      std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return char(std::toupper(ch)); });
+      const std::string source =
+          config_.saved_four_bit ? fmt::format("the codes as bitsandbytes saved them in {}, not requantized", r_.model_name)
+                                 : "quantized at load";
       fmt::print(log_,
-                 "keel: QLoRA: {} projection matrices ({:.1f}M weights) held as NF4, {:.2f} GB instead of {:.2f} GB "
-                 "in bf16 (double quantization {}); dequantized a tile at a time inside their GEMMs\n",
-                 matrices, double(frozen.nf4_total()) / 1e6, double(frozen.nf4_total()) * (0.5 + 4.0 / 64) / 1e9,
-                 double(frozen.nf4_total()) * 2 / 1e9, decoder_.options().double_quantization ? "on" : "off");
+                 "keel: QLoRA: {} projection matrices ({:.1f}M weights) held as {} ({}), {:.2f} GB instead of {:.2f} "
+                 "GB in bf16 (double quantization {}); dequantized a tile at a time inside their GEMMs\n",
+                 matrices, double(frozen.four_bit_total()) / 1e6, type, source,
+                 double(frozen.four_bit_total()) * (0.5 + 4.0 / 64) / 1e9, double(frozen.four_bit_total()) * 2 / 1e9,
+                 decoder_.options().double_quantization ? "on" : "off");
     }
   }
 

@@ -14,7 +14,7 @@
 #include "keel/kernels/cross_entropy.h"
 #include "keel/core/dropout_mask.h"
 #include "keel/kernels/embedding.h"
-#include "keel/kernels/nf4_dequantize.h"
+#include "keel/kernels/four_bit_dequantize.h"
 #include "keel/kernels/gemm.h"
 #include "keel/kernels/host_memory.h"
 #include "keel/kernels/rmsnorm.h"
@@ -128,11 +128,13 @@ class CpuBackend final : public HostMemoryBackend {
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
     kernels::embedding_forward(ids, n, table, hidden, out);
   }
-  void dequantize_nf4(const uint8_t* packed, const float* absmax, int64_t n, float* out) override {
-    kernels::dequantize_nf4(packed, absmax, n, out);
+  void dequantize_4bit(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
+                       float* out) override {
+    kernels::dequantize_4bit(type, packed, absmax, n, out);
   }
-  void dequantize_nf4_bf16(const uint8_t* packed, const float* absmax, int64_t n, bf16* out) override {
-    kernels::dequantize_nf4(packed, absmax, n, out);
+  void dequantize_4bit_bf16(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
+                            bf16* out) override {
+    kernels::dequantize_4bit(type, packed, absmax, n, out);
   }
   void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, int64_t hidden, float* out) override {
     kernels::embedding_forward_bf16(ids, n, table, hidden, out);

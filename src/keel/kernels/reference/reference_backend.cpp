@@ -9,7 +9,7 @@
 #include "keel/kernels/cached_attention.h"
 #include "keel/kernels/cross_entropy.h"
 #include "keel/core/dropout_mask.h"
-#include "keel/core/nf4.h"
+#include "keel/core/four_bit.h"
 #include "keel/kernels/embedding.h"
 #include "keel/kernels/host_memory.h"
 #include "keel/kernels/reference/attention.h"
@@ -164,12 +164,14 @@ class ReferenceBackend final : public HostMemoryBackend {
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(out + i * hidden, table + int64_t(ids[i]) * hidden, sizeof(float) * hidden);
   }
-  void dequantize_nf4(const uint8_t* packed, const float* absmax, int64_t n, float* out) override {
-    nf4_dequantize(packed, absmax, n, out);
+  void dequantize_4bit(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
+                       float* out) override {
+    four_bit_dequantize(type, packed, absmax, n, out);
   }
-  void dequantize_nf4_bf16(const uint8_t* packed, const float* absmax, int64_t n, bf16* out) override {
+  void dequantize_4bit_bf16(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
+                            bf16* out) override {
     std::vector<float> wide(size_t(std::max<int64_t>(n, 0)));
-    nf4_dequantize(packed, absmax, n, wide.data());
+    four_bit_dequantize(type, packed, absmax, n, wide.data());
     for (int64_t i = 0; i < n; ++i) out[i] = float_to_bf16(wide[size_t(i)]);
   }
   void dropout(const float* x, float* y, int64_t n, double p, uint64_t key) override {

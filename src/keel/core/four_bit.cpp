@@ -1,14 +1,18 @@
-#include "keel/core/nf4.h"
+#include "keel/core/four_bit.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
+#include <numeric>
 
 #include "keel/core/threads.h"
 
 namespace keel {
 
-const float kNf4Values[16] = {
+namespace {
+
+constexpr float kNf4Values[16] = {
     -1.0f,
     -0.6961928009986877f,
     -0.5250730514526367f,
@@ -27,7 +31,9 @@ const float kNf4Values[16] = {
     1.0f,
 };
 
-namespace {
+// get_4bit_type("fp4"): these magnitudes divided by their maximum (12) in fp32; code 8 is +0.0
+// (Python's -0 is the integer 0).
+constexpr float kFp4Magnitudes[16] = {0, 0.0625f, 8, 12, 4, 6, 2, 3, 0, -0.0625f, -8, -12, -4, -6, -2, -3};
 
 // bitsandbytes' create_dynamic_map(signed=True) as fp32 bit patterns (ascending).
 constexpr uint32_t kDynamicMapBits[256] = {
@@ -74,39 +80,56 @@ struct DynamicMap {
   }
 };
 const DynamicMap kDynamicMap;
-float dynamic_map(int i) { return kDynamicMap.at[i]; }
 
-// The midpoints between consecutive NF4 values, computed as torch computes them in fp32.
-struct Midpoints {
-  float at[15];
-  Midpoints() {
-    for (int i = 0; i < 15; ++i) at[i] = (kNf4Values[i] + kNf4Values[i + 1]) / 2.0f;
+// A type's code values, their order by value and the midpoints between consecutive sorted values,
+// computed as torch computes them in fp32 (bitsandbytes' _get_4bit_quantize_bounds).
+struct FourBitTable {
+  float values[16];
+  uint8_t order[16];  // sorted position -> code: torch.argsort, which keeps FP4's two zeros as 0, 8
+  float midpoints[15];
+  explicit FourBitTable(FourBitType type) {
+    for (int i = 0; i < 16; ++i) values[i] = type == FourBitType::Nf4 ? kNf4Values[i] : kFp4Magnitudes[i] / 12.0f;
+    std::iota(order, order + 16, uint8_t(0));
+    std::stable_sort(order, order + 16, [&](uint8_t a, uint8_t b) { return values[a] < values[b]; });
+    for (int i = 0; i < 15; ++i) midpoints[i] = (values[order[i]] + values[order[i + 1]]) / 2.0f;
+  }
+  uint8_t code(float scaled) const {
+    // torch.bucketize(right=False): the number of midpoints strictly below the value.
+    return order[std::lower_bound(midpoints, midpoints + 15, scaled) - midpoints];
   }
 };
-const Midpoints kMidpoints;
-
-uint8_t nf4_code(float scaled) {
-  // torch.bucketize(right=False): the number of midpoints strictly below the value.
-  return uint8_t(std::lower_bound(kMidpoints.at, kMidpoints.at + 15, scaled) - kMidpoints.at);
-}
+const FourBitTable kNf4Table(FourBitType::Nf4), kFp4Table(FourBitType::Fp4);
+const FourBitTable& table_of(FourBitType type) { return type == FourBitType::Nf4 ? kNf4Table : kFp4Table; }
 
 }  // namespace
 
-void nf4_quantize(const float* x, int64_t n, uint8_t* packed, float* absmax) {
-  const int64_t full = n / kNf4BlockSize * kNf4BlockSize;
+std::string_view four_bit_type_name(FourBitType type) { return type == FourBitType::Nf4 ? "nf4" : "fp4"; }
+
+std::optional<FourBitType> parse_four_bit_type(std::string_view name) {
+  if (name == "nf4") return FourBitType::Nf4;
+  if (name == "fp4") return FourBitType::Fp4;
+  return std::nullopt;
+}
+
+const float* four_bit_values(FourBitType type) { return table_of(type).values; }
+const float* dynamic_map_values() { return kDynamicMap.at; }
+
+void four_bit_quantize(FourBitType type, const float* x, int64_t n, uint8_t* packed, float* absmax) {
+  const FourBitTable& table = table_of(type);
+  const int64_t full = n / kFourBitBlockSize * kFourBitBlockSize;
   auto code_at = [&](int64_t i) -> uint8_t {
-    if (i >= n) return nf4_code(0.0f);  // the padding of an odd count
-    const int64_t block = i / kNf4BlockSize;
+    if (i >= n) return table.code(0.0f);  // the padding of an odd count
+    const int64_t block = i / kFourBitBlockSize;
     const float a = absmax[block];
     // Full blocks multiply by the reciprocal, the tail divides (both as bitsandbytes).
     const float scaled = i < full ? x[i] * (1.0f / std::max(a, 1e-38f)) : x[i] / std::max(a, 1e-38f);
-    return nf4_code(std::clamp(scaled, -1.0f, 1.0f));
+    return table.code(std::clamp(scaled, -1.0f, 1.0f));
   };
-  const int64_t blocks = (n + kNf4BlockSize - 1) / kNf4BlockSize;
+  const int64_t blocks = (n + kFourBitBlockSize - 1) / kFourBitBlockSize;
   // Blocks are independent (a block is 32 whole bytes): one task per range of blocks.
   parallel_for(blocks, blocks >= 64, [&](int64_t first, int64_t last) {
     for (int64_t b = first; b < last; ++b) {
-      const int64_t begin = b * kNf4BlockSize, end = std::min(n, begin + kNf4BlockSize);
+      const int64_t begin = b * kFourBitBlockSize, end = std::min(n, begin + kFourBitBlockSize);
       float m = 0.0f;
       for (int64_t i = begin; i < end; ++i) m = std::max(m, std::fabs(x[i]));
       absmax[b] = m;
@@ -115,22 +138,23 @@ void nf4_quantize(const float* x, int64_t n, uint8_t* packed, float* absmax) {
   });
 }
 
-void nf4_dequantize(const uint8_t* packed, const float* absmax, int64_t n, float* out) {
+void four_bit_dequantize(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n, float* out) {
+  const float* values = four_bit_values(type);
   parallel_for(n, n >= (int64_t(1) << 16), [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const uint8_t byte = packed[i / 2];
       const int code = i % 2 == 0 ? byte >> 4 : byte & 0x0f;
-      out[i] = kNf4Values[code] * absmax[i / kNf4BlockSize];
+      out[i] = values[code] * absmax[i / kFourBitBlockSize];
     }
   });
 }
 
-void nf4_quantize_absmax(const float* absmax, int64_t count, uint8_t* codes, float* absmax2, float* offset) {
+void quantize_absmax(const float* absmax, int64_t count, uint8_t* codes, float* absmax2, float* offset) {
   double sum = 0.0;
   for (int64_t i = 0; i < count; ++i) sum += absmax[i];
   *offset = count > 0 ? float(sum / double(count)) : 0.0f;
-  for (int64_t b = 0; b * kNf4DoubleBlockSize < count; ++b) {
-    const int64_t begin = b * kNf4DoubleBlockSize, end = std::min(count, begin + kNf4DoubleBlockSize);
+  for (int64_t b = 0; b * kAbsmaxBlockSize < count; ++b) {
+    const int64_t begin = b * kAbsmaxBlockSize, end = std::min(count, begin + kAbsmaxBlockSize);
     float m = -3.4028235e38f;
     for (int64_t i = begin; i < end; ++i) m = std::fmax(m, std::fabs(absmax[i] - *offset));
     absmax2[b] = m;
@@ -144,8 +168,13 @@ void nf4_quantize_absmax(const float* absmax, int64_t count, uint8_t* codes, flo
   }
 }
 
-void nf4_dequantize_absmax(const uint8_t* codes, const float* absmax2, float offset, int64_t count, float* absmax) {
-  for (int64_t i = 0; i < count; ++i) absmax[i] = dynamic_map(codes[i]) * absmax2[i / kNf4DoubleBlockSize] + offset;
+void dequantize_absmax(const uint8_t* codes, const float* absmax2, float offset, int64_t count, float* absmax,
+                       const float* map) {
+  if (!map) map = kDynamicMap.at;
+  for (int64_t i = 0; i < count; ++i) {
+    const float scaled = map[codes[i]] * absmax2[i / kAbsmaxBlockSize];  // rounded here, then the offset added
+    absmax[i] = scaled + offset;
+  }
 }
 
 }  // namespace keel

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""keel's NF4 codec (core/nf4.h) against bitsandbytes, the library that defines the format.
+"""keel's 4-bit codecs, NF4 and FP4 (core/four_bit.h), against bitsandbytes, the library that defines them.
 
-    $(scripts/python-env.sh) tests/reference/nf4_reference.py --tool build/tests/keel_nf4_tool --work DIR
+    $(scripts/python-env.sh) tests/reference/four_bit_reference.py --tool build/tests/keel_four_bit_tool --work DIR
 
-For tensors of several shapes and kinds (normal, heavy-tailed, bf16-valued, blocks with zeros,
-values exactly on the midpoints between NF4 codes, a partial last block, an odd count), keel's
-quantization must give bitsandbytes.functional.quantize_4bit(quant_type="nf4", blocksize=64)'s
-packed bytes and absmax bit for bit, and the dequantized values of dequantize_4bit bit for bit.
+For each type and tensors of several shapes and kinds (normal, heavy-tailed, bf16-valued, blocks
+with zeros, values exactly on the midpoints between the type's sorted values and just beside them,
+a partial last block, an odd count), keel's quantization must give
+bitsandbytes.functional.quantize_4bit(quant_type=TYPE, blocksize=64)'s packed bytes and absmax bit
+for bit, and the dequantized values of dequantize_4bit bit for bit (FP4's codes are not in value
+order, and its two zeros are codes 0 and 8: the cases near zero check which one each value gets).
 With double quantization (compress_statistics=True): the offset within an ulp of bitsandbytes'
 (torch's fp32 mean; keel's is the mean in double, rounded once), the per-256 absmax2, every absmax
 code the nearest code of bitsandbytes' dynamic map (ties to the lower, as its reference kernel),
@@ -23,10 +25,8 @@ import torch
 import bitsandbytes
 import bitsandbytes.functional as F
 
-NF4 = F.get_4bit_type("nf4", device="cpu")
-
-
-def cases():
+def cases(quant_type):
+    values = F.get_4bit_type(quant_type, device="cpu")
     g = torch.Generator().manual_seed(0)
     yield "normal 128x64", torch.randn(128, 64, generator=g)
     yield "normal 1024x512", torch.randn(1024, 512, generator=g) * 0.02
@@ -37,18 +37,23 @@ def cases():
     z = torch.randn(4, 64, generator=g)
     z[1] = 0.0  # an all-zero block
     yield "zero block 4x64", z
-    # Every midpoint between NF4 codes, exactly, in blocks whose absmax is 1: ties go to the lower code.
-    mids = (NF4[:-1] + NF4[1:]) / 2
-    row = torch.cat([mids, -mids, torch.tensor([1.0]), NF4, torch.zeros(64 - 2 * 15 - 1 - 16)])
+    # Every midpoint between the sorted values, exactly, in blocks whose absmax is 1: ties go to the
+    # lower value; and the midpoints' neighbouring floats on either side.
+    ordered = torch.sort(values).values
+    mids = (ordered[:-1] + ordered[1:]) / 2
+    row = torch.cat([mids, -mids, torch.tensor([1.0]), values, torch.zeros(64 - 2 * 15 - 1 - 16)])
     yield "midpoints 2x64", torch.stack([row, row.flip(0)])
+    up, down = torch.nextafter(mids, torch.tensor(2.0)), torch.nextafter(mids, torch.tensor(-2.0))
+    row = torch.cat([up, down, torch.tensor([1.0, 0.0, -0.0, 1e-30, -1e-30]), torch.zeros(64 - 30 - 5)])
+    yield "beside midpoints 1x64", row.reshape(1, 64)
 
 
-def run_tool(tool, work, x):
+def run_tool(tool, work, quant_type, x):
     d = os.path.join(work, "case")
     os.makedirs(d, exist_ok=True)
     flat = x.reshape(-1).contiguous().numpy().astype("<f4")
     flat.tofile(os.path.join(d, "in.f32"))
-    subprocess.run([tool, os.path.join(d, "in.f32"), str(flat.size), d], check=True)
+    subprocess.run([tool, quant_type, os.path.join(d, "in.f32"), str(flat.size), d], check=True)
     read = lambda name, dt: np.fromfile(os.path.join(d, name), dtype=dt)  # noqa: E731
     return {k: read(k + ext, dt) for k, ext, dt in (
         ("packed", ".u8", np.uint8), ("absmax", ".f32", "<f4"), ("dequantized", ".f32", "<f4"),
@@ -64,17 +69,22 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     print("bitsandbytes %s, torch %s" % (bitsandbytes.__version__, torch.__version__))
     failures = []
-    for name, x in cases():
-        k = run_tool(os.path.abspath(a.tool), a.work, x)
-        packed, state = F.quantize_4bit(x, blocksize=64, quant_type="nf4")
+    for quant_type, name, x in [(t, n, x) for t in ("nf4", "fp4") for n, x in cases(t)]:
+        k = run_tool(os.path.abspath(a.tool), a.work, quant_type, x)
+        packed, state = F.quantize_4bit(x, blocksize=64, quant_type=quant_type)
         want_packed = packed.reshape(-1).numpy()
         want_absmax = state.absmax.numpy()
         want_deq = F.dequantize_4bit(packed, state).reshape(-1).numpy()
         ok_packed = np.array_equal(k["packed"], want_packed)
         ok_absmax = np.array_equal(k["absmax"].view(np.uint32), want_absmax.view(np.uint32))
-        ok_deq = np.array_equal(k["dequantized"].view(np.uint32), want_deq.astype("<f4").view(np.uint32))
+        # Bit for bit, but for the sign of zero: bitsandbytes' native FP4 kernel writes code 8 (the
+        # map's +0.0) as -0.0 in a partial last block; equal numbers either way.
+        ok_deq = np.array_equal(k["dequantized"].view(np.uint32), want_deq.astype("<f4").view(np.uint32)) or (
+            quant_type == "fp4" and np.array_equal(k["dequantized"], want_deq)
+            and np.array_equal(k["dequantized"].view(np.uint32)[want_deq != 0],
+                               want_deq.astype("<f4").view(np.uint32)[want_deq != 0]))
         # Double quantization (bitsandbytes' compress_statistics).
-        packed2, state2 = F.quantize_4bit(x, blocksize=64, quant_type="nf4", compress_statistics=True)
+        packed2, state2 = F.quantize_4bit(x, blocksize=64, quant_type=quant_type, compress_statistics=True)
         codes = state2.absmax.numpy()
         offset = np.float32(state2.offset)
         absmax2 = state2.state2.absmax.numpy()
@@ -97,18 +107,18 @@ def main():
         want_back = (dyn[k["absmax_codes"]] * np.repeat(k["absmax2"], 256)[:codes.size] + k["offset"][0]).astype("<f4")
         ok_dq_deq = np.array_equal(k["absmax_dequantized"].view(np.uint32), want_back.view(np.uint32))
         ok = ok_packed and ok_absmax and ok_deq and offset_ok and ok_nearest and ok_codes and ok_absmax2 and ok_dq_deq
-        print("%-4s %-22s %6d values: packed %s, absmax %s, dequantized %s | double quant: offset %s, codes nearest %s, "
+        print("%-4s %s %-22s %6d values: packed %s, absmax %s, dequantized %s | double quant: offset %s, codes nearest %s, "
               "%d of %d differ from the native kernel's by one code, absmax2 %s, dequantized %s"
-              % ("ok" if ok else "FAIL", name, x.numel(), "=" if ok_packed else "!=", "=" if ok_absmax else "!=",
+              % ("ok" if ok else "FAIL", quant_type, name, x.numel(), "=" if ok_packed else "!=", "=" if ok_absmax else "!=",
                  "=" if ok_deq else "!=", "=" if same_offset else ("1 ulp apart" if offset_ok else "!="),
                  "yes" if ok_nearest else "NO", code_diff, codes.size, "ok" if ok_absmax2 else "!=",
                  "=" if ok_dq_deq else "!="))
         if not ok:
-            failures.append(name)
+            failures.append(quant_type + " " + name)
     if failures:
         print("FAIL: %s" % ", ".join(failures))
         return 1
-    print("PASS: keel's NF4 codec is bitsandbytes' on every case")
+    print("PASS: keel's NF4 and FP4 codecs are bitsandbytes' on every case")
     return 0
 
 
