@@ -52,6 +52,8 @@ def parse_args():
     p.add_argument("--small", action="store_true", help="a quick smoke-size model")
     p.add_argument("--lora", type=int, default=0, metavar="RANK", help="LoRA of this rank on every linear layer")
     p.add_argument("--qlora", action="store_true", help="with --lora: the projections in NF4 (quantization_bit = 4)")
+    p.add_argument("--prequantized", action="store_true", help="with --qlora: train on the model as transformers + "
+                   "bitsandbytes save it in 4 bits (NF4, double quantization), its codes read as they are")
     p.add_argument("--torch", action="store_true", help="also measure PyTorch's peak RSS (bf16 autocast)")
     a = p.parse_args()
     a.work = os.path.abspath(a.work)  # recipe paths resolve against the recipe file, not the cwd
@@ -112,12 +114,27 @@ def write_recipe(a, model_dir, dtype, checkpointing, tag):
                                                    a.dp, a.zero))
         if a.lora:
             f.write('finetuning_type = "lora"\nlora_rank = %d\nlora_target = "all"\n' % a.lora)
-            if a.qlora:
+            if a.qlora and not a.prequantized:  # a 4-bit checkpoint decides by itself
                 f.write('quantization_bit = 4\n')
         if a.save != "none":
             f.write('checkpoint_dir = "%s"\nsave_interval = 1\nkeep_last_n = 1\nasync_save = %s\n' %
                     (os.path.join(out_dir, "checkpoints"), "true" if a.save == "async" else "false"))
     return path, out_dir
+
+
+def save_in_4_bits(model_dir, out_dir):
+    """The model as transformers + bitsandbytes save it after loading it in 4 bits on the CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    quantized = AutoModelForCausalLM.from_pretrained(
+        model_dir, device_map="cpu", quantization_config=BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=torch.bfloat16))
+    quantized.save_pretrained(out_dir)
+    for name in os.listdir(model_dir):  # the tokenizer
+        if name.startswith("tokenizer"):
+            shutil.copy(os.path.join(model_dir, name), out_dir)
+    return out_dir
 
 
 def main():
@@ -126,11 +143,14 @@ def main():
     os.makedirs(a.work)
     a.steps = max(a.steps, 2)
     model_dir = tvp.make_workload(a)
+    if a.prequantized:
+        model_dir = save_in_4_bits(model_dir, os.path.join(a.work, "model_4bit"))
     print("model: %s hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %d steps, dp %d, "
           "ZeRO-%d, checkpoints: %s%s" % (a.family + (" window %d" % a.sliding_window if a.sliding_window else ""),
                                           a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.steps,
                                           a.dp, a.zero, a.save, "; %s rank %d, all linear layers" % (
-                                              "QLoRA (NF4)" if a.qlora else "LoRA", a.lora) if a.lora else ""))
+                                              "QLoRA (NF4%s)" % (", saved in 4 bits by bitsandbytes" if a.prequantized else "")
+                                              if a.qlora else "LoRA", a.lora) if a.lora else ""))
     print("%-5s %-5s %10s %10s %8s   %10s %10s %8s %8s %12s" %
           ("dtype", "ckpt", "plan GiB", "peak GiB", "error", "steps plan", "steps RSS", "error", "step s",
            "activations"))
