@@ -174,13 +174,13 @@ def check_hf(keel, report, label, tokenizer_path, keel_path, texts, decode=True)
     report.rows.append((label, "identical" if ok else "MISMATCH", f"{len(texts)} texts"))
 
 
-def train_and_save(tok, corpus, vocab_size, path):
+def train_and_save(tok, corpus, vocab_size, path, **trainer_options):
     """Trains `tok` (a tokenizers.Tokenizer with BPE and byte fallback) on the corpus with the
     special tokens and byte tokens of SentencePiece-style files, and saves it as tokenizer.json."""
     from tokenizers import trainers
     specials = ["<unk>", "<s>", "</s>"] + ["<0x%02X>" % b for b in range(256)]
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                                        show_progress=False))
+                                                        show_progress=False, **trainer_options))
     tok.save(str(path))
     return path
 
@@ -224,6 +224,30 @@ def component_tokenizers(directory, corpus):
         tok.normalizer = normalizer
         tok.pre_tokenizer = pre_tokenizer
         path = train_and_save(tok, corpus, 1200, directory / f"components_{len(out)}.json")
+        out.append((f"{name} (trained by tokenizers)", path))
+    return out
+
+
+def marked_tokenizers(directory, corpus):
+    """BPE with word-piece marks, trained by the tokenizers library on the corpus: a
+    continuing_subword_prefix ("##", with the WordPiece decoder and its cleanup), an
+    end_of_word_suffix ("</w>", with the BPEDecoder, as CLIP's), and the suffix on byte-level BPE
+    (CLIP's pre-tokenizer, with the ByteLevel decoder): (name, path) each."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    setups = [("continuing_subword_prefix ## + WordPiece decoder", {"continuing_subword_prefix": "##"},
+               pre_tokenizers.Whitespace(), decoders.WordPiece(prefix="##")),
+              ("end_of_word_suffix </w> + BPEDecoder", {"end_of_word_suffix": "</w>"},
+               pre_tokenizers.Whitespace(), decoders.BPEDecoder(suffix="</w>")),
+              ("byte-level, end_of_word_suffix </w>", {"end_of_word_suffix": "</w>"},
+               pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel())]
+    out = []
+    for name, marks, pre_tokenizer, decoder in setups:
+        byte_level = isinstance(pre_tokenizer, pre_tokenizers.ByteLevel)
+        tok = Tokenizer(models.BPE(unk_token=None if byte_level else "<unk>", byte_fallback=not byte_level, **marks))
+        tok.pre_tokenizer = pre_tokenizer
+        tok.decoder = decoder
+        extra = {"initial_alphabet": pre_tokenizers.ByteLevel.alphabet()} if byte_level else {}
+        path = train_and_save(tok, corpus, 1500, directory / f"marked_{len(out)}.json", **marks, **extra)
         out.append((f"{name} (trained by tokenizers)", path))
     return out
 
@@ -305,6 +329,10 @@ def main():
     for name, path in component_tokenizers(files, corpus):
         print(f"tokenizers {name} ({path})")
         check_hf(keel, report, f"tokenizers {name}", path, path, corpus, decode=False)
+
+    for name, path in marked_tokenizers(files, corpus):
+        print(f"tokenizers {name} ({path})")
+        check_hf(keel, report, f"tokenizers {name}", path, path, corpus)
 
     # The model directories on the corpus and a generated one (generated_corpus), together over 5,000.
     model_corpus = corpus + generated_corpus(max(0, 5200 - len(corpus)))

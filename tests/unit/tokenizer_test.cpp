@@ -336,8 +336,8 @@ TEST(HfTokenizerJson, BadFilesNameThePlace) {
       },
       "merge 0 joins tokens 97 and 113 into bytes that are not in the vocabulary");
   expect_error(
-      [&] { hf_tokenizer_from_json(tokenizer_json({}, {}, R"("decoder": {"type": "WordPiece"})"), "bad.json"); },
-      "decoder 'WordPiece' is not supported");
+      [&] { hf_tokenizer_from_json(tokenizer_json({}, {}, R"("decoder": {"type": "CTC"})"), "bad.json"); },
+      "decoder 'CTC' is not supported");
   expect_error(
       [&] {
         hf_tokenizer_from_json(

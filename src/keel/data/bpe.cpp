@@ -186,12 +186,17 @@ BytePairModel BytePairModel::from_merges(const std::vector<std::pair<std::string
   model.build_token_table(origin);
   model.pair_table_.assign(table_size_for(merges.size()), PairSlot{kNoPair, {}});
   std::string joined;
+  const size_t prefix = options.continuing_subword_prefix.size();
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     auto [left, right] = merges[rank];
     require(!model.token_bytes(left).empty() && !model.token_bytes(right).empty(),
             "{}: merge {} joins tokens {} and {}, which are not both byte-level vocabulary tokens", origin, rank, left,
             right);
-    joined.assign(model.token_bytes(left)).append(model.token_bytes(right));
+    // With a continuing_subword_prefix the right token's first prefix-length bytes go, whatever
+    // they are (Hugging Face's BPE builder slices them off).
+    require(model.token_bytes(right).size() > prefix,
+            "{}: merge {}: token {} is not longer than the continuing_subword_prefix", origin, rank, right);
+    joined.assign(model.token_bytes(left)).append(model.token_bytes(right).substr(prefix));
     auto merged = model.find(joined);
     require(merged.has_value(), "{}: merge {} joins tokens {} and {} into bytes that are not in the vocabulary", origin,
             rank, left, right);
@@ -250,10 +255,31 @@ void BytePairModel::push_unknown(std::string_view bytes, std::vector<int32_t>& s
   symbols.push_back(*options_.unk_id);
 }
 
+// The first symbols of a piece when the model marks word pieces: each unit (a UTF-8 character, or a
+// byte for byte-level BPE) but the first as prefix + unit, the last as unit + suffix, looked up as
+// such; a marked unit without a token falls back (bytes, unk) with its marks, as Hugging Face's BPE.
+void BytePairModel::push_marked_symbols(std::string_view piece, std::vector<int32_t>& symbols) const {
+  std::string marked;
+  for (size_t i = 0; i < piece.size();) {
+    const unsigned char lead = static_cast<unsigned char>(piece[i]);
+    const size_t length = !options_.char_level ? 1 : lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+    marked.assign(i > 0 ? options_.continuing_subword_prefix : std::string()).append(piece.substr(i, length));
+    if (i + length >= piece.size()) marked.append(options_.end_of_word_suffix);
+    if (auto id = find(marked))
+      symbols.push_back(*id);
+    else
+      push_unknown(marked, symbols);
+    i += length;
+  }
+}
+
 void BytePairModel::encode_uncached(std::string_view piece, std::vector<int32_t>& out) const {
   thread_local std::vector<int32_t> symbols;
   symbols.clear();
-  if (options_.char_level) {
+  const bool marked = !options_.continuing_subword_prefix.empty() || !options_.end_of_word_suffix.empty();
+  if (marked) {
+    push_marked_symbols(piece, symbols);
+  } else if (options_.char_level) {
     // One symbol per UTF-8 character (the text was checked to be valid UTF-8).
     for (size_t i = 0; i < piece.size();) {
       const unsigned char lead = static_cast<unsigned char>(piece[i]);
@@ -266,7 +292,7 @@ void BytePairModel::encode_uncached(std::string_view piece, std::vector<int32_t>
       i += length;
     }
   }
-  for (unsigned char c : options_.char_level ? std::string_view() : piece) {
+  for (unsigned char c : options_.char_level || marked ? std::string_view() : piece) {
     int32_t id = byte_ids_[c];
     if (id < 0) {
       // Hugging Face BPE: an unknown symbol becomes unk_token, or vanishes when there is none.

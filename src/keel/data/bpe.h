@@ -33,6 +33,10 @@ class BytePairModel {
     // `byte_fallback`, else unk.
     bool char_level = false;
     bool byte_fallback = false;
+    // Word-piece marks some BPE files carry (Hugging Face's BPE model, in the vocabulary's bytes):
+    // every symbol of a piece but the first starts as prefix + symbol, the last one as symbol +
+    // suffix (CLIP's "</w>"); a merge of (a, b) forms a + b without b's first prefix.size() bytes.
+    std::string continuing_subword_prefix, end_of_word_suffix;
   };
 
   // tiktoken: tokens[rank] holds the bytes of the token with that rank (= id). Every one of the
@@ -72,6 +76,7 @@ class BytePairModel {
   void add_merge(int32_t left, int32_t right, Merge merge);
   void encode_uncached(std::string_view piece, std::vector<int32_t>& out) const;
   void push_unknown(std::string_view bytes, std::vector<int32_t>& symbols) const;
+  void push_marked_symbols(std::string_view piece, std::vector<int32_t>& symbols) const;
   void merge_short(std::vector<int32_t>& symbols) const;
   void merge_long(std::vector<int32_t>& symbols, std::vector<int32_t>& out) const;
 

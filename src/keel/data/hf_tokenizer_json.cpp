@@ -318,6 +318,15 @@ void read_decoder(const Reader& r, element e, std::string_view where, bool& byte
   } else if (type == "Fuse") {
     step.kind = DecoderStep::Kind::fuse;
     out.push_back(step);
+  } else if (type == "BPEDecoder") {  // CLIP's: the end-of-word suffix becomes a space, dropped at the end
+    step.kind = DecoderStep::Kind::bpe_suffix;
+    step.text = r.member(o, "suffix") ? r.string_field(o, "suffix", where) : std::string("</w>");
+    out.push_back(step);
+  } else if (type == "WordPiece") {  // "##" pieces join the one before; others get a space
+    step.kind = DecoderStep::Kind::word_piece;
+    step.text = r.member(o, "prefix") ? r.string_field(o, "prefix", where) : std::string("##");
+    step.start = r.flag(o, "cleanup", true, where) ? 1 : 0;
+    out.push_back(step);
   } else if (type == "Strip") {
     step.kind = DecoderStep::Kind::strip;
     step.text = r.string_field(o, "content", where);
@@ -327,7 +336,7 @@ void read_decoder(const Reader& r, element e, std::string_view where, bool& byte
   } else {
     fail(
         "{}: {}: decoder '{}' is not supported (keel reads ByteLevel, Metaspace, Replace, ByteFallback, Fuse, "
-        "Strip and Sequence)",
+        "Strip, BPEDecoder, WordPiece and Sequence)",
         r.origin(), where, type);
   }
 }
@@ -404,10 +413,6 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
     std::string_view t = r.as_string(*type, "model.type");
     require(t == "BPE", "{}: model.type: '{}' is not supported (keel reads BPE)", origin, t);
   }
-  for (std::string_view key : {"continuing_subword_prefix", "end_of_word_suffix"})
-    if (auto e = r.member(model, key))
-      require(r.as_string(*e, fmt::format("model.{}", key)).empty(),
-              "{}: model.{} is not supported by byte-level BPE in keel", origin, key);
   if (auto dropout = r.member(model, "dropout")) {
     double p = 0;
     if (dropout->get_double().get(p) != simdjson::SUCCESS) r.bad("model.dropout", "a number or null");
@@ -478,6 +483,19 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
   options.fuse_unk = r.flag(model, "fuse_unk", false, "model");
   options.char_level = !byte_level;
   options.byte_fallback = r.flag(model, "byte_fallback", false, "model");
+  // Word-piece marks, spelled like the vocabulary (byte-level: in its alphabet) and kept as bytes.
+  for (auto [key, mark] : {std::pair{"continuing_subword_prefix", &options.continuing_subword_prefix},
+                           std::pair{"end_of_word_suffix", &options.end_of_word_suffix}}) {
+    auto e = r.member(model, key);
+    if (!e) continue;
+    const std::string at = fmt::format("model.{}", key);
+    const std::string_view spelling = r.as_string(*e, at);
+    if (!byte_level) {
+      mark->assign(spelling);
+    } else if (!bytes_from_byte_level(spelling, *mark)) {
+      r.bad(at, "a string in the byte-level alphabet");
+    }
+  }
   if (auto unk = r.member(model, "unk_token")) {
     std::string_view name = r.as_string(*unk, "model.unk_token");
     auto found = id_of_spelling.find(name);

@@ -143,6 +143,14 @@ size_t run_of(std::string_view s, std::string_view c, size_t limit, bool from_en
   return n;
 }
 
+// Hugging Face's decoders::wordpiece::cleanup, in its order.
+void word_piece_cleanup(std::string& t) {
+  static const std::pair<const char*, const char*> kRules[] = {
+      {" .", "."},     {" ?", "?"},     {" !", "!"},   {" ,", ","},   {" ' ", "'"},  {" n't", "n't"},
+      {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
+  for (auto [from, to] : kRules) replace_all(t, from, to);
+}
+
 void apply(const DecoderStep& step, std::vector<std::string>& tokens) {
   switch (step.kind) {
     case DecoderStep::Kind::replace:
@@ -183,6 +191,21 @@ void apply(const DecoderStep& step, std::vector<std::string>& tokens) {
     }
     case DecoderStep::Kind::metaspace:
       for (size_t i = 0; i < tokens.size(); ++i) replace_all(tokens[i], step.text, i == 0 && step.start ? "" : " ");
+      return;
+    case DecoderStep::Kind::bpe_suffix:
+      for (size_t i = 0; i < tokens.size(); ++i) replace_all(tokens[i], step.text, i + 1 == tokens.size() ? "" : " ");
+      return;
+    case DecoderStep::Kind::word_piece:
+      for (size_t i = 0; i < tokens.size(); ++i) {
+        std::string& t = tokens[i];
+        if (i > 0) {
+          if (!step.text.empty() && t.rfind(step.text, 0) == 0)
+            t.erase(0, step.text.size());
+          else
+            t.insert(0, " ");
+        }
+        if (step.start) word_piece_cleanup(t);
+      }
       return;
     case DecoderStep::Kind::strip:
       for (auto& t : tokens) {
@@ -534,6 +557,10 @@ std::string_view Tokenizer::token_surface(int32_t id, std::string& scratch) cons
   for (const DecoderStep& step : parts_.decoders) {
     if (step.kind == DecoderStep::Kind::replace) replace_all(token, step.text, step.content);
     if (step.kind == DecoderStep::Kind::metaspace) replace_all(token, step.text, " ");
+    // The text a marked piece covers: its word-piece marks are not in it.
+    if (step.kind == DecoderStep::Kind::bpe_suffix) replace_all(token, step.text, "");
+    if (step.kind == DecoderStep::Kind::word_piece && !step.text.empty() && token.rfind(step.text, 0) == 0)
+      token.erase(0, step.text.size());
     if (step.kind == DecoderStep::Kind::byte_fallback) {
       const int b = fallback_byte(token);
       if (b >= 0) token.assign(1, char(b));

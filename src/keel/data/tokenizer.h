@@ -61,6 +61,9 @@ struct DecoderStep {
     fuse,           // all tokens into one
     strip,          // up to `start` leading and `stop` trailing `text` characters off each token
     metaspace,      // `text` -> ' ' in each token; in the first, dropped (`start` = 1: it was prepended)
+    bpe_suffix,     // `text` (an end-of-word suffix) -> ' ' in each token, dropped in the last
+    word_piece,     // a token after the first: leading `text` dropped, else ' ' before it; `start` = 1:
+                    // then Hugging Face's cleanup (" ." -> ".", " n't" -> "n't", ...)
   };
   Kind kind = Kind::replace;
   std::string text, content;
