@@ -139,7 +139,7 @@ void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, 
   const auto& P = decoder.params();
   std::vector<TensorToWrite> out;
   require(P.compute_only_total() == 0 && P.four_bit_total() == 0,
-          "save_hf_model: the model's matrices are held in bf16 or NF4 only (LoRA, QLoRA); export the adapter, or "
+          "save_hf_model: the model's matrices are held in bf16 or 4 bits only (LoRA, QLoRA); export the adapter, or "
           "merge "
           "it with keel export --merge");
   for (const auto& t : hf_tensors(decoder.config(), decoder.ids())) {

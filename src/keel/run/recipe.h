@@ -58,7 +58,7 @@ struct Recipe {
   // Modules trained fully beside the adapters (PEFT's modules_to_save), separated by commas: the
   // embedding and/or the LM head ("embed_tokens,lm_head").
   std::string additional_target;
-  // QLoRA: 4 stores the frozen projections in 4 bits (bitsandbytes' NF4), dequantized inside the
+  // QLoRA: 4 stores the frozen projections in 4 bits (bitsandbytes' NF4 or FP4), dequantized inside the
   // GEMMs; 0 keeps them in the run's dtype.
   int64_t quantization_bit = 0;
   std::string quantization_type = "nf4";  // nf4 or fp4 (bitsandbytes' bnb_4bit_quant_type)
