@@ -51,7 +51,8 @@ void write_raw_safetensors(const std::string& path, const std::map<std::string, 
   const uint64_t n = header.size();
   f.write(reinterpret_cast<const char*>(&n), 8);
   f << header;
-  for (const auto& [name, t] : tensors) f.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+  for (const auto& [name, t] : tensors)
+    f.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
 }
 
 // One weight "w.weight" of rows x cols as QuantState.as_dict(packed=True) lays it out.
@@ -156,8 +157,7 @@ TEST(Bnb4Bit, ErrorsNameTheTensorAndWhatDiffers) {
   expect(good, {16, 32}, FourBitType::Nf4, {"bitsandbytes__nf4", "shape: expected [16, 32], found [8, 64]"});
   expect(saved_tensors(w, FourBitType::Nf4, 8, 64, true, "float32", 128), {8, 64}, FourBitType::Nf4,
          {"blocksize: expected 64", "128"});
-  expect(saved_tensors(w, FourBitType::Nf4, 8, 64, true, "float64"), {8, 64}, FourBitType::Nf4,
-         {"dtype", "float64"});
+  expect(saved_tensors(w, FourBitType::Nf4, 8, 64, true, "float64"), {8, 64}, FourBitType::Nf4, {"dtype", "float64"});
   auto unquantized = good;
   unquantized.erase("w.weight.quant_state.bitsandbytes__nf4");
   expect(unquantized, {8, 64}, FourBitType::Nf4, {"'w.weight'", "saved unquantized"});

@@ -196,8 +196,8 @@ TEST(Lora, Bf16BaseHeldInBf16AloneIsThePlainBf16Model) {
 TEST(Lora, FourBitBaseComputesWithItsDequantizedWeights) {
   for (const std::string& backend : kernels::backend_names())
     for (Precision precision : {Precision::F32, Precision::BF16})
-      for (auto [type, double_quantization] : {std::pair{FourBitType::Nf4, false}, std::pair{FourBitType::Nf4, true},
-                                               std::pair{FourBitType::Fp4, true}}) {
+      for (auto [type, double_quantization] :
+           {std::pair{FourBitType::Nf4, false}, std::pair{FourBitType::Nf4, true}, std::pair{FourBitType::Fp4, true}}) {
         auto config = test::tiny_config("qwen2");
         config.hidden_size = 64, config.intermediate_size = 128, config.head_dim = 16, config.rotary_dim = 16;
         DecoderOptions q = test::on_backend(backend, {false, true, 0}), plain = q;

@@ -712,8 +712,8 @@ TEST(ModelConfig, ABitsandbytesFourBitCheckpointIsRead) {
   EXPECT_FALSE(fp4.saved_four_bit->double_quantization);
   // What keel writes for it (a merged export) is full precision: no quantization_config.
   EXPECT_EQ(keel::model::model_config_json(nf4, keel::DType::BF16).find("quantization_config"), std::string::npos);
-  EXPECT_FALSE(keel::model::parse_model_config(keel::model::model_config_json(nf4, keel::DType::BF16), "x")
-                   .saved_four_bit);
+  EXPECT_FALSE(
+      keel::model::parse_model_config(keel::model::model_config_json(nf4, keel::DType::BF16), "x").saved_four_bit);
 }
 
 TEST(ModelConfig, OtherQuantizedCheckpointsAreRefusedByName) {
@@ -722,8 +722,8 @@ TEST(ModelConfig, OtherQuantizedCheckpointsAreRefusedByName) {
     std::vector<std::string> expected;
   };
   const std::vector<Case> cases = {
-      {R"({"quant_method": "gptq", "bits": 4})", {"m/config.json: key 'quantization_config'", "\"gptq\"",
-                                                   "quantization_bit = 4"}},
+      {R"({"quant_method": "gptq", "bits": 4})",
+       {"m/config.json: key 'quantization_config'", "\"gptq\"", "quantization_bit = 4"}},
       {R"({"quant_method": "bitsandbytes", "load_in_8bit": true})", {"8-bit", "load_in_8bit", "quantization_bit = 4"}},
       {R"({"quant_method": "bitsandbytes"})", {"without load_in_4bit"}},
       {R"({"quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "int4"})",

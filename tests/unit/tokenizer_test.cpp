@@ -335,9 +335,8 @@ TEST(HfTokenizerJson, BadFilesNameThePlace) {
         hf_tokenizer_from_json(tokenizer_json({}, {{"a", "q"}}, ok_rest), "bad.json");
       },
       "merge 0 joins tokens 97 and 113 into bytes that are not in the vocabulary");
-  expect_error(
-      [&] { hf_tokenizer_from_json(tokenizer_json({}, {}, R"("decoder": {"type": "CTC"})"), "bad.json"); },
-      "decoder 'CTC' is not supported");
+  expect_error([&] { hf_tokenizer_from_json(tokenizer_json({}, {}, R"("decoder": {"type": "CTC"})"), "bad.json"); },
+               "decoder 'CTC' is not supported");
   expect_error(
       [&] {
         hf_tokenizer_from_json(

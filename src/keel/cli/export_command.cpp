@@ -73,9 +73,10 @@ const CommandRegistration kExport{
                    request.destination, result.adapter ? "a LoRA adapter (PEFT format) for " : "",
                    result.config.architecture, dtype_label(result.dtype), model::family_name(result.config.family));
         if (result.config.saved_four_bit && !result.adapter)
-          fmt::print("keel: the base model is saved in 4 bits by bitsandbytes ({}): merged into its projections as "
-                     "bitsandbytes' dequantize_4bit gives them, written in full precision\n",
-                     four_bit_type_name(result.config.saved_four_bit->type));
+          fmt::print(
+              "keel: the base model is saved in 4 bits by bitsandbytes ({}): merged into its projections as "
+              "bitsandbytes' dequantize_4bit gives them, written in full precision\n",
+              four_bit_type_name(result.config.saved_four_bit->type));
         if (result.tokenizer_files.empty()) {
           fmt::print("keel: no tokenizer files to copy (the run had no tokenizer directory)\n");
         } else {

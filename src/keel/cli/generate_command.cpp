@@ -64,8 +64,10 @@ int run_generate(GenerateOptions& o) {
   }
   auto config = model::load_model_config(o.model + "/config.json");
   if (config.saved_four_bit)
-    fmt::print(stderr, "keel: {} is saved in 4 bits by bitsandbytes ({}): generating with its projections as "
-               "bitsandbytes' dequantize_4bit gives them, in fp32\n", o.model, four_bit_type_name(config.saved_four_bit->type));
+    fmt::print(stderr,
+               "keel: {} is saved in 4 bits by bitsandbytes ({}): generating with its projections as "
+               "bitsandbytes' dequantize_4bit gives them, in fp32\n",
+               o.model, four_bit_type_name(config.saved_four_bit->type));
   std::unique_ptr<data::Tokenizer> tokenizer;
   if (!o.prompt.empty() || !o.tokenizer.empty())
     tokenizer = std::make_unique<data::Tokenizer>(data::load_tokenizer(o.tokenizer.empty() ? o.model : o.tokenizer));

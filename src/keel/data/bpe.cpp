@@ -7,6 +7,7 @@
 #include <queue>
 
 #include "keel/core/error.h"
+#include "keel/data/pretokenizer.h"
 
 namespace keel::data {
 namespace {
@@ -259,10 +260,9 @@ void BytePairModel::push_unknown(std::string_view bytes, std::vector<int32_t>& s
 // byte for byte-level BPE) but the first as prefix + unit, the last as unit + suffix, looked up as
 // such; a marked unit without a token falls back (bytes, unk) with its marks, as Hugging Face's BPE.
 void BytePairModel::push_marked_symbols(std::string_view piece, std::vector<int32_t>& symbols) const {
-  std::string marked;
+  thread_local std::string marked;
   for (size_t i = 0; i < piece.size();) {
-    const unsigned char lead = static_cast<unsigned char>(piece[i]);
-    const size_t length = !options_.char_level ? 1 : lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+    const size_t length = options_.char_level ? utf8_length(static_cast<unsigned char>(piece[i])) : 1;
     marked.assign(i > 0 ? options_.continuing_subword_prefix : std::string()).append(piece.substr(i, length));
     if (i + length >= piece.size()) marked.append(options_.end_of_word_suffix);
     if (auto id = find(marked))
@@ -282,8 +282,7 @@ void BytePairModel::encode_uncached(std::string_view piece, std::vector<int32_t>
   } else if (options_.char_level) {
     // One symbol per UTF-8 character (the text was checked to be valid UTF-8).
     for (size_t i = 0; i < piece.size();) {
-      const unsigned char lead = static_cast<unsigned char>(piece[i]);
-      const size_t length = lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+      const size_t length = utf8_length(static_cast<unsigned char>(piece[i]));
       const std::string_view character = piece.substr(i, length);
       if (auto id = find(character))
         symbols.push_back(*id);

@@ -69,13 +69,6 @@ MatchState& match_state() {
   return state;
 }
 
-size_t utf8_length(unsigned char lead) {
-  if (lead < 0x80) return 1;
-  if (lead < 0xE0) return 2;
-  if (lead < 0xF0) return 3;
-  return 4;
-}
-
 }  // namespace
 
 std::string translate_pattern(std::string_view pattern, RegexDialect dialect, std::string_view origin) {

@@ -39,6 +39,8 @@ bool is_named_pattern(std::string_view name);
 // Byte offset of the first byte that is not part of well-formed UTF-8 (overlongs, surrogates and
 // code points past U+10FFFF are malformed), or npos when `text` is valid.
 size_t find_invalid_utf8(std::string_view text);
+// Bytes of the UTF-8 sequence a lead byte starts (valid UTF-8 assumed).
+inline size_t utf8_length(unsigned char lead) { return lead < 0x80 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4; }
 
 // A compiled pre-tokenizer pattern. Immutable after construction, so one instance serves every
 // thread (each thread keeps its own PCRE2 match data).

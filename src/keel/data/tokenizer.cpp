@@ -25,8 +25,8 @@ namespace {
 // Decodes the code point at text[i] (valid UTF-8 assumed) and its length.
 uint32_t code_point_at(std::string_view text, size_t i, size_t& length) {
   const auto c = static_cast<unsigned char>(text[i]);
-  if (c < 0x80) return length = 1, c;
-  length = c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+  length = utf8_length(c);
+  if (length == 1) return c;
   uint32_t cp = c & (0x7F >> length);
   for (size_t k = 1; k < length && i + k < text.size(); ++k) cp = (cp << 6) | (text[i + k] & 0x3F);
   return cp;
@@ -146,7 +146,7 @@ size_t run_of(std::string_view s, std::string_view c, size_t limit, bool from_en
 // Hugging Face's decoders::wordpiece::cleanup, in its order.
 void word_piece_cleanup(std::string& t) {
   static const std::pair<const char*, const char*> kRules[] = {
-      {" .", "."},     {" ?", "?"},     {" !", "!"},   {" ,", ","},   {" ' ", "'"},  {" n't", "n't"},
+      {" .", "."},   {" ?", "?"},           {" !", "!"},   {" ,", ","},     {" ' ", "'"},   {" n't", "n't"},
       {" 'm", "'m"}, {" do not", " don't"}, {" 's", "'s"}, {" 've", "'ve"}, {" 're", "'re"}};
   for (auto [from, to] : kRules) replace_all(t, from, to);
 }

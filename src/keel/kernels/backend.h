@@ -107,8 +107,7 @@ class Backend {
   // NF4 or FP4 (core/four_bit.h) to fp32 or bf16: out[i] = four_bit_values(type)[code i] *
   // absmax[i / 64] for n elements (n a multiple of 64), rounded to bf16 for the bf16 form. QLoRA's
   // GEMMs read their weights so, a tile of rows at a time.
-  virtual void dequantize_4bit(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
-                               float* out) = 0;
+  virtual void dequantize_4bit(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n, float* out) = 0;
   virtual void dequantize_4bit_bf16(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
                                     bf16* out) = 0;
   // The same from a bf16 table (a frozen embedding held only as bf16), widened exactly to fp32.

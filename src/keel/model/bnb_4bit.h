@@ -21,6 +21,9 @@ namespace keel::model {
 
 // Whether tensor `name` is a bitsandbytes 4-bit weight (its quant_state entry is there).
 bool is_bnb_4bit(const CheckpointReader& reader, const std::string& name);
+// The entries a 4-bit weight `name` keeps beside it in the checkpoint (.absmax, .quant_map, ...),
+// those present: what loading it reads besides the codes.
+std::vector<std::string> bnb_4bit_parts(const CheckpointReader& reader, const std::string& name);
 
 // Reads the 4-bit weight `name` of the given shape as stored: packed[n / 2] codes and absmax[n / 64]
 // (double quantization's codes dequantized as bitsandbytes does: map[code] * absmax2 + offset in

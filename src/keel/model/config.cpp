@@ -858,12 +858,14 @@ std::optional<ModelConfig::SavedFourBit> parse_quantization_config(const ConfigO
   if (q->get(object) != simdjson::SUCCESS) cfg.wrong_type("quantization_config", "an object", *q);
   ConfigObject qc(object, key);
   const std::string method = qc.string("quant_method").value_or("unknown");
-  const char* full_precision = "point model_name at the full-precision model (keel quantizes it itself with "
-                               "quantization_bit = 4)";
+  const char* full_precision =
+      "point model_name at the full-precision model (keel quantizes it itself with "
+      "quantization_bit = 4)";
   if (method != "bitsandbytes")
-    fail("{}: the checkpoint is saved quantized by \"{}\"; keel reads bitsandbytes 4-bit checkpoints and bf16/fp16/"
-         "fp32 ones: {}",
-         key, method, full_precision);
+    fail(
+        "{}: the checkpoint is saved quantized by \"{}\"; keel reads bitsandbytes 4-bit checkpoints and bf16/fp16/"
+        "fp32 ones: {}",
+        key, method, full_precision);
   if (qc.bool_or("load_in_8bit", false) || qc.bool_or("_load_in_8bit", false))
     fail("{}: an 8-bit bitsandbytes checkpoint (LLM.int8, load_in_8bit); keel reads 4-bit ones (load_in_4bit): {}", key,
          full_precision);

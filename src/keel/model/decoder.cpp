@@ -71,7 +71,9 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
 }
 
 // QLoRA dequantizes whole rows, as many as fit in `budget` weights (at least one).
-int64_t four_bit_tile_rows(int64_t rows, int64_t cols, int64_t budget) { return std::clamp<int64_t>(budget / cols, 1, rows); }
+int64_t four_bit_tile_rows(int64_t rows, int64_t cols, int64_t budget) {
+  return std::clamp<int64_t>(budget / cols, 1, rows);
+}
 
 // LoRA: the targeted modules and their A/B matrices in `adapter` (nothing without LoRA), and the
 // trained copies of modules_to_save: the embedding first and the LM head last, so that the
@@ -153,8 +155,9 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
   // Every HF tensor of a projection must start and end on a 64-element 4-bit block, as bitsandbytes
   // quantizes each on its own.
-  require(!options.four_bit_base || (config.hidden_size % kFourBitBlockSize == 0 && config.intermediate_size % kFourBitBlockSize == 0 &&
-                                config.q_size() % kFourBitBlockSize == 0),
+  require(!options.four_bit_base ||
+              (config.hidden_size % kFourBitBlockSize == 0 && config.intermediate_size % kFourBitBlockSize == 0 &&
+               config.q_size() % kFourBitBlockSize == 0),
           "QLoRA: hidden_size ({}), intermediate_size ({}) and heads x head_dim ({}) must be multiples of {} (4-bit "
           "blocks of whole rows)",
           config.hidden_size, config.intermediate_size, config.q_size(), kFourBitBlockSize);
@@ -253,8 +256,8 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
                             Cat::ComputeWeights, params.bf16_total(), always, end);
   if (params.four_bit_total() > 0) {
     const std::string_view type = four_bit_type_name(options.four_bit_type);  // report/memory_report reads it
-    d.four_bit_packed =
-        add(fmt::format("weights.{} (4-bit codes)", type), Cat::ComputeWeights, params.four_bit_total() / 2, 1, always, end);
+    d.four_bit_packed = add(fmt::format("weights.{} (4-bit codes)", type), Cat::ComputeWeights,
+                            params.four_bit_total() / 2, 1, always, end);
     d.four_bit_absmax = add(fmt::format("weights.{}.absmax", type), Cat::ComputeWeights,
                             params.four_bit_total() / kFourBitBlockSize, f32, always, end);
   }
@@ -524,7 +527,8 @@ struct Decoder::Buffers {
     four_bit_tile = f32(d.four_bit_tile);
     four_bit_tile_b = b16(d.four_bit_tile_b);
     const int tile = d.four_bit_tile >= 0 ? d.four_bit_tile : d.four_bit_tile_b;
-    four_bit_tile_elements = tile < 0 ? 0 : int64_t(plan.buffer(tile).bytes / (d.four_bit_tile >= 0 ? sizeof(float) : sizeof(bf16)));
+    four_bit_tile_elements =
+        tile < 0 ? 0 : int64_t(plan.buffer(tile).bytes / (d.four_bit_tile >= 0 ? sizeof(float) : sizeof(bf16)));
     attention_workspace = at[size_t(d.attention_workspace)];
     attention_workspace_bytes = plan.buffer(d.attention_workspace).bytes;
     logits = f32(d.logits);
@@ -612,9 +616,9 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   } else {
     // What lives across steps gets an arena of its own, back to back; the rest is per call. ZeRO-2's
     // staging is kept too: the gradients' addresses are bound once.
-    std::vector<int> persistent = {d.weights,      d.weights_bf16, d.grads,      d.adam_m,     d.adam_v,
-                                   d.lora_weights, d.lora_grads,   d.lora_weights_bf16, d.four_bit_packed, d.four_bit_absmax,
-                                   d.grad_shard};
+    std::vector<int> persistent = {d.weights,         d.weights_bf16,    d.grads,      d.adam_m,
+                                   d.adam_v,          d.lora_weights,    d.lora_grads, d.lora_weights_bf16,
+                                   d.four_bit_packed, d.four_bit_absmax, d.grad_shard};
     persistent.insert(persistent.end(), d.grad_staging.begin(), d.grad_staging.end());
     MemoryPlan kept(plan_.alignment());
     std::vector<std::pair<int, int>> kept_ids;  // plan id, id in `kept`
@@ -808,7 +812,12 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   const auto& c = config_;
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size;
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
-  Linear lin{backend_, precision_ == Precision::BF16, N, buf_->four_bit_tile, buf_->four_bit_tile_b, buf_->four_bit_tile_elements};
+  Linear lin{backend_,
+             precision_ == Precision::BF16,
+             N,
+             buf_->four_bit_tile,
+             buf_->four_bit_tile_b,
+             buf_->four_bit_tile_elements};
   auto W = [&](int id) { return Weight{params_.weight(id), params_.weight_bf16(id), params_.four_bit(id)}; };
   auto& P = params_;
   const auto& p = ids_.layers[l];

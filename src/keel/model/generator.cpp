@@ -17,8 +17,9 @@ void Generator::linear(const float* x, const float* w, int64_t rows, int64_t in,
 Generator::Generator(const Decoder& decoder, int64_t max_length)
     : decoder_(decoder), backend_(decoder.backend()), c_(decoder.config()), max_length_(max_length) {
   require(max_length > 0, "generation: max_length must be positive");
-  require(decoder.params().compute_only_total() == 0 && decoder.params().four_bit_total() == 0 && !decoder.has_adapter(),
-          "generation: needs the model's fp32 weights without an adapter of its own (merge an adapter first)");
+  require(
+      decoder.params().compute_only_total() == 0 && decoder.params().four_bit_total() == 0 && !decoder.has_adapter(),
+      "generation: needs the model's fp32 weights without an adapter of its own (merge an adapter first)");
   rope_ = kernels::RopeTable::build(c_.rotary_dim, c_.rope_interleaved, c_.rope_theta, max_length);
   if (c_.rope_local_theta > 0)
     rope_local_ = kernels::RopeTable::build(c_.rotary_dim, c_.rope_interleaved, c_.rope_local_theta, max_length);

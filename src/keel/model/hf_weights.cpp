@@ -105,10 +105,10 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
         std::vector<float> values(static_cast<size_t>(storage == ParamStorage::Master ? 0 : n));
         float* out = storage == ParamStorage::Master ? P.weight(t.param) + first : values.data();
         read_bnb_4bit_dequantized(reader, t.name, t.shape(), saved->type, out);
-        if (storage == ParamStorage::Bf16) convert_f32_to_bf16(values.data(), P.weight_bf16(t.param) + first, size_t(n));
+        if (storage == ParamStorage::Bf16)
+          convert_f32_to_bf16(values.data(), P.weight_bf16(t.param) + first, size_t(n));
       }
-      for (const auto& name : reader.names())  // its parts: .absmax, .quant_map, .quant_state...
-        if (name.rfind(t.name + ".", 0) == 0) used.insert(name);
+      for (auto& part : bnb_4bit_parts(reader, t.name)) used.insert(std::move(part));
       used.insert(t.name);
       continue;
     }

@@ -22,9 +22,11 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_de
   // 4-bit tensors start on a 64-byte line of both their codes and their absmax values.
   const int64_t align = storage == ParamStorage::FourBit ? kFourBitBlockSize * kAlignElements : kAlignElements;
   require(storage != ParamStorage::FourBit || p.numel % kFourBitBlockSize == 0,
-          "4-bit: tensor '{}' has {} elements, not a multiple of the {}-element block", p.name, p.numel, kFourBitBlockSize);
-  int64_t& end = storage == ParamStorage::Master ? total_ : storage == ParamStorage::Bf16 ? compute_only_total_
-                                                                                        : four_bit_total_;
+          "4-bit: tensor '{}' has {} elements, not a multiple of the {}-element block", p.name, p.numel,
+          kFourBitBlockSize);
+  int64_t& end = storage == ParamStorage::Master ? total_
+                 : storage == ParamStorage::Bf16 ? compute_only_total_
+                                                 : four_bit_total_;
   p.offset = end;
   end += (p.numel + align - 1) / align * align;
   params_.push_back(std::move(p));

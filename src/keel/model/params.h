@@ -24,8 +24,8 @@
 namespace keel::model {
 
 enum class ParamStorage : uint8_t {
-  Master,  // fp32 master (and its bf16 copy when the store has one)
-  Bf16,    // compute-only, bf16 alone
+  Master,   // fp32 master (and its bf16 copy when the store has one)
+  Bf16,     // compute-only, bf16 alone
   FourBit,  // compute-only, NF4 or FP4 (packed codes + absmax per 64 elements)
 };
 
@@ -78,7 +78,7 @@ class ParamStore {
   int64_t total() const { return total_; }  // elements with an fp32 master
   int64_t compute_only_total() const { return compute_only_total_; }
   int64_t bf16_total() const { return total_ + compute_only_total_; }  // the bf16 buffer's elements
-  int64_t four_bit_total() const { return four_bit_total_; }  // elements stored in 4 bits
+  int64_t four_bit_total() const { return four_bit_total_; }           // elements stored in 4 bits
   // The 4-bit type of every FourBit tensor (before any store_four_bit). Default NF4.
   void set_four_bit_type(FourBitType type) { four_bit_type_ = type; }
   FourBitType four_bit_type() const { return four_bit_type_; }

@@ -686,12 +686,20 @@ void convert_elements(const TensorInfo& t, Out* dst, Convert convert) {
 
 }  // namespace
 
-const TensorInfo& CheckpointReader::get_shaped(const std::string& name, const std::vector<int64_t>& expected_shape) const {
-  const TensorInfo& t = get(name);
-  if (t.shape != expected_shape) {
-    fail("{}: tensor '{}': expected shape {}, found {}", t.file, name, shape_text(expected_shape), shape_text(t.shape));
-  }
+namespace {
+
+const TensorInfo& require_shape(const TensorInfo& t, const std::vector<int64_t>& expected_shape) {
+  if (t.shape != expected_shape)
+    fail("{}: tensor '{}': expected shape {}, found {}", t.file, t.name, shape_text(expected_shape),
+         shape_text(t.shape));
   return t;
+}
+
+}  // namespace
+
+const TensorInfo& CheckpointReader::get_shaped(const std::string& name,
+                                               const std::vector<int64_t>& expected_shape) const {
+  return require_shape(get(name), expected_shape);
 }
 
 namespace {
@@ -726,17 +734,17 @@ const TensorInfo& CheckpointReader::get_bytes(const std::string& name) const {
   if (!has(name)) fail("{}: tensor '{}': expected in the checkpoint, found no such tensor", dir_, name);
   for (const auto& file : files_) {
     auto u = file->unsupported_.find(name);
-    if (u != file->unsupported_.end()) fail("{}: tensor '{}': expected dtype U8, found {}", file->path(), name, u->second);
+    if (u != file->unsupported_.end())
+      fail("{}: tensor '{}': expected dtype U8, found {}", file->path(), name, u->second);
   }
   fail("{}: tensor '{}': expected dtype U8, found {}", get(name).file, name, dtype_name(get(name).dtype));
 }
 
 std::vector<int64_t> CheckpointReader::bytes_shape(const std::string& name) const { return get_bytes(name).shape; }
 
-void CheckpointReader::read_u8(const std::string& name, const std::vector<int64_t>& expected_shape, uint8_t* dst) const {
-  const TensorInfo& t = get_bytes(name);
-  if (t.shape != expected_shape)
-    fail("{}: tensor '{}': expected shape {}, found {}", t.file, name, shape_text(expected_shape), shape_text(t.shape));
+void CheckpointReader::read_u8(const std::string& name, const std::vector<int64_t>& expected_shape,
+                               uint8_t* dst) const {
+  const TensorInfo& t = require_shape(get_bytes(name), expected_shape);
   std::memcpy(dst, t.data, t.nbytes);
   release_pages(t);
 }

@@ -70,11 +70,12 @@ void set_four_bit_base(const Recipe& r, const model::ModelConfig& config, model:
           "can only stay frozen. Train LoRA adapters on it (finetuning_type = \"lora\": QLoRA), or start from the "
           "full-precision model to fine-tune every weight",
           r.source, r.model_name, type);
-  require(r.quantization_bit == 0 || r.quantization_type == type,
-          "{}: quantization_type = \"{}\", but model_name '{}' is saved in 4 bits as {} by bitsandbytes: keel reads its "
-          "codes as they are and does not requantize. Remove quantization_bit (the checkpoint decides) or set "
-          "quantization_type = \"{}\"",
-          r.source, r.quantization_type, r.model_name, type, type);
+  require(
+      r.quantization_bit == 0 || r.quantization_type == type,
+      "{}: quantization_type = \"{}\", but model_name '{}' is saved in 4 bits as {} by bitsandbytes: keel reads its "
+      "codes as they are and does not requantize. Remove quantization_bit (the checkpoint decides) or set "
+      "quantization_type = \"{}\"",
+      r.source, r.quantization_type, r.model_name, type, type);
   o.four_bit_base = true;
   o.four_bit_type = saved.type;
   o.double_quantization = saved.double_quantization;

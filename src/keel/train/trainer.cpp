@@ -258,8 +258,9 @@ class Trainer {
       std::string type(four_bit_type_name(frozen.four_bit_type()));
       std::transform(type.begin(), type.end(), type.begin(), [](unsigned char ch) { return char(std::toupper(ch)); });
       const std::string source =
-          config_.saved_four_bit ? fmt::format("the codes as bitsandbytes saved them in {}, not requantized", r_.model_name)
-                                 : "quantized at load";
+          config_.saved_four_bit
+              ? fmt::format("the codes as bitsandbytes saved them in {}, not requantized", r_.model_name)
+              : "quantized at load";
       fmt::print(log_,
                  "keel: QLoRA: {} projection matrices ({:.1f}M weights) held as {} ({}), {:.2f} GB instead of {:.2f} "
                  "GB in bf16 (double quantization {}); dequantized a tile at a time inside their GEMMs\n",
@@ -487,7 +488,7 @@ class Trainer {
         step);
     if (r_.async_save)
       s += zero_shards().empty() ? " (asynchronously, but first for the previous save to finish)"
-                                : " (asynchronously, but the ZeRO-1 gather first waits for the previous save)";
+                                 : " (asynchronously, but the ZeRO-1 gather first waits for the previous save)";
     return s + ": a save slower than comm_timeout_s ends the job like this; raise comm_timeout_s" +
            (r_.async_save ? " or save_interval" : " or set async_save = true");
   }

@@ -128,8 +128,7 @@ class CpuBackend final : public HostMemoryBackend {
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
     kernels::embedding_forward(ids, n, table, hidden, out);
   }
-  void dequantize_4bit(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
-                       float* out) override {
+  void dequantize_4bit(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n, float* out) override {
     kernels::dequantize_4bit(type, packed, absmax, n, out);
   }
   void dequantize_4bit_bf16(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,

@@ -164,8 +164,7 @@ class ReferenceBackend final : public HostMemoryBackend {
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(out + i * hidden, table + int64_t(ids[i]) * hidden, sizeof(float) * hidden);
   }
-  void dequantize_4bit(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
-                       float* out) override {
+  void dequantize_4bit(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n, float* out) override {
     four_bit_dequantize(type, packed, absmax, n, out);
   }
   void dequantize_4bit_bf16(FourBitType type, const uint8_t* packed, const float* absmax, int64_t n,
