@@ -322,6 +322,14 @@ TEST(HfTokenizerJson, SentencePieceStyleBpe) {
   EXPECT_EQ(tok.token_to_id("\xE2\x96\x81"
                             "ab"),
             6);  // split: a hex escape would swallow "ab"
+  // The added-token table by id: inside, below and above its range.
+  EXPECT_TRUE(tok.is_added(1));
+  EXPECT_TRUE(tok.is_special(1));
+  EXPECT_EQ(tok.id_to_token(1), "<s>");
+  for (int32_t id : {-1, 0, 2, 6, 1 << 30}) EXPECT_FALSE(tok.is_added(id)) << id;
+  std::string scratch;
+  EXPECT_EQ(tok.token_surface(1, scratch), "<s>");
+  EXPECT_EQ(tok.token_surface(6, scratch), " ab");  // the decoder chain's Replace
 }
 
 TEST(HfTokenizerJson, BadFilesNameThePlace) {
@@ -384,6 +392,22 @@ TEST(HfTokenizerJson, BadFilesNameThePlace) {
   std::string unknown = tokenizer_json({}, {}, ok_rest);
   unknown.replace(unknown.find(R"("merges": [])"), 12, R"("merges": [["a", "zz"]])");
   expect_error([&] { hf_tokenizer_from_json(unknown, "bad.json"); }, "token \"zz\" is not in model.vocab");
+  // The places of the errors the loader formats only when an entry is bad (not for every entry).
+  std::string short_pair = tokenizer_json({}, {}, ok_rest);
+  short_pair.replace(short_pair.find(R"("merges": [])"), 12, R"("merges": [["a", "b"], ["a"]])");
+  expect_error([&] { hf_tokenizer_from_json(short_pair, "bad.json"); }, "model.merges[1]: expected a pair");
+  std::string string_id = tokenizer_json({}, {}, ok_rest);
+  string_id.replace(string_id.find("\"!\": 33"), 7, "\"!\": \"33\"");
+  expect_error([&] { hf_tokenizer_from_json(string_id, "bad.json"); }, "model.vocab[\"!\"]: expected an integer");
+  // Added tokens by id: one id twice, and ids spread too far apart to table.
+  const std::string added =
+      ok_rest + R"(, "added_tokens": [{"id": 300, "content": "<a>"}, {"id": 300, "content": "<b>"}])";
+  expect_error([&] { hf_tokenizer_from_json(tokenizer_json({}, {}, added), "bad.json"); },
+               "two added tokens have id 300");
+  const std::string spread =
+      ok_rest + R"(, "added_tokens": [{"id": 256, "content": "<a>"}, {"id": 200000000, "content": "<b>"}])";
+  expect_error([&] { hf_tokenizer_from_json(tokenizer_json({}, {}, spread), "bad.json"); },
+               "added token ids span 256..200000000");
   std::string not_byte_level = tokenizer_json({}, {}, ok_rest);
   not_byte_level.replace(not_byte_level.find("\"!\": 33"), 7, "\"中\": 33");
   expect_error([&] { hf_tokenizer_from_json(not_byte_level, "bad.json"); }, "not in the byte-level alphabet");

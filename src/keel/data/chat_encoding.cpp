@@ -1,6 +1,7 @@
 #include "keel/data/chat_encoding.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "keel/core/error.h"
 #include "keel/data/tokenizer.h"
@@ -26,14 +27,22 @@ bool all_space(std::string_view s) {
 // False when the tokens do not spell the normalized stretch (or it is too long to map).
 // The bytes a token's surface `s` takes in `text` at `p`: all of it, or all but the prefix space
 // the tokenizer added (SentencePiece's); npos when it is not there.
+// Tokens are a few bytes: comparing them in place beats a call to memcmp per token.
+bool spelled_at(std::string_view text, size_t p, std::string_view s) {
+  if (s.size() > text.size() - p) return false;
+  for (size_t i = 0; i < s.size(); ++i)
+    if (text[p + i] != s[i]) return false;
+  return true;
+}
+
 size_t surface_at(std::string_view text, size_t p, std::string_view s) {
-  if (text.compare(p, s.size(), s) == 0) return s.size();
-  if (!s.empty() && s[0] == ' ' && text.compare(p, s.size() - 1, s.substr(1)) == 0) return s.size() - 1;
+  if (spelled_at(text, p, s)) return s.size();
+  if (!s.empty() && s[0] == ' ' && spelled_at(text, p, s.substr(1))) return s.size() - 1;
   return std::string_view::npos;
 }
 
 bool align_normalized(const Tokenizer& tok, std::string_view text, size_t begin, size_t end,
-                      const std::vector<int32_t>& ids, size_t k, size_t j, std::vector<Span>& out) {
+                      const std::vector<int32_t>& ids, size_t k, size_t j, Span* out) {
   const std::string_view raw = text.substr(begin, end - begin);
   if (raw.size() > 4096) return false;  // quadratic below: normalized prefixes
   const std::string norm = tok.normalize_unicode(raw);
@@ -65,17 +74,26 @@ bool align_normalized(const Tokenizer& tok, std::string_view text, size_t begin,
   return true;
 }
 
-// Each id's [begin, end) bytes in `text` (the text the ids were encoded from), by walking the
-// ids' surface strings along it. Where the tokenizer changed the text (a normalizer, the prefix
-// space SentencePiece adds, whitespace an added token swallowed), the walk steps over the
-// difference; where it cannot follow (Unicode normalization), the ids up to the next added token
-// found in the text share that stretch, which only widens a token's span for the mask.
-std::vector<Span> token_offsets(const Tokenizer& tok, std::string_view text, const std::vector<int32_t>& ids) {
-  std::vector<Span> out(ids.size());
+// Appends each id's [begin, end) bytes in `text` (the text the ids were encoded from), plus
+// `base`, to `offsets`, by walking the ids' surface strings along it. Where the tokenizer changed
+// the text (a normalizer, the prefix space SentencePiece adds, whitespace an added token
+// swallowed), the walk steps over the difference; where it cannot follow (Unicode normalization),
+// the ids up to the next added token found in the text share that stretch, which only widens a
+// token's span for the mask.
+void token_offsets(const Tokenizer& tok, std::string_view text, const std::vector<int32_t>& ids, size_t base,
+                   std::vector<Span>& offsets) {
+  const size_t first = offsets.size();
+  offsets.resize(first + ids.size());
+  Span* out = offsets.data() + first;
   std::string scratch;
   size_t p = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     const std::string_view s = tok.token_surface(ids[k], scratch);
+    if (spelled_at(text, p, s)) {  // the common case, tested first: the token spells the text here
+      out[k] = {p, p + s.size()};
+      p += s.size();
+      continue;
+    }
     if (const size_t n = surface_at(text, p, s); n != std::string_view::npos) {
       out[k] = {p, p + n};
       p += n;
@@ -104,7 +122,7 @@ std::vector<Span> token_offsets(const Tokenizer& tok, std::string_view text, con
     p = resume;
     k = j - 1;
   }
-  return out;
+  for (size_t k = 0; k < ids.size(); ++k) out[k] = {out[k].first + base, out[k].second + base};
 }
 
 // transformers' rule: a token is the assistant's when it overlaps a span.
@@ -147,18 +165,32 @@ const std::string* ChatTemplateEncoder::control_token_at(const std::string& text
   return nullptr;
 }
 
+size_t ChatTemplateEncoder::next_control_start(const std::string& text, size_t pos, size_t end) const {
+  if (control_first_bytes_.empty()) return end;
+  if (control_first_bytes_.size() == 1) {
+    const void* at = std::memchr(text.data() + pos, control_first_bytes_[0], end - pos);
+    return at ? size_t(static_cast<const char*>(at) - text.data()) : end;
+  }
+  // Several first bytes: a table lookup per byte (find_first_of would run memchr over the set for
+  // every byte of the conversation).
+  for (; pos < end; ++pos)
+    if (!control_by_first_byte_[static_cast<unsigned char>(text[pos])].empty()) return pos;
+  return end;
+}
+
 std::string ChatTemplateEncoder::generation_prompt(const ChatInput& input, size_t first_answer) const {
   if (first_answer == 0) return {};
   const jinja::List& messages = input.messages.as_list();
   const jinja::Value* role =
       messages[first_answer - 1].is_dict() ? messages[first_answer - 1].as_dict().find("role") : nullptr;
-  std::string key = fmt::format("{}|{}|", role && role->is_string() ? role->as_str().text : "?",
-                                input.tools.is_list() ? "tools" : "-");
-  try {
-    key += jinja::to_json(jinja::Value(input.variables), {});
-  } catch (const Error&) {
-    key += "?";  // a variable JSON cannot show: never reused
-  }
+  // Built for every conversation: plain appends, and the variables' JSON only when there are any.
+  std::string key = role && role->is_string() ? role->as_str().text : "?";
+  key += input.tools.is_list() ? "|tools|" : "|-|";
+  if (!input.variables.items.empty()) try {
+      key += jinja::to_json(jinja::Value(input.variables), {});
+    } catch (const Error&) {
+      key += "?";  // a variable JSON cannot show: never reused
+    }
   {
     std::lock_guard lock(prompts_mutex_);
     if (auto it = prompts_.find(key); it != prompts_.end()) return it->second;
@@ -199,7 +231,7 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   if (!control_tokens_in_data_)
     for (const jinja::Run& run : r.text.runs)
       for (size_t pos = run.begin; pos < run.end;) {
-        pos = control_first_bytes_.empty() ? std::string::npos : text.find_first_of(control_first_bytes_, pos);
+        pos = next_control_start(text, pos, run.end);
         if (pos >= run.end) break;
         const std::string* hit = control_token_at(text, pos, run.end);
         if (!hit) {
@@ -219,7 +251,11 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
     const EncodeOptions options{.split_special_tokens = as_text, .no_added_tokens = as_text};
     std::vector<int32_t> ids;
     if (!first) {
-      ids = tokenizer_->encode("\n" + std::string(piece), options);
+      std::string after_newline;  // not "\n" + std::string(piece): GCC 12 warns falsely (-Wrestrict) on it
+      after_newline.reserve(piece.size() + 1);
+      after_newline += '\n';
+      after_newline += piece;
+      ids = tokenizer_->encode(after_newline, options);
       if (ids.size() >= newline_ids_.size() && std::equal(newline_ids_.begin(), newline_ids_.end(), ids.begin()))
         ids.erase(ids.begin(), ids.begin() + std::ptrdiff_t(newline_ids_.size()));
       else
@@ -227,8 +263,7 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
     } else {
       ids = tokenizer_->encode(piece, options);
     }
-    for (const Span& s : token_offsets(*tokenizer_, piece, ids))
-      offsets.emplace_back(s.first + begin, s.second + begin);
+    token_offsets(*tokenizer_, piece, ids, begin, offsets);
     out.ids.insert(out.ids.end(), ids.begin(), ids.end());
   };
   size_t pos = 0;

@@ -64,6 +64,8 @@ class ChatTemplateEncoder {
   std::string control_first_bytes_;  // the distinct first bytes: scans jump between them
   // The longest control token starting at text[at] (whole within [at, limit)), or null.
   const std::string* control_token_at(const std::string& text, size_t at, size_t limit) const;
+  // The first byte in [pos, end) that can start a control token, or end.
+  size_t next_control_start(const std::string& text, size_t pos, size_t end) const;
   std::vector<int32_t> newline_ids_;
   // The generation prompt of a conversation whose answer follows `key` (the role before it,
   // whether tools are given, the extra variables): rendered twice the first time, then reused.

@@ -10,6 +10,7 @@
 #include <cctype>
 #include <deque>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <tuple>
 
@@ -305,12 +306,28 @@ Tokenizer::Tokenizer(TokenizerParts parts) : parts_(std::move(parts)) {
     require(t.id >= 0, "{}: added token '{}' has a negative id {}", parts_.origin, t.content, t.id);
     require(find_invalid_utf8(t.content) == std::string_view::npos, "{}: added token {} is not valid UTF-8",
             parts_.origin, t.id);
-    require(added_by_id_.emplace(t.id, i).second, "{}: two added tokens have id {}", parts_.origin, t.id);
     require(added_by_content_.emplace(t.content, t.id).second, "{}: added token '{}' appears twice", parts_.origin,
             t.content);
     added_by_first_byte_[static_cast<unsigned char>(t.content[0])].push_back(i);
     vocab_size_ = std::max(vocab_size_, t.id + 1);
     has_normalized_added_ = has_normalized_added_ || (t.normalized && !parts_.normalizers.empty());
+  }
+  if (!parts_.added_tokens.empty()) {
+    int32_t max_id = 0;
+    added_min_id_ = std::numeric_limits<int32_t>::max();
+    for (const AddedToken& t : parts_.added_tokens) {
+      added_min_id_ = std::min(added_min_id_, t.id);
+      max_id = std::max(max_id, t.id);
+    }
+    // A file whose added ids are spread over billions (hostile or broken) is refused, not tabled.
+    require(int64_t(max_id) - added_min_id_ < (int64_t(1) << 26),
+            "{}: added token ids span {}..{}, more than 2^26 apart", parts_.origin, added_min_id_, max_id);
+    added_by_id_.assign(size_t(max_id - added_min_id_) + 1, -1);
+    for (uint32_t i = 0; i < parts_.added_tokens.size(); ++i) {
+      int32_t& slot = added_by_id_[size_t(parts_.added_tokens[i].id - added_min_id_)];
+      require(slot < 0, "{}: two added tokens have id {}", parts_.origin, parts_.added_tokens[i].id);
+      slot = int32_t(i);
+    }
   }
   for (auto& group : added_by_first_byte_)
     std::stable_sort(group.begin(), group.end(), [&](uint32_t a, uint32_t b) {
@@ -513,10 +530,8 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
   std::string text;
   text.reserve(ids.size() * 4);
   for (int32_t id : ids) {
-    auto added = added_by_id_.find(id);
-    if (added != added_by_id_.end()) {
-      const AddedToken& t = parts_.added_tokens[added->second];
-      if (!(skip_special_tokens && t.special)) text += t.content;
+    if (const AddedToken* t = added_token(id)) {
+      if (!(skip_special_tokens && t->special)) text += t->content;
       continue;
     }
     std::string_view bytes = parts_.model.token_bytes(id);
@@ -532,10 +547,8 @@ std::string Tokenizer::decode_chain(std::span<const int32_t> ids, bool skip_spec
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
-    auto added = added_by_id_.find(id);
-    if (added != added_by_id_.end()) {
-      const AddedToken& t = parts_.added_tokens[added->second];
-      if (!(skip_special_tokens && t.special)) tokens.push_back(t.content);
+    if (const AddedToken* t = added_token(id)) {
+      if (!(skip_special_tokens && t->special)) tokens.push_back(t->content);
       continue;
     }
     std::string_view bytes = parts_.model.token_bytes(id);
@@ -548,9 +561,8 @@ std::string Tokenizer::decode_chain(std::span<const int32_t> ids, bool skip_spec
   return text;
 }
 
-std::string_view Tokenizer::token_surface(int32_t id, std::string& scratch) const {
-  auto added = added_by_id_.find(id);
-  if (added != added_by_id_.end()) return parts_.added_tokens[added->second].content;
+std::string_view Tokenizer::rewritten_surface(int32_t id, std::string& scratch) const {
+  if (const AddedToken* t = added_token(id)) return t->content;
   if (parts_.decoders.empty()) return parts_.model.token_bytes(id);
   std::string& token = scratch;
   token.assign(parts_.model.token_bytes(id));
@@ -577,8 +589,8 @@ std::string Tokenizer::normalize_unicode(std::string_view text) const {
 }
 
 bool Tokenizer::is_special(int32_t id) const {
-  auto added = added_by_id_.find(id);
-  return added != added_by_id_.end() && parts_.added_tokens[added->second].special;
+  const AddedToken* t = added_token(id);
+  return t && t->special;
 }
 
 std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
@@ -591,8 +603,7 @@ std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
 }
 
 std::string Tokenizer::id_to_token(int32_t id) const {
-  auto added = added_by_id_.find(id);
-  if (added != added_by_id_.end()) return parts_.added_tokens[added->second].content;
+  if (const AddedToken* t = added_token(id)) return t->content;
   std::string_view bytes = parts_.model.token_bytes(id);
   require(!bytes.empty(), "no token has id {} (vocabulary size {})", id, vocab_size_);
   return parts_.byte_level_names ? byte_level_spelling(bytes) : std::string(bytes);

@@ -127,12 +127,16 @@ class Tokenizer {
   std::string id_to_token(int32_t id) const;  // keel::Error for an unknown id
   int32_t vocab_size() const { return vocab_size_; }
   bool is_special(int32_t id) const;
-  bool is_added(int32_t id) const { return added_by_id_.count(id) != 0; }
+  bool is_added(int32_t id) const { return added_token(id) != nullptr; }
   // The text a token stands for where it sits in the input, for mapping tokens back to input
   // offsets: an added token's content; a vocabulary token's bytes, with SentencePiece's "\u2581"
   // read as a space and "<0xXX>" as its byte (a byte of a character, alone, may be invalid UTF-8).
   // Points into the tokenizer, or into `scratch` when the spelling had to be rewritten.
-  std::string_view token_surface(int32_t id, std::string& scratch) const;
+  std::string_view token_surface(int32_t id, std::string& scratch) const {
+    // Inline for the common case (asked for every token when mapping a conversation's offsets).
+    if (parts_.decoders.empty() && !added_token(id)) return parts_.model.token_bytes(id);
+    return rewritten_surface(id, scratch);
+  }
   // The text after the normalizer's Unicode steps (NFC, NFKC, ...), the ones that move characters.
   std::string normalize_unicode(std::string_view text) const;
   std::optional<int32_t> bos_id() const { return parts_.bos_id; }
@@ -155,6 +159,13 @@ class Tokenizer {
   // at_start: `text` begins the input (Metaspace's prepend_scheme "first").
   void encode_normalized(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   std::string decode_chain(std::span<const int32_t> ids, bool skip_special_tokens) const;
+  std::string_view rewritten_surface(int32_t id, std::string& scratch) const;  // token_surface's other cases
+  // The added token with this id, or null.
+  const AddedToken* added_token(int32_t id) const {
+    const int64_t at = int64_t(id) - added_min_id_;
+    if (at < 0 || at >= int64_t(added_by_id_.size()) || added_by_id_[size_t(at)] < 0) return nullptr;
+    return &parts_.added_tokens[size_t(added_by_id_[size_t(at)])];
+  }
 
   TokenizerParts parts_;
   int32_t vocab_size_ = 0;
@@ -173,7 +184,11 @@ class Tokenizer {
   bool has_normalized_added_ = false;
   // Added tokens by first byte, longest first: leftmost-longest matching as Hugging Face does.
   std::vector<std::vector<uint32_t>> added_by_first_byte_;
-  std::unordered_map<int32_t, uint32_t> added_by_id_;
+  // Added tokens by id, a table over [added_min_id_, added_min_id_ + size): decoding and mapping
+  // tokens to offsets ask for every token, and a hash lookup each was a tenth of a chat template's
+  // encoding. Added ids are few and adjacent (the top of the vocabulary), so the table is small.
+  int32_t added_min_id_ = 0;
+  std::vector<int32_t> added_by_id_;  // index into added_tokens, -1: not an added token
   std::unordered_map<std::string, int32_t> added_by_content_;
 };
 

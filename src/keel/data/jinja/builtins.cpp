@@ -229,10 +229,10 @@ Str replaced(const Str& s, const std::string& old, const Str& with, int64_t coun
   return out;
 }
 
-bool starts_or_ends(const Str& s, const Value& what, bool start) {
+bool starts_or_ends(std::string_view s, const Value& what, bool start) {
   auto one = [&](const std::string& p) {
-    if (p.size() > s.text.size()) return false;
-    return start ? s.text.compare(0, p.size(), p) == 0 : s.text.compare(s.text.size() - p.size(), p.size(), p) == 0;
+    if (p.size() > s.size()) return false;
+    return start ? s.compare(0, p.size(), p) == 0 : s.compare(s.size() - p.size(), p.size(), p) == 0;
   };
   if (what.is_list()) {
     for (const Value& p : what.as_list())
@@ -303,12 +303,12 @@ std::vector<Str> line_pieces(const Str& s, bool keepends) {
   return out;
 }
 
-Value string_method(const Value& self, const std::string& name) {
+// Finds str method `name` and hands its body, a callable (Interpreter&, const Str& self,
+// CallArgs&), to `method`: to bind it to a string as a value (`s.strip`), or to call it at once
+// (`s.strip()`, which builds no callable). An unnamed undefined when str has no such method.
+template <class Method>
+Value with_string_method(const std::string& name, Method&& method) {
   using A = CallArgs;
-  auto method = [&](auto body) {
-    return Value::function(name,
-                           [self, body, name](Interpreter& in, A& a) -> Value { return body(in, self.as_str(), a); });
-  };
   if (name == "strip" || name == "lstrip" || name == "rstrip")
     return method([name](Interpreter&, const Str& s, A& a) {
       const auto [b, e] = strip_bounds(s.text, a.get(0, "chars"), name != "rstrip", name != "lstrip");
@@ -328,8 +328,10 @@ Value string_method(const Value& self, const std::string& name) {
     });
   if (name == "startswith" || name == "endswith")
     return method([name](Interpreter& in, const Str& s, A& a) {
-      const auto [b, e] = python_range(in, s.text, a, 1);
-      return Value(starts_or_ends(s.substr(b, e), a.get(0, "prefix"), name == "startswith"));
+      // Without start/end the whole string: no copy, no count of its characters.
+      const auto [b, e] = a.positional.size() > 1 || !a.keywords.empty() ? python_range(in, s.text, a, 1)
+                                                                         : std::pair<size_t, size_t>{0, s.text.size()};
+      return Value(starts_or_ends(std::string_view(s.text).substr(b, e - b), a.get(0, "prefix"), name == "startswith"));
     });
   if (name == "replace")
     return method([](Interpreter& in, const Str& s, A& a) {
@@ -489,7 +491,14 @@ Value string_method(const Value& self, const std::string& name) {
     return method([](Interpreter&, const Str& s, A&) { return Value(all_code_points(s.text, is_python_space)); });
   if (name == "islower" || name == "isupper")
     return method([name](Interpreter&, const Str& s, A&) { return Value(python_is_case(s.text, name == "islower")); });
-  return Value::undefined(name);
+  return Value();
+}
+
+Value string_method(const Value& self, const std::string& name) {
+  return with_string_method(name, [&](auto body) {
+    return Value::function(
+        name, [self, body, name](Interpreter& in, CallArgs& a) -> Value { return body(in, self.as_str(), a); });
+  });
 }
 
 }  // namespace
@@ -497,6 +506,11 @@ Value string_method(const Value& self, const std::string& name) {
 Value builtin_method(const Value& self, const std::string& name) {
   if (self.is_string()) return string_method(self, name);
   if (self.is_dict()) {
+    // Every `message.role` asks here first (Python's getattr before the keys): most names are no
+    // method, and comparing views checks the length before any byte.
+    const std::string_view n = name;
+    using namespace std::string_view_literals;
+    if (n != "items"sv && n != "keys"sv && n != "values"sv && n != "copy"sv && n != "get"sv) return Value();
     if (name == "items" || name == "keys" || name == "values")
       return Value::function(name, [self, name](Interpreter&, CallArgs&) {
         List out;
@@ -519,7 +533,7 @@ Value builtin_method(const Value& self, const std::string& name) {
         (void)in;
         return v ? *v : a.get(1, "default", Value::none());
       });
-    return Value::undefined(name);
+    return Value();
   }
   if (self.is_list()) {
     if (name == "index" || name == "count")
@@ -535,7 +549,16 @@ Value builtin_method(const Value& self, const std::string& name) {
         return Value(n);
       });
   }
-  return Value::undefined(name);
+  return Value();
+}
+
+bool call_string_method(Interpreter& in, const Value& self, const std::string& name, CallArgs& args, Value& result) {
+  bool found = false;
+  result = with_string_method(name, [&](auto body) {
+    found = true;
+    return body(in, self.as_str(), args);
+  });
+  return found;
 }
 
 namespace {
@@ -976,7 +999,8 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   if (name == "attr") {  // Python's getattr only: a dict's keys are not attributes
     const std::string attribute = to_str(a.get(0, "name")).text;
     if (v.kind() == Value::Kind::ns) return in.attribute(v, attribute, line);
-    return builtin_method(v, attribute);
+    const Value method = builtin_method(v, attribute);
+    return method.is_undefined() ? Value::undefined(attribute) : method;
   }
   if (name == "indent") {
     const Value width = a.get(0, "width", Value(int64_t(4)));

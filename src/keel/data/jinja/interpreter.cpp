@@ -21,6 +21,18 @@ const Value* CallArgs::keyword(std::string_view name) const {
   return nullptr;
 }
 
+Value& Interpreter::Frame::operator[](std::string_view name) {
+  for (auto& [k, v] : items_)
+    if (k == name) return v;
+  return items_.emplace_back(std::string(name), Value()).second;
+}
+
+const Value* Interpreter::Frame::find(std::string_view name) const {
+  for (const auto& [k, v] : items_)
+    if (k == name) return &v;
+  return nullptr;
+}
+
 Interpreter::Interpreter(const TemplateAst& ast, const std::string& origin, const RenderLimits& limits)
     : ast_(ast), origin_(origin), limits_(limits) {}
 
@@ -73,10 +85,8 @@ Str Interpreter::capture(const Body& body) {
 }
 
 Value Interpreter::lookup(const std::string& name) const {
-  for (auto it = frames_.rbegin(); it != frames_.rend(); ++it) {
-    auto found = (*it)->find(name);
-    if (found != (*it)->end()) return found->second;
-  }
+  for (auto it = frames_.rbegin(); it != frames_.rend(); ++it)
+    if (const Value* found = (*it)->find(name)) return *found;
   return Value::undefined(name);
 }
 
@@ -215,25 +225,30 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
     if (args.positional.empty()) in.error(0, "loop.cycle() needs at least one argument");
     return args.positional[size_t(*index) % args.positional.size()];
   });
+  // One `loop` object per loop whose fields each iteration updates in place, as Jinja's
+  // LoopContext is one object: nothing is built per iteration (a dict of 12 fields was).
+  static const Value no_previtem = Value::undefined("previtem"), no_nextitem = Value::undefined("nextitem");
+  Dict fields;
+  fields.items = {{"index", Value()},        {"index0", Value()},          {"revindex", Value()},
+                  {"revindex0", Value()},    {"first", Value()},           {"last", Value()},
+                  {"length", Value(length)}, {"depth", Value(int64_t(1))}, {"depth0", Value(int64_t(0))},
+                  {"previtem", Value()},     {"nextitem", Value()},        {"cycle", cycle}};
+  const Value loop(std::move(fields));
+  auto& field = loop.ns_dict().items;
   for (int64_t i = 0; i < length; ++i) {
     *index = i;
     step();          // an iteration is work even when its body is empty
     frame->clear();  // a loop body's `set`s do not outlive the iteration
     bind(items[size_t(i)]);
-    Dict loop;
-    loop.items = {{"index", Value(i + 1)},
-                  {"index0", Value(i)},
-                  {"revindex", Value(length - i)},
-                  {"revindex0", Value(length - i - 1)},
-                  {"first", Value(i == 0)},
-                  {"last", Value(i == length - 1)},
-                  {"length", Value(length)},
-                  {"depth", Value(int64_t(1))},
-                  {"depth0", Value(int64_t(0))},
-                  {"previtem", i > 0 ? items[size_t(i - 1)] : Value::undefined("previtem")},
-                  {"nextitem", i + 1 < length ? items[size_t(i + 1)] : Value::undefined("nextitem")},
-                  {"cycle", cycle}};
-    (*frame)["loop"] = Value(std::move(loop));
+    field[0].second = Value(i + 1);
+    field[1].second = Value(i);
+    field[2].second = Value(length - i);
+    field[3].second = Value(length - i - 1);
+    field[4].second = Value(i == 0);
+    field[5].second = Value(i == length - 1);
+    field[9].second = i > 0 ? items[size_t(i - 1)] : no_previtem;
+    field[10].second = i + 1 < length ? items[size_t(i + 1)] : no_nextitem;
+    (*frame)["loop"] = loop;
     const Flow f = exec(n.body);
     if (f == Flow::break_loop) break;
   }
@@ -298,6 +313,16 @@ bool Interpreter::apply_test(const std::string& name, const Value& subject, Call
   return builtin_test(*this, name, subject, args, line);
 }
 
+namespace {
+
+// A method as a value, or an undefined that names it.
+Value named_method(const Value& object, const std::string& name) {
+  Value method = builtin_method(object, name);
+  return method.is_undefined() ? Value::undefined(name) : method;
+}
+
+}  // namespace
+
 Value Interpreter::attribute(const Value& object, const std::string& name, int line) {
   switch (object.kind()) {
     case Value::Kind::undefined:
@@ -313,10 +338,7 @@ Value Interpreter::attribute(const Value& object, const std::string& name, int l
       const Value* v = object.as_dict().find(name);
       return v ? *v : Value::undefined(name);
     }
-    default: {
-      Value method = builtin_method(object, name);
-      return method.is_undefined() ? Value::undefined(name) : method;
-    }
+    default: return named_method(object, name);
   }
 }
 
@@ -334,7 +356,7 @@ Value Interpreter::item(const Value& object, const Value& key, int line) {
     }
     case Value::Kind::list: {
       if (!key.is_number() || key.kind() == Value::Kind::real) {
-        if (key.is_string()) return builtin_method(object, key.as_str().text);
+        if (key.is_string()) return named_method(object, key.as_str().text);
         return Value::undefined();  // Jinja: a failed lookup is undefined (l[1.5], l[none])
       }
       const List& l = object.as_list();
@@ -345,7 +367,7 @@ Value Interpreter::item(const Value& object, const Value& key, int line) {
     }
     case Value::Kind::string: {
       if (!key.is_number() || key.kind() == Value::Kind::real)
-        return key.is_string() ? builtin_method(object, key.as_str().text) : Value::undefined();
+        return key.is_string() ? named_method(object, key.as_str().text) : Value::undefined();
       const Str& s = object.as_str();
       const int64_t n = int64_t(code_point_count(s.text));
       int64_t i = key.as_int();
@@ -441,7 +463,29 @@ Value Interpreter::eval(const Expr& e) {
       error(e.line, fmt::format("'{}' object is not subscriptable", object.type_name()));
     }
     case Expr::Kind::call: {
-      Value callee = eval(*e.args[0]);
+      const Expr& target = *e.args[0];
+      if (target.kind == Expr::Kind::attribute) {
+        // `text.startswith(...)` and the other str methods are called at once: templates call
+        // them per message, and binding one first built a callable (two allocations) each time.
+        Value object = eval(*target.args[0]);
+        if (object.is_string()) {
+          step();  // the attribute's own evaluation, as below
+          CallArgs args;
+          for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
+          for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
+          Value result;
+          if (call_string_method(*this, object, target.name, args, result)) return result;
+          error(e.line, fmt::format("'{}' has no method '{}'", repr(object).substr(0, 60), target.name));
+        }
+        Value callee = attribute(object, target.name, target.line);
+        CallArgs args;
+        for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
+        for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
+        if (callee.is_undefined())
+          error(e.line, fmt::format("'{}' has no method '{}'", repr(object).substr(0, 60), target.name));
+        return call(callee, args, e.line);
+      }
+      Value callee = eval(target);
       CallArgs args;
       for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
       for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
@@ -533,7 +577,7 @@ bool Interpreter::compare(const Expr& e) {
   Value left = eval(*e.args[0]);
   for (size_t k = 0; k < e.ops.size(); ++k) {
     Value right = eval(*e.args[k + 1]);
-    const std::string& op = e.ops[k];
+    const std::string_view op = e.ops[k];
     bool ok;
     try {
       if (op == "==")
@@ -563,10 +607,10 @@ bool Interpreter::compare(const Expr& e) {
 }
 
 Value Interpreter::binary(const Expr& e) {
-  const std::string& op = e.name;
+  const std::string_view op = e.name;  // a view: each `op == "+"` below compares lengths first
   Value a = eval(*e.args[0]), b = eval(*e.args[1]);
   if (op == "~") {
-    Str s = to_str(a);
+    Str s = a.is_string() ? std::move(a).take_str() : to_str(a);
     s.append(to_str(b));  // Str::append checks the size limit
     return Value(std::move(s));
   }
@@ -600,7 +644,7 @@ Value Interpreter::binary(const Expr& e) {
     if (a.is_string() && b.is_string()) {
       // Markup + str escapes the str; so does str + Markup (Markup's __radd__ goes first).
       const bool markup = a.is_markup() || b.is_markup();
-      Str s = markup ? html_escape(a).as_str() : a.as_str();
+      Str s = markup ? html_escape(a).as_str() : std::move(a).take_str();
       s.append(markup ? html_escape(b).as_str() : b.as_str());
       return markup ? Value::markup(std::move(s)) : Value(std::move(s));
     }

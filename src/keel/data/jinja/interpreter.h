@@ -38,7 +38,18 @@ class Interpreter {
 
  private:
   enum class Flow { normal, break_loop, continue_loop };
-  using Frame = std::map<std::string, Value, std::less<>>;
+  // A scope's names. Scopes hold few (a loop's target and `loop`, a macro's parameters, the
+  // template's variables), so a flat list searched in order beats a tree, and clear() keeps the
+  // storage for the next loop iteration: no allocation per name set.
+  class Frame {
+   public:
+    Value& operator[](std::string_view name);  // the name's value, undefined when new
+    const Value* find(std::string_view name) const;
+    void clear() { items_.clear(); }
+
+   private:
+    std::vector<std::pair<std::string, Value>> items_;
+  };
 
   Flow exec(const Body& body);
   Flow exec(const Node& node);
@@ -74,8 +85,12 @@ List iteration_items(Interpreter& in, const Value& v, int line);
 // builtins.cpp
 Value builtin_filter(Interpreter& in, const std::string& name, const Value& subject, CallArgs& args, int line);
 bool builtin_test(Interpreter& in, const std::string& name, const Value& subject, CallArgs& args, int line);
-// A method of a str, list or dict ("strip", "items", ...) bound to `object`; undefined if none.
+// A method of a str, list or dict ("strip", "items", ...) bound to `object`; an unnamed
+// undefined if none (callers name it: most lookups are dict keys, which must not allocate a name).
 Value builtin_method(const Value& object, const std::string& name);
+// `self.name(args)` for a str method, called without building a bound callable; false when str
+// has no such method.
+bool call_string_method(Interpreter& in, const Value& self, const std::string& name, CallArgs& args, Value& result);
 // Markup.escape (the escape filter): HTML-escaped, as Markup; Markup itself unchanged.
 Value html_escape(const Value& v);
 // Python's `format % args` (the % operator on a string and the format filter).

@@ -78,6 +78,13 @@ void Value::wrong_kind(const char* wanted) const {
        kind_ == Kind::undefined && !undefined_name().empty() ? " ('" + undefined_name() + "')" : "");
 }
 
+Str Value::take_str() && {
+  expect(kind_ == Kind::string, "str");
+  // One owner: nobody else can see the string change (a copy would take a second reference).
+  if (p_.use_count() == 1) return std::move(*const_cast<Str*>(static_cast<const Str*>(p_.get())));
+  return as_str();
+}
+
 const std::string& Value::undefined_name() const {
   static const std::string unnamed;
   return kind_ == Kind::undefined && p_ ? *static_cast<const std::string*>(p_.get()) : unnamed;

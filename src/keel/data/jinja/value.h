@@ -129,6 +129,9 @@ class Value {
     expect(kind_ == Kind::string, "str");
     return *static_cast<const Str*>(p_.get());
   }
+  // The string, moved out when this value is its only owner (a temporary: `a + b + c` then grows
+  // one buffer instead of copying the text so far at every +), else copied.
+  Str take_str() &&;
   const List& as_list() const {
     expect(kind_ == Kind::list, "list");
     return *static_cast<const List*>(p_.get());
