@@ -9,13 +9,17 @@ Builds a random Llama-architecture checkpoint (default: the speed issue's bench 
 12 layers, 12 heads, intermediate 2048, vocab 32000) and --prompts random prompts of --prompt ids,
 then continues each greedily by --new tokens:
 
-  keel                 `keel generate --prompt-ids ... --ids` (fp32 weights and KV cache: keel's
+  keel (fp32)          `keel generate --prompt-ids ... --ids` (fp32 weights and KV cache: keel's
                        generator computes in fp32)
+  keel (bf16 weights)  the same with `--weights bf16`: each projection's weight rounded to bf16 and
+                       read as such per token (gemv_bf16); activations, cache and sums in fp32
   transformers fp32    AutoModelForCausalLM.from_pretrained(..., attn_implementation="sdpa"),
                        model.generate(do_sample=False, use_cache=True) in fp32
   transformers bf16    the same with dtype=torch.bfloat16 (what users run for speed)
 
-Decoding speed = (new - 1) / (time for `new` tokens - time for 1 token), per prompt, so loading,
+Every run generates exactly `new` tokens (transformers' min_new_tokens, keel's --min-new-tokens: a
+random model may otherwise choose EOS early). Decoding speed = (new - 1) / (time for `new` tokens -
+time for 1 token), per prompt, so loading,
 the prompt's prefill and process start cancel out; the median over prompts is reported, with the
 prefill time (the 1-token run less the loading, transformers only). Every peer uses --threads
 threads (torch.set_num_threads, OMP_NUM_THREADS for keel). keel's continuations are compared with
@@ -56,13 +60,16 @@ def parse_args():
     return a
 
 
-def keel_run(a, model_dir, prompt, new):
+def keel_run(a, model_dir, prompt, new, weights="fp32"):
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     start = time.perf_counter()
     out = subprocess.run([a.keel, "generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
-                          "--max-new-tokens", str(new), "--ids"], env=env, capture_output=True, text=True,
-                         check=True)
-    return time.perf_counter() - start, [int(x) for x in out.stdout.split()]
+                          "--max-new-tokens", str(new), "--min-new-tokens", str(new), "--ids", "--weights", weights],
+                         env=env, capture_output=True, text=True, check=True)
+    ids = [int(x) for x in out.stdout.split()]
+    if len(ids) != new:  # the speed below assumes `new` tokens
+        sys.exit("keel generate gave %d tokens, not %d" % (len(ids), new))
+    return time.perf_counter() - start, ids
 
 
 def main():
@@ -102,23 +109,27 @@ def main():
         rows["transformers " + dtype_name] = (statistics.median(speeds), statistics.median(prefills))
         del model
 
-    speeds, same = [], 0
-    for i, prompt in enumerate(prompts):
-        t1, _ = keel_run(a, model_dir, prompt, 1)
-        tn, ids = keel_run(a, model_dir, prompt, a.new)
-        speeds.append((a.new - 1) / (tn - t1))
-        same += ids == reference[i]
-    rows["keel (fp32)"] = (statistics.median(speeds), None)
+    for weights in ("fp32", "bf16"):
+        keel_run(a, model_dir, prompts[0], 1, weights)  # warm-up: the checkpoint's pages into the cache
+        speeds, same_here = [], 0
+        for i, prompt in enumerate(prompts):
+            t1, _ = keel_run(a, model_dir, prompt, 1, weights)
+            tn, ids = keel_run(a, model_dir, prompt, a.new, weights)
+            speeds.append((a.new - 1) / (tn - t1))
+            same_here += ids == reference[i]
+        rows["keel (fp32)" if weights == "fp32" else "keel (bf16 weights)"] = (statistics.median(speeds), None)
+        if weights == "fp32":
+            same = same_here
     print("keel's continuations equal transformers' fp32 ones: %d of %d prompts%s" % (
         same, len(prompts), "" if same == len(prompts) else " (a deep random model is chaotic: rounding order alone "
         "changes its argmax, transformers' own fp32 and fp64 runs disagree too; token equality is "
         "tests/reference/generate_reference.py's, on models where it is meaningful)"))
 
-    keel_speed = rows["keel (fp32)"][0]
-    print("\n%-20s %12s %12s %12s" % ("peer", "tokens/s", "prefill s", "keel / peer"))
+    keel_fp32, keel_bf16 = rows["keel (fp32)"][0], rows["keel (bf16 weights)"][0]
+    print("\n%-20s %12s %12s %16s %16s" % ("peer", "tokens/s", "prefill s", "keel fp32 / peer", "keel bf16 / peer"))
     for name, (speed, prefill) in rows.items():
-        print("%-20s %12.2f %12s %11.2fx" % (name, speed, "%.3f" % prefill if prefill is not None else "-",
-                                              keel_speed / speed))
+        print("%-20s %12.2f %12s %15.2fx %15.2fx" % (name, speed, "%.3f" % prefill if prefill is not None else "-",
+                                                     keel_fp32 / speed, keel_bf16 / speed))
     print(json.dumps({"model": [a.hidden, a.layers, a.heads, a.intermediate, a.vocab], "prompt": a.prompt,
                       "new": a.new, "tokens_per_s": {k: round(v[0], 3) for k, v in rows.items()},
                       "same_continuations": same, "prompts": len(prompts)}))

@@ -216,6 +216,37 @@ TEST(VectorOps, GeluTanhAndSoftCapMatchDouble) {
 }
 
 // KEEL_ISA (set by CI for the portable run) is what the kernels use, capped by the CPU.
+// The decoding product of keel generate's bf16 weights: every length around the 16- and 32-lane
+// steps (tails), against the double sum of the same widened values.
+TEST(VectorOps, DotBf16MatchesDouble) {
+  for (Isa isa : levels_here()) {
+    const VectorOps& ops = vector_ops_for(isa);
+    for (int64_t n : {1, 7, 15, 16, 17, 31, 32, 33, 48, 100, 1000, 4097}) {
+      const auto x = uniform(size_t(n), -2.0f, 2.0f, uint32_t(n));
+      const auto wf = uniform(size_t(n), -1.0f, 1.0f, uint32_t(n) + 1);
+      std::vector<bf16> w(static_cast<size_t>(n));
+      double want = 0, magnitude = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        w[size_t(i)] = float_to_bf16(wf[size_t(i)]);
+        want += double(x[size_t(i)]) * double(bf16_to_float(w[size_t(i)]));
+        magnitude += std::abs(double(x[size_t(i)]) * double(bf16_to_float(w[size_t(i)])));
+      }
+      const float got = ops.dot_bf16(x.data(), w.data(), n);
+      // fp32 sums in 32 lanes: each rounding is within 2^-24 of the running sum's magnitude.
+      EXPECT_NEAR(got, want, 1e-6 * magnitude + 1e-30) << isa_name(isa) << " n=" << n;
+      // dot4: the row scaled by 1, 2, 4, 8 (exact in bf16) at a stride: each row its own sum.
+      std::vector<bf16> four(static_cast<size_t>(4 * (n + 3)));
+      for (int r = 0; r < 4; ++r)
+        for (int64_t i = 0; i < n; ++i) four[size_t(r * (n + 3) + i)] = float_to_bf16(wf[size_t(i)] * float(1 << r));
+      float dots[4];
+      ops.dot4_bf16(x.data(), four.data(), n + 3, n, dots);
+      for (int r = 0; r < 4; ++r)
+        EXPECT_NEAR(dots[r], double(1 << r) * want, 1e-6 * double(1 << r) * magnitude + 1e-30)
+            << isa_name(isa) << " n=" << n << " row " << r;
+    }
+  }
+}
+
 TEST(VectorOps, ChosenLevelFollowsKeelIsa) {
   const char* env = std::getenv("KEEL_ISA");
   Isa want = cpu_isa();

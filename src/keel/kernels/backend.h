@@ -54,6 +54,10 @@ class Backend {
   virtual void gemm(const GemmShape& s, const float* a, const float* b, float* c, float beta) = 0;
   // bf16 inputs, fp32 accumulation and output.
   virtual void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) = 0;
+  // y[r] = beta y[r] + sum_i x[i] float(w[r, i]) for r < rows: one token through a bf16 weight
+  // [rows, in] held as stored. Decoding reads each weight once per token, so it is bound by the
+  // weight's bytes, and a GEMM would first pack (or widen) the whole weight for one row.
+  virtual void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) = 0;
   // Prepares whatever the backend builds for a product on first use, so that a step loop meeting
   // the shape later allocates nothing.
   virtual void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) = 0;
@@ -63,6 +67,8 @@ class Backend {
   // ---- elementwise and row operations on [rows, cols] row-major buffers
   // dst = bf16(src): the compute copy of weights and GEMM inputs.
   virtual void cast_to_bf16(const float* src, bf16* dst, int64_t n) = 0;
+  // dst = float(src), exact: a saved bf16 activation where an fp32 kernel reads it.
+  virtual void cast_to_f32(const bf16* src, float* dst, int64_t n) = 0;
   virtual void add(float* dst, const float* a, const float* b, int64_t n) = 0;              // dst = a + b
   // Soft-capping in place, x = cap * tanh(x / cap) (Gemma 2's final logits outside the fused loss:
   // evaluation's and generation's logits).

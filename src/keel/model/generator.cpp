@@ -3,19 +3,31 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 
 #include "keel/core/error.h"
 
 namespace keel::model {
 
-// y[rows, out] (+)= x[rows, in] W[out, in]^T, in fp32.
-void Generator::linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y, float beta) {
-  backend_.gemm(kernels::packed_gemm(kernels::Trans::N, kernels::Trans::T, rows, out, in), x, w, y, beta);
+void Generator::linear(const float* x, int weight, int64_t rows, int64_t in, int64_t out, float* y, float beta) {
+  const auto shape = kernels::packed_gemm(kernels::Trans::N, kernels::Trans::T, rows, out, in);
+  if (weights_ == GenerationWeights::F32) {
+    backend_.gemm(shape, x, decoder_.params().weight(weight), y, beta);
+    return;
+  }
+  const bf16* w = bf16_weights_[size_t(weight)];
+  if (rows == 1) {  // a generated token: each weight read once, as stored
+    backend_.gemv_bf16(x, w, out, in, y, beta);
+    return;
+  }
+  // The prompt: the weight widened once (exactly) for all its rows, then an fp32 GEMM.
+  backend_.cast_to_f32(w, widened_.data(), out * in);
+  backend_.gemm(shape, x, widened_.data(), y, beta);
 }
 
-Generator::Generator(const Decoder& decoder, int64_t max_length)
-    : decoder_(decoder), backend_(decoder.backend()), c_(decoder.config()), max_length_(max_length) {
+Generator::Generator(const Decoder& decoder, int64_t max_length, GenerationWeights weights)
+    : decoder_(decoder), backend_(decoder.backend()), c_(decoder.config()), max_length_(max_length), weights_(weights) {
   require(max_length > 0, "generation: max_length must be positive");
   require(
       decoder.params().compute_only_total() == 0 && decoder.params().four_bit_total() == 0 && !decoder.has_adapter(),
@@ -25,6 +37,31 @@ Generator::Generator(const Decoder& decoder, int64_t max_length)
     rope_local_ = kernels::RopeTable::build(c_.rotary_dim, c_.rope_interleaved, c_.rope_local_theta, max_length);
   k_cache_.assign(c_.num_layers, std::vector<float>(size_t(max_length * c_.kv_size())));
   v_cache_.assign(c_.num_layers, std::vector<float>(size_t(max_length * c_.kv_size())));
+  if (weights_ == GenerationWeights::Bf16) {
+    const auto& P = decoder.params();
+    const auto& I = decoder.ids();
+    std::vector<int> projections{I.lm_head};
+    for (const auto& p : I.layers)
+      projections.insert(projections.end(), {p.qkv_weight, p.o_weight, p.gate_up_weight, p.down_weight});
+    std::sort(projections.begin(), projections.end());
+    projections.erase(std::unique(projections.begin(), projections.end()), projections.end());
+    auto aligned = [](int64_t n) { return (size_t(n) * sizeof(bf16) + 63) / 64 * 64; };
+    size_t bytes = 0;
+    int64_t largest = 0;
+    for (int id : projections) bytes += aligned(P.param(id).numel);
+    bf16_arena_ = Arena(bytes);
+    bf16_weights_.assign(P.params().size(), nullptr);
+    size_t offset = 0;
+    for (int id : projections) {
+      const int64_t n = P.param(id).numel;
+      bf16* w = bf16_arena_.at<bf16>(offset);
+      backend_.cast_to_bf16(P.weight(id), w, n);
+      bf16_weights_[size_t(id)] = w;
+      offset += aligned(n);
+      largest = std::max(largest, n);
+    }
+    widened_.resize(size_t(largest));
+  }
 }
 
 // The decoder's forward pass (decoder.cpp: forward_block) for n new tokens over the cache, in fp32.
@@ -56,7 +93,7 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
     kernels::AttentionShape as = attention_shape(c_, l, 1, n);
     as.ldq = as.ldk = as.ldv = QKV;  // q, k and v stay in the projection's output here
     backend_.rmsnorm_forward(x_.data(), P.weight(p.input_norm), n, H, eps, offset, xn_.data(), rstd.data());
-    linear(xn_.data(), P.weight(p.qkv_weight), n, H, QKV, qkv_.data(), 0.0f);
+    linear(xn_.data(), p.qkv_weight, n, H, QKV, qkv_.data(), 0.0f);
     if (p.qkv_bias >= 0) backend_.add_bias_rows(qkv_.data(), P.weight(p.qkv_bias), n, QKV);
     if (c_.qk_norm) {  // Qwen3, Gemma 3: each query and key head normalised before RoPE, in place
       qk_rstd_.resize(size_t(n * (c_.num_heads + c_.num_kv_heads)));
@@ -76,27 +113,27 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
     backend_.cached_attention(as, qkv_.data(), n, position, kc, vc, attn_.data());
     std::memcpy(h_.data(), x_.data(), sizeof(float) * n * H);
     if (c_.sandwich_norms) {
-      linear(attn_.data(), P.weight(p.o_weight), n, Q, H, branch_.data(), 0.0f);
+      linear(attn_.data(), p.o_weight, n, Q, H, branch_.data(), 0.0f);
       add_normed_branch(h_.data(), branch_.data(), p.attn_out_norm);
     } else {
-      linear(attn_.data(), P.weight(p.o_weight), n, Q, H, h_.data(), 1.0f);
+      linear(attn_.data(), p.o_weight, n, Q, H, h_.data(), 1.0f);
     }
     backend_.rmsnorm_forward(h_.data(), P.weight(p.post_norm), n, H, eps, offset, xn_.data(), rstd.data());
-    linear(xn_.data(), P.weight(p.gate_up_weight), n, H, 2 * inter, gate_up_.data(), 0.0f);
+    linear(xn_.data(), p.gate_up_weight, n, H, 2 * inter, gate_up_.data(), 0.0f);
     backend_.glu_forward(c_.mlp_activation, gate_up_.data(), n, inter, act_.data());
     std::memcpy(x_.data(), h_.data(), sizeof(float) * n * H);
     if (c_.sandwich_norms) {
-      linear(act_.data(), P.weight(p.down_weight), n, inter, H, branch_.data(), 0.0f);
+      linear(act_.data(), p.down_weight, n, inter, H, branch_.data(), 0.0f);
       add_normed_branch(x_.data(), branch_.data(), p.mlp_out_norm);
     } else {
-      linear(act_.data(), P.weight(p.down_weight), n, inter, H, x_.data(), 1.0f);
+      linear(act_.data(), p.down_weight, n, inter, H, x_.data(), 1.0f);
     }
   }
   // Only the last position's logits are needed to continue.
   const float* last = x_.data() + (n - 1) * H;
   backend_.rmsnorm_forward(last, P.weight(I.final_norm), 1, H, eps, offset, xn_.data(), rstd.data());
   logits_.resize(c_.vocab_size);
-  linear(xn_.data(), P.weight(I.lm_head), 1, H, c_.vocab_size, logits_.data(), 0.0f);
+  linear(xn_.data(), I.lm_head, 1, H, c_.vocab_size, logits_.data(), 0.0f);
   if (c_.final_logit_softcap > 0) backend_.soft_cap(logits_.data(), c_.vocab_size, c_.final_logit_softcap);
   return logits_;
 }
@@ -136,6 +173,10 @@ std::vector<int32_t> Generator::generate(const std::vector<int32_t>& prompt, con
   feed(prompt.data(), int64_t(prompt.size()), 0);
   int64_t position = int64_t(prompt.size());
   for (int64_t i = 0; i < o.max_new_tokens && position < max_length_; ++i) {
+    if (i < o.min_new_tokens)
+      for (int64_t stop : o.stop_ids)
+        if (stop >= 0 && stop < int64_t(logits_.size()))
+          logits_[size_t(stop)] = -std::numeric_limits<float>::infinity();
     const int32_t next = sample(o);
     out.push_back(next);
     if (on_token) on_token(next);

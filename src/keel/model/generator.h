@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "keel/core/memory_plan.h"
 #include "keel/model/decoder.h"
 
 namespace keel::model {
@@ -18,12 +19,22 @@ struct SamplingOptions {
   double top_p = 1.0;        // 1: no nucleus cut
   uint64_t seed = 0;
   std::vector<int64_t> stop_ids;  // generation ends after emitting one of these (EOS)
+  // Until this many tokens are out, the stop ids cannot be chosen (their logits are -inf), as
+  // transformers' min_new_tokens does: benchmarks need every run to produce the same count.
+  int64_t min_new_tokens = 0;
 };
+
+// What the projections multiply by: the decoder's fp32 weights as they are, or their bf16 roundings
+// (the dtype most checkpoints are saved in). Decoding is bound by reading the weights, one token at
+// a time, so bf16 reads half the bytes; activations, the KV cache and the sums stay fp32, so bf16
+// generates exactly what fp32 generates for the model whose weights were rounded to bf16.
+enum class GenerationWeights { F32, Bf16 };
 
 class Generator {
  public:
-  // Reads the decoder's fp32 weights (no copy); the cache holds up to max_length positions.
-  Generator(const Decoder& decoder, int64_t max_length);
+  // Reads the decoder's fp32 weights (no copy; bf16: a bf16 copy of each projection's weight, the
+  // LM head's included); the cache holds up to max_length positions.
+  Generator(const Decoder& decoder, int64_t max_length, GenerationWeights weights = GenerationWeights::F32);
 
   // Generates after `prompt`; on_token (if set) sees each new id as it is produced.
   std::vector<int32_t> generate(const std::vector<int32_t>& prompt, const SamplingOptions& options,
@@ -35,7 +46,8 @@ class Generator {
 
  private:
   int32_t sample(const SamplingOptions& options);
-  void linear(const float* x, const float* w, int64_t rows, int64_t in, int64_t out, float* y, float beta);
+  // y[rows, out] (+)= x[rows, in] W[out, in]^T for the weight with parameter id `weight`.
+  void linear(const float* x, int weight, int64_t rows, int64_t in, int64_t out, float* y, float beta);
 
   const Decoder& decoder_;
   kernels::Backend& backend_;
@@ -47,6 +59,12 @@ class Generator {
   std::vector<float> branch_;  // sandwich norms: a branch's output before its norm
   std::vector<float> qk_rstd_;  // q/k norms: each head's rstd (not needed after, but the kernel writes it)
   std::mt19937_64 rng_;
+  GenerationWeights weights_;
+  // bf16: the projections' roundings, by parameter id, in one arena of huge pages (decoding streams
+  // through all of them per token; on 4 KiB pages the hardware prefetchers stop at every page).
+  Arena bf16_arena_;
+  std::vector<const bf16*> bf16_weights_;
+  std::vector<float> widened_;  // bf16, the prompt: one weight widened for a GEMM over its rows
 };
 
 }  // namespace keel::model

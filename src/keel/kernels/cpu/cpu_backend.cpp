@@ -44,6 +44,19 @@ class CpuBackend final : public HostMemoryBackend {
     kernels::gemm_bf16(s, a, b, c, beta);
   }
   void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) override { gemm_prepare(s, bf16_inputs, beta); }
+  void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) override {
+    const auto& ops = vector_ops();
+    auto put = [&](int64_t r, float dot) { y[r] = (beta == 0.0f ? 0.0f : beta * y[r]) + dot; };
+    const int64_t quads = rows / 4;  // four rows per task: see VectorOps::dot4_bf16
+    parallel_for(quads, rows * in >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+      float dots[4];
+      for (int64_t q = begin; q < end; ++q) {
+        ops.dot4_bf16(x, w + 4 * q * in, in, in, dots);
+        for (int k = 0; k < 4; ++k) put(4 * q + k, dots[k]);
+      }
+    });
+    for (int64_t r = 4 * quads; r < rows; ++r) put(r, ops.dot_bf16(x, w + r * in, in));
+  }
   double measure_matmul_peak(bool bf16, int64_t size, int repeats) override {
     return kernels::measure_matmul_peak(bf16, size, repeats);
   }
@@ -53,6 +66,11 @@ class CpuBackend final : public HostMemoryBackend {
     const auto& ops = vector_ops();
     parallel_for(n, n >= kParallelMinElements,
                  [&](int64_t begin, int64_t end) { ops.scale_to_bf16(src + begin, 1.0f, dst + begin, end - begin); });
+  }
+  void cast_to_f32(const bf16* src, float* dst, int64_t n) override {
+    parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+      convert_bf16_to_f32(src + begin, dst + begin, size_t(end - begin));
+    });
   }
   void dropout(const float* x, float* y, int64_t n, double p, uint64_t key) override {
     const uint64_t threshold = dropout_keep_threshold(p);

@@ -54,6 +54,12 @@ struct VectorOps {
   // Soft-capping: x[c] = cap * tanh(x[c] * scale / cap) (scale, divide, tanh, multiply, as
   // transformers), and when slope is not null slope[c] = scale * (1 - tanh^2), for c < n.
   void (*soft_cap)(float* x, int64_t n, float scale, float cap, float* slope);
+  // sum over c < n of x[c] * float(w[c]): fp32 products in four 8-lane accumulators, then across
+  // lanes, then the last n % 8 terms.
+  float (*dot_bf16)(const float* x, const bf16* w, int64_t n);
+  // out[r] = the same sum for the rows w + r * ld, r < 4, in one pass (one 8-lane accumulator per
+  // row, x loaded once for the four).
+  void (*dot4_bf16)(const float* x, const bf16* w, int64_t ld, int64_t n, float* out);
 };
 
 // The table for this CPU (and KEEL_ISA), chosen on first use.

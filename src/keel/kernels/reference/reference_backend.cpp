@@ -68,6 +68,13 @@ class ReferenceBackend final : public HostMemoryBackend {
     product(s, widen(a, a_span(s)), widen(b, b_span(s)), c, beta);
   }
   void prepare_gemm(const GemmShape&, bool, float) override {}
+  void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = beta == 0.0f ? 0.0 : double(beta) * double(y[r]);
+      for (int64_t i = 0; i < in; ++i) sum += double(x[i]) * double(bf16_to_float(w[r * in + i]));
+      y[r] = float(sum);
+    }
+  }
   double measure_matmul_peak(bool bf16, int64_t size, int repeats) override {
     size = std::min<int64_t>(size, 128);  // a triple loop: a small product says as much
     const auto s = packed_gemm(Trans::N, Trans::N, size, size, size);
@@ -83,6 +90,9 @@ class ReferenceBackend final : public HostMemoryBackend {
 
   void cast_to_bf16(const float* src, bf16* dst, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) dst[i] = float_to_bf16(src[i]);
+  }
+  void cast_to_f32(const bf16* src, float* dst, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
   }
   void add(float* dst, const float* a, const float* b, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) dst[i] = float(double(a[i]) + double(b[i]));
