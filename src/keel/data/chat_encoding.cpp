@@ -89,11 +89,6 @@ void token_offsets(const Tokenizer& tok, std::string_view text, const std::vecto
   size_t p = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
     const std::string_view s = tok.token_surface(ids[k], scratch);
-    if (spelled_at(text, p, s)) {  // the common case, tested first: the token spells the text here
-      out[k] = {p, p + s.size()};
-      p += s.size();
-      continue;
-    }
     if (const size_t n = surface_at(text, p, s); n != std::string_view::npos) {
       out[k] = {p, p + n};
       p += n;

@@ -10,8 +10,8 @@
 #include <cctype>
 #include <deque>
 #include <filesystem>
-#include <limits>
 #include <fstream>
+#include <limits>
 #include <tuple>
 
 #include "keel/core/error.h"

@@ -506,12 +506,10 @@ Value string_method(const Value& self, const std::string& name) {
 Value builtin_method(const Value& self, const std::string& name) {
   if (self.is_string()) return string_method(self, name);
   if (self.is_dict()) {
-    // Every `message.role` asks here first (Python's getattr before the keys): most names are no
-    // method, and comparing views checks the length before any byte.
+    // Every `message.role` asks here first (Python's getattr before the keys): compared as a view,
+    // a name checks the length before any byte (a std::string against a literal runs strlen).
     const std::string_view n = name;
-    using namespace std::string_view_literals;
-    if (n != "items"sv && n != "keys"sv && n != "values"sv && n != "copy"sv && n != "get"sv) return Value();
-    if (name == "items" || name == "keys" || name == "values")
+    if (n == "items" || n == "keys" || n == "values")
       return Value::function(name, [self, name](Interpreter&, CallArgs&) {
         List out;
         for (const auto& [k, v] : self.as_dict().items) {
@@ -524,8 +522,8 @@ Value builtin_method(const Value& self, const std::string& name) {
         }
         return Value(std::move(out));
       });
-    if (name == "copy") return Value::function(name, [self](Interpreter&, CallArgs&) { return Value(self.as_dict()); });
-    if (name == "get")
+    if (n == "copy") return Value::function(name, [self](Interpreter&, CallArgs&) { return Value(self.as_dict()); });
+    if (n == "get")
       return Value::function(name, [self](Interpreter& in, CallArgs& a) {
         Value key = a.get(0, "key");
         if (key.is_list() || key.is_dict()) in.error(0, fmt::format("unhashable type: '{}'", key.type_name()));

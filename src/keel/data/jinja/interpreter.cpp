@@ -142,9 +142,7 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
       Value caller = Value::function("caller", [body](Interpreter& in, CallArgs&) { return Value(in.capture(*body)); });
       const Expr& call = *n.expr;
       Value callee = eval(*call.args[0]);
-      CallArgs args;
-      for (size_t i = 1; i < call.args.size(); ++i) args.positional.push_back(eval(*call.args[i]));
-      for (const auto& [k, e] : call.kwargs) args.keywords.emplace_back(k, eval(*e));
+      CallArgs args = arguments(call);
       args.keywords.emplace_back("caller", caller);
       emit(to_str(this->call(callee, args, n.line)));
       return Flow::normal;
@@ -408,6 +406,14 @@ std::vector<size_t> slice_indices(int64_t n, const Value& start, const Value& st
 
 }  // namespace
 
+// A call's, filter's or test's arguments: args[1..] and the keywords, evaluated in order.
+CallArgs Interpreter::arguments(const Expr& e) {
+  CallArgs args;
+  for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
+  for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
+  return args;
+}
+
 Value Interpreter::eval(const Expr& e) {
   step();
   line_ = e.line;
@@ -464,48 +470,31 @@ Value Interpreter::eval(const Expr& e) {
     }
     case Expr::Kind::call: {
       const Expr& target = *e.args[0];
-      if (target.kind == Expr::Kind::attribute) {
-        // `text.startswith(...)` and the other str methods are called at once: templates call
-        // them per message, and binding one first built a callable (two allocations) each time.
-        Value object = eval(*target.args[0]);
-        if (object.is_string()) {
-          step();  // the attribute's own evaluation, as below
-          CallArgs args;
-          for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
-          for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
-          Value result;
-          if (call_string_method(*this, object, target.name, args, result)) return result;
-          error(e.line, fmt::format("'{}' has no method '{}'", repr(object).substr(0, 60), target.name));
-        }
-        Value callee = attribute(object, target.name, target.line);
-        CallArgs args;
-        for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
-        for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
-        if (callee.is_undefined())
-          error(e.line, fmt::format("'{}' has no method '{}'", repr(object).substr(0, 60), target.name));
+      if (target.kind != Expr::Kind::attribute) {
+        Value callee = eval(target);
+        CallArgs args = arguments(e);
         return call(callee, args, e.line);
       }
-      Value callee = eval(target);
-      CallArgs args;
-      for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
-      for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
-      if (callee.is_undefined() && e.args[0]->kind == Expr::Kind::attribute)
-        error(e.line,
-              fmt::format("'{}' has no method '{}'", repr(eval(*e.args[0]->args[0])).substr(0, 60), e.args[0]->name));
+      // `object.name(...)`. A str method is called at once: templates call them per message, and
+      // binding one first built a callable (two allocations) each time.
+      Value object = eval(*target.args[0]);
+      step();  // the attribute's own evaluation
+      Value callee = object.is_string() ? Value() : attribute(object, target.name, target.line);
+      CallArgs args = arguments(e);
+      Value result;
+      if (object.is_string() && call_string_method(*this, object, target.name, args, result)) return result;
+      if (callee.is_undefined())
+        error(e.line, fmt::format("'{}' has no method '{}'", repr(object).substr(0, 60), target.name));
       return call(callee, args, e.line);
     }
     case Expr::Kind::filter: {
       Value subject = eval(*e.args[0]);
-      CallArgs args;
-      for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
-      for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
+      CallArgs args = arguments(e);
       return apply_filter(e.name, subject, args, e.line);
     }
     case Expr::Kind::test: {
       Value subject = eval(*e.args[0]);
-      CallArgs args;
-      for (size_t i = 1; i < e.args.size(); ++i) args.positional.push_back(eval(*e.args[i]));
-      for (const auto& [k, x] : e.kwargs) args.keywords.emplace_back(k, eval(*x));
+      CallArgs args = arguments(e);
       return Value(apply_test(e.name, subject, args, e.line) != e.negated);
     }
     case Expr::Kind::logical_not: return Value(!eval(*e.args[0]).truthy());

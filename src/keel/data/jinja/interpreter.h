@@ -56,6 +56,7 @@ class Interpreter {
   Flow for_loop(const Node& node);
   void define_macro(const Node& node);
   Value eval(const Expr& e);
+  CallArgs arguments(const Expr& e);
   Value binary(const Expr& e);
   bool compare(const Expr& e);
   Value lookup(const std::string& name) const;

@@ -67,11 +67,8 @@ class CpuBackend final : public HostMemoryBackend {
     parallel_for(n, n >= kParallelMinElements,
                  [&](int64_t begin, int64_t end) { ops.scale_to_bf16(src + begin, 1.0f, dst + begin, end - begin); });
   }
-  void cast_to_f32(const bf16* src, float* dst, int64_t n) override {
-    parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
-      convert_bf16_to_f32(src + begin, dst + begin, size_t(end - begin));
-    });
-  }
+  // core/dtype's conversion, a parallel loop itself.
+  void cast_to_f32(const bf16* src, float* dst, int64_t n) override { convert_bf16_to_f32(src, dst, size_t(n)); }
   void dropout(const float* x, float* y, int64_t n, double p, uint64_t key) override {
     const uint64_t threshold = dropout_keep_threshold(p);
     const auto scale = float(1.0 / (1.0 - p));
