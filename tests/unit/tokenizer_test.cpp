@@ -280,6 +280,41 @@ TEST(HfTokenizerJson, TemplateNormalizerDigitsPrefixSpace) {
   EXPECT_EQ(tokenizer.token_to_id("\xC4\xA0hi"), 257);  // "Ġhi"
 }
 
+// encode_spelled says when the ids spell the text byte for byte (chat templates then take each
+// token's offsets as a running sum instead of walking the text): never wrongly true, and false
+// where a normalizer changed the text, an added token took whitespace or a pre-tokenizer added a
+// space.
+TEST(HfTokenizerJson, EncodeSpelledIsTrueOnlyWhenTheSurfacesAreTheText) {
+  const std::string added = R"("added_tokens": [{"id": 300, "content": "<x>", "special": true, "lstrip": true},)"
+                            R"( {"id": 301, "content": "<y>", "special": true}])";
+  const std::string byte_level_pre = R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false})";
+  const std::string json =
+      tokenizer_json({" h", " hi", "\xC3\xA9"}, {{" ", "h"}, {" h", "i"}, {"\xC3", "\xA9"}},
+                     added + ", " + byte_level_pre + R"(, "normalizer": {"type": "NFC"}, )" + kByteLevelDecoder);
+  const Tokenizer tok = hf_tokenizer_from_json(json, "t.json");
+  auto spelled = [&](std::string_view text) {
+    std::vector<int32_t> ids{7};  // appends, as encode does
+    const bool said = tok.encode_spelled(text, ids);
+    EXPECT_EQ(std::vector<int32_t>(ids.begin() + 1, ids.end()), tok.encode(text)) << text;
+    std::string surfaces, scratch;
+    for (size_t k = 1; k < ids.size(); ++k) surfaces += tok.token_surface(ids[k], scratch);
+    if (said) EXPECT_EQ(surfaces, text);  // never wrongly true
+    return said;
+  };
+  EXPECT_TRUE(spelled("hi hi caf\xC3\xA9<y> hi"));
+  EXPECT_TRUE(spelled(""));
+  EXPECT_FALSE(spelled("caf\x65\xCC\x81"));  // NFC made "e" + U+0301 one character
+  EXPECT_FALSE(spelled("hi  <x>hi"));        // <x> took the spaces before it (lstrip)
+  EXPECT_TRUE(spelled("hi<x>hi"));           // nothing to take
+  std::vector<int32_t> ids;
+  EXPECT_FALSE(tok.encode_spelled("hi", ids, {.add_special_tokens = true}));  // not when a template adds ids
+
+  // A space the pre-tokenizer adds to every piece: never spelled as is.
+  std::string prefixed = json;
+  prefixed.replace(prefixed.find(R"("add_prefix_space": false)"), 25, R"("add_prefix_space": true)");
+  EXPECT_FALSE(hf_tokenizer_from_json(prefixed, "t.json").encode_spelled("hi", ids));
+}
+
 TEST(HfTokenizerJson, MergesAsPairsAndIgnoreMerges) {
   // ["a", "b"] merges; with ignore_merges a piece in the vocabulary wins over the merge order.
   std::string json = tokenizer_json({"ab", "bc", "abc"}, {}, kByteLevelDecoder);

@@ -58,6 +58,23 @@ class BytePairModel {
     if (id < 0 || size_t(id) >= lengths_.size()) return {};
     return std::string_view(arena_).substr(offsets_[id], lengths_[id]);
   }
+  // The same lookup through plain pointers, for a loop over many ids: stores of size_t values in
+  // the loop (offsets) may alias the string's and vectors' sizes, so token_bytes() there would
+  // reload them for every id.
+  struct TokenBytesTable {
+    const char* bytes;
+    const uint32_t* offsets;
+    const uint32_t* lengths;
+    size_t count;
+    std::string_view operator()(int32_t id) const {
+      if (id < 0 || size_t(id) >= count) return {};
+      return {bytes + offsets[id], lengths[id]};
+    }
+  };
+  TokenBytesTable token_bytes_table() const {
+    return {arena_.data(), offsets_.data(), lengths_.data(), lengths_.size()};
+  }
+  const MergeOptions& options() const { return options_; }
   // One past the largest id.
   int32_t id_limit() const { return int32_t(lengths_.size()); }
   size_t token_count() const { return token_count_; }

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <span>
 
 #include "keel/core/error.h"
 #include "keel/data/tokenizer.h"
@@ -42,7 +43,7 @@ size_t surface_at(std::string_view text, size_t p, std::string_view s) {
 }
 
 bool align_normalized(const Tokenizer& tok, std::string_view text, size_t begin, size_t end,
-                      const std::vector<int32_t>& ids, size_t k, size_t j, Span* out) {
+                      std::span<const int32_t> ids, size_t k, size_t j, Span* out) {
   const std::string_view raw = text.substr(begin, end - begin);
   if (raw.size() > 4096) return false;  // quadratic below: normalized prefixes
   const std::string norm = tok.normalize_unicode(raw);
@@ -80,14 +81,34 @@ bool align_normalized(const Tokenizer& tok, std::string_view text, size_t begin,
 // swallowed), the walk steps over the difference; where it cannot follow (Unicode normalization),
 // the ids up to the next added token found in the text share that stretch, which only widens a
 // token's span for the mask.
-void token_offsets(const Tokenizer& tok, std::string_view text, const std::vector<int32_t>& ids, size_t base,
+void token_offsets(const Tokenizer& tok, std::string_view text, std::span<const int32_t> ids, size_t base,
                    std::vector<Span>& offsets) {
   const size_t first = offsets.size();
   offsets.resize(first + ids.size());
   Span* out = offsets.data() + first;
   std::string scratch;
+  // The common case inline, with nothing re-checked per token: a vocabulary token whose surface is
+  // its bytes (no decoder rewrites spellings), found where the walk stands. It is most of the cost
+  // of a long conversation's mask (every token of the text passes here).
+  const bool plain = tok.surfaces_are_token_bytes();
+  const BytePairModel::TokenBytesTable bytes = tok.model().token_bytes_table();
+  const char* const t = text.data();
+  const size_t size = text.size();
   size_t p = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
+    if (plain && !tok.is_added(ids[k])) {
+      const std::string_view s = bytes(ids[k]);
+      const size_t n = s.size();
+      if (n <= size - p) {
+        size_t i = 0;
+        while (i < n && t[p + i] == s[i]) ++i;
+        if (i == n) {
+          out[k] = {p, p + n};
+          p += n;
+          continue;
+        }
+      }
+    }
     const std::string_view s = tok.token_surface(ids[k], scratch);
     if (const size_t n = surface_at(text, p, s); n != std::string_view::npos) {
       out[k] = {p, p + n};
@@ -120,14 +141,39 @@ void token_offsets(const Tokenizer& tok, std::string_view text, const std::vecto
   for (size_t k = 0; k < ids.size(); ++k) out[k] = {out[k].first + base, out[k].second + base};
 }
 
-// transformers' rule: a token is the assistant's when it overlaps a span.
+// Each id's [begin, end) bytes in the text, plus `base`, appended to `offsets`, for ids that spell
+// their text (Tokenizer::encode_spelled): the running sum of their surfaces' lengths. False, and
+// nothing appended, when the lengths do not add up to the text's (then token_offsets walks).
+bool spelled_offsets(const Tokenizer& tok, size_t text_size, std::span<const int32_t> ids, size_t base,
+                     std::vector<Span>& offsets) {
+  const size_t first = offsets.size();
+  offsets.resize(first + ids.size());
+  Span* const out = offsets.data() + first;
+  const BytePairModel::TokenBytesTable bytes = tok.model().token_bytes_table();
+  std::string scratch;
+  size_t p = base;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const size_t n = tok.is_added(ids[k]) ? tok.token_surface(ids[k], scratch).size() : bytes(ids[k]).size();
+    out[k] = {p, p + n};
+    p += n;
+  }
+  if (p - base == text_size) return true;
+  offsets.resize(first);
+  return false;
+}
+
+// transformers' rule: a token is the assistant's when it overlaps a span ([a, b) and [s, e) with
+// s < b and e > a). The tokens' begins and ends never decrease (token_offsets and
+// spelled_offsets walk forward), so the tokens overlapping a span are one run: from the first
+// token ending after s to the last beginning before e. Two binary searches per span and the run
+// marked, instead of a test per token and span.
 void mark_overlapping(const std::vector<Span>& offsets, const std::vector<Span>& spans, std::vector<uint8_t>& mask) {
-  for (size_t t = 0; t < offsets.size(); ++t)
-    for (const Span& s : spans)
-      if (offsets[t].first < s.second && offsets[t].second > s.first) {
-        mask[t] = 1;
-        break;
-      }
+  for (const auto& [s, e] : spans) {
+    const auto from =
+        std::partition_point(offsets.begin(), offsets.end(), [s](const Span& t) { return t.second <= s; });
+    const auto to = std::partition_point(from, offsets.end(), [e](const Span& t) { return t.first < e; });
+    std::fill(mask.begin() + (from - offsets.begin()), mask.begin() + (to - offsets.begin()), uint8_t{1});
+  }
 }
 
 }  // namespace
@@ -215,10 +261,9 @@ std::string ChatTemplateEncoder::render(const ChatInput& input) const {
 
 EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   require(tokenizer_ != nullptr, "{}: encoding a conversation needs a tokenizer", t_.origin);
-  const jinja::Rendered r = t_.templ->render(template_variables(t_, input));
+  jinja::Rendered r = t_.templ->render(template_variables(t_, input));
   const std::string& text = r.text.text;
   EncodedChat out;
-  out.text = text;
   out.from_generation_tags = t_.templ->has_generation();
 
   // Control-token strings inside the conversation's own strings: encoded as text.
@@ -239,27 +284,35 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   out.control_strings_in_data = int64_t(cuts.size());
 
   std::vector<Span> offsets;
+  offsets.reserve(text.size() / 3 + 4);  // as Tokenizer::encode reserves ids
+  out.ids.reserve(text.size() / 3 + 4);
   auto add_piece = [&](size_t begin, size_t end, bool as_text, bool first) {
     const std::string_view piece = std::string_view(text).substr(begin, end - begin);
     if (piece.empty() && !first) return;
     // transformers encodes a marked control token with no added token matched, special or not.
     const EncodeOptions options{.split_special_tokens = as_text, .no_added_tokens = as_text};
-    std::vector<int32_t> ids;
+    // Encoded straight onto out.ids (the conversation's first piece is usually all of it).
+    const size_t at = out.ids.size();
+    bool spelled;
     if (!first) {
       std::string after_newline;  // not "\n" + std::string(piece): GCC 12 warns falsely (-Wrestrict) on it
       after_newline.reserve(piece.size() + 1);
       after_newline += '\n';
       after_newline += piece;
-      ids = tokenizer_->encode(after_newline, options);
-      if (ids.size() >= newline_ids_.size() && std::equal(newline_ids_.begin(), newline_ids_.end(), ids.begin()))
-        ids.erase(ids.begin(), ids.begin() + std::ptrdiff_t(newline_ids_.size()));
-      else
-        ids = tokenizer_->encode(piece, options);
+      spelled = tokenizer_->encode_spelled(after_newline, out.ids, options);
+      const auto ids = out.ids.begin() + std::ptrdiff_t(at);
+      if (out.ids.size() - at >= newline_ids_.size() && std::equal(newline_ids_.begin(), newline_ids_.end(), ids)) {
+        out.ids.erase(ids, ids + std::ptrdiff_t(newline_ids_.size()));
+      } else {
+        out.ids.resize(at);
+        spelled = tokenizer_->encode_spelled(piece, out.ids, options);
+      }
     } else {
-      ids = tokenizer_->encode(piece, options);
+      spelled = tokenizer_->encode_spelled(piece, out.ids, options);
     }
-    token_offsets(*tokenizer_, piece, ids, begin, offsets);
-    out.ids.insert(out.ids.end(), ids.begin(), ids.end());
+    const std::span<const int32_t> ids = std::span<const int32_t>(out.ids).subspan(at);
+    if (!spelled || !spelled_offsets(*tokenizer_, piece.size(), ids, begin, offsets))
+      token_offsets(*tokenizer_, piece, ids, begin, offsets);
   };
   size_t pos = 0;
   bool first = true;
@@ -274,6 +327,7 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   out.assistant_mask.assign(out.ids.size(), 0);
   if (out.from_generation_tags) {
     mark_overlapping(offsets, r.generation, out.assistant_mask);
+    out.text = std::move(r.text.text);
     return out;
   }
 
@@ -332,6 +386,7 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
     previous_end = std::max(previous_end, e.second);
   }
   mark_overlapping(offsets, spans, out.assistant_mask);
+  out.text = std::move(r.text.text);
   return out;
 }
 

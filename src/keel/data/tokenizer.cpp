@@ -340,6 +340,17 @@ Tokenizer::Tokenizer(TokenizerParts parts) : parts_(std::move(parts)) {
   for (auto id : {parts_.bos_id, parts_.eos_id})
     require(!id || (*id >= 0 && *id < vocab_size_), "{}: BOS/EOS id {} is outside the vocabulary", parts_.origin,
             id.value_or(-1));
+  // What can make a token's surface differ from the bytes it was encoded from, whatever the text:
+  // a decoder's rewrite (SentencePiece's marker, byte fallback, word-piece marks), a space a
+  // pre-tokenizer adds or bytes a split removes (Whitespace), an unknown-byte symbol or marks of
+  // the BPE model itself. The rest (a
+  // normalizer, whitespace an added token takes) depends on the text: encode_spelled checks it.
+  spells_as_is_ = parts_.decoders.empty() && !parts_.model.options().unk_id && !parts_.model.options().byte_fallback &&
+                  parts_.model.options().continuing_subword_prefix.empty() &&
+                  parts_.model.options().end_of_word_suffix.empty() &&
+                  std::none_of(parts_.pre_tokenizer.begin(), parts_.pre_tokenizer.end(), [](const PreTokenizerStep& p) {
+                    return p.kind != PreTokenizerStep::Kind::split || p.behavior == SplitBehavior::removed;
+                  });
   fast_split_ = parts_.pre_tokenizer.size() == 1 && parts_.pre_tokenizer[0].kind == PreTokenizerStep::Kind::split &&
                 parts_.pre_tokenizer[0].regex && parts_.pre_tokenizer[0].behavior == SplitBehavior::isolated &&
                 !parts_.pre_tokenizer[0].invert;
@@ -421,17 +432,28 @@ std::vector<int32_t> Tokenizer::encode(std::string_view text, EncodeOptions opti
 }
 
 void Tokenizer::encode(std::string_view text, std::vector<int32_t>& out, EncodeOptions options) const {
+  encode_checked(text, out, options, nullptr);
+}
+
+bool Tokenizer::encode_spelled(std::string_view text, std::vector<int32_t>& out, EncodeOptions options) const {
+  bool spelled = spells_as_is_ && !options.add_special_tokens;
+  encode_checked(text, out, options, &spelled);
+  return spelled;
+}
+
+void Tokenizer::encode_checked(std::string_view text, std::vector<int32_t>& out, const EncodeOptions& options,
+                               bool* spelled) const {
   const size_t bad = find_invalid_utf8(text);
   if (bad != std::string_view::npos)
     fail("text is not valid UTF-8: byte 0x{:02X} at offset {} does not start a well-formed character",
          static_cast<unsigned char>(text[bad]), bad);
   if (options.add_special_tokens) out.insert(out.end(), parts_.template_prefix.begin(), parts_.template_prefix.end());
-  encode_segment(text, false, true, out, options);
+  encode_segment(text, false, true, out, options, spelled);
   if (options.add_special_tokens) out.insert(out.end(), parts_.template_suffix.begin(), parts_.template_suffix.end());
 }
 
 void Tokenizer::encode_segment(std::string_view text, bool normalized_pass, bool at_start, std::vector<int32_t>& out,
-                               const EncodeOptions& options) const {
+                               const EncodeOptions& options, bool* spelled) const {
   size_t pos = 0;
   auto plain = [&](std::string_view segment) {
     if (segment.empty()) return;
@@ -442,14 +464,17 @@ void Tokenizer::encode_segment(std::string_view text, bool normalized_pass, bool
     }
     std::string normalized(segment);
     for (const NormalizerStep& step : parts_.normalizers) apply(step, normalized);
+    if (spelled && *spelled && normalized != segment) *spelled = false;
     if (has_normalized_added_)
-      encode_segment(normalized, true, first, out, options);
+      encode_segment(normalized, true, first, out, options, spelled);
     else
       encode_normalized(normalized, first, out);
   };
   while (auto match = find_added(text, pos, normalized_pass, options)) {
     plain(text.substr(pos, match->begin - pos));
     out.push_back(match->id);
+    // lstrip / rstrip: the token took whitespace its content does not spell
+    if (spelled && match->end - match->begin != added_token(match->id)->content.size()) *spelled = false;
     pos = match->end;
   }
   plain(text.substr(pos));

@@ -117,6 +117,11 @@ class Tokenizer {
   // keel::Error when `text` is not valid UTF-8 (naming the byte offset).
   std::vector<int32_t> encode(std::string_view text, EncodeOptions options = {}) const;
   void encode(std::string_view text, std::vector<int32_t>& out, EncodeOptions options = {}) const;
+  // As encode, and true when the ids appended spell `text` exactly: their token_surface()s, in
+  // order, are its bytes (no normalizer changed one, no added token took whitespace, nothing in
+  // the pipeline adds or rewrites bytes), so a token's offsets are the running sum of its
+  // surfaces' lengths. False does not mean they do not, only that it is not known.
+  bool encode_spelled(std::string_view text, std::vector<int32_t>& out, EncodeOptions options = {}) const;
   // The bytes the ids stand for (UTF-8 when the ids came from encode; a prefix of a token
   // sequence may end inside a character). keel::Error for an id outside the vocabulary.
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
@@ -134,9 +139,11 @@ class Tokenizer {
   // Points into the tokenizer, or into `scratch` when the spelling had to be rewritten.
   std::string_view token_surface(int32_t id, std::string& scratch) const {
     // Inline for the common case (asked for every token when mapping a conversation's offsets).
-    if (parts_.decoders.empty() && !added_token(id)) return parts_.model.token_bytes(id);
+    if (surfaces_are_token_bytes() && !added_token(id)) return parts_.model.token_bytes(id);
     return rewritten_surface(id, scratch);
   }
+  // Whether a vocabulary token's surface is its bytes as stored (no decoder rewrites spellings).
+  bool surfaces_are_token_bytes() const { return parts_.decoders.empty(); }
   // The text after the normalizer's Unicode steps (NFC, NFKC, ...), the ones that move characters.
   std::string normalize_unicode(std::string_view text) const;
   std::optional<int32_t> bos_id() const { return parts_.bos_id; }
@@ -154,8 +161,11 @@ class Tokenizer {
   };
   std::optional<AddedMatch> find_added(std::string_view text, size_t from, bool normalized_pass,
                                        const EncodeOptions& options) const;
+  // spelled (nullable): cleared when a byte of the text is not spelled as it is (encode_spelled).
+  void encode_checked(std::string_view text, std::vector<int32_t>& out, const EncodeOptions& options,
+                      bool* spelled) const;
   void encode_segment(std::string_view segment, bool normalized_pass, bool at_start, std::vector<int32_t>& out,
-                      const EncodeOptions& options) const;
+                      const EncodeOptions& options, bool* spelled) const;
   // at_start: `text` begins the input (Metaspace's prepend_scheme "first").
   void encode_normalized(std::string_view text, bool at_start, std::vector<int32_t>& out) const;
   std::string decode_chain(std::span<const int32_t> ids, bool skip_special_tokens) const;
@@ -170,6 +180,7 @@ class Tokenizer {
   TokenizerParts parts_;
   int32_t vocab_size_ = 0;
   bool fast_split_ = false;  // pre-tokenizer is a single isolating regex: stream its pieces
+  bool spells_as_is_ = false;  // nothing but the text itself can keep ids from spelling it
   // SentencePiece-style BPE without a pre-tokenizer (Llama 2, Gemma) sees each text as one piece.
   // A merge across the start of a word (a marker "\u2581" after other text) makes a token with the
   // marker inside; when the vocabulary has none but a few (Gemma 3 has ">\u2581</"), the piece may be
