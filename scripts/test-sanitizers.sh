@@ -37,11 +37,11 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 
 cd build-asan
 # Every test but the "no_sanitizer" label (the demo: minutes in a release build, past its timeout
-# under ASan). Measured under ASan on 2 busy cores, in ctest's sec*proc: unit 141 s
-# (one process per test; unit.portable_isa runs them all in one process: 11 s), integration 136 s,
-# reference 80 s (the keel side of the PyTorch comparisons and of the npm tokenizer conformance:
-# tokenizer files are untrusted input). About 3 minutes of wall time with two tests at a time.
+# under ASan), the unit tests as one process (unit.all; label one_by_one: the same tests one
+# process each, for -R), and of the reference runs against torch the sample tests/CMakeLists.txt
+# registers in this build (KEEL_SANITIZED_REFERENCE_SAMPLE). Times: docs/contributing.md.
 labels=(-LE no_sanitizer)
+[ $# -gt 0 ] || labels=(-LE "no_sanitizer|one_by_one")
 # The tests whose keel processes run under mpirun (see below).
 under_mpirun='^integration\.(data_parallel|zero|multihost)$|^mpi\.'
 status=0
