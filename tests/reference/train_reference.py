@@ -14,7 +14,8 @@
 3. Trains the same model in PyTorch with Hugging Face Trainer semantics (see torch_train) and
    compares the per-step metrics and every final tensor. Exit 0 on success, 1 on any failure.
    Tolerances: see TOL below. Per tensor both the weights and the update (final - init) are
-   compared; bf16 tolerances are widened per tensor to 5x the torch-bf16 vs torch-fp32 gap.
+   compared; a bf16 run is compared with torch's fp32 run, within a factor of the distance
+   torch's own bf16 autocast run lands from it (BF16_GAP_FACTOR).
    With partial RoPE (glm, glm_original) the k-bias channels outside the rotary dims have a
    mathematically zero gradient whose round-off noise AdamW turns into arbitrary ~1e-5 moves;
    those elements are only checked to stay near their initial values (noise_gradient_masks).
@@ -66,16 +67,26 @@ IGNORE = -100
 # and the update, ||keel - torch|| / ||torch - init||. Weight decay and the clipping coefficient
 # move weights by only ~1e-4 relative (too little for the weight tolerance to notice) but change
 # the update by several percent.
-# bf16: keel and torch autocast round different intermediates to bf16, and tensors with weak
-# gradients (the k biases: q.b_k mostly cancels in softmax) are precision-limited. So each
-# tensor's bf16 tolerance is max(base, BF16_NOISE_FACTOR * the same error between torch bf16 and
-# torch fp32 training) -- another bf16 implementation should not be much further from torch bf16
-# than fp32 is.
+# bf16: keel's bf16 run is measured against torch's **fp32** run (the training both approximate),
+# each quantity within BF16_GAP_FACTOR x the distance torch's own bf16 autocast run lands from that
+# fp32 run, with no fixed floor: per final tensor (weights and update), and per metric the largest
+# distance over the steps (one step's can be ~0 by chance). keel and autocast round different
+# intermediates to bf16, so keel is not expected at exactly torch's distance; the factor is what
+# keel needs across every family, dtype and quantization of the tests (measured: the "needs"
+# line each comparison prints).
+# TOL["bf16"] is the older, looser rule (keel against torch bf16 at max(base, BF16_NOISE_FACTOR x
+# the gap)), still used where keel's bf16-sized differences do not come from bf16 (QLoRA's double
+# quantization in fp32, lora_reference.py).
 TOL = {
     "fp32": {"loss": 1e-5, "lr": 1e-6, "grad_norm": 1e-5, "weights": 1e-5, "update": 1e-2},
     "bf16": {"loss": 2e-2, "lr": 1e-6, "grad_norm": 5e-2, "weights": 5e-2, "update": 0.2},
 }
 BF16_NOISE_FACTOR = 5.0
+# Measured 2026-12-02 (AVX2 machine, bf16 GEMMs widened to fp32), all 32 bf16 reference runs: at
+# most 2.75 (mistral's embedding), 2.2 for LoRA, 2.05 for a step's loss; 4 leaves room for the
+# other kernel paths (native bf16 dot products on AVX-512). KEEL_BF16_GAP_FACTOR overrides it, to
+# measure (a large value passes everything and prints what each run needs).
+BF16_GAP_FACTOR = float(os.environ.get("KEEL_BF16_GAP_FACTOR", "4"))
 LR_ABS_TOL_AT_ZERO = 1e-12
 MIN_REL_CHANGE = 1e-4  # every tensor must move at least this much from its initial value
 
@@ -423,23 +434,43 @@ def tensor_tolerances(spec, dtype, init, ref, ref_fp32=None):
     return tol
 
 
+def bf16_yardstick(spec, init, bf16, fp32):
+    """torch's fp32 run as the reference for a bf16 run, with tolerances of BF16_GAP_FACTOR x
+    torch bf16's own distance from it (see TOL) and that distance kept for the report."""
+    masks = noise_gradient_masks(spec)
+    out = dict(fp32)
+    out["gap"], out["tol"] = {}, {}
+    for name, f in fp32["final"].items():
+        f = f.double()
+        keep = ~masks[name] if name in masks else torch.ones_like(f, dtype=torch.bool)
+        e, u = weight_errors(bf16["final"][name].double(), f, init[name].double(), keep)
+        out["gap"][name] = (e, u)
+        out["tol"][name] = (BF16_GAP_FACTOR * e, BF16_GAP_FACTOR * u)
+    out["step_gap"] = {key: max(rel_diff(b[key], f[key]) for b, f in zip(bf16["steps"], fp32["steps"]))
+                       for key in ("loss", "grad_norm")}
+    out["step_tol"] = {key: BF16_GAP_FACTOR * g for key, g in out["step_gap"].items()}
+    return out
+
+
 def reference(spec, init, records, dtype):
-    """The torch reference run for `dtype` with per-tensor tolerances attached (for bf16 this
-    also trains in fp32 to size them)."""
+    """The torch reference run for `dtype` with per-tensor tolerances attached: for bf16, torch's
+    fp32 run with tolerances sized by torch's own bf16 run (bf16_yardstick)."""
     ref = torch_train(spec, init, records, dtype)
-    ref_fp32 = torch_train(spec, init, records, "fp32") if dtype == "bf16" else None
-    ref["tol"] = tensor_tolerances(spec, dtype, init, ref, ref_fp32)
-    return ref
+    if dtype != "bf16":
+        ref["tol"] = tensor_tolerances(spec, dtype, init, ref)
+        return ref
+    return bf16_yardstick(spec, init, ref, torch_train(spec, init, records, "fp32"))
 
 
 def compare(spec, dtype, input_config, init, ref, metrics, config, tensors, verbose=True):
     """Returns the list of failures (empty: pass); prints tables when verbose."""
-    tol = TOL[dtype]
+    tol = dict(TOL[dtype], **ref.get("step_tol", {}))
     failures = []
     say = print if verbose else (lambda *a, **k: None)
+    needs = []  # (keel's distance / torch bf16's, what): the factor keel needs against fp32
 
     # -- per-step metrics
-    say("\nPer-step metrics (keel vs torch, %s):" % dtype)
+    say("\nPer-step metrics (keel vs torch%s, %s):" % (" fp32" if "step_tol" in ref else "", dtype))
     say("%4s | %12s %12s %9s | %11s %11s %9s | %11s %11s %9s | %s"
         % ("step", "loss keel", "loss torch", "rel", "lr keel", "lr torch", "rel",
            "gnorm keel", "gnorm torch", "rel", "clipped (torch)"))
@@ -467,6 +498,8 @@ def compare(spec, dtype, input_config, init, ref, metrics, config, tensors, verb
             else:
                 d = rel_diff(v, r[key])
                 ok = d <= tol[key]
+                if key in ref.get("step_gap", {}):
+                    needs.append((d / max(ref["step_gap"][key], 1e-30), "step %d %s" % (r["step"], key)))
             if not ok:
                 failures.append("step %d %s: keel %.9g vs torch %.9g (%s %.3g > %.3g)"
                                 % (r["step"], key, v, r[key],
@@ -536,6 +569,9 @@ def compare(spec, dtype, input_config, init, ref, metrics, config, tensors, verb
             keep = ~masks[name] if name in masks else torch.ones_like(a, dtype=torch.bool)
             err, uerr = weight_errors(a, b, w0, keep)
             tol_w, tol_u = ref["tol"][name]
+            if name in ref.get("gap", {}):
+                e, u = ref["gap"][name]
+                needs += [(err / max(e, 1e-30), name + " weights"), (uerr / max(u, 1e-30), name + " update")]
             ch_k = float((a - w0).norm() / w0.norm().clamp_min(1e-30))
             ch_t = float((b - w0).norm() / w0.norm().clamp_min(1e-30))
             worst = max(worst, err)
@@ -570,6 +606,10 @@ def compare(spec, dtype, input_config, init, ref, metrics, config, tensors, verb
                 % (width, name, "x".join(map(str, b.shape)), err, tol_w, uerr, tol_u, ch_k, ch_t,
                    "FAIL " if bad else "ok ", "; ".join(notes)))
         say("worst rel err %.3g; worst update rel err %.3g" % (worst, worst_u))
+    if needs:
+        factor, what = max(needs)
+        say("bf16 against torch fp32: keel needs %.2f x torch bf16's own distance (%s; allowed %.1f)"
+            % (factor, what, BF16_GAP_FACTOR))
     return failures
 
 
@@ -867,7 +907,7 @@ def self_check(family, dtype, work):
                                                                       "" if not fails else ": %s" % fails))
 
     print("== broken fake outputs — each must fail")
-    tol = TOL[dtype]
+    tol = dict(TOL[dtype], **ref.get("step_tol", {}))
 
     def expect_fail(what, kw_optional=False, **kw):
         write_fake_outputs(out_dir, ref, kw.pop("config", cfg), **kw)
@@ -909,6 +949,8 @@ def self_check(family, dtype, work):
     expect_fail("a missing step", metrics=ref["steps"][:-1])
     for variant in ("no_clip", "decay_all", "no_decay_embed", "mean_per_micro"):
         run = torch_train(spec, init, records, dtype, variant=variant)
+        # In bf16 most are caught since bf16 is measured against fp32 by torch's own bf16 distance
+        # (llama: all four; glm, qwen2: not no_decay_embed), so they are reported, not required.
         expect_fail("training variant %s (metrics as the reference)" % variant, tensors=run["final"],
                     kw_optional=(dtype == "bf16"))
     bad = [dict(s) for s in ref["steps"]]
