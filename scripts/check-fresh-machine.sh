@@ -5,9 +5,8 @@
 #
 #   scripts/check-fresh-machine.sh                 demo, then every test (scripts/demo.sh, scripts/test.sh),
 #                                                  then `pip install .` and the Python package's tests
-#   scripts/check-fresh-machine.sh --configure-only  install-deps + the Python environment (from this
-#                                                  machine's pip cache) + CMake configure (the cheap
-#                                                  part CI runs on every submission)
+#   scripts/check-fresh-machine.sh --configure-only  install-deps + the Python environment + CMake configure
+#                                                  (the cheap part CI runs on every submission)
 #   scripts/check-fresh-machine.sh --keep          leave the root in place afterwards (its path is printed)
 #
 # Only committed work is checked (uncommitted changes are not in the clone). Needs root (chroot,
@@ -27,7 +26,7 @@ for arg in "$@"; do
   case "$arg" in
     --configure-only) mode=configure ;;
     --keep) keep=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "check-fresh-machine: unknown argument '$arg' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -96,17 +95,6 @@ env_vars=(
   SSL_CERT_FILE=$ca PIP_CERT=$ca REQUESTS_CA_BUNDLE=$ca CURL_CA_BUNDLE=$ca NODE_EXTRA_CA_CERTS=$ca
   GIT_SSL_CAINFO=$ca npm_config_cafile=$ca
 )
-
-# --configure-only (CI, on every submission) lends the root this machine's pip cache: pip still
-# resolves and installs every pinned package into a new environment there, but from the ~4 GB of
-# wheels scripts/python-env.sh already fetched here instead of fetching them again. The full proof
-# downloads everything, as a new machine would.
-host_pip_cache=${PIP_CACHE_DIR:-$HOME/.cache/pip}
-if [ "$mode" = configure ] && [ -d "$host_pip_cache" ]; then
-  mkdir -p "$root/root/.cache/pip"
-  mount --bind "$host_pip_cache" "$root/root/.cache/pip"
-  mounted+=("$root/root/.cache/pip")
-fi
 
 # A clean clone of the current commit: what a new user gets, nothing from this working tree.
 commit=$(git rev-parse HEAD)
