@@ -53,14 +53,10 @@ class BytePairModel {
   void encode(std::string_view piece, std::vector<int32_t>& out) const;
 
   std::optional<int32_t> find(std::string_view bytes) const;
-  // The bytes of token `id`; empty when `id` is not a token of this model.
-  std::string_view token_bytes(int32_t id) const {
-    if (id < 0 || size_t(id) >= lengths_.size()) return {};
-    return std::string_view(arena_).substr(offsets_[id], lengths_[id]);
-  }
-  // The same lookup through plain pointers, for a loop over many ids: stores of size_t values in
-  // the loop (offsets) may alias the string's and vectors' sizes, so token_bytes() there would
-  // reload them for every id.
+  // The bytes of each token by id (empty for an id that is not a token of this model), through
+  // plain pointers: a loop over many ids that stores size_t values (offsets) takes the table once,
+  // where through the members the stores' possible aliasing of the vectors' and string's sizes
+  // would reload them for every id.
   struct TokenBytesTable {
     const char* bytes;
     const uint32_t* offsets;
@@ -74,6 +70,8 @@ class BytePairModel {
   TokenBytesTable token_bytes_table() const {
     return {arena_.data(), offsets_.data(), lengths_.data(), lengths_.size()};
   }
+  // The bytes of token `id`; empty when `id` is not a token of this model.
+  std::string_view token_bytes(int32_t id) const { return token_bytes_table()(id); }
   const MergeOptions& options() const { return options_; }
   // One past the largest id.
   int32_t id_limit() const { return int32_t(lengths_.size()); }

@@ -87,28 +87,8 @@ void token_offsets(const Tokenizer& tok, std::string_view text, std::span<const 
   offsets.resize(first + ids.size());
   Span* out = offsets.data() + first;
   std::string scratch;
-  // The common case inline, with nothing re-checked per token: a vocabulary token whose surface is
-  // its bytes (no decoder rewrites spellings), found where the walk stands. It is most of the cost
-  // of a long conversation's mask (every token of the text passes here).
-  const bool plain = tok.surfaces_are_token_bytes();
-  const BytePairModel::TokenBytesTable bytes = tok.model().token_bytes_table();
-  const char* const t = text.data();
-  const size_t size = text.size();
   size_t p = 0;
   for (size_t k = 0; k < ids.size(); ++k) {
-    if (plain && !tok.is_added(ids[k])) {
-      const std::string_view s = bytes(ids[k]);
-      const size_t n = s.size();
-      if (n <= size - p) {
-        size_t i = 0;
-        while (i < n && t[p + i] == s[i]) ++i;
-        if (i == n) {
-          out[k] = {p, p + n};
-          p += n;
-          continue;
-        }
-      }
-    }
     const std::string_view s = tok.token_surface(ids[k], scratch);
     if (const size_t n = surface_at(text, p, s); n != std::string_view::npos) {
       out[k] = {p, p + n};

@@ -343,8 +343,8 @@ Tokenizer::Tokenizer(TokenizerParts parts) : parts_(std::move(parts)) {
   // What can make a token's surface differ from the bytes it was encoded from, whatever the text:
   // a decoder's rewrite (SentencePiece's marker, byte fallback, word-piece marks), a space a
   // pre-tokenizer adds or bytes a split removes (Whitespace), an unknown-byte symbol or marks of
-  // the BPE model itself. The rest (a
-  // normalizer, whitespace an added token takes) depends on the text: encode_spelled checks it.
+  // the BPE model itself. The rest (a normalizer, whitespace an added token takes) depends on the
+  // text: encode_spelled checks it.
   spells_as_is_ = parts_.decoders.empty() && !parts_.model.options().unk_id && !parts_.model.options().byte_fallback &&
                   parts_.model.options().continuing_subword_prefix.empty() &&
                   parts_.model.options().end_of_word_suffix.empty() &&
