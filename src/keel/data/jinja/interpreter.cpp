@@ -607,10 +607,10 @@ Value Interpreter::binary(const Expr& e) {
     if (v->is_undefined()) error(e.line, fmt::format("'{}' is undefined", v->undefined_name()));
   const bool numbers = a.is_number() && b.is_number();
   const bool real = numbers && (a.kind() == Value::Kind::real || b.kind() == Value::Kind::real);
+  // The message only: error() itself is [[noreturn]], so the compiler sees every path end.
   auto unsupported = [&]() {
-    error(e.line, fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, a.type_name(), b.type_name()));
+    return fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, a.type_name(), b.type_name());
   };
-  // Python's integers have no limit; keel's are 64-bit and say so rather than wrap.
   // Python's integers have no limit; keel's are 64-bit and say so rather than wrap.
   auto integer = [&](int64_t x, int64_t y) {
     int64_t r = 1;
@@ -642,7 +642,7 @@ Value Interpreter::binary(const Expr& e) {
       l.insert(l.end(), b.as_list().begin(), b.as_list().end());
       return Value(std::move(l));
     }
-    unsupported();
+    error(e.line, unsupported());
   }
   if (op == "*") {
     if (numbers) return real ? Value(a.as_real() * b.as_real()) : integer(a.as_int(), b.as_int());
@@ -653,9 +653,9 @@ Value Interpreter::binary(const Expr& e) {
           ValueSizeLimit::check(n->as_int() > int64_t(1) << 40 ? UINT64_MAX : unit * uint64_t(n->as_int()));
         return repeat(*seq, n->as_int());
       }
-    unsupported();
+    error(e.line, unsupported());
   }
-  if (!numbers) unsupported();
+  if (!numbers) error(e.line, unsupported());
   if (op == "-") return real ? Value(a.as_real() - b.as_real()) : integer(a.as_int(), b.as_int());
   if (op == "**") {
     if (!real && b.as_int() >= 0) return integer(a.as_int(), b.as_int());
@@ -676,7 +676,7 @@ Value Interpreter::binary(const Expr& e) {
     const int64_t x = a.as_int(), y = b.as_int(), r = x % y;
     return Value((r != 0 && ((r < 0) != (y < 0))) ? r + y : r);
   }
-  unsupported();
+  error(e.line, unsupported());
 }
 
 Template::Template(std::string source, std::string origin) : source_(std::move(source)), origin_(std::move(origin)) {
