@@ -151,7 +151,7 @@ def start_long_run(name, launcher=()):
     p = subprocess.Popen(list(launcher) + [KEEL, "train", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True, env=env)
     lock = os.path.join(d, "out", ".keel.lock")
-    deadline = time.time() + 60
+    deadline = time.time() + 300
     while time.time() < deadline and p.poll() is None:  # the first step shows the lock is held
         if os.path.exists(os.path.join(d, "out", "metrics.jsonl")) and os.path.getsize(lock) > 0:
             break
@@ -172,17 +172,19 @@ def stop(p):
 
 
 def check_second_run_refused(path, d, what):
-    t0 = time.time()
-    # A plain second run (dp_degree = 1) into the directories the first run holds.
-    r = run(["train", path, "--overwrite", "--set", "dp_degree=1"], timeout=120)
+    # A plain second run (dp_degree = 1) into the directories the first run holds. It must not wait
+    # for the lock: the first run never finishes, so a second run that waited would end only at this
+    # timeout. No bound on how fast the refusal comes: with both ranks of an mpirun job busy on a
+    # shared 2-core machine, merely starting keel has taken 41 s (CI, stop 34).
+    try:
+        r = run(["train", path, "--overwrite", "--set", "dp_degree=1"], timeout=600)
+    except subprocess.TimeoutExpired:
+        check(False, "%s: a second run into the same directories is refused, not left waiting (still running "
+                     "after 600 s)" % what)
+        return
     check(r.returncode == 2, "%s: a second run into the same directories is refused (exit %d)" % (what, r.returncode))
     check("in use by another keel run" in r.stderr and "pid" in r.stderr,
           "%s: the refusal names the holder (%s)" % (what, r.stderr.strip()))
-    # At once: a second run that waited for the lock would only end at the timeout (the first run
-    # never finishes). Under the sanitizers, with both ranks of the first job busy on the 2 cores,
-    # merely starting an instrumented keel takes tens of seconds, hence the wider bound there.
-    bound = 100 if "ASAN_OPTIONS" in os.environ else 30
-    check(time.time() - t0 < bound, "%s: refused at once (%.1f s)" % (what, time.time() - t0))
 
 
 def test_one_run_per_directory():
