@@ -5,6 +5,8 @@
 // pattern: the suite takes the backend's name as a parameter (each_backend()) and builds its
 // decoders with on_backend(name, options).
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <random>
@@ -61,6 +63,24 @@ inline Batch random_batch(int64_t batch, int64_t seq, int64_t vocab, uint64_t se
       b.positions.push_back(int32_t(t));
     }
   return b;
+}
+
+// Two identical ranks: this rank's shard of the summed gradients (`sharded`) is twice the
+// replicated gradients (`whole`), per tensor within 1e-6 of the tensor's largest gradient. The
+// same products, accumulated once per micro-batch instead of inside the GEMM, differ by rounding
+// only; a staging buffer overwritten or summed twice is off by the gradients' own size.
+inline void expect_shard_is_twice_replicated(ParamStore& sharded, ParamStore& whole) {
+  const FlatRange mine = sharded.optimizer_range();
+  for (const Param& p : sharded.params()) {
+    const FlatRange part = FlatRange{p.offset, p.offset + p.numel}.intersect(mine);
+    double diff = 0, scale = 0;
+    for (int64_t e = part.begin; e < part.end; ++e) {
+      const double want = 2.0 * double(whole.grads()[e]), got = sharded.shard_grads()[e - mine.begin];
+      diff = std::max(diff, std::abs(got - want));
+      scale = std::max(scale, std::abs(want));
+    }
+    if (part.size() > 0) EXPECT_LE(diff, 1e-6 * scale) << p.name << " differs from replicated training";
+  }
 }
 
 }  // namespace keel::model::test

@@ -108,19 +108,7 @@ void expect_staged_shards_equal_replicated(const Case& c, const std::string& bac
     EXPECT_GT(comm.reductions(), 2 * sharded.grad_groups().size()) << "small buckets: several per group";
     const FlatRange mine = params.optimizer_range();
     ASSERT_EQ(mine.size(), sync.shards()[size_t(rank)].size());
-    // Per tensor, the largest difference against the tensor's largest gradient: the same products,
-    // accumulated once per micro-batch instead of inside the GEMM, differ by rounding only; a
-    // staging buffer overwritten or summed twice is off by the gradients' own size.
-    for (const Param& p : params.params()) {
-      const FlatRange part = FlatRange{p.offset, p.offset + p.numel}.intersect(mine);
-      double diff = 0, scale = 0;
-      for (int64_t e = part.begin; e < part.end; ++e) {
-        const double want = 2.0 * double(whole.grads()[e]), got = params.shard_grads()[e - mine.begin];
-        diff = std::max(diff, std::abs(got - want));
-        scale = std::max(scale, std::abs(want));
-      }
-      if (part.size() > 0) EXPECT_LE(diff, 1e-6 * scale) << p.name << " differs from replicated training";
-    }
+    test::expect_shard_is_twice_replicated(params, whole);
   }
 }
 
