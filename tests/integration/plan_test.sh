@@ -70,8 +70,8 @@ expect dp4_ckpt "block inputs + one recomputed block"
 expect dp4_zero2 "dp 4, ZeRO-2"
 expect dp4_zero2 "1/4 shard accumulated"
 expect dp4_zero2 "1/4 shard (ZeRO-2)"
-expect dp4 "--zero 2"   # no ZeRO stage fits alone: the knob's strongest setting is shown
-expect dp4 "even with ZeRO-2 over any number of ranks"
+expect dp4 "--zero 3"   # no ZeRO stage fits alone: the knob's strongest setting is shown
+expect dp4 "under ZeRO-3 rank 0 gathers the whole fp32 model"
 expect dp4 "async_save = false"
 expect dp4 "use_gradient_checkpointing = true"
 expect dp4 "batch_size = 1 (accumulation 16)"

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""ZeRO stage 2 over MPI against replicated training (stage 0), at dp = 2 and dp = 4 (ranks
+"""ZeRO stages 2 and 3 over MPI against replicated training (stage 0), at dp = 2 and dp = 4 (ranks
 oversubscribed on this machine), fp32 and bf16, with shuffling, clipping, gradient accumulation,
-gradient checkpointing, LoRA and checkpoints: the same losses, gradient norms, final weights and
-checkpointed moments; bit-identical to ZeRO-1 where the sums are the same additions (one
-micro-batch per step, rank-ordered reductions); resumed across stages and world sizes; and the
-plan of `keel plan --zero 2` holding a shard of the gradients.
+gradient checkpointing, evaluation, LoRA (stage 2) and checkpoints: the same losses, gradient
+norms, evaluation losses, final weights and checkpointed weights and moments; ZeRO-2 bit-identical
+to ZeRO-1 and ZeRO-3 to ZeRO-2 where the sums are the same additions (one micro-batch per step,
+rank-ordered reductions); resumed across stages and world sizes; and the plans of `keel plan
+--zero 2` and `--zero 3` holding a shard of the gradients, and of the weights.
 
     $(scripts/python-env.sh) tests/integration/zero_test.py KEEL [--only NAME]
 """
@@ -35,11 +36,15 @@ def write_recipe(name, **overrides):
             # Small buckets: several per gradient group, so a group's reductions are waited for
             # bucket by bucket.
             "bucket_size_mb": 0.004}
+    model = dict(MODEL, **overrides.pop("model", {}))
     keys.update(overrides)
-    text = "".join("%s = %s\n" % (k, ("true" if v else "false") if isinstance(v, bool) else json.dumps(v))
-                   for k, v in keys.items())
+
+    def toml(v):
+        return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v)
+
+    text = "".join("%s = %s\n" % (k, toml(v)) for k, v in keys.items())
     # llama without q/k/v biases: see data_parallel_test.py (the k bias's gradient is pure rounding).
-    text += '[model_config]\nfamily = "llama"\n' + "".join("%s = %d\n" % kv for kv in MODEL.items())
+    text += '[model_config]\nfamily = "llama"\n' + "".join("%s = %s\n" % (k, toml(v)) for k, v in model.items())
     path = os.path.join(WORK, name + ".toml")
     with open(path, "w") as f:
         f.write(text)
@@ -74,33 +79,51 @@ def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-30)
 
 
-def compare_stages(tag, ranks, lora=False, **keys):
-    """ZeRO-2 against replicated training on `ranks` ranks: losses, gradient norms, final weights
-    (or adapter) and the checkpoint's moments agree to 1e-6 (the sums differ in order only: each
-    micro-batch's gradients are reduced on their own, then accumulated)."""
+def compare_stages(tag, ranks, lora=False, stage=2, **keys):
+    """ZeRO-`stage` against replicated training on `ranks` ranks: losses, gradient norms, evaluation
+    losses, final weights (or adapter) and the checkpoint's weights and moments agree to 1e-6 (the
+    sums differ in order only: each micro-batch's gradients are reduced on their own, then
+    accumulated)."""
     runs = {}
-    for stage in (0, 2):
+    sharded = stage
+    for stage in (0, sharded):
         name = "%s_zero%d" % (tag, stage)
         r = train(write_recipe(name, dp_degree=ranks, zero_stage=stage, checkpoint_dir=os.path.join(WORK, name, "ck"),
                                save_interval=2, **keys), ranks)
         if not check(r.returncode == 0, "%s: ZeRO-%d on %d ranks%s" % (tag, stage, ranks, r.why)):
             return
         optimizer = hf_models.load_safetensors(os.path.join(WORK, name, "ck", "step-00000005", "optimizer.safetensors"))
+        optimizer.update(("w." + k, v) for k, v in hf_models.load_safetensors(
+            os.path.join(WORK, name, "ck", "step-00000005", "weights.safetensors")).items())
         runs[stage] = (r.stdout, metrics(name), final_weights(name, lora), optimizer)
-    check("ZeRO-2: AdamW moments and gradients sharded over %d ranks" % ranks in runs[2][0],
-          "%s: the run says what ZeRO-2 shards" % tag)
-    (_, m0, w0, o0), (_, m2, w2, o2) = runs[0], runs[2]
+    says = {2: "ZeRO-2: AdamW moments and gradients sharded over %d ranks" % ranks,
+            3: "ZeRO-3: fp32 weights, AdamW moments and gradients sharded over %d ranks" % ranks}[sharded]
+    check(says in runs[sharded][0], "%s: the run says what ZeRO-%d shards" % (tag, sharded))
+    (_, m0, w0, o0), (_, m2, w2, o2) = runs[0], runs[sharded]
     check([x["step"] for x in m2] == [1, 2, 3, 4, 5], "%s: five steps" % tag)
+    # bf16 with accumulation: the first step's sums differ in order only (1e-6), but from then on a
+    # master weight one fp32 ulp apart can round to a neighbouring bf16 value, and AdamW turns tiny
+    # gradients into full-size updates; on CPUs with native bf16 dot products (AVX-512 BF16, where
+    # oneDNN accumulates in another order) five steps drift to ~1e-5 in the loss and ~3e-3 in the
+    # weights. A staging buffer overwritten or summed twice is off at step 1 by the gradients' size.
+    drift = keys.get("dtype") == "bf16" and keys.get("gradient_accumulation_steps", 2) > 1
+    loss_tol, norm_tol, weight_tol = (1e-4, 1e-3, 1e-2) if drift else (1e-6, 1e-6, 1e-6)
+    check(rel(m2[0]["loss"], m0[0]["loss"]) <= 1e-6 and rel(m2[0]["grad_norm"], m0[0]["grad_norm"]) <= 1e-6,
+          "%s: step 1's loss and gradient norm equal replicated (%s vs %s)" % (tag, m2[0], m0[0]))
     worst = max(rel(a["loss"], b["loss"]) for a, b in zip(m2, m0))
-    check(worst <= 1e-6, "%s: losses equal replicated (worst %.2e)" % (tag, worst))
+    check(worst <= loss_tol, "%s: losses equal replicated (worst %.2e)" % (tag, worst))
     worst = max(rel(a["grad_norm"], b["grad_norm"]) for a, b in zip(m2, m0))
-    check(worst <= 1e-6, "%s: gradient norms equal replicated (worst %.2e)" % (tag, worst))
+    check(worst <= norm_tol, "%s: gradient norms equal replicated (worst %.2e)" % (tag, worst))
+    evals = [(a["eval_loss"], b["eval_loss"]) for a, b in zip(m2, m0) if "eval_loss" in b]
+    check(all("eval_loss" in b for b in m0[1::2]) == ("eval_data_path" in keys) and
+          all(rel(a, b) <= loss_tol for a, b in evals), "%s: evaluation losses equal replicated (%s)" % (tag, evals))
     worst, where = max_rel_l2(w2, w0)
-    check(set(w2) == set(w0) and worst <= 1e-6, "%s: final weights equal replicated (worst %.2e, %s)" % (tag, worst, where))
+    check(set(w2) == set(w0) and worst <= weight_tol,
+          "%s: final weights equal replicated (worst %.2e, %s)" % (tag, worst, where))
     worst, where = max_rel_l2(o2, o0)
-    check(set(o2) == set(o0) and worst <= 1e-6,
-          "%s: the checkpoint's moments equal replicated (worst %.2e, %s)" % (tag, worst, where))
-    print("  %s: ZeRO-2 against replicated within %.1e" % (tag, worst))
+    check(set(o2) == set(o0) and worst <= weight_tol,
+          "%s: the checkpoint's weights and moments equal replicated (worst %.2e, %s)" % (tag, worst, where))
+    print("  %s: ZeRO-%d against replicated within %.1e" % (tag, sharded, worst))
 
 
 def test_zero2_fp32_dp2():
@@ -125,17 +148,41 @@ def test_zero2_lora():
                    lora_dropout=0.1)
 
 
+def test_zero3_fp32_dp2_evaluation():
+    compare_stages("fp32_dp2_z3", 2, stage=3, eval_data_path=DATA, eval_interval=2)
+
+
+def test_zero3_bf16_dp2_async_save():
+    compare_stages("bf16_dp2_z3", 2, stage=3, dtype="bf16", async_save=True)
+
+
+def test_zero3_dp4_checkpointing():
+    compare_stages("fp32_dp4_z3", 4, stage=3, gradient_accumulation_steps=1, use_gradient_checkpointing=True)
+
+
+def test_zero3_bf16_dp4_no_overlap_tied():
+    compare_stages("bf16_dp4_z3", 4, stage=3, dtype="bf16", overlap_grad_sync=False, gradient_accumulation_steps=1,
+                   model={"tie_word_embeddings": True})
+
+
+def test_zero3_refuses_lora():
+    r = train(write_recipe("lora_z3", zero_stage=3, finetuning_type="lora", lora_rank=4), 2)
+    check(r.returncode == 2 and "zero_stage = 3" in r.stderr and "LoRA" in r.stderr,
+          "ZeRO-3 with LoRA is refused, saying why and what to use (%s)" % r.stderr.strip()[-300:])
+
+
 def test_zero2_bit_identical_to_zero1():
     """One micro-batch per step and rank-ordered sums: ZeRO-2 adds exactly what ZeRO-1 adds (each
     gradient reduced once, into zero), so the final model is the same bytes."""
     finals = {}
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         name = "exact_zero%d" % stage
         r = train(write_recipe(name, zero_stage=stage, gradient_accumulation_steps=1, deterministic_reduce=True), 2)
         if not check(r.returncode == 0, "ZeRO-%d deterministic run%s" % (stage, r.why)):
             return
         finals[stage] = final_bytes(name)
     check(finals[1] == finals[2], "ZeRO-2 trains bit-identically to ZeRO-1 with one micro-batch per step")
+    check(finals[3] == finals[2], "ZeRO-3 trains bit-identically to ZeRO-2 with one micro-batch per step")
 
 
 def test_resume_across_stages_and_world_sizes():
@@ -150,7 +197,11 @@ def test_resume_across_stages_and_world_sizes():
     plans = (("zero1_dp2_to_zero2_dp4", dict(dp_degree=2, gradient_accumulation_steps=2, zero_stage=1),
               dict(dp_degree=4, gradient_accumulation_steps=1, zero_stage=2)),
              ("zero2_dp2_to_dp1", dict(dp_degree=2, gradient_accumulation_steps=2, zero_stage=2),
-              dict(dp_degree=1, gradient_accumulation_steps=4, zero_stage=0)))
+              dict(dp_degree=1, gradient_accumulation_steps=4, zero_stage=0)),
+             ("zero2_dp2_to_zero3_dp4", dict(dp_degree=2, gradient_accumulation_steps=2, zero_stage=2),
+              dict(dp_degree=4, gradient_accumulation_steps=1, zero_stage=3)),
+             ("zero3_dp4_to_zero1_dp2", dict(dp_degree=4, gradient_accumulation_steps=1, zero_stage=3),
+              dict(dp_degree=2, gradient_accumulation_steps=2, zero_stage=1)))
     for name, first, then in plans:
         ck = {"checkpoint_dir": os.path.join(WORK, name, "ck"), "save_interval": 1}
         r = train(write_recipe(name, **first, **ck), first["dp_degree"], "--stop-after", "2")
@@ -169,10 +220,11 @@ def test_resume_across_stages_and_world_sizes():
 
 def test_plan_shards_gradients():
     """keel plan --zero 2: the gradients are a 1/dp shard plus the groups in flight, below ZeRO-1's
-    whole buffer; the optimizer state is ZeRO-1's."""
+    whole buffer; the optimizer state is ZeRO-1's. --zero 3: the master weights a 1/dp shard too,
+    the gradients and moments ZeRO-2's."""
     path = write_recipe("plan", dp_degree=4)
     plans = {}
-    for stage in (1, 2):
+    for stage in (1, 2, 3):
         r = subprocess.run([KEEL, "plan", path, "--json", "--zero", str(stage)], capture_output=True, text=True)
         if not check(r.returncode == 0, "keel plan --zero %d (%s)" % (stage, r.stderr[-300:])):
             return
@@ -182,6 +234,11 @@ def test_plan_shards_gradients():
     check(plans[2]["optimizer state"] == plans[1]["optimizer state"], "ZeRO-2's optimizer state is ZeRO-1's")
     r = subprocess.run([KEEL, "plan", path, "--zero", "2"], capture_output=True, text=True)
     check(r.returncode == 0 and "1/4 shard accumulated" in r.stdout, "the report says what the gradients hold")
+    p2, p3 = plans[2], plans[3]
+    check(p3["master weights"] <= p2["master weights"] / 4 + 256 and p3["gradients"] == p2["gradients"] and
+          p3["optimizer state"] == p2["optimizer state"],
+          "ZeRO-3 plans a quarter of the master weights at dp = 4, ZeRO-2's gradients and moments (%s vs %s)"
+          % (p3, p2))
 
 
 if __name__ == "__main__":

@@ -438,7 +438,7 @@ TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
 // training thread's steady-state steps allocate nothing either — queueing each bucket's collective
 // as the backward pass finishes it, the step totals, waiting, under ZeRO-1 the reduce-scatter, the
 // sharded update and the weight all-gather, and under ZeRO-2 the staged reductions of every
-// micro-batch and the waits of the position hook. The step is train::GradSync's, as the trainer
+// micro-batch and the waits of the position hook, and under ZeRO-3 the weight gathers. The step is train::GradSync's, as the trainer
 // runs it. The communication thread is not counted: its MPI calls allocate inside Open MPI (the
 // allreduce's scratch buffer), outside keel's control.
 void expect_no_allocation_in_data_parallel_steps(int zero_stage) {
@@ -452,6 +452,7 @@ void expect_no_allocation_in_data_parallel_steps(int zero_stage) {
     options.optimizer_shards = ranks;
     options.optimizer_shard = comm->rank();
     options.shard_gradients = zero_stage >= 2;
+    options.shard_weights = zero_stage >= 3;
   }
   model::Decoder decoder(config, model::Precision::BF16, batch, seq, options);
   decoder.init_random(1);
@@ -495,6 +496,10 @@ TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroOne) {
 }
 TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroTwo) {
   expect_no_allocation_in_data_parallel_steps(2);
+}
+// ZeRO-3: every position's weight gathers, started ahead and waited for, and their bf16 copies.
+TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroThree) {
+  expect_no_allocation_in_data_parallel_steps(3);
 }
 
 }  // namespace

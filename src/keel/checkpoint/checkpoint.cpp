@@ -52,12 +52,14 @@ CheckpointWriter::MomentSource moments_in(const float* m, const float* v) {
   };
 }
 
-// The moments "m.<name>" (which = 0) or "v.<name>" (which = 1), read from `source`.
+// The moments "m.<name>" (which = 0) or "v.<name>" (which = 1), or the weights "<name>" (which =
+// 2, ZeRO-3), read from `source`.
 std::vector<model::TensorToWrite> moment_tensors(const std::vector<model::Param>& layout,
                                                  const CheckpointWriter::MomentSource& source, int which) {
+  static constexpr const char* kPrefix[] = {"m.", "v.", ""};  // which: 0 = m, 1 = v, 2 = the weights
   std::vector<model::TensorToWrite> out;
   for (const auto& p : layout)
-    out.push_back({(which == 0 ? "m." : "v.") + p.name, p.shape,
+    out.push_back({std::string(kPrefix[which]) + p.name, p.shape,
                    model::TensorToWrite::Reader(
                        [&source, which, offset = p.offset](int64_t begin, int64_t max_count, int64_t* n) {
                          return source(which, offset + begin, max_count, n);
@@ -228,7 +230,9 @@ void CheckpointWriter::write_once(const std::vector<model::Param>& layout, const
   try {
     fs::remove_all(tmp);
     make_dirs(tmp);
-    model::write_safetensors(tmp + "/weights.safetensors", tensors_of(layout, weights, ""), DType::F32);
+    model::write_safetensors(tmp + "/weights.safetensors",
+                             weights ? tensors_of(layout, weights, "") : moment_tensors(layout, moments, 2),
+                             DType::F32);
     auto tensors = moment_tensors(layout, moments, 0);
     auto second = moment_tensors(layout, moments, 1);
     tensors.insert(tensors.end(), second.begin(), second.end());
@@ -483,15 +487,16 @@ void read_tensors(const std::string& file, const std::vector<model::Param>& layo
 
 }  // namespace
 
+// The weights this process holds: all of them, or its ZeRO-3 shard.
 void read_checkpoint_weights(const std::string& path, model::ParamStore& params) {
-  read_tensors(path + "/weights.safetensors", params.params(), params.weights(), "", {0, params.total()});
+  read_tensors(path + "/weights.safetensors", params.params(), params.masters(), "", params.master_range());
   params.refresh_bf16_copy();
 }
 
 TrainingState load_checkpoint(const std::string& path, model::ParamStore& params) {
   verify_checkpoint(path);
   TrainingState state = read_checkpoint_state(path);
-  read_tensors(path + "/weights.safetensors", params.params(), params.weights(), "", {0, params.total()});
+  read_tensors(path + "/weights.safetensors", params.params(), params.masters(), "", params.master_range());
   read_tensors(path + "/optimizer.safetensors", params.params(), params.adam_m(), "m.", params.optimizer_range());
   read_tensors(path + "/optimizer.safetensors", params.params(), params.adam_v(), "v.", params.optimizer_range());
   params.refresh_bf16_copy();

@@ -70,7 +70,8 @@ class CheckpointWriter {
   // A synchronous save whose optimizer state is read piece by piece while the file is written
   // (ZeRO-1 on rank 0: the other ranks' moments arrive as they are needed; distributed::ShardReader), so
   // no copy of the whole state is held. moments(which, begin, max_count, &n) returns elements
-  // [begin, begin + n) of the flat m (which = 0) or v (which = 1), 0 < n <= max_count.
+  // [begin, begin + n) of the flat m (which = 0) or v (which = 1), 0 < n <= max_count; and, when
+  // `weights` is null (ZeRO-3: no rank holds them whole), of the weights (which = 2), read first.
   using MomentSource = std::function<const float*(int which, int64_t begin, int64_t max_count, int64_t* n)>;
   SaveStats save_streamed(const std::vector<model::Param>& layout, const float* weights, const MomentSource& moments,
                           const TrainingState& state, const std::string& resolved_recipe);

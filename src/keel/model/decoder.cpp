@@ -142,6 +142,47 @@ std::vector<GradGroup> gradient_groups(const ModelConfig& c, const DecoderParamI
   return groups;
 }
 
+// ZeRO-3's gathers (WeightGather), sorted by position: the flat buffer holds the embedding, then
+// each block's tensors, then the final norm and LM head, so each group is one contiguous span.
+std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const DecoderParamIds& ids,
+                                              const ParamStore& params) {
+  const StepTimeline t{int32_t(c.num_layers)};
+  auto span = [&](int first, int last) {
+    const Param& end = params.param(last);
+    return FlatRange{params.param(first).offset, end.offset + end.numel};
+  };
+  std::vector<WeightGather> out;
+  auto gather = [&](int first, int last, int32_t position) {
+    out.push_back({first, last, span(first, last), position});
+  };
+  gather(ids.embed, ids.embed, t.forward(0));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int first = ids.layers[size_t(l)].input_norm;
+    const int last = l + 1 < c.num_layers ? ids.layers[size_t(l + 1)].input_norm - 1 : ids.final_norm - 1;
+    gather(first, last, t.forward(l));
+    gather(first, last, t.backward(l));
+  }
+  const int head_last = c.tie_word_embeddings ? ids.final_norm : ids.lm_head;
+  gather(ids.final_norm, head_last, t.head());
+  if (c.tie_word_embeddings) gather(ids.embed, ids.embed, t.head());
+  std::stable_sort(out.begin(), out.end(),
+                   [](const WeightGather& a, const WeightGather& b) { return a.position < b.position; });
+  return out;
+}
+
+// A gathered buffer's name in the plan: what it holds and where it is read.
+std::string gathered_name(const StepTimeline& t, const ParamStore& params, const WeightGather& g) {
+  const std::string& first = params.param(g.first_param).name;
+  const std::string what = first == "embed"        ? "embed"
+                           : first == "final_norm" ? "final_norm + lm_head"
+                                                   : first.substr(0, first.find('.', first.find('.') + 1));
+  const std::string where = g.position == t.head() ? "head"
+                            : g.position <= t.layers
+                                ? fmt::format("forward of layer {}", g.position - 1)
+                                : fmt::format("backward of layer {}", t.head() + t.layers - g.position);
+  return fmt::format("weights.gathered ({}, read in the {})", what, where);
+}
+
 // What the plan and the constructor both refuse, before anything is laid out.
 void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_seq, const DecoderOptions& options) {
   model::validate(config, "model");
@@ -150,6 +191,8 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           "decoder: optimizer shard {} of {} does not exist", options.optimizer_shard, options.optimizer_shards);
   require(!options.shard_gradients || (options.optimizer_state && options.optimizer_shards > 1),
           "decoder: sharded gradients (ZeRO-2) need the optimizer state sharded over more than one rank");
+  require(!options.shard_weights || (options.shard_gradients && !options.lora.enabled() && !options.four_bit_base),
+          "decoder: sharded weights (ZeRO-3) need sharded gradients (ZeRO-2) and full fine-tuning (not LoRA)");
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
@@ -205,6 +248,7 @@ struct DecoderLayout {
   int lora_dropped = -1, lora_dropped_b = -1, lora_dx = -1;
   int grad_shard = -1;            // ZeRO-2: this rank's summed gradients
   std::vector<int> grad_staging;  // ZeRO-2: one per GradGroup
+  std::vector<int> gathered, gathered_b;    // ZeRO-3: one per WeightGather (fp32, and bf16 copies)
   std::vector<int> x;                       // [layers + 1] block inputs; x[layers] feeds the final norm
   std::vector<BlockIds> forward, backward;  // the same ids unless checkpointing
   int xn_final = -1, rstd_final = -1, xn_final_b = -1;
@@ -232,8 +276,9 @@ std::string written_where(const StepTimeline& t, const GradGroup& g) {
 // through the backward pass and shares its bytes with the LM head's logits chunk, which is dead
 // by then.
 DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, const AdapterShape& adapter,
-                              const std::vector<GradGroup>& grad_groups, Precision precision, int64_t max_batch,
-                              int64_t max_seq, const DecoderOptions& options, MemoryPlan& plan) {
+                              const std::vector<GradGroup>& grad_groups, const std::vector<WeightGather>& gathers,
+                              Precision precision, int64_t max_batch, int64_t max_seq, const DecoderOptions& options,
+                              MemoryPlan& plan) {
   const int64_t param_elements = params.total();
   using Cat = MemoryCategory;
   const StepTimeline t{int32_t(c.num_layers)};
@@ -251,9 +296,25 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
 
   DecoderLayout d;
   const int32_t always = 0, end = t.last();
-  d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
-  d.weights_bf16 = add_bf16(params.compute_only_total() ? "weights.bf16 (frozen matrices in bf16 only)" : "weights.bf16",
-                            Cat::ComputeWeights, params.bf16_total(), always, end);
+  if (options.shard_weights) {
+    // ZeRO-3: this rank's shard of the masters (every rank plans the largest, shard 0), and each
+    // gather's buffer from the position before the one that reads it (the first position's: that
+    // one alone).
+    const int shards = options.optimizer_shards;
+    d.weights = add(fmt::format("weights (1/{} shard)", shards), Cat::MasterWeights,
+                    shard_ranges(param_elements, shards)[0].size(), f32, always, end);
+    for (const WeightGather& g : gathers) {
+      const int32_t first = std::max(g.position - 1, t.forward(0));
+      const std::string name = gathered_name(t, params, g);
+      d.gathered.push_back(add(name, Cat::ComputeWeights, g.range.size(), f32, first, g.position));
+      d.gathered_b.push_back(add_bf16(name + ".bf16", Cat::ComputeWeights, g.range.size(), first, g.position));
+    }
+  } else {
+    d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
+    d.weights_bf16 =
+        add_bf16(params.compute_only_total() ? "weights.bf16 (frozen matrices in bf16 only)" : "weights.bf16",
+                 Cat::ComputeWeights, params.bf16_total(), always, end);
+  }
   if (params.four_bit_total() > 0) {
     const std::string_view type = four_bit_type_name(options.four_bit_type);  // report/memory_report reads it
     d.four_bit_packed = add(fmt::format("weights.{} (4-bit codes)", type), Cat::ComputeWeights,
@@ -427,9 +488,11 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
   const std::vector<GradGroup> groups =
       options.shard_gradients ? gradient_groups(config, ids, layout.modules.empty() ? params : adapter, layout)
                               : std::vector<GradGroup>{};
+  const std::vector<WeightGather> gathers =
+      options.shard_weights ? plan_weight_gathers(config, ids, params) : std::vector<WeightGather>{};
   MemoryPlan plan;
-  describe_memory(config, params, adapter_shape(config, layout.modules, adapter, options.lora), groups, precision,
-                  max_batch, max_seq, options, plan);
+  describe_memory(config, params, adapter_shape(config, layout.modules, adapter, options.lora), groups, gathers,
+                  precision, max_batch, max_seq, options, plan);
   plan.pack();
   return plan;
 }
@@ -589,6 +652,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     AdapterLayout layout = declare_adapter(c, ids_, options_.lora, adapter_);
     if (options_.shard_gradients)
       grad_groups_ = gradient_groups(c, ids_, layout.modules.empty() ? params_ : adapter_, layout);
+    if (options_.shard_weights) weight_gathers_ = plan_weight_gathers(c, ids_, params_);
     lora_ = std::move(layout.modules);
     saved_ = std::move(layout.saved);
     trained_embed_ = layout.embed;
@@ -600,8 +664,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   buf_ = std::make_unique<Buffers>();
   auto& b = *buf_;
   const DecoderLayout& d = b.layout =
-      describe_memory(c, params_, adapter_shape(c, lora_, adapter_, options_.lora), grad_groups_, precision_,
-                      max_batch_, max_seq_, options_, plan_);
+      describe_memory(c, params_, adapter_shape(c, lora_, adapter_, options_.lora), grad_groups_, weight_gathers_,
+                      precision_, max_batch_, max_seq_, options_, plan_);
   plan_.require_fits(options_.memory_cap_bytes, "memory_pool_size");
   // The arena is touched up front: a plan beyond the machine's memory would end in the kernel's
   // out-of-memory killer, so say so here, with the breakdown.
@@ -620,6 +684,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
                                    d.adam_v,          d.lora_weights,    d.lora_grads, d.lora_weights_bf16,
                                    d.four_bit_packed, d.four_bit_absmax, d.grad_shard};
     persistent.insert(persistent.end(), d.grad_staging.begin(), d.grad_staging.end());
+    persistent.insert(persistent.end(), d.gathered.begin(), d.gathered.end());
+    persistent.insert(persistent.end(), d.gathered_b.begin(), d.gathered_b.end());
     MemoryPlan kept(plan_.alignment());
     std::vector<std::pair<int, int>> kept_ids;  // plan id, id in `kept`
     for (int id : persistent)
@@ -646,6 +712,13 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
         grad_at[size_t(i)] = group.staging + (trained.param(i).offset - group.range.begin);
     }
     trained.bind_staged_grads(std::move(grad_at), f32(d.grad_shard));
+  }
+  if (options_.shard_weights) {  // ZeRO-3: a shard of the masters; each gather's buffers
+    trained.shard_weights();
+    for (size_t g = 0; g < weight_gathers_.size(); ++g) {
+      weight_gathers_[g].weights = f32(d.gathered[g]);
+      weight_gathers_[g].weights_bf16 = b16(d.gathered_b[g]);
+    }
   }
   if (lora_.empty()) {
     params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
@@ -680,7 +753,11 @@ void Decoder::init_random(uint64_t seed, double std) {
     const bool is_norm = p.name.find("norm") != std::string::npos;
     const bool is_bias = p.name.find(".bias") != std::string::npos;
     auto value = [&] { return is_norm ? 1.0f : is_bias ? 0.0f : normal(rng); };
-    if (p.master()) {
+    if (p.master() && params_.sharded_weights()) {  // ZeRO-3: every draw, this rank's part kept
+      std::vector<float> w(size_t(p.numel));
+      for (float& v : w) v = value();
+      params_.write_master(i, 0, w.data(), p.numel);
+    } else if (p.master()) {
       float* w = params_.weight(i);
       for (int64_t k = 0; k < p.numel; ++k) w[k] = value();
     } else if (p.storage == ParamStorage::Bf16) {  // the same draws, rounded as a master's bf16 copy
@@ -966,7 +1043,9 @@ void Decoder::forward(const MicroBatch& mb) {
   auto& b = *buf_;
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, L = c.num_layers;
   auto& P = params_;
+  const StepTimeline t{int32_t(L)};
 
+  enter_position(t.forward(0));
   if (trained_embed_ >= 0)  // modules_to_save: the adapter's trained copy
     backend_.embedding_forward(mb.input_ids, N, adapter_.weight(trained_embed_), H, b.x[0]);
   else if (P.param(ids_.embed).master())
@@ -974,7 +1053,11 @@ void Decoder::forward(const MicroBatch& mb) {
   else
     backend_.embedding_forward_bf16(mb.input_ids, N, P.weight_bf16(ids_.embed), H, b.x[0]);
   if (c.scale_embeddings) backend_.scale_in_place(b.x[0], N * H, embedding_scale(c));
-  for (int64_t l = 0; l < L; ++l) forward_block(mb, l, b.x[l], b.forward[l], b.x[l + 1]);
+  for (int64_t l = 0; l < L; ++l) {
+    if (l > 0) enter_position(t.forward(l));
+    forward_block(mb, l, b.x[l], b.forward[l], b.x[l + 1]);
+  }
+  enter_position(t.head());
   backend_.rmsnorm_forward(b.x[L], P.weight(ids_.final_norm), N, H, c.rms_norm_eps, c.norm_weight_offset, b.xn_final,
                            b.rstd_final);
   to_bf16(b.xn_final, b.xn_final_b, N * H);
@@ -1108,14 +1191,55 @@ void Decoder::enter_position(int32_t position) {
   if (position_hook_) position_hook_(position);
   for (const GradGroup& g : grad_groups_)
     if (g.first_written == position) std::fill_n(g.staging, g.range.size(), 0.0f);
+  if (weight_gathers_.empty()) return;
+  // ZeRO-3. The first position's gathers were not started ahead: start them now.
+  if (position == StepTimeline{int32_t(config_.num_layers)}.forward(0)) start_gathers(position);
+  for (size_t i = 0; i < weight_gathers_.size(); ++i) {
+    const WeightGather& g = weight_gathers_[i];
+    if (g.position != position) continue;
+    gather_hooks_.wait(i);
+    if (g.weights_bf16) backend_.cast_to_bf16(g.weights, g.weights_bf16, g.range.size());
+    for (int p = g.first_param; p <= g.last_param; ++p) {
+      const int64_t at = params_.param(p).offset - g.range.begin;
+      params_.point_at(p, g.weights + at, g.weights_bf16 ? g.weights_bf16 + at : nullptr);
+    }
+  }
+  if (position < last_position_) start_gathers(position + 1);
 }
+
+// Copies this rank's masters of each gather read at `position` into its buffer and starts it.
+void Decoder::start_gathers(int32_t position) {
+  const FlatRange held = params_.master_range();
+  for (size_t i = 0; i < weight_gathers_.size(); ++i) {
+    const WeightGather& g = weight_gathers_[i];
+    if (g.position != position) continue;
+    const FlatRange mine = g.range.intersect(held);
+    if (mine.size() > 0)
+      std::copy_n(params_.masters() + (mine.begin - held.begin), mine.size(), g.weights + (mine.begin - g.range.begin));
+    gather_hooks_.start(i);
+  }
+}
+
+struct Decoder::CallScope {
+  Decoder& d;
+  CallScope(Decoder& decoder, int32_t last_position) : d(decoder) {
+    require(d.weight_gathers_.empty() || (d.gather_hooks_.start && d.gather_hooks_.wait),
+            "decoder: the weights are sharded (ZeRO-3) but nothing gathers them (set_weight_gather_hooks)");
+    d.last_position_ = last_position;
+  }
+  ~CallScope() {
+    if (!d.weight_gathers_.empty()) d.params_.point_nowhere();
+  }
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+};
 
 double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
   validate(mb);
+  const StepTimeline t{int32_t(config_.num_layers)};
+  CallScope call(*this, t.backward(0));
   TransientScope transients(*buf_, plan_);
   forward(mb);
-  const StepTimeline t{int32_t(config_.num_layers)};
-  enter_position(t.head());
   double loss = lm_head_loss(mb, grad_scale, true);
   if (!config_.tie_word_embeddings) base_grad_ready(ids_.lm_head);  // tied: the embedding adds to it last
   if (trained_lm_head_ >= 0) grad_ready(trained_lm_head_);
@@ -1125,6 +1249,7 @@ double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
 
 double Decoder::forward_loss(const MicroBatch& mb) {
   validate(mb);
+  CallScope call(*this, StepTimeline{int32_t(config_.num_layers)}.head());
   TransientScope transients(*buf_, plan_);
   forward(mb);
   return lm_head_loss(mb, 0.0, false);
@@ -1132,6 +1257,7 @@ double Decoder::forward_loss(const MicroBatch& mb) {
 
 void Decoder::logits_at(const MicroBatch& mb, const int64_t* rows, int64_t count, float* out) {
   validate(mb);
+  CallScope call(*this, StepTimeline{int32_t(config_.num_layers)}.head());
   TransientScope transients(*buf_, plan_);
   forward(mb);
   const int64_t H = config_.hidden_size, V = config_.vocab_size;

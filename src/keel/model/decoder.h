@@ -85,6 +85,11 @@ struct DecoderOptions {
   // buffer that lives only until that group has been reduce-scattered, and this decoder keeps the
   // summed gradients of its optimizer shard. Needs optimizer_shards > 1.
   bool shard_gradients = false;
+  // ZeRO-3 (stage 3): the weights are sharded too. This decoder holds the fp32 masters of its
+  // optimizer shard only; each position of the step reads weights gathered from every rank into a
+  // buffer planned for that position (WeightGather), through hooks a communicator drives
+  // (set_weight_gather_hooks). Needs shard_gradients; full fine-tuning only.
+  bool shard_weights = false;
   // Where the step computes and its arena lives; nullptr: kernels::default_backend() (the CPU).
   kernels::Backend* backend = nullptr;
   // LoRA (lora.h): the base weights are frozen (no gradients, no optimizer state, no weight-gradient
@@ -131,6 +136,24 @@ struct GradGroup {
   FlatRange range;                      // their span of the flat buffer (the staging's layout)
   int32_t first_written = 0, last_written = 0;
   float* staging = nullptr;  // range.size() floats (set by the decoder; null in a plan)
+};
+
+// ZeRO-3: weights one position of the step reads, gathered from every rank's shard of the masters
+// into a buffer planned for that position and the one before it: the gather starts as the step
+// enters the previous position, so it runs while that position computes (the first position's
+// gathers start and are waited for at once). The groups are the embedding, each block, and the
+// final norm with the LM head. A block is gathered twice, for its forward and for its backward:
+// keeping its weights in between would hold every block's at the head, the replicated footprint
+// (with gradient checkpointing the backward's gather also serves the recomputation). The head's
+// are gathered once (its forward and backward run at one position), the embedding for the first
+// position (and again at the head when the LM head is the embedding); its backward (a scatter into
+// the gradient) reads no weights.
+struct WeightGather {
+  int first_param = 0, last_param = 0;  // [first, last] of Decoder::params()
+  FlatRange range;                      // their span of the flat buffer (the gathered buffer's layout)
+  int32_t position = 0;                 // where the step reads them
+  float* weights = nullptr;             // range.size() floats (set by the decoder; null in a plan)
+  bf16* weights_bf16 = nullptr;         // their bf16 copies, made after the gather (bf16 precision)
 };
 
 // The memory plan of a decoder with these settings: every buffer the constructor will take from
@@ -211,6 +234,17 @@ class Decoder {
   using PositionHook = std::function<void(int32_t position)>;
   void set_backward_position_hook(PositionHook hook) { position_hook_ = std::move(hook); }
 
+  // ZeRO-3 (DecoderOptions::shard_weights): the gathers of the step in the order of their
+  // positions; empty otherwise. The decoder copies this rank's part of a gather's masters into its
+  // buffer, then calls start(g); before the position reads the weights it calls wait(g). Every
+  // forward_backward, forward_loss and logits_at call makes the same calls in the same order on
+  // every rank (its positions' gathers, one position ahead), so a collective can implement them.
+  const std::vector<WeightGather>& weight_gathers() const { return weight_gathers_; }
+  struct WeightGatherHooks {
+    std::function<void(size_t gather)> start, wait;
+  };
+  void set_weight_gather_hooks(WeightGatherHooks hooks) { gather_hooks_ = std::move(hooks); }
+
   // Forward only: the sum of the token losses (for evaluation).
   double forward_loss(const MicroBatch& batch);
 
@@ -275,7 +309,16 @@ class Decoder {
   GradReadyHook grad_ready_;
   std::vector<GradGroup> grad_groups_;
   PositionHook position_hook_;
+  std::vector<WeightGather> weight_gathers_;
+  WeightGatherHooks gather_hooks_;
+  int32_t last_position_ = 0;  // of the call in progress: the gathers started go no further
+  // Calls the position hook, waits for the weights the position reads (ZeRO-3) and starts the next
+  // position's gathers, zeroes the gradient staging that begins (ZeRO-2).
   void enter_position(int32_t position);
+  void start_gathers(int32_t position);
+  // A call's positions begin (the last one it reaches) and end: under ZeRO-3 no gathered address
+  // outlives the call.
+  struct CallScope;
   // `param` of trainable(); base weights report only when they train (not under LoRA).
   void grad_ready(int param) const {
     if (grad_ready_ && param >= 0) grad_ready_(param, backend_.record_event());

@@ -102,9 +102,11 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
         const auto slot = P.four_bit_slot(t.param, first, n);
         read_bnb_4bit(reader, t.name, t.shape(), saved->type, slot.packed, slot.absmax);
       } else {
-        std::vector<float> values(static_cast<size_t>(storage == ParamStorage::Master ? 0 : n));
-        float* out = storage == ParamStorage::Master ? P.weight(t.param) + first : values.data();
+        const bool in_place = storage == ParamStorage::Master && !P.sharded_weights();
+        std::vector<float> values(static_cast<size_t>(in_place ? 0 : n));
+        float* out = in_place ? P.weight(t.param) + first : values.data();
         read_bnb_4bit_dequantized(reader, t.name, t.shape(), saved->type, out);
+        if (storage == ParamStorage::Master && !in_place) P.write_master(t.param, first, values.data(), n);
         if (storage == ParamStorage::Bf16)
           convert_f32_to_bf16(values.data(), P.weight_bf16(t.param) + first, size_t(n));
       }
@@ -113,7 +115,15 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
       continue;
     }
     switch (storage) {
-      case ParamStorage::Master: reader.read_f32(t.name, t.shape(), P.weight(t.param) + first); break;
+      case ParamStorage::Master:
+        if (P.sharded_weights()) {  // ZeRO-3: the tensor passes through memory, this rank keeps its part
+          std::vector<float> values(static_cast<size_t>(n));
+          reader.read_f32(t.name, t.shape(), values.data());
+          P.write_master(t.param, first, values.data(), n);
+        } else {
+          reader.read_f32(t.name, t.shape(), P.weight(t.param) + first);
+        }
+        break;
       case ParamStorage::Bf16:  // a frozen bf16 matrix: straight into bf16, no fp32 copy on the way
         reader.read_bf16(t.name, t.shape(), P.weight_bf16(t.param) + first);
         break;

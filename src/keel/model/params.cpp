@@ -128,6 +128,35 @@ void ParamStore::bind_staged_grads(std::vector<float*> grad_at, float* shard) {
   grad_shard_ = shard;
 }
 
+void ParamStore::shard_weights() {
+  require(optimizer_shard_.has_value() && compute_only_total_ == 0 && four_bit_total_ == 0 && !allocated(),
+          "ParamStore::shard_weights: a store whose tensors all train, its optimizer range set, before bind()");
+  weight_at_.assign(params_.size(), nullptr);
+  weight_bf16_at_.assign(params_.size(), nullptr);
+}
+
+void ParamStore::point_nowhere() {
+  std::fill(weight_at_.begin(), weight_at_.end(), nullptr);
+  std::fill(weight_bf16_at_.begin(), weight_bf16_at_.end(), nullptr);
+}
+
+float* ParamStore::whole_weights() {
+  require(!sharded_weights(), "ParamStore: the weights are sharded (ZeRO-3); this rank holds [{}, {}) of them only",
+          master_range().begin, master_range().end);
+  return weights_;
+}
+
+void ParamStore::write_master(int i, int64_t first, const float* values, int64_t n) {
+  const Param& p = params_[size_t(i)];
+  require(p.master() && first >= 0 && n >= 0 && first + n <= p.numel,
+          "ParamStore::write_master: elements [{}, {}) of '{}' ({} elements, {})", first, first + n, p.name, p.numel,
+          p.master() ? "an fp32 master" : "no fp32 master");
+  const FlatRange held = master_range();
+  const FlatRange part = FlatRange{p.offset + first, p.offset + first + n}.intersect(held);
+  if (part.size() > 0)
+    std::copy_n(values + (part.begin - p.offset - first), part.size(), weights_ + (part.begin - held.begin));
+}
+
 void ParamStore::zero_grads() {
   if (grad_shard_)
     std::fill(grad_shard_, grad_shard_ + optimizer_range().size(), 0.0f);
@@ -138,7 +167,8 @@ void ParamStore::zero_grads() {
 void ParamStore::refresh_bf16_copy() { refresh_bf16_copy({0, total_}); }
 
 void ParamStore::refresh_bf16_copy(FlatRange range) {
-  if (weights_bf16_) convert_f32_to_bf16(weights_ + range.begin, weights_bf16_ + range.begin, range.size());
+  if (weights_bf16_ && !sharded_weights())
+    convert_f32_to_bf16(weights_ + range.begin, weights_bf16_ + range.begin, range.size());
 }
 
 }  // namespace keel::model

@@ -72,6 +72,26 @@ class ParamStore {
   void bind_staged_grads(std::vector<float*> grad_at, float* shard);
   bool staged_grads() const { return !grad_at_.empty(); }
   FlatRange optimizer_range() const { return optimizer_shard_ ? *optimizer_shard_ : FlatRange{0, total_}; }
+  // ZeRO-3: no whole fp32 buffer either. This rank holds the masters of optimizer_range() only
+  // (bind()'s `weights` is that shard, and no bf16 mirror is bound), and the decoder points each
+  // tensor at the buffer its weights are gathered into while a position of the step reads them
+  // (point_at); weight(i) and weight_bf16(i) are null otherwise. Call before bind(), after
+  // set_optimizer_range().
+  void shard_weights();
+  bool sharded_weights() const { return !weight_at_.empty(); }
+  void point_at(int i, float* weights, bf16* weights_bf16) {
+    weight_at_[size_t(i)] = weights;
+    weight_bf16_at_[size_t(i)] = weights_bf16;
+  }
+  void point_nowhere();  // every tensor's gathered address back to null
+  // The part of the flat buffer whose fp32 masters this process holds (all of it, or ZeRO-3's
+  // shard), and those masters: element j of the flat buffer is masters()[j - master_range().begin].
+  FlatRange master_range() const { return sharded_weights() ? optimizer_range() : FlatRange{0, total_}; }
+  float* masters() { return weights_; }
+  const float* masters() const { return weights_; }
+  // Elements [first, first + n) of master tensor i := values, for the part of them this process
+  // holds (loading and initialisation, tensor by tensor, whatever the sharding).
+  void write_master(int i, int64_t first, const float* values, int64_t n);
 
   const std::vector<Param>& params() const { return params_; }
   const Param& param(int i) const { return params_[i]; }
@@ -99,9 +119,13 @@ class ParamStore {
 
   bool allocated() const { return weights_ != nullptr; }
 
-  // The fp32 master; null for a compute-only tensor.
-  float* weight(int i) { return params_[i].master() ? weights_ + params_[i].offset : nullptr; }
-  const float* weight(int i) const { return params_[i].master() ? weights_ + params_[i].offset : nullptr; }
+  // The fp32 master; null for a compute-only tensor. Under ZeRO-3 where its weights are gathered
+  // (null outside the positions that read them).
+  float* weight(int i) {
+    if (!weight_at_.empty()) return weight_at_[size_t(i)];
+    return params_[i].master() ? weights_ + params_[i].offset : nullptr;
+  }
+  const float* weight(int i) const { return const_cast<ParamStore*>(this)->weight(i); }
   // Where the backward pass adds tensor i's gradient: the whole gradient buffer, or under ZeRO-2
   // its staging buffer.
   float* grad(int i) {
@@ -110,13 +134,15 @@ class ParamStore {
   }
   bool frozen() const { return grads_ == nullptr && grad_at_.empty(); }
   // The bf16 copy or compute-only bf16 tensor; null for 4-bit tensors and without a bf16 buffer.
-  bf16* weight_bf16(int i) { return has_bf16(params_[i]) ? weights_bf16_ + bf16_offset(params_[i]) : nullptr; }
-  const bf16* weight_bf16(int i) const {
+  bf16* weight_bf16(int i) {
+    if (!weight_bf16_at_.empty()) return weight_bf16_at_[size_t(i)];
     return has_bf16(params_[i]) ? weights_bf16_ + bf16_offset(params_[i]) : nullptr;
   }
+  const bf16* weight_bf16(int i) const { return const_cast<ParamStore*>(this)->weight_bf16(i); }
 
-  float* weights() { return weights_; }
-  const float* weights_data() const { return weights_; }
+  // The whole fp32 buffer (every master, flat). Not under ZeRO-3 (masters() holds a shard there).
+  float* weights() { return whole_weights(); }
+  const float* weights_data() const { return const_cast<ParamStore*>(this)->whole_weights(); }
   // The whole gradient buffer (null under ZeRO-2, which has none).
   float* grads() { return grads_; }
   // The summed gradients the optimizer reads, of optimizer_range(): element i of the flat buffer
@@ -136,6 +162,7 @@ class ParamStore {
   void refresh_bf16_copy(FlatRange range);  // of part of the weights (ZeRO-1: the shards other ranks updated)
 
  private:
+  float* whole_weights();
   int64_t bf16_offset(const Param& p) const { return p.master() ? p.offset : total_ + p.offset; }
   bool has_bf16(const Param& p) const { return weights_bf16_ && p.storage != ParamStorage::FourBit; }
   std::vector<Param> params_;
@@ -147,6 +174,8 @@ class ParamStore {
   float *weights_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
   std::vector<float*> grad_at_;  // ZeRO-2: each tensor's staged gradient
   float* grad_shard_ = nullptr;  // ZeRO-2: this rank's summed gradients
+  std::vector<float*> weight_at_;      // ZeRO-3: where each tensor's weights are gathered now
+  std::vector<bf16*> weight_bf16_at_;  // and their bf16 copies
   bf16* weights_bf16_ = nullptr;
   // Storage when the store owns its buffers (allocate()); empty when bound to a plan.
   std::vector<float> owned_weights_, owned_grads_, owned_adam_m_, owned_adam_v_;

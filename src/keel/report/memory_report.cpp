@@ -87,7 +87,7 @@ size_t loader_buffer_bytes(const run::Recipe& r, const RunShape& shape) {
 
 MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
   require(shape.dp >= 1, "memory plan: dp must be at least 1, got {}", shape.dp);
-  require(shape.zero_stage >= 0 && shape.zero_stage <= 2, "memory plan: ZeRO stage {} is not supported (0, 1 or 2)",
+  require(shape.zero_stage >= 0 && shape.zero_stage <= 3, "memory plan: ZeRO stage {} is not supported (0 to 3)",
           shape.zero_stage);
   auto options = run::training_decoder_options(r, config);
   options.gradient_checkpointing = shape.gradient_checkpointing;
@@ -100,6 +100,7 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   const size_t shards = shape.zero_stage >= 1 ? size_t(shape.dp) : 1;
   options.optimizer_shards = int(shards);
   options.shard_gradients = shape.zero_stage >= 2 && shards > 1;
+  options.shard_weights = shape.zero_stage >= 3 && shards > 1;
   const auto precision = run::recipe_precision(r);
   const MemoryPlan decoder =
       model::decoder_memory_plan(config, precision, shape.batch_size, shape.max_seq_len, options);
@@ -117,6 +118,22 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
 
   const model::StepTimeline t{int32_t(config.num_layers)};
   const int32_t end = t.last();
+  if (options.shard_weights) {
+    // ZeRO-3 holds a shard of the weights: what trains is the whole model all the same.
+    model::ParamStore whole;
+    model::DecoderParamIds ids;
+    model::declare_model_params(config, whole, ids);
+    param_elements = size_t(whole.total());
+    // Each tensor passes through memory whole while it is loaded or initialised, this rank keeping
+    // its part (the largest: the embedding or the LM head in every family).
+    int64_t largest = 0;
+    for (const auto& p : whole.params()) largest = std::max(largest, p.numel);
+    plan.add_external("ZeRO-3: one tensor whole while loading (this rank keeps its part)", MemoryCategory::Data,
+                      size_t(largest) * sizeof(float), 0, 0);
+    // The final save: rank 0 gathers the model whole once training is done (rank 0's figure).
+    plan.add_external("ZeRO-3: the model gathered on rank 0 for the final save", MemoryCategory::CheckpointStaging,
+                      param_elements * sizeof(float), end, end);
+  }
   if (shape.dp > 1) {
     // Gradient buckets (distributed::GradBuckets) are contiguous ranges of the gradient buffer, reduced in
     // place by one communication thread, one bucket at a time, handed to MPI in pieces of at most
@@ -230,9 +247,11 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
     if (b.name.rfind("weights.nf4", 0) == 0) four_bit = "NF4";
     if (b.name.rfind("weights.fp4", 0) == 0) four_bit = "FP4";
   }
+  const bool zero3 = sharded && shape.zero_stage >= 3;
   auto note = [&](MemoryCategory c) -> std::string {
     switch (c) {
       case MemoryCategory::MasterWeights:
+        if (zero3) return "fp32 master" + shard;
         if (lora) return bf16 ? "fp32: the adapter, the frozen norms and biases" : "fp32: the model (frozen) and the adapter";
         return bf16 ? "fp32 master, whole on every rank" : "fp32 (the compute copy too)";
       case MemoryCategory::ComputeWeights:
@@ -240,6 +259,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
           return fmt::format("frozen projections in {} (4-bit codes + absmax), embedding/LM head and adapter in bf16",
                              four_bit);
         if (lora) return "frozen matrices in bf16 alone (no fp32 masters), the adapter's bf16 copy";
+        if (zero3) return "the weights gathered for this position and the next, fp32 and the bf16 the GEMMs read";
         return "bf16 copy the GEMMs read";
       case MemoryCategory::Gradients:
         if (sharded && shape.zero_stage >= 2)
@@ -255,7 +275,9 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
       case MemoryCategory::Workspace: return "gradient scratch, logits chunk (shared by lifetime)";
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
       case MemoryCategory::Data: return "the weight file pages of the tensor loading, micro-batches, rotary table";
-      case MemoryCategory::CheckpointStaging: return "async save snapshot (weights, m, v), or ZeRO's receive buffer";
+      case MemoryCategory::CheckpointStaging:
+        if (zero3) return "rank 0: a checkpoint's or the final save's whole fp32 model, gathered from the shards";
+        return "async save snapshot (weights, m, v), or ZeRO's receive buffer";
       case MemoryCategory::Runtime: return "code, libraries, threads, library scratch (measured)";
       case MemoryCategory::kCount: break;
     }
@@ -286,8 +308,10 @@ RunShape requested_shape(const run::Recipe& r, const PlanRequest& request) {
   RunShape shape = run_shape(r);
   if (request.dp > 0) shape.dp = request.dp;
   if (request.zero_stage >= 0) shape.zero_stage = request.zero_stage;
-  require(shape.zero_stage >= 0 && shape.zero_stage <= 2, "ZeRO stage {}: keel plans stages 0, 1 and 2",
-          shape.zero_stage);
+  require(shape.zero_stage >= 0 && shape.zero_stage <= 3, "ZeRO stage {}: keel plans stages 0 to 3", shape.zero_stage);
+  require(shape.zero_stage < 3 || r.finetuning_type != "lora",
+          "ZeRO stage 3 shards the model's weights, which LoRA keeps frozen and whole on every rank: plan LoRA "
+          "with --zero 2 or less");
   return shape;
 }
 
@@ -357,7 +381,8 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
 std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape) {
   std::vector<int> zero_options{shape.zero_stage};
   if (shape.dp > 1)
-    for (int stage = shape.zero_stage + 1; stage <= 2; ++stage) zero_options.push_back(stage);
+    for (int stage = shape.zero_stage + 1; stage <= (r.finetuning_type == "lora" ? 2 : 3); ++stage)
+      zero_options.push_back(stage);
   std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
   if (!shape.gradient_checkpointing) checkpointing_options.push_back(true);
   std::vector<int64_t> batches{shape.batch_size};
@@ -378,7 +403,7 @@ std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape)
               c.shape.zero_stage = zero;
               c.changes.push_back(fmt::format("--zero {}", zero));
               // The same math: a reduce-scatter + all-gather instead of an all-reduce; stage 2
-              // reduces every micro-batch.
+              // reduces every micro-batch; stage 3 gathers each block's weights twice per micro-batch.
               c.cost += zero;
             }
             if (async_save != async_options[0]) {
@@ -446,11 +471,21 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
   line(*smallest);
   // Nothing fits: say what no activation setting can fix.
   const size_t elements = size_t(config.total_parameters());
+  if (smallest->shape.zero_stage >= 3) {
+    // ZeRO-3's floor is rank 0's gather of the whole fp32 model to save it (not streamed yet).
+    out += fmt::format(
+        "\nnothing above fits. The smallest ({}) still needs {} per rank; under ZeRO-3 rank 0 gathers the "
+        "whole fp32 model ({}) to save it, whatever the number of ranks. More memory per rank or a smaller "
+        "model are needed.\n",
+        fmt::join(smallest->changes.empty() ? std::vector<std::string>{"as given"} : smallest->changes, " + "),
+        format_bytes(double(smallest->total)), format_bytes(double(elements * 4)));
+    return out;
+  }
   const size_t floor = elements * ((bf16 ? 2 : 0) + 4);  // fp32 masters (+ bf16 copy): whole under ZeRO-2
   out += fmt::format(
       "\nnothing above fits. The smallest ({}) still needs {} per rank; even with ZeRO-2 over any "
       "number of ranks the replicated weights ({}) alone take {}. More memory per rank, "
-      "sharded parameters (ZeRO-3, not in keel yet) or a smaller model are needed.\n",
+      "ZeRO-3 (--zero 3, which shards the weights too) or a smaller model are needed.\n",
       fmt::join(smallest->changes, " + "), format_bytes(double(smallest->total)),
       bf16 ? "fp32 masters and their bf16 copy" : "fp32", format_bytes(double(floor)));
   return out;

@@ -89,6 +89,7 @@ model::DecoderOptions training_decoder_options(const Recipe& r, const model::Mod
   o.optimizer_state = true;
   o.optimizer_shards = r.zero_stage >= 1 ? int(r.dp_degree) : 1;
   o.shard_gradients = r.zero_stage >= 2 && r.dp_degree > 1;
+  o.shard_weights = r.zero_stage >= 3 && r.dp_degree > 1;
   o.memory_cap_bytes = size_t(r.memory_pool_size * double(size_t(1) << 30));
   o.memory_planning =
       r.memory_planning == "per_tensor" ? model::MemoryPlanning::PerTensor : model::MemoryPlanning::Planned;

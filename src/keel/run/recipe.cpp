@@ -416,7 +416,11 @@ void validate_recipe(const Recipe& r, const Where& w) {
           "{}: key 'overlap_grad_sync' must be true, false or \"auto\", got \"{}\"", w.of("overlap_grad_sync"),
           r.overlap_grad_sync);
   require(r.comm_timeout_s > 0, "{}: key 'comm_timeout_s' must be positive", w.of("comm_timeout_s"));
-  require(r.zero_stage >= 0 && r.zero_stage <= 2, "{}: key 'zero_stage' must be 0, 1 or 2", w.of("zero_stage"));
+  require(r.zero_stage >= 0 && r.zero_stage <= 3, "{}: key 'zero_stage' must be 0, 1, 2 or 3", w.of("zero_stage"));
+  require(r.zero_stage < 3 || r.finetuning_type != "lora",
+          "{}: zero_stage = 3 shards the model's weights, which LoRA keeps frozen and whole on every rank; with LoRA "
+          "use zero_stage = 2 (the adapter's moments and gradients are sharded)",
+          w.of("zero_stage"));
   require(r.eval_interval >= 0, "{}: key 'eval_interval' must not be negative", w.of("eval_interval"));
   require(r.keep_last_n >= 1, "{}: key 'keep_last_n' must be at least 1", w.of("keep_last_n"));
   require(r.log_interval <= 1'000'000'000 && r.eval_interval <= 1'000'000'000 && r.save_interval <= 1'000'000'000,
@@ -619,7 +623,7 @@ std::vector<std::string> inactive_key_warnings(const Recipe& r) {
     if (set) w.push_back(fmt::format("recipe key '{}' is accepted but has no effect here: {}", key, what));
   };
   note(r.zero_stage >= 1 && r.dp_degree == 1, "zero_stage",
-       "ZeRO shards the optimizer state (stage 2: and the gradients) over dp_degree ranks; "
+       "ZeRO shards the optimizer state (stage 2: and the gradients; stage 3: and the weights) over dp_degree ranks; "
        "with dp_degree = 1 there is nothing to shard");
   note(r.topology != "auto", "topology", "topology-aware placement is not active yet");
   note(!r.use_flash_attention, "use_flash_attention",

@@ -45,11 +45,35 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
     if (in_backward_) timed(hook_seconds_, [&] { buckets_->param_ready(param, written); });
   });
   if (staged) decoder_.set_backward_position_hook([this](int32_t at) { timed(hook_seconds_, [&] { position(at); }); });
+  require((options_.zero_stage >= 3) == params.sharded_weights(),
+          "gradient sync: ZeRO stage {} but the decoder's weights are {}", options_.zero_stage,
+          params.sharded_weights() ? "sharded (ZeRO-3)" : "whole");
+  if (options_.zero_stage >= 3) {
+    for (const model::WeightGather& g : decoder_.weight_gathers()) {
+      std::vector<FlatRange> parts;
+      for (const FlatRange& shard : shards_) {
+        const FlatRange in = shard.intersect(g.range);
+        const int64_t at = in.size() > 0 ? in.begin - g.range.begin : 0;
+        parts.push_back({at, at + in.size()});
+      }
+      gather_parts_.push_back(std::move(parts));
+    }
+    gather_tickets_.assign(gather_parts_.size(), 0);
+    // A wait the compute makes is exposed communication, as ZeRO-2's waits inside the backward pass.
+    decoder_.set_weight_gather_hooks(
+        {.start =
+             [this](size_t g) {
+               gather_tickets_[g] =
+                   comm_.allgather_shards_async(decoder_.weight_gathers()[g].weights, gather_parts_[g]);
+             },
+         .wait = [this](size_t g) { timed(hook_seconds_, [&] { comm_.wait(gather_tickets_[g]); }); }});
+  }
 }
 
 GradSync::~GradSync() {
   decoder_.set_grad_ready_hook({});
   decoder_.set_backward_position_hook({});
+  decoder_.set_weight_gather_hooks({});
 }
 
 void GradSync::begin_step() {
@@ -111,7 +135,7 @@ double GradSync::take_hook_seconds() {
 }
 
 void GradSync::gather_weights() {
-  if (shards_.empty()) return;
+  if (shards_.empty() || options_.zero_stage >= 3) return;
   model::ParamStore& params = decoder_.trainable();
   comm_.wait(comm_.allgather_shards_async(params.weights(), shards_));
   const FlatRange mine = params.optimizer_range();

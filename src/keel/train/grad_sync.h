@@ -11,6 +11,9 @@
 //   rank's accumulated shard as they become final, and the decoder's position hook waits for a
 //   group's reductions before its staging can be reused. Without overlap each bucket is reduced as
 //   soon as it is final (the staging cannot wait for the end of the backward pass).
+// - stage 3: stage 2, and the weights sharded too: no all-gather after the optimizer step; the
+//   decoder's weight gathers (model::WeightGather) are all-gathers of the shards' parts of each
+//   group, started one position ahead of the compute that reads them.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -56,7 +59,8 @@ class GradSync {
   // After the last micro-batch: waits for the reductions still running (the exposed
   // communication), then sums the loss and the squares of the gradients over the ranks.
   SyncedStep finish(double local_loss_sum);
-  // ZeRO: every rank's updated shard of the weights to every rank (and their bf16 copies).
+  // ZeRO-1/2: every rank's updated shard of the weights to every rank (and their bf16 copies).
+  // Nothing under ZeRO-3, whose weights are gathered where the step reads them.
   void gather_weights();
   // The time the training thread spent in the decoder's hooks since the last call: queueing
   // buckets, and under ZeRO-2 waiting for reductions inside the backward pass (exposed
@@ -71,6 +75,10 @@ class GradSync {
   std::vector<FlatRange> shards_;
   std::unique_ptr<distributed::GradBuckets> buckets_;
   std::vector<float*> staged_;  // ZeRO-2: where each trainable tensor's gradient is written
+  // ZeRO-3: per weight gather, every rank's part of it (its shard's intersection, relative to the
+  // gather's span; empty for ranks holding none of it), and the ticket of the gather in flight.
+  std::vector<std::vector<FlatRange>> gather_parts_;
+  std::vector<distributed::Ticket> gather_tickets_;
   bool began_ = false;          // the buckets of the current micro-batch (or step) have begun
   bool in_backward_ = false;    // the hooks feed the buckets
   size_t next_wait_ = 0;        // ZeRO-2: the first group whose reductions were not waited for

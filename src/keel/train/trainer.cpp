@@ -172,6 +172,12 @@ class Trainer {
       if (r_.zero_stage == 1)
         fmt::print(log_, "keel: ZeRO-1: AdamW moments sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB\n",
                    comm_.size(), 8e-6 * shard, 8e-6 * whole);
+      else if (r_.zero_stage >= 3)
+        fmt::print(log_,
+                   "keel: ZeRO-3: fp32 weights, AdamW moments and gradients sharded over {} ranks, {:.2f} MB per rank "
+                   "instead of {:.2f} MB; {} weight gathers per step, each started one position ahead of the compute "
+                   "that reads it\n",
+                   comm_.size(), 16e-6 * shard, 16e-6 * whole, decoder_.weight_gathers().size());
       else
         fmt::print(log_,
                    "keel: ZeRO-2: AdamW moments and gradients sharded over {} ranks, {:.2f} MB per rank instead of "
@@ -423,9 +429,16 @@ class Trainer {
       progress.message(fmt::format("warning: the previous checkpoint save failed ({}); retrying now", failure));
     }
     model::ParamStore& params = decoder_.trainable();
-    std::optional<distributed::ShardReader> shards;  // ZeRO-1: the other ranks' moments, as they arrive
-    if (!zero_shards().empty())
-      shards.emplace(comm_, zero_shards(), std::vector<const float*>{params.adam_m(), params.adam_v()});
+    // ZeRO: the other ranks' moments as they arrive, streams 0 (m) and 1 (v); under ZeRO-3 their
+    // weights first (streams 1, 2 the moments).
+    const bool sharded = params.sharded_weights();
+    const int moments_from = sharded ? 1 : 0;
+    std::optional<distributed::ShardReader> shards;
+    if (!zero_shards().empty()) {
+      std::vector<const float*> local{params.adam_m(), params.adam_v()};
+      if (sharded) local.insert(local.begin(), params.masters());
+      shards.emplace(comm_, zero_shards(), std::move(local));
+    }
     try {
       checkpoint::SaveStats stats;
       if (!shards) {
@@ -433,15 +446,18 @@ class Trainer {
       } else if (r_.async_save && writer == checkpoints_.get()) {
         stats = writer->save_snapshot(params.params(), params.total(), state_, run::recipe_to_toml(r_),
                                       [&](float* weights, float* first, float* second) {
-                                        std::copy_n(params.weights(), params.total(), weights);
-                                        shards->read_all(0, first);
-                                        shards->read_all(1, second);
+                                        if (sharded)
+                                          shards->read_all(0, weights);
+                                        else
+                                          std::copy_n(params.weights(), params.total(), weights);
+                                        shards->read_all(moments_from, first);
+                                        shards->read_all(moments_from + 1, second);
                                       });
       } else {
         stats = writer->save_streamed(
-            params.params(), params.weights(),
+            params.params(), sharded ? nullptr : params.weights(),
             [&](int which, int64_t begin, int64_t max_count, int64_t* n) {
-              return shards->read(which, begin, max_count, n);
+              return shards->read(which == 2 ? 0 : which + moments_from, begin, max_count, n);
             },
             state_, run::recipe_to_toml(r_));
       }
@@ -500,12 +516,14 @@ class Trainer {
     return flag > 0;
   }
 
-  // ZeRO-1, every rank but 0: its shard of m, then of v (the order distributed::ShardReader reads in).
+  // ZeRO, every rank but 0: its shard of m, then of v (the order distributed::ShardReader reads in);
+  // under ZeRO-3 its shard of the weights first.
   void send_moments() {
     model::ParamStore& params = decoder_.trainable();
     const int64_t n = zero_shards()[size_t(comm_.rank())].size();  // what ShardReader expects of this rank
     require(n == params.optimizer_range().size(), "ZeRO-1: this rank's shard ({}) is not its optimizer range ({})", n,
             params.optimizer_range().size());
+    if (params.sharded_weights()) comm_.send_to_root(params.masters(), n);
     comm_.send_to_root(params.adam_m(), n);
     comm_.send_to_root(params.adam_v(), n);
   }
@@ -630,6 +648,21 @@ class Trainer {
     for (double p : peaks) s.matmul_peak_flops += p;
     s.finalize(flops_per_token(decoder_, r_.max_seq_len));
     s.ranks = int(comm_.size());
+    // ZeRO-3: no rank holds the model; rank 0 gathers it whole for the final save (as DeepSpeed's
+    // stage3_gather_16bit_weights_on_model_save does), after the step's memory has done its work.
+    std::vector<float> gathered;
+    model::ParamStore& params = decoder_.params();
+    if (params.sharded_weights() && !result.interrupted) {
+      const int64_t n = zero_shards()[size_t(comm_.rank())].size();
+      if (comm_.rank() == 0) {
+        gathered.resize(size_t(params.total()));
+        distributed::ShardReader(comm_, zero_shards(), {params.masters()}).read_all(0, gathered.data());
+        for (int i = 0; i < int(params.params().size()); ++i)
+          params.point_at(i, gathered.data() + params.param(i).offset, nullptr);
+      } else {
+        comm_.send_to_root(params.masters(), n);
+      }
+    }
     if (comm_.rank() != 0) return;
     write_file_atomic(r_.output_dir + "/summary.json", report::summary_json(s));
     const std::string plot = report::write_loss_plot(r_.output_dir);

@@ -1,0 +1,200 @@
+// ZeRO-3 in one process: a decoder holding a shard of the masters, its weights gathered position
+// by position through train::GradSync by a communicator that runs each gather only when it is
+// waited for (as late as the protocol allows) and fills the other rank's parts from the replicated
+// model, computes exactly what the replicated decoder computes: the same losses bit for bit, every
+// rank's shard of the gradients twice the replicated ones (two identical ranks), evaluation the
+// same. A gather waited for at the wrong position, a tensor pointed at the wrong buffer, a buffer
+// reused while its gather is in flight or this rank's part not copied in would show here.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "decoder_test_support.h"
+#include "fake_communicator.h"
+#include "keel/core/error.h"
+#include "keel/model/decoder.h"
+#include "keel/train/grad_sync.h"
+
+namespace keel::model {
+namespace {
+
+// Rank `rank` of two identical ranks. Reductions and gathers run in wait(), in submission order.
+class LateCommunicator final : public distributed::FakeCommunicator {
+ public:
+  LateCommunicator(int rank, const float* replicated) : FakeCommunicator(2, rank), replicated_(replicated) {}
+  // The decoder's gathers: a call starts them in this order from the first on (buffers of
+  // different positions may share bytes, so a buffer's address alone does not say which it is).
+  void follow(const std::vector<WeightGather>* gathers) { gathers_of_ = gathers; }
+
+  distributed::Ticket reduce_scatter_accumulate_async(float* staged, FlatRange range,
+                                                      const std::vector<FlatRange>& shards, float* sums, bool,
+                                                      ComputeEvent) override {
+    pending_.push_back({Job::Reduce, staged, range, &shards, sums});
+    return ++submitted_;
+  }
+  distributed::Ticket allgather_shards_async(float* data, const std::vector<FlatRange>& parts) override {
+    // This rank's part must be in place when the gather starts.
+    const auto& all = *gathers_of_;
+    if (next_ >= all.size() || all[next_].weights != data) next_ = 0;  // a new call
+    EXPECT_EQ(all[next_].weights, data) << "gathers start in the order of their positions";
+    const int64_t begin = all[next_++].range.begin;
+    const FlatRange mine = parts[size_t(rank())];
+    for (int64_t e = mine.begin; e < mine.end; ++e)
+      if (data[e] != replicated_[begin + e]) ++own_part_mismatches_;
+    pending_.push_back({Job::Gather, data, {begin, begin}, &parts, nullptr});
+    ++gathers_;
+    return ++submitted_;
+  }
+  void wait(distributed::Ticket ticket) override {
+    while (done_ < ticket && !pending_.empty()) {
+      const Job j = pending_.front();
+      pending_.pop_front();
+      if (j.kind == Job::Reduce) {
+        const FlatRange shard = (*j.shards)[size_t(rank())], mine = j.range.intersect(shard);
+        for (int64_t e = mine.begin; e < mine.end; ++e) j.sums[e - shard.begin] += 2.0f * j.data[e - j.range.begin];
+      } else {
+        const FlatRange other = (*j.shards)[size_t(1 - rank())];
+        for (int64_t e = other.begin; e < other.end; ++e) j.data[e] = replicated_[j.range.begin + e];
+      }
+      ++done_;
+    }
+  }
+  void allreduce_totals(double* data, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) data[i] *= 2;
+  }
+  int64_t gathers() const { return gathers_; }
+  int64_t own_part_mismatches() const { return own_part_mismatches_; }
+
+ private:
+  struct Job {
+    enum Kind { Reduce, Gather } kind;
+    float* data;
+    FlatRange range;  // Reduce: the staged range; Gather: {flat begin of the buffer, same}
+    const std::vector<FlatRange>* shards;
+    float* sums;
+  };
+  const float* replicated_;
+  const std::vector<WeightGather>* gathers_of_ = nullptr;
+  size_t next_ = 0;
+  std::deque<Job> pending_;
+  uint64_t submitted_ = 0, done_ = 0;
+  int64_t gathers_ = 0, own_part_mismatches_ = 0;
+};
+
+struct Case {
+  std::string family;
+  bool tied = false, checkpointing = false;
+  Precision precision = Precision::F32;
+};
+
+void expect_gathered_step_equals_replicated(const Case& c, const std::string& backend) {
+  ModelConfig config = test::tiny_config(c.family);
+  config.tie_word_embeddings = c.tied;
+  const int64_t batch = 2, seq = 12;
+  const DecoderOptions base = test::on_backend(backend, {c.checkpointing, true, 0});
+  Decoder replicated(config, c.precision, batch, seq, base);
+  replicated.init_random(3, 0.2);
+  const test::Batch data[2] = {test::random_batch(batch, seq, config.vocab_size, 11),
+                               test::random_batch(batch, seq, config.vocab_size, 12)};
+  const double eval_loss = replicated.forward_loss(data[0].view(batch, seq));
+  replicated.trainable().zero_grads();
+  double losses[2];
+  for (int i = 0; i < 2; ++i) losses[i] = replicated.forward_backward(data[i].view(batch, seq), 0.01);
+  ParamStore& whole = replicated.trainable();
+
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    DecoderOptions options = base;
+    options.optimizer_shards = 2;
+    options.optimizer_shard = rank;
+    options.shard_gradients = true;
+    options.shard_weights = true;
+    Decoder sharded(config, c.precision, batch, seq, options);
+    sharded.init_random(3, 0.2);
+    ParamStore& params = sharded.trainable();
+    ASSERT_TRUE(params.sharded_weights());
+    EXPECT_THROW(params.weights(), Error) << "no whole weight buffer under ZeRO-3";
+    // Initialisation keeps this rank's part of every draw.
+    const FlatRange held = params.master_range();
+    ASSERT_EQ(held.size(), params.optimizer_range().size());
+    int64_t init_mismatches = 0;
+    for (int64_t e = held.begin; e < held.end; ++e)
+      init_mismatches += params.masters()[e - held.begin] != whole.weights()[e];
+    EXPECT_EQ(init_mismatches, 0);
+
+    LateCommunicator comm(rank, whole.weights());
+    comm.follow(&sharded.weight_gathers());
+    EXPECT_THROW(sharded.forward_loss(data[0].view(batch, seq)), Error) << "no gatherer, no weights";
+    train::GradSync sync(sharded, comm, {.zero_stage = 3, .bucket_bytes = 600, .overlap = true});
+    // Evaluation gathers the forward's weights: the same loss bit for bit.
+    EXPECT_EQ(sharded.forward_loss(data[0].view(batch, seq)), eval_loss);
+    const int64_t eval_gathers = comm.gathers();
+    EXPECT_EQ(eval_gathers, int64_t(config.num_layers) + 2 + (c.tied ? 1 : 0));
+    sync.begin_step();
+    for (int i = 0; i < 2; ++i) {
+      sync.before_micro_batch(i == 1);
+      EXPECT_EQ(sharded.forward_backward(data[i].view(batch, seq), 0.01), losses[i]) << "micro-batch " << i;
+      sync.after_micro_batch();
+    }
+    EXPECT_EQ(comm.gathers() - eval_gathers, 2 * int64_t(sharded.weight_gathers().size()));
+    EXPECT_EQ(comm.own_part_mismatches(), 0) << "this rank's part copied into each gather before it starts";
+    for (const Param& p : params.params()) EXPECT_EQ(params.weight(int(&p - params.params().data())), nullptr);
+    test::expect_shard_is_twice_replicated(params, whole);
+  }
+}
+
+class ZeroThreeGather : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ZeroThreeGather, StepComputesWhatReplicatedTrainingComputes) {
+  for (const Case& c : {Case{"llama"}, Case{"llama", true}, Case{"llama", false, true}, Case{"qwen3", true, true},
+                        Case{"gemma2", true}, Case{"glm_original"}, Case{"qwen2", false, false, Precision::BF16},
+                        Case{"llama", true, true, Precision::BF16}}) {
+    SCOPED_TRACE(c.family + (c.tied ? " tied" : "") + (c.checkpointing ? " checkpointing" : "") +
+                 (c.precision == Precision::BF16 ? " bf16" : ""));
+    expect_gathered_step_equals_replicated(c, GetParam());
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ZeroThreeGather, test::each_backend());
+
+// The plan: a shard of the masters, no whole bf16 copy, and of the gathered buffers at most the
+// ones of two positions alive at once (the one computing, the next one's in flight).
+TEST(ZeroThreePlan, MastersAreAShardAndGatheredWeightsTwoPositions) {
+  const ModelConfig config = test::tiny_config("llama");
+  DecoderOptions two{false, true, 0};
+  two.optimizer_shards = 4;
+  two.shard_gradients = true;
+  DecoderOptions three = two;
+  three.shard_weights = true;
+  const MemoryPlan stage2 = decoder_memory_plan(config, Precision::BF16, 2, 64, two);
+  const MemoryPlan stage3 = decoder_memory_plan(config, Precision::BF16, 2, 64, three);
+  const size_t masters2 = stage2.category_bytes_at_peak(MemoryCategory::MasterWeights);
+  const size_t masters3 = stage3.category_bytes_at_peak(MemoryCategory::MasterWeights);
+  EXPECT_LE(masters3, masters2 / 4 + 64 * sizeof(float));
+  EXPECT_GE(masters3, masters2 / 4);
+  ParamStore whole;
+  DecoderParamIds ids;
+  declare_model_params(config, whole, ids);
+  const StepTimeline t{int32_t(config.num_layers)};
+  size_t largest_group = 0;
+  int gathered = 0;
+  for (const auto& b : stage3.buffers()) {
+    if (b.name.find("weights.gathered") == std::string::npos) continue;
+    ++gathered;
+    EXPECT_LE(b.last_use - b.first_use, 1) << b.name;
+    EXPECT_GE(b.first_use, t.forward(0)) << b.name;
+    if (b.name.find(".bf16") == std::string::npos) largest_group = std::max(largest_group, b.bytes);
+    EXPECT_EQ(b.name.find("weights.bf16"), std::string::npos);
+  }
+  EXPECT_EQ(gathered, 2 * (2 * int(config.num_layers) + 2 + (config.tie_word_embeddings ? 1 : 0)));
+  // fp32 + bf16 of the groups alive at one position: at most three groups (the first position
+  // holds the embedding and layer 0, and the next one's is in flight).
+  EXPECT_LE(stage3.category_bytes_at_peak(MemoryCategory::ComputeWeights), 3 * largest_group * 3 / 2 + 4096);
+  EXPECT_LT(stage3.total_bytes(), stage2.total_bytes());
+}
+
+}  // namespace
+}  // namespace keel::model
