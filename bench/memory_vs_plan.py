@@ -10,7 +10,7 @@ figure (the arena and what the trainer holds once steps run) is compared with th
 during the steps, apart from the setup, where weight files are mapped while they load. With --torch, also
 PyTorch's peak RSS on the same model and batch (bf16 autocast), as train_vs_pytorch.py runs it.
 
-    $(scripts/python-env.sh) bench/memory_vs_plan.py --keel build/keel [--steps 3] [--small] [--torch] [--dp 2 [--zero 1|2]] [--save sync|async]
+    $(scripts/python-env.sh) bench/memory_vs_plan.py --keel build/keel [--steps 3] [--small] [--torch] [--dp 2 [--zero 1|2|3]] [--save sync|async]
 """
 import argparse
 import importlib.util
@@ -45,7 +45,7 @@ def parse_args():
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--checkpointing", default="false,true")
     p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (mpirun -np DP, one thread each)")
-    p.add_argument("--zero", type=int, choices=[0, 1, 2], default=0,
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0,
                    help="ZeRO stage (1: AdamW moments sharded; 2: and the gradients)")
     p.add_argument("--save", choices=["none", "sync", "async"], default="none",
                    help="write a checkpoint after every step (synchronously or with async_save)")
