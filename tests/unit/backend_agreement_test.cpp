@@ -89,7 +89,9 @@ TEST_P(BackendAgreement, CpuTrainsAsTheReferenceBackendDoes) {
   // differ, and Adam's first updates are near sign(gradient), which amplifies small differences.
   // bf16: bf16's 8-bit mantissa, and sign flips for the small gradients its rounding moves.
   const double loss_tol = bf ? 2e-2 : 2e-6, grad_tol = bf ? 5e-2 : 2e-5, weight_tol = bf ? 0.15 : 3e-4;
-  const double later = bf ? 1.0 : 25.0;  // how much the step-1 bounds widen for steps 2..
+  // How much the step-1 bounds widen for steps 2..: in bf16, 2 since CPUs with native bf16 dot
+  // products (AVX-512 BF16, oneDNN) sum in another order (mistral's step-3 norm measured 6.4% apart).
+  const double later = bf ? 2.0 : 25.0;
   for (int s = 0; s < steps; ++s) {
     SCOPED_TRACE("step " + std::to_string(s + 1));
     const double widen = s == 0 ? 1.0 : later;

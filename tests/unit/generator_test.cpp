@@ -53,7 +53,8 @@ TEST_P(GeneratorOnBackend, Bf16WeightsAreTheRoundedModel) {
       const std::vector<float> want = exact.feed(ids, n, at);
       const std::vector<float> other = unrounded.feed(ids, n, at);
       const double to_rounded = relative_distance(got, want), to_unrounded = relative_distance(got, other);
-      EXPECT_LT(to_rounded, 2e-6) << family << " phase " << phase;
+      // Summation order only (2.4e-6 measured with oneDNN's AVX-512 BF16 kernels, less elsewhere).
+      EXPECT_LT(to_rounded, 5e-6) << family << " phase " << phase;
       EXPECT_GT(to_unrounded, 50 * to_rounded) << family << " phase " << phase << ": the weights were not rounded";
       EXPECT_GT(to_unrounded, 1e-4) << family << " phase " << phase;
     }
