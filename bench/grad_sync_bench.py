@@ -10,7 +10,7 @@ step still waits for after the backward pass: metrics.jsonl grad_sync_s) and its
 bus bandwidth of the allreduce the gradients need (bench/allreduce_bandwidth, same buffer size,
 same bucket size).
 
-    $(scripts/python-env.sh) bench/grad_sync_bench.py --keel build/keel [--small] [--steps 4] [--zero 1|2] [--repeat 3]
+    $(scripts/python-env.sh) bench/grad_sync_bench.py --keel build/keel [--small] [--steps 4] [--zero 1|2|3] [--repeat 3]
 
 On a shared machine one run can be off by a rank slowed by other work (the "after backward" row
 then shows that skew); --repeat R runs both configurations R times, alternating, and prints each
@@ -61,7 +61,7 @@ def main():
     p.add_argument("--small", action="store_true")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--bucket-mb", type=float, default=25)
-    p.add_argument("--zero", type=int, choices=[0, 1, 2], default=0,
+    p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0,
                    help="ZeRO stage: 1 reduce-scatters the buckets and all-gathers the updated weights")
     p.add_argument("--repeat", type=int, default=1, help="runs of each configuration, alternating")
     a = p.parse_args()
