@@ -635,21 +635,9 @@ class Trainer {
       s.eval_loss = last_eval_->loss;
       s.eval_perplexity = last_eval_->perplexity;
     }
-    s.peak_memory_bytes = int64_t(peak_resident_bytes());
-    const report::RunShape shape = report::run_shape(r_);
-    s.planned_memory_bytes = int64_t(report::training_memory_plan(r_, config_, shape).total_bytes());
-    // Every rank measures at once, with the threads it trains with, and the job's peak is their sum.
-    std::vector<double> peaks(size_t(comm_.size()), 0.0);
-    peaks[size_t(comm_.rank())] =
-        decoder_.backend().measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
-    comm_.allreduce_totals(peaks.data(), int64_t(peaks.size()));
-    s.matmul_peak_flops_per_rank = peaks;
-    s.matmul_peak_flops = 0;
-    for (double p : peaks) s.matmul_peak_flops += p;
-    s.finalize(flops_per_token(decoder_, r_.max_seq_len));
-    s.ranks = int(comm_.size());
     // ZeRO-3: no rank holds the model; rank 0 gathers it whole for the final save (as DeepSpeed's
-    // stage3_gather_16bit_weights_on_model_save does), after the step's memory has done its work.
+    // stage3_gather_16bit_weights_on_model_save does), after the step's memory has done its work,
+    // and before the peak is read: the run's peak includes it, as the plan does.
     std::vector<float> gathered;
     model::ParamStore& params = decoder_.params();
     if (params.sharded_weights() && !result.interrupted) {
@@ -663,6 +651,19 @@ class Trainer {
         comm_.send_to_root(params.masters(), n);
       }
     }
+    s.peak_memory_bytes = int64_t(peak_resident_bytes());
+    const report::RunShape shape = report::run_shape(r_);
+    s.planned_memory_bytes = int64_t(report::training_memory_plan(r_, config_, shape).total_bytes());
+    // Every rank measures at once, with the threads it trains with, and the job's peak is their sum.
+    std::vector<double> peaks(size_t(comm_.size()), 0.0);
+    peaks[size_t(comm_.rank())] =
+        decoder_.backend().measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
+    comm_.allreduce_totals(peaks.data(), int64_t(peaks.size()));
+    s.matmul_peak_flops_per_rank = peaks;
+    s.matmul_peak_flops = 0;
+    for (double p : peaks) s.matmul_peak_flops += p;
+    s.finalize(flops_per_token(decoder_, r_.max_seq_len));
+    s.ranks = int(comm_.size());
     if (comm_.rank() != 0) return;
     write_file_atomic(r_.output_dir + "/summary.json", report::summary_json(s));
     const std::string plot = report::write_loss_plot(r_.output_dir);
