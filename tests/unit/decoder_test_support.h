@@ -65,6 +65,15 @@ inline Batch random_batch(int64_t batch, int64_t seq, int64_t vocab, uint64_t se
   return b;
 }
 
+// Rank `rank` of two under ZeRO `stage` (2: gradients sharded; 3: the weights too).
+inline DecoderOptions zero_rank_options(DecoderOptions options, int rank, int stage) {
+  options.optimizer_shards = 2;
+  options.optimizer_shard = rank;
+  options.shard_gradients = stage >= 2;
+  options.shard_weights = stage >= 3;
+  return options;
+}
+
 // Two identical ranks: this rank's shard of the summed gradients (`sharded`) is twice the
 // replicated gradients (`whole`), per tensor within 1e-6 of the tensor's largest gradient. The
 // same products, accumulated once per micro-batch instead of inside the GEMM, differ by rounding

@@ -87,10 +87,7 @@ void expect_staged_shards_equal_replicated(const Case& c, const std::string& bac
 
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
-    DecoderOptions options = base;
-    options.optimizer_shards = 2;
-    options.optimizer_shard = rank;
-    options.shard_gradients = true;
+    const DecoderOptions options = test::zero_rank_options(base, rank, 2);
     Decoder sharded(config, Precision::F32, batch, seq, options);
     sharded.init_random(3, 0.2);
     if (c.lora) randomise(sharded);

@@ -107,11 +107,7 @@ void expect_gathered_step_equals_replicated(const Case& c, const std::string& ba
 
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
-    DecoderOptions options = base;
-    options.optimizer_shards = 2;
-    options.optimizer_shard = rank;
-    options.shard_gradients = true;
-    options.shard_weights = true;
+    const DecoderOptions options = test::zero_rank_options(base, rank, 3);
     Decoder sharded(config, c.precision, batch, seq, options);
     sharded.init_random(3, 0.2);
     ParamStore& params = sharded.trainable();
