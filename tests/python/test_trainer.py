@@ -190,15 +190,20 @@ def test_data_parallel_under_mpirun(tmp_path):
     recipe = tmp_path / "recipe.toml"
     recipe.write_text(config.to_toml().replace(str(tmp_path / "python"), str(tmp_path / "cli")))
     script = tmp_path / "train.py"
-    script.write_text("import sys, keel\nconfig = keel.TrainingConfig.from_toml(sys.argv[1])\n"
-                      "print('steps', keel.Trainer(config).train()['steps'])\n")
+    # Each rank writes what train() returned to a file of its own: two ranks printing to one mpirun
+    # stdout can interleave their lines ("stepssteps 8\n 8\n" was seen under CI's load).
+    script.write_text("import os, sys, keel\nconfig = keel.TrainingConfig.from_toml(sys.argv[1])\n"
+                      "steps = keel.Trainer(config).train()['steps']\n"
+                      "rank = os.environ['OMPI_COMM_WORLD_RANK']\n"
+                      "open(os.path.join(sys.argv[2], 'returned.' + rank), 'w').write(str(steps))\n")
     (tmp_path / "python.toml").write_text(config.to_toml())
     mpirun = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1"]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    python = subprocess.run(mpirun + ["-x", "PYTHONPATH", sys.executable, str(script), str(tmp_path / "python.toml")],
-                            capture_output=True, text=True, env=env, timeout=300)
+    python = subprocess.run(mpirun + ["-x", "PYTHONPATH", sys.executable, str(script), str(tmp_path / "python.toml"),
+                                      str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
     assert python.returncode == 0, python.stdout[-2000:] + python.stderr[-2000:]
-    assert python.stdout.count("steps 8") == 2  # both ranks return the summary
+    # Both ranks return the summary.
+    assert [(tmp_path / f"returned.{rank}").read_text() for rank in (0, 1)] == ["8", "8"]
     cli = subprocess.run(mpirun + [keel._command.keel_binary(), "train", str(recipe)], capture_output=True, text=True,
                          timeout=300)
     assert cli.returncode == 0, cli.stderr[-2000:]
