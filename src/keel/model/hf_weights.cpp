@@ -1,5 +1,6 @@
 #include "keel/model/hf_weights.h"
 
+#include <algorithm>
 #include <set>
 
 #include "keel/core/error.h"
@@ -157,6 +158,33 @@ void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, 
     out.push_back({t.name, t.shape(), P.weight(t.param) + t.row_begin * cols});
   }
   write_model_weights(dir, out, dtype, max_shard_bytes, progress);
+  write_file_atomic(dir + "/config.json", model_config_json(decoder.config(), dtype));
+}
+
+void save_hf_model_streamed(const Decoder& decoder, const std::string& dir, DType dtype,
+                            const FlatWeightStream& weights, uint64_t max_shard_bytes) {
+  make_dirs(dir);
+  const auto& P = decoder.params();
+  require(P.compute_only_total() == 0 && P.four_bit_total() == 0,
+          "save_hf_model_streamed: streamed saves hold full-precision weights only (no LoRA, no QLoRA)");
+  struct Placed {
+    int64_t flat_begin;
+    HfTensor tensor;
+  };
+  std::vector<Placed> placed;
+  for (auto& t : hf_tensors(decoder.config(), decoder.ids()))
+    placed.push_back({P.param(t.param).offset + t.row_begin * (t.cols ? t.cols : 1), std::move(t)});
+  // The stream only goes forward: the file takes the tensors in the flat buffer's order (a
+  // safetensors file may hold its tensors in any order; its header says where each one is).
+  std::stable_sort(placed.begin(), placed.end(),
+                   [](const Placed& a, const Placed& b) { return a.flat_begin < b.flat_begin; });
+  std::vector<TensorToWrite> out;
+  for (const auto& [flat_begin, t] : placed)
+    out.push_back(
+        {t.name, t.shape(), TensorToWrite::Reader([&weights, flat_begin](int64_t begin, int64_t max_count, int64_t* n) {
+           return weights(flat_begin + begin, max_count, n);
+         })});
+  write_model_weights(dir, out, dtype, max_shard_bytes);
   write_file_atomic(dir + "/config.json", model_config_json(decoder.config(), dtype));
 }
 

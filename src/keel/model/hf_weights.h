@@ -4,6 +4,7 @@
 // keel's gate_up weight as it is, ChatGLM's query_key_value is keel's qkv as it is. Loading copies
 // each tensor into its rows; exporting writes each block back under its own name.
 #pragma once
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,5 +33,15 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
 // progress, if given, shows the bytes written.
 void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes = 5ull << 30,
                    WorkProgress* progress = nullptr);
+
+// The fp32 weights as a stream over the flat parameter buffer: elements [begin, begin + *n) of it,
+// 0 < *n <= max_count, valid until the next call; `begin` only increases from one call to the next.
+using FlatWeightStream = std::function<const float*(int64_t begin, int64_t max_count, int64_t* n)>;
+
+// save_hf_model for a decoder that does not hold its weights (ZeRO-3: each rank holds a shard):
+// the weights are read from `weights`, front to back, one chunk at a time, so no whole copy of the
+// model is ever in memory. The tensors are written in the order of the flat buffer.
+void save_hf_model_streamed(const Decoder& decoder, const std::string& dir, DType dtype,
+                            const FlatWeightStream& weights, uint64_t max_shard_bytes = 5ull << 30);
 
 }  // namespace keel::model

@@ -83,6 +83,13 @@ size_t loader_buffer_bytes(const run::Recipe& r, const RunShape& shape) {
   return slots * per_step * 4 * micro_batch;
 }
 
+// What rank 0 holds of the other ranks' shards while it writes them (distributed::ShardReader):
+// one message piece, or a whole shard when shards are smaller.
+size_t received_piece_bytes(size_t param_elements, size_t shards) {
+  return size_t(std::min<int64_t>(distributed::kMessagePiece, int64_t((param_elements + shards - 1) / shards))) *
+         sizeof(float);
+}
+
 }  // namespace
 
 MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
@@ -130,9 +137,10 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
     for (const auto& p : whole.params()) largest = std::max(largest, p.numel);
     plan.add_external("ZeRO-3: one tensor whole while loading (this rank keeps its part)", MemoryCategory::Data,
                       size_t(largest) * sizeof(float), 0, 0);
-    // The final save: rank 0 gathers the model whole once training is done (rank 0's figure).
-    plan.add_external("ZeRO-3: the model gathered on rank 0 for the final save", MemoryCategory::CheckpointStaging,
-                      param_elements * sizeof(float), end, end);
+    // The final save: rank 0 writes each tensor as the other ranks' pieces of it arrive
+    // (distributed::ShardReader), holding one piece at a time (rank 0's figure).
+    plan.add_external("ZeRO-3 final save: one piece of another rank's weights", MemoryCategory::CheckpointStaging,
+                      received_piece_bytes(param_elements, shards), end, end);
   }
   if (shape.dp > 1) {
     // Gradient buckets (distributed::GradBuckets) are contiguous ranges of the gradient buffer, reduced in
@@ -171,11 +179,8 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
                                  : "checkpoint snapshot (weights, m, v)",
                       MemoryCategory::CheckpointStaging, 3 * param_elements * sizeof(float), 1, end);
   else if (!r.checkpoint_dir.empty() && shards > 1)
-    plan.add_external(
-        "checkpoint receive buffer (one piece of another rank's moments)", MemoryCategory::CheckpointStaging,
-        size_t(std::min<int64_t>(distributed::kMessagePiece, int64_t((param_elements + shards - 1) / shards))) *
-            sizeof(float),
-        1, end);
+    plan.add_external("checkpoint receive buffer (one piece of another rank's moments)",
+                      MemoryCategory::CheckpointStaging, received_piece_bytes(param_elements, shards), 1, end);
   plan.add_external("libraries while training", MemoryCategory::Runtime, kStepRuntimeBytes, 1, end);
   plan.pack();
   return plan;
@@ -216,6 +221,7 @@ struct Candidate {
   RunShape shape;
   std::vector<std::string> changes;  // what differs from the configured run, in words
   int cost = 0;                      // preference: lower changes less of the run
+  bool shortens_sequences = false;   // max_seq_len changes what the model sees: only when nothing else fits
   size_t total = 0, arena = 0;
   bool fits = false;
 };
@@ -276,7 +282,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
       case MemoryCategory::Data: return "the weight file pages of the tensor loading, micro-batches, rotary table";
       case MemoryCategory::CheckpointStaging:
-        if (zero3) return "rank 0: a checkpoint's or the final save's whole fp32 model, gathered from the shards";
+        if (zero3) return "rank 0: one piece of another rank's shard at a time (the final save, a checkpoint)";
         return "async save snapshot (weights, m, v), or ZeRO's receive buffer";
       case MemoryCategory::Runtime: return "code, libraries, threads, library scratch (measured)";
       case MemoryCategory::kCount: break;
@@ -427,6 +433,7 @@ std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape)
             if (si > 0) {
               c.shape.max_seq_len = seqs[si];
               c.changes.push_back(fmt::format("max_seq_len = {}", seqs[si]));
+              c.shortens_sequences = true;
               c.cost += 8 + 2 * int(si);  // changes what the model sees: last resort
             }
             if (!c.changes.empty()) candidates.push_back(std::move(c));
@@ -454,11 +461,16 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
     }
     if (best) line(*best);
   }
+  // The recommendation keeps the sequences whole if any candidate can (truncating the data is not
+  // a memory setting); then the fewest changes, then the mildest.
   const Candidate* recommended = nullptr;
+  auto preferred = [](const Candidate& a, const Candidate& b) {
+    if (a.shortens_sequences != b.shortens_sequences) return !a.shortens_sequences;
+    if (a.changes.size() != b.changes.size()) return a.changes.size() < b.changes.size();
+    return a.cost < b.cost;
+  };
   for (const auto& c : candidates)
-    if (c.fits && (!recommended || c.changes.size() < recommended->changes.size() ||
-                   (c.changes.size() == recommended->changes.size() && c.cost < recommended->cost)))
-      recommended = &c;
+    if (c.fits && (!recommended || preferred(c, *recommended))) recommended = &c;
   const Candidate* smallest = &candidates.front();
   for (const auto& c : candidates)
     if (c.total < smallest->total) smallest = &c;
@@ -472,13 +484,18 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
   // Nothing fits: say what no activation setting can fix.
   const size_t elements = size_t(config.total_parameters());
   if (smallest->shape.zero_stage >= 3) {
-    // ZeRO-3's floor is rank 0's gather of the whole fp32 model to save it (not streamed yet).
+    // ZeRO-3 shards the whole model state (fp32 weights, gradients, AdamW m and v: 16 bytes a
+    // parameter); what more ranks do not shrink is one sequence's activations, the weights gathered
+    // for two positions and the largest tensor while loading.
+    const size_t state = elements * 16 / size_t(smallest->shape.dp);
+    const size_t rest = smallest->total > state ? smallest->total - state : 0;
     out += fmt::format(
-        "\nnothing above fits. The smallest ({}) still needs {} per rank; under ZeRO-3 rank 0 gathers the "
-        "whole fp32 model ({}) to save it, whatever the number of ranks. More memory per rank or a smaller "
-        "model are needed.\n",
+        "\nnothing above fits. The smallest ({}) still needs {} per rank: the model state sharded over {} ranks "
+        "({}) and about {} that more ranks do not shrink (activations, the weights gathered for two positions, "
+        "the largest tensor while loading). More ranks, more memory per rank or a smaller model are needed.\n",
         fmt::join(smallest->changes.empty() ? std::vector<std::string>{"as given"} : smallest->changes, " + "),
-        format_bytes(double(smallest->total)), format_bytes(double(elements * 4)));
+        format_bytes(double(smallest->total)), smallest->shape.dp, format_bytes(double(state)),
+        format_bytes(double(rest)));
     return out;
   }
   const size_t floor = elements * ((bf16 ? 2 : 0) + 4);  // fp32 masters (+ bf16 copy): whole under ZeRO-2

@@ -635,22 +635,9 @@ class Trainer {
       s.eval_loss = last_eval_->loss;
       s.eval_perplexity = last_eval_->perplexity;
     }
-    // ZeRO-3: no rank holds the model; rank 0 gathers it whole for the final save (as DeepSpeed's
-    // stage3_gather_16bit_weights_on_model_save does), after the step's memory has done its work,
-    // and before the peak is read: the run's peak includes it, as the plan does.
-    std::vector<float> gathered;
-    model::ParamStore& params = decoder_.params();
-    if (params.sharded_weights() && !result.interrupted) {
-      const int64_t n = zero_shards()[size_t(comm_.rank())].size();
-      if (comm_.rank() == 0) {
-        gathered.resize(size_t(params.total()));
-        distributed::ShardReader(comm_, zero_shards(), {params.masters()}).read_all(0, gathered.data());
-        for (int i = 0; i < int(params.params().size()); ++i)
-          params.point_at(i, gathered.data() + params.param(i).offset, nullptr);
-      } else {
-        comm_.send_to_root(params.masters(), n);
-      }
-    }
+    // The run's result is written before the peak is read: the run's peak includes the save, as the
+    // plan does.
+    if (!result.interrupted) save_final_model();
     s.peak_memory_bytes = int64_t(peak_resident_bytes());
     const report::RunShape shape = report::run_shape(r_);
     s.planned_memory_bytes = int64_t(report::training_memory_plan(r_, config_, shape).total_bytes());
@@ -672,11 +659,40 @@ class Trainer {
       fmt::print(log_, "keel: stopped early; metrics in {}/metrics.jsonl, summary.json, {}\n", r_.output_dir, plot);
       return;
     }
+    fmt::print(log_, "keel: {} written to {}; metrics in {}/metrics.jsonl, summary.json, {}\n",
+               decoder_.has_adapter() ? "LoRA adapter (PEFT format)" : "model", r_.output_dir + "/final", r_.output_dir,
+               plot);
+  }
+
+  // The final model (or adapter) into <output_dir>/final, on rank 0. Every rank calls it: under
+  // ZeRO-3 no rank holds the model, and the others send their shards of it to rank 0, which writes
+  // each tensor as its pieces arrive (distributed::ShardReader): no rank ever holds the whole model,
+  // where DeepSpeed's stage3_gather_16bit_weights_on_model_save gathers it on rank 0.
+  void save_final_model() {
     const std::string final_dir = r_.output_dir + "/final";
-    if (decoder_.has_adapter())  // the adapter in fp32, as PEFT keeps and saves it
+    model::ParamStore& params = decoder_.params();
+    if (params.sharded_weights()) {
+      if (comm_.rank() != 0) {
+        comm_.send_to_root(params.masters(), zero_shards()[size_t(comm_.rank())].size());
+        return;
+      }
+      distributed::ShardReader shards(comm_, zero_shards(), {params.masters()});
+      try {
+        model::save_hf_model_streamed(
+            decoder_, final_dir, setup_.export_dtype,
+            [&shards](int64_t begin, int64_t max_count, int64_t* n) { return shards.read(0, begin, max_count, n); });
+      } catch (...) {
+        shards.drain();  // the other ranks' sends complete: they are not left waiting on a failed write
+        throw;
+      }
+      shards.drain();
+    } else if (comm_.rank() != 0) {
+      return;
+    } else if (decoder_.has_adapter()) {  // the adapter in fp32, as PEFT keeps and saves it
       model::save_peft_adapter(decoder_, final_dir, r_.model_config ? "" : r_.model_name, r_.lora_dropout, DType::F32);
-    else
+    } else {
       model::save_hf_model(decoder_, final_dir, setup_.export_dtype);
+    }
     const auto tokenizer_files = checkpoint::copy_tokenizer_files(r_, final_dir);
     const bool has_tokenizer = std::any_of(tokenizer_files.begin(), tokenizer_files.end(), [](const std::string& f) {
       return f == "tokenizer.json" || f == "tokenizer.model" || f == "vocab.json";
@@ -688,8 +704,6 @@ class Trainer {
                  "to ship one with the model\n",
                  final_dir, final_dir);
     run::write_model_marker(final_dir, "keel train: the run's final model");
-    fmt::print(log_, "keel: {} written to {}; metrics in {}/metrics.jsonl, summary.json, {}\n",
-               decoder_.has_adapter() ? "LoRA adapter (PEFT format)" : "model", final_dir, r_.output_dir, plot);
   }
 
   const run::Recipe& r_;
