@@ -60,13 +60,26 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
     }
     gather_tickets_.assign(gather_parts_.size(), 0);
     // A wait the compute makes is exposed communication, as ZeRO-2's waits inside the backward pass.
-    decoder_.set_weight_gather_hooks(
-        {.start =
-             [this](size_t g) {
-               gather_tickets_[g] =
-                   comm_.allgather_shards_async(decoder_.weight_gathers()[g].weights, gather_parts_[g]);
-             },
-         .wait = [this](size_t g) { timed(hook_seconds_, [&] { comm_.wait(gather_tickets_[g]); }); }});
+    // Overlapped, a gather starts one position ahead and the compute of the position before hides
+    // it; without overlap (the same decision as the gradients', train/sync_overlap.h) it runs
+    // whole where its position needs it, all of it exposed: the on/off pair bench/grad_sync_bench.py
+    // measures.
+    auto start = [this](size_t g) {
+      gather_tickets_[g] = comm_.allgather_shards_async(decoder_.weight_gathers()[g].weights, gather_parts_[g]);
+    };
+    if (options_.overlap)
+      decoder_.set_weight_gather_hooks({.start = start, .wait = [this](size_t g) {
+                                          timed(hook_seconds_, [&] { comm_.wait(gather_tickets_[g]); });
+                                        }});
+    else
+      decoder_.set_weight_gather_hooks({.start = [](size_t) {},
+                                        .wait =
+                                            [this, start](size_t g) {
+                                              timed(hook_seconds_, [&] {
+                                                start(g);
+                                                comm_.wait(gather_tickets_[g]);
+                                              });
+                                            }});
   }
 }
 

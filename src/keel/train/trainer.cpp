@@ -107,6 +107,10 @@ class Trainer {
     if (comm_.size() > 1) {
       const OverlapDecision overlap = decide_overlap(r.overlap_grad_sync, host_cores(int(comm_.size())));
       fmt::print(log_, "keel: {}\n", overlap.reason);
+      if (r.zero_stage >= 3)  // the same decision: the gathers need the communication thread's core too
+        fmt::print(log_, "keel: ZeRO-3 weight gathers {}\n",
+                   overlap.overlap ? "overlap the position before the one that reads them"
+                                   : "run where the weights are read (not overlapped: overlap_grad_sync)");
       // ZeRO-1/2: the decoder holds this rank's shard of the moments (and under ZeRO-2 of the
       // gradients); grad_sync.h says what each stage reduces when.
       sync_ = std::make_unique<GradSync>(decoder_, comm_,
