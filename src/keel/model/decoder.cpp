@@ -1187,6 +1187,17 @@ void Decoder::backward(const MicroBatch& mb) {
   }
 }
 
+std::vector<WeightGather> Decoder::first_weight_reads() const {
+  std::vector<WeightGather> first;
+  std::vector<bool> seen(params_.params().size(), false);
+  for (const WeightGather& g : plan_weight_gathers(config_, ids_, params_)) {  // sorted by position
+    if (seen[size_t(g.first_param)]) continue;
+    for (int p = g.first_param; p <= g.last_param; ++p) seen[size_t(p)] = true;
+    first.push_back({g.first_param, g.last_param, g.range, g.position});
+  }
+  return first;
+}
+
 void Decoder::enter_position(int32_t position) {
   if (position_hook_) position_hook_(position);
   for (const GradGroup& g : grad_groups_)

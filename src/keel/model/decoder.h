@@ -228,11 +228,18 @@ class Decoder {
   // ZeRO-2 (DecoderOptions::shard_gradients): the groups of gradients and their staging buffers,
   // in the order the backward pass finishes them; empty otherwise.
   const std::vector<GradGroup>& grad_groups() const { return grad_groups_; }
-  // Called as the backward pass enters each StepTimeline position (the head, then each block's
-  // backward), before it writes a gradient there: ZeRO-2 waits there for the reductions whose
-  // staging the position may reuse. The decoder then zeroes the staging of the groups that begin.
+  // Called as a call enters each StepTimeline position (each block's forward, the head, each
+  // block's backward), before it reads a weight or writes a gradient there: ZeRO-2 waits there for
+  // the reductions whose staging the position may reuse, ZeRO-1/2 for the post-step gather of the
+  // weights the position reads first (first_weight_reads). The decoder then zeroes the staging of
+  // the groups that begin.
   using PositionHook = std::function<void(int32_t position)>;
-  void set_backward_position_hook(PositionHook hook) { position_hook_ = std::move(hook); }
+  void set_position_hook(PositionHook hook) { position_hook_ = std::move(hook); }
+  // The full model's weights by the position that reads them first in a step (the embedding and
+  // block 0 at the first, each block at its forward, the final norm and LM head at the head): spans
+  // of the flat buffer, in order, covering it. ZeRO-1/2 gather the updated shards span by span and
+  // wait for each where it is first read, so the gather overlaps the next step's forward pass.
+  std::vector<WeightGather> first_weight_reads() const;
 
   // ZeRO-3 (DecoderOptions::shard_weights): the gathers of the step in the order of their
   // positions; empty otherwise. The decoder copies this rank's part of a gather's masters into its

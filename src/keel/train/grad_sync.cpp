@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "keel/core/error.h"
 #include "keel/train/optimizer.h"
@@ -18,6 +19,18 @@ void timed(double& total, F&& f) {
 }
 
 }  // namespace
+
+// Each rank's part of `range`, relative to its start (empty for ranks holding none of it): the
+// shards an all-gather of that span alone takes.
+std::vector<FlatRange> GradSync::parts_within(FlatRange range) const {
+  std::vector<FlatRange> parts;
+  for (const FlatRange& shard : shards_) {
+    const FlatRange in = shard.intersect(range);
+    const int64_t at = in.size() > 0 ? in.begin - range.begin : 0;
+    parts.push_back({at, at + in.size()});
+  }
+  return parts;
+}
 
 GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, const GradSyncOptions& options)
     : decoder_(decoder), comm_(comm), options_(options) {
@@ -44,20 +57,26 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
   decoder_.set_grad_ready_hook([this](int param, ComputeEvent written) {
     if (in_backward_) timed(hook_seconds_, [&] { buckets_->param_ready(param, written); });
   });
-  if (staged) decoder_.set_backward_position_hook([this](int32_t at) { timed(hook_seconds_, [&] { position(at); }); });
+  // ZeRO-1/2 overlap the post-step gather with the next forward pass (full fine-tuning: LoRA's
+  // adapter is small, and its tensors are read where the base weights are).
+  if (options_.zero_stage >= 1 && options_.zero_stage <= 2 && options_.overlap && !decoder_.has_adapter()) {
+    post_step_ = decoder_.first_weight_reads();
+    for (const model::WeightGather& g : post_step_) post_step_parts_.push_back(parts_within(g.range));
+    post_step_tickets_.assign(post_step_.size(), 0);
+  }
+  next_post_step_wait_ = post_step_.size();
+  if (staged || !post_step_.empty())
+    decoder_.set_position_hook([this](int32_t at) {
+      timed(hook_seconds_, [&] {
+        weights_read_at(at);
+        position(at);
+      });
+    });
   require((options_.zero_stage >= 3) == params.sharded_weights(),
           "gradient sync: ZeRO stage {} but the decoder's weights are {}", options_.zero_stage,
           params.sharded_weights() ? "sharded (ZeRO-3)" : "whole");
   if (options_.zero_stage >= 3) {
-    for (const model::WeightGather& g : decoder_.weight_gathers()) {
-      std::vector<FlatRange> parts;
-      for (const FlatRange& shard : shards_) {
-        const FlatRange in = shard.intersect(g.range);
-        const int64_t at = in.size() > 0 ? in.begin - g.range.begin : 0;
-        parts.push_back({at, at + in.size()});
-      }
-      gather_parts_.push_back(std::move(parts));
-    }
+    for (const model::WeightGather& g : decoder_.weight_gathers()) gather_parts_.push_back(parts_within(g.range));
     gather_tickets_.assign(gather_parts_.size(), 0);
     // A wait the compute makes is exposed communication, as ZeRO-2's waits inside the backward pass.
     // Overlapped, a gather starts one position ahead and the compute of the position before hides
@@ -84,8 +103,13 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
 }
 
 GradSync::~GradSync() {
+  // A gather still in flight writes into the decoder's weights: it completes before they can go.
+  try {
+    settle_weights();
+  } catch (const std::exception&) {  // the communicator failed (and said so): nothing left to wait for
+  }
   decoder_.set_grad_ready_hook({});
-  decoder_.set_backward_position_hook({});
+  decoder_.set_position_hook({});
   decoder_.set_weight_gather_hooks({});
 }
 
@@ -150,10 +174,40 @@ double GradSync::take_hook_seconds() {
 void GradSync::gather_weights() {
   if (shards_.empty() || options_.zero_stage >= 3) return;
   model::ParamStore& params = decoder_.trainable();
+  if (!post_step_.empty()) {
+    for (size_t g = 0; g < post_step_.size(); ++g)
+      post_step_tickets_[g] =
+          comm_.allgather_shards_async(params.weights() + post_step_[g].range.begin, post_step_parts_[g]);
+    next_post_step_wait_ = 0;
+    return;
+  }
   comm_.wait(comm_.allgather_shards_async(params.weights(), shards_));
   const FlatRange mine = params.optimizer_range();
   for (const FlatRange& other : shards_)
     if (other.begin != mine.begin) params.refresh_bf16_copy(other);
+}
+
+// The spans first read at or before `at`: their gathers done, the other ranks' parts of them
+// copied to bf16 (this rank's part was refreshed by its optimizer step).
+void GradSync::weights_read_at(int32_t at) {
+  model::ParamStore& params = decoder_.trainable();
+  const FlatRange mine = params.optimizer_range();
+  for (; next_post_step_wait_ < post_step_.size() && post_step_[next_post_step_wait_].position <= at;
+       ++next_post_step_wait_) {
+    const model::WeightGather& g = post_step_[next_post_step_wait_];
+    comm_.wait(post_step_tickets_[next_post_step_wait_]);
+    for (const FlatRange& other : shards_) {
+      const FlatRange part = other.intersect(g.range);
+      if (other.begin != mine.begin && part.size() > 0) params.refresh_bf16_copy(part);
+    }
+  }
+}
+
+double GradSync::settle_weights() {
+  if (next_post_step_wait_ >= post_step_.size()) return 0;
+  double waited = 0;
+  timed(waited, [&] { weights_read_at(std::numeric_limits<int32_t>::max()); });
+  return waited;
 }
 
 }  // namespace keel::train

@@ -5,7 +5,9 @@
 // - stage 0 (replicated): gradients accumulate locally over the micro-batches and each bucket is
 //   all-reduced during (overlap) or after the last backward pass; every rank steps everything.
 // - stage 1: the same buckets are reduce-scattered onto each rank's shard; a rank steps its shard
-//   with its shard of the moments, then the shards are all-gathered.
+//   with its shard of the moments, then the shards are all-gathered. With overlap the all-gather
+//   runs span by span (model::Decoder::first_weight_reads) while the next step's forward pass
+//   computes: each position waits only for the weights it reads first.
 // - stage 2: no whole gradient buffer. Every micro-batch's backward pass writes each gradient
 //   group (model::GradGroup) into a staging buffer, its buckets are reduce-scattered into this
 //   rank's accumulated shard as they become final, and the decoder's position hook waits for a
@@ -60,8 +62,13 @@ class GradSync {
   // communication), then sums the loss and the squares of the gradients over the ranks.
   SyncedStep finish(double local_loss_sum);
   // ZeRO-1/2: every rank's updated shard of the weights to every rank (and their bf16 copies).
+  // With overlap (full fine-tuning) this starts the gathers and returns; the next step's forward
+  // pass waits for each span where it first reads it, and settle_weights() for all of them.
   // Nothing under ZeRO-3, whose weights are gathered where the step reads them.
   void gather_weights();
+  // Waits for the gathers gather_weights() started: before anything outside a training step reads
+  // the weights (evaluation, a checkpoint, the final save). Returns the seconds waited.
+  double settle_weights();
   // The time the training thread spent in the decoder's hooks since the last call: queueing
   // buckets, and under ZeRO-2 waiting for reductions inside the backward pass (exposed
   // communication the step's compute time must not include).
@@ -69,6 +76,9 @@ class GradSync {
 
  private:
   void position(int32_t position);
+  void weights_read_at(int32_t position);
+  std::vector<FlatRange> parts_within(
+      FlatRange range) const;  // waits for the post-step gathers read from `position` on
   model::Decoder& decoder_;
   distributed::Communicator& comm_;
   GradSyncOptions options_;
@@ -79,6 +89,13 @@ class GradSync {
   // gather's span; empty for ranks holding none of it), and the ticket of the gather in flight.
   std::vector<std::vector<FlatRange>> gather_parts_;
   std::vector<distributed::Ticket> gather_tickets_;
+  // ZeRO-1/2 with overlap: the post-step gather, one all-gather per span of first_weight_reads(),
+  // each span's parts per rank, the tickets in flight and the first span not waited for
+  // (post_step_.size() when none is pending).
+  std::vector<model::WeightGather> post_step_;
+  std::vector<std::vector<FlatRange>> post_step_parts_;
+  std::vector<distributed::Ticket> post_step_tickets_;
+  size_t next_post_step_wait_ = 0;
   bool began_ = false;          // the buckets of the current micro-batch (or step) have begun
   bool in_backward_ = false;    // the hooks feed the buckets
   size_t next_wait_ = 0;        // ZeRO-2: the first group whose reductions were not waited for

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <span>
 
 #include "keel/core/dropout_mask.h"
 #include "keel/core/error.h"
@@ -197,13 +198,19 @@ class Trainer {
       m.peak_memory_bytes = int64_t(peak_resident_bytes());  // a read of /proc: allocates nothing
       state_.step = step;
       state_.samples_consumed = step * loader_->samples_per_step();
+      const bool interrupted = (interrupt_agreed_ || step == options_.stop_after_step) && step < max_steps_;
+      const bool checkpoint_due =
+          !r_.checkpoint_dir.empty() &&
+          (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0));
+      // ZeRO-1/2 with overlap: the weights' gather runs into the next step's forward pass; what reads
+      // them outside a step waits for it (exposed communication of this step).
+      if (sync_ && (eval_due(step) || checkpoint_due || interrupted || step == max_steps_))
+        m.grad_sync_s += sync_->settle_weights();
       if (eval_due(step)) {
         evaluate_into(m);
         if (options_.on_evaluate && comm_.rank() == 0) options_.on_evaluate(step, m.eval_loss, m.eval_perplexity);
       }
-      const bool interrupted = (interrupt_agreed() || step == options_.stop_after_step) && step < max_steps_;
-      if (!r_.checkpoint_dir.empty() &&
-          (interrupted || step == max_steps_ || (r_.save_interval > 0 && step % r_.save_interval == 0))) {
+      if (checkpoint_due) {
         comm_.set_wait_context(save_wait_context(step));  // cleared by the next step's first collective
         if (save_checkpoint(checkpoints_.get(), m, progress) && options_.on_save)
           options_.on_save(step, r_.checkpoint_dir);
@@ -514,10 +521,39 @@ class Trainer {
   }
 
   // Every rank must stop after the same step: a signal may reach them at different moments.
-  bool interrupt_agreed() {
-    double flag = InterruptGuard::requested() ? 1.0 : 0.0;
-    if (comm_.size() > 1) comm_.allreduce_totals(&flag, 1);
-    return flag > 0;
+  // A step's micro-batches and what every rank agreed on before it: the global step's token
+  // counts (the loss is normalised by the target tokens of the whole step, transformers'
+  // gradient-accumulation fix, so they must be known before the backward pass) and whether an
+  // interrupt was requested during the step before.
+  struct StepInput {
+    int64_t step = 0;
+    std::span<const data::PackedMicroBatch> micro;  // the loader's, valid until its next call
+    double target_tokens = 0, tokens = 0;
+    bool interrupt = false;
+    double data_s = 0, peer_wait_s = 0;  // waiting for the loader, and for the other ranks
+  };
+
+  // Fetches `step`'s micro-batches and agrees on them in one collective. The step's global batch
+  // is the same samples whatever the world size: micro-batch i of rank r is the step's
+  // (i * ranks + r)-th, so dp=N equals dp=1 with N times the accumulation.
+  StepInput agree_on_step(int64_t step) {
+    StepInput in;
+    in.step = step;
+    in.micro = loader_->step_batches(step);  // prefetched in the background
+    double totals[3] = {0, 0, InterruptGuard::requested() ? 1.0 : 0.0};
+    for (const auto& mb : in.micro) {
+      totals[0] += double(mb.target_tokens);
+      totals[1] += double(mb.input_tokens);
+    }
+    in.data_s = loader_->last_wait_seconds();
+    const auto t = Clock::now();
+    if (comm_.size() > 1) comm_.allreduce_totals(totals, 3);
+    comm_.set_wait_context("");
+    in.peer_wait_s = comm_.size() > 1 ? seconds_since(t) : 0.0;
+    in.target_tokens = totals[0];
+    in.tokens = totals[1];
+    in.interrupt = totals[2] > 0;
+    return in;
   }
 
   // ZeRO, every rank but 0: its shard of m, then of v (the order distributed::ShardReader reads in);
@@ -548,25 +584,20 @@ class Trainer {
     report::StepMetrics m;
     m.step = step;
     const auto t0 = Clock::now();
-    // Gather the whole step's micro-batches first: the loss is normalised by the target tokens of
-    // the whole step (transformers' gradient-accumulation fix), which must be known up front.
-    // The step's global batch is the same samples whatever the world size: micro-batch i of
-    // rank r is the step's (i * ranks + r)-th, so dp=N equals dp=1 with N times the accumulation.
+    // Agreed on at the end of the step before (see below), or now for a run's first step; that
+    // agreement counts in this step's time, as it did when it was this step's first collective.
+    const bool agreed_ahead = ahead_ && ahead_->step == step;
+    const StepInput in = agreed_ahead ? *ahead_ : agree_on_step(step);
+    const double agreed_earlier_s = agreed_ahead ? ahead_seconds_ : 0.0;
+    ahead_.reset();
+    ahead_seconds_ = 0;
+    const auto& micro = in.micro;
     const int64_t ranks = comm_.size();
-    const auto micro = loader_->step_batches(step);  // prefetched in the background
-    double totals[2] = {0, 0};                       // target tokens, input tokens: of the whole global step
-    for (const auto& mb : micro) {
-      totals[0] += double(mb.target_tokens);
-      totals[1] += double(mb.input_tokens);
-    }
-    m.data_s = loader_->last_wait_seconds();
-    const auto t_sync0 = Clock::now();
-    if (ranks > 1) comm_.allreduce_totals(totals, 2);
-    comm_.set_wait_context("");
-    m.peer_wait_s = ranks > 1 ? seconds_since(t_sync0) : 0.0;
+    m.data_s = in.data_s;
+    m.peer_wait_s = in.peer_wait_s;
     m.grad_sync_s += m.peer_wait_s;
-    m.target_tokens = int64_t(totals[0]);
-    m.tokens = int64_t(totals[1]);
+    m.target_tokens = int64_t(in.target_tokens);
+    m.tokens = int64_t(in.tokens);
 
     const auto t1 = Clock::now();
     if (sync_)
@@ -623,12 +654,22 @@ class Trainer {
       optimizer_->step(m.lr, step);
     }
     m.optimizer_s = seconds_since(t2);
+    // The next step is agreed on now, before the weights' gather starts: its collective queued
+    // behind the gather would wait for all of it, where the next forward pass waits only for the
+    // weights it reads (ZeRO-1/2 with overlap, train/grad_sync.h). It also says whether to stop.
+    interrupt_agreed_ = false;
+    if (step < max_steps_) {
+      const auto t_ahead = Clock::now();
+      ahead_ = agree_on_step(step + 1);
+      interrupt_agreed_ = ahead_->interrupt;
+      ahead_seconds_ = seconds_since(t_ahead);
+    }
     if (sync_ && !m.skipped) {  // ZeRO: every rank needs every rank's updated shard
       const auto t_gather = Clock::now();
       sync_->gather_weights();
       m.grad_sync_s += seconds_since(t_gather);
     }
-    m.step_time_s = seconds_since(t0);
+    m.step_time_s = seconds_since(t0) - ahead_seconds_ + agreed_earlier_s;
     m.tokens_per_s = double(m.tokens) / std::max(m.step_time_s, 1e-9);
     return m;
   }
@@ -731,6 +772,9 @@ class Trainer {
   std::optional<EvalResult> last_eval_;
   checkpoint::TrainingState state_;
   bool already_complete_ = false;  // resumed from a checkpoint at max_steps
+  bool interrupt_agreed_ = false;  // a rank saw an interrupt request during the step (train_step)
+  std::optional<StepInput> ahead_;  // the next step's, agreed at the end of the step before
+  double ahead_seconds_ = 0;        // what agreeing on ahead_ took
   std::unique_ptr<checkpoint::CheckpointWriter> checkpoints_;
 };
 
