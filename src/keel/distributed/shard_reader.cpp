@@ -77,6 +77,15 @@ void ShardReader::read_all(int stream, float* out) {
   }
 }
 
+ShardReader::~ShardReader() {
+  try {
+    drain();
+  } catch (const std::exception&) {
+    // Only reached while unwinding from the write's own error (a completed write drained
+    // explicitly, which reports a failing communicator): that error is the one to report.
+  }
+}
+
 void ShardReader::drain() {
   while (!done(next_)) receive_next();
 }

@@ -7,7 +7,8 @@
 // Pieces arrive in one fixed order: stream by stream, and within a stream rank by rank (1, 2, ...),
 // each rank's pieces in order; a read that skips pieces (alignment padding between tensors)
 // receives and drops them. drain() receives what was never read, so that every sender completes
-// even when the write failed midway.
+// even when the write failed midway; the destructor drains too, so a reader that goes out of scope
+// (a write that threw) never leaves the other ranks blocked in send_to_root.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -22,6 +23,7 @@ class ShardReader {
   // `shards`: one range of the flat buffer per rank (rank 0's first); `local[s]`: rank 0's own
   // shard of stream s (shards[0].size() floats).
   ShardReader(Communicator& comm, const std::vector<FlatRange>& shards, std::vector<const float*> local);
+  ~ShardReader();
 
   // Elements [begin, begin + *n) of stream `stream`, 0 < *n <= max_count, valid until the next call.
   // Reads must not go back: (stream, begin) only increases from one call to the next.
@@ -31,7 +33,7 @@ class ShardReader {
   // Only in order: stream 0, then 1, before any read().
   void read_all(int stream, float* out);
 
-  // Receives every piece not read yet. Call once after the last read, also when writing failed.
+  // Receives every piece not read yet (the destructor calls it; calling it again does nothing).
   void drain();
 
  private:

@@ -144,29 +144,41 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
   return unused;
 }
 
-void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes,
-                   WorkProgress* progress) {
-  make_dirs(dir);
+namespace {
+
+// The model's weights as save_hf_model writes them: every matrix in full precision (LoRA and
+// QLoRA hold theirs in bf16 or 4 bits only).
+const ParamStore& full_precision_params(const Decoder& decoder) {
   const auto& P = decoder.params();
-  std::vector<TensorToWrite> out;
   require(P.compute_only_total() == 0 && P.four_bit_total() == 0,
           "save_hf_model: the model's matrices are held in bf16 or 4 bits only (LoRA, QLoRA); export the adapter, or "
-          "merge "
-          "it with keel export --merge");
+          "merge it with keel export --merge");
+  return P;
+}
+
+// The weight files (write_model_weights makes the directory), then config.json.
+void write_hf_model(const Decoder& decoder, const std::string& dir, DType dtype,
+                    const std::vector<TensorToWrite>& tensors, uint64_t max_shard_bytes, WorkProgress* progress) {
+  write_model_weights(dir, tensors, dtype, max_shard_bytes, progress);
+  write_file_atomic(dir + "/config.json", model_config_json(decoder.config(), dtype));
+}
+
+}  // namespace
+
+void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes,
+                   WorkProgress* progress) {
+  const auto& P = full_precision_params(decoder);
+  std::vector<TensorToWrite> out;
   for (const auto& t : hf_tensors(decoder.config(), decoder.ids())) {
     const int64_t cols = t.cols ? t.cols : 1;
     out.push_back({t.name, t.shape(), P.weight(t.param) + t.row_begin * cols});
   }
-  write_model_weights(dir, out, dtype, max_shard_bytes, progress);
-  write_file_atomic(dir + "/config.json", model_config_json(decoder.config(), dtype));
+  write_hf_model(decoder, dir, dtype, out, max_shard_bytes, progress);
 }
 
 void save_hf_model_streamed(const Decoder& decoder, const std::string& dir, DType dtype,
                             const FlatWeightStream& weights, uint64_t max_shard_bytes) {
-  make_dirs(dir);
-  const auto& P = decoder.params();
-  require(P.compute_only_total() == 0 && P.four_bit_total() == 0,
-          "save_hf_model_streamed: streamed saves hold full-precision weights only (no LoRA, no QLoRA)");
+  const auto& P = full_precision_params(decoder);
   struct Placed {
     int64_t flat_begin;
     HfTensor tensor;
@@ -174,8 +186,10 @@ void save_hf_model_streamed(const Decoder& decoder, const std::string& dir, DTyp
   std::vector<Placed> placed;
   for (auto& t : hf_tensors(decoder.config(), decoder.ids()))
     placed.push_back({P.param(t.param).offset + t.row_begin * (t.cols ? t.cols : 1), std::move(t)});
-  // The stream only goes forward: the file takes the tensors in the flat buffer's order (a
-  // safetensors file may hold its tensors in any order; its header says where each one is).
+  // The stream only goes forward, and transformers' order is not the flat buffer's (Qwen2's q, k
+  // and v biases sit between their weights' row blocks; Gemma's post-feedforward norm comes before
+  // the MLP): the file takes the tensors in the flat buffer's order (a safetensors header says
+  // where each one is).
   std::stable_sort(placed.begin(), placed.end(),
                    [](const Placed& a, const Placed& b) { return a.flat_begin < b.flat_begin; });
   std::vector<TensorToWrite> out;
@@ -184,8 +198,7 @@ void save_hf_model_streamed(const Decoder& decoder, const std::string& dir, DTyp
         {t.name, t.shape(), TensorToWrite::Reader([&weights, flat_begin](int64_t begin, int64_t max_count, int64_t* n) {
            return weights(flat_begin + begin, max_count, n);
          })});
-  write_model_weights(dir, out, dtype, max_shard_bytes);
-  write_file_atomic(dir + "/config.json", model_config_json(decoder.config(), dtype));
+  write_hf_model(decoder, dir, dtype, out, max_shard_bytes, nullptr);
 }
 
 }  // namespace keel::model

@@ -57,15 +57,21 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
   decoder_.set_grad_ready_hook([this](int param, ComputeEvent written) {
     if (in_backward_) timed(hook_seconds_, [&] { buckets_->param_ready(param, written); });
   });
-  // ZeRO-1/2 overlap the post-step gather with the next forward pass (full fine-tuning: LoRA's
-  // adapter is small, and its tensors are read where the base weights are).
-  if (options_.zero_stage >= 1 && options_.zero_stage <= 2 && options_.overlap && !decoder_.has_adapter()) {
-    post_step_ = decoder_.first_weight_reads();
+  // ZeRO-1/2's all-gather of the updated weights: with overlap (full fine-tuning) by the spans
+  // the next forward pass reads first, each waited for there; else the whole buffer at once,
+  // waited for at the end of the step (LoRA's adapter is small, and its tensors are read where
+  // the base weights are).
+  if (options_.zero_stage >= 1 && options_.zero_stage <= 2) {
+    defer_post_step_ = options_.overlap && !decoder_.has_adapter();
+    if (defer_post_step_)
+      post_step_ = decoder_.first_weight_reads();
+    else
+      post_step_.push_back({0, int(params.params().size()) - 1, FlatRange{0, params.total()}, 0});
     for (const model::WeightGather& g : post_step_) post_step_parts_.push_back(parts_within(g.range));
     post_step_tickets_.assign(post_step_.size(), 0);
   }
   next_post_step_wait_ = post_step_.size();
-  if (staged || !post_step_.empty())
+  if (staged || defer_post_step_)
     decoder_.set_position_hook([this](int32_t at) {
       timed(hook_seconds_, [&] {
         weights_read_at(at);
@@ -172,19 +178,13 @@ double GradSync::take_hook_seconds() {
 }
 
 void GradSync::gather_weights() {
-  if (shards_.empty() || options_.zero_stage >= 3) return;
+  if (post_step_.empty()) return;  // replicated, or ZeRO-3 (its weights are gathered where read)
   model::ParamStore& params = decoder_.trainable();
-  if (!post_step_.empty()) {
-    for (size_t g = 0; g < post_step_.size(); ++g)
-      post_step_tickets_[g] =
-          comm_.allgather_shards_async(params.weights() + post_step_[g].range.begin, post_step_parts_[g]);
-    next_post_step_wait_ = 0;
-    return;
-  }
-  comm_.wait(comm_.allgather_shards_async(params.weights(), shards_));
-  const FlatRange mine = params.optimizer_range();
-  for (const FlatRange& other : shards_)
-    if (other.begin != mine.begin) params.refresh_bf16_copy(other);
+  for (size_t g = 0; g < post_step_.size(); ++g)
+    post_step_tickets_[g] =
+        comm_.allgather_shards_async(params.weights() + post_step_[g].range.begin, post_step_parts_[g]);
+  next_post_step_wait_ = 0;
+  if (!defer_post_step_) settle_weights();
 }
 
 // The spans first read at or before `at`: their gathers done, the other ranks' parts of them

@@ -76,9 +76,8 @@ class GradSync {
 
  private:
   void position(int32_t position);
-  void weights_read_at(int32_t position);
-  std::vector<FlatRange> parts_within(
-      FlatRange range) const;  // waits for the post-step gathers read from `position` on
+  void weights_read_at(int32_t position);  // waits for the post-step gathers read from `position` on
+  std::vector<FlatRange> parts_within(FlatRange range) const;
   model::Decoder& decoder_;
   distributed::Communicator& comm_;
   GradSyncOptions options_;
@@ -89,9 +88,11 @@ class GradSync {
   // gather's span; empty for ranks holding none of it), and the ticket of the gather in flight.
   std::vector<std::vector<FlatRange>> gather_parts_;
   std::vector<distributed::Ticket> gather_tickets_;
-  // ZeRO-1/2 with overlap: the post-step gather, one all-gather per span of first_weight_reads(),
-  // each span's parts per rank, the tickets in flight and the first span not waited for
-  // (post_step_.size() when none is pending).
+  // ZeRO-1/2: the post-step gather, one all-gather per span (first_weight_reads(), waited for
+  // where each is read, when deferred; else one span, the whole buffer), each span's parts per
+  // rank, the tickets in flight and the first span not waited for (post_step_.size() when none is
+  // pending).
+  bool defer_post_step_ = false;
   std::vector<model::WeightGather> post_step_;
   std::vector<std::vector<FlatRange>> post_step_parts_;
   std::vector<distributed::Ticket> post_step_tickets_;

@@ -444,7 +444,7 @@ class Trainer {
     // weights first (streams 1, 2 the moments).
     const bool sharded = params.sharded_weights();
     const int moments_from = sharded ? 1 : 0;
-    std::optional<distributed::ShardReader> shards;
+    std::optional<distributed::ShardReader> shards;  // drains on the way out if the write fails
     if (!zero_shards().empty()) {
       std::vector<const float*> local{params.adam_m(), params.adam_v()};
       if (sharded) local.insert(local.begin(), params.masters());
@@ -484,9 +484,6 @@ class Trainer {
           fmt::format("warning: checkpoint save failed ({}); training continues, next try at the next "
                       "interval",
                       e.what()));
-    } catch (...) {
-      if (shards) shards->drain();
-      throw;
     }
     return false;
   }
@@ -520,11 +517,11 @@ class Trainer {
            (r_.async_save ? " or save_interval" : " or set async_save = true");
   }
 
-  // Every rank must stop after the same step: a signal may reach them at different moments.
   // A step's micro-batches and what every rank agreed on before it: the global step's token
   // counts (the loss is normalised by the target tokens of the whole step, transformers'
   // gradient-accumulation fix, so they must be known before the backward pass) and whether an
-  // interrupt was requested during the step before.
+  // interrupt was requested during the step before (every rank must stop after the same step: a
+  // signal may reach them at different moments).
   struct StepInput {
     int64_t step = 0;
     std::span<const data::PackedMicroBatch> micro;  // the loader's, valid until its next call
@@ -721,15 +718,10 @@ class Trainer {
         comm_.send_to_root(params.masters(), zero_shards()[size_t(comm_.rank())].size());
         return;
       }
-      distributed::ShardReader shards(comm_, zero_shards(), {params.masters()});
-      try {
-        model::save_hf_model_streamed(
-            decoder_, final_dir, setup_.export_dtype,
-            [&shards](int64_t begin, int64_t max_count, int64_t* n) { return shards.read(0, begin, max_count, n); });
-      } catch (...) {
-        shards.drain();  // the other ranks' sends complete: they are not left waiting on a failed write
-        throw;
-      }
+      distributed::ShardReader shards(comm_, zero_shards(), {params.masters()});  // drains if the write throws
+      model::save_hf_model_streamed(
+          decoder_, final_dir, setup_.export_dtype,
+          [&shards](int64_t begin, int64_t max_count, int64_t* n) { return shards.read(0, begin, max_count, n); });
       shards.drain();
     } else if (comm_.rank() != 0) {
       return;
