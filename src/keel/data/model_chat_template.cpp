@@ -18,6 +18,16 @@ using jinja::List;
 using jinja::Str;
 using jinja::Value;
 
+namespace {
+
+Dict json_to_dict(simdjson::dom::object object, int source) {
+  Dict d;
+  for (auto field : object) d.set(jinja::string_dict_key(field.key), json_to_value(field.value, source));
+  return d;
+}
+
+}  // namespace
+
 Value json_to_value(simdjson::dom::element e, int source) {
   using T = simdjson::dom::element_type;
   switch (e.type()) {
@@ -34,13 +44,7 @@ Value json_to_value(simdjson::dom::element e, int source) {
       for (simdjson::dom::element x : array) items.push_back(json_to_value(x, source));
       return Value(std::move(items));
     }
-    case T::OBJECT: {
-      Dict d;
-      simdjson::dom::object object = e.get_object().value_unsafe();
-      for (auto field : object)
-        d.set(jinja::dict_key(Value(std::string(field.key))), json_to_value(field.value, source));
-      return Value(std::move(d));
-    }
+    case T::OBJECT: return Value(json_to_dict(e.get_object().value_unsafe(), source));
     default: return Value::none();
   }
 }
@@ -158,10 +162,8 @@ ModelChatTemplate chat_template_from_file(const std::string& path, const std::st
 namespace {
 
 // transformers' _normalize_chat_messages and _alias_reasoning_fields.
-Value normalized_message(const Dict& m) {
-  Dict out;
-  for (const auto& [k, v] : m.items)
-    if (!v.is_none()) out.set(k, v);
+Value normalized_message(Dict out) {
+  std::erase_if(out.items, [](const auto& item) { return item.second.is_none(); });
   const Value* reasoning = nullptr;
   for (const char* key : {"reasoning_content", "thinking", "reasoning"})
     if (!reasoning) reasoning = out.find(key);
@@ -188,8 +190,7 @@ std::string chat_input_from_record(simdjson::dom::element record, ChatInput& out
   int index = 0;
   for (simdjson::dom::element m : array) {
     if (!m.is_object()) return fmt::format("{}[{}] is not an object", field, index);
-    Value v = json_to_value(m, index);
-    Dict d = v.as_dict();
+    Dict d = json_to_dict(m.get_object().value_unsafe(), index);
     if (sharegpt) {
       Dict converted;
       for (auto& [k, x] : d.items) {
@@ -207,7 +208,7 @@ std::string chat_input_from_record(simdjson::dom::element record, ChatInput& out
     if (!role || !role->is_string()) return fmt::format("{}[{}]: missing string field 'role'", field, index);
     // The role is data but not the message's own text: where it lands does not start the turn.
     *role = Value(Str(role->as_str().text, jinja::kOtherData));
-    messages.push_back(normalized_message(d));
+    messages.push_back(normalized_message(std::move(d)));
     ++index;
   }
   if (messages.empty()) return fmt::format("field '{}' is empty", field);

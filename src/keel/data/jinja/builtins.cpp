@@ -503,12 +503,17 @@ Value string_method(const Value& self, const std::string& name) {
 
 }  // namespace
 
+bool is_dict_method(std::string_view n) {
+  return n == "items" || n == "keys" || n == "values" || n == "copy" || n == "get";
+}
+
 Value builtin_method(const Value& self, const std::string& name) {
   if (self.is_string()) return string_method(self, name);
   if (self.is_dict()) {
     // Every `message.role` asks here first (Python's getattr before the keys): compared as a view,
     // a name checks the length before any byte (a std::string against a literal runs strlen).
     const std::string_view n = name;
+    if (!is_dict_method(n)) return Value();
     if (n == "items" || n == "keys" || n == "values")
       return Value::function(name, [self, name](Interpreter&, CallArgs&) {
         List out;

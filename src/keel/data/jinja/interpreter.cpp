@@ -23,13 +23,13 @@ const Value* CallArgs::keyword(std::string_view name) const {
 
 Value& Interpreter::Frame::operator[](std::string_view name) {
   for (auto& [k, v] : items_)
-    if (k == name) return v;
+    if (same_name(k, name)) return v;
   return items_.emplace_back(std::string(name), Value()).second;
 }
 
 const Value* Interpreter::Frame::find(std::string_view name) const {
   for (const auto& [k, v] : items_)
-    if (k == name) return &v;
+    if (same_name(k, name)) return &v;
   return nullptr;
 }
 
@@ -54,7 +54,7 @@ Rendered Interpreter::run(const Dict& variables) {
     for (auto& [k, v] : builtins.items) (*frame)[k] = v;
     return frame;
   }();
-  auto top = std::make_shared<Frame>();
+  auto top = std::make_shared<Frame>(variables.items.size());
   for (const auto& [k, v] : variables.items) (*top)[k] = v;
   frames_ = {globals, top};
   outputs_.assign(1, Str());
@@ -84,9 +84,14 @@ Str Interpreter::capture(const Body& body) {
   return out;
 }
 
-Value Interpreter::lookup(const std::string& name) const {
+const Value* Interpreter::find(std::string_view name) const {
   for (auto it = frames_.rbegin(); it != frames_.rend(); ++it)
-    if (const Value* found = (*it)->find(name)) return *found;
+    if (const Value* found = (*it)->find(name)) return found;
+  return nullptr;
+}
+
+Value Interpreter::lookup(const std::string& name) const {
+  if (const Value* found = find(name)) return *found;
   return Value::undefined(name);
 }
 
@@ -105,14 +110,22 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
   switch (n.kind) {
     case Node::Kind::text: emit(std::string_view(n.text)); return Flow::normal;
     case Node::Kind::print: {
-      const Value v = eval(*n.expr);
+      if (n.expr->kind == Expr::Kind::binary && (n.expr->name == "+" || n.expr->name == "~")) {
+        print_concat(*n.expr);
+        return Flow::normal;
+      }
+      Value scratch;
+      const Value& v = ref(*n.expr, scratch);
       if (v.is_string())
         emit(v.as_str());  // no copy of the string on its way out
       else
         emit(to_str(v));
       return Flow::normal;
     }
-    case Node::Kind::if_block: return exec(eval(*n.expr).truthy() ? n.body : n.else_body);
+    case Node::Kind::if_block: {
+      Value scratch;
+      return exec(ref(*n.expr, scratch).truthy() ? n.body : n.else_body);
+    }
     case Node::Kind::for_loop: return for_loop(n);
     case Node::Kind::set: {
       Value v = eval(*n.expr);
@@ -195,7 +208,12 @@ List iteration_items(Interpreter& in, const Value& v, int line) {
 }
 
 Interpreter::Flow Interpreter::for_loop(const Node& n) {
-  const List all = iteration_items(*this, eval(*n.expr), n.line);
+  // A list is iterated where it is (held by `iterable`: the body may reassign what held it); other
+  // iterables become a list first.
+  const Value iterable = eval(*n.expr);
+  List converted;
+  if (!iterable.is_list()) converted = iteration_items(*this, iterable, n.line);
+  const List& all = iterable.is_list() ? iterable.as_list() : converted;
   auto frame = std::make_shared<Frame>();
   frames_.push_back(frame);
   auto bind = [&](const Value& item) {
@@ -207,15 +225,15 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
       error(n.line, fmt::format("cannot unpack {} into {} loop variables", item.type_name(), n.targets.size()));
     for (size_t i = 0; i < n.targets.size(); ++i) (*frame)[n.targets[i]] = item.as_list()[i];
   };
-  List items;
+  List filtered;
   if (n.condition) {
     for (const Value& item : all) {
       bind(item);
-      if (eval(*n.condition).truthy()) items.push_back(item);
+      Value scratch;
+      if (ref(*n.condition, scratch).truthy()) filtered.push_back(item);
     }
-  } else {
-    items = all;
   }
+  const List& items = n.condition ? filtered : all;
   const int64_t length = int64_t(items.size());
   // loop.cycle reads the iteration through a shared counter: one function per loop, not per iteration.
   auto index = std::make_shared<int64_t>(0);
@@ -340,6 +358,34 @@ Value Interpreter::attribute(const Value& object, const std::string& name, int l
   }
 }
 
+const Value* Interpreter::attribute_in_place(const Value& object, std::string_view name) {
+  switch (object.kind()) {
+    case Value::Kind::ns: return static_cast<const Dict&>(object.ns_dict()).find(name);
+    case Value::Kind::dict: return is_dict_method(name) ? nullptr : object.as_dict().find(name);
+    default: return nullptr;
+  }
+}
+
+const Value* Interpreter::item_in_place(const Value& object, const Value& key) {
+  switch (object.kind()) {
+    case Value::Kind::dict:
+    case Value::Kind::ns: {
+      if (!key.is_string()) return nullptr;
+      const std::string& k = key.as_str().text;
+      if (!k.empty() && k[0] == '\0') return nullptr;  // dict_key escapes it
+      return (object.kind() == Value::Kind::ns ? object.ns_dict() : object.as_dict()).find(k);
+    }
+    case Value::Kind::list: {
+      if (!key.is_number() || key.kind() == Value::Kind::real) return nullptr;
+      const List& l = object.as_list();
+      int64_t i = key.as_int();
+      if (i < 0) i += int64_t(l.size());
+      return i < 0 || i >= int64_t(l.size()) ? nullptr : &l[size_t(i)];
+    }
+    default: return nullptr;
+  }
+}
+
 Value Interpreter::item(const Value& object, const Value& key, int line) {
   switch (object.kind()) {
     case Value::Kind::undefined:
@@ -436,8 +482,15 @@ Value Interpreter::eval(const Expr& e) {
       }
       return Value(std::move(d));
     }
-    case Expr::Kind::attribute: return attribute(eval(*e.args[0]), e.name, e.line);
-    case Expr::Kind::item: return item(eval(*e.args[0]), eval(*e.args[1]), e.line);
+    case Expr::Kind::attribute: {
+      Value scratch;
+      return attribute(ref(*e.args[0], scratch), e.name, e.line);
+    }
+    case Expr::Kind::item: {
+      Value object_scratch, key_scratch;
+      const Value& object = ref(*e.args[0], object_scratch);
+      return item(object, ref(*e.args[1], key_scratch), e.line);
+    }
     case Expr::Kind::slice: {
       Value object = eval(*e.args[0]);
       Value parts[3];
@@ -477,7 +530,8 @@ Value Interpreter::eval(const Expr& e) {
       }
       // `object.name(...)`. A str method is called at once: templates call them per message, and
       // binding one first built a callable (two allocations) each time.
-      Value object = eval(*target.args[0]);
+      Value object_scratch;
+      const Value& object = ref(*target.args[0], object_scratch);
       step();  // the attribute's own evaluation
       Value callee = object.is_string() ? Value() : attribute(object, target.name, target.line);
       CallArgs args = arguments(e);
@@ -488,16 +542,21 @@ Value Interpreter::eval(const Expr& e) {
       return call(callee, args, e.line);
     }
     case Expr::Kind::filter: {
-      Value subject = eval(*e.args[0]);
+      Value scratch;
+      const Value& subject = ref(*e.args[0], scratch);
       CallArgs args = arguments(e);
       return apply_filter(e.name, subject, args, e.line);
     }
     case Expr::Kind::test: {
-      Value subject = eval(*e.args[0]);
+      Value scratch;
+      const Value& subject = ref(*e.args[0], scratch);
       CallArgs args = arguments(e);
       return Value(apply_test(e.name, subject, args, e.line) != e.negated);
     }
-    case Expr::Kind::logical_not: return Value(!eval(*e.args[0]).truthy());
+    case Expr::Kind::logical_not: {
+      Value scratch;
+      return Value(!ref(*e.args[0], scratch).truthy());
+    }
     case Expr::Kind::negate:
     case Expr::Kind::plus: {
       Value v = eval(*e.args[0]);
@@ -506,7 +565,9 @@ Value Interpreter::eval(const Expr& e) {
       if (v.kind() != Value::Kind::real && v.as_int() == INT64_MIN) error(e.line, "integer overflow (64 bits)");
       return v.kind() == Value::Kind::real ? Value(-v.as_real()) : Value(-v.as_int());
     }
-    case Expr::Kind::binary: return binary(e);
+    case Expr::Kind::binary:
+      if (e.name == "+" || e.name == "~") return concat(e);
+      return binary(e);
     case Expr::Kind::compare: return Value(compare(e));
     case Expr::Kind::logical_and: {
       Value a = eval(*e.args[0]);
@@ -516,11 +577,106 @@ Value Interpreter::eval(const Expr& e) {
       Value a = eval(*e.args[0]);
       return a.truthy() ? a : eval(*e.args[1]);
     }
-    case Expr::Kind::conditional:
-      if (eval(*e.args[1]).truthy()) return eval(*e.args[0]);
+    case Expr::Kind::conditional: {
+      Value scratch;
+      if (ref(*e.args[1], scratch).truthy()) return eval(*e.args[0]);
       return e.args[2] ? eval(*e.args[2]) : Value::undefined();
+    }
   }
   return Value::undefined();
+}
+
+const Value& Interpreter::ref(const Expr& e, Value& scratch) {
+  switch (e.kind) {
+    case Expr::Kind::literal: step(); return e.value;
+    case Expr::Kind::name:
+      if (const Value* v = find(e.name)) {
+        step();
+        return *v;
+      }
+      break;  // undefined: eval names it
+    case Expr::Kind::attribute: {
+      Value object_scratch;
+      const Value& object = ref(*e.args[0], object_scratch);
+      step();
+      line_ = e.line;
+      // A value inside the object outlives this call only when the object does.
+      if (&object != &object_scratch)
+        if (const Value* v = attribute_in_place(object, e.name)) return *v;
+      scratch = attribute(object, e.name, e.line);
+      return scratch;
+    }
+    case Expr::Kind::item: {
+      Value object_scratch, key_scratch;
+      const Value& object = ref(*e.args[0], object_scratch);
+      const Value& key = ref(*e.args[1], key_scratch);
+      step();
+      line_ = e.line;
+      if (&object != &object_scratch)
+        if (const Value* v = item_in_place(object, key)) return *v;
+      scratch = item(object, key, e.line);
+      return scratch;
+    }
+    default: break;
+  }
+  scratch = eval(e);
+  return scratch;
+}
+
+// The state of a chain: `building` while everything so far was a plain str, appended to `out` from
+// `start` on; `value` once an operand was anything else (the operator's own rules take over).
+struct Interpreter::Chain {
+  Str& out;
+  size_t start;
+  bool building = false;
+  Value value;
+};
+
+void Interpreter::chain(const Expr& e, std::string_view op, Chain& c) {
+  auto plain = [](const Value& v) { return v.is_string() && !v.is_markup(); };
+  if (e.kind != Expr::Kind::binary || e.name != op) {  // the leftmost operand
+    Value scratch;
+    const Value& v = ref(e, scratch);
+    if (plain(v) || op == "~") {
+      c.out.append(v.is_string() ? v.as_str() : to_str(v));
+      c.building = true;
+    } else {
+      c.value = v;
+    }
+    return;
+  }
+  chain(*e.args[0], op, c);
+  step();
+  line_ = e.line;
+  Value scratch;
+  const Value& b = ref(*e.args[1], scratch);
+  if (op == "~") {  // str() of anything, appended: the chain never leaves `building`
+    c.out.append(b.is_string() ? b.as_str() : to_str(b));
+    return;
+  }
+  if (c.building && plain(b)) {
+    c.out.append(b.as_str());
+    return;
+  }
+  if (c.building) {  // str + something else: the str so far becomes the left operand
+    c.value = Value(c.out.substr(c.start, c.out.text.size()));
+    c.out.truncate(c.start);
+    c.building = false;
+  }
+  c.value = binary(op, std::move(c.value), b, e.line);
+}
+
+Value Interpreter::concat(const Expr& e) {
+  Str out;
+  Chain c{out, 0, false, Value()};
+  chain(e, e.name, c);
+  return c.building ? Value(std::move(out)) : std::move(c.value);
+}
+
+void Interpreter::print_concat(const Expr& e) {
+  Chain c{outputs_.back(), outputs_.back().text.size(), false, Value()};
+  chain(e, e.name, c);
+  if (!c.building) emit(c.value.is_string() ? c.value.as_str() : to_str(c.value));
 }
 
 namespace {
@@ -563,9 +719,13 @@ Value repeat(const Value& seq, int64_t times) {
 }  // namespace
 
 bool Interpreter::compare(const Expr& e) {
-  Value left = eval(*e.args[0]);
+  // Operand k is evaluated into scratch[k % 2] when it is not a value that exists already: the
+  // previous operand (the left one now) is in the other.
+  Value scratch[2];
+  const Value* left_ref = &ref(*e.args[0], scratch[0]);
   for (size_t k = 0; k < e.ops.size(); ++k) {
-    Value right = eval(*e.args[k + 1]);
+    const Value& left = *left_ref;
+    const Value& right = ref(*e.args[k + 1], scratch[(k + 1) % 2]);
     const std::string_view op = e.ops[k];
     bool ok;
     try {
@@ -590,21 +750,31 @@ bool Interpreter::compare(const Expr& e) {
       error(e.line, x.what());
     }
     if (!ok) return false;
-    left = std::move(right);
+    left_ref = &right;
   }
   return true;
 }
 
-Value Interpreter::binary(const Expr& e) {
-  const std::string_view op = e.name;  // a view: each `op == "+"` below compares lengths first
-  Value a = eval(*e.args[0]), b = eval(*e.args[1]);
+Value Interpreter::binary(const Expr& e) { return binary(e.name, eval(*e.args[0]), eval(*e.args[1]), e.line); }
+
+Value Interpreter::binary(std::string_view op, Value a, Value b, int line) {
+  // Integer + - * first: templates count messages and indices (`messages|length - 1`) at every turn.
+  if (a.kind() == Value::Kind::integer && b.kind() == Value::Kind::integer && op.size() == 1 &&
+      (op[0] == '+' || op[0] == '-' || op[0] == '*')) {
+    int64_t r;
+    const bool overflow = op[0] == '+'   ? __builtin_add_overflow(a.as_int(), b.as_int(), &r)
+                          : op[0] == '-' ? __builtin_sub_overflow(a.as_int(), b.as_int(), &r)
+                                         : __builtin_mul_overflow(a.as_int(), b.as_int(), &r);
+    if (overflow) error(line, fmt::format("integer overflow in {} (keel's integers are 64-bit)", op));
+    return Value(r);
+  }
   if (op == "~") {
     Str s = a.is_string() ? std::move(a).take_str() : to_str(a);
     s.append(to_str(b));  // Str::append checks the size limit
     return Value(std::move(s));
   }
   for (const Value* v : {&a, &b})
-    if (v->is_undefined()) error(e.line, fmt::format("'{}' is undefined", v->undefined_name()));
+    if (v->is_undefined()) error(line, fmt::format("'{}' is undefined", v->undefined_name()));
   const bool numbers = a.is_number() && b.is_number();
   const bool real = numbers && (a.kind() == Value::Kind::real || b.kind() == Value::Kind::real);
   // The message only: error() itself is [[noreturn]], so the compiler sees every path end.
@@ -623,10 +793,10 @@ Value Interpreter::binary(const Expr& e) {
         if (exponent & 1) overflow = __builtin_mul_overflow(r, base, &r);
         if ((exponent >> 1) && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
       }
-    if (overflow) error(e.line, fmt::format("integer overflow in {} (keel's integers are 64-bit)", op));
+    if (overflow) error(line, fmt::format("integer overflow in {} (keel's integers are 64-bit)", op));
     return Value(r);
   };
-  if (op == "%" && a.is_string()) return Value(python_percent_format(*this, a.as_str(), b, e.line));
+  if (op == "%" && a.is_string()) return Value(python_percent_format(*this, a.as_str(), b, line));
   if (op == "+") {
     if (numbers) return real ? Value(a.as_real() + b.as_real()) : integer(a.as_int(), b.as_int());
     if (a.is_list() && b.is_list()) ValueSizeLimit::check((a.as_list().size() + b.as_list().size()) * sizeof(Value));
@@ -642,7 +812,7 @@ Value Interpreter::binary(const Expr& e) {
       l.insert(l.end(), b.as_list().begin(), b.as_list().end());
       return Value(std::move(l));
     }
-    error(e.line, unsupported());
+    error(line, unsupported());
   }
   if (op == "*") {
     if (numbers) return real ? Value(a.as_real() * b.as_real()) : integer(a.as_int(), b.as_int());
@@ -653,15 +823,15 @@ Value Interpreter::binary(const Expr& e) {
           ValueSizeLimit::check(n->as_int() > int64_t(1) << 40 ? UINT64_MAX : unit * uint64_t(n->as_int()));
         return repeat(*seq, n->as_int());
       }
-    error(e.line, unsupported());
+    error(line, unsupported());
   }
-  if (!numbers) error(e.line, unsupported());
+  if (!numbers) error(line, unsupported());
   if (op == "-") return real ? Value(a.as_real() - b.as_real()) : integer(a.as_int(), b.as_int());
   if (op == "**") {
     if (!real && b.as_int() >= 0) return integer(a.as_int(), b.as_int());
     return Value(std::pow(a.as_real(), b.as_real()));
   }
-  if ((op == "/" || op == "//" || op == "%") && b.as_real() == 0) error(e.line, "division by zero");
+  if ((op == "/" || op == "//" || op == "%") && b.as_real() == 0) error(line, "division by zero");
   if (op == "/") return Value(a.as_real() / b.as_real());
   if (op == "//") {
     if (real) return Value(std::floor(a.as_real() / b.as_real()));
@@ -676,7 +846,7 @@ Value Interpreter::binary(const Expr& e) {
     const int64_t x = a.as_int(), y = b.as_int(), r = x % y;
     return Value((r != 0 && ((r < 0) != (y < 0))) ? r + y : r);
   }
-  error(e.line, unsupported());
+  error(line, unsupported());
 }
 
 Template::Template(std::string source, std::string origin) : source_(std::move(source)), origin_(std::move(origin)) {

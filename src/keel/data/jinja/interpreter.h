@@ -1,6 +1,7 @@
 // The tree-walking interpreter behind Template::render, and what the built-in filters, tests and
 // methods (builtins.cpp) need from it.
 #pragma once
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -30,6 +31,10 @@ class Interpreter {
   bool apply_test(const std::string& name, const Value& subject, CallArgs& args, int line);
   Value attribute(const Value& object, const std::string& name, int line);
   Value item(const Value& object, const Value& key, int line);
+  // What attribute() and item() would return when it is a value held inside `object` (a dict's
+  // key, a namespace's attribute, a list's element), else null: read where it is, not copied.
+  static const Value* attribute_in_place(const Value& object, std::string_view name);
+  static const Value* item_in_place(const Value& object, const Value& key);
   // counts one unit of work against the limit
   void step();
   [[noreturn]] void error(int line, const std::string& what) const;
@@ -43,6 +48,8 @@ class Interpreter {
   // storage for the next loop iteration: no allocation per name set.
   class Frame {
    public:
+    // Room for a loop's or a macro's few names, or the template's variables: no growth as they come.
+    explicit Frame(size_t capacity = 4) { items_.reserve(capacity); }
     Value& operator[](std::string_view name);  // the name's value, undefined when new
     const Value* find(std::string_view name) const;
     void clear() { items_.clear(); }
@@ -56,9 +63,21 @@ class Interpreter {
   Flow for_loop(const Node& node);
   void define_macro(const Node& node);
   Value eval(const Expr& e);
+  // eval() without the copy where the value already exists (a literal, a variable, a dict's key or
+  // a namespace's attribute): a reference to it, else the value computed into `scratch`. Valid
+  // while the expression's scope is (expressions never assign, so no frame changes under it).
+  const Value& ref(const Expr& e, Value& scratch);
   CallArgs arguments(const Expr& e);
   Value binary(const Expr& e);
+  Value binary(std::string_view op, Value a, Value b, int line);
+  // a + b + c ... and a ~ b ~ c ...: the left-leaning chain of one operator built in one string, or
+  // (print) appended to the output as it goes, instead of a new string value at every operator.
+  Value concat(const Expr& e);
+  void print_concat(const Expr& e);
+  struct Chain;
+  void chain(const Expr& e, std::string_view op, Chain& c);
   bool compare(const Expr& e);
+  const Value* find(std::string_view name) const;
   Value lookup(const std::string& name) const;
   void assign(const std::string& name, Value v);
   void emit(const Str& s);
@@ -75,7 +94,9 @@ class Interpreter {
   int line_ = 0;
   int depth_ = 0;
   std::vector<std::shared_ptr<Frame>> frames_;  // [0] globals, [1] the template's, then locals
-  std::vector<Str> outputs_;                    // [0] the rendering; captures above it
+  // [0] the rendering; captures above it. A deque: print_concat appends to the top one while a
+  // macro called inside the expression captures above it.
+  std::deque<Str> outputs_;
   std::vector<std::pair<size_t, size_t>> generation_;
 };
 
@@ -89,6 +110,8 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& subject
 // A method of a str, list or dict ("strip", "items", ...) bound to `object`; an unnamed
 // undefined if none (callers name it: most lookups are dict keys, which must not allocate a name).
 Value builtin_method(const Value& object, const std::string& name);
+// A name dict has a method of (items, keys, values, copy, get): Python's getattr finds it first.
+bool is_dict_method(std::string_view name);
 // `self.name(args)` for a str method, called without building a bound callable; false when str
 // has no such method.
 bool call_string_method(Interpreter& in, const Value& self, const std::string& name, CallArgs& args, Value& result);

@@ -48,23 +48,30 @@ Str Str::substr(size_t begin, size_t end) const {
   return out;
 }
 
+void Str::truncate(size_t size) {
+  if (size >= text.size()) return;
+  text.resize(size);
+  while (!runs.empty() && runs.back().begin >= size) runs.pop_back();
+  if (!runs.empty() && runs.back().end > size) runs.back().end = size;
+}
+
 const Value* Dict::find(std::string_view key) const {
   for (const auto& [k, v] : items)
-    if (k == key) return &v;
+    if (same_name(k, key)) return &v;
   return nullptr;
 }
 
 Value* Dict::find(std::string_view key) {
   for (auto& [k, v] : items)
-    if (k == key) return &v;
+    if (same_name(k, key)) return &v;
   return nullptr;
 }
 
-void Dict::set(std::string key, Value value) {
+void Dict::set(std::string_view key, Value value) {
   if (Value* existing = find(key))
     *existing = std::move(value);
   else
-    items.emplace_back(std::move(key), std::move(value));
+    items.emplace_back(std::string(key), std::move(value));
 }
 
 Value Value::undefined(std::string name) {
@@ -154,13 +161,17 @@ std::string Value::type_name() const {
   return "?";
 }
 
+std::string string_dict_key(std::string_view s) {
+  if (s.empty() || s[0] != '\0') return std::string(s);
+  std::string escaped("\0s", 2);  // appended, not "+": GCC 12 warns falsely (-Wrestrict) on the sum
+  escaped += s;
+  return escaped;
+}
+
 std::string dict_key(const Value& key) {
   using K = Value::Kind;
   switch (key.kind()) {
-    case K::string: {
-      const std::string& s = key.as_str().text;
-      return s.empty() || s[0] != '\0' ? s : std::string("\0s", 2) + s;
-    }
+    case K::string: return string_dict_key(key.as_str().text);
     case K::boolean:
     case K::integer: return std::string("\0i", 2) + std::to_string(key.as_int());
     case K::real:

@@ -55,6 +55,8 @@ struct Str {
   }
   // bytes [begin, end) with their marks
   Str substr(size_t begin, size_t end) const;
+  // the first `size` bytes with their marks
+  void truncate(size_t size);
   // the first source any byte came from, or nullopt-like `kNoSource`
   int first_source() const { return runs.empty() ? kNoSource : runs.front().source; }
   bool marked() const { return !runs.empty(); }
@@ -64,12 +66,18 @@ struct Str {
 class Value;
 using List = std::vector<Value>;
 
+// Whether a name or key equals `b`: the length and first byte compared in line before the bytes
+// (names and keys are short and mostly differ there; a template looks them up at every step).
+inline bool same_name(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && (a.empty() || (a[0] == b[0] && a.compare(b) == 0));
+}
+
 // An ordered dict with string keys (JSON's objects, Jinja's dict literals and namespaces).
 struct Dict {
   std::vector<std::pair<std::string, Value>> items;
   const Value* find(std::string_view key) const;
   Value* find(std::string_view key);
-  void set(std::string key, Value value);
+  void set(std::string_view key, Value value);  // the key copied only when new
 };
 
 class Interpreter;
@@ -177,6 +185,8 @@ class Value {
 // None, floats, bools as ints) are written after a NUL byte so that no string key is mistaken for
 // one (a string key that starts with NUL is escaped the same way). keel::Error for an unhashable key.
 std::string dict_key(const Value& key);
+// dict_key of a string key (JSON's object keys), without making it a value first.
+std::string string_dict_key(std::string_view key);
 Value key_value(const std::string& key);
 // The key as json.dumps writes it ("1", "null", "true").
 std::string json_key(const std::string& key);
