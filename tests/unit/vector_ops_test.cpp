@@ -110,6 +110,35 @@ TEST(VectorOps, SoftmaxGradMatchesDouble) {
   }
 }
 
+TEST(VectorOps, SoftmaxGradToBf16IsSoftmaxGradThenTheConversion) {
+  // bf16 attention's backward takes the fused kernel: its bf16 rows must be bit for bit what the
+  // fp32 kernel and scale_to_bf16 gave, masks and tails included.
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const VectorOps& ops = vector_ops_for(isa);
+    for (int64_t n : {1, 15, 16, 17, 64, 200}) {
+      const std::vector<float> s0 = uniform(size_t(n), -6.0f, 3.0f, uint32_t(n)),
+                               dp0 = uniform(size_t(n), -1.0f, 1.0f, uint32_t(n + 1));
+      const size_t count = static_cast<size_t>(n);
+      std::vector<int32_t> seg(count);
+      for (int64_t c = 0; c < n; ++c) seg[size_t(c)] = int32_t(c / 5 % 2);
+      for (const RowVisibility vis : {RowVisibility{n, nullptr, 0}, RowVisibility{n - n / 3, nullptr, 0},
+                                      RowVisibility{n, seg.data(), 1}, RowVisibility{n, nullptr, 0, n / 2}}) {
+        std::vector<float> s = s0, dp = dp0;
+        ops.softmax_grad(s.data(), dp.data(), n, 0.125f, 0.75f, -0.2f, vis);
+        std::vector<bf16> want_p(count), want_ds(count), p(count), ds(count);
+        ops.scale_to_bf16(s.data(), 1.0f, want_p.data(), n);
+        ops.scale_to_bf16(dp.data(), 1.0f, want_ds.data(), n);
+        ops.softmax_grad_to_bf16(s0.data(), dp0.data(), n, 0.125f, 0.75f, -0.2f, vis, p.data(), ds.data());
+        for (int64_t c = 0; c < n; ++c) {
+          ASSERT_EQ(p[size_t(c)].bits, want_p[size_t(c)].bits) << "n " << n << " c " << c;
+          ASSERT_EQ(ds[size_t(c)].bits, want_ds[size_t(c)].bits) << "n " << n << " c " << c;
+        }
+      }
+    }
+  }
+}
+
 TEST(VectorOps, Bf16ConversionIsRoundToNearestEvenOnEveryLevel) {
   std::vector<float> x = uniform(1000, -1e4f, 1e4f, 9);
   // Ties, both parities, infinities, NaN, the largest finite values, subnormals.

@@ -192,6 +192,11 @@ void softmax_backward_row(const RowMask& mask, float scale, float lse, float del
   const VectorOps& ops = vector_ops();
   RowVisibility vis = visibility(mask, n);
   if (lse == -std::numeric_limits<float>::infinity()) vis.visible = 0;
+  if constexpr (!std::is_same_v<M, float>)
+    if (!cap_slope) {  // the GEMMs read only the bf16 rows: written straight from the formulas
+      ops.softmax_grad_to_bf16(s, dp, n, scale, lse, delta, vis, p, ds);
+      return;
+    }
   ops.softmax_grad(s, dp, n, scale, lse, delta, vis);
   if (cap_slope)
     for (int64_t c = 0; c < n; ++c) dp[c] *= cap_slope[c];

@@ -36,6 +36,10 @@ struct VectorOps {
   // Softmax backward from scores: p = visible ? exp(s*scale - lse) : 0, then s[c] = p and
   // dp[c] = scale * p * (dp[c] - delta), for c < n.
   void (*softmax_grad)(float* s, float* dp, int64_t n, float scale, float lse, float delta, RowVisibility mask);
+  // The same p and dp written only as bf16, to p_out and ds_out (s and dp are left as they were):
+  // bf16 attention's backward needs nothing else of the row, and skips two passes over it.
+  void (*softmax_grad_to_bf16)(const float* s, const float* dp, int64_t n, float scale, float lse, float delta,
+                               RowVisibility mask, bf16* p_out, bf16* ds_out);
   // dst[c] = bf16(src[c] * factor), round to nearest even.
   void (*scale_to_bf16)(const float* src, float factor, bf16* dst, int64_t n);
   // x[c] *= factor.
