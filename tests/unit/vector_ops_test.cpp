@@ -139,6 +139,40 @@ TEST(VectorOps, SoftmaxGradToBf16IsSoftmaxGradThenTheConversion) {
   }
 }
 
+TEST(VectorOps, AdamWGivesThePortableBitsOnEveryLevel) {
+  // kernels_test checks adamw_update (this CPU's level) against torch's arithmetic bit for bit;
+  // here every level against the portable one, which rounds the fma in double.
+  const int64_t n = 4099;  // a tail on every vector width
+  const AdamWConstants k{.decay = 0.999f,
+                         .beta1 = 0.9f,
+                         .one_minus_beta1 = 0.1f,
+                         .beta2 = 0.999f,
+                         .one_minus_beta2 = 0.001f,
+                         .neg_step_size = -3e-4f,
+                         .bias_correction2_sqrt = 0.0447f,
+                         .eps = 1e-8f};
+  const std::vector<float> w0 = uniform(size_t(n), -1.0f, 1.0f, 31), g = uniform(size_t(n), -1e-2f, 1e-2f, 32),
+                           m0 = uniform(size_t(n), -1e-3f, 1e-3f, 33), v0 = uniform(size_t(n), 0.0f, 1e-5f, 34);
+  auto run = [&](Isa isa, std::vector<float>& w, std::vector<float>& m, std::vector<float>& v, std::vector<bf16>& b) {
+    w = w0, m = m0, v = v0, b.assign(size_t(n), bf16{});
+    for (int step = 0; step < 3; ++step)
+      vector_ops_for(isa).adamw(w.data(), g.data(), m.data(), v.data(), n, k, b.data());
+  };
+  std::vector<float> w_ref, m_ref, v_ref;
+  std::vector<bf16> b_ref;
+  run(Isa::Portable, w_ref, m_ref, v_ref, b_ref);
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    std::vector<float> w, m, v;
+    std::vector<bf16> b;
+    run(isa, w, m, v, b);
+    ASSERT_EQ(std::memcmp(w.data(), w_ref.data(), sizeof(float) * size_t(n)), 0);
+    ASSERT_EQ(std::memcmp(m.data(), m_ref.data(), sizeof(float) * size_t(n)), 0);
+    ASSERT_EQ(std::memcmp(v.data(), v_ref.data(), sizeof(float) * size_t(n)), 0);
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(b[size_t(i)].bits, float_to_bf16(w[size_t(i)]).bits) << i;
+  }
+}
+
 TEST(VectorOps, Bf16ConversionIsRoundToNearestEvenOnEveryLevel) {
   std::vector<float> x = uniform(1000, -1e4f, 1e4f, 9);
   // Ties, both parities, infinities, NaN, the largest finite values, subnormals.

@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "keel/core/threads.h"
+#include "keel/kernels/cpu/vector_ops.h"
 
 namespace keel::kernels {
 namespace {
@@ -55,28 +56,50 @@ double block_sum_of_squares(const float* x, int64_t n) {
 
 }  // namespace
 
+// The AdamW row of each instruction-set level (VectorOps::adamw). This file is compiled with
+// -ffp-contract=off (CMakeLists.txt): the compiler may not fuse `v * beta2 + ...` or
+// `w * decay + ...` into one rounding, which torch does not do, and with -fno-math-errno, so that
+// sqrt is the instruction (v is never negative). Where the level has FMA, m's update is the
+// instruction (torch's vectorised add_ is an fmadd); the portable level rounds it in double.
+#define KEEL_ADAMW_FMA fused_multiply_add
+namespace isa_portable {
+#include "keel/kernels/cpu/adamw_row.inc"
+}  // namespace isa_portable
+#undef KEEL_ADAMW_FMA
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define KEEL_ADAMW_FMA std::fma
+namespace isa_avx2 {
+#include "keel/kernels/cpu/adamw_row.inc"
+}  // namespace isa_avx2
+#undef KEEL_ADAMW_FMA
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")
+#define KEEL_ADAMW_FMA std::fma
+namespace isa_avx512 {
+#include "keel/kernels/cpu/adamw_row.inc"
+}  // namespace isa_avx512
+#undef KEEL_ADAMW_FMA
+#pragma GCC pop_options
+
 void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s, double weight_decay,
                   bf16* w_bf16) {
-  const float decay = float(1.0 - s.lr * weight_decay);
-  const float beta1 = float(s.beta1), one_minus_beta1 = float(1.0 - s.beta1);
-  const float beta2 = float(s.beta2), one_minus_beta2 = float(1.0 - s.beta2);
   const double bias_correction1 = 1.0 - std::pow(s.beta1, double(s.step));
   const double bias_correction2 = 1.0 - std::pow(s.beta2, double(s.step));
-  const float neg_step_size = float(-(s.lr / bias_correction1));
-  const float bias_correction2_sqrt = float(std::sqrt(bias_correction2));
-  const float eps = float(s.eps);
+  const AdamWConstants k{.decay = float(1.0 - s.lr * weight_decay),
+                         .beta1 = float(s.beta1),
+                         .one_minus_beta1 = float(1.0 - s.beta1),
+                         .beta2 = float(s.beta2),
+                         .one_minus_beta2 = float(1.0 - s.beta2),
+                         .neg_step_size = float(-(s.lr / bias_correction1)),
+                         .bias_correction2_sqrt = float(std::sqrt(bias_correction2)),
+                         .eps = float(s.eps)};
+  const VectorOps& ops = vector_ops();
   parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float gi = g[i];
-      const float mi = fused_multiply_add(gi, one_minus_beta1, m[i] * beta1);
-      const float vi = v[i] * beta2 + (one_minus_beta2 * gi) * gi;
-      const float denom = std::sqrt(vi) / bias_correction2_sqrt + eps;
-      const float wi = w[i] * decay + (neg_step_size * mi) / denom;
-      m[i] = mi;
-      v[i] = vi;
-      w[i] = wi;
-      if (w_bf16) w_bf16[i] = float_to_bf16(wi);
-    }
+    ops.adamw(w + begin, g + begin, m + begin, v + begin, end - begin, k, w_bf16 ? w_bf16 + begin : nullptr);
   });
 }
 

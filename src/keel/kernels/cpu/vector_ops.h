@@ -27,6 +27,11 @@ struct RowVisibility {
   int64_t first = 0;  // keys before it are outside a sliding window
 };
 
+// AdamW's fp32 constants of one step, formed as torch forms them (adamw.cpp).
+struct AdamWConstants {
+  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps;
+};
+
 struct VectorOps {
   Isa isa;
   // max over visible c of s[c]; -inf when none is visible.
@@ -34,7 +39,8 @@ struct VectorOps {
   // s[c] = visible ? exp(s[c]*scale - shift) : 0 for c < n; returns the sum.
   float (*exp_and_sum)(float* s, int64_t n, float scale, float shift, RowVisibility mask);
   // Softmax backward from scores: p = visible ? exp(s*scale - lse) : 0, then s[c] = p and
-  // dp[c] = scale * p * (dp[c] - delta), for c < n.
+  // dp[c] = scale * p * (dp[c] - delta), for c < n. Results below 1.2e-38 are flushed to zero
+  // (denormals cost a microcode assist per lane; vector_ops.cpp).
   void (*softmax_grad)(float* s, float* dp, int64_t n, float scale, float lse, float delta, RowVisibility mask);
   // The same p and dp written only as bf16, to p_out and ds_out (s and dp are left as they were):
   // bf16 attention's backward needs nothing else of the row, and skips two passes over it.
@@ -64,6 +70,10 @@ struct VectorOps {
   // out[r] = the same sum for the rows w + r * ld, r < 4, in one pass (one 8-lane accumulator per
   // row, x loaded once for the four).
   void (*dot4_bf16)(const float* x, const bf16* w, int64_t ld, int64_t n, float* out);
+  // AdamW over n parameters, torch's fp32 operations one rounding each (kernels/adamw.h has the
+  // formula), and w_bf16 (when not null) the updated weights in bf16. Defined in adamw.cpp, which
+  // is compiled without multiply-add contraction: every level gives the same bits.
+  void (*adamw)(float* w, const float* g, float* m, float* v, int64_t n, const AdamWConstants& k, bf16* w_bf16);
 };
 
 // The table for this CPU (and KEEL_ISA), chosen on first use.
