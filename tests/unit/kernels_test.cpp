@@ -373,6 +373,27 @@ TEST(CrossEntropy, LossAndGradientMatchFormula) {
   EXPECT_NEAR(loss_f, ref_loss, 1e-5);
 }
 
+TEST(CrossEntropy, ABf16GradientIsTheFp32GradientConverted) {
+  // bf16 training takes the gradient straight in bf16: the same loss, and bit for bit the bf16 of
+  // the fp32 gradient, for plain, ignored and soft-capped rows.
+  const int64_t rows = 4, vocab = 101, ld = 104;
+  const std::vector<int32_t> labels = {3, kIgnoreIndex, 100, 0};
+  const std::vector<float> x = test::to_float(random_vector(rows * ld, 24, -8, 8));
+  for (double softcap : {0.0, 30.0}) {
+    std::vector<float> fp32 = x, scratch = x;
+    std::vector<bf16> fused(size_t(rows * ld), bf16{0x7fc0});  // NaN: padding must stay as it was
+    const double loss = cross_entropy_forward_backward(fp32.data(), ld, labels.data(), rows, vocab, 0.5, softcap);
+    const double loss_b =
+        cross_entropy_forward_backward(scratch.data(), ld, labels.data(), rows, vocab, 0.5, softcap, fused.data());
+    EXPECT_EQ(loss, loss_b);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < vocab; ++j)
+        ASSERT_EQ(fused[size_t(r * ld + j)].bits, float_to_bf16(fp32[size_t(r * ld + j)]).bits) << r << " " << j;
+      for (int64_t j = vocab; j < ld; ++j) ASSERT_EQ(fused[size_t(r * ld + j)].bits, 0x7fc0);
+    }
+  }
+}
+
 TEST(CrossEntropy, GradientMatchesFiniteDifferences) {
   const int64_t rows = 3, vocab = 20;
   const std::vector<int32_t> labels = {4, 19, kIgnoreIndex};

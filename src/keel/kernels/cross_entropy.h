@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "keel/core/dtype.h"
 #include "keel/kernels/shapes.h"
 
 namespace keel::kernels {
@@ -13,9 +14,10 @@ namespace keel::kernels {
 // Returns the SUM over non-ignored rows of -log softmax(logits)[label]
 // (callers divide by the number of target tokens). labels must be in [0, vocab) or kIgnoreIndex.
 // softcap > 0 (Gemma 2's final_logit_softcapping): the loss of softcap * tanh(logits / softcap),
-// and its gradient with respect to the logits before the cap.
+// and its gradient with respect to the logits before the cap. grad_bf16 (float only; same layout):
+// the gradient written there in bf16 instead of into logits (which are then scratch).
 template <typename T>
 double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                      double grad_scale, double softcap = 0.0);
+                                      double grad_scale, double softcap = 0.0, bf16* grad_bf16 = nullptr);
 
 }  // namespace keel::kernels

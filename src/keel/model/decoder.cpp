@@ -1081,10 +1081,10 @@ double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backw
     const float* xn = b.xn_final + r0 * H;
     const bf16* xnb = bf ? b.xn_final_b + r0 * H : nullptr;
     lin.forward(xn, xnb, HS.weight(head), HS.weight_bf16(head), H, V, b.logits, 0.0f);
+    // bf16: the gradient straight into the copy the products read (the fp32 logits are scratch then).
     loss += backend_.cross_entropy_forward_backward(b.logits, V, mb.targets + r0, rows, V, grad_scale,
-                                                    c.final_logit_softcap);
+                                                    c.final_logit_softcap, backward ? b.logits_b : nullptr);
     if (!backward) continue;
-    to_bf16(b.logits, b.logits_b, rows * V);
     lin.backward_input(b.logits, b.logits_b, HS.weight(head), HS.weight_bf16(head), H, V,
                        b.dnorm + r0 * H);
     if (!HS.frozen()) lin.backward_weight(b.logits, b.logits_b, xn, xnb, H, V, HS.grad(head));

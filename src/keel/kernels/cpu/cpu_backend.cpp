@@ -158,8 +158,8 @@ class CpuBackend final : public HostMemoryBackend {
     kernels::embedding_backward(ids, n, dout, hidden, vocab, dtable);
   }
   double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                        double grad_scale, double softcap) override {
-    return kernels::cross_entropy_forward_backward(logits, ld, labels, rows, vocab, grad_scale, softcap);
+                                        double grad_scale, double softcap, bf16* grad_bf16) override {
+    return kernels::cross_entropy_forward_backward(logits, ld, labels, rows, vocab, grad_scale, softcap, grad_bf16);
   }
 
   size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision) override {

@@ -7,6 +7,7 @@
 // transformers does (divide, tanh, multiply), and multiplies the gradient by 1 - tanh^2.
 #include "keel/kernels/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 #include <vector>
@@ -22,16 +23,23 @@ namespace {
 constexpr int64_t kParallelMinElements = int64_t(1) << 15;
 
 // Loss of one row; the row becomes (softmax - onehot(label)) * grad_scale.
-// float: the same steps through the vectorised row kernels.
-double cross_entropy_row(float* x, int32_t label, int64_t vocab, double grad_scale) {
+// float: the same steps through the vectorised row kernels, and with `grad_bf16` the last pass
+// writes the gradient there in bf16 (scale_to_bf16 rounds x * factor as scale then conversion did).
+double cross_entropy_row(float* x, int32_t label, int64_t vocab, double grad_scale, bf16* grad_bf16 = nullptr) {
   const VectorOps& ops = vector_ops();
   const float max = ops.masked_max(x, RowVisibility{vocab, nullptr, 0});
   const double target = double(x[label]);
   const double sum = ops.exp_sum_f64(x, vocab, max);
   const double lse = double(max) + std::log(sum);
   const double target_prob = double(x[label]) / sum;
+  const float label_grad = float((target_prob - 1.0) * grad_scale);
+  if (grad_bf16) {
+    ops.scale_to_bf16(x, float(grad_scale / sum), grad_bf16, vocab);
+    grad_bf16[label] = float_to_bf16(label_grad);
+    return lse - target;
+  }
   ops.scale(x, float(grad_scale / sum), vocab);
-  x[label] = float((target_prob - 1.0) * grad_scale);
+  x[label] = label_grad;
   return lse - target;
 }
 
@@ -81,7 +89,8 @@ double capped_cross_entropy_row(T* x, int32_t label, int64_t vocab, double grad_
 
 template <typename T>
 double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                      double grad_scale, double softcap) {
+                                      double grad_scale, double softcap, bf16* grad_bf16) {
+  require(grad_bf16 == nullptr || std::is_same_v<T, float>, "cross_entropy: a bf16 gradient of double logits");
   for (int64_t r = 0; r < rows; ++r)
     require(labels[r] == kIgnoreIndex || (labels[r] >= 0 && labels[r] < vocab),
             "cross_entropy: row {} has label {}, expected {} or a token id in [0, {})", r, labels[r], kIgnoreIndex,
@@ -93,21 +102,30 @@ double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labe
   double* losses = row_loss.data();
   for_each_task(rows, rows * vocab >= kParallelMinElements, [&](int64_t r, int) {
     T* x = logits + r * ld;
+    bf16* xb = grad_bf16 ? grad_bf16 + r * ld : nullptr;
     if (labels[r] == kIgnoreIndex) {
       for (int64_t j = 0; j < vocab; ++j) x[j] = T(0);
-    } else {
-      losses[r] = softcap > 0 ? capped_cross_entropy_row(x, labels[r], vocab, grad_scale, softcap)
-                              : cross_entropy_row(x, labels[r], vocab, grad_scale);
+      if (xb) std::fill_n(xb, vocab, bf16{});
+      return;
     }
+    if constexpr (std::is_same_v<T, float>)
+      if (xb && softcap <= 0) {  // the fused last pass; a capped row converts after its slope
+        losses[r] = cross_entropy_row(x, labels[r], vocab, grad_scale, xb);
+        return;
+      }
+    losses[r] = softcap > 0 ? capped_cross_entropy_row(x, labels[r], vocab, grad_scale, softcap)
+                            : cross_entropy_row(x, labels[r], vocab, grad_scale);
+    if constexpr (std::is_same_v<T, float>)
+      if (xb) vector_ops().scale_to_bf16(x, 1.0f, xb, vocab);
   });
   double total = 0;
   for (int64_t r = 0; r < rows; ++r) total += losses[r];
   return total;
 }
 
-template double cross_entropy_forward_backward<float>(float*, int64_t, const int32_t*, int64_t, int64_t, double,
-                                                      double);
+template double cross_entropy_forward_backward<float>(float*, int64_t, const int32_t*, int64_t, int64_t, double, double,
+                                                      bf16*);
 template double cross_entropy_forward_backward<double>(double*, int64_t, const int32_t*, int64_t, int64_t, double,
-                                                       double);
+                                                       double, bf16*);
 
 }  // namespace keel::kernels

@@ -207,11 +207,14 @@ class ReferenceBackend final : public HostMemoryBackend {
     }
   }
   double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                        double grad_scale, double softcap) override {
+                                        double grad_scale, double softcap, bf16* grad_bf16) override {
     Doubles ld_ = widen(logits, span(rows, vocab, ld));
     const double loss =
         kernels::cross_entropy_forward_backward(ld_.data(), ld, labels, rows, vocab, grad_scale, softcap);
     narrow_view(ld_, rows, vocab, ld, logits);
+    if (grad_bf16)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < vocab; ++j) grad_bf16[r * ld + j] = float_to_bf16(logits[r * ld + j]);
     return loss;
   }
 
