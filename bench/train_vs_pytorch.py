@@ -29,8 +29,9 @@ Reported per peer: tokens/s = batch x seq / the median step time after the first
 peak RSS = ru_maxrss of the peer's process tree (os.wait4 on that child; this parent never
 imports torch, so the high-water mark a child inherits from it across fork/exec is 10-20 MB; the
 JSON line adds each process's own VmHWM, read right after its last step, as a cross-check);
-MFU = tokens/s x (6 N + 12 L T d) / the bf16 (or fp32) oneDNN GEMM peak that build/bench/
-matmul_peak measures in the same run (PaLM's model FLOPs: N counts the matmul weights, the LM
+MFU = tokens/s x (6 N + 12 L T d) / the machine's bf16 (or fp32) GEMM peak measured in the same run:
+the larger of keel's oneDNN (build/bench/matmul_peak) and torch's own matmul on the same 2048^3
+problem (with AMX, torch's library is ~2x keel's oneDNN 2.6) (PaLM's model FLOPs: N counts the matmul weights, the LM
 head included and the embedding lookup excluded; recomputation under checkpointing is not
 counted), and keel's tokens/s over the peer's. The header lists the versions of everything
 compared; the last line is the table as one JSON object (for docs/performance.md).
@@ -464,10 +465,28 @@ def loop_peer(a, compiled):
                                               ", inductor" if compiled else "")}
 
 
+def torch_matmul_peak(dtype, size=2048, repeats=5):
+    """torch's own best GEMM rate on the same square problem (its MKL / oneDNN, in this process's
+    threads): keel's oneDNN 2.6 is not the fastest GEMM on every CPU (with AMX, torch's is ~2x),
+    and MFU should divide by what the machine can do, not by what keel's library does."""
+    import torch
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    t = torch.bfloat16 if dtype == "bf16" else torch.float32
+    x, y = torch.ones(size, size, dtype=t), torch.ones(size, size, dtype=t)
+    torch.matmul(x, y)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.matmul(x, y)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size ** 3 / best
+
+
 def worker(a):
     if a.role == "workload":
         make_workload(a)
         res = python_versions()
+        res["torch_matmul_peak"] = torch_matmul_peak(a.dtype)
     elif a.role == "trainer":
         res = trainer_peer(a)
     else:
@@ -503,7 +522,9 @@ def main():
 
     peak_tool = a.matmul_peak or os.path.join(os.path.dirname(os.path.abspath(a.keel)), "bench", "matmul_peak")
     peak = json.loads(subprocess.check_output([peak_tool], env=peer_env(a)))
-    peak_flops = peak["bf16_flops"] if a.dtype == "bf16" else peak["f32_flops"]
+    keel_peak = peak["bf16_flops"] if a.dtype == "bf16" else peak["f32_flops"]
+    torch_peak = versions.pop("torch_matmul_peak")
+    peak_flops = max(keel_peak, torch_peak)  # the machine's best measured GEMM, whichever library ran it
 
     print("keel %s | torch %s | transformers %s | accelerate %s | peft %s | numpy %s | Python %s"
           % (versions["keel"], versions["torch"], versions["transformers"], versions["accelerate"], versions["peft"],
@@ -520,8 +541,9 @@ def main():
              "; LoRA rank %d, alpha %d, all linear layers (%.2fM adapter weights)" % (a.lora, 2 * a.lora,
                                                                                      lora_parameters(a) / 1e6)
              if a.lora else ""))
-    print("matmul peak (%s, oneDNN %d^3): %.1f GFLOP/s; %.3f GFLOP per token (%s, N = %.1fM)"
-          % (a.dtype, peak["size"], peak_flops / 1e9, flops_per_token(a) / 1e9,
+    print("matmul peak (%s, %d^3): keel's oneDNN %.1f GFLOP/s, torch %.1f GFLOP/s; MFU divides by %.1f; "
+          "%.3f GFLOP per token (%s, N = %.1fM)"
+          % (a.dtype, peak["size"], keel_peak / 1e9, torch_peak / 1e9, peak_flops / 1e9, flops_per_token(a) / 1e9,
              "4N + 6 x adapter + 12LTd" if a.lora else "6N + 12LTd", matmul_parameters(a) / 1e6))
     sys.stdout.flush()
 
@@ -574,7 +596,8 @@ def main():
                   "heads": a.heads, "kv_heads": a.kv_heads,
                   "intermediate": a.intermediate, "vocab": a.vocab, "seq": a.seq, "batch": a.batch},
         "dtype": a.dtype, "steps": a.steps, "checkpointing": a.checkpointing, "threads": a.threads, "lora_rank": a.lora,
-        "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "flops_per_token": fpt,
+        "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "keel_peak_flops": keel_peak,
+        "torch_peak_flops": torch_peak, "flops_per_token": fpt,
         "peers": rows}))
 
 
