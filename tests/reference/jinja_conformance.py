@@ -90,6 +90,21 @@ def adds(group: str, templates, variables: dict | None = None):
 
 
 # ---------------------------------------------------------------------------------------------------
+# a macro that reassigns and grows a namespace while an expression holds what it read from it: keel
+# reads values in place, and the left operand, the subscripted object, the filtered subject and a
+# method's object must stay the values read before the macro ran (and stay alive)
+GROW = ("{% set ns = namespace(n=0, a='v0', l=['l0']) %}{% macro grow() %}{% set ns.n = ns.n + 1 %}"
+        "{% set ns.a = 'v' ~ ns.n %}{% set ns.l = ['l' ~ ns.n] %}{% set ns.z1 = 1 %}{% set ns.z2 = 2 %}"
+        "{% set ns.z3 = 3 %}{% set ns.z4 = 4 %}{% set ns.z5 = 5 %}{% set ns.z6 = 6 %}{% endmacro %}")
+adds("namespace mutation", [GROW + t for t in [
+    "{{ ns.a == grow() ~ 'v0' }}", "{{ ns.a != grow() }}|{{ ns.a }}", "{{ ns.a[grow() | length] }}",
+    "{{ ns.l[grow() | length] }}", "{{ ns.a | replace('v', grow() ~ 'w') }}", "{{ ns.a.startswith(grow() ~ 'v0') }}",
+    "{{ ns.l[0] ~ grow() ~ ns.l[0] }}", "{{ ns.a + grow() + ns.a }}", "{{ ns.l[0] < grow() ~ 'l1' < ns.l[0] ~ 'z' }}",
+    "{{ ns.a if grow() == '' else 'no' }}", "{{ [ns.a, grow(), ns.a] }}", "{{ ns.l | join(grow()) }}",
+    "{% for x in ns.l %}{{ x }}{{ grow() }}{{ ns.l[0] }}{% endfor %}",
+]])
+
+# ---------------------------------------------------------------------------------------------------
 # whitespace control: trim_blocks, lstrip_blocks, -, +, comments, raw, trailing newline, \r\n
 G = "whitespace"
 adds(G, [

@@ -41,6 +41,9 @@ struct Expr {
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
   std::vector<std::string> ops;  // compare: ==, !=, <, >, <=, >=, in, notin
   bool negated = false;
+  // No call inside: evaluating it cannot run a macro, whose `set ns.x` may replace or move what
+  // the interpreter is holding a reference to (Interpreter::ref). Set by parse_template.
+  bool pure = true;
 };
 
 struct Node;

@@ -452,6 +452,27 @@ std::vector<size_t> slice_indices(int64_t n, const Value& start, const Value& st
 
 }  // namespace
 
+namespace {
+
+// Whether a call's, filter's or test's arguments (args[1..], keywords) are all pure.
+bool arguments_pure(const Expr& e) {
+  for (size_t i = 1; i < e.args.size(); ++i)
+    if (!e.args[i]->pure) return false;
+  for (const auto& [k, x] : e.kwargs)
+    if (!x->pure) return false;
+  return true;
+}
+
+// `held` as a value of its own (copied into `scratch`) when what is evaluated next may run a macro:
+// a `set ns.x` there could replace or move what the reference points into.
+const Value& keep_across(const Value& held, Value& scratch, bool next_is_pure) {
+  if (next_is_pure || &held == &scratch) return held;
+  scratch = held;
+  return scratch;
+}
+
+}  // namespace
+
 // A call's, filter's or test's arguments: args[1..] and the keywords, evaluated in order.
 CallArgs Interpreter::arguments(const Expr& e) {
   CallArgs args;
@@ -488,7 +509,7 @@ Value Interpreter::eval(const Expr& e) {
     }
     case Expr::Kind::item: {
       Value object_scratch, key_scratch;
-      const Value& object = ref(*e.args[0], object_scratch);
+      const Value& object = keep_across(ref(*e.args[0], object_scratch), object_scratch, e.args[1]->pure);
       return item(object, ref(*e.args[1], key_scratch), e.line);
     }
     case Expr::Kind::slice: {
@@ -531,7 +552,7 @@ Value Interpreter::eval(const Expr& e) {
       // `object.name(...)`. A str method is called at once: templates call them per message, and
       // binding one first built a callable (two allocations) each time.
       Value object_scratch;
-      const Value& object = ref(*target.args[0], object_scratch);
+      const Value& object = keep_across(ref(*target.args[0], object_scratch), object_scratch, arguments_pure(e));
       step();  // the attribute's own evaluation
       Value callee = object.is_string() ? Value() : attribute(object, target.name, target.line);
       CallArgs args = arguments(e);
@@ -543,13 +564,13 @@ Value Interpreter::eval(const Expr& e) {
     }
     case Expr::Kind::filter: {
       Value scratch;
-      const Value& subject = ref(*e.args[0], scratch);
+      const Value& subject = keep_across(ref(*e.args[0], scratch), scratch, arguments_pure(e));
       CallArgs args = arguments(e);
       return apply_filter(e.name, subject, args, e.line);
     }
     case Expr::Kind::test: {
       Value scratch;
-      const Value& subject = ref(*e.args[0], scratch);
+      const Value& subject = keep_across(ref(*e.args[0], scratch), scratch, arguments_pure(e));
       CallArgs args = arguments(e);
       return Value(apply_test(e.name, subject, args, e.line) != e.negated);
     }
@@ -608,7 +629,7 @@ const Value& Interpreter::ref(const Expr& e, Value& scratch) {
     }
     case Expr::Kind::item: {
       Value object_scratch, key_scratch;
-      const Value& object = ref(*e.args[0], object_scratch);
+      const Value& object = keep_across(ref(*e.args[0], object_scratch), object_scratch, e.args[1]->pure);
       const Value& key = ref(*e.args[1], key_scratch);
       step();
       line_ = e.line;
@@ -724,7 +745,7 @@ bool Interpreter::compare(const Expr& e) {
   Value scratch[2];
   const Value* left_ref = &ref(*e.args[0], scratch[0]);
   for (size_t k = 0; k < e.ops.size(); ++k) {
-    const Value& left = *left_ref;
+    const Value& left = keep_across(*left_ref, scratch[k % 2], e.args[k + 1]->pure);
     const Value& right = ref(*e.args[k + 1], scratch[(k + 1) % 2]);
     const std::string_view op = e.ops[k];
     bool ok;

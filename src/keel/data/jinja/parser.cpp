@@ -662,6 +662,35 @@ class Parser {
 
 }  // namespace
 
-TemplateAst parse_template(std::string_view source) { return Parser(tokenize_template(source)).run(); }
+namespace {
+
+bool mark_purity(Expr& e) {
+  bool pure = e.kind != Expr::Kind::call;
+  for (auto& a : e.args)
+    if (a && !mark_purity(*a)) pure = false;
+  for (auto& [name, a] : e.kwargs)
+    if (a && !mark_purity(*a)) pure = false;
+  e.pure = pure;
+  return pure;
+}
+
+void mark_purity(Body& body) {
+  for (Node& n : body) {
+    for (Expr* e : {n.expr.get(), n.condition.get()})
+      if (e) mark_purity(*e);
+    for (auto& [name, e] : n.params)
+      if (e) mark_purity(*e);
+    mark_purity(n.body);
+    mark_purity(n.else_body);
+  }
+}
+
+}  // namespace
+
+TemplateAst parse_template(std::string_view source) {
+  TemplateAst ast = Parser(tokenize_template(source)).run();
+  mark_purity(ast.body);
+  return ast;
+}
 
 }  // namespace keel::data::jinja
