@@ -65,7 +65,9 @@ class Interpreter {
   Value eval(const Expr& e);
   // eval() without the copy where the value already exists (a literal, a variable, a dict's key or
   // a namespace's attribute): a reference to it, else the value computed into `scratch`. Valid
-  // while the expression's scope is (expressions never assign, so no frame changes under it).
+  // until the next call runs: expressions assign no variable, but a macro's `set ns.x` replaces
+  // namespace attributes, so a caller that evaluates an impure sibling (Expr::pure) after taking
+  // the reference copies it first (keep_across in interpreter.cpp).
   const Value& ref(const Expr& e, Value& scratch);
   CallArgs arguments(const Expr& e);
   Value binary(const Expr& e);
