@@ -97,6 +97,13 @@ Value Interpreter::lookup(const std::string& name) const {
 
 void Interpreter::assign(const std::string& name, Value v) { (*frames_.back())[name] = std::move(v); }
 
+namespace {
+
+// `+` and `~` are built by chain() (concat, print_concat); the other operators by binary().
+bool is_chain(const Expr& e) { return e.kind == Expr::Kind::binary && (e.name == "+" || e.name == "~"); }
+
+}  // namespace
+
 Interpreter::Flow Interpreter::exec(const Body& body) {
   for (const Node& n : body) {
     const Flow f = exec(n);
@@ -110,7 +117,7 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
   switch (n.kind) {
     case Node::Kind::text: emit(std::string_view(n.text)); return Flow::normal;
     case Node::Kind::print: {
-      if (n.expr->kind == Expr::Kind::binary && (n.expr->name == "+" || n.expr->name == "~")) {
+      if (is_chain(*n.expr)) {
         print_concat(*n.expr);
         return Flow::normal;
       }
@@ -586,9 +593,7 @@ Value Interpreter::eval(const Expr& e) {
       if (v.kind() != Value::Kind::real && v.as_int() == INT64_MIN) error(e.line, "integer overflow (64 bits)");
       return v.kind() == Value::Kind::real ? Value(-v.as_real()) : Value(-v.as_int());
     }
-    case Expr::Kind::binary:
-      if (e.name == "+" || e.name == "~") return concat(e);
-      return binary(e);
+    case Expr::Kind::binary: return is_chain(e) ? concat(e) : binary(e);
     case Expr::Kind::compare: return Value(compare(e));
     case Expr::Kind::logical_and: {
       Value a = eval(*e.args[0]);
@@ -779,21 +784,7 @@ bool Interpreter::compare(const Expr& e) {
 Value Interpreter::binary(const Expr& e) { return binary(e.name, eval(*e.args[0]), eval(*e.args[1]), e.line); }
 
 Value Interpreter::binary(std::string_view op, Value a, Value b, int line) {
-  // Integer + - * first: templates count messages and indices (`messages|length - 1`) at every turn.
-  if (a.kind() == Value::Kind::integer && b.kind() == Value::Kind::integer && op.size() == 1 &&
-      (op[0] == '+' || op[0] == '-' || op[0] == '*')) {
-    int64_t r;
-    const bool overflow = op[0] == '+'   ? __builtin_add_overflow(a.as_int(), b.as_int(), &r)
-                          : op[0] == '-' ? __builtin_sub_overflow(a.as_int(), b.as_int(), &r)
-                                         : __builtin_mul_overflow(a.as_int(), b.as_int(), &r);
-    if (overflow) error(line, fmt::format("integer overflow in {} (keel's integers are 64-bit)", op));
-    return Value(r);
-  }
-  if (op == "~") {
-    Str s = a.is_string() ? std::move(a).take_str() : to_str(a);
-    s.append(to_str(b));  // Str::append checks the size limit
-    return Value(std::move(s));
-  }
+  // `~` never comes here: chain() builds it (eval and print route `+` and `~` to concat).
   for (const Value* v : {&a, &b})
     if (v->is_undefined()) error(line, fmt::format("'{}' is undefined", v->undefined_name()));
   const bool numbers = a.is_number() && b.is_number();
