@@ -84,6 +84,22 @@ run dp4_zero3_16gb "$recipe" --dp 4 --zero 3 --device-memory 16GB
 expect dp4_zero3_16gb "the model state sharded over 4 ranks (35.02 GiB)"
 expect dp4_zero3_16gb "More ranks, more memory per rank or a smaller model are needed"
 
+# LoRA on GLM-4-9B with checkpointing: under ZeRO-2 the frozen bf16 base is whole on every rank
+# (over the recipe's 56 GiB memory_pool_size); ZeRO-3 shards it and the run fits 64 GB cards.
+lora=(--set finetuning_type=lora --set lora_rank=16 --set use_gradient_checkpointing=true --device-memory 64GB)
+run lora_zero2 "$recipe" --dp 4 --zero 2 "${lora[@]}"
+expect lora_zero2 "fits: NO"
+expect lora_zero2 "frozen matrices in bf16 alone"
+run lora_zero3 "$recipe" --dp 4 --zero 3 "${lora[@]}"
+expect lora_zero3 "fits: yes"
+expect lora_zero3 "the frozen bf16 matrices, 1/4 shard (ZeRO-3)"
+expect lora_zero3 "fp32: the frozen norms and biases, 1/4 shard (ZeRO-3), the adapter whole"
+awk -v two="$(total_gib lora_zero2)" -v three="$(total_gib lora_zero3)" 'BEGIN { exit !(three < two - 10) }' ||
+  fail "LoRA's ZeRO-3 plan does not shed the base's three quarters: ZeRO-2 $(total_gib lora_zero2), ZeRO-3 $(total_gib lora_zero3) GiB"
+"$keel" plan "$recipe" --dp 4 --zero 3 --set finetuning_type=lora --set quantization_bit=4 >"$work/qlora_zero3.out" 2>&1
+[ $? -eq 2 ] || fail "qlora_zero3: ZeRO-3 with QLoRA is not refused with exit status 2"
+expect qlora_zero3 "not 4-bit ones (QLoRA)"
+
 # ZeRO-1 and checkpointing each shrink the plan.
 t_dp4=$(total_gib dp4)
 t_zero1=$(total_gib dp4_zero1)

@@ -441,7 +441,7 @@ TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
 // micro-batch and the waits of the position hook, and under ZeRO-3 the weight gathers. The step is train::GradSync's, as the trainer
 // runs it. The communication thread is not counted: its MPI calls allocate inside Open MPI (the
 // allreduce's scratch buffer), outside keel's control.
-void expect_no_allocation_in_data_parallel_steps(int zero_stage) {
+void expect_no_allocation_in_data_parallel_steps(int zero_stage, bool lora = false) {
   if (!distributed::launched_by_mpi()) GTEST_SKIP() << "runs under mpirun (ctest -R mpi.no_allocation)";
   static auto comm = distributed::make_communicator(60);  // one MPI session for the whole process
   const int ranks = comm->size();
@@ -454,9 +454,11 @@ void expect_no_allocation_in_data_parallel_steps(int zero_stage) {
     options.shard_gradients = zero_stage >= 2;
     options.shard_weights = zero_stage >= 3;
   }
+  if (lora) options.lora.rank = 4;
   model::Decoder decoder(config, model::Precision::BF16, batch, seq, options);
   decoder.init_random(1);
-  model::ParamStore& params = decoder.params();
+  decoder.init_adapter(2);
+  model::ParamStore& params = decoder.trainable();
   train::AdamW optimizer(decoder.backend(), params, {0.9, 0.999, 1e-8, 0.01});
   // Many small buckets: many collectives.
   train::GradSync sync(decoder, *comm, {.zero_stage = zero_stage, .bucket_bytes = 4096, .overlap = true});
@@ -500,6 +502,10 @@ TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroTwo) {
 // ZeRO-3: every position's weight gathers, started ahead and waited for, and their bf16 copies.
 TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroThree) {
   expect_no_allocation_in_data_parallel_steps(3);
+}
+// LoRA under ZeRO-3: the frozen base's gathers (bf16 matrices, fp32 norms), the adapter's ZeRO-2 path.
+TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithLoraZeroThree) {
+  expect_no_allocation_in_data_parallel_steps(3, true);
 }
 
 }  // namespace

@@ -147,13 +147,23 @@ std::vector<GradGroup> gradient_groups(const ModelConfig& c, const DecoderParamI
 std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const DecoderParamIds& ids,
                                               const ParamStore& params) {
   const StepTimeline t{int32_t(c.num_layers)};
-  auto span = [&](int first, int last) {
-    const Param& end = params.param(last);
-    return FlatRange{params.param(first).offset, end.offset + end.numel};
+  // Each storage's tensors of a group are contiguous in their own buffer (declared in order). The
+  // compute-only span ends where the store's alignment does, so it splits into whole words.
+  auto span = [&](int first, int last, ParamStorage storage) {
+    FlatRange r{-1, -1};
+    for (int i = first; i <= last; ++i) {
+      const Param& p = params.param(i);
+      if (p.storage != storage) continue;
+      if (r.begin < 0) r.begin = p.offset;
+      r.end = p.offset + (storage == ParamStorage::Master ? p.numel : (p.numel + 15) / 16 * 16);
+    }
+    return r.begin < 0 ? FlatRange{} : r;
   };
   std::vector<WeightGather> out;
   auto gather = [&](int first, int last, int32_t position) {
-    out.push_back({first, last, span(first, last), position});
+    WeightGather g{first, last, span(first, last, ParamStorage::Master), position};
+    g.compute_only = span(first, last, ParamStorage::Bf16);
+    out.push_back(g);
   };
   gather(ids.embed, ids.embed, t.forward(0));
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -191,8 +201,11 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           "decoder: optimizer shard {} of {} does not exist", options.optimizer_shard, options.optimizer_shards);
   require(!options.shard_gradients || (options.optimizer_state && options.optimizer_shards > 1),
           "decoder: sharded gradients (ZeRO-2) need the optimizer state sharded over more than one rank");
-  require(!options.shard_weights || (options.shard_gradients && !options.lora.enabled() && !options.four_bit_base),
-          "decoder: sharded weights (ZeRO-3) need sharded gradients (ZeRO-2) and full fine-tuning (not LoRA)");
+  require(!options.shard_weights || options.shard_gradients,
+          "decoder: sharded weights (ZeRO-3) need sharded gradients (ZeRO-2)");
+  require(!options.shard_weights || (!options.four_bit_base && options.lora.modules_to_save.empty()),
+          "decoder: ZeRO-3 shards LoRA's frozen base weights in bf16 or fp32; not 4-bit ones (QLoRA) or "
+          "modules_to_save (the trained copies start from the whole embedding / LM head)");
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
@@ -249,6 +262,8 @@ struct DecoderLayout {
   int grad_shard = -1;            // ZeRO-2: this rank's summed gradients
   std::vector<int> grad_staging;  // ZeRO-2: one per GradGroup
   std::vector<int> gathered, gathered_b;    // ZeRO-3: one per WeightGather (fp32, and bf16 copies)
+  std::vector<int> gathered_c;              // ZeRO-3 under LoRA: the frozen bf16 matrices gathered
+  int compute_only_shard = -1;              // ZeRO-3 under LoRA: this rank's shard of them
   std::vector<int> x;                       // [layers + 1] block inputs; x[layers] feeds the final norm
   std::vector<BlockIds> forward, backward;  // the same ids unless checkpointing
   int xn_final = -1, rstd_final = -1, xn_final_b = -1;
@@ -297,17 +312,26 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   DecoderLayout d;
   const int32_t always = 0, end = t.last();
   if (options.shard_weights) {
-    // ZeRO-3: this rank's shard of the masters (every rank plans the largest, shard 0), and each
-    // gather's buffer from the position before the one that reads it (the first position's: that
-    // one alone).
+    // ZeRO-3: this rank's shard of the masters (every rank plans the largest, shard 0) and, under
+    // LoRA in bf16, of the frozen bf16 matrices; each gather's buffers from the position before
+    // the one that reads it (the first position's: that one alone). The masters' bf16 copies are
+    // made for full fine-tuning only: LoRA's fp32 masters are norms and biases, read in fp32.
     const int shards = options.optimizer_shards;
     d.weights = add(fmt::format("weights (1/{} shard)", shards), Cat::MasterWeights,
                     shard_ranges(param_elements, shards)[0].size(), f32, always, end);
+    if (params.compute_only_total() > 0)
+      d.compute_only_shard = add(fmt::format("weights.bf16 (frozen matrices, 1/{} shard)", shards), Cat::ComputeWeights,
+                                 shard_ranges(params.compute_only_total(), shards)[0].size(), b16, always, end);
     for (const WeightGather& g : gathers) {
       const int32_t first = std::max(g.position - 1, t.forward(0));
       const std::string name = gathered_name(t, params, g);
-      d.gathered.push_back(add(name, Cat::ComputeWeights, g.range.size(), f32, first, g.position));
-      d.gathered_b.push_back(add_bf16(name + ".bf16", Cat::ComputeWeights, g.range.size(), first, g.position));
+      const bool masters = g.range.size() > 0, copies = masters && !adapter.enabled();
+      d.gathered.push_back(masters ? add(name, Cat::ComputeWeights, g.range.size(), f32, first, g.position) : -1);
+      d.gathered_b.push_back(copies ? add_bf16(name + ".bf16", Cat::ComputeWeights, g.range.size(), first, g.position)
+                                    : -1);
+      d.gathered_c.push_back(g.compute_only.size() > 0 ? add(name + " (frozen matrices, bf16)", Cat::ComputeWeights,
+                                                             g.compute_only.size(), b16, first, g.position)
+                                                       : -1);
     }
   } else {
     d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
@@ -686,6 +710,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     persistent.insert(persistent.end(), d.grad_staging.begin(), d.grad_staging.end());
     persistent.insert(persistent.end(), d.gathered.begin(), d.gathered.end());
     persistent.insert(persistent.end(), d.gathered_b.begin(), d.gathered_b.end());
+    persistent.insert(persistent.end(), d.gathered_c.begin(), d.gathered_c.end());
+    persistent.push_back(d.compute_only_shard);
     MemoryPlan kept(plan_.alignment());
     std::vector<std::pair<int, int>> kept_ids;  // plan id, id in `kept`
     for (int id : persistent)
@@ -713,17 +739,21 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     }
     trained.bind_staged_grads(std::move(grad_at), f32(d.grad_shard));
   }
-  if (options_.shard_weights) {  // ZeRO-3: a shard of the masters; each gather's buffers
-    trained.shard_weights();
+  if (options_.shard_weights) {  // ZeRO-3: a shard of the model's weights; each gather's buffers
+    const int shards = options_.optimizer_shards, shard = options_.optimizer_shard;
+    params_.shard_weights(shard_ranges(params_.total(), shards)[size_t(shard)],
+                          shard_ranges(params_.compute_only_total(), shards)[size_t(shard)]);
     for (size_t g = 0; g < weight_gathers_.size(); ++g) {
       weight_gathers_[g].weights = f32(d.gathered[g]);
       weight_gathers_[g].weights_bf16 = b16(d.gathered_b[g]);
+      weight_gathers_[g].compute_only_weights = b16(d.gathered_c[g]);
     }
   }
   if (lora_.empty()) {
     params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
   } else {
-    params_.bind(f32(d.weights), nullptr, b16(d.weights_bf16), nullptr, nullptr);
+    params_.bind(f32(d.weights), nullptr, b16(options_.shard_weights ? d.compute_only_shard : d.weights_bf16), nullptr,
+                 nullptr);
     if (d.four_bit_packed >= 0)
       params_.bind_four_bit(reinterpret_cast<uint8_t*>(b.at[size_t(d.four_bit_packed)]), f32(d.four_bit_absmax));
     adapter_.bind(f32(d.lora_weights), f32(d.lora_grads), b16(d.lora_weights_bf16), f32(d.adam_m), f32(d.adam_v));
@@ -761,8 +791,9 @@ void Decoder::init_random(uint64_t seed, double std) {
       float* w = params_.weight(i);
       for (int64_t k = 0; k < p.numel; ++k) w[k] = value();
     } else if (p.storage == ParamStorage::Bf16) {  // the same draws, rounded as a master's bf16 copy
-      bf16* w = params_.weight_bf16(i);
-      for (int64_t k = 0; k < p.numel; ++k) w[k] = float_to_bf16(value());
+      std::vector<bf16> w(size_t(p.numel));
+      for (bf16& v : w) v = float_to_bf16(value());
+      params_.write_compute_only(i, 0, w.data(), p.numel);  // under ZeRO-3 this rank's part
     } else {  // 4-bit: the same draws, quantized
       std::vector<float> w(size_t(p.numel));
       for (float& v : w) v = value();
@@ -1211,22 +1242,30 @@ void Decoder::enter_position(int32_t position) {
     gather_hooks_.wait(i);
     if (g.weights_bf16) backend_.cast_to_bf16(g.weights, g.weights_bf16, g.range.size());
     for (int p = g.first_param; p <= g.last_param; ++p) {
-      const int64_t at = params_.param(p).offset - g.range.begin;
+      const Param& param = params_.param(p);
+      if (!param.master()) {  // a frozen bf16 matrix (LoRA)
+        params_.point_at(p, nullptr, g.compute_only_weights + (param.offset - g.compute_only.begin));
+        continue;
+      }
+      const int64_t at = param.offset - g.range.begin;
       params_.point_at(p, g.weights + at, g.weights_bf16 ? g.weights_bf16 + at : nullptr);
     }
   }
   if (position < last_position_) start_gathers(position + 1);
 }
 
-// Copies this rank's masters of each gather read at `position` into its buffer and starts it.
+// Copies this rank's part of each gather read at `position` into its buffers and starts it.
 void Decoder::start_gathers(int32_t position) {
-  const FlatRange held = params_.master_range();
+  const FlatRange held = params_.master_range(), held_c = params_.compute_only_range();
   for (size_t i = 0; i < weight_gathers_.size(); ++i) {
     const WeightGather& g = weight_gathers_[i];
     if (g.position != position) continue;
-    const FlatRange mine = g.range.intersect(held);
+    const FlatRange mine = g.range.intersect(held), mine_c = g.compute_only.intersect(held_c);
     if (mine.size() > 0)
       std::copy_n(params_.masters() + (mine.begin - held.begin), mine.size(), g.weights + (mine.begin - g.range.begin));
+    if (mine_c.size() > 0)
+      std::copy_n(params_.compute_only() + (mine_c.begin - held_c.begin), mine_c.size(),
+                  g.compute_only_weights + (mine_c.begin - g.compute_only.begin));
     gather_hooks_.start(i);
   }
 }

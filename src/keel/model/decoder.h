@@ -88,7 +88,8 @@ struct DecoderOptions {
   // ZeRO-3 (stage 3): the weights are sharded too. This decoder holds the fp32 masters of its
   // optimizer shard only; each position of the step reads weights gathered from every rank into a
   // buffer planned for that position (WeightGather), through hooks a communicator drives
-  // (set_weight_gather_hooks). Needs shard_gradients; full fine-tuning only.
+  // (set_weight_gather_hooks). Needs shard_gradients. Under LoRA the frozen base weights are the
+  // ones sharded and gathered (WeightGather); not with 4-bit base weights or modules_to_save.
   bool shard_weights = false;
   // Where the step computes and its arena lives; nullptr: kernels::default_backend() (the CPU).
   kernels::Backend* backend = nullptr;
@@ -148,12 +149,21 @@ struct GradGroup {
 // are gathered once (its forward and backward run at one position), the embedding for the first
 // position (and again at the head when the LM head is the embedding); its backward (a scatter into
 // the gradient) reads no weights.
+//
+// Under LoRA the frozen base is what is sharded (the adapter is small and stays whole: its
+// gradients and moments are sharded as in ZeRO-2). Its matrices are compute-only bf16 tensors in
+// bf16 precision (ParamStore): they are gathered as bf16, half the bytes of fp32, into a buffer of
+// their own, and the fp32 span holds the norms and biases.
 struct WeightGather {
   int first_param = 0, last_param = 0;  // [first, last] of Decoder::params()
-  FlatRange range;                      // their span of the flat buffer (the gathered buffer's layout)
+  FlatRange range;                      // their masters' span of the flat buffer (the gathered buffer's layout)
   int32_t position = 0;                 // where the step reads them
   float* weights = nullptr;             // range.size() floats (set by the decoder; null in a plan)
-  bf16* weights_bf16 = nullptr;         // their bf16 copies, made after the gather (bf16 precision)
+  bf16* weights_bf16 = nullptr;         // their bf16 copies, made after the gather (bf16 full fine-tuning)
+  // Their compute-only bf16 tensors' span (Param::offset of Bf16 tensors, up to the store's
+  // alignment: every part a whole number of 4-byte words), gathered as they are; empty without.
+  FlatRange compute_only;
+  bf16* compute_only_weights = nullptr;
 };
 
 // The memory plan of a decoder with these settings: every buffer the constructor will take from

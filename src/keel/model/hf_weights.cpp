@@ -108,8 +108,11 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
         float* out = in_place ? P.weight(t.param) + first : values.data();
         read_bnb_4bit_dequantized(reader, t.name, t.shape(), saved->type, out);
         if (storage == ParamStorage::Master && !in_place) P.write_master(t.param, first, values.data(), n);
-        if (storage == ParamStorage::Bf16)
-          convert_f32_to_bf16(values.data(), P.weight_bf16(t.param) + first, size_t(n));
+        if (storage == ParamStorage::Bf16) {
+          std::vector<bf16> rounded(static_cast<size_t>(n));
+          convert_f32_to_bf16(values.data(), rounded.data(), size_t(n));
+          P.write_compute_only(t.param, first, rounded.data(), n);
+        }
       }
       for (auto& part : bnb_4bit_parts(reader, t.name)) used.insert(std::move(part));
       used.insert(t.name);
@@ -126,7 +129,13 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
         }
         break;
       case ParamStorage::Bf16:  // a frozen bf16 matrix: straight into bf16, no fp32 copy on the way
-        reader.read_bf16(t.name, t.shape(), P.weight_bf16(t.param) + first);
+        if (P.sharded_weights()) {  // ZeRO-3 (LoRA's base): the tensor passes through memory, this rank keeps its part
+          std::vector<bf16> values(static_cast<size_t>(n));
+          reader.read_bf16(t.name, t.shape(), values.data());
+          P.write_compute_only(t.param, first, values.data(), n);
+        } else {
+          reader.read_bf16(t.name, t.shape(), P.weight_bf16(t.param) + first);
+        }
         break;
       case ParamStorage::FourBit: {  // QLoRA: quantized tensor by tensor, one fp32 tensor in memory at a time
         std::vector<float> values(static_cast<size_t>(n));

@@ -128,9 +128,15 @@ void ParamStore::bind_staged_grads(std::vector<float*> grad_at, float* shard) {
   grad_shard_ = shard;
 }
 
-void ParamStore::shard_weights() {
-  require(optimizer_shard_.has_value() && compute_only_total_ == 0 && four_bit_total_ == 0 && !allocated(),
-          "ParamStore::shard_weights: a store whose tensors all train, its optimizer range set, before bind()");
+void ParamStore::shard_weights(FlatRange masters, FlatRange compute_only) {
+  require(four_bit_total_ == 0 && !allocated() && masters.begin >= 0 && masters.end <= total_ &&
+              compute_only.begin >= 0 && compute_only.end <= compute_only_total_ &&
+              (!optimizer_shard_ || (optimizer_shard_->begin == masters.begin && optimizer_shard_->end == masters.end)),
+          "ParamStore::shard_weights: shards [{}, {}) of {} masters and [{}, {}) of {} compute-only elements, before "
+          "bind(), no 4-bit tensors, a trained store's own optimizer range",
+          masters.begin, masters.end, total_, compute_only.begin, compute_only.end, compute_only_total_);
+  master_shard_ = masters;
+  compute_only_shard_ = compute_only;
   weight_at_.assign(params_.size(), nullptr);
   weight_bf16_at_.assign(params_.size(), nullptr);
 }
@@ -155,6 +161,17 @@ void ParamStore::write_master(int i, int64_t first, const float* values, int64_t
   const FlatRange part = FlatRange{p.offset + first, p.offset + first + n}.intersect(held);
   if (part.size() > 0)
     std::copy_n(values + (part.begin - p.offset - first), part.size(), weights_ + (part.begin - held.begin));
+}
+
+void ParamStore::write_compute_only(int i, int64_t first, const bf16* values, int64_t n) {
+  const Param& p = params_[size_t(i)];
+  require(p.storage == ParamStorage::Bf16 && first >= 0 && n >= 0 && first + n <= p.numel,
+          "ParamStore::write_compute_only: elements [{}, {}) of '{}' ({} elements, {})", first, first + n, p.name,
+          p.numel, p.storage == ParamStorage::Bf16 ? "compute-only bf16" : "not compute-only bf16");
+  const FlatRange held = compute_only_range();
+  const FlatRange part = FlatRange{p.offset + first, p.offset + first + n}.intersect(held);
+  if (part.size() > 0)
+    std::copy_n(values + (part.begin - p.offset - first), part.size(), compute_only() + (part.begin - held.begin));
 }
 
 void ParamStore::zero_grads() {

@@ -57,6 +57,7 @@ class ParamStore {
   void allocate(bool with_bf16_copy);
   // Points the store at buffers of total() elements planned elsewhere; bf16 copy and Adam moments
   // may be null (not planned), and so may the gradients of a frozen store (LoRA's base weights).
+  // Under ZeRO-3 (shard_weights) `weights` and `weights_bf16` are this rank's shards.
   // The caller keeps the memory alive as long as the store.
   void bind(float* weights, float* grads, bf16* weights_bf16, float* adam_m, float* adam_v);
   // Makes the Adam moments available and zeroed: when they were planned and bound this only
@@ -72,12 +73,13 @@ class ParamStore {
   void bind_staged_grads(std::vector<float*> grad_at, float* shard);
   bool staged_grads() const { return !grad_at_.empty(); }
   FlatRange optimizer_range() const { return optimizer_shard_ ? *optimizer_shard_ : FlatRange{0, total_}; }
-  // ZeRO-3: no whole fp32 buffer either. This rank holds the masters of optimizer_range() only
-  // (bind()'s `weights` is that shard, and no bf16 mirror is bound), and the decoder points each
-  // tensor at the buffer its weights are gathered into while a position of the step reads them
-  // (point_at); weight(i) and weight_bf16(i) are null otherwise. Call before bind(), after
-  // set_optimizer_range().
-  void shard_weights();
+  // ZeRO-3: no whole fp32 buffer either. This rank holds the masters of `masters` only (bind()'s
+  // `weights` is that shard, and no bf16 mirror is bound) and, of a frozen store's compute-only bf16
+  // tensors (LoRA's base matrices), the part `compute_only` (bind()'s `weights_bf16` is that shard).
+  // The decoder points each tensor at the buffers its weights are gathered into while a position of
+  // the step reads them (point_at); weight(i) and weight_bf16(i) are null otherwise. A trained store
+  // shards its optimizer range; call before bind(). 4-bit tensors are not sharded.
+  void shard_weights(FlatRange masters, FlatRange compute_only = {});
   bool sharded_weights() const { return !weight_at_.empty(); }
   void point_at(int i, float* weights, bf16* weights_bf16) {
     weight_at_[size_t(i)] = weights;
@@ -86,12 +88,20 @@ class ParamStore {
   void point_nowhere();  // every tensor's gathered address back to null
   // The part of the flat buffer whose fp32 masters this process holds (all of it, or ZeRO-3's
   // shard), and those masters: element j of the flat buffer is masters()[j - master_range().begin].
-  FlatRange master_range() const { return sharded_weights() ? optimizer_range() : FlatRange{0, total_}; }
+  FlatRange master_range() const { return sharded_weights() ? master_shard_ : FlatRange{0, total_}; }
   float* masters() { return weights_; }
   const float* masters() const { return weights_; }
+  // The same for the compute-only bf16 tensors: element j of their buffer (Param::offset of a Bf16
+  // tensor) is compute_only()[j - compute_only_range().begin].
+  FlatRange compute_only_range() const {
+    return sharded_weights() ? compute_only_shard_ : FlatRange{0, compute_only_total_};
+  }
+  bf16* compute_only() { return sharded_weights() ? weights_bf16_ : weights_bf16_ + total_; }
   // Elements [first, first + n) of master tensor i := values, for the part of them this process
   // holds (loading and initialisation, tensor by tensor, whatever the sharding).
   void write_master(int i, int64_t first, const float* values, int64_t n);
+  // The same for compute-only bf16 tensor i.
+  void write_compute_only(int i, int64_t first, const bf16* values, int64_t n);
 
   const std::vector<Param>& params() const { return params_; }
   const Param& param(int i) const { return params_[i]; }
@@ -174,6 +184,7 @@ class ParamStore {
   float *weights_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
   std::vector<float*> grad_at_;  // ZeRO-2: each tensor's staged gradient
   float* grad_shard_ = nullptr;  // ZeRO-2: this rank's summed gradients
+  FlatRange master_shard_, compute_only_shard_;  // ZeRO-3: what this rank holds
   std::vector<float*> weight_at_;      // ZeRO-3: where each tensor's weights are gathered now
   std::vector<bf16*> weight_bf16_at_;  // and their bf16 copies
   bf16* weights_bf16_ = nullptr;

@@ -126,17 +126,23 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   const model::StepTimeline t{int32_t(config.num_layers)};
   const int32_t end = t.last();
   if (options.shard_weights) {
-    // ZeRO-3 holds a shard of the weights: what trains is the whole model all the same.
+    // ZeRO-3 holds a shard of the weights: what trains is the whole model all the same (under LoRA
+    // the adapter, whole on every rank).
     model::ParamStore whole;
     model::DecoderParamIds ids;
     model::declare_model_params(config, whole, ids);
-    param_elements = size_t(whole.total());
+    const bool lora = options.lora.enabled();
+    if (!lora) param_elements = size_t(whole.total());
     // Each tensor passes through memory whole while it is loaded or initialised, this rank keeping
-    // its part (the largest: the embedding or the LM head in every family).
+    // its part (the largest: the embedding or the LM head in every family; LoRA in bf16 holds it
+    // in bf16).
     int64_t largest = 0;
     for (const auto& p : whole.params()) largest = std::max(largest, p.numel);
+    const size_t element = lora && precision == model::Precision::BF16 ? sizeof(bf16) : sizeof(float);
     plan.add_external("ZeRO-3: one tensor whole while loading (this rank keeps its part)", MemoryCategory::Data,
-                      size_t(largest) * sizeof(float), 0, 0);
+                      size_t(largest) * element, 0, 0);
+  }
+  if (options.shard_weights && !options.lora.enabled()) {
     // The final save: rank 0 writes each tensor as the other ranks' pieces of it arrive
     // (distributed::ShardReader), holding one piece at a time (rank 0's figure).
     plan.add_external("ZeRO-3 final save: one piece of another rank's weights", MemoryCategory::CheckpointStaging,
@@ -257,6 +263,9 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
   auto note = [&](MemoryCategory c) -> std::string {
     switch (c) {
       case MemoryCategory::MasterWeights:
+        if (zero3 && lora)
+          return (bf16 ? "fp32: the frozen norms and biases" : "fp32: the frozen model") + shard +
+                 ", the adapter whole";
         if (zero3) return "fp32 master" + shard;
         if (lora) return bf16 ? "fp32: the adapter, the frozen norms and biases" : "fp32: the model (frozen) and the adapter";
         return bf16 ? "fp32 master, whole on every rank" : "fp32 (the compute copy too)";
@@ -264,6 +273,9 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
         if (!four_bit.empty())
           return fmt::format("frozen projections in {} (4-bit codes + absmax), embedding/LM head and adapter in bf16",
                              four_bit);
+        if (lora && zero3)
+          return "the weights gathered for this position and the next" +
+                 std::string(bf16 ? ", the frozen bf16 matrices" + shard + ", the adapter's bf16 copy" : "");
         if (lora) return "frozen matrices in bf16 alone (no fp32 masters), the adapter's bf16 copy";
         if (zero3) return "the weights gathered for this position and the next, fp32 and the bf16 the GEMMs read";
         return "bf16 copy the GEMMs read";
@@ -282,7 +294,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
       case MemoryCategory::Data: return "the weight file pages of the tensor loading, micro-batches, rotary table";
       case MemoryCategory::CheckpointStaging:
-        if (zero3) return "rank 0: one piece of another rank's shard at a time (the final save, a checkpoint)";
+        if (zero3 && !lora) return "rank 0: one piece of another rank's shard at a time (the final save, a checkpoint)";
         return "async save snapshot (weights, m, v), or ZeRO's receive buffer";
       case MemoryCategory::Runtime: return "code, libraries, threads, library scratch (measured)";
       case MemoryCategory::kCount: break;
@@ -315,9 +327,9 @@ RunShape requested_shape(const run::Recipe& r, const PlanRequest& request) {
   if (request.dp > 0) shape.dp = request.dp;
   if (request.zero_stage >= 0) shape.zero_stage = request.zero_stage;
   require(shape.zero_stage >= 0 && shape.zero_stage <= 3, "ZeRO stage {}: keel plans stages 0 to 3", shape.zero_stage);
-  require(shape.zero_stage < 3 || r.finetuning_type != "lora",
-          "ZeRO stage 3 shards the model's weights, which LoRA keeps frozen and whole on every rank: plan LoRA "
-          "with --zero 2 or less");
+  require(shape.zero_stage < 3 || (r.quantization_bit == 0 && r.additional_target.empty()),
+          "ZeRO stage 3 shards LoRA's frozen base weights in the run's dtype, not 4-bit ones (QLoRA) or with "
+          "additional_target (modules_to_save): plan those with --zero 2 or less");
   return shape;
 }
 
@@ -387,7 +399,8 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
 std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape) {
   std::vector<int> zero_options{shape.zero_stage};
   if (shape.dp > 1)
-    for (int stage = shape.zero_stage + 1; stage <= (r.finetuning_type == "lora" ? 2 : 3); ++stage)
+    for (int stage = shape.zero_stage + 1; stage <= (r.quantization_bit == 0 && r.additional_target.empty() ? 3 : 2);
+         ++stage)
       zero_options.push_back(stage);
   std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
   if (!shape.gradient_checkpointing) checkpointing_options.push_back(true);
@@ -443,7 +456,9 @@ std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape)
 
 // The planned alternatives in words: the best setting of each knob alone, then the recommended
 // change (the fewest changes that fit, the mildest first), or, when nothing fits, why.
-std::string advice_lines(const std::vector<Candidate>& candidates, const model::ModelConfig& config, bool bf16) {
+// lora: the run trains LoRA adapters; four_bit: on 4-bit base weights (QLoRA).
+std::string advice_lines(const std::vector<Candidate>& candidates, const model::ModelConfig& config, bool bf16,
+                         bool lora, bool four_bit) {
   std::string out = "\nwhat to change (each planned with the same planner):\n";
   out += fmt::format("  {:>12}  {:<5} {}\n", "per rank", "fits", "change");
   auto line = [&](const Candidate& c) {
@@ -483,7 +498,7 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
   line(*smallest);
   // Nothing fits: say what no activation setting can fix.
   const size_t elements = size_t(config.total_parameters());
-  if (smallest->shape.zero_stage >= 3) {
+  if (smallest->shape.zero_stage >= 3 && !lora) {
     // ZeRO-3 shards the whole model state (fp32 weights, gradients, AdamW m and v: 16 bytes a
     // parameter); what more ranks do not shrink is one sequence's activations, the weights gathered
     // for two positions and the largest tensor while loading.
@@ -496,6 +511,22 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
         fmt::join(smallest->changes.empty() ? std::vector<std::string>{"as given"} : smallest->changes, " + "),
         format_bytes(double(smallest->total)), smallest->shape.dp, format_bytes(double(state)),
         format_bytes(double(rest)));
+    return out;
+  }
+  if (lora) {  // the frozen base dominates: whole on every rank below ZeRO-3, sharded by it
+    out += fmt::format(
+        "\nnothing above fits. The smallest ({}) still needs {} per rank: LoRA's frozen base weights ({} a "
+        "parameter{}), the activations and the adapter's state. More memory per rank{} or a smaller model are "
+        "needed.\n",
+        fmt::join(smallest->changes.empty() ? std::vector<std::string>{"as given"} : smallest->changes, " + "),
+        format_bytes(double(smallest->total)),
+        four_bit ? "half a byte"
+        : bf16   ? "2 bytes"
+                 : "4 bytes",
+        smallest->shape.zero_stage >= 3 ? ", sharded over the ranks" : ", whole on every rank",
+        smallest->shape.zero_stage >= 3 ? ", more ranks"
+        : four_bit                      ? ""
+                                        : ", ZeRO-3 (--zero 3, which shards them)");
     return out;
   }
   const size_t floor = elements * ((bf16 ? 2 : 0) + 4);  // fp32 masters (+ bf16 copy): whole under ZeRO-2
@@ -545,7 +576,7 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
                      format_bytes(double(configured.arena)), limit_text);
   std::vector<Candidate> candidates = alternatives(r, shape);
   for (auto& c : candidates) evaluate(c);
-  return out + advice_lines(candidates, config, bf16);
+  return out + advice_lines(candidates, config, bf16, r.finetuning_type == "lora", r.quantization_bit == 4);
 }
 
 }  // namespace

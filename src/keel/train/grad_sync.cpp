@@ -20,14 +20,14 @@ void timed(double& total, F&& f) {
 
 }  // namespace
 
-// Each rank's part of `range`, relative to its start (empty for ranks holding none of it): the
-// shards an all-gather of that span alone takes.
-std::vector<FlatRange> GradSync::parts_within(FlatRange range) const {
+std::vector<FlatRange> GradSync::parts_within(FlatRange range, const std::vector<FlatRange>& shards, int64_t unit) {
   std::vector<FlatRange> parts;
-  for (const FlatRange& shard : shards_) {
+  for (const FlatRange& shard : shards) {
     const FlatRange in = shard.intersect(range);
     const int64_t at = in.size() > 0 ? in.begin - range.begin : 0;
-    parts.push_back({at, at + in.size()});
+    require(at % unit == 0 && in.size() % unit == 0,
+            "gradient sync: a shard's part [{}, {}) is not whole {}-element words", in.begin, in.end, unit);
+    parts.push_back({at / unit, (at + in.size()) / unit});
   }
   return parts;
 }
@@ -61,13 +61,14 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
   // the next forward pass reads first, each waited for there; else the whole buffer at once,
   // waited for at the end of the step (LoRA's adapter is small, and its tensors are read where
   // the base weights are).
-  if (options_.zero_stage >= 1 && options_.zero_stage <= 2) {
+  // LoRA under ZeRO-3 shards the frozen base: its adapter is gathered as in ZeRO-1/2.
+  if (options_.zero_stage >= 1 && !params.sharded_weights()) {
     defer_post_step_ = options_.overlap && !decoder_.has_adapter();
     if (defer_post_step_)
       post_step_ = decoder_.first_weight_reads();
     else
       post_step_.push_back({0, int(params.params().size()) - 1, FlatRange{0, params.total()}, 0});
-    for (const model::WeightGather& g : post_step_) post_step_parts_.push_back(parts_within(g.range));
+    for (const model::WeightGather& g : post_step_) post_step_parts_.push_back(parts_within(g.range, shards_));
     post_step_tickets_.assign(post_step_.size(), 0);
   }
   next_post_step_wait_ = post_step_.size();
@@ -78,34 +79,50 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
         position(at);
       });
     });
-  require((options_.zero_stage >= 3) == params.sharded_weights(),
+  const model::ParamStore& weights = decoder_.params();  // the model's: trained, or LoRA's frozen base
+  require((options_.zero_stage >= 3) == weights.sharded_weights(),
           "gradient sync: ZeRO stage {} but the decoder's weights are {}", options_.zero_stage,
-          params.sharded_weights() ? "sharded (ZeRO-3)" : "whole");
+          weights.sharded_weights() ? "sharded (ZeRO-3)" : "whole");
   if (options_.zero_stage >= 3) {
-    for (const model::WeightGather& g : decoder_.weight_gathers()) gather_parts_.push_back(parts_within(g.range));
-    gather_tickets_.assign(gather_parts_.size(), 0);
+    const auto masters = shard_ranges(weights.total(), comm_.size());
+    const auto compute_only = shard_ranges(weights.compute_only_total(), comm_.size());
+    for (const model::WeightGather& g : decoder_.weight_gathers())
+      gathers_.push_back({parts_within(g.range, masters), parts_within(g.compute_only, compute_only, 2)});
     // A wait the compute makes is exposed communication, as ZeRO-2's waits inside the backward pass.
     // Overlapped, a gather starts one position ahead and the compute of the position before hides
     // it; without overlap (the same decision as the gradients', train/sync_overlap.h) it runs
     // whole where its position needs it, all of it exposed: the on/off pair bench/grad_sync_bench.py
     // measures.
-    auto start = [this](size_t g) {
-      gather_tickets_[g] = comm_.allgather_shards_async(decoder_.weight_gathers()[g].weights, gather_parts_[g]);
-    };
     if (options_.overlap)
-      decoder_.set_weight_gather_hooks({.start = start, .wait = [this](size_t g) {
-                                          timed(hook_seconds_, [&] { comm_.wait(gather_tickets_[g]); });
-                                        }});
+      decoder_.set_weight_gather_hooks({.start = [this](size_t g) { start_gather(g); },
+                                        .wait = [this](size_t g) { timed(hook_seconds_, [&] { wait_gather(g); }); }});
     else
       decoder_.set_weight_gather_hooks({.start = [](size_t) {},
                                         .wait =
-                                            [this, start](size_t g) {
+                                            [this](size_t g) {
                                               timed(hook_seconds_, [&] {
-                                                start(g);
-                                                comm_.wait(gather_tickets_[g]);
+                                                start_gather(g);
+                                                wait_gather(g);
                                               });
                                             }});
   }
+}
+
+void GradSync::start_gather(size_t g) {
+  const model::WeightGather& w = decoder_.weight_gathers()[g];
+  GatherParts& p = gathers_[g];
+  if (w.range.size() > 0) p.masters_ticket = comm_.allgather_shards_async(w.weights, p.masters);
+  // bf16 pairs as fp32 words: an all-gather copies bytes, no arithmetic touches them.
+  if (w.compute_only.size() > 0)
+    p.compute_only_ticket =
+        comm_.allgather_shards_async(reinterpret_cast<float*>(w.compute_only_weights), p.compute_only);
+}
+
+void GradSync::wait_gather(size_t g) {
+  GatherParts& p = gathers_[g];
+  if (p.masters_ticket) comm_.wait(p.masters_ticket);
+  if (p.compute_only_ticket) comm_.wait(p.compute_only_ticket);
+  p.masters_ticket = p.compute_only_ticket = 0;
 }
 
 GradSync::~GradSync() {

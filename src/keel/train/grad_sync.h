@@ -15,7 +15,9 @@
 //   soon as it is final (the staging cannot wait for the end of the backward pass).
 // - stage 3: stage 2, and the weights sharded too: no all-gather after the optimizer step; the
 //   decoder's weight gathers (model::WeightGather) are all-gathers of the shards' parts of each
-//   group, started one position ahead of the compute that reads them.
+//   group, started one position ahead of the compute that reads them. Under LoRA the frozen base
+//   weights are the sharded ones (their bf16 matrices gathered as bf16) and the adapter is
+//   synchronised as in stage 2.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -77,17 +79,25 @@ class GradSync {
  private:
   void position(int32_t position);
   void weights_read_at(int32_t position);  // waits for the post-step gathers read from `position` on
-  std::vector<FlatRange> parts_within(FlatRange range) const;
+  // Each rank's part of `range` under `shards` (relative to the range's start; empty for ranks
+  // holding none of it), in units of `unit` elements.
+  static std::vector<FlatRange> parts_within(FlatRange range, const std::vector<FlatRange>& shards, int64_t unit = 1);
   model::Decoder& decoder_;
   distributed::Communicator& comm_;
   GradSyncOptions options_;
   std::vector<FlatRange> shards_;
   std::unique_ptr<distributed::GradBuckets> buckets_;
   std::vector<float*> staged_;  // ZeRO-2: where each trainable tensor's gradient is written
-  // ZeRO-3: per weight gather, every rank's part of it (its shard's intersection, relative to the
-  // gather's span; empty for ranks holding none of it), and the ticket of the gather in flight.
-  std::vector<std::vector<FlatRange>> gather_parts_;
-  std::vector<distributed::Ticket> gather_tickets_;
+  // ZeRO-3: per weight gather, every rank's part of its fp32 span and of its bf16 span (in fp32
+  // words: the communicator's all-gather moves the bf16 pairs as they are), and the tickets of
+  // those all-gathers in flight (0: none, for an empty span).
+  struct GatherParts {
+    std::vector<FlatRange> masters, compute_only;
+    distributed::Ticket masters_ticket = 0, compute_only_ticket = 0;
+  };
+  std::vector<GatherParts> gathers_;
+  void start_gather(size_t g);
+  void wait_gather(size_t g);
   // ZeRO-1/2: the post-step gather, one all-gather per span (first_weight_reads(), waited for
   // where each is read, when deferred; else one span, the whole buffer), each span's parts per
   // rank, the tickets in flight and the first span not waited for (post_step_.size() when none is

@@ -177,6 +177,12 @@ class Trainer {
       if (r_.zero_stage == 1)
         fmt::print(log_, "keel: ZeRO-1: AdamW moments sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB\n",
                    comm_.size(), 8e-6 * shard, 8e-6 * whole);
+      else if (r_.zero_stage >= 3 && decoder_.has_adapter())
+        fmt::print(log_,
+                   "keel: ZeRO-3: the frozen base weights sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} "
+                   "MB, in {} gathers per step, each started one position ahead of the compute that reads it; the "
+                   "adapter's AdamW moments and gradients sharded as in ZeRO-2\n",
+                   comm_.size(), base_bytes(true), base_bytes(false), decoder_.weight_gathers().size());
       else if (r_.zero_stage >= 3)
         fmt::print(log_,
                    "keel: ZeRO-3: fp32 weights, AdamW moments and gradients sharded over {} ranks, {:.2f} MB per rank "
@@ -251,6 +257,15 @@ class Trainer {
   }
 
  private:
+  // The model's weights in MB as this rank holds them (its ZeRO-3 shard) or as a replica would:
+  // fp32 masters and, under LoRA in bf16, the frozen bf16 matrices.
+  double base_bytes(bool held) const {
+    const model::ParamStore& p = decoder_.params();
+    const double masters = double(held ? p.master_range().size() : p.total());
+    const double matrices = double(held ? p.compute_only_range().size() : p.compute_only_total());
+    return 4e-6 * masters + 2e-6 * matrices;
+  }
+
   // What LoRA trains, said once: the modules, the scaling, and the share of the model that trains.
   void print_lora() {
     const model::LoraSpec& spec = decoder_.options().lora;
@@ -713,7 +728,7 @@ class Trainer {
   void save_final_model() {
     const std::string final_dir = r_.output_dir + "/final";
     model::ParamStore& params = decoder_.params();
-    if (params.sharded_weights()) {
+    if (params.sharded_weights() && !decoder_.has_adapter()) {  // LoRA's sharded base is not saved
       if (comm_.rank() != 0) {
         comm_.send_to_root(params.masters(), zero_shards()[size_t(comm_.rank())].size());
         return;
