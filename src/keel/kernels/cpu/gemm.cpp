@@ -78,6 +78,17 @@ size_t stored_elements(Trans t, int64_t rows, int64_t cols, int64_t ld) {
   return t == Trans::N ? size_t((rows - 1) * ld + cols) : size_t((cols - 1) * ld + rows);
 }
 
+// oneDNN 3 dropped the operation descriptors: a primitive descriptor is made from the memory
+// descriptors directly.
+dnnl::matmul::primitive_desc matmul_desc(const dnnl::memory::desc& a, const dnnl::memory::desc& b,
+                                         const dnnl::memory::desc& c, const dnnl::primitive_attr& attr = {}) {
+#if DNNL_VERSION_MAJOR >= 3
+  return dnnl::matmul::primitive_desc(cpu_engine(), a, b, c, attr);
+#else
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+#endif
+}
+
 std::unique_ptr<GemmPlan> make_plan(const GemmKey& key) {
   using dt = dnnl::memory::data_type;
   const GemmShape& s = key.s;
@@ -94,8 +105,7 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key) {
     auto a_desc = operand_desc(s.trans_a, s.m, s.k, s.lda, in_type);
     auto b_desc = operand_desc(s.trans_b, s.k, s.n, s.ldb, in_type);
     try {
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_desc, b_desc, c_desc), attr, engine);
-      plan->primitive = dnnl::matmul(pd);
+      plan->primitive = dnnl::matmul(matmul_desc(a_desc, b_desc, c_desc, attr));
     } catch (const dnnl::error& e) {
       if (e.status != dnnl_unimplemented) throw;
       return false;
@@ -161,7 +171,7 @@ bool bf16_matmul_native() {
     const dnnl::memory::desc a({8, 8}, dt::bf16, dnnl::memory::dims{8, 1}),
         c({8, 8}, dt::f32, dnnl::memory::dims{8, 1});
     try {
-      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), cpu_engine());
+      matmul_desc(a, a, c);
       return true;
     } catch (const dnnl::error&) {
       return false;
