@@ -96,9 +96,14 @@ expect lora_zero3 "the frozen bf16 matrices, 1/4 shard (ZeRO-3)"
 expect lora_zero3 "fp32: the frozen norms and biases, 1/4 shard (ZeRO-3), the adapter whole"
 awk -v two="$(total_gib lora_zero2)" -v three="$(total_gib lora_zero3)" 'BEGIN { exit !(three < two - 10) }' ||
   fail "LoRA's ZeRO-3 plan does not shed the base's three quarters: ZeRO-2 $(total_gib lora_zero2), ZeRO-3 $(total_gib lora_zero3) GiB"
-"$keel" plan "$recipe" --dp 4 --zero 3 --set finetuning_type=lora --set quantization_bit=4 >"$work/qlora_zero3.out" 2>&1
-[ $? -eq 2 ] || fail "qlora_zero3: ZeRO-3 with QLoRA is not refused with exit status 2"
-expect qlora_zero3 "not 4-bit ones (QLoRA)"
+# QLoRA: the NF4 codes and absmax values are sharded too.
+run qlora_zero3 "$recipe" --dp 4 --zero 3 "${lora[@]}" --set quantization_bit=4
+expect qlora_zero3 "fits: yes"
+expect qlora_zero3 "frozen projections in NF4 (4-bit codes + absmax), 1/4 shard (ZeRO-3)"
+"$keel" plan "$recipe" --dp 4 --zero 3 --set finetuning_type=lora --set additional_target=lm_head \
+  >"$work/saved_zero3.out" 2>&1
+[ $? -eq 2 ] || fail "saved_zero3: ZeRO-3 with additional_target is not refused with exit status 2"
+expect saved_zero3 "not with additional_target"
 
 # ZeRO-1 and checkpointing each shrink the plan.
 t_dp4=$(total_gib dp4)

@@ -186,32 +186,44 @@ def test_zero3_lora_bit_identical_to_zero2():
     """The base weights a position reads are the same bytes whether held whole (ZeRO-2) or gathered
     (ZeRO-3), and the adapter's path is ZeRO-2's: the adapters are the same bytes, in bf16 with
     accumulation and tied embeddings too, from a model loaded from its files (each rank keeping its
-    part of each tensor)."""
+    part of each tensor), for LoRA and QLoRA (quantized whole tensor by tensor either way)."""
     base = "lora_exact_base"
-    r = train(write_recipe(base, dp_degree=1, max_steps=1, dtype="bf16", model={"tie_word_embeddings": True}),
-              1)
+    r = train(write_recipe(base, dp_degree=1, max_steps=1, dtype="bf16",
+                           model={"tie_word_embeddings": True, "hidden_size": 64, "intermediate_size": 128}), 1)
     if not check(r.returncode == 0, "the base model for LoRA%s" % r.why):
         return
-    finals = {}
-    for stage in (2, 3):
-        name = "lora_exact_zero%d" % stage
-        r = train(write_recipe(name, zero_stage=stage, dtype="bf16", model=None,
-                               model_name=os.path.join(WORK, base, "final"), **LORA), 2)
-        if not check(r.returncode == 0, "LoRA ZeRO-%d run%s" % (stage, r.why)):
-            return
-        check(stage == 2 or "ZeRO-3: the frozen base weights sharded over 2 ranks" in r.stdout,
-              "the ZeRO-3 run says it shards the base")
-        with open(os.path.join(WORK, name, "final", "adapter_model.safetensors"), "rb") as f:
-            finals[stage] = f.read()
-    check(finals[2] == finals[3], "LoRA trains bit-identically under ZeRO-3 and ZeRO-2")
+    for variant, keys in (("lora", {}), ("qlora", {"quantization_bit": 4})):
+        finals = {}
+        for stage in (2, 3):
+            name = "%s_exact_zero%d" % (variant, stage)
+            r = train(write_recipe(name, zero_stage=stage, dtype="bf16", model=None,
+                                   model_name=os.path.join(WORK, base, "final"), **LORA, **keys), 2)
+            if not check(r.returncode == 0, "%s ZeRO-%d run%s" % (variant, stage, r.why)):
+                return
+            check(stage == 2 or "ZeRO-3: the frozen base weights sharded over 2 ranks" in r.stdout,
+                  "the %s ZeRO-3 run says it shards the base" % variant)
+            with open(os.path.join(WORK, name, "final", "adapter_model.safetensors"), "rb") as f:
+                finals[stage] = f.read()
+        check(finals[2] == finals[3], "%s trains bit-identically under ZeRO-3 and ZeRO-2" % variant)
 
 
-def test_zero3_refuses_qlora_and_modules_to_save():
-    for name, keys, says in (("qlora_z3", dict(quantization_bit=4), "quantization_bit"),
-                             ("saved_z3", dict(additional_target="lm_head"), "additional_target")):
-        r = train(write_recipe(name, zero_stage=3, **LORA, **keys), 2)
-        check(r.returncode == 2 and "zero_stage = 3" in r.stderr and says in r.stderr,
-              "ZeRO-3 with %s is refused, saying why and what to use (%s)" % (says, r.stderr.strip()[-300:]))
+def test_zero3_qlora_bf16_dp2():
+    """QLoRA under ZeRO-3: the blocks' NF4 codes and absmax values sharded and gathered per
+    position (the embedding and LM head as bf16), against replicated QLoRA."""
+    compare_stages("qlora_bf16_dp2_z3", 2, lora=True, stage=3, dtype="bf16", quantization_bit=4,
+                   model={"hidden_size": 64, "intermediate_size": 128}, **LORA)
+
+
+def test_zero3_qlora_fp4_dp4_checkpointing():
+    compare_stages("qlora_fp32_dp4_z3", 4, lora=True, stage=3, quantization_bit=4, quantization_type="fp4",
+                   gradient_accumulation_steps=1, use_gradient_checkpointing=True,
+                   model={"hidden_size": 64, "intermediate_size": 128}, **LORA)
+
+
+def test_zero3_refuses_modules_to_save():
+    r = train(write_recipe("saved_z3", zero_stage=3, additional_target="lm_head", **LORA), 2)
+    check(r.returncode == 2 and "zero_stage = 3" in r.stderr and "additional_target" in r.stderr,
+          "ZeRO-3 with additional_target is refused, saying why and what to use (%s)" % r.stderr.strip()[-300:])
 
 
 def test_zero2_bit_identical_to_zero1():

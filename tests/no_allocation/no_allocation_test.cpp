@@ -441,7 +441,7 @@ TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
 // micro-batch and the waits of the position hook, and under ZeRO-3 the weight gathers. The step is train::GradSync's, as the trainer
 // runs it. The communication thread is not counted: its MPI calls allocate inside Open MPI (the
 // allreduce's scratch buffer), outside keel's control.
-void expect_no_allocation_in_data_parallel_steps(int zero_stage, bool lora = false) {
+void expect_no_allocation_in_data_parallel_steps(int zero_stage, bool lora = false, bool four_bit = false) {
   if (!distributed::launched_by_mpi()) GTEST_SKIP() << "runs under mpirun (ctest -R mpi.no_allocation)";
   static auto comm = distributed::make_communicator(60);  // one MPI session for the whole process
   const int ranks = comm->size();
@@ -455,6 +455,7 @@ void expect_no_allocation_in_data_parallel_steps(int zero_stage, bool lora = fal
     options.shard_weights = zero_stage >= 3;
   }
   if (lora) options.lora.rank = 4;
+  options.four_bit_base = four_bit;
   model::Decoder decoder(config, model::Precision::BF16, batch, seq, options);
   decoder.init_random(1);
   decoder.init_adapter(2);
@@ -503,9 +504,11 @@ TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroTwo) {
 TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroThree) {
   expect_no_allocation_in_data_parallel_steps(3);
 }
-// LoRA under ZeRO-3: the frozen base's gathers (bf16 matrices, fp32 norms), the adapter's ZeRO-2 path.
+// LoRA under ZeRO-3: the frozen base's gathers (bf16 matrices, fp32 norms), the adapter's ZeRO-2 path;
+// QLoRA's: 4-bit codes and absmax values.
 TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithLoraZeroThree) {
   expect_no_allocation_in_data_parallel_steps(3, true);
+  expect_no_allocation_in_data_parallel_steps(3, true, true);
 }
 
 }  // namespace

@@ -8,13 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <deque>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "decoder_test_support.h"
 #include "fake_communicator.h"
 #include "keel/core/error.h"
+#include "keel/core/four_bit.h"
 #include "keel/model/decoder.h"
 #include "keel/train/grad_sync.h"
 
@@ -190,6 +193,110 @@ TEST(ZeroThreePlan, MastersAreAShardAndGatheredWeightsTwoPositions) {
   // holds the embedding and layer 0, and the next one's is in flight).
   EXPECT_LE(stage3.category_bytes_at_peak(MemoryCategory::ComputeWeights), 3 * largest_group * 3 / 2 + 4096);
   EXPECT_LT(stage3.total_bytes(), stage2.total_bytes());
+}
+
+}  // namespace
+}  // namespace keel::model
+
+namespace keel::model {
+namespace {
+
+// ZeRO-3 under LoRA/QLoRA: a frozen store's shards. Whatever writes a tensor (initialisation,
+// loading, a checkpoint's 4-bit codes read as they are) hands over the whole tensor and each rank
+// keeps its part: every rank's held bytes are the whole store's bytes at the same places, and the
+// ranks' parts together are all of them. Quantization sees the whole tensor (its absmax values are
+// double-quantized together), so a rank's codes are the whole store's.
+TEST(ZeroThreeShards, FrozenStoresKeepTheirPartOfEveryTensor) {
+  auto declare = [](ParamStore& s) {
+    s.add("norm", {40}, false);
+    s.add("embed", {24, 40}, true, ParamStorage::Bf16);
+    s.add("q", {32, 64}, true, ParamStorage::FourBit);
+    s.add("norm2", {40}, false);
+    s.add("down", {48, 64}, true, ParamStorage::FourBit);
+  };
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto draws = [&](int64_t n) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  struct Buffers {
+    std::vector<float> weights, absmax;
+    std::vector<bf16> bf;
+    std::vector<uint8_t> packed;
+    void bind(ParamStore& s, FlatRange m, FlatRange c, FlatRange f) {
+      weights.assign(size_t(m.size()), 0.0f);
+      bf.assign(size_t(c.size() + 1), bf16{0});
+      packed.assign(size_t(f.size() / 2 + 1), 0);
+      absmax.assign(size_t(f.size() / kFourBitBlockSize + 1), 0.0f);
+      s.bind(weights.data(), nullptr, bf.data(), nullptr, nullptr);
+      s.bind_four_bit(packed.data(), absmax.data());
+    }
+  };
+  ParamStore whole;
+  declare(whole);
+  Buffers w;
+  whole.allocate(true);  // fp32 and the bf16 buffer
+  w.packed.assign(size_t(whole.four_bit_total() / 2), 0);
+  w.absmax.assign(size_t(whole.four_bit_total() / kFourBitBlockSize), 0.0f);
+  whole.bind_four_bit(w.packed.data(), w.absmax.data());
+  // One value set per tensor; "down" as a prequantized checkpoint's codes (write_four_bit).
+  std::vector<std::vector<float>> values;
+  for (const Param& p : whole.params()) values.push_back(draws(p.numel));
+  auto fill = [&](ParamStore& s, bool sharded) {
+    for (size_t i = 0; i < values.size(); ++i) {
+      const Param& p = s.param(int(i));
+      if (p.storage == ParamStorage::Master) {
+        s.write_master(int(i), 0, values[i].data(), p.numel);
+      } else if (p.storage == ParamStorage::Bf16) {
+        std::vector<bf16> b(values[i].size());
+        convert_f32_to_bf16(values[i].data(), b.data(), b.size());
+        s.write_compute_only(int(i), 0, b.data(), p.numel);
+      } else if (p.name == "q") {
+        s.store_four_bit(int(i), 0, values[i].data(), p.numel, true);
+      } else {  // codes as saved: quantized elsewhere, written as they are
+        std::vector<uint8_t> packed(size_t(p.numel / 2));
+        std::vector<float> absmax(size_t(p.numel / kFourBitBlockSize));
+        four_bit_quantize(FourBitType::Nf4, values[i].data(), p.numel, packed.data(), absmax.data());
+        if (sharded) {
+          s.write_four_bit(int(i), 0, p.numel, packed.data(), absmax.data());
+        } else {
+          auto slot = s.four_bit_slot(int(i), 0, p.numel);
+          std::copy(packed.begin(), packed.end(), slot.packed);
+          std::copy(absmax.begin(), absmax.end(), slot.absmax);
+        }
+      }
+    }
+  };
+  fill(whole, false);
+  const int ranks = 3;
+  const auto m = shard_ranges(whole.total(), ranks), c = shard_ranges(whole.compute_only_total(), ranks),
+             f = shard_ranges(whole.four_bit_total(), ranks, kFourBitShardAlign);
+  int64_t held_4bit = 0;
+  for (int r = 0; r < ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    ParamStore s;
+    declare(s);
+    s.shard_weights(m[size_t(r)], c[size_t(r)], f[size_t(r)]);
+    Buffers b;
+    b.bind(s, m[size_t(r)], c[size_t(r)], f[size_t(r)]);
+    fill(s, true);
+    for (int64_t e = m[size_t(r)].begin; e < m[size_t(r)].end; ++e)
+      ASSERT_EQ(s.masters()[e - m[size_t(r)].begin], whole.masters()[e]) << "master element " << e;
+    for (int64_t e = c[size_t(r)].begin; e < c[size_t(r)].end; ++e)
+      ASSERT_EQ(s.compute_only()[e - c[size_t(r)].begin].bits, whole.compute_only()[e].bits) << "bf16 element " << e;
+    const FlatRange h = s.four_bit_range();
+    for (int64_t e = h.begin; e < h.end; e += 2)
+      ASSERT_EQ(s.four_bit_packed()[(e - h.begin) / 2], w.packed[size_t(e / 2)]) << "4-bit element " << e;
+    for (int64_t e = h.begin; e < h.end; e += kFourBitBlockSize)
+      ASSERT_EQ(s.four_bit_absmax()[(e - h.begin) / kFourBitBlockSize], w.absmax[size_t(e / kFourBitBlockSize)])
+          << "absmax of 4-bit element " << e;
+    held_4bit += h.size();
+    EXPECT_FALSE(s.four_bit(2)) << "a sharded 4-bit tensor is nowhere outside a gather";
+  }
+  EXPECT_EQ(held_4bit, whole.four_bit_total());
+  EXPECT_GT(f[1].size(), 0) << "the 4-bit elements span more than one shard";
 }
 
 }  // namespace

@@ -148,14 +148,18 @@ std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const Decode
                                               const ParamStore& params) {
   const StepTimeline t{int32_t(c.num_layers)};
   // Each storage's tensors of a group are contiguous in their own buffer (declared in order). The
-  // compute-only span ends where the store's alignment does, so it splits into whole words.
+  // compute-only spans end where the store's alignment does, so their shards' parts are whole
+  // 4-byte words (bf16 pairs; 4-bit: whole blocks of codes and their absmax values).
   auto span = [&](int first, int last, ParamStorage storage) {
     FlatRange r{-1, -1};
     for (int i = first; i <= last; ++i) {
       const Param& p = params.param(i);
       if (p.storage != storage) continue;
       if (r.begin < 0) r.begin = p.offset;
-      r.end = p.offset + (storage == ParamStorage::Master ? p.numel : (p.numel + 15) / 16 * 16);
+      const int64_t align = storage == ParamStorage::Master ? 1
+                            : storage == ParamStorage::Bf16 ? 16
+                                                            : kFourBitShardAlign;
+      r.end = p.offset + (p.numel + align - 1) / align * align;
     }
     return r.begin < 0 ? FlatRange{} : r;
   };
@@ -163,6 +167,7 @@ std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const Decode
   auto gather = [&](int first, int last, int32_t position) {
     WeightGather g{first, last, span(first, last, ParamStorage::Master), position};
     g.compute_only = span(first, last, ParamStorage::Bf16);
+    g.four_bit = span(first, last, ParamStorage::FourBit);
     out.push_back(g);
   };
   gather(ids.embed, ids.embed, t.forward(0));
@@ -203,9 +208,9 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           "decoder: sharded gradients (ZeRO-2) need the optimizer state sharded over more than one rank");
   require(!options.shard_weights || options.shard_gradients,
           "decoder: sharded weights (ZeRO-3) need sharded gradients (ZeRO-2)");
-  require(!options.shard_weights || (!options.four_bit_base && options.lora.modules_to_save.empty()),
-          "decoder: ZeRO-3 shards LoRA's frozen base weights in bf16 or fp32; not 4-bit ones (QLoRA) or "
-          "modules_to_save (the trained copies start from the whole embedding / LM head)");
+  require(!options.shard_weights || options.lora.modules_to_save.empty(),
+          "decoder: ZeRO-3 shards LoRA's frozen base weights, not with modules_to_save (the trained copies start "
+          "from the whole embedding / LM head)");
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
@@ -263,6 +268,7 @@ struct DecoderLayout {
   std::vector<int> grad_staging;  // ZeRO-2: one per GradGroup
   std::vector<int> gathered, gathered_b;    // ZeRO-3: one per WeightGather (fp32, and bf16 copies)
   std::vector<int> gathered_c;              // ZeRO-3 under LoRA: the frozen bf16 matrices gathered
+  std::vector<int> gathered_4bit, gathered_4bit_absmax;  // and QLoRA's 4-bit codes and absmax values
   int compute_only_shard = -1;              // ZeRO-3 under LoRA: this rank's shard of them
   std::vector<int> x;                       // [layers + 1] block inputs; x[layers] feeds the final norm
   std::vector<BlockIds> forward, backward;  // the same ids unless checkpointing
@@ -332,6 +338,13 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
       d.gathered_c.push_back(g.compute_only.size() > 0 ? add(name + " (frozen matrices, bf16)", Cat::ComputeWeights,
                                                              g.compute_only.size(), b16, first, g.position)
                                                        : -1);
+      const bool four_bit = g.four_bit.size() > 0;
+      d.gathered_4bit.push_back(
+          four_bit ? add(name + " (4-bit codes)", Cat::ComputeWeights, g.four_bit.size() / 2, 1, first, g.position)
+                   : -1);
+      d.gathered_4bit_absmax.push_back(four_bit ? add(name + " (4-bit absmax)", Cat::ComputeWeights,
+                                                      g.four_bit.size() / kFourBitBlockSize, f32, first, g.position)
+                                                : -1);
     }
   } else {
     d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
@@ -340,11 +353,15 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
                  Cat::ComputeWeights, params.bf16_total(), always, end);
   }
   if (params.four_bit_total() > 0) {
+    // Whole, or ZeRO-3's shard (the largest, shard 0).
     const std::string_view type = four_bit_type_name(options.four_bit_type);  // report/memory_report reads it
-    d.four_bit_packed = add(fmt::format("weights.{} (4-bit codes)", type), Cat::ComputeWeights,
-                            params.four_bit_total() / 2, 1, always, end);
-    d.four_bit_absmax = add(fmt::format("weights.{}.absmax", type), Cat::ComputeWeights,
-                            params.four_bit_total() / kFourBitBlockSize, f32, always, end);
+    const int shards = options.shard_weights ? options.optimizer_shards : 1;
+    const int64_t held = shard_ranges(params.four_bit_total(), shards, kFourBitShardAlign)[0].size();
+    const std::string part = shards > 1 ? fmt::format(", 1/{} shard", shards) : "";
+    d.four_bit_packed =
+        add(fmt::format("weights.{} (4-bit codes{})", type, part), Cat::ComputeWeights, held / 2, 1, always, end);
+    d.four_bit_absmax = add(fmt::format("weights.{}.absmax{}", type, shards > 1 ? " (" + part.substr(2) + ")" : ""),
+                            Cat::ComputeWeights, held / kFourBitBlockSize, f32, always, end);
   }
   // Under LoRA the model's weights are frozen: gradients and moments only for the adapter.
   const bool staged = options.shard_gradients;
@@ -711,6 +728,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     persistent.insert(persistent.end(), d.gathered.begin(), d.gathered.end());
     persistent.insert(persistent.end(), d.gathered_b.begin(), d.gathered_b.end());
     persistent.insert(persistent.end(), d.gathered_c.begin(), d.gathered_c.end());
+    persistent.insert(persistent.end(), d.gathered_4bit.begin(), d.gathered_4bit.end());
+    persistent.insert(persistent.end(), d.gathered_4bit_absmax.begin(), d.gathered_4bit_absmax.end());
     persistent.push_back(d.compute_only_shard);
     MemoryPlan kept(plan_.alignment());
     std::vector<std::pair<int, int>> kept_ids;  // plan id, id in `kept`
@@ -742,11 +761,15 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   if (options_.shard_weights) {  // ZeRO-3: a shard of the model's weights; each gather's buffers
     const int shards = options_.optimizer_shards, shard = options_.optimizer_shard;
     params_.shard_weights(shard_ranges(params_.total(), shards)[size_t(shard)],
-                          shard_ranges(params_.compute_only_total(), shards)[size_t(shard)]);
+                          shard_ranges(params_.compute_only_total(), shards)[size_t(shard)],
+                          shard_ranges(params_.four_bit_total(), shards, kFourBitShardAlign)[size_t(shard)]);
     for (size_t g = 0; g < weight_gathers_.size(); ++g) {
       weight_gathers_[g].weights = f32(d.gathered[g]);
       weight_gathers_[g].weights_bf16 = b16(d.gathered_b[g]);
       weight_gathers_[g].compute_only_weights = b16(d.gathered_c[g]);
+      if (d.gathered_4bit[g] >= 0)
+        weight_gathers_[g].four_bit_packed = reinterpret_cast<uint8_t*>(b.at[size_t(d.gathered_4bit[g])]);
+      weight_gathers_[g].four_bit_absmax = f32(d.gathered_4bit_absmax[g]);
     }
   }
   if (lora_.empty()) {
@@ -1243,8 +1266,13 @@ void Decoder::enter_position(int32_t position) {
     if (g.weights_bf16) backend_.cast_to_bf16(g.weights, g.weights_bf16, g.range.size());
     for (int p = g.first_param; p <= g.last_param; ++p) {
       const Param& param = params_.param(p);
-      if (!param.master()) {  // a frozen bf16 matrix (LoRA)
+      if (param.storage == ParamStorage::Bf16) {  // a frozen bf16 matrix (LoRA)
         params_.point_at(p, nullptr, g.compute_only_weights + (param.offset - g.compute_only.begin));
+        continue;
+      }
+      if (param.storage == ParamStorage::FourBit) {  // a frozen 4-bit matrix (QLoRA)
+        const int64_t at = param.offset - g.four_bit.begin;
+        params_.point_at_four_bit(p, g.four_bit_packed + at / 2, g.four_bit_absmax + at / kFourBitBlockSize);
         continue;
       }
       const int64_t at = param.offset - g.range.begin;
@@ -1256,7 +1284,8 @@ void Decoder::enter_position(int32_t position) {
 
 // Copies this rank's part of each gather read at `position` into its buffers and starts it.
 void Decoder::start_gathers(int32_t position) {
-  const FlatRange held = params_.master_range(), held_c = params_.compute_only_range();
+  const FlatRange held = params_.master_range(), held_c = params_.compute_only_range(),
+                  held_4 = params_.four_bit_range();
   for (size_t i = 0; i < weight_gathers_.size(); ++i) {
     const WeightGather& g = weight_gathers_[i];
     if (g.position != position) continue;
@@ -1266,6 +1295,12 @@ void Decoder::start_gathers(int32_t position) {
     if (mine_c.size() > 0)
       std::copy_n(params_.compute_only() + (mine_c.begin - held_c.begin), mine_c.size(),
                   g.compute_only_weights + (mine_c.begin - g.compute_only.begin));
+    if (const FlatRange mine_4 = g.four_bit.intersect(held_4); mine_4.size() > 0) {  // whole blocks
+      const int64_t from = mine_4.begin - held_4.begin, to = mine_4.begin - g.four_bit.begin;
+      std::copy_n(params_.four_bit_packed() + from / 2, mine_4.size() / 2, g.four_bit_packed + to / 2);
+      std::copy_n(params_.four_bit_absmax() + from / kFourBitBlockSize, mine_4.size() / kFourBitBlockSize,
+                  g.four_bit_absmax + to / kFourBitBlockSize);
+    }
     gather_hooks_.start(i);
   }
 }

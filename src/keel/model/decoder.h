@@ -89,7 +89,7 @@ struct DecoderOptions {
   // optimizer shard only; each position of the step reads weights gathered from every rank into a
   // buffer planned for that position (WeightGather), through hooks a communicator drives
   // (set_weight_gather_hooks). Needs shard_gradients. Under LoRA the frozen base weights are the
-  // ones sharded and gathered (WeightGather); not with 4-bit base weights or modules_to_save.
+  // ones sharded and gathered (WeightGather), 4-bit ones (QLoRA) too; not with modules_to_save.
   bool shard_weights = false;
   // Where the step computes and its arena lives; nullptr: kernels::default_backend() (the CPU).
   kernels::Backend* backend = nullptr;
@@ -151,9 +151,10 @@ struct GradGroup {
 // the gradient) reads no weights.
 //
 // Under LoRA the frozen base is what is sharded (the adapter is small and stays whole: its
-// gradients and moments are sharded as in ZeRO-2). Its matrices are compute-only bf16 tensors in
-// bf16 precision (ParamStore): they are gathered as bf16, half the bytes of fp32, into a buffer of
-// their own, and the fp32 span holds the norms and biases.
+// gradients and moments are sharded as in ZeRO-2). Its matrices are compute-only tensors
+// (ParamStore): bf16 ones in bf16 precision, gathered as bf16, half the bytes of fp32, into a
+// buffer of their own; under QLoRA the blocks' projections as their 4-bit codes and absmax values
+// (about an eighth of fp32's bytes). The fp32 span holds the norms and biases.
 struct WeightGather {
   int first_param = 0, last_param = 0;  // [first, last] of Decoder::params()
   FlatRange range;                      // their masters' span of the flat buffer (the gathered buffer's layout)
@@ -164,6 +165,11 @@ struct WeightGather {
   // alignment: every part a whole number of 4-byte words), gathered as they are; empty without.
   FlatRange compute_only;
   bf16* compute_only_weights = nullptr;
+  // QLoRA: their 4-bit tensors' span (Param::offset of FourBit tensors, up to kFourBitShardAlign),
+  // gathered as codes (span / 2 bytes) and absmax values (span / 64 floats); empty without.
+  FlatRange four_bit;
+  uint8_t* four_bit_packed = nullptr;
+  float* four_bit_absmax = nullptr;
 };
 
 // The memory plan of a decoder with these settings: every buffer the constructor will take from

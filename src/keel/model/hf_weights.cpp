@@ -99,7 +99,12 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
     // holding full-precision weights (generation, a merged export) gets them dequantized.
     const auto& saved = decoder.config().saved_four_bit;
     if (saved && (storage == ParamStorage::FourBit || is_bnb_4bit(reader, t.name))) {
-      if (storage == ParamStorage::FourBit) {
+      if (storage == ParamStorage::FourBit && P.sharded_weights()) {  // ZeRO-3: this rank keeps its part
+        std::vector<uint8_t> packed(static_cast<size_t>(n / 2));
+        std::vector<float> absmax(static_cast<size_t>(n / kFourBitBlockSize));
+        read_bnb_4bit(reader, t.name, t.shape(), saved->type, packed.data(), absmax.data());
+        P.write_four_bit(t.param, first, n, packed.data(), absmax.data());
+      } else if (storage == ParamStorage::FourBit) {
         const auto slot = P.four_bit_slot(t.param, first, n);
         read_bnb_4bit(reader, t.name, t.shape(), saved->type, slot.packed, slot.absmax);
       } else {

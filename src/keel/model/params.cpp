@@ -64,6 +64,7 @@ void ParamStore::bind_four_bit(uint8_t* packed, float* absmax) {
 }
 
 FourBitWeight ParamStore::four_bit(int i) const {
+  if (!four_bit_at_.empty()) return four_bit_at_[size_t(i)];
   const Param& p = params_[size_t(i)];
   if (p.storage != ParamStorage::FourBit || !four_bit_packed_) return {};
   return {four_bit_packed_ + p.offset / 2, four_bit_absmax_ + p.offset / kFourBitBlockSize, four_bit_type_};
@@ -82,22 +83,48 @@ void require_four_bit_blocks(const Param& p, bool bound, int64_t first, int64_t 
 
 ParamStore::FourBitSlot ParamStore::four_bit_slot(int i, int64_t first, int64_t n) {
   const Param& p = params_[size_t(i)];
-  require_four_bit_blocks(p, four_bit_packed_ != nullptr, first, n);
+  require_four_bit_blocks(p, four_bit_packed_ != nullptr && !sharded_weights(), first, n);
   return {four_bit_packed_ + (p.offset + first) / 2, four_bit_absmax_ + (p.offset + first) / kFourBitBlockSize};
+}
+
+void ParamStore::write_four_bit(int i, int64_t first, int64_t n, const uint8_t* packed, const float* absmax) {
+  const Param& p = params_[size_t(i)];
+  require_four_bit_blocks(p, four_bit_packed_ != nullptr, first, n);
+  // Shard bounds are whole blocks (kFourBitShardAlign), so the held part is too.
+  const FlatRange held = four_bit_range();
+  const FlatRange part = FlatRange{p.offset + first, p.offset + first + n}.intersect(held);
+  if (part.size() == 0) return;
+  const int64_t from = part.begin - p.offset - first, to = part.begin - held.begin;
+  std::copy_n(packed + from / 2, part.size() / 2, four_bit_packed_ + to / 2);
+  std::copy_n(absmax + from / kFourBitBlockSize, part.size() / kFourBitBlockSize,
+              four_bit_absmax_ + to / kFourBitBlockSize);
 }
 
 void ParamStore::store_four_bit(int i, int64_t first, const float* values, int64_t n, bool double_quantization) {
   const Param& p = params_[size_t(i)];
   require_four_bit_blocks(p, four_bit_packed_ != nullptr, first, n);
+  // ZeRO-3: the tensor is quantized whole (its blocks' absmax values are double-quantized together,
+  // as bitsandbytes does), this rank keeping its part.
+  std::vector<uint8_t> packed_whole;
+  std::vector<float> absmax_whole;
+  uint8_t* packed = four_bit_packed_ + (p.offset + first) / 2;
   float* absmax = four_bit_absmax_ + (p.offset + first) / kFourBitBlockSize;
-  four_bit_quantize(four_bit_type_, values, n, four_bit_packed_ + (p.offset + first) / 2, absmax);
-  if (!double_quantization) return;
-  const int64_t count = n / kFourBitBlockSize;
-  std::vector<uint8_t> codes(static_cast<size_t>(count));
-  std::vector<float> absmax2(static_cast<size_t>((count + kAbsmaxBlockSize - 1) / kAbsmaxBlockSize));
-  float offset = 0.0f;
-  quantize_absmax(absmax, count, codes.data(), absmax2.data(), &offset);
-  dequantize_absmax(codes.data(), absmax2.data(), offset, count, absmax);
+  if (sharded_weights()) {
+    packed_whole.resize(size_t(n / 2));
+    absmax_whole.resize(size_t(n / kFourBitBlockSize));
+    packed = packed_whole.data();
+    absmax = absmax_whole.data();
+  }
+  four_bit_quantize(four_bit_type_, values, n, packed, absmax);
+  if (double_quantization) {
+    const int64_t count = n / kFourBitBlockSize;
+    std::vector<uint8_t> codes(static_cast<size_t>(count));
+    std::vector<float> absmax2(static_cast<size_t>((count + kAbsmaxBlockSize - 1) / kAbsmaxBlockSize));
+    float offset = 0.0f;
+    quantize_absmax(absmax, count, codes.data(), absmax2.data(), &offset);
+    dequantize_absmax(codes.data(), absmax2.data(), offset, count, absmax);
+  }
+  if (sharded_weights()) write_four_bit(i, first, n, packed, absmax);
 }
 
 void ParamStore::set_optimizer_range(FlatRange range) {
@@ -128,22 +155,28 @@ void ParamStore::bind_staged_grads(std::vector<float*> grad_at, float* shard) {
   grad_shard_ = shard;
 }
 
-void ParamStore::shard_weights(FlatRange masters, FlatRange compute_only) {
-  require(four_bit_total_ == 0 && !allocated() && masters.begin >= 0 && masters.end <= total_ &&
-              compute_only.begin >= 0 && compute_only.end <= compute_only_total_ &&
+void ParamStore::shard_weights(FlatRange masters, FlatRange compute_only, FlatRange four_bit) {
+  auto within = [](FlatRange r, int64_t total) { return r.begin >= 0 && r.begin <= r.end && r.end <= total; };
+  require(!allocated() && within(masters, total_) && within(compute_only, compute_only_total_) &&
+              within(four_bit, four_bit_total_) && four_bit.begin % kFourBitShardAlign == 0 &&
+              (four_bit.end % kFourBitShardAlign == 0 || four_bit.end == four_bit_total_) &&
               (!optimizer_shard_ || (optimizer_shard_->begin == masters.begin && optimizer_shard_->end == masters.end)),
-          "ParamStore::shard_weights: shards [{}, {}) of {} masters and [{}, {}) of {} compute-only elements, before "
-          "bind(), no 4-bit tensors, a trained store's own optimizer range",
-          masters.begin, masters.end, total_, compute_only.begin, compute_only.end, compute_only_total_);
+          "ParamStore::shard_weights: shards [{}, {}) of {} masters, [{}, {}) of {} bf16 and [{}, {}) of {} 4-bit "
+          "elements (whole {}-element units), before bind(), a trained store's own optimizer range",
+          masters.begin, masters.end, total_, compute_only.begin, compute_only.end, compute_only_total_, four_bit.begin,
+          four_bit.end, four_bit_total_, kFourBitShardAlign);
   master_shard_ = masters;
   compute_only_shard_ = compute_only;
+  four_bit_shard_ = four_bit;
   weight_at_.assign(params_.size(), nullptr);
   weight_bf16_at_.assign(params_.size(), nullptr);
+  four_bit_at_.assign(params_.size(), FourBitWeight{});
 }
 
 void ParamStore::point_nowhere() {
   std::fill(weight_at_.begin(), weight_at_.end(), nullptr);
   std::fill(weight_bf16_at_.begin(), weight_bf16_at_.end(), nullptr);
+  std::fill(four_bit_at_.begin(), four_bit_at_.end(), FourBitWeight{});
 }
 
 float* ParamStore::whole_weights() {

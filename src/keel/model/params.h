@@ -41,6 +41,10 @@ struct Param {
 
 // A 4-bit tensor's storage: element i is four_bit_values(type)[code i] * absmax[i / 64], code i in
 // the high nibble of packed[i / 2] for even i, the low one for odd i.
+// ZeRO-3's shards of the 4-bit elements end on multiples of this: whole 64-element blocks, whose
+// codes and absmax values each split into whole 64-byte lines (the stores' tensor alignment).
+constexpr int64_t kFourBitShardAlign = 1024;
+
 struct FourBitWeight {
   const uint8_t* packed = nullptr;
   const float* absmax = nullptr;
@@ -74,17 +78,27 @@ class ParamStore {
   bool staged_grads() const { return !grad_at_.empty(); }
   FlatRange optimizer_range() const { return optimizer_shard_ ? *optimizer_shard_ : FlatRange{0, total_}; }
   // ZeRO-3: no whole fp32 buffer either. This rank holds the masters of `masters` only (bind()'s
-  // `weights` is that shard, and no bf16 mirror is bound) and, of a frozen store's compute-only bf16
-  // tensors (LoRA's base matrices), the part `compute_only` (bind()'s `weights_bf16` is that shard).
-  // The decoder points each tensor at the buffers its weights are gathered into while a position of
-  // the step reads them (point_at); weight(i) and weight_bf16(i) are null otherwise. A trained store
-  // shards its optimizer range; call before bind(). 4-bit tensors are not sharded.
-  void shard_weights(FlatRange masters, FlatRange compute_only = {});
+  // `weights` is that shard, and no bf16 mirror is bound) and, of a frozen store's compute-only
+  // tensors (LoRA's base matrices), the part `compute_only` of the bf16 ones (bind()'s
+  // `weights_bf16` is that shard) and the part `four_bit` of the 4-bit ones (bind_four_bit's
+  // buffers are that shard; its bounds whole multiples of kFourBitShardAlign elements). The decoder
+  // points each tensor at the buffers its weights are gathered into while a position of the step
+  // reads them (point_at); weight(i), weight_bf16(i) and four_bit(i) are null otherwise. A trained
+  // store shards its optimizer range; call before bind().
+  void shard_weights(FlatRange masters, FlatRange compute_only = {}, FlatRange four_bit = {});
   bool sharded_weights() const { return !weight_at_.empty(); }
   void point_at(int i, float* weights, bf16* weights_bf16) {
     weight_at_[size_t(i)] = weights;
     weight_bf16_at_[size_t(i)] = weights_bf16;
   }
+  void point_at_four_bit(int i, uint8_t* packed, float* absmax) {
+    four_bit_at_[size_t(i)] = {packed, absmax, four_bit_type_};
+  }
+  // The part of the 4-bit elements this process holds (Param::offset of FourBit tensors).
+  FlatRange four_bit_range() const { return sharded_weights() ? four_bit_shard_ : FlatRange{0, four_bit_total_}; }
+  // Its codes (range.size() / 2 bytes) and absmax values (range.size() / 64).
+  uint8_t* four_bit_packed() { return four_bit_packed_; }
+  float* four_bit_absmax() { return four_bit_absmax_; }
   void point_nowhere();  // every tensor's gathered address back to null
   // The part of the flat buffer whose fp32 masters this process holds (all of it, or ZeRO-3's
   // shard), and those masters: element j of the flat buffer is masters()[j - master_range().begin].
@@ -120,12 +134,16 @@ class ParamStore {
   // quantization's round trip of their absmax values when asked.
   void store_four_bit(int i, int64_t first, const float* values, int64_t n, bool double_quantization);
   // Where elements [first, first + n) of 4-bit tensor i are stored (whole blocks), for codes read as
-  // they are (a checkpoint bitsandbytes saved): n / 2 bytes of codes, n / 64 absmax values.
+  // they are (a checkpoint bitsandbytes saved): n / 2 bytes of codes, n / 64 absmax values. Not
+  // under ZeRO-3 (write_four_bit).
   struct FourBitSlot {
     uint8_t* packed;
     float* absmax;
   };
   FourBitSlot four_bit_slot(int i, int64_t first, int64_t n);
+  // Elements [first, first + n) of 4-bit tensor i (whole blocks) := n / 2 bytes of codes and n / 64
+  // absmax values read as they are (a checkpoint bitsandbytes saved), for the part this process holds.
+  void write_four_bit(int i, int64_t first, int64_t n, const uint8_t* packed, const float* absmax);
 
   bool allocated() const { return weights_ != nullptr; }
 
@@ -184,7 +202,8 @@ class ParamStore {
   float *weights_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
   std::vector<float*> grad_at_;  // ZeRO-2: each tensor's staged gradient
   float* grad_shard_ = nullptr;  // ZeRO-2: this rank's summed gradients
-  FlatRange master_shard_, compute_only_shard_;  // ZeRO-3: what this rank holds
+  FlatRange master_shard_, compute_only_shard_, four_bit_shard_;  // ZeRO-3: what this rank holds
+  std::vector<FourBitWeight> four_bit_at_;                        // ZeRO-3: where 4-bit tensors are gathered now
   std::vector<float*> weight_at_;      // ZeRO-3: where each tensor's weights are gathered now
   std::vector<bf16*> weight_bf16_at_;  // and their bf16 copies
   bf16* weights_bf16_ = nullptr;

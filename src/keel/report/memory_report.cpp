@@ -270,6 +270,11 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
         if (lora) return bf16 ? "fp32: the adapter, the frozen norms and biases" : "fp32: the model (frozen) and the adapter";
         return bf16 ? "fp32 master, whole on every rank" : "fp32 (the compute copy too)";
       case MemoryCategory::ComputeWeights:
+        if (!four_bit.empty() && zero3)
+          return fmt::format(
+              "frozen projections in {} (4-bit codes + absmax){}, and the embedding/LM head{}, "
+              "each gathered for this position and the next; the adapter's bf16 copy",
+              four_bit, shard, bf16 ? " in bf16" : "");
         if (!four_bit.empty())
           return fmt::format("frozen projections in {} (4-bit codes + absmax), embedding/LM head and adapter in bf16",
                              four_bit);
@@ -327,9 +332,9 @@ RunShape requested_shape(const run::Recipe& r, const PlanRequest& request) {
   if (request.dp > 0) shape.dp = request.dp;
   if (request.zero_stage >= 0) shape.zero_stage = request.zero_stage;
   require(shape.zero_stage >= 0 && shape.zero_stage <= 3, "ZeRO stage {}: keel plans stages 0 to 3", shape.zero_stage);
-  require(shape.zero_stage < 3 || (r.quantization_bit == 0 && r.additional_target.empty()),
-          "ZeRO stage 3 shards LoRA's frozen base weights in the run's dtype, not 4-bit ones (QLoRA) or with "
-          "additional_target (modules_to_save): plan those with --zero 2 or less");
+  require(shape.zero_stage < 3 || r.additional_target.empty(),
+          "ZeRO stage 3 shards LoRA's frozen base weights, not with additional_target (modules_to_save, whose "
+          "trained copies start from the whole embedding / LM head): plan it with --zero 2 or less");
   return shape;
 }
 
@@ -399,8 +404,7 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
 std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape) {
   std::vector<int> zero_options{shape.zero_stage};
   if (shape.dp > 1)
-    for (int stage = shape.zero_stage + 1; stage <= (r.quantization_bit == 0 && r.additional_target.empty() ? 3 : 2);
-         ++stage)
+    for (int stage = shape.zero_stage + 1; stage <= (r.additional_target.empty() ? 3 : 2); ++stage)
       zero_options.push_back(stage);
   std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
   if (!shape.gradient_checkpointing) checkpointing_options.push_back(true);
@@ -524,9 +528,7 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
         : bf16   ? "2 bytes"
                  : "4 bytes",
         smallest->shape.zero_stage >= 3 ? ", sharded over the ranks" : ", whole on every rank",
-        smallest->shape.zero_stage >= 3 ? ", more ranks"
-        : four_bit                      ? ""
-                                        : ", ZeRO-3 (--zero 3, which shards them)");
+        smallest->shape.zero_stage >= 3 ? ", more ranks" : ", ZeRO-3 (--zero 3, which shards them)");
     return out;
   }
   const size_t floor = elements * ((bf16 ? 2 : 0) + 4);  // fp32 masters (+ bf16 copy): whole under ZeRO-2

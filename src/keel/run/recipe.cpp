@@ -417,12 +417,12 @@ void validate_recipe(const Recipe& r, const Where& w) {
           r.overlap_grad_sync);
   require(r.comm_timeout_s > 0, "{}: key 'comm_timeout_s' must be positive", w.of("comm_timeout_s"));
   require(r.zero_stage >= 0 && r.zero_stage <= 3, "{}: key 'zero_stage' must be 0, 1, 2 or 3", w.of("zero_stage"));
-  // LoRA under ZeRO-3 shards the frozen base weights; 4-bit ones and the copies modules_to_save
-  // starts from the whole embedding / LM head are not sharded.
-  require(r.zero_stage < 3 || (r.quantization_bit == 0 && r.additional_target.empty()),
-          "{}: zero_stage = 3 shards LoRA's frozen base weights in the run's dtype; not with quantization_bit = 4 "
-          "(QLoRA) or additional_target (modules_to_save). Use zero_stage = 2 there (the adapter's moments and "
-          "gradients are sharded)",
+  // LoRA under ZeRO-3 shards the frozen base weights; the copies modules_to_save trains start from
+  // the whole embedding / LM head.
+  require(r.zero_stage < 3 || r.additional_target.empty(),
+          "{}: zero_stage = 3 shards LoRA's frozen base weights; not with additional_target (modules_to_save, "
+          "whose trained copies start from the whole embedding / LM head). Use zero_stage = 2 there (the adapter's "
+          "moments and gradients are sharded)",
           w.of("zero_stage"));
   require(r.eval_interval >= 0, "{}: key 'eval_interval' must not be negative", w.of("eval_interval"));
   require(r.keep_last_n >= 1, "{}: key 'keep_last_n' must be at least 1", w.of("keep_last_n"));

@@ -84,10 +84,22 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
           "gradient sync: ZeRO stage {} but the decoder's weights are {}", options_.zero_stage,
           weights.sharded_weights() ? "sharded (ZeRO-3)" : "whole");
   if (options_.zero_stage >= 3) {
-    const auto masters = shard_ranges(weights.total(), comm_.size());
-    const auto compute_only = shard_ranges(weights.compute_only_total(), comm_.size());
-    for (const model::WeightGather& g : decoder_.weight_gathers())
-      gathers_.push_back({parts_within(g.range, masters), parts_within(g.compute_only, compute_only, 2)});
+    const int n = comm_.size();
+    const auto masters = shard_ranges(weights.total(), n), compute_only = shard_ranges(weights.compute_only_total(), n),
+               four_bit = shard_ranges(weights.four_bit_total(), n, model::kFourBitShardAlign);
+    // Element units per fp32 word: bf16 pairs, 8 4-bit codes, a 64-element block's absmax.
+    for (const model::WeightGather& g : decoder_.weight_gathers()) {
+      std::vector<Transfer> spans;
+      if (g.range.size() > 0) spans.push_back({g.weights, parts_within(g.range, masters)});
+      if (g.compute_only.size() > 0)
+        spans.push_back(
+            {reinterpret_cast<float*>(g.compute_only_weights), parts_within(g.compute_only, compute_only, 2)});
+      if (g.four_bit.size() > 0) {
+        spans.push_back({reinterpret_cast<float*>(g.four_bit_packed), parts_within(g.four_bit, four_bit, 8)});
+        spans.push_back({g.four_bit_absmax, parts_within(g.four_bit, four_bit, kFourBitBlockSize)});
+      }
+      gathers_.push_back(std::move(spans));
+    }
     // A wait the compute makes is exposed communication, as ZeRO-2's waits inside the backward pass.
     // Overlapped, a gather starts one position ahead and the compute of the position before hides
     // it; without overlap (the same decision as the gradients', train/sync_overlap.h) it runs
@@ -109,20 +121,11 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
 }
 
 void GradSync::start_gather(size_t g) {
-  const model::WeightGather& w = decoder_.weight_gathers()[g];
-  GatherParts& p = gathers_[g];
-  if (w.range.size() > 0) p.masters_ticket = comm_.allgather_shards_async(w.weights, p.masters);
-  // bf16 pairs as fp32 words: an all-gather copies bytes, no arithmetic touches them.
-  if (w.compute_only.size() > 0)
-    p.compute_only_ticket =
-        comm_.allgather_shards_async(reinterpret_cast<float*>(w.compute_only_weights), p.compute_only);
+  for (Transfer& t : gathers_[g]) t.ticket = comm_.allgather_shards_async(t.data, t.parts);
 }
 
 void GradSync::wait_gather(size_t g) {
-  GatherParts& p = gathers_[g];
-  if (p.masters_ticket) comm_.wait(p.masters_ticket);
-  if (p.compute_only_ticket) comm_.wait(p.compute_only_ticket);
-  p.masters_ticket = p.compute_only_ticket = 0;
+  for (Transfer& t : gathers_[g]) comm_.wait(t.ticket);
 }
 
 GradSync::~GradSync() {

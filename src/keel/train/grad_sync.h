@@ -88,14 +88,16 @@ class GradSync {
   std::vector<FlatRange> shards_;
   std::unique_ptr<distributed::GradBuckets> buckets_;
   std::vector<float*> staged_;  // ZeRO-2: where each trainable tensor's gradient is written
-  // ZeRO-3: per weight gather, every rank's part of its fp32 span and of its bf16 span (in fp32
-  // words: the communicator's all-gather moves the bf16 pairs as they are), and the tickets of
-  // those all-gathers in flight (0: none, for an empty span).
-  struct GatherParts {
-    std::vector<FlatRange> masters, compute_only;
-    distributed::Ticket masters_ticket = 0, compute_only_ticket = 0;
+  // ZeRO-3: per weight gather, one all-gather per non-empty span of it (fp32 masters; under LoRA
+  // the bf16 matrices, or QLoRA's 4-bit codes and absmax values), each as fp32 words (the
+  // communicator's all-gather moves them as they are) with every rank's part, and its ticket in
+  // flight.
+  struct Transfer {
+    float* data;
+    std::vector<FlatRange> parts;
+    distributed::Ticket ticket = 0;
   };
-  std::vector<GatherParts> gathers_;
+  std::vector<std::vector<Transfer>> gathers_;
   void start_gather(size_t g);
   void wait_gather(size_t g);
   // ZeRO-1/2: the post-step gather, one all-gather per span (first_weight_reads(), waited for
