@@ -208,9 +208,6 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           "decoder: sharded gradients (ZeRO-2) need the optimizer state sharded over more than one rank");
   require(!options.shard_weights || options.shard_gradients,
           "decoder: sharded weights (ZeRO-3) need sharded gradients (ZeRO-2)");
-  require(!options.shard_weights || options.lora.modules_to_save.empty(),
-          "decoder: ZeRO-3 shards LoRA's frozen base weights, not with modules_to_save (the trained copies start "
-          "from the whole embedding / LM head)");
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
@@ -810,6 +807,7 @@ void Decoder::init_random(uint64_t seed, double std) {
       std::vector<float> w(size_t(p.numel));
       for (float& v : w) v = value();
       params_.write_master(i, 0, w.data(), p.numel);
+      if (float* copy = sharded_saved_copy(i)) std::copy(w.begin(), w.end(), copy);
     } else if (p.master()) {
       float* w = params_.weight(i);
       for (int64_t k = 0; k < p.numel; ++k) w[k] = value();
@@ -817,6 +815,7 @@ void Decoder::init_random(uint64_t seed, double std) {
       std::vector<bf16> w(size_t(p.numel));
       for (bf16& v : w) v = float_to_bf16(value());
       params_.write_compute_only(i, 0, w.data(), p.numel);  // under ZeRO-3 this rank's part
+      if (float* copy = sharded_saved_copy(i)) convert_bf16_to_f32(w.data(), copy, w.size());
     } else {  // 4-bit: the same draws, quantized
       std::vector<float> w(size_t(p.numel));
       for (float& v : w) v = value();
@@ -832,9 +831,17 @@ void Decoder::init_adapter(uint64_t seed) {
   copy_saved_modules_from_model();
 }
 
+float* Decoder::sharded_saved_copy(int param) {
+  if (!params_.sharded_weights()) return nullptr;
+  if (param == ids_.embed && trained_embed_ >= 0) return adapter_.weight(trained_embed_);
+  if (param == ids_.lm_head && trained_lm_head_ >= 0) return adapter_.weight(trained_lm_head_);
+  return nullptr;
+}
+
 void Decoder::copy_saved_modules_from_model() {
   // PEFT's ModulesToSaveWrapper starts its trained copy from the original weights.
   for (auto [copy, original] : {std::pair{trained_embed_, ids_.embed}, std::pair{trained_lm_head_, ids_.lm_head}}) {
+    if (params_.sharded_weights()) break;  // written by loading / initialisation (sharded_saved_copy)
     if (copy < 0) continue;
     const int64_t n = adapter_.param(copy).numel;
     if (params_.param(original).master())

@@ -89,7 +89,7 @@ struct DecoderOptions {
   // optimizer shard only; each position of the step reads weights gathered from every rank into a
   // buffer planned for that position (WeightGather), through hooks a communicator drives
   // (set_weight_gather_hooks). Needs shard_gradients. Under LoRA the frozen base weights are the
-  // ones sharded and gathered (WeightGather), 4-bit ones (QLoRA) too; not with modules_to_save.
+  // ones sharded and gathered (WeightGather), 4-bit ones (QLoRA) too.
   bool shard_weights = false;
   // Where the step computes and its arena lives; nullptr: kernels::default_backend() (the CPU).
   kernels::Backend* backend = nullptr;
@@ -228,7 +228,12 @@ class Decoder {
   // The adapter's initialisation (lora.h: init_lora), deterministic in `seed`.
   void init_adapter(uint64_t seed);
   // modules_to_save: the adapter's trained copies := the model's embedding / LM head (PEFT's start).
+  // Under ZeRO-3 no rank holds those whole: loading and initialisation write the copies as each
+  // whole tensor passes through memory (sharded_saved_copy), and this only refreshes their bf16.
   void copy_saved_modules_from_model();
+  // ZeRO-3 with modules_to_save: the trained copy (fp32, whole) of base tensor `param` when the base
+  // is sharded and `param` has one; null otherwise.
+  float* sharded_saved_copy(int param);
 
   // Forward and backward of one micro-batch. Gradients are ADDED to params().grads(), scaled by
   // grad_scale (1 / target tokens of the whole optimizer step, so micro-batches sum to the mean).

@@ -332,9 +332,6 @@ RunShape requested_shape(const run::Recipe& r, const PlanRequest& request) {
   if (request.dp > 0) shape.dp = request.dp;
   if (request.zero_stage >= 0) shape.zero_stage = request.zero_stage;
   require(shape.zero_stage >= 0 && shape.zero_stage <= 3, "ZeRO stage {}: keel plans stages 0 to 3", shape.zero_stage);
-  require(shape.zero_stage < 3 || r.additional_target.empty(),
-          "ZeRO stage 3 shards LoRA's frozen base weights, not with additional_target (modules_to_save, whose "
-          "trained copies start from the whole embedding / LM head): plan it with --zero 2 or less");
   return shape;
 }
 
@@ -404,8 +401,7 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
 std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape) {
   std::vector<int> zero_options{shape.zero_stage};
   if (shape.dp > 1)
-    for (int stage = shape.zero_stage + 1; stage <= (r.additional_target.empty() ? 3 : 2); ++stage)
-      zero_options.push_back(stage);
+    for (int stage = shape.zero_stage + 1; stage <= 3; ++stage) zero_options.push_back(stage);
   std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
   if (!shape.gradient_checkpointing) checkpointing_options.push_back(true);
   std::vector<int64_t> batches{shape.batch_size};

@@ -417,13 +417,6 @@ void validate_recipe(const Recipe& r, const Where& w) {
           r.overlap_grad_sync);
   require(r.comm_timeout_s > 0, "{}: key 'comm_timeout_s' must be positive", w.of("comm_timeout_s"));
   require(r.zero_stage >= 0 && r.zero_stage <= 3, "{}: key 'zero_stage' must be 0, 1, 2 or 3", w.of("zero_stage"));
-  // LoRA under ZeRO-3 shards the frozen base weights; the copies modules_to_save trains start from
-  // the whole embedding / LM head.
-  require(r.zero_stage < 3 || r.additional_target.empty(),
-          "{}: zero_stage = 3 shards LoRA's frozen base weights; not with additional_target (modules_to_save, "
-          "whose trained copies start from the whole embedding / LM head). Use zero_stage = 2 there (the adapter's "
-          "moments and gradients are sharded)",
-          w.of("zero_stage"));
   require(r.eval_interval >= 0, "{}: key 'eval_interval' must not be negative", w.of("eval_interval"));
   require(r.keep_last_n >= 1, "{}: key 'keep_last_n' must be at least 1", w.of("keep_last_n"));
   require(r.log_interval <= 1'000'000'000 && r.eval_interval <= 1'000'000'000 && r.save_interval <= 1'000'000'000,
