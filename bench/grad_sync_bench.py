@@ -10,7 +10,7 @@ step still waits for after the backward pass: metrics.jsonl grad_sync_s) and its
 bus bandwidth of the allreduce the gradients need (bench/allreduce_bandwidth, same buffer size,
 same bucket size).
 
-    $(scripts/python-env.sh) bench/grad_sync_bench.py --keel build/keel [--small] [--steps 4] [--zero 1|2|3] [--repeat 3]
+    $(scripts/python-env.sh) bench/grad_sync_bench.py --keel build/keel [--small] [--steps 4] [--zero 1|2|3] [--lora R [--qlora]] [--repeat 3]
 
 On a shared machine one run can be off by a rank slowed by other work (the "after backward" row
 then shows that skew); --repeat R runs both configurations R times, alternating, and prints each
@@ -43,6 +43,10 @@ def run_dp2(a, model_dir, overlap):
                 'shuffle = false\nlog_interval = 1\ndp_degree = 2\nbucket_size_mb = %g\n'
                 'overlap_grad_sync = %s\nzero_stage = %d\n' % (a.dtype, a.seq, a.batch, a.steps, a.bucket_mb,
                                                                  "true" if overlap else "false", a.zero))
+        if a.lora:  # LoRA on every linear layer: under ZeRO-3 the frozen base is what is gathered
+            f.write('finetuning_type = "lora"\nlora_rank = %d\nlora_target = "all"\n' % a.lora)
+            if a.qlora:
+                f.write("quantization_bit = 4\n")
     proc = subprocess.run(MPIRUN + [a.keel, "train", recipe], capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit("keel under mpirun failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
@@ -63,6 +67,8 @@ def main():
     p.add_argument("--bucket-mb", type=float, default=25)
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0,
                    help="ZeRO stage: 1 reduce-scatters the buckets and all-gathers the updated weights")
+    p.add_argument("--lora", type=int, default=0, metavar="RANK", help="LoRA of this rank on every linear layer")
+    p.add_argument("--qlora", action="store_true", help="with --lora: the projections in NF4")
     p.add_argument("--repeat", type=int, default=1, help="runs of each configuration, alternating")
     a = p.parse_args()
     a.work = os.path.abspath(a.work)  # recipe paths resolve against the recipe file, not the cwd
@@ -86,8 +92,10 @@ def main():
             runs[overlap].append(run_dp2(a, model_dir, overlap))
 
     print("model: llama hidden %d, %d layers, vocab %d; seq %d x batch %d per rank, %s, dp=2 (mpirun -np 2, 1 thread"
-          " per rank), buckets of %g MB, ZeRO-%d" % (a.hidden, a.layers, a.vocab, a.seq, a.batch, a.dtype,
-                                                    a.bucket_mb, a.zero))
+          " per rank), buckets of %g MB, ZeRO-%d%s" % (a.hidden, a.layers, a.vocab, a.seq, a.batch, a.dtype,
+                                                      a.bucket_mb, a.zero,
+                                                      ", %sLoRA rank %d" % ("Q" if a.qlora else "", a.lora)
+                                                      if a.lora else ""))
     print("raw MPI allreduce (%s): %.0f MB in %g MB buckets: %.3f s, bus bandwidth %.2f GB/s" %
           (bw["communicator"], bw["bytes"] / 2**20, a.bucket_mb, bw["seconds"], bw["busbw_GBps"]))
     def show(label, step, sync, wait):

@@ -24,5 +24,8 @@ bool bf16_matmul_native();
 
 // Measures the bf16 (or f32) matmul throughput of this machine on a large square GEMM, in FLOP/s.
 double measure_matmul_peak(bool use_bf16, int64_t size = 2048, int repeats = 5);
+// The same for one product of shape s (the best of `repeats` calls, operands on 64-byte lines as
+// in the decoder's arena).
+double measure_gemm(bool use_bf16, const GemmShape& s, int repeats = 5);
 
 }  // namespace keel::kernels
