@@ -4,10 +4,13 @@
 // model, computes exactly what the replicated decoder computes: the same losses bit for bit, every
 // rank's shard of the gradients twice the replicated ones (two identical ranks), evaluation the
 // same. A gather waited for at the wrong position, a tensor pointed at the wrong buffer, a buffer
-// reused while its gather is in flight or this rank's part not copied in would show here.
+// reused while its gather is in flight or this rank's part not copied in would show here. Under
+// LoRA and QLoRA the frozen base is what is gathered (fp32 norms, bf16 matrices, 4-bit codes and
+// absmax values) and the adapter's gradients are what is reduced.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <algorithm>
 #include <deque>
 #include <random>
@@ -27,27 +30,51 @@ namespace {
 // Rank `rank` of two identical ranks. Reductions and gathers run in wait(), in submission order.
 class LateCommunicator final : public distributed::FakeCommunicator {
  public:
-  LateCommunicator(int rank, const float* replicated) : FakeCommunicator(2, rank), replicated_(replicated) {}
+  // What a gather's all-gathers read from the replicated model: per WeightGather span (in GradSync's
+  // order: fp32 masters, bf16 matrices, 4-bit codes, absmax values), the replicated buffer as fp32
+  // words and the span's first word.
+  struct Transfer {
+    const float* data;        // the gather's buffer
+    const float* replicated;  // the replicated model's buffer of the same kind
+    int64_t begin;            // the span's first word in it
+  };
+  LateCommunicator(int rank, ParamStore& whole) : FakeCommunicator(2, rank) {
+    masters_ = whole.masters();
+    compute_only_ = whole.compute_only_total() ? reinterpret_cast<const float*>(whole.compute_only()) : nullptr;
+    packed_ = reinterpret_cast<const float*>(whole.four_bit_packed());
+    absmax_ = whole.four_bit_absmax();
+  }
   // The decoder's gathers: a call starts them in this order from the first on (buffers of
   // different positions may share bytes, so a buffer's address alone does not say which it is).
-  void follow(const std::vector<WeightGather>* gathers) { gathers_of_ = gathers; }
+  void follow(const std::vector<WeightGather>& gathers) {
+    for (const WeightGather& g : gathers) {
+      if (g.range.size() > 0) expected_.push_back({g.weights, masters_, g.range.begin});
+      if (g.compute_only.size() > 0)
+        expected_.push_back(
+            {reinterpret_cast<const float*>(g.compute_only_weights), compute_only_, g.compute_only.begin / 2});
+      if (g.four_bit.size() > 0) {
+        expected_.push_back({reinterpret_cast<const float*>(g.four_bit_packed), packed_, g.four_bit.begin / 8});
+        expected_.push_back({g.four_bit_absmax, absmax_, g.four_bit.begin / kFourBitBlockSize});
+      }
+    }
+  }
+  size_t transfers() const { return expected_.size(); }
 
   distributed::Ticket reduce_scatter_accumulate_async(float* staged, FlatRange range,
                                                       const std::vector<FlatRange>& shards, float* sums, bool,
                                                       ComputeEvent) override {
-    pending_.push_back({Job::Reduce, staged, range, &shards, sums});
+    pending_.push_back({Job::Reduce, staged, nullptr, range, &shards, sums});
     return ++submitted_;
   }
   distributed::Ticket allgather_shards_async(float* data, const std::vector<FlatRange>& parts) override {
-    // This rank's part must be in place when the gather starts.
-    const auto& all = *gathers_of_;
-    if (next_ >= all.size() || all[next_].weights != data) next_ = 0;  // a new call
-    EXPECT_EQ(all[next_].weights, data) << "gathers start in the order of their positions";
-    const int64_t begin = all[next_++].range.begin;
+    if (next_ >= expected_.size() || expected_[next_].data != data) next_ = 0;  // a new call
+    EXPECT_EQ(expected_[next_].data, data) << "gathers start in the order of their positions";
+    const Transfer t = expected_[next_++];
+    // This rank's part must be in place when the gather starts (bytes: 4-bit codes are no floats).
     const FlatRange mine = parts[size_t(rank())];
-    for (int64_t e = mine.begin; e < mine.end; ++e)
-      if (data[e] != replicated_[begin + e]) ++own_part_mismatches_;
-    pending_.push_back({Job::Gather, data, {begin, begin}, &parts, nullptr});
+    if (mine.size() > 0 && std::memcmp(data + mine.begin, t.replicated + t.begin + mine.begin, size_t(mine.size()) * 4))
+      ++own_part_mismatches_;
+    pending_.push_back({Job::Gather, data, t.replicated, {t.begin, t.begin}, &parts, nullptr});
     ++gathers_;
     return ++submitted_;
   }
@@ -60,7 +87,8 @@ class LateCommunicator final : public distributed::FakeCommunicator {
         for (int64_t e = mine.begin; e < mine.end; ++e) j.sums[e - shard.begin] += 2.0f * j.data[e - j.range.begin];
       } else {
         const FlatRange other = (*j.shards)[size_t(1 - rank())];
-        for (int64_t e = other.begin; e < other.end; ++e) j.data[e] = replicated_[j.range.begin + e];
+        if (other.size() > 0)
+          std::memcpy(j.data + other.begin, j.replicated + j.range.begin + other.begin, size_t(other.size()) * 4);
       }
       ++done_;
     }
@@ -75,12 +103,13 @@ class LateCommunicator final : public distributed::FakeCommunicator {
   struct Job {
     enum Kind { Reduce, Gather } kind;
     float* data;
-    FlatRange range;  // Reduce: the staged range; Gather: {flat begin of the buffer, same}
+    const float* replicated;  // Gather: the replicated buffer the other rank's part comes from
+    FlatRange range;          // Reduce: the staged range; Gather: {the span's first word, same}
     const std::vector<FlatRange>* shards;
     float* sums;
   };
-  const float* replicated_;
-  const std::vector<WeightGather>* gathers_of_ = nullptr;
+  const float *masters_ = nullptr, *compute_only_ = nullptr, *packed_ = nullptr, *absmax_ = nullptr;
+  std::vector<Transfer> expected_;
   size_t next_ = 0;
   std::deque<Job> pending_;
   uint64_t submitted_ = 0, done_ = 0;
@@ -91,68 +120,95 @@ struct Case {
   std::string family;
   bool tied = false, checkpointing = false;
   Precision precision = Precision::F32;
+  bool lora = false, four_bit = false;  // LoRA / QLoRA: the frozen base is what is sharded
 };
 
+// QLoRA's projections are quantized in 64-element blocks of whole rows.
+ModelConfig four_bit_config(const std::string& family) {
+  run::ScratchModel m;
+  m.family = family;
+  m.vocab_size = 97;
+  m.hidden_size = 64;
+  m.intermediate_size = 128;
+  m.num_layers = 3;
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  return run::scratch_model_config(m);
+}
+
 void expect_gathered_step_equals_replicated(const Case& c, const std::string& backend) {
-  ModelConfig config = test::tiny_config(c.family);
+  ModelConfig config = c.four_bit ? four_bit_config(c.family) : test::tiny_config(c.family);
   config.tie_word_embeddings = c.tied;
   const int64_t batch = 2, seq = 12;
-  const DecoderOptions base = test::on_backend(backend, {c.checkpointing, true, 0});
+  DecoderOptions base = test::on_backend(backend, {c.checkpointing, true, 0});
+  if (c.lora) base.lora.rank = 4;
+  base.four_bit_base = c.four_bit;
   Decoder replicated(config, c.precision, batch, seq, base);
   replicated.init_random(3, 0.2);
+  replicated.init_adapter(5);
   const test::Batch data[2] = {test::random_batch(batch, seq, config.vocab_size, 11),
                                test::random_batch(batch, seq, config.vocab_size, 12)};
   const double eval_loss = replicated.forward_loss(data[0].view(batch, seq));
   replicated.trainable().zero_grads();
   double losses[2];
   for (int i = 0; i < 2; ++i) losses[i] = replicated.forward_backward(data[i].view(batch, seq), 0.01);
-  ParamStore& whole = replicated.trainable();
+  ParamStore& whole = replicated.params();
 
   for (int rank = 0; rank < 2; ++rank) {
     SCOPED_TRACE("rank " + std::to_string(rank));
     const DecoderOptions options = test::zero_rank_options(base, rank, 3);
     Decoder sharded(config, c.precision, batch, seq, options);
     sharded.init_random(3, 0.2);
-    ParamStore& params = sharded.trainable();
+    sharded.init_adapter(5);
+    ParamStore& params = sharded.params();
     ASSERT_TRUE(params.sharded_weights());
     EXPECT_THROW(params.weights(), Error) << "no whole weight buffer under ZeRO-3";
     // Initialisation keeps this rank's part of every draw.
     const FlatRange held = params.master_range();
-    ASSERT_EQ(held.size(), params.optimizer_range().size());
+    if (!c.lora) ASSERT_EQ(held.size(), params.optimizer_range().size());
     int64_t init_mismatches = 0;
     for (int64_t e = held.begin; e < held.end; ++e)
-      init_mismatches += params.masters()[e - held.begin] != whole.weights()[e];
+      init_mismatches += params.masters()[e - held.begin] != whole.masters()[e];
     EXPECT_EQ(init_mismatches, 0);
 
-    LateCommunicator comm(rank, whole.weights());
-    comm.follow(&sharded.weight_gathers());
+    LateCommunicator comm(rank, whole);
+    comm.follow(sharded.weight_gathers());
     EXPECT_THROW(sharded.forward_loss(data[0].view(batch, seq)), Error) << "no gatherer, no weights";
     train::GradSync sync(sharded, comm, {.zero_stage = 3, .bucket_bytes = 600, .overlap = true});
     // Evaluation gathers the forward's weights: the same loss bit for bit.
     EXPECT_EQ(sharded.forward_loss(data[0].view(batch, seq)), eval_loss);
     const int64_t eval_gathers = comm.gathers();
-    EXPECT_EQ(eval_gathers, int64_t(config.num_layers) + 2 + (c.tied ? 1 : 0));
+    EXPECT_GE(eval_gathers, int64_t(config.num_layers) + 2 + (c.tied ? 1 : 0));
     sync.begin_step();
     for (int i = 0; i < 2; ++i) {
       sync.before_micro_batch(i == 1);
       EXPECT_EQ(sharded.forward_backward(data[i].view(batch, seq), 0.01), losses[i]) << "micro-batch " << i;
       sync.after_micro_batch();
     }
-    EXPECT_EQ(comm.gathers() - eval_gathers, 2 * int64_t(sharded.weight_gathers().size()));
+    EXPECT_EQ(comm.gathers() - eval_gathers, 2 * int64_t(comm.transfers()));
     EXPECT_EQ(comm.own_part_mismatches(), 0) << "this rank's part copied into each gather before it starts";
-    for (const Param& p : params.params()) EXPECT_EQ(params.weight(int(&p - params.params().data())), nullptr);
-    test::expect_shard_is_twice_replicated(params, whole);
+    for (const Param& p : params.params()) {
+      const int i = int(&p - params.params().data());
+      EXPECT_TRUE(params.weight(i) == nullptr && params.weight_bf16(i) == nullptr && !params.four_bit(i)) << p.name;
+    }
+    test::expect_shard_is_twice_replicated(sharded.trainable(), replicated.trainable());
   }
 }
 
 class ZeroThreeGather : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ZeroThreeGather, StepComputesWhatReplicatedTrainingComputes) {
-  for (const Case& c : {Case{"llama"}, Case{"llama", true}, Case{"llama", false, true}, Case{"qwen3", true, true},
-                        Case{"gemma2", true}, Case{"glm_original"}, Case{"qwen2", false, false, Precision::BF16},
-                        Case{"llama", true, true, Precision::BF16}}) {
+  for (const Case& c :
+       {Case{"llama"}, Case{"llama", true}, Case{"llama", false, true}, Case{"qwen3", true, true}, Case{"gemma2", true},
+        Case{"glm_original"}, Case{"qwen2", false, false, Precision::BF16}, Case{"llama", true, true, Precision::BF16},
+        Case{"qwen2", false, false, Precision::BF16, true}, Case{"llama", true, true, Precision::F32, true},
+        Case{"llama", false, false, Precision::BF16, true, true},
+        Case{"glm_original", false, true, Precision::F32, true, true}}) {
     SCOPED_TRACE(c.family + (c.tied ? " tied" : "") + (c.checkpointing ? " checkpointing" : "") +
-                 (c.precision == Precision::BF16 ? " bf16" : ""));
+                 (c.precision == Precision::BF16 ? " bf16" : "") +
+                 (c.four_bit ? " QLoRA"
+                  : c.lora   ? " LoRA"
+                             : ""));
     expect_gathered_step_equals_replicated(c, GetParam());
   }
 }
