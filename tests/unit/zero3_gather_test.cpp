@@ -31,8 +31,8 @@ namespace {
 class LateCommunicator final : public distributed::FakeCommunicator {
  public:
   // What a gather's all-gathers read from the replicated model: per WeightGather span (in GradSync's
-  // order: fp32 masters, bf16 matrices, 4-bit codes, absmax values), the replicated buffer as fp32
-  // words and the span's first word.
+  // order: runs of fp32 masters, the masters' bf16 copies, frozen bf16 matrices, 4-bit codes,
+  // absmax values), the replicated buffer as fp32 words and the span's first word.
   struct Transfer {
     const float* data;        // the gather's buffer
     const float* replicated;  // the replicated model's buffer of the same kind
@@ -40,6 +40,7 @@ class LateCommunicator final : public distributed::FakeCommunicator {
   };
   LateCommunicator(int rank, ParamStore& whole) : FakeCommunicator(2, rank) {
     masters_ = whole.masters();
+    mirror_ = reinterpret_cast<const float*>(whole.weights_bf16());  // the masters' bf16 copies (bf16 precision)
     compute_only_ = whole.compute_only_total() ? reinterpret_cast<const float*>(whole.compute_only()) : nullptr;
     packed_ = reinterpret_cast<const float*>(whole.four_bit_packed());
     absmax_ = whole.four_bit_absmax();
@@ -48,7 +49,10 @@ class LateCommunicator final : public distributed::FakeCommunicator {
   // different positions may share bytes, so a buffer's address alone does not say which it is).
   void follow(const std::vector<WeightGather>& gathers) {
     for (const WeightGather& g : gathers) {
-      if (g.range.size() > 0) expected_.push_back({g.weights, masters_, g.range.begin});
+      for (const WeightGather::Run& run : g.fp32_runs)
+        expected_.push_back({g.weights + run.at, masters_, run.range.begin});
+      if (g.bf16_span.size() > 0)
+        expected_.push_back({reinterpret_cast<const float*>(g.weights_bf16), mirror_, g.bf16_span.begin / 2});
       if (g.compute_only.size() > 0)
         expected_.push_back(
             {reinterpret_cast<const float*>(g.compute_only_weights), compute_only_, g.compute_only.begin / 2});
@@ -108,7 +112,7 @@ class LateCommunicator final : public distributed::FakeCommunicator {
     const std::vector<FlatRange>* shards;
     float* sums;
   };
-  const float *masters_ = nullptr, *compute_only_ = nullptr, *packed_ = nullptr, *absmax_ = nullptr;
+  const float *masters_ = nullptr, *mirror_ = nullptr, *compute_only_ = nullptr, *packed_ = nullptr, *absmax_ = nullptr;
   std::vector<Transfer> expected_;
   size_t next_ = 0;
   std::deque<Job> pending_;
@@ -216,7 +220,9 @@ TEST_P(ZeroThreeGather, StepComputesWhatReplicatedTrainingComputes) {
 INSTANTIATE_TEST_SUITE_P(Backends, ZeroThreeGather, test::each_backend());
 
 // The plan: a shard of the masters, no whole bf16 copy, and of the gathered buffers at most the
-// ones of two positions alive at once (the one computing, the next one's in flight).
+// ones of two positions alive at once (the one computing, the next one's in flight). In bf16 a
+// block's matrices travel as bf16 alone and only its norms in fp32; the embedding, looked up in
+// fp32, travels in fp32 alone.
 TEST(ZeroThreePlan, MastersAreAShardAndGatheredWeightsTwoPositions) {
   const ModelConfig config = test::tiny_config("llama");
   DecoderOptions two{false, true, 0};
@@ -234,20 +240,37 @@ TEST(ZeroThreePlan, MastersAreAShardAndGatheredWeightsTwoPositions) {
   DecoderParamIds ids;
   declare_model_params(config, whole, ids);
   const StepTimeline t{int32_t(config.num_layers)};
-  size_t largest_group = 0;
+  const int64_t block = whole.param(ids.layers[1].input_norm).offset - whole.param(ids.layers[0].input_norm).offset;
+  const int64_t embed = whole.param(ids.embed).numel;
   int gathered = 0;
+  size_t block_fp32 = 0;
   for (const auto& b : stage3.buffers()) {
     if (b.name.find("weights.gathered") == std::string::npos) continue;
     ++gathered;
     EXPECT_LE(b.last_use - b.first_use, 1) << b.name;
     EXPECT_GE(b.first_use, t.forward(0)) << b.name;
-    if (b.name.find(".bf16") == std::string::npos) largest_group = std::max(largest_group, b.bytes);
     EXPECT_EQ(b.name.find("weights.bf16"), std::string::npos);
+    const bool as_bf16 = b.name.size() > 5 && b.name.compare(b.name.size() - 5, 5, ".bf16") == 0;
+    if (b.name.find("(layers.") != std::string::npos) {
+      if (as_bf16)
+        EXPECT_EQ(b.bytes, size_t(block) * sizeof(bf16)) << b.name << ": the block's span as bf16";
+      else
+        EXPECT_LT(b.bytes, size_t(block) * sizeof(float) / 8) << b.name << ": only the norms in fp32";
+      if (!as_bf16) block_fp32 = std::max(block_fp32, b.bytes);
+    }
+    if (b.name.find("(embed, read in the forward") != std::string::npos) {
+      EXPECT_FALSE(as_bf16) << "the embedding is looked up in fp32";
+      EXPECT_EQ(b.bytes, size_t(embed) * sizeof(float));
+    }
   }
-  EXPECT_EQ(gathered, 2 * (2 * int(config.num_layers) + 2 + (config.tie_word_embeddings ? 1 : 0)));
-  // fp32 + bf16 of the groups alive at one position: at most three groups (the first position
-  // holds the embedding and layer 0, and the next one's is in flight).
-  EXPECT_LE(stage3.category_bytes_at_peak(MemoryCategory::ComputeWeights), 3 * largest_group * 3 / 2 + 4096);
+  // Per block position a bf16 span and an fp32 run of norms; the embedding in fp32; the head's
+  // final norm in fp32 and the LM head in bf16.
+  EXPECT_EQ(gathered, 2 * 2 * int(config.num_layers) + 3);
+  // The first position holds the embedding and block 0 with block 1's gather in flight; later ones
+  // at most three groups.
+  const size_t group = size_t(block) * sizeof(bf16) + block_fp32;
+  EXPECT_LE(stage3.category_bytes_at_peak(MemoryCategory::ComputeWeights),
+            std::max(size_t(embed) * sizeof(float) + 2 * group, 3 * group) + 4096);
   EXPECT_LT(stage3.total_bytes(), stage2.total_bytes());
 }
 

@@ -144,8 +144,9 @@ std::vector<GradGroup> gradient_groups(const ModelConfig& c, const DecoderParamI
 
 // ZeRO-3's gathers (WeightGather), sorted by position: the flat buffer holds the embedding, then
 // each block's tensors, then the final norm and LM head, so each group is one contiguous span.
+// bf16_copies: bf16 precision with trained masters (full fine-tuning), whose GEMMs read bf16 copies.
 std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const DecoderParamIds& ids,
-                                              const ParamStore& params) {
+                                              const ParamStore& params, bool bf16_copies) {
   const StepTimeline t{int32_t(c.num_layers)};
   // Each storage's tensors of a group are contiguous in their own buffer (declared in order). The
   // compute-only spans end where the store's alignment does, so their shards' parts are whole
@@ -163,9 +164,32 @@ std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const Decode
     }
     return r.begin < 0 ? FlatRange{} : r;
   };
+  // A master the position reads in fp32: every one without bf16 copies; with them the 1-D ones
+  // (norms, biases) and the embedding where it is looked up (at the head it is the tied LM head).
+  auto reads_fp32 = [&](int i, int32_t position) {
+    const Param& p = params.param(i);
+    return !bf16_copies || p.shape.size() == 1 || (i == ids.embed && position != t.head());
+  };
   std::vector<WeightGather> out;
   auto gather = [&](int first, int last, int32_t position) {
     WeightGather g{first, last, span(first, last, ParamStorage::Master), position};
+    bool bf16_read = false;
+    for (int i = first; i <= last; ++i) {
+      const Param& p = params.param(i);
+      if (!p.master()) continue;
+      if (!reads_fp32(i, position)) {  // the GEMMs' matrices: bf16 alone
+        bf16_read = true;
+        continue;
+      }
+      if (!g.fp32_runs.empty() && i > first && params.param(i - 1).master() && reads_fp32(i - 1, position)) {
+        g.fp32_runs.back().range.end = p.offset + p.numel;  // extends the run (padding between included)
+      } else {
+        g.fp32_runs.push_back({FlatRange{p.offset, p.offset + p.numel}, g.fp32_elements});
+      }
+      const WeightGather::Run& run = g.fp32_runs.back();
+      g.fp32_elements = run.at + (run.range.size() + 15) / 16 * 16;
+    }
+    if (bf16_read) g.bf16_span = {g.range.begin, (g.range.end + 15) / 16 * 16};
     g.compute_only = span(first, last, ParamStorage::Bf16);
     g.four_bit = span(first, last, ParamStorage::FourBit);
     out.push_back(g);
@@ -316,9 +340,9 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   const int32_t always = 0, end = t.last();
   if (options.shard_weights) {
     // ZeRO-3: this rank's shard of the masters (every rank plans the largest, shard 0) and, under
-    // LoRA in bf16, of the frozen bf16 matrices; each gather's buffers from the position before
-    // the one that reads it (the first position's: that one alone). The masters' bf16 copies are
-    // made for full fine-tuning only: LoRA's fp32 masters are norms and biases, read in fp32.
+    // LoRA in bf16, of the frozen bf16 matrices; each gather's buffers (WeightGather: what it
+    // carries in fp32, in bf16, as 4-bit) from the position before the one that reads it (the
+    // first position's: that one alone).
     const int shards = options.optimizer_shards;
     d.weights = add(fmt::format("weights (1/{} shard)", shards), Cat::MasterWeights,
                     shard_ranges(param_elements, shards)[0].size(), f32, always, end);
@@ -328,10 +352,11 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     for (const WeightGather& g : gathers) {
       const int32_t first = std::max(g.position - 1, t.forward(0));
       const std::string name = gathered_name(t, params, g);
-      const bool masters = g.range.size() > 0, copies = masters && !adapter.enabled();
-      d.gathered.push_back(masters ? add(name, Cat::ComputeWeights, g.range.size(), f32, first, g.position) : -1);
-      d.gathered_b.push_back(copies ? add_bf16(name + ".bf16", Cat::ComputeWeights, g.range.size(), first, g.position)
-                                    : -1);
+      d.gathered.push_back(g.fp32_elements > 0 ? add(name, Cat::ComputeWeights, g.fp32_elements, f32, first, g.position)
+                                               : -1);
+      d.gathered_b.push_back(g.bf16_span.size() > 0
+                                 ? add(name + ".bf16", Cat::ComputeWeights, g.bf16_span.size(), b16, first, g.position)
+                                 : -1);
       d.gathered_c.push_back(g.compute_only.size() > 0 ? add(name + " (frozen matrices, bf16)", Cat::ComputeWeights,
                                                              g.compute_only.size(), b16, first, g.position)
                                                        : -1);
@@ -527,7 +552,9 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
       options.shard_gradients ? gradient_groups(config, ids, layout.modules.empty() ? params : adapter, layout)
                               : std::vector<GradGroup>{};
   const std::vector<WeightGather> gathers =
-      options.shard_weights ? plan_weight_gathers(config, ids, params) : std::vector<WeightGather>{};
+      options.shard_weights
+          ? plan_weight_gathers(config, ids, params, precision == Precision::BF16 && !options.lora.enabled())
+          : std::vector<WeightGather>{};
   MemoryPlan plan;
   describe_memory(config, params, adapter_shape(config, layout.modules, adapter, options.lora), groups, gathers,
                   precision, max_batch, max_seq, options, plan);
@@ -690,7 +717,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     AdapterLayout layout = declare_adapter(c, ids_, options_.lora, adapter_);
     if (options_.shard_gradients)
       grad_groups_ = gradient_groups(c, ids_, layout.modules.empty() ? params_ : adapter_, layout);
-    if (options_.shard_weights) weight_gathers_ = plan_weight_gathers(c, ids_, params_);
+    if (options_.shard_weights)
+      weight_gathers_ = plan_weight_gathers(c, ids_, params_, precision_ == Precision::BF16 && layout.modules.empty());
     lora_ = std::move(layout.modules);
     saved_ = std::move(layout.saved);
     trained_embed_ = layout.embed;
@@ -1251,7 +1279,7 @@ void Decoder::backward(const MicroBatch& mb) {
 std::vector<WeightGather> Decoder::first_weight_reads() const {
   std::vector<WeightGather> first;
   std::vector<bool> seen(params_.params().size(), false);
-  for (const WeightGather& g : plan_weight_gathers(config_, ids_, params_)) {  // sorted by position
+  for (const WeightGather& g : plan_weight_gathers(config_, ids_, params_, false)) {  // sorted by position
     if (seen[size_t(g.first_param)]) continue;
     for (int p = g.first_param; p <= g.last_param; ++p) seen[size_t(p)] = true;
     first.push_back({g.first_param, g.last_param, g.range, g.position});
@@ -1270,7 +1298,6 @@ void Decoder::enter_position(int32_t position) {
     const WeightGather& g = weight_gathers_[i];
     if (g.position != position) continue;
     gather_hooks_.wait(i);
-    if (g.weights_bf16) backend_.cast_to_bf16(g.weights, g.weights_bf16, g.range.size());
     for (int p = g.first_param; p <= g.last_param; ++p) {
       const Param& param = params_.param(p);
       if (param.storage == ParamStorage::Bf16) {  // a frozen bf16 matrix (LoRA)
@@ -1282,8 +1309,10 @@ void Decoder::enter_position(int32_t position) {
         params_.point_at_four_bit(p, g.four_bit_packed + at / 2, g.four_bit_absmax + at / kFourBitBlockSize);
         continue;
       }
-      const int64_t at = param.offset - g.range.begin;
-      params_.point_at(p, g.weights + at, g.weights_bf16 ? g.weights_bf16 + at : nullptr);
+      float* fp32 = nullptr;
+      for (const WeightGather::Run& run : g.fp32_runs)
+        if (run.range.contains(param.offset)) fp32 = g.weights + run.at + (param.offset - run.range.begin);
+      params_.point_at(p, fp32, g.bf16_span.size() > 0 ? g.weights_bf16 + (param.offset - g.bf16_span.begin) : nullptr);
     }
   }
   if (position < last_position_) start_gathers(position + 1);
@@ -1296,9 +1325,15 @@ void Decoder::start_gathers(int32_t position) {
   for (size_t i = 0; i < weight_gathers_.size(); ++i) {
     const WeightGather& g = weight_gathers_[i];
     if (g.position != position) continue;
-    const FlatRange mine = g.range.intersect(held), mine_c = g.compute_only.intersect(held_c);
-    if (mine.size() > 0)
-      std::copy_n(params_.masters() + (mine.begin - held.begin), mine.size(), g.weights + (mine.begin - g.range.begin));
+    for (const WeightGather::Run& run : g.fp32_runs)
+      if (const FlatRange mine = run.range.intersect(held); mine.size() > 0)
+        std::copy_n(params_.masters() + (mine.begin - held.begin), mine.size(),
+                    g.weights + run.at + (mine.begin - run.range.begin));
+    // The GEMMs' bf16: this rank casts its part, the gather moves bf16 (the bits a cast after it gives).
+    if (const FlatRange mine = g.bf16_span.intersect(held); mine.size() > 0)
+      backend_.cast_to_bf16(params_.masters() + (mine.begin - held.begin),
+                            g.weights_bf16 + (mine.begin - g.bf16_span.begin), mine.size());
+    const FlatRange mine_c = g.compute_only.intersect(held_c);
     if (mine_c.size() > 0)
       std::copy_n(params_.compute_only() + (mine_c.begin - held_c.begin), mine_c.size(),
                   g.compute_only_weights + (mine_c.begin - g.compute_only.begin));

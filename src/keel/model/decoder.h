@@ -155,12 +155,28 @@ struct GradGroup {
 // (ParamStore): bf16 ones in bf16 precision, gathered as bf16, half the bytes of fp32, into a
 // buffer of their own; under QLoRA the blocks' projections as their 4-bit codes and absmax values
 // (about an eighth of fp32's bytes). The fp32 span holds the norms and biases.
+//
+// What travels is what the position reads: in fp32 precision every master in fp32; in bf16 (full
+// fine-tuning) the GEMMs' matrices as bf16 only, each rank casting its part of the masters before
+// the gather (the same bits as casting after it, half the traffic and the buffer), and only the
+// tensors read in fp32 (norms, biases, the embedding at its lookup) in fp32.
 struct WeightGather {
   int first_param = 0, last_param = 0;  // [first, last] of Decoder::params()
-  FlatRange range;                      // their masters' span of the flat buffer (the gathered buffer's layout)
+  FlatRange range;                      // their masters' span of the flat buffer
   int32_t position = 0;                 // where the step reads them
-  float* weights = nullptr;             // range.size() floats (set by the decoder; null in a plan)
-  bf16* weights_bf16 = nullptr;         // their bf16 copies, made after the gather (bf16 full fine-tuning)
+  // The masters read in fp32, in runs of consecutive tensors: each run's span of the flat buffer
+  // and where it starts in `weights` (runs back to back, each on 16 elements).
+  struct Run {
+    FlatRange range;
+    int64_t at = 0;
+  };
+  std::vector<Run> fp32_runs;
+  int64_t fp32_elements = 0;
+  float* weights = nullptr;  // fp32_elements floats (set by the decoder; null in a plan)
+  // bf16 full fine-tuning: `range` up to whole 16-element units, as bf16 (a tensor at
+  // Param::offset - range.begin); empty otherwise.
+  FlatRange bf16_span;
+  bf16* weights_bf16 = nullptr;
   // Their compute-only bf16 tensors' span (Param::offset of Bf16 tensors, up to the store's
   // alignment: every part a whole number of 4-byte words), gathered as they are; empty without.
   FlatRange compute_only;

@@ -282,7 +282,10 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
           return "the weights gathered for this position and the next" +
                  std::string(bf16 ? ", the frozen bf16 matrices" + shard + ", the adapter's bf16 copy" : "");
         if (lora) return "frozen matrices in bf16 alone (no fp32 masters), the adapter's bf16 copy";
-        if (zero3) return "the weights gathered for this position and the next, fp32 and the bf16 the GEMMs read";
+        if (zero3)
+          return bf16 ? "the weights gathered for this position and the next: the GEMMs' in bf16, norms, biases and "
+                        "the embedding in fp32"
+                      : "the weights gathered for this position and the next (fp32)";
         return "bf16 copy the GEMMs read";
       case MemoryCategory::Gradients:
         if (sharded && shape.zero_stage >= 2)

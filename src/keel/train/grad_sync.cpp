@@ -90,7 +90,10 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
     // Element units per fp32 word: bf16 pairs, 8 4-bit codes, a 64-element block's absmax.
     for (const model::WeightGather& g : decoder_.weight_gathers()) {
       std::vector<Transfer> spans;
-      if (g.range.size() > 0) spans.push_back({g.weights, parts_within(g.range, masters)});
+      for (const model::WeightGather::Run& run : g.fp32_runs)
+        spans.push_back({g.weights + run.at, parts_within(run.range, masters)});
+      if (g.bf16_span.size() > 0)
+        spans.push_back({reinterpret_cast<float*>(g.weights_bf16), parts_within(g.bf16_span, masters, 2)});
       if (g.compute_only.size() > 0)
         spans.push_back(
             {reinterpret_cast<float*>(g.compute_only_weights), parts_within(g.compute_only, compute_only, 2)});

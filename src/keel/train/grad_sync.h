@@ -88,10 +88,10 @@ class GradSync {
   std::vector<FlatRange> shards_;
   std::unique_ptr<distributed::GradBuckets> buckets_;
   std::vector<float*> staged_;  // ZeRO-2: where each trainable tensor's gradient is written
-  // ZeRO-3: per weight gather, one all-gather per non-empty span of it (fp32 masters; under LoRA
-  // the bf16 matrices, or QLoRA's 4-bit codes and absmax values), each as fp32 words (the
-  // communicator's all-gather moves them as they are) with every rank's part, and its ticket in
-  // flight.
+  // ZeRO-3: per weight gather, one all-gather per span of it (each run of masters read in fp32, the
+  // bf16 copies the GEMMs read; under LoRA the frozen bf16 matrices, or QLoRA's 4-bit codes and
+  // absmax values), each as fp32 words (the communicator's all-gather moves them as they are) with
+  // every rank's part, and its ticket in flight.
   struct Transfer {
     float* data;
     std::vector<FlatRange> parts;
