@@ -22,12 +22,13 @@
 namespace keel::model::test {
 
 // qkv_bias: forced on or off, or the family's default.
-inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qkv_bias = std::nullopt) {
+inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qkv_bias = std::nullopt,
+                               int64_t hidden = 48, int64_t intermediate = 80) {
   run::ScratchModel m;
   m.family = family;
   m.vocab_size = 97;
-  m.hidden_size = 48;
-  m.intermediate_size = 80;
+  m.hidden_size = hidden;
+  m.intermediate_size = intermediate;
   m.num_layers = 3;
   m.num_heads = 4;
   m.num_kv_heads = 2;

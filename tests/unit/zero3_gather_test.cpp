@@ -127,21 +127,9 @@ struct Case {
   bool lora = false, four_bit = false;  // LoRA / QLoRA: the frozen base is what is sharded
 };
 
-// QLoRA's projections are quantized in 64-element blocks of whole rows.
-ModelConfig four_bit_config(const std::string& family) {
-  run::ScratchModel m;
-  m.family = family;
-  m.vocab_size = 97;
-  m.hidden_size = 64;
-  m.intermediate_size = 128;
-  m.num_layers = 3;
-  m.num_heads = 4;
-  m.num_kv_heads = 2;
-  return run::scratch_model_config(m);
-}
-
 void expect_gathered_step_equals_replicated(const Case& c, const std::string& backend) {
-  ModelConfig config = c.four_bit ? four_bit_config(c.family) : test::tiny_config(c.family);
+  // QLoRA's projections are quantized in 64-element blocks of whole rows.
+  ModelConfig config = c.four_bit ? test::tiny_config(c.family, std::nullopt, 64, 128) : test::tiny_config(c.family);
   config.tie_word_embeddings = c.tied;
   const int64_t batch = 2, seq = 12;
   DecoderOptions base = test::on_backend(backend, {c.checkpointing, true, 0});
