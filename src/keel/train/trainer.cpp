@@ -180,14 +180,13 @@ class Trainer {
       else if (r_.zero_stage >= 3 && decoder_.has_adapter())
         fmt::print(log_,
                    "keel: ZeRO-3: the frozen base weights sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} "
-                   "MB, in {} gathers per step, each started one position ahead of the compute that reads it; the "
-                   "adapter's AdamW moments and gradients sharded as in ZeRO-2\n",
+                   "MB, in {} gathers per step (how they overlap: above); the adapter's AdamW moments and gradients "
+                   "sharded as in ZeRO-2\n",
                    comm_.size(), base_bytes(true), base_bytes(false), decoder_.weight_gathers().size());
       else if (r_.zero_stage >= 3)
         fmt::print(log_,
                    "keel: ZeRO-3: fp32 weights, AdamW moments and gradients sharded over {} ranks, {:.2f} MB per rank "
-                   "instead of {:.2f} MB; {} weight gathers per step, each started one position ahead of the compute "
-                   "that reads it\n",
+                   "instead of {:.2f} MB; {} weight gathers per step (how they overlap: above)\n",
                    comm_.size(), 16e-6 * shard, 16e-6 * whole, decoder_.weight_gathers().size());
       else
         fmt::print(log_,
@@ -258,12 +257,13 @@ class Trainer {
 
  private:
   // The model's weights in MB as this rank holds them (its ZeRO-3 shard) or as a replica would:
-  // fp32 masters and, under LoRA in bf16, the frozen bf16 matrices.
+  // fp32 masters and, under LoRA, the frozen bf16 matrices or 4-bit codes with their absmax values.
   double base_bytes(bool held) const {
     const model::ParamStore& p = decoder_.params();
     const double masters = double(held ? p.master_range().size() : p.total());
     const double matrices = double(held ? p.compute_only_range().size() : p.compute_only_total());
-    return 4e-6 * masters + 2e-6 * matrices;
+    const double four_bit = double(held ? p.four_bit_range().size() : p.four_bit_total());
+    return 4e-6 * masters + 2e-6 * matrices + (0.5e-6 + 4e-6 / double(kFourBitBlockSize)) * four_bit;
   }
 
   // What LoRA trains, said once: the modules, the scaling, and the share of the model that trains.
