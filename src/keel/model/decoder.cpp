@@ -144,6 +144,8 @@ std::vector<GradGroup> gradient_groups(const ModelConfig& c, const DecoderParamI
 
 // ZeRO-3's gathers (WeightGather), sorted by position: the flat buffer holds the embedding, then
 // each block's tensors, then the final norm and LM head, so each group is one contiguous span.
+int64_t round_up(int64_t n, int64_t unit) { return (n + unit - 1) / unit * unit; }
+
 // bf16_copies: bf16 precision with trained masters (full fine-tuning), whose GEMMs read bf16 copies.
 std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const DecoderParamIds& ids,
                                               const ParamStore& params, bool bf16_copies) {
@@ -158,9 +160,9 @@ std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const Decode
       if (p.storage != storage) continue;
       if (r.begin < 0) r.begin = p.offset;
       const int64_t align = storage == ParamStorage::Master ? 1
-                            : storage == ParamStorage::Bf16 ? 16
+                            : storage == ParamStorage::Bf16 ? kParamAlignElements
                                                             : kFourBitShardAlign;
-      r.end = p.offset + (p.numel + align - 1) / align * align;
+      r.end = p.offset + round_up(p.numel, align);
     }
     return r.begin < 0 ? FlatRange{} : r;
   };
@@ -187,9 +189,9 @@ std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const Decode
         g.fp32_runs.push_back({FlatRange{p.offset, p.offset + p.numel}, g.fp32_elements});
       }
       const WeightGather::Run& run = g.fp32_runs.back();
-      g.fp32_elements = run.at + (run.range.size() + 15) / 16 * 16;
+      g.fp32_elements = run.at + round_up(run.range.size(), kParamAlignElements);
     }
-    if (bf16_read) g.bf16_span = {g.range.begin, (g.range.end + 15) / 16 * 16};
+    if (bf16_read) g.bf16_span = {g.range.begin, round_up(g.range.end, kParamAlignElements)};
     g.compute_only = span(first, last, ParamStorage::Bf16);
     g.four_bit = span(first, last, ParamStorage::FourBit);
     out.push_back(g);
@@ -344,11 +346,12 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     // carries in fp32, in bf16, as 4-bit) from the position before the one that reads it (the
     // first position's: that one alone).
     const int shards = options.optimizer_shards;
-    d.weights = add(fmt::format("weights (1/{} shard)", shards), Cat::MasterWeights,
-                    shard_ranges(param_elements, shards)[0].size(), f32, always, end);
+    const WeightShards held = weight_shards(params, shards);
+    d.weights =
+        add(fmt::format("weights (1/{} shard)", shards), Cat::MasterWeights, held.masters[0].size(), f32, always, end);
     if (params.compute_only_total() > 0)
       d.compute_only_shard = add(fmt::format("weights.bf16 (frozen matrices, 1/{} shard)", shards), Cat::ComputeWeights,
-                                 shard_ranges(params.compute_only_total(), shards)[0].size(), b16, always, end);
+                                 held.compute_only[0].size(), b16, always, end);
     for (const WeightGather& g : gathers) {
       const int32_t first = std::max(g.position - 1, t.forward(0));
       const std::string name = gathered_name(t, params, g);
@@ -378,7 +381,7 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     // Whole, or ZeRO-3's shard (the largest, shard 0).
     const std::string_view type = four_bit_type_name(options.four_bit_type);  // report/memory_report reads it
     const int shards = options.shard_weights ? options.optimizer_shards : 1;
-    const int64_t held = shard_ranges(params.four_bit_total(), shards, kFourBitShardAlign)[0].size();
+    const int64_t held = weight_shards(params, shards).four_bit[0].size();
     const std::string part = shards > 1 ? fmt::format(", 1/{} shard", shards) : "";
     d.four_bit_packed =
         add(fmt::format("weights.{} (4-bit codes{})", type, part), Cat::ComputeWeights, held / 2, 1, always, end);
@@ -785,9 +788,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   }
   if (options_.shard_weights) {  // ZeRO-3: a shard of the model's weights; each gather's buffers
     const int shards = options_.optimizer_shards, shard = options_.optimizer_shard;
-    params_.shard_weights(shard_ranges(params_.total(), shards)[size_t(shard)],
-                          shard_ranges(params_.compute_only_total(), shards)[size_t(shard)],
-                          shard_ranges(params_.four_bit_total(), shards, kFourBitShardAlign)[size_t(shard)]);
+    const WeightShards all = weight_shards(params_, shards);
+    params_.shard_weights(all.masters[size_t(shard)], all.compute_only[size_t(shard)], all.four_bit[size_t(shard)]);
     for (size_t g = 0; g < weight_gathers_.size(); ++g) {
       weight_gathers_[g].weights = f32(d.gathered[g]);
       weight_gathers_[g].weights_bf16 = b16(d.gathered_b[g]);
@@ -834,16 +836,14 @@ void Decoder::init_random(uint64_t seed, double std) {
     if (p.master() && params_.sharded_weights()) {  // ZeRO-3: every draw, this rank's part kept
       std::vector<float> w(size_t(p.numel));
       for (float& v : w) v = value();
-      params_.write_master(i, 0, w.data(), p.numel);
-      if (float* copy = sharded_saved_copy(i)) std::copy(w.begin(), w.end(), copy);
+      write_weights(i, 0, w.data(), p.numel);
     } else if (p.master()) {
       float* w = params_.weight(i);
       for (int64_t k = 0; k < p.numel; ++k) w[k] = value();
     } else if (p.storage == ParamStorage::Bf16) {  // the same draws, rounded as a master's bf16 copy
       std::vector<bf16> w(size_t(p.numel));
       for (bf16& v : w) v = float_to_bf16(value());
-      params_.write_compute_only(i, 0, w.data(), p.numel);  // under ZeRO-3 this rank's part
-      if (float* copy = sharded_saved_copy(i)) convert_bf16_to_f32(w.data(), copy, w.size());
+      write_weights(i, 0, w.data(), p.numel);  // under ZeRO-3 this rank's part
     } else {  // 4-bit: the same draws, quantized
       std::vector<float> w(size_t(p.numel));
       for (float& v : w) v = value();
@@ -859,6 +859,16 @@ void Decoder::init_adapter(uint64_t seed) {
   copy_saved_modules_from_model();
 }
 
+void Decoder::write_weights(int param, int64_t first, const float* values, int64_t n) {
+  params_.write_master(param, first, values, n);
+  if (float* copy = sharded_saved_copy(param)) std::copy_n(values, n, copy + first);
+}
+
+void Decoder::write_weights(int param, int64_t first, const bf16* values, int64_t n) {
+  params_.write_compute_only(param, first, values, n);
+  if (float* copy = sharded_saved_copy(param)) convert_bf16_to_f32(values, copy + first, size_t(n));
+}
+
 float* Decoder::sharded_saved_copy(int param) {
   if (!params_.sharded_weights()) return nullptr;
   if (param == ids_.embed && trained_embed_ >= 0) return adapter_.weight(trained_embed_);
@@ -869,7 +879,7 @@ float* Decoder::sharded_saved_copy(int param) {
 void Decoder::copy_saved_modules_from_model() {
   // PEFT's ModulesToSaveWrapper starts its trained copy from the original weights.
   for (auto [copy, original] : {std::pair{trained_embed_, ids_.embed}, std::pair{trained_lm_head_, ids_.lm_head}}) {
-    if (params_.sharded_weights()) break;  // written by loading / initialisation (sharded_saved_copy)
+    if (params_.sharded_weights()) break;  // written by loading / initialisation (write_weights)
     if (copy < 0) continue;
     const int64_t n = adapter_.param(copy).numel;
     if (params_.param(original).master())

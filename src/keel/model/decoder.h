@@ -244,12 +244,14 @@ class Decoder {
   // The adapter's initialisation (lora.h: init_lora), deterministic in `seed`.
   void init_adapter(uint64_t seed);
   // modules_to_save: the adapter's trained copies := the model's embedding / LM head (PEFT's start).
-  // Under ZeRO-3 no rank holds those whole: loading and initialisation write the copies as each
-  // whole tensor passes through memory (sharded_saved_copy), and this only refreshes their bf16.
+  // Under ZeRO-3 no rank holds those whole: write_weights writes the copies as each whole tensor
+  // passes through memory, and this only refreshes their bf16.
   void copy_saved_modules_from_model();
-  // ZeRO-3 with modules_to_save: the trained copy (fp32, whole) of base tensor `param` when the base
-  // is sharded and `param` has one; null otherwise.
-  float* sharded_saved_copy(int param);
+  // Loading and initialisation: elements [first, first + n) of base tensor `param` (an fp32 master,
+  // or a compute-only bf16 one) := values; under ZeRO-3 this rank's part of them, and
+  // modules_to_save's trained copy of the tensor too (no rank holds it whole afterwards).
+  void write_weights(int param, int64_t first, const float* values, int64_t n);
+  void write_weights(int param, int64_t first, const bf16* values, int64_t n);
 
   // Forward and backward of one micro-batch. Gradients are ADDED to params().grads(), scaled by
   // grad_scale (1 / target tokens of the whole optimizer step, so micro-batches sum to the mean).
@@ -367,6 +369,9 @@ class Decoder {
   void grad_ready(int param) const {
     if (grad_ready_ && param >= 0) grad_ready_(param, backend_.record_event());
   }
+  // ZeRO-3 with modules_to_save: the trained copy (fp32, whole) of base tensor `param`; null
+  // without one or when the base is whole.
+  float* sharded_saved_copy(int param);
   void base_grad_ready(int param) const {
     if (lora_.empty()) grad_ready(param);
   }

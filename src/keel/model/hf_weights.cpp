@@ -112,15 +112,11 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
         std::vector<float> values(static_cast<size_t>(in_place ? 0 : n));
         float* out = in_place ? P.weight(t.param) + first : values.data();
         read_bnb_4bit_dequantized(reader, t.name, t.shape(), saved->type, out);
-        if (storage == ParamStorage::Master && !in_place) P.write_master(t.param, first, values.data(), n);
-        if (float* copy = storage == ParamStorage::Master ? decoder.sharded_saved_copy(t.param) : nullptr)
-          std::copy(values.begin(), values.end(), copy + first);
+        if (storage == ParamStorage::Master && !in_place) decoder.write_weights(t.param, first, values.data(), n);
         if (storage == ParamStorage::Bf16) {
           std::vector<bf16> rounded(static_cast<size_t>(n));
           convert_f32_to_bf16(values.data(), rounded.data(), size_t(n));
-          P.write_compute_only(t.param, first, rounded.data(), n);
-          if (float* copy = decoder.sharded_saved_copy(t.param))
-            convert_bf16_to_f32(rounded.data(), copy + first, size_t(n));
+          decoder.write_weights(t.param, first, rounded.data(), n);
         }
       }
       for (auto& part : bnb_4bit_parts(reader, t.name)) used.insert(std::move(part));
@@ -132,8 +128,7 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
         if (P.sharded_weights()) {  // ZeRO-3: the tensor passes through memory, this rank keeps its part
           std::vector<float> values(static_cast<size_t>(n));
           reader.read_f32(t.name, t.shape(), values.data());
-          P.write_master(t.param, first, values.data(), n);
-          if (float* copy = decoder.sharded_saved_copy(t.param)) std::copy(values.begin(), values.end(), copy + first);
+          decoder.write_weights(t.param, first, values.data(), n);
         } else {
           reader.read_f32(t.name, t.shape(), P.weight(t.param) + first);
         }
@@ -142,9 +137,7 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
         if (P.sharded_weights()) {  // ZeRO-3 (LoRA's base): the tensor passes through memory, this rank keeps its part
           std::vector<bf16> values(static_cast<size_t>(n));
           reader.read_bf16(t.name, t.shape(), values.data());
-          P.write_compute_only(t.param, first, values.data(), n);
-          if (float* copy = decoder.sharded_saved_copy(t.param))
-            convert_bf16_to_f32(values.data(), copy + first, size_t(n));
+          decoder.write_weights(t.param, first, values.data(), n);
         } else {
           reader.read_bf16(t.name, t.shape(), P.weight_bf16(t.param) + first);
         }

@@ -7,8 +7,17 @@
 namespace keel::model {
 
 namespace {
-constexpr int64_t kAlignElements = 16;  // 64 bytes of fp32: every tensor starts on a cache line
+
+// Elements [first, first + n) of tensor p := values, for the part `held` of its buffer this process
+// holds (at `held_data`).
+template <typename T>
+void copy_held(const Param& p, int64_t first, int64_t n, const T* values, FlatRange held, T* held_data) {
+  const FlatRange part = FlatRange{p.offset + first, p.offset + first + n}.intersect(held);
+  if (part.size() > 0)
+    std::copy_n(values + (part.begin - p.offset - first), part.size(), held_data + (part.begin - held.begin));
 }
+
+}  // namespace
 
 int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_decay, ParamStorage storage) {
   require(!allocated(), "ParamStore: parameter '{}' declared after allocation", name);
@@ -20,7 +29,7 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, bool weight_de
   p.weight_decay = weight_decay;
   p.storage = storage;
   // 4-bit tensors start on a 64-byte line of both their codes and their absmax values.
-  const int64_t align = storage == ParamStorage::FourBit ? kFourBitBlockSize * kAlignElements : kAlignElements;
+  const int64_t align = storage == ParamStorage::FourBit ? kFourBitShardAlign : kParamAlignElements;
   require(storage != ParamStorage::FourBit || p.numel % kFourBitBlockSize == 0,
           "4-bit: tensor '{}' has {} elements, not a multiple of the {}-element block", p.name, p.numel,
           kFourBitBlockSize);
@@ -190,10 +199,7 @@ void ParamStore::write_master(int i, int64_t first, const float* values, int64_t
   require(p.master() && first >= 0 && n >= 0 && first + n <= p.numel,
           "ParamStore::write_master: elements [{}, {}) of '{}' ({} elements, {})", first, first + n, p.name, p.numel,
           p.master() ? "an fp32 master" : "no fp32 master");
-  const FlatRange held = master_range();
-  const FlatRange part = FlatRange{p.offset + first, p.offset + first + n}.intersect(held);
-  if (part.size() > 0)
-    std::copy_n(values + (part.begin - p.offset - first), part.size(), weights_ + (part.begin - held.begin));
+  copy_held(p, first, n, values, master_range(), weights_);
 }
 
 void ParamStore::write_compute_only(int i, int64_t first, const bf16* values, int64_t n) {
@@ -201,10 +207,7 @@ void ParamStore::write_compute_only(int i, int64_t first, const bf16* values, in
   require(p.storage == ParamStorage::Bf16 && first >= 0 && n >= 0 && first + n <= p.numel,
           "ParamStore::write_compute_only: elements [{}, {}) of '{}' ({} elements, {})", first, first + n, p.name,
           p.numel, p.storage == ParamStorage::Bf16 ? "compute-only bf16" : "not compute-only bf16");
-  const FlatRange held = compute_only_range();
-  const FlatRange part = FlatRange{p.offset + first, p.offset + first + n}.intersect(held);
-  if (part.size() > 0)
-    std::copy_n(values + (part.begin - p.offset - first), part.size(), compute_only() + (part.begin - held.begin));
+  copy_held(p, first, n, values, compute_only_range(), compute_only());
 }
 
 void ParamStore::zero_grads() {
@@ -219,6 +222,11 @@ void ParamStore::refresh_bf16_copy() { refresh_bf16_copy({0, total_}); }
 void ParamStore::refresh_bf16_copy(FlatRange range) {
   if (weights_bf16_ && !sharded_weights())
     convert_f32_to_bf16(weights_ + range.begin, weights_bf16_ + range.begin, range.size());
+}
+
+WeightShards weight_shards(const ParamStore& store, int shards) {
+  return {shard_ranges(store.total(), shards), shard_ranges(store.compute_only_total(), shards),
+          shard_ranges(store.four_bit_total(), shards, kFourBitShardAlign)};
 }
 
 }  // namespace keel::model

@@ -41,9 +41,12 @@ struct Param {
 
 // A 4-bit tensor's storage: element i is four_bit_values(type)[code i] * absmax[i / 64], code i in
 // the high nibble of packed[i / 2] for even i, the low one for odd i.
+// Every tensor starts on a multiple of this many elements of its buffer (64 bytes of fp32); a 4-bit
+// tensor on a multiple of kFourBitShardAlign.
+constexpr int64_t kParamAlignElements = 16;
 // ZeRO-3's shards of the 4-bit elements end on multiples of this: whole 64-element blocks, whose
 // codes and absmax values each split into whole 64-byte lines (the stores' tensor alignment).
-constexpr int64_t kFourBitShardAlign = 1024;
+constexpr int64_t kFourBitShardAlign = kFourBitBlockSize * kParamAlignElements;
 
 struct FourBitWeight {
   const uint8_t* packed = nullptr;
@@ -211,5 +214,12 @@ class ParamStore {
   std::vector<float> owned_weights_, owned_grads_, owned_adam_m_, owned_adam_v_;
   std::vector<bf16> owned_weights_bf16_;
 };
+
+// ZeRO-3: every rank's shard of a store's three buffers (fp32 masters, compute-only bf16, 4-bit
+// elements), in rank order; the decoder holds its rank's and the gathers move every rank's part.
+struct WeightShards {
+  std::vector<FlatRange> masters, compute_only, four_bit;
+};
+WeightShards weight_shards(const ParamStore& store, int shards);
 
 }  // namespace keel::model

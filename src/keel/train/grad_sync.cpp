@@ -84,9 +84,8 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
           "gradient sync: ZeRO stage {} but the decoder's weights are {}", options_.zero_stage,
           weights.sharded_weights() ? "sharded (ZeRO-3)" : "whole");
   if (options_.zero_stage >= 3) {
-    const int n = comm_.size();
-    const auto masters = shard_ranges(weights.total(), n), compute_only = shard_ranges(weights.compute_only_total(), n),
-               four_bit = shard_ranges(weights.four_bit_total(), n, model::kFourBitShardAlign);
+    const model::WeightShards shards = model::weight_shards(weights, comm_.size());
+    const auto &masters = shards.masters, &compute_only = shards.compute_only, &four_bit = shards.four_bit;
     // Element units per fp32 word: bf16 pairs, 8 4-bit codes, a 64-element block's absmax.
     for (const model::WeightGather& g : decoder_.weight_gathers()) {
       std::vector<Transfer> spans;

@@ -10,13 +10,13 @@
 #include <array>
 #include <atomic>
 #include <chrono>
-#include <cstdlib>
 #include <dnnl.hpp>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
 #include "keel/core/error.h"
+#include "keel/core/memory_plan.h"
 #include "keel/kernels/gemm.h"
 
 namespace keel::kernels {
@@ -191,35 +191,34 @@ void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta) { plan_for(b
 
 double measure_gemm(bool use_bf16, const GemmShape& s, int repeats) {
   validate(s);
-  // Operands on 64-byte lines, as the decoder's arena places them: oneDNN's AMX kernels run about
-  // 25% slower on operands 16 or 32 bytes off a line (what std::vector's allocation gives).
+  // The operands in an arena planned as the decoder's is (64-byte lines, pages touched up front):
+  // oneDNN's AMX kernels run about 25% slower on operands 16 or 32 bytes off a line, which is where
+  // std::vector's allocation puts them.
   const size_t a_elements = stored_elements(s.trans_a, s.m, s.k, s.lda);
   const size_t b_elements = stored_elements(s.trans_b, s.k, s.n, s.ldb);
   const size_t c_elements = size_t((s.m - 1) * s.ldc + s.n);
   const size_t element = use_bf16 ? sizeof(bf16) : sizeof(float);
-  auto lines = [](size_t bytes) {
-    const size_t rounded = (bytes + 63) / 64 * 64;
-    return std::unique_ptr<std::byte, decltype(&std::free)>(static_cast<std::byte*>(std::aligned_alloc(64, rounded)),
-                                                            &std::free);
-  };
-  auto a = lines(a_elements * element), b = lines(b_elements * element), c = lines(c_elements * sizeof(float));
-  require(a && b && c, "measure_gemm: cannot allocate the operands of {}x{}x{}", s.m, s.n, s.k);
-  if (use_bf16) {
-    std::fill_n(reinterpret_cast<bf16*>(a.get()), a_elements, float_to_bf16(0.5f));
-    std::fill_n(reinterpret_cast<bf16*>(b.get()), b_elements, float_to_bf16(0.25f));
-  } else {
-    std::fill_n(reinterpret_cast<float*>(a.get()), a_elements, 0.5f);
-    std::fill_n(reinterpret_cast<float*>(b.get()), b_elements, 0.25f);
-  }
+  MemoryPlan plan;
+  const int a_id = plan.add("a", MemoryCategory::Workspace, a_elements * element, 0, 0);
+  const int b_id = plan.add("b", MemoryCategory::Workspace, b_elements * element, 0, 0);
+  const int c_id = plan.add("c", MemoryCategory::Workspace, c_elements * sizeof(float), 0, 0);
+  Arena arena(plan.arena_bytes());
+  std::byte *a = arena.at<std::byte>(plan.offset(a_id)), *b = arena.at<std::byte>(plan.offset(b_id));
+  float* c = arena.at<float>(plan.offset(c_id));
   auto once = [&] {
     if (use_bf16)
-      gemm_bf16(s, reinterpret_cast<bf16*>(a.get()), reinterpret_cast<bf16*>(b.get()),
-                reinterpret_cast<float*>(c.get()), 0.0f);
+      gemm_bf16(s, reinterpret_cast<bf16*>(a), reinterpret_cast<bf16*>(b), c, 0.0f);
     else
-      gemm_f32(s, reinterpret_cast<float*>(a.get()), reinterpret_cast<float*>(b.get()),
-               reinterpret_cast<float*>(c.get()), 0.0f);
+      gemm_f32(s, reinterpret_cast<float*>(a), reinterpret_cast<float*>(b), c, 0.0f);
   };
-  once();  // warm-up: primitive creation and page faults
+  if (use_bf16) {
+    std::fill_n(reinterpret_cast<bf16*>(a), a_elements, float_to_bf16(0.5f));
+    std::fill_n(reinterpret_cast<bf16*>(b), b_elements, float_to_bf16(0.25f));
+  } else {
+    std::fill_n(reinterpret_cast<float*>(a), a_elements, 0.5f);
+    std::fill_n(reinterpret_cast<float*>(b), b_elements, 0.25f);
+  }
+  once();  // warm-up: primitive creation
   double best = 1e30;
   for (int r = 0; r < repeats; ++r) {
     auto t0 = std::chrono::steady_clock::now();
