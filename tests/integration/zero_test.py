@@ -98,7 +98,12 @@ def compare_stages(tag, ranks, lora=False, stage=2, **keys):
         optimizer.update(("w." + k, v) for k, v in hf_models.load_safetensors(
             os.path.join(WORK, name, "ck", "step-00000005", "weights.safetensors")).items())
         runs[stage] = (r.stdout, metrics(name), final_weights(name, lora), optimizer)
-    says = {2: "ZeRO-2: AdamW moments and gradients sharded over %d ranks" % ranks,
+    # bf16 full fine-tuning shards the fp32 masters from stage 1 on (DeepSpeed's ZeRO-1/2).
+    masters = keys.get("dtype") == "bf16" and not lora
+    says = {1: ("ZeRO-1: AdamW moments and fp32 masters sharded over %d ranks" if masters else
+                "ZeRO-1: AdamW moments sharded over %d ranks") % ranks,
+            2: ("ZeRO-2: AdamW moments, fp32 masters and gradients sharded over %d ranks" if masters else
+                "ZeRO-2: AdamW moments and gradients sharded over %d ranks") % ranks,
             3: ("ZeRO-3: the frozen base weights sharded over %d ranks" if lora else
                 "ZeRO-3: fp32 weights, AdamW moments and gradients sharded over %d ranks") % ranks}[sharded]
     check(says in runs[sharded][0], "%s: the run says what ZeRO-%d shards" % (tag, sharded))
@@ -149,6 +154,18 @@ def test_zero2_bf16_dp4_no_overlap():
 def test_zero2_lora():
     compare_stages("lora_dp2", 2, lora=True, finetuning_type="lora", lora_rank=4, lora_target="all",
                    lora_dropout=0.1)
+
+
+def test_zero1_bf16_dp2_tied_evaluation():
+    """bf16 ZeRO-1 shards the fp32 masters: the weights the step reads are gathered after each
+    optimizer step into resident buffers (the tied embedding twice: looked up in fp32, read by the
+    LM head in bf16), waited for where the next step or the evaluation first reads them."""
+    compare_stages("bf16_dp2_z1", 2, stage=1, dtype="bf16", eval_data_path=DATA, eval_interval=2,
+                   model={"tie_word_embeddings": True})
+
+
+def test_zero1_bf16_dp4_no_overlap():
+    compare_stages("bf16_dp4_z1", 4, stage=1, dtype="bf16", overlap_grad_sync=False, gradient_accumulation_steps=1)
 
 
 def test_zero3_fp32_dp2_evaluation():
@@ -236,16 +253,40 @@ def test_zero3_lora_modules_to_save_dp2():
 
 def test_zero2_bit_identical_to_zero1():
     """One micro-batch per step and rank-ordered sums: ZeRO-2 adds exactly what ZeRO-1 adds (each
-    gradient reduced once, into zero), so the final model is the same bytes."""
-    finals = {}
-    for stage in (1, 2, 3):
-        name = "exact_zero%d" % stage
-        r = train(write_recipe(name, zero_stage=stage, gradient_accumulation_steps=1, deterministic_reduce=True), 2)
-        if not check(r.returncode == 0, "ZeRO-%d deterministic run%s" % (stage, r.why)):
-            return
-        finals[stage] = final_bytes(name)
-    check(finals[1] == finals[2], "ZeRO-2 trains bit-identically to ZeRO-1 with one micro-batch per step")
-    check(finals[3] == finals[2], "ZeRO-3 trains bit-identically to ZeRO-2 with one micro-batch per step")
+    gradient reduced once, into zero), so the final model is the same bytes; in fp32, and in bf16,
+    where ZeRO-1/2 hold a shard of the masters and gather the bf16 weights after each step and
+    ZeRO-3 gathers them where each position reads them."""
+    for dtype in ("fp32", "bf16"):
+        finals = {}
+        for stage in (1, 2, 3):
+            name = "exact_%s_zero%d" % (dtype, stage)
+            r = train(write_recipe(name, zero_stage=stage, dtype=dtype, gradient_accumulation_steps=1,
+                                   deterministic_reduce=True), 2)
+            if not check(r.returncode == 0, "%s ZeRO-%d deterministic run%s" % (dtype, stage, r.why)):
+                return
+            finals[stage] = final_bytes(name)
+        check(finals[1] == finals[2], "%s: ZeRO-2 trains bit-identically to ZeRO-1 with one micro-batch per step" % dtype)
+        check(finals[3] == finals[2], "%s: ZeRO-3 trains bit-identically to ZeRO-2 with one micro-batch per step" % dtype)
+
+
+def test_resume_bf16_sharded_masters():
+    """bf16 ZeRO-1 on 2 ranks stopped after step 2 resumes as ZeRO-2 on 2 ranks: the resident weights
+    are gathered from the loaded shards, and the run ends on the uninterrupted ZeRO-2 run's bytes
+    (one micro-batch per step, rank-ordered sums: the same additions)."""
+    keys = dict(dtype="bf16", gradient_accumulation_steps=1, deterministic_reduce=True)
+    whole = "resume_bf16_whole"
+    r = train(write_recipe(whole, zero_stage=2, **keys), 2)
+    if not check(r.returncode == 0, "uninterrupted bf16 ZeRO-2 run" + r.why):
+        return
+    name = "resume_bf16_zero1_to_zero2"
+    ck = {"checkpoint_dir": os.path.join(WORK, name, "ck"), "save_interval": 1}
+    r = train(write_recipe(name, zero_stage=1, **keys, **ck), 2, "--stop-after", "2")
+    if not check(r.returncode == 0, "bf16 ZeRO-1 first part" + r.why):
+        return
+    r = train(write_recipe(name, zero_stage=2, **keys, **ck), 2, "--resume", "auto")
+    if not check(r.returncode == 0 and "resumed from" in r.stdout, "bf16 ZeRO-2 resumed" + r.why):
+        return
+    check(final_bytes(name) == final_bytes(whole), "the resumed bf16 run ends on the uninterrupted run's bytes")
 
 
 def test_resume_across_stages_and_world_sizes():
@@ -302,6 +343,22 @@ def test_plan_shards_gradients():
           p3["optimizer state"] == p2["optimizer state"],
           "ZeRO-3 plans a quarter of the master weights at dp = 4, ZeRO-2's gradients and moments (%s vs %s)"
           % (p3, p2))
+    # bf16: from ZeRO-1 on the fp32 masters are a quarter (as ZeRO-3's), the bf16 weights whole.
+    path = write_recipe("plan_bf16", dp_degree=4, dtype="bf16")
+    for stage in (0, 1, 2, 3):
+        r = subprocess.run([KEEL, "plan", path, "--json", "--zero", str(stage)], capture_output=True, text=True)
+        if not check(r.returncode == 0, "keel plan bf16 --zero %d (%s)" % (stage, r.stderr[-300:])):
+            return
+        plans[stage] = json.loads(r.stdout)["categories"]
+    for stage in (1, 2):
+        check(plans[stage]["master weights"] == plans[3]["master weights"] and
+              plans[0]["master weights"] / 4 <= plans[stage]["master weights"] <= plans[0]["master weights"] / 4 + 256,
+              "bf16 ZeRO-%d plans ZeRO-3's quarter of the masters (%s vs %s)" % (stage, plans[stage], plans[0]))
+        check(plans[stage]["compute weights"] >= plans[0]["compute weights"],
+              "bf16 ZeRO-%d keeps the weights the step reads whole (%s vs %s)" % (stage, plans[stage], plans[0]))
+    r = subprocess.run([KEEL, "plan", path, "--zero", "1"], capture_output=True, text=True)
+    check(r.returncode == 0 and "fp32 master, 1/4 shard (ZeRO-1)" in r.stdout and
+          "whole, gathered after each optimizer step" in r.stdout, "the bf16 ZeRO-1 report says what is sharded")
 
 
 if __name__ == "__main__":

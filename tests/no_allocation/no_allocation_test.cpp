@@ -441,28 +441,27 @@ TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
 // micro-batch and the waits of the position hook, and under ZeRO-3 the weight gathers. The step is train::GradSync's, as the trainer
 // runs it. The communication thread is not counted: its MPI calls allocate inside Open MPI (the
 // allreduce's scratch buffer), outside keel's control.
-void expect_no_allocation_in_data_parallel_steps(int zero_stage, bool lora = false, bool four_bit = false) {
+void expect_no_allocation_in_data_parallel_steps(int zero_stage, bool lora = false, bool four_bit = false,
+                                                 model::Precision precision = model::Precision::BF16) {
   if (!distributed::launched_by_mpi()) GTEST_SKIP() << "runs under mpirun (ctest -R mpi.no_allocation)";
   static auto comm = distributed::make_communicator(60);  // one MPI session for the whole process
   const int ranks = comm->size();
   const auto config = small_model("llama");
   const int64_t batch = 2, seq = 32;
   model::DecoderOptions options{false, true, 0};
-  if (zero_stage >= 1) {
-    options.optimizer_shards = ranks;
-    options.optimizer_shard = comm->rank();
-    options.shard_gradients = zero_stage >= 2;
-    options.shard_weights = zero_stage >= 3;
-  }
   if (lora) options.lora.rank = 4;
+  // As a training run shards them (bf16 full fine-tuning: the fp32 masters from ZeRO-1 on).
+  run::set_zero_stage(options, zero_stage, ranks, precision);
+  options.optimizer_shard = zero_stage >= 1 ? comm->rank() : 0;
   options.four_bit_base = four_bit;
-  model::Decoder decoder(config, model::Precision::BF16, batch, seq, options);
+  model::Decoder decoder(config, precision, batch, seq, options);
   decoder.init_random(1);
   decoder.init_adapter(2);
   model::ParamStore& params = decoder.trainable();
   train::AdamW optimizer(decoder.backend(), params, {0.9, 0.999, 1e-8, 0.01});
   // Many small buckets: many collectives.
   train::GradSync sync(decoder, *comm, {.zero_stage = zero_stage, .bucket_bytes = 4096, .overlap = true});
+  sync.weights_loaded();  // sharded masters: the weights the step reads, from every rank's shard
   const Batch b = random_batch(batch, seq, config.vocab_size, 7 + uint64_t(comm->rank()));
 
   auto step = [&](int64_t number) {
@@ -494,11 +493,16 @@ void expect_no_allocation_in_data_parallel_steps(int zero_stage, bool lora = fal
 }
 
 TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothing) { expect_no_allocation_in_data_parallel_steps(0); }
+// bf16 ZeRO-1/2: the fp32 masters sharded, the resident weights gathered after each step.
 TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroOne) {
   expect_no_allocation_in_data_parallel_steps(1);
 }
 TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroTwo) {
   expect_no_allocation_in_data_parallel_steps(2);
+}
+// fp32 ZeRO-2: the masters whole, gathered span by span into the next step's forward pass.
+TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroTwoInFp32) {
+  expect_no_allocation_in_data_parallel_steps(2, false, false, model::Precision::F32);
 }
 // ZeRO-3: every position's weight gathers, started ahead and waited for, and their bf16 copies.
 TEST(NoAllocationDataParallel, TrainingThreadAllocatesNothingWithZeroThree) {

@@ -6,7 +6,9 @@
 // same. A gather waited for at the wrong position, a tensor pointed at the wrong buffer, a buffer
 // reused while its gather is in flight or this rank's part not copied in would show here. Under
 // LoRA and QLoRA the frozen base is what is gathered (fp32 norms, bf16 matrices, 4-bit codes and
-// absmax values) and the adapter's gradients are what is reduced.
+// absmax values) and the adapter's gradients are what is reduced. bf16 ZeRO-1/2's sharded masters
+// use the same gathers into resident buffers, filled once after loading and after each optimizer
+// step (ResidentGather).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,6 +25,7 @@
 #include "keel/core/four_bit.h"
 #include "keel/model/decoder.h"
 #include "keel/train/grad_sync.h"
+#include "keel/train/optimizer.h"
 
 namespace keel::model {
 namespace {
@@ -127,6 +130,20 @@ struct Case {
   bool lora = false, four_bit = false;  // LoRA / QLoRA: the frozen base is what is sharded
 };
 
+// What every sharded rank must reproduce: the replicated model's evaluation loss on the first of
+// two batches and the losses of both as the micro-batches of one step (gradients accumulated).
+struct ReplicatedStep {
+  test::Batch data[2];
+  double eval_loss = 0, losses[2] = {0, 0};
+  ReplicatedStep(Decoder& replicated, int64_t batch, int64_t seq)
+      : data{test::random_batch(batch, seq, replicated.config().vocab_size, 11),
+             test::random_batch(batch, seq, replicated.config().vocab_size, 12)} {
+    eval_loss = replicated.forward_loss(data[0].view(batch, seq));
+    replicated.trainable().zero_grads();
+    for (int i = 0; i < 2; ++i) losses[i] = replicated.forward_backward(data[i].view(batch, seq), 0.01);
+  }
+};
+
 void expect_gathered_step_equals_replicated(const Case& c, const std::string& backend) {
   // QLoRA's projections are quantized in 64-element blocks of whole rows.
   ModelConfig config = c.four_bit ? test::tiny_config(c.family, std::nullopt, 64, 128) : test::tiny_config(c.family);
@@ -138,12 +155,8 @@ void expect_gathered_step_equals_replicated(const Case& c, const std::string& ba
   Decoder replicated(config, c.precision, batch, seq, base);
   replicated.init_random(3, 0.2);
   replicated.init_adapter(5);
-  const test::Batch data[2] = {test::random_batch(batch, seq, config.vocab_size, 11),
-                               test::random_batch(batch, seq, config.vocab_size, 12)};
-  const double eval_loss = replicated.forward_loss(data[0].view(batch, seq));
-  replicated.trainable().zero_grads();
-  double losses[2];
-  for (int i = 0; i < 2; ++i) losses[i] = replicated.forward_backward(data[i].view(batch, seq), 0.01);
+  const ReplicatedStep step(replicated, batch, seq);
+  const auto& [data, eval_loss, losses] = step;
   ParamStore& whole = replicated.params();
 
   for (int rank = 0; rank < 2; ++rank) {
@@ -206,6 +219,87 @@ TEST_P(ZeroThreeGather, StepComputesWhatReplicatedTrainingComputes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ZeroThreeGather, test::each_backend());
+
+// bf16 ZeRO-2 with sharded masters (DecoderOptions::shard_masters): after loading, every gather runs
+// once into resident buffers, and evaluation and the step read them (the same losses bit for bit,
+// no gather inside a call, every tensor pointed at its buffers for good). After an optimizer step
+// on the same summed gradients as the replicated model's, this rank's part of each gather (the
+// optimizer's bf16 casts, the fp32 runs copied) is the replicated model's, and the next evaluation
+// computes what the replicated one does.
+void expect_resident_step_equals_replicated(const std::string& family, bool tied, const std::string& backend) {
+  ModelConfig config = test::tiny_config(family);
+  config.tie_word_embeddings = tied;
+  const int64_t batch = 2, seq = 12;
+  const DecoderOptions base = test::on_backend(backend, {false, true, 0});
+  Decoder replicated(config, Precision::BF16, batch, seq, base);
+  replicated.init_random(3, 0.2);
+  const ReplicatedStep step(replicated, batch, seq);
+  const auto& [data, eval_loss, losses] = step;
+  ParamStore& whole = replicated.params();
+  // The sharded ranks' summed gradients are twice these (two identical ranks): the replicated
+  // optimizer steps on twice its own, exactly (a power of two).
+  const std::vector<float> single(whole.grads(), whole.grads() + whole.total());
+  std::vector<float> doubled(single.size());
+  for (size_t e = 0; e < single.size(); ++e) doubled[e] = 2.0f * single[e];
+  std::copy(doubled.begin(), doubled.end(), whole.grads());
+  train::AdamW replicated_adam(replicated.backend(), whole, {0.9, 0.999, 1e-8, 0.1});
+  replicated_adam.step(1e-2, 1);
+  std::copy(single.begin(), single.end(), whole.grads());  // what the shards are compared with
+  const double eval_after = replicated.forward_loss(data[1].view(batch, seq));
+
+  for (int rank = 0; rank < 2; ++rank) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    Decoder replicated_again(config, Precision::BF16, batch, seq, base);  // the model before the step
+    replicated_again.init_random(3, 0.2);
+    DecoderOptions options = test::zero_rank_options(base, rank, 2);
+    options.shard_masters = true;
+    Decoder sharded(config, Precision::BF16, batch, seq, options);
+    sharded.init_random(3, 0.2);
+    ParamStore& params = sharded.params();
+    ASSERT_TRUE(params.sharded_weights() && sharded.resident_gathers());
+    EXPECT_THROW(params.weights(), Error) << "no whole fp32 buffer with sharded masters";
+    LateCommunicator comm(rank, replicated_again.params());
+    comm.follow(sharded.weight_gathers());
+    train::GradSync sync(sharded, comm, {.zero_stage = 2, .bucket_bytes = 600, .overlap = true});
+    EXPECT_THROW(sharded.forward_loss(data[0].view(batch, seq)), Error) << "never gathered: nothing to read";
+    sync.weights_loaded();
+    EXPECT_EQ(comm.gathers(), int64_t(comm.transfers()));
+    EXPECT_EQ(comm.own_part_mismatches(), 0) << "this rank's part cast and copied before each gather";
+    EXPECT_EQ(sharded.forward_loss(data[0].view(batch, seq)), eval_loss);
+    sync.begin_step();
+    for (int i = 0; i < 2; ++i) {
+      sync.before_micro_batch(i == 1);
+      EXPECT_EQ(sharded.forward_backward(data[i].view(batch, seq), 0.01), losses[i]) << "micro-batch " << i;
+      sync.after_micro_batch();
+    }
+    EXPECT_EQ(comm.gathers(), int64_t(comm.transfers())) << "no gather inside a call: the buffers stay";
+    for (const Param& p : params.params()) {
+      const int i = int(&p - params.params().data());
+      EXPECT_TRUE(params.weight(i) != nullptr || params.weight_bf16(i) != nullptr) << p.name << " points nowhere";
+    }
+    test::expect_shard_is_twice_replicated(sharded.trainable(), replicated.trainable());
+    // The optimizer step on exactly the replicated gradients' shard, then the gather after it.
+    const FlatRange mine = params.optimizer_range();
+    std::copy_n(doubled.begin() + mine.begin, mine.size(), params.shard_grads());
+    train::AdamW adam(sharded.backend(), params, {0.9, 0.999, 1e-8, 0.1});
+    adam.step(1e-2, 1);
+    LateCommunicator after(rank, whole);  // the other rank's parts from the stepped replicated model
+    after.follow(sharded.weight_gathers());
+    sharded.set_weight_gather_hooks({});
+    train::GradSync sync_after(sharded, after, {.zero_stage = 2, .bucket_bytes = 600, .overlap = true});
+    sync_after.gather_weights();
+    EXPECT_EQ(after.own_part_mismatches(), 0) << "the optimizer step's bf16 casts and the fp32 runs, this rank's part";
+    EXPECT_EQ(sharded.forward_loss(data[1].view(batch, seq)), eval_after);
+  }
+}
+
+TEST_P(ZeroThreeGather, ResidentGathersOfShardedMastersComputeWhatReplicatedTrainingComputes) {
+  for (const auto& [family, tied] :
+       {std::pair<std::string, bool>{"llama", false}, {"llama", true}, {"qwen3", true}, {"glm_original", false}}) {
+    SCOPED_TRACE(family + (tied ? " tied" : ""));
+    expect_resident_step_equals_replicated(family, tied, GetParam());
+  }
+}
 
 // The plan: a shard of the masters, no whole bf16 copy, and of the gathered buffers at most the
 // ones of two positions alive at once (the one computing, the next one's in flight). In bf16 a

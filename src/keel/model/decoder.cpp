@@ -148,7 +148,7 @@ int64_t round_up(int64_t n, int64_t unit) { return (n + unit - 1) / unit * unit;
 
 // bf16_copies: bf16 precision with trained masters (full fine-tuning), whose GEMMs read bf16 copies.
 std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const DecoderParamIds& ids,
-                                              const ParamStore& params, bool bf16_copies) {
+                                              const ParamStore& params, bool bf16_copies, bool resident) {
   const StepTimeline t{int32_t(c.num_layers)};
   // Each storage's tensors of a group are contiguous in their own buffer (declared in order). The
   // compute-only spans end where the store's alignment does, so their shards' parts are whole
@@ -201,7 +201,7 @@ std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const Decode
     const int first = ids.layers[size_t(l)].input_norm;
     const int last = l + 1 < c.num_layers ? ids.layers[size_t(l + 1)].input_norm - 1 : ids.final_norm - 1;
     gather(first, last, t.forward(l));
-    gather(first, last, t.backward(l));
+    if (!resident) gather(first, last, t.backward(l));  // resident buffers still hold the forward's
   }
   const int head_last = c.tie_word_embeddings ? ids.final_norm : ids.lm_head;
   gather(ids.final_norm, head_last, t.head());
@@ -211,8 +211,22 @@ std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const Decode
   return out;
 }
 
+// The weight gathers the options ask for: ZeRO-3's, one per position that reads weights; the
+// resident ones of sharded masters (ZeRO-1/2 in bf16), one per position that reads weights first
+// (the tied embedding twice: looked up in fp32, read by the LM head in bf16); or none.
+std::vector<WeightGather> weight_gathers_for(const ModelConfig& c, const DecoderParamIds& ids, const ParamStore& params,
+                                             Precision precision, const DecoderOptions& options) {
+  const bool bf16_copies = precision == Precision::BF16 && !options.lora.enabled();
+  if (options.shard_weights) return plan_weight_gathers(c, ids, params, bf16_copies, false);
+  if (!options.shard_masters) return {};
+  require(bf16_copies,
+          "decoder: sharded fp32 masters (ZeRO-1/2) need bf16 full fine-tuning: in fp32 the masters are the weights "
+          "the step reads, and LoRA's frozen base has none to shard");
+  return plan_weight_gathers(c, ids, params, true, true);
+}
+
 // A gathered buffer's name in the plan: what it holds and where it is read.
-std::string gathered_name(const StepTimeline& t, const ParamStore& params, const WeightGather& g) {
+std::string gathered_name(const StepTimeline& t, const ParamStore& params, const WeightGather& g, bool resident) {
   const std::string& first = params.param(g.first_param).name;
   const std::string what = first == "embed"        ? "embed"
                            : first == "final_norm" ? "final_norm + lm_head"
@@ -221,7 +235,8 @@ std::string gathered_name(const StepTimeline& t, const ParamStore& params, const
                             : g.position <= t.layers
                                 ? fmt::format("forward of layer {}", g.position - 1)
                                 : fmt::format("backward of layer {}", t.head() + t.layers - g.position);
-  return fmt::format("weights.gathered ({}, read in the {})", what, where);
+  return resident ? fmt::format("weights.resident ({}, first read in the {})", what, where)
+                  : fmt::format("weights.gathered ({}, read in the {})", what, where);
 }
 
 // What the plan and the constructor both refuse, before anything is laid out.
@@ -234,6 +249,9 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           "decoder: sharded gradients (ZeRO-2) need the optimizer state sharded over more than one rank");
   require(!options.shard_weights || options.shard_gradients,
           "decoder: sharded weights (ZeRO-3) need sharded gradients (ZeRO-2)");
+  require(!options.shard_masters || (options.optimizer_state && options.optimizer_shards > 1 && !options.shard_weights),
+          "decoder: sharded masters (ZeRO-1/2) need the optimizer state sharded over more than one rank, and not "
+          "ZeRO-3 (which shards them itself)");
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
@@ -340,11 +358,12 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
 
   DecoderLayout d;
   const int32_t always = 0, end = t.last();
-  if (options.shard_weights) {
+  if (options.shard_weights || options.shard_masters) {
     // ZeRO-3: this rank's shard of the masters (every rank plans the largest, shard 0) and, under
     // LoRA in bf16, of the frozen bf16 matrices; each gather's buffers (WeightGather: what it
     // carries in fp32, in bf16, as 4-bit) from the position before the one that reads it (the
-    // first position's: that one alone).
+    // first position's: that one alone). Sharded masters (ZeRO-1/2): the same shard, and the
+    // resident gathers' buffers across steps.
     const int shards = options.optimizer_shards;
     const WeightShards held = weight_shards(params, shards);
     d.weights =
@@ -352,23 +371,23 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     if (params.compute_only_total() > 0)
       d.compute_only_shard = add(fmt::format("weights.bf16 (frozen matrices, 1/{} shard)", shards), Cat::ComputeWeights,
                                  held.compute_only[0].size(), b16, always, end);
+    const bool resident = options.shard_masters;
     for (const WeightGather& g : gathers) {
-      const int32_t first = std::max(g.position - 1, t.forward(0));
-      const std::string name = gathered_name(t, params, g);
-      d.gathered.push_back(g.fp32_elements > 0 ? add(name, Cat::ComputeWeights, g.fp32_elements, f32, first, g.position)
+      const int32_t first = resident ? always : std::max(g.position - 1, t.forward(0));
+      const int32_t last = resident ? end : g.position;
+      const std::string name = gathered_name(t, params, g, resident);
+      d.gathered.push_back(g.fp32_elements > 0 ? add(name, Cat::ComputeWeights, g.fp32_elements, f32, first, last)
                                                : -1);
-      d.gathered_b.push_back(g.bf16_span.size() > 0
-                                 ? add(name + ".bf16", Cat::ComputeWeights, g.bf16_span.size(), b16, first, g.position)
-                                 : -1);
+      d.gathered_b.push_back(
+          g.bf16_span.size() > 0 ? add(name + ".bf16", Cat::ComputeWeights, g.bf16_span.size(), b16, first, last) : -1);
       d.gathered_c.push_back(g.compute_only.size() > 0 ? add(name + " (frozen matrices, bf16)", Cat::ComputeWeights,
-                                                             g.compute_only.size(), b16, first, g.position)
+                                                             g.compute_only.size(), b16, first, last)
                                                        : -1);
       const bool four_bit = g.four_bit.size() > 0;
       d.gathered_4bit.push_back(
-          four_bit ? add(name + " (4-bit codes)", Cat::ComputeWeights, g.four_bit.size() / 2, 1, first, g.position)
-                   : -1);
+          four_bit ? add(name + " (4-bit codes)", Cat::ComputeWeights, g.four_bit.size() / 2, 1, first, last) : -1);
       d.gathered_4bit_absmax.push_back(four_bit ? add(name + " (4-bit absmax)", Cat::ComputeWeights,
-                                                      g.four_bit.size() / kFourBitBlockSize, f32, first, g.position)
+                                                      g.four_bit.size() / kFourBitBlockSize, f32, first, last)
                                                 : -1);
     }
   } else {
@@ -554,10 +573,7 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
   const std::vector<GradGroup> groups =
       options.shard_gradients ? gradient_groups(config, ids, layout.modules.empty() ? params : adapter, layout)
                               : std::vector<GradGroup>{};
-  const std::vector<WeightGather> gathers =
-      options.shard_weights
-          ? plan_weight_gathers(config, ids, params, precision == Precision::BF16 && !options.lora.enabled())
-          : std::vector<WeightGather>{};
+  const std::vector<WeightGather> gathers = weight_gathers_for(config, ids, params, precision, options);
   MemoryPlan plan;
   describe_memory(config, params, adapter_shape(config, layout.modules, adapter, options.lora), groups, gathers,
                   precision, max_batch, max_seq, options, plan);
@@ -720,8 +736,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     AdapterLayout layout = declare_adapter(c, ids_, options_.lora, adapter_);
     if (options_.shard_gradients)
       grad_groups_ = gradient_groups(c, ids_, layout.modules.empty() ? params_ : adapter_, layout);
-    if (options_.shard_weights)
-      weight_gathers_ = plan_weight_gathers(c, ids_, params_, precision_ == Precision::BF16 && layout.modules.empty());
+    weight_gathers_ = weight_gathers_for(c, ids_, params_, precision_, options_);
     lora_ = std::move(layout.modules);
     saved_ = std::move(layout.saved);
     trained_embed_ = layout.embed;
@@ -786,7 +801,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     }
     trained.bind_staged_grads(std::move(grad_at), f32(d.grad_shard));
   }
-  if (options_.shard_weights) {  // ZeRO-3: a shard of the model's weights; each gather's buffers
+  if (options_.shard_weights || options_.shard_masters) {  // a shard of the model's masters; each gather's buffers
     const int shards = options_.optimizer_shards, shard = options_.optimizer_shard;
     const WeightShards all = weight_shards(params_, shards);
     params_.shard_weights(all.masters[size_t(shard)], all.compute_only[size_t(shard)], all.four_bit[size_t(shard)]);
@@ -807,6 +822,12 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     if (d.four_bit_packed >= 0)
       params_.bind_four_bit(reinterpret_cast<uint8_t*>(b.at[size_t(d.four_bit_packed)]), f32(d.four_bit_absmax));
     adapter_.bind(f32(d.lora_weights), f32(d.lora_grads), b16(d.lora_weights_bf16), f32(d.adam_m), f32(d.adam_v));
+  }
+  // Sharded masters: the step's weights are the resident buffers, for good (the optimizer step
+  // writes its bf16 casts there too). refresh_resident_weights() fills them.
+  if (resident_gathers()) {
+    for (const WeightGather& g : weight_gathers_) point_at_gather(g, true);
+    resident_wait_ = weight_gathers_.size();
   }
 
   rope_ = kernels::RopeTable::build(c.rotary_dim, c.rope_interleaved, c.rope_theta, max_seq_);
@@ -1289,7 +1310,7 @@ void Decoder::backward(const MicroBatch& mb) {
 std::vector<WeightGather> Decoder::first_weight_reads() const {
   std::vector<WeightGather> first;
   std::vector<bool> seen(params_.params().size(), false);
-  for (const WeightGather& g : plan_weight_gathers(config_, ids_, params_, false)) {  // sorted by position
+  for (const WeightGather& g : plan_weight_gathers(config_, ids_, params_, false, false)) {  // sorted by position
     if (seen[size_t(g.first_param)]) continue;
     for (int p = g.first_param; p <= g.last_param; ++p) seen[size_t(p)] = true;
     first.push_back({g.first_param, g.last_param, g.range, g.position});
@@ -1302,59 +1323,96 @@ void Decoder::enter_position(int32_t position) {
   for (const GradGroup& g : grad_groups_)
     if (g.first_written == position) std::fill_n(g.staging, g.range.size(), 0.0f);
   if (weight_gathers_.empty()) return;
+  if (resident_gathers()) {  // the refresh's gathers the position reads first (in position order)
+    for (; resident_wait_ < weight_gathers_.size() && weight_gathers_[resident_wait_].position <= position;
+         ++resident_wait_)
+      gather_hooks_.wait(resident_wait_);
+    return;
+  }
   // ZeRO-3. The first position's gathers were not started ahead: start them now.
   if (position == StepTimeline{int32_t(config_.num_layers)}.forward(0)) start_gathers(position);
   for (size_t i = 0; i < weight_gathers_.size(); ++i) {
     const WeightGather& g = weight_gathers_[i];
     if (g.position != position) continue;
     gather_hooks_.wait(i);
-    for (int p = g.first_param; p <= g.last_param; ++p) {
-      const Param& param = params_.param(p);
-      if (param.storage == ParamStorage::Bf16) {  // a frozen bf16 matrix (LoRA)
-        params_.point_at(p, nullptr, g.compute_only_weights + (param.offset - g.compute_only.begin));
-        continue;
-      }
-      if (param.storage == ParamStorage::FourBit) {  // a frozen 4-bit matrix (QLoRA)
-        const int64_t at = param.offset - g.four_bit.begin;
-        params_.point_at_four_bit(p, g.four_bit_packed + at / 2, g.four_bit_absmax + at / kFourBitBlockSize);
-        continue;
-      }
-      float* fp32 = nullptr;
-      for (const WeightGather::Run& run : g.fp32_runs)
-        if (run.range.contains(param.offset)) fp32 = g.weights + run.at + (param.offset - run.range.begin);
-      params_.point_at(p, fp32, g.bf16_span.size() > 0 ? g.weights_bf16 + (param.offset - g.bf16_span.begin) : nullptr);
-    }
+    point_at_gather(g, false);
   }
   if (position < last_position_) start_gathers(position + 1);
 }
 
-// Copies this rank's part of each gather read at `position` into its buffers and starts it.
-void Decoder::start_gathers(int32_t position) {
+// Points the tensors of gather g at its buffers. `keep`: a tensor's address in another gather
+// stays (resident gathers: the tied embedding is looked up from one and read by the LM head from
+// another); otherwise what g does not hold is null (ZeRO-3: no address outlives its buffer).
+void Decoder::point_at_gather(const WeightGather& g, bool keep) {
+  for (int p = g.first_param; p <= g.last_param; ++p) {
+    const Param& param = params_.param(p);
+    if (param.storage == ParamStorage::Bf16) {  // a frozen bf16 matrix (LoRA)
+      params_.point_at(p, nullptr, g.compute_only_weights + (param.offset - g.compute_only.begin));
+      continue;
+    }
+    if (param.storage == ParamStorage::FourBit) {  // a frozen 4-bit matrix (QLoRA)
+      const int64_t at = param.offset - g.four_bit.begin;
+      params_.point_at_four_bit(p, g.four_bit_packed + at / 2, g.four_bit_absmax + at / kFourBitBlockSize);
+      continue;
+    }
+    float* fp32 = keep ? params_.weight(p) : nullptr;
+    for (const WeightGather::Run& run : g.fp32_runs)
+      if (run.range.contains(param.offset)) fp32 = g.weights + run.at + (param.offset - run.range.begin);
+    bf16* copy = keep ? params_.weight_bf16(p) : nullptr;
+    if (g.bf16_span.size() > 0) copy = g.weights_bf16 + (param.offset - g.bf16_span.begin);
+    params_.point_at(p, fp32, copy);
+  }
+}
+
+void Decoder::stage_gather(size_t i, bool cast) {
   const FlatRange held = params_.master_range(), held_c = params_.compute_only_range(),
                   held_4 = params_.four_bit_range();
+  const WeightGather& g = weight_gathers_[i];
+  for (const WeightGather::Run& run : g.fp32_runs)
+    if (const FlatRange mine = run.range.intersect(held); mine.size() > 0)
+      std::copy_n(params_.masters() + (mine.begin - held.begin), mine.size(),
+                  g.weights + run.at + (mine.begin - run.range.begin));
+  // The GEMMs' bf16: this rank casts its part, the gather moves bf16 (the bits a cast after it gives).
+  if (const FlatRange mine = g.bf16_span.intersect(held); cast && mine.size() > 0)
+    backend_.cast_to_bf16(params_.masters() + (mine.begin - held.begin),
+                          g.weights_bf16 + (mine.begin - g.bf16_span.begin), mine.size());
+  const FlatRange mine_c = g.compute_only.intersect(held_c);
+  if (mine_c.size() > 0)
+    std::copy_n(params_.compute_only() + (mine_c.begin - held_c.begin), mine_c.size(),
+                g.compute_only_weights + (mine_c.begin - g.compute_only.begin));
+  if (const FlatRange mine_4 = g.four_bit.intersect(held_4); mine_4.size() > 0) {  // whole blocks
+    const int64_t from = mine_4.begin - held_4.begin, to = mine_4.begin - g.four_bit.begin;
+    std::copy_n(params_.four_bit_packed() + from / 2, mine_4.size() / 2, g.four_bit_packed + to / 2);
+    std::copy_n(params_.four_bit_absmax() + from / kFourBitBlockSize, mine_4.size() / kFourBitBlockSize,
+                g.four_bit_absmax + to / kFourBitBlockSize);
+  }
+}
+
+// Copies this rank's part of each gather read at `position` into its buffers and starts it.
+void Decoder::start_gathers(int32_t position) {
   for (size_t i = 0; i < weight_gathers_.size(); ++i) {
-    const WeightGather& g = weight_gathers_[i];
-    if (g.position != position) continue;
-    for (const WeightGather::Run& run : g.fp32_runs)
-      if (const FlatRange mine = run.range.intersect(held); mine.size() > 0)
-        std::copy_n(params_.masters() + (mine.begin - held.begin), mine.size(),
-                    g.weights + run.at + (mine.begin - run.range.begin));
-    // The GEMMs' bf16: this rank casts its part, the gather moves bf16 (the bits a cast after it gives).
-    if (const FlatRange mine = g.bf16_span.intersect(held); mine.size() > 0)
-      backend_.cast_to_bf16(params_.masters() + (mine.begin - held.begin),
-                            g.weights_bf16 + (mine.begin - g.bf16_span.begin), mine.size());
-    const FlatRange mine_c = g.compute_only.intersect(held_c);
-    if (mine_c.size() > 0)
-      std::copy_n(params_.compute_only() + (mine_c.begin - held_c.begin), mine_c.size(),
-                  g.compute_only_weights + (mine_c.begin - g.compute_only.begin));
-    if (const FlatRange mine_4 = g.four_bit.intersect(held_4); mine_4.size() > 0) {  // whole blocks
-      const int64_t from = mine_4.begin - held_4.begin, to = mine_4.begin - g.four_bit.begin;
-      std::copy_n(params_.four_bit_packed() + from / 2, mine_4.size() / 2, g.four_bit_packed + to / 2);
-      std::copy_n(params_.four_bit_absmax() + from / kFourBitBlockSize, mine_4.size() / kFourBitBlockSize,
-                  g.four_bit_absmax + to / kFourBitBlockSize);
-    }
+    if (weight_gathers_[i].position != position) continue;
+    stage_gather(i, true);
     gather_hooks_.start(i);
   }
+}
+
+void Decoder::refresh_resident_weights(bool bf16_written) {
+  require(resident_gathers(),
+          "decoder: refresh_resident_weights without sharded masters (DecoderOptions::shard_masters)");
+  require(gather_hooks_.start && gather_hooks_.wait,
+          "decoder: the masters are sharded (ZeRO-1/2) but nothing gathers them (set_weight_gather_hooks)");
+  settle_resident_weights();  // a refresh still in flight writes the buffers this one stages into
+  for (size_t i = 0; i < weight_gathers_.size(); ++i) {
+    stage_gather(i, !bf16_written);
+    gather_hooks_.start(i);
+  }
+  resident_wait_ = 0;
+  resident_filled_ = true;
+}
+
+void Decoder::settle_resident_weights() {
+  for (; resident_wait_ < weight_gathers_.size(); ++resident_wait_) gather_hooks_.wait(resident_wait_);
 }
 
 struct Decoder::CallScope {
@@ -1362,10 +1420,13 @@ struct Decoder::CallScope {
   CallScope(Decoder& decoder, int32_t last_position) : d(decoder) {
     require(d.weight_gathers_.empty() || (d.gather_hooks_.start && d.gather_hooks_.wait),
             "decoder: the weights are sharded (ZeRO-3) but nothing gathers them (set_weight_gather_hooks)");
+    require(!d.resident_gathers() || d.resident_filled_,
+            "decoder: the masters are sharded (ZeRO-1/2) and the weights the step reads were never gathered "
+            "(refresh_resident_weights after loading or initialising)");
     d.last_position_ = last_position;
   }
   ~CallScope() {
-    if (!d.weight_gathers_.empty()) d.params_.point_nowhere();
+    if (!d.weight_gathers_.empty() && !d.resident_gathers()) d.params_.point_nowhere();
   }
   CallScope(const CallScope&) = delete;
   CallScope& operator=(const CallScope&) = delete;

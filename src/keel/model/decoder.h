@@ -91,6 +91,14 @@ struct DecoderOptions {
   // (set_weight_gather_hooks). Needs shard_gradients. Under LoRA the frozen base weights are the
   // ones sharded and gathered (WeightGather), 4-bit ones (QLoRA) too.
   bool shard_weights = false;
+  // ZeRO-1/2 in bf16 full fine-tuning, as DeepSpeed runs them (and the ZeRO paper counts them: the
+  // fp32 master is optimizer state): this decoder holds the fp32 masters of its optimizer shard
+  // only, and what the step reads (the GEMMs' bf16 matrices; norms, biases and the embedding's
+  // lookup copy in fp32) is whole and resident, gathered from every rank's shard after each
+  // optimizer step (refresh_resident_weights; WeightGather, one per position that first reads
+  // them). In fp32 the masters are the compute weights and stay whole. Needs optimizer_shards > 1,
+  // bf16, no LoRA; not with shard_weights.
+  bool shard_masters = false;
   // Where the step computes and its arena lives; nullptr: kernels::default_backend() (the CPU).
   kernels::Backend* backend = nullptr;
   // LoRA (lora.h): the base weights are frozen (no gradients, no optimizer state, no weight-gradient
@@ -160,6 +168,10 @@ struct GradGroup {
 // fine-tuning) the GEMMs' matrices as bf16 only, each rank casting its part of the masters before
 // the gather (the same bits as casting after it, half the traffic and the buffer), and only the
 // tensors read in fp32 (norms, biases, the embedding at its lookup) in fp32.
+//
+// Sharded masters (ZeRO-1/2 in bf16, DecoderOptions::shard_masters) use the same gathers less the
+// backward pass's repeats, into buffers that stay: the whole weights the step reads, refreshed
+// once per optimizer step, each gather waited for where a call first reads it.
 struct WeightGather {
   int first_param = 0, last_param = 0;  // [first, last] of Decoder::params()
   FlatRange range;                      // their masters' span of the flat buffer
@@ -285,11 +297,22 @@ class Decoder {
   // buffer, then calls start(g); before the position reads the weights it calls wait(g). Every
   // forward_backward, forward_loss and logits_at call makes the same calls in the same order on
   // every rank (its positions' gathers, one position ahead), so a collective can implement them.
+  // Under shard_masters (resident gathers) the buffers stay: refresh_resident_weights() starts
+  // every gather, and each is waited for where a call first reads it, or by settle_resident_weights().
   const std::vector<WeightGather>& weight_gathers() const { return weight_gathers_; }
   struct WeightGatherHooks {
     std::function<void(size_t gather)> start, wait;
   };
   void set_weight_gather_hooks(WeightGatherHooks hooks) { gather_hooks_ = std::move(hooks); }
+  // shard_masters: the gathers' buffers are the weights the step reads, whole, between refreshes.
+  bool resident_gathers() const { return options_.shard_masters; }
+  // shard_masters, after this rank's masters changed (the optimizer step, loading, initialisation):
+  // copies this rank's part of the masters into every gather (the fp32 runs, and unless the
+  // optimizer step wrote them already, the bf16 casts: `bf16_written`) and starts them all. Every
+  // rank calls it at the same point. The next call waits for each where it is first read.
+  void refresh_resident_weights(bool bf16_written);
+  // Waits for the gathers refresh_resident_weights() started; nothing when none is pending.
+  void settle_resident_weights();
 
   // Forward only: the sum of the token losses (for evaluation).
   double forward_loss(const MicroBatch& batch);
@@ -358,6 +381,14 @@ class Decoder {
   std::vector<WeightGather> weight_gathers_;
   WeightGatherHooks gather_hooks_;
   int32_t last_position_ = 0;  // of the call in progress: the gathers started go no further
+  // shard_masters: the first resident gather not waited for since the last refresh (size(): none
+  // pending), and whether the buffers were ever filled (a call before that reads garbage).
+  size_t resident_wait_ = 0;
+  bool resident_filled_ = false;
+  // This rank's part of gather g's masters into its buffers (fp32 runs; bf16 casts if `cast`;
+  // LoRA's compute-only and 4-bit parts), ready for the all-gather.
+  void stage_gather(size_t g, bool cast);
+  void point_at_gather(const WeightGather& g, bool keep);
   // Calls the position hook, waits for the weights the position reads (ZeRO-3) and starts the next
   // position's gathers, zeroes the gradient staging that begins (ZeRO-2).
   void enter_position(int32_t position);

@@ -100,15 +100,14 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   options.gradient_checkpointing = shape.gradient_checkpointing;
   options.memory_cap_bytes = 0;  // the caller compares against the cap; here we only plan
   // ZeRO-1 (Rajbhandari et al. 2020, stage 1): each rank keeps and updates 1/dp of the Adam moments
-  // (the decoder plans the shard). The fp32 master weights stay whole on every rank: in fp32 they
-  // are the compute weights, and in bf16 the norms and the embedding are read from them.
+  // and, in bf16 full fine-tuning, of the fp32 masters (the decoder plans the shards; the weights
+  // the step reads stay whole: the bf16 copies, and the norms and the embedding in fp32). In fp32
+  // the masters are the compute weights and stay whole.
   // ZeRO-2 shards the gradients too: the decoder plans this rank's shard of them and the staging of
   // the groups the backward pass writes and reduces.
   const size_t shards = shape.zero_stage >= 1 ? size_t(shape.dp) : 1;
-  options.optimizer_shards = int(shards);
-  options.shard_gradients = shape.zero_stage >= 2 && shards > 1;
-  options.shard_weights = shape.zero_stage >= 3 && shards > 1;
   const auto precision = run::recipe_precision(r);
+  run::set_zero_stage(options, shape.zero_stage, shape.dp, precision);
   const MemoryPlan decoder =
       model::decoder_memory_plan(config, precision, shape.batch_size, shape.max_seq_len, options);
 
@@ -125,9 +124,10 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
 
   const model::StepTimeline t{int32_t(config.num_layers)};
   const int32_t end = t.last();
-  if (options.shard_weights) {
-    // ZeRO-3 holds a shard of the weights: what trains is the whole model all the same (under LoRA
-    // the adapter, whole on every rank).
+  const bool masters_sharded = options.shard_weights || options.shard_masters;
+  if (masters_sharded) {
+    // ZeRO-3 (and ZeRO-1/2 in bf16) holds a shard of the masters: what trains is the whole model all
+    // the same (under LoRA the adapter, whole on every rank).
     model::ParamStore whole;
     model::DecoderParamIds ids;
     model::declare_model_params(config, whole, ids);
@@ -139,14 +139,15 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
     int64_t largest = 0;
     for (const auto& p : whole.params()) largest = std::max(largest, p.numel);
     const size_t element = lora && precision == model::Precision::BF16 ? sizeof(bf16) : sizeof(float);
-    plan.add_external("ZeRO-3: one tensor whole while loading (this rank keeps its part)", MemoryCategory::Data,
-                      size_t(largest) * element, 0, 0);
+    plan.add_external(
+        fmt::format("ZeRO-{}: one tensor whole while loading (this rank keeps its part)", shape.zero_stage),
+        MemoryCategory::Data, size_t(largest) * element, 0, 0);
   }
-  if (options.shard_weights && !options.lora.enabled()) {
+  if (masters_sharded && !options.lora.enabled()) {
     // The final save: rank 0 writes each tensor as the other ranks' pieces of it arrive
     // (distributed::ShardReader), holding one piece at a time (rank 0's figure).
-    plan.add_external("ZeRO-3 final save: one piece of another rank's weights", MemoryCategory::CheckpointStaging,
-                      received_piece_bytes(param_elements, shards), end, end);
+    plan.add_external(fmt::format("ZeRO-{} final save: one piece of another rank's weights", shape.zero_stage),
+                      MemoryCategory::CheckpointStaging, received_piece_bytes(param_elements, shards), end, end);
   }
   if (shape.dp > 1) {
     // Gradient buckets (distributed::GradBuckets) are contiguous ranges of the gradient buffer, reduced in
@@ -260,13 +261,15 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
     if (b.name.rfind("weights.fp4", 0) == 0) four_bit = "FP4";
   }
   const bool zero3 = sharded && shape.zero_stage >= 3;
+  // ZeRO-1/2 in bf16 full fine-tuning shard the fp32 masters (run::set_zero_stage).
+  const bool masters_sharded = zero3 || (sharded && bf16 && !lora);
   auto note = [&](MemoryCategory c) -> std::string {
     switch (c) {
       case MemoryCategory::MasterWeights:
         if (zero3 && lora)
           return (bf16 ? "fp32: the frozen norms and biases" : "fp32: the frozen model") + shard +
                  ", the adapter whole";
-        if (zero3) return "fp32 master" + shard;
+        if (masters_sharded) return "fp32 master" + shard;
         if (lora) return bf16 ? "fp32: the adapter, the frozen norms and biases" : "fp32: the model (frozen) and the adapter";
         return bf16 ? "fp32 master, whole on every rank" : "fp32 (the compute copy too)";
       case MemoryCategory::ComputeWeights:
@@ -286,6 +289,9 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
           return bf16 ? "the weights gathered for this position and the next: the GEMMs' in bf16, norms, biases and "
                         "the embedding in fp32"
                       : "the weights gathered for this position and the next (fp32)";
+        if (masters_sharded)
+          return "whole, gathered after each optimizer step: the GEMMs' in bf16, norms, biases and the embedding in "
+                 "fp32";
         return "bf16 copy the GEMMs read";
       case MemoryCategory::Gradients:
         if (sharded && shape.zero_stage >= 2)
@@ -302,7 +308,9 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
       case MemoryCategory::Data: return "the weight file pages of the tensor loading, micro-batches, rotary table";
       case MemoryCategory::CheckpointStaging:
-        if (zero3 && !lora) return "rank 0: one piece of another rank's shard at a time (the final save, a checkpoint)";
+        if (masters_sharded)
+          return "rank 0: one piece of another rank's shard at a time (the final save, a checkpoint), or the async "
+                 "save's snapshot";
         return "async save snapshot (weights, m, v), or ZeRO's receive buffer";
       case MemoryCategory::Runtime: return "code, libraries, threads, library scratch (measured)";
       case MemoryCategory::kCount: break;
@@ -530,13 +538,15 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
         smallest->shape.zero_stage >= 3 ? ", more ranks" : ", ZeRO-3 (--zero 3, which shards them)");
     return out;
   }
-  const size_t floor = elements * ((bf16 ? 2 : 0) + 4);  // fp32 masters (+ bf16 copy): whole under ZeRO-2
+  // What ZeRO-2 leaves whole: in bf16 the weights the step reads (their bf16 copy; the fp32 masters
+  // are sharded), in fp32 the weights themselves.
+  const size_t floor = elements * (bf16 ? 2 : 4);
   out += fmt::format(
       "\nnothing above fits. The smallest ({}) still needs {} per rank; even with ZeRO-2 over any "
       "number of ranks the replicated weights ({}) alone take {}. More memory per rank, "
       "ZeRO-3 (--zero 3, which shards the weights too) or a smaller model are needed.\n",
       fmt::join(smallest->changes, " + "), format_bytes(double(smallest->total)),
-      bf16 ? "fp32 masters and their bf16 copy" : "fp32", format_bytes(double(floor)));
+      bf16 ? "the bf16 copy the GEMMs read" : "fp32", format_bytes(double(floor)));
   return out;
 }
 

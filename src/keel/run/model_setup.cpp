@@ -87,16 +87,24 @@ model::DecoderOptions training_decoder_options(const Recipe& r, const model::Mod
   model::DecoderOptions o;
   o.gradient_checkpointing = r.use_gradient_checkpointing;
   o.optimizer_state = true;
-  o.optimizer_shards = r.zero_stage >= 1 ? int(r.dp_degree) : 1;
-  o.shard_gradients = r.zero_stage >= 2 && r.dp_degree > 1;
-  o.shard_weights = r.zero_stage >= 3 && r.dp_degree > 1;
   o.memory_cap_bytes = size_t(r.memory_pool_size * double(size_t(1) << 30));
   o.memory_planning =
       r.memory_planning == "per_tensor" ? model::MemoryPlanning::PerTensor : model::MemoryPlanning::Planned;
   o.backend = &kernels::backend_named(r.backend);
   o.lora = recipe_lora_spec(r);
   set_four_bit_base(r, config, o);
+  set_zero_stage(o, r.zero_stage, r.dp_degree, recipe_precision(r));
   return o;
+}
+
+void set_zero_stage(model::DecoderOptions& o, int64_t stage, int64_t dp, model::Precision precision) {
+  const bool sharded = stage >= 1 && dp > 1;
+  o.optimizer_shards = stage >= 1 ? int(dp) : 1;
+  o.shard_gradients = sharded && stage >= 2;
+  o.shard_weights = sharded && stage >= 3;
+  // DeepSpeed's ZeRO-1/2 (and the paper's accounting): the fp32 master is optimizer state. In fp32
+  // it is also what the step reads, and LoRA's frozen base has none: whole there.
+  o.shard_masters = sharded && stage <= 2 && precision == model::Precision::BF16 && !o.lora.enabled();
 }
 
 model::LoraSpec recipe_lora_spec(const Recipe& r) {

@@ -29,6 +29,10 @@ void require_sequence_fits_model(const Recipe& recipe, const model::ModelConfig&
 // memory_planning, LoRA and QLoRA's 4-bit base (the recipe's quantization_bit, or the model's own
 // when it was saved in 4 bits by bitsandbytes: keel::Error when the recipe asks otherwise).
 model::DecoderOptions training_decoder_options(const Recipe& recipe, const model::ModelConfig& config);
+// What ZeRO stage `stage` shards over `dp` ranks (stage 1: the optimizer state, and in bf16 full
+// fine-tuning the fp32 masters with it; 2: the gradients too; 3: the weights too), into `o`
+// (LoRA already set: its frozen base has no masters to shard below stage 3).
+void set_zero_stage(model::DecoderOptions& o, int64_t stage, int64_t dp, model::Precision precision);
 // The recipe's LoRA settings (rank 0 when finetuning_type is "full").
 model::LoraSpec recipe_lora_spec(const Recipe& recipe);
 // The dtype a run's model is exported in by default (output_dir/final, keel export): that of

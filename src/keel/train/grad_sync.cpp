@@ -80,10 +80,11 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
       });
     });
   const model::ParamStore& weights = decoder_.params();  // the model's: trained, or LoRA's frozen base
-  require((options_.zero_stage >= 3) == weights.sharded_weights(),
-          "gradient sync: ZeRO stage {} but the decoder's weights are {}", options_.zero_stage,
-          weights.sharded_weights() ? "sharded (ZeRO-3)" : "whole");
-  if (options_.zero_stage >= 3) {
+  const bool resident = decoder_.resident_gathers();
+  require((options_.zero_stage >= 3 || (resident && options_.zero_stage >= 1)) == weights.sharded_weights(),
+          "gradient sync: ZeRO stage {} but the decoder's masters are {}", options_.zero_stage,
+          weights.sharded_weights() ? "sharded" : "whole");
+  if (weights.sharded_weights()) {
     const model::WeightShards shards = model::weight_shards(weights, comm_.size());
     const auto &masters = shards.masters, &compute_only = shards.compute_only, &four_bit = shards.four_bit;
     // Element units per fp32 word: bf16 pairs, 8 4-bit codes, a 64-element block's absmax.
@@ -106,8 +107,10 @@ GradSync::GradSync(model::Decoder& decoder, distributed::Communicator& comm, con
     // Overlapped, a gather starts one position ahead and the compute of the position before hides
     // it; without overlap (the same decision as the gradients', train/sync_overlap.h) it runs
     // whole where its position needs it, all of it exposed: the on/off pair bench/grad_sync_bench.py
-    // measures.
-    if (options_.overlap)
+    // measures. Resident gathers (sharded masters, ZeRO-1/2) all start after the optimizer step
+    // (gather_weights) and are waited for where the next step first reads them, or at once
+    // without overlap.
+    if (options_.overlap || resident)
       decoder_.set_weight_gather_hooks({.start = [this](size_t g) { start_gather(g); },
                                         .wait = [this](size_t g) { timed(hook_seconds_, [&] { wait_gather(g); }); }});
     else
@@ -200,6 +203,11 @@ double GradSync::take_hook_seconds() {
 }
 
 void GradSync::gather_weights() {
+  if (decoder_.resident_gathers()) {  // this rank's bf16 part was written by the optimizer step
+    decoder_.refresh_resident_weights(true);
+    if (!options_.overlap) settle_weights();
+    return;
+  }
   if (post_step_.empty()) return;  // replicated, or ZeRO-3 (its weights are gathered where read)
   model::ParamStore& params = decoder_.trainable();
   for (size_t g = 0; g < post_step_.size(); ++g)
@@ -225,9 +233,17 @@ void GradSync::weights_read_at(int32_t at) {
   }
 }
 
+void GradSync::weights_loaded() {
+  if (decoder_.resident_gathers()) decoder_.refresh_resident_weights(false);
+}
+
 double GradSync::settle_weights() {
-  if (next_post_step_wait_ >= post_step_.size()) return 0;
   double waited = 0;
+  if (decoder_.resident_gathers()) {
+    timed(waited, [&] { decoder_.settle_resident_weights(); });
+    return waited;
+  }
+  if (next_post_step_wait_ >= post_step_.size()) return 0;
   timed(waited, [&] { weights_read_at(std::numeric_limits<int32_t>::max()); });
   return waited;
 }

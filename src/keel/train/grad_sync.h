@@ -7,7 +7,12 @@
 // - stage 1: the same buckets are reduce-scattered onto each rank's shard; a rank steps its shard
 //   with its shard of the moments, then the shards are all-gathered. With overlap the all-gather
 //   runs span by span (model::Decoder::first_weight_reads) while the next step's forward pass
-//   computes: each position waits only for the weights it reads first.
+//   computes: each position waits only for the weights it reads first. In bf16 full fine-tuning
+//   the fp32 masters are sharded as the moments (DeepSpeed's stage 1/2; DecoderOptions::
+//   shard_masters): the optimizer step writes this rank's part of the bf16 copies, and what is
+//   gathered is what the step reads (the bf16 matrices; norms, biases and the embedding in fp32),
+//   into the decoder's resident buffers (Decoder::refresh_resident_weights), by the same
+//   positions.
 // - stage 2: no whole gradient buffer. Every micro-batch's backward pass writes each gradient
 //   group (model::GradGroup) into a staging buffer, its buckets are reduce-scattered into this
 //   rank's accumulated shard as they become final, and the decoder's position hook waits for a
@@ -71,6 +76,9 @@ class GradSync {
   // Waits for the gathers gather_weights() started: before anything outside a training step reads
   // the weights (evaluation, a checkpoint, the final save). Returns the seconds waited.
   double settle_weights();
+  // After this rank's masters were written outside a step (loading, initialisation, a resume):
+  // with sharded masters the weights the step reads are gathered again. Every rank calls it.
+  void weights_loaded();
   // The time the training thread spent in the decoder's hooks since the last call: queueing
   // buckets, and under ZeRO-2 waiting for reductions inside the backward pass (exposed
   // communication the step's compute time must not include).

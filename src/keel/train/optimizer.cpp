@@ -14,16 +14,17 @@ void AdamW::step(double lr, int64_t step) {
   // Only the parameters' parts inside this process's optimizer range (all of them, or its ZeRO-1
   // shard): the moments are held for that range alone.
   // Under ZeRO-3 the masters held are that shard too, and the bf16 copies are made when the weights
-  // are gathered, not here.
+  // are gathered, not here (weight_bf16 is null outside a call). With sharded masters under ZeRO-1/2
+  // the bf16 copies are the resident buffers the step reads: this rank's part is written here and
+  // the all-gather after the step moves it (Decoder::refresh_resident_weights).
   const FlatRange mine = params_.optimizer_range(), held = params_.master_range();
-  const bool sharded = params_.sharded_weights();
   for (size_t i = 0; i < params_.params().size(); ++i) {
     const auto& p = params_.param(int(i));
     const FlatRange part = FlatRange{p.offset, p.offset + p.numel}.intersect(mine);
     if (part.size() == 0) continue;
     const int64_t local = part.begin - p.offset, moment = part.begin - mine.begin;
     const float wd = p.weight_decay ? float(config_.weight_decay) : 0.0f;
-    bf16* copy = sharded ? nullptr : params_.weight_bf16(int(i));
+    bf16* copy = params_.weight_bf16(int(i));
     backend_.adamw_update(params_.masters() + (part.begin - held.begin), params_.shard_grads() + moment,
                           params_.adam_m() + moment, params_.adam_v() + moment, part.size(), s, wd,
                           copy ? copy + local : nullptr);

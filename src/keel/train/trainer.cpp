@@ -137,6 +137,8 @@ class Trainer {
       checkpoints_->prepare(decoder_.trainable(), /*snapshot=*/!zero_shards().empty() && r.async_save);
     }
     resume(options.resume);
+    // ZeRO-1/2 with sharded masters: the weights the step reads come from every rank's loaded shard.
+    if (sync_) sync_->weights_loaded();
   }
 
   TrainResult run() {
@@ -174,9 +176,19 @@ class Trainer {
     if (!zero_shards().empty()) {
       const double shard = double(decoder_.trainable().optimizer_range().size()),
                    whole = double(decoder_.trainable().total());
+      // bf16 full fine-tuning shards the fp32 masters with the moments (Decoder::resident_gathers).
+      const bool masters = decoder_.resident_gathers();
+      const std::string masters_note =
+          masters ? fmt::format(
+                        "; the weights the step reads (bf16 matrices; norms and the embedding in fp32) whole, "
+                        "all-gathered after each optimizer step in {} spans",
+                        decoder_.weight_gathers().size())
+                  : "";
       if (r_.zero_stage == 1)
-        fmt::print(log_, "keel: ZeRO-1: AdamW moments sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB\n",
-                   comm_.size(), 8e-6 * shard, 8e-6 * whole);
+        fmt::print(log_,
+                   "keel: ZeRO-1: AdamW moments{} sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB{}\n",
+                   masters ? " and fp32 masters" : "", comm_.size(), (masters ? 12e-6 : 8e-6) * shard,
+                   (masters ? 12e-6 : 8e-6) * whole, masters_note);
       else if (r_.zero_stage >= 3 && decoder_.has_adapter())
         fmt::print(log_,
                    "keel: ZeRO-3: the frozen base weights sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} "
@@ -190,9 +202,10 @@ class Trainer {
                    comm_.size(), 16e-6 * shard, 16e-6 * whole, decoder_.weight_gathers().size());
       else
         fmt::print(log_,
-                   "keel: ZeRO-2: AdamW moments and gradients sharded over {} ranks, {:.2f} MB per rank instead of "
-                   "{:.2f} MB; the backward pass stages {} groups of gradients, reduce-scattered every micro-batch\n",
-                   comm_.size(), 12e-6 * shard, 12e-6 * whole, decoder_.grad_groups().size());
+                   "keel: ZeRO-2: AdamW moments{} and gradients sharded over {} ranks, {:.2f} MB per rank instead of "
+                   "{:.2f} MB; the backward pass stages {} groups of gradients, reduce-scattered every micro-batch{}\n",
+                   masters ? ", fp32 masters" : "", comm_.size(), (masters ? 16e-6 : 12e-6) * shard,
+                   (masters ? 16e-6 : 12e-6) * whole, decoder_.grad_groups().size(), masters_note);
     }
 
     InterruptGuard interrupt;
