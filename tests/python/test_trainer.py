@@ -127,6 +127,16 @@ def test_evaluate_before_and_after_training(tmp_path):
         keel.Trainer(small_config(tmp_path, output_dir=str(tmp_path / "other"))).evaluate()
 
 
+def test_evaluate_a_data_parallel_config_in_one_process(tmp_path):
+    """evaluate() runs in one process on the whole model, whatever data-parallel sharding the config
+    trains with (bf16 ZeRO-1/2 shard the fp32 masters, ZeRO-3 the weights): the same figures."""
+    eval_data = write_counting_data(tmp_path / "eval.jsonl", 20, 9)
+    expected = keel.Trainer(small_config(tmp_path, eval_data_path=eval_data, dtype="bf16")).evaluate()
+    for zero in (1, 2, 3):
+        config = small_config(tmp_path, eval_data_path=eval_data, dtype="bf16", dp_degree=2, zero_stage=zero)
+        assert keel.Trainer(config).evaluate() == expected, "ZeRO-%d" % zero
+
+
 def test_an_exception_in_a_callback_stops_the_run(tmp_path):
     def on_log(step, metrics):
         if step == 4:

@@ -29,8 +29,8 @@ const CommandRegistration kPlan{
       cmd.add_option("--dp", options->dp, "Data-parallel ranks (default: the recipe's dp_degree)")
           ->check(CLI::PositiveNumber);
       cmd.add_option("--zero", options->zero,
-                     "ZeRO stage: 0 (replicated), 1 (AdamW moments sharded over the ranks), 2 (and the "
-                     "gradients) or 3 (and the weights); default: the recipe's zero_stage")
+                     "ZeRO stage: 0 (replicated), 1 (AdamW moments, and in bf16 the fp32 masters, sharded over "
+                     "the ranks), 2 (and the gradients) or 3 (and the weights); default: the recipe's zero_stage")
           ->check(CLI::IsMember({0, 1, 2, 3}));
       cmd.add_option("--device-memory", options->device_memory,
                      "Memory per rank to check against, e.g. 64GB (binary units: 1 GB = 1 GiB)");

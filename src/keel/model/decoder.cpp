@@ -1419,7 +1419,7 @@ struct Decoder::CallScope {
   Decoder& d;
   CallScope(Decoder& decoder, int32_t last_position) : d(decoder) {
     require(d.weight_gathers_.empty() || (d.gather_hooks_.start && d.gather_hooks_.wait),
-            "decoder: the weights are sharded (ZeRO-3) but nothing gathers them (set_weight_gather_hooks)");
+            "decoder: the weights are sharded (ZeRO) but nothing gathers them (set_weight_gather_hooks)");
     require(!d.resident_gathers() || d.resident_filled_,
             "decoder: the masters are sharded (ZeRO-1/2) and the weights the step reads were never gathered "
             "(refresh_resident_weights after loading or initialising)");

@@ -189,7 +189,7 @@ void ParamStore::point_nowhere() {
 }
 
 float* ParamStore::whole_weights() {
-  require(!sharded_weights(), "ParamStore: the weights are sharded (ZeRO-3); this rank holds [{}, {}) of them only",
+  require(!sharded_weights(), "ParamStore: the fp32 masters are sharded (ZeRO); this rank holds [{}, {}) of them only",
           master_range().begin, master_range().end);
   return weights_;
 }

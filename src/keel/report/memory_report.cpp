@@ -308,7 +308,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
       case MemoryCategory::Data: return "the weight file pages of the tensor loading, micro-batches, rotary table";
       case MemoryCategory::CheckpointStaging:
-        if (masters_sharded)
+        if (masters_sharded && !lora)
           return "rank 0: one piece of another rank's shard at a time (the final save, a checkpoint), or the async "
                  "save's snapshot";
         return "async save snapshot (weights, m, v), or ZeRO's receive buffer";
@@ -538,12 +538,12 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
         smallest->shape.zero_stage >= 3 ? ", more ranks" : ", ZeRO-3 (--zero 3, which shards them)");
     return out;
   }
-  // What ZeRO-2 leaves whole: in bf16 the weights the step reads (their bf16 copy; the fp32 masters
-  // are sharded), in fp32 the weights themselves.
+  // What ZeRO-2 leaves whole, at least: in bf16 the weights the step reads (their bf16 copy; the
+  // fp32 masters are sharded; the embedding's fp32 lookup copy comes on top), in fp32 the weights.
   const size_t floor = elements * (bf16 ? 2 : 4);
   out += fmt::format(
       "\nnothing above fits. The smallest ({}) still needs {} per rank; even with ZeRO-2 over any "
-      "number of ranks the replicated weights ({}) alone take {}. More memory per rank, "
+      "number of ranks the replicated weights ({}) alone take at least {}. More memory per rank, "
       "ZeRO-3 (--zero 3, which shards the weights too) or a smaller model are needed.\n",
       fmt::join(smallest->changes, " + "), format_bytes(double(smallest->total)),
       bf16 ? "the bf16 copy the GEMMs read" : "fp32", format_bytes(double(floor)));

@@ -84,7 +84,8 @@ struct Recipe {
   // thread's progress, else after it (train/sync_overlap.h). TOML true/false are accepted.
   std::string overlap_grad_sync = "auto";
   double comm_timeout_s = 600;        // a collective waiting longer ends the job (HCCL_CONNECT_TIMEOUT analogue)
-  int64_t zero_stage = 0;             // 1: shard the AdamW moments across the dp ranks (ZeRO-1); 2: and the gradients
+  int64_t zero_stage =
+      0;  // 1: shard the AdamW moments (bf16: and fp32 masters) across the dp ranks; 2: and the gradients; 3: and the weights
   bool use_flash_attention = true;
   bool use_gradient_checkpointing = false;
   std::string topology = "auto";

@@ -49,7 +49,12 @@ BatchSourceOptions evaluation_source_options(const run::Recipe& r, const model::
 
 EvalResult evaluate_recipe(const run::Recipe& r, std::ostream& log) {
   require(!r.eval_data_path.empty(), "{}: evaluation needs eval_data_path (held-out records)", r.source);
-  run::ModelSetup setup = run::setup_model(r, /*rank=*/0, &log);
+  // One process evaluates the whole model: the recipe's data-parallel sharding (ZeRO) is for
+  // training, where every rank holds a part and the others gather it.
+  run::Recipe whole = r;
+  whole.dp_degree = 1;
+  whole.zero_stage = 0;
+  run::ModelSetup setup = run::setup_model(whole, /*rank=*/0, &log);
   model::Decoder& decoder = *setup.decoder;
   run::require_sequence_fits_model(r, decoder.config());
   auto loader = open_batch_source(r.eval_data_path, r, evaluation_source_options(r, decoder.config()), log);
