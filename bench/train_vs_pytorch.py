@@ -14,7 +14,12 @@ trains it for --steps optimizer steps, each peer in its own process:
   torch eager      a plain loop on the same transformers model: bf16 autocast, sdpa,
                    torch.optim.AdamW(fused=True) (foreach where fused does not run on the CPU)
   torch.compile    the same loop on torch.compile(model) (inductor), under --compile-timeout
-  torchtune        not run: not in the pinned environment (requirements-dev.txt)
+  torchtune        its full_finetune_single_device recipe (torchtune's own Llama-2 model class,
+                   FullModelHFCheckpointer on the same checkpoint, torch.optim.AdamW(fused=True),
+                   CEWithChunkedOutputLoss, activation checkpointing with --checkpointing) on
+                   device "cpu" with dtype bf16: torchtune's bf16 is pure bf16 (weights, gradients
+                   and AdamW state in bf16, no fp32 masters), lighter than every other row's mixed
+                   precision. Llama full fine-tuning only (not with --lora or another --family).
 
 Every peer: AdamW lr 1e-4 (constant), weight decay 0.01 except biases and norm weights, gradient
 clipping at 1.0, gradient checkpointing with --checkpointing, torch.set_num_threads(--threads)
@@ -37,7 +42,7 @@ counted), and keel's tokens/s over the peer's. The header lists the versions of 
 compared; the last line is the table as one JSON object (for docs/performance.md).
 
     $(scripts/python-env.sh) bench/train_vs_pytorch.py --keel build/keel [--steps 4] [--small] \\
-        [--checkpointing] [--peers trainer,eager,compile] [--compile-timeout 900]
+        [--checkpointing] [--peers trainer,eager,compile,torchtune] [--compile-timeout 900]
 """
 import argparse
 import json
@@ -54,7 +59,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
 
-PEERS = ("trainer", "eager", "compile")
+PEERS = ("trainer", "eager", "compile", "torchtune")
 PEER_NAMES = {"keel": "keel", "keel_full": "keel (full FT)", "trainer": "HF Trainer", "eager": "torch eager",
               "compile": "torch.compile", "torchtune": "torchtune"}
 
@@ -465,6 +470,105 @@ def loop_peer(a, compiled):
                                               ", inductor" if compiled else "")}
 
 
+class TorchtuneTokens:
+    """torchtune's dataset component for the bench: train.jsonl's token ids in file order, labels
+    the same ids (the recipe shifts them), as every other peer reads them."""
+
+    def __init__(self, tokenizer, path):
+        self.rows = [json.loads(line)["input_ids"] for line in open(path)]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return {"tokens": self.rows[i], "labels": list(self.rows[i])}
+
+
+class TorchtunePadOnly:
+    """The recipe's tokenizer component: the data is token ids already, and every sequence has the
+    same length, so only the collate's pad id is read."""
+    pad_id = 0
+
+    def __init__(self, max_seq_len):
+        self.max_seq_len = max_seq_len
+
+
+class TorchtuneStepClock:
+    """torchtune's metric logger component: the time of each log call (one per optimizer step,
+    log_every_n_steps = 1), from which the step times follow."""
+    stamps = []
+
+    def __init__(self, **_):
+        pass
+
+    def log_config(self, config):
+        pass
+
+    def log(self, name, data, step):
+        pass
+
+    def log_dict(self, payload, step):
+        TorchtuneStepClock.stamps.append(time.perf_counter())
+
+    def close(self):
+        pass
+
+
+def torchtune_peer(a):
+    """torchtune's full_finetune_single_device recipe, run in this process on the CPU."""
+    if a.lora or a.family != "llama":
+        raise SystemExit("torchtune peer: Llama full fine-tuning only (not with --lora or --family %s)" % a.family)
+    import torch
+    from omegaconf import OmegaConf
+    import importlib.util
+    import torchtune
+    # The recipes ship beside the package as scripts (`tune run` executes them; their package
+    # refuses imports): load the recipe's file as a module of its own.
+    path = os.path.join(os.path.dirname(os.path.dirname(torchtune.__file__)), "recipes",
+                        "full_finetune_single_device.py")
+    spec = importlib.util.spec_from_file_location("torchtune_full_finetune_single_device", path)
+    recipe_module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe_module)
+    FullFinetuneRecipeSingleDevice = recipe_module.FullFinetuneRecipeSingleDevice
+    torch.set_num_threads(a.threads)
+    me = "train_vs_pytorch"  # this file, importable as a module: the bench directory is on sys.path
+    out = os.path.join(a.work, "torchtune_out")
+    cfg = OmegaConf.create({
+        "output_dir": out,
+        "model": {"_component_": "torchtune.models.llama2.llama2", "vocab_size": a.vocab, "num_layers": a.layers,
+                  "num_heads": a.heads, "num_kv_heads": a.kv_heads or a.heads, "embed_dim": a.hidden,
+                  "max_seq_len": a.seq, "intermediate_dim": a.intermediate},
+        "tokenizer": {"_component_": me + ".TorchtunePadOnly", "max_seq_len": a.seq},
+        "checkpointer": {"_component_": "torchtune.training.FullModelHFCheckpointer",
+                         "checkpoint_dir": os.path.join(a.work, "model"), "checkpoint_files": ["model.safetensors"],
+                         "output_dir": out, "model_type": "LLAMA2", "recipe_checkpoint": None},
+        "resume_from_checkpoint": False,
+        "dataset": {"_component_": me + ".TorchtuneTokens", "path": os.path.join(a.work, "train.jsonl")},
+        "seed": 0, "shuffle": False, "batch_size": a.batch, "epochs": 1, "max_steps_per_epoch": a.steps,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"_component_": "torch.optim.AdamW", "lr": 1e-4, "weight_decay": 0.01, "fused": True},
+        "optimizer_in_bwd": False,
+        "loss": {"_component_": "torchtune.modules.loss.CEWithChunkedOutputLoss"},
+        "clip_grad_norm": 1.0, "compile": False, "device": "cpu", "dtype": a.dtype,
+        "enable_activation_checkpointing": a.checkpointing, "enable_activation_offloading": False,
+        "metric_logger": {"_component_": me + ".TorchtuneStepClock"},
+        "log_every_n_steps": 1, "log_peak_memory_stats": False})
+    import train_vs_pytorch as module  # the components' module (not __main__): its class holds the stamps
+    recipe = FullFinetuneRecipeSingleDevice(cfg=cfg)
+    recipe.setup(cfg=cfg)
+    start = time.perf_counter()
+    recipe.train()
+    stamps = [start] + module.TorchtuneStepClock.stamps
+    times = [t1 - t0 for t0, t1 in zip(stamps, stamps[1:])]
+    vmhwm = peak_vmhwm()
+    recipe.cleanup()
+    return {"times": times, "vmhwm": vmhwm,
+            "note": "torchtune %s; weight decay on every weight (torchtune's AdamW groups); the final "
+                    "checkpoint save after the last step is in the peak RSS" % torchtune.__version__,
+            "settings": "pure %s (torchtune), torchtune Llama-2 attention (sdpa), AdamW(fused=True), "
+                        "chunked CE%s" % (a.dtype, ", checkpointing" if a.checkpointing else "")}
+
+
 def torch_matmul_peak(dtype, size=2048, repeats=5):
     """torch's own best GEMM rate on the same square problem (its MKL / oneDNN, in this process's
     threads): keel's oneDNN 2.6 is not the fastest GEMM on every CPU (with AMX, torch's is ~2x),
@@ -489,6 +593,8 @@ def worker(a):
         res["torch_matmul_peak"] = torch_matmul_peak(a.dtype)
     elif a.role == "trainer":
         res = trainer_peer(a)
+    elif a.role == "torchtune":
+        res = torchtune_peer(a)
     else:
         res = loop_peer(a, compiled=a.role == "compile")
     print("RESULT " + json.dumps(res), flush=True)
@@ -552,10 +658,6 @@ def main():
         results["keel_full"] = run_keel(a, model_dir, 0)
     for p in peers:
         results[p] = run_peer(a, p)
-    tt = versions.get("torchtune")
-    results["torchtune"] = {"error": "not run (%s)" % (
-        "torchtune %s is installed, but this benchmark has no torchtune recipe yet" % tt if tt else
-        "not installed in the pinned environment, requirements-dev.txt")}
 
     fpt = flops_per_token(a)
     rows = []
