@@ -14,8 +14,9 @@ trains it for --steps optimizer steps, each peer in its own process:
   torch eager      a plain loop on the same transformers model: bf16 autocast, sdpa,
                    torch.optim.AdamW(fused=True) (foreach where fused does not run on the CPU)
   torch.compile    the same loop on torch.compile(model) (inductor), under --compile-timeout
-  torchtune        its full_finetune_single_device recipe (torchtune's own Llama-2 model class,
-                   FullModelHFCheckpointer on the same checkpoint, torch.optim.AdamW(fused=True),
+  torchtune        its full_finetune_single_device recipe, in scripts/torchtune-env.sh's
+                   environment (torchtune's own Llama-2 model class, FullModelHFCheckpointer on the
+                   same checkpoint, torch.optim.AdamW(fused=True),
                    CEWithChunkedOutputLoss, activation checkpointing with --checkpointing) on
                    device "cpu" with dtype bf16: torchtune's bf16 is pure bf16 (weights, gradients
                    and AdamW state in bf16, no fp32 masters), lighter than every other row's mixed
@@ -310,8 +311,17 @@ def run_keel(a, model_dir, lora):
 
 
 def run_peer(a, role):
-    """One PyTorch peer in its own process (this same file with --role); its result or why not."""
-    cmd = [sys.executable, os.path.abspath(__file__)] + [x for x in sys.argv[1:]] + ["--role", role]
+    """One PyTorch peer in its own process (this same file with --role); its result or why not.
+    torchtune runs in its own environment, layered on this one (scripts/torchtune-env.sh: PEFT
+    refuses the torchao that torchtune 0.6.1 imports, so the two cannot share one)."""
+    python = sys.executable
+    if role == "torchtune":
+        script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "torchtune-env.sh")
+        made = subprocess.run([script], capture_output=True, text=True)
+        if made.returncode != 0:
+            return {"error": "not run: scripts/torchtune-env.sh failed: " + (made.stderr.strip().splitlines() or ["?"])[-1]}
+        python = made.stdout.strip().splitlines()[-1]
+    cmd = [python, os.path.abspath(__file__)] + [x for x in sys.argv[1:]] + ["--role", role]
     timeout = a.compile_timeout if role == "compile" else None
     t0 = time.time()
     code, out, rss = run_child(cmd, env=peer_env(a), timeout=timeout)
