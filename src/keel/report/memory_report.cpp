@@ -252,17 +252,17 @@ std::string shape_summary(const RunShape& s) {
 std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool bf16) {
   const bool sharded = shape.zero_stage >= 1 && shape.dp > 1;
   const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-{})", shape.dp, shape.zero_stage) : "";
-  // LoRA and QLoRA show in the plan's buffers (model/decoder.cpp names them).
-  bool lora = false;
+  // LoRA, QLoRA and sharded masters (ZeRO-3, and bf16 ZeRO-1/2: run::set_zero_stage decides) show
+  // in the plan's buffers (model/decoder.cpp names them).
+  bool lora = false, masters_sharded = false;
   std::string four_bit;  // "NF4" or "FP4" when the projections are held in 4 bits
   for (const auto& b : plan.buffers()) {
     lora = lora || b.name == "lora.weights";
+    masters_sharded = masters_sharded || b.name.rfind("weights (1/", 0) == 0;
     if (b.name.rfind("weights.nf4", 0) == 0) four_bit = "NF4";
     if (b.name.rfind("weights.fp4", 0) == 0) four_bit = "FP4";
   }
   const bool zero3 = sharded && shape.zero_stage >= 3;
-  // ZeRO-1/2 in bf16 full fine-tuning shard the fp32 masters (run::set_zero_stage).
-  const bool masters_sharded = zero3 || (sharded && bf16 && !lora);
   auto note = [&](MemoryCategory c) -> std::string {
     switch (c) {
       case MemoryCategory::MasterWeights:
