@@ -67,6 +67,12 @@ cleanup() {
   for ((i = ${#mounted[@]} - 1; i >= 0; i--)); do
     umount -l "${mounted[i]}" 2>/dev/null || true
   done
+  # Mounts the tests made inside the root (ip netns bind-mounts its /run/netns) are not in
+  # `mounted`: left there, the root was never removed and each run kept its 9 GB until the disk
+  # filled. Deepest first, only below the root.
+  awk -v root="$root/" 'index($2, root) == 1 { print $2 }' /proc/mounts | sort -r | while read -r m; do
+    umount -l "$m" 2>/dev/null || true
+  done
   if [ "$keep" -eq 1 ]; then
     echo "check-fresh-machine: root kept at $root"
   else
