@@ -55,8 +55,7 @@ Trace train(const ModelConfig& config, Precision precision, const std::string& b
     loss += d.forward_backward(second.view(1, seq - 6), 1.0 / 50);
     if (step == 1) t.first_grads.assign(d.params().grads(), d.params().grads() + d.params().total());
     const double norm = train::gradient_norm(d.backend(), d.params());
-    train::clip_gradients(d.backend(), d.params(), norm, 1.0);
-    adamw.step(1e-2, step);
+    adamw.step(1e-2, step, train::clip_coefficient(norm, 1.0));
     t.losses.push_back(loss);
     t.grad_norms.push_back(norm);
   }

@@ -52,6 +52,38 @@ TEST(RmsNorm, ForwardMatchesFormula) {
   }
 }
 
+// The bf16 copy a kernel writes beside its fp32 output (the next GEMM's input) is exactly the cast
+// of that output: fusing the cast changes no bit of what the products read.
+std::vector<bf16> cast_all(const std::vector<float>& x) {
+  std::vector<bf16> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) out[i] = float_to_bf16(x[i]);
+  return out;
+}
+
+TEST(FusedBf16Copy, NormAndGluOutputsEqualTheirCast) {
+  const int64_t rows = 37, dim = 200, inter = 203;  // odd sizes: the row kernels' tails
+  const std::vector<float> x = test::to_float(random_vector(rows * dim, 41)),
+                           w = test::to_float(random_vector(dim, 42));
+  for (double offset : {0.0, 1.0}) {
+    std::vector<float> y(rows * dim), y_plain(rows * dim), rstd(rows);
+    std::vector<bf16> yb(rows * dim);
+    rmsnorm_forward(x.data(), w.data(), rows, dim, 1e-6, y.data(), rstd.data(), offset, yb.data());
+    rmsnorm_forward(x.data(), w.data(), rows, dim, 1e-6, y_plain.data(), rstd.data(), offset);
+    ASSERT_TRUE(bitwise_equal(y, y_plain)) << "the fp32 output is unchanged";
+    ASSERT_TRUE(bitwise_equal(yb, cast_all(y)));
+  }
+  const std::vector<float> gu = test::to_float(random_vector(rows * 2 * inter, 43, -4.0, 4.0)),
+                           dy = test::to_float(random_vector(rows * inter, 44));
+  for (GluActivation act : {GluActivation::Silu, GluActivation::GeluTanh}) {
+    std::vector<float> out(rows * inter), dgu(rows * 2 * inter);
+    std::vector<bf16> out_b(rows * inter), dgu_b(rows * 2 * inter);
+    glu_forward(act, gu.data(), rows, inter, out.data(), out_b.data());
+    glu_backward(act, gu.data(), dy.data(), rows, inter, dgu.data(), dgu_b.data());
+    ASSERT_TRUE(bitwise_equal(out_b, cast_all(out)));
+    ASSERT_TRUE(bitwise_equal(dgu_b, cast_all(dgu)));
+  }
+}
+
 TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   const int64_t rows = 4, dim = 300;  // dim spans two dw column blocks
   const double eps = 1e-5;
@@ -72,6 +104,31 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
     for (int64_t c = 0; c < dim; ++c) dw[c] -= dw0[c];
     expect_gradient_matches("dx", x, dx, sample_indices(rows * dim, 1 << 30, 0), loss);
     expect_gradient_matches("dw", w, dw, sample_indices(dim, 1 << 30, 0), loss);
+  }
+}
+
+// The float backward (this CPU's vector level) against the double one, and the residual stream's
+// gradient added in the same pass bit for bit as a separate float add would add it.
+TEST(RmsNorm, FloatBackwardAgreesWithDoubleAndAddsTheResidualExactly) {
+  const int64_t rows = 9, dim = 300 + 5;  // a tail past the 8-lane vectors, two dw column blocks
+  for (double offset : {0.0, 1.0}) {
+    SCOPED_TRACE(offset);
+    const std::vector<double> x = random_vector(rows * dim, 51), w = random_vector(dim, 52, 0.5 - offset, 1.5 - offset),
+                              dy = random_vector(rows * dim, 53);
+    std::vector<double> y(rows * dim), rstd(rows), dx(rows * dim), dw(dim, 0.0);
+    rmsnorm_forward(x.data(), w.data(), rows, dim, 1e-5, y.data(), rstd.data(), offset);
+    rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, dim, dx.data(), dw.data(), offset);
+    const std::vector<float> xf = test::to_float(x), wf = test::to_float(w), dyf = test::to_float(dy),
+                             residual = test::to_float(random_vector(rows * dim, 54));
+    std::vector<float> yf(rows * dim), rf(rows), dxf(rows * dim), dwf(dim, 0.0f), dx_res(rows * dim), dw2(dim, 0.0f);
+    rmsnorm_forward(xf.data(), wf.data(), rows, dim, 1e-5, yf.data(), rf.data(), offset);
+    rmsnorm_backward(xf.data(), wf.data(), rf.data(), dyf.data(), rows, dim, dxf.data(), dwf.data(), offset);
+    for (int64_t i = 0; i < rows * dim; ++i) ASSERT_NEAR(dxf[i], dx[i], 2e-6 * (1 + std::fabs(dx[i]))) << i;
+    for (int64_t c = 0; c < dim; ++c) ASSERT_NEAR(dwf[c], dw[c], 2e-6 * (1 + std::fabs(dw[c]))) << c;
+    rmsnorm_backward(xf.data(), wf.data(), rf.data(), dyf.data(), rows, dim, dx_res.data(), dw2.data(), offset,
+                     residual.data());
+    for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(dx_res[i], dxf[i] + residual[i]) << i;
+    ASSERT_TRUE(bitwise_equal(dw2, dwf));
   }
 }
 
@@ -470,6 +527,31 @@ TEST(AdamW, MatchesTorchArithmeticOverSeveralSteps) {
       ASSERT_TRUE(bitwise_equal(v, v_ref)) << "step " << step;
       for (int64_t i = 0; i < n; i += 997) ASSERT_EQ(w_bf16[i].bits, float_to_bf16(w[i]).bits);
     }
+}
+
+// Clipping folded into the update: torch's clip_grad_norm_ multiplies the gradients in place by
+// float(coef) (one fp32 rounding each) and AdamW then reads them; grad_scale must give the same bits
+// and leave the gradients as they were.
+TEST(AdamW, GradScaleEqualsClippingTheGradientsFirst) {
+  const int64_t n = 50021;
+  const std::vector<float> w0 = test::to_float(random_vector(n, 31));
+  std::vector<float> w = w0, m(n, 0.f), v(n, 0.f), w_ref = w0, m_ref = m, v_ref = v;
+  std::vector<bf16> w_bf16(n);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const std::vector<float> g = test::to_float(random_vector(n, 300 + step, -3.0, 3.0));
+    const double coef = 1.0 / (std::sqrt(double(n)) * (1.0 + 0.37 * double(step)) + 1e-6);
+    std::vector<float> clipped = g;
+    for (float& e : clipped) e *= float(coef);
+    AdamWStep s{1e-3, 0.9, 0.999, 1e-8, step};
+    s.grad_scale = coef;
+    const std::vector<float> g_before = g;
+    adamw_update(w.data(), g.data(), m.data(), v.data(), n, s, 0.01, w_bf16.data());
+    torch_adamw_step(w_ref, clipped, m_ref, v_ref, AdamWStep{1e-3, 0.9, 0.999, 1e-8, step}, 0.01);
+    ASSERT_TRUE(bitwise_equal(w, w_ref)) << "step " << step;
+    ASSERT_TRUE(bitwise_equal(m, m_ref)) << "step " << step;
+    ASSERT_TRUE(bitwise_equal(v, v_ref)) << "step " << step;
+    ASSERT_TRUE(bitwise_equal(g, g_before)) << "the gradients are read, not scaled in place";
+  }
 }
 
 // The same algebra in double, to check the formula itself and not only its rounding.

@@ -139,6 +139,23 @@ TEST(VectorOps, SoftmaxGradToBf16IsSoftmaxGradThenTheConversion) {
   }
 }
 
+// The gradient norm's block sums: the same bits on every level (the clipping coefficient, and so
+// every weight after a clipped step, must not depend on the CPU), and the plain 8-lane sum.
+TEST(VectorOps, SumOfSquaresGivesThePortableBitsOnEveryLevel) {
+  for (int64_t n : {int64_t(0), int64_t(5), int64_t(8), int64_t(16387)}) {
+    const std::vector<float> x = uniform(size_t(n), -3.0f, 3.0f, 35);
+    double lane[8] = {};
+    for (int64_t i = 0; i < n; ++i) lane[i % 8] += double(x[size_t(i)]) * double(x[size_t(i)]);
+    double want = 0;
+    for (double l : lane) want += l;
+    for (Isa isa : levels_here()) {
+      SCOPED_TRACE(std::string(isa_name(isa)) + " n " + std::to_string(n));
+      const double got = vector_ops_for(isa).sum_of_squares_f64(x.data(), n);
+      ASSERT_EQ(std::memcmp(&got, &want, sizeof got), 0) << got << " vs " << want;
+    }
+  }
+}
+
 TEST(VectorOps, AdamWGivesThePortableBitsOnEveryLevel) {
   // kernels_test checks adamw_update (this CPU's level) against torch's arithmetic bit for bit;
   // here every level against the portable one, which rounds the fma in double.

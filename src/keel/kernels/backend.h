@@ -83,12 +83,16 @@ class Backend {
 
   // ---- the decoder's layers (contracts as in HF transformers' modules)
   // RMSNorm (LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * (weight_offset + w), the offset 0,
-  // or 1 for Gemma's (1 + w); rstd [rows] saved for backward.
+  // or 1 for Gemma's (1 + w); rstd [rows] saved for backward. y_bf16 (may be null): bf16(y) as
+  // well, the next GEMM's input copy made in the same pass (what cast_to_bf16(y) would give).
   virtual void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps,
-                               double weight_offset, float* y, float* rstd) = 0;
-  // dx overwritten; dw ACCUMULATES (null: a frozen weight, no gradient).
+                               double weight_offset, float* y, float* rstd, bf16* y_bf16) = 0;
+  // dx overwritten; dw ACCUMULATES (null: a frozen weight, no gradient). residual (may be null):
+  // added to dx in the same pass — the residual stream's gradient, which reaches the norm's input
+  // past the norm — as add(dx, dx, residual) would.
   virtual void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd,
-                                const float* dy, int64_t rows, int64_t dim, float* dx, float* dw) = 0;
+                                const float* dy, int64_t rows, int64_t dim, float* dx, float* dw,
+                                const float* residual) = 0;
   // The same norm on each head of [tokens, heads, head_dim] rows (Qwen3's q_norm/k_norm, one
   // weight w [head_dim] for every head): x with row stride ldx, y (may be x) with ldy, rstd
   // [tokens * heads]; backward: dy with ldy, dx (overwritten) with lddx, dw ACCUMULATES (null: frozen).
@@ -104,10 +108,12 @@ class Backend {
   virtual void rope_backward(float* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
                              int64_t head_dim, const RopeTable& table) = 0;
   // The gated MLP activation (glu.h): out = act(gate) * up with gate_up[r] = [gate (inter) | up
-  // (inter)]; SwiGLU (silu) or GeGLU (tanh-approximated GELU).
-  virtual void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out) = 0;
+  // (inter)]; SwiGLU (silu) or GeGLU (tanh-approximated GELU). out_bf16 / dgate_up_bf16 (may be
+  // null): the result in bf16 as well, made in the same pass, as cast_to_bf16 of it would be.
+  virtual void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out,
+                           bf16* out_bf16) = 0;
   virtual void glu_backward(GluActivation act, const float* gate_up, const float* dout, int64_t rows, int64_t inter,
-                            float* dgate_up) = 0;
+                            float* dgate_up, bf16* dgate_up_bf16) = 0;
   // out[i] = table[ids[i]]; backward ACCUMULATES dtable[ids[i]] += dout[i], deterministically.
   virtual void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) = 0;
   // NF4 or FP4 (core/four_bit.h) to fp32 or bf16: out[i] = four_bit_values(type)[code i] *
@@ -153,7 +159,8 @@ class Backend {
                                 const float* k_cache, const float* v_cache, float* out) = 0;
 
   // ---- optimizer
-  // AdamW on n parameters in place (shapes.h); w_bf16, if not null, receives bf16(w) after.
+  // AdamW on n parameters in place (shapes.h), the gradients scaled by s.grad_scale as they are
+  // read (clipping; g itself is left as it was); w_bf16, if not null, receives bf16(w) after.
   virtual void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const AdamWStep& s,
                             double weight_decay, bf16* w_bf16) = 0;
   // Sum of squares in double (the global gradient norm of clip_grad_norm_).

@@ -6,15 +6,19 @@
 #pragma once
 #include <cstdint>
 
+#include "keel/core/dtype.h"
 #include "keel/kernels/shapes.h"
 
 namespace keel::kernels {
 
-// gate_up: [rows, 2*inter]; out: [rows, inter].
+// gate_up: [rows, 2*inter]; out: [rows, inter]. out_bf16 (float only; may be null): bf16(out) as
+// well, row by row while it is in cache: the down projection's input copy.
 template <typename T>
-void glu_forward(GluActivation act, const T* gate_up, int64_t rows, int64_t inter, T* out);
-// dgate_up (overwritten): [rows, 2*inter].
+void glu_forward(GluActivation act, const T* gate_up, int64_t rows, int64_t inter, T* out, bf16* out_bf16 = nullptr);
+// dgate_up (overwritten): [rows, 2*inter]; dgate_up_bf16 (float only; may be null) the same in bf16,
+// as the gate/up projection's backward GEMMs read it.
 template <typename T>
-void glu_backward(GluActivation act, const T* gate_up, const T* dout, int64_t rows, int64_t inter, T* dgate_up);
+void glu_backward(GluActivation act, const T* gate_up, const T* dout, int64_t rows, int64_t inter, T* dgate_up,
+                  bf16* dgate_up_bf16 = nullptr);
 
 }  // namespace keel::kernels

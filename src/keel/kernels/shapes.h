@@ -70,6 +70,10 @@ struct RopeTable {
 struct AdamWStep {
   double lr, beta1, beta2, eps;
   int64_t step;  // counts from 1
+  // clip_grad_norm_'s coefficient (1: not clipped). Each gradient is first rounded to fp32 as
+  // float(g * float(grad_scale)), which is what torch's in-place g.mul_(coef) leaves for AdamW to
+  // read; applied here, in the update's one pass, instead of in a pass of its own over the gradients.
+  double grad_scale = 1.0;
 };
 
 // Label value that contributes neither loss nor gradient (torch's ignore_index).

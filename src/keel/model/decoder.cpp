@@ -502,7 +502,9 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   d.dx = add("grad.residual", Cat::Workspace, N * H, f32, head, backward_last);
   d.dnorm = add("grad.norm_output", Cat::Workspace, N * H, f32, head, backward_last);
   d.dh = add("grad.residual_mid", Cat::Workspace, N * H, f32, backward_first, backward_last);
-  d.dtmp = add("grad.norm_input", Cat::Workspace, N * H, f32, backward_first, backward_last);
+  // A sandwich norm's input gradient (Gemma): the other norms add theirs into the residual
+  // stream's gradient as they compute it (rmsnorm_backward's residual), with no buffer between.
+  if (c.sandwich_norms) d.dtmp = add("grad.norm_input", Cat::Workspace, N * H, f32, backward_first, backward_last);
   d.d_act = add("grad.act", Cat::Workspace, N * I, f32, backward_first, backward_last);
   d.d_gate_up = add("grad.gate_up", Cat::Workspace, N * 2 * I, f32, backward_first, backward_last);
   d.d_attn = add("grad.attn", Cat::Workspace, N * Q, f32, backward_first, backward_last);
@@ -1022,8 +1024,9 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
 
   const double eps = c.rms_norm_eps, offset = c.norm_weight_offset;
   const kernels::RopeTable& rope = rope_of(l);
-  backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, eps, offset, a.xn1, a.rstd1);
-  to_bf16(a.xn1, a.xn1_b, N * H);
+  // In bf16 the norms and the GLU write the next product's bf16 input themselves (a.xn1_b, ...;
+  // null in fp32), and cast_to_bf16 copies only what no kernel produces (attention's output, dy).
+  backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, eps, offset, a.xn1, a.rstd1, a.xn1_b);
   lin.forward(a.xn1, a.xn1_b, W(p.qkv_weight), H, QKV, a.qkv, 0.0f);
   lora_forward(mb, l, LinearSlot::Qkv, a.xn1, a.xn1_b, a.qkv, QKV, a, true);
   if (p.qkv_bias >= 0) backend_.add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
@@ -1045,7 +1048,7 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   if (c.sandwich_norms) {  // xmid = x + norm(o(attn)): the projection's output kept for the norm's backward
     lin.forward(a.attn, a.attn_b, W(p.o_weight), Q, H, a.ao, 0.0f);
     lora_forward(mb, l, LinearSlot::O, a.attn, a.attn_b, a.ao, H, a, true);
-    backend_.rmsnorm_forward(a.ao, P.weight(p.attn_out_norm), N, H, eps, offset, a.xmid, a.rstd_ao);
+    backend_.rmsnorm_forward(a.ao, P.weight(p.attn_out_norm), N, H, eps, offset, a.xmid, a.rstd_ao, nullptr);
     backend_.add(a.xmid, a.xmid, x, N * H);
   } else {  // xmid = x + o(attn)
     backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
@@ -1053,18 +1056,16 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
     lora_forward(mb, l, LinearSlot::O, a.attn, a.attn_b, a.xmid, H, a, true);
   }
 
-  backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, eps, offset, a.xn2, a.rstd2);
-  to_bf16(a.xn2, a.xn2_b, N * H);
+  backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, eps, offset, a.xn2, a.rstd2, a.xn2_b);
   lin.forward(a.xn2, a.xn2_b, W(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
   lora_forward(mb, l, LinearSlot::GateUp, a.xn2, a.xn2_b, a.gate_up, 2 * I, a, true);
-  backend_.glu_forward(c.mlp_activation, a.gate_up, N, I, a.act);
-  to_bf16(a.act, a.act_b, N * I);
+  backend_.glu_forward(c.mlp_activation, a.gate_up, N, I, a.act, a.act_b);
   if (c.sandwich_norms) {  // x_out = xmid + norm(down(act)); recomputation needs the norm's input again
     lin.forward(a.act, a.act_b, W(p.down_weight), I, H, a.mo, 0.0f);
     lora_forward(mb, l, LinearSlot::Down, a.act, a.act_b, a.mo, H, a, true);
     // Recomputation (x_out null) wants only rstd: the output goes to gradient scratch not yet in use.
-    backend_.rmsnorm_forward(a.mo, P.weight(p.mlp_out_norm), N, H, eps, offset, x_out ? x_out : buf_->dtmp,
-                             a.rstd_mo);
+    backend_.rmsnorm_forward(a.mo, P.weight(p.mlp_out_norm), N, H, eps, offset, x_out ? x_out : buf_->dtmp, a.rstd_mo,
+                             nullptr);
     if (x_out) backend_.add(x_out, x_out, a.xmid, N * H);
     return;
   }
@@ -1179,8 +1180,7 @@ void Decoder::forward(const MicroBatch& mb) {
   }
   enter_position(t.head());
   backend_.rmsnorm_forward(b.x[L], P.weight(ids_.final_norm), N, H, c.rms_norm_eps, c.norm_weight_offset, b.xn_final,
-                           b.rstd_final);
-  to_bf16(b.xn_final, b.xn_final_b, N * H);
+                           b.rstd_final, b.xn_final_b);
 }
 
 // Fused LM head + cross-entropy over row chunks: logits for `chunk` tokens at a time, turned into
@@ -1228,13 +1228,13 @@ void Decoder::backward(const MicroBatch& mb) {
   // it, into b.dtmp, the norm's weight gradient then final; without them, dy itself.
   auto through_output_norm = [&](const float* dy, const float* branch_out, const float* rstd, int norm) {
     if (!c.sandwich_norms) return dy;
-    backend_.rmsnorm_backward(branch_out, P.weight(norm), offset, rstd, dy, N, H, b.dtmp, P.grad(norm));
+    backend_.rmsnorm_backward(branch_out, P.weight(norm), offset, rstd, dy, N, H, b.dtmp, P.grad(norm), nullptr);
     base_grad_ready(norm);
     return static_cast<const float*>(b.dtmp);
   };
 
   backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), offset, b.rstd_final, b.dnorm, N, H, b.dx,
-                            P.grad(ids_.final_norm));
+                            P.grad(ids_.final_norm), nullptr);
   base_grad_ready(ids_.final_norm);
   const StepTimeline t{int32_t(L)};
   for (int64_t l = L - 1; l >= 0; --l) {
@@ -1256,15 +1256,14 @@ void Decoder::backward(const MicroBatch& mb) {
     lin.backward_input(d_mlp, dyb, W(p.down_weight), I, H, b.d_act);
     if (!frozen) lin.backward_weight(d_mlp, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
     lora_backward(mb, l, LinearSlot::Down, d_mlp, dyb, H, a.act, a.act_b, b.d_act, a);
-    backend_.glu_backward(c.mlp_activation, a.gate_up, b.d_act, N, I, b.d_gate_up);
-    to_bf16(b.d_gate_up, dyb, N * 2 * I);
+    backend_.glu_backward(c.mlp_activation, a.gate_up, b.d_act, N, I, b.d_gate_up, dyb);
     lin.backward_input(b.d_gate_up, dyb, W(p.gate_up_weight), H, 2 * I,
                        b.dnorm);
     if (!frozen) lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight));
     lora_backward(mb, l, LinearSlot::GateUp, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
-    backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), offset, a.rstd2, b.dnorm, N, H, b.dtmp,
-                              P.grad(p.post_norm));
-    backend_.add(b.dh, b.dx, b.dtmp, N * H);
+    // dh = dx (past the block's MLP, the residual) + the norm's input gradient, in one pass.
+    backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), offset, a.rstd2, b.dnorm, N, H, b.dh, P.grad(p.post_norm),
+                              b.dx);
     for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) base_grad_ready(id);
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x))))), the branch normalised with sandwich norms
@@ -1293,9 +1292,8 @@ void Decoder::backward(const MicroBatch& mb) {
     lin.backward_input(b.d_qkv, dyb, W(p.qkv_weight), H, QKV, b.dnorm);
     if (!frozen) lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
     lora_backward(mb, l, LinearSlot::Qkv, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
-    backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dtmp,
-                              P.grad(p.input_norm));
-    backend_.add(b.dx, b.dh, b.dtmp, N * H);
+    backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dx, P.grad(p.input_norm),
+                              b.dh);
     for (int id : {p.o_weight, p.k_norm, p.q_norm, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);
   }
   if (c.scale_embeddings) backend_.scale_in_place(b.dx, N * H, embedding_scale(c));

@@ -84,7 +84,7 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
   if (c_.scale_embeddings) backend_.scale_in_place(x_.data(), n * H, embedding_scale(c_));
   // Sandwich norms: residual += norm(branch), the branch normalised in place.
   auto add_normed_branch = [&](float* residual, float* branch, int norm) {
-    backend_.rmsnorm_forward(branch, P.weight(norm), n, H, eps, offset, branch, rstd.data());
+    backend_.rmsnorm_forward(branch, P.weight(norm), n, H, eps, offset, branch, rstd.data(), nullptr);
     backend_.add(residual, residual, branch, n * H);
   };
   for (int64_t l = 0; l < c_.num_layers; ++l) {
@@ -92,7 +92,7 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
     const kernels::RopeTable& rope = c_.rope_local_theta > 0 && c_.window_of(l) > 0 ? rope_local_ : rope_;
     kernels::AttentionShape as = attention_shape(c_, l, 1, n);
     as.ldq = as.ldk = as.ldv = QKV;  // q, k and v stay in the projection's output here
-    backend_.rmsnorm_forward(x_.data(), P.weight(p.input_norm), n, H, eps, offset, xn_.data(), rstd.data());
+    backend_.rmsnorm_forward(x_.data(), P.weight(p.input_norm), n, H, eps, offset, xn_.data(), rstd.data(), nullptr);
     linear(xn_.data(), p.qkv_weight, n, H, QKV, qkv_.data(), 0.0f);
     if (p.qkv_bias >= 0) backend_.add_bias_rows(qkv_.data(), P.weight(p.qkv_bias), n, QKV);
     if (c_.qk_norm) {  // Qwen3, Gemma 3: each query and key head normalised before RoPE, in place
@@ -118,9 +118,9 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
     } else {
       linear(attn_.data(), p.o_weight, n, Q, H, h_.data(), 1.0f);
     }
-    backend_.rmsnorm_forward(h_.data(), P.weight(p.post_norm), n, H, eps, offset, xn_.data(), rstd.data());
+    backend_.rmsnorm_forward(h_.data(), P.weight(p.post_norm), n, H, eps, offset, xn_.data(), rstd.data(), nullptr);
     linear(xn_.data(), p.gate_up_weight, n, H, 2 * inter, gate_up_.data(), 0.0f);
-    backend_.glu_forward(c_.mlp_activation, gate_up_.data(), n, inter, act_.data());
+    backend_.glu_forward(c_.mlp_activation, gate_up_.data(), n, inter, act_.data(), nullptr);
     std::memcpy(x_.data(), h_.data(), sizeof(float) * n * H);
     if (c_.sandwich_norms) {
       linear(act_.data(), p.down_weight, n, inter, H, branch_.data(), 0.0f);
@@ -131,7 +131,7 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
   }
   // Only the last position's logits are needed to continue.
   const float* last = x_.data() + (n - 1) * H;
-  backend_.rmsnorm_forward(last, P.weight(I.final_norm), 1, H, eps, offset, xn_.data(), rstd.data());
+  backend_.rmsnorm_forward(last, P.weight(I.final_norm), 1, H, eps, offset, xn_.data(), rstd.data(), nullptr);
   logits_.resize(c_.vocab_size);
   linear(xn_.data(), I.lm_head, 1, H, c_.vocab_size, logits_.data(), 0.0f);
   if (c_.final_logit_softcap > 0) backend_.soft_cap(logits_.data(), c_.vocab_size, c_.final_logit_softcap);

@@ -1,5 +1,6 @@
 #include "keel/train/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace keel::train {
@@ -9,8 +10,8 @@ AdamW::AdamW(kernels::Backend& backend, model::ParamStore& params, AdamWConfig c
   params_.allocate_optimizer_state();
 }
 
-void AdamW::step(double lr, int64_t step) {
-  kernels::AdamWStep s{float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), step};
+void AdamW::step(double lr, int64_t step, double grad_scale) {
+  kernels::AdamWStep s{float(lr), float(config_.beta1), float(config_.beta2), float(config_.eps), step, grad_scale};
   // Only the parameters' parts inside this process's optimizer range (all of them, or its ZeRO-1
   // shard): the moments are held for that range alone.
   // Under ZeRO-3 the masters held are that shard too, and the bf16 copies are made when the weights
@@ -39,12 +40,9 @@ double gradient_norm(kernels::Backend& backend, model::ParamStore& params) {
   return std::sqrt(gradient_sum_of_squares(backend, params));
 }
 
-double clip_gradients(kernels::Backend& backend, model::ParamStore& params, double norm, double max_norm) {
+double clip_coefficient(double norm, double max_norm) {
   if (max_norm <= 0) return 1.0;
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef >= 1.0) return 1.0;
-  backend.scale_in_place(params.shard_grads(), params.optimizer_range().size(), float(coef));
-  return coef;
+  return std::min(1.0, max_norm / (norm + 1e-6));
 }
 
 }  // namespace keel::train

@@ -16,8 +16,9 @@ class AdamW {
  public:
   AdamW(kernels::Backend& backend, model::ParamStore& params, AdamWConfig config);
   // One update with learning rate lr of the parameters in params.optimizer_range() (everything, or
-  // this rank's ZeRO shard) from params.shard_grads(); `step` counts from 1 (bias correction).
-  void step(double lr, int64_t step);
+  // this rank's ZeRO shard) from params.shard_grads() times grad_scale (clip_coefficient); `step`
+  // counts from 1 (bias correction).
+  void step(double lr, int64_t step, double grad_scale = 1.0);
 
  private:
   kernels::Backend& backend_;
@@ -31,8 +32,9 @@ class AdamW {
 // L2 norm of the gradients (as clip_grad_norm_ computes it; the global norm without ZeRO).
 double gradient_norm(kernels::Backend& backend, model::ParamStore& params);
 double gradient_sum_of_squares(kernels::Backend& backend, model::ParamStore& params);
-// Scales the gradients by max_norm / (norm + 1e-6) when that is below 1, like clip_grad_norm_.
-// Returns the factor applied (1 when not clipped).
-double clip_gradients(kernels::Backend& backend, model::ParamStore& params, double norm, double max_norm);
+// clip_grad_norm_'s factor for gradients of this norm: max_norm / (norm + 1e-6) when that is below
+// 1, else 1 (also when max_norm <= 0: no clipping). AdamW::step applies it as it reads each
+// gradient, so clipping costs no pass over the gradients of its own.
+double clip_coefficient(double norm, double max_norm);
 
 }  // namespace keel::train

@@ -675,8 +675,7 @@ class Trainer {
               step, m.loss, m.grad_norm);
       m.skipped = true;  // weights and optimizer state stay as they were
     } else {
-      clip_gradients(decoder_.backend(), params, m.grad_norm, r_.max_grad_norm);
-      optimizer_->step(m.lr, step);
+      optimizer_->step(m.lr, step, clip_coefficient(m.grad_norm, r_.max_grad_norm));
     }
     m.optimizer_s = seconds_since(t2);
     // The next step is agreed on now, before the weights' gather starts: its collective queued

@@ -38,21 +38,9 @@ inline float fused_multiply_add(float a, float b, float c) {
 // block order, so the result is independent of the number of threads.
 constexpr int64_t kSquaresBlock = int64_t(1) << 14;
 constexpr int64_t kBlocksPerRound = 256;
-constexpr int kLanes = 8;  // independent partial sums inside a block, for vectorisation
 
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelMinElements = int64_t(1) << 15;
-
-double block_sum_of_squares(const float* x, int64_t n) {
-  double lane[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int k = 0; k < kLanes; ++k) lane[k] += double(x[i + k]) * double(x[i + k]);
-  for (int k = 0; i < n; ++i, ++k) lane[k] += double(x[i]) * double(x[i]);
-  double sum = 0;
-  for (int k = 0; k < kLanes; ++k) sum += lane[k];
-  return sum;
-}
 
 }  // namespace
 
@@ -96,7 +84,8 @@ void adamw_update(float* w, const float* g, float* m, float* v, int64_t n, const
                          .one_minus_beta2 = float(1.0 - s.beta2),
                          .neg_step_size = float(-(s.lr / bias_correction1)),
                          .bias_correction2_sqrt = float(std::sqrt(bias_correction2)),
-                         .eps = float(s.eps)};
+                         .eps = float(s.eps),
+                         .grad_scale = float(s.grad_scale)};
   const VectorOps& ops = vector_ops();
   parallel_for(n, n >= kParallelMinElements, [&](int64_t begin, int64_t end) {
     ops.adamw(w + begin, g + begin, m + begin, v + begin, end - begin, k, w_bf16 ? w_bf16 + begin : nullptr);
@@ -107,12 +96,13 @@ double sum_of_squares(const float* x, int64_t n) {
   const int64_t blocks = (n + kSquaresBlock - 1) / kSquaresBlock;
   double partial[kBlocksPerRound];
   double total = 0;
+  const VectorOps& ops = vector_ops();  // the block sums on this CPU's level: the same bits on every level
   for (int64_t first = 0; first < blocks; first += kBlocksPerRound) {
     const int64_t count = std::min(kBlocksPerRound, blocks - first);
     parallel_for(count, count > 1, [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t begin = (first + b) * kSquaresBlock;
-        partial[b] = block_sum_of_squares(x + begin, std::min(kSquaresBlock, n - begin));
+        partial[b] = ops.sum_of_squares_f64(x + begin, std::min(kSquaresBlock, n - begin));
       }
     });
     for (int64_t b = 0; b < count; ++b) total += partial[b];

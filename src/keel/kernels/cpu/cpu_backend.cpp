@@ -107,12 +107,12 @@ class CpuBackend final : public HostMemoryBackend {
   }
 
   void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, double weight_offset,
-                       float* y, float* rstd) override {
-    kernels::rmsnorm_forward(x, w, rows, dim, eps, y, rstd, weight_offset);
+                       float* y, float* rstd, bf16* y_bf16) override {
+    kernels::rmsnorm_forward(x, w, rows, dim, eps, y, rstd, weight_offset, y_bf16);
   }
   void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd, const float* dy,
-                        int64_t rows, int64_t dim, float* dx, float* dw) override {
-    kernels::rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw, weight_offset);
+                        int64_t rows, int64_t dim, float* dx, float* dw, const float* residual) override {
+    kernels::rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw, weight_offset, residual);
   }
   void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
                             int64_t head_dim, double eps, double weight_offset, float* y, int64_t ldy,
@@ -133,12 +133,13 @@ class CpuBackend final : public HostMemoryBackend {
     kernels::rope_backward(dx, ld, positions, tokens, heads, head_dim, table);
   }
   void soft_cap(float* x, int64_t n, double cap) override { vector_ops().soft_cap(x, n, 1.0f, float(cap), nullptr); }
-  void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out) override {
-    kernels::glu_forward(act, gate_up, rows, inter, out);
+  void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out,
+                   bf16* out_bf16) override {
+    kernels::glu_forward(act, gate_up, rows, inter, out, out_bf16);
   }
   void glu_backward(GluActivation act, const float* gate_up, const float* dout, int64_t rows, int64_t inter,
-                    float* dgate_up) override {
-    kernels::glu_backward(act, gate_up, dout, rows, inter, dgate_up);
+                    float* dgate_up, bf16* dgate_up_bf16) override {
+    kernels::glu_backward(act, gate_up, dout, rows, inter, dgate_up, dgate_up_bf16);
   }
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
     kernels::embedding_forward(ids, n, table, hidden, out);

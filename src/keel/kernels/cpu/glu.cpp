@@ -9,6 +9,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "keel/core/error.h"
 #include "keel/core/threads.h"
 #include "keel/kernels/cpu/vector_ops.h"
 
@@ -80,32 +81,44 @@ void glu_row_backward(GluActivation act, const T* g, const T* u, const T* dy, T*
   }
 }
 
+// bf16(row) into `copy` right after the row was written (float rows only).
+template <typename T>
+void row_to_bf16(const T* row, bf16* copy, int64_t n) {
+  if constexpr (std::is_same_v<T, float>)
+    vector_ops().scale_to_bf16(row, 1.0f, copy, n);
+  else
+    require(false, "glu: a bf16 output needs float rows");
+}
+
 }  // namespace
 
 template <typename T>
-void glu_forward(GluActivation act, const T* gate_up, int64_t rows, int64_t inter, T* out) {
+void glu_forward(GluActivation act, const T* gate_up, int64_t rows, int64_t inter, T* out, bf16* out_bf16) {
   parallel_for(rows, rows * inter >= kParallelMinElements, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * inter;
       glu_row(act, g, g + inter, out + r * inter, inter);
+      if (out_bf16) row_to_bf16(out + r * inter, out_bf16 + r * inter, inter);
     }
   });
 }
 
 template <typename T>
-void glu_backward(GluActivation act, const T* gate_up, const T* dout, int64_t rows, int64_t inter, T* dgate_up) {
+void glu_backward(GluActivation act, const T* gate_up, const T* dout, int64_t rows, int64_t inter, T* dgate_up,
+                  bf16* dgate_up_bf16) {
   parallel_for(rows, rows * inter >= kParallelMinElements, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * inter;
       T* dg = dgate_up + r * 2 * inter;
       glu_row_backward(act, g, g + inter, dout + r * inter, dg, dg + inter, inter);
+      if (dgate_up_bf16) row_to_bf16(dg, dgate_up_bf16 + r * 2 * inter, 2 * inter);
     }
   });
 }
 
-template void glu_forward<float>(GluActivation, const float*, int64_t, int64_t, float*);
-template void glu_forward<double>(GluActivation, const double*, int64_t, int64_t, double*);
-template void glu_backward<float>(GluActivation, const float*, const float*, int64_t, int64_t, float*);
-template void glu_backward<double>(GluActivation, const double*, const double*, int64_t, int64_t, double*);
+template void glu_forward<float>(GluActivation, const float*, int64_t, int64_t, float*, bf16*);
+template void glu_forward<double>(GluActivation, const double*, int64_t, int64_t, double*, bf16*);
+template void glu_backward<float>(GluActivation, const float*, const float*, int64_t, int64_t, float*, bf16*);
+template void glu_backward<double>(GluActivation, const double*, const double*, int64_t, int64_t, double*, bf16*);
 
 }  // namespace keel::kernels

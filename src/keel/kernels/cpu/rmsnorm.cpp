@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
+#include "keel/core/error.h"
 #include "keel/core/threads.h"
+#include "keel/kernels/cpu/vector_ops.h"
 
 namespace keel::kernels {
 namespace {
@@ -53,10 +56,11 @@ struct HeadRows {
 
 template <typename T>
 void head_rmsnorm_forward(const T* x, int64_t ldx, const T* w, int64_t tokens, int64_t heads, int64_t dim, double eps,
-                          T* y, int64_t ldy, T* rstd, double weight_offset) {
+                          T* y, int64_t ldy, T* rstd, double weight_offset, bf16* y_bf16) {
   const HeadRows hr{heads, dim};
   const T offset = T(weight_offset);
   const int64_t rows = tokens * heads;
+  if constexpr (!std::is_same_v<T, float>) require(y_bf16 == nullptr, "rmsnorm: a bf16 output needs float rows");
   parallel_for(rows, rows * dim >= kParallelMinElements, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + hr.at(r, ldx);
@@ -65,22 +69,33 @@ void head_rmsnorm_forward(const T* x, int64_t ldx, const T* w, int64_t tokens, i
       const T rs = T(1) / std::sqrt(mean_of_squares(xr, dim) + T(eps));
       rstd[r] = rs;
       for (int64_t c = 0; c < dim; ++c) yr[c] = (w[c] + offset) * (xr[c] * rs);  // y may be x: each read first
+      if constexpr (std::is_same_v<T, float>)
+        if (y_bf16) vector_ops().scale_to_bf16(yr, 1.0f, y_bf16 + hr.at(r, ldy), dim);
     }
   });
 }
 
 template <typename T>
-void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, const T* dy, int64_t ldy,
-                           int64_t tokens, int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw,
-                           double weight_offset) {
+void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, const T* dy, int64_t ldy, int64_t tokens,
+                           int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw, double weight_offset,
+                           const T* residual) {
   const HeadRows hr{heads, dim};
   const T offset = T(weight_offset);
   const int64_t rows = tokens * heads;
   const int64_t column_blocks = (dim + kDwColumnBlock - 1) / kDwColumnBlock;
   const bool parallel = rows * dim >= kParallelMinElements;
   parallel_for(rows, parallel, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r)
-      rmsnorm_row_backward(x + hr.at(r, ldx), w, offset, rstd[r], dy + hr.at(r, ldy), dim, dx + hr.at(r, lddx));
+    for (int64_t r = begin; r < end; ++r) {
+      const T* res = residual ? residual + hr.at(r, lddx) : nullptr;
+      T* dxr = dx + hr.at(r, lddx);
+      if constexpr (std::is_same_v<T, float>) {  // this CPU's vector level (vector_ops.h)
+        vector_ops().rmsnorm_row_backward(x + hr.at(r, ldx), w, offset, rstd[r], dy + hr.at(r, ldy), dim, dxr, res);
+      } else {
+        rmsnorm_row_backward(x + hr.at(r, ldx), w, offset, rstd[r], dy + hr.at(r, ldy), dim, dxr);
+        if (res)
+          for (int64_t c = 0; c < dim; ++c) dxr[c] += res[c];
+      }
+    }
   });
   if (!dw) return;  // a frozen norm weight (LoRA): no gradient wanted
   parallel_for(column_blocks, parallel, [&](int64_t begin, int64_t end) {
@@ -92,7 +107,10 @@ void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, c
         const T* xr = x + hr.at(r, ldx) + c0;
         const T* dyr = dy + hr.at(r, ldy) + c0;
         const double rs = rstd[r];
-        for (int64_t c = 0; c < nc; ++c) acc[c] += double(dyr[c]) * (double(xr[c]) * rs);
+        if constexpr (std::is_same_v<T, float>)
+          vector_ops().accumulate_scaled_products_f64(acc, dyr, xr, rs, nc);
+        else
+          for (int64_t c = 0; c < nc; ++c) acc[c] += double(dyr[c]) * (double(xr[c]) * rs);
       }
       for (int64_t c = 0; c < nc; ++c) dw[c0 + c] = T(double(dw[c0 + c]) + acc[c]);
     }
@@ -100,30 +118,33 @@ void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, c
 }
 
 template <typename T>
-void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd,
-                     double weight_offset) {
-  head_rmsnorm_forward(x, dim, w, rows, 1, dim, eps, y, dim, rstd, weight_offset);
+void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd, double weight_offset,
+                     bf16* y_bf16) {
+  head_rmsnorm_forward(x, dim, w, rows, 1, dim, eps, y, dim, rstd, weight_offset, y_bf16);
 }
 
 template <typename T>
 void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw,
-                      double weight_offset) {
-  head_rmsnorm_backward(x, dim, w, rstd, dy, dim, rows, 1, dim, dx, dim, dw, weight_offset);
+                      double weight_offset, const T* residual) {
+  head_rmsnorm_backward(x, dim, w, rstd, dy, dim, rows, 1, dim, dx, dim, dw, weight_offset, residual);
 }
 
 template void head_rmsnorm_forward<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t, double,
-                                          float*, int64_t, float*, double);
+                                          float*, int64_t, float*, double, bf16*);
 template void head_rmsnorm_forward<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t, double,
-                                           double*, int64_t, double*, double);
+                                           double*, int64_t, double*, double, bf16*);
 template void head_rmsnorm_backward<float>(const float*, int64_t, const float*, const float*, const float*, int64_t,
-                                           int64_t, int64_t, int64_t, float*, int64_t, float*, double);
+                                           int64_t, int64_t, int64_t, float*, int64_t, float*, double, const float*);
 template void head_rmsnorm_backward<double>(const double*, int64_t, const double*, const double*, const double*,
-                                            int64_t, int64_t, int64_t, int64_t, double*, int64_t, double*, double);
-template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*, float*, double);
-template void rmsnorm_forward<double>(const double*, const double*, int64_t, int64_t, double, double*, double*, double);
+                                            int64_t, int64_t, int64_t, int64_t, double*, int64_t, double*, double,
+                                            const double*);
+template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*, float*, double,
+                                     bf16*);
+template void rmsnorm_forward<double>(const double*, const double*, int64_t, int64_t, double, double*, double*, double,
+                                      bf16*);
 template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*, int64_t, int64_t, float*,
-                                      float*, double);
+                                      float*, double, const float*);
 template void rmsnorm_backward<double>(const double*, const double*, const double*, const double*, int64_t, int64_t,
-                                       double*, double*, double);
+                                       double*, double*, double, const double*);
 
 }  // namespace keel::kernels

@@ -30,6 +30,7 @@ struct RowVisibility {
 // AdamW's fp32 constants of one step, formed as torch forms them (adamw.cpp).
 struct AdamWConstants {
   float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, neg_step_size, bias_correction2_sqrt, eps;
+  float grad_scale = 1.0f;  // the clipping coefficient, g * grad_scale first (AdamWStep::grad_scale)
 };
 
 struct VectorOps {
@@ -70,10 +71,21 @@ struct VectorOps {
   // out[r] = the same sum for the rows w + r * ld, r < 4, in one pass (one 8-lane accumulator per
   // row, x loaded once for the four).
   void (*dot4_bf16)(const float* x, const bf16* w, int64_t ld, int64_t n, float* out);
+  // RMSNorm's backward for one row of dim (kernels/rmsnorm.h): dx = rstd * (g - x * rstd^2 *
+  // mean(g * x)) with g = (w + offset) * dy, in double (the mean's sum in 8 lanes), rounded to
+  // float, plus residual (may be null: the gradient flowing past the norm) in float.
+  void (*rmsnorm_row_backward)(const float* x, const float* w, float offset, float rstd, const float* dy, int64_t dim,
+                               float* dx, const float* residual);
+  // acc[c] += double(a[c]) * (double(b[c]) * s): the norm weight gradient's rows, in double.
+  void (*accumulate_scaled_products_f64)(double* acc, const float* a, const float* b, double s, int64_t n);
   // AdamW over n parameters, torch's fp32 operations one rounding each (kernels/adamw.h has the
   // formula), and w_bf16 (when not null) the updated weights in bf16. Defined in adamw.cpp, which
   // is compiled without multiply-add contraction: every level gives the same bits.
   void (*adamw)(float* w, const float* g, float* m, float* v, int64_t n, const AdamWConstants& k, bf16* w_bf16);
+  // sum over i < n of double(x[i])^2 in 8 double lanes (lane i % 8), added lane by lane at the end;
+  // a product and a sum each rounded on their own (adamw.cpp: no contraction), so every level gives
+  // the same bits. One block of the gradient norm (kernels/adamw.h: sum_of_squares).
+  double (*sum_of_squares_f64)(const float* x, int64_t n);
 };
 
 // The table for this CPU (and KEEL_ISA), chosen on first use.

@@ -111,12 +111,14 @@ class ReferenceBackend final : public HostMemoryBackend {
 
   // A plain norm is the one-head case of the per-head norm.
   void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, double weight_offset,
-                       float* y, float* rstd) override {
+                       float* y, float* rstd, bf16* y_bf16) override {
     head_rmsnorm_forward(x, dim, w, rows, 1, dim, eps, weight_offset, y, dim, rstd);
+    if (y_bf16) cast_to_bf16(y, y_bf16, rows * dim);
   }
   void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd, const float* dy,
-                        int64_t rows, int64_t dim, float* dx, float* dw) override {
+                        int64_t rows, int64_t dim, float* dx, float* dw, const float* residual) override {
     head_rmsnorm_backward(x, dim, w, weight_offset, rstd, dy, dim, rows, 1, dim, dx, dim, dw);
+    if (residual) add(dx, dx, residual, rows * dim);
   }
   void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
                             int64_t head_dim, double eps, double weight_offset, float* y, int64_t ldy,
@@ -158,17 +160,20 @@ class ReferenceBackend final : public HostMemoryBackend {
     const auto c = float(cap);
     for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] / c) * c;
   }
-  void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out) override {
+  void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out,
+                   bf16* out_bf16) override {
     Doubles od(size_t(rows * inter));
     kernels::glu_forward(act, widen(gate_up, rows * 2 * inter).data(), rows, inter, od.data());
     narrow(od, out);
+    if (out_bf16) cast_to_bf16(out, out_bf16, rows * inter);
   }
   void glu_backward(GluActivation act, const float* gate_up, const float* dout, int64_t rows, int64_t inter,
-                    float* dgate_up) override {
+                    float* dgate_up, bf16* dgate_up_bf16) override {
     Doubles dd(size_t(rows * 2 * inter));
     kernels::glu_backward(act, widen(gate_up, rows * 2 * inter).data(), widen(dout, rows * inter).data(), rows, inter,
                           dd.data());
     narrow(dd, dgate_up);
+    if (dgate_up_bf16) cast_to_bf16(dgate_up, dgate_up_bf16, rows * 2 * inter);
   }
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
     for (int64_t i = 0; i < n; ++i)
@@ -259,7 +264,7 @@ class ReferenceBackend final : public HostMemoryBackend {
     const double bias1 = 1.0 - std::pow(s.beta1, double(s.step));
     const double bias2_sqrt = std::sqrt(1.0 - std::pow(s.beta2, double(s.step)));
     for (int64_t i = 0; i < n; ++i) {
-      const double gi = g[i];
+      const double gi = g[i] * float(s.grad_scale);  // clipped as torch clips: rounded to fp32 first
       const double mi = s.beta1 * m[i] + (1.0 - s.beta1) * gi;
       const double vi = s.beta2 * v[i] + (1.0 - s.beta2) * gi * gi;
       const double wi =
