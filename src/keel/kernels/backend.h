@@ -89,10 +89,11 @@ class Backend {
                                double weight_offset, float* y, float* rstd, bf16* y_bf16) = 0;
   // dx overwritten; dw ACCUMULATES (null: a frozen weight, no gradient). residual (may be null):
   // added to dx in the same pass — the residual stream's gradient, which reaches the norm's input
-  // past the norm — as add(dx, dx, residual) would.
+  // past the norm — as add(dx, dx, residual) would. dx_bf16 (may be null): bf16(dx) as well, for
+  // the projection whose backward reads dx next.
   virtual void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd,
-                                const float* dy, int64_t rows, int64_t dim, float* dx, float* dw,
-                                const float* residual) = 0;
+                                const float* dy, int64_t rows, int64_t dim, float* dx, float* dw, const float* residual,
+                                bf16* dx_bf16) = 0;
   // The same norm on each head of [tokens, heads, head_dim] rows (Qwen3's q_norm/k_norm, one
   // weight w [head_dim] for every head): x with row stride ldx, y (may be x) with ldy, rstd
   // [tokens * heads]; backward: dy with ldy, dx (overwritten) with lddx, dw ACCUMULATES (null: frozen).

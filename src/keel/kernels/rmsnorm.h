@@ -17,9 +17,10 @@ void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double e
 // dx = (overwritten) gradient w.r.t. x; dw is ACCUMULATED into (+=) so micro-batches add up.
 // residual (may be null; laid out as dx): the gradient reaching x past the norm (the residual
 // stream's), added to dx in T as a separate add of the two would: one pass instead of two.
+// dx_bf16 (float only; may be null): bf16(dx) as well, for the GEMMs that read dx next.
 template <typename T>
 void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw,
-                      double weight_offset = 0.0, const T* residual = nullptr);
+                      double weight_offset = 0.0, const T* residual = nullptr, bf16* dx_bf16 = nullptr);
 
 // The same norm applied to each of `heads` vectors of `dim` in a token's row (Qwen3's q_norm and
 // k_norm: one weight shared by the heads): token t's head h is at x + t * ldx + h * dim, and at
@@ -31,6 +32,6 @@ void head_rmsnorm_forward(const T* x, int64_t ldx, const T* w, int64_t tokens, i
 template <typename T>
 void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, const T* dy, int64_t ldy, int64_t tokens,
                            int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw, double weight_offset = 0.0,
-                           const T* residual = nullptr);
+                           const T* residual = nullptr, bf16* dx_bf16 = nullptr);
 
 }  // namespace keel::kernels

@@ -1224,17 +1224,23 @@ void Decoder::backward(const MicroBatch& mb) {
   auto W = [&](int id) { return Weight{P.weight(id), P.weight_bf16(id), P.four_bit(id)}; };
   bf16* dyb = bf ? b.dy_b : nullptr;
   const double offset = c.norm_weight_offset;
+  // In bf16 the gradient a branch's projection (down, o) reads is written in bf16 (dyb) by the
+  // norm backward that produces it: with sandwich norms the branch's own output norm
+  // (through_output_norm), without them the norm below, which also adds the residual stream's
+  // gradient — the final norm, a block's post-attention norm (for o) or the next block's input
+  // norm (for down; block 0's feeds only the embedding).
+  bf16* residual_dy_b = c.sandwich_norms ? nullptr : dyb;
   // Sandwich norms: the gradient of a branch's output (its projection's) back through the norm on
   // it, into b.dtmp, the norm's weight gradient then final; without them, dy itself.
   auto through_output_norm = [&](const float* dy, const float* branch_out, const float* rstd, int norm) {
     if (!c.sandwich_norms) return dy;
-    backend_.rmsnorm_backward(branch_out, P.weight(norm), offset, rstd, dy, N, H, b.dtmp, P.grad(norm), nullptr);
+    backend_.rmsnorm_backward(branch_out, P.weight(norm), offset, rstd, dy, N, H, b.dtmp, P.grad(norm), nullptr, dyb);
     base_grad_ready(norm);
     return static_cast<const float*>(b.dtmp);
   };
 
   backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), offset, b.rstd_final, b.dnorm, N, H, b.dx,
-                            P.grad(ids_.final_norm), nullptr);
+                            P.grad(ids_.final_norm), nullptr, residual_dy_b);
   base_grad_ready(ids_.final_norm);
   const StepTimeline t{int32_t(L)};
   for (int64_t l = L - 1; l >= 0; --l) {
@@ -1251,8 +1257,7 @@ void Decoder::backward(const MicroBatch& mb) {
     // MLP: x_next = xmid + down(glu(gate_up(rmsnorm(xmid)))), the branch normalised with sandwich norms
     // (In bf16, a.xn1, a.xn2 and a.act hold another block's data by now: only their bf16 copies
     // may be read here. See describe_memory.)
-    const float* d_mlp = through_output_norm(b.dx, a.mo, a.rstd_mo, p.mlp_out_norm);  // d down's output
-    to_bf16(d_mlp, dyb, N * H);
+    const float* d_mlp = through_output_norm(b.dx, a.mo, a.rstd_mo, p.mlp_out_norm);  // d down's output (+ dyb)
     lin.backward_input(d_mlp, dyb, W(p.down_weight), I, H, b.d_act);
     if (!frozen) lin.backward_weight(d_mlp, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
     lora_backward(mb, l, LinearSlot::Down, d_mlp, dyb, H, a.act, a.act_b, b.d_act, a);
@@ -1263,12 +1268,11 @@ void Decoder::backward(const MicroBatch& mb) {
     lora_backward(mb, l, LinearSlot::GateUp, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
     // dh = dx (past the block's MLP, the residual) + the norm's input gradient, in one pass.
     backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), offset, a.rstd2, b.dnorm, N, H, b.dh, P.grad(p.post_norm),
-                              b.dx);
+                              b.dx, residual_dy_b);
     for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) base_grad_ready(id);
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x))))), the branch normalised with sandwich norms
-    const float* d_out = through_output_norm(b.dh, a.ao, a.rstd_ao, p.attn_out_norm);  // d o's output
-    to_bf16(d_out, dyb, N * H);
+    const float* d_out = through_output_norm(b.dh, a.ao, a.rstd_ao, p.attn_out_norm);  // d o's output (+ dyb)
     lin.backward_input(d_out, dyb, W(p.o_weight), Q, H, b.d_attn);
     if (!frozen) lin.backward_weight(d_out, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
     lora_backward(mb, l, LinearSlot::O, d_out, dyb, H, a.attn, a.attn_b, b.d_attn, a);
@@ -1293,7 +1297,7 @@ void Decoder::backward(const MicroBatch& mb) {
     if (!frozen) lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
     lora_backward(mb, l, LinearSlot::Qkv, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
     backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dx, P.grad(p.input_norm),
-                              b.dh);
+                              b.dh, l > 0 ? residual_dy_b : nullptr);
     for (int id : {p.o_weight, p.k_norm, p.q_norm, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);
   }
   if (c.scale_embeddings) backend_.scale_in_place(b.dx, N * H, embedding_scale(c));

@@ -111,8 +111,9 @@ class CpuBackend final : public HostMemoryBackend {
     kernels::rmsnorm_forward(x, w, rows, dim, eps, y, rstd, weight_offset, y_bf16);
   }
   void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd, const float* dy,
-                        int64_t rows, int64_t dim, float* dx, float* dw, const float* residual) override {
-    kernels::rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw, weight_offset, residual);
+                        int64_t rows, int64_t dim, float* dx, float* dw, const float* residual,
+                        bf16* dx_bf16) override {
+    kernels::rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw, weight_offset, residual, dx_bf16);
   }
   void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
                             int64_t head_dim, double eps, double weight_offset, float* y, int64_t ldy,

@@ -78,18 +78,21 @@ void head_rmsnorm_forward(const T* x, int64_t ldx, const T* w, int64_t tokens, i
 template <typename T>
 void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, const T* dy, int64_t ldy, int64_t tokens,
                            int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw, double weight_offset,
-                           const T* residual) {
+                           const T* residual, bf16* dx_bf16) {
   const HeadRows hr{heads, dim};
   const T offset = T(weight_offset);
   const int64_t rows = tokens * heads;
   const int64_t column_blocks = (dim + kDwColumnBlock - 1) / kDwColumnBlock;
   const bool parallel = rows * dim >= kParallelMinElements;
+  if constexpr (!std::is_same_v<T, float>) require(dx_bf16 == nullptr, "rmsnorm: a bf16 output needs float rows");
   parallel_for(rows, parallel, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* res = residual ? residual + hr.at(r, lddx) : nullptr;
       T* dxr = dx + hr.at(r, lddx);
       if constexpr (std::is_same_v<T, float>) {  // this CPU's vector level (vector_ops.h)
-        vector_ops().rmsnorm_row_backward(x + hr.at(r, ldx), w, offset, rstd[r], dy + hr.at(r, ldy), dim, dxr, res);
+        const VectorOps& ops = vector_ops();
+        ops.rmsnorm_row_backward(x + hr.at(r, ldx), w, offset, rstd[r], dy + hr.at(r, ldy), dim, dxr, res);
+        if (dx_bf16) ops.scale_to_bf16(dxr, 1.0f, dx_bf16 + hr.at(r, lddx), dim);
       } else {
         rmsnorm_row_backward(x + hr.at(r, ldx), w, offset, rstd[r], dy + hr.at(r, ldy), dim, dxr);
         if (res)
@@ -125,8 +128,8 @@ void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double e
 
 template <typename T>
 void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw,
-                      double weight_offset, const T* residual) {
-  head_rmsnorm_backward(x, dim, w, rstd, dy, dim, rows, 1, dim, dx, dim, dw, weight_offset, residual);
+                      double weight_offset, const T* residual, bf16* dx_bf16) {
+  head_rmsnorm_backward(x, dim, w, rstd, dy, dim, rows, 1, dim, dx, dim, dw, weight_offset, residual, dx_bf16);
 }
 
 template void head_rmsnorm_forward<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t, double,
@@ -134,17 +137,18 @@ template void head_rmsnorm_forward<float>(const float*, int64_t, const float*, i
 template void head_rmsnorm_forward<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t, double,
                                            double*, int64_t, double*, double, bf16*);
 template void head_rmsnorm_backward<float>(const float*, int64_t, const float*, const float*, const float*, int64_t,
-                                           int64_t, int64_t, int64_t, float*, int64_t, float*, double, const float*);
+                                           int64_t, int64_t, int64_t, float*, int64_t, float*, double, const float*,
+                                           bf16*);
 template void head_rmsnorm_backward<double>(const double*, int64_t, const double*, const double*, const double*,
                                             int64_t, int64_t, int64_t, int64_t, double*, int64_t, double*, double,
-                                            const double*);
+                                            const double*, bf16*);
 template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*, float*, double,
                                      bf16*);
 template void rmsnorm_forward<double>(const double*, const double*, int64_t, int64_t, double, double*, double*, double,
                                       bf16*);
 template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*, int64_t, int64_t, float*,
-                                      float*, double, const float*);
+                                      float*, double, const float*, bf16*);
 template void rmsnorm_backward<double>(const double*, const double*, const double*, const double*, int64_t, int64_t,
-                                       double*, double*, double, const double*);
+                                       double*, double*, double, const double*, bf16*);
 
 }  // namespace keel::kernels

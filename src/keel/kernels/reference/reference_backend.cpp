@@ -116,9 +116,11 @@ class ReferenceBackend final : public HostMemoryBackend {
     if (y_bf16) cast_to_bf16(y, y_bf16, rows * dim);
   }
   void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd, const float* dy,
-                        int64_t rows, int64_t dim, float* dx, float* dw, const float* residual) override {
+                        int64_t rows, int64_t dim, float* dx, float* dw, const float* residual,
+                        bf16* dx_bf16) override {
     head_rmsnorm_backward(x, dim, w, weight_offset, rstd, dy, dim, rows, 1, dim, dx, dim, dw);
     if (residual) add(dx, dx, residual, rows * dim);
+    if (dx_bf16) cast_to_bf16(dx, dx_bf16, rows * dim);
   }
   void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
                             int64_t head_dim, double eps, double weight_offset, float* y, int64_t ldy,
