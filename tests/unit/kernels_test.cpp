@@ -125,10 +125,12 @@ TEST(RmsNorm, FloatBackwardAgreesWithDoubleAndAddsTheResidualExactly) {
     rmsnorm_backward(xf.data(), wf.data(), rf.data(), dyf.data(), rows, dim, dxf.data(), dwf.data(), offset);
     for (int64_t i = 0; i < rows * dim; ++i) ASSERT_NEAR(dxf[i], dx[i], 2e-6 * (1 + std::fabs(dx[i]))) << i;
     for (int64_t c = 0; c < dim; ++c) ASSERT_NEAR(dwf[c], dw[c], 2e-6 * (1 + std::fabs(dw[c]))) << c;
+    std::vector<bf16> dx_res_b(rows * dim);
     rmsnorm_backward(xf.data(), wf.data(), rf.data(), dyf.data(), rows, dim, dx_res.data(), dw2.data(), offset,
-                     residual.data());
+                     residual.data(), dx_res_b.data());
     for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(dx_res[i], dxf[i] + residual[i]) << i;
     ASSERT_TRUE(bitwise_equal(dw2, dwf));
+    ASSERT_TRUE(bitwise_equal(dx_res_b, cast_all(dx_res))) << "the bf16 copy is the cast of dx";
   }
 }
 
