@@ -818,6 +818,9 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   }
   if (lora_.empty()) {
     params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
+    // Each tensor's first gradient write of a step overwrites (backward(): grad_beta, fresh_grad),
+    // so the step needs no zeroing pass over the gradients (ParamStore::begin_gradient_step).
+    params_.overwrite_first_gradient_writes(true);
   } else {
     params_.bind(f32(d.weights), nullptr, b16(options_.shard_weights ? d.compute_only_shard : d.weights_bf16), nullptr,
                  nullptr);
@@ -986,10 +989,11 @@ struct Linear {
                       float* dx) const {
     product(kernels::packed_gemm(Trans::N, Trans::N, rows, in, out), dy, dyb, w, wb, dx, 0.0f);
   }
-  // dW[out, in] += dy[rows, out]^T x[rows, in]
+  // dW[out, in] (+)= dy[rows, out]^T x[rows, in]: beta 1 accumulates, 0 overwrites (a step's first
+  // write of the gradient, ParamStore::first_gradient_write).
   void backward_weight(const float* dy, const bf16* dyb, const float* x, const bf16* xb, int64_t in, int64_t out,
-                       float* dw) const {
-    product(kernels::packed_gemm(Trans::T, Trans::N, out, in, rows), dy, dyb, x, xb, dw, 1.0f);
+                       float* dw, float beta = 1.0f) const {
+    product(kernels::packed_gemm(Trans::T, Trans::N, out, in, rows), dy, dyb, x, xb, dw, beta);
   }
   // In bf16 the products read the operands' bf16 copies, in fp32 the operands themselves.
   void product(const kernels::GemmShape& s, const float* a, const bf16* ab, const float* b, const bf16* bb, float* c,
@@ -1194,6 +1198,9 @@ double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backw
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, V = c.vocab_size;
   const bool bf = precision_ == Precision::BF16;
   const int64_t chunk = lm_head_chunk_rows(V, max_batch_ * max_seq_);
+  // The head's gradient: overwritten by the first chunk when this is the step's first write of it.
+  const bool head_trained = backward && !HS.frozen();
+  float head_beta = head_trained && HS.first_gradient_write(head) ? 0.0f : 1.0f;
   double loss = 0.0;
   for (int64_t r0 = 0; r0 < N; r0 += chunk) {
     const int64_t rows = std::min(chunk, N - r0);
@@ -1207,7 +1214,8 @@ double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backw
     if (!backward) continue;
     lin.backward_input(b.logits, b.logits_b, HS.weight(head), HS.weight_bf16(head), H, V,
                        b.dnorm + r0 * H);
-    if (!HS.frozen()) lin.backward_weight(b.logits, b.logits_b, xn, xnb, H, V, HS.grad(head));
+    if (head_trained) lin.backward_weight(b.logits, b.logits_b, xn, xnb, H, V, HS.grad(head), head_beta);
+    head_beta = 1.0f;
   }
   return loss;
 }
@@ -1230,17 +1238,27 @@ void Decoder::backward(const MicroBatch& mb) {
   // gradient — the final norm, a block's post-attention norm (for o) or the next block's input
   // norm (for down; block 0's feeds only the embedding).
   bf16* residual_dy_b = c.sandwich_norms ? nullptr : dyb;
+  // A gradient written for the first time this step is overwritten, not added to
+  // (ParamStore::first_gradient_write): a GEMM with beta 0, a small tensor (norm, bias) or the
+  // embedding (scattered into) zeroed just before its write.
+  auto grad_beta = [&](int id) { return P.first_gradient_write(id) ? 0.0f : 1.0f; };
+  auto fresh_grad = [&](int id) {
+    float* g = id >= 0 ? P.grad(id) : nullptr;
+    if (g && P.first_gradient_write(id)) std::fill_n(g, P.param(id).numel, 0.0f);
+    return g;
+  };
   // Sandwich norms: the gradient of a branch's output (its projection's) back through the norm on
   // it, into b.dtmp, the norm's weight gradient then final; without them, dy itself.
   auto through_output_norm = [&](const float* dy, const float* branch_out, const float* rstd, int norm) {
     if (!c.sandwich_norms) return dy;
-    backend_.rmsnorm_backward(branch_out, P.weight(norm), offset, rstd, dy, N, H, b.dtmp, P.grad(norm), nullptr, dyb);
+    backend_.rmsnorm_backward(branch_out, P.weight(norm), offset, rstd, dy, N, H, b.dtmp, fresh_grad(norm), nullptr,
+                              dyb);
     base_grad_ready(norm);
     return static_cast<const float*>(b.dtmp);
   };
 
   backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), offset, b.rstd_final, b.dnorm, N, H, b.dx,
-                            P.grad(ids_.final_norm), nullptr, residual_dy_b);
+                            fresh_grad(ids_.final_norm), nullptr, residual_dy_b);
   base_grad_ready(ids_.final_norm);
   const StepTimeline t{int32_t(L)};
   for (int64_t l = L - 1; l >= 0; --l) {
@@ -1259,22 +1277,24 @@ void Decoder::backward(const MicroBatch& mb) {
     // may be read here. See describe_memory.)
     const float* d_mlp = through_output_norm(b.dx, a.mo, a.rstd_mo, p.mlp_out_norm);  // d down's output (+ dyb)
     lin.backward_input(d_mlp, dyb, W(p.down_weight), I, H, b.d_act);
-    if (!frozen) lin.backward_weight(d_mlp, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight));
+    if (!frozen) lin.backward_weight(d_mlp, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight), grad_beta(p.down_weight));
     lora_backward(mb, l, LinearSlot::Down, d_mlp, dyb, H, a.act, a.act_b, b.d_act, a);
     backend_.glu_backward(c.mlp_activation, a.gate_up, b.d_act, N, I, b.d_gate_up, dyb);
     lin.backward_input(b.d_gate_up, dyb, W(p.gate_up_weight), H, 2 * I,
                        b.dnorm);
-    if (!frozen) lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight));
+    if (!frozen)
+      lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight),
+                          grad_beta(p.gate_up_weight));
     lora_backward(mb, l, LinearSlot::GateUp, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
     // dh = dx (past the block's MLP, the residual) + the norm's input gradient, in one pass.
-    backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), offset, a.rstd2, b.dnorm, N, H, b.dh, P.grad(p.post_norm),
-                              b.dx, residual_dy_b);
+    backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), offset, a.rstd2, b.dnorm, N, H, b.dh,
+                              fresh_grad(p.post_norm), b.dx, residual_dy_b);
     for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) base_grad_ready(id);
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x))))), the branch normalised with sandwich norms
     const float* d_out = through_output_norm(b.dh, a.ao, a.rstd_ao, p.attn_out_norm);  // d o's output (+ dyb)
     lin.backward_input(d_out, dyb, W(p.o_weight), Q, H, b.d_attn);
-    if (!frozen) lin.backward_weight(d_out, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight));
+    if (!frozen) lin.backward_weight(d_out, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight), grad_beta(p.o_weight));
     lora_backward(mb, l, LinearSlot::O, d_out, dyb, H, a.attn, a.attn_b, b.d_attn, a);
     // dq | dk land where attention read q | k: in d_qkv, or with q/k norms in d_qk first.
     const float* qk = c.qk_norm ? a.qk : a.qkv;
@@ -1286,22 +1306,22 @@ void Decoder::backward(const MicroBatch& mb) {
     backend_.rope_backward(dqk + Q, as.ldk, mb.positions, N, c.num_kv_heads, c.head_dim, rope);
     if (c.qk_norm) {
       backend_.head_rmsnorm_backward(a.qkv, QKV, P.weight(p.q_norm), offset, a.rstd_qk, dqk, as.ldq, N, c.num_heads,
-                                     c.head_dim, b.d_qkv, QKV, P.grad(p.q_norm));
-      backend_.head_rmsnorm_backward(a.qkv + Q, QKV, P.weight(p.k_norm), offset, a.rstd_qk + N * c.num_heads,
-                                     dqk + Q, as.ldk, N, c.num_kv_heads, c.head_dim, b.d_qkv + Q, QKV,
-                                     P.grad(p.k_norm));
+                                     c.head_dim, b.d_qkv, QKV, fresh_grad(p.q_norm));
+      backend_.head_rmsnorm_backward(a.qkv + Q, QKV, P.weight(p.k_norm), offset, a.rstd_qk + N * c.num_heads, dqk + Q,
+                                     as.ldk, N, c.num_kv_heads, c.head_dim, b.d_qkv + Q, QKV, fresh_grad(p.k_norm));
     }
-    if (p.qkv_bias >= 0 && !frozen) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, P.grad(p.qkv_bias));
+    if (p.qkv_bias >= 0 && !frozen) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, fresh_grad(p.qkv_bias));
     to_bf16(b.d_qkv, dyb, N * QKV);
     lin.backward_input(b.d_qkv, dyb, W(p.qkv_weight), H, QKV, b.dnorm);
-    if (!frozen) lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight));
+    if (!frozen)
+      lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight), grad_beta(p.qkv_weight));
     lora_backward(mb, l, LinearSlot::Qkv, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
-    backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dx, P.grad(p.input_norm),
+    backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dx, fresh_grad(p.input_norm),
                               b.dh, l > 0 ? residual_dy_b : nullptr);
     for (int id : {p.o_weight, p.k_norm, p.q_norm, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);
   }
   if (c.scale_embeddings) backend_.scale_in_place(b.dx, N * H, embedding_scale(c));
-  if (!frozen) backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, P.grad(ids_.embed));
+  if (!frozen) backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, fresh_grad(ids_.embed));
   base_grad_ready(ids_.embed);
   if (trained_embed_ >= 0) {  // modules_to_save: the adapter's copy of the embedding trains
     backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, adapter_.grad(trained_embed_));

@@ -215,6 +215,25 @@ void ParamStore::zero_grads() {
     std::fill(grad_shard_, grad_shard_ + optimizer_range().size(), 0.0f);
   else if (grads_)
     std::fill(grads_, grads_ + total_, 0.0f);
+  std::fill(written_.begin(), written_.end(), uint8_t(1));
+}
+
+void ParamStore::overwrite_first_gradient_writes(bool on) {
+  // Only a whole gradient buffer: ZeRO-2's staging and shard keep their own zeroing. Zeroed once
+  // here (the padding between tensors too, which no write touches), every tensor counted as
+  // written: the first step's begin_gradient_step then zeroes nothing.
+  written_.clear();
+  if (!on || !grads_ || !grad_at_.empty() || grad_shard_) return;
+  std::fill(grads_, grads_ + total_, 0.0f);
+  written_.assign(params_.size(), uint8_t(1));
+}
+
+void ParamStore::begin_gradient_step() {
+  if (written_.empty()) return zero_grads();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!written_[i]) std::fill_n(grads_ + params_[i].offset, params_[i].numel, 0.0f);
+    written_[i] = 0;
+  }
 }
 
 void ParamStore::refresh_bf16_copy() { refresh_bf16_copy({0, total_}); }

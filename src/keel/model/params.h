@@ -187,8 +187,25 @@ class ParamStore {
   bool has_optimizer_state() const { return adam_m_ != nullptr; }
 
   // Zeroes what the step accumulates into: the gradient buffer, or ZeRO-2's shard (the staging
-  // buffers are zeroed by the decoder as their part of the backward pass begins).
+  // buffers are zeroed by the decoder as their part of the backward pass begins). Writes then
+  // accumulate (first_gradient_write is false until begin_gradient_step).
   void zero_grads();
+  // A training step's gradients without a zeroing pass over them (a pass over every gradient,
+  // ~2% of the bench model's step): once the owner has enabled it (overwrite_first_gradient_writes:
+  // the decoder does for a fully trained model with a whole gradient buffer), begin_gradient_step
+  // marks every tensor unwritten and the backward pass's first write of each tensor in the step
+  // overwrites (a GEMM with beta 0; a small tensor zeroed just before), told by
+  // first_gradient_write. Tensors the previous step did not write at all are zeroed here, so a
+  // tensor no pass writes still reads 0 (enabling zeroes the buffer once). Otherwise
+  // begin_gradient_step is zero_grads.
+  void overwrite_first_gradient_writes(bool on);
+  void begin_gradient_step();
+  // True the first time tensor i's gradient is written since begin_gradient_step (and marks it).
+  bool first_gradient_write(int i) {
+    if (written_.empty() || written_[size_t(i)]) return false;
+    written_[size_t(i)] = 1;
+    return true;
+  }
   void refresh_bf16_copy();                 // after weights change outside the optimizer (load, init)
   void refresh_bf16_copy(FlatRange range);  // of part of the weights (ZeRO-1: the shards other ranks updated)
 
@@ -204,6 +221,7 @@ class ParamStore {
   std::optional<FlatRange> optimizer_shard_;  // set by set_optimizer_range (ZeRO-1)
   float *weights_ = nullptr, *grads_ = nullptr, *adam_m_ = nullptr, *adam_v_ = nullptr;
   std::vector<float*> grad_at_;  // ZeRO-2: each tensor's staged gradient
+  std::vector<uint8_t> written_;  // per tensor, since begin_gradient_step (empty: writes accumulate)
   float* grad_shard_ = nullptr;  // ZeRO-2: this rank's summed gradients
   FlatRange master_shard_, compute_only_shard_, four_bit_shard_;  // ZeRO-3: what this rank holds
   std::vector<FourBitWeight> four_bit_at_;                        // ZeRO-3: where 4-bit tensors are gathered now

@@ -145,7 +145,7 @@ GradSync::~GradSync() {
 }
 
 void GradSync::begin_step() {
-  decoder_.trainable().zero_grads();
+  decoder_.trainable().begin_gradient_step();
   began_ = false;
 }
 

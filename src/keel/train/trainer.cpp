@@ -628,7 +628,7 @@ class Trainer {
     if (sync_)
       sync_->begin_step();
     else
-      decoder_.trainable().zero_grads();
+      decoder_.trainable().begin_gradient_step();
     const double grad_scale = m.target_tokens > 0 ? 1.0 / double(m.target_tokens) : 0.0;
     double loss_sum = 0.0, exposed_s = 0.0;
     for (size_t i = 0; i < micro.size(); ++i) {
