@@ -186,7 +186,10 @@ void GradSync::position(int32_t at) {
 SyncedStep GradSync::finish(double local_loss_sum) {
   model::ParamStore& params = decoder_.trainable();
   if (staged_.empty()) {
-    if (!began_) buckets_->begin(params.grads(), comm_, options_.deterministic);  // a step without micro-batches
+    if (!began_) {  // a step without micro-batches: this rank adds zeros (no write overwrote last step's)
+      params.zero_grads();
+      buckets_->begin(params.grads(), comm_, options_.deterministic);
+    }
     buckets_->finish();
   }
   // Under ZeRO each rank holds the summed gradients of its shard only: the ranks add their sums of

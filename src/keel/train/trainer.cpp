@@ -627,6 +627,8 @@ class Trainer {
     const auto t1 = Clock::now();
     if (sync_)
       sync_->begin_step();
+    else if (micro.empty())  // no write will overwrite last step's gradients
+      decoder_.trainable().zero_grads();
     else
       decoder_.trainable().begin_gradient_step();
     const double grad_scale = m.target_tokens > 0 ? 1.0 / double(m.target_tokens) : 0.0;
