@@ -359,7 +359,7 @@ AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
 
   double loss = 0;
   auto step = [&](int64_t number) {
-    decoder.trainable().zero_grads();
+    decoder.trainable().begin_gradient_step();  // as the trainer: first writes overwrite
     for (int64_t i = 0; i < accumulation; ++i) {
       const Batch& b = pool[size_t(((number - 1) * accumulation + i) % pool_size)];
       model::MicroBatch mb{

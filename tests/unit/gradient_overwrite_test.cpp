@@ -3,7 +3,10 @@
 // (zero_grads, then every write accumulates) the gradients must be equal bit for bit, in every
 // family and precision, across accumulated micro-batches and several steps — with the gradient
 // buffer filled with NaN before each step, so a tensor the backward pass forgot to overwrite
-// shows. Checks also that ZeRO-2-style staging and LoRA keep the zeroing path.
+// shows; with tied embeddings (the LM head's GEMM writes first, the embedding's scatter adds) and
+// with gradient checkpointing. The store's own rules are checked on an owned store. (ZeRO-2's
+// staging and LoRA's adapter never enable overwriting: ParamStore::overwrite_first_gradient_writes
+// refuses a staged store, and the decoder enables it only without LoRA.)
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,11 +21,18 @@ namespace {
 
 using test::random_batch;
 
-void expect_same_gradients(const std::string& family, bool qkv_bias, Precision precision) {
-  const auto config = test::tiny_config(family, qkv_bias);
+struct Case {
+  const char* family;
+  bool qkv_bias, tied, checkpointing;
+};
+
+void expect_same_gradients(const Case& k, Precision precision) {
+  const std::string family = k.family;
+  auto config = test::tiny_config(family, k.qkv_bias);
+  config.tie_word_embeddings = k.tied;
   const int64_t batch = 2, seq = 24;
-  Decoder zeroing(config, precision, batch, seq, test::on_backend("cpu", {false, true, 0}));
-  Decoder overwriting(config, precision, batch, seq, test::on_backend("cpu", {false, true, 0}));
+  Decoder zeroing(config, precision, batch, seq, test::on_backend("cpu", {k.checkpointing, true, 0}));
+  Decoder overwriting(config, precision, batch, seq, test::on_backend("cpu", {k.checkpointing, true, 0}));
   zeroing.init_random(11, 0.2);
   overwriting.init_random(11, 0.2);
   ParamStore &z = zeroing.params(), &o = overwriting.params();
@@ -50,21 +60,23 @@ void expect_same_gradients(const std::string& family, bool qkv_bias, Precision p
   }
 }
 
-class GradientOverwrite : public ::testing::TestWithParam<std::tuple<const char*, bool>> {};
+class GradientOverwrite : public ::testing::TestWithParam<Case> {};
 
-TEST_P(GradientOverwrite, EqualsZeroingInFp32) {
-  expect_same_gradients(std::get<0>(GetParam()), std::get<1>(GetParam()), Precision::F32);
-}
-TEST_P(GradientOverwrite, EqualsZeroingInBf16) {
-  expect_same_gradients(std::get<0>(GetParam()), std::get<1>(GetParam()), Precision::BF16);
-}
+TEST_P(GradientOverwrite, EqualsZeroingInFp32) { expect_same_gradients(GetParam(), Precision::F32); }
+TEST_P(GradientOverwrite, EqualsZeroingInBf16) { expect_same_gradients(GetParam(), Precision::BF16); }
 
 INSTANTIATE_TEST_SUITE_P(Families, GradientOverwrite,
-                         ::testing::Values(std::tuple{"llama", false}, std::tuple{"qwen2", true},
-                                           std::tuple{"qwen3", false}, std::tuple{"mistral", false},
-                                           std::tuple{"gemma2", false}, std::tuple{"gemma3", false},
-                                           std::tuple{"glm", true}, std::tuple{"glm_original", false}),
-                         [](const auto& info) { return std::string(std::get<0>(info.param)); });
+                         ::testing::Values(Case{"llama", false, false, false}, Case{"qwen2", true, false, false},
+                                           Case{"qwen3", false, false, false}, Case{"mistral", false, false, false},
+                                           Case{"gemma2", false, false, false}, Case{"gemma3", false, false, false},
+                                           Case{"glm", true, false, false}, Case{"glm_original", false, false, false},
+                                           Case{"llama", false, true, false}, Case{"gemma2", false, true, true},
+                                           Case{"qwen3", false, false, true}),
+                         [](const auto& info) {
+                           const Case& k = info.param;
+                           return std::string(k.family) + (k.tied ? "_tied" : "") +
+                                  (k.checkpointing ? "_checkpointing" : "");
+                         });
 
 // A store that has not enabled overwriting (an owned one here) zeroes in begin_gradient_step, and
 // zero_grads makes every later write accumulate.

@@ -156,6 +156,36 @@ TEST(VectorOps, SumOfSquaresGivesThePortableBitsOnEveryLevel) {
   }
 }
 
+// RMSNorm's backward rows and weight-gradient sums on every level against the portable one: the
+// same double arithmetic, except that a level with FMA fuses multiply-adds (last-bit differences).
+TEST(VectorOps, RmsNormBackwardRowAgreesOnEveryLevel) {
+  for (int64_t dim : {int64_t(7), int64_t(64), int64_t(301)}) {
+    const std::vector<float> x = uniform(size_t(dim), -2.0f, 2.0f, 36), w = uniform(size_t(dim), 0.5f, 1.5f, 37),
+                             dy = uniform(size_t(dim), -1.0f, 1.0f, 38), res = uniform(size_t(dim), -1.0f, 1.0f, 39);
+    std::vector<float> want(static_cast<size_t>(dim)), want_res(static_cast<size_t>(dim));
+    std::vector<double> acc_want(static_cast<size_t>(dim), 0.25);
+    const VectorOps& portable = vector_ops_for(Isa::Portable);
+    portable.rmsnorm_row_backward(x.data(), w.data(), 1.0f, 0.7f, dy.data(), dim, want.data(), nullptr);
+    portable.rmsnorm_row_backward(x.data(), w.data(), 1.0f, 0.7f, dy.data(), dim, want_res.data(), res.data());
+    portable.accumulate_scaled_products_f64(acc_want.data(), dy.data(), x.data(), 0.7, dim);
+    for (Isa isa : levels_here()) {
+      SCOPED_TRACE(std::string(isa_name(isa)) + " dim " + std::to_string(dim));
+      std::vector<float> got(static_cast<size_t>(dim)), got_res(static_cast<size_t>(dim));
+      std::vector<double> acc(static_cast<size_t>(dim), 0.25);
+      const VectorOps& ops = vector_ops_for(isa);
+      ops.rmsnorm_row_backward(x.data(), w.data(), 1.0f, 0.7f, dy.data(), dim, got.data(), nullptr);
+      ops.rmsnorm_row_backward(x.data(), w.data(), 1.0f, 0.7f, dy.data(), dim, got_res.data(), res.data());
+      ops.accumulate_scaled_products_f64(acc.data(), dy.data(), x.data(), 0.7, dim);
+      for (int64_t c = 0; c < dim; ++c) {
+        const size_t i = size_t(c);
+        ASSERT_NEAR(got[i], want[i], 1e-6f * (1.0f + std::fabs(want[i]))) << c;
+        ASSERT_EQ(got_res[i], got[i] + res[i]) << "the residual is added in float: " << c;
+        ASSERT_NEAR(acc[i], acc_want[i], 1e-14 * (1.0 + std::fabs(acc_want[i]))) << c;
+      }
+    }
+  }
+}
+
 TEST(VectorOps, AdamWGivesThePortableBitsOnEveryLevel) {
   // kernels_test checks adamw_update (this CPU's level) against torch's arithmetic bit for bit;
   // here every level against the portable one, which rounds the fma in double.

@@ -510,7 +510,9 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   d.d_attn = add("grad.attn", Cat::Workspace, N * Q, f32, backward_first, backward_last);
   d.d_qkv = add("grad.qkv", Cat::Workspace, N * QKV, f32, backward_first, backward_last);
   if (c.qk_norm) d.d_qk = add("grad.qk_normed", Cat::Workspace, N * (Q + c.kv_size()), f32, backward_first, backward_last);
-  d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N * std::max({H, 2 * I, QKV}), backward_first, backward_last);
+  // From the head on: the final norm's backward (at the head position, before the first block's)
+  // writes the last block's down-projection gradient into it (backward(): residual_dy_b).
+  d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N * std::max({H, 2 * I, QKV}), head, backward_last);
   if (params.four_bit_total() > 0) {  // one tile of dequantized rows, used by every 4-bit GEMM in turn
     int64_t tile = 0;
     for (const auto& p : params.params())

@@ -265,7 +265,8 @@ class Decoder {
   void write_weights(int param, int64_t first, const float* values, int64_t n);
   void write_weights(int param, int64_t first, const bf16* values, int64_t n);
 
-  // Forward and backward of one micro-batch. Gradients are ADDED to params().grads(), scaled by
+  // Forward and backward of one micro-batch. Gradients are ADDED to params().grads() — or, for a
+  // tensor's first write since ParamStore::begin_gradient_step, written over them — scaled by
   // grad_scale (1 / target tokens of the whole optimizer step, so micro-batches sum to the mean).
   // Returns the sum of the token losses of this micro-batch.
   double forward_backward(const MicroBatch& batch, double grad_scale);

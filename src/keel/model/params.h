@@ -196,7 +196,9 @@ class ParamStore {
   // marks every tensor unwritten and the backward pass's first write of each tensor in the step
   // overwrites (a GEMM with beta 0; a small tensor zeroed just before), told by
   // first_gradient_write. Tensors the previous step did not write at all are zeroed here, so a
-  // tensor no pass writes still reads 0 (enabling zeroes the buffer once). Otherwise
+  // tensor no pass writes still reads 0 (enabling zeroes the buffer once); this assumes every
+  // step writes the same tensors (true of the decoder: nothing is frozen per step), since one
+  // written last step but skipped in this one would keep its old gradient. Otherwise
   // begin_gradient_step is zero_grads.
   void overwrite_first_gradient_writes(bool on);
   void begin_gradient_step();

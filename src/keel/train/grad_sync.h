@@ -60,7 +60,8 @@ class GradSync {
   // Each rank's part of the flat trainable buffer under ZeRO; empty when replicated.
   const std::vector<FlatRange>& shards() const { return shards_; }
 
-  // The step's gradients start from zero (the buffer, or ZeRO-2's shard).
+  // The step's gradients start from zero (ZeRO-2's shard), or are overwritten by each tensor's
+  // first write of the step (a whole buffer: ParamStore::begin_gradient_step).
   void begin_step();
   // Around each micro-batch's forward_backward; `last`: the step's last micro-batch.
   void before_micro_batch(bool last);

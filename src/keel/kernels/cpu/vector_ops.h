@@ -73,7 +73,8 @@ struct VectorOps {
   void (*dot4_bf16)(const float* x, const bf16* w, int64_t ld, int64_t n, float* out);
   // RMSNorm's backward for one row of dim (kernels/rmsnorm.h): dx = rstd * (g - x * rstd^2 *
   // mean(g * x)) with g = (w + offset) * dy, in double (the mean's sum in 8 lanes), rounded to
-  // float, plus residual (may be null: the gradient flowing past the norm) in float.
+  // float, plus residual (may be null: the gradient flowing past the norm) in float. Levels with
+  // FMA fuse the double multiply-adds, so they may differ from the portable level in dx's last bit.
   void (*rmsnorm_row_backward)(const float* x, const float* w, float offset, float rstd, const float* dy, int64_t dim,
                                float* dx, const float* residual);
   // acc[c] += double(a[c]) * (double(b[c]) * s): the norm weight gradient's rows, in double.
