@@ -81,19 +81,23 @@ void glu_row_backward(GluActivation act, const T* g, const T* u, const T* dy, T*
   }
 }
 
-// bf16(row) into `copy` right after the row was written (float rows only).
+// bf16(row) into `copy` right after the row was written. Float rows only: the callers refuse a
+// bf16 output for double before their parallel region (an exception must not leave one).
 template <typename T>
 void row_to_bf16(const T* row, bf16* copy, int64_t n) {
-  if constexpr (std::is_same_v<T, float>)
-    vector_ops().scale_to_bf16(row, 1.0f, copy, n);
-  else
-    require(false, "glu: a bf16 output needs float rows");
+  if constexpr (std::is_same_v<T, float>) vector_ops().scale_to_bf16(row, 1.0f, copy, n);
+}
+
+template <typename T>
+void require_float_for_bf16(const bf16* copy) {
+  if constexpr (!std::is_same_v<T, float>) require(copy == nullptr, "glu: a bf16 output needs float rows");
 }
 
 }  // namespace
 
 template <typename T>
 void glu_forward(GluActivation act, const T* gate_up, int64_t rows, int64_t inter, T* out, bf16* out_bf16) {
+  require_float_for_bf16<T>(out_bf16);
   parallel_for(rows, rows * inter >= kParallelMinElements, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * inter;
@@ -106,6 +110,7 @@ void glu_forward(GluActivation act, const T* gate_up, int64_t rows, int64_t inte
 template <typename T>
 void glu_backward(GluActivation act, const T* gate_up, const T* dout, int64_t rows, int64_t inter, T* dgate_up,
                   bf16* dgate_up_bf16) {
+  require_float_for_bf16<T>(dgate_up_bf16);
   parallel_for(rows, rows * inter >= kParallelMinElements, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* g = gate_up + r * 2 * inter;

@@ -85,12 +85,12 @@ void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, c
   const int64_t column_blocks = (dim + kDwColumnBlock - 1) / kDwColumnBlock;
   const bool parallel = rows * dim >= kParallelMinElements;
   if constexpr (!std::is_same_v<T, float>) require(dx_bf16 == nullptr, "rmsnorm: a bf16 output needs float rows");
+  const VectorOps& ops = vector_ops();  // float rows: this CPU's vector level
   parallel_for(rows, parallel, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* res = residual ? residual + hr.at(r, lddx) : nullptr;
       T* dxr = dx + hr.at(r, lddx);
-      if constexpr (std::is_same_v<T, float>) {  // this CPU's vector level (vector_ops.h)
-        const VectorOps& ops = vector_ops();
+      if constexpr (std::is_same_v<T, float>) {
         ops.rmsnorm_row_backward(x + hr.at(r, ldx), w, offset, rstd[r], dy + hr.at(r, ldy), dim, dxr, res);
         if (dx_bf16) ops.scale_to_bf16(dxr, 1.0f, dx_bf16 + hr.at(r, lddx), dim);
       } else {
@@ -111,7 +111,7 @@ void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, c
         const T* dyr = dy + hr.at(r, ldy) + c0;
         const double rs = rstd[r];
         if constexpr (std::is_same_v<T, float>)
-          vector_ops().accumulate_scaled_products_f64(acc, dyr, xr, rs, nc);
+          ops.accumulate_scaled_products_f64(acc, dyr, xr, rs, nc);
         else
           for (int64_t c = 0; c < nc; ++c) acc[c] += double(dyr[c]) * (double(xr[c]) * rs);
       }
