@@ -393,8 +393,28 @@ def transformers_family(spec):
     return "glm" if spec.family == "glm_original" else spec.family
 
 
-def transformers_config(spec, attn_implementation="sdpa"):
+# The attention implementation build_model gives the models (transformers' default, "sdpa"); the
+# bf16 yardstick also trains with "eager" (train_reference.torch_bf16_runs), since torch's two
+# attention paths round differently and the distance of either from fp32 is torch's own bf16 gap.
+ATTENTION = {"implementation": "sdpa"}
+
+
+class attention_implementation:
+    """`with attention_implementation("eager"):` models built inside use that attention."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __enter__(self):
+        self.saved, ATTENTION["implementation"] = ATTENTION["implementation"], self.name
+
+    def __exit__(self, *exc):
+        ATTENTION["implementation"] = self.saved
+
+
+def transformers_config(spec, attn_implementation=None):
     """The transformers config object of `spec` (glm_original: the GlmConfig it converts to)."""
+    attn_implementation = attn_implementation or ATTENTION["implementation"]
     family = transformers_family(spec)
     cfg = make_config(family, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
                       intermediate_size=spec.intermediate_size, num_layers=spec.num_layers,
