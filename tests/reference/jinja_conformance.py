@@ -428,6 +428,22 @@ adds(G, [
     "{{ add(2) }}{{ ns.a }}",
     "{% for x in l %}{{ loop.index }}{% set l = [9] %}{% endfor %}{{ l }}",
     "{% for m in messages if m.role != 'system' %}{{ loop.index0 }}{{ m.role }}{% endfor %}",
+    # keel reuses a finished loop's scope and `loop` object for the next loop at its depth, unless
+    # something kept them: a kept loop or loop.cycle must still describe its own loop.
+    "{% set ns = namespace(l=none) %}{% for x in [1, 2] %}{% set ns.l = loop %}{% endfor %}"
+    "{% for y in [5, 6, 7] %}{{ loop.index }}{% endfor %}|{{ ns.l.index }}/{{ ns.l.length }}/{{ ns.l.last }}",
+    "{% set ns = namespace(c=none) %}{% for x in [1, 2] %}{% set ns.c = loop.cycle %}{% endfor %}"
+    "{% for y in [5, 6, 7] %}{{ loop.cycle('p', 'q') }}{% endfor %}|{{ ns.c('a', 'b', 'c') }}",
+    "{% set ns = namespace(k=[]) %}{% for x in [1, 2] %}{% set ns.k = ns.k + [loop] %}{% endfor %}"
+    "{% for y in 'abc' %}{% endfor %}{% for k in ns.k %}{{ k.index }}{{ k.length }};{% endfor %}",
+    "{% macro m(xs) %}{% for x in xs %}{{ loop.index }}{{ x }}{{ loop.length }}{% endfor %}{% endmacro %}"
+    "{% for a in [1, 2, 3] %}[{{ m('pq') }}{{ loop.index }}{{ loop.length }}{{ loop.previtem }}]{% endfor %}"
+    "{{ m('xyz') }}",
+    "{% for a in [1, 2, 3] %}{% if a == 2 %}{% break %}{% endif %}{{ a }}{% endfor %}"
+    "{% for b in [7] %}{{ loop.previtem is defined }}{{ loop.nextitem is defined }}{{ loop.length }}"
+    "{{ loop.last }}{% endfor %}{% for c in [] %}{{ c }}{% else %}none{% endfor %}",
+    "{% macro n(x) %}{% for y in [x, x] %}{{ y }}{% endfor %}{% endmacro %}"
+    "{% for x in [1, 2, 3] if n(x) != '22' %}{{ x }}{{ loop.length }}{% endfor %}",
     "{% macro m(a, b=a) %}{{ b }}{% endmacro %}{{ m(3) }}",
     "{% macro m(x) %}{{ caller(x * 2) }}{% endmacro %}{% call(y) m(4) %}got {{ y }}{% endcall %}",
 ], dict(L, tree=[{"name": "a", "children": [{"name": "b"}, {"name": "c", "children": [{"name": "d"}]}]},

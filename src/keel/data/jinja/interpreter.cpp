@@ -58,6 +58,9 @@ Rendered Interpreter::run(const Dict& variables) {
   for (const auto& [k, v] : variables.items) (*top)[k] = v;
   frames_ = {globals, top};
   outputs_.assign(1, Str());
+  // A conversation renders to a few kilobytes: grown from there, not from nothing byte-doubling.
+  outputs_[0].text.reserve(4096);
+  outputs_[0].runs.reserve(16);
   exec(ast_.body);
   return Rendered{std::move(outputs_[0]), std::move(generation_)};
 }
@@ -221,7 +224,18 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
   List converted;
   if (!iterable.is_list()) converted = iteration_items(*this, iterable, n.line);
   const List& all = iterable.is_list() ? iterable.as_list() : converted;
-  auto frame = std::make_shared<Frame>();
+  // The frame and `loop` object of the last loop that ran at this depth on this thread, reused
+  // when nothing kept them (`set ns.x = loop` would share the object; a frame is held only by
+  // frames_): a loop then allocates neither its scope nor its 12 fields. They are moved out while
+  // the loop runs, so that a loop nested in the body (or in a macro it calls) takes the next
+  // depth's, and an exception leaves nothing half-used behind.
+  thread_local std::vector<LoopState> pool;
+  const size_t depth = size_t(loop_depth_);
+  if (pool.size() <= depth) pool.resize(depth + 1);
+  LoopState state = std::move(pool[depth]);
+  if (!state.frame || state.frame.use_count() > 1) state.frame = std::make_shared<Frame>();
+  const std::shared_ptr<Frame> frame = state.frame;
+  frame->clear();
   frames_.push_back(frame);
   auto bind = [&](const Value& item) {
     if (n.targets.size() == 1) {
@@ -242,22 +256,31 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
   }
   const List& items = n.condition ? filtered : all;
   const int64_t length = int64_t(items.size());
-  // loop.cycle reads the iteration through a shared counter: one function per loop, not per iteration.
-  auto index = std::make_shared<int64_t>(0);
-  const Value cycle = Value::function("cycle", [index](Interpreter& in, CallArgs& args) {
-    if (args.positional.empty()) in.error(0, "loop.cycle() needs at least one argument");
-    return args.positional[size_t(*index) % args.positional.size()];
-  });
-  // One `loop` object per loop whose fields each iteration updates in place, as Jinja's
-  // LoopContext is one object: nothing is built per iteration (a dict of 12 fields was).
+  // Reused only when nothing else holds the object or its cycle function (which reads the counter).
+  if (!state.index || state.index.use_count() > 2 || !state.loop.is_dict() || state.loop.shared() ||
+      state.loop.as_dict().items[11].second.shared()) {
+    // loop.cycle reads the iteration through a shared counter: one function per loop object.
+    auto counter = std::make_shared<int64_t>(0);
+    const Value cycle = Value::function("cycle", [counter](Interpreter& in, CallArgs& args) {
+      if (args.positional.empty()) in.error(0, "loop.cycle() needs at least one argument");
+      return args.positional[size_t(*counter) % args.positional.size()];
+    });
+    // One `loop` object whose fields each iteration updates in place, as Jinja's LoopContext is
+    // one object: nothing is built per iteration (a dict of 12 fields was).
+    Dict fields;
+    fields.items = {{"index", Value()},     {"index0", Value()},          {"revindex", Value()},
+                    {"revindex0", Value()}, {"first", Value()},           {"last", Value()},
+                    {"length", Value()},    {"depth", Value(int64_t(1))}, {"depth0", Value(int64_t(0))},
+                    {"previtem", Value()},  {"nextitem", Value()},        {"cycle", cycle}};
+    state.loop = Value(std::move(fields));
+    state.index = std::move(counter);
+  }
   static const Value no_previtem = Value::undefined("previtem"), no_nextitem = Value::undefined("nextitem");
-  Dict fields;
-  fields.items = {{"index", Value()},        {"index0", Value()},          {"revindex", Value()},
-                  {"revindex0", Value()},    {"first", Value()},           {"last", Value()},
-                  {"length", Value(length)}, {"depth", Value(int64_t(1))}, {"depth0", Value(int64_t(0))},
-                  {"previtem", Value()},     {"nextitem", Value()},        {"cycle", cycle}};
-  const Value loop(std::move(fields));
+  const Value& loop = state.loop;
+  int64_t* const index = state.index.get();
   auto& field = loop.ns_dict().items;
+  field[6].second = Value(length);
+  ++loop_depth_;
   for (int64_t i = 0; i < length; ++i) {
     *index = i;
     step();          // an iteration is work even when its body is empty
@@ -275,7 +298,12 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
     const Flow f = exec(n.body);
     if (f == Flow::break_loop) break;
   }
+  --loop_depth_;
   frames_.pop_back();
+  // Back to the pool, holding nothing of this rendering's data.
+  frame->clear();
+  field[9].second = field[10].second = Value();
+  pool[depth] = std::move(state);
   if (length == 0) return exec(n.else_body);
   return Flow::normal;
 }

@@ -58,6 +58,13 @@ class Interpreter {
     std::vector<std::pair<std::string, Value>> items_;
   };
 
+  // What a for loop reuses from the last loop at its depth (for_loop).
+  struct LoopState {
+    std::shared_ptr<Frame> frame;
+    Value loop;
+    std::shared_ptr<int64_t> index;  // the iteration loop.cycle reads
+  };
+
   Flow exec(const Body& body);
   Flow exec(const Node& node);
   Flow for_loop(const Node& node);
@@ -95,6 +102,7 @@ class Interpreter {
   uint64_t steps_ = 0;
   int line_ = 0;
   int depth_ = 0;
+  int loop_depth_ = 0;                          // for loops running (for_loop's pool)
   std::vector<std::shared_ptr<Frame>> frames_;  // [0] globals, [1] the template's, then locals
   // [0] the rendering; captures above it. A deque: print_concat appends to the top one while a
   // macro called inside the expression captures above it.

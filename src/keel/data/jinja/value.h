@@ -162,6 +162,8 @@ class Value {
   bool truthy() const;
   // The object behind a container or callable (Python's `is`).
   const void* identity() const { return p_.get(); }
+  // Whether another value shares this one's object (a copy of a list, dict or namespace).
+  bool shared() const { return p_.use_count() > 1; }
   // Python's type name, for messages ("str", "list", "dict", "NoneType", ...)
   std::string type_name() const;
 
