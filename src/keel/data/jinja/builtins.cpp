@@ -309,47 +309,49 @@ std::vector<Str> line_pieces(const Str& s, bool keepends) {
 template <class Method>
 Value with_string_method(const std::string& name, Method&& method) {
   using A = CallArgs;
-  if (name == "strip" || name == "lstrip" || name == "rstrip")
+  if (same_name(name, "strip") || same_name(name, "lstrip") || same_name(name, "rstrip"))
     return method([name](Interpreter&, const Str& s, A& a) {
       const auto [b, e] = strip_bounds(s.text, a.get(0, "chars"), name != "rstrip", name != "lstrip");
       return Value(s.substr(b, e));
     });
-  if (name == "split" || name == "rsplit")
+  if (same_name(name, "split") || same_name(name, "rsplit"))
     return method([name](Interpreter& in, const Str& s, A& a) {
       Value sep = a.get(0, "sep"), maxsplit = a.get(1, "maxsplit", Value(int64_t(-1)));
       if (!sep.is_undefined() && !sep.is_none()) need_str(in, sep, "split", 0);
-      return Value(split(s, sep, maxsplit.as_int(), name == "rsplit"));
+      return Value(split(s, sep, maxsplit.as_int(), same_name(name, "rsplit")));
     });
-  if (name == "splitlines")
+  if (same_name(name, "splitlines"))
     return method([](Interpreter&, const Str& s, A& a) {
       std::vector<Str> lines = line_pieces(s, a.get(0, "keepends", Value(false)).truthy());
       if (lines.back().text.empty()) lines.pop_back();
       return Value(List(lines.begin(), lines.end()));
     });
-  if (name == "startswith" || name == "endswith")
+  if (same_name(name, "startswith") || same_name(name, "endswith"))
     return method([name](Interpreter& in, const Str& s, A& a) {
       // Without start/end the whole string: no copy, no count of its characters.
       const auto [b, e] = a.positional.size() > 1 || !a.keywords.empty() ? python_range(in, s.text, a, 1)
                                                                          : std::pair<size_t, size_t>{0, s.text.size()};
-      return Value(starts_or_ends(std::string_view(s.text).substr(b, e - b), a.get(0, "prefix"), name == "startswith"));
+      return Value(
+          starts_or_ends(std::string_view(s.text).substr(b, e - b), a.get(0, "prefix"), same_name(name, "startswith")));
     });
-  if (name == "replace")
+  if (same_name(name, "replace"))
     return method([](Interpreter& in, const Str& s, A& a) {
       const Str& old = need_str(in, a.get(0, "old"), "replace", 0);
       const Value with = a.get(1, "new");
       return Value(
           replaced(s, old.text, need_str(in, with, "replace", 0), a.get(2, "count", Value(int64_t(-1))).as_int()));
     });
-  if (name == "upper" || name == "lower")
-    return method(
-        [name](Interpreter&, const Str& s, A&) { return Value(rebuilt(case_mapped(s.text, name == "upper"), s)); });
-  if (name == "capitalize")
-    return method([](Interpreter&, const Str& s, A&) { return Value(rebuilt(capitalized(s.text), s)); });
-  if (name == "title")
-    return method([](Interpreter&, const Str& s, A&) { return Value(rebuilt(python_title(s.text), s)); });
-  if (name == "swapcase" || name == "casefold")
+  if (same_name(name, "upper") || same_name(name, "lower"))
     return method([name](Interpreter&, const Str& s, A&) {
-      if (name == "casefold") return Value(rebuilt(case_mapped(s.text, 0), s));
+      return Value(rebuilt(case_mapped(s.text, same_name(name, "upper")), s));
+    });
+  if (same_name(name, "capitalize"))
+    return method([](Interpreter&, const Str& s, A&) { return Value(rebuilt(capitalized(s.text), s)); });
+  if (same_name(name, "title"))
+    return method([](Interpreter&, const Str& s, A&) { return Value(rebuilt(python_title(s.text), s)); });
+  if (same_name(name, "swapcase") || same_name(name, "casefold"))
+    return method([name](Interpreter&, const Str& s, A&) {
+      if (same_name(name, "casefold")) return Value(rebuilt(case_mapped(s.text, 0), s));
       std::string out;
       for (size_t pos = 0; pos < s.text.size();) {
         size_t len;
@@ -360,12 +362,13 @@ Value with_string_method(const std::string& name, Method&& method) {
       }
       return Value(rebuilt(std::move(out), s));
     });
-  if (name == "find" || name == "rfind" || name == "index" || name == "rindex" || name == "count")
+  if (same_name(name, "find") || same_name(name, "rfind") || same_name(name, "index") || same_name(name, "rindex") ||
+      same_name(name, "count"))
     return method([name](Interpreter& in, const Str& s, A& a) -> Value {
       const std::string& sub = need_str(in, a.get(0, "sub"), name.c_str(), 0).text;
       const auto [b, e] = python_range(in, s.text, a, 1);
       const std::string_view window = std::string_view(s.text).substr(b, e - b);
-      if (name == "count") {
+      if (same_name(name, "count")) {
         if (sub.empty()) return Value(int64_t(code_point_count(window) + 1));
         int64_t n = 0;
         for (size_t at = window.find(sub); at != std::string::npos; at = window.find(sub, at + sub.size())) ++n;
@@ -378,7 +381,7 @@ Value with_string_method(const std::string& name, Method&& method) {
       }
       return Value(int64_t(code_point_count(std::string_view(s.text).substr(0, b + at))));
     });
-  if (name == "join")
+  if (same_name(name, "join"))
     return method([](Interpreter& in, const Str& s, A& a) {
       Value items = a.get(0, "iterable");
       Str out;
@@ -391,13 +394,13 @@ Value with_string_method(const std::string& name, Method&& method) {
       }
       return Value(std::move(out));
     });
-  if (name == "center" || name == "ljust" || name == "rjust" || name == "zfill")
+  if (same_name(name, "center") || same_name(name, "ljust") || same_name(name, "rjust") || same_name(name, "zfill"))
     return method([name](Interpreter& in, const Str& s, A& a) {
       const int64_t width = a.get(0, "width", Value(int64_t(0))).as_int();
       ValueSizeLimit::check(uint64_t(std::max<int64_t>(width, 0)));
       const int64_t n = int64_t(code_point_count(s.text));
       if (width <= n) return Value(s);
-      const Value fill_v = a.get(1, "fillchar", Value(name == "zfill" ? "0" : " "));
+      const Value fill_v = a.get(1, "fillchar", Value(same_name(name, "zfill") ? "0" : " "));
       const std::string fill = need_str(in, fill_v, name.c_str(), 0).text;
       auto pad = [&](int64_t k) {
         std::string p;
@@ -407,9 +410,11 @@ Value with_string_method(const std::string& name, Method&& method) {
       const int64_t total = width - n;
       // Python's center puts the extra character on the right when the text's length is even
       // relative to the total, as its formula does: left = total / 2 + (total & width & 1).
-      const int64_t left = name == "ljust" ? 0 : name == "center" ? total / 2 + (total & width & 1) : total;
+      const int64_t left = same_name(name, "ljust")    ? 0
+                           : same_name(name, "center") ? total / 2 + (total & width & 1)
+                                                       : total;
       Str out = pad(left);
-      if (name == "zfill" && !s.text.empty() && (s.text[0] == '-' || s.text[0] == '+')) {
+      if (same_name(name, "zfill") && !s.text.empty() && (s.text[0] == '-' || s.text[0] == '+')) {
         out = Str(s.text.substr(0, 1));
         out.append(pad(left));
         out.append(s.substr(1, s.text.size()));
@@ -419,19 +424,19 @@ Value with_string_method(const std::string& name, Method&& method) {
       out.append(pad(total - left));
       return Value(std::move(out));
     });
-  if (name == "partition" || name == "rpartition")
+  if (same_name(name, "partition") || same_name(name, "rpartition"))
     return method([name](Interpreter& in, const Str& s, A& a) {
       const std::string& sep = need_str(in, a.get(0, "sep"), name.c_str(), 0).text;
       if (sep.empty()) in.error(0, "empty separator");
-      const size_t at = name == "partition" ? s.text.find(sep) : s.text.rfind(sep);
+      const size_t at = same_name(name, "partition") ? s.text.find(sep) : s.text.rfind(sep);
       if (at == std::string::npos)
-        return name == "partition" ? Value(List{Value(s), Value(""), Value("")}, true)
-                                   : Value(List{Value(""), Value(""), Value(s)}, true);
+        return same_name(name, "partition") ? Value(List{Value(s), Value(""), Value("")}, true)
+                                            : Value(List{Value(""), Value(""), Value(s)}, true);
       return Value(List{Value(s.substr(0, at)), Value(s.substr(at, at + sep.size())),
                         Value(s.substr(at + sep.size(), s.text.size()))},
                    true);
     });
-  if (name == "format")
+  if (same_name(name, "format"))
     return method([](Interpreter& in, const Str& s, A& a) {
       // str.format with {}, {0} and {name} fields (no format specs: chat templates use none).
       Str out;
@@ -465,32 +470,33 @@ Value with_string_method(const std::string& name, Method&& method) {
       out.append(s.substr(literal, f.size()));
       return Value(std::move(out));
     });
-  if (name == "removeprefix" || name == "removesuffix")
+  if (same_name(name, "removeprefix") || same_name(name, "removesuffix"))
     return method([name](Interpreter& in, const Str& s, A& a) {
       const std::string& p = need_str(in, a.get(0, "prefix"), name.c_str(), 0).text;
-      if (name == "removeprefix" && s.text.compare(0, p.size(), p) == 0)
+      if (same_name(name, "removeprefix") && s.text.compare(0, p.size(), p) == 0)
         return Value(s.substr(p.size(), s.text.size()));
-      if (name == "removesuffix" && !p.empty() && p.size() <= s.text.size() &&
+      if (same_name(name, "removesuffix") && !p.empty() && p.size() <= s.text.size() &&
           s.text.compare(s.text.size() - p.size(), p.size(), p) == 0)
         return Value(s.substr(0, s.text.size() - p.size()));
       return Value(s);
     });
-  if (name == "isdigit" || name == "isnumeric" || name == "isdecimal")
+  if (same_name(name, "isdigit") || same_name(name, "isnumeric") || same_name(name, "isdecimal"))
     return method([](Interpreter&, const Str& s, A&) {
       return Value(all_code_points(s.text, [](uint32_t c) { return bool(u_isdigit(UChar32(c))); }));
     });
-  if (name == "isalpha")
+  if (same_name(name, "isalpha"))
     return method([](Interpreter&, const Str& s, A&) {
       return Value(all_code_points(s.text, [](uint32_t c) { return bool(u_isalpha(UChar32(c))); }));
     });
-  if (name == "isalnum")
+  if (same_name(name, "isalnum"))
     return method([](Interpreter&, const Str& s, A&) {
       return Value(all_code_points(s.text, [](uint32_t c) { return bool(u_isalnum(UChar32(c))); }));
     });
-  if (name == "isspace")
+  if (same_name(name, "isspace"))
     return method([](Interpreter&, const Str& s, A&) { return Value(all_code_points(s.text, is_python_space)); });
-  if (name == "islower" || name == "isupper")
-    return method([name](Interpreter&, const Str& s, A&) { return Value(python_is_case(s.text, name == "islower")); });
+  if (same_name(name, "islower") || same_name(name, "isupper"))
+    return method(
+        [name](Interpreter&, const Str& s, A&) { return Value(python_is_case(s.text, same_name(name, "islower"))); });
   return Value();
 }
 
@@ -504,7 +510,8 @@ Value string_method(const Value& self, const std::string& name) {
 }  // namespace
 
 bool is_dict_method(std::string_view n) {
-  return n == "items" || n == "keys" || n == "values" || n == "copy" || n == "get";
+  return same_name(n, "items") || same_name(n, "keys") || same_name(n, "values") || same_name(n, "copy") ||
+         same_name(n, "get");
 }
 
 Value builtin_method(const Value& self, const std::string& name) {
@@ -514,21 +521,22 @@ Value builtin_method(const Value& self, const std::string& name) {
     // a name checks the length before any byte (a std::string against a literal runs strlen).
     const std::string_view n = name;
     if (!is_dict_method(n)) return Value();
-    if (n == "items" || n == "keys" || n == "values")
+    if (same_name(n, "items") || same_name(n, "keys") || same_name(n, "values"))
       return Value::function(name, [self, name](Interpreter&, CallArgs&) {
         List out;
         for (const auto& [k, v] : self.as_dict().items) {
-          if (name == "items")
+          if (same_name(name, "items"))
             out.emplace_back(List{key_value(k), v}, true);
-          else if (name == "keys")
+          else if (same_name(name, "keys"))
             out.push_back(key_value(k));
           else
             out.push_back(v);
         }
         return Value(std::move(out));
       });
-    if (n == "copy") return Value::function(name, [self](Interpreter&, CallArgs&) { return Value(self.as_dict()); });
-    if (n == "get")
+    if (same_name(n, "copy"))
+      return Value::function(name, [self](Interpreter&, CallArgs&) { return Value(self.as_dict()); });
+    if (same_name(n, "get"))
       return Value::function(name, [self](Interpreter& in, CallArgs& a) {
         Value key = a.get(0, "key");
         if (key.is_list() || key.is_dict()) in.error(0, fmt::format("unhashable type: '{}'", key.type_name()));
@@ -539,16 +547,16 @@ Value builtin_method(const Value& self, const std::string& name) {
     return Value();
   }
   if (self.is_list()) {
-    if (name == "index" || name == "count")
+    if (same_name(name, "index") || same_name(name, "count"))
       return Value::function(name, [self, name](Interpreter& in, CallArgs& a) {
         Value x = a.get(0, "value");
         int64_t n = 0;
         for (size_t i = 0; i < self.as_list().size(); ++i)
           if (equal(self.as_list()[i], x)) {
-            if (name == "index") return Value(int64_t(i));
+            if (same_name(name, "index")) return Value(int64_t(i));
             ++n;
           }
-        if (name == "index") in.error(0, "value is not in list");
+        if (same_name(name, "index")) in.error(0, "value is not in list");
         return Value(n);
       });
   }
@@ -774,7 +782,7 @@ Str python_percent_format(Interpreter& in, const Str& format, const Value& args,
 
 Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, CallArgs& a, int line) {
   auto str_of = [&](const Value& x) { return to_str(x); };
-  if (name == "tojson") {
+  if (same_name(name, "tojson")) {
     JsonOptions o;
     o.ensure_ascii = a.get(0, "ensure_ascii", Value(false)).truthy();
     const Value indent = a.get(1, "indent");
@@ -796,24 +804,24 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
       bad(in, line, fmt::format("tojson: {}", e.what()));
     }
   }
-  if (name == "trim" || name == "strip") {
+  if (same_name(name, "trim") || same_name(name, "strip")) {
     const Str s = str_of(v);
     const auto [b, e] = strip_bounds(s.text, a.get(0, "chars"), true, true);
     return Value(s.substr(b, e));
   }
-  if (name == "length" || name == "count") {
+  if (same_name(name, "length") || same_name(name, "count")) {
     if (v.is_string()) return Value(int64_t(code_point_count(v.as_str().text)));
     if (v.is_list()) return Value(int64_t(v.as_list().size()));
     if (v.is_dict()) return Value(int64_t(v.as_dict().items.size()));
     if (v.is_undefined()) return Value(int64_t(0));
     bad(in, line, fmt::format("object of type '{}' has no len()", v.type_name()));
   }
-  if (name == "first" || name == "last") {
+  if (same_name(name, "first") || same_name(name, "last")) {
     List items = iteration_items(in, v, line);
     if (items.empty()) return Value::undefined(name);
-    return name == "first" ? items.front() : items.back();
+    return same_name(name, "first") ? items.front() : items.back();
   }
-  if (name == "join") {
+  if (same_name(name, "join")) {
     Str sep = a.positional.empty() && !a.keyword("d") ? Str() : to_str(a.get(0, "d"));
     Value attribute = a.get(1, "attribute");
     Str out;
@@ -825,31 +833,31 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     }
     return Value(std::move(out));
   }
-  if (name == "default" || name == "d") {
+  if (same_name(name, "default") || same_name(name, "d")) {
     const bool boolean = a.get(1, "boolean", Value(false)).truthy();
     if (v.is_undefined() || (boolean && !v.truthy())) return a.get(0, "default_value", Value(""));
     return v;
   }
-  if (name == "upper" || name == "lower") {
+  if (same_name(name, "upper") || same_name(name, "lower")) {
     const Str s = str_of(v);
-    return Value(rebuilt(case_mapped(s.text, name == "upper"), s));
+    return Value(rebuilt(case_mapped(s.text, same_name(name, "upper")), s));
   }
-  if (name == "capitalize") {
+  if (same_name(name, "capitalize")) {
     const Str s = str_of(v);
     return Value(rebuilt(capitalized(s.text), s));
   }
-  if (name == "title") {
+  if (same_name(name, "title")) {
     const Str s = str_of(v);
     return Value(rebuilt(titled(s.text), s));
   }
-  if (name == "replace") {
+  if (same_name(name, "replace")) {
     const Str s = str_of(v);
     const Value count = a.get(2, "count");
     return Value(
         replaced(s, str_of(a.get(0, "old")).text, str_of(a.get(1, "new")), count.is_number() ? count.as_int() : -1));
   }
-  if (name == "string") return v.is_string() ? v : Value(str_of(v));
-  if (name == "format") {
+  if (same_name(name, "string")) return v.is_string() ? v : Value(str_of(v));
+  if (same_name(name, "format")) {
     Value args;
     if (!a.keywords.empty()) {
       Dict d;
@@ -860,29 +868,29 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     }
     return Value(python_percent_format(in, str_of(v), args, line));
   }
-  if (name == "safe") return v.is_markup() ? v : Value::markup(str_of(v));
-  if (name == "e" || name == "escape") return html_escape(v);
-  if (name == "forceescape") return html_escape(Value(str_of(v)));
-  if (name == "pprint") return Value(marked_like(repr(v), v));
-  if (name == "int") return to_int(v, a.get(0, "default", Value(int64_t(0))));
-  if (name == "float") {
+  if (same_name(name, "safe")) return v.is_markup() ? v : Value::markup(str_of(v));
+  if (same_name(name, "e") || same_name(name, "escape")) return html_escape(v);
+  if (same_name(name, "forceescape")) return html_escape(Value(str_of(v)));
+  if (same_name(name, "pprint")) return Value(marked_like(repr(v), v));
+  if (same_name(name, "int")) return to_int(v, a.get(0, "default", Value(int64_t(0))));
+  if (same_name(name, "float")) {
     if (v.is_number()) return Value(v.as_real());
     if (v.is_string()) try {
         return Value(std::stod(v.as_str().text));
       } catch (const std::exception&) {}
     return a.get(0, "default", Value(0.0));
   }
-  if (name == "abs") {
+  if (same_name(name, "abs")) {
     if (!v.is_number()) bad(in, line, fmt::format("bad operand type for abs(): '{}'", v.type_name()));
     return v.kind() == Value::Kind::real ? Value(std::fabs(v.as_real())) : Value(int64_t(std::llabs(v.as_int())));
   }
-  if (name == "round") {
+  if (same_name(name, "round")) {
     if (!v.is_number()) bad(in, line, fmt::format("round: expects a number, got {}", v.type_name()));
     // Beyond ±400 digits a double has nothing left to round (and printf would be asked for a
     // billion digits).
     const int precision = int(std::clamp<int64_t>(a.get(0, "precision", Value(int64_t(0))).as_int(), -400, 400));
     const std::string method = a.get(1, "method", Value("common")).as_str().text;
-    if (method == "common") {
+    if (same_name(method, "common")) {
       // Python's round(): an int stays an int; a float rounds its exact binary value to the
       // nearest decimal, ties to even, as printf does.
       if (v.kind() != Value::Kind::real && precision >= 0) return v;
@@ -894,17 +902,17 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     }
     if (method != "ceil" && method != "floor") bad(in, line, "round: method must be common, ceil or floor");
     const double scale = std::pow(10.0, precision), x = v.as_real() * scale;
-    return Value((method == "ceil" ? std::ceil(x) : std::floor(x)) / scale);
+    return Value((same_name(method, "ceil") ? std::ceil(x) : std::floor(x)) / scale);
   }
-  if (name == "list") return Value(iteration_items(in, v, line));
-  if (name == "items") {
+  if (same_name(name, "list")) return Value(iteration_items(in, v, line));
+  if (same_name(name, "items")) {
     if (v.is_undefined()) return Value(List{});
     if (!v.is_dict()) bad(in, line, fmt::format("items: expected a mapping, got {}", v.type_name()));
     List out;
     for (const auto& [k, x] : v.as_dict().items) out.emplace_back(List{key_value(k), x}, true);
     return Value(std::move(out));
   }
-  if (name == "reverse") {
+  if (same_name(name, "reverse")) {
     List items = iteration_items(in, v, line);  // a string's characters, too
     std::reverse(items.begin(), items.end());
     if (!v.is_string()) return Value(std::move(items));
@@ -912,7 +920,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     for (const Value& c : items) out.append(c.as_str());
     return Value(std::move(out));
   }
-  if (name == "unique") {
+  if (same_name(name, "unique")) {
     List out;
     const bool case_sensitive = a.get(0, "case_sensitive", Value(false)).truthy();
     Value attribute = a.get(1, "attribute");
@@ -929,7 +937,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     }
     return Value(std::move(out));
   }
-  if (name == "sort") {
+  if (same_name(name, "sort")) {
     List items = iteration_items(in, v, line);
     const bool reverse = a.get(0, "reverse", Value(false)).truthy();
     const bool case_sensitive = a.get(1, "case_sensitive", Value(false)).truthy();
@@ -941,7 +949,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     });
     return Value(std::move(items));
   }
-  if (name == "dictsort") {
+  if (same_name(name, "dictsort")) {
     if (!v.is_dict()) bad(in, line, "dictsort expects a mapping");
     const bool case_sensitive = a.get(0, "case_sensitive", Value(false)).truthy();
     const bool by_value = a.get(1, "by", Value("key")).as_str().text == "value";
@@ -955,7 +963,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     });
     return Value(std::move(items));
   }
-  if (name == "sum") {
+  if (same_name(name, "sum")) {
     Value total = a.get(1, "start", Value(int64_t(0)));
     Value attribute = a.get(0, "attribute");
     for (const Value& x : iteration_items(in, v, line)) {
@@ -966,7 +974,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     }
     return total;
   }
-  if (name == "min" || name == "max") {
+  if (same_name(name, "min") || same_name(name, "max")) {
     List items = iteration_items(in, v, line);
     if (items.empty()) return Value::undefined(name);
     const bool case_sensitive = a.get(0, "case_sensitive", Value(false)).truthy();
@@ -974,11 +982,12 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     auto key = [&](const Value& x) { return attribute.is_undefined() ? x : get_path(in, x, attribute, line); };
     Value best = items[0];
     for (const Value& x : items)
-      if (name == "min" ? sort_less(key(x), key(best), case_sensitive) : sort_less(key(best), key(x), case_sensitive))
+      if (same_name(name, "min") ? sort_less(key(x), key(best), case_sensitive)
+                                 : sort_less(key(best), key(x), case_sensitive))
         best = x;
     return best;
   }
-  if (name == "map") {
+  if (same_name(name, "map")) {
     List out;
     if (!v.truthy()) return Value(std::move(out));  // Jinja maps nothing over a falsy value (none)
     if (const Value* attribute = a.keyword("attribute")) {
@@ -995,17 +1004,17 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     for (const Value& x : iteration_items(in, v, line)) out.push_back(in.apply_filter(filter, x, fargs, line));
     return Value(std::move(out));
   }
-  if (name == "select") return select_like(in, v, a, line, false, true);
-  if (name == "reject") return select_like(in, v, a, line, false, false);
-  if (name == "selectattr") return select_like(in, v, a, line, true, true);
-  if (name == "rejectattr") return select_like(in, v, a, line, true, false);
-  if (name == "attr") {  // Python's getattr only: a dict's keys are not attributes
+  if (same_name(name, "select")) return select_like(in, v, a, line, false, true);
+  if (same_name(name, "reject")) return select_like(in, v, a, line, false, false);
+  if (same_name(name, "selectattr")) return select_like(in, v, a, line, true, true);
+  if (same_name(name, "rejectattr")) return select_like(in, v, a, line, true, false);
+  if (same_name(name, "attr")) {  // Python's getattr only: a dict's keys are not attributes
     const std::string attribute = to_str(a.get(0, "name")).text;
     if (v.kind() == Value::Kind::ns) return in.attribute(v, attribute, line);
     const Value method = builtin_method(v, attribute);
     return method.is_undefined() ? Value::undefined(attribute) : method;
   }
-  if (name == "indent") {
+  if (same_name(name, "indent")) {
     const Value width = a.get(0, "width", Value(int64_t(4)));
     if (!width.is_string()) ValueSizeLimit::check(uint64_t(std::max<int64_t>(width.as_int(), 0)));
     const bool first = a.get(1, "first", Value(false)).truthy(), blank = a.get(2, "blank", Value(false)).truthy();
@@ -1026,13 +1035,13 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     }
     return Value(std::move(out));
   }
-  if (name == "center") {
+  if (same_name(name, "center")) {
     CallArgs args;
     args.positional = {a.get(0, "width", Value(int64_t(80)))};
     Value method = builtin_method(Value(str_of(v)), "center");
     return in.call(method, args, line);
   }
-  if (name == "truncate") {  // Jinja's: cut at a word (unless killwords) when longer than length + leeway
+  if (same_name(name, "truncate")) {  // Jinja's: cut at a word (unless killwords) when longer than length + leeway
     const Str s = str_of(v);
     const int64_t length = a.get(0, "length", Value(int64_t(255))).as_int();
     const bool killwords = a.get(1, "killwords", Value(false)).truthy();
@@ -1049,7 +1058,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     out.append(end);
     return Value(std::move(out));
   }
-  if (name == "wordcount") {  // Jinja counts runs of \w (letters, digits, underscore)
+  if (same_name(name, "wordcount")) {  // Jinja counts runs of \w (letters, digits, underscore)
     const std::string t = str_of(v).text;
     int64_t words = 0;
     bool in_word = false;
@@ -1063,13 +1072,13 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     }
     return Value(words);
   }
-  if (name == "batch" || name == "slice") {
-    const int64_t n = a.get(0, name == "batch" ? "linecount" : "slices").as_int();
+  if (same_name(name, "batch") || same_name(name, "slice")) {
+    const int64_t n = a.get(0, same_name(name, "batch") ? "linecount" : "slices").as_int();
     if (n <= 0) bad(in, line, fmt::format("{}: needs a positive count", name));
-    if (name == "slice") ValueSizeLimit::check(uint64_t(n) * sizeof(Value));  // n lists are made, even empty
+    if (same_name(name, "slice")) ValueSizeLimit::check(uint64_t(n) * sizeof(Value));  // n lists are made, even empty
     List items = iteration_items(in, v, line), out;
     const Value fill = a.get(1, "fill_with");
-    if (name == "batch") {
+    if (same_name(name, "batch")) {
       for (size_t i = 0; i < items.size(); i += size_t(n)) {
         List group(items.begin() + std::ptrdiff_t(i),
                    items.begin() + std::ptrdiff_t(std::min(items.size(), i + size_t(n))));
@@ -1095,37 +1104,37 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
 bool builtin_test(Interpreter& in, const std::string& name, const Value& v, CallArgs& a, int line) {
   using K = Value::Kind;
   const Value other = a.get(0, "other");
-  if (name == "defined") return !v.is_undefined();
-  if (name == "undefined") return v.is_undefined();
-  if (name == "none") return v.is_none();
-  if (name == "boolean") return v.kind() == K::boolean;
-  if (name == "true") return v.kind() == K::boolean && v.as_bool();
-  if (name == "false") return v.kind() == K::boolean && !v.as_bool();
-  if (name == "integer") return v.kind() == K::integer;
-  if (name == "float") return v.kind() == K::real;
-  if (name == "number") return v.is_number();
-  if (name == "string") return v.is_string();
-  if (name == "mapping") return v.is_dict();
-  if (name == "iterable") return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
-  if (name == "sequence") return v.is_string() || v.is_list() || v.is_dict();
-  if (name == "callable") return v.kind() == K::callable;
-  if (name == "sameas") {  // Python's `is`: the same object (small ints and strings are shared, as in CPython)
+  if (same_name(name, "defined")) return !v.is_undefined();
+  if (same_name(name, "undefined")) return v.is_undefined();
+  if (same_name(name, "none")) return v.is_none();
+  if (same_name(name, "boolean")) return v.kind() == K::boolean;
+  if (same_name(name, "true")) return v.kind() == K::boolean && v.as_bool();
+  if (same_name(name, "false")) return v.kind() == K::boolean && !v.as_bool();
+  if (same_name(name, "integer")) return v.kind() == K::integer;
+  if (same_name(name, "float")) return v.kind() == K::real;
+  if (same_name(name, "number")) return v.is_number();
+  if (same_name(name, "string")) return v.is_string();
+  if (same_name(name, "mapping")) return v.is_dict();
+  if (same_name(name, "iterable")) return v.is_string() || v.is_list() || v.is_dict() || v.is_undefined();
+  if (same_name(name, "sequence")) return v.is_string() || v.is_list() || v.is_dict();
+  if (same_name(name, "callable")) return v.kind() == K::callable;
+  if (same_name(name, "sameas")) {  // Python's `is`: the same object (small ints and strings are shared, as in CPython)
     if (v.kind() != other.kind()) return false;
     if (v.is_list() || v.is_dict() || v.kind() == K::ns || v.kind() == K::callable)
       return v.identity() == other.identity();
     return equal(v, other);
   }
-  if (name == "eq" || name == "equalto" || name == "==") return equal(v, other);
-  if (name == "ne" || name == "!=") return !equal(v, other);
+  if (same_name(name, "eq") || same_name(name, "equalto") || same_name(name, "==")) return equal(v, other);
+  if (same_name(name, "ne") || same_name(name, "!=")) return !equal(v, other);
   try {
-    if (name == "lt" || name == "lessthan" || name == "<") return less(v, other);
-    if (name == "le" || name == "<=") return !less(other, v);
-    if (name == "gt" || name == "greaterthan" || name == ">") return less(other, v);
-    if (name == "ge" || name == ">=") return !less(v, other);
+    if (same_name(name, "lt") || same_name(name, "lessthan") || same_name(name, "<")) return less(v, other);
+    if (same_name(name, "le") || same_name(name, "<=")) return !less(other, v);
+    if (same_name(name, "gt") || same_name(name, "greaterthan") || same_name(name, ">")) return less(other, v);
+    if (same_name(name, "ge") || same_name(name, ">=")) return !less(v, other);
   } catch (const Error& e) {
     bad(in, line, e.what());
   }
-  if (name == "in") {
+  if (same_name(name, "in")) {
     const Value seq = a.get(0, "seq");
     if (seq.is_string()) return v.is_string() && seq.as_str().text.find(v.as_str().text) != std::string::npos;
     if (seq.is_dict()) return !v.is_list() && !v.is_dict() && seq.as_dict().find(dict_key(v));
@@ -1133,19 +1142,20 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& v, Call
       if (equal(x, v)) return true;
     return false;
   }
-  if (name == "odd" || name == "even" || name == "divisibleby") {
+  if (same_name(name, "odd") || same_name(name, "even") || same_name(name, "divisibleby")) {
     if (!v.is_number()) bad(in, line, fmt::format("test '{}' expects a number", name));
-    if (name == "divisibleby") {
+    if (same_name(name, "divisibleby")) {
       const int64_t d = a.get(0, "num").as_int();
       if (d == 0) bad(in, line, "division by zero");
       return v.as_int() % d == 0;
     }
-    return (v.as_int() % 2 != 0) == (name == "odd");
+    return (v.as_int() % 2 != 0) == (same_name(name, "odd"));
   }
-  if (name == "lower" || name == "upper") return python_is_case(to_str(v).text, name == "lower");
-  if (name == "escaped") return v.is_markup();
-  if (name == "filter") return v.is_string() && is_builtin_filter(v.as_str().text);
-  if (name == "test") return v.is_string() && is_builtin_test(v.as_str().text);
+  if (same_name(name, "lower") || same_name(name, "upper"))
+    return python_is_case(to_str(v).text, same_name(name, "lower"));
+  if (same_name(name, "escaped")) return v.is_markup();
+  if (same_name(name, "filter")) return v.is_string() && is_builtin_filter(v.as_str().text);
+  if (same_name(name, "test")) return v.is_string() && is_builtin_test(v.as_str().text);
   bad(in, line, fmt::format("unknown test '{}'", name));
 }
 

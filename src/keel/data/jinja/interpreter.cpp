@@ -103,7 +103,9 @@ void Interpreter::assign(const std::string& name, Value v) { (*frames_.back())[n
 namespace {
 
 // `+` and `~` are built by chain() (concat, print_concat); the other operators by binary().
-bool is_chain(const Expr& e) { return e.kind == Expr::Kind::binary && (e.name == "+" || e.name == "~"); }
+bool is_chain(const Expr& e) {
+  return e.kind == Expr::Kind::binary && (same_name(e.name, "+") || same_name(e.name, "~"));
+}
 
 }  // namespace
 
@@ -691,7 +693,7 @@ void Interpreter::chain(const Expr& e, std::string_view op, Chain& c) {
   if (e.kind != Expr::Kind::binary || e.name != op) {  // the leftmost operand
     Value scratch;
     const Value& v = ref(e, scratch);
-    if (plain(v) || op == "~") {
+    if (plain(v) || same_name(op, "~")) {
       c.out.append(v.is_string() ? v.as_str() : to_str(v));
       c.building = true;
     } else {
@@ -704,7 +706,7 @@ void Interpreter::chain(const Expr& e, std::string_view op, Chain& c) {
   line_ = e.line;
   Value scratch;
   const Value& b = ref(*e.args[1], scratch);
-  if (op == "~") {  // str() of anything, appended: the chain never leaves `building`
+  if (same_name(op, "~")) {  // str() of anything, appended: the chain never leaves `building`
     c.out.append(b.is_string() ? b.as_str() : to_str(b));
     return;
   }
@@ -783,19 +785,19 @@ bool Interpreter::compare(const Expr& e) {
     const std::string_view op = e.ops[k];
     bool ok;
     try {
-      if (op == "==")
+      if (same_name(op, "=="))
         ok = equal(left, right);
-      else if (op == "!=")
+      else if (same_name(op, "!="))
         ok = !equal(left, right);
-      else if (op == "<")
+      else if (same_name(op, "<"))
         ok = less(left, right);
-      else if (op == ">")
+      else if (same_name(op, ">"))
         ok = less(right, left);
-      else if (op == "<=")
+      else if (same_name(op, "<="))
         ok = !less(right, left);
-      else if (op == ">=")
+      else if (same_name(op, ">="))
         ok = !less(left, right);
-      else if (op == "in")
+      else if (same_name(op, "in"))
         ok = contains(*this, right, left, e.line);
       else
         ok = !contains(*this, right, left, e.line);
@@ -825,10 +827,10 @@ Value Interpreter::binary(std::string_view op, Value a, Value b, int line) {
   auto integer = [&](int64_t x, int64_t y) {
     int64_t r = 1;
     bool overflow = false;
-    if (op == "+") overflow = __builtin_add_overflow(x, y, &r);
-    if (op == "-") overflow = __builtin_sub_overflow(x, y, &r);
-    if (op == "*") overflow = __builtin_mul_overflow(x, y, &r);
-    if (op == "**")  // by squaring: bounded work for any exponent
+    if (same_name(op, "+")) overflow = __builtin_add_overflow(x, y, &r);
+    if (same_name(op, "-")) overflow = __builtin_sub_overflow(x, y, &r);
+    if (same_name(op, "*")) overflow = __builtin_mul_overflow(x, y, &r);
+    if (same_name(op, "**"))  // by squaring: bounded work for any exponent
       for (int64_t base = x, exponent = y; exponent > 0 && !overflow; exponent >>= 1) {
         if (exponent & 1) overflow = __builtin_mul_overflow(r, base, &r);
         if ((exponent >> 1) && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
@@ -836,8 +838,8 @@ Value Interpreter::binary(std::string_view op, Value a, Value b, int line) {
     if (overflow) error(line, fmt::format("integer overflow in {} (keel's integers are 64-bit)", op));
     return Value(r);
   };
-  if (op == "%" && a.is_string()) return Value(python_percent_format(*this, a.as_str(), b, line));
-  if (op == "+") {
+  if (same_name(op, "%") && a.is_string()) return Value(python_percent_format(*this, a.as_str(), b, line));
+  if (same_name(op, "+")) {
     if (numbers) return real ? Value(a.as_real() + b.as_real()) : integer(a.as_int(), b.as_int());
     if (a.is_list() && b.is_list()) ValueSizeLimit::check((a.as_list().size() + b.as_list().size()) * sizeof(Value));
     if (a.is_string() && b.is_string()) {
@@ -854,7 +856,7 @@ Value Interpreter::binary(std::string_view op, Value a, Value b, int line) {
     }
     error(line, unsupported());
   }
-  if (op == "*") {
+  if (same_name(op, "*")) {
     if (numbers) return real ? Value(a.as_real() * b.as_real()) : integer(a.as_int(), b.as_int());
     for (const auto& [seq, n] : {std::pair{&a, &b}, std::pair{&b, &a}})
       if ((seq->is_string() || seq->is_list()) && n->kind() == Value::Kind::integer) {
@@ -866,19 +868,20 @@ Value Interpreter::binary(std::string_view op, Value a, Value b, int line) {
     error(line, unsupported());
   }
   if (!numbers) error(line, unsupported());
-  if (op == "-") return real ? Value(a.as_real() - b.as_real()) : integer(a.as_int(), b.as_int());
-  if (op == "**") {
+  if (same_name(op, "-")) return real ? Value(a.as_real() - b.as_real()) : integer(a.as_int(), b.as_int());
+  if (same_name(op, "**")) {
     if (!real && b.as_int() >= 0) return integer(a.as_int(), b.as_int());
     return Value(std::pow(a.as_real(), b.as_real()));
   }
-  if ((op == "/" || op == "//" || op == "%") && b.as_real() == 0) error(line, "division by zero");
-  if (op == "/") return Value(a.as_real() / b.as_real());
-  if (op == "//") {
+  if ((same_name(op, "/") || same_name(op, "//") || same_name(op, "%")) && b.as_real() == 0)
+    error(line, "division by zero");
+  if (same_name(op, "/")) return Value(a.as_real() / b.as_real());
+  if (same_name(op, "//")) {
     if (real) return Value(std::floor(a.as_real() / b.as_real()));
     const int64_t x = a.as_int(), y = b.as_int(), q = x / y;
     return Value((x % y != 0 && ((x < 0) != (y < 0))) ? q - 1 : q);
   }
-  if (op == "%") {
+  if (same_name(op, "%")) {
     if (real) {
       const double r = std::fmod(a.as_real(), b.as_real());
       return Value((r != 0 && ((r < 0) != (b.as_real() < 0))) ? r + b.as_real() : r);
