@@ -129,11 +129,9 @@ bool spelled_offsets(const Tokenizer& tok, size_t text_size, std::span<const int
   const size_t first = offsets.size();
   offsets.resize(first + ids.size());
   Span* const out = offsets.data() + first;
-  const BytePairModel::TokenBytesTable bytes = tok.model().token_bytes_table();
-  std::string scratch;
   size_t p = base;
   for (size_t k = 0; k < ids.size(); ++k) {
-    const size_t n = tok.is_added(ids[k]) ? tok.token_surface(ids[k], scratch).size() : bytes(ids[k]).size();
+    const size_t n = tok.spelled_length(ids[k]);
     out[k] = {p, p + n};
     p += n;
   }

@@ -329,6 +329,13 @@ Tokenizer::Tokenizer(TokenizerParts parts) : parts_(std::move(parts)) {
       slot = int32_t(i);
     }
   }
+  // Over the model's ids only (added tokens past them may sit anywhere up to 2^31: those are
+  // asked of added_token()).
+  spelled_lengths_.resize(size_t(parts_.model.id_limit()));
+  for (int32_t id = 0; id < parts_.model.id_limit(); ++id) {
+    const AddedToken* t = added_token(id);
+    spelled_lengths_[size_t(id)] = uint32_t(t ? t->content.size() : parts_.model.token_bytes(id).size());
+  }
   for (auto& group : added_by_first_byte_)
     std::stable_sort(group.begin(), group.end(), [&](uint32_t a, uint32_t b) {
       return parts_.added_tokens[a].content.size() > parts_.added_tokens[b].content.size();

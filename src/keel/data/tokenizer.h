@@ -142,6 +142,14 @@ class Tokenizer {
     if (surfaces_are_token_bytes() && !added_token(id)) return parts_.model.token_bytes(id);
     return rewritten_surface(id, scratch);
   }
+  // An id's length in the text where the ids spell it (encode_spelled): an added token's content,
+  // else the token's bytes. From a table over the model's ids (mapping a conversation's tokens to
+  // offsets asks it for each token); an id past them is an added token.
+  size_t spelled_length(int32_t id) const {
+    if (size_t(id) < spelled_lengths_.size()) return spelled_lengths_[size_t(id)];
+    const AddedToken* t = added_token(id);
+    return t ? t->content.size() : 0;
+  }
   // Whether a vocabulary token's surface is its bytes as stored (no decoder rewrites spellings).
   bool surfaces_are_token_bytes() const { return parts_.decoders.empty(); }
   // The text after the normalizer's Unicode steps (NFC, NFKC, ...), the ones that move characters.
@@ -179,6 +187,7 @@ class Tokenizer {
 
   TokenizerParts parts_;
   int32_t vocab_size_ = 0;
+  std::vector<uint32_t> spelled_lengths_;  // spelled_length() of the model's ids
   bool fast_split_ = false;  // pre-tokenizer is a single isolating regex: stream its pieces
   bool spells_as_is_ = false;  // nothing but the text itself can keep ids from spelling it
   // SentencePiece-style BPE without a pre-tokenizer (Llama 2, Gemma) sees each text as one piece.
