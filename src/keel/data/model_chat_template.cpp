@@ -20,9 +20,15 @@ using jinja::Value;
 
 namespace {
 
-Dict json_to_dict(simdjson::dom::object object, int source) {
+// `role_source`: the source marked on a top-level "role" string (a message's role is data but not
+// its text), else `source`.
+Dict json_to_dict(simdjson::dom::object object, int source, int role_source) {
   Dict d;
-  for (auto field : object) d.set(jinja::string_dict_key(field.key), json_to_value(field.value, source));
+  d.items.reserve(object.size());
+  for (auto field : object) {
+    const int marked = role_source != source && field.key == "role" && field.value.is_string() ? role_source : source;
+    d.set(jinja::string_dict_key(field.key), json_to_value(field.value, marked));
+  }
   return d;
 }
 
@@ -44,7 +50,7 @@ Value json_to_value(simdjson::dom::element e, int source) {
       for (simdjson::dom::element x : array) items.push_back(json_to_value(x, source));
       return Value(std::move(items));
     }
-    case T::OBJECT: return Value(json_to_dict(e.get_object().value_unsafe(), source));
+    case T::OBJECT: return Value(json_to_dict(e.get_object().value_unsafe(), source, source));
     default: return Value::none();
   }
 }
@@ -187,27 +193,27 @@ std::string chat_input_from_record(simdjson::dom::element record, ChatInput& out
   simdjson::dom::array array;
   if (list.get_array().get(array) != simdjson::SUCCESS) return fmt::format("field '{}' is not an array", field);
   List messages;
+  messages.reserve(array.size());
   int index = 0;
   for (simdjson::dom::element m : array) {
     if (!m.is_object()) return fmt::format("{}[{}] is not an object", field, index);
-    Dict d = json_to_dict(m.get_object().value_unsafe(), index);
+    // The role is data but not the message's own text: where it lands does not start the turn.
+    Dict d = json_to_dict(m.get_object().value_unsafe(), index, jinja::kOtherData);
     if (sharegpt) {
       Dict converted;
       for (auto& [k, x] : d.items) {
         if (k == "from") {
           const std::string role = x.is_string() ? normalized_role(x.as_str().text) : "";
           if (role.empty()) return fmt::format("{}[{}]: unknown speaker {}", field, index, jinja::repr(x));
-          converted.set("role", Value(role));
+          converted.set("role", Value(Str(role, jinja::kOtherData)));
         } else {
           converted.set(k == "value" ? "content" : k, x);
         }
       }
       d = std::move(converted);
     }
-    Value* role = d.find("role");
+    const Value* role = d.find("role");
     if (!role || !role->is_string()) return fmt::format("{}[{}]: missing string field 'role'", field, index);
-    // The role is data but not the message's own text: where it lands does not start the turn.
-    *role = Value(Str(role->as_str().text, jinja::kOtherData));
     messages.push_back(normalized_message(std::move(d)));
     ++index;
   }
