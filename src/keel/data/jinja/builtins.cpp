@@ -782,6 +782,14 @@ Str python_percent_format(Interpreter& in, const Str& format, const Value& args,
 
 Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, CallArgs& a, int line) {
   auto str_of = [&](const Value& x) { return to_str(x); };
+  // First the filter chat templates use most (`messages|length`, once per message in many).
+  if (same_name(name, "length") || same_name(name, "count")) {
+    if (v.is_string()) return Value(int64_t(code_point_count(v.as_str().text)));
+    if (v.is_list()) return Value(int64_t(v.as_list().size()));
+    if (v.is_dict()) return Value(int64_t(v.as_dict().items.size()));
+    if (v.is_undefined()) return Value(int64_t(0));
+    bad(in, line, fmt::format("object of type '{}' has no len()", v.type_name()));
+  }
   if (same_name(name, "tojson")) {
     JsonOptions o;
     o.ensure_ascii = a.get(0, "ensure_ascii", Value(false)).truthy();
@@ -808,13 +816,6 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
     const Str s = str_of(v);
     const auto [b, e] = strip_bounds(s.text, a.get(0, "chars"), true, true);
     return Value(s.substr(b, e));
-  }
-  if (same_name(name, "length") || same_name(name, "count")) {
-    if (v.is_string()) return Value(int64_t(code_point_count(v.as_str().text)));
-    if (v.is_list()) return Value(int64_t(v.as_list().size()));
-    if (v.is_dict()) return Value(int64_t(v.as_dict().items.size()));
-    if (v.is_undefined()) return Value(int64_t(0));
-    bad(in, line, fmt::format("object of type '{}' has no len()", v.type_name()));
   }
   if (same_name(name, "first") || same_name(name, "last")) {
     List items = iteration_items(in, v, line);

@@ -556,9 +556,11 @@ Value Interpreter::eval(const Expr& e) {
         if (e.args[size_t(k) + 1]) parts[k] = eval(*e.args[size_t(k) + 1]);
       if (object.is_list()) {
         const List& l = object.as_list();
+        const std::vector<size_t> picked =
+            slice_indices(int64_t(l.size()), parts[0], parts[1], parts[2], *this, e.line);
         List out;
-        for (size_t i : slice_indices(int64_t(l.size()), parts[0], parts[1], parts[2], *this, e.line))
-          out.push_back(l[i]);
+        out.reserve(picked.size());
+        for (size_t i : picked) out.push_back(l[i]);
         return Value(std::move(out), object.is_tuple());
       }
       if (object.is_string()) {
