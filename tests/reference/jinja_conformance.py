@@ -431,7 +431,8 @@ adds(G, [
     # keel reuses a finished loop's scope and `loop` object for the next loop at its depth, unless
     # something kept them: a kept loop or loop.cycle must still describe its own loop.
     "{% set ns = namespace(l=none) %}{% for x in [1, 2] %}{% set ns.l = loop %}{% endfor %}"
-    "{% for y in [5, 6, 7] %}{{ loop.index }}{% endfor %}|{{ ns.l.index }}/{{ ns.l.length }}/{{ ns.l.last }}",
+    "{% for y in [5, 6, 7] %}{{ loop.index }}{% endfor %}|{{ ns.l.index }}/{{ ns.l.length }}/{{ ns.l.last }}"
+    "/{{ ns.l.previtem }}/{{ ns.l.nextitem is defined }}",
     "{% set ns = namespace(c=none) %}{% for x in [1, 2] %}{% set ns.c = loop.cycle %}{% endfor %}"
     "{% for y in [5, 6, 7] %}{{ loop.cycle('p', 'q') }}{% endfor %}|{{ ns.c('a', 'b', 'c') }}",
     "{% set ns = namespace(k=[]) %}{% for x in [1, 2] %}{% set ns.k = ns.k + [loop] %}{% endfor %}"

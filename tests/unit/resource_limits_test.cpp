@@ -231,6 +231,16 @@ TEST(ResourceLimits, TokenizerAddedTokenAtTheTopOfTheIdRange) {
   }
 }
 
+TEST(ResourceLimits, TokenizerModelTokenAtTheTopOfTheIdRange) {
+  // A vocabulary token with id 2^31 - 2 would size the model's id-indexed tables (and the offsets
+  // a conversation's tokens are mapped through) to 2^31 entries, 16 GB: refused by name, before
+  // anything is allocated for it, as ids beyond the vocabulary's size are.
+  const std::string json =
+      R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 2147483646}, "merges": []}, "decoder": {"type": "ByteLevel"}})";
+  expect_cheap_error([&] { keel::data::hf_tokenizer_from_json(json, "tokenizer.json"); },
+                     {"tokenizer.json", "model.vocab", "2147483646", "outside"});
+}
+
 // --- recipes -------------------------------------------------------------------------------------
 
 TEST(ResourceLimits, RecipeStepsAndIntervals) {

@@ -493,3 +493,19 @@ TEST(LoadTokenizer, ModelDirectories) {
   expect_error([&] { load_tokenizer(dir, "cl100k"); }, "--pattern applies to tiktoken rank files");
   expect_error([] { load_tokenizer("/tmp"); }, "no tokenizer.json or tokenizer.model");
 }
+
+// The length each id stands for in text it spells (chat templates map a conversation's tokens to
+// offsets with it): a vocabulary token's bytes; an added token's content, whether its id is also a
+// vocabulary id or lies past them; nothing for an id that is neither.
+TEST(Tokenizer, SpelledLengthOfVocabularyAndAddedTokens) {
+  const std::string json =
+      R"({"added_tokens": [{"id": 2, "content": "<sep>", "special": true}, {"id": 40, "content": "<|end|>", "special": true}],)"
+      R"( "model": {"type": "BPE", "vocab": {"a": 0, "bc": 1, "<s>": 2, "def": 3}, "merges": []}})";
+  const keel::data::Tokenizer tok = keel::data::hf_tokenizer_from_json(json, "tokenizer.json");
+  EXPECT_EQ(tok.spelled_length(0), 1u);
+  EXPECT_EQ(tok.spelled_length(1), 2u);
+  EXPECT_EQ(tok.spelled_length(2), 5u);  // the added token's "<sep>", not the vocabulary's "<s>"
+  EXPECT_EQ(tok.spelled_length(3), 3u);
+  EXPECT_EQ(tok.spelled_length(40), 7u);
+  EXPECT_EQ(tok.spelled_length(20), 0u);
+}

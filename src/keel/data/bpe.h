@@ -72,6 +72,8 @@ class BytePairModel {
   }
   // The bytes of token `id`; empty when `id` is not a token of this model.
   std::string_view token_bytes(int32_t id) const { return token_bytes_table()(id); }
+  // Their length alone (0 when `id` is not a token of this model).
+  size_t token_length(int32_t id) const { return size_t(id) < lengths_.size() ? lengths_[size_t(id)] : 0; }
   const MergeOptions& options() const { return options_; }
   // One past the largest id.
   int32_t id_limit() const { return int32_t(lengths_.size()); }

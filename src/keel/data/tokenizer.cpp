@@ -329,12 +329,12 @@ Tokenizer::Tokenizer(TokenizerParts parts) : parts_(std::move(parts)) {
       slot = int32_t(i);
     }
   }
-  // Over the model's ids only (added tokens past them may sit anywhere up to 2^31: those are
-  // asked of added_token()).
+  // Over the model's ids (the loader keeps them within the vocabulary's size, plus 2^16), not the
+  // added tokens' (those may sit up to 2^31: spelled_length asks added_token() past the table).
   spelled_lengths_.resize(size_t(parts_.model.id_limit()));
   for (int32_t id = 0; id < parts_.model.id_limit(); ++id) {
     const AddedToken* t = added_token(id);
-    spelled_lengths_[size_t(id)] = uint32_t(t ? t->content.size() : parts_.model.token_bytes(id).size());
+    spelled_lengths_[size_t(id)] = uint32_t(t ? t->content.size() : parts_.model.token_length(id));
   }
   for (auto& group : added_by_first_byte_)
     std::stable_sort(group.begin(), group.end(), [&](uint32_t a, uint32_t b) {

@@ -143,8 +143,9 @@ class Tokenizer {
     return rewritten_surface(id, scratch);
   }
   // An id's length in the text where the ids spell it (encode_spelled): an added token's content,
-  // else the token's bytes. From a table over the model's ids (mapping a conversation's tokens to
-  // offsets asks it for each token); an id past them is an added token.
+  // else the token's bytes. From a table over the model's ids, since mapping a conversation's
+  // tokens to offsets asks it for each token (16 instructions a token against 25 asking
+  // added_token() and the model); an id past them is an added token or nothing.
   size_t spelled_length(int32_t id) const {
     if (size_t(id) < spelled_lengths_.size()) return spelled_lengths_[size_t(id)];
     const AddedToken* t = added_token(id);

@@ -259,6 +259,7 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
   const List& items = n.condition ? filtered : all;
   const int64_t length = int64_t(items.size());
   // Reused only when nothing else holds the object or its cycle function (which reads the counter).
+  // `!state.index` first: a state never filled (or moved from) has no loop to look into.
   if (!state.index || state.index.use_count() > 2 || !state.loop.is_dict() || state.loop.shared() ||
       state.loop.as_dict().items[11].second.shared()) {
     // loop.cycle reads the iteration through a shared counter: one function per loop object.
@@ -282,7 +283,13 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
   int64_t* const index = state.index.get();
   auto& field = loop.ns_dict().items;
   field[6].second = Value(length);
-  ++loop_depth_;
+  // Nested loops (in the body, or in the macros it calls) take the next depth's state; undone on
+  // the way out, an exception included.
+  struct Deeper {
+    int& depth;
+    explicit Deeper(int& d) : depth(++d) {}
+    ~Deeper() { --depth; }
+  } deeper(loop_depth_);
   for (int64_t i = 0; i < length; ++i) {
     *index = i;
     step();          // an iteration is work even when its body is empty
@@ -300,12 +307,15 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
     const Flow f = exec(n.body);
     if (f == Flow::break_loop) break;
   }
-  --loop_depth_;
   frames_.pop_back();
-  // Back to the pool, holding nothing of this rendering's data.
+  // Back to the pool, holding nothing of this rendering's data, unless the template kept the loop
+  // object or its cycle: then it is theirs as the loop left it (a kept loop's previtem is still
+  // the item before the last), and the next loop at this depth builds its own.
   frame->clear();
-  field[9].second = field[10].second = Value();
-  pool[depth] = std::move(state);
+  if (!state.loop.shared() && !field[11].second.shared()) {
+    field[9].second = field[10].second = Value();
+    pool[depth] = std::move(state);
+  }
   if (length == 0) return exec(n.else_body);
   return Flow::normal;
 }
