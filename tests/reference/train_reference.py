@@ -89,6 +89,8 @@ BF16_NOISE_FACTOR = 5.0
 # keel needed up to 2.67, and the factor was 4.) KEEL_BF16_GAP_FACTOR overrides it, to measure (a
 # large value passes everything and prints what each run needs).
 BF16_GAP_FACTOR = float(os.environ.get("KEEL_BF16_GAP_FACTOR", "2"))
+# How far apart torch's two bf16 runs may land before the yardstick is not trusted (measured: 3.01).
+TORCH_SPREAD_LIMIT = 10.0
 LR_ABS_TOL_AT_ZERO = 1e-12
 MIN_REL_CHANGE = 1e-4  # every tensor must move at least this much from its initial value
 
@@ -637,6 +639,13 @@ def compare(spec, dtype, input_config, init, ref, metrics, config, tensors, verb
             (apart, tensor), runs = ref["torch_spread"]
             say("  (torch's own bf16 runs, %s attention, land up to %.2f x apart in their distance: %s)"
                 % (runs, apart, tensor))
+            # The yardstick is the farther of the two runs: it must not widen unnoticed. Identical
+            # runs mean the eager switch did nothing; runs 10x apart (3x measured) mean one path broke.
+            if apart <= 1.0:
+                failures.append("torch's %s bf16 runs are identical: the attention switch had no effect" % runs)
+            elif apart > TORCH_SPREAD_LIMIT:
+                failures.append("torch's own %s bf16 runs land %.1f x apart on %s (> %.0f): the yardstick is "
+                                "not torch's bf16 gap" % (runs, apart, tensor, TORCH_SPREAD_LIMIT))
     return failures
 
 
