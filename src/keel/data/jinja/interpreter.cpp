@@ -226,18 +226,34 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
   List converted;
   if (!iterable.is_list()) converted = iteration_items(*this, iterable, n.line);
   const List& all = iterable.is_list() ? iterable.as_list() : converted;
-  // The frame and `loop` object of the last loop that ran at this depth on this thread, reused
-  // when nothing kept them (`set ns.x = loop` would share the object; a frame is held only by
-  // frames_): a loop then allocates neither its scope nor its 12 fields. They are moved out while
-  // the loop runs, so that a loop nested in the body (or in a macro it calls) takes the next
-  // depth's, and an exception leaves nothing half-used behind.
+  // The frame and `loop` object of the last loop that ran at this depth on this thread: a loop
+  // then allocates neither its scope nor its 12 fields. Only a loop nothing kept goes back to the
+  // pool (the end of this function), so what is taken from it is this loop's alone. Moved out
+  // while the loop runs, so that a loop nested in the body (or in a macro it calls) takes the
+  // next depth's, and an exception leaves nothing half-used behind.
   thread_local std::vector<LoopState> pool;
   const size_t depth = size_t(loop_depth_);
   if (pool.size() <= depth) pool.resize(depth + 1);
   LoopState state = std::move(pool[depth]);
-  if (!state.frame || state.frame.use_count() > 1) state.frame = std::make_shared<Frame>();
+  if (!state.frame) {  // an empty slot: a new scope and loop object
+    state.frame = std::make_shared<Frame>();
+    // loop.cycle reads the iteration through a shared counter: one function per loop object.
+    auto counter = std::make_shared<int64_t>(0);
+    const Value cycle = Value::function("cycle", [counter](Interpreter& in, CallArgs& args) {
+      if (args.positional.empty()) in.error(0, "loop.cycle() needs at least one argument");
+      return args.positional[size_t(*counter) % args.positional.size()];
+    });
+    // One `loop` object whose fields each iteration updates in place, as Jinja's LoopContext is
+    // one object: nothing is built per iteration (a dict of 12 fields was).
+    Dict fields;
+    fields.items = {{"index", Value()},     {"index0", Value()},          {"revindex", Value()},
+                    {"revindex0", Value()}, {"first", Value()},           {"last", Value()},
+                    {"length", Value()},    {"depth", Value(int64_t(1))}, {"depth0", Value(int64_t(0))},
+                    {"previtem", Value()},  {"nextitem", Value()},        {"cycle", cycle}};
+    state.loop = Value(std::move(fields));
+    state.index = std::move(counter);
+  }
   const std::shared_ptr<Frame> frame = state.frame;
-  frame->clear();
   frames_.push_back(frame);
   auto bind = [&](const Value& item) {
     if (n.targets.size() == 1) {
@@ -258,26 +274,6 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
   }
   const List& items = n.condition ? filtered : all;
   const int64_t length = int64_t(items.size());
-  // Reused only when nothing else holds the object or its cycle function (which reads the counter).
-  // `!state.index` first: a state never filled (or moved from) has no loop to look into.
-  if (!state.index || state.index.use_count() > 2 || !state.loop.is_dict() || state.loop.shared() ||
-      state.loop.as_dict().items[11].second.shared()) {
-    // loop.cycle reads the iteration through a shared counter: one function per loop object.
-    auto counter = std::make_shared<int64_t>(0);
-    const Value cycle = Value::function("cycle", [counter](Interpreter& in, CallArgs& args) {
-      if (args.positional.empty()) in.error(0, "loop.cycle() needs at least one argument");
-      return args.positional[size_t(*counter) % args.positional.size()];
-    });
-    // One `loop` object whose fields each iteration updates in place, as Jinja's LoopContext is
-    // one object: nothing is built per iteration (a dict of 12 fields was).
-    Dict fields;
-    fields.items = {{"index", Value()},     {"index0", Value()},          {"revindex", Value()},
-                    {"revindex0", Value()}, {"first", Value()},           {"last", Value()},
-                    {"length", Value()},    {"depth", Value(int64_t(1))}, {"depth0", Value(int64_t(0))},
-                    {"previtem", Value()},  {"nextitem", Value()},        {"cycle", cycle}};
-    state.loop = Value(std::move(fields));
-    state.index = std::move(counter);
-  }
   static const Value no_previtem = Value::undefined("previtem"), no_nextitem = Value::undefined("nextitem");
   const Value& loop = state.loop;
   int64_t* const index = state.index.get();
@@ -312,7 +308,7 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
   // object or its cycle: then it is theirs as the loop left it (a kept loop's previtem is still
   // the item before the last), and the next loop at this depth builds its own.
   frame->clear();
-  if (!state.loop.shared() && !field[11].second.shared()) {
+  if (!state.loop.shared() && !field[11].second.shared() && frame.use_count() == 2) {
     field[9].second = field[10].second = Value();
     pool[depth] = std::move(state);
   }
@@ -702,7 +698,7 @@ struct Interpreter::Chain {
 
 void Interpreter::chain(const Expr& e, std::string_view op, Chain& c) {
   auto plain = [](const Value& v) { return v.is_string() && !v.is_markup(); };
-  if (e.kind != Expr::Kind::binary || e.name != op) {  // the leftmost operand
+  if (e.kind != Expr::Kind::binary || !same_name(e.name, op)) {  // the leftmost operand
     Value scratch;
     const Value& v = ref(e, scratch);
     if (plain(v) || same_name(op, "~")) {
