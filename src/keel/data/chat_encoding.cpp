@@ -10,7 +10,14 @@
 namespace keel::data {
 namespace {
 
-using Span = std::pair<size_t, size_t>;
+// [begin, end) bytes of the text. Its default constructor leaves both unset, so that sizing the
+// per-token offsets (one per token of the conversation, each then written once) is not also a
+// pass that zeroes them.
+struct Span {
+  size_t first, second;
+  Span() {}  // NOLINT: deliberately uninitialized
+  Span(size_t begin, size_t end) : first(begin), second(end) {}
+};
 
 bool all_space(std::string_view s) {
   size_t pos = 0;
@@ -145,7 +152,8 @@ bool spelled_offsets(const Tokenizer& tok, size_t text_size, std::span<const int
 // spelled_offsets walk forward), so the tokens overlapping a span are one run: from the first
 // token ending after s to the last beginning before e. Two binary searches per span and the run
 // marked, instead of a test per token and span.
-void mark_overlapping(const std::vector<Span>& offsets, const std::vector<Span>& spans, std::vector<uint8_t>& mask) {
+template <class Spans>  // Span, or the renderer's (begin, end) pairs
+void mark_overlapping(const std::vector<Span>& offsets, const Spans& spans, std::vector<uint8_t>& mask) {
   for (const auto& [s, e] : spans) {
     const auto from =
         std::partition_point(offsets.begin(), offsets.end(), [s](const Span& t) { return t.second <= s; });
