@@ -116,6 +116,10 @@ struct DecoderOptions {
   // The most 4-bit weights dequantized at once (a tile of whole rows, planned as scratch); 8 MiB of
   // bf16 by default, small in tests to run the tiling.
   int64_t four_bit_tile_elements = int64_t(1) << 22;
+  // Tokens per chunk of the fused LM head and loss: the logits of that many tokens ([chunk, vocab]
+  // in fp32, and bf16) are the step's largest scratch buffer. 0: keel's choice
+  // (lm_head_chunk_rows in decoder.cpp: at least 512, for the head's GEMMs to run at speed).
+  int64_t lm_head_chunk_tokens = 0;
 };
 
 inline kernels::Backend& backend_of(const DecoderOptions& options) {

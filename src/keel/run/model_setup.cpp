@@ -86,6 +86,7 @@ void set_four_bit_base(const Recipe& r, const model::ModelConfig& config, model:
 model::DecoderOptions training_decoder_options(const Recipe& r, const model::ModelConfig& config) {
   model::DecoderOptions o;
   o.gradient_checkpointing = r.use_gradient_checkpointing;
+  o.lm_head_chunk_tokens = r.lm_head_chunk_tokens;
   o.optimizer_state = true;
   o.memory_cap_bytes = size_t(r.memory_pool_size * double(size_t(1) << 30));
   o.memory_planning =

@@ -109,6 +109,7 @@ const std::vector<Field>& fields() {
       {"zero_stage", &Recipe::zero_stage},
       {"use_flash_attention", &Recipe::use_flash_attention},
       {"use_gradient_checkpointing", &Recipe::use_gradient_checkpointing},
+      {"lm_head_chunk_tokens", &Recipe::lm_head_chunk_tokens},
       {"topology", &Recipe::topology, "hccl_topology"},
       {"memory_pool_size", &Recipe::memory_pool_size},
       {"memory_planning", &Recipe::memory_planning},
@@ -427,6 +428,9 @@ void validate_recipe(const Recipe& r, const Where& w) {
           "{}: key 'save_interval' is set but 'checkpoint_dir' is not", w.of("save_interval"));
   require(r.save_interval >= 0, "{}: key 'save_interval' must not be negative", w.of("save_interval"));
   non_negative(r.memory_pool_size, "memory_pool_size");
+  require(r.lm_head_chunk_tokens >= 0 && r.lm_head_chunk_tokens <= 1'000'000'000,
+          "{}: key 'lm_head_chunk_tokens' must be 0 (keel's choice) or a number of tokens, got {}",
+          w.of("lm_head_chunk_tokens"), r.lm_head_chunk_tokens);
   require(r.max_bad_fraction >= 0 && r.max_bad_fraction <= 1, "{}: key 'max_bad_fraction' must be in [0, 1], got {}",
           w.of("max_bad_fraction"), r.max_bad_fraction);
   require(!r.output_dir.empty(), "{}: key 'output_dir' must not be empty", w.of("output_dir"));

@@ -88,6 +88,9 @@ struct Recipe {
       0;  // 1: shard the AdamW moments (bf16: and fp32 masters) across the dp ranks; 2: and the gradients; 3: and the weights
   bool use_flash_attention = true;
   bool use_gradient_checkpointing = false;
+  // Tokens per chunk of the fused LM head and loss ([chunk, vocab] logits in fp32 and bf16, the
+  // step's largest scratch buffer); 0 = keel's choice (at least 512).
+  int64_t lm_head_chunk_tokens = 0;
   std::string topology = "auto";
   double memory_pool_size = 0;  // GB, 0 = no cap
   // "planned": every buffer of a step placed in one arena before step 1 (the default);
