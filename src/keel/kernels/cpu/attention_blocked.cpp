@@ -11,6 +11,12 @@
 // O(seq^2 * head_dim) work runs in oneDNN's GEMMs (AVX-512 / AVX-512 BF16 / AMX, or AVX2, chosen
 // by oneDNN at run time) and only the O(seq^2) softmax is ours, vectorised.
 //
+// The products write packed rows (row stride head_dim) in the thread's workspace, copied to the
+// strided [tokens, heads * head_dim] outputs once a block (O, dQ) or a head (dK, dV, accumulated
+// over every query block) is done: oneDNN runs these narrow products 1.5-3x slower into rows
+// 768 floats apart (`dV += P^T dO` for 1,024 keys, head_dim 64: 27 us with row stride 768, 15 us
+// packed), and the accumulators stay in cache.
+//
 // Threads: each OpenMP thread takes whole heads (forward: a (sequence, q head); backward: a
 // (sequence, kv head) with all q heads of its group, so dk/dv have one writer) and calls
 // single-threaded GEMMs on its own slice of the workspace; results do not depend on the thread
@@ -57,7 +63,7 @@ struct BlockProducts {
   GemmShape rows_by_keys() const { return {Trans::N, Trans::T, rows, n, hd, hd, hd, n}; }
   // [rows, hd] = [rows, n] x [n, hd], written with row stride ldc: P V into out, dS K into dq.
   GemmShape rows_by_dim(int64_t ldc) const { return {Trans::N, Trans::N, rows, hd, n, n, hd, ldc}; }
-  // [n, hd] += [rows, n]^T x [rows, hd], row stride ldc: P^T dO into dv, dS^T Q into dk.
+  // [n, hd] += [rows, n]^T x [rows, hd], row stride ldc: P^T dO into dV, dS^T Q into dK.
   GemmShape keys_by_dim(int64_t ldc) const { return {Trans::T, Trans::N, n, hd, rows, n, hd, ldc}; }
 };
 
@@ -73,20 +79,25 @@ struct ThreadScratch {
   M *p, *ds;            // [kBlock, seq] probabilities and score gradients as GEMM inputs
   float* delta;         // [seq] D_i
   float* cap;           // [kBlock, seq] soft-capping's d(capped)/d(score) (null without a cap)
+  float *dk, *dv;       // [seq, head_dim] the kv head's gradients as they accumulate, packed
+  float* rows_out;      // [kBlock, head_dim] one block's O or dQ rows, packed
 
   // Bytes of each section: packed operands, fp32 rows, rows in the GEMM input type (none in
   // fp32, where the GEMMs read the fp32 rows).
   struct Sizes {
-    size_t operand, row_f32, row_m;
+    size_t operand, row_f32, row_m, accumulator, block_rows;
     Sizes(int64_t seq, int64_t head_dim)
         : operand(align_up(size_t(seq * head_dim) * sizeof(M))),
           row_f32(align_up(size_t(kBlock * seq) * sizeof(float))),
-          row_m(std::is_same_v<M, float> ? 0 : align_up(size_t(kBlock * seq) * sizeof(M))) {}
+          row_m(std::is_same_v<M, float> ? 0 : align_up(size_t(kBlock * seq) * sizeof(M))),
+          accumulator(align_up(size_t(seq * head_dim) * sizeof(float))),
+          block_rows(align_up(size_t(kBlock * head_dim) * sizeof(float))) {}
   };
 
   static size_t bytes(int64_t seq, int64_t head_dim, bool softcap) {
     const Sizes z(seq, head_dim);
-    return 4 * z.operand + (softcap ? 3 : 2) * z.row_f32 + 2 * z.row_m + align_up(size_t(seq) * sizeof(float));
+    return 4 * z.operand + (softcap ? 3 : 2) * z.row_f32 + 2 * z.row_m + align_up(size_t(seq) * sizeof(float)) +
+           2 * z.accumulator + z.block_rows;
   }
   static ThreadScratch at(char* base, int64_t seq, int64_t head_dim, bool softcap) {
     const Sizes z(seq, head_dim);
@@ -107,8 +118,12 @@ struct ThreadScratch {
       t.ds = reinterpret_cast<M*>(rows + 2 * row_f32 + row_m);
     }
     t.delta = reinterpret_cast<float*>(rows + 2 * row_f32 + 2 * row_m);
-    t.cap = softcap ? reinterpret_cast<float*>(rows + 2 * row_f32 + 2 * row_m + align_up(size_t(seq) * sizeof(float)))
-                    : nullptr;
+    char* after_delta = rows + 2 * row_f32 + 2 * row_m + align_up(size_t(seq) * sizeof(float));
+    t.cap = softcap ? reinterpret_cast<float*>(after_delta) : nullptr;
+    char* packed = after_delta + (softcap ? row_f32 : 0);
+    t.dk = reinterpret_cast<float*>(packed);
+    t.dv = reinterpret_cast<float*>(packed + z.accumulator);
+    t.rows_out = reinterpret_cast<float*>(packed + 2 * z.accumulator);
     return t;
   }
 };
@@ -124,6 +139,14 @@ void pack_head(const float* base, int64_t ld, int64_t token0, int64_t head, int6
     else
       ops.scale_to_bf16(row, 1.0f, dst + t * head_dim, head_dim);
   }
+}
+
+// Copies `rows` packed [rows, head_dim] rows into head `head`'s columns of a strided [tokens, ld]
+// buffer from token `token0` on.
+void unpack_rows(const float* src, int64_t rows, int64_t head_dim, float* base, int64_t ld, int64_t token0,
+                 int64_t head) {
+  for (int64_t t = 0; t < rows; ++t)
+    std::memcpy(base + (token0 + t) * ld + head * head_dim, src + t * head_dim, sizeof(float) * size_t(head_dim));
 }
 
 // The first key any row of [i0, i1) may attend, rounded down to a block boundary (so GEMM shapes
@@ -226,7 +249,8 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
       lse_h[i0 + r] =
           softmax_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, n, w.s + r * n, w.p + r * n);
     }
-    matmul(block.rows_by_dim(s.ldo), w.p, w.v + k0 * hd, out + (token0 + i0) * s.ldo + h * hd, 0.0f);
+    matmul(block.rows_by_dim(hd), w.p, w.v + k0 * hd, w.rows_out, 0.0f);
+    unpack_rows(w.rows_out, rows, hd, out, s.ldo, token0 + i0, h);
   }
 }
 
@@ -239,10 +263,9 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
   const bool runs = runs_increase(seg, T);
   pack_head(k, s.ldk, token0, kv, T, hd, w.k);
   pack_head(v, s.ldv, token0, kv, T, hd, w.v);
-  for (int64_t t = 0; t < T; ++t) {  // dk, dv accumulate over every block of every q head
-    std::memset(dk + (token0 + t) * s.ldk + kv * hd, 0, sizeof(float) * size_t(hd));
-    std::memset(dv + (token0 + t) * s.ldv + kv * hd, 0, sizeof(float) * size_t(hd));
-  }
+  // dK, dV accumulate over every block of every q head, packed, then go out once.
+  std::memset(w.dk, 0, sizeof(float) * size_t(T * hd));
+  std::memset(w.dv, 0, sizeof(float) * size_t(T * hd));
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kv * group + g;
     pack_head(q, s.ldq, token0, h, T, hd, w.q);
@@ -267,11 +290,14 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
         softmax_backward_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, lse_h[i0 + r],
                              w.delta[i0 + r], n, w.s + r * n, w.dp + r * n, w.p + r * n, w.ds + r * n, slope);
       }
-      matmul(block.keys_by_dim(s.ldv), w.p, w.dout + i0 * hd, dv + (token0 + k0) * s.ldv + kv * hd, 1.0f);
-      matmul(block.keys_by_dim(s.ldk), w.ds, w.q + i0 * hd, dk + (token0 + k0) * s.ldk + kv * hd, 1.0f);
-      matmul(block.rows_by_dim(s.ldq), w.ds, w.k + k0 * hd, dq + (token0 + i0) * s.ldq + h * hd, 0.0f);
+      matmul(block.keys_by_dim(hd), w.p, w.dout + i0 * hd, w.dv + k0 * hd, 1.0f);
+      matmul(block.keys_by_dim(hd), w.ds, w.q + i0 * hd, w.dk + k0 * hd, 1.0f);
+      matmul(block.rows_by_dim(hd), w.ds, w.k + k0 * hd, w.rows_out, 0.0f);
+      unpack_rows(w.rows_out, rows, hd, dq, s.ldq, token0 + i0, h);
     }
   }
+  unpack_rows(w.dk, T, hd, dk, s.ldk, token0, kv);
+  unpack_rows(w.dv, T, hd, dv, s.ldv, token0, kv);
 }
 
 void check_shape(const AttentionShape& s) {
@@ -346,11 +372,9 @@ void prepare_attention_blocked(const AttentionShape& s, AttentionMatmul precisio
   for_each_task(max_threads(), true, [&](int64_t, int) {
     for (auto [rows, n] : blocks) {
       const BlockProducts block{rows, n, hd};
-      gemm_prepare(block.rows_by_keys(), bf16, 0.0f);      // scores, dP
-      gemm_prepare(block.rows_by_dim(s.ldo), bf16, 0.0f);  // P V
-      gemm_prepare(block.keys_by_dim(s.ldv), bf16, 1.0f);  // dV
-      gemm_prepare(block.keys_by_dim(s.ldk), bf16, 1.0f);  // dK
-      gemm_prepare(block.rows_by_dim(s.ldq), bf16, 0.0f);  // dQ
+      gemm_prepare(block.rows_by_keys(), bf16, 0.0f);   // scores, dP
+      gemm_prepare(block.rows_by_dim(hd), bf16, 0.0f);  // P V, dQ (packed rows)
+      gemm_prepare(block.keys_by_dim(hd), bf16, 1.0f);  // dV, dK (packed accumulators)
     }
   });
 }
