@@ -1199,6 +1199,10 @@ void Decoder::forward(const MicroBatch& mb) {
 
 // Fused LM head + cross-entropy over row chunks: logits for `chunk` tokens at a time, turned into
 // dlogits in place, then immediately pushed back through the head. Writes d(xn_final) to b.dnorm.
+int64_t Decoder::lm_head_chunk() const {
+  return lm_head_chunk_rows(config_.vocab_size, max_batch_ * max_seq_, options_.lm_head_chunk_tokens);
+}
+
 double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backward) {
   const auto& c = config_;
   auto& b = *buf_;
@@ -1207,7 +1211,7 @@ double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backw
   const int head = trained_lm_head_ >= 0 ? trained_lm_head_ : ids_.lm_head;
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, V = c.vocab_size;
   const bool bf = precision_ == Precision::BF16;
-  const int64_t chunk = lm_head_chunk_rows(V, max_batch_ * max_seq_, options_.lm_head_chunk_tokens);
+  const int64_t chunk = lm_head_chunk();
   // The head's gradient: overwritten by the first chunk when this is the step's first write of it.
   const bool head_trained = backward && !HS.frozen();
   float head_beta = head_trained && HS.first_gradient_write(head) ? 0.0f : 1.0f;

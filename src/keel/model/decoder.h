@@ -333,6 +333,9 @@ class Decoder {
   const MemoryPlan& memory_plan() const { return plan_; }
   size_t arena_bytes() const { return arena_.size(); }
   const DecoderOptions& options() const { return options_; }
+  // Tokens the fused LM head and loss take at once (DecoderOptions::lm_head_chunk_tokens, or
+  // keel's choice when that is 0): the size of the step's logits buffer, [chunk, vocab].
+  int64_t lm_head_chunk() const;
   kernels::Backend& backend() const { return backend_; }
 
  private:

@@ -171,6 +171,14 @@ class Trainer {
     fmt::print(log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}\n", max_steps_,
                r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype);
     if (decoder_.has_adapter()) print_lora();
+    {
+      // The logits buffer is the step's largest scratch: its size is a choice keel makes (or the recipe).
+      const int64_t chunk = decoder_.lm_head_chunk();
+      const double mib = double(chunk * config_.vocab_size) * (decoder_.precision() == model::Precision::BF16 ? 6 : 4) /
+                         double(1 << 20);
+      fmt::print(log_, "keel: LM head and loss over {} tokens at a time ({:.0f} MiB of logits; {})\n", chunk, mib,
+                 r_.lm_head_chunk_tokens > 0 ? "lm_head_chunk_tokens" : "keel's choice, lm_head_chunk_tokens sets it");
+    }
     fmt::print(log_, "keel: {} thread(s) per rank, {}\n", max_threads(),
                decoder_.backend().description(decoder_.precision() == model::Precision::BF16));
     if (!zero_shards().empty()) {
