@@ -23,7 +23,8 @@ namespace {
 // recipe's lm_head_chunk_tokens), else at least 512 rows, or more for a small vocabulary up to a
 // 32 MiB fp32 logits chunk. Below ~512 rows the head's three products run well under the GEMM's
 // speed and each chunk re-reads the whole [vocab, hidden] weight and its fp32 gradient (bench
-// model, vocabulary 32000: 262 rows ran the step at 987 tokens/s, 512 rows at 1096, +48 MiB).
+// model, vocabulary 32000: 262 rows ran the step at 987 tokens/s, 512 rows at 1096; peak RSS
+// +32 MiB, the logits sharing bytes with the backward pass's scratch).
 // The chunks are made equal, so none is a small remainder.
 int64_t lm_head_chunk_rows(int64_t vocab, int64_t tokens, int64_t requested) {
   tokens = std::max<int64_t>(tokens, 1);
@@ -1197,12 +1198,12 @@ void Decoder::forward(const MicroBatch& mb) {
                            b.rstd_final, b.xn_final_b);
 }
 
-// Fused LM head + cross-entropy over row chunks: logits for `chunk` tokens at a time, turned into
-// dlogits in place, then immediately pushed back through the head. Writes d(xn_final) to b.dnorm.
 int64_t Decoder::lm_head_chunk() const {
   return lm_head_chunk_rows(config_.vocab_size, max_batch_ * max_seq_, options_.lm_head_chunk_tokens);
 }
 
+// Fused LM head + cross-entropy over row chunks: logits for `chunk` tokens at a time, turned into
+// dlogits in place, then immediately pushed back through the head. Writes d(xn_final) to b.dnorm.
 double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backward) {
   const auto& c = config_;
   auto& b = *buf_;

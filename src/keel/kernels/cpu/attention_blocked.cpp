@@ -61,10 +61,10 @@ struct BlockProducts {
   int64_t rows, n, hd;
   // [rows, n] = [rows, hd] x [n, hd]^T: the scores Q K^T, and dP = dO V^T.
   GemmShape rows_by_keys() const { return {Trans::N, Trans::T, rows, n, hd, hd, hd, n}; }
-  // [rows, hd] = [rows, n] x [n, hd], written with row stride ldc: P V into out, dS K into dq.
-  GemmShape rows_by_dim(int64_t ldc) const { return {Trans::N, Trans::N, rows, hd, n, n, hd, ldc}; }
-  // [n, hd] += [rows, n]^T x [rows, hd], row stride ldc: P^T dO into dV, dS^T Q into dK.
-  GemmShape keys_by_dim(int64_t ldc) const { return {Trans::T, Trans::N, n, hd, rows, n, hd, ldc}; }
+  // [rows, hd] = [rows, n] x [n, hd] into packed rows: P V (O), dS K (dQ).
+  GemmShape rows_by_dim() const { return {Trans::N, Trans::N, rows, hd, n, n, hd, hd}; }
+  // [n, hd] += [rows, n]^T x [rows, hd] into packed rows: P^T dO (dV), dS^T Q (dK).
+  GemmShape keys_by_dim() const { return {Trans::T, Trans::N, n, hd, rows, n, hd, hd}; }
 };
 
 inline void store(float x, float* dst) { *dst = x; }
@@ -249,7 +249,7 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
       lse_h[i0 + r] =
           softmax_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, n, w.s + r * n, w.p + r * n);
     }
-    matmul(block.rows_by_dim(hd), w.p, w.v + k0 * hd, w.rows_out, 0.0f);
+    matmul(block.rows_by_dim(), w.p, w.v + k0 * hd, w.rows_out, 0.0f);
     unpack_rows(w.rows_out, rows, hd, out, s.ldo, token0 + i0, h);
   }
 }
@@ -290,9 +290,9 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
         softmax_backward_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, lse_h[i0 + r],
                              w.delta[i0 + r], n, w.s + r * n, w.dp + r * n, w.p + r * n, w.ds + r * n, slope);
       }
-      matmul(block.keys_by_dim(hd), w.p, w.dout + i0 * hd, w.dv + k0 * hd, 1.0f);
-      matmul(block.keys_by_dim(hd), w.ds, w.q + i0 * hd, w.dk + k0 * hd, 1.0f);
-      matmul(block.rows_by_dim(hd), w.ds, w.k + k0 * hd, w.rows_out, 0.0f);
+      matmul(block.keys_by_dim(), w.p, w.dout + i0 * hd, w.dv + k0 * hd, 1.0f);
+      matmul(block.keys_by_dim(), w.ds, w.q + i0 * hd, w.dk + k0 * hd, 1.0f);
+      matmul(block.rows_by_dim(), w.ds, w.k + k0 * hd, w.rows_out, 0.0f);
       unpack_rows(w.rows_out, rows, hd, dq, s.ldq, token0 + i0, h);
     }
   }
@@ -372,9 +372,9 @@ void prepare_attention_blocked(const AttentionShape& s, AttentionMatmul precisio
   for_each_task(max_threads(), true, [&](int64_t, int) {
     for (auto [rows, n] : blocks) {
       const BlockProducts block{rows, n, hd};
-      gemm_prepare(block.rows_by_keys(), bf16, 0.0f);   // scores, dP
-      gemm_prepare(block.rows_by_dim(hd), bf16, 0.0f);  // P V, dQ (packed rows)
-      gemm_prepare(block.keys_by_dim(hd), bf16, 1.0f);  // dV, dK (packed accumulators)
+      gemm_prepare(block.rows_by_keys(), bf16, 0.0f);  // scores, dP
+      gemm_prepare(block.rows_by_dim(), bf16, 0.0f);   // P V, dQ
+      gemm_prepare(block.keys_by_dim(), bf16, 1.0f);   // dV, dK
     }
   });
 }
