@@ -45,8 +45,9 @@ struct GemmPlan {
   dnnl::matmul primitive;
   dnnl::memory a, b, c;
   // bf16 on a CPU where oneDNN has no bf16 matmul (before AVX-512): the operands are widened
-  // into these fp32 copies (exact) and an fp32 primitive runs; same products, fp32 sums.
-  std::vector<float> a_wide, b_wide;
+  // into fp32 copies (exact; the thread's WidenedOperands) and an fp32 primitive runs; same
+  // products, fp32 sums. Elements of each stored operand; 0 when the primitive reads bf16.
+  size_t a_wide = 0, b_wide = 0;
   // Execution arguments for the C API, built once: dnnl::primitive::execute would rebuild a
   // std::vector of them from a map on every call, a heap allocation inside the step loop.
   std::array<dnnl_exec_arg_t, 3> args;
@@ -65,6 +66,24 @@ dnnl::stream& cpu_stream() {
 std::atomic<bool>& bf16_emulated() {
   static std::atomic<bool> flag{false};
   return flag;
+}
+
+// The fp32 copies of a widened product's operands (GemmPlan::a_wide). One pair per thread, sized
+// for the largest product the thread has run, not one pair per plan: the products run one at a
+// time on a thread, and per-plan copies summed to ~600 MB on the bench model (the LM head's three
+// products alone 330 MB), all of it outside the memory plan. Grown when a plan is made (the first
+// step), never in a later one.
+struct WidenedOperands {
+  std::vector<float> a, b;
+  void reserve(size_t a_elements, size_t b_elements) {
+    if (a.size() < a_elements) a.resize(a_elements);
+    if (b.size() < b_elements) b.resize(b_elements);
+  }
+};
+
+WidenedOperands& widened_operands() {
+  thread_local WidenedOperands w;
+  return w;
 }
 
 // op(X) of logical size rows x cols stored row-major with leading dimension ld.
@@ -118,8 +137,9 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key) {
   if (!try_type(key.bf16 ? dt::bf16 : dt::f32)) {
     require(key.bf16, "gemm: oneDNN has no fp32 matmul for {}x{}x{}", s.m, s.n, s.k);
     require(try_type(dt::f32), "gemm: oneDNN has no matmul for {}x{}x{}", s.m, s.n, s.k);
-    plan->a_wide.resize(stored_elements(s.trans_a, s.m, s.k, s.lda));
-    plan->b_wide.resize(stored_elements(s.trans_b, s.k, s.n, s.ldb));
+    plan->a_wide = stored_elements(s.trans_a, s.m, s.k, s.lda);
+    plan->b_wide = stored_elements(s.trans_b, s.k, s.n, s.ldb);
+    widened_operands().reserve(plan->a_wide, plan->b_wide);
     bf16_emulated().store(true, std::memory_order_relaxed);
   }
   plan->c = dnnl::memory(c_desc, engine, DNNL_MEMORY_NONE);
@@ -147,11 +167,12 @@ GemmPlan& plan_for(bool bf16, const GemmShape& s, float beta) {
 
 void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, float beta) {
   GemmPlan& plan = plan_for(bf16, s, beta);
-  if (!plan.a_wide.empty()) {  // bf16 widened for an fp32 primitive (see GemmPlan)
-    convert_bf16_to_f32(static_cast<const keel::bf16*>(a), plan.a_wide.data(), plan.a_wide.size());
-    convert_bf16_to_f32(static_cast<const keel::bf16*>(b), plan.b_wide.data(), plan.b_wide.size());
-    a = plan.a_wide.data();
-    b = plan.b_wide.data();
+  if (plan.a_wide != 0) {  // bf16 widened for an fp32 primitive (see GemmPlan)
+    WidenedOperands& wide = widened_operands();
+    convert_bf16_to_f32(static_cast<const keel::bf16*>(a), wide.a.data(), plan.a_wide);
+    convert_bf16_to_f32(static_cast<const keel::bf16*>(b), wide.b.data(), plan.b_wide);
+    a = wide.a.data();
+    b = wide.b.data();
   }
   plan.a.set_data_handle(const_cast<void*>(a));
   plan.b.set_data_handle(const_cast<void*>(b));
