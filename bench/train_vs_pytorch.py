@@ -39,7 +39,12 @@ MFU = tokens/s x (6 N + 12 L T d) / the machine's bf16 (or fp32) GEMM peak measu
 the larger of keel's oneDNN (build/bench/matmul_peak) and torch's own matmul on the same 2048^3
 problem (with AMX, torch's library is ~2x keel's oneDNN 2.6) (PaLM's model FLOPs: N counts the matmul weights, the LM
 head included and the embedding lookup excluded; recomputation under checkpointing is not
-counted), and keel's tokens/s over the peer's. The header lists the versions of everything
+counted), and keel's tokens/s over the peer's.
+
+The peers run at their best: with --dtype bf16 on a CPU without native bf16 matmul (no AVX-512
+BF16 or AMX: an AVX2 Zen 3 runs torch 2.15's bf16 matmul at ~1 GFLOP/s against 175 in fp32),
+--torch-dtype auto runs the PyTorch peers in fp32 and says so; keel stays in bf16 (its oneDNN
+widens bf16 operands to fp32 there, at the fp32 rate). The header lists the versions of everything
 compared; the last line is the table as one JSON object (for docs/performance.md).
 
     $(scripts/python-env.sh) bench/train_vs_pytorch.py --keel build/keel [--steps 4] [--small] \\
@@ -86,6 +91,9 @@ def parse_args():
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--steps", type=int, default=4, help="optimizer steps; the first is warm-up")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--torch-dtype", choices=["auto", "bf16", "fp32"], default="auto",
+                   help="the PyTorch peers' dtype; auto: --dtype, but fp32 where torch's own bf16 matmul "
+                        "is slower than its fp32 one on this CPU (the peers at their best)")
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing in every peer")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="threads of every peer (default: the cores this process may run on)")
@@ -321,7 +329,7 @@ def run_peer(a, role):
         if made.returncode != 0:
             return {"error": "not run: scripts/torchtune-env.sh failed: " + (made.stderr.strip().splitlines() or ["?"])[-1]}
         python = made.stdout.strip().splitlines()[-1]
-    cmd = [python, os.path.abspath(__file__)] + [x for x in sys.argv[1:]] + ["--role", role]
+    cmd = [python, os.path.abspath(__file__)] + [x for x in sys.argv[1:]] + ["--dtype", a.torch_dtype, "--role", role]
     timeout = a.compile_timeout if role == "compile" else None
     t0 = time.time()
     code, out, rss = run_child(cmd, env=peer_env(a), timeout=timeout)
@@ -582,14 +590,16 @@ def torchtune_peer(a):
 def torch_matmul_peak(dtype, size=2048, repeats=5):
     """torch's own best GEMM rate on the same square problem (its MKL / oneDNN, in this process's
     threads): keel's oneDNN 2.6 is not the fastest GEMM on every CPU (with AMX, torch's is ~2x),
-    and MFU should divide by what the machine can do, not by what keel's library does."""
+    and MFU should divide by what the machine can do, not by what keel's library does. A product
+    that takes over a second (bf16 without hardware support) is timed once, not `repeats` times."""
     import torch
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     t = torch.bfloat16 if dtype == "bf16" else torch.float32
     x, y = torch.ones(size, size, dtype=t), torch.ones(size, size, dtype=t)
+    start = time.perf_counter()
     torch.matmul(x, y)
-    best = float("inf")
-    for _ in range(repeats):
+    best = time.perf_counter() - start
+    for _ in range(repeats if best < 1.0 else 0):
         start = time.perf_counter()
         torch.matmul(x, y)
         best = min(best, time.perf_counter() - start)
@@ -600,7 +610,7 @@ def worker(a):
     if a.role == "workload":
         make_workload(a)
         res = python_versions()
-        res["torch_matmul_peak"] = torch_matmul_peak(a.dtype)
+        res["torch_matmul_peak"] = {d: torch_matmul_peak(d) for d in sorted({a.dtype, "fp32"})}
     elif a.role == "trainer":
         res = trainer_peer(a)
     elif a.role == "torchtune":
@@ -639,7 +649,18 @@ def main():
     peak_tool = a.matmul_peak or os.path.join(os.path.dirname(os.path.abspath(a.keel)), "bench", "matmul_peak")
     peak = json.loads(subprocess.check_output([peak_tool], env=peer_env(a)))
     keel_peak = peak["bf16_flops"] if a.dtype == "bf16" else peak["f32_flops"]
-    torch_peak = versions.pop("torch_matmul_peak")
+    torch_peaks = versions.pop("torch_matmul_peak")
+    if a.torch_dtype != "auto":
+        a.torch_dtype_reason = "--torch-dtype %s" % a.torch_dtype
+    elif a.dtype == "bf16" and torch_peaks["bf16"] < torch_peaks["fp32"]:
+        a.torch_dtype = "fp32"
+        a.torch_dtype_reason = ("torch's bf16 matmul on this CPU runs at %.1f GFLOP/s against %.1f in fp32: the "
+                                "PyTorch peers run in fp32, their best here" % (torch_peaks["bf16"] / 1e9,
+                                                                                torch_peaks["fp32"] / 1e9))
+    else:
+        a.torch_dtype = a.dtype
+        a.torch_dtype_reason = ""
+    torch_peak = torch_peaks[a.torch_dtype] if a.torch_dtype in torch_peaks else torch_peaks[a.dtype]
     peak_flops = max(keel_peak, torch_peak)  # the machine's best measured GEMM, whichever library ran it
 
     print("keel %s | torch %s | transformers %s | accelerate %s | peft %s | numpy %s | Python %s"
@@ -657,10 +678,12 @@ def main():
              "; LoRA rank %d, alpha %d, all linear layers (%.2fM adapter weights)" % (a.lora, 2 * a.lora,
                                                                                      lora_parameters(a) / 1e6)
              if a.lora else ""))
-    print("matmul peak (%s, %d^3): keel's oneDNN %.1f GFLOP/s, torch %.1f GFLOP/s; MFU divides by %.1f; "
+    print("matmul peak (%s, %d^3): keel's oneDNN %.1f GFLOP/s, torch (%s) %.1f GFLOP/s; MFU divides by %.1f; "
           "%.3f GFLOP per token (%s, N = %.1fM)"
-          % (a.dtype, peak["size"], keel_peak / 1e9, torch_peak / 1e9, peak_flops / 1e9, flops_per_token(a) / 1e9,
+          % (a.dtype, peak["size"], keel_peak / 1e9, a.torch_dtype, torch_peak / 1e9, peak_flops / 1e9, flops_per_token(a) / 1e9,
              "4N + 6 x adapter + 12LTd" if a.lora else "6N + 12LTd", matmul_parameters(a) / 1e6))
+    if a.torch_dtype_reason:
+        print("torch peers in %s: %s" % (a.torch_dtype, a.torch_dtype_reason))
     sys.stdout.flush()
 
     results = {"keel": run_keel(a, model_dir, a.lora)}
@@ -709,7 +732,7 @@ def main():
                   "intermediate": a.intermediate, "vocab": a.vocab, "seq": a.seq, "batch": a.batch},
         "dtype": a.dtype, "steps": a.steps, "checkpointing": a.checkpointing, "threads": a.threads, "lora_rank": a.lora,
         "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "keel_peak_flops": keel_peak,
-        "torch_peak_flops": torch_peak, "flops_per_token": fpt,
+        "torch_peak_flops": torch_peak, "torch_dtype": a.torch_dtype, "flops_per_token": fpt,
         "peers": rows}))
 
 
