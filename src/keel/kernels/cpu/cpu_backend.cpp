@@ -34,7 +34,8 @@ class CpuBackend final : public HostMemoryBackend {
     return fmt::format("cpu backend: row kernels {}, {}", isa_name(vector_ops().isa),
                        !bf16                  ? "fp32 GEMMs on oneDNN"
                        : bf16_matmul_native() ? "bf16 GEMMs on oneDNN"
-                                              : "bf16 GEMMs widened to fp32 (no oneDNN bf16 matmul on this CPU)");
+                                              : "bf16 GEMMs widened to fp32 (no oneDNN bf16 matmul on this CPU: "
+                                                "bf16 trains slower than dtype = \"fp32\" here, docs/performance.md)");
   }
 
   void gemm(const GemmShape& s, const float* a, const float* b, float* c, float beta) override {
