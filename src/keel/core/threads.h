@@ -35,6 +35,15 @@ inline int thread_index() {
 #endif
 }
 
+// Whether the caller runs inside an OpenMP parallel region (one of its team's threads).
+inline bool in_parallel_region() {
+#ifdef _OPENMP
+  return omp_in_parallel() != 0;
+#else
+  return false;
+#endif
+}
+
 // True when a parallel region opened here would have more than one thread: `wanted` (the
 // caller's threshold), more than one OpenMP thread, and not already inside a parallel region
 // (nested regions run on one thread, in a team libgomp allocates each time).

@@ -61,6 +61,10 @@ class Backend {
   // Prepares whatever the backend builds for a product on first use, so that a step loop meeting
   // the shape later allocates nothing.
   virtual void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) = 0;
+  // Bytes the products of a run (bf16 inputs or not) hold outside the caller's buffers for the
+  // whole run, for the memory plan: the CPU's fp32 tiles of bf16 operands where oneDNN has no
+  // bf16 matmul, else 0.
+  virtual size_t gemm_scratch_bytes(bool bf16_inputs) = 0;
   // This machine's matmul throughput on a size^3 product, in FLOP/s (MFU's denominator).
   virtual double measure_matmul_peak(bool bf16, int64_t size, int repeats) = 0;
 

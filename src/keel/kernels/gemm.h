@@ -17,6 +17,13 @@ void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float
 // Builds the calling thread's plan for this product now, as its first gemm_f32 (bf16_inputs =
 // false) or gemm_bf16 call would: a step loop that meets the shape later allocates nothing.
 void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta);
+// Where oneDNN has no bf16 matmul, the most elements of each operand a widened product holds in
+// fp32 at once (gemm.cpp: run_widened cuts larger products into tiles).
+constexpr size_t kWidenedOperandElements = size_t(4) << 20;
+// The fp32 operand tiles the products of a run in `bf16` hold outside any plan's arena, for the
+// memory plan: 32 MiB where oneDNN has no bf16 matmul on this CPU, else 0 (attention's per-thread
+// tiles, 0.5 MB a thread, are in the measured runtime).
+size_t gemm_widened_operand_bytes(bool bf16);
 // True once some gemm_bf16 call had to widen its inputs (reported with the run's kernels).
 bool gemm_bf16_emulated();
 // Whether oneDNN has a bf16 matmul on this CPU (probed once), for the run's report.

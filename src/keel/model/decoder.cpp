@@ -552,6 +552,12 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
                                   attention_shape(c, 0, max_batch, max_seq), attention_matmul(precision))),
                               1, t.forward(0), backward_last);
 
+  // bf16 products on a CPU without a bf16 matmul widen their operands into fp32 tiles the GEMM
+  // layer holds from the first step on (kernels/gemm.h: gemm_widened_operand_bytes).
+  if (const size_t widened = backend_of(options).gemm_scratch_bytes(precision == Precision::BF16))
+    plan.add_external("bf16 GEMM operands widened to fp32 (no bf16 matmul on this CPU)", Cat::Workspace, widened,
+                      t.forward(0), end);
+
   // The rotary table is a kernels::RopeTable (std::vector) built once: counted, not in the arena.
   plan.add_external("rope_table", Cat::Data, size_t(max_seq) * size_t(c.rotary_dim) * f32, always, end);
   if (c.rope_local_theta > 0)  // Gemma 3's sliding-window layers rotate with their own base

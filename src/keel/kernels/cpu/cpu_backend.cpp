@@ -45,6 +45,7 @@ class CpuBackend final : public HostMemoryBackend {
     kernels::gemm_bf16(s, a, b, c, beta);
   }
   void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) override { gemm_prepare(s, bf16_inputs, beta); }
+  size_t gemm_scratch_bytes(bool bf16_inputs) override { return gemm_widened_operand_bytes(bf16_inputs); }
   void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) override {
     const auto& ops = vector_ops();
     auto put = [&](int64_t r, float dot) { y[r] = (beta == 0.0f ? 0.0f : beta * y[r]) + dot; };

@@ -17,6 +17,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/memory_plan.h"
+#include "keel/core/threads.h"
 #include "keel/kernels/gemm.h"
 
 namespace keel::kernels {
@@ -44,10 +45,9 @@ struct GemmKeyHash {
 struct GemmPlan {
   dnnl::matmul primitive;
   dnnl::memory a, b, c;
-  // bf16 on a CPU where oneDNN has no bf16 matmul (before AVX-512): the operands are widened
-  // into fp32 copies (exact; the thread's WidenedOperands) and an fp32 primitive runs; same
-  // products, fp32 sums. Elements of each stored operand; 0 when the primitive reads bf16.
-  size_t a_wide = 0, b_wide = 0;
+  // bf16 on a CPU where oneDNN has no bf16 matmul (before AVX-512): no primitive of its own; the
+  // product runs as fp32 products over widened tiles of its operands (run_widened).
+  bool widened = false;
   // Execution arguments for the C API, built once: dnnl::primitive::execute would rebuild a
   // std::vector of them from a map on every call, a heap allocation inside the step loop.
   std::array<dnnl_exec_arg_t, 3> args;
@@ -68,11 +68,13 @@ std::atomic<bool>& bf16_emulated() {
   return flag;
 }
 
-// The fp32 copies of a widened product's operands (GemmPlan::a_wide). One pair per thread, sized
-// for the largest product the thread has run, not one pair per plan: the products run one at a
-// time on a thread, and per-plan copies summed to ~600 MB on the bench model (the LM head's three
-// products alone 330 MB), all of it outside the memory plan. Grown when a plan is made (the first
-// step), never in a later one.
+// The fp32 copies of a widened product's operand tiles (run_widened). Calls from outside a
+// parallel region (the decoder's projections and LM head, on all threads inside oneDNN) share one
+// pair of kWidenedOperandElements each, allocated whole on first use, so that the memory plan
+// counts it exactly (gemm_widened_operand_bytes); calls from inside one (attention's per-head
+// products, one thread each) use a pair of the thread's own, as large as its largest tile, at
+// most 0.5 MB at head_dim 64 and 1,024 keys. One pair per product shape, as before 2026-12-04,
+// summed to ~600 MB on the bench model, outside the plan.
 struct WidenedOperands {
   std::vector<float> a, b;
   void reserve(size_t a_elements, size_t b_elements) {
@@ -82,11 +84,37 @@ struct WidenedOperands {
 };
 
 WidenedOperands& widened_operands() {
-  thread_local WidenedOperands w;
-  return w;
+  if (!in_parallel_region()) {
+    static WidenedOperands shared = [] {
+      WidenedOperands w;
+      w.reserve(kWidenedOperandElements, kWidenedOperandElements);
+      return w;
+    }();
+    return shared;
+  }
+  thread_local WidenedOperands own;
+  return own;
 }
 
-// op(X) of logical size rows x cols stored row-major with leading dimension ld.
+// Widens op(X)[r0, r0 + nr) x [c0, c0 + nc) of a bf16 operand stored with leading dimension ld
+// into dst, packed in X's own layout; returns the copy's leading dimension (nc, or nr when X is
+// stored transposed).
+int64_t widen(Trans t, const bf16* x, int64_t ld, int64_t r0, int64_t nr, int64_t c0, int64_t nc, float* dst) {
+  // Stored rows: op(X)'s rows (N) or its columns (T); each contributes `run` elements from `first`.
+  const int64_t rows = t == Trans::N ? nr : nc, run = t == Trans::N ? nc : nr;
+  const int64_t row0 = t == Trans::N ? r0 : c0, first = t == Trans::N ? c0 : r0;
+  if (run == ld) {
+    convert_bf16_to_f32(x + row0 * ld, dst, size_t(rows * run));
+  } else {
+    parallel_for(rows, rows * run > (int64_t(1) << 16), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r)
+        for (int64_t c = 0; c < run; ++c) dst[r * run + c] = bf16_to_float(x[(row0 + r) * ld + first + c]);
+    });
+  }
+  return run;
+}
+
+// op(X) of logical size rows x cols// op(X) of logical size rows x cols stored row-major with leading dimension ld.
 dnnl::memory::desc operand_desc(Trans t, int64_t rows, int64_t cols, int64_t ld, dnnl::memory::data_type dt) {
   dnnl::memory::dims dims{rows, cols};
   dnnl::memory::dims strides = t == Trans::N ? dnnl::memory::dims{ld, 1} : dnnl::memory::dims{1, ld};
@@ -136,11 +164,9 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key) {
   };
   if (!try_type(key.bf16 ? dt::bf16 : dt::f32)) {
     require(key.bf16, "gemm: oneDNN has no fp32 matmul for {}x{}x{}", s.m, s.n, s.k);
-    require(try_type(dt::f32), "gemm: oneDNN has no matmul for {}x{}x{}", s.m, s.n, s.k);
-    plan->a_wide = stored_elements(s.trans_a, s.m, s.k, s.lda);
-    plan->b_wide = stored_elements(s.trans_b, s.k, s.n, s.ldb);
-    widened_operands().reserve(plan->a_wide, plan->b_wide);
+    plan->widened = true;
     bf16_emulated().store(true, std::memory_order_relaxed);
+    return plan;
   }
   plan->c = dnnl::memory(c_desc, engine, DNNL_MEMORY_NONE);
   plan->args = {dnnl_exec_arg_t{DNNL_ARG_SRC, plan->a.get()}, dnnl_exec_arg_t{DNNL_ARG_WEIGHTS, plan->b.get()},
@@ -165,15 +191,45 @@ GemmPlan& plan_for(bool bf16, const GemmShape& s, float beta) {
   return *it->second;
 }
 
+void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, float beta);
+
+// A bf16 product where oneDNN has none: fp32 products over tiles of the operands widened to fp32
+// (exactly), each tile at most kWidenedOperandElements, every element widened once. When both
+// whole operands exceed that, K is cut first (the LM head's input gradient: [512, 32000] x
+// [32000, 768]; C is small and the chunks accumulate into it); then M (the LM head's weight
+// gradient, [32000, 512] x [512, 768]) or N (its logits, [512, 768] x [768, 32000]). The fp32
+// sums of a product then come in K-chunks, another order than one fp32 product: it is an
+// emulation of bf16 inputs with fp32 accumulation either way.
+void run_widened(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) {
+  const int64_t E = int64_t(kWidenedOperandElements);
+  int64_t kt = s.k, mt = s.m, nt = s.n;
+  if (s.m * kt > E && kt * s.n > E) kt = std::clamp<int64_t>(std::min(E / s.m, E / s.n), 1, s.k);
+  if (s.m * kt > E) mt = std::max<int64_t>(1, E / kt);
+  if (kt * s.n > E) nt = std::max<int64_t>(1, E / kt);
+  WidenedOperands& wide = widened_operands();
+  wide.reserve(size_t(std::min(mt * kt, s.m * s.k)), size_t(std::min(kt * nt, s.k * s.n)));
+  for (int64_t k0 = 0; k0 < s.k; k0 += kt) {
+    const int64_t kn = std::min(kt, s.k - k0);
+    const float tile_beta = k0 == 0 ? beta : 1.0f;
+    int64_t lda = 0;
+    if (mt == s.m) lda = widen(s.trans_a, a, s.lda, 0, s.m, k0, kn, wide.a.data());  // once per K-chunk
+    for (int64_t n0 = 0; n0 < s.n; n0 += nt) {
+      const int64_t nn = std::min(nt, s.n - n0);
+      const int64_t ldb = widen(s.trans_b, b, s.ldb, k0, kn, n0, nn, wide.b.data());
+      for (int64_t m0 = 0; m0 < s.m; m0 += mt) {
+        const int64_t mn = std::min(mt, s.m - m0);
+        if (mt != s.m) lda = widen(s.trans_a, a, s.lda, m0, mn, k0, kn, wide.a.data());
+        run(false, GemmShape{s.trans_a, s.trans_b, mn, nn, kn, lda, ldb, s.ldc}, wide.a.data(), wide.b.data(),
+            c + m0 * s.ldc + n0, tile_beta);
+      }
+    }
+  }
+}
+
 void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, float beta) {
   GemmPlan& plan = plan_for(bf16, s, beta);
-  if (plan.a_wide != 0) {  // bf16 widened for an fp32 primitive (see GemmPlan)
-    WidenedOperands& wide = widened_operands();
-    convert_bf16_to_f32(static_cast<const keel::bf16*>(a), wide.a.data(), plan.a_wide);
-    convert_bf16_to_f32(static_cast<const keel::bf16*>(b), wide.b.data(), plan.b_wide);
-    a = wide.a.data();
-    b = wide.b.data();
-  }
+  if (plan.widened)
+    return run_widened(s, static_cast<const keel::bf16*>(a), static_cast<const keel::bf16*>(b), c, beta);
   plan.a.set_data_handle(const_cast<void*>(a));
   plan.b.set_data_handle(const_cast<void*>(b));
   plan.c.set_data_handle(c);
@@ -184,6 +240,10 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
 }
 
 }  // namespace
+
+size_t gemm_widened_operand_bytes(bool bf16) {
+  return bf16 && !bf16_matmul_native() ? 2 * kWidenedOperandElements * sizeof(float) : 0;
+}
 
 bool gemm_bf16_emulated() { return bf16_emulated().load(std::memory_order_relaxed); }
 

@@ -68,6 +68,7 @@ class ReferenceBackend final : public HostMemoryBackend {
     product(s, widen(a, a_span(s)), widen(b, b_span(s)), c, beta);
   }
   void prepare_gemm(const GemmShape&, bool, float) override {}
+  size_t gemm_scratch_bytes(bool) override { return 0; }
   void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) override {
     for (int64_t r = 0; r < rows; ++r) {
       double sum = beta == 0.0f ? 0.0 : double(beta) * double(y[r]);
