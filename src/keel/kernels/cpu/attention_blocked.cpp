@@ -2,8 +2,7 @@
 //
 // For one head and a block of rows [i0, i1) that may see keys [k0, i1) (k0 = 0, or the start of
 // the block's first document when packed documents make earlier keys invisible):
-//   forward   S = Q_blk K^T,  E = exp(scale * S - rowmax) over allowed keys,
-//             O_blk = (E V) / rowsum(E) (softmax(scale * S) V, normalised after the product),
+//   forward   S = Q_blk K^T,  P = softmax(scale * S) over allowed keys,  O_blk = P V,
 //             lse = log-sum-exp of the row (saved);
 //   backward  S = Q_blk K^T,  P = exp(scale * S - lse),  dP = dO_blk V^T,
 //             dS = scale * P (dP - D)  with D_i = dO_i . O_i,
@@ -78,8 +77,7 @@ struct ThreadScratch {
   M *q, *k, *v, *dout;  // [seq, head_dim] each
   float *s, *dp;        // [kBlock, seq] scores (then fp32 probabilities) and dP
   M *p, *ds;            // [kBlock, seq] probabilities and score gradients as GEMM inputs
-  float* delta;         // [seq] D_i (backward)
-  float* row_scale;     // [kBlock] 1 / each row's sum of exponentials (forward: delta's bytes)
+  float* delta;         // [seq] D_i
   float* cap;           // [kBlock, seq] soft-capping's d(capped)/d(score) (null without a cap)
   float *dk, *dv;       // [seq, head_dim] the kv head's gradients as they accumulate, packed
   float* rows_out;      // [kBlock, head_dim] one block's O or dQ rows, packed
@@ -120,7 +118,6 @@ struct ThreadScratch {
       t.ds = reinterpret_cast<M*>(rows + 2 * row_f32 + row_m);
     }
     t.delta = reinterpret_cast<float*>(rows + 2 * row_f32 + 2 * row_m);
-    t.row_scale = t.delta;  // the forward has no D_i, and a block has at most seq rows
     char* after_delta = rows + 2 * row_f32 + 2 * row_m + align_up(size_t(seq) * sizeof(float));
     t.cap = softcap ? reinterpret_cast<float*>(after_delta) : nullptr;
     char* packed = after_delta + (softcap ? row_f32 : 0);
@@ -145,20 +142,11 @@ void pack_head(const float* base, int64_t ld, int64_t token0, int64_t head, int6
 }
 
 // Copies `rows` packed [rows, head_dim] rows into head `head`'s columns of a strided [tokens, ld]
-// buffer from token `token0` on; with `row_scale`, row t multiplied by row_scale[t] on the way.
+// buffer from token `token0` on.
 void unpack_rows(const float* src, int64_t rows, int64_t head_dim, float* base, int64_t ld, int64_t token0,
-                 int64_t head, const float* row_scale = nullptr) {
-  for (int64_t t = 0; t < rows; ++t) {
-    float* dst = base + (token0 + t) * ld + head * head_dim;
-    const float* row = src + t * head_dim;
-    if (!row_scale) {
-      std::memcpy(dst, row, sizeof(float) * size_t(head_dim));
-      continue;
-    }
-    const float f = row_scale[t];
-#pragma omp simd
-    for (int64_t c = 0; c < head_dim; ++c) dst[c] = row[c] * f;
-  }
+                 int64_t head) {
+  for (int64_t t = 0; t < rows; ++t)
+    std::memcpy(base + (token0 + t) * ld + head * head_dim, src + t * head_dim, sizeof(float) * size_t(head_dim));
 }
 
 // The first key any row of [i0, i1) may attend, rounded down to a block boundary (so GEMM shapes
@@ -197,29 +185,24 @@ RowVisibility visibility(const RowMask& mask, int64_t n) {
           mask.first_in_window()};
 }
 
-// Forward softmax of one row of scores s[0, n), left unnormalised: e = exp(scale*s - m) over
-// visible keys (0 elsewhere), written to p (the GEMM input type; in fp32, p is s itself), and
-// `row_scale` = 1 / sum(e), by which the caller multiplies the row of E V: dividing the block's
-// [rows, head_dim] product instead of its [rows, n] probabilities saves a pass over every row of
-// scores (torch's CPU flash kernel normalises the same way). Returns the row's log-sum-exp (-inf
-// when nothing is visible; then the row of E is zeros and so is its scale).
+// Forward softmax of one row of scores s[0, n): p = exp(scale*s - m) / sum over visible keys,
+// written to p (the GEMM input type; in fp32, p is s itself). Returns the row's log-sum-exp
+// (-inf when nothing is visible).
 template <typename M>
-float softmax_row(const RowMask& mask, float scale, int64_t n, float* s, M* p, float& row_scale) {
+float softmax_row(const RowMask& mask, float scale, int64_t n, float* s, M* p) {
   const VectorOps& ops = vector_ops();
   const RowVisibility vis = visibility(mask, n);
   const float mx = ops.masked_max(s, vis);
   if (mx == -std::numeric_limits<float>::infinity()) {  // no visible key (not possible causally)
     for (int64_t c = 0; c < n; ++c) store(0.0f, p + c);
-    row_scale = 0.0f;
     return mx;
   }
   const float m = mx * scale;  // scale > 0, so the max of the scaled scores
-  float sum;
+  const float sum = ops.exp_and_sum(s, n, scale, m, vis);
   if constexpr (std::is_same_v<M, float>)
-    sum = ops.exp_and_sum(s, n, scale, m, vis);
+    ops.scale(s, 1.0f / sum, n);
   else
-    sum = ops.exp_sum_to_bf16(s, n, scale, m, vis, p);
-  row_scale = 1.0f / sum;
+    ops.scale_to_bf16(s, 1.0f / sum, p, n);
   return m + std::log(sum);
 }
 
@@ -263,11 +246,11 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
     for (int64_t r = 0; r < rows; ++r) {
       // Soft-capping (Gemma 2): the row becomes cap * tanh(scale * s / cap); the softmax then runs with scale 1.
       if (cap > 0) vector_ops().soft_cap(w.s + r * n, n, scale, cap, nullptr);
-      lse_h[i0 + r] = softmax_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, n, w.s + r * n,
-                                  w.p + r * n, w.row_scale[r]);
+      lse_h[i0 + r] =
+          softmax_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, n, w.s + r * n, w.p + r * n);
     }
     matmul(block.rows_by_dim(), w.p, w.v + k0 * hd, w.rows_out, 0.0f);
-    unpack_rows(w.rows_out, rows, hd, out, s.ldo, token0 + i0, h, w.row_scale);
+    unpack_rows(w.rows_out, rows, hd, out, s.ldo, token0 + i0, h);
   }
 }
 

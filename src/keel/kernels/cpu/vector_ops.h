@@ -39,10 +39,6 @@ struct VectorOps {
   float (*masked_max)(const float* s, RowVisibility mask);
   // s[c] = visible ? exp(s[c]*scale - shift) : 0 for c < n; returns the sum.
   float (*exp_and_sum)(float* s, int64_t n, float scale, float shift, RowVisibility mask);
-  // The same exponentials written only as bf16, to p (s is left as it was); returns the sum of the
-  // unrounded ones, as exp_and_sum. bf16 attention's forward multiplies them by V unnormalised and
-  // divides the product's rows by the sum: no pass over the row to normalise it.
-  float (*exp_sum_to_bf16)(const float* s, int64_t n, float scale, float shift, RowVisibility mask, bf16* p);
   // Softmax backward from scores: p = visible ? exp(s*scale - lse) : 0, then s[c] = p and
   // dp[c] = scale * p * (dp[c] - delta), for c < n. Results below 1.2e-38 are flushed to zero
   // (denormals cost a microcode assist per lane; vector_ops.cpp).
