@@ -68,12 +68,13 @@ std::atomic<bool>& bf16_emulated() {
   return flag;
 }
 
-// The fp32 copies of a widened product's operand tiles (run_widened). Calls from outside a
-// parallel region (the decoder's projections and LM head, on all threads inside oneDNN) share one
-// pair of kWidenedOperandElements each, allocated whole on first use, so that the memory plan
-// counts it exactly (gemm_widened_operand_bytes); calls from inside one (attention's per-head
-// products, one thread each) use a pair of the thread's own, as large as its largest tile, at
-// most 0.5 MB at head_dim 64 and 1,024 keys. One pair per product shape, as before 2026-12-04,
+// The fp32 copies of a widened product's operand tiles (run_widened), per thread as the plans
+// are. A thread calling from outside a parallel region (the training thread: the decoder's
+// projections and LM head, on all threads inside oneDNN) holds a pair of kWidenedOperandElements
+// each, allocated whole on first use, so that the memory plan counts it exactly
+// (gemm_widened_operand_bytes); a call from inside one (attention's per-head products, one thread
+// each) uses a pair as large as the thread's largest tile, at most 0.5 MB at head_dim 64 and
+// 1,024 keys. One pair per product shape, as before 2026-12-04,
 // summed to ~600 MB on the bench model, outside the plan.
 struct WidenedOperands {
   std::vector<float> a, b;
@@ -85,12 +86,12 @@ struct WidenedOperands {
 
 WidenedOperands& widened_operands() {
   if (!in_parallel_region()) {
-    static WidenedOperands shared = [] {
+    thread_local WidenedOperands whole = [] {
       WidenedOperands w;
       w.reserve(kWidenedOperandElements, kWidenedOperandElements);
       return w;
     }();
-    return shared;
+    return whole;
   }
   thread_local WidenedOperands own;
   return own;
