@@ -610,7 +610,9 @@ def worker(a):
     if a.role == "workload":
         make_workload(a)
         res = python_versions()
-        res["torch_matmul_peak"] = {d: torch_matmul_peak(d) for d in sorted({a.dtype, "fp32"})}
+        # --dtype's, fp32 (what auto compares it with) and a forced --torch-dtype's
+        wanted = {a.dtype, "fp32"} | ({a.torch_dtype} - {"auto"})
+        res["torch_matmul_peak"] = {d: torch_matmul_peak(d) for d in sorted(wanted)}
     elif a.role == "trainer":
         res = trainer_peer(a)
     elif a.role == "torchtune":
@@ -660,7 +662,7 @@ def main():
     else:
         a.torch_dtype = a.dtype
         a.torch_dtype_reason = ""
-    torch_peak = torch_peaks[a.torch_dtype] if a.torch_dtype in torch_peaks else torch_peaks[a.dtype]
+    torch_peak = torch_peaks[a.torch_dtype]
     peak_flops = max(keel_peak, torch_peak)  # the machine's best measured GEMM, whichever library ran it
 
     print("keel %s | torch %s | transformers %s | accelerate %s | peft %s | numpy %s | Python %s"

@@ -74,8 +74,8 @@ std::atomic<bool>& bf16_emulated() {
 // each, allocated whole on first use, so that the memory plan counts it exactly
 // (gemm_widened_operand_bytes); a call from inside one (attention's per-head products, one thread
 // each) uses a pair as large as the thread's largest tile, at most 0.5 MB at head_dim 64 and
-// 1,024 keys. One pair per product shape, as before 2026-12-04,
-// summed to ~600 MB on the bench model, outside the plan.
+// 1,024 keys. (One pair per product shape, as before 2026-12-04, summed to ~600 MB on the bench
+// model, outside the plan.)
 struct WidenedOperands {
   std::vector<float> a, b;
   void reserve(size_t a_elements, size_t b_elements) {
@@ -104,18 +104,17 @@ int64_t widen(Trans t, const bf16* x, int64_t ld, int64_t r0, int64_t nr, int64_
   // Stored rows: op(X)'s rows (N) or its columns (T); each contributes `run` elements from `first`.
   const int64_t rows = t == Trans::N ? nr : nc, run = t == Trans::N ? nc : nr;
   const int64_t row0 = t == Trans::N ? r0 : c0, first = t == Trans::N ? c0 : r0;
-  if (run == ld) {
+  if (run == ld) {  // whole stored rows: one contiguous span
     convert_bf16_to_f32(x + row0 * ld, dst, size_t(rows * run));
-  } else {
-    parallel_for(rows, rows * run > (int64_t(1) << 16), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r)
-        for (int64_t c = 0; c < run; ++c) dst[r * run + c] = bf16_to_float(x[(row0 + r) * ld + first + c]);
-    });
+    return run;
   }
+  parallel_for(rows, rows * run > (int64_t(1) << 16), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) convert_bf16_to_f32(x + (row0 + r) * ld + first, dst + r * run, size_t(run));
+  });
   return run;
 }
 
-// op(X) of logical size rows x cols// op(X) of logical size rows x cols stored row-major with leading dimension ld.
+// op(X) of logical size rows x cols stored row-major with leading dimension ld.
 dnnl::memory::desc operand_desc(Trans t, int64_t rows, int64_t cols, int64_t ld, dnnl::memory::data_type dt) {
   dnnl::memory::dims dims{rows, cols};
   dnnl::memory::dims strides = t == Trans::N ? dnnl::memory::dims{ld, 1} : dnnl::memory::dims{1, ld};
