@@ -2,6 +2,8 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "keel/data/jinja/value.h"
@@ -44,6 +46,8 @@ struct Expr {
   // No call inside: evaluating it cannot run a macro, whose `set ns.x` may replace or move what
   // the interpreter is holding a reference to (Interpreter::ref). Set by parse_template.
   bool pure = true;
+  // name: its index in TemplateAst::symbols (set by parse_template), what scopes are keyed by.
+  int symbol = -1;
 };
 
 struct Node;
@@ -73,6 +77,10 @@ struct Node {
   std::string attribute;  // set ns.attribute
   std::vector<std::pair<std::string, ExprPtr>> params;
   Body body, else_body;
+  // The symbols (TemplateAst::symbols) of `targets`, of `params`' names and of a macro's name
+  // (`text`), set by parse_template.
+  std::vector<int> target_symbols, param_symbols;
+  int symbol = -1;
 };
 
 struct TemplateAst {
@@ -81,6 +89,18 @@ struct TemplateAst {
   // non-special added token as a control token when the template writes it.
   std::vector<std::string> literals;
   bool has_generation = false;
+  // Every name the template reads or binds, once: a variable, loop target, macro or parameter is
+  // looked up by its index here, an integer compare, instead of by its text at every use. A name
+  // the template never writes cannot be read by it either, so a scope holds only symbols.
+  std::vector<std::string> symbols;
+  std::unordered_map<std::string, int> symbol_index;
+  int symbol(const std::string& name) const {  // its index, -1 if the template has no such name
+    const auto it = symbol_index.find(name);
+    return it == symbol_index.end() ? -1 : it->second;
+  }
+  static constexpr int kLoop = 0, kCaller = 1;  // interned first in every template
+  // The built-in globals (raise_exception, namespace, ...) the template names, by symbol.
+  std::vector<std::pair<int, Value>> globals;
 };
 
 // The built-in filters and tests by name (builtins.cpp): an unknown one is a syntax error where

@@ -21,18 +21,6 @@ const Value* CallArgs::keyword(std::string_view name) const {
   return nullptr;
 }
 
-Value& Interpreter::Frame::operator[](std::string_view name) {
-  for (auto& [k, v] : items_)
-    if (same_name(k, name)) return v;
-  return items_.emplace_back(std::string(name), Value()).second;
-}
-
-const Value* Interpreter::Frame::find(std::string_view name) const {
-  for (const auto& [k, v] : items_)
-    if (same_name(k, name)) return &v;
-  return nullptr;
-}
-
 Interpreter::Interpreter(const TemplateAst& ast, const std::string& origin, const RenderLimits& limits)
     : ast_(ast), origin_(origin), limits_(limits) {}
 
@@ -47,15 +35,13 @@ void Interpreter::step() {
 
 Rendered Interpreter::run(const Dict& variables) {
   // The globals are stateless functions, never assigned to (sets go to the frames above): built once.
-  static const std::shared_ptr<Frame> globals = [] {
-    auto frame = std::make_shared<Frame>();
-    Dict builtins;
-    add_builtin_globals(builtins);
-    for (auto& [k, v] : builtins.items) (*frame)[k] = v;
-    return frame;
-  }();
+  // The template's own (TemplateAst::globals), few: copied into a frame of this rendering's.
+  auto globals = std::make_shared<Frame>(ast_.globals.size());
+  for (const auto& [symbol, v] : ast_.globals) (*globals)[symbol] = v;
+  // A variable the template never names cannot be read by it: not bound.
   auto top = std::make_shared<Frame>(variables.items.size());
-  for (const auto& [k, v] : variables.items) (*top)[k] = v;
+  for (const auto& [k, v] : variables.items)
+    if (const int symbol = ast_.symbol(k); symbol >= 0) (*top)[symbol] = v;
   frames_ = {globals, top};
   outputs_.assign(1, Str());
   // A conversation renders to a few kilobytes: grown from there, not from nothing byte-doubling.
@@ -72,7 +58,7 @@ void Interpreter::emit(const Str& s) { outputs_.back().append(s); }
 Value Interpreter::filtered_body(const Node& n) {
   // The parser wrote the filters as applied to a variable named "caller": bind it to the body.
   auto frame = std::make_shared<Frame>();
-  (*frame)["caller"] = Value(capture(n.body));
+  (*frame)[TemplateAst::kCaller] = Value(capture(n.body));
   frames_.push_back(frame);
   Value v = eval(*n.expr);
   frames_.pop_back();
@@ -87,18 +73,18 @@ Str Interpreter::capture(const Body& body) {
   return out;
 }
 
-const Value* Interpreter::find(std::string_view name) const {
+const Value* Interpreter::find(int symbol) const {
   for (auto it = frames_.rbegin(); it != frames_.rend(); ++it)
-    if (const Value* found = (*it)->find(name)) return found;
+    if (const Value* found = (*it)->find(symbol)) return found;
   return nullptr;
 }
 
-Value Interpreter::lookup(const std::string& name) const {
-  if (const Value* found = find(name)) return *found;
-  return Value::undefined(name);
+Value Interpreter::lookup(int symbol) const {
+  if (const Value* found = find(symbol)) return *found;
+  return Value::undefined(ast_.symbols[size_t(symbol)]);
 }
 
-void Interpreter::assign(const std::string& name, Value v) { (*frames_.back())[name] = std::move(v); }
+void Interpreter::assign(int symbol, Value v) { (*frames_.back())[symbol] = std::move(v); }
 
 namespace {
 
@@ -142,7 +128,7 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
     case Node::Kind::set: {
       Value v = eval(*n.expr);
       if (!n.attribute.empty()) {
-        Value target = lookup(n.targets[0]);
+        Value target = lookup(n.target_symbols[0]);
         if (target.kind() != Value::Kind::ns)
           error(n.line, fmt::format("cannot assign attribute '{}' on {}: only a namespace() takes attributes",
                                     n.attribute, target.type_name()));
@@ -150,16 +136,16 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
           error(n.line, "a namespace cannot store underscore-prefixed attributes");
         target.ns_dict().set(n.attribute, std::move(v));
       } else if (n.targets.size() == 1) {
-        assign(n.targets[0], std::move(v));
+        assign(n.target_symbols[0], std::move(v));
       } else {
         const List items = iteration_items(*this, v, n.line);  // a list, a string's characters, ...
         if (items.size() != n.targets.size())
           error(n.line, fmt::format("cannot unpack {} into {} names", v.type_name(), n.targets.size()));
-        for (size_t i = 0; i < n.targets.size(); ++i) assign(n.targets[i], items[i]);
+        for (size_t i = 0; i < n.targets.size(); ++i) assign(n.target_symbols[i], items[i]);
       }
       return Flow::normal;
     }
-    case Node::Kind::set_block: assign(n.targets[0], filtered_body(n)); return Flow::normal;
+    case Node::Kind::set_block: assign(n.target_symbols[0], filtered_body(n)); return Flow::normal;
     case Node::Kind::filter_block: emit(to_str(filtered_body(n))); return Flow::normal;
     case Node::Kind::macro: define_macro(n); return Flow::normal;
     case Node::Kind::call_block: {
@@ -174,7 +160,8 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
     }
     case Node::Kind::with_block: {
       auto frame = std::make_shared<Frame>();
-      for (const auto& [name, e] : n.params) (*frame)[name] = eval(*e);  // evaluated outside the new scope
+      for (size_t p = 0; p < n.params.size(); ++p)  // evaluated outside the new scope
+        (*frame)[n.param_symbols[p]] = eval(*n.params[p].second);
       frames_.push_back(frame);
       const Flow f = exec(n.body);
       frames_.pop_back();
@@ -257,12 +244,12 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
   frames_.push_back(frame);
   auto bind = [&](const Value& item) {
     if (n.targets.size() == 1) {
-      (*frame)[n.targets[0]] = item;
+      (*frame)[n.target_symbols[0]] = item;
       return;
     }
     if (!item.is_list() || item.as_list().size() != n.targets.size())
       error(n.line, fmt::format("cannot unpack {} into {} loop variables", item.type_name(), n.targets.size()));
-    for (size_t i = 0; i < n.targets.size(); ++i) (*frame)[n.targets[i]] = item.as_list()[i];
+    for (size_t i = 0; i < n.targets.size(); ++i) (*frame)[n.target_symbols[i]] = item.as_list()[i];
   };
   List filtered;
   if (n.condition) {
@@ -299,7 +286,7 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
     field[5].second = Value(i == length - 1);
     field[9].second = i > 0 ? items[size_t(i - 1)] : no_previtem;
     field[10].second = i + 1 < length ? items[size_t(i + 1)] : no_nextitem;
-    (*frame)["loop"] = loop;
+    (*frame)[TemplateAst::kLoop] = loop;
     const Flow f = exec(n.body);
     if (f == Flow::break_loop) break;
   }
@@ -318,7 +305,7 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
 
 void Interpreter::define_macro(const Node& n) {
   const Node* node = &n;
-  assign(n.text, Value::function(n.text, [node](Interpreter& in, CallArgs& args) {
+  assign(n.symbol, Value::function(n.text, [node](Interpreter& in, CallArgs& args) {
            if (++in.depth_ > in.limits_.max_call_depth) {
              --in.depth_;
              in.error(node->line, fmt::format("macro calls nested deeper than {}", in.limits_.max_call_depth));
@@ -328,12 +315,11 @@ void Interpreter::define_macro(const Node& n) {
            in.frames_ = {saved[0], saved[1], frame};
            for (size_t p = 0; p < node->params.size(); ++p) {
              const auto& [name, def] = node->params[p];
-             if (p < args.positional.size())
-               (*frame)[name] = args.positional[p];
-             else if (const Value* v = args.keyword(name))
-               (*frame)[name] = *v;
-             else
-               (*frame)[name] = def ? in.eval(*def) : Value::undefined(name);
+             Value v = p < args.positional.size()      ? args.positional[p]
+                       : args.keyword(name) != nullptr ? *args.keyword(name)
+                       : def                           ? in.eval(*def)
+                                                       : Value::undefined(name);
+             (*frame)[node->param_symbols[p]] = std::move(v);
            }
            if (args.positional.size() > node->params.size())
              in.error(node->line, fmt::format("macro '{}' takes {} arguments, {} given", node->text,
@@ -342,7 +328,7 @@ void Interpreter::define_macro(const Node& n) {
              bool known = k == "caller";
              for (const auto& [name, def] : node->params) known = known || name == k;
              if (!known) in.error(node->line, fmt::format("macro '{}' has no argument '{}'", node->text, k));
-             if (k == "caller") (*frame)["caller"] = v;
+             if (k == "caller") (*frame)[TemplateAst::kCaller] = v;
            }
            Str out;
            try {
@@ -529,7 +515,7 @@ Value Interpreter::eval(const Expr& e) {
   line_ = e.line;
   switch (e.kind) {
     case Expr::Kind::literal: return e.value;
-    case Expr::Kind::name: return lookup(e.name);
+    case Expr::Kind::name: return lookup(e.symbol);
     case Expr::Kind::list:
     case Expr::Kind::tuple: {
       List items;
@@ -654,7 +640,7 @@ const Value& Interpreter::ref(const Expr& e, Value& scratch) {
   switch (e.kind) {
     case Expr::Kind::literal: step(); return e.value;
     case Expr::Kind::name:
-      if (const Value* v = find(e.name)) {
+      if (const Value* v = find(e.symbol)) {
         step();
         return *v;
       }
@@ -906,6 +892,14 @@ Template::Template(std::string source, std::string origin) : source_(std::move(s
   } catch (const Error& e) {
     fail("{}: {}", origin_, e.what());
   }
+  // The built-in globals are stateless functions: the ones this template names, resolved once.
+  static const Dict builtins = [] {
+    Dict d;
+    add_builtin_globals(d);
+    return d;
+  }();
+  for (const auto& [name, v] : builtins.items)
+    if (const int symbol = ast_->symbol(name); symbol >= 0) ast_->globals.emplace_back(symbol, v);
 }
 
 Template::~Template() = default;

@@ -43,19 +43,28 @@ class Interpreter {
 
  private:
   enum class Flow { normal, break_loop, continue_loop };
-  // A scope's names. Scopes hold few (a loop's target and `loop`, a macro's parameters, the
-  // template's variables), so a flat list searched in order beats a tree, and clear() keeps the
-  // storage for the next loop iteration: no allocation per name set.
+  // A scope's names, by symbol (TemplateAst::symbols). Scopes hold few (a loop's target and
+  // `loop`, a macro's parameters, the template's variables), so a flat list searched in order
+  // beats a tree, and clear() keeps the storage for the next loop iteration: no allocation per
+  // name set.
   class Frame {
    public:
     // Room for a loop's or a macro's few names, or the template's variables: no growth as they come.
     explicit Frame(size_t capacity = 4) { items_.reserve(capacity); }
-    Value& operator[](std::string_view name);  // the name's value, undefined when new
-    const Value* find(std::string_view name) const;
+    Value& operator[](int symbol) {  // the name's value, undefined when new
+      for (auto& [k, v] : items_)
+        if (k == symbol) return v;
+      return items_.emplace_back(symbol, Value()).second;
+    }
+    const Value* find(int symbol) const {
+      for (const auto& [k, v] : items_)
+        if (k == symbol) return &v;
+      return nullptr;
+    }
     void clear() { items_.clear(); }
 
    private:
-    std::vector<std::pair<std::string, Value>> items_;
+    std::vector<std::pair<int, Value>> items_;
   };
 
   // What a for loop reuses from the last loop at its depth (for_loop).
@@ -86,9 +95,9 @@ class Interpreter {
   struct Chain;
   void chain(const Expr& e, std::string_view op, Chain& c);
   bool compare(const Expr& e);
-  const Value* find(std::string_view name) const;
-  Value lookup(const std::string& name) const;
-  void assign(const std::string& name, Value v);
+  const Value* find(int symbol) const;
+  Value lookup(int symbol) const;  // undefined, naming it, when no scope has it
+  void assign(int symbol, Value v);
   void emit(const Str& s);
   void emit(std::string_view template_text);
   // Renders `body` into a string instead of the output (macros, set blocks, filter blocks).

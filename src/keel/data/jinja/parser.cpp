@@ -685,11 +685,52 @@ void mark_purity(Body& body) {
   }
 }
 
+// Gives every name a symbol (TemplateAst::symbols), "loop" and "caller" first.
+class SymbolResolver {
+ public:
+  explicit SymbolResolver(TemplateAst& ast) : ast_(ast) {
+    intern("loop");
+    intern("caller");
+  }
+  void resolve(Body& body) {
+    for (Node& n : body) {
+      for (Expr* e : {n.expr.get(), n.condition.get()})
+        if (e) resolve(*e);
+      n.target_symbols.clear();
+      for (const std::string& t : n.targets) n.target_symbols.push_back(intern(t));
+      n.param_symbols.clear();
+      for (auto& [name, e] : n.params) {
+        n.param_symbols.push_back(intern(name));
+        if (e) resolve(*e);
+      }
+      if (n.kind == Node::Kind::macro) n.symbol = intern(n.text);
+      resolve(n.body);
+      resolve(n.else_body);
+    }
+  }
+
+ private:
+  void resolve(Expr& e) {
+    if (e.kind == Expr::Kind::name) e.symbol = intern(e.name);
+    for (auto& a : e.args)
+      if (a) resolve(*a);
+    for (auto& [name, a] : e.kwargs)
+      if (a) resolve(*a);
+  }
+  int intern(const std::string& name) {
+    const auto [it, added] = ast_.symbol_index.emplace(name, int(ast_.symbols.size()));
+    if (added) ast_.symbols.push_back(name);
+    return it->second;
+  }
+  TemplateAst& ast_;
+};
+
 }  // namespace
 
 TemplateAst parse_template(std::string_view source) {
   TemplateAst ast = Parser(tokenize_template(source)).run();
   mark_purity(ast.body);
+  SymbolResolver(ast).resolve(ast.body);
   return ast;
 }
 
