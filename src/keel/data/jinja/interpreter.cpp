@@ -28,9 +28,8 @@ void Interpreter::error(int line, const std::string& what) const {
   fail("{} line {}: {}", origin_, line > 0 ? line : line_, what);
 }
 
-void Interpreter::step() {
-  if (++steps_ > limits_.max_steps)
-    fail("{}: rendering stopped after {} steps (a template must finish in bounded work)", origin_, limits_.max_steps);
+void Interpreter::too_many_steps() const {
+  fail("{}: rendering stopped after {} steps (a template must finish in bounded work)", origin_, limits_.max_steps);
 }
 
 Rendered Interpreter::run(const Dict& variables) {
@@ -73,15 +72,9 @@ Str Interpreter::capture(const Body& body) {
   return out;
 }
 
-const Value* Interpreter::find(int symbol) const {
-  for (auto it = frames_.rbegin(); it != frames_.rend(); ++it)
-    if (const Value* found = (*it)->find(symbol)) return found;
-  return nullptr;
-}
-
 Value Interpreter::lookup(int symbol) const {
   if (const Value* found = find(symbol)) return *found;
-  return Value::undefined(ast_.symbols[size_t(symbol)]);
+  return Value::undefined_borrowing(ast_.symbols[size_t(symbol)]);
 }
 
 void Interpreter::assign(int symbol, Value v) { (*frames_.back())[symbol] = std::move(v); }
@@ -233,10 +226,10 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
     // One `loop` object whose fields each iteration updates in place, as Jinja's LoopContext is
     // one object: nothing is built per iteration (a dict of 12 fields was).
     Dict fields;
-    fields.items = {{"index", Value()},     {"index0", Value()},          {"revindex", Value()},
-                    {"revindex0", Value()}, {"first", Value()},           {"last", Value()},
-                    {"length", Value()},    {"depth", Value(int64_t(1))}, {"depth0", Value(int64_t(0))},
-                    {"previtem", Value()},  {"nextitem", Value()},        {"cycle", cycle}};
+    const Value zero(int64_t(0)), no(false);
+    fields.items = {{"index", zero},  {"index0", zero}, {"revindex", zero}, {"revindex0", zero},
+                    {"first", no},    {"last", no},     {"length", zero},   {"depth", Value(int64_t(1))},
+                    {"depth0", zero}, {"previtem", {}}, {"nextitem", {}},   {"cycle", cycle}};
     state.loop = Value(std::move(fields));
     state.index = std::move(counter);
   }
@@ -265,7 +258,7 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
   const Value& loop = state.loop;
   int64_t* const index = state.index.get();
   auto& field = loop.ns_dict().items;
-  field[6].second = Value(length);
+  field[6].second.set_number(length);
   // Nested loops (in the body, or in the macros it calls) take the next depth's state; undone on
   // the way out, an exception included.
   struct Deeper {
@@ -278,12 +271,12 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
     step();          // an iteration is work even when its body is empty
     frame->clear();  // a loop body's `set`s do not outlive the iteration
     bind(items[size_t(i)]);
-    field[0].second = Value(i + 1);
-    field[1].second = Value(i);
-    field[2].second = Value(length - i);
-    field[3].second = Value(length - i - 1);
-    field[4].second = Value(i == 0);
-    field[5].second = Value(i == length - 1);
+    field[0].second.set_number(i + 1);
+    field[1].second.set_number(i);
+    field[2].second.set_number(length - i);
+    field[3].second.set_number(length - i - 1);
+    field[4].second.set_bool(i == 0);
+    field[5].second.set_bool(i == length - 1);
     field[9].second = i > 0 ? items[size_t(i - 1)] : no_previtem;
     field[10].second = i + 1 < length ? items[size_t(i + 1)] : no_nextitem;
     (*frame)[TemplateAst::kLoop] = loop;
@@ -368,20 +361,21 @@ Value named_method(const Value& object, const std::string& name) {
 
 }  // namespace
 
-Value Interpreter::attribute(const Value& object, const std::string& name, int line) {
+Value Interpreter::attribute(const Value& object, const std::string& name, int line, bool name_in_template) {
+  auto missing = [&] { return name_in_template ? Value::undefined_borrowing(name) : Value::undefined(name); };
   switch (object.kind()) {
     case Value::Kind::undefined:
       error(line, fmt::format("'{}' is undefined (reading its attribute '{}')", object.undefined_name(), name));
     case Value::Kind::ns: {
       const Value* v = static_cast<const Dict&>(object.ns_dict()).find(name);
-      return v ? *v : Value::undefined(name);
+      return v ? *v : missing();
     }
     case Value::Kind::dict: {
       // Python's getattr first: a dict's methods shadow its keys (message.items is the method).
       Value method = builtin_method(object, name);
       if (!method.is_undefined()) return method;
       const Value* v = object.as_dict().find(name);
-      return v ? *v : Value::undefined(name);
+      return v ? *v : missing();
     }
     default: return named_method(object, name);
   }
@@ -534,7 +528,7 @@ Value Interpreter::eval(const Expr& e) {
     }
     case Expr::Kind::attribute: {
       Value scratch;
-      return attribute(ref(*e.args[0], scratch), e.name, e.line);
+      return attribute(ref(*e.args[0], scratch), e.name, e.line, true);
     }
     case Expr::Kind::item: {
       Value object_scratch, key_scratch;
@@ -585,7 +579,7 @@ Value Interpreter::eval(const Expr& e) {
       Value object_scratch;
       const Value& object = keep_across(ref(*target.args[0], object_scratch), object_scratch, arguments_pure(e));
       step();  // the attribute's own evaluation
-      Value callee = object.is_string() ? Value() : attribute(object, target.name, target.line);
+      Value callee = object.is_string() ? Value() : attribute(object, target.name, target.line, true);
       CallArgs args = arguments(e);
       Value result;
       if (object.is_string() && call_string_method(*this, object, target.name, args, result)) return result;
@@ -636,15 +630,8 @@ Value Interpreter::eval(const Expr& e) {
   return Value::undefined();
 }
 
-const Value& Interpreter::ref(const Expr& e, Value& scratch) {
+const Value& Interpreter::ref_compound(const Expr& e, Value& scratch) {
   switch (e.kind) {
-    case Expr::Kind::literal: step(); return e.value;
-    case Expr::Kind::name:
-      if (const Value* v = find(e.symbol)) {
-        step();
-        return *v;
-      }
-      break;  // undefined: eval names it
     case Expr::Kind::attribute: {
       Value object_scratch;
       const Value& object = ref(*e.args[0], object_scratch);
@@ -653,7 +640,7 @@ const Value& Interpreter::ref(const Expr& e, Value& scratch) {
       // A value inside the object outlives this call only when the object does.
       if (&object != &object_scratch)
         if (const Value* v = attribute_in_place(object, e.name)) return *v;
-      scratch = attribute(object, e.name, e.line);
+      scratch = attribute(object, e.name, e.line, true);
       return scratch;
     }
     case Expr::Kind::item: {

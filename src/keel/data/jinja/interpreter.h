@@ -29,14 +29,18 @@ class Interpreter {
   Value call(const Value& callee, CallArgs& args, int line);
   Value apply_filter(const std::string& name, const Value& subject, CallArgs& args, int line);
   bool apply_test(const std::string& name, const Value& subject, CallArgs& args, int line);
-  Value attribute(const Value& object, const std::string& name, int line);
+  // `name_in_template`: `name` is the template's own text (an Expr's), so an undefined result may
+  // borrow it rather than copy it.
+  Value attribute(const Value& object, const std::string& name, int line, bool name_in_template = false);
   Value item(const Value& object, const Value& key, int line);
   // What attribute() and item() would return when it is a value held inside `object` (a dict's
   // key, a namespace's attribute, a list's element), else null: read where it is, not copied.
   static const Value* attribute_in_place(const Value& object, std::string_view name);
   static const Value* item_in_place(const Value& object, const Value& key);
   // counts one unit of work against the limit
-  void step();
+  void step() {
+    if (++steps_ > limits_.max_steps) too_many_steps();
+  }
   [[noreturn]] void error(int line, const std::string& what) const;
   const std::string& origin() const { return origin_; }
   int line() const { return line_; }  // of the expression evaluated last
@@ -74,6 +78,7 @@ class Interpreter {
     std::shared_ptr<int64_t> index;  // the iteration loop.cycle reads
   };
 
+  [[noreturn]] void too_many_steps() const;
   Flow exec(const Body& body);
   Flow exec(const Node& node);
   Flow for_loop(const Node& node);
@@ -84,7 +89,20 @@ class Interpreter {
   // until the next call runs: expressions assign no variable, but a macro's `set ns.x` replaces
   // namespace attributes, so a caller that evaluates an impure sibling (Expr::pure) after taking
   // the reference copies it first (keep_across in interpreter.cpp).
-  const Value& ref(const Expr& e, Value& scratch);
+  const Value& ref(const Expr& e, Value& scratch) {
+    // A literal or a bound name, most of what a template reads, here; the rest out of line.
+    if (e.kind == Expr::Kind::literal) {
+      step();
+      return e.value;
+    }
+    if (e.kind == Expr::Kind::name)
+      if (const Value* v = find(e.symbol)) {
+        step();
+        return *v;
+      }  // else undefined: eval names it
+    return ref_compound(e, scratch);
+  }
+  const Value& ref_compound(const Expr& e, Value& scratch);  // ref() of anything else
   CallArgs arguments(const Expr& e);
   Value binary(const Expr& e);
   Value binary(std::string_view op, Value a, Value b, int line);
@@ -95,7 +113,11 @@ class Interpreter {
   struct Chain;
   void chain(const Expr& e, std::string_view op, Chain& c);
   bool compare(const Expr& e);
-  const Value* find(int symbol) const;
+  const Value* find(int symbol) const {
+    for (auto it = frames_.rbegin(); it != frames_.rend(); ++it)
+      if (const Value* found = (*it)->find(symbol)) return found;
+    return nullptr;
+  }
   Value lookup(int symbol) const;  // undefined, naming it, when no scope has it
   void assign(int symbol, Value v);
   void emit(const Str& s);

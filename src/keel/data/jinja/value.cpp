@@ -92,9 +92,17 @@ Str Value::take_str() && {
   return as_str();
 }
 
+Value Value::undefined_borrowing(const std::string& name) {
+  Value v;
+  v.i_ = int64_t(reinterpret_cast<intptr_t>(&name));
+  return v;
+}
+
 const std::string& Value::undefined_name() const {
   static const std::string unnamed;
-  return kind_ == Kind::undefined && p_ ? *static_cast<const std::string*>(p_.get()) : unnamed;
+  if (kind_ != Kind::undefined) return unnamed;
+  if (p_) return *static_cast<const std::string*>(p_.get());
+  return i_ ? *reinterpret_cast<const std::string*>(intptr_t(i_)) : unnamed;
 }
 
 Value Value::none() {
@@ -103,9 +111,6 @@ Value Value::none() {
   return v;
 }
 
-Value::Value(bool b) : kind_(Kind::boolean), i_(b) {}
-Value::Value(int64_t i) : kind_(Kind::integer), i_(i) {}
-Value::Value(double d) : kind_(Kind::real), d_(d) {}
 Value::Value(Str s) : kind_(Kind::string), p_(std::make_shared<const Str>(std::move(s))) {}
 Value::Value(List l, bool tuple) : kind_(Kind::list), tuple_(tuple), p_(std::make_shared<const List>(std::move(l))) {}
 Value::Value(Dict d) : kind_(Kind::dict), p_(std::make_shared<Dict>(std::move(d))) {}

@@ -100,11 +100,15 @@ class Value {
 
   Value() = default;  // undefined
   static Value undefined(std::string name = {});
+  // An undefined naming a string that outlives it (a name in the template's syntax tree, which
+  // outlives every rendering): nothing allocated for a lookup that misses.
+  static Value undefined_borrowing(const std::string& name);
   static Value none();
-  Value(bool b);
-  Value(int64_t i);
+  // Inline: loops and comparisons make numbers and booleans at every step.
+  Value(bool b) : kind_(Kind::boolean), i_(b) {}
+  Value(int64_t i) : kind_(Kind::integer), i_(i) {}
   Value(int i) : Value(int64_t(i)) {}
-  Value(double d);
+  Value(double d) : kind_(Kind::real), d_(d) {}
   Value(Str s);
   Value(std::string s) : Value(Str(std::move(s))) {}
   Value(const char* s) : Value(Str(std::string(s))) {}
@@ -164,6 +168,19 @@ class Value {
   }
   const std::string& undefined_name() const;
 
+  // Overwrites a number or boolean held here with another, in place (a for loop's counters, once
+  // per iteration): nothing to construct, move or release.
+  void set_number(int64_t i) {
+    expect(p_ == nullptr && kind_ != Kind::undefined, "number");
+    kind_ = Kind::integer;
+    i_ = i;
+  }
+  void set_bool(bool b) {
+    expect(p_ == nullptr && kind_ != Kind::undefined, "bool");
+    kind_ = Kind::boolean;
+    i_ = b;
+  }
+
   bool truthy() const;
   // The object behind a container or callable (Python's `is`).
   const void* identity() const { return p_.get(); }
@@ -184,7 +201,8 @@ class Value {
     int64_t i_ = 0;  // boolean, integer
     double d_;       // real
   };
-  // string: Str, list: List, dict/ns: Dict, callable: Callable, undefined: its name (std::string)
+  // string: Str, list: List, dict/ns: Dict, callable: Callable, undefined: its name (std::string),
+  // unless i_ holds the address of a borrowed one (undefined_borrowing)
   std::shared_ptr<const void> p_;
 };
 
