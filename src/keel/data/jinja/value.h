@@ -40,9 +40,69 @@ struct Run {
 };
 constexpr int kOtherData = -1;
 
+// A string's runs, in one contiguous array. Nearly every string has none or one (a message's
+// text, or a template string), so one run is held in place and only a second moves them all to
+// the heap: a marked string costs no allocation for its marks, and neither does copying it.
+class Runs {
+ public:
+  Runs() = default;
+  Runs(const Runs& other) : one_(other.one_), size_(other.size_), many_(other.many_) {}
+  Runs(Runs&& other) noexcept : one_(other.one_), size_(std::exchange(other.size_, 0)), many_(std::move(other.many_)) {}
+  Runs& operator=(const Runs& other) {
+    one_ = other.one_;
+    size_ = other.size_;
+    many_ = other.many_;
+    return *this;
+  }
+  Runs& operator=(Runs&& other) noexcept {
+    one_ = other.one_;
+    size_ = std::exchange(other.size_, 0);
+    many_ = std::move(other.many_);
+    return *this;
+  }
+
+  Run* begin() { return size_ <= 1 ? &one_ : many_.data(); }
+  Run* end() { return begin() + size_; }
+  const Run* begin() const { return size_ <= 1 ? &one_ : many_.data(); }
+  const Run* end() const { return begin() + size_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  Run& front() { return *begin(); }
+  const Run& front() const { return *begin(); }
+  Run& back() { return begin()[size_ - 1]; }
+  const Run& back() const { return begin()[size_ - 1]; }
+  void push_back(const Run& r) {
+    if (size_ == 0) {
+      one_ = r;
+    } else {
+      if (size_ == 1) many_.assign(1, one_);
+      many_.push_back(r);
+    }
+    ++size_;
+  }
+  void pop_back() {
+    if (--size_ >= 1) {
+      many_.pop_back();
+      if (size_ == 1) one_ = many_[0];
+    }
+  }
+  void reserve(size_t n) {
+    if (n > 1) many_.reserve(n);
+  }
+  void clear() {
+    size_ = 0;
+    many_.clear();
+  }
+
+ private:
+  Run one_{};
+  size_t size_ = 0;
+  std::vector<Run> many_;  // every run when there are two or more
+};
+
 struct Str {
   std::string text;
-  std::vector<Run> runs;  // sorted, disjoint, non-empty
+  Runs runs;  // sorted, disjoint, non-empty
 
   Str() = default;
   Str(std::string t) : text(std::move(t)) {}
