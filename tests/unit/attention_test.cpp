@@ -10,6 +10,7 @@
 #include "keel/core/error.h"
 #include "keel/core/threads.h"
 #include "keel/kernels/attention.h"
+#include "keel/kernels/gemm.h"
 #include "keel/kernels/reference/attention.h"
 
 namespace keel::kernels {
@@ -59,21 +60,22 @@ struct FusedAttention {
   }
   // The blocked (GEMM) kernels on float data, with a workspace sized for the current threads.
   void forward_blocked(AttentionMatmul precision, const std::vector<float>& buf, std::vector<float>& out,
-                       std::vector<float>& lse) const {
+                       std::vector<float>& lse, Bf16Operands operands = Bf16Operands::automatic) const {
     out.assign(out_size(), 0.0f);
     lse.assign(lse_size(), 0.0f);
-    std::vector<char> ws(attention_workspace_bytes(shape, precision, max_threads()));
+    std::vector<char> ws(attention_workspace_bytes(shape, precision, max_threads(), operands));
     attention_forward_blocked(shape, precision, buf.data() + q_offset, buf.data() + k_offset, buf.data() + v_offset,
-                              segment_ids(), out.data(), lse.data(), ws.data(), ws.size());
+                              segment_ids(), out.data(), lse.data(), ws.data(), ws.size(), operands);
   }
   std::vector<float> backward_blocked(AttentionMatmul precision, const std::vector<float>& buf,
                                       const std::vector<float>& out, const std::vector<float>& lse,
-                                      const std::vector<float>& dout) const {
+                                      const std::vector<float>& dout,
+                                      Bf16Operands operands = Bf16Operands::automatic) const {
     std::vector<float> grad(buf.size(), 0.0f);
-    std::vector<char> ws(attention_workspace_bytes(shape, precision, max_threads()));
+    std::vector<char> ws(attention_workspace_bytes(shape, precision, max_threads(), operands));
     attention_backward_blocked(shape, precision, buf.data() + q_offset, buf.data() + k_offset, buf.data() + v_offset,
                                segment_ids(), out.data(), lse.data(), dout.data(), grad.data() + q_offset,
-                               grad.data() + k_offset, grad.data() + v_offset, ws.data(), ws.size());
+                               grad.data() + k_offset, grad.data() + v_offset, ws.data(), ws.size(), operands);
     return grad;
   }
   // Indices of qkv that hold data (not row padding).
@@ -418,6 +420,43 @@ TEST(AttentionBlocked, IdenticalForOneAndTwoThreads) {
     ASSERT_EQ(outs[0], outs[1]);
     ASSERT_EQ(std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)), 0);
   }
+}
+
+// bf16 operands held widened (fp32 rounded to bf16 values) against packed bf16 ones. Where
+// gemm_bf16 widens its inputs (no bf16 matmul on this CPU) the two are the same fp32 products of
+// the same values: identical bits. Where the CPU multiplies bf16 natively, its kernels sum in
+// another order: the same within fp32 accumulation.
+void expect_widened_operands_match_packed(const FusedAttention& a) {
+  const std::vector<float> buf = test::to_float(a.qkv), dout = test::to_float(a.loss_weights(57));
+  std::vector<float> out[2], lse[2], grad[2];
+  const Bf16Operands holding[2] = {Bf16Operands::packed, Bf16Operands::widened};
+  for (int m = 0; m < 2; ++m) {
+    a.forward_blocked(AttentionMatmul::BF16, buf, out[m], lse[m], holding[m]);
+    grad[m] = a.backward_blocked(AttentionMatmul::BF16, buf, out[m], lse[m], dout, holding[m]);
+  }
+  if (!bf16_matmul_native()) {
+    ASSERT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
+    ASSERT_EQ(std::memcmp(lse[0].data(), lse[1].data(), lse[0].size() * sizeof(float)), 0);
+    ASSERT_EQ(std::memcmp(grad[0].data(), grad[1].data(), grad[0].size() * sizeof(float)), 0);
+  } else {
+    EXPECT_LT(relative_l2(out[1], out[0], output_indices(a)), 1e-5);
+    EXPECT_LT(relative_l2(grad[1], grad[0], a.data_indices()), 1e-5);
+  }
+  // And not the fp32 kernel's results: the rounding to bf16 happened.
+  std::vector<float> out_f32, lse_f32;
+  a.forward_blocked(AttentionMatmul::F32, buf, out_f32, lse_f32);
+  EXPECT_GT(relative_l2(out[1], out_f32, output_indices(a)), 1e-4);
+}
+
+TEST(AttentionBlocked, WidenedBf16OperandsGiveThePackedOperandsResults) {
+  FusedAttention gqa(2, 150, 4, 2, 16, 58);
+  gqa.segments = packed_segments(2, {100, 50});
+  expect_widened_operands_match_packed(gqa);
+  for_each_window(FusedAttention(1, 200, 4, 2, 8, 59), {0, 30}, {40, 90, 25, 45}, [](FusedAttention a) {
+    expect_widened_operands_match_packed(a);
+    a.shape.softcap = 1.2;  // the capped backward rounds after the slope
+    expect_widened_operands_match_packed(a);
+  });
 }
 
 TEST(AttentionBlocked, RefusesASmallWorkspace) {

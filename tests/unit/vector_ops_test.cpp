@@ -1,6 +1,7 @@
 // The row kernels of every instruction-set level this CPU has, against double-precision formulas.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -133,6 +134,44 @@ TEST(VectorOps, SoftmaxGradToBf16IsSoftmaxGradThenTheConversion) {
         for (int64_t c = 0; c < n; ++c) {
           ASSERT_EQ(p[size_t(c)].bits, want_p[size_t(c)].bits) << "n " << n << " c " << c;
           ASSERT_EQ(ds[size_t(c)].bits, want_ds[size_t(c)].bits) << "n " << n << " c " << c;
+        }
+      }
+    }
+  }
+}
+
+TEST(VectorOps, RoundedBf16RowsAreTheBf16RowsWidened) {
+  // Where bf16 products widen their inputs, attention keeps its bf16 operands widened: the fp32
+  // values must be exactly the bf16 ones scale_to_bf16 and softmax_grad_to_bf16 write.
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const VectorOps& ops = vector_ops_for(isa);
+    for (int64_t n : {1, 15, 16, 17, 64, 200}) {
+      const size_t count = static_cast<size_t>(n);
+      std::vector<float> s0 = uniform(count, -6.0f, 3.0f, uint32_t(n)),
+                         dp0 = uniform(count, -1.0f, 1.0f, uint32_t(n + 1));
+      s0[0] = std::numeric_limits<float>::quiet_NaN();  // kept a NaN, as the conversion keeps it
+      std::vector<bf16> want(count);
+      ops.scale_to_bf16(s0.data(), 0.3f, want.data(), n);
+      std::vector<float> got(count), in_place = s0;
+      ops.scale_round_bf16(s0.data(), 0.3f, got.data(), n);
+      ops.scale_round_bf16(in_place.data(), 0.3f, in_place.data(), n);
+      for (int64_t c = 0; c < n; ++c) {
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(c)]), uint32_t(want[size_t(c)].bits) << 16) << n << " " << c;
+        ASSERT_EQ(std::bit_cast<uint32_t>(in_place[size_t(c)]), uint32_t(want[size_t(c)].bits) << 16);
+      }
+      s0[0] = -2.0f;
+      std::vector<int32_t> seg(count);
+      for (int64_t c = 0; c < n; ++c) seg[size_t(c)] = int32_t(c / 5 % 2);
+      for (const RowVisibility vis : {RowVisibility{n, nullptr, 0}, RowVisibility{n - n / 3, nullptr, 0},
+                                      RowVisibility{n, seg.data(), 1}, RowVisibility{n, nullptr, 0, n / 2}}) {
+        std::vector<bf16> want_p(count), want_ds(count);
+        ops.softmax_grad_to_bf16(s0.data(), dp0.data(), n, 0.125f, 0.75f, -0.2f, vis, want_p.data(), want_ds.data());
+        std::vector<float> s = s0, dp = dp0;
+        ops.softmax_grad_round_bf16(s.data(), dp.data(), n, 0.125f, 0.75f, -0.2f, vis);
+        for (int64_t c = 0; c < n; ++c) {
+          ASSERT_EQ(std::bit_cast<uint32_t>(s[size_t(c)]), uint32_t(want_p[size_t(c)].bits) << 16) << n << " " << c;
+          ASSERT_EQ(std::bit_cast<uint32_t>(dp[size_t(c)]), uint32_t(want_ds[size_t(c)].bits) << 16) << n << " " << c;
         }
       }
     }

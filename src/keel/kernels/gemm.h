@@ -21,8 +21,8 @@ void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta);
 // fp32 at once (gemm.cpp: run_widened cuts larger products into tiles).
 constexpr size_t kWidenedOperandElements = size_t(4) << 20;
 // The fp32 operand tiles the products of a run in `bf16` hold outside any plan's arena, for the
-// memory plan: 32 MiB where oneDNN has no bf16 matmul on this CPU, else 0 (attention's per-thread
-// tiles, 0.5 MB a thread, are in the measured runtime).
+// memory plan: 32 MiB where oneDNN has no bf16 matmul on this CPU, else 0. (Attention's products
+// widen nothing there: it holds its bf16 operands widened in its own workspace, attention.h.)
 size_t gemm_widened_operand_bytes(bool bf16);
 // True once some gemm_bf16 call had to widen its inputs (reported with the run's kernels).
 bool gemm_bf16_emulated();

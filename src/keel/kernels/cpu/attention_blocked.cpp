@@ -128,16 +128,22 @@ struct ThreadScratch {
   }
 };
 
-// Copies one head's [seq, head_dim] slice of a strided [tokens, ld] buffer into packed rows.
+// Copies one head's [seq, head_dim] slice of a strided [tokens, ld] buffer into packed rows (fp32
+// rows rounded to bf16 values when `widened`).
 template <typename M>
-void pack_head(const float* base, int64_t ld, int64_t token0, int64_t head, int64_t seq, int64_t head_dim, M* dst) {
+void pack_head(const float* base, int64_t ld, int64_t token0, int64_t head, int64_t seq, int64_t head_dim, M* dst,
+               bool widened) {
   const VectorOps& ops = vector_ops();
   for (int64_t t = 0; t < seq; ++t) {
     const float* row = base + (token0 + t) * ld + head * head_dim;
-    if constexpr (std::is_same_v<M, float>)
-      std::memcpy(dst + t * head_dim, row, sizeof(float) * size_t(head_dim));
-    else
+    if constexpr (std::is_same_v<M, float>) {
+      if (widened)
+        ops.scale_round_bf16(row, 1.0f, dst + t * head_dim, head_dim);
+      else
+        std::memcpy(dst + t * head_dim, row, sizeof(float) * size_t(head_dim));
+    } else {
       ops.scale_to_bf16(row, 1.0f, dst + t * head_dim, head_dim);
+    }
   }
 }
 
@@ -186,10 +192,10 @@ RowVisibility visibility(const RowMask& mask, int64_t n) {
 }
 
 // Forward softmax of one row of scores s[0, n): p = exp(scale*s - m) / sum over visible keys,
-// written to p (the GEMM input type; in fp32, p is s itself). Returns the row's log-sum-exp
-// (-inf when nothing is visible).
+// written to p (the GEMM input type; in fp32, p is s itself, rounded to bf16 values when
+// `widened`). Returns the row's log-sum-exp (-inf when nothing is visible).
 template <typename M>
-float softmax_row(const RowMask& mask, float scale, int64_t n, float* s, M* p) {
+float softmax_row(const RowMask& mask, float scale, int64_t n, float* s, M* p, bool widened) {
   const VectorOps& ops = vector_ops();
   const RowVisibility vis = visibility(mask, n);
   const float mx = ops.masked_max(s, vis);
@@ -199,45 +205,57 @@ float softmax_row(const RowMask& mask, float scale, int64_t n, float* s, M* p) {
   }
   const float m = mx * scale;  // scale > 0, so the max of the scaled scores
   const float sum = ops.exp_and_sum(s, n, scale, m, vis);
-  if constexpr (std::is_same_v<M, float>)
-    ops.scale(s, 1.0f / sum, n);
-  else
+  if constexpr (std::is_same_v<M, float>) {
+    if (widened)
+      ops.scale_round_bf16(s, 1.0f / sum, s, n);
+    else
+      ops.scale(s, 1.0f / sum, n);
+  } else {
     ops.scale_to_bf16(s, 1.0f / sum, p, n);
+  }
   return m + std::log(sum);
 }
 
 // Backward of one row: p = exp(scale*s - lse) over visible keys, ds = scale * p * (dp - delta),
-// computed in place in fp32 (s becomes p, dp becomes ds), then converted to the GEMM input type.
-// With soft-capping, s is already capped (scale 1) and ds is multiplied by the cap's slope.
+// computed in place in fp32 (s becomes p, dp becomes ds), then converted to the GEMM input type
+// (or, `widened`, rounded to bf16 values in place). With soft-capping, s is already capped
+// (scale 1) and ds is multiplied by the cap's slope.
 template <typename M>
 void softmax_backward_row(const RowMask& mask, float scale, float lse, float delta, int64_t n, float* s, float* dp,
-                          M* p, M* ds, const float* cap_slope) {
+                          M* p, M* ds, const float* cap_slope, bool widened) {
   const VectorOps& ops = vector_ops();
   RowVisibility vis = visibility(mask, n);
   if (lse == -std::numeric_limits<float>::infinity()) vis.visible = 0;
-  if constexpr (!std::is_same_v<M, float>)
-    if (!cap_slope) {  // the GEMMs read only the bf16 rows: written straight from the formulas
+  if (!cap_slope) {  // the GEMMs read only the rounded rows: written straight from the formulas
+    if constexpr (!std::is_same_v<M, float>) {
       ops.softmax_grad_to_bf16(s, dp, n, scale, lse, delta, vis, p, ds);
       return;
+    } else if (widened) {
+      ops.softmax_grad_round_bf16(s, dp, n, scale, lse, delta, vis);
+      return;
     }
+  }
   ops.softmax_grad(s, dp, n, scale, lse, delta, vis);
   if (cap_slope)
     for (int64_t c = 0; c < n; ++c) dp[c] *= cap_slope[c];
   if constexpr (!std::is_same_v<M, float>) {
     ops.scale_to_bf16(s, 1.0f, p, n);
     ops.scale_to_bf16(dp, 1.0f, ds, n);
+  } else if (widened) {
+    ops.scale_round_bf16(s, 1.0f, s, n);
+    ops.scale_round_bf16(dp, 1.0f, dp, n);
   }
 }
 
 template <typename M>
 void forward_head(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* seg,
-                  float* out, float* lse, int64_t b, int64_t h, ThreadScratch<M>& w) {
+                  float* out, float* lse, int64_t b, int64_t h, ThreadScratch<M>& w, bool widened) {
   const int64_t hd = s.head_dim, T = s.seq, token0 = b * T, kv = h / (s.q_heads / s.kv_heads);
   const float scale = float(s.scale), cap = float(s.softcap);
   const bool runs = runs_increase(seg, T);
-  pack_head(q, s.ldq, token0, h, T, hd, w.q);
-  pack_head(k, s.ldk, token0, kv, T, hd, w.k);
-  pack_head(v, s.ldv, token0, kv, T, hd, w.v);
+  pack_head(q, s.ldq, token0, h, T, hd, w.q, widened);
+  pack_head(k, s.ldk, token0, kv, T, hd, w.k, widened);
+  pack_head(v, s.ldv, token0, kv, T, hd, w.v, widened);
   float* lse_h = lse + (b * s.q_heads + h) * T;
   for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
     const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(s, seg, runs, i0), n = i0 + rows - k0;
@@ -247,7 +265,7 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
       // Soft-capping (Gemma 2): the row becomes cap * tanh(scale * s / cap); the softmax then runs with scale 1.
       if (cap > 0) vector_ops().soft_cap(w.s + r * n, n, scale, cap, nullptr);
       lse_h[i0 + r] =
-          softmax_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, n, w.s + r * n, w.p + r * n);
+          softmax_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, n, w.s + r * n, w.p + r * n, widened);
     }
     matmul(block.rows_by_dim(), w.p, w.v + k0 * hd, w.rows_out, 0.0f);
     unpack_rows(w.rows_out, rows, hd, out, s.ldo, token0 + i0, h);
@@ -257,19 +275,19 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
 template <typename M>
 void backward_kv_head(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* seg,
                       const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv, int64_t b,
-                      int64_t kv, ThreadScratch<M>& w) {
+                      int64_t kv, ThreadScratch<M>& w, bool widened) {
   const int64_t hd = s.head_dim, T = s.seq, token0 = b * T, group = s.q_heads / s.kv_heads;
   const float scale = float(s.scale), cap = float(s.softcap);
   const bool runs = runs_increase(seg, T);
-  pack_head(k, s.ldk, token0, kv, T, hd, w.k);
-  pack_head(v, s.ldv, token0, kv, T, hd, w.v);
+  pack_head(k, s.ldk, token0, kv, T, hd, w.k, widened);
+  pack_head(v, s.ldv, token0, kv, T, hd, w.v, widened);
   // dK, dV accumulate over every block of every q head, packed, then go out once.
   std::memset(w.dk, 0, sizeof(float) * size_t(T * hd));
   std::memset(w.dv, 0, sizeof(float) * size_t(T * hd));
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kv * group + g;
-    pack_head(q, s.ldq, token0, h, T, hd, w.q);
-    pack_head(dout, s.ldo, token0, h, T, hd, w.dout);
+    pack_head(q, s.ldq, token0, h, T, hd, w.q, widened);
+    pack_head(dout, s.ldo, token0, h, T, hd, w.dout, widened);
     for (int64_t t = 0; t < T; ++t) {
       const float* o = out + (token0 + t) * s.ldo + h * hd;
       const float* d = dout + (token0 + t) * s.ldo + h * hd;
@@ -287,8 +305,8 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
       for (int64_t r = 0; r < rows; ++r) {
         float* slope = cap > 0 ? w.cap + r * n : nullptr;
         if (cap > 0) vector_ops().soft_cap(w.s + r * n, n, scale, cap, slope);  // slope: d capped / d raw
-        softmax_backward_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, lse_h[i0 + r],
-                             w.delta[i0 + r], n, w.s + r * n, w.dp + r * n, w.p + r * n, w.ds + r * n, slope);
+        softmax_backward_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, lse_h[i0 + r], w.delta[i0 + r],
+                             n, w.s + r * n, w.dp + r * n, w.p + r * n, w.ds + r * n, slope, widened);
       }
       matmul(block.keys_by_dim(), w.p, w.dout + i0 * hd, w.dv + k0 * hd, 1.0f);
       matmul(block.keys_by_dim(), w.ds, w.q + i0 * hd, w.dk + k0 * hd, 1.0f);
@@ -339,26 +357,33 @@ const int32_t* sequence_segments(const int32_t* segments, const AttentionShape& 
 
 template <typename M>
 void forward_all(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* segments,
-                 float* out, float* lse, void* workspace, size_t workspace_bytes) {
+                 float* out, float* lse, void* workspace, size_t workspace_bytes, bool widened) {
   for_each_head<M>(s, s.q_heads, workspace, workspace_bytes, [&](int64_t b, int64_t h, ThreadScratch<M>& w) {
-    forward_head(s, q, k, v, sequence_segments(segments, s, b), out, lse, b, h, w);
+    forward_head(s, q, k, v, sequence_segments(segments, s, b), out, lse, b, h, w, widened);
   });
 }
 
 template <typename M>
 void backward_all(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* segments,
                   const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
-                  void* workspace, size_t workspace_bytes) {
+                  void* workspace, size_t workspace_bytes, bool widened) {
   for_each_head<M>(s, s.kv_heads, workspace, workspace_bytes, [&](int64_t b, int64_t kv, ThreadScratch<M>& w) {
-    backward_kv_head(s, q, k, v, sequence_segments(segments, s, b), out, lse, dout, dq, dk, dv, b, kv, w);
+    backward_kv_head(s, q, k, v, sequence_segments(segments, s, b), out, lse, dout, dq, dk, dv, b, kv, w, widened);
   });
+}
+
+// How this call holds its operands: packed bf16, or (`widened`) fp32 rounded to bf16 values.
+bool widened_operands(AttentionMatmul precision, Bf16Operands operands) {
+  if (precision != AttentionMatmul::BF16) return false;
+  if (operands == Bf16Operands::automatic) return !bf16_matmul_native();
+  return operands == Bf16Operands::widened;
 }
 
 }  // namespace
 
-void prepare_attention_blocked(const AttentionShape& s, AttentionMatmul precision) {
+void prepare_attention_blocked(const AttentionShape& s, AttentionMatmul precision, Bf16Operands operands) {
   check_shape(s);
-  const bool bf16 = precision == AttentionMatmul::BF16;
+  const bool bf16 = precision == AttentionMatmul::BF16 && !widened_operands(precision, operands);
   const int64_t T = s.seq, hd = s.head_dim;
   // Query block i0 has `rows` rows and starts at key block k0 <= i0 (first_key): n = i0 + rows - k0
   // keys. Every (rows, n) pair, with each product forward_head and backward_kv_head run on it.
@@ -379,30 +404,34 @@ void prepare_attention_blocked(const AttentionShape& s, AttentionMatmul precisio
   });
 }
 
-size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision, int threads) {
+size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision, int threads,
+                                 Bf16Operands operands) {
   const bool cap = s.softcap > 0;
-  const size_t per_thread = precision == AttentionMatmul::BF16 ? ThreadScratch<bf16>::bytes(s.seq, s.head_dim, cap)
-                                                               : ThreadScratch<float>::bytes(s.seq, s.head_dim, cap);
+  const bool packed_bf16 = precision == AttentionMatmul::BF16 && !widened_operands(precision, operands);
+  const size_t per_thread = packed_bf16 ? ThreadScratch<bf16>::bytes(s.seq, s.head_dim, cap)
+                                        : ThreadScratch<float>::bytes(s.seq, s.head_dim, cap);
   return per_thread * size_t(std::max(threads, 1));
 }
 
 void attention_forward_blocked(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
                                const float* v, const int32_t* segments, float* out, float* lse, void* workspace,
-                               size_t workspace_bytes) {
-  if (precision == AttentionMatmul::BF16)
-    forward_all<bf16>(s, q, k, v, segments, out, lse, workspace, workspace_bytes);
+                               size_t workspace_bytes, Bf16Operands operands) {
+  const bool widened = widened_operands(precision, operands);
+  if (precision == AttentionMatmul::BF16 && !widened)
+    forward_all<bf16>(s, q, k, v, segments, out, lse, workspace, workspace_bytes, false);
   else
-    forward_all<float>(s, q, k, v, segments, out, lse, workspace, workspace_bytes);
+    forward_all<float>(s, q, k, v, segments, out, lse, workspace, workspace_bytes, widened);
 }
 
 void attention_backward_blocked(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
                                 const float* v, const int32_t* segments, const float* out, const float* lse,
                                 const float* dout, float* dq, float* dk, float* dv, void* workspace,
-                                size_t workspace_bytes) {
-  if (precision == AttentionMatmul::BF16)
-    backward_all<bf16>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes);
+                                size_t workspace_bytes, Bf16Operands operands) {
+  const bool widened = widened_operands(precision, operands);
+  if (precision == AttentionMatmul::BF16 && !widened)
+    backward_all<bf16>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes, false);
   else
-    backward_all<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes);
+    backward_all<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes, widened);
 }
 
 }  // namespace keel::kernels

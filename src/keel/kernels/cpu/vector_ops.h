@@ -87,6 +87,14 @@ struct VectorOps {
   // a product and a sum each rounded on their own (adamw.cpp: no contraction), so every level gives
   // the same bits. One block of the gradient norm (kernels/adamw.h: sum_of_squares).
   double (*sum_of_squares_f64)(const float* x, int64_t n);
+  // The bf16 conversions above with the result widened back, for a CPU whose bf16 products widen
+  // their inputs to fp32 anyway (kernels/gemm.h): the values a bf16 operand holds, kept as fp32.
+  // dst[c] = float(bf16(src[c] * factor)); dst may be src.
+  void (*scale_round_bf16)(const float* src, float factor, float* dst, int64_t n);
+  // softmax_grad in place, its two results rounded as softmax_grad_to_bf16 rounds them (ds from
+  // the unrounded p).
+  void (*softmax_grad_round_bf16)(float* s, float* dp, int64_t n, float scale, float lse, float delta,
+                                  RowVisibility mask);
 };
 
 // The table for this CPU (and KEEL_ISA), chosen on first use.
