@@ -425,7 +425,9 @@ TEST(AttentionBlocked, IdenticalForOneAndTwoThreads) {
 // bf16 operands held widened (fp32 rounded to bf16 values) against packed bf16 ones. Where
 // gemm_bf16 widens its inputs (no bf16 matmul on this CPU) the two are the same fp32 products of
 // the same values: identical bits. Where the CPU multiplies bf16 natively, its kernels sum in
-// another order: the same within fp32 accumulation.
+// another order, and a score that moves by an ulp can round its probability to the next bf16: the
+// widened holding is then held to what any bf16 attention must meet, the double reference within
+// bf16 rounding (expect_blocked_matches_reference's bounds).
 void expect_widened_operands_match_packed(const FusedAttention& a) {
   const std::vector<float> buf = test::to_float(a.qkv), dout = test::to_float(a.loss_weights(57));
   std::vector<float> out[2], lse[2], grad[2];
@@ -439,8 +441,11 @@ void expect_widened_operands_match_packed(const FusedAttention& a) {
     ASSERT_EQ(std::memcmp(lse[0].data(), lse[1].data(), lse[0].size() * sizeof(float)), 0);
     ASSERT_EQ(std::memcmp(grad[0].data(), grad[1].data(), grad[0].size() * sizeof(float)), 0);
   } else {
-    EXPECT_LT(relative_l2(out[1], out[0], output_indices(a)), 1e-5);
-    EXPECT_LT(relative_l2(grad[1], grad[0], a.data_indices()), 1e-5);
+    std::vector<double> ref_out, ref_lse;
+    a.forward(a.qkv, ref_out, ref_lse);
+    const std::vector<double> ref_grad = a.backward(a.qkv, ref_out, ref_lse, a.loss_weights(57));
+    EXPECT_LT(relative_l2(out[1], ref_out, output_indices(a)), 1e-2);
+    EXPECT_LT(relative_l2(grad[1], ref_grad, a.data_indices()), 2e-2);
   }
   // And not the fp32 kernel's results: the rounding to bf16 happened.
   std::vector<float> out_f32, lse_f32;
