@@ -13,6 +13,12 @@ namespace keel::data::jinja {
 struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 
+// The operators of binary and compare expressions, resolved from their text when parsed: the
+// interpreter switches on them at every step instead of comparing strings.
+enum class Op : uint8_t { none, add, sub, mul, div, floordiv, mod, pow, concat, eq, ne, lt, gt, le, ge, in, not_in };
+Op operator_of(std::string_view text);  // Op::none for anything else
+std::string_view operator_text(Op op);  // as Python writes it in messages ("+", "//", "not in")
+
 struct Expr {
   enum class Kind {
     literal,    // value
@@ -29,7 +35,7 @@ struct Expr {
     logical_not,
     negate,
     plus,
-    binary,   // name = the operator (+ - * / // % ** ~), args[0], args[1]
+    binary,   // name and op = the operator (+ - * / // % ** ~), args[0], args[1]
     compare,  // args[0] then per operator in `ops` the next operand
     logical_and,
     logical_or,
@@ -41,7 +47,8 @@ struct Expr {
   std::string name;
   std::vector<ExprPtr> args;
   std::vector<std::pair<std::string, ExprPtr>> kwargs;
-  std::vector<std::string> ops;  // compare: ==, !=, <, >, <=, >=, in, notin
+  Op op = Op::none;     // binary
+  std::vector<Op> ops;  // compare: ==, !=, <, >, <=, >=, in, not in
   bool negated = false;
   // No call inside: evaluating it cannot run a macro, whose `set ns.x` may replace or move what
   // the interpreter is holding a reference to (Interpreter::ref). Set by parse_template.

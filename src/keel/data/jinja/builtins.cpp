@@ -509,11 +509,6 @@ Value string_method(const Value& self, const std::string& name) {
 
 }  // namespace
 
-bool is_dict_method(std::string_view n) {
-  return same_name(n, "items") || same_name(n, "keys") || same_name(n, "values") || same_name(n, "copy") ||
-         same_name(n, "get");
-}
-
 Value builtin_method(const Value& self, const std::string& name) {
   if (self.is_string()) return string_method(self, name);
   if (self.is_dict()) {

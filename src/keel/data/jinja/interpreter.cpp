@@ -82,9 +82,7 @@ void Interpreter::assign(int symbol, Value v) { (*frames_.back())[symbol] = std:
 namespace {
 
 // `+` and `~` are built by chain() (concat, print_concat); the other operators by binary().
-bool is_chain(const Expr& e) {
-  return e.kind == Expr::Kind::binary && (same_name(e.name, "+") || same_name(e.name, "~"));
-}
+bool is_chain(const Expr& e) { return e.kind == Expr::Kind::binary && (e.op == Op::add || e.op == Op::concat); }
 
 }  // namespace
 
@@ -669,12 +667,12 @@ struct Interpreter::Chain {
   Value value;
 };
 
-void Interpreter::chain(const Expr& e, std::string_view op, Chain& c) {
+void Interpreter::chain(const Expr& e, Op op, Chain& c) {
   auto plain = [](const Value& v) { return v.is_string() && !v.is_markup(); };
-  if (e.kind != Expr::Kind::binary || !same_name(e.name, op)) {  // the leftmost operand
+  if (e.kind != Expr::Kind::binary || e.op != op) {  // the leftmost operand
     Value scratch;
     const Value& v = ref(e, scratch);
-    if (plain(v) || same_name(op, "~")) {
+    if (plain(v) || op == Op::concat) {
       c.out.append(v.is_string() ? v.as_str() : to_str(v));
       c.building = true;
     } else {
@@ -687,7 +685,7 @@ void Interpreter::chain(const Expr& e, std::string_view op, Chain& c) {
   line_ = e.line;
   Value scratch;
   const Value& b = ref(*e.args[1], scratch);
-  if (same_name(op, "~")) {  // str() of anything, appended: the chain never leaves `building`
+  if (op == Op::concat) {  // str() of anything, appended: the chain never leaves `building`
     c.out.append(b.is_string() ? b.as_str() : to_str(b));
     return;
   }
@@ -706,13 +704,13 @@ void Interpreter::chain(const Expr& e, std::string_view op, Chain& c) {
 Value Interpreter::concat(const Expr& e) {
   Str out;
   Chain c{out, 0, false, Value()};
-  chain(e, e.name, c);
+  chain(e, e.op, c);
   return c.building ? Value(std::move(out)) : std::move(c.value);
 }
 
 void Interpreter::print_concat(const Expr& e) {
   Chain c{outputs_.back(), outputs_.back().text.size(), false, Value()};
-  chain(e, e.name, c);
+  chain(e, e.op, c);
   if (!c.building) emit(c.value.is_string() ? c.value.as_str() : to_str(c.value));
 }
 
@@ -763,25 +761,18 @@ bool Interpreter::compare(const Expr& e) {
   for (size_t k = 0; k < e.ops.size(); ++k) {
     const Value& left = keep_across(*left_ref, scratch[k % 2], e.args[k + 1]->pure);
     const Value& right = ref(*e.args[k + 1], scratch[(k + 1) % 2]);
-    const std::string_view op = e.ops[k];
     bool ok;
     try {
-      if (same_name(op, "=="))
-        ok = equal(left, right);
-      else if (same_name(op, "!="))
-        ok = !equal(left, right);
-      else if (same_name(op, "<"))
-        ok = less(left, right);
-      else if (same_name(op, ">"))
-        ok = less(right, left);
-      else if (same_name(op, "<="))
-        ok = !less(right, left);
-      else if (same_name(op, ">="))
-        ok = !less(left, right);
-      else if (same_name(op, "in"))
-        ok = contains(*this, right, left, e.line);
-      else
-        ok = !contains(*this, right, left, e.line);
+      switch (e.ops[k]) {
+        case Op::eq: ok = equal(left, right); break;
+        case Op::ne: ok = !equal(left, right); break;
+        case Op::lt: ok = less(left, right); break;
+        case Op::gt: ok = less(right, left); break;
+        case Op::le: ok = !less(right, left); break;
+        case Op::ge: ok = !less(left, right); break;
+        case Op::in: ok = contains(*this, right, left, e.line); break;
+        default: ok = !contains(*this, right, left, e.line); break;  // not in
+      }
     } catch (const Error& x) {
       if (std::string_view(x.what()).find(" line ") != std::string_view::npos) throw;
       error(e.line, x.what());
@@ -792,9 +783,9 @@ bool Interpreter::compare(const Expr& e) {
   return true;
 }
 
-Value Interpreter::binary(const Expr& e) { return binary(e.name, eval(*e.args[0]), eval(*e.args[1]), e.line); }
+Value Interpreter::binary(const Expr& e) { return binary(e.op, eval(*e.args[0]), eval(*e.args[1]), e.line); }
 
-Value Interpreter::binary(std::string_view op, Value a, Value b, int line) {
+Value Interpreter::binary(Op op, Value a, Value b, int line) {
   // `~` never comes here: chain() builds it (eval and print route `+` and `~` to concat).
   for (const Value* v : {&a, &b})
     if (v->is_undefined()) error(line, fmt::format("'{}' is undefined", v->undefined_name()));
@@ -802,25 +793,26 @@ Value Interpreter::binary(std::string_view op, Value a, Value b, int line) {
   const bool real = numbers && (a.kind() == Value::Kind::real || b.kind() == Value::Kind::real);
   // The message only: error() itself is [[noreturn]], so the compiler sees every path end.
   auto unsupported = [&]() {
-    return fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", op, a.type_name(), b.type_name());
+    return fmt::format("unsupported operand type(s) for {}: '{}' and '{}'", operator_text(op), a.type_name(),
+                       b.type_name());
   };
   // Python's integers have no limit; keel's are 64-bit and say so rather than wrap.
   auto integer = [&](int64_t x, int64_t y) {
     int64_t r = 1;
     bool overflow = false;
-    if (same_name(op, "+")) overflow = __builtin_add_overflow(x, y, &r);
-    if (same_name(op, "-")) overflow = __builtin_sub_overflow(x, y, &r);
-    if (same_name(op, "*")) overflow = __builtin_mul_overflow(x, y, &r);
-    if (same_name(op, "**"))  // by squaring: bounded work for any exponent
+    if (op == Op::add) overflow = __builtin_add_overflow(x, y, &r);
+    if (op == Op::sub) overflow = __builtin_sub_overflow(x, y, &r);
+    if (op == Op::mul) overflow = __builtin_mul_overflow(x, y, &r);
+    if (op == Op::pow)  // by squaring: bounded work for any exponent
       for (int64_t base = x, exponent = y; exponent > 0 && !overflow; exponent >>= 1) {
         if (exponent & 1) overflow = __builtin_mul_overflow(r, base, &r);
         if ((exponent >> 1) && !overflow) overflow = __builtin_mul_overflow(base, base, &base);
       }
-    if (overflow) error(line, fmt::format("integer overflow in {} (keel's integers are 64-bit)", op));
+    if (overflow) error(line, fmt::format("integer overflow in {} (keel's integers are 64-bit)", operator_text(op)));
     return Value(r);
   };
-  if (same_name(op, "%") && a.is_string()) return Value(python_percent_format(*this, a.as_str(), b, line));
-  if (same_name(op, "+")) {
+  if (op == Op::mod && a.is_string()) return Value(python_percent_format(*this, a.as_str(), b, line));
+  if (op == Op::add) {
     if (numbers) return real ? Value(a.as_real() + b.as_real()) : integer(a.as_int(), b.as_int());
     if (a.is_list() && b.is_list()) ValueSizeLimit::check((a.as_list().size() + b.as_list().size()) * sizeof(Value));
     if (a.is_string() && b.is_string()) {
@@ -837,7 +829,7 @@ Value Interpreter::binary(std::string_view op, Value a, Value b, int line) {
     }
     error(line, unsupported());
   }
-  if (same_name(op, "*")) {
+  if (op == Op::mul) {
     if (numbers) return real ? Value(a.as_real() * b.as_real()) : integer(a.as_int(), b.as_int());
     for (const auto& [seq, n] : {std::pair{&a, &b}, std::pair{&b, &a}})
       if ((seq->is_string() || seq->is_list()) && n->kind() == Value::Kind::integer) {
@@ -849,20 +841,19 @@ Value Interpreter::binary(std::string_view op, Value a, Value b, int line) {
     error(line, unsupported());
   }
   if (!numbers) error(line, unsupported());
-  if (same_name(op, "-")) return real ? Value(a.as_real() - b.as_real()) : integer(a.as_int(), b.as_int());
-  if (same_name(op, "**")) {
+  if (op == Op::sub) return real ? Value(a.as_real() - b.as_real()) : integer(a.as_int(), b.as_int());
+  if (op == Op::pow) {
     if (!real && b.as_int() >= 0) return integer(a.as_int(), b.as_int());
     return Value(std::pow(a.as_real(), b.as_real()));
   }
-  if ((same_name(op, "/") || same_name(op, "//") || same_name(op, "%")) && b.as_real() == 0)
-    error(line, "division by zero");
-  if (same_name(op, "/")) return Value(a.as_real() / b.as_real());
-  if (same_name(op, "//")) {
+  if ((op == Op::div || op == Op::floordiv || op == Op::mod) && b.as_real() == 0) error(line, "division by zero");
+  if (op == Op::div) return Value(a.as_real() / b.as_real());
+  if (op == Op::floordiv) {
     if (real) return Value(std::floor(a.as_real() / b.as_real()));
     const int64_t x = a.as_int(), y = b.as_int(), q = x / y;
     return Value((x % y != 0 && ((x < 0) != (y < 0))) ? q - 1 : q);
   }
-  if (same_name(op, "%")) {
+  if (op == Op::mod) {
     if (real) {
       const double r = std::fmod(a.as_real(), b.as_real());
       return Value((r != 0 && ((r < 0) != (b.as_real() < 0))) ? r + b.as_real() : r);

@@ -105,13 +105,13 @@ class Interpreter {
   const Value& ref_compound(const Expr& e, Value& scratch);  // ref() of anything else
   CallArgs arguments(const Expr& e);
   Value binary(const Expr& e);
-  Value binary(std::string_view op, Value a, Value b, int line);
+  Value binary(Op op, Value a, Value b, int line);
   // a + b + c ... and a ~ b ~ c ...: the left-leaning chain of one operator built in one string, or
   // (print) appended to the output as it goes, instead of a new string value at every operator.
   Value concat(const Expr& e);
   void print_concat(const Expr& e);
   struct Chain;
-  void chain(const Expr& e, std::string_view op, Chain& c);
+  void chain(const Expr& e, Op op, Chain& c);
   bool compare(const Expr& e);
   const Value* find(int symbol) const {
     for (auto it = frames_.rbegin(); it != frames_.rend(); ++it)
@@ -152,7 +152,16 @@ bool builtin_test(Interpreter& in, const std::string& name, const Value& subject
 // undefined if none (callers name it: most lookups are dict keys, which must not allocate a name).
 Value builtin_method(const Value& object, const std::string& name);
 // A name dict has a method of (items, keys, values, copy, get): Python's getattr finds it first.
-bool is_dict_method(std::string_view name);
+// Inline, by length: every attribute read of a dict (message.role) asks it first.
+inline bool is_dict_method(std::string_view n) {
+  switch (n.size()) {
+    case 3: return same_name(n, "get");
+    case 4: return same_name(n, "keys") || same_name(n, "copy");
+    case 5: return same_name(n, "items");
+    case 6: return same_name(n, "values");
+    default: return false;
+  }
+}
 // `self.name(args)` for a str method, called without building a bound callable; false when str
 // has no such method.
 bool call_string_method(Interpreter& in, const Value& self, const std::string& name, CallArgs& args, Value& result);

@@ -377,7 +377,7 @@ class Parser {
         c = make(Expr::Kind::compare, first->line);
         c->args.push_back(std::move(first));
       }
-      c->ops.push_back(op);
+      c->ops.push_back(operator_of(op));
       c->args.push_back(math1());
     }
     return c ? std::move(c) : std::move(first);
@@ -386,6 +386,7 @@ class Parser {
   ExprPtr binary(ExprPtr left, const std::string& op, ExprPtr right) {
     auto b = make(Expr::Kind::binary, left->line);
     b->name = op;
+    b->op = operator_of(op);
     b->args.push_back(std::move(left));
     b->args.push_back(std::move(right));
     return b;
@@ -726,6 +727,39 @@ class SymbolResolver {
 };
 
 }  // namespace
+
+Op operator_of(std::string_view text) {
+  static constexpr std::pair<std::string_view, Op> kOperators[] = {
+      {"+", Op::add},  {"-", Op::sub},    {"*", Op::mul}, {"/", Op::div},       {"//", Op::floordiv}, {"%", Op::mod},
+      {"**", Op::pow}, {"~", Op::concat}, {"==", Op::eq}, {"!=", Op::ne},       {"<", Op::lt},        {">", Op::gt},
+      {"<=", Op::le},  {">=", Op::ge},    {"in", Op::in}, {"notin", Op::not_in}};
+  for (const auto& [t, op] : kOperators)
+    if (t == text) return op;
+  return Op::none;
+}
+
+std::string_view operator_text(Op op) {
+  switch (op) {
+    case Op::add: return "+";
+    case Op::sub: return "-";
+    case Op::mul: return "*";
+    case Op::div: return "/";
+    case Op::floordiv: return "//";
+    case Op::mod: return "%";
+    case Op::pow: return "**";
+    case Op::concat: return "~";
+    case Op::eq: return "==";
+    case Op::ne: return "!=";
+    case Op::lt: return "<";
+    case Op::gt: return ">";
+    case Op::le: return "<=";
+    case Op::ge: return ">=";
+    case Op::in: return "in";
+    case Op::not_in: return "not in";
+    case Op::none: break;
+  }
+  return "?";
+}
 
 TemplateAst parse_template(std::string_view source) {
   TemplateAst ast = Parser(tokenize_template(source)).run();
