@@ -120,17 +120,19 @@ std::string titled(const std::string& s) {
 
 // str.strip(chars) bounds in bytes: which code points go (whitespace when chars is None).
 std::pair<size_t, size_t> strip_bounds(const std::string& s, const Value& chars, bool left, bool right) {
-  std::vector<uint32_t> set;
   const bool whitespace = chars.is_undefined() || chars.is_none();
-  if (!whitespace)
-    for (size_t pos = 0; pos < chars.as_str().text.size();) {
+  const std::string_view set = whitespace ? std::string_view() : std::string_view(chars.as_str().text);
+  // A code point goes when its UTF-8 bytes are one of the set's code points (no decoded copy of the
+  // set: strip('\n') runs per message).
+  auto in_set = [&](uint32_t cp) {
+    for (size_t pos = 0; pos < set.size();) {
       size_t len;
-      set.push_back(decode_code_point(chars.as_str().text, pos, len));
+      if (decode_code_point(set, pos, len) == cp) return true;
       pos += len;
     }
-  auto goes = [&](uint32_t cp) {
-    return whitespace ? is_python_space(cp) : std::find(set.begin(), set.end(), cp) != set.end();
+    return false;
   };
+  auto goes = [&](uint32_t cp) { return whitespace ? is_python_space(cp) : in_set(cp); };
   size_t b = 0, e = s.size();
   while (left && b < e) {
     size_t len;
@@ -310,24 +312,31 @@ template <class Method>
 Value with_string_method(const std::string& name, Method&& method) {
   using A = CallArgs;
   if (same_name(name, "strip") || same_name(name, "lstrip") || same_name(name, "rstrip"))
-    return method([name](Interpreter&, const Str& s, A& a) {
+    return method([name](Interpreter&, const Value& self, A& a) {
+      const Str& s = self.as_str();
       const auto [b, e] = strip_bounds(s.text, a.get(0, "chars"), name != "rstrip", name != "lstrip");
+      // Nothing goes: the string itself, as CPython returns it (no copy of a message's text for
+      // content.lstrip('\n')). Not for Markup, which keel's strip turns into a plain str.
+      if (b == 0 && e == s.text.size() && !self.is_markup()) return self;
       return Value(s.substr(b, e));
     });
   if (same_name(name, "split") || same_name(name, "rsplit"))
-    return method([name](Interpreter& in, const Str& s, A& a) {
+    return method([name](Interpreter& in, const Value& self, A& a) {
+      const Str& s = self.as_str();
       Value sep = a.get(0, "sep"), maxsplit = a.get(1, "maxsplit", Value(int64_t(-1)));
       if (!sep.is_undefined() && !sep.is_none()) need_str(in, sep, "split", 0);
       return Value(split(s, sep, maxsplit.as_int(), same_name(name, "rsplit")));
     });
   if (same_name(name, "splitlines"))
-    return method([](Interpreter&, const Str& s, A& a) {
+    return method([](Interpreter&, const Value& self, A& a) {
+      const Str& s = self.as_str();
       std::vector<Str> lines = line_pieces(s, a.get(0, "keepends", Value(false)).truthy());
       if (lines.back().text.empty()) lines.pop_back();
       return Value(List(lines.begin(), lines.end()));
     });
   if (same_name(name, "startswith") || same_name(name, "endswith"))
-    return method([name](Interpreter& in, const Str& s, A& a) {
+    return method([name](Interpreter& in, const Value& self, A& a) {
+      const Str& s = self.as_str();
       // Without start/end the whole string: no copy, no count of its characters.
       const auto [b, e] = a.positional.size() > 1 || !a.keywords.empty() ? python_range(in, s.text, a, 1)
                                                                          : std::pair<size_t, size_t>{0, s.text.size()};
@@ -335,22 +344,31 @@ Value with_string_method(const std::string& name, Method&& method) {
           starts_or_ends(std::string_view(s.text).substr(b, e - b), a.get(0, "prefix"), same_name(name, "startswith")));
     });
   if (same_name(name, "replace"))
-    return method([](Interpreter& in, const Str& s, A& a) {
+    return method([](Interpreter& in, const Value& self, A& a) {
+      const Str& s = self.as_str();
       const Str& old = need_str(in, a.get(0, "old"), "replace", 0);
       const Value with = a.get(1, "new");
       return Value(
           replaced(s, old.text, need_str(in, with, "replace", 0), a.get(2, "count", Value(int64_t(-1))).as_int()));
     });
   if (same_name(name, "upper") || same_name(name, "lower"))
-    return method([name](Interpreter&, const Str& s, A&) {
+    return method([name](Interpreter&, const Value& self, A&) {
+      const Str& s = self.as_str();
       return Value(rebuilt(case_mapped(s.text, same_name(name, "upper")), s));
     });
   if (same_name(name, "capitalize"))
-    return method([](Interpreter&, const Str& s, A&) { return Value(rebuilt(capitalized(s.text), s)); });
+    return method([](Interpreter&, const Value& self, A&) {
+      const Str& s = self.as_str();
+      return Value(rebuilt(capitalized(s.text), s));
+    });
   if (same_name(name, "title"))
-    return method([](Interpreter&, const Str& s, A&) { return Value(rebuilt(python_title(s.text), s)); });
+    return method([](Interpreter&, const Value& self, A&) {
+      const Str& s = self.as_str();
+      return Value(rebuilt(python_title(s.text), s));
+    });
   if (same_name(name, "swapcase") || same_name(name, "casefold"))
-    return method([name](Interpreter&, const Str& s, A&) {
+    return method([name](Interpreter&, const Value& self, A&) {
+      const Str& s = self.as_str();
       if (same_name(name, "casefold")) return Value(rebuilt(case_mapped(s.text, 0), s));
       std::string out;
       for (size_t pos = 0; pos < s.text.size();) {
@@ -364,7 +382,8 @@ Value with_string_method(const std::string& name, Method&& method) {
     });
   if (same_name(name, "find") || same_name(name, "rfind") || same_name(name, "index") || same_name(name, "rindex") ||
       same_name(name, "count"))
-    return method([name](Interpreter& in, const Str& s, A& a) -> Value {
+    return method([name](Interpreter& in, const Value& self, A& a) -> Value {
+      const Str& s = self.as_str();
       const std::string& sub = need_str(in, a.get(0, "sub"), name.c_str(), 0).text;
       const auto [b, e] = python_range(in, s.text, a, 1);
       const std::string_view window = std::string_view(s.text).substr(b, e - b);
@@ -382,7 +401,8 @@ Value with_string_method(const std::string& name, Method&& method) {
       return Value(int64_t(code_point_count(std::string_view(s.text).substr(0, b + at))));
     });
   if (same_name(name, "join"))
-    return method([](Interpreter& in, const Str& s, A& a) {
+    return method([](Interpreter& in, const Value& self, A& a) {
+      const Str& s = self.as_str();
       Value items = a.get(0, "iterable");
       Str out;
       if (!items.is_list() && !items.is_string()) in.error(0, "str.join expects a list or a string");
@@ -395,7 +415,8 @@ Value with_string_method(const std::string& name, Method&& method) {
       return Value(std::move(out));
     });
   if (same_name(name, "center") || same_name(name, "ljust") || same_name(name, "rjust") || same_name(name, "zfill"))
-    return method([name](Interpreter& in, const Str& s, A& a) {
+    return method([name](Interpreter& in, const Value& self, A& a) {
+      const Str& s = self.as_str();
       const int64_t width = a.get(0, "width", Value(int64_t(0))).as_int();
       ValueSizeLimit::check(uint64_t(std::max<int64_t>(width, 0)));
       const int64_t n = int64_t(code_point_count(s.text));
@@ -425,7 +446,8 @@ Value with_string_method(const std::string& name, Method&& method) {
       return Value(std::move(out));
     });
   if (same_name(name, "partition") || same_name(name, "rpartition"))
-    return method([name](Interpreter& in, const Str& s, A& a) {
+    return method([name](Interpreter& in, const Value& self, A& a) {
+      const Str& s = self.as_str();
       const std::string& sep = need_str(in, a.get(0, "sep"), name.c_str(), 0).text;
       if (sep.empty()) in.error(0, "empty separator");
       const size_t at = same_name(name, "partition") ? s.text.find(sep) : s.text.rfind(sep);
@@ -437,7 +459,8 @@ Value with_string_method(const std::string& name, Method&& method) {
                    true);
     });
   if (same_name(name, "format"))
-    return method([](Interpreter& in, const Str& s, A& a) {
+    return method([](Interpreter& in, const Value& self, A& a) {
+      const Str& s = self.as_str();
       // str.format with {}, {0} and {name} fields (no format specs: chat templates use none).
       Str out;
       size_t next = 0, literal = 0;
@@ -471,7 +494,8 @@ Value with_string_method(const std::string& name, Method&& method) {
       return Value(std::move(out));
     });
   if (same_name(name, "removeprefix") || same_name(name, "removesuffix"))
-    return method([name](Interpreter& in, const Str& s, A& a) {
+    return method([name](Interpreter& in, const Value& self, A& a) {
+      const Str& s = self.as_str();
       const std::string& p = need_str(in, a.get(0, "prefix"), name.c_str(), 0).text;
       if (same_name(name, "removeprefix") && s.text.compare(0, p.size(), p) == 0)
         return Value(s.substr(p.size(), s.text.size()));
@@ -481,29 +505,37 @@ Value with_string_method(const std::string& name, Method&& method) {
       return Value(s);
     });
   if (same_name(name, "isdigit") || same_name(name, "isnumeric") || same_name(name, "isdecimal"))
-    return method([](Interpreter&, const Str& s, A&) {
+    return method([](Interpreter&, const Value& self, A&) {
+      const Str& s = self.as_str();
       return Value(all_code_points(s.text, [](uint32_t c) { return bool(u_isdigit(UChar32(c))); }));
     });
   if (same_name(name, "isalpha"))
-    return method([](Interpreter&, const Str& s, A&) {
+    return method([](Interpreter&, const Value& self, A&) {
+      const Str& s = self.as_str();
       return Value(all_code_points(s.text, [](uint32_t c) { return bool(u_isalpha(UChar32(c))); }));
     });
   if (same_name(name, "isalnum"))
-    return method([](Interpreter&, const Str& s, A&) {
+    return method([](Interpreter&, const Value& self, A&) {
+      const Str& s = self.as_str();
       return Value(all_code_points(s.text, [](uint32_t c) { return bool(u_isalnum(UChar32(c))); }));
     });
   if (same_name(name, "isspace"))
-    return method([](Interpreter&, const Str& s, A&) { return Value(all_code_points(s.text, is_python_space)); });
+    return method([](Interpreter&, const Value& self, A&) {
+      const Str& s = self.as_str();
+      return Value(all_code_points(s.text, is_python_space));
+    });
   if (same_name(name, "islower") || same_name(name, "isupper"))
-    return method(
-        [name](Interpreter&, const Str& s, A&) { return Value(python_is_case(s.text, same_name(name, "islower"))); });
+    return method([name](Interpreter&, const Value& self, A&) {
+      const Str& s = self.as_str();
+      return Value(python_is_case(s.text, same_name(name, "islower")));
+    });
   return Value();
 }
 
 Value string_method(const Value& self, const std::string& name) {
   return with_string_method(name, [&](auto body) {
-    return Value::function(
-        name, [self, body, name](Interpreter& in, CallArgs& a) -> Value { return body(in, self.as_str(), a); });
+    return Value::function(name,
+                           [self, body, name](Interpreter& in, CallArgs& a) -> Value { return body(in, self, a); });
   });
 }
 
@@ -562,7 +594,7 @@ bool call_string_method(Interpreter& in, const Value& self, const std::string& n
   bool found = false;
   result = with_string_method(name, [&](auto body) {
     found = true;
-    return body(in, self.as_str(), args);
+    return body(in, self, args);
   });
   return found;
 }

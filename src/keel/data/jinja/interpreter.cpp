@@ -33,42 +33,47 @@ void Interpreter::too_many_steps() const {
 }
 
 Rendered Interpreter::run(const Dict& variables) {
-  // The globals are stateless functions, never assigned to (sets go to the frames above): built once.
-  // The template's own (TemplateAst::globals), few: copied into a frame of this rendering's.
-  auto globals = std::make_shared<Frame>(ast_.globals.size());
-  for (const auto& [symbol, v] : ast_.globals) (*globals)[symbol] = v;
-  // A variable the template never names cannot be read by it: not bound.
-  auto top = std::make_shared<Frame>(variables.items.size());
+  // The template's scope: the variables it names (one it never names cannot be read by it: not
+  // bound), then the built-in globals it names (TemplateAst::globals, stateless functions). A
+  // variable of a global's name shadows it, as Jinja's context does.
+  top_.reserve(variables.items.size() + ast_.globals.size());
   for (const auto& [k, v] : variables.items)
-    if (const int symbol = ast_.symbol(k); symbol >= 0) (*top)[symbol] = v;
-  frames_ = {globals, top};
-  outputs_.assign(1, Str());
+    if (const int symbol = ast_.symbol(k); symbol >= 0) top_[symbol] = v;
+  for (const auto& [symbol, v] : ast_.globals)
+    if (!top_.find(symbol)) top_[symbol] = v;
+  frames_.reserve(8);
+  frames_.assign(1, &top_);
   // A conversation renders to a few kilobytes: grown from there, not from nothing byte-doubling.
-  outputs_[0].text.reserve(4096);
-  outputs_[0].runs.reserve(16);
+  output_.text.reserve(4096);
+  output_.runs.reserve(16);
   exec(ast_.body);
-  return Rendered{std::move(outputs_[0]), std::move(generation_)};
+  return Rendered{std::move(output_), std::move(generation_)};
 }
 
 // The output is bounded by ValueSizeLimit, which every string's growth checks (Template::render).
-void Interpreter::emit(std::string_view template_text) { outputs_.back().append(template_text); }
-void Interpreter::emit(const Str& s) { outputs_.back().append(s); }
+void Interpreter::emit(std::string_view template_text) { out_->append(template_text); }
+void Interpreter::emit(const Str& s) { out_->append(s); }
 
 Value Interpreter::filtered_body(const Node& n) {
   // The parser wrote the filters as applied to a variable named "caller": bind it to the body.
-  auto frame = std::make_shared<Frame>();
-  (*frame)[TemplateAst::kCaller] = Value(capture(n.body));
-  frames_.push_back(frame);
+  Frame frame;
+  frame[TemplateAst::kCaller] = Value(capture(n.body));
+  frames_.push_back(&frame);
   Value v = eval(*n.expr);
   frames_.pop_back();
   return v;
 }
 
 Str Interpreter::capture(const Body& body) {
-  outputs_.emplace_back();
-  exec(body);
-  Str out = std::move(outputs_.back());
-  outputs_.pop_back();
+  Str out;
+  Str* const outer = std::exchange(out_, &out);
+  try {
+    exec(body);
+  } catch (...) {
+    out_ = outer;
+    throw;
+  }
+  out_ = outer;
   return out;
 }
 
@@ -150,10 +155,10 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
       return Flow::normal;
     }
     case Node::Kind::with_block: {
-      auto frame = std::make_shared<Frame>();
+      Frame frame;
       for (size_t p = 0; p < n.params.size(); ++p)  // evaluated outside the new scope
-        (*frame)[n.param_symbols[p]] = eval(*n.params[p].second);
-      frames_.push_back(frame);
+        frame[n.param_symbols[p]] = eval(*n.params[p].second);
+      frames_.push_back(&frame);
       const Flow f = exec(n.body);
       frames_.pop_back();
       return f;
@@ -162,10 +167,10 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
     case Node::Kind::continue_loop: return Flow::continue_loop;
     case Node::Kind::generation: {
       // transformers records where the block's output lands in the whole rendering.
-      const bool top = outputs_.size() == 1;
-      const size_t begin = outputs_.back().text.size();
+      const bool top = out_ == &output_;
+      const size_t begin = out_->text.size();
       const Flow f = exec(n.body);
-      if (top) generation_.emplace_back(begin, outputs_.back().text.size());
+      if (top) generation_.emplace_back(begin, out_->text.size());
       return f;
     }
   }
@@ -232,7 +237,7 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
     state.index = std::move(counter);
   }
   const std::shared_ptr<Frame> frame = state.frame;
-  frames_.push_back(frame);
+  frames_.push_back(frame.get());
   auto bind = [&](const Value& item) {
     if (n.targets.size() == 1) {
       (*frame)[n.target_symbols[0]] = item;
@@ -301,16 +306,17 @@ void Interpreter::define_macro(const Node& n) {
              --in.depth_;
              in.error(node->line, fmt::format("macro calls nested deeper than {}", in.limits_.max_call_depth));
            }
+           // A macro sees the template's scope and its own, not its caller's.
            const auto saved = in.frames_;
-           auto frame = std::make_shared<Frame>();
-           in.frames_ = {saved[0], saved[1], frame};
+           Frame frame;
+           in.frames_ = {saved[0], &frame};
            for (size_t p = 0; p < node->params.size(); ++p) {
              const auto& [name, def] = node->params[p];
              Value v = p < args.positional.size()      ? args.positional[p]
                        : args.keyword(name) != nullptr ? *args.keyword(name)
                        : def                           ? in.eval(*def)
                                                        : Value::undefined(name);
-             (*frame)[node->param_symbols[p]] = std::move(v);
+             frame[node->param_symbols[p]] = std::move(v);
            }
            if (args.positional.size() > node->params.size())
              in.error(node->line, fmt::format("macro '{}' takes {} arguments, {} given", node->text,
@@ -319,7 +325,7 @@ void Interpreter::define_macro(const Node& n) {
              bool known = k == "caller";
              for (const auto& [name, def] : node->params) known = known || name == k;
              if (!known) in.error(node->line, fmt::format("macro '{}' has no argument '{}'", node->text, k));
-             if (k == "caller") (*frame)[TemplateAst::kCaller] = v;
+             if (k == "caller") frame[TemplateAst::kCaller] = v;
            }
            Str out;
            try {
@@ -709,7 +715,7 @@ Value Interpreter::concat(const Expr& e) {
 }
 
 void Interpreter::print_concat(const Expr& e) {
-  Chain c{outputs_.back(), outputs_.back().text.size(), false, Value()};
+  Chain c{*out_, out_->text.size(), false, Value()};
   chain(e, e.op, c);
   if (!c.building) emit(c.value.is_string() ? c.value.as_str() : to_str(c.value));
 }

@@ -1,7 +1,6 @@
 // The tree-walking interpreter behind Template::render, and what the built-in filters, tests and
 // methods (builtins.cpp) need from it.
 #pragma once
-#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,6 +54,7 @@ class Interpreter {
    public:
     // Room for a loop's or a macro's few names, or the template's variables: no growth as they come.
     explicit Frame(size_t capacity = 4) { items_.reserve(capacity); }
+    void reserve(size_t capacity) { items_.reserve(capacity); }
     Value& operator[](int symbol) {  // the name's value, undefined when new
       for (auto& [k, v] : items_)
         if (k == symbol) return v;
@@ -134,10 +134,12 @@ class Interpreter {
   int line_ = 0;
   int depth_ = 0;
   int loop_depth_ = 0;                          // for loops running (for_loop's pool)
-  std::vector<std::shared_ptr<Frame>> frames_;  // [0] globals, [1] the template's, then locals
-  // [0] the rendering; captures above it. A deque: print_concat appends to the top one while a
-  // macro called inside the expression captures above it.
-  std::deque<Str> outputs_;
+  Frame top_{0};                                // the template's scope (run)
+  // [0] &top_, then the locals (loops, macros, with blocks), innermost last; each frame is owned by
+  // whoever pushed it, for as long as it is here.
+  std::vector<Frame*> frames_;
+  Str output_;           // the rendering
+  Str* out_ = &output_;  // where output goes now: output_, or the string a capture builds
   std::vector<std::pair<size_t, size_t>> generation_;
 };
 
