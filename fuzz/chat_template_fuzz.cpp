@@ -36,15 +36,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       !data::chat_input_from_record(doc, chat).empty())
     return 0;
   chat.add_generation_prompt = size % 2 == 1;
-  data::ModelChatTemplate t;
-  t.origin = "fuzz.jinja";
-  t.special_tokens.set("bos_token", data::jinja::Value("<s>"));
-  t.special_tokens.set("eos_token", data::jinja::Value("</s>"));
+  const std::string origin = "fuzz.jinja";
+  data::jinja::Dict special_tokens;  // the template's defaults, as a tokenizer directory gives them
+  special_tokens.set("bos_token", data::jinja::Value("<s>"));
+  special_tokens.set("eos_token", data::jinja::Value("</s>"));
   // Small limits: the fuzzer's time goes to finding crashes, not to legal long renderings.
   const data::jinja::RenderLimits limits{.max_steps = 200'000, .max_output_bytes = 1 << 20, .max_call_depth = 32};
   try {
-    const data::jinja::Template templ(source, t.origin);
-    const auto vars = data::template_variables(t, chat);
+    const data::jinja::Template templ(source, origin, special_tokens);
+    const auto vars = data::template_variables(chat);
     const data::jinja::Rendered a = templ.render(vars, limits);
     const data::jinja::Rendered b = templ.render(vars, limits);
     if (a.text.text != b.text.text || a.generation != b.generation) fuzz::property_failed("renders deterministically");

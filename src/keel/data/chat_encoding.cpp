@@ -242,12 +242,12 @@ std::string ChatTemplateEncoder::generation_prompt(const ChatInput& input, size_
 }
 
 std::string ChatTemplateEncoder::render(const ChatInput& input) const {
-  return t_.templ->render(template_variables(t_, input)).text.text;
+  return t_.templ->render(template_variables(input)).text.text;
 }
 
 EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   require(tokenizer_ != nullptr, "{}: encoding a conversation needs a tokenizer", t_.origin);
-  jinja::Rendered r = t_.templ->render(template_variables(t_, input));
+  jinja::Rendered r = t_.templ->render(template_variables(input));
   const std::string& text = r.text.text;
   EncodedChat out;
   out.from_generation_tags = t_.templ->has_generation();

@@ -83,8 +83,7 @@ Dict special_tokens_of(const std::string& dir) {
 ModelChatTemplate make(std::string text, std::string origin, const std::string& tokenizer_dir) {
   ModelChatTemplate t;
   t.checksum = checksum_hex(checksum(text));
-  t.templ = std::make_shared<const jinja::Template>(std::move(text), origin);
-  t.special_tokens = special_tokens_of(tokenizer_dir);
+  t.templ = std::make_shared<const jinja::Template>(std::move(text), origin, special_tokens_of(tokenizer_dir));
   t.origin = std::move(origin);
   return t;
 }
@@ -239,8 +238,9 @@ ChatInput chat_input_from_messages(const std::vector<ChatMessage>& messages) {
   return in;
 }
 
-Dict template_variables(const ModelChatTemplate& t, const ChatInput& input) {
-  Dict vars = t.special_tokens;
+Dict template_variables(const ChatInput& input) {
+  Dict vars;
+  vars.items.reserve(4 + input.variables.items.size());
   vars.set("messages", input.messages);
   vars.set("tools", input.tools.is_undefined() ? Value::none() : input.tools);
   vars.set("documents", input.documents.is_undefined() ? Value::none() : input.documents);

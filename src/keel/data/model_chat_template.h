@@ -18,7 +18,6 @@ namespace keel::data {
 
 struct ModelChatTemplate {
   std::shared_ptr<const jinja::Template> templ;
-  jinja::Dict special_tokens;  // transformers' special_tokens_map: bos_token, eos_token, pad_token, ...
   std::string origin;          // the file (and the template's name when it has several)
   std::string checksum;        // of the template text: prepared data depends on it
 };
@@ -56,8 +55,9 @@ std::string chat_input_from_record(simdjson::dom::element record, ChatInput& out
 // A conversation given as role/content pairs (prompt/response and instruction/output records).
 ChatInput chat_input_from_messages(const std::vector<ChatMessage>& messages);
 
-// The variables of one rendering: the special tokens, then the input (messages, tools,
-// documents, add_generation_prompt, extra variables over the special tokens).
-jinja::Dict template_variables(const ModelChatTemplate& t, const ChatInput& input);
+// The variables of one rendering: messages, tools, documents, add_generation_prompt and the
+// extra variables. The special tokens are the template's own defaults (ModelChatTemplate::templ),
+// which these override.
+jinja::Dict template_variables(const ChatInput& input);
 
 }  // namespace keel::data

@@ -106,7 +106,8 @@ struct TemplateAst {
     return it == symbol_index.end() ? -1 : it->second;
   }
   static constexpr int kLoop = 0, kCaller = 1;  // interned first in every template
-  // The built-in globals (raise_exception, namespace, ...) the template names, by symbol.
+  // The built-in globals (raise_exception, namespace, ...) and the Template's defaults the
+  // template names, by symbol, defaults first: what every rendering's variables do not name.
   std::vector<std::pair<int, Value>> globals;
 };
 

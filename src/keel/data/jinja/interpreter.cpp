@@ -34,8 +34,8 @@ void Interpreter::too_many_steps() const {
 
 Rendered Interpreter::run(const Dict& variables) {
   // The template's scope: the variables it names (one it never names cannot be read by it: not
-  // bound), then the built-in globals it names (TemplateAst::globals, stateless functions). A
-  // variable of a global's name shadows it, as Jinja's context does.
+  // bound), then the defaults and built-in globals it names that the variables do not
+  // (TemplateAst::globals): a variable shadows a default, a default a global.
   top_.reserve(variables.items.size() + ast_.globals.size());
   for (const auto& [k, v] : variables.items)
     if (const int symbol = ast_.symbol(k); symbol >= 0) top_[symbol] = v;
@@ -870,7 +870,8 @@ Value Interpreter::binary(Op op, Value a, Value b, int line) {
   error(line, unsupported());
 }
 
-Template::Template(std::string source, std::string origin) : source_(std::move(source)), origin_(std::move(origin)) {
+Template::Template(std::string source, std::string origin, const Dict& defaults)
+    : source_(std::move(source)), origin_(std::move(origin)) {
   try {
     ast_ = std::make_unique<TemplateAst>(parse_template(source_));
   } catch (const Error& e) {
@@ -882,8 +883,9 @@ Template::Template(std::string source, std::string origin) : source_(std::move(s
     add_builtin_globals(d);
     return d;
   }();
-  for (const auto& [name, v] : builtins.items)
-    if (const int symbol = ast_->symbol(name); symbol >= 0) ast_->globals.emplace_back(symbol, v);
+  for (const Dict* d : {&defaults, &builtins})
+    for (const auto& [name, v] : d->items)
+      if (const int symbol = ast_->symbol(name); symbol >= 0) ast_->globals.emplace_back(symbol, v);
 }
 
 Template::~Template() = default;

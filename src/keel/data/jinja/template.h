@@ -29,9 +29,11 @@ struct Rendered {
 
 class Template {
  public:
-  // `origin` names the template in messages ("Qwen3/tokenizer_config.json"). keel::Error for a
-  // syntax error, naming the line.
-  Template(std::string source, std::string origin);
+  // `origin` names the template in messages ("Qwen3/tokenizer_config.json"). `defaults`: variables
+  // every rendering sees unless its own variables name them (a tokenizer's special tokens), bound
+  // here once rather than copied into every rendering's variables. keel::Error for a syntax
+  // error, naming the line.
+  Template(std::string source, std::string origin, const Dict& defaults = {});
   ~Template();
   Template(Template&&) noexcept;
 
