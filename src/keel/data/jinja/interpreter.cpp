@@ -453,9 +453,15 @@ Value Interpreter::item(const Value& object, const Value& key, int line) {
 
 namespace {
 
-// Python's slice indices for a sequence of n items.
-std::vector<size_t> slice_indices(int64_t n, const Value& start, const Value& stop, const Value& step_v,
-                                  Interpreter& in, int line) {
+// Python's slice of a sequence of n items: `count` indices from `first`, `step` apart. Counted,
+// not listed: `messages[::-1]` runs per conversation.
+struct SliceRange {
+  int64_t first = 0, step = 1, count = 0;
+  size_t operator[](int64_t k) const { return size_t(first + k * step); }
+};
+
+SliceRange slice_range(int64_t n, const Value& start, const Value& stop, const Value& step_v, Interpreter& in,
+                       int line) {
   auto as_index = [&](const Value& v) -> std::optional<int64_t> {
     if (v.is_undefined() || v.is_none()) return std::nullopt;
     if (!v.is_number()) in.error(line, "slice indices must be integers or None");
@@ -472,9 +478,10 @@ std::vector<size_t> slice_indices(int64_t n, const Value& start, const Value& st
   };
   const int64_t b = clamp(as_index(start), step > 0 ? 0 : n - 1);
   const int64_t e = clamp(as_index(stop), step > 0 ? n : -1);
-  std::vector<size_t> out;
-  for (int64_t i = b; step > 0 ? i < e : i > e; i += step) out.push_back(size_t(i));
-  return out;
+  SliceRange r{b, step, 0};
+  if (step > 0 && e > b) r.count = (e - b - 1) / step + 1;
+  if (step < 0 && b > e) r.count = step == INT64_MIN ? 1 : (b - e - 1) / -step + 1;
+  return r;
 }
 
 }  // namespace
@@ -546,11 +553,10 @@ Value Interpreter::eval(const Expr& e) {
         if (e.args[size_t(k) + 1]) parts[k] = eval(*e.args[size_t(k) + 1]);
       if (object.is_list()) {
         const List& l = object.as_list();
-        const std::vector<size_t> picked =
-            slice_indices(int64_t(l.size()), parts[0], parts[1], parts[2], *this, e.line);
+        const SliceRange picked = slice_range(int64_t(l.size()), parts[0], parts[1], parts[2], *this, e.line);
         List out;
-        out.reserve(picked.size());
-        for (size_t i : picked) out.push_back(l[i]);
+        out.reserve(size_t(picked.count));
+        for (int64_t k = 0; k < picked.count; ++k) out.push_back(l[picked[k]]);
         return Value(std::move(out), object.is_tuple());
       }
       if (object.is_string()) {
@@ -564,8 +570,8 @@ Value Interpreter::eval(const Expr& e) {
         }
         starts.push_back(s.text.size());
         Str out;
-        for (size_t i : slice_indices(int64_t(starts.size() - 1), parts[0], parts[1], parts[2], *this, e.line))
-          out.append(s.substr(starts[i], starts[i + 1]));
+        const SliceRange picked = slice_range(int64_t(starts.size() - 1), parts[0], parts[1], parts[2], *this, e.line);
+        for (int64_t k = 0; k < picked.count; ++k) out.append(s.substr(starts[picked[k]], starts[picked[k] + 1]));
         return Value(std::move(out));
       }
       if (object.is_undefined()) error(e.line, fmt::format("'{}' is undefined", object.undefined_name()));
