@@ -892,7 +892,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
       for (const auto& [k, x] : a.keywords) d.set(k, x);
       args = Value(std::move(d));
     } else {
-      args = Value(List(a.positional), true);
+      args = Value(List(a.positional.begin(), a.positional.end()), true);
     }
     return Value(python_percent_format(in, str_of(v), args, line));
   }
@@ -1065,7 +1065,7 @@ Value builtin_filter(Interpreter& in, const std::string& name, const Value& v, C
   }
   if (same_name(name, "center")) {
     CallArgs args;
-    args.positional = {a.get(0, "width", Value(int64_t(80)))};
+    args.positional.push_back(a.get(0, "width", Value(int64_t(80))));
     Value method = builtin_method(Value(str_of(v)), "center");
     return in.call(method, args, line);
   }

@@ -12,9 +12,43 @@
 
 namespace keel::data::jinja {
 
+// A call's positional arguments, in one contiguous array: calls in templates pass none, one or
+// two (s.startswith('x'), namespace(...)'s none), so two are held in place and only a third moves
+// them all to the heap.
+class Arguments {
+ public:
+  Value* begin() { return heap_.empty() ? in_place_ : heap_.data(); }
+  Value* end() { return begin() + size_; }
+  const Value* begin() const { return heap_.empty() ? in_place_ : heap_.data(); }
+  const Value* end() const { return begin() + size_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  Value& operator[](size_t i) { return begin()[i]; }
+  const Value& operator[](size_t i) const { return begin()[i]; }
+  void push_back(Value v) {
+    if (heap_.empty() && size_ < kInPlace) {
+      in_place_[size_++] = std::move(v);
+      return;
+    }
+    if (heap_.empty()) {
+      heap_.reserve(2 * kInPlace);
+      for (Value& x : in_place_) heap_.push_back(std::move(x));
+    }
+    heap_.push_back(std::move(v));
+    ++size_;
+  }
+
+ private:
+  static constexpr size_t kInPlace = 2;
+  Value in_place_[kInPlace];
+  size_t size_ = 0;
+  std::vector<Value> heap_;  // every argument once there are more than kInPlace
+};
+
 struct CallArgs {
-  std::vector<Value> positional;
-  std::vector<std::pair<std::string, Value>> keywords;
+  Arguments positional;
+  // Keyword names are the template's own text (its syntax tree outlives the call) or literals.
+  std::vector<std::pair<std::string_view, Value>> keywords;
   // argument `index`, else keyword `name`, else `fallback`
   Value get(size_t index, std::string_view name, Value fallback = Value()) const;
   const Value* keyword(std::string_view name) const;
