@@ -4,6 +4,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/data/jinja/ast.h"
@@ -17,6 +18,21 @@ namespace keel::data::jinja {
 // them all to the heap.
 class Arguments {
  public:
+  Arguments() = default;
+  Arguments(const Arguments&) = default;
+  Arguments& operator=(const Arguments&) = default;
+  // A moved-from list is empty (its count would otherwise still cover the moved-out values).
+  Arguments(Arguments&& other) noexcept : size_(std::exchange(other.size_, 0)), heap_(std::move(other.heap_)) {
+    for (size_t i = 0; i < kInPlace; ++i) in_place_[i] = std::move(other.in_place_[i]);
+  }
+  Arguments& operator=(Arguments&& other) noexcept {
+    for (size_t i = 0; i < kInPlace; ++i) in_place_[i] = std::move(other.in_place_[i]);
+    size_ = std::exchange(other.size_, 0);
+    heap_ = std::move(other.heap_);
+    other.heap_.clear();
+    return *this;
+  }
+
   Value* begin() { return heap_.empty() ? in_place_ : heap_.data(); }
   Value* end() { return begin() + size_; }
   const Value* begin() const { return heap_.empty() ? in_place_ : heap_.data(); }
