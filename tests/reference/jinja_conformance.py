@@ -404,6 +404,13 @@ adds(G, [
     "{% macro m() %}ab{% endmacro %}{{ m() | length }}|{{ m() ~ 'c' }}|{% set r = m() %}{{ r | upper }}",
     "{% macro m(n) %}{% if n > 0 %}{{ m(n - 1) }}{% endif %}{{ n }}{% endmacro %}{{ m(20) }}",
     "{{ m() }}{% macro m() %}x{% endmacro %}",
+    # scopes by symbol: a top-level set over a global's name, a macro reading the template's x
+    # while a loop has its own, `loop` not visible inside a macro, a with block's name gone after it
+    "{% set namespace = 5 %}{{ namespace }}",
+    "{% set x = 1 %}{% macro m() %}{{ x }}{% endmacro %}{% for i in [1] %}{% set x = 2 %}{{ m() }}{{ x }}"
+    "{% endfor %}{{ x }}",
+    "{% macro m() %}{{ loop is defined }}{% endmacro %}{% for i in [1] %}{{ m() }}{% endfor %}",
+    "{% for i in [1, 2] %}{% with y = i * 10 %}{{ y }}{% endwith %}{{ y is defined }}{% endfor %}",
     "{% macro m() %}{{ caller() }}{% endmacro %}{{ m() }}",
     "{% macro wrap() %}<{{ caller() }}>{% endmacro %}{% call wrap() %}inner{% endcall %}",
     "{% macro each(l) %}{% for x in l %}{{ caller(x) }}{% endfor %}{% endmacro %}"
@@ -450,6 +457,8 @@ adds(G, [
     "{% macro m(x) %}{{ caller(x * 2) }}{% endmacro %}{% call(y) m(4) %}got {{ y }}{% endcall %}",
 ], dict(L, tree=[{"name": "a", "children": [{"name": "b"}, {"name": "c", "children": [{"name": "d"}]}]},
                  {"name": "e"}]))
+# a rendering's variable shadows a global of the same name
+add(G, "{{ range }}|{{ namespace(a=1).a }}", {"range": 3})
 
 # ---------------------------------------------------------------------------------------------------
 G = "string methods"
