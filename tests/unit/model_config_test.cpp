@@ -411,6 +411,31 @@ std::string llama_with(const std::string& extra) {
   return llama_config({}).insert(1, extra.empty() ? "" : extra + ", ");
 }
 
+// Keys keel does not read are written back as Python's json.dumps(indent=2) writes them, nested
+// and empty containers included (what transformers' save_pretrained leaves in config.json).
+TEST(ModelConfig, UnreadKeysAreWrittenBackAsJsonDumpsIndentTwo) {
+  const ModelConfig c = parse(llama_with(R"("extra": {"a": [], "b": {}, "c": [[1, 2], {"d": [true, null, "x"]}]})"));
+  const std::string json = model_config_json(c, DType::F32);
+  const std::string want = R"(  "extra": {
+    "a": [],
+    "b": {},
+    "c": [
+      [
+        1,
+        2
+      ],
+      {
+        "d": [
+          true,
+          null,
+          "x"
+        ]
+      }
+    ]
+  },)";
+  EXPECT_NE(json.find(want), std::string::npos) << json;
+}
+
 TEST(ModelConfigErrors, NotJsonOrNotObject) {
   expect_parse_error("{", {"config.json", "valid JSON"});
   expect_parse_error("[]", {"config.json", "JSON object", "array"});

@@ -106,42 +106,34 @@ const char* json_bool(bool v) { return v ? "true" : "false"; }
 
 // Pretty-printed like Python's json.dumps(indent=2), the layout transformers writes.
 void append_pretty(std::string& out, dom::element e, int indent) {
-  std::string pad(size_t(indent) + 2, ' ');
+  // An array's or object's members, one a line, `member(item)` writing each after its indent.
+  auto container = [&](auto members, char open, char close, auto&& member) {
+    if (members.size() == 0) {
+      out += open;
+      out += close;
+      return;
+    }
+    const std::string pad(size_t(indent) + 2, ' ');
+    out += open;
+    bool first = true;
+    for (auto item : members) {
+      out += first ? "\n" : ",\n";
+      first = false;
+      out += pad;
+      member(item);
+    }
+    out += '\n' + std::string(size_t(indent), ' ') + close;
+  };
   switch (e.type()) {
-    case dom::element_type::ARRAY: {
-      dom::array array = e;
-      if (array.size() == 0) {
-        out += "[]";
-        return;
-      }
-      out += '[';
-      bool first = true;
-      for (dom::element item : array) {
-        out += first ? "\n" : ",\n";
-        first = false;
-        out += pad;
-        append_pretty(out, item, indent + 2);
-      }
-      out += '\n' + std::string(size_t(indent), ' ') + ']';
+    case dom::element_type::ARRAY:
+      container(dom::array(e), '[', ']', [&](dom::element item) { append_pretty(out, item, indent + 2); });
       return;
-    }
-    case dom::element_type::OBJECT: {
-      dom::object object = e;
-      if (object.size() == 0) {
-        out += "{}";
-        return;
-      }
-      out += '{';
-      bool first = true;
-      for (dom::key_value_pair kv : object) {
-        out += first ? "\n" : ",\n";
-        first = false;
-        out += pad + json_quoted(kv.key) + ": ";
+    case dom::element_type::OBJECT:
+      container(dom::object(e), '{', '}', [&](dom::key_value_pair kv) {
+        out += json_quoted(kv.key) + ": ";
         append_pretty(out, kv.value, indent + 2);
-      }
-      out += '\n' + std::string(size_t(indent), ' ') + '}';
+      });
       return;
-    }
     case dom::element_type::INT64: out += std::to_string(int64_t(e)); return;
     case dom::element_type::UINT64: out += std::to_string(uint64_t(e)); return;
     case dom::element_type::DOUBLE: out += json_number(double(e)); return;
