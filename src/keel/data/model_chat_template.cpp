@@ -27,7 +27,13 @@ Dict json_to_dict(simdjson::dom::object object, int source, int role_source) {
   d.items.reserve(object.size());
   for (auto field : object) {
     const int marked = role_source != source && field.key == "role" && field.value.is_string() ? role_source : source;
-    d.set(jinja::string_dict_key(field.key), json_to_value(field.value, marked));
+    Value v = json_to_value(field.value, marked);
+    // A key is its own dict key unless it starts with NUL (string_dict_key escapes it): the
+    // common case builds the key's string once, in place.
+    if (!field.key.empty() && field.key[0] == '\0')
+      d.set(jinja::string_dict_key(field.key), std::move(v));
+    else
+      d.set(field.key, std::move(v));
   }
   return d;
 }
@@ -169,9 +175,20 @@ namespace {
 // transformers' _normalize_chat_messages and _alias_reasoning_fields.
 Value normalized_message(Dict out) {
   std::erase_if(out.items, [](const auto& item) { return item.second.is_none(); });
+  // The first of reasoning_content, thinking, reasoning the message has (transformers' order), in
+  // one pass over its keys: most messages have none of them.
   const Value* reasoning = nullptr;
-  for (const char* key : {"reasoning_content", "thinking", "reasoning"})
-    if (!reasoning) reasoning = out.find(key);
+  int rank = 3;
+  for (const auto& [k, v] : out.items) {
+    const int r = jinja::same_name(k, "reasoning_content") ? 0
+                  : jinja::same_name(k, "thinking")        ? 1
+                  : jinja::same_name(k, "reasoning")       ? 2
+                                                           : 3;
+    if (r < rank) {
+      rank = r;
+      reasoning = &v;
+    }
+  }
   if (!reasoning) return Value(std::move(out));
   const Value r = *reasoning;
   Dict aliased;
