@@ -5,8 +5,9 @@
 // vector_ops_body.inc under different `#pragma GCC target`s) and called through this table.
 // KEEL_ISA=portable|avx2|avx512 lowers the choice (never above what the CPU supports): CI runs
 // the kernel tests on the portable path with it, so that path stays tested on AVX-512 machines.
-// Every level computes the same formulas in the same order, 16 lanes at a time; results may
-// differ in the last bit where a level fuses a multiply-add.
+// Every level computes the same formulas in the same order — its vectors are its register width,
+// and its sums add the same 16 (or 8) logical lanes — so results may differ only in the last bit
+// where a level fuses a multiply-add.
 #pragma once
 #include <cstdint>
 #include <string_view>
