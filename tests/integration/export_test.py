@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import check, run_tests, write_data
+from harness import check, run_tests, toml_lines, write_data
 
 import numpy as np
 
@@ -27,14 +27,6 @@ KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 WORK = tempfile.mkdtemp(prefix="keel_export_test_")
 VOCAB = 320  # room for the test tokenizer (300 ids); the training data uses ids below 32
-
-
-def toml_value(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return '"%s"' % v
-    return repr(v)
 
 
 def recipe(name, family="llama", scratch=True, model_keys=(), **overrides):
@@ -49,7 +41,7 @@ def recipe(name, family="llama", scratch=True, model_keys=(), **overrides):
         "max_steps": 4, "seed": 5, "log_interval": 2,
     }
     keys.update(overrides)
-    lines = ["%s = %s" % (k, toml_value(v)) for k, v in keys.items() if v is not None]  # None: key left out
+    lines = toml_lines(keys)  # None: key left out
     if scratch:  # model_keys ("key = value") add to or replace the tiny model's keys
         model = ['family = "%s"' % family, "vocab_size = %d" % VOCAB, "hidden_size = 32", "intermediate_size = 64",
                  "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"]

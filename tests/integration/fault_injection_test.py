@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from harness import write_data
+from harness import toml_lines, write_data
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -58,14 +58,7 @@ def recipe(name, scratch=True, **overrides):
         "learning_rate": 3e-3, "warmup_steps": 1, "max_steps": 6, "seed": 7, "log_interval": 1,
     }
     keys.update(overrides)
-    lines = []
-    for k, v in keys.items():
-        if isinstance(v, bool):
-            lines.append("%s = %s" % (k, "true" if v else "false"))
-        elif isinstance(v, str):
-            lines.append('%s = "%s"' % (k, v))
-        else:
-            lines.append("%s = %r" % (k, v))
+    lines = toml_lines(keys)
     if scratch:
         lines += ["[model_config]", 'family = "llama"', "vocab_size = 32", "hidden_size = 32",
                   "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"]

@@ -1,6 +1,6 @@
-"""What the integration test scripts share: a failure list with check(), tiny pre-tokenized
-training data, the worst relative difference of two sets of tensors, and the runner that calls
-every test_* function of a script."""
+"""What the integration test scripts share: a failure list with check(), recipe lines from a
+dict, tiny pre-tokenized training data, the worst relative difference of two sets of tensors, and
+the runner that calls every test_* function of a script."""
 import json
 import random
 import shutil
@@ -15,6 +15,22 @@ def check(cond, what):
         FAILURES.append(what)
         print("  FAIL:", what)
     return cond
+
+
+def toml_value(v):
+    """v as a TOML value: booleans lowercase, strings quoted and escaped, lists of these."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return repr(v)
+
+
+def toml_lines(keys):
+    """'key = value' lines of a recipe table; a key whose value is None is left out."""
+    return ["%s = %s" % (k, toml_value(v)) for k, v in keys.items() if v is not None]
 
 
 def start_training(keel, recipe_path, metrics_path, timeout=60):

@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from harness import toml_lines
+
 KEEL = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="keel_ladder_test_")
 FAILURES = []
@@ -90,9 +92,7 @@ def write_recipe(name, tokenizer, data, **overrides):
             "gradient_accumulation_steps": 2, "learning_rate": 3e-3, "warmup_steps": 1, "max_steps": 6,
             "seed": 3, "shuffle": True, "log_interval": 1}
     keys.update(overrides)
-    text = ""
-    for k, v in keys.items():
-        text += "%s = %s\n" % (k, json.dumps(v) if not isinstance(v, bool) else ("true" if v else "false"))
+    text = "".join(line + "\n" for line in toml_lines(keys))
     text += ('[model_config]\nfamily = "qwen2"\nvocab_size = 320\nhidden_size = 32\nintermediate_size = 48\n'
              'num_layers = 2\nnum_heads = 4\nnum_kv_heads = 2\n')
     path = os.path.join(WORK, name + ".toml")

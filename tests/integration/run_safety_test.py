@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from harness import check, run_tests, start_training, write_data
+from harness import check, run_tests, start_training, toml_lines, write_data
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -37,14 +37,6 @@ MODEL_CONFIG = ["[model_config]", 'family = "llama"', "vocab_size = 32", "hidden
                 "max_position_embeddings = 64"]
 
 
-def toml_value(v):
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return json.dumps(v)
-    return repr(v)
-
-
 def recipe(name, scratch=True, **overrides):
     d = os.path.join(WORK, name)
     os.makedirs(d, exist_ok=True)
@@ -52,7 +44,7 @@ def recipe(name, scratch=True, **overrides):
             "dtype": "fp32", "max_seq_len": 16, "batch_size": 4, "learning_rate": 3e-3,
             "max_steps": 4, "seed": 5, "log_interval": 2}
     keys.update(overrides)
-    lines = ["%s = %s" % (k, toml_value(v)) for k, v in keys.items() if v is not None]
+    lines = toml_lines(keys)
     if scratch:
         lines += MODEL_CONFIG
     path = os.path.join(d, "recipe.toml")

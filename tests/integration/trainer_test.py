@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from harness import check, run_tests, start_training, write_data
+from harness import check, run_tests, start_training, toml_lines, write_data
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -33,14 +33,7 @@ def recipe(name, **overrides):
         "log_interval": 4, "weight_decay": 0.01,
     }
     keys.update(overrides)
-    lines = []
-    for k, v in keys.items():
-        if isinstance(v, bool):
-            lines.append("%s = %s" % (k, "true" if v else "false"))
-        elif isinstance(v, str):
-            lines.append('%s = "%s"' % (k, v))
-        else:
-            lines.append("%s = %r" % (k, v))
+    lines = toml_lines(keys)
     lines += ["[model_config]", 'family = "llama"', "vocab_size = 32", "hidden_size = 32",
               "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"]
     path = os.path.join(d, "recipe.toml")

@@ -38,6 +38,17 @@ struct TokenizeOptions {
 
 int default_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
 
+// Line `line_no` of stdin as a JSON document, parsed by this thread's parser (valid until its next
+// line); nothing for a blank line; keel::Error naming the line for invalid JSON.
+std::optional<simdjson::dom::element> stdin_document(std::string_view line, size_t line_no) {
+  thread_local simdjson::dom::parser parser;
+  if (line.find_first_not_of(" \t\r") == std::string_view::npos) return std::nullopt;
+  simdjson::dom::element doc;
+  const auto error = parser.parse(line.data(), line.size()).get(doc);
+  if (error) fail("stdin:{}: invalid JSON ({})", line_no, simdjson::error_message(error));
+  return doc;
+}
+
 // --tokenizer, --pattern and --threads, shared by tokenize and detokenize.
 void add_tokenizer_options(CLI::App& cmd, TokenizeOptions& o, const char* work) {
   cmd.add_option("--tokenizer", o.tokenizer, "tokenizer.json, a tiktoken rank file, or a model directory")->required();
@@ -57,14 +68,11 @@ const CommandRegistration kTokenize{
         const data::EncodeOptions options{o->add_special_tokens, false};
         process_stdin(o->threads ? o->threads : default_threads(),
                       [&](std::string_view line, size_t line_no, std::string& out) {
-                        thread_local simdjson::dom::parser parser;
                         thread_local std::vector<int32_t> ids;
-                        if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
-                        simdjson::dom::element doc;
-                        auto error = parser.parse(line.data(), line.size()).get(doc);
-                        if (error) fail("stdin:{}: invalid JSON ({})", line_no, simdjson::error_message(error));
+                        const auto doc = stdin_document(line, line_no);
+                        if (!doc) return;
                         std::string_view text;
-                        if (doc["text"].get_string().get(text) != simdjson::SUCCESS)
+                        if ((*doc)["text"].get_string().get(text) != simdjson::SUCCESS)
                           fail("stdin:{}: expected an object with a string field \"text\"", line_no);
                         ids.clear();
                         try {
@@ -88,14 +96,11 @@ const CommandRegistration kDetokenize{
         const data::Tokenizer tokenizer = data::load_tokenizer(o->tokenizer, o->pattern);
         process_stdin(
             o->threads ? o->threads : default_threads(), [&](std::string_view line, size_t line_no, std::string& out) {
-              thread_local simdjson::dom::parser parser;
               thread_local std::vector<int32_t> ids;
-              if (line.find_first_not_of(" \t\r") == std::string_view::npos) return;
-              simdjson::dom::element doc;
-              auto error = parser.parse(line.data(), line.size()).get(doc);
-              if (error) fail("stdin:{}: invalid JSON ({})", line_no, simdjson::error_message(error));
+              const auto doc = stdin_document(line, line_no);
+              if (!doc) return;
               simdjson::dom::array array;
-              if (doc["input_ids"].get_array().get(array) != simdjson::SUCCESS)
+              if ((*doc)["input_ids"].get_array().get(array) != simdjson::SUCCESS)
                 fail("stdin:{}: expected an object with an array field \"input_ids\"", line_no);
               ids.clear();
               for (auto item : array) {

@@ -615,8 +615,8 @@ std::string layer_types_json(const ModelConfig& c) {
   return "[" + types + "]";
 }
 
-void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
-  const FormatKeys& k = kTransformersKeys;
+// The shape every format names, under that format's keys.
+void add_shape_fields(JsonFields& f, const ModelConfig& c, const FormatKeys& k) {
   f[k.vocab] = std::to_string(c.vocab_size);
   f[k.hidden] = std::to_string(c.hidden_size);
   f[k.intermediate] = std::to_string(c.intermediate_size);
@@ -626,6 +626,10 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
   f[k.head_dim] = std::to_string(c.head_dim);
   f[k.norm_eps] = json_number(c.rms_norm_eps);
   f[k.max_positions] = std::to_string(c.max_position_embeddings);
+}
+
+void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
+  add_shape_fields(f, c, kTransformersKeys);
   f[c.gemma() ? "hidden_activation" : "hidden_act"] = c.gemma() ? "\"gelu_pytorch_tanh\"" : "\"silu\"";
   f["rope_theta"] = json_number(c.rope_theta);
   f["rope_scaling"] = "null";
@@ -675,16 +679,7 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
 }
 
 void add_chatglm_fields(JsonFields& f, const ModelConfig& c) {
-  const FormatKeys& k = kChatGlmKeys;
-  f[k.vocab] = std::to_string(c.vocab_size);
-  f[k.hidden] = std::to_string(c.hidden_size);
-  f[k.intermediate] = std::to_string(c.intermediate_size);
-  f[k.layers] = std::to_string(c.num_layers);
-  f[k.heads] = std::to_string(c.num_heads);
-  f[k.kv_heads] = std::to_string(c.num_kv_heads);
-  f[k.head_dim] = std::to_string(c.head_dim);
-  f[k.norm_eps] = json_number(c.rms_norm_eps);
-  f[k.max_positions] = std::to_string(c.max_position_embeddings);
+  add_shape_fields(f, c, kChatGlmKeys);
   f["multi_query_attention"] = json_bool(c.num_kv_heads != c.num_heads);
   f["add_qkv_bias"] = json_bool(c.qkv_bias);
   f["rope_ratio"] = json_number(factor_reproducing(c.rope_theta, kGlmRopeBase));
