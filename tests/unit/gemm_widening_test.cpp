@@ -83,5 +83,73 @@ TEST(GemmWidening, ProductsLargerThanOneTileMatchDouble) {
     for (float beta : {0.0f, 1.0f}) expect_product_matches_double(c, beta);
 }
 
+// A product of bf16 operands at a and b, into a zeroed C.
+std::vector<float> product(const GemmShape& s, const bf16* a, const bf16* b) {
+  std::vector<float> c(size_t(s.m * s.ldc), 0.0f);
+  gemm_bf16(s, a, b, c.data(), 0.0f);
+  return c;
+}
+
+// A module's columns of a fused output gradient held (as the decoder holds them for dB and du),
+// then every value of the gradient changed: while held, products over those columns read the copy
+// made at the hold (where products widen), so they give the original values' products.
+TEST(GemmWidening, HeldMatricesAreWidenedOnceAndReadUntilReleased) {
+  const int64_t N = 300, ld = 96, cols = 40, col0 = 24, r = 8;
+  std::vector<bf16> dy = random_bf16(size_t(N * ld), 21);
+  const std::vector<bf16> u = random_bf16(size_t(N * r), 22), bw = random_bf16(size_t(cols * r), 23);
+  const bf16* slice = dy.data() + col0;          // [N, cols], leading dimension ld
+  const bf16* beside = dy.data() + col0 + cols;  // the columns next to it, not held
+  // dB = dy[:, cols]^T u and du = dy[:, cols] B: the slice as A, transposed and not.
+  const GemmShape db{Trans::T, Trans::N, cols, r, N, ld, r, r}, du{Trans::N, Trans::N, N, r, cols, ld, r, r};
+  const std::vector<float> db_want = product(db, slice, u.data()), du_want = product(du, slice, bw.data());
+  const std::vector<float> beside_before = product(du, beside, bw.data());
+
+  std::vector<float> copy(size_t(N * cols));
+  gemm_hold_widened(1, slice, N, cols, ld, copy.data());
+  for (auto& v : dy) v = float_to_bf16(bf16_to_float(v) + 1.0f);
+  const std::vector<float> db_held = product(db, slice, u.data()), du_held = product(du, slice, bw.data());
+  const std::vector<float> beside_held = product(du, beside, bw.data());
+  gemm_release_widened(1);
+  const std::vector<float> db_released = product(db, slice, u.data());
+
+  if (!bf16_matmul_native()) {
+    EXPECT_EQ(db_held, db_want) << "dB read the held copy: the unheld product's bits";
+    EXPECT_EQ(du_held, du_want) << "du read the held copy: the unheld product's bits";
+  } else {  // nothing is held where oneDNN multiplies bf16 itself
+    EXPECT_EQ(db_held, db_released);
+  }
+  EXPECT_NE(db_released, db_want) << "after the release the operand is read as it is";
+  EXPECT_NE(beside_held, beside_before) << "a product over columns outside the held block reads them as they are";
+}
+
+// The held matrix as operand B (dA = du^T x) and as an A cut into M tiles (one larger than a
+// widened tile): tiles are read at their offsets in the copy.
+TEST(GemmWidening, HeldOperandsAreReadTileByTile) {
+  const bool widens = !bf16_matmul_native();
+  const int64_t E = int64_t(kWidenedOperandElements), cols = 480, rows = E / cols + 700, r = 8;
+  std::vector<bf16> x = random_bf16(size_t(rows * cols), 31);
+  const std::vector<bf16> du = random_bf16(size_t(rows * r), 32), a_w = random_bf16(size_t(r * cols), 33);
+  const GemmShape da{Trans::T, Trans::N, r, cols, rows, r, cols, cols};  // x as B
+  const GemmShape u{Trans::N, Trans::T, rows, r, cols, cols, cols, r};   // x as A, cut along M
+  std::vector<float> da_want(size_t(r * cols)), u_want(size_t(rows * r));
+  gemm_bf16(da, du.data(), x.data(), da_want.data(), 0.0f);
+  gemm_bf16(u, x.data(), a_w.data(), u_want.data(), 0.0f);
+
+  std::vector<float> copy(size_t(rows * cols));
+  gemm_hold_widened(0, x.data(), rows, cols, cols, copy.data());
+  for (auto& v : x) v = float_to_bf16(-bf16_to_float(v));
+  std::vector<float> da_held(da_want.size()), u_held(u_want.size());
+  gemm_bf16(da, du.data(), x.data(), da_held.data(), 0.0f);
+  gemm_bf16(u, x.data(), a_w.data(), u_held.data(), 0.0f);
+  gemm_release_widened(0);
+  if (widens) {
+    EXPECT_EQ(da_held, da_want);
+    EXPECT_EQ(u_held, u_want);
+  } else {
+    EXPECT_NE(da_held, da_want);
+    EXPECT_NE(u_held, u_want);
+  }
+}
+
 }  // namespace
 }  // namespace keel::kernels

@@ -65,6 +65,13 @@ class Backend {
   // whole run, for the memory plan: the CPU's fp32 tiles of bf16 operands where oneDNN has no
   // bf16 matmul, else 0.
   virtual size_t gemm_scratch_bytes(bool bf16_inputs) = 0;
+  // Whether gemm_bf16 widens its operands to fp32 at every call (the CPU where oneDNN has no bf16
+  // matmul): then a bf16 matrix that several products read in a row is better widened once, into
+  // `copy` [rows, cols], by hold_widened; products on the calling thread read the copy until
+  // release_widened(slot) (slot 0 or 1). Both do nothing where this is false.
+  virtual bool widens_bf16_products() = 0;
+  virtual void hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy) = 0;
+  virtual void release_widened(int slot) = 0;
   // This machine's matmul throughput on a size^3 product, in FLOP/s (MFU's denominator).
   virtual double measure_matmul_peak(bool bf16, int64_t size, int repeats) = 0;
 

@@ -24,6 +24,18 @@ constexpr size_t kWidenedOperandElements = size_t(4) << 20;
 // memory plan: 32 MiB where oneDNN has no bf16 matmul on this CPU, else 0. (Attention's products
 // widen nothing there: it holds its bf16 operands widened in its own workspace, attention.h.)
 size_t gemm_widened_operand_bytes(bool bf16);
+// Where oneDNN has no bf16 matmul, each gemm_bf16 call widens its operands anew, and a matrix that
+// several products read in a row (a block's normalised input feeds its fused projection and each
+// of its adapters' A products) was widened once per product. gemm_hold_widened widens x
+// [rows, cols] (leading dimension ld) once into `copy` [rows, cols] (the caller's, planned
+// memory), and until gemm_release_widened(slot) every gemm_bf16 on this thread whose operand lies
+// inside x reads the copy instead: the same fp32 values, so the same products. `slot` < 2: two
+// matrices at once (an adapter's backward reads its output gradient and its input). Does nothing
+// where oneDNN multiplies bf16 itself (bf16_matmul_native). The caller must not write x while it
+// is held.
+constexpr int kHeldWidenedSlots = 2;
+void gemm_hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy);
+void gemm_release_widened(int slot);
 // True once some gemm_bf16 call had to widen its inputs (reported with the run's kernels).
 bool gemm_bf16_emulated();
 // Whether oneDNN has a bf16 matmul on this CPU (probed once), for the run's report.

@@ -287,10 +287,16 @@ struct BlockIds {
   int lora_u = -1, lora_u_b = -1;  // LoRA: scaling * x A^T of each of the block's modules
 };
 
-// What the plan needs to know of the adapter: its size, each block's module count, and the widest
-// module input (LoRA dropout's scratch).
+// The largest operand the decoder holds widened (Backend::hold_widened): 16 MiB in fp32, as large
+// as one of the GEMM's own widened tiles (kernels/gemm.h).
+constexpr int64_t kHeldWidenedElements = int64_t(4) << 20;
+
+// What the plan needs to know of the adapter: its size, each block's module count, the widest
+// module input (LoRA dropout's scratch), and every module's input and output width (the widened
+// copies of the products' operands).
 struct AdapterShape {
   int64_t elements = 0, rank = 0, widest_input = 0;
+  std::vector<int64_t> inputs, outputs;
   bool dropout = false;
   std::vector<int64_t> modules_per_layer;
   bool enabled() const { return rank > 0; }
@@ -303,7 +309,12 @@ AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& 
   a.elements = adapter.total();
   a.rank = spec.rank;
   a.modules_per_layer.assign(size_t(c.num_layers), 0);
-  for (const auto& m : modules) ++a.modules_per_layer[size_t(m.layer)], a.widest_input = std::max(a.widest_input, m.cols);
+  for (const auto& m : modules) {
+    ++a.modules_per_layer[size_t(m.layer)];
+    a.widest_input = std::max(a.widest_input, m.cols);
+    a.inputs.push_back(m.cols);
+    a.outputs.push_back(m.rows);
+  }
   a.dropout = spec.dropout > 0;
   return a;
 }
@@ -314,6 +325,7 @@ struct DecoderLayout {
   int lora_weights = -1, lora_grads = -1, lora_weights_bf16 = -1, lora_du = -1, lora_du_b = -1;
   int four_bit_packed = -1, four_bit_absmax = -1, four_bit_tile = -1, four_bit_tile_b = -1;
   int lora_dropped = -1, lora_dropped_b = -1, lora_dx = -1;
+  int lora_held_input = -1, lora_held_grad = -1;  // bf16 LoRA where products widen: hold_widened's copies
   int grad_shard = -1;            // ZeRO-2: this rank's summed gradients
   std::vector<int> grad_staging;  // ZeRO-2: one per GradGroup
   std::vector<int> gathered, gathered_b;    // ZeRO-3: one per WeightGather (fp32, and bf16 copies)
@@ -544,6 +556,24 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     d.lora_du = add("grad.lora", Cat::Workspace, N * adapter.rank, f32, backward_first, backward_last);
     d.lora_du_b = add_bf16("grad.lora.bf16", Cat::Workspace, N * adapter.rank, backward_first, backward_last);
   }
+  // bf16 on a CPU whose products widen bf16 to fp32 at every call: a projection's input widened
+  // once for the projection and each of its adapters' products, and an adapter's output gradient
+  // once for its two products (Backend::hold_widened). Each copy is at most kHeldWidenedElements:
+  // a wider operand is widened per product, as without these.
+  if (bf && adapter.enabled() && backend_of(options).widens_bf16_products()) {
+    auto held = [&](const std::vector<int64_t>& widths) {
+      int64_t most = 0;
+      for (int64_t w : widths)
+        if (N * w <= kHeldWidenedElements) most = std::max(most, N * w);
+      return most;
+    };
+    if (const int64_t in = held(adapter.inputs))
+      d.lora_held_input = add("lora.input (widened once: no bf16 matmul on this CPU)", Cat::Workspace, in, f32,
+                              t.forward(0), backward_last);
+    if (const int64_t out = held(adapter.outputs))
+      d.lora_held_grad = add("grad.lora.output (widened once: no bf16 matmul on this CPU)", Cat::Workspace, out, f32,
+                             backward_first, backward_last);
+  }
 
   // The attention kernel's per-thread blocks of scores and packed heads, used by every layer in
   // the forward and the backward pass.
@@ -642,6 +672,8 @@ struct Decoder::Buffers {
   bf16* lora_du_b;
   float *lora_dropped, *lora_dx;  // LoRA dropout: a module's dropped-out input; its input gradient before the mask
   bf16* lora_dropped_b;
+  float *lora_held_input, *lora_held_grad;  // bf16 LoRA where products widen (null otherwise)
+  int64_t lora_held_input_elements, lora_held_grad_elements;
   float* four_bit_tile;  // QLoRA: dequantized rows of a 4-bit weight (fp32 or bf16, by precision)
   bf16* four_bit_tile_b;
   int64_t four_bit_tile_elements;
@@ -690,6 +722,11 @@ struct Decoder::Buffers {
     lora_dropped = f32(d.lora_dropped);
     lora_dropped_b = b16(d.lora_dropped_b);
     lora_dx = f32(d.lora_dx);
+    lora_held_input = f32(d.lora_held_input);
+    lora_held_grad = f32(d.lora_held_grad);
+    auto elements = [&](int id) { return id < 0 ? int64_t(0) : int64_t(plan.buffer(id).bytes / sizeof(float)); };
+    lora_held_input_elements = elements(d.lora_held_input);
+    lora_held_grad_elements = elements(d.lora_held_grad);
     four_bit_tile = f32(d.four_bit_tile);
     four_bit_tile_b = b16(d.four_bit_tile_b);
     const int tile = d.four_bit_tile >= 0 ? d.four_bit_tile : d.four_bit_tile_b;
@@ -1022,6 +1059,26 @@ struct Linear {
   }
 };
 
+// Backend::hold_widened for the length of a scope: x [rows, cols] (leading dimension ld) widened
+// once into `copy` for the products inside it. Nothing when x or `copy` is null (the copy is
+// planned only in bf16 LoRA on a backend whose products widen).
+class HeldWidened {
+ public:
+  HeldWidened(kernels::Backend& backend, int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy)
+      : backend_(backend), slot_(x && copy ? slot : -1) {
+    if (slot_ >= 0) backend_.hold_widened(slot_, x, rows, cols, ld, copy);
+  }
+  ~HeldWidened() {
+    if (slot_ >= 0) backend_.release_widened(slot_);
+  }
+  HeldWidened(const HeldWidened&) = delete;
+  HeldWidened& operator=(const HeldWidened&) = delete;
+
+ private:
+  kernels::Backend& backend_;
+  int slot_;
+};
+
 }  // namespace
 
 void Decoder::to_bf16(const float* src, bf16* dst, int64_t n) {
@@ -1045,11 +1102,18 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
 
   const double eps = c.rms_norm_eps, offset = c.norm_weight_offset;
   const kernels::RopeTable& rope = rope_of(l);
+  // y (+)= x W^T and the adapters' part of it, x's bf16 copy widened once for all of them where
+  // products widen bf16 (the input's hold is planned then).
+  auto project = [&](LinearSlot slot, const float* in, const bf16* in_b, const Weight& w, int64_t cols, int64_t out,
+                     float* y, float beta) {
+    const HeldWidened held(backend_, 0, held_lora_input(mb, l, slot, in_b, cols), N, cols, cols, buf_->lora_held_input);
+    lin.forward(in, in_b, w, cols, out, y, beta);
+    lora_forward(mb, l, slot, in, in_b, y, out, a, true);
+  };
   // In bf16 the norms and the GLU write the next product's bf16 input themselves (a.xn1_b, ...;
   // null in fp32), and cast_to_bf16 copies only what no kernel produces (attention's output, dy).
   backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, eps, offset, a.xn1, a.rstd1, a.xn1_b);
-  lin.forward(a.xn1, a.xn1_b, W(p.qkv_weight), H, QKV, a.qkv, 0.0f);
-  lora_forward(mb, l, LinearSlot::Qkv, a.xn1, a.xn1_b, a.qkv, QKV, a, true);
+  project(LinearSlot::Qkv, a.xn1, a.xn1_b, W(p.qkv_weight), H, QKV, a.qkv, 0.0f);
   if (p.qkv_bias >= 0) backend_.add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
   // q and k as attention reads them (ld as.ldq): rotated in place, or first normalised head by
   // head into their own buffer (Qwen3), which keeps the projection's output for the backward pass.
@@ -1067,23 +1131,19 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
                              a.lse, buf_->attention_workspace, buf_->attention_workspace_bytes);
   to_bf16(a.attn, a.attn_b, N * Q);
   if (c.sandwich_norms) {  // xmid = x + norm(o(attn)): the projection's output kept for the norm's backward
-    lin.forward(a.attn, a.attn_b, W(p.o_weight), Q, H, a.ao, 0.0f);
-    lora_forward(mb, l, LinearSlot::O, a.attn, a.attn_b, a.ao, H, a, true);
+    project(LinearSlot::O, a.attn, a.attn_b, W(p.o_weight), Q, H, a.ao, 0.0f);
     backend_.rmsnorm_forward(a.ao, P.weight(p.attn_out_norm), N, H, eps, offset, a.xmid, a.rstd_ao, nullptr);
     backend_.add(a.xmid, a.xmid, x, N * H);
   } else {  // xmid = x + o(attn)
     backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
-    lin.forward(a.attn, a.attn_b, W(p.o_weight), Q, H, a.xmid, 1.0f);
-    lora_forward(mb, l, LinearSlot::O, a.attn, a.attn_b, a.xmid, H, a, true);
+    project(LinearSlot::O, a.attn, a.attn_b, W(p.o_weight), Q, H, a.xmid, 1.0f);
   }
 
   backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, eps, offset, a.xn2, a.rstd2, a.xn2_b);
-  lin.forward(a.xn2, a.xn2_b, W(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
-  lora_forward(mb, l, LinearSlot::GateUp, a.xn2, a.xn2_b, a.gate_up, 2 * I, a, true);
+  project(LinearSlot::GateUp, a.xn2, a.xn2_b, W(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
   backend_.glu_forward(c.mlp_activation, a.gate_up, N, I, a.act, a.act_b);
   if (c.sandwich_norms) {  // x_out = xmid + norm(down(act)); recomputation needs the norm's input again
-    lin.forward(a.act, a.act_b, W(p.down_weight), I, H, a.mo, 0.0f);
-    lora_forward(mb, l, LinearSlot::Down, a.act, a.act_b, a.mo, H, a, true);
+    project(LinearSlot::Down, a.act, a.act_b, W(p.down_weight), I, H, a.mo, 0.0f);
     // Recomputation (x_out null) wants only rstd: the output goes to gradient scratch not yet in use.
     backend_.rmsnorm_forward(a.mo, P.weight(p.mlp_out_norm), N, H, eps, offset, x_out ? x_out : buf_->dtmp, a.rstd_mo,
                              nullptr);
@@ -1094,9 +1154,20 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   // only its LoRA activations are wanted again.
   if (x_out) {
     backend_.copy_on_device(x_out, a.xmid, sizeof(float) * N * H);
-    lin.forward(a.act, a.act_b, W(p.down_weight), I, H, x_out, 1.0f);
+    project(LinearSlot::Down, a.act, a.act_b, W(p.down_weight), I, H, x_out, 1.0f);
+    return;
   }
-  lora_forward(mb, l, LinearSlot::Down, a.act, a.act_b, x_out, H, a, x_out != nullptr);
+  const HeldWidened held(backend_, 0, held_lora_input(mb, l, LinearSlot::Down, a.act_b, I), N, I, I,
+                         buf_->lora_held_input);
+  lora_forward(mb, l, LinearSlot::Down, a.act, a.act_b, nullptr, H, a, false);
+}
+
+const bf16* Decoder::held_lora_input(const MicroBatch& mb, int64_t layer, LinearSlot slot, const bf16* xb,
+                                     int64_t cols) const {
+  // With dropout each adapter reads its own dropped-out copy of x instead.
+  const bool dropout = options_.lora.dropout > 0 && mb.dropout_key != 0;
+  const bool fits = mb.batch * mb.seq * cols <= buf_->lora_held_input_elements;
+  return fits && !dropout && !lora_by_slot_[size_t(layer)][size_t(slot)].empty() ? xb : nullptr;
 }
 
 std::pair<const float*, const bf16*> Decoder::lora_input(const MicroBatch& mb, int module, int64_t cols,
@@ -1151,6 +1222,11 @@ void Decoder::lora_backward(const MicroBatch& mb, int64_t layer, LinearSlot slot
   const auto scaling = float(options_.lora.scaling());
   Linear lin{backend_, bf, N};
   const auto& modules = lora_by_slot_[size_t(layer)][size_t(slot)];
+  if (modules.empty()) return;
+  // Where products widen bf16: x widened once for the modules' dA products, and each module's dy
+  // once for its dB and du products.
+  const int64_t cols = lora_[size_t(modules[0])].cols;  // the slot's input width, every module's
+  const HeldWidened input(backend_, 0, held_lora_input(mb, layer, slot, xb, cols), N, cols, cols, b.lora_held_input);
   // Last module first: gradients become final in reverse parameter order (GradReadyHook).
   for (auto it = modules.rbegin(); it != modules.rend(); ++it) {
     const LoraModule& m = lora_[size_t(*it)];
@@ -1158,6 +1234,8 @@ void Decoder::lora_backward(const MicroBatch& mb, int64_t layer, LinearSlot slot
     const bf16* ub = bf ? a.lora_u_b + m.index_in_layer * N * r : nullptr;
     const float* dy_m = dy + m.row_begin;
     const bf16* dyb_m = bf ? dyb + m.row_begin : nullptr;
+    const HeldWidened grad(backend_, 1, N * m.rows <= b.lora_held_grad_elements ? dyb_m : nullptr, N, m.rows, ldy,
+                           b.lora_held_grad);
     // dB[rows, r] += dy[:, rows]^T u
     lin.product({Trans::T, Trans::N, m.rows, r, N, ldy, r, r}, dy_m, dyb_m, u, ub, adapter_.grad(m.b), 1.0f);
     // du[N, r] = scaling * dy[:, rows] B

@@ -359,6 +359,11 @@ class Decoder {
                     float* y, int64_t ldy, const BlockActivations& a, bool apply);
   void lora_backward(const MicroBatch& batch, int64_t layer, LinearSlot slot, const float* dy, const bf16* dyb,
                      int64_t ldy, const float* x, const bf16* xb, float* dx, const BlockActivations& a);
+  // xb [tokens, cols], when the products of `slot`'s projection and adapters should read it
+  // widened once (bf16 LoRA where products widen bf16, its copy planned this large, the slot has
+  // adapters, no dropout), else null.
+  const bf16* held_lora_input(const MicroBatch& batch, int64_t layer, LinearSlot slot, const bf16* xb,
+                              int64_t cols) const;
   // LoRA dropout: module m's input, dropped out with its key into the planned scratch (fp32 or
   // bf16 by precision); the returned pointers replace x / xb. Unchanged without dropout.
   std::pair<const float*, const bf16*> lora_input(const MicroBatch& batch, int module, int64_t cols, const float* x,

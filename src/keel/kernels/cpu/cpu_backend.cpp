@@ -46,6 +46,11 @@ class CpuBackend final : public HostMemoryBackend {
   }
   void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) override { gemm_prepare(s, bf16_inputs, beta); }
   size_t gemm_scratch_bytes(bool bf16_inputs) override { return gemm_widened_operand_bytes(bf16_inputs); }
+  bool widens_bf16_products() override { return !bf16_matmul_native(); }
+  void hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy) override {
+    gemm_hold_widened(slot, x, rows, cols, ld, copy);
+  }
+  void release_widened(int slot) override { gemm_release_widened(slot); }
   void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) override {
     const auto& ops = vector_ops();
     auto put = [&](int64_t r, float dot) { y[r] = (beta == 0.0f ? 0.0f : beta * y[r]) + dot; };

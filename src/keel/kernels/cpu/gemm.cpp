@@ -97,6 +97,31 @@ WidenedOperands& widened_operands() {
   return own;
 }
 
+// The matrices held widened on this thread (gemm_hold_widened).
+struct HeldWidened {
+  const bf16* x = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  const float* copy = nullptr;
+};
+std::array<HeldWidened, kHeldWidenedSlots>& held_widened() {
+  thread_local std::array<HeldWidened, kHeldWidenedSlots> held;
+  return held;
+}
+
+// op(X) (rows x cols, stored with leading dimension ld) read from a held copy: the copy's address
+// of X's first element and its leading dimension, or null when no held matrix contains all of X.
+std::pair<const float*, int64_t> held_operand(Trans t, const bf16* x, int64_t rows, int64_t cols, int64_t ld) {
+  if (in_parallel_region()) return {nullptr, 0};  // holds are the calling thread's, outside parallel work
+  const int64_t stored_rows = t == Trans::N ? rows : cols, run = t == Trans::N ? cols : rows;
+  for (const HeldWidened& h : held_widened()) {
+    const auto at = reinterpret_cast<uintptr_t>(x), begin = reinterpret_cast<uintptr_t>(h.x);
+    if (!h.x || ld != h.ld || at < begin || at >= begin + size_t(h.rows * h.ld) * sizeof(bf16)) continue;
+    const int64_t offset = x - h.x, r0 = offset / ld, c0 = offset % ld;
+    if (r0 + stored_rows <= h.rows && c0 + run <= h.cols) return {h.copy + r0 * h.cols + c0, h.cols};
+  }
+  return {nullptr, 0};
+}
+
 // Widens op(X)[r0, r0 + nr) x [c0, c0 + nc) of a bf16 operand stored with leading dimension ld
 // into dst, packed in X's own layout; returns the copy's leading dimension (nc, or nr when X is
 // stored transposed).
@@ -200,27 +225,47 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
 // gradient, [32000, 512] x [512, 768]) or N (its logits, [512, 768] x [768, 32000]). The fp32
 // sums of a product then come in K-chunks, another order than one fp32 product: it is an
 // emulation of bf16 inputs with fp32 accumulation either way.
+// An operand held widened (gemm_hold_widened) is read where it is, tile by tile, and widens nothing.
 void run_widened(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) {
+  const auto [held_a, held_lda] = held_operand(s.trans_a, a, s.m, s.k, s.lda);
+  const auto [held_b, held_ldb] = held_operand(s.trans_b, b, s.k, s.n, s.ldb);
   const int64_t E = int64_t(kWidenedOperandElements);
   int64_t kt = s.k, mt = s.m, nt = s.n;
   if (s.m * kt > E && kt * s.n > E) kt = std::clamp<int64_t>(std::min(E / s.m, E / s.n), 1, s.k);
   if (s.m * kt > E) mt = std::max<int64_t>(1, E / kt);
   if (kt * s.n > E) nt = std::max<int64_t>(1, E / kt);
   WidenedOperands& wide = widened_operands();
-  wide.reserve(size_t(std::min(mt * kt, s.m * s.k)), size_t(std::min(kt * nt, s.k * s.n)));
+  wide.reserve(held_a ? 0 : size_t(std::min(mt * kt, s.m * s.k)), held_b ? 0 : size_t(std::min(kt * nt, s.k * s.n)));
+  // op(A)[m0.., k0..] and op(B)[k0.., n0..]: in the held copy, or widened into the thread's tiles.
+  auto tile_a = [&](int64_t m0, int64_t mn, int64_t k0, int64_t kn, int64_t& ld) -> const float* {
+    if (!held_a) {
+      ld = widen(s.trans_a, a, s.lda, m0, mn, k0, kn, wide.a.data());
+      return wide.a.data();
+    }
+    ld = held_lda;
+    return held_a + (s.trans_a == Trans::N ? m0 * ld + k0 : k0 * ld + m0);
+  };
+  auto tile_b = [&](int64_t k0, int64_t kn, int64_t n0, int64_t nn, int64_t& ld) -> const float* {
+    if (!held_b) {
+      ld = widen(s.trans_b, b, s.ldb, k0, kn, n0, nn, wide.b.data());
+      return wide.b.data();
+    }
+    ld = held_ldb;
+    return held_b + (s.trans_b == Trans::N ? k0 * ld + n0 : n0 * ld + k0);
+  };
   for (int64_t k0 = 0; k0 < s.k; k0 += kt) {
     const int64_t kn = std::min(kt, s.k - k0);
     const float tile_beta = k0 == 0 ? beta : 1.0f;
-    int64_t lda = 0;
-    if (mt == s.m) lda = widen(s.trans_a, a, s.lda, 0, s.m, k0, kn, wide.a.data());  // once per K-chunk
+    int64_t lda = 0, ldb = 0;
+    const float* wa = mt == s.m ? tile_a(0, s.m, k0, kn, lda) : nullptr;  // once per K-chunk
     for (int64_t n0 = 0; n0 < s.n; n0 += nt) {
       const int64_t nn = std::min(nt, s.n - n0);
-      const int64_t ldb = widen(s.trans_b, b, s.ldb, k0, kn, n0, nn, wide.b.data());
+      const float* wb = tile_b(k0, kn, n0, nn, ldb);
       for (int64_t m0 = 0; m0 < s.m; m0 += mt) {
         const int64_t mn = std::min(mt, s.m - m0);
-        if (mt != s.m) lda = widen(s.trans_a, a, s.lda, m0, mn, k0, kn, wide.a.data());
-        run(false, GemmShape{s.trans_a, s.trans_b, mn, nn, kn, lda, ldb, s.ldc}, wide.a.data(), wide.b.data(),
-            c + m0 * s.ldc + n0, tile_beta);
+        const float* pa = mt == s.m ? wa : tile_a(m0, mn, k0, kn, lda);
+        run(false, GemmShape{s.trans_a, s.trans_b, mn, nn, kn, lda, ldb, s.ldc}, pa, wb, c + m0 * s.ldc + n0,
+            tile_beta);
       }
     }
   }
@@ -240,6 +285,25 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
 }
 
 }  // namespace
+
+void gemm_hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy) {
+  require(slot >= 0 && slot < kHeldWidenedSlots, "gemm_hold_widened: slot {} of {}", slot, kHeldWidenedSlots);
+  require(rows > 0 && cols > 0 && ld >= cols, "gemm_hold_widened: {} x {} with leading dimension {}", rows, cols, ld);
+  if (bf16_matmul_native()) return;
+  if (ld == cols) {
+    convert_bf16_to_f32(x, copy, size_t(rows * cols));
+  } else {
+    parallel_for(rows, rows * cols > (int64_t(1) << 16), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) convert_bf16_to_f32(x + r * ld, copy + r * cols, size_t(cols));
+    });
+  }
+  held_widened()[size_t(slot)] = HeldWidened{x, rows, cols, ld, copy};
+}
+
+void gemm_release_widened(int slot) {
+  require(slot >= 0 && slot < kHeldWidenedSlots, "gemm_release_widened: slot {} of {}", slot, kHeldWidenedSlots);
+  held_widened()[size_t(slot)] = HeldWidened{};
+}
 
 size_t gemm_widened_operand_bytes(bool bf16) {
   return bf16 && !bf16_matmul_native() ? 2 * kWidenedOperandElements * sizeof(float) : 0;
