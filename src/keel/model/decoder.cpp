@@ -287,16 +287,27 @@ struct BlockIds {
   int lora_u = -1, lora_u_b = -1;  // LoRA: scaling * x A^T of each of the block's modules
 };
 
-// The largest operand the decoder holds widened (Backend::hold_widened): 16 MiB in fp32, as large
-// as one of the GEMM's own widened tiles (kernels/gemm.h).
-constexpr int64_t kHeldWidenedElements = int64_t(4) << 20;
+// The largest operand the decoder holds widened (Backend::hold_widened): 32 MiB in fp32, two of
+// the GEMM's own widened tiles (kernels/gemm.h) — the bench model's gate/up gradient at 2,048 tokens.
+constexpr int64_t kHeldWidenedElements = int64_t(8) << 20;
+
+// The output width of a block's projection: its fused weight's rows.
+int64_t slot_width(const ModelConfig& c, LinearSlot slot) {
+  switch (slot) {
+    case LinearSlot::Qkv: return c.q_size() + 2 * c.kv_size();
+    case LinearSlot::O: return c.hidden_size;
+    case LinearSlot::GateUp: return 2 * c.intermediate_size;
+    case LinearSlot::Down: return c.hidden_size;
+  }
+  return 0;
+}
 
 // What the plan needs to know of the adapter: its size, each block's module count, the widest
-// module input (LoRA dropout's scratch), and every module's input and output width (the widened
-// copies of the products' operands).
+// module input (LoRA dropout's scratch), and every module's input and output width and its
+// projection's (the widened copies of the products' operands).
 struct AdapterShape {
   int64_t elements = 0, rank = 0, widest_input = 0;
-  std::vector<int64_t> inputs, outputs;
+  std::vector<int64_t> inputs, outputs, projection_outputs;
   bool dropout = false;
   std::vector<int64_t> modules_per_layer;
   bool enabled() const { return rank > 0; }
@@ -314,6 +325,7 @@ AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& 
     a.widest_input = std::max(a.widest_input, m.cols);
     a.inputs.push_back(m.cols);
     a.outputs.push_back(m.rows);
+    a.projection_outputs.push_back(slot_width(c, m.slot));
   }
   a.dropout = spec.dropout > 0;
   return a;
@@ -325,7 +337,7 @@ struct DecoderLayout {
   int lora_weights = -1, lora_grads = -1, lora_weights_bf16 = -1, lora_du = -1, lora_du_b = -1;
   int four_bit_packed = -1, four_bit_absmax = -1, four_bit_tile = -1, four_bit_tile_b = -1;
   int lora_dropped = -1, lora_dropped_b = -1, lora_dx = -1;
-  int lora_held_input = -1, lora_held_grad = -1;  // bf16 LoRA where products widen: hold_widened's copies
+  int lora_held_input = -1, held_grad = -1;  // bf16 where products widen: hold_widened's copies
   int grad_shard = -1;            // ZeRO-2: this rank's summed gradients
   std::vector<int> grad_staging;  // ZeRO-2: one per GradGroup
   std::vector<int> gathered, gathered_b;    // ZeRO-3: one per WeightGather (fp32, and bf16 copies)
@@ -556,23 +568,30 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     d.lora_du = add("grad.lora", Cat::Workspace, N * adapter.rank, f32, backward_first, backward_last);
     d.lora_du_b = add_bf16("grad.lora.bf16", Cat::Workspace, N * adapter.rank, backward_first, backward_last);
   }
-  // bf16 on a CPU whose products widen bf16 to fp32 at every call: a projection's input widened
-  // once for the projection and each of its adapters' products, and an adapter's output gradient
-  // once for its two products (Backend::hold_widened). Each copy is at most kHeldWidenedElements:
-  // a wider operand is widened per product, as without these.
-  if (bf && adapter.enabled() && backend_of(options).widens_bf16_products()) {
+  // bf16 on a CPU whose products widen bf16 to fp32 at every call (Backend::hold_widened): a
+  // projection's output gradient widened once for its input-gradient product, its weight-gradient
+  // product (full fine-tuning) and its adapters' products, or, too wide for that, an adapter's
+  // slice of it once for its two products; under LoRA a projection's input once for it and its
+  // adapters' products. Each copy is at most kHeldWidenedElements: a wider operand is widened per
+  // product, as without these.
+  if (bf && backend_of(options).widens_bf16_products()) {
     auto held = [&](const std::vector<int64_t>& widths) {
       int64_t most = 0;
       for (int64_t w : widths)
         if (N * w <= kHeldWidenedElements) most = std::max(most, N * w);
       return most;
     };
+    std::vector<int64_t> grads = adapter.outputs;
+    grads.insert(grads.end(), adapter.projection_outputs.begin(), adapter.projection_outputs.end());
+    if (!adapter.enabled())
+      for (LinearSlot slot : {LinearSlot::Qkv, LinearSlot::O, LinearSlot::GateUp, LinearSlot::Down})
+        grads.push_back(slot_width(c, slot));
     if (const int64_t in = held(adapter.inputs))
       d.lora_held_input = add("lora.input (widened once: no bf16 matmul on this CPU)", Cat::Workspace, in, f32,
                               t.forward(0), backward_last);
-    if (const int64_t out = held(adapter.outputs))
-      d.lora_held_grad = add("grad.lora.output (widened once: no bf16 matmul on this CPU)", Cat::Workspace, out, f32,
-                             backward_first, backward_last);
+    if (const int64_t out = held(grads))
+      d.held_grad = add("grad.output (widened once: no bf16 matmul on this CPU)", Cat::Workspace, out, f32,
+                        backward_first, backward_last);
   }
 
   // The attention kernel's per-thread blocks of scores and packed heads, used by every layer in
@@ -672,8 +691,8 @@ struct Decoder::Buffers {
   bf16* lora_du_b;
   float *lora_dropped, *lora_dx;  // LoRA dropout: a module's dropped-out input; its input gradient before the mask
   bf16* lora_dropped_b;
-  float *lora_held_input, *lora_held_grad;  // bf16 LoRA where products widen (null otherwise)
-  int64_t lora_held_input_elements, lora_held_grad_elements;
+  float *lora_held_input, *held_grad;  // bf16 where products widen (null otherwise)
+  int64_t lora_held_input_elements, held_grad_elements;
   float* four_bit_tile;  // QLoRA: dequantized rows of a 4-bit weight (fp32 or bf16, by precision)
   bf16* four_bit_tile_b;
   int64_t four_bit_tile_elements;
@@ -723,10 +742,10 @@ struct Decoder::Buffers {
     lora_dropped_b = b16(d.lora_dropped_b);
     lora_dx = f32(d.lora_dx);
     lora_held_input = f32(d.lora_held_input);
-    lora_held_grad = f32(d.lora_held_grad);
+    held_grad = f32(d.held_grad);
     auto elements = [&](int id) { return id < 0 ? int64_t(0) : int64_t(plan.buffer(id).bytes / sizeof(float)); };
     lora_held_input_elements = elements(d.lora_held_input);
-    lora_held_grad_elements = elements(d.lora_held_grad);
+    held_grad_elements = elements(d.held_grad);
     four_bit_tile = f32(d.four_bit_tile);
     four_bit_tile_b = b16(d.four_bit_tile_b);
     const int tile = d.four_bit_tile >= 0 ? d.four_bit_tile : d.four_bit_tile_b;
@@ -1170,6 +1189,13 @@ const bf16* Decoder::held_lora_input(const MicroBatch& mb, int64_t layer, Linear
   return fits && !dropout && !lora_by_slot_[size_t(layer)][size_t(slot)].empty() ? xb : nullptr;
 }
 
+const bf16* Decoder::held_output_grad(const MicroBatch& mb, int64_t layer, LinearSlot slot, const bf16* dyb,
+                                      int64_t width) const {
+  const bool fits = mb.batch * mb.seq * width <= buf_->held_grad_elements;
+  const bool shared = !params_.frozen() || !lora_by_slot_[size_t(layer)][size_t(slot)].empty();
+  return fits && shared ? dyb : nullptr;
+}
+
 std::pair<const float*, const bf16*> Decoder::lora_input(const MicroBatch& mb, int module, int64_t cols,
                                                          const float* x, const bf16* xb) {
   const double p = options_.lora.dropout;
@@ -1234,8 +1260,9 @@ void Decoder::lora_backward(const MicroBatch& mb, int64_t layer, LinearSlot slot
     const bf16* ub = bf ? a.lora_u_b + m.index_in_layer * N * r : nullptr;
     const float* dy_m = dy + m.row_begin;
     const bf16* dyb_m = bf ? dyb + m.row_begin : nullptr;
-    const HeldWidened grad(backend_, 1, N * m.rows <= b.lora_held_grad_elements ? dyb_m : nullptr, N, m.rows, ldy,
-                           b.lora_held_grad);
+    // Unless the whole output gradient is held (held_output_grad: backward() holds it then).
+    const bool module_held = !held_output_grad(mb, layer, slot, dyb, ldy) && N * m.rows <= b.held_grad_elements;
+    const HeldWidened grad(backend_, 1, module_held ? dyb_m : nullptr, N, m.rows, ldy, b.held_grad);
     // dB[rows, r] += dy[:, rows]^T u
     lin.product({Trans::T, Trans::N, m.rows, r, N, ldy, r, r}, dy_m, dyb_m, u, ub, adapter_.grad(m.b), 1.0f);
     // du[N, r] = scaling * dy[:, rows] B
@@ -1375,16 +1402,23 @@ void Decoder::backward(const MicroBatch& mb) {
     // (In bf16, a.xn1, a.xn2 and a.act hold another block's data by now: only their bf16 copies
     // may be read here. See describe_memory.)
     const float* d_mlp = through_output_norm(b.dx, a.mo, a.rstd_mo, p.mlp_out_norm);  // d down's output (+ dyb)
-    lin.backward_input(d_mlp, dyb, W(p.down_weight), I, H, b.d_act);
-    if (!frozen) lin.backward_weight(d_mlp, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight), grad_beta(p.down_weight));
-    lora_backward(mb, l, LinearSlot::Down, d_mlp, dyb, H, a.act, a.act_b, b.d_act, a);
+    {
+      const HeldWidened held(backend_, 1, held_output_grad(mb, l, LinearSlot::Down, dyb, H), N, H, H, b.held_grad);
+      lin.backward_input(d_mlp, dyb, W(p.down_weight), I, H, b.d_act);
+      if (!frozen)
+        lin.backward_weight(d_mlp, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight), grad_beta(p.down_weight));
+      lora_backward(mb, l, LinearSlot::Down, d_mlp, dyb, H, a.act, a.act_b, b.d_act, a);
+    }
     backend_.glu_backward(c.mlp_activation, a.gate_up, b.d_act, N, I, b.d_gate_up, dyb);
-    lin.backward_input(b.d_gate_up, dyb, W(p.gate_up_weight), H, 2 * I,
-                       b.dnorm);
-    if (!frozen)
-      lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight),
-                          grad_beta(p.gate_up_weight));
-    lora_backward(mb, l, LinearSlot::GateUp, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
+    {
+      const HeldWidened held(backend_, 1, held_output_grad(mb, l, LinearSlot::GateUp, dyb, 2 * I), N, 2 * I, 2 * I,
+                             b.held_grad);
+      lin.backward_input(b.d_gate_up, dyb, W(p.gate_up_weight), H, 2 * I, b.dnorm);
+      if (!frozen)
+        lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight),
+                            grad_beta(p.gate_up_weight));
+      lora_backward(mb, l, LinearSlot::GateUp, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
+    }
     // dh = dx (past the block's MLP, the residual) + the norm's input gradient, in one pass.
     backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), offset, a.rstd2, b.dnorm, N, H, b.dh,
                               fresh_grad(p.post_norm), b.dx, residual_dy_b);
@@ -1392,9 +1426,12 @@ void Decoder::backward(const MicroBatch& mb) {
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x))))), the branch normalised with sandwich norms
     const float* d_out = through_output_norm(b.dh, a.ao, a.rstd_ao, p.attn_out_norm);  // d o's output (+ dyb)
-    lin.backward_input(d_out, dyb, W(p.o_weight), Q, H, b.d_attn);
-    if (!frozen) lin.backward_weight(d_out, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight), grad_beta(p.o_weight));
-    lora_backward(mb, l, LinearSlot::O, d_out, dyb, H, a.attn, a.attn_b, b.d_attn, a);
+    {
+      const HeldWidened held(backend_, 1, held_output_grad(mb, l, LinearSlot::O, dyb, H), N, H, H, b.held_grad);
+      lin.backward_input(d_out, dyb, W(p.o_weight), Q, H, b.d_attn);
+      if (!frozen) lin.backward_weight(d_out, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight), grad_beta(p.o_weight));
+      lora_backward(mb, l, LinearSlot::O, d_out, dyb, H, a.attn, a.attn_b, b.d_attn, a);
+    }
     // dq | dk land where attention read q | k: in d_qkv, or with q/k norms in d_qk first.
     const float* qk = c.qk_norm ? a.qk : a.qkv;
     float* dqk = c.qk_norm ? b.d_qk : b.d_qkv;
@@ -1411,10 +1448,13 @@ void Decoder::backward(const MicroBatch& mb) {
     }
     if (p.qkv_bias >= 0 && !frozen) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, fresh_grad(p.qkv_bias));
     to_bf16(b.d_qkv, dyb, N * QKV);
-    lin.backward_input(b.d_qkv, dyb, W(p.qkv_weight), H, QKV, b.dnorm);
-    if (!frozen)
-      lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight), grad_beta(p.qkv_weight));
-    lora_backward(mb, l, LinearSlot::Qkv, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
+    {
+      const HeldWidened held(backend_, 1, held_output_grad(mb, l, LinearSlot::Qkv, dyb, QKV), N, QKV, QKV, b.held_grad);
+      lin.backward_input(b.d_qkv, dyb, W(p.qkv_weight), H, QKV, b.dnorm);
+      if (!frozen)
+        lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight), grad_beta(p.qkv_weight));
+      lora_backward(mb, l, LinearSlot::Qkv, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
+    }
     backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dx, fresh_grad(p.input_norm),
                               b.dh, l > 0 ? residual_dy_b : nullptr);
     for (int id : {p.o_weight, p.k_norm, p.q_norm, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);

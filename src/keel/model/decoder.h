@@ -364,6 +364,11 @@ class Decoder {
   // adapters, no dropout), else null.
   const bf16* held_lora_input(const MicroBatch& batch, int64_t layer, LinearSlot slot, const bf16* xb,
                               int64_t cols) const;
+  // dyb [tokens, width], a projection's output gradient, when its products (input and weight
+  // gradients, adapters) should read it widened once (bf16 where products widen, its copy planned
+  // this large, and more than one product reads it), else null.
+  const bf16* held_output_grad(const MicroBatch& batch, int64_t layer, LinearSlot slot, const bf16* dyb,
+                               int64_t width) const;
   // LoRA dropout: module m's input, dropped out with its key into the planned scratch (fp32 or
   // bf16 by precision); the returned pointers replace x / xb. Unchanged without dropout.
   std::pair<const float*, const bf16*> lora_input(const MicroBatch& batch, int module, int64_t cols, const float* x,
