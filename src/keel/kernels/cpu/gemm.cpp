@@ -218,6 +218,18 @@ GemmPlan& plan_for(bool bf16, const GemmShape& s, float beta) {
 
 void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, float beta);
 
+// op(X)[r0, r0 + nr) x [c0, c0 + nc) in fp32, and its leading dimension in `ld`: read where it is
+// in X's held copy (`held`, leading dimension held_ld), else widened into `dst`.
+const float* operand_tile(Trans t, const bf16* x, int64_t x_ld, const float* held, int64_t held_ld, int64_t r0,
+                          int64_t nr, int64_t c0, int64_t nc, float* dst, int64_t& ld) {
+  if (!held) {
+    ld = widen(t, x, x_ld, r0, nr, c0, nc, dst);
+    return dst;
+  }
+  ld = held_ld;
+  return held + (t == Trans::N ? r0 * ld + c0 : c0 * ld + r0);
+}
+
 // A bf16 product where oneDNN has none: fp32 products over tiles of the operands widened to fp32
 // (exactly), each tile at most kWidenedOperandElements, every element widened once. When both
 // whole operands exceed that, K is cut first (the LM head's input gradient: [512, 32000] x
@@ -236,22 +248,11 @@ void run_widened(const GemmShape& s, const bf16* a, const bf16* b, float* c, flo
   if (kt * s.n > E) nt = std::max<int64_t>(1, E / kt);
   WidenedOperands& wide = widened_operands();
   wide.reserve(held_a ? 0 : size_t(std::min(mt * kt, s.m * s.k)), held_b ? 0 : size_t(std::min(kt * nt, s.k * s.n)));
-  // op(A)[m0.., k0..] and op(B)[k0.., n0..]: in the held copy, or widened into the thread's tiles.
-  auto tile_a = [&](int64_t m0, int64_t mn, int64_t k0, int64_t kn, int64_t& ld) -> const float* {
-    if (!held_a) {
-      ld = widen(s.trans_a, a, s.lda, m0, mn, k0, kn, wide.a.data());
-      return wide.a.data();
-    }
-    ld = held_lda;
-    return held_a + (s.trans_a == Trans::N ? m0 * ld + k0 : k0 * ld + m0);
+  auto tile_a = [&](int64_t m0, int64_t mn, int64_t k0, int64_t kn, int64_t& ld) {
+    return operand_tile(s.trans_a, a, s.lda, held_a, held_lda, m0, mn, k0, kn, wide.a.data(), ld);
   };
-  auto tile_b = [&](int64_t k0, int64_t kn, int64_t n0, int64_t nn, int64_t& ld) -> const float* {
-    if (!held_b) {
-      ld = widen(s.trans_b, b, s.ldb, k0, kn, n0, nn, wide.b.data());
-      return wide.b.data();
-    }
-    ld = held_ldb;
-    return held_b + (s.trans_b == Trans::N ? k0 * ld + n0 : n0 * ld + k0);
+  auto tile_b = [&](int64_t k0, int64_t kn, int64_t n0, int64_t nn, int64_t& ld) {
+    return operand_tile(s.trans_b, b, s.ldb, held_b, held_ldb, k0, kn, n0, nn, wide.b.data(), ld);
   };
   for (int64_t k0 = 0; k0 < s.k; k0 += kt) {
     const int64_t kn = std::min(kt, s.k - k0);
