@@ -1079,8 +1079,8 @@ struct Linear {
 };
 
 // Backend::hold_widened for the length of a scope: x [rows, cols] (leading dimension ld) widened
-// once into `copy` for the products inside it. Nothing when x or `copy` is null (the copy is
-// planned only in bf16 LoRA on a backend whose products widen).
+// once into `copy` for the products inside it. Nothing when x or `copy` is null (the copies are
+// planned only in bf16 on a backend whose products widen).
 class HeldWidened {
  public:
   HeldWidened(kernels::Backend& backend, int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy)
