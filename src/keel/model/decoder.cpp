@@ -1397,28 +1397,24 @@ void Decoder::backward(const MicroBatch& mb) {
     // Gradient checkpointing: the forward kept only x; the same code on the same input gives the
     // same intermediates bit for bit, so the gradients equal those of the stored activations.
     if (options_.gradient_checkpointing) forward_block(mb, l, x, a, nullptr);
+    // A projection's products back from dy [N, out]: dx = dy W, its weight's gradient (full
+    // fine-tuning), its adapters'; dy's bf16 copy widened once for all of them where products
+    // widen bf16 (held_output_grad).
+    auto project_backward = [&](LinearSlot slot, const float* dy, int weight, int64_t in, int64_t out,
+                                const float* x_in, const bf16* x_in_b, float* dx) {
+      const HeldWidened held(backend_, 1, held_output_grad(mb, l, slot, dyb, out), N, out, out, b.held_grad);
+      lin.backward_input(dy, dyb, W(weight), in, out, dx);
+      if (!frozen) lin.backward_weight(dy, dyb, x_in, x_in_b, in, out, P.grad(weight), grad_beta(weight));
+      lora_backward(mb, l, slot, dy, dyb, out, x_in, x_in_b, dx, a);
+    };
 
     // MLP: x_next = xmid + down(glu(gate_up(rmsnorm(xmid)))), the branch normalised with sandwich norms
     // (In bf16, a.xn1, a.xn2 and a.act hold another block's data by now: only their bf16 copies
     // may be read here. See describe_memory.)
     const float* d_mlp = through_output_norm(b.dx, a.mo, a.rstd_mo, p.mlp_out_norm);  // d down's output (+ dyb)
-    {
-      const HeldWidened held(backend_, 1, held_output_grad(mb, l, LinearSlot::Down, dyb, H), N, H, H, b.held_grad);
-      lin.backward_input(d_mlp, dyb, W(p.down_weight), I, H, b.d_act);
-      if (!frozen)
-        lin.backward_weight(d_mlp, dyb, a.act, a.act_b, I, H, P.grad(p.down_weight), grad_beta(p.down_weight));
-      lora_backward(mb, l, LinearSlot::Down, d_mlp, dyb, H, a.act, a.act_b, b.d_act, a);
-    }
+    project_backward(LinearSlot::Down, d_mlp, p.down_weight, I, H, a.act, a.act_b, b.d_act);
     backend_.glu_backward(c.mlp_activation, a.gate_up, b.d_act, N, I, b.d_gate_up, dyb);
-    {
-      const HeldWidened held(backend_, 1, held_output_grad(mb, l, LinearSlot::GateUp, dyb, 2 * I), N, 2 * I, 2 * I,
-                             b.held_grad);
-      lin.backward_input(b.d_gate_up, dyb, W(p.gate_up_weight), H, 2 * I, b.dnorm);
-      if (!frozen)
-        lin.backward_weight(b.d_gate_up, dyb, a.xn2, a.xn2_b, H, 2 * I, P.grad(p.gate_up_weight),
-                            grad_beta(p.gate_up_weight));
-      lora_backward(mb, l, LinearSlot::GateUp, b.d_gate_up, dyb, 2 * I, a.xn2, a.xn2_b, b.dnorm, a);
-    }
+    project_backward(LinearSlot::GateUp, b.d_gate_up, p.gate_up_weight, H, 2 * I, a.xn2, a.xn2_b, b.dnorm);
     // dh = dx (past the block's MLP, the residual) + the norm's input gradient, in one pass.
     backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), offset, a.rstd2, b.dnorm, N, H, b.dh,
                               fresh_grad(p.post_norm), b.dx, residual_dy_b);
@@ -1426,12 +1422,7 @@ void Decoder::backward(const MicroBatch& mb) {
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x))))), the branch normalised with sandwich norms
     const float* d_out = through_output_norm(b.dh, a.ao, a.rstd_ao, p.attn_out_norm);  // d o's output (+ dyb)
-    {
-      const HeldWidened held(backend_, 1, held_output_grad(mb, l, LinearSlot::O, dyb, H), N, H, H, b.held_grad);
-      lin.backward_input(d_out, dyb, W(p.o_weight), Q, H, b.d_attn);
-      if (!frozen) lin.backward_weight(d_out, dyb, a.attn, a.attn_b, Q, H, P.grad(p.o_weight), grad_beta(p.o_weight));
-      lora_backward(mb, l, LinearSlot::O, d_out, dyb, H, a.attn, a.attn_b, b.d_attn, a);
-    }
+    project_backward(LinearSlot::O, d_out, p.o_weight, Q, H, a.attn, a.attn_b, b.d_attn);
     // dq | dk land where attention read q | k: in d_qkv, or with q/k norms in d_qk first.
     const float* qk = c.qk_norm ? a.qk : a.qkv;
     float* dqk = c.qk_norm ? b.d_qk : b.d_qkv;
@@ -1448,13 +1439,7 @@ void Decoder::backward(const MicroBatch& mb) {
     }
     if (p.qkv_bias >= 0 && !frozen) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, fresh_grad(p.qkv_bias));
     to_bf16(b.d_qkv, dyb, N * QKV);
-    {
-      const HeldWidened held(backend_, 1, held_output_grad(mb, l, LinearSlot::Qkv, dyb, QKV), N, QKV, QKV, b.held_grad);
-      lin.backward_input(b.d_qkv, dyb, W(p.qkv_weight), H, QKV, b.dnorm);
-      if (!frozen)
-        lin.backward_weight(b.d_qkv, dyb, a.xn1, a.xn1_b, H, QKV, P.grad(p.qkv_weight), grad_beta(p.qkv_weight));
-      lora_backward(mb, l, LinearSlot::Qkv, b.d_qkv, dyb, QKV, a.xn1, a.xn1_b, b.dnorm, a);
-    }
+    project_backward(LinearSlot::Qkv, b.d_qkv, p.qkv_weight, H, QKV, a.xn1, a.xn1_b, b.dnorm);
     backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dx, fresh_grad(p.input_norm),
                               b.dh, l > 0 ? residual_dy_b : nullptr);
     for (int id : {p.o_weight, p.k_norm, p.q_norm, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);

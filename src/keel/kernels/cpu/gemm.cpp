@@ -291,13 +291,7 @@ void gemm_hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int6
   require(slot >= 0 && slot < kHeldWidenedSlots, "gemm_hold_widened: slot {} of {}", slot, kHeldWidenedSlots);
   require(rows > 0 && cols > 0 && ld >= cols, "gemm_hold_widened: {} x {} with leading dimension {}", rows, cols, ld);
   if (bf16_matmul_native()) return;
-  if (ld == cols) {
-    convert_bf16_to_f32(x, copy, size_t(rows * cols));
-  } else {
-    parallel_for(rows, rows * cols > (int64_t(1) << 16), [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) convert_bf16_to_f32(x + r * ld, copy + r * cols, size_t(cols));
-    });
-  }
+  widen(Trans::N, x, ld, 0, rows, 0, cols, copy);
   held_widened()[size_t(slot)] = HeldWidened{x, rows, cols, ld, copy};
 }
 
