@@ -94,7 +94,7 @@ std::vector<float> product(const GemmShape& s, const bf16* a, const bf16* b) {
 // then every value of the gradient changed: while held, products over those columns read the copy
 // made at the hold (where products widen), so they give the original values' products.
 TEST(GemmWidening, HeldMatricesAreWidenedOnceAndReadUntilReleased) {
-  const int64_t N = 300, ld = 96, cols = 40, col0 = 24, r = 8;
+  const int64_t N = 300, ld = 112, cols = 40, col0 = 24, r = 8;  // col0 + 2 cols <= ld: `beside` fits
   std::vector<bf16> dy = random_bf16(size_t(N * ld), 21);
   const std::vector<bf16> u = random_bf16(size_t(N * r), 22), bw = random_bf16(size_t(cols * r), 23);
   const bf16* slice = dy.data() + col0;          // [N, cols], leading dimension ld
