@@ -31,7 +31,9 @@ finetuning_type = "lora" against PEFT (get_peft_model, LoraConfig target_modules
 every PyTorch peer; keel's full fine-tuning runs as one more row, for the LoRA/full step ratio.
 MFU then counts 4 FLOPs per frozen weight (no weight gradient) and 6 per adapter weight.
 
-Reported per peer: tokens/s = batch x seq / the median step time after the first (warm-up) step;
+Reported per peer: tokens/s = batch x seq / the median step time after the first (warm-up) step
+(with --rounds N, every row runs N times in turn, and tokens/s and keel/peer are medians over the
+rounds, keel/peer of the ratios within each round);
 peak RSS = ru_maxrss of the peer's process tree (os.wait4 on that child; this parent never
 imports torch, so the high-water mark a child inherits from it across fork/exec is 10-20 MB; the
 JSON line adds each process's own VmHWM, read right after its last step, as a cross-check);
@@ -48,7 +50,7 @@ widens bf16 operands to fp32 there, at the fp32 rate). The header lists the vers
 compared; the last line is the table as one JSON object (for docs/performance.md).
 
     $(scripts/python-env.sh) bench/train_vs_pytorch.py --keel build/keel [--steps 4] [--small] \\
-        [--checkpointing] [--peers trainer,eager,compile,torchtune] [--compile-timeout 900]
+        [--checkpointing] [--peers trainer,eager,compile,torchtune] [--compile-timeout 900] [--rounds 3]
 """
 import argparse
 import json
@@ -103,6 +105,8 @@ def parse_args():
     p.add_argument("--small", action="store_true", help="a quick smoke-size model")
     p.add_argument("--lora", type=int, default=0, metavar="RANK", help="LoRA of this rank instead of full fine-tuning")
     p.add_argument("--skip-torch", action="store_true", help="keel only")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every row this many times, alternating; figures are medians over rounds")
     p.add_argument("--role", choices=("workload",) + PEERS, help=argparse.SUPPRESS)
     # The plain-torch peer on the workload in --work (bench/memory_vs_plan.py --torch runs it).
     p.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
@@ -294,6 +298,7 @@ def peer_env(a):
 
 def run_keel(a, model_dir, lora):
     out_dir = os.path.join(a.work, "keel_out_lora" if lora else "keel_out")
+    shutil.rmtree(out_dir, ignore_errors=True)  # a fresh run each round, not a resume of the last
     recipe = os.path.join(a.work, "recipe_lora.toml" if lora else "recipe.toml")
     with open(recipe, "w") as f:
         f.write('model_name = "%s"\ndata_path = "%s"\noutput_dir = "%s"\n' %
@@ -688,28 +693,46 @@ def main():
         print("torch peers in %s: %s" % (a.torch_dtype, a.torch_dtype_reason))
     sys.stdout.flush()
 
-    results = {"keel": run_keel(a, model_dir, a.lora)}
-    if a.lora:  # keel's own full fine-tuning on the same workload: what LoRA saves
-        results["keel_full"] = run_keel(a, model_dir, 0)
-    for p in peers:
-        results[p] = run_peer(a, p)
+    # Every row once per round, in the same order, so that each ratio compares runs a few minutes
+    # apart: on a shared machine the speed drifts by more than the differences measured, and a
+    # ratio per round, its median over rounds, is steadier than one run of each.
+    names = ["keel"] + (["keel_full"] if a.lora else []) + peers  # keel_full: what LoRA saves
+    rounds = {name: [] for name in names}
+    for i in range(a.rounds):
+        if a.rounds > 1:
+            print("round %d of %d" % (i + 1, a.rounds), flush=True)
+        for name in names:
+            if rounds[name] and "error" in rounds[name][-1]:
+                continue  # a peer that failed once is not retried
+            if name == "keel" or name == "keel_full":
+                rounds[name].append(run_keel(a, model_dir, a.lora if name == "keel" else 0))
+            else:
+                rounds[name].append(run_peer(a, name))
+
+    def round_tps(r):  # step 1 warms up (and compiles, for torch.compile)
+        return a.batch * a.seq / statistics.median(r["times"][1:] or r["times"])
 
     fpt = flops_per_token(a)
     rows = []
-    keel_tps = None
-    for name, r in results.items():
+    results = {name: rs[-1] for name, rs in rounds.items()}  # for the failed peers' logs below
+    for name, rs in rounds.items():
+        r = rs[-1]
         row = {"peer": PEER_NAMES[name], "settings": r.get("settings", ""), "note": r.get("note", "")}
-        if "times" in r:
-            times = r["times"][1:] or r["times"]  # step 1 warms up (and compiles, for torch.compile)
-            step = statistics.median(times)
-            tps = a.batch * a.seq / step
-            keel_tps = keel_tps or tps  # keel's row comes first
-            row_fpt = flops_per_token(a, lora=0) if name == "keel_full" else fpt
-            row.update(status="ok", tokens_per_s=round(tps, 2), step_time_s=round(step, 4),
-                       peak_rss_bytes=r["rss"], vmhwm_bytes=r.get("vmhwm"), mfu=round(tps * row_fpt / peak_flops, 4),
-                       keel_over_peer=round(keel_tps / tps, 3), step_times_s=[round(t, 4) for t in r["times"]])
-        else:
+        if "error" in r:
             row.update(status=r["error"])
+            rows.append(row)
+            continue
+        per_round = [round_tps(x) for x in rs]
+        tps = statistics.median(per_round)
+        ratios = [k / p for k, p in zip((round_tps(x) for x in rounds["keel"]), per_round)]
+        row_fpt = flops_per_token(a, lora=0) if name == "keel_full" else fpt
+        row.update(status="ok", tokens_per_s=round(tps, 2), step_time_s=round(a.batch * a.seq / tps, 4),
+                   peak_rss_bytes=max(x["rss"] for x in rs), vmhwm_bytes=r.get("vmhwm"),
+                   mfu=round(tps * row_fpt / peak_flops, 4), keel_over_peer=round(statistics.median(ratios), 3),
+                   step_times_s=[round(t, 4) for t in r["times"]])
+        if a.rounds > 1:
+            row.update(tokens_per_s_rounds=[round(t, 2) for t in per_round],
+                       keel_over_peer_rounds=[round(q, 3) for q in ratios])
         rows.append(row)
 
     print()
@@ -721,6 +744,12 @@ def main():
                    100 * row["mfu"], row["keel_over_peer"], row["settings"]))
         else:
             print("%-14s %s" % (row["peer"], row["status"]))
+    if a.rounds > 1:
+        print("\nmedians over %d rounds; per round, tokens/s and keel/peer:" % a.rounds)
+        for row in rows:
+            if row["status"] == "ok":
+                print("  %-14s %s   %s" % (row["peer"], " ".join("%.1f" % t for t in row["tokens_per_s_rounds"]),
+                                         " ".join("%.2fx" % q for q in row["keel_over_peer_rounds"])))
     for row in rows:
         if row["note"]:
             print("  %s: %s" % (row["peer"], row["note"]))
@@ -732,7 +761,7 @@ def main():
         "model": {"family": a.family, "sliding_window": a.sliding_window, "hidden": a.hidden, "layers": a.layers,
                   "heads": a.heads, "kv_heads": a.kv_heads,
                   "intermediate": a.intermediate, "vocab": a.vocab, "seq": a.seq, "batch": a.batch},
-        "dtype": a.dtype, "steps": a.steps, "checkpointing": a.checkpointing, "threads": a.threads, "lora_rank": a.lora,
+        "dtype": a.dtype, "steps": a.steps, "rounds": a.rounds, "checkpointing": a.checkpointing, "threads": a.threads, "lora_rank": a.lora,
         "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "keel_peak_flops": keel_peak,
         "torch_peak_flops": torch_peak, "torch_dtype": a.torch_dtype, "flops_per_token": fpt,
         "peers": rows}))
