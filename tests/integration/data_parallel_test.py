@@ -21,7 +21,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import hf_models  # noqa: E402  (safetensors reader)
-from harness import max_rel_l2, toml_lines  # noqa: E402
+from harness import max_rel_l2, write_recipe_file  # noqa: E402
 
 KEEL = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="keel_dp_test_")
@@ -49,15 +49,10 @@ def write_recipe(name, model=None, **overrides):
             # it only with a CPU to spare per rank (compare_to_dp1 in file order runs the default).
             "overlap_grad_sync": True}
     keys.update(overrides)
-    text = "".join(line + "\n" for line in toml_lines(keys))
     # llama: no q/k/v biases. The k bias has an exactly zero true gradient (softmax is invariant to
     # adding the same q.b_k to every score), so Adam turns rounding noise there into lr-sized steps
     # of random sign in any implementation; it cannot be compared across reduction orders.
-    text += '[model_config]\nfamily = "llama"\n' + "".join("%s = %d\n" % kv for kv in (model or SMALL_MODEL).items())
-    path = os.path.join(WORK, name + ".toml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    return write_recipe_file(os.path.join(WORK, name + ".toml"), keys, dict(family="llama", **(model or SMALL_MODEL)))
 
 
 def train(path, ranks, *extra, timeout=300):

@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from harness import toml_lines, write_data
+from harness import write_data, write_recipe_file
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -58,14 +58,9 @@ def recipe(name, scratch=True, **overrides):
         "learning_rate": 3e-3, "warmup_steps": 1, "max_steps": 6, "seed": 7, "log_interval": 1,
     }
     keys.update(overrides)
-    lines = toml_lines(keys)
-    if scratch:
-        lines += ["[model_config]", 'family = "llama"', "vocab_size = 32", "hidden_size = 32",
-                  "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"]
-    path = os.path.join(d, "recipe.toml")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return path, d
+    model = {"family": "llama", "vocab_size": 32, "hidden_size": 32, "intermediate_size": 64, "num_layers": 2,
+             "num_heads": 4, "num_kv_heads": 2}
+    return write_recipe_file(os.path.join(d, "recipe.toml"), keys, model if scratch else None), d
 
 
 def run(args, env=None, timeout=600, launcher=()):

@@ -1,5 +1,5 @@
-"""What the integration test scripts share: a failure list with check(), recipe lines from a
-dict, tiny pre-tokenized training data, the worst relative difference of two sets of tensors, and
+"""What the integration test scripts share: a failure list with check(), recipe files from
+dicts, tiny pre-tokenized training data, the worst relative difference of two sets of tensors, and
 the runner that calls every test_* function of a script."""
 import json
 import random
@@ -31,6 +31,17 @@ def toml_value(v):
 def toml_lines(keys):
     """'key = value' lines of a recipe table; a key whose value is None is left out."""
     return ["%s = %s" % (k, toml_value(v)) for k, v in keys.items() if v is not None]
+
+
+def write_recipe_file(path, keys, model_config=None):
+    """A recipe at path: `keys` as its top-level table (a None value left out), then, when given,
+    `model_config`'s keys as its [model_config] table (the random-init model). Returns path."""
+    text = "".join(line + "\n" for line in toml_lines(keys))
+    if model_config is not None:
+        text += "[model_config]\n" + "".join(line + "\n" for line in toml_lines(model_config))
+    with open(path, "w") as f:
+        f.write(text)
+    return path
 
 
 def start_training(keel, recipe_path, metrics_path, timeout=60):

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import toml_lines
+from harness import write_recipe_file
 
 KEEL = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="keel_ladder_test_")
@@ -92,13 +92,9 @@ def write_recipe(name, tokenizer, data, **overrides):
             "gradient_accumulation_steps": 2, "learning_rate": 3e-3, "warmup_steps": 1, "max_steps": 6,
             "seed": 3, "shuffle": True, "log_interval": 1}
     keys.update(overrides)
-    text = "".join(line + "\n" for line in toml_lines(keys))
-    text += ('[model_config]\nfamily = "qwen2"\nvocab_size = 320\nhidden_size = 32\nintermediate_size = 48\n'
-             'num_layers = 2\nnum_heads = 4\nnum_kv_heads = 2\n')
-    path = os.path.join(WORK, name + ".toml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    model = {"family": "qwen2", "vocab_size": 320, "hidden_size": 32, "intermediate_size": 48, "num_layers": 2,
+             "num_heads": 4, "num_kv_heads": 2}
+    return write_recipe_file(os.path.join(WORK, name + ".toml"), keys, model)
 
 
 def steps_of(out):

@@ -21,7 +21,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from harness import FAILURES, check, run_tests, toml_lines, write_data  # noqa: E402
+from harness import FAILURES, check, run_tests, write_data, write_recipe_file  # noqa: E402
 
 KEEL = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="keel_multihost_test_")
@@ -88,13 +88,9 @@ def write_recipe(name, **overrides):
             "max_steps": 6, "seed": 11, "shuffle": True, "max_grad_norm": 0.5, "log_interval": 1, "dp_degree": 2,
             "comm_timeout_s": COMM_TIMEOUT_S, "checkpoint_dir": os.path.join(WORK, name, "ck"), "save_interval": 2}
     keys.update(overrides)
-    text = "".join(line + "\n" for line in toml_lines(keys))
-    text += ('[model_config]\nfamily = "llama"\nvocab_size = 40\nhidden_size = 32\nintermediate_size = 48\n'
-             'num_layers = 2\nnum_heads = 4\nnum_kv_heads = 2\n')
-    path = os.path.join(WORK, name + ".toml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    model = {"family": "llama", "vocab_size": 40, "hidden_size": 32, "intermediate_size": 48, "num_layers": 2,
+             "num_heads": 4, "num_kv_heads": 2}
+    return write_recipe_file(os.path.join(WORK, name + ".toml"), keys, model)
 
 
 def launch_across_hosts(recipe, *extra):

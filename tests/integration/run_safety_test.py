@@ -27,14 +27,13 @@ import sys
 import tempfile
 import time
 
-from harness import check, run_tests, start_training, toml_lines, write_data
+from harness import check, run_tests, start_training, write_data, write_recipe_file
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
 WORK = tempfile.mkdtemp(prefix="keel_run_safety_test_")
-MODEL_CONFIG = ["[model_config]", 'family = "llama"', "vocab_size = 32", "hidden_size = 32",
-                "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2",
-                "max_position_embeddings = 64"]
+MODEL_CONFIG = {"family": "llama", "vocab_size": 32, "hidden_size": 32, "intermediate_size": 64, "num_layers": 2,
+                "num_heads": 4, "num_kv_heads": 2, "max_position_embeddings": 64}
 
 
 def recipe(name, scratch=True, **overrides):
@@ -44,13 +43,7 @@ def recipe(name, scratch=True, **overrides):
             "dtype": "fp32", "max_seq_len": 16, "batch_size": 4, "learning_rate": 3e-3,
             "max_steps": 4, "seed": 5, "log_interval": 2}
     keys.update(overrides)
-    lines = toml_lines(keys)
-    if scratch:
-        lines += MODEL_CONFIG
-    path = os.path.join(d, "recipe.toml")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return path, d
+    return write_recipe_file(os.path.join(d, "recipe.toml"), keys, MODEL_CONFIG if scratch else None), d
 
 
 def run(args, **kw):
@@ -359,9 +352,8 @@ def test_paths_cache_and_bad_records():
     d = os.path.join(WORK, "relative")
     os.makedirs(d, exist_ok=True)
     shutil.copy(os.path.join(WORK, "train.jsonl"), os.path.join(d, "data.jsonl"))
-    with open(os.path.join(d, "recipe.toml"), "w") as f:
-        f.write("\n".join(['data_path = "data.jsonl"', 'output_dir = "out"', 'dtype = "fp32"', "max_seq_len = 16",
-                           "batch_size = 4", "max_steps = 2"] + MODEL_CONFIG) + "\n")
+    write_recipe_file(os.path.join(d, "recipe.toml"), {"data_path": "data.jsonl", "output_dir": "out", "dtype": "fp32",
+                                                       "max_seq_len": 16, "batch_size": 4, "max_steps": 2}, MODEL_CONFIG)
     elsewhere = os.path.join(WORK, "elsewhere")
     os.makedirs(elsewhere, exist_ok=True)
     r = run(["train", os.path.join(d, "recipe.toml")], cwd=elsewhere)

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from harness import check, run_tests, start_training, toml_lines, write_data
+from harness import check, run_tests, start_training, write_data, write_recipe_file
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -33,13 +33,9 @@ def recipe(name, **overrides):
         "log_interval": 4, "weight_decay": 0.01,
     }
     keys.update(overrides)
-    lines = toml_lines(keys)
-    lines += ["[model_config]", 'family = "llama"', "vocab_size = 32", "hidden_size = 32",
-              "intermediate_size = 64", "num_layers = 2", "num_heads = 4", "num_kv_heads = 2"]
-    path = os.path.join(d, "recipe.toml")
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    return path, d
+    model = {"family": "llama", "vocab_size": 32, "hidden_size": 32, "intermediate_size": 64, "num_layers": 2,
+             "num_heads": 4, "num_kv_heads": 2}
+    return write_recipe_file(os.path.join(d, "recipe.toml"), keys, model), d
 
 
 def run(args, env=None, **kw):

@@ -18,7 +18,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import hf_models  # noqa: E402  (safetensors reader)
-from harness import FAILURES, check, max_rel_l2, run_tests, toml_lines, write_data  # noqa: E402
+from harness import FAILURES, check, max_rel_l2, run_tests, write_data, write_recipe_file  # noqa: E402
 
 KEEL = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="keel_zero_test_")
@@ -39,14 +39,9 @@ def write_recipe(name, **overrides):
     model = overrides.pop("model", {})
     model = None if model is None else dict(MODEL, **model)  # None: the recipe's model_name is loaded
     keys.update(overrides)
-    text = "".join(line + "\n" for line in toml_lines(keys))
     # llama without q/k/v biases: see data_parallel_test.py (the k bias's gradient is pure rounding).
-    if model is not None:
-        text += '[model_config]\nfamily = "llama"\n' + "".join(line + "\n" for line in toml_lines(model))
-    path = os.path.join(WORK, name + ".toml")
-    with open(path, "w") as f:
-        f.write(text)
-    return path
+    return write_recipe_file(os.path.join(WORK, name + ".toml"), keys,
+                             None if model is None else dict(family="llama", **model))
 
 
 def train(path, ranks, *extra):
