@@ -704,7 +704,7 @@ def main():
         for name in names:
             if rounds[name] and "error" in rounds[name][-1]:
                 continue  # a peer that failed once is not retried
-            if name == "keel" or name == "keel_full":
+            if name in ("keel", "keel_full"):
                 rounds[name].append(run_keel(a, model_dir, a.lora if name == "keel" else 0))
             else:
                 rounds[name].append(run_peer(a, name))
@@ -727,9 +727,10 @@ def main():
         ratios = [k / p for k, p in zip((round_tps(x) for x in rounds["keel"]), per_round)]
         row_fpt = flops_per_token(a, lora=0) if name == "keel_full" else fpt
         row.update(status="ok", tokens_per_s=round(tps, 2), step_time_s=round(a.batch * a.seq / tps, 4),
-                   peak_rss_bytes=max(x["rss"] for x in rs), vmhwm_bytes=r.get("vmhwm"),
+                   # the highest of the rounds, for the cross-check as for the peak
+                   peak_rss_bytes=max(x["rss"] for x in rs), vmhwm_bytes=max((x.get("vmhwm") or 0) for x in rs) or None,
                    mfu=round(tps * row_fpt / peak_flops, 4), keel_over_peer=round(statistics.median(ratios), 3),
-                   step_times_s=[round(t, 4) for t in r["times"]])
+                   step_times_s=[round(t, 4) for t in r["times"]])  # the last round's
         if a.rounds > 1:
             row.update(tokens_per_s_rounds=[round(t, 2) for t in per_round],
                        keel_over_peer_rounds=[round(q, 3) for q in ratios])
