@@ -26,6 +26,10 @@ Every peer: AdamW lr 1e-4 (constant), weight decay 0.01 except biases and norm w
 clipping at 1.0, gradient checkpointing with --checkpointing, torch.set_num_threads(--threads)
 and OMP_NUM_THREADS=--threads for keel.
 
+--checkpointing-layers K: with --checkpointing, only keel's first K blocks recompute
+(gradient_checkpointing_layers); the peers' checkpointing recomputes every block. Compare peak RSS:
+`keel plan --device-memory` names the fewest that fit a given memory.
+
 --lora R: LoRA fine-tuning instead, rank R, alpha 2R, on every linear layer of the blocks: keel's
 finetuning_type = "lora" against PEFT (get_peft_model, LoraConfig target_modules "all-linear") in
 every PyTorch peer; keel's full fine-tuning runs as one more row, for the LoRA/full step ratio.
@@ -97,6 +101,9 @@ def parse_args():
                    help="the PyTorch peers' dtype; auto: --dtype, but fp32 where torch's own bf16 matmul "
                         "is slower than its fp32 one on this CPU (the peers at their best)")
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing in every peer")
+    p.add_argument("--checkpointing-layers", type=int, default=0, metavar="K",
+                   help="with --checkpointing: only keel's first K blocks recompute (gradient_checkpointing_layers; "
+                        "keel plan with a memory limit names the fewest that fit); the peers recompute every block")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="threads of every peer (default: the cores this process may run on)")
     p.add_argument("--peers", default=",".join(PEERS), help="PyTorch peers to run, of: " + ",".join(PEERS))
@@ -115,6 +122,8 @@ def parse_args():
     if a.small:
         a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq = 256, 4, 4, 704, 8000, 256
     a.kv_heads = a.kv_heads or a.heads
+    if a.checkpointing_layers and not (a.checkpointing and 0 < a.checkpointing_layers <= a.layers):
+        p.error("--checkpointing-layers needs --checkpointing and at most --layers blocks")
     if a.torch_worker:
         a.role = "eager"
     return a
@@ -305,8 +314,8 @@ def run_keel(a, model_dir, lora):
                 (model_dir, os.path.join(a.work, "train.jsonl"), out_dir))
         f.write('dtype = "%s"\nmax_seq_len = %d\nbatch_size = %d\nmax_steps = %d\nlearning_rate = 1e-4\n'
                 'lr_scheduler = "constant"\nweight_decay = 0.01\nmax_grad_norm = 1.0\nshuffle = false\n'
-                'log_interval = 1\nuse_gradient_checkpointing = %s\n'
-                % (a.dtype, a.seq, a.batch, a.steps, "true" if a.checkpointing else "false"))
+                'log_interval = 1\nuse_gradient_checkpointing = %s\ngradient_checkpointing_layers = %d\n'
+                % (a.dtype, a.seq, a.batch, a.steps, "true" if a.checkpointing else "false", a.checkpointing_layers))
         if lora:
             f.write('finetuning_type = "lora"\nlora_rank = %d\nlora_target = "all"\n' % lora)
     code, out, rss = run_child([a.keel, "train", recipe], env=peer_env(a))
@@ -320,7 +329,15 @@ def run_keel(a, model_dir, lora):
         vmhwm = json.load(f)["peak_memory_bytes"]
     return {"times": [s["step_time_s"] for s in steps], "rss": rss, "vmhwm": vmhwm,
             "settings": "%s%s, flash-style attention, AdamW%s" % (
-                "LoRA r=%d, " % lora if lora else "", a.dtype, ", checkpointing" if a.checkpointing else "")}
+                "LoRA r=%d, " % lora if lora else "", a.dtype, checkpointing_words(a))}
+
+
+def checkpointing_words(a):
+    if not a.checkpointing:
+        return ""
+    if a.checkpointing_layers:
+        return ", checkpointing (the first %d of %d blocks)" % (a.checkpointing_layers, a.layers)
+    return ", checkpointing"
 
 
 def run_peer(a, role):
@@ -681,7 +698,8 @@ def main():
     print("model: %s hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %s, %d steps%s%s"
           % (a.family + (" (window %d)" % a.sliding_window if a.sliding_window else ""), a.hidden, a.layers, a.heads,
              a.intermediate, a.vocab, a.seq, a.batch, a.dtype, a.steps,
-             ", gradient checkpointing" if a.checkpointing else "",
+             (", gradient checkpointing" + (" (keel: the first %d blocks)" % a.checkpointing_layers
+                                            if a.checkpointing_layers else "")) if a.checkpointing else "",
              "; LoRA rank %d, alpha %d, all linear layers (%.2fM adapter weights)" % (a.lora, 2 * a.lora,
                                                                                      lora_parameters(a) / 1e6)
              if a.lora else ""))
@@ -762,7 +780,9 @@ def main():
         "model": {"family": a.family, "sliding_window": a.sliding_window, "hidden": a.hidden, "layers": a.layers,
                   "heads": a.heads, "kv_heads": a.kv_heads,
                   "intermediate": a.intermediate, "vocab": a.vocab, "seq": a.seq, "batch": a.batch},
-        "dtype": a.dtype, "steps": a.steps, "rounds": a.rounds, "checkpointing": a.checkpointing, "threads": a.threads, "lora_rank": a.lora,
+        "dtype": a.dtype, "steps": a.steps, "rounds": a.rounds, "checkpointing": a.checkpointing,
+        "keel_checkpointing_layers": a.checkpointing_layers or (a.layers if a.checkpointing else 0),
+        "threads": a.threads, "lora_rank": a.lora,
         "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "keel_peak_flops": keel_peak,
         "torch_peak_flops": torch_peak, "torch_dtype": a.torch_dtype, "flops_per_token": fpt,
         "peers": rows}))

@@ -74,11 +74,23 @@ expect dp4 "--zero 3"   # no ZeRO stage fits alone: the knob's strongest setting
 # The article's run on 4 x 64 GB: ZeRO-3 with the sequences whole (the final save streams the
 # shards to rank 0, so no rank holds the whole model); a shorter max_seq_len, which would fit with
 # fewer changes, is not what keel recommends.
-expect dp4 "recommended: --zero 3 + async_save = false + use_gradient_checkpointing = true + batch_size = 1 (accumulation 16)"
+# Checkpointing is turned on for as few blocks as fit (the first 34 of 40 recompute).
+expect dp4 "recommended: --zero 3 + async_save = false + use_gradient_checkpointing = true, gradient_checkpointing_layers = 34 + batch_size = 1 (accumulation 16)"
 run dp4_zero3 "$recipe" --dp 4 --zero 3 --device-memory 64GB --set use_gradient_checkpointing=true \
   --set async_save=false --set batch_size=1
 expect dp4_zero3 "fits: yes"
 expect dp4_zero3 "1/4 shard (ZeRO-3)"
+expect dp4_zero3 "fits with fewer blocks recomputed too: gradient_checkpointing_layers = 34 (34 of 40 blocks recompute)"
+# That count is the boundary: 34 fits, 33 does not.
+run dp4_zero3_34 "$recipe" --dp 4 --zero 3 --device-memory 64GB --set use_gradient_checkpointing=true \
+  --set async_save=false --set batch_size=1 --set gradient_checkpointing_layers=34
+expect dp4_zero3_34 "gradient checkpointing on for the first 34 blocks"
+expect dp4_zero3_34 "fits: yes"
+run dp4_zero3_33 "$recipe" --dp 4 --zero 3 --device-memory 64GB --set use_gradient_checkpointing=true \
+  --set async_save=false --set batch_size=1 --set gradient_checkpointing_layers=33
+expect dp4_zero3_33 "fits: NO"
+awk -v all="$(total_gib dp4_zero3)" -v some="$(total_gib dp4_zero3_34)" 'BEGIN { exit !(some > all) }' ||
+  fail "keeping 6 blocks' activations does not grow the plan: $(total_gib dp4_zero3) vs $(total_gib dp4_zero3_34) GiB"
 # Nothing fits 16 GB cards at dp 4: the report splits what more ranks shrink from what they do not.
 run dp4_zero3_16gb "$recipe" --dp 4 --zero 3 --device-memory 16GB
 expect dp4_zero3_16gb "the model state sharded over 4 ranks (35.02 GiB)"
@@ -149,6 +161,13 @@ expect glm_qlora "fits: yes"
 out=$("$keel" plan "$recipe" --device-memory 64XB 2>&1)
 status=$?
 [ "$status" -eq 2 ] && grep -qF "memory size '64XB'" <<<"$out" || fail "bad --device-memory: status $status: $out"
+out=$("$keel" plan "$recipe" --set gradient_checkpointing_layers=41 --set use_gradient_checkpointing=true 2>&1)
+status=$?
+[ "$status" -eq 2 ] && grep -qF "the model has 40 blocks" <<<"$out" || fail "41 of 40 blocks: status $status: $out"
+out=$("$keel" plan "$recipe" --set gradient_checkpointing_layers=4 2>&1)
+status=$?
+[ "$status" -eq 2 ] && grep -qF "it needs use_gradient_checkpointing = true" <<<"$out" ||
+  fail "blocks without checkpointing: status $status: $out"
 out=$("$keel" plan "$recipe" --set model_name=tests/data/no-such-model 2>&1)
 status=$?
 [ "$status" -eq 2 ] && grep -qF "no-such-model" <<<"$out" || fail "missing model dir: status $status: $out"

@@ -1,12 +1,15 @@
 // Gradient checkpointing recomputes each block inside the backward pass from its saved input;
 // the recomputation runs the same kernels on the same input, so every gradient must equal the
 // stored-activation run bit for bit (memcmp), in every family, with and without q/k/v biases,
-// across accumulated micro-batches and optimizer-free repeated steps.
+// across accumulated micro-batches and optimizer-free repeated steps; and so must a run where
+// only the first blocks recompute (checkpointing_layers), whose stored and recomputed blocks
+// share the step.
 #include <gtest/gtest.h>
 
 #include <cstring>
 #include <random>
 
+#include "keel/core/error.h"
 #include "keel/model/decoder.h"
 #include "keel/run/model_setup.h"
 #include "decoder_test_support.h"
@@ -20,11 +23,15 @@ using test::random_batch;
 ModelConfig tiny(const std::string& family, bool qkv_bias) { return test::tiny_config(family, qkv_bias); }
 
 void expect_identical_gradients(const std::string& family, bool qkv_bias, Precision precision,
-                                const std::string& backend) {
+                                const std::string& backend, int64_t checkpointing_layers = 0) {
   const auto config = tiny(family, qkv_bias);
   const int64_t batch = 2, seq = 24;
   Decoder stored(config, precision, batch, seq, test::on_backend(backend, {false, true, 0}));
-  Decoder recomputed(config, precision, batch, seq, test::on_backend(backend, {true, true, 0}));
+  DecoderOptions checkpointed;
+  checkpointed.gradient_checkpointing = true;
+  checkpointed.optimizer_state = true;
+  checkpointed.checkpointing_layers = checkpointing_layers;
+  Decoder recomputed(config, precision, batch, seq, test::on_backend(backend, checkpointed));
   stored.init_random(11, 0.2);
   recomputed.init_random(11, 0.2);
   ASSERT_EQ(stored.params().total(), recomputed.params().total());
@@ -67,6 +74,11 @@ class GradientCheckpointing : public ::testing::TestWithParam<Case> {
 
 TEST_P(GradientCheckpointing, GradientsAreBitIdenticalInFp32) { expect_identical(Precision::F32); }
 TEST_P(GradientCheckpointing, GradientsAreBitIdenticalInBf16) { expect_identical(Precision::BF16); }
+TEST_P(GradientCheckpointing, FirstBlocksOnlyGradientsAreBitIdenticalInBf16) {
+  const auto& [model, backend] = GetParam();
+  // tiny_config has 3 blocks: block 0 recomputes, blocks 1 and 2 keep their intermediates.
+  expect_identical_gradients(std::get<0>(model), std::get<1>(model), Precision::BF16, backend, 1);
+}
 
 INSTANTIATE_TEST_SUITE_P(Families, GradientCheckpointing,
                          ::testing::Combine(
@@ -82,6 +94,34 @@ INSTANTIATE_TEST_SUITE_P(Families, GradientCheckpointing,
                            return std::string(std::get<0>(model)) + (std::get<1>(model) ? "_qkv_bias_" : "_no_bias_") +
                                   std::get<1>(info.param);
                          });
+
+// Each block that keeps its intermediates adds them to the peak at the LM head: the plan grows as
+// fewer blocks recompute, from all of them (below none) to none. The last block is the exception
+// (blocks 0 and 1 recompute, 2 keeps its own): its backward runs first, where a recomputed block
+// also holds its fp32 GEMM inputs beside the gradient scratch, so keeping it costs no more.
+TEST(GradientCheckpointingPlan, PeakGrowsWithEveryBlockThatDoesNotRecompute) {
+  const auto config = tiny("llama", false);
+  ASSERT_EQ(config.num_layers, 3);
+  auto options = [](bool checkpointing, int64_t layers) {
+    DecoderOptions o;
+    o.gradient_checkpointing = checkpointing;
+    o.optimizer_state = true;
+    o.checkpointing_layers = layers;
+    return o;
+  };
+  auto peak = [&](bool checkpointing, int64_t layers) {
+    return decoder_memory_plan(config, Precision::BF16, 2, 128, options(checkpointing, layers)).peak_live_bytes();
+  };
+  const size_t all = peak(true, 0), none = peak(false, 0);
+  EXPECT_EQ(peak(true, 3), all);  // 3 of 3 is every block
+  EXPECT_LE(peak(true, 2), all);
+  EXPECT_LT(peak(true, 2), peak(true, 1));
+  EXPECT_LT(peak(true, 1), none);
+  EXPECT_LT(all, none);
+  // A count the model does not have, or one without checkpointing, is refused.
+  EXPECT_THROW({ Decoder d(config, Precision::BF16, 1, 8, options(true, 4)); }, keel::Error);
+  EXPECT_THROW({ Decoder d(config, Precision::BF16, 1, 8, options(false, 1)); }, keel::Error);
+}
 
 class GradientCheckpointingLoss : public ::testing::TestWithParam<std::string> {};
 

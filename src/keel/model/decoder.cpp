@@ -261,6 +261,10 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
   require(!options.shard_masters || (options.optimizer_state && options.optimizer_shards > 1 && !options.shard_weights),
           "decoder: sharded masters (ZeRO-1/2) need the optimizer state sharded over more than one rank, and not "
           "ZeRO-3 (which shards them itself)");
+  require(options.checkpointing_layers >= 0 && options.checkpointing_layers <= config.num_layers &&
+              (options.checkpointing_layers == 0 || options.gradient_checkpointing),
+          "decoder: {} recomputed blocks of {} (gradient checkpointing {})", options.checkpointing_layers,
+          config.num_layers, options.gradient_checkpointing ? "on" : "off");
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
@@ -367,7 +371,8 @@ std::string written_where(const StepTimeline& t, const GradGroup& g) {
 // from the forward of the block that writes it to block l's backward. Without checkpointing a
 // block's intermediates live from its forward to its backward, so all blocks' are alive at the
 // LM head; with checkpointing they are scratch of one position (the forward, then the
-// recomputation in the backward), so every block shares the same bytes. Gradient scratch lives
+// recomputation in the backward), so every block that recomputes shares the same bytes (the
+// others, past checkpointing_layers, keep theirs as without checkpointing). Gradient scratch lives
 // through the backward pass and shares its bytes with the LM head's logits chunk, which is dead
 // by then.
 DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, const AdapterShape& adapter,
@@ -516,7 +521,7 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
   };
   for (int64_t l = 0; l < L; ++l) {
     const std::string prefix = fmt::format("layers.{}.", l);
-    if (options.gradient_checkpointing) {
+    if (options.recomputes(l)) {
       d.forward.push_back(block(l, prefix + "forward.", Cat::Workspace, t.forward(l), t.forward(l)));
       d.backward.push_back(block(l, prefix + "recomputed.", Cat::Activations, t.backward(l), t.backward(l)));
     } else {
@@ -1396,7 +1401,7 @@ void Decoder::backward(const MicroBatch& mb) {
     const auto& p = ids_.layers[l];
     // Gradient checkpointing: the forward kept only x; the same code on the same input gives the
     // same intermediates bit for bit, so the gradients equal those of the stored activations.
-    if (options_.gradient_checkpointing) forward_block(mb, l, x, a, nullptr);
+    if (options_.recomputes(l)) forward_block(mb, l, x, a, nullptr);
     // A projection's products back from dy [N, out]: dx = dy W, its weight's gradient (full
     // fine-tuning), its adapters'; dy's bf16 copy widened once for all of them where products
     // widen bf16 (held_output_grad).

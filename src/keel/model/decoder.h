@@ -120,6 +120,13 @@ struct DecoderOptions {
   // in fp32, and bf16) are the step's largest scratch buffer. 0: keel's choice
   // (lm_head_chunk_rows in decoder.cpp: at least 512, for the head's GEMMs to run at speed).
   int64_t lm_head_chunk_tokens = 0;
+  // (Kept after the fields tests set in order.) With gradient_checkpointing, how many blocks recompute, from the first (Megatron-LM's
+  // --recompute-num-layers); the others keep their intermediates as without checkpointing. Memory
+  // the plan has to spare buys fewer recomputed forward passes. 0: every block.
+  int64_t checkpointing_layers = 0;
+  bool recomputes(int64_t layer) const {
+    return gradient_checkpointing && (checkpointing_layers == 0 || layer < checkpointing_layers);
+  }
 };
 
 inline kernels::Backend& backend_of(const DecoderOptions& options) {

@@ -26,6 +26,7 @@ RunShape run_shape(const run::Recipe& r) {
   s.dp = r.dp_degree;
   s.zero_stage = int(r.zero_stage);
   s.gradient_checkpointing = r.use_gradient_checkpointing;
+  s.checkpointing_layers = r.gradient_checkpointing_layers;
   return s;
 }
 
@@ -98,6 +99,7 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
           shape.zero_stage);
   auto options = run::training_decoder_options(r, config);
   options.gradient_checkpointing = shape.gradient_checkpointing;
+  options.checkpointing_layers = shape.gradient_checkpointing ? shape.checkpointing_layers : 0;
   options.memory_cap_bytes = 0;  // the caller compares against the cap; here we only plan
   // ZeRO-1 (Rajbhandari et al. 2020, stage 1): each rank keeps and updates 1/dp of the Adam moments
   // and, in bf16 full fine-tuning, of the fp32 masters (the decoder plans the shards; the weights
@@ -243,9 +245,12 @@ std::string position_name(const model::StepTimeline& t, int32_t p) {
 }
 
 std::string shape_summary(const RunShape& s) {
+  const std::string checkpointing = !s.gradient_checkpointing ? "off"
+                                    : s.checkpointing_layers == 0
+                                        ? "on"
+                                        : fmt::format("on for the first {} blocks", s.checkpointing_layers);
   return fmt::format("micro-batch {} x {} tokens, accumulation {}, dp {}, ZeRO-{}, gradient checkpointing {}",
-                     s.batch_size, s.max_seq_len, s.gradient_accumulation_steps, s.dp, s.zero_stage,
-                     s.gradient_checkpointing ? "on" : "off");
+                     s.batch_size, s.max_seq_len, s.gradient_accumulation_steps, s.dp, s.zero_stage, checkpointing);
 }
 
 // The per-category lines of the report, with what each holds.
@@ -302,8 +307,11 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
         return std::string(lora ? "AdamW m and v of the adapter, fp32" : "AdamW m and v, fp32") +
                (sharded ? shard : std::string());
       case MemoryCategory::Activations:
-        return shape.gradient_checkpointing ? "block inputs + one recomputed block (checkpointing)"
-                                            : "every block's intermediates, kept for backward";
+        if (!shape.gradient_checkpointing) return "every block's intermediates, kept for backward";
+        if (shape.checkpointing_layers == 0) return "block inputs + one recomputed block (checkpointing)";
+        return fmt::format(
+            "block inputs + one recomputed block (checkpointing, the first {}) + the other blocks' intermediates",
+            shape.checkpointing_layers);
       case MemoryCategory::Workspace: return "gradient scratch, logits chunk (shared by lifetime)";
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
       case MemoryCategory::Data: return "the weight file pages of the tensor loading, micro-batches, rotary table";
@@ -550,6 +558,37 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
   return out;
 }
 
+// The fewest blocks that can recompute (checkpointing_layers, from the first) with `c` still
+// fitting, given that it fits with `c.shape` as it is: each block that keeps its intermediates
+// adds them to the peak, so memory falls as more blocks recompute and a bisection finds the
+// boundary; the plan at the answer is evaluated, so it is known to fit. With try_off, returns 0
+// with checkpointing off when that fits; `c` becomes the fitting candidate found.
+template <typename Evaluate>
+int64_t fewest_recomputed_blocks(Candidate& c, int64_t layers, bool try_off, const Evaluate& evaluate) {
+  if (try_off) {
+    Candidate off = c;
+    off.shape.gradient_checkpointing = false;
+    off.shape.checkpointing_layers = 0;
+    evaluate(off);
+    if (off.fits) {
+      c = off;
+      return 0;
+    }
+  }
+  int64_t fails = 0, fits = c.shape.checkpointing_layers == 0 ? layers : c.shape.checkpointing_layers;
+  Candidate best = c;
+  while (fits - fails > 1) {
+    Candidate mid = c;
+    mid.shape.checkpointing_layers = (fails + fits) / 2;
+    evaluate(mid);
+    (mid.fits ? fits : fails) = mid.shape.checkpointing_layers;
+    if (mid.fits) best = mid;
+  }
+  c = best;
+  if (c.shape.checkpointing_layers == layers) c.shape.checkpointing_layers = 0;  // every block
+  return fits;
+}
+
 // The text of memory_report; sets `fits` when a limit was given.
 std::string memory_report_text(const run::Recipe& r, const PlanRequest& request, std::optional<bool>& fits) {
   const auto config = run::recipe_model_config(r);
@@ -577,16 +616,40 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
   if (device) limits.push_back(fmt::format("{} of device memory per rank", format_bytes(double(device))));
   if (pool) limits.push_back(fmt::format("memory_pool_size {} for the arena", format_bytes(double(pool))));
   const std::string limit_text = fmt::format("{}", fmt::join(limits, " and "));
+  const int64_t layers = config.num_layers;
   if (configured.fits) {
     out += fmt::format("fits: yes, within {}", limit_text);
     if (device) out += fmt::format(" ({} to spare)", format_bytes(double(device - configured.total)));
     out += "\n";
+    // Checkpointing spends compute for memory: say when less of it fits.
+    const int64_t recomputed = shape.checkpointing_layers == 0 ? layers : shape.checkpointing_layers;
+    if (shape.gradient_checkpointing) {
+      Candidate fewer = configured;
+      const int64_t fewest = fewest_recomputed_blocks(fewer, layers, true, evaluate);
+      if (fewest == 0)
+        out += fmt::format("fits without checkpointing too: use_gradient_checkpointing = false -> {} per rank\n",
+                           format_bytes(double(fewer.total)));
+      else if (fewest < recomputed)
+        out += fmt::format(
+            "fits with fewer blocks recomputed too: gradient_checkpointing_layers = {} ({} of {} blocks recompute) "
+            "-> {} per rank\n",
+            fewest, fewest, layers, format_bytes(double(fewer.total)));
+    }
     return out;
   }
   out += fmt::format("fits: NO: needs {} per rank (arena {}), over {}\n", format_bytes(double(configured.total)),
                      format_bytes(double(configured.arena)), limit_text);
   std::vector<Candidate> candidates = alternatives(r, shape);
-  for (auto& c : candidates) evaluate(c);
+  for (auto& c : candidates) {
+    evaluate(c);
+    // Turning checkpointing on: as few blocks recompute as fit (the change names how many).
+    if (c.fits && c.shape.gradient_checkpointing && !shape.gradient_checkpointing) {
+      const int64_t fewest = fewest_recomputed_blocks(c, layers, false, evaluate);
+      for (auto& change : c.changes)
+        if (change.starts_with("use_gradient_checkpointing") && fewest > 0 && fewest < layers)
+          change += fmt::format(", gradient_checkpointing_layers = {}", fewest);
+    }
+  }
   return out + advice_lines(candidates, config, bf16, r.finetuning_type == "lora", r.quantization_bit == 4);
 }
 

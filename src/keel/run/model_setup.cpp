@@ -86,6 +86,10 @@ void set_four_bit_base(const Recipe& r, const model::ModelConfig& config, model:
 model::DecoderOptions training_decoder_options(const Recipe& r, const model::ModelConfig& config) {
   model::DecoderOptions o;
   o.gradient_checkpointing = r.use_gradient_checkpointing;
+  require(r.gradient_checkpointing_layers <= config.num_layers,
+          "{}: gradient_checkpointing_layers = {}, but the model has {} blocks (0 = every block)", r.source,
+          r.gradient_checkpointing_layers, config.num_layers);
+  o.checkpointing_layers = r.gradient_checkpointing_layers;
   o.lm_head_chunk_tokens = r.lm_head_chunk_tokens;
   o.optimizer_state = true;
   o.memory_cap_bytes = size_t(r.memory_pool_size * double(size_t(1) << 30));

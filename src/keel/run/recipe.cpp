@@ -109,6 +109,7 @@ const std::vector<Field>& fields() {
       {"zero_stage", &Recipe::zero_stage},
       {"use_flash_attention", &Recipe::use_flash_attention},
       {"use_gradient_checkpointing", &Recipe::use_gradient_checkpointing},
+      {"gradient_checkpointing_layers", &Recipe::gradient_checkpointing_layers},
       {"lm_head_chunk_tokens", &Recipe::lm_head_chunk_tokens},
       {"topology", &Recipe::topology, "hccl_topology"},
       {"memory_pool_size", &Recipe::memory_pool_size},
@@ -418,6 +419,12 @@ void validate_recipe(const Recipe& r, const Where& w) {
           r.overlap_grad_sync);
   require(r.comm_timeout_s > 0, "{}: key 'comm_timeout_s' must be positive", w.of("comm_timeout_s"));
   require(r.zero_stage >= 0 && r.zero_stage <= 3, "{}: key 'zero_stage' must be 0, 1, 2 or 3", w.of("zero_stage"));
+  require(r.gradient_checkpointing_layers >= 0, "{}: key 'gradient_checkpointing_layers' must not be negative, got {}",
+          w.of("gradient_checkpointing_layers"), r.gradient_checkpointing_layers);
+  require(r.gradient_checkpointing_layers == 0 || r.use_gradient_checkpointing,
+          "{}: key 'gradient_checkpointing_layers' = {} chooses how many blocks recompute: it needs "
+          "use_gradient_checkpointing = true",
+          w.of("gradient_checkpointing_layers"), r.gradient_checkpointing_layers);
   require(r.eval_interval >= 0, "{}: key 'eval_interval' must not be negative", w.of("eval_interval"));
   require(r.keep_last_n >= 1, "{}: key 'keep_last_n' must be at least 1", w.of("keep_last_n"));
   require(r.log_interval <= 1'000'000'000 && r.eval_interval <= 1'000'000'000 && r.save_interval <= 1'000'000'000,

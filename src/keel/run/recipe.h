@@ -88,6 +88,10 @@ struct Recipe {
       0;  // 1: shard the AdamW moments (bf16: and fp32 masters) across the dp ranks; 2: and the gradients; 3: and the weights
   bool use_flash_attention = true;
   bool use_gradient_checkpointing = false;
+  // With checkpointing: the blocks that recompute, from the first (Megatron-LM's
+  // --recompute-num-layers); the rest keep their activations. 0 = every block. `keel plan` with a
+  // memory limit names the fewest that fit.
+  int64_t gradient_checkpointing_layers = 0;
   // Tokens per chunk of the fused LM head and loss ([chunk, vocab] logits in fp32 and bf16, the
   // step's largest scratch buffer); 0 = keel's choice (at least 512).
   int64_t lm_head_chunk_tokens = 0;
