@@ -636,9 +636,10 @@ kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t layer, int
 // torch.tensor(hidden_size**0.5, dtype=float32): Gemma's normalizer.
 float embedding_scale(const ModelConfig& c) { return float(std::sqrt(double(c.hidden_size))); }
 
-MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
-                               const DecoderOptions& options) {
-  check_arguments(config, max_batch, max_seq, options);
+namespace {
+
+MemoryPlan plan_decoder(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
+                        const DecoderOptions& options) {
   ParamStore params, adapter;
   DecoderParamIds ids;
   declare_params(config, params, ids, base_storage(options, precision));
@@ -652,6 +653,26 @@ MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, i
                   precision, max_batch, max_seq, options, plan);
   plan.pack();
   return plan;
+}
+
+}  // namespace
+
+DecoderOptions resolve_checkpointing_layers(const ModelConfig& config, Precision precision, int64_t max_batch,
+                                            int64_t max_seq, DecoderOptions options) {
+  check_arguments(config, max_batch, max_seq, options);
+  if (!options.gradient_checkpointing || options.checkpointing_layers != 0 || config.num_layers < 2) return options;
+  DecoderOptions every = options, all_but_last = options;
+  every.checkpointing_layers = config.num_layers;
+  all_but_last.checkpointing_layers = config.num_layers - 1;
+  const bool keep_last = plan_decoder(config, precision, max_batch, max_seq, all_but_last).total_bytes() <=
+                         plan_decoder(config, precision, max_batch, max_seq, every).total_bytes();
+  return keep_last ? all_but_last : every;
+}
+
+MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
+                               const DecoderOptions& options) {
+  return plan_decoder(config, precision, max_batch, max_seq,
+                      resolve_checkpointing_layers(config, precision, max_batch, max_seq, options));
 }
 
 void declare_model_params(const ModelConfig& config, ParamStore& params, DecoderParamIds& ids) {
@@ -806,9 +827,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
       precision_(precision),
       max_batch_(max_batch),
       max_seq_(max_seq),
-      options_(options),
+      options_(resolve_checkpointing_layers(config, precision, max_batch, max_seq, options)),
       backend_(backend_of(options)) {
-  check_arguments(config_, max_batch, max_seq, options);
   const auto& c = config_;
   params_.set_four_bit_type(options_.four_bit_type);
   declare_params(c, params_, ids_, base_storage(options_, precision_));

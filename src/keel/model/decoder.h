@@ -120,9 +120,11 @@ struct DecoderOptions {
   // in fp32, and bf16) are the step's largest scratch buffer. 0: keel's choice
   // (lm_head_chunk_rows in decoder.cpp: at least 512, for the head's GEMMs to run at speed).
   int64_t lm_head_chunk_tokens = 0;
-  // (Kept after the fields tests set in order.) With gradient_checkpointing, how many blocks recompute, from the first (Megatron-LM's
-  // --recompute-num-layers); the others keep their intermediates as without checkpointing. Memory
-  // the plan has to spare buys fewer recomputed forward passes. 0: every block.
+  // (Kept after the fields tests set in order.) With gradient_checkpointing, how many blocks
+  // recompute, from the first (Megatron-LM's --recompute-num-layers); the others keep their
+  // intermediates as without checkpointing. Memory the plan has to spare buys fewer recomputed
+  // forward passes. 0: keel's choice (resolve_checkpointing_layers): every block, or every block
+  // but the last where keeping the last one's intermediates takes no more memory.
   int64_t checkpointing_layers = 0;
   bool recomputes(int64_t layer) const {
     return gradient_checkpointing && (checkpointing_layers == 0 || layer < checkpointing_layers);
@@ -216,6 +218,13 @@ struct WeightGather {
 // plan a 9B model on a laptop). The constructor allocates from exactly this description.
 MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
                                const DecoderOptions& options);
+
+// `options` with checkpointing_layers decided when it is 0 and checkpointing is on: every block
+// but the last where that plans no more memory than every block (the last block's backward comes
+// first, right after the LM head; recomputing it there holds its fp32 GEMM inputs beside the
+// gradient scratch, which its kept intermediates can cost less than), else every block.
+DecoderOptions resolve_checkpointing_layers(const ModelConfig& config, Precision precision, int64_t max_batch,
+                                            int64_t max_seq, DecoderOptions options);
 
 // Layer `layer`'s attention for micro-batches of batch x seq, as the decoder runs it: heads, the
 // scores' scale, its sliding window and soft cap; q/k/v row strides of the fused projection (q and
@@ -340,6 +349,9 @@ class Decoder {
   const MemoryPlan& memory_plan() const { return plan_; }
   size_t arena_bytes() const { return arena_.size(); }
   const DecoderOptions& options() const { return options_; }
+  // The blocks whose intermediates the backward pass recomputes (gradient checkpointing), from the
+  // first: checkpointing_layers as resolve_checkpointing_layers decided it; 0 without checkpointing.
+  int64_t recomputed_blocks() const { return options_.gradient_checkpointing ? options_.checkpointing_layers : 0; }
   // Tokens the fused LM head and loss take at once (DecoderOptions::lm_head_chunk_tokens, or
   // keel's choice when that is 0): the size of the step's logits buffer, [chunk, vocab].
   int64_t lm_head_chunk() const;

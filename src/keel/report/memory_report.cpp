@@ -93,7 +93,11 @@ size_t received_piece_bytes(size_t param_elements, size_t shards) {
 
 }  // namespace
 
-MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
+namespace {
+
+// The decoder settings of one rank of this recipe run with `shape`.
+model::DecoderOptions planned_decoder_options(const run::Recipe& r, const model::ModelConfig& config,
+                                              const RunShape& shape) {
   require(shape.dp >= 1, "memory plan: dp must be at least 1, got {}", shape.dp);
   require(shape.zero_stage >= 0 && shape.zero_stage <= 3, "memory plan: ZeRO stage {} is not supported (0 to 3)",
           shape.zero_stage);
@@ -107,9 +111,16 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   // the masters are the compute weights and stay whole.
   // ZeRO-2 shards the gradients too: the decoder plans this rank's shard of them and the staging of
   // the groups the backward pass writes and reduces.
+  run::set_zero_stage(options, shape.zero_stage, shape.dp, run::recipe_precision(r));
+  return options;
+}
+
+}  // namespace
+
+MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
+  const auto options = planned_decoder_options(r, config, shape);
   const size_t shards = shape.zero_stage >= 1 ? size_t(shape.dp) : 1;
   const auto precision = run::recipe_precision(r);
-  run::set_zero_stage(options, shape.zero_stage, shape.dp, precision);
   const MemoryPlan decoder =
       model::decoder_memory_plan(config, precision, shape.batch_size, shape.max_seq_len, options);
 
@@ -585,7 +596,6 @@ int64_t fewest_recomputed_blocks(Candidate& c, int64_t layers, bool try_off, con
     if (mid.fits) best = mid;
   }
   c = best;
-  if (c.shape.checkpointing_layers == layers) c.shape.checkpointing_layers = 0;  // every block
   return fits;
 }
 
@@ -622,8 +632,11 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
     if (device) out += fmt::format(" ({} to spare)", format_bytes(double(device - configured.total)));
     out += "\n";
     // Checkpointing spends compute for memory: say when less of it fits.
-    const int64_t recomputed = shape.checkpointing_layers == 0 ? layers : shape.checkpointing_layers;
     if (shape.gradient_checkpointing) {
+      const int64_t recomputed =
+          model::resolve_checkpointing_layers(config, run::recipe_precision(r), shape.batch_size, shape.max_seq_len,
+                                              planned_decoder_options(r, config, shape))
+              .checkpointing_layers;
       Candidate fewer = configured;
       const int64_t fewest = fewest_recomputed_blocks(fewer, layers, true, evaluate);
       if (fewest == 0)

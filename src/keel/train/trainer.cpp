@@ -168,13 +168,17 @@ class Trainer {
     fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}\n", config_.architecture,
                config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, loader_->sequences(),
                r_.data_path);
-    const int64_t recomputed =
-        r_.gradient_checkpointing_layers > 0 ? r_.gradient_checkpointing_layers : config_.num_layers;
-    fmt::print(log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}{}\n", max_steps_,
-               r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype,
-               r_.use_gradient_checkpointing
-                   ? fmt::format(", gradient checkpointing ({} of {} blocks recompute)", recomputed, config_.num_layers)
-                   : "");
+    const int64_t recomputed = decoder_.recomputed_blocks();
+    const bool kept_last = r_.gradient_checkpointing_layers == 0 && recomputed == config_.num_layers - 1;
+    fmt::print(
+        log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}{}\n", max_steps_,
+        r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype,
+        r_.use_gradient_checkpointing
+            ? fmt::format(", gradient checkpointing ({} of {} blocks recompute{})", recomputed, config_.num_layers,
+                          kept_last ? "; keel's choice: the last keeps its activations, which the memory plan "
+                                      "says costs nothing more (gradient_checkpointing_layers sets it)"
+                                    : "")
+            : "");
     if (decoder_.has_adapter()) print_lora();
     {
       // The logits buffer is the step's largest scratch: its size is a choice keel makes (or the recipe).
