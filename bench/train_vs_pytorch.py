@@ -327,17 +327,14 @@ def run_keel(a, model_dir, lora):
     steps = [json.loads(l) for l in open(os.path.join(out_dir, "metrics.jsonl"))]
     with open(os.path.join(out_dir, "summary.json")) as f:  # keel's own VmHWM, a cross-check of rss
         vmhwm = json.load(f)["peak_memory_bytes"]
-    return {"times": [s["step_time_s"] for s in steps], "rss": rss, "vmhwm": vmhwm,
-            "settings": "%s%s, flash-style attention, AdamW%s" % (
-                "LoRA r=%d, " % lora if lora else "", a.dtype, checkpointing_words(a))}
-
-
-def checkpointing_words(a):
-    if not a.checkpointing:
-        return ""
-    if a.checkpointing_layers:
-        return ", checkpointing (the first %d of %d blocks)" % (a.checkpointing_layers, a.layers)
-    return ", checkpointing"
+    # The blocks keel recomputes, as its start-up line says (without --checkpointing-layers keel
+    # decides: every block, or all but the last).
+    m = re.search(r"gradient checkpointing \((\d+) of (\d+) blocks recompute", out)
+    recomputed = int(m.group(1)) if m else 0
+    checkpointing = ", checkpointing (%d of %s blocks recompute)" % (recomputed, m.group(2)) if m else ""
+    return {"times": [s["step_time_s"] for s in steps], "rss": rss, "vmhwm": vmhwm, "recomputed": recomputed,
+            "settings": "%s%s, flash-style attention, AdamW%s" % ("LoRA r=%d, " % lora if lora else "", a.dtype,
+                                                                  checkpointing)}
 
 
 def run_peer(a, role):
@@ -781,7 +778,7 @@ def main():
                   "heads": a.heads, "kv_heads": a.kv_heads,
                   "intermediate": a.intermediate, "vocab": a.vocab, "seq": a.seq, "batch": a.batch},
         "dtype": a.dtype, "steps": a.steps, "rounds": a.rounds, "checkpointing": a.checkpointing,
-        "keel_checkpointing_layers": a.checkpointing_layers or (a.layers if a.checkpointing else 0),
+        "keel_recomputed_blocks": rounds["keel"][-1].get("recomputed", 0) if rounds["keel"] else 0,
         "threads": a.threads, "lora_rank": a.lora,
         "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "keel_peak_flops": keel_peak,
         "torch_peak_flops": torch_peak, "torch_dtype": a.torch_dtype, "flops_per_token": fpt,

@@ -115,6 +115,15 @@ model::DecoderOptions planned_decoder_options(const run::Recipe& r, const model:
   return options;
 }
 
+// The blocks the run recomputes, as the decoder decides them (checkpointing_layers 0 left to
+// keel: model::resolve_checkpointing_layers); 0 without checkpointing.
+int64_t recomputed_blocks(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
+  if (!shape.gradient_checkpointing) return 0;
+  return model::resolve_checkpointing_layers(config, run::recipe_precision(r), shape.batch_size, shape.max_seq_len,
+                                             planned_decoder_options(r, config, shape))
+      .checkpointing_layers;
+}
+
 }  // namespace
 
 MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
@@ -255,17 +264,20 @@ std::string position_name(const model::StepTimeline& t, int32_t p) {
   return "optimizer step";
 }
 
-std::string shape_summary(const RunShape& s) {
+// recomputed: the blocks that recompute (recomputed_blocks), of `layers`.
+std::string shape_summary(const RunShape& s, int64_t recomputed, int64_t layers) {
   const std::string checkpointing = !s.gradient_checkpointing ? "off"
-                                    : s.checkpointing_layers == 0
+                                    : recomputed == layers
                                         ? "on"
-                                        : fmt::format("on for the first {} blocks", s.checkpointing_layers);
+                                        : fmt::format("on for the first {} blocks{}", recomputed,
+                                                      s.checkpointing_layers == 0 ? " (keel's choice)" : "");
   return fmt::format("micro-batch {} x {} tokens, accumulation {}, dp {}, ZeRO-{}, gradient checkpointing {}",
                      s.batch_size, s.max_seq_len, s.gradient_accumulation_steps, s.dp, s.zero_stage, checkpointing);
 }
 
 // The per-category lines of the report, with what each holds.
-std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool bf16) {
+std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool bf16, int64_t recomputed,
+                            int64_t layers) {
   const bool sharded = shape.zero_stage >= 1 && shape.dp > 1;
   const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-{})", shape.dp, shape.zero_stage) : "";
   // LoRA, QLoRA and sharded masters (ZeRO-3, and bf16 ZeRO-1/2: run::set_zero_stage decides) show
@@ -319,10 +331,10 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
                (sharded ? shard : std::string());
       case MemoryCategory::Activations:
         if (!shape.gradient_checkpointing) return "every block's intermediates, kept for backward";
-        if (shape.checkpointing_layers == 0) return "block inputs + one recomputed block (checkpointing)";
+        if (recomputed == layers) return "block inputs + one recomputed block (checkpointing)";
         return fmt::format(
             "block inputs + one recomputed block (checkpointing, the first {}) + the other blocks' intermediates",
-            shape.checkpointing_layers);
+            recomputed);
       case MemoryCategory::Workspace: return "gradient scratch, logits chunk (shared by lifetime)";
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
       case MemoryCategory::Data: return "the weight file pages of the tensor loading, micro-batches, rotary table";
@@ -399,7 +411,7 @@ namespace {
 
 // What the report says of the configured run: the model, the run, the per-category breakdown.
 std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape,
-                                 bool bf16) {
+                                 bool bf16, int64_t recomputed) {
   const auto plan = training_memory_plan(r, config, shape);
   std::string out;
   out += fmt::format("keel plan: {}\n", r.source);
@@ -410,7 +422,7 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
       config.architecture, model::family_name(config.family), config.num_layers, config.hidden_size, config.num_heads,
       config.num_kv_heads, config.intermediate_size, config.vocab_size,
       parameters >= 1e9 ? fmt::format("{:.2f}B", parameters / 1e9) : fmt::format("{:.2f}M", parameters / 1e6));
-  out += fmt::format("run: {}, {}\n", r.dtype, shape_summary(shape));
+  out += fmt::format("run: {}, {}\n", r.dtype, shape_summary(shape, recomputed, config.num_layers));
   if (shape.zero_stage >= 1 && shape.dp == 1) out += fmt::format("note: ZeRO-{} with dp 1 shards nothing\n", shape.zero_stage);
   const model::StepTimeline timeline{int32_t(config.num_layers)};
   const auto arena_peak = position_name(timeline, plan.peak_position());
@@ -419,7 +431,7 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
              ? fmt::format("\nper-rank memory at its peak, during the {}:\n", arena_peak)
              : fmt::format("\nper-rank memory at its peak: the arena's during the {}, the rest's during the {}:\n",
                            arena_peak, other_peak);
-  out += breakdown_lines(plan, shape, bf16);
+  out += breakdown_lines(plan, shape, bf16, recomputed, config.num_layers);
   out += "  (not planned: the training records held in memory, 8 bytes per token)\n\n";
   return out;
 }
@@ -614,7 +626,8 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
     c.fits = within_limits(c.total, c.arena, device, pool);
   };
 
-  std::string out = configured_run_lines(r, config, shape, bf16);
+  const int64_t recomputed = recomputed_blocks(r, config, shape);
+  std::string out = configured_run_lines(r, config, shape, bf16, recomputed);
   Candidate configured{shape, {}, 0};
   evaluate(configured);
   if (device == 0 && pool == 0) {
@@ -633,10 +646,6 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
     out += "\n";
     // Checkpointing spends compute for memory: say when less of it fits.
     if (shape.gradient_checkpointing) {
-      const int64_t recomputed =
-          model::resolve_checkpointing_layers(config, run::recipe_precision(r), shape.batch_size, shape.max_seq_len,
-                                              planned_decoder_options(r, config, shape))
-              .checkpointing_layers;
       Candidate fewer = configured;
       const int64_t fewest = fewest_recomputed_blocks(fewer, layers, true, evaluate);
       if (fewest == 0)

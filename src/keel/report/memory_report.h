@@ -36,7 +36,7 @@ struct RunShape {
   int64_t dp = 1;      // data-parallel ranks
   int zero_stage = 0;  // 0: replicated; 1: optimizer state sharded over dp; 2: and the gradients
   bool gradient_checkpointing = false;
-  int64_t checkpointing_layers = 0;  // with checkpointing: the blocks that recompute, from the first; 0 = all
+  int64_t checkpointing_layers = 0;  // with checkpointing: the blocks that recompute, from the first; 0 = keel's choice
   bool async_checkpoint = true;  // false: plan without the recipe's async_save snapshot
 };
 RunShape run_shape(const run::Recipe& recipe);  // as the recipe configures it

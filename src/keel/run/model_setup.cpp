@@ -87,7 +87,7 @@ model::DecoderOptions training_decoder_options(const Recipe& r, const model::Mod
   model::DecoderOptions o;
   o.gradient_checkpointing = r.use_gradient_checkpointing;
   require(r.gradient_checkpointing_layers <= config.num_layers,
-          "{}: gradient_checkpointing_layers = {}, but the model has {} blocks (0 = every block)", r.source,
+          "{}: gradient_checkpointing_layers = {}, but the model has {} blocks (0 = keel's choice)", r.source,
           r.gradient_checkpointing_layers, config.num_layers);
   o.checkpointing_layers = r.gradient_checkpointing_layers;
   o.lm_head_chunk_tokens = r.lm_head_chunk_tokens;

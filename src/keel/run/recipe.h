@@ -89,8 +89,9 @@ struct Recipe {
   bool use_flash_attention = true;
   bool use_gradient_checkpointing = false;
   // With checkpointing: the blocks that recompute, from the first (Megatron-LM's
-  // --recompute-num-layers); the rest keep their activations. 0 = every block. `keel plan` with a
-  // memory limit names the fewest that fit.
+  // --recompute-num-layers); the rest keep their activations. 0 = keel's choice: every block, or
+  // all but the last where the memory plan says keeping the last costs no more
+  // (model::resolve_checkpointing_layers). `keel plan` with a memory limit names the fewest that fit.
   int64_t gradient_checkpointing_layers = 0;
   // Tokens per chunk of the fused LM head and loss ([chunk, vocab] logits in fp32 and bf16, the
   // step's largest scratch buffer); 0 = keel's choice (at least 512).
