@@ -104,6 +104,9 @@ def parse_args():
     p.add_argument("--checkpointing-layers", type=int, default=0, metavar="K",
                    help="with --checkpointing: only keel's first K blocks recompute (gradient_checkpointing_layers; "
                         "keel plan with a memory limit names the fewest that fit); the peers recompute every block")
+    p.add_argument("--zero3", action="store_true",
+                   help="keel's full fine-tuning with zero_stage = 3 on its one rank: no whole bf16 copy of the "
+                        "weights, each position casts its own (the memory it frees buys fewer recomputed blocks)")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)),
                    help="threads of every peer (default: the cores this process may run on)")
     p.add_argument("--peers", default=",".join(PEERS), help="PyTorch peers to run, of: " + ",".join(PEERS))
@@ -318,6 +321,8 @@ def run_keel(a, model_dir, lora):
                 % (a.dtype, a.seq, a.batch, a.steps, "true" if a.checkpointing else "false", a.checkpointing_layers))
         if lora:
             f.write('finetuning_type = "lora"\nlora_rank = %d\nlora_target = "all"\n' % lora)
+        elif a.zero3:
+            f.write('zero_stage = 3\n')
     code, out, rss = run_child([a.keel, "train", recipe], env=peer_env(a))
     if code != 0:
         sys.exit("keel failed:\n" + out)
@@ -332,6 +337,8 @@ def run_keel(a, model_dir, lora):
     m = re.search(r"gradient checkpointing \((\d+) of (\d+) blocks recompute", out)
     recomputed = int(m.group(1)) if m else 0
     checkpointing = ", checkpointing (%d of %s blocks recompute)" % (recomputed, m.group(2)) if m else ""
+    if "bf16 weights cast per position" in out:  # keel's own start-up line: ZeRO-3 on one rank
+        checkpointing = ", ZeRO-3 (one rank: bf16 cast per position)" + checkpointing
     return {"times": [s["step_time_s"] for s in steps], "rss": rss, "vmhwm": vmhwm, "recomputed": recomputed,
             "settings": "%s%s, flash-style attention, AdamW%s" % ("LoRA r=%d, " % lora if lora else "", a.dtype,
                                                                   checkpointing)}
@@ -779,6 +786,7 @@ def main():
                   "intermediate": a.intermediate, "vocab": a.vocab, "seq": a.seq, "batch": a.batch},
         "dtype": a.dtype, "steps": a.steps, "rounds": a.rounds, "checkpointing": a.checkpointing,
         "keel_recomputed_blocks": rounds["keel"][-1].get("recomputed", 0) if rounds["keel"] else 0,
+        "keel_zero_stage": 3 if a.zero3 and not a.lora else 0,
         "threads": a.threads, "lora_rank": a.lora,
         "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "keel_peak_flops": keel_peak,
         "torch_peak_flops": torch_peak, "torch_dtype": a.torch_dtype, "flops_per_token": fpt,

@@ -156,8 +156,11 @@ std::vector<GradGroup> gradient_groups(const ModelConfig& c, const DecoderParamI
 int64_t round_up(int64_t n, int64_t unit) { return (n + unit - 1) / unit * unit; }
 
 // bf16_copies: bf16 precision with trained masters (full fine-tuning), whose GEMMs read bf16 copies.
+// local (ZeRO-3 with one rank, DecoderOptions::cast_per_position): the masters are whole and read
+// where they are, so a gather carries only its bf16 casts, and a position without any has none.
 std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const DecoderParamIds& ids,
-                                              const ParamStore& params, bool bf16_copies, bool resident) {
+                                              const ParamStore& params, bool bf16_copies, bool resident,
+                                              bool local = false) {
   const StepTimeline t{int32_t(c.num_layers)};
   // Each storage's tensors of a group are contiguous in their own buffer (declared in order). The
   // compute-only spans end where the store's alignment does, so their shards' parts are whole
@@ -192,6 +195,7 @@ std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const Decode
         bf16_read = true;
         continue;
       }
+      if (local) continue;
       if (!g.fp32_runs.empty() && i > first && params.param(i - 1).master() && reads_fp32(i - 1, position)) {
         g.fp32_runs.back().range.end = p.offset + p.numel;  // extends the run (padding between included)
       } else {
@@ -203,6 +207,7 @@ std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const Decode
     if (bf16_read) g.bf16_span = {g.range.begin, round_up(g.range.end, kParamAlignElements)};
     g.compute_only = span(first, last, ParamStorage::Bf16);
     g.four_bit = span(first, last, ParamStorage::FourBit);
+    if (local && !bf16_read) return;
     out.push_back(g);
   };
   gather(ids.embed, ids.embed, t.forward(0));
@@ -227,6 +232,7 @@ std::vector<WeightGather> weight_gathers_for(const ModelConfig& c, const Decoder
                                              Precision precision, const DecoderOptions& options) {
   const bool bf16_copies = precision == Precision::BF16 && !options.lora.enabled();
   if (options.shard_weights) return plan_weight_gathers(c, ids, params, bf16_copies, false);
+  if (options.cast_per_position && bf16_copies) return plan_weight_gathers(c, ids, params, true, false, true);
   if (!options.shard_masters) return {};
   require(bf16_copies,
           "decoder: sharded fp32 masters (ZeRO-1/2) need bf16 full fine-tuning: in fp32 the masters are the weights "
@@ -235,7 +241,8 @@ std::vector<WeightGather> weight_gathers_for(const ModelConfig& c, const Decoder
 }
 
 // A gathered buffer's name in the plan: what it holds and where it is read.
-std::string gathered_name(const StepTimeline& t, const ParamStore& params, const WeightGather& g, bool resident) {
+std::string gathered_name(const StepTimeline& t, const ParamStore& params, const WeightGather& g, bool resident,
+                          bool cast = false) {
   const std::string& first = params.param(g.first_param).name;
   const std::string what = first == "embed"        ? "embed"
                            : first == "final_norm" ? "final_norm + lm_head"
@@ -244,6 +251,7 @@ std::string gathered_name(const StepTimeline& t, const ParamStore& params, const
                             : g.position <= t.layers
                                 ? fmt::format("forward of layer {}", g.position - 1)
                                 : fmt::format("backward of layer {}", t.head() + t.layers - g.position);
+  if (cast) return fmt::format("weights.bf16.cast ({}, read in the {})", what, where);
   return resident ? fmt::format("weights.resident ({}, first read in the {})", what, where)
                   : fmt::format("weights.gathered ({}, read in the {})", what, where);
 }
@@ -261,6 +269,9 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
   require(!options.shard_masters || (options.optimizer_state && options.optimizer_shards > 1 && !options.shard_weights),
           "decoder: sharded masters (ZeRO-1/2) need the optimizer state sharded over more than one rank, and not "
           "ZeRO-3 (which shards them itself)");
+  require(!options.cast_per_position ||
+              (options.optimizer_shards == 1 && !options.shard_weights && !options.lora.enabled()),
+          "decoder: bf16 weights cast per position (ZeRO-3 with one rank) need one rank and full fine-tuning");
   require(options.checkpointing_layers >= 0 && options.checkpointing_layers <= config.num_layers &&
               (options.checkpointing_layers == 0 || options.gradient_checkpointing),
           "decoder: {} recomputed blocks of {} (gradient checkpointing {})", options.checkpointing_layers,
@@ -427,6 +438,18 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
       d.gathered_4bit_absmax.push_back(four_bit ? add(name + " (4-bit absmax)", Cat::ComputeWeights,
                                                       g.four_bit.size() / kFourBitBlockSize, f32, first, last)
                                                 : -1);
+    }
+  } else if (!gathers.empty()) {
+    // ZeRO-3 with one rank (cast_per_position): the masters whole, and each position's bf16 casts
+    // from the position before the one that reads them.
+    d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
+    for (const WeightGather& g : gathers) {
+      d.gathered.push_back(-1);
+      d.gathered_b.push_back(add(gathered_name(t, params, g, false, true), Cat::ComputeWeights, g.bf16_span.size(), b16,
+                                 std::max(g.position - 1, t.forward(0)), g.position));
+      d.gathered_c.push_back(-1);
+      d.gathered_4bit.push_back(-1);
+      d.gathered_4bit_absmax.push_back(-1);
     }
   } else {
     d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
@@ -919,6 +942,10 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     // Each tensor's first gradient write of a step overwrites (backward(): grad_beta, fresh_grad),
     // so the step needs no zeroing pass over the gradients (ParamStore::begin_gradient_step).
     params_.overwrite_first_gradient_writes(true);
+    if (casts_per_position()) {
+      params_.cast_bf16_per_position();
+      for (size_t g = 0; g < weight_gathers_.size(); ++g) weight_gathers_[g].weights_bf16 = b16(d.gathered_b[g]);
+    }
   } else {
     params_.bind(f32(d.weights), nullptr, b16(options_.shard_weights ? d.compute_only_shard : d.weights_bf16), nullptr,
                  nullptr);
@@ -1505,7 +1532,7 @@ void Decoder::enter_position(int32_t position) {
   for (size_t i = 0; i < weight_gathers_.size(); ++i) {
     const WeightGather& g = weight_gathers_[i];
     if (g.position != position) continue;
-    gather_hooks_.wait(i);
+    if (!casts_per_position()) gather_hooks_.wait(i);
     point_at_gather(g, false);
   }
   if (position < last_position_) start_gathers(position + 1);
@@ -1517,6 +1544,10 @@ void Decoder::enter_position(int32_t position) {
 void Decoder::point_at_gather(const WeightGather& g, bool keep) {
   for (int p = g.first_param; p <= g.last_param; ++p) {
     const Param& param = params_.param(p);
+    if (casts_per_position()) {  // the masters stay where they are; only the bf16 copy moves
+      params_.point_bf16_at(p, g.weights_bf16 + (param.offset - g.bf16_span.begin));
+      continue;
+    }
     if (param.storage == ParamStorage::Bf16) {  // a frozen bf16 matrix (LoRA)
       params_.point_at(p, nullptr, g.compute_only_weights + (param.offset - g.compute_only.begin));
       continue;
@@ -1564,7 +1595,7 @@ void Decoder::start_gathers(int32_t position) {
   for (size_t i = 0; i < weight_gathers_.size(); ++i) {
     if (weight_gathers_[i].position != position) continue;
     stage_gather(i, true);
-    gather_hooks_.start(i);
+    if (!casts_per_position()) gather_hooks_.start(i);
   }
 }
 
@@ -1589,7 +1620,7 @@ void Decoder::settle_resident_weights() {
 struct Decoder::CallScope {
   Decoder& d;
   CallScope(Decoder& decoder, int32_t last_position) : d(decoder) {
-    require(d.weight_gathers_.empty() || (d.gather_hooks_.start && d.gather_hooks_.wait),
+    require(d.weight_gathers_.empty() || d.casts_per_position() || (d.gather_hooks_.start && d.gather_hooks_.wait),
             "decoder: the weights are sharded (ZeRO) but nothing gathers them (set_weight_gather_hooks)");
     require(!d.resident_gathers() || d.resident_filled_,
             "decoder: the masters are sharded (ZeRO-1/2) and the weights the step reads were never gathered "

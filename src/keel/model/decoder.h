@@ -126,6 +126,12 @@ struct DecoderOptions {
   // forward passes. 0: keel's choice (resolve_checkpointing_layers): every block, or every block
   // but the last where keeping the last one's intermediates takes no more memory.
   int64_t checkpointing_layers = 0;
+  // ZeRO-3 with one rank (bf16 full fine-tuning): nothing to shard, but no whole bf16 copy of the
+  // weights either. Each position's GEMM matrices are cast from the masters into a buffer planned
+  // for that position just before it reads them (ZeRO-3's gather buffers, filled locally: no
+  // hooks), so the bf16 weights cost two positions' worth instead of the model's, for one cast
+  // pass per position per step. The masters, gradients and moments stay whole.
+  bool cast_per_position = false;
   bool recomputes(int64_t layer) const {
     return gradient_checkpointing && (checkpointing_layers == 0 || layer < checkpointing_layers);
   }
@@ -327,6 +333,8 @@ class Decoder {
   void set_weight_gather_hooks(WeightGatherHooks hooks) { gather_hooks_ = std::move(hooks); }
   // shard_masters: the gathers' buffers are the weights the step reads, whole, between refreshes.
   bool resident_gathers() const { return options_.shard_masters; }
+  // ZeRO-3 with one rank: the gathers are bf16 casts this decoder makes itself (no hooks).
+  bool casts_per_position() const { return options_.cast_per_position && !weight_gathers_.empty(); }
   // shard_masters, after this rank's masters changed (the optimizer step, loading, initialisation):
   // copies this rank's part of the masters into every gather (the fp32 runs, and unless the
   // optimizer step wrote them already, the bf16 casts: `bf16_written`) and starts them all. Every

@@ -182,6 +182,14 @@ void ParamStore::shard_weights(FlatRange masters, FlatRange compute_only, FlatRa
   four_bit_at_.assign(params_.size(), FourBitWeight{});
 }
 
+void ParamStore::cast_bf16_per_position() {
+  require(
+      allocated() && !sharded_weights() && weights_bf16_ == nullptr && compute_only_total_ == 0 && four_bit_total_ == 0,
+      "ParamStore::cast_bf16_per_position: a bound store with whole masters, no bf16 copy bound and only "
+      "trained tensors");
+  weight_bf16_at_.assign(params_.size(), nullptr);
+}
+
 void ParamStore::point_nowhere() {
   std::fill(weight_at_.begin(), weight_at_.end(), nullptr);
   std::fill(weight_bf16_at_.begin(), weight_bf16_at_.end(), nullptr);

@@ -282,10 +282,11 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
   const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-{})", shape.dp, shape.zero_stage) : "";
   // LoRA, QLoRA and sharded masters (ZeRO-3, and bf16 ZeRO-1/2: run::set_zero_stage decides) show
   // in the plan's buffers (model/decoder.cpp names them).
-  bool lora = false, masters_sharded = false;
+  bool lora = false, masters_sharded = false, casts = false;
   std::string four_bit;  // "NF4" or "FP4" when the projections are held in 4 bits
   for (const auto& b : plan.buffers()) {
     lora = lora || b.name == "lora.weights";
+    casts = casts || b.name.rfind("weights.bf16.cast", 0) == 0;  // ZeRO-3 with one rank
     masters_sharded = masters_sharded || b.name.rfind("weights (1/", 0) == 0;
     if (b.name.rfind("weights.nf4", 0) == 0) four_bit = "NF4";
     if (b.name.rfind("weights.fp4", 0) == 0) four_bit = "FP4";
@@ -320,6 +321,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
         if (masters_sharded)
           return "whole, gathered after each optimizer step: the GEMMs' in bf16, norms, biases and the embedding in "
                  "fp32";
+        if (casts) return "the GEMMs' bf16 cast from the masters for this position and the next (ZeRO-3, one rank)";
         return "bf16 copy the GEMMs read";
       case MemoryCategory::Gradients:
         if (sharded && shape.zero_stage >= 2)
@@ -423,7 +425,12 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
       config.num_kv_heads, config.intermediate_size, config.vocab_size,
       parameters >= 1e9 ? fmt::format("{:.2f}B", parameters / 1e9) : fmt::format("{:.2f}M", parameters / 1e6));
   out += fmt::format("run: {}, {}\n", r.dtype, shape_summary(shape, recomputed, config.num_layers));
-  if (shape.zero_stage >= 1 && shape.dp == 1) out += fmt::format("note: ZeRO-{} with dp 1 shards nothing\n", shape.zero_stage);
+  if (shape.zero_stage >= 1 && shape.dp == 1)
+    out += std::any_of(plan.buffers().begin(), plan.buffers().end(),
+                       [](const auto& b) { return b.name.rfind("weights.bf16.cast", 0) == 0; })
+               ? "note: ZeRO-3 with dp 1 shards nothing, but keeps no whole bf16 copy of the weights: each position "
+                 "casts its own\n"
+               : fmt::format("note: ZeRO-{} with dp 1 shards nothing\n", shape.zero_stage);
   const model::StepTimeline timeline{int32_t(config.num_layers)};
   const auto arena_peak = position_name(timeline, plan.peak_position());
   const auto other_peak = position_name(timeline, plan.external_peak_position());
@@ -444,6 +451,8 @@ std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape)
   std::vector<int> zero_options{shape.zero_stage};
   if (shape.dp > 1)
     for (int stage = shape.zero_stage + 1; stage <= 3; ++stage) zero_options.push_back(stage);
+  else if (shape.zero_stage < 3 && r.dtype == "bf16" && r.finetuning_type != "lora")
+    zero_options.push_back(3);  // one rank: no whole bf16 copy, each position casts its own
   std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
   if (!shape.gradient_checkpointing) checkpointing_options.push_back(true);
   std::vector<int64_t> batches{shape.batch_size};
@@ -465,7 +474,8 @@ std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape)
               c.changes.push_back(fmt::format("--zero {}", zero));
               // The same math: a reduce-scatter + all-gather instead of an all-reduce; stage 2
               // reduces every micro-batch; stage 3 gathers each block's weights twice per micro-batch.
-              c.cost += zero;
+              // With one rank stage 3 is only a cast pass over each position's masters.
+              c.cost += shape.dp > 1 ? zero : 1;
             }
             if (async_save != async_options[0]) {
               c.shape.async_checkpoint = false;

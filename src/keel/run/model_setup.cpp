@@ -110,6 +110,9 @@ void set_zero_stage(model::DecoderOptions& o, int64_t stage, int64_t dp, model::
   // DeepSpeed's ZeRO-1/2 (and the paper's accounting): the fp32 master is optimizer state. In fp32
   // it is also what the step reads, and LoRA's frozen base has none: whole there.
   o.shard_masters = sharded && stage <= 2 && precision == model::Precision::BF16 && !o.lora.enabled();
+  // ZeRO-3 with one rank has nothing to shard, but it can still drop the whole bf16 copy of the
+  // weights that stage 3 never keeps: each position casts its own (LoRA's frozen base is that copy).
+  o.cast_per_position = stage >= 3 && dp == 1 && precision == model::Precision::BF16 && !o.lora.enabled();
 }
 
 model::LoraSpec recipe_lora_spec(const Recipe& r) {

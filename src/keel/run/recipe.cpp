@@ -629,9 +629,13 @@ std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   auto note = [&](bool set, const char* key, const char* what) {
     if (set) w.push_back(fmt::format("recipe key '{}' is accepted but has no effect here: {}", key, what));
   };
-  note(r.zero_stage >= 1 && r.dp_degree == 1, "zero_stage",
+  // Stage 3 with one rank still drops the whole bf16 copy of the weights (bf16 full fine-tuning):
+  // each position casts its own (run::set_zero_stage).
+  const bool casts = r.zero_stage >= 3 && r.dtype == "bf16" && r.finetuning_type != "lora";
+  note(r.zero_stage >= 1 && r.dp_degree == 1 && !casts, "zero_stage",
        "ZeRO shards the optimizer state (stage 2: and the gradients; stage 3: and the weights) over dp_degree ranks; "
-       "with dp_degree = 1 there is nothing to shard");
+       "with dp_degree = 1 there is nothing to shard (stage 3 in bf16 full fine-tuning still casts the bf16 weights "
+       "per position instead of keeping a whole copy)");
   note(r.topology != "auto", "topology", "topology-aware placement is not active yet");
   note(!r.use_flash_attention, "use_flash_attention",
        "keel's attention is always the tiled flash-style kernel; false changes nothing");

@@ -224,6 +224,13 @@ class Trainer {
                    masters ? ", fp32 masters" : "", comm_.size(), (masters ? 16e-6 : 12e-6) * shard,
                    (masters ? 16e-6 : 12e-6) * whole, decoder_.grad_groups().size(), masters_note);
     }
+    if (decoder_.casts_per_position())
+      fmt::print(log_,
+                 "keel: ZeRO-3 with one rank: nothing to shard, so no whole bf16 copy of the weights either; the bf16 "
+                 "weights cast per position ({} casts per step), {:.2f} MB at the peak instead of {:.2f} MB\n",
+                 decoder_.weight_gathers().size(),
+                 1e-6 * double(decoder_.memory_plan().category_bytes_at_peak(MemoryCategory::ComputeWeights)),
+                 2e-6 * double(decoder_.params().total()));
 
     InterruptGuard interrupt;
     TrainResult result;
