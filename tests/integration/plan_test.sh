@@ -163,6 +163,21 @@ run glm_qlora "$recipe" --dp 1 --device-memory 64GB --set finetuning_type=lora -
 expect glm_qlora "frozen projections in NF4"
 expect glm_qlora "fits: yes"
 
+# ZeRO-3 on one rank: nothing to shard, but no whole bf16 copy of the weights (17.51 GiB for
+# GLM-4-9B): each position casts its own, two positions' worth alive at once.
+run dp1 "$recipe" --dp 1 --set use_gradient_checkpointing=true --set async_save=false
+run dp1_zero3 "$recipe" --dp 1 --zero 3 --set use_gradient_checkpointing=true --set async_save=false
+expect dp1 "bf16 copy the GEMMs read"
+expect dp1_zero3 "note: ZeRO-3 with dp 1 shards nothing, but keeps no whole bf16 copy of the weights"
+expect dp1_zero3 "the GEMMs' bf16 cast from the masters for this position and the next (ZeRO-3, one rank)"
+saved=$(awk -v a="$(total_gib dp1)" -v b="$(total_gib dp1_zero3)" 'BEGIN { printf "%.1f", a - b }')
+awk -v s="$saved" 'BEGIN { exit !(s >= 16.0 && s <= 17.51) }' ||
+  fail "ZeRO-3 on one rank saves $saved GiB, expected the 17.51 GiB copy less two positions' casts"
+# keel plan offers it at dp 1 where it is what fits.
+run dp1_limit "$recipe" --dp 1 --set use_gradient_checkpointing=true --set async_save=false --set memory_pool_size=0 \
+  --device-memory "$(awk -v t="$(total_gib dp1)" 'BEGIN { printf "%.2fGiB", t - 5 }')"
+expect dp1_limit "recommended: --zero 3 -> $(total_gib dp1_zero3) GiB per rank"
+
 # Bad input: exit status 2 and a message naming the problem.
 out=$("$keel" plan "$recipe" --device-memory 64XB 2>&1)
 status=$?

@@ -322,6 +322,7 @@ struct StepCase {
   bool packed = false;  // micro-batches of packed documents, different in every step
   bool lora = false;    // LoRA on every linear layer: the adapter trains, the model's weights are frozen
   bool nf4 = false;     // QLoRA: the frozen projections in NF4, dequantized tile by tile
+  bool cast_per_position = false;  // ZeRO-3 on one rank: each position casts its bf16 weights
 };
 
 // forward_backward over accumulated micro-batches, the gradient norm, clipping and AdamW: counted
@@ -347,6 +348,7 @@ AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
   model::DecoderOptions options{param.checkpointing, true, 0};
   if (param.lora) options.lora.rank = 4;
   options.four_bit_base = param.nf4;
+  options.cast_per_position = param.cast_per_position;
   model::Decoder decoder(config, param.precision, batch, seq, options);
   decoder.init_random(1);
   decoder.init_adapter(2);
@@ -396,24 +398,24 @@ TEST_P(NoAllocation, SteadyStateStepsAllocateNothing) { expect_no_allocation(Get
 
 // Sequences of 32 keep attention, and most elementwise kernels, below their parallel thresholds:
 // the serial paths (no OpenMP region at all).
-INSTANTIATE_TEST_SUITE_P(Steps, NoAllocation,
-                         ::testing::Values(StepCase{"llama", model::Precision::F32, false},
-                                           StepCase{"llama", model::Precision::BF16, false},
-                                           StepCase{"glm", model::Precision::BF16, true},
-                                           StepCase{"qwen2", model::Precision::F32, true},
-                                           StepCase{"qwen3", model::Precision::BF16, true},
-                                           StepCase{"mistral", model::Precision::BF16, false},
-                                           StepCase{"gemma2", model::Precision::BF16, true},
-                                           StepCase{"gemma3", model::Precision::F32, false},
-                                           StepCase{"llama", model::Precision::BF16, false, 32, false, true},
-                                           StepCase{"glm", model::Precision::F32, true, 32, false, true},
-                                           StepCase{"llama", model::Precision::BF16, true, 32, false, true, true}),
-                         [](const auto& info) {
-                           return std::string(info.param.family) +
-                                  (info.param.precision == model::Precision::BF16 ? "_bf16" : "_fp32") +
-                                  (info.param.checkpointing ? "_checkpointing" : "") + (info.param.lora ? "_lora" : "") +
-                                  (info.param.nf4 ? "_nf4" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Steps, NoAllocation,
+    ::testing::Values(StepCase{"llama", model::Precision::F32, false}, StepCase{"llama", model::Precision::BF16, false},
+                      StepCase{"glm", model::Precision::BF16, true}, StepCase{"qwen2", model::Precision::F32, true},
+                      StepCase{"qwen3", model::Precision::BF16, true},
+                      StepCase{"mistral", model::Precision::BF16, false},
+                      StepCase{"gemma2", model::Precision::BF16, true},
+                      StepCase{"gemma3", model::Precision::F32, false},
+                      StepCase{"llama", model::Precision::BF16, false, 32, false, true},
+                      StepCase{"glm", model::Precision::F32, true, 32, false, true},
+                      StepCase{"llama", model::Precision::BF16, true, 32, false, true, true},
+                      StepCase{"qwen3", model::Precision::BF16, true, 32, false, false, false, true},
+                      StepCase{"gemma3", model::Precision::BF16, false, 32, false, false, false, true}),
+    [](const auto& info) {
+      return std::string(info.param.family) + (info.param.precision == model::Precision::BF16 ? "_bf16" : "_fp32") +
+             (info.param.checkpointing ? "_checkpointing" : "") + (info.param.lora ? "_lora" : "") +
+             (info.param.nf4 ? "_nf4" : "") + (info.param.cast_per_position ? "_cast_per_position" : "");
+    });
 
 // Sequences of 128 put attention (batch * heads * seq^2 * head_dim = 2^21 multiply-adds) and the
 // SwiGLU and cross-entropy kernels above their parallel thresholds: every thread of the team

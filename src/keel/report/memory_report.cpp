@@ -557,12 +557,13 @@ std::string advice_lines(const std::vector<Candidate>& candidates, const model::
     const size_t state = elements * 16 / size_t(smallest->shape.dp);
     const size_t rest = smallest->total > state ? smallest->total - state : 0;
     out += fmt::format(
-        "\nnothing above fits. The smallest ({}) still needs {} per rank: the model state sharded over {} ranks "
-        "({}) and about {} that more ranks do not shrink (activations, the weights gathered for two positions, "
-        "the largest tensor while loading). More ranks, more memory per rank or a smaller model are needed.\n",
+        "\nnothing above fits. The smallest ({}) still needs {} per rank: the model state {} ({}) and about {} "
+        "that more ranks do not shrink (activations, the weights gathered for two positions, the largest tensor "
+        "while loading). More ranks, more memory per rank or a smaller model are needed.\n",
         fmt::join(smallest->changes.empty() ? std::vector<std::string>{"as given"} : smallest->changes, " + "),
-        format_bytes(double(smallest->total)), smallest->shape.dp, format_bytes(double(state)),
-        format_bytes(double(rest)));
+        format_bytes(double(smallest->total)),
+        smallest->shape.dp > 1 ? fmt::format("sharded over {} ranks", smallest->shape.dp) : "on its one rank",
+        format_bytes(double(state)), format_bytes(double(rest)));
     return out;
   }
   if (lora) {  // the frozen base dominates: whole on every rank below ZeRO-3, sharded by it
