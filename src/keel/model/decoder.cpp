@@ -1325,9 +1325,10 @@ void Decoder::lora_backward(const MicroBatch& mb, int64_t layer, LinearSlot slot
     // dA[r, cols] += du^T x;  dx[N, cols] += du A  (x and dx through the module's dropout mask)
     const auto [in, in_b] = lora_input(mb, *it, m.cols, x, xb);
     lin.backward_weight(b.lora_du, b.lora_du_b, in, in_b, m.cols, r, adapter_.grad(m.a));
-    lin.product({Trans::N, Trans::N, N, m.cols, r, r, m.cols, m.cols}, b.lora_du, b.lora_du_b, adapter_.weight(m.a),
-                adapter_.weight_bf16(m.a), dropout ? b.lora_dx : dx, dropout ? 0.0f : 1.0f);
-    if (dropout) {
+    if (dx)
+      lin.product({Trans::N, Trans::N, N, m.cols, r, r, m.cols, m.cols}, b.lora_du, b.lora_du_b, adapter_.weight(m.a),
+                  adapter_.weight_bf16(m.a), dropout ? b.lora_dx : dx, dropout ? 0.0f : 1.0f);
+    if (dx && dropout) {
       const int64_t n = N * m.cols;
       backend_.dropout(b.lora_dx, b.lora_dx, n, options_.lora.dropout, dropout_subkey(mb.dropout_key, uint64_t(*it)));
       backend_.add(dx, dx, b.lora_dx, n);
@@ -1406,6 +1407,10 @@ void Decoder::backward(const MicroBatch& mb) {
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   const bool bf = precision_ == Precision::BF16;
   const bool frozen = P.frozen();  // LoRA: no weight-gradient GEMMs for the base weights
+  // The gradient of block 0's input feeds only the embedding's: under LoRA, unless the embedding
+  // trains (modules_to_save), nothing reads it, so block 0's attention input products and its
+  // input norm's backward are skipped (as autograd skips what no trained tensor needs).
+  const bool embedding_grad = !frozen || trained_embed_ >= 0;
   Linear lin{backend_, bf, N, b.four_bit_tile, b.four_bit_tile_b, b.four_bit_tile_elements};
   auto W = [&](int id) { return Weight{P.weight(id), P.weight_bf16(id), P.four_bit(id)}; };
   bf16* dyb = bf ? b.dy_b : nullptr;
@@ -1455,7 +1460,7 @@ void Decoder::backward(const MicroBatch& mb) {
     auto project_backward = [&](LinearSlot slot, const float* dy, int weight, int64_t in, int64_t out,
                                 const float* x_in, const bf16* x_in_b, float* dx) {
       const HeldWidened held(backend_, 1, held_output_grad(mb, l, slot, dyb, out), N, out, out, b.held_grad);
-      lin.backward_input(dy, dyb, W(weight), in, out, dx);
+      if (dx) lin.backward_input(dy, dyb, W(weight), in, out, dx);  // null: no one reads the input's gradient
       if (!frozen) lin.backward_weight(dy, dyb, x_in, x_in_b, in, out, P.grad(weight), grad_beta(weight));
       lora_backward(mb, l, slot, dy, dyb, out, x_in, x_in_b, dx, a);
     };
@@ -1491,12 +1496,14 @@ void Decoder::backward(const MicroBatch& mb) {
     }
     if (p.qkv_bias >= 0 && !frozen) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, fresh_grad(p.qkv_bias));
     to_bf16(b.d_qkv, dyb, N * QKV);
-    project_backward(LinearSlot::Qkv, b.d_qkv, p.qkv_weight, H, QKV, a.xn1, a.xn1_b, b.dnorm);
-    backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dx, fresh_grad(p.input_norm),
-                              b.dh, l > 0 ? residual_dy_b : nullptr);
+    const bool input_grad = l > 0 || embedding_grad;
+    project_backward(LinearSlot::Qkv, b.d_qkv, p.qkv_weight, H, QKV, a.xn1, a.xn1_b, input_grad ? b.dnorm : nullptr);
+    if (input_grad)
+      backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dx,
+                                fresh_grad(p.input_norm), b.dh, l > 0 ? residual_dy_b : nullptr);
     for (int id : {p.o_weight, p.k_norm, p.q_norm, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);
   }
-  if (c.scale_embeddings) backend_.scale_in_place(b.dx, N * H, embedding_scale(c));
+  if (c.scale_embeddings && embedding_grad) backend_.scale_in_place(b.dx, N * H, embedding_scale(c));
   if (!frozen) backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, fresh_grad(ids_.embed));
   base_grad_ready(ids_.embed);
   if (trained_embed_ >= 0) {  // modules_to_save: the adapter's copy of the embedding trains
