@@ -45,7 +45,8 @@ MFU = tokens/s x (6 N + 12 L T d) / the machine's bf16 (or fp32) GEMM peak measu
 the larger of keel's oneDNN (build/bench/matmul_peak) and torch's own matmul on the same 2048^3
 problem (with AMX, torch's library is ~2x keel's oneDNN 2.6) (PaLM's model FLOPs: N counts the matmul weights, the LM
 head included and the embedding lookup excluded; recomputation under checkpointing is not
-counted), and keel's tokens/s over the peer's.
+counted); beside it the same with attention's causal half only (6 L T d: the keys each query
+sees, what keel's and SDPA's causal kernels compute); and keel's tokens/s over the peer's.
 
 The peers run at their best: with --dtype bf16 on a CPU without native bf16 matmul (no AVX-512
 BF16 or AMX: an AVX2 Zen 3 runs torch 2.15's bf16 matmul at ~1 GFLOP/s against 175 in fp32),
@@ -161,11 +162,12 @@ def attention_keys(a):
     return sum(windowed if s else a.seq for s in sliding) / a.layers
 
 
-def flops_per_token(a, lora=None):
+def flops_per_token(a, lora=None, causal=False):
     # 6N for the matmuls (forward + backward) plus 12·L·T·d for attention scores and values; under
-    # LoRA 4 per frozen weight (forward and input gradient) and 6 per adapter weight.
+    # LoRA 4 per frozen weight (forward and input gradient) and 6 per adapter weight. causal: the
+    # attention keel (and SDPA's causal kernels) compute, the keys each query sees: half of PaLM's.
     lora = a.lora if lora is None else lora
-    attention = 12 * a.layers * attention_keys(a) * a.hidden
+    attention = 12 * a.layers * attention_keys(a) * a.hidden / (2 if causal else 1)
     if not lora:
         return 6 * matmul_parameters(a) + attention
     return 4 * matmul_parameters(a) + 6 * lora_parameters(a) + attention
@@ -708,9 +710,11 @@ def main():
                                                                                      lora_parameters(a) / 1e6)
              if a.lora else ""))
     print("matmul peak (%s, %d^3): keel's oneDNN %.1f GFLOP/s, torch (%s) %.1f GFLOP/s; MFU divides by %.1f; "
-          "%.3f GFLOP per token (%s, N = %.1fM)"
+          "%.3f GFLOP per token (%s, N = %.1fM); the causal column counts only the causal half of attention "
+          "(%.3f GFLOP, 6LTd), what keel computes"
           % (a.dtype, peak["size"], keel_peak / 1e9, a.torch_dtype, torch_peak / 1e9, peak_flops / 1e9, flops_per_token(a) / 1e9,
-             "4N + 6 x adapter + 12LTd" if a.lora else "6N + 12LTd", matmul_parameters(a) / 1e6))
+             "4N + 6 x adapter + 12LTd" if a.lora else "6N + 12LTd", matmul_parameters(a) / 1e6,
+             flops_per_token(a, causal=True) / 1e9))
     if a.torch_dtype_reason:
         print("torch peers in %s: %s" % (a.torch_dtype, a.torch_dtype_reason))
     sys.stdout.flush()
@@ -751,7 +755,10 @@ def main():
         row.update(status="ok", tokens_per_s=round(tps, 2), step_time_s=round(a.batch * a.seq / tps, 4),
                    # the highest of the rounds, for the cross-check as for the peak
                    peak_rss_bytes=max(x["rss"] for x in rs), vmhwm_bytes=max((x.get("vmhwm") or 0) for x in rs) or None,
-                   mfu=round(tps * row_fpt / peak_flops, 4), keel_over_peer=round(statistics.median(ratios), 3),
+                   mfu=round(tps * row_fpt / peak_flops, 4),
+                   mfu_causal=round(tps * flops_per_token(a, lora=0 if name == "keel_full" else None, causal=True)
+                                    / peak_flops, 4),
+                   keel_over_peer=round(statistics.median(ratios), 3),
                    step_times_s=[round(t, 4) for t in r["times"]])  # the last round's
         if a.rounds > 1:
             row.update(tokens_per_s_rounds=[round(t, 2) for t in per_round],
@@ -759,12 +766,13 @@ def main():
         rows.append(row)
 
     print()
-    print("%-14s %10s %9s %9s %7s %9s   %s" % ("peer", "tokens/s", "step s", "peak RSS", "MFU", "keel/peer", "settings"))
+    print("%-14s %10s %9s %9s %7s %7s %9s   %s" % ("peer", "tokens/s", "step s", "peak RSS", "MFU", "causal",
+                                                  "keel/peer", "settings"))
     for row in rows:
         if row["status"] == "ok":
-            print("%-14s %10.1f %9.3f %7.2f GB %6.1f%% %8.2fx   %s" %
+            print("%-14s %10.1f %9.3f %7.2f GB %6.1f%% %6.1f%% %8.2fx   %s" %
                   (row["peer"], row["tokens_per_s"], row["step_time_s"], row["peak_rss_bytes"] / 1e9,
-                   100 * row["mfu"], row["keel_over_peer"], row["settings"]))
+                   100 * row["mfu"], 100 * row["mfu_causal"], row["keel_over_peer"], row["settings"]))
         else:
             print("%-14s %s" % (row["peer"], row["status"]))
     if a.rounds > 1:
