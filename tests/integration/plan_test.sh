@@ -177,6 +177,11 @@ awk -v s="$saved" 'BEGIN { exit !(s >= 16.0 && s <= 17.51) }' ||
 run dp1_limit "$recipe" --dp 1 --set use_gradient_checkpointing=true --set async_save=false --set memory_pool_size=0 \
   --device-memory "$(awk -v t="$(total_gib dp1)" 'BEGIN { printf "%.2fGiB", t - 5 }')"
 expect dp1_limit "recommended: --zero 3 -> $(total_gib dp1_zero3) GiB per rank"
+# And where the run fits as it is, that the memory the casts free buys fewer recomputed blocks.
+run dp1_fits "$recipe" --dp 1 --set use_gradient_checkpointing=true --set async_save=false --set memory_pool_size=0 \
+  --device-memory "$(awk -v t="$(total_gib dp1)" 'BEGIN { printf "%.2fGiB", t + 0.25 }')"
+expect dp1_fits "fits: yes"
+expect dp1_fits "with --zero 3 (one rank: the bf16 weights cast per position) fewer still: gradient_checkpointing_layers = 37 (37 of 40 blocks recompute)"
 
 # Bad input: exit status 2 and a message naming the problem.
 out=$("$keel" plan "$recipe" --device-memory 64XB 2>&1)

@@ -667,6 +667,23 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
             "fits with fewer blocks recomputed too: gradient_checkpointing_layers = {} ({} of {} blocks recompute) "
             "-> {} per rank\n",
             fewest, fewest, layers, format_bytes(double(fewer.total)));
+      // One rank in bf16 full fine-tuning: ZeRO-3 drops the whole bf16 copy, which can buy more.
+      if (fewest > 0 && shape.dp == 1 && shape.zero_stage < 3 && bf16 && r.finetuning_type != "lora") {
+        Candidate cast = configured;
+        cast.shape.zero_stage = 3;
+        evaluate(cast);
+        const int64_t with_casts = cast.fits ? fewest_recomputed_blocks(cast, layers, true, evaluate) : layers;
+        if (cast.fits && with_casts == 0)
+          out += fmt::format(
+              "with --zero 3 (one rank: the bf16 weights cast per position) it fits without checkpointing: "
+              "use_gradient_checkpointing = false -> {} per rank\n",
+              format_bytes(double(cast.total)));
+        else if (cast.fits && with_casts < std::min(fewest, recomputed))
+          out += fmt::format(
+              "with --zero 3 (one rank: the bf16 weights cast per position) fewer still: gradient_checkpointing_layers "
+              "= {} ({} of {} blocks recompute) -> {} per rank\n",
+              with_casts, with_casts, layers, format_bytes(double(cast.total)));
+      }
     }
     return out;
   }
