@@ -97,6 +97,19 @@ INSTANTIATE_TEST_SUITE_P(Families, CastPerPosition,
                                   (std::get<2>(info.param) ? "_checkpointing_" : "_") + std::get<3>(info.param);
                          });
 
+// MemoryPlanning::PerTensor (the allocator baseline) keeps the cast buffers across calls like the
+// other persistent ones: the same training.
+TEST(CastPerPosition, PerTensorPlanningTrainsTheSame) {
+  const ModelConfig config = test::tiny_config("qwen3");
+  DecoderOptions whole{true, true, 0};
+  DecoderOptions cast = whole;
+  cast.cast_per_position = true;
+  cast.memory_planning = MemoryPlanning::PerTensor;
+  const TrainedRun a = train(config, whole, 2), b = train(config, cast, 2);
+  EXPECT_TRUE(same_bits(a.weights.data(), b.weights.data(), a.weights.size() * sizeof(float)));
+  EXPECT_TRUE(same_bits(&a.eval_loss, &b.eval_loss, sizeof(double)));
+}
+
 // The plan: no whole bf16 copy, one cast buffer per position that reads bf16 matrices, at most
 // two positions' alive at once; everything else as with the whole copy.
 TEST(CastPerPositionPlan, HoldsTwoPositionsCastsInsteadOfTheWholeCopy) {
