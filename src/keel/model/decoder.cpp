@@ -241,8 +241,9 @@ std::vector<WeightGather> weight_gathers_for(const ModelConfig& c, const Decoder
 }
 
 // A gathered buffer's name in the plan: what it holds and where it is read.
+// cast: ZeRO-3 with one rank's bf16 casts (cast_per_position).
 std::string gathered_name(const StepTimeline& t, const ParamStore& params, const WeightGather& g, bool resident,
-                          bool cast = false) {
+                          bool cast) {
   const std::string& first = params.param(g.first_param).name;
   const std::string what = first == "embed"        ? "embed"
                            : first == "final_norm" ? "final_norm + lm_head"
@@ -407,12 +408,10 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
 
   DecoderLayout d;
   const int32_t always = 0, end = t.last();
-  if (options.shard_weights || options.shard_masters) {
+  const bool masters_sharded = options.shard_weights || options.shard_masters;
+  if (masters_sharded) {
     // ZeRO-3: this rank's shard of the masters (every rank plans the largest, shard 0) and, under
-    // LoRA in bf16, of the frozen bf16 matrices; each gather's buffers (WeightGather: what it
-    // carries in fp32, in bf16, as 4-bit) from the position before the one that reads it (the
-    // first position's: that one alone). Sharded masters (ZeRO-1/2): the same shard, and the
-    // resident gathers' buffers across steps.
+    // LoRA in bf16, of the frozen bf16 matrices. Sharded masters (ZeRO-1/2): the same shard.
     const int shards = options.optimizer_shards;
     const WeightShards held = weight_shards(params, shards);
     d.weights =
@@ -420,42 +419,34 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     if (params.compute_only_total() > 0)
       d.compute_only_shard = add(fmt::format("weights.bf16 (frozen matrices, 1/{} shard)", shards), Cat::ComputeWeights,
                                  held.compute_only[0].size(), b16, always, end);
-    const bool resident = options.shard_masters;
-    for (const WeightGather& g : gathers) {
-      const int32_t first = resident ? always : std::max(g.position - 1, t.forward(0));
-      const int32_t last = resident ? end : g.position;
-      const std::string name = gathered_name(t, params, g, resident);
-      d.gathered.push_back(g.fp32_elements > 0 ? add(name, Cat::ComputeWeights, g.fp32_elements, f32, first, last)
-                                               : -1);
-      d.gathered_b.push_back(
-          g.bf16_span.size() > 0 ? add(name + ".bf16", Cat::ComputeWeights, g.bf16_span.size(), b16, first, last) : -1);
-      d.gathered_c.push_back(g.compute_only.size() > 0 ? add(name + " (frozen matrices, bf16)", Cat::ComputeWeights,
-                                                             g.compute_only.size(), b16, first, last)
-                                                       : -1);
-      const bool four_bit = g.four_bit.size() > 0;
-      d.gathered_4bit.push_back(
-          four_bit ? add(name + " (4-bit codes)", Cat::ComputeWeights, g.four_bit.size() / 2, 1, first, last) : -1);
-      d.gathered_4bit_absmax.push_back(four_bit ? add(name + " (4-bit absmax)", Cat::ComputeWeights,
-                                                      g.four_bit.size() / kFourBitBlockSize, f32, first, last)
-                                                : -1);
-    }
-  } else if (!gathers.empty()) {
-    // ZeRO-3 with one rank (cast_per_position): the masters whole, and each position's bf16 casts
-    // from the position before the one that reads them.
-    d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
-    for (const WeightGather& g : gathers) {
-      d.gathered.push_back(-1);
-      d.gathered_b.push_back(add(gathered_name(t, params, g, false, true), Cat::ComputeWeights, g.bf16_span.size(), b16,
-                                 std::max(g.position - 1, t.forward(0)), g.position));
-      d.gathered_c.push_back(-1);
-      d.gathered_4bit.push_back(-1);
-      d.gathered_4bit_absmax.push_back(-1);
-    }
   } else {
     d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
-    d.weights_bf16 =
-        add_bf16(params.compute_only_total() ? "weights.bf16 (frozen matrices in bf16 only)" : "weights.bf16",
-                 Cat::ComputeWeights, params.bf16_total(), always, end);
+    if (gathers.empty())  // ZeRO-3 with one rank (cast_per_position) casts into its gathers instead
+      d.weights_bf16 =
+          add_bf16(params.compute_only_total() ? "weights.bf16 (frozen matrices in bf16 only)" : "weights.bf16",
+                   Cat::ComputeWeights, params.bf16_total(), always, end);
+  }
+  // Each gather's buffers (WeightGather: what it carries in fp32, in bf16, as 4-bit) from the
+  // position before the one that reads it (the first position's: that one alone); the resident
+  // gathers' (sharded masters, ZeRO-1/2) across steps. With one rank a gather is its bf16 casts.
+  const bool resident = options.shard_masters;
+  for (const WeightGather& g : gathers) {
+    const int32_t first = resident ? always : std::max(g.position - 1, t.forward(0));
+    const int32_t last = resident ? end : g.position;
+    const std::string name = gathered_name(t, params, g, resident, !masters_sharded);
+    d.gathered.push_back(g.fp32_elements > 0 ? add(name, Cat::ComputeWeights, g.fp32_elements, f32, first, last) : -1);
+    d.gathered_b.push_back(g.bf16_span.size() > 0 ? add(masters_sharded ? name + ".bf16" : name, Cat::ComputeWeights,
+                                                        g.bf16_span.size(), b16, first, last)
+                                                  : -1);
+    d.gathered_c.push_back(g.compute_only.size() > 0 ? add(name + " (frozen matrices, bf16)", Cat::ComputeWeights,
+                                                           g.compute_only.size(), b16, first, last)
+                                                     : -1);
+    const bool four_bit = g.four_bit.size() > 0;
+    d.gathered_4bit.push_back(
+        four_bit ? add(name + " (4-bit codes)", Cat::ComputeWeights, g.four_bit.size() / 2, 1, first, last) : -1);
+    d.gathered_4bit_absmax.push_back(four_bit ? add(name + " (4-bit absmax)", Cat::ComputeWeights,
+                                                    g.four_bit.size() / kFourBitBlockSize, f32, first, last)
+                                              : -1);
   }
   if (params.four_bit_total() > 0) {
     // Whole, or ZeRO-3's shard (the largest, shard 0).
@@ -924,28 +915,25 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     }
     trained.bind_staged_grads(std::move(grad_at), f32(d.grad_shard));
   }
-  if (options_.shard_weights || options_.shard_masters) {  // a shard of the model's masters; each gather's buffers
+  if (options_.shard_weights || options_.shard_masters) {  // a shard of the model's masters
     const int shards = options_.optimizer_shards, shard = options_.optimizer_shard;
     const WeightShards all = weight_shards(params_, shards);
     params_.shard_weights(all.masters[size_t(shard)], all.compute_only[size_t(shard)], all.four_bit[size_t(shard)]);
-    for (size_t g = 0; g < weight_gathers_.size(); ++g) {
-      weight_gathers_[g].weights = f32(d.gathered[g]);
-      weight_gathers_[g].weights_bf16 = b16(d.gathered_b[g]);
-      weight_gathers_[g].compute_only_weights = b16(d.gathered_c[g]);
-      if (d.gathered_4bit[g] >= 0)
-        weight_gathers_[g].four_bit_packed = reinterpret_cast<uint8_t*>(b.at[size_t(d.gathered_4bit[g])]);
-      weight_gathers_[g].four_bit_absmax = f32(d.gathered_4bit_absmax[g]);
-    }
+  }
+  for (size_t g = 0; g < weight_gathers_.size(); ++g) {  // each gather's buffers
+    weight_gathers_[g].weights = f32(d.gathered[g]);
+    weight_gathers_[g].weights_bf16 = b16(d.gathered_b[g]);
+    weight_gathers_[g].compute_only_weights = b16(d.gathered_c[g]);
+    if (d.gathered_4bit[g] >= 0)
+      weight_gathers_[g].four_bit_packed = reinterpret_cast<uint8_t*>(b.at[size_t(d.gathered_4bit[g])]);
+    weight_gathers_[g].four_bit_absmax = f32(d.gathered_4bit_absmax[g]);
   }
   if (lora_.empty()) {
     params_.bind(f32(d.weights), f32(d.grads), b16(d.weights_bf16), f32(d.adam_m), f32(d.adam_v));
     // Each tensor's first gradient write of a step overwrites (backward(): grad_beta, fresh_grad),
     // so the step needs no zeroing pass over the gradients (ParamStore::begin_gradient_step).
     params_.overwrite_first_gradient_writes(true);
-    if (casts_per_position()) {
-      params_.cast_bf16_per_position();
-      for (size_t g = 0; g < weight_gathers_.size(); ++g) weight_gathers_[g].weights_bf16 = b16(d.gathered_b[g]);
-    }
+    if (casts_per_position()) params_.cast_bf16_per_position();
   } else {
     params_.bind(f32(d.weights), nullptr, b16(options_.shard_weights ? d.compute_only_shard : d.weights_bf16), nullptr,
                  nullptr);

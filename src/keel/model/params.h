@@ -98,7 +98,6 @@ class ParamStore {
   // but no whole bf16 copy is bound; the decoder points each tensor's bf16 copy at the buffer its
   // position casts into (point_bf16_at), null outside a call (point_nowhere). Call after bind().
   void cast_bf16_per_position();
-  bool bf16_cast_per_position() const { return weight_at_.empty() && !weight_bf16_at_.empty(); }
   void point_bf16_at(int i, bf16* weights_bf16) { weight_bf16_at_[size_t(i)] = weights_bf16; }
   void point_at_four_bit(int i, uint8_t* packed, float* absmax) {
     four_bit_at_[size_t(i)] = {packed, absmax, four_bit_type_};

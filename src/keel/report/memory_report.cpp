@@ -426,8 +426,7 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
       parameters >= 1e9 ? fmt::format("{:.2f}B", parameters / 1e9) : fmt::format("{:.2f}M", parameters / 1e6));
   out += fmt::format("run: {}, {}\n", r.dtype, shape_summary(shape, recomputed, config.num_layers));
   if (shape.zero_stage >= 1 && shape.dp == 1)
-    out += std::any_of(plan.buffers().begin(), plan.buffers().end(),
-                       [](const auto& b) { return b.name.rfind("weights.bf16.cast", 0) == 0; })
+    out += planned_decoder_options(r, config, shape).cast_per_position
                ? "note: ZeRO-3 with dp 1 shards nothing, but keeps no whole bf16 copy of the weights: each position "
                  "casts its own\n"
                : fmt::format("note: ZeRO-{} with dp 1 shards nothing\n", shape.zero_stage);
@@ -451,7 +450,7 @@ std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape)
   std::vector<int> zero_options{shape.zero_stage};
   if (shape.dp > 1)
     for (int stage = shape.zero_stage + 1; stage <= 3; ++stage) zero_options.push_back(stage);
-  else if (shape.zero_stage < 3 && r.dtype == "bf16" && r.finetuning_type != "lora")
+  else if (shape.zero_stage < 3 && run::bf16_full_fine_tuning(r))
     zero_options.push_back(3);  // one rank: no whole bf16 copy, each position casts its own
   std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
   if (!shape.gradient_checkpointing) checkpointing_options.push_back(true);
@@ -668,7 +667,7 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
             "-> {} per rank\n",
             fewest, fewest, layers, format_bytes(double(fewer.total)));
       // One rank in bf16 full fine-tuning: ZeRO-3 drops the whole bf16 copy, which can buy more.
-      if (fewest > 0 && shape.dp == 1 && shape.zero_stage < 3 && bf16 && r.finetuning_type != "lora") {
+      if (fewest > 0 && shape.dp == 1 && shape.zero_stage < 3 && run::bf16_full_fine_tuning(r)) {
         Candidate cast = configured;
         cast.shape.zero_stage = 3;
         evaluate(cast);

@@ -622,6 +622,8 @@ bool reports_to_tensorboard(const Recipe& r) {
   return false;
 }
 
+bool bf16_full_fine_tuning(const Recipe& r) { return r.dtype == "bf16" && r.finetuning_type != "lora"; }
+
 double lora_alpha(const Recipe& r) { return r.lora_alpha > 0 ? r.lora_alpha : 2.0 * double(r.lora_rank); }
 
 std::vector<std::string> inactive_key_warnings(const Recipe& r) {
@@ -629,9 +631,8 @@ std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   auto note = [&](bool set, const char* key, const char* what) {
     if (set) w.push_back(fmt::format("recipe key '{}' is accepted but has no effect here: {}", key, what));
   };
-  // Stage 3 with one rank still drops the whole bf16 copy of the weights (bf16 full fine-tuning):
-  // each position casts its own (run::set_zero_stage).
-  const bool casts = r.zero_stage >= 3 && r.dtype == "bf16" && r.finetuning_type != "lora";
+  // Stage 3 with one rank still drops the whole bf16 copy of the weights.
+  const bool casts = r.zero_stage >= 3 && bf16_full_fine_tuning(r);
   note(r.zero_stage >= 1 && r.dp_degree == 1 && !casts, "zero_stage",
        "ZeRO shards the optimizer state (stage 2: and the gradients; stage 3: and the weights) over dp_degree ranks; "
        "with dp_degree = 1 there is nothing to shard (stage 3 in bf16 full fine-tuning still casts the bf16 weights "

@@ -164,6 +164,9 @@ std::vector<std::string> report_destinations(const Recipe& r);
 bool reports_to_tensorboard(const Recipe& r);
 // lora_alpha as used: the recipe's, or 2 x lora_rank when 0.
 double lora_alpha(const Recipe& r);
+// bf16 full fine-tuning: the GEMMs read a bf16 copy of the trained masters, which ZeRO-3 never
+// keeps whole, even with one rank (run::set_zero_stage: each position casts its own).
+bool bf16_full_fine_tuning(const Recipe& r);
 
 // Keys that are parsed and validated but whose feature is not active yet; warnings for those set.
 std::vector<std::string> inactive_key_warnings(const Recipe& r);
