@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -148,6 +151,42 @@ TEST(GemmWidening, HeldOperandsAreReadTileByTile) {
   } else {
     EXPECT_NE(da_held, da_want);
     EXPECT_NE(u_held, u_want);
+  }
+}
+
+// The choice of how bf16 products run (gemm.h: bf16_products) keeps its rule, and a widened product
+// is the fp32 product of its operands widened, bit for bit. CTest runs these tests again with
+// KEEL_BF16_MATMUL=native and =widened (unit.bf16_matmul_*), so both paths are checked on a CPU
+// whichever the measurement picks there.
+TEST(Bf16Products, ChoiceFollowsItsRule) {
+  const Bf16Products& p = bf16_products();
+  ASSERT_FALSE(p.reason.empty());
+  EXPECT_EQ(bf16_matmul_native(), p.native);
+  const char* env = std::getenv("KEEL_BF16_MATMUL");
+  if (env != nullptr && *env != '\0' && p.reason.rfind("no oneDNN", 0) != 0) {
+    EXPECT_EQ(p.native, std::string(env) == "native") << p.reason;
+    EXPECT_NE(p.reason.find(env), std::string::npos) << p.reason;
+  }
+  if (p.bf16_flops > 0) {  // measured: widened exactly when fp32 runs kWidenAbove times bf16 or more
+    EXPECT_GT(p.f32_flops, 0.0);
+    EXPECT_EQ(p.native, p.f32_flops < kWidenAbove * p.bf16_flops) << p.reason;
+  }
+  EXPECT_EQ(gemm_widened_operand_bytes(true), p.native ? 0 : 2 * kWidenedOperandElements * sizeof(float));
+
+  const int64_t m = 37, n = 45, k = 129;
+  const std::vector<bf16> a = random_bf16(size_t(m * k), 41), b = random_bf16(size_t(k * n), 42);
+  std::vector<float> wa(a.size()), wb(b.size()), got(size_t(m * n)), f32(size_t(m * n));
+  for (size_t i = 0; i < a.size(); ++i) wa[i] = bf16_to_float(a[i]);
+  for (size_t i = 0; i < b.size(); ++i) wb[i] = bf16_to_float(b[i]);
+  const GemmShape s{Trans::N, Trans::N, m, n, k, k, n, n};
+  gemm_bf16(s, a.data(), b.data(), got.data(), 0.0f);
+  gemm_f32(s, wa.data(), wb.data(), f32.data(), 0.0f);
+  if (!p.native) {
+    EXPECT_EQ(got, f32) << "a widened product is the fp32 product of the widened operands";
+  } else {
+    double worst = 0;  // native: the same sums within fp32 accumulation's rounding
+    for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::fabs(double(got[i]) - double(f32[i])));
+    EXPECT_LT(worst, 1e-3);
   }
 }
 

@@ -3,6 +3,7 @@
 // Backend interface (backend.h).
 #pragma once
 #include <cstdint>
+#include <string>
 
 #include "keel/core/dtype.h"
 #include "keel/kernels/shapes.h"
@@ -38,7 +39,19 @@ void gemm_hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int6
 void gemm_release_widened(int slot);
 // True once some gemm_bf16 call had to widen its inputs (reported with the run's kernels).
 bool gemm_bf16_emulated();
-// Whether oneDNN has a bf16 matmul on this CPU (probed once), for the run's report.
+// How gemm_bf16 multiplies, chosen once per process: on oneDNN's bf16 matmul (`native`), or
+// widened to fp32 (exactly) where oneDNN has none, or where its fp32 matmul runs at least
+// kWidenAbove times its bf16 one (an AVX-512 BF16 CPU without AMX can run bf16 at half the fp32
+// rate). KEEL_BF16_MATMUL=native|widened overrides the measurement (tests compare the two).
+// The choice is printed with the run's kernels (Backend::description).
+struct Bf16Products {
+  bool native = false;
+  double bf16_flops = 0, f32_flops = 0;  // the 1024^3 products timed, when the choice was measured
+  std::string reason;                    // "AMX", "KEEL_BF16_MATMUL=widened", the measured rates, ...
+};
+constexpr double kWidenAbove = 1.3;
+const Bf16Products& bf16_products();
+// bf16_products().native: the products read bf16 as they are (nothing widened, nothing held).
 bool bf16_matmul_native();
 
 // Measures the bf16 (or f32) matmul throughput of this machine on a large square GEMM, in FLOP/s.

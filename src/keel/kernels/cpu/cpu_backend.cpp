@@ -31,11 +31,12 @@ class CpuBackend final : public HostMemoryBackend {
  public:
   std::string_view name() const override { return "cpu"; }
   std::string description(bool bf16) const override {
-    return fmt::format("cpu backend: row kernels {}, {}", isa_name(vector_ops().isa),
-                       !bf16                  ? "fp32 GEMMs on oneDNN"
-                       : bf16_matmul_native() ? "bf16 GEMMs on oneDNN"
-                                              : "bf16 GEMMs widened to fp32 (no oneDNN bf16 matmul on this CPU: "
-                                                "bf16 trains slower than dtype = \"fp32\" here, docs/performance.md)");
+    const std::string gemms =
+        !bf16 ? "fp32 GEMMs on oneDNN"
+        : bf16_matmul_native()
+            ? fmt::format("bf16 GEMMs on oneDNN ({})", bf16_products().reason)
+            : fmt::format("bf16 GEMMs widened to fp32 ({}; docs/performance.md)", bf16_products().reason);
+    return fmt::format("cpu backend: row kernels {}, {}", isa_name(vector_ops().isa), gemms);
   }
 
   void gemm(const GemmShape& s, const float* a, const float* b, float* c, float beta) override {

@@ -10,8 +10,12 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <dnnl.hpp>
 #include <memory>
+#include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -45,8 +49,9 @@ struct GemmKeyHash {
 struct GemmPlan {
   dnnl::matmul primitive;
   dnnl::memory a, b, c;
-  // bf16 on a CPU where oneDNN has no bf16 matmul (before AVX-512): no primitive of its own; the
-  // product runs as fp32 products over widened tiles of its operands (run_widened).
+  // bf16 where the products widen (bf16_products: no oneDNN bf16 matmul, or a slower one than
+  // fp32): no primitive of its own; the product runs as fp32 products over widened tiles of its
+  // operands (run_widened).
   bool widened = false;
   // Execution arguments for the C API, built once: dnnl::primitive::execute would rebuild a
   // std::vector of them from a map on every call, a heap allocation inside the step loop.
@@ -187,7 +192,7 @@ std::unique_ptr<GemmPlan> make_plan(const GemmKey& key) {
     plan->b = dnnl::memory(b_desc, engine, DNNL_MEMORY_NONE);
     return true;
   };
-  if (!try_type(key.bf16 ? dt::bf16 : dt::f32)) {
+  if (key.bf16 ? !bf16_matmul_native() || !try_type(dt::bf16) : !try_type(dt::f32)) {
     require(key.bf16, "gemm: oneDNN has no fp32 matmul for {}x{}x{}", s.m, s.n, s.k);
     plan->widened = true;
     bf16_emulated().store(true, std::memory_order_relaxed);
@@ -285,6 +290,84 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
   cpu_stream().wait();
 }
 
+// Whether oneDNN has a bf16 matmul on this CPU at all (x86 before AVX-512 has none).
+bool onednn_has_bf16_matmul() {
+  using dt = dnnl::memory::data_type;
+  const dnnl::memory::desc a({8, 8}, dt::bf16, dnnl::memory::dims{8, 1}), c({8, 8}, dt::f32, dnnl::memory::dims{8, 1});
+  try {
+    matmul_desc(a, a, c);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;
+  }
+}
+
+// FLOP/s of oneDNN's n^3 matmul with `in` inputs, timed against the other type in turns (so that
+// another process's load slows both alike), the best of `repeats`.
+std::pair<double, double> time_bf16_and_f32(int64_t n, int repeats) {
+  using dt = dnnl::memory::data_type;
+  struct Timed {
+    dnnl::matmul primitive;
+    dnnl::memory a, b, c;
+    double best = 1e30;
+  };
+  auto make = [&](dt in) {
+    const dnnl::memory::desc ad({n, n}, in, dnnl::memory::dims{n, 1}), cd({n, n}, dt::f32, dnnl::memory::dims{n, 1});
+    Timed t{dnnl::matmul(matmul_desc(ad, ad, cd)), dnnl::memory(ad, cpu_engine()), dnnl::memory(ad, cpu_engine()),
+            dnnl::memory(cd, cpu_engine())};
+    const size_t bytes = ad.get_size();
+    std::memset(t.a.get_data_handle(), 0x3f, bytes);  // 0x3f3f: about 0.75 in bf16, 0.75 in fp32
+    std::memset(t.b.get_data_handle(), 0x3f, bytes);
+    return t;
+  };
+  Timed timed[2] = {make(dt::bf16), make(dt::f32)};
+  for (int r = 0; r <= repeats; ++r)  // round 0 warms up
+    for (Timed& t : timed) {
+      const auto t0 = std::chrono::steady_clock::now();
+      t.primitive.execute(cpu_stream(), {{DNNL_ARG_SRC, t.a}, {DNNL_ARG_WEIGHTS, t.b}, {DNNL_ARG_DST, t.c}});
+      cpu_stream().wait();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) t.best = std::min(t.best, s);
+    }
+  const double flops = 2.0 * double(n) * double(n) * double(n);
+  return {flops / timed[0].best, flops / timed[1].best};
+}
+
+// Widened where oneDNN has no bf16 matmul; else as KEEL_BF16_MATMUL asks; else native with AMX
+// (its tiles multiply bf16 several times faster than fp32); else measured: an AVX-512 BF16 CPU
+// without AMX may run oneDNN's bf16 kernels slower than its fp32 ones (a Sapphire Rapids VM with
+// AMX hidden: 168 against 314 GFLOP/s), and then the exact widening wins. The margin keeps a
+// noisy measurement from flipping the choice between the runs of one machine (their bits differ).
+Bf16Products choose_bf16_products() {
+  Bf16Products p;
+  const char* env = std::getenv("KEEL_BF16_MATMUL");
+  const std::string want = env != nullptr ? env : "";
+  require(want.empty() || want == "native" || want == "widened", "KEEL_BF16_MATMUL={}: expected native or widened",
+          want);
+  if (!onednn_has_bf16_matmul()) {
+    p.reason = want == "native" ? "no oneDNN bf16 matmul on this CPU, whatever KEEL_BF16_MATMUL asks"
+                                : "no oneDNN bf16 matmul on this CPU";
+    return p;
+  }
+  if (!want.empty()) {
+    p.native = want == "native";
+    p.reason = "KEEL_BF16_MATMUL=" + want;
+    return p;
+  }
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+  if ((isa & amx) == amx) {
+    p.native = true;
+    p.reason = "AMX";
+    return p;
+  }
+  std::tie(p.bf16_flops, p.f32_flops) = time_bf16_and_f32(1024, 3);
+  p.native = p.f32_flops < kWidenAbove * p.bf16_flops;
+  p.reason = fmt::format("oneDNN's matmul on this CPU: bf16 {:.0f} GFLOP/s, fp32 {:.0f}", p.bf16_flops / 1e9,
+                         p.f32_flops / 1e9);
+  return p;
+}
+
 }  // namespace
 
 void gemm_hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy) {
@@ -306,20 +389,12 @@ size_t gemm_widened_operand_bytes(bool bf16) {
 
 bool gemm_bf16_emulated() { return bf16_emulated().load(std::memory_order_relaxed); }
 
-bool bf16_matmul_native() {
-  static const bool native = [] {
-    using dt = dnnl::memory::data_type;
-    const dnnl::memory::desc a({8, 8}, dt::bf16, dnnl::memory::dims{8, 1}),
-        c({8, 8}, dt::f32, dnnl::memory::dims{8, 1});
-    try {
-      matmul_desc(a, a, c);
-      return true;
-    } catch (const dnnl::error&) {
-      return false;
-    }
-  }();
-  return native;
+const Bf16Products& bf16_products() {
+  static const Bf16Products chosen = choose_bf16_products();
+  return chosen;
 }
+
+bool bf16_matmul_native() { return bf16_products().native; }
 
 void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, float beta) {
   run(false, s, a, b, c, beta);
