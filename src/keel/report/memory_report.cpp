@@ -430,6 +430,11 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
                ? "note: ZeRO-3 with dp 1 shards nothing, but keeps no whole bf16 copy of the weights: each position "
                  "casts its own\n"
                : fmt::format("note: ZeRO-{} with dp 1 shards nothing\n", shape.zero_stage);
+  // Where bf16 products widen to fp32 (this CPU, kernels/gemm.h: bf16_products) the plan holds
+  // their fp32 tiles and copies: say so, and why, as keel train does.
+  if (bf16)
+    if (auto& backend = model::backend_of(planned_decoder_options(r, config, shape)); backend.widens_bf16_products())
+      out += fmt::format("note: {}; the plan counts their fp32 copies\n", backend.description(true));
   const model::StepTimeline timeline{int32_t(config.num_layers)};
   const auto arena_peak = position_name(timeline, plan.peak_position());
   const auto other_peak = position_name(timeline, plan.external_peak_position());
