@@ -46,7 +46,7 @@ bool gemm_bf16_emulated();
 // The choice is printed with the run's kernels (Backend::description).
 struct Bf16Products {
   bool native = false;
-  double bf16_flops = 0, f32_flops = 0;  // the 1024^3 products timed, when the choice was measured
+  double bf16_flops = 0, f32_flops = 0;  // the 768^3 products on one thread, when measured
   std::string reason;                    // "AMX", "KEEL_BF16_MATMUL=widened", the measured rates, ...
 };
 constexpr double kWidenAbove = 1.3;
