@@ -324,10 +324,13 @@ std::pair<double, double> time_bf16_and_f32(int64_t n, int repeats) {
   // process's load on any core shows in the time, in bursts that can favour either type (the
   // fp32 / bf16 ratio over 60 runs on a 2-core machine busy compiling: 1.40-2.75 on both threads,
   // 1.78-2.36 on one).
-  [[maybe_unused]] const int threads = max_threads();
+  struct OneThread {  // restored however the timing ends (a oneDNN error included)
 #ifdef _OPENMP
-  omp_set_num_threads(1);
+    int threads = omp_get_max_threads();
+    OneThread() { omp_set_num_threads(1); }
+    ~OneThread() { omp_set_num_threads(threads); }
 #endif
+  } one_thread [[maybe_unused]];
   Timed timed[2] = {make(dt::bf16), make(dt::f32)};
   for (int r = 0; r <= repeats; ++r)  // round 0 warms up
     for (Timed& t : timed) {
@@ -337,9 +340,6 @@ std::pair<double, double> time_bf16_and_f32(int64_t n, int repeats) {
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r > 0) t.best = std::min(t.best, s);
     }
-#ifdef _OPENMP
-  omp_set_num_threads(threads);
-#endif
   const double flops = 2.0 * double(n) * double(n) * double(n);
   return {flops / timed[0].best, flops / timed[1].best};
 }
