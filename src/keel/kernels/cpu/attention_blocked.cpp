@@ -33,6 +33,7 @@
 #include "keel/core/error.h"
 #include "keel/core/threads.h"
 #include "keel/kernels/attention.h"
+#include "keel/kernels/cpu/flush_denormals.h"
 #include "keel/kernels/cpu/vector_ops.h"
 #include "keel/kernels/gemm.h"
 
@@ -346,6 +347,7 @@ void for_each_head(const AttentionShape& s, int64_t heads, void* workspace, size
   char* base = thread_base<M>(workspace, workspace_bytes, s);
   const size_t per_thread = ThreadScratch<M>::bytes(s.seq, s.head_dim, s.softcap > 0);
   for_each_task(s.batch * heads, parallel(s), [&](int64_t t, int thread) {
+    const FlushDenormals flush;  // the head's fp32 products and rows (flush_denormals.h)
     auto w = ThreadScratch<M>::at(base + size_t(thread) * per_thread, s.seq, s.head_dim, s.softcap > 0);
     f(t / heads, t % heads, w);
   });

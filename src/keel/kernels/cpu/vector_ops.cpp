@@ -14,32 +14,13 @@
 #include <xmmintrin.h>
 
 #include "keel/core/error.h"
+#include "keel/kernels/cpu/flush_denormals.h"
 
 // The 16-lane vector types are passed between inline functions only, never across a library
 // boundary, so the ABI note about AVX vectors on the portable level does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace keel::kernels {
-namespace {
-
-// Flush-to-zero and denormals-are-zero on this thread for a scope. The softmax backward multiplies
-// probabilities by the scale and dP - D: a probability at exp's floor (~1.2e-38, where every key
-// far below the row's maximum lands) times 0.125 is a denormal, and each denormal lane costs a
-// microcode assist — rows of such keys ran 10x slower (628 ns -> 6,242 ns per 1,024 keys,
-// measured). What is flushed is below 1.2e-38, nothing a gradient holds next to the row's terms.
-class FlushDenormals {
- public:
-  FlushDenormals() : saved_(_mm_getcsr()) { _mm_setcsr(saved_ | kFlushToZero | kDenormalsAreZero); }
-  ~FlushDenormals() { _mm_setcsr(saved_); }
-  FlushDenormals(const FlushDenormals&) = delete;
-  FlushDenormals& operator=(const FlushDenormals&) = delete;
-
- private:
-  static constexpr unsigned kFlushToZero = 1u << 15, kDenormalsAreZero = 1u << 6;  // MXCSR bits
-  unsigned saved_;
-};
-
-}  // namespace
 
 // Each level's vectors are as wide as its registers (vector_ops_body.inc says why). On AVX2 and
 // AVX-512 any vector operation GCC would still split lane by lane fails the build: the slow
