@@ -425,16 +425,16 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
       config.num_kv_heads, config.intermediate_size, config.vocab_size,
       parameters >= 1e9 ? fmt::format("{:.2f}B", parameters / 1e9) : fmt::format("{:.2f}M", parameters / 1e6));
   out += fmt::format("run: {}, {}\n", r.dtype, shape_summary(shape, recomputed, config.num_layers));
+  const model::DecoderOptions options = planned_decoder_options(r, config, shape);
   if (shape.zero_stage >= 1 && shape.dp == 1)
-    out += planned_decoder_options(r, config, shape).cast_per_position
+    out += options.cast_per_position
                ? "note: ZeRO-3 with dp 1 shards nothing, but keeps no whole bf16 copy of the weights: each position "
                  "casts its own\n"
                : fmt::format("note: ZeRO-{} with dp 1 shards nothing\n", shape.zero_stage);
   // Where bf16 products widen to fp32 (this CPU, kernels/gemm.h: bf16_products) the plan holds
   // their fp32 tiles and copies: say so, and why, as keel train does.
-  if (bf16)
-    if (auto& backend = model::backend_of(planned_decoder_options(r, config, shape)); backend.widens_bf16_products())
-      out += fmt::format("note: {}; the plan counts their fp32 copies\n", backend.description(true));
+  if (auto& backend = model::backend_of(options); bf16 && backend.widens_bf16_products())
+    out += fmt::format("note: {}; the plan counts their fp32 copies\n", backend.description(true));
   const model::StepTimeline timeline{int32_t(config.num_layers)};
   const auto arena_peak = position_name(timeline, plan.peak_position());
   const auto other_peak = position_name(timeline, plan.external_peak_position());

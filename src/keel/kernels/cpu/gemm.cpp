@@ -303,7 +303,8 @@ bool onednn_has_bf16_matmul() {
 }
 
 // FLOP/s of oneDNN's n^3 matmul in bf16 and in fp32, timed in turns (so that another process's
-// load slows both alike), the best of `repeats` each.
+// load slows both alike), the best of `repeats` each. Its own primitives, not measure_gemm's:
+// gemm_bf16 asks bf16_products, which this measurement decides.
 std::pair<double, double> time_bf16_and_f32(int64_t n, int repeats) {
   using dt = dnnl::memory::data_type;
   struct Timed {
