@@ -781,6 +781,16 @@ def main():
             if row["status"] == "ok":
                 print("  %-14s %s   %s" % (row["peer"], " ".join("%.1f" % t for t in row["tokens_per_s_rounds"]),
                                          " ".join("%.2fx" % q for q in row["keel_over_peer_rounds"])))
+    # What the LoRA/full ratio can reach: the step's product FLOPs alone (the causal column's counts),
+    # as if everything that is not a product (norms, softmax, casts, the optimizer) took no time.
+    # LoRA saves the frozen weights' gradient products, 2 of 6 FLOPs per weight, and nothing of
+    # attention's: its bound is well under 1.5x wherever attention or the adapters are not tiny.
+    lora_bound = flops_per_token(a, lora=0, causal=True) / flops_per_token(a, causal=True) if a.lora else None
+    full = next((row for row in rows if row["peer"] == PEER_NAMES["keel_full"] and row["status"] == "ok"), None)
+    if full:
+        print("\nLoRA/full step ratio %.2fx; the products' FLOPs bound it at %.3fx (full %.3f GFLOP per token, "
+              "LoRA %.3f)" % (full["keel_over_peer"], lora_bound, flops_per_token(a, lora=0, causal=True) / 1e9,
+                              flops_per_token(a, causal=True) / 1e9))
     for row in rows:
         if row["note"]:
             print("  %s: %s" % (row["peer"], row["note"]))
@@ -798,6 +808,7 @@ def main():
         "threads": a.threads, "lora_rank": a.lora,
         "cpu": cpu_model(), "versions": versions, "peak_flops": peak_flops, "keel_peak_flops": keel_peak,
         "torch_peak_flops": torch_peak, "torch_dtype": a.torch_dtype, "flops_per_token": fpt,
+        "lora_full_flop_bound": round(lora_bound, 4) if lora_bound else None,
         "peers": rows}))
 
 
