@@ -38,9 +38,11 @@ def recipe(name, **overrides):
     return write_recipe_file(os.path.join(d, "recipe.toml"), keys, model), d
 
 
-def run(args, env=None, **kw):
+def run(args, env=None, unset=(), **kw):
     e = dict(os.environ)
     e.update(env or {})
+    for name in unset:
+        e.pop(name, None)
     return subprocess.run([KEEL] + args, capture_output=True, text=True, env=e, **kw)
 
 
@@ -143,6 +145,53 @@ def resume_case(name, dtype, async_save):
 def test_resume():
     resume_case("resume_fp32", "fp32", False)
     resume_case("resume_bf16", "bf16", True)
+
+
+def test_resume_keeps_products():
+    """A bf16 resume multiplies as the run that wrote its checkpoint did (kernels/gemm.h:
+    keep_bf16_products), not as its own measurement would choose: each way in turn writes the
+    checkpoint (KEEL_BF16_MATMUL), and the resume, left to choose, must end bit-identical to that
+    way's uninterrupted run. On a CPU with oneDNN's bf16 matmul one of the two resumes goes against
+    the measurement whichever way it points; without one, both ways widen."""
+    finals, native_ran = {}, False
+    # After the checkpoint, where a resume's products matter. Gradient norms show a product's last
+    # bits; the fp32 weights can absorb them (an update's change below their last place).
+    after = lambda m: [(x["step"], x["loss"], x["grad_norm"]) for x in m if x["step"] > 3]
+    for way in ("native", "widened"):
+        name = "products_" + way
+        ck = os.path.join(WORK, name, "ckpt")
+        path, d = recipe(name, dtype="bf16", max_steps=6, checkpoint_dir=ck, save_interval=3)
+        forced = {"KEEL_BF16_MATMUL": way}
+        r = run(["train", path], env=forced)
+        check(r.returncode == 0, "%s: straight run (%s)" % (name, r.stderr))
+        finals[way] = (final_bytes(d), after(metrics(d)))
+        native_ran = native_ran or (way == "native" and "bf16 GEMMs on oneDNN" in r.stdout)
+        shutil.rmtree(d + "/out")
+        shutil.rmtree(ck)
+        r1 = run(["train", path, "--stop-after", "3"], env=forced)
+        check(r1.returncode == 0, "%s: run stopped after step 3 (%s)" % (name, r1.stderr))
+        states = [os.path.join(root, "trainer_state.json") for root, _, files in os.walk(ck)
+                  if "trainer_state.json" in files]
+        with open(states[0]) as f:
+            recorded = json.load(f).get("bf16_products")
+        check(recorded == (way if native_ran or way == "widened" else "widened"),
+              "%s: the checkpoint records how the products ran (%s)" % (name, recorded))
+        r2 = run(["train", path, "--resume"], unset=["KEEL_BF16_MATMUL"])
+        check(r2.returncode == 0, "%s: resume (%s)" % (name, r2.stderr))
+        if native_ran:
+            check("as the run that wrote" in r2.stdout, "%s: the resume says whose products it keeps" % name)
+        check((final_bytes(d), after(metrics(d))) == finals[way],
+              "%s: the resumed steps and weights are bit-identical to the uninterrupted run's" % name)
+        if way == "native" and native_ran:  # an override against the checkpoint is said, not silent
+            shutil.rmtree(d + "/out")
+            shutil.rmtree(ck)
+            run(["train", path, "--stop-after", "3"], env=forced)
+            r3 = run(["train", path, "--resume"], env={"KEEL_BF16_MATMUL": "widened"})
+            check(r3.returncode == 0 and "note: the run that wrote" in r3.stdout and "round differently" in r3.stdout,
+                  "a resume told to multiply otherwise says its steps round differently (%s)" % r3.stdout[-400:])
+    if native_ran:  # else the comparisons above could not tell one way from the other
+        check(finals["native"][1] != finals["widened"][1],
+              "the two ways give different gradient norms after step 3 on this model")
 
 
 def test_crash_recovery():

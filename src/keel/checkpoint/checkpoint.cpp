@@ -71,8 +71,9 @@ std::string state_json(const TrainingState& s) {
   return fmt::format(
       "{{\n  \"format\": \"keel-training-state\",\n  \"version\": 1,\n  \"step\": {},\n  \"samples_consumed\": {},\n"
       "  \"seed\": {},\n  \"recipe_hash\": \"{}\",\n  \"model_fingerprint\": \"{}\",\n  \"data_fingerprint\": \"{}\",\n"
-      "  \"compat_fingerprint\": \"{}\"\n}}\n",
-      s.step, s.samples_consumed, s.seed, s.recipe_hash, s.model_fingerprint, s.data_fingerprint, s.compat_fingerprint);
+      "  \"compat_fingerprint\": \"{}\"{}\n}}\n",
+      s.step, s.samples_consumed, s.seed, s.recipe_hash, s.model_fingerprint, s.data_fingerprint, s.compat_fingerprint,
+      s.bf16_products.empty() ? "" : fmt::format(",\n  \"bf16_products\": \"{}\"", s.bf16_products));
 }
 
 std::string manifest_json(const std::string& dir, int64_t step) {
@@ -462,6 +463,12 @@ TrainingState read_checkpoint_state(const std::string& path) {
   s.model_fingerprint = model_fp;
   s.data_fingerprint = data_fp;
   s.compat_fingerprint = compat_fp;
+  std::string_view products;  // optional: absent in fp32 and in older checkpoints
+  if (doc["bf16_products"].get_string().get(products) == simdjson::SUCCESS) {
+    require(products == "native" || products == "widened", "{}: bf16_products is '{}', expected native or widened",
+            state_path, products);
+    s.bf16_products = products;
+  }
   return s;
 }
 

@@ -34,6 +34,9 @@ struct TrainingState {
   std::string model_fingerprint;   // of the architecture and parameter layout: must match to resume
   std::string data_fingerprint;    // of the training records: must match to resume
   std::string compat_fingerprint;  // of the recipe keys that shape the run (batch, accumulation, ...)
+  // bf16 runs: how the products multiplied ("native" or "widened", kernels/gemm.h), so that a
+  // resume multiplies the same way; empty in fp32 and in checkpoints from before 2026-12-05.
+  std::string bf16_products;
 };
 
 struct SaveStats {

@@ -70,6 +70,9 @@ class Backend {
   // `copy` [rows, cols], by hold_widened; products on the calling thread read the copy until
   // release_widened(slot) (slot 0 or 1). Both do nothing where this is false.
   virtual bool widens_bf16_products() = 0;
+  // A resumed run asks to multiply as the run that wrote its checkpoint did (`widened` or not; `why`
+  // names it), before anything has multiplied: returns whether its products now run that way.
+  virtual bool keep_bf16_products(bool widened, const std::string& why) = 0;
   virtual void hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy) = 0;
   virtual void release_widened(int slot) = 0;
   // This machine's matmul throughput on a size^3 product, in FLOP/s (MFU's denominator).

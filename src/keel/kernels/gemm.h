@@ -54,6 +54,13 @@ struct Bf16Products {
 // compresses, and a CPU whose bf16 is faster (ratio ~0.5) cannot be pushed past it.
 constexpr double kWidenAbove = 1.1;
 const Bf16Products& bf16_products();
+// A resumed run multiplies as the run that wrote its checkpoint did, so that its steps round as
+// the uninterrupted run's would (the two ways differ in the last bits of every product): asks for
+// `native` (or widened) instead of the measurement, `why` saying whose choice it was. Only before
+// the first bf16_products() call; KEEL_BF16_MATMUL still overrides, and a CPU without oneDNN's
+// bf16 matmul widens whatever is asked. Returns the way chosen: compare it to see whether the
+// request held.
+const Bf16Products& keep_bf16_products(bool native, const std::string& why);
 // bf16_products().native: the products read bf16 as they are (nothing widened, nothing held).
 bool bf16_matmul_native();
 

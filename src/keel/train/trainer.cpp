@@ -20,6 +20,7 @@
 #include "keel/distributed/communicator.h"
 #include "keel/core/threads.h"
 #include "keel/distributed/shard_reader.h"
+#include "keel/kernels/backend.h"
 #include "keel/model/hf_weights.h"
 #include "keel/model/peft_adapter.h"
 #include "keel/core/checksum.h"
@@ -50,6 +51,14 @@ int64_t resolve_max_steps(const run::Recipe& r, int64_t records) {
   if (r.max_steps > 0) return r.max_steps;
   const int64_t per_step = r.batch_size * r.gradient_accumulation_steps;
   return std::max<int64_t>(1, (r.num_epochs * records + per_step - 1) / per_step);
+}
+
+// The checkpoint a --resume request names: with "auto" the newest in checkpoint_dir ("" when there
+// is none yet), else the step directory the path names (or a checkpoint_dir's latest).
+std::string resume_path(const run::Recipe& r, const std::string& request) {
+  if (request != "auto") return checkpoint::checkpoint_step_dir(request);
+  require(!r.checkpoint_dir.empty(), "{}: --resume auto needs 'checkpoint_dir' in the recipe", r.source);
+  return checkpoint::latest_checkpoint(r.checkpoint_dir);
 }
 
 // The T of a layer's attention FLOPs, 12·T·d per token. PaLM's convention counts every key of the
@@ -126,6 +135,7 @@ class Trainer {
     state_.model_fingerprint = checkpoint::model_fingerprint(decoder_.trainable(), config_.architecture);
     state_.data_fingerprint = loader_->fingerprint();
     state_.compat_fingerprint = compat_fingerprint(r);
+    if (r.dtype == "bf16") state_.bf16_products = decoder_.backend().widens_bf16_products() ? "widened" : "native";
     if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
       refuse_mixing_runs(r.checkpoint_dir, options);
       if (int removed = checkpoint::clean_incomplete_checkpoints(r.checkpoint_dir))
@@ -360,14 +370,10 @@ class Trainer {
 
   void resume(const std::string& request) {
     if (request.empty()) return;
-    std::string path = request == "auto" ? request : checkpoint::checkpoint_step_dir(request);
-    if (request == "auto") {
-      require(!r_.checkpoint_dir.empty(), "{}: --resume auto needs 'checkpoint_dir' in the recipe", r_.source);
-      path = checkpoint::latest_checkpoint(r_.checkpoint_dir);
-      if (path.empty()) {
-        fmt::print(log_, "keel: no checkpoint in {} yet; starting from step 1\n", r_.checkpoint_dir);
-        return;
-      }
+    const std::string path = resume_path(r_, request);
+    if (path.empty()) {
+      fmt::print(log_, "keel: no checkpoint in {} yet; starting from step 1\n", r_.checkpoint_dir);
+      return;
     }
     checkpoint::TrainingState saved;
     try {
@@ -840,6 +846,31 @@ void check_same_recipe(const run::Recipe& r, distributed::Communicator& comm) {
                       rank));
 }
 
+// A bf16 resume multiplies as the run that wrote its checkpoint did (kernels/gemm.h:
+// keep_bf16_products), or its steps would round differently from the uninterrupted run's: decided
+// before the model is set up, whose memory plan depends on the way. What cannot be kept (this CPU
+// has no bf16 matmul, KEEL_BF16_MATMUL says otherwise) is said.
+void keep_checkpoint_products(const run::Recipe& r, const TrainOptions& options, std::ostream& log) {
+  if (options.resume.empty() || r.dtype != "bf16") return;
+  std::string path;
+  checkpoint::TrainingState saved;
+  try {
+    path = resume_path(r, options.resume);
+    if (path.empty()) return;
+    saved = checkpoint::read_checkpoint_state(path);
+  } catch (const Error&) {
+    return;  // the resume itself says what is wrong with the request or the checkpoint
+  }
+  if (saved.bf16_products.empty()) return;  // written before keel recorded the way
+  const bool widened = saved.bf16_products == "widened";
+  kernels::Backend& backend = kernels::backend_named(r.backend);
+  if (!backend.keep_bf16_products(widened, fmt::format("as the run that wrote {} multiplied", path)))
+    fmt::print(log,
+               "note: the run that wrote {} multiplied bf16 {}; this one cannot ({}): the resumed steps round "
+               "differently from an uninterrupted run's\n",
+               path, widened ? "widened to fp32" : "on oneDNN's bf16 matmul", backend.description(true));
+}
+
 // A stream that discards what is written: ranks other than 0 stay quiet.
 struct NullStream : std::ostream {
   NullStream() : std::ostream(nullptr) {}
@@ -867,6 +898,7 @@ TrainResult run_training(const run::Recipe& r, std::ostream& log, const TrainOpt
       output_lock.emplace(r.output_dir, "output_dir");
       if (!r.checkpoint_dir.empty()) checkpoint_lock.emplace(r.checkpoint_dir, "checkpoint_dir");
     }
+    keep_checkpoint_products(r, options, out);
     Trainer trainer(r, out, options, *comm);
     return trainer.run();
   } catch (const Error& e) {

@@ -48,6 +48,9 @@ class CpuBackend final : public HostMemoryBackend {
   void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) override { gemm_prepare(s, bf16_inputs, beta); }
   size_t gemm_scratch_bytes(bool bf16_inputs) override { return gemm_widened_operand_bytes(bf16_inputs); }
   bool widens_bf16_products() override { return !bf16_matmul_native(); }
+  bool keep_bf16_products(bool widened, const std::string& why) override {
+    return kernels::keep_bf16_products(!widened, why).native != widened;
+  }
   void hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy) override {
     gemm_hold_widened(slot, x, rows, cols, ld, copy);
   }

@@ -350,6 +350,16 @@ std::pair<double, double> time_bf16_and_f32(int64_t n, int repeats) {
 // without AMX may run oneDNN's bf16 kernels slower than its fp32 ones (a Sapphire Rapids VM with
 // AMX hidden: 168 against 314 GFLOP/s), and then the exact widening wins. The margin keeps a
 // noisy measurement from flipping the choice between the runs of one machine (their bits differ).
+// What keep_bf16_products asked for before the choice was made: native or not, and why.
+struct KeptProducts {
+  bool asked = false, native = false;
+  std::string why;
+};
+KeptProducts& kept_products() {
+  static KeptProducts kept;
+  return kept;
+}
+
 Bf16Products choose_bf16_products() {
   Bf16Products p;
   const char* env = std::getenv("KEEL_BF16_MATMUL");
@@ -357,13 +367,19 @@ Bf16Products choose_bf16_products() {
   require(want.empty() || want == "native" || want == "widened", "KEEL_BF16_MATMUL={}: expected native or widened",
           want);
   if (!onednn_has_bf16_matmul()) {
-    p.reason = want == "native" ? "no oneDNN bf16 matmul on this CPU, whatever KEEL_BF16_MATMUL asks"
-                                : "no oneDNN bf16 matmul on this CPU";
+    p.reason = want == "native" || (kept_products().asked && kept_products().native)
+                   ? "no oneDNN bf16 matmul on this CPU, whatever was asked"
+                   : "no oneDNN bf16 matmul on this CPU";
     return p;
   }
   if (!want.empty()) {
     p.native = want == "native";
     p.reason = "KEEL_BF16_MATMUL=" + want;
+    return p;
+  }
+  if (kept_products().asked) {
+    p.native = kept_products().native;
+    p.reason = kept_products().why;
     return p;
   }
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
@@ -404,6 +420,14 @@ bool gemm_bf16_emulated() { return bf16_emulated().load(std::memory_order_relaxe
 const Bf16Products& bf16_products() {
   static const Bf16Products chosen = choose_bf16_products();
   return chosen;
+}
+
+const Bf16Products& keep_bf16_products(bool native, const std::string& why) {
+  // Before the first bf16_products() call (the function-local static below is built then), the
+  // request decides; after it, the way stays as chosen and the caller sees the difference.
+  KeptProducts& kept = kept_products();
+  if (!kept.asked) kept = KeptProducts{true, native, why};
+  return bf16_products();
 }
 
 bool bf16_matmul_native() { return bf16_products().native; }

@@ -70,6 +70,7 @@ class ReferenceBackend final : public HostMemoryBackend {
   void prepare_gemm(const GemmShape&, bool, float) override {}
   size_t gemm_scratch_bytes(bool) override { return 0; }
   bool widens_bf16_products() override { return false; }  // its products read bf16 as they are
+  bool keep_bf16_products(bool widened, const std::string&) override { return !widened; }
   void hold_widened(int, const bf16*, int64_t, int64_t, int64_t, float*) override {}
   void release_widened(int) override {}
   void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) override {
