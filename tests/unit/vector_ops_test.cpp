@@ -140,6 +140,26 @@ TEST(VectorOps, SoftmaxGradToBf16IsSoftmaxGradThenTheConversion) {
   }
 }
 
+TEST(VectorOps, WidenBf16IsExactOnEveryLevel) {
+  // Every bit pattern a bf16 holds (NaNs, infinities, subnormals, signed zeros) becomes the float
+  // with those bits on top, at lengths that leave every tail.
+  std::vector<bf16> all(1 << 16);
+  for (size_t i = 0; i < all.size(); ++i) all[i].bits = uint16_t(i);
+  for (Isa isa : levels_here()) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const VectorOps& ops = vector_ops_for(isa);
+    for (int64_t n : {int64_t(0), int64_t(1), int64_t(7), int64_t(15), int64_t(16), int64_t(17), int64_t(1) << 16}) {
+      std::vector<float> got(size_t(n) + 1, -1.0f);
+      ops.widen_bf16(all.data() + (n < 100 ? 0x7f70 : 0), got.data(), n);
+      for (int64_t c = 0; c < n; ++c) {
+        const uint16_t bits = all[size_t(c + (n < 100 ? 0x7f70 : 0))].bits;
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(c)]), uint32_t(bits) << 16) << n << " " << c;
+      }
+      ASSERT_EQ(got[size_t(n)], -1.0f) << "wrote past the end, n " << n;
+    }
+  }
+}
+
 TEST(VectorOps, RoundedBf16RowsAreTheBf16RowsWidened) {
   // Where bf16 products widen their inputs, attention keeps its bf16 operands widened: the fp32
   // values must be exactly the bf16 ones scale_to_bf16 and softmax_grad_to_bf16 write.

@@ -7,6 +7,7 @@
 // on all threads (oneDNN parallelises it), while calls from inside an OpenMP parallel region (the
 // attention kernel gives each thread its own heads) run concurrently, each on its own thread, with
 // nothing shared.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include "keel/core/error.h"
 #include "keel/core/memory_plan.h"
 #include "keel/core/threads.h"
+#include "keel/kernels/cpu/vector_ops.h"
 #include "keel/kernels/gemm.h"
 
 namespace keel::kernels {
@@ -134,12 +136,17 @@ int64_t widen(Trans t, const bf16* x, int64_t ld, int64_t r0, int64_t nr, int64_
   // Stored rows: op(X)'s rows (N) or its columns (T); each contributes `run` elements from `first`.
   const int64_t rows = t == Trans::N ? nr : nc, run = t == Trans::N ? nc : nr;
   const int64_t row0 = t == Trans::N ? r0 : c0, first = t == Trans::N ? c0 : r0;
-  if (run == ld) {  // whole stored rows: one contiguous span
-    convert_bf16_to_f32(x + row0 * ld, dst, size_t(rows * run));
+  const auto widen_row = vector_ops().widen_bf16;
+  if (run == ld) {  // whole stored rows: one contiguous span, cut in pieces of whole cache lines
+    const int64_t n = rows * run, piece = 4096;
+    parallel_for((n + piece - 1) / piece, n > (int64_t(1) << 16), [&](int64_t begin, int64_t end) {
+      const int64_t first_element = begin * piece, last = std::min(n, end * piece);
+      widen_row(x + row0 * ld + first_element, dst + first_element, last - first_element);
+    });
     return run;
   }
   parallel_for(rows, rows * run > (int64_t(1) << 16), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) convert_bf16_to_f32(x + (row0 + r) * ld + first, dst + r * run, size_t(run));
+    for (int64_t r = begin; r < end; ++r) widen_row(x + (row0 + r) * ld + first, dst + r * run, run);
   });
   return run;
 }

@@ -96,6 +96,9 @@ struct VectorOps {
   // the unrounded p).
   void (*softmax_grad_round_bf16)(float* s, float* dp, int64_t n, float scale, float lse, float delta,
                                   RowVisibility mask);
+  // dst[c] = float(src[c]), exact: a widened product's operand tiles (gemm.cpp), a register of
+  // bf16 zero-extended and shifted at a time (the portable core/dtype.h loop runs at SSE2's width).
+  void (*widen_bf16)(const bf16* src, float* dst, int64_t n);
 };
 
 // The table for this CPU (and KEEL_ISA), chosen on first use.
