@@ -23,6 +23,7 @@
 #include "keel/core/error.h"
 #include "keel/core/memory_plan.h"
 #include "keel/core/threads.h"
+#include "keel/kernels/cpu/matmul_rates_record.h"
 #include "keel/kernels/cpu/vector_ops.h"
 #include "keel/kernels/gemm.h"
 
@@ -396,10 +397,22 @@ Bf16Products choose_bf16_products() {
     p.reason = "AMX";
     return p;
   }
-  std::tie(p.bf16_flops, p.f32_flops) = time_bf16_and_f32(768, 5);
+  // Timed once per machine and kept (matmul_rates_record.h): every later process decides from the
+  // same rates, so runs of one recipe, and the ranks of a job, multiply alike. Another CPU, oneDNN
+  // or way of timing is another machine.
+  const dnnl_version_t* v = dnnl_version();
+  const std::string machine = fmt::format("{} | oneDNN {}.{}.{} | isa {:#x} | 768^3, one thread, best of 5",
+                                          cpu_model_name(), v->major, v->minor, v->patch, isa);
+  const std::string path = matmul_rates_path();
+  const RecordedRates rates = recorded_rates(path, machine, [] { return time_bf16_and_f32(768, 5); });
+  p.bf16_flops = rates.bf16_flops;
+  p.f32_flops = rates.f32_flops;
   p.native = p.f32_flops < kWidenAbove * p.bf16_flops;
-  p.reason = fmt::format("oneDNN's matmul on one thread of this CPU: bf16 {:.0f} GFLOP/s, fp32 {:.0f}",
-                         p.bf16_flops / 1e9, p.f32_flops / 1e9);
+  p.reason = fmt::format("oneDNN's matmul on one thread of this CPU: bf16 {:.0f} GFLOP/s, fp32 {:.0f}{}",
+                         p.bf16_flops / 1e9, p.f32_flops / 1e9,
+                         rates.recorded ? fmt::format(", measured {}, kept in {}", rates.measured_on, path)
+                         : rates.kept   ? fmt::format(", measured now, kept in {}", path)
+                                        : "");
   return p;
 }
 
