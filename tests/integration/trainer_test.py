@@ -194,6 +194,44 @@ def test_resume_keeps_products():
               "the two ways give different gradient norms after step 3 on this model")
 
 
+def test_matmul_rates_record():
+    """How bf16 products run is decided from matmul rates timed once per machine and kept
+    (kernels/cpu/matmul_rates_record.h): the first run writes them, later runs read them and say so,
+    and the kept rates, not a new timing, decide. Checked where the decision is timed at all (not
+    on a CPU without oneDNN's bf16 matmul, nor with AMX)."""
+    cache = os.path.join(WORK, "xdg")
+    env = {"XDG_CACHE_HOME": cache}
+    path, d = recipe("rates", dtype="bf16", max_steps=1)
+    r = run(["train", path], env=env, unset=["KEEL_BF16_MATMUL"])
+    check(r.returncode == 0, "rates: first run (%s)" % r.stderr)
+    line = next((l for l in r.stdout.splitlines() if "cpu backend:" in l), "")
+    if "one thread of this CPU" not in line:
+        print("  (this CPU's bf16 products are not chosen by timing: %s)" % line.strip())
+        return
+    record = os.path.join(cache, "keel", "matmul-rates.json")
+    check("measured now, kept in " + record in line, "the first run says it kept the rates it timed: %s" % line)
+    with open(record) as f:
+        kept = json.load(f)
+    check(kept["format"] == "keel-matmul-rates" and len(kept["machines"]) == 1, "one machine recorded: %s" % kept)
+    shutil.rmtree(d + "/out")
+    r = run(["train", path], env=env, unset=["KEEL_BF16_MATMUL"])
+    line = next((l for l in r.stdout.splitlines() if "cpu backend:" in l), "")
+    check(r.returncode == 0 and ", measured %s, kept in %s" % (kept["machines"][0]["measured_on"], record) in line,
+          "a later run reads the kept rates: %s" % line)
+    # The kept rates decide: turned around, the other way is taken.
+    entry = kept["machines"][0]
+    widened = "widened to fp32" in line
+    entry["bf16_flops"], entry["f32_flops"] = (4 * entry["f32_flops"], entry["f32_flops"]) if widened else \
+        (entry["bf16_flops"], 4 * entry["bf16_flops"])
+    with open(record, "w") as f:
+        json.dump(kept, f)
+    shutil.rmtree(d + "/out")
+    r = run(["train", path], env=env, unset=["KEEL_BF16_MATMUL"])
+    line = next((l for l in r.stdout.splitlines() if "cpu backend:" in l), "")
+    check(r.returncode == 0 and ("GEMMs on oneDNN" if widened else "widened to fp32") in line,
+          "the kept rates decide how products run: %s" % line)
+
+
 def test_crash_recovery():
     """SIGKILL at 20 random moments (some during async saves); each time resume from the last
     complete checkpoint; the final weights must equal an uninterrupted run's."""
