@@ -353,11 +353,6 @@ std::pair<double, double> time_bf16_and_f32(int64_t n, int repeats) {
   return {flops / timed[0].best, flops / timed[1].best};
 }
 
-// Widened where oneDNN has no bf16 matmul; else as KEEL_BF16_MATMUL asks; else native with AMX
-// (its tiles multiply bf16 several times faster than fp32); else measured: an AVX-512 BF16 CPU
-// without AMX may run oneDNN's bf16 kernels slower than its fp32 ones (a Sapphire Rapids VM with
-// AMX hidden: 168 against 314 GFLOP/s), and then the exact widening wins. The margin keeps a
-// noisy measurement from flipping the choice between the runs of one machine (their bits differ).
 // What keep_bf16_products asked for before the choice was made: native or not, and why.
 struct KeptProducts {
   bool asked = false, native = false;
@@ -368,6 +363,13 @@ KeptProducts& kept_products() {
   return kept;
 }
 
+// Widened where oneDNN has no bf16 matmul; else as KEEL_BF16_MATMUL asks; else as a resume's
+// checkpoint records (keep_bf16_products); else native with AMX (its tiles multiply bf16 several
+// times faster than fp32); else by the machine's measured rates: an AVX-512 BF16 CPU without AMX
+// may run oneDNN's bf16 kernels slower than its fp32 ones (a Sapphire Rapids VM with AMX hidden:
+// 168 against 314 GFLOP/s), and then the exact widening wins. The margin keeps a noisy
+// measurement from landing on the wrong side, and keeping the rates keeps every process of the
+// machine on the same side (their bits differ).
 Bf16Products choose_bf16_products() {
   Bf16Products p;
   const char* env = std::getenv("KEEL_BF16_MATMUL");
