@@ -194,6 +194,11 @@ def test_resume_keeps_products():
               "the two ways give different gradient norms after step 3 on this model")
 
 
+def backend_line(r):
+    """The log's `cpu backend:` line: how the run's products multiply, and why."""
+    return next((l for l in r.stdout.splitlines() if "cpu backend:" in l), "")
+
+
 def test_matmul_rates_record():
     """How bf16 products run is decided from matmul rates timed once per machine and kept
     (kernels/cpu/matmul_rates_record.h): the first run writes them, later runs read them and say so,
@@ -204,7 +209,7 @@ def test_matmul_rates_record():
     path, d = recipe("rates", dtype="bf16", max_steps=1)
     r = run(["train", path], env=env, unset=["KEEL_BF16_MATMUL"])
     check(r.returncode == 0, "rates: first run (%s)" % r.stderr)
-    line = next((l for l in r.stdout.splitlines() if "cpu backend:" in l), "")
+    line = backend_line(r)
     if "one thread of this CPU" not in line:
         print("  (this CPU's bf16 products are not chosen by timing: %s)" % line.strip())
         return
@@ -215,7 +220,7 @@ def test_matmul_rates_record():
     check(kept["format"] == "keel-matmul-rates" and len(kept["machines"]) == 1, "one machine recorded: %s" % kept)
     shutil.rmtree(d + "/out")
     r = run(["train", path], env=env, unset=["KEEL_BF16_MATMUL"])
-    line = next((l for l in r.stdout.splitlines() if "cpu backend:" in l), "")
+    line = backend_line(r)
     check(r.returncode == 0 and ", measured %s, kept in %s" % (kept["machines"][0]["measured_on"], record) in line,
           "a later run reads the kept rates: %s" % line)
     # The kept rates decide: turned around, the other way is taken.
@@ -227,7 +232,7 @@ def test_matmul_rates_record():
         json.dump(kept, f)
     shutil.rmtree(d + "/out")
     r = run(["train", path], env=env, unset=["KEEL_BF16_MATMUL"])
-    line = next((l for l in r.stdout.splitlines() if "cpu backend:" in l), "")
+    line = backend_line(r)
     check(r.returncode == 0 and ("GEMMs on oneDNN" if widened else "widened to fp32") in line,
           "the kept rates decide how products run: %s" % line)
 

@@ -138,12 +138,11 @@ int64_t widen(Trans t, const bf16* x, int64_t ld, int64_t r0, int64_t nr, int64_
   const int64_t rows = t == Trans::N ? nr : nc, run = t == Trans::N ? nc : nr;
   const int64_t row0 = t == Trans::N ? r0 : c0, first = t == Trans::N ? c0 : r0;
   const auto widen_row = vector_ops().widen_bf16;
-  if (run == ld) {  // whole stored rows: one contiguous span, cut in pieces of whole cache lines
-    const int64_t n = rows * run, piece = 4096;
-    parallel_for((n + piece - 1) / piece, n > (int64_t(1) << 16), [&](int64_t begin, int64_t end) {
-      const int64_t first_element = begin * piece, last = std::min(n, end * piece);
-      widen_row(x + row0 * ld + first_element, dst + first_element, last - first_element);
-    });
+  if (run == ld) {  // whole stored rows: one contiguous span, a chunk of it per thread
+    const bf16* src = x + row0 * ld;
+    const int64_t n = rows * run;
+    parallel_for(n, n > (int64_t(1) << 16),
+                 [&](int64_t begin, int64_t end) { widen_row(src + begin, dst + begin, end - begin); });
     return run;
   }
   parallel_for(rows, rows * run > (int64_t(1) << 16), [&](int64_t begin, int64_t end) {
