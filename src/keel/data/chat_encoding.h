@@ -15,7 +15,6 @@
 //   control token the template writes after the message's last rendered character: the answer,
 //   any reasoning and tool calls in it, and the end-of-turn token the model must learn to stop with.
 #pragma once
-#include <array>
 #include <map>
 #include <mutex>
 #include <cstdint>
@@ -23,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/data/control_strings.h"
 #include "keel/data/model_chat_template.h"
 
 namespace keel::data {
@@ -51,21 +51,13 @@ class ChatTemplateEncoder {
 
   const ModelChatTemplate& chat_template() const { return t_; }
   // The control tokens, longest first.
-  const std::vector<std::string>& control_tokens() const { return control_tokens_; }
+  const std::vector<std::string>& control_tokens() const { return control_.strings(); }
 
  private:
   ModelChatTemplate t_;
   const Tokenizer* tokenizer_;
   bool control_tokens_in_data_;
-  std::vector<std::string> control_tokens_;
-  // control_tokens_ indices by first byte: the scans over every byte of a conversation compare
-  // only the few tokens that can start there.
-  std::array<std::vector<uint32_t>, 256> control_by_first_byte_;
-  std::string control_first_bytes_;  // the distinct first bytes: scans jump between them
-  // The longest control token starting at text[at] (whole within [at, limit)), or null.
-  const std::string* control_token_at(const std::string& text, size_t at, size_t limit) const;
-  // The first byte in [pos, end) that can start a control token, or end.
-  size_t next_control_start(const std::string& text, size_t pos, size_t end) const;
+  ControlStrings control_;  // the control tokens' strings
   std::vector<int32_t> newline_ids_;
   // The generation prompt of a conversation whose answer follows `key` (the role before it,
   // whether tools are given, the extra variables): rendered twice the first time, then reused.

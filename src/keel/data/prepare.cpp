@@ -520,8 +520,7 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
         bool special_strings = false;
         for (const auto& segment : render_chat(*format, r.messages, false)) {
           if (segment.content && !special_strings)
-            for (const AddedToken& t : tokenizer->added_tokens())
-              if (t.special && segment.text.find(t.content) != std::string::npos) special_strings = true;
+            special_strings = tokenizer->special_strings().found_in(segment.text);
           ids.clear();
           tokenizer->encode(segment.text, ids,
                             EncodeOptions{.split_special_tokens = segment.content && !special_tokens_in_messages});

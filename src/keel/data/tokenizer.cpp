@@ -312,6 +312,10 @@ Tokenizer::Tokenizer(TokenizerParts parts) : parts_(std::move(parts)) {
     vocab_size_ = std::max(vocab_size_, t.id + 1);
     has_normalized_added_ = has_normalized_added_ || (t.normalized && !parts_.normalizers.empty());
   }
+  std::vector<std::string> special;
+  for (const AddedToken& t : parts_.added_tokens)
+    if (t.special) special.push_back(t.content);
+  special_strings_ = ControlStrings(std::move(special));
   if (!parts_.added_tokens.empty()) {
     int32_t max_id = 0;
     added_min_id_ = std::numeric_limits<int32_t>::max();

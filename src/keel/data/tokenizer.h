@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "keel/data/bpe.h"
+#include "keel/data/control_strings.h"
 #include "keel/data/pretokenizer.h"
 
 namespace keel::data {
@@ -160,6 +161,9 @@ class Tokenizer {
   // For loaders that learn BOS/EOS from a second file (tokenizer_config.json); before sharing.
   void set_bos_eos(std::optional<int32_t> bos, std::optional<int32_t> eos);
   const std::vector<AddedToken>& added_tokens() const { return parts_.added_tokens; }
+  // The special added tokens' strings: what a conversation's own text is scanned for (they are
+  // encoded there as text unless the recipe says otherwise).
+  const ControlStrings& special_strings() const { return special_strings_; }
   const BytePairModel& model() const { return parts_.model; }
   const std::string& origin() const { return parts_.origin; }
 
@@ -187,6 +191,7 @@ class Tokenizer {
   }
 
   TokenizerParts parts_;
+  ControlStrings special_strings_;
   int32_t vocab_size_ = 0;
   std::vector<uint32_t> spelled_lengths_;  // spelled_length() of the model's ids
   bool fast_split_ = false;  // pre-tokenizer is a single isolating regex: stream its pieces
