@@ -162,6 +162,17 @@ TEST(Prepare, SpecialStringsInAModelTemplatesMessagesAreTextAndCounted) {
            "\n");
   const PrepareReport r = prepare(o);
   EXPECT_EQ(r.records_with_special_strings, 1);
+  EXPECT_EQ(r.first_special_string_line, 1);
+  EXPECT_EQ(r.first_special_string, "<|im_end|>");
+  EXPECT_NE(read_file(o.out_dir + "/report.json").find(R"("first_special_string": {"line": 1, "text": "<|im_end|>"})"),
+            std::string::npos);
+  // keel's built-in ChatML counts it the same way.
+  PrepareOptions builtin = o;
+  builtin.chat_template = "chatml";
+  builtin.out_dir = dir / "builtin";
+  const PrepareReport b = prepare(builtin);
+  EXPECT_EQ(b.records_with_special_strings, 1);
+  EXPECT_EQ(b.first_special_string, "<|im_end|>");
   PreparedData data(o.out_dir);
   const auto v = data.sequence(0);
   const Tokenizer tok = load_tokenizer(o.tokenizer_path);
@@ -175,6 +186,10 @@ TEST(Prepare, SpecialStringsInAModelTemplatesMessagesAreTextAndCounted) {
   matched.special_tokens_in_messages = true;
   matched.out_dir = dir / "matched";
   EXPECT_EQ(prepare(matched).records_with_special_strings, 0);
+  PrepareOptions matched_builtin = builtin;
+  matched_builtin.special_tokens_in_messages = true;
+  matched_builtin.out_dir = dir / "matched_builtin";
+  EXPECT_EQ(prepare(matched_builtin).records_with_special_strings, 0);  // matched as tokens: nothing to report
   PreparedData as_tokens(matched.out_dir);
   starts = 0;
   for (uint32_t id : as_tokens.sequence(0).tokens) starts += int32_t(id) == *tok.token_to_id("<|im_start|>");

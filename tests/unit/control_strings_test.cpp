@@ -21,7 +21,7 @@ const std::string* longest_at(const std::vector<std::string>& strings, std::stri
 
 void expect_as_obvious_search(const std::vector<std::string>& strings, const std::string& text) {
   const ControlStrings set(strings);
-  bool any = false;
+  const std::string* first = nullptr;  // the longest match at the first place anything matches
   for (size_t limit : {text.size(), text.size() / 2}) {
     size_t next = set.next_start(text, 0, limit);
     for (size_t at = 0; at < limit; ++at) {
@@ -29,7 +29,7 @@ void expect_as_obvious_search(const std::vector<std::string>& strings, const std
       const std::string* got = set.at(text, at, limit);
       ASSERT_EQ(want == nullptr, got == nullptr) << "at " << at << " of '" << text << "'";
       if (want) EXPECT_EQ(*want, *got) << "at " << at;
-      if (want) any = true;
+      if (want && !first && limit == text.size()) first = want;
       // next_start may stop at a byte where nothing matches, never skip one where something does.
       if (want) {
         ASSERT_LE(next, at) << "next_start skipped a match at " << at;
@@ -37,7 +37,9 @@ void expect_as_obvious_search(const std::vector<std::string>& strings, const std
       if (next <= at) next = set.next_start(text, at + 1, limit);
     }
   }
-  EXPECT_EQ(set.found_in(text), any) << text;
+  const std::string* got = set.first_in(text);
+  ASSERT_EQ(got == nullptr, first == nullptr) << text;
+  if (first) EXPECT_EQ(*got, *first) << text;
 }
 
 TEST(ControlStrings, LongestMatchAsTheObviousSearch) {
@@ -61,11 +63,11 @@ TEST(ControlStrings, LongestMatchAsTheObviousSearch) {
 TEST(ControlStrings, EmptySetAndEmptyStringsFindNothing) {
   const ControlStrings none({"", ""});
   EXPECT_TRUE(none.empty());
-  EXPECT_FALSE(none.found_in("<|im_end|> anything"));
+  EXPECT_EQ(none.first_in("<|im_end|> anything"), nullptr);
   EXPECT_EQ(none.next_start("abc", 0, 3), 3u);
   const ControlStrings one({"<|im_end|>"});
-  EXPECT_FALSE(one.found_in("<|im_end|"));  // a prefix is not the token
-  EXPECT_TRUE(one.found_in("x<|im_end|>"));
+  EXPECT_EQ(one.first_in("<|im_end|"), nullptr);  // a prefix is not the token
+  ASSERT_NE(one.first_in("x<|im_end|>"), nullptr);
   EXPECT_EQ(one.at("<|im_end|>", 0, 9), nullptr);  // the limit cuts it
 }
 

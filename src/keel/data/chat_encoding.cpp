@@ -238,6 +238,7 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
           ++pos;
           continue;
         }
+        if (cuts.empty()) out.first_control_string = *hit;
         cuts.emplace_back(pos, pos + hit->size());
         pos += hit->size();
       }

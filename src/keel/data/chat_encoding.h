@@ -35,6 +35,7 @@ struct EncodedChat {
   std::vector<uint8_t> assistant_mask;       // per id: 1 = an assistant token
   bool from_generation_tags = false;         // the mask is transformers' (else derived)
   int64_t control_strings_in_data = 0;       // control-token strings in the conversation, encoded as text
+  std::string first_control_string;          // the first of them
   int64_t assistant_turns_without_text = 0;  // assistant messages that rendered nothing of their own
 };
 

@@ -50,10 +50,10 @@ size_t ControlStrings::next_start(std::string_view text, size_t pos, size_t end)
   return end;
 }
 
-bool ControlStrings::found_in(std::string_view text) const {
+const std::string* ControlStrings::first_in(std::string_view text) const {
   for (size_t pos = next_start(text, 0, text.size()); pos < text.size(); pos = next_start(text, pos + 1, text.size()))
-    if (at(text, pos, text.size())) return true;
-  return false;
+    if (const std::string* s = at(text, pos, text.size())) return s;
+  return nullptr;
 }
 
 }  // namespace keel::data

@@ -25,8 +25,8 @@ class ControlStrings {
   const std::string* at(std::string_view text, size_t at, size_t limit) const;
   // The first byte in [pos, end) that can start a string, or end.
   size_t next_start(std::string_view text, size_t pos, size_t end) const;
-  // Whether any of the strings occurs in `text`.
-  bool found_in(std::string_view text) const;
+  // The string that occurs first in `text` (the longest at that place), or null.
+  const std::string* first_in(std::string_view text) const;
 
  private:
   std::vector<std::string> strings_;

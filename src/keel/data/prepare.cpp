@@ -273,6 +273,10 @@ void tally(PrepareReport& report, ChunkResult& r) {
   report.truncated_tokens += r.truncated_tokens;
   report.split_documents += r.split;
   report.no_target_documents += r.no_target;
+  if (report.records_with_special_strings == 0 && r.special_string_records > 0) {
+    report.first_special_string_line = r.first_special_string_line;
+    report.first_special_string = r.first_special_string;
+  }
   report.records_with_special_strings += r.special_string_records;
   report.input_bytes += r.bytes;
   report.documents += int64_t(r.document_ends.size());
@@ -286,9 +290,12 @@ void print_report(std::ostream& log, const PrepareReport& report, const PrepareO
              report.split_documents, report.no_target_documents);
   if (report.records_with_special_strings > 0)
     fmt::print(log,
-               "keel prepare: {} conversations hold special-token strings in their text (e.g. \"<|im_end|>\" in a "
-               "message): encoded as text, not as the tokens\n",
-               report.records_with_special_strings);
+               "keel prepare: {} {} special-token strings in their text (the first: {}:{}, {}): encoded as text, "
+               "not as the tokens (--special-tokens-in-messages, or special_tokens_in_messages = true in a recipe, "
+               "matches them)\n",
+               report.records_with_special_strings,
+               report.records_with_special_strings == 1 ? "conversation holds" : "conversations hold", o.data_path,
+               report.first_special_string_line, json_quoted(report.first_special_string));
   for (size_t i = 0; i < std::min<size_t>(report.bad_listed.size(), 10); ++i)
     fmt::print(log, "  {}:{}: {}\n", o.data_path, report.bad_listed[i].line, report.bad_listed[i].reason);
   if (report.bad_records > 10) fmt::print(log, "  ... all listed in {}/report.json\n", o.out_dir);
@@ -505,7 +512,7 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
         if (model_template) {
           // Read whole by the encoder's record_parser(), or role/content pairs (prompt/response).
           const EncodedChat chat = model_template->encode(r.chat ? *r.chat : chat_input_from_messages(r.messages));
-          if (chat.control_strings_in_data > 0) ++out.special_string_records;
+          if (chat.control_strings_in_data > 0) out.count_special_string(line, chat.first_control_string);
           for (size_t t = 0; t < chat.ids.size(); ++t) {
             out.tokens.push_back(uint32_t(chat.ids[t]));
             out.mask.push_back(chat.assistant_mask[t] || train_on_prompt ? 1 : 0);
@@ -517,16 +524,16 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
         // pre-tokenizer splits anyway.
         // A message's content is encoded with special-token strings as plain text (a user cannot
         // forge a turn boundary); the template's markup with its special tokens.
-        bool special_strings = false;
+        const std::string* special_string = nullptr;
         for (const auto& segment : render_chat(*format, r.messages, false)) {
-          if (segment.content && !special_strings)
-            special_strings = tokenizer->special_strings().found_in(segment.text);
+          if (segment.content && !special_tokens_in_messages && !special_string)
+            special_string = tokenizer->special_strings().first_in(segment.text);
           ids.clear();
           tokenizer->encode(segment.text, ids,
                             EncodeOptions{.split_special_tokens = segment.content && !special_tokens_in_messages});
           append(ids, segment.assistant || train_on_prompt);
         }
-        if (special_strings) ++out.special_string_records;
+        if (special_string) out.count_special_string(line, *special_string);
         break;
       }
     }
@@ -567,13 +574,17 @@ std::string report_json(const PrepareReport& r) {
       "{{\n  \"lines\": {},\n  \"blank_lines\": {},\n  \"records\": {},\n  \"bad_records\": {},\n"
       "  \"bad_records_listed\": {},\n  \"documents\": {},\n  \"truncated_documents\": {},\n"
       "  \"truncated_tokens\": {},\n  \"split_documents\": {},\n  \"no_target_documents\": {},\n"
-      "  \"records_with_special_strings\": {},\n"
+      "  \"records_with_special_strings\": {},\n  \"first_special_string\": {},\n"
       "  \"sequences\": {},\n  \"tokens\": {},\n"
       "  \"shards\": {},\n  \"max_seq_len\": {},\n  \"fill\": {:.4f},\n  \"chat_template\": {},\n"
       "  \"input_bytes\": {},\n  \"seconds\": {:.3f},\n  \"bad\": [\n{}\n  ]\n}}\n",
       r.lines, r.blank_lines, r.records, r.bad_records, r.bad_listed.size(), r.documents, r.truncated_documents,
-      r.truncated_tokens, r.split_documents, r.no_target_documents, r.records_with_special_strings, r.sequences, r.tokens, r.shards, r.max_seq_len,
-      r.fill(), json_quoted(r.chat_template), r.input_bytes, r.seconds, bad);
+      r.truncated_tokens, r.split_documents, r.no_target_documents, r.records_with_special_strings,
+      r.first_special_string_line > 0 ? fmt::format("{{\"line\": {}, \"text\": {}}}", r.first_special_string_line,
+                                                    json_quoted(r.first_special_string))
+                                      : std::string("null"),
+      r.sequences, r.tokens, r.shards, r.max_seq_len, r.fill(), json_quoted(r.chat_template), r.input_bytes, r.seconds,
+      bad);
 }
 
 std::string tokenizer_hash(const std::string& path) {

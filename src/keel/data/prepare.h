@@ -75,6 +75,8 @@ struct PrepareReport {
   int64_t no_target_documents = 0;  // skipped: nothing to learn (e.g. no assistant turn)
   // conversations whose own text held special-token strings (encoded as text, not as the tokens)
   int64_t records_with_special_strings = 0;
+  int64_t first_special_string_line = 0;  // the first of them (0: none), and the string found there
+  std::string first_special_string;
   int64_t sequences = 0, tokens = 0, shards = 0;
   int64_t input_bytes = 0;  // decompressed
   double seconds = 0;
@@ -137,6 +139,15 @@ struct EncodedDocuments {
   std::vector<int64_t> document_ends;  // end offset of each document in tokens
   int64_t truncated = 0, truncated_tokens = 0, no_target = 0, split = 0;
   int64_t special_string_records = 0;
+  // The first record with special-token strings in its text, and the first such string.
+  int64_t first_special_string_line = 0;
+  std::string first_special_string;
+  void count_special_string(int64_t line, const std::string& s) {
+    if (special_string_records++ == 0) {
+      first_special_string_line = line;
+      first_special_string = s;
+    }
+  }
 };
 
 // One record -> its training document: what prepare writes for it, and what training with
