@@ -5,10 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "keel/core/file_io.h"
 
@@ -88,6 +92,51 @@ TEST(MatmulRatesRecord, DamagedOrUnwritableFilesMeanMeasuring) {
   const RecordedRates nowhere = recorded_rates("", "cpu A", measure);  // no home: nowhere to keep it
   EXPECT_FALSE(nowhere.kept);
   EXPECT_EQ(timings, 5);
+}
+
+// The ranks of a job start together: one measures while the others wait for its entry, so that
+// all decide from the same rates (without the lock each found no entry and timed on its own).
+TEST(MatmulRatesRecord, ProcessesStartingTogetherMeasureOnce) {
+  const Scratch s;
+  const std::string path = (s.dir / "keel" / "matmul-rates.json").string();
+  std::atomic<int> timings{0};
+  auto measure = [&] {
+    const int n = ++timings;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a timing takes a while
+    return std::pair{1.0e11 * n, 3.0e11 * n};                     // each timing its own figures
+  };
+  std::vector<RecordedRates> got(4);
+  std::vector<std::thread> ranks;
+  for (size_t r = 0; r < got.size(); ++r)
+    ranks.emplace_back([&, r] { got[r] = recorded_rates(path, "cpu A", measure); });
+  for (std::thread& t : ranks) t.join();
+  EXPECT_EQ(timings.load(), 1);
+  for (const RecordedRates& r : got) {
+    EXPECT_EQ(r.bf16_flops, got[0].bf16_flops);
+    EXPECT_EQ(r.f32_flops, got[0].f32_flops);
+    EXPECT_TRUE(r.kept);
+  }
+  // A second machine sharing the directory keeps the first one's entry.
+  recorded_rates(path, "cpu B", measure);
+  EXPECT_TRUE(recorded_rates(path, "cpu A", measure).recorded);
+  EXPECT_EQ(timings.load(), 2);
+}
+
+// The machine's key names its CPU: x86's model name, or an Arm design's numbers (its cpuinfo has
+// no model name; two Arm hosts sharing a home directory must not share one entry).
+TEST(MatmulRatesRecord, CpuModelNameOnX86AndArm) {
+  EXPECT_EQ(cpu_model_name_from("processor\t: 0\nvendor_id\t: GenuineIntel\nmodel name\t: Intel(R) Xeon(R) "
+                                "Platinum 8481C CPU @ 2.70GHz\nprocessor\t: 1\nmodel name\t: other\n",
+                                "x86_64"),
+            "Intel(R) Xeon(R) Platinum 8481C CPU @ 2.70GHz");
+  const std::string arm =
+      "processor\t: 0\nBogoMIPS\t: 243.75\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x1\n"
+      "CPU part\t: 0xd0c\nCPU revision\t: 1\n\nprocessor\t: 1\nCPU implementer\t: 0x41\nCPU variant\t: 0x3\n"
+      "CPU part\t: 0xd40\n";
+  EXPECT_EQ(cpu_model_name_from(arm, "aarch64"), "aarch64 CPU implementer 0x41, CPU variant 0x1, CPU part 0xd0c");
+  EXPECT_NE(cpu_model_name_from(arm, "aarch64"),
+            cpu_model_name_from("CPU implementer\t: 0x41\nCPU variant\t: 0x1\nCPU part\t: 0xd40\n", "aarch64"));
+  EXPECT_EQ(cpu_model_name_from("processor\t: 0\n", "riscv64"), "");
 }
 
 TEST(MatmulRatesRecord, KeptInTheUsersCache) {

@@ -1,13 +1,17 @@
 #include "keel/kernels/cpu/matmul_rates_record.h"
 
+#include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/file.h>
+#include <sys/utsname.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <ctime>
 #include <exception>
 #include <filesystem>
-#include <fstream>
 #include <vector>
 
 #include "keel/core/file_io.h"
@@ -69,6 +73,31 @@ std::string record_json(const std::vector<Entry>& entries) {
   return out + "\n  ]\n}\n";
 }
 
+// An exclusive flock on a file beside the record, for as long as it lives; nothing where the file
+// cannot be made (a read-only directory: the record cannot be written either).
+class RecordLock {
+ public:
+  explicit RecordLock(const std::string& path) {
+    if (path.empty()) return;
+    try {
+      make_dirs(std::filesystem::path(path).parent_path().string());
+    } catch (const std::exception&) {
+      return;
+    }
+    fd_ = ::open((path + ".lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ >= 0)
+      while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {}
+  }
+  ~RecordLock() {
+    if (fd_ >= 0) ::close(fd_);  // releases the lock
+  }
+  RecordLock(const RecordLock&) = delete;
+  RecordLock& operator=(const RecordLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 std::string today() {
   const std::time_t now = std::time(nullptr);
   std::tm tm{};
@@ -82,6 +111,7 @@ std::string today() {
 
 RecordedRates recorded_rates(const std::string& path, const std::string& machine,
                              const std::function<std::pair<double, double>()>& measure) {
+  const RecordLock lock(path);
   std::vector<Entry> entries = path.empty() ? std::vector<Entry>{} : read_entries(path);
   for (const Entry& e : entries)
     if (e.machine == machine) return {e.bf16_flops, e.f32_flops, e.measured_on, true, true};
@@ -91,7 +121,7 @@ RecordedRates recorded_rates(const std::string& path, const std::string& machine
   if (path.empty()) return r;
   entries.push_back({machine, r.measured_on, r.bf16_flops, r.f32_flops});
   try {
-    make_dirs(std::filesystem::path(path).parent_path().string());
+    make_dirs(std::filesystem::path(path).parent_path().string());  // where the lock could not be made
     write_file_atomic(path, record_json(entries));
     r.kept = true;
   } catch (const std::exception&) {
@@ -108,17 +138,33 @@ std::string matmul_rates_path() {
   return "";
 }
 
+std::string cpu_model_name_from(std::string_view cpuinfo, std::string_view machine) {
+  std::string arm;
+  size_t begin = 0;
+  while (begin < cpuinfo.size()) {
+    size_t end = cpuinfo.find('\n', begin);
+    if (end == std::string_view::npos) end = cpuinfo.size();
+    const std::string_view line = cpuinfo.substr(begin, end - begin);
+    begin = end + 1;
+    const size_t colon = line.find(':');
+    const size_t first = colon == std::string_view::npos ? colon : line.find_first_not_of(" \t", colon + 1);
+    const std::string value(first == std::string_view::npos ? std::string_view() : line.substr(first));
+    if (line.starts_with("model name")) return value;
+    // Arm lists no model name: the first core's implementer, variant and part name its design.
+    for (const char* field : {"CPU implementer", "CPU variant", "CPU part"})
+      if (line.starts_with(field) && arm.find(field) == std::string::npos)
+        arm += fmt::format("{}{} {}", arm.empty() ? "" : ", ", field, value);
+  }
+  return arm.empty() ? "" : fmt::format("{} {}", machine, arm);
+}
+
 std::string cpu_model_name() {
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(cpuinfo, line))
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon == std::string::npos) break;
-      const size_t first = line.find_first_not_of(" \t", colon + 1);
-      return first == std::string::npos ? "" : line.substr(first);
-    }
-  return "";
+  std::string cpuinfo;
+  try {
+    cpuinfo = read_file("/proc/cpuinfo", size_t(16) << 20);
+  } catch (const std::exception&) {}
+  struct utsname u {};
+  return cpu_model_name_from(cpuinfo, ::uname(&u) == 0 ? u.machine : "");
 }
 
 }  // namespace keel::kernels

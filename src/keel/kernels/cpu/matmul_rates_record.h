@@ -8,6 +8,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace keel::kernels {
@@ -20,9 +21,12 @@ struct RecordedRates {
 };
 
 // The rates the file at `path` keeps for `machine`; where it keeps none (or is absent, unreadable
-// or not a record), measure()'s, added to it. The file is rewritten whole under a temporary name
-// and renamed, so concurrent processes leave one complete file (the last writer's; every entry
-// they read is kept). A file that cannot be read or written never fails the caller: it measures.
+// or not a record), measure()'s, added to it. Reading, measuring and writing hold an exclusive lock
+// on `path` + ".lock": the ranks of a job starting together on a machine without an entry measure
+// once (the others wait, then read it) instead of each timing, slowed by the others, and deciding
+// alone; and two machines sharing a home directory do not lose each other's entries. The file is
+// rewritten whole under a temporary name and renamed. A file that cannot be locked, read or
+// written never fails the caller: it measures.
 RecordedRates recorded_rates(const std::string& path, const std::string& machine,
                              const std::function<std::pair<double, double>()>& measure);
 
@@ -30,7 +34,10 @@ RecordedRates recorded_rates(const std::string& path, const std::string& machine
 // $HOME/.cache/keel/matmul-rates.json, else "" (nowhere: every process measures).
 std::string matmul_rates_path();
 
-// This CPU's model name, as /proc/cpuinfo gives it ("" where there is none).
+// This CPU's model name, as /proc/cpuinfo gives it; where it has none (Arm), the machine's
+// architecture and the CPU's implementer, variant and part numbers ("" when neither is there).
 std::string cpu_model_name();
+// The same from a /proc/cpuinfo text and uname's machine.
+std::string cpu_model_name_from(std::string_view cpuinfo, std::string_view machine);
 
 }  // namespace keel::kernels
