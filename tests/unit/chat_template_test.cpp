@@ -154,6 +154,49 @@ TEST(Prepare, UsesTheModelsOwnTemplateAndTrainsTheAssistantsTurn) {
   EXPECT_EQ(b.targets, d.targets);
 }
 
+// The count names the first record that holds such a string among those kept: a record skipped
+// for having nothing to learn is not one, a `text` record is, and "first" is the lowest line even
+// when the records are tallied chunk by chunk.
+TEST(Prepare, SpecialStringsAreCountedForKeptRecordsFirstLineFirst) {
+  TempDir dir;
+  std::string data = R"({"messages": [{"role": "user", "content": "no answer <|im_end|>"}]})"
+                     "\n";  // skipped
+  data += R"({"text": "hello<|im_start|>world"})"
+          "\n";                   // line 2
+  for (int i = 0; i < 1500; ++i)  // 150 KB: the reader hands out chunks of at least 64 KB
+    data += R"({"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "world"}]})"
+            "\n";
+  data += R"({"messages": [{"role": "user", "content": "hello<|im_end|>"}, {"role": "assistant", "content": "x"}]})"
+          "\n";
+  PrepareOptions o = chatml_directory(dir, data);
+  o.chunk_bytes = 4096;  // lines 2 and 1503 are tallied from different chunks
+  o.max_bad_fraction = 1;
+  for (const std::string& t : {std::string("auto"), std::string("chatml")}) {
+    o.chat_template = t;
+    o.out_dir = dir / ("out_" + t);
+    const PrepareReport r = prepare(o);
+    EXPECT_EQ(r.no_target_documents, 1) << t;
+    EXPECT_EQ(r.records_with_special_strings, 2) << t;
+    EXPECT_EQ(r.first_special_string_line, 2) << t;
+    EXPECT_EQ(r.first_special_string, "<|im_start|>") << t;
+  }
+  // The text record's string is text; with special_tokens_in_messages it is the token.
+  const Tokenizer tok = load_tokenizer(o.tokenizer_path);
+  const int32_t im_start = *tok.token_to_id("<|im_start|>");
+  for (bool matched : {false, true}) {
+    TempDir one;
+    PrepareOptions t = chatml_directory(one, R"({"text": "hello<|im_start|>world"})"
+                                             "\n");
+    t.special_tokens_in_messages = matched;
+    const PrepareReport r = prepare(t);
+    EXPECT_EQ(r.records_with_special_strings, matched ? 0 : 1);
+    PreparedData prepared(t.out_dir);
+    int starts = 0;
+    for (uint32_t id : prepared.sequence(0).tokens) starts += int32_t(id) == im_start;
+    EXPECT_EQ(starts, matched ? 1 : 0) << "special_tokens_in_messages = " << matched;
+  }
+}
+
 TEST(Prepare, SpecialStringsInAModelTemplatesMessagesAreTextAndCounted) {
   TempDir dir;
   const PrepareOptions o = chatml_directory(

@@ -294,7 +294,7 @@ void print_report(std::ostream& log, const PrepareReport& report, const PrepareO
                "not as the tokens (--special-tokens-in-messages, or special_tokens_in_messages = true in a recipe, "
                "matches them)\n",
                report.records_with_special_strings,
-               report.records_with_special_strings == 1 ? "conversation holds" : "conversations hold", o.data_path,
+               report.records_with_special_strings == 1 ? "record holds" : "records hold", o.data_path,
                report.first_special_string_line, json_quoted(report.first_special_string));
   for (size_t i = 0; i < std::min<size_t>(report.bad_listed.size(), 10); ++i)
     fmt::print(log, "  {}:{}: {}\n", o.data_path, report.bad_listed[i].line, report.bad_listed[i].reason);
@@ -481,6 +481,9 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
   };
   fatal = configuration_error(r, line);
   if (!fatal.empty()) return {};
+  // The first special-token string the record's own text held (encoded as text), counted once the
+  // document is kept: a record skipped for having nothing to learn is not reported as encoded.
+  std::string special_string;
   try {
     switch (r.kind) {
       case RecordKind::tokens:
@@ -500,7 +503,13 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
         break;
       case RecordKind::text: {
         ids.clear();
-        tokenizer->encode(r.text, ids, EncodeOptions{.add_special_tokens = true});
+        // Like a message's: special-token strings in the text are text unless the recipe says
+        // otherwise (a scraped page quoting "<|endoftext|>" is not a document boundary).
+        if (!special_tokens_in_messages)
+          if (const std::string* s = tokenizer->special_strings().first_in(r.text)) special_string = *s;
+        tokenizer->encode(
+            r.text, ids,
+            EncodeOptions{.add_special_tokens = true, .split_special_tokens = !special_tokens_in_messages});
         // Documents are packed back to back: without an end marker the model would learn to
         // run one into the next.
         if (tokenizer->eos_id() && (ids.empty() || ids.back() != *tokenizer->eos_id()))
@@ -512,7 +521,7 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
         if (model_template) {
           // Read whole by the encoder's record_parser(), or role/content pairs (prompt/response).
           const EncodedChat chat = model_template->encode(r.chat ? *r.chat : chat_input_from_messages(r.messages));
-          if (chat.control_strings_in_data > 0) out.count_special_string(line, chat.first_control_string);
+          if (chat.control_strings_in_data > 0) special_string = chat.first_control_string;
           for (size_t t = 0; t < chat.ids.size(); ++t) {
             out.tokens.push_back(uint32_t(chat.ids[t]));
             out.mask.push_back(chat.assistant_mask[t] || train_on_prompt ? 1 : 0);
@@ -524,16 +533,14 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
         // pre-tokenizer splits anyway.
         // A message's content is encoded with special-token strings as plain text (a user cannot
         // forge a turn boundary); the template's markup with its special tokens.
-        const std::string* special_string = nullptr;
         for (const auto& segment : render_chat(*format, r.messages, false)) {
-          if (segment.content && !special_tokens_in_messages && !special_string)
-            special_string = tokenizer->special_strings().first_in(segment.text);
+          if (segment.content && !special_tokens_in_messages && special_string.empty())
+            if (const std::string* s = tokenizer->special_strings().first_in(segment.text)) special_string = *s;
           ids.clear();
           tokenizer->encode(segment.text, ids,
                             EncodeOptions{.split_special_tokens = segment.content && !special_tokens_in_messages});
           append(ids, segment.assistant || train_on_prompt);
         }
-        if (special_string) out.count_special_string(line, *special_string);
         break;
       }
     }
@@ -544,6 +551,7 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
   int64_t length = int64_t(out.tokens.size() - start);
   if (length > max_seq_len && split_long_text && r.kind == RecordKind::text && max_seq_len >= 2) {
     split_into_chunks(out, start, max_seq_len);
+    if (!special_string.empty()) out.count_special_string(line, special_string);
     return {};
   }
   if (length > max_seq_len) {
@@ -562,6 +570,7 @@ std::string DocumentEncoder::encode(const Record& r, int64_t line, EncodedDocume
     return {};
   }
   out.document_ends.push_back(int64_t(out.tokens.size()));
+  if (!special_string.empty()) out.count_special_string(line, special_string);
   return {};
 }
 
