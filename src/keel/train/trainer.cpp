@@ -864,7 +864,8 @@ void keep_checkpoint_products(const run::Recipe& r, const TrainOptions& options,
   if (saved.bf16_products.empty()) return;  // written before keel recorded the way
   const bool widened = saved.bf16_products == "widened";
   kernels::Backend& backend = kernels::backend_named(r.backend);
-  if (!backend.keep_bf16_products(widened, fmt::format("as the run that wrote {} multiplied", path)))
+  if (!backend.keep_bf16_products(
+          widened, fmt::format("as the run that wrote {} multiplied, for the rest of this process", path)))
     fmt::print(log,
                "note: the run that wrote {} multiplied bf16 {}; this one cannot ({}): the resumed steps round "
                "differently from an uninterrupted run's\n",
