@@ -1,7 +1,6 @@
 #include "keel/data/chat_encoding.h"
 
 #include <algorithm>
-#include <cstring>
 #include <span>
 
 #include "keel/core/error.h"

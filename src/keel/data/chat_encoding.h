@@ -51,8 +51,6 @@ class ChatTemplateEncoder {
   EncodedChat encode(const ChatInput& input) const;
 
   const ModelChatTemplate& chat_template() const { return t_; }
-  // The control tokens, longest first.
-  const std::vector<std::string>& control_tokens() const { return control_.strings(); }
 
  private:
   ModelChatTemplate t_;

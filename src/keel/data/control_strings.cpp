@@ -23,16 +23,16 @@ ControlStrings::ControlStrings(std::vector<std::string> strings) {
   }
 }
 
-const std::string* ControlStrings::at(std::string_view text, size_t at, size_t limit) const {
-  const auto first = static_cast<unsigned char>(text[at]);
+const std::string* ControlStrings::at(std::string_view text, size_t pos, size_t limit) const {
+  const auto first = static_cast<unsigned char>(text[pos]);
   const auto& seconds = second_bytes_[first];
-  if (at + 1 < limit) {
-    const auto second = static_cast<unsigned char>(text[at + 1]);
+  if (pos + 1 < limit) {
+    const auto second = static_cast<unsigned char>(text[pos + 1]);
     if ((seconds[second / 64] >> (second % 64) & 1) == 0) return nullptr;
   }
   for (uint32_t i : by_first_byte_[first]) {
     const std::string& s = strings_[i];
-    if (s.size() <= limit - at && std::memcmp(text.data() + at, s.data(), s.size()) == 0) return &s;
+    if (s.size() <= limit - pos && std::memcmp(text.data() + pos, s.data(), s.size()) == 0) return &s;
   }
   return nullptr;
 }

@@ -21,8 +21,8 @@ class ControlStrings {
   // Longest first.
   const std::vector<std::string>& strings() const { return strings_; }
   bool empty() const { return strings_.empty(); }
-  // The longest string starting at text[at] and ending within [at, limit), or null.
-  const std::string* at(std::string_view text, size_t at, size_t limit) const;
+  // The longest string starting at text[pos] and ending within [pos, limit), or null.
+  const std::string* at(std::string_view text, size_t pos, size_t limit) const;
   // The first byte in [pos, end) that can start a string, or end.
   size_t next_start(std::string_view text, size_t pos, size_t end) const;
   // The string that occurs first in `text` (the longest at that place), or null.
