@@ -220,7 +220,7 @@ std::string ChatTemplateEncoder::render(const ChatInput& input) const {
 
 EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   require(tokenizer_ != nullptr, "{}: encoding a conversation needs a tokenizer", t_.origin);
-  jinja::Rendered r = t_.templ->render(template_variables(input));
+  jinja::Rendered r = replay_.render(*t_.templ, template_variables(input));
   const std::string& text = r.text.text;
   EncodedChat out;
   out.from_generation_tags = t_.templ->has_generation();

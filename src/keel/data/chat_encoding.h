@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "keel/data/control_strings.h"
+#include "keel/data/jinja/replay.h"
 #include "keel/data/model_chat_template.h"
 
 namespace keel::data {
@@ -51,6 +52,8 @@ class ChatTemplateEncoder {
   EncodedChat encode(const ChatInput& input) const;
 
   const ModelChatTemplate& chat_template() const { return t_; }
+  // How encode() rendered its conversations (replayed, recorded, rendered: jinja/replay.h).
+  jinja::ReplayCache::Stats replay_stats() const { return replay_.stats(); }
 
  private:
   ModelChatTemplate t_;
@@ -63,6 +66,8 @@ class ChatTemplateEncoder {
   std::string generation_prompt(const ChatInput& input, size_t first_answer) const;
   mutable std::mutex prompts_mutex_;
   mutable std::map<std::string, std::string> prompts_;
+  // Conversations of a shape seen before replay its recording instead of being interpreted.
+  mutable jinja::ReplayCache replay_;
 };
 
 }  // namespace keel::data

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "keel/core/error.h"
+#include "keel/data/jinja/replay.h"
 
 namespace keel::data::jinja {
 
@@ -110,10 +111,12 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
       }
       Value scratch;
       const Value& v = ref(*n.expr, scratch);
-      if (v.is_string())
+      if (v.is_string()) {
         emit(v.as_str());  // no copy of the string on its way out
-      else
+      } else {
+        if (recorder_) recorder_->stringified(v);
         emit(to_str(v));
+      }
       return Flow::normal;
     }
     case Node::Kind::if_block: {
@@ -142,16 +145,24 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
       return Flow::normal;
     }
     case Node::Kind::set_block: assign(n.target_symbols[0], filtered_body(n)); return Flow::normal;
-    case Node::Kind::filter_block: emit(to_str(filtered_body(n))); return Flow::normal;
+    case Node::Kind::filter_block: {
+      const Value v = filtered_body(n);
+      if (recorder_) recorder_->stringified(v);
+      emit(to_str(v));
+      return Flow::normal;
+    }
     case Node::Kind::macro: define_macro(n); return Flow::normal;
     case Node::Kind::call_block: {
       const Body* body = &n.body;
-      Value caller = Value::function("caller", [body](Interpreter& in, CallArgs&) { return Value(in.capture(*body)); });
+      Value caller = Value::function(
+          "caller", [body](Interpreter& in, CallArgs&) { return Value(in.capture(*body)); }, true);
       const Expr& call = *n.expr;
       Value callee = eval(*call.args[0]);
       CallArgs args = arguments(call);
       args.keywords.emplace_back("caller", caller);
-      emit(to_str(this->call(callee, args, n.line)));
+      const Value v = this->call(callee, args, n.line);
+      if (recorder_) recorder_->stringified(v);
+      emit(to_str(v));
       return Flow::normal;
     }
     case Node::Kind::with_block: {
@@ -187,6 +198,7 @@ List iteration_items(Interpreter& in, const Value& v, int line) {
       return keys;
     }
     case Value::Kind::string: {
+      if (in.recorder() && v.as_str().marked()) in.recorder()->refuse("data iterated character by character");
       List chars;
       const Str& s = v.as_str();
       for (size_t pos = 0; pos < s.text.size();) {
@@ -301,64 +313,80 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
 
 void Interpreter::define_macro(const Node& n) {
   const Node* node = &n;
-  assign(n.symbol, Value::function(n.text, [node](Interpreter& in, CallArgs& args) {
-           if (++in.depth_ > in.limits_.max_call_depth) {
-             --in.depth_;
-             in.error(node->line, fmt::format("macro calls nested deeper than {}", in.limits_.max_call_depth));
-           }
-           // A macro sees the template's scope and its own, not its caller's.
-           const auto saved = in.frames_;
-           Frame frame;
-           in.frames_ = {saved[0], &frame};
-           for (size_t p = 0; p < node->params.size(); ++p) {
-             const auto& [name, def] = node->params[p];
-             Value v = p < args.positional.size()      ? args.positional[p]
-                       : args.keyword(name) != nullptr ? *args.keyword(name)
-                       : def                           ? in.eval(*def)
-                                                       : Value::undefined(name);
-             frame[node->param_symbols[p]] = std::move(v);
-           }
-           if (args.positional.size() > node->params.size())
-             in.error(node->line, fmt::format("macro '{}' takes {} arguments, {} given", node->text,
-                                              node->params.size(), args.positional.size()));
-           for (const auto& [k, v] : args.keywords) {
-             bool known = k == "caller";
-             for (const auto& [name, def] : node->params) known = known || name == k;
-             if (!known) in.error(node->line, fmt::format("macro '{}' has no argument '{}'", node->text, k));
-             if (k == "caller") frame[TemplateAst::kCaller] = v;
-           }
-           Str out;
-           try {
-             out = in.capture(node->body);
-           } catch (...) {
-             in.frames_ = saved;
-             --in.depth_;
-             throw;
-           }
-           in.frames_ = saved;
-           --in.depth_;
-           return Value(std::move(out));
-         }));
+  assign(n.symbol, Value::function(
+                       n.text,
+                       [node](Interpreter& in, CallArgs& args) {
+                         if (++in.depth_ > in.limits_.max_call_depth) {
+                           --in.depth_;
+                           in.error(node->line,
+                                    fmt::format("macro calls nested deeper than {}", in.limits_.max_call_depth));
+                         }
+                         // A macro sees the template's scope and its own, not its caller's.
+                         const auto saved = in.frames_;
+                         Frame frame;
+                         in.frames_ = {saved[0], &frame};
+                         for (size_t p = 0; p < node->params.size(); ++p) {
+                           const auto& [name, def] = node->params[p];
+                           Value v = p < args.positional.size()      ? args.positional[p]
+                                     : args.keyword(name) != nullptr ? *args.keyword(name)
+                                     : def                           ? in.eval(*def)
+                                                                     : Value::undefined(name);
+                           frame[node->param_symbols[p]] = std::move(v);
+                         }
+                         if (args.positional.size() > node->params.size())
+                           in.error(node->line, fmt::format("macro '{}' takes {} arguments, {} given", node->text,
+                                                            node->params.size(), args.positional.size()));
+                         for (const auto& [k, v] : args.keywords) {
+                           bool known = k == "caller";
+                           for (const auto& [name, def] : node->params) known = known || name == k;
+                           if (!known)
+                             in.error(node->line, fmt::format("macro '{}' has no argument '{}'", node->text, k));
+                           if (k == "caller") frame[TemplateAst::kCaller] = v;
+                         }
+                         Str out;
+                         try {
+                           out = in.capture(node->body);
+                         } catch (...) {
+                           in.frames_ = saved;
+                           --in.depth_;
+                           throw;
+                         }
+                         in.frames_ = saved;
+                         --in.depth_;
+                         return Value(std::move(out));
+                       },
+                       true));
 }
 
 Value Interpreter::call(const Value& callee, CallArgs& args, int line) {
-  if (callee.kind() == Value::Kind::callable) return callee.as_callable().call(*this, args);
+  if (callee.kind() == Value::Kind::callable) {
+    const Callable& c = callee.as_callable();
+    if (recorder_ && !c.macro) recorder_->native_call(c.name, args);
+    return c.call(*this, args);
+  }
   if (callee.is_undefined()) error(line, fmt::format("'{}' is undefined", callee.undefined_name()));
   error(line, fmt::format("'{}' object is not callable", callee.type_name()));
 }
 
 Value Interpreter::apply_filter(const std::string& name, const Value& subject, CallArgs& args, int line) {
-  return builtin_filter(*this, name, subject, args, line);
+  if (!recorder_) return builtin_filter(*this, name, subject, args, line);
+  Value result = builtin_filter(*this, name, subject, args, line);
+  recorder_->filter(name, subject, args, result);
+  return result;
 }
 
 bool Interpreter::apply_test(const std::string& name, const Value& subject, CallArgs& args, int line) {
-  return builtin_test(*this, name, subject, args, line);
+  const bool result = builtin_test(*this, name, subject, args, line);
+  if (recorder_) recorder_->test(name, subject, args, result);
+  return result;
 }
 
 namespace {
 
-// A method as a value, or an undefined that names it.
-Value named_method(const Value& object, const std::string& name) {
+// A method as a value, or an undefined that names it. Bound to data (a string's or a list's), it
+// could observe the data when called: a recording cannot follow it.
+Value named_method(Interpreter& in, const Value& object, const std::string& name) {
+  if (in.recorder() && Recorder::deep_marked(object)) in.recorder()->refuse("a method bound to data");
   Value method = builtin_method(object, name);
   return method.is_undefined() ? Value::undefined(name) : method;
 }
@@ -381,7 +409,7 @@ Value Interpreter::attribute(const Value& object, const std::string& name, int l
       const Value* v = object.as_dict().find(name);
       return v ? *v : missing();
     }
-    default: return named_method(object, name);
+    default: return named_method(*this, object, name);
   }
 }
 
@@ -420,6 +448,7 @@ Value Interpreter::item(const Value& object, const Value& key, int line) {
     case Value::Kind::dict:
     case Value::Kind::ns: {
       const Dict& d = object.kind() == Value::Kind::ns ? object.ns_dict() : object.as_dict();
+      if (recorder_ && Recorder::deep_marked(key)) recorder_->refuse("data looked up as a key");
       if (key.is_list() || key.is_dict()) return Value::undefined();  // unhashable: a failed lookup
       if (const Value* v = d.find(dict_key(key))) return *v;
       if (key.is_string()) return attribute(object, key.as_str().text, line);  // Jinja falls back to getattr
@@ -427,7 +456,7 @@ Value Interpreter::item(const Value& object, const Value& key, int line) {
     }
     case Value::Kind::list: {
       if (!key.is_number() || key.kind() == Value::Kind::real) {
-        if (key.is_string()) return named_method(object, key.as_str().text);
+        if (key.is_string()) return named_method(*this, object, key.as_str().text);
         return Value::undefined();  // Jinja: a failed lookup is undefined (l[1.5], l[none])
       }
       const List& l = object.as_list();
@@ -437,8 +466,9 @@ Value Interpreter::item(const Value& object, const Value& key, int line) {
       return l[size_t(i)];
     }
     case Value::Kind::string: {
+      if (recorder_ && (object.as_str().marked() || Recorder::deep_marked(key))) recorder_->refuse("data indexed");
       if (!key.is_number() || key.kind() == Value::Kind::real)
-        return key.is_string() ? named_method(object, key.as_str().text) : Value::undefined();
+        return key.is_string() ? named_method(*this, object, key.as_str().text) : Value::undefined();
       const Str& s = object.as_str();
       const int64_t n = int64_t(code_point_count(s.text));
       int64_t i = key.as_int();
@@ -531,6 +561,7 @@ Value Interpreter::eval(const Expr& e) {
       Dict d;
       for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
         Value k = eval(*e.args[i]);
+        if (recorder_ && Recorder::deep_marked(k)) recorder_->refuse("data as a dict key");
         if (k.is_list() || k.is_dict() || k.is_undefined())
           error(e.line, fmt::format("unhashable type: '{}' as a dict key", k.type_name()));
         d.set(dict_key(k), eval(*e.args[i + 1]));
@@ -561,6 +592,7 @@ Value Interpreter::eval(const Expr& e) {
       }
       if (object.is_string()) {
         const Str& s = object.as_str();
+        if (recorder_ && s.marked()) recorder_->refuse("data sliced");
         std::vector<size_t> starts;  // byte offset of each code point
         for (size_t pos = 0; pos < s.text.size();) {
           size_t len;
@@ -592,7 +624,10 @@ Value Interpreter::eval(const Expr& e) {
       Value callee = object.is_string() ? Value() : attribute(object, target.name, target.line, true);
       CallArgs args = arguments(e);
       Value result;
-      if (object.is_string() && call_string_method(*this, object, target.name, args, result)) return result;
+      if (object.is_string() && call_string_method(*this, object, target.name, args, result)) {
+        if (recorder_) recorder_->method(target.name, object, args, result);
+        return result;
+      }
       if (callee.is_undefined())
         error(e.line, fmt::format("'{}' has no method '{}'", repr(object).substr(0, 60), target.name));
       return call(callee, args, e.line);
@@ -659,6 +694,8 @@ const Value& Interpreter::ref_compound(const Expr& e, Value& scratch) {
       const Value& key = ref(*e.args[1], key_scratch);
       step();
       line_ = e.line;
+      if (recorder_ && (object.is_dict() || object.kind() == Value::Kind::ns) && Recorder::deep_marked(key))
+        recorder_->refuse("data looked up as a key");
       if (&object != &object_scratch)
         if (const Value* v = item_in_place(object, key)) return *v;
       scratch = item(object, key, e.line);
@@ -685,6 +722,7 @@ void Interpreter::chain(const Expr& e, Op op, Chain& c) {
     Value scratch;
     const Value& v = ref(e, scratch);
     if (plain(v) || op == Op::concat) {
+      if (recorder_) recorder_->stringified(v);
       c.out.append(v.is_string() ? v.as_str() : to_str(v));
       c.building = true;
     } else {
@@ -698,6 +736,7 @@ void Interpreter::chain(const Expr& e, Op op, Chain& c) {
   Value scratch;
   const Value& b = ref(*e.args[1], scratch);
   if (op == Op::concat) {  // str() of anything, appended: the chain never leaves `building`
+    if (recorder_) recorder_->stringified(b);
     c.out.append(b.is_string() ? b.as_str() : to_str(b));
     return;
   }
@@ -723,7 +762,10 @@ Value Interpreter::concat(const Expr& e) {
 void Interpreter::print_concat(const Expr& e) {
   Chain c{*out_, out_->text.size(), false, Value()};
   chain(e, e.op, c);
-  if (!c.building) emit(c.value.is_string() ? c.value.as_str() : to_str(c.value));
+  if (!c.building) {
+    if (recorder_) recorder_->stringified(c.value);
+    emit(c.value.is_string() ? c.value.as_str() : to_str(c.value));
+  }
 }
 
 namespace {
@@ -765,6 +807,19 @@ Value repeat(const Value& seq, int64_t times) {
 
 }  // namespace
 
+bool compare_values(Interpreter& in, Op op, const Value& left, const Value& right, int line) {
+  switch (op) {
+    case Op::eq: return equal(left, right);
+    case Op::ne: return !equal(left, right);
+    case Op::lt: return less(left, right);
+    case Op::gt: return less(right, left);
+    case Op::le: return !less(right, left);
+    case Op::ge: return !less(left, right);
+    case Op::in: return contains(in, right, left, line);
+    default: return !contains(in, right, left, line);  // not in
+  }
+}
+
 bool Interpreter::compare(const Expr& e) {
   // Operand k is evaluated into scratch[k % 2] when it is not a value that exists already: the
   // previous operand (the left one now) is in the other.
@@ -775,20 +830,12 @@ bool Interpreter::compare(const Expr& e) {
     const Value& right = ref(*e.args[k + 1], scratch[(k + 1) % 2]);
     bool ok;
     try {
-      switch (e.ops[k]) {
-        case Op::eq: ok = equal(left, right); break;
-        case Op::ne: ok = !equal(left, right); break;
-        case Op::lt: ok = less(left, right); break;
-        case Op::gt: ok = less(right, left); break;
-        case Op::le: ok = !less(right, left); break;
-        case Op::ge: ok = !less(left, right); break;
-        case Op::in: ok = contains(*this, right, left, e.line); break;
-        default: ok = !contains(*this, right, left, e.line); break;  // not in
-      }
+      ok = compare_values(*this, e.ops[k], left, right, e.line);
     } catch (const Error& x) {
       if (std::string_view(x.what()).find(" line ") != std::string_view::npos) throw;
       error(e.line, x.what());
     }
+    if (recorder_) recorder_->compare(e.ops[k], left, right, ok);
     if (!ok) return false;
     left_ref = &right;
   }
@@ -799,6 +846,7 @@ Value Interpreter::binary(const Expr& e) { return binary(e.op, eval(*e.args[0]),
 
 Value Interpreter::binary(Op op, Value a, Value b, int line) {
   // `~` never comes here: chain() builds it (eval and print route `+` and `~` to concat).
+  if (recorder_) recorder_->binary(op, a, b);
   for (const Value* v : {&a, &b})
     if (v->is_undefined()) error(line, fmt::format("'{}' is undefined", v->undefined_name()));
   const bool numbers = a.is_number() && b.is_number();
@@ -897,8 +945,9 @@ Template::Template(std::string source, std::string origin, const Dict& defaults)
 Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 
-Rendered Template::render(const Dict& variables, const RenderLimits& limits) const {
+Rendered Template::render(const Dict& variables, const RenderLimits& limits, Recorder* recorder) const {
   Interpreter in(*ast_, origin_, limits);
+  in.watch(recorder);
   const ValueSizeLimit value_limit(limits.max_output_bytes);
   try {
     return in.run(variables);

@@ -70,10 +70,15 @@ struct CallArgs {
   const Value* keyword(std::string_view name) const;
 };
 
+class Recorder;
+
 class Interpreter {
  public:
   Interpreter(const TemplateAst& ast, const std::string& origin, const RenderLimits& limits);
   Rendered run(const Dict& variables);
+  // Tells `recorder` what the rendering observes of the data (replay.h); null: nothing watched.
+  void watch(Recorder* recorder) { recorder_ = recorder; }
+  Recorder* recorder() const { return recorder_; }
 
   Value call(const Value& callee, CallArgs& args, int line);
   Value apply_filter(const std::string& name, const Value& subject, CallArgs& args, int line);
@@ -188,10 +193,14 @@ class Interpreter {
   // [0] &top_, then the locals (loops, macros, with blocks), innermost last; each frame is owned by
   // whoever pushed it, for as long as it is here.
   std::vector<Frame*> frames_;
+  Recorder* recorder_ = nullptr;
   Str output_;           // the rendering
   Str* out_ = &output_;  // where output goes now: output_, or the string a capture builds
   std::vector<std::pair<size_t, size_t>> generation_;
 };
+
+// `left op right` for ==, !=, <, <=, >, >=, in and not in, as Python compares.
+bool compare_values(Interpreter& in, Op op, const Value& left, const Value& right, int line);
 
 // What `for` and the filters iterate (Python's iter()): a list's items, a dict's keys, a string's
 // characters; nothing for undefined; keel::Error naming the line for anything else.

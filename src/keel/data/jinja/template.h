@@ -15,6 +15,7 @@
 namespace keel::data::jinja {
 
 struct TemplateAst;
+class Recorder;
 
 struct RenderLimits {
   uint64_t max_steps = 20'000'000;  // expressions and statements evaluated
@@ -40,13 +41,14 @@ class Template {
   // Renders with `variables` (messages, tools, add_generation_prompt, bos_token, ...). keel::Error
   // naming the origin and line for a template error, a raise_exception(...) (its message), or a
   // limit reached.
-  Rendered render(const Dict& variables, const RenderLimits& limits = {}) const;
+  Rendered render(const Dict& variables, const RenderLimits& limits = {}, Recorder* recorder = nullptr) const;
 
   bool has_generation() const;
   // The template's literal text and string constants.
   const std::vector<std::string>& literals() const;
   const std::string& source() const { return source_; }
   const std::string& origin() const { return origin_; }
+  const TemplateAst& syntax() const { return *ast_; }
 
  private:
   std::string source_, origin_;

@@ -127,10 +127,10 @@ Value Value::namespace_of(Dict d) {
   return v;
 }
 
-Value Value::function(std::string name, NativeFunction f) {
+Value Value::function(std::string name, NativeFunction f, bool macro) {
   Value v;
   v.kind_ = Kind::callable;
-  v.p_ = std::make_shared<const Callable>(Callable{std::move(name), std::move(f)});
+  v.p_ = std::make_shared<const Callable>(Callable{std::move(name), std::move(f), macro});
   return v;
 }
 

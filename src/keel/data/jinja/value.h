@@ -166,6 +166,7 @@ using NativeFunction = std::function<Value(Interpreter&, CallArgs&)>;
 struct Callable {
   std::string name;
   NativeFunction call;
+  bool macro = false;  // a template's macro or caller(): its arguments are bound, not inspected
 };
 
 class Value {
@@ -189,7 +190,7 @@ class Value {
   Value(List l, bool tuple = false);
   Value(Dict d);
   static Value namespace_of(Dict d);
-  static Value function(std::string name, NativeFunction f);
+  static Value function(std::string name, NativeFunction f, bool macro = false);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::undefined; }
