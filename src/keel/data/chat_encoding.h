@@ -52,8 +52,6 @@ class ChatTemplateEncoder {
   EncodedChat encode(const ChatInput& input) const;
 
   const ModelChatTemplate& chat_template() const { return t_; }
-  // How encode() rendered its conversations (replayed, recorded, rendered: jinja/replay.h).
-  jinja::ReplayCache::Stats replay_stats() const { return replay_.stats(); }
 
  private:
   ModelChatTemplate t_;

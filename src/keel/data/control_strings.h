@@ -18,8 +18,6 @@ class ControlStrings {
   ControlStrings() = default;
   explicit ControlStrings(std::vector<std::string> strings);  // empty strings are dropped
 
-  // Longest first.
-  const std::vector<std::string>& strings() const { return strings_; }
   bool empty() const { return strings_.empty(); }
   // The longest string starting at text[pos] and ending within [pos, limit), or null.
   const std::string* at(std::string_view text, size_t pos, size_t limit) const;

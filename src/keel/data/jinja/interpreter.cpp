@@ -154,8 +154,7 @@ Interpreter::Flow Interpreter::exec(const Node& n) {
     case Node::Kind::macro: define_macro(n); return Flow::normal;
     case Node::Kind::call_block: {
       const Body* body = &n.body;
-      Value caller = Value::function(
-          "caller", [body](Interpreter& in, CallArgs&) { return Value(in.capture(*body)); }, true);
+      Value caller = Value::macro("caller", [body](Interpreter& in, CallArgs&) { return Value(in.capture(*body)); });
       const Expr& call = *n.expr;
       Value callee = eval(*call.args[0]);
       CallArgs args = arguments(call);
@@ -313,49 +312,44 @@ Interpreter::Flow Interpreter::for_loop(const Node& n) {
 
 void Interpreter::define_macro(const Node& n) {
   const Node* node = &n;
-  assign(n.symbol, Value::function(
-                       n.text,
-                       [node](Interpreter& in, CallArgs& args) {
-                         if (++in.depth_ > in.limits_.max_call_depth) {
-                           --in.depth_;
-                           in.error(node->line,
-                                    fmt::format("macro calls nested deeper than {}", in.limits_.max_call_depth));
-                         }
-                         // A macro sees the template's scope and its own, not its caller's.
-                         const auto saved = in.frames_;
-                         Frame frame;
-                         in.frames_ = {saved[0], &frame};
-                         for (size_t p = 0; p < node->params.size(); ++p) {
-                           const auto& [name, def] = node->params[p];
-                           Value v = p < args.positional.size()      ? args.positional[p]
-                                     : args.keyword(name) != nullptr ? *args.keyword(name)
-                                     : def                           ? in.eval(*def)
-                                                                     : Value::undefined(name);
-                           frame[node->param_symbols[p]] = std::move(v);
-                         }
-                         if (args.positional.size() > node->params.size())
-                           in.error(node->line, fmt::format("macro '{}' takes {} arguments, {} given", node->text,
-                                                            node->params.size(), args.positional.size()));
-                         for (const auto& [k, v] : args.keywords) {
-                           bool known = k == "caller";
-                           for (const auto& [name, def] : node->params) known = known || name == k;
-                           if (!known)
-                             in.error(node->line, fmt::format("macro '{}' has no argument '{}'", node->text, k));
-                           if (k == "caller") frame[TemplateAst::kCaller] = v;
-                         }
-                         Str out;
-                         try {
-                           out = in.capture(node->body);
-                         } catch (...) {
-                           in.frames_ = saved;
-                           --in.depth_;
-                           throw;
-                         }
-                         in.frames_ = saved;
-                         --in.depth_;
-                         return Value(std::move(out));
-                       },
-                       true));
+  assign(n.symbol, Value::macro(n.text, [node](Interpreter& in, CallArgs& args) {
+           if (++in.depth_ > in.limits_.max_call_depth) {
+             --in.depth_;
+             in.error(node->line, fmt::format("macro calls nested deeper than {}", in.limits_.max_call_depth));
+           }
+           // A macro sees the template's scope and its own, not its caller's.
+           const auto saved = in.frames_;
+           Frame frame;
+           in.frames_ = {saved[0], &frame};
+           for (size_t p = 0; p < node->params.size(); ++p) {
+             const auto& [name, def] = node->params[p];
+             Value v = p < args.positional.size()      ? args.positional[p]
+                       : args.keyword(name) != nullptr ? *args.keyword(name)
+                       : def                           ? in.eval(*def)
+                                                       : Value::undefined(name);
+             frame[node->param_symbols[p]] = std::move(v);
+           }
+           if (args.positional.size() > node->params.size())
+             in.error(node->line, fmt::format("macro '{}' takes {} arguments, {} given", node->text,
+                                              node->params.size(), args.positional.size()));
+           for (const auto& [k, v] : args.keywords) {
+             bool known = k == "caller";
+             for (const auto& [name, def] : node->params) known = known || name == k;
+             if (!known) in.error(node->line, fmt::format("macro '{}' has no argument '{}'", node->text, k));
+             if (k == "caller") frame[TemplateAst::kCaller] = v;
+           }
+           Str out;
+           try {
+             out = in.capture(node->body);
+           } catch (...) {
+             in.frames_ = saved;
+             --in.depth_;
+             throw;
+           }
+           in.frames_ = saved;
+           --in.depth_;
+           return Value(std::move(out));
+         }));
 }
 
 Value Interpreter::call(const Value& callee, CallArgs& args, int line) {

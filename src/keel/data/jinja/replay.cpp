@@ -21,6 +21,11 @@ constexpr int kMaxRefusals = 16;
 // The shape of the variables: everything but the datums' text, in one string, and the datums
 // (each string of the conversation marked whole as one source) in the order met. False when a
 // string is marked in part (never from a conversation: then the variables are rendered).
+// Whether all of `s` is one run: a datum's text, whole.
+bool whole_run(const Str& s) {
+  return s.runs.size() == 1 && s.runs.front().begin == 0 && s.runs.front().end == s.text.size();
+}
+
 class ShapeWalk {
  public:
   std::string key;
@@ -62,7 +67,7 @@ class ShapeWalk {
           text(s.text);
           return true;
         }
-        if (s.runs.size() != 1 || s.runs.front().begin != 0 || s.runs.front().end != s.text.size()) return false;
+        if (!whole_run(s)) return false;
         const bool short_text = s.text.size() <= kKeyedDatumBytes;
         key += short_text ? 'K' : 'D';
         if (short_text) text(s.text);
@@ -162,7 +167,7 @@ bool Recorder::deep_marked(const Value& v) {
 int Recorder::datum_of(const Value& v) const {
   if (!v.is_string() || v.is_markup()) return -1;
   const Str& s = v.as_str();
-  if (s.runs.size() != 1 || s.runs.front().begin != 0 || s.runs.front().end != s.text.size()) return -1;
+  if (!whole_run(s)) return -1;
   const int d = s.runs.front().source;
   if (d < 0 || size_t(d) >= datums_.size() || datums_[size_t(d)]->as_str().text != s.text) return -1;
   return d;
@@ -196,13 +201,16 @@ void Recorder::keep(Guard g) {
 
 namespace {
 
-bool any_marked(const Value& subject, const CallArgs& args) {
-  if (Recorder::deep_marked(subject)) return true;
+bool marked_args(const CallArgs& args) {
   for (const Value& a : args.positional)
     if (Recorder::deep_marked(a)) return true;
   for (const auto& [k, a] : args.keywords)
     if (Recorder::deep_marked(a)) return true;
   return false;
+}
+
+bool any_marked(const Value& subject, const CallArgs& args) {
+  return Recorder::deep_marked(subject) || marked_args(args);
 }
 
 }  // namespace
@@ -232,10 +240,8 @@ void Recorder::method(const std::string& name, const Value& self, const CallArgs
 
 void Recorder::filter(const std::string& name, const Value& subject, const CallArgs& args, const Value& result) {
   if (!usable_ || !any_marked(subject, args)) return;
-  const bool args_marked = any_marked(Value(), args);
   // What depends on the shape alone (a list's length, its items, undefined or not).
-  const bool container = subject.is_list() || subject.is_dict();
-  if (!args_marked) {
+  if (!marked_args(args)) {
     if ((same_name(name, "length") || same_name(name, "count") || same_name(name, "first") || same_name(name, "last") ||
          same_name(name, "list") || same_name(name, "reverse")) &&
         subject.is_list())
@@ -245,7 +251,6 @@ void Recorder::filter(const std::string& name, const Value& subject, const CallA
     if (same_name(name, "default") || same_name(name, "d")) return;
     if (same_name(name, "string") && subject.is_string() && !subject.is_markup()) return;
   }
-  (void)container;
   if (same_name(name, "trim") || same_name(name, "strip")) {
     Guard g{Guard::Kind::filter, Guard::Expect::same_datum, Op::none, name, {}, {}, {}, {}};
     const int d = datum_of(subject);
@@ -329,7 +334,8 @@ std::string ReplayCache::first_refusal() const {
 
 namespace {
 
-// The datum's value on replay: its text, marked with its own source, as the rendering had it.
+// Whether guard `g` gives its recorded result for this conversation's `datums`: the operation
+// run again by the built-in code that ran it while recording (an error: it does not hold).
 bool guard_holds(Interpreter& in, const Guard& g, const std::vector<const Value*>& datums) {
   auto value_of = [&](const Operand& o) { return o.datum >= 0 ? *datums[size_t(o.datum)] : o.constant; };
   const Value subject = value_of(g.subject);
@@ -434,16 +440,11 @@ Rendered ReplayCache::render(const Template& t, const Dict& variables, const Ren
     return t.render(variables, limits);
   }
 
-  // Record: render the variables with each datum marked with its index, watching.
+  // Record: render the variables with each datum marked with its index, watching. (The marked
+  // copy's datums have the texts of shape.datums, index for index.)
   int next = 0;
   const Value copy = tagged(Value(variables), next);
-  std::vector<const Value*> tagged_datums;
-  {
-    ShapeWalk again;
-    again.dict(copy.as_dict());
-    tagged_datums = std::move(again.datums);
-  }
-  Recorder recorder(tagged_datums, std::vector<bool>(shape.keyed.begin(), shape.keyed.end()));
+  Recorder recorder(shape.datums, shape.keyed);
   Rendered out = t.render(copy.as_dict(), limits, &recorder);
 
   // The output as literals and datums: each datum run must be one datum, whole.
@@ -454,9 +455,8 @@ Rendered ReplayCache::render(const Template& t, const Dict& variables, const Ren
   for (const Run& run : out.text.runs) {
     if (!usable) break;
     const int d = run.source;
-    if (d < 0 || size_t(d) >= tagged_datums.size() ||
-        run.end - run.begin != tagged_datums[size_t(d)]->as_str().text.size() ||
-        out.text.text.compare(run.begin, run.end - run.begin, tagged_datums[size_t(d)]->as_str().text) != 0) {
+    if (d < 0 || size_t(d) >= shape.datums.size() ||
+        out.text.text.compare(run.begin, run.end - run.begin, shape.datums[size_t(d)]->as_str().text) != 0) {
       recorder.refuse("data in the output that is not one of the conversation's strings, whole");
       usable = false;
       break;

@@ -61,7 +61,7 @@ class Recorder {
  public:
   // The datums of the conversation being recorded (their strings' runs carry their index as the
   // source) and which of them the shape key holds whole (guards on those alone are not kept).
-  Recorder(std::vector<const Value*> datums, std::vector<bool> keyed)
+  Recorder(std::vector<const Value*> datums, std::vector<uint8_t> keyed)
       : datums_(std::move(datums)), keyed_(std::move(keyed)) {}
 
   bool usable() const { return usable_; }
@@ -95,7 +95,7 @@ class Recorder {
   void keep(Guard g);
 
   std::vector<const Value*> datums_;
-  std::vector<bool> keyed_;
+  std::vector<uint8_t> keyed_;
   std::vector<Guard> guards_;
   bool usable_ = true;
   std::string refusal_;

@@ -127,12 +127,15 @@ Value Value::namespace_of(Dict d) {
   return v;
 }
 
-Value Value::function(std::string name, NativeFunction f, bool macro) {
+Value Value::callable(Callable c) {
   Value v;
   v.kind_ = Kind::callable;
-  v.p_ = std::make_shared<const Callable>(Callable{std::move(name), std::move(f), macro});
+  v.p_ = std::make_shared<const Callable>(std::move(c));
   return v;
 }
+
+Value Value::function(std::string name, NativeFunction f) { return callable({std::move(name), std::move(f)}); }
+Value Value::macro(std::string name, NativeFunction f) { return callable({std::move(name), std::move(f), true}); }
 
 bool Value::truthy() const {
   switch (kind_) {

@@ -190,7 +190,9 @@ class Value {
   Value(List l, bool tuple = false);
   Value(Dict d);
   static Value namespace_of(Dict d);
-  static Value function(std::string name, NativeFunction f, bool macro = false);
+  static Value function(std::string name, NativeFunction f);
+  // A template's macro (or caller()): a function that binds its arguments without inspecting them.
+  static Value macro(std::string name, NativeFunction f);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::undefined; }
@@ -269,6 +271,7 @@ class Value {
     if (!ok) wrong_kind(wanted);
   }
   [[noreturn]] void wrong_kind(const char* wanted) const;
+  static Value callable(Callable c);
   // 32 bytes, one reference count to copy: templates copy values at every lookup.
   Kind kind_ = Kind::undefined;
   bool tuple_ = false;  // list: a tuple; string: Markup
