@@ -3,10 +3,21 @@
 //
 //   matmul_peak [SIZE]
 //   matmul_peak --model HIDDEN INTERMEDIATE QKV_ROWS VOCAB TOKENS
+//   matmul_peak --prepacked HIDDEN INTERMEDIATE QKV_ROWS VOCAB TOKENS
 //
 // The second form times, in bf16, each linear layer's three products as the decoder runs them:
 // forward y = x W^T (NT), the input gradient dx = dy W (NN) and the weight gradient dW = dy^T x
 // (TN), for TOKENS rows, with operands on 64-byte lines as in the decoder's arena.
+//
+// The third asks whether bf16 products could beat widened fp32 ones where keel widens them
+// (kernels/gemm.h, bf16_products): each linear layer's forward (NT) and input-gradient (NN)
+// products straight on oneDNN, in fp32, in bf16 on the row-major weight, and in bf16 on the weight
+// reordered once into the layout oneDNN picks for it (`format_tag::any`, its VNNI blocking), as a
+// frozen LoRA weight could be held. The reorder is not timed.
+#include <dnnl.hpp>
+
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -30,17 +41,59 @@ void time_linear(const char* name, int64_t tokens, int64_t in, int64_t out) {
       bwd_w);
 }
 
+// GFLOP/s of y[m, n] = x[m, k] w, w stored [n, k] (`w_transposed`: the forward's W^T) or [k, n],
+// best of 5 after a warm-up, on oneDNN's threads.
+double time_onednn(int64_t m, int64_t n, int64_t k, bool w_transposed, dnnl::memory::data_type in, bool prepacked) {
+  using dt = dnnl::memory::data_type;
+  using tag = dnnl::memory::format_tag;
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const dnnl::memory::desc x_md({m, k}, in, tag::ab), y_md({m, n}, dt::f32, tag::ab);
+  const dnnl::memory::desc w_plain({k, n}, in, w_transposed ? tag::ba : tag::ab);
+  const dnnl::memory::desc w_md = prepacked ? dnnl::memory::desc({k, n}, in, tag::any) : w_plain;
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(x_md, w_md, y_md), engine);
+  dnnl::memory x(x_md, engine), w_rows(w_plain, engine), w(pd.weights_desc(), engine), y(y_md, engine);
+  std::memset(x.get_data_handle(), 0x3f, x_md.get_size());  // 0x3f3f: about 0.75 in bf16 and fp32
+  std::memset(w_rows.get_data_handle(), 0x3f, w_plain.get_size());
+  dnnl::reorder(w_rows, w).execute(stream, w_rows, w);
+  const dnnl::matmul product(pd);
+  double best = 1e30;
+  for (int r = 0; r <= 5; ++r) {  // round 0 warms up
+    const auto t0 = std::chrono::steady_clock::now();
+    product.execute(stream, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, y}});
+    stream.wait();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::min(best, s);
+  }
+  return 2.0 * double(m) * double(n) * double(k) / best / 1e9;
+}
+
+void time_layouts(const char* name, int64_t tokens, int64_t in, int64_t out) {
+  using dt = dnnl::memory::data_type;
+  for (const bool forward : {true, false}) {
+    // forward: y = x W^T, W [out, in]; input gradient: dx = dy W, the same W read as [k = out, n = in].
+    const int64_t n = forward ? out : in, k = forward ? in : out;
+    std::printf(
+        "{\"linear\": \"%s\", \"product\": \"%s\", \"m\": %lld, \"n\": %lld, \"k\": %lld, \"f32_gflops\": %.1f, "
+        "\"bf16_gflops\": %.1f, \"bf16_prepacked_gflops\": %.1f}\n",
+        name, forward ? "forward_nt" : "input_grad_nn", static_cast<long long>(tokens), static_cast<long long>(n),
+        static_cast<long long>(k), time_onednn(tokens, n, k, forward, dt::f32, false),
+        time_onednn(tokens, n, k, forward, dt::bf16, false), time_onednn(tokens, n, k, forward, dt::bf16, true));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 7 && std::strcmp(argv[1], "--model") == 0) {
+  if (argc == 7 && (std::strcmp(argv[1], "--model") == 0 || std::strcmp(argv[1], "--prepacked") == 0)) {
     const int64_t hidden = std::atoll(argv[2]), intermediate = std::atoll(argv[3]), qkv = std::atoll(argv[4]),
                   vocab = std::atoll(argv[5]), tokens = std::atoll(argv[6]);
-    time_linear("qkv", tokens, hidden, qkv);
-    time_linear("o", tokens, hidden, hidden);
-    time_linear("gate_up", tokens, hidden, 2 * intermediate);
-    time_linear("down", tokens, intermediate, hidden);
-    time_linear("lm_head", tokens, hidden, vocab);
+    const auto time = std::strcmp(argv[1], "--model") == 0 ? time_linear : time_layouts;
+    time("qkv", tokens, hidden, qkv);
+    time("o", tokens, hidden, hidden);
+    time("gate_up", tokens, hidden, 2 * intermediate);
+    time("down", tokens, intermediate, hidden);
+    time("lm_head", tokens, hidden, vocab);
     return 0;
   }
   const int64_t size = argc > 1 ? std::atoll(argv[1]) : 2048;
