@@ -118,7 +118,7 @@ struct DecoderOptions {
   int64_t four_bit_tile_elements = int64_t(1) << 22;
   // Tokens per chunk of the fused LM head and loss: the logits of that many tokens ([chunk, vocab]
   // in fp32, and bf16) are the step's largest scratch buffer. 0: keel's choice
-  // (lm_head_chunk_rows in decoder.cpp: at least 512, for the head's GEMMs to run at speed).
+  // (lm_head_chunk_rows in decoder_plan.cpp: at least 512, for the head's GEMMs to run at speed).
   int64_t lm_head_chunk_tokens = 0;
   // (Kept after the fields tests set in order.) With gradient_checkpointing, how many blocks
   // recompute, from the first (Megatron-LM's --recompute-num-layers); the others keep their

@@ -281,7 +281,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
   const bool sharded = shape.zero_stage >= 1 && shape.dp > 1;
   const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-{})", shape.dp, shape.zero_stage) : "";
   // LoRA, QLoRA and sharded masters (ZeRO-3, and bf16 ZeRO-1/2: run::set_zero_stage decides) show
-  // in the plan's buffers (model/decoder.cpp names them).
+  // in the plan's buffers (model/decoder_plan.cpp names them).
   bool lora = false, masters_sharded = false, casts = false;
   std::string four_bit;  // "NF4" or "FP4" when the projections are held in 4 bits
   for (const auto& b : plan.buffers()) {

@@ -1,0 +1,600 @@
+#include "keel/model/decoder_plan.h"
+
+#include <algorithm>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "keel/core/error.h"
+#include "keel/model/hf_weights.h"
+
+namespace keel::model {
+
+namespace {
+
+int64_t round_up(int64_t n, int64_t unit) { return (n + unit - 1) / unit * unit; }
+
+// A gathered buffer's name in the plan: what it holds and where it is read.
+// cast: ZeRO-3 with one rank's bf16 casts (cast_per_position).
+std::string gathered_name(const StepTimeline& t, const ParamStore& params, const WeightGather& g, bool resident,
+                          bool cast) {
+  const std::string& first = params.param(g.first_param).name;
+  const std::string what = first == "embed"        ? "embed"
+                           : first == "final_norm" ? "final_norm + lm_head"
+                                                   : first.substr(0, first.find('.', first.find('.') + 1));
+  const std::string where = g.position == t.head() ? "head"
+                            : g.position <= t.layers
+                                ? fmt::format("forward of layer {}", g.position - 1)
+                                : fmt::format("backward of layer {}", t.head() + t.layers - g.position);
+  if (cast) return fmt::format("weights.bf16.cast ({}, read in the {})", what, where);
+  return resident ? fmt::format("weights.resident ({}, first read in the {})", what, where)
+                  : fmt::format("weights.gathered ({}, read in the {})", what, where);
+}
+
+// The largest operand the decoder holds widened (Backend::hold_widened): 32 MiB in fp32, two of
+// the GEMM's own widened tiles (kernels/gemm.h) — the bench model's gate/up gradient at 2,048 tokens.
+constexpr int64_t kHeldWidenedElements = int64_t(8) << 20;
+
+// The output width of a block's projection: its fused weight's rows.
+int64_t slot_width(const ModelConfig& c, LinearSlot slot) {
+  switch (slot) {
+    case LinearSlot::Qkv: return c.q_size() + 2 * c.kv_size();
+    case LinearSlot::O: return c.hidden_size;
+    case LinearSlot::GateUp: return 2 * c.intermediate_size;
+    case LinearSlot::Down: return c.hidden_size;
+  }
+  return 0;
+}
+
+// Where the backward pass writes a gradient group, in words (its staging buffer's name).
+std::string written_where(const StepTimeline& t, const GradGroup& g) {
+  auto at = [&](int32_t p) {
+    return p == t.head() ? std::string("head") : fmt::format("layer {}", t.head() + t.layers - p);
+  };
+  return g.first_written == g.last_written
+             ? "written at " + at(g.first_written)
+             : fmt::format("written from {} to {}", at(g.first_written), at(g.last_written));
+}
+
+// The packed plan of one set of options, as the constructor would lay it out (checkpointing_layers
+// as given: resolve_checkpointing_layers chooses it by comparing two of these).
+MemoryPlan plan_decoder(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
+                        const DecoderOptions& options) {
+  ParamStore params, adapter;
+  DecoderParamIds ids;
+  declare_params(config, params, ids, base_storage(options, precision));
+  const auto layout = declare_adapter(config, ids, options.lora, adapter);
+  const std::vector<GradGroup> groups =
+      options.shard_gradients ? gradient_groups(config, ids, layout.modules.empty() ? params : adapter, layout)
+                              : std::vector<GradGroup>{};
+  const std::vector<WeightGather> gathers = weight_gathers_for(config, ids, params, precision, options);
+  MemoryPlan plan;
+  describe_memory(config, params, adapter_shape(config, layout.modules, adapter, options.lora), groups, gathers,
+                  precision, max_batch, max_seq, options, plan);
+  plan.pack();
+  return plan;
+}
+
+}  // namespace
+
+std::vector<WeightGather> plan_weight_gathers(const ModelConfig& c, const DecoderParamIds& ids,
+                                              const ParamStore& params, bool bf16_copies, bool resident, bool local) {
+  const StepTimeline t{int32_t(c.num_layers)};
+  // Each storage's tensors of a group are contiguous in their own buffer (declared in order). The
+  // compute-only spans end where the store's alignment does, so their shards' parts are whole
+  // 4-byte words (bf16 pairs; 4-bit: whole blocks of codes and their absmax values).
+  auto span = [&](int first, int last, ParamStorage storage) {
+    FlatRange r{-1, -1};
+    for (int i = first; i <= last; ++i) {
+      const Param& p = params.param(i);
+      if (p.storage != storage) continue;
+      if (r.begin < 0) r.begin = p.offset;
+      const int64_t align = storage == ParamStorage::Master ? 1
+                            : storage == ParamStorage::Bf16 ? kParamAlignElements
+                                                            : kFourBitShardAlign;
+      r.end = p.offset + round_up(p.numel, align);
+    }
+    return r.begin < 0 ? FlatRange{} : r;
+  };
+  // A master the position reads in fp32: every one without bf16 copies; with them the 1-D ones
+  // (norms, biases) and the embedding where it is looked up (at the head it is the tied LM head).
+  auto reads_fp32 = [&](int i, int32_t position) {
+    const Param& p = params.param(i);
+    return !bf16_copies || p.shape.size() == 1 || (i == ids.embed && position != t.head());
+  };
+  std::vector<WeightGather> out;
+  auto gather = [&](int first, int last, int32_t position) {
+    WeightGather g{first, last, span(first, last, ParamStorage::Master), position};
+    bool bf16_read = false;
+    for (int i = first; i <= last; ++i) {
+      const Param& p = params.param(i);
+      if (!p.master()) continue;
+      if (!reads_fp32(i, position)) {  // the GEMMs' matrices: bf16 alone
+        bf16_read = true;
+        continue;
+      }
+      if (local) continue;
+      if (!g.fp32_runs.empty() && i > first && params.param(i - 1).master() && reads_fp32(i - 1, position)) {
+        g.fp32_runs.back().range.end = p.offset + p.numel;  // extends the run (padding between included)
+      } else {
+        g.fp32_runs.push_back({FlatRange{p.offset, p.offset + p.numel}, g.fp32_elements});
+      }
+      const WeightGather::Run& run = g.fp32_runs.back();
+      g.fp32_elements = run.at + round_up(run.range.size(), kParamAlignElements);
+    }
+    if (bf16_read) g.bf16_span = {g.range.begin, round_up(g.range.end, kParamAlignElements)};
+    g.compute_only = span(first, last, ParamStorage::Bf16);
+    g.four_bit = span(first, last, ParamStorage::FourBit);
+    if (local && !bf16_read) return;
+    out.push_back(g);
+  };
+  gather(ids.embed, ids.embed, t.forward(0));
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const int first = ids.layers[size_t(l)].input_norm;
+    const int last = l + 1 < c.num_layers ? ids.layers[size_t(l + 1)].input_norm - 1 : ids.final_norm - 1;
+    gather(first, last, t.forward(l));
+    if (!resident) gather(first, last, t.backward(l));  // resident buffers still hold the forward's
+  }
+  const int head_last = c.tie_word_embeddings ? ids.final_norm : ids.lm_head;
+  gather(ids.final_norm, head_last, t.head());
+  if (c.tie_word_embeddings) gather(ids.embed, ids.embed, t.head());
+  std::stable_sort(out.begin(), out.end(),
+                   [](const WeightGather& a, const WeightGather& b) { return a.position < b.position; });
+  return out;
+}
+
+int64_t lm_head_chunk_rows(int64_t vocab, int64_t tokens, int64_t requested) {
+  tokens = std::max<int64_t>(tokens, 1);
+  const int64_t most =
+      requested > 0 ? requested : std::max<int64_t>(512, (int64_t(8) << 20) / std::max<int64_t>(vocab, 1));
+  const int64_t rows = std::min(most, tokens);
+  const int64_t chunks = (tokens + rows - 1) / rows;
+  return (tokens + chunks - 1) / chunks;
+}
+
+BaseStorage base_storage(const DecoderOptions& options, Precision precision) {
+  BaseStorage s;
+  if (!options.lora.enabled()) return s;
+  s.head = precision == Precision::BF16 ? ParamStorage::Bf16 : ParamStorage::Master;
+  s.blocks = options.four_bit_base ? ParamStorage::FourBit : s.head;
+  return s;
+}
+
+void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& ids, BaseStorage storage) {
+  const int64_t H = c.hidden_size, qkv_rows = c.q_size() + 2 * c.kv_size();
+  const ParamStorage head = storage.head, blocks = storage.blocks;
+  ids.embed = params.add("embed", {c.vocab_size, H}, true, head);
+  ids.layers.resize(c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    auto& p = ids.layers[l];
+    std::string prefix = "layers." + std::to_string(l) + ".";
+    p.input_norm = params.add(prefix + "input_norm", {H}, false);
+    p.qkv_weight = params.add(prefix + "qkv.weight", {qkv_rows, H}, true, blocks);
+    if (c.qkv_bias) p.qkv_bias = params.add(prefix + "qkv.bias", {qkv_rows}, false);
+    if (c.qk_norm) {
+      p.q_norm = params.add(prefix + "q_norm", {c.head_dim}, false);
+      p.k_norm = params.add(prefix + "k_norm", {c.head_dim}, false);
+    }
+    p.o_weight = params.add(prefix + "o.weight", {H, c.q_size()}, true, blocks);
+    if (c.sandwich_norms) p.attn_out_norm = params.add(prefix + "attention_output_norm", {H}, false);
+    p.post_norm = params.add(prefix + "post_attention_norm", {H}, false);
+    p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true, blocks);
+    p.down_weight = params.add(prefix + "down.weight", {H, c.intermediate_size}, true, blocks);
+    if (c.sandwich_norms) p.mlp_out_norm = params.add(prefix + "mlp_output_norm", {H}, false);
+  }
+  ids.final_norm = params.add("final_norm", {H}, false);
+  ids.lm_head = c.tie_word_embeddings ? ids.embed : params.add("lm_head", {c.vocab_size, H}, true, head);
+}
+
+int64_t four_bit_tile_rows(int64_t rows, int64_t cols, int64_t budget) {
+  return std::clamp<int64_t>(budget / cols, 1, rows);
+}
+
+AdapterLayout declare_adapter(const ModelConfig& c, const DecoderParamIds& ids, const LoraSpec& spec,
+                              ParamStore& adapter) {
+  AdapterLayout a;
+  if (!spec.enabled()) return a;
+  a.modules = lora_modules(c, ids, spec);
+  a.saved = resolve_modules_to_save(c, ids, spec);
+  if (!a.saved.embedding.empty()) a.embed = adapter.add(a.saved.embedding, {c.vocab_size, c.hidden_size}, true);
+  declare_lora_params(a.modules, spec.rank, adapter);
+  if (!a.saved.lm_head.empty()) a.lm_head = adapter.add(a.saved.lm_head, {c.vocab_size, c.hidden_size}, true);
+  return a;
+}
+
+std::vector<GradGroup> gradient_groups(const ModelConfig& c, const DecoderParamIds& ids, const ParamStore& trained,
+                                       const AdapterLayout& adapter) {
+  const StepTimeline t{int32_t(c.num_layers)};
+  const int n = int(trained.params().size());
+  std::vector<std::pair<int32_t, int32_t>> written(size_t(n), {-1, -1});
+  auto at = [&](int param, int32_t first, int32_t last) {
+    if (param >= 0) written[size_t(param)] = {first, last};
+  };
+  const bool tied = c.tie_word_embeddings;
+  if (adapter.modules.empty()) {
+    at(ids.embed, tied ? t.head() : t.backward(0), t.backward(0));
+    at(ids.final_norm, t.head(), t.head());
+    if (!tied) at(ids.lm_head, t.head(), t.head());
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      const LayerParamIds& p = ids.layers[size_t(l)];
+      for (int id : {p.input_norm, p.qkv_weight, p.qkv_bias, p.q_norm, p.k_norm, p.o_weight, p.attn_out_norm,
+                     p.post_norm, p.gate_up_weight, p.down_weight, p.mlp_out_norm})
+        at(id, t.backward(l), t.backward(l));
+    }
+  } else {
+    for (const LoraModule& m : adapter.modules) {
+      at(m.a, t.backward(m.layer), t.backward(m.layer));
+      at(m.b, t.backward(m.layer), t.backward(m.layer));
+    }
+    at(adapter.embed, t.backward(0), t.backward(0));
+    at(adapter.lm_head, t.head(), t.head());
+  }
+  std::vector<GradGroup> groups;
+  for (int i = 0; i < n; ++i) {
+    require(written[size_t(i)].first >= 0, "ZeRO-2: no position writes the gradient of '{}'", trained.param(i).name);
+    if (groups.empty() || written[size_t(i)] != std::make_pair(groups.back().first_written, groups.back().last_written))
+      groups.push_back({i, i, {trained.param(i).offset, 0}, written[size_t(i)].first, written[size_t(i)].second});
+    groups.back().last_param = i;
+  }
+  for (size_t g = 0; g < groups.size(); ++g)
+    groups[g].range.end = g + 1 < groups.size() ? groups[g + 1].range.begin : trained.total();
+  // The order the backward pass finishes them: by the position of their last write.
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const GradGroup& a, const GradGroup& b) { return a.last_written < b.last_written; });
+  return groups;
+}
+
+std::vector<WeightGather> weight_gathers_for(const ModelConfig& c, const DecoderParamIds& ids, const ParamStore& params,
+                                             Precision precision, const DecoderOptions& options) {
+  const bool bf16_copies = precision == Precision::BF16 && !options.lora.enabled();
+  if (options.shard_weights) return plan_weight_gathers(c, ids, params, bf16_copies, false);
+  if (options.cast_per_position && bf16_copies) return plan_weight_gathers(c, ids, params, true, false, true);
+  if (!options.shard_masters) return {};
+  require(bf16_copies,
+          "decoder: sharded fp32 masters (ZeRO-1/2) need bf16 full fine-tuning: in fp32 the masters are the weights "
+          "the step reads, and LoRA's frozen base has none to shard");
+  return plan_weight_gathers(c, ids, params, true, true);
+}
+
+void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_seq, const DecoderOptions& options) {
+  model::validate(config, "model");
+  require(options.optimizer_shards >= 1 && options.optimizer_shard >= 0 &&
+              options.optimizer_shard < options.optimizer_shards,
+          "decoder: optimizer shard {} of {} does not exist", options.optimizer_shard, options.optimizer_shards);
+  require(!options.shard_gradients || (options.optimizer_state && options.optimizer_shards > 1),
+          "decoder: sharded gradients (ZeRO-2) need the optimizer state sharded over more than one rank");
+  require(!options.shard_weights || options.shard_gradients,
+          "decoder: sharded weights (ZeRO-3) need sharded gradients (ZeRO-2)");
+  require(!options.shard_masters || (options.optimizer_state && options.optimizer_shards > 1 && !options.shard_weights),
+          "decoder: sharded masters (ZeRO-1/2) need the optimizer state sharded over more than one rank, and not "
+          "ZeRO-3 (which shards them itself)");
+  require(!options.cast_per_position ||
+              (options.optimizer_shards == 1 && !options.shard_weights && !options.lora.enabled()),
+          "decoder: bf16 weights cast per position (ZeRO-3 with one rank) need one rank and full fine-tuning");
+  require(options.checkpointing_layers >= 0 && options.checkpointing_layers <= config.num_layers &&
+              (options.checkpointing_layers == 0 || options.gradient_checkpointing),
+          "decoder: {} recomputed blocks of {} (gradient checkpointing {})", options.checkpointing_layers,
+          config.num_layers, options.gradient_checkpointing ? "on" : "off");
+  require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
+          max_batch, max_seq);
+  require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
+  // Every HF tensor of a projection must start and end on a 64-element 4-bit block, as bitsandbytes
+  // quantizes each on its own.
+  require(!options.four_bit_base ||
+              (config.hidden_size % kFourBitBlockSize == 0 && config.intermediate_size % kFourBitBlockSize == 0 &&
+               config.q_size() % kFourBitBlockSize == 0),
+          "QLoRA: hidden_size ({}), intermediate_size ({}) and heads x head_dim ({}) must be multiples of {} (4-bit "
+          "blocks of whole rows)",
+          config.hidden_size, config.intermediate_size, config.q_size(), kFourBitBlockSize);
+}
+
+kernels::AttentionMatmul attention_matmul(Precision p) {
+  return p == Precision::BF16 ? kernels::AttentionMatmul::BF16 : kernels::AttentionMatmul::F32;
+}
+
+AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& modules, const ParamStore& adapter,
+                           const LoraSpec& spec) {
+  AdapterShape a;
+  if (modules.empty()) return a;
+  a.elements = adapter.total();
+  a.rank = spec.rank;
+  a.modules_per_layer.assign(size_t(c.num_layers), 0);
+  for (const auto& m : modules) {
+    ++a.modules_per_layer[size_t(m.layer)];
+    a.widest_input = std::max(a.widest_input, m.cols);
+    a.inputs.push_back(m.cols);
+    a.outputs.push_back(m.rows);
+    a.projection_outputs.push_back(slot_width(c, m.slot));
+  }
+  a.dropout = spec.dropout > 0;
+  return a;
+}
+
+DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, const AdapterShape& adapter,
+                              const std::vector<GradGroup>& grad_groups, const std::vector<WeightGather>& gathers,
+                              Precision precision, int64_t max_batch, int64_t max_seq, const DecoderOptions& options,
+                              MemoryPlan& plan) {
+  const int64_t param_elements = params.total();
+  using Cat = MemoryCategory;
+  const StepTimeline t{int32_t(c.num_layers)};
+  const bool bf = precision == Precision::BF16;
+  const int64_t N = max_batch * max_seq, H = c.hidden_size, I = c.intermediate_size, Q = c.q_size();
+  const int64_t QKV = Q + 2 * c.kv_size(), L = c.num_layers;
+  const size_t f32 = sizeof(float), b16 = sizeof(bf16);
+  auto add = [&](std::string name, Cat cat, int64_t elements, size_t element_size, int32_t first, int32_t last) {
+    return plan.add(std::move(name), cat, size_t(elements) * element_size, first, last);
+  };
+  // bf16 GEMM inputs exist only in bf16 mode.
+  auto add_bf16 = [&](std::string name, Cat cat, int64_t elements, int32_t first, int32_t last) {
+    return bf ? add(std::move(name), cat, elements, b16, first, last) : -1;
+  };
+
+  DecoderLayout d;
+  const int32_t always = 0, end = t.last();
+  const bool masters_sharded = options.shard_weights || options.shard_masters;
+  if (masters_sharded) {
+    // ZeRO-3: this rank's shard of the masters (every rank plans the largest, shard 0) and, under
+    // LoRA in bf16, of the frozen bf16 matrices. Sharded masters (ZeRO-1/2): the same shard.
+    const int shards = options.optimizer_shards;
+    const WeightShards held = weight_shards(params, shards);
+    d.weights =
+        add(fmt::format("weights (1/{} shard)", shards), Cat::MasterWeights, held.masters[0].size(), f32, always, end);
+    if (params.compute_only_total() > 0)
+      d.compute_only_shard = add(fmt::format("weights.bf16 (frozen matrices, 1/{} shard)", shards), Cat::ComputeWeights,
+                                 held.compute_only[0].size(), b16, always, end);
+  } else {
+    d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
+    if (gathers.empty())  // ZeRO-3 with one rank (cast_per_position) casts into its gathers instead
+      d.weights_bf16 =
+          add_bf16(params.compute_only_total() ? "weights.bf16 (frozen matrices in bf16 only)" : "weights.bf16",
+                   Cat::ComputeWeights, params.bf16_total(), always, end);
+  }
+  // Each gather's buffers (WeightGather: what it carries in fp32, in bf16, as 4-bit) from the
+  // position before the one that reads it (the first position's: that one alone); the resident
+  // gathers' (sharded masters, ZeRO-1/2) across steps. With one rank a gather is its bf16 casts.
+  const bool resident = options.shard_masters;
+  for (const WeightGather& g : gathers) {
+    const int32_t first = resident ? always : std::max(g.position - 1, t.forward(0));
+    const int32_t last = resident ? end : g.position;
+    const std::string name = gathered_name(t, params, g, resident, !masters_sharded);
+    d.gathered.push_back(g.fp32_elements > 0 ? add(name, Cat::ComputeWeights, g.fp32_elements, f32, first, last) : -1);
+    d.gathered_b.push_back(g.bf16_span.size() > 0 ? add(masters_sharded ? name + ".bf16" : name, Cat::ComputeWeights,
+                                                        g.bf16_span.size(), b16, first, last)
+                                                  : -1);
+    d.gathered_c.push_back(g.compute_only.size() > 0 ? add(name + " (frozen matrices, bf16)", Cat::ComputeWeights,
+                                                           g.compute_only.size(), b16, first, last)
+                                                     : -1);
+    const bool four_bit = g.four_bit.size() > 0;
+    d.gathered_4bit.push_back(
+        four_bit ? add(name + " (4-bit codes)", Cat::ComputeWeights, g.four_bit.size() / 2, 1, first, last) : -1);
+    d.gathered_4bit_absmax.push_back(four_bit ? add(name + " (4-bit absmax)", Cat::ComputeWeights,
+                                                    g.four_bit.size() / kFourBitBlockSize, f32, first, last)
+                                              : -1);
+  }
+  if (params.four_bit_total() > 0) {
+    // Whole, or ZeRO-3's shard (the largest, shard 0).
+    const std::string_view type = four_bit_type_name(options.four_bit_type);  // report/memory_report reads it
+    const int shards = options.shard_weights ? options.optimizer_shards : 1;
+    const int64_t held = weight_shards(params, shards).four_bit[0].size();
+    const std::string part = shards > 1 ? fmt::format(", 1/{} shard", shards) : "";
+    d.four_bit_packed =
+        add(fmt::format("weights.{} (4-bit codes{})", type, part), Cat::ComputeWeights, held / 2, 1, always, end);
+    d.four_bit_absmax = add(fmt::format("weights.{}.absmax{}", type, shards > 1 ? " (" + part.substr(2) + ")" : ""),
+                            Cat::ComputeWeights, held / kFourBitBlockSize, f32, always, end);
+  }
+  // Under LoRA the model's weights are frozen: gradients and moments only for the adapter.
+  const bool staged = options.shard_gradients;
+  if (!adapter.enabled() && !staged) d.grads = add("grads", Cat::Gradients, param_elements, f32, always, end);
+  const int64_t trained = adapter.enabled() ? adapter.elements : param_elements;
+  if (adapter.enabled()) {
+    d.lora_weights = add("lora.weights", Cat::MasterWeights, trained, f32, always, end);
+    d.lora_weights_bf16 = add_bf16("lora.weights.bf16", Cat::ComputeWeights, trained, always, end);
+    if (!staged) d.lora_grads = add("lora.grads", Cat::Gradients, trained, f32, always, end);
+  }
+  if (staged) {
+    // ZeRO-2: the summed gradients of the (largest) shard, and each group's staging while the
+    // backward pass writes it and its reduction runs.
+    const std::string what = adapter.enabled() ? "lora.grads" : "grads";
+    const int shards = options.optimizer_shards;
+    d.grad_shard = add(fmt::format("{} (1/{} shard)", what, shards), Cat::Gradients,
+                       shard_ranges(trained, shards)[0].size(), f32, always, end);
+    for (const GradGroup& g : grad_groups)
+      d.grad_staging.push_back(add(fmt::format("{}.staged ({})", what, written_where(t, g)), Cat::Gradients,
+                                   g.range.size(), f32, g.first_written, g.last_written + 1));
+  }
+  if (options.optimizer_state) {
+    // Every rank plans the largest shard (shard 0), so all ranks have the same plan.
+    const int shards = options.optimizer_shards;
+    const int64_t moments = shard_ranges(trained, shards)[0].size();
+    const std::string part = shards > 1 ? fmt::format(" (1/{} shard)", shards) : "";
+    d.adam_m = add("adam.m" + part, Cat::OptimizerState, moments, f32, always, end);
+    d.adam_v = add("adam.v" + part, Cat::OptimizerState, moments, f32, always, end);
+  }
+
+  d.x.resize(size_t(L + 1));
+  for (int64_t l = 0; l <= L; ++l) {
+    const int32_t written = l == 0 ? t.forward(0) : t.forward(l - 1);  // the embedding writes x[0]
+    const int32_t read_last = l < L ? t.backward(l) : t.head();
+    d.x[size_t(l)] = add(l < L ? fmt::format("layers.{}.input", l) : "final_norm.input", Cat::Activations, N * H, f32,
+                         written, read_last);
+  }
+  auto block = [&](int64_t layer, const std::string& prefix, Cat cat, int32_t first, int32_t last) {
+    BlockIds b;
+    // In bf16 the GEMMs of the backward pass read the bf16 copies of the normalised inputs and of
+    // the SwiGLU output (Linear::backward_weight), so their fp32 originals are scratch of the
+    // forward position only: one block's worth shared by all blocks.
+    const Cat gemm_input_cat = bf ? Cat::Workspace : cat;
+    const int32_t gemm_input_last = bf ? first : last;
+    b.xn1 = add(prefix + "xn1", gemm_input_cat, N * H, f32, first, gemm_input_last);
+    b.rstd1 = add(prefix + "rstd1", cat, N, f32, first, last);
+    b.qkv = add(prefix + "qkv", cat, N * QKV, f32, first, last);
+    if (c.qk_norm) {
+      b.qk = add(prefix + "qk_normed", cat, N * (Q + c.kv_size()), f32, first, last);
+      b.rstd_qk = add(prefix + "qk_norm.rstd", cat, N * (c.num_heads + c.num_kv_heads), f32, first, last);
+    }
+    b.attn = add(prefix + "attn", cat, N * Q, f32, first, last);  // attention_backward reads it
+    b.lse = add(prefix + "lse", cat, N * c.num_heads, f32, first, last);
+    b.xmid = add(prefix + "xmid", cat, N * H, f32, first, last);
+    b.xn2 = add(prefix + "xn2", gemm_input_cat, N * H, f32, first, gemm_input_last);
+    b.rstd2 = add(prefix + "rstd2", cat, N, f32, first, last);
+    if (c.sandwich_norms) {
+      b.ao = add(prefix + "attention_output", cat, N * H, f32, first, last);
+      b.rstd_ao = add(prefix + "attention_output.rstd", cat, N, f32, first, last);
+      b.mo = add(prefix + "mlp_output", cat, N * H, f32, first, last);
+      b.rstd_mo = add(prefix + "mlp_output.rstd", cat, N, f32, first, last);
+    }
+    b.gate_up = add(prefix + "gate_up", cat, N * 2 * I, f32, first, last);
+    b.act = add(prefix + "act", gemm_input_cat, N * I, f32, first, gemm_input_last);
+    b.xn1_b = add_bf16(prefix + "xn1.bf16", cat, N * H, first, last);
+    b.attn_b = add_bf16(prefix + "attn.bf16", cat, N * Q, first, last);
+    b.xn2_b = add_bf16(prefix + "xn2.bf16", cat, N * H, first, last);
+    b.act_b = add_bf16(prefix + "act.bf16", cat, N * I, first, last);
+    if (adapter.enabled() && adapter.modules_per_layer[size_t(layer)] > 0) {
+      const int64_t u = N * adapter.rank * adapter.modules_per_layer[size_t(layer)];
+      b.lora_u = add(prefix + "lora.u", cat, u, f32, first, last);
+      b.lora_u_b = add_bf16(prefix + "lora.u.bf16", cat, u, first, last);
+    }
+    return b;
+  };
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string prefix = fmt::format("layers.{}.", l);
+    if (options.recomputes(l)) {
+      d.forward.push_back(block(l, prefix + "forward.", Cat::Workspace, t.forward(l), t.forward(l)));
+      d.backward.push_back(block(l, prefix + "recomputed.", Cat::Activations, t.backward(l), t.backward(l)));
+    } else {
+      d.forward.push_back(block(l, prefix, Cat::Activations, t.forward(l), t.backward(l)));
+      d.backward.push_back(d.forward.back());
+    }
+  }
+
+  const int32_t head = t.head(), backward_first = t.backward(L - 1), backward_last = t.backward(0);
+  d.xn_final = add("final_norm.output", Cat::Activations, N * H, f32, head, head);
+  d.rstd_final = add("final_norm.rstd", Cat::Activations, N, f32, head, head);
+  d.xn_final_b = add_bf16("final_norm.output.bf16", Cat::Activations, N * H, head, head);
+  const int64_t chunk = lm_head_chunk_rows(c.vocab_size, N, options.lm_head_chunk_tokens);
+  d.logits = add("lm_head.logits", Cat::Workspace, chunk * c.vocab_size, f32, head, head);
+  d.logits_b = add_bf16("lm_head.logits.bf16", Cat::Workspace, chunk * c.vocab_size, head, head);
+  d.dx = add("grad.residual", Cat::Workspace, N * H, f32, head, backward_last);
+  d.dnorm = add("grad.norm_output", Cat::Workspace, N * H, f32, head, backward_last);
+  d.dh = add("grad.residual_mid", Cat::Workspace, N * H, f32, backward_first, backward_last);
+  // A sandwich norm's input gradient (Gemma): the other norms add theirs into the residual
+  // stream's gradient as they compute it (rmsnorm_backward's residual), with no buffer between.
+  if (c.sandwich_norms) d.dtmp = add("grad.norm_input", Cat::Workspace, N * H, f32, backward_first, backward_last);
+  d.d_act = add("grad.act", Cat::Workspace, N * I, f32, backward_first, backward_last);
+  d.d_gate_up = add("grad.gate_up", Cat::Workspace, N * 2 * I, f32, backward_first, backward_last);
+  d.d_attn = add("grad.attn", Cat::Workspace, N * Q, f32, backward_first, backward_last);
+  d.d_qkv = add("grad.qkv", Cat::Workspace, N * QKV, f32, backward_first, backward_last);
+  if (c.qk_norm)
+    d.d_qk = add("grad.qk_normed", Cat::Workspace, N * (Q + c.kv_size()), f32, backward_first, backward_last);
+  // From the head on: the final norm's backward (at the head position, before the first block's)
+  // writes the last block's down-projection gradient into it (backward(): residual_dy_b).
+  d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N * std::max({H, 2 * I, QKV}), head, backward_last);
+  if (params.four_bit_total() > 0) {  // one tile of dequantized rows, used by every 4-bit GEMM in turn
+    int64_t tile = 0;
+    for (const auto& p : params.params())
+      if (p.storage == ParamStorage::FourBit)
+        tile = std::max(tile, four_bit_tile_rows(p.shape[0], p.shape[1], options.four_bit_tile_elements) * p.shape[1]);
+    if (bf)
+      d.four_bit_tile_b = add("4bit.dequantized_tile (bf16)", Cat::Workspace, tile, b16, t.forward(0), backward_last);
+    else
+      d.four_bit_tile = add("4bit.dequantized_tile", Cat::Workspace, tile, f32, t.forward(0), backward_last);
+  }
+  if (adapter.dropout) {  // a module's dropped-out input (forward and backward), and its dx before the mask
+    const int64_t wide = N * adapter.widest_input;
+    if (bf)
+      d.lora_dropped_b = add("lora.dropout.input (bf16)", Cat::Workspace, wide, b16, t.forward(0), backward_last);
+    else
+      d.lora_dropped = add("lora.dropout.input", Cat::Workspace, wide, f32, t.forward(0), backward_last);
+    d.lora_dx = add("grad.lora.dropout", Cat::Workspace, wide, f32, backward_first, backward_last);
+  }
+  if (adapter.enabled()) {
+    d.lora_du = add("grad.lora", Cat::Workspace, N * adapter.rank, f32, backward_first, backward_last);
+    d.lora_du_b = add_bf16("grad.lora.bf16", Cat::Workspace, N * adapter.rank, backward_first, backward_last);
+  }
+  // bf16 on a CPU whose products widen bf16 to fp32 at every call (Backend::hold_widened): a
+  // projection's output gradient widened once for its input-gradient product, its weight-gradient
+  // product (full fine-tuning) and its adapters' products, or, too wide for that, an adapter's
+  // slice of it once for its two products; under LoRA a projection's input once for it and its
+  // adapters' products. Each copy is at most kHeldWidenedElements: a wider operand is widened per
+  // product, as without these.
+  if (bf && backend_of(options).widens_bf16_products()) {
+    auto held = [&](const std::vector<int64_t>& widths) {
+      int64_t most = 0;
+      for (int64_t w : widths)
+        if (N * w <= kHeldWidenedElements) most = std::max(most, N * w);
+      return most;
+    };
+    std::vector<int64_t> grads = adapter.outputs;
+    grads.insert(grads.end(), adapter.projection_outputs.begin(), adapter.projection_outputs.end());
+    if (!adapter.enabled())
+      for (LinearSlot slot : {LinearSlot::Qkv, LinearSlot::O, LinearSlot::GateUp, LinearSlot::Down})
+        grads.push_back(slot_width(c, slot));
+    if (const int64_t in = held(adapter.inputs))
+      d.lora_held_input = add("lora.input (widened once: no bf16 matmul on this CPU)", Cat::Workspace, in, f32,
+                              t.forward(0), backward_last);
+    if (const int64_t out = held(grads))
+      d.held_grad = add("grad.output (widened once: no bf16 matmul on this CPU)", Cat::Workspace, out, f32,
+                        backward_first, backward_last);
+  }
+
+  // The attention kernel's per-thread blocks of scores and packed heads, used by every layer in
+  // the forward and the backward pass.
+  d.attention_workspace = add("attention.workspace", Cat::Workspace,
+                              int64_t(backend_of(options).attention_workspace_bytes(
+                                  attention_shape(c, 0, max_batch, max_seq), attention_matmul(precision))),
+                              1, t.forward(0), backward_last);
+
+  // bf16 products on a CPU without a bf16 matmul widen their operands into fp32 tiles the GEMM
+  // layer holds from the first step on (kernels/gemm.h: gemm_widened_operand_bytes).
+  if (const size_t widened = backend_of(options).gemm_scratch_bytes(precision == Precision::BF16))
+    plan.add_external("bf16 GEMM operands widened to fp32 (no bf16 matmul on this CPU)", Cat::Workspace, widened,
+                      t.forward(0), end);
+
+  // The rotary table is a kernels::RopeTable (std::vector) built once: counted, not in the arena.
+  plan.add_external("rope_table", Cat::Data, size_t(max_seq) * size_t(c.rotary_dim) * f32, always, end);
+  if (c.rope_local_theta > 0)  // Gemma 3's sliding-window layers rotate with their own base
+    plan.add_external("rope_table.local", Cat::Data, size_t(max_seq) * size_t(c.rotary_dim) * f32, always, end);
+  return d;
+}
+
+DecoderOptions resolve_checkpointing_layers(const ModelConfig& config, Precision precision, int64_t max_batch,
+                                            int64_t max_seq, DecoderOptions options) {
+  check_arguments(config, max_batch, max_seq, options);
+  if (!options.gradient_checkpointing || options.checkpointing_layers != 0 || config.num_layers < 2) return options;
+  DecoderOptions every = options, all_but_last = options;
+  every.checkpointing_layers = config.num_layers;
+  all_but_last.checkpointing_layers = config.num_layers - 1;
+  const bool keep_last = plan_decoder(config, precision, max_batch, max_seq, all_but_last).total_bytes() <=
+                         plan_decoder(config, precision, max_batch, max_seq, every).total_bytes();
+  return keep_last ? all_but_last : every;
+}
+
+MemoryPlan decoder_memory_plan(const ModelConfig& config, Precision precision, int64_t max_batch, int64_t max_seq,
+                               const DecoderOptions& options) {
+  return plan_decoder(config, precision, max_batch, max_seq,
+                      resolve_checkpointing_layers(config, precision, max_batch, max_seq, options));
+}
+
+void declare_model_params(const ModelConfig& config, ParamStore& params, DecoderParamIds& ids) {
+  declare_params(config, params, ids);
+}
+
+int64_t four_bit_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files) {
+  // A checkpoint bitsandbytes saved in 4 bits is copied as it is: no tensor passes through fp32.
+  if (!options.four_bit_base || (from_files && config.saved_four_bit)) return 0;
+  ParamStore params;
+  DecoderParamIds ids;
+  declare_params(config, params, ids);
+  int64_t most = 0;
+  if (from_files) {
+    for (const auto& t : hf_tensors(config, ids))
+      if (t.cols > 0 && t.param != ids.embed && t.param != ids.lm_head) most = std::max(most, t.rows * t.cols);
+  } else {
+    for (const auto& l : ids.layers)
+      for (int id : {l.qkv_weight, l.o_weight, l.gate_up_weight, l.down_weight})
+        most = std::max(most, params.param(id).numel);
+  }
+  return most;
+}
+
+}  // namespace keel::model
