@@ -284,10 +284,19 @@ void run_widened(const GemmShape& s, const bf16* a, const bf16* b, float* c, flo
   }
 }
 
-void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, float beta) {
-  GemmPlan& plan = plan_for(bf16, s, beta);
-  if (plan.widened)
-    return run_widened(s, static_cast<const keel::bf16*>(a), static_cast<const keel::bf16*>(b), c, beta);
+// Calls f(chunk, k0, chunk_beta) for the K-chunks of an fp32 product longer than kKChunk: chunk
+// boundaries at multiples of kKChunk from K's start, the first chunk with the product's beta and
+// the rest accumulating (beta 1). (gemm_prepare builds the same chunks' plans.)
+template <typename F>
+void for_each_k_chunk(const GemmShape& s, float beta, F&& f) {
+  for (int64_t k0 = 0; k0 < s.k; k0 += kKChunk) {
+    GemmShape chunk = s;
+    chunk.k = std::min(kKChunk, s.k - k0);
+    f(chunk, k0, k0 == 0 ? beta : 1.0f);
+  }
+}
+
+void execute(GemmPlan& plan, const void* a, const void* b, float* c) {
   plan.a.set_data_handle(const_cast<void*>(a));
   plan.b.set_data_handle(const_cast<void*>(b));
   plan.c.set_data_handle(c);
@@ -295,6 +304,24 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
       dnnl_primitive_execute(plan.primitive.get(), cpu_stream().get(), int(plan.args.size()), plan.args.data()),
       "could not execute a matmul");
   cpu_stream().wait();
+}
+
+void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, float beta) {
+  if (!bf16 && s.k > kKChunk) {
+    const auto* fa = static_cast<const float*>(a);
+    const auto* fb = static_cast<const float*>(b);
+    return for_each_k_chunk(s, beta, [&](const GemmShape& chunk, int64_t k0, float chunk_beta) {
+      // op(A)[:, k0:] and op(B)[k0:, :]: columns of a row-major A (rows of a transposed one), rows
+      // of a row-major B (columns of a transposed one).
+      const float* ca = s.trans_a == Trans::N ? fa + k0 : fa + k0 * s.lda;
+      const float* cb = s.trans_b == Trans::N ? fb + k0 * s.ldb : fb + k0;
+      execute(plan_for(false, chunk, chunk_beta), ca, cb, c);
+    });
+  }
+  GemmPlan& plan = plan_for(bf16, s, beta);
+  if (plan.widened)
+    return run_widened(s, static_cast<const keel::bf16*>(a), static_cast<const keel::bf16*>(b), c, beta);
+  execute(plan, a, b, c);
 }
 
 // Whether oneDNN has a bf16 matmul on this CPU at all (x86 before AVX-512 has none).
@@ -459,7 +486,11 @@ void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, floa
 
 void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) { run(true, s, a, b, c, beta); }
 
-void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta) { plan_for(bf16_inputs, s, beta); }
+void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta) {
+  if (!bf16_inputs && s.k > kKChunk)
+    return for_each_k_chunk(s, beta, [](const GemmShape& chunk, int64_t, float b) { plan_for(false, chunk, b); });
+  plan_for(bf16_inputs, s, beta);
+}
 
 double measure_gemm(bool use_bf16, const GemmShape& s, int repeats) {
   validate(s);

@@ -1,8 +1,10 @@
-// bf16 products larger than one widened tile (kernels/gemm.h: kWidenedOperandElements), against
-// the same products in double. Where oneDNN has no bf16 matmul (AVX2, and the portable run's
-// ONEDNN_MAX_CPU_ISA=AVX2) they run as fp32 products over widened tiles — cut along K, M or N by
-// which operand is too large — and these are the shapes that cut each way; with a native bf16
-// matmul they check that path on the same shapes.
+// Products that kernels/gemm.cpp cuts into pieces, against the same products in double:
+// - bf16 products larger than one widened tile (kernels/gemm.h: kWidenedOperandElements). Where
+//   oneDNN has no bf16 matmul (AVX2, and the portable run's ONEDNN_MAX_CPU_ISA=AVX2) they run as
+//   fp32 products over widened tiles — cut along K, M or N by which operand is too large — and
+//   these are the shapes that cut each way; with a native bf16 matmul they check that path on the
+//   same shapes.
+// - fp32 products longer than kKChunk, which run as K-chunks accumulating into C.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -33,9 +35,10 @@ std::vector<bf16> random_bf16(size_t count, uint32_t seed) {
   return v;
 }
 
-void expect_product_matches_double(const Case& c, float beta) {
+// The product of bf16 values, by gemm_bf16, or (`fp32`) by gemm_f32 on the same values in fp32.
+void expect_product_matches_double(const Case& c, float beta, bool fp32 = false) {
   SCOPED_TRACE(::testing::Message() << c.cut << " m " << c.m << " n " << c.n << " k " << c.k << " ta " << int(c.ta)
-                                    << " tb " << int(c.tb) << " beta " << beta);
+                                    << " tb " << int(c.tb) << " beta " << beta << (fp32 ? " fp32" : " bf16"));
   // Padded leading dimensions: the tiles must follow them, and leave C's padding alone.
   const int64_t lda = (c.ta == Trans::N ? c.k : c.m) + 3, ldb = (c.tb == Trans::N ? c.n : c.k) + 5, ldc = c.n + 2;
   const int64_t a_rows = c.ta == Trans::N ? c.m : c.k, b_rows = c.tb == Trans::N ? c.k : c.n;
@@ -49,7 +52,15 @@ void expect_product_matches_double(const Case& c, float beta) {
   std::vector<float> out(size_t(c.m * ldc));
   for (size_t i = 0; i < out.size(); ++i) out[i] = float(i % 7) - 3.0f;  // C's earlier contents
   const std::vector<float> before = out;
-  gemm_bf16(GemmShape{c.ta, c.tb, c.m, c.n, c.k, lda, ldb, ldc}, a.data(), b.data(), out.data(), beta);
+  const GemmShape shape{c.ta, c.tb, c.m, c.n, c.k, lda, ldb, ldc};
+  if (fp32) {
+    std::vector<float> fa(a.size()), fb(b.size());
+    std::transform(a.begin(), a.end(), fa.begin(), bf16_to_float);
+    std::transform(b.begin(), b.end(), fb.begin(), bf16_to_float);
+    gemm_f32(shape, fa.data(), fb.data(), out.data(), beta);
+  } else {
+    gemm_bf16(shape, a.data(), b.data(), out.data(), beta);
+  }
   for (int64_t i = 0; i < c.m; ++i) {
     for (int64_t j = 0; j < ldc; ++j) {
       const size_t at_c = size_t(i * ldc + j);
@@ -84,6 +95,18 @@ TEST(GemmWidening, ProductsLargerThanOneTileMatchDouble) {
   };
   for (const Case& c : cases)
     for (float beta : {0.0f, 1.0f}) expect_product_matches_double(c, beta);
+}
+
+// Every transpose of an fp32 product three chunks long (two whole chunks and a remainder): each
+// chunk must start at its own column of A (row of a transposed A) and row of B (column of a
+// transposed B), the first overwrite C or add to it as beta says and the rest add.
+TEST(GemmKChunks, LongFp32ProductsMatchDouble) {
+  const int64_t k = 2 * kKChunk + 333;
+  for (Trans ta : {Trans::N, Trans::T})
+    for (Trans tb : {Trans::N, Trans::T})
+      for (float beta : {0.0f, 1.0f}) expect_product_matches_double({ta, tb, 37, 53, k, "K chunks"}, beta, true);
+  // One chunk exactly: not cut.
+  expect_product_matches_double({Trans::N, Trans::N, 37, 53, kKChunk, "one chunk"}, 1.0f, true);
 }
 
 // A product of bf16 operands at a and b, into a zeroed C.
