@@ -4,6 +4,7 @@
 //   matmul_peak [SIZE]
 //   matmul_peak --model HIDDEN INTERMEDIATE QKV_ROWS VOCAB TOKENS
 //   matmul_peak --prepacked HIDDEN INTERMEDIATE QKV_ROWS VOCAB TOKENS
+//   matmul_peak --k-chunks M K N NN|NT|TN
 //
 // The second form times, in bf16, each linear layer's three products as the decoder runs them:
 // forward y = x W^T (NT), the input gradient dx = dy W (NN) and the weight gradient dW = dy^T x
@@ -14,6 +15,9 @@
 // products straight on oneDNN, in fp32, in bf16 on the row-major weight, and in bf16 on the weight
 // reordered once into the layout oneDNN picks for it (`format_tag::any`, its VNNI blocking), as a
 // frozen LoRA weight could be held. The reorder is not timed.
+//
+// The fourth times one fp32 product on oneDNN whole and as K-chunks of kernels::kKChunk
+// accumulating into C, as gemm_f32 runs it when K is longer (kernels/gemm.h).
 #include <dnnl.hpp>
 
 #include <algorithm>
@@ -22,6 +26,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "keel/kernels/gemm.h"
 
@@ -68,6 +74,49 @@ double time_onednn(int64_t m, int64_t n, int64_t k, bool w_transposed, dnnl::mem
   return 2.0 * double(m) * double(n) * double(k) / best / 1e9;
 }
 
+// GFLOP/s of C[m, n] = op(A)[m, k] op(B)[k, n] in fp32 on oneDNN's threads, as one product or
+// as K-chunks of `chunk` (the first overwriting C, the rest adding to it), best of 5.
+double time_k_chunks(int64_t m, int64_t k, int64_t n, bool trans_a, bool trans_b, int64_t chunk) {
+  using dt = dnnl::memory::data_type;
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  std::vector<float> a(size_t(m * k), 0.5f), b(size_t(k * n), 0.25f), c(size_t(m * n));
+  // op(A)'s [m, kn] columns from k0 and op(B)'s [kn, n] rows from k0, as strided views.
+  auto a_md = [&](int64_t kn) {
+    return dnnl::memory::desc({m, kn}, dt::f32, trans_a ? dnnl::memory::dims{1, m} : dnnl::memory::dims{k, 1});
+  };
+  auto b_md = [&](int64_t kn) {
+    return dnnl::memory::desc({kn, n}, dt::f32, trans_b ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1});
+  };
+  const dnnl::memory::desc c_md({m, n}, dt::f32, dnnl::memory::dims{n, 1});
+  auto make = [&](int64_t kn, bool accumulate) {
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    return dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md(kn), b_md(kn), c_md), attr, engine));
+  };
+  std::vector<std::pair<int64_t, dnnl::matmul>> pieces;  // (k0, its product)
+  for (int64_t k0 = 0; k0 < k; k0 += chunk) pieces.push_back({k0, make(std::min(chunk, k - k0), k0 > 0)});
+  double best = 1e30;
+  for (int r = 0; r <= 5; ++r) {  // round 0 warms up
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& [k0, product] : pieces) {
+      const int64_t kn = std::min(chunk, k - k0);
+      dnnl::memory ma(a_md(kn), engine, a.data() + (trans_a ? k0 * m : k0));
+      dnnl::memory mb(b_md(kn), engine, b.data() + (trans_b ? k0 : k0 * n));
+      dnnl::memory mc(c_md, engine, c.data());
+      product.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
+    }
+    stream.wait();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::min(best, s);
+  }
+  return 2.0 * double(m) * double(n) * double(k) / best / 1e9;
+}
+
 void time_layouts(const char* name, int64_t tokens, int64_t in, int64_t out) {
   using dt = dnnl::memory::data_type;
   for (const bool forward : {true, false}) {
@@ -94,6 +143,22 @@ int main(int argc, char** argv) {
     time("gate_up", tokens, hidden, 2 * intermediate);
     time("down", tokens, intermediate, hidden);
     time("lm_head", tokens, hidden, vocab);
+    return 0;
+  }
+  if (argc == 6 && std::strcmp(argv[1], "--k-chunks") == 0) {
+    const int64_t m = std::atoll(argv[2]), k = std::atoll(argv[3]), n = std::atoll(argv[4]);
+    const std::string layout = argv[5];
+    if (layout != "NN" && layout != "NT" && layout != "TN") {
+      std::fprintf(stderr, "matmul_peak --k-chunks M K N NN|NT|TN\n");
+      return 2;
+    }
+    const bool ta = layout[0] == 'T', tb = layout[1] == 'T';
+    std::printf(
+        "{\"m\": %lld, \"k\": %lld, \"n\": %lld, \"layout\": \"%s\", \"k_chunk\": %lld, \"whole_gflops\": %.1f, "
+        "\"chunks_gflops\": %.1f}\n",
+        static_cast<long long>(m), static_cast<long long>(k), static_cast<long long>(n), layout.c_str(),
+        static_cast<long long>(keel::kernels::kKChunk), time_k_chunks(m, k, n, ta, tb, k),
+        time_k_chunks(m, k, n, ta, tb, keel::kernels::kKChunk));
     return 0;
   }
   const int64_t size = argc > 1 ? std::atoll(argv[1]) : 2048;

@@ -11,11 +11,12 @@
 namespace keel::kernels {
 
 // An fp32 product whose K exceeds kKChunk runs as products over K-chunks of kKChunk (boundaries at
-// its multiples), accumulating into C. oneDNN 2.6's fp32 matmul ran long products 8-18% under its
-// rate at K <= 2,048 on an AVX-512 Xeon, 2 threads: [2048, 2304] x [2304, 768] 275 against 300
-// GFLOP/s as chunks, [2048, 4096] x [4096, 768] 278 / 300, [2048, 13696] x [13696, 4096] 276 / 325,
-// the LM head's input gradient [512, 32000] x [32000, 768] 250 / 317 (docs/performance.md). The
-// sums then come in another order than one product's: the same values to fp32 rounding.
+// its multiples), accumulating into C. oneDNN 2.6's fp32 matmul ran long products up to 18% under
+// its rate as chunks on an AVX-512 Xeon, 2 threads (`bench/matmul_peak --k-chunks`): [2048, 4096]
+// x [4096, 768] 293-300 GFLOP/s whole against 304-308 as chunks, [2048, 13696] x [13696, 4096]
+// 273 / 321, the LM head's input gradient [512, 32000] x [32000, 768] 260 / 315
+// (docs/performance.md). The sums then come in another order than one product's: the same values
+// to fp32 rounding.
 constexpr int64_t kKChunk = 2048;
 // beta must be 0 (overwrite) or 1 (accumulate into C, as for gradients).
 void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, float beta);
