@@ -26,7 +26,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "keel/kernels/gemm.h"
@@ -47,12 +46,32 @@ void time_linear(const char* name, int64_t tokens, int64_t in, int64_t out) {
       bwd_w);
 }
 
+dnnl::engine& cpu_engine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+// GFLOP/s of an [m, k] x [k, n] product that run() issues on `stream`: the best of 5 runs after a
+// warm-up run.
+template <typename Run>
+double best_gflops(int64_t m, int64_t n, int64_t k, dnnl::stream& stream, Run&& run) {
+  double best = 1e30;
+  for (int r = 0; r <= 5; ++r) {  // round 0 warms up
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    stream.wait();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (r > 0) best = std::min(best, s);
+  }
+  return 2.0 * double(m) * double(n) * double(k) / best / 1e9;
+}
+
 // GFLOP/s of y[m, n] = x[m, k] w, w stored [n, k] (`w_transposed`: the forward's W^T) or [k, n],
-// best of 5 after a warm-up, on oneDNN's threads.
+// on oneDNN's threads.
 double time_onednn(int64_t m, int64_t n, int64_t k, bool w_transposed, dnnl::memory::data_type in, bool prepacked) {
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::engine& engine = cpu_engine();
   dnnl::stream stream(engine);
   const dnnl::memory::desc x_md({m, k}, in, tag::ab), y_md({m, n}, dt::f32, tag::ab);
   const dnnl::memory::desc w_plain({k, n}, in, w_transposed ? tag::ba : tag::ab);
@@ -63,58 +82,43 @@ double time_onednn(int64_t m, int64_t n, int64_t k, bool w_transposed, dnnl::mem
   std::memset(w_rows.get_data_handle(), 0x3f, w_plain.get_size());
   dnnl::reorder(w_rows, w).execute(stream, w_rows, w);
   const dnnl::matmul product(pd);
-  double best = 1e30;
-  for (int r = 0; r <= 5; ++r) {  // round 0 warms up
-    const auto t0 = std::chrono::steady_clock::now();
+  return best_gflops(m, n, k, stream, [&] {
     product.execute(stream, {{DNNL_ARG_SRC, x}, {DNNL_ARG_WEIGHTS, w}, {DNNL_ARG_DST, y}});
-    stream.wait();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r > 0) best = std::min(best, s);
-  }
-  return 2.0 * double(m) * double(n) * double(k) / best / 1e9;
+  });
 }
 
 // GFLOP/s of C[m, n] = op(A)[m, k] op(B)[k, n] in fp32 on oneDNN's threads, as one product or
-// as K-chunks of `chunk` (the first overwriting C, the rest adding to it), best of 5.
+// as K-chunks of `chunk` (the first overwriting C, the rest adding to it).
 double time_k_chunks(int64_t m, int64_t k, int64_t n, bool trans_a, bool trans_b, int64_t chunk) {
   using dt = dnnl::memory::data_type;
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::engine& engine = cpu_engine();
   dnnl::stream stream(engine);
   std::vector<float> a(size_t(m * k), 0.5f), b(size_t(k * n), 0.25f), c(size_t(m * n));
-  // op(A)'s [m, kn] columns from k0 and op(B)'s [kn, n] rows from k0, as strided views.
-  auto a_md = [&](int64_t kn) {
-    return dnnl::memory::desc({m, kn}, dt::f32, trans_a ? dnnl::memory::dims{1, m} : dnnl::memory::dims{k, 1});
-  };
-  auto b_md = [&](int64_t kn) {
-    return dnnl::memory::desc({kn, n}, dt::f32, trans_b ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1});
-  };
   const dnnl::memory::desc c_md({m, n}, dt::f32, dnnl::memory::dims{n, 1});
-  auto make = [&](int64_t kn, bool accumulate) {
+  dnnl::memory mc(c_md, engine, c.data());
+  struct Piece {
+    dnnl::matmul product;
+    dnnl::memory a, b;  // op(A)'s [m, kn] columns from k0 and op(B)'s [kn, n] rows from k0, as strided views
+  };
+  std::vector<Piece> pieces;
+  for (int64_t k0 = 0; k0 < k; k0 += chunk) {
+    const int64_t kn = std::min(chunk, k - k0);
+    const dnnl::memory::desc a_md({m, kn}, dt::f32, trans_a ? dnnl::memory::dims{1, m} : dnnl::memory::dims{k, 1});
+    const dnnl::memory::desc b_md({kn, n}, dt::f32, trans_b ? dnnl::memory::dims{1, k} : dnnl::memory::dims{n, 1});
     dnnl::primitive_attr attr;
-    if (accumulate) {
+    if (k0 > 0) {
       dnnl::post_ops ops;
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
     }
-    return dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md(kn), b_md(kn), c_md), attr, engine));
-  };
-  std::vector<std::pair<int64_t, dnnl::matmul>> pieces;  // (k0, its product)
-  for (int64_t k0 = 0; k0 < k; k0 += chunk) pieces.push_back({k0, make(std::min(chunk, k - k0), k0 > 0)});
-  double best = 1e30;
-  for (int r = 0; r <= 5; ++r) {  // round 0 warms up
-    const auto t0 = std::chrono::steady_clock::now();
-    for (auto& [k0, product] : pieces) {
-      const int64_t kn = std::min(chunk, k - k0);
-      dnnl::memory ma(a_md(kn), engine, a.data() + (trans_a ? k0 * m : k0));
-      dnnl::memory mb(b_md(kn), engine, b.data() + (trans_b ? k0 : k0 * n));
-      dnnl::memory mc(c_md, engine, c.data());
-      product.execute(stream, {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}});
-    }
-    stream.wait();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r > 0) best = std::min(best, s);
+    pieces.push_back({dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine)),
+                      dnnl::memory(a_md, engine, a.data() + (trans_a ? k0 * m : k0)),
+                      dnnl::memory(b_md, engine, b.data() + (trans_b ? k0 : k0 * n))});
   }
-  return 2.0 * double(m) * double(n) * double(k) / best / 1e9;
+  return best_gflops(m, n, k, stream, [&] {
+    for (Piece& p : pieces)
+      p.product.execute(stream, {{DNNL_ARG_SRC, p.a}, {DNNL_ARG_WEIGHTS, p.b}, {DNNL_ARG_DST, mc}});
+  });
 }
 
 void time_layouts(const char* name, int64_t tokens, int64_t in, int64_t out) {
