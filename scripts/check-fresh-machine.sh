@@ -11,7 +11,7 @@
 #
 # Only committed work is checked (uncommitted changes are not in the clone). Needs root (chroot,
 # mounts); installs debootstrap when it is missing. The pristine root is cached as a tarball under
-# KEEL_FRESH_CACHE (default /var/cache/keel-fresh-root); delete it to rebuild from the mirror.
+# KEEL_FRESH_CACHE (default /var/cache/keel-fresh-root); delete it to rebuild it with debootstrap.
 #
 # The machine's certificate bundle and its CA variables (SSL_CERT_FILE, PIP_CERT,
 # NODE_EXTRA_CA_CERTS, ...) are carried into the root, as a user behind a TLS-inspecting proxy
@@ -32,7 +32,9 @@ for arg in "$@"; do
 done
 [ "$(id -u)" -eq 0 ] || { echo "check-fresh-machine: needs root (chroot and mounts)" >&2; exit 2; }
 
-mirror=${KEEL_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# debootstrap picks its own default mirror; KEEL_DEBIAN_MIRROR names another (a local one, say).
+mirror_args=()
+[ -z "${KEEL_DEBIAN_MIRROR:-}" ] || mirror_args=("$KEEL_DEBIAN_MIRROR")
 cache=${KEEL_FRESH_CACHE:-/var/cache/keel-fresh-root}
 tarball=$cache/bookworm-minbase.tar
 mkdir -p "$cache"
@@ -42,9 +44,9 @@ if [ ! -s "$tarball" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap
   }
-  echo "check-fresh-machine: debootstrap --variant=minbase bookworm from $mirror (cached in $tarball)"
+  echo "check-fresh-machine: debootstrap --variant=minbase bookworm ${mirror_args[*]:-(its default mirror)} (cached in $tarball)"
   build=$(mktemp -d "$cache/build.XXXXXX")
-  debootstrap --variant=minbase bookworm "$build" "$mirror" >"$cache/debootstrap.log" 2>&1 || {
+  debootstrap --variant=minbase bookworm "$build" "${mirror_args[@]}" >"$cache/debootstrap.log" 2>&1 || {
     tail -20 "$cache/debootstrap.log"; rm -rf "$build"; exit 1; }
   # The apt lists debootstrap leaves are dropped: a new user's machine runs apt-get update.
   rm -rf "$build"/var/lib/apt/lists/* "$build"/var/cache/apt/archives/*.deb

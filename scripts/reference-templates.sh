@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 version=0.3.36
-sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e  # files.pythonhosted.org's
+sha256=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e  # the sdist PyPI serves for that version
 sdist_name=llama_cpp_python-$version.tar.gz
 member="llama_cpp_python-$version/vendor/llama.cpp/models/templates"
 
