@@ -131,6 +131,62 @@ INSTANTIATE_TEST_SUITE_P(Families, BackendAgreement,
                                   (std::get<1>(info.param) == Precision::BF16 ? "_bf16" : "_fp32");
                          });
 
+// transformers' nn.Embedding(padding_idx=pad_token_id): on every backend and precision the pad
+// row gets no gradient from its lookups (untied: zero), while a tied LM head's share still
+// reaches it (tied: non-zero, and not what the lookups would add).
+class PaddingRow : public ::testing::TestWithParam<std::tuple<std::string, Precision>> {};
+
+TEST_P(PaddingRow, LookupsGiveThePadRowNoGradient) {
+  const auto [backend, precision] = GetParam();
+  const int64_t batch = 2, seq = 12, pad = 5;
+  auto batch_ids = test::random_batch(batch, seq, 97, 31);
+  for (size_t i = 0; i < batch_ids.ids.size(); i += 3) batch_ids.ids[i] = int32_t(pad);  // pad in the input
+  batch_ids.targets[1] = int32_t(pad);                                                     // and as a target
+  auto grads_of = [&](bool tied, int64_t pad_token_id) {
+    auto config = test::tiny_config("llama");
+    config.tie_word_embeddings = tied;
+    config.pad_token_id = pad_token_id;
+    Decoder d(config, precision, batch, seq, test::on_backend(backend));
+    d.init_random(3, 0.2);
+    // The same weights with and without a padding index (random init zeroes the padding row).
+    {
+      auto same = config;
+      same.pad_token_id = -1;
+      Decoder w(same, precision, batch, seq, test::on_backend(backend));
+      w.init_random(3, 0.2);
+      std::copy_n(w.params().weights(), w.params().total(), d.params().weights());
+      d.params().refresh_bf16_copy();
+    }
+    d.params().zero_grads();
+    d.forward_backward(batch_ids.view(batch, seq), 1.0 / 20);
+    const auto& p = d.params().params().front();
+    EXPECT_EQ(p.name, "embed");
+    const float* g = d.params().grads() + p.offset;
+    std::vector<float> row(g + pad * config.hidden_size, g + (pad + 1) * config.hidden_size);
+    std::vector<float> other(g + (pad + 1) * config.hidden_size, g + (pad + 2) * config.hidden_size);
+    return std::pair{row, other};
+  };
+  const auto [untied_row, untied_other] = grads_of(false, pad);
+  for (float v : untied_row) ASSERT_EQ(v, 0.0f);
+  const auto [no_padding_row, no_padding_other] = grads_of(false, -1);
+  EXPECT_NE(no_padding_row, untied_row);       // without padding_idx the lookups do reach the row
+  EXPECT_EQ(no_padding_other, untied_other);  // and nothing else changes
+  // Tied: the head's gradient still reaches the row (pad is a target, and every logit's softmax
+  // gradient touches every row), the lookups' does not.
+  const auto [tied_row, tied_other] = grads_of(true, pad);
+  EXPECT_NE(tied_row, std::vector<float>(tied_row.size(), 0.0f));
+  const auto [tied_no_padding_row, tied_no_padding_other] = grads_of(true, -1);
+  EXPECT_NE(tied_row, tied_no_padding_row);
+  EXPECT_EQ(tied_other, tied_no_padding_other);
+}
+
+INSTANTIATE_TEST_SUITE_P(BackendsAndPrecisions, PaddingRow,
+                         ::testing::Combine(test::each_backend(), ::testing::Values(Precision::F32, Precision::BF16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) == Precision::BF16 ? "_bf16" : "_fp32");
+                         });
+
 TEST(Backends, UnknownNameIsRefusedNamingTheKnownOnes) {
   try {
     kernels::backend_named("cuda");

@@ -371,7 +371,7 @@ TEST(Embedding, BackwardMatchesFiniteDifferences) {
   const int64_t n = int64_t(ids.size());
   const std::vector<double> dy = random_vector(n * hidden, 18);
   std::vector<double> dtable(vocab * hidden, 0.0);
-  embedding_backward(ids.data(), n, dy.data(), hidden, vocab, dtable.data());
+  embedding_backward(ids.data(), n, dy.data(), hidden, vocab, /*padding_idx=*/-1, dtable.data());
   expect_gradient_matches("dtable", table, dtable, sample_indices(vocab * hidden, 1 << 30, 0), [&] {
     std::vector<double> out(n * hidden);
     embedding_forward(ids.data(), n, table.data(), hidden, out.data());
@@ -388,7 +388,7 @@ TEST(Embedding, BackwardAccumulatesAndIsIdenticalForOneAndTwoThreads) {
   for (int threads : {1, 2})
     test::with_threads(threads, [&] {
       dtable[threads - 1].assign(vocab * hidden, 1.0f);
-      embedding_backward(ids.data(), n, dy.data(), hidden, vocab, dtable[threads - 1].data());
+      embedding_backward(ids.data(), n, dy.data(), hidden, vocab, /*padding_idx=*/-1, dtable[threads - 1].data());
     });
   EXPECT_TRUE(bitwise_equal(dtable[0], dtable[1]));
   EXPECT_EQ(dtable[0][20 * hidden], 1.0f);  // unused rows keep what they had
@@ -397,7 +397,28 @@ TEST(Embedding, BackwardAccumulatesAndIsIdenticalForOneAndTwoThreads) {
 TEST(Embedding, BackwardRejectsOutOfRangeIds) {
   const std::vector<int32_t> ids = {1, 9};
   std::vector<float> dy(2 * 4, 1.f), dtable(9 * 4, 0.f);
-  EXPECT_THROW(embedding_backward(ids.data(), 2, dy.data(), 4, 9, dtable.data()), keel::Error);
+  EXPECT_THROW(embedding_backward(ids.data(), 2, dy.data(), 4, 9, -1, dtable.data()), keel::Error);
+}
+
+// nn.Embedding(padding_idx=p): the lookups of row p add nothing to it (what is there stays: a tied
+// LM head's gradient), every other row gets exactly what it gets without a padding index.
+TEST(Embedding, BackwardLeavesThePaddingRowToOthers) {
+  const int64_t vocab = 9, hidden = 70, pad = 3;
+  const std::vector<int32_t> ids = {3, 0, 8, 3, 3, 5, 0};
+  const int64_t n = int64_t(ids.size());
+  const std::vector<float> dy = test::to_float(random_vector(n * hidden, 20));
+  std::vector<float> with(vocab * hidden, 0.5f), without(vocab * hidden, 0.5f);
+  embedding_backward(ids.data(), n, dy.data(), hidden, vocab, pad, with.data());
+  embedding_backward(ids.data(), n, dy.data(), hidden, vocab, -1, without.data());
+  for (int64_t r = 0; r < vocab; ++r)
+    for (int64_t c = 0; c < hidden; ++c) {
+      const size_t k = size_t(r * hidden + c);
+      if (r == pad)
+        ASSERT_EQ(with[k], 0.5f) << "column " << c;
+      else
+        ASSERT_EQ(with[k], without[k]) << "row " << r << " column " << c;
+    }
+  EXPECT_NE(without[size_t(pad * hidden)], 0.5f);  // the row is used: skipping it is what differs
 }
 
 // ----------------------------------------------------------------------------- Cross-entropy

@@ -341,6 +341,31 @@ TEST(ModelConfig, GlmTransformersNative) {
   EXPECT_EQ(d.rotary_dim, 8);  // partial_rotary_factor 0.5 of head_dim 16
 }
 
+// transformers builds each family's embed_tokens as nn.Embedding(vocab, hidden, padding_idx=
+// config.pad_token_id), with the config class's default where config.json has no such key.
+TEST(ModelConfig, EmbeddingPaddingRowAsTransformersBuildsIt) {
+  const std::string sizes = R"("vocab_size": 200000, "hidden_size": 64, "intermediate_size": 128,
+                               "num_hidden_layers": 2, "num_attention_heads": 4)";
+  auto with = [&](const std::string& type, const std::string& pad) {
+    return parse("{\"model_type\": \"" + type + "\", " + sizes + pad + "}");
+  };
+  EXPECT_EQ(with("llama", "").embedding_padding_idx(), -1);  // LlamaConfig: None
+  EXPECT_EQ(with("llama", R"(, "pad_token_id": 7)").embedding_padding_idx(), 7);
+  EXPECT_EQ(with("qwen2", R"(, "pad_token_id": 151643)").embedding_padding_idx(), 151643);
+  EXPECT_EQ(with("gemma2", "").embedding_padding_idx(), 0);  // Gemma2Config: 0
+  EXPECT_EQ(with("gemma3_text", "").embedding_padding_idx(), 0);
+  EXPECT_EQ(with("gemma2", R"(, "pad_token_id": null)").embedding_padding_idx(), -1);  // null is None
+  EXPECT_EQ(with("glm", "").pad_token_id, 151329);  // GlmConfig's default
+  EXPECT_EQ(with("glm", "").embedding_padding_idx(), 151329);
+  // Outside the vocabulary (nn.Embedding would refuse it): no padding row.
+  ModelConfig small = parse(R"({"model_type": "glm", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+                                "num_hidden_layers": 2, "num_attention_heads": 4})");
+  EXPECT_EQ(small.pad_token_id, 151329);
+  EXPECT_EQ(small.embedding_padding_idx(), -1);
+  // THUDM's ChatGLM builds its embedding without padding_idx.
+  EXPECT_EQ(parse(kGlm4_9b).embedding_padding_idx(), -1);
+}
+
 TEST(ModelConfig, GlmOriginal) {
   ModelConfig c = parse(kGlm4_9b);
   EXPECT_EQ(c.family, Family::GlmOriginal);

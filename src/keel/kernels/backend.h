@@ -140,8 +140,10 @@ class Backend {
   // The same from a bf16 table (a frozen embedding held only as bf16), widened exactly to fp32.
   virtual void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, int64_t hidden,
                                       float* out) = 0;
+  // padding_idx: the row torch's nn.Embedding(padding_idx=...) keeps out of the lookups' gradient
+  // (-1: none); the model decides which (ModelConfig::embedding_padding_idx).
   virtual void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
-                                  float* dtable) = 0;
+                                  int64_t padding_idx, float* dtable) = 0;
   // Softmax cross-entropy over a block of logits [rows, vocab] (row stride ld), fused with its
   // gradient: logits are overwritten by (softmax - onehot) * grad_scale (zeros for kIgnoreIndex
   // rows). Returns the SUM of -log softmax(logits)[label] over non-ignored rows. softcap > 0: of

@@ -50,18 +50,25 @@ struct FamilyFormat {
   std::string_view model_type;                  // config.json "model_type"
   std::vector<std::string_view> architectures;  // first one is what keel writes
   int64_t default_max_positions;                // the config class's default
+  // pad_token_id when config.json has no such key: the config class's default (-1: None).
+  int64_t default_pad_token_id;
+  // Whether the family's modeling file builds its embedding as nn.Embedding(vocab, hidden,
+  // padding_idx=config.pad_token_id), so the pad row gets no gradient from its lookups (every
+  // transformers class does; THUDM's ChatGLM remote code does not).
+  bool embedding_padding_idx;
 };
 
 const std::vector<FamilyFormat>& family_formats() {
   static const std::vector<FamilyFormat> formats = {
-      {Family::Llama, "llama", "llama", {"LlamaForCausalLM"}, 2048},
-      {Family::Qwen2, "qwen2", "qwen2", {"Qwen2ForCausalLM"}, 32768},
-      {Family::Glm, "glm", "glm", {"GlmForCausalLM"}, 131072},
-      {Family::GlmOriginal, "glm_original", "chatglm", {"ChatGLMModel", "ChatGLMForConditionalGeneration"}, 2048},
-      {Family::Qwen3, "qwen3", "qwen3", {"Qwen3ForCausalLM"}, 32768},
-      {Family::Mistral, "mistral", "mistral", {"MistralForCausalLM"}, 4096 * 32},
-      {Family::Gemma2, "gemma2", "gemma2", {"Gemma2ForCausalLM"}, 8192},
-      {Family::Gemma3, "gemma3", "gemma3_text", {"Gemma3ForCausalLM"}, 131072},
+      {Family::Llama, "llama", "llama", {"LlamaForCausalLM"}, 2048, -1, true},
+      {Family::Qwen2, "qwen2", "qwen2", {"Qwen2ForCausalLM"}, 32768, -1, true},
+      {Family::Glm, "glm", "glm", {"GlmForCausalLM"}, 131072, 151329, true},
+      {Family::GlmOriginal, "glm_original", "chatglm", {"ChatGLMModel", "ChatGLMForConditionalGeneration"}, 2048, -1,
+       false},
+      {Family::Qwen3, "qwen3", "qwen3", {"Qwen3ForCausalLM"}, 32768, -1, true},
+      {Family::Mistral, "mistral", "mistral", {"MistralForCausalLM"}, 4096 * 32, -1, true},
+      {Family::Gemma2, "gemma2", "gemma2", {"Gemma2ForCausalLM"}, 8192, 0, true},
+      {Family::Gemma3, "gemma3", "gemma3_text", {"Gemma3ForCausalLM"}, 131072, 0, true},
   };
   return formats;
 }
@@ -169,6 +176,9 @@ class ConfigObject {
 
   // The key is written, even as null (where null and absent mean different things).
   bool written(std::string_view key) const { return values_.count(key) > 0; }
+
+  // Present, null included (get() takes null for absent).
+  bool has(std::string_view key) const { return values_.find(key) != values_.end(); }
 
   std::optional<dom::element> get(std::string_view key) const {
     auto it = values_.find(key);
@@ -723,6 +733,11 @@ Family family_from_name(const std::string& name) {
   fail("model family: expected one of {}, found \"{}\"", valid, name);
 }
 
+int64_t ModelConfig::embedding_padding_idx() const {
+  // nn.Embedding refuses a padding_idx outside the table; keel trains such a model without one.
+  return format_of(family).embedding_padding_idx && pad_token_id >= 0 && pad_token_id < vocab_size ? pad_token_id : -1;
+}
+
 int64_t ModelConfig::matmul_parameters() const {
   int64_t attention = hidden_size * q_size() + 2 * hidden_size * kv_size() + q_size() * hidden_size;
   int64_t mlp = 3 * hidden_size * intermediate_size;  // gate, up, down (SwiGLU)
@@ -889,7 +904,10 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.torch_dtype = parse_torch_dtype(cfg);
   c.eos_token_ids = parse_eos_token_ids(cfg);
   c.bos_token_id = cfg.token_id_or_none("bos_token_id");
-  c.pad_token_id = cfg.token_id_or_none("pad_token_id");
+  // An absent key is the config class's default, as transformers reads it (Gemma: 0, GLM: 151329);
+  // null is None.
+  c.pad_token_id = cfg.has("pad_token_id") ? cfg.token_id_or_none("pad_token_id")
+                                           : format_of(c.family).default_pad_token_id;
   c.config_json = json_text;
   validate(c, path_for_errors);
   return c;

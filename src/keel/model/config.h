@@ -66,7 +66,9 @@ struct ModelConfig {
   int64_t max_position_embeddings = 4096;        // seq_length for GLM original
   DType torch_dtype = DType::F32;                // "torch_dtype" (or "dtype") in config.json
   std::vector<int64_t> eos_token_ids;            // may be empty
-  int64_t bos_token_id = -1, pad_token_id = -1;  // -1 when absent
+  // -1 for none. pad_token_id absent from config.json is the config class's default (Gemma 0,
+  // GLM 151329), as transformers reads it.
+  int64_t bos_token_id = -1, pad_token_id = -1;
   std::string config_json;  // the original text of config.json (empty for models built from scratch)
   // A checkpoint transformers saved with bitsandbytes in 4 bits (config.json's quantization_config,
   // quant_method "bitsandbytes", load_in_4bit): the blocks' projections are stored quantized
@@ -82,6 +84,12 @@ struct ModelConfig {
   int64_t window_of(int64_t layer) const {
     return sliding_window > 0 && sliding_layers.at(size_t(layer)) ? sliding_window : 0;
   }
+
+  // The embedding row whose lookups give it no gradient (-1: none): transformers builds every
+  // family's embed_tokens as nn.Embedding(vocab, hidden, padding_idx=pad_token_id), so where pad is
+  // EOS or end-of-turn (many instruct models) that row trains only through a tied LM head. THUDM's
+  // ChatGLM (glm_original) has no padding_idx; an id outside the vocabulary gives none.
+  int64_t embedding_padding_idx() const;
 
   // Derived sizes.
   int64_t q_size() const { return num_heads * head_dim; }

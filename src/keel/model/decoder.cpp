@@ -314,7 +314,16 @@ void Decoder::init_random(uint64_t seed, double std) {
     const int i = int(&p - params_.params().data());
     const bool is_norm = p.name.find("norm") != std::string::npos;
     const bool is_bias = p.name.find(".bias") != std::string::npos;
-    auto value = [&] { return is_norm ? 1.0f : is_bias ? 0.0f : normal(rng); };
+    // The padding row starts at zero, as transformers' _init_weights leaves an
+    // nn.Embedding(padding_idx) (its draws are still made, so every other value is the same).
+    const int64_t pad_row = i == ids_.embed ? config_.embedding_padding_idx() : -1;
+    const int64_t pad_begin = pad_row * config_.hidden_size, pad_end = pad_begin + config_.hidden_size;
+    int64_t drawn = 0;
+    auto value = [&] {
+      const float v = is_norm ? 1.0f : is_bias ? 0.0f : normal(rng);
+      const int64_t k = drawn++;
+      return pad_row >= 0 && k >= pad_begin && k < pad_end ? 0.0f : v;
+    };
     auto write = [&](int64_t first, const auto* values, int64_t n) { write_weights(i, first, values, n); };
     if (p.master() && params_.sharded_weights()) {  // ZeRO-3: every draw, this rank's part kept
       draw_in_pieces<float>(p.numel, value, write);
@@ -833,10 +842,12 @@ void Decoder::backward(const MicroBatch& mb) {
     for (int id : {p.o_weight, p.k_norm, p.q_norm, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);
   }
   if (c.scale_embeddings && embedding_grad) backend_.scale_in_place(b.dx, N * H, embedding_scale(c));
-  if (!frozen) backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, fresh_grad(ids_.embed));
+  const int64_t padding_idx = c.embedding_padding_idx();
+  if (!frozen)
+    backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, padding_idx, fresh_grad(ids_.embed));
   base_grad_ready(ids_.embed);
   if (trained_embed_ >= 0) {  // modules_to_save: the adapter's copy of the embedding trains
-    backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, adapter_.grad(trained_embed_));
+    backend_.embedding_backward(mb.input_ids, N, b.dx, H, c.vocab_size, padding_idx, adapter_.grad(trained_embed_));
     grad_ready(trained_embed_);
   }
 }

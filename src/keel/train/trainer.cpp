@@ -16,6 +16,7 @@
 #include "keel/core/file_io.h"
 #include "keel/core/process_memory.h"
 #include "keel/data/batch_builder.h"
+#include "keel/data/tokenizer.h"
 #include "keel/train/batch_source.h"
 #include "keel/distributed/communicator.h"
 #include "keel/core/threads.h"
@@ -190,6 +191,7 @@ class Trainer {
                                     : "")
             : "");
     if (decoder_.has_adapter()) print_lora();
+    print_padding_row();
     {
       // The logits buffer is the step's largest scratch: its size is a choice keel makes (or the recipe).
       const int64_t chunk = decoder_.lm_head_chunk();
@@ -311,6 +313,30 @@ class Trainer {
     const double matrices = double(held ? p.compute_only_range().size() : p.compute_only_total());
     const double four_bit = double(held ? p.four_bit_range().size() : p.four_bit_total());
     return 4e-6 * masters + 2e-6 * matrices + (0.5e-6 + 4e-6 / double(kFourBitBlockSize)) * four_bit;
+  }
+
+  // The embedding's padding row (ModelConfig::embedding_padding_idx), said when the embedding trains:
+  // the pad token's lookups give it no gradient, as in every transformers-based trainer.
+  void print_padding_row() {
+    const bool embedding_trains = !decoder_.has_adapter() || decoder_.trained_embedding() >= 0;
+    if (!embedding_trains || config_.pad_token_id < 0) return;
+    const int64_t row = config_.embedding_padding_idx();
+    if (row < 0) {
+      fmt::print(log_, "keel: pad_token_id {} is {}: its embedding row trains from its lookups like any other\n",
+                 config_.pad_token_id,
+                 config_.pad_token_id >= config_.vocab_size ? "outside the vocabulary" : "not a padding_idx in this format");
+      return;
+    }
+    std::string text;
+    try {  // the token's text where the run has a tokenizer; the id alone otherwise
+      const std::string path = run::recipe_tokenizer_path(r_);
+      if (!path.empty()) text = fmt::format(" '{}'", data::load_tokenizer(path).id_to_token(int32_t(row)));
+    } catch (const std::exception&) {
+    }
+    fmt::print(log_,
+               "keel: the embedding row of pad token{} (id {}, pad_token_id) gets no gradient from its lookups, as "
+               "transformers' nn.Embedding(padding_idx=pad_token_id){}\n",
+               text, row, config_.tie_word_embeddings ? "; as the tied LM head it still trains" : "");
   }
 
   // What LoRA trains, said once: the modules, the scaling, and the share of the model that trains.

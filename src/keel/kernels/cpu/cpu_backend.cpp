@@ -167,8 +167,8 @@ class CpuBackend final : public HostMemoryBackend {
     kernels::embedding_forward_bf16(ids, n, table, hidden, out);
   }
   void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
-                          float* dtable) override {
-    kernels::embedding_backward(ids, n, dout, hidden, vocab, dtable);
+                          int64_t padding_idx, float* dtable) override {
+    kernels::embedding_backward(ids, n, dout, hidden, vocab, padding_idx, dtable);
   }
   double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
                                         double grad_scale, double softcap, bf16* grad_bf16) override {

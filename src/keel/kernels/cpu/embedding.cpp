@@ -35,7 +35,8 @@ void embedding_forward_bf16(const int32_t* ids, int64_t n, const bf16* table, in
 }
 
 template <typename T>
-void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hidden, int64_t vocab, T* dtable) {
+void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hidden, int64_t vocab,
+                        int64_t padding_idx, T* dtable) {
   for (int64_t i = 0; i < n; ++i)
     require(ids[i] >= 0 && ids[i] < vocab, "embedding_backward: token {} has id {}, expected an id in [0, {})", i,
             ids[i], vocab);
@@ -45,6 +46,7 @@ void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hi
       const int64_t c0 = blk * kColumnBlock;
       const int64_t nc = std::min(kColumnBlock, hidden - c0);
       for (int64_t i = 0; i < n; ++i) {
+        if (ids[i] == padding_idx) continue;  // nn.Embedding(padding_idx): no gradient from its lookups
         T* dst = dtable + int64_t(ids[i]) * hidden + c0;
         const T* src = dout + i * hidden + c0;
         for (int64_t c = 0; c < nc; ++c) dst[c] += src[c];
@@ -55,7 +57,7 @@ void embedding_backward(const int32_t* ids, int64_t n, const T* dout, int64_t hi
 
 template void embedding_forward<float>(const int32_t*, int64_t, const float*, int64_t, float*);
 template void embedding_forward<double>(const int32_t*, int64_t, const double*, int64_t, double*);
-template void embedding_backward<float>(const int32_t*, int64_t, const float*, int64_t, int64_t, float*);
-template void embedding_backward<double>(const int32_t*, int64_t, const double*, int64_t, int64_t, double*);
+template void embedding_backward<float>(const int32_t*, int64_t, const float*, int64_t, int64_t, int64_t, float*);
+template void embedding_backward<double>(const int32_t*, int64_t, const double*, int64_t, int64_t, int64_t, double*);
 
 }  // namespace keel::kernels

@@ -210,9 +210,9 @@ class ReferenceBackend final : public HostMemoryBackend {
   }
   // Each used row summed in double, in token order, then rounded once.
   void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
-                          float* dtable) override {
+                          int64_t padding_idx, float* dtable) override {
     Doubles dd = widen(dtable, vocab * hidden);
-    kernels::embedding_backward(ids, n, widen(dout, n * hidden).data(), hidden, vocab, dd.data());
+    kernels::embedding_backward(ids, n, widen(dout, n * hidden).data(), hidden, vocab, padding_idx, dd.data());
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = int64_t(ids[i]) * hidden;
       for (int64_t h = 0; h < hidden; ++h) dtable[row + h] = float(dd[size_t(row + h)]);
