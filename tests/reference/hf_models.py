@@ -239,10 +239,40 @@ class ModelSpec:
     qk_norm: bool = False      # qwen3, gemma3
     sliding_window: int = 0    # mistral (0: none)
     extra: tuple = ()          # gemma: the config keys beyond the shared ones, as (key, value) pairs
+    # The model's nn.Embedding(padding_idx=...): config.pad_token_id as the family's config class
+    # reads it (None: no padding row; glm_original's ChatGLM has none whatever its config says).
+    pad_token_id: int = None
 
     @property
     def gemma(self):
         return self.family in ("gemma2", "gemma3")
+
+
+# The special tokens of the tiny models, placed as the real checkpoints place them (ids below 8,
+# so every family's data can hold them): where pad is a token the model also reads and predicts
+# (EOS or end-of-turn, as many instruct models and their fine-tunes set it) transformers' padding
+# row semantics matter, and the reference data holds all of these ids in input and target positions.
+SPECIAL_IDS = {
+    "llama": {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2},              # pad = EOS
+    "qwen2": {"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 3},         # pad = end of turn
+    "glm": {"bos_token_id": 1, "eos_token_id": [2, 4, 5], "pad_token_id": 2},        # GLM-4: pad = eos[0]
+    "glm_original": {"bos_token_id": 1, "eos_token_id": [2, 4, 5], "pad_token_id": 2},
+    "qwen3": {"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 3},
+    "mistral": {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2},
+    "gemma2": {"bos_token_id": 2, "eos_token_id": [1, 6], "pad_token_id": 0},        # Gemma: <pad> 0, <eos> 1, <bos> 2
+    "gemma3": {"bos_token_id": 2, "eos_token_id": [1, 6], "pad_token_id": 0},
+}
+# The config classes' pad_token_id where config.json has none (transformers' defaults).
+_PAD_DEFAULTS = {"gemma2": 0, "gemma3": 0, "glm": 151329}
+
+
+def special_ids(cfg):
+    """The distinct special-token ids a config.json names (bos, eos, pad), sorted."""
+    ids = set()
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = cfg.get(key)
+        ids.update(v if isinstance(v, list) else [] if v is None else [v])
+    return sorted(ids)
 
 
 # The transformers families' own keys beside the shared ones (defaults where tie_word_embeddings
@@ -251,9 +281,7 @@ _TRANSFORMERS_FAMILY_KEYS = {
     "llama": ({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False,
                "mlp_bias": False}, False),
     "qwen2": ({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "use_sliding_window": False}, True),
-    # GlmConfig's default pad id is GLM-4's (151329), beyond a tiny vocabulary
-    "glm": ({"architectures": ["GlmForCausalLM"], "model_type": "glm", "attention_bias": True,
-             "pad_token_id": None}, False),
+    "glm": ({"architectures": ["GlmForCausalLM"], "model_type": "glm", "attention_bias": True}, False),
     "qwen3": ({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False,
                "use_sliding_window": False}, True),
     "mistral": ({"architectures": ["MistralForCausalLM"], "model_type": "mistral"}, False),
@@ -291,7 +319,7 @@ def make_config(family, vocab_size=256, hidden_size=64, intermediate_size=96, nu
             "layernorm_epsilon": rms_norm_eps, "rmsnorm": True, "add_qkv_bias": True,
             "add_bias_linear": False, "apply_residual_connection_post_layernorm": False,
             "post_layer_norm": True, "rope_ratio": rope_ratio, "seq_length": max_position_embeddings,
-            "original_rope": True,
+            "original_rope": True, **SPECIAL_IDS[family],
             "tie_word_embeddings": bool(tie_word_embeddings) if tie_word_embeddings is not None else False,
             "torch_dtype": "float32",
         }
@@ -308,6 +336,7 @@ def make_config(family, vocab_size=256, hidden_size=64, intermediate_size=96, nu
         "hidden_act": "silu", "torch_dtype": "float32",
     }
     cfg.update(own)
+    cfg.update(SPECIAL_IDS[family])
     if family == "glm":
         cfg["partial_rotary_factor"] = partial_rotary_factor
     if family == "mistral":
@@ -346,7 +375,7 @@ def spec_from_config(cfg):
             rope_interleaved=True, rope_theta=10000.0 * cfg.get("rope_ratio", 1),
             rms_norm_eps=cfg["layernorm_epsilon"], qkv_bias=bool(cfg.get("add_qkv_bias", False)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            max_position_embeddings=cfg.get("seq_length", 2048))
+            max_position_embeddings=cfg.get("seq_length", 2048), pad_token_id=None)
     heads = cfg["num_attention_heads"]
     hd = cfg.get("head_dim") or (128 if family == "qwen3" else 256 if family.startswith("gemma")
                                  else cfg["hidden_size"] // heads)
@@ -367,7 +396,8 @@ def spec_from_config(cfg):
         max_position_embeddings=cfg.get("max_position_embeddings", 2048),
         qk_norm=family in ("qwen3", "gemma3"),
         sliding_window=(cfg.get("sliding_window", 4096) or 0) if family == "mistral" else 0,
-        extra=tuple((k, cfg[k]) for k in _GEMMA_KEYS if k in cfg) if family.startswith("gemma") else ())
+        extra=tuple((k, cfg[k]) for k in _GEMMA_KEYS if k in cfg) if family.startswith("gemma") else (),
+        pad_token_id=cfg["pad_token_id"] if "pad_token_id" in cfg else _PAD_DEFAULTS.get(family))
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,9 +459,10 @@ def transformers_config(spec, attn_implementation=None):
         cfg["attention_bias"] = spec.qkv_bias
     cfg.update(dict(spec.extra))
     cfg.pop("torch_dtype", None)
-    # No padding index: GlmConfig defaults to GLM-4's pad id, and nn.Embedding would then give
-    # that row no gradient, which neither keel nor the checkpoint's semantics do.
-    cfg["pad_token_id"] = None
+    # The padding row as the checkpoint's own class builds it: nn.Embedding(padding_idx=pad_token_id)
+    # gives that row no gradient from its lookups (keel: ModelConfig::embedding_padding_idx).
+    # ChatGLM's remote code builds no padding row, so its converted GlmForCausalLM has none either.
+    cfg["pad_token_id"] = None if spec.family == "glm_original" else spec.pad_token_id
     config = TRANSFORMERS_CLASSES[family].config_class(**cfg)
     # sdpa has no soft-capping: transformers runs Gemma 2 eagerly
     config._attn_implementation = "eager" if family == "gemma2" else attn_implementation

@@ -82,6 +82,13 @@ TOL = {
     "bf16": {"loss": 2e-2, "lr": 1e-6, "grad_norm": 5e-2, "weights": 5e-2, "update": 0.2},
 }
 BF16_NOISE_FACTOR = 5.0
+# fp32: a few tensors' updates come from near-zero gradients (the k bias in slowly rotating RoPE
+# channels: what a key bias adds to a query's scores barely changes along a 16-token sequence) that
+# Adam normalises to full-size steps, so torch's own fp32 lands more than 1e-5 from the same run in
+# float64 (qwen2's k_proj.bias: 0.9e-5 and 1.1e-5 with the special ids in the data). Where twice
+# that distance is more than 1e-5, keel is measured within FP32_GAP_FACTOR x torch's own fp32
+# distance, as bf16 is against torch's bf16 distance.
+FP32_GAP_FACTOR = 2.0
 # Measured 2026-12-03, what keel needs against that gap over every bf16 reference run (8 families
 # x full, LoRA, QLoRA, the reference backend, portable kernels; AVX-512 BF16 and, with KEEL_ISA=avx2
 # ONEDNN_MAX_CPU_ISA=AVX2, the AVX2 paths): at most 1.80 (qwen2's q_proj, gemma2 whose only torch
@@ -108,15 +115,25 @@ RECORD_SPECS = [
 ]
 
 
-def make_records(vocab_size):
+def with_specials(ids, specials, k):
+    """ids with every fifth token (from an offset that moves with the record) one of the model's
+    special ids in turn: pad, BOS, EOS and end-of-turn stand where real data has them, in input and
+    target positions, so that the way a model treats them (the pad row's gradient) is compared."""
+    if not specials:
+        return ids
+    return [specials[(j // 5 + k) % len(specials)] if (j + k) % 5 == 0 else t for j, t in enumerate(ids)]
+
+
+def make_records(vocab_size, specials=()):
+    """specials: the model's special-token ids (hf_models.special_ids), placed in the records."""
     rng = random.Random(SEED)
     records = []
-    for length, kind in RECORD_SPECS:
-        ids = [rng.randrange(1, vocab_size) for _ in range(length)]
+    for k, (length, kind) in enumerate(RECORD_SPECS):
+        ids = with_specials([rng.randrange(1, vocab_size) for _ in range(length)], specials, k)
         rec = {"input_ids": ids}
         if kind is not None:
             if kind == "other":
-                labels = [rng.randrange(1, vocab_size) for _ in range(length)]
+                labels = with_specials([rng.randrange(1, vocab_size) for _ in range(length)], specials, k + 2)
                 labels[:2] = [IGNORE] * 2
             elif kind == "all":
                 labels = [IGNORE] * MAX_SEQ_LEN + ids[MAX_SEQ_LEN:]
@@ -132,9 +149,17 @@ def make_records(vocab_size):
     return records
 
 
-def micro_batches(records):
+def padding_id(spec):
+    """The id keel pads rows with (train/batch_source.h, model_pad_id): the model's pad_token_id
+    where it is in the vocabulary, else 0."""
+    pad = spec.pad_token_id
+    return pad if pad is not None and 0 <= pad < spec.vocab_size else PAD_ID
+
+
+def micro_batches(records, pad_id=PAD_ID):
     """In file order: micro-batch k = records [k*B, (k+1)*B), truncated to MAX_SEQ_LEN,
-    input_ids right-padded with PAD_ID and labels with -100."""
+    input_ids right-padded with pad_id (keel pads with the model's pad_token_id: padding_id) and
+    labels with -100."""
     out = []
     for k in range(len(records) // BATCH_SIZE):
         ids_rows, lab_rows = [], []
@@ -142,7 +167,7 @@ def micro_batches(records):
             ids = rec["input_ids"][:MAX_SEQ_LEN]
             labels = list(rec.get("labels", rec["input_ids"]))[:MAX_SEQ_LEN]
             pad = MAX_SEQ_LEN - len(ids)
-            ids_rows.append(ids + [PAD_ID] * pad)
+            ids_rows.append(ids + [pad_id] * pad)
             lab_rows.append(labels + [IGNORE] * pad)
         out.append((torch.tensor(ids_rows, dtype=torch.long), torch.tensor(lab_rows, dtype=torch.long)))
     return out
@@ -172,7 +197,7 @@ def write_inputs(work, family, dtype, backend="cpu", config_overrides=None):
     # The newer families' checkpoints are sharded (model.safetensors.index.json), the others one file.
     hf.save_checkpoint(model_dir, cfg, init, shards=2 if family in ("qwen3", "mistral", "gemma2", "gemma3") else 1)
 
-    records = make_records(spec.vocab_size)
+    records = make_records(spec.vocab_size, hf.special_ids(cfg))
     data_path = os.path.join(work, "train.jsonl")
     with open(data_path, "w") as f:
         for rec in records:
@@ -222,13 +247,17 @@ def torch_train(spec, init, records, mode, variant=None, make_model=None, final_
     the last two serve --self-check as stand-ins for keel.
     variant (--self-check only: plausible keel bugs the comparison must catch): "no_clip",
     "decay_all" (weight decay on biases and norms too), "no_decay_embed" (none on embedding and
-    LM head), "mean_per_micro" (each micro-batch averaged over its own tokens, then / GA).
+    LM head), "mean_per_micro" (each micro-batch averaged over its own tokens, then / GA),
+    "pad_row_trained" (the embedding built without padding_idx: the pad row's lookups train it).
 
     make_model (optional): builds the model to train instead (a PeftModel: only the parameters that
     require gradients train); final_tensors(model) then gives the "final" tensors.
 
     Returns {"steps": [{step, loss, lr, grad_norm, clipped, tokens}], "final": {name: fp32}}."""
     pdtype = torch.float64 if mode == "fp64" else torch.float32
+    if variant == "pad_row_trained":
+        import dataclasses
+        make_model = make_model or (lambda: hf.build_model(dataclasses.replace(spec, pad_token_id=None), init))
     model = (make_model() if make_model else hf.build_model(spec, init)).to(pdtype)
     if mode == "bf16emu":
         emulate_bf16_gemms(model)
@@ -245,7 +274,7 @@ def torch_train(spec, init, records, mode, variant=None, make_model=None, final_
     ]
     opt = torch.optim.AdamW(groups, lr=LEARNING_RATE, betas=(ADAM_BETA1, ADAM_BETA2), eps=ADAM_EPS)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda)
-    mbs = micro_batches(records)
+    mbs = micro_batches(records, padding_id(spec))
     if len(mbs) < MAX_STEPS * GRAD_ACCUM:
         raise RuntimeError("not enough data for %d steps" % MAX_STEPS)
     steps = []
@@ -422,14 +451,22 @@ def weight_errors(a, b, w0, keep):
             float(d / (b - w0)[keep].norm().clamp_min(1e-30)))
 
 
-def tensor_tolerances(spec, dtype, init, ref, ref_fp32=None):
-    """{name: (weight tol, update tol)}; see the Tolerances comment."""
+def tensor_tolerances(spec, dtype, init, ref, ref_fp32=None, ref_fp64=None):
+    """{name: (weight tol, update tol)}; see the Tolerances comment. fp32 with ref_fp64 (the same
+    training in float64): a tensor on which FP32_GAP_FACTOR x torch's own fp32 distance from float64
+    is more than the base tolerance gets that instead."""
     base = (TOL[dtype]["weights"], TOL[dtype]["update"])
     tol = {}
     masks = noise_gradient_masks(spec)
     for name, b in ref["final"].items():
         if dtype != "bf16":
             tol[name] = base
+            if ref_fp64 is not None:
+                keep = ~masks[name] if name in masks else torch.ones_like(b, dtype=torch.bool)
+                e, u = weight_errors(b.double(), ref_fp64["final"][name].double(), init[name].double(), keep)
+                if FP32_GAP_FACTOR * e > base[0]:
+                    tol[name] = (FP32_GAP_FACTOR * e, max(base[1], FP32_GAP_FACTOR * u))
+                    print("  %s: torch fp32 lands %.2e from float64: tolerance %.2e" % (name, e, tol[name][0]))
             continue
         b = b.double()
         keep = ~masks[name] if name in masks else torch.ones_like(b, dtype=torch.bool)
@@ -481,7 +518,7 @@ def reference(spec, init, records, dtype):
     fp32 run with tolerances sized by torch's own bf16 runs (bf16_yardstick)."""
     if dtype != "bf16":
         ref = torch_train(spec, init, records, dtype)
-        ref["tol"] = tensor_tolerances(spec, dtype, init, ref)
+        ref["tol"] = tensor_tolerances(spec, dtype, init, ref, ref_fp64=torch_train(spec, init, records, "fp64"))
         return ref
     runs = torch_bf16_runs(spec, lambda: torch_train(spec, init, records, "bf16"))
     return bf16_yardstick(spec, init, runs, torch_train(spec, init, records, "fp32"))
@@ -901,7 +938,7 @@ def self_check(family, dtype, work):
               "weight conversion round trip")
 
     print("== gradient accumulation and schedule")
-    mbs = micro_batches(records)
+    mbs = micro_batches(records, padding_id(spec))
     check(all(mb[0].shape == (BATCH_SIZE, MAX_SEQ_LEN) for mb in mbs) and len(mbs) == 7,
           "7 micro-batches of [%d, %d]" % (BATCH_SIZE, MAX_SEQ_LEN))
     per_step = [sum(int((lab[:, 1:] != IGNORE).sum()) for _, lab in mbs[s * GRAD_ACCUM:(s + 1) * GRAD_ACCUM])
@@ -983,7 +1020,10 @@ def self_check(family, dtype, work):
         s["grad_norm"] = min(s["grad_norm"], MAX_GRAD_NORM)  # post-clip norm
     expect_fail("post-clip grad_norm", metrics=bad)
     expect_fail("a missing step", metrics=ref["steps"][:-1])
-    for variant in ("no_clip", "decay_all", "no_decay_embed", "mean_per_micro"):
+    variants = ["no_clip", "decay_all", "no_decay_embed", "mean_per_micro"]
+    if spec.pad_token_id is not None:  # glm_original has no padding row to get wrong
+        variants.append("pad_row_trained")
+    for variant in variants:
         run = torch_train(spec, init, records, dtype, variant=variant)
         # In bf16 most are caught since bf16 is measured against fp32 by torch's own bf16 distance
         # (llama: all four; glm, qwen2: not no_decay_embed), so they are reported, not required.
