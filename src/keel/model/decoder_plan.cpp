@@ -310,134 +310,256 @@ AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& 
   return a;
 }
 
-DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, const AdapterShape& adapter,
-                              const std::vector<GradGroup>& grad_groups, const std::vector<WeightGather>& gathers,
-                              Precision precision, int64_t max_batch, int64_t max_seq, const DecoderOptions& options,
-                              MemoryPlan& plan) {
-  const int64_t param_elements = params.total();
+namespace {
+
+// describe_memory's sections, in the order the buffers are added to the plan (which `keel plan`
+// and the arena's layout both follow): the weights the step reads, what training adds to them
+// (gradients, optimizer state), the activations kept for the backward pass, the head and the
+// backward pass's gradient scratch, and the scratch particular to a precision, 4-bit weights, LoRA
+// or the backend.
+class MemoryDescription {
+ public:
   using Cat = MemoryCategory;
-  const StepTimeline t{int32_t(c.num_layers)};
-  const bool bf = precision == Precision::BF16;
-  const int64_t N = max_batch * max_seq, H = c.hidden_size, I = c.intermediate_size, Q = c.q_size();
-  const int64_t QKV = Q + 2 * c.kv_size(), L = c.num_layers;
-  const size_t f32 = sizeof(float), b16 = sizeof(bf16);
-  auto add = [&](std::string name, Cat cat, int64_t elements, size_t element_size, int32_t first, int32_t last) {
-    return plan.add(std::move(name), cat, size_t(elements) * element_size, first, last);
-  };
+
+  MemoryDescription(const ModelConfig& c, const ParamStore& params, const AdapterShape& adapter, Precision precision,
+                    int64_t max_batch, int64_t max_seq, const DecoderOptions& options, MemoryPlan& plan)
+      : c_(c),
+        params_(params),
+        adapter_(adapter),
+        precision_(precision),
+        options_(options),
+        plan_(plan),
+        t_{int32_t(c.num_layers)},
+        bf_(precision == Precision::BF16),
+        max_batch_(max_batch),
+        max_seq_(max_seq),
+        N_(max_batch * max_seq),
+        H_(c.hidden_size),
+        I_(c.intermediate_size),
+        Q_(c.q_size()),
+        QKV_(c.q_size() + 2 * c.kv_size()),
+        L_(c.num_layers),
+        end_(t_.last()) {}
+
+  // The weights: whole or this rank's shard, ZeRO's gathers, the 4-bit store.
+  void weights(DecoderLayout& d, const std::vector<WeightGather>& gathers) {
+    const int64_t param_elements = params_.total();
+    const bool masters_sharded = options_.shard_weights || options_.shard_masters;
+    if (masters_sharded) {
+      // ZeRO-3: this rank's shard of the masters (every rank plans the largest, shard 0) and, under
+      // LoRA in bf16, of the frozen bf16 matrices. Sharded masters (ZeRO-1/2): the same shard.
+      const int shards = options_.optimizer_shards;
+      const WeightShards held = weight_shards(params_, shards);
+      d.weights = add(fmt::format("weights (1/{} shard)", shards), Cat::MasterWeights, held.masters[0].size(), f32,
+                      kAlways, end_);
+      if (params_.compute_only_total() > 0)
+        d.compute_only_shard = add(fmt::format("weights.bf16 (frozen matrices, 1/{} shard)", shards),
+                                   Cat::ComputeWeights, held.compute_only[0].size(), b16, kAlways, end_);
+    } else {
+      d.weights = add("weights", Cat::MasterWeights, param_elements, f32, kAlways, end_);
+      if (gathers.empty())  // ZeRO-3 with one rank (cast_per_position) casts into its gathers instead
+        d.weights_bf16 =
+            add_bf16(params_.compute_only_total() ? "weights.bf16 (frozen matrices in bf16 only)" : "weights.bf16",
+                     Cat::ComputeWeights, params_.bf16_total(), kAlways, end_);
+    }
+    // Each gather's buffers (WeightGather: what it carries in fp32, in bf16, as 4-bit) from the
+    // position before the one that reads it (the first position's: that one alone); the resident
+    // gathers' (sharded masters, ZeRO-1/2) across steps. With one rank a gather is its bf16 casts.
+    const bool resident = options_.shard_masters;
+    for (const WeightGather& g : gathers) {
+      const int32_t first = resident ? kAlways : std::max(g.position - 1, t_.forward(0));
+      const int32_t last = resident ? end_ : g.position;
+      const std::string name = gathered_name(t_, params_, g, resident, !masters_sharded);
+      d.gathered.push_back(g.fp32_elements > 0 ? add(name, Cat::ComputeWeights, g.fp32_elements, f32, first, last)
+                                               : -1);
+      d.gathered_b.push_back(g.bf16_span.size() > 0 ? add(masters_sharded ? name + ".bf16" : name, Cat::ComputeWeights,
+                                                          g.bf16_span.size(), b16, first, last)
+                                                    : -1);
+      d.gathered_c.push_back(g.compute_only.size() > 0 ? add(name + " (frozen matrices, bf16)", Cat::ComputeWeights,
+                                                             g.compute_only.size(), b16, first, last)
+                                                       : -1);
+      const bool four_bit = g.four_bit.size() > 0;
+      d.gathered_4bit.push_back(
+          four_bit ? add(name + " (4-bit codes)", Cat::ComputeWeights, g.four_bit.size() / 2, 1, first, last) : -1);
+      d.gathered_4bit_absmax.push_back(four_bit ? add(name + " (4-bit absmax)", Cat::ComputeWeights,
+                                                      g.four_bit.size() / kFourBitBlockSize, f32, first, last)
+                                                : -1);
+    }
+    if (params_.four_bit_total() > 0) {
+      // Whole, or ZeRO-3's shard (the largest, shard 0).
+      const std::string_view type = four_bit_type_name(options_.four_bit_type);  // report/memory_report reads it
+      const int shards = options_.shard_weights ? options_.optimizer_shards : 1;
+      const int64_t held = weight_shards(params_, shards).four_bit[0].size();
+      const std::string part = shards > 1 ? fmt::format(", 1/{} shard", shards) : "";
+      d.four_bit_packed =
+          add(fmt::format("weights.{} (4-bit codes{})", type, part), Cat::ComputeWeights, held / 2, 1, kAlways, end_);
+      d.four_bit_absmax = add(fmt::format("weights.{}.absmax{}", type, shards > 1 ? " (" + part.substr(2) + ")" : ""),
+                              Cat::ComputeWeights, held / kFourBitBlockSize, f32, kAlways, end_);
+    }
+  }
+
+  // What training adds: gradients (whole, or ZeRO-2's shard and staging) and AdamW's moments.
+  void training_state(DecoderLayout& d, const std::vector<GradGroup>& grad_groups) {
+    const int64_t param_elements = params_.total();
+    // Under LoRA the model's weights are frozen: gradients and moments only for the adapter.
+    const bool staged = options_.shard_gradients;
+    if (!adapter_.enabled() && !staged) d.grads = add("grads", Cat::Gradients, param_elements, f32, kAlways, end_);
+    const int64_t trained = adapter_.enabled() ? adapter_.elements : param_elements;
+    if (adapter_.enabled()) {
+      d.lora_weights = add("lora.weights", Cat::MasterWeights, trained, f32, kAlways, end_);
+      d.lora_weights_bf16 = add_bf16("lora.weights.bf16", Cat::ComputeWeights, trained, kAlways, end_);
+      if (!staged) d.lora_grads = add("lora.grads", Cat::Gradients, trained, f32, kAlways, end_);
+    }
+    if (staged) {
+      // ZeRO-2: the summed gradients of the (largest) shard, and each group's staging while the
+      // backward pass writes it and its reduction runs.
+      const std::string what = adapter_.enabled() ? "lora.grads" : "grads";
+      const int shards = options_.optimizer_shards;
+      d.grad_shard = add(fmt::format("{} (1/{} shard)", what, shards), Cat::Gradients,
+                         shard_ranges(trained, shards)[0].size(), f32, kAlways, end_);
+      for (const GradGroup& g : grad_groups)
+        d.grad_staging.push_back(add(fmt::format("{}.staged ({})", what, written_where(t_, g)), Cat::Gradients,
+                                     g.range.size(), f32, g.first_written, g.last_written + 1));
+    }
+    if (options_.optimizer_state) {
+      // Every rank plans the largest shard (shard 0), so all ranks have the same plan.
+      const int shards = options_.optimizer_shards;
+      const int64_t moments = shard_ranges(trained, shards)[0].size();
+      const std::string part = shards > 1 ? fmt::format(" (1/{} shard)", shards) : "";
+      d.adam_m = add("adam.m" + part, Cat::OptimizerState, moments, f32, kAlways, end_);
+      d.adam_v = add("adam.v" + part, Cat::OptimizerState, moments, f32, kAlways, end_);
+    }
+  }
+
+  // The residual stream between blocks and each block's intermediates (BlockIds), kept from its
+  // forward position to its backward one, or recomputed there (gradient checkpointing).
+  void activations(DecoderLayout& d) {
+    d.x.resize(size_t(L_ + 1));
+    for (int64_t l = 0; l <= L_; ++l) {
+      const int32_t written = l == 0 ? t_.forward(0) : t_.forward(l - 1);  // the embedding writes x[0]
+      const int32_t read_last = l < L_ ? t_.backward(l) : t_.head();
+      d.x[size_t(l)] = add(l < L_ ? fmt::format("layers.{}.input", l) : "final_norm.input", Cat::Activations, N_ * H_,
+                           f32, written, read_last);
+    }
+    for (int64_t l = 0; l < L_; ++l) {
+      const std::string prefix = fmt::format("layers.{}.", l);
+      if (options_.recomputes(l)) {
+        d.forward.push_back(block(l, prefix + "forward.", Cat::Workspace, t_.forward(l), t_.forward(l)));
+        d.backward.push_back(block(l, prefix + "recomputed.", Cat::Activations, t_.backward(l), t_.backward(l)));
+      } else {
+        d.forward.push_back(block(l, prefix, Cat::Activations, t_.forward(l), t_.backward(l)));
+        d.backward.push_back(d.forward.back());
+      }
+    }
+  }
+
+  // The final norm and the LM head's logits chunk, and the backward pass's gradient scratch.
+  void head_and_gradients(DecoderLayout& d) {
+    const int32_t head = t_.head(), backward_first = t_.backward(L_ - 1), backward_last = t_.backward(0);
+    d.xn_final = add("final_norm.output", Cat::Activations, N_ * H_, f32, head, head);
+    d.rstd_final = add("final_norm.rstd", Cat::Activations, N_, f32, head, head);
+    d.xn_final_b = add_bf16("final_norm.output.bf16", Cat::Activations, N_ * H_, head, head);
+    const int64_t chunk = lm_head_chunk_rows(c_.vocab_size, N_, options_.lm_head_chunk_tokens);
+    d.logits = add("lm_head.logits", Cat::Workspace, chunk * c_.vocab_size, f32, head, head);
+    d.logits_b = add_bf16("lm_head.logits.bf16", Cat::Workspace, chunk * c_.vocab_size, head, head);
+    d.dx = add("grad.residual", Cat::Workspace, N_ * H_, f32, head, backward_last);
+    d.dnorm = add("grad.norm_output", Cat::Workspace, N_ * H_, f32, head, backward_last);
+    d.dh = add("grad.residual_mid", Cat::Workspace, N_ * H_, f32, backward_first, backward_last);
+    // A sandwich norm's input gradient (Gemma): the other norms add theirs into the residual
+    // stream's gradient as they compute it (rmsnorm_backward's residual), with no buffer between.
+    if (c_.sandwich_norms)
+      d.dtmp = add("grad.norm_input", Cat::Workspace, N_ * H_, f32, backward_first, backward_last);
+    d.d_act = add("grad.act", Cat::Workspace, N_ * I_, f32, backward_first, backward_last);
+    d.d_gate_up = add("grad.gate_up", Cat::Workspace, N_ * 2 * I_, f32, backward_first, backward_last);
+    d.d_attn = add("grad.attn", Cat::Workspace, N_ * Q_, f32, backward_first, backward_last);
+    d.d_qkv = add("grad.qkv", Cat::Workspace, N_ * QKV_, f32, backward_first, backward_last);
+    if (c_.qk_norm)
+      d.d_qk = add("grad.qk_normed", Cat::Workspace, N_ * (Q_ + c_.kv_size()), f32, backward_first, backward_last);
+    // From the head on: the final norm's backward (at the head position, before the first block's)
+    // writes the last block's down-projection gradient into it (backward(): residual_dy_b).
+    d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N_ * std::max({H_, 2 * I_, QKV_}), head, backward_last);
+  }
+
+  // Scratch of 4-bit weights (a dequantized tile), LoRA (dropout, its gradient), bf16 products on a
+  // CPU that widens them, attention's workspace, and the RoPE tables outside the arena.
+  void scratch(DecoderLayout& d) {
+    const int32_t backward_first = t_.backward(L_ - 1), backward_last = t_.backward(0);
+    if (params_.four_bit_total() > 0) {  // one tile of dequantized rows, used by every 4-bit GEMM in turn
+      int64_t tile = 0;
+      for (const auto& p : params_.params())
+        if (p.storage == ParamStorage::FourBit)
+          tile = std::max(tile, four_bit_tile_rows(p.shape[0], p.shape[1], options_.four_bit_tile_elements) * p.shape[1]);
+      if (bf_)
+        d.four_bit_tile_b = add("4bit.dequantized_tile (bf16)", Cat::Workspace, tile, b16, t_.forward(0), backward_last);
+      else
+        d.four_bit_tile = add("4bit.dequantized_tile", Cat::Workspace, tile, f32, t_.forward(0), backward_last);
+    }
+    if (adapter_.dropout) {  // a module's dropped-out input (forward and backward), and its dx before the mask
+      const int64_t wide = N_ * adapter_.widest_input;
+      if (bf_)
+        d.lora_dropped_b = add("lora.dropout.input (bf16)", Cat::Workspace, wide, b16, t_.forward(0), backward_last);
+      else
+        d.lora_dropped = add("lora.dropout.input", Cat::Workspace, wide, f32, t_.forward(0), backward_last);
+      d.lora_dx = add("grad.lora.dropout", Cat::Workspace, wide, f32, backward_first, backward_last);
+    }
+    if (adapter_.enabled()) {
+      d.lora_du = add("grad.lora", Cat::Workspace, N_ * adapter_.rank, f32, backward_first, backward_last);
+      d.lora_du_b = add_bf16("grad.lora.bf16", Cat::Workspace, N_ * adapter_.rank, backward_first, backward_last);
+    }
+    held_widened(d);
+
+    // The attention kernel's per-thread blocks of scores and packed heads, used by every layer in
+    // the forward and the backward pass.
+    d.attention_workspace = add("attention.workspace", Cat::Workspace,
+                                int64_t(backend_of(options_).attention_workspace_bytes(
+                                    attention_shape(c_, 0, max_batch_, max_seq_), attention_matmul(precision_))),
+                                1, t_.forward(0), backward_last);
+
+    // bf16 products on a CPU without a bf16 matmul widen their operands into fp32 tiles the GEMM
+    // layer holds from the first step on (kernels/gemm.h: gemm_widened_operand_bytes).
+    if (const size_t widened = backend_of(options_).gemm_scratch_bytes(bf_))
+      plan_.add_external("bf16 GEMM operands widened to fp32 (no bf16 matmul on this CPU)", Cat::Workspace, widened,
+                         t_.forward(0), end_);
+
+    // The rotary table is a kernels::RopeTable (std::vector) built once: counted, not in the arena.
+    plan_.add_external("rope_table", Cat::Data, size_t(max_seq_) * size_t(c_.rotary_dim) * f32, kAlways, end_);
+    if (c_.rope_local_theta > 0)  // Gemma 3's sliding-window layers rotate with their own base
+      plan_.add_external("rope_table.local", Cat::Data, size_t(max_seq_) * size_t(c_.rotary_dim) * f32, kAlways, end_);
+  }
+
+ private:
+  static constexpr size_t f32 = sizeof(float), b16 = sizeof(bf16);
+  static constexpr int32_t kAlways = 0;
+
+  int add(std::string name, Cat cat, int64_t elements, size_t element_size, int32_t first, int32_t last) {
+    return plan_.add(std::move(name), cat, size_t(elements) * element_size, first, last);
+  }
   // bf16 GEMM inputs exist only in bf16 mode.
-  auto add_bf16 = [&](std::string name, Cat cat, int64_t elements, int32_t first, int32_t last) {
-    return bf ? add(std::move(name), cat, elements, b16, first, last) : -1;
-  };
-
-  DecoderLayout d;
-  const int32_t always = 0, end = t.last();
-  const bool masters_sharded = options.shard_weights || options.shard_masters;
-  if (masters_sharded) {
-    // ZeRO-3: this rank's shard of the masters (every rank plans the largest, shard 0) and, under
-    // LoRA in bf16, of the frozen bf16 matrices. Sharded masters (ZeRO-1/2): the same shard.
-    const int shards = options.optimizer_shards;
-    const WeightShards held = weight_shards(params, shards);
-    d.weights =
-        add(fmt::format("weights (1/{} shard)", shards), Cat::MasterWeights, held.masters[0].size(), f32, always, end);
-    if (params.compute_only_total() > 0)
-      d.compute_only_shard = add(fmt::format("weights.bf16 (frozen matrices, 1/{} shard)", shards), Cat::ComputeWeights,
-                                 held.compute_only[0].size(), b16, always, end);
-  } else {
-    d.weights = add("weights", Cat::MasterWeights, param_elements, f32, always, end);
-    if (gathers.empty())  // ZeRO-3 with one rank (cast_per_position) casts into its gathers instead
-      d.weights_bf16 =
-          add_bf16(params.compute_only_total() ? "weights.bf16 (frozen matrices in bf16 only)" : "weights.bf16",
-                   Cat::ComputeWeights, params.bf16_total(), always, end);
-  }
-  // Each gather's buffers (WeightGather: what it carries in fp32, in bf16, as 4-bit) from the
-  // position before the one that reads it (the first position's: that one alone); the resident
-  // gathers' (sharded masters, ZeRO-1/2) across steps. With one rank a gather is its bf16 casts.
-  const bool resident = options.shard_masters;
-  for (const WeightGather& g : gathers) {
-    const int32_t first = resident ? always : std::max(g.position - 1, t.forward(0));
-    const int32_t last = resident ? end : g.position;
-    const std::string name = gathered_name(t, params, g, resident, !masters_sharded);
-    d.gathered.push_back(g.fp32_elements > 0 ? add(name, Cat::ComputeWeights, g.fp32_elements, f32, first, last) : -1);
-    d.gathered_b.push_back(g.bf16_span.size() > 0 ? add(masters_sharded ? name + ".bf16" : name, Cat::ComputeWeights,
-                                                        g.bf16_span.size(), b16, first, last)
-                                                  : -1);
-    d.gathered_c.push_back(g.compute_only.size() > 0 ? add(name + " (frozen matrices, bf16)", Cat::ComputeWeights,
-                                                           g.compute_only.size(), b16, first, last)
-                                                     : -1);
-    const bool four_bit = g.four_bit.size() > 0;
-    d.gathered_4bit.push_back(
-        four_bit ? add(name + " (4-bit codes)", Cat::ComputeWeights, g.four_bit.size() / 2, 1, first, last) : -1);
-    d.gathered_4bit_absmax.push_back(four_bit ? add(name + " (4-bit absmax)", Cat::ComputeWeights,
-                                                    g.four_bit.size() / kFourBitBlockSize, f32, first, last)
-                                              : -1);
-  }
-  if (params.four_bit_total() > 0) {
-    // Whole, or ZeRO-3's shard (the largest, shard 0).
-    const std::string_view type = four_bit_type_name(options.four_bit_type);  // report/memory_report reads it
-    const int shards = options.shard_weights ? options.optimizer_shards : 1;
-    const int64_t held = weight_shards(params, shards).four_bit[0].size();
-    const std::string part = shards > 1 ? fmt::format(", 1/{} shard", shards) : "";
-    d.four_bit_packed =
-        add(fmt::format("weights.{} (4-bit codes{})", type, part), Cat::ComputeWeights, held / 2, 1, always, end);
-    d.four_bit_absmax = add(fmt::format("weights.{}.absmax{}", type, shards > 1 ? " (" + part.substr(2) + ")" : ""),
-                            Cat::ComputeWeights, held / kFourBitBlockSize, f32, always, end);
-  }
-  // Under LoRA the model's weights are frozen: gradients and moments only for the adapter.
-  const bool staged = options.shard_gradients;
-  if (!adapter.enabled() && !staged) d.grads = add("grads", Cat::Gradients, param_elements, f32, always, end);
-  const int64_t trained = adapter.enabled() ? adapter.elements : param_elements;
-  if (adapter.enabled()) {
-    d.lora_weights = add("lora.weights", Cat::MasterWeights, trained, f32, always, end);
-    d.lora_weights_bf16 = add_bf16("lora.weights.bf16", Cat::ComputeWeights, trained, always, end);
-    if (!staged) d.lora_grads = add("lora.grads", Cat::Gradients, trained, f32, always, end);
-  }
-  if (staged) {
-    // ZeRO-2: the summed gradients of the (largest) shard, and each group's staging while the
-    // backward pass writes it and its reduction runs.
-    const std::string what = adapter.enabled() ? "lora.grads" : "grads";
-    const int shards = options.optimizer_shards;
-    d.grad_shard = add(fmt::format("{} (1/{} shard)", what, shards), Cat::Gradients,
-                       shard_ranges(trained, shards)[0].size(), f32, always, end);
-    for (const GradGroup& g : grad_groups)
-      d.grad_staging.push_back(add(fmt::format("{}.staged ({})", what, written_where(t, g)), Cat::Gradients,
-                                   g.range.size(), f32, g.first_written, g.last_written + 1));
-  }
-  if (options.optimizer_state) {
-    // Every rank plans the largest shard (shard 0), so all ranks have the same plan.
-    const int shards = options.optimizer_shards;
-    const int64_t moments = shard_ranges(trained, shards)[0].size();
-    const std::string part = shards > 1 ? fmt::format(" (1/{} shard)", shards) : "";
-    d.adam_m = add("adam.m" + part, Cat::OptimizerState, moments, f32, always, end);
-    d.adam_v = add("adam.v" + part, Cat::OptimizerState, moments, f32, always, end);
+  int add_bf16(std::string name, Cat cat, int64_t elements, int32_t first, int32_t last) {
+    return bf_ ? add(std::move(name), cat, elements, b16, first, last) : -1;
   }
 
-  d.x.resize(size_t(L + 1));
-  for (int64_t l = 0; l <= L; ++l) {
-    const int32_t written = l == 0 ? t.forward(0) : t.forward(l - 1);  // the embedding writes x[0]
-    const int32_t read_last = l < L ? t.backward(l) : t.head();
-    d.x[size_t(l)] = add(l < L ? fmt::format("layers.{}.input", l) : "final_norm.input", Cat::Activations, N * H, f32,
-                         written, read_last);
-  }
-  auto block = [&](int64_t layer, const std::string& prefix, Cat cat, int32_t first, int32_t last) {
+  BlockIds block(int64_t layer, const std::string& prefix, Cat cat, int32_t first, int32_t last) {
+    const int64_t N = N_, H = H_, I = I_, Q = Q_, QKV = QKV_;
     BlockIds b;
     // In bf16 the GEMMs of the backward pass read the bf16 copies of the normalised inputs and of
     // the SwiGLU output (Linear::backward_weight), so their fp32 originals are scratch of the
     // forward position only: one block's worth shared by all blocks.
-    const Cat gemm_input_cat = bf ? Cat::Workspace : cat;
-    const int32_t gemm_input_last = bf ? first : last;
+    const Cat gemm_input_cat = bf_ ? Cat::Workspace : cat;
+    const int32_t gemm_input_last = bf_ ? first : last;
     b.xn1 = add(prefix + "xn1", gemm_input_cat, N * H, f32, first, gemm_input_last);
     b.rstd1 = add(prefix + "rstd1", cat, N, f32, first, last);
     b.qkv = add(prefix + "qkv", cat, N * QKV, f32, first, last);
-    if (c.qk_norm) {
-      b.qk = add(prefix + "qk_normed", cat, N * (Q + c.kv_size()), f32, first, last);
-      b.rstd_qk = add(prefix + "qk_norm.rstd", cat, N * (c.num_heads + c.num_kv_heads), f32, first, last);
+    if (c_.qk_norm) {
+      b.qk = add(prefix + "qk_normed", cat, N * (Q + c_.kv_size()), f32, first, last);
+      b.rstd_qk = add(prefix + "qk_norm.rstd", cat, N * (c_.num_heads + c_.num_kv_heads), f32, first, last);
     }
     b.attn = add(prefix + "attn", cat, N * Q, f32, first, last);  // attention_backward reads it
-    b.lse = add(prefix + "lse", cat, N * c.num_heads, f32, first, last);
+    b.lse = add(prefix + "lse", cat, N * c_.num_heads, f32, first, last);
     b.xmid = add(prefix + "xmid", cat, N * H, f32, first, last);
     b.xn2 = add(prefix + "xn2", gemm_input_cat, N * H, f32, first, gemm_input_last);
     b.rstd2 = add(prefix + "rstd2", cat, N, f32, first, last);
-    if (c.sandwich_norms) {
+    if (c_.sandwich_norms) {
       b.ao = add(prefix + "attention_output", cat, N * H, f32, first, last);
       b.rstd_ao = add(prefix + "attention_output.rstd", cat, N, f32, first, last);
       b.mo = add(prefix + "mlp_output", cat, N * H, f32, first, last);
@@ -449,111 +571,67 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
     b.attn_b = add_bf16(prefix + "attn.bf16", cat, N * Q, first, last);
     b.xn2_b = add_bf16(prefix + "xn2.bf16", cat, N * H, first, last);
     b.act_b = add_bf16(prefix + "act.bf16", cat, N * I, first, last);
-    if (adapter.enabled() && adapter.modules_per_layer[size_t(layer)] > 0) {
-      const int64_t u = N * adapter.rank * adapter.modules_per_layer[size_t(layer)];
+    if (adapter_.enabled() && adapter_.modules_per_layer[size_t(layer)] > 0) {
+      const int64_t u = N * adapter_.rank * adapter_.modules_per_layer[size_t(layer)];
       b.lora_u = add(prefix + "lora.u", cat, u, f32, first, last);
       b.lora_u_b = add_bf16(prefix + "lora.u.bf16", cat, u, first, last);
     }
     return b;
-  };
-  for (int64_t l = 0; l < L; ++l) {
-    const std::string prefix = fmt::format("layers.{}.", l);
-    if (options.recomputes(l)) {
-      d.forward.push_back(block(l, prefix + "forward.", Cat::Workspace, t.forward(l), t.forward(l)));
-      d.backward.push_back(block(l, prefix + "recomputed.", Cat::Activations, t.backward(l), t.backward(l)));
-    } else {
-      d.forward.push_back(block(l, prefix, Cat::Activations, t.forward(l), t.backward(l)));
-      d.backward.push_back(d.forward.back());
-    }
   }
 
-  const int32_t head = t.head(), backward_first = t.backward(L - 1), backward_last = t.backward(0);
-  d.xn_final = add("final_norm.output", Cat::Activations, N * H, f32, head, head);
-  d.rstd_final = add("final_norm.rstd", Cat::Activations, N, f32, head, head);
-  d.xn_final_b = add_bf16("final_norm.output.bf16", Cat::Activations, N * H, head, head);
-  const int64_t chunk = lm_head_chunk_rows(c.vocab_size, N, options.lm_head_chunk_tokens);
-  d.logits = add("lm_head.logits", Cat::Workspace, chunk * c.vocab_size, f32, head, head);
-  d.logits_b = add_bf16("lm_head.logits.bf16", Cat::Workspace, chunk * c.vocab_size, head, head);
-  d.dx = add("grad.residual", Cat::Workspace, N * H, f32, head, backward_last);
-  d.dnorm = add("grad.norm_output", Cat::Workspace, N * H, f32, head, backward_last);
-  d.dh = add("grad.residual_mid", Cat::Workspace, N * H, f32, backward_first, backward_last);
-  // A sandwich norm's input gradient (Gemma): the other norms add theirs into the residual
-  // stream's gradient as they compute it (rmsnorm_backward's residual), with no buffer between.
-  if (c.sandwich_norms) d.dtmp = add("grad.norm_input", Cat::Workspace, N * H, f32, backward_first, backward_last);
-  d.d_act = add("grad.act", Cat::Workspace, N * I, f32, backward_first, backward_last);
-  d.d_gate_up = add("grad.gate_up", Cat::Workspace, N * 2 * I, f32, backward_first, backward_last);
-  d.d_attn = add("grad.attn", Cat::Workspace, N * Q, f32, backward_first, backward_last);
-  d.d_qkv = add("grad.qkv", Cat::Workspace, N * QKV, f32, backward_first, backward_last);
-  if (c.qk_norm)
-    d.d_qk = add("grad.qk_normed", Cat::Workspace, N * (Q + c.kv_size()), f32, backward_first, backward_last);
-  // From the head on: the final norm's backward (at the head position, before the first block's)
-  // writes the last block's down-projection gradient into it (backward(): residual_dy_b).
-  d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N * std::max({H, 2 * I, QKV}), head, backward_last);
-  if (params.four_bit_total() > 0) {  // one tile of dequantized rows, used by every 4-bit GEMM in turn
-    int64_t tile = 0;
-    for (const auto& p : params.params())
-      if (p.storage == ParamStorage::FourBit)
-        tile = std::max(tile, four_bit_tile_rows(p.shape[0], p.shape[1], options.four_bit_tile_elements) * p.shape[1]);
-    if (bf)
-      d.four_bit_tile_b = add("4bit.dequantized_tile (bf16)", Cat::Workspace, tile, b16, t.forward(0), backward_last);
-    else
-      d.four_bit_tile = add("4bit.dequantized_tile", Cat::Workspace, tile, f32, t.forward(0), backward_last);
-  }
-  if (adapter.dropout) {  // a module's dropped-out input (forward and backward), and its dx before the mask
-    const int64_t wide = N * adapter.widest_input;
-    if (bf)
-      d.lora_dropped_b = add("lora.dropout.input (bf16)", Cat::Workspace, wide, b16, t.forward(0), backward_last);
-    else
-      d.lora_dropped = add("lora.dropout.input", Cat::Workspace, wide, f32, t.forward(0), backward_last);
-    d.lora_dx = add("grad.lora.dropout", Cat::Workspace, wide, f32, backward_first, backward_last);
-  }
-  if (adapter.enabled()) {
-    d.lora_du = add("grad.lora", Cat::Workspace, N * adapter.rank, f32, backward_first, backward_last);
-    d.lora_du_b = add_bf16("grad.lora.bf16", Cat::Workspace, N * adapter.rank, backward_first, backward_last);
-  }
   // bf16 on a CPU whose products widen bf16 to fp32 at every call (Backend::hold_widened): a
   // projection's output gradient widened once for its input-gradient product, its weight-gradient
   // product (full fine-tuning) and its adapters' products, or, too wide for that, an adapter's
   // slice of it once for its two products; under LoRA a projection's input once for it and its
   // adapters' products. Each copy is at most kHeldWidenedElements: a wider operand is widened per
   // product, as without these.
-  if (bf && backend_of(options).widens_bf16_products()) {
+  void held_widened(DecoderLayout& d) {
+    if (!bf_ || !backend_of(options_).widens_bf16_products()) return;
+    const int32_t backward_first = t_.backward(L_ - 1), backward_last = t_.backward(0);
     auto held = [&](const std::vector<int64_t>& widths) {
       int64_t most = 0;
       for (int64_t w : widths)
-        if (N * w <= kHeldWidenedElements) most = std::max(most, N * w);
+        if (N_ * w <= kHeldWidenedElements) most = std::max(most, N_ * w);
       return most;
     };
-    std::vector<int64_t> grads = adapter.outputs;
-    grads.insert(grads.end(), adapter.projection_outputs.begin(), adapter.projection_outputs.end());
-    if (!adapter.enabled())
+    std::vector<int64_t> grads = adapter_.outputs;
+    grads.insert(grads.end(), adapter_.projection_outputs.begin(), adapter_.projection_outputs.end());
+    if (!adapter_.enabled())
       for (LinearSlot slot : {LinearSlot::Qkv, LinearSlot::O, LinearSlot::GateUp, LinearSlot::Down})
-        grads.push_back(slot_width(c, slot));
-    if (const int64_t in = held(adapter.inputs))
+        grads.push_back(slot_width(c_, slot));
+    if (const int64_t in = held(adapter_.inputs))
       d.lora_held_input = add("lora.input (widened once: no bf16 matmul on this CPU)", Cat::Workspace, in, f32,
-                              t.forward(0), backward_last);
+                              t_.forward(0), backward_last);
     if (const int64_t out = held(grads))
       d.held_grad = add("grad.output (widened once: no bf16 matmul on this CPU)", Cat::Workspace, out, f32,
                         backward_first, backward_last);
   }
 
-  // The attention kernel's per-thread blocks of scores and packed heads, used by every layer in
-  // the forward and the backward pass.
-  d.attention_workspace = add("attention.workspace", Cat::Workspace,
-                              int64_t(backend_of(options).attention_workspace_bytes(
-                                  attention_shape(c, 0, max_batch, max_seq), attention_matmul(precision))),
-                              1, t.forward(0), backward_last);
+  const ModelConfig& c_;
+  const ParamStore& params_;
+  const AdapterShape& adapter_;
+  const Precision precision_;
+  const DecoderOptions& options_;
+  MemoryPlan& plan_;
+  const StepTimeline t_;
+  const bool bf_;
+  const int64_t max_batch_, max_seq_, N_, H_, I_, Q_, QKV_, L_;
+  const int32_t end_;
+};
 
-  // bf16 products on a CPU without a bf16 matmul widen their operands into fp32 tiles the GEMM
-  // layer holds from the first step on (kernels/gemm.h: gemm_widened_operand_bytes).
-  if (const size_t widened = backend_of(options).gemm_scratch_bytes(precision == Precision::BF16))
-    plan.add_external("bf16 GEMM operands widened to fp32 (no bf16 matmul on this CPU)", Cat::Workspace, widened,
-                      t.forward(0), end);
+}  // namespace
 
-  // The rotary table is a kernels::RopeTable (std::vector) built once: counted, not in the arena.
-  plan.add_external("rope_table", Cat::Data, size_t(max_seq) * size_t(c.rotary_dim) * f32, always, end);
-  if (c.rope_local_theta > 0)  // Gemma 3's sliding-window layers rotate with their own base
-    plan.add_external("rope_table.local", Cat::Data, size_t(max_seq) * size_t(c.rotary_dim) * f32, always, end);
+DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, const AdapterShape& adapter,
+                              const std::vector<GradGroup>& grad_groups, const std::vector<WeightGather>& gathers,
+                              Precision precision, int64_t max_batch, int64_t max_seq, const DecoderOptions& options,
+                              MemoryPlan& plan) {
+  MemoryDescription describe(c, params, adapter, precision, max_batch, max_seq, options, plan);
+  DecoderLayout d;
+  describe.weights(d, gathers);
+  describe.training_state(d, grad_groups);
+  describe.activations(d);
+  describe.head_and_gradients(d);
+  describe.scratch(d);
   return d;
 }
 
