@@ -176,73 +176,7 @@ class Trainer {
                                  : "");
     }
     report::Progress progress(log_, max_steps_, r_.log_interval, options_.terminal);
-    fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}\n", config_.architecture,
-               config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, loader_->sequences(),
-               r_.data_path);
-    const int64_t recomputed = decoder_.recomputed_blocks();
-    const bool kept_last = r_.gradient_checkpointing_layers == 0 && recomputed == config_.num_layers - 1;
-    fmt::print(
-        log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}{}\n", max_steps_,
-        r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype,
-        r_.use_gradient_checkpointing
-            ? fmt::format(", gradient checkpointing ({} of {} blocks recompute{})", recomputed, config_.num_layers,
-                          kept_last ? "; keel's choice: the last keeps its activations, which the memory plan "
-                                      "says costs nothing more (gradient_checkpointing_layers sets it)"
-                                    : "")
-            : "");
-    if (decoder_.has_adapter()) print_lora();
-    print_padding_row();
-    {
-      // The logits buffer is the step's largest scratch: its size is a choice keel makes (or the recipe).
-      const int64_t chunk = decoder_.lm_head_chunk();
-      const double mib = double(chunk * config_.vocab_size) * (decoder_.precision() == model::Precision::BF16 ? 6 : 4) /
-                         double(1 << 20);
-      fmt::print(log_, "keel: LM head and loss over {} tokens at a time ({:.0f} MiB of logits; {})\n", chunk, mib,
-                 r_.lm_head_chunk_tokens > 0 ? "lm_head_chunk_tokens" : "keel's choice, lm_head_chunk_tokens sets it");
-    }
-    fmt::print(log_, "keel: {} thread(s) per rank, {}\n", max_threads(),
-               decoder_.backend().description(decoder_.precision() == model::Precision::BF16));
-    if (!zero_shards().empty()) {
-      const double shard = double(decoder_.trainable().optimizer_range().size()),
-                   whole = double(decoder_.trainable().total());
-      // bf16 full fine-tuning shards the fp32 masters with the moments (Decoder::resident_gathers).
-      const bool masters = decoder_.resident_gathers();
-      const std::string masters_note =
-          masters ? fmt::format(
-                        "; the weights the step reads (bf16 matrices; norms and the embedding in fp32) whole, "
-                        "all-gathered after each optimizer step in {} spans",
-                        decoder_.weight_gathers().size())
-                  : "";
-      if (r_.zero_stage == 1)
-        fmt::print(log_,
-                   "keel: ZeRO-1: AdamW moments{} sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB{}\n",
-                   masters ? " and fp32 masters" : "", comm_.size(), (masters ? 12e-6 : 8e-6) * shard,
-                   (masters ? 12e-6 : 8e-6) * whole, masters_note);
-      else if (r_.zero_stage >= 3 && decoder_.has_adapter())
-        fmt::print(log_,
-                   "keel: ZeRO-3: the frozen base weights sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} "
-                   "MB, in {} gathers per step (how they overlap: above); the adapter's AdamW moments and gradients "
-                   "sharded as in ZeRO-2\n",
-                   comm_.size(), base_bytes(true), base_bytes(false), decoder_.weight_gathers().size());
-      else if (r_.zero_stage >= 3)
-        fmt::print(log_,
-                   "keel: ZeRO-3: fp32 weights, AdamW moments and gradients sharded over {} ranks, {:.2f} MB per rank "
-                   "instead of {:.2f} MB; {} weight gathers per step (how they overlap: above)\n",
-                   comm_.size(), 16e-6 * shard, 16e-6 * whole, decoder_.weight_gathers().size());
-      else
-        fmt::print(log_,
-                   "keel: ZeRO-2: AdamW moments{} and gradients sharded over {} ranks, {:.2f} MB per rank instead of "
-                   "{:.2f} MB; the backward pass stages {} groups of gradients, reduce-scattered every micro-batch{}\n",
-                   masters ? ", fp32 masters" : "", comm_.size(), (masters ? 16e-6 : 12e-6) * shard,
-                   (masters ? 16e-6 : 12e-6) * whole, decoder_.grad_groups().size(), masters_note);
-    }
-    if (decoder_.casts_per_position())
-      fmt::print(log_,
-                 "keel: ZeRO-3 with one rank: nothing to shard, so no whole bf16 copy of the weights either; the bf16 "
-                 "weights cast per position ({} casts per step), {:.2f} MB at the peak instead of {:.2f} MB\n",
-                 decoder_.weight_gathers().size(),
-                 1e-6 * double(decoder_.memory_plan().category_bytes_at_peak(MemoryCategory::ComputeWeights)),
-                 2e-6 * double(decoder_.params().total()));
+    print_banner();
 
     InterruptGuard interrupt;
     TrainResult result;
@@ -313,6 +247,78 @@ class Trainer {
     const double matrices = double(held ? p.compute_only_range().size() : p.compute_only_total());
     const double four_bit = double(held ? p.four_bit_range().size() : p.four_bit_total());
     return 4e-6 * masters + 2e-6 * matrices + (0.5e-6 + 4e-6 / double(kFourBitBlockSize)) * four_bit;
+  }
+
+  // What this run is, said once before step 1: the model and data, the step's shape, what trains,
+  // the head's chunk, threads and backend, and what ZeRO shards.
+  void print_banner() {
+    fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}\n", config_.architecture,
+               config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, loader_->sequences(),
+               r_.data_path);
+    const int64_t recomputed = decoder_.recomputed_blocks();
+    const bool kept_last = r_.gradient_checkpointing_layers == 0 && recomputed == config_.num_layers - 1;
+    fmt::print(
+        log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}{}\n", max_steps_,
+        r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype,
+        r_.use_gradient_checkpointing
+            ? fmt::format(", gradient checkpointing ({} of {} blocks recompute{})", recomputed, config_.num_layers,
+                          kept_last ? "; keel's choice: the last keeps its activations, which the memory plan "
+                                      "says costs nothing more (gradient_checkpointing_layers sets it)"
+                                    : "")
+            : "");
+    if (decoder_.has_adapter()) print_lora();
+    print_padding_row();
+    {
+      // The logits buffer is the step's largest scratch: its size is a choice keel makes (or the recipe).
+      const int64_t chunk = decoder_.lm_head_chunk();
+      const double mib = double(chunk * config_.vocab_size) * (decoder_.precision() == model::Precision::BF16 ? 6 : 4) /
+                         double(1 << 20);
+      fmt::print(log_, "keel: LM head and loss over {} tokens at a time ({:.0f} MiB of logits; {})\n", chunk, mib,
+                 r_.lm_head_chunk_tokens > 0 ? "lm_head_chunk_tokens" : "keel's choice, lm_head_chunk_tokens sets it");
+    }
+    fmt::print(log_, "keel: {} thread(s) per rank, {}\n", max_threads(),
+               decoder_.backend().description(decoder_.precision() == model::Precision::BF16));
+    if (!zero_shards().empty()) {
+      const double shard = double(decoder_.trainable().optimizer_range().size()),
+                   whole = double(decoder_.trainable().total());
+      // bf16 full fine-tuning shards the fp32 masters with the moments (Decoder::resident_gathers).
+      const bool masters = decoder_.resident_gathers();
+      const std::string masters_note =
+          masters ? fmt::format(
+                        "; the weights the step reads (bf16 matrices; norms and the embedding in fp32) whole, "
+                        "all-gathered after each optimizer step in {} spans",
+                        decoder_.weight_gathers().size())
+                  : "";
+      if (r_.zero_stage == 1)
+        fmt::print(log_,
+                   "keel: ZeRO-1: AdamW moments{} sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} MB{}\n",
+                   masters ? " and fp32 masters" : "", comm_.size(), (masters ? 12e-6 : 8e-6) * shard,
+                   (masters ? 12e-6 : 8e-6) * whole, masters_note);
+      else if (r_.zero_stage >= 3 && decoder_.has_adapter())
+        fmt::print(log_,
+                   "keel: ZeRO-3: the frozen base weights sharded over {} ranks, {:.2f} MB per rank instead of {:.2f} "
+                   "MB, in {} gathers per step (how they overlap: above); the adapter's AdamW moments and gradients "
+                   "sharded as in ZeRO-2\n",
+                   comm_.size(), base_bytes(true), base_bytes(false), decoder_.weight_gathers().size());
+      else if (r_.zero_stage >= 3)
+        fmt::print(log_,
+                   "keel: ZeRO-3: fp32 weights, AdamW moments and gradients sharded over {} ranks, {:.2f} MB per rank "
+                   "instead of {:.2f} MB; {} weight gathers per step (how they overlap: above)\n",
+                   comm_.size(), 16e-6 * shard, 16e-6 * whole, decoder_.weight_gathers().size());
+      else
+        fmt::print(log_,
+                   "keel: ZeRO-2: AdamW moments{} and gradients sharded over {} ranks, {:.2f} MB per rank instead of "
+                   "{:.2f} MB; the backward pass stages {} groups of gradients, reduce-scattered every micro-batch{}\n",
+                   masters ? ", fp32 masters" : "", comm_.size(), (masters ? 16e-6 : 12e-6) * shard,
+                   (masters ? 16e-6 : 12e-6) * whole, decoder_.grad_groups().size(), masters_note);
+    }
+    if (decoder_.casts_per_position())
+      fmt::print(log_,
+                 "keel: ZeRO-3 with one rank: nothing to shard, so no whole bf16 copy of the weights either; the bf16 "
+                 "weights cast per position ({} casts per step), {:.2f} MB at the peak instead of {:.2f} MB\n",
+                 decoder_.weight_gathers().size(),
+                 1e-6 * double(decoder_.memory_plan().category_bytes_at_peak(MemoryCategory::ComputeWeights)),
+                 2e-6 * double(decoder_.params().total()));
   }
 
   // The embedding's padding row (ModelConfig::embedding_padding_idx), said when the embedding trains:
