@@ -2,7 +2,7 @@
 """Reference test: keel's fine-tuning against the same training done in PyTorch.
 
     $(scripts/python-env.sh) tests/reference/train_reference.py --keel PATH_TO_KEEL \
-        --family {llama,qwen2,glm,glm_original} --dtype {fp32,bf16} --work WORKDIR
+        --family {llama,qwen2,qwen3,mistral,gemma2,gemma3,glm,glm_original} --dtype {fp32,bf16} --work WORKDIR
 
 1. Writes a tiny random model of the family in its Hugging Face format to WORKDIR/model
    (config.json + model.safetensors, fp32), WORKDIR/train.jsonl (pre-tokenized records) and
