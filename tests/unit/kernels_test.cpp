@@ -453,6 +453,46 @@ TEST(CrossEntropy, LossAndGradientMatchFormula) {
   EXPECT_NEAR(loss_f, ref_loss, 1e-5);
 }
 
+// LossRows: each row's loss and mean (capped) logit out, and a gradient scale per row, which is
+// what calling the kernel once per row with that row's scale gives (the sequence-level objectives'
+// per-sequence weights), in float and in double, with and without the cap.
+TEST(CrossEntropy, PerRowLossesMeanLogitsAndGradientScales) {
+  const int64_t rows = 5, vocab = 37, ld = 40;
+  const std::vector<int32_t> labels = {3, kIgnoreIndex, 36, 0, 12};
+  const std::vector<double> x = random_vector(rows * ld, 21, -8, 8);
+  const std::vector<float> scales = {0.5f, 2.0f, -1.25f, 0.0f, 3.0f};
+  for (double softcap : {0.0, 5.0}) {
+    SCOPED_TRACE(softcap);
+    std::vector<double> g = x, loss(rows, -1.0), mean(rows, -1.0);
+    const double total = cross_entropy_forward_backward(g.data(), ld, labels.data(), rows, vocab, 0.25, softcap,
+                                                        nullptr, LossRows{scales.data(), loss.data(), mean.data()});
+    std::vector<float> gf = test::to_float(x);
+    std::vector<double> loss_f(rows), mean_f(rows);
+    cross_entropy_forward_backward(gf.data(), ld, labels.data(), rows, vocab, 0.25, softcap, nullptr,
+                                   LossRows{scales.data(), loss_f.data(), mean_f.data()});
+    double summed = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<double> one(x.begin() + r * ld, x.begin() + (r + 1) * ld);
+      const double row_loss =
+          cross_entropy_forward_backward(one.data(), ld, &labels[size_t(r)], 1, vocab, 0.25 * scales[r], softcap);
+      EXPECT_EQ(loss[size_t(r)], row_loss) << "row " << r;
+      EXPECT_NEAR(loss_f[size_t(r)], row_loss, 1e-5) << "row " << r;
+      summed += row_loss;
+      double m = 0;
+      for (int64_t j = 0; j < vocab; ++j)
+        m += softcap > 0 ? softcap * std::tanh(x[size_t(r * ld + j)] / softcap) : x[size_t(r * ld + j)];
+      EXPECT_NEAR(mean[size_t(r)], m / double(vocab), 1e-12) << "row " << r;
+      EXPECT_NEAR(mean_f[size_t(r)], m / double(vocab), 1e-5) << "row " << r;
+      for (int64_t j = 0; j < vocab; ++j) {
+        EXPECT_EQ(g[size_t(r * ld + j)], one[size_t(j)]) << "row " << r << " column " << j;
+        EXPECT_NEAR(gf[size_t(r * ld + j)], one[size_t(j)], 1e-6) << "row " << r << " column " << j;
+      }
+    }
+    EXPECT_EQ(total, summed);
+    EXPECT_EQ(loss[1], 0.0);  // the ignored row
+  }
+}
+
 TEST(CrossEntropy, ABf16GradientIsTheFp32GradientConverted) {
   // bf16 training takes the gradient straight in bf16: the same loss, and bit for bit the bf16 of
   // the fp32 gradient, for plain, ignored and soft-capped rows.

@@ -150,9 +150,10 @@ class Backend {
   // softcap * tanh(logits / softcap) (Gemma 2's final-logit soft-capping), 0: none. With
   // grad_bf16 (same layout) the gradient goes there in bf16 instead (what bf16 products read; the
   // logits are then scratch): the same bits as converting the fp32 gradient, one pass fewer.
+  // per_row (shapes.h, LossRows): a gradient scale per row, each row's loss and mean logit out.
   virtual double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows,
                                                 int64_t vocab, double grad_scale, double softcap,
-                                                bf16* grad_bf16 = nullptr) = 0;
+                                                bf16* grad_bf16 = nullptr, const LossRows& per_row = {}) = 0;
 
   // ---- causal grouped-query attention (layouts in shapes.h)
   // segments: optional [batch*seq] document ids (a query attends to earlier keys of its own

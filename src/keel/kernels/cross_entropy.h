@@ -15,9 +15,11 @@ namespace keel::kernels {
 // (callers divide by the number of target tokens). labels must be in [0, vocab) or kIgnoreIndex.
 // softcap > 0 (Gemma 2's final_logit_softcapping): the loss of softcap * tanh(logits / softcap),
 // and its gradient with respect to the logits before the cap. grad_bf16 (float only; same layout):
-// the gradient written there in bf16 instead of into logits (which are then scratch).
+// the gradient written there in bf16 instead of into logits (which are then scratch). per_row
+// (LossRows): a gradient scale per row, and each row's loss and mean logit written out.
 template <typename T>
 double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                      double grad_scale, double softcap = 0.0, bf16* grad_bf16 = nullptr);
+                                      double grad_scale, double softcap = 0.0, bf16* grad_bf16 = nullptr,
+                                      const LossRows& per_row = {});
 
 }  // namespace keel::kernels

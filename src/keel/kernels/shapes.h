@@ -79,4 +79,13 @@ struct AdamWStep {
 // Label value that contributes neither loss nor gradient (torch's ignore_index).
 constexpr int32_t kIgnoreIndex = -100;
 
+// Per-row inputs and outputs of the fused LM-head cross-entropy beyond the summed loss, for
+// objectives over whole sequences (preference losses: each sequence's summed log-probability, then
+// a gradient weight per sequence). Each pointer is optional; rows are the call's rows.
+struct LossRows {
+  const float* grad_scale = nullptr;  // [rows] row r's gradient is scaled by grad_scale * this[r]
+  double* loss = nullptr;             // [rows] -log softmax(logits)[label] (0 for an ignored row)
+  double* mean_logit = nullptr;       // [rows] the mean over the vocabulary of the (capped) logits
+};
+
 }  // namespace keel::kernels

@@ -171,8 +171,10 @@ class CpuBackend final : public HostMemoryBackend {
     kernels::embedding_backward(ids, n, dout, hidden, vocab, padding_idx, dtable);
   }
   double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                        double grad_scale, double softcap, bf16* grad_bf16) override {
-    return kernels::cross_entropy_forward_backward(logits, ld, labels, rows, vocab, grad_scale, softcap, grad_bf16);
+                                        double grad_scale, double softcap, bf16* grad_bf16,
+                                        const LossRows& per_row) override {
+    return kernels::cross_entropy_forward_backward(logits, ld, labels, rows, vocab, grad_scale, softcap, grad_bf16,
+                                                   per_row);
   }
 
   size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precision) override {

@@ -89,12 +89,13 @@ double capped_cross_entropy_row(T* x, int32_t label, int64_t vocab, double grad_
 
 template <typename T>
 double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                      double grad_scale, double softcap, bf16* grad_bf16) {
+                                      double grad_scale, double softcap, bf16* grad_bf16, const LossRows& per_row) {
   require(grad_bf16 == nullptr || std::is_same_v<T, float>, "cross_entropy: a bf16 gradient of double logits");
   for (int64_t r = 0; r < rows; ++r)
     require(labels[r] == kIgnoreIndex || (labels[r] >= 0 && labels[r] < vocab),
             "cross_entropy: row {} has label {}, expected {} or a token id in [0, {})", r, labels[r], kIgnoreIndex,
             vocab);
+  const double scale = grad_scale;
   // Row losses are summed after the parallel loop, in row order, so the total does not depend on
   // the thread count.
   static thread_local std::vector<double> row_loss;
@@ -103,6 +104,13 @@ double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labe
   for_each_task(rows, rows * vocab >= kParallelMinElements, [&](int64_t r, int) {
     T* x = logits + r * ld;
     bf16* xb = grad_bf16 ? grad_bf16 + r * ld : nullptr;
+    if (per_row.mean_logit) {  // of the logits the loss reads: after the cap
+      double sum = 0;
+      for (int64_t j = 0; j < vocab; ++j)
+        sum += softcap > 0 ? softcap * std::tanh(double(x[j]) / softcap) : double(x[j]);
+      per_row.mean_logit[r] = sum / double(vocab);
+    }
+    const double grad_scale = per_row.grad_scale ? scale * double(per_row.grad_scale[r]) : scale;
     if (labels[r] == kIgnoreIndex) {
       for (int64_t j = 0; j < vocab; ++j) x[j] = T(0);
       if (xb) std::fill_n(xb, vocab, bf16{});
@@ -120,12 +128,13 @@ double cross_entropy_forward_backward(T* logits, int64_t ld, const int32_t* labe
   });
   double total = 0;
   for (int64_t r = 0; r < rows; ++r) total += losses[r];
+  if (per_row.loss) std::copy_n(losses, rows, per_row.loss);
   return total;
 }
 
 template double cross_entropy_forward_backward<float>(float*, int64_t, const int32_t*, int64_t, int64_t, double, double,
-                                                      bf16*);
+                                                      bf16*, const LossRows&);
 template double cross_entropy_forward_backward<double>(double*, int64_t, const int32_t*, int64_t, int64_t, double,
-                                                       double, bf16*);
+                                                       double, bf16*, const LossRows&);
 
 }  // namespace keel::kernels

@@ -219,10 +219,12 @@ class ReferenceBackend final : public HostMemoryBackend {
     }
   }
   double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
-                                        double grad_scale, double softcap, bf16* grad_bf16) override {
+                                        double grad_scale, double softcap, bf16* grad_bf16,
+                                        const LossRows& per_row) override {
     Doubles ld_ = widen(logits, span(rows, vocab, ld));
     const double loss =
-        kernels::cross_entropy_forward_backward(ld_.data(), ld, labels, rows, vocab, grad_scale, softcap);
+        kernels::cross_entropy_forward_backward(ld_.data(), ld, labels, rows, vocab, grad_scale, softcap, nullptr,
+                                                per_row);
     narrow_view(ld_, rows, vocab, ld, logits);
     if (grad_bf16)
       for (int64_t r = 0; r < rows; ++r)
