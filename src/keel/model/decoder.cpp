@@ -706,7 +706,8 @@ int64_t Decoder::lm_head_chunk() const {
 
 // Fused LM head + cross-entropy over row chunks: logits for `chunk` tokens at a time, turned into
 // dlogits in place, then immediately pushed back through the head. Writes d(xn_final) to b.dnorm.
-double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backward) {
+double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backward, const TokenScores* scores,
+                             const float* token_weights) {
   const auto& c = config_;
   auto& b = *buf_;
   // The LM head: the model's, or the adapter's trained copy (modules_to_save).
@@ -726,8 +727,11 @@ double Decoder::lm_head_loss(const MicroBatch& mb, double grad_scale, bool backw
     const bf16* xnb = bf ? b.xn_final_b + r0 * H : nullptr;
     lin.forward(xn, xnb, HS.weight(head), HS.weight_bf16(head), H, V, b.logits, 0.0f);
     // bf16: the gradient straight into the copy the products read (the fp32 logits are scratch then).
+    const kernels::LossRows per_row{token_weights ? token_weights + r0 : nullptr,
+                                    scores && scores->nll ? scores->nll + r0 : nullptr,
+                                    scores && scores->mean_logit ? scores->mean_logit + r0 : nullptr};
     loss += backend_.cross_entropy_forward_backward(b.logits, V, mb.targets + r0, rows, V, grad_scale,
-                                                    c.final_logit_softcap, backward ? b.logits_b : nullptr);
+                                                    c.final_logit_softcap, backward ? b.logits_b : nullptr, per_row);
     if (!backward) continue;
     lin.backward_input(b.logits, b.logits_b, HS.weight(head), HS.weight_bf16(head), H, V,
                        b.dnorm + r0 * H);
@@ -880,6 +884,30 @@ double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
   if (trained_lm_head_ >= 0) grad_ready(trained_lm_head_);
   backward(mb);
   return loss;
+}
+
+double Decoder::forward_score(const MicroBatch& mb, TokenScores scores) {
+  validate(mb);
+  CallScope call(*this, StepTimeline{int32_t(config_.num_layers)}.head());
+  TransientScope transients(*buf_, plan_);
+  forward(mb);
+  return lm_head_loss(mb, 0.0, false, &scores);
+}
+
+void Decoder::forward_backward_weighted(const MicroBatch& mb, TokenScores scores, float* weights,
+                                        TokenWeighting& weighting) {
+  validate(mb);
+  require(scores.nll && scores.mean_logit && weights, "decoder: forward_backward_weighted needs its three buffers");
+  const StepTimeline t{int32_t(config_.num_layers)};
+  CallScope call(*this, t.backward(0));
+  TransientScope transients(*buf_, plan_);
+  forward(mb);
+  lm_head_loss(mb, 0.0, false, &scores);
+  weighting.weigh(scores.nll, scores.mean_logit, weights);
+  lm_head_loss(mb, 1.0, true, nullptr, weights);
+  if (!config_.tie_word_embeddings) base_grad_ready(ids_.lm_head);  // tied: the embedding adds to it last
+  if (trained_lm_head_ >= 0) grad_ready(trained_lm_head_);
+  backward(mb);
 }
 
 double Decoder::forward_loss(const MicroBatch& mb) {

@@ -346,6 +346,29 @@ class Decoder {
   // Forward only: the sum of the token losses (for evaluation).
   double forward_loss(const MicroBatch& batch);
 
+  // Objectives over whole sequences (preference losses, train/objective.h). The caller's buffers,
+  // [batch * seq] each, indexed by flat token (b * seq + t): each token's -log p(target) (0 where
+  // the target is -100) and the mean over the vocabulary of its (capped) logits.
+  struct TokenScores {
+    double* nll = nullptr;
+    double* mean_logit = nullptr;
+  };
+  // Chooses each token's gradient weight from the micro-batch's scores (weight[i] multiplies the
+  // gradient of nll[i]); called once per forward_backward_weighted, between its two head passes.
+  class TokenWeighting {
+   public:
+    virtual ~TokenWeighting() = default;
+    virtual void weigh(const double* nll, const double* mean_logit, float* weight) = 0;
+  };
+  // Forward only, scores out; returns their sum (the reference pass of DPO, evaluation).
+  double forward_score(const MicroBatch& batch, TokenScores scores);
+  // One forward pass, the scores, weigh(), then the gradient of sum_i weight[i] * nll[i] through
+  // the head and every block, added to the gradients as forward_backward's are. The head's logits
+  // are computed twice (to score, then for the gradient): the weights depend on every token of the
+  // micro-batch, and holding all of its logits would cost [batch * seq, vocab] floats.
+  void forward_backward_weighted(const MicroBatch& batch, TokenScores scores, float* weights,
+                                 TokenWeighting& weighting);
+
   // Forward only; writes the logits at flat token index rows[i] (b * seq + t) into out[i * vocab].
   // Used by evaluation and greedy decoding.
   void logits_at(const MicroBatch& batch, const int64_t* rows, int64_t count, float* out);
@@ -374,7 +397,10 @@ class Decoder {
   // the backward pass, which only needs the intermediates), writes the next block's input.
   void forward_block(const MicroBatch& batch, int64_t layer, const float* x_in, const BlockActivations& a,
                      float* x_out);
-  double lm_head_loss(const MicroBatch& batch, double grad_scale, bool backward);
+  // scores: each token's loss and mean logit out (null: none); token_weights: each token's gradient
+  // scale times grad_scale (null: grad_scale alone).
+  double lm_head_loss(const MicroBatch& batch, double grad_scale, bool backward, const TokenScores* scores = nullptr,
+                      const float* token_weights = nullptr);
   void backward(const MicroBatch& batch);
   void validate(const MicroBatch& batch) const;
   void to_bf16(const float* src, bf16* dst, int64_t n);  // a GEMM input's bf16 copy, if planned
