@@ -15,7 +15,7 @@ namespace keel::kernels {
 // its rate as chunks on an AVX-512 Xeon, 2 threads (`bench/matmul_peak --k-chunks`): [2048, 4096]
 // x [4096, 768] 293-300 GFLOP/s whole against 304-308 as chunks, [2048, 13696] x [13696, 4096]
 // 273 / 321, the LM head's input gradient [512, 32000] x [32000, 768] 260 / 315
-// (docs/performance.md). The sums then come in another order than one product's: the same values
+// (docs/performance-log.md). The sums then come in another order than one product's: the same values
 // to fp32 rounding.
 constexpr int64_t kKChunk = 2048;
 // beta must be 0 (overwrite) or 1 (accumulate into C, as for gradients).

@@ -5,7 +5,7 @@
 // only when the thread has a core of its own: on a host whose cores are all taken by the ranks'
 // compute threads it steals cycles from the backward pass, and the step got slower (bench model,
 // dp = 2 on 2 cores, one thread per rank: 5.88 s after the backward pass, 6.21 s overlapped,
-// docs/performance.md) even though the exposed sync fell. overlap_grad_sync = "auto" (the
+// docs/performance-log.md) even though the exposed sync fell. overlap_grad_sync = "auto" (the
 // default) therefore overlaps only when the host has a core to spare per rank.
 #pragma once
 #include <string>
