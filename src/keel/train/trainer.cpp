@@ -34,6 +34,7 @@
 #include "keel/report/loss_plot.h"
 #include "keel/report/memory_report.h"
 #include "keel/train/lr_schedule.h"
+#include "keel/train/next_token_loss.h"
 #include "keel/report/metrics.h"
 #include "keel/report/tensorboard.h"
 #include "keel/run/model_setup.h"
@@ -693,8 +694,8 @@ class Trainer {
       decoder_.trainable().zero_grads();
     else
       decoder_.trainable().begin_gradient_step();
-    const double grad_scale = m.target_tokens > 0 ? 1.0 / double(m.target_tokens) : 0.0;
-    double loss_sum = 0.0, exposed_s = 0.0;
+    objective_->begin_step({in.target_tokens, in.tokens});
+    double exposed_s = 0.0;
     for (size_t i = 0; i < micro.size(); ++i) {
       const auto& mb = micro[i];
       model::MicroBatch batch{mb.batch,
@@ -708,7 +709,7 @@ class Trainer {
       batch.dropout_key = dropout_subkey(splitmix64(uint64_t(r_.seed)), uint64_t(step) << 24 | (i * uint64_t(ranks) +
                                                                                                  uint64_t(comm_.rank())));
       if (sync_) sync_->before_micro_batch(i + 1 == micro.size());
-      loss_sum += decoder_.forward_backward(batch, grad_scale);
+      objective_->micro_batch(decoder_, batch);
       if (sync_) {
         const auto t_wait = Clock::now();  // ZeRO-2: the micro-batch's last reductions
         sync_->after_micro_batch();
@@ -718,6 +719,7 @@ class Trainer {
     m.compute_s = seconds_since(t1) - exposed_s;
     m.grad_sync_s += exposed_s;
     model::ParamStore& params = decoder_.trainable();
+    double loss_sum = objective_->partial_loss();
     if (sync_) {
       // What is left of the synchronisation once the backward pass is done: the exposed part.
       const auto t_sync = Clock::now();
@@ -728,7 +730,7 @@ class Trainer {
     } else {
       m.grad_norm = gradient_norm(decoder_.backend(), params);
     }
-    m.loss = m.target_tokens > 0 ? loss_sum / double(m.target_tokens) : 0.0;
+    m.loss = objective_->step_loss(loss_sum);
 
     const auto t2 = Clock::now();
     m.lr = schedule_.lr_for_step(step);
@@ -848,6 +850,8 @@ class Trainer {
     return sync_ ? sync_->shards() : none;
   }
   std::unique_ptr<BatchSource> loader_, eval_loader_;
+  // What each step optimises (objective.h): next-token loss; preference losses will sit beside it.
+  std::unique_ptr<Objective> objective_ = std::make_unique<NextTokenLoss>();
   int64_t max_steps_ = 0;
   int32_t pad_id_ = 0;
   std::unique_ptr<AdamW> optimizer_;
