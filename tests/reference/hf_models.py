@@ -705,9 +705,14 @@ def causal_lm_loss_sum(logits, labels, ignore_index=-100):
 
 
 @torch.no_grad()
-def greedy_generate(model, prompt_ids, max_new_tokens, eos_token_ids=()):
+def greedy_generate(model, prompt_ids, max_new_tokens, eos_token_ids=None):
     """transformers' model.generate, greedy, with its KV cache. Returns the generated ids
-    (without the prompt); stops after an id in eos_token_ids."""
+    (without the prompt); stops after an id in eos_token_ids, by default the model config's
+    eos_token_id, as generate does for a model loaded from its directory (and keel generate does
+    from config.json)."""
+    if eos_token_ids is None:
+        eos = model.config.eos_token_id
+        eos_token_ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
     out = model.generate(torch.tensor([list(prompt_ids)], dtype=torch.long),
                          attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
                          max_new_tokens=max_new_tokens, min_new_tokens=0, do_sample=False,
