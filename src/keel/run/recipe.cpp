@@ -13,6 +13,7 @@
 #include "keel/core/error.h"
 #include "keel/core/four_bit.h"
 #include "keel/core/file_io.h"
+#include "keel/core/suggest.h"
 
 namespace keel::run {
 
@@ -140,29 +141,6 @@ const std::vector<std::string>& model_config_keys() {
   return keys;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-std::string suggestion(const std::string& key, const std::vector<std::string>& valid) {
-  std::string best;
-  size_t best_distance = ~size_t(0);
-  for (const auto& v : valid) {
-    size_t d = edit_distance(key, v);
-    if (d < best_distance) best_distance = d, best = v;
-  }
-  if (best_distance <= std::max<size_t>(2, key.size() / 3)) return fmt::format(" (did you mean '{}'?)", best);
-  return "";
-}
-
 std::vector<std::string> all_keys() {
   std::vector<std::string> keys;
   for (const auto& f : fields()) {
@@ -249,7 +227,7 @@ void parse_model_config_table(Recipe& r, const toml::table& t, const std::string
     const auto& table = model_config_fields();
     auto it = std::find_if(table.begin(), table.end(), [&](const auto& f) { return key == f.key; });
     if (it == table.end())
-      fail("{}: unknown key '{}' in [model_config]{}; valid keys: {}", at, key, suggestion(key, model_config_keys()),
+      fail("{}: unknown key '{}' in [model_config]{}; valid keys: {}", at, key, did_you_mean(key, model_config_keys()),
            fmt::join(model_config_keys(), ", "));
     assign(m, *it, node, at, full);
   }
@@ -270,7 +248,7 @@ void apply_table(Recipe& r, const toml::table& t, const std::string& source, Whe
                            [&](const Field& f) { return key == f.key || (f.alias && key == f.alias); });
     if (it == fields().end())
       fail("{}: unknown key '{}'{}. `keel train --print-recipe` lists every key.", at, key,
-           suggestion(key, all_keys()));
+           did_you_mean(key, all_keys()));
     assign(r, *it, node, at, key);
     where.place[it->key] = at;
   }
