@@ -4,12 +4,49 @@
 #include <fmt/format.h>
 
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
+#include "keel/model/config.h"
+
+namespace {
+
+// `items` joined by ", " after `head`, wrapped before 100 columns with the lines after the first
+// indented.
+std::string wrapped_list(const std::string& head, const std::vector<std::string>& items) {
+  std::string text = head, line = head;
+  for (size_t i = 0; i < items.size(); ++i) {
+    const std::string item = items[i] + (i + 1 < items.size() ? "," : "");
+    if (line.size() + 1 + item.size() > 100) {
+      text += "\n ";
+      line = " ";
+    }
+    text += " " + item;
+    line += " " + item;
+  }
+  return text;
+}
+
+// The first screen of `keel --help`: what keel does, for which models (the config loader's own
+// table of families, model::supported_families, so the list cannot fall behind it) and how.
+std::string overview() {
+  namespace model = keel::model;
+  std::vector<std::string> families;
+  for (auto family : model::supported_families())
+    families.push_back(fmt::format("{} ({})", model::family_display_name(family), model::family_name(family)));
+  return "keel: fine-tune decoder-only LLMs end to end on the CPU: JSONL data in, a Hugging Face model out\n" +
+         wrapped_list("Model families (the [model_config] family name in parentheses):", families) +
+         "\nFull fine-tuning, LoRA and QLoRA (4-bit NF4/FP4, as PEFT and bitsandbytes); data parallel over MPI ranks"
+         "\n  with ZeRO-1/2/3 (mpirun or keel launch). Python: `pip install .`, then"
+         "\n  keel.Trainer(keel.TrainingConfig(...)).train() (docs/python.md). Recipes: docs/recipe.md.";
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"keel: fine-tune decoder-only LLMs (GLM-4, Llama, Qwen2) end to end on the CPU"};
+  CLI::App app{overview()};
   app.set_version_flag("--version", keel::cli::version_text());
   app.require_subcommand(1);
   keel::cli::add_registered_commands(app);

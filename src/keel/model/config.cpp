@@ -47,6 +47,7 @@ const FormatKeys& keys_of(Family f) { return f == Family::GlmOriginal ? kChatGlm
 struct FamilyFormat {
   Family family;
   std::string_view name;                        // keel's name (recipes, CLI)
+  std::string_view display_name;                // what users call it (`keel --help`)
   std::string_view model_type;                  // config.json "model_type"
   std::vector<std::string_view> architectures;  // first one is what keel writes
   int64_t default_max_positions;                // the config class's default
@@ -60,15 +61,15 @@ struct FamilyFormat {
 
 const std::vector<FamilyFormat>& family_formats() {
   static const std::vector<FamilyFormat> formats = {
-      {Family::Llama, "llama", "llama", {"LlamaForCausalLM"}, 2048, -1, true},
-      {Family::Qwen2, "qwen2", "qwen2", {"Qwen2ForCausalLM"}, 32768, -1, true},
-      {Family::Glm, "glm", "glm", {"GlmForCausalLM"}, 131072, 151329, true},
-      {Family::GlmOriginal, "glm_original", "chatglm", {"ChatGLMModel", "ChatGLMForConditionalGeneration"}, 2048, -1,
-       false},
-      {Family::Qwen3, "qwen3", "qwen3", {"Qwen3ForCausalLM"}, 32768, -1, true},
-      {Family::Mistral, "mistral", "mistral", {"MistralForCausalLM"}, 4096 * 32, -1, true},
-      {Family::Gemma2, "gemma2", "gemma2", {"Gemma2ForCausalLM"}, 8192, 0, true},
-      {Family::Gemma3, "gemma3", "gemma3_text", {"Gemma3ForCausalLM"}, 131072, 0, true},
+      {Family::Llama, "llama", "Llama", "llama", {"LlamaForCausalLM"}, 2048, -1, true},
+      {Family::Qwen2, "qwen2", "Qwen2", "qwen2", {"Qwen2ForCausalLM"}, 32768, -1, true},
+      {Family::Glm, "glm", "GLM-4", "glm", {"GlmForCausalLM"}, 131072, 151329, true},
+      {Family::GlmOriginal, "glm_original", "ChatGLM-format GLM-4", "chatglm",
+       {"ChatGLMModel", "ChatGLMForConditionalGeneration"}, 2048, -1, false},
+      {Family::Qwen3, "qwen3", "Qwen3", "qwen3", {"Qwen3ForCausalLM"}, 32768, -1, true},
+      {Family::Mistral, "mistral", "Mistral", "mistral", {"MistralForCausalLM"}, 4096 * 32, -1, true},
+      {Family::Gemma2, "gemma2", "Gemma 2", "gemma2", {"Gemma2ForCausalLM"}, 8192, 0, true},
+      {Family::Gemma3, "gemma3", "Gemma 3", "gemma3_text", {"Gemma3ForCausalLM"}, 131072, 0, true},
   };
   return formats;
 }
@@ -723,6 +724,13 @@ void check_size(const std::string& where, const char* key, int64_t value, int64_
 }  // namespace
 
 std::string family_name(Family f) { return std::string(format_of(f).name); }
+std::string family_display_name(Family f) { return std::string(format_of(f).display_name); }
+
+std::vector<Family> supported_families() {
+  std::vector<Family> families;
+  for (const auto& format : family_formats()) families.push_back(format.family);
+  return families;
+}
 
 Family family_from_name(const std::string& name) {
   std::string valid;

@@ -27,6 +27,11 @@ enum class Family : uint8_t {
 // "llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2", "gemma3"
 std::string family_name(Family f);
 Family family_from_name(const std::string& name);  // inverse; throws keel::Error listing valid names
+// What users call the family: "Llama", "GLM-4", "Gemma 2", ...
+std::string family_display_name(Family f);
+// Every family keel reads, in the order of the format table the config loader uses (so a list
+// shown to users, such as `keel --help`'s, is the loader's own).
+std::vector<Family> supported_families();
 
 struct ModelConfig {
   Family family = Family::Llama;
