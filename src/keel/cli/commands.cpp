@@ -26,6 +26,12 @@ CommandRegistration::CommandRegistration(std::string name, std::string descripti
   registry()[std::move(name)] = {std::move(description), std::move(setup)};
 }
 
+std::vector<std::string> registered_command_names() {
+  std::vector<std::string> names;
+  for (const auto& [name, command] : registry()) names.push_back(name);
+  return names;
+}
+
 void add_registered_commands(CLI::App& app) {
   for (auto& [name, command] : registry()) {
     auto* sub = app.add_subcommand(name, command.description);

@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace keel::cli {
 
@@ -30,6 +31,8 @@ struct CommandRegistration {
   CommandRegistration(std::string name, std::string description, CommandSetup setup);
 };
 
+// The registered subcommands' names, sorted.
+std::vector<std::string> registered_command_names();
 // Adds every registered subcommand (sorted by name) to the app.
 void add_registered_commands(CLI::App& app);
 // Runs the action of the subcommand the user chose.

@@ -9,6 +9,7 @@
 
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
+#include "keel/core/suggest.h"
 #include "keel/model/config.h"
 
 namespace {
@@ -43,6 +44,19 @@ std::string overview() {
          "\n  keel.Trainer(keel.TrainingConfig(...)).train() (docs/python.md). Recipes: docs/recipe.md.";
 }
 
+// `keel trian`: CLI11 would only say "A subcommand is required". A first argument that is not an
+// option must be a command: name the nearest one and list them all.
+bool refuse_unknown_command(int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return false;
+  const std::string word = argv[1];
+  const auto names = keel::cli::registered_command_names();
+  for (const auto& name : names)
+    if (name == word) return false;
+  fmt::print(stderr, "error: unknown command '{}'{}\n{}\n", word, keel::did_you_mean(word, names),
+             wrapped_list("commands:", names) + " (keel --help describes each)");
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -50,6 +64,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", keel::cli::version_text());
   app.require_subcommand(1);
   keel::cli::add_registered_commands(app);
+  if (refuse_unknown_command(argc, argv)) return keel::cli::kExitBadInput;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
