@@ -97,6 +97,19 @@ def test_required_keys_and_model_config():
     assert config.model_config["family"] == "llama" and config.model_config["rope_theta"] == 10000.0
 
 
+def test_unknown_keywords_are_named_together():
+    """Several unknown keywords: one keel.Error naming each, in the order given, with suggestions."""
+    with pytest.raises(keel.Error) as e:
+        keel.TrainingConfig(**MINIMAL, stage="sft", pref_beta=0.1, learning_rte=1e-3,
+                            model_config={"famly": "llama"})
+    text = str(e.value)
+    assert text.startswith("4 unknown keys:\n"), text
+    places = [text.index("TrainingConfig(%s=" % key) for key in ("stage", "pref_beta", "learning_rte", "model_config")]
+    assert places == sorted(places), text
+    assert "unknown key 'learning_rte' (did you mean 'learning_rate'?)" in text
+    assert "unknown key 'famly' in [model_config] (did you mean 'family'?)" in text
+
+
 def test_attributes_are_checked_on_assignment():
     config = keel.TrainingConfig(**MINIMAL)
     config.max_steps = 7

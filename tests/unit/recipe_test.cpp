@@ -58,6 +58,58 @@ TEST(Recipe, UnknownKeyNamesLineAndSuggests) {
   EXPECT_NE(e.find("did you mean 'learning_rate'"), std::string::npos) << e;
 }
 
+// Every unknown key in one message, in the file's order (toml++ iterates a table in key order:
+// 'stage' on line 2 was reported after 'pref_beta' on line 4, and only one of them at a time),
+// each with its line and suggestion; [model_config]'s and the overrides' in the same message.
+TEST(Recipe, UnknownKeysAreNamedTogetherInFileOrder) {
+  const std::string text = "data_path = \"d\"\n"     // 1
+                           "stage = \"sft\"\n"       // 2
+                           "max_steps = 1\n"         // 3
+                           "pref_beta = 0.1\n"       // 4
+                           "learning_rte = 1e-4\n"   // 5
+                           "[model_config]\n"        // 6
+                           "vocab_size = 8\n"        // 7
+                           "hiden_size = 8\n";       // 8
+  const std::string e = error_of(text, {"max_stepz=3", "lerning_rate=1e-3"});
+  const std::vector<std::string> in_order = {
+      "r.toml:2: unknown key 'stage'",
+      "r.toml:4: unknown key 'pref_beta'",
+      "r.toml:5: unknown key 'learning_rte' (did you mean 'learning_rate'?)",
+      "r.toml:8: unknown key 'hiden_size' in [model_config] (did you mean 'hidden_size'?)",
+      "--set max_stepz=3: unknown key 'max_stepz' (did you mean 'max_steps'?)",
+      "--set lerning_rate=1e-3: unknown key 'lerning_rate' (did you mean 'learning_rate'?)",
+  };
+  size_t at = 0;
+  for (const auto& line : in_order) {
+    const size_t found = e.find(line, at);
+    ASSERT_NE(found, std::string::npos) << "'" << line << "' missing or out of order in:\n" << e;
+    at = found + line.size();
+  }
+  EXPECT_EQ(e.rfind("6 unknown keys:", 0), 0u) << e;
+  EXPECT_NE(e.find("`keel train --print-recipe` lists every key."), std::string::npos) << e;
+  EXPECT_NE(e.find("[model_config]: valid keys: family, vocab_size"), std::string::npos) << e;
+  // Before any other mistake, such as a wrong type earlier in the file.
+  EXPECT_EQ(error_of("batch_size = \"two\"\n" + text).rfind("4 unknown keys:", 0), 0u);
+  // The overrides' alone, together (the Python package's keywords use this path too).
+  const std::string set = error_of(kMinimal, {"max_stepz=3", "seeed=1"});
+  EXPECT_EQ(set.rfind("2 unknown keys:\n  --set max_stepz=3: unknown key 'max_stepz' (did you mean 'max_steps'?)\n"
+                      "  --set seeed=1: unknown key 'seeed' (did you mean 'seed'?)\n",
+                      0),
+            0u)
+      << set;
+  // One key keeps its one-line message.
+  EXPECT_EQ(error_of(std::string(kMinimal) + "learning_rte = 1e-4\n"),
+            "r.toml:5: unknown key 'learning_rte' (did you mean 'learning_rate'?). `keel train --print-recipe` lists "
+            "every key.");
+}
+
+// Mistakes other than unknown keys are also found in file order: the first in the file is named
+// (in key order 'adam_beta1' came first).
+TEST(Recipe, FirstMistakeInTheFileIsNamed) {
+  const std::string types = error_of(std::string(kMinimal) + "warmup_steps = \"two\"\nadam_beta1 = \"x\"\n");
+  EXPECT_NE(types.find("r.toml:5: key 'warmup_steps'"), std::string::npos) << types;
+}
+
 TEST(Recipe, WrongTypeNamesKeyAndLine) {
   auto e = error_of(std::string(kMinimal) + "batch_size = \"four\"\n");
   EXPECT_NE(e.find("r.toml:5"), std::string::npos) << e;

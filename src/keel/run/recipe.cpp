@@ -216,41 +216,113 @@ void assign(S& r, const FieldOf<S>& f, const toml::node& n, const std::string& w
       f.member);
 }
 
+// A table's entries in the order they appear in the file (toml++ iterates in key order): errors
+// name the first mistake in the file, and a list of them reads top to bottom. Entries without a
+// place (an override's) keep key order.
+std::vector<std::pair<std::string, const toml::node*>> in_file_order(const toml::table& t) {
+  std::vector<std::pair<std::string, const toml::node*>> entries;
+  for (const auto& [k, node] : t) entries.emplace_back(std::string(k.str()), &node);
+  std::stable_sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    const auto &x = a.second->source().begin, &y = b.second->source().begin;
+    return std::pair{x.line, x.column} < std::pair{y.line, y.column};
+  });
+  return entries;
+}
+
+// A key no table declares, where it was found.
+struct UnknownKey {
+  std::string at;  // "recipe.toml:12", "--set k=v"
+  std::string key;
+  bool in_model_config = false;
+  toml::source_position position{};  // in the file; {0, 0} for an override
+};
+
+const Field* find_field(const std::string& key) {
+  auto it = std::find_if(fields().begin(), fields().end(),
+                         [&](const Field& f) { return key == f.key || (f.alias && key == f.alias); });
+  return it == fields().end() ? nullptr : &*it;
+}
+
+const FieldOf<ScratchModel>* find_model_config_field(const std::string& key) {
+  const auto& table = model_config_fields();
+  auto it = std::find_if(table.begin(), table.end(), [&](const auto& f) { return key == f.key; });
+  return it == table.end() ? nullptr : &*it;
+}
+
+// Every unknown key of a recipe table (and of its [model_config]), in file order.
+std::vector<UnknownKey> unknown_keys(const toml::table& t, const std::string& source, bool one_line) {
+  std::vector<UnknownKey> unknown;
+  for (const auto& [key, node] : in_file_order(t)) {
+    if (key == "model_config") {
+      if (!node->is_table()) continue;  // apply_table names the wrong type
+      for (const auto& [inner, value] : in_file_order(*node->as_table()))
+        if (!find_model_config_field(inner))
+          unknown.push_back({place_of(*value, source, one_line), inner, true, value->source().begin});
+    } else if (!find_field(key)) {
+      unknown.push_back({place_of(*node, source, one_line), key, false, node->source().begin});
+    }
+  }
+  // [model_config]'s keys, and dotted model_config.* keys among the others, in their places.
+  std::stable_sort(unknown.begin(), unknown.end(), [](const UnknownKey& a, const UnknownKey& b) {
+    return std::pair{a.position.line, a.position.column} < std::pair{b.position.line, b.position.column};
+  });
+  return unknown;
+}
+
+// One message naming every unknown key, each with its place and the nearest valid key. One key
+// alone keeps the one-line form ("recipe.toml:4: unknown key 'x' (did you mean 'y'?). ...").
+[[noreturn]] void fail_unknown_keys(const std::vector<UnknownKey>& unknown) {
+  auto describe = [](const UnknownKey& u) {
+    return u.in_model_config
+               ? fmt::format("unknown key '{}' in [model_config]{}", u.key, did_you_mean(u.key, model_config_keys()))
+               : fmt::format("unknown key '{}'{}", u.key, did_you_mean(u.key, all_keys()));
+  };
+  const std::string every_key = "`keel train --print-recipe` lists every key.";
+  const std::string model_config_valid = fmt::format("valid keys: {}", fmt::join(model_config_keys(), ", "));
+  if (unknown.size() == 1) {
+    const UnknownKey& u = unknown.front();
+    if (u.in_model_config) fail("{}: {}; {}", u.at, describe(u), model_config_valid);
+    fail("{}: {}. {}", u.at, describe(u), every_key);
+  }
+  std::string lines;
+  bool top_level = false, model_config = false;
+  for (const auto& u : unknown) {
+    lines += fmt::format("\n  {}: {}", u.at, describe(u));
+    (u.in_model_config ? model_config : top_level) = true;
+  }
+  std::string after;
+  if (top_level) after += "\n" + every_key;
+  if (model_config) after += "\n[model_config]: " + model_config_valid;
+  fail("{} unknown keys:{}{}", unknown.size(), lines, after);
+}
+
 void parse_model_config_table(Recipe& r, const toml::table& t, const std::string& source, Where& where,
                               bool one_line) {
   ScratchModel m;
-  for (const auto& [k, node] : t) {
-    const std::string key(k.str());
-    const std::string at = place_of(node, source, one_line);
+  for (const auto& [key, node] : in_file_order(t)) {
+    const std::string at = place_of(*node, source, one_line);
     const std::string full = "model_config." + key;
     where.place[full] = at;
-    const auto& table = model_config_fields();
-    auto it = std::find_if(table.begin(), table.end(), [&](const auto& f) { return key == f.key; });
-    if (it == table.end())
-      fail("{}: unknown key '{}' in [model_config]{}; valid keys: {}", at, key, did_you_mean(key, model_config_keys()),
-           fmt::join(model_config_keys(), ", "));
-    assign(m, *it, node, at, full);
+    const auto* field = find_model_config_field(key);
+    if (!field) fail_unknown_keys({{at, key, true}});
+    assign(m, *field, *node, at, full);
   }
   r.model_config = m;
 }
 
 void apply_table(Recipe& r, const toml::table& t, const std::string& source, Where& where, bool one_line = false) {
-  for (const auto& [k, node] : t) {
-    const std::string key(k.str());
-    const std::string at = place_of(node, source, one_line);
+  for (const auto& [key, node] : in_file_order(t)) {
+    const std::string at = place_of(*node, source, one_line);
     if (key == "model_config") {
-      require(node.is_table(), "{}: key 'model_config' expects a table, found {}", at, type_name(node));
-      parse_model_config_table(r, *node.as_table(), source, where, one_line);
+      require(node->is_table(), "{}: key 'model_config' expects a table, found {}", at, type_name(*node));
+      parse_model_config_table(r, *node->as_table(), source, where, one_line);
       where.place["model_config"] = at;
       continue;
     }
-    auto it = std::find_if(fields().begin(), fields().end(),
-                           [&](const Field& f) { return key == f.key || (f.alias && key == f.alias); });
-    if (it == fields().end())
-      fail("{}: unknown key '{}'{}. `keel train --print-recipe` lists every key.", at, key,
-           did_you_mean(key, all_keys()));
-    assign(r, *it, node, at, key);
-    where.place[it->key] = at;
+    const Field* field = find_field(key);
+    if (!field) fail_unknown_keys({{at, key}});
+    assign(r, *field, *node, at, key);
+    where.place[field->key] = at;
   }
 }
 
@@ -262,26 +334,35 @@ std::string override_place(const std::string& label, const std::string& kv, bool
   return quoted ? fmt::format("--set '{}'", kv) : "--set " + kv;
 }
 
-void apply_override(Recipe& r, const std::string& kv, Where& where, const std::string& label) {
+// One override ("key=value") read as a one-line TOML table, and the place messages give it.
+struct Override {
+  std::string place;
+  toml::table table;
+};
+
+Override parse_override(const std::string& kv, const std::string& label) {
   auto eq = kv.find('=');
   require(eq != std::string::npos && eq > 0, "{}: expected key=value", override_place(label, kv, /*quoted=*/true));
   std::string key = kv.substr(0, eq), value = kv.substr(eq + 1);
-  toml::table t;
+  Override o{override_place(label, kv), {}};
   try {
-    t = toml::parse(std::string_view(key + " = " + value), std::string_view("--set"));
+    o.table = toml::parse(std::string_view(key + " = " + value), std::string_view("--set"));
   } catch (const toml::parse_error&) {
     // Bare words are strings: --set output_dir=runs/a
     try {
-      t = toml::parse(std::string_view(key + " = " + toml_quote(value)), std::string_view("--set"));
+      o.table = toml::parse(std::string_view(key + " = " + toml_quote(value)), std::string_view("--set"));
     } catch (const toml::parse_error& e) {  // not a key (`--set 'a b=1'`), or not a value even quoted
       fail("{}: expected key=value with a recipe key and a TOML value: {}", override_place(label, kv, /*quoted=*/true),
            e.description());
     }
   }
-  const std::string place = override_place(label, kv);
-  Where local{place, {}};
-  apply_table(r, t, place, local, /*one_line=*/true);
-  for (auto& [k, v] : local.place) where.place[k] = place;
+  return o;
+}
+
+void apply_override(Recipe& r, const Override& o, Where& where) {
+  Where local{o.place, {}};
+  apply_table(r, o.table, o.place, local, /*one_line=*/true);
+  for (auto& [k, v] : local.place) where.place[k] = o.place;
 }
 
 void validate_finetuning(const Recipe& r, const Where& w) {
@@ -455,8 +536,17 @@ Recipe parse_recipe(const std::string& text, const std::string& source, const st
   } catch (const toml::parse_error& e) {
     fail("{}:{}:{}: invalid TOML: {}", source, e.source().begin.line, e.source().begin.column, e.description());
   }
+  std::vector<Override> parsed;
+  for (const auto& kv : overrides) parsed.push_back(parse_override(kv, override_label));
+  // Every unknown key of the file and the overrides in one message, before any other mistake.
+  auto unknown = unknown_keys(t, source, /*one_line=*/false);
+  for (const auto& o : parsed) {
+    auto more = unknown_keys(o.table, o.place, /*one_line=*/true);
+    unknown.insert(unknown.end(), more.begin(), more.end());
+  }
+  if (!unknown.empty()) fail_unknown_keys(unknown);
   apply_table(r, t, source, where);
-  for (const auto& kv : overrides) apply_override(r, kv, where, override_label);
+  for (const auto& o : parsed) apply_override(r, o, where);
   validate_recipe(r, where);
   return r;
 }
