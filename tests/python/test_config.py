@@ -110,6 +110,14 @@ def test_unknown_keywords_are_named_together():
     assert "unknown key 'famly' in [model_config] (did you mean 'family'?)" in text
 
 
+def test_no_training_length_needed_until_training():
+    """max_steps / num_epochs is asked for by Trainer.train, not by the config (keel.plan needs neither)."""
+    config = keel.TrainingConfig(model_name="m", data_path="d.jsonl")
+    assert config.max_steps == 0 and config.num_epochs == 0
+    with pytest.raises(keel.Error, match="^TrainingConfig: set 'max_steps' or 'num_epochs'$"):
+        keel.Trainer(config).train()
+
+
 def test_attributes_are_checked_on_assignment():
     config = keel.TrainingConfig(**MINIMAL)
     config.max_steps = 7

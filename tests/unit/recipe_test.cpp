@@ -110,6 +110,21 @@ TEST(Recipe, FirstMistakeInTheFileIsNamed) {
   EXPECT_NE(types.find("r.toml:5: key 'warmup_steps'"), std::string::npos) << types;
 }
 
+// max_steps / num_epochs is training's question: parsing (and so `keel plan`) does without it.
+TEST(Recipe, TrainingLengthIsRequiredOnlyForTraining) {
+  const auto r = parse_recipe("model_name = \"m\"\ndata_path = \"d\"\n", "r.toml");
+  EXPECT_EQ(r.max_steps, 0);
+  try {
+    keel::run::require_training_length(r);
+    ADD_FAILURE() << "expected keel::Error";
+  } catch (const keel::Error& e) {
+    EXPECT_STREQ(e.what(), "r.toml: set 'max_steps' or 'num_epochs'");
+  }
+  EXPECT_NO_THROW(keel::run::require_training_length(parse_recipe(kMinimal, "r.toml")));
+  EXPECT_NO_THROW(keel::run::require_training_length(parse_recipe("model_name = \"m\"\ndata_path = \"d\"\n"
+                                                                   "num_epochs = 2\n", "r.toml")));
+}
+
 TEST(Recipe, WrongTypeNamesKeyAndLine) {
   auto e = error_of(std::string(kMinimal) + "batch_size = \"four\"\n");
   EXPECT_NE(e.find("r.toml:5"), std::string::npos) << e;

@@ -454,7 +454,6 @@ void validate_recipe(const Recipe& r, const Where& w) {
           w.of("prefetch_factor"));
   positive(r.gradient_accumulation_steps, "gradient_accumulation_steps");
   validate_finetuning(r, w);
-  require(r.max_steps > 0 || r.num_epochs > 0, "{}: set 'max_steps' or 'num_epochs'", r.source);
   require(r.max_steps >= 0 && r.max_steps <= 1'000'000'000, "{}: key 'max_steps' must be in [0, 1e9], got {}",
           w.of("max_steps"), r.max_steps);
   require(r.num_epochs >= 0 && r.num_epochs <= 1'000'000, "{}: key 'num_epochs' must be in [0, 1e6], got {}",
@@ -587,6 +586,10 @@ Recipe resolve_recipe(const std::string& text, const std::string& source, const 
   return r;
 }
 
+
+void require_training_length(const Recipe& r) {
+  require(r.max_steps > 0 || r.num_epochs > 0, "{}: set 'max_steps' or 'num_epochs'", r.source);
+}
 
 std::vector<std::pair<std::string, std::string>> recipe_key_aliases() {
   std::vector<std::pair<std::string, std::string>> aliases;

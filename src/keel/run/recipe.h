@@ -145,6 +145,10 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& source,
 // calls it with the current directory.
 Recipe resolve_recipe(const std::string& text, const std::string& source, const std::string& base_dir,
                       const std::vector<std::string>& overrides = {}, const std::string& override_label = "--set");
+// How long to train: max_steps or num_epochs must be set. Not part of the recipe's validation,
+// which `keel plan` (a memory plan, the same for any number of steps) and evaluation share: only
+// training asks for it (train::run_training).
+void require_training_length(const Recipe& r);
 // Second names accepted for keys (cann-recipes-train's spelling -> keel's key).
 std::vector<std::pair<std::string, std::string>> recipe_key_aliases();
 

@@ -916,6 +916,7 @@ struct NullStream : std::ostream {
 }  // namespace
 
 TrainResult run_training(const run::Recipe& r, std::ostream& log, const TrainOptions& options) {
+  run::require_training_length(r);
   auto comm = distributed::make_communicator(r.comm_timeout_s);
   require(r.dp_degree == comm->size(),
           "{}: dp_degree = {} but the job has {} process(es); launch with `mpirun -np {}` (or `keel launch -n {}`), "
