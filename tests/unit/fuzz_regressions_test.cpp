@@ -18,6 +18,7 @@
 #include "keel/core/error.h"
 #include "keel/data/hf_tokenizer_json.h"
 #include "keel/model/config.h"
+#include "keel/model/peft_adapter.h"
 #include "keel/run/recipe.h"
 #include "test_support.h"
 
@@ -117,4 +118,29 @@ TEST(FuzzRegressions, RecipeToTomlEscapesControlCharacters) {
     ASSERT_NO_THROW(back = keel::run::parse_recipe(text, "resolved.toml")) << text;
     EXPECT_EQ(back.data_path, r.data_path);
   }
+}
+
+// peft_adapter_config fuzzer (its own property): an empty target_modules was
+// accepted, an adapter that adapts nothing, which only the loader refused later; so were names
+// that match no module of any model (empty, or with an empty part between dots), there and in
+// modules_to_save. (data/fuzz/peft_adapter_config/empty-target-modules, module-name-with-empty-part)
+TEST(FuzzRegressions, PeftAdapterConfigNamesModules) {
+  auto parse = [](const std::string& json) {
+    return [json] { keel::model::parse_peft_adapter_config(json, "adapter_config.json"); };
+  };
+  const std::string lora = R"({"peft_type": "LORA", "r": 8, )";
+  expect_keel_error(parse(lora + R"("target_modules": []})"),
+                    {"adapter_config.json: key 'target_modules': an empty list adapts nothing",
+                     "expected the module names PEFT adapted"});
+  for (const char* name : {R"("")", R"("q_proj.")", R"(".q_proj")", R"("self_attn..q_proj")"}) {
+    SCOPED_TRACE(name);
+    expect_keel_error(parse(lora + R"("target_modules": ["v_proj", )" + name + "]}"),
+                      {"adapter_config.json: key 'target_modules'", "matches no module"});
+    expect_keel_error(parse(lora + R"("target_modules": ["v_proj"], "modules_to_save": [)" + name + "]}"),
+                      {"adapter_config.json: key 'modules_to_save'", "matches no module"});
+  }
+  EXPECT_EQ(keel::model::parse_peft_adapter_config(lora + R"("target_modules": ["self_attn.q_proj", "v_proj"]})",
+                                                   "adapter_config.json")
+                .spec.targets.size(),
+            2u);
 }

@@ -40,6 +40,17 @@ void merge_module(Decoder& d, const LoraModule& m, int64_t rank, double scaling,
                    a, w, 1.0f);
 }
 
+// A module name as target_modules and modules_to_save hold it ("q_proj", "self_attn.q_proj", a full
+// path): a name with an empty part ("", "q_proj.", "a..b") matches no module of any model, so the
+// loader would refuse it later; the parser refuses it with the file and key named.
+void require_module_name(std::string_view name, const std::string& path, const char* key) {
+  const bool empty_part = name.empty() || name.front() == '.' || name.back() == '.' ||
+                          name.find("..") != std::string_view::npos;
+  require(!empty_part, "{}: key '{}': \"{}\" {} matches no module; expected module names such as \"q_proj\" or "
+          "\"self_attn.q_proj\"",
+          path, key, name, name.empty() ? "(an empty name)" : "(an empty part between dots)");
+}
+
 std::string json_string_list(const std::vector<std::string>& items) {
   std::string out = "[";
   for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + json_quoted(items[i]);
@@ -108,8 +119,11 @@ PeftAdapterConfig parse_peft_adapter_config(const std::string& text, const std::
     for (dom::element e : list) {
       require(e.get(one) == simdjson::SUCCESS, "{}: key 'target_modules': expected strings, found {}", path,
               json_describe(e));
+      require_module_name(one, path, "target_modules");
       c.spec.targets.emplace_back(one);
     }
+    require(!c.spec.targets.empty(),
+            "{}: key 'target_modules': an empty list adapts nothing; expected the module names PEFT adapted", path);
   }
   std::string_view bias = "none";
   if (auto e = get("bias"))
@@ -123,6 +137,7 @@ PeftAdapterConfig parse_peft_adapter_config(const std::string& text, const std::
     for (dom::element name : saved) {
       require(name.get(one) == simdjson::SUCCESS, "{}: key 'modules_to_save': expected strings, found {}", path,
               json_describe(name));
+      require_module_name(one, path, "modules_to_save");
       c.spec.modules_to_save.emplace_back(one);
     }
   }
