@@ -50,6 +50,14 @@ const CommandRegistration kExport{
                    "the adapter, in PEFT's format)");
       cmd.add_flag("--overwrite", o->overwrite,
                    "Replace a destination that holds files keel did not write (refused by default)");
+      // What exists and what does not, so nobody hunts for a switch that is not there.
+      cmd.footer(
+          "Formats:\n"
+          "  Hugging Face model directory (the default; --merge for a LoRA run): config.json, model.safetensors\n"
+          "    (sharded past --max-shard-size) and the tokenizer files, as transformers' from_pretrained reads them\n"
+          "  PEFT adapter directory (a LoRA run without --merge): adapter_config.json and adapter_model.safetensors\n"
+          "  GGUF (llama.cpp): not yet; a converter that reads Hugging Face directories (llama.cpp's\n"
+          "    convert_hf_to_gguf.py) can take the exported model directory from there\n");
       return [o] {
         checkpoint::ExportRequest request;
         request.overwrite = o->overwrite;
