@@ -1,13 +1,12 @@
-// Writes the starting corpora of the fuzz targets with keel's own writers, so that every target
-// starts from inputs keel produces and accepts:  fuzz_seed_corpus OUT_DIR  ->  OUT_DIR/<target>/*.
-// scripts/fuzz.sh adds the repository's sample files (recipes/*.toml, tests/data) next to these.
+// The starting corpora of the fuzz targets, written with keel's own writers, so that every target
+// starts from inputs keel produces and accepts (seed_corpus.h). fuzz_seed_corpus writes them for
+// scripts/fuzz.sh; the unit tests replay them (tests/unit/fuzz_regressions_test.cpp).
+#include "seed_corpus.h"
+
 #include <fmt/format.h>
 
 #include <cstring>
-#include <filesystem>
-#include <iostream>
 
-#include "fuzz_support.h"
 #include "keel/core/file_io.h"
 #include "keel/data/bpe_trainer.h"
 #include "keel/data/shard_format.h"
@@ -18,21 +17,18 @@
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/run/recipe.h"
 
-namespace fs = std::filesystem;
-using namespace keel;
-
+namespace keel::fuzz {
 namespace {
 
-std::string out_root;
+using Seeds = std::vector<SeedInput>;
 
-void seed(const std::string& target, const std::string& name, std::string_view bytes) {
-  fs::create_directories(out_root + "/" + target);
-  fuzz::write_bytes(out_root + "/" + target + "/" + name, bytes);
+void seed(Seeds& out, const std::string& target, const std::string& name, std::string_view bytes) {
+  out.push_back({target, name, std::string(bytes)});
 }
 
 std::string prefixed(char selector, std::string_view bytes) { return std::string(1, selector) + std::string(bytes); }
 
-void safetensors_seeds(const std::string& tmp) {
+void safetensors_seeds(Seeds& out, const std::string& tmp) {
   const float v[24] = {1,  -2, 3.5f, 0,  1e-3f, 65504, -0.0f, 7,  8,  9,  10, 11,
                        12, 13, 14,   15, 16,    17,    18,    19, 20, 21, 22, 23};
   int n = 0;
@@ -45,7 +41,7 @@ void safetensors_seeds(const std::string& tmp) {
          {"scalar", {}, v + 15},
          {"empty", {0, 3}, nullptr}},
         dtype, n == 0 ? std::map<std::string, std::string>{{"format", "pt"}} : std::map<std::string, std::string>{});
-    seed("safetensors", fmt::format("writer-{}", dtype_name(dtype)), read_file(path));
+    seed(out, "safetensors", fmt::format("writer-{}", dtype_name(dtype)), read_file(path));
     ++n;
   }
   // A dtype keel does not read (I64): its size is still checked, reading it is an error.
@@ -54,16 +50,16 @@ void safetensors_seeds(const std::string& tmp) {
   std::string file(8, '\0');
   for (int i = 0; i < 8; ++i) file[size_t(i)] = char(uint64_t(header.size()) >> (8 * i));
   file += header + std::string(20, '\x01');
-  seed("safetensors", "other-dtype", file);
+  seed(out, "safetensors", "other-dtype", file);
 }
 
-void safetensors_index_seeds(const std::string& tmp) {
+void safetensors_index_seeds(Seeds& out, const std::string& tmp) {
   static const float values[6] = {1, 2, 3, 4, 5, 6};
   const std::string dir = tmp + "/sharded";
   model::write_model_weights(
       dir, {{"embed.weight", {2, 2}, values}, {"norm.weight", {2}, values}, {"lm_head.weight", {3, 2}, values}},
       DType::BF16, 12);
-  seed("safetensors_index", "writer", read_file(dir + "/model.safetensors.index.json"));
+  seed(out, "safetensors_index", "writer", read_file(dir + "/model.safetensors.index.json"));
 }
 
 model::ModelConfig family_config(model::Family family) {
@@ -91,17 +87,16 @@ model::ModelConfig family_config(model::Family family) {
   return c;
 }
 
-void model_config_seeds() {
-  for (auto family : {model::Family::Llama, model::Family::Qwen2, model::Family::Glm, model::Family::GlmOriginal,
-                      model::Family::Qwen3, model::Family::Mistral, model::Family::Gemma2, model::Family::Gemma3}) {
+void model_config_seeds(Seeds& out) {
+  for (auto family : model::supported_families()) {
     for (DType dtype : {DType::BF16, DType::F32}) {
-      seed("model_config", fmt::format("writer-{}-{}", model::family_name(family), dtype_name(dtype)),
+      seed(out, "model_config", fmt::format("writer-{}-{}", model::family_name(family), dtype_name(dtype)),
            model::model_config_json(family_config(family), dtype));
     }
   }
 }
 
-void recipe_seeds() {
+void recipe_seeds(Seeds& out) {
   run::Recipe r;
   r.data_path = "data/train.jsonl";
   r.eval_data_path = "data/eval.jsonl";
@@ -114,25 +109,25 @@ void recipe_seeds() {
   r.model_config = m;
   const std::string text = run::recipe_to_toml(r);
   run::parse_recipe(text, "seed");  // the seed must itself be valid
-  seed("recipe", "writer-scratch", text);
-  seed(
+  seed(out, "recipe", "writer-scratch", text);
+  seed(out, 
       "recipe", "writer-scratch-with-overrides",
       text + std::string(1, '\0') + "max_steps=5\nlr_scheduler=linear\noutput_dir=runs/a b\nmodel_config.num_layers=3");
   run::Recipe hf = r;
   hf.model_config.reset();
   hf.model_name = "models/glm-4-9b";
   hf.dtype = "fp32";
-  seed("recipe", "writer-hf-model", run::recipe_to_toml(hf));
+  seed(out, "recipe", "writer-hf-model", run::recipe_to_toml(hf));
 }
 
-void token_records_seeds() {
-  seed("token_records", "ids", "{\"input_ids\": [1, 2, 3, 4]}\n{\"input_ids\": [5]}\n");
-  seed("token_records", "labels",
+void token_records_seeds(Seeds& out) {
+  seed(out, "token_records", "ids", "{\"input_ids\": [1, 2, 3, 4]}\n{\"input_ids\": [5]}\n");
+  seed(out, "token_records", "labels",
        "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n\n{\"input_ids\":[7,8],\"labels\":[7,-100]}");
-  seed("token_records", "crlf", "{\"input_ids\": [151551, 0]}\r\n  \r\n{\"labels\": [1], \"input_ids\": [1]}\r\n");
+  seed(out, "token_records", "crlf", "{\"input_ids\": [151551, 0]}\r\n  \r\n{\"labels\": [1], \"input_ids\": [1]}\r\n");
 }
 
-void checkpoint_seeds(const std::string& tmp) {
+void checkpoint_seeds(Seeds& out, const std::string& tmp) {
   model::ParamStore p;
   p.add("embed.weight", {4, 3}, true);
   p.add("layers.0.norm.weight", {3}, false);
@@ -151,14 +146,14 @@ void checkpoint_seeds(const std::string& tmp) {
     writer.save(p, state, "max_steps = 10\n");
   }
   const std::string dir = root + "/step-00000005";
-  seed("checkpoint", "manifest", prefixed(0, read_file(dir + "/manifest.json")));
-  seed("checkpoint", "trainer_state", prefixed(1, read_file(dir + "/trainer_state.json")));
-  seed("checkpoint", "weights", prefixed(2, read_file(dir + "/weights.safetensors")));
-  seed("checkpoint", "optimizer", prefixed(3, read_file(dir + "/optimizer.safetensors")));
-  seed("checkpoint", "latest", prefixed(4, read_file(root + "/latest")));
+  seed(out, "checkpoint", "manifest", prefixed(0, read_file(dir + "/manifest.json")));
+  seed(out, "checkpoint", "trainer_state", prefixed(1, read_file(dir + "/trainer_state.json")));
+  seed(out, "checkpoint", "weights", prefixed(2, read_file(dir + "/weights.safetensors")));
+  seed(out, "checkpoint", "optimizer", prefixed(3, read_file(dir + "/optimizer.safetensors")));
+  seed(out, "checkpoint", "latest", prefixed(4, read_file(root + "/latest")));
 }
 
-void rank_table_seeds() {
+void rank_table_seeds(Seeds& out) {
   cluster::RankTableRequest one;
   one.npu_count = 8;
   one.server_id = "10.0.0.1";
@@ -166,8 +161,8 @@ void rank_table_seeds() {
   one.device_ips = {"192.168.100.101", "192.168.101.101", "192.168.102.101", "192.168.103.101",
                     "192.168.100.100", "192.168.101.100", "192.168.102.100", "192.168.103.100"};
   const std::string single = cluster::rank_table_json(cluster::build_rank_table(one).table);
-  seed("rank_table", "writer-one-server", prefixed(0, single));
-  seed("rank_table", "writer-one-server-topology", prefixed(1, single));
+  seed(out, "rank_table", "writer-one-server", prefixed(0, single));
+  seed(out, "rank_table", "writer-one-server-topology", prefixed(1, single));
 
   const std::string servers_text = "10.0.0.1 npus=4 devices=0,1,2,3\n10.0.0.2 slots=4 # a hostfile line\n";
   cluster::RankTableRequest two;
@@ -175,14 +170,14 @@ void rank_table_seeds() {
   two.topology = cluster::HcclTopology::Pcie;
   two.servers = cluster::parse_servers_file(servers_text, "servers.txt");
   const std::string multi = cluster::rank_table_json(cluster::build_rank_table(two).table);
-  seed("rank_table", "writer-two-servers", prefixed(0, multi));
-  seed("rank_table", "writer-two-servers-pcie", prefixed(1, multi));  // '{' is odd: the pcie rule
-  seed("rank_table", "hccn-conf",
+  seed(out, "rank_table", "writer-two-servers", prefixed(0, multi));
+  seed(out, "rank_table", "writer-two-servers-pcie", prefixed(1, multi));  // '{' is odd: the pcie rule
+  seed(out, "rank_table", "hccn-conf",
        prefixed(2, "address_0=192.168.100.101\nnetmask_0=255.255.255.0\n# comment\naddress_1=192.168.101.101\n"));
-  seed("rank_table", "servers", prefixed(3, servers_text + "10.0.0.3 device_ips=1.2.3.4,1.2.3.5 hccn_conf=/x\n"));
+  seed(out, "rank_table", "servers", prefixed(3, servers_text + "10.0.0.3 device_ips=1.2.3.4,1.2.3.5 hccn_conf=/x\n"));
 }
 
-void tokenizer_seeds() {
+void tokenizer_seeds(Seeds& out) {
   data::BpeTrainingOptions options;
   options.vocab_size = 300;
   options.special_tokens = {"<|endoftext|>", "<|user|>"};
@@ -190,8 +185,8 @@ void tokenizer_seeds() {
   data::BpeTrainer trainer(options);
   trainer.add_text("the quick brown fox jumps over the lazy dog; the dog sleeps. 12345 naïve café 你好 the the");
   const std::string json = trainer.tokenizer_json();
-  seed("tokenizer_json", "keel-trained", json);
-  seed("tokenizer_json", "keel-trained-with-text", json + std::string(1, '\0') + "<|user|> the dog 42\n");
+  seed(out, "tokenizer_json", "keel-trained", json);
+  seed(out, "tokenizer_json", "keel-trained-with-text", json + std::string(1, '\0') + "<|user|> the dog 42\n");
 
   // A rank file: the 256 bytes, then a few merges (tiktoken's base64 + rank lines).
   auto base64 = [](std::string_view bytes) {
@@ -217,11 +212,11 @@ void tokenizer_seeds() {
   for (const char* merge : {"th", "he", "the", " t", " the", "ll", "llo", " w"}) {
     ranks += fmt::format("{} {}\n", base64(merge), rank++);
   }
-  seed("tiktoken", "ranks", ranks);
+  seed(out, "tiktoken", "ranks", ranks);
 }
 
-void records_seeds() {
-  seed("records", "every-shape",
+void records_seeds(Seeds& out) {
+  seed(out, "records", "every-shape",
        "{\"text\": \"Hello, world.\"}\n"
        "{\"prompt\": \"2+2?\", \"response\": \"4\", \"system\": \"Be brief.\"}\n"
        "{\"instruction\": \"Translate\", \"input\": \"chat\", \"output\": \"cat\"}\n"
@@ -229,10 +224,10 @@ void records_seeds() {
        "{\"role\": \"assistant\", \"content\": \"hello\"}]}\n"
        "{\"conversations\": [{\"from\": \"human\", \"value\": \"hi\"}, {\"from\": \"gpt\", \"value\": \"yo\"}]}\n"
        "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n");
-  seed("records", "crlf-and-blank", "{\"text\": \"a\"}\r\n\r\n{\"text\": \"caf\u00e9 \u4f60\u597d\"}");
+  seed(out, "records", "crlf-and-blank", "{\"text\": \"a\"}\r\n\r\n{\"text\": \"caf\u00e9 \u4f60\u597d\"}");
 }
 
-void shard_seeds(const std::string& tmp) {
+void shard_seeds(Seeds& out, const std::string& tmp) {
   const std::string path = tmp + "/shard-00000.bin";
   data::ShardWriter writer(path);
   const uint32_t a[] = {1, 2, 3, 4, 5}, b[] = {7, 8, 9};
@@ -245,7 +240,7 @@ void shard_seeds(const std::string& tmp) {
   std::string counts(24, '\0');
   const int64_t c[3] = {info.sequences, info.tokens, info.documents};
   std::memcpy(counts.data(), c, sizeof c);
-  seed("shard", "writer-shard", prefixed(1, counts + read_file(path)));
+  seed(out, "shard", "writer-shard", prefixed(1, counts + read_file(path)));
   data::ShardManifest m;
   m.tokenizer_hash = "0123456789abcdef";
   m.chat_template = "chatml";
@@ -253,33 +248,24 @@ void shard_seeds(const std::string& tmp) {
   m.vocab_size = 1000;
   m.source = "train.jsonl";
   m.shards.push_back(info);
-  seed("shard", "writer-manifest", prefixed(0, data::manifest_json(m)));
+  seed(out, "shard", "writer-manifest", prefixed(0, data::manifest_json(m)));
 }
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::cerr << "usage: fuzz_seed_corpus OUT_DIR\n";
-    return 2;
-  }
-  out_root = argv[1];
-  const std::string tmp = fuzz::scratch_dir();
-  try {
-    safetensors_seeds(tmp);
-    safetensors_index_seeds(tmp);
-    model_config_seeds();
-    recipe_seeds();
-    token_records_seeds();
-    checkpoint_seeds(tmp);
-    rank_table_seeds();
-    tokenizer_seeds();
-    records_seeds();
-    shard_seeds(tmp);
-  } catch (const std::exception& e) {
-    std::cerr << "fuzz_seed_corpus: " << e.what() << "\n";
-    return 1;
-  }
-  std::cout << "fuzz_seed_corpus: seeds written to " << out_root << "\n";
-  return 0;
+std::vector<SeedInput> seed_inputs(const std::string& scratch) {
+  Seeds out;
+  safetensors_seeds(out, scratch);
+  safetensors_index_seeds(out, scratch);
+  model_config_seeds(out);
+  recipe_seeds(out);
+  token_records_seeds(out);
+  checkpoint_seeds(out, scratch);
+  rank_table_seeds(out);
+  tokenizer_seeds(out);
+  records_seeds(out);
+  shard_seeds(out, scratch);
+  return out;
 }
+
+}  // namespace keel::fuzz

@@ -1,9 +1,11 @@
 // Inputs found by the fuzzers (fuzz/, scripts/fuzz.sh), minimised, each kept as a regression test.
 //
 // Two kinds:
-//  - Replay: every file under tests/data/fuzz/<target>/ is run through the fuzz target itself
-//    (fuzz/<target>_fuzz.cpp is compiled into this executable as keel_fuzz_<target>): a crash, a
-//    sanitizer report, an exception other than keel::Error or a broken property aborts the test.
+//  - Replay: the target's seeds (fuzz/seed_corpus.h: inputs keel's own writers make) and every file
+//    under tests/data/fuzz/<target>/ are run through the fuzz target itself (fuzz/<target>_fuzz.cpp
+//    is compiled into this executable as keel_fuzz_<target>): a crash, a sanitizer report, an
+//    exception other than keel::Error or a broken property aborts the test, and a target with no
+//    input to replay fails it (a replay of nothing passes whatever the code does).
 //  - Named cases below: the minimised input embedded, with the error keel must now give.
 #include <gtest/gtest.h>
 
@@ -20,6 +22,7 @@
 #include "keel/model/config.h"
 #include "keel/model/peft_adapter.h"
 #include "keel/run/recipe.h"
+#include "seed_corpus.h"
 #include "test_support.h"
 
 #define KEEL_FUZZ_ENTRY(target) extern "C" int keel_fuzz_##target(const uint8_t* data, size_t size);
@@ -42,28 +45,45 @@ namespace {
 using keel::testing::expect_keel_error;
 namespace fs = std::filesystem;
 
-// Runs every saved input of `target` through its fuzz entry point; returns how many.
+// Every fuzz target's seeds, made once for the whole executable.
+const std::vector<keel::fuzz::SeedInput>& seeds() {
+  static const keel::testing::TempDir scratch;
+  static const std::vector<keel::fuzz::SeedInput> all = keel::fuzz::seed_inputs(scratch.path());
+  return all;
+}
+
+void run_input(int (*entry)(const uint8_t*, size_t), const std::string& name, const std::string& bytes) {
+  SCOPED_TRACE(name);
+  std::fprintf(stderr, "replaying %s (%zu bytes)\n", name.c_str(), bytes.size());  // names the input if it crashes
+  entry(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+}
+
+// Runs `target`'s seeds and every saved input through its fuzz entry point; returns how many.
 int replay(const std::string& target, int (*entry)(const uint8_t*, size_t)) {
+  int replayed = 0;
+  for (const auto& seed : seeds()) {
+    if (seed.target != target) continue;
+    run_input(entry, "seed " + target + "/" + seed.name, seed.bytes);
+    ++replayed;
+  }
   const fs::path dir = fs::path(KEEL_TEST_DATA_DIR) / "fuzz" / target;
-  if (!fs::is_directory(dir)) return 0;
   std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.is_regular_file()) files.push_back(e.path());
+  if (fs::is_directory(dir))
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.is_regular_file()) files.push_back(e.path());
   std::sort(files.begin(), files.end());
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    SCOPED_TRACE(f.string());
-    std::fprintf(stderr, "replaying %s (%zu bytes)\n", f.c_str(), bytes.size());  // names the input if it crashes
-    entry(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+    run_input(entry, f.string(), std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()));
+    ++replayed;
   }
-  return int(files.size());
+  return replayed;
 }
 
 }  // namespace
 
 #define KEEL_FUZZ_REPLAY(target) \
-  TEST(FuzzReplay, target) { replay(#target, keel_fuzz_##target); }
+  TEST(FuzzReplay, target) { EXPECT_GT(replay(#target, keel_fuzz_##target), 0) << "no input replayed for " #target; }
 KEEL_FUZZ_REPLAY(safetensors)
 KEEL_FUZZ_REPLAY(safetensors_index)
 KEEL_FUZZ_REPLAY(model_config)
