@@ -9,17 +9,8 @@
 #     `keel train` still asks for one;
 #   - an adapter_config.json whose target_modules is empty is refused by name, not later;
 #   - `keel export --help` says which formats exist and that GGUF does not yet.
-set -u
-keel=$(realpath "$1")
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/cli_test_lib.sh"
 cd "$work"
-failures=0
-
-fail() {
-  echo "FAIL $1"
-  failures=$((failures + 1))
-}
 
 # run NAME ARGS...: keel ARGS with stdout and stderr in NAME.out, the exit status in $status.
 run() {
@@ -142,8 +133,4 @@ for text in "Hugging Face model directory" "PEFT adapter" "GGUF (llama.cpp): not
   expect export_help "$text"
 done
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "first use: help, command typos, unknown keys, plan without steps, adapter config, export formats"
+finish "first use: help, command typos, unknown keys, plan without steps, adapter config, export formats"

@@ -3,18 +3,9 @@
 # config.json): the per-rank breakdown for dp 4 with and without ZeRO-1 and with gradient
 # checkpointing, a verdict against 64 GB cards with what to change, a [model_config] recipe, and
 # bad input rejected with exit status 2.
-set -u
-keel=$(realpath "$1")
+source "$(dirname "$0")/cli_test_lib.sh"
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"  # the recipe's model_name is relative to the repository root
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-
-fail() {
-  echo "FAIL $1"
-  failures=$((failures + 1))
-}
 
 # run NAME ARGS...: keel plan must exit 0, or 3 when the plan does not fit the given device memory
 # (the output then says "fits: NO"); its output goes to $work/NAME.out
@@ -198,8 +189,4 @@ out=$("$keel" plan "$recipe" --set model_name=tests/data/no-such-model 2>&1)
 status=$?
 [ "$status" -eq 2 ] && grep -qF "no-such-model" <<<"$out" || fail "missing model dir: status $status: $out"
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "keel plan: all checks passed"
+finish "keel plan: all checks passed"

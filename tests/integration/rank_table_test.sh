@@ -2,12 +2,7 @@
 # keel rank-table and keel launch --dry-run end to end: a table written from an hccn.conf passes
 # --check, a placeholder or a broken table fails it with exit status 2 naming the entry, and launch
 # builds the mpirun command from the hostfile written next to the table.
-set -u
-keel=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/cli_test_lib.sh"
 
 # expect STATUS TEXT COMMAND...: runs it, checks the exit status and that the output has TEXT.
 expect() {
@@ -67,5 +62,4 @@ printf '10.0.0.1 slots=2\n10.0.0.2 slots=2\n' > two-hosts
 expect 2 "3 ranks do not divide evenly over its 2 hosts" "$keel" launch -n 3 --hostfile two-hosts --dry-run recipe.toml
 expect 2 "absent.toml: no such recipe file" "$keel" launch -n 2 --dry-run absent.toml
 
-[ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
-echo "rank-table ok"
+finish "rank-table ok"

@@ -2,12 +2,7 @@
 # keel topo on this machine prints its real layout: the hardware-thread count the OS reports
 # (nproc), its NUMA nodes, and a rank placement with link classes. Also: an XML export reads back
 # as the same machine, a synthetic two-socket machine shows cross-socket links, bad input exits 2.
-set -u
-keel=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+source "$(dirname "$0")/cli_test_lib.sh"
 
 out=$("$keel" topo 2>&1)
 status=$?
@@ -36,5 +31,4 @@ bad=$("$keel" topo --xml "$work/absent.xml" 2>&1)
 status=$?
 { [ "$status" -eq 2 ] && grep -q "absent.xml: no such file" <<<"$bad"; } || fail "missing XML: status $status, '$bad'"
 
-[ "$failures" -eq 0 ] || { echo "$failures failure(s)"; exit 1; }
-echo "topo ok"
+finish "topo ok"

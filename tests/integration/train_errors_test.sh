@@ -1,10 +1,6 @@
 #!/usr/bin/env bash
 # keel train on bad recipes: each must exit with status 2 and a message naming the problem.
-set -u
-keel=$1
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-failures=0
+source "$(dirname "$0")/cli_test_lib.sh"
 
 # expect_error NAME EXPECTED_TEXT RECIPE_TEXT [extra args...]
 expect_error() {
@@ -15,11 +11,9 @@ expect_error() {
   out=$("$keel" train "$work/$name.toml" "$@" 2>&1)
   status=$?
   if [ "$status" -ne 2 ]; then
-    echo "FAIL $name: exit status $status, expected 2; output: $out"
-    failures=$((failures + 1))
+    fail "$name: exit status $status, expected 2; output: $out"
   elif ! grep -qF -- "$expected" <<<"$out"; then
-    echo "FAIL $name: output lacks '$expected': $out"
-    failures=$((failures + 1))
+    fail "$name: output lacks '$expected': $out"
   else
     echo "ok   $name: $out"
   fi
@@ -51,8 +45,4 @@ printf '{"input_ids": [1, 2, 99]}\n' > "$work/bad_ids.jsonl"
 expect_error token_out_of_vocab "bad_ids.jsonl:1" "$scratch" --set data_path="$work/bad_ids.jsonl"
 expect_error bad_toml "invalid TOML" "max_steps = [1"
 
-if [ "$failures" -ne 0 ]; then
-  echo "$failures failure(s)"
-  exit 1
-fi
-echo "all bad recipes rejected with clear errors"
+finish "all bad recipes rejected with clear errors"
