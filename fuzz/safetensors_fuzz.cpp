@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "fuzz_support.h"
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace keel;
@@ -15,7 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = dir + "/model.safetensors";
   fuzz::write_bytes(path, data, size);
   try {
-    auto file = model::SafetensorsFile::open(path);
+    auto file = formats::SafetensorsFile::open(path);
     uint64_t sum = 0;
     for (const auto& t : file->tensors()) {
       if (t.nbytes > 0) sum += t.data[0] + t.data[t.nbytes - 1];  // first and last byte: in the mapping
@@ -24,11 +24,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     (void)sum;
   } catch (const Error&) {}
   try {
-    auto reader = model::CheckpointReader::open_dir(dir);
+    auto reader = formats::CheckpointReader::open_dir(dir);
     std::vector<float> out;
     for (const auto& name : reader.names()) {
       try {
-        const model::TensorInfo& t = reader.get(name);
+        const formats::TensorInfo& t = reader.get(name);
         out.assign(size_t(t.numel()), 0.0f);  // numel * element size == bytes in the file: bounded by the input
         reader.read_f32(name, t.shape, out.data());
       } catch (const Error&) {  // an unsupported dtype: an error for that tensor only

@@ -13,7 +13,7 @@
 #include "keel/cluster/rank_table.h"
 #include "keel/model/config.h"
 #include "keel/model/params.h"
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/run/recipe.h"
 
@@ -34,7 +34,7 @@ void safetensors_seeds(Seeds& out, const std::string& tmp) {
   int n = 0;
   for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
     const std::string path = fmt::format("{}/seed{}.safetensors", tmp, n);
-    model::write_safetensors(
+    formats::write_safetensors(
         path,
         {{"model.embed_tokens.weight", {4, 3}, v},
          {"model.norm.weight", {3}, v + 12},
@@ -56,7 +56,7 @@ void safetensors_seeds(Seeds& out, const std::string& tmp) {
 void safetensors_index_seeds(Seeds& out, const std::string& tmp) {
   static const float values[6] = {1, 2, 3, 4, 5, 6};
   const std::string dir = tmp + "/sharded";
-  model::write_model_weights(
+  formats::write_model_weights(
       dir, {{"embed.weight", {2, 2}, values}, {"norm.weight", {2}, values}, {"lm_head.weight", {3, 2}, values}},
       DType::BF16, 12);
   seed(out, "safetensors_index", "writer", read_file(dir + "/model.safetensors.index.json"));

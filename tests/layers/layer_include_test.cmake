@@ -27,7 +27,7 @@ endfunction()
 set(failures 0)
 # Allowed: the layer's own room and the public headers below it. (Controls: without them a
 # broken view would make every refusal below pass.)
-foreach(allowed "keel/model/decoder.h" "keel/kernels/backend.h" "keel/core/memory_plan.h")
+foreach(allowed "keel/model/decoder.h" "keel/kernels/backend.h" "keel/core/memory_plan.h" "keel/formats/safetensors.h")
   probe(model ${allowed})
   if(NOT ok)
     message(SEND_ERROR "model layer: #include \"${allowed}\" should compile:\n${output}")
@@ -37,7 +37,8 @@ endforeach()
 # Refused: upward, sideways and private includes, each for the reason that the file is not there.
 foreach(case "model|keel/train/trainer.h" "model|keel/run/recipe.h" "model|keel/kernels/gemm.h"
              "model|keel/kernels/cpu/vector_ops.h" "kernels|keel/model/decoder.h"
-             "distributed|keel/model/params.h" "train|keel/cluster/topology.h" "train|keel/kernels/attention.h")
+             "distributed|keel/model/params.h" "train|keel/cluster/topology.h" "train|keel/kernels/attention.h"
+             "formats|keel/model/config.h" "formats|keel/kernels/backend.h" "data|keel/formats/safetensors.h")
   string(REPLACE "|" ";" parts "${case}")
   list(GET parts 0 layer)
   list(GET parts 1 include)

@@ -2,7 +2,7 @@
 // decisions for such a checkpoint. The layout is written here byte by byte (safetensors header,
 // U8 codes, the packed quantization state); that it is bitsandbytes' own is checked end to end by
 // tests/reference/lora_reference.py --prequantized, on checkpoints bitsandbytes wrote.
-#include "keel/model/bnb_4bit.h"
+#include "keel/formats/bnb_4bit.h"
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -19,6 +19,12 @@
 #include "test_support.h"
 
 namespace keel::model {
+
+// The file formats this reads and writes (formats/).
+using formats::CheckpointReader;
+using formats::is_bnb_4bit;
+using formats::read_bnb_4bit_dequantized;
+using formats::read_bnb_4bit;
 namespace {
 
 using keel::testing::expect_keel_error;

@@ -14,6 +14,11 @@
 #include "test_support.h"
 
 namespace keel::model {
+
+// The file formats this reads and writes (formats/).
+using formats::CheckpointReader;
+using formats::TensorToWrite;
+using formats::write_model_weights;
 namespace {
 
 using keel::testing::expect_keel_error;

@@ -22,7 +22,7 @@
 #include "keel/data/tiktoken.h"
 #include "keel/data/token_records.h"
 #include "keel/model/config.h"
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 #include "keel/run/recipe.h"
 #include "test_support.h"
 
@@ -92,21 +92,21 @@ TEST(ResourceLimits, SafetensorsTensorOf2To60Bytes) {
              safetensors_bytes(
                  R"({"w":{"dtype":"F32","shape":[268435456,1073741824],"data_offsets":[0,1152921504606846976]}})",
                  std::string(64, '\0')));
-  expect_cheap_error([&] { keel::model::SafetensorsFile::open(dir / "model.safetensors"); },
+  expect_cheap_error([&] { keel::formats::SafetensorsFile::open(dir / "model.safetensors"); },
                      {"model.safetensors", "tensor 'w'", "data_offsets within the 64-byte data section"});
-  expect_cheap_error([&] { keel::model::CheckpointReader::open_dir(dir.path()); }, {"tensor 'w'"});
+  expect_cheap_error([&] { keel::formats::CheckpointReader::open_dir(dir.path()); }, {"tensor 'w'"});
   // The same size with offsets that fit: the byte count must match the shape exactly.
   write_text(dir / "model.safetensors",
              safetensors_bytes(R"({"w":{"dtype":"F32","shape":[268435456,1073741824],"data_offsets":[0,64]}})",
                                std::string(64, '\0')));
-  expect_cheap_error([&] { keel::model::SafetensorsFile::open(dir / "model.safetensors"); },
+  expect_cheap_error([&] { keel::formats::SafetensorsFile::open(dir / "model.safetensors"); },
                      {"tensor 'w'", "expected 1152921504606846976 bytes"});
   // Element counts that overflow 64 bits cannot wrap around to a small size.
   write_text(
       dir / "model.safetensors",
       safetensors_bytes(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,64]}})",
                         std::string(64, '\0')));
-  expect_cheap_error([&] { keel::model::SafetensorsFile::open(dir / "model.safetensors"); },
+  expect_cheap_error([&] { keel::formats::SafetensorsFile::open(dir / "model.safetensors"); },
                      {"tensor 'w'", "more elements than fit in 64 bits"});
 }
 
@@ -116,20 +116,20 @@ TEST(ResourceLimits, SafetensorsHeaderLength) {
   std::string file = safetensors_bytes("{}", std::string(90, ' '));
   for (int i = 0; i < 8; ++i) file[size_t(i)] = char((uint64_t(1) << 60) >> (8 * i));
   write_text(dir / "a.safetensors", file);
-  expect_cheap_error([&] { keel::model::SafetensorsFile::open(dir / "a.safetensors"); },
+  expect_cheap_error([&] { keel::formats::SafetensorsFile::open(dir / "a.safetensors"); },
                      {"a.safetensors", "header length of at most 92 bytes"});
   // A 150 MB header in a (sparse) 200 MB file: over the 100 MB limit the reference reader has too.
   std::string head(8, '\0');
   for (int i = 0; i < 8; ++i) head[size_t(i)] = char(uint64_t(150 * kMiB) >> (8 * i));
   write_sparse(dir / "b.safetensors", head + "{", 200 * kMiB);
-  expect_cheap_error([&] { keel::model::SafetensorsFile::open(dir / "b.safetensors"); },
+  expect_cheap_error([&] { keel::formats::SafetensorsFile::open(dir / "b.safetensors"); },
                      {"b.safetensors", "header length of at most 104857600 bytes"});
 }
 
 TEST(ResourceLimits, SafetensorsIndexOf10GB) {
   TempDir dir;
   write_sparse(dir / "model.safetensors.index.json", "{\"weight_map\": {", 10 * 1024 * kMiB);
-  expect_cheap_error([&] { keel::model::CheckpointReader::open_dir(dir.path()); },
+  expect_cheap_error([&] { keel::formats::CheckpointReader::open_dir(dir.path()); },
                      {"model.safetensors.index.json", "expected a file of at most"});
 }
 

@@ -1,7 +1,7 @@
 // safetensors reading and writing: round trips in every dtype keel stores, sharded model
 // directories, and one test per kind of malformed input, each expecting a keel::Error that
 // names the problem (never a crash).
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -15,7 +15,7 @@
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 
-namespace keel::model {
+namespace keel::formats {
 namespace {
 
 namespace fs = std::filesystem;
@@ -381,4 +381,4 @@ TEST_F(SafetensorsTest, RandomCorruptionNeverCrashes) {
 }
 
 }  // namespace
-}  // namespace keel::model
+}  // namespace keel::formats

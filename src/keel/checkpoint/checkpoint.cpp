@@ -17,7 +17,7 @@
 #include "keel/core/checksum.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 
 namespace keel::checkpoint {
 namespace {
@@ -37,9 +37,9 @@ void sync_directory(const std::string& dir) {
   require(rc == 0, "{}: fsync failed ({})", dir, std::strerror(errno));
 }
 
-std::vector<model::TensorToWrite> tensors_of(const std::vector<model::Param>& layout, const float* base,
+std::vector<formats::TensorToWrite> tensors_of(const std::vector<model::Param>& layout, const float* base,
                                              const std::string& prefix) {
-  std::vector<model::TensorToWrite> out;
+  std::vector<formats::TensorToWrite> out;
   for (const auto& p : layout) out.push_back({prefix + p.name, p.shape, base + p.offset});
   return out;
 }
@@ -54,13 +54,13 @@ CheckpointWriter::MomentSource moments_in(const float* m, const float* v) {
 
 // The moments "m.<name>" (which = 0) or "v.<name>" (which = 1), or the weights "<name>" (which =
 // 2, ZeRO-3), read from `source`.
-std::vector<model::TensorToWrite> moment_tensors(const std::vector<model::Param>& layout,
+std::vector<formats::TensorToWrite> moment_tensors(const std::vector<model::Param>& layout,
                                                  const CheckpointWriter::MomentSource& source, int which) {
   static constexpr const char* kPrefix[] = {"m.", "v.", ""};  // which: 0 = m, 1 = v, 2 = the weights
-  std::vector<model::TensorToWrite> out;
+  std::vector<formats::TensorToWrite> out;
   for (const auto& p : layout)
     out.push_back({std::string(kPrefix[which]) + p.name, p.shape,
-                   model::TensorToWrite::Reader(
+                   formats::TensorToWrite::Reader(
                        [&source, which, offset = p.offset](int64_t begin, int64_t max_count, int64_t* n) {
                          return source(which, offset + begin, max_count, n);
                        })});
@@ -231,13 +231,13 @@ void CheckpointWriter::write_once(const std::vector<model::Param>& layout, const
   try {
     fs::remove_all(tmp);
     make_dirs(tmp);
-    model::write_safetensors(tmp + "/weights.safetensors",
+    formats::write_safetensors(tmp + "/weights.safetensors",
                              weights ? tensors_of(layout, weights, "") : moment_tensors(layout, moments, 2),
                              DType::F32);
     auto tensors = moment_tensors(layout, moments, 0);
     auto second = moment_tensors(layout, moments, 1);
     tensors.insert(tensors.end(), second.begin(), second.end());
-    model::write_safetensors(tmp + "/optimizer.safetensors", tensors, DType::F32);
+    formats::write_safetensors(tmp + "/optimizer.safetensors", tensors, DType::F32);
     write_file_atomic(tmp + "/trainer_state.json", state_json(state));
     write_file_atomic(tmp + "/recipe.toml", recipe);
     write_file_atomic(tmp + "/manifest.json", manifest_json(tmp, state.step));
@@ -478,10 +478,10 @@ namespace {
 // that window: ZeRO-1 ranks keep the moments of their shard only).
 void read_tensors(const std::string& file, const std::vector<model::Param>& layout, float* base,
                   const std::string& prefix, FlatRange window) {
-  auto st = model::SafetensorsFile::open(file);
+  auto st = formats::SafetensorsFile::open(file);
   for (const auto& p : layout) {
     const std::string name = prefix + p.name;
-    const model::TensorInfo* t = st->find(name);
+    const formats::TensorInfo* t = st->find(name);
     require(t != nullptr, "{}: tensor '{}' is missing", file, name);
     require(t->dtype == DType::F32 && t->shape == p.shape, "{}: tensor '{}' has dtype {} shape [{}], expected F32 [{}]",
             file, name, dtype_name(t->dtype), fmt::join(t->shape, ", "), fmt::join(p.shape, ", "));

@@ -5,9 +5,18 @@
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
-#include "keel/model/bnb_4bit.h"
+#include "keel/formats/bnb_4bit.h"
 
 namespace keel::model {
+
+// The file formats this reads and writes (formats/).
+using formats::CheckpointReader;
+using formats::TensorToWrite;
+using formats::write_model_weights;
+using formats::is_bnb_4bit;
+using formats::bnb_4bit_parts;
+using formats::read_bnb_4bit_dequantized;
+using formats::read_bnb_4bit;
 namespace {
 
 struct Names {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "keel/model/decoder.h"
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 
 namespace keel::model {
 

@@ -10,9 +10,14 @@
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 #include "keel/core/json_text.h"
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 
 namespace keel::model {
+
+// The file formats this reads and writes (formats/).
+using formats::CheckpointReader;
+using formats::TensorToWrite;
+using formats::write_safetensors;
 
 namespace dom = simdjson::dom;
 

@@ -13,7 +13,7 @@
 #include "keel/distributed/communicator.h"
 #include "keel/model/decoder.h"
 #include "keel/model/hf_weights.h"
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 #include "keel/run/model_setup.h"
 
 namespace keel::report {
@@ -49,7 +49,7 @@ size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelCon
   model::declare_model_params(config, params, ids);
   size_t largest = 0;
   try {
-    const auto reader = model::CheckpointReader::open_dir(dir);
+    const auto reader = formats::CheckpointReader::open_dir(dir);
     for (const auto& t : model::hf_tensors(config, ids))
       if (reader.has(t.name)) largest = std::max(largest, reader.get(t.name).nbytes);
   } catch (const Error&) {

@@ -4,7 +4,7 @@
 #include "keel/core/file_io.h"
 #include "keel/model/hf_weights.h"
 #include "keel/model/peft_adapter.h"
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 
 namespace keel::run {
 
@@ -129,7 +129,7 @@ model::LoraSpec recipe_lora_spec(const Recipe& r) {
 
 DType recipe_export_dtype(const Recipe& r, const model::ModelConfig& config, const model::DecoderParamIds& ids) {
   if (r.model_config) return r.dtype == "bf16" ? DType::BF16 : DType::F32;
-  return model::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, ids)[0].name);
+  return formats::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, ids)[0].name);
 }
 
 ModelSetup setup_model(const Recipe& r, int rank, std::ostream* progress_log, bool live_progress) {

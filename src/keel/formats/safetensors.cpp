@@ -1,5 +1,5 @@
 #include "keel/core/json_text.h"
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -24,7 +24,7 @@
 #include "keel/core/file_io.h"
 #include "keel/core/threads.h"
 
-namespace keel::model {
+namespace keel::formats {
 
 // Tensor bytes are little-endian in the file and are copied without swapping.
 static_assert(std::endian::native == std::endian::little, "keel reads safetensors on little-endian hosts only");
@@ -800,4 +800,4 @@ void write_model_weights(const std::string& dir, const std::vector<TensorToWrite
   remove_stale_weight_files(dir, written);
 }
 
-}  // namespace keel::model
+}  // namespace keel::formats

@@ -15,7 +15,7 @@
 #include "keel/core/dtype.h"
 #include "keel/core/work_progress.h"
 
-namespace keel::model {
+namespace keel::formats {
 
 struct TensorInfo {
   std::string name;
@@ -117,4 +117,4 @@ void write_safetensors(const std::string& path, const std::vector<TensorToWrite>
 void write_model_weights(const std::string& dir, const std::vector<TensorToWrite>& tensors, DType dtype,
                          uint64_t max_shard_bytes = 5ull << 30, WorkProgress* progress = nullptr);
 
-}  // namespace keel::model
+}  // namespace keel::formats

@@ -1,4 +1,4 @@
-#include "keel/model/bnb_4bit.h"
+#include "keel/formats/bnb_4bit.h"
 
 #include <fmt/ranges.h>
 
@@ -7,7 +7,7 @@
 #include "keel/core/error.h"
 #include "keel/core/json_text.h"
 
-namespace keel::model {
+namespace keel::formats {
 namespace {
 
 namespace dom = simdjson::dom;
@@ -171,4 +171,4 @@ void read_bnb_4bit_dequantized(const CheckpointReader& reader, const std::string
     for (int64_t i = 0; i < n; ++i) out[i] = f16_to_float(float_to_f16(out[i]));
 }
 
-}  // namespace keel::model
+}  // namespace keel::formats

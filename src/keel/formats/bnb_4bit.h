@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "keel/core/four_bit.h"
-#include "keel/model/safetensors.h"
+#include "keel/formats/safetensors.h"
 
-namespace keel::model {
+namespace keel::formats {
 
 // Whether tensor `name` is a bitsandbytes 4-bit weight (its quant_state entry is there).
 bool is_bnb_4bit(const CheckpointReader& reader, const std::string& name);
@@ -38,4 +38,4 @@ void read_bnb_4bit(const CheckpointReader& reader, const std::string& name, cons
 void read_bnb_4bit_dequantized(const CheckpointReader& reader, const std::string& name,
                                const std::vector<int64_t>& shape, FourBitType expected, float* out);
 
-}  // namespace keel::model
+}  // namespace keel::formats
