@@ -33,13 +33,12 @@ kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t layer, int
 // torch.tensor(hidden_size**0.5, dtype=float32): Gemma's normalizer.
 float embedding_scale(const ModelConfig& c) { return float(std::sqrt(double(c.hidden_size))); }
 
+// A block's buffers (KEEL_BLOCK_BUFFERS, decoder_plan.h): null where the model or the precision
+// has none (q/k norms, sandwich norms, bf16 copies, LoRA's [modules of the block][tokens, rank]).
 struct Decoder::BlockActivations {
-  float *xn1, *rstd1, *qkv, *attn, *lse, *xmid, *xn2, *rstd2, *gate_up, *act;
-  float *qk, *rstd_qk;                   // q/k norms (null without)
-  float *ao, *rstd_ao, *mo, *rstd_mo;    // sandwich norms (null without)
-  bf16 *xn1_b, *attn_b, *xn2_b, *act_b;  // GEMM inputs in bf16 mode (null in fp32)
-  float* lora_u;                         // [modules of the block][tokens, rank] (null without LoRA)
-  bf16* lora_u_b;
+#define KEEL_BLOCK_POINTER(name, type) type* name = nullptr;
+  KEEL_BLOCK_BUFFERS(KEEL_BLOCK_POINTER)
+#undef KEEL_BLOCK_POINTER
 };
 
 struct Decoder::Buffers {
@@ -73,12 +72,12 @@ struct Decoder::Buffers {
     const DecoderLayout& d = layout;
     auto f32 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<float*>(at[size_t(id)]); };
     auto b16 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<bf16*>(at[size_t(id)]); };
-    auto block = [&](const BlockIds& i) {
-      return BlockActivations{f32(i.xn1),   f32(i.rstd1),  f32(i.qkv),   f32(i.attn),    f32(i.lse),
-                              f32(i.xmid),  f32(i.xn2),    f32(i.rstd2), f32(i.gate_up), f32(i.act),
-                              f32(i.qk),    f32(i.rstd_qk), f32(i.ao),    f32(i.rstd_ao), f32(i.mo),
-                              f32(i.rstd_mo), b16(i.xn1_b), b16(i.attn_b), b16(i.xn2_b), b16(i.act_b), f32(i.lora_u),
-                              b16(i.lora_u_b)};
+    auto block = [&](const BlockIds& ids) {
+      BlockActivations a;
+#define KEEL_BLOCK_BIND(name, type) a.name = ids.name < 0 ? nullptr : reinterpret_cast<type*>(at[size_t(ids.name)]);
+      KEEL_BLOCK_BUFFERS(KEEL_BLOCK_BIND)
+#undef KEEL_BLOCK_BIND
+      return a;
     };
     x.resize(d.x.size());
     forward.resize(d.forward.size());

@@ -81,12 +81,25 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
 kernels::AttentionMatmul attention_matmul(Precision p);
 
 // Plan ids of one block's intermediates (-1: not planned, e.g. bf16 copies in fp32 mode).
+// Each block's buffers, declared once as (name, element type): BlockIds holds their plan ids
+// (describe_memory plans each, -1 where the model has none), the decoder's BlockActivations their
+// addresses, and binding one to the other follows from this list, so a buffer added to a block is
+// one line here and its planning there.
+//   xn1 rstd1 / xn2 rstd2: the normalised inputs of attention / the MLP and each row's rstd;
+//   qk rstd_qk: q/k norms (the normalised, rotated q | k, and each head's rstd);
+//   ao rstd_ao mo rstd_mo: sandwich norms (the attention's / MLP's output and rstd);
+//   *_b: the bf16 copies the GEMMs read in bf16 mode;
+//   lora_u: LoRA's scaling * x A^T of each of the block's modules.
+#define KEEL_BLOCK_BUFFERS(X)                                                                                \
+  X(xn1, float) X(rstd1, float) X(qkv, float) X(attn, float) X(lse, float) X(xmid, float) X(xn2, float)        \
+  X(rstd2, float) X(gate_up, float) X(act, float) X(qk, float) X(rstd_qk, float) X(ao, float) X(rstd_ao, float) \
+  X(mo, float) X(rstd_mo, float) X(xn1_b, bf16) X(attn_b, bf16) X(xn2_b, bf16) X(act_b, bf16) X(lora_u, float) \
+  X(lora_u_b, bf16)
+
 struct BlockIds {
-  int xn1 = -1, rstd1 = -1, qkv = -1, attn = -1, lse = -1, xmid = -1, xn2 = -1, rstd2 = -1, gate_up = -1, act = -1;
-  int qk = -1, rstd_qk = -1;                         // q/k norms: the normalised, rotated q | k, and each head's rstd
-  int ao = -1, rstd_ao = -1, mo = -1, rstd_mo = -1;  // sandwich norms: the attention's / MLP's output and rstd
-  int xn1_b = -1, attn_b = -1, xn2_b = -1, act_b = -1;
-  int lora_u = -1, lora_u_b = -1;  // LoRA: scaling * x A^T of each of the block's modules
+#define KEEL_BLOCK_ID(name, type) int name = -1;
+  KEEL_BLOCK_BUFFERS(KEEL_BLOCK_ID)
+#undef KEEL_BLOCK_ID
 };
 
 // What the plan needs to know of the adapter: its size, each block's module count, the widest
