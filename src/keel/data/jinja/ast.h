@@ -111,7 +111,7 @@ struct TemplateAst {
   std::vector<std::pair<int, Value>> globals;
 };
 
-// The built-in filters and tests by name (builtins.cpp): an unknown one is a syntax error where
+// The built-in filters and tests by name (builtin_filters.cpp, builtin_tests.cpp): an unknown one is a syntax error where
 // Jinja's compiler reports it.
 bool is_builtin_filter(std::string_view name);
 bool is_builtin_test(std::string_view name);

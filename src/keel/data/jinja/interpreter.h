@@ -1,5 +1,5 @@
 // The tree-walking interpreter behind Template::render, and what the built-in filters, tests and
-// methods (builtins.cpp) need from it.
+// methods (builtin_*.cpp, builtins.h) need from it.
 #pragma once
 #include <map>
 #include <memory>
@@ -206,9 +206,11 @@ bool compare_values(Interpreter& in, Op op, const Value& left, const Value& righ
 // characters; nothing for undefined; keel::Error naming the line for anything else.
 List iteration_items(Interpreter& in, const Value& v, int line);
 
-// builtins.cpp
+// builtin_filters.cpp, builtin_tests.cpp
 Value builtin_filter(Interpreter& in, const std::string& name, const Value& subject, CallArgs& args, int line);
 bool builtin_test(Interpreter& in, const std::string& name, const Value& subject, CallArgs& args, int line);
+
+// builtin_methods.cpp
 // A method of a str, list or dict ("strip", "items", ...) bound to `object`; an unnamed
 // undefined if none (callers name it: most lookups are dict keys, which must not allocate a name).
 Value builtin_method(const Value& object, const std::string& name);
@@ -226,10 +228,14 @@ inline bool is_dict_method(std::string_view n) {
 // `self.name(args)` for a str method, called without building a bound callable; false when str
 // has no such method.
 bool call_string_method(Interpreter& in, const Value& self, const std::string& name, CallArgs& args, Value& result);
+
+// builtin_format.cpp
 // Markup.escape (the escape filter): HTML-escaped, as Markup; Markup itself unchanged.
 Value html_escape(const Value& v);
 // Python's `format % args` (the % operator on a string and the format filter).
 Str python_percent_format(Interpreter& in, const Str& format, const Value& args, int line);
+
+// builtin_globals.cpp
 // raise_exception, strftime_now, namespace, dict, range, cycler-free globals transformers sets.
 void add_builtin_globals(Dict& globals);
 
