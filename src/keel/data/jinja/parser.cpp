@@ -99,158 +99,16 @@ class Parser {
     ~Nested() { --p.nesting_; }
   };
 
+  // The statement of block tag `name` (its name read), up to the end of its end tag.
   Node statement(const std::string& name, int line) {
     const Nested nested(*this);
-    std::string end;
-    if (name == "if") {
-      // Jinja compiles an if's test and branches in a "soft" frame: an unknown filter or test
-      // there fails only when run (templates guard them with `is filter`).
-      const bool was_soft = soft_;
-      soft_ = true;
-      Node n{.kind = Node::Kind::if_block, .line = line};
-      n.expr = expression();
-      expect_block_end();
-      n.body = body({"elif", "else", "endif"}, end);
-      Node* tail = &n;
-      while (end == "elif") {
-        Node e{.kind = Node::Kind::if_block, .line = peek().line};
-        e.expr = expression();
-        expect_block_end();
-        e.body = body({"elif", "else", "endif"}, end);
-        tail->else_body.push_back(std::move(e));
-        tail = &tail->else_body.back();
-      }
-      if (end == "else") {
-        expect_block_end();
-        tail->else_body = body({"endif"}, end);
-      }
-      expect_block_end();
-      soft_ = was_soft;
-      return n;
-    }
-    if (name == "for") {
-      Node n{.kind = Node::Kind::for_loop, .line = line};
-      const bool parenthesized = is_op("(");
-      if (parenthesized) ++i_;
-      do n.targets.push_back(expect_name());
-      while (is_op(",") && (++i_, true) && !is_op(")"));
-      if (parenthesized) expect_op(")");
-      if (!is_name("in")) error("expected 'in'");
-      ++i_;
-      n.expr = expression(false);
-      if (is_name("if")) {
-        ++i_;
-        n.condition = expression(false);
-      }
-      if (is_name("recursive")) error("recursive loops are not supported");
-      expect_block_end();
-      const bool was_soft = soft_;
-      soft_ = false;  // a loop body is a new frame: strict again
-      ++loop_depth_;
-      n.body = body({"else", "endfor"}, end);
-      --loop_depth_;
-      if (end == "else") {
-        expect_block_end();
-        n.else_body = body({"endfor"}, end);
-      }
-      soft_ = was_soft;
-      expect_block_end();
-      return n;
-    }
-    if (name == "with") {
-      Node n{.kind = Node::Kind::with_block, .line = line};
-      while (!(peek().type == T::block_end)) {
-        std::string target = expect_name();
-        expect_op("=");
-        n.params.emplace_back(std::move(target), expression());
-        if (peek().type != T::block_end) expect_op(",");
-      }
-      expect_block_end();
-      n.body = body({"endwith"}, end);
-      expect_block_end();
-      return n;
-    }
-    if (name == "set") {
-      Node n{.kind = Node::Kind::set, .line = line};
-      n.targets.push_back(expect_name());
-      if (is_op(".")) {
-        ++i_;
-        n.attribute = expect_name();
-      } else {
-        while (is_op(",")) {
-          ++i_;
-          n.targets.push_back(expect_name());
-        }
-      }
-      if (is_op("=")) {
-        ++i_;
-        n.expr = expression();
-        if (is_op(",")) {  // {% set a, b = 1, 2 %}: a tuple without parentheses
-          auto tuple = make(Expr::Kind::tuple, n.expr->line);
-          tuple->args.push_back(std::move(n.expr));
-          while (is_op(",")) {
-            ++i_;
-            if (peek().type == T::block_end) break;
-            tuple->args.push_back(expression());
-          }
-          n.expr = std::move(tuple);
-        }
-        expect_block_end();
-        return n;
-      }
-      if (n.targets.size() != 1 || !n.attribute.empty()) error("expected '='");
-      n.kind = Node::Kind::set_block;
-      n.expr = filters_on_caller();
-      expect_block_end();
-      n.body = body({"endset"}, end);
-      expect_block_end();
-      return n;
-    }
-    if (name == "macro") {
-      Node n{.kind = Node::Kind::macro, .line = line};
-      n.text = expect_name();
-      expect_op("(");
-      while (!is_op(")")) {
-        std::string param = expect_name();
-        ExprPtr def;
-        if (is_op("=")) {
-          ++i_;
-          def = expression();
-        }
-        n.params.emplace_back(std::move(param), std::move(def));
-        if (!is_op(")")) expect_op(",");
-      }
-      ++i_;
-      expect_block_end();
-      const bool was_soft = soft_;
-      const int loops = loop_depth_;
-      soft_ = false;
-      loop_depth_ = 0;  // `break` in a macro does not leave the caller's loop
-      n.body = body({"endmacro"}, end);
-      soft_ = was_soft;
-      loop_depth_ = loops;
-      if (peek().type == T::name) ++i_;  // {% endmacro name %}
-      expect_block_end();
-      return n;
-    }
-    if (name == "call") {
-      Node n{.kind = Node::Kind::call_block, .line = line};
-      if (is_op("(")) error("call blocks with caller arguments are not supported");
-      n.expr = expression();
-      if (n.expr->kind != Expr::Kind::call) error("expected a macro call");
-      expect_block_end();
-      n.body = body({"endcall"}, end);
-      expect_block_end();
-      return n;
-    }
-    if (name == "filter") {
-      Node n{.kind = Node::Kind::filter_block, .line = line};
-      n.expr = filters_on_caller(true);
-      expect_block_end();
-      n.body = body({"endfilter"}, end);
-      expect_block_end();
-      return n;
-    }
+    if (name == "if") return if_statement(line);
+    if (name == "for") return for_statement(line);
+    if (name == "with") return with_statement(line);
+    if (name == "set") return set_statement(line);
+    if (name == "macro") return macro_statement(line);
+    if (name == "call") return call_statement(line);
+    if (name == "filter") return filter_statement(line);
     if (name == "break" || name == "continue") {
       if (loop_depth_ == 0) fail("chat template line {}: '{}' outside a loop", line, name);
       expect_block_end();
@@ -258,16 +116,178 @@ class Parser {
     }
     if (name == "generation") {
       has_generation_ = true;
-      Node n{.kind = Node::Kind::generation, .line = line};
-      expect_block_end();
-      n.body = body({"endgeneration"}, end);
-      expect_block_end();
-      return n;
+      return block_statement(Node::Kind::generation, line, "endgeneration");
     }
     if (name == "extends" || name == "include" || name == "import" || name == "from" || name == "block")
       fail("chat template line {}: '{}' is not supported: a chat template is rendered alone, without other files", line,
            name);
     fail("chat template line {}: unknown statement '{}'", line, name);
+  }
+
+  // The rest of a tag with nothing more to read (`{% generation %}`), its body, and end tag `end`.
+  Node block_statement(Node::Kind kind, int line, const std::string& end_tag) {
+    Node n{.kind = kind, .line = line};
+    expect_block_end();
+    std::string end;
+    n.body = body({end_tag}, end);
+    expect_block_end();
+    return n;
+  }
+
+  Node if_statement(int line) {
+    // Jinja compiles an if's test and branches in a "soft" frame: an unknown filter or test
+    // there fails only when run (templates guard them with `is filter`).
+    const bool was_soft = soft_;
+    soft_ = true;
+    std::string end;
+    Node n{.kind = Node::Kind::if_block, .line = line};
+    n.expr = expression();
+    expect_block_end();
+    n.body = body({"elif", "else", "endif"}, end);
+    Node* tail = &n;
+    while (end == "elif") {
+      Node e{.kind = Node::Kind::if_block, .line = peek().line};
+      e.expr = expression();
+      expect_block_end();
+      e.body = body({"elif", "else", "endif"}, end);
+      tail->else_body.push_back(std::move(e));
+      tail = &tail->else_body.back();
+    }
+    if (end == "else") {
+      expect_block_end();
+      tail->else_body = body({"endif"}, end);
+    }
+    expect_block_end();
+    soft_ = was_soft;
+    return n;
+  }
+
+  Node for_statement(int line) {
+    Node n{.kind = Node::Kind::for_loop, .line = line};
+    const bool parenthesized = is_op("(");
+    if (parenthesized) ++i_;
+    do n.targets.push_back(expect_name());
+    while (is_op(",") && (++i_, true) && !is_op(")"));
+    if (parenthesized) expect_op(")");
+    if (!is_name("in")) error("expected 'in'");
+    ++i_;
+    n.expr = expression(false);
+    if (is_name("if")) {
+      ++i_;
+      n.condition = expression(false);
+    }
+    if (is_name("recursive")) error("recursive loops are not supported");
+    expect_block_end();
+    const bool was_soft = soft_;
+    soft_ = false;  // a loop body is a new frame: strict again
+    ++loop_depth_;
+    std::string end;
+    n.body = body({"else", "endfor"}, end);
+    --loop_depth_;
+    if (end == "else") {
+      expect_block_end();
+      n.else_body = body({"endfor"}, end);
+    }
+    soft_ = was_soft;
+    expect_block_end();
+    return n;
+  }
+
+  Node with_statement(int line) {
+    std::vector<std::pair<std::string, ExprPtr>> params;
+    while (!(peek().type == T::block_end)) {
+      std::string target = expect_name();
+      expect_op("=");
+      params.emplace_back(std::move(target), expression());
+      if (peek().type != T::block_end) expect_op(",");
+    }
+    Node n = block_statement(Node::Kind::with_block, line, "endwith");
+    n.params = std::move(params);
+    return n;
+  }
+
+  // {% set x = ... %}, {% set a, b = ... %}, {% set ns.x = ... %}, or a set block {% set x %}...
+  Node set_statement(int line) {
+    Node n{.kind = Node::Kind::set, .line = line};
+    n.targets.push_back(expect_name());
+    if (is_op(".")) {
+      ++i_;
+      n.attribute = expect_name();
+    } else {
+      while (is_op(",")) {
+        ++i_;
+        n.targets.push_back(expect_name());
+      }
+    }
+    if (is_op("=")) {
+      ++i_;
+      n.expr = expression();
+      if (is_op(",")) {  // {% set a, b = 1, 2 %}: a tuple without parentheses
+        auto tuple = make(Expr::Kind::tuple, n.expr->line);
+        tuple->args.push_back(std::move(n.expr));
+        while (is_op(",")) {
+          ++i_;
+          if (peek().type == T::block_end) break;
+          tuple->args.push_back(expression());
+        }
+        n.expr = std::move(tuple);
+      }
+      expect_block_end();
+      return n;
+    }
+    if (n.targets.size() != 1 || !n.attribute.empty()) error("expected '='");
+    n.kind = Node::Kind::set_block;
+    n.expr = filters_on_caller();
+    expect_block_end();
+    std::string end;
+    n.body = body({"endset"}, end);
+    expect_block_end();
+    return n;
+  }
+
+  Node macro_statement(int line) {
+    Node n{.kind = Node::Kind::macro, .line = line};
+    n.text = expect_name();
+    expect_op("(");
+    while (!is_op(")")) {
+      std::string param = expect_name();
+      ExprPtr def;
+      if (is_op("=")) {
+        ++i_;
+        def = expression();
+      }
+      n.params.emplace_back(std::move(param), std::move(def));
+      if (!is_op(")")) expect_op(",");
+    }
+    ++i_;
+    expect_block_end();
+    const bool was_soft = soft_;
+    const int loops = loop_depth_;
+    soft_ = false;
+    loop_depth_ = 0;  // `break` in a macro does not leave the caller's loop
+    std::string end;
+    n.body = body({"endmacro"}, end);
+    soft_ = was_soft;
+    loop_depth_ = loops;
+    if (peek().type == T::name) ++i_;  // {% endmacro name %}
+    expect_block_end();
+    return n;
+  }
+
+  Node call_statement(int line) {
+    if (is_op("(")) error("call blocks with caller arguments are not supported");
+    ExprPtr call = expression();
+    if (call->kind != Expr::Kind::call) error("expected a macro call");
+    Node n = block_statement(Node::Kind::call_block, line, "endcall");
+    n.expr = std::move(call);
+    return n;
+  }
+
+  Node filter_statement(int line) {
+    ExprPtr filters = filters_on_caller(true);
+    Node n = block_statement(Node::Kind::filter_block, line, "endfilter");
+    n.expr = std::move(filters);
+    return n;
   }
 
   // `| f(args) | g` applied to a placeholder named "caller" (set blocks and filter blocks).
