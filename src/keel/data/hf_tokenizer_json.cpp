@@ -341,6 +341,161 @@ void read_decoder(const Reader& r, element e, std::string_view where, bool& byte
   }
 }
 
+void read_added_tokens(const Reader& r, element e, std::vector<AddedToken>& out) {
+  size_t i = 0;
+  for (element token : r.as_array(e, "added_tokens")) {
+    const std::string at = fmt::format("added_tokens[{}]", i++);
+    object o = r.as_object(token, at);
+    AddedToken t;
+    t.content = r.as_string(r.required(o, "content", at), at + ".content");
+    const int64_t id = r.as_int(r.required(o, "id", at), at + ".id");
+    // Below INT32_MAX: the vocabulary size (largest id + 1) must fit in an int32 too.
+    require(id >= 0 && id < std::numeric_limits<int32_t>::max(), "{}: {}.id: {} is not a valid token id", r.origin(),
+            at, id);
+    t.id = int32_t(id);
+    t.special = r.flag(o, "special", false, at);
+    t.normalized = r.flag(o, "normalized", !t.special, at);
+    t.lstrip = r.flag(o, "lstrip", false, at);
+    t.rstrip = r.flag(o, "rstrip", false, at);
+    t.single_word = r.flag(o, "single_word", false, at);
+    out.push_back(std::move(t));
+  }
+}
+
+// model.vocab: the tokens as the model holds them (bytes when byte-level, else the spelling),
+// and each spelling's id, for the merges and unk_token to name tokens by.
+struct Vocabulary {
+  std::vector<std::pair<std::string, int32_t>> tokens;
+  std::unordered_map<std::string_view, int32_t> id_of_spelling;  // views into the parsed file
+};
+
+Vocabulary read_vocab(const Reader& r, object model, const std::vector<AddedToken>& added_tokens, bool byte_level) {
+  std::unordered_map<int32_t, bool> added_ids;
+  for (const auto& t : added_tokens) added_ids[t.id] = true;
+  object vocab_object = r.as_object(r.required(model, "vocab", "model"), "model.vocab");
+  const size_t vocab_entries = vocab_object.size();
+  const size_t id_limit = vocab_entries + added_tokens.size() + kIdSlack;
+  Vocabulary vocab;
+  vocab.tokens.reserve(vocab_entries);
+  vocab.id_of_spelling.reserve(vocab_entries);
+  std::string bytes;
+  // The places errors name are formatted only for an error: formatting one per entry was a
+  // third of loading a 150k-token file.
+  for (auto [spelling, value] : vocab_object) {
+    auto at = [spelling = spelling] { return fmt::format("model.vocab[{}]", json_quoted(spelling)); };
+    int64_t id;
+    if (value.get_int64().get(id) != simdjson::SUCCESS) id = r.as_int(value, at());
+    // Ids index dense tables, so a vocabulary claiming ids far past its size would make keel
+    // allocate for them; real files leave small gaps (reserved ids), hence the slack.
+    if (id < 0 || size_t(id) >= id_limit)
+      fail("{}: {}: id {} is outside [0, {}) for a vocabulary of {} entries and {} added tokens", r.origin(), at(), id,
+           id_limit, vocab_entries, added_tokens.size());
+    if (!vocab.id_of_spelling.emplace(spelling, int32_t(id)).second) fail("{}: {} appears twice", r.origin(), at());
+    bytes.clear();
+    if (!byte_level) {
+      vocab.tokens.emplace_back(std::string(spelling), int32_t(id));
+      continue;
+    }
+    if (!bytes_from_byte_level(spelling, bytes)) {
+      // Added tokens may sit in the vocabulary with their plain spelling; their content encodes them.
+      if (!added_ids.count(int32_t(id)))
+        fail("{}: {}: not in the byte-level alphabet (keel reads byte-level BPE)", r.origin(), at());
+      continue;
+    }
+    vocab.tokens.emplace_back(bytes, int32_t(id));
+  }
+  return vocab;
+}
+
+// model.merges, as pairs of ids: "left right" strings or ["left", "right"] pairs.
+std::vector<std::pair<int32_t, int32_t>> read_merges(const Reader& r, element e, const Vocabulary& vocab) {
+  std::vector<std::pair<int32_t, int32_t>> merges;
+  array merges_array = r.as_array(e, "model.merges");
+  merges.reserve(merges_array.size());
+  size_t i = 0;
+  for (element m : merges_array) {
+    const size_t index = i++;
+    auto at = [index] { return fmt::format("model.merges[{}]", index); };
+    std::string_view left, right;
+    std::string_view line;
+    array pair;
+    if (m.get_string().get(line) == simdjson::SUCCESS) {
+      // "a b": byte-level spellings never contain a space (the space byte is spelled 'Ġ').
+      const size_t space = line.find(' ');
+      if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos)
+        r.bad(at(), "\"left right\" (two tokens separated by one space)");
+      left = line.substr(0, space);
+      right = line.substr(space + 1);
+    } else if (m.get_array().get(pair) == simdjson::SUCCESS && pair.size() == 2 &&
+               pair.at(0).get_string().get(left) == simdjson::SUCCESS &&
+               pair.at(1).get_string().get(right) == simdjson::SUCCESS) {
+      // ["left", "right"], as tokenizers >= 0.20 writes them
+    } else {
+      pair = r.as_array(m, at());
+      if (pair.size() != 2) r.bad(at(), "a pair [\"left\", \"right\"]");
+      left = r.as_string(pair.at(0).value_unsafe(), at());
+      right = r.as_string(pair.at(1).value_unsafe(), at());
+    }
+    auto a = vocab.id_of_spelling.find(left), b = vocab.id_of_spelling.find(right);
+    if (a == vocab.id_of_spelling.end())
+      fail("{}: {}: token {} is not in model.vocab", r.origin(), at(), json_quoted(left));
+    if (b == vocab.id_of_spelling.end())
+      fail("{}: {}: token {} is not in model.vocab", r.origin(), at(), json_quoted(right));
+    merges.emplace_back(a->second, b->second);
+  }
+  return merges;
+}
+
+// The model's flags, word-piece marks and unk_token.
+BytePairModel::MergeOptions read_merge_options(const Reader& r, object model, const Vocabulary& vocab,
+                                               bool byte_level) {
+  BytePairModel::MergeOptions options;
+  options.ignore_merges = r.flag(model, "ignore_merges", false, "model");
+  options.fuse_unk = r.flag(model, "fuse_unk", false, "model");
+  options.char_level = !byte_level;
+  options.byte_fallback = r.flag(model, "byte_fallback", false, "model");
+  // Word-piece marks, spelled like the vocabulary (byte-level: in its alphabet) and kept as bytes.
+  for (auto [key, mark] : {std::pair{"continuing_subword_prefix", &options.continuing_subword_prefix},
+                           std::pair{"end_of_word_suffix", &options.end_of_word_suffix}}) {
+    auto e = r.member(model, key);
+    if (!e) continue;
+    const std::string at = fmt::format("model.{}", key);
+    const std::string_view spelling = r.as_string(*e, at);
+    if (!byte_level) {
+      mark->assign(spelling);
+    } else if (!bytes_from_byte_level(spelling, *mark)) {
+      r.bad(at, "a string in the byte-level alphabet");
+    }
+  }
+  if (auto unk = r.member(model, "unk_token")) {
+    std::string_view name = r.as_string(*unk, "model.unk_token");
+    auto found = vocab.id_of_spelling.find(name);
+    if (found == vocab.id_of_spelling.end())
+      fail("{}: model.unk_token {} is not in model.vocab", r.origin(), json_quoted(name));
+    options.unk_id = found->second;
+  }
+  return options;
+}
+
+// The "model" section: a BPE model (its vocabulary, merges and options).
+BytePairModel read_model(const Reader& r, object root, const std::vector<AddedToken>& added_tokens, bool byte_level) {
+  object model = r.as_object(r.required(root, "model", "the top level"), "model");
+  if (auto type = r.member(model, "type")) {
+    std::string_view t = r.as_string(*type, "model.type");
+    require(t == "BPE", "{}: model.type: '{}' is not supported (keel reads BPE)", r.origin(), t);
+  }
+  if (auto dropout = r.member(model, "dropout")) {
+    double p = 0;
+    if (dropout->get_double().get(p) != simdjson::SUCCESS) r.bad("model.dropout", "a number or null");
+    require(p == 0, "{}: model.dropout {} is not supported (keel encodes deterministically)", r.origin(), p);
+  }
+  const Vocabulary vocab = read_vocab(r, model, added_tokens, byte_level);
+  std::vector<std::pair<int32_t, int32_t>> merges;
+  if (auto merges_element = r.member(model, "merges")) merges = read_merges(r, *merges_element, vocab);
+  const BytePairModel::MergeOptions options = read_merge_options(r, model, vocab, byte_level);
+  return BytePairModel::from_merges(vocab.tokens, merges, options, r.origin());
+}
+
 // BOS/EOS by name from tokenizer_config.json: "bos_token": "<s>" or {"content": "<s>", ...}.
 std::optional<int32_t> config_token(const Tokenizer& tokenizer, object config, std::string_view key,
                                     const std::string& origin) {
@@ -351,6 +506,21 @@ std::optional<int32_t> config_token(const Tokenizer& tokenizer, object config, s
   auto id = tokenizer.token_to_id(*name);
   if (!id) fail("{}: {} '{}' is not a token of the tokenizer", origin, key, *name);
   return id;
+}
+
+// tokenizer_config.json's bos_token and eos_token, where it names them, over the post-processor's.
+void apply_config(Tokenizer& tokenizer, std::string_view config_json, const std::string& origin) {
+  const std::string config_origin = origin + " (tokenizer_config.json)";
+  simdjson::dom::parser config_parser;
+  element config_element;
+  auto error = parse_json_document(config_parser, config_json, config_element);
+  if (error) fail("{}: not valid JSON ({})", config_origin, simdjson::error_message(error));
+  object config;
+  if (config_element.get_object().get(config) != simdjson::SUCCESS)
+    fail("{}: expected an object at the top level", config_origin);
+  auto bos = config_token(tokenizer, config, "bos_token", config_origin);
+  auto eos = config_token(tokenizer, config, "eos_token", config_origin);
+  tokenizer.set_bos_eos(bos ? bos : tokenizer.bos_id(), eos ? eos : tokenizer.eos_id());
 }
 
 }  // namespace
@@ -373,30 +543,7 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
   TokenizerParts parts;
   parts.origin = origin;
   parts.byte_level_names = true;
-
-  if (auto added = r.member(root, "added_tokens")) {
-    size_t i = 0;
-    for (element e : r.as_array(*added, "added_tokens")) {
-      const std::string at = fmt::format("added_tokens[{}]", i++);
-      object o = r.as_object(e, at);
-      AddedToken t;
-      t.content = r.as_string(r.required(o, "content", at), at + ".content");
-      const int64_t id = r.as_int(r.required(o, "id", at), at + ".id");
-      // Below INT32_MAX: the vocabulary size (largest id + 1) must fit in an int32 too.
-      require(id >= 0 && id < std::numeric_limits<int32_t>::max(), "{}: {}.id: {} is not a valid token id", origin, at,
-              id);
-      t.id = int32_t(id);
-      t.special = r.flag(o, "special", false, at);
-      t.normalized = r.flag(o, "normalized", !t.special, at);
-      t.lstrip = r.flag(o, "lstrip", false, at);
-      t.rstrip = r.flag(o, "rstrip", false, at);
-      t.single_word = r.flag(o, "single_word", false, at);
-      parts.added_tokens.push_back(std::move(t));
-    }
-  }
-  std::unordered_map<int32_t, bool> added_ids;
-  for (const auto& t : parts.added_tokens) added_ids[t.id] = true;
-
+  if (auto added = r.member(root, "added_tokens")) read_added_tokens(r, *added, parts.added_tokens);
   if (auto normalizer = r.member(root, "normalizer")) read_normalizer(r, *normalizer, "normalizer", parts.normalizers);
   bool byte_level = false;
   if (auto pre = r.member(root, "pre_tokenizer"))
@@ -407,127 +554,11 @@ Tokenizer hf_tokenizer_from_json(std::string_view json, const std::string& origi
   // are spelled in plain UTF-8, a piece starts as characters, and the decoder chain runs.
   parts.byte_level_names = byte_level;
   if (byte_level) parts.decoders.clear();  // ByteLevel decodes to the tokens' bytes
-
-  object model = r.as_object(r.required(root, "model", "the top level"), "model");
-  if (auto type = r.member(model, "type")) {
-    std::string_view t = r.as_string(*type, "model.type");
-    require(t == "BPE", "{}: model.type: '{}' is not supported (keel reads BPE)", origin, t);
-  }
-  if (auto dropout = r.member(model, "dropout")) {
-    double p = 0;
-    if (dropout->get_double().get(p) != simdjson::SUCCESS) r.bad("model.dropout", "a number or null");
-    require(p == 0, "{}: model.dropout {} is not supported (keel encodes deterministically)", origin, p);
-  }
-
-  object vocab_object = r.as_object(r.required(model, "vocab", "model"), "model.vocab");
-  const size_t vocab_entries = vocab_object.size();
-  const size_t id_limit = vocab_entries + parts.added_tokens.size() + kIdSlack;
-  std::vector<std::pair<std::string, int32_t>> vocab;
-  vocab.reserve(vocab_entries);
-  std::unordered_map<std::string_view, int32_t> id_of_spelling;
-  id_of_spelling.reserve(vocab_entries);
-  std::string bytes;
-  // The places errors name are formatted only for an error: formatting one per entry was a
-  // third of loading a 150k-token file.
-  for (auto [spelling, value] : vocab_object) {
-    auto at = [spelling = spelling] { return fmt::format("model.vocab[{}]", json_quoted(spelling)); };
-    int64_t id;
-    if (value.get_int64().get(id) != simdjson::SUCCESS) id = r.as_int(value, at());
-    // Ids index dense tables, so a vocabulary claiming ids far past its size would make keel
-    // allocate for them; real files leave small gaps (reserved ids), hence the slack.
-    if (id < 0 || size_t(id) >= id_limit)
-      fail("{}: {}: id {} is outside [0, {}) for a vocabulary of {} entries and {} added tokens", origin, at(), id,
-           id_limit, vocab_entries, parts.added_tokens.size());
-    if (!id_of_spelling.emplace(spelling, int32_t(id)).second) fail("{}: {} appears twice", origin, at());
-    bytes.clear();
-    if (!byte_level) {
-      vocab.emplace_back(std::string(spelling), int32_t(id));
-      continue;
-    }
-    if (!bytes_from_byte_level(spelling, bytes)) {
-      // Added tokens may sit in the vocabulary with their plain spelling; their content encodes them.
-      if (!added_ids.count(int32_t(id)))
-        fail("{}: {}: not in the byte-level alphabet (keel reads byte-level BPE)", origin, at());
-      continue;
-    }
-    vocab.emplace_back(bytes, int32_t(id));
-  }
-  std::vector<std::pair<int32_t, int32_t>> merges;
-  if (auto merges_element = r.member(model, "merges")) {
-    array merges_array = r.as_array(*merges_element, "model.merges");
-    merges.reserve(merges_array.size());
-    size_t i = 0;
-    for (element m : merges_array) {
-      const size_t index = i++;
-      auto at = [index] { return fmt::format("model.merges[{}]", index); };
-      std::string_view left, right;
-      std::string_view line;
-      array pair;
-      if (m.get_string().get(line) == simdjson::SUCCESS) {
-        // "a b": byte-level spellings never contain a space (the space byte is spelled 'Ġ').
-        const size_t space = line.find(' ');
-        if (space == std::string_view::npos || line.find(' ', space + 1) != std::string_view::npos)
-          r.bad(at(), "\"left right\" (two tokens separated by one space)");
-        left = line.substr(0, space);
-        right = line.substr(space + 1);
-      } else if (m.get_array().get(pair) == simdjson::SUCCESS && pair.size() == 2 &&
-                 pair.at(0).get_string().get(left) == simdjson::SUCCESS &&
-                 pair.at(1).get_string().get(right) == simdjson::SUCCESS) {
-        // ["left", "right"], as tokenizers >= 0.20 writes them
-      } else {
-        pair = r.as_array(m, at());
-        if (pair.size() != 2) r.bad(at(), "a pair [\"left\", \"right\"]");
-        left = r.as_string(pair.at(0).value_unsafe(), at());
-        right = r.as_string(pair.at(1).value_unsafe(), at());
-      }
-      auto a = id_of_spelling.find(left), b = id_of_spelling.find(right);
-      if (a == id_of_spelling.end()) fail("{}: {}: token {} is not in model.vocab", origin, at(), json_quoted(left));
-      if (b == id_of_spelling.end()) fail("{}: {}: token {} is not in model.vocab", origin, at(), json_quoted(right));
-      merges.emplace_back(a->second, b->second);
-    }
-  }
-
-  BytePairModel::MergeOptions options;
-  options.ignore_merges = r.flag(model, "ignore_merges", false, "model");
-  options.fuse_unk = r.flag(model, "fuse_unk", false, "model");
-  options.char_level = !byte_level;
-  options.byte_fallback = r.flag(model, "byte_fallback", false, "model");
-  // Word-piece marks, spelled like the vocabulary (byte-level: in its alphabet) and kept as bytes.
-  for (auto [key, mark] : {std::pair{"continuing_subword_prefix", &options.continuing_subword_prefix},
-                           std::pair{"end_of_word_suffix", &options.end_of_word_suffix}}) {
-    auto e = r.member(model, key);
-    if (!e) continue;
-    const std::string at = fmt::format("model.{}", key);
-    const std::string_view spelling = r.as_string(*e, at);
-    if (!byte_level) {
-      mark->assign(spelling);
-    } else if (!bytes_from_byte_level(spelling, *mark)) {
-      r.bad(at, "a string in the byte-level alphabet");
-    }
-  }
-  if (auto unk = r.member(model, "unk_token")) {
-    std::string_view name = r.as_string(*unk, "model.unk_token");
-    auto found = id_of_spelling.find(name);
-    if (found == id_of_spelling.end()) fail("{}: model.unk_token {} is not in model.vocab", origin, json_quoted(name));
-    options.unk_id = found->second;
-  }
-  parts.model = BytePairModel::from_merges(vocab, merges, options, origin);
+  parts.model = read_model(r, root, parts.added_tokens, byte_level);
   if (!parts.template_prefix.empty()) parts.bos_id = parts.template_prefix.front();
   if (!parts.template_suffix.empty()) parts.eos_id = parts.template_suffix.back();
   Tokenizer tokenizer(std::move(parts));
-
-  if (config_json.empty()) return tokenizer;
-  const std::string config_origin = origin + " (tokenizer_config.json)";
-  simdjson::dom::parser config_parser;
-  element config_element;
-  error = parse_json_document(config_parser, config_json, config_element);
-  if (error) fail("{}: not valid JSON ({})", config_origin, simdjson::error_message(error));
-  object config;
-  if (config_element.get_object().get(config) != simdjson::SUCCESS)
-    fail("{}: expected an object at the top level", config_origin);
-  auto bos = config_token(tokenizer, config, "bos_token", config_origin);
-  auto eos = config_token(tokenizer, config, "eos_token", config_origin);
-  tokenizer.set_bos_eos(bos ? bos : tokenizer.bos_id(), eos ? eos : tokenizer.eos_id());
+  if (!config_json.empty()) apply_config(tokenizer, config_json, origin);
   return tokenizer;
 }
 
