@@ -2,6 +2,8 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <span>
 
 #include "keel/core/error.h"
 #include "keel/data/jinja/interpreter.h"
@@ -376,6 +378,122 @@ bool same_rendering(const Rendered& a, const Rendered& b) {
   return true;
 }
 
+using Recording = ReplayCache::Recording;
+
+// Recording `r` with this conversation's `datums` in place; nothing when it would pass the
+// output limit (the rendering raises the limit's error).
+std::optional<Rendered> assembled(const Recording& r, const std::vector<const Value*>& datums,
+                                  const RenderLimits& limits) {
+  size_t size = 0;
+  for (const auto& p : r.pieces)
+    size += p.datum >= 0 ? datums[size_t(p.datum)]->as_str().text.size() : p.literal.size();
+  if (size > limits.max_output_bytes) return std::nullopt;
+  Rendered out;
+  out.text.text.reserve(size);
+  out.text.runs.reserve(r.pieces.size());
+  std::vector<size_t> starts;  // of each piece, where generation blocks need them
+  const bool generation = !r.generation.empty();
+  for (const auto& p : r.pieces) {
+    if (generation) starts.push_back(out.text.text.size());
+    if (p.datum >= 0)
+      out.text.append(datums[size_t(p.datum)]->as_str());
+    else
+      out.text.text += p.literal;
+  }
+  starts.push_back(out.text.text.size());
+  for (const auto& [b, e] : r.generation)
+    out.generation.emplace_back(starts[b.piece] + b.offset, starts[e.piece] + e.offset);
+  return out;
+}
+
+// The first of `variants` whose guards all hold for `datums`, replayed; nothing when none holds
+// (or the one that holds would pass the output limit).
+std::optional<Rendered> replayed(const Template& t, std::span<const Recording* const> variants,
+                                 const std::vector<const Value*>& datums, const RenderLimits& limits) {
+  Interpreter in(t.syntax(), t.origin(), limits);
+  for (const Recording* r : variants) {
+    bool holds = true;
+    for (const Guard& g : r->guards)
+      if (!(holds = guard_holds(in, g, datums))) break;
+    if (holds) return assembled(*r, datums, limits);
+  }
+  return std::nullopt;
+}
+
+// The recorded output `text` as literals and datums, into `recording` (and where each piece
+// starts into `starts`): false, refused, when a datum run is not one of the conversation's
+// datums, whole.
+bool cut_into_pieces(const Str& text, const std::vector<const Value*>& datums, Recording& recording,
+                     std::vector<size_t>& starts, Recorder& recorder) {
+  size_t at = 0;
+  for (const Run& run : text.runs) {
+    const int d = run.source;
+    if (d < 0 || size_t(d) >= datums.size() ||
+        text.text.compare(run.begin, run.end - run.begin, datums[size_t(d)]->as_str().text) != 0) {
+      recorder.refuse("data in the output that is not one of the conversation's strings, whole");
+      return false;
+    }
+    if (run.begin > at) {
+      starts.push_back(at);
+      recording.pieces.push_back({text.text.substr(at, run.begin - at), -1});
+    }
+    starts.push_back(run.begin);
+    recording.pieces.push_back({{}, d});
+    at = run.end;
+  }
+  if (at < text.text.size()) {
+    starts.push_back(at);
+    recording.pieces.push_back({text.text.substr(at), -1});
+  }
+  return true;
+}
+
+// The generation blocks of `out` as positions in the recording's pieces: false, refused, when
+// one starts or ends inside a datum.
+bool place_generation(const Rendered& out, const std::vector<size_t>& starts, Recording& recording,
+                      Recorder& recorder) {
+  auto position = [&](size_t byte, Position& p) {
+    for (size_t k = 0; k < starts.size(); ++k) {
+      const size_t end = k + 1 < starts.size() ? starts[k + 1] : out.text.text.size();
+      if (byte == starts[k] || (byte > starts[k] && byte < end && recording.pieces[k].datum < 0)) {
+        p = {k, byte - starts[k]};
+        return true;
+      }
+    }
+    if (byte == out.text.text.size()) {
+      p = {starts.size(), 0};
+      return true;
+    }
+    return false;  // inside a datum
+  };
+  for (const auto& [b, e] : out.generation) {
+    Position pb, pe;
+    if (!position(b, pb) || !position(e, pe)) {
+      recorder.refuse("a generation block that starts or ends inside data");
+      return false;
+    }
+    recording.generation.emplace_back(pb, pe);
+  }
+  return true;
+}
+
+// The recorded rendering as the plain one is: each run's source the datum's own (the recording
+// marked each datum with its index).
+Str untagged(const Str& recorded, const std::vector<const Value*>& datums) {
+  Str text;
+  text.text.reserve(recorded.text.size());
+  size_t at = 0;
+  for (const Run& run : recorded.runs) {
+    text.text.append(recorded.text, at, run.begin - at);
+    const int d = run.source;
+    const int source = d >= 0 && size_t(d) < datums.size() ? datums[size_t(d)]->as_str().runs.front().source : d;
+    text.append(Str(recorded.text.substr(run.begin, run.end - run.begin), source));
+    at = run.end;
+  }
+  text.text.append(recorded.text, at);
+  return text;
+}
+
 }  // namespace
 
 Rendered ReplayCache::render(const Template& t, const Dict& variables, const RenderLimits& limits) {
@@ -397,44 +515,18 @@ Rendered ReplayCache::render(const Template& t, const Dict& variables, const Ren
   }
 
   // Replay: the first recording whose guards all hold.
-  if (known.count > 0) {
-    Interpreter in(t.syntax(), t.origin(), limits);
-    for (size_t v = 0; v < known.count; ++v) {
-      const Recording* r = known.variants[v];
-      bool holds = true;
-      for (const Guard& g : r->guards)
-        if (!(holds = guard_holds(in, g, shape.datums))) break;
-      if (!holds) continue;
-      size_t size = 0;
-      for (const auto& p : r->pieces)
-        size += p.datum >= 0 ? shape.datums[size_t(p.datum)]->as_str().text.size() : p.literal.size();
-      if (size > limits.max_output_bytes) break;  // the rendering raises the limit's error
-      Rendered out;
-      out.text.text.reserve(size);
-      out.text.runs.reserve(r->pieces.size());
-      std::vector<size_t> starts;  // of each piece, where generation blocks need them
-      const bool generation = !r->generation.empty();
-      for (const auto& p : r->pieces) {
-        if (generation) starts.push_back(out.text.text.size());
-        if (p.datum >= 0)
-          out.text.append(shape.datums[size_t(p.datum)]->as_str());
-        else
-          out.text.text += p.literal;
-      }
-      starts.push_back(out.text.text.size());
-      for (const auto& [b, e] : r->generation)
-        out.generation.emplace_back(starts[b.piece] + b.offset, starts[e.piece] + e.offset);
+  if (known.count > 0)
+    if (std::optional<Rendered> out = replayed(t, {known.variants.data(), known.count}, shape.datums, limits)) {
       if (mode_ == Mode::verify) {
         const Rendered rendered = t.render(variables, limits);
-        require(same_rendering(out, rendered),
+        require(same_rendering(*out, rendered),
                 "{}: a replayed rendering differs from the template's own ({} bytes "
                 "against {}): a guard is missing (KEEL_TEMPLATE_REPLAY=off renders every conversation)",
-                t.origin(), out.text.text.size(), rendered.text.text.size());
+                t.origin(), out->text.text.size(), rendered.text.text.size());
       }
       ++replayed_;
-      return out;
+      return std::move(*out);
     }
-  }
   if (!record) {
     ++rendered_;
     return t.render(variables, limits);
@@ -446,72 +538,11 @@ Rendered ReplayCache::render(const Template& t, const Dict& variables, const Ren
   const Value copy = tagged(Value(variables), next);
   Recorder recorder(shape.datums, shape.keyed);
   Rendered out = t.render(copy.as_dict(), limits, &recorder);
-
-  // The output as literals and datums: each datum run must be one datum, whole.
   auto recording = std::make_unique<Recording>();
   std::vector<size_t> starts;
-  size_t at = 0;
-  bool usable = recorder.usable();
-  for (const Run& run : out.text.runs) {
-    if (!usable) break;
-    const int d = run.source;
-    if (d < 0 || size_t(d) >= shape.datums.size() ||
-        out.text.text.compare(run.begin, run.end - run.begin, shape.datums[size_t(d)]->as_str().text) != 0) {
-      recorder.refuse("data in the output that is not one of the conversation's strings, whole");
-      usable = false;
-      break;
-    }
-    if (run.begin > at) {
-      starts.push_back(at);
-      recording->pieces.push_back({out.text.text.substr(at, run.begin - at), -1});
-    }
-    starts.push_back(run.begin);
-    recording->pieces.push_back({{}, d});
-    at = run.end;
-  }
-  if (usable && at < out.text.text.size()) {
-    starts.push_back(at);
-    recording->pieces.push_back({out.text.text.substr(at), -1});
-  }
-  auto position = [&](size_t byte, Position& p) {
-    for (size_t k = 0; k < starts.size(); ++k) {
-      const size_t end = k + 1 < starts.size() ? starts[k + 1] : out.text.text.size();
-      if (byte == starts[k] || (byte > starts[k] && byte < end && recording->pieces[k].datum < 0)) {
-        p = {k, byte - starts[k]};
-        return true;
-      }
-    }
-    if (byte == out.text.text.size()) {
-      p = {starts.size(), 0};
-      return true;
-    }
-    return false;  // inside a datum
-  };
-  for (const auto& [b, e] : out.generation) {
-    Position pb, pe;
-    if (!usable) break;
-    if (!position(b, pb) || !position(e, pe)) {
-      recorder.refuse("a generation block that starts or ends inside data");
-      usable = false;
-      break;
-    }
-    recording->generation.emplace_back(pb, pe);
-  }
-
-  // The rendering as the plain one is: each run's source the datum's own.
-  Str text;
-  text.text.reserve(out.text.text.size());
-  at = 0;
-  for (const Run& run : out.text.runs) {
-    text.text.append(out.text.text, at, run.begin - at);
-    const int d = run.source;
-    const int source =
-        d >= 0 && size_t(d) < shape.datums.size() ? shape.datums[size_t(d)]->as_str().runs.front().source : d;
-    text.append(Str(out.text.text.substr(run.begin, run.end - run.begin), source));
-    at = run.end;
-  }
-  text.text.append(out.text.text, at);
-  out.text = std::move(text);
+  const bool usable = recorder.usable() && cut_into_pieces(out.text, shape.datums, *recording, starts, recorder) &&
+                      place_generation(out, starts, *recording, recorder);
+  out.text = untagged(out.text, shape.datums);
   if (mode_ == Mode::verify)
     require(same_rendering(out, t.render(variables, limits)),
             "{}: a recorded rendering differs from the template's own (KEEL_TEMPLATE_REPLAY=off renders every "
