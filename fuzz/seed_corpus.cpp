@@ -116,7 +116,7 @@ void recipe_seeds(Seeds& out) {
   run::Recipe hf = r;
   hf.model_config.reset();
   hf.model_name = "models/glm-4-9b";
-  hf.dtype = "fp32";
+  hf.dtype = run::Precision::Fp32;
   seed(out, "recipe", "writer-hf-model", run::recipe_to_toml(hf));
 }
 

@@ -184,8 +184,8 @@ TEST(Bnb4Bit, TheCheckpointDecidesTheFourBitBaseAndTheRecipeMayNotContradictIt) 
   run::Recipe r;
   r.source = "r.toml";
   r.model_name = "m4";
-  r.finetuning_type = "lora";
-  r.quantization_type = "nf4";  // the default, without quantization_bit: the checkpoint decides
+  r.finetuning_type = run::Finetuning::Lora;
+  r.quantization_type = FourBitType::Nf4;  // the default, without quantization_bit: the checkpoint decides
   auto o = run::training_decoder_options(r, config);
   EXPECT_TRUE(o.four_bit_base);
   EXPECT_EQ(o.four_bit_type, FourBitType::Fp4);
@@ -193,9 +193,9 @@ TEST(Bnb4Bit, TheCheckpointDecidesTheFourBitBaseAndTheRecipeMayNotContradictIt) 
   r.quantization_bit = 4;
   expect_keel_error([&] { run::training_decoder_options(r, config); },
                     {"r.toml", "quantization_type = \"nf4\"", "'m4' is saved in 4 bits as fp4", "does not requantize"});
-  r.quantization_type = "fp4";
+  r.quantization_type = FourBitType::Fp4;
   EXPECT_TRUE(run::training_decoder_options(r, config).four_bit_base);
-  r.finetuning_type = "full";
+  r.finetuning_type = run::Finetuning::Full;
   r.quantization_bit = 0;
   expect_keel_error([&] { run::training_decoder_options(r, config); },
                     {"r.toml", "'m4' is saved in 4 bits by bitsandbytes (fp4", "finetuning_type = \"lora\""});

@@ -4,11 +4,12 @@
 
 #include "keel/train/lr_schedule.h"
 
+using keel::run::LrScheduler;
 using keel::train::LrSchedule;
 
 // Values of transformers' get_*_schedule_with_warmup lambdas, written out by hand.
 TEST(LrSchedule, CosineWithWarmupMatchesTransformers) {
-  LrSchedule s{"cosine", 1.0, 2, 10};
+  LrSchedule s{LrScheduler::Cosine, 1.0, 2, 10};
   EXPECT_DOUBLE_EQ(s.lr_for_step(1), 0.0);  // step 1 uses index 0
   EXPECT_DOUBLE_EQ(s.lr_for_step(2), 0.5);
   EXPECT_DOUBLE_EQ(s.lr_for_step(3), 1.0);
@@ -17,11 +18,11 @@ TEST(LrSchedule, CosineWithWarmupMatchesTransformers) {
 }
 
 TEST(LrSchedule, LinearAndConstant) {
-  LrSchedule lin{"linear", 2.0, 0, 4};
+  LrSchedule lin{LrScheduler::Linear, 2.0, 0, 4};
   EXPECT_DOUBLE_EQ(lin.lr_for_step(1), 2.0);
   EXPECT_DOUBLE_EQ(lin.lr_for_step(2), 1.5);
   EXPECT_DOUBLE_EQ(lin.lr_for_step(4), 0.5);
-  LrSchedule constant{"constant", 3.0, 2, 100};
+  LrSchedule constant{LrScheduler::Constant, 3.0, 2, 100};
   EXPECT_DOUBLE_EQ(constant.lr_for_step(2), 1.5);
   EXPECT_DOUBLE_EQ(constant.lr_for_step(50), 3.0);
 }

@@ -1,8 +1,14 @@
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+
+#include <tuple>
 
 #include "keel/core/error.h"
 #include "keel/run/recipe.h"
 
+using keel::run::DataPipeline;
+using keel::run::MemoryPlanning;
+using keel::run::OverlapGradSync;
 using keel::run::parse_recipe;
 
 namespace {
@@ -46,7 +52,7 @@ preprocess_on_npu = true
   EXPECT_EQ(r.batch_size, 4);
   EXPECT_EQ(r.topology, "hccs_full_mesh");  // hccl_topology is accepted as an alias
   EXPECT_DOUBLE_EQ(r.memory_pool_size, 56);
-  EXPECT_EQ(r.lr_scheduler, "cosine");
+  EXPECT_EQ(r.lr_scheduler, keel::run::LrScheduler::Cosine);
   EXPECT_DOUBLE_EQ(r.adam_beta2, 0.999);
   EXPECT_FALSE(keel::run::inactive_key_warnings(r).empty());
 }
@@ -182,11 +188,11 @@ num_kv_heads = 2
 
 TEST(Recipe, BaselineModeKeys) {
   auto r = parse_recipe(kMinimal, "r.toml");
-  EXPECT_EQ(r.data_pipeline, "prepared");
-  EXPECT_EQ(r.memory_planning, "planned");
+  EXPECT_EQ(r.data_pipeline, DataPipeline::Prepared);
+  EXPECT_EQ(r.memory_planning, MemoryPlanning::Planned);
   r = parse_recipe(kMinimal, "r.toml", {"data_pipeline=on_the_fly", "memory_planning=per_tensor"});
-  EXPECT_EQ(r.data_pipeline, "on_the_fly");
-  EXPECT_EQ(r.memory_planning, "per_tensor");
+  EXPECT_EQ(r.data_pipeline, DataPipeline::OnTheFly);
+  EXPECT_EQ(r.memory_planning, MemoryPlanning::PerTensor);
   const std::string toml = keel::run::recipe_to_toml(r);
   EXPECT_NE(toml.find("data_pipeline = \"on_the_fly\""), std::string::npos) << toml;
   EXPECT_NE(toml.find("memory_planning = \"per_tensor\""), std::string::npos) << toml;
@@ -262,13 +268,49 @@ TEST(Recipe, ReportToAsTransformersSpellsIt) {
 }
 
 TEST(Recipe, OverlapGradSyncIsAutoTrueOrFalse) {
-  EXPECT_EQ(parse_recipe(kMinimal, "r.toml").overlap_grad_sync, "auto");
-  EXPECT_EQ(parse_recipe(std::string(kMinimal) + "overlap_grad_sync = true\n", "r").overlap_grad_sync, "true");
-  EXPECT_EQ(parse_recipe(kMinimal, "r", {"overlap_grad_sync=false"}).overlap_grad_sync, "false");
-  EXPECT_EQ(parse_recipe(kMinimal, "r", {"overlap_grad_sync=auto"}).overlap_grad_sync, "auto");
+  EXPECT_EQ(parse_recipe(kMinimal, "r.toml").overlap_grad_sync, OverlapGradSync::Auto);
+  EXPECT_EQ(parse_recipe(std::string(kMinimal) + "overlap_grad_sync = true\n", "r").overlap_grad_sync,
+            OverlapGradSync::True);
+  EXPECT_EQ(parse_recipe(kMinimal, "r", {"overlap_grad_sync=false"}).overlap_grad_sync, OverlapGradSync::False);
+  EXPECT_EQ(parse_recipe(kMinimal, "r", {"overlap_grad_sync=auto"}).overlap_grad_sync, OverlapGradSync::Auto);
+  EXPECT_EQ(parse_recipe(kMinimal, "r", {"overlap_grad_sync=\"true\""}).overlap_grad_sync, OverlapGradSync::True);
   const auto e = error_of(std::string(kMinimal) + "overlap_grad_sync = \"sometimes\"\n");
   EXPECT_NE(e.find("r.toml:5: key 'overlap_grad_sync' must be true, false or \"auto\""), std::string::npos) << e;
   // The resolved recipe (what checkpoints keep) reads back.
   const auto r = parse_recipe(keel::run::recipe_to_toml(parse_recipe(kMinimal, "r", {"overlap_grad_sync=true"})), "r");
-  EXPECT_EQ(r.overlap_grad_sync, "true");
+  EXPECT_EQ(r.overlap_grad_sync, OverlapGradSync::True);
+}
+
+// Each key of a closed set of names is parsed into its enum as the recipe is read; a name outside
+// the set is reported with its place and the valid names, in its turn among the checks, and an
+// override may still replace it.
+TEST(Recipe, ClosedSetsOfNamesAreCheckedWithTheirValidNames) {
+  for (auto [key, bad, good, message] : {
+           std::tuple{"dtype", "fp16", "fp32", R"(key 'dtype' must be "fp32" or "bf16", got "fp16")"},
+           {"packing", "both", "pack", R"(key 'packing' must be "pad" or "pack", got "both")"},
+           {"data_pipeline", "x", "on_the_fly", R"(key 'data_pipeline' must be "prepared" or "on_the_fly", got "x")"},
+           {"finetuning_type", "qlora", "lora", R"(key 'finetuning_type' must be "full" or "lora", got "qlora")"},
+           {"quantization_type", "int4", "fp4", R"(key 'quantization_type' must be "nf4" or "fp4", got "int4")"},
+           {"lr_scheduler", "step", "linear",
+            R"(key 'lr_scheduler' must be "cosine", "linear" or "constant", got "step")"},
+           {"overlap_grad_sync", "yes", "false", R"(key 'overlap_grad_sync' must be true, false or "auto", got "yes")"},
+           {"memory_planning", "x", "per_tensor",
+            R"(key 'memory_planning' must be "planned" or "per_tensor", got "x")"},
+       }) {
+    const std::string file = fmt::format("{}{} = \"{}\"\n", kMinimal, key, bad);
+    EXPECT_EQ(error_of(file), fmt::format("r.toml:5: {}", message));
+    EXPECT_EQ(error_of(kMinimal, {fmt::format("{}={}", key, bad)}), fmt::format("--set {}={}: {}", key, bad, message));
+    // An override naming a choice replaces the file's mistake, and the resolved recipe names it.
+    const auto r = parse_recipe(file, "r.toml", {fmt::format("{}={}", key, good)});
+    const std::string toml = keel::run::recipe_to_toml(r);
+    EXPECT_NE(toml.find(fmt::format("\n{} = \"{}\"\n", key, good)), std::string::npos) << toml;
+  }
+  // Reported in the order of the checks, as when the values were kept as strings: dtype's mistake
+  // before the missing data_path.
+  EXPECT_EQ(error_of("model_name = \"m\"\ndtype = \"fp16\"\n"),
+            R"(r.toml:2: key 'dtype' must be "fp32" or "bf16", got "fp16")");
+  const auto r = parse_recipe(kMinimal, "r.toml", {"finetuning_type=lora", "dtype=fp32"});
+  EXPECT_EQ(r.finetuning_type, keel::run::Finetuning::Lora);
+  EXPECT_EQ(r.dtype, keel::run::Precision::Fp32);
+  EXPECT_EQ(keel::run::choice_name(r.finetuning_type), "lora");
 }

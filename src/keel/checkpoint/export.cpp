@@ -155,7 +155,7 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
   options.lora = run::recipe_lora_spec(recipe);
   require(!request.merge || options.lora.enabled(),
           "--merge: {} is a checkpoint of full fine-tuning (finetuning_type = \"{}\"); there is no adapter to merge",
-          step_dir, recipe.finetuning_type);
+          step_dir, run::choice_name(recipe.finetuning_type));
   if (options.lora.enabled() && !request.merge)
     require(request.format == ExportFormat::AsTrained,
             "--format: a LoRA checkpoint exports as a PEFT adapter on the model it was trained on; --format applies "

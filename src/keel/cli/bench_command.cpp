@@ -66,7 +66,8 @@ int run_ladder(const LadderOptions& o) {
 
   fmt::print("keel bench ladder: {} on {} rank{}, {} step{} per row (the first {} not timed){}\n", o.recipe, ranks,
              ranks == 1 ? "" : "s", o.steps, o.steps == 1 ? "" : "s", o.steps > kWarmupSteps ? kWarmupSteps : 0,
-             recipe.packing == "pack" ? "; packing = \"pad\" in every row (the on-the-fly baseline pads)" : "");
+             recipe.packing == run::Packing::Pack ? "; packing = \"pad\" in every row (the on-the-fly baseline pads)"
+                                                  : "");
   if (ranks == 1) fmt::print("  one rank: no gradient sync, so rows 2 and 3 run the same code\n");
 
   // Rows run in turn, and with repeats round after round, so that a load that comes and goes on a
@@ -126,7 +127,7 @@ int run_ladder(const LadderOptions& o) {
     host.usable = host.compute_threads = std::max(1, host.online / ranks);
     fmt::print("note: rows 3 and 4 overlap the gradient sync (overlap_grad_sync = true, set by the ladder); with the "
                "default, a run launched so here would decide: {}\n",
-               train::decide_overlap("auto", host).reason);
+               train::decide_overlap(run::OverlapGradSync::Auto, host).reason);
   }
   const std::string json_path = out_dir + "/ladder.json";
   write_file_atomic(json_path, cli::ladder_json(o.recipe, o.steps, kWarmupSteps, o.repeats, stages, results));

@@ -70,7 +70,7 @@ size_t loader_buffer_bytes(const run::Recipe& r, const RunShape& shape) {
   const size_t per_step = size_t(shape.gradient_accumulation_steps);
   const std::string& path = r.data_path;
   bool records = false;
-  if (r.packing == "pad" && path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {
+  if (r.packing == run::Packing::Pad && path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {
     std::ifstream in(path);
     std::string line;
     while (std::getline(in, line))
@@ -424,7 +424,7 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
       config.architecture, model::family_name(config.family), config.num_layers, config.hidden_size, config.num_heads,
       config.num_kv_heads, config.intermediate_size, config.vocab_size,
       parameters >= 1e9 ? fmt::format("{:.2f}B", parameters / 1e9) : fmt::format("{:.2f}M", parameters / 1e6));
-  out += fmt::format("run: {}, {}\n", r.dtype, shape_summary(shape, recomputed, config.num_layers));
+  out += fmt::format("run: {}, {}\n", run::choice_name(r.dtype), shape_summary(shape, recomputed, config.num_layers));
   const model::DecoderOptions options = planned_decoder_options(r, config, shape);
   if (shape.zero_stage >= 1 && shape.dp == 1)
     out += options.cast_per_position
@@ -704,7 +704,8 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
           change += fmt::format(", gradient_checkpointing_layers = {}", fewest);
     }
   }
-  return out + advice_lines(candidates, config, bf16, r.finetuning_type == "lora", r.quantization_bit == 4);
+  return out +
+         advice_lines(candidates, config, bf16, r.finetuning_type == run::Finetuning::Lora, r.quantization_bit == 4);
 }
 
 }  // namespace

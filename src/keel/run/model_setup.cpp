@@ -51,7 +51,7 @@ model::ModelConfig recipe_model_config(const Recipe& r) {
 }
 
 model::Precision recipe_precision(const Recipe& r) {
-  return r.dtype == "bf16" ? model::Precision::BF16 : model::Precision::F32;
+  return r.dtype == Precision::Bf16 ? model::Precision::BF16 : model::Precision::F32;
 }
 
 namespace {
@@ -60,22 +60,22 @@ namespace {
 // transformers + bitsandbytes saved in 4 bits holds it (read as it is; nothing is requantized).
 void set_four_bit_base(const Recipe& r, const model::ModelConfig& config, model::DecoderOptions& o) {
   o.double_quantization = r.double_quantization;
-  o.four_bit_type = parse_four_bit_type(r.quantization_type).value_or(FourBitType::Nf4);
+  o.four_bit_type = r.quantization_type;
   o.four_bit_base = r.quantization_bit == 4;
   if (!config.saved_four_bit) return;
   const auto& saved = *config.saved_four_bit;
   const std::string_view type = four_bit_type_name(saved.type);
-  require(r.finetuning_type == "lora",
+  require(r.finetuning_type == Finetuning::Lora,
           "{}: model_name '{}' is saved in 4 bits by bitsandbytes ({}, config.json's quantization_config): its weights "
           "can only stay frozen. Train LoRA adapters on it (finetuning_type = \"lora\": QLoRA), or start from the "
           "full-precision model to fine-tune every weight",
           r.source, r.model_name, type);
   require(
-      r.quantization_bit == 0 || r.quantization_type == type,
+      r.quantization_bit == 0 || r.quantization_type == saved.type,
       "{}: quantization_type = \"{}\", but model_name '{}' is saved in 4 bits as {} by bitsandbytes: keel reads its "
       "codes as they are and does not requantize. Remove quantization_bit (the checkpoint decides) or set "
       "quantization_type = \"{}\"",
-      r.source, r.quantization_type, r.model_name, type, type);
+      r.source, four_bit_type_name(r.quantization_type), r.model_name, type, type);
   o.four_bit_base = true;
   o.four_bit_type = saved.type;
   o.double_quantization = saved.double_quantization;
@@ -93,8 +93,8 @@ model::DecoderOptions training_decoder_options(const Recipe& r, const model::Mod
   o.lm_head_chunk_tokens = r.lm_head_chunk_tokens;
   o.optimizer_state = true;
   o.memory_cap_bytes = size_t(r.memory_pool_size * double(size_t(1) << 30));
-  o.memory_planning =
-      r.memory_planning == "per_tensor" ? model::MemoryPlanning::PerTensor : model::MemoryPlanning::Planned;
+  o.memory_planning = r.memory_planning == MemoryPlanning::PerTensor ? model::MemoryPlanning::PerTensor
+                                                                      : model::MemoryPlanning::Planned;
   o.backend = &kernels::backend_named(r.backend);
   o.lora = recipe_lora_spec(r);
   set_four_bit_base(r, config, o);
@@ -117,7 +117,7 @@ void set_zero_stage(model::DecoderOptions& o, int64_t stage, int64_t dp, model::
 
 model::LoraSpec recipe_lora_spec(const Recipe& r) {
   model::LoraSpec spec;
-  if (r.finetuning_type != "lora") return spec;  // rank 0: full fine-tuning
+  if (r.finetuning_type != Finetuning::Lora) return spec;  // rank 0: full fine-tuning
   spec.rank = r.lora_rank;
   spec.alpha = lora_alpha(r);
   spec.rslora = r.use_rslora;
@@ -128,7 +128,7 @@ model::LoraSpec recipe_lora_spec(const Recipe& r) {
 }
 
 DType recipe_export_dtype(const Recipe& r, const model::ModelConfig& config, const model::DecoderParamIds& ids) {
-  if (r.model_config) return r.dtype == "bf16" ? DType::BF16 : DType::F32;
+  if (r.model_config) return r.dtype == Precision::Bf16 ? DType::BF16 : DType::F32;
   return formats::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, ids)[0].name);
 }
 

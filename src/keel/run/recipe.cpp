@@ -29,13 +29,17 @@ namespace {
 enum class Also {
   Nothing,
   NameList,  // a list of strings, kept as the names between commas (["q_proj", "v_proj"])
-  Boolean,   // true/false, kept as "true"/"false" (a switch that also has a word: "auto")
+  Boolean,   // true/false, read as the names "true"/"false" (a switch that also has a word: "auto")
 };
 
 template <class S>
 struct FieldOf {
   const char* key;
-  std::variant<std::string S::*, int64_t S::*, double S::*, bool S::*> member;
+  // A string, a number, a switch, or one of a closed set of names (an enum of recipe.h's choices).
+  std::variant<std::string S::*, int64_t S::*, double S::*, bool S::*, Precision S::*, Packing S::*,
+               DataPipeline S::*, Finetuning S::*, FourBitType S::*, LrScheduler S::*, OverlapGradSync S::*,
+               MemoryPlanning S::*>
+      member;
   const char* alias = nullptr;  // second accepted name (cann-recipes-train spelling)
   Also also = Also::Nothing;
 };
@@ -154,6 +158,9 @@ std::vector<std::string> all_keys() {
 struct Where {
   std::string source;
   std::map<std::string, std::string> place;  // key -> "recipe.toml:12" or "--set"
+  // Keys of a closed set whose value named none of its choices -> that value: validate reports it
+  // (in its turn among the checks), unless a later override chose a valid one.
+  std::map<std::string, std::string> unchosen;
   std::string of(const std::string& key) const {
     auto it = place.find(key);
     return it == place.end() ? source : it->second;
@@ -179,29 +186,41 @@ std::string place_of(const toml::node& n, const std::string& source, bool one_li
   return fmt::format("{}:{}", source, s.begin.line);
 }
 
+// The text of a string key (or of a choice's name), with what `f.also` accepts besides a string.
 template <class S>
-void assign(S& r, const FieldOf<S>& f, const toml::node& n, const std::string& where, const std::string& key) {
+std::string text_of(const FieldOf<S>& f, const toml::node& n, const std::string& where, const std::string& key) {
+  if (f.also == Also::Boolean && n.is_boolean()) return *n.value<bool>() ? "true" : "false";
+  if (f.also == Also::NameList && n.is_array()) {
+    std::string joined;
+    for (const auto& item : *n.as_array()) {
+      require(item.is_string(), "{}: key '{}' expects a string or a list of strings, found {} in the list", where,
+              key, type_name(item));
+      joined += (joined.empty() ? "" : ",") + *item.value<std::string>();
+    }
+    return joined;
+  }
+  auto v = n.value<std::string>();
+  require(n.is_string() && v.has_value(), "{}: key '{}' expects a string, found {}", where, key, type_name(n));
+  return *v;
+}
+
+// Sets the member from the node. Returns the text given to a key of a closed set that names none
+// of its choices (the member keeps its value; validate reports it), else nothing.
+template <class S>
+std::optional<std::string> assign(S& r, const FieldOf<S>& f, const toml::node& n, const std::string& where,
+                                  const std::string& key) {
+  std::optional<std::string> unchosen;
   std::visit(
       [&](auto member) {
         using T = std::remove_cvref_t<decltype(r.*member)>;
         if constexpr (std::is_same_v<T, std::string>) {
-          if (f.also == Also::Boolean && n.is_boolean()) {
-            r.*member = *n.value<bool>() ? "true" : "false";
-            return;
-          }
-          if (f.also == Also::NameList && n.is_array()) {
-            std::string joined;
-            for (const auto& item : *n.as_array()) {
-              require(item.is_string(), "{}: key '{}' expects a string or a list of strings, found {} in the list",
-                      where, key, type_name(item));
-              joined += (joined.empty() ? "" : ",") + *item.value<std::string>();
-            }
-            r.*member = joined;
-            return;
-          }
-          auto v = n.value<std::string>();
-          require(n.is_string() && v.has_value(), "{}: key '{}' expects a string, found {}", where, key, type_name(n));
-          r.*member = *v;
+          r.*member = text_of(f, n, where, key);
+        } else if constexpr (RecipeChoice<T>) {
+          std::string text = text_of(f, n, where, key);
+          if (auto choice = parse_choice<T>(text))
+            r.*member = *choice;
+          else
+            unchosen = std::move(text);
         } else if constexpr (std::is_same_v<T, int64_t>) {
           require(n.is_integer(), "{}: key '{}' expects an integer, found {}", where, key, type_name(n));
           r.*member = *n.value<int64_t>();
@@ -214,6 +233,7 @@ void assign(S& r, const FieldOf<S>& f, const toml::node& n, const std::string& w
         }
       },
       f.member);
+  return unchosen;
 }
 
 // A table's entries in the order they appear in the file (toml++ iterates in key order): errors
@@ -321,7 +341,10 @@ void apply_table(Recipe& r, const toml::table& t, const std::string& source, Whe
     }
     const Field* field = find_field(key);
     if (!field) fail_unknown_keys({{at, key}});
-    assign(r, *field, *node, at, key);
+    if (auto unchosen = assign(r, *field, *node, at, key))
+      where.unchosen[field->key] = *unchosen;
+    else
+      where.unchosen.erase(field->key);
     where.place[field->key] = at;
   }
 }
@@ -359,33 +382,51 @@ Override parse_override(const std::string& kv, const std::string& label) {
   return o;
 }
 
+// Every key the override sets is placed at the override (place_of names a one-line source whole).
 void apply_override(Recipe& r, const Override& o, Where& where) {
-  Where local{o.place, {}};
-  apply_table(r, o.table, o.place, local, /*one_line=*/true);
-  for (auto& [k, v] : local.place) where.place[k] = o.place;
+  apply_table(r, o.table, o.place, where, /*one_line=*/true);
+}
+
+// A key of a closed set given a name outside it: "{place}: key 'dtype' must be "fp32" or "bf16",
+// got "fp16"", the valid names listed from the choices (true and false bare where TOML's booleans
+// are accepted).
+void require_chosen(const Where& w, const std::string& key) {
+  auto it = w.unchosen.find(key);
+  if (it == w.unchosen.end()) return;
+  const Field& f = *find_field(key);
+  std::vector<std::string> names;
+  std::visit(
+      [&](auto member) {
+        using T = std::remove_cvref_t<decltype(Recipe{}.*member)>;
+        if constexpr (RecipeChoice<T>)
+          for (const auto& [e, name] : choices(T{}))
+            names.push_back(f.also == Also::Boolean && (name == "true" || name == "false")
+                                ? std::string(name)
+                                : fmt::format("\"{}\"", name));
+      },
+      f.member);
+  std::string valid;
+  for (size_t i = 0; i < names.size(); ++i) valid += (i == 0 ? "" : i + 1 < names.size() ? ", " : " or ") + names[i];
+  fail("{}: key '{}' must be {}, got \"{}\"", w.of(key), key, valid, it->second);
 }
 
 void validate_finetuning(const Recipe& r, const Where& w) {
-  require(r.finetuning_type == "full" || r.finetuning_type == "lora",
-          "{}: key 'finetuning_type' must be \"full\" or \"lora\", got \"{}\"", w.of("finetuning_type"),
-          r.finetuning_type);
+  require_chosen(w, "finetuning_type");
   require(r.quantization_bit == 0 || r.quantization_bit == 4,
           "{}: key 'quantization_bit' must be 0 (no quantization) or 4 (QLoRA: NF4 or FP4), got {}",
           w.of("quantization_bit"), r.quantization_bit);
-  require(parse_four_bit_type(r.quantization_type).has_value(),
-          "{}: key 'quantization_type' must be \"nf4\" or \"fp4\", got \"{}\"", w.of("quantization_type"),
-          r.quantization_type);
-  require(r.quantization_bit == 0 || r.finetuning_type == "lora",
+  require_chosen(w, "quantization_type");
+  require(r.quantization_bit == 0 || r.finetuning_type == Finetuning::Lora,
           "{}: key 'quantization_bit' = 4 quantizes frozen weights: it needs finetuning_type = \"lora\" (QLoRA)",
           w.of("quantization_bit"));
-  require(r.additional_target.empty() || r.finetuning_type == "lora",
+  require(r.additional_target.empty() || r.finetuning_type == Finetuning::Lora,
           "{}: key 'additional_target' names modules trained beside LoRA's adapters: it needs finetuning_type = "
           "\"lora\"",
           w.of("additional_target"));
   for (const auto& t : additional_targets(r))
     require(!t.empty(), "{}: key 'additional_target' = \"{}\" has an empty name between commas",
             w.of("additional_target"), r.additional_target);
-  if (r.finetuning_type != "lora") {
+  if (r.finetuning_type != Finetuning::Lora) {
     // A LoRA setting given a value of its own would be ignored: say so. (The resolved recipe a
     // checkpoint keeps lists every key with its default, which is fine.)
     const Recipe defaults;
@@ -397,7 +438,7 @@ void validate_finetuning(const Recipe& r, const Where& w) {
                                 {"adapter_name_or_path", !r.adapter_name_or_path.empty()}})
       require(!changed,
               "{}: key '{}' applies to LoRA, but finetuning_type is \"{}\" (set finetuning_type = \"lora\")",
-              w.of(key), key, r.finetuning_type);
+              w.of(key), key, choice_name(r.finetuning_type));
     return;
   }
   require(r.lora_rank >= 1 && r.lora_rank <= 4096, "{}: key 'lora_rank' must be in [1, 4096], got {}",
@@ -423,30 +464,24 @@ void validate_recipe(const Recipe& r, const Where& w) {
   };
   require(r.model_name.empty() != !r.model_config.has_value(),
           "{}: give exactly one of 'model_name' (an HF model directory) or a [model_config] table", r.source);
-  require(r.dtype == "fp32" || r.dtype == "bf16", "{}: key 'dtype' must be \"fp32\" or \"bf16\", got \"{}\"",
-          w.of("dtype"), r.dtype);
+  require_chosen(w, "dtype");
   require(!r.data_path.empty(), "{}: key 'data_path' is required (a JSONL file of training records)", r.source);
   positive(r.max_seq_len, "max_seq_len");
   require(r.max_seq_len >= 2 && r.max_seq_len <= (1 << 20), "{}: key 'max_seq_len' must be in [2, 1048576], got {}",
           w.of("max_seq_len"), r.max_seq_len);
   positive(r.batch_size, "batch_size");
-  require(r.packing == "pad" || r.packing == "pack", "{}: key 'packing' must be \"pad\" or \"pack\", got \"{}\"",
-          w.of("packing"), r.packing);
+  require_chosen(w, "packing");
   require(r.chat_template == "auto" || r.chat_template == "model" || r.chat_template == "glm4" ||
               r.chat_template == "llama3" || r.chat_template == "chatml" || r.chat_template == "none" ||
               r.chat_template.ends_with(".jinja"),
           "{}: key 'chat_template' must be auto, model, a .jinja file, glm4, llama3, chatml or none, got \"{}\"",
           w.of("chat_template"), r.chat_template);
-  require(r.data_pipeline == "prepared" || r.data_pipeline == "on_the_fly",
-          "{}: key 'data_pipeline' must be \"prepared\" or \"on_the_fly\", got \"{}\"", w.of("data_pipeline"),
-          r.data_pipeline);
-  require(r.data_pipeline != "on_the_fly" || r.packing == "pad",
+  require_chosen(w, "data_pipeline");
+  require(r.data_pipeline != DataPipeline::OnTheFly || r.packing == Packing::Pad,
           "{}: data_pipeline = \"on_the_fly\" puts one record in each row and needs packing = \"pad\" (got \"{}\" "
           "at {})",
-          w.of("data_pipeline"), r.packing, w.of("packing"));
-  require(r.memory_planning == "planned" || r.memory_planning == "per_tensor",
-          "{}: key 'memory_planning' must be \"planned\" or \"per_tensor\", got \"{}\"", w.of("memory_planning"),
-          r.memory_planning);
+          w.of("data_pipeline"), choice_name(r.packing), w.of("packing"));
+  require_chosen(w, "memory_planning");
   require(r.backend == "cpu" || r.backend == "reference",
           "{}: key 'backend' must be \"cpu\" or \"reference\", got \"{}\"", w.of("backend"), r.backend);
   require(r.num_workers >= 0 && r.num_workers <= 64, "{}: key 'num_workers' must be in [0, 64]", w.of("num_workers"));
@@ -462,9 +497,7 @@ void validate_recipe(const Recipe& r, const Where& w) {
   non_negative(r.learning_rate, "learning_rate");
   non_negative(r.weight_decay, "weight_decay");
   non_negative(r.max_grad_norm, "max_grad_norm");
-  require(r.lr_scheduler == "cosine" || r.lr_scheduler == "linear" || r.lr_scheduler == "constant",
-          "{}: key 'lr_scheduler' must be \"cosine\", \"linear\" or \"constant\", got \"{}\"", w.of("lr_scheduler"),
-          r.lr_scheduler);
+  require_chosen(w, "lr_scheduler");
   require(r.adam_beta1 >= 0 && r.adam_beta1 < 1, "{}: key 'adam_beta1' must be in [0, 1)", w.of("adam_beta1"));
   require(r.adam_beta2 >= 0 && r.adam_beta2 < 1, "{}: key 'adam_beta2' must be in [0, 1)", w.of("adam_beta2"));
   require(r.adam_epsilon > 0, "{}: key 'adam_epsilon' must be positive", w.of("adam_epsilon"));
@@ -472,9 +505,7 @@ void validate_recipe(const Recipe& r, const Where& w) {
   positive(r.log_interval, "log_interval");
   require(r.bucket_size_mb > 0 && r.bucket_size_mb <= 4096, "{}: key 'bucket_size_mb' must be in (0, 4096]",
           w.of("bucket_size_mb"));
-  require(r.overlap_grad_sync == "auto" || r.overlap_grad_sync == "true" || r.overlap_grad_sync == "false",
-          "{}: key 'overlap_grad_sync' must be true, false or \"auto\", got \"{}\"", w.of("overlap_grad_sync"),
-          r.overlap_grad_sync);
+  require_chosen(w, "overlap_grad_sync");
   require(r.comm_timeout_s > 0, "{}: key 'comm_timeout_s' must be positive", w.of("comm_timeout_s"));
   require(r.zero_stage >= 0 && r.zero_stage <= 3, "{}: key 'zero_stage' must be 0, 1, 2 or 3", w.of("zero_stage"));
   require(r.gradient_checkpointing_layers >= 0, "{}: key 'gradient_checkpointing_layers' must not be negative, got {}",
@@ -637,6 +668,8 @@ void write_fields(const S& s, const std::vector<FieldOf<S>>& table, std::string&
           using T = std::remove_cvref_t<decltype(s.*member)>;
           if constexpr (std::is_same_v<T, std::string>)
             out += fmt::format("{} = {}\n", f.key, toml_quote(s.*member));
+          else if constexpr (RecipeChoice<T>)
+            out += fmt::format("{} = {}\n", f.key, toml_quote(std::string(choice_name(s.*member))));
           else if constexpr (std::is_same_v<T, bool>)
             out += fmt::format("{} = {}\n", f.key, (s.*member) ? "true" : "false");
           else if constexpr (std::is_same_v<T, double>)
@@ -693,7 +726,9 @@ bool reports_to_tensorboard(const Recipe& r) {
   return false;
 }
 
-bool bf16_full_fine_tuning(const Recipe& r) { return r.dtype == "bf16" && r.finetuning_type != "lora"; }
+bool bf16_full_fine_tuning(const Recipe& r) {
+  return r.dtype == Precision::Bf16 && r.finetuning_type != Finetuning::Lora;
+}
 
 double lora_alpha(const Recipe& r) { return r.lora_alpha > 0 ? r.lora_alpha : 2.0 * double(r.lora_rank); }
 

@@ -7,9 +7,84 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "keel/core/four_bit.h"
+
 namespace keel::run {
+
+// The keys whose value is one of a closed set of names hold it as an enum: the name is parsed once,
+// as the recipe is read (a name outside the set is an error naming the key, its place and the
+// valid names), and written back by recipe_to_toml; the code that uses the recipe compares enums.
+// choices() is the one place each name is spelled. (quantization_type is core's FourBitType.)
+enum class Precision : uint8_t { Fp32, Bf16 };              // dtype
+enum class Packing : uint8_t { Pad, Pack };                 // packing
+enum class DataPipeline : uint8_t { Prepared, OnTheFly };   // data_pipeline
+enum class Finetuning : uint8_t { Full, Lora };             // finetuning_type
+enum class LrScheduler : uint8_t { Cosine, Linear, Constant };
+enum class OverlapGradSync : uint8_t { True, False, Auto };
+enum class MemoryPlanning : uint8_t { Planned, PerTensor };
+
+template <class E>
+using Choice = std::pair<E, std::string_view>;
+// Each set's names, in the order messages list them.
+inline const auto& choices(Precision) {
+  static constexpr Choice<Precision> c[] = {{Precision::Fp32, "fp32"}, {Precision::Bf16, "bf16"}};
+  return c;
+}
+inline const auto& choices(Packing) {
+  static constexpr Choice<Packing> c[] = {{Packing::Pad, "pad"}, {Packing::Pack, "pack"}};
+  return c;
+}
+inline const auto& choices(DataPipeline) {
+  static constexpr Choice<DataPipeline> c[] = {{DataPipeline::Prepared, "prepared"},
+                                               {DataPipeline::OnTheFly, "on_the_fly"}};
+  return c;
+}
+inline const auto& choices(Finetuning) {
+  static constexpr Choice<Finetuning> c[] = {{Finetuning::Full, "full"}, {Finetuning::Lora, "lora"}};
+  return c;
+}
+inline const auto& choices(LrScheduler) {
+  static constexpr Choice<LrScheduler> c[] = {
+      {LrScheduler::Cosine, "cosine"}, {LrScheduler::Linear, "linear"}, {LrScheduler::Constant, "constant"}};
+  return c;
+}
+inline const auto& choices(OverlapGradSync) {  // TOML's true/false are accepted too
+  static constexpr Choice<OverlapGradSync> c[] = {
+      {OverlapGradSync::True, "true"}, {OverlapGradSync::False, "false"}, {OverlapGradSync::Auto, "auto"}};
+  return c;
+}
+inline const auto& choices(MemoryPlanning) {
+  static constexpr Choice<MemoryPlanning> c[] = {{MemoryPlanning::Planned, "planned"},
+                                                 {MemoryPlanning::PerTensor, "per_tensor"}};
+  return c;
+}
+inline const auto& choices(FourBitType) {  // bitsandbytes' names, as core spells them
+  static const Choice<FourBitType> c[] = {{FourBitType::Nf4, four_bit_type_name(FourBitType::Nf4)},
+                                          {FourBitType::Fp4, four_bit_type_name(FourBitType::Fp4)}};
+  return c;
+}
+
+template <class E>
+concept RecipeChoice = requires(E e) { choices(e); };
+
+// The name of a choice as recipes spell it ("bf16", "lora", "per_tensor").
+template <RecipeChoice E>
+std::string_view choice_name(E value) {
+  for (const auto& [e, name] : choices(value))
+    if (e == value) return name;
+  return "?";
+}
+// The choice a name spells, if any.
+template <RecipeChoice E>
+std::optional<E> parse_choice(std::string_view name) {
+  for (const auto& [e, n] : choices(E{}))
+    if (n == name) return e;
+  return std::nullopt;
+}
 
 // Sizes of a model created from scratch (the [model_config] table) instead of loaded.
 struct ScratchModel {
@@ -25,13 +100,13 @@ struct Recipe {
   // Model
   std::string model_name;                    // local HF model directory
   std::optional<ScratchModel> model_config;  // or a new model
-  std::string dtype = "bf16";                // fp32 | bf16
+  Precision dtype = Precision::Bf16;         // fp32 | bf16
   // Data
   std::string data_path;
   std::string eval_data_path;
   int64_t max_seq_len = 2048;
   std::string tokenizer;               // tokenizer.json / tiktoken file or dir; "" = model_name's
-  std::string packing = "pad";         // "pad" one document per row, or "pack" several (no cross-attention)
+  Packing packing = Packing::Pad;      // "pad" one document per row, or "pack" several (no cross-attention)
   // auto (the model's own Jinja template, else a built-in) | model | a .jinja file | glm4 | llama3 | chatml
   std::string chat_template = "auto";
   bool train_on_prompt = false;             // loss on every token of a conversation, not only the answers
@@ -42,11 +117,11 @@ struct Recipe {
   // "prepared": raw JSONL tokenized once into shards, fed by the prefetching loader (the default);
   // "on_the_fly": each step's records read and tokenized on the training thread, one per row (the
   // naive baseline `keel bench ladder` measures against). Same batches either way.
-  std::string data_pipeline = "prepared";
+  DataPipeline data_pipeline = DataPipeline::Prepared;
   bool shuffle = true;
   // Fine-tuning method, named as LLaMA-Factory names it: "full" trains every weight; "lora" freezes
   // them and trains low-rank adapters (model/lora.h) on the lora_target modules.
-  std::string finetuning_type = "full";
+  Finetuning finetuning_type = Finetuning::Full;
   int64_t lora_rank = 8;
   double lora_alpha = 0;    // 0: 2 x lora_rank (LLaMA-Factory's default)
   double lora_dropout = 0;  // dropout on the adapters' input (PEFT's lora_dropout)
@@ -61,7 +136,7 @@ struct Recipe {
   // QLoRA: 4 stores the frozen projections in 4 bits (bitsandbytes' NF4 or FP4), dequantized inside the
   // GEMMs; 0 keeps them in the run's dtype.
   int64_t quantization_bit = 0;
-  std::string quantization_type = "nf4";  // nf4 or fp4 (bitsandbytes' bnb_4bit_quant_type)
+  FourBitType quantization_type = FourBitType::Nf4;  // nf4 or fp4 (bitsandbytes' bnb_4bit_quant_type)
   bool double_quantization = true;        // the absmax values in 8 bits too, as bitsandbytes' compress_statistics
   // Training
   int64_t batch_size = 1;  // sequences per micro-batch per rank
@@ -71,7 +146,7 @@ struct Recipe {
   int64_t max_steps = 0;  // 0: derived from num_epochs
   int64_t num_epochs = 0;
   int64_t warmup_steps = 0;
-  std::string lr_scheduler = "cosine";  // cosine | linear | constant
+  LrScheduler lr_scheduler = LrScheduler::Cosine;  // cosine | linear | constant
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_epsilon = 1e-8;
   double max_grad_norm = 1.0;  // 0 disables clipping
   int64_t seed = 42;
@@ -82,7 +157,7 @@ struct Recipe {
   // "true": start each bucket's allreduce during the backward pass; "false": after it; "auto" (the
   // default): during it when the host has a core to spare per rank for the communication
   // thread's progress, else after it (train/sync_overlap.h). TOML true/false are accepted.
-  std::string overlap_grad_sync = "auto";
+  OverlapGradSync overlap_grad_sync = OverlapGradSync::Auto;
   double comm_timeout_s = 600;        // a collective waiting longer ends the job (HCCL_CONNECT_TIMEOUT analogue)
   int64_t zero_stage =
       0;  // 1: shard the AdamW moments (bf16: and fp32 masters) across the dp ranks; 2: and the gradients; 3: and the weights
@@ -101,7 +176,7 @@ struct Recipe {
   // "planned": every buffer of a step placed in one arena before step 1 (the default);
   // "per_tensor": only weights, gradients and optimizer state there, every activation and scratch
   // buffer malloc'ed and freed around each forward/backward (the baseline). Same results.
-  std::string memory_planning = "planned";
+  MemoryPlanning memory_planning = MemoryPlanning::Planned;
   // Where the step computes (kernels/backend.h): "cpu" (oneDNN GEMMs, AVX-512 row kernels; the
   // default) or "reference" (every operation in double on scalar loops: slow, for checking).
   std::string backend = "cpu";

@@ -255,7 +255,7 @@ int32_t model_pad_id(const model::ModelConfig& config) {
 std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const run::Recipe& r,
                                                const BatchSourceOptions& o, std::ostream& log) {
   const bool plain_jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
-  if (plain_jsonl && path_exists(path) && is_pretokenized_jsonl(path) && r.packing == "pad")
+  if (plain_jsonl && path_exists(path) && is_pretokenized_jsonl(path) && r.packing == run::Packing::Pad)
     return std::make_unique<RecordsSource>(path, o);
   data::TrainingDataRequest q;
   q.data_path = path;
@@ -263,13 +263,13 @@ std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const ru
   q.max_seq_len = r.max_seq_len;
   q.vocab_size = o.vocab_size;
   q.pad_id = o.pad_id;
-  q.packing = r.packing == "pack" ? data::Packing::pack : data::Packing::pad;
+  q.packing = r.packing == run::Packing::Pack ? data::Packing::pack : data::Packing::pad;
   q.chat_template = r.chat_template;
   q.train_on_prompt = r.train_on_prompt;
   q.special_tokens_in_messages = r.special_tokens_in_messages;
   q.cache_dir = r.cache_dir;
   q.max_bad_fraction = r.max_bad_fraction;
-  if (r.data_pipeline == "on_the_fly") return std::make_unique<OnTheFlySource>(q, o, log);
+  if (r.data_pipeline == run::DataPipeline::OnTheFly) return std::make_unique<OnTheFlySource>(q, o, log);
   const std::string dir = data::resolve_training_data(q, &log);
   // Raw JSONL: the data is identified by its content and settings, whichever pipeline reads it.
   std::string fingerprint = dir == path ? "" : data::training_data_fingerprint(q);

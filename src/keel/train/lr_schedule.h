@@ -3,12 +3,13 @@
 // is used by optimizer step c + 1, so with warmup the first step runs at lr 0.
 #pragma once
 #include <cstdint>
-#include <string>
+
+#include "keel/run/recipe.h"
 
 namespace keel::train {
 
 struct LrSchedule {
-  std::string kind = "cosine";  // cosine | linear | constant
+  run::LrScheduler kind = run::LrScheduler::Cosine;
   double base_lr = 0;
   int64_t warmup_steps = 0, total_steps = 1;
 

@@ -10,6 +10,8 @@
 #pragma once
 #include <string>
 
+#include "keel/run/recipe.h"
+
 namespace keel::train {
 
 struct HostCores {
@@ -28,8 +30,8 @@ struct OverlapDecision {
   std::string reason;  // printed at the start of a data-parallel run
 };
 
-// `setting`: the recipe's overlap_grad_sync ("true", "false" or "auto"). With "auto", overlap when
-// every rank on the host can have compute_threads + 1 cores, and this process may use that many.
-OverlapDecision decide_overlap(const std::string& setting, const HostCores& cores);
+// `setting`: the recipe's overlap_grad_sync. With Auto, overlap when every rank on the host can
+// have compute_threads + 1 cores, and this process may use that many.
+OverlapDecision decide_overlap(run::OverlapGradSync setting, const HostCores& cores);
 
 }  // namespace keel::train

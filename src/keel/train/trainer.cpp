@@ -137,7 +137,8 @@ class Trainer {
     state_.model_fingerprint = checkpoint::model_fingerprint(decoder_.trainable(), config_.architecture);
     state_.data_fingerprint = loader_->fingerprint();
     state_.compat_fingerprint = compat_fingerprint(r);
-    if (r.dtype == "bf16") state_.bf16_products = decoder_.backend().widens_bf16_products() ? "widened" : "native";
+    if (r.dtype == run::Precision::Bf16)
+      state_.bf16_products = decoder_.backend().widens_bf16_products() ? "widened" : "native";
     if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
       refuse_mixing_runs(r.checkpoint_dir, options);
       if (int removed = checkpoint::clean_incomplete_checkpoints(r.checkpoint_dir))
@@ -260,7 +261,7 @@ class Trainer {
     const bool kept_last = r_.gradient_checkpointing_layers == 0 && recomputed == config_.num_layers - 1;
     fmt::print(
         log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}{}\n", max_steps_,
-        r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, r_.dtype,
+        r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, run::choice_name(r_.dtype),
         r_.use_gradient_checkpointing
             ? fmt::format(", gradient checkpointing ({} of {} blocks recompute{})", recomputed, config_.num_layers,
                           kept_last ? "; keel's choice: the last keeps its activations, which the memory plan "
@@ -389,14 +390,16 @@ class Trainer {
   // accumulation changed to keep gradient_accumulation_steps x dp_degree (a lost node, a bigger
   // allocation).
   static std::string compat_fingerprint(const run::Recipe& r) {
-    return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|global {}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
+    return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|global {}|{}|{}|{}", run::choice_name(r.dtype),
+                                                  r.max_seq_len, r.batch_size,
                                                   r.gradient_accumulation_steps * r.dp_degree, r.seed, r.shuffle,
                                                   r.model_config ? "scratch" : "loaded"));
   }
   // What checkpoints written before the above recorded: the same keys, accumulation and world size
   // apart. Such a checkpoint resumes with both unchanged.
   static std::string compat_fingerprint_v1(const run::Recipe& r) {
-    return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", r.dtype, r.max_seq_len, r.batch_size,
+    return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", run::choice_name(r.dtype),
+                                                  r.max_seq_len, r.batch_size,
                                                   r.gradient_accumulation_steps, r.seed, r.shuffle, r.dp_degree,
                                                   r.model_config ? "scratch" : "loaded"));
   }
@@ -475,8 +478,8 @@ class Trainer {
     fmt::print(log_,
                "note: the learning-rate schedule changed (max_steps {} -> {}, learning_rate {} -> {}, {} -> {}): "
                "step {} trains at {:.4g} instead of {:.4g}\n",
-               old.total_steps, max_steps_, before.learning_rate, r_.learning_rate, before.lr_scheduler,
-               r_.lr_scheduler, step + 1, now, was);
+               old.total_steps, max_steps_, before.learning_rate, r_.learning_rate,
+               run::choice_name(before.lr_scheduler), run::choice_name(r_.lr_scheduler), step + 1, now, was);
   }
 
   // A fresh run must not write its checkpoints between another run's (their steps interleave and
@@ -887,7 +890,7 @@ void check_same_recipe(const run::Recipe& r, distributed::Communicator& comm) {
 // before the model is set up, whose memory plan depends on the way. What cannot be kept (this CPU
 // has no bf16 matmul, KEEL_BF16_MATMUL says otherwise) is said.
 void keep_checkpoint_products(const run::Recipe& r, const TrainOptions& options, std::ostream& log) {
-  if (options.resume.empty() || r.dtype != "bf16") return;
+  if (options.resume.empty() || r.dtype != run::Precision::Bf16) return;
   std::string path;
   checkpoint::TrainingState saved;
   try {
