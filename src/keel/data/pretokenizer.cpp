@@ -185,8 +185,9 @@ PretokenizerRegex::PretokenizerRegex(std::string_view pattern, RegexDialect dial
   code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(source.data()), source.size(), options, &error, &error_offset,
                         context);
   pcre2_compile_context_free(context);
-  require(code_ != nullptr, "{}: cannot compile pre-tokenizer pattern '{}': {} (at offset {} of '{}')", origin, pattern,
-          pcre2_message(error), error_offset, source);
+  if (code_ == nullptr)  // the message only for a failure (require() would build it every time)
+    fail("{}: cannot compile pre-tokenizer pattern '{}': {} (at offset {} of '{}')", origin, pattern,
+         pcre2_message(error), error_offset, source);
   // Without JIT (an unsupported CPU) matching still works through the interpreter, only slower.
   jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
 }
@@ -200,8 +201,11 @@ bool PretokenizerRegex::find(std::string_view text, size_t start, size_t& match_
     int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, state.data, state.context)
                   : pcre2_match(code_, subject, text.size(), start, PCRE2_NO_UTF_CHECK, state.data, state.context);
     if (rc == PCRE2_ERROR_NOMATCH) return false;
-    require(rc >= 0, "pre-tokenizer pattern '{}' failed at byte {} of a {}-byte text: {}", pattern_, start, text.size(),
-            pcre2_message(rc));
+    // Not require(): its arguments are built on every call, and PCRE2 has no message for a match's
+    // (non-negative) result, so the message was read from an unwritten buffer on every match.
+    if (rc < 0)
+      fail("pre-tokenizer pattern '{}' failed at byte {} of a {}-byte text: {}", pattern_, start, text.size(),
+           pcre2_message(rc));
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.data);
     if (ovector[1] > ovector[0]) {
       match_begin = ovector[0];
