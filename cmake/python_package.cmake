@@ -1,4 +1,4 @@
-# The keel Python package's extension, keel._native (src/keel/python/, nanobind), and the package
+# The keel Python package's extension, keel._native (src/keel/bindings/, nanobind), and the package
 # laid out in build/python/keel/ (python/keel/*.py + the extension + the keel command) so that the
 # tests import the build tree directly. `pip install .` (pyproject.toml, scikit-build-core) runs
 # this same build and installs the same files into the wheel.
@@ -15,11 +15,11 @@ endif()
 unset(nanobind_DIR CACHE)
 find_package(nanobind CONFIG REQUIRED)
 
-file(GLOB KEEL_PYTHON_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/keel/python/*.cpp)
+file(GLOB KEEL_PYTHON_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/src/keel/bindings/*.cpp)
 nanobind_add_module(keel_native NB_STATIC ${KEEL_PYTHON_SOURCES})
 set_target_properties(keel_native PROPERTIES OUTPUT_NAME _native LIBRARY_OUTPUT_DIRECTORY
                                              ${CMAKE_BINARY_DIR}/python/keel)
-keel_top_app(keel_native python)  # as the CLI: every room, kernels through its public seam only
+keel_top_app(keel_native bindings)  # as the CLI: every room, kernels through its public seam only
 
 # The pure-Python modules and the keel command beside the extension, refreshed at every build.
 add_custom_target(keel_python_files ALL

@@ -9,7 +9,7 @@
 
 #include "keel/core/error.h"
 #include "keel/data/prepare.h"
-#include "keel/python/bindings.h"
+#include "keel/bindings/bindings.h"
 #include "keel/report/memory_report.h"
 #include "keel/run/recipe.h"
 #include "keel/train/evaluation.h"
@@ -18,7 +18,7 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 
-namespace keel::python {
+namespace keel::bindings {
 namespace {
 
 // How records become documents: the settings keel.prepare and keel.Dataset share, set on
@@ -178,4 +178,4 @@ void bind_training(nb::module_& m) {
       "content-keyed cache (reused); returns the prepared directory.");
 }
 
-}  // namespace keel::python
+}  // namespace keel::bindings

@@ -8,11 +8,11 @@
 #include <memory>
 
 #include "keel/data/shard_loader.h"
-#include "keel/python/bindings.h"
+#include "keel/bindings/bindings.h"
 
 namespace nb = nanobind;
 
-namespace keel::python {
+namespace keel::bindings {
 namespace {
 
 using Rows = nb::ndarray<nb::numpy, int32_t, nb::ndim<2>>;
@@ -79,4 +79,4 @@ void bind_loader(nb::module_& m) {
       .def_prop_ro("pad_id", [](Loader& l) { return l.loader().manifest().pad_id; });
 }
 
-}  // namespace keel::python
+}  // namespace keel::bindings

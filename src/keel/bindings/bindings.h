@@ -3,10 +3,10 @@
 #pragma once
 #include <nanobind/nanobind.h>
 
-namespace keel::python {
+namespace keel::bindings {
 
 void bind_recipe(nanobind::module_& m);    // recipe_bindings.cpp: defaults, aliases, validation
 void bind_training(nanobind::module_& m);  // training_bindings.cpp: train, plan, prepare
 void bind_loader(nanobind::module_& m);    // loader_bindings.cpp: the prefetching shard loader
 
-}  // namespace keel::python
+}  // namespace keel::bindings

@@ -6,12 +6,12 @@
 
 #include <filesystem>
 
-#include "keel/python/bindings.h"
+#include "keel/bindings/bindings.h"
 #include "keel/run/recipe.h"
 
 namespace nb = nanobind;
 
-namespace keel::python {
+namespace keel::bindings {
 
 void bind_recipe(nb::module_& m) {
   m.def(
@@ -36,4 +36,4 @@ void bind_recipe(nb::module_& m) {
       "paths absolute) as TOML, or raises keel.Error with the CLI's message.");
 }
 
-}  // namespace keel::python
+}  // namespace keel::bindings
