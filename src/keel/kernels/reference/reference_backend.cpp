@@ -7,10 +7,9 @@
 #include <vector>
 
 #include "keel/kernels/cached_attention.h"
-#include "keel/kernels/cross_entropy.h"
 #include "keel/core/dropout_mask.h"
+#include "keel/core/error.h"
 #include "keel/core/four_bit.h"
-#include "keel/kernels/embedding.h"
 #include "keel/kernels/host_memory.h"
 #include "keel/kernels/reference/attention.h"
 #include "keel/kernels/reference/gemm.h"
@@ -208,11 +207,19 @@ class ReferenceBackend final : public HostMemoryBackend {
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < hidden; ++c) out[i * hidden + c] = bf16_to_float(table[int64_t(ids[i]) * hidden + c]);
   }
-  // Each used row summed in double, in token order, then rounded once.
+  // dtable[ids[i]] += dout[i] but for padding_idx's lookups: each used row summed in double from
+  // what it held, in token order, then rounded once.
   void embedding_backward(const int32_t* ids, int64_t n, const float* dout, int64_t hidden, int64_t vocab,
                           int64_t padding_idx, float* dtable) override {
+    for (int64_t i = 0; i < n; ++i)
+      require(ids[i] >= 0 && ids[i] < vocab, "embedding_backward: token {} has id {}, expected an id in [0, {})", i,
+              ids[i], vocab);
     Doubles dd = widen(dtable, vocab * hidden);
-    kernels::embedding_backward(ids, n, widen(dout, n * hidden).data(), hidden, vocab, padding_idx, dd.data());
+    for (int64_t i = 0; i < n; ++i) {
+      if (ids[i] == padding_idx) continue;
+      const int64_t row = int64_t(ids[i]) * hidden;
+      for (int64_t h = 0; h < hidden; ++h) dd[size_t(row + h)] += double(dout[i * hidden + h]);
+    }
     for (int64_t i = 0; i < n; ++i) {
       const int64_t row = int64_t(ids[i]) * hidden;
       for (int64_t h = 0; h < hidden; ++h) dtable[row + h] = float(dd[size_t(row + h)]);
@@ -221,11 +228,42 @@ class ReferenceBackend final : public HostMemoryBackend {
   double cross_entropy_forward_backward(float* logits, int64_t ld, const int32_t* labels, int64_t rows, int64_t vocab,
                                         double grad_scale, double softcap, bf16* grad_bf16,
                                         const LossRows& per_row) override {
-    Doubles ld_ = widen(logits, span(rows, vocab, ld));
-    const double loss =
-        kernels::cross_entropy_forward_backward(ld_.data(), ld, labels, rows, vocab, grad_scale, softcap, nullptr,
-                                                per_row);
-    narrow_view(ld_, rows, vocab, ld, logits);
+    // Per row, in double: z = softcap * tanh(x / softcap) (or x), loss = logsumexp(z) - z[label],
+    // d loss / d x_j = (softmax(z)_j - [j = label]) * dz_j/dx_j, times the row's gradient scale;
+    // an ignored row's loss and gradient are 0. Rounded once into the row. (Not the CPU kernel's
+    // template: a change to that must not change the yardstick it is measured against.)
+    for (int64_t r = 0; r < rows; ++r)
+      require(labels[r] == kIgnoreIndex || (labels[r] >= 0 && labels[r] < vocab),
+              "cross_entropy: row {} has label {}, expected {} or a token id in [0, {})", r, labels[r], kIgnoreIndex,
+              vocab);
+    double loss = 0;
+    Doubles z(static_cast<size_t>(vocab)), slope(static_cast<size_t>(vocab), 1.0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t label = labels[r];
+      float* x = logits + r * ld;
+      double mean = 0;
+      for (int64_t j = 0; j < vocab; ++j) {
+        const double t = softcap > 0 ? std::tanh(double(x[j]) / softcap) : 0.0;
+        z[size_t(j)] = softcap > 0 ? softcap * t : double(x[j]);
+        if (softcap > 0) slope[size_t(j)] = 1.0 - t * t;
+        mean += z[size_t(j)];
+      }
+      if (per_row.mean_logit) per_row.mean_logit[r] = mean / double(vocab);
+      double row_loss = 0;
+      if (label == kIgnoreIndex) {
+        std::fill_n(x, vocab, 0.0f);
+      } else {
+        const double top = *std::max_element(z.begin(), z.end());
+        double sum = 0;
+        for (int64_t j = 0; j < vocab; ++j) sum += std::exp(z[size_t(j)] - top);
+        row_loss = top + std::log(sum) - z[size_t(label)];
+        const double scale = grad_scale * (per_row.grad_scale ? double(per_row.grad_scale[r]) : 1.0);
+        for (int64_t j = 0; j < vocab; ++j)
+          x[j] = float((std::exp(z[size_t(j)] - top) / sum - (j == label ? 1.0 : 0.0)) * slope[size_t(j)] * scale);
+      }
+      if (per_row.loss) per_row.loss[r] = row_loss;
+      loss += row_loss;
+    }
     if (grad_bf16)
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < vocab; ++j) grad_bf16[r * ld + j] = float_to_bf16(logits[r * ld + j]);
