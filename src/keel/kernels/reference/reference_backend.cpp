@@ -14,8 +14,6 @@
 #include "keel/kernels/reference/attention.h"
 #include "keel/kernels/reference/gemm.h"
 #include "keel/kernels/rmsnorm.h"
-#include "keel/kernels/rope.h"
-#include "keel/kernels/glu.h"
 
 namespace keel::kernels {
 namespace {
@@ -43,6 +41,46 @@ void narrow(const Doubles& d, float* x) {
 
 // Writes back only the [rows, cols] elements of a strided view: views of one fused buffer
 // (q, k and v of the qkv projection) interleave, and each must leave the others' columns alone.
+// A gated MLP's activation and its derivative at g, in double:
+//   SwiGLU: silu(g) = g / (1 + exp(-g)), silu' = s (1 + g (1 - s)), s = sigmoid(g);
+//   GeGLU: gelu(g) = 0.5 g (1 + t), t = tanh(k (g + 0.044715 g^3)), k = sqrt(2 / pi),
+//          gelu' = 0.5 (1 + t) + 0.5 g (1 - t^2) k (1 + 3 * 0.044715 g^2).
+struct Activation {
+  double value, derivative;
+};
+Activation activation(GluActivation act, double g) {
+  if (act == GluActivation::GeluTanh) {
+    const double k = std::sqrt(2.0 / M_PI), kappa = 0.044715;
+    const double t = std::tanh(k * (g + kappa * g * g * g));
+    return {0.5 * g * (1 + t), 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * k * (1 + 3 * kappa * g * g)};
+  }
+  const double s = 1 / (1 + std::exp(-g));
+  return {g * s, s * (1 + g * (1 - s))};
+}
+
+// RoPE on the first rotary_dim channels of each head, in place, rotating each pair (a, b) by
+// sign * the angle of the token's position: a' = a cos - b sin, b' = a sin + b cos (pairs (2i, 2i+1)
+// interleaved, (i, i + rotary_dim / 2) otherwise); cos and sin are the table's float values.
+void rotate(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
+            const RopeTable& table, double sign) {
+  const int64_t pairs = table.rotary_dim / 2;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t pos = positions[t];
+    require(pos >= 0 && pos < table.max_positions, "rope: position {} outside the table's {}", pos,
+            table.max_positions);
+    for (int64_t h = 0; h < heads; ++h) {
+      float* head = x + t * ld + h * head_dim;
+      for (int64_t i = 0; i < pairs; ++i) {
+        const int64_t ia = table.interleaved ? 2 * i : i, ib = table.interleaved ? 2 * i + 1 : i + pairs;
+        const double c = table.cos[size_t(pos * pairs + i)], s = sign * double(table.sin[size_t(pos * pairs + i)]);
+        const double a = head[ia], b = head[ib];
+        head[ia] = float(a * c - b * s);
+        head[ib] = float(a * s + b * c);
+      }
+    }
+  }
+}
+
 void narrow_view(const Doubles& d, int64_t rows, int64_t cols, int64_t ld, float* x) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) x[r * ld + c] = float(d[size_t(r * ld + c)]);
@@ -150,15 +188,12 @@ class ReferenceBackend final : public HostMemoryBackend {
   }
   void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                     const RopeTable& table) override {
-    Doubles xd = widen(x, span(tokens, heads * head_dim, ld));
-    kernels::rope_forward(xd.data(), ld, positions, tokens, heads, head_dim, table);
-    narrow_view(xd, tokens, heads * head_dim, ld, x);
+    rotate(x, ld, positions, tokens, heads, head_dim, table, 1.0);
   }
+  // The gradient of a rotation is the rotation by the negative angle.
   void rope_backward(float* dx, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                      const RopeTable& table) override {
-    Doubles xd = widen(dx, span(tokens, heads * head_dim, ld));
-    kernels::rope_backward(xd.data(), ld, positions, tokens, heads, head_dim, table);
-    narrow_view(xd, tokens, heads * head_dim, ld, dx);
+    rotate(dx, ld, positions, tokens, heads, head_dim, table, -1.0);
   }
   // In float, as transformers computes it (logits / cap, tanh, * cap), not in double: saturated
   // logits then equal cap exactly and tie as they do there, which greedy decoding's argmax sees.
@@ -166,19 +201,27 @@ class ReferenceBackend final : public HostMemoryBackend {
     const auto c = float(cap);
     for (int64_t i = 0; i < n; ++i) x[i] = std::tanh(x[i] / c) * c;
   }
+  // out = act(gate) * up for gate_up rows [gate | up], in double, rounded once.
   void glu_forward(GluActivation act, const float* gate_up, int64_t rows, int64_t inter, float* out,
                    bf16* out_bf16) override {
-    Doubles od(size_t(rows * inter));
-    kernels::glu_forward(act, widen(gate_up, rows * 2 * inter).data(), rows, inter, od.data());
-    narrow(od, out);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < inter; ++c) {
+        const double g = gate_up[r * 2 * inter + c], u = gate_up[r * 2 * inter + inter + c];
+        out[r * inter + c] = float(activation(act, g).value * u);
+      }
     if (out_bf16) cast_to_bf16(out, out_bf16, rows * inter);
   }
+  // d/d gate = dout * up * act'(gate), d/d up = dout * act(gate).
   void glu_backward(GluActivation act, const float* gate_up, const float* dout, int64_t rows, int64_t inter,
                     float* dgate_up, bf16* dgate_up_bf16) override {
-    Doubles dd(size_t(rows * 2 * inter));
-    kernels::glu_backward(act, widen(gate_up, rows * 2 * inter).data(), widen(dout, rows * inter).data(), rows, inter,
-                          dd.data());
-    narrow(dd, dgate_up);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < inter; ++c) {
+        const double g = gate_up[r * 2 * inter + c], u = gate_up[r * 2 * inter + inter + c];
+        const double dy = dout[r * inter + c];
+        const Activation a = activation(act, g);
+        dgate_up[r * 2 * inter + c] = float(dy * u * a.derivative);
+        dgate_up[r * 2 * inter + inter + c] = float(dy * a.value);
+      }
     if (dgate_up_bf16) cast_to_bf16(dgate_up, dgate_up_bf16, rows * 2 * inter);
   }
   void embedding_forward(const int32_t* ids, int64_t n, const float* table, int64_t hidden, float* out) override {
