@@ -744,6 +744,10 @@ void Decoder::backward(const MicroBatch& mb) {
   const auto& c = config_;
   auto& b = *buf_;
   auto& P = params_;
+  // The LM head's gradient is final once the head's backward wrote it (tied: the embedding adds
+  // to it last, below).
+  if (!c.tie_word_embeddings) base_grad_ready(ids_.lm_head);
+  if (trained_lm_head_ >= 0) grad_ready(trained_lm_head_);
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size, L = c.num_layers;
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   const bool bf = precision_ == Precision::BF16;
@@ -879,8 +883,6 @@ double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
   TransientScope transients(*buf_, plan_);
   forward(mb);
   double loss = lm_head_loss(mb, grad_scale, true);
-  if (!config_.tie_word_embeddings) base_grad_ready(ids_.lm_head);  // tied: the embedding adds to it last
-  if (trained_lm_head_ >= 0) grad_ready(trained_lm_head_);
   backward(mb);
   return loss;
 }
@@ -904,8 +906,6 @@ void Decoder::forward_backward_weighted(const MicroBatch& mb, TokenScores scores
   lm_head_loss(mb, 0.0, false, &scores);
   weighting.weigh(scores.nll, scores.mean_logit, weights);
   lm_head_loss(mb, 1.0, true, nullptr, weights);
-  if (!config_.tie_word_embeddings) base_grad_ready(ids_.lm_head);  // tied: the embedding adds to it last
-  if (trained_lm_head_ >= 0) grad_ready(trained_lm_head_);
   backward(mb);
 }
 

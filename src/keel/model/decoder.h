@@ -401,6 +401,8 @@ class Decoder {
   // scale times grad_scale (null: grad_scale alone).
   double lm_head_loss(const MicroBatch& batch, double grad_scale, bool backward, const TokenScores* scores = nullptr,
                       const float* token_weights = nullptr);
+  // From the LM head's input gradient (b.dnorm) down: says the head's gradient is final, then
+  // every block's backward pass and the embedding's.
   void backward(const MicroBatch& batch);
   void validate(const MicroBatch& batch) const;
   void to_bf16(const float* src, bf16* dst, int64_t n);  // a GEMM input's bf16 copy, if planned
