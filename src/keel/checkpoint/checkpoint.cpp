@@ -396,7 +396,10 @@ std::string latest_checkpoint(const std::string& dir) {
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
   require(name.rfind("step-", 0) == 0 && name.find('/') == std::string::npos,
           "{}: expected the name of a checkpoint directory (step-N), found '{}'", pointer, name);
-  require(fs::is_directory(dir + "/" + name), "{}: points to {} which does not exist", pointer, name);
+  // The error_code form: a name the filesystem refuses (too long, a NUL byte) is "does not exist", not
+  // an exception that escapes as an internal error.
+  std::error_code ec;
+  require(fs::is_directory(dir + "/" + name, ec), "{}: points to {} which does not exist", pointer, name);
   return dir + "/" + name;
 }
 
