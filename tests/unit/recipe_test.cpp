@@ -69,17 +69,17 @@ TEST(Recipe, UnknownKeyNamesLineAndSuggests) {
 // each with its line and suggestion; [model_config]'s and the overrides' in the same message.
 TEST(Recipe, UnknownKeysAreNamedTogetherInFileOrder) {
   const std::string text = "data_path = \"d\"\n"     // 1
-                           "stage = \"sft\"\n"       // 2
+                           "neftune_noise_alpha = 5\n"  // 2
                            "max_steps = 1\n"         // 3
-                           "pref_beta = 0.1\n"       // 4
+                           "galore_rank = 16\n"      // 4
                            "learning_rte = 1e-4\n"   // 5
                            "[model_config]\n"        // 6
                            "vocab_size = 8\n"        // 7
                            "hiden_size = 8\n";       // 8
   const std::string e = error_of(text, {"max_stepz=3", "lerning_rate=1e-3"});
   const std::vector<std::string> in_order = {
-      "r.toml:2: unknown key 'stage'",
-      "r.toml:4: unknown key 'pref_beta'",
+      "r.toml:2: unknown key 'neftune_noise_alpha'",
+      "r.toml:4: unknown key 'galore_rank'",
       "r.toml:5: unknown key 'learning_rte' (did you mean 'learning_rate'?)",
       "r.toml:8: unknown key 'hiden_size' in [model_config] (did you mean 'hidden_size'?)",
       "--set max_stepz=3: unknown key 'max_stepz' (did you mean 'max_steps'?)",
@@ -313,4 +313,30 @@ TEST(Recipe, ClosedSetsOfNamesAreCheckedWithTheirValidNames) {
   EXPECT_EQ(r.finetuning_type, keel::run::Finetuning::Lora);
   EXPECT_EQ(r.dtype, keel::run::Precision::Fp32);
   EXPECT_EQ(keel::run::choice_name(r.finetuning_type), "lora");
+}
+
+// stage = "dpo" and its keys: LLaMA-Factory's names, and the nonsense combinations refused by key.
+TEST(Recipe, PreferenceStageKeys) {
+  const auto r = parse_recipe(std::string(kMinimal) + "stage = \"dpo\"\npref_loss = \"ipo\"\npref_beta = 0.5\n",
+                              "r.toml");
+  EXPECT_EQ(r.stage, keel::run::Stage::Dpo);
+  EXPECT_EQ(r.pref_loss, keel::run::PreferenceLoss::Ipo);
+  EXPECT_EQ(r.pref_beta, 0.5);
+  EXPECT_EQ(keel::run::rows_per_micro_batch(r), 2 * r.batch_size);
+  const struct {
+    std::string text;
+    std::vector<std::string> parts;
+  } refused[] = {
+      {"pref_beta = 0.2\n", {"r.toml:", "'pref_beta' applies to preference tuning", "stage = \"dpo\""}},
+      {"stage = \"dpo\"\npref_beta = 0\n", {"'pref_beta' must be positive"}},
+      {"stage = \"dpo\"\npref_loss = \"orpo\"\npref_ftx = 1\n", {"ORPO", "'pref_ftx'"}},
+      {"stage = \"dpo\"\npref_loss = \"hinge\"\ndpo_label_smoothing = 0.1\n", {"'dpo_label_smoothing'", "hinge"}},
+      {"stage = \"dpo\"\nsimpo_gamma = 1\n", {"'simpo_gamma'", "SimPO"}},
+      {"stage = \"dpo\"\npacking = \"pack\"\n", {"packing = \"pad\""}},
+      {"stage = \"ppo\"\n", {"'stage' must be", "\"sft\" or \"dpo\""}},
+  };
+  for (const auto& c : refused) {
+    const std::string e = error_of(std::string(kMinimal) + c.text);
+    for (const auto& part : c.parts) EXPECT_NE(e.find(part), std::string::npos) << c.text << " -> " << e;
+  }
 }

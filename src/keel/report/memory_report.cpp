@@ -20,7 +20,7 @@ namespace keel::report {
 
 RunShape run_shape(const run::Recipe& r) {
   RunShape s;
-  s.batch_size = r.batch_size;
+  s.batch_size = run::rows_per_micro_batch(r);
   s.max_seq_len = r.max_seq_len;
   s.gradient_accumulation_steps = r.gradient_accumulation_steps;
   s.dp = r.dp_degree;

@@ -138,7 +138,7 @@ ModelSetup setup_model(const Recipe& r, int rank, std::ostream* progress_log, bo
   const auto config = recipe_model_config(r);
   auto options = training_decoder_options(r, config);
   options.optimizer_shard = options.optimizer_shards > 1 ? rank : 0;
-  s.decoder = std::make_unique<model::Decoder>(config, precision, r.batch_size, r.max_seq_len, options);
+  s.decoder = std::make_unique<model::Decoder>(config, precision, run::rows_per_micro_batch(r), r.max_seq_len, options);
   if (r.model_config) {
     s.decoder->init_random(uint64_t(r.seed));
   } else {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <filesystem>
 #include <map>
@@ -38,7 +39,7 @@ struct FieldOf {
   // A string, a number, a switch, or one of a closed set of names (an enum of recipe.h's choices).
   std::variant<std::string S::*, int64_t S::*, double S::*, bool S::*, Precision S::*, Packing S::*,
                DataPipeline S::*, Finetuning S::*, FourBitType S::*, LrScheduler S::*, OverlapGradSync S::*,
-               MemoryPlanning S::*>
+               MemoryPlanning S::*, Stage S::*, PreferenceLoss S::*>
       member;
   const char* alias = nullptr;  // second accepted name (cann-recipes-train spelling)
   Also also = Also::Nothing;
@@ -93,6 +94,12 @@ const std::vector<Field>& fields() {
       {"quantization_bit", &Recipe::quantization_bit},
       {"quantization_type", &Recipe::quantization_type},
       {"double_quantization", &Recipe::double_quantization},
+      {"stage", &Recipe::stage},
+      {"pref_loss", &Recipe::pref_loss},
+      {"pref_beta", &Recipe::pref_beta},
+      {"pref_ftx", &Recipe::pref_ftx},
+      {"simpo_gamma", &Recipe::simpo_gamma},
+      {"dpo_label_smoothing", &Recipe::dpo_label_smoothing},
       {"batch_size", &Recipe::batch_size},
       {"gradient_accumulation_steps", &Recipe::gradient_accumulation_steps},
       {"learning_rate", &Recipe::learning_rate},
@@ -455,6 +462,50 @@ void validate_finetuning(const Recipe& r, const Where& w) {
             r.lora_target);
 }
 
+// stage = "dpo" and its keys (train/preference_loss.h says what each loss computes).
+void validate_preference(const Recipe& r, const Where& w) {
+  require_chosen(w, "stage");
+  require_chosen(w, "pref_loss");
+  const Recipe defaults;
+  if (r.stage == Stage::Sft) {
+    // A preference setting given a value of its own would be ignored by supervised fine-tuning.
+    for (auto [key, changed] : {std::pair{"pref_loss", r.pref_loss != defaults.pref_loss},
+                                {"pref_beta", r.pref_beta != defaults.pref_beta},
+                                {"pref_ftx", r.pref_ftx != defaults.pref_ftx},
+                                {"simpo_gamma", r.simpo_gamma != defaults.simpo_gamma},
+                                {"dpo_label_smoothing", r.dpo_label_smoothing != defaults.dpo_label_smoothing}})
+      require(!changed, "{}: key '{}' applies to preference tuning, but stage is \"sft\" (set stage = \"dpo\")",
+              w.of(key), key);
+    return;
+  }
+  require(r.pref_beta > 0 && std::isfinite(r.pref_beta), "{}: key 'pref_beta' must be positive, got {}",
+          w.of("pref_beta"), r.pref_beta);
+  require(r.pref_ftx >= 0 && std::isfinite(r.pref_ftx), "{}: key 'pref_ftx' must not be negative, got {}",
+          w.of("pref_ftx"), r.pref_ftx);
+  require(r.dpo_label_smoothing >= 0 && r.dpo_label_smoothing < 0.5,
+          "{}: key 'dpo_label_smoothing' must be in [0, 0.5), got {}", w.of("dpo_label_smoothing"),
+          r.dpo_label_smoothing);
+  require(r.dpo_label_smoothing == 0 || r.pref_loss == PreferenceLoss::Sigmoid || r.pref_loss == PreferenceLoss::Simpo,
+          "{}: key 'dpo_label_smoothing' smooths the sigmoid loss; pref_loss = \"{}\" has none (at {})",
+          w.of("dpo_label_smoothing"), choice_name(r.pref_loss), w.of("pref_loss"));
+  require(r.simpo_gamma == defaults.simpo_gamma || r.pref_loss == PreferenceLoss::Simpo,
+          "{}: key 'simpo_gamma' is SimPO's margin; pref_loss is \"{}\" (at {})", w.of("simpo_gamma"),
+          choice_name(r.pref_loss), w.of("pref_loss"));
+  require(std::isfinite(r.simpo_gamma), "{}: key 'simpo_gamma' must be a finite number", w.of("simpo_gamma"));
+  require(r.pref_loss != PreferenceLoss::Orpo || r.pref_ftx == 0,
+          "{}: ORPO's loss already holds the chosen answers' NLL; key 'pref_ftx' would add it twice (at {})",
+          w.of("pref_loss"), w.of("pref_ftx"));
+  // Pairs are kept whole in a row each: packing several into one row is not built yet.
+  require(r.packing == Packing::Pad,
+          "{}: stage = \"dpo\" puts each answer of a pair in a row of its own and needs packing = \"pad\" (got "
+          "\"{}\" at {})",
+          w.of("stage"), choice_name(r.packing), w.of("packing"));
+  require(r.data_pipeline == DataPipeline::Prepared,
+          "{}: stage = \"dpo\" reads its pairs once, before step 1; data_pipeline = \"on_the_fly\" is for "
+          "supervised fine-tuning (at {})",
+          w.of("stage"), w.of("data_pipeline"));
+}
+
 void validate_recipe(const Recipe& r, const Where& w) {
   auto positive = [&](int64_t v, const char* key) {
     require(v > 0, "{}: key '{}' must be positive, got {}", w.of(key), key, v);
@@ -489,6 +540,7 @@ void validate_recipe(const Recipe& r, const Where& w) {
           w.of("prefetch_factor"));
   positive(r.gradient_accumulation_steps, "gradient_accumulation_steps");
   validate_finetuning(r, w);
+  validate_preference(r, w);
   require(r.max_steps >= 0 && r.max_steps <= 1'000'000'000, "{}: key 'max_steps' must be in [0, 1e9], got {}",
           w.of("max_steps"), r.max_steps);
   require(r.num_epochs >= 0 && r.num_epochs <= 1'000'000, "{}: key 'num_epochs' must be in [0, 1e6], got {}",

@@ -26,6 +26,8 @@ enum class Finetuning : uint8_t { Full, Lora };             // finetuning_type
 enum class LrScheduler : uint8_t { Cosine, Linear, Constant };
 enum class OverlapGradSync : uint8_t { True, False, Auto };
 enum class MemoryPlanning : uint8_t { Planned, PerTensor };
+enum class Stage : uint8_t { Sft, Dpo };                   // stage
+enum class PreferenceLoss : uint8_t { Sigmoid, Ipo, Hinge, Simpo, Orpo };  // pref_loss
 
 template <class E>
 using Choice = std::pair<E, std::string_view>;
@@ -60,6 +62,18 @@ inline const auto& choices(OverlapGradSync) {  // TOML's true/false are accepted
 inline const auto& choices(MemoryPlanning) {
   static constexpr Choice<MemoryPlanning> c[] = {{MemoryPlanning::Planned, "planned"},
                                                  {MemoryPlanning::PerTensor, "per_tensor"}};
+  return c;
+}
+inline const auto& choices(Stage) {
+  static constexpr Choice<Stage> c[] = {{Stage::Sft, "sft"}, {Stage::Dpo, "dpo"}};
+  return c;
+}
+inline const auto& choices(PreferenceLoss) {  // LLaMA-Factory's names (TRL's loss_type)
+  static constexpr Choice<PreferenceLoss> c[] = {{PreferenceLoss::Sigmoid, "sigmoid"},
+                                                 {PreferenceLoss::Ipo, "ipo"},
+                                                 {PreferenceLoss::Hinge, "hinge"},
+                                                 {PreferenceLoss::Simpo, "simpo"},
+                                                 {PreferenceLoss::Orpo, "orpo"}};
   return c;
 }
 inline const auto& choices(FourBitType) {  // bitsandbytes' names, as core spells them
@@ -138,6 +152,14 @@ struct Recipe {
   int64_t quantization_bit = 0;
   FourBitType quantization_type = FourBitType::Nf4;  // nf4 or fp4 (bitsandbytes' bnb_4bit_quant_type)
   bool double_quantization = true;        // the absmax values in 8 bits too, as bitsandbytes' compress_statistics
+  // What a step optimises, named as LLaMA-Factory names it: "sft" (next-token loss on the answers)
+  // or "dpo" (a preference loss on chosen/rejected pairs, train/preference_loss.h).
+  Stage stage = Stage::Sft;
+  PreferenceLoss pref_loss = PreferenceLoss::Sigmoid;  // sigmoid (DPO) | ipo | hinge | simpo | orpo
+  double pref_beta = 0.1;            // DPO's beta (IPO's tau; SimPO's beta; ORPO's lambda)
+  double pref_ftx = 0.0;             // weight of an added SFT loss on the chosen answers (TRL's "sft" loss_type)
+  double simpo_gamma = 0.5;          // SimPO's target reward margin
+  double dpo_label_smoothing = 0.0;  // conservative DPO (sigmoid only): the chance a pair's labels are flipped
   // Training
   int64_t batch_size = 1;  // sequences per micro-batch per rank
   int64_t gradient_accumulation_steps = 1;
@@ -246,6 +268,11 @@ double lora_alpha(const Recipe& r);
 // bf16 full fine-tuning: the GEMMs read a bf16 copy of the trained masters, which ZeRO-3 never
 // keeps whole, even with one rank (run::set_zero_stage: each position casts its own).
 bool bf16_full_fine_tuning(const Recipe& r);
+
+// The rows of one micro-batch: batch_size sequences, or under stage = "dpo" batch_size pairs of two
+// rows each (chosen answers, then rejected ones, TRL's layout): what the decoder and the memory plan
+// are sized for.
+inline int64_t rows_per_micro_batch(const Recipe& r) { return r.stage == Stage::Dpo ? 2 * r.batch_size : r.batch_size; }
 
 // Keys that are parsed and validated but whose feature is not active yet; warnings for those set.
 std::vector<std::string> inactive_key_warnings(const Recipe& r);
