@@ -33,6 +33,9 @@ namespace keel::data {
 // packed rows (kernels/attention.h `segments`); pass segments.data() as model::MicroBatch::segments.
 struct PackedMicroBatch : MicroBatchData {
   std::vector<int32_t> segments;  // [batch*seq]; padding gets an id of its own
+  // Preference data (train/pair_source.h): the pair whose chosen answer is row b and whose rejected
+  // answer is row batch/2 + b, for b < batch/2; empty for other data.
+  std::vector<int64_t> pairs;
 };
 PackedMicroBatch make_packed_micro_batch_buffers(int64_t batch, int64_t seq);
 
