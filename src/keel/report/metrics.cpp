@@ -51,6 +51,27 @@ MetricsWriter::~MetricsWriter() {
   if (file_) std::fclose(file_);
 }
 
+namespace {
+
+// TRL's names, prefixed "eval_" for the evaluation's (as TRL's log() prefixes them).
+void add_preference_fields(const PreferenceMetrics& p, const char* prefix, std::vector<MetricField>& fields) {
+  if (!p.present) return;
+  using F = MetricField::Format;
+  static const std::string names[2][11] = {
+      {"rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen", "logps/rejected",
+       "logits/chosen", "logits/rejected", "log_odds_ratio", "log_odds_chosen", "nll_loss"},
+      {"eval_rewards/chosen", "eval_rewards/rejected", "eval_rewards/accuracies", "eval_rewards/margins",
+       "eval_logps/chosen", "eval_logps/rejected", "eval_logits/chosen", "eval_logits/rejected", "eval_log_odds_ratio",
+       "eval_log_odds_chosen", "eval_nll_loss"}};
+  const auto& n = names[*prefix ? 1 : 0];
+  const double values[11] = {p.rewards_chosen, p.rewards_rejected, p.rewards_accuracies, p.rewards_margins,
+                             p.logps_chosen,   p.logps_rejected,   p.logits_chosen,      p.logits_rejected,
+                             p.log_odds_ratio, p.log_odds_chosen,  p.nll_loss};
+  for (int i = 0; i < (p.orpo ? 11 : 8); ++i) fields.push_back({n[i].c_str(), values[i], F::Significant});
+}
+
+}  // namespace
+
 std::vector<MetricField> step_metric_fields(const StepMetrics& m) {
   using F = MetricField::Format;
   const double t = std::max(m.step_time_s, 1e-12);
@@ -73,8 +94,10 @@ std::vector<MetricField> step_metric_fields(const StepMetrics& m) {
   if (m.peak_memory_bytes > 0) fields.push_back({"peak_memory_gb", double(m.peak_memory_bytes) / 1e9, F::Fixed4});
   if (m.eval_loss >= 0) {
     fields.push_back({"eval_loss", m.eval_loss, F::Significant});
-    fields.push_back({"eval_perplexity", m.eval_perplexity, F::Significant});
+    if (m.eval_perplexity > 0) fields.push_back({"eval_perplexity", m.eval_perplexity, F::Significant});
   }
+  add_preference_fields(m.preference, "", fields);
+  add_preference_fields(m.eval_preference, "eval_", fields);
   return fields;
 }
 

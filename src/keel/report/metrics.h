@@ -8,6 +8,15 @@
 
 namespace keel::report {
 
+// Preference tuning's metrics (train/preference_loss.h says how each is computed), as TRL names them.
+struct PreferenceMetrics {
+  bool present = false;
+  double rewards_chosen = 0, rewards_rejected = 0, rewards_accuracies = 0, rewards_margins = 0;
+  double logps_chosen = 0, logps_rejected = 0, logits_chosen = 0, logits_rejected = 0;
+  bool orpo = false;  // and ORPO's own three
+  double log_odds_ratio = 0, log_odds_chosen = 0, nll_loss = 0;
+};
+
 struct StepMetrics {
   int64_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0;
@@ -21,6 +30,8 @@ struct StepMetrics {
   double eval_loss = -1, eval_perplexity = -1;  // negative: not evaluated at this step
   int64_t peak_memory_bytes = 0;                // the process's resident high-water mark after the step (VmHWM)
   bool skipped = false;                         // non-finite loss or gradient, step not applied
+  PreferenceMetrics preference;                 // stage = "dpo": the step's
+  PreferenceMetrics eval_preference;            // and the evaluation's, where it ran
 };
 
 // A number as JSON: 9 significant digits, null for NaN and infinity.

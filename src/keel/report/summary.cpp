@@ -20,6 +20,8 @@ void RunSummary::add_step(const StepMetrics& m) {
   optimizer_share += m.optimizer_s;
   checkpoint_share += m.checkpoint_s;
   if (std::isfinite(m.loss)) final_loss = m.loss;
+  if (m.preference.present) final_preference = m.preference;
+  if (m.eval_preference.present) eval_preference = m.eval_preference;
 }
 
 void RunSummary::finalize(double flops_per_token) {
@@ -48,7 +50,12 @@ std::string summary_table(const RunSummary& s) {
   out += fmt::format("{:<34}{} ({} skipped)\n", "steps", s.steps, s.skipped_steps);
   out += fmt::format("{:<34}{:.4f}\n", "final training loss", s.final_loss);
   if (s.eval_loss >= 0)
-    out += fmt::format("{:<34}{:.4f} (perplexity {:.2f})\n", "eval loss", s.eval_loss, s.eval_perplexity);
+    out += fmt::format("{:<34}{:.4f}{}\n", "eval loss", s.eval_loss,
+                       s.eval_perplexity > 0 ? fmt::format(" (perplexity {:.2f})", s.eval_perplexity) : "");
+  for (const auto& [p, name] : {std::pair{&s.final_preference, "final"}, {&s.eval_preference, "eval"}})
+    if (p->present)
+      out += fmt::format("{:<34}{:.1f}% (margin {:.4f})\n", fmt::format("{} reward accuracy", name),
+                         100 * p->rewards_accuracies, p->rewards_margins);
   return out;
 }
 
@@ -80,8 +87,13 @@ std::string summary_json(const RunSummary& s) {
   field("ranks", std::to_string(s.ranks));
   if (s.eval_loss >= 0) {
     field("eval_loss", num(s.eval_loss));
-    field("eval_perplexity", num(s.eval_perplexity));
+    if (s.eval_perplexity > 0) field("eval_perplexity", num(s.eval_perplexity));
   }
+  for (const auto& [p, prefix] : {std::pair{&s.final_preference, ""}, {&s.eval_preference, "eval_"}})
+    if (p->present) {
+      field(fmt::format("{}reward_accuracy", prefix).c_str(), num(p->rewards_accuracies));
+      field(fmt::format("{}reward_margin", prefix).c_str(), num(p->rewards_margins));
+    }
   field("final_loss", num(s.final_loss), true);
   return out + "}\n";
 }

@@ -25,7 +25,8 @@ struct RunSummary {
   double matmul_peak_flops = 0;                    // the job's: sum of the ranks'
   std::vector<double> matmul_peak_flops_per_rank;  // what each rank measured
   double flops_per_token = 0;                      // the model FLOPs MFU counts per token
-  double eval_loss = -1, eval_perplexity = -1;
+  double eval_loss = -1, eval_perplexity = -1;  // perplexity: next-token loss only
+  PreferenceMetrics final_preference, eval_preference;  // stage = "dpo": the last step's, the last evaluation's
   int ranks = 1;
 
   // Accumulates one step's timings and tokens.

@@ -13,7 +13,7 @@ class NextTokenLoss final : public Objective {
     grad_scale_ = totals.target_tokens > 0 ? 1.0 / totals.target_tokens : 0.0;
     loss_sum_ = 0.0;
   }
-  void micro_batch(model::Decoder& decoder, const model::MicroBatch& batch) override {
+  void micro_batch(model::Decoder& decoder, const model::MicroBatch& batch, const data::PackedMicroBatch&) override {
     loss_sum_ += decoder.forward_backward(batch, grad_scale_);
   }
   double partial_loss() const override { return loss_sum_; }

@@ -6,8 +6,11 @@
 // Decoder::forward_score and weighs them with Decoder::forward_backward_weighted.
 #pragma once
 #include <cstdint>
+#include <span>
 
+#include "keel/data/shard_loader.h"
 #include "keel/model/decoder.h"
+#include "keel/report/metrics.h"
 
 namespace keel::train {
 
@@ -24,11 +27,17 @@ class Objective {
   virtual void begin_step(const StepTotals& totals) = 0;
   // One micro-batch: forward and backward, its gradients added to the decoder's as
   // Decoder::forward_backward adds them (scaled so the step's micro-batches sum to its gradient).
-  virtual void micro_batch(model::Decoder& decoder, const model::MicroBatch& batch) = 0;
+  // `rows` is the data `batch` points into (preference pairs: which pair each row holds).
+  virtual void micro_batch(model::Decoder& decoder, const model::MicroBatch& batch,
+                           const data::PackedMicroBatch& rows) = 0;
   // This rank's part of the step's loss: what data parallel sums over the ranks.
   virtual double partial_loss() const = 0;
   // The step's loss from the sum of every rank's partial_loss().
   virtual double step_loss(double summed_partial_loss) const = 0;
+  // This rank's sums behind the objective's own metrics (data parallel sums them over the ranks,
+  // as the loss), and the step's metrics from the summed ones. None for next-token loss.
+  virtual std::span<double> partial_metrics() { return {}; }
+  virtual void report(std::span<const double> summed_metrics, report::StepMetrics& m) const {}
 };
 
 }  // namespace keel::train

@@ -35,6 +35,7 @@
 #include "keel/report/memory_report.h"
 #include "keel/train/lr_schedule.h"
 #include "keel/train/next_token_loss.h"
+#include "keel/train/preference_stage.h"
 #include "keel/report/metrics.h"
 #include "keel/report/tensorboard.h"
 #include "keel/run/model_setup.h"
@@ -110,9 +111,15 @@ class Trainer {
                               .seed = uint64_t(r.seed),
                               .vocab_size = config_.vocab_size,
                               .pad_id = pad_id_};
-    loader_ = open_batch_source(r.data_path, r, source, log_);
-    if (!r.eval_data_path.empty())
-      eval_loader_ = open_batch_source(r.eval_data_path, r, evaluation_source_options(r, config_), log_);
+    if (r.stage == run::Stage::Dpo) {
+      preference_ = std::make_unique<PreferenceStage>(r, source, evaluation_source_options(r, config_),
+                                                      comm_.rank(), comm_.size(), log_);
+      loader_ = preference_->take_source();
+    } else {
+      loader_ = open_batch_source(r.data_path, r, source, log_);
+      if (!r.eval_data_path.empty())
+        eval_loader_ = open_batch_source(r.eval_data_path, r, evaluation_source_options(r, config_), log_);
+    }
     max_steps_ = resolve_max_steps(r, loader_->sequences());
     optimizer_ = std::make_unique<AdamW>(decoder_.backend(), decoder_.trainable(),
                                          AdamWConfig{r.adam_beta1, r.adam_beta2, r.adam_epsilon, r.weight_decay});
@@ -148,6 +155,11 @@ class Trainer {
       // A ZeRO-1 save gathers the moments into a snapshot only when it is asynchronous; a
       // synchronous one writes them as they arrive.
       checkpoints_->prepare(decoder_.trainable(), /*snapshot=*/!zero_shards().empty() && r.async_save);
+    }
+    if (preference_) {
+      // The reference is the initial weights: scored before a resume replaces them.
+      preference_->prepare_reference(decoder_, comm_);
+      objective_ = preference_->make_objective();
     }
     resume(options.resume);
     // ZeRO-1/2 with sharded masters: the weights the step reads come from every rank's loaded shard.
@@ -254,9 +266,9 @@ class Trainer {
   // What this run is, said once before step 1: the model and data, the step's shape, what trains,
   // the head's chunk, threads and backend, and what ZeRO shards.
   void print_banner() {
-    fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} records from {}\n", config_.architecture,
+    fmt::print(log_, "keel: {} ({} layers, hidden {}, {:.1f}M parameters), {} {} from {}\n", config_.architecture,
                config_.num_layers, config_.hidden_size, double(config_.total_parameters()) / 1e6, loader_->sequences(),
-               r_.data_path);
+               preference_ ? "pairs" : "records", r_.data_path);
     const int64_t recomputed = decoder_.recomputed_blocks();
     const bool kept_last = r_.gradient_checkpointing_layers == 0 && recomputed == config_.num_layers - 1;
     fmt::print(
@@ -268,6 +280,7 @@ class Trainer {
                                       "says costs nothing more (gradient_checkpointing_layers sets it)"
                                     : "")
             : "");
+    if (preference_) fmt::print(log_, "keel: {}\n", preference_->describe());
     if (decoder_.has_adapter()) print_lora();
     print_padding_row();
     {
@@ -660,11 +673,16 @@ class Trainer {
   }
 
   bool eval_due(int64_t step) const {
-    if (!eval_loader_) return false;
+    if (!eval_loader_ && !(preference_ && preference_->evaluates())) return false;
     return step == max_steps_ || (r_.eval_interval > 0 && step % r_.eval_interval == 0);
   }
 
   void evaluate_into(report::StepMetrics& m) {
+    if (preference_) {
+      preference_->evaluate(decoder_, m);
+      last_eval_ = EvalResult{m.eval_loss, m.eval_perplexity, 0};
+      return;
+    }
     const EvalResult e = evaluate(decoder_, *eval_loader_);
     m.eval_loss = e.loss;
     m.eval_perplexity = e.perplexity;
@@ -712,7 +730,7 @@ class Trainer {
       batch.dropout_key = dropout_subkey(splitmix64(uint64_t(r_.seed)), uint64_t(step) << 24 | (i * uint64_t(ranks) +
                                                                                                  uint64_t(comm_.rank())));
       if (sync_) sync_->before_micro_batch(i + 1 == micro.size());
-      objective_->micro_batch(decoder_, batch);
+      objective_->micro_batch(decoder_, batch, mb);
       if (sync_) {
         const auto t_wait = Clock::now();  // ZeRO-2: the micro-batch's last reductions
         sync_->after_micro_batch();
@@ -734,6 +752,10 @@ class Trainer {
       m.grad_norm = gradient_norm(decoder_.backend(), params);
     }
     m.loss = objective_->step_loss(loss_sum);
+    if (const std::span<double> sums = objective_->partial_metrics(); !sums.empty()) {
+      if (comm_.size() > 1) comm_.allreduce_totals(sums.data(), int64_t(sums.size()));
+      objective_->report(sums, m);
+    }
 
     const auto t2 = Clock::now();
     m.lr = schedule_.lr_for_step(step);
@@ -853,7 +875,8 @@ class Trainer {
     return sync_ ? sync_->shards() : none;
   }
   std::unique_ptr<BatchSource> loader_, eval_loader_;
-  // What each step optimises (objective.h): next-token loss; preference losses will sit beside it.
+  std::unique_ptr<PreferenceStage> preference_;  // stage = "dpo"
+  // What each step optimises (objective.h): next-token loss, or the preference stage's loss.
   std::unique_ptr<Objective> objective_ = std::make_unique<NextTokenLoss>();
   int64_t max_steps_ = 0;
   int32_t pad_id_ = 0;

@@ -1,0 +1,276 @@
+#!/usr/bin/env python3
+"""keel's preference tuning against TRL itself (trl.DPOTrainer, with precompute_ref_log_probs=True).
+
+For each family: a tiny transformers model (random weights) with a byte-level BPE tokenizer of its
+own (BOS added to plain text, a ChatML template), preference pairs written in TRL's forms (plain
+strings, conversational, implicit prompt), and the same recipe for both trainers: the same pairs
+in the same order (TRL's sampler made sequential), AdamW, a cosine schedule with warmup, gradient
+clipping, gradient accumulation. Compared per step: the loss, the gradient norm, and every metric
+TRL logs (rewards/*, logps/*, logits/*); at the end every trained tensor. fp32 within 1e-5 (loss,
+metrics: absolute on values of order 1, relative for the log-probabilities; weights: relative to
+each tensor's change).
+
+  dpo_reference.py KEEL --family llama --loss sigmoid [--lora] [--form strings|messages|implicit]
+"""
+import argparse
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_models as hf  # noqa: E402
+from train_reference import read_metrics, run_keel, toml_str  # noqa: E402
+
+MAX_SEQ_LEN = 40
+BATCH_PAIRS = 2
+GRAD_ACCUM = 2
+MAX_STEPS = 3
+WARMUP_STEPS = 1
+LEARNING_RATE = 5e-3
+WEIGHT_DECAY = 0.1
+MAX_GRAD_NORM = 1.0
+BETA = 0.1
+SEED = 1234
+TOL = 1e-5
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+WORDS = ("the a sky sun sea is blue green red cold warm high low water stone tree leaf river light dark fast slow "
+         "two three four seven yes no maybe where what why how when who").split()
+
+
+def words(rng, n):
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def make_tokenizer(directory, rng):
+    """A byte-level BPE tokenizer trained on the word list, BOS before plain text (Llama's post-processor)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    specials = ["<s>", "</s>", "<pad>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    corpus = [words(rng, 20) for _ in range(400)]
+    tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                                        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    os.makedirs(directory, exist_ok=True)
+    tok.save(os.path.join(directory, "tokenizer.json"))
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+                   "pad_token": "<pad>", "chat_template": CHATML}, f)
+    return tok.get_vocab_size()
+
+
+def make_pairs(rng, form, n):
+    pairs = []
+    for _ in range(n):
+        q, good, bad = words(rng, rng.randrange(3, 8)), words(rng, rng.randrange(2, 9)), words(rng, rng.randrange(2, 9))
+        if good == bad:
+            bad += " no"
+        if form == "strings":
+            pairs.append({"prompt": q + " ?", "chosen": " " + good, "rejected": " " + bad})
+        elif form == "messages":
+            pairs.append({"prompt": [{"role": "user", "content": q}],
+                          "chosen": [{"role": "assistant", "content": good}],
+                          "rejected": [{"role": "assistant", "content": bad}]})
+        else:  # implicit prompt: whole conversations sharing their first turn
+            user = {"role": "user", "content": q}
+            pairs.append({"chosen": [user, {"role": "assistant", "content": good}],
+                          "rejected": [user, {"role": "assistant", "content": bad}]})
+    return pairs
+
+
+def trl_train(model_dir, family, pairs, loss, lora, out_dir):
+    import datasets
+    import transformers
+    import trl
+    from torch.utils.data import SequentialSampler
+
+    class SequentialDPOTrainer(trl.DPOTrainer):
+        """TRL's trainer with the pairs in file order, as keel's shuffle = false reads them."""
+
+        def _get_train_sampler(self, *args, **kwargs):
+            return SequentialSampler(self.train_dataset)
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    # Gemma 2's logit softcapping has no SDPA kernel in transformers: eager, as transformers chooses.
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, attn_implementation="eager" if family.startswith("gemma") else "sdpa")
+    if lora:  # the adapter keel starts from too (PEFT's B is zero: the reference is the base model)
+        import peft
+        model = peft.PeftModel.from_pretrained(model, lora, is_trainable=True)
+    loss_type = {"sigmoid": "sigmoid", "ipo": "ipo", "hinge": "hinge"}[loss]
+    args = trl.DPOConfig(
+        output_dir=out_dir, per_device_train_batch_size=BATCH_PAIRS, gradient_accumulation_steps=GRAD_ACCUM,
+        learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY, max_steps=MAX_STEPS, warmup_steps=WARMUP_STEPS,
+        lr_scheduler_type="cosine", max_grad_norm=MAX_GRAD_NORM, optim="adamw_torch", adam_beta1=0.9,
+        adam_beta2=0.999, adam_epsilon=1e-8, seed=SEED, logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=True, beta=BETA, loss_type=[loss_type], precompute_ref_log_probs=True, max_length=MAX_SEQ_LEN,
+        dataloader_num_workers=0, bf16=False, fp16=False, disable_tqdm=True)
+    trainer = SequentialDPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(pairs),
+                                   processing_class=tokenizer)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "loss" in h and "step" in h]
+    final = {}
+    trained = trainer.model
+    if lora:
+        for name, p in trained.named_parameters():
+            if p.requires_grad:
+                final[name] = p.detach().float().clone()
+    else:
+        final = {n: p.detach().float().clone() for n, p in trained.named_parameters()}
+    return logs, final
+
+
+METRICS = ["rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+           "logps/rejected", "logits/chosen", "logits/rejected"]
+
+
+def close(a, b, scale=1.0):
+    return abs(a - b) <= TOL * max(1.0, abs(b) / scale if scale else 1.0)
+
+
+def compare(logs, metrics, loss, failures):
+    if len(metrics) != MAX_STEPS or len(logs) != MAX_STEPS:
+        failures.append("steps: keel %d, TRL %d (expected %d)" % (len(metrics), len(logs), MAX_STEPS))
+        return
+    for h in logs:
+        step = h["step"]
+        k = metrics.get(step)
+        if k is None:
+            failures.append("step %d missing from keel's metrics.jsonl" % step)
+            continue
+        row = ["step %d" % step]
+        for name in ["loss", "grad_norm"] + METRICS:
+            if name not in h:
+                failures.append("TRL logged no %s" % name)
+                continue
+            if name not in k:
+                failures.append("step %d: keel's metrics.jsonl has no %s" % (step, name))
+                continue
+            a, b = float(k[name]), float(h[name])
+            # Log-probabilities are sums over tokens (tens of nats): compared relative to their size.
+            ok = abs(a - b) <= TOL * max(1.0, abs(b))
+            row.append("%s %.8g/%.8g%s" % (name, a, b, "" if ok else " !!"))
+            if not ok:
+                failures.append("step %d %s: keel %.9g, TRL %.9g (|diff| %.3g)" % (step, name, a, b, abs(a - b)))
+        print("  " + "  ".join(row))
+    # Step 1 starts from the reference itself: every reward is 0, and the loss is the loss of a
+    # zero margin (sigmoid: ln 2; hinge: 1; ipo: (1 / (2 beta))^2) -- in keel's own numbers too.
+    first = metrics.get(1, {})
+    expected = {"sigmoid": math.log(2), "hinge": 1.0, "ipo": (1 / (2 * BETA)) ** 2}[loss]
+    if abs(float(first.get("loss", -1)) - expected) > 1e-6 * max(1.0, expected):
+        failures.append("step 1: keel's loss %r is not %.9g (the loss at zero margin)" % (first.get("loss"), expected))
+    for name in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
+        if float(first.get(name, 1)) != 0.0:
+            failures.append("step 1: keel's %s is %r, not 0 (the policy is the reference)" % (name, first.get(name)))
+
+
+def compare_weights(keel_final, trl_final, init, lora, failures):
+    """Every trained tensor, relative to how far it moved (or to its size where it did not)."""
+    from safetensors.torch import load_file
+    if lora:
+        keel_tensors = load_file(os.path.join(keel_final, "adapter_model.safetensors"))
+        names = {n.replace("base_model.model.", "").replace(".default", ""): n for n in trl_final}
+        pairs = []
+        for short, full in names.items():
+            key = "base_model.model." + short
+            if key not in keel_tensors:
+                failures.append("keel's adapter has no %s" % key)
+                continue
+            pairs.append((short, keel_tensors[key].float(), trl_final[full], None))
+    else:
+        keel_tensors = hf.load_checkpoint(keel_final)
+        pairs = [(n, keel_tensors[n].float(), t, init.get(n)) for n, t in trl_final.items() if n in keel_tensors]
+        missing = [n for n in trl_final if n not in keel_tensors and not n.endswith("lm_head.weight")]
+        if missing:
+            failures.append("tensors TRL trained that keel's final model lacks: %s" % missing[:5])
+    worst = 0.0
+    for name, a, b, w0 in pairs:
+        scale = float((b - w0).abs().max()) if w0 is not None else float(b.abs().max())
+        err = float((a - b).abs().max()) / max(scale, 1e-12)
+        worst = max(worst, err)
+        if err > 1e-4:
+            failures.append("final %s: max |keel - TRL| / change = %.3g" % (name, err))
+    print("  final weights: %d tensors, worst |keel - TRL| relative to the change %.3g" % (len(pairs), worst))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("keel")
+    ap.add_argument("--family", default="llama", choices=["llama", "qwen3", "gemma2", "qwen2", "mistral", "gemma3"])
+    ap.add_argument("--loss", default="sigmoid", choices=["sigmoid", "ipo", "hinge"])
+    ap.add_argument("--form", default="strings", choices=["strings", "messages", "implicit"])
+    ap.add_argument("--lora", action="store_true")
+    ap.add_argument("--work", default="")
+    ap.add_argument("--timeout", type=int, default=600)
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    work = a.work or tempfile.mkdtemp(prefix="keel-dpo-")
+    if os.path.isdir(work):
+        shutil.rmtree(work)
+    os.makedirs(work)
+    rng = random.Random(SEED)
+    model_dir = os.path.join(work, "model")
+    vocab = make_tokenizer(model_dir, rng)
+    cfg = hf.make_config(a.family, vocab_size=vocab)
+    cfg.update({"bos_token_id": 0, "eos_token_id": 1, "pad_token_id": 2})
+    spec = hf.spec_from_config(cfg)
+    model = hf.random_init(hf.build_model(spec), 0, embed_std=0.1 if spec.tie_word_embeddings else 0.5)
+    init = hf.model_tensors(model)
+    hf.save_checkpoint(model_dir, cfg, init)
+    adapter = ""
+    if a.lora:
+        import peft
+        torch.manual_seed(SEED)
+        adapter = os.path.join(work, "adapter")
+        peft.get_peft_model(hf.build_model(spec, init), peft.LoraConfig(
+            r=4, lora_alpha=8, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM")
+        ).save_pretrained(adapter)
+    pairs = make_pairs(rng, a.form, BATCH_PAIRS * GRAD_ACCUM * MAX_STEPS)
+    data = os.path.join(work, "pairs.jsonl")
+    with open(data, "w") as f:
+        for p in pairs:
+            f.write(json.dumps(p) + "\n")
+    out = os.path.join(work, "out")
+    lines = [
+        "model_name = %s" % toml_str(model_dir), 'dtype = "fp32"', "data_path = %s" % toml_str(data),
+        "max_seq_len = %d" % MAX_SEQ_LEN, "batch_size = %d" % BATCH_PAIRS,
+        "gradient_accumulation_steps = %d" % GRAD_ACCUM, "learning_rate = %r" % LEARNING_RATE,
+        "weight_decay = %r" % WEIGHT_DECAY, "max_steps = %d" % MAX_STEPS, "warmup_steps = %d" % WARMUP_STEPS,
+        'lr_scheduler = "cosine"', "max_grad_norm = %r" % MAX_GRAD_NORM, "seed = %d" % SEED, "shuffle = false",
+        'stage = "dpo"', "pref_loss = %s" % toml_str(a.loss), "pref_beta = %r" % BETA,
+        'chat_template = "model"', "output_dir = %s" % toml_str(out),
+    ]
+    if a.lora:
+        lines += ['finetuning_type = "lora"', "lora_rank = 4", "lora_alpha = 8",
+                  "lora_target = %s" % toml_str(",".join(LORA_TARGETS)), "adapter_name_or_path = %s" % toml_str(adapter)]
+    with open(os.path.join(work, "recipe.toml"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    failures = run_keel(a.keel, work, a.timeout)
+    if failures:
+        print("FAIL: " + "; ".join(failures))
+        return 1
+    metrics = read_metrics(os.path.join(out, "metrics.jsonl"), failures)
+    logs, trl_final = trl_train(model_dir, a.family, pairs, a.loss, adapter, os.path.join(work, "trl"))
+    print("%s %s %s%s: keel / TRL per step" % (a.family, a.loss, a.form, " LoRA" if a.lora else ""))
+    compare(logs, metrics, a.loss, failures)
+    compare_weights(os.path.join(out, "final"), trl_final, init, a.lora, failures)
+    if failures:
+        print("FAIL (%d):\n  %s" % (len(failures), "\n  ".join(failures)))
+        return 1
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
