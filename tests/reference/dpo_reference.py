@@ -38,6 +38,7 @@ MAX_GRAD_NORM = 1.0
 BETA = 0.1
 SEED = 1234
 TOL = 1e-5
+SIMPO_GAMMA = 0.5
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -88,7 +89,7 @@ def make_pairs(rng, form, n):
     return pairs
 
 
-def trl_train(model_dir, family, pairs, loss, lora, out_dir):
+def trl_train(model_dir, family, pairs, loss, lora, out_dir, ftx=0.0, smoothing=0.0):
     import datasets
     import transformers
     import trl
@@ -107,16 +108,36 @@ def trl_train(model_dir, family, pairs, loss, lora, out_dir):
     if lora:  # the adapter keel starts from too (PEFT's B is zero: the reference is the base model)
         import peft
         model = peft.PeftModel.from_pretrained(model, lora, is_trainable=True)
-    loss_type = {"sigmoid": "sigmoid", "ipo": "ipo", "hinge": "hinge"}[loss]
-    args = trl.DPOConfig(
+    common = dict(
         output_dir=out_dir, per_device_train_batch_size=BATCH_PAIRS, gradient_accumulation_steps=GRAD_ACCUM,
         learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY, max_steps=MAX_STEPS, warmup_steps=WARMUP_STEPS,
         lr_scheduler_type="cosine", max_grad_norm=MAX_GRAD_NORM, optim="adamw_torch", adam_beta1=0.9,
         adam_beta2=0.999, adam_epsilon=1e-8, seed=SEED, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, beta=BETA, loss_type=[loss_type], precompute_ref_log_probs=True, max_length=MAX_SEQ_LEN,
-        dataloader_num_workers=0, bf16=False, fp16=False, disable_tqdm=True)
-    trainer = SequentialDPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(pairs),
-                                   processing_class=tokenizer)
+        use_cpu=True, beta=BETA, max_length=MAX_SEQ_LEN, dataloader_num_workers=0, bf16=False, fp16=False,
+        disable_tqdm=True)
+    if loss in ("simpo", "orpo"):
+        # SimPO is CPOTrainer's loss_type="simpo" with cpo_alpha = 0; ORPO has a trainer of its own. Both
+        # tokenize plain strings only (BOS and EOS ids added), which for these pairs gives DPOTrainer's ids.
+        if loss == "simpo":
+            from trl.experimental.cpo import CPOConfig as Config, CPOTrainer as Base
+            args = Config(loss_type="simpo", cpo_alpha=0.0, simpo_gamma=SIMPO_GAMMA, label_smoothing=smoothing,
+                          **common)
+        else:
+            from trl.experimental.orpo import ORPOConfig as Config, ORPOTrainer as Base
+            args = Config(**common)
+
+        class Sequential(Base):
+            def _get_train_sampler(self, *args, **kwargs):
+                return SequentialSampler(self.train_dataset)
+
+        trainer = Sequential(model=model, args=args, train_dataset=datasets.Dataset.from_list(pairs),
+                             processing_class=tokenizer)
+    else:
+        # pref_ftx is TRL's "sft" loss_type beside the preference loss, weighted so.
+        losses = dict(loss_type=[loss, "sft"], loss_weights=[1.0, ftx]) if ftx else dict(loss_type=[loss])
+        args = trl.DPOConfig(precompute_ref_log_probs=True, **losses, **common)
+        trainer = SequentialDPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(pairs),
+                                       processing_class=tokenizer)
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h and "step" in h]
     final = {}
@@ -138,7 +159,7 @@ def close(a, b, scale=1.0):
     return abs(a - b) <= TOL * max(1.0, abs(b) / scale if scale else 1.0)
 
 
-def compare(logs, metrics, loss, failures):
+def compare(logs, metrics, loss, ftx, failures):
     if len(metrics) != MAX_STEPS or len(logs) != MAX_STEPS:
         failures.append("steps: keel %d, TRL %d (expected %d)" % (len(metrics), len(logs), MAX_STEPS))
         return
@@ -149,7 +170,12 @@ def compare(logs, metrics, loss, failures):
             failures.append("step %d missing from keel's metrics.jsonl" % step)
             continue
         row = ["step %d" % step]
-        for name in ["loss", "grad_norm"] + METRICS:
+        # CPOTrainer's and ORPOTrainer's logits/* average every position of the padded batch (prompt
+        # and padding too); keel reports DPOTrainer's definition (the answers' tokens) for every loss.
+        names = METRICS if loss not in ("simpo", "orpo") else [m for m in METRICS if not m.startswith("logits/")]
+        if loss == "orpo":
+            names += ["log_odds_ratio", "log_odds_chosen", "nll_loss"]
+        for name in ["loss", "grad_norm"] + names:
             if name not in h:
                 failures.append("TRL logged no %s" % name)
                 continue
@@ -166,7 +192,11 @@ def compare(logs, metrics, loss, failures):
     # Step 1 starts from the reference itself: every reward is 0, and the loss is the loss of a
     # zero margin (sigmoid: ln 2; hinge: 1; ipo: (1 / (2 beta))^2) -- in keel's own numbers too.
     first = metrics.get(1, {})
-    expected = {"sigmoid": math.log(2), "hinge": 1.0, "ipo": (1 / (2 * BETA)) ** 2}[loss]
+    expected = {"sigmoid": math.log(2), "hinge": 1.0, "ipo": (1 / (2 * BETA)) ** 2}.get(loss)
+    if expected is None:  # SimPO and ORPO have no reference: nothing is zero at step 1
+        return
+    if ftx:  # the added NLL term has no fixed value
+        expected = float(first.get("loss", -1))
     if abs(float(first.get("loss", -1)) - expected) > 1e-6 * max(1.0, expected):
         failures.append("step 1: keel's loss %r is not %.9g (the loss at zero margin)" % (first.get("loss"), expected))
     for name in ("rewards/chosen", "rewards/rejected", "rewards/margins"):
@@ -175,7 +205,8 @@ def compare(logs, metrics, loss, failures):
 
 
 def compare_weights(keel_final, trl_final, init, lora, failures):
-    """Every trained tensor, relative to how far it moved (or to its size where it did not)."""
+    """Every trained tensor within 1e-5 of TRL's (absolute: the weights are of order 0.01-1); how far
+    that is relative to each tensor's change over the run is printed too."""
     from safetensors.torch import load_file
     if lora:
         keel_tensors = load_file(os.path.join(keel_final, "adapter_model.safetensors"))
@@ -193,23 +224,26 @@ def compare_weights(keel_final, trl_final, init, lora, failures):
         missing = [n for n in trl_final if n not in keel_tensors and not n.endswith("lm_head.weight")]
         if missing:
             failures.append("tensors TRL trained that keel's final model lacks: %s" % missing[:5])
-    worst = 0.0
+    worst = worst_rel = 0.0
     for name, a, b, w0 in pairs:
-        scale = float((b - w0).abs().max()) if w0 is not None else float(b.abs().max())
-        err = float((a - b).abs().max()) / max(scale, 1e-12)
-        worst = max(worst, err)
-        if err > 1e-4:
-            failures.append("final %s: max |keel - TRL| / change = %.3g" % (name, err))
-    print("  final weights: %d tensors, worst |keel - TRL| relative to the change %.3g" % (len(pairs), worst))
+        diff = float((a - b).abs().max())
+        change = float((b - w0).abs().max()) if w0 is not None else float(b.abs().max())
+        worst, worst_rel = max(worst, diff), max(worst_rel, diff / max(change, 1e-12))
+        if diff > TOL:
+            failures.append("final %s: max |keel - TRL| = %.3g (the tensor moved %.3g)" % (name, diff, change))
+    print("  final weights: %d tensors, worst |keel - TRL| %.3g (%.3g of the tensor's change)"
+          % (len(pairs), worst, worst_rel))
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("keel")
     ap.add_argument("--family", default="llama", choices=["llama", "qwen3", "gemma2", "qwen2", "mistral", "gemma3"])
-    ap.add_argument("--loss", default="sigmoid", choices=["sigmoid", "ipo", "hinge"])
+    ap.add_argument("--loss", default="sigmoid", choices=["sigmoid", "ipo", "hinge", "simpo", "orpo"])
     ap.add_argument("--form", default="strings", choices=["strings", "messages", "implicit"])
     ap.add_argument("--lora", action="store_true")
+    ap.add_argument("--ftx", type=float, default=0.0, help="pref_ftx (DPOTrainer: the sft loss_type's weight)")
+    ap.add_argument("--smoothing", type=float, default=0.0, help="dpo_label_smoothing (SimPO: CPO's label_smoothing)")
     ap.add_argument("--work", default="")
     ap.add_argument("--timeout", type=int, default=600)
     a = ap.parse_args()
@@ -249,6 +283,8 @@ def main():
         "weight_decay = %r" % WEIGHT_DECAY, "max_steps = %d" % MAX_STEPS, "warmup_steps = %d" % WARMUP_STEPS,
         'lr_scheduler = "cosine"', "max_grad_norm = %r" % MAX_GRAD_NORM, "seed = %d" % SEED, "shuffle = false",
         'stage = "dpo"', "pref_loss = %s" % toml_str(a.loss), "pref_beta = %r" % BETA,
+    ] + (["simpo_gamma = %r" % SIMPO_GAMMA] if a.loss == "simpo" else []) + (
+        ["pref_ftx = %r" % a.ftx] if a.ftx else []) + (["dpo_label_smoothing = %r" % a.smoothing] if a.smoothing else []) + [
         'chat_template = "model"', "output_dir = %s" % toml_str(out),
     ]
     if a.lora:
@@ -261,9 +297,10 @@ def main():
         print("FAIL: " + "; ".join(failures))
         return 1
     metrics = read_metrics(os.path.join(out, "metrics.jsonl"), failures)
-    logs, trl_final = trl_train(model_dir, a.family, pairs, a.loss, adapter, os.path.join(work, "trl"))
+    logs, trl_final = trl_train(model_dir, a.family, pairs, a.loss, adapter, os.path.join(work, "trl"), a.ftx,
+                                a.smoothing)
     print("%s %s %s%s: keel / TRL per step" % (a.family, a.loss, a.form, " LoRA" if a.lora else ""))
-    compare(logs, metrics, a.loss, failures)
+    compare(logs, metrics, a.loss, a.ftx, failures)
     compare_weights(os.path.join(out, "final"), trl_final, init, a.lora, failures)
     if failures:
         print("FAIL (%d):\n  %s" % (len(failures), "\n  ".join(failures)))

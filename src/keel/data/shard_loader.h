@@ -36,6 +36,7 @@ struct PackedMicroBatch : MicroBatchData {
   // Preference data (train/pair_source.h): the pair whose chosen answer is row b and whose rejected
   // answer is row batch/2 + b, for b < batch/2; empty for other data.
   std::vector<int64_t> pairs;
+  std::vector<int32_t> answer_starts;  // [batch] preference rows: where the answer starts (its first token)
 };
 PackedMicroBatch make_packed_micro_batch_buffers(int64_t batch, int64_t seq);
 

@@ -18,13 +18,14 @@ constexpr int32_t kIgnore = -100;
 
 // One row: prompt + answer, the answer's tokens the targets of the positions before them.
 void fill_row(std::span<const int32_t> prompt, std::span<const int32_t> answer, int64_t T, int32_t pad_id,
-              int32_t* in, int32_t* tg, int32_t* pos, int32_t* seg, int64_t& input_tokens, int64_t& target_tokens) {
+              bool prompt_targets, int32_t* in, int32_t* tg, int32_t* pos, int32_t* seg, int64_t& input_tokens,
+              int64_t& target_tokens) {
   const int64_t P = int64_t(prompt.size()), len = P + int64_t(answer.size());  // <= T: cut when read
   for (int64_t t = 0; t < len; ++t) in[t] = t < P ? prompt[size_t(t)] : answer[size_t(t - P)];
   for (int64_t t = 0; t < T; ++t) {
     if (t >= len) in[t] = pad_id;
     // The token at t + 1 is a target when it is an answer token (TRL's shifted completion mask).
-    tg[t] = t + 1 < len && t + 1 >= P ? in[t + 1] : kIgnore;
+    tg[t] = t + 1 < len && (prompt_targets || t + 1 >= P) ? in[t + 1] : kIgnore;
     pos[t] = int32_t(t < len ? t : t - len);
     seg[t] = t < len ? 0 : 1;
     target_tokens += tg[t] != kIgnore;
@@ -34,14 +35,20 @@ void fill_row(std::span<const int32_t> prompt, std::span<const int32_t> answer, 
 
 }  // namespace
 
-PairSource::PairSource(data::PreferencePairs pairs, const BatchSourceOptions& o, std::string fingerprint)
-    : pairs_(std::move(pairs)), o_(o), order_(pairs_.size(), o.shuffle, o.seed), fingerprint_(std::move(fingerprint)) {
+PairSource::PairSource(data::PreferencePairs pairs, const BatchSourceOptions& o, std::string fingerprint,
+                       bool prompt_targets)
+    : pairs_(std::move(pairs)),
+      o_(o),
+      prompt_targets_(prompt_targets),
+      order_(pairs_.size(), o.shuffle, o.seed),
+      fingerprint_(std::move(fingerprint)) {
   for (int64_t i = 0; i < o.micro_batches_per_step; ++i) micro_.push_back(make_pair_batch(o.batch_size));
 }
 
 data::PackedMicroBatch PairSource::make_pair_batch(int64_t pairs) const {
   data::PackedMicroBatch mb = data::make_packed_micro_batch_buffers(2 * pairs, o_.seq_len);
   mb.pairs.resize(size_t(pairs));
+  mb.answer_starts.resize(size_t(2 * pairs));
   return mb;
 }
 
@@ -55,7 +62,8 @@ void PairSource::fill(std::span<const int64_t> which, data::PackedMicroBatch& mb
     mb.pairs[size_t(b)] = p;
     for (int side = 0; side < 2; ++side) {
       const int64_t row = side * B + b;
-      fill_row(pairs_.prompt(p), side == 0 ? pairs_.chosen(p) : pairs_.rejected(p), T, o_.pad_id,
+      mb.answer_starts[size_t(row)] = int32_t(pairs_.prompt(p).size());
+      fill_row(pairs_.prompt(p), side == 0 ? pairs_.chosen(p) : pairs_.rejected(p), T, o_.pad_id, prompt_targets_,
                mb.input_ids.data() + row * T, mb.targets.data() + row * T, mb.positions.data() + row * T,
                mb.segments.data() + row * T, mb.input_tokens, mb.target_tokens);
     }
@@ -95,7 +103,7 @@ std::unique_ptr<PairSource> open_pair_source(const std::string& path, const run:
       path, {&tokenizer, chooser.model_template, r.max_seq_len, o.vocab_size}, r.max_bad_fraction, log);
   // The pairs' ids are what the run sees: a resume must see the same.
   const std::string fingerprint = fmt::format("pairs:{}:{}", checksum_hex(pairs.checksum()), chosen_template);
-  return std::make_unique<PairSource>(std::move(pairs), o, fingerprint);
+  return std::make_unique<PairSource>(std::move(pairs), o, fingerprint, r.pref_loss == run::PreferenceLoss::Orpo);
 }
 
 }  // namespace keel::train

@@ -17,7 +17,10 @@ namespace keel::train {
 
 class PairSource final : public BatchSource {
  public:
-  PairSource(data::PreferencePairs pairs, const BatchSourceOptions& options, std::string fingerprint);
+  // prompt_targets: every token of a row is a target, the prompt's too (ORPO's NLL term covers the
+  // whole chosen sequence); the answers' log-probabilities still count their own tokens only.
+  PairSource(data::PreferencePairs pairs, const BatchSourceOptions& options, std::string fingerprint,
+             bool prompt_targets = false);
 
   std::span<const data::PackedMicroBatch> step_batches(int64_t step) override;
   int64_t sequences() const override { return pairs_.size(); }
@@ -35,6 +38,7 @@ class PairSource final : public BatchSource {
  private:
   data::PreferencePairs pairs_;
   BatchSourceOptions o_;
+  bool prompt_targets_;
   data::SampleOrder order_;
   std::vector<data::PackedMicroBatch> micro_;
   std::string fingerprint_;

@@ -105,11 +105,16 @@ PairLoss pair_loss(const PreferenceLossOptions& o, const PairScore& s) {
   return out;
 }
 
-void score_rows(const model::MicroBatch& batch, const double* nll, const double* mean_logit, RowScore* out) {
+void score_rows(const model::MicroBatch& batch, const int32_t* answer_starts, const double* nll,
+                const double* mean_logit, RowScore* out) {
   for (int64_t row = 0; row < batch.batch; ++row) {
     RowScore s;
-    for (int64_t t = row * batch.seq, end = t + batch.seq; t < end; ++t) {
+    const int64_t first = row * batch.seq, answer = first + answer_starts[row] - 1;  // predicts the answer's first token
+    for (int64_t t = first, end = first + batch.seq; t < end; ++t) {
       if (batch.targets[t] == -100) continue;
+      s.all_nll += nll[t];
+      ++s.all_tokens;
+      if (t < answer) continue;
       s.logp -= nll[t];
       s.logit_sum += mean_logit[t];
       ++s.tokens;
@@ -136,7 +141,8 @@ void PreferenceObjective::begin_step(const StepTotals&) {
 
 void PreferenceObjective::micro_batch(model::Decoder& decoder, const model::MicroBatch& batch,
                                       const data::PackedMicroBatch& rows) {
-  require(batch.batch == 2 * o_.pairs_per_micro_batch && int64_t(rows.pairs.size()) == o_.pairs_per_micro_batch,
+  require(batch.batch == 2 * o_.pairs_per_micro_batch && int64_t(rows.pairs.size()) == o_.pairs_per_micro_batch &&
+              int64_t(rows.answer_starts.size()) == batch.batch,
           "preference loss: a micro-batch of {} rows, {} pairs (expected {} pairs in twice as many rows)", batch.batch,
           rows.pairs.size(), o_.pairs_per_micro_batch);
   batch_ = &batch;
@@ -153,14 +159,15 @@ void PreferenceObjective::weigh(const double* nll, const double* mean_logit, flo
   const double pairs_in_step = double(B * o_.micro_batches);
   RowScore scores[2];
   std::fill(weight, weight + 2 * B * T, 0.0f);
-  double chosen_tokens = 0;
+  double chosen_tokens = 0;  // the NLL term's: every target of the chosen rows
   for (int64_t b = 0; b < B; ++b) {
     const int64_t rows[2] = {b, B + b};
     for (int side = 0; side < 2; ++side) {
       const model::MicroBatch row{1, T, mb.input_ids + rows[side] * T, mb.targets + rows[side] * T, nullptr, nullptr};
-      score_rows(row, nll + rows[side] * T, mean_logit + rows[side] * T, &scores[side]);
+      score_rows(row, rows_->answer_starts.data() + rows[side], nll + rows[side] * T, mean_logit + rows[side] * T,
+                 &scores[side]);
     }
-    chosen_tokens += double(scores[0].tokens);
+    chosen_tokens += double(scores[0].all_tokens);
     const int64_t p = rows_->pairs[size_t(b)];
     PairScore s{scores[0].logp, scores[1].logp, scores[0].tokens, scores[1].tokens};
     if (reference_) {
@@ -172,7 +179,8 @@ void PreferenceObjective::weigh(const double* nll, const double* mean_logit, flo
     const double d[2] = {l.dlogp_c, l.dlogp_r};
     for (int side = 0; side < 2; ++side) {
       const float w = float(-d[side] / pairs_in_step);  // logp = -sum of the NLLs
-      for (int64_t t = rows[side] * T, end = t + T; t < end; ++t)
+      const int64_t first = rows[side] * T;
+      for (int64_t t = first + rows_->answer_starts[size_t(rows[side])] - 1; t < first + T; ++t)
         if (mb.targets[t] != -100) weight[t] = w;
     }
     double* sums = metrics_.data();

@@ -97,12 +97,16 @@ class PreferenceObjective final : public Objective, private model::Decoder::Toke
   std::vector<double> metrics_;  // the sums report() reads, in its order
 };
 
-// Scores `count` rows of a forward pass: each row's summed log-probability over its targets, their
-// count and the sum of their mean logits.
+// Scores the rows of a forward pass: each row's answer (its targets from answer_starts[row] on):
+// summed log-probability, token count and summed mean logits; and over all its targets (ORPO's
+// NLL term: the prompt's too) the summed NLL and the count.
 struct RowScore {
   double logp = 0, logit_sum = 0;
   int64_t tokens = 0;
+  double all_nll = 0;
+  int64_t all_tokens = 0;
 };
-void score_rows(const model::MicroBatch& batch, const double* nll, const double* mean_logit, RowScore* out);
+void score_rows(const model::MicroBatch& batch, const int32_t* answer_starts, const double* nll,
+                const double* mean_logit, RowScore* out);
 
 }  // namespace keel::train

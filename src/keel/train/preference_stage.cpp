@@ -123,7 +123,7 @@ void PreferenceStage::evaluate(model::Decoder& decoder, report::StepMetrics& m) 
     const model::MicroBatch batch{mb.batch, mb.seq, mb.input_ids.data(), mb.targets.data(), mb.positions.data(),
                                   nullptr};
     decoder.forward_score(batch, {nll.data(), mean_logit.data()});
-    score_rows(batch, nll.data(), mean_logit.data(), rows.data());
+    score_rows(batch, mb.answer_starts.data(), nll.data(), mean_logit.data(), rows.data());
     double sums[11] = {}, logit_tokens[2] = {}, nll_tokens = 0;
     for (int64_t b = 0; b < count; ++b) {
       const RowScore& c = rows[size_t(b)];
@@ -136,11 +136,11 @@ void PreferenceStage::evaluate(model::Decoder& decoder, report::StepMetrics& m) 
       const PairLoss l = pair_loss(o, s);
       const double v[] = {l.reward_c, l.reward_r, l.reward_c > l.reward_r ? 1.0 : 0.0, l.reward_c - l.reward_r,
                           l.logps_c, l.logps_r, c.logit_sum, rj.logit_sum, l.log_odds_ratio, l.log_odds_chosen,
-                          -c.logp};
+                          c.all_nll};
       for (int k = 0; k < 11; ++k) sums[k] += v[k];
       logit_tokens[0] += double(c.tokens);
       logit_tokens[1] += double(rj.tokens);
-      nll_tokens += double(c.tokens);
+      nll_tokens += double(c.all_tokens);
       loss_sum += l.loss;
     }
     const double c = double(count);

@@ -35,7 +35,7 @@ ReferenceLogps compute_reference_logps(model::Decoder& decoder, const PairSource
                                   nullptr};
     decoder.forward_score(batch, {nll.data(), mean_logit.data()});
     if (pass >= passes) continue;
-    score_rows(batch, nll.data(), mean_logit.data(), rows.data());
+    score_rows(batch, mb.answer_starts.data(), nll.data(), mean_logit.data(), rows.data());
     for (int64_t b = 0; b < B && first + b < n; ++b) {
       logps[size_t(2 * (first + b))] = rows[size_t(b)].logp;
       logps[size_t(2 * (first + b) + 1)] = rows[size_t(B + b)].logp;
