@@ -64,6 +64,8 @@ MISTAKES = [
     (dict(eval_interval=5), {"eval_interval": 5}),
     (dict(max_grad_norm=-1.0), {"max_grad_norm": -1.0}),
     (dict(lora_target=["q_proj", 3]), {"lora_target": ["q_proj", 3]}),
+    (dict(pref_beta=0.3), {"pref_beta": 0.3}),  # a preference key under stage = "sft"
+    (dict(stage="ppo"), {"stage": "ppo"}),
 ]
 
 
@@ -100,11 +102,12 @@ def test_required_keys_and_model_config():
 def test_unknown_keywords_are_named_together():
     """Several unknown keywords: one keel.Error naming each, in the order given, with suggestions."""
     with pytest.raises(keel.Error) as e:
-        keel.TrainingConfig(**MINIMAL, stage="sft", pref_beta=0.1, learning_rte=1e-3,
+        keel.TrainingConfig(**MINIMAL, neftune_noise_alpha=5, galore_rank=16, learning_rte=1e-3,
                             model_config={"famly": "llama"})
     text = str(e.value)
     assert text.startswith("4 unknown keys:\n"), text
-    places = [text.index("TrainingConfig(%s=" % key) for key in ("stage", "pref_beta", "learning_rte", "model_config")]
+    places = [text.index("TrainingConfig(%s=" % key)
+              for key in ("neftune_noise_alpha", "galore_rank", "learning_rte", "model_config")]
     assert places == sorted(places), text
     assert "unknown key 'learning_rte' (did you mean 'learning_rate'?)" in text
     assert "unknown key 'famly' in [model_config] (did you mean 'family'?)" in text
@@ -141,3 +144,10 @@ def test_toml_round_trips(tmp_path):
     assert config.data_path == str(tmp_path / "data" / "train.jsonl")
     assert keel.TrainingConfig.from_toml(config.to_toml()) == config
     assert keel.TrainingConfig(**config.to_dict()) == config
+
+
+def test_preference_keys():
+    config = keel.TrainingConfig(**MINIMAL, stage="dpo", pref_loss="simpo", pref_beta=2.0, simpo_gamma=0.8)
+    assert (config.stage, config.pref_loss, config.pref_beta, config.simpo_gamma) == ("dpo", "simpo", 2.0, 0.8)
+    with pytest.raises(keel.Error, match="ORPO"):
+        keel.TrainingConfig(**MINIMAL, stage="dpo", pref_loss="orpo", pref_ftx=1.0)
