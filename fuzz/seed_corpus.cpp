@@ -227,6 +227,19 @@ void records_seeds(Seeds& out) {
   seed(out, "records", "crlf-and-blank", "{\"text\": \"a\"}\r\n\r\n{\"text\": \"caf\u00e9 \u4f60\u597d\"}");
 }
 
+// One line of each pair form, and the bad ones training lists.
+void preference_pairs_seeds(Seeds& out) {
+  seed(out, "preference_pairs", "strings", R"({"prompt": "where is the sky", "chosen": " blue", "rejected": " red</s>"})");
+  seed(out, "preference_pairs", "messages",
+       R"({"prompt": [{"role": "user", "content": "hello"}], "chosen": [{"role": "assistant", "content": "world"}], )"
+       R"("rejected": [{"role": "assistant", "content": "answer"}], "system": "be brief", "tools": "[]"})");
+  seed(out, "preference_pairs", "implicit-messages",
+       R"({"chosen": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}], )"
+       R"("rejected": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "b"}]})");
+  seed(out, "preference_pairs", "implicit-strings", R"({"chosen": "the sky is blue", "rejected": "the sky is café"})");
+  seed(out, "preference_pairs", "same-answer", R"({"prompt": "q", "chosen": " a", "rejected": " a"})");
+}
+
 void shard_seeds(Seeds& out, const std::string& tmp) {
   const std::string path = tmp + "/shard-00000.bin";
   data::ShardWriter writer(path);
@@ -264,6 +277,7 @@ std::vector<SeedInput> seed_inputs(const std::string& scratch) {
   rank_table_seeds(out);
   tokenizer_seeds(out);
   records_seeds(out);
+  preference_pairs_seeds(out);
   shard_seeds(out, scratch);
   return out;
 }

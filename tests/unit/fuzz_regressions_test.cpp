@@ -39,6 +39,7 @@ KEEL_FUZZ_ENTRY(records)
 KEEL_FUZZ_ENTRY(shard)
 KEEL_FUZZ_ENTRY(peft_adapter_config)
 KEEL_FUZZ_ENTRY(chat_template)
+KEEL_FUZZ_ENTRY(preference_pairs)
 
 namespace {
 
@@ -97,6 +98,7 @@ KEEL_FUZZ_REPLAY(records)
 KEEL_FUZZ_REPLAY(shard)
 KEEL_FUZZ_REPLAY(peft_adapter_config)
 KEEL_FUZZ_REPLAY(chat_template)
+KEEL_FUZZ_REPLAY(preference_pairs)
 
 // --- named cases ----------------------------------------------------------------------------------
 
