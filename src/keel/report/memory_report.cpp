@@ -21,6 +21,7 @@ namespace keel::report {
 RunShape run_shape(const run::Recipe& r) {
   RunShape s;
   s.batch_size = run::rows_per_micro_batch(r);
+  s.preference_pairs = r.stage == run::Stage::Dpo;
   s.max_seq_len = r.max_seq_len;
   s.gradient_accumulation_steps = r.gradient_accumulation_steps;
   s.dp = r.dp_degree;
@@ -65,9 +66,13 @@ size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelCon
 // pre-tokenized JSONL file with padding is read into memory and filled into one step's micro-batches
 // (input ids, targets, positions); anything else goes through prepared shards, whose loader keeps
 // prefetch_factor + 1 steps of micro-batches (with document ids too) when it has worker threads.
+// Preference pairs (train/pair_source.h) fill one step's micro-batches on the training thread, and the
+// preference objective scores each micro-batch's tokens (an NLL and a mean logit in double, a weight
+// in float: train/preference_loss.h). The pairs' own ids are not counted: 4 bytes a token of the data.
 size_t loader_buffer_bytes(const run::Recipe& r, const RunShape& shape) {
   const size_t micro_batch = size_t(shape.batch_size) * size_t(shape.max_seq_len) * sizeof(int32_t);
   const size_t per_step = size_t(shape.gradient_accumulation_steps);
+  if (r.stage == run::Stage::Dpo) return per_step * 4 * micro_batch + micro_batch / sizeof(int32_t) * (8 + 8 + 4);
   const std::string& path = r.data_path;
   bool records = false;
   if (r.packing == run::Packing::Pad && path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {
@@ -271,8 +276,10 @@ std::string shape_summary(const RunShape& s, int64_t recomputed, int64_t layers)
                                         ? "on"
                                         : fmt::format("on for the first {} blocks{}", recomputed,
                                                       s.checkpointing_layers == 0 ? " (keel's choice)" : "");
-  return fmt::format("micro-batch {} x {} tokens, accumulation {}, dp {}, ZeRO-{}, gradient checkpointing {}",
-                     s.batch_size, s.max_seq_len, s.gradient_accumulation_steps, s.dp, s.zero_stage, checkpointing);
+  return fmt::format("micro-batch {} x {} tokens{}, accumulation {}, dp {}, ZeRO-{}, gradient checkpointing {}",
+                     s.batch_size, s.max_seq_len,
+                     s.preference_pairs ? fmt::format(" ({} preference pairs)", s.batch_size / 2) : "",
+                     s.gradient_accumulation_steps, s.dp, s.zero_stage, checkpointing);
 }
 
 // The per-category lines of the report, with what each holds.
@@ -459,9 +466,11 @@ std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape)
     zero_options.push_back(3);  // one rank: no whole bf16 copy, each position casts its own
   std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
   if (!shape.gradient_checkpointing) checkpointing_options.push_back(true);
+  // Rows per micro-batch; a preference pair is two rows that stay together (batch_size counts pairs).
+  const int64_t rows_per_sample = r.stage == run::Stage::Dpo ? 2 : 1;
   std::vector<int64_t> batches{shape.batch_size};
-  for (int64_t b = shape.batch_size; b % 2 == 0;) batches.push_back(b /= 2);
-  if (batches.back() != 1) batches.push_back(1);
+  for (int64_t b = shape.batch_size / rows_per_sample; b % 2 == 0;) batches.push_back((b /= 2) * rows_per_sample);
+  if (batches.back() != rows_per_sample) batches.push_back(rows_per_sample);
   std::vector<int64_t> seqs{shape.max_seq_len};
   for (int64_t s = shape.max_seq_len; s % 2 == 0 && s / 2 >= 256;) seqs.push_back(s /= 2);
   std::vector<bool> async_options{r.async_save && !r.checkpoint_dir.empty()};
@@ -495,7 +504,7 @@ std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape)
               c.shape.batch_size = batches[bi];
               c.shape.gradient_accumulation_steps =
                   shape.gradient_accumulation_steps * shape.batch_size / batches[bi];  // same global batch
-              c.changes.push_back(fmt::format("batch_size = {} (accumulation {})", c.shape.batch_size,
+              c.changes.push_back(fmt::format("batch_size = {} (accumulation {})", c.shape.batch_size / rows_per_sample,
                                               c.shape.gradient_accumulation_steps));
               c.cost += 3 + int(bi);  // smaller GEMMs run less efficiently
             }

@@ -30,7 +30,8 @@ constexpr double kAllreduceScratchPerBucketByte = 0.25;
 
 // The knobs a run's memory depends on and that "what to change" varies.
 struct RunShape {
-  int64_t batch_size = 1;  // sequences per micro-batch per rank
+  int64_t batch_size = 1;  // rows (sequences) per micro-batch per rank
+  bool preference_pairs = false;  // stage = "dpo": the rows are pairs' chosen and rejected answers
   int64_t max_seq_len = 2048;
   int64_t gradient_accumulation_steps = 1;
   int64_t dp = 1;      // data-parallel ranks
