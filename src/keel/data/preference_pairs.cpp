@@ -9,6 +9,7 @@
 
 #include "keel/core/checksum.h"
 #include "keel/core/error.h"
+#include "keel/core/file_io.h"
 #include "keel/core/json_text.h"
 #include "keel/data/chat_encoding.h"
 #include "keel/data/model_chat_template.h"
@@ -193,6 +194,17 @@ bool is_preference_record(std::string_view line) {
   if (parse_json_document(parser, line, root) != simdjson::SUCCESS || !root.is_object()) return false;
   element e;
   return root["chosen"].get(e) == simdjson::SUCCESS && root["rejected"].get(e) == simdjson::SUCCESS;
+}
+
+bool holds_preference_pairs(const std::string& path) {
+  if (!path_exists(path) || !path.ends_with(".jsonl")) return false;
+  bool pair = false, seen = false;
+  for_each_line(path, size_t(64) << 20, [&](std::string_view line, bool complete) {
+    if (seen || !complete || line.find_first_not_of(" \t\r") == std::string_view::npos) return;
+    seen = true;
+    pair = is_preference_record(line);
+  });
+  return pair;
 }
 
 std::string tokenize_pair(std::string_view line, const PairEncoding& enc, TokenizedPair& out) {

@@ -84,6 +84,8 @@ std::string tokenize_pair(std::string_view line, const PairEncoding& encoding, T
 // Whether a JSONL record looks like a preference pair (has "chosen" and "rejected"): what lets
 // supervised fine-tuning refuse pair data by name instead of calling each record bad.
 bool is_preference_record(std::string_view line);
+// Whether the first non-blank line of a JSONL file is one (false for a file that cannot be read).
+bool holds_preference_pairs(const std::string& path);
 
 // Reads and tokenizes `path`. Prints one line of counts (and the first bad records) to `log`;
 // keel::Error when more than max_bad_fraction of the records are bad or none is left.

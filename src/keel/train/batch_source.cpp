@@ -256,16 +256,10 @@ int32_t model_pad_id(const model::ModelConfig& config) {
 std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const run::Recipe& r,
                                                const BatchSourceOptions& o, std::ostream& log) {
   const bool plain_jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
-  if (plain_jsonl && path_exists(path)) {
-    std::ifstream in(path);
-    std::string first;
-    while (std::getline(in, first) && first.find_first_not_of(" \t\r") == std::string::npos) {
-    }
-    require(!data::is_preference_record(first),
-            "{}: the records are preference pairs ('chosen' and 'rejected'), which supervised fine-tuning cannot "
-            "train on; set stage = \"dpo\" to tune on them (or give SFT records: text, messages, prompt/response)",
-            path);
-  }
+  require(!data::holds_preference_pairs(path),
+          "{}: the records are preference pairs ('chosen' and 'rejected'), which supervised fine-tuning cannot "
+          "train on; set stage = \"dpo\" to tune on them (or give SFT records: text, messages, prompt/response)",
+          path);
   if (plain_jsonl && path_exists(path) && is_pretokenized_jsonl(path) && r.packing == run::Packing::Pad)
     return std::make_unique<RecordsSource>(path, o);
   data::TrainingDataRequest q;
