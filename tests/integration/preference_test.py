@@ -145,6 +145,19 @@ def test_bf16_and_simpo_train():
                       "%s: no reference pass" % name)
 
 
+def test_inspect_shows_pairs_and_prepare_points_to_it():
+    r = run(["inspect", HELD_OUT, "--tokenizer", TOKENIZER, "--text", "--limit", "2"])
+    check(r.returncode == 0, "keel inspect reads pairs (%s)" % r.stderr)
+    check("--- document 1 (line 1, chosen" in r.stdout and "--- document 2 (line 1, rejected" in r.stdout,
+          "both rows of the first pair are shown (%s)" % r.stdout)
+    check("<|im_start|>assistant\n«" in r.stdout and "<|im_end|>\n»" in r.stdout,
+          "the answer after the generation prompt is what trains (%s)" % r.stdout)
+    r = run(["prepare", "--data", TRAIN, "--tokenizer", TOKENIZER, "--max-seq-len", "64", "--out",
+             os.path.join(WORK, "prepared")])
+    check(r.returncode != 0 and "keel inspect" in r.stderr and not os.path.exists(os.path.join(WORK, "prepared")),
+          "keel prepare says pairs are not prepared, and how to see them (%s)" % r.stderr)
+
+
 def test_bad_pairs_are_named():
     bad = os.path.join(WORK, "bad.jsonl")
     with open(bad, "w") as f:

@@ -57,6 +57,19 @@ std::string record_of(const Problem& p) {
                      json_quoted(p.question()), json_quoted(p.answer()));
 }
 
+// A preference pair: the answer against a plausible wrong one (the sum off by one or by ten, as a
+// missed carry leaves it), as conversations.
+std::string pair_record_of(const Problem& p, std::mt19937_64& rng) {
+  static constexpr int kSlips[] = {-10, -1, 1, 10};
+  int wrong = p.a + p.b + kSlips[rng() % 4];
+  if (wrong < 0) wrong = p.a + p.b + 1;
+  const std::string rejected = fmt::format("{} + {} = {}", p.a, p.b, wrong);
+  return fmt::format(R"({{"prompt": [{{"role": "user", "content": {}}}], "chosen": [{{"role": "assistant", )"
+                     R"("content": {}}}], "rejected": [{{"role": "assistant", "content": {}}}]}})"
+                     "\n",
+                     json_quoted(p.question()), json_quoted(p.answer()), json_quoted(rejected));
+}
+
 std::vector<Problem> problems(int64_t count, uint64_t seed, bool held_out) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int> operand(0, 99), phrasing(0, 2);
@@ -170,6 +183,67 @@ max_position_embeddings = {1}
                      work, kSeq, steps, vocab);
 }
 
+// The preference stage: DPO from the SFT run's exported model, its tokenizer and ChatML template.
+std::string dpo_recipe(const std::string& work, int64_t steps) {
+  return fmt::format(R"(# keel demo, preference stage ({0}): DPO from the supervised model in run/final on pairs of a
+# correct answer and a wrong one. The pairs are conversations, rendered with the model's template.
+model_name = "run/final"
+data_path = "pairs.jsonl"
+eval_data_path = "eval_pairs.jsonl"
+chat_template = "model"
+stage = "dpo"
+pref_loss = "sigmoid"
+pref_beta = 0.1
+output_dir = "dpo"
+dtype = "fp32"
+max_seq_len = {1}
+batch_size = 16
+learning_rate = 2e-4
+warmup_steps = 10
+lr_scheduler = "cosine"
+max_steps = {2}
+eval_interval = {2}
+max_grad_norm = 1.0
+seed = 7
+log_interval = 25
+)",
+                     work, kSeq, steps);
+}
+
+// Writes the pairs, trains DPO, and answers the held-out problems with its model.
+void run_preference_stage(const DemoOptions& o, const std::vector<Problem>& train, const std::vector<Problem>& held_out,
+                          DemoResult& result, std::ostream& log) {
+  std::mt19937_64 rng(13);
+  std::string records;
+  // One epoch's worth: each pair seen once (batch_size 16 pairs a step).
+  for (int64_t i = 0; i < int64_t(train.size()) && i < 16 * o.dpo_steps; ++i) records += pair_record_of(train[size_t(i)], rng);
+  write_file_atomic(o.work_dir + "/pairs.jsonl", records);
+  records.clear();
+  for (const auto& p : held_out) records += pair_record_of(p, rng);
+  write_file_atomic(o.work_dir + "/eval_pairs.jsonl", records);
+  const std::string recipe_path = o.work_dir + "/dpo.toml";
+  write_file_atomic(recipe_path, dpo_recipe(o.work_dir, o.dpo_steps));
+  fmt::print(log,
+             "\nkeel demo, preference stage: DPO on pairs of the right answer and a wrong one (a sum off by one or "
+             "ten), from the model above; recipe: {}\n",
+             recipe_path);
+  const auto dpo_run = train::run_training(run::load_recipe(recipe_path), log);
+  result.reward_accuracy = dpo_run.summary.final_preference.rewards_accuracies;
+  result.held_out_reward_accuracy = dpo_run.summary.eval_preference.rewards_accuracies;
+  const std::string final_dir = o.work_dir + "/dpo/final";
+  auto config = model::load_model_config(final_dir + "/config.json");
+  model::Decoder tuned(config, model::Precision::F32, 1, 2);
+  model::load_hf_weights(tuned, final_dir);
+  const data::Tokenizer tokenizer = data::load_tokenizer(final_dir);
+  ChatEvaluator evaluator(tokenizer);
+  result.accuracy_after_dpo = evaluator.accuracy(tuned, held_out, nullptr, 0);
+  fmt::print(log,
+             "\n  preference stage: the right answer preferred (reward accuracy) on {:.1f}% of the last step's pairs "
+             "and {:.1f}% of {} held-out pairs; held-out chat accuracy {:.1f}% after SFT -> {:.1f}% after DPO\n",
+             100 * result.reward_accuracy, 100 * result.held_out_reward_accuracy, held_out.size(),
+             100 * result.accuracy_after, 100 * result.accuracy_after_dpo);
+}
+
 }  // namespace
 
 DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
@@ -221,6 +295,7 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
   result.accuracy_after = exported.accuracy(trained, held_out, &log, 8);
   fmt::print(log, "\n  accuracy on {} held-out problems: {:.1f}% before training -> {:.1f}% after\n", held_out.size(),
              100 * result.accuracy_before, 100 * result.accuracy_after);
+  if (o.dpo) run_preference_stage(o, train_problems, held_out, result, log);
   return result;
 }
 

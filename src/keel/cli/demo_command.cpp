@@ -15,6 +15,8 @@ const CommandRegistration kDemo{
       cmd.add_option("--work", options->work_dir, "Directory for the demo's data, recipe and run")
           ->capture_default_str();
       cmd.add_option("--steps", options->max_steps, "Optimizer steps")->capture_default_str();
+      cmd.add_flag("--dpo", options->dpo, "Then a preference stage: DPO on right/wrong answer pairs from the trained model");
+      cmd.add_option("--dpo-steps", options->dpo_steps, "Steps of the preference stage (with --dpo)")->capture_default_str();
       return [options] {
         cli::run_demo(*options, std::cout);
         return 0;

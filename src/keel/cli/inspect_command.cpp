@@ -3,7 +3,8 @@
 //   directory, or of a raw JSONL file encoded on the fly exactly as prepare encodes it (the same
 //   tokenizer, chat template and loss mask), as JSONL {"input_ids": [...], "labels": [...]}
 //   (label -100 = no loss, as Hugging Face's labels); with --text, the decoded text with the
-//   trained spans between « and ».
+//   trained spans between « and ». Preference pairs (stage = "dpo") print as their two rows, prompt +
+//   chosen and prompt + rejected, the answers trained, tokenized as training tokenizes them.
 #include <filesystem>
 #include <iostream>
 #include <memory>
@@ -13,6 +14,8 @@
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 #include "keel/core/json_text.h"
+#include "keel/data/chat_encoding.h"
+#include "keel/data/preference_pairs.h"
 #include "keel/data/prepare.h"
 #include "keel/data/record_reader.h"
 #include "keel/data/shard_format.h"
@@ -130,6 +133,43 @@ void inspect_jsonl(const InspectOptions& o, const data::Tokenizer* tokenizer, Do
   });
 }
 
+void inspect_pairs(const InspectOptions& o, const data::Tokenizer& tokenizer, DocumentPrinter& printer) {
+  data::DocumentEncoder chooser;  // the template training would choose for these names
+  chooser.tokenizer = &tokenizer;
+  chooser.special_tokens_in_messages = o.special_tokens_in_messages;
+  std::string why;
+  data::choose_chat_template(chooser, o.chat_template, o.tokenizer, &why);
+  const data::PairEncoding encoding{&tokenizer, chooser.model_template, o.max_seq_len, 0};
+  std::cerr << fmt::format(
+      "keel inspect: {}: preference pairs, tokenized as stage = \"dpo\" training tokenizes them (TRL's rules){}; "
+      "rows of {} tokens\n",
+      o.data, chooser.model_template ? ", conversations through " + why : "", o.max_seq_len);
+  data::TokenizedPair pair;
+  bool more = true;
+  int64_t line_no = 0;
+  for_each_line(o.data, size_t(64) << 20, [&](std::string_view line, bool complete) {
+    ++line_no;
+    if (!complete || !more || line.find_first_not_of(" \t\r") == std::string_view::npos) return;
+    if (std::string bad = data::tokenize_pair(line, encoding, pair); !bad.empty()) {
+      std::cerr << fmt::format("{}:{}: bad pair, skipped by training: {}\n", o.data, line_no, bad);
+      return;
+    }
+    if (int64_t(pair.prompt.size()) >= o.max_seq_len) {
+      std::cerr << fmt::format("{}:{}: the prompt alone fills {} tokens; dropped by training\n", o.data, line_no,
+                               o.max_seq_len);
+      return;
+    }
+    for (const auto& [answer, side] : {std::pair{&pair.chosen, "chosen"}, {&pair.rejected, "rejected"}}) {
+      std::vector<uint32_t> row(pair.prompt.begin(), pair.prompt.end());
+      row.insert(row.end(), answer->begin(), answer->end());
+      row.resize(std::min(row.size(), size_t(o.max_seq_len)));
+      std::vector<bool> trained(row.size(), false);
+      for (size_t t = pair.prompt.size(); t < row.size(); ++t) trained[t] = true;
+      more = more && printer.print(row, trained, fmt::format("line {}, {}", line_no, side));
+    }
+  });
+}
+
 const CommandRegistration kInspect{
     "inspect", "Print the training documents of prepared data or of a JSONL file, with their loss mask",
     [](CLI::App& cmd) -> CommandAction {
@@ -158,6 +198,8 @@ const CommandRegistration kInspect{
         DocumentPrinter printer(*o, tokenizer.get());
         if (prepared)
           inspect_prepared(*o, printer);
+        else if (data::holds_preference_pairs(o->data))
+          inspect_pairs(*o, *tokenizer, printer);
         else
           inspect_jsonl(*o, tokenizer.get(), printer);
         return 0;

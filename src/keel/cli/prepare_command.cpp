@@ -6,7 +6,9 @@
 #include <memory>
 
 #include "keel/cli/commands.h"
+#include "keel/core/error.h"
 #include "keel/core/work_progress.h"
+#include "keel/data/preference_pairs.h"
 #include "keel/data/prepare.h"
 
 namespace keel::cli {
@@ -50,6 +52,11 @@ const CommandRegistration kPrepare{
       return [o] {
         o->prepare.packing = o->pad ? data::Packing::pad : data::Packing::pack;
         o->prepare.live_progress = stdout_is_terminal();
+        require(!data::holds_preference_pairs(o->prepare.data_path),
+                "{}: preference pairs are not prepared into shards: a stage = \"dpo\" run tokenizes them when it "
+                "starts and keeps them in memory with their reference log-probabilities. `keel inspect {} "
+                "--tokenizer DIR --text` shows them as training will see them",
+                o->prepare.data_path, o->prepare.data_path);
         data::prepare(o->prepare, &std::cerr);
         return 0;
       };
