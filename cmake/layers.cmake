@@ -7,7 +7,7 @@
 # public seam (kernels_public_headers): the backends behind it are kernels' own business.
 
 set(KEEL_SOURCE_ROOT ${CMAKE_SOURCE_DIR}/src/keel)
-set(KEEL_KERNELS_PUBLIC_HEADERS backend.h shapes.h)
+set(KEEL_KERNELS_PUBLIC_HEADERS backend.h bf16_widening.h shapes.h)
 
 # Makes `view`/<room> show what layers above may include of `room`.
 function(keel_view_room view room)

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "keel/core/dtype.h"
+#include "keel/kernels/backend.h"
+#include "keel/kernels/bf16_widening.h"
 #include "keel/kernels/gemm.h"
 
 namespace keel::kernels {
@@ -175,6 +177,17 @@ TEST(GemmWidening, HeldOperandsAreReadTileByTile) {
     EXPECT_NE(da_held, da_want);
     EXPECT_NE(u_held, u_want);
   }
+}
+
+// Widening is the CPU backend's own interface, not Backend's: the CPU offers it and it says what
+// gemm_bf16 does; the reference, whose products read bf16 as they are, offers none.
+TEST(GemmWidening, OnlyTheCpuBackendOffersIt) {
+  Bf16Widening* cpu = bf16_widening(backend_named("cpu"));
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_EQ(cpu->widens(), !bf16_matmul_native());
+  EXPECT_EQ(widens_bf16_products(backend_named("cpu")), !bf16_matmul_native());
+  EXPECT_EQ(bf16_widening(backend_named("reference")), nullptr);
+  EXPECT_FALSE(widens_bf16_products(backend_named("reference")));
 }
 
 // The choice of how bf16 products run (gemm.h: bf16_products) keeps its rule, and a widened product

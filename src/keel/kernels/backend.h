@@ -7,7 +7,9 @@
 // are the backend's memory: what allocate() returns (for the CPU backends, host memory). Calls are
 // ordered as issued; a backend that runs them asynchronously makes record_event/wait_event and
 // synchronize mean what they say (the CPU backends finish each call before returning, so their
-// events are complete when recorded).
+// events are complete when recorded). What only one kind of device has (the CPU's bf16 products
+// widened to fp32) is an optional interface beside this one (bf16_widening.h) that callers ask
+// for, so that a second device implements what it computes and nothing of another's policy.
 //
 // Two implementations: "cpu" (the training path) and "reference" (every operation computed in
 // double from the same float inputs and rounded once at the end: slow, exact to fp32, the one
@@ -62,21 +64,12 @@ class Backend {
   // the shape later allocates nothing.
   virtual void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) = 0;
   // Bytes the products of a run (bf16 inputs or not) hold outside the caller's buffers for the
-  // whole run, for the memory plan: the CPU's fp32 tiles of bf16 operands where oneDNN has no
-  // bf16 matmul, else 0.
+  // whole run, for the memory plan (the CPU's fp32 tiles of bf16 operands where it widens them,
+  // kernels/bf16_widening.h), else 0.
   virtual size_t gemm_scratch_bytes(bool bf16_inputs) = 0;
-  // Whether gemm_bf16 widens its operands to fp32 at every call (the CPU where oneDNN has no bf16
-  // matmul): then a bf16 matrix that several products read in a row is better widened once, into
-  // `copy` [rows, cols], by hold_widened; products on the calling thread read the copy until
-  // release_widened(slot) (slot 0 or 1). Both do nothing where this is false.
-  virtual bool widens_bf16_products() = 0;
-  // A resumed run asks to multiply as the run that wrote its checkpoint did (`widened` or not; `why`
-  // names it), before anything has multiplied: returns whether its products now run that way.
-  virtual bool keep_bf16_products(bool widened, const std::string& why) = 0;
-  virtual void hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy) = 0;
-  virtual void release_widened(int slot) = 0;
-  // This machine's matmul throughput on a size^3 product, in FLOP/s (MFU's denominator).
-  virtual double measure_matmul_peak(bool bf16, int64_t size, int repeats) = 0;
+  // This device's matmul throughput in FLOP/s, with bf16 inputs or fp32 (MFU's denominator),
+  // measured as the backend sees fit (the CPU: a 1024^3 product, best of 3).
+  virtual double matmul_peak_flops(bool bf16) = 0;
 
   // ---- elementwise and row operations on [rows, cols] row-major buffers
   // dst = bf16(src): the compute copy of weights and GEMM inputs.

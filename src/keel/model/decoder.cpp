@@ -11,6 +11,7 @@
 #include "keel/core/error.h"
 #include "keel/core/process_memory.h"
 #include "keel/core/threads.h"
+#include "keel/kernels/bf16_widening.h"
 #include "keel/model/decoder_plan.h"
 #include "keel/model/hf_weights.h"
 
@@ -467,23 +468,23 @@ struct Linear {
   }
 };
 
-// Backend::hold_widened for the length of a scope: x [rows, cols] (leading dimension ld) widened
-// once into `copy` for the products inside it. Nothing when x or `copy` is null (the copies are
-// planned only in bf16 on a backend whose products widen).
+// kernels::Bf16Widening::hold for the length of a scope: x [rows, cols] (leading dimension ld)
+// widened once into `copy` for the products inside it. Nothing when x or `copy` is null (the
+// copies are planned only in bf16 on a backend whose products widen).
 class HeldWidened {
  public:
   HeldWidened(kernels::Backend& backend, int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy)
-      : backend_(backend), slot_(x && copy ? slot : -1) {
-    if (slot_ >= 0) backend_.hold_widened(slot_, x, rows, cols, ld, copy);
+      : widening_(x && copy ? kernels::bf16_widening(backend) : nullptr), slot_(slot) {
+    if (widening_) widening_->hold(slot_, x, rows, cols, ld, copy);
   }
   ~HeldWidened() {
-    if (slot_ >= 0) backend_.release_widened(slot_);
+    if (widening_) widening_->release(slot_);
   }
   HeldWidened(const HeldWidened&) = delete;
   HeldWidened& operator=(const HeldWidened&) = delete;
 
  private:
-  kernels::Backend& backend_;
+  kernels::Bf16Widening* widening_;
   int slot_;
 };
 

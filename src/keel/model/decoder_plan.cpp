@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "keel/core/error.h"
+#include "keel/kernels/bf16_widening.h"
 #include "keel/model/hf_weights.h"
 
 namespace keel::model {
@@ -31,7 +32,7 @@ std::string gathered_name(const StepTimeline& t, const ParamStore& params, const
                   : fmt::format("weights.gathered ({}, read in the {})", what, where);
 }
 
-// The largest operand the decoder holds widened (Backend::hold_widened): 32 MiB in fp32, two of
+// The largest operand the decoder holds widened (kernels::Bf16Widening::hold): 32 MiB in fp32, two of
 // the GEMM's own widened tiles (kernels/gemm.h) — the bench model's gate/up gradient at 2,048 tokens.
 constexpr int64_t kHeldWidenedElements = int64_t(8) << 20;
 
@@ -579,14 +580,14 @@ class MemoryDescription {
     return b;
   }
 
-  // bf16 on a CPU whose products widen bf16 to fp32 at every call (Backend::hold_widened): a
+  // bf16 on a backend whose products widen bf16 to fp32 at every call (kernels/bf16_widening.h): a
   // projection's output gradient widened once for its input-gradient product, its weight-gradient
   // product (full fine-tuning) and its adapters' products, or, too wide for that, an adapter's
   // slice of it once for its two products; under LoRA a projection's input once for it and its
   // adapters' products. Each copy is at most kHeldWidenedElements: a wider operand is widened per
   // product, as without these.
   void held_widened(DecoderLayout& d) {
-    if (!bf_ || !backend_of(options_).widens_bf16_products()) return;
+    if (!bf_ || !kernels::widens_bf16_products(backend_of(options_))) return;
     const int32_t backward_first = t_.backward(L_ - 1), backward_last = t_.backward(0);
     auto held = [&](const std::vector<int64_t>& widths) {
       int64_t most = 0;

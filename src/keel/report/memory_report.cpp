@@ -14,6 +14,7 @@
 #include "keel/model/decoder.h"
 #include "keel/model/hf_weights.h"
 #include "keel/formats/safetensors.h"
+#include "keel/kernels/bf16_widening.h"
 #include "keel/run/model_setup.h"
 
 namespace keel::report {
@@ -440,7 +441,7 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
                : fmt::format("note: ZeRO-{} with dp 1 shards nothing\n", shape.zero_stage);
   // Where bf16 products widen to fp32 (this CPU, kernels/gemm.h: bf16_products) the plan holds
   // their fp32 tiles and copies: say so, and why, as keel train does.
-  if (auto& backend = model::backend_of(options); bf16 && backend.widens_bf16_products())
+  if (auto& backend = model::backend_of(options); bf16 && kernels::widens_bf16_products(backend))
     out += fmt::format("note: {}; the plan counts their fp32 copies\n", backend.description(true));
   const model::StepTimeline timeline{int32_t(config.num_layers)};
   const auto arena_peak = position_name(timeline, plan.peak_position());

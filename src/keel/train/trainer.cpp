@@ -22,6 +22,7 @@
 #include "keel/core/threads.h"
 #include "keel/distributed/shard_reader.h"
 #include "keel/kernels/backend.h"
+#include "keel/kernels/bf16_widening.h"
 #include "keel/model/hf_weights.h"
 #include "keel/model/peft_adapter.h"
 #include "keel/core/checksum.h"
@@ -145,7 +146,7 @@ class Trainer {
     state_.data_fingerprint = loader_->fingerprint();
     state_.compat_fingerprint = compat_fingerprint(r);
     if (r.dtype == run::Precision::Bf16)
-      state_.bf16_products = decoder_.backend().widens_bf16_products() ? "widened" : "native";
+      state_.bf16_products = kernels::widens_bf16_products(decoder_.backend()) ? "widened" : "native";
     if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
       refuse_mixing_runs(r.checkpoint_dir, options);
       if (int removed = checkpoint::clean_incomplete_checkpoints(r.checkpoint_dir))
@@ -804,7 +805,7 @@ class Trainer {
     // Every rank measures at once, with the threads it trains with, and the job's peak is their sum.
     std::vector<double> peaks(size_t(comm_.size()), 0.0);
     peaks[size_t(comm_.rank())] =
-        decoder_.backend().measure_matmul_peak(decoder_.precision() == model::Precision::BF16, 1024, 3);
+        decoder_.backend().matmul_peak_flops(decoder_.precision() == model::Precision::BF16);
     comm_.allreduce_totals(peaks.data(), int64_t(peaks.size()));
     s.matmul_peak_flops_per_rank = peaks;
     s.matmul_peak_flops = 0;
@@ -908,8 +909,8 @@ void check_same_recipe(const run::Recipe& r, distributed::Communicator& comm) {
                       rank));
 }
 
-// A bf16 resume multiplies as the run that wrote its checkpoint did (kernels/gemm.h:
-// keep_bf16_products), or its steps would round differently from the uninterrupted run's: decided
+// A bf16 resume multiplies as the run that wrote its checkpoint did (kernels/bf16_widening.h:
+// keep), or its steps would round differently from the uninterrupted run's: decided
 // before the model is set up, whose memory plan depends on the way. What cannot be kept (this CPU
 // has no bf16 matmul, KEEL_BF16_MATMUL says otherwise) is said.
 void keep_checkpoint_products(const run::Recipe& r, const TrainOptions& options, std::ostream& log) {
@@ -926,8 +927,12 @@ void keep_checkpoint_products(const run::Recipe& r, const TrainOptions& options,
   if (saved.bf16_products.empty()) return;  // written before keel recorded the way
   const bool widened = saved.bf16_products == "widened";
   kernels::Backend& backend = kernels::backend_named(r.backend);
-  if (!backend.keep_bf16_products(
-          widened, fmt::format("as the run that wrote {} multiplied, for the rest of this process", path)))
+  kernels::Bf16Widening* widening = kernels::bf16_widening(backend);
+  // A backend that never widens multiplies as a run that did not.
+  const bool kept = widening ? widening->keep(widened, fmt::format("as the run that wrote {} multiplied, for the rest "
+                                                                   "of this process", path))
+                             : !widened;
+  if (!kept)
     fmt::print(log,
                "note: the run that wrote {} multiplied bf16 {}; this one cannot ({}): the resumed steps round "
                "differently from an uninterrupted run's\n",

@@ -9,6 +9,7 @@
 #include "keel/core/threads.h"
 #include "keel/kernels/adamw.h"
 #include "keel/kernels/attention.h"
+#include "keel/kernels/bf16_widening.h"
 #include "keel/kernels/cpu/vector_ops.h"
 #include "keel/kernels/cached_attention.h"
 #include "keel/kernels/cross_entropy.h"
@@ -27,7 +28,7 @@ namespace {
 // Below this many elements an elementwise pass runs on the calling thread alone.
 constexpr int64_t kParallelMinElements = int64_t(1) << 15;
 
-class CpuBackend final : public HostMemoryBackend {
+class CpuBackend final : public HostMemoryBackend, public Bf16Widening {
  public:
   std::string_view name() const override { return "cpu"; }
   std::string description(bool bf16) const override {
@@ -47,14 +48,6 @@ class CpuBackend final : public HostMemoryBackend {
   }
   void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) override { gemm_prepare(s, bf16_inputs, beta); }
   size_t gemm_scratch_bytes(bool bf16_inputs) override { return gemm_widened_operand_bytes(bf16_inputs); }
-  bool widens_bf16_products() override { return !bf16_matmul_native(); }
-  bool keep_bf16_products(bool widened, const std::string& why) override {
-    return kernels::keep_bf16_products(!widened, why).native != widened;
-  }
-  void hold_widened(int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy) override {
-    gemm_hold_widened(slot, x, rows, cols, ld, copy);
-  }
-  void release_widened(int slot) override { gemm_release_widened(slot); }
   void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) override {
     const auto& ops = vector_ops();
     auto put = [&](int64_t r, float dot) { y[r] = (beta == 0.0f ? 0.0f : beta * y[r]) + dot; };
@@ -68,9 +61,19 @@ class CpuBackend final : public HostMemoryBackend {
     });
     for (int64_t r = 4 * quads; r < rows; ++r) put(r, ops.dot_bf16(x, w + r * in, in));
   }
-  double measure_matmul_peak(bool bf16, int64_t size, int repeats) override {
-    return kernels::measure_matmul_peak(bf16, size, repeats);
+  // A 1024^3 product, best of 3 after a warm-up: long enough for oneDNN's rate, short beside the
+  // run whose MFU it divides.
+  double matmul_peak_flops(bool bf16) override { return measure_matmul_peak(bf16, 1024, 3); }
+
+  // Bf16Widening: gemm_bf16 widens where oneDNN has no bf16 matmul or runs it slower (gemm.h).
+  bool widens() override { return !bf16_matmul_native(); }
+  bool keep(bool widened, const std::string& why) override {
+    return keep_bf16_products(!widened, why).native != widened;
   }
+  void hold(int slot, const bf16* x, int64_t rows, int64_t cols, int64_t ld, float* copy) override {
+    gemm_hold_widened(slot, x, rows, cols, ld, copy);
+  }
+  void release(int slot) override { gemm_release_widened(slot); }
 
   // The GEMM inputs' bf16 copies, through the dispatched row kernel (AVX-512 where present).
   void cast_to_bf16(const float* src, bf16* dst, int64_t n) override {
