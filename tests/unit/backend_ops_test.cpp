@@ -447,7 +447,13 @@ void naive_norm_backward(const Doubles& x, const Doubles& w, double offset, cons
 
 constexpr double kEps = 1e-5;
 
-TEST_P(BackendOps, rmsnorm_forward) {
+// The seam's shape for a layout of the naive's.
+RmsNormShape shape_of(const NormLayout& l, int64_t lddx, double offset) {
+  return {l.tokens, l.heads, l.dim, l.ldx, l.ldy, lddx, kEps, offset};
+}
+
+// A block's norm over packed rows, with and without the fused bf16 copy.
+void check_rmsnorm_forward_rows(const BackendOps& t) {
   for (int64_t dim : {67, 515})
     for (double offset : {0.0, 1.0})
       for (bool with_bf16 : {false, true}) {
@@ -457,11 +463,11 @@ TEST_P(BackendOps, rmsnorm_forward) {
         const Doubles rstd = naive_rstd(widen(x), l, kEps);
         Doubles y(x.size());
         naive_norm_forward(widen(x), widen(w), offset, rstd, l, y);
-        check(
+        t.check(
             [&](Backend& be) {
               Floats out(x.size(), NAN), r(kRows, NAN);
               std::vector<bf16> out_bf16(with_bf16 ? x.size() : 0);
-              be.rmsnorm_forward(x.data(), w.data(), kRows, dim, kEps, offset, out.data(), r.data(),
+              be.rmsnorm_forward(shape_of(l, dim, offset), x.data(), w.data(), out.data(), r.data(),
                                  with_bf16 ? out_bf16.data() : nullptr);
               if (with_bf16) expect_bf16_copy("y_bf16", out_bf16.data(), out.data(), 1, kRows * dim, 0);
               return Outputs{{"y", widen(out)}, {"rstd", widen(r)}};
@@ -470,65 +476,70 @@ TEST_P(BackendOps, rmsnorm_forward) {
       }
 }
 
-TEST_P(BackendOps, rmsnorm_backward) {
-  const int64_t dim = 67;
-  const NormLayout l{kRows, 1, dim, dim, dim};
-  const Floats x = random_floats(kRows * dim, 19, -2, 2), w = random_floats(dim, 20), dy = random_floats(x.size(), 21),
-               residual = random_floats(x.size(), 22), dw0 = random_floats(dim, 23);
-  const Floats rstd = narrow(naive_rstd(widen(x), l, kEps));
-  for (double offset : {0.0, 1.0})
-    for (int variant = 0; variant < 8; ++variant) {  // bits: residual, dw, dx_bf16
-      const bool with_residual = variant & 1, with_dw = variant & 2, with_bf16 = variant & 4;
-      SCOPED_TRACE(::testing::Message() << "offset " << offset << " residual " << with_residual << " dw " << with_dw
-                                        << " bf16 " << with_bf16);
-      Doubles dx(x.size()), dw = widen(dw0);
-      naive_norm_backward(widen(x), widen(w), offset, widen(rstd), widen(dy), l, dx, with_dw ? &dw : nullptr);
-      if (with_residual)
-        for (size_t i = 0; i < dx.size(); ++i) dx[i] += residual[i];
-      check(
-          [&](Backend& be) {
-            Floats got_dx(x.size(), NAN), got_dw = dw0;
-            std::vector<bf16> dx_bf16(with_bf16 ? x.size() : 0);
-            be.rmsnorm_backward(x.data(), w.data(), offset, rstd.data(), dy.data(), kRows, dim, got_dx.data(),
-                                with_dw ? got_dw.data() : nullptr, with_residual ? residual.data() : nullptr,
-                                with_bf16 ? dx_bf16.data() : nullptr);
-            if (with_bf16) expect_bf16_copy("dx_bf16", dx_bf16.data(), got_dx.data(), 1, kRows * dim, 0);
-            return Outputs{{"dx", widen(got_dx)}, {"dw", widen(got_dw)}};
-          },
-          {{"dx", dx}, {"dw", dw}}, kF32Sum);
-    }
-}
-
 // Qwen3's q/k norms: heads inside a strided row; y's padding columns keep what they held. In place
 // (y = x, ldy = ldx) as well.
 const NormLayout kHeadNorm{7, 3, 16, 3 * 16 + 5, 3 * 16 + 2};
 
-TEST_P(BackendOps, head_rmsnorm_forward) {
+void check_rmsnorm_forward_heads(const BackendOps& t) {
   const NormLayout& l = kHeadNorm;
   const Floats x = random_floats(l.tokens * l.ldx, 24, -2, 2), w = random_floats(l.dim, 25),
                y0 = random_floats(l.tokens * l.ldy, 26);
   for (double offset : {0.0, 1.0}) {
-    SCOPED_TRACE(::testing::Message() << "offset " << offset);
+    SCOPED_TRACE(::testing::Message() << "heads, offset " << offset);
     const Doubles rstd = naive_rstd(widen(x), l, kEps);
+    const NormLayout in_place_layout{l.tokens, l.heads, l.dim, l.ldx, l.ldx};
     Doubles y = widen(y0), in_place = widen(x);
     naive_norm_forward(widen(x), widen(w), offset, rstd, l, y);
-    naive_norm_forward(widen(x), widen(w), offset, rstd, {l.tokens, l.heads, l.dim, l.ldx, l.ldx}, in_place);
-    check(
+    naive_norm_forward(widen(x), widen(w), offset, rstd, in_place_layout, in_place);
+    t.check(
         [&](Backend& be) {
-          Floats got = y0, got_in_place = x, r(rstd.size(), NAN);
-          be.head_rmsnorm_forward(x.data(), l.ldx, w.data(), l.tokens, l.heads, l.dim, kEps, offset, got.data(), l.ldy,
-                                  r.data());
-          Floats r2(rstd.size(), NAN);
-          be.head_rmsnorm_forward(got_in_place.data(), l.ldx, w.data(), l.tokens, l.heads, l.dim, kEps, offset,
-                                  got_in_place.data(), l.ldx, r2.data());
+          Floats got = y0, got_in_place = x, r(rstd.size(), NAN), r2(rstd.size(), NAN);
+          be.rmsnorm_forward(shape_of(l, l.ldx, offset), x.data(), w.data(), got.data(), r.data(), nullptr);
+          be.rmsnorm_forward(shape_of(in_place_layout, l.ldx, offset), got_in_place.data(), w.data(),
+                             got_in_place.data(), r2.data(), nullptr);
           return Outputs{{"y", widen(got)}, {"rstd", widen(r)}, {"y in place", widen(got_in_place)}};
         },
         {{"y", y}, {"rstd", rstd}, {"y in place", in_place}}, kF32);
   }
 }
 
-// dy at ldy, dx at its own stride lddx (the naive writes at ldy, then moves the rows).
-TEST_P(BackendOps, head_rmsnorm_backward) {
+TEST_P(BackendOps, rmsnorm_forward) {
+  check_rmsnorm_forward_rows(*this);
+  check_rmsnorm_forward_heads(*this);
+}
+
+// Packed rows with each optional part (the residual, dw, the bf16 copy); then heads in strided
+// rows, dy at ldy and dx at its own stride lddx (the naive writes at ldy, then moves the rows).
+TEST_P(BackendOps, rmsnorm_backward) {
+  {
+    const int64_t dim = 67;
+    const NormLayout l{kRows, 1, dim, dim, dim};
+    const Floats x = random_floats(kRows * dim, 19, -2, 2), w = random_floats(dim, 20),
+                 dy = random_floats(x.size(), 21), residual = random_floats(x.size(), 22),
+                 dw0 = random_floats(dim, 23);
+    const Floats rstd = narrow(naive_rstd(widen(x), l, kEps));
+    for (double offset : {0.0, 1.0})
+      for (int variant = 0; variant < 8; ++variant) {  // bits: residual, dw, dx_bf16
+        const bool with_residual = variant & 1, with_dw = variant & 2, with_bf16 = variant & 4;
+        SCOPED_TRACE(::testing::Message() << "offset " << offset << " residual " << with_residual << " dw "
+                                          << with_dw << " bf16 " << with_bf16);
+        Doubles dx(x.size()), dw = widen(dw0);
+        naive_norm_backward(widen(x), widen(w), offset, widen(rstd), widen(dy), l, dx, with_dw ? &dw : nullptr);
+        if (with_residual)
+          for (size_t i = 0; i < dx.size(); ++i) dx[i] += residual[i];
+        check(
+            [&](Backend& be) {
+              Floats got_dx(x.size(), NAN), got_dw = dw0;
+              std::vector<bf16> dx_bf16(with_bf16 ? x.size() : 0);
+              be.rmsnorm_backward(shape_of(l, dim, offset), x.data(), w.data(), rstd.data(), dy.data(),
+                                  got_dx.data(), with_dw ? got_dw.data() : nullptr,
+                                  with_residual ? residual.data() : nullptr, with_bf16 ? dx_bf16.data() : nullptr);
+              if (with_bf16) expect_bf16_copy("dx_bf16", dx_bf16.data(), got_dx.data(), 1, kRows * dim, 0);
+              return Outputs{{"dx", widen(got_dx)}, {"dw", widen(got_dw)}};
+            },
+            {{"dx", dx}, {"dw", dw}}, kF32Sum);
+      }
+  }
   const NormLayout& l = kHeadNorm;
   const int64_t lddx = l.heads * l.dim + 7;
   const Floats x = random_floats(l.tokens * l.ldx, 27, -2, 2), w = random_floats(l.dim, 28),
@@ -537,7 +548,7 @@ TEST_P(BackendOps, head_rmsnorm_backward) {
   const Floats rstd = narrow(naive_rstd(widen(x), l, kEps));
   for (double offset : {0.0, 1.0})
     for (bool with_dw : {false, true}) {
-      SCOPED_TRACE(::testing::Message() << "offset " << offset << " dw " << with_dw);
+      SCOPED_TRACE(::testing::Message() << "heads, offset " << offset << " dw " << with_dw);
       Doubles dx_at_ldy(dy.size()), dw = widen(dw0), dx = widen(dx0);
       naive_norm_backward(widen(x), widen(w), offset, widen(rstd), widen(dy), l, dx_at_ldy, with_dw ? &dw : nullptr);
       for (int64_t t = 0; t < l.tokens; ++t)
@@ -545,8 +556,8 @@ TEST_P(BackendOps, head_rmsnorm_backward) {
       check(
           [&](Backend& be) {
             Floats got_dx = dx0, got_dw = dw0;
-            be.head_rmsnorm_backward(x.data(), l.ldx, w.data(), offset, rstd.data(), dy.data(), l.ldy, l.tokens,
-                                     l.heads, l.dim, got_dx.data(), lddx, with_dw ? got_dw.data() : nullptr);
+            be.rmsnorm_backward(shape_of(l, lddx, offset), x.data(), w.data(), rstd.data(), dy.data(), got_dx.data(),
+                                with_dw ? got_dw.data() : nullptr, nullptr, nullptr);
             return Outputs{{"dx", widen(got_dx)}, {"dw", widen(got_dw)}};
           },
           {{"dx", dx}, {"dw", dw}}, kF32Sum);

@@ -35,10 +35,10 @@ TEST(RmsNorm, ForwardMatchesFormula) {
   const double eps = 1e-5;
   std::vector<double> x = random_vector(rows * dim, 1), w = random_vector(dim, 2);
   std::vector<double> y(rows * dim), rstd(rows);
-  rmsnorm_forward(x.data(), w.data(), rows, dim, eps, y.data(), rstd.data());
+  rmsnorm_forward(packed_rmsnorm(rows, dim, eps, 0.0), x.data(), w.data(), y.data(), rstd.data());
   std::vector<float> yf(rows * dim), rstdf(rows);
   const std::vector<float> xf = test::to_float(x), wf = test::to_float(w);
-  rmsnorm_forward(xf.data(), wf.data(), rows, dim, eps, yf.data(), rstdf.data());
+  rmsnorm_forward(packed_rmsnorm(rows, dim, eps, 0.0), xf.data(), wf.data(), yf.data(), rstdf.data());
   for (int64_t r = 0; r < rows; ++r) {
     double ms = 0;
     for (int64_t c = 0; c < dim; ++c) ms += x[r * dim + c] * x[r * dim + c] / dim;
@@ -67,8 +67,8 @@ TEST(FusedBf16Copy, NormAndGluOutputsEqualTheirCast) {
   for (double offset : {0.0, 1.0}) {
     std::vector<float> y(rows * dim), y_plain(rows * dim), rstd(rows);
     std::vector<bf16> yb(rows * dim);
-    rmsnorm_forward(x.data(), w.data(), rows, dim, 1e-6, y.data(), rstd.data(), offset, yb.data());
-    rmsnorm_forward(x.data(), w.data(), rows, dim, 1e-6, y_plain.data(), rstd.data(), offset);
+    rmsnorm_forward(packed_rmsnorm(rows, dim, 1e-6, offset), x.data(), w.data(), y.data(), rstd.data(), yb.data());
+    rmsnorm_forward(packed_rmsnorm(rows, dim, 1e-6, offset), x.data(), w.data(), y_plain.data(), rstd.data());
     ASSERT_TRUE(bitwise_equal(y, y_plain)) << "the fp32 output is unchanged";
     ASSERT_TRUE(bitwise_equal(yb, cast_all(y)));
   }
@@ -89,18 +89,19 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   const double eps = 1e-5;
   for (double offset : {0.0, 1.0}) {  // Llama's w, Gemma's 1 + w (weights around 0 then)
     SCOPED_TRACE(offset);
+    const RmsNormShape s = packed_rmsnorm(rows, dim, eps, offset);
     std::vector<double> x = random_vector(rows * dim, 3), w = random_vector(dim, 4, 0.5 - offset, 1.5 - offset);
     const std::vector<double> dy = random_vector(rows * dim, 5);
     auto loss = [&] {
       std::vector<double> y(rows * dim), rstd(rows);
-      rmsnorm_forward(x.data(), w.data(), rows, dim, eps, y.data(), rstd.data(), offset);
+      rmsnorm_forward(s, x.data(), w.data(), y.data(), rstd.data());
       return weighted_sum(y, dy);
     };
     std::vector<double> y(rows * dim), rstd(rows), dx(rows * dim);
-    rmsnorm_forward(x.data(), w.data(), rows, dim, eps, y.data(), rstd.data(), offset);
+    rmsnorm_forward(s, x.data(), w.data(), y.data(), rstd.data());
     const std::vector<double> dw0 = random_vector(dim, 6);  // dw accumulates into what is there
     std::vector<double> dw = dw0;
-    rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, dim, dx.data(), dw.data(), offset);
+    rmsnorm_backward(s, x.data(), w.data(), rstd.data(), dy.data(), dx.data(), dw.data());
     for (int64_t c = 0; c < dim; ++c) dw[c] -= dw0[c];
     expect_gradient_matches("dx", x, dx, sample_indices(rows * dim, 1 << 30, 0), loss);
     expect_gradient_matches("dw", w, dw, sample_indices(dim, 1 << 30, 0), loss);
@@ -113,21 +114,22 @@ TEST(RmsNorm, FloatBackwardAgreesWithDoubleAndAddsTheResidualExactly) {
   const int64_t rows = 9, dim = 300 + 5;  // a tail past the 8-lane vectors, two dw column blocks
   for (double offset : {0.0, 1.0}) {
     SCOPED_TRACE(offset);
+    const RmsNormShape s = packed_rmsnorm(rows, dim, 1e-5, offset);
     const std::vector<double> x = random_vector(rows * dim, 51), w = random_vector(dim, 52, 0.5 - offset, 1.5 - offset),
                               dy = random_vector(rows * dim, 53);
     std::vector<double> y(rows * dim), rstd(rows), dx(rows * dim), dw(dim, 0.0);
-    rmsnorm_forward(x.data(), w.data(), rows, dim, 1e-5, y.data(), rstd.data(), offset);
-    rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, dim, dx.data(), dw.data(), offset);
+    rmsnorm_forward(s, x.data(), w.data(), y.data(), rstd.data());
+    rmsnorm_backward(s, x.data(), w.data(), rstd.data(), dy.data(), dx.data(), dw.data());
     const std::vector<float> xf = test::to_float(x), wf = test::to_float(w), dyf = test::to_float(dy),
                              residual = test::to_float(random_vector(rows * dim, 54));
     std::vector<float> yf(rows * dim), rf(rows), dxf(rows * dim), dwf(dim, 0.0f), dx_res(rows * dim), dw2(dim, 0.0f);
-    rmsnorm_forward(xf.data(), wf.data(), rows, dim, 1e-5, yf.data(), rf.data(), offset);
-    rmsnorm_backward(xf.data(), wf.data(), rf.data(), dyf.data(), rows, dim, dxf.data(), dwf.data(), offset);
+    rmsnorm_forward(s, xf.data(), wf.data(), yf.data(), rf.data());
+    rmsnorm_backward(s, xf.data(), wf.data(), rf.data(), dyf.data(), dxf.data(), dwf.data());
     for (int64_t i = 0; i < rows * dim; ++i) ASSERT_NEAR(dxf[i], dx[i], 2e-6 * (1 + std::fabs(dx[i]))) << i;
     for (int64_t c = 0; c < dim; ++c) ASSERT_NEAR(dwf[c], dw[c], 2e-6 * (1 + std::fabs(dw[c]))) << c;
     std::vector<bf16> dx_res_b(rows * dim);
-    rmsnorm_backward(xf.data(), wf.data(), rf.data(), dyf.data(), rows, dim, dx_res.data(), dw2.data(), offset,
-                     residual.data(), dx_res_b.data());
+    rmsnorm_backward(s, xf.data(), wf.data(), rf.data(), dyf.data(), dx_res.data(), dw2.data(), residual.data(),
+                     dx_res_b.data());
     for (int64_t i = 0; i < rows * dim; ++i) ASSERT_EQ(dx_res[i], dxf[i] + residual[i]) << i;
     ASSERT_TRUE(bitwise_equal(dw2, dwf));
     ASSERT_TRUE(bitwise_equal(dx_res_b, cast_all(dx_res))) << "the bf16 copy is the cast of dx";
@@ -139,8 +141,8 @@ TEST(RmsNorm, GemmaOffsetScalesByOnePlusW) {
   const std::vector<double> x = random_vector(rows * dim, 7), w = random_vector(dim, 8, -0.2, 0.2);
   std::vector<double> one_plus_w = w, y(rows * dim), y1(rows * dim), rstd(rows);
   for (double& v : one_plus_w) v += 1.0;
-  rmsnorm_forward(x.data(), w.data(), rows, dim, 1e-6, y.data(), rstd.data(), 1.0);
-  rmsnorm_forward(x.data(), one_plus_w.data(), rows, dim, 1e-6, y1.data(), rstd.data());
+  rmsnorm_forward(packed_rmsnorm(rows, dim, 1e-6, 1.0), x.data(), w.data(), y.data(), rstd.data());
+  rmsnorm_forward(packed_rmsnorm(rows, dim, 1e-6, 0.0), x.data(), one_plus_w.data(), y1.data(), rstd.data());
   EXPECT_EQ(y, y1);
 }
 
@@ -150,14 +152,14 @@ TEST(RmsNorm, BackwardIsIdenticalForOneAndTwoThreads) {
   const std::vector<float> w = test::to_float(random_vector(dim, 8));
   const std::vector<float> dy = test::to_float(random_vector(rows * dim, 9));
   std::vector<float> y(rows * dim), rstd(rows);
-  rmsnorm_forward(x.data(), w.data(), rows, dim, 1e-6, y.data(), rstd.data());
+  rmsnorm_forward(packed_rmsnorm(rows, dim, 1e-6, 0.0), x.data(), w.data(), y.data(), rstd.data());
   std::vector<float> dx[2], dw[2];
   for (int threads : {1, 2})
     test::with_threads(threads, [&] {
       dx[threads - 1].assign(rows * dim, 0.f);
       dw[threads - 1].assign(dim, 0.25f);
-      rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), rows, dim, dx[threads - 1].data(),
-                       dw[threads - 1].data());
+      rmsnorm_backward(packed_rmsnorm(rows, dim, 1e-6, 0.0), x.data(), w.data(), rstd.data(), dy.data(),
+                       dx[threads - 1].data(), dw[threads - 1].data());
     });
   EXPECT_TRUE(bitwise_equal(dx[0], dx[1]));
   EXPECT_TRUE(bitwise_equal(dw[0], dw[1]));
@@ -170,11 +172,11 @@ TEST(HeadRmsNorm, EqualsRmsNormOfEachHeadAndKeepsOtherColumns) {
   const double eps = 1e-6;
   std::vector<double> x = random_vector(tokens * ld, 40), w = random_vector(dim, 41, 0.5, 1.5);
   std::vector<double> y(size_t(tokens * ldy), -9.0), rstd(tokens * heads);
-  head_rmsnorm_forward(x.data(), ld, w.data(), tokens, heads, dim, eps, y.data(), ldy, rstd.data());
+  rmsnorm_forward(RmsNormShape{tokens, heads, dim, ld, ldy, ld, eps, 0.0}, x.data(), w.data(), y.data(), rstd.data());
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t h = 0; h < heads; ++h) {
       std::vector<double> y1(dim), r1(1);
-      rmsnorm_forward(x.data() + t * ld + h * dim, w.data(), 1, dim, eps, y1.data(), r1.data());
+      rmsnorm_forward(packed_rmsnorm(1, dim, eps, 0.0), x.data() + t * ld + h * dim, w.data(), y1.data(), r1.data());
       EXPECT_EQ(rstd[t * heads + h], r1[0]);
       for (int64_t c = 0; c < dim; ++c) ASSERT_EQ(y[t * ldy + h * dim + c], y1[c]);
     }
@@ -182,7 +184,8 @@ TEST(HeadRmsNorm, EqualsRmsNormOfEachHeadAndKeepsOtherColumns) {
     for (int64_t c = heads * dim; c < ldy; ++c) ASSERT_EQ(y[t * ldy + c], -9.0);  // row padding untouched
   // In place (y = x), as generation normalises the fused projection output.
   std::vector<double> inplace = x;
-  head_rmsnorm_forward(inplace.data(), ld, w.data(), tokens, heads, dim, eps, inplace.data(), ld, rstd.data());
+  rmsnorm_forward(RmsNormShape{tokens, heads, dim, ld, ld, ld, eps, 0.0}, inplace.data(), w.data(), inplace.data(),
+                  rstd.data());
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t c = 0; c < ld; ++c)
       ASSERT_EQ(inplace[t * ld + c], c < heads * dim ? y[t * ldy + c] : x[t * ld + c]);
@@ -191,19 +194,19 @@ TEST(HeadRmsNorm, EqualsRmsNormOfEachHeadAndKeepsOtherColumns) {
 TEST(HeadRmsNorm, BackwardMatchesFiniteDifferences) {
   const int64_t tokens = 4, heads = 3, dim = 6, ld = heads * dim + 5, ldy = heads * dim + 1, lddx = heads * dim + 3;
   const double eps = 1e-5;
+  const RmsNormShape s{tokens, heads, dim, ld, ldy, lddx, eps, 0.0};  // dx at its own stride
   std::vector<double> x = random_vector(tokens * ld, 42), w = random_vector(dim, 43, 0.5, 1.5);
   std::vector<double> dy = random_vector(tokens * ldy, 44);
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t c = heads * dim; c < ldy; ++c) dy[t * ldy + c] = 0;  // padding is not an output
   auto loss = [&] {
     std::vector<double> y(tokens * ldy), rstd(tokens * heads);
-    head_rmsnorm_forward(x.data(), ld, w.data(), tokens, heads, dim, eps, y.data(), ldy, rstd.data());
+    rmsnorm_forward(s, x.data(), w.data(), y.data(), rstd.data());
     return weighted_sum(y, dy);
   };
   std::vector<double> y(tokens * ldy), rstd(tokens * heads), dx(tokens * lddx), dw(dim, 0.0);
-  head_rmsnorm_forward(x.data(), ld, w.data(), tokens, heads, dim, eps, y.data(), ldy, rstd.data());
-  head_rmsnorm_backward(x.data(), ld, w.data(), rstd.data(), dy.data(), ldy, tokens, heads, dim, dx.data(), lddx,
-                        dw.data());
+  rmsnorm_forward(s, x.data(), w.data(), y.data(), rstd.data());
+  rmsnorm_backward(s, x.data(), w.data(), rstd.data(), dy.data(), dx.data(), dw.data());
   // dx in x's layout for the comparison.
   std::vector<double> dx_at_x(x.size(), 0.0);
   std::vector<int64_t> data;

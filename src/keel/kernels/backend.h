@@ -89,27 +89,19 @@ class Backend {
   virtual void accumulate_bias_grad(const float* dy, int64_t rows, int64_t cols, float* db) = 0;
 
   // ---- the decoder's layers (contracts as in HF transformers' modules)
-  // RMSNorm (LlamaRMSNorm): y = x / sqrt(mean(x^2) + eps) * (weight_offset + w), the offset 0,
-  // or 1 for Gemma's (1 + w); rstd [rows] saved for backward. y_bf16 (may be null): bf16(y) as
-  // well, the next GEMM's input copy made in the same pass (what cast_to_bf16(y) would give).
-  virtual void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps,
-                               double weight_offset, float* y, float* rstd, bf16* y_bf16) = 0;
-  // dx overwritten; dw ACCUMULATES (null: a frozen weight, no gradient). residual (may be null):
-  // added to dx in the same pass — the residual stream's gradient, which reaches the norm's input
-  // past the norm — as add(dx, dx, residual) would. dx_bf16 (may be null): bf16(dx) as well, for
-  // the projection whose backward reads dx next.
-  virtual void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd,
-                                const float* dy, int64_t rows, int64_t dim, float* dx, float* dw, const float* residual,
-                                bf16* dx_bf16) = 0;
-  // The same norm on each head of [tokens, heads, head_dim] rows (Qwen3's q_norm/k_norm, one
-  // weight w [head_dim] for every head): x with row stride ldx, y (may be x) with ldy, rstd
-  // [tokens * heads]; backward: dy with ldy, dx (overwritten) with lddx, dw ACCUMULATES (null: frozen).
-  virtual void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
-                                    int64_t head_dim, double eps, double weight_offset, float* y, int64_t ldy,
-                                    float* rstd) = 0;
-  virtual void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, double weight_offset,
-                                     const float* rstd, const float* dy, int64_t ldy, int64_t tokens, int64_t heads,
-                                     int64_t head_dim, float* dx, int64_t lddx, float* dw) = 0;
+  // RMSNorm (LlamaRMSNorm) on each vector of s (shapes.h: a block's rows, or Qwen3's q/k heads
+  // inside a fused row): y = x / sqrt(mean(x^2) + eps) * (weight_offset + w), the offset 0, or 1
+  // for Gemma's (1 + w); y may be x; rstd [rows * heads] saved for backward. y_bf16 (may be null;
+  // laid out as y): bf16(y) as well, the next GEMM's input copy made in the same pass (what
+  // cast_to_bf16(y) would give).
+  virtual void rmsnorm_forward(const RmsNormShape& s, const float* x, const float* w, float* y, float* rstd,
+                               bf16* y_bf16) = 0;
+  // dx overwritten; dw ACCUMULATES (null: a frozen weight, no gradient). residual (may be null;
+  // laid out as dx): added to dx in the same pass — the residual stream's gradient, which reaches
+  // the norm's input past the norm — as add(dx, dx, residual) would. dx_bf16 (may be null; laid
+  // out as dx): bf16(dx) as well, for the projection whose backward reads dx next.
+  virtual void rmsnorm_backward(const RmsNormShape& s, const float* x, const float* w, const float* rstd,
+                                const float* dy, float* dx, float* dw, const float* residual, bf16* dx_bf16) = 0;
   // x: [tokens, heads, head_dim] with row stride ld; rotates in place (backward: by -angle).
   virtual void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads,
                             int64_t head_dim, const RopeTable& table) = 0;

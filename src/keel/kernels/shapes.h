@@ -1,6 +1,6 @@
-// The value types every backend's operations take: the shapes of products and of attention, the
-// rotary table, AdamW's step constants. Public (model/ and train/ build them); no code runs here
-// except RopeTable::build.
+// The value types every backend's operations take: the shapes of products, of norms and of
+// attention, the rotary table, AdamW's step constants. Public (model/ and train/ build them); no
+// code runs here except RopeTable::build.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -20,6 +20,24 @@ struct GemmShape {
 // The common case of tightly packed operands.
 inline GemmShape packed_gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k) {
   return {ta, tb, m, n, k, ta == Trans::N ? k : m, tb == Trans::N ? n : k, n};
+}
+
+// ---- RMSNorm (rmsnorm.h) on `rows` rows of `heads` vectors of `dim`, each vector normalised on
+// its own with the one weight w [dim]: heads 1 for a block's norms, the attention heads for Qwen3's
+// q_norm/k_norm. Vector h of row r is at r * ld + h * dim of each buffer, ld that buffer's row
+// stride, so a norm reads and writes views of a fused row (q and k of the qkv projection).
+struct RmsNormShape {
+  int64_t rows, heads, dim;
+  int64_t ldx;           // x
+  int64_t ldy;           // y, and in the backward pass dy
+  int64_t lddx;          // dx and the residual added to it (the backward pass only)
+  double eps;            // the forward pass only
+  double weight_offset;  // 0, or 1 for Gemma's (1 + w)
+};
+
+// The common case: one vector per row of tightly packed [rows, dim] buffers.
+inline RmsNormShape packed_rmsnorm(int64_t rows, int64_t dim, double eps, double weight_offset) {
+  return {rows, 1, dim, dim, dim, dim, eps, weight_offset};
 }
 
 // ---- The MLP's gate activation (glu.h): silu (SwiGLU) or tanh-approximated GELU (GeGLU).

@@ -31,6 +31,14 @@ kernels::AttentionShape attention_shape(const ModelConfig& c, int64_t layer, int
           c.attn_logit_softcap};
 }
 
+kernels::RmsNormShape hidden_norm_shape(const ModelConfig& c, int64_t rows) {
+  return kernels::packed_rmsnorm(rows, c.hidden_size, c.rms_norm_eps, c.norm_weight_offset);
+}
+
+kernels::RmsNormShape head_norm_shape(const ModelConfig& c, int64_t tokens, int64_t heads, int64_t ldx, int64_t ldy) {
+  return {tokens, heads, c.head_dim, ldx, ldy, ldx, c.rms_norm_eps, c.norm_weight_offset};
+}
+
 // torch.tensor(hidden_size**0.5, dtype=float32): Gemma's normalizer.
 float embedding_scale(const ModelConfig& c) { return float(std::sqrt(double(c.hidden_size))); }
 
@@ -509,7 +517,7 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   const auto& p = ids_.layers[l];
   const kernels::AttentionShape as = attention_shape(c, l, mb.batch, mb.seq);
 
-  const double eps = c.rms_norm_eps, offset = c.norm_weight_offset;
+  const kernels::RmsNormShape norm = hidden_norm_shape(c, N);
   const kernels::RopeTable& rope = rope_of(l);
   // y (+)= x W^T and the adapters' part of it, x's bf16 copy widened once for all of them where
   // products widen bf16 (the input's hold is planned then).
@@ -521,7 +529,7 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   };
   // In bf16 the norms and the GLU write the next product's bf16 input themselves (a.xn1_b, ...;
   // null in fp32), and cast_to_bf16 copies only what no kernel produces (attention's output, dy).
-  backend_.rmsnorm_forward(x, P.weight(p.input_norm), N, H, eps, offset, a.xn1, a.rstd1, a.xn1_b);
+  backend_.rmsnorm_forward(norm, x, P.weight(p.input_norm), a.xn1, a.rstd1, a.xn1_b);
   project(LinearSlot::Qkv, a.xn1, a.xn1_b, W(p.qkv_weight), H, QKV, a.qkv, 0.0f);
   if (p.qkv_bias >= 0) backend_.add_bias_rows(a.qkv, P.weight(p.qkv_bias), N, QKV);
   // q and k as attention reads them (ld as.ldq): rotated in place, or first normalised head by
@@ -529,10 +537,10 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   float* qk = a.qkv;
   if (c.qk_norm) {
     qk = a.qk;
-    backend_.head_rmsnorm_forward(a.qkv, QKV, P.weight(p.q_norm), N, c.num_heads, c.head_dim, eps, offset, qk, as.ldq,
-                                  a.rstd_qk);
-    backend_.head_rmsnorm_forward(a.qkv + Q, QKV, P.weight(p.k_norm), N, c.num_kv_heads, c.head_dim, eps, offset,
-                                  qk + Q, as.ldk, a.rstd_qk + N * c.num_heads);
+    backend_.rmsnorm_forward(head_norm_shape(c, N, c.num_heads, QKV, as.ldq), a.qkv, P.weight(p.q_norm), qk,
+                             a.rstd_qk, nullptr);
+    backend_.rmsnorm_forward(head_norm_shape(c, N, c.num_kv_heads, QKV, as.ldk), a.qkv + Q, P.weight(p.k_norm), qk + Q,
+                             a.rstd_qk + N * c.num_heads, nullptr);
   }
   backend_.rope_forward(qk, as.ldq, mb.positions, N, c.num_heads, c.head_dim, rope);
   backend_.rope_forward(qk + Q, as.ldk, mb.positions, N, c.num_kv_heads, c.head_dim, rope);
@@ -541,21 +549,20 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   to_bf16(a.attn, a.attn_b, N * Q);
   if (c.sandwich_norms) {  // xmid = x + norm(o(attn)): the projection's output kept for the norm's backward
     project(LinearSlot::O, a.attn, a.attn_b, W(p.o_weight), Q, H, a.ao, 0.0f);
-    backend_.rmsnorm_forward(a.ao, P.weight(p.attn_out_norm), N, H, eps, offset, a.xmid, a.rstd_ao, nullptr);
+    backend_.rmsnorm_forward(norm, a.ao, P.weight(p.attn_out_norm), a.xmid, a.rstd_ao, nullptr);
     backend_.add(a.xmid, a.xmid, x, N * H);
   } else {  // xmid = x + o(attn)
     backend_.copy_on_device(a.xmid, x, sizeof(float) * N * H);
     project(LinearSlot::O, a.attn, a.attn_b, W(p.o_weight), Q, H, a.xmid, 1.0f);
   }
 
-  backend_.rmsnorm_forward(a.xmid, P.weight(p.post_norm), N, H, eps, offset, a.xn2, a.rstd2, a.xn2_b);
+  backend_.rmsnorm_forward(norm, a.xmid, P.weight(p.post_norm), a.xn2, a.rstd2, a.xn2_b);
   project(LinearSlot::GateUp, a.xn2, a.xn2_b, W(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
   backend_.glu_forward(c.mlp_activation, a.gate_up, N, I, a.act, a.act_b);
   if (c.sandwich_norms) {  // x_out = xmid + norm(down(act)); recomputation needs the norm's input again
     project(LinearSlot::Down, a.act, a.act_b, W(p.down_weight), I, H, a.mo, 0.0f);
     // Recomputation (x_out null) wants only rstd: the output goes to gradient scratch not yet in use.
-    backend_.rmsnorm_forward(a.mo, P.weight(p.mlp_out_norm), N, H, eps, offset, x_out ? x_out : buf_->dtmp, a.rstd_mo,
-                             nullptr);
+    backend_.rmsnorm_forward(norm, a.mo, P.weight(p.mlp_out_norm), x_out ? x_out : buf_->dtmp, a.rstd_mo, nullptr);
     if (x_out) backend_.add(x_out, x_out, a.xmid, N * H);
     return;
   }
@@ -696,8 +703,8 @@ void Decoder::forward(const MicroBatch& mb) {
     forward_block(mb, l, b.x[l], b.forward[l], b.x[l + 1]);
   }
   enter_position(t.head());
-  backend_.rmsnorm_forward(b.x[L], P.weight(ids_.final_norm), N, H, c.rms_norm_eps, c.norm_weight_offset, b.xn_final,
-                           b.rstd_final, b.xn_final_b);
+  backend_.rmsnorm_forward(hidden_norm_shape(c, N), b.x[L], P.weight(ids_.final_norm), b.xn_final, b.rstd_final,
+                           b.xn_final_b);
 }
 
 int64_t Decoder::lm_head_chunk() const {
@@ -760,7 +767,7 @@ void Decoder::backward(const MicroBatch& mb) {
   Linear lin{backend_, bf, N, b.four_bit_tile, b.four_bit_tile_b, b.four_bit_tile_elements};
   auto W = [&](int id) { return Weight{P.weight(id), P.weight_bf16(id), P.four_bit(id)}; };
   bf16* dyb = bf ? b.dy_b : nullptr;
-  const double offset = c.norm_weight_offset;
+  const kernels::RmsNormShape hidden = hidden_norm_shape(c, N);
   // In bf16 the gradient a branch's projection (down, o) reads is written in bf16 (dyb) by the
   // norm backward that produces it: with sandwich norms the branch's own output norm
   // (through_output_norm), without them the norm below, which also adds the residual stream's
@@ -780,13 +787,12 @@ void Decoder::backward(const MicroBatch& mb) {
   // it, into b.dtmp, the norm's weight gradient then final; without them, dy itself.
   auto through_output_norm = [&](const float* dy, const float* branch_out, const float* rstd, int norm) {
     if (!c.sandwich_norms) return dy;
-    backend_.rmsnorm_backward(branch_out, P.weight(norm), offset, rstd, dy, N, H, b.dtmp, fresh_grad(norm), nullptr,
-                              dyb);
+    backend_.rmsnorm_backward(hidden, branch_out, P.weight(norm), rstd, dy, b.dtmp, fresh_grad(norm), nullptr, dyb);
     base_grad_ready(norm);
     return static_cast<const float*>(b.dtmp);
   };
 
-  backend_.rmsnorm_backward(b.x[L], P.weight(ids_.final_norm), offset, b.rstd_final, b.dnorm, N, H, b.dx,
+  backend_.rmsnorm_backward(hidden, b.x[L], P.weight(ids_.final_norm), b.rstd_final, b.dnorm, b.dx,
                             fresh_grad(ids_.final_norm), nullptr, residual_dy_b);
   base_grad_ready(ids_.final_norm);
   const StepTimeline t{int32_t(L)};
@@ -819,8 +825,8 @@ void Decoder::backward(const MicroBatch& mb) {
     backend_.glu_backward(c.mlp_activation, a.gate_up, b.d_act, N, I, b.d_gate_up, dyb);
     project_backward(LinearSlot::GateUp, b.d_gate_up, p.gate_up_weight, H, 2 * I, a.xn2, a.xn2_b, b.dnorm);
     // dh = dx (past the block's MLP, the residual) + the norm's input gradient, in one pass.
-    backend_.rmsnorm_backward(a.xmid, P.weight(p.post_norm), offset, a.rstd2, b.dnorm, N, H, b.dh,
-                              fresh_grad(p.post_norm), b.dx, residual_dy_b);
+    backend_.rmsnorm_backward(hidden, a.xmid, P.weight(p.post_norm), a.rstd2, b.dnorm, b.dh, fresh_grad(p.post_norm),
+                              b.dx, residual_dy_b);
     for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) base_grad_ready(id);
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x))))), the branch normalised with sandwich norms
@@ -835,18 +841,19 @@ void Decoder::backward(const MicroBatch& mb) {
     backend_.rope_backward(dqk, as.ldq, mb.positions, N, c.num_heads, c.head_dim, rope);
     backend_.rope_backward(dqk + Q, as.ldk, mb.positions, N, c.num_kv_heads, c.head_dim, rope);
     if (c.qk_norm) {
-      backend_.head_rmsnorm_backward(a.qkv, QKV, P.weight(p.q_norm), offset, a.rstd_qk, dqk, as.ldq, N, c.num_heads,
-                                     c.head_dim, b.d_qkv, QKV, fresh_grad(p.q_norm));
-      backend_.head_rmsnorm_backward(a.qkv + Q, QKV, P.weight(p.k_norm), offset, a.rstd_qk + N * c.num_heads, dqk + Q,
-                                     as.ldk, N, c.num_kv_heads, c.head_dim, b.d_qkv + Q, QKV, fresh_grad(p.k_norm));
+      backend_.rmsnorm_backward(head_norm_shape(c, N, c.num_heads, QKV, as.ldq), a.qkv, P.weight(p.q_norm), a.rstd_qk,
+                                dqk, b.d_qkv, fresh_grad(p.q_norm), nullptr, nullptr);
+      backend_.rmsnorm_backward(head_norm_shape(c, N, c.num_kv_heads, QKV, as.ldk), a.qkv + Q, P.weight(p.k_norm),
+                                a.rstd_qk + N * c.num_heads, dqk + Q, b.d_qkv + Q, fresh_grad(p.k_norm), nullptr,
+                                nullptr);
     }
     if (p.qkv_bias >= 0 && !frozen) backend_.accumulate_bias_grad(b.d_qkv, N, QKV, fresh_grad(p.qkv_bias));
     to_bf16(b.d_qkv, dyb, N * QKV);
     const bool input_grad = l > 0 || embedding_grad;
     project_backward(LinearSlot::Qkv, b.d_qkv, p.qkv_weight, H, QKV, a.xn1, a.xn1_b, input_grad ? b.dnorm : nullptr);
     if (input_grad)
-      backend_.rmsnorm_backward(x, P.weight(p.input_norm), offset, a.rstd1, b.dnorm, N, H, b.dx,
-                                fresh_grad(p.input_norm), b.dh, l > 0 ? residual_dy_b : nullptr);
+      backend_.rmsnorm_backward(hidden, x, P.weight(p.input_norm), a.rstd1, b.dnorm, b.dx, fresh_grad(p.input_norm),
+                                b.dh, l > 0 ? residual_dy_b : nullptr);
     for (int id : {p.o_weight, p.k_norm, p.q_norm, p.qkv_bias, p.qkv_weight, p.input_norm}) base_grad_ready(id);
   }
   if (c.scale_embeddings && embedding_grad) backend_.scale_in_place(b.dx, N * H, embedding_scale(c));

@@ -236,6 +236,12 @@ DecoderOptions resolve_checkpointing_layers(const ModelConfig& config, Precision
 // scores' scale, its sliding window and soft cap; q/k/v row strides of the fused projection (q and
 // k from their own [tokens, q | k] buffer with q/k norms).
 kernels::AttentionShape attention_shape(const ModelConfig& config, int64_t layer, int64_t batch, int64_t seq);
+// The model's RMSNorm (its eps, Gemma's weight offset) on `rows` rows of the hidden state.
+kernels::RmsNormShape hidden_norm_shape(const ModelConfig& config, int64_t rows);
+// Its q_norm or k_norm (Qwen3, Gemma 3) on `heads` heads of each of `tokens` rows: x read with row
+// stride ldx (the fused projection's output, where dx is written too), y and dy with ldy.
+kernels::RmsNormShape head_norm_shape(const ModelConfig& config, int64_t tokens, int64_t heads, int64_t ldx,
+                                      int64_t ldy);
 // Gemma: the factor the embedding's output is multiplied by, sqrt(hidden_size) rounded to float.
 float embedding_scale(const ModelConfig& config);
 

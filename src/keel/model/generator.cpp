@@ -71,7 +71,9 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
   const auto& I = decoder_.ids();
   const int64_t H = c_.hidden_size, Q = c_.q_size(), KV = c_.kv_size(), QKV = Q + 2 * KV, D = c_.head_dim;
   const int64_t inter = c_.intermediate_size;
-  const double eps = c_.rms_norm_eps, offset = c_.norm_weight_offset;
+  const kernels::RmsNormShape hidden = hidden_norm_shape(c_, n);
+  const kernels::RmsNormShape q_norm = head_norm_shape(c_, n, c_.num_heads, QKV, QKV),
+                              k_norm = head_norm_shape(c_, n, c_.num_kv_heads, QKV, QKV);
   for (int64_t i = 0; i < n; ++i)
     require(ids[i] >= 0 && ids[i] < c_.vocab_size, "generation: token id {} is outside the vocabulary", ids[i]);
   x_.resize(n * H), xn_.resize(n * H), qkv_.resize(n * QKV), attn_.resize(n * Q), h_.resize(n * H);
@@ -83,8 +85,8 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
   backend_.embedding_forward(ids, n, P.weight(I.embed), H, x_.data());
   if (c_.scale_embeddings) backend_.scale_in_place(x_.data(), n * H, embedding_scale(c_));
   // Sandwich norms: residual += norm(branch), the branch normalised in place.
-  auto add_normed_branch = [&](float* residual, float* branch, int norm) {
-    backend_.rmsnorm_forward(branch, P.weight(norm), n, H, eps, offset, branch, rstd.data(), nullptr);
+  auto add_normed_branch = [&](float* residual, float* branch, int norm_id) {
+    backend_.rmsnorm_forward(hidden, branch, P.weight(norm_id), branch, rstd.data(), nullptr);
     backend_.add(residual, residual, branch, n * H);
   };
   for (int64_t l = 0; l < c_.num_layers; ++l) {
@@ -92,15 +94,14 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
     const kernels::RopeTable& rope = c_.rope_local_theta > 0 && c_.window_of(l) > 0 ? rope_local_ : rope_;
     kernels::AttentionShape as = attention_shape(c_, l, 1, n);
     as.ldq = as.ldk = as.ldv = QKV;  // q, k and v stay in the projection's output here
-    backend_.rmsnorm_forward(x_.data(), P.weight(p.input_norm), n, H, eps, offset, xn_.data(), rstd.data(), nullptr);
+    backend_.rmsnorm_forward(hidden, x_.data(), P.weight(p.input_norm), xn_.data(), rstd.data(), nullptr);
     linear(xn_.data(), p.qkv_weight, n, H, QKV, qkv_.data(), 0.0f);
     if (p.qkv_bias >= 0) backend_.add_bias_rows(qkv_.data(), P.weight(p.qkv_bias), n, QKV);
     if (c_.qk_norm) {  // Qwen3, Gemma 3: each query and key head normalised before RoPE, in place
       qk_rstd_.resize(size_t(n * (c_.num_heads + c_.num_kv_heads)));
-      backend_.head_rmsnorm_forward(qkv_.data(), QKV, P.weight(p.q_norm), n, c_.num_heads, D, eps, offset,
-                                    qkv_.data(), QKV, qk_rstd_.data());
-      backend_.head_rmsnorm_forward(qkv_.data() + Q, QKV, P.weight(p.k_norm), n, c_.num_kv_heads, D, eps, offset,
-                                    qkv_.data() + Q, QKV, qk_rstd_.data() + n * c_.num_heads);
+      backend_.rmsnorm_forward(q_norm, qkv_.data(), P.weight(p.q_norm), qkv_.data(), qk_rstd_.data(), nullptr);
+      backend_.rmsnorm_forward(k_norm, qkv_.data() + Q, P.weight(p.k_norm), qkv_.data() + Q,
+                               qk_rstd_.data() + n * c_.num_heads, nullptr);
     }
     backend_.rope_forward(qkv_.data(), QKV, positions.data(), n, c_.num_heads, D, rope);
     backend_.rope_forward(qkv_.data() + Q, QKV, positions.data(), n, c_.num_kv_heads, D, rope);
@@ -118,7 +119,7 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
     } else {
       linear(attn_.data(), p.o_weight, n, Q, H, h_.data(), 1.0f);
     }
-    backend_.rmsnorm_forward(h_.data(), P.weight(p.post_norm), n, H, eps, offset, xn_.data(), rstd.data(), nullptr);
+    backend_.rmsnorm_forward(hidden, h_.data(), P.weight(p.post_norm), xn_.data(), rstd.data(), nullptr);
     linear(xn_.data(), p.gate_up_weight, n, H, 2 * inter, gate_up_.data(), 0.0f);
     backend_.glu_forward(c_.mlp_activation, gate_up_.data(), n, inter, act_.data(), nullptr);
     std::memcpy(x_.data(), h_.data(), sizeof(float) * n * H);
@@ -131,7 +132,7 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
   }
   // Only the last position's logits are needed to continue.
   const float* last = x_.data() + (n - 1) * H;
-  backend_.rmsnorm_forward(last, P.weight(I.final_norm), 1, H, eps, offset, xn_.data(), rstd.data(), nullptr);
+  backend_.rmsnorm_forward(hidden_norm_shape(c_, 1), last, P.weight(I.final_norm), xn_.data(), rstd.data(), nullptr);
   logits_.resize(c_.vocab_size);
   linear(xn_.data(), I.lm_head, 1, H, c_.vocab_size, logits_.data(), 0.0f);
   if (c_.final_logit_softcap > 0) backend_.soft_cap(logits_.data(), c_.vocab_size, c_.final_logit_softcap);

@@ -120,24 +120,13 @@ class CpuBackend final : public HostMemoryBackend, public Bf16Widening {
     });
   }
 
-  void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, double weight_offset,
-                       float* y, float* rstd, bf16* y_bf16) override {
-    kernels::rmsnorm_forward(x, w, rows, dim, eps, y, rstd, weight_offset, y_bf16);
+  void rmsnorm_forward(const RmsNormShape& s, const float* x, const float* w, float* y, float* rstd,
+                       bf16* y_bf16) override {
+    kernels::rmsnorm_forward(s, x, w, y, rstd, y_bf16);
   }
-  void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd, const float* dy,
-                        int64_t rows, int64_t dim, float* dx, float* dw, const float* residual,
-                        bf16* dx_bf16) override {
-    kernels::rmsnorm_backward(x, w, rstd, dy, rows, dim, dx, dw, weight_offset, residual, dx_bf16);
-  }
-  void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
-                            int64_t head_dim, double eps, double weight_offset, float* y, int64_t ldy,
-                            float* rstd) override {
-    kernels::head_rmsnorm_forward(x, ldx, w, tokens, heads, head_dim, eps, y, ldy, rstd, weight_offset);
-  }
-  void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, double weight_offset, const float* rstd,
-                             const float* dy, int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float* dx,
-                             int64_t lddx, float* dw) override {
-    kernels::head_rmsnorm_backward(x, ldx, w, rstd, dy, ldy, tokens, heads, head_dim, dx, lddx, dw, weight_offset);
+  void rmsnorm_backward(const RmsNormShape& s, const float* x, const float* w, const float* rstd, const float* dy,
+                        float* dx, float* dw, const float* residual, bf16* dx_bf16) override {
+    kernels::rmsnorm_backward(s, x, w, rstd, dy, dx, dw, residual, dx_bf16);
   }
   void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                     const RopeTable& table) override {

@@ -46,55 +46,49 @@ void rmsnorm_row_backward(const T* x, const T* w, T offset, T rstd, const T* dy,
   }
 }
 
-// Row r of `heads` vectors per token: token r / heads, head r % heads.
-struct HeadRows {
-  int64_t heads, dim;
-  int64_t at(int64_t r, int64_t ld) const { return r / heads * ld + r % heads * dim; }
-};
+// Vector i of s's rows * heads: row i / heads, head i % heads, in a buffer of row stride ld.
+int64_t vector_at(const RmsNormShape& s, int64_t i, int64_t ld) { return i / s.heads * ld + i % s.heads * s.dim; }
 
 }  // namespace
 
 template <typename T>
-void head_rmsnorm_forward(const T* x, int64_t ldx, const T* w, int64_t tokens, int64_t heads, int64_t dim, double eps,
-                          T* y, int64_t ldy, T* rstd, double weight_offset, bf16* y_bf16) {
-  const HeadRows hr{heads, dim};
-  const T offset = T(weight_offset);
-  const int64_t rows = tokens * heads;
+void rmsnorm_forward(const RmsNormShape& s, const T* x, const T* w, T* y, T* rstd, bf16* y_bf16) {
+  const T offset = T(s.weight_offset);
+  const int64_t vectors = s.rows * s.heads, dim = s.dim;
   if constexpr (!std::is_same_v<T, float>) require(y_bf16 == nullptr, "rmsnorm: a bf16 output needs float rows");
-  parallel_for(rows, rows * dim >= kParallelMinElements, [&](int64_t begin, int64_t end) {
+  parallel_for(vectors, vectors * dim >= kParallelMinElements, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + hr.at(r, ldx);
-      T* yr = y + hr.at(r, ldy);
+      const T* xr = x + vector_at(s, r, s.ldx);
+      T* yr = y + vector_at(s, r, s.ldy);
       // torch: rsqrt(variance + eps) in the tensor's dtype, i.e. 1/sqrt correctly rounded.
-      const T rs = T(1) / std::sqrt(mean_of_squares(xr, dim) + T(eps));
+      const T rs = T(1) / std::sqrt(mean_of_squares(xr, dim) + T(s.eps));
       rstd[r] = rs;
       for (int64_t c = 0; c < dim; ++c) yr[c] = (w[c] + offset) * (xr[c] * rs);  // y may be x: each read first
       if constexpr (std::is_same_v<T, float>)
-        if (y_bf16) vector_ops().scale_to_bf16(yr, 1.0f, y_bf16 + hr.at(r, ldy), dim);
+        if (y_bf16) vector_ops().scale_to_bf16(yr, 1.0f, y_bf16 + vector_at(s, r, s.ldy), dim);
     }
   });
 }
 
 template <typename T>
-void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, const T* dy, int64_t ldy, int64_t tokens,
-                           int64_t heads, int64_t dim, T* dx, int64_t lddx, T* dw, double weight_offset,
-                           const T* residual, bf16* dx_bf16) {
-  const HeadRows hr{heads, dim};
-  const T offset = T(weight_offset);
-  const int64_t rows = tokens * heads;
+void rmsnorm_backward(const RmsNormShape& s, const T* x, const T* w, const T* rstd, const T* dy, T* dx, T* dw,
+                      const T* residual, bf16* dx_bf16) {
+  const T offset = T(s.weight_offset);
+  const int64_t vectors = s.rows * s.heads, dim = s.dim;
   const int64_t column_blocks = (dim + kDwColumnBlock - 1) / kDwColumnBlock;
-  const bool parallel = rows * dim >= kParallelMinElements;
+  const bool parallel = vectors * dim >= kParallelMinElements;
   if constexpr (!std::is_same_v<T, float>) require(dx_bf16 == nullptr, "rmsnorm: a bf16 output needs float rows");
   const VectorOps& ops = vector_ops();  // float rows: this CPU's vector level
-  parallel_for(rows, parallel, [&](int64_t begin, int64_t end) {
+  parallel_for(vectors, parallel, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const T* res = residual ? residual + hr.at(r, lddx) : nullptr;
-      T* dxr = dx + hr.at(r, lddx);
+      const T* res = residual ? residual + vector_at(s, r, s.lddx) : nullptr;
+      const T *xr = x + vector_at(s, r, s.ldx), *dyr = dy + vector_at(s, r, s.ldy);
+      T* dxr = dx + vector_at(s, r, s.lddx);
       if constexpr (std::is_same_v<T, float>) {
-        ops.rmsnorm_row_backward(x + hr.at(r, ldx), w, offset, rstd[r], dy + hr.at(r, ldy), dim, dxr, res);
-        if (dx_bf16) ops.scale_to_bf16(dxr, 1.0f, dx_bf16 + hr.at(r, lddx), dim);
+        ops.rmsnorm_row_backward(xr, w, offset, rstd[r], dyr, dim, dxr, res);
+        if (dx_bf16) ops.scale_to_bf16(dxr, 1.0f, dx_bf16 + vector_at(s, r, s.lddx), dim);
       } else {
-        rmsnorm_row_backward(x + hr.at(r, ldx), w, offset, rstd[r], dy + hr.at(r, ldy), dim, dxr);
+        rmsnorm_row_backward(xr, w, offset, rstd[r], dyr, dim, dxr);
         if (res)
           for (int64_t c = 0; c < dim; ++c) dxr[c] += res[c];
       }
@@ -106,9 +100,9 @@ void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, c
       const int64_t c0 = blk * kDwColumnBlock;
       const int64_t nc = std::min(kDwColumnBlock, dim - c0);
       double acc[kDwColumnBlock] = {};
-      for (int64_t r = 0; r < rows; ++r) {
-        const T* xr = x + hr.at(r, ldx) + c0;
-        const T* dyr = dy + hr.at(r, ldy) + c0;
+      for (int64_t r = 0; r < vectors; ++r) {
+        const T* xr = x + vector_at(s, r, s.ldx) + c0;
+        const T* dyr = dy + vector_at(s, r, s.ldy) + c0;
         const double rs = rstd[r];
         if constexpr (std::is_same_v<T, float>)
           ops.accumulate_scaled_products_f64(acc, dyr, xr, rs, nc);
@@ -120,35 +114,11 @@ void head_rmsnorm_backward(const T* x, int64_t ldx, const T* w, const T* rstd, c
   });
 }
 
-template <typename T>
-void rmsnorm_forward(const T* x, const T* w, int64_t rows, int64_t dim, double eps, T* y, T* rstd, double weight_offset,
-                     bf16* y_bf16) {
-  head_rmsnorm_forward(x, dim, w, rows, 1, dim, eps, y, dim, rstd, weight_offset, y_bf16);
-}
-
-template <typename T>
-void rmsnorm_backward(const T* x, const T* w, const T* rstd, const T* dy, int64_t rows, int64_t dim, T* dx, T* dw,
-                      double weight_offset, const T* residual, bf16* dx_bf16) {
-  head_rmsnorm_backward(x, dim, w, rstd, dy, dim, rows, 1, dim, dx, dim, dw, weight_offset, residual, dx_bf16);
-}
-
-template void head_rmsnorm_forward<float>(const float*, int64_t, const float*, int64_t, int64_t, int64_t, double,
-                                          float*, int64_t, float*, double, bf16*);
-template void head_rmsnorm_forward<double>(const double*, int64_t, const double*, int64_t, int64_t, int64_t, double,
-                                           double*, int64_t, double*, double, bf16*);
-template void head_rmsnorm_backward<float>(const float*, int64_t, const float*, const float*, const float*, int64_t,
-                                           int64_t, int64_t, int64_t, float*, int64_t, float*, double, const float*,
-                                           bf16*);
-template void head_rmsnorm_backward<double>(const double*, int64_t, const double*, const double*, const double*,
-                                            int64_t, int64_t, int64_t, int64_t, double*, int64_t, double*, double,
-                                            const double*, bf16*);
-template void rmsnorm_forward<float>(const float*, const float*, int64_t, int64_t, double, float*, float*, double,
-                                     bf16*);
-template void rmsnorm_forward<double>(const double*, const double*, int64_t, int64_t, double, double*, double*, double,
-                                      bf16*);
-template void rmsnorm_backward<float>(const float*, const float*, const float*, const float*, int64_t, int64_t, float*,
-                                      float*, double, const float*, bf16*);
-template void rmsnorm_backward<double>(const double*, const double*, const double*, const double*, int64_t, int64_t,
-                                       double*, double*, double, const double*, bf16*);
+template void rmsnorm_forward<float>(const RmsNormShape&, const float*, const float*, float*, float*, bf16*);
+template void rmsnorm_forward<double>(const RmsNormShape&, const double*, const double*, double*, double*, bf16*);
+template void rmsnorm_backward<float>(const RmsNormShape&, const float*, const float*, const float*, const float*,
+                                      float*, float*, const float*, bf16*);
+template void rmsnorm_backward<double>(const RmsNormShape&, const double*, const double*, const double*,
+                                       const double*, double*, double*, const double*, bf16*);
 
 }  // namespace keel::kernels

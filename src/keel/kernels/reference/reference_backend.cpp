@@ -148,40 +148,30 @@ class ReferenceBackend final : public HostMemoryBackend {
     }
   }
 
-  // A plain norm is the one-head case of the per-head norm.
-  void rmsnorm_forward(const float* x, const float* w, int64_t rows, int64_t dim, double eps, double weight_offset,
-                       float* y, float* rstd, bf16* y_bf16) override {
-    head_rmsnorm_forward(x, dim, w, rows, 1, dim, eps, weight_offset, y, dim, rstd);
-    if (y_bf16) cast_to_bf16(y, y_bf16, rows * dim);
-  }
-  void rmsnorm_backward(const float* x, const float* w, double weight_offset, const float* rstd, const float* dy,
-                        int64_t rows, int64_t dim, float* dx, float* dw, const float* residual,
-                        bf16* dx_bf16) override {
-    head_rmsnorm_backward(x, dim, w, weight_offset, rstd, dy, dim, rows, 1, dim, dx, dim, dw);
-    if (residual) add(dx, dx, residual, rows * dim);
-    if (dx_bf16) cast_to_bf16(dx, dx_bf16, rows * dim);
-  }
-  void head_rmsnorm_forward(const float* x, int64_t ldx, const float* w, int64_t tokens, int64_t heads,
-                            int64_t head_dim, double eps, double weight_offset, float* y, int64_t ldy,
-                            float* rstd) override {
-    const int64_t cols = heads * head_dim;
-    Doubles yd(size_t(span(tokens, cols, ldy))), rd(size_t(tokens * heads));
-    kernels::head_rmsnorm_forward(widen(x, span(tokens, cols, ldx)).data(), ldx, widen(w, head_dim).data(), tokens,
-                                  heads, head_dim, eps, yd.data(), ldy, rd.data(), weight_offset);
-    narrow_view(yd, tokens, cols, ldy, y);
+  void rmsnorm_forward(const RmsNormShape& s, const float* x, const float* w, float* y, float* rstd,
+                       bf16* y_bf16) override {
+    const int64_t cols = s.heads * s.dim;
+    Doubles yd(size_t(span(s.rows, cols, s.ldy))), rd(size_t(s.rows * s.heads));
+    kernels::rmsnorm_forward(s, widen(x, span(s.rows, cols, s.ldx)).data(), widen(w, s.dim).data(), yd.data(),
+                             rd.data());
+    narrow_view(yd, s.rows, cols, s.ldy, y);
     narrow(rd, rstd);
+    if (y_bf16)
+      for (int64_t r = 0; r < s.rows; ++r) cast_to_bf16(y + r * s.ldy, y_bf16 + r * s.ldy, cols);
   }
-  void head_rmsnorm_backward(const float* x, int64_t ldx, const float* w, double weight_offset, const float* rstd,
-                             const float* dy, int64_t ldy, int64_t tokens, int64_t heads, int64_t head_dim, float* dx,
-                             int64_t lddx, float* dw) override {
-    const int64_t cols = heads * head_dim;
-    Doubles dxd(size_t(span(tokens, cols, lddx))), dwd = dw ? widen(dw, head_dim) : Doubles();
-    kernels::head_rmsnorm_backward(widen(x, span(tokens, cols, ldx)).data(), ldx, widen(w, head_dim).data(),
-                                   widen(rstd, tokens * heads).data(), widen(dy, span(tokens, cols, ldy)).data(), ldy,
-                                   tokens, heads, head_dim, dxd.data(), lddx, dw ? dwd.data() : nullptr,
-                                   weight_offset);
-    narrow_view(dxd, tokens, cols, lddx, dx);
+  void rmsnorm_backward(const RmsNormShape& s, const float* x, const float* w, const float* rstd, const float* dy,
+                        float* dx, float* dw, const float* residual, bf16* dx_bf16) override {
+    const int64_t cols = s.heads * s.dim;
+    Doubles dxd(size_t(span(s.rows, cols, s.lddx))), dwd = dw ? widen(dw, s.dim) : Doubles();
+    kernels::rmsnorm_backward(s, widen(x, span(s.rows, cols, s.ldx)).data(), widen(w, s.dim).data(),
+                              widen(rstd, s.rows * s.heads).data(), widen(dy, span(s.rows, cols, s.ldy)).data(),
+                              dxd.data(), dw ? dwd.data() : nullptr);
+    narrow_view(dxd, s.rows, cols, s.lddx, dx);
     if (dw) narrow(dwd, dw);
+    for (int64_t r = 0; r < s.rows; ++r) {
+      if (residual) add(dx + r * s.lddx, dx + r * s.lddx, residual + r * s.lddx, cols);
+      if (dx_bf16) cast_to_bf16(dx + r * s.lddx, dx_bf16 + r * s.lddx, cols);
+    }
   }
   void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                     const RopeTable& table) override {
