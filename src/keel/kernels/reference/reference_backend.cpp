@@ -6,14 +6,14 @@
 #include <cstring>
 #include <vector>
 
-#include "keel/kernels/cached_attention.h"
 #include "keel/core/dropout_mask.h"
 #include "keel/core/error.h"
 #include "keel/core/four_bit.h"
 #include "keel/kernels/host_memory.h"
 #include "keel/kernels/reference/attention.h"
+#include "keel/kernels/reference/cached_attention.h"
 #include "keel/kernels/reference/gemm.h"
-#include "keel/kernels/rmsnorm.h"
+#include "keel/kernels/reference/rmsnorm.h"
 
 namespace keel::kernels {
 namespace {
@@ -150,28 +150,15 @@ class ReferenceBackend final : public HostMemoryBackend {
 
   void rmsnorm_forward(const RmsNormShape& s, const float* x, const float* w, float* y, float* rstd,
                        bf16* y_bf16) override {
-    const int64_t cols = s.heads * s.dim;
-    Doubles yd(size_t(span(s.rows, cols, s.ldy))), rd(size_t(s.rows * s.heads));
-    kernels::rmsnorm_forward(s, widen(x, span(s.rows, cols, s.ldx)).data(), widen(w, s.dim).data(), yd.data(),
-                             rd.data());
-    narrow_view(yd, s.rows, cols, s.ldy, y);
-    narrow(rd, rstd);
+    reference::rmsnorm_forward(s, x, w, y, rstd);
     if (y_bf16)
-      for (int64_t r = 0; r < s.rows; ++r) cast_to_bf16(y + r * s.ldy, y_bf16 + r * s.ldy, cols);
+      for (int64_t r = 0; r < s.rows; ++r) cast_to_bf16(y + r * s.ldy, y_bf16 + r * s.ldy, s.heads * s.dim);
   }
   void rmsnorm_backward(const RmsNormShape& s, const float* x, const float* w, const float* rstd, const float* dy,
                         float* dx, float* dw, const float* residual, bf16* dx_bf16) override {
-    const int64_t cols = s.heads * s.dim;
-    Doubles dxd(size_t(span(s.rows, cols, s.lddx))), dwd = dw ? widen(dw, s.dim) : Doubles();
-    kernels::rmsnorm_backward(s, widen(x, span(s.rows, cols, s.ldx)).data(), widen(w, s.dim).data(),
-                              widen(rstd, s.rows * s.heads).data(), widen(dy, span(s.rows, cols, s.ldy)).data(),
-                              dxd.data(), dw ? dwd.data() : nullptr);
-    narrow_view(dxd, s.rows, cols, s.lddx, dx);
-    if (dw) narrow(dwd, dw);
-    for (int64_t r = 0; r < s.rows; ++r) {
-      if (residual) add(dx + r * s.lddx, dx + r * s.lddx, residual + r * s.lddx, cols);
-      if (dx_bf16) cast_to_bf16(dx + r * s.lddx, dx_bf16 + r * s.lddx, cols);
-    }
+    reference::rmsnorm_backward(s, x, w, rstd, dy, dx, dw, residual);
+    if (dx_bf16)
+      for (int64_t r = 0; r < s.rows; ++r) cast_to_bf16(dx + r * s.lddx, dx_bf16 + r * s.lddx, s.heads * s.dim);
   }
   void rope_forward(float* x, int64_t ld, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
                     const RopeTable& table) override {
@@ -328,11 +315,7 @@ class ReferenceBackend final : public HostMemoryBackend {
   }
   void cached_attention(const AttentionShape& s, const float* q, int64_t tokens, int64_t first_position,
                         const float* k_cache, const float* v_cache, float* out) override {
-    const int64_t Q = s.q_heads * s.head_dim, cached = (first_position + tokens) * s.kv_heads * s.head_dim;
-    Doubles od(size_t(tokens * Q));
-    kernels::cached_attention(s, widen(q, span(tokens, Q, s.ldq)).data(), tokens, first_position,
-                              widen(k_cache, cached).data(), widen(v_cache, cached).data(), od.data());
-    narrow(od, out);
+    reference::cached_attention(s, q, tokens, first_position, k_cache, v_cache, out);
   }
 
   // torch.optim.AdamW's update formed in double from the fp32 state, each result rounded once.
