@@ -8,6 +8,12 @@
 
 set(KEEL_SOURCE_ROOT ${CMAKE_SOURCE_DIR}/src/keel)
 set(KEEL_KERNELS_PUBLIC_HEADERS backend.h bf16_widening.h shapes.h)
+# The reference backend is built apart from the rest of kernels/, in a view without the CPU
+# backend's kernels (cpu/ and their headers), so that a change to a CPU kernel cannot change the
+# yardstick it is measured against: it sees the public seam, the host-memory base both backends
+# share, its own folder and core.
+set(KEEL_KERNELS_SEPARATE_BACKENDS reference)
+set(KEEL_KERNELS_BACKEND_SHARED_HEADERS host_memory.h)
 
 # Makes `view`/<room> show what layers above may include of `room`.
 function(keel_view_room view room)
@@ -19,6 +25,24 @@ function(keel_view_room view room)
   else()
     file(CREATE_LINK ${KEEL_SOURCE_ROOT}/${room} ${view}/${room} SYMBOLIC)
   endif()
+endfunction()
+
+# keel_kernels_backend(NAME): keel_kernels_NAME from src/keel/kernels/NAME/**.cpp, compiled in the
+# view build/layers/kernels_NAME/ described at KEEL_KERNELS_SEPARATE_BACKENDS.
+function(keel_kernels_backend name)
+  set(root ${CMAKE_BINARY_DIR}/layers/kernels_${name})
+  file(REMOVE_RECURSE ${root})
+  file(MAKE_DIRECTORY ${root}/keel)
+  keel_view_room(${root}/keel kernels)
+  foreach(header ${KEEL_KERNELS_BACKEND_SHARED_HEADERS})
+    file(CREATE_LINK ${KEEL_SOURCE_ROOT}/kernels/${header} ${root}/keel/kernels/${header} SYMBOLIC)
+  endforeach()
+  file(CREATE_LINK ${KEEL_SOURCE_ROOT}/kernels/${name} ${root}/keel/kernels/${name} SYMBOLIC)
+  keel_view_room(${root}/keel core)
+  file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${KEEL_SOURCE_ROOT}/kernels/${name}/*.cpp)
+  add_library(keel_kernels_${name} STATIC ${sources})
+  target_include_directories(keel_kernels_${name} PRIVATE ${root})
+  target_link_libraries(keel_kernels_${name} PUBLIC keel_core)
 endfunction()
 
 # keel_layer(ROOM [BELOW room...] [PUBLIC_LINK target...] [PRIVATE_LINK target...])
@@ -35,6 +59,13 @@ function(keel_layer room)
     list(APPEND below_targets keel_${below})
   endforeach()
   file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${KEEL_SOURCE_ROOT}/${room}/*.cpp)
+  if(room STREQUAL "kernels")  # the backends built apart, each its own library that kernels links
+    foreach(backend ${KEEL_KERNELS_SEPARATE_BACKENDS})
+      list(FILTER sources EXCLUDE REGEX "/kernels/${backend}/")
+      keel_kernels_backend(${backend})
+      list(APPEND below_targets keel_kernels_${backend})
+    endforeach()
+  endif()
   add_library(keel_${room} STATIC ${sources})
   target_include_directories(keel_${room} PRIVATE ${root})
   target_link_libraries(keel_${room} PUBLIC ${below_targets} ${L_PUBLIC_LINK} PRIVATE ${L_PRIVATE_LINK})

@@ -1,7 +1,8 @@
 # The layers are enforced by the build (cmake/layers.cmake): compiled in the model layer's view of
 # the source tree, a file may include the model's own headers and the public ones below it
 # (kernels' seam, core), and an include of a layer above (train/) or of a backend's private header
-# (kernels/gemm.h, kernels/cpu/...) fails to compile. Run as
+# (kernels/gemm.h, kernels/cpu/...) fails to compile; so does the reference backend's include of
+# the CPU backend's. Run as
 #   cmake -DCXX=... -DLAYERS=build/layers -DWORK=dir -P layer_include_test.cmake
 foreach(var CXX LAYERS WORK)
   if(NOT DEFINED ${var})
@@ -26,11 +27,18 @@ endfunction()
 
 set(failures 0)
 # Allowed: the layer's own room and the public headers below it. (Controls: without them a
-# broken view would make every refusal below pass.)
-foreach(allowed "keel/model/decoder.h" "keel/kernels/backend.h" "keel/core/memory_plan.h" "keel/formats/safetensors.h")
-  probe(model ${allowed})
+# broken view would make every refusal below pass.) kernels_reference is the reference backend's
+# own view inside kernels/ (cmake/layers.cmake): the seam, the host-memory base, its folder, core.
+foreach(case "model|keel/model/decoder.h" "model|keel/kernels/backend.h" "model|keel/core/memory_plan.h"
+             "model|keel/formats/safetensors.h" "kernels_reference|keel/kernels/reference/attention.h"
+             "kernels_reference|keel/kernels/host_memory.h" "kernels_reference|keel/kernels/shapes.h"
+             "kernels_reference|keel/core/dtype.h")
+  string(REPLACE "|" ";" parts "${case}")
+  list(GET parts 0 layer)
+  list(GET parts 1 allowed)
+  probe(${layer} ${allowed})
   if(NOT ok)
-    message(SEND_ERROR "model layer: #include \"${allowed}\" should compile:\n${output}")
+    message(SEND_ERROR "${layer} layer: #include \"${allowed}\" should compile:\n${output}")
     math(EXPR failures "${failures} + 1")
   endif()
 endforeach()
@@ -38,7 +46,11 @@ endforeach()
 foreach(case "model|keel/train/trainer.h" "model|keel/run/recipe.h" "model|keel/kernels/gemm.h"
              "model|keel/kernels/cpu/vector_ops.h" "kernels|keel/model/decoder.h"
              "distributed|keel/model/params.h" "train|keel/cluster/topology.h" "train|keel/kernels/attention.h"
-             "formats|keel/model/config.h" "formats|keel/kernels/backend.h" "data|keel/formats/safetensors.h")
+             "formats|keel/model/config.h" "formats|keel/kernels/backend.h" "data|keel/formats/safetensors.h"
+             # the reference backend, independent of the CPU backend's kernels and their headers
+             "kernels_reference|keel/kernels/cpu/vector_ops.h" "kernels_reference|keel/kernels/cpu/cpu_backend.h"
+             "kernels_reference|keel/kernels/rmsnorm.h" "kernels_reference|keel/kernels/cached_attention.h"
+             "kernels_reference|keel/kernels/gemm.h" "kernels_reference|keel/kernels/attention.h")
   string(REPLACE "|" ";" parts "${case}")
   list(GET parts 0 layer)
   list(GET parts 1 include)
