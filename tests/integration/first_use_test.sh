@@ -80,12 +80,12 @@ expect nothing_near "unknown command 'xyzzy'"
 grep -qF "did you mean" nothing_near.out && fail "nothing_near: a suggestion for a word near no command"
 
 # --- several unknown keys: one message, in the file's order -----------------------------------
-# toml++ iterates a table in key order: 'stage' (line 2) came after 'pref_beta' (line 4).
+# toml++ iterates a table in key order: 'rope_scaling' (line 2) came after 'neftune_noise_alpha' (line 4).
 cat >keys.toml <<EOF
 data_path = "data.jsonl"
-stage = "sft"
+rope_scaling = 2
 max_steps = 1
-pref_beta = 0.1
+neftune_noise_alpha = 5
 learning_rte = 1e-4
 $model_config
 hiden_size = 16
@@ -93,8 +93,8 @@ EOF
 run keys train keys.toml
 expect_status keys 2
 expect_in_order keys "4 unknown keys" \
-  "keys.toml:2: unknown key 'stage'" \
-  "keys.toml:4: unknown key 'pref_beta'" \
+  "keys.toml:2: unknown key 'rope_scaling'" \
+  "keys.toml:4: unknown key 'neftune_noise_alpha'" \
   "keys.toml:5: unknown key 'learning_rte' (did you mean 'learning_rate'?)" \
   "keys.toml:12: unknown key 'hiden_size' in [model_config] (did you mean 'hidden_size'?)" \
   "\`keel train --print-recipe\` lists every key."
