@@ -145,6 +145,17 @@ class ChatEvaluator {
   model::SamplingOptions sampling_;
 };
 
+// The held-out accuracy of an exported model as a user would load it (config, weights and tokenizer
+// from the directory): this also exercises export and reload. `show`: the first 8 answers there.
+double exported_accuracy(const std::string& dir, const std::vector<Problem>& held_out, std::ostream* show) {
+  auto config = model::load_model_config(dir + "/config.json");
+  model::Decoder model(config, model::Precision::F32, 1, 2);
+  model::load_hf_weights(model, dir);
+  const data::Tokenizer tokenizer = data::load_tokenizer(dir);
+  ChatEvaluator evaluator(tokenizer);
+  return evaluator.accuracy(model, held_out, show, 8);
+}
+
 std::string demo_recipe(const std::string& work, int64_t steps, int64_t vocab) {
   return fmt::format(R"(# keel demo: a tiny Llama-architecture model learns two-digit addition, asked in chat form,
 # from scratch. data_path is raw JSONL of conversations: keel prepares it once into packed shards
@@ -230,13 +241,7 @@ void run_preference_stage(const DemoOptions& o, const std::vector<Problem>& trai
   const auto dpo_run = train::run_training(run::load_recipe(recipe_path), log);
   result.reward_accuracy = dpo_run.summary.final_preference.rewards_accuracies;
   result.held_out_reward_accuracy = dpo_run.summary.eval_preference.rewards_accuracies;
-  const std::string final_dir = o.work_dir + "/dpo/final";
-  auto config = model::load_model_config(final_dir + "/config.json");
-  model::Decoder tuned(config, model::Precision::F32, 1, 2);
-  model::load_hf_weights(tuned, final_dir);
-  const data::Tokenizer tokenizer = data::load_tokenizer(final_dir);
-  ChatEvaluator evaluator(tokenizer);
-  result.accuracy_after_dpo = evaluator.accuracy(tuned, held_out, nullptr, 0);
+  result.accuracy_after_dpo = exported_accuracy(o.work_dir + "/dpo/final", held_out, nullptr);
   fmt::print(log,
              "\n  preference stage: the right answer preferred (reward accuracy) on {:.1f}% of the last step's pairs "
              "and {:.1f}% of {} held-out pairs; held-out chat accuracy {:.1f}% after SFT -> {:.1f}% after DPO\n",
@@ -282,17 +287,10 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
   const auto trained_run = train::run_training(recipe, log);
   result.final_loss = trained_run.summary.final_loss;
 
-  // Evaluate the exported model as a user would load it (config, weights and tokenizer from
-  // output_dir/final): this also exercises export and reload.
   const std::string final_dir = recipe.output_dir + "/final";
-  auto config = model::load_model_config(final_dir + "/config.json");
-  model::Decoder trained(config, model::Precision::F32, 1, 2);
-  model::load_hf_weights(trained, final_dir);
-  const data::Tokenizer exported_tokenizer = data::load_tokenizer(final_dir);
-  ChatEvaluator exported(exported_tokenizer);
   fmt::print(log, "\n  held-out conversations after training (keel generate --model {} --chat --prompt ...):\n",
              final_dir);
-  result.accuracy_after = exported.accuracy(trained, held_out, &log, 8);
+  result.accuracy_after = exported_accuracy(final_dir, held_out, &log);
   fmt::print(log, "\n  accuracy on {} held-out problems: {:.1f}% before training -> {:.1f}% after\n", held_out.size(),
              100 * result.accuracy_before, 100 * result.accuracy_after);
   if (o.dpo) run_preference_stage(o, train_problems, held_out, result, log);
