@@ -1,0 +1,199 @@
+// GGUF files as keel writes them (formats/gguf_writer.h) and the quantizers of their tensors
+// (formats/gguf_quants.h). Bit-identity with llama.cpp's own converter on real models is
+// tests/reference/gguf_reference.py's; here: the layout byte by byte, gguf-py's rounding rules on
+// values where they decide, and every refusal.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <vector>
+
+#include "keel/core/file_io.h"
+#include "keel/formats/gguf_quants.h"
+#include "keel/formats/gguf_writer.h"
+#include "test_support.h"
+
+namespace keel::formats {
+namespace {
+
+using testing::expect_keel_error;
+using testing::TempDir;
+
+uint16_t half_of(GgmlType type, float x) {
+  uint8_t out[2];
+  ggml_quantize(type, &x, 1, out);
+  return uint16_t(out[0] | (out[1] << 8));
+}
+
+float from_bits(uint32_t u) { return std::bit_cast<float>(u); }
+
+TEST(GgufQuants, F16RoundsToNearestEvenAndKeepsNanPayloadAsNumpy) {
+  EXPECT_EQ(half_of(GgmlType::F16, 1.0f), 0x3c00);
+  EXPECT_EQ(half_of(GgmlType::F16, -2.0f), 0xc000);
+  EXPECT_EQ(half_of(GgmlType::F16, 65504.0f), 0x7bff);
+  EXPECT_EQ(half_of(GgmlType::F16, 65520.0f), 0x7c00);  // halfway to the next: rounds to inf
+  EXPECT_EQ(half_of(GgmlType::F16, 1.0f + 1.0f / 2048), 0x3c00);  // a tie, to even
+  EXPECT_EQ(half_of(GgmlType::F16, 1.0f + 3.0f / 2048), 0x3c02);  // a tie, to even (up)
+  EXPECT_EQ(half_of(GgmlType::F16, std::ldexp(1.0f, -24)), 0x0001);  // the smallest subnormal
+  EXPECT_EQ(half_of(GgmlType::F16, std::ldexp(1.0f, -25)), 0x0000);  // half of it: a tie, to even
+  EXPECT_EQ(half_of(GgmlType::F16, from_bits(0x7fc00000)), 0x7e00);
+  EXPECT_EQ(half_of(GgmlType::F16, from_bits(0x7f800001)), 0x7c01);  // payload below f16's: still NaN
+  EXPECT_EQ(half_of(GgmlType::F16, from_bits(0xff802000)), 0xfc01);
+}
+
+TEST(GgufQuants, Bf16RoundsToNearestEvenAndQuietsNan) {
+  EXPECT_EQ(half_of(GgmlType::BF16, 1.0f), 0x3f80);
+  EXPECT_EQ(half_of(GgmlType::BF16, from_bits(0x3f808000)), 0x3f80);  // tie, even stays
+  EXPECT_EQ(half_of(GgmlType::BF16, from_bits(0x3f818000)), 0x3f82);  // tie, odd goes up
+  EXPECT_EQ(half_of(GgmlType::BF16, from_bits(0x3f808001)), 0x3f81);
+  EXPECT_EQ(half_of(GgmlType::BF16, from_bits(0x7f800001)), 0x7fc0);  // signalling NaN made quiet
+  EXPECT_EQ(half_of(GgmlType::BF16, from_bits(0xff812345)), 0xffc1);
+}
+
+TEST(GgufQuants, Q8_0ScalesByMaxOver127AndRoundsHalvesAwayFromZero) {
+  std::vector<float> x(32, 0.0f);
+  x[0] = 127.0f;  // d = 1: every value is its own code
+  x[1] = 2.5f;
+  x[2] = -2.5f;
+  x[3] = 0.5f;
+  x[4] = -0.49f;
+  x[5] = -127.0f;
+  x[6] = 3.5f;
+  uint8_t out[34];
+  ggml_quantize(GgmlType::Q8_0, x.data(), 32, out);
+  EXPECT_EQ(out[0] | (out[1] << 8), 0x3c00);  // d = 1.0 as f16
+  EXPECT_EQ(int8_t(out[2]), 127);
+  EXPECT_EQ(int8_t(out[3]), 3);  // not banker's rounding (np.round would give 2)
+  EXPECT_EQ(int8_t(out[4]), -3);
+  EXPECT_EQ(int8_t(out[5]), 1);
+  EXPECT_EQ(int8_t(out[6]), 0);
+  EXPECT_EQ(int8_t(out[7]), -127);
+  EXPECT_EQ(int8_t(out[8]), 4);
+  // An all-zero block: d = 0 and codes 0 (gguf-py's id = 0 where d = 0).
+  std::vector<float> zeros(32, 0.0f);
+  ggml_quantize(GgmlType::Q8_0, zeros.data(), 32, out);
+  for (uint8_t b : out) EXPECT_EQ(b, 0);
+}
+
+TEST(GgufQuants, Q4_0TakesTheSignedLargestAndPacksHalvesIntoNibbles) {
+  std::vector<float> x(32, 0.0f);
+  x[0] = -8.0f;  // the largest |x|, negative: d = -8 / -8 = 1
+  x[1] = 7.6f;   // trunc(7.6 + 8.5) = 16, clipped to 15
+  x[16] = 1.0f;  // high nibble of byte 0
+  x[17] = -3.0f;
+  uint8_t out[18];
+  ggml_quantize(GgmlType::Q4_0, x.data(), 32, out);
+  EXPECT_EQ(out[0] | (out[1] << 8), 0x3c00);
+  EXPECT_EQ(out[2], uint8_t(0 | (9 << 4)));   // -8 -> 0; 1 -> trunc(9.5) = 9
+  EXPECT_EQ(out[3], uint8_t(15 | (5 << 4)));  // 7.6 -> 15; -3 -> trunc(5.5) = 5
+  EXPECT_EQ(out[4], uint8_t(8 | (8 << 4)));   // zeros -> 8
+  // Of equal magnitudes the first decides the sign of d (numpy's argmax).
+  std::vector<float> y(32, 0.0f);
+  y[3] = 4.0f;
+  y[9] = -4.0f;
+  ggml_quantize(GgmlType::Q4_0, y.data(), 32, out);
+  EXPECT_EQ(out[0] | (out[1] << 8), 0xb800);  // d = 4 / -8 = -0.5
+}
+
+TEST(GgufQuants, SizesAreGgmlsAndPartialBlocksAreRefused) {
+  EXPECT_EQ(ggml_nbytes(GgmlType::F32, 10), 40u);
+  EXPECT_EQ(ggml_nbytes(GgmlType::BF16, 10), 20u);
+  EXPECT_EQ(ggml_nbytes(GgmlType::Q8_0, 64), 68u);
+  EXPECT_EQ(ggml_nbytes(GgmlType::Q4_0, 64), 36u);
+  EXPECT_TRUE(ggml_row_fits(GgmlType::F16, 33));
+  EXPECT_FALSE(ggml_row_fits(GgmlType::Q8_0, 33));
+  std::vector<float> x(33, 1.0f);
+  std::vector<uint8_t> out(64);
+  expect_keel_error([&] { ggml_quantize(GgmlType::Q8_0, x.data(), 33, out.data()); }, {"Q8_0", "32", "33"});
+}
+
+// The bytes GGUF v3 specifies, built by hand for a file of one key and two tensors.
+TEST(GgufWriter, WritesTheLayoutOfTheSpecification) {
+  TempDir dir;
+  GgufMetadata kv;
+  kv.add_uint32("general.test", 7);
+  std::vector<GgufTensor> tensors = {
+      {"a", {2, 3}, GgmlType::F32, [](float* d) { for (int i = 0; i < 6; ++i) d[i] = float(i); }},
+      {"b", {2}, GgmlType::F16, [](float* d) { d[0] = 1.0f, d[1] = -2.0f; }},
+  };
+  write_gguf(dir / "m.gguf", kv, tensors);
+  const std::string file = read_file(dir / "m.gguf");
+
+  std::string expected;
+  auto u32 = [&](uint32_t v) { expected.append(reinterpret_cast<const char*>(&v), 4); };
+  auto u64 = [&](uint64_t v) { expected.append(reinterpret_cast<const char*>(&v), 8); };
+  auto str = [&](const std::string& s) { u64(s.size()), expected += s; };
+  expected += "GGUF";
+  u32(3), u64(2), u64(1);
+  str("general.test"), u32(4), u32(7);
+  str("a"), u32(2), u64(3), u64(2), u32(0), u64(0);  // dimensions innermost first
+  str("b"), u32(1), u64(2), u32(1), u64(32);         // 24 bytes of "a" padded to 32
+  expected.resize((expected.size() + 31) / 32 * 32, '\0');
+  for (int i = 0; i < 6; ++i) {
+    const float f = float(i);
+    expected.append(reinterpret_cast<const char*>(&f), 4);
+  }
+  expected.append(8, '\0');
+  expected += std::string("\x00\x3c\x00\xc0", 4);
+  expected.append(28, '\0');
+  EXPECT_EQ(file, expected);
+}
+
+TEST(GgufWriter, MetadataArraysAndEveryScalarType) {
+  GgufMetadata kv;
+  kv.add_uint8("u8", 1), kv.add_int8("i8", -1), kv.add_uint16("u16", 2), kv.add_int16("i16", -2);
+  kv.add_int32("i32", -3), kv.add_uint64("u64", 4), kv.add_int64("i64", -4), kv.add_float32("f32", 0.5f);
+  kv.add_float64("f64", 0.25), kv.add_bool("b", true), kv.add_string("s", "hé");
+  kv.add_strings("ss", {"x", ""}), kv.add_int32s("is", {5, -6}), kv.add_uint32s("us", {7}),
+      kv.add_float32s("fs", {1.5f});
+  EXPECT_EQ(kv.size(), 15u);
+  EXPECT_TRUE(kv.has("ss"));
+  const std::string& b = kv.encoded();
+  // "b": key (8 + 1), type 7, one byte 1.
+  const std::string bool_entry = std::string("\x01\0\0\0\0\0\0\0b\x07\0\0\0\x01", 14);
+  EXPECT_NE(b.find(bool_entry), std::string::npos);
+  // "ss": type 9, element type 8, count 2, "x", "".
+  const std::string array_entry = std::string("\x02\0\0\0\0\0\0\0ss\x09\0\0\0\x08\0\0\0\x02\0\0\0\0\0\0\0", 26) +
+                                  std::string("\x01\0\0\0\0\0\0\0x\0\0\0\0\0\0\0\0", 17);
+  EXPECT_NE(b.find(array_entry), std::string::npos);
+  expect_keel_error([&] { kv.add_uint32("u8", 1); }, {"'u8'", "twice"});
+  expect_keel_error([&] { kv.add_strings("empty", {}); }, {"'empty'", "non-empty array"});
+}
+
+TEST(GgufWriter, RefusesBadTensorsNamingTheFileAndTheTensor) {
+  TempDir dir;
+  const std::string path = dir / "bad.gguf";
+  auto fill = [](float* d) { d[0] = 0; };
+  GgufMetadata kv;
+  expect_keel_error([&] { write_gguf(path, kv, {{"t", {1}, GgmlType::F32, fill}, {"t", {1}, GgmlType::F32, fill}}); },
+                    {path, "'t'", "twice"});
+  expect_keel_error([&] { write_gguf(path, kv, {{std::string(64, 'n'), {1}, GgmlType::F32, fill}}); },
+                    {path, "63 bytes", "found 64"});
+  expect_keel_error([&] { write_gguf(path, kv, {{"q", {2, 33}, GgmlType::Q8_0, fill}}); },
+                    {path, "'q'", "Q8_0", "33", "float type"});
+  expect_keel_error([&] { write_gguf(path, kv, {{"r", {1, 1, 1, 1, 1}, GgmlType::F32, fill}}); },
+                    {path, "'r'", "1 to 4 dimensions"});
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+// A tensor source failing half way (a crash, Ctrl-C's exception) leaves the file that was there.
+TEST(GgufWriter, AFailedWriteLeavesNoPartialFile) {
+  TempDir dir;
+  const std::string path = dir / "m.gguf";
+  write_file_atomic(path, "previous");
+  GgufMetadata kv;
+  std::vector<GgufTensor> tensors = {
+      {"a", {4}, GgmlType::F32, [](float* d) { for (int i = 0; i < 4; ++i) d[i] = 1; }},
+      {"b", {4}, GgmlType::F32, [](float*) { fail("source failed"); }},
+  };
+  expect_keel_error([&] { write_gguf(path, kv, tensors); }, {"source failed"});
+  EXPECT_EQ(read_file(path), "previous");
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(entry.path().filename(), "m.gguf") << "a temporary file was left behind";
+}
+
+}  // namespace
+}  // namespace keel::formats
