@@ -1,0 +1,316 @@
+#include "keel/data/llama_cpp_vocab.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <simdjson.h>
+
+#include <map>
+
+#include "keel/core/error.h"
+#include "keel/core/file_io.h"
+#include "keel/core/json_text.h"
+#include "keel/core/sha256.h"
+#include "keel/data/hf_tokenizer_json.h"
+#include "keel/data/llama_cpp_pre_tokenizers.h"
+#include "keel/data/tokenizer.h"
+
+namespace keel::data {
+namespace {
+
+using simdjson::dom::array;
+using simdjson::dom::element;
+using simdjson::dom::object;
+
+// SpecialVocab's special_token_types.
+constexpr const char* kSpecialTypes[] = {"bos", "eos", "unk", "sep", "pad", "cls", "mask"};
+
+struct Json {
+  simdjson::dom::parser parser;
+  element root;
+  std::string text;
+};
+
+// The document at `path`, or nullopt where there is no such file.
+std::unique_ptr<Json> read_json(const std::string& path, bool required) {
+  if (!path_exists(path)) {
+    require(!required, "{}: no such file (the GGUF export reads the tokenizer from it)", path);
+    return nullptr;
+  }
+  auto j = std::make_unique<Json>();
+  j->text = read_file(path);
+  const auto error = parse_json_document(j->parser, j->text, j->root);
+  require(!error, "{}: not valid JSON ({})", path, simdjson::error_message(error));
+  require(j->root.is_object(), "{}: expected a JSON object at the top level", path);
+  return j;
+}
+
+std::optional<element> member(element e, std::string_view key) {
+  element v;
+  if (!e.is_object() || e.at_key(key).get(v) != simdjson::SUCCESS || v.is_null()) return std::nullopt;
+  return v;
+}
+
+std::optional<std::string_view> string_member(element e, std::string_view key) {
+  auto v = member(e, key);
+  std::string_view s;
+  if (v && v->get_string().get(s) == simdjson::SUCCESS) return s;
+  return std::nullopt;
+}
+
+std::optional<bool> bool_member(element e, std::string_view key) {
+  auto v = member(e, key);
+  bool b;
+  if (v && v->get_bool().get(b) == simdjson::SUCCESS) return b;
+  return std::nullopt;
+}
+
+// BaseModel.does_token_look_special: added tokens some models forget to mark special.
+bool looks_special(std::string_view t) {
+  auto wrapped = [&](std::string_view open, std::string_view close) {
+    return t.size() >= open.size() + close.size() && t.starts_with(open) && t.ends_with(close);
+  };
+  return t == "<pad>" || t == "<mask>" || t == "<2mass>" || t == "[@BOS@]" || wrapped("<|", "|>") ||
+         wrapped("<\xef\xbd\x9c", "\xef\xbd\x9c>") || wrapped("<unused", ">");
+}
+
+std::string replace_all(std::string s, std::string_view from, std::string_view to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+
+// gguf-py's merges: "a b" strings as they are; ["a", "b"] pairs joined by a space, a space inside
+// a part written as chr(ord(' ') + 256) (U+0120) so the line still splits in two.
+std::vector<std::string> read_merges(element model, const std::string& path) {
+  std::vector<std::string> merges;
+  auto m = member(model, "merges");
+  array list;
+  if (!m || m->get_array().get(list) != simdjson::SUCCESS) return merges;
+  for (element entry : list) {
+    std::string_view s;
+    array pair;
+    if (entry.get_string().get(s) == simdjson::SUCCESS) {
+      merges.emplace_back(s);
+    } else if (entry.get_array().get(pair) == simdjson::SUCCESS && pair.size() == 2) {
+      std::string joined;
+      for (element part : pair) {
+        std::string_view p;
+        require(part.get_string().get(p) == simdjson::SUCCESS, "{}: model.merges: expected pairs of strings, found {}",
+                path, json_describe(entry));
+        joined += (joined.empty() ? "" : " ") + replace_all(std::string(p), " ", "\xc4\xa0");
+      }
+      merges.push_back(std::move(joined));
+    } else {
+      fail("{}: model.merges: expected \"a b\" strings or [\"a\", \"b\"] pairs, found {}", path, json_describe(entry));
+    }
+  }
+  return merges;
+}
+
+void read_normalizer(element n, LlamaCppVocab& v) {
+  const auto type = string_member(n, "type");
+  if (type == "Lowercase") v.normalizer_lowercase = true;
+  if (type == "StripAccents") v.normalizer_strip_accents = true;
+  if (type == "BertNormalizer") {
+    if (auto b = bool_member(n, "lowercase")) v.normalizer_lowercase = b;
+    if (auto b = bool_member(n, "strip_accents")) v.normalizer_strip_accents = b;
+  }
+  array list;
+  if (type == "Sequence" && member(n, "normalizers") && member(n, "normalizers")->get_array().get(list) == simdjson::SUCCESS)
+    for (element e : list) read_normalizer(e, v);
+}
+
+void set_add(LlamaCppVocab& v, std::string_view type, bool value, bool only_if_unset) {
+  for (auto& [t, b] : v.add_special)
+    if (t == type) {
+      if (!only_if_unset) b = value;
+      return;
+    }
+  v.add_special.emplace_back(type, value);
+}
+
+void set_special(LlamaCppVocab& v, std::string_view type, int64_t id) {
+  for (const auto& [t, _] : v.special_ids)
+    if (t == type) return;  // the first source wins
+  v.special_ids.emplace_back(type, id);
+}
+
+// A token named in tokenizer_config.json: "<s>" or {"content": "<s>"}.
+std::optional<std::string> config_token(element config, std::string_view key) {
+  auto e = member(config, key);
+  if (!e) return std::nullopt;
+  auto text = config_token_text(*e);
+  return text ? std::optional<std::string>(std::string(*text)) : std::nullopt;
+}
+
+// SpecialVocab's reading of the post-processor: which special tokens the tokenizer adds. Only the
+// single-sequence template's ends matter for BOS/EOS (its crude parse, which keel follows).
+void read_post_processor(element tokenizer, element* config, LlamaCppVocab& v) {
+  auto post = member(tokenizer, "post_processor");
+  if (!post) return;
+  std::vector<element> processors;
+  array list;
+  if (auto p = member(*post, "processors"); p && p->get_array().get(list) == simdjson::SUCCESS) {
+    for (element e : list) processors.push_back(e);
+  } else {
+    processors.push_back(*post);
+  }
+  const auto bos = config ? config_token(*config, "bos_token") : std::nullopt;
+  const auto eos = config ? config_token(*config, "eos_token") : std::nullopt;
+  for (element p : processors) {
+    const auto type = string_member(p, "type");
+    if (type == "ByteLevel") {
+      set_add(v, "bos", false, true);
+      set_add(v, "eos", false, true);
+    } else if (type == "TemplateProcessing") {
+      array single;
+      auto s = member(p, "single");
+      if (!s || s->get_array().get(single) != simdjson::SUCCESS || single.size() <= 1) continue;
+      auto special_id = [](element item) {
+        auto st = member(item, "SpecialToken");
+        return st ? string_member(*st, "id") : std::nullopt;
+      };
+      element first = single.at(0), last = single.at(single.size() - 1);
+      if (auto f = special_id(first)) set_add(v, "bos", bos && *f == *bos, false);
+      if (auto l = special_id(last)) set_add(v, "eos", eos && *l == *eos, false);
+    } else if (type == "RobertaProcessing") {
+      set_add(v, "bos", true, false);
+      set_add(v, "eos", true, false);
+      set_add(v, "sep", true, false);
+    }
+  }
+}
+
+std::optional<std::string> read_chat_template(const std::string& dir, element config) {
+  if (auto t = string_member(config, "chat_template")) return std::string(*t);
+  require(!member(config, "chat_template"),
+          "{}/tokenizer_config.json: chat_template: a list of named templates is not supported by keel's GGUF "
+          "export; keep one template as a string",
+          dir);
+  if (path_exists(dir + "/chat_template.jinja")) return read_file(dir + "/chat_template.jinja");
+  if (auto j = read_json(dir + "/chat_template.json", false))
+    if (auto t = string_member(j->root, "chat_template")) return std::string(*t);
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string llama_cpp_pre_tokenizer_name(const std::vector<int32_t>& ids) {
+  const std::string hash = sha256_hex(fmt::format("[{}]", fmt::join(ids, ", ")));
+  std::string name;
+  for (const auto& known : llama_cpp_pre_tokenizers())
+    if (known.sha256 == hash) name = known.name;  // the converter's ifs: the last match wins
+  return name;
+}
+
+LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, const std::string& config_json) {
+  const std::string tokenizer_path = dir + "/tokenizer.json";
+  require(path_exists(tokenizer_path) || !path_exists(dir + "/tokenizer.model"),
+          "{}: a SentencePiece tokenizer (tokenizer.model without tokenizer.json): keel's GGUF export writes "
+          "byte-level BPE vocabularies only; convert this one with llama.cpp's convert_hf_to_gguf.py",
+          dir);
+  auto tokenizer = read_json(tokenizer_path, true);
+  auto config = read_json(dir + "/tokenizer_config.json", false);
+  element model;
+  require(tokenizer->root.at_key("model").get(model) == simdjson::SUCCESS &&
+              string_member(model, "type") == std::string_view("BPE"),
+          "{}: model.type: expected \"BPE\" (a byte-level BPE tokenizer); keel's GGUF export writes no other",
+          tokenizer_path);
+  require(!bool_member(model, "byte_fallback").value_or(false),
+          "{}: model.byte_fallback is true: a SentencePiece-style vocabulary, which llama.cpp reads as \"llama\" with "
+          "scores; keel's GGUF export writes byte-level BPE only (use llama.cpp's convert_hf_to_gguf.py)",
+          tokenizer_path);
+
+  LlamaCppVocab v;
+  // The ids the tokenizer gives the converter's fixed text name its pre-tokenizer.
+  const Tokenizer keel_tokenizer = load_hf_tokenizer_json(tokenizer_path);
+  v.pre = llama_cpp_pre_tokenizer_name(
+      keel_tokenizer.encode(llama_cpp_pre_tokenizer_text(), EncodeOptions{.add_special_tokens = true}));
+  require(!v.pre.empty(),
+          "{}: llama.cpp does not know this tokenizer's pre-tokenizer (the hash of its tokenization of the "
+          "converter's test text is not in its table); llama.cpp could not tokenize as the model was trained",
+          tokenizer_path);
+
+  // get_vocab_base: the vocabulary with added tokens over it, [PAD<id>] where an id has no token.
+  std::map<int64_t, std::string> by_id;
+  object vocab;
+  require(model.at_key("vocab").get_object().get(vocab) == simdjson::SUCCESS, "{}: model.vocab: expected an object",
+          tokenizer_path);
+  for (auto [key, value] : vocab) {
+    int64_t id;
+    require(value.get_int64().get(id) == simdjson::SUCCESS, "{}: model.vocab['{}']: expected an integer id",
+            tokenizer_path, key);
+    by_id[id] = std::string(key);
+  }
+  std::map<int64_t, LlamaCppTokenType> added_type;
+  array added;
+  if (auto a = member(tokenizer->root, "added_tokens"); a && a->get_array().get(added) == simdjson::SUCCESS) {
+    for (element t : added) {
+      int64_t id;
+      const auto content = string_member(t, "content");
+      require(content && t.at_key("id").get_int64().get(id) == simdjson::SUCCESS,
+              "{}: added_tokens: expected objects with 'content' and 'id', found {}", tokenizer_path, json_describe(t));
+      std::string token(*content);
+      if (bool_member(t, "special").value_or(false) || looks_special(token)) {
+        added_type[id] = LlamaCppTokenType::Control;
+      } else {
+        added_type[id] = LlamaCppTokenType::UserDefined;
+        token = replace_all(token, "\xe2\x96\x81", " ");  // the converter's pre-normalized spaces (Gemma)
+      }
+      by_id[id] = token;
+    }
+  }
+  require(by_id.empty() || by_id.rbegin()->first < vocab_size,
+          "{}: token id {} is outside the model's vocabulary of {} (config.json vocab_size)", tokenizer_path,
+          by_id.rbegin()->first, vocab_size);
+  for (int64_t i = 0; i < vocab_size; ++i) {
+    auto it = by_id.find(i);
+    if (it == by_id.end()) {
+      v.tokens.push_back(fmt::format("[PAD{}]", i));
+      v.token_types.push_back(int32_t(LlamaCppTokenType::Unused));
+    } else {
+      v.tokens.push_back(it->second);
+      auto type = added_type.find(i);
+      v.token_types.push_back(int32_t(type == added_type.end() ? LlamaCppTokenType::Normal : type->second));
+    }
+  }
+
+  // SpecialVocab(load_merges=True): merges and normalizer flags from tokenizer.json, ...
+  v.merges = read_merges(model, tokenizer_path);
+  if (auto n = member(tokenizer->root, "normalizer")) read_normalizer(*n, v);
+  element config_root;
+  element* config_element = nullptr;
+  if (config) config_element = &(config_root = config->root);
+  read_post_processor(tokenizer->root, config_element, v);
+  // ... the chat template, add_<type>_token and <type>_token from tokenizer_config.json ...
+  if (config) {
+    v.chat_template = read_chat_template(dir, config->root);
+    v.add_prefix_space = bool_member(config->root, "add_prefix_space");
+    for (const char* type : kSpecialTypes) {
+      if (auto add = bool_member(config->root, fmt::format("add_{}_token", type))) set_add(v, type, *add, true);
+      const auto content = config_token(config->root, fmt::format("{}_token", type));
+      if (!content || !added.size()) continue;
+      for (element t : added) {
+        if (string_member(t, "content") == std::string_view(*content)) {
+          int64_t id = 0;
+          if (t.at_key("id").get_int64().get(id) == simdjson::SUCCESS) set_special(v, type, id);
+          break;
+        }
+      }
+    }
+  }
+  // ... then config.json's <type>_token_id where still unset (integers only, as there).
+  if (!config_json.empty()) {
+    simdjson::dom::parser parser;
+    element root;
+    if (!parse_json_document(parser, config_json, root))
+      for (const char* type : kSpecialTypes) {
+        int64_t id;
+        auto e = member(root, fmt::format("{}_token_id", type));
+        if (e && e->is_int64() && e->get_int64().get(id) == simdjson::SUCCESS && id >= 0) set_special(v, type, id);
+      }
+  }
+  return v;
+}
+
+}  // namespace keel::data

@@ -1,0 +1,46 @@
+// A Hugging Face tokenizer directory as llama.cpp's converter (convert_hf_to_gguf.py) puts it into
+// a GGUF file's `tokenizer.*` keys: the vocabulary, the token types, the merges, the pre-tokenizer's
+// name, the special token ids, whether BOS/EOS are added and the chat template. What the converter
+// decides, keel decides the same way (its get_vocab_base, get_vocab_base_pre and gguf-py's
+// SpecialVocab); the GGUF keys themselves are written by checkpoint/gguf_export.h.
+//
+// Byte-level BPE tokenizers (tokenizer.json with a BPE model: Llama 3, Qwen2/3, GLM-4, Mistral's
+// Tekken-style ones) are what this covers, the converter's "gpt2" path. SentencePiece vocabularies
+// (a tokenizer.model, or a tokenizer.json with byte fallback) are a keel::Error saying so.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace keel::data {
+
+// llama.cpp's token types (llama_token_type / gguf-py's TokenType).
+enum class LlamaCppTokenType : int32_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6 };
+
+struct LlamaCppVocab {
+  std::string model = "gpt2";  // tokenizer.ggml.model
+  std::string pre;             // tokenizer.ggml.pre
+  std::vector<std::string> tokens;
+  std::vector<int32_t> token_types;
+  std::vector<std::string> merges;  // "left right"; a space inside a part as U+0120 (' ' + 256, as gguf-py)
+  // In the order SpecialVocab sets them: tokenizer_config.json's first, then config.json's.
+  std::vector<std::pair<std::string, int64_t>> special_ids;  // "bos", "eos", "unk", "sep", "pad", "cls", "mask"
+  std::vector<std::pair<std::string, bool>> add_special;     // "bos", "eos", "sep"
+  std::optional<std::string> chat_template;
+  std::optional<bool> normalizer_lowercase, normalizer_strip_accents;
+  std::optional<bool> add_prefix_space;  // tokenizer_config.json's, which the Llama converter writes
+};
+
+// Reads `dir`'s tokenizer.json, tokenizer_config.json, chat_template.jinja / .json, and the model's
+// config.json text (`config_json`, for the *_token_id keys SpecialVocab falls back to). vocab_size
+// is the model's (the embedding's rows): ids the tokenizer lacks below it become "[PAD<id>]",
+// unused. Errors name the file and what is not supported.
+LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, const std::string& config_json);
+
+// The pre-tokenizer name the converter gives a tokenizer whose ids for
+// llama_cpp_pre_tokenizer_text() (special tokens added) are `ids`; empty when its table has none.
+std::string llama_cpp_pre_tokenizer_name(const std::vector<int32_t>& ids);
+
+}  // namespace keel::data
