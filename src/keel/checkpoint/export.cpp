@@ -8,6 +8,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/formats/safetensors.h"
 #include "keel/model/decoder.h"
 #include "keel/model/hf_weights.h"
 #include "keel/model/peft_adapter.h"
@@ -64,11 +65,47 @@ bool prepare_destination(const std::string& dir, const std::string& step_dir) {
 
 ExportResult export_into(const ExportRequest& request, const std::string& step_dir, const run::Recipe& recipe);
 
+// A Hugging Face model directory (config.json beside its weights), not a checkpoint (recipe.toml).
+bool is_model_directory(const std::string& dir) {
+  return path_exists(dir + "/config.json") && !path_exists(dir + "/recipe.toml");
+}
+
+// The dtype of the first matrix in the order the converter reads the files (names sorted): what its
+// --outtype auto looks at.
+DType first_matrix_dtype(const std::string& dir) {
+  const auto reader = formats::CheckpointReader::open_dir(dir);
+  for (const auto& name : reader.names())
+    if (reader.get(name).shape.size() >= 2) return reader.dtype_of(name);
+  return DType::F32;
+}
+
+// keel export MODEL_DIR --format gguf: any model keel loads, without a training run.
+ExportResult export_model_dir_as_gguf(const ExportRequest& request) {
+  const std::string& dir = request.checkpoint;
+  ExportResult result;
+  result.step_dir = dir;
+  result.config = model::load_model_config(dir + "/config.json");
+  model::Decoder decoder(result.config, model::Precision::F32, 1, 2, {});
+  WorkProgress progress(request.progress_log, request.live_progress);
+  model::load_hf_weights(decoder, dir, &progress);
+  GgufModelSource source;
+  source.name = fs::path(dir).lexically_normal().filename().string();
+  if (source.name.empty()) source.name = fs::path(dir).lexically_normal().parent_path().filename().string();
+  source.tokenizer_dir = dir;
+  source.config_json = read_file(dir + "/config.json");
+  source.weights_dtype = first_matrix_dtype(dir);
+  result.dtype = source.weights_dtype;
+  result.gguf = write_gguf_model(decoder, source, request.destination, request.outtype, &progress);
+  progress.finish();
+  return result;
+}
+
 model::Family family_of_export(const model::ModelConfig& trained, ExportFormat format) {
   switch (format) {
     case ExportFormat::AsTrained: return trained.family;
     case ExportFormat::Hf: return trained.family == model::Family::GlmOriginal ? model::Family::Glm : trained.family;
     case ExportFormat::GlmOriginal: return model::Family::GlmOriginal;
+    case ExportFormat::Gguf: return trained.family;
   }
   return trained.family;
 }
@@ -85,7 +122,8 @@ DType export_dtype_from_name(const std::string& name) {
 ExportFormat export_format_from_name(const std::string& name) {
   if (name == "hf") return ExportFormat::Hf;
   if (name == "glm-original" || name == "glm_original") return ExportFormat::GlmOriginal;
-  fail("--format: expected hf or glm-original, found '{}'", name);
+  if (name == "gguf") return ExportFormat::Gguf;
+  fail("--format: expected hf, glm-original or gguf, found '{}'", name);
 }
 
 std::vector<std::string> copy_tokenizer_files(const run::Recipe& r, const std::string& dir) {
@@ -112,6 +150,10 @@ std::vector<std::string> copy_tokenizer_files(const run::Recipe& r, const std::s
 }
 
 ExportResult export_checkpoint(const ExportRequest& request) {
+  if (request.format == ExportFormat::Gguf) {
+    check_gguf_destination(request.destination, request.overwrite);
+    if (is_model_directory(request.checkpoint)) return export_model_dir_as_gguf(request);
+  }
   const std::string step_dir = checkpoint_step_dir(request.checkpoint);
   const std::string recipe_path = step_dir + "/recipe.toml";
   const run::Recipe recipe = run::parse_recipe(read_file(recipe_path), recipe_path, request.recipe_overrides);
@@ -119,6 +161,7 @@ ExportResult export_checkpoint(const ExportRequest& request) {
   auto inputs = run::recipe_inputs(recipe);
   inputs.push_back({"checkpoint", request.checkpoint});
   run::refuse_outputs_over_inputs({{"--to", request.destination}}, inputs);
+  if (request.format == ExportFormat::Gguf) return export_into(request, step_dir, recipe);  // one file, atomic
   run::refuse_replacing_foreign_model(request.destination, request.overwrite);
   const bool created = prepare_destination(request.destination, step_dir);
   try {
@@ -156,6 +199,10 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
   require(!request.merge || options.lora.enabled(),
           "--merge: {} is a checkpoint of full fine-tuning (finetuning_type = \"{}\"); there is no adapter to merge",
           step_dir, run::choice_name(recipe.finetuning_type));
+  require(!options.lora.enabled() || request.merge || request.format != ExportFormat::Gguf,
+          "--format gguf: {} is a LoRA checkpoint; keel writes it as GGUF merged into its base model (--merge); "
+          "GGUF adapter files are not written yet",
+          step_dir);
   if (options.lora.enabled() && !request.merge)
     require(request.format == ExportFormat::AsTrained,
             "--format: a LoRA checkpoint exports as a PEFT adapter on the model it was trained on; --format applies "
@@ -189,11 +236,22 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     else
       model::load_hf_weights(decoder, recipe.model_name, &progress);
     model::merge_own_adapter(decoder);
-    model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes, &progress);
   } else {
     read_checkpoint_weights(step_dir, decoder.params());
-    model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes, &progress);
   }
+  if (request.format == ExportFormat::Gguf) {
+    const std::string tokenizer = run::recipe_tokenizer_path(recipe);
+    GgufModelSource source;
+    source.name = fs::path(recipe.model_config ? step_dir : recipe.model_name).filename().string();
+    source.tokenizer_dir = fs::is_directory(tokenizer) ? tokenizer : fs::path(tokenizer).parent_path().string();
+    // What keel's HF export writes, which the converter would read.
+    source.config_json = model::model_config_json(result.config, result.dtype);
+    source.weights_dtype = result.dtype;
+    result.gguf = write_gguf_model(decoder, source, request.destination, request.outtype, &progress);
+    progress.finish();
+    return result;
+  }
+  if (!result.adapter) model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes, &progress);
   progress.finish();
   result.tokenizer_files = copy_tokenizer_files(recipe, request.destination);
   run::write_model_marker(request.destination, fmt::format("keel export of {}", step_dir));

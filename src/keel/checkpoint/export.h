@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "keel/checkpoint/gguf_export.h"
 #include "keel/core/dtype.h"
 #include "keel/model/config.h"
 #include "keel/run/recipe.h"
@@ -17,12 +18,15 @@ enum class ExportFormat : uint8_t {
   AsTrained,    // the format (tensor names, config.json) the model was loaded or created in
   Hf,           // transformers' own classes: a glm_original model becomes GlmForCausalLM
   GlmOriginal,  // THUDM's ChatGLMModel names and config (GLM-4 models only)
+  Gguf,         // one GGUF file for llama.cpp, as its convert_hf_to_gguf.py writes it (gguf_export.h)
 };
 
 struct ExportRequest {
-  std::string checkpoint;      // a step-N directory, or a checkpoint_dir (its `latest` is exported)
-  std::string destination;     // created if missing
+  std::string checkpoint;      // a step-N directory, or a checkpoint_dir (its `latest` is exported);
+                               // for GGUF also a Hugging Face model directory
+  std::string destination;     // created if missing; for GGUF the .gguf file
   std::optional<DType> dtype;  // default: as output_dir/final (run::recipe_export_dtype)
+  std::optional<formats::GgmlType> outtype;  // GGUF: default as llama.cpp's converter (default_gguf_outtype)
   ExportFormat format = ExportFormat::AsTrained;
   uint64_t max_shard_bytes = 5ull << 30;
   std::vector<std::string> recipe_overrides;  // "key=value" applied to the checkpoint's recipe.toml
@@ -44,6 +48,7 @@ struct ExportResult {
   model::ModelConfig config;  // as written (family and architecture of the export)
   bool adapter = false;       // a PEFT adapter was written (a LoRA checkpoint without --merge)
   std::vector<std::string> tokenizer_files;
+  std::optional<GgufExportResult> gguf;  // what the GGUF export decided and wrote
 };
 
 // Verifies the checkpoint's manifest checksums, rebuilds the model from its recipe, loads the fp32
@@ -59,7 +64,7 @@ ExportResult export_checkpoint(const ExportRequest& request);
 // that are not there are skipped. Returns the names copied.
 std::vector<std::string> copy_tokenizer_files(const run::Recipe& recipe, const std::string& dir);
 
-// Command-line spellings: "bf16" | "fp16" | "fp32" and "hf" | "glm-original"; errors list them.
+// Command-line spellings: "bf16" | "fp16" | "fp32" and "hf" | "glm-original" | "gguf"; errors list them.
 DType export_dtype_from_name(const std::string& name);
 ExportFormat export_format_from_name(const std::string& name);
 

@@ -1,9 +1,13 @@
 // keel export CHECKPOINT --to DIR [--dtype bf16|fp16|fp32] [--format hf|glm-original]
 //                                 [--max-shard-size 5GB] [--set key=value ...]
+// keel export CHECKPOINT|MODEL_DIR --to FILE.gguf --format gguf [--outtype f32|f16|bf16|q8_0|q4_0]
 // A training checkpoint (a step-N directory, or a checkpoint_dir: its `latest`) as a Hugging Face
-// model directory: config.json, safetensors and the tokenizer files of the run.
+// model directory: config.json, safetensors and the tokenizer files of the run; or, with --format
+// gguf, a checkpoint or a model directory as one GGUF file for llama.cpp.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <cctype>
 #include <iostream>
 #include <memory>
 
@@ -11,33 +15,59 @@
 #include "keel/core/error.h"
 #include "keel/core/work_progress.h"
 #include "keel/checkpoint/export.h"
+#include "keel/checkpoint/gguf_names.h"
 #include "keel/report/memory_report.h"
 
 namespace keel::cli {
 namespace {
 
 struct ExportOptions {
-  std::string checkpoint, destination, dtype, format, max_shard_size = "5GB";
+  std::string checkpoint, destination, dtype, format, outtype, max_shard_size = "5GB";
   std::vector<std::string> overrides;
   bool overwrite = false, merge = false;
 };
 
 std::string_view dtype_label(DType t) { return t == DType::BF16 ? "bf16" : t == DType::F16 ? "fp16" : "fp32"; }
 
+// Every choice the GGUF export made for the user, said.
+void print_gguf_export(const checkpoint::ExportRequest& request, const checkpoint::ExportResult& result) {
+  const auto& g = *result.gguf;
+  std::string outtype(formats::ggml_type_name(g.outtype));
+  for (char& ch : outtype) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  if (!g.outtype_reason.empty())
+    fmt::print("keel: --outtype {} (not given: {}; norms and biases stay f32)\n", outtype, g.outtype_reason);
+  if (!g.f16_fallbacks.empty())
+    fmt::print("keel: {} stored as f16: rows not whole blocks of {} values ({}), as llama.cpp's converter does\n",
+               fmt::join(g.f16_fallbacks, ", "), formats::ggml_block_size(g.outtype), outtype);
+  fmt::print("keel: tokenizer: {} tokens, {} merges, pre-tokenizer '{}' (llama.cpp's name for it), {}\n", g.tokens,
+             g.merges, g.pre_tokenizer, g.chat_template ? "chat template included" : "no chat template");
+  fmt::print("keel: exported {}{} to {}: GGUF, architecture '{}' ({}), {} tensors, {} ({:.1f} MB)\n",
+             result.step_dir, result.step ? fmt::format(" (step {})", result.step) : "", request.destination,
+             g.architecture, model::family_name(result.config.family), g.tensor_count, outtype,
+             double(g.file_bytes) / 1e6);
+}
+
 const CommandRegistration kExport{
-    "export", "Write a training checkpoint as a Hugging Face model directory (config, safetensors, tokenizer)",
+    "export",
+    "Write a training checkpoint as a Hugging Face model directory (config, safetensors, tokenizer), or a "
+    "checkpoint or model directory as a GGUF file (llama.cpp)",
     [](CLI::App& cmd) -> CommandAction {
       auto o = std::make_shared<ExportOptions>();
       cmd.add_option("checkpoint", o->checkpoint,
-                     "A checkpoint (checkpoint_dir/step-N) or a checkpoint_dir (its latest checkpoint)")
+                     "A checkpoint (checkpoint_dir/step-N) or a checkpoint_dir (its latest checkpoint); with --format "
+                     "gguf also a Hugging Face model directory")
           ->required();
-      cmd.add_option("--to", o->destination, "Output model directory (created if missing)")->required();
+      cmd.add_option("--to", o->destination, "Output model directory (created if missing); with --format gguf the .gguf file")
+          ->required();
       cmd.add_option("--dtype", o->dtype,
                      "bf16 | fp16 | fp32 (default: the dtype of the weights the run started from, as "
                      "output_dir/final)");
       cmd.add_option("--format", o->format,
-                     "hf (transformers' classes) | glm-original (ChatGLM names, GLM-4 models only); default: the "
-                     "format the model was trained in");
+                     "hf (transformers' classes) | glm-original (ChatGLM names, GLM-4 models only) | gguf (one file "
+                     "for llama.cpp); default: the format the model was trained in");
+      cmd.add_option("--outtype", o->outtype,
+                     "GGUF: f32 | f16 | bf16 | q8_0 | q4_0, as llama.cpp's convert_hf_to_gguf.py names them (norms and "
+                     "biases stay f32); default as it chooses: bf16 for bf16 weights, else f16");
       cmd.add_option("--max-shard-size", o->max_shard_size,
                      "Largest safetensors file before sharding with model.safetensors.index.json (binary units: "
                      "1 GB = 1 GiB)")
@@ -56,8 +86,9 @@ const CommandRegistration kExport{
           "  Hugging Face model directory (the default; --merge for a LoRA run): config.json, model.safetensors\n"
           "    (sharded past --max-shard-size) and the tokenizer files, as transformers' from_pretrained reads them\n"
           "  PEFT adapter directory (a LoRA run without --merge): adapter_config.json and adapter_model.safetensors\n"
-          "  GGUF (llama.cpp): not yet; a converter that reads Hugging Face directories (llama.cpp's\n"
-          "    convert_hf_to_gguf.py) can take the exported model directory from there\n");
+          "  GGUF (--format gguf --to FILE.gguf): one file for llama.cpp, Ollama, LM Studio, as llama.cpp's\n"
+          "    convert_hf_to_gguf.py writes it (tokenizer and chat template inside); Llama, Mistral, Qwen2, Qwen3\n"
+          "    with byte-level BPE tokenizers; a LoRA run with --merge (GGUF adapters: not yet)\n");
       return [o] {
         checkpoint::ExportRequest request;
         request.overwrite = o->overwrite;
@@ -66,6 +97,10 @@ const CommandRegistration kExport{
         request.destination = o->destination;
         if (!o->dtype.empty()) request.dtype = checkpoint::export_dtype_from_name(o->dtype);
         if (!o->format.empty()) request.format = checkpoint::export_format_from_name(o->format);
+        const bool gguf = request.format == checkpoint::ExportFormat::Gguf;
+        require(o->outtype.empty() || gguf, "--outtype applies to --format gguf; for other formats use --dtype");
+        require(o->dtype.empty() || !gguf, "--dtype does not apply to --format gguf; use --outtype");
+        if (!o->outtype.empty()) request.outtype = checkpoint::gguf_outtype_from_name(o->outtype);
         try {
           request.max_shard_bytes = report::parse_memory_size(o->max_shard_size);
         } catch (const Error& e) {
@@ -77,6 +112,10 @@ const CommandRegistration kExport{
         request.progress_log = &std::cout;
         request.live_progress = stdout_is_terminal();
         const auto result = checkpoint::export_checkpoint(request);
+        if (result.gguf) {
+          print_gguf_export(request, result);
+          return 0;
+        }
         fmt::print("keel: exported {} (step {}) to {}: {}{}, {} ({})\n", result.step_dir, result.step,
                    request.destination, result.adapter ? "a LoRA adapter (PEFT format) for " : "",
                    result.config.architecture, dtype_label(result.dtype), model::family_name(result.config.family));

@@ -188,15 +188,19 @@ void write_hf_model(const Decoder& decoder, const std::string& dir, DType dtype,
 
 }  // namespace
 
-void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes,
-                   WorkProgress* progress) {
+std::vector<TensorToWrite> hf_weight_tensors(const Decoder& decoder) {
   const auto& P = full_precision_params(decoder);
   std::vector<TensorToWrite> out;
   for (const auto& t : hf_tensors(decoder.config(), decoder.ids())) {
     const int64_t cols = t.cols ? t.cols : 1;
     out.push_back({t.name, t.shape(), P.weight(t.param) + t.row_begin * cols});
   }
-  write_hf_model(decoder, dir, dtype, out, max_shard_bytes, progress);
+  return out;
+}
+
+void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes,
+                   WorkProgress* progress) {
+  write_hf_model(decoder, dir, dtype, hf_weight_tensors(decoder), max_shard_bytes, progress);
 }
 
 void save_hf_model_streamed(const Decoder& decoder, const std::string& dir, DType dtype,

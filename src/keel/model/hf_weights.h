@@ -29,6 +29,11 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& config, const DecoderParamId
 // progress, if given, shows the weights read (and quantized, with QLoRA).
 std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& dir, WorkProgress* progress = nullptr);
 
+// The model's fp32 weights under the family's checkpoint names, in hf_tensors' order, as views into
+// the decoder's parameters (valid while it lives): what save_hf_model writes, for writers of other
+// formats (checkpoint/gguf_export.h). An error if the matrices are held in bf16 or 4 bits only.
+std::vector<formats::TensorToWrite> hf_weight_tensors(const Decoder& decoder);
+
 // Writes config.json and the weights (sharded above max_shard_bytes) in the family's format;
 // progress, if given, shows the bytes written.
 void save_hf_model(const Decoder& decoder, const std::string& dir, DType dtype, uint64_t max_shard_bytes = 5ull << 30,

@@ -1,0 +1,174 @@
+#include "keel/checkpoint/gguf_export.h"
+
+#include <fmt/format.h>
+#include <simdjson.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "keel/checkpoint/gguf_names.h"
+#include "keel/core/error.h"
+#include "keel/core/json_text.h"
+#include "keel/data/llama_cpp_vocab.h"
+#include "keel/formats/gguf_writer.h"
+#include "keel/model/hf_weights.h"
+
+namespace keel::checkpoint {
+namespace {
+
+namespace fs = std::filesystem;
+using formats::GgmlType;
+using formats::GgufMetadata;
+
+constexpr uint32_t kGgmlQuantizationVersion = 2;  // GGML_QNT_VERSION
+
+bool config_has(const std::string& config_json, std::string_view key) {
+  simdjson::dom::parser parser;
+  simdjson::dom::element root, value;
+  if (parse_json_document(parser, config_json, root)) return false;
+  return root.at_key(key).get(value) == simdjson::SUCCESS && !value.is_null();
+}
+
+// TextModel.set_gguf_parameters and the family's additions, in the converter's order.
+void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::string& arch,
+                    const std::string& config_json, GgmlType outtype) {
+  auto key = [&](std::string_view k) { return fmt::format("{}.{}", arch, k); };
+  kv.add_uint32(key("block_count"), uint32_t(c.num_layers));
+  kv.add_uint32(key("context_length"), uint32_t(c.max_position_embeddings));
+  kv.add_uint32(key("embedding_length"), uint32_t(c.hidden_size));
+  kv.add_uint32(key("feed_forward_length"), uint32_t(c.intermediate_size));
+  kv.add_uint32(key("attention.head_count"), uint32_t(c.num_heads));
+  kv.add_uint32(key("attention.head_count_kv"), uint32_t(c.num_kv_heads));
+  kv.add_float32(key("rope.freq_base"), float(c.rope_theta));
+  kv.add_float32(key("attention.layer_norm_rms_epsilon"), float(c.rms_norm_eps));
+  if (config_has(config_json, "head_dim")) {  // only where config.json states it
+    kv.add_uint32(key("attention.key_length"), uint32_t(c.head_dim));
+    kv.add_uint32(key("attention.value_length"), uint32_t(c.head_dim));
+  }
+  kv.add_uint32("general.file_type", gguf_file_type(outtype));
+  if (arch == "llama") {  // LlamaModel.set_gguf_parameters
+    kv.add_uint32(key("vocab_size"), uint32_t(c.vocab_size));
+    kv.add_uint32(key("rope.dimension_count"), uint32_t(c.head_dim));
+  }
+}
+
+// gguf-py's GGUFWriter names for SpecialVocab's token types (cls has none: the converter skips it).
+std::optional<std::string> special_id_key(const std::string& type) {
+  if (type == "bos") return "tokenizer.ggml.bos_token_id";
+  if (type == "eos") return "tokenizer.ggml.eos_token_id";
+  if (type == "unk") return "tokenizer.ggml.unknown_token_id";
+  if (type == "sep") return "tokenizer.ggml.seperator_token_id";  // sic: llama.cpp's spelling
+  if (type == "pad") return "tokenizer.ggml.padding_token_id";
+  if (type == "mask") return "tokenizer.ggml.mask_token_id";
+  return std::nullopt;
+}
+
+void add_tokenizer_keys(GgufMetadata& kv, const data::LlamaCppVocab& v, const std::string& arch) {
+  if (arch == "llama" && v.add_prefix_space) kv.add_bool("tokenizer.ggml.add_space_prefix", *v.add_prefix_space);
+  kv.add_string("tokenizer.ggml.model", v.model);
+  kv.add_string("tokenizer.ggml.pre", v.pre);
+  kv.add_strings("tokenizer.ggml.tokens", v.tokens);
+  kv.add_int32s("tokenizer.ggml.token_type", v.token_types);
+  if (!v.merges.empty()) kv.add_strings("tokenizer.ggml.merges", v.merges);
+  for (const auto& [type, id] : v.special_ids)
+    if (auto k = special_id_key(type)) kv.add_uint32(*k, uint32_t(id));
+  for (const auto& [type, add] : v.add_special)
+    if (type == "bos" || type == "eos" || type == "sep") kv.add_bool(fmt::format("tokenizer.ggml.add_{}_token", type), add);
+  if (v.chat_template) kv.add_string("tokenizer.chat_template", *v.chat_template);
+  if (v.normalizer_lowercase) kv.add_bool("tokenizer.ggml.normalizer.lowercase", *v.normalizer_lowercase);
+  if (v.normalizer_strip_accents)
+    kv.add_bool("tokenizer.ggml.normalizer.strip_accents", *v.normalizer_strip_accents);
+}
+
+// The encoded general.quantized_by entry, to recognise a file keel wrote from its first bytes.
+std::string writer_entry() {
+  GgufMetadata kv;
+  kv.add_string("general.quantized_by", kGgufWriterName);
+  return kv.encoded();
+}
+
+}  // namespace
+
+GgmlType default_gguf_outtype(DType weights_dtype, std::string* reason) {
+  const bool bf16 = weights_dtype == DType::BF16;
+  if (reason)
+    *reason = bf16 ? "the weights are bf16"
+                   : fmt::format("the weights are {} (f16 for anything but bf16, as llama.cpp's converter)",
+                                 weights_dtype == DType::F16 ? "fp16" : "fp32");
+  return bf16 ? GgmlType::BF16 : GgmlType::F16;
+}
+
+void check_gguf_destination(const std::string& path, bool overwrite) {
+  require(path.size() > 5 && path.ends_with(".gguf"), "--to: expected a file name ending in .gguf, found '{}'", path);
+  const fs::path parent = fs::path(path).parent_path();
+  std::error_code ec;
+  require(parent.empty() || fs::is_directory(parent, ec), "--to {}: the directory {} does not exist", path,
+          parent.string());
+  require(!fs::is_directory(path, ec), "--to {}: is a directory; give the .gguf file to write", path);
+  if (overwrite || !fs::exists(path, ec)) return;
+  // keel's files name keel in general.quantized_by, the third key, within the first bytes.
+  std::ifstream in(path, std::ios::binary);
+  std::string head(4096, '\0');
+  in.read(head.data(), std::streamsize(head.size()));
+  head.resize(size_t(in.gcount()));
+  require(head.starts_with("GGUF") && head.find(writer_entry()) != std::string::npos,
+          "--to {}: the file exists and keel did not write it (it may be someone's model); choose another name, or "
+          "pass --overwrite to replace it",
+          path);
+}
+
+GgufExportResult write_gguf_model(const model::Decoder& decoder, const GgufModelSource& source, const std::string& path,
+                                  std::optional<GgmlType> outtype, WorkProgress* progress) {
+  const model::ModelConfig& c = decoder.config();
+  GgufExportResult result;
+  result.architecture = gguf_architecture(c);
+  result.outtype = outtype ? *outtype : default_gguf_outtype(source.weights_dtype, &result.outtype_reason);
+
+  const data::LlamaCppVocab vocab = data::llama_cpp_bpe_vocab(source.tokenizer_dir, c.vocab_size, source.config_json);
+  result.pre_tokenizer = vocab.pre;
+  result.tokens = int64_t(vocab.tokens.size());
+  result.merges = int64_t(vocab.merges.size());
+  result.chat_template = vocab.chat_template.has_value();
+
+  GgufMetadata kv;
+  kv.add_string("general.architecture", result.architecture);
+  kv.add_string("general.type", "model");
+  kv.add_string("general.name", source.name);
+  kv.add_string("general.quantized_by", kGgufWriterName);
+  add_model_keys(kv, c, result.architecture, source.config_json, result.outtype);
+  kv.add_uint32("general.quantization_version", kGgmlQuantizationVersion);
+  add_tokenizer_keys(kv, vocab, result.architecture);
+
+  // The converter reads a checkpoint's tensors sorted by name and writes them in that order.
+  std::vector<formats::TensorToWrite> hf = model::hf_weight_tensors(decoder);
+  std::sort(hf.begin(), hf.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  std::vector<formats::GgufTensor> tensors;
+  for (const auto& t : hf) {
+    formats::GgufTensor g;
+    g.name = gguf_tensor_name(t.name);
+    g.shape = t.shape;
+    bool fallback = false;
+    g.type = gguf_tensor_type(g.name, g.shape, result.outtype, &fallback);
+    if (fallback) result.f16_fallbacks.push_back(g.name);
+    const int64_t heads = gguf_permuted_heads(c, t.name);
+    const int64_t rows = t.shape[0], cols = t.shape.size() > 1 ? t.shape[1] : 1;
+    const float* data = t.data;
+    g.fill = [data, heads, rows, cols](float* dst) {
+      if (heads) {
+        permute_rows_for_gguf(data, dst, heads, rows, cols);
+      } else {
+        std::memcpy(dst, data, size_t(rows * cols) * sizeof(float));
+      }
+    };
+    tensors.push_back(std::move(g));
+  }
+  result.tensor_count = tensors.size();
+  formats::write_gguf(path, kv, tensors, progress);
+  std::error_code ec;
+  result.file_bytes = fs::file_size(path, ec);
+  return result;
+}
+
+}  // namespace keel::checkpoint

@@ -1,0 +1,53 @@
+// keel export --format gguf: a model as one GGUF file for llama.cpp (and Ollama, LM Studio,
+// llamafile on top of it), written as llama.cpp's own convert_hf_to_gguf.py writes it from the
+// Hugging Face directory keel's HF export would make: the same metadata keys and values (naming
+// aside), the same tensor names, order, shapes and bytes, the tokenizer and chat template inside.
+// The file format is formats/gguf_writer.h, the families' names gguf_names.h, the vocabulary
+// data/llama_cpp_vocab.h.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "keel/core/dtype.h"
+#include "keel/core/work_progress.h"
+#include "keel/formats/gguf_quants.h"
+#include "keel/model/decoder.h"
+
+namespace keel::checkpoint {
+
+struct GgufModelSource {
+  std::string name;            // general.name: the model's directory name
+  std::string tokenizer_dir;   // tokenizer.json, tokenizer_config.json, chat template files
+  std::string config_json;     // the config.json the converter would read (special ids, head_dim)
+  DType weights_dtype = DType::F32;  // of the matrices the converter would read: decides the default outtype
+};
+
+struct GgufExportResult {
+  std::string architecture;
+  formats::GgmlType outtype = formats::GgmlType::F16;
+  std::string outtype_reason;               // why, when keel chose it
+  std::vector<std::string> f16_fallbacks;   // matrices whose rows are not whole blocks: F16, as the converter
+  std::string pre_tokenizer;                // tokenizer.ggml.pre
+  int64_t tokens = 0, merges = 0;
+  bool chat_template = false;
+  size_t tensor_count = 0;
+  uint64_t file_bytes = 0;
+};
+
+// The converter's default (--outtype auto): bf16 weights give bf16, anything else f16.
+formats::GgmlType default_gguf_outtype(DType weights_dtype, std::string* reason);
+
+// Writes `decoder`'s fp32 weights to `path` (atomically). outtype: unset for the default.
+GgufExportResult write_gguf_model(const model::Decoder& decoder, const GgufModelSource& source, const std::string& path,
+                                  std::optional<formats::GgmlType> outtype, WorkProgress* progress = nullptr);
+
+// Before anything is read: `path` must end in .gguf, its directory exist, and a file already there
+// must be a GGUF keel wrote (it says so in general.quantized_by) unless `overwrite`.
+void check_gguf_destination(const std::string& path, bool overwrite);
+
+// The value of general.quantized_by in the files keel writes, by which it knows them again.
+inline constexpr const char* kGgufWriterName = "keel";
+
+}  // namespace keel::checkpoint

@@ -1,0 +1,129 @@
+#include "keel/checkpoint/gguf_names.h"
+
+#include <charconv>
+#include <string_view>
+#include <utility>
+
+#include "keel/core/error.h"
+
+namespace keel::checkpoint {
+namespace {
+
+using formats::GgmlType;
+
+// gguf-py's tensor map for the block tensors of the families keel writes (HF suffix -> GGUF).
+constexpr std::pair<std::string_view, std::string_view> kBlockTensors[] = {
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"self_attn.q_proj.weight", "attn_q.weight"},
+    {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},
+    {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},
+};
+
+constexpr std::pair<std::string_view, std::string_view> kModelTensors[] = {
+    {"model.embed_tokens.weight", "token_embd.weight"},
+    {"model.norm.weight", "output_norm.weight"},
+    {"lm_head.weight", "output.weight"},
+};
+
+bool llama_style(model::Family f) { return f == model::Family::Llama || f == model::Family::Mistral; }
+
+}  // namespace
+
+std::string gguf_architecture(const model::ModelConfig& config) {
+  switch (config.family) {
+    case model::Family::Llama:
+    case model::Family::Mistral: return "llama";  // the converter's LlamaModel takes MistralForCausalLM too
+    case model::Family::Qwen2: return "qwen2";
+    case model::Family::Qwen3: return "qwen3";
+    default: break;
+  }
+  fail("{} ({}): keel's GGUF export does not write this family yet (it writes Llama, Mistral, Qwen2 and Qwen3); "
+       "export a Hugging Face directory (--format hf) and convert it with llama.cpp's convert_hf_to_gguf.py",
+       model::family_display_name(config.family), config.architecture);
+}
+
+std::string gguf_tensor_name(const std::string& hf_name) {
+  for (const auto& [hf, gguf] : kModelTensors)
+    if (hf_name == hf) return std::string(gguf);
+  constexpr std::string_view kLayers = "model.layers.";
+  if (hf_name.starts_with(kLayers)) {
+    const std::string_view rest = std::string_view(hf_name).substr(kLayers.size());
+    int64_t block = -1;
+    const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), block);
+    if (ec == std::errc() && end < rest.data() + rest.size() && *end == '.') {
+      const std::string_view suffix(end + 1, size_t(rest.data() + rest.size() - end - 1));
+      for (const auto& [hf, gguf] : kBlockTensors)
+        if (suffix == hf) return "blk." + std::to_string(block) + "." + std::string(gguf);
+    }
+  }
+  fail("tensor '{}': llama.cpp's GGUF tensor map has no name for it (keel's GGUF export knows the tensors of "
+       "Llama, Mistral, Qwen2 and Qwen3 checkpoints)",
+       hf_name);
+}
+
+int64_t gguf_permuted_heads(const model::ModelConfig& config, const std::string& hf_name) {
+  if (!llama_style(config.family)) return 0;
+  auto ends = [&](std::string_view s) { return std::string_view(hf_name).ends_with(s); };
+  if (ends("q_proj.weight") || ends("q_proj.bias")) return config.num_heads;
+  if (ends("k_proj.weight") || ends("k_proj.bias")) return config.num_kv_heads;
+  return 0;
+}
+
+// weights.reshape(heads, 2, rows / heads / 2, cols).swapaxes(1, 2): output row (h, i, j) is input
+// row (h, j, i).
+void permute_rows_for_gguf(const float* src, float* dst, int64_t heads, int64_t rows, int64_t cols) {
+  require(heads > 0 && rows % (2 * heads) == 0, "GGUF permutation: {} rows do not split into {} heads of pairs", rows,
+          heads);
+  const int64_t half = rows / heads / 2;
+  for (int64_t h = 0; h < heads; ++h)
+    for (int64_t i = 0; i < half; ++i)
+      for (int64_t j = 0; j < 2; ++j) {
+        const float* from = src + ((h * 2 + j) * half + i) * cols;
+        float* to = dst + ((h * half + i) * 2 + j) * cols;
+        std::copy(from, from + cols, to);
+      }
+}
+
+GgmlType gguf_outtype_from_name(const std::string& name) {
+  if (name == "f32") return GgmlType::F32;
+  if (name == "f16") return GgmlType::F16;
+  if (name == "bf16") return GgmlType::BF16;
+  if (name == "q8_0") return GgmlType::Q8_0;
+  if (name == "q4_0") return GgmlType::Q4_0;
+  fail("--outtype: expected f32, f16, bf16, q8_0 or q4_0, found '{}'", name);
+}
+
+uint32_t gguf_file_type(GgmlType outtype) {
+  switch (outtype) {
+    case GgmlType::F32: return 0;
+    case GgmlType::F16: return 1;
+    case GgmlType::Q4_0: return 2;
+    case GgmlType::Q8_0: return 7;
+    case GgmlType::BF16: return 32;
+  }
+  return 0;
+}
+
+GgmlType gguf_tensor_type(const std::string& gguf_name, const std::vector<int64_t>& shape, GgmlType outtype,
+                          bool* fallback) {
+  if (fallback) *fallback = false;
+  const std::string_view name(gguf_name);
+  if (shape.size() <= 1 || name.ends_with("_norm.weight") || !name.ends_with(".weight")) return GgmlType::F32;
+  if (!formats::ggml_row_fits(outtype, shape.back())) {
+    if (fallback) *fallback = true;
+    return GgmlType::F16;
+  }
+  return outtype;
+}
+
+}  // namespace keel::checkpoint

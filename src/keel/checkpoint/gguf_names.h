@@ -1,0 +1,42 @@
+// llama.cpp's view of keel's families, as its converter (convert_hf_to_gguf.py with gguf-py's
+// tensor map) writes them: the GGUF architecture of each family, each Hugging Face tensor's GGUF
+// name, the row permutation it applies to Llama-style query and key projections, and the type each
+// tensor is stored in for a given --outtype. The file format itself is formats/gguf_writer.h.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "keel/formats/gguf_quants.h"
+#include "keel/model/config.h"
+
+namespace keel::checkpoint {
+
+// The GGUF architecture (`general.architecture`) of a family: "llama" for Llama and Mistral,
+// "qwen2", "qwen3". Families keel does not write yet are a keel::Error naming the family.
+std::string gguf_architecture(const model::ModelConfig& config);
+
+// "model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight", ...; a keel::Error naming the
+// tensor for one llama.cpp has no name for.
+std::string gguf_tensor_name(const std::string& hf_name);
+
+// Llama and Mistral: the converter's LlamaModel.permute on q_proj and k_proj (weights and biases):
+// within each head, rows (i, i + head_dim/2) -- the rotate_half pairs -- become rows (2i, 2i + 1),
+// the adjacent pairs ggml's RoPE rotates. 0 when the tensor is not permuted.
+int64_t gguf_permuted_heads(const model::ModelConfig& config, const std::string& hf_name);
+// rows x cols values of `heads` heads, src -> dst (cols 1 for a bias).
+void permute_rows_for_gguf(const float* src, float* dst, int64_t heads, int64_t rows, int64_t cols);
+
+// The --outtype values (the converter's names) and the file type each gives (general.file_type,
+// llama_ftype: 0 all f32, 1 mostly f16, 2 mostly q4_0, 7 mostly q8_0, 32 mostly bf16).
+formats::GgmlType gguf_outtype_from_name(const std::string& name);
+uint32_t gguf_file_type(formats::GgmlType outtype);
+
+// The type a tensor is stored in (prepare_tensors): vectors, norms and anything not named
+// ".weight" in F32; a matrix in `outtype`, or F16 where its rows are not whole blocks of a block
+// type (the converter's fallback on gguf-py's QuantError). `fallback` tells the caller it happened.
+formats::GgmlType gguf_tensor_type(const std::string& gguf_name, const std::vector<int64_t>& shape,
+                                   formats::GgmlType outtype, bool* fallback = nullptr);
+
+}  // namespace keel::checkpoint

@@ -1,0 +1,143 @@
+// The pieces of keel's GGUF export around the file format: llama.cpp's names for keel's families
+// (checkpoint/gguf_names.h), the destination rules (gguf_export.h) and the SHA-256 the pre-tokenizer
+// lookup hashes with (core/sha256.h). That whole files equal llama.cpp's converter's is
+// tests/reference/gguf_reference.py's.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "keel/checkpoint/gguf_export.h"
+#include "keel/checkpoint/gguf_names.h"
+#include "keel/core/file_io.h"
+#include "keel/core/sha256.h"
+#include "keel/data/llama_cpp_vocab.h"
+#include "keel/formats/gguf_writer.h"
+#include "test_support.h"
+
+namespace keel::checkpoint {
+namespace {
+
+using formats::GgmlType;
+using testing::expect_keel_error;
+using testing::TempDir;
+
+TEST(Sha256, KnownDigests) {
+  EXPECT_EQ(sha256_hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(sha256_hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  // 56 bytes: the padding needs a second block.
+  EXPECT_EQ(sha256_hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  EXPECT_EQ(sha256_hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(GgufNames, HfTensorsGetLlamaCppNames) {
+  EXPECT_EQ(gguf_tensor_name("model.embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(gguf_tensor_name("lm_head.weight"), "output.weight");
+  EXPECT_EQ(gguf_tensor_name("model.norm.weight"), "output_norm.weight");
+  EXPECT_EQ(gguf_tensor_name("model.layers.12.self_attn.k_proj.bias"), "blk.12.attn_k.bias");
+  EXPECT_EQ(gguf_tensor_name("model.layers.0.self_attn.q_norm.weight"), "blk.0.attn_q_norm.weight");
+  EXPECT_EQ(gguf_tensor_name("model.layers.3.post_attention_layernorm.weight"), "blk.3.ffn_norm.weight");
+  EXPECT_EQ(gguf_tensor_name("model.layers.3.mlp.down_proj.weight"), "blk.3.ffn_down.weight");
+  expect_keel_error([] { gguf_tensor_name("model.layers.0.mlp.gate_up_proj.weight"); },
+                    {"'model.layers.0.mlp.gate_up_proj.weight'", "no name"});
+  expect_keel_error([] { gguf_tensor_name("model.layers.x.mlp.up_proj.weight"); }, {"model.layers.x"});
+}
+
+model::ModelConfig config_of(model::Family family) {
+  model::ModelConfig c;
+  c.family = family;
+  c.architecture = "X";
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  return c;
+}
+
+TEST(GgufNames, FamiliesLlamaCppRunsButKeelDoesNotWriteAreRefusedByName) {
+  EXPECT_EQ(gguf_architecture(config_of(model::Family::Llama)), "llama");
+  EXPECT_EQ(gguf_architecture(config_of(model::Family::Mistral)), "llama");
+  EXPECT_EQ(gguf_architecture(config_of(model::Family::Qwen2)), "qwen2");
+  EXPECT_EQ(gguf_architecture(config_of(model::Family::Qwen3)), "qwen3");
+  expect_keel_error([] { gguf_architecture(config_of(model::Family::Gemma2)); },
+                    {"Gemma 2", "does not write this family yet", "convert_hf_to_gguf.py"});
+  expect_keel_error([] { gguf_architecture(config_of(model::Family::GlmOriginal)); }, {"not write this family"});
+}
+
+// Llama's rotate_half pairs (i, i + d/2) become ggml's adjacent pairs (2i, 2i + 1), per head.
+TEST(GgufNames, QueryAndKeyRowsArePermutedForLlamaOnly) {
+  const auto llama = config_of(model::Family::Llama);
+  EXPECT_EQ(gguf_permuted_heads(llama, "model.layers.0.self_attn.q_proj.weight"), 2);
+  EXPECT_EQ(gguf_permuted_heads(llama, "model.layers.0.self_attn.k_proj.bias"), 1);
+  EXPECT_EQ(gguf_permuted_heads(llama, "model.layers.0.self_attn.v_proj.weight"), 0);
+  EXPECT_EQ(gguf_permuted_heads(config_of(model::Family::Qwen2), "model.layers.0.self_attn.q_proj.weight"), 0);
+  // Two heads of four rows (head_dim 4), one column: head 0 rows 0 1 2 3 -> 0 2 1 3.
+  const std::vector<float> src = {0, 1, 2, 3, 10, 11, 12, 13};
+  std::vector<float> dst(8);
+  permute_rows_for_gguf(src.data(), dst.data(), 2, 8, 1);
+  EXPECT_EQ(dst, (std::vector<float>{0, 2, 1, 3, 10, 12, 11, 13}));
+  expect_keel_error([&] { permute_rows_for_gguf(src.data(), dst.data(), 3, 8, 1); }, {"8 rows", "3 heads"});
+}
+
+TEST(GgufNames, TensorTypesFollowTheConverter) {
+  EXPECT_EQ(gguf_tensor_type("blk.0.attn_norm.weight", {64}, GgmlType::Q8_0), GgmlType::F32);
+  EXPECT_EQ(gguf_tensor_type("blk.0.attn_q_norm.weight", {32}, GgmlType::F16), GgmlType::F32);
+  EXPECT_EQ(gguf_tensor_type("blk.0.attn_q.bias", {64}, GgmlType::BF16), GgmlType::F32);
+  EXPECT_EQ(gguf_tensor_type("token_embd.weight", {100, 64}, GgmlType::Q8_0), GgmlType::Q8_0);
+  bool fallback = false;
+  EXPECT_EQ(gguf_tensor_type("blk.0.ffn_down.weight", {64, 80}, GgmlType::Q8_0, &fallback), GgmlType::F16);
+  EXPECT_TRUE(fallback);
+  EXPECT_EQ(gguf_tensor_type("blk.0.ffn_down.weight", {64, 80}, GgmlType::BF16, &fallback), GgmlType::BF16);
+  EXPECT_FALSE(fallback);
+  EXPECT_EQ(gguf_outtype_from_name("q8_0"), GgmlType::Q8_0);
+  EXPECT_EQ(gguf_file_type(GgmlType::BF16), 32u);
+  expect_keel_error([] { gguf_outtype_from_name("q4_k_m"); }, {"--outtype", "f32, f16, bf16, q8_0 or q4_0", "q4_k_m"});
+}
+
+TEST(GgufExport, DefaultOuttypeIsTheConvertersAuto) {
+  std::string reason;
+  EXPECT_EQ(default_gguf_outtype(DType::BF16, &reason), GgmlType::BF16);
+  EXPECT_EQ(default_gguf_outtype(DType::F32, &reason), GgmlType::F16);
+  EXPECT_NE(reason.find("fp32"), std::string::npos);
+  EXPECT_EQ(default_gguf_outtype(DType::F16, nullptr), GgmlType::F16);
+}
+
+// A file keel did not write may be someone's model: refused unless --overwrite. One keel wrote
+// (general.quantized_by = "keel") is replaced.
+TEST(GgufExport, DestinationRefusesFilesKeelDidNotWrite) {
+  TempDir dir;
+  const std::string foreign = dir / "theirs.gguf";
+  write_file_atomic(foreign, "GGUF and more bytes of somebody's model");
+  expect_keel_error([&] { check_gguf_destination(foreign, false); }, {foreign, "keel did not write it", "--overwrite"});
+  check_gguf_destination(foreign, true);
+
+  const std::string ours = dir / "ours.gguf";
+  formats::GgufMetadata kv;
+  kv.add_string("general.architecture", "llama");
+  kv.add_string("general.type", "model");
+  kv.add_string("general.name", "m");
+  kv.add_string("general.quantized_by", kGgufWriterName);
+  formats::write_gguf(ours, kv, {{"t", {1}, GgmlType::F32, [](float* d) { d[0] = 1; }}});
+  check_gguf_destination(ours, false);
+  check_gguf_destination(dir / "new.gguf", false);
+
+  expect_keel_error([&] { check_gguf_destination(dir / "model.bin", false); }, {"ending in .gguf", "model.bin"});
+  expect_keel_error([&] { check_gguf_destination(dir / "missing/m.gguf", false); }, {"does not exist"});
+}
+
+// A tokenizer llama.cpp's table does not know cannot be tokenized there as it was trained: refused.
+TEST(GgufExport, UnknownPreTokenizerAndSentencePieceAreRefused) {
+  TempDir dir;
+  write_file_atomic(dir / "tokenizer.json",
+                    R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]},
+                        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false},
+                        "added_tokens": []})");
+  expect_keel_error([&] { data::llama_cpp_bpe_vocab(dir.path(), 3, "{}"); },
+                    {"tokenizer.json", "llama.cpp does not know this tokenizer's pre-tokenizer"});
+  TempDir sp;
+  write_file_atomic(sp / "tokenizer.model", "x");
+  expect_keel_error([&] { data::llama_cpp_bpe_vocab(sp.path(), 3, "{}"); }, {"SentencePiece", "convert_hf_to_gguf.py"});
+  EXPECT_EQ(data::llama_cpp_pre_tokenizer_name({1, 2, 3}), "");
+}
+
+}  // namespace
+}  // namespace keel::checkpoint
