@@ -8,7 +8,8 @@ and the files must agree: every metadata key with its type and encoded value, in
 aside: general.name and the like, which the converter derives from the directory's name, and
 general.quantized_by, by which keel knows its files), and every tensor's name, order, type, shape
 and bytes. Variants: a bf16 checkpoint (auto gives bf16), rows that are not whole q8_0 blocks (f16
-fallback), tied and untied LM heads, q/k biases (qwen2), q/k norms (qwen3).
+fallback), tied and untied LM heads, q/k biases (qwen2), q/k norms (qwen3), Gemma 3's norms plus one
+and its sandwich norms.
 
   gguf_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3]
 """
@@ -36,6 +37,8 @@ CASES = {
     # ffn_down's rows of 80 values are not whole q8_0 blocks: f16, as the converter falls back
     "qwen2": ("qwen3", {"intermediate_size": 80}, torch.float32, ("f16", "q8_0")),
     "qwen3": ("qwen3", {"tie_word_embeddings": False}, torch.float32, (None, "bf16", "q8_0")),
+    # norms stored plus one; Gemma 3's tokenizer.json (SentencePiece-style, byte fallback) read as BPE
+    "gemma3": ("gemma3", {}, torch.float32, ("f32", "q8_0")),
 }
 KEPT_GENERAL = {"general.architecture", "general.type", "general.file_type", "general.quantization_version",
                 "general.alignment"}

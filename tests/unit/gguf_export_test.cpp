@@ -31,17 +31,28 @@ TEST(Sha256, KnownDigests) {
   EXPECT_EQ(sha256_hex(std::string(1000000, 'a')), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
 }
 
+model::ModelConfig config_of(model::Family family);
+const model::ModelConfig kLlama = config_of(model::Family::Llama);
+
 TEST(GgufNames, HfTensorsGetLlamaCppNames) {
-  EXPECT_EQ(gguf_tensor_name("model.embed_tokens.weight"), "token_embd.weight");
-  EXPECT_EQ(gguf_tensor_name("lm_head.weight"), "output.weight");
-  EXPECT_EQ(gguf_tensor_name("model.norm.weight"), "output_norm.weight");
-  EXPECT_EQ(gguf_tensor_name("model.layers.12.self_attn.k_proj.bias"), "blk.12.attn_k.bias");
-  EXPECT_EQ(gguf_tensor_name("model.layers.0.self_attn.q_norm.weight"), "blk.0.attn_q_norm.weight");
-  EXPECT_EQ(gguf_tensor_name("model.layers.3.post_attention_layernorm.weight"), "blk.3.ffn_norm.weight");
-  EXPECT_EQ(gguf_tensor_name("model.layers.3.mlp.down_proj.weight"), "blk.3.ffn_down.weight");
-  expect_keel_error([] { gguf_tensor_name("model.layers.0.mlp.gate_up_proj.weight"); },
+  EXPECT_EQ(gguf_tensor_name(kLlama, "model.embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(gguf_tensor_name(kLlama, "lm_head.weight"), "output.weight");
+  EXPECT_EQ(gguf_tensor_name(kLlama, "model.norm.weight"), "output_norm.weight");
+  EXPECT_EQ(gguf_tensor_name(kLlama, "model.layers.12.self_attn.k_proj.bias"), "blk.12.attn_k.bias");
+  EXPECT_EQ(gguf_tensor_name(kLlama, "model.layers.0.self_attn.q_norm.weight"), "blk.0.attn_q_norm.weight");
+  EXPECT_EQ(gguf_tensor_name(kLlama, "model.layers.3.post_attention_layernorm.weight"), "blk.3.ffn_norm.weight");
+  EXPECT_EQ(gguf_tensor_name(kLlama, "model.layers.3.mlp.down_proj.weight"), "blk.3.ffn_down.weight");
+  expect_keel_error([] { gguf_tensor_name(kLlama, "model.layers.0.mlp.gate_up_proj.weight"); },
                     {"'model.layers.0.mlp.gate_up_proj.weight'", "no name"});
-  expect_keel_error([] { gguf_tensor_name("model.layers.x.mlp.up_proj.weight"); }, {"model.layers.x"});
+  expect_keel_error([] { gguf_tensor_name(kLlama, "model.layers.x.mlp.up_proj.weight"); }, {"model.layers.x"});
+  // Gemma's sandwich norms: post_attention_layernorm is on the attention's output there.
+  const auto gemma = config_of(model::Family::Gemma3);
+  EXPECT_EQ(gguf_tensor_name(gemma, "model.layers.1.post_attention_layernorm.weight"), "blk.1.post_attention_norm.weight");
+  EXPECT_EQ(gguf_tensor_name(gemma, "model.layers.1.pre_feedforward_layernorm.weight"), "blk.1.ffn_norm.weight");
+  EXPECT_EQ(gguf_tensor_name(gemma, "model.layers.1.post_feedforward_layernorm.weight"), "blk.1.post_ffw_norm.weight");
+  EXPECT_EQ(gguf_norm_shift(gemma, "model.layers.1.self_attn.q_norm.weight"), 1.0f);
+  EXPECT_EQ(gguf_norm_shift(gemma, "model.layers.1.self_attn.q_proj.weight"), 0.0f);
+  EXPECT_EQ(gguf_norm_shift(kLlama, "model.norm.weight"), 0.0f);
 }
 
 model::ModelConfig config_of(model::Family family) {
@@ -58,6 +69,7 @@ TEST(GgufNames, FamiliesLlamaCppRunsButKeelDoesNotWriteAreRefusedByName) {
   EXPECT_EQ(gguf_architecture(config_of(model::Family::Mistral)), "llama");
   EXPECT_EQ(gguf_architecture(config_of(model::Family::Qwen2)), "qwen2");
   EXPECT_EQ(gguf_architecture(config_of(model::Family::Qwen3)), "qwen3");
+  EXPECT_EQ(gguf_architecture(config_of(model::Family::Gemma3)), "gemma3");
   expect_keel_error([] { gguf_architecture(config_of(model::Family::Gemma2)); },
                     {"Gemma 2", "does not write this family yet", "convert_hf_to_gguf.py"});
   expect_keel_error([] { gguf_architecture(config_of(model::Family::GlmOriginal)); }, {"not write this family"});

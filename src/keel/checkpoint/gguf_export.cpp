@@ -42,12 +42,21 @@ void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::st
   kv.add_uint32(key("attention.head_count"), uint32_t(c.num_heads));
   kv.add_uint32(key("attention.head_count_kv"), uint32_t(c.num_kv_heads));
   kv.add_float32(key("rope.freq_base"), float(c.rope_theta));
+  if (c.rope_local_theta > 0) kv.add_float32(key("rope.freq_base_swa"), float(c.rope_local_theta));
   kv.add_float32(key("attention.layer_norm_rms_epsilon"), float(c.rms_norm_eps));
-  if (config_has(config_json, "head_dim")) {  // only where config.json states it
+  // Only where config.json states head_dim, as the converter; Gemma 3 adds them anyway, after.
+  const bool head_dim_stated = config_has(config_json, "head_dim");
+  auto add_head_lengths = [&] {
     kv.add_uint32(key("attention.key_length"), uint32_t(c.head_dim));
     kv.add_uint32(key("attention.value_length"), uint32_t(c.head_dim));
-  }
+  };
+  if (head_dim_stated) add_head_lengths();
   kv.add_uint32("general.file_type", gguf_file_type(outtype));
+  if (arch == "gemma3") {  // Gemma3Model.set_gguf_parameters
+    if (!head_dim_stated) add_head_lengths();
+    if (c.final_logit_softcap > 0) kv.add_float32(key("final_logit_softcapping"), float(c.final_logit_softcap));
+    if (c.sliding_window > 0) kv.add_uint32(key("attention.sliding_window"), uint32_t(c.sliding_window));
+  }
   if (arch == "llama") {  // LlamaModel.set_gguf_parameters
     kv.add_uint32(key("vocab_size"), uint32_t(c.vocab_size));
     kv.add_uint32(key("rope.dimension_count"), uint32_t(c.head_dim));
@@ -127,6 +136,11 @@ GgufExportResult write_gguf_model(const model::Decoder& decoder, const GgufModel
   result.outtype = outtype ? *outtype : default_gguf_outtype(source.weights_dtype, &result.outtype_reason);
 
   const data::LlamaCppVocab vocab = data::llama_cpp_bpe_vocab(source.tokenizer_dir, c.vocab_size, source.config_json);
+  require(!(vocab.byte_fallback && result.architecture == "llama"),
+          "{}/tokenizer.json: a SentencePiece-style vocabulary (byte_fallback), which llama.cpp's converter writes "
+          "for Llama-style models as \"llama\" with scores; keel's GGUF export does not write that form yet (use "
+          "convert_hf_to_gguf.py on a --format hf export)",
+          source.tokenizer_dir);
   result.pre_tokenizer = vocab.pre;
   result.tokens = int64_t(vocab.tokens.size());
   result.merges = int64_t(vocab.merges.size());
@@ -147,20 +161,32 @@ GgufExportResult write_gguf_model(const model::Decoder& decoder, const GgufModel
   std::vector<formats::GgufTensor> tensors;
   for (const auto& t : hf) {
     formats::GgufTensor g;
-    g.name = gguf_tensor_name(t.name);
+    g.name = gguf_tensor_name(c, t.name);
     g.shape = t.shape;
     bool fallback = false;
     g.type = gguf_tensor_type(g.name, g.shape, result.outtype, &fallback);
     if (fallback) result.f16_fallbacks.push_back(g.name);
     const int64_t heads = gguf_permuted_heads(c, t.name);
-    const int64_t rows = t.shape[0], cols = t.shape.size() > 1 ? t.shape[1] : 1;
+    int64_t rows = t.shape[0];
+    const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
+    if (result.architecture == "gemma3" && g.name == "token_embd.weight") {
+      // Gemma3Model drops the embedding's rows past the tokenizer's (its vocab + added tokens).
+      rows = std::min(rows, vocab.tokenizer_json_entries + vocab.added_tokens);
+      g.shape[0] = rows;
+    }
+    const float shift = gguf_norm_shift(c, t.name);
+    // The converter adds in the checkpoint's dtype where that is f16 (bf16 it widens first).
+    const bool f16_arithmetic = source.weights_dtype == DType::F16;
     const float* data = t.data;
-    g.fill = [data, heads, rows, cols](float* dst) {
+    g.fill = [data, heads, rows, cols, shift, f16_arithmetic](float* dst) {
       if (heads) {
         permute_rows_for_gguf(data, dst, heads, rows, cols);
       } else {
         std::memcpy(dst, data, size_t(rows * cols) * sizeof(float));
       }
+      if (shift != 0.0f)
+        for (int64_t i = 0; i < rows * cols; ++i)
+          dst[i] = f16_arithmetic ? f16_to_float(float_to_f16(dst[i] + shift)) : dst[i] + shift;
     };
     tensors.push_back(std::move(g));
   }

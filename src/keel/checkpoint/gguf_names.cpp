@@ -29,6 +29,14 @@ constexpr std::pair<std::string_view, std::string_view> kBlockTensors[] = {
     {"mlp.down_proj.weight", "ffn_down.weight"},
 };
 
+// Gemma's sandwich norms: its post_attention_layernorm is on the attention's output, and the norm
+// before the MLP is pre_feedforward_layernorm (gguf-py's GEMMA3 tensor list).
+constexpr std::pair<std::string_view, std::string_view> kGemmaBlockTensors[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+};
+
 constexpr std::pair<std::string_view, std::string_view> kModelTensors[] = {
     {"model.embed_tokens.weight", "token_embd.weight"},
     {"model.norm.weight", "output_norm.weight"},
@@ -45,14 +53,16 @@ std::string gguf_architecture(const model::ModelConfig& config) {
     case model::Family::Mistral: return "llama";  // the converter's LlamaModel takes MistralForCausalLM too
     case model::Family::Qwen2: return "qwen2";
     case model::Family::Qwen3: return "qwen3";
+    case model::Family::Gemma3: return "gemma3";
     default: break;
   }
-  fail("{} ({}): keel's GGUF export does not write this family yet (it writes Llama, Mistral, Qwen2 and Qwen3); "
+  fail("{} ({}): keel's GGUF export does not write this family yet (it writes Llama, Mistral, Qwen2, Qwen3 and "
+       "Gemma 3); "
        "export a Hugging Face directory (--format hf) and convert it with llama.cpp's convert_hf_to_gguf.py",
        model::family_display_name(config.family), config.architecture);
 }
 
-std::string gguf_tensor_name(const std::string& hf_name) {
+std::string gguf_tensor_name(const model::ModelConfig& config, const std::string& hf_name) {
   for (const auto& [hf, gguf] : kModelTensors)
     if (hf_name == hf) return std::string(gguf);
   constexpr std::string_view kLayers = "model.layers.";
@@ -62,13 +72,20 @@ std::string gguf_tensor_name(const std::string& hf_name) {
     const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), block);
     if (ec == std::errc() && end < rest.data() + rest.size() && *end == '.') {
       const std::string_view suffix(end + 1, size_t(rest.data() + rest.size() - end - 1));
+      if (config.gemma())
+        for (const auto& [hf, gguf] : kGemmaBlockTensors)
+          if (suffix == hf) return "blk." + std::to_string(block) + "." + std::string(gguf);
       for (const auto& [hf, gguf] : kBlockTensors)
         if (suffix == hf) return "blk." + std::to_string(block) + "." + std::string(gguf);
     }
   }
   fail("tensor '{}': llama.cpp's GGUF tensor map has no name for it (keel's GGUF export knows the tensors of "
-       "Llama, Mistral, Qwen2 and Qwen3 checkpoints)",
+       "Llama, Mistral, Qwen2, Qwen3 and Gemma 3 checkpoints)",
        hf_name);
+}
+
+float gguf_norm_shift(const model::ModelConfig& config, const std::string& hf_name) {
+  return config.family == model::Family::Gemma3 && std::string_view(hf_name).ends_with("norm.weight") ? 1.0f : 0.0f;
 }
 
 int64_t gguf_permuted_heads(const model::ModelConfig& config, const std::string& hf_name) {

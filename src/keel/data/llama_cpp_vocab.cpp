@@ -170,9 +170,33 @@ void read_post_processor(element tokenizer, element* config, LlamaCppVocab& v) {
         auto st = member(item, "SpecialToken");
         return st ? string_member(*st, "id") : std::nullopt;
       };
-      element first = single.at(0), last = single.at(single.size() - 1);
-      if (auto f = special_id(first)) set_add(v, "bos", bos && *f == *bos, false);
-      if (auto l = special_id(last)) set_add(v, "eos", eos && *l == *eos, false);
+      const auto first = special_id(single.at(0)), last = special_id(single.at(single.size() - 1));
+      if (first) set_add(v, "bos", bos && *first == *bos, false);
+      if (last) set_add(v, "eos", eos && *last == *eos, false);
+      // The pair template A [sep] [eos] B: whether a separator is added (add_sep_token).
+      std::vector<element> pair;
+      array pair_list;
+      if (auto pr = member(p, "pair"); pr && pr->get_array().get(pair_list) == simdjson::SUCCESS)
+        for (element e : pair_list) pair.push_back(e);
+      if (pair.empty()) continue;
+      size_t begin = first && special_id(pair.front()) == first ? 1 : 0;
+      size_t end = last && special_id(pair.back()) == last ? pair.size() - 1 : pair.size();
+      if (begin >= end) continue;
+      auto sequence_id = [](element item) {
+        auto sq = member(item, "Sequence");
+        return sq ? string_member(*sq, "id") : std::nullopt;
+      };
+      if (sequence_id(pair[begin]) != std::string_view("A") || sequence_id(pair[end - 1]) != std::string_view("B") ||
+          end - begin <= 2)
+        continue;
+      const auto sep = config ? config_token(*config, "sep_token") : std::nullopt;
+      auto separator = [&](element item) {
+        const auto id = special_id(item);
+        return id && ((sep && *id == *sep) || (eos && *id == *eos));
+      };
+      bool add_sep = separator(pair[begin + 1]) && !last;
+      if (end - begin - 2 == 2 && separator(pair[begin + 2])) add_sep = true;
+      set_add(v, "sep", add_sep, false);
     } else if (type == "RobertaProcessing") {
       set_add(v, "bos", true, false);
       set_add(v, "eos", true, false);
@@ -216,12 +240,11 @@ LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, co
               string_member(model, "type") == std::string_view("BPE"),
           "{}: model.type: expected \"BPE\" (a byte-level BPE tokenizer); keel's GGUF export writes no other",
           tokenizer_path);
-  require(!bool_member(model, "byte_fallback").value_or(false),
-          "{}: model.byte_fallback is true: a SentencePiece-style vocabulary, which llama.cpp reads as \"llama\" with "
-          "scores; keel's GGUF export writes byte-level BPE only (use llama.cpp's convert_hf_to_gguf.py)",
-          tokenizer_path);
-
   LlamaCppVocab v;
+  v.byte_fallback = bool_member(model, "byte_fallback").value_or(false);
+  v.tokenizer_json_entries = int64_t(member(model, "vocab") && member(model, "vocab")->is_object()
+                                         ? object(*member(model, "vocab")).size()
+                                         : 0);
   // The ids the tokenizer gives the converter's fixed text name its pre-tokenizer.
   const Tokenizer keel_tokenizer = load_hf_tokenizer_json(tokenizer_path);
   v.pre = llama_cpp_pre_tokenizer_name(
@@ -243,7 +266,7 @@ LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, co
     by_id[id] = std::string(key);
   }
   std::map<int64_t, LlamaCppTokenType> added_type;
-  array added;
+  array added{};
   if (auto a = member(tokenizer->root, "added_tokens"); a && a->get_array().get(added) == simdjson::SUCCESS) {
     for (element t : added) {
       int64_t id;
@@ -260,6 +283,7 @@ LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, co
       by_id[id] = token;
     }
   }
+  v.added_tokens = int64_t(added.size());
   require(by_id.empty() || by_id.rbegin()->first < vocab_size,
           "{}: token id {} is outside the model's vocabulary of {} (config.json vocab_size)", tokenizer_path,
           by_id.rbegin()->first, vocab_size);

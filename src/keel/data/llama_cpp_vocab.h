@@ -4,9 +4,9 @@
 // decides, keel decides the same way (its get_vocab_base, get_vocab_base_pre and gguf-py's
 // SpecialVocab); the GGUF keys themselves are written by checkpoint/gguf_export.h.
 //
-// Byte-level BPE tokenizers (tokenizer.json with a BPE model: Llama 3, Qwen2/3, GLM-4, Mistral's
-// Tekken-style ones) are what this covers, the converter's "gpt2" path. SentencePiece vocabularies
-// (a tokenizer.model, or a tokenizer.json with byte fallback) are a keel::Error saying so.
+// tokenizer.json BPE vocabularies read through transformers (Llama 3, Qwen2/3, GLM-4, Gemma 3's
+// tokenizer.json) are what this covers, the converter's "gpt2" path. A SentencePiece tokenizer.model
+// alone is a keel::Error saying so.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -31,6 +31,10 @@ struct LlamaCppVocab {
   std::optional<std::string> chat_template;
   std::optional<bool> normalizer_lowercase, normalizer_strip_accents;
   std::optional<bool> add_prefix_space;  // tokenizer_config.json's, which the Llama converter writes
+  // tokenizer.json's model.byte_fallback: a SentencePiece-style vocabulary, which the converter
+  // reads this way for some families (Gemma 3, Qwen) and as "llama" with scores for others (Llama).
+  bool byte_fallback = false;
+  int64_t tokenizer_json_entries = 0, added_tokens = 0;  // model.vocab's and added_tokens' lengths
 };
 
 // Reads `dir`'s tokenizer.json, tokenizer_config.json, chat_template.jinja / .json, and the model's
