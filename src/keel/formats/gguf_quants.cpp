@@ -15,6 +15,8 @@ constexpr int64_t kQuantBlock = 32;  // QK8_0 = QK4_0 = 32
 
 uint32_t float_bits(float f) { return std::bit_cast<uint32_t>(f); }
 
+void store_u16(uint8_t* out, uint16_t v) { std::memcpy(out, &v, 2); }
+
 // ggml_compute_fp32_to_bf16 (gguf-py's BF16.quantize_blocks).
 uint16_t ggml_float_to_bf16(float f) {
   uint32_t n = float_bits(f);
@@ -36,8 +38,7 @@ void quantize_q8_0_block(const float* x, uint8_t* out) {
   for (int64_t j = 0; j < kQuantBlock; ++j) amax = std::fmax(amax, std::fabs(x[j]));
   const float d = amax / 127.0f;
   const float id = d == 0.0f ? 0.0f : 1.0f / d;
-  const uint16_t dh = numpy_float_to_half(d);
-  std::memcpy(out, &dh, 2);
+  store_u16(out, numpy_float_to_half(d));
   for (int64_t j = 0; j < kQuantBlock; ++j) out[2 + j] = uint8_t(int8_t(np_roundf(x[j] * id)));
 }
 
@@ -47,8 +48,7 @@ void quantize_q4_0_block(const float* x, uint8_t* out) {
     if (std::fabs(x[j]) > std::fabs(x[imax])) imax = j;
   const float d = x[imax] / -8.0f;
   const float id = d == 0.0f ? 0.0f : 1.0f / d;
-  const uint16_t dh = numpy_float_to_half(d);
-  std::memcpy(out, &dh, 2);
+  store_u16(out, numpy_float_to_half(d));
   uint8_t q[kQuantBlock];
   for (int64_t j = 0; j < kQuantBlock; ++j) {
     // trunc(x * id + 8.5) lies in [0, 16.5]; astype(uint8) then clip(0, 15).
@@ -110,25 +110,22 @@ void ggml_quantize(GgmlType type, const float* x, int64_t count, uint8_t* dst) {
           ggml_type_name(type), ggml_block_size(type), count);
   const int64_t blocks = count / ggml_block_size(type);
   const int64_t bytes = ggml_type_size(type);
+  // One loop per type (the float types are a block per element: no dispatch inside them).
   parallel_for(blocks, blocks > 4096, [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const float* in = x + b * ggml_block_size(type);
-      uint8_t* out = dst + b * bytes;
-      switch (type) {
-        case GgmlType::F32: std::memcpy(out, in, 4); break;
-        case GgmlType::F16: {
-          const uint16_t h = numpy_float_to_half(*in);
-          std::memcpy(out, &h, 2);
-          break;
-        }
-        case GgmlType::BF16: {
-          const uint16_t h = ggml_float_to_bf16(*in);
-          std::memcpy(out, &h, 2);
-          break;
-        }
-        case GgmlType::Q8_0: quantize_q8_0_block(in, out); break;
-        case GgmlType::Q4_0: quantize_q4_0_block(in, out); break;
-      }
+    switch (type) {
+      case GgmlType::F32: std::memcpy(dst + begin * 4, x + begin, size_t(end - begin) * 4); break;
+      case GgmlType::F16:
+        for (int64_t i = begin; i < end; ++i) store_u16(dst + 2 * i, numpy_float_to_half(x[i]));
+        break;
+      case GgmlType::BF16:
+        for (int64_t i = begin; i < end; ++i) store_u16(dst + 2 * i, ggml_float_to_bf16(x[i]));
+        break;
+      case GgmlType::Q8_0:
+        for (int64_t b = begin; b < end; ++b) quantize_q8_0_block(x + b * kQuantBlock, dst + b * bytes);
+        break;
+      case GgmlType::Q4_0:
+        for (int64_t b = begin; b < end; ++b) quantize_q4_0_block(x + b * kQuantBlock, dst + b * bytes);
+        break;
     }
   });
 }
