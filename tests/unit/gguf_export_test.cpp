@@ -151,5 +151,21 @@ TEST(GgufExport, UnknownPreTokenizerAndSentencePieceAreRefused) {
   EXPECT_EQ(data::llama_cpp_pre_tokenizer_name({1, 2, 3}), "");
 }
 
+// A fine-tuned model that never stops in llama.cpp is what a lost end-of-turn token gives: llama.cpp
+// stops on EOS and on the tokens it knows by their text, nothing else.
+TEST(GgufExport, LlamaCppEndsGenerationOnEosAndTheTokensItKnowsByName) {
+  data::LlamaCppVocab v;
+  v.tokens = {"a", "<|im_end|>", "<|turn_end|>", "<end_of_turn>", "</s>"};
+  v.special_ids = {{"bos", 0}, {"eos", 2}};
+  EXPECT_FALSE(data::llama_cpp_ends_generation(v, 0));
+  EXPECT_TRUE(data::llama_cpp_ends_generation(v, 1));
+  EXPECT_TRUE(data::llama_cpp_ends_generation(v, 2));  // unknown by name, but EOS
+  EXPECT_TRUE(data::llama_cpp_ends_generation(v, 3));
+  EXPECT_TRUE(data::llama_cpp_ends_generation(v, 4));
+  EXPECT_FALSE(data::llama_cpp_ends_generation(v, 5));
+  v.special_ids = {{"bos", 2}};
+  EXPECT_FALSE(data::llama_cpp_ends_generation(v, 2));
+}
+
 }  // namespace
 }  // namespace keel::checkpoint

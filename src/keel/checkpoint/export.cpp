@@ -72,30 +72,44 @@ bool is_model_directory(const std::string& dir) {
 
 // The dtype of the first matrix in the order the converter reads the files (names sorted): what its
 // --outtype auto looks at.
-DType first_matrix_dtype(const std::string& dir) {
-  const auto reader = formats::CheckpointReader::open_dir(dir);
+DType first_matrix_dtype(const formats::CheckpointReader& reader) {
   for (const auto& name : reader.names())
     if (reader.get(name).shape.size() >= 2) return reader.dtype_of(name);
   return DType::F32;
 }
 
-// keel export MODEL_DIR --format gguf: any model keel loads, without a training run.
+// What the converter skips of a checkpoint's tensors (buffers, not weights).
+bool converter_skips(const std::string& name) {
+  for (const char* suffix : {".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq"})
+    if (name.ends_with(suffix)) return true;
+  return false;
+}
+
+// keel export MODEL_DIR --format gguf: any model keel loads, without a training run. The tensors
+// stream from the directory's files one at a time (as the converter reads them), so the export
+// holds one tensor, not the model.
 ExportResult export_model_dir_as_gguf(const ExportRequest& request) {
   const std::string& dir = request.checkpoint;
   ExportResult result;
   result.step_dir = dir;
   result.config = model::load_model_config(dir + "/config.json");
-  model::Decoder decoder(result.config, model::Precision::F32, 1, 2, {});
+  const auto reader = formats::CheckpointReader::open_dir(dir);
+  std::vector<HfTensorSource> tensors;
+  for (const auto& name : reader.names()) {
+    if (converter_skips(name)) continue;
+    const std::vector<int64_t> shape = reader.get(name).shape;
+    tensors.push_back({name, shape, [&reader, name, shape](float* dst) { reader.read_f32(name, shape, dst); }});
+  }
   WorkProgress progress(request.progress_log, request.live_progress);
-  model::load_hf_weights(decoder, dir, &progress);
   GgufModelSource source;
   source.name = fs::path(dir).lexically_normal().filename().string();
   if (source.name.empty()) source.name = fs::path(dir).lexically_normal().parent_path().filename().string();
   source.tokenizer_dir = dir;
   source.config_json = read_file(dir + "/config.json");
-  source.weights_dtype = first_matrix_dtype(dir);
+  source.weights_dtype = first_matrix_dtype(reader);
   result.dtype = source.weights_dtype;
-  result.gguf = write_gguf_model(decoder, source, request.destination, request.outtype, &progress);
+  result.gguf = write_gguf_model(result.config, std::move(tensors), source, request.destination, request.outtype,
+                                 &progress);
   progress.finish();
   return result;
 }
@@ -247,7 +261,8 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     // What keel's HF export writes, which the converter would read.
     source.config_json = model::model_config_json(result.config, result.dtype);
     source.weights_dtype = result.dtype;
-    result.gguf = write_gguf_model(decoder, source, request.destination, request.outtype, &progress);
+    result.gguf = write_gguf_model(decoder.config(), decoder_tensor_sources(decoder), source, request.destination,
+                                   request.outtype, &progress);
     progress.finish();
     return result;
   }

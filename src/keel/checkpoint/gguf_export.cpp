@@ -11,7 +11,11 @@
 #include "keel/checkpoint/gguf_names.h"
 #include "keel/core/error.h"
 #include "keel/core/json_text.h"
+#include "keel/data/chat_encoding.h"
+#include "keel/data/hf_tokenizer_json.h"
 #include "keel/data/llama_cpp_vocab.h"
+#include "keel/data/prepare.h"
+#include "keel/data/tokenizer.h"
 #include "keel/formats/gguf_writer.h"
 #include "keel/model/hf_weights.h"
 
@@ -98,6 +102,29 @@ std::string writer_entry() {
   return kv.encoded();
 }
 
+// The chat template's end of turn, which llama.cpp must stop on: a model that never stops in
+// llama.cpp or Ollama is what a lost end-of-turn token gives. "" without a template or a probe.
+std::string check_end_of_turn(const data::LlamaCppVocab& vocab, const std::string& tokenizer_dir) {
+  if (!vocab.chat_template) return "";
+  const data::Tokenizer tokenizer = data::load_hf_tokenizer_json(tokenizer_dir + "/tokenizer.json");
+  data::DocumentEncoder chat;
+  chat.tokenizer = &tokenizer;
+  data::choose_chat_template(chat, "auto", tokenizer_dir);
+  if (!chat.model_template) return "";
+  const auto end = data::end_of_turn_id(*chat.model_template, tokenizer);
+  if (!end) return "";
+  const std::string text = size_t(*end) < vocab.tokens.size() ? vocab.tokens[size_t(*end)] : "?";
+  std::string eos = "none";
+  for (const auto& [type, id] : vocab.special_ids)
+    if (type == "eos") eos = fmt::format("{} '{}'", id, size_t(id) < vocab.tokens.size() ? vocab.tokens[size_t(id)] : "?");
+  require(data::llama_cpp_ends_generation(vocab, *end),
+          "{}: the chat template ends an assistant turn with '{}' (id {}), which llama.cpp would not stop on (it stops "
+          "on the EOS token, here {}, and tokens it knows by name): the model would never stop there. Name that "
+          "token eos_token in tokenizer_config.json, or export --format hf and convert with llama.cpp's converter",
+          tokenizer_dir, text, *end, eos);
+  return text;
+}
+
 }  // namespace
 
 GgmlType default_gguf_outtype(DType weights_dtype, std::string* reason) {
@@ -128,9 +155,20 @@ void check_gguf_destination(const std::string& path, bool overwrite) {
           path);
 }
 
-GgufExportResult write_gguf_model(const model::Decoder& decoder, const GgufModelSource& source, const std::string& path,
+std::vector<HfTensorSource> decoder_tensor_sources(const model::Decoder& decoder) {
+  std::vector<HfTensorSource> out;
+  for (const auto& t : model::hf_weight_tensors(decoder)) {
+    const float* data = t.data;
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    out.push_back({t.name, t.shape, [data, n](float* dst) { std::memcpy(dst, data, size_t(n) * sizeof(float)); }});
+  }
+  return out;
+}
+
+GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTensorSource> hf,
+                                  const GgufModelSource& source, const std::string& path,
                                   std::optional<GgmlType> outtype, WorkProgress* progress) {
-  const model::ModelConfig& c = decoder.config();
   GgufExportResult result;
   result.architecture = gguf_architecture(c);
   result.outtype = outtype ? *outtype : default_gguf_outtype(source.weights_dtype, &result.outtype_reason);
@@ -141,6 +179,7 @@ GgufExportResult write_gguf_model(const model::Decoder& decoder, const GgufModel
           "for Llama-style models as \"llama\" with scores; keel's GGUF export does not write that form yet (use "
           "convert_hf_to_gguf.py on a --format hf export)",
           source.tokenizer_dir);
+  result.end_of_turn = check_end_of_turn(vocab, source.tokenizer_dir);
   result.pre_tokenizer = vocab.pre;
   result.tokens = int64_t(vocab.tokens.size());
   result.merges = int64_t(vocab.merges.size());
@@ -156,7 +195,6 @@ GgufExportResult write_gguf_model(const model::Decoder& decoder, const GgufModel
   add_tokenizer_keys(kv, vocab, result.architecture);
 
   // The converter reads a checkpoint's tensors sorted by name and writes them in that order.
-  std::vector<formats::TensorToWrite> hf = model::hf_weight_tensors(decoder);
   std::sort(hf.begin(), hf.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   std::vector<formats::GgufTensor> tensors;
   for (const auto& t : hf) {
@@ -177,12 +215,17 @@ GgufExportResult write_gguf_model(const model::Decoder& decoder, const GgufModel
     const float shift = gguf_norm_shift(c, t.name);
     // The converter adds in the checkpoint's dtype where that is f16 (bf16 it widens first).
     const bool f16_arithmetic = source.weights_dtype == DType::F16;
-    const float* data = t.data;
-    g.fill = [data, heads, rows, cols, shift, f16_arithmetic](float* dst) {
-      if (heads) {
-        permute_rows_for_gguf(data, dst, heads, rows, cols);
+    const int64_t source_rows = t.shape[0];
+    g.fill = [read = t.read, heads, rows, source_rows, cols, shift, f16_arithmetic](float* dst) {
+      if (heads || source_rows != rows) {
+        std::vector<float> whole(size_t(source_rows * cols));
+        read(whole.data());
+        if (heads)
+          permute_rows_for_gguf(whole.data(), dst, heads, rows, cols);
+        else
+          std::memcpy(dst, whole.data(), size_t(rows * cols) * sizeof(float));  // the embedding's first rows
       } else {
-        std::memcpy(dst, data, size_t(rows * cols) * sizeof(float));
+        read(dst);
       }
       if (shift != 0.0f)
         for (int64_t i = 0; i < rows * cols; ++i)

@@ -6,6 +6,7 @@
 // data/llama_cpp_vocab.h.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@ struct GgufExportResult {
   std::string pre_tokenizer;                // tokenizer.ggml.pre
   int64_t tokens = 0, merges = 0;
   bool chat_template = false;
+  std::string end_of_turn;                  // the template's end-of-turn token, which llama.cpp stops on
   size_t tensor_count = 0;
   uint64_t file_bytes = 0;
 };
@@ -39,8 +41,21 @@ struct GgufExportResult {
 // The converter's default (--outtype auto): bf16 weights give bf16, anything else f16.
 formats::GgmlType default_gguf_outtype(DType weights_dtype, std::string* reason);
 
-// Writes `decoder`'s fp32 weights to `path` (atomically). outtype: unset for the default.
-GgufExportResult write_gguf_model(const model::Decoder& decoder, const GgufModelSource& source, const std::string& path,
+// A tensor under its Hugging Face name, read as fp32 when the file gets to it (so a model
+// directory is streamed tensor by tensor, never held whole).
+struct HfTensorSource {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::function<void(float* dst)> read;
+};
+
+// A decoder's weights (fp32 views), in hf_tensors' names.
+std::vector<HfTensorSource> decoder_tensor_sources(const model::Decoder& decoder);
+
+// Writes the model `config` describes, its tensors from `tensors`, to `path` (atomically). outtype:
+// unset for the default. Tensors llama.cpp has no name for are an error naming them.
+GgufExportResult write_gguf_model(const model::ModelConfig& config, std::vector<HfTensorSource> tensors,
+                                  const GgufModelSource& source, const std::string& path,
                                   std::optional<formats::GgmlType> outtype, WorkProgress* progress = nullptr);
 
 // Before anything is read: `path` must end in .gguf, its directory exist, and a file already there

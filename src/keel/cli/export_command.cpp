@@ -39,8 +39,9 @@ void print_gguf_export(const checkpoint::ExportRequest& request, const checkpoin
   if (!g.f16_fallbacks.empty())
     fmt::print("keel: {} stored as f16: rows not whole blocks of {} values ({}), as llama.cpp's converter does\n",
                fmt::join(g.f16_fallbacks, ", "), formats::ggml_block_size(g.outtype), outtype);
-  fmt::print("keel: tokenizer: {} tokens, {} merges, pre-tokenizer '{}' (llama.cpp's name for it), {}\n", g.tokens,
-             g.merges, g.pre_tokenizer, g.chat_template ? "chat template included" : "no chat template");
+  fmt::print("keel: tokenizer: {} tokens, {} merges, pre-tokenizer '{}' (llama.cpp's name for it), {}{}\n", g.tokens,
+             g.merges, g.pre_tokenizer, g.chat_template ? "chat template included" : "no chat template",
+             g.end_of_turn.empty() ? "" : fmt::format(" (its turns end with '{}', which llama.cpp stops on)", g.end_of_turn));
   fmt::print("keel: exported {}{} to {}: GGUF, architecture '{}' ({}), {} tensors, {} ({:.1f} MB)\n",
              result.step_dir, result.step ? fmt::format(" (step {})", result.step) : "", request.destination,
              g.architecture, model::family_name(result.config.family), g.tensor_count, outtype,
@@ -87,8 +88,8 @@ const CommandRegistration kExport{
           "    (sharded past --max-shard-size) and the tokenizer files, as transformers' from_pretrained reads them\n"
           "  PEFT adapter directory (a LoRA run without --merge): adapter_config.json and adapter_model.safetensors\n"
           "  GGUF (--format gguf --to FILE.gguf): one file for llama.cpp, Ollama, LM Studio, as llama.cpp's\n"
-          "    convert_hf_to_gguf.py writes it (tokenizer and chat template inside); Llama, Mistral, Qwen2, Qwen3\n"
-          "    with byte-level BPE tokenizers; a LoRA run with --merge (GGUF adapters: not yet)\n");
+          "    convert_hf_to_gguf.py writes it (tokenizer and chat template inside); Llama, Mistral, Qwen2, Qwen3,\n"
+          "    Gemma 3 with tokenizer.json vocabularies; a LoRA run with --merge (GGUF adapters: not yet); docs/gguf.md\n");
       return [o] {
         checkpoint::ExportRequest request;
         request.overwrite = o->overwrite;

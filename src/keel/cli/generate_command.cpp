@@ -94,19 +94,8 @@ int run_generate(GenerateOptions& o) {
       data::ChatInput input = data::chat_input_from_messages(messages);
       input.add_generation_prompt = true;
       prompt = encoder.encode(input).ids;
-      // The turn's end as training learned it: the last token of an answer's loss span in a probe
-      // conversation (GLM-4's next <|user|>, or <|im_end|>, <|eot_id|>, ... that EOS may not be).
-      try {
-        const data::EncodedChat probe =
-            encoder.encode(data::chat_input_from_messages({{"user", "x"}, {"assistant", "y"}}));
-        for (size_t t = probe.ids.size(); t-- > 0;)
-          if (probe.assistant_mask[t]) {
-            if (tokenizer->is_added(probe.ids[t])) o.sampling.stop_ids.push_back(probe.ids[t]);
-            break;
-          }
-      } catch (const Error&) {
-        // a template that refuses the probe: EOS alone stops generation
-      }
+      // The turn's end as training learned it, which EOS may not be.
+      if (auto end = data::end_of_turn_id(encoder, *tokenizer)) o.sampling.stop_ids.push_back(*end);
     } else if (chat.format) {
       prompt = tokenizer->encode(data::render_chat_text(*chat.format, messages, true));
       for (const auto& stop : data::chat_stop_tokens(*chat.format))

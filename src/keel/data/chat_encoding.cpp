@@ -350,4 +350,16 @@ EncodedChat ChatTemplateEncoder::encode(const ChatInput& input) const {
   return out;
 }
 
+std::optional<int32_t> end_of_turn_id(const ChatTemplateEncoder& encoder, const Tokenizer& tokenizer) {
+  EncodedChat probe;
+  try {
+    probe = encoder.encode(chat_input_from_messages({{"user", "x"}, {"assistant", "y"}}));
+  } catch (const Error&) {
+    return std::nullopt;  // a template that refuses the probe
+  }
+  for (size_t t = probe.ids.size(); t-- > 0;)
+    if (probe.assistant_mask[t]) return tokenizer.is_added(probe.ids[t]) ? std::optional<int32_t>(probe.ids[t]) : std::nullopt;
+  return std::nullopt;
+}
+
 }  // namespace keel::data

@@ -17,6 +17,7 @@
 #pragma once
 #include <map>
 #include <mutex>
+#include <optional>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -67,5 +68,11 @@ class ChatTemplateEncoder {
   // Conversations of a shape seen before replay its recording instead of being interpreted.
   mutable jinja::ReplayCache replay_;
 };
+
+// The token that ends an assistant turn as training learns it: the last token of the answer's loss
+// span in a probe conversation (user "x", assistant "y"), when it is an added token (GLM-4's next
+// <|user|>, or <|im_end|>, <|eot_id|>, <end_of_turn>, ... which EOS may not be). nullopt when the
+// span ends in an ordinary token or the template refuses the probe. Generation stops on it.
+std::optional<int32_t> end_of_turn_id(const ChatTemplateEncoder& encoder, const Tokenizer& tokenizer);
 
 }  // namespace keel::data

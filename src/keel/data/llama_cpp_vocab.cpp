@@ -219,6 +219,22 @@ std::optional<std::string> read_chat_template(const std::string& dir, element co
 
 }  // namespace
 
+bool llama_cpp_ends_generation(const LlamaCppVocab& vocab, int64_t id) {
+  for (const auto& [type, special] : vocab.special_ids)
+    if (special == id && (type == "eos" || type == "eot" || type == "eom")) return true;
+  // llama_vocab::impl::load's list of end-of-generation token texts (llama.cpp as llama-cpp-python
+  // 0.3.36 carries it).
+  static constexpr std::string_view kEndOfGeneration[] = {
+      "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+      "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+      "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+      "<\xef\xbd\x9c""end\xe2\x96\x81""of\xe2\x96\x81""sentence\xef\xbd\x9c>", "[e~["};
+  if (id < 0 || size_t(id) >= vocab.tokens.size()) return false;
+  for (std::string_view text : kEndOfGeneration)
+    if (vocab.tokens[size_t(id)] == text) return true;
+  return false;
+}
+
 std::string llama_cpp_pre_tokenizer_name(const std::vector<int32_t>& ids) {
   const std::string hash = sha256_hex(fmt::format("[{}]", fmt::join(ids, ", ")));
   std::string name;
@@ -266,22 +282,23 @@ LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, co
     by_id[id] = std::string(key);
   }
   std::map<int64_t, LlamaCppTokenType> added_type;
-  array added{};
-  if (auto a = member(tokenizer->root, "added_tokens"); a && a->get_array().get(added) == simdjson::SUCCESS) {
-    for (element t : added) {
-      int64_t id;
-      const auto content = string_member(t, "content");
-      require(content && t.at_key("id").get_int64().get(id) == simdjson::SUCCESS,
-              "{}: added_tokens: expected objects with 'content' and 'id', found {}", tokenizer_path, json_describe(t));
-      std::string token(*content);
-      if (bool_member(t, "special").value_or(false) || looks_special(token)) {
-        added_type[id] = LlamaCppTokenType::Control;
-      } else {
-        added_type[id] = LlamaCppTokenType::UserDefined;
-        token = replace_all(token, "\xe2\x96\x81", " ");  // the converter's pre-normalized spaces (Gemma)
-      }
-      by_id[id] = token;
+  std::vector<element> added;  // tokenizer.json's added_tokens, in its order
+  array added_list;
+  if (auto a = member(tokenizer->root, "added_tokens"); a && a->get_array().get(added_list) == simdjson::SUCCESS)
+    for (element t : added_list) added.push_back(t);
+  for (element t : added) {
+    int64_t id;
+    const auto content = string_member(t, "content");
+    require(content && t.at_key("id").get_int64().get(id) == simdjson::SUCCESS,
+            "{}: added_tokens: expected objects with 'content' and 'id', found {}", tokenizer_path, json_describe(t));
+    std::string token(*content);
+    if (bool_member(t, "special").value_or(false) || looks_special(token)) {
+      added_type[id] = LlamaCppTokenType::Control;
+    } else {
+      added_type[id] = LlamaCppTokenType::UserDefined;
+      token = replace_all(token, "\xe2\x96\x81", " ");  // the converter's pre-normalized spaces (Gemma)
     }
+    by_id[id] = token;
   }
   v.added_tokens = int64_t(added.size());
   require(by_id.empty() || by_id.rbegin()->first < vocab_size,
@@ -313,7 +330,7 @@ LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, co
     for (const char* type : kSpecialTypes) {
       if (auto add = bool_member(config->root, fmt::format("add_{}_token", type))) set_add(v, type, *add, true);
       const auto content = config_token(config->root, fmt::format("{}_token", type));
-      if (!content || !added.size()) continue;
+      if (!content) continue;
       for (element t : added) {
         if (string_member(t, "content") == std::string_view(*content)) {
           int64_t id = 0;

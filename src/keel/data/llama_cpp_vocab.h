@@ -43,6 +43,11 @@ struct LlamaCppVocab {
 // unused. Errors name the file and what is not supported.
 LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, const std::string& config_json);
 
+// Whether llama.cpp ends generation on token `id` of a file with this vocabulary: its
+// special_eog_ids (llama-vocab.cpp), the eos/eot/eom ids and the tokens it knows by their text
+// (<|eot_id|>, <|im_end|>, <end_of_turn>, <|endoftext|>, ...).
+bool llama_cpp_ends_generation(const LlamaCppVocab& vocab, int64_t id);
+
 // The pre-tokenizer name the converter gives a tokenizer whose ids for
 // llama_cpp_pre_tokenizer_text() (special tokens added) are `ids`; empty when its table has none.
 std::string llama_cpp_pre_tokenizer_name(const std::vector<int32_t>& ids);
