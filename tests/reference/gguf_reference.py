@@ -9,7 +9,8 @@ aside: general.name and the like, which the converter derives from the directory
 general.quantized_by, by which keel knows its files), and every tensor's name, order, type, shape
 and bytes. Variants: a bf16 checkpoint (auto gives bf16), rows that are not whole q8_0 blocks (f16
 fallback), tied and untied LM heads, q/k biases (qwen2), q/k norms (qwen3), Gemma 3's norms plus one
-and its sandwich norms.
+and its sandwich norms; and a checkpoint keel trained from the Llama one, its GGUF against the
+converter's of keel's own Hugging Face export of it.
 
   gguf_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3]
 """
@@ -171,6 +172,30 @@ def compare(ours_path, theirs_path, label):
     return True
 
 
+def train_and_export(keel, model_dir, work):
+    """A checkpoint of a short fp32 run from model_dir, exported by keel both ways: as the Hugging
+    Face directory the converter then reads, and as GGUF. The promise is about this pair."""
+    run_dir = os.path.join(work, "run")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    data = os.path.join(run_dir, "train.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for i in range(16):
+            f.write(json.dumps({"text": "Record %d: the quick brown fox jumps over %d lazy dogs." % (i, i * 7)}) + "\n")
+    recipe = os.path.join(run_dir, "recipe.toml")
+    with open(recipe, "w", encoding="utf-8") as f:
+        f.write("\n".join([
+            'model_name = %s' % json.dumps(model_dir), 'data_path = %s' % json.dumps(data),
+            'output_dir = %s' % json.dumps(os.path.join(run_dir, "out")),
+            'checkpoint_dir = %s' % json.dumps(os.path.join(run_dir, "ckpt")),
+            'dtype = "fp32"', "max_seq_len = 32", "batch_size = 2", "max_steps = 2", "save_interval = 2",
+            "learning_rate = 1e-2", "warmup_steps = 0", "seed = 3"]) + "\n")
+    run([keel, "train", recipe])
+    hf = os.path.join(run_dir, "hf")
+    run([keel, "export", os.path.join(run_dir, "ckpt"), "--to", hf])
+    return os.path.join(run_dir, "ckpt"), hf
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--keel", required=True)
@@ -199,6 +224,18 @@ def main():
             failures += not compare(ours, theirs, label)
             os.remove(theirs)
             os.remove(ours)
+    # A trained checkpoint: keel's GGUF of it against the converter's of keel's HF export of it.
+    if "llama" in args.families.split(","):
+        checkpoint, hf = train_and_export(args.keel, os.path.join(args.work, "llama"), args.work)
+        for outtype in (None, "q8_0"):
+            label = "llama checkpoint --outtype %s" % (outtype or "(default)")
+            theirs = os.path.join(args.work, "checkpoint-converter.gguf")
+            ours = os.path.join(args.work, "checkpoint-keel.gguf")
+            run([sys.executable, os.path.join(tree, "convert_hf_to_gguf.py"), hf, "--outfile", theirs,
+                 "--outtype", outtype or "auto"], env=env)
+            run([args.keel, "export", checkpoint, "--to", ours, "--format", "gguf", "--overwrite"] +
+                (["--outtype", outtype] if outtype else []))
+            failures += not compare(ours, theirs, label)
     if failures:
         raise SystemExit("%d of the GGUF comparisons failed" % failures)
     print("all GGUF files identical to llama.cpp's converter's")
