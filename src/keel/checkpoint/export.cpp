@@ -255,6 +255,10 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
   }
   if (request.format == ExportFormat::Gguf) {
     const std::string tokenizer = run::recipe_tokenizer_path(recipe);
+    require(!tokenizer.empty(),
+            "{}: the run has no tokenizer, and a GGUF file carries the model's (llama.cpp tokenizes with it); name the "
+            "tokenizer directory with --set tokenizer=DIR",
+            recipe_path);
     GgufModelSource source;
     source.name = fs::path(recipe.model_config ? step_dir : recipe.model_name).filename().string();
     source.tokenizer_dir = fs::is_directory(tokenizer) ? tokenizer : fs::path(tokenizer).parent_path().string();
