@@ -10,7 +10,8 @@ general.quantized_by, by which keel knows its files), and every tensor's name, o
 and bytes. Variants: a bf16 checkpoint (auto gives bf16), rows that are not whole q8_0 blocks (f16
 fallback), tied and untied LM heads, q/k biases (qwen2), q/k norms (qwen3), Gemma 3's norms plus one
 and its sandwich norms; and a checkpoint keel trained from the Llama one, its GGUF against the
-converter's of keel's own Hugging Face export of it.
+converter's of keel's own Hugging Face export of it; and q4_0 (no converter outtype) against
+gguf-py's quantizer itself.
 
   gguf_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3]
 """
@@ -172,6 +173,38 @@ def compare(ours_path, theirs_path, label):
     return True
 
 
+def check_q4_0(keel, model_dir, work, tree):
+    """q4_0, which the converter has no --outtype for: keel's q4_0 blocks against gguf-py's own
+    quantizer (gguf.quants.quantize, GGMLQuantizationType.Q4_0) applied to keel's f32 export of the
+    same model; every other tensor as in the f32 file."""
+    sys.path.insert(0, os.path.join(tree, "gguf-py"))
+    import numpy as np
+    from gguf import quants, GGMLQuantizationType
+    f32, q4 = os.path.join(work, "q4-f32.gguf"), os.path.join(work, "q4-q4_0.gguf")
+    run([keel, "export", model_dir, "--to", f32, "--format", "gguf", "--outtype", "f32", "--overwrite"])
+    run([keel, "export", model_dir, "--to", q4, "--format", "gguf", "--outtype", "q4_0", "--overwrite"])
+    _, _, full = read_gguf(f32)
+    _, _, quantized = read_gguf(q4)
+    problems, blocks = [], 0
+    for (name, _, dims, _, values, _), (name_q, _, dims_q, ttype, payload, _) in zip(full, quantized):
+        x = np.frombuffer(values.ljust(4 * int(np.prod(dims)), b"\0"), dtype=np.float32).reshape(list(reversed(dims)))
+        if ttype == 2:
+            expected = quants.quantize(x, GGMLQuantizationType.Q4_0).tobytes()
+            blocks += len(expected) // 18
+        elif ttype == 0:
+            expected = x.tobytes()
+        else:
+            problems.append("%s: type %d, expected Q4_0 (2) or F32 (0)" % (name_q, ttype))
+            continue
+        if name != name_q or dims != dims_q or payload != expected.rstrip(b"\0"):
+            problems.append("%s: differs from gguf-py's quantizer" % name_q)
+    if problems or not blocks:
+        print("FAIL q4_0 against gguf-py's quantizer\n  %s" % "\n  ".join(problems or ["no Q4_0 tensor"]))
+        return False
+    print("ok   q4_0: %d blocks identical to gguf-py's quantizer" % blocks)
+    return True
+
+
 def train_and_export(keel, model_dir, work):
     """A checkpoint of a short fp32 run from model_dir, exported by keel both ways: as the Hugging
     Face directory the converter then reads, and as GGUF. The promise is about this pair."""
@@ -226,6 +259,7 @@ def main():
             os.remove(ours)
     # A trained checkpoint: keel's GGUF of it against the converter's of keel's HF export of it.
     if "llama" in args.families.split(","):
+        failures += not check_q4_0(args.keel, os.path.join(args.work, "llama"), args.work, tree)
         checkpoint, hf = train_and_export(args.keel, os.path.join(args.work, "llama"), args.work)
         for outtype in (None, "q8_0"):
             label = "llama checkpoint --outtype %s" % (outtype or "(default)")
