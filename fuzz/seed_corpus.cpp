@@ -187,6 +187,21 @@ void tokenizer_seeds(Seeds& out) {
   const std::string json = trainer.tokenizer_json();
   seed(out, "tokenizer_json", "keel-trained", json);
   seed(out, "tokenizer_json", "keel-trained-with-text", json + std::string(1, '\0') + "<|user|> the dog 42\n");
+  // The same as a model directory's tokenizer for GGUF (its pre-tokenizer is not llama.cpp's: the
+  // reading runs to the end, then refuses), with a tokenizer_config.json and a config.json.
+  const std::string nul(1, '\0');
+  seed(out, "llama_cpp_vocab", "keel-trained",
+       json + nul +
+           R"({"bos_token": "<|endoftext|>", "eos_token": {"content": "<|user|>"}, "add_bos_token": true,
+               "chat_template": "{% for m in messages %}{{ m.content }}<|user|>{% endfor %}"})" +
+           nul + R"({"pad_token_id": 0, "eos_token_id": [1, 2], "bos_token_id": 1})");
+  seed(out, "llama_cpp_vocab", "pair-merges",
+       R"({"model": {"type": "BPE", "vocab": {"a": 0, " b": 1, "a b": 2}, "merges": [["a", " b"]]},
+           "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},
+             {"Sequence": {"id": "A"}}], "pair": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}},
+             {"SpecialToken": {"id": "</s>"}}, {"Sequence": {"id": "B"}}]},
+           "added_tokens": [{"id": 3, "content": "<s>", "special": true}, {"id": 4, "content": "</s>"}]})" +
+           nul + R"({"bos_token": "<s>", "eos_token": "</s>"})" + nul);
 
   // A rank file: the 256 bytes, then a few merges (tiktoken's base64 + rank lines).
   auto base64 = [](std::string_view bytes) {

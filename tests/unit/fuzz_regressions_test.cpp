@@ -40,6 +40,7 @@ KEEL_FUZZ_ENTRY(shard)
 KEEL_FUZZ_ENTRY(peft_adapter_config)
 KEEL_FUZZ_ENTRY(chat_template)
 KEEL_FUZZ_ENTRY(preference_pairs)
+KEEL_FUZZ_ENTRY(llama_cpp_vocab)
 
 namespace {
 
@@ -99,6 +100,7 @@ KEEL_FUZZ_REPLAY(shard)
 KEEL_FUZZ_REPLAY(peft_adapter_config)
 KEEL_FUZZ_REPLAY(chat_template)
 KEEL_FUZZ_REPLAY(preference_pairs)
+KEEL_FUZZ_REPLAY(llama_cpp_vocab)
 
 // --- named cases ----------------------------------------------------------------------------------
 

@@ -30,18 +30,19 @@ struct Json {
   std::string text;
 };
 
-// The document at `path`, or nullopt where there is no such file.
-std::unique_ptr<Json> read_json(const std::string& path, bool required) {
-  if (!path_exists(path)) {
-    require(!required, "{}: no such file (the GGUF export reads the tokenizer from it)", path);
-    return nullptr;
-  }
+// The document `text` (from `path`, for messages), or null where there is none.
+std::unique_ptr<Json> parse_json(const std::optional<std::string>& text, const std::string& path) {
+  if (!text) return nullptr;
   auto j = std::make_unique<Json>();
-  j->text = read_file(path);
+  j->text = *text;
   const auto error = parse_json_document(j->parser, j->text, j->root);
   require(!error, "{}: not valid JSON ({})", path, simdjson::error_message(error));
   require(j->root.is_object(), "{}: expected a JSON object at the top level", path);
   return j;
+}
+
+std::optional<std::string> read_if_there(const std::string& path) {
+  return path_exists(path) ? std::optional<std::string>(read_file(path)) : std::nullopt;
 }
 
 std::optional<element> member(element e, std::string_view key) {
@@ -205,14 +206,14 @@ void read_post_processor(element tokenizer, element* config, LlamaCppVocab& v) {
   }
 }
 
-std::optional<std::string> read_chat_template(const std::string& dir, element config) {
+std::optional<std::string> read_chat_template(const LlamaCppVocabFiles& files, element config) {
   if (auto t = string_member(config, "chat_template")) return std::string(*t);
   require(!member(config, "chat_template"),
           "{}/tokenizer_config.json: chat_template: a list of named templates is not supported by keel's GGUF "
           "export; keep one template as a string",
-          dir);
-  if (path_exists(dir + "/chat_template.jinja")) return read_file(dir + "/chat_template.jinja");
-  if (auto j = read_json(dir + "/chat_template.json", false))
+          files.origin);
+  if (files.chat_template_jinja) return files.chat_template_jinja;
+  if (auto j = parse_json(files.chat_template_json, files.origin + "/chat_template.json"))
     if (auto t = string_member(j->root, "chat_template")) return std::string(*t);
   return std::nullopt;
 }
@@ -249,8 +250,21 @@ LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, co
           "{}: a SentencePiece tokenizer (tokenizer.model without tokenizer.json): keel's GGUF export writes "
           "byte-level BPE vocabularies only; convert this one with llama.cpp's convert_hf_to_gguf.py",
           dir);
-  auto tokenizer = read_json(tokenizer_path, true);
-  auto config = read_json(dir + "/tokenizer_config.json", false);
+  require(path_exists(tokenizer_path), "{}: no such file (a GGUF file carries the model's tokenizer)", tokenizer_path);
+  LlamaCppVocabFiles files;
+  files.origin = dir;
+  files.tokenizer_json = read_file(tokenizer_path);
+  files.tokenizer_config_json = read_if_there(dir + "/tokenizer_config.json");
+  files.chat_template_jinja = read_if_there(dir + "/chat_template.jinja");
+  files.chat_template_json = read_if_there(dir + "/chat_template.json");
+  files.config_json = config_json;
+  return llama_cpp_bpe_vocab(files, vocab_size);
+}
+
+LlamaCppVocab llama_cpp_bpe_vocab(const LlamaCppVocabFiles& files, int64_t vocab_size) {
+  const std::string tokenizer_path = files.origin + "/tokenizer.json";
+  auto tokenizer = parse_json(files.tokenizer_json, tokenizer_path);
+  auto config = parse_json(files.tokenizer_config_json, files.origin + "/tokenizer_config.json");
   element model;
   require(tokenizer->root.at_key("model").get(model) == simdjson::SUCCESS &&
               string_member(model, "type") == std::string_view("BPE"),
@@ -261,14 +275,6 @@ LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, co
   v.tokenizer_json_entries = int64_t(member(model, "vocab") && member(model, "vocab")->is_object()
                                          ? object(*member(model, "vocab")).size()
                                          : 0);
-  // The ids the tokenizer gives the converter's fixed text name its pre-tokenizer.
-  const Tokenizer keel_tokenizer = load_hf_tokenizer_json(tokenizer_path);
-  v.pre = llama_cpp_pre_tokenizer_name(
-      keel_tokenizer.encode(llama_cpp_pre_tokenizer_text(), EncodeOptions{.add_special_tokens = true}));
-  require(!v.pre.empty(),
-          "{}: llama.cpp does not know this tokenizer's pre-tokenizer (the hash of its tokenization of the "
-          "converter's test text is not in its table); llama.cpp could not tokenize as the model was trained",
-          tokenizer_path);
 
   // get_vocab_base: the vocabulary with added tokens over it, [PAD<id>] where an id has no token.
   std::map<int64_t, std::string> by_id;
@@ -325,7 +331,7 @@ LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, co
   read_post_processor(tokenizer->root, config_element, v);
   // ... the chat template, add_<type>_token and <type>_token from tokenizer_config.json ...
   if (config) {
-    v.chat_template = read_chat_template(dir, config->root);
+    v.chat_template = read_chat_template(files, config->root);
     v.add_prefix_space = bool_member(config->root, "add_prefix_space");
     for (const char* type : kSpecialTypes) {
       if (auto add = bool_member(config->root, fmt::format("add_{}_token", type))) set_add(v, type, *add, true);
@@ -341,16 +347,26 @@ LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, co
     }
   }
   // ... then config.json's <type>_token_id where still unset (integers only, as there).
-  if (!config_json.empty()) {
+  if (!files.config_json.empty()) {
     simdjson::dom::parser parser;
     element root;
-    if (!parse_json_document(parser, config_json, root))
+    if (!parse_json_document(parser, files.config_json, root))
       for (const char* type : kSpecialTypes) {
         int64_t id;
         auto e = member(root, fmt::format("{}_token_id", type));
         if (e && e->is_int64() && e->get_int64().get(id) == simdjson::SUCCESS && id >= 0) set_special(v, type, id);
       }
   }
+  // The ids the tokenizer gives the converter's fixed text name its pre-tokenizer (last: the
+  // tokenizer is built whole for it).
+  const Tokenizer keel_tokenizer = hf_tokenizer_from_json(files.tokenizer_json, tokenizer_path,
+                                                          files.tokenizer_config_json.value_or(""));
+  v.pre = llama_cpp_pre_tokenizer_name(
+      keel_tokenizer.encode(llama_cpp_pre_tokenizer_text(), EncodeOptions{.add_special_tokens = true}));
+  require(!v.pre.empty(),
+          "{}: llama.cpp does not know this tokenizer's pre-tokenizer (the hash of its tokenization of the "
+          "converter's test text is not in its table); llama.cpp could not tokenize as the model was trained",
+          tokenizer_path);
   return v;
 }
 

@@ -37,6 +37,15 @@ struct LlamaCppVocab {
   int64_t tokenizer_json_entries = 0, added_tokens = 0;  // model.vocab's and added_tokens' lengths
 };
 
+// The files it reads, as text (what the fuzz target feeds it).
+struct LlamaCppVocabFiles {
+  std::string origin;  // the directory, for messages
+  std::string tokenizer_json;
+  std::optional<std::string> tokenizer_config_json, chat_template_jinja, chat_template_json;
+  std::string config_json;  // the model's config.json ("" for none)
+};
+LlamaCppVocab llama_cpp_bpe_vocab(const LlamaCppVocabFiles& files, int64_t vocab_size);
+
 // Reads `dir`'s tokenizer.json, tokenizer_config.json, chat_template.jinja / .json, and the model's
 // config.json text (`config_json`, for the *_token_id keys SpecialVocab falls back to). vocab_size
 // is the model's (the embedding's rows): ids the tokenizer lacks below it become "[PAD<id>]",
