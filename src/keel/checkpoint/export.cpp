@@ -95,8 +95,12 @@ ExportResult export_model_dir_as_gguf(const ExportRequest& request) {
   result.config = model::load_model_config(dir + "/config.json");
   const auto reader = formats::CheckpointReader::open_dir(dir);
   std::vector<HfTensorSource> tensors;
+  std::vector<std::string> skipped;
   for (const auto& name : reader.names()) {
-    if (converter_skips(name)) continue;
+    if (converter_skips(name)) {
+      skipped.push_back(name);
+      continue;
+    }
     const std::vector<int64_t> shape = reader.get(name).shape;
     tensors.push_back({name, shape, [&reader, name, shape](float* dst) { reader.read_f32(name, shape, dst); }});
   }
@@ -110,6 +114,7 @@ ExportResult export_model_dir_as_gguf(const ExportRequest& request) {
   result.dtype = source.weights_dtype;
   result.gguf = write_gguf_model(result.config, std::move(tensors), source, request.destination, request.outtype,
                                  &progress);
+  result.gguf->skipped = std::move(skipped);
   progress.finish();
   return result;
 }

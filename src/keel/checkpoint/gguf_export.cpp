@@ -211,6 +211,7 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
       // Gemma3Model drops the embedding's rows past the tokenizer's (its vocab + added tokens).
       rows = std::min(rows, vocab.tokenizer_json_entries + vocab.added_tokens);
       g.shape[0] = rows;
+      result.embedding_rows_dropped = t.shape[0] - rows;
     }
     const float shift = gguf_norm_shift(c, t.name);
     // The converter adds in the checkpoint's dtype where that is f16 (bf16 it widens first).

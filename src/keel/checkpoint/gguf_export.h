@@ -30,6 +30,8 @@ struct GgufExportResult {
   formats::GgmlType outtype = formats::GgmlType::F16;
   std::string outtype_reason;               // why, when keel chose it
   std::vector<std::string> f16_fallbacks;   // matrices whose rows are not whole blocks: F16, as the converter
+  int64_t embedding_rows_dropped = 0;        // Gemma 3: rows past the tokenizer's, dropped as the converter
+  std::vector<std::string> skipped;          // buffers of the source that are not weights (rotary inv_freq)
   std::string pre_tokenizer;                // tokenizer.ggml.pre
   int64_t tokens = 0, merges = 0;
   bool chat_template = false;

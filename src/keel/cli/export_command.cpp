@@ -39,6 +39,12 @@ void print_gguf_export(const checkpoint::ExportRequest& request, const checkpoin
   if (!g.f16_fallbacks.empty())
     fmt::print("keel: {} stored as f16: rows not whole blocks of {} values ({}), as llama.cpp's converter does\n",
                fmt::join(g.f16_fallbacks, ", "), formats::ggml_block_size(g.outtype), outtype);
+  if (g.embedding_rows_dropped > 0)
+    fmt::print("keel: token_embd.weight: the {} rows past the tokenizer's tokens dropped, as llama.cpp's converter "
+               "does for Gemma 3\n",
+               g.embedding_rows_dropped);
+  if (!g.skipped.empty())
+    fmt::print("keel: not written (buffers, not weights; the converter skips them too): {}\n", fmt::join(g.skipped, ", "));
   fmt::print("keel: tokenizer: {} tokens, {} merges, pre-tokenizer '{}' (llama.cpp's name for it), {}{}\n", g.tokens,
              g.merges, g.pre_tokenizer, g.chat_template ? "chat template included" : "no chat template",
              g.end_of_turn.empty() ? "" : fmt::format(" (its turns end with '{}', which llama.cpp stops on)", g.end_of_turn));
