@@ -11,6 +11,11 @@ metrics: absolute on values of order 1, relative for the log-probabilities; weig
 each tensor's change).
 
   dpo_reference.py KEEL --family llama --loss sigmoid [--lora] [--form strings|messages|implicit]
+
+--dtype bf16 measures keel's bf16 run against TRL's fp32 one with TRL's own bf16 runs (SDPA and
+eager attention) as the yardstick, as the SFT reference tests measure bf16. It is not a ctest yet:
+on llama/sigmoid keel's loss lands 2.9x and its reward margin 4.7x TRL bf16's distance from fp32
+(grad_norm, log-probabilities and weights within 2.5x); docs/preference.md.
 """
 import argparse
 import json
@@ -89,7 +94,7 @@ def make_pairs(rng, form, n):
     return pairs
 
 
-def trl_train(model_dir, family, pairs, loss, lora, out_dir, ftx=0.0, smoothing=0.0):
+def trl_train(model_dir, family, pairs, loss, lora, out_dir, ftx=0.0, smoothing=0.0, bf16=False, attention=None):
     import datasets
     import transformers
     import trl
@@ -104,7 +109,8 @@ def trl_train(model_dir, family, pairs, loss, lora, out_dir, ftx=0.0, smoothing=
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
     # Gemma 2's logit softcapping has no SDPA kernel in transformers: eager, as transformers chooses.
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager" if family.startswith("gemma") else "sdpa")
+        model_dir, dtype=torch.float32,
+        attn_implementation=attention or ("eager" if family.startswith("gemma") else "sdpa"))
     if lora:  # the adapter keel starts from too (PEFT's B is zero: the reference is the base model)
         import peft
         model = peft.PeftModel.from_pretrained(model, lora, is_trainable=True)
@@ -113,7 +119,7 @@ def trl_train(model_dir, family, pairs, loss, lora, out_dir, ftx=0.0, smoothing=
         learning_rate=LEARNING_RATE, weight_decay=WEIGHT_DECAY, max_steps=MAX_STEPS, warmup_steps=WARMUP_STEPS,
         lr_scheduler_type="cosine", max_grad_norm=MAX_GRAD_NORM, optim="adamw_torch", adam_beta1=0.9,
         adam_beta2=0.999, adam_epsilon=1e-8, seed=SEED, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, beta=BETA, max_length=MAX_SEQ_LEN, dataloader_num_workers=0, bf16=False, fp16=False,
+        use_cpu=True, beta=BETA, max_length=MAX_SEQ_LEN, dataloader_num_workers=0, bf16=bf16, fp16=False,
         disable_tqdm=True)
     if loss in ("simpo", "orpo"):
         # SimPO is CPOTrainer's loss_type="simpo" with cpo_alpha = 0; ORPO has a trainer of its own. Both
@@ -204,6 +210,52 @@ def compare(logs, metrics, loss, ftx, failures):
             failures.append("step 1: keel's %s is %r, not 0 (the policy is the reference)" % (name, first.get(name)))
 
 
+BF16_GAP_FACTOR = 2.5  # as train_reference.py: keel's bf16 within 2.5x of torch bf16's own distance from fp32
+BF16_KEYS = ["loss", "grad_norm", "logps/chosen", "logps/rejected", "rewards/margins"]
+
+
+def compare_bf16(logs32, runs16, metrics, final32, keel_final, lora, failures):
+    """keel's bf16 run against TRL's fp32 run, each quantity within BF16_GAP_FACTOR x the distance
+    TRL's own bf16 autocast runs land from it (the largest over the steps and over its runs with
+    SDPA and with eager attention, which round different intermediates), as the SFT reference tests
+    measure bf16; the weights likewise, tensor by tensor."""
+    for name in BF16_KEYS:
+        gap = max(abs(float(b[name]) - float(f[name])) for logs16, _ in runs16 for b, f in zip(logs16, logs32))
+        tol = BF16_GAP_FACTOR * gap + 1e-7
+        worst = max(abs(float(metrics[f["step"]][name]) - float(f[name])) for f in logs32)
+        print("  bf16 %-16s keel-fp32 %.3g, TRL bf16-fp32 %.3g (tolerance %.3g)" % (name, worst, gap, tol))
+        if worst > tol:
+            failures.append("bf16 %s: keel is %.3g from TRL's fp32 run, over %.1f x TRL bf16's %.3g"
+                            % (name, worst, BF16_GAP_FACTOR, gap))
+    keel = load_keel_final(keel_final, final32, lora, failures)
+    worst_ratio = 0.0
+    for name, (a, short) in keel.items():
+        f = final32[short]
+        gap, dist = max(float((final16[short] - f).abs().max()) for _, final16 in runs16), float((a - f).abs().max())
+        worst_ratio = max(worst_ratio, dist / max(gap, 1e-12))
+        if dist > BF16_GAP_FACTOR * gap + 1e-7:
+            failures.append("bf16 final %s: keel %.3g from fp32, TRL bf16 %.3g" % (short, dist, gap))
+    print("  bf16 final weights: %d tensors, worst keel distance from fp32 / TRL bf16's: %.2f" % (len(keel), worst_ratio))
+
+
+def load_keel_final(keel_final, trl_final, lora, failures):
+    """{TRL's name: (keel's tensor, TRL's name)} for every tensor TRL trained."""
+    from safetensors.torch import load_file
+    out = {}
+    if lora:
+        tensors = load_file(os.path.join(keel_final, "adapter_model.safetensors"))
+        for full in trl_final:
+            key = "base_model.model." + full.replace("base_model.model.", "").replace(".default", "")
+            if key in tensors:
+                out[full] = (tensors[key].float(), full)
+            else:
+                failures.append("keel's adapter has no %s" % key)
+    else:
+        tensors = hf.load_checkpoint(keel_final)
+        out = {n: (tensors[n].float(), n) for n in trl_final if n in tensors}
+    return out
+
+
 def compare_weights(keel_final, trl_final, init, lora, failures):
     """Every trained tensor within 1e-5 of TRL's (absolute: the weights are of order 0.01-1); how far
     that is relative to each tensor's change over the run is printed too."""
@@ -244,6 +296,7 @@ def main():
     ap.add_argument("--lora", action="store_true")
     ap.add_argument("--ftx", type=float, default=0.0, help="pref_ftx (DPOTrainer: the sft loss_type's weight)")
     ap.add_argument("--smoothing", type=float, default=0.0, help="dpo_label_smoothing (SimPO: CPO's label_smoothing)")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--work", default="")
     ap.add_argument("--timeout", type=int, default=600)
     a = ap.parse_args()
@@ -277,7 +330,7 @@ def main():
             f.write(json.dumps(p) + "\n")
     out = os.path.join(work, "out")
     lines = [
-        "model_name = %s" % toml_str(model_dir), 'dtype = "fp32"', "data_path = %s" % toml_str(data),
+        "model_name = %s" % toml_str(model_dir), "dtype = %s" % toml_str(a.dtype), "data_path = %s" % toml_str(data),
         "max_seq_len = %d" % MAX_SEQ_LEN, "batch_size = %d" % BATCH_PAIRS,
         "gradient_accumulation_steps = %d" % GRAD_ACCUM, "learning_rate = %r" % LEARNING_RATE,
         "weight_decay = %r" % WEIGHT_DECAY, "max_steps = %d" % MAX_STEPS, "warmup_steps = %d" % WARMUP_STEPS,
@@ -297,6 +350,20 @@ def main():
         print("FAIL: " + "; ".join(failures))
         return 1
     metrics = read_metrics(os.path.join(out, "metrics.jsonl"), failures)
+    if a.dtype == "bf16":
+        logs32, final32 = trl_train(model_dir, a.family, pairs, a.loss, adapter, os.path.join(work, "trl32"), a.ftx,
+                                    a.smoothing)
+        runs16 = [trl_train(model_dir, a.family, pairs, a.loss, adapter, os.path.join(work, "trl16_" + attention),
+                            a.ftx, a.smoothing, bf16=True, attention=attention)
+                  for attention in (["eager"] if a.family.startswith("gemma") else ["sdpa", "eager"])]
+        print("%s %s %s%s bf16: keel against TRL fp32, TRL bf16 as the yardstick" % (
+            a.family, a.loss, a.form, " LoRA" if a.lora else ""))
+        compare_bf16(logs32, runs16, metrics, final32, os.path.join(out, "final"), a.lora, failures)
+        if failures:
+            print("FAIL (%d):\n  %s" % (len(failures), "\n  ".join(failures)))
+            return 1
+        print("PASS")
+        return 0
     logs, trl_final = trl_train(model_dir, a.family, pairs, a.loss, adapter, os.path.join(work, "trl"), a.ftx,
                                 a.smoothing)
     print("%s %s %s%s: keel / TRL per step" % (a.family, a.loss, a.form, " LoRA" if a.lora else ""))
