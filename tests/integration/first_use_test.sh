@@ -8,7 +8,7 @@
 #   - `keel plan` needs no max_steps or num_epochs (a memory plan does not depend on them), while
 #     `keel train` still asks for one;
 #   - an adapter_config.json whose target_modules is empty is refused by name, not later;
-#   - `keel export --help` says which formats exist and that GGUF does not yet.
+#   - `keel export --help` says which formats exist, GGUF with the families it writes.
 source "$(dirname "$0")/cli_test_lib.sh"
 cd "$work"
 
@@ -126,10 +126,10 @@ run adapter generate --model adapter --prompt hi
 expect_status adapter 2
 expect adapter "adapter/adapter_config.json: key 'target_modules': an empty list adapts nothing"
 
-# --- keel export --help: the formats there are, and GGUF not yet -----------------------------
+# --- keel export --help: the formats there are, GGUF among them --------------------------------
 run export_help export --help
 expect_status export_help 0
-for text in "Hugging Face model directory" "PEFT adapter" "GGUF (llama.cpp): not yet"; do
+for text in "Hugging Face model directory" "PEFT adapter" "GGUF (--format gguf --to FILE.gguf)" "docs/gguf.md"; do
   expect export_help "$text"
 done
 
