@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from harness import write_data, write_recipe_file
+from harness import final_bytes, write_data, write_recipe_file
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -105,10 +105,6 @@ def leftovers(ck):
         found += [os.path.join(root, n) for n in dirs + files if n.startswith(".tmp-") or ".tmp." in n]
     return found
 
-
-def final_bytes(d):
-    with open(os.path.join(d, "out", "final", "model.safetensors"), "rb") as f:
-        return f.read()
 
 
 def check_last_good_checkpoint(name, d, ck, expected="step-00000002", reference=None):

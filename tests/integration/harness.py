@@ -1,7 +1,8 @@
 """What the integration test scripts share: a failure list with check(), recipe files from
-dicts, tiny pre-tokenized training data, the worst relative difference of two sets of tensors, and
-the runner that calls every test_* function of a script."""
+dicts, tiny pre-tokenized training data, a run's metrics and final weights, the worst relative
+difference of two sets of tensors, and the runner that calls every test_* function of a script."""
 import json
+import os
 import random
 import shutil
 import sys
@@ -64,6 +65,18 @@ def write_data(path, n, seed, vocab=32, lo=6, hi=20):
         for _ in range(n):
             start, length = rng.randrange(vocab), rng.randrange(lo, hi)
             f.write(json.dumps({"input_ids": [(start + i) % vocab for i in range(length)]}) + "\n")
+
+
+def metrics(d):
+    """The records of d/out/metrics.jsonl (a run whose output_dir is d/out)."""
+    with open(os.path.join(d, "out", "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def final_bytes(d):
+    """The bytes of d/out/final/model.safetensors: what a bit-exact comparison compares."""
+    with open(os.path.join(d, "out", "final", "model.safetensors"), "rb") as f:
+        return f.read()
 
 
 def max_rel_l2(a, b):

@@ -19,7 +19,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 from dpo_reference import make_pairs, make_tokenizer  # noqa: E402
-from harness import check, run_tests, write_recipe_file  # noqa: E402
+from harness import check, final_bytes, metrics, run_tests, write_recipe_file  # noqa: E402
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -52,14 +52,6 @@ def run(args, ranks=1, timeout=600):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
-def metrics(d):
-    with open(os.path.join(d, "out", "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def final_bytes(d):
-    with open(os.path.join(d, "out", "final", "model.safetensors"), "rb") as f:
-        return f.read()
 
 
 KEYS = ("loss", "grad_norm", "rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins",

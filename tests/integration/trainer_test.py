@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from harness import check, run_tests, start_training, write_data, write_recipe_file
+from harness import check, final_bytes, metrics, run_tests, start_training, write_data, write_recipe_file
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -46,14 +46,6 @@ def run(args, env=None, unset=(), **kw):
     return subprocess.run([KEEL] + args, capture_output=True, text=True, env=e, **kw)
 
 
-def metrics(d):
-    with open(os.path.join(d, "out", "metrics.jsonl")) as f:
-        return [json.loads(l) for l in f if l.strip()]
-
-
-def final_bytes(d):
-    with open(os.path.join(d, "out", "final", "model.safetensors"), "rb") as f:
-        return f.read()
 
 
 def test_outputs_and_plain_progress():
