@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Preference tuning (stage = "dpo") end to end, beyond the numbers TRL checks (dpo_reference.py):
 an interrupted run resumes bit-exactly (with the reference log-probabilities from their cache, and
-recomputed when the cache is gone); a second run reads the cache instead of a reference pass;
+recomputed when the cache is gone; and at dp = 2 under ZeRO-2); a second run reads the cache instead of a reference pass;
 held-out pairs are evaluated with TRL's eval_* metrics; data parallel (dp = 2, ZeRO 0-3) gives dp = 1's
 losses and metrics; bf16 trains; bad pairs and pair data given to supervised fine-tuning are named.
 
@@ -80,6 +80,28 @@ def test_resume_is_bit_exact():
         key = lambda m: [[x.get(k) for k in KEYS] for x in m]
         check(key(straight_m) == key(metrics(d)), "%s: every step's loss and metrics bit-identical" % name)
         check(straight_w == final_bytes(d), "%s: final weights bit-identical" % name)
+
+
+def test_resume_at_dp2_is_bit_exact():
+    """Two ranks under ZeRO-2, stopped after step 4 and resumed: the straight run's every step and final bytes."""
+    ck = os.path.join(WORK, "resume_dp2", "ckpt")
+    path, d = recipe("resume_dp2", checkpoint_dir=ck, save_interval=4, dp_degree=2, zero_stage=2,
+                     gradient_accumulation_steps=1, deterministic_reduce=True)
+    r = run(["train", path], ranks=2)
+    check(r.returncode == 0, "dp 2 straight run (%s)" % (r.stdout + r.stderr)[-1500:])
+    if r.returncode != 0:
+        return
+    straight_m, straight_w = metrics(d), final_bytes(d)
+    check(len(straight_m) == 8 and "resumed" not in r.stdout, "dp 2: 8 steps straight (%d)" % len(straight_m))
+    shutil.rmtree(os.path.join(d, "out"))
+    shutil.rmtree(ck)
+    r1 = run(["train", path, "--stop-after", "4"], ranks=2)
+    r2 = run(["train", path, "--resume"], ranks=2)
+    check(r1.returncode == 0 and r2.returncode == 0, "dp 2 stop + resume (%s %s)" % (r1.stderr[-800:], r2.stderr[-800:]))
+    key = lambda m: [[x.get(k) for k in KEYS] for x in m]
+    check("resumed from" in r2.stdout, "dp 2: the second run resumed (%s)" % r2.stdout[-600:])
+    check(key(straight_m) == key(metrics(d)), "dp 2: every step's loss and metrics bit-identical after resume")
+    check(straight_w == final_bytes(d), "dp 2: final weights bit-identical after resume")
 
 
 def test_second_run_reads_the_cache_and_evaluation():
