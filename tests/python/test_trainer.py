@@ -255,3 +255,31 @@ def test_rank_table_as_the_article_spells_it(tmp_path):
     assert cli.returncode == 0, cli.stderr
     a, b = (json.load(open(tmp_path / n)) for n in ("python.json", "cli.json"))
     assert a == b and len(a["server_list"][0]["device"]) == 4
+
+
+def test_preference_stage_through_the_trainer(tmp_path):
+    """stage = "dpo" from Python: on_log gets TRL's metrics as metrics.jsonl has them; step 1 is ln 2."""
+    import math
+    import random
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+    from dpo_reference import make_pairs, make_tokenizer
+    vocab = make_tokenizer(str(tmp_path / "tokenizer"), random.Random(3))
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in make_pairs(random.Random(4), "strings", 16)))
+    config = keel.TrainingConfig(data_path=str(data), tokenizer=str(tmp_path / "tokenizer"), stage="dpo",
+                                 dtype="fp32", max_seq_len=40, batch_size=2, max_steps=4, learning_rate=3e-3,
+                                 seed=5, log_interval=1, output_dir=str(tmp_path / "out"),
+                                 model_config=dict(SMALL_MODEL, vocab_size=vocab))
+    logs = []
+
+    class Recorder:
+        def on_log(self, step, metrics):
+            logs.append(metrics)
+
+    keel.Trainer(config, callbacks=[Recorder()]).train()
+    logged = metrics_lines(tmp_path / "out")
+    assert len(logs) == len(logged) == 4
+    assert logs[0]["loss"] == pytest.approx(math.log(2), abs=1e-6) and logs[0]["rewards/margins"] == 0
+    for metrics, line in zip(logs, logged):
+        for key in ("loss", "rewards/accuracies", "rewards/margins", "logps/chosen", "logits/rejected"):
+            assert metrics[key] == pytest.approx(line[key], rel=1e-8), key
