@@ -307,9 +307,11 @@ LlamaCppVocab llama_cpp_bpe_vocab(const LlamaCppVocabFiles& files, int64_t vocab
     by_id[id] = token;
   }
   v.added_tokens = int64_t(added.size());
-  require(by_id.empty() || by_id.rbegin()->first < vocab_size,
-          "{}: token id {} is outside the model's vocabulary of {} (config.json vocab_size)", tokenizer_path,
-          by_id.rbegin()->first, vocab_size);
+  // The largest id, read only when there is one: require's message arguments are evaluated whether
+  // or not it fails, and an empty vocabulary has no last element.
+  const int64_t largest = by_id.empty() ? -1 : by_id.rbegin()->first;
+  require(largest < vocab_size, "{}: token id {} is outside the model's vocabulary of {} (config.json vocab_size)",
+          tokenizer_path, largest, vocab_size);
   for (int64_t i = 0; i < vocab_size; ++i) {
     auto it = by_id.find(i);
     if (it == by_id.end()) {
