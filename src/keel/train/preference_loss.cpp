@@ -130,6 +130,7 @@ PreferenceObjective::PreferenceObjective(const PreferenceLossOptions& o, const R
   nll_.resize(tokens);
   mean_logit_.resize(tokens);
   weights_.resize(tokens);
+  row_scores_.resize(size_t(2 * o.pairs_per_micro_batch));
   metrics_.resize(size_t(kSums + kPerMicroBatch * o.micro_batches));
 }
 
@@ -157,16 +158,12 @@ void PreferenceObjective::weigh(const double* nll, const double* mean_logit, flo
   const model::MicroBatch& mb = *batch_;
   const int64_t B = o_.pairs_per_micro_batch, T = mb.seq;
   const double pairs_in_step = double(B * o_.micro_batches);
-  RowScore scores[2];
   std::fill(weight, weight + 2 * B * T, 0.0f);
+  score_rows(mb, rows_->answer_starts.data(), nll, mean_logit, row_scores_.data());
   double chosen_tokens = 0;  // the NLL term's: every target of the chosen rows
   for (int64_t b = 0; b < B; ++b) {
     const int64_t rows[2] = {b, B + b};
-    for (int side = 0; side < 2; ++side) {
-      const model::MicroBatch row{1, T, mb.input_ids + rows[side] * T, mb.targets + rows[side] * T, nullptr, nullptr};
-      score_rows(row, rows_->answer_starts.data() + rows[side], nll + rows[side] * T, mean_logit + rows[side] * T,
-                 &scores[side]);
-    }
+    const RowScore scores[2] = {row_scores_[size_t(b)], row_scores_[size_t(B + b)]};
     chosen_tokens += double(scores[0].all_tokens);
     const int64_t p = rows_->pairs[size_t(b)];
     PairScore s{scores[0].logp, scores[1].logp, scores[0].tokens, scores[1].tokens};

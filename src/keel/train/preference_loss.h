@@ -66,6 +66,18 @@ struct PairLoss {
 };
 PairLoss pair_loss(const PreferenceLossOptions& o, const PairScore& s);
 
+// Scores the rows of a forward pass: each row's answer (its targets from answer_starts[row] on):
+// summed log-probability, token count and summed mean logits; and over all its targets (ORPO's
+// NLL term: the prompt's too) the summed NLL and the count.
+struct RowScore {
+  double logp = 0, logit_sum = 0;
+  int64_t tokens = 0;
+  double all_nll = 0;
+  int64_t all_tokens = 0;
+};
+void score_rows(const model::MicroBatch& batch, const int32_t* answer_starts, const double* nll,
+                const double* mean_logit, RowScore* out);
+
 // The metrics from the summed partial_metrics() of a step (or of an evaluation pass).
 report::PreferenceMetrics preference_metrics(const PreferenceLossOptions& options, std::span<const double> sums);
 
@@ -90,23 +102,12 @@ class PreferenceObjective final : public Objective, private model::Decoder::Toke
   // Per micro-batch: scores of its rows (reused), and what weigh() needs of the batch.
   std::vector<double> nll_, mean_logit_;
   std::vector<float> weights_;
+  std::vector<RowScore> row_scores_;  // [2 * pairs]: the micro-batch's rows scored
   const model::MicroBatch* batch_ = nullptr;
   const data::PackedMicroBatch* rows_ = nullptr;
   int64_t micro_index_ = 0;
   double loss_sum_ = 0;
   std::vector<double> metrics_;  // the sums report() reads, in its order
 };
-
-// Scores the rows of a forward pass: each row's answer (its targets from answer_starts[row] on):
-// summed log-probability, token count and summed mean logits; and over all its targets (ORPO's
-// NLL term: the prompt's too) the summed NLL and the count.
-struct RowScore {
-  double logp = 0, logit_sum = 0;
-  int64_t tokens = 0;
-  double all_nll = 0;
-  int64_t all_tokens = 0;
-};
-void score_rows(const model::MicroBatch& batch, const int32_t* answer_starts, const double* nll,
-                const double* mean_logit, RowScore* out);
 
 }  // namespace keel::train

@@ -39,15 +39,18 @@ std::string cache_dir_of(const run::Recipe& r) {
 
 }  // namespace
 
-std::string reference_cache_key(const run::Recipe& r, const PairSource& pairs) {
+std::string reference_model_key(const run::Recipe& r) {
   // A new model's weights follow from its config and the seed; a loaded one's from its files.
   const std::string model =
       r.model_config ? fmt::format("scratch:{}:{}", checksum_hex(checksum(run::recipe_to_toml(r))), r.seed)
                      : directory_weights_key(r.model_name);
-  return checksum_hex(checksum(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", model,
-                                           directory_weights_key(r.adapter_name_or_path), run::choice_name(r.dtype),
-                                           r.quantization_bit, run::choice_name(r.quantization_type), r.backend,
-                                           checksum_hex(pairs.pairs().checksum()), r.max_seq_len)));
+  return fmt::format("{}|{}|{}|{}|{}|{}|{}", model, directory_weights_key(r.adapter_name_or_path),
+                     run::choice_name(r.dtype), r.quantization_bit, run::choice_name(r.quantization_type), r.backend,
+                     r.max_seq_len);
+}
+
+std::string reference_cache_key(const std::string& model_key, const PairSource& pairs) {
+  return checksum_hex(checksum(model_key + "|" + checksum_hex(pairs.pairs().checksum())));
 }
 
 PreferenceStage::PreferenceStage(const run::Recipe& r, const BatchSourceOptions& o, const BatchSourceOptions& eo,
@@ -71,9 +74,10 @@ void PreferenceStage::prepare_reference(model::Decoder& decoder, distributed::Co
     const char* name;
   };
   const std::string dir = cache_dir_of(r_);
+  const std::string model_key = reference_model_key(r_);  // reads every weight file once: both sets share it
   for (const Part& part : {Part{train_, &reference_, "training"}, Part{eval_.get(), &eval_reference_, "held-out"}}) {
     if (!part.source) continue;
-    const std::string key = reference_cache_key(r_, *part.source);
+    const std::string key = reference_cache_key(model_key, *part.source);
     const std::string path = reference_logps_path(dir, key);
     if (auto cached = load_reference_logps(path, key, part.source->pairs().size())) {
       *part.out = std::move(*cached);

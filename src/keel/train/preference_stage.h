@@ -48,8 +48,10 @@ class PreferenceStage {
   ReferenceLogps reference_, eval_reference_;
 };
 
-// The reference log-probabilities' cache key: the model's weight files (and adapter's), the
-// precision and quantization, the backend, and the pairs' ids.
-std::string reference_cache_key(const run::Recipe& recipe, const PairSource& pairs);
+// The reference log-probabilities' cache key: what the reference model is (its weight files and the
+// adapter's by content, the precision and quantization, the backend, the row length), then with the
+// ids of one set of pairs.
+std::string reference_model_key(const run::Recipe& recipe);
+std::string reference_cache_key(const std::string& model_key, const PairSource& pairs);
 
 }  // namespace keel::train
