@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from harness import final_bytes, write_data, write_recipe_file
+from harness import final_bytes, mpi_env, write_data, write_recipe_file
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -199,7 +199,7 @@ def test_fsync_eio_continues():
 
 def mpirun_with(env):
     """mpirun for 2 ranks passing `env` (the fault shim's settings) on to them."""
-    env["ASAN_OPTIONS"] += ":detect_leaks=0"  # Open MPI's own leaks at exit (see test-sanitizers.sh)
+    env.update(mpi_env(env))  # Open MPI's own leaks at exit: no leak check under mpirun
     launcher = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1"]
     for var in env:
         launcher += ["-x", var]

@@ -67,6 +67,18 @@ def write_data(path, n, seed, vocab=32, lo=6, hi=20):
             f.write(json.dumps({"input_ids": [(start + i) % vocab for i in range(length)]}) + "\n")
 
 
+def mpi_env(env=None):
+    """The environment for runs under mpirun: `env` (default: this process's) with leak checking
+    off. OpenMPI's MPI_Finalize leaks ~120 KB from MCA components it has dlclosed by then (frames
+    in "<unknown module>", which no LeakSanitizer suppression can match), so in a sanitizer build
+    (scripts/test-sanitizers.sh) runs under mpirun go without leak checking; ASan's memory errors
+    and UBSan stay on. Other builds ignore ASAN_OPTIONS."""
+    env = dict(os.environ if env is None else env)
+    asan = env.get("ASAN_OPTIONS", "")
+    env["ASAN_OPTIONS"] = (asan + ":" if asan else "") + "detect_leaks=0"  # the last setting wins
+    return env
+
+
 def metrics(d):
     """The records of d/out/metrics.jsonl (a run whose output_dir is d/out)."""
     with open(os.path.join(d, "out", "metrics.jsonl")) as f:

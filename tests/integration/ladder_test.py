@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 
-from harness import write_recipe_file
+from harness import mpi_env, write_recipe_file
 
 KEEL = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="keel_ladder_test_")
@@ -36,18 +36,6 @@ def check(cond, what):
 
 def run(*args, timeout=300, env=None):
     return subprocess.run([KEEL, *args], capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def mpi_env():
-    """The environment for runs under mpirun. OpenMPI's MPI_Finalize leaks from MCA components it
-    has dlclosed by then (frames in "<unknown module>", which no LeakSanitizer suppression can
-    match), so in a sanitizer build (scripts/test-sanitizers.sh) these runs go without leak
-    checking, as integration.data_parallel does; ASan's memory errors and UBSan stay on. Other
-    builds ignore ASAN_OPTIONS."""
-    env = dict(os.environ)
-    asan = env.get("ASAN_OPTIONS", "")
-    env["ASAN_OPTIONS"] = (asan + ":" if asan else "") + "detect_leaks=0"  # the last setting wins
-    return env
 
 
 def words(rng, n):

@@ -19,7 +19,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 from dpo_reference import make_pairs, make_tokenizer  # noqa: E402
-from harness import check, final_bytes, metrics, run_tests, write_recipe_file  # noqa: E402
+from harness import check, final_bytes, metrics, mpi_env, run_tests, write_recipe_file  # noqa: E402
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -49,7 +49,7 @@ def recipe(name, **overrides):
 
 def run(args, ranks=1, timeout=600):
     cmd = ([KEEL] if ranks == 1 else MPIRUN + ["-np", str(ranks), KEEL]) + args
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=None if ranks == 1 else mpi_env())
 
 
 

@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-from harness import check, run_tests, start_training, write_data, write_recipe_file
+from harness import check, mpi_env, run_tests, start_training, write_data, write_recipe_file
 
 KEEL = os.path.abspath(sys.argv[1])
 ONLY = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
@@ -130,9 +130,7 @@ def test_export_never_replaces_a_foreign_model():
 def start_long_run(name, launcher=()):
     path, d = recipe(name, max_steps=100000, checkpoint_dir=os.path.join(WORK, name, "ckpt"),
                      save_interval=1000000, **({"dp_degree": 2} if launcher else {}))
-    env = dict(os.environ)
-    if launcher:  # Open MPI leaks at MPI_Finalize (see scripts/test-sanitizers.sh): no leak check there
-        env["ASAN_OPTIONS"] = env.get("ASAN_OPTIONS", "").replace("detect_leaks=1", "detect_leaks=0")
+    env = mpi_env() if launcher else dict(os.environ)
     p = subprocess.Popen(list(launcher) + [KEEL, "train", path], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True, start_new_session=True, env=env)
     lock = os.path.join(d, "out", ".keel.lock")
