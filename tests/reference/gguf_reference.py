@@ -11,7 +11,9 @@ and bytes. Variants: a bf16 checkpoint (auto gives bf16), rows that are not whol
 fallback), tied and untied LM heads, q/k biases (qwen2), q/k norms (qwen3), Gemma 3's norms plus one
 and its sandwich norms; and a checkpoint keel trained from the Llama one, its GGUF against the
 converter's of keel's own Hugging Face export of it; and q4_0 (no converter outtype) against
-gguf-py's quantizer itself.
+gguf-py's quantizer itself. And LoRA runs (Llama, whose q/k permutation reaches the adapter's B
+matrices, and Qwen3): keel's GGUF adapter against convert_lora_to_gguf.py's of keel's PEFT export
+of the same checkpoint.
 
   gguf_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3]
 """
@@ -229,6 +231,54 @@ def train_and_export(keel, model_dir, work):
     return os.path.join(run_dir, "ckpt"), hf
 
 
+def lora_run(keel, model_dir, work, name):
+    """A short fp32 LoRA run (rank 4, every linear layer of the blocks) from model_dir; its checkpoint
+    and keel's PEFT export of it (what convert_lora_to_gguf.py reads)."""
+    run_dir = os.path.join(work, name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    data = os.path.join(run_dir, "train.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for i in range(16):
+            f.write(json.dumps({"text": "Record %d: the quick brown fox jumps over %d lazy dogs." % (i, i * 7)}) + "\n")
+    recipe = os.path.join(run_dir, "recipe.toml")
+    with open(recipe, "w", encoding="utf-8") as f:
+        f.write("\n".join([
+            'model_name = %s' % json.dumps(model_dir), 'data_path = %s' % json.dumps(data),
+            'output_dir = %s' % json.dumps(os.path.join(run_dir, "out")),
+            'checkpoint_dir = %s' % json.dumps(os.path.join(run_dir, "ckpt")),
+            'dtype = "fp32"', "max_seq_len = 32", "batch_size = 2", "max_steps = 2", "save_interval = 2",
+            "learning_rate = 1e-2", "warmup_steps = 0", "seed = 3", 'finetuning_type = "lora"', "lora_rank = 4",
+            "lora_alpha = 8"]) + "\n")
+    run([keel, "train", recipe])
+    peft = os.path.join(run_dir, "adapter")
+    run([keel, "export", os.path.join(run_dir, "ckpt"), "--to", peft])
+    return os.path.join(run_dir, "ckpt"), peft
+
+
+# family -> the adapter outtypes compared (None: the default, f32 for adapters). Llama's B matrices
+# of q_proj and k_proj are permuted as the weights are; q8_0 stores B (rows of r = 4) as f16.
+LORA_CASES = {"llama": (None, "f16", "bf16", "q8_0"), "qwen3": ("f32",)}
+
+
+def check_adapters(keel, work, tree, env, families):
+    failures = 0
+    for family in families:
+        if family not in LORA_CASES:
+            continue
+        checkpoint, peft = lora_run(keel, os.path.join(work, family), work, family + "-lora")
+        for outtype in LORA_CASES[family]:
+            label = "%s LoRA adapter --outtype %s" % (family, outtype or "(default)")
+            theirs = os.path.join(work, "adapter-converter.gguf")
+            ours = os.path.join(work, "adapter-keel.gguf")
+            run([sys.executable, os.path.join(tree, "convert_lora_to_gguf.py"), "--base", os.path.join(work, family),
+                 "--outfile", theirs, "--outtype", outtype or "f32", peft], env=env)
+            run([keel, "export", checkpoint, "--to", ours, "--format", "gguf", "--overwrite"] +
+                (["--outtype", outtype] if outtype else []))
+            failures += not compare(ours, theirs, label)
+    return failures
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--keel", required=True)
@@ -270,6 +320,8 @@ def main():
             run([args.keel, "export", checkpoint, "--to", ours, "--format", "gguf", "--overwrite"] +
                 (["--outtype", outtype] if outtype else []))
             failures += not compare(ours, theirs, label)
+    # LoRA runs: keel's GGUF adapter against convert_lora_to_gguf.py's of keel's PEFT export.
+    failures += check_adapters(args.keel, args.work, tree, env, args.families.split(","))
     if failures:
         raise SystemExit("%d of the GGUF comparisons failed" % failures)
     print("all GGUF files identical to llama.cpp's converter's")

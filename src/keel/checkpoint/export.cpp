@@ -13,6 +13,7 @@
 #include "keel/model/hf_weights.h"
 #include "keel/model/peft_adapter.h"
 #include "keel/checkpoint/checkpoint.h"
+#include "keel/checkpoint/gguf_adapter.h"
 #include "keel/run/model_setup.h"
 #include "keel/run/run_guard.h"
 
@@ -218,14 +219,10 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
   require(!request.merge || options.lora.enabled(),
           "--merge: {} is a checkpoint of full fine-tuning (finetuning_type = \"{}\"); there is no adapter to merge",
           step_dir, run::choice_name(recipe.finetuning_type));
-  require(!options.lora.enabled() || request.merge || request.format != ExportFormat::Gguf,
-          "--format gguf: {} is a LoRA checkpoint; keel writes it as GGUF merged into its base model (--merge); "
-          "GGUF adapter files are not written yet",
-          step_dir);
   if (options.lora.enabled() && !request.merge)
-    require(request.format == ExportFormat::AsTrained,
-            "--format: a LoRA checkpoint exports as a PEFT adapter on the model it was trained on; --format applies "
-            "with --merge");
+    require(request.format == ExportFormat::AsTrained || request.format == ExportFormat::Gguf,
+            "--format: a LoRA checkpoint exports as a PEFT adapter on the model it was trained on (or, with --format "
+            "gguf, a GGUF adapter); --format hf or glm-original applies with --merge");
   model::Decoder decoder(result.config, model::Precision::F32, 1, 2, options);
   result.adapter = options.lora.enabled() && !request.merge;
   require(model_fingerprint(decoder.trainable(), trained.architecture) == state.model_fingerprint,
@@ -243,6 +240,13 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     }
   }
   WorkProgress progress(request.progress_log, request.live_progress);
+  if (result.adapter && request.format == ExportFormat::Gguf) {  // llama.cpp's adapter file
+    read_checkpoint_weights(step_dir, decoder.adapter());
+    const std::string name = fs::path(recipe.output_dir.empty() ? step_dir : recipe.output_dir).filename().string();
+    result.gguf = write_gguf_adapter(decoder, name, request.destination, request.outtype, &progress);
+    progress.finish();
+    return result;
+  }
   if (result.adapter) {  // the adapter as the run's final/ holds it: fp32, PEFT's names
     read_checkpoint_weights(step_dir, decoder.adapter());
     model::save_peft_adapter(decoder, request.destination, recipe.model_config ? "" : recipe.model_name,

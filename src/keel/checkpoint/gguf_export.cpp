@@ -26,8 +26,6 @@ namespace fs = std::filesystem;
 using formats::GgmlType;
 using formats::GgufMetadata;
 
-constexpr uint32_t kGgmlQuantizationVersion = 2;  // GGML_QNT_VERSION
-
 bool config_has(const std::string& config_json, std::string_view key) {
   simdjson::dom::parser parser;
   simdjson::dom::element root, value;

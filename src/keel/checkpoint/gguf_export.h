@@ -27,6 +27,10 @@ struct GgufModelSource {
 
 struct GgufExportResult {
   std::string architecture;
+  bool adapter = false;                     // a LoRA adapter file (gguf_adapter.h), not a model
+  int64_t lora_rank = 0;                    // the adapter's r and the adapter.lora.alpha written
+  double lora_alpha = 0;
+  bool rslora = false;                      // alpha written as scaling x r (llama.cpp scales by alpha / r)
   formats::GgmlType outtype = formats::GgmlType::F16;
   std::string outtype_reason;               // why, when keel chose it
   std::vector<std::string> f16_fallbacks;   // matrices whose rows are not whole blocks: F16, as the converter

@@ -135,7 +135,8 @@ GgmlType gguf_tensor_type(const std::string& gguf_name, const std::vector<int64_
                           bool* fallback) {
   if (fallback) *fallback = false;
   const std::string_view name(gguf_name);
-  if (shape.size() <= 1 || name.ends_with("_norm.weight") || !name.ends_with(".weight")) return GgmlType::F32;
+  const bool matrix_name = name.ends_with(".weight") || name.ends_with(".lora_a") || name.ends_with(".lora_b");
+  if (shape.size() <= 1 || name.ends_with("_norm.weight") || !matrix_name) return GgmlType::F32;
   if (!formats::ggml_row_fits(outtype, shape.back())) {
     if (fallback) *fallback = true;
     return GgmlType::F16;

@@ -13,6 +13,8 @@
 
 namespace keel::checkpoint {
 
+inline constexpr uint32_t kGgmlQuantizationVersion = 2;  // GGML_QNT_VERSION: general.quantization_version
+
 // The GGUF architecture (`general.architecture`) of a family: "llama" for Llama and Mistral,
 // "qwen2", "qwen3", "gemma3". Families keel does not write yet are a keel::Error naming the family.
 std::string gguf_architecture(const model::ModelConfig& config);
@@ -38,7 +40,7 @@ formats::GgmlType gguf_outtype_from_name(const std::string& name);
 uint32_t gguf_file_type(formats::GgmlType outtype);
 
 // The type a tensor is stored in (prepare_tensors): vectors, norms and anything not named
-// ".weight" in F32; a matrix in `outtype`, or F16 where its rows are not whole blocks of a block
+// ".weight" (or an adapter's ".lora_a" / ".lora_b") in F32; a matrix in `outtype`, or F16 where its rows are not whole blocks of a block
 // type (the converter's fallback on gguf-py's QuantError). `fallback` tells the caller it happened.
 formats::GgmlType gguf_tensor_type(const std::string& gguf_name, const std::vector<int64_t>& shape,
                                    formats::GgmlType outtype, bool* fallback = nullptr);

@@ -35,7 +35,25 @@ void print_gguf_export(const checkpoint::ExportRequest& request, const checkpoin
   std::string outtype(formats::ggml_type_name(g.outtype));
   for (char& ch : outtype) ch = char(std::tolower(static_cast<unsigned char>(ch)));
   if (!g.outtype_reason.empty())
-    fmt::print("keel: --outtype {} (not given: {}; norms and biases stay f32)\n", outtype, g.outtype_reason);
+    fmt::print("keel: --outtype {} (not given: {}{})\n", outtype, g.outtype_reason,
+               g.adapter ? "" : "; norms and biases stay f32");
+  if (g.adapter) {
+    if (!g.f16_fallbacks.empty())
+      fmt::print("keel: {} lora_b matrices stored as f16: their rows of r = {} values are not whole blocks of {}, as "
+                 "llama.cpp's converter does\n",
+                 g.f16_fallbacks.size(), g.lora_rank, outtype);
+    if (g.rslora)
+      fmt::print("keel: rsLoRA: adapter.lora.alpha written as {:g} (alpha x sqrt(r)), since llama.cpp scales by "
+                 "alpha / r and the run's update was scaled by alpha / sqrt(r)\n",
+                 g.lora_alpha);
+    fmt::print("keel: exported {} (step {}) to {}: a GGUF LoRA adapter, architecture '{}' ({}), rank {}, alpha {:g}, "
+               "{} tensors, {} ({:.1f} MB); run it with llama-cli -m BASE.gguf --lora {} (BASE.gguf: keel export "
+               "--format gguf of the model the run started from)\n",
+               result.step_dir, result.step, request.destination, g.architecture,
+               model::family_name(result.config.family), g.lora_rank, g.lora_alpha, g.tensor_count, outtype,
+               double(g.file_bytes) / 1e6, request.destination);
+    return;
+  }
   if (!g.f16_fallbacks.empty())
     fmt::print("keel: {} stored as f16: rows not whole blocks of {} values ({}), as llama.cpp's converter does\n",
                fmt::join(g.f16_fallbacks, ", "), formats::ggml_block_size(g.outtype), outtype);
@@ -74,7 +92,8 @@ const CommandRegistration kExport{
                      "for llama.cpp); default: the format the model was trained in");
       cmd.add_option("--outtype", o->outtype,
                      "GGUF: f32 | f16 | bf16 | q8_0 | q4_0, as llama.cpp's convert_hf_to_gguf.py names them (norms and "
-                     "biases stay f32); default as it chooses: bf16 for bf16 weights, else f16");
+                     "biases stay f32); default as it chooses: bf16 for bf16 weights, else f16; a LoRA adapter: "
+                     "f32 | f16 | bf16 | q8_0, default f32");
       cmd.add_option("--max-shard-size", o->max_shard_size,
                      "Largest safetensors file before sharding with model.safetensors.index.json (binary units: "
                      "1 GB = 1 GiB)")
@@ -95,7 +114,8 @@ const CommandRegistration kExport{
           "  PEFT adapter directory (a LoRA run without --merge): adapter_config.json and adapter_model.safetensors\n"
           "  GGUF (--format gguf --to FILE.gguf): one file for llama.cpp, Ollama, LM Studio, as llama.cpp's\n"
           "    convert_hf_to_gguf.py writes it (tokenizer and chat template inside); Llama, Mistral, Qwen2, Qwen3,\n"
-          "    Gemma 3 with tokenizer.json vocabularies; a LoRA run with --merge (GGUF adapters: not yet); docs/gguf.md\n");
+          "    Gemma 3 with tokenizer.json vocabularies; a LoRA run as a GGUF adapter (llama-cli --lora), or merged\n"
+          "    with --merge; docs/gguf.md\n");
       return [o] {
         checkpoint::ExportRequest request;
         request.overwrite = o->overwrite;
