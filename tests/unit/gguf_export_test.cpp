@@ -105,6 +105,43 @@ TEST(GgufNames, TensorTypesFollowTheConverter) {
   expect_keel_error([] { gguf_outtype_from_name("q4_k_m"); }, {"--outtype", "f32, f16, bf16, q8_0 or q4_0", "q4_k_m"});
 }
 
+TEST(GgufNames, AdapterMatricesAreQuantizedLikeWeights) {
+  bool fallback = false;
+  EXPECT_EQ(gguf_tensor_type("blk.0.attn_q.weight.lora_a", {4, 64}, GgmlType::Q8_0, &fallback), GgmlType::Q8_0);
+  EXPECT_FALSE(fallback);
+  // B [out, r]: rows of r = 4 values are not whole q8_0 blocks.
+  EXPECT_EQ(gguf_tensor_type("blk.0.attn_q.weight.lora_b", {64, 4}, GgmlType::Q8_0, &fallback), GgmlType::F16);
+  EXPECT_TRUE(fallback);
+  EXPECT_EQ(gguf_tensor_type("blk.0.attn_q.weight.lora_b", {64, 4}, GgmlType::BF16), GgmlType::BF16);
+}
+
+// llama.cpp takes Gemma 3's attention scale and window pattern from its own tables: a model that
+// differs is refused (every token would differ); a window llama.cpp's llama ignores is a note.
+TEST(GgufExport, ModelsLlamaCppWouldRunOtherwiseAreRefusedOrNoted) {
+  auto gemma = config_of(model::Family::Gemma3);
+  gemma.num_layers = 6;
+  gemma.head_dim = 16;
+  gemma.hidden_size = 64;
+  gemma.query_pre_attn_scalar = 16;
+  gemma.sliding_window = 4;
+  gemma.sliding_layers = {true, true, true, true, true, false};
+  EXPECT_TRUE(check_llama_cpp_runs_as_trained(gemma, "gemma3").empty());
+  auto scaled = gemma;
+  scaled.query_pre_attn_scalar = 24;
+  expect_keel_error([&] { check_llama_cpp_runs_as_trained(scaled, "gemma3"); },
+                    {"query_pre_attn_scalar", "24", "16", "would not run the model as trained", "--format hf"});
+  auto alternating = gemma;
+  alternating.sliding_layers = {true, false, true, false, true, false};
+  expect_keel_error([&] { check_llama_cpp_runs_as_trained(alternating, "gemma3"); },
+                    {"layer 1", "has no", "each sixth"});
+  auto mistral = config_of(model::Family::Mistral);
+  mistral.sliding_window = 4096;
+  const auto notes = check_llama_cpp_runs_as_trained(mistral, "llama");
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("4096 tokens"), std::string::npos);
+  EXPECT_TRUE(check_llama_cpp_runs_as_trained(config_of(model::Family::Llama), "llama").empty());
+}
+
 TEST(GgufExport, DefaultOuttypeIsTheConvertersAuto) {
   std::string reason;
   EXPECT_EQ(default_gguf_outtype(DType::BF16, &reason), GgmlType::BF16);

@@ -32,6 +32,7 @@ GgufExportResult write_gguf_adapter(const model::Decoder& decoder, const std::st
   GgufExportResult result;
   result.adapter = true;
   result.architecture = gguf_architecture(c);
+  result.notes = check_llama_cpp_runs_as_trained(c, result.architecture);
   result.outtype = outtype ? *outtype : default_gguf_adapter_outtype(&result.outtype_reason);
   require(result.outtype != GgmlType::Q4_0,
           "--outtype q4_0: adapters are written as llama.cpp's convert_lora_to_gguf.py writes them, in f32, f16, bf16 "

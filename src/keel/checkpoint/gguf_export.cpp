@@ -125,6 +125,42 @@ std::string check_end_of_turn(const data::LlamaCppVocab& vocab, const std::strin
 
 }  // namespace
 
+std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfig& c, const std::string& arch) {
+  std::vector<std::string> notes;
+  if (arch == "gemma3") {
+    // llama_model_gemma3::load_arch_hparams: scores scaled by 1/sqrt(head_dim), or for the 62-layer
+    // (27B) model 1/sqrt(hidden / heads), whatever query_pre_attn_scalar says; what the published
+    // checkpoints state. Other values would give every token other attention than in training.
+    const bool is_27b = c.num_layers == 62;
+    const double llama_cpp_scalar = is_27b ? double(c.hidden_size / c.num_heads) : double(c.head_dim);
+    require(c.query_pre_attn_scalar == llama_cpp_scalar,
+            "--format gguf: this Gemma 3 model scales attention scores by query_pre_attn_scalar^-0.5 = {:g}^-0.5, and "
+            "llama.cpp's gemma3 by {}^-0.5 ({}; it does not read the value from the file): llama.cpp would not run "
+            "the model as trained. Export --format hf for runtimes that read config.json",
+            c.query_pre_attn_scalar, llama_cpp_scalar, is_27b ? "hidden / heads for the 62-layer model" : "head_dim");
+    // Sliding windows: llama.cpp's default pattern for gemma3 is 6 (layers i with i % 6 < 5 slide),
+    // and the converter writes no pattern key, as Gemma 3's published configs follow it.
+    if (c.sliding_window > 0)
+      for (int64_t i = 0; i < c.num_layers; ++i) {
+        const bool llama_cpp_slides = i % 6 < 5;
+        const bool slides = size_t(i) < c.sliding_layers.size() && c.sliding_layers[size_t(i)];
+        require(slides == llama_cpp_slides,
+                "--format gguf: layer {} of this Gemma 3 model {} a sliding window, and llama.cpp's gemma3 gives one to "
+                "every layer but each sixth (Gemma 3's published pattern; the file holds no pattern): llama.cpp would "
+                "not run the model as trained. Export --format hf for runtimes that read layer_types",
+                i, slides ? "has" : "has no");
+      }
+  } else if (c.sliding_window > 0) {
+    // Mistral v0.1 and Qwen with use_sliding_window: llama.cpp's llama/qwen2/qwen3 attend to the
+    // whole context (the converter writes no window either); the same up to the window's length.
+    notes.push_back(fmt::format(
+        "the model's sliding window ({} tokens) is not in the file: llama.cpp's {} attends to the whole context, "
+        "which is the same as training up to {} tokens of context and differs past it",
+        c.sliding_window, arch, c.sliding_window));
+  }
+  return notes;
+}
+
 GgmlType default_gguf_outtype(DType weights_dtype, std::string* reason) {
   const bool bf16 = weights_dtype == DType::BF16;
   if (reason)
@@ -170,6 +206,7 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   GgufExportResult result;
   result.architecture = gguf_architecture(c);
   result.outtype = outtype ? *outtype : default_gguf_outtype(source.weights_dtype, &result.outtype_reason);
+  result.notes = check_llama_cpp_runs_as_trained(c, result.architecture);
 
   const data::LlamaCppVocab vocab = data::llama_cpp_bpe_vocab(source.tokenizer_dir, c.vocab_size, source.config_json);
   require(!(vocab.byte_fallback && result.architecture == "llama"),

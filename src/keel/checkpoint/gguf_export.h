@@ -36,6 +36,9 @@ struct GgufExportResult {
   std::vector<std::string> f16_fallbacks;   // matrices whose rows are not whole blocks: F16, as the converter
   int64_t embedding_rows_dropped = 0;        // Gemma 3: rows past the tokenizer's, dropped as the converter
   std::vector<std::string> skipped;          // buffers of the source that are not weights (rotary inv_freq)
+  // Where llama.cpp will run the file otherwise than the model was trained, said (a difference it
+  // would make from the first token is refused instead: check_llama_cpp_runs_as_trained).
+  std::vector<std::string> notes;
   std::string pre_tokenizer;                // tokenizer.ggml.pre
   int64_t tokens = 0, merges = 0;
   bool chat_template = false;
@@ -43,6 +46,12 @@ struct GgufExportResult {
   size_t tensor_count = 0;
   uint64_t file_bytes = 0;
 };
+
+// llama.cpp runs some hyperparameters from its own tables rather than from the file. Where that
+// would change every token for this model (Gemma 3's attention scale, its layers' pattern of
+// sliding windows) this is a keel::Error saying why; where it changes only long contexts (a
+// sliding window on an architecture llama.cpp runs without one) the returned notes say so.
+std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfig& config, const std::string& arch);
 
 // The converter's default (--outtype auto): bf16 weights give bf16, anything else f16.
 formats::GgmlType default_gguf_outtype(DType weights_dtype, std::string* reason);

