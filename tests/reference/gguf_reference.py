@@ -214,53 +214,52 @@ def check_q4_0(keel, model_dir, work, tree):
     return True
 
 
-def train_and_export(keel, model_dir, work):
-    """A checkpoint of a short fp32 run from model_dir, exported by keel both ways: as the Hugging
-    Face directory the converter then reads, and as GGUF. The promise is about this pair."""
-    run_dir = os.path.join(work, "run")
+def short_run(keel, model_dir, run_dir, keys=(), records=None):
+    """A short fp32 run from model_dir in run_dir (recreated): `records` (JSONL dicts; default 16
+    short texts) and the recipe's keys, `keys` ("key = value" lines) added or overriding. Returns
+    its checkpoint_dir."""
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
     data = os.path.join(run_dir, "train.jsonl")
+    if records is None:
+        records = [{"text": "Record %d: the quick brown fox jumps over %d lazy dogs." % (i, i * 7)} for i in range(16)]
     with open(data, "w", encoding="utf-8") as f:
-        for i in range(16):
-            f.write(json.dumps({"text": "Record %d: the quick brown fox jumps over %d lazy dogs." % (i, i * 7)}) + "\n")
+        f.writelines(json.dumps(r) + "\n" for r in records)
+    lines = {
+        "model_name": json.dumps(model_dir), "data_path": json.dumps(data),
+        "output_dir": json.dumps(os.path.join(run_dir, "out")),
+        "checkpoint_dir": json.dumps(os.path.join(run_dir, "ckpt")), "dtype": '"fp32"', "max_seq_len": "32",
+        "batch_size": "2", "max_steps": "2", "save_interval": "2", "learning_rate": "1e-2", "warmup_steps": "0",
+        "seed": "3"}
+    for line in keys:
+        key, value = (part.strip() for part in line.split("=", 1))
+        lines[key] = value
     recipe = os.path.join(run_dir, "recipe.toml")
     with open(recipe, "w", encoding="utf-8") as f:
-        f.write("\n".join([
-            'model_name = %s' % json.dumps(model_dir), 'data_path = %s' % json.dumps(data),
-            'output_dir = %s' % json.dumps(os.path.join(run_dir, "out")),
-            'checkpoint_dir = %s' % json.dumps(os.path.join(run_dir, "ckpt")),
-            'dtype = "fp32"', "max_seq_len = 32", "batch_size = 2", "max_steps = 2", "save_interval = 2",
-            "learning_rate = 1e-2", "warmup_steps = 0", "seed = 3"]) + "\n")
+        f.write("".join("%s = %s\n" % kv for kv in lines.items()))
     run([keel, "train", recipe])
-    hf = os.path.join(run_dir, "hf")
-    run([keel, "export", os.path.join(run_dir, "ckpt"), "--to", hf])
-    return os.path.join(run_dir, "ckpt"), hf
+    return os.path.join(run_dir, "ckpt")
+
+
+def train_and_export(keel, model_dir, work):
+    """A checkpoint of a short fp32 run from model_dir, exported by keel both ways: as the Hugging
+    Face directory the converter then reads, and as GGUF. The promise is about this pair."""
+    checkpoint = short_run(keel, model_dir, os.path.join(work, "run"))
+    hf = os.path.join(work, "run", "hf")
+    run([keel, "export", checkpoint, "--to", hf])
+    return checkpoint, hf
+
+
+LORA_KEYS = ('finetuning_type = "lora"', "lora_rank = 4", "lora_alpha = 8")
 
 
 def lora_run(keel, model_dir, work, name):
     """A short fp32 LoRA run (rank 4, every linear layer of the blocks) from model_dir; its checkpoint
     and keel's PEFT export of it (what convert_lora_to_gguf.py reads)."""
-    run_dir = os.path.join(work, name)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    os.makedirs(run_dir)
-    data = os.path.join(run_dir, "train.jsonl")
-    with open(data, "w", encoding="utf-8") as f:
-        for i in range(16):
-            f.write(json.dumps({"text": "Record %d: the quick brown fox jumps over %d lazy dogs." % (i, i * 7)}) + "\n")
-    recipe = os.path.join(run_dir, "recipe.toml")
-    with open(recipe, "w", encoding="utf-8") as f:
-        f.write("\n".join([
-            'model_name = %s' % json.dumps(model_dir), 'data_path = %s' % json.dumps(data),
-            'output_dir = %s' % json.dumps(os.path.join(run_dir, "out")),
-            'checkpoint_dir = %s' % json.dumps(os.path.join(run_dir, "ckpt")),
-            'dtype = "fp32"', "max_seq_len = 32", "batch_size = 2", "max_steps = 2", "save_interval = 2",
-            "learning_rate = 1e-2", "warmup_steps = 0", "seed = 3", 'finetuning_type = "lora"', "lora_rank = 4",
-            "lora_alpha = 8"]) + "\n")
-    run([keel, "train", recipe])
-    peft = os.path.join(run_dir, "adapter")
-    run([keel, "export", os.path.join(run_dir, "ckpt"), "--to", peft])
-    return os.path.join(run_dir, "ckpt"), peft
+    checkpoint = short_run(keel, model_dir, os.path.join(work, name), LORA_KEYS)
+    peft = os.path.join(work, name, "adapter")
+    run([keel, "export", checkpoint, "--to", peft])
+    return checkpoint, peft
 
 
 # family -> the adapter outtypes compared (None: the default, f32 for adapters). Llama's B matrices
