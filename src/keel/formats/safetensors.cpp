@@ -22,6 +22,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/core/mapped_file.h"
 #include "keel/core/threads.h"
 
 namespace keel::formats {
@@ -98,34 +99,6 @@ std::optional<uint64_t> json_unsigned(dom::element e) {
 }
 
 // --- reading -----------------------------------------------------------------------------------
-
-struct MappedFile {
-  void* addr = nullptr;
-  size_t size = 0;
-};
-
-MappedFile map_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail("{}: cannot open safetensors file: {}", path, errno_text(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail("{}: expected a regular safetensors file, found {}", path,
-         S_ISDIR(st.st_mode) ? "a directory" : "something else");
-  }
-  size_t size = size_t(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    fail("{}: expected at least 8 bytes (the header length), found a {}-byte file (truncated?)", path, size);
-  }
-  // MAP_PRIVATE + PROT_READ: pages come from the page cache on demand, so opening a 20 GB
-  // checkpoint costs nothing until tensors are read, and several ranks share the same pages.
-  void* addr = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  int error = errno;
-  ::close(fd);
-  if (addr == MAP_FAILED) fail("{}: cannot memory-map {} bytes: {}", path, size, errno_text(error));
-  return {addr, size};
-}
 
 // One tensor entry of the header, checked against the data section of `data_size` bytes.
 struct HeaderEntry {
@@ -524,14 +497,12 @@ int64_t TensorInfo::numel() const {
 std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) {
   std::unique_ptr<SafetensorsFile> file(new SafetensorsFile);
   file->path_ = path;
-  MappedFile mapped = map_file(path);
-  file->map_ = mapped.addr;  // owned from here: the destructor unmaps even if parsing fails
-  file->map_size_ = mapped.size;
-
-  const uint8_t* bytes = static_cast<const uint8_t*>(mapped.addr);
+  // 8 bytes at least: the header's length.
+  file->map_ = MappedFile(path, "safetensors file", 8);
+  const uint8_t* bytes = file->map_.data();
   uint64_t header_size = 0;
   for (int i = 7; i >= 0; --i) header_size = header_size << 8 | bytes[i];
-  uint64_t available = mapped.size - 8;
+  uint64_t available = file->map_.size() - 8;
   if (header_size > available) {
     fail(
         "{}: expected a header length of at most {} bytes (the rest of the file), found {} (truncated or not "
@@ -548,9 +519,7 @@ std::unique_ptr<SafetensorsFile> SafetensorsFile::open(const std::string& path) 
   return file;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(map_, map_size_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   for (const auto& t : tensors_) {

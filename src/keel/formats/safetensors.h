@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "keel/core/dtype.h"
+#include "keel/core/mapped_file.h"
 #include "keel/core/work_progress.h"
 
 namespace keel::formats {
@@ -44,8 +45,7 @@ class SafetensorsFile {
  private:
   SafetensorsFile() = default;
   std::string path_;
-  void* map_ = nullptr;
-  size_t map_size_ = 0;
+  MappedFile map_;  // tensors' bytes point into it
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::string> unsupported_;  // tensor name -> its dtype string
   std::vector<TensorInfo> bytes_;                   // the U8 tensors among them, read as bytes
