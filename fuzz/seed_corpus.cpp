@@ -13,6 +13,7 @@
 #include "keel/cluster/rank_table.h"
 #include "keel/model/config.h"
 #include "keel/model/params.h"
+#include "keel/formats/gguf_writer.h"
 #include "keel/formats/safetensors.h"
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/run/recipe.h"
@@ -281,6 +282,28 @@ void shard_seeds(Seeds& out, const std::string& tmp) {
 
 }  // namespace
 
+// GGUF files from keel's writer: a model's shape of metadata (strings, arrays, scalars) with float
+// and block-quantized tensors, and one without metadata.
+void gguf_seeds(Seeds& out, const std::string& tmp) {
+  auto ramp = [](float* d, int n) { for (int i = 0; i < n; ++i) d[i] = 0.25f * float(i - n / 2); };
+  formats::GgufMetadata kv;
+  kv.add_string("general.architecture", "llama");
+  kv.add_uint32("llama.block_count", 1);
+  kv.add_float32("llama.rope.freq_base", 10000.0f);
+  kv.add_bool("tokenizer.ggml.add_bos_token", true);
+  kv.add_strings("tokenizer.ggml.tokens", {"a", "b", "<s>"});
+  kv.add_int32s("tokenizer.ggml.token_type", {1, 1, 3});
+  const std::string path = tmp + "/seed.gguf";
+  formats::write_gguf(path, kv,
+                      {{"token_embd.weight", {3, 32}, formats::GgmlType::Q8_0, [&](float* d) { ramp(d, 96); }},
+                       {"blk.0.attn_q.weight", {2, 32}, formats::GgmlType::Q4_0, [&](float* d) { ramp(d, 64); }},
+                       {"output_norm.weight", {32}, formats::GgmlType::F32, [&](float* d) { ramp(d, 32); }},
+                       {"output.weight", {3, 32}, formats::GgmlType::BF16, [&](float* d) { ramp(d, 96); }}});
+  seed(out, "gguf", "writer-model", read_file(path));
+  formats::write_gguf(path, formats::GgufMetadata{}, {{"t", {2}, formats::GgmlType::F16, [&](float* d) { ramp(d, 2); }}});
+  seed(out, "gguf", "writer-no-metadata", read_file(path));
+}
+
 std::vector<SeedInput> seed_inputs(const std::string& scratch) {
   Seeds out;
   safetensors_seeds(out, scratch);
@@ -294,6 +317,7 @@ std::vector<SeedInput> seed_inputs(const std::string& scratch) {
   records_seeds(out);
   preference_pairs_seeds(out);
   shard_seeds(out, scratch);
+  gguf_seeds(out, scratch);
   return out;
 }
 

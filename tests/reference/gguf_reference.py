@@ -11,7 +11,8 @@ and bytes. Variants: a bf16 checkpoint (auto gives bf16), rows that are not whol
 fallback), tied and untied LM heads, q/k biases (qwen2), q/k norms (qwen3), Gemma 3's norms plus one
 and its sandwich norms; and a checkpoint keel trained from the Llama one, its GGUF against the
 converter's of keel's own Hugging Face export of it; and q4_0 (no converter outtype) against
-gguf-py's quantizer itself. And LoRA runs (Llama, whose q/k permutation reaches the adapter's B
+gguf-py's quantizer itself. keel's GGUF reader (keel inspect) on one converter file of each case
+against gguf-py's GGUFReader. And LoRA runs (Llama, whose q/k permutation reaches the adapter's B
 matrices, and Qwen3): keel's GGUF adapter against convert_lora_to_gguf.py's of keel's PEFT export
 of the same checkpoint.
 
@@ -182,6 +183,33 @@ def compare(ours_path, theirs_path, label):
     return True
 
 
+def check_reader(keel, path, label):
+    """keel's GGUF reader (keel inspect) on a file the converter wrote: the same metadata keys, and
+    the same tensors with the same types and shapes, as gguf-py's own GGUFReader reads."""
+    from gguf import GGUFReader
+    reader = GGUFReader(path)
+    keys = [k for k in reader.fields if not k.startswith("GGUF.")]
+    tensors = [(t.name, t.tensor_type.name, [int(d) for d in reversed(t.shape)]) for t in reader.tensors]
+    lines = run([keel, "inspect", path]).splitlines()
+    ours_keys = [line.strip().split(" = ")[0] for line in lines[1:] if line.startswith("  ") and " = " in line]
+    ours_tensors = []
+    for line in lines:
+        parts = line.split()
+        if line.startswith("  ") and len(parts) >= 4 and parts[-1] == "MB" and "[" in line:
+            shape = line[line.index("[") + 1:line.index("]")]
+            ours_tensors.append((parts[0], parts[1], [int(d) for d in shape.split(", ")]))
+    problems = []
+    if ours_keys != keys:
+        problems.append("metadata keys: keel %s, gguf-py %s" % (ours_keys, keys))
+    if ours_tensors != tensors:
+        problems.append("tensors: keel %s, gguf-py %s" % (ours_tensors[:4], tensors[:4]))
+    if problems:
+        print("FAIL %s\n  %s" % (label, "\n  ".join(problems)))
+        return False
+    print("ok   %s: keel's reader sees the %d keys and %d tensors gguf-py's does" % (label, len(keys), len(tensors)))
+    return True
+
+
 def check_q4_0(keel, model_dir, work, tree):
     """q4_0, which the converter has no --outtype for: keel's q4_0 blocks against gguf-py's own
     quantizer (gguf.quants.quantize, GGMLQuantizationType.Q4_0) applied to keel's f32 export of the
@@ -294,6 +322,7 @@ def main():
     args = ap.parse_args()
     tree = run([os.path.join(ROOT, "scripts", "llama-cpp-sources.sh"), sys.executable]).strip()
     env = dict(os.environ, PYTHONPATH=os.path.join(tree, "gguf-py"))
+    sys.path.insert(0, os.path.join(tree, "gguf-py"))  # gguf-py's reader, for check_reader
     os.makedirs(args.work, exist_ok=True)
     failures = 0
     for case in args.families.split(","):
@@ -311,6 +340,8 @@ def main():
             run([args.keel, "export", model_dir, "--to", ours, "--format", "gguf"] +
                 (["--outtype", outtype] if outtype else []))
             failures += not compare(ours, theirs, label)
+            if outtype == CASES[case][3][-1]:  # once per case: the reader on the converter's file
+                failures += not check_reader(args.keel, theirs, "%s --outtype %s read back" % (case, outtype))
             os.remove(theirs)
             os.remove(ours)
     # A trained checkpoint: keel's GGUF of it against the converter's of keel's HF export of it.

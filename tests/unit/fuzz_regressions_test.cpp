@@ -41,6 +41,7 @@ KEEL_FUZZ_ENTRY(peft_adapter_config)
 KEEL_FUZZ_ENTRY(chat_template)
 KEEL_FUZZ_ENTRY(preference_pairs)
 KEEL_FUZZ_ENTRY(llama_cpp_vocab)
+KEEL_FUZZ_ENTRY(gguf)
 
 namespace {
 
@@ -101,6 +102,7 @@ KEEL_FUZZ_REPLAY(peft_adapter_config)
 KEEL_FUZZ_REPLAY(chat_template)
 KEEL_FUZZ_REPLAY(preference_pairs)
 KEEL_FUZZ_REPLAY(llama_cpp_vocab)
+KEEL_FUZZ_REPLAY(gguf)
 
 // --- named cases ----------------------------------------------------------------------------------
 

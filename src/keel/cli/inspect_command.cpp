@@ -7,9 +7,11 @@
 //   chosen and prompt + rejected, the answers trained, tokenized as training tokenizes them.
 #include <filesystem>
 #include <iostream>
+#include <limits>
 #include <memory>
 
 #include "keel/cli/commands.h"
+#include "keel/cli/inspect_gguf.h"
 #include "keel/cli/stdin_lines.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
@@ -171,23 +173,31 @@ void inspect_pairs(const InspectOptions& o, const data::Tokenizer& tokenizer, Do
 }
 
 const CommandRegistration kInspect{
-    "inspect", "Print the training documents of prepared data or of a JSONL file, with their loss mask",
+    "inspect",
+    "Print the training documents of prepared data or of a JSONL file, with their loss mask; or what a .gguf file "
+    "holds",
     [](CLI::App& cmd) -> CommandAction {
       auto o = std::make_shared<InspectOptions>();
-      cmd.add_option("data", o->data, "A keel prepare directory, or JSONL records")->required();
+      cmd.add_option("data", o->data,
+                     "A keel prepare directory, JSONL records, or a GGUF file (its metadata and --limit tensors)")
+          ->required();
       cmd.add_option("--tokenizer", o->tokenizer, "Tokenizer or model directory (JSONL: to encode; --text: to decode)");
       cmd.add_option("--template", o->chat_template, "Chat template, as keel prepare's --template")
           ->capture_default_str();
       cmd.add_option("--max-seq-len", o->max_seq_len, "JSONL: tokens per document before truncation")
           ->capture_default_str();
-      cmd.add_option("--limit", o->limit, "Documents to print")
+      CLI::Option* limit = cmd.add_option("--limit", o->limit, "Documents to print (a GGUF file: tensors; default all)")
           ->capture_default_str()
           ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
       cmd.add_flag("--text", o->text, "Decoded text with the trained spans between « and »");
       cmd.add_flag("--train-on-prompt", o->train_on_prompt, "JSONL: as keel prepare's --train-on-prompt");
       cmd.add_flag("--special-tokens-in-messages", o->special_tokens_in_messages,
                    "JSONL: as keel prepare's --special-tokens-in-messages");
-      return [o] {
+      return [o, limit] {
+        if (o->data.size() > 5 && o->data.ends_with(".gguf")) {
+          inspect_gguf(o->data, limit->count() ? o->limit : std::numeric_limits<int64_t>::max());
+          return 0;
+        }
         const bool prepared = data::is_prepared_dir(o->data);
         require(prepared || path_exists(o->data), "{}: no such file or prepared directory", o->data);
         require(prepared || !o->tokenizer.empty(), "keel inspect {}: a JSONL file needs --tokenizer to be encoded",

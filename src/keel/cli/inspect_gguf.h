@@ -1,0 +1,11 @@
+// keel inspect FILE.gguf: what a GGUF file holds (the metadata, arrays shortened, and the tensors
+// with their types, shapes and sizes), as gguf-py's gguf-dump shows it, read by keel's own reader
+// (formats/gguf_reader.h), which checks the whole file on the way.
+#pragma once
+#include <string>
+
+namespace keel::cli {
+
+void inspect_gguf(const std::string& path, int64_t tensor_limit);
+
+}  // namespace keel::cli
