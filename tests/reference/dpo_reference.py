@@ -16,7 +16,8 @@ each tensor's change).
 eager attention) as the yardstick, as the SFT reference tests measure bf16: the loss, gradient norm,
 log-probabilities and reward margins of every step and each final tensor within 2.5x of TRL bf16's
 largest distance from fp32, over 6 steps without warmup (3 steps gave one sample of a nonzero
-margin: too few for a yardstick). Gemma 2 does not pass yet (docs/preference.md).
+margin: too few for a yardstick). Elements whose fp32 gradient bf16 cannot sign at some step are
+held to AdamW's step bound instead (undetermined_signs; docs/preference.md: Gemma 2's final norm).
 """
 import argparse
 import json
@@ -95,7 +96,10 @@ def make_pairs(rng, form, n):
     return pairs
 
 
-def trl_train(model_dir, family, pairs, loss, lora, out_dir, ftx=0.0, smoothing=0.0, bf16=False, attention=None):
+def trl_train(model_dir, family, pairs, loss, lora, out_dir, ftx=0.0, smoothing=0.0, bf16=False, attention=None,
+              undetermined=None):
+    """TRL's run; `undetermined`, if a dict, gets {parameter: count per element of the optimizer steps
+    whose gradient there was below bf16's resolution of its tensor's gradients} (undetermined_signs)."""
     import datasets
     import transformers
     import trl
@@ -145,6 +149,8 @@ def trl_train(model_dir, family, pairs, loss, lora, out_dir, ftx=0.0, smoothing=
         args = trl.DPOConfig(precompute_ref_log_probs=True, **losses, **common)
         trainer = SequentialDPOTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_list(pairs),
                                        processing_class=tokenizer)
+    if undetermined is not None:
+        trainer.add_callback(undetermined_signs(undetermined))
     trainer.train()
     logs = [h for h in trainer.state.log_history if "loss" in h and "step" in h]
     final = {}
@@ -212,15 +218,43 @@ def compare(logs, metrics, loss, ftx, failures):
 
 
 BF16_GAP_FACTOR = 2.5  # as train_reference.py: keel's bf16 within 2.5x of torch bf16's own distance from fp32
+BF16_RESOLUTION = 2.0 ** -8  # bf16's relative spacing: 8 bits of significand
+# AdamW's step is at most lr x (1 - beta1) / sqrt(1 - beta2) (Kingma & Ba 2015, section 2.1; 3.16 at
+# 0.9 / 0.999): a gradient of flipped sign moves an element by up to twice that.
+ADAM_STEP_BOUND = (1 - 0.9) / math.sqrt(1 - 0.999)
+
+
+def undetermined_signs(counts):
+    """A TrainerCallback counting, per element, the optimizer steps where the fp32 gradient is
+    smaller than BF16_RESOLUTION x the median |gradient| of its tensor. Such a gradient is zero to
+    within bf16's rounding of the terms it sums, so a bf16 run may get either sign, and AdamW turns
+    either into a step of about the learning rate (its first step is lr x sign(g) whatever |g| is).
+    Measured on Gemma 2's final norm: element 1's step-1 gradient is -4.0e-6 against a median of
+    9.2e-4; TRL's autocast run gets -2.0e-6, torch with the model in bf16 +1.1e-5, keel +: the two
+    land a full step (2 x lr) apart, which no rounding of the other 63 elements comes near."""
+    import transformers
+
+    class Count(transformers.TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            for name, p in model.named_parameters():
+                if p.grad is None:
+                    continue
+                g = p.grad.detach().float().abs()
+                small = (g < BF16_RESOLUTION * g.median()).to(torch.int32)
+                counts[name] = counts[name] + small if name in counts else small
+    return Count()
 BF16_KEYS = ["loss", "grad_norm", "logps/chosen", "logps/rejected", "rewards/margins"]
 
 
-def compare_bf16(logs32, runs16, metrics, final32, init, keel_final, lora, failures):
+def compare_bf16(logs32, runs16, metrics, final32, init, keel_final, lora, failures, undetermined):
     """keel's bf16 run against TRL's fp32 run, each quantity within BF16_GAP_FACTOR x the distance
     TRL's own bf16 autocast runs land from it (the largest over the steps and over its runs with
     SDPA and with eager attention, which round different intermediates), as the SFT reference tests
     measure bf16; the weights likewise, tensor by tensor, by train_reference.weight_errors (the
-    distance's norm relative to the tensor's and to its change over the run)."""
+    distance's norm relative to the tensor's and to its change over the run). Elements whose
+    gradient's sign bf16 cannot determine at some step (`undetermined`, from undetermined_signs)
+    are held apart: each within twice AdamW's largest step (ADAM_STEP_BOUND x lr) per such step of the
+    fp32 run, plus BF16_GAP_FACTOR x TRL bf16's distance at that element."""
     for name in BF16_KEYS:
         gap = max(abs(float(b[name]) - float(f[name])) for logs16, _ in runs16 for b, f in zip(logs16, logs32))
         tol = BF16_GAP_FACTOR * gap + 1e-7
@@ -234,7 +268,17 @@ def compare_bf16(logs32, runs16, metrics, final32, init, keel_final, lora, failu
     worst_ratio = 0.0
     for name, (a, short) in keel.items():
         f, w0 = final32[short].double(), init[short].double()
-        keep = torch.ones_like(f, dtype=torch.bool)
+        steps = undetermined.get(short, torch.zeros_like(f, dtype=torch.int32)).reshape(f.shape)
+        keep = steps == 0
+        if not bool(keep.all()):
+            bound = 2 * ADAM_STEP_BOUND * LEARNING_RATE * steps.double() + BF16_GAP_FACTOR * torch.stack(
+                [(final16[short].double() - f).abs() for _, final16 in runs16]).amax(0)
+            off = (a.double() - f).abs()
+            ratio = (off[~keep] / bound[~keep]).max().item()
+            print("  bf16 %s: %d element(s) of undetermined sign (fp32 gradient below 2^-8 of the median at a step); "
+                  "keel's distance from fp32 at most %.2f of the bound" % (short, int((~keep).sum()), ratio))
+            if ratio > 1:
+                failures.append("bf16 final %s: an element of undetermined sign %.2f x beyond its bound" % (short, ratio))
         dist = weight_errors(a.double(), f, w0, keep)
         gaps = [weight_errors(final16[short].double(), f, w0, keep) for _, final16 in runs16]
         for i, what in enumerate(("of the tensor", "of its change")):
@@ -363,8 +407,9 @@ def main():
         return 1
     metrics = read_metrics(os.path.join(out, "metrics.jsonl"), failures)
     if a.dtype == "bf16":
+        undetermined = {}
         logs32, final32 = trl_train(model_dir, a.family, pairs, a.loss, adapter, os.path.join(work, "trl32"), a.ftx,
-                                    a.smoothing)
+                                    a.smoothing, undetermined=undetermined)
         runs16 = [trl_train(model_dir, a.family, pairs, a.loss, adapter, os.path.join(work, "trl16_" + attention),
                             a.ftx, a.smoothing, bf16=True, attention=attention)
                   for attention in (["eager"] if a.family.startswith("gemma") else ["sdpa", "eager"])]
@@ -375,7 +420,7 @@ def main():
             from safetensors.torch import load_file
             start = {n.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight"): t
                      for n, t in load_file(os.path.join(adapter, "adapter_model.safetensors")).items()}
-        compare_bf16(logs32, runs16, metrics, final32, start, os.path.join(out, "final"), a.lora, failures)
+        compare_bf16(logs32, runs16, metrics, final32, start, os.path.join(out, "final"), a.lora, failures, undetermined)
         if failures:
             print("FAIL (%d):\n  %s" % (len(failures), "\n  ".join(failures)))
             return 1
