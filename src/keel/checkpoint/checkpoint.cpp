@@ -1,4 +1,6 @@
 #include "keel/checkpoint/checkpoint.h"
+#include "keel/checkpoint/checkpoint_files.h"
+#include "keel/checkpoint/sharded_reader.h"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -26,16 +28,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kFiles[] = {"weights.safetensors", "optimizer.safetensors", "trainer_state.json", "recipe.toml"};
-
-std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
-
-void sync_directory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  require(fd >= 0, "{}: cannot open directory to sync ({})", dir, std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  require(rc == 0, "{}: fsync failed ({})", dir, std::strerror(errno));
-}
 
 std::vector<formats::TensorToWrite> tensors_of(const std::vector<model::Param>& layout, const float* base,
                                              const std::string& prefix) {
@@ -67,14 +59,6 @@ std::vector<formats::TensorToWrite> moment_tensors(const std::vector<model::Para
   return out;
 }
 
-std::string state_json(const TrainingState& s) {
-  return fmt::format(
-      "{{\n  \"format\": \"keel-training-state\",\n  \"version\": 1,\n  \"step\": {},\n  \"samples_consumed\": {},\n"
-      "  \"seed\": {},\n  \"recipe_hash\": \"{}\",\n  \"model_fingerprint\": \"{}\",\n  \"data_fingerprint\": \"{}\",\n"
-      "  \"compat_fingerprint\": \"{}\"{}\n}}\n",
-      s.step, s.samples_consumed, s.seed, s.recipe_hash, s.model_fingerprint, s.data_fingerprint, s.compat_fingerprint,
-      s.bf16_products.empty() ? "" : fmt::format(",\n  \"bf16_products\": \"{}\"", s.bf16_products));
-}
 
 std::string manifest_json(const std::string& dir, int64_t step) {
   std::string files;
@@ -122,6 +106,42 @@ void remove_old_checkpoints(const std::string& dir, int64_t keep_last_n, const s
   for (int64_t i = 0; i < excess; ++i)
     if (all[i].second != newest) remove_checkpoint_dir(dir + "/" + all[i].second);
 }
+
+}  // namespace
+
+std::string step_name(int64_t step) { return fmt::format("step-{:08d}", step); }
+
+void sync_directory(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  require(fd >= 0, "{}: cannot open directory to sync ({})", dir, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  require(rc == 0, "{}: fsync failed ({})", dir, std::strerror(errno));
+}
+
+std::string state_json(const TrainingState& s) {
+  return fmt::format(
+      "{{\n  \"format\": \"keel-training-state\",\n  \"version\": 1,\n  \"step\": {},\n  \"samples_consumed\": {},\n"
+      "  \"seed\": {},\n  \"recipe_hash\": \"{}\",\n  \"model_fingerprint\": \"{}\",\n  \"data_fingerprint\": \"{}\",\n"
+      "  \"compat_fingerprint\": \"{}\"{}\n}}\n",
+      s.step, s.samples_consumed, s.seed, s.recipe_hash, s.model_fingerprint, s.data_fingerprint, s.compat_fingerprint,
+      s.bf16_products.empty() ? "" : fmt::format(",\n  \"bf16_products\": \"{}\"", s.bf16_products));
+}
+
+// The step directory complete in `tmp` becomes `final_name` (one rename), then `latest` names it
+// (another), then the oldest beyond keep_last_n go.
+void publish_checkpoint(const std::string& dir, const std::string& tmp, const std::string& final_name,
+                        int64_t keep_last_n) {
+  sync_directory(tmp);
+  const std::string final_path = dir + "/" + final_name;
+  fs::remove_all(final_path);  // a stale one from an earlier run that went further
+  fs::rename(tmp, final_path);
+  sync_directory(dir);
+  write_file_atomic(dir + "/latest", final_name + "\n");
+  remove_old_checkpoints(dir, keep_last_n, final_name);
+}
+
+namespace {
 
 // The snapshot is the only part of an asynchronous save that blocks training: use every core.
 void parallel_copy(float* dst, const float* src, int64_t n) {
@@ -241,13 +261,7 @@ void CheckpointWriter::write_once(const std::vector<model::Param>& layout, const
     write_file_atomic(tmp + "/trainer_state.json", state_json(state));
     write_file_atomic(tmp + "/recipe.toml", recipe);
     write_file_atomic(tmp + "/manifest.json", manifest_json(tmp, state.step));
-    sync_directory(tmp);
-    const std::string final_path = dir_ + "/" + final_name;
-    fs::remove_all(final_path);  // a stale one from an earlier run that went further
-    fs::rename(tmp, final_path);
-    sync_directory(dir_);
-    write_file_atomic(dir_ + "/latest", final_name + "\n");
-    remove_old_checkpoints(dir_, keep_last_n_, final_name);
+    publish_checkpoint(dir_, tmp, final_name, keep_last_n_);
   } catch (const fs::filesystem_error& e) {
     std::error_code ignored;
     fs::remove_all(tmp, ignored);
@@ -415,10 +429,19 @@ std::string checkpoint_step_dir(const std::string& path) {
       path);
 }
 
-void verify_checkpoint(const std::string& path) {
-  require(fs::is_directory(path), "{}: checkpoint directory does not exist", path);
+bool is_sharded_checkpoint(const std::string& path) {
   const std::string manifest_path = path + "/manifest.json";
   require(path_exists(manifest_path), "{}: not a complete keel checkpoint (manifest.json is missing)", path);
+  return is_sharded_manifest(read_file(manifest_path));
+}
+
+void verify_checkpoint(const std::string& path) {
+  require(fs::is_directory(path), "{}: checkpoint directory does not exist", path);
+  if (is_sharded_checkpoint(path)) {
+    ShardedCheckpoint(path).verify_all();
+    return;
+  }
+  const std::string manifest_path = path + "/manifest.json";
   simdjson::dom::parser parser;
   simdjson::dom::element doc;
   simdjson::padded_string text(read_file(manifest_path));
@@ -499,11 +522,29 @@ void read_tensors(const std::string& file, const std::vector<model::Param>& layo
 
 // The weights this process holds: all of them, or its ZeRO-3 shard.
 void read_checkpoint_weights(const std::string& path, model::ParamStore& params) {
+  if (is_sharded_checkpoint(path)) {
+    ShardedCheckpoint(path).read(params.params(), PieceKind::Weights, params.masters(), params.master_range());
+    params.refresh_bf16_copy();
+    return;
+  }
   read_tensors(path + "/weights.safetensors", params.params(), params.masters(), "", params.master_range());
   params.refresh_bf16_copy();
 }
 
 TrainingState load_checkpoint(const std::string& path, model::ParamStore& params) {
+  require(fs::is_directory(path), "{}: checkpoint directory does not exist", path);
+  if (is_sharded_checkpoint(path)) {
+    // Each piece read is verified as it is read; the pieces of other ranks' parts are not read.
+    ShardedCheckpoint checkpoint(path);
+    TrainingState state = read_checkpoint_state(path);
+    require(state.step == checkpoint.manifest().step, "{}: trainer_state.json is of step {}, the manifest of step {}",
+            path, state.step, checkpoint.manifest().step);
+    checkpoint.read(params.params(), PieceKind::Weights, params.masters(), params.master_range());
+    checkpoint.read(params.params(), PieceKind::M, params.adam_m(), params.optimizer_range());
+    checkpoint.read(params.params(), PieceKind::V, params.adam_v(), params.optimizer_range());
+    params.refresh_bf16_copy();
+    return state;
+  }
   verify_checkpoint(path);
   TrainingState state = read_checkpoint_state(path);
   read_tensors(path + "/weights.safetensors", params.params(), params.masters(), "", params.master_range());

@@ -137,7 +137,13 @@ std::string checkpoint_step_dir(const std::string& path);
 
 // Verifies the manifest's checksums, then loads weights and optimizer state into `params`
 // (whose layout must match) and returns the training state. Errors name the file and problem.
+// Either layout: a sharded checkpoint is read only where `params` holds state (its master and
+// optimizer ranges), each piece read checked against its own checksum.
 TrainingState load_checkpoint(const std::string& path, model::ParamStore& params);
+
+// Whether `path` (a step directory with a manifest) is of the sharded layout (sharded_manifest.h):
+// one file per rank, read by load_checkpoint piece by piece, each rank only the pieces it holds.
+bool is_sharded_checkpoint(const std::string& path);
 
 // The steps of load_checkpoint, for readers that need the checkpoint's recipe before they can lay
 // out `params` (keel export). verify_checkpoint: every file the manifest lists exists with its

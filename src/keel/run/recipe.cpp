@@ -39,7 +39,7 @@ struct FieldOf {
   // A string, a number, a switch, or one of a closed set of names (an enum of recipe.h's choices).
   std::variant<std::string S::*, int64_t S::*, double S::*, bool S::*, Precision S::*, Packing S::*,
                DataPipeline S::*, Finetuning S::*, FourBitType S::*, LrScheduler S::*, OverlapGradSync S::*,
-               MemoryPlanning S::*, Stage S::*, PreferenceLoss S::*>
+               MemoryPlanning S::*, Stage S::*, PreferenceLoss S::*, CheckpointLayout S::*>
       member;
   const char* alias = nullptr;  // second accepted name (cann-recipes-train spelling)
   Also also = Also::Nothing;
@@ -130,6 +130,8 @@ const std::vector<Field>& fields() {
       {"checkpoint_dir", &Recipe::checkpoint_dir},
       {"save_interval", &Recipe::save_interval},
       {"async_save", &Recipe::async_save},
+      {"checkpoint_layout", &Recipe::checkpoint_layout},
+      {"checkpoint_staging_mb", &Recipe::checkpoint_staging_mb},
       {"keep_last_n", &Recipe::keep_last_n},
       {"fail_on_save_error", &Recipe::fail_on_save_error},
       {"skip_nonfinite_steps", &Recipe::skip_nonfinite_steps},
@@ -568,6 +570,10 @@ void validate_recipe(const Recipe& r, const Where& w) {
           w.of("gradient_checkpointing_layers"), r.gradient_checkpointing_layers);
   require(r.eval_interval >= 0, "{}: key 'eval_interval' must not be negative", w.of("eval_interval"));
   require(r.keep_last_n >= 1, "{}: key 'keep_last_n' must be at least 1", w.of("keep_last_n"));
+  require_chosen(w, "checkpoint_layout");
+  require(r.checkpoint_staging_mb >= 1 && r.checkpoint_staging_mb <= 1 << 20,
+          "{}: key 'checkpoint_staging_mb' must be in [1, 1048576] (MiB per rank), got {}",
+          w.of("checkpoint_staging_mb"), r.checkpoint_staging_mb);
   require(r.log_interval <= 1'000'000'000 && r.eval_interval <= 1'000'000'000 && r.save_interval <= 1'000'000'000,
           "{}: intervals must be at most 1e9 steps", r.source);
   require(!r.eval_data_path.empty() || r.eval_interval == 0,

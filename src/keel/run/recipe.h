@@ -28,6 +28,7 @@ enum class OverlapGradSync : uint8_t { True, False, Auto };
 enum class MemoryPlanning : uint8_t { Planned, PerTensor };
 enum class Stage : uint8_t { Sft, Dpo };                   // stage
 enum class PreferenceLoss : uint8_t { Sigmoid, Ipo, Hinge, Simpo, Orpo };  // pref_loss
+enum class CheckpointLayout : uint8_t { Auto, Sharded, SingleFile };        // checkpoint_layout
 
 template <class E>
 using Choice = std::pair<E, std::string_view>;
@@ -74,6 +75,12 @@ inline const auto& choices(PreferenceLoss) {  // LLaMA-Factory's names (TRL's lo
                                                  {PreferenceLoss::Hinge, "hinge"},
                                                  {PreferenceLoss::Simpo, "simpo"},
                                                  {PreferenceLoss::Orpo, "orpo"}};
+  return c;
+}
+inline const auto& choices(CheckpointLayout) {  // PyTorch DCP's and DeepSpeed's per-rank files: "sharded"
+  static constexpr Choice<CheckpointLayout> c[] = {{CheckpointLayout::Auto, "auto"},
+                                                   {CheckpointLayout::Sharded, "sharded"},
+                                                   {CheckpointLayout::SingleFile, "single_file"}};
   return c;
 }
 inline const auto& choices(FourBitType) {  // bitsandbytes' names, as core spells them
@@ -206,6 +213,13 @@ struct Recipe {
   std::string checkpoint_dir;
   int64_t save_interval = 0;
   bool async_save = false;
+  // How a checkpoint is laid out (docs/checkpoints.md): "sharded" (every rank writes the pieces it
+  // owns to its own file, in parallel; a manifest names them), "single_file" (rank 0 gathers and
+  // writes weights.safetensors and optimizer.safetensors), or "auto": sharded when dp_degree > 1.
+  CheckpointLayout checkpoint_layout = CheckpointLayout::Auto;
+  // An asynchronous sharded save copies at most this much of a rank's state aside (MiB per rank);
+  // the rest is written from the live state before the next optimizer step may change it.
+  double checkpoint_staging_mb = 512;
   std::string output_dir = "output";
   // Where raw JSONL is prepared into shards: "" = <directory of data_path>/.keel-cache.
   std::string cache_dir;
@@ -268,6 +282,12 @@ double lora_alpha(const Recipe& r);
 // bf16 full fine-tuning: the GEMMs read a bf16 copy of the trained masters, which ZeRO-3 never
 // keeps whole, even with one rank (run::set_zero_stage: each position casts its own).
 bool bf16_full_fine_tuning(const Recipe& r);
+// Whether checkpoints use the sharded layout: checkpoint_layout, or with "auto" whenever the run has
+// more than one rank (as PyTorch DCP and DeepSpeed write one file per rank).
+inline bool sharded_checkpoints(const Recipe& r, int64_t ranks) {
+  return r.checkpoint_layout == CheckpointLayout::Sharded ||
+         (r.checkpoint_layout == CheckpointLayout::Auto && ranks > 1);
+}
 
 // The rows of one micro-batch: batch_size sequences, or under stage = "dpo" batch_size pairs of two
 // rows each (chosen answers, then rejected ones, TRL's layout): what the decoder and the memory plan

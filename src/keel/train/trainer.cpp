@@ -37,6 +37,7 @@
 #include "keel/train/lr_schedule.h"
 #include "keel/train/next_token_loss.h"
 #include "keel/train/preference_stage.h"
+#include "keel/train/sharded_saves.h"
 #include "keel/report/metrics.h"
 #include "keel/report/tensorboard.h"
 #include "keel/run/model_setup.h"
@@ -152,11 +153,14 @@ class Trainer {
       if (int removed = checkpoint::clean_incomplete_checkpoints(r.checkpoint_dir))
         fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save or deletion\n",
                    removed, r.checkpoint_dir);
-      checkpoints_ = std::make_unique<checkpoint::CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
-      // A ZeRO-1 save gathers the moments into a snapshot only when it is asynchronous; a
-      // synchronous one writes them as they arrive.
-      checkpoints_->prepare(decoder_.trainable(), /*snapshot=*/!zero_shards().empty() && r.async_save);
+      if (!run::sharded_checkpoints(r, comm_.size())) {
+        checkpoints_ = std::make_unique<checkpoint::CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
+        // A ZeRO-1 save gathers the moments into a snapshot only when it is asynchronous; a
+        // synchronous one writes them as they arrive.
+        checkpoints_->prepare(decoder_.trainable(), /*snapshot=*/!zero_shards().empty() && r.async_save);
+      }
     }
+    if (!r.checkpoint_dir.empty() && run::sharded_checkpoints(r, comm_.size())) start_sharded_saves();
     if (preference_) {
       // The reference is the initial weights: scored before a resume replaces them.
       preference_->prepare_reference(decoder_, comm_);
@@ -215,9 +219,10 @@ class Trainer {
       }
       if (checkpoint_due) {
         comm_.set_wait_context(save_wait_context(step));  // cleared by the next step's first collective
-        if (save_checkpoint(checkpoints_.get(), m, progress) && options_.on_save)
-          options_.on_save(step, r_.checkpoint_dir);
+        const bool saved = sharded_ ? save_sharded(m, progress) : save_checkpoint(checkpoints_.get(), m, progress);
+        if (saved && options_.on_save) options_.on_save(step, r_.checkpoint_dir);
       }
+      for (const auto& note : std::exchange(checkpoint_notes_, {})) progress.message(note);
       // No checkpoint_dir: an interrupted run's work is kept in output_dir/interrupted/ all the same.
       std::string saved_to;
       if (interrupted && r_.checkpoint_dir.empty()) saved_to = save_interrupted(m, progress);
@@ -234,7 +239,7 @@ class Trainer {
         result.interrupt_signal = InterruptGuard::signal_number();  // 0 for --stop-after
         progress.message(fmt::format(
             "keel: interrupted after step {} of {}; {}", step, max_steps_,
-            checkpoints_ ? fmt::format("resume with: {} --resume auto", train_command())
+            checkpoints_ || sharded_ ? fmt::format("resume with: {} --resume auto", train_command())
             : saved_to.empty()
                 ? std::string("nothing saved: writing the checkpoint failed (above)")
                 : fmt::format("saved to {}; resume with: {} --resume {}", saved_to, train_command(), saved_to)));
@@ -242,6 +247,12 @@ class Trainer {
       }
     }
     progress.finish();
+    if (sharded_) {
+      const std::string failure = sharded_->finish(&checkpoint_notes_);
+      for (const auto& note : std::exchange(checkpoint_notes_, {})) fmt::print(log_, "{}\n", note);
+      require(failure.empty() || !r_.fail_on_save_error, "the last checkpoint save failed: {}", failure);
+      if (!failure.empty()) fmt::print(log_, "warning: the last checkpoint save failed: {}\n", failure);
+    }
     if (checkpoints_) {
       const std::string failure = checkpoints_->wait();
       require(failure.empty() || !r_.fail_on_save_error, "the last checkpoint save failed: {}", failure);
@@ -250,6 +261,7 @@ class Trainer {
     }
     finish(result);
     if (checkpoints_) require_saves_succeeded(checkpoints_->record());
+    if (sharded_) require_saves_succeeded(sharded_->record());
     return result;
   }
 
@@ -614,6 +626,12 @@ class Trainer {
   // For the timeout error of the waits after a save: the other ranks wait while rank 0 writes.
   std::string save_wait_context(int64_t step) const {
     if (comm_.size() == 1) return "";
+    if (sharded_)
+      return fmt::format(
+          "The wait followed the checkpoint of step {}, whose shards every rank writes{}: a save slower than "
+          "comm_timeout_s ends the job like this; raise comm_timeout_s{}",
+          step, r_.async_save ? " (asynchronously, but first waiting for the previous save)" : "",
+          r_.async_save ? " or save_interval" : " or set async_save = true");
     std::string s = fmt::format(
         "The wait followed the checkpoint of step {}, which rank 0 writes while the other "
         "ranks wait",
@@ -645,15 +663,18 @@ class Trainer {
     StepInput in;
     in.step = step;
     in.micro = loader_->step_batches(step);  // prefetched in the background
-    double totals[3] = {0, 0, InterruptGuard::requested() ? 1.0 : 0.0};
+    // Then the sharded checkpoint's agreement (ShardedSaves::kSlots): which ranks' parts are durable.
+    double totals[3 + ShardedSaves::kSlots] = {0, 0, InterruptGuard::requested() ? 1.0 : 0.0};
+    if (sharded_) sharded_->contribute(totals + 3);
     for (const auto& mb : in.micro) {
       totals[0] += double(mb.target_tokens);
       totals[1] += double(mb.input_tokens);
     }
     in.data_s = loader_->last_wait_seconds();
     const auto t = Clock::now();
-    if (comm_.size() > 1) comm_.allreduce_totals(totals, 3);
+    if (comm_.size() > 1) comm_.allreduce_totals(totals, sharded_ ? 3 + ShardedSaves::kSlots : 3);
     comm_.set_wait_context("");
+    if (sharded_) sharded_->agreed(totals + 3, &checkpoint_notes_);
     in.peer_wait_s = comm_.size() > 1 ? seconds_since(t) : 0.0;
     in.target_tokens = totals[0];
     in.tokens = totals[1];
@@ -671,6 +692,47 @@ class Trainer {
     if (params.sharded_weights()) comm_.send_to_root(params.masters(), n);
     comm_.send_to_root(params.adam_m(), n);
     comm_.send_to_root(params.adam_v(), n);
+  }
+
+  // The sharded layout (checkpoint/sharded_writer.h): every rank writes its part. Said once, with
+  // why, as every choice keel makes for the user.
+  void start_sharded_saves() {
+    model::ParamStore& trained = decoder_.trainable();
+    const auto windows = ShardedSaves::windows_for(zero_shards(), trained.total(), int(comm_.size()));
+    const int64_t staging = int64_t(r_.checkpoint_staging_mb * double(1 << 20));
+    sharded_ = std::make_unique<ShardedSaves>(ShardedSaveOptions{.dir = r_.checkpoint_dir,
+                                                                 .keep_last_n = r_.keep_last_n,
+                                                                 .async = r_.async_save,
+                                                                 .staging_bytes = staging,
+                                                                 .zero_stage = int(r_.zero_stage)},
+                                              comm_, trained, windows);
+    sharded_->fail_on_error = r_.fail_on_save_error;
+    const FlatRange mine = windows[size_t(comm_.rank())];
+    fmt::print(log_,
+               "keel: checkpoints sharded ({}): each of the {} rank(s) writes the weights, m and v of its {} "
+               "({:.2f} MB on rank 0) to step-N/shard-R-of-{}.bin in parallel; rank 0 writes manifest.json once every "
+               "rank's part is durable\n",
+               r_.checkpoint_layout == run::CheckpointLayout::Auto ? "checkpoint_layout = \"auto\": dp_degree > 1"
+                                                                   : "checkpoint_layout = \"sharded\"",
+               comm_.size(), zero_shards().empty() ? "1/dp of the replicated state" : "ZeRO shard", 12e-6 * double(mine.size()),
+               comm_.size());
+    if (r_.async_save)
+      fmt::print(log_,
+                 "keel: asynchronous saves stage at most {:.0f} MiB per rank (checkpoint_staging_mb; {:.2f} MiB "
+                 "allocated on rank 0); the rest is written from the live state, and a step waits only if the writer "
+                 "still reads it at the next optimizer step (checkpoint_s in metrics.jsonl)\n",
+                 r_.checkpoint_staging_mb, double(std::min<int64_t>(staging, 12 * mine.size())) / double(1 << 20));
+  }
+
+  // Every rank writes its part (ShardedSaves); the agreement and rank 0's publishing follow at once
+  // (synchronous) or ride on later steps' agreements (asynchronous).
+  bool save_sharded(report::StepMetrics& m, report::Progress& progress) {
+    std::vector<std::string> notes;
+    const double blocked = sharded_->save(state_, run::recipe_to_toml(r_), &notes);
+    m.checkpoint_s += blocked;
+    m.step_time_s += blocked;
+    for (const auto& note : notes) progress.message(note);
+    return notes.empty();
   }
 
   bool eval_due(int64_t step) const {
@@ -758,6 +820,9 @@ class Trainer {
       objective_->report(sums, m);
     }
 
+    // An asynchronous sharded save still reading the state the optimizer is about to change: the
+    // only place a step waits for the checkpoint writer (checkpoint time, not optimizer time).
+    if (sharded_) m.checkpoint_s += sharded_->before_optimizer_step();
     const auto t2 = Clock::now();
     m.lr = schedule_.lr_for_step(step);
     if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
@@ -889,7 +954,9 @@ class Trainer {
   bool interrupt_agreed_ = false;  // a rank saw an interrupt request during the step (train_step)
   std::optional<StepInput> ahead_;  // the next step's, agreed at the end of the step before
   double ahead_seconds_ = 0;        // what agreeing on ahead_ took
-  std::unique_ptr<checkpoint::CheckpointWriter> checkpoints_;
+  std::unique_ptr<checkpoint::CheckpointWriter> checkpoints_;  // the single-file layout (rank 0)
+  std::unique_ptr<ShardedSaves> sharded_;                      // the sharded layout (every rank)
+  std::vector<std::string> checkpoint_notes_;  // what the sharded saves' agreements have to say
 };
 
 }  // namespace
