@@ -21,6 +21,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -218,7 +219,7 @@ def test_slow_save_under_mpirun():
                                   ("slow_save_ok", 120, 0)):
         d = os.path.join(WORK, name)
         path, _ = recipe(name, max_steps=3, save_interval=2, dp_degree=2, comm_timeout_s=timeout_s, zero_stage=zero,
-                         checkpoint_dir=os.path.join(d, "ck"))
+                         checkpoint_dir=os.path.join(d, "ck"), checkpoint_layout="single_file")
         env = fault_env(os.path.join(d, "ck"), 0, op="slow")
         env["KEEL_FAULT_SLEEP_S"] = "0.4"  # per fsync: a save makes about 14 (files and directories)
         p = run(["train", path], env=env, timeout=300, launcher=mpirun_with(env))
@@ -247,7 +248,7 @@ def test_zero1_failed_saves_under_mpirun():
         d = os.path.join(WORK, name)
         ck = os.path.join(d, "ck")
         path, _ = recipe(name, dp_degree=2, zero_stage=1, checkpoint_dir=ck, save_interval=2,
-                         fail_on_save_error=False, comm_timeout_s=10)
+                         fail_on_save_error=False, comm_timeout_s=10, checkpoint_layout="single_file")
         env = fault_env(ck, budget_bytes)
         p = run(["train", path], env=env, timeout=300, launcher=mpirun_with(env))
         faults = budget_bytes >= 0
@@ -388,6 +389,123 @@ def test_leftovers_of_killed_processes_are_cleaned():
           "leftovers: the next start removes the three and says so", p.output)
     check(not leftovers(ck) and not os.path.exists(os.path.join(ck, "step-00000002")),
           "leftovers: none remain (%s)" % leftovers(ck))
+
+
+# --- sharded checkpoints (dp > 1: every rank writes its own shard) ---------------------------------
+
+def sharded_recipe(name, **keys):
+    """dp 2, ZeRO-2, rank-ordered sums: the sharded layout, and runs that end on the same bytes."""
+    return recipe(name, dp_degree=2, zero_stage=2, deterministic_reduce=True, save_interval=2, keep_last_n=10,
+                  checkpoint_dir=os.path.join(WORK, name, "ck"), **keys)
+
+
+def sharded_reference():
+    """The final bytes of an uninterrupted dp 2 ZeRO-2 run without faults (computed once)."""
+    if "sharded" not in REFERENCE_BY_NAME:
+        path, d = sharded_recipe("sharded_reference")
+        p = run(["train", path], timeout=300, launcher=MPIRUN2)
+        check(p.returncode == 0, "sharded_reference: trains", p.output)
+        REFERENCE_BY_NAME["sharded"] = final_bytes(d) if p.returncode == 0 else None
+    return REFERENCE_BY_NAME["sharded"]
+
+
+REFERENCE_BY_NAME = {}
+MPIRUN2 = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1"]
+
+
+def test_sharded_rank_killed_mid_shard_write():
+    """kill -9 of one rank while it writes its shard of step 4 (fsyncs slowed so the moment can be
+    caught: the rank's file is still its temporary name): the job ends, `latest` still names step 2,
+    and --resume auto removes the half-written step, continues from step 2 and ends on the bytes of
+    a run that was never killed."""
+    if not shutil.which("mpirun"):
+        print("  skipped: no mpirun")
+        return
+    reference = sharded_reference()
+    path, d = sharded_recipe("sharded_killed")
+    ck = os.path.join(d, "ck")
+    env = fault_env(ck, -1, op="slow")
+    env["KEEL_FAULT_SLEEP_S"] = "0.3"
+    e = dict(os.environ)
+    e.update(env)
+    launcher = mpirun_with(dict(env))
+    p = subprocess.Popen(launcher + [KEEL, "train", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         env=e)
+    victim, deadline = None, time.time() + 120
+    pattern = os.path.join(ck, ".tmp-step-00000004-sharded", ".shard-00001-of-00002.bin.tmp.*")
+    while victim is None and time.time() < deadline and p.poll() is None:
+        found = glob.glob(pattern)
+        if found and latest_of(ck) == "step-00000002":
+            victim = int(found[0].rsplit(".", 1)[1])
+        else:
+            time.sleep(0.02)
+    if not check(victim is not None, "sharded_killed: rank 1 caught writing its shard of step 4"):
+        p.kill()
+        p.communicate()
+        return
+    os.kill(victim, signal.SIGKILL)
+    out, _ = p.communicate(timeout=120)
+    check(p.returncode != 0, "sharded_killed: the job ends when a rank is killed", out)
+    check(latest_of(ck) == "step-00000002" and not os.path.exists(os.path.join(ck, "step-00000004")),
+          "sharded_killed: latest still names step 2, and no step 4 was published (%s)" % latest_of(ck))
+    r = run(["train", path, "--resume", "auto"], timeout=300, launcher=MPIRUN2)
+    check(r.returncode == 0 and "removed 1 incomplete checkpoint(s)" in r.output and
+          "resumed from %s at step 2" % os.path.join(ck, "step-00000002") in r.output,
+          "sharded_killed: --resume auto cleans the half-written step and continues from step 2", r.output)
+    check(r.returncode == 0 and reference is not None and final_bytes(d) == reference,
+          "sharded_killed: the resumed run ends bit-identical to one never killed")
+
+
+def test_sharded_full_disk_on_one_rank():
+    """Rank 1's disk is full (the shim on rank 1 only, an MPMD launch): every save fails, each
+    failure names rank 1 and ENOSPC, `latest` never moves, no partial step is left, and training
+    goes on to the same final bytes, then exits non-zero saying no save succeeded."""
+    if not shutil.which("mpirun"):
+        print("  skipped: no mpirun")
+        return
+    reference = sharded_reference()
+    path, d = sharded_recipe("sharded_enospc", fail_on_save_error=False)
+    ck = os.path.join(d, "ck")
+    env = fault_env(ck, 0)
+    launcher = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-x", "OMP_NUM_THREADS=1", "-np", "1", KEEL,
+                "train", path, ":", "-np", "1"]
+    for var, value in env.items():
+        launcher += ["-x", "%s=%s" % (var, value)]
+    p = subprocess.run(launcher + [KEEL, "train", path], capture_output=True, text=True, timeout=300)
+    out = p.stdout + p.stderr
+    check(p.returncode != 0 and "3 of 3 checkpoint saves" in out, "sharded_enospc: ends saying no save succeeded", out)
+    check("rank 1: " in out and "shard-00001-of-00002.bin" in out and "No space left on device" in out,
+          "sharded_enospc: the warning names rank 1, its shard file and the full disk", out)
+    check(latest_of(ck) is None and not leftovers(ck), "sharded_enospc: no latest, no partial step (%s)" % leftovers(ck))
+    check(steps_of(d) == list(range(1, 7)) and reference is not None and final_bytes(d) == reference,
+          "sharded_enospc: the failed saves do not change the training")
+
+
+def test_sharded_corrupt_piece_names_it():
+    """A flipped byte in rank 1's file of the newest sharded checkpoint: --resume auto refuses,
+    naming the piece (tensor, element range, file) and the newest intact checkpoint."""
+    if not shutil.which("mpirun"):
+        print("  skipped: no mpirun")
+        return
+    path, d = sharded_recipe("sharded_corrupt")
+    ck = os.path.join(d, "ck")
+    p = run(["train", path], timeout=300, launcher=MPIRUN2)
+    if not check(p.returncode == 0, "sharded_corrupt: trains", p.output):
+        return
+    step = os.path.join(ck, "step-00000006")
+    with open(os.path.join(step, "manifest.json")) as f:
+        piece = [x for x in json.load(f)["pieces"] if x["shard"] == 1 and x["kind"] == "v"][0]
+    with open(os.path.join(step, "shard-00001-of-00002.bin"), "r+b") as f:
+        f.seek(piece["offset"] + 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    r = run(["train", path, "--resume", "auto", "--set", "max_steps=8"], timeout=300, launcher=MPIRUN2)
+    name = "v.%s[%d:%d]" % (piece["tensor"], piece["begin"], piece["end"])
+    intact = os.path.join(ck, "step-00000004")
+    check(r.returncode != 0 and name in r.output and "shard-00001-of-00002.bin" in r.output and "corrupt" in r.output
+          and "newest intact checkpoint is %s" % intact in r.output,
+          "sharded_corrupt: refused, naming %s and the intact %s" % (name, intact), r.output)
 
 
 # --- corrupt inputs ---------------------------------------------------------------------------------

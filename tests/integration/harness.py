@@ -116,3 +116,40 @@ def run_tests(namespace, suite, work, failures=FAILURES, only=None, skip=None):
         print("%d failure(s)" % len(failures))
         sys.exit(1)
     print("all %s checks passed" % suite)
+
+
+def checkpoint_tensors(step_dir):
+    """A training-state checkpoint's tensors, as torch tensors by name: "w.<name>" (fp32 masters),
+    "m.<name>" and "v.<name>" (AdamW moments), from either layout: weights.safetensors and
+    optimizer.safetensors, or the sharded layout, each tensor assembled from its pieces in the
+    shard files where manifest.json places them (a piece missing or doubled is an error)."""
+    import numpy
+    import torch
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+    import hf_models
+    with open(os.path.join(step_dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    if manifest.get("layout") != "sharded":
+        out = {"w." + k: v for k, v in hf_models.load_safetensors(os.path.join(step_dir, "weights.safetensors")).items()}
+        out.update(hf_models.load_safetensors(os.path.join(step_dir, "optimizer.safetensors")))
+        return out
+    shapes = {t["name"]: t["shape"] for t in manifest["tensors"]}
+    flat, filled = {}, {}
+    for kind, prefix in (("weights", "w."), ("m", "m."), ("v", "v.")):
+        for name, shape in shapes.items():
+            flat[prefix + name] = numpy.zeros(int(numpy.prod(shape)), dtype=numpy.float32)
+            filled[prefix + name] = 0
+    files = [os.path.join(step_dir, s["file"]) for s in manifest["shards"]]
+    for p in manifest["pieces"]:
+        key = {"weights": "w.", "m": "m.", "v": "v."}[p["kind"]] + p["tensor"]
+        count = p["end"] - p["begin"]
+        with open(files[p["shard"]], "rb") as f:
+            f.seek(p["offset"])
+            flat[key][p["begin"]:p["end"]] = numpy.frombuffer(f.read(4 * count), dtype="<f4")
+        filled[key] += count
+    out = {}
+    for key, values in flat.items():
+        if filled[key] != values.size:
+            raise ValueError("%s: the pieces of %s cover %d of its %d elements" % (step_dir, key, filled[key], values.size))
+        out[key] = torch.from_numpy(values.reshape(shapes[key[2:]]))
+    return out

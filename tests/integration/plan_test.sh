@@ -65,8 +65,23 @@ expect dp4 "--zero 3"   # no ZeRO stage fits alone: the knob's strongest setting
 # The article's run on 4 x 64 GB: ZeRO-3 with the sequences whole (the final save streams the
 # shards to rank 0, so no rank holds the whole model); a shorter max_seq_len, which would fit with
 # fewer changes, is not what keel recommends.
-# Checkpointing is turned on for as few blocks as fit (the first 34 of 40 recompute).
-expect dp4 "recommended: --zero 3 + async_save = false + use_gradient_checkpointing = true, gradient_checkpointing_layers = 34 + batch_size = 1 (accumulation 16)"
+# Checkpointing is turned on for as few blocks as fit (the first 34 of 40 recompute). The recipe's
+# async_save stays on: each rank stages at most checkpoint_staging_mb of its own shard (no rank 0
+# snapshot of every rank's state, 105 GiB before sharded checkpoints).
+expect dp4 "recommended: --zero 3 + use_gradient_checkpointing = true, gradient_checkpointing_layers = 34 + batch_size = 1 (accumulation 16)"
+run dp4_zero3_async "$recipe" --dp 4 --zero 3 --device-memory 64GB --set use_gradient_checkpointing=true \
+  --set async_save=true --set batch_size=1
+expect dp4_zero3_async "fits: yes"
+expect dp4_zero3_async "this rank's part of an async sharded save, at most checkpoint_staging_mb"
+# The staging is exactly checkpoint_staging_mb (512 MiB by default) more than a synchronous save's
+# plan while training, and checkpoint_staging_mb sets it.
+training_bytes() { "$keel" plan "$recipe" --dp 4 --zero 3 --set use_gradient_checkpointing=true --set batch_size=1 \
+  "$@" --json | python3 -c 'import json, sys; print(json.load(sys.stdin)["training_bytes"])'; }
+sync_bytes=$(training_bytes --set async_save=false)
+[ $(( $(training_bytes --set async_save=true) - sync_bytes )) -eq $((512 << 20)) ] ||
+  fail "an async sharded save does not plan 512 MiB of staging per rank"
+[ $(( $(training_bytes --set async_save=true --set checkpoint_staging_mb=64) - sync_bytes )) -eq $((64 << 20)) ] ||
+  fail "checkpoint_staging_mb = 64 does not plan 64 MiB of staging per rank"
 run dp4_zero3 "$recipe" --dp 4 --zero 3 --device-memory 64GB --set use_gradient_checkpointing=true \
   --set async_save=false --set batch_size=1
 expect dp4_zero3 "fits: yes"

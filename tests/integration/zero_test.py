@@ -18,7 +18,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import hf_models  # noqa: E402  (safetensors reader)
-from harness import FAILURES, check, max_rel_l2, run_tests, write_data, write_recipe_file  # noqa: E402
+from harness import FAILURES, check, checkpoint_tensors, max_rel_l2, run_tests, write_data, write_recipe_file  # noqa: E402
 
 KEEL = os.path.abspath(sys.argv[1])
 WORK = tempfile.mkdtemp(prefix="keel_zero_test_")
@@ -85,9 +85,9 @@ def compare_stages(tag, ranks, lora=False, stage=2, **keys):
                                save_interval=2, **keys), ranks)
         if not check(r.returncode == 0, "%s: ZeRO-%d on %d ranks%s" % (tag, stage, ranks, r.why)):
             return
-        optimizer = hf_models.load_safetensors(os.path.join(WORK, name, "ck", "step-00000005", "optimizer.safetensors"))
-        optimizer.update(("w." + k, v) for k, v in hf_models.load_safetensors(
-            os.path.join(WORK, name, "ck", "step-00000005", "weights.safetensors")).items())
+        # Sharded (dp > 1: checkpoint_layout = "auto"): each rank wrote its shard, at stage 0 its
+        # 1/dp of the replicated state.
+        optimizer = checkpoint_tensors(os.path.join(WORK, name, "ck", "step-00000005"))
         runs[stage] = (r.stdout, metrics(name), final_weights(name, lora), optimizer)
     # bf16 full fine-tuning shards the fp32 masters from stage 1 on (DeepSpeed's ZeRO-1/2).
     masters = keys.get("dtype") == "bf16" and not lora
@@ -311,6 +311,48 @@ def test_resume_across_stages_and_world_sizes():
               "%s: the uninterrupted run's losses (worst %.2e)" % (name, worst))
         worst, where = max_rel_l2(w, w0)
         check(worst <= 1e-5, "%s: the uninterrupted run's final weights (worst %.2e, %s)" % (name, worst, where))
+
+
+def test_sharded_checkpoints_resume_bit_exactly():
+    """The sharded layout (checkpoint_layout = "auto" at dp > 1): a run stopped after step 2 and
+    resumed with --resume auto at the same world size and ZeRO stage ends on the uninterrupted
+    run's bytes, at dp 2 with ZeRO-1/2/3 (fp32, and bf16 with asynchronous saves staged through a
+    buffer smaller than a rank's shard) and at dp 4 with ZeRO-3 (the reference article's shape).
+    Each rank wrote only its own shard file, and the manifest names every piece."""
+    plans = [(2, stage, dict()) for stage in (1, 2, 3)]
+    # 0.02 MiB of staging: less than a rank's ~0.07 MB of weights, m and v, so the writer writes
+    # part of the state from the live buffers and the next optimizer step may wait for it.
+    plans += [(2, 2, dict(dtype="bf16", async_save=True, checkpoint_staging_mb=0.02)),
+              (4, 3, dict(dtype="bf16", async_save=True, gradient_accumulation_steps=1, checkpoint_staging_mb=0.02))]
+    for ranks, stage, keys in plans:
+        keys = dict(keys, dp_degree=ranks, zero_stage=stage, deterministic_reduce=True)
+        tag = "sharded_dp%d_zero%d_%s%s" % (ranks, stage, keys.get("dtype", "fp32"), "_async" if keys.get("async_save") else "")
+        whole = tag + "_whole"
+        r = train(write_recipe(whole, **keys), ranks)
+        if not check(r.returncode == 0, "%s: uninterrupted run%s" % (tag, r.why)):
+            continue
+        ck = os.path.join(WORK, tag, "ck")
+        path = write_recipe(tag, checkpoint_dir=ck, save_interval=1, **keys)
+        r = train(path, ranks, "--stop-after", "2")
+        if not check(r.returncode == 0 and "checkpoints sharded" in r.stdout, "%s: first part%s" % (tag, r.why)):
+            continue
+        step = os.path.join(ck, "step-00000002")
+        files = sorted(os.listdir(step))
+        expected = sorted(["manifest.json", "recipe.toml", "trainer_state.json"] +
+                          ["shard-%05d-of-%05d.bin" % (i, ranks) for i in range(ranks)])
+        check(files == expected, "%s: one shard file per rank and the manifest (%s)" % (tag, files))
+        with open(os.path.join(step, "manifest.json")) as f:
+            manifest = json.load(f)
+        check(manifest["layout"] == "sharded" and manifest["world_size"] == ranks and
+              {p["shard"] for p in manifest["pieces"]} == set(range(ranks)),
+              "%s: the manifest places pieces in every rank's file" % tag)
+        r = train(path, ranks, "--resume", "auto")
+        if not check(r.returncode == 0 and "resumed from %s at step 2" % step in r.stdout, "%s: resumed%s" % (tag, r.why)):
+            continue
+        check(final_bytes(tag) == final_bytes(whole), "%s: the resumed run ends on the uninterrupted run's bytes" % tag)
+        if keys.get("async_save"):
+            m = metrics(tag)
+            check(all("checkpoint_s" in x for x in m), "%s: metrics.jsonl reports checkpoint_s every step" % tag)
 
 
 def test_plan_shards_gradients():

@@ -85,7 +85,8 @@ ShardWriter::~ShardWriter() {
 
 void ShardWriter::prepare(const std::vector<model::Param>& layout, FlatRange window) {
   if (!async_) return;
-  const int64_t bytes = std::min(staging_limit_, bytes_of(plan_pieces(layout, window, 0)));
+  // The window's weights, m and v (alignment gaps included: the figure keel plan counts exactly).
+  const int64_t bytes = std::min(staging_limit_, 3 * int64_t(sizeof(float)) * window.size());
   std::lock_guard<std::mutex> lock(mutex_);
   staging_.assign(size_t(bytes / int64_t(sizeof(float))), 0.0f);
 }

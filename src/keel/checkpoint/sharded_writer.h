@@ -53,7 +53,8 @@ class ShardWriter {
   ShardWriter(const ShardWriter&) = delete;
   ShardWriter& operator=(const ShardWriter&) = delete;
 
-  // Allocates and touches the staging buffer (min(staging_bytes, what this rank writes)), so no
+  // Allocates and touches the staging buffer (min(staging_bytes, 12 bytes per element of the
+  // window: its weights, m and v)), so no
   // save pays for page faults and the memory is the run's from the start (as keel plan counts it).
   void prepare(const std::vector<model::Param>& layout, FlatRange window);
   int64_t staging_bytes() const { return int64_t(staging_.size() * sizeof(float)); }

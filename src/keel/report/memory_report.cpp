@@ -209,7 +209,18 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   // The snapshot an asynchronous save writes from (with ZeRO-1, rank 0 gathers every rank's moments
   // into it). A synchronous ZeRO-1 save writes the other ranks' moments as they arrive, one piece
   // at a time (distributed::ShardReader). Both are rank 0's figures; the other ranks hold neither.
-  if (!r.checkpoint_dir.empty() && shape.async_checkpoint && r.async_save)
+  if (!r.checkpoint_dir.empty() && run::sharded_checkpoints(r, shape.dp)) {
+    // Sharded (checkpoint/sharded_writer.h): every rank writes its own part of the state, rank 0's
+    // the largest (keel::shard_ranges); an asynchronous save copies at most checkpoint_staging_mb
+    // of it aside and writes the rest from the live state. A synchronous one needs no buffer.
+    if (shape.async_checkpoint && r.async_save) {
+      const int64_t window = shard_ranges(int64_t(param_elements), int(shape.dp))[0].size();
+      const int64_t limit = int64_t(r.checkpoint_staging_mb * double(1 << 20)) / 4 * 4;
+      plan.add_external("checkpoint staging (async sharded save: this rank's weights, m and v, at most "
+                        "checkpoint_staging_mb)",
+                        MemoryCategory::CheckpointStaging, size_t(std::min(limit, 12 * window)), 1, end);
+    }
+  } else if (!r.checkpoint_dir.empty() && shape.async_checkpoint && r.async_save)
     plan.add_external(shards > 1 ? "checkpoint snapshot (weights, m, v; rank 0 gathers the moments)"
                                  : "checkpoint snapshot (weights, m, v)",
                       MemoryCategory::CheckpointStaging, 3 * param_elements * sizeof(float), 1, end);
@@ -290,12 +301,13 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
   const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-{})", shape.dp, shape.zero_stage) : "";
   // LoRA, QLoRA and sharded masters (ZeRO-3, and bf16 ZeRO-1/2: run::set_zero_stage decides) show
   // in the plan's buffers (model/decoder_plan.cpp names them).
-  bool lora = false, masters_sharded = false, casts = false;
+  bool lora = false, masters_sharded = false, casts = false, sharded_staging = false;
   std::string four_bit;  // "NF4" or "FP4" when the projections are held in 4 bits
   for (const auto& b : plan.buffers()) {
     lora = lora || b.name == "lora.weights";
     casts = casts || b.name.rfind("weights.bf16.cast", 0) == 0;  // ZeRO-3 with one rank
     masters_sharded = masters_sharded || b.name.rfind("weights (1/", 0) == 0;
+    sharded_staging = sharded_staging || b.name.rfind("checkpoint staging (async sharded", 0) == 0;
     if (b.name.rfind("weights.nf4", 0) == 0) four_bit = "NF4";
     if (b.name.rfind("weights.fp4", 0) == 0) four_bit = "FP4";
   }
@@ -349,6 +361,9 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
       case MemoryCategory::Communication: return "MPI and the buckets' reduction scratch (reduced in place)";
       case MemoryCategory::Data: return "the weight file pages of the tensor loading, micro-batches, rotary table";
       case MemoryCategory::CheckpointStaging:
+        if (sharded_staging)
+          return std::string("this rank's part of an async sharded save, at most checkpoint_staging_mb") +
+                 (masters_sharded && !lora ? "; rank 0: one piece of another rank's weights for the final model" : "");
         if (masters_sharded && !lora)
           return "rank 0: one piece of another rank's shard at a time (the final save, a checkpoint), or the async "
                  "save's snapshot";

@@ -571,8 +571,8 @@ void validate_recipe(const Recipe& r, const Where& w) {
   require(r.eval_interval >= 0, "{}: key 'eval_interval' must not be negative", w.of("eval_interval"));
   require(r.keep_last_n >= 1, "{}: key 'keep_last_n' must be at least 1", w.of("keep_last_n"));
   require_chosen(w, "checkpoint_layout");
-  require(r.checkpoint_staging_mb >= 1 && r.checkpoint_staging_mb <= 1 << 20,
-          "{}: key 'checkpoint_staging_mb' must be in [1, 1048576] (MiB per rank), got {}",
+  require(r.checkpoint_staging_mb > 0 && r.checkpoint_staging_mb <= 1 << 20,
+          "{}: key 'checkpoint_staging_mb' must be in (0, 1048576] (MiB per rank), got {}",
           w.of("checkpoint_staging_mb"), r.checkpoint_staging_mb);
   require(r.log_interval <= 1'000'000'000 && r.eval_interval <= 1'000'000'000 && r.save_interval <= 1'000'000'000,
           "{}: intervals must be at most 1e9 steps", r.source);
