@@ -37,6 +37,7 @@
 #include "keel/train/lr_schedule.h"
 #include "keel/train/next_token_loss.h"
 #include "keel/train/preference_stage.h"
+#include "keel/train/resume_policy.h"
 #include "keel/train/sharded_saves.h"
 #include "keel/report/metrics.h"
 #include "keel/report/tensorboard.h"
@@ -56,14 +57,6 @@ int64_t resolve_max_steps(const run::Recipe& r, int64_t records) {
   if (r.max_steps > 0) return r.max_steps;
   const int64_t per_step = r.batch_size * r.gradient_accumulation_steps;
   return std::max<int64_t>(1, (r.num_epochs * records + per_step - 1) / per_step);
-}
-
-// The checkpoint a --resume request names: with "auto" the newest in checkpoint_dir ("" when there
-// is none yet), else the step directory the path names (or a checkpoint_dir's latest).
-std::string resume_path(const run::Recipe& r, const std::string& request) {
-  if (request != "auto") return checkpoint::checkpoint_step_dir(request);
-  require(!r.checkpoint_dir.empty(), "{}: --resume auto needs 'checkpoint_dir' in the recipe", r.source);
-  return checkpoint::latest_checkpoint(r.checkpoint_dir);
 }
 
 // The T of a layer's attention FLOPs, 12·T·d per token. PaLM's convention counts every key of the
@@ -149,7 +142,7 @@ class Trainer {
     if (r.dtype == run::Precision::Bf16)
       state_.bf16_products = kernels::widens_bf16_products(decoder_.backend()) ? "widened" : "native";
     if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
-      refuse_mixing_runs(r.checkpoint_dir, options);
+      refuse_mixing_runs(r.checkpoint_dir, options, log_);
       if (int removed = checkpoint::clean_incomplete_checkpoints(r.checkpoint_dir))
         fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save or deletion\n",
                    removed, r.checkpoint_dir);
@@ -409,118 +402,14 @@ class Trainer {
     }
   }
 
-  // The recipe keys that decide which samples each step sees and how they are computed: a resume
-  // with any of them changed could not continue the run, so it is refused. The world size is not
-  // one of them, only the global batch: micro-batch i of rank r is the step's (i * ranks + r)-th
-  // whatever the number of ranks, so a run may resume on another number of ranks with the
-  // accumulation changed to keep gradient_accumulation_steps x dp_degree (a lost node, a bigger
-  // allocation).
-  static std::string compat_fingerprint(const run::Recipe& r) {
-    return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|global {}|{}|{}|{}", run::choice_name(r.dtype),
-                                                  r.max_seq_len, r.batch_size,
-                                                  r.gradient_accumulation_steps * r.dp_degree, r.seed, r.shuffle,
-                                                  r.model_config ? "scratch" : "loaded"));
-  }
-  // What checkpoints written before the above recorded: the same keys, accumulation and world size
-  // apart. Such a checkpoint resumes with both unchanged.
-  static std::string compat_fingerprint_v1(const run::Recipe& r) {
-    return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", run::choice_name(r.dtype),
-                                                  r.max_seq_len, r.batch_size,
-                                                  r.gradient_accumulation_steps, r.seed, r.shuffle, r.dp_degree,
-                                                  r.model_config ? "scratch" : "loaded"));
-  }
-
+  // The checkpoint --resume names, loaded and checked against this run (train/resume_policy.h).
   void resume(const std::string& request) {
-    if (request.empty()) return;
-    const std::string path = resume_path(r_, request);
-    if (path.empty()) {
-      fmt::print(log_, "keel: no checkpoint in {} yet; starting from step 1\n", r_.checkpoint_dir);
-      return;
-    }
-    checkpoint::TrainingState saved;
-    try {
-      saved = checkpoint::load_checkpoint(path, decoder_.trainable());
-    } catch (const Error& e) {
-      if (request != "auto") throw;
-      // The latest is corrupt: say which one a resume can use instead.
-      const std::string intact = checkpoint::newest_intact_checkpoint(r_.checkpoint_dir);
-      fail("{}; {}", e.what(),
-           intact.empty()
-               ? fmt::format("no checkpoint in {} is intact", r_.checkpoint_dir)
-               : fmt::format("the newest intact checkpoint is {}: resume from it with --resume {}", intact, intact));
-    }
-    require(saved.model_fingerprint == state_.model_fingerprint,
-            "{}: the checkpoint was written for a different model (architecture or sizes changed)", path);
-    if (saved.data_fingerprint != state_.data_fingerprint) {
-      require(options_.resume_with_new_data,
-              "{}: the checkpoint was written for different training data ({} changed). To continue on the new data, "
-              "add --resume-with-new-data",
-              path, r_.data_path);
-      fmt::print(log_,
-                 "note: the training data changed since {} ({}); --resume-with-new-data: step {} on reads what the "
-                 "new data's order puts at that step, as if the run had trained on it from the start\n",
-                 path, r_.data_path, saved.step + 1);
-    }
-    require(
-        saved.compat_fingerprint == state_.compat_fingerprint || saved.compat_fingerprint == compat_fingerprint_v1(r_),
-        "{}: the recipe changed in a key that decides the batches (dtype, max_seq_len, batch_size, seed, "
-        "shuffle, or the global batch gradient_accumulation_steps x dp_degree); resuming would not continue the "
-        "same run",
-        path);
-    require(saved.step <= max_steps_, "{}: the checkpoint is at step {}, past max_steps = {}", path, saved.step,
-            max_steps_);
-    if (saved.recipe_hash != state_.recipe_hash) {
-      fmt::print(log_,
-                 "note: the recipe differs from the one that wrote {} (allowed keys such as max_steps, "
-                 "logging or save_interval)\n",
-                 path);
-      note_schedule_change(path, saved.step);
-    }
-    state_.step = saved.step;
-    state_.samples_consumed = saved.samples_consumed;
-    // At max_steps with the final model written, the run is finished: nothing to do. Without it (the
-    // save of final/ failed, e.g. on a full disk) the resume goes on to write it.
-    already_complete_ = saved.step == max_steps_ && (path_exists(r_.output_dir + "/final/config.json") ||
-                                                     path_exists(r_.output_dir + "/final/adapter_config.json"));
-    if (!already_complete_) fmt::print(log_, "keel: resumed from {} at step {}\n", path, saved.step);
-  }
-
-  // A changed max_steps, learning rate, scheduler or warmup moves the learning rate at the resume
-  // step (a raised max_steps stretches a cosine decay): say so with both rates, rather than let the
-  // loss curve jump without a word.
-  void note_schedule_change(const std::string& checkpoint, int64_t step) {
-    const std::string saved_recipe = checkpoint::checkpoint_step_dir(checkpoint) + "/recipe.toml";
-    if (!path_exists(saved_recipe)) return;
-    run::Recipe before;
-    try {
-      before = run::parse_recipe(read_file(saved_recipe), saved_recipe);
-    } catch (const Error&) {
-      return;  // written by another keel version: the general note above stands
-    }
-    const LrSchedule old{before.lr_scheduler, before.learning_rate, before.warmup_steps,
-                         before.max_steps > 0 ? before.max_steps : max_steps_};
-    const double was = old.lr_for_step(step + 1), now = schedule_.lr_for_step(step + 1);
-    if (was == now) return;
-    fmt::print(log_,
-               "note: the learning-rate schedule changed (max_steps {} -> {}, learning_rate {} -> {}, {} -> {}): "
-               "step {} trains at {:.4g} instead of {:.4g}\n",
-               old.total_steps, max_steps_, before.learning_rate, r_.learning_rate,
-               run::choice_name(before.lr_scheduler), run::choice_name(r_.lr_scheduler), step + 1, now, was);
-  }
-
-  // A fresh run must not write its checkpoints between another run's (their steps interleave and
-  // keep_last_n prunes the wrong ones): refused unless --resume or --overwrite says what to do.
-  void refuse_mixing_runs(const std::string& dir, const TrainOptions& options) {
-    if (!options.resume.empty()) return;
-    const std::string latest = checkpoint::latest_checkpoint(dir);
-    if (latest.empty()) return;
-    if (!options.overwrite)
-      fail(
-          "checkpoint_dir '{}' holds checkpoints of an earlier run (latest: {}). Pass --resume auto to continue "
-          "it, --overwrite to delete them and start afresh, or choose another checkpoint_dir",
-          dir, latest);
-    const int removed = checkpoint::remove_checkpoints(dir);
-    fmt::print(log_, "keel: --overwrite: removed {} checkpoint(s) of the earlier run from {}\n", removed, dir);
+    const Resumed resumed =
+        resume_run(r_, {request, options_.resume_with_new_data}, decoder_.trainable(), state_, max_steps_, schedule_, log_);
+    if (!resumed.resumed) return;
+    state_.step = resumed.state.step;
+    state_.samples_consumed = resumed.state.samples_consumed;
+    already_complete_ = resumed.already_complete;
   }
 
   // `keel train RECIPE [--set ...]` as this run was started, for the resume commands keel prints.
@@ -974,36 +863,6 @@ void check_same_recipe(const run::Recipe& r, distributed::Communicator& comm) {
           fmt::format("rank {} runs a different recipe than rank 0 (resolved recipes differ); every rank must "
                       "be started with the same recipe and --set overrides",
                       rank));
-}
-
-// A bf16 resume multiplies as the run that wrote its checkpoint did (kernels/bf16_widening.h:
-// keep), or its steps would round differently from the uninterrupted run's: decided
-// before the model is set up, whose memory plan depends on the way. What cannot be kept (this CPU
-// has no bf16 matmul, KEEL_BF16_MATMUL says otherwise) is said.
-void keep_checkpoint_products(const run::Recipe& r, const TrainOptions& options, std::ostream& log) {
-  if (options.resume.empty() || r.dtype != run::Precision::Bf16) return;
-  std::string path;
-  checkpoint::TrainingState saved;
-  try {
-    path = resume_path(r, options.resume);
-    if (path.empty()) return;
-    saved = checkpoint::read_checkpoint_state(path);
-  } catch (const Error&) {
-    return;  // the resume itself says what is wrong with the request or the checkpoint
-  }
-  if (saved.bf16_products.empty()) return;  // written before keel recorded the way
-  const bool widened = saved.bf16_products == "widened";
-  kernels::Backend& backend = kernels::backend_named(r.backend);
-  kernels::Bf16Widening* widening = kernels::bf16_widening(backend);
-  // A backend that never widens multiplies as a run that did not.
-  const bool kept = widening ? widening->keep(widened, fmt::format("as the run that wrote {} multiplied, for the rest "
-                                                                   "of this process", path))
-                             : !widened;
-  if (!kept)
-    fmt::print(log,
-               "note: the run that wrote {} multiplied bf16 {}; this one cannot ({}): the resumed steps round "
-               "differently from an uninterrupted run's\n",
-               path, widened ? "widened to fp32" : "on oneDNN's bf16 matmul", backend.description(true));
 }
 
 // A stream that discards what is written: ranks other than 0 stay quiet.
