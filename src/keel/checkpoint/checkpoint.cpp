@@ -202,22 +202,8 @@ void CheckpointWriter::write(const std::vector<model::Param>& layout, const floa
       write_once(layout, weights, moments, state, recipe);
     } catch (const Error& e) {
       if (!out_of_space(e.what())) throw;
-      // The one `latest` names: this writer put it there after a complete, fsynced save (checking
-      // every checksum of a 9B model's checkpoint here would read ~100 GB).
-      std::string keep;
-      try {
-        keep = latest_checkpoint(dir_);
-      } catch (const Error&) {}
-      int removed = 0;
-      for (const auto& [step, name] : complete_checkpoints(dir_))
-        if (dir_ + "/" + name != keep) {
-          remove_checkpoint_dir(dir_ + "/" + name);
-          ++removed;
-        }
-      if (removed == 0) throw;
-      const std::string note =
-          fmt::format("checkpoint {}: the disk is full; removed {} older checkpoint(s), keeping {}", dir_, removed,
-                      keep.empty() ? std::string("none intact") : keep);
+      std::string note;
+      if (!make_room(dir_, &note)) throw;
       {
         std::lock_guard<std::mutex> lock(record_mutex_);
         notes_.push_back(note + (replayable ? "; saving again" : "; the next save has room"));
@@ -232,6 +218,27 @@ void CheckpointWriter::write(const std::vector<model::Param>& layout, const floa
   std::lock_guard<std::mutex> lock(record_mutex_);
   record_.failed_in_a_row = 0;
   record_.last_saved_step = state.step;
+}
+
+bool is_out_of_space(const std::string& message) { return out_of_space(message); }
+
+bool make_room(const std::string& dir, std::string* note) {
+  // The one `latest` names: a writer put it there after a complete, fsynced save (checking every
+  // checksum of a 9B model's checkpoint here would read ~100 GB).
+  std::string keep;
+  try {
+    keep = latest_checkpoint(dir);
+  } catch (const Error&) {}
+  int removed = 0;
+  for (const auto& [step, name] : complete_checkpoints(dir))
+    if (dir + "/" + name != keep) {
+      remove_checkpoint_dir(dir + "/" + name);
+      ++removed;
+    }
+  if (removed == 0) return false;
+  *note = fmt::format("checkpoint {}: the disk is full; removed {} older checkpoint(s), keeping {}", dir, removed,
+                      keep.empty() ? std::string("none intact") : keep);
+  return true;
 }
 
 std::vector<std::string> CheckpointWriter::take_notes() {

@@ -123,6 +123,12 @@ class CheckpointWriter {
 // short, ".latest.tmp.<pid>" files of a pointer update cut short, and step-N directories without a
 // manifest (a deletion cut short: the manifest goes first); returns how many.
 int clean_incomplete_checkpoints(const std::string& dir);
+// The retention rule on a full disk: every complete checkpoint in `dir` but the one `latest` names
+// (the one a resume would use) is removed, so a disk with room for two keeps saving (without it,
+// old ones are pruned only after a save succeeds). Returns whether any was, with what in *note.
+bool make_room(const std::string& dir, std::string* note);
+// Whether an error message reports a full disk (the errno text every writer of keel puts in it).
+bool is_out_of_space(const std::string& message);
 // The newest checkpoint in `dir` that passes verify_checkpoint, or "" if none does.
 std::string newest_intact_checkpoint(const std::string& dir);
 // Deletes every checkpoint in `dir` (the `latest` pointer first, then each step-N with its manifest

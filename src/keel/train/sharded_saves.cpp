@@ -130,6 +130,11 @@ void ShardedSaves::settle(const double* slots, std::vector<std::string>* notes) 
   std::error_code ignored;
   std::filesystem::remove_all(tmp, ignored);  // every rank has finished with it (the agreement)
   last_failure_ = fmt::format("checkpoint {}: {}", name, failure);
+  // A full disk on any rank: the next save gets the room (the state has moved on since this one,
+  // so it is not written again), as the single-file layout's rule (checkpoint::make_room).
+  std::string room;
+  if (checkpoint::is_out_of_space(failure) && checkpoint::make_room(options_.dir, &room))
+    notes->push_back("keel: " + room + "; the next save has room");
   require(!fail_on_error, "checkpoint save failed: {}", last_failure_);
   notes->push_back(fmt::format(
       "warning: checkpoint save failed ({}); training continues, next try at the next interval; `latest` still "
