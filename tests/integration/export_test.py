@@ -302,6 +302,40 @@ def test_weights_dtypes_and_shards():
     train(path2, "a run starting from the export")
 
 
+def test_sharded_checkpoint():
+    """A sharded checkpoint (checkpoint_layout = "sharded", here on one rank) exports to the same
+    bytes as the single-file checkpoint of the same run, and as the run's own final model; a
+    corrupt piece stops the export naming it, and nothing is written."""
+    finals = {}
+    for layout in ("single_file", "sharded"):
+        path, d = recipe("layout_" + layout, checkpoint_layout=layout)
+        if not check(train(path, "the %s run" % layout).returncode == 0, "%s run" % layout):
+            return
+        out = os.path.join(d, "export")
+        r = export(os.path.join(d, "ckpt"), "--to", out)
+        if not check(r.returncode == 0, "export of the %s checkpoint (%s)" % (layout, r.stderr.strip())):
+            return
+        with open(os.path.join(out, "model.safetensors"), "rb") as f:
+            finals[layout] = f.read()
+        with open(os.path.join(d, "out", "final", "model.safetensors"), "rb") as f:
+            check(f.read() == finals[layout], "%s: the export equals the run's final model" % layout)
+    step = os.path.join(WORK, "layout_sharded", "ckpt", "step-00000004")
+    check(os.path.exists(os.path.join(step, "shard-00000-of-00001.bin")), "the sharded run wrote a shard file")
+    check(finals["sharded"] == finals["single_file"], "the sharded checkpoint exports the single file's bytes")
+    with open(os.path.join(step, "manifest.json")) as f:
+        piece = [p for p in json.load(f)["pieces"] if p["kind"] == "weights"][2]
+    with open(os.path.join(step, "shard-00000-of-00001.bin"), "r+b") as f:
+        f.seek(piece["offset"])
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+    out = os.path.join(WORK, "layout_sharded", "corrupt_export")
+    r = export(step, "--to", out)
+    name = "%s[%d:%d]" % (piece["tensor"], piece["begin"], piece["end"])
+    check(r.returncode == 2 and name in r.stderr and "corrupt" in r.stderr and not os.path.exists(out),
+          "a corrupt piece stops the export, naming %s (%s)" % (name, r.stderr.strip()))
+
+
 def test_tokenizer_files():
     # A base model directory with a tokenizer: a tiny model's final/ plus a keel-trained tokenizer.
     corpus = os.path.join(WORK, "corpus.jsonl")
