@@ -413,9 +413,21 @@ REFERENCE_BY_NAME = {}
 MPIRUN2 = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1"]
 
 
+def rank_pid(recipe_path, rank):
+    """The pid of MPI rank `rank` of `keel train recipe_path` (Open MPI's OMPI_COMM_WORLD_RANK)."""
+    for pid in subprocess.run(["pgrep", "-f", "train %s" % recipe_path], capture_output=True, text=True).stdout.split():
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if b"OMPI_COMM_WORLD_RANK=%d\0" % rank in f.read():
+                    return int(pid)
+        except OSError:
+            pass
+    return None
+
+
 def test_sharded_rank_killed_mid_shard_write():
-    """kill -9 of one rank while it writes its shard of step 4 (fsyncs slowed so the moment can be
-    caught: the rank's file is still its temporary name): the job ends, `latest` still names step 2,
+    """kill -9 of rank 1 while it writes its shard of step 4 (fsyncs slowed so the moment can be
+    caught: its file is there, the report that follows its fsync is not): the job ends, `latest` still names step 2,
     and --resume auto removes the half-written step, continues from step 2 and ends on the bytes of
     a run that was never killed."""
     if not shutil.which("mpirun"):
@@ -432,11 +444,12 @@ def test_sharded_rank_killed_mid_shard_write():
     p = subprocess.Popen(launcher + [KEEL, "train", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          env=e)
     victim, deadline = None, time.time() + 120
-    pattern = os.path.join(ck, ".tmp-step-00000004-sharded", ".shard-00001-of-00002.bin.tmp.*")
+    tmp = os.path.join(ck, ".tmp-step-00000004-sharded")
     while victim is None and time.time() < deadline and p.poll() is None:
-        found = glob.glob(pattern)
-        if found and latest_of(ck) == "step-00000002":
-            victim = int(found[0].rsplit(".", 1)[1])
+        # Rank 1's shard file exists, its report (written once the file is fsynced) does not yet.
+        if (latest_of(ck) == "step-00000002" and os.path.exists(os.path.join(tmp, "shard-00001-of-00002.bin"))
+                and not os.path.exists(os.path.join(tmp, "shard-00001-of-00002.json"))):
+            victim = rank_pid(path, 1)
         else:
             time.sleep(0.02)
     if not check(victim is not None, "sharded_killed: rank 1 caught writing its shard of step 4"):
