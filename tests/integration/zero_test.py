@@ -355,6 +355,66 @@ def test_sharded_checkpoints_resume_bit_exactly():
             check(all("checkpoint_s" in x for x in m), "%s: metrics.jsonl reports checkpoint_s every step" % tag)
 
 
+def rank_pids(path):
+    """{MPI rank: pid} of the processes of `keel train path` (Open MPI's OMPI_COMM_WORLD_RANK)."""
+    out = {}
+    for pid in subprocess.run(["pgrep", "-f", "train %s" % path], capture_output=True, text=True).stdout.split():
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        for var in env:
+            if var.startswith(b"OMPI_COMM_WORLD_RANK="):
+                out[int(var.split(b"=")[1])] = int(pid)
+    return out
+
+
+def test_sharded_crash_recovery_dp2():
+    """kill -9 of a random rank at 6 random moments of a dp 2 ZeRO-2 bf16 run with asynchronous
+    sharded saves every 3 steps (some kills land in a save: a rank's shard half written, or
+    written but not yet agreed on); each time --resume auto continues from the newest published
+    checkpoint, and the final model is the uninterrupted run's bytes."""
+    import random
+    import signal
+    import time
+    keys = dict(dtype="bf16", zero_stage=2, gradient_accumulation_steps=1, deterministic_reduce=True, max_steps=150,
+                async_save=True, checkpoint_staging_mb=0.02, log_interval=5)
+    whole = "crash_dp2_whole"
+    t0 = time.time()
+    r = train(write_recipe(whole, **keys), 2)
+    duration = time.time() - t0
+    if not check(r.returncode == 0, "uninterrupted run" + r.why):
+        return
+    name = "crash_dp2"
+    path = write_recipe(name, checkpoint_dir=os.path.join(WORK, name, "ck"), save_interval=3, keep_last_n=2, **keys)
+    rng = random.Random(5)
+    kills = 0
+    for attempt in range(40):
+        p = subprocess.Popen(MPIRUN + ["-np", "2", KEEL, "train", path, "--resume", "auto"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        if kills < 6:
+            # Each attempt lives at most a fifth of the whole run (which includes a start-up):
+            # six cannot finish it.
+            time.sleep(rng.uniform(0.08, 0.2) * duration)
+            pids = rank_pids(path)
+            if p.poll() is None and pids:
+                os.kill(pids[rng.choice(sorted(pids))], signal.SIGKILL)
+                kills += 1
+                p.communicate(timeout=120)
+                for pid in rank_pids(path).values():  # a rank the launcher left behind
+                    os.kill(pid, signal.SIGKILL)
+                continue
+        out, _ = p.communicate(timeout=600)
+        if p.returncode == 0:
+            break
+        check(False, "a resumed dp 2 run failed after a kill: %s" % out[-1500:])
+        return
+    check(kills >= 3, "the dp 2 run was killed %d times (at least 3; the uninterrupted run took %.1f s)" % (
+        kills, duration))
+    check(final_bytes(name) == final_bytes(whole), "after the kills, the final model is the uninterrupted run's bytes")
+
+
 def test_plan_shards_gradients():
     """keel plan --zero 2: the gradients are a 1/dp shard plus the groups in flight, below ZeRO-1's
     whole buffer; the optimizer state is ZeRO-1's. --zero 3: the master weights a 1/dp shard too,
