@@ -45,7 +45,7 @@ ShardedSaves::ShardedSaves(ShardedSaveOptions options, distributed::Communicator
 }
 
 double ShardedSaves::save(const checkpoint::TrainingState& state, const std::string& recipe,
-                          std::vector<std::string>* notes) {
+                          std::vector<std::string>* notes, bool* saved) {
   const auto t0 = Clock::now();
   if (pending_) {  // at most one save in flight: the previous one agreed on first
     local_error_ = writer_.wait();
@@ -72,10 +72,12 @@ double ShardedSaves::save(const checkpoint::TrainingState& state, const std::str
     local_done_ = true;
     local_error_ = e.what();
   }
+  *saved = true;
   if (!options_.async) {
     double slots[kSlots] = {0, 0};
     contribute(slots);
     comm_.allreduce_totals(slots, kSlots);
+    *saved = slots[1] == 0;
     agreed(slots, notes);
   }
   return seconds_since(t0);

@@ -38,9 +38,11 @@ class ShardedSaves {
 
   // A save of `state` (every rank, at the same step). Waits first for the previous save to be
   // published or given up. Synchronous: written, agreed and published on return. Returns the
-  // seconds the step was blocked; messages for the log (failures, on rank 0) in *notes. Throws
-  // (rank 0) when the save failed and fail_on_save_error asks to stop.
-  double save(const checkpoint::TrainingState& state, const std::string& recipe, std::vector<std::string>* notes);
+  // seconds the step was blocked; messages for the log (failures, on rank 0) in *notes; in *saved
+  // whether this save was published (synchronous) or is under way (asynchronous). Throws (rank 0)
+  // when a save failed and fail_on_save_error asks to stop.
+  double save(const checkpoint::TrainingState& state, const std::string& recipe, std::vector<std::string>* notes,
+              bool* saved);
   // Before an optimizer step: waits while an asynchronous save still reads the state; seconds.
   double before_optimizer_step();
   // The step's agreement: this rank's totals into slots[0, kSlots) before the sum, and after it

@@ -617,11 +617,12 @@ class Trainer {
   // (synchronous) or ride on later steps' agreements (asynchronous).
   bool save_sharded(report::StepMetrics& m, report::Progress& progress) {
     std::vector<std::string> notes;
-    const double blocked = sharded_->save(state_, run::recipe_to_toml(r_), &notes);
+    bool saved = false;
+    const double blocked = sharded_->save(state_, run::recipe_to_toml(r_), &notes, &saved);
     m.checkpoint_s += blocked;
     m.step_time_s += blocked;
     for (const auto& note : notes) progress.message(note);
-    return notes.empty();
+    return saved;
   }
 
   bool eval_due(int64_t step) const {
