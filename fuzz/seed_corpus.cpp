@@ -16,6 +16,7 @@
 #include "keel/formats/gguf_writer.h"
 #include "keel/formats/safetensors.h"
 #include "keel/checkpoint/checkpoint.h"
+#include "keel/checkpoint/sharded_writer.h"
 #include "keel/run/recipe.h"
 
 namespace keel::fuzz {
@@ -152,6 +153,36 @@ void checkpoint_seeds(Seeds& out, const std::string& tmp) {
   seed(out, "checkpoint", "weights", prefixed(2, read_file(dir + "/weights.safetensors")));
   seed(out, "checkpoint", "optimizer", prefixed(3, read_file(dir + "/optimizer.safetensors")));
   seed(out, "checkpoint", "latest", prefixed(4, read_file(root + "/latest")));
+}
+
+// The files of a sharded checkpoint two "ranks" wrote, as sharded_checkpoint_fuzz.cpp selects them.
+void sharded_checkpoint_seeds(Seeds& out, const std::string& tmp) {
+  model::ParamStore p;
+  p.add("embed.weight", {4, 3}, true);
+  p.add("layers.0.norm.weight", {3}, false);
+  p.add("lm_head.weight", {4, 3}, true);
+  p.allocate(false);
+  p.allocate_optimizer_state();
+  for (int64_t i = 0; i < p.total(); ++i) p.weights()[i] = p.adam_m()[i] = p.adam_v()[i] = float(i);
+  checkpoint::TrainingState state;
+  state.step = 5;
+  state.samples_consumed = 40;
+  state.seed = 42;
+  state.recipe_hash = state.model_fingerprint = state.data_fingerprint = state.compat_fingerprint = "0123456789abcdef";
+  const std::string root = tmp + "/sharded_checkpoints";
+  const std::string step_tmp = checkpoint::sharded_step_tmp(root, 5);
+  const auto windows = shard_ranges(p.total(), 2);
+  for (int rank = 0; rank < 2; ++rank) {
+    checkpoint::ShardWriter writer(false, 0);
+    writer.write(step_tmp, rank, 2, p.params(), windows[size_t(rank)],
+                 {p.masters(), p.master_range(), p.adam_m(), p.adam_v(), p.optimizer_range()});
+  }
+  seed(out, "sharded_checkpoint", "report", prefixed(3, read_file(step_tmp + "/shard-00000-of-00002.json")));
+  checkpoint::commit_sharded_checkpoint(root, step_tmp, windows, 1, p.params(), state, "max_steps = 10\n", 3);
+  const std::string dir = root + "/step-00000005";
+  seed(out, "sharded_checkpoint", "manifest", prefixed(0, read_file(dir + "/manifest.json")));
+  seed(out, "sharded_checkpoint", "trainer_state", prefixed(1, read_file(dir + "/trainer_state.json")));
+  seed(out, "sharded_checkpoint", "shard", prefixed(2, read_file(dir + "/shard-00000-of-00002.bin")));
 }
 
 void rank_table_seeds(Seeds& out) {
@@ -312,6 +343,7 @@ std::vector<SeedInput> seed_inputs(const std::string& scratch) {
   recipe_seeds(out);
   token_records_seeds(out);
   checkpoint_seeds(out, scratch);
+  sharded_checkpoint_seeds(out, scratch);
   rank_table_seeds(out);
   tokenizer_seeds(out);
   records_seeds(out);

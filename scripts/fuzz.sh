@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets_all=(safetensors safetensors_index model_config recipe token_records checkpoint rank_table tokenizer_json tiktoken records shard peft_adapter_config chat_template preference_pairs llama_cpp_vocab gguf)
+targets_all=(safetensors safetensors_index model_config recipe token_records checkpoint sharded_checkpoint rank_table tokenizer_json tiktoken records shard peft_adapter_config chat_template preference_pairs llama_cpp_vocab gguf)
 seconds=600
 build_only=0
 targets=()
