@@ -147,6 +147,11 @@ class Trainer {
         fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save or deletion\n",
                    removed, r.checkpoint_dir);
       if (!run::sharded_checkpoints(r, comm_.size())) {
+        if (comm_.size() > 1)  // the layout is a choice: said, as the sharded one is
+          fmt::print(log_,
+                     "keel: checkpoints in one file written by rank 0 (checkpoint_layout = \"single_file\"): the "
+                     "other ranks send it their shards{}\n",
+                     r.async_save ? ", which an asynchronous save gathers whole on rank 0" : "");
         checkpoints_ = std::make_unique<checkpoint::CheckpointWriter>(r.checkpoint_dir, r.keep_last_n, r.async_save);
         // A ZeRO-1 save gathers the moments into a snapshot only when it is asynchronous; a
         // synchronous one writes them as they arrive.
