@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include "keel/model/peft_adapter.h"
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/checkpoint/gguf_adapter.h"
+#include "keel/checkpoint/sharded_reader.h"
 #include "keel/run/model_setup.h"
 #include "keel/run/run_guard.h"
 
@@ -223,6 +225,19 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     require(request.format == ExportFormat::AsTrained || request.format == ExportFormat::Gguf,
             "--format: a LoRA checkpoint exports as a PEFT adapter on the model it was trained on (or, with --format "
             "gguf, a GGUF adapter); --format hf or glm-original applies with --merge");
+  // A sharded checkpoint exported to HF files streams, piece by piece, into the writer: the decoder
+  // is then only the model's names and shapes, holding a sliver of the weights (ZeRO-3 over
+  // pretend ranks, this the first), and the peak is one tensor instead of 8 bytes per parameter.
+  const bool streamed =
+      !options.lora.enabled() && request.format != ExportFormat::Gguf && is_sharded_checkpoint(step_dir);
+  if (streamed) {
+    model::ParamStore whole;
+    model::DecoderParamIds whole_ids;
+    model::declare_model_params(result.config, whole, whole_ids);
+    run::set_zero_stage(options, 3, std::clamp<int64_t>(whole.total() / (int64_t(1) << 16), 2, 1 << 16),
+                        model::Precision::F32);
+    options.optimizer_state = true;  // ZeRO-3's shape: the sliver's moments, tiny and never read
+  }
   model::Decoder decoder(result.config, model::Precision::F32, 1, 2, options);
   result.adapter = options.lora.enabled() && !request.merge;
   require(model_fingerprint(decoder.trainable(), trained.architecture) == state.model_fingerprint,
@@ -259,6 +274,19 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     else
       model::load_hf_weights(decoder, recipe.model_name, &progress);
     model::merge_own_adapter(decoder);
+  } else if (streamed) {
+    ShardedCheckpoint checkpoint(step_dir);
+    const std::vector<model::Param>& layout = decoder.params().params();
+    const int64_t total = decoder.params().total();
+    std::vector<float> chunk(size_t(std::min<int64_t>(total, int64_t(4) << 20)));  // 16 MB at a time
+    model::save_hf_model_streamed(
+        decoder, request.destination, result.dtype,
+        [&](int64_t begin, int64_t max_count, int64_t* n) {
+          *n = std::min({max_count, int64_t(chunk.size()), total - begin});
+          checkpoint.read(layout, PieceKind::Weights, chunk.data(), FlatRange{begin, begin + *n});
+          return static_cast<const float*>(chunk.data());
+        },
+        request.max_shard_bytes);
   } else {
     read_checkpoint_weights(step_dir, decoder.params());
   }
@@ -279,7 +307,8 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     progress.finish();
     return result;
   }
-  if (!result.adapter) model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes, &progress);
+  if (!result.adapter && !streamed)
+    model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes, &progress);
   progress.finish();
   result.tokenizer_files = copy_tokenizer_files(recipe, request.destination);
   run::write_model_marker(request.destination, fmt::format("keel export of {}", step_dir));
