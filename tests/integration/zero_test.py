@@ -378,7 +378,7 @@ def test_sharded_crash_recovery_dp2():
     import random
     import signal
     import time
-    keys = dict(dtype="bf16", zero_stage=2, gradient_accumulation_steps=1, deterministic_reduce=True, max_steps=150,
+    keys = dict(dtype="bf16", zero_stage=2, gradient_accumulation_steps=1, deterministic_reduce=True, max_steps=300,
                 async_save=True, checkpoint_staging_mb=0.02, log_interval=5)
     whole = "crash_dp2_whole"
     t0 = time.time()
@@ -394,9 +394,14 @@ def test_sharded_crash_recovery_dp2():
         p = subprocess.Popen(MPIRUN + ["-np", "2", KEEL, "train", path, "--resume", "auto"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
         if kills < 6:
-            # Each attempt lives at most a fifth of the whole run (which includes a start-up):
-            # six cannot finish it.
-            time.sleep(rng.uniform(0.08, 0.2) * duration)
+            # Once this attempt trains (its metrics.jsonl written to), a kill within a fifth of the
+            # whole run's time: six cannot finish it, and a start-up slower than the run does not
+            # let an attempt end before its kill.
+            started, metrics_path = time.time(), os.path.join(WORK, name, "metrics.jsonl")
+            while p.poll() is None and time.time() - started < 120 and not (
+                    os.path.exists(metrics_path) and os.path.getmtime(metrics_path) > started):
+                time.sleep(0.01)
+            time.sleep(rng.uniform(0.0, 0.2) * duration)
             pids = rank_pids(path)
             if p.poll() is None and pids:
                 os.kill(pids[rng.choice(sorted(pids))], signal.SIGKILL)
@@ -410,6 +415,7 @@ def test_sharded_crash_recovery_dp2():
             break
         check(False, "a resumed dp 2 run failed after a kill: %s" % out[-1500:])
         return
+    print("  killed %d times; the uninterrupted run took %.1f s" % (kills, duration))
     check(kills >= 3, "the dp 2 run was killed %d times (at least 3; the uninterrupted run took %.1f s)" % (
         kills, duration))
     check(final_bytes(name) == final_bytes(whole), "after the kills, the final model is the uninterrupted run's bytes")
