@@ -395,7 +395,8 @@ def test_leftovers_of_killed_processes_are_cleaned():
 
 def sharded_recipe(name, **keys):
     """dp 2, ZeRO-2, rank-ordered sums: the sharded layout, and runs that end on the same bytes."""
-    return recipe(name, dp_degree=2, zero_stage=2, deterministic_reduce=True, save_interval=2, keep_last_n=10,
+    keys = dict(dict(save_interval=2, keep_last_n=10), **keys)
+    return recipe(name, dp_degree=2, zero_stage=2, deterministic_reduce=True,
                   checkpoint_dir=os.path.join(WORK, name, "ck"), **keys)
 
 
@@ -492,6 +493,30 @@ def test_sharded_full_disk_on_one_rank():
     check(latest_of(ck) is None and not leftovers(ck), "sharded_enospc: no latest, no partial step (%s)" % leftovers(ck))
     check(steps_of(d) == list(range(1, 7)) and reference is not None and final_bytes(d) == reference,
           "sharded_enospc: the failed saves do not change the training")
+
+
+def test_sharded_disk_holding_two_checkpoints():
+    """dp 2, a save every step, a disk (shared by both ranks) with room for two and a half sharded
+    checkpoints: the third save runs out of space on a rank, the ranks agree it failed, and rank 0
+    makes room (every checkpoint but the one `latest` names, said in the log), so the next save
+    fits; the run ends on the last step's checkpoint and on the bytes of a run without faults."""
+    if not shutil.which("mpirun"):
+        print("  skipped: no mpirun")
+        return
+    reference = sharded_reference()
+    step2 = os.path.join(WORK, "sharded_reference", "ck", "step-00000002")
+    size = sum(os.path.getsize(os.path.join(step2, f)) for f in os.listdir(step2))
+    path, d = sharded_recipe("sharded_two_fit", save_interval=1, keep_last_n=3)
+    ck = os.path.join(d, "ck")
+    env = fault_env(ck, int(size * 2.5), op="capacity")
+    p = run(["train", path], env=env, timeout=300, launcher=mpirun_with(env))
+    check(p.returncode == 0 and "No space left on device" in p.output and "the disk is full; removed" in p.output
+          and "the next save has room" in p.output,
+          "sharded_two_fit: saves that ran out of space are reported, room is made, the run exits 0", p.output)
+    check(latest_of(ck) == "step-00000006" and not leftovers(ck),
+          "sharded_two_fit: the last step's save went through, nothing partial left (latest %s, %s)" % (
+              latest_of(ck), leftovers(ck)))
+    check(reference is not None and final_bytes(d) == reference, "sharded_two_fit: the training is unchanged")
 
 
 def test_sharded_corrupt_piece_names_it():
