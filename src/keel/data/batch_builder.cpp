@@ -55,7 +55,7 @@ MicroBatchData make_micro_batch_buffers(int64_t batch, int64_t seq) {
 }
 
 void fill_micro_batch(const TokenRecords& records, SampleOrder& order, int64_t first_sample, int32_t pad_id,
-                      MicroBatchData& out) {
+                      MicroBatchData& out, int32_t* segments) {
   const int64_t T = out.seq;
   out.input_tokens = out.target_tokens = 0;
   for (int64_t b = 0; b < out.batch; ++b) {
@@ -70,6 +70,7 @@ void fill_micro_batch(const TokenRecords& records, SampleOrder& order, int64_t f
       in[t] = t < len ? ids[t] : pad_id;
       tg[t] = t + 1 < len ? labels[t + 1] : kIgnore;
       pos[t] = int32_t(t);
+      if (segments) segments[b * T + t] = t < len ? 0 : 2;
       out.target_tokens += tg[t] != kIgnore;
     }
     out.input_tokens += len;

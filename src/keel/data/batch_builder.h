@@ -35,8 +35,10 @@ struct MicroBatchData {
 };
 
 // Fills `out` (already sized, reused every step) from samples [first_sample, first_sample + batch).
+// segments (optional, [batch*seq]): each token's document id as the packed loaders write them
+// (shard_loader.h): 0 for a record's tokens, 2 (one past the next document's) for the padding.
 void fill_micro_batch(const TokenRecords& records, SampleOrder& order, int64_t first_sample, int32_t pad_id,
-                      MicroBatchData& out);
+                      MicroBatchData& out, int32_t* segments = nullptr);
 MicroBatchData make_micro_batch_buffers(int64_t batch, int64_t seq);
 
 }  // namespace keel::data

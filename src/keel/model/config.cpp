@@ -70,6 +70,7 @@ const std::vector<FamilyFormat>& family_formats() {
       {Family::Mistral, "mistral", "Mistral", "mistral", {"MistralForCausalLM"}, 4096 * 32, -1, true},
       {Family::Gemma2, "gemma2", "Gemma 2", "gemma2", {"Gemma2ForCausalLM"}, 8192, 0, true},
       {Family::Gemma3, "gemma3", "Gemma 3", "gemma3_text", {"Gemma3ForCausalLM"}, 131072, 0, true},
+      {Family::Qwen3Moe, "qwen3_moe", "Qwen3-MoE", "qwen3_moe", {"Qwen3MoeForCausalLM"}, 32768, -1, true},
   };
   return formats;
 }
@@ -433,6 +434,11 @@ void parse_sliding_window(const ConfigObject& cfg, ModelConfig& c) {
       slides = [pattern](int64_t l) { return (l + 1) % pattern != 0; };
       break;
     }
+    case Family::Qwen3Moe:
+      if (cfg.bool_or("use_sliding_window", false))
+        fail("{}: key 'use_sliding_window': true is not supported for Qwen3MoeForCausalLM (expected false)",
+             cfg.path());
+      return;
     case Family::Qwen2:
     case Family::Qwen3: {  // only with use_sliding_window, from max_window_layers on
       if (!cfg.bool_or("use_sliding_window", false)) return;
@@ -452,6 +458,46 @@ void parse_sliding_window(const ConfigObject& cfg, ModelConfig& c) {
   } else {
     for (int64_t l = 0; l < c.num_layers; ++l) c.sliding_layers.push_back(slides(l));
   }
+}
+
+// A non-negative number (a coefficient that may be 0), or the fallback when absent.
+double non_negative_number_or(const ConfigObject& cfg, std::string_view key, double fallback) {
+  auto v = cfg.get(key);
+  if (!v) return fallback;
+  if (!v->is_number()) cfg.wrong_type(key, "a non-negative number", *v);
+  const double x = v->type() == dom::element_type::DOUBLE  ? double(*v)
+                   : v->type() == dom::element_type::INT64 ? double(int64_t(*v))
+                                                            : double(uint64_t(*v));
+  if (!(x >= 0) || !std::isfinite(x)) cfg.wrong_type(key, "a non-negative number", *v);
+  return x;
+}
+
+// Qwen3MoeConfig's experts (its defaults where a key is absent), and which layers are sparse as
+// Qwen3MoeDecoderLayer decides: not in mlp_only_layers and (layer + 1) a multiple of
+// decoder_sparse_step.
+void parse_experts(const ConfigObject& cfg, ModelConfig& c) {
+  auto& m = c.moe;
+  m.experts = cfg.positive_int_or("num_experts", 128);
+  m.experts_per_token = cfg.positive_int_or("num_experts_per_tok", 8);
+  m.intermediate_size = cfg.positive_int_or("moe_intermediate_size", 768);
+  m.norm_topk_prob = cfg.bool_or("norm_topk_prob", false);
+  m.router_aux_loss_coef = non_negative_number_or(cfg, "router_aux_loss_coef", 0.001);
+  m.output_router_logits = cfg.bool_or("output_router_logits", false);
+  const int64_t step = cfg.positive_int_or("decoder_sparse_step", 1);
+  std::vector<bool> dense(size_t(std::min(c.num_layers, kMaxLayers)), false);
+  if (auto v = cfg.get("mlp_only_layers")) {
+    constexpr std::string_view expected = "a list of layer indices (integers from 0 to num_hidden_layers - 1)";
+    dom::array list;
+    if (v->get_array().get(list) != simdjson::SUCCESS) cfg.wrong_type("mlp_only_layers", expected, *v);
+    for (dom::element item : list) {
+      auto l = ConfigObject::integer(item);
+      if (!l || *l < 0 || *l >= int64_t(dense.size())) cfg.wrong_type("mlp_only_layers", expected, *v);
+      dense[size_t(*l)] = true;
+    }
+  }
+  m.sparse_layers.clear();
+  for (int64_t l = 0; l < int64_t(dense.size()); ++l)
+    m.sparse_layers.push_back(!dense[size_t(l)] && (l + 1) % step == 0);
 }
 
 // LlamaForCausalLM, Qwen2ForCausalLM, GlmForCausalLM, Qwen3ForCausalLM and MistralForCausalLM share
@@ -500,6 +546,11 @@ void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
     case Family::Qwen3:
       refuse_attention_bias(cfg, "Qwen3ForCausalLM");
       c.qk_norm = true;
+      break;
+    case Family::Qwen3Moe:
+      refuse_attention_bias(cfg, "Qwen3MoeForCausalLM");
+      c.qk_norm = true;
+      parse_experts(cfg, c);
       break;
     case Family::Mistral: break;  // MistralAttention has no biases, whatever the config says
     case Family::Gemma2: refuse_attention_bias(cfg, "Gemma2ForCausalLM"); break;
@@ -658,6 +709,25 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
       f["layer_types"] = layer_types_json(c);
       break;
     }
+    case Family::Qwen3Moe: {
+      f["attention_bias"] = "false";
+      f["use_sliding_window"] = "false";
+      f["sliding_window"] = "null";
+      const auto& m = c.moe;
+      f["num_experts"] = std::to_string(m.experts);
+      f["num_experts_per_tok"] = std::to_string(m.experts_per_token);
+      f["moe_intermediate_size"] = std::to_string(m.intermediate_size);
+      f["norm_topk_prob"] = json_bool(m.norm_topk_prob);
+      f["router_aux_loss_coef"] = json_number(m.router_aux_loss_coef);
+      f["output_router_logits"] = json_bool(m.output_router_logits);
+      // Every layer's kind said outright: decoder_sparse_step 1 and the dense ones listed.
+      f["decoder_sparse_step"] = "1";
+      std::string dense;
+      for (int64_t l = 0; l < c.num_layers; ++l)
+        if (!c.sparse_layer(l)) dense += (dense.empty() ? "" : ",") + std::to_string(l);
+      f["mlp_only_layers"] = "[" + dense + "]";
+      break;
+    }
     case Family::Mistral:
       f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
       break;
@@ -749,8 +819,12 @@ int64_t ModelConfig::embedding_padding_idx() const {
 int64_t ModelConfig::matmul_parameters() const {
   int64_t attention = hidden_size * q_size() + 2 * hidden_size * kv_size() + q_size() * hidden_size;
   int64_t mlp = 3 * hidden_size * intermediate_size;  // gate, up, down (SwiGLU)
-  // The LM head is a matmul on every token even when its weight is the embedding's.
-  return num_layers * (attention + mlp) + vocab_size * hidden_size;
+  // A sparse layer's token meets the router and its experts_per_token experts only: the active
+  // parameters, as MoE MFU is counted.
+  int64_t sparse_mlp = hidden_size * moe.experts + moe.experts_per_token * 3 * hidden_size * moe.intermediate_size;
+  int64_t total = vocab_size * hidden_size;  // the LM head is a matmul on every token even when tied
+  for (int64_t l = 0; l < num_layers; ++l) total += attention + (sparse_layer(l) ? sparse_mlp : mlp);
+  return total;
 }
 
 int64_t ModelConfig::total_parameters() const {
@@ -761,7 +835,12 @@ int64_t ModelConfig::total_parameters() const {
   if (qkv_bias) per_layer += q_size() + 2 * kv_size();
   if (qk_norm) per_layer += 2 * head_dim;         // q_norm, k_norm
   if (sandwich_norms) per_layer += 2 * hidden_size;  // the attention's and the MLP's output norms
-  return embedding + lm_head + num_layers * per_layer + hidden_size;  // + final norm
+  int64_t experts = 0;  // a sparse layer: the router and every expert in place of the dense MLP
+  for (int64_t l = 0; l < num_layers; ++l)
+    if (sparse_layer(l))
+      experts += hidden_size * moe.experts + moe.experts * 3 * hidden_size * moe.intermediate_size -
+                 3 * hidden_size * intermediate_size;
+  return embedding + lm_head + num_layers * per_layer + experts + hidden_size;  // + final norm
 }
 
 void validate(const ModelConfig& c, const std::string& where) {
@@ -797,7 +876,7 @@ void validate(const ModelConfig& c, const std::string& where) {
 
   // What each format can express: a config outside it could not be exported faithfully.
   bool transformers_rope = c.family == Family::Llama || c.family == Family::Qwen2 || c.family == Family::Qwen3 ||
-                           c.family == Family::Mistral || c.gemma();
+                           c.family == Family::Qwen3Moe || c.family == Family::Mistral || c.gemma();
   require(c.rope_interleaved != transformers_rope,
           "{}: rope_interleaved: the {} format expects {} RoPE pairs, found the other layout", where, family,
           transformers_rope ? "half-split (i, i + d/2)" : "interleaved (2i, 2i+1)");
@@ -810,9 +889,10 @@ void validate(const ModelConfig& c, const std::string& where) {
   require(c.family != Family::Llama || !c.qkv_bias,
           "{}: qkv_bias: the llama format has no q/k/v-only biases (attention_bias adds an o_proj bias too)", where);
   require(c.family != Family::Qwen2 || c.qkv_bias, "{}: qkv_bias: the qwen2 format always has q/k/v biases", where);
-  require(!c.qkv_bias || (c.family != Family::Qwen3 && c.family != Family::Mistral && !c.gemma()),
+  require(!c.qkv_bias || (c.family != Family::Qwen3 && c.family != Family::Qwen3Moe && c.family != Family::Mistral &&
+                          !c.gemma()),
           "{}: qkv_bias: the {} format has no q/k/v-only biases", where, family);
-  const bool head_norms = c.family == Family::Qwen3 || c.family == Family::Gemma3;
+  const bool head_norms = c.family == Family::Qwen3 || c.family == Family::Qwen3Moe || c.family == Family::Gemma3;
   require(c.qk_norm == head_norms, "{}: qk_norm: the {} format {} q/k norms", where, family,
           head_norms ? "always has" : "has no");
   const bool gemma_layout = c.norm_weight_offset == 1.0 && c.scale_embeddings && c.sandwich_norms &&
@@ -836,6 +916,21 @@ void validate(const ModelConfig& c, const std::string& where) {
   require(c.sliding_window == 0 ? c.sliding_layers.empty() : int64_t(c.sliding_layers.size()) == c.num_layers,
           "{}: sliding_layers: expected one entry per layer ({}) with a sliding window, none without, found {}", where,
           c.num_layers, c.sliding_layers.size());
+  const auto& m = c.moe;
+  require((c.family == Family::Qwen3Moe) == (m.experts > 0), "{}: num_experts: the {} format {}", where, family,
+          c.family == Family::Qwen3Moe ? "has experts (a positive num_experts)" : "has no experts");
+  if (m.experts > 0) {
+    check_size(where, "num_experts", m.experts, int64_t(1) << 16);
+    check_size(where, "moe_intermediate_size", m.intermediate_size, kMaxIntermediate);
+    require(m.experts_per_token > 0 && m.experts_per_token <= m.experts,
+            "{}: num_experts_per_tok: expected from 1 to num_experts ({}), found {}", where, m.experts,
+            m.experts_per_token);
+    require(int64_t(m.sparse_layers.size()) == c.num_layers,
+            "{}: sparse layers: expected one entry per layer ({}), found {}", where, c.num_layers,
+            m.sparse_layers.size());
+    require(m.router_aux_loss_coef >= 0 && std::isfinite(m.router_aux_loss_coef),
+            "{}: router_aux_loss_coef: expected a non-negative number, found {}", where, m.router_aux_loss_coef);
+  }
 }
 
 void apply_family_traits(ModelConfig& c) {
@@ -844,7 +939,7 @@ void apply_family_traits(ModelConfig& c) {
   c.rotary_dim = glm ? c.head_dim / 2 : c.head_dim;  // GLM-4 rotates half of each head
   c.rope_interleaved = glm;
   c.qkv_bias = c.family == Family::Qwen2 || glm;
-  c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Gemma3;
+  c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Qwen3Moe || c.family == Family::Gemma3;
   if (c.gemma()) {  // the config classes' defaults, bar the windows (set by the caller)
     c.norm_weight_offset = 1.0;
     c.mlp_activation = kernels::GluActivation::GeluTanh;

@@ -22,9 +22,10 @@ enum class Family : uint8_t {
   Mistral,      // MistralForCausalLM (Llama + sliding-window attention)
   Gemma2,       // Gemma2ForCausalLM (sandwich norms, GeGLU, soft-capping, alternating windows)
   Gemma3,       // Gemma3ForCausalLM, text (Gemma 2's layout + q/k norms and a local RoPE base)
+  Qwen3Moe,     // Qwen3MoeForCausalLM (Qwen3's attention + mixture-of-experts MLPs)
 };
 
-// "llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2", "gemma3"
+// "llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe"
 std::string family_name(Family f);
 Family family_from_name(const std::string& name);  // inverse; throws keel::Error listing valid names
 // What users call the family: "Llama", "GLM-4", "Gemma 2", ...
@@ -83,8 +84,28 @@ struct ModelConfig {
     bool double_quantization = false;
   };
   std::optional<SavedFourBit> saved_four_bit;
+  // Mixture of experts (Qwen3-MoE): a sparse layer's MLP is `experts` SwiGLU experts of width
+  // moe_intermediate_size, each token sent to the experts_per_token with the highest router
+  // probability (softmax over the router's logits) and its output their sum weighted by those
+  // probabilities (renormalised to sum to 1 with norm_topk_prob). The other layers keep the dense
+  // MLP of width intermediate_size. experts == 0: a dense model.
+  struct Experts {
+    int64_t experts = 0, experts_per_token = 0, intermediate_size = 0;
+    bool norm_topk_prob = false;
+    std::vector<bool> sparse_layers;  // [num_layers]: decoder_sparse_step and mlp_only_layers resolved
+    // The load-balancing loss (Switch Transformer's, as transformers' load_balancing_loss_func
+    // computes it), added to the loss times router_aux_loss_coef when output_router_logits is true.
+    double router_aux_loss_coef = 0.001;
+    bool output_router_logits = false;
+  };
+  Experts moe;
 
   bool gemma() const { return family == Family::Gemma2 || family == Family::Gemma3; }
+  // Whether layer `layer`'s MLP is a mixture of experts.
+  bool sparse_layer(int64_t layer) const { return moe.experts > 0 && moe.sparse_layers.at(size_t(layer)); }
+  bool has_experts() const { return moe.experts > 0; }
+  // The load-balancing loss's weight in the training loss (0 when it is not added).
+  double aux_loss_weight() const { return moe.output_router_logits ? moe.router_aux_loss_coef : 0.0; }
   // The window layer `layer`'s attention uses (0: every earlier key).
   int64_t window_of(int64_t layer) const {
     return sliding_window > 0 && sliding_layers.at(size_t(layer)) ? sliding_window : 0;

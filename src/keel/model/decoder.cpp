@@ -13,6 +13,7 @@
 #include "keel/core/threads.h"
 #include "keel/kernels/bf16_widening.h"
 #include "keel/model/decoder_plan.h"
+#include "keel/model/experts.h"
 #include "keel/model/hf_weights.h"
 
 namespace keel::model {
@@ -69,6 +70,9 @@ struct Decoder::Buffers {
   int64_t four_bit_tile_elements;
   void* attention_workspace;
   size_t attention_workspace_bytes;
+  // Mixture of experts (DecoderLayout says what each holds).
+  float *d_routed, *d_router, *d_slot, *token_mask;
+  double *router_balance, *expert_load;
 
   DecoderLayout layout;
   // MemoryPlanning::PerTensor: the plan ids of the buffers allocated per call, and where each
@@ -126,6 +130,13 @@ struct Decoder::Buffers {
     attention_workspace_bytes = plan.buffer(d.attention_workspace).bytes;
     logits = f32(d.logits);
     logits_b = b16(d.logits_b);
+    d_routed = f32(d.d_routed);
+    d_router = f32(d.d_router);
+    d_slot = f32(d.d_slot);
+    token_mask = f32(d.token_mask);
+    auto f64 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<double*>(at[size_t(id)]); };
+    router_balance = f64(d.router_balance);
+    expert_load = f64(d.expert_load);
   }
 };
 
@@ -219,6 +230,7 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
     persistent.insert(persistent.end(), d.gathered_4bit.begin(), d.gathered_4bit.end());
     persistent.insert(persistent.end(), d.gathered_4bit_absmax.begin(), d.gathered_4bit_absmax.end());
     persistent.push_back(d.compute_only_shard);
+    persistent.push_back(d.expert_load);  // gathered over a step's calls
     MemoryPlan kept(plan_.alignment());
     std::vector<std::pair<int, int>> kept_ids;  // plan id, id in `kept`
     for (int id : persistent)
@@ -283,9 +295,12 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   if (c.rope_local_theta > 0)
     rope_local_ = kernels::RopeTable::build(c.rotary_dim, c.rope_interleaved, c.rope_local_theta, max_seq_);
   b.bind(plan_);
+  if (b.expert_load) clear_expert_load();
   // Every attention GEMM plan a step can need, on every thread, now: packed documents change the
   // shapes from step to step, and a plan built inside the step loop would allocate there.
   backend_.prepare_attention(attention_shape(c, 0, 1, max_seq_), attention_matmul(precision_));
+  // Every product of the experts' row blocks (experts.h), whose row counts change every step.
+  if (c.has_experts()) prepare_experts(backend_, experts_shape(c, max_batch_ * max_seq_));
 }
 
 Decoder::~Decoder() = default;
@@ -557,6 +572,7 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   }
 
   backend_.rmsnorm_forward(norm, a.xmid, P.weight(p.post_norm), a.xn2, a.rstd2, a.xn2_b);
+  if (c.sparse_layer(l)) return experts_forward(mb, l, a, x_out);
   project(LinearSlot::GateUp, a.xn2, a.xn2_b, W(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
   backend_.glu_forward(c.mlp_activation, a.gate_up, N, I, a.act, a.act_b);
   if (c.sandwich_norms) {  // x_out = xmid + norm(down(act)); recomputation needs the norm's input again
@@ -683,12 +699,94 @@ void Decoder::lora_backward(const MicroBatch& mb, int64_t layer, LinearSlot slot
   }
 }
 
-void Decoder::forward(const MicroBatch& mb) {
+namespace {
+
+ExpertsWeights experts_weights(const ParamStore& P, const LayerParamIds& p) {
+  return {P.weight(p.router), P.weight(p.experts_gate_up), P.weight(p.experts_down)};
+}
+
+RoutedActivations routed_activations(const auto& a) {
+  return {a.router_probs, a.route_choice, a.route_weight, a.expert_rows, a.row_slot,
+          a.token_rows,   a.routed_in,    a.routed_gate_up, a.routed_act, a.routed_out};
+}
+
+RouterBalance router_balance(double* sums, int64_t experts) {
+  return {sums, sums + experts, sums + 2 * experts};
+}
+
+}  // namespace
+
+void Decoder::token_mask(const MicroBatch& mb) {
+  float* mask = buf_->token_mask;
+  for (int64_t r = 0; r < mb.batch; ++r) {
+    const int32_t* doc = mb.documents ? mb.documents + r * mb.seq : nullptr;
+    bool padding = false;
+    for (int64_t t = 0; t < mb.seq; ++t) {
+      // The loaders give padding the id one past the next document's (data/shard_loader.cpp):
+      // a row's tokens start at document 0 and step by at most one.
+      if (doc && !padding) padding = t == 0 ? doc[0] != 0 : doc[t] - doc[t - 1] >= 2;
+      mask[r * mb.seq + t] = padding ? 0.0f : 1.0f;
+    }
+  }
+}
+
+void Decoder::experts_forward(const MicroBatch& mb, int64_t l, const BlockActivations& a, float* x_out) {
+  auto& b = *buf_;
+  const int64_t N = mb.batch * mb.seq;
+  // The load-balancing sums and the expert load count the forward pass once (not its recomputation).
+  RouterBalance balance = router_balance(b.router_balance, config_.moe.experts);
+  const RoutedActivations routed = routed_activations(a);
+  model::experts_forward(backend_, experts_shape(config_, N), a.xn2, experts_weights(params_, ids_.layers[size_t(l)]),
+                         routed, a.xmid, x_out, b.token_mask, x_out ? &balance : nullptr);
+  if (!x_out) return;
+  int64_t sparse = 0;  // this layer's row of the expert load
+  for (int64_t i = 0; i < l; ++i) sparse += config_.sparse_layer(i);
+  double* load = b.expert_load + sparse * config_.moe.experts;
+  for (int64_t e = 0; e < config_.moe.experts; ++e) load[e] += double(expert_tokens(routed, e));
+}
+
+void Decoder::experts_backward(const MicroBatch& mb, int64_t l, const BlockActivations& a, const float* dy,
+                               float* dx) {
+  auto& b = *buf_;
+  auto& P = params_;
+  const LayerParamIds& p = ids_.layers[size_t(l)];
+  ExpertsGrads g;
+  if (!P.frozen()) {
+    g.router = P.grad(p.router);
+    g.gate_up = P.grad(p.experts_gate_up);
+    g.down = P.grad(p.experts_down);
+    g.down_beta = P.first_gradient_write(p.experts_down) ? 0.0f : 1.0f;
+    g.gate_up_beta = P.first_gradient_write(p.experts_gate_up) ? 0.0f : 1.0f;
+    g.router_beta = P.first_gradient_write(p.router) ? 0.0f : 1.0f;
+  }
+  const RouterBalance balance = router_balance(b.router_balance, config_.moe.experts);
+  const ExpertsScratch scratch{b.d_routed, b.d_act, b.d_gate_up, b.d_router, b.d_slot};
+  model::experts_backward(backend_, experts_shape(config_, mb.batch * mb.seq), a.xn2, experts_weights(P, p),
+                          routed_activations(a), dy, scratch, &balance, b.token_mask, g, dx);
+}
+
+std::span<const double> Decoder::expert_load() const {
+  if (!buf_->expert_load) return {};
+  int64_t sparse = 0;
+  for (int64_t l = 0; l < config_.num_layers; ++l) sparse += config_.sparse_layer(l);
+  return {buf_->expert_load, size_t(sparse * config_.moe.experts)};
+}
+
+void Decoder::clear_expert_load() {
+  const auto load = expert_load();
+  std::fill_n(buf_->expert_load, load.size(), 0.0);
+}
+
+void Decoder::forward(const MicroBatch& mb, double aux_weight) {
   const auto& c = config_;
   auto& b = *buf_;
   const int64_t N = mb.batch * mb.seq, H = c.hidden_size, L = c.num_layers;
   auto& P = params_;
   const StepTimeline t{int32_t(L)};
+  if (c.has_experts()) {
+    token_mask(mb);
+    router_balance(b.router_balance, c.moe.experts).clear(c.moe.experts);
+  }
 
   enter_position(t.forward(0));
   if (trained_embed_ >= 0)  // modules_to_save: the adapter's trained copy
@@ -701,6 +799,15 @@ void Decoder::forward(const MicroBatch& mb) {
   for (int64_t l = 0; l < L; ++l) {
     if (l > 0) enter_position(t.forward(l));
     forward_block(mb, l, b.x[l], b.forward[l], b.x[l + 1]);
+  }
+  if (c.has_experts()) {
+    RouterBalance balance = router_balance(b.router_balance, c.moe.experts);
+    // balance.rows was summed through the struct's copies: the forward calls add to the buffers,
+    // and the masked tokens are counted here, once per sparse layer.
+    double rows = 0;
+    for (int64_t i = 0; i < N; ++i) rows += b.token_mask[i];
+    for (int64_t l = 0; l < L; ++l) balance.rows += c.sparse_layer(l) ? rows : 0.0;
+    aux_loss_ = balance.finish(c.moe.experts, aux_weight);
   }
   enter_position(t.head());
   backend_.rmsnorm_forward(hidden_norm_shape(c, N), b.x[L], P.weight(ids_.final_norm), b.xn_final, b.rstd_final,
@@ -821,13 +928,18 @@ void Decoder::backward(const MicroBatch& mb) {
     // (In bf16, a.xn1, a.xn2 and a.act hold another block's data by now: only their bf16 copies
     // may be read here. See describe_memory.)
     const float* d_mlp = through_output_norm(b.dx, a.mo, a.rstd_mo, p.mlp_out_norm);  // d down's output (+ dyb)
-    project_backward(LinearSlot::Down, d_mlp, p.down_weight, I, H, a.act, a.act_b, b.d_act);
-    backend_.glu_backward(c.mlp_activation, a.gate_up, b.d_act, N, I, b.d_gate_up, dyb);
-    project_backward(LinearSlot::GateUp, b.d_gate_up, p.gate_up_weight, H, 2 * I, a.xn2, a.xn2_b, b.dnorm);
+    if (c.sparse_layer(l)) {
+      experts_backward(mb, l, a, d_mlp, b.dnorm);
+    } else {
+      project_backward(LinearSlot::Down, d_mlp, p.down_weight, I, H, a.act, a.act_b, b.d_act);
+      backend_.glu_backward(c.mlp_activation, a.gate_up, b.d_act, N, I, b.d_gate_up, dyb);
+      project_backward(LinearSlot::GateUp, b.d_gate_up, p.gate_up_weight, H, 2 * I, a.xn2, a.xn2_b, b.dnorm);
+    }
     // dh = dx (past the block's MLP, the residual) + the norm's input gradient, in one pass.
     backend_.rmsnorm_backward(hidden, a.xmid, P.weight(p.post_norm), a.rstd2, b.dnorm, b.dh, fresh_grad(p.post_norm),
                               b.dx, residual_dy_b);
-    for (int id : {p.down_weight, p.gate_up_weight, p.post_norm}) base_grad_ready(id);
+    for (int id : {p.down_weight, p.gate_up_weight, p.experts_down, p.experts_gate_up, p.router, p.post_norm})
+      base_grad_ready(id);
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x))))), the branch normalised with sandwich norms
     const float* d_out = through_output_norm(b.dh, a.ao, a.rstd_ao, p.attn_out_norm);  // d o's output (+ dyb)
@@ -889,7 +1001,7 @@ double Decoder::forward_backward(const MicroBatch& mb, double grad_scale) {
   const StepTimeline t{int32_t(config_.num_layers)};
   CallScope call(*this, t.backward(0));
   TransientScope transients(*buf_, plan_);
-  forward(mb);
+  forward(mb, config_.aux_loss_weight());
   double loss = lm_head_loss(mb, grad_scale, true);
   backward(mb);
   return loss;

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct LayerParamIds {
   int attn_out_norm = -1;  // sandwich norms (Gemma): on the attention's output
   int post_norm = -1, gate_up_weight = -1, down_weight = -1;  // post_norm: the MLP's input norm
   int mlp_out_norm = -1;   // sandwich norms: on the MLP's output
+  // A sparse layer (mixture of experts, model/experts.h) has these in place of gate_up and down:
+  // the router [experts, hidden] and every expert's gate/up [experts * 2 inter, hidden] and down
+  // [experts * hidden, inter].
+  int router = -1, experts_gate_up = -1, experts_down = -1;
 };
 
 struct DecoderParamIds {
@@ -51,6 +56,10 @@ struct MicroBatch {
   // the micro-batch's place in it, so resumes and recomputations draw the same; 0: no dropout
   // (evaluation, generation).
   uint64_t dropout_key = 0;
+  // [batch*seq] each token's document id as the data loaders write it (data/shard_loader.h), packed
+  // or not: padding follows a jump of two in them. Mixture-of-experts models leave padding out of
+  // the load-balancing loss, as transformers' attention_mask does; null: every token counts.
+  const int32_t* documents = nullptr;
 };
 
 // Where the buffers of a forward/backward pass live.
@@ -379,6 +388,15 @@ class Decoder {
   // Used by evaluation and greedy decoding.
   void logits_at(const MicroBatch& batch, const int64_t* rows, int64_t count, float* out);
 
+  // Mixture of experts (experts.h): the load-balancing loss of the last forward pass (0 without
+  // experts); the last forward_backward added config().aux_loss_weight() times it to its loss's
+  // gradient (the loss it returns is the token losses' sum alone). The tokens each sparse layer
+  // sent each expert since the last clear_expert_load(): [sparse layers][experts], row-major
+  // (empty without experts).
+  double aux_loss() const { return aux_loss_; }
+  std::span<const double> expert_load() const;
+  void clear_expert_load();
+
   // Activation and scratch memory this decoder holds at the plan's peak (bytes), for reporting.
   size_t activation_bytes() const;
   // The plan the arena was laid out from, and the arena's size (with MemoryPlanning::PerTensor
@@ -398,7 +416,13 @@ class Decoder {
   struct Buffers;
   struct BlockActivations;
   struct TransientScope;  // MemoryPlanning::PerTensor: the call's own allocations
-  void forward(const MicroBatch& batch);
+  // aux_weight: what the load-balancing loss weighs in the loss whose gradient the backward pass
+  // takes (0: none, or no backward pass).
+  void forward(const MicroBatch& batch, double aux_weight = 0.0);
+  // A sparse layer's MLP (experts.h) from the post-attention norm's output.
+  void experts_forward(const MicroBatch& batch, int64_t layer, const BlockActivations& a, float* x_out);
+  void experts_backward(const MicroBatch& batch, int64_t layer, const BlockActivations& a, const float* dy, float* dx);
+  void token_mask(const MicroBatch& batch);
   // Block `layer` from its input x_in: fills `a` and, unless x_out is null (recomputation inside
   // the backward pass, which only needs the intermediates), writes the next block's input.
   void forward_block(const MicroBatch& batch, int64_t layer, const float* x_in, const BlockActivations& a,
@@ -460,6 +484,7 @@ class Decoder {
   std::vector<WeightGather> weight_gathers_;
   WeightGatherHooks gather_hooks_;
   int32_t last_position_ = 0;  // of the call in progress: the gathers started go no further
+  double aux_loss_ = 0;        // mixture of experts: the last forward pass's load-balancing loss
   // shard_masters: the first resident gather not waited for since the last refresh (size(): none
   // pending), and whether the buffers were ever filled (a call before that reads garbage).
   size_t resident_wait_ = 0;

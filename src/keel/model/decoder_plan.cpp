@@ -179,8 +179,15 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
     p.o_weight = params.add(prefix + "o.weight", {H, c.q_size()}, true, blocks);
     if (c.sandwich_norms) p.attn_out_norm = params.add(prefix + "attention_output_norm", {H}, false);
     p.post_norm = params.add(prefix + "post_attention_norm", {H}, false);
-    p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true, blocks);
-    p.down_weight = params.add(prefix + "down.weight", {H, c.intermediate_size}, true, blocks);
+    if (c.sparse_layer(l)) {  // the router and the experts (experts.h), decayed as transformers' Trainer decays them
+      const int64_t E = c.moe.experts, I = c.moe.intermediate_size;
+      p.router = params.add(prefix + "router.weight", {E, H}, true, blocks);
+      p.experts_gate_up = params.add(prefix + "experts.gate_up.weight", {E * 2 * I, H}, true, blocks);
+      p.experts_down = params.add(prefix + "experts.down.weight", {E * H, I}, true, blocks);
+    } else {
+      p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true, blocks);
+      p.down_weight = params.add(prefix + "down.weight", {H, c.intermediate_size}, true, blocks);
+    }
     if (c.sandwich_norms) p.mlp_out_norm = params.add(prefix + "mlp_output_norm", {H}, false);
   }
   ids.final_norm = params.add("final_norm", {H}, false);
@@ -219,7 +226,8 @@ std::vector<GradGroup> gradient_groups(const ModelConfig& c, const DecoderParamI
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const LayerParamIds& p = ids.layers[size_t(l)];
       for (int id : {p.input_norm, p.qkv_weight, p.qkv_bias, p.q_norm, p.k_norm, p.o_weight, p.attn_out_norm,
-                     p.post_norm, p.gate_up_weight, p.down_weight, p.mlp_out_norm})
+                     p.post_norm, p.gate_up_weight, p.down_weight, p.mlp_out_norm, p.router, p.experts_gate_up,
+                     p.experts_down})
         at(id, t.backward(l), t.backward(l));
     }
   } else {
@@ -279,6 +287,12 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
+  // What the mixture-of-experts layers (experts.h) do not run yet, refused rather than run wrong.
+  require(!config.has_experts() || (!options.lora.enabled() && !options.shard_weights && !options.shard_masters &&
+                                    !options.cast_per_position),
+          "{} ({}): mixture-of-experts models train with full fine-tuning, without ZeRO-3 or sharded masters, in this "
+          "version of keel (LoRA and QLoRA on experts are not implemented yet)",
+          family_display_name(config.family), config.architecture);
   // Every HF tensor of a projection must start and end on a 64-element 4-bit block, as bitsandbytes
   // quantizes each on its own.
   require(!options.four_bit_base ||
@@ -470,8 +484,13 @@ class MemoryDescription {
     // stream's gradient as they compute it (rmsnorm_backward's residual), with no buffer between.
     if (c_.sandwich_norms)
       d.dtmp = add("grad.norm_input", Cat::Workspace, N_ * H_, f32, backward_first, backward_last);
-    d.d_act = add("grad.act", Cat::Workspace, N_ * I_, f32, backward_first, backward_last);
-    d.d_gate_up = add("grad.gate_up", Cat::Workspace, N_ * 2 * I_, f32, backward_first, backward_last);
+    // The MLP's: a dense layer's, or the routed rows' of a sparse one (the wider of the two).
+    int64_t act_width = 0;
+    for (int64_t l = 0; l < L_; ++l)
+      act_width = std::max(act_width, c_.sparse_layer(l) ? c_.moe.experts_per_token * c_.moe.intermediate_size : I_);
+    d.d_act = add("grad.act", Cat::Workspace, N_ * act_width, f32, backward_first, backward_last);
+    d.d_gate_up = add("grad.gate_up", Cat::Workspace, N_ * 2 * act_width, f32, backward_first, backward_last);
+    if (c_.has_experts()) experts(d);
     d.d_attn = add("grad.attn", Cat::Workspace, N_ * Q_, f32, backward_first, backward_last);
     d.d_qkv = add("grad.qkv", Cat::Workspace, N_ * QKV_, f32, backward_first, backward_last);
     if (c_.qk_norm)
@@ -529,7 +548,7 @@ class MemoryDescription {
   }
 
  private:
-  static constexpr size_t f32 = sizeof(float), b16 = sizeof(bf16);
+  static constexpr size_t f32 = sizeof(float), b16 = sizeof(bf16), i32 = sizeof(int32_t), f64 = sizeof(double);
   static constexpr int32_t kAlways = 0;
 
   int add(std::string name, Cat cat, int64_t elements, size_t element_size, int32_t first, int32_t last) {
@@ -538,6 +557,21 @@ class MemoryDescription {
   // bf16 GEMM inputs exist only in bf16 mode.
   int add_bf16(std::string name, Cat cat, int64_t elements, int32_t first, int32_t last) {
     return bf_ ? add(std::move(name), cat, elements, b16, first, last) : -1;
+  }
+
+  // Mixture of experts beyond the blocks' routing: the backward pass's scratch, the token mask and
+  // load-balancing sums of a call, and the expert load gathered over a step.
+  void experts(DecoderLayout& d) {
+    const int32_t backward_first = t_.backward(L_ - 1), backward_last = t_.backward(0);
+    const int64_t E = c_.moe.experts, R = N_ * c_.moe.experts_per_token;
+    d.d_routed = add("grad.experts.rows", Cat::Workspace, R * H_, f32, backward_first, backward_last);
+    d.d_router = add("grad.router", Cat::Workspace, N_ * E, f32, backward_first, backward_last);
+    d.d_slot = add("grad.router.slots", Cat::Workspace, R, f32, backward_first, backward_last);
+    d.token_mask = add("router.token_mask", Cat::Workspace, N_, f32, t_.forward(0), backward_last);
+    d.router_balance = add("router.balance", Cat::Workspace, 3 * E, f64, t_.forward(0), backward_last);
+    int64_t sparse = 0;
+    for (int64_t l = 0; l < L_; ++l) sparse += c_.sparse_layer(l);
+    d.expert_load = add("router.expert_load", Cat::Activations, sparse * E, f64, kAlways, end_);
   }
 
   BlockIds block(int64_t layer, const std::string& prefix, Cat cat, int32_t first, int32_t last) {
@@ -566,12 +600,28 @@ class MemoryDescription {
       b.mo = add(prefix + "mlp_output", cat, N * H, f32, first, last);
       b.rstd_mo = add(prefix + "mlp_output.rstd", cat, N, f32, first, last);
     }
-    b.gate_up = add(prefix + "gate_up", cat, N * 2 * I, f32, first, last);
-    b.act = add(prefix + "act", gemm_input_cat, N * I, f32, first, gemm_input_last);
+    if (c_.sparse_layer(layer)) {
+      // The routing and the routed rows (experts.h: RoutedActivations): tokens x top_k rows however
+      // the tokens fall, so these sizes hold any routing.
+      const int64_t E = c_.moe.experts, R = N * c_.moe.experts_per_token, IM = c_.moe.intermediate_size;
+      b.router_probs = add(prefix + "router.probs", cat, N * E, f32, first, last);
+      b.route_choice = add(prefix + "router.choice", cat, R, i32, first, last);
+      b.route_weight = add(prefix + "router.weight", cat, R, f32, first, last);
+      b.expert_rows = add(prefix + "experts.rows", cat, E + 1, i32, first, last);
+      b.row_slot = add(prefix + "experts.row_slot", cat, R, i32, first, last);
+      b.token_rows = add(prefix + "experts.token_rows", cat, R, i32, first, last);
+      b.routed_in = add(prefix + "experts.input", cat, R * H, f32, first, last);
+      b.routed_gate_up = add(prefix + "experts.gate_up", cat, R * 2 * IM, f32, first, last);
+      b.routed_act = add(prefix + "experts.act", cat, R * IM, f32, first, last);
+      b.routed_out = add(prefix + "experts.output", cat, R * H, f32, first, last);
+    } else {
+      b.gate_up = add(prefix + "gate_up", cat, N * 2 * I, f32, first, last);
+      b.act = add(prefix + "act", gemm_input_cat, N * I, f32, first, gemm_input_last);
+    }
     b.xn1_b = add_bf16(prefix + "xn1.bf16", cat, N * H, first, last);
     b.attn_b = add_bf16(prefix + "attn.bf16", cat, N * Q, first, last);
     b.xn2_b = add_bf16(prefix + "xn2.bf16", cat, N * H, first, last);
-    b.act_b = add_bf16(prefix + "act.bf16", cat, N * I, first, last);
+    if (!c_.sparse_layer(layer)) b.act_b = add_bf16(prefix + "act.bf16", cat, N * I, first, last);
     if (adapter_.enabled() && adapter_.modules_per_layer[size_t(layer)] > 0) {
       const int64_t u = N * adapter_.rank * adapter_.modules_per_layer[size_t(layer)];
       b.lora_u = add(prefix + "lora.u", cat, u, f32, first, last);
@@ -639,6 +689,10 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
 DecoderOptions resolve_checkpointing_layers(const ModelConfig& config, Precision precision, int64_t max_batch,
                                             int64_t max_seq, DecoderOptions options) {
   check_arguments(config, max_batch, max_seq, options);
+  require(!config.has_experts() || precision == Precision::F32,
+          "{} ({}): mixture-of-experts models train in fp32 in this version of keel (dtype = \"fp32\"); bf16 is "
+          "not implemented for their experts yet",
+          family_display_name(config.family), config.architecture);
   if (!options.gradient_checkpointing || options.checkpointing_layers != 0 || config.num_layers < 2) return options;
   DecoderOptions every = options, all_but_last = options;
   every.checkpointing_layers = config.num_layers;

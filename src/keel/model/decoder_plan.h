@@ -89,12 +89,16 @@ kernels::AttentionMatmul attention_matmul(Precision p);
 //   qk rstd_qk: q/k norms (the normalised, rotated q | k, and each head's rstd);
 //   ao rstd_ao mo rstd_mo: sandwich norms (the attention's / MLP's output and rstd);
 //   *_b: the bf16 copies the GEMMs read in bf16 mode;
-//   lora_u: LoRA's scaling * x A^T of each of the block's modules.
+//   lora_u: LoRA's scaling * x A^T of each of the block's modules;
+//   router_probs ... routed_out: a sparse layer's routing and routed rows (experts.h, RoutedActivations),
+//     in place of gate_up and act.
 #define KEEL_BLOCK_BUFFERS(X)                                                                                \
   X(xn1, float) X(rstd1, float) X(qkv, float) X(attn, float) X(lse, float) X(xmid, float) X(xn2, float)        \
   X(rstd2, float) X(gate_up, float) X(act, float) X(qk, float) X(rstd_qk, float) X(ao, float) X(rstd_ao, float) \
   X(mo, float) X(rstd_mo, float) X(xn1_b, bf16) X(attn_b, bf16) X(xn2_b, bf16) X(act_b, bf16) X(lora_u, float) \
-  X(lora_u_b, bf16)
+  X(lora_u_b, bf16) X(router_probs, float) X(route_choice, int32_t) X(route_weight, float)                    \
+  X(expert_rows, int32_t) X(row_slot, int32_t) X(token_rows, int32_t) X(routed_in, float)                      \
+  X(routed_gate_up, float) X(routed_act, float) X(routed_out, float)
 
 struct BlockIds {
 #define KEEL_BLOCK_ID(name, type) int name = -1;
@@ -135,6 +139,12 @@ struct DecoderLayout {
   int d_qk = -1;  // q/k norms: the gradient of the normalised q | k
   int logits = -1, logits_b = -1;
   int attention_workspace = -1;
+  // Mixture of experts: the backward pass's scratch (experts.h, ExpertsScratch; its act and
+  // gate_up gradients are d_act and d_gate_up, planned wide enough for the routed rows), each
+  // token's mask (1: not padding) for the load-balancing loss, its sums (RouterBalance: three
+  // [experts] doubles) and the tokens each sparse layer sent each expert over a step ([sparse
+  // layers, experts] doubles).
+  int d_routed = -1, d_router = -1, d_slot = -1, token_mask = -1, router_balance = -1, expert_load = -1;
 };
 
 // Every buffer of a training step with its lifetime on the StepTimeline. This one description

@@ -29,6 +29,10 @@ void Generator::linear(const float* x, int weight, int64_t rows, int64_t in, int
 Generator::Generator(const Decoder& decoder, int64_t max_length, GenerationWeights weights)
     : decoder_(decoder), backend_(decoder.backend()), c_(decoder.config()), max_length_(max_length), weights_(weights) {
   require(max_length > 0, "generation: max_length must be positive");
+  require(!c_.has_experts(),
+          "generation: {} ({}) is a mixture-of-experts model, and keel's generator runs dense MLPs only in this "
+          "version",
+          family_display_name(c_.family), c_.architecture);
   require(
       decoder.params().compute_only_total() == 0 && decoder.params().four_bit_total() == 0 && !decoder.has_adapter(),
       "generation: needs the model's fp32 weights without an adapter of its own (merge an adapter first)");

@@ -32,7 +32,7 @@ Names family_names(Family f) {
 
 }  // namespace
 
-std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& ids) {
+std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& ids, ExpertLayout layout) {
   const Names names = family_names(c.family);
   const int64_t H = c.hidden_size, I = c.intermediate_size, Q = c.q_size(), KV = c.kv_size();
   std::vector<HfTensor> out;
@@ -68,6 +68,22 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& id
     } else {
       out.push_back({pre + "post_attention_layernorm.weight", p.post_norm, 0, H, 0});
     }
+    if (c.sparse_layer(l)) {  // the router (mlp.gate), then the experts
+      const int64_t E = c.moe.experts, IM = c.moe.intermediate_size;
+      out.push_back({pre + "mlp.gate.weight", p.router, 0, E, H});
+      if (layout == ExpertLayout::Fused) {
+        out.push_back({pre + "mlp.experts.gate_up_proj", p.experts_gate_up, 0, E * 2 * IM, H, E});
+        out.push_back({pre + "mlp.experts.down_proj", p.experts_down, 0, E * H, IM, E});
+        continue;
+      }
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string expert = pre + "mlp.experts." + std::to_string(e) + ".";
+        out.push_back({expert + "gate_proj.weight", p.experts_gate_up, e * 2 * IM, IM, H});
+        out.push_back({expert + "up_proj.weight", p.experts_gate_up, e * 2 * IM + IM, IM, H});
+        out.push_back({expert + "down_proj.weight", p.experts_down, e * H, H, IM});
+      }
+      continue;
+    }
     if (c.family == Family::Glm) {
       out.push_back({pre + "mlp.gate_up_proj.weight", p.gate_up_weight, 0, 2 * I, H});
     } else {
@@ -91,9 +107,22 @@ bool is_ignorable(const std::string& name) {
 
 }  // namespace
 
+namespace {
+
+// A mixture-of-experts checkpoint's layout: fused where its first sparse layer's experts are.
+ExpertLayout expert_layout(const CheckpointReader& reader, const ModelConfig& c) {
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    if (c.sparse_layer(l))
+      return reader.has("model.layers." + std::to_string(l) + ".mlp.experts.gate_up_proj") ? ExpertLayout::Fused
+                                                                                             : ExpertLayout::PerExpert;
+  return ExpertLayout::PerExpert;
+}
+
+}  // namespace
+
 std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& dir, WorkProgress* progress) {
   auto reader = CheckpointReader::open_dir(dir);
-  const auto tensors = hf_tensors(decoder.config(), decoder.ids());
+  const auto tensors = hf_tensors(decoder.config(), decoder.ids(), expert_layout(reader, decoder.config()));
   auto& P = decoder.params();
   std::set<std::string> used;
   double total = 0, done = 0;  // weights, in millions

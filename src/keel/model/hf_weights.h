@@ -17,11 +17,23 @@ struct HfTensor {
   std::string name;                           // as in the checkpoint, e.g. "model.layers.0.self_attn.q_proj.weight"
   int param = -1;                             // internal parameter index
   int64_t row_begin = 0, rows = 0, cols = 0;  // cols == 0 for vectors (norm weights, biases)
-  std::vector<int64_t> shape() const { return cols ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows}; }
+  // > 0: stored as [stacked, rows / stacked, cols] (transformers 5's fused experts, one matrix per expert).
+  int64_t stacked = 0;
+  std::vector<int64_t> shape() const {
+    if (stacked > 0) return {stacked, rows / stacked, cols};
+    return cols ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
+  }
 };
 
+// How a mixture-of-experts checkpoint holds its experts: one tensor per expert and projection
+// (mlp.experts.N.gate_proj.weight, up_proj, down_proj: the published checkpoints, and what
+// transformers' save_pretrained writes back), or fused as transformers 5 holds them in memory
+// (mlp.experts.gate_up_proj [experts, 2 inter, hidden], mlp.experts.down_proj [experts, hidden, inter]).
+enum class ExpertLayout : uint8_t { PerExpert, Fused };
+
 // Every tensor of the family's checkpoint format, in the order transformers writes them.
-std::vector<HfTensor> hf_tensors(const ModelConfig& config, const DecoderParamIds& ids);
+std::vector<HfTensor> hf_tensors(const ModelConfig& config, const DecoderParamIds& ids,
+                                 ExpertLayout experts = ExpertLayout::PerExpert);
 
 // Loads all weights of `decoder` from a model directory (single or sharded safetensors). Missing or
 // mis-shaped tensors are errors naming the tensor and file; tensors the family does not use are

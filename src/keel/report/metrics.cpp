@@ -98,6 +98,7 @@ std::vector<MetricField> step_metric_fields(const StepMetrics& m) {
   }
   add_preference_fields(m.preference, "", fields);
   add_preference_fields(m.eval_preference, "eval_", fields);
+  if (m.aux_loss >= 0) fields.push_back({"aux_loss", m.aux_loss, F::Significant});
   return fields;
 }
 
@@ -120,6 +121,12 @@ std::string formatted(const MetricField& f) {
 void MetricsWriter::write(const StepMetrics& m) {
   std::string line = fmt::format("{{\"step\": {}", m.step);
   for (const MetricField& f : step_metric_fields(m)) line += fmt::format(", \"{}\": {}", f.name, formatted(f));
+  if (!m.expert_load.empty()) {  // a list, one per sparse layer: not a scalar field
+    line += ", \"expert_load_max_over_mean\": [";
+    for (size_t i = 0; i < m.expert_load.size(); ++i)
+      line += fmt::format("{}{:.4f}", i ? ", " : "", m.expert_load[i]);
+    line += "]";
+  }
   if (m.skipped) line += ", \"skipped\": true";
   line += "}\n";
   require(std::fputs(line.c_str(), file_) >= 0 && std::fflush(file_) == 0, "{}: write failed ({})", path_,

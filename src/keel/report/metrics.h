@@ -32,6 +32,11 @@ struct StepMetrics {
   bool skipped = false;                         // non-finite loss or gradient, step not applied
   PreferenceMetrics preference;                 // stage = "dpo": the step's
   PreferenceMetrics eval_preference;            // and the evaluation's, where it ran
+  // Mixture of experts: the load-balancing loss (the mean over the step's micro-batches; negative:
+  // no experts) and, per sparse layer, the most tokens any expert got over the mean per expert
+  // (1: perfectly balanced; experts / top_k: a router sending every token to the same experts).
+  double aux_loss = -1;
+  std::vector<double> expert_load;
 };
 
 // A number as JSON: 9 significant digits, null for NaN and infinity.

@@ -26,6 +26,7 @@ class RecordsSource final : public BatchSource {
     for (int64_t i = 0; i < o.micro_batches_per_step; ++i) {
       data::PackedMicroBatch mb;
       static_cast<data::MicroBatchData&>(mb) = data::make_micro_batch_buffers(o.batch_size, o.seq_len);
+      mb.segments.resize(size_t(o.batch_size * o.seq_len));  // where the padding is (not packed: one record a row)
       micro_.push_back(std::move(mb));
     }
     const uint64_t parts[3] = {checksum(records_.input_ids.data(), records_.input_ids.size() * sizeof(int32_t)),
@@ -39,7 +40,8 @@ class RecordsSource final : public BatchSource {
     const int64_t first = (step - 1) * samples_per_step();
     for (int64_t i = 0; i < o_.micro_batches_per_step; ++i) {
       const int64_t block = i * o_.ranks + o_.rank;
-      data::fill_micro_batch(records_, order_, first + block * o_.batch_size, o_.pad_id, micro_[i]);
+      data::fill_micro_batch(records_, order_, first + block * o_.batch_size, o_.pad_id, micro_[i],
+                             micro_[i].segments.data());
     }
     wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return micro_;

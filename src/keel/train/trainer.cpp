@@ -53,6 +53,22 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+// Mixture of experts: each sparse layer's busiest expert over the mean per expert in this step (on
+// this rank), so a router collapsing onto a few experts shows in metrics.jsonl.
+void record_expert_load(const model::Decoder& decoder, report::StepMetrics& m) {
+  const std::span<const double> load = decoder.expert_load();
+  const int64_t experts = decoder.config().moe.experts;
+  m.expert_load.clear();
+  for (size_t first = 0; experts > 0 && first < load.size(); first += size_t(experts)) {
+    double most = 0, sum = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      most = std::max(most, load[first + size_t(e)]);
+      sum += load[first + size_t(e)];
+    }
+    m.expert_load.push_back(sum > 0 ? most / (sum / double(experts)) : 0.0);
+  }
+}
+
 int64_t resolve_max_steps(const run::Recipe& r, int64_t records) {
   if (r.max_steps > 0) return r.max_steps;
   const int64_t per_step = r.batch_size * r.gradient_accumulation_steps;
@@ -674,6 +690,7 @@ class Trainer {
     else
       decoder_.trainable().begin_gradient_step();
     objective_->begin_step({in.target_tokens, in.tokens});
+    decoder_.clear_expert_load();
     double exposed_s = 0.0;
     for (size_t i = 0; i < micro.size(); ++i) {
       const auto& mb = micro[i];
@@ -683,6 +700,7 @@ class Trainer {
                               mb.targets.data(),
                               mb.positions.data(),
                               loader_->packed() ? mb.segments.data() : nullptr};
+      batch.documents = mb.segments.data();  // where padding is, packed or not (experts' balance loss)
       // LoRA dropout: masks from the seed, the step and the micro-batch's place in the global step
       // (i * ranks + rank), so a resume, or another number of ranks, draws the same ones.
       batch.dropout_key = dropout_subkey(splitmix64(uint64_t(r_.seed)), uint64_t(step) << 24 | (i * uint64_t(ranks) +
@@ -710,6 +728,7 @@ class Trainer {
       m.grad_norm = gradient_norm(decoder_.backend(), params);
     }
     m.loss = objective_->step_loss(loss_sum);
+    record_expert_load(decoder_, m);
     if (const std::span<double> sums = objective_->partial_metrics(); !sums.empty()) {
       if (comm_.size() > 1) comm_.allreduce_totals(sums.data(), int64_t(sums.size()));
       objective_->report(sums, m);

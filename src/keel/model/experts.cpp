@@ -1,0 +1,284 @@
+#include "keel/model/experts.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+#include <utility>
+
+#include "keel/core/threads.h"
+
+namespace keel::model {
+
+using kernels::Trans;
+
+namespace {
+
+// Row loops worth splitting over threads: above this many elements touched.
+constexpr int64_t kParallelElements = int64_t(1) << 15;
+
+// p[t] = softmax(p[t]) in place, fp32 as torch's softmax(dtype=float).
+void softmax_rows(float* p, int64_t rows, int64_t n) {
+  parallel_for(rows, rows * n >= kParallelElements, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* r = p + t * n;
+      const float most = *std::max_element(r, r + n);
+      float sum = 0;
+      for (int64_t e = 0; e < n; ++e) sum += r[e] = std::exp(r[e] - most);
+      for (int64_t e = 0; e < n; ++e) r[e] /= sum;
+    }
+  });
+}
+
+// Each token's top_k experts by descending probability (the lower index first among equals, as a
+// stable sort would; torch.topk leaves ties unspecified), and their weights.
+void choose_experts(const ExpertsShape& s, const RoutedActivations& a) {
+  const int64_t E = s.experts, k = s.top_k;
+  parallel_for(s.tokens, s.tokens * E * k >= kParallelElements, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* p = a.probs + t * E;
+      int32_t* chosen = a.choice + t * k;
+      float* w = a.weight + t * k;
+      for (int64_t j = 0; j < k; ++j) {
+        int32_t best = -1;
+        for (int64_t e = 0; e < E; ++e) {
+          if (std::find(chosen, chosen + j, int32_t(e)) != chosen + j) continue;
+          if (best < 0 || p[e] > p[best]) best = int32_t(e);
+        }
+        chosen[j] = best;
+        w[j] = p[best];
+      }
+      if (s.norm_topk_prob) {
+        float sum = 0;
+        for (int64_t j = 0; j < k; ++j) sum += w[j];
+        for (int64_t j = 0; j < k; ++j) w[j] /= sum;
+      }
+    }
+  });
+}
+
+// Sorts the routed rows by expert (counting sort; by token within an expert) and lists each
+// token's rows in ascending order, which is its experts' ascending order.
+void sort_rows(const ExpertsShape& s, const RoutedActivations& a) {
+  const int64_t E = s.experts, k = s.top_k, R = s.routed();
+  int32_t* begin = a.expert_rows;
+  std::fill_n(begin, E + 1, 0);
+  for (int64_t i = 0; i < R; ++i) ++begin[a.choice[i] + 1];
+  for (int64_t e = 0; e < E; ++e) begin[e + 1] += begin[e];
+  // begin[e] serves as expert e's cursor, ending at its successor's start; shifted back after.
+  for (int64_t i = 0; i < R; ++i) {
+    const int32_t row = begin[a.choice[i]]++;
+    a.row_slot[row] = int32_t(i);
+    a.token_rows[i] = row;
+  }
+  for (int64_t e = E; e > 0; --e) begin[e] = begin[e - 1];
+  begin[0] = 0;
+  for (int64_t t = 0; t < s.tokens; ++t) std::sort(a.token_rows + t * k, a.token_rows + (t + 1) * k);
+}
+
+// Expert e's rows [r0, r0 + n): C = A_rows op(W_e) for each expert holding rows.
+template <typename F>
+void for_each_expert(const RoutedActivations& a, int64_t experts, F&& f) {
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t r0 = a.expert_rows[e], n = a.expert_rows[e + 1] - r0;
+    f(e, r0, n);
+  }
+}
+
+// f(first, count) over [0, n) in power-of-two pieces, largest first (experts.h says why).
+template <typename F>
+void for_each_piece(int64_t n, F&& f) {
+  int64_t first = 0;
+  for (int64_t bit = int64_t(1) << 62; bit > 0; bit >>= 1)
+    if (n & bit) {
+      f(first, bit);
+      first += bit;
+    }
+}
+
+// The products over a block of rows, each cut into its pieces. Rows of the output (row_product):
+// C[rows] = A[rows] op(W) for m = rows, as packed_gemm(ta, tb, rows, n, k) lays them out. Sums
+// over the rows (row_sum: a weight gradient, C [m, n] = A[rows]^T B[rows], k = rows): the pieces
+// add into C after the first writes with `beta`.
+void row_product(kernels::Backend& backend, Trans tb, int64_t rows, int64_t n, int64_t k, const float* a,
+                 const float* w, float* c) {
+  for_each_piece(rows, [&](int64_t first, int64_t count) {
+    backend.gemm(kernels::packed_gemm(Trans::N, tb, count, n, k), a + first * k, w, c + first * n, 0.0f);
+  });
+}
+void row_sum(kernels::Backend& backend, int64_t m, int64_t n, int64_t rows, const float* a, const float* b, float* c,
+             float beta) {
+  for_each_piece(rows, [&](int64_t first, int64_t count) {
+    backend.gemm(kernels::packed_gemm(Trans::T, Trans::N, m, n, count), a + first * m, b + first * n, c,
+                 first == 0 ? beta : 1.0f);
+  });
+}
+
+}  // namespace
+
+void prepare_experts(kernels::Backend& backend, const ExpertsShape& s) {
+  const int64_t H = s.hidden, I = s.inter;
+  for (int64_t rows = 1; rows <= s.routed(); rows *= 2) {
+    for (const auto& [tb, n, k] : {std::tuple{Trans::T, 2 * I, H}, std::tuple{Trans::T, H, I},
+                                   std::tuple{Trans::N, I, H}, std::tuple{Trans::N, H, 2 * I}})
+      backend.prepare_gemm(kernels::packed_gemm(Trans::N, tb, rows, n, k), false, 0.0f);
+    for (const auto& [m, n] : {std::pair{H, I}, std::pair{2 * I, H}})
+      for (float beta : {0.0f, 1.0f})
+        backend.prepare_gemm(kernels::packed_gemm(Trans::T, Trans::N, m, n, rows), false, beta);
+  }
+}
+
+ExpertsShape experts_shape(const ModelConfig& c, int64_t tokens) {
+  return {tokens, c.hidden_size, c.moe.experts, c.moe.experts_per_token, c.moe.intermediate_size, c.moe.norm_topk_prob};
+}
+
+void RouterBalance::clear(int64_t experts) {
+  std::fill_n(tokens, experts, 0.0);
+  std::fill_n(probs, experts, 0.0);
+  std::fill_n(grad, experts, 0.0);
+  rows = 0;
+}
+
+double RouterBalance::finish(int64_t experts, double weight) {
+  if (rows <= 0) {  // every token padding: transformers' 0 / 0 is NaN; keel adds nothing
+    std::fill_n(grad, experts, 0.0);
+    return 0.0;
+  }
+  double aux = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    aux += (tokens[e] / rows) * (probs[e] / rows);
+    grad[e] = weight * double(experts) * tokens[e] / (rows * rows);
+  }
+  return aux * double(experts);
+}
+
+void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const ExpertsWeights& w,
+                     const RoutedActivations& a, const float* residual, float* y, const float* mask,
+                     RouterBalance* balance) {
+  const int64_t N = s.tokens, H = s.hidden, E = s.experts, k = s.top_k, I = s.inter, R = s.routed();
+  // p = softmax(x W_r^T)
+  backend.gemm(kernels::packed_gemm(Trans::N, Trans::T, N, E, H), x, w.router, a.probs, 0.0f);
+  softmax_rows(a.probs, N, E);
+  choose_experts(s, a);
+  sort_rows(s, a);
+  if (balance) {
+    for (int64_t t = 0; t < N; ++t) {
+      const double m = mask ? mask[t] : 1.0;
+      if (m == 0) continue;
+      for (int64_t j = 0; j < k; ++j) balance->tokens[a.choice[t * k + j]] += m;
+      for (int64_t e = 0; e < E; ++e) balance->probs[e] += m * a.probs[t * E + e];
+    }
+  }
+  // Each row's input, then every expert's rows through its gate/up, the activation over all rows
+  // at once, and its down projection.
+  parallel_for(R, R * H >= kParallelElements, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) std::copy_n(x + (a.row_slot[r] / k) * H, H, a.in + r * H);
+  });
+  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+    row_product(backend, Trans::T, n, 2 * I, H, a.in + r0 * H, w.gate_up + e * 2 * I * H, a.gate_up + r0 * 2 * I);
+  });
+  backend.glu_forward(kernels::GluActivation::Silu, a.gate_up, R, I, a.act, nullptr);
+  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+    row_product(backend, Trans::T, n, H, I, a.act + r0 * I, w.down + e * H * I, a.out + r0 * H);
+  });
+  if (!y) return;
+  // y[t] = residual[t] + sum over its rows (ascending expert) of w * out
+  parallel_for(N, N * H * k >= kParallelElements, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* yt = y + t * H;
+      const int32_t* rows = a.token_rows + t * k;
+      for (int64_t i = 0; i < H; ++i) {
+        float sum = 0;
+        for (int64_t j = 0; j < k; ++j) sum += a.weight[a.row_slot[rows[j]]] * a.out[rows[j] * H + i];
+        yt[i] = residual[t * H + i] + sum;
+      }
+    }
+  });
+}
+
+void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const ExpertsWeights& w,
+                      const RoutedActivations& a, const float* dy, const ExpertsScratch& d,
+                      const RouterBalance* balance, const float* mask, const ExpertsGrads& g, float* dx) {
+  const int64_t N = s.tokens, H = s.hidden, E = s.experts, k = s.top_k, I = s.inter, R = s.routed();
+  // Row r serves slot (t, j): d w[t, j] = dy[t] . out[r], and its output gradient is w[t, j] dy[t].
+  parallel_for(R, R * H >= kParallelElements, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t slot = a.row_slot[r], t = slot / k;
+      const float* dyt = dy + t * H;
+      const float* out = a.out + r * H;
+      const float wt = a.weight[slot];
+      float* drow = d.rows + r * H;
+      double dot = 0;
+      for (int64_t i = 0; i < H; ++i) {
+        dot += double(dyt[i]) * out[i];
+        drow[i] = wt * dyt[i];
+      }
+      d.slot_grad[slot] = float(dot);
+    }
+  });
+  // An expert no row reached gets a zero gradient where this write overwrites.
+  auto zero_unrouted = [&](float* grad, float beta, int64_t per_expert) {
+    if (beta != 0) return;
+    for_each_expert(a, E, [&](int64_t e, int64_t, int64_t n) {
+      if (n == 0) std::fill_n(grad + e * per_expert, per_expert, 0.0f);
+    });
+  };
+  // down: d act = d rows W_d[e];  dW_d[e] (+)= d rows^T act
+  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+    row_product(backend, Trans::N, n, I, H, d.rows + r0 * H, w.down + e * H * I, d.act + r0 * I);
+    if (g.down) row_sum(backend, H, I, n, d.rows + r0 * H, a.act + r0 * I, g.down + e * H * I, g.down_beta);
+  });
+  if (g.down) zero_unrouted(g.down, g.down_beta, H * I);
+  backend.glu_backward(kernels::GluActivation::Silu, a.gate_up, d.act, R, I, d.gate_up, nullptr);
+  // gate/up: d in = d gate_up W_gu[e] (into d.rows, read above);  dW_gu[e] (+)= d gate_up^T in
+  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+    row_product(backend, Trans::N, n, H, 2 * I, d.gate_up + r0 * 2 * I, w.gate_up + e * 2 * I * H, d.rows + r0 * H);
+    if (g.gate_up)
+      row_sum(backend, 2 * I, H, n, d.gate_up + r0 * 2 * I, a.in + r0 * H, g.gate_up + e * 2 * I * H, g.gate_up_beta);
+  });
+  if (g.gate_up) zero_unrouted(g.gate_up, g.gate_up_beta, 2 * I * H);
+  // dx[t] = sum of its rows' input gradients
+  parallel_for(N, N * H * k >= kParallelElements, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int32_t* rows = a.token_rows + t * k;
+      float* dxt = dx + t * H;
+      for (int64_t i = 0; i < H; ++i) {
+        float sum = 0;
+        for (int64_t j = 0; j < k; ++j) sum += d.rows[rows[j] * H + i];
+        dxt[i] = sum;
+      }
+    }
+  });
+  // The router: d p from the slots' weights (through the renormalisation w_j = p_j / sum_i p_i:
+  // d p_j = (d w_j - sum_i d w_i w_i) / sum_i p_i) and from the load-balancing loss, then through
+  // the softmax: d logit = p (d p - sum_e p_e d p_e).
+  parallel_for(N, N * E >= kParallelElements, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* p = a.probs + t * E;
+      float* dl = d.logits + t * E;
+      const float* dw = d.slot_grad + t * k;
+      const float* wt = a.weight + t * k;
+      const int32_t* chosen = a.choice + t * k;
+      const double m = mask ? mask[t] : 1.0;
+      for (int64_t e = 0; e < E; ++e) dl[e] = balance && m != 0 ? float(balance->grad[e] * m) : 0.0f;
+      if (s.norm_topk_prob) {
+        double sum_p = 0, dot = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          sum_p += p[chosen[j]];
+          dot += double(dw[j]) * wt[j];
+        }
+        for (int64_t j = 0; j < k; ++j) dl[chosen[j]] += float((dw[j] - dot) / sum_p);
+      } else {
+        for (int64_t j = 0; j < k; ++j) dl[chosen[j]] += dw[j];
+      }
+      double pdp = 0;
+      for (int64_t e = 0; e < E; ++e) pdp += double(p[e]) * dl[e];
+      for (int64_t e = 0; e < E; ++e) dl[e] = float(p[e] * (dl[e] - pdp));
+    }
+  });
+  // dW_r (+)= d logits^T x;  dx += d logits W_r
+  if (g.router)
+    backend.gemm(kernels::packed_gemm(Trans::T, Trans::N, E, H, N), d.logits, x, g.router, g.router_beta);
+  backend.gemm(kernels::packed_gemm(Trans::N, Trans::N, N, H, E), d.logits, w.router, dx, 1.0f);
+}
+
+}  // namespace keel::model

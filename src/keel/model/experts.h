@@ -1,0 +1,112 @@
+// The mixture-of-experts MLP of a sparse layer (Qwen3-MoE; Shazeer et al. 2017, "Outrageously
+// Large Neural Networks"; Fedus et al. 2021, "Switch Transformers"), as transformers computes it:
+//   p[t] = softmax(x[t] W_r^T)                          router probabilities over the experts
+//   S(t) = the top_k experts of p[t]                      (descending, as torch.topk)
+//   w[t, j] = p[t, S_j]            (/ sum_j p[t, S_j] with norm_topk_prob)
+//   y[t] = residual[t] + sum_j w[t, j] down_e(silu(gate_e x[t]) * up_e x[t]),   e = S_j(t)
+// run as grouped products: a token's top_k (token, expert) pairs are its routed rows, and the rows
+// of all tokens are sorted by expert (counting sort, by token within an expert), so each expert's
+// rows are one contiguous block, and its gate/up and its down projections run over the block
+// through the kernels Backend. There is no loop over tokens around a product, and an expert no
+// token chose runs nothing. The routed rows of a micro-batch always number tokens x top_k, however
+// routing falls, so each buffer below is planned once at that size (decoder_plan.cpp).
+//
+// A block of n rows runs as one product per set bit of n (its power-of-two pieces, largest first):
+// the backend builds a plan per product shape on first use, which allocates (oneDNN primitives),
+// and an expert's row count changes every step; powers of two bound the shapes to log2(tokens x
+// top_k) + 1 per product, all prepared with the decoder (prepare_experts), so the steady step
+// allocates nothing. Each piece is a full-speed GEMM on its rows; the weight gradients sum the
+// pieces (beta 1 after the first).
+//
+// The load-balancing loss (transformers' load_balancing_loss_func) over a micro-batch's sparse
+// layers, counting only tokens that are not padding (its attention_mask):
+//   f_e = (sum over layers and tokens of [e in S(t)]) / T,  P_e = (sum over layers and tokens of p[t, e]) / T
+//   aux = experts * sum_e f_e P_e,   T = sparse layers x tokens
+// Only P carries a gradient (top-k is not differentiable): d aux / d p[t, e] = experts f_e / T.
+#pragma once
+#include <cstdint>
+
+#include "keel/kernels/backend.h"
+#include "keel/model/config.h"
+
+namespace keel::model {
+
+struct ExpertsShape {
+  int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0, inter = 0;  // inter: moe_intermediate_size
+  bool norm_topk_prob = false;
+  int64_t routed() const { return tokens * top_k; }  // rows through the experts
+};
+ExpertsShape experts_shape(const ModelConfig& c, int64_t tokens);
+
+// A sparse layer's weights, as keel stores them: the router [experts, hidden], every expert's
+// fused gate/up [experts * 2 inter, hidden] (expert e's gate rows, then its up rows: transformers'
+// in-memory gate_up_proj [experts, 2 inter, hidden]) and down [experts * hidden, inter].
+struct ExpertsWeights {
+  const float *router = nullptr, *gate_up = nullptr, *down = nullptr;
+};
+// Their gradients, each overwritten (beta 0: the step's first write) or added to (beta 1).
+struct ExpertsGrads {
+  float *router = nullptr, *gate_up = nullptr, *down = nullptr;
+  float router_beta = 1, gate_up_beta = 1, down_beta = 1;
+};
+
+// What the forward pass keeps for the backward pass (plan sizes in experts_buffer_elements).
+struct RoutedActivations {
+  float* probs = nullptr;          // [tokens, experts] the router's softmax
+  int32_t* choice = nullptr;       // [tokens, top_k] each slot's expert, by descending probability
+  float* weight = nullptr;         // [tokens, top_k] each slot's weight w
+  int32_t* expert_rows = nullptr;  // [experts + 1] expert e's routed rows are [expert_rows[e], expert_rows[e + 1])
+  int32_t* row_slot = nullptr;     // [routed] the slot (t * top_k + j) each routed row serves
+  int32_t* token_rows = nullptr;   // [routed] token t's rows at [t * top_k, (t + 1) * top_k), ascending (expert order)
+  float* in = nullptr;             // [routed, hidden] each row's input x[t]
+  float* gate_up = nullptr;        // [routed, 2 inter]
+  float* act = nullptr;            // [routed, inter]
+  float* out = nullptr;            // [routed, hidden] each row's expert output, before its weight
+};
+
+// The backward pass's scratch, shared by every sparse layer.
+struct ExpertsScratch {
+  float* rows = nullptr;      // [routed, hidden] the rows' output gradients, then their input gradients
+  float* act = nullptr;       // [routed, inter]
+  float* gate_up = nullptr;   // [routed, 2 inter]
+  float* logits = nullptr;    // [tokens, experts] the router's probability, then logit, gradients
+  float* slot_grad = nullptr; // [tokens, top_k] d loss / d w
+};
+
+// The micro-batch's load-balancing sums over its sparse layers (counted where mask is 1), and the
+// gradient coefficients they give each expert. Buffers of `experts` doubles each, planned.
+struct RouterBalance {
+  double* tokens = nullptr;  // sum of [e in S(t)]
+  double* probs = nullptr;   // sum of p[t, e]
+  double* grad = nullptr;    // d (weight * aux) / d p[t, e] for a token not masked out
+  double rows = 0;           // T: the masked tokens once per sparse layer (set by the caller)
+  void clear(int64_t experts);
+  // aux, and `grad` for a loss that adds weight * aux (weight 0: no gradient).
+  double finish(int64_t experts, double weight);
+};
+
+// Routes x [tokens, hidden] and runs the experts: y[t] = residual[t] + the weighted sum of its
+// experts' outputs (summed in ascending expert order, as transformers' index_add_ loop adds them).
+// y null: only the intermediates (gradient checkpointing's recomputation). balance (may be null)
+// gathers the layer's load-balancing sums over the tokens whose mask is 1 (null mask: all).
+void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const ExpertsWeights& w,
+                     const RoutedActivations& a, const float* residual, float* y, const float* mask,
+                     RouterBalance* balance);
+
+// From dy [tokens, hidden] (the gradient of y): dx [tokens, hidden] (overwritten) and the weights'
+// gradients, the router's included, with the load-balancing loss's part (balance->grad, weighted
+// by mask; balance null: none).
+void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const ExpertsWeights& w,
+                      const RoutedActivations& a, const float* dy, const ExpertsScratch& scratch,
+                      const RouterBalance* balance, const float* mask, const ExpertsGrads& g, float* dx);
+
+// Builds the backend's plans of every product shape experts_forward and experts_backward can meet
+// for micro-batches of up to `tokens` tokens.
+void prepare_experts(kernels::Backend& backend, const ExpertsShape& s);
+
+// Tokens routed to each expert in a routed layer (expert_rows' differences): for the load report.
+inline int64_t expert_tokens(const RoutedActivations& a, int64_t expert) {
+  return int64_t(a.expert_rows[expert + 1]) - a.expert_rows[expert];
+}
+
+}  // namespace keel::model
