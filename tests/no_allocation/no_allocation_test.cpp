@@ -369,7 +369,19 @@ model::ModelConfig small_model(const char* family) {
   m.num_kv_heads = 2;
   const std::string f = family;
   if (f == "mistral" || f == "gemma2" || f == "gemma3") m.sliding_window = 7;  // inside the shortest sequence
-  return run::scratch_model_config(m);
+  if (f != "qwen3_moe") return run::scratch_model_config(m);
+  // Qwen3-MoE: Qwen3's attention, layer 0's MLP 6 experts (top 2), layer 1's dense.
+  m.family = "qwen3";
+  model::ModelConfig c = run::scratch_model_config(m);
+  c.family = model::Family::Qwen3Moe;
+  model::apply_family_traits(c);
+  c.moe.experts = 6;
+  c.moe.experts_per_token = 2;
+  c.moe.intermediate_size = 32;
+  c.moe.sparse_layers = {true, false};
+  c.moe.output_router_logits = true;
+  model::validate(c, "no_allocation test");
+  return c;
 }
 
 AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
@@ -436,6 +448,8 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"mistral", model::Precision::BF16, false},
                       StepCase{"gemma2", model::Precision::BF16, true},
                       StepCase{"gemma3", model::Precision::F32, false},
+                      StepCase{"qwen3_moe", model::Precision::F32, false},
+                      StepCase{"qwen3_moe", model::Precision::F32, true},
                       StepCase{"llama", model::Precision::BF16, false, 32, false, true},
                       StepCase{"glm", model::Precision::F32, true, 32, false, true},
                       StepCase{"llama", model::Precision::BF16, true, 32, false, true, true},

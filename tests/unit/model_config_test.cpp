@@ -62,6 +62,13 @@ void expect_same_model(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.torch_dtype, b.torch_dtype);
   EXPECT_EQ(a.eos_token_ids, b.eos_token_ids);
   EXPECT_EQ(a.bos_token_id, b.bos_token_id);
+  EXPECT_EQ(a.moe.experts, b.moe.experts);
+  EXPECT_EQ(a.moe.experts_per_token, b.moe.experts_per_token);
+  EXPECT_EQ(a.moe.intermediate_size, b.moe.intermediate_size);
+  EXPECT_EQ(a.moe.norm_topk_prob, b.moe.norm_topk_prob);
+  EXPECT_EQ(a.moe.sparse_layers, b.moe.sparse_layers);
+  EXPECT_EQ(a.moe.router_aux_loss_coef, b.moe.router_aux_loss_coef);
+  EXPECT_EQ(a.moe.output_router_logits, b.moe.output_router_logits);
   EXPECT_EQ(a.pad_token_id, b.pad_token_id);
 }
 
@@ -128,6 +135,63 @@ const char* kMistral_7b = R"({
   "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "sliding_window": 4096, "tie_word_embeddings": false,
   "torch_dtype": "bfloat16", "transformers_version": "4.34.0.dev0", "use_cache": true, "vocab_size": 32000
 })";
+
+// Qwen/Qwen3-30B-A3B
+const char* kQwen3_30b_a3b = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144, "max_position_embeddings": 40960,
+  "max_window_layers": 48, "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+  "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128, "num_experts_per_tok": 8,
+  "num_hidden_layers": 48, "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936
+})";
+
+TEST(ModelConfig, Qwen3MoeAsQwen3MoeConfigReadsIt) {
+  ModelConfig c = parse(kQwen3_30b_a3b);
+  EXPECT_EQ(c.family, Family::Qwen3Moe);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.moe.experts, 128);
+  EXPECT_EQ(c.moe.experts_per_token, 8);
+  EXPECT_EQ(c.moe.intermediate_size, 768);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.moe.sparse_layers, std::vector<bool>(48, true));
+  EXPECT_EQ(c.aux_loss_weight(), 0.0);  // output_router_logits false: the loss is not added
+  EXPECT_EQ(c.total_parameters(), 30532122624);  // transformers' Qwen3MoeForCausalLM of this config
+  // decoder_sparse_step and mlp_only_layers as Qwen3MoeDecoderLayer reads them (sparse where
+  // (layer + 1) % step == 0 and not listed): 4 layers, step 2, layer 3 listed -> only layer 1.
+  std::string mixed = kQwen3_30b_a3b;
+  mixed.replace(mixed.find(R"("decoder_sparse_step": 1)"), 24, R"("decoder_sparse_step": 2)");
+  mixed.replace(mixed.find(R"("mlp_only_layers": [])"), 21, R"("mlp_only_layers": [3])");
+  mixed.replace(mixed.find(R"("num_hidden_layers": 48)"), 23, R"("num_hidden_layers": 4)");
+  mixed.replace(mixed.find(R"("output_router_logits": false)"), 29, R"("output_router_logits": true)");
+  ModelConfig m = parse(mixed);
+  EXPECT_EQ(m.moe.sparse_layers, (std::vector<bool>{false, true, false, false}));
+  EXPECT_EQ(m.aux_loss_weight(), 0.001);
+  // The defaults of Qwen3MoeConfig where the keys are absent.
+  std::string bare = kQwen3_30b_a3b;
+  for (const char* key : {R"("num_experts": 128, )", R"("num_experts_per_tok": 8,)", R"("norm_topk_prob": true, )"}) {
+    bare.replace(bare.find(key), std::string(key).size(), "");
+  }
+  ModelConfig d = parse(bare);
+  EXPECT_EQ(d.moe.experts, 128);
+  EXPECT_EQ(d.moe.experts_per_token, 8);
+  EXPECT_FALSE(d.moe.norm_topk_prob);
+  auto with = [&](const char* from, const char* to) {
+    std::string s = kQwen3_30b_a3b;
+    return s.replace(s.find(from), std::string(from).size(), to);
+  };
+  expect_parse_error(with(R"("num_experts_per_tok": 8)", R"("num_experts_per_tok": 129)"),
+                     {"num_experts_per_tok", "from 1 to num_experts (128)", "129"});
+  expect_parse_error(with(R"("mlp_only_layers": [])", R"("mlp_only_layers": [48])"),
+                     {"'mlp_only_layers'", "layer indices"});
+  expect_parse_error(with(R"("router_aux_loss_coef": 0.001)", R"("router_aux_loss_coef": -1)"),
+                     {"'router_aux_loss_coef'", "non-negative"});
+  expect_parse_error(with(R"("use_sliding_window": false)", R"("use_sliding_window": true)"),
+                     {"'use_sliding_window'", "Qwen3MoeForCausalLM"});
+}
 
 TEST(ModelConfig, Qwen3HasHeadNormsAndItsOwnHeadDim) {
   ModelConfig c = parse(kQwen3_06b);
@@ -564,12 +628,12 @@ TEST(ModelConfigErrors, ValidateCodeBuiltConfigs) {
 
 TEST(ModelConfig, FamilyNames) {
   for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral,
-                   Family::Gemma2, Family::Gemma3}) {
+                   Family::Gemma2, Family::Gemma3, Family::Qwen3Moe}) {
     EXPECT_EQ(family_from_name(family_name(f)), f);
   }
   EXPECT_EQ(family_name(Family::GlmOriginal), "glm_original");
   expect_error([] { family_from_name("phi3"); },
-               {"phi3", "llama, qwen2, glm, glm_original, qwen3, mistral, gemma2, gemma3"});
+               {"phi3", "llama, qwen2, glm, glm_original, qwen3, mistral, gemma2, gemma3, qwen3_moe"});
 }
 
 ModelConfig small_config(Family family) {
@@ -612,6 +676,16 @@ ModelConfig small_config(Family family) {
       c.sliding_window = 7;
       c.sliding_layers = {true, true, true};
       break;
+    case Family::Qwen3Moe:
+      c.qk_norm = true;
+      c.moe.experts = 6;
+      c.moe.experts_per_token = 2;
+      c.moe.intermediate_size = 40;
+      c.moe.norm_topk_prob = true;
+      c.moe.sparse_layers = {true, false, true};
+      c.moe.router_aux_loss_coef = 0.015625;
+      c.moe.output_router_logits = true;
+      break;
     case Family::Gemma2:
     case Family::Gemma3: {
       ModelConfig traits = c;
@@ -637,7 +711,7 @@ ModelConfig small_config(Family family) {
 
 TEST(ModelConfigExport, GeneratedJsonParsesBackEqual) {
   for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral,
-                   Family::Gemma2, Family::Gemma3}) {
+                   Family::Gemma2, Family::Gemma3, Family::Qwen3Moe}) {
     SCOPED_TRACE(family_name(f));
     ModelConfig c = small_config(f);
     validate(c, "test");

@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""Reference test: keel's mixture-of-experts fine-tuning against transformers' own class.
+
+    $(scripts/python-env.sh) tests/reference/moe_reference.py --keel PATH_TO_KEEL --work WORKDIR \
+        [--norm-topk-prob {true,false}] [--layout {per_expert,fused}] [--backend {cpu,reference}]
+        [--gradient-checkpointing]
+
+A tiny Qwen3MoeForCausalLM (8 experts, top-2, layer 1 dense through mlp_only_layers, the
+load-balancing loss on with router_aux_loss_coef 0.05) is written to WORKDIR/model with its
+experts one tensor per expert and projection (per_expert: the published checkpoints' layout, and
+what transformers' save_pretrained writes, which this script checks) or fused as transformers 5
+holds them in memory (fused: mlp.experts.gate_up_proj / down_proj). keel trains it for 3 steps with
+gradient accumulation, clipping, weight decay and a cosine schedule (train_reference.py's recipe);
+the same training runs in PyTorch as Hugging Face's Trainer runs it for this model:
+
+  - each micro-batch's loss is the token losses' sum over the step's target tokens
+    (num_items_in_batch) plus router_aux_loss_coef x the micro-batch's load-balancing loss, which
+    the model computes from every sparse layer's router logits with the batch's attention_mask
+    (1 on the records' tokens, 0 on the padding: the collator's mask), and which the Trainer does
+    not divide by the accumulation steps (the model takes loss kwargs);
+  - the loss logged for the step is the sum over its micro-batches of those losses.
+
+Compared per step: the loss (aux included), aux_loss (the mean of the micro-batches' load-balancing
+losses), grad_norm and lr, within 1e-5; every final tensor within 1e-5 of torch's (its update
+within 1e-2), each expert's by name. keel's exported directory is then read by
+Qwen3MoeForCausalLM.from_pretrained, which must give the same tensors.
+"""
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch  # noqa: E402
+
+import hf_models as hf  # noqa: E402
+import train_reference as tr  # noqa: E402
+import transformers  # noqa: E402
+
+AUX_COEF = 0.05  # above Qwen3's 0.001, so that a wrong load-balancing gradient shows at 1e-5
+EXPERTS, TOP_K, MOE_INTER = 8, 2, 32
+ROUTER_STD = 0.5  # decisive routing: no near-ties between the k-th and (k+1)-th expert
+
+
+def make_config(norm_topk_prob):
+    return {
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "max_position_embeddings": 64, "tie_word_embeddings": False,
+        "hidden_act": "silu", "torch_dtype": "float32", "attention_bias": False, "use_sliding_window": False,
+        "num_experts": EXPERTS, "num_experts_per_tok": TOP_K, "moe_intermediate_size": MOE_INTER,
+        "norm_topk_prob": norm_topk_prob, "decoder_sparse_step": 1, "mlp_only_layers": [1],
+        "output_router_logits": True, "router_aux_loss_coef": AUX_COEF,
+        "bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 3,
+    }
+
+
+def build_model(cfg, tensors=None):
+    """transformers' Qwen3MoeForCausalLM (sdpa attention), weights from {in-memory name: tensor}."""
+    kw = {k: v for k, v in cfg.items() if k not in ("torch_dtype", "model_type")}
+    config = transformers.Qwen3MoeConfig(**kw)
+    config._attn_implementation = "sdpa"
+    model = transformers.Qwen3MoeForCausalLM(config).to(torch.float32)
+    model.eval()  # no dropout (none configured); training mode does not change the math
+    if tensors is not None:
+        params = dict(model.named_parameters())
+        if set(params) != set(tensors):
+            raise ValueError("tensors do not match the model: missing %s, unexpected %s"
+                             % (sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))))
+        with torch.no_grad():
+            for n, p in params.items():
+                p.copy_(tensors[n])
+    return model
+
+
+def random_tensors(model, seed):
+    """Deterministic weights in the model's own (fused) names: matrices N(0, 0.02) (q/k 0.15, the
+    router ROUTER_STD, the LM head 0.1), the embedding N(0, 0.5), norms 1 + N(0, 0.1)."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for n, p in sorted(model.named_parameters()):
+        std = (0.5 if "embed" in n else 0.1 if n == "lm_head.weight" else ROUTER_STD if n.endswith("mlp.gate.weight")
+               else 0.15 if ("q_proj" in n or "k_proj" in n) else 0.1 if "norm" in n else 0.02)
+        t = torch.randn(*p.shape, generator=gen) * std
+        out[n] = 1.0 + t if "norm" in n else t
+    return out
+
+
+def per_expert(tensors):
+    """The published checkpoints' names: mlp.experts.gate_up_proj [E, 2I, H] -> mlp.experts.N.gate_proj /
+    up_proj [I, H], mlp.experts.down_proj [E, H, I] -> mlp.experts.N.down_proj."""
+    out = {}
+    for n, t in tensors.items():
+        if n.endswith("mlp.experts.gate_up_proj"):
+            pre = n[:-len("gate_up_proj")]
+            for e in range(t.shape[0]):
+                gate, up = t[e].chunk(2, dim=0)
+                out["%s%d.gate_proj.weight" % (pre, e)] = gate.clone()
+                out["%s%d.up_proj.weight" % (pre, e)] = up.clone()
+        elif n.endswith("mlp.experts.down_proj"):
+            pre = n[:-len("down_proj")]
+            for e in range(t.shape[0]):
+                out["%s%d.down_proj.weight" % (pre, e)] = t[e].clone()
+        else:
+            out[n] = t
+    return out
+
+
+def check_save_pretrained_layout(model, failures):
+    """What transformers' save_pretrained writes for this class (the layout keel exports)."""
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d, safe_serialization=True)
+        names = set(hf.load_checkpoint(d))
+    expected = set(per_expert({n: p for n, p in model.state_dict().items()}))
+    if names != expected:
+        failures.append("transformers %s save_pretrained wrote %s, not the per-expert layout this test assumes "
+                        "(differences: %s)" % (transformers.__version__, sorted(names)[:6],
+                                               sorted(names ^ expected)[:6]))
+    else:
+        print("transformers %s save_pretrained writes the per-expert layout (%d tensors)"
+              % (transformers.__version__, len(names)))
+
+
+def attention_masks(records):
+    """The collator's attention_mask of each micro-batch: 1 on a record's tokens, 0 on the padding."""
+    masks = []
+    for k in range(len(records) // tr.BATCH_SIZE):
+        rows = []
+        for rec in records[k * tr.BATCH_SIZE:(k + 1) * tr.BATCH_SIZE]:
+            n = min(len(rec["input_ids"]), tr.MAX_SEQ_LEN)
+            rows.append([1] * n + [0] * (tr.MAX_SEQ_LEN - n))
+        masks.append(torch.tensor(rows, dtype=torch.long))
+    return masks
+
+
+def torch_train(cfg, init, records, pdtype=torch.float32):
+    """Hugging Face Trainer semantics for Qwen3MoeForCausalLM (see the module docstring)."""
+    model = build_model(cfg, init).to(pdtype)
+    no_decay = hf.no_decay_parameter_names(model)
+    named = [(n, p) for n, p in model.named_parameters()]
+    groups = [
+        {"params": [p for n, p in named if n not in no_decay], "weight_decay": tr.WEIGHT_DECAY},
+        {"params": [p for n, p in named if n in no_decay], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=tr.LEARNING_RATE, betas=(tr.ADAM_BETA1, tr.ADAM_BETA2), eps=tr.ADAM_EPS)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, tr.lr_lambda)
+    mbs = tr.micro_batches(records, cfg["pad_token_id"])  # keel pads with the model's pad id
+    masks = attention_masks(records)
+    steps = []
+    for step in range(tr.MAX_STEPS):
+        chunk = range(step * tr.GRAD_ACCUM, (step + 1) * tr.GRAD_ACCUM)
+        n_tokens = sum(int((mbs[i][1][:, 1:] != tr.IGNORE).sum()) for i in chunk)
+        opt.zero_grad(set_to_none=True)
+        loss_logged, aux_sum = 0.0, 0.0
+        for i in chunk:
+            ids, labels = mbs[i]
+            out = model(input_ids=ids, attention_mask=masks[i], use_cache=False, output_router_logits=True)
+            loss_sum, _ = hf.causal_lm_loss_sum(out.logits.to(pdtype), labels)
+            loss = loss_sum / n_tokens + AUX_COEF * out.aux_loss
+            loss.backward()
+            loss_logged += float(loss.detach())
+            aux_sum += float(out.aux_loss.detach())
+        lr = opt.param_groups[0]["lr"]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_([p for _, p in named], tr.MAX_GRAD_NORM))
+        opt.step()
+        sched.step()
+        steps.append({"step": step + 1, "loss": loss_logged, "aux_loss": aux_sum / tr.GRAD_ACCUM, "lr": lr,
+                      "grad_norm": grad_norm})
+    return steps, {n: p.detach().to(torch.float32).clone() for n, p in model.named_parameters()}
+
+
+def write_inputs(work, cfg, init, layout, backend, checkpointing):
+    for d in ("model", "out"):
+        shutil.rmtree(os.path.join(work, d), ignore_errors=True)
+    os.makedirs(work, exist_ok=True)
+    tensors = per_expert(init) if layout == "per_expert" else init
+    hf.save_checkpoint(os.path.join(work, "model"), cfg, tensors, shards=2)
+    records = tr.make_records(cfg["vocab_size"], hf.special_ids(cfg))
+    data_path = os.path.join(work, "train.jsonl")
+    with open(data_path, "w") as f:
+        for rec in records:
+            f.write(json.dumps(rec) + "\n")
+    recipe = "\n".join([
+        "# keel MoE reference test recipe (written by tests/reference/moe_reference.py)",
+        "model_name = %s" % tr.toml_str(os.path.join(work, "model")),
+        'dtype = "fp32"',
+        "data_path = %s" % tr.toml_str(data_path),
+        "max_seq_len = %d" % tr.MAX_SEQ_LEN,
+        "batch_size = %d" % tr.BATCH_SIZE,
+        "gradient_accumulation_steps = %d" % tr.GRAD_ACCUM,
+        "learning_rate = %r" % tr.LEARNING_RATE,
+        "weight_decay = %r" % tr.WEIGHT_DECAY,
+        "max_steps = %d" % tr.MAX_STEPS,
+        "warmup_steps = %d" % tr.WARMUP_STEPS,
+        'lr_scheduler = "cosine"',
+        "adam_beta1 = %r" % tr.ADAM_BETA1,
+        "adam_beta2 = %r" % tr.ADAM_BETA2,
+        "adam_epsilon = %r" % tr.ADAM_EPS,
+        "max_grad_norm = %r" % tr.MAX_GRAD_NORM,
+        "seed = %d" % tr.SEED,
+        "shuffle = false",
+        "output_dir = %s" % tr.toml_str(os.path.join(work, "out")),
+        "backend = %s" % tr.toml_str(backend),
+        "use_gradient_checkpointing = %s" % ("true" if checkpointing else "false"),
+        "",
+    ])
+    with open(os.path.join(work, "recipe.toml"), "w") as f:
+        f.write(recipe)
+    return records
+
+
+def compare(steps, final, init, metrics, ktensors, failures):
+    tol = tr.TOL["fp32"]
+    print("\nPer-step metrics (keel vs torch, fp32):")
+    print("%4s | %12s %12s %8s | %12s %12s %8s | %11s %11s %8s" % (
+        "step", "loss keel", "loss torch", "rel", "aux keel", "aux torch", "rel", "gnorm keel", "gnorm torch",
+        "rel"))
+    for r in steps:
+        k = metrics.get(r["step"])
+        if k is None:
+            failures.append("metrics.jsonl: no record for step %d" % r["step"])
+            continue
+        cells = []
+        for key, t in (("loss", tol["loss"]), ("aux_loss", tol["loss"]), ("grad_norm", tol["grad_norm"]),
+                       ("lr", tol["lr"])):
+            v = k.get(key)
+            if not tr.num(v) or not math.isfinite(v):
+                failures.append("step %d: %s is %r (expected a finite number)" % (r["step"], key, v))
+                cells.append(float("nan"))
+                continue
+            d = tr.rel_diff(v, r[key])
+            if d > t:
+                failures.append("step %d %s: keel %.9g vs torch %.9g (rel %.3g > %.0e)" % (r["step"], key, v, r[key],
+                                                                                          d, t))
+            cells.append(d)
+        print("%4d | %12.7f %12.7f %8.1e | %12.7f %12.7f %8.1e | %11.6f %11.6f %8.1e" % (
+            r["step"], k.get("loss", float("nan")), r["loss"], cells[0], k.get("aux_loss", float("nan")),
+            r["aux_loss"], cells[1], k.get("grad_norm", float("nan")), r["grad_norm"], cells[2]))
+        load = k.get("expert_load_max_over_mean")
+        if not (isinstance(load, list) and len(load) == 2 and all(tr.num(x) and 1.0 <= x <= EXPERTS / TOP_K
+                                                                  for x in load)):
+            failures.append("step %d: expert_load_max_over_mean is %r (expected 2 sparse layers' values in [1, %g])"
+                            % (r["step"], load, EXPERTS / TOP_K))
+    if ktensors is None:
+        return
+    ref = per_expert(final)
+    w0 = per_expert(init)
+    if set(ref) != set(ktensors):
+        failures.append("final tensors: missing %s, unexpected %s" % (sorted(set(ref) - set(ktensors))[:5],
+                                                                      sorted(set(ktensors) - set(ref))[:5]))
+    worst_w, worst_u = (0.0, ""), (0.0, "")
+    for n in sorted(set(ref) & set(ktensors)):
+        a, b, i = ktensors[n].double(), ref[n].double(), w0[n].double()
+        if a.shape != b.shape:
+            failures.append("%s: keel's shape %s, torch's %s" % (n, tuple(a.shape), tuple(b.shape)))
+            continue
+        keep = torch.ones_like(b, dtype=torch.bool)
+        we, ue = tr.weight_errors(a, b, i, keep)
+        if (b - i).norm() / b.norm() < tr.MIN_REL_CHANGE:
+            failures.append("%s: torch's training moved it by only %.2g (relative): the test would not see it"
+                            % (n, float((b - i).norm() / b.norm())))
+        worst_w, worst_u = max(worst_w, (we, n)), max(worst_u, (ue, n))
+        if we > tol["weights"] or ue > tol["update"]:
+            failures.append("%s: weights rel %.3g (tol %.0e), update rel %.3g (tol %.0e)" % (
+                n, we, tol["weights"], ue, tol["update"]))
+    print("final tensors: %d compared; largest weight error %.3g (%s), update error %.3g (%s)" % (
+        len(set(ref) & set(ktensors)), worst_w[0], worst_w[1], worst_u[0], worst_u[1]))
+
+
+def check_from_pretrained(out_dir, ktensors, failures):
+    """transformers reads keel's export: the same tensors in its own fused names."""
+    try:
+        model = transformers.Qwen3MoeForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
+    except Exception as e:  # noqa: BLE001 - whatever stops transformers from reading it is the failure
+        failures.append("Qwen3MoeForCausalLM.from_pretrained(%s) failed: %s" % (out_dir, e))
+        return
+    loaded = per_expert({n: p.detach() for n, p in model.named_parameters()})
+    bad = [n for n in loaded if n not in ktensors or not torch.equal(loaded[n], ktensors[n].to(torch.float32))]
+    if bad or set(loaded) != set(ktensors):
+        failures.append("from_pretrained(keel's export) differs from its files: %s" % (bad[:5] or "names"))
+    else:
+        print("transformers' from_pretrained reads keel's export: %d tensors, equal" % len(loaded))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keel", required=True, help="path to the keel binary")
+    ap.add_argument("--work", required=True, help="work directory (model/, out/, ... are (re)created)")
+    ap.add_argument("--norm-topk-prob", default="false", choices=("true", "false"))
+    ap.add_argument("--layout", default="per_expert", choices=("per_expert", "fused"))
+    ap.add_argument("--backend", default="cpu", choices=("cpu", "reference"),
+                    help="keel's compute backend (the recipe's `backend` key)")
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="keel recomputes each block in the backward pass (the same numbers, bit for bit)")
+    ap.add_argument("--timeout", type=int, default=300)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    work = os.path.abspath(args.work)
+    cfg = make_config(args.norm_topk_prob == "true")
+    print("MoE reference test: Qwen3MoeForCausalLM, norm_topk_prob=%s, %s checkpoint, work=%s (transformers %s)"
+          % (args.norm_topk_prob, args.layout, work, transformers.__version__))
+    failures = []
+    model = build_model(cfg)
+    init = random_tensors(model, tr.MODEL_SEED)
+    check_save_pretrained_layout(build_model(cfg, init), failures)
+    records = write_inputs(work, cfg, init, args.layout, args.backend, args.gradient_checkpointing)
+    failures += tr.run_keel(os.path.abspath(args.keel), work, args.timeout)
+    if failures:
+        print("FAIL: " + "; ".join(failures))
+        return 1
+    steps, final = torch_train(cfg, init, records)
+    metrics, _, ktensors = tr.read_keel_outputs(os.path.join(work, "out"), failures)
+    compare(steps, final, init, metrics, ktensors, failures)
+    if ktensors is not None:
+        check_from_pretrained(os.path.join(work, "out", "final"), ktensors, failures)
+    if failures:
+        print("\nFAIL: %d problem(s):" % len(failures))
+        for f in failures:
+            print("  - " + f)
+        return 1
+    print("\nPASS: keel's Qwen3-MoE training matches transformers' Qwen3MoeForCausalLM")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
