@@ -113,7 +113,7 @@ TEST_P(ExpertsTest, GroupedProductsMatchANaiveLoopAndItsGradients) {
   RouterBalance balance{sums.data(), sums.data() + E, sums.data() + 2 * E};
   balance.clear(E);
   const ExpertsWeights w{router.data(), gate_up.data(), down.data()};
-  experts_forward(backend, s, x.data(), w, a, residual.data(), y.data(), mask.data(), &balance);
+  experts_forward(backend, s, x.data(), nullptr, w, a, residual.data(), y.data(), mask.data(), &balance);
   balance.rows = std::accumulate(c.mask.begin(), c.mask.end(), 0.0);
   const double aux = balance.finish(E, aux_weight);
 
@@ -133,7 +133,7 @@ TEST_P(ExpertsTest, GroupedProductsMatchANaiveLoopAndItsGradients) {
       g_down(size_t(E * H * I), 9.0f);
   const ExpertsGrads g{g_router.data(), g_gate_up.data(), g_down.data(), 0.0f, 0.0f, 0.0f};
   const ExpertsScratch scratch{d_rows.data(), d_act.data(), d_gu.data(), d_logits.data(), d_slot.data()};
-  experts_backward(backend, s, x.data(), w, a, dy.data(), scratch, &balance, mask.data(), g, dx.data());
+  experts_backward(backend, s, x.data(), nullptr, w, a, dy.data(), scratch, &balance, mask.data(), g, dx.data());
 
   auto loss = [&] {
     const Naive n = naive(c);

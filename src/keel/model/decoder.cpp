@@ -72,6 +72,7 @@ struct Decoder::Buffers {
   size_t attention_workspace_bytes;
   // Mixture of experts (DecoderLayout says what each holds).
   float *d_routed, *d_router, *d_slot, *token_mask;
+  bf16 *d_routed_b, *d_routed_gate_up_b, *d_router_b;
   double *router_balance, *expert_load;
 
   DecoderLayout layout;
@@ -133,6 +134,9 @@ struct Decoder::Buffers {
     d_routed = f32(d.d_routed);
     d_router = f32(d.d_router);
     d_slot = f32(d.d_slot);
+    d_routed_b = b16(d.d_routed_b);
+    d_routed_gate_up_b = b16(d.d_routed_gate_up_b);
+    d_router_b = b16(d.d_router_b);
     token_mask = f32(d.token_mask);
     auto f64 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<double*>(at[size_t(id)]); };
     router_balance = f64(d.router_balance);
@@ -300,7 +304,8 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   // shapes from step to step, and a plan built inside the step loop would allocate there.
   backend_.prepare_attention(attention_shape(c, 0, 1, max_seq_), attention_matmul(precision_));
   // Every product of the experts' row blocks (experts.h), whose row counts change every step.
-  if (c.has_experts()) prepare_experts(backend_, experts_shape(c, max_batch_ * max_seq_));
+  if (c.has_experts())
+    prepare_experts(backend_, experts_shape(c, max_batch_ * max_seq_), precision_ == Precision::BF16);
 }
 
 Decoder::~Decoder() = default;
@@ -701,13 +706,20 @@ void Decoder::lora_backward(const MicroBatch& mb, int64_t layer, LinearSlot slot
 
 namespace {
 
-ExpertsWeights experts_weights(const ParamStore& P, const LayerParamIds& p) {
-  return {P.weight(p.router), P.weight(p.experts_gate_up), P.weight(p.experts_down)};
+// bf16 precision: the products read the weights' bf16 copies.
+ExpertsWeights experts_weights(const ParamStore& P, const LayerParamIds& p, bool bf) {
+  ExpertsWeights w{P.weight(p.router), P.weight(p.experts_gate_up), P.weight(p.experts_down)};
+  if (bf) {
+    w.router_b = P.weight_bf16(p.router);
+    w.gate_up_b = P.weight_bf16(p.experts_gate_up);
+    w.down_b = P.weight_bf16(p.experts_down);
+  }
+  return w;
 }
 
 RoutedActivations routed_activations(const auto& a) {
-  return {a.router_probs, a.route_choice, a.route_weight, a.expert_rows, a.row_slot,
-          a.token_rows,   a.routed_in,    a.routed_gate_up, a.routed_act, a.routed_out};
+  return {a.router_probs, a.route_choice,   a.route_weight, a.expert_rows, a.row_slot,   a.token_rows,
+          a.routed_in,    a.routed_gate_up, a.routed_act,   a.routed_out,  a.routed_in_b, a.routed_act_b};
 }
 
 RouterBalance router_balance(double* sums, int64_t experts) {
@@ -736,8 +748,10 @@ void Decoder::experts_forward(const MicroBatch& mb, int64_t l, const BlockActiva
   // The load-balancing sums and the expert load count the forward pass once (not its recomputation).
   RouterBalance balance = router_balance(b.router_balance, config_.moe.experts);
   const RoutedActivations routed = routed_activations(a);
-  model::experts_forward(backend_, experts_shape(config_, N), a.xn2, experts_weights(params_, ids_.layers[size_t(l)]),
-                         routed, a.xmid, x_out, b.token_mask, x_out ? &balance : nullptr);
+  const bool bf = precision_ == Precision::BF16;
+  model::experts_forward(backend_, experts_shape(config_, N), a.xn2, a.xn2_b,
+                         experts_weights(params_, ids_.layers[size_t(l)], bf), routed, a.xmid, x_out, b.token_mask,
+                         x_out ? &balance : nullptr);
   if (!x_out) return;
   int64_t sparse = 0;  // this layer's row of the expert load
   for (int64_t i = 0; i < l; ++i) sparse += config_.sparse_layer(i);
@@ -760,9 +774,12 @@ void Decoder::experts_backward(const MicroBatch& mb, int64_t l, const BlockActiv
     g.router_beta = P.first_gradient_write(p.router) ? 0.0f : 1.0f;
   }
   const RouterBalance balance = router_balance(b.router_balance, config_.moe.experts);
-  const ExpertsScratch scratch{b.d_routed, b.d_act, b.d_gate_up, b.d_router, b.d_slot};
-  model::experts_backward(backend_, experts_shape(config_, mb.batch * mb.seq), a.xn2, experts_weights(P, p),
-                          routed_activations(a), dy, scratch, &balance, b.token_mask, g, dx);
+  const ExpertsScratch scratch{b.d_routed, b.d_act,      b.d_gate_up,          b.d_router,
+                               b.d_slot,   b.d_routed_b, b.d_routed_gate_up_b, b.d_router_b};
+  // In bf16 a.xn2 holds another block's data by now: the products read a.xn2_b.
+  model::experts_backward(backend_, experts_shape(config_, mb.batch * mb.seq), a.xn2, a.xn2_b,
+                          experts_weights(P, p, precision_ == Precision::BF16), routed_activations(a), dy, scratch,
+                          &balance, b.token_mask, g, dx);
 }
 
 std::span<const double> Decoder::expert_load() const {

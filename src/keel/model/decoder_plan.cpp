@@ -567,6 +567,11 @@ class MemoryDescription {
     d.d_routed = add("grad.experts.rows", Cat::Workspace, R * H_, f32, backward_first, backward_last);
     d.d_router = add("grad.router", Cat::Workspace, N_ * E, f32, backward_first, backward_last);
     d.d_slot = add("grad.router.slots", Cat::Workspace, R, f32, backward_first, backward_last);
+    const int64_t IM = c_.moe.intermediate_size;
+    d.d_routed_b = add_bf16("grad.experts.rows.bf16", Cat::Workspace, R * H_, backward_first, backward_last);
+    d.d_routed_gate_up_b =
+        add_bf16("grad.experts.gate_up.bf16", Cat::Workspace, R * 2 * IM, backward_first, backward_last);
+    d.d_router_b = add_bf16("grad.router.bf16", Cat::Workspace, N_ * E, backward_first, backward_last);
     d.token_mask = add("router.token_mask", Cat::Workspace, N_, f32, t_.forward(0), backward_last);
     d.router_balance = add("router.balance", Cat::Workspace, 3 * E, f64, t_.forward(0), backward_last);
     int64_t sparse = 0;
@@ -610,10 +615,15 @@ class MemoryDescription {
       b.expert_rows = add(prefix + "experts.rows", cat, E + 1, i32, first, last);
       b.row_slot = add(prefix + "experts.row_slot", cat, R, i32, first, last);
       b.token_rows = add(prefix + "experts.token_rows", cat, R, i32, first, last);
-      b.routed_in = add(prefix + "experts.input", cat, R * H, f32, first, last);
+      // The products' input: fp32, or in bf16 its bf16 copy alone (the gather copies from xn2's).
+      if (bf_)
+        b.routed_in_b = add_bf16(prefix + "experts.input.bf16", cat, R * H, first, last);
+      else
+        b.routed_in = add(prefix + "experts.input", cat, R * H, f32, first, last);
       b.routed_gate_up = add(prefix + "experts.gate_up", cat, R * 2 * IM, f32, first, last);
       b.routed_act = add(prefix + "experts.act", cat, R * IM, f32, first, last);
       b.routed_out = add(prefix + "experts.output", cat, R * H, f32, first, last);
+      b.routed_act_b = add_bf16(prefix + "experts.act.bf16", cat, R * IM, first, last);
     } else {
       b.gate_up = add(prefix + "gate_up", cat, N * 2 * I, f32, first, last);
       b.act = add(prefix + "act", gemm_input_cat, N * I, f32, first, gemm_input_last);
@@ -689,10 +699,6 @@ DecoderLayout describe_memory(const ModelConfig& c, const ParamStore& params, co
 DecoderOptions resolve_checkpointing_layers(const ModelConfig& config, Precision precision, int64_t max_batch,
                                             int64_t max_seq, DecoderOptions options) {
   check_arguments(config, max_batch, max_seq, options);
-  require(!config.has_experts() || precision == Precision::F32,
-          "{} ({}): mixture-of-experts models train in fp32 in this version of keel (dtype = \"fp32\"); bf16 is "
-          "not implemented for their experts yet",
-          family_display_name(config.family), config.architecture);
   if (!options.gradient_checkpointing || options.checkpointing_layers != 0 || config.num_layers < 2) return options;
   DecoderOptions every = options, all_but_last = options;
   every.checkpointing_layers = config.num_layers;

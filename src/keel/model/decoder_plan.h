@@ -98,7 +98,7 @@ kernels::AttentionMatmul attention_matmul(Precision p);
   X(mo, float) X(rstd_mo, float) X(xn1_b, bf16) X(attn_b, bf16) X(xn2_b, bf16) X(act_b, bf16) X(lora_u, float) \
   X(lora_u_b, bf16) X(router_probs, float) X(route_choice, int32_t) X(route_weight, float)                    \
   X(expert_rows, int32_t) X(row_slot, int32_t) X(token_rows, int32_t) X(routed_in, float)                      \
-  X(routed_gate_up, float) X(routed_act, float) X(routed_out, float)
+  X(routed_gate_up, float) X(routed_act, float) X(routed_out, float) X(routed_in_b, bf16) X(routed_act_b, bf16)
 
 struct BlockIds {
 #define KEEL_BLOCK_ID(name, type) int name = -1;
@@ -145,6 +145,7 @@ struct DecoderLayout {
   // [experts] doubles) and the tokens each sparse layer sent each expert over a step ([sparse
   // layers, experts] doubles).
   int d_routed = -1, d_router = -1, d_slot = -1, token_mask = -1, router_balance = -1, expert_load = -1;
+  int d_routed_b = -1, d_routed_gate_up_b = -1, d_router_b = -1;  // bf16: the products' copies
 };
 
 // Every buffer of a training step with its lifetime on the StepTimeline. This one description

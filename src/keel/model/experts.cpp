@@ -95,35 +95,49 @@ void for_each_piece(int64_t n, F&& f) {
     }
 }
 
+// An operand as the products read it: fp32, or in bf16 precision its bf16 copy.
+struct Operand {
+  const float* f32;
+  const bf16* b16;
+  Operand at(int64_t offset) const { return {f32 ? f32 + offset : nullptr, b16 ? b16 + offset : nullptr}; }
+};
+
+void product(kernels::Backend& backend, const kernels::GemmShape& s, Operand a, Operand b, float* c, float beta) {
+  if (a.b16)
+    backend.gemm_bf16(s, a.b16, b.b16, c, beta);
+  else
+    backend.gemm(s, a.f32, b.f32, c, beta);
+}
+
 // The products over a block of rows, each cut into its pieces. Rows of the output (row_product):
 // C[rows] = A[rows] op(W) for m = rows, as packed_gemm(ta, tb, rows, n, k) lays them out. Sums
 // over the rows (row_sum: a weight gradient, C [m, n] = A[rows]^T B[rows], k = rows): the pieces
 // add into C after the first writes with `beta`.
-void row_product(kernels::Backend& backend, Trans tb, int64_t rows, int64_t n, int64_t k, const float* a,
-                 const float* w, float* c) {
+void row_product(kernels::Backend& backend, Trans tb, int64_t rows, int64_t n, int64_t k, Operand a, Operand w,
+                 float* c) {
   for_each_piece(rows, [&](int64_t first, int64_t count) {
-    backend.gemm(kernels::packed_gemm(Trans::N, tb, count, n, k), a + first * k, w, c + first * n, 0.0f);
+    product(backend, kernels::packed_gemm(Trans::N, tb, count, n, k), a.at(first * k), w, c + first * n, 0.0f);
   });
 }
-void row_sum(kernels::Backend& backend, int64_t m, int64_t n, int64_t rows, const float* a, const float* b, float* c,
+void row_sum(kernels::Backend& backend, int64_t m, int64_t n, int64_t rows, Operand a, Operand b, float* c,
              float beta) {
   for_each_piece(rows, [&](int64_t first, int64_t count) {
-    backend.gemm(kernels::packed_gemm(Trans::T, Trans::N, m, n, count), a + first * m, b + first * n, c,
-                 first == 0 ? beta : 1.0f);
+    product(backend, kernels::packed_gemm(Trans::T, Trans::N, m, n, count), a.at(first * m), b.at(first * n), c,
+            first == 0 ? beta : 1.0f);
   });
 }
 
 }  // namespace
 
-void prepare_experts(kernels::Backend& backend, const ExpertsShape& s) {
+void prepare_experts(kernels::Backend& backend, const ExpertsShape& s, bool bf16_inputs) {
   const int64_t H = s.hidden, I = s.inter;
   for (int64_t rows = 1; rows <= s.routed(); rows *= 2) {
     for (const auto& [tb, n, k] : {std::tuple{Trans::T, 2 * I, H}, std::tuple{Trans::T, H, I},
                                    std::tuple{Trans::N, I, H}, std::tuple{Trans::N, H, 2 * I}})
-      backend.prepare_gemm(kernels::packed_gemm(Trans::N, tb, rows, n, k), false, 0.0f);
+      backend.prepare_gemm(kernels::packed_gemm(Trans::N, tb, rows, n, k), bf16_inputs, 0.0f);
     for (const auto& [m, n] : {std::pair{H, I}, std::pair{2 * I, H}})
       for (float beta : {0.0f, 1.0f})
-        backend.prepare_gemm(kernels::packed_gemm(Trans::T, Trans::N, m, n, rows), false, beta);
+        backend.prepare_gemm(kernels::packed_gemm(Trans::T, Trans::N, m, n, rows), bf16_inputs, beta);
   }
 }
 
@@ -151,12 +165,14 @@ double RouterBalance::finish(int64_t experts, double weight) {
   return aux * double(experts);
 }
 
-void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const ExpertsWeights& w,
-                     const RoutedActivations& a, const float* residual, float* y, const float* mask,
-                     RouterBalance* balance) {
+void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const bf16* x_b,
+                     const ExpertsWeights& w, const RoutedActivations& a, const float* residual, float* y,
+                     const float* mask, RouterBalance* balance) {
   const int64_t N = s.tokens, H = s.hidden, E = s.experts, k = s.top_k, I = s.inter, R = s.routed();
+  const bool bf = w.in_bf16();
   // p = softmax(x W_r^T)
-  backend.gemm(kernels::packed_gemm(Trans::N, Trans::T, N, E, H), x, w.router, a.probs, 0.0f);
+  product(backend, kernels::packed_gemm(Trans::N, Trans::T, N, E, H), {x, bf ? x_b : nullptr}, {w.router, w.router_b},
+          a.probs, 0.0f);
   softmax_rows(a.probs, N, E);
   choose_experts(s, a);
   sort_rows(s, a);
@@ -171,14 +187,20 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
   // Each row's input, then every expert's rows through its gate/up, the activation over all rows
   // at once, and its down projection.
   parallel_for(R, R * H >= kParallelElements, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) std::copy_n(x + (a.row_slot[r] / k) * H, H, a.in + r * H);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t t = a.row_slot[r] / k;
+      if (a.in) std::copy_n(x + t * H, H, a.in + r * H);  // fp32: the products' input
+      if (bf) std::copy_n(x_b + t * H, H, a.in_b + r * H);
+    }
   });
+  const Operand in{a.in, bf ? a.in_b : nullptr}, act{a.act, bf ? a.act_b : nullptr};
+  const Operand gate_up{w.gate_up, w.gate_up_b}, down{w.down, w.down_b};
   for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
-    row_product(backend, Trans::T, n, 2 * I, H, a.in + r0 * H, w.gate_up + e * 2 * I * H, a.gate_up + r0 * 2 * I);
+    row_product(backend, Trans::T, n, 2 * I, H, in.at(r0 * H), gate_up.at(e * 2 * I * H), a.gate_up + r0 * 2 * I);
   });
-  backend.glu_forward(kernels::GluActivation::Silu, a.gate_up, R, I, a.act, nullptr);
+  backend.glu_forward(kernels::GluActivation::Silu, a.gate_up, R, I, a.act, bf ? a.act_b : nullptr);
   for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
-    row_product(backend, Trans::T, n, H, I, a.act + r0 * I, w.down + e * H * I, a.out + r0 * H);
+    row_product(backend, Trans::T, n, H, I, act.at(r0 * I), down.at(e * H * I), a.out + r0 * H);
   });
   if (!y) return;
   // y[t] = residual[t] + sum over its rows (ascending expert) of w * out
@@ -195,10 +217,15 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
   });
 }
 
-void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const ExpertsWeights& w,
-                      const RoutedActivations& a, const float* dy, const ExpertsScratch& d,
-                      const RouterBalance* balance, const float* mask, const ExpertsGrads& g, float* dx) {
+void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const bf16* x_b,
+                      const ExpertsWeights& w, const RoutedActivations& a, const float* dy,
+                      const ExpertsScratch& d, const RouterBalance* balance, const float* mask,
+                      const ExpertsGrads& g, float* dx) {
   const int64_t N = s.tokens, H = s.hidden, E = s.experts, k = s.top_k, I = s.inter, R = s.routed();
+  const bool bf = w.in_bf16();
+  const Operand in{a.in, bf ? a.in_b : nullptr}, act{a.act, bf ? a.act_b : nullptr};
+  const Operand gate_up{w.gate_up, w.gate_up_b}, down{w.down, w.down_b};
+  const Operand d_rows{d.rows, bf ? d.rows_b : nullptr}, d_gate_up{d.gate_up, bf ? d.gate_up_b : nullptr};
   // Row r serves slot (t, j): d w[t, j] = dy[t] . out[r], and its output gradient is w[t, j] dy[t].
   parallel_for(R, R * H >= kParallelElements, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -222,18 +249,20 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
       if (n == 0) std::fill_n(grad + e * per_expert, per_expert, 0.0f);
     });
   };
+  if (bf) backend.cast_to_bf16(d.rows, d.rows_b, R * H);
   // down: d act = d rows W_d[e];  dW_d[e] (+)= d rows^T act
   for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
-    row_product(backend, Trans::N, n, I, H, d.rows + r0 * H, w.down + e * H * I, d.act + r0 * I);
-    if (g.down) row_sum(backend, H, I, n, d.rows + r0 * H, a.act + r0 * I, g.down + e * H * I, g.down_beta);
+    row_product(backend, Trans::N, n, I, H, d_rows.at(r0 * H), down.at(e * H * I), d.act + r0 * I);
+    if (g.down) row_sum(backend, H, I, n, d_rows.at(r0 * H), act.at(r0 * I), g.down + e * H * I, g.down_beta);
   });
   if (g.down) zero_unrouted(g.down, g.down_beta, H * I);
-  backend.glu_backward(kernels::GluActivation::Silu, a.gate_up, d.act, R, I, d.gate_up, nullptr);
+  backend.glu_backward(kernels::GluActivation::Silu, a.gate_up, d.act, R, I, d.gate_up, bf ? d.gate_up_b : nullptr);
   // gate/up: d in = d gate_up W_gu[e] (into d.rows, read above);  dW_gu[e] (+)= d gate_up^T in
   for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
-    row_product(backend, Trans::N, n, H, 2 * I, d.gate_up + r0 * 2 * I, w.gate_up + e * 2 * I * H, d.rows + r0 * H);
+    row_product(backend, Trans::N, n, H, 2 * I, d_gate_up.at(r0 * 2 * I), gate_up.at(e * 2 * I * H), d.rows + r0 * H);
     if (g.gate_up)
-      row_sum(backend, 2 * I, H, n, d.gate_up + r0 * 2 * I, a.in + r0 * H, g.gate_up + e * 2 * I * H, g.gate_up_beta);
+      row_sum(backend, 2 * I, H, n, d_gate_up.at(r0 * 2 * I), in.at(r0 * H), g.gate_up + e * 2 * I * H,
+              g.gate_up_beta);
   });
   if (g.gate_up) zero_unrouted(g.gate_up, g.gate_up_beta, 2 * I * H);
   // dx[t] = sum of its rows' input gradients
@@ -276,9 +305,12 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
     }
   });
   // dW_r (+)= d logits^T x;  dx += d logits W_r
+  if (bf) backend.cast_to_bf16(d.logits, d.logits_b, N * E);
+  const Operand d_logits{d.logits, bf ? d.logits_b : nullptr};
   if (g.router)
-    backend.gemm(kernels::packed_gemm(Trans::T, Trans::N, E, H, N), d.logits, x, g.router, g.router_beta);
-  backend.gemm(kernels::packed_gemm(Trans::N, Trans::N, N, H, E), d.logits, w.router, dx, 1.0f);
+    product(backend, kernels::packed_gemm(Trans::T, Trans::N, E, H, N), d_logits, {x, bf ? x_b : nullptr}, g.router,
+            g.router_beta);
+  product(backend, kernels::packed_gemm(Trans::N, Trans::N, N, H, E), d_logits, {w.router, w.router_b}, dx, 1.0f);
 }
 
 }  // namespace keel::model

@@ -41,8 +41,11 @@ ExpertsShape experts_shape(const ModelConfig& c, int64_t tokens);
 // A sparse layer's weights, as keel stores them: the router [experts, hidden], every expert's
 // fused gate/up [experts * 2 inter, hidden] (expert e's gate rows, then its up rows: transformers'
 // in-memory gate_up_proj [experts, 2 inter, hidden]) and down [experts * hidden, inter].
+// In bf16 precision their bf16 copies are what the products read (null in fp32).
 struct ExpertsWeights {
   const float *router = nullptr, *gate_up = nullptr, *down = nullptr;
+  const bf16 *router_b = nullptr, *gate_up_b = nullptr, *down_b = nullptr;
+  bool in_bf16() const { return router_b != nullptr; }
 };
 // Their gradients, each overwritten (beta 0: the step's first write) or added to (beta 1).
 struct ExpertsGrads {
@@ -58,10 +61,12 @@ struct RoutedActivations {
   int32_t* expert_rows = nullptr;  // [experts + 1] expert e's routed rows are [expert_rows[e], expert_rows[e + 1])
   int32_t* row_slot = nullptr;     // [routed] the slot (t * top_k + j) each routed row serves
   int32_t* token_rows = nullptr;   // [routed] token t's rows at [t * top_k, (t + 1) * top_k), ascending (expert order)
-  float* in = nullptr;             // [routed, hidden] each row's input x[t]
+  float* in = nullptr;             // [routed, hidden] each row's input x[t] (fp32 precision only)
   float* gate_up = nullptr;        // [routed, 2 inter]
   float* act = nullptr;            // [routed, inter]
   float* out = nullptr;            // [routed, hidden] each row's expert output, before its weight
+  bf16* in_b = nullptr;            // bf16: the copies the products read (null in fp32)
+  bf16* act_b = nullptr;
 };
 
 // The backward pass's scratch, shared by every sparse layer.
@@ -71,6 +76,9 @@ struct ExpertsScratch {
   float* gate_up = nullptr;   // [routed, 2 inter]
   float* logits = nullptr;    // [tokens, experts] the router's probability, then logit, gradients
   float* slot_grad = nullptr; // [tokens, top_k] d loss / d w
+  bf16* rows_b = nullptr;     // bf16: rows', gate_up's and logits' gradients as the products read them
+  bf16* gate_up_b = nullptr;
+  bf16* logits_b = nullptr;
 };
 
 // The micro-batch's load-balancing sums over its sparse layers (counted where mask is 1), and the
@@ -89,20 +97,23 @@ struct RouterBalance {
 // experts' outputs (summed in ascending expert order, as transformers' index_add_ loop adds them).
 // y null: only the intermediates (gradient checkpointing's recomputation). balance (may be null)
 // gathers the layer's load-balancing sums over the tokens whose mask is 1 (null mask: all).
-void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const ExpertsWeights& w,
-                     const RoutedActivations& a, const float* residual, float* y, const float* mask,
-                     RouterBalance* balance);
+// In bf16 (w.in_bf16()) x_b is x's bf16 copy, which the products read, as every GEMM input in bf16
+// precision: bf16 operands, fp32 accumulation and outputs; softmax, top-k and weights in fp32.
+void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const bf16* x_b,
+                     const ExpertsWeights& w, const RoutedActivations& a, const float* residual, float* y,
+                     const float* mask, RouterBalance* balance);
 
 // From dy [tokens, hidden] (the gradient of y): dx [tokens, hidden] (overwritten) and the weights'
 // gradients, the router's included, with the load-balancing loss's part (balance->grad, weighted
-// by mask; balance null: none).
-void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const ExpertsWeights& w,
-                      const RoutedActivations& a, const float* dy, const ExpertsScratch& scratch,
-                      const RouterBalance* balance, const float* mask, const ExpertsGrads& g, float* dx);
+// by mask; balance null: none). In bf16 only x_b is read of the input (x may be stale).
+void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const bf16* x_b,
+                      const ExpertsWeights& w, const RoutedActivations& a, const float* dy,
+                      const ExpertsScratch& scratch, const RouterBalance* balance, const float* mask,
+                      const ExpertsGrads& g, float* dx);
 
 // Builds the backend's plans of every product shape experts_forward and experts_backward can meet
 // for micro-batches of up to `tokens` tokens.
-void prepare_experts(kernels::Backend& backend, const ExpertsShape& s);
+void prepare_experts(kernels::Backend& backend, const ExpertsShape& s, bool bf16_inputs);
 
 // Tokens routed to each expert in a routed layer (expert_rows' differences): for the load report.
 inline int64_t expert_tokens(const RoutedActivations& a, int64_t expert) {
