@@ -24,6 +24,11 @@ Compared per step: the loss (aux included), aux_loss (the mean of the micro-batc
 losses), grad_norm and lr, within 1e-5; every final tensor within 1e-5 of torch's (its update
 within 1e-2), each expert's by name. keel's exported directory is then read by
 Qwen3MoeForCausalLM.from_pretrained, which must give the same tensors.
+
+--family mixtral runs the same checks on a tiny MixtralForCausalLM (8 experts, top-2 renormalised,
+every layer sparse, a sliding window of 5; published names block_sparse_moe.experts.N.{w1,w3,w2}).
+--dtype bf16 measures keel's bf16 run against torch's fp32 one (bf16_yardstick). KEEL_MOE_SEED sets
+the model's seed (default train_reference's MODEL_SEED), to measure how bf16's distances spread.
 """
 import argparse
 import json
@@ -54,7 +59,18 @@ ROUTER_STD = 0.5  # decisive routing: no near-ties between the k-th and (k+1)-th
 BF16_GAP_FACTOR = float(os.environ.get("KEEL_BF16_GAP_FACTOR", "3.0"))
 
 
-def make_config(norm_topk_prob):
+def make_config(family, norm_topk_prob):
+    if family == "mixtral":  # every layer sparse, its intermediate_size the experts' width; a window of 5
+        return {
+            "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "vocab_size": 256, "hidden_size": 64, "intermediate_size": MOE_INTER, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "max_position_embeddings": 64, "tie_word_embeddings": False,
+            "hidden_act": "silu", "torch_dtype": "float32", "sliding_window": 5,
+            "num_local_experts": EXPERTS, "num_experts_per_tok": TOP_K, "router_jitter_noise": 0.0,
+            "output_router_logits": True, "router_aux_loss_coef": AUX_COEF,
+            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+        }
     return {
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
         "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
@@ -68,12 +84,16 @@ def make_config(norm_topk_prob):
     }
 
 
+def model_class(cfg):
+    return transformers.MixtralForCausalLM if cfg["model_type"] == "mixtral" else transformers.Qwen3MoeForCausalLM
+
+
 def build_model(cfg, tensors=None, attention="sdpa"):
-    """transformers' Qwen3MoeForCausalLM (sdpa attention, or eager), weights from {in-memory name: tensor}."""
+    """transformers' own class (sdpa attention, or eager), weights from {in-memory name: tensor}."""
     kw = {k: v for k, v in cfg.items() if k not in ("torch_dtype", "model_type")}
-    config = transformers.Qwen3MoeConfig(**kw)
+    config = model_class(cfg).config_class(**kw)
     config._attn_implementation = attention
-    model = transformers.Qwen3MoeForCausalLM(config).to(torch.float32)
+    model = model_class(cfg)(config).to(torch.float32)
     model.eval()  # no dropout (none configured); training mode does not change the math
     if tensors is not None:
         params = dict(model.named_parameters())
@@ -99,21 +119,31 @@ def random_tensors(model, seed):
     return out
 
 
+# The published checkpoints' expert names: Qwen3-MoE's mlp.experts.N.{gate,up,down}_proj, Mixtral's
+# block_sparse_moe.experts.N.{w1,w3,w2} (and block_sparse_moe.gate for the router).
+PUBLISHED = {"qwen3_moe": ("mlp.", "gate_proj", "up_proj", "down_proj"),
+             "mixtral": ("block_sparse_moe.", "w1", "w3", "w2")}
+FAMILY = ["qwen3_moe"]  # set by main()
+
+
 def per_expert(tensors):
-    """The published checkpoints' names: mlp.experts.gate_up_proj [E, 2I, H] -> mlp.experts.N.gate_proj /
-    up_proj [I, H], mlp.experts.down_proj [E, H, I] -> mlp.experts.N.down_proj."""
+    """The published checkpoints' names from transformers 5's in-memory ones: mlp.experts.gate_up_proj
+    [E, 2I, H] -> each expert's gate and up [I, H], mlp.experts.down_proj [E, H, I] -> each one's down."""
+    block, gate_name, up_name, down_name = PUBLISHED[FAMILY[0]]
     out = {}
     for n, t in tensors.items():
         if n.endswith("mlp.experts.gate_up_proj"):
-            pre = n[:-len("gate_up_proj")]
+            pre = n[:-len("mlp.experts.gate_up_proj")] + block + "experts."
             for e in range(t.shape[0]):
                 gate, up = t[e].chunk(2, dim=0)
-                out["%s%d.gate_proj.weight" % (pre, e)] = gate.clone()
-                out["%s%d.up_proj.weight" % (pre, e)] = up.clone()
+                out["%s%d.%s.weight" % (pre, e, gate_name)] = gate.clone()
+                out["%s%d.%s.weight" % (pre, e, up_name)] = up.clone()
         elif n.endswith("mlp.experts.down_proj"):
-            pre = n[:-len("down_proj")]
+            pre = n[:-len("mlp.experts.down_proj")] + block + "experts."
             for e in range(t.shape[0]):
-                out["%s%d.down_proj.weight" % (pre, e)] = t[e].clone()
+                out["%s%d.%s.weight" % (pre, e, down_name)] = t[e].clone()
+        elif n.endswith("mlp.gate.weight"):
+            out[n[:-len("mlp.gate.weight")] + block + "gate.weight"] = t
         else:
             out[n] = t
     return out
@@ -326,9 +356,9 @@ def compare(steps, final, init, metrics, ktensors, failures, tols=None):
 def check_from_pretrained(out_dir, ktensors, failures):
     """transformers reads keel's export: the same tensors in its own fused names."""
     try:
-        model = transformers.Qwen3MoeForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
+        model = model_class({"model_type": FAMILY[0]}).from_pretrained(out_dir, dtype=torch.float32)
     except Exception as e:  # noqa: BLE001 - whatever stops transformers from reading it is the failure
-        failures.append("Qwen3MoeForCausalLM.from_pretrained(%s) failed: %s" % (out_dir, e))
+        failures.append("from_pretrained(%s) failed: %s" % (out_dir, e))
         return
     loaded = per_expert({n: p.detach() for n, p in model.named_parameters()})
     bad = [n for n in loaded if n not in ktensors or not torch.equal(loaded[n], ktensors[n].to(torch.float32))]
@@ -343,6 +373,7 @@ def main():
     ap.add_argument("--keel", required=True, help="path to the keel binary")
     ap.add_argument("--work", required=True, help="work directory (model/, out/, ... are (re)created)")
     ap.add_argument("--norm-topk-prob", default="false", choices=("true", "false"))
+    ap.add_argument("--family", default="qwen3_moe", choices=("qwen3_moe", "mixtral"))
     ap.add_argument("--layout", default="per_expert", choices=("per_expert", "fused"))
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--backend", default="cpu", choices=("cpu", "reference"),
@@ -353,12 +384,13 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(2)
     work = os.path.abspath(args.work)
-    cfg = make_config(args.norm_topk_prob == "true")
-    print("MoE reference test: Qwen3MoeForCausalLM, norm_topk_prob=%s, %s checkpoint, work=%s (transformers %s)"
-          % (args.norm_topk_prob, args.layout, work, transformers.__version__))
+    FAMILY[0] = args.family
+    cfg = make_config(args.family, args.norm_topk_prob == "true")
+    print("MoE reference test: %s, norm_topk_prob=%s, %s checkpoint, %s, work=%s (transformers %s)"
+          % (cfg["architectures"][0], args.norm_topk_prob, args.layout, args.dtype, work, transformers.__version__))
     failures = []
     model = build_model(cfg)
-    init = random_tensors(model, tr.MODEL_SEED)
+    init = random_tensors(model, int(os.environ.get("KEEL_MOE_SEED", tr.MODEL_SEED)))
     check_save_pretrained_layout(build_model(cfg, init), failures)
     records = write_inputs(work, cfg, init, args.layout, args.backend, args.gradient_checkpointing, args.dtype)
     failures += tr.run_keel(os.path.abspath(args.keel), work, args.timeout)
@@ -379,7 +411,7 @@ def main():
         for f in failures:
             print("  - " + f)
         return 1
-    print("\nPASS: keel's Qwen3-MoE training matches transformers' Qwen3MoeForCausalLM")
+    print("\nPASS: keel's training matches transformers' %s" % cfg["architectures"][0])
     return 0
 
 

@@ -193,6 +193,43 @@ TEST(ModelConfig, Qwen3MoeAsQwen3MoeConfigReadsIt) {
                      {"'use_sliding_window'", "Qwen3MoeForCausalLM"});
 }
 
+// mistralai/Mixtral-8x7B-v0.1
+const char* kMixtral_8x7b = R"({
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1, "eos_token_id": 2,
+  "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 14336,
+  "max_position_embeddings": 32768, "model_type": "mixtral", "num_attention_heads": 32, "num_experts_per_tok": 2,
+  "num_hidden_layers": 32, "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1e6, "router_aux_loss_coef": 0.02, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.36.0.dev0",
+  "use_cache": true, "vocab_size": 32000
+})";
+
+TEST(ModelConfig, MixtralAsMixtralConfigReadsIt) {
+  ModelConfig c = parse(kMixtral_8x7b);
+  EXPECT_EQ(c.family, Family::Mixtral);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.moe.experts, 8);
+  EXPECT_EQ(c.moe.experts_per_token, 2);
+  EXPECT_EQ(c.moe.intermediate_size, 14336);  // intermediate_size is the experts' width
+  EXPECT_TRUE(c.moe.norm_topk_prob);           // MixtralTopKRouter always renormalises
+  EXPECT_EQ(c.moe.sparse_layers, std::vector<bool>(32, true));
+  EXPECT_EQ(c.sliding_window, 0);  // null: full attention
+  EXPECT_EQ(c.total_parameters(), 46702792704);  // transformers' MixtralForCausalLM of this config
+  auto with = [&](const char* from, const char* to) {
+    std::string s = kMixtral_8x7b;
+    return s.replace(s.find(from), std::string(from).size(), to);
+  };
+  ModelConfig w = parse(with(R"("sliding_window": null)", R"("sliding_window": 4096)"));
+  EXPECT_EQ(w.window_of(31), 4096);
+  // Absent keys: MixtralConfig's defaults (no window, rope_theta 1e6).
+  EXPECT_EQ(parse(with(R"("sliding_window": null,)", "")).sliding_window, 0);
+  std::string no_theta = kMixtral_8x7b;
+  no_theta.replace(no_theta.find(R"("rope_theta": 1e6, )"), 19, "");
+  EXPECT_EQ(parse(no_theta).rope_theta, 1e6);
+  expect_parse_error(with(R"("use_cache": true)", R"("use_cache": true, "router_jitter_noise": 0.1)"),
+                     {"'router_jitter_noise'", "expected 0"});
+}
+
 TEST(ModelConfig, Qwen3HasHeadNormsAndItsOwnHeadDim) {
   ModelConfig c = parse(kQwen3_06b);
   EXPECT_EQ(c.family, Family::Qwen3);
@@ -628,12 +665,12 @@ TEST(ModelConfigErrors, ValidateCodeBuiltConfigs) {
 
 TEST(ModelConfig, FamilyNames) {
   for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral,
-                   Family::Gemma2, Family::Gemma3, Family::Qwen3Moe}) {
+                   Family::Gemma2, Family::Gemma3, Family::Qwen3Moe, Family::Mixtral}) {
     EXPECT_EQ(family_from_name(family_name(f)), f);
   }
   EXPECT_EQ(family_name(Family::GlmOriginal), "glm_original");
   expect_error([] { family_from_name("phi3"); },
-               {"phi3", "llama, qwen2, glm, glm_original, qwen3, mistral, gemma2, gemma3, qwen3_moe"});
+               {"phi3", "llama, qwen2, glm, glm_original, qwen3, mistral, gemma2, gemma3, qwen3_moe, mixtral"});
 }
 
 ModelConfig small_config(Family family) {
@@ -686,6 +723,16 @@ ModelConfig small_config(Family family) {
       c.moe.router_aux_loss_coef = 0.015625;
       c.moe.output_router_logits = true;
       break;
+    case Family::Mixtral:
+      c.sliding_window = 7;
+      c.sliding_layers = {true, true, true};
+      c.moe.experts = 4;
+      c.moe.experts_per_token = 2;
+      c.moe.intermediate_size = c.intermediate_size;
+      c.moe.norm_topk_prob = true;
+      c.moe.sparse_layers = {true, true, true};
+      c.moe.router_aux_loss_coef = 0.03125;
+      break;
     case Family::Gemma2:
     case Family::Gemma3: {
       ModelConfig traits = c;
@@ -711,7 +758,7 @@ ModelConfig small_config(Family family) {
 
 TEST(ModelConfigExport, GeneratedJsonParsesBackEqual) {
   for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral,
-                   Family::Gemma2, Family::Gemma3, Family::Qwen3Moe}) {
+                   Family::Gemma2, Family::Gemma3, Family::Qwen3Moe, Family::Mixtral}) {
     SCOPED_TRACE(family_name(f));
     ModelConfig c = small_config(f);
     validate(c, "test");

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 #include <simdjson.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -71,6 +72,7 @@ const std::vector<FamilyFormat>& family_formats() {
       {Family::Gemma2, "gemma2", "Gemma 2", "gemma2", {"Gemma2ForCausalLM"}, 8192, 0, true},
       {Family::Gemma3, "gemma3", "Gemma 3", "gemma3_text", {"Gemma3ForCausalLM"}, 131072, 0, true},
       {Family::Qwen3Moe, "qwen3_moe", "Qwen3-MoE", "qwen3_moe", {"Qwen3MoeForCausalLM"}, 32768, -1, true},
+      {Family::Mixtral, "mixtral", "Mixtral", "mixtral", {"MixtralForCausalLM"}, 4096 * 32, -1, true},
   };
   return formats;
 }
@@ -425,8 +427,10 @@ void parse_sliding_window(const ConfigObject& cfg, ModelConfig& c) {
   bool layer_types = true;              // whether the family reads layer_types
   switch (c.family) {
     case Family::Mistral:  // every layer; MistralModel ignores layer_types
+    case Family::Mixtral:  // the same, but MixtralConfig's default is no window
       slides = [](int64_t) { return true; };
       layer_types = false;
+      if (c.family == Family::Mixtral && !cfg.written("sliding_window")) return;
       break;
     case Family::Gemma2: slides = [](int64_t l) { return l % 2 == 0; }; break;
     case Family::Gemma3: {  // five of every sliding_window_pattern (6) layers
@@ -500,6 +504,23 @@ void parse_experts(const ConfigObject& cfg, ModelConfig& c) {
     m.sparse_layers.push_back(!dense[size_t(l)] && (l + 1) % step == 0);
 }
 
+// MixtralConfig's experts: every layer sparse, intermediate_size their width, top-k always
+// renormalised (MixtralTopKRouter divides by the sum).
+void parse_mixtral_experts(const ConfigObject& cfg, ModelConfig& c) {
+  auto& m = c.moe;
+  m.experts = cfg.positive_int_or("num_local_experts", 8);
+  m.experts_per_token = cfg.positive_int_or("num_experts_per_tok", 2);
+  m.intermediate_size = c.intermediate_size;
+  m.norm_topk_prob = true;
+  m.router_aux_loss_coef = non_negative_number_or(cfg, "router_aux_loss_coef", 0.001);
+  m.output_router_logits = cfg.bool_or("output_router_logits", false);
+  if (non_negative_number_or(cfg, "router_jitter_noise", 0.0) > 0)
+    fail("{}: key 'router_jitter_noise': a positive value is not supported (MixtralSparseMoeBlock scales each "
+         "hidden state by random noise in training; keel does not; expected 0)",
+         cfg.path());
+  m.sparse_layers.assign(size_t(std::min(c.num_layers, kMaxLayers)), true);
+}
+
 // LlamaForCausalLM, Qwen2ForCausalLM, GlmForCausalLM, Qwen3ForCausalLM and MistralForCausalLM share
 // transformers' key names.
 void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
@@ -522,7 +543,9 @@ void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
   }
   require_default_rope(cfg, "rope_scaling", true);
   require_default_rope(cfg, "rope_parameters", false);
-  c.rope_theta = cfg.positive_number_or("rope_theta", rope_parameter(cfg, "rope_theta").value_or(10000.0));
+  // The config class's default_theta where neither key says: Mixtral's 1e6, the others' 1e4.
+  const double default_theta = c.family == Family::Mixtral ? 1000000.0 : 10000.0;
+  c.rope_theta = cfg.positive_number_or("rope_theta", rope_parameter(cfg, "rope_theta").value_or(default_theta));
   if (c.family == Family::Gemma3) {  // Gemma3TextConfig: global and local bases
     c.rope_theta = cfg.positive_number_or(
         "rope_theta", rope_parameter(cfg, "rope_theta", "full_attention").value_or(1000000.0));
@@ -553,6 +576,7 @@ void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
       parse_experts(cfg, c);
       break;
     case Family::Mistral: break;  // MistralAttention has no biases, whatever the config says
+    case Family::Mixtral: parse_mixtral_experts(cfg, c); break;  // MixtralAttention has no biases either
     case Family::Gemma2: refuse_attention_bias(cfg, "Gemma2ForCausalLM"); break;
     case Family::Gemma3:
       refuse_attention_bias(cfg, "Gemma3ForCausalLM");
@@ -731,6 +755,14 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
     case Family::Mistral:
       f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
       break;
+    case Family::Mixtral:
+      f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
+      f["num_local_experts"] = std::to_string(c.moe.experts);
+      f["num_experts_per_tok"] = std::to_string(c.moe.experts_per_token);
+      f["router_aux_loss_coef"] = json_number(c.moe.router_aux_loss_coef);
+      f["output_router_logits"] = json_bool(c.moe.output_router_logits);
+      f["router_jitter_noise"] = "0.0";
+      break;
     case Family::Gemma2:
     case Family::Gemma3: {
       f["attention_bias"] = "false";
@@ -876,7 +908,8 @@ void validate(const ModelConfig& c, const std::string& where) {
 
   // What each format can express: a config outside it could not be exported faithfully.
   bool transformers_rope = c.family == Family::Llama || c.family == Family::Qwen2 || c.family == Family::Qwen3 ||
-                           c.family == Family::Qwen3Moe || c.family == Family::Mistral || c.gemma();
+                           c.family == Family::Qwen3Moe || c.family == Family::Mistral || c.family == Family::Mixtral ||
+                           c.gemma();
   require(c.rope_interleaved != transformers_rope,
           "{}: rope_interleaved: the {} format expects {} RoPE pairs, found the other layout", where, family,
           transformers_rope ? "half-split (i, i + d/2)" : "interleaved (2i, 2i+1)");
@@ -890,7 +923,7 @@ void validate(const ModelConfig& c, const std::string& where) {
           "{}: qkv_bias: the llama format has no q/k/v-only biases (attention_bias adds an o_proj bias too)", where);
   require(c.family != Family::Qwen2 || c.qkv_bias, "{}: qkv_bias: the qwen2 format always has q/k/v biases", where);
   require(!c.qkv_bias || (c.family != Family::Qwen3 && c.family != Family::Qwen3Moe && c.family != Family::Mistral &&
-                          !c.gemma()),
+                          c.family != Family::Mixtral && !c.gemma()),
           "{}: qkv_bias: the {} format has no q/k/v-only biases", where, family);
   const bool head_norms = c.family == Family::Qwen3 || c.family == Family::Qwen3Moe || c.family == Family::Gemma3;
   require(c.qk_norm == head_norms, "{}: qk_norm: the {} format {} q/k norms", where, family,
@@ -911,14 +944,22 @@ void validate(const ModelConfig& c, const std::string& where) {
           "{}: soft caps, query_pre_attn_scalar and local RoPE base: expected finite non-negative numbers", where);
   require(c.sliding_window >= 0 && c.sliding_window < kMaxPositions,
           "{}: sliding_window: expected 0 (none) or a positive number of positions, found {}", where, c.sliding_window);
-  require(c.sliding_window == 0 || c.family == Family::Mistral || c.family == Family::Qwen3 || c.gemma(),
+  require(c.sliding_window == 0 || c.family == Family::Mistral || c.family == Family::Mixtral ||
+              c.family == Family::Qwen3 || c.gemma(),
           "{}: sliding_window: the {} format has no sliding-window attention", where, family);
   require(c.sliding_window == 0 ? c.sliding_layers.empty() : int64_t(c.sliding_layers.size()) == c.num_layers,
           "{}: sliding_layers: expected one entry per layer ({}) with a sliding window, none without, found {}", where,
           c.num_layers, c.sliding_layers.size());
   const auto& m = c.moe;
-  require((c.family == Family::Qwen3Moe) == (m.experts > 0), "{}: num_experts: the {} format {}", where, family,
-          c.family == Family::Qwen3Moe ? "has experts (a positive num_experts)" : "has no experts");
+  const bool moe_format = c.family == Family::Qwen3Moe || c.family == Family::Mixtral;
+  require(moe_format == (m.experts > 0), "{}: num_experts: the {} format {}", where, family,
+          moe_format ? "has experts (a positive number of them)" : "has no experts");
+  require(c.family != Family::Mixtral ||
+              (m.norm_topk_prob && m.intermediate_size == c.intermediate_size &&
+               std::find(m.sparse_layers.begin(), m.sparse_layers.end(), false) == m.sparse_layers.end()),
+          "{}: the mixtral format has experts of width intermediate_size on every layer, their weights "
+          "renormalised",
+          where);
   if (m.experts > 0) {
     check_size(where, "num_experts", m.experts, int64_t(1) << 16);
     check_size(where, "moe_intermediate_size", m.intermediate_size, kMaxIntermediate);

@@ -23,9 +23,10 @@ enum class Family : uint8_t {
   Gemma2,       // Gemma2ForCausalLM (sandwich norms, GeGLU, soft-capping, alternating windows)
   Gemma3,       // Gemma3ForCausalLM, text (Gemma 2's layout + q/k norms and a local RoPE base)
   Qwen3Moe,     // Qwen3MoeForCausalLM (Qwen3's attention + mixture-of-experts MLPs)
+  Mixtral,      // MixtralForCausalLM (Mistral's attention + a mixture of experts on every layer)
 };
 
-// "llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe"
+// "llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral"
 std::string family_name(Family f);
 Family family_from_name(const std::string& name);  // inverse; throws keel::Error listing valid names
 // What users call the family: "Llama", "GLM-4", "Gemma 2", ...
@@ -84,11 +85,12 @@ struct ModelConfig {
     bool double_quantization = false;
   };
   std::optional<SavedFourBit> saved_four_bit;
-  // Mixture of experts (Qwen3-MoE): a sparse layer's MLP is `experts` SwiGLU experts of width
-  // moe_intermediate_size, each token sent to the experts_per_token with the highest router
+  // Mixture of experts (Qwen3-MoE, Mixtral): a sparse layer's MLP is `experts` SwiGLU experts of
+  // width moe_intermediate_size, each token sent to the experts_per_token with the highest router
   // probability (softmax over the router's logits) and its output their sum weighted by those
-  // probabilities (renormalised to sum to 1 with norm_topk_prob). The other layers keep the dense
-  // MLP of width intermediate_size. experts == 0: a dense model.
+  // probabilities (renormalised to sum to 1 with norm_topk_prob: always for Mixtral). The other
+  // layers keep the dense MLP of width intermediate_size (Mixtral has none: every layer is sparse,
+  // and its intermediate_size is the experts' width). experts == 0: a dense model.
   struct Experts {
     int64_t experts = 0, experts_per_token = 0, intermediate_size = 0;
     bool norm_topk_prob = false;

@@ -68,19 +68,23 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& id
     } else {
       out.push_back({pre + "post_attention_layernorm.weight", p.post_norm, 0, H, 0});
     }
-    if (c.sparse_layer(l)) {  // the router (mlp.gate), then the experts
+    if (c.sparse_layer(l)) {  // the router (gate), then the experts
       const int64_t E = c.moe.experts, IM = c.moe.intermediate_size;
-      out.push_back({pre + "mlp.gate.weight", p.router, 0, E, H});
-      if (layout == ExpertLayout::Fused) {
+      if (layout == ExpertLayout::Fused) {  // transformers 5's in-memory names, every family's
+        out.push_back({pre + "mlp.gate.weight", p.router, 0, E, H});
         out.push_back({pre + "mlp.experts.gate_up_proj", p.experts_gate_up, 0, E * 2 * IM, H, E});
         out.push_back({pre + "mlp.experts.down_proj", p.experts_down, 0, E * H, IM, E});
         continue;
       }
+      // Published: Qwen3-MoE's mlp.experts.N.{gate,up,down}_proj, Mixtral's block_sparse_moe.experts.N.{w1,w3,w2}.
+      const bool mixtral = c.family == Family::Mixtral;
+      const std::string block = pre + (mixtral ? "block_sparse_moe." : "mlp.");
+      out.push_back({block + "gate.weight", p.router, 0, E, H});
       for (int64_t e = 0; e < E; ++e) {
-        const std::string expert = pre + "mlp.experts." + std::to_string(e) + ".";
-        out.push_back({expert + "gate_proj.weight", p.experts_gate_up, e * 2 * IM, IM, H});
-        out.push_back({expert + "up_proj.weight", p.experts_gate_up, e * 2 * IM + IM, IM, H});
-        out.push_back({expert + "down_proj.weight", p.experts_down, e * H, H, IM});
+        const std::string expert = block + "experts." + std::to_string(e) + ".";
+        out.push_back({expert + (mixtral ? "w1.weight" : "gate_proj.weight"), p.experts_gate_up, e * 2 * IM, IM, H});
+        out.push_back({expert + (mixtral ? "w3.weight" : "up_proj.weight"), p.experts_gate_up, e * 2 * IM + IM, IM, H});
+        out.push_back({expert + (mixtral ? "w2.weight" : "down_proj.weight"), p.experts_down, e * H, H, IM});
       }
       continue;
     }
