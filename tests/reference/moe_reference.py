@@ -27,7 +27,9 @@ Qwen3MoeForCausalLM.from_pretrained, which must give the same tensors.
 
 --family mixtral runs the same checks on a tiny MixtralForCausalLM (8 experts, top-2 renormalised,
 every layer sparse, a sliding window of 5; published names block_sparse_moe.experts.N.{w1,w3,w2}).
---dtype bf16 measures keel's bf16 run against torch's fp32 one (bf16_yardstick). KEEL_MOE_SEED sets
+--dtype bf16 measures keel's bf16 run against torch's fp32 one (bf16_yardstick). --lora trains
+PEFT's LoRA on the attention's projections instead (LORA_TARGETS), from a PEFT-saved adapter, and
+compares keel's final adapter, which PeftModel.from_pretrained must load. KEEL_MOE_SEED sets
 the model's seed (default train_reference's MODEL_SEED), to measure how bf16's distances spread.
 """
 import argparse
@@ -176,13 +178,43 @@ def attention_masks(records):
     return masks
 
 
+# --lora: PEFT's LoRA on the attention's projections (the experts and the router stay frozen, as
+# PEFT leaves them: in transformers 5 they are parameters, not nn.Linear modules). B starts random
+# (PEFT's zero B would make A's first gradient zero and hide a wrong dA).
+LORA_RANK, LORA_ALPHA, LORA_TARGETS = 4, 8, ["q_proj", "k_proj", "v_proj", "o_proj"]
+LORA = [None]  # the initial adapter's directory, set by main() with --lora
+
+
+def write_initial_adapter(cfg, init, out):
+    from peft import LoraConfig, get_peft_model
+    model = get_peft_model(build_model(cfg, init), LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
+                                                              target_modules=LORA_TARGETS, bias="none",
+                                                              task_type="CAUSAL_LM"))
+    g = torch.Generator().manual_seed(tr.SEED + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    model.save_pretrained(out)
+    return adapter_tensors(model)
+
+
+def adapter_tensors(model):
+    from peft.utils import get_peft_model_state_dict
+    return {k: v.detach().to(torch.float32).clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
 def torch_train(cfg, init, records, mode="fp32", attention="sdpa"):
     """Hugging Face Trainer semantics for Qwen3MoeForCausalLM (see the module docstring). mode "bf16":
-    the forward pass under bf16 autocast, fp32 master weights (the Trainer's bf16=True)."""
+    the forward pass under bf16 autocast, fp32 master weights (the Trainer's bf16=True). With --lora
+    the PeftModel trains, only its adapter's matrices."""
     pdtype = torch.float32
     model = build_model(cfg, init, attention).to(pdtype)
+    if LORA[0]:
+        from peft import PeftModel
+        model = PeftModel.from_pretrained(model, LORA[0], is_trainable=True)
     no_decay = hf.no_decay_parameter_names(model)
-    named = [(n, p) for n, p in model.named_parameters()]
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
         {"params": [p for n, p in named if n not in no_decay], "weight_decay": tr.WEIGHT_DECAY},
         {"params": [p for n, p in named if n in no_decay], "weight_decay": 0.0},
@@ -212,6 +244,8 @@ def torch_train(cfg, init, records, mode="fp32", attention="sdpa"):
         sched.step()
         steps.append({"step": step + 1, "loss": loss_logged, "aux_loss": aux_sum / tr.GRAD_ACCUM, "lr": lr,
                       "grad_norm": grad_norm})
+    if LORA[0]:
+        return steps, adapter_tensors(model)
     return steps, {n: p.detach().to(torch.float32).clone() for n, p in model.named_parameters()}
 
 
@@ -376,6 +410,7 @@ def main():
     ap.add_argument("--family", default="qwen3_moe", choices=("qwen3_moe", "mixtral"))
     ap.add_argument("--layout", default="per_expert", choices=("per_expert", "fused"))
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
+    ap.add_argument("--lora", action="store_true", help="LoRA on the attention against PEFT (above)")
     ap.add_argument("--backend", default="cpu", choices=("cpu", "reference"),
                     help="keel's compute backend (the recipe's `backend` key)")
     ap.add_argument("--gradient-checkpointing", action="store_true",
@@ -393,19 +428,40 @@ def main():
     init = random_tensors(model, int(os.environ.get("KEEL_MOE_SEED", tr.MODEL_SEED)))
     check_save_pretrained_layout(build_model(cfg, init), failures)
     records = write_inputs(work, cfg, init, args.layout, args.backend, args.gradient_checkpointing, args.dtype)
+    model_init = init
+    if args.lora:
+        LORA[0] = os.path.join(work, "initial_adapter")
+        shutil.rmtree(LORA[0], ignore_errors=True)
+        init = write_initial_adapter(cfg, model_init, LORA[0])
+        with open(os.path.join(work, "recipe.toml"), "a") as f:
+            f.write('finetuning_type = "lora"\nlora_rank = %d\nlora_alpha = %d\nlora_target = %s\n'
+                    "adapter_name_or_path = %s\n" % (LORA_RANK, LORA_ALPHA, json.dumps(", ".join(LORA_TARGETS)),
+                                                     json.dumps(LORA[0])))
     failures += tr.run_keel(os.path.abspath(args.keel), work, args.timeout)
     if failures:
         print("FAIL: " + "; ".join(failures))
         return 1
-    steps, final = torch_train(cfg, init, records)
+    steps, final = torch_train(cfg, model_init, records)
     tols = None
     if args.dtype == "bf16":
-        runs = [torch_train(cfg, init, records, "bf16", attention) for attention in ("sdpa", "eager")]
+        runs = [torch_train(cfg, model_init, records, "bf16", attention) for attention in ("sdpa", "eager")]
         tols = bf16_yardstick(init, runs, (steps, final))
-    metrics, _, ktensors = tr.read_keel_outputs(os.path.join(work, "out"), failures)
+    final_dir = os.path.join(work, "out", "final")
+    if args.lora:  # keel's final/ is the adapter, as PEFT saves it
+        metrics = tr.read_metrics(os.path.join(work, "out", "metrics.jsonl"), failures)
+        ktensors = hf.load_safetensors(os.path.join(final_dir, "adapter_model.safetensors"))
+    else:
+        metrics, _, ktensors = tr.read_keel_outputs(os.path.join(work, "out"), failures)
     compare(steps, final, init, metrics, ktensors, failures, tols)
-    if ktensors is not None:
-        check_from_pretrained(os.path.join(work, "out", "final"), ktensors, failures)
+    if ktensors is not None and args.lora:  # PEFT loads keel's adapter
+        from peft import PeftModel
+        loaded = adapter_tensors(PeftModel.from_pretrained(build_model(cfg, model_init), final_dir))
+        if set(loaded) != set(ktensors) or any(not torch.equal(loaded[n], ktensors[n].float()) for n in loaded):
+            failures.append("PeftModel.from_pretrained(keel's adapter) does not hold its tensors")
+        else:
+            print("PEFT's from_pretrained reads keel's adapter: %d tensors, equal" % len(loaded))
+    elif ktensors is not None:
+        check_from_pretrained(final_dir, ktensors, failures)
     if failures:
         print("\nFAIL: %d problem(s):" % len(failures))
         for f in failures:

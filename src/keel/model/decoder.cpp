@@ -706,7 +706,8 @@ void Decoder::lora_backward(const MicroBatch& mb, int64_t layer, LinearSlot slot
 
 namespace {
 
-// bf16 precision: the products read the weights' bf16 copies.
+// bf16 precision: the products read the weights' bf16 copies (under LoRA the frozen experts are
+// held in bf16 only, and weight() is null: the bf16 products never read it).
 ExpertsWeights experts_weights(const ParamStore& P, const LayerParamIds& p, bool bf) {
   ExpertsWeights w{P.weight(p.router), P.weight(p.experts_gate_up), P.weight(p.experts_down)};
   if (bf) {

@@ -288,10 +288,10 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           max_batch, max_seq);
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
   // What the mixture-of-experts layers (experts.h) do not run yet, refused rather than run wrong.
-  require(!config.has_experts() || (!options.lora.enabled() && !options.shard_weights && !options.shard_masters &&
-                                    !options.cast_per_position),
-          "{} ({}): mixture-of-experts models train with full fine-tuning, without ZeRO-3 or sharded masters, in this "
-          "version of keel (LoRA and QLoRA on experts are not implemented yet)",
+  require(!config.has_experts() ||
+              (!options.four_bit_base && !options.shard_weights && !options.shard_masters && !options.cast_per_position),
+          "{} ({}): mixture-of-experts models train with full fine-tuning or LoRA, without 4-bit weights (QLoRA), "
+          "ZeRO-3 or sharded masters, in this version of keel",
           family_display_name(config.family), config.architecture);
   // Every HF tensor of a projection must start and end on a 64-element 4-bit block, as bitsandbytes
   // quantizes each on its own.
