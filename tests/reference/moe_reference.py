@@ -23,7 +23,8 @@ the same training runs in PyTorch as Hugging Face's Trainer runs it for this mod
 Compared per step: the loss (aux included), aux_loss (the mean of the micro-batches' load-balancing
 losses), grad_norm and lr, within 1e-5; every final tensor within 1e-5 of torch's (its update
 within 1e-2), each expert's by name. keel's exported directory is then read by
-Qwen3MoeForCausalLM.from_pretrained, which must give the same tensors.
+Qwen3MoeForCausalLM.from_pretrained, which must give the same tensors, and (fp32) `keel generate`'s
+greedy continuations of it must equal transformers' generate on it.
 
 --family mixtral runs the same checks on a tiny MixtralForCausalLM (8 experts, top-2 renormalised,
 every layer sparse, a sliding window of 5; published names block_sparse_moe.experts.N.{w1,w3,w2}).
@@ -402,6 +403,26 @@ def check_from_pretrained(out_dir, ktensors, failures):
         print("transformers' from_pretrained reads keel's export: %d tensors, equal" % len(loaded))
 
 
+PROMPTS = ([5, 17, 42, 9, 100, 7], [200, 3, 3, 81], [11])
+
+
+def check_generate(keel, final_dir, failures):
+    """keel generate's greedy continuations of keel's trained model equal transformers' generate on
+    the same checkpoint (its KV cache, the experts routed token by token)."""
+    import subprocess
+    model = model_class({"model_type": FAMILY[0]}).from_pretrained(final_dir, dtype=torch.float32)
+    model.eval()
+    for prompt in PROMPTS:
+        expected = hf.greedy_generate(model, prompt, 16)
+        r = subprocess.run([keel, "generate", "--model", final_dir, "--prompt-ids", ",".join(map(str, prompt)),
+                            "--max-new-tokens", "16", "--ids"], capture_output=True, text=True)
+        got = [int(x) for x in r.stdout.split()] if r.returncode == 0 else r.stderr.strip()[-300:]
+        print("%s generate %s: keel %s, transformers %s" % ("ok  " if got == expected else "FAIL", prompt, got,
+                                                              expected))
+        if got != expected:
+            failures.append("keel generate %s: %s, transformers' generate %s" % (prompt, got, expected))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keel", required=True, help="path to the keel binary")
@@ -462,6 +483,8 @@ def main():
             print("PEFT's from_pretrained reads keel's adapter: %d tensors, equal" % len(loaded))
     elif ktensors is not None:
         check_from_pretrained(final_dir, ktensors, failures)
+        if args.dtype == "fp32" and args.backend == "cpu":  # fp32: tokens stable where logits agree to rounding
+            check_generate(os.path.abspath(args.keel), final_dir, failures)
     if failures:
         print("\nFAIL: %d problem(s):" % len(failures))
         for f in failures:

@@ -1,5 +1,7 @@
 #include "keel/model/generator.h"
 
+#include "keel/model/experts.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -29,9 +31,9 @@ void Generator::linear(const float* x, int weight, int64_t rows, int64_t in, int
 Generator::Generator(const Decoder& decoder, int64_t max_length, GenerationWeights weights)
     : decoder_(decoder), backend_(decoder.backend()), c_(decoder.config()), max_length_(max_length), weights_(weights) {
   require(max_length > 0, "generation: max_length must be positive");
-  require(!c_.has_experts(),
-          "generation: {} ({}) is a mixture-of-experts model, and keel's generator runs dense MLPs only in this "
-          "version",
+  require(!c_.has_experts() || weights == GenerationWeights::F32,
+          "generation: {} ({}) is a mixture-of-experts model, whose experts keel's generator runs on the fp32 "
+          "weights only in this version (--weights f32)",
           family_display_name(c_.family), c_.architecture);
   require(
       decoder.params().compute_only_total() == 0 && decoder.params().four_bit_total() == 0 && !decoder.has_adapter(),
@@ -124,6 +126,10 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
       linear(attn_.data(), p.o_weight, n, Q, H, h_.data(), 1.0f);
     }
     backend_.rmsnorm_forward(hidden, h_.data(), P.weight(p.post_norm), xn_.data(), rstd.data(), nullptr);
+    if (c_.sparse_layer(l)) {  // x = h + the experts' weighted outputs (experts.h), as in training
+      routed_experts(l, n);
+      continue;
+    }
     linear(xn_.data(), p.gate_up_weight, n, H, 2 * inter, gate_up_.data(), 0.0f);
     backend_.glu_forward(c_.mlp_activation, gate_up_.data(), n, inter, act_.data(), nullptr);
     std::memcpy(x_.data(), h_.data(), sizeof(float) * n * H);
@@ -141,6 +147,30 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
   linear(xn_.data(), I.lm_head, 1, H, c_.vocab_size, logits_.data(), 0.0f);
   if (c_.final_logit_softcap > 0) backend_.soft_cap(logits_.data(), c_.vocab_size, c_.final_logit_softcap);
   return logits_;
+}
+
+void Generator::routed_experts(int64_t layer, int64_t n) {
+  const ExpertsShape s = experts_shape(c_, n);
+  const int64_t R = s.routed(), H = s.hidden, I = s.inter;
+  routed_f_.resize(size_t(n * s.experts + R + R * (H + 2 * I + I + H)));
+  routed_i_.resize(size_t(R + s.experts + 1 + 2 * R));
+  float* f = routed_f_.data();
+  int32_t* i = routed_i_.data();
+  RoutedActivations a;
+  a.probs = f, f += n * s.experts;
+  a.weight = f, f += R;
+  a.in = f, f += R * H;
+  a.gate_up = f, f += R * 2 * I;
+  a.act = f, f += R * I;
+  a.out = f;
+  a.choice = i, i += R;
+  a.expert_rows = i, i += s.experts + 1;
+  a.row_slot = i, i += R;
+  a.token_rows = i;
+  const auto& P = decoder_.params();
+  const auto& p = decoder_.ids().layers[size_t(layer)];
+  const ExpertsWeights w{P.weight(p.router), P.weight(p.experts_gate_up), P.weight(p.experts_down)};
+  experts_forward(backend_, s, xn_.data(), nullptr, w, a, h_.data(), x_.data(), nullptr, nullptr);
 }
 
 int32_t Generator::sample(const SamplingOptions& o) {

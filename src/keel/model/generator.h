@@ -56,6 +56,10 @@ class Generator {
   kernels::RopeTable rope_, rope_local_;  // rope_local_: Gemma 3's sliding layers
   std::vector<std::vector<float>> k_cache_, v_cache_;  // per layer [max_length, kv_heads * head_dim]
   std::vector<float> x_, xn_, qkv_, attn_, h_, gate_up_, act_, logits_;
+  // A sparse layer's MLP: x_ = h_ + the experts' outputs for xn_ (experts.h), its routed rows here.
+  void routed_experts(int64_t layer, int64_t n);
+  std::vector<float> routed_f_;
+  std::vector<int32_t> routed_i_;
   std::vector<float> branch_;  // sandwich norms: a branch's output before its norm
   std::vector<float> qk_rstd_;  // q/k norms: each head's rstd (not needed after, but the kernel writes it)
   std::mt19937_64 rng_;
