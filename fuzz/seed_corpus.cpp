@@ -85,6 +85,13 @@ model::ModelConfig family_config(model::Family family) {
     c.sliding_window = 32;
     c.sliding_layers = {true, !c.gemma()};
   }
+  if (family == model::Family::Qwen3Moe || family == model::Family::Mixtral) {  // 4 experts, top 2
+    c.moe.experts = 4;
+    c.moe.experts_per_token = 2;
+    c.moe.intermediate_size = family == model::Family::Mixtral ? c.intermediate_size : 32;
+    c.moe.norm_topk_prob = family == model::Family::Mixtral;
+    c.moe.sparse_layers = {true, family == model::Family::Mixtral};
+  }
   model::validate(c, "seed");
   return c;
 }
