@@ -310,6 +310,7 @@ class Trainer {
     if (preference_) fmt::print(log_, "keel: {}\n", preference_->describe());
     if (decoder_.has_adapter()) print_lora();
     print_padding_row();
+    print_experts();
     {
       // The logits buffer is the step's largest scratch: its size is a choice keel makes (or the recipe).
       const int64_t chunk = decoder_.lm_head_chunk();
@@ -385,6 +386,26 @@ class Trainer {
                "keel: the embedding row of pad token{} (id {}, pad_token_id) gets no gradient from its lookups, as "
                "transformers' nn.Embedding(padding_idx=pad_token_id){}\n",
                text, row, config_.tie_word_embeddings ? "; as the tied LM head it still trains" : "");
+  }
+
+  // A mixture of experts: which layers are sparse and how they route, and whether the
+  // load-balancing loss joins the loss (it is reported as aux_loss either way).
+  void print_experts() {
+    const auto& m = config_.moe;
+    if (!config_.has_experts()) return;
+    int64_t sparse = 0;
+    for (int64_t l = 0; l < config_.num_layers; ++l) sparse += config_.sparse_layer(l);
+    fmt::print(log_, "keel: {} of {} layers route each token to {} of {} experts{}; ", sparse, config_.num_layers,
+               m.experts_per_token, m.experts, m.norm_topk_prob ? " (weights renormalised)" : "");
+    if (config_.aux_loss_weight() > 0)
+      fmt::print(log_,
+                 "the load-balancing loss is added x {} per micro-batch (output_router_logits, as transformers' "
+                 "Trainer adds it), and reported as aux_loss\n",
+                 m.router_aux_loss_coef);
+    else
+      fmt::print(log_,
+                 "the load-balancing loss is reported as aux_loss, not added (output_router_logits is false in "
+                 "config.json)\n");
   }
 
   // What LoRA trains, said once: the modules, the scaling, and the share of the model that trains.
