@@ -1,4 +1,3 @@
-#include "keel/core/json_text.h"
 #include "keel/model/config.h"
 
 #include <fmt/format.h>
@@ -15,74 +14,15 @@
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/core/json_text.h"
+#include "keel/model/config_formats.h"
 
 namespace keel::model {
 namespace {
 
+using namespace config_formats;
+
 namespace dom = simdjson::dom;
-
-// --- the four formats ---------------------------------------------------------------------------
-
-// Where each size lives in a format's config.json, so parser, writer and error messages agree.
-struct FormatKeys {
-  const char* vocab;
-  const char* hidden;
-  const char* intermediate;
-  const char* layers;
-  const char* heads;
-  const char* kv_heads;
-  const char* head_dim;
-  const char* norm_eps;
-  const char* max_positions;
-};
-constexpr FormatKeys kTransformersKeys{"vocab_size",        "hidden_size",         "intermediate_size",
-                                       "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                                       "head_dim",          "rms_norm_eps",        "max_position_embeddings"};
-// THUDM's remote-code ChatGLMConfig (configuration_chatglm.py).
-constexpr FormatKeys kChatGlmKeys{"padded_vocab_size", "hidden_size",         "ffn_hidden_size",
-                                  "num_layers",        "num_attention_heads", "multi_query_group_num",
-                                  "kv_channels",       "layernorm_epsilon",   "seq_length"};
-
-const FormatKeys& keys_of(Family f) { return f == Family::GlmOriginal ? kChatGlmKeys : kTransformersKeys; }
-
-struct FamilyFormat {
-  Family family;
-  std::string_view name;                        // keel's name (recipes, CLI)
-  std::string_view display_name;                // what users call it (`keel --help`)
-  std::string_view model_type;                  // config.json "model_type"
-  std::vector<std::string_view> architectures;  // first one is what keel writes
-  int64_t default_max_positions;                // the config class's default
-  // pad_token_id when config.json has no such key: the config class's default (-1: None).
-  int64_t default_pad_token_id;
-  // Whether the family's modeling file builds its embedding as nn.Embedding(vocab, hidden,
-  // padding_idx=config.pad_token_id), so the pad row gets no gradient from its lookups (every
-  // transformers class does; THUDM's ChatGLM remote code does not).
-  bool embedding_padding_idx;
-};
-
-const std::vector<FamilyFormat>& family_formats() {
-  static const std::vector<FamilyFormat> formats = {
-      {Family::Llama, "llama", "Llama", "llama", {"LlamaForCausalLM"}, 2048, -1, true},
-      {Family::Qwen2, "qwen2", "Qwen2", "qwen2", {"Qwen2ForCausalLM"}, 32768, -1, true},
-      {Family::Glm, "glm", "GLM-4", "glm", {"GlmForCausalLM"}, 131072, 151329, true},
-      {Family::GlmOriginal, "glm_original", "ChatGLM-format GLM-4", "chatglm",
-       {"ChatGLMModel", "ChatGLMForConditionalGeneration"}, 2048, -1, false},
-      {Family::Qwen3, "qwen3", "Qwen3", "qwen3", {"Qwen3ForCausalLM"}, 32768, -1, true},
-      {Family::Mistral, "mistral", "Mistral", "mistral", {"MistralForCausalLM"}, 4096 * 32, -1, true},
-      {Family::Gemma2, "gemma2", "Gemma 2", "gemma2", {"Gemma2ForCausalLM"}, 8192, 0, true},
-      {Family::Gemma3, "gemma3", "Gemma 3", "gemma3_text", {"Gemma3ForCausalLM"}, 131072, 0, true},
-      {Family::Qwen3Moe, "qwen3_moe", "Qwen3-MoE", "qwen3_moe", {"Qwen3MoeForCausalLM"}, 32768, -1, true},
-      {Family::Mixtral, "mixtral", "Mixtral", "mixtral", {"MixtralForCausalLM"}, 4096 * 32, -1, true},
-  };
-  return formats;
-}
-
-const FamilyFormat& format_of(Family f) {
-  for (const auto& format : family_formats()) {
-    if (format.family == f) return format;
-  }
-  fail("model config: unknown family value {}", int(f));
-}
 
 std::string supported_architectures() {
   std::string list;
@@ -101,67 +41,6 @@ constexpr int64_t kMaxHeads = int64_t(1) << 14;
 constexpr int64_t kMaxHeadDim = int64_t(1) << 14;
 constexpr int64_t kMaxProjection = int64_t(1) << 22;  // heads * head_dim
 constexpr int64_t kMaxPositions = int64_t(1) << 31;
-constexpr double kGlmRopeBase = 10000.0;  // ChatGLM: base = 10000 * rope_ratio
-
-// --- JSON text -----------------------------------------------------------------------------------
-
-// Shortest text that reads back to the same double, written as Python's json does (10000.0,
-// 1e-05) so that a float stays a float for readers that care.
-std::string json_number(double v) {
-  std::string text = fmt::format("{}", v);
-  if (text.find_first_of(".eni") == std::string::npos) text += ".0";
-  return text;
-}
-
-const char* json_bool(bool v) { return v ? "true" : "false"; }
-
-// Pretty-printed like Python's json.dumps(indent=2), the layout transformers writes.
-void append_pretty(std::string& out, dom::element e, int indent) {
-  // An array's or object's members, one a line, `member(item)` writing each after its indent.
-  auto container = [&](auto members, char open, char close, auto&& member) {
-    if (members.size() == 0) {
-      out += open;
-      out += close;
-      return;
-    }
-    const std::string pad(size_t(indent) + 2, ' ');
-    out += open;
-    bool first = true;
-    for (auto item : members) {
-      out += first ? "\n" : ",\n";
-      first = false;
-      out += pad;
-      member(item);
-    }
-    out += '\n' + std::string(size_t(indent), ' ') + close;
-  };
-  switch (e.type()) {
-    case dom::element_type::ARRAY:
-      container(dom::array(e), '[', ']', [&](dom::element item) { append_pretty(out, item, indent + 2); });
-      return;
-    case dom::element_type::OBJECT:
-      container(dom::object(e), '{', '}', [&](dom::key_value_pair kv) {
-        out += json_quoted(kv.key) + ": ";
-        append_pretty(out, kv.value, indent + 2);
-      });
-      return;
-    case dom::element_type::INT64: out += std::to_string(int64_t(e)); return;
-    case dom::element_type::UINT64: out += std::to_string(uint64_t(e)); return;
-    case dom::element_type::DOUBLE: out += json_number(double(e)); return;
-    case dom::element_type::STRING: out += json_quoted(std::string_view(e)); return;
-    case dom::element_type::BOOL: out += json_bool(bool(e)); return;
-    case dom::element_type::NULL_VALUE: out += "null"; return;
-  }
-}
-
-dom::element parse_json(dom::parser& parser, const std::string& text, const std::string& path) {
-  dom::element root;
-  if (auto error = parse_json_document(parser, text, root)) {
-    fail("{}: expected valid JSON: {}", path, simdjson::error_message(error));
-  }
-  if (!root.is_object()) fail("{}: expected a JSON object at the top level, found {}", path, json_type_name(root));
-  return root;
-}
 
 // --- reading config.json -------------------------------------------------------------------------
 
@@ -657,167 +536,6 @@ std::vector<int64_t> parse_eos_token_ids(const ConfigObject& cfg) {
   return ids;
 }
 
-// --- writing config.json -------------------------------------------------------------------------
-
-// The double f nearest to target / base for which base * f == target, so that a value a reader
-// rebuilds by multiplication (rope_theta = 10000 * rope_ratio) comes back bit-identical.
-double factor_reproducing(double target, double base) {
-  double f = target / base;
-  for (int i = 0; i < 8 && base * f != target; ++i) f = std::nextafter(f, base * f < target ? INFINITY : -INFINITY);
-  return f;
-}
-
-std::string eos_json(const std::vector<int64_t>& ids) {
-  if (ids.size() == 1) return std::to_string(ids[0]);
-  return fmt::format("[{}]", fmt::join(ids, ","));
-}
-
-// Fields as key -> JSON text; std::map sorts the keys, as transformers' sort_keys=True does.
-using JsonFields = std::map<std::string, std::string>;
-
-void add_common_fields(JsonFields& f, const ModelConfig& c, DType dtype) {
-  const FamilyFormat& format = format_of(c.family);
-  std::string_view arch = format.architectures.front();
-  for (auto known : format.architectures) {
-    if (known == c.architecture) arch = known;  // keep ChatGLMForConditionalGeneration if that was read
-  }
-  f["architectures"] = fmt::format("[{}]", json_quoted(arch));
-  f["model_type"] = json_quoted(format.model_type);
-  f["torch_dtype"] = json_quoted(dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32");
-  f["tie_word_embeddings"] = json_bool(c.tie_word_embeddings);
-  // Ids the model does not have are written as null, not left out: transformers fills a missing
-  // key with the family's defaults (GlmConfig: GLM-4's pad and eos ids, beyond a new model's
-  // vocabulary), and GlmForCausalLM cannot even be built with a pad id outside the vocabulary.
-  f["eos_token_id"] = c.eos_token_ids.empty() ? "null" : eos_json(c.eos_token_ids);
-  f["bos_token_id"] = c.bos_token_id >= 0 ? std::to_string(c.bos_token_id) : "null";
-  f["pad_token_id"] = c.pad_token_id >= 0 ? std::to_string(c.pad_token_id) : "null";
-  f["use_cache"] = "true";
-}
-
-std::string layer_types_json(const ModelConfig& c) {
-  std::string types;
-  for (int64_t l = 0; l < c.num_layers; ++l)
-    types += fmt::format("{}\"{}_attention\"", l ? "," : "", c.window_of(l) > 0 ? "sliding" : "full");
-  return "[" + types + "]";
-}
-
-// The shape every format names, under that format's keys.
-void add_shape_fields(JsonFields& f, const ModelConfig& c, const FormatKeys& k) {
-  f[k.vocab] = std::to_string(c.vocab_size);
-  f[k.hidden] = std::to_string(c.hidden_size);
-  f[k.intermediate] = std::to_string(c.intermediate_size);
-  f[k.layers] = std::to_string(c.num_layers);
-  f[k.heads] = std::to_string(c.num_heads);
-  f[k.kv_heads] = std::to_string(c.num_kv_heads);
-  f[k.head_dim] = std::to_string(c.head_dim);
-  f[k.norm_eps] = json_number(c.rms_norm_eps);
-  f[k.max_positions] = std::to_string(c.max_position_embeddings);
-}
-
-void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
-  add_shape_fields(f, c, kTransformersKeys);
-  f[c.gemma() ? "hidden_activation" : "hidden_act"] = c.gemma() ? "\"gelu_pytorch_tanh\"" : "\"silu\"";
-  f["rope_theta"] = json_number(c.rope_theta);
-  f["rope_scaling"] = "null";
-  f["attention_dropout"] = "0.0";
-  switch (c.family) {
-    case Family::Llama:
-      f["attention_bias"] = "false";
-      f["mlp_bias"] = "false";
-      break;
-    case Family::Qwen2: f["use_sliding_window"] = "false"; break;
-    case Family::Qwen3: {
-      f["attention_bias"] = "false";
-      f["use_sliding_window"] = json_bool(c.sliding_window > 0);
-      f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
-      f["layer_types"] = layer_types_json(c);
-      break;
-    }
-    case Family::Qwen3Moe: {
-      f["attention_bias"] = "false";
-      f["use_sliding_window"] = "false";
-      f["sliding_window"] = "null";
-      const auto& m = c.moe;
-      f["num_experts"] = std::to_string(m.experts);
-      f["num_experts_per_tok"] = std::to_string(m.experts_per_token);
-      f["moe_intermediate_size"] = std::to_string(m.intermediate_size);
-      f["norm_topk_prob"] = json_bool(m.norm_topk_prob);
-      f["router_aux_loss_coef"] = json_number(m.router_aux_loss_coef);
-      f["output_router_logits"] = json_bool(m.output_router_logits);
-      // Every layer's kind said outright: decoder_sparse_step 1 and the dense ones listed.
-      f["decoder_sparse_step"] = "1";
-      std::string dense;
-      for (int64_t l = 0; l < c.num_layers; ++l)
-        if (!c.sparse_layer(l)) dense += (dense.empty() ? "" : ",") + std::to_string(l);
-      f["mlp_only_layers"] = "[" + dense + "]";
-      break;
-    }
-    case Family::Mistral:
-      f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
-      break;
-    case Family::Mixtral:
-      f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
-      f["num_local_experts"] = std::to_string(c.moe.experts);
-      f["num_experts_per_tok"] = std::to_string(c.moe.experts_per_token);
-      f["router_aux_loss_coef"] = json_number(c.moe.router_aux_loss_coef);
-      f["output_router_logits"] = json_bool(c.moe.output_router_logits);
-      f["router_jitter_noise"] = "0.0";
-      break;
-    case Family::Gemma2:
-    case Family::Gemma3: {
-      f["attention_bias"] = "false";
-      f["sliding_window"] = c.sliding_window > 0 ? std::to_string(c.sliding_window) : "null";
-      f["layer_types"] = layer_types_json(c);
-      // Gemma's config classes type it as an integer (and validate that): written as one when it is.
-      const double scalar = c.query_pre_attn_scalar;
-      f["query_pre_attn_scalar"] = scalar == std::floor(scalar) && scalar < 9.0e15 ? std::to_string(int64_t(scalar))
-                                                                                    : json_number(scalar);
-      f["attn_logit_softcapping"] = c.attn_logit_softcap > 0 ? json_number(c.attn_logit_softcap) : "null";
-      f["final_logit_softcapping"] = c.final_logit_softcap > 0 ? json_number(c.final_logit_softcap) : "null";
-      if (c.family == Family::Gemma3) f["rope_local_base_freq"] = json_number(c.rope_local_theta);
-      break;
-    }
-    case Family::Glm: {
-      f["attention_bias"] = json_bool(c.qkv_bias);
-      double factor = double(c.rotary_dim) / double(c.head_dim);
-      // The reader truncates head_dim * factor; make sure that lands on rotary_dim, not below.
-      for (int i = 0; i < 8 && int64_t(double(c.head_dim) * factor) < c.rotary_dim; ++i) {
-        factor = std::nextafter(factor, INFINITY);
-      }
-      f["partial_rotary_factor"] = json_number(factor);
-      break;
-    }
-    case Family::GlmOriginal: break;
-  }
-}
-
-void add_chatglm_fields(JsonFields& f, const ModelConfig& c) {
-  add_shape_fields(f, c, kChatGlmKeys);
-  f["multi_query_attention"] = json_bool(c.num_kv_heads != c.num_heads);
-  f["add_qkv_bias"] = json_bool(c.qkv_bias);
-  f["rope_ratio"] = json_number(factor_reproducing(c.rope_theta, kGlmRopeBase));
-  f["rmsnorm"] = "true";
-  f["post_layer_norm"] = "true";
-  f["apply_residual_connection_post_layernorm"] = "false";
-  f["add_bias_linear"] = "false";
-  f["original_rope"] = "true";
-  f["attention_dropout"] = "0.0";
-  f["hidden_dropout"] = "0.0";
-}
-
-std::string generated_config_json(const ModelConfig& c, DType dtype) {
-  JsonFields fields;
-  add_common_fields(fields, c, dtype);
-  if (c.family == Family::GlmOriginal) {
-    add_chatglm_fields(fields, c);
-  } else {
-    add_transformers_fields(fields, c);
-  }
-  std::string json = "{";
-  for (const auto& [key, value] : fields) json += (json.size() > 1 ? "," : "") + json_quoted(key) + ":" + value;
-  return json + "}";
-}
-
 void check_size(const std::string& where, const char* key, int64_t value, int64_t limit) {
   require(value > 0 && value < limit, "{}: {}: expected a positive integer below {}, found {}", where, key, limit,
           value);
@@ -1076,33 +794,6 @@ ModelConfig config_for_family(const ModelConfig& c, Family family) {
   out.config_json.clear();
   validate(out, fmt::format("{} model in the {} format", format_of(c.family).name, format_of(family).name));
   return out;
-}
-
-std::string model_config_json(const ModelConfig& c, DType dtype) {
-  bool original = !c.config_json.empty();
-  std::string source = original ? c.config_json : generated_config_json(c, dtype);
-  dom::parser parser;
-  dom::object root = dom::object(parse_json(parser, source, "model config (config_json)"));
-
-  // Rewrite key by key in the original order; only the dtype changes.
-  std::string dtype_text = json_quoted(dtype == DType::BF16 ? "bfloat16" : dtype == DType::F16 ? "float16" : "float32");
-  std::string out = "{";
-  bool has_dtype = false;
-  for (dom::key_value_pair kv : root) {
-    // What keel writes is full precision, even when the model was read from a 4-bit checkpoint
-    // (keel export --merge of a QLoRA run on one): its config must not claim otherwise.
-    if (kv.key == "quantization_config") continue;
-    out += out.size() > 1 ? ",\n  " : "\n  ";
-    out += json_quoted(kv.key) + ": ";
-    if (kv.key == "torch_dtype" || kv.key == "dtype") {
-      out += dtype_text;
-      has_dtype = true;
-    } else {
-      append_pretty(out, kv.value, 2);
-    }
-  }
-  if (!has_dtype) out += std::string(out.size() > 1 ? ",\n  " : "\n  ") + "\"torch_dtype\": " + dtype_text;
-  return out + "\n}\n";
 }
 
 }  // namespace keel::model

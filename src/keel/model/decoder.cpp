@@ -12,6 +12,7 @@
 #include "keel/core/process_memory.h"
 #include "keel/core/threads.h"
 #include "keel/kernels/bf16_widening.h"
+#include "keel/model/decoder_buffers.h"
 #include "keel/model/decoder_plan.h"
 #include "keel/model/experts.h"
 #include "keel/model/hf_weights.h"
@@ -42,107 +43,6 @@ kernels::RmsNormShape head_norm_shape(const ModelConfig& c, int64_t tokens, int6
 
 // torch.tensor(hidden_size**0.5, dtype=float32): Gemma's normalizer.
 float embedding_scale(const ModelConfig& c) { return float(std::sqrt(double(c.hidden_size))); }
-
-// A block's buffers (KEEL_BLOCK_BUFFERS, decoder_plan.h): null where the model or the precision
-// has none (q/k norms, sandwich norms, bf16 copies, LoRA's [modules of the block][tokens, rank]).
-struct Decoder::BlockActivations {
-#define KEEL_BLOCK_POINTER(name, type) type* name = nullptr;
-  KEEL_BLOCK_BUFFERS(KEEL_BLOCK_POINTER)
-#undef KEEL_BLOCK_POINTER
-};
-
-struct Decoder::Buffers {
-  std::vector<float*> x;  // block inputs; x[layers] is the final norm's input
-  std::vector<BlockActivations> forward, backward;
-  float *xn_final, *rstd_final;
-  bf16* xn_final_b;
-  // Gradient scratch, reused by every layer in turn.
-  float *dx, *dh, *dnorm, *dtmp, *d_act, *d_gate_up, *d_attn, *d_qkv, *d_qk, *logits;
-  bf16 *dy_b, *logits_b;
-  float* lora_du;  // LoRA: scaling * dy B of one module [tokens, rank]
-  bf16* lora_du_b;
-  float *lora_dropped, *lora_dx;  // LoRA dropout: a module's dropped-out input; its input gradient before the mask
-  bf16* lora_dropped_b;
-  float *lora_held_input, *held_grad;  // bf16 where products widen (null otherwise)
-  int64_t lora_held_input_elements, held_grad_elements;
-  float* four_bit_tile;  // QLoRA: dequantized rows of a 4-bit weight (fp32 or bf16, by precision)
-  bf16* four_bit_tile_b;
-  int64_t four_bit_tile_elements;
-  void* attention_workspace;
-  size_t attention_workspace_bytes;
-  // Mixture of experts (DecoderLayout says what each holds).
-  float *d_routed, *d_router, *d_slot, *token_mask;
-  bf16 *d_routed_b, *d_routed_gate_up_b, *d_router_b;
-  double *router_balance, *expert_load;
-
-  DecoderLayout layout;
-  // MemoryPlanning::PerTensor: the plan ids of the buffers allocated per call, and where each
-  // plan id lives while a call runs (null outside one).
-  std::vector<int> transient_ids;
-  std::vector<std::byte*> at;
-
-  // Points every activation and scratch pointer at at[plan id] (null for -1 ids).
-  void bind(const MemoryPlan& plan) {
-    const DecoderLayout& d = layout;
-    auto f32 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<float*>(at[size_t(id)]); };
-    auto b16 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<bf16*>(at[size_t(id)]); };
-    auto block = [&](const BlockIds& ids) {
-      BlockActivations a;
-#define KEEL_BLOCK_BIND(name, type) a.name = ids.name < 0 ? nullptr : reinterpret_cast<type*>(at[size_t(ids.name)]);
-      KEEL_BLOCK_BUFFERS(KEEL_BLOCK_BIND)
-#undef KEEL_BLOCK_BIND
-      return a;
-    };
-    x.resize(d.x.size());
-    forward.resize(d.forward.size());
-    backward.resize(d.backward.size());
-    for (size_t i = 0; i < d.x.size(); ++i) x[i] = f32(d.x[i]);
-    for (size_t i = 0; i < d.forward.size(); ++i) forward[i] = block(d.forward[i]);
-    for (size_t i = 0; i < d.backward.size(); ++i) backward[i] = block(d.backward[i]);
-    xn_final = f32(d.xn_final);
-    rstd_final = f32(d.rstd_final);
-    xn_final_b = b16(d.xn_final_b);
-    dx = f32(d.dx);
-    dh = f32(d.dh);
-    dnorm = f32(d.dnorm);
-    dtmp = f32(d.dtmp);
-    d_act = f32(d.d_act);
-    d_gate_up = f32(d.d_gate_up);
-    d_attn = f32(d.d_attn);
-    d_qkv = f32(d.d_qkv);
-    d_qk = f32(d.d_qk);
-    dy_b = b16(d.dy_b);
-    lora_du = f32(d.lora_du);
-    lora_du_b = b16(d.lora_du_b);
-    lora_dropped = f32(d.lora_dropped);
-    lora_dropped_b = b16(d.lora_dropped_b);
-    lora_dx = f32(d.lora_dx);
-    lora_held_input = f32(d.lora_held_input);
-    held_grad = f32(d.held_grad);
-    auto elements = [&](int id) { return id < 0 ? int64_t(0) : int64_t(plan.buffer(id).bytes / sizeof(float)); };
-    lora_held_input_elements = elements(d.lora_held_input);
-    held_grad_elements = elements(d.held_grad);
-    four_bit_tile = f32(d.four_bit_tile);
-    four_bit_tile_b = b16(d.four_bit_tile_b);
-    const int tile = d.four_bit_tile >= 0 ? d.four_bit_tile : d.four_bit_tile_b;
-    four_bit_tile_elements =
-        tile < 0 ? 0 : int64_t(plan.buffer(tile).bytes / (d.four_bit_tile >= 0 ? sizeof(float) : sizeof(bf16)));
-    attention_workspace = at[size_t(d.attention_workspace)];
-    attention_workspace_bytes = plan.buffer(d.attention_workspace).bytes;
-    logits = f32(d.logits);
-    logits_b = b16(d.logits_b);
-    d_routed = f32(d.d_routed);
-    d_router = f32(d.d_router);
-    d_slot = f32(d.d_slot);
-    d_routed_b = b16(d.d_routed_b);
-    d_routed_gate_up_b = b16(d.d_routed_gate_up_b);
-    d_router_b = b16(d.d_router_b);
-    token_mask = f32(d.token_mask);
-    auto f64 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<double*>(at[size_t(id)]); };
-    router_balance = f64(d.router_balance);
-    expert_load = f64(d.expert_load);
-  }
-};
 
 // MemoryPlanning::PerTensor: allocates every transient buffer on entry to a forward_backward /
 // forward_loss / logits_at call, each with its own malloc, and frees them all on exit. Nothing
@@ -704,97 +604,6 @@ void Decoder::lora_backward(const MicroBatch& mb, int64_t layer, LinearSlot slot
   }
 }
 
-namespace {
-
-// bf16 precision: the products read the weights' bf16 copies (under LoRA the frozen experts are
-// held in bf16 only, and weight() is null: the bf16 products never read it).
-ExpertsWeights experts_weights(const ParamStore& P, const LayerParamIds& p, bool bf) {
-  ExpertsWeights w{P.weight(p.router), P.weight(p.experts_gate_up), P.weight(p.experts_down)};
-  if (bf) {
-    w.router_b = P.weight_bf16(p.router);
-    w.gate_up_b = P.weight_bf16(p.experts_gate_up);
-    w.down_b = P.weight_bf16(p.experts_down);
-  }
-  return w;
-}
-
-RoutedActivations routed_activations(const auto& a) {
-  return {a.router_probs, a.route_choice,   a.route_weight, a.expert_rows, a.row_slot,   a.token_rows,
-          a.routed_in,    a.routed_gate_up, a.routed_act,   a.routed_out,  a.routed_in_b, a.routed_act_b};
-}
-
-RouterBalance router_balance(double* sums, int64_t experts) {
-  return {sums, sums + experts, sums + 2 * experts};
-}
-
-}  // namespace
-
-void Decoder::token_mask(const MicroBatch& mb) {
-  float* mask = buf_->token_mask;
-  for (int64_t r = 0; r < mb.batch; ++r) {
-    const int32_t* doc = mb.documents ? mb.documents + r * mb.seq : nullptr;
-    bool padding = false;
-    for (int64_t t = 0; t < mb.seq; ++t) {
-      // The loaders give padding the id one past the next document's (data/shard_loader.cpp):
-      // a row's tokens start at document 0 and step by at most one.
-      if (doc && !padding) padding = t == 0 ? doc[0] != 0 : doc[t] - doc[t - 1] >= 2;
-      mask[r * mb.seq + t] = padding ? 0.0f : 1.0f;
-    }
-  }
-}
-
-void Decoder::experts_forward(const MicroBatch& mb, int64_t l, const BlockActivations& a, float* x_out) {
-  auto& b = *buf_;
-  const int64_t N = mb.batch * mb.seq;
-  // The load-balancing sums and the expert load count the forward pass once (not its recomputation).
-  RouterBalance balance = router_balance(b.router_balance, config_.moe.experts);
-  const RoutedActivations routed = routed_activations(a);
-  const bool bf = precision_ == Precision::BF16;
-  model::experts_forward(backend_, experts_shape(config_, N), a.xn2, a.xn2_b,
-                         experts_weights(params_, ids_.layers[size_t(l)], bf), routed, a.xmid, x_out, b.token_mask,
-                         x_out ? &balance : nullptr);
-  if (!x_out) return;
-  int64_t sparse = 0;  // this layer's row of the expert load
-  for (int64_t i = 0; i < l; ++i) sparse += config_.sparse_layer(i);
-  double* load = b.expert_load + sparse * config_.moe.experts;
-  for (int64_t e = 0; e < config_.moe.experts; ++e) load[e] += double(expert_tokens(routed, e));
-}
-
-void Decoder::experts_backward(const MicroBatch& mb, int64_t l, const BlockActivations& a, const float* dy,
-                               float* dx) {
-  auto& b = *buf_;
-  auto& P = params_;
-  const LayerParamIds& p = ids_.layers[size_t(l)];
-  ExpertsGrads g;
-  if (!P.frozen()) {
-    g.router = P.grad(p.router);
-    g.gate_up = P.grad(p.experts_gate_up);
-    g.down = P.grad(p.experts_down);
-    g.down_beta = P.first_gradient_write(p.experts_down) ? 0.0f : 1.0f;
-    g.gate_up_beta = P.first_gradient_write(p.experts_gate_up) ? 0.0f : 1.0f;
-    g.router_beta = P.first_gradient_write(p.router) ? 0.0f : 1.0f;
-  }
-  const RouterBalance balance = router_balance(b.router_balance, config_.moe.experts);
-  const ExpertsScratch scratch{b.d_routed, b.d_act,      b.d_gate_up,          b.d_router,
-                               b.d_slot,   b.d_routed_b, b.d_routed_gate_up_b, b.d_router_b};
-  // In bf16 a.xn2 holds another block's data by now: the products read a.xn2_b.
-  model::experts_backward(backend_, experts_shape(config_, mb.batch * mb.seq), a.xn2, a.xn2_b,
-                          experts_weights(P, p, precision_ == Precision::BF16), routed_activations(a), dy, scratch,
-                          &balance, b.token_mask, g, dx);
-}
-
-std::span<const double> Decoder::expert_load() const {
-  if (!buf_->expert_load) return {};
-  int64_t sparse = 0;
-  for (int64_t l = 0; l < config_.num_layers; ++l) sparse += config_.sparse_layer(l);
-  return {buf_->expert_load, size_t(sparse * config_.moe.experts)};
-}
-
-void Decoder::clear_expert_load() {
-  const auto load = expert_load();
-  std::fill_n(buf_->expert_load, load.size(), 0.0);
-}
-
 void Decoder::forward(const MicroBatch& mb, double aux_weight) {
   const auto& c = config_;
   auto& b = *buf_;
@@ -803,7 +612,7 @@ void Decoder::forward(const MicroBatch& mb, double aux_weight) {
   const StepTimeline t{int32_t(L)};
   if (c.has_experts()) {
     token_mask(mb);
-    router_balance(b.router_balance, c.moe.experts).clear(c.moe.experts);
+    RouterBalance::over(b.router_balance, c.moe.experts).clear(c.moe.experts);
   }
 
   enter_position(t.forward(0));
@@ -819,7 +628,7 @@ void Decoder::forward(const MicroBatch& mb, double aux_weight) {
     forward_block(mb, l, b.x[l], b.forward[l], b.x[l + 1]);
   }
   if (c.has_experts()) {
-    RouterBalance balance = router_balance(b.router_balance, c.moe.experts);
+    RouterBalance balance = RouterBalance::over(b.router_balance, c.moe.experts);
     // balance.rows was summed through the struct's copies: the forward calls add to the buffers,
     // and the masked tokens are counted here, once per sparse layer.
     double rows = 0;

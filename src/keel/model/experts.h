@@ -91,6 +91,8 @@ struct RouterBalance {
   void clear(int64_t experts);
   // aux, and `grad` for a loss that adds weight * aux (weight 0: no gradient).
   double finish(int64_t experts, double weight);
+  // The three sums laid out one after another in `sums` (3 x experts doubles: the plan's buffer).
+  static RouterBalance over(double* sums, int64_t experts) { return {sums, sums + experts, sums + 2 * experts}; }
 };
 
 // Routes x [tokens, hidden] and runs the experts: y[t] = residual[t] + the weighted sum of its
