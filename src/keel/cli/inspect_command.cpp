@@ -29,7 +29,7 @@ namespace {
 struct InspectOptions {
   std::string data, tokenizer, chat_template = "auto";
   int64_t max_seq_len = 2048, limit = 5;
-  bool text = false, train_on_prompt = false, special_tokens_in_messages = false;
+  bool text = false, train_on_prompt = false, special_tokens_in_messages = false, stats = false;
 };
 
 class DocumentPrinter {
@@ -190,14 +190,17 @@ const CommandRegistration kInspect{
           ->capture_default_str()
           ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
       cmd.add_flag("--text", o->text, "Decoded text with the trained spans between « and »");
+      cmd.add_flag("--stats", o->stats,
+                   "A GGUF file: each tensor's values dequantized and summarised (min, max, mean, RMS, NaN/inf)");
       cmd.add_flag("--train-on-prompt", o->train_on_prompt, "JSONL: as keel prepare's --train-on-prompt");
       cmd.add_flag("--special-tokens-in-messages", o->special_tokens_in_messages,
                    "JSONL: as keel prepare's --special-tokens-in-messages");
       return [o, limit] {
         if (o->data.size() > 5 && o->data.ends_with(".gguf")) {
-          inspect_gguf(o->data, limit->count() ? o->limit : std::numeric_limits<int64_t>::max());
+          inspect_gguf(o->data, limit->count() ? o->limit : std::numeric_limits<int64_t>::max(), o->stats);
           return 0;
         }
+        require(!o->stats, "keel inspect --stats applies to a GGUF file (FILE.gguf); {} is training data", o->data);
         const bool prepared = data::is_prepared_dir(o->data);
         require(prepared || path_exists(o->data), "{}: no such file or prepared directory", o->data);
         require(prepared || !o->tokenizer.empty(), "keel inspect {}: a JSONL file needs --tokenizer to be encoded",
