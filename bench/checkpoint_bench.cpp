@@ -10,20 +10,20 @@
 
 #include "keel/model/decoder.h"
 #include "keel/checkpoint/checkpoint.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 
 using namespace keel;
 
 int main(int argc, char** argv) {
   const std::string dir = argc > 1 ? argv[1] : "/tmp/keel_checkpoint_bench";
-  run::ScratchModel m;
+  recipe::ScratchModel m;
   m.family = "llama";
   m.vocab_size = 32000;
   m.hidden_size = 768;
   m.intermediate_size = 2048;
   m.num_layers = 12;
   m.num_heads = 12;
-  model::Decoder decoder(run::scratch_model_config(m), model::Precision::BF16, 1, 16);
+  model::Decoder decoder(recipe::scratch_model_config(m), model::Precision::BF16, 1, 16);
   decoder.init_random(1);
   decoder.params().allocate_optimizer_state();
   checkpoint::TrainingState state;

@@ -60,7 +60,7 @@ def parse_args():
     return a
 
 
-def keel_run(a, model_dir, prompt, new, weights="fp32"):
+def keel_recipe(a, model_dir, prompt, new, weights="fp32"):
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     start = time.perf_counter()
     out = subprocess.run([a.keel, "generate", "--model", model_dir, "--prompt-ids", ",".join(map(str, prompt)),
@@ -110,11 +110,11 @@ def main():
         del model
 
     for weights in ("fp32", "bf16"):
-        keel_run(a, model_dir, prompts[0], 1, weights)  # warm-up: the checkpoint's pages into the cache
+        keel_recipe(a, model_dir, prompts[0], 1, weights)  # warm-up: the checkpoint's pages into the cache
         speeds, same_here = [], 0
         for i, prompt in enumerate(prompts):
-            t1, _ = keel_run(a, model_dir, prompt, 1, weights)
-            tn, ids = keel_run(a, model_dir, prompt, a.new, weights)
+            t1, _ = keel_recipe(a, model_dir, prompt, 1, weights)
+            tn, ids = keel_recipe(a, model_dir, prompt, a.new, weights)
             speeds.append((a.new - 1) / (tn - t1))
             same_here += ids == reference[i]
         rows["keel (fp32)" if weights == "fp32" else "keel (bf16 weights)"] = (statistics.median(speeds), None)

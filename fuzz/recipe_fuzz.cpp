@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fuzz_support.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace keel;
@@ -18,19 +18,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     overrides.emplace_back(rest.substr(start, end - start));
     start = end + 1;
   }
-  run::Recipe r;
+  recipe::Recipe r;
   try {
-    r = run::parse_recipe(std::string(text), "recipe.toml", overrides);
+    r = recipe::parse_recipe(std::string(text), "recipe.toml", overrides);
   } catch (const Error&) {
     return 0;
   }
-  (void)run::inactive_key_warnings(r);
-  const std::string resolved = run::recipe_to_toml(r);
+  (void)recipe::inactive_key_warnings(r);
+  const std::string resolved = recipe::recipe_to_toml(r);
   try {
-    run::Recipe back = run::parse_recipe(resolved, "resolved.toml");
-    if (run::recipe_to_toml(back) != resolved) {
+    recipe::Recipe back = recipe::parse_recipe(resolved, "resolved.toml");
+    if (recipe::recipe_to_toml(back) != resolved) {
       fuzz::property_failed("recipe_to_toml round trip changes the recipe",
-                            fmt::format("first:\n{}\nsecond:\n{}", resolved, run::recipe_to_toml(back)));
+                            fmt::format("first:\n{}\nsecond:\n{}", resolved, recipe::recipe_to_toml(back)));
     }
   } catch (const Error& e) {
     fuzz::property_failed("recipe_to_toml of a valid recipe does not parse", fmt::format("{}\n{}", resolved, e.what()));

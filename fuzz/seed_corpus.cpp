@@ -17,7 +17,7 @@
 #include "keel/formats/safetensors.h"
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/checkpoint/sharded_writer.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 namespace keel::fuzz {
 namespace {
@@ -106,27 +106,27 @@ void model_config_seeds(Seeds& out) {
 }
 
 void recipe_seeds(Seeds& out) {
-  run::Recipe r;
+  recipe::Recipe r;
   r.data_path = "data/train.jsonl";
   r.eval_data_path = "data/eval.jsonl";
   r.eval_interval = 10;
   r.max_steps = 100;
   r.checkpoint_dir = "ckpt";
   r.save_interval = 20;
-  run::ScratchModel m;
+  recipe::ScratchModel m;
   m.vocab_size = 256, m.hidden_size = 64, m.intermediate_size = 128, m.num_layers = 2, m.num_heads = 4;
   r.model_config = m;
-  const std::string text = run::recipe_to_toml(r);
-  run::parse_recipe(text, "seed");  // the seed must itself be valid
+  const std::string text = recipe::recipe_to_toml(r);
+  recipe::parse_recipe(text, "seed");  // the seed must itself be valid
   seed(out, "recipe", "writer-scratch", text);
   seed(out, 
       "recipe", "writer-scratch-with-overrides",
       text + std::string(1, '\0') + "max_steps=5\nlr_scheduler=linear\noutput_dir=runs/a b\nmodel_config.num_layers=3");
-  run::Recipe hf = r;
+  recipe::Recipe hf = r;
   hf.model_config.reset();
   hf.model_name = "models/glm-4-9b";
-  hf.dtype = run::Precision::Fp32;
-  seed(out, "recipe", "writer-hf-model", run::recipe_to_toml(hf));
+  hf.dtype = recipe::Precision::Fp32;
+  seed(out, "recipe", "writer-hf-model", recipe::recipe_to_toml(hf));
 }
 
 void token_records_seeds(Seeds& out) {

@@ -42,7 +42,7 @@
 #include "keel/distributed/communicator.h"
 #include "keel/distributed/grad_buckets.h"
 #include "keel/model/decoder.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 #include "keel/train/grad_sync.h"
 #include "keel/train/optimizer.h"
 
@@ -327,7 +327,7 @@ TEST(CountingAllocator, SeesEveryKindOfAllocation) {
 // ZeRO-3's shards) through a bounded buffer: a whole tensor's copy (a 150k vocabulary's embedding:
 // 445 MiB in bf16) would lift the setup's peak above the memory plan, which counts no such copy.
 TEST(SetupMemory, RandomInitialisationCopiesNoWholeTensor) {
-  run::ScratchModel m;
+  recipe::ScratchModel m;
   m.family = "llama";
   m.vocab_size = 100000;  // the embedding and LM head: 6.4M weights each, 12.8 MB in bf16
   m.hidden_size = 64;
@@ -337,7 +337,7 @@ TEST(SetupMemory, RandomInitialisationCopiesNoWholeTensor) {
   m.num_kv_heads = 2;
   model::DecoderOptions options{false, true, 0};
   options.lora.rank = 4;  // bf16 LoRA: the frozen matrices are held in bf16 only
-  model::Decoder decoder(run::scratch_model_config(m), model::Precision::BF16, 1, 8, options);
+  model::Decoder decoder(recipe::scratch_model_config(m), model::Precision::BF16, 1, 8, options);
   const auto n = allocations_during([&] { decoder.init_random(1); }, false);
   const size_t embedding_bf16 = size_t(m.vocab_size * m.hidden_size) * sizeof(bf16);
   EXPECT_LT(n.largest, embedding_bf16 / 2) << "init_random allocated " << n.largest << " bytes at once";
@@ -359,7 +359,7 @@ struct StepCase {
 // over `steps` steps after one warm-up step.
 // The small model every case trains: 2 layers, hidden 64, vocabulary 500.
 model::ModelConfig small_model(const char* family) {
-  run::ScratchModel m;
+  recipe::ScratchModel m;
   m.family = family;
   m.vocab_size = 500;
   m.hidden_size = 64;
@@ -369,10 +369,10 @@ model::ModelConfig small_model(const char* family) {
   m.num_kv_heads = 2;
   const std::string f = family;
   if (f == "mistral" || f == "gemma2" || f == "gemma3") m.sliding_window = 7;  // inside the shortest sequence
-  if (f != "qwen3_moe") return run::scratch_model_config(m);
+  if (f != "qwen3_moe") return recipe::scratch_model_config(m);
   // Qwen3-MoE: Qwen3's attention, layer 0's MLP 6 experts (top 2), layer 1's dense.
   m.family = "qwen3";
-  model::ModelConfig c = run::scratch_model_config(m);
+  model::ModelConfig c = recipe::scratch_model_config(m);
   c.family = model::Family::Qwen3Moe;
   model::apply_family_traits(c);
   c.moe.experts = 6;
@@ -498,7 +498,7 @@ void expect_no_allocation_in_data_parallel_steps(int zero_stage, bool lora = fal
   model::DecoderOptions options{false, true, 0};
   if (lora) options.lora.rank = 4;
   // As a training run shards them (bf16 full fine-tuning: the fp32 masters from ZeRO-1 on).
-  run::set_zero_stage(options, zero_stage, ranks, precision);
+  recipe::set_zero_stage(options, zero_stage, ranks, precision);
   options.optimizer_shard = zero_stage >= 1 ? comm->rank() : 0;
   options.four_bit_base = four_bit;
   model::Decoder decoder(config, precision, batch, seq, options);

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "keel/core/four_bit.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 #include "test_support.h"
 
 namespace keel::model {
@@ -181,23 +181,23 @@ TEST(Bnb4Bit, ErrorsNameTheTensorAndWhatDiffers) {
 TEST(Bnb4Bit, TheCheckpointDecidesTheFourBitBaseAndTheRecipeMayNotContradictIt) {
   ModelConfig config;
   config.saved_four_bit = ModelConfig::SavedFourBit{FourBitType::Fp4, true};
-  run::Recipe r;
+  recipe::Recipe r;
   r.source = "r.toml";
   r.model_name = "m4";
-  r.finetuning_type = run::Finetuning::Lora;
+  r.finetuning_type = recipe::Finetuning::Lora;
   r.quantization_type = FourBitType::Nf4;  // the default, without quantization_bit: the checkpoint decides
-  auto o = run::training_decoder_options(r, config);
+  auto o = recipe::training_decoder_options(r, config);
   EXPECT_TRUE(o.four_bit_base);
   EXPECT_EQ(o.four_bit_type, FourBitType::Fp4);
   EXPECT_TRUE(o.double_quantization);
   r.quantization_bit = 4;
-  expect_keel_error([&] { run::training_decoder_options(r, config); },
+  expect_keel_error([&] { recipe::training_decoder_options(r, config); },
                     {"r.toml", "quantization_type = \"nf4\"", "'m4' is saved in 4 bits as fp4", "does not requantize"});
   r.quantization_type = FourBitType::Fp4;
-  EXPECT_TRUE(run::training_decoder_options(r, config).four_bit_base);
-  r.finetuning_type = run::Finetuning::Full;
+  EXPECT_TRUE(recipe::training_decoder_options(r, config).four_bit_base);
+  r.finetuning_type = recipe::Finetuning::Full;
   r.quantization_bit = 0;
-  expect_keel_error([&] { run::training_decoder_options(r, config); },
+  expect_keel_error([&] { recipe::training_decoder_options(r, config); },
                     {"r.toml", "'m4' is saved in 4 bits by bitsandbytes (fp4", "finetuning_type = \"lora\""});
 }
 

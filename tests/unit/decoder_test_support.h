@@ -17,14 +17,14 @@
 
 #include "keel/kernels/backend.h"
 #include "keel/model/decoder.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 
 namespace keel::model::test {
 
 // qkv_bias: forced on or off, or the family's default.
 inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qkv_bias = std::nullopt,
                                int64_t hidden = 48, int64_t intermediate = 80) {
-  run::ScratchModel m;
+  recipe::ScratchModel m;
   m.family = family;
   m.vocab_size = 97;
   m.hidden_size = hidden;
@@ -34,7 +34,7 @@ inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qk
   m.num_kv_heads = 2;
   // Windows shorter than the tests' sequences, so that they matter.
   if (family == "mistral" || family == "gemma2" || family == "gemma3") m.sliding_window = 5;
-  auto c = run::scratch_model_config(m);
+  auto c = recipe::scratch_model_config(m);
   if (qkv_bias) c.qkv_bias = *qkv_bias;
   return c;
 }

@@ -21,7 +21,7 @@
 #include "keel/data/hf_tokenizer_json.h"
 #include "keel/model/config.h"
 #include "keel/model/peft_adapter.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 #include "seed_corpus.h"
 #include "test_support.h"
 
@@ -112,10 +112,10 @@ KEEL_FUZZ_REPLAY(gguf)
 // string, and that second parse threw toml::parse_error out of parse_recipe: `keel train` said
 // "internal error" and exited 1 instead of 2. (data/fuzz/recipe/set-override-not-a-key)
 TEST(FuzzRegressions, RecipeOverrideWithoutAKey) {
-  expect_keel_error([] { keel::run::parse_recipe("", "recipe.toml", {"a b=1"}); },
+  expect_keel_error([] { keel::recipe::parse_recipe("", "recipe.toml", {"a b=1"}); },
                     {"--set 'a b=1'", "expected key=value"});
-  expect_keel_error([] { keel::run::parse_recipe("", "recipe.toml", {std::string("\0\0h = 1", 7)}); }, {"--set"});
-  expect_keel_error([] { keel::run::parse_recipe("", "recipe.toml", {"[x]=1"}); }, {"--set '[x]=1'"});
+  expect_keel_error([] { keel::recipe::parse_recipe("", "recipe.toml", {std::string("\0\0h = 1", 7)}); }, {"--set"});
+  expect_keel_error([] { keel::recipe::parse_recipe("", "recipe.toml", {"[x]=1"}); }, {"--set '[x]=1'"});
 }
 
 // Found with the UBSan build: an added token with id 2^31 - 1 made the vocabulary size id + 1
@@ -140,10 +140,10 @@ TEST(FuzzRegressions, RecipeToTomlEscapesControlCharacters) {
       "num_layers = 1\nnum_heads = 1\n";
   for (const char* value : {R"(x\u0001y)", R"(x\ry)", R"(x\u007Fy)", R"(tab\there)", R"(q\"uote\\)"}) {
     SCOPED_TRACE(value);
-    const auto r = keel::run::parse_recipe(std::string("data_path = \"") + value + "\"\n" + model, "recipe.toml");
-    const std::string text = keel::run::recipe_to_toml(r);
-    keel::run::Recipe back;
-    ASSERT_NO_THROW(back = keel::run::parse_recipe(text, "resolved.toml")) << text;
+    const auto r = keel::recipe::parse_recipe(std::string("data_path = \"") + value + "\"\n" + model, "recipe.toml");
+    const std::string text = keel::recipe::recipe_to_toml(r);
+    keel::recipe::Recipe back;
+    ASSERT_NO_THROW(back = keel::recipe::parse_recipe(text, "resolved.toml")) << text;
     EXPECT_EQ(back.data_path, r.data_path);
   }
 }

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "keel/model/decoder.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 #include "decoder_test_support.h"
 
 namespace keel::model {
@@ -17,7 +17,7 @@ namespace {
 
 void expect_hook_sees_final_gradients(const std::string& family, bool tied, bool checkpointing,
                                       const std::string& backend) {
-  run::ScratchModel m;
+  recipe::ScratchModel m;
   m.family = family;
   m.vocab_size = 61;
   m.hidden_size = 32;
@@ -26,7 +26,7 @@ void expect_hook_sees_final_gradients(const std::string& family, bool tied, bool
   m.num_heads = 4;
   m.num_kv_heads = 2;
   m.tie_word_embeddings = tied;
-  const auto config = run::scratch_model_config(m);
+  const auto config = recipe::scratch_model_config(m);
   const int64_t batch = 2, seq = 16;
   Decoder decoder(config, Precision::F32, batch, seq, test::on_backend(backend, {checkpointing, true, 0}));
   decoder.init_random(3, 0.2);

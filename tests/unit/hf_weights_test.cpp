@@ -10,7 +10,7 @@
 #include <filesystem>
 
 #include "keel/core/file_io.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 #include "test_support.h"
 
 namespace keel::model {
@@ -25,7 +25,7 @@ using keel::testing::expect_keel_error;
 using keel::testing::TempDir;
 
 ModelConfig tiny(const std::string& family, bool tied = false) {
-  run::ScratchModel m;
+  recipe::ScratchModel m;
   m.family = family;
   m.vocab_size = 50;
   m.hidden_size = 32;
@@ -34,7 +34,7 @@ ModelConfig tiny(const std::string& family, bool tied = false) {
   m.num_heads = 4;
   m.num_kv_heads = 2;
   m.tie_word_embeddings = tied;
-  return run::scratch_model_config(m);
+  return recipe::scratch_model_config(m);
 }
 
 bool same_weights(const Decoder& a, const Decoder& b) {

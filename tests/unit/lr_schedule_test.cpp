@@ -4,7 +4,7 @@
 
 #include "keel/train/lr_schedule.h"
 
-using keel::run::LrScheduler;
+using keel::recipe::LrScheduler;
 using keel::train::LrSchedule;
 
 // Values of transformers' get_*_schedule_with_warmup lambdas, written out by hand.

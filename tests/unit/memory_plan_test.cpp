@@ -12,7 +12,7 @@
 
 #include "keel/core/process_memory.h"
 #include "keel/model/decoder.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 #include "test_support.h"
 
 namespace keel {
@@ -181,7 +181,7 @@ TEST(ProcessMemory, ReportsResidentSetAndItsPeak) {
 // ---- the decoder's plan ----
 
 model::ModelConfig small_config(const std::string& family) {
-  run::ScratchModel m;
+  recipe::ScratchModel m;
   m.family = family;
   m.vocab_size = 300;
   m.hidden_size = 64;
@@ -189,7 +189,7 @@ model::ModelConfig small_config(const std::string& family) {
   m.num_layers = 4;
   m.num_heads = 4;
   m.num_kv_heads = 2;
-  return run::scratch_model_config(m);
+  return recipe::scratch_model_config(m);
 }
 
 TEST(DecoderMemoryPlan, IsWhatTheDecoderAllocates) {

@@ -10,7 +10,7 @@
 
 #include "keel/core/error.h"
 #include "keel/model/decoder.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 #include "decoder_test_support.h"
 
 namespace keel::model {

@@ -11,7 +11,7 @@
 namespace keel::train {
 namespace {
 
-using run::PreferenceLoss;
+using recipe::PreferenceLoss;
 
 PreferenceLossOptions options(PreferenceLoss loss, double label_smoothing = 0) {
   PreferenceLossOptions o;
@@ -52,7 +52,7 @@ TEST(PreferenceLoss, GradientsMatchFiniteDifferences) {
       up.logp_r += h;
       down.logp_r -= h;
       const double fd_r = (pair_loss(o, up).loss - pair_loss(o, down).loss) / (2 * h);
-      const std::string what = std::string(run::choice_name(c.loss)) + " smoothing " + std::to_string(c.smoothing);
+      const std::string what = std::string(recipe::choice_name(c.loss)) + " smoothing " + std::to_string(c.smoothing);
       EXPECT_NEAR(l.dlogp_c, fd_c, 1e-7 * std::max(1.0, std::abs(fd_c))) << what;
       EXPECT_NEAR(l.dlogp_r, fd_r, 1e-7 * std::max(1.0, std::abs(fd_r))) << what;
       EXPECT_TRUE(std::abs(fd_c) > 1e-9 || c.loss == PreferenceLoss::Hinge) << what << ": a gradient to check";

@@ -4,12 +4,12 @@
 #include <tuple>
 
 #include "keel/core/error.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
-using keel::run::DataPipeline;
-using keel::run::MemoryPlanning;
-using keel::run::OverlapGradSync;
-using keel::run::parse_recipe;
+using keel::recipe::DataPipeline;
+using keel::recipe::MemoryPlanning;
+using keel::recipe::OverlapGradSync;
+using keel::recipe::parse_recipe;
 
 namespace {
 
@@ -52,9 +52,9 @@ preprocess_on_npu = true
   EXPECT_EQ(r.batch_size, 4);
   EXPECT_EQ(r.topology, "hccs_full_mesh");  // hccl_topology is accepted as an alias
   EXPECT_DOUBLE_EQ(r.memory_pool_size, 56);
-  EXPECT_EQ(r.lr_scheduler, keel::run::LrScheduler::Cosine);
+  EXPECT_EQ(r.lr_scheduler, keel::recipe::LrScheduler::Cosine);
   EXPECT_DOUBLE_EQ(r.adam_beta2, 0.999);
-  EXPECT_FALSE(keel::run::inactive_key_warnings(r).empty());
+  EXPECT_FALSE(keel::recipe::inactive_key_warnings(r).empty());
 }
 
 TEST(Recipe, UnknownKeyNamesLineAndSuggests) {
@@ -121,13 +121,13 @@ TEST(Recipe, TrainingLengthIsRequiredOnlyForTraining) {
   const auto r = parse_recipe("model_name = \"m\"\ndata_path = \"d\"\n", "r.toml");
   EXPECT_EQ(r.max_steps, 0);
   try {
-    keel::run::require_training_length(r);
+    keel::recipe::require_training_length(r);
     ADD_FAILURE() << "expected keel::Error";
   } catch (const keel::Error& e) {
     EXPECT_STREQ(e.what(), "r.toml: set 'max_steps' or 'num_epochs'");
   }
-  EXPECT_NO_THROW(keel::run::require_training_length(parse_recipe(kMinimal, "r.toml")));
-  EXPECT_NO_THROW(keel::run::require_training_length(parse_recipe("model_name = \"m\"\ndata_path = \"d\"\n"
+  EXPECT_NO_THROW(keel::recipe::require_training_length(parse_recipe(kMinimal, "r.toml")));
+  EXPECT_NO_THROW(keel::recipe::require_training_length(parse_recipe("model_name = \"m\"\ndata_path = \"d\"\n"
                                                                    "num_epochs = 2\n", "r.toml")));
 }
 
@@ -158,7 +158,7 @@ TEST(Recipe, OverridesApplyAfterTheFile) {
 
 TEST(Recipe, ResolvedRecipeParsesBackToTheSameValues) {
   auto r = parse_recipe(std::string(kMinimal) + "learning_rate = 3e-4\nweight_decay = 0.1\n", "r.toml");
-  auto again = parse_recipe(keel::run::recipe_to_toml(r), "resolved.toml");
+  auto again = parse_recipe(keel::recipe::recipe_to_toml(r), "resolved.toml");
   EXPECT_EQ(again.model_name, r.model_name);
   EXPECT_DOUBLE_EQ(again.learning_rate, r.learning_rate);
   EXPECT_DOUBLE_EQ(again.weight_decay, r.weight_decay);
@@ -193,7 +193,7 @@ TEST(Recipe, BaselineModeKeys) {
   r = parse_recipe(kMinimal, "r.toml", {"data_pipeline=on_the_fly", "memory_planning=per_tensor"});
   EXPECT_EQ(r.data_pipeline, DataPipeline::OnTheFly);
   EXPECT_EQ(r.memory_planning, MemoryPlanning::PerTensor);
-  const std::string toml = keel::run::recipe_to_toml(r);
+  const std::string toml = keel::recipe::recipe_to_toml(r);
   EXPECT_NE(toml.find("data_pipeline = \"on_the_fly\""), std::string::npos) << toml;
   EXPECT_NE(toml.find("memory_planning = \"per_tensor\""), std::string::npos) << toml;
 
@@ -216,14 +216,14 @@ use_rslora = true
 )",
                         "r.toml");
   EXPECT_EQ(r.lora_rank, 16);
-  EXPECT_EQ(keel::run::lora_targets(r), (std::vector<std::string>{"q_proj", "v_proj"}));
-  EXPECT_EQ(keel::run::lora_alpha(r), 32.0);  // 2 x rank when unset, as LLaMA-Factory
+  EXPECT_EQ(keel::recipe::lora_targets(r), (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(keel::recipe::lora_alpha(r), 32.0);  // 2 x rank when unset, as LLaMA-Factory
   // The comma-separated form, trimmed, and the list form read back from the resolved recipe.
   r = parse_recipe(std::string(kMinimal) + "finetuning_type = \"lora\"\nlora_target = \"q_proj , dense\"\n", "r.toml");
-  EXPECT_EQ(keel::run::lora_targets(r), (std::vector<std::string>{"q_proj", "dense"}));
-  const auto back = parse_recipe(keel::run::recipe_to_toml(r), "resolved.toml");
-  EXPECT_EQ(keel::run::lora_targets(back), keel::run::lora_targets(r));
-  EXPECT_EQ(keel::run::lora_targets(parse_recipe(kMinimal, "r.toml")), (std::vector<std::string>{"all"}));
+  EXPECT_EQ(keel::recipe::lora_targets(r), (std::vector<std::string>{"q_proj", "dense"}));
+  const auto back = parse_recipe(keel::recipe::recipe_to_toml(r), "resolved.toml");
+  EXPECT_EQ(keel::recipe::lora_targets(back), keel::recipe::lora_targets(r));
+  EXPECT_EQ(keel::recipe::lora_targets(parse_recipe(kMinimal, "r.toml")), (std::vector<std::string>{"all"}));
 }
 
 TEST(Recipe, LoraNonsenseCombinationsAreErrors) {
@@ -255,10 +255,10 @@ TEST(Recipe, LoraNonsenseCombinationsAreErrors) {
 }
 
 TEST(Recipe, ReportToAsTransformersSpellsIt) {
-  EXPECT_FALSE(keel::run::reports_to_tensorboard(parse_recipe(kMinimal, "r.toml")));  // default "none"
-  EXPECT_TRUE(keel::run::reports_to_tensorboard(parse_recipe(std::string(kMinimal) + "report_to = \"all\"\n", "r")));
+  EXPECT_FALSE(keel::recipe::reports_to_tensorboard(parse_recipe(kMinimal, "r.toml")));  // default "none"
+  EXPECT_TRUE(keel::recipe::reports_to_tensorboard(parse_recipe(std::string(kMinimal) + "report_to = \"all\"\n", "r")));
   EXPECT_TRUE(
-      keel::run::reports_to_tensorboard(parse_recipe(std::string(kMinimal) + "report_to = [\"tensorboard\"]\n", "r")));
+      keel::recipe::reports_to_tensorboard(parse_recipe(std::string(kMinimal) + "report_to = [\"tensorboard\"]\n", "r")));
   auto e = error_of(std::string(kMinimal) + "report_to = [\"tensorboard\", \"wandb\"]\n");
   EXPECT_NE(e.find("r.toml:5: key 'report_to'"), std::string::npos) << e;
   EXPECT_NE(e.find("\"wandb\" is not one of them"), std::string::npos) << e;
@@ -277,7 +277,7 @@ TEST(Recipe, OverlapGradSyncIsAutoTrueOrFalse) {
   const auto e = error_of(std::string(kMinimal) + "overlap_grad_sync = \"sometimes\"\n");
   EXPECT_NE(e.find("r.toml:5: key 'overlap_grad_sync' must be true, false or \"auto\""), std::string::npos) << e;
   // The resolved recipe (what checkpoints keep) reads back.
-  const auto r = parse_recipe(keel::run::recipe_to_toml(parse_recipe(kMinimal, "r", {"overlap_grad_sync=true"})), "r");
+  const auto r = parse_recipe(keel::recipe::recipe_to_toml(parse_recipe(kMinimal, "r", {"overlap_grad_sync=true"})), "r");
   EXPECT_EQ(r.overlap_grad_sync, OverlapGradSync::True);
 }
 
@@ -302,7 +302,7 @@ TEST(Recipe, ClosedSetsOfNamesAreCheckedWithTheirValidNames) {
     EXPECT_EQ(error_of(kMinimal, {fmt::format("{}={}", key, bad)}), fmt::format("--set {}={}: {}", key, bad, message));
     // An override naming a choice replaces the file's mistake, and the resolved recipe names it.
     const auto r = parse_recipe(file, "r.toml", {fmt::format("{}={}", key, good)});
-    const std::string toml = keel::run::recipe_to_toml(r);
+    const std::string toml = keel::recipe::recipe_to_toml(r);
     EXPECT_NE(toml.find(fmt::format("\n{} = \"{}\"\n", key, good)), std::string::npos) << toml;
   }
   // Reported in the order of the checks, as when the values were kept as strings: dtype's mistake
@@ -310,19 +310,19 @@ TEST(Recipe, ClosedSetsOfNamesAreCheckedWithTheirValidNames) {
   EXPECT_EQ(error_of("model_name = \"m\"\ndtype = \"fp16\"\n"),
             R"(r.toml:2: key 'dtype' must be "fp32" or "bf16", got "fp16")");
   const auto r = parse_recipe(kMinimal, "r.toml", {"finetuning_type=lora", "dtype=fp32"});
-  EXPECT_EQ(r.finetuning_type, keel::run::Finetuning::Lora);
-  EXPECT_EQ(r.dtype, keel::run::Precision::Fp32);
-  EXPECT_EQ(keel::run::choice_name(r.finetuning_type), "lora");
+  EXPECT_EQ(r.finetuning_type, keel::recipe::Finetuning::Lora);
+  EXPECT_EQ(r.dtype, keel::recipe::Precision::Fp32);
+  EXPECT_EQ(keel::recipe::choice_name(r.finetuning_type), "lora");
 }
 
 // stage = "dpo" and its keys: LLaMA-Factory's names, and the nonsense combinations refused by key.
 TEST(Recipe, PreferenceStageKeys) {
   const auto r = parse_recipe(std::string(kMinimal) + "stage = \"dpo\"\npref_loss = \"ipo\"\npref_beta = 0.5\n",
                               "r.toml");
-  EXPECT_EQ(r.stage, keel::run::Stage::Dpo);
-  EXPECT_EQ(r.pref_loss, keel::run::PreferenceLoss::Ipo);
+  EXPECT_EQ(r.stage, keel::recipe::Stage::Dpo);
+  EXPECT_EQ(r.pref_loss, keel::recipe::PreferenceLoss::Ipo);
   EXPECT_EQ(r.pref_beta, 0.5);
-  EXPECT_EQ(keel::run::rows_per_micro_batch(r), 2 * r.batch_size);
+  EXPECT_EQ(keel::recipe::rows_per_micro_batch(r), 2 * r.batch_size);
   const struct {
     std::string text;
     std::vector<std::string> parts;

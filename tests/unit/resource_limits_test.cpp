@@ -23,7 +23,7 @@
 #include "keel/data/token_records.h"
 #include "keel/model/config.h"
 #include "keel/formats/safetensors.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 #include "test_support.h"
 
 namespace {
@@ -253,29 +253,29 @@ num_layers = 1
 num_heads = 2
 )";
   // 10^9 steps with a log line each is accepted: nothing is sized by the step count.
-  keel::run::Recipe r;
+  keel::recipe::Recipe r;
   const int64_t growth = peak_rss_growth(
-      [&] { r = keel::run::parse_recipe("max_steps = 1000000000\nlog_interval = 1\n" + base, "recipe.toml"); });
+      [&] { r = keel::recipe::parse_recipe("max_steps = 1000000000\nlog_interval = 1\n" + base, "recipe.toml"); });
   EXPECT_EQ(r.max_steps, 1000000000);
   if (growth >= 0) {
     EXPECT_LT(growth, 16 * kMiB);
   }
-  expect_cheap_error([&] { keel::run::parse_recipe("max_steps = 1000000001\n" + base, "recipe.toml"); },
+  expect_cheap_error([&] { keel::recipe::parse_recipe("max_steps = 1000000001\n" + base, "recipe.toml"); },
                      {"recipe.toml:1", "max_steps", "[0, 1e9]"});
-  expect_cheap_error([&] { keel::run::parse_recipe("max_steps = 10\nlog_interval = 10000000000\n" + base, "r.toml"); },
+  expect_cheap_error([&] { keel::recipe::parse_recipe("max_steps = 10\nlog_interval = 10000000000\n" + base, "r.toml"); },
                      {"r.toml", "at most 1e9"});
-  expect_cheap_error([&] { keel::run::parse_recipe("num_epochs = 100000000\n" + base, "r.toml"); },
+  expect_cheap_error([&] { keel::recipe::parse_recipe("num_epochs = 100000000\n" + base, "r.toml"); },
                      {"num_epochs", "[0, 1e6]"});
-  expect_cheap_error([&] { keel::run::parse_recipe("max_steps = 10\nmax_seq_len = 1073741824\n" + base, "r.toml"); },
+  expect_cheap_error([&] { keel::recipe::parse_recipe("max_steps = 10\nmax_seq_len = 1073741824\n" + base, "r.toml"); },
                      {"max_seq_len", "[2, 1048576]"});
-  expect_cheap_error([&] { keel::run::parse_recipe("max_steps = 10\nbucket_size_mb = 1e12\n" + base, "r.toml"); },
+  expect_cheap_error([&] { keel::recipe::parse_recipe("max_steps = 10\nbucket_size_mb = 1e12\n" + base, "r.toml"); },
                      {"bucket_size_mb"});
 }
 
 TEST(ResourceLimits, RecipeFileOf10GB) {
   TempDir dir;
   write_sparse(dir / "recipe.toml", "max_steps = 1\n# ", 10 * 1024 * kMiB);
-  expect_cheap_error([&] { keel::run::load_recipe(dir / "recipe.toml"); },
+  expect_cheap_error([&] { keel::recipe::load_recipe(dir / "recipe.toml"); },
                      {"recipe.toml", "expected a file of at most"});
 }
 

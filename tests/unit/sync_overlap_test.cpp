@@ -4,7 +4,7 @@
 
 #include "keel/train/sync_overlap.h"
 
-using keel::run::OverlapGradSync;
+using keel::recipe::OverlapGradSync;
 using keel::train::decide_overlap;
 using keel::train::HostCores;
 

@@ -11,7 +11,7 @@
 #include "keel/data/prepare.h"
 #include "keel/bindings/bindings.h"
 #include "keel/report/memory_report.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 #include "keel/train/evaluation.h"
 #include "keel/train/trainer.h"
 
@@ -63,7 +63,7 @@ nb::dict metrics_dict(const report::StepMetrics& m) {
 nb::dict train(const std::string& resolved_recipe, const std::string& source, const std::string& resume,
                bool overwrite, int64_t stop_after, const nb::object& on_log, const nb::object& on_evaluate,
                const nb::object& on_save) {
-  const run::Recipe recipe = run::parse_recipe(resolved_recipe, source);
+  const recipe::Recipe recipe = recipe::parse_recipe(resolved_recipe, source);
   // The user's callbacks run on the training thread with the GIL taken back; a Python exception
   // leaves as nb::python_error and ends the run (the trainer's destructors release its locks).
   train::TrainOptions options;
@@ -112,7 +112,7 @@ void bind_training(nb::module_& m) {
   m.def(
       "evaluate",
       [](const std::string& resolved_recipe, const std::string& source) {
-        const run::Recipe recipe = run::parse_recipe(resolved_recipe, source);
+        const recipe::Recipe recipe = recipe::parse_recipe(resolved_recipe, source);
         train::EvalResult result;
         {
           nb::gil_scoped_release released;
@@ -131,7 +131,7 @@ void bind_training(nb::module_& m) {
       "plan",
       [](const std::string& resolved_recipe, const std::string& source, int64_t dp, int zero_stage,
          const std::string& device_memory, bool json) {
-        const run::Recipe recipe = run::parse_recipe(resolved_recipe, source);
+        const recipe::Recipe recipe = recipe::parse_recipe(resolved_recipe, source);
         report::PlanRequest request;
         request.dp = dp;
         request.zero_stage = zero_stage;

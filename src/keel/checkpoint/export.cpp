@@ -16,8 +16,8 @@
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/checkpoint/gguf_adapter.h"
 #include "keel/checkpoint/sharded_reader.h"
-#include "keel/run/model_setup.h"
-#include "keel/run/run_guard.h"
+#include "keel/recipe/model_setup.h"
+#include "keel/recipe/run_guard.h"
 
 namespace keel::checkpoint {
 namespace {
@@ -66,7 +66,7 @@ bool prepare_destination(const std::string& dir, const std::string& step_dir) {
   return !existed;
 }
 
-ExportResult export_into(const ExportRequest& request, const std::string& step_dir, const run::Recipe& recipe);
+ExportResult export_into(const ExportRequest& request, const std::string& step_dir, const recipe::Recipe& recipe);
 
 // A Hugging Face model directory (config.json beside its weights), not a checkpoint (recipe.toml).
 bool is_model_directory(const std::string& dir) {
@@ -148,9 +148,9 @@ ExportFormat export_format_from_name(const std::string& name) {
   fail("--format: expected hf, glm-original or gguf, found '{}'", name);
 }
 
-std::vector<std::string> copy_tokenizer_files(const run::Recipe& r, const std::string& dir) {
+std::vector<std::string> copy_tokenizer_files(const recipe::Recipe& r, const std::string& dir) {
   std::vector<std::string> copied;
-  const std::string source = run::recipe_tokenizer_path(r);
+  const std::string source = recipe::recipe_tokenizer_path(r);
   std::error_code ec;
   if (!source.empty() && fs::is_directory(source, ec)) {
     for (const char* name : kTokenizerFiles)
@@ -178,13 +178,13 @@ ExportResult export_checkpoint(const ExportRequest& request) {
   }
   const std::string step_dir = checkpoint_step_dir(request.checkpoint);
   const std::string recipe_path = step_dir + "/recipe.toml";
-  const run::Recipe recipe = run::parse_recipe(read_file(recipe_path), recipe_path, request.recipe_overrides);
+  const recipe::Recipe recipe = recipe::parse_recipe(read_file(recipe_path), recipe_path, request.recipe_overrides);
   // Before anything is written: never over the run's inputs, never over a model keel did not write.
-  auto inputs = run::recipe_inputs(recipe);
+  auto inputs = recipe::recipe_inputs(recipe);
   inputs.push_back({"checkpoint", request.checkpoint});
-  run::refuse_outputs_over_inputs({{"--to", request.destination}}, inputs);
+  recipe::refuse_outputs_over_inputs({{"--to", request.destination}}, inputs);
   if (request.format == ExportFormat::Gguf) return export_into(request, step_dir, recipe);  // one file, atomic
-  run::refuse_replacing_foreign_model(request.destination, request.overwrite);
+  recipe::refuse_replacing_foreign_model(request.destination, request.overwrite);
   const bool created = prepare_destination(request.destination, step_dir);
   try {
     return export_into(request, step_dir, recipe);
@@ -197,7 +197,7 @@ ExportResult export_checkpoint(const ExportRequest& request) {
 
 namespace {
 
-ExportResult export_into(const ExportRequest& request, const std::string& step_dir, const run::Recipe& recipe) {
+ExportResult export_into(const ExportRequest& request, const std::string& step_dir, const recipe::Recipe& recipe) {
   ExportResult result;
   result.step_dir = step_dir;
   verify_checkpoint(step_dir);
@@ -210,17 +210,17 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
           "checkpoint; a relative path is taken from the current directory, give the model's place with --set "
           "model_name=DIR)",
           recipe_path, recipe.model_name);
-  const model::ModelConfig trained = run::recipe_model_config(recipe);
+  const model::ModelConfig trained = recipe::recipe_model_config(recipe);
   result.config = model::config_for_family(trained, family_of_export(trained, request.format));
 
   // Only the weights are needed: the smallest decoder (no optimizer state, a 1 x 2 batch). The two
   // GLM formats share keel's internal parameter layout, so the checkpoint loads into either. A LoRA
   // run's checkpoint holds its adapter: the decoder has the same one.
   model::DecoderOptions options;
-  options.lora = run::recipe_lora_spec(recipe);
+  options.lora = recipe::recipe_lora_spec(recipe);
   require(!request.merge || options.lora.enabled(),
           "--merge: {} is a checkpoint of full fine-tuning (finetuning_type = \"{}\"); there is no adapter to merge",
-          step_dir, run::choice_name(recipe.finetuning_type));
+          step_dir, recipe::choice_name(recipe.finetuning_type));
   if (options.lora.enabled() && !request.merge)
     require(request.format == ExportFormat::AsTrained || request.format == ExportFormat::Gguf,
             "--format: a LoRA checkpoint exports as a PEFT adapter on the model it was trained on (or, with --format "
@@ -234,7 +234,7 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     model::ParamStore whole;
     model::DecoderParamIds whole_ids;
     model::declare_model_params(result.config, whole, whole_ids);
-    run::set_zero_stage(options, 3, std::clamp<int64_t>(whole.total() / (int64_t(1) << 16), 2, 1 << 16),
+    recipe::set_zero_stage(options, 3, std::clamp<int64_t>(whole.total() / (int64_t(1) << 16), 2, 1 << 16),
                         model::Precision::F32);
     options.optimizer_state = true;  // ZeRO-3's shape: the sliver's moments, tiny and never read
   }
@@ -248,7 +248,7 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     result.dtype = *request.dtype;
   } else {
     try {
-      result.dtype = run::recipe_export_dtype(recipe, trained, decoder.ids());
+      result.dtype = recipe::recipe_export_dtype(recipe, trained, decoder.ids());
     } catch (const Error& e) {
       fail("{} (the default export dtype is that of the weights the run started from; choose one with --dtype)",
            e.what());
@@ -291,7 +291,7 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     read_checkpoint_weights(step_dir, decoder.params());
   }
   if (request.format == ExportFormat::Gguf) {
-    const std::string tokenizer = run::recipe_tokenizer_path(recipe);
+    const std::string tokenizer = recipe::recipe_tokenizer_path(recipe);
     require(!tokenizer.empty(),
             "{}: the run has no tokenizer, and a GGUF file carries the model's (llama.cpp tokenizes with it); name the "
             "tokenizer directory with --set tokenizer=DIR",
@@ -311,7 +311,7 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     model::save_hf_model(decoder, request.destination, result.dtype, request.max_shard_bytes, &progress);
   progress.finish();
   result.tokenizer_files = copy_tokenizer_files(recipe, request.destination);
-  run::write_model_marker(request.destination, fmt::format("keel export of {}", step_dir));
+  recipe::write_model_marker(request.destination, fmt::format("keel export of {}", step_dir));
   return result;
 }
 

@@ -10,7 +10,7 @@
 #include "keel/checkpoint/gguf_export.h"
 #include "keel/core/dtype.h"
 #include "keel/model/config.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 namespace keel::checkpoint {
 
@@ -25,7 +25,7 @@ struct ExportRequest {
   std::string checkpoint;      // a step-N directory, or a checkpoint_dir (its `latest` is exported);
                                // for GGUF also a Hugging Face model directory
   std::string destination;     // created if missing; for GGUF the .gguf file
-  std::optional<DType> dtype;  // default: as output_dir/final (run::recipe_export_dtype)
+  std::optional<DType> dtype;  // default: as output_dir/final (recipe::recipe_export_dtype)
   std::optional<formats::GgmlType> outtype;  // GGUF: default as llama.cpp's converter (default_gguf_outtype)
   ExportFormat format = ExportFormat::AsTrained;
   uint64_t max_shard_bytes = 5ull << 30;
@@ -57,12 +57,12 @@ struct ExportResult {
 // mismatch, a model that no longer matches the checkpoint, an unwritable destination.
 ExportResult export_checkpoint(const ExportRequest& request);
 
-// Copies the tokenizer of the run (run::recipe_tokenizer_path: tokenizer.json, tokenizer_config.json,
+// Copies the tokenizer of the run (recipe::recipe_tokenizer_path: tokenizer.json, tokenizer_config.json,
 // special_tokens_map.json, tokenizer.model, vocab/merges files, chat templates, tokenization_*.py)
 // and model_name's generation_config.json into the model directory `dir`; a tokenizer given as a
 // single file is copied as tokenizer.json (JSON) or under its own name (tiktoken ranks). Files
 // that are not there are skipped. Returns the names copied.
-std::vector<std::string> copy_tokenizer_files(const run::Recipe& recipe, const std::string& dir);
+std::vector<std::string> copy_tokenizer_files(const recipe::Recipe& recipe, const std::string& dir);
 
 // Command-line spellings: "bf16" | "fp16" | "fp32" and "hf" | "glm-original" | "gguf"; errors list them.
 DType export_dtype_from_name(const std::string& name);

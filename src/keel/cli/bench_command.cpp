@@ -16,7 +16,7 @@
 #include "keel/cluster/topology.h"
 #include "keel/cli/ladder.h"
 #include "keel/train/sync_overlap.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 namespace keel::cli {
 namespace {
@@ -54,7 +54,7 @@ int run_ladder(const LadderOptions& o) {
   require(o.steps >= 1 && o.steps <= 100000, "--steps must be in [1, 100000], got {}", o.steps);
   require(o.repeats >= 1 && o.repeats <= 100, "--repeat must be in [1, 100], got {}", o.repeats);
   // Checks the recipe and the overrides once, before any row runs.
-  const run::Recipe recipe = run::load_recipe(o.recipe, o.overrides);
+  const recipe::Recipe recipe = recipe::load_recipe(o.recipe, o.overrides);
   const auto stages = cli::ladder_stages(recipe);
   const std::string out_dir = recipe.output_dir;
   const std::string rows_dir = out_dir + "/ladder";
@@ -66,7 +66,7 @@ int run_ladder(const LadderOptions& o) {
 
   fmt::print("keel bench ladder: {} on {} rank{}, {} step{} per row (the first {} not timed){}\n", o.recipe, ranks,
              ranks == 1 ? "" : "s", o.steps, o.steps == 1 ? "" : "s", o.steps > kWarmupSteps ? kWarmupSteps : 0,
-             recipe.packing == run::Packing::Pack ? "; packing = \"pad\" in every row (the on-the-fly baseline pads)"
+             recipe.packing == recipe::Packing::Pack ? "; packing = \"pad\" in every row (the on-the-fly baseline pads)"
                                                   : "");
   if (ranks == 1) fmt::print("  one rank: no gradient sync, so rows 2 and 3 run the same code\n");
 
@@ -127,7 +127,7 @@ int run_ladder(const LadderOptions& o) {
     host.usable = host.compute_threads = std::max(1, host.online / ranks);
     fmt::print("note: rows 3 and 4 overlap the gradient sync (overlap_grad_sync = true, set by the ladder); with the "
                "default, a run launched so here would decide: {}\n",
-               train::decide_overlap(run::OverlapGradSync::Auto, host).reason);
+               train::decide_overlap(recipe::OverlapGradSync::Auto, host).reason);
   }
   const std::string json_path = out_dir + "/ladder.json";
   write_file_atomic(json_path, cli::ladder_json(o.recipe, o.steps, kWarmupSteps, o.repeats, stages, results));

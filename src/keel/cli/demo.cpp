@@ -14,8 +14,8 @@
 #include "keel/data/tokenizer.h"
 #include "keel/model/generator.h"
 #include "keel/model/hf_weights.h"
-#include "keel/run/model_setup.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/model_setup.h"
+#include "keel/recipe/recipe.h"
 #include "keel/train/trainer.h"
 
 namespace keel::cli {
@@ -238,7 +238,7 @@ void run_preference_stage(const DemoOptions& o, const std::vector<Problem>& trai
              "\nkeel demo, preference stage: DPO on pairs of the right answer and a wrong one (a sum off by one or "
              "ten), from the model above; recipe: {}\n",
              recipe_path);
-  const auto dpo_run = train::run_training(run::load_recipe(recipe_path), log);
+  const auto dpo_run = train::run_training(recipe::load_recipe(recipe_path), log);
   result.reward_accuracy = dpo_run.summary.final_preference.rewards_accuracies;
   result.held_out_reward_accuracy = dpo_run.summary.eval_preference.rewards_accuracies;
   result.accuracy_after_dpo = exported_accuracy(o.work_dir + "/dpo/final", held_out, nullptr);
@@ -274,12 +274,12 @@ DemoResult run_demo(const DemoOptions& o, std::ostream& log) {
              "  data: {0}/train.jsonl ({1} conversations), tokenizer: {0}/tokenizer ({2} tokens, trained by "
              "keel), recipe: {3}\n",
              o.work_dir, train_problems.size(), tokenizer.vocab_size(), recipe_path);
-  const auto recipe = run::load_recipe(recipe_path);
+  const auto recipe = recipe::load_recipe(recipe_path);
 
   DemoResult result;
   ChatEvaluator evaluator(tokenizer);
   {
-    auto before = run::setup_model(recipe);  // the same seeded initialisation training starts from
+    auto before = recipe::setup_model(recipe);  // the same seeded initialisation training starts from
     result.accuracy_before = evaluator.accuracy(*before.decoder, held_out, nullptr, 0);
   }
   fmt::print(log, "  accuracy before training: {:.1f}%\n\n", 100 * result.accuracy_before);

@@ -30,7 +30,7 @@ std::string bucket_setting(double mb) { return fmt::format("bucket_size_mb={}", 
 
 }  // namespace
 
-std::vector<LadderStage> ladder_stages(const run::Recipe& r) {
+std::vector<LadderStage> ladder_stages(const recipe::Recipe& r) {
   const std::string recipe_buckets = bucket_setting(r.bucket_size_mb);
   return {
       {"Baseline (tokenize on the fly, sync after backward, malloc per tensor)",

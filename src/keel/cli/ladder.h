@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 namespace keel::cli {
 
@@ -28,7 +28,7 @@ struct LadderStage {
 };
 
 // The four rows for this recipe (its bucket_size_mb in rows 3 and 4).
-std::vector<LadderStage> ladder_stages(const run::Recipe& recipe);
+std::vector<LadderStage> ladder_stages(const recipe::Recipe& recipe);
 
 // Overrides every row adds: `steps` steps into `output_dir`, with one document per row
 // (packing = "pad", as the on-the-fly baseline needs), no checkpoints and no evaluation.

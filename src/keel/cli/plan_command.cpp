@@ -7,7 +7,7 @@
 
 #include "keel/cli/commands.h"
 #include "keel/report/memory_report.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 namespace keel::cli {
 namespace {
@@ -37,7 +37,7 @@ const CommandRegistration kPlan{
       cmd.add_option("--set", options->overrides, "Override a recipe key: --set key=value (repeatable)");
       cmd.add_flag("--json", options->json, "Print the plan's totals and categories as one JSON object");
       return [options] {
-        const auto recipe = run::load_recipe(options->recipe, options->overrides);
+        const auto recipe = recipe::load_recipe(options->recipe, options->overrides);
         report::PlanRequest request;
         request.dp = options->dp;
         request.zero_stage = options->zero;

@@ -10,7 +10,7 @@
 #include "keel/cli/commands.h"
 #include "keel/distributed/communicator.h"
 #include "keel/report/progress.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 #include "keel/train/trainer.h"
 
 namespace keel::cli {
@@ -63,9 +63,9 @@ const CommandRegistration kTrain{
         if (resume->count() > 0 && options->resume.empty()) options->resume = "auto";
         die_with_launcher();
         if (!options->cache_dir.empty()) options->overrides.push_back("cache_dir=" + options->cache_dir);
-        auto recipe = run::load_recipe(options->recipe, options->overrides);
+        auto recipe = recipe::load_recipe(options->recipe, options->overrides);
         if (options->print_recipe) {
-          fmt::print("{}", run::recipe_to_toml(recipe));
+          fmt::print("{}", recipe::recipe_to_toml(recipe));
           return 0;
         }
         train::TrainOptions train_options;

@@ -1,5 +1,5 @@
 // "Did you mean ...?" for a mistyped name: the nearest of the valid names by edit distance, when it
-// is near enough to be the likely intent. Recipe keys (run/recipe.cpp) and the CLI's subcommands
+// is near enough to be the likely intent. Recipe keys (recipe/recipe.cpp) and the CLI's subcommands
 // (cli/main.cpp) use the same rule, so a typo gets the same kind of answer everywhere.
 #pragma once
 #include <cstddef>

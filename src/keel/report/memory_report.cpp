@@ -15,14 +15,14 @@
 #include "keel/model/hf_weights.h"
 #include "keel/formats/safetensors.h"
 #include "keel/kernels/bf16_widening.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 
 namespace keel::report {
 
-RunShape run_shape(const run::Recipe& r) {
+RunShape run_shape(const recipe::Recipe& r) {
   RunShape s;
-  s.batch_size = run::rows_per_micro_batch(r);
-  s.preference_pairs = r.stage == run::Stage::Dpo;
+  s.batch_size = recipe::rows_per_micro_batch(r);
+  s.preference_pairs = r.stage == recipe::Stage::Dpo;
   s.max_seq_len = r.max_seq_len;
   s.gradient_accumulation_steps = r.gradient_accumulation_steps;
   s.dp = r.dp_degree;
@@ -70,13 +70,13 @@ size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelCon
 // Preference pairs (train/pair_source.h) fill one step's micro-batches on the training thread, and the
 // preference objective scores each micro-batch's tokens (an NLL and a mean logit in double, a weight
 // in float: train/preference_loss.h). The pairs' own ids are not counted: 4 bytes a token of the data.
-size_t loader_buffer_bytes(const run::Recipe& r, const RunShape& shape) {
+size_t loader_buffer_bytes(const recipe::Recipe& r, const RunShape& shape) {
   const size_t micro_batch = size_t(shape.batch_size) * size_t(shape.max_seq_len) * sizeof(int32_t);
   const size_t per_step = size_t(shape.gradient_accumulation_steps);
-  if (r.stage == run::Stage::Dpo) return per_step * 4 * micro_batch + micro_batch / sizeof(int32_t) * (8 + 8 + 4);
+  if (r.stage == recipe::Stage::Dpo) return per_step * 4 * micro_batch + micro_batch / sizeof(int32_t) * (8 + 8 + 4);
   const std::string& path = r.data_path;
   bool records = false;
-  if (r.packing == run::Packing::Pad && path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {
+  if (r.packing == recipe::Packing::Pad && path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0) {
     std::ifstream in(path);
     std::string line;
     while (std::getline(in, line))
@@ -102,12 +102,12 @@ size_t received_piece_bytes(size_t param_elements, size_t shards) {
 namespace {
 
 // The decoder settings of one rank of this recipe run with `shape`.
-model::DecoderOptions planned_decoder_options(const run::Recipe& r, const model::ModelConfig& config,
+model::DecoderOptions planned_decoder_options(const recipe::Recipe& r, const model::ModelConfig& config,
                                               const RunShape& shape) {
   require(shape.dp >= 1, "memory plan: dp must be at least 1, got {}", shape.dp);
   require(shape.zero_stage >= 0 && shape.zero_stage <= 3, "memory plan: ZeRO stage {} is not supported (0 to 3)",
           shape.zero_stage);
-  auto options = run::training_decoder_options(r, config);
+  auto options = recipe::training_decoder_options(r, config);
   options.gradient_checkpointing = shape.gradient_checkpointing;
   options.checkpointing_layers = shape.gradient_checkpointing ? shape.checkpointing_layers : 0;
   options.memory_cap_bytes = 0;  // the caller compares against the cap; here we only plan
@@ -117,25 +117,25 @@ model::DecoderOptions planned_decoder_options(const run::Recipe& r, const model:
   // the masters are the compute weights and stay whole.
   // ZeRO-2 shards the gradients too: the decoder plans this rank's shard of them and the staging of
   // the groups the backward pass writes and reduces.
-  run::set_zero_stage(options, shape.zero_stage, shape.dp, run::recipe_precision(r));
+  recipe::set_zero_stage(options, shape.zero_stage, shape.dp, recipe::recipe_precision(r));
   return options;
 }
 
 // The blocks the run recomputes, as the decoder decides them (checkpointing_layers 0 left to
 // keel: model::resolve_checkpointing_layers); 0 without checkpointing.
-int64_t recomputed_blocks(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
+int64_t recomputed_blocks(const recipe::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
   if (!shape.gradient_checkpointing) return 0;
-  return model::resolve_checkpointing_layers(config, run::recipe_precision(r), shape.batch_size, shape.max_seq_len,
+  return model::resolve_checkpointing_layers(config, recipe::recipe_precision(r), shape.batch_size, shape.max_seq_len,
                                              planned_decoder_options(r, config, shape))
       .checkpointing_layers;
 }
 
 }  // namespace
 
-MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
+MemoryPlan training_memory_plan(const recipe::Recipe& r, const model::ModelConfig& config, const RunShape& shape) {
   const auto options = planned_decoder_options(r, config, shape);
   const size_t shards = shape.zero_stage >= 1 ? size_t(shape.dp) : 1;
-  const auto precision = run::recipe_precision(r);
+  const auto precision = recipe::recipe_precision(r);
   const MemoryPlan decoder =
       model::decoder_memory_plan(config, precision, shape.batch_size, shape.max_seq_len, options);
 
@@ -209,7 +209,7 @@ MemoryPlan training_memory_plan(const run::Recipe& r, const model::ModelConfig& 
   // The snapshot an asynchronous save writes from (with ZeRO-1, rank 0 gathers every rank's moments
   // into it). A synchronous ZeRO-1 save writes the other ranks' moments as they arrive, one piece
   // at a time (distributed::ShardReader). Both are rank 0's figures; the other ranks hold neither.
-  if (!r.checkpoint_dir.empty() && run::sharded_checkpoints(r, shape.dp)) {
+  if (!r.checkpoint_dir.empty() && recipe::sharded_checkpoints(r, shape.dp)) {
     // Sharded (checkpoint/sharded_writer.h): every rank writes its own part of the state, rank 0's
     // the largest (keel::shard_ranges); an asynchronous save copies at most checkpoint_staging_mb
     // of it aside and writes the rest from the live state. A synchronous one needs no buffer.
@@ -299,7 +299,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
                             int64_t layers) {
   const bool sharded = shape.zero_stage >= 1 && shape.dp > 1;
   const std::string shard = sharded ? fmt::format(", 1/{} shard (ZeRO-{})", shape.dp, shape.zero_stage) : "";
-  // LoRA, QLoRA and sharded masters (ZeRO-3, and bf16 ZeRO-1/2: run::set_zero_stage decides) show
+  // LoRA, QLoRA and sharded masters (ZeRO-3, and bf16 ZeRO-1/2: recipe::set_zero_stage decides) show
   // in the plan's buffers (model/decoder_plan.cpp names them).
   bool lora = false, masters_sharded = false, casts = false, sharded_staging = false;
   std::string four_bit;  // "NF4" or "FP4" when the projections are held in 4 bits
@@ -394,7 +394,7 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
 
 namespace {
 
-RunShape requested_shape(const run::Recipe& r, const PlanRequest& request) {
+RunShape requested_shape(const recipe::Recipe& r, const PlanRequest& request) {
   RunShape shape = run_shape(r);
   if (request.dp > 0) shape.dp = request.dp;
   if (request.zero_stage >= 0) shape.zero_stage = request.zero_stage;
@@ -404,9 +404,9 @@ RunShape requested_shape(const run::Recipe& r, const PlanRequest& request) {
 
 }  // namespace
 
-MemoryReport memory_report_json(const run::Recipe& r, const PlanRequest& request) {
-  const auto config = run::recipe_model_config(r);
-  run::require_sequence_fits_model(r, config);
+MemoryReport memory_report_json(const recipe::Recipe& r, const PlanRequest& request) {
+  const auto config = recipe::recipe_model_config(r);
+  recipe::require_sequence_fits_model(r, config);
   const auto plan = training_memory_plan(r, config, requested_shape(r, request));
   MemoryReport report;
   const size_t device = request.device_memory_bytes;
@@ -435,7 +435,7 @@ MemoryReport memory_report_json(const run::Recipe& r, const PlanRequest& request
 namespace {
 
 // What the report says of the configured run: the model, the run, the per-category breakdown.
-std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig& config, const RunShape& shape,
+std::string configured_run_lines(const recipe::Recipe& r, const model::ModelConfig& config, const RunShape& shape,
                                  bool bf16, int64_t recomputed) {
   const auto plan = training_memory_plan(r, config, shape);
   std::string out;
@@ -447,7 +447,7 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
       config.architecture, model::family_name(config.family), config.num_layers, config.hidden_size, config.num_heads,
       config.num_kv_heads, config.intermediate_size, config.vocab_size,
       parameters >= 1e9 ? fmt::format("{:.2f}B", parameters / 1e9) : fmt::format("{:.2f}M", parameters / 1e6));
-  out += fmt::format("run: {}, {}\n", run::choice_name(r.dtype), shape_summary(shape, recomputed, config.num_layers));
+  out += fmt::format("run: {}, {}\n", recipe::choice_name(r.dtype), shape_summary(shape, recomputed, config.num_layers));
   const model::DecoderOptions options = planned_decoder_options(r, config, shape);
   if (shape.zero_stage >= 1 && shape.dp == 1)
     out += options.cast_per_position
@@ -474,16 +474,16 @@ std::string configured_run_lines(const run::Recipe& r, const model::ModelConfig&
 // (the accumulation grows so the global batch stays) and shorter sequences that differs from the
 // configured run, with its changes in words and a cost (lower changes less of the run); not yet
 // planned.
-std::vector<Candidate> alternatives(const run::Recipe& r, const RunShape& shape) {
+std::vector<Candidate> alternatives(const recipe::Recipe& r, const RunShape& shape) {
   std::vector<int> zero_options{shape.zero_stage};
   if (shape.dp > 1)
     for (int stage = shape.zero_stage + 1; stage <= 3; ++stage) zero_options.push_back(stage);
-  else if (shape.zero_stage < 3 && run::bf16_full_fine_tuning(r))
+  else if (shape.zero_stage < 3 && recipe::bf16_full_fine_tuning(r))
     zero_options.push_back(3);  // one rank: no whole bf16 copy, each position casts its own
   std::vector<bool> checkpointing_options{shape.gradient_checkpointing};
   if (!shape.gradient_checkpointing) checkpointing_options.push_back(true);
   // Rows per micro-batch; a preference pair is two rows that stay together (batch_size counts pairs).
-  const int64_t rows_per_sample = r.stage == run::Stage::Dpo ? 2 : 1;
+  const int64_t rows_per_sample = r.stage == recipe::Stage::Dpo ? 2 : 1;
   std::vector<int64_t> batches{shape.batch_size};
   for (int64_t b = shape.batch_size / rows_per_sample; b % 2 == 0;) batches.push_back((b /= 2) * rows_per_sample);
   if (batches.back() != rows_per_sample) batches.push_back(rows_per_sample);
@@ -652,10 +652,10 @@ int64_t fewest_recomputed_blocks(Candidate& c, int64_t layers, bool try_off, con
 }
 
 // The text of memory_report; sets `fits` when a limit was given.
-std::string memory_report_text(const run::Recipe& r, const PlanRequest& request, std::optional<bool>& fits) {
-  const auto config = run::recipe_model_config(r);
-  run::require_sequence_fits_model(r, config);
-  const bool bf16 = run::recipe_precision(r) == model::Precision::BF16;
+std::string memory_report_text(const recipe::Recipe& r, const PlanRequest& request, std::optional<bool>& fits) {
+  const auto config = recipe::recipe_model_config(r);
+  recipe::require_sequence_fits_model(r, config);
+  const bool bf16 = recipe::recipe_precision(r) == model::Precision::BF16;
   const RunShape shape = requested_shape(r, request);
   const size_t device = request.device_memory_bytes;
   const size_t pool = gib(r.memory_pool_size);
@@ -697,7 +697,7 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
             "-> {} per rank\n",
             fewest, fewest, layers, format_bytes(double(fewer.total)));
       // One rank in bf16 full fine-tuning: ZeRO-3 drops the whole bf16 copy, which can buy more.
-      if (fewest > 0 && shape.dp == 1 && shape.zero_stage < 3 && run::bf16_full_fine_tuning(r)) {
+      if (fewest > 0 && shape.dp == 1 && shape.zero_stage < 3 && recipe::bf16_full_fine_tuning(r)) {
         Candidate cast = configured;
         cast.shape.zero_stage = 3;
         evaluate(cast);
@@ -730,12 +730,12 @@ std::string memory_report_text(const run::Recipe& r, const PlanRequest& request,
     }
   }
   return out +
-         advice_lines(candidates, config, bf16, r.finetuning_type == run::Finetuning::Lora, r.quantization_bit == 4);
+         advice_lines(candidates, config, bf16, r.finetuning_type == recipe::Finetuning::Lora, r.quantization_bit == 4);
 }
 
 }  // namespace
 
-MemoryReport memory_report(const run::Recipe& r, const PlanRequest& request) {
+MemoryReport memory_report(const recipe::Recipe& r, const PlanRequest& request) {
   MemoryReport report;
   report.text = memory_report_text(r, request, report.fits);
   return report;

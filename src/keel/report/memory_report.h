@@ -13,7 +13,7 @@
 
 #include "keel/core/memory_plan.h"
 #include "keel/model/config.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 namespace keel::report {
 
@@ -40,11 +40,11 @@ struct RunShape {
   int64_t checkpointing_layers = 0;  // with checkpointing: the blocks that recompute, from the first; 0 = keel's choice
   bool async_checkpoint = true;  // false: plan without the recipe's async_save snapshot
 };
-RunShape run_shape(const run::Recipe& recipe);  // as the recipe configures it
+RunShape run_shape(const recipe::Recipe& recipe);  // as the recipe configures it
 
 // The per-rank plan of one training process of this recipe with `shape` instead of the recipe's
 // own batch, sequence, accumulation, dp, ZeRO and checkpointing settings.
-MemoryPlan training_memory_plan(const run::Recipe& recipe, const model::ModelConfig& config, const RunShape& shape);
+MemoryPlan training_memory_plan(const recipe::Recipe& recipe, const model::ModelConfig& config, const RunShape& shape);
 
 struct PlanRequest {
   int64_t dp = 0;                  // 0: the recipe's dp_degree
@@ -62,12 +62,12 @@ struct MemoryReport {
   // is given (nothing to check). `keel plan` exits 3 when this is false.
   std::optional<bool> fits;
 };
-MemoryReport memory_report(const run::Recipe& recipe, const PlanRequest& request);
+MemoryReport memory_report(const recipe::Recipe& recipe, const PlanRequest& request);
 
 // The plan of the configured run as one JSON object: total, arena, live peak, waste, bytes outside
 // the arena, and bytes per category at the peak (for scripts and benchmarks).
 // "fits" is true, false or null as MemoryReport::fits.
-MemoryReport memory_report_json(const run::Recipe& recipe, const PlanRequest& request);
+MemoryReport memory_report_json(const recipe::Recipe& recipe, const PlanRequest& request);
 
 // "64GB", "64 GiB", "512MiB", "1.5TB", "64" (GiB): memory sizes in binary units, as device memory is
 // quoted (a "64 GB" card holds 64 GiB). keel::Error for anything else.

@@ -255,28 +255,28 @@ int32_t model_pad_id(const model::ModelConfig& config) {
   return config.pad_token_id >= 0 && config.pad_token_id < config.vocab_size ? int32_t(config.pad_token_id) : 0;
 }
 
-std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const run::Recipe& r,
+std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const recipe::Recipe& r,
                                                const BatchSourceOptions& o, std::ostream& log) {
   const bool plain_jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
   require(!data::holds_preference_pairs(path),
           "{}: the records are preference pairs ('chosen' and 'rejected'), which supervised fine-tuning cannot "
           "train on; set stage = \"dpo\" to tune on them (or give SFT records: text, messages, prompt/response)",
           path);
-  if (plain_jsonl && path_exists(path) && is_pretokenized_jsonl(path) && r.packing == run::Packing::Pad)
+  if (plain_jsonl && path_exists(path) && is_pretokenized_jsonl(path) && r.packing == recipe::Packing::Pad)
     return std::make_unique<RecordsSource>(path, o);
   data::TrainingDataRequest q;
   q.data_path = path;
-  q.tokenizer_path = run::recipe_tokenizer_path(r);
+  q.tokenizer_path = recipe::recipe_tokenizer_path(r);
   q.max_seq_len = r.max_seq_len;
   q.vocab_size = o.vocab_size;
   q.pad_id = o.pad_id;
-  q.packing = r.packing == run::Packing::Pack ? data::Packing::pack : data::Packing::pad;
+  q.packing = r.packing == recipe::Packing::Pack ? data::Packing::pack : data::Packing::pad;
   q.chat_template = r.chat_template;
   q.train_on_prompt = r.train_on_prompt;
   q.special_tokens_in_messages = r.special_tokens_in_messages;
   q.cache_dir = r.cache_dir;
   q.max_bad_fraction = r.max_bad_fraction;
-  if (r.data_pipeline == run::DataPipeline::OnTheFly) return std::make_unique<OnTheFlySource>(q, o, log);
+  if (r.data_pipeline == recipe::DataPipeline::OnTheFly) return std::make_unique<OnTheFlySource>(q, o, log);
   const std::string dir = data::resolve_training_data(q, &log);
   // Raw JSONL: the data is identified by its content and settings, whichever pipeline reads it.
   std::string fingerprint = dir == path ? "" : data::training_data_fingerprint(q);

@@ -14,7 +14,7 @@
 
 #include "keel/data/shard_loader.h"
 #include "keel/model/config.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 namespace keel::train {
 
@@ -43,7 +43,7 @@ struct BatchSourceOptions {
 int32_t model_pad_id(const model::ModelConfig& config);
 
 // Opens `path` as the recipe says (tokenizer, packing, chat template, loader threads).
-std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const run::Recipe& recipe,
+std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const recipe::Recipe& recipe,
                                                const BatchSourceOptions& options, std::ostream& log);
 
 }  // namespace keel::train

@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "keel/core/error.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 
 namespace keel::train {
 
@@ -35,7 +35,7 @@ EvalResult evaluate(model::Decoder& decoder, BatchSource& loader) {
   return result;
 }
 
-BatchSourceOptions evaluation_source_options(const run::Recipe& r, const model::ModelConfig& config) {
+BatchSourceOptions evaluation_source_options(const recipe::Recipe& r, const model::ModelConfig& config) {
   return BatchSourceOptions{.batch_size = r.batch_size,
                             .seq_len = r.max_seq_len,
                             .micro_batches_per_step = 1,
@@ -47,16 +47,16 @@ BatchSourceOptions evaluation_source_options(const run::Recipe& r, const model::
                             .pad_id = model_pad_id(config)};
 }
 
-EvalResult evaluate_recipe(const run::Recipe& r, std::ostream& log) {
+EvalResult evaluate_recipe(const recipe::Recipe& r, std::ostream& log) {
   require(!r.eval_data_path.empty(), "{}: evaluation needs eval_data_path (held-out records)", r.source);
   // One process evaluates the whole model: the recipe's data-parallel sharding (ZeRO) is for
   // training, where every rank holds a part and the others gather it.
-  run::Recipe whole = r;
+  recipe::Recipe whole = r;
   whole.dp_degree = 1;
   whole.zero_stage = 0;
-  run::ModelSetup setup = run::setup_model(whole, /*rank=*/0, &log);
+  recipe::ModelSetup setup = recipe::setup_model(whole, /*rank=*/0, &log);
   model::Decoder& decoder = *setup.decoder;
-  run::require_sequence_fits_model(r, decoder.config());
+  recipe::require_sequence_fits_model(r, decoder.config());
   auto loader = open_batch_source(r.eval_data_path, r, evaluation_source_options(r, decoder.config()), log);
   return evaluate(decoder, *loader);
 }

@@ -6,7 +6,7 @@
 
 #include "keel/train/batch_source.h"
 #include "keel/model/decoder.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 namespace keel::train {
 
@@ -20,11 +20,11 @@ struct EvalResult {
 EvalResult evaluate(model::Decoder& decoder, BatchSource& source);
 
 // How evaluation reads eval_data_path: every sequence once, in order, one rank, batch_size rows.
-BatchSourceOptions evaluation_source_options(const run::Recipe& recipe, const model::ModelConfig& config);
+BatchSourceOptions evaluation_source_options(const recipe::Recipe& recipe, const model::ModelConfig& config);
 
 // The recipe's model (model_name, with adapter_name_or_path for LoRA; or a new [model_config]
 // model) evaluated on its eval_data_path, as a training run evaluates: batch_size rows of
 // max_seq_len, the same data preparation. keel.Trainer.evaluate() calls it.
-EvalResult evaluate_recipe(const run::Recipe& recipe, std::ostream& log);
+EvalResult evaluate_recipe(const recipe::Recipe& recipe, std::ostream& log);
 
 }  // namespace keel::train

@@ -51,7 +51,7 @@ struct SyncedStep {
 class GradSync {
  public:
   // Installs the decoder's hooks (removed by the destructor). The decoder's trainable store must
-  // be sharded as `options.zero_stage` says (run::training_decoder_options does it).
+  // be sharded as `options.zero_stage` says (recipe::training_decoder_options does it).
   GradSync(model::Decoder& decoder, distributed::Communicator& comm, const GradSyncOptions& options);
   ~GradSync();
   GradSync(const GradSync&) = delete;

@@ -4,12 +4,12 @@
 #pragma once
 #include <cstdint>
 
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 namespace keel::train {
 
 struct LrSchedule {
-  run::LrScheduler kind = run::LrScheduler::Cosine;
+  recipe::LrScheduler kind = recipe::LrScheduler::Cosine;
   double base_lr = 0;
   int64_t warmup_steps = 0, total_steps = 1;
 

@@ -84,9 +84,9 @@ std::span<const data::PackedMicroBatch> PairSource::step_batches(int64_t step) {
   return micro_;
 }
 
-std::unique_ptr<PairSource> open_pair_source(const std::string& path, const run::Recipe& r,
+std::unique_ptr<PairSource> open_pair_source(const std::string& path, const recipe::Recipe& r,
                                              const BatchSourceOptions& o, std::ostream& log) {
-  const std::string tokenizer_path = data::training_tokenizer_path(run::recipe_tokenizer_path(r));
+  const std::string tokenizer_path = data::training_tokenizer_path(recipe::recipe_tokenizer_path(r));
   require(!tokenizer_path.empty(), "{}: preference pairs are text, and this run has no tokenizer (set 'tokenizer')",
           path);
   const data::Tokenizer tokenizer = data::load_tokenizer(tokenizer_path);
@@ -103,7 +103,7 @@ std::unique_ptr<PairSource> open_pair_source(const std::string& path, const run:
       path, {&tokenizer, chooser.model_template, r.max_seq_len, o.vocab_size}, r.max_bad_fraction, log);
   // The pairs' ids are what the run sees: a resume must see the same.
   const std::string fingerprint = fmt::format("pairs:{}:{}", checksum_hex(pairs.checksum()), chosen_template);
-  return std::make_unique<PairSource>(std::move(pairs), o, fingerprint, r.pref_loss == run::PreferenceLoss::Orpo);
+  return std::make_unique<PairSource>(std::move(pairs), o, fingerprint, r.pref_loss == recipe::PreferenceLoss::Orpo);
 }
 
 }  // namespace keel::train

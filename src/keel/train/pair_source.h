@@ -47,7 +47,7 @@ class PairSource final : public BatchSource {
 };
 
 // Reads the pairs of `path` with the recipe's tokenizer and chat template (data/preference_pairs.h).
-std::unique_ptr<PairSource> open_pair_source(const std::string& path, const run::Recipe& recipe,
+std::unique_ptr<PairSource> open_pair_source(const std::string& path, const recipe::Recipe& recipe,
                                              const BatchSourceOptions& options, std::ostream& log);
 
 }  // namespace keel::train

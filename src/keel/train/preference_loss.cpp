@@ -21,14 +21,14 @@ constexpr int kPerMicroBatch = 4;
 
 }  // namespace
 
-bool needs_reference(run::PreferenceLoss loss) {
-  return loss != run::PreferenceLoss::Simpo && loss != run::PreferenceLoss::Orpo;
+bool needs_reference(recipe::PreferenceLoss loss) {
+  return loss != recipe::PreferenceLoss::Simpo && loss != recipe::PreferenceLoss::Orpo;
 }
 
-PreferenceLossOptions preference_loss_options(const run::Recipe& r, int64_t rank, int64_t ranks) {
+PreferenceLossOptions preference_loss_options(const recipe::Recipe& r, int64_t rank, int64_t ranks) {
   return {.loss = r.pref_loss,
           .beta = r.pref_beta,
-          .ftx = r.pref_loss == run::PreferenceLoss::Orpo ? 1.0 : r.pref_ftx,
+          .ftx = r.pref_loss == recipe::PreferenceLoss::Orpo ? 1.0 : r.pref_ftx,
           .gamma = r.simpo_gamma,
           .label_smoothing = r.dpo_label_smoothing,
           .pairs_per_micro_batch = r.batch_size,
@@ -39,7 +39,7 @@ PreferenceLossOptions preference_loss_options(const run::Recipe& r, int64_t rank
 }
 
 PairLoss pair_loss(const PreferenceLossOptions& o, const PairScore& s) {
-  using L = run::PreferenceLoss;
+  using L = recipe::PreferenceLoss;
   const double b = o.beta, e = o.label_smoothing;
   PairLoss out;
   if (o.loss == L::Simpo || o.loss == L::Orpo) {  // average_log_prob: the answers' mean token log-probability
@@ -231,7 +231,7 @@ report::PreferenceMetrics preference_metrics(const PreferenceLossOptions& o, std
     p.logits_chosen += (l[1] > 0 ? l[0] / l[1] : 0.0) / double(o.micro_batches);
     p.logits_rejected += (l[3] > 0 ? l[2] / l[3] : 0.0) / double(o.micro_batches);
   }
-  p.orpo = o.loss == run::PreferenceLoss::Orpo;
+  p.orpo = o.loss == recipe::PreferenceLoss::Orpo;
   p.log_odds_ratio = sums[kLogOddsRatio] / pairs;
   p.log_odds_chosen = sums[kLogOddsChosen] / pairs;
   p.nll_loss = sums[kNll];

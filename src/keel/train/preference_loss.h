@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "keel/report/metrics.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 #include "keel/train/objective.h"
 
 namespace keel::train {
@@ -40,16 +40,16 @@ struct ReferenceLogps {
 };
 
 struct PreferenceLossOptions {
-  run::PreferenceLoss loss = run::PreferenceLoss::Sigmoid;
+  recipe::PreferenceLoss loss = recipe::PreferenceLoss::Sigmoid;
   double beta = 0.1, ftx = 0, gamma = 0.5, label_smoothing = 0;
   int64_t pairs_per_micro_batch = 1;
   int64_t micro_batches = 1;  // in a step, over all ranks
   int64_t rank = 0, ranks = 1;  // micro-batch i of this rank is the step's (i * ranks + rank)-th
   int64_t seq = 0;
 };
-PreferenceLossOptions preference_loss_options(const run::Recipe& recipe, int64_t rank, int64_t ranks);
+PreferenceLossOptions preference_loss_options(const recipe::Recipe& recipe, int64_t rank, int64_t ranks);
 // Whether the loss compares with a reference model (SimPO and ORPO do not).
-bool needs_reference(run::PreferenceLoss loss);
+bool needs_reference(recipe::PreferenceLoss loss);
 
 // One pair's log-probabilities and what the loss makes of them.
 struct PairScore {

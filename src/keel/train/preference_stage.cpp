@@ -31,7 +31,7 @@ std::string directory_weights_key(const std::string& dir) {
   return key;
 }
 
-std::string cache_dir_of(const run::Recipe& r) {
+std::string cache_dir_of(const recipe::Recipe& r) {
   if (!r.cache_dir.empty()) return r.cache_dir;
   const fs::path parent = fs::path(r.data_path).parent_path();
   return (parent.empty() ? fs::path(".") : parent).string() + "/.keel-cache";
@@ -39,13 +39,13 @@ std::string cache_dir_of(const run::Recipe& r) {
 
 }  // namespace
 
-std::string reference_model_key(const run::Recipe& r) {
+std::string reference_model_key(const recipe::Recipe& r) {
   // A new model's weights follow from its config and the seed; a loaded one's from its files.
   const std::string model =
-      r.model_config ? fmt::format("scratch:{}:{}", checksum_hex(checksum(run::recipe_to_toml(r))), r.seed)
+      r.model_config ? fmt::format("scratch:{}:{}", checksum_hex(checksum(recipe::recipe_to_toml(r))), r.seed)
                      : directory_weights_key(r.model_name);
   return fmt::format("{}|{}|{}|{}|{}|{}|{}", model, directory_weights_key(r.adapter_name_or_path),
-                     run::choice_name(r.dtype), r.quantization_bit, run::choice_name(r.quantization_type), r.backend,
+                     recipe::choice_name(r.dtype), r.quantization_bit, recipe::choice_name(r.quantization_type), r.backend,
                      r.max_seq_len);
 }
 
@@ -53,7 +53,7 @@ std::string reference_cache_key(const std::string& model_key, const PairSource& 
   return checksum_hex(checksum(model_key + "|" + checksum_hex(pairs.pairs().checksum())));
 }
 
-PreferenceStage::PreferenceStage(const run::Recipe& r, const BatchSourceOptions& o, const BatchSourceOptions& eo,
+PreferenceStage::PreferenceStage(const recipe::Recipe& r, const BatchSourceOptions& o, const BatchSourceOptions& eo,
                                  int rank, int ranks, std::ostream& log)
     : r_(r), rank_(rank), ranks_(ranks), log_(log) {
   train_owned_ = open_pair_source(r.data_path, r, o, log);
@@ -117,7 +117,7 @@ void PreferenceStage::evaluate(model::Decoder& decoder, report::StepMetrics& m) 
   // the loss over every pair.
   report::PreferenceMetrics p;
   p.present = true;
-  p.orpo = o.loss == run::PreferenceLoss::Orpo;
+  p.orpo = o.loss == recipe::PreferenceLoss::Orpo;
   double loss_sum = 0;
   int64_t batches = 0;
   for (int64_t first = 0; first < n; first += B, ++batches) {
@@ -173,9 +173,9 @@ void PreferenceStage::evaluate(model::Decoder& decoder, report::StepMetrics& m) 
 }
 
 std::string PreferenceStage::describe() const {
-  std::string s = fmt::format("stage dpo: pref_loss = \"{}\", pref_beta = {}", run::choice_name(r_.pref_loss),
+  std::string s = fmt::format("stage dpo: pref_loss = \"{}\", pref_beta = {}", recipe::choice_name(r_.pref_loss),
                               r_.pref_beta);
-  if (r_.pref_loss == run::PreferenceLoss::Simpo) s += fmt::format(", simpo_gamma = {}", r_.simpo_gamma);
+  if (r_.pref_loss == recipe::PreferenceLoss::Simpo) s += fmt::format(", simpo_gamma = {}", r_.simpo_gamma);
   if (r_.dpo_label_smoothing > 0) s += fmt::format(", dpo_label_smoothing = {}", r_.dpo_label_smoothing);
   if (r_.pref_ftx > 0) s += fmt::format(", pref_ftx = {}", r_.pref_ftx);
   s += fmt::format("; {} pairs, batch_size = {} pairs ({} rows: chosen answers, then rejected)", train_->pairs().size(),

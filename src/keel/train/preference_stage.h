@@ -11,7 +11,7 @@
 #include "keel/distributed/communicator.h"
 #include "keel/model/decoder.h"
 #include "keel/report/metrics.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 #include "keel/train/batch_source.h"
 #include "keel/train/objective.h"
 #include "keel/train/pair_source.h"
@@ -22,7 +22,7 @@ namespace keel::train {
 class PreferenceStage {
  public:
   // Reads the training pairs (and eval_data_path's) with `options` (batch_size counts pairs).
-  PreferenceStage(const run::Recipe& recipe, const BatchSourceOptions& options, const BatchSourceOptions& eval_options,
+  PreferenceStage(const recipe::Recipe& recipe, const BatchSourceOptions& options, const BatchSourceOptions& eval_options,
                   int rank, int ranks, std::ostream& log);
 
   // The training pairs as the run's batch source (once).
@@ -39,7 +39,7 @@ class PreferenceStage {
   std::string describe() const;
 
  private:
-  const run::Recipe& r_;
+  const recipe::Recipe& r_;
   int rank_, ranks_;
   std::ostream& log_;
   std::unique_ptr<PairSource> train_owned_;
@@ -51,7 +51,7 @@ class PreferenceStage {
 // The reference log-probabilities' cache key: what the reference model is (its weight files and the
 // adapter's by content, the precision and quantization, the backend, the row length), then with the
 // ids of one set of pairs.
-std::string reference_model_key(const run::Recipe& recipe);
+std::string reference_model_key(const recipe::Recipe& recipe);
 std::string reference_cache_key(const std::string& model_key, const PairSource& pairs);
 
 }  // namespace keel::train

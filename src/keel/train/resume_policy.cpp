@@ -13,8 +13,8 @@ namespace {
 
 // What checkpoints written before compat_fingerprint recorded: the same keys, accumulation and world size
 // apart. Such a checkpoint resumes with both unchanged.
-std::string compat_fingerprint_v1(const run::Recipe& r) {
-  return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", run::choice_name(r.dtype),
+std::string compat_fingerprint_v1(const recipe::Recipe& r) {
+  return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|{}|{}|{}|{}|{}", recipe::choice_name(r.dtype),
                                                 r.max_seq_len, r.batch_size,
                                                 r.gradient_accumulation_steps, r.seed, r.shuffle, r.dp_degree,
                                                 r.model_config ? "scratch" : "loaded"));
@@ -23,13 +23,13 @@ std::string compat_fingerprint_v1(const run::Recipe& r) {
 // A changed max_steps, learning rate, scheduler or warmup moves the learning rate at the resume
 // step (a raised max_steps stretches a cosine decay): say so with both rates, rather than let the
 // loss curve jump without a word.
-void note_schedule_change(const run::Recipe& r, const std::string& checkpoint, int64_t step, int64_t max_steps,
+void note_schedule_change(const recipe::Recipe& r, const std::string& checkpoint, int64_t step, int64_t max_steps,
                           const LrSchedule& schedule, std::ostream& log) {
   const std::string saved_recipe = checkpoint::checkpoint_step_dir(checkpoint) + "/recipe.toml";
   if (!path_exists(saved_recipe)) return;
-  run::Recipe before;
+  recipe::Recipe before;
   try {
-    before = run::parse_recipe(read_file(saved_recipe), saved_recipe);
+    before = recipe::parse_recipe(read_file(saved_recipe), saved_recipe);
   } catch (const Error&) {
     return;  // written by another keel version: the general note above stands
   }
@@ -41,25 +41,25 @@ void note_schedule_change(const run::Recipe& r, const std::string& checkpoint, i
              "note: the learning-rate schedule changed (max_steps {} -> {}, learning_rate {} -> {}, {} -> {}): "
              "step {} trains at {:.4g} instead of {:.4g}\n",
              old.total_steps, max_steps, before.learning_rate, r.learning_rate,
-             run::choice_name(before.lr_scheduler), run::choice_name(r.lr_scheduler), step + 1, now, was);
+             recipe::choice_name(before.lr_scheduler), recipe::choice_name(r.lr_scheduler), step + 1, now, was);
 }
 
 }  // namespace
 
-std::string resume_path(const run::Recipe& r, const std::string& request) {
+std::string resume_path(const recipe::Recipe& r, const std::string& request) {
   if (request != "auto") return checkpoint::checkpoint_step_dir(request);
   require(!r.checkpoint_dir.empty(), "{}: --resume auto needs 'checkpoint_dir' in the recipe", r.source);
   return checkpoint::latest_checkpoint(r.checkpoint_dir);
 }
 
-std::string compat_fingerprint(const run::Recipe& r) {
-  return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|global {}|{}|{}|{}", run::choice_name(r.dtype),
+std::string compat_fingerprint(const recipe::Recipe& r) {
+  return checkpoint::fingerprint_of(fmt::format("{}|{}|{}|global {}|{}|{}|{}", recipe::choice_name(r.dtype),
                                                 r.max_seq_len, r.batch_size,
                                                 r.gradient_accumulation_steps * r.dp_degree, r.seed, r.shuffle,
                                                 r.model_config ? "scratch" : "loaded"));
 }
 
-Resumed resume_run(const run::Recipe& r, const ResumeRequest& req, model::ParamStore& trained,
+Resumed resume_run(const recipe::Recipe& r, const ResumeRequest& req, model::ParamStore& trained,
                    const checkpoint::TrainingState& expected, int64_t max_steps, const LrSchedule& schedule,
                    std::ostream& log) {
   Resumed out;
@@ -132,8 +132,8 @@ void refuse_mixing_runs(const std::string& dir, const TrainOptions& options, std
   fmt::print(log, "keel: --overwrite: removed {} checkpoint(s) of the earlier run from {}\n", removed, dir);
 }
 
-void keep_checkpoint_products(const run::Recipe& r, const TrainOptions& options, std::ostream& log) {
-  if (options.resume.empty() || r.dtype != run::Precision::Bf16) return;
+void keep_checkpoint_products(const recipe::Recipe& r, const TrainOptions& options, std::ostream& log) {
+  if (options.resume.empty() || r.dtype != recipe::Precision::Bf16) return;
   std::string path;
   checkpoint::TrainingState saved;
   try {

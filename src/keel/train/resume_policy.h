@@ -9,7 +9,7 @@
 
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/model/params.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 #include "keel/train/lr_schedule.h"
 #include "keel/train/trainer.h"
 
@@ -17,7 +17,7 @@ namespace keel::train {
 
 // The checkpoint a --resume request names: with "auto" the newest in checkpoint_dir ("" when there
 // is none yet), else the step directory the path names (or a checkpoint_dir's latest).
-std::string resume_path(const run::Recipe& r, const std::string& request);
+std::string resume_path(const recipe::Recipe& r, const std::string& request);
 
 // The recipe keys that decide which samples each step sees and how they are computed: a resume
 // with any of them changed could not continue the run, so it is refused. The world size is not
@@ -25,7 +25,7 @@ std::string resume_path(const run::Recipe& r, const std::string& request);
 // whatever the number of ranks, so a run may resume on another number of ranks with the
 // accumulation changed to keep gradient_accumulation_steps x dp_degree (a lost node, a bigger
 // allocation).
-std::string compat_fingerprint(const run::Recipe& r);
+std::string compat_fingerprint(const recipe::Recipe& r);
 
 struct ResumeRequest {
   std::string request;  // TrainOptions::resume
@@ -40,7 +40,7 @@ struct Resumed {
 // reads what it holds) and checks that it continues the run `expected` describes; says what it
 // did, and what changed, on `log`. Errors name the checkpoint and what differs; a corrupt latest
 // under "auto" names the newest intact checkpoint.
-Resumed resume_run(const run::Recipe& r, const ResumeRequest& request, model::ParamStore& trained,
+Resumed resume_run(const recipe::Recipe& r, const ResumeRequest& request, model::ParamStore& trained,
                    const checkpoint::TrainingState& expected, int64_t max_steps, const LrSchedule& schedule,
                    std::ostream& log);
 
@@ -51,6 +51,6 @@ void refuse_mixing_runs(const std::string& dir, const TrainOptions& options, std
 // A bf16 resume multiplies as the run that wrote its checkpoint did (kernels/bf16_widening.h:
 // keep), or its steps would round differently from the uninterrupted run's: decided before the
 // model is set up, whose memory plan depends on the way. What cannot be kept is said.
-void keep_checkpoint_products(const run::Recipe& r, const TrainOptions& options, std::ostream& log);
+void keep_checkpoint_products(const recipe::Recipe& r, const TrainOptions& options, std::ostream& log);
 
 }  // namespace keel::train

@@ -21,13 +21,13 @@ HostCores host_cores(int ranks) {
   return c;
 }
 
-OverlapDecision decide_overlap(run::OverlapGradSync setting, const HostCores& c) {
+OverlapDecision decide_overlap(recipe::OverlapGradSync setting, const HostCores& c) {
   const std::string facts = fmt::format("{} rank(s) on this host of {} CPUs, {} compute thread(s) each, {} CPU(s) usable "
                                         "by this rank",
                                         c.ranks_on_host, c.online, c.compute_threads, c.usable);
-  if (setting == run::OverlapGradSync::True)
+  if (setting == recipe::OverlapGradSync::True)
     return {true, "gradient buckets sync during the backward pass (overlap_grad_sync = true)"};
-  if (setting == run::OverlapGradSync::False)
+  if (setting == recipe::OverlapGradSync::False)
     return {false, "gradient buckets sync after the backward pass (overlap_grad_sync = false)"};
   const int wanted = c.compute_threads + 1;  // the compute threads and the communication thread
   if (c.online >= c.ranks_on_host * wanted && c.usable >= wanted)

@@ -10,7 +10,7 @@
 #pragma once
 #include <string>
 
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 namespace keel::train {
 
@@ -32,6 +32,6 @@ struct OverlapDecision {
 
 // `setting`: the recipe's overlap_grad_sync. With Auto, overlap when every rank on the host can
 // have compute_threads + 1 cores, and this process may use that many.
-OverlapDecision decide_overlap(run::OverlapGradSync setting, const HostCores& cores);
+OverlapDecision decide_overlap(recipe::OverlapGradSync setting, const HostCores& cores);
 
 }  // namespace keel::train

@@ -41,9 +41,9 @@
 #include "keel/train/sharded_saves.h"
 #include "keel/report/metrics.h"
 #include "keel/report/tensorboard.h"
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 #include "keel/train/optimizer.h"
-#include "keel/run/run_guard.h"
+#include "keel/recipe/run_guard.h"
 #include "keel/report/progress.h"
 
 namespace keel::train {
@@ -69,7 +69,7 @@ void record_expert_load(const model::Decoder& decoder, report::StepMetrics& m) {
   }
 }
 
-int64_t resolve_max_steps(const run::Recipe& r, int64_t records) {
+int64_t resolve_max_steps(const recipe::Recipe& r, int64_t records) {
   if (r.max_steps > 0) return r.max_steps;
   const int64_t per_step = r.batch_size * r.gradient_accumulation_steps;
   return std::max<int64_t>(1, (r.num_epochs * records + per_step - 1) / per_step);
@@ -100,15 +100,15 @@ double flops_per_token(const model::Decoder& d, int64_t seq) {
 
 class Trainer {
  public:
-  Trainer(const run::Recipe& r, std::ostream& log, const TrainOptions& options, distributed::Communicator& comm)
+  Trainer(const recipe::Recipe& r, std::ostream& log, const TrainOptions& options, distributed::Communicator& comm)
       : r_(r),
         log_(log),
         options_(options),
         comm_(comm),
-        setup_(run::setup_model(r, comm.rank(), &log, options.terminal)),
+        setup_(recipe::setup_model(r, comm.rank(), &log, options.terminal)),
         decoder_(*setup_.decoder),
         config_(decoder_.config()) {
-    run::require_sequence_fits_model(r, config_);
+    recipe::require_sequence_fits_model(r, config_);
     for (const auto& name : setup_.unused_tensors)
       fmt::print(log_, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
                  config_.architecture);
@@ -122,7 +122,7 @@ class Trainer {
                               .seed = uint64_t(r.seed),
                               .vocab_size = config_.vocab_size,
                               .pad_id = pad_id_};
-    if (r.stage == run::Stage::Dpo) {
+    if (r.stage == recipe::Stage::Dpo) {
       preference_ = std::make_unique<PreferenceStage>(r, source, evaluation_source_options(r, config_),
                                                       comm_.rank(), comm_.size(), log_);
       loader_ = preference_->take_source();
@@ -151,18 +151,18 @@ class Trainer {
     }
     schedule_ = LrSchedule{r.lr_scheduler, r.learning_rate, r.warmup_steps, max_steps_};
     state_.seed = uint64_t(r.seed);
-    state_.recipe_hash = checkpoint::fingerprint_of(run::recipe_to_toml(r));
+    state_.recipe_hash = checkpoint::fingerprint_of(recipe::recipe_to_toml(r));
     state_.model_fingerprint = checkpoint::model_fingerprint(decoder_.trainable(), config_.architecture);
     state_.data_fingerprint = loader_->fingerprint();
     state_.compat_fingerprint = compat_fingerprint(r);
-    if (r.dtype == run::Precision::Bf16)
+    if (r.dtype == recipe::Precision::Bf16)
       state_.bf16_products = kernels::widens_bf16_products(decoder_.backend()) ? "widened" : "native";
     if (!r.checkpoint_dir.empty() && comm_.rank() == 0) {  // rank 0 writes the replicated state
       refuse_mixing_runs(r.checkpoint_dir, options, log_);
       if (int removed = checkpoint::clean_incomplete_checkpoints(r.checkpoint_dir))
         fmt::print(log_, "keel: removed {} incomplete checkpoint(s) left in {} by an interrupted save or deletion\n",
                    removed, r.checkpoint_dir);
-      if (!run::sharded_checkpoints(r, comm_.size())) {
+      if (!recipe::sharded_checkpoints(r, comm_.size())) {
         if (comm_.size() > 1)  // the layout is a choice: said, as the sharded one is
           fmt::print(log_,
                      "keel: checkpoints in one file written by rank 0 (checkpoint_layout = \"single_file\"): the "
@@ -174,7 +174,7 @@ class Trainer {
         checkpoints_->prepare(decoder_.trainable(), /*snapshot=*/!zero_shards().empty() && r.async_save);
       }
     }
-    if (!r.checkpoint_dir.empty() && run::sharded_checkpoints(r, comm_.size())) start_sharded_saves();
+    if (!r.checkpoint_dir.empty() && recipe::sharded_checkpoints(r, comm_.size())) start_sharded_saves();
     if (preference_) {
       // The reference is the initial weights: scored before a resume replaces them.
       preference_->prepare_reference(decoder_, comm_);
@@ -200,8 +200,8 @@ class Trainer {
     if (comm_.rank() == 0)
       metrics = std::make_unique<report::MetricsWriter>(r_.output_dir + "/metrics.jsonl", state_.step);
     std::unique_ptr<report::TensorBoardLog> tensorboard;
-    if (comm_.rank() == 0 && run::reports_to_tensorboard(r_)) {
-      tensorboard = std::make_unique<report::TensorBoardLog>(r_.output_dir, run::recipe_to_toml(r_), state_.step + 1,
+    if (comm_.rank() == 0 && recipe::reports_to_tensorboard(r_)) {
+      tensorboard = std::make_unique<report::TensorBoardLog>(r_.output_dir, recipe::recipe_to_toml(r_), state_.step + 1,
                                                              r_.log_interval);
       fmt::print(log_, "keel: TensorBoard events in {} (report_to = \"{}\"){}\n", tensorboard->path(), r_.report_to,
                  state_.step > 0 ? fmt::format("; steps from {} on replace what an earlier run logged there",
@@ -300,7 +300,7 @@ class Trainer {
     const bool kept_last = r_.gradient_checkpointing_layers == 0 && recomputed == config_.num_layers - 1;
     fmt::print(
         log_, "keel: {} steps of {} x {} x {} tokens (accumulation x batch x sequence), {}{}\n", max_steps_,
-        r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, run::choice_name(r_.dtype),
+        r_.gradient_accumulation_steps, r_.batch_size, r_.max_seq_len, recipe::choice_name(r_.dtype),
         r_.use_gradient_checkpointing
             ? fmt::format(", gradient checkpointing ({} of {} blocks recompute{})", recomputed, config_.num_layers,
                           kept_last ? "; keel's choice: the last keeps its activations, which the memory plan "
@@ -378,7 +378,7 @@ class Trainer {
     }
     std::string text;
     try {  // the token's text where the run has a tokenizer; the id alone otherwise
-      const std::string path = run::recipe_tokenizer_path(r_);
+      const std::string path = recipe::recipe_tokenizer_path(r_);
       if (!path.empty()) text = fmt::format(" '{}'", data::load_tokenizer(path).id_to_token(int32_t(row)));
     } catch (const std::exception&) {
     }
@@ -504,9 +504,9 @@ class Trainer {
     try {
       checkpoint::SaveStats stats;
       if (!shards) {
-        stats = writer->save(params, state_, run::recipe_to_toml(r_));
+        stats = writer->save(params, state_, recipe::recipe_to_toml(r_));
       } else if (r_.async_save && writer == checkpoints_.get()) {
-        stats = writer->save_snapshot(params.params(), params.total(), state_, run::recipe_to_toml(r_),
+        stats = writer->save_snapshot(params.params(), params.total(), state_, recipe::recipe_to_toml(r_),
                                       [&](float* weights, float* first, float* second) {
                                         if (sharded)
                                           shards->read_all(0, weights);
@@ -521,7 +521,7 @@ class Trainer {
             [&](int which, int64_t begin, int64_t max_count, int64_t* n) {
               return shards->read(which == 2 ? 0 : which + moments_from, begin, max_count, n);
             },
-            state_, run::recipe_to_toml(r_));
+            state_, recipe::recipe_to_toml(r_));
       }
       if (shards) shards->drain();
       m.checkpoint_s = stats.blocked_s;
@@ -643,7 +643,7 @@ class Trainer {
                "keel: checkpoints sharded ({}): each of the {} rank(s) writes the weights, m and v of its {} "
                "({:.2f} MB on rank 0) to step-N/shard-R-of-{}.bin in parallel; rank 0 writes manifest.json once every "
                "rank's part is durable\n",
-               r_.checkpoint_layout == run::CheckpointLayout::Auto ? "checkpoint_layout = \"auto\": dp_degree > 1"
+               r_.checkpoint_layout == recipe::CheckpointLayout::Auto ? "checkpoint_layout = \"auto\": dp_degree > 1"
                                                                    : "checkpoint_layout = \"sharded\"",
                comm_.size(), zero_shards().empty() ? "1/dp of the replicated state" : "ZeRO shard", 12e-6 * double(mine.size()),
                comm_.size());
@@ -660,7 +660,7 @@ class Trainer {
   bool save_sharded(report::StepMetrics& m, report::Progress& progress) {
     std::vector<std::string> notes;
     bool saved = false;
-    const double blocked = sharded_->save(state_, run::recipe_to_toml(r_), &notes, &saved);
+    const double blocked = sharded_->save(state_, recipe::recipe_to_toml(r_), &notes, &saved);
     m.checkpoint_s += blocked;
     m.step_time_s += blocked;
     for (const auto& note : notes) progress.message(note);
@@ -859,14 +859,14 @@ class Trainer {
                  "pre-tokenized). `keel generate --model {}` will need --tokenizer; set `tokenizer` in the recipe "
                  "to ship one with the model\n",
                  final_dir, final_dir);
-    run::write_model_marker(final_dir, "keel train: the run's final model");
+    recipe::write_model_marker(final_dir, "keel train: the run's final model");
   }
 
-  const run::Recipe& r_;
+  const recipe::Recipe& r_;
   std::ostream& log_;
   TrainOptions options_;
   distributed::Communicator& comm_;
-  run::ModelSetup setup_;
+  recipe::ModelSetup setup_;
   model::Decoder& decoder_;
   const model::ModelConfig& config_;
   std::unique_ptr<GradSync> sync_;  // data parallel's gradient path (dp > 1); holds hooks into decoder_
@@ -899,8 +899,8 @@ class Trainer {
 namespace {
 
 // Every rank must run the same recipe: compare a checksum of the resolved recipe across ranks.
-void check_same_recipe(const run::Recipe& r, distributed::Communicator& comm) {
-  const uint64_t mine = checksum(run::recipe_to_toml(r));
+void check_same_recipe(const recipe::Recipe& r, distributed::Communicator& comm) {
+  const uint64_t mine = checksum(recipe::recipe_to_toml(r));
   std::vector<uint64_t> all(size_t(comm.size()));
   comm.allgather(&mine, all.data(), sizeof(mine));
   for (int rank = 0; rank < comm.size(); ++rank)
@@ -918,8 +918,8 @@ struct NullStream : std::ostream {
 
 }  // namespace
 
-TrainResult run_training(const run::Recipe& r, std::ostream& log, const TrainOptions& options) {
-  run::require_training_length(r);
+TrainResult run_training(const recipe::Recipe& r, std::ostream& log, const TrainOptions& options) {
+  recipe::require_training_length(r);
   auto comm = distributed::make_communicator(r.comm_timeout_s);
   require(r.dp_degree == comm->size(),
           "{}: dp_degree = {} but the job has {} process(es); launch with `mpirun -np {}` (or `keel launch -n {}`), "
@@ -928,13 +928,13 @@ TrainResult run_training(const run::Recipe& r, std::ostream& log, const TrainOpt
   if (comm->size() > 1) check_same_recipe(r, *comm);
   NullStream quiet;
   std::ostream& out = comm->rank() == 0 ? log : quiet;
-  for (const auto& w : run::inactive_key_warnings(r)) fmt::print(out, "note: {}\n", w);
+  for (const auto& w : recipe::inactive_key_warnings(r)) fmt::print(out, "note: {}\n", w);
   if (comm->size() > 1) fmt::print(out, "keel: data parallel over {} ranks ({})\n", comm->size(), comm->name());
   try {
-    run::refuse_outputs_over_inputs(run::recipe_outputs(r), run::recipe_inputs(r));
+    recipe::refuse_outputs_over_inputs(recipe::recipe_outputs(r), recipe::recipe_inputs(r));
     // Rank 0 writes every file of the run, so it owns the directories: a second run into them fails
     // at once instead of mixing checkpoints, metrics and summaries with this one.
-    std::optional<run::DirectoryLock> output_lock, checkpoint_lock;
+    std::optional<recipe::DirectoryLock> output_lock, checkpoint_lock;
     if (comm->rank() == 0) {
       output_lock.emplace(r.output_dir, "output_dir");
       if (!r.checkpoint_dir.empty()) checkpoint_lock.emplace(r.checkpoint_dir, "checkpoint_dir");

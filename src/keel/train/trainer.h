@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 #include "keel/report/metrics.h"
 #include "keel/report/summary.h"
 
@@ -43,6 +43,6 @@ struct TrainResult {
 
 // Runs the recipe to completion (or until interrupted), logging to `log`; writes
 // output_dir/metrics.jsonl, summary.json, loss.svg and final/ (an HF model directory).
-TrainResult run_training(const run::Recipe& recipe, std::ostream& log, const TrainOptions& options = {});
+TrainResult run_training(const recipe::Recipe& recipe, std::ostream& log, const TrainOptions& options = {});
 
 }  // namespace keel::train

@@ -1,4 +1,4 @@
-#include "keel/run/run_guard.h"
+#include "keel/recipe/run_guard.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -12,7 +12,7 @@
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 
-namespace keel::run {
+namespace keel::recipe {
 namespace fs = std::filesystem;
 
 namespace {
@@ -129,4 +129,4 @@ void refuse_replacing_foreign_model(const std::string& dir, bool overwrite) {
       dir, kModelMarkerFile);
 }
 
-}  // namespace keel::run
+}  // namespace keel::recipe

@@ -6,9 +6,9 @@
 
 #include "keel/core/dtype.h"
 #include "keel/model/decoder.h"
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
-namespace keel::run {
+namespace keel::recipe {
 
 struct ModelSetup {
   std::unique_ptr<model::Decoder> decoder;
@@ -43,4 +43,4 @@ DType recipe_export_dtype(const Recipe& recipe, const model::ModelConfig& config
 ModelSetup setup_model(const Recipe& recipe, int rank = 0, std::ostream* progress_log = nullptr,
                        bool live_progress = false);
 
-}  // namespace keel::run
+}  // namespace keel::recipe

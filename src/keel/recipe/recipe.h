@@ -13,7 +13,7 @@
 
 #include "keel/core/four_bit.h"
 
-namespace keel::run {
+namespace keel::recipe {
 
 // The keys whose value is one of a closed set of names hold it as an enum: the name is parsed once,
 // as the recipe is read (a name outside the set is an error naming the key, its place and the
@@ -280,7 +280,7 @@ bool reports_to_tensorboard(const Recipe& r);
 // lora_alpha as used: the recipe's, or 2 x lora_rank when 0.
 double lora_alpha(const Recipe& r);
 // bf16 full fine-tuning: the GEMMs read a bf16 copy of the trained masters, which ZeRO-3 never
-// keeps whole, even with one rank (run::set_zero_stage: each position casts its own).
+// keeps whole, even with one rank (recipe::set_zero_stage: each position casts its own).
 bool bf16_full_fine_tuning(const Recipe& r);
 // Whether checkpoints use the sharded layout: checkpoint_layout, or with "auto" whenever the run has
 // more than one rank (as PyTorch DCP and DeepSpeed write one file per rank).
@@ -297,4 +297,4 @@ inline int64_t rows_per_micro_batch(const Recipe& r) { return r.stage == Stage::
 // Keys that are parsed and validated but whose feature is not active yet; warnings for those set.
 std::vector<std::string> inactive_key_warnings(const Recipe& r);
 
-}  // namespace keel::run
+}  // namespace keel::recipe

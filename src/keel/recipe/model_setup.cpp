@@ -1,4 +1,4 @@
-#include "keel/run/model_setup.h"
+#include "keel/recipe/model_setup.h"
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
@@ -6,7 +6,7 @@
 #include "keel/model/peft_adapter.h"
 #include "keel/formats/safetensors.h"
 
-namespace keel::run {
+namespace keel::recipe {
 
 model::ModelConfig scratch_model_config(const ScratchModel& m) {
   model::ModelConfig c;
@@ -138,7 +138,7 @@ ModelSetup setup_model(const Recipe& r, int rank, std::ostream* progress_log, bo
   const auto config = recipe_model_config(r);
   auto options = training_decoder_options(r, config);
   options.optimizer_shard = options.optimizer_shards > 1 ? rank : 0;
-  s.decoder = std::make_unique<model::Decoder>(config, precision, run::rows_per_micro_batch(r), r.max_seq_len, options);
+  s.decoder = std::make_unique<model::Decoder>(config, precision, recipe::rows_per_micro_batch(r), r.max_seq_len, options);
   if (r.model_config) {
     s.decoder->init_random(uint64_t(r.seed));
   } else {
@@ -153,4 +153,4 @@ ModelSetup setup_model(const Recipe& r, int rank, std::ostream* progress_log, bo
   return s;
 }
 
-}  // namespace keel::run
+}  // namespace keel::recipe

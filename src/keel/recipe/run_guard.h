@@ -5,9 +5,9 @@
 #include <string_view>
 #include <vector>
 
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
-namespace keel::run {
+namespace keel::recipe {
 
 // A path the run reads (the model directory, the tokenizer) or writes (output_dir, checkpoint_dir,
 // an export target), with the recipe key or option that named it, for messages.
@@ -46,4 +46,4 @@ void write_model_marker(const std::string& model_dir, std::string_view what);
 // keel::Error unless `dir` is missing, empty, or holds keel's marker (or `overwrite` is set).
 void refuse_replacing_foreign_model(const std::string& dir, bool overwrite);
 
-}  // namespace keel::run
+}  // namespace keel::recipe

@@ -1,4 +1,4 @@
-#include "keel/run/recipe.h"
+#include "keel/recipe/recipe.h"
 
 #include <fmt/format.h>
 
@@ -16,7 +16,7 @@
 #include "keel/core/file_io.h"
 #include "keel/core/suggest.h"
 
-namespace keel::run {
+namespace keel::recipe {
 
 namespace fs = std::filesystem;
 
@@ -810,4 +810,4 @@ std::vector<std::string> inactive_key_warnings(const Recipe& r) {
   return w;
 }
 
-}  // namespace keel::run
+}  // namespace keel::recipe
