@@ -316,10 +316,12 @@ def test_resume_across_stages_and_world_sizes():
 def test_sharded_checkpoints_resume_bit_exactly():
     """The sharded layout (checkpoint_layout = "auto" at dp > 1): a run stopped after step 2 and
     resumed with --resume auto at the same world size and ZeRO stage ends on the uninterrupted
-    run's bytes, at dp 2 with ZeRO-1/2/3 (fp32, and bf16 with asynchronous saves staged through a
-    buffer smaller than a rank's shard) and at dp 4 with ZeRO-3 (the reference article's shape).
+    run's bytes, at dp 2 with ZeRO 0-3 (fp32, and bf16 with asynchronous saves staged through a
+    buffer smaller than a rank's shard) and at dp 4 with ZeRO-1 (fp32), ZeRO-2 (bf16) and ZeRO-3
+    (bf16, asynchronous: the reference article's shape).
     Each rank wrote only its own shard file, and the manifest names every piece."""
-    plans = [(2, stage, dict()) for stage in (1, 2, 3)]
+    plans = [(2, stage, dict()) for stage in (0, 1, 2, 3)]
+    plans += [(4, 1, dict(gradient_accumulation_steps=1)), (4, 2, dict(dtype="bf16", gradient_accumulation_steps=1))]
     # 0.02 MiB of staging: less than a rank's ~0.07 MB of weights, m and v, so the writer writes
     # part of the state from the live buffers and the next optimizer step may wait for it.
     plans += [(2, 2, dict(dtype="bf16", async_save=True, checkpoint_staging_mb=0.02)),
