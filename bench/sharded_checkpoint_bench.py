@@ -39,6 +39,13 @@ def parse_args():
     return p.parse_args()
 
 
+# Each rank's keel under a Python parent that prints the child's peak RSS (getrusage's ru_maxrss,
+# KiB) with the rank: every rank's peak, not only rank 0's (summary.json).
+RANK_PEAK = ("import os, resource, subprocess, sys; code = subprocess.call(sys.argv[1:]); "
+             "print('rank-peak-rss-kib', os.environ.get('OMPI_COMM_WORLD_RANK', '0'), "
+             "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, flush=True); sys.exit(code)")
+
+
 def recipe(args, name, **keys):
     d = os.path.join(args.work, name)
     shutil.rmtree(d, ignore_errors=True)
@@ -82,7 +89,8 @@ def main():
         plan = subprocess.run([args.keel, "plan", path, "--json"], capture_output=True, text=True)
         planned = json.loads(plan.stdout)["training_bytes"] if plan.returncode == 0 else None
         t0 = time.time()
-        r = subprocess.run(mpirun + [args.keel, "train", path], capture_output=True, text=True)
+        r = subprocess.run(mpirun + [sys.executable, "-c", RANK_PEAK, args.keel, "train", path], capture_output=True,
+                           text=True)
         if r.returncode != 0:
             print("%s: failed\n%s" % (name, (r.stdout + r.stderr)[-2000:]))
             sys.exit(1)
@@ -94,16 +102,21 @@ def main():
         plain = [x["step_time_s"] - x.get("checkpoint_s", 0) for x in m if x["step"] % args.save_every != 0]
         exposed = sum(x.get("checkpoint_s", 0) for x in m) / len(m)
         step = statistics.median(plain)
+        peaks = {int(w[1]): int(w[2]) * 1024 / 2**30 for w in (l.split() for l in r.stdout.splitlines())
+                 if len(w) == 3 and w[0] == "rank-peak-rss-kib"}
         rows.append((name, step, statistics.median(saves), exposed, 100 * exposed / step,
-                     summary.get("peak_memory_bytes", 0) / 2**30, (planned or 0) / 2**30, time.time() - t0))
-    print("%-18s %10s %12s %14s %8s %12s %12s %8s" % ("layout", "step (s)", "save (s)", "exposed/step", "share",
-                                                     "peak RSS", "plan", "wall"))
-    for name, step, save, exposed, share, peak, plan, wall in rows:
-        print("%-18s %10.3f %12.3f %14.4f %7.2f%% %9.2f GiB %9.2f GiB %7.0fs" % (
-            name, step, save, exposed, share, peak, plan, wall))
+                     summary.get("peak_memory_bytes", 0) / 2**30, (planned or 0) / 2**30, time.time() - t0,
+                     peaks.get(0, 0.0), max((v for k, v in peaks.items() if k != 0), default=0.0)))
+    print("%-18s %10s %12s %14s %8s %12s %12s %12s %12s %8s" % (
+        "layout", "step (s)", "save (s)", "exposed/step", "share", "peak RSS", "rank 0", "other ranks", "plan",
+        "wall"))
+    for name, step, save, exposed, share, peak, plan, wall, rank0, others in rows:
+        print("%-18s %10.3f %12.3f %14.4f %7.2f%% %9.2f GiB %9.2f GiB %9.2f GiB %9.2f GiB %7.0fs" % (
+            name, step, save, exposed, share, peak, rank0, others, plan, wall))
     print("save (s): median checkpoint_s of a step that saved (synchronous: the whole save; asynchronous: "
           "the hand-off and any wait before the next optimizer step). exposed/step: all checkpoint_s / steps. "
-          "peak RSS: summary.json (rank 0); plan: keel plan's per-rank figure while training")
+          "peak RSS: summary.json (rank 0); rank 0, other ranks: each process's ru_maxrss (the largest of the "
+          "other ranks'); plan: keel plan's per-rank figure while training")
 
 
 if __name__ == "__main__":
