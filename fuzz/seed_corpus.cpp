@@ -136,8 +136,9 @@ void token_records_seeds(Seeds& out) {
   seed(out, "token_records", "crlf", "{\"input_ids\": [151551, 0]}\r\n  \r\n{\"labels\": [1], \"input_ids\": [1]}\r\n");
 }
 
-void checkpoint_seeds(Seeds& out, const std::string& tmp) {
-  model::ParamStore p;
+// A three-tensor model with its AdamW state (values 0, 1, 2, ...) in p, and the state of step 5 of
+// its run: what both checkpoint layouts' seeds are written from.
+checkpoint::TrainingState small_training_state(model::ParamStore& p) {
   p.add("embed.weight", {4, 3}, true);
   p.add("layers.0.norm.weight", {3}, false);
   p.add("lm_head.weight", {4, 3}, true);
@@ -149,6 +150,12 @@ void checkpoint_seeds(Seeds& out, const std::string& tmp) {
   state.samples_consumed = 40;
   state.seed = 42;
   state.recipe_hash = state.model_fingerprint = state.data_fingerprint = state.compat_fingerprint = "0123456789abcdef";
+  return state;
+}
+
+void checkpoint_seeds(Seeds& out, const std::string& tmp) {
+  model::ParamStore p;
+  const checkpoint::TrainingState state = small_training_state(p);
   const std::string root = tmp + "/checkpoints";
   {
     checkpoint::CheckpointWriter writer(root, 3, false);
@@ -165,17 +172,7 @@ void checkpoint_seeds(Seeds& out, const std::string& tmp) {
 // The files of a sharded checkpoint two "ranks" wrote, as sharded_checkpoint_fuzz.cpp selects them.
 void sharded_checkpoint_seeds(Seeds& out, const std::string& tmp) {
   model::ParamStore p;
-  p.add("embed.weight", {4, 3}, true);
-  p.add("layers.0.norm.weight", {3}, false);
-  p.add("lm_head.weight", {4, 3}, true);
-  p.allocate(false);
-  p.allocate_optimizer_state();
-  for (int64_t i = 0; i < p.total(); ++i) p.weights()[i] = p.adam_m()[i] = p.adam_v()[i] = float(i);
-  checkpoint::TrainingState state;
-  state.step = 5;
-  state.samples_consumed = 40;
-  state.seed = 42;
-  state.recipe_hash = state.model_fingerprint = state.data_fingerprint = state.compat_fingerprint = "0123456789abcdef";
+  const checkpoint::TrainingState state = small_training_state(p);
   const std::string root = tmp + "/sharded_checkpoints";
   const std::string step_tmp = checkpoint::sharded_step_tmp(root, 5);
   const auto windows = shard_ranges(p.total(), 2);
