@@ -52,25 +52,13 @@ void q4_1(const uint8_t* b, float* y) {  // 20 bytes: d, m, qs[16]
   }
 }
 
-void q4_k(const uint8_t* b, float* y) {  // 144 bytes: d, dmin, scales[12], qs[128]
+// Q4_K (144 bytes: d, dmin, scales[12], qs[128]) and Q5_K (176: d, dmin, scales[12], qh[32],
+// qs[128]): the same eight 32-value groups, Q5_K's values with a fifth bit, bit g of qh for group g.
+void q45_k(const uint8_t* b, float* y, bool fifth_bit) {
   const float d = half_at(b), dmin = half_at(b + 2);
   const uint8_t* scales = b + 4;
-  const uint8_t* q = b + 16;
-  for (int group = 0; group < 8; group += 2, q += 32) {
-    for (int half = 0; half < 2; ++half) {
-      uint8_t sc, m;
-      scale_min_k4(group + half, scales, &sc, &m);
-      const float dl = d * float(sc), ml = dmin * float(m);
-      for (int l = 0; l < 32; ++l) *y++ = dl * float(half ? q[l] >> 4 : q[l] & 0xF) - ml;
-    }
-  }
-}
-
-void q5_k(const uint8_t* b, float* y) {  // 176 bytes: d, dmin, scales[12], qh[32], qs[128]
-  const float d = half_at(b), dmin = half_at(b + 2);
-  const uint8_t* scales = b + 4;
-  const uint8_t* qh = b + 16;
-  const uint8_t* q = b + 48;
+  const uint8_t* qh = fifth_bit ? b + 16 : nullptr;
+  const uint8_t* q = b + (fifth_bit ? 48 : 16);
   for (int group = 0; group < 8; group += 2, q += 32) {
     for (int half = 0; half < 2; ++half) {
       uint8_t sc, m;
@@ -79,11 +67,14 @@ void q5_k(const uint8_t* b, float* y) {  // 176 bytes: d, dmin, scales[12], qh[3
       const int bit = group + half;
       for (int l = 0; l < 32; ++l) {
         const int low = half ? q[l] >> 4 : q[l] & 0xF;
-        *y++ = dl * float(low | (((qh[l] >> bit) & 1) << 4)) - ml;
+        *y++ = dl * float(qh ? low | (((qh[l] >> bit) & 1) << 4) : low) - ml;
       }
     }
   }
 }
+
+void q4_k(const uint8_t* b, float* y) { q45_k(b, y, false); }
+void q5_k(const uint8_t* b, float* y) { q45_k(b, y, true); }
 
 void q6_k(const uint8_t* b, float* y) {  // 210 bytes: ql[128], qh[64], scales[16] (int8), d
   const uint8_t* ql = b;
