@@ -23,14 +23,9 @@ std::string piece_json(const Piece& p) {
 }
 
 uint64_t parse_hex(std::string_view hex, const std::string& path, const std::string& what) {
-  require(hex.size() == 16, "{}: {}: xxh3 must be 16 hex digits, found '{}'", path, what, hex);
-  uint64_t v = 0;
-  for (char c : hex) {
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    require(d >= 0, "{}: {}: xxh3 must be 16 lowercase hex digits, found '{}'", path, what, hex);
-    v = v << 4 | uint64_t(d);
-  }
-  return v;
+  const auto v = checksum_from_hex(hex);
+  require(v.has_value(), "{}: {}: xxh3 must be 16 lowercase hex digits, found '{}'", path, what, hex);
+  return *v;
 }
 
 Piece parse_piece(simdjson::dom::element e, const std::string& path, size_t index) {

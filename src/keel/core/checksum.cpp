@@ -48,4 +48,15 @@ uint64_t file_checksum(const std::string& path) {
 
 std::string checksum_hex(uint64_t value) { return fmt::format("{:016x}", value); }
 
+std::optional<uint64_t> checksum_from_hex(std::string_view hex) {
+  if (hex.size() != 16) return std::nullopt;
+  uint64_t v = 0;
+  for (char c : hex) {
+    const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+    if (d < 0) return std::nullopt;
+    v = v << 4 | uint64_t(d);
+  }
+  return v;
+}
+
 }  // namespace keel

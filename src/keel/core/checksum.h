@@ -2,6 +2,7 @@
 // load time, so corruption is an error rather than silently wrong weights.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -12,6 +13,9 @@ inline uint64_t checksum(std::string_view bytes) { return checksum(bytes.data(),
 // Streams the file; keel::Error naming the path if it cannot be read.
 uint64_t file_checksum(const std::string& path);
 std::string checksum_hex(uint64_t value);  // 16 lowercase hex digits
+// The inverse, for a checksum read from a manifest: nullopt unless `hex` is exactly 16 lowercase
+// hex digits (the caller names the file and field in its error).
+std::optional<uint64_t> checksum_from_hex(std::string_view hex);
 
 // CRC-32C (Castagnoli), the checksum of the TFRecord framing TensorBoard's event files use: not
 // for keel's own files (XXH3 above is faster), only where a format prescribes it.

@@ -90,14 +90,9 @@ std::string manifest_json(const ShardManifest& m) {
 namespace {
 
 uint64_t parse_hex(std::string_view s, const std::string& origin, const char* field) {
-  require(s.size() == 16, "{}: field '{}' must be 16 hex digits, got '{}'", origin, field, s);
-  uint64_t v = 0;
-  for (char c : s) {
-    int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-    require(d >= 0, "{}: field '{}' must be 16 lowercase hex digits, got '{}'", origin, field, s);
-    v = v << 4 | uint64_t(d);
-  }
-  return v;
+  const auto v = checksum_from_hex(s);
+  require(v.has_value(), "{}: field '{}' must be 16 lowercase hex digits, got '{}'", origin, field, s);
+  return *v;
 }
 
 }  // namespace
