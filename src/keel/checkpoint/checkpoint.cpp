@@ -164,19 +164,10 @@ std::string model_fingerprint(const model::ParamStore& params, const std::string
 CheckpointWriter::CheckpointWriter(std::string dir, int64_t keep_last_n, bool async)
     : dir_(std::move(dir)), keep_last_n_(keep_last_n), async_(async) {
   make_dirs(dir_);
-  if (async_) worker_ = std::thread([this] { background_loop(); });
+  if (async_) worker_ = std::make_unique<WorkerThread>();
 }
 
-CheckpointWriter::~CheckpointWriter() {
-  if (!worker_.joinable()) return;
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [this] { return !pending_; });
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  worker_.join();
-}
+CheckpointWriter::~CheckpointWriter() = default;  // worker_ first: the save in flight finishes
 
 void CheckpointWriter::write(const std::vector<model::Param>& layout, const float* weights, const float* m,
                              const float* v, const TrainingState& state, const std::string& recipe) {
@@ -306,12 +297,10 @@ SaveStats CheckpointWriter::save_snapshot(const std::vector<model::Param>& layou
   const auto t0 = Clock::now();
   SaveStats stats;
   stats.async = async_;
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [this] { return !pending_; });                                // at most one save in flight
+  if (worker_) worker_->wait();  // at most one save in flight: the staging buffer is free after it
   if (staging_.size() != size_t(3 * n)) staging_.assign(size_t(3 * n), 0.0f);  // unless prepare() did it
   fill(staging_.data(), staging_.data() + n, staging_.data() + 2 * n);
   if (!async_) {
-    lock.unlock();
     write(layout, staging_.data(), staging_.data() + n, staging_.data() + 2 * n, state, recipe);
     stats.blocked_s = std::chrono::duration<double>(Clock::now() - t0).count();
     return stats;
@@ -319,46 +308,32 @@ SaveStats CheckpointWriter::save_snapshot(const std::vector<model::Param>& layou
   staged_layout_ = layout;
   staged_state_ = state;
   staged_recipe_ = recipe;
-  pending_ = true;
-  lock.unlock();
-  cv_.notify_all();
+  worker_->run([this] { write_staged(); });
   stats.blocked_s = std::chrono::duration<double>(Clock::now() - t0).count();
   return stats;
 }
 
 void CheckpointWriter::prepare(const model::ParamStore& params, bool snapshot) {
   if (!async_ && !snapshot) return;
-  std::lock_guard<std::mutex> lock(mutex_);
+  if (worker_) worker_->wait();
   staging_.assign(size_t(3 * params.total()), 0.0f);
 }
 
-void CheckpointWriter::background_loop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    cv_.wait(lock, [this] { return pending_ || stopping_; });
-    if (!pending_ && stopping_) return;
-    lock.unlock();
-    std::string error;
-    try {
-      const int64_t n = int64_t(staging_.size() / 3);
-      write(staged_layout_, staging_.data(), staging_.data() + n, staging_.data() + 2 * n, staged_state_,
-            staged_recipe_);
-    } catch (const std::exception& e) {
-      error = e.what();
-    }
-    lock.lock();
-    if (!error.empty()) failure_ = error;
-    pending_ = false;
-    cv_.notify_all();
+// The background save of what save_snapshot staged; its error is kept for take_failure().
+void CheckpointWriter::write_staged() {
+  try {
+    const int64_t n = int64_t(staging_.size() / 3);
+    write(staged_layout_, staging_.data(), staging_.data() + n, staging_.data() + 2 * n, staged_state_,
+          staged_recipe_);
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_ = e.what();
   }
 }
 
 std::string CheckpointWriter::wait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [this] { return !pending_; });
-  std::string f = failure_;
-  failure_.clear();
-  return f;
+  if (worker_) worker_->wait();
+  return take_failure();
 }
 
 std::string CheckpointWriter::take_failure() {

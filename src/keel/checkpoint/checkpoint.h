@@ -13,15 +13,15 @@
 // the `latest` pointer moves only after that. A process killed at any moment therefore leaves the
 // previous checkpoint intact; leftover ".tmp-*" directories are removed on the next start.
 #pragma once
-#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "keel/core/worker_thread.h"
 #include "keel/model/params.h"
 
 namespace keel::checkpoint {
@@ -100,7 +100,7 @@ class CheckpointWriter {
              const TrainingState& state, const std::string& recipe, bool replayable);
   void write_once(const std::vector<model::Param>& layout, const float* weights, const MomentSource& moments,
                   const TrainingState& state, const std::string& recipe);
-  void background_loop();
+  void write_staged();
 
   std::string dir_;
   int64_t keep_last_n_;
@@ -109,14 +109,12 @@ class CheckpointWriter {
   std::vector<model::Param> staged_layout_;
   TrainingState staged_state_;
   std::string staged_recipe_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool pending_ = false, stopping_ = false;
+  std::mutex mutex_;  // failure_: written by the background save
   std::string failure_;
   std::vector<std::string> notes_;
   mutable std::mutex record_mutex_;  // record_ and notes_: written by whichever thread saves
   SaveRecord record_;
-  std::thread worker_;
+  std::unique_ptr<WorkerThread> worker_;  // asynchronous saves; last, so destroyed first
 };
 
 // Removes what a killed process can leave in a checkpoint_dir: ".tmp-*" directories of a save cut

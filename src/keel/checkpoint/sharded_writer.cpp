@@ -115,19 +115,10 @@ std::string sharded_step_tmp(const std::string& checkpoint_dir, int64_t step) {
 }
 
 ShardWriter::ShardWriter(bool async, int64_t staging_bytes) : async_(async), staging_limit_(async ? staging_bytes : 0) {
-  if (async_) worker_ = std::thread([this] { background_loop(); });
+  if (async_) worker_ = std::make_unique<WorkerThread>();
 }
 
-ShardWriter::~ShardWriter() {
-  if (!worker_.joinable()) return;
-  {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait(lock, [this] { return !pending_; });
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  worker_.join();
-}
+ShardWriter::~ShardWriter() = default;  // worker_ first: the write in flight finishes
 
 void ShardWriter::prepare(const std::vector<model::Param>& layout, FlatRange window) {
   if (!async_) return;
@@ -205,40 +196,25 @@ void ShardWriter::write(const std::string& step_tmp, int rank, int ranks, const 
     write_now(step_tmp, rank, ranks, layout, window, state, false);
     return;
   }
-  std::unique_lock<std::mutex> lock(mutex_);
-  require(!pending_, "checkpoint {}: a shard write is still in flight", step_tmp);
-  if (staging_.empty()) {  // unless prepare() did it
-    lock.unlock();
-    prepare(layout, window);
-    lock.lock();
+  require(worker_->idle(), "checkpoint {}: a shard write is still in flight", step_tmp);
+  if (staging_.empty()) prepare(layout, window);  // unless prepare() did it
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    released_ = false;
+    failure_.clear();
   }
-  job_ = Job{step_tmp, rank, ranks, &layout, window, state};
-  pending_ = true;
-  released_ = false;
-  failure_.clear();
-  lock.unlock();
-  cv_.notify_all();
-}
-
-void ShardWriter::background_loop() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    cv_.wait(lock, [this] { return pending_ || stopping_; });
-    if (!pending_ && stopping_) return;
-    const Job job = job_;
-    lock.unlock();
+  worker_->run([this, step_tmp, rank, ranks, &layout, window, state] {
     std::string error;
     try {
-      write_now(job.step_tmp, job.rank, job.ranks, *job.layout, job.window, job.state, true);
+      write_now(step_tmp, rank, ranks, layout, window, state, true);
     } catch (const std::exception& e) {
       error = e.what();
     }
-    lock.lock();
+    std::lock_guard<std::mutex> lock(mutex_);
     failure_ = error;
-    pending_ = false;
     released_ = true;
     cv_.notify_all();
-  }
+  });
 }
 
 double ShardWriter::wait_released() {
@@ -249,14 +225,11 @@ double ShardWriter::wait_released() {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-bool ShardWriter::finished() {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return !pending_;
-}
+bool ShardWriter::finished() { return !worker_ || worker_->idle(); }
 
 std::string ShardWriter::wait() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [this] { return !pending_; });
+  if (worker_) worker_->wait();
+  std::lock_guard<std::mutex> lock(mutex_);
   return std::exchange(failure_, {});
 }
 

@@ -12,14 +12,15 @@
 #pragma once
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/checkpoint/sharded_manifest.h"
 #include "keel/core/flat_range.h"
+#include "keel/core/worker_thread.h"
 #include "keel/model/params.h"
 
 namespace keel::checkpoint {
@@ -74,23 +75,15 @@ class ShardWriter {
  private:
   void write_now(const std::string& step_tmp, int rank, int ranks, const std::vector<model::Param>& layout,
                  FlatRange window, const HeldState& state, bool staged);
-  void background_loop();
 
   bool async_;
   int64_t staging_limit_;
   std::vector<float> staging_;
-  std::mutex mutex_;
+  std::mutex mutex_;  // released_ and failure_, which the background write sets
   std::condition_variable cv_;
-  bool pending_ = false, released_ = true, stopping_ = false;
+  bool released_ = true;
   std::string failure_;
-  struct Job {
-    std::string step_tmp;
-    int rank = 0, ranks = 1;
-    const std::vector<model::Param>* layout = nullptr;
-    FlatRange window;
-    HeldState state;
-  } job_;
-  std::thread worker_;
+  std::unique_ptr<WorkerThread> worker_;  // asynchronous writes; last, so destroyed first
 };
 
 // Rank 0, once every rank's report is durable in `step_tmp`: writes trainer_state.json and
