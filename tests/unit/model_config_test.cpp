@@ -191,6 +191,12 @@ TEST(ModelConfig, Qwen3MoeAsQwen3MoeConfigReadsIt) {
                      {"'router_aux_loss_coef'", "non-negative"});
   expect_parse_error(with(R"("use_sliding_window": false)", R"("use_sliding_window": true)"),
                      {"'use_sliding_window'", "Qwen3MoeForCausalLM"});
+  // transformers 5 saves num_experts as num_local_experts (Qwen3MoeConfig.attribute_map): a model
+  // it saved reads back with its own number of experts, not the default 128.
+  EXPECT_EQ(parse(with(R"("num_experts": 128)", R"("num_local_experts": 16)")).moe.experts, 16);
+  EXPECT_EQ(parse(with(R"("num_experts": 128)", R"("num_experts": 128, "num_local_experts": 128)")).moe.experts, 128);
+  expect_parse_error(with(R"("num_experts": 128)", R"("num_experts": 128, "num_local_experts": 16)"),
+                     {"'num_experts' (128)", "'num_local_experts' (16)", "differ"});
 }
 
 // mistralai/Mixtral-8x7B-v0.1
@@ -228,6 +234,8 @@ TEST(ModelConfig, MixtralAsMixtralConfigReadsIt) {
   EXPECT_EQ(parse(no_theta).rope_theta, 1e6);
   expect_parse_error(with(R"("use_cache": true)", R"("use_cache": true, "router_jitter_noise": 0.1)"),
                      {"'router_jitter_noise'", "expected 0"});
+  // MixtralConfig reads num_experts too (its attribute_map).
+  EXPECT_EQ(parse(with(R"("num_local_experts": 8)", R"("num_experts": 4)")).moe.experts, 4);
 }
 
 TEST(ModelConfig, Qwen3HasHeadNormsAndItsOwnHeadDim) {

@@ -355,12 +355,26 @@ double non_negative_number_or(const ConfigObject& cfg, std::string_view key, dou
   return x;
 }
 
+// The number of experts under either of its names: Qwen3MoeConfig and MixtralConfig map
+// num_experts to num_local_experts (their attribute_map), so published Qwen3-MoE configs say
+// num_experts, Mixtral's and any config transformers 5 saves say num_local_experts, and each class
+// reads both. Both present and different is a config transformers would read one way by key order.
+int64_t experts_count(const ConfigObject& cfg, int64_t fallback) {
+  const bool named = cfg.get("num_experts").has_value(), local = cfg.get("num_local_experts").has_value();
+  const int64_t experts = cfg.positive_int_or(named ? "num_experts" : "num_local_experts", fallback);
+  if (named && local && cfg.positive_int_or("num_local_experts", fallback) != experts)
+    fail("{}: keys 'num_experts' ({}) and 'num_local_experts' ({}) differ: they name the same number (transformers' "
+         "attribute_map); expected one of them, or equal values",
+         cfg.path(), experts, cfg.positive_int_or("num_local_experts", fallback));
+  return experts;
+}
+
 // Qwen3MoeConfig's experts (its defaults where a key is absent), and which layers are sparse as
 // Qwen3MoeDecoderLayer decides: not in mlp_only_layers and (layer + 1) a multiple of
 // decoder_sparse_step.
 void parse_experts(const ConfigObject& cfg, ModelConfig& c) {
   auto& m = c.moe;
-  m.experts = cfg.positive_int_or("num_experts", 128);
+  m.experts = experts_count(cfg, 128);
   m.experts_per_token = cfg.positive_int_or("num_experts_per_tok", 8);
   m.intermediate_size = cfg.positive_int_or("moe_intermediate_size", 768);
   m.norm_topk_prob = cfg.bool_or("norm_topk_prob", false);
@@ -387,7 +401,7 @@ void parse_experts(const ConfigObject& cfg, ModelConfig& c) {
 // renormalised (MixtralTopKRouter divides by the sum).
 void parse_mixtral_experts(const ConfigObject& cfg, ModelConfig& c) {
   auto& m = c.moe;
-  m.experts = cfg.positive_int_or("num_local_experts", 8);
+  m.experts = experts_count(cfg, 8);
   m.experts_per_token = cfg.positive_int_or("num_experts_per_tok", 2);
   m.intermediate_size = c.intermediate_size;
   m.norm_topk_prob = true;
