@@ -77,10 +77,10 @@ function(keel_top_app target room)
   set(view ${CMAKE_BINARY_DIR}/layers/${room})
   file(REMOVE_RECURSE ${view})
   file(MAKE_DIRECTORY ${view}/keel)
-  foreach(r ${room} train checkpoint report recipe cluster distributed data model formats kernels core)
+  foreach(r ${room} train checkpoint report plan recipe cluster distributed data model formats kernels core)
     keel_view_room(${view}/keel ${r})
   endforeach()
   target_include_directories(${target} PRIVATE ${view})
-  target_link_libraries(${target} PRIVATE keel_train keel_cluster keel_checkpoint keel_report keel_recipe
+  target_link_libraries(${target} PRIVATE keel_train keel_cluster keel_checkpoint keel_report keel_plan keel_recipe
                         keel_distributed keel_data keel_model keel_formats keel_kernels keel_core)
 endfunction()

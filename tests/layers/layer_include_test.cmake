@@ -32,7 +32,8 @@ set(failures 0)
 foreach(case "model|keel/model/decoder.h" "model|keel/kernels/backend.h" "model|keel/core/memory_plan.h"
              "model|keel/formats/safetensors.h" "kernels_reference|keel/kernels/reference/attention.h"
              "kernels_reference|keel/kernels/host_memory.h" "kernels_reference|keel/kernels/shapes.h"
-             "kernels_reference|keel/core/dtype.h")
+             "kernels_reference|keel/core/dtype.h" "report|keel/plan/training_plan.h"
+             "plan|keel/recipe/recipe.h")
   string(REPLACE "|" ";" parts "${case}")
   list(GET parts 0 layer)
   list(GET parts 1 allowed)
@@ -47,6 +48,8 @@ foreach(case "model|keel/train/trainer.h" "model|keel/recipe/recipe.h" "model|ke
              "model|keel/kernels/cpu/vector_ops.h" "kernels|keel/model/decoder.h"
              "distributed|keel/model/params.h" "train|keel/cluster/topology.h" "train|keel/kernels/attention.h"
              "formats|keel/model/config.h" "formats|keel/kernels/backend.h" "data|keel/formats/safetensors.h"
+             # the plan is built below the report that prints it
+             "plan|keel/report/memory_report.h" "recipe|keel/plan/training_plan.h"
              # the reference backend, independent of the CPU backend's kernels and their headers
              "kernels_reference|keel/kernels/cpu/vector_ops.h" "kernels_reference|keel/kernels/cpu/cpu_backend.h"
              "kernels_reference|keel/kernels/rmsnorm.h" "kernels_reference|keel/kernels/cached_attention.h"

@@ -33,7 +33,7 @@
 #include "keel/train/interrupt.h"
 #include "keel/train/sync_overlap.h"
 #include "keel/report/loss_plot.h"
-#include "keel/report/memory_report.h"
+#include "keel/plan/training_plan.h"
 #include "keel/train/lr_schedule.h"
 #include "keel/train/next_token_loss.h"
 #include "keel/train/preference_stage.h"
@@ -800,8 +800,8 @@ class Trainer {
     // plan does.
     if (!result.interrupted) save_final_model();
     s.peak_memory_bytes = int64_t(peak_resident_bytes());
-    const report::RunShape shape = report::run_shape(r_);
-    s.planned_memory_bytes = int64_t(report::training_memory_plan(r_, config_, shape).total_bytes());
+    const plan::RunShape shape = plan::run_shape(r_);
+    s.planned_memory_bytes = int64_t(plan::training_memory_plan(r_, config_, shape).total_bytes());
     // Every rank measures at once, with the threads it trains with, and the job's peak is their sum.
     std::vector<double> peaks(size_t(comm_.size()), 0.0);
     peaks[size_t(comm_.rank())] =
