@@ -35,8 +35,11 @@ def parse_args():
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--intermediate", type=int, default=2048)
-    p.add_argument("--family", choices=("llama", "qwen3", "mistral", "gemma2", "gemma3"), default="llama",
+    p.add_argument("--family", choices=tvp.FAMILIES, default="llama",
                    help="the checkpoint's architecture (train_vs_pytorch.py --family)")
+    p.add_argument("--experts", type=int, default=16, help="mixtures of experts: experts per layer")
+    p.add_argument("--top-k", type=int, default=4, help="mixtures of experts: experts per token")
+    p.add_argument("--moe-intermediate", type=int, default=512, help="mixtures of experts: an expert's width")
     p.add_argument("--sliding-window", type=int, default=0, help="mistral: the attention window (0: none)")
     p.add_argument("--vocab", type=int, default=32000)
     p.add_argument("--seq", type=int, default=1024)
@@ -145,6 +148,9 @@ def main():
     model_dir = tvp.make_workload(a)
     if a.prequantized:
         model_dir = save_in_4_bits(model_dir, os.path.join(a.work, "model_4bit"))
+    if tvp.is_moe(a):
+        print("experts: %d per layer of width %d, top-%d per token, every layer sparse" %
+              (a.experts, a.moe_intermediate, a.top_k))
     print("model: %s hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %d steps, dp %d, "
           "ZeRO-%d, checkpoints: %s%s" % (a.family + (" window %d" % a.sliding_window if a.sliding_window else ""),
                                           a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.steps,

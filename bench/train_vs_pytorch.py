@@ -22,6 +22,13 @@ trains it for --steps optimizer steps, each peer in its own process:
                    and AdamW state in bf16, no fp32 masters), lighter than every other row's mixed
                    precision. Llama full fine-tuning only (not with --lora or another --family).
 
+--family qwen3_moe | mixtral: a mixture of experts of the same hidden size, layers and attention,
+every layer sparse, --experts (16) experts of width --moe-intermediate (512), --top-k (4) per token:
+the routed MLP computes what the dense model's 2048-wide one does, over 4x its weights. Written by
+transformers' own save_pretrained. The torch eager loop runs once per experts implementation of
+transformers (--experts-impl: grouped_mm, its default, and eager), the Trainer and torch.compile
+with grouped_mm; MFU counts the active parameters (the router and top-k experts), the header both.
+
 Every peer: AdamW lr 1e-4 (constant), weight decay 0.01 except biases and norm weights, gradient
 clipping at 1.0, gradient checkpointing with --checkpointing, torch.set_num_threads(--threads)
 and OMP_NUM_THREADS=--threads for keel.
@@ -73,6 +80,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
 
 PEERS = ("trainer", "eager", "compile", "torchtune")
+FAMILIES = ("llama", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral")
+MOE_FAMILIES = ("qwen3_moe", "mixtral")
+# transformers 5's ways of running a sparse layer's experts (integrations/moe.py): grouped_mm (its
+# default where torch has the kernel: one grouped GEMM over tokens sorted by expert) and eager (a
+# loop over the experts that were hit). Its third, batched_mm, gathers every routed row's expert
+# weights into one batched GEMM: on the --small model it ran 5.6x slower than eager in 10.7 GB
+# (2026-12-06, EPYC AVX-512 BF16), and on the bench model its gathered weights alone (rows x
+# top-k x 3 x hidden x width, bf16) pass the machine's 24 GB: ask for it with --experts-impl.
+EXPERTS_IMPLEMENTATIONS = ("grouped_mm", "eager")
 PEER_NAMES = {"keel": "keel", "keel_full": "keel (full FT)", "trainer": "HF Trainer", "eager": "torch eager",
               "compile": "torch.compile", "torchtune": "torchtune"}
 
@@ -87,9 +103,19 @@ def parse_args():
     p.add_argument("--heads", type=int, default=12)
     p.add_argument("--kv-heads", type=int, default=None)
     p.add_argument("--intermediate", type=int, default=2048)
-    p.add_argument("--family", choices=("llama", "qwen3", "mistral", "gemma2", "gemma3"), default="llama",
+    p.add_argument("--family", choices=FAMILIES, default="llama",
                    help="the checkpoint's architecture at the same shape (qwen3: q/k norms; mistral: a sliding "
-                        "window; gemma2/3: sandwich norms, GeGLU, soft caps 50/30 for gemma2, window 4096)")
+                        "window; gemma2/3: sandwich norms, GeGLU, soft caps 50/30 for gemma2, window 4096; "
+                        "qwen3_moe, mixtral: mixtures of experts, every layer sparse, --experts of width "
+                        "--moe-intermediate, --top-k per token)")
+    p.add_argument("--experts", type=int, default=16, help="mixtures of experts: experts per layer")
+    p.add_argument("--top-k", type=int, default=4, help="mixtures of experts: experts per token")
+    p.add_argument("--moe-intermediate", type=int, default=512,
+                   help="mixtures of experts: an expert's width (default 512: top-4 of them compute what the "
+                        "dense bench model's 2048-wide MLP does)")
+    p.add_argument("--experts-impl", default=",".join(EXPERTS_IMPLEMENTATIONS),
+                   help="mixtures of experts: transformers' experts implementations the torch eager peer runs, "
+                        "one row each (the HF Trainer and torch.compile peers run the first)")
     p.add_argument("--sliding-window", type=int, default=0,
                    help="mistral: the attention window (0: none, sliding_window = null); gemma: of its "
                         "sliding layers (0: 4096)")
@@ -118,7 +144,8 @@ def parse_args():
     p.add_argument("--skip-torch", action="store_true", help="keel only")
     p.add_argument("--rounds", type=int, default=1,
                    help="run every row this many times, alternating; figures are medians over rounds")
-    p.add_argument("--role", choices=("workload",) + PEERS, help=argparse.SUPPRESS)
+    # workload, or a peer; a mixture of experts' peer as PEER@IMPLEMENTATION (its experts' implementation)
+    p.add_argument("--role", help=argparse.SUPPRESS)
     # The plain-torch peer on the workload in --work (bench/memory_vs_plan.py --torch runs it).
     p.add_argument("--torch-worker", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -130,13 +157,49 @@ def parse_args():
         p.error("--checkpointing-layers needs --checkpointing and at most --layers blocks")
     if a.torch_worker:
         a.role = "eager"
+    if a.role and a.role != "workload" and a.role.partition("@")[0] not in PEERS:
+        p.error("--role: unknown peer %s" % a.role)
+    a.experts_impl = [x for x in a.experts_impl.split(",") if x]
+    if is_moe(a) and a.lora:
+        p.error("--lora: the bench's mixtures of experts run full fine-tuning only")
     return a
 
 
+def peer_name(name):
+    """The table's name of a row: keel, keel_full, a peer, or PEER@IMPLEMENTATION (mixture of experts)."""
+    base, _, impl = name.partition("@")
+    return PEER_NAMES[base] + (" [%s]" % impl if impl else "")
+
+
+def expand_moe_peers(a, peers):
+    """A mixture of experts' peers: the torch eager loop once per experts implementation of
+    --experts-impl, the other peers with the first (transformers' default, grouped_mm)."""
+    if not is_moe(a):
+        return peers
+    out = []
+    for p in peers:
+        out += ["%s@%s" % (p, impl) for impl in (a.experts_impl if p == "eager" else a.experts_impl[:1])]
+    return out
+
+
+def is_moe(a):
+    return getattr(a, "family", "llama") in MOE_FAMILIES
+
+
 def matmul_parameters(a):
+    """The matmul weights a token meets: of a mixture of experts, the router and its top-k experts
+    only (the active parameters), not every expert."""
     d, hd = a.hidden, a.hidden // a.heads
-    per_layer = d * (a.heads * hd) + 2 * d * (a.kv_heads * hd) + (a.heads * hd) * d + 3 * d * a.intermediate
+    mlp = d * a.experts + a.top_k * 3 * d * a.moe_intermediate if is_moe(a) else 3 * d * a.intermediate
+    per_layer = d * (a.heads * hd) + 2 * d * (a.kv_heads * hd) + (a.heads * hd) * d + mlp
     return a.layers * per_layer + a.vocab * d
+
+
+def total_parameters(a):
+    """Every matmul weight (a mixture of experts: all experts), for the header."""
+    if not is_moe(a):
+        return matmul_parameters(a)
+    return matmul_parameters(a) + a.layers * (a.experts - a.top_k) * 3 * a.hidden * a.moe_intermediate
 
 
 def lora_parameters(a):
@@ -173,11 +236,48 @@ def flops_per_token(a, lora=None, causal=False):
     return 4 * matmul_parameters(a) + 6 * lora_parameters(a) + attention
 
 
+def moe_config(a):
+    """config.json of the mixture-of-experts bench model: Qwen3-30B-A3B's and Mixtral's own
+    settings (softmax top-k renormalised, every layer sparse, the load-balancing loss off in
+    training as their published configs have it) at the bench's shape."""
+    common = {"vocab_size": a.vocab, "hidden_size": a.hidden, "num_hidden_layers": a.layers,
+              "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads, "head_dim": a.hidden // a.heads,
+              "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "max_position_embeddings": a.seq,
+              "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "float32",
+              "num_experts_per_tok": a.top_k, "output_router_logits": False, "router_aux_loss_coef": 0.001,
+              "bos_token_id": 1, "eos_token_id": 2}
+    if a.family == "mixtral":
+        return dict(common, architectures=["MixtralForCausalLM"], model_type="mixtral",
+                    intermediate_size=a.moe_intermediate, num_local_experts=a.experts, sliding_window=None,
+                    router_jitter_noise=0.0)
+    return dict(common, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                intermediate_size=a.intermediate, moe_intermediate_size=a.moe_intermediate, num_experts=a.experts,
+                norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], attention_bias=False,
+                use_sliding_window=False)
+
+
+def make_moe_model(a, model_dir):
+    """A random mixture-of-experts checkpoint, written by transformers' own save_pretrained (the
+    layout a user's checkpoint has): matrices N(0, 0.02), norms 1, the router N(0, 0.02)."""
+    import torch
+    import transformers
+    cfg = moe_config(a)
+    cls = transformers.MixtralForCausalLM if a.family == "mixtral" else transformers.Qwen3MoeForCausalLM
+    config = cls.config_class(**{k: v for k, v in cfg.items() if k not in ("torch_dtype", "model_type")})
+    torch.manual_seed(1)
+    model = cls(config).to(torch.float32)  # transformers' _init_weights: N(0, initializer_range = 0.02)
+    model.save_pretrained(model_dir)
+
+
 def make_workload(a):
     import torch
     import hf_models as hm
     model_dir = os.path.join(a.work, "model")
     family = getattr(a, "family", "llama")
+    if is_moe(a):
+        make_moe_model(a, model_dir)
+        write_token_ids(a)
+        return model_dir
     cfg = hm.make_config(family, vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.intermediate,
                          num_layers=a.layers, num_heads=a.heads, num_kv_heads=a.kv_heads,
                          head_dim=a.hidden // a.heads, max_position_embeddings=a.seq, tie_word_embeddings=False)
@@ -191,12 +291,18 @@ def make_workload(a):
     spec = hm.spec_from_config(cfg)
     model = hm.random_init(hm.build_model(spec), seed=1)
     hm.save_checkpoint(model_dir, cfg, hm.model_tensors(model))
+    write_token_ids(a)
+    return model_dir
+
+
+def write_token_ids(a):
+    """train.jsonl: random token ids, --steps x --batch records of --seq tokens."""
+    import torch
     gen = torch.Generator().manual_seed(2)
     with open(os.path.join(a.work, "train.jsonl"), "w") as f:
         for _ in range(a.steps * a.batch):
             ids = torch.randint(0, a.vocab, (a.seq,), generator=gen).tolist()
             f.write(json.dumps({"input_ids": ids}) + "\n")
-    return model_dir
 
 
 # --------------------------------------------------------------------------------------------
@@ -384,8 +490,10 @@ def load_peer_inputs(a, checkpointing):
     import transformers
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
+    impl = (a.role or "").partition("@")[2]  # a mixture of experts: the experts' implementation
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        os.path.join(a.work, "model"), attn_implementation="sdpa", dtype=torch.float32)
+        os.path.join(a.work, "model"), attn_implementation="sdpa", dtype=torch.float32,
+        **({"experts_implementation": impl} if impl else {}))
     model.config.use_cache = False
     if checkpointing:
         # non-reentrant: the variant torch recommends, and the one torch.compile traces.
@@ -513,7 +621,8 @@ def loop_peer(a, compiled):
             "settings": "%s%s, sdpa, %s%s%s" % ("PEFT LoRA r=%d, " % a.lora if a.lora else "",
                                                 "bf16 autocast" if a.dtype == "bf16" else "fp32", optim,
                                               ", checkpointing" if a.checkpointing else "",
-                                              ", inductor" if compiled else "")}
+                                              ", inductor" if compiled else "")
+                        + (", experts %s" % a.role.partition("@")[2] if "@" in (a.role or "") else "")}
 
 
 class TorchtuneTokens:
@@ -641,12 +750,12 @@ def worker(a):
         # --dtype's, fp32 (what auto compares it with) and a forced --torch-dtype's
         wanted = {a.dtype, "fp32"} | ({a.torch_dtype} - {"auto"})
         res["torch_matmul_peak"] = {d: torch_matmul_peak(d) for d in sorted(wanted)}
-    elif a.role == "trainer":
+    elif a.role.startswith("trainer"):
         res = trainer_peer(a)
     elif a.role == "torchtune":
         res = torchtune_peer(a)
     else:
-        res = loop_peer(a, compiled=a.role == "compile")
+        res = loop_peer(a, compiled=a.role.startswith("compile"))
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -665,6 +774,7 @@ def main():
     unknown = set(peers) - set(PEERS)
     if unknown:
         sys.exit("unknown peer(s) %s; known: %s" % (", ".join(sorted(unknown)), ", ".join(PEERS)))
+    peers = expand_moe_peers(a, peers)
 
     # The checkpoint and the versions come from a child, so that this process stays small (its
     # high-water mark is what every child's ru_maxrss starts from).
@@ -709,6 +819,10 @@ def main():
              "; LoRA rank %d, alpha %d, all linear layers (%.2fM adapter weights)" % (a.lora, 2 * a.lora,
                                                                                      lora_parameters(a) / 1e6)
              if a.lora else ""))
+    if is_moe(a):
+        print("experts: %d per layer of width %d, top-%d per token, every layer sparse; %.1fM matmul weights in all, "
+              "%.1fM active per token (MFU counts the active ones)"
+              % (a.experts, a.moe_intermediate, a.top_k, total_parameters(a) / 1e6, matmul_parameters(a) / 1e6))
     print("matmul peak (%s, %d^3): keel's oneDNN %.1f GFLOP/s, torch (%s) %.1f GFLOP/s; MFU divides by %.1f; "
           "%.3f GFLOP per token (%s, N = %.1fM); the causal column counts only the causal half of attention "
           "(%.3f GFLOP, 6LTd), what keel computes"
@@ -743,7 +857,7 @@ def main():
     results = {name: rs[-1] for name, rs in rounds.items()}  # for the failed peers' logs below
     for name, rs in rounds.items():
         r = rs[-1]
-        row = {"peer": PEER_NAMES[name], "settings": r.get("settings", ""), "note": r.get("note", "")}
+        row = {"peer": peer_name(name), "settings": r.get("settings", ""), "note": r.get("note", "")}
         if "error" in r:
             row.update(status=r["error"])
             rows.append(row)
@@ -766,20 +880,24 @@ def main():
         rows.append(row)
 
     print()
-    print("%-14s %10s %9s %9s %7s %7s %9s   %s" % ("peer", "tokens/s", "step s", "peak RSS", "MFU", "causal",
+    print("%-26s %10s %9s %9s %7s %7s %9s   %s" % ("peer", "tokens/s", "step s", "peak RSS", "MFU", "causal",
                                                   "keel/peer", "settings"))
     for row in rows:
         if row["status"] == "ok":
-            print("%-14s %10.1f %9.3f %7.2f GB %6.1f%% %6.1f%% %8.2fx   %s" %
+            print("%-26s %10.1f %9.3f %7.2f GB %6.1f%% %6.1f%% %8.2fx   %s" %
                   (row["peer"], row["tokens_per_s"], row["step_time_s"], row["peak_rss_bytes"] / 1e9,
                    100 * row["mfu"], 100 * row["mfu_causal"], row["keel_over_peer"], row["settings"]))
         else:
-            print("%-14s %s" % (row["peer"], row["status"]))
+            print("%-26s %s" % (row["peer"], row["status"]))
+    ran = [row for row in rows if row["status"] == "ok" and not row["peer"].startswith("keel")]
+    if ran:
+        best = max(ran, key=lambda row: row["tokens_per_s"])
+        print("keel over the fastest PyTorch peer (%s): %.2fx" % (best["peer"], best["keel_over_peer"]))
     if a.rounds > 1:
         print("\nmedians over %d rounds; per round, tokens/s and keel/peer:" % a.rounds)
         for row in rows:
             if row["status"] == "ok":
-                print("  %-14s %s   %s" % (row["peer"], " ".join("%.1f" % t for t in row["tokens_per_s_rounds"]),
+                print("  %-26s %s   %s" % (row["peer"], " ".join("%.1f" % t for t in row["tokens_per_s_rounds"]),
                                          " ".join("%.2fx" % q for q in row["keel_over_peer_rounds"])))
     # What the LoRA/full ratio can reach: the step's product FLOPs alone (the causal column's counts),
     # as if everything that is not a product (norms, softmax, casts, the optimizer) took no time.
@@ -796,7 +914,7 @@ def main():
             print("  %s: %s" % (row["peer"], row["note"]))
     for name, r in results.items():
         if "log" in r:  # a failed peer: enough of its log to see why
-            print("\n--- %s log (last 40 lines) ---\n%s" % (PEER_NAMES[name], "\n".join(r["log"].splitlines()[-40:])))
+            print("\n--- %s log (last 40 lines) ---\n%s" % (peer_name(name), "\n".join(r["log"].splitlines()[-40:])))
     print(json.dumps({
         "bench": "train_vs_pytorch", "date": time.strftime("%Y-%m-%d"),
         "model": {"family": a.family, "sliding_window": a.sliding_window, "hidden": a.hidden, "layers": a.layers,
