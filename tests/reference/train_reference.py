@@ -153,7 +153,7 @@ def make_records(vocab_size, specials=()):
 
 
 def padding_id(spec):
-    """The id keel pads rows with (train/batch_source.h, model_pad_id): the model's pad_token_id
+    """The id keel pads rows with (train/data_sources.h, model_pad_id): the model's pad_token_id
     where it is in the vocabulary, else 0."""
     pad = spec.pad_token_id
     return pad if pad is not None and 0 <= pad < spec.vocab_size else PAD_ID

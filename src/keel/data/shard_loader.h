@@ -33,7 +33,7 @@ namespace keel::data {
 // packed rows (kernels/attention.h `segments`); pass segments.data() as model::MicroBatch::segments.
 struct PackedMicroBatch : MicroBatchData {
   std::vector<int32_t> segments;  // [batch*seq]; padding gets an id of its own
-  // Preference data (train/pair_source.h): the pair whose chosen answer is row b and whose rejected
+  // Preference data (data/pair_source.h): the pair whose chosen answer is row b and whose rejected
   // answer is row batch/2 + b, for b < batch/2; empty for other data.
   std::vector<int64_t> pairs;
   std::vector<int32_t> answer_starts;  // [batch] preference rows: where the answer starts (its first token)

@@ -50,11 +50,11 @@ size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelCon
   return largest;
 }
 
-// The batch buffers of the trainer's data source (train/batch_source.cpp decides which): a
+// The batch buffers of the trainer's data source (data/batch_source.cpp decides which): a
 // pre-tokenized JSONL file with padding is read into memory and filled into one step's micro-batches
 // (input ids, targets, positions); anything else goes through prepared shards, whose loader keeps
 // prefetch_factor + 1 steps of micro-batches (with document ids too) when it has worker threads.
-// Preference pairs (train/pair_source.h) fill one step's micro-batches on the training thread, and the
+// Preference pairs (data/pair_source.h) fill one step's micro-batches on the training thread, and the
 // preference objective scores each micro-batch's tokens (an NLL and a mean logit in double, a weight
 // in float: train/preference_loss.h). The pairs' own ids are not counted: 4 bytes a token of the data.
 size_t loader_buffer_bytes(const recipe::Recipe& r, const RunShape& shape) {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <ostream>
 
-#include "keel/train/batch_source.h"
+#include "keel/train/data_sources.h"
 #include "keel/model/decoder.h"
 #include "keel/recipe/recipe.h"
 

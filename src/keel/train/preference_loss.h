@@ -12,7 +12,7 @@
 //
 // The step's loss is the mean of l over its pairs, plus pref_ftx (ORPO: 1) times the mean over the
 // step's micro-batches of each one's mean NLL of its chosen tokens (TRL's "sft" loss_type, ORPO's
-// nll_loss). Each pair's two answers are in one micro-batch (train/pair_source.h), so the pair's
+// nll_loss). Each pair's two answers are in one micro-batch (data/pair_source.h), so the pair's
 // loss and its gradient with respect to logp_c and logp_r are known once that micro-batch is
 // scored; the tokens' gradients follow from dl/dlogp (Decoder::forward_backward_weighted): no
 // logits are kept, and nothing of the reference model is in memory but its log-probabilities.

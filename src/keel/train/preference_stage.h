@@ -12,9 +12,8 @@
 #include "keel/model/decoder.h"
 #include "keel/report/metrics.h"
 #include "keel/recipe/recipe.h"
-#include "keel/train/batch_source.h"
+#include "keel/train/data_sources.h"
 #include "keel/train/objective.h"
-#include "keel/train/pair_source.h"
 #include "keel/train/preference_loss.h"
 
 namespace keel::train {

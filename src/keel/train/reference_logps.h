@@ -11,7 +11,7 @@
 
 #include "keel/distributed/communicator.h"
 #include "keel/model/decoder.h"
-#include "keel/train/pair_source.h"
+#include "keel/train/data_sources.h"
 #include "keel/train/preference_loss.h"
 
 namespace keel::train {

@@ -17,7 +17,7 @@
 #include "keel/core/process_memory.h"
 #include "keel/data/batch_builder.h"
 #include "keel/data/tokenizer.h"
-#include "keel/train/batch_source.h"
+#include "keel/train/data_sources.h"
 #include "keel/distributed/communicator.h"
 #include "keel/core/threads.h"
 #include "keel/distributed/shard_reader.h"

@@ -1,4 +1,4 @@
-#include "keel/train/pair_source.h"
+#include "keel/data/pair_source.h"
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
@@ -11,7 +11,7 @@
 #include "keel/data/prepare.h"
 #include "keel/data/tokenizer.h"
 
-namespace keel::train {
+namespace keel::data {
 namespace {
 
 constexpr int32_t kIgnore = -100;
@@ -35,7 +35,7 @@ void fill_row(std::span<const int32_t> prompt, std::span<const int32_t> answer, 
 
 }  // namespace
 
-PairSource::PairSource(data::PreferencePairs pairs, const BatchSourceOptions& o, std::string fingerprint,
+PairSource::PairSource(PreferencePairs pairs, const BatchSourceOptions& o, std::string fingerprint,
                        bool prompt_targets)
     : pairs_(std::move(pairs)),
       o_(o),
@@ -45,14 +45,14 @@ PairSource::PairSource(data::PreferencePairs pairs, const BatchSourceOptions& o,
   for (int64_t i = 0; i < o.micro_batches_per_step; ++i) micro_.push_back(make_pair_batch(o.batch_size));
 }
 
-data::PackedMicroBatch PairSource::make_pair_batch(int64_t pairs) const {
-  data::PackedMicroBatch mb = data::make_packed_micro_batch_buffers(2 * pairs, o_.seq_len);
+PackedMicroBatch PairSource::make_pair_batch(int64_t pairs) const {
+  PackedMicroBatch mb = make_packed_micro_batch_buffers(2 * pairs, o_.seq_len);
   mb.pairs.resize(size_t(pairs));
   mb.answer_starts.resize(size_t(2 * pairs));
   return mb;
 }
 
-void PairSource::fill(std::span<const int64_t> which, data::PackedMicroBatch& mb) const {
+void PairSource::fill(std::span<const int64_t> which, PackedMicroBatch& mb) const {
   const int64_t B = int64_t(which.size()), T = mb.seq;
   require(mb.batch == 2 * B && int64_t(mb.pairs.size()) == B, "pair source: a micro-batch of {} rows for {} pairs",
           mb.batch, B);
@@ -70,7 +70,7 @@ void PairSource::fill(std::span<const int64_t> which, data::PackedMicroBatch& mb
   }
 }
 
-std::span<const data::PackedMicroBatch> PairSource::step_batches(int64_t step) {
+std::span<const PackedMicroBatch> PairSource::step_batches(int64_t step) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t first = (step - 1) * samples_per_step();
   std::vector<int64_t>& which = which_;
@@ -84,26 +84,27 @@ std::span<const data::PackedMicroBatch> PairSource::step_batches(int64_t step) {
   return micro_;
 }
 
-std::unique_ptr<PairSource> open_pair_source(const std::string& path, const recipe::Recipe& r,
+std::unique_ptr<PairSource> open_pair_source(const TrainingDataRequest& q, bool prompt_targets,
                                              const BatchSourceOptions& o, std::ostream& log) {
-  const std::string tokenizer_path = data::training_tokenizer_path(recipe::recipe_tokenizer_path(r));
+  const std::string& path = q.data_path;
+  const std::string tokenizer_path = training_tokenizer_path(q.tokenizer_path);
   require(!tokenizer_path.empty(), "{}: preference pairs are text, and this run has no tokenizer (set 'tokenizer')",
           path);
-  const data::Tokenizer tokenizer = data::load_tokenizer(tokenizer_path);
-  data::DocumentEncoder chooser;  // prepare's choice of template, for the same names
+  const Tokenizer tokenizer = load_tokenizer(tokenizer_path);
+  DocumentEncoder chooser;  // prepare's choice of template, for the same names
   chooser.tokenizer = &tokenizer;
-  chooser.special_tokens_in_messages = r.special_tokens_in_messages;
+  chooser.special_tokens_in_messages = q.special_tokens_in_messages;
   std::string why;
-  const std::string chosen_template = data::choose_chat_template(chooser, r.chat_template, tokenizer_path, &why);
+  const std::string chosen_template = choose_chat_template(chooser, q.chat_template, tokenizer_path, &why);
   if (chooser.model_template) fmt::print(log, "keel: conversational pairs through {}\n", why);
   require(o.vocab_size <= 0 || tokenizer.vocab_size() <= o.vocab_size,
           "{}: the tokenizer has a {}-token vocabulary, larger than the model's {}", tokenizer_path,
           tokenizer.vocab_size(), o.vocab_size);
-  data::PreferencePairs pairs = data::read_preference_pairs(
-      path, {&tokenizer, chooser.model_template, r.max_seq_len, o.vocab_size}, r.max_bad_fraction, log);
+  PreferencePairs pairs = read_preference_pairs(path, {&tokenizer, chooser.model_template, q.max_seq_len, o.vocab_size},
+                                                q.max_bad_fraction, log);
   // The pairs' ids are what the run sees: a resume must see the same.
   const std::string fingerprint = fmt::format("pairs:{}:{}", checksum_hex(pairs.checksum()), chosen_template);
-  return std::make_unique<PairSource>(std::move(pairs), o, fingerprint, r.pref_loss == recipe::PreferenceLoss::Orpo);
+  return std::make_unique<PairSource>(std::move(pairs), o, fingerprint, prompt_targets);
 }
 
-}  // namespace keel::train
+}  // namespace keel::data

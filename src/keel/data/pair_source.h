@@ -10,44 +10,46 @@
 #include <span>
 #include <string>
 
+#include "keel/data/batch_source.h"
 #include "keel/data/preference_pairs.h"
-#include "keel/train/batch_source.h"
 
-namespace keel::train {
+namespace keel::data {
 
 class PairSource final : public BatchSource {
  public:
   // prompt_targets: every token of a row is a target, the prompt's too (ORPO's NLL term covers the
   // whole chosen sequence); the answers' log-probabilities still count their own tokens only.
-  PairSource(data::PreferencePairs pairs, const BatchSourceOptions& options, std::string fingerprint,
+  PairSource(PreferencePairs pairs, const BatchSourceOptions& options, std::string fingerprint,
              bool prompt_targets = false);
 
-  std::span<const data::PackedMicroBatch> step_batches(int64_t step) override;
+  std::span<const PackedMicroBatch> step_batches(int64_t step) override;
   int64_t sequences() const override { return pairs_.size(); }
   int64_t samples_per_step() const override { return o_.micro_batches_per_step * o_.ranks * o_.batch_size; }
   std::string fingerprint() const override { return fingerprint_; }
   bool packed() const override { return false; }
   double last_wait_seconds() const override { return wait_s_; }
 
-  const data::PreferencePairs& pairs() const { return pairs_; }
+  const PreferencePairs& pairs() const { return pairs_; }
   // Fills `mb` (2 x which.size() rows, as make_pair_batch sized it) with the pairs `which`.
-  void fill(std::span<const int64_t> which, data::PackedMicroBatch& mb) const;
+  void fill(std::span<const int64_t> which, PackedMicroBatch& mb) const;
   // A micro-batch's buffers for `pairs` pairs.
-  data::PackedMicroBatch make_pair_batch(int64_t pairs) const;
+  PackedMicroBatch make_pair_batch(int64_t pairs) const;
 
  private:
-  data::PreferencePairs pairs_;
+  PreferencePairs pairs_;
   BatchSourceOptions o_;
   bool prompt_targets_;
-  data::SampleOrder order_;
-  std::vector<data::PackedMicroBatch> micro_;
+  SampleOrder order_;
+  std::vector<PackedMicroBatch> micro_;
   std::string fingerprint_;
   double wait_s_ = 0;
   std::vector<int64_t> which_;  // scratch: a micro-batch's pairs
 };
 
-// Reads the pairs of `path` with the recipe's tokenizer and chat template (data/preference_pairs.h).
-std::unique_ptr<PairSource> open_pair_source(const std::string& path, const recipe::Recipe& recipe,
+// Reads the pairs of request.data_path with its tokenizer and chat template, cut at its
+// max_seq_len, skipping bad records up to its max_bad_fraction (data/preference_pairs.h).
+// prompt_targets as PairSource's.
+std::unique_ptr<PairSource> open_pair_source(const TrainingDataRequest& request, bool prompt_targets,
                                              const BatchSourceOptions& options, std::ostream& log);
 
-}  // namespace keel::train
+}  // namespace keel::data

@@ -12,17 +12,16 @@
 #include <span>
 #include <string>
 
+#include "keel/data/prepare.h"
 #include "keel/data/shard_loader.h"
-#include "keel/model/config.h"
-#include "keel/recipe/recipe.h"
 
-namespace keel::train {
+namespace keel::data {
 
 class BatchSource {
  public:
   virtual ~BatchSource() = default;
   // This rank's micro-batches of optimizer step `step` (1-based); valid until the next call.
-  virtual std::span<const data::PackedMicroBatch> step_batches(int64_t step) = 0;
+  virtual std::span<const PackedMicroBatch> step_batches(int64_t step) = 0;
   virtual int64_t sequences() const = 0;         // samples in one epoch
   virtual int64_t samples_per_step() const = 0;  // global, all ranks
   virtual std::string fingerprint() const = 0;   // of the data: a resume must see the same
@@ -39,11 +38,16 @@ struct BatchSourceOptions {
   int32_t pad_id = 0;
 };
 
-// The id padding gets in a run of this model: its pad_token_id when it has one in its vocabulary, else 0.
-int32_t model_pad_id(const model::ModelConfig& config);
+// What to read and how: the data and its encoding (request.data_path: pre-tokenized JSONL, raw
+// JSONL, or a prepared directory), and how to feed it.
+struct BatchSourceRequest {
+  TrainingDataRequest data;
+  bool on_the_fly = false;  // data_pipeline = "on_the_fly": tokenized on the training thread, step by step
+  int num_workers = 0, prefetch_factor = 2;  // the shard loader's threads and the steps they read ahead
+};
 
-// Opens `path` as the recipe says (tokenizer, packing, chat template, loader threads).
-std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const recipe::Recipe& recipe,
-                                               const BatchSourceOptions& options, std::ostream& log);
+// Opens request.data.data_path as the request says (tokenizer, packing, chat template, loader threads).
+std::unique_ptr<BatchSource> open_batch_source(const BatchSourceRequest& request, const BatchSourceOptions& options,
+                                               std::ostream& log);
 
-}  // namespace keel::train
+}  // namespace keel::data

@@ -1,4 +1,4 @@
-#include "keel/train/batch_source.h"
+#include "keel/data/batch_source.h"
 
 #include <fmt/format.h>
 #include <fmt/ostream.h>
@@ -16,16 +16,16 @@
 #include "keel/data/token_records.h"
 #include "keel/data/tokenizer.h"
 
-namespace keel::train {
+namespace keel::data {
 namespace {
 
 class RecordsSource final : public BatchSource {
  public:
   RecordsSource(const std::string& path, const BatchSourceOptions& o)
-      : o_(o), records_(data::read_token_records(path, o.vocab_size)), order_(records_.size(), o.shuffle, o.seed) {
+      : o_(o), records_(read_token_records(path, o.vocab_size)), order_(records_.size(), o.shuffle, o.seed) {
     for (int64_t i = 0; i < o.micro_batches_per_step; ++i) {
-      data::PackedMicroBatch mb;
-      static_cast<data::MicroBatchData&>(mb) = data::make_micro_batch_buffers(o.batch_size, o.seq_len);
+      PackedMicroBatch mb;
+      static_cast<MicroBatchData&>(mb) = make_micro_batch_buffers(o.batch_size, o.seq_len);
       mb.segments.resize(size_t(o.batch_size * o.seq_len));  // where the padding is (not packed: one record a row)
       micro_.push_back(std::move(mb));
     }
@@ -35,12 +35,12 @@ class RecordsSource final : public BatchSource {
     fingerprint_ = checksum_hex(checksum(parts, sizeof(parts)));
   }
 
-  std::span<const data::PackedMicroBatch> step_batches(int64_t step) override {
+  std::span<const PackedMicroBatch> step_batches(int64_t step) override {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t first = (step - 1) * samples_per_step();
     for (int64_t i = 0; i < o_.micro_batches_per_step; ++i) {
       const int64_t block = i * o_.ranks + o_.rank;
-      data::fill_micro_batch(records_, order_, first + block * o_.batch_size, o_.pad_id, micro_[i],
+      fill_micro_batch(records_, order_, first + block * o_.batch_size, o_.pad_id, micro_[i],
                              micro_[i].segments.data());
     }
     wait_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -54,9 +54,9 @@ class RecordsSource final : public BatchSource {
 
  private:
   BatchSourceOptions o_;
-  data::TokenRecords records_;
-  data::SampleOrder order_;
-  std::vector<data::PackedMicroBatch> micro_;
+  TokenRecords records_;
+  SampleOrder order_;
+  std::vector<PackedMicroBatch> micro_;
   std::string fingerprint_;
   double wait_s_ = 0;
 };
@@ -65,17 +65,17 @@ class ShardSource final : public BatchSource {
  public:
   // fingerprint: of the JSONL the shards were prepared from (training_data_fingerprint), or ""
   // for a directory given as data_path (then the shards' own).
-  ShardSource(const std::string& dir, const data::ShardLoaderOptions& o, std::string fingerprint)
+  ShardSource(const std::string& dir, const ShardLoaderOptions& o, std::string fingerprint)
       : loader_(dir, o), fingerprint_(fingerprint.empty() ? loader_.fingerprint() : std::move(fingerprint)) {}
-  std::span<const data::PackedMicroBatch> step_batches(int64_t step) override { return loader_.step_batches(step); }
+  std::span<const PackedMicroBatch> step_batches(int64_t step) override { return loader_.step_batches(step); }
   int64_t sequences() const override { return loader_.sequences(); }
   int64_t samples_per_step() const override { return loader_.samples_per_step(); }
   std::string fingerprint() const override { return fingerprint_; }
-  bool packed() const override { return loader_.manifest().packing == data::Packing::pack; }
+  bool packed() const override { return loader_.manifest().packing == Packing::pack; }
   double last_wait_seconds() const override { return loader_.last_wait_seconds(); }
 
  private:
-  data::ShardLoader loader_;
+  ShardLoader loader_;
   std::string fingerprint_;
 };
 
@@ -89,10 +89,10 @@ class ShardSource final : public BatchSource {
 // depends on the token count) but keeps only each record's place in the file.
 class OnTheFlySource final : public BatchSource {
  public:
-  OnTheFlySource(const data::TrainingDataRequest& q, const BatchSourceOptions& o, std::ostream& log)
+  OnTheFlySource(const TrainingDataRequest& q, const BatchSourceOptions& o, std::ostream& log)
       : o_(o), log_(log), path_(q.data_path), order_(0, false, 0) {
     const std::string& path = q.data_path;
-    require(!data::is_prepared_dir(path),
+    require(!is_prepared_dir(path),
             "{}: data_pipeline = \"on_the_fly\" tokenizes raw JSONL during training; this is prepared data (give the "
             "JSONL it was prepared from, or use data_pipeline = \"prepared\")",
             path);
@@ -102,12 +102,12 @@ class OnTheFlySource final : public BatchSource {
               "\"prepared\")",
               path);
     require(path_exists(path), "{}: no such file", path);
-    const std::string tokenizer_path = data::training_tokenizer_path(q.tokenizer_path);
-    if (!tokenizer_path.empty()) tokenizer_.emplace(data::load_tokenizer(tokenizer_path));
+    const std::string tokenizer_path = training_tokenizer_path(q.tokenizer_path);
+    if (!tokenizer_path.empty()) tokenizer_.emplace(load_tokenizer(tokenizer_path));
     encoder_.tokenizer = tokenizer_ ? &*tokenizer_ : nullptr;
     encoder_.train_on_prompt = q.train_on_prompt;
     encoder_.special_tokens_in_messages = q.special_tokens_in_messages;
-    data::choose_chat_template(encoder_, q.chat_template, tokenizer_path);
+    choose_chat_template(encoder_, q.chat_template, tokenizer_path);
     parser_ = encoder_.record_parser();
     encoder_.max_seq_len = q.max_seq_len;
     encoder_.vocab_size = tokenizer_ ? tokenizer_->vocab_size() : q.vocab_size;
@@ -116,17 +116,17 @@ class OnTheFlySource final : public BatchSource {
             "{}: the tokenizer has a {}-token vocabulary, larger than the model's {}", tokenizer_path,
             encoder_.vocab_size, o.vocab_size);
     index_records(q.max_bad_fraction);
-    order_ = data::SampleOrder(int64_t(records_.size()), o.shuffle, o.seed);
+    order_ = SampleOrder(int64_t(records_.size()), o.shuffle, o.seed);
     for (int64_t i = 0; i < o.micro_batches_per_step; ++i)
-      micro_.push_back(data::make_packed_micro_batch_buffers(o.batch_size, o.seq_len));
-    fingerprint_ = data::training_data_fingerprint(q);
+      micro_.push_back(make_packed_micro_batch_buffers(o.batch_size, o.seq_len));
+    fingerprint_ = training_data_fingerprint(q);
   }
 
-  std::span<const data::PackedMicroBatch> step_batches(int64_t step) override {
+  std::span<const PackedMicroBatch> step_batches(int64_t step) override {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t first = (step - 1) * samples_per_step();
     for (int64_t i = 0; i < o_.micro_batches_per_step; ++i) {
-      data::PackedMicroBatch& mb = micro_[size_t(i)];
+      PackedMicroBatch& mb = micro_[size_t(i)];
       mb.input_tokens = mb.target_tokens = 0;
       const int64_t T = mb.seq;
       for (int64_t b = 0; b < o_.batch_size; ++b) {
@@ -216,26 +216,26 @@ class OnTheFlySource final : public BatchSource {
     for (size_t t = 0; t < n; ++t)
       if (document_.mask[t]) mask_bits_[t >> 3] |= uint8_t(1u << (t & 7));
     const uint64_t documents[2] = {0, n};
-    const data::ShardFile::SequenceView view{document_.tokens, mask_bits_.data(), 0, documents, 0};
-    data::fill_packed_row(view, T, o_.pad_id, o_.vocab_size, in, tg, pos, seg, input_tokens, target_tokens);
+    const ShardFile::SequenceView view{document_.tokens, mask_bits_.data(), 0, documents, 0};
+    fill_packed_row(view, T, o_.pad_id, o_.vocab_size, in, tg, pos, seg, input_tokens, target_tokens);
   }
 
   BatchSourceOptions o_;
   std::ostream& log_;
   std::string path_;
-  std::optional<data::Tokenizer> tokenizer_;
-  data::DocumentEncoder encoder_;
+  std::optional<Tokenizer> tokenizer_;
+  DocumentEncoder encoder_;
   std::vector<Place> records_;
-  data::SampleOrder order_;
-  std::vector<data::PackedMicroBatch> micro_;
+  SampleOrder order_;
+  std::vector<PackedMicroBatch> micro_;
   std::string fingerprint_;
   double wait_s_ = 0;
   // Scratch, reused.
   std::ifstream file_;
   std::string line_;
-  data::RecordParser parser_;
-  data::Record record_;
-  data::EncodedDocuments document_;
+  RecordParser parser_;
+  Record record_;
+  EncodedDocuments document_;
   std::vector<int32_t> ids_;
   std::vector<uint8_t> mask_bits_;
 };
@@ -251,48 +251,34 @@ bool is_pretokenized_jsonl(const std::string& path) {
 
 }  // namespace
 
-int32_t model_pad_id(const model::ModelConfig& config) {
-  return config.pad_token_id >= 0 && config.pad_token_id < config.vocab_size ? int32_t(config.pad_token_id) : 0;
-}
-
-std::unique_ptr<BatchSource> open_batch_source(const std::string& path, const recipe::Recipe& r,
-                                               const BatchSourceOptions& o, std::ostream& log) {
+std::unique_ptr<BatchSource> open_batch_source(const BatchSourceRequest& request, const BatchSourceOptions& o,
+                                               std::ostream& log) {
+  const TrainingDataRequest& q = request.data;
+  const std::string& path = q.data_path;
   const bool plain_jsonl = path.size() >= 6 && path.compare(path.size() - 6, 6, ".jsonl") == 0;
-  require(!data::holds_preference_pairs(path),
+  require(!holds_preference_pairs(path),
           "{}: the records are preference pairs ('chosen' and 'rejected'), which supervised fine-tuning cannot "
           "train on; set stage = \"dpo\" to tune on them (or give SFT records: text, messages, prompt/response)",
           path);
-  if (plain_jsonl && path_exists(path) && is_pretokenized_jsonl(path) && r.packing == recipe::Packing::Pad)
+  if (plain_jsonl && path_exists(path) && is_pretokenized_jsonl(path) && q.packing == Packing::pad)
     return std::make_unique<RecordsSource>(path, o);
-  data::TrainingDataRequest q;
-  q.data_path = path;
-  q.tokenizer_path = recipe::recipe_tokenizer_path(r);
-  q.max_seq_len = r.max_seq_len;
-  q.vocab_size = o.vocab_size;
-  q.pad_id = o.pad_id;
-  q.packing = r.packing == recipe::Packing::Pack ? data::Packing::pack : data::Packing::pad;
-  q.chat_template = r.chat_template;
-  q.train_on_prompt = r.train_on_prompt;
-  q.special_tokens_in_messages = r.special_tokens_in_messages;
-  q.cache_dir = r.cache_dir;
-  q.max_bad_fraction = r.max_bad_fraction;
-  if (r.data_pipeline == recipe::DataPipeline::OnTheFly) return std::make_unique<OnTheFlySource>(q, o, log);
-  const std::string dir = data::resolve_training_data(q, &log);
+  if (request.on_the_fly) return std::make_unique<OnTheFlySource>(q, o, log);
+  const std::string dir = resolve_training_data(q, &log);
   // Raw JSONL: the data is identified by its content and settings, whichever pipeline reads it.
-  std::string fingerprint = dir == path ? "" : data::training_data_fingerprint(q);
+  std::string fingerprint = dir == path ? "" : training_data_fingerprint(q);
   return std::make_unique<ShardSource>(dir,
-                                       data::ShardLoaderOptions{.batch_size = o.batch_size,
-                                                                .seq_len = o.seq_len,
-                                                                .micro_batches_per_step = o.micro_batches_per_step,
-                                                                .rank = o.rank,
-                                                                .ranks = o.ranks,
-                                                                .shuffle = o.shuffle,
-                                                                .seed = o.seed,
-                                                                .num_workers = int(r.num_workers),
-                                                                .prefetch_factor = int(r.prefetch_factor),
-                                                                .vocab_size = o.vocab_size,
-                                                                .pad_id = o.pad_id},
+                                       ShardLoaderOptions{.batch_size = o.batch_size,
+                                                          .seq_len = o.seq_len,
+                                                          .micro_batches_per_step = o.micro_batches_per_step,
+                                                          .rank = o.rank,
+                                                          .ranks = o.ranks,
+                                                          .shuffle = o.shuffle,
+                                                          .seed = o.seed,
+                                                          .num_workers = request.num_workers,
+                                                          .prefetch_factor = request.prefetch_factor,
+                                                          .vocab_size = o.vocab_size,
+                                                          .pad_id = o.pad_id},
                                        std::move(fingerprint));
 }
 
-}  // namespace keel::train
+}  // namespace keel::data
