@@ -344,6 +344,51 @@ TEST(SetupMemory, RandomInitialisationCopiesNoWholeTensor) {
   EXPECT_EQ(n.outstanding, 0);
 }
 
+// QLoRA's random initialisation quantizes its draws a piece at a time (a 30B MoE's experts would
+// be 1.6 GB per tensor in fp32), then double-quantizes each tensor's absmax values together: the
+// same codes and absmax values as the whole tensor quantized at once, without its fp32 copy.
+TEST(SetupMemory, RandomFourBitInitialisationStreamsAndQuantizesAsAWholeTensor) {
+  recipe::ScratchModel m;
+  m.family = "llama";
+  m.vocab_size = 64;
+  m.hidden_size = 64;
+  m.intermediate_size = 20032;  // gate_up: 2.56M weights, 10 MB in fp32: three pieces of the draws, the last partial
+  m.num_layers = 1;
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  const model::ModelConfig config = recipe::scratch_model_config(m);
+  model::DecoderOptions options{false, true, 0};
+  options.lora.rank = 4;
+  model::Decoder full(config, model::Precision::F32, 1, 8, options);  // fp32 LoRA: the draws as they are
+  full.init_random(1);
+  options.four_bit_base = true;
+  options.double_quantization = true;
+  model::Decoder four_bit(config, model::Precision::F32, 1, 8, options);
+  const auto n = allocations_during([&] { four_bit.init_random(1); }, false);
+  const model::ParamStore& q = four_bit.params();
+  const int gate_up = four_bit.ids().layers[0].gate_up_weight;
+  const int64_t numel = q.param(gate_up).numel;
+  ASSERT_GT(numel, 2 * model::kInitPieceElements);
+  EXPECT_LE(n.largest, size_t(model::kInitPieceElements) * sizeof(float))
+      << "init_random allocated " << n.largest << " bytes at once";
+  EXPECT_EQ(n.outstanding, 0);
+  for (const auto& p : q.params()) {
+    if (p.storage != model::ParamStorage::FourBit) continue;
+    const int i = int(&p - q.params().data());
+    model::ParamStore whole;
+    whole.set_four_bit_type(q.four_bit_type());
+    const int id = whole.add(p.name, p.shape, true, model::ParamStorage::FourBit);
+    whole.allocate(false);
+    std::vector<uint8_t> packed(size_t(p.numel / 2));
+    std::vector<float> absmax(size_t(p.numel / kFourBitBlockSize));
+    whole.bind_four_bit(packed.data(), absmax.data());
+    whole.store_four_bit(id, 0, full.params().weight(i), p.numel, true);
+    const model::FourBitWeight got = q.four_bit(i);
+    ASSERT_TRUE(std::equal(packed.begin(), packed.end(), got.packed)) << p.name;
+    ASSERT_TRUE(std::equal(absmax.begin(), absmax.end(), got.absmax)) << p.name;
+  }
+}
+
 struct StepCase {
   const char* family;
   model::Precision precision;

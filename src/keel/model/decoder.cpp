@@ -217,17 +217,12 @@ size_t Decoder::activation_bytes() const {
 
 namespace {
 
-// Values drawn for a tensor that is not written in place go through a buffer of this many: a
-// whole-tensor buffer (a 150k vocabulary's embedding: 445 MiB in bf16, 890 MiB as ZeRO-3's fp32
-// draws) would raise the setup's peak above the plan, which counts no such copy.
-constexpr int64_t kInitPiece = int64_t(1) << 20;
-
 // Draws numel values in order, `piece` at a time, and hands each piece to write(first, values, n).
 template <typename T, typename Draw, typename Write>
 void draw_in_pieces(int64_t numel, Draw&& draw, Write&& write) {
-  std::vector<T> piece(size_t(std::min(numel, kInitPiece)));
-  for (int64_t first = 0; first < numel; first += kInitPiece) {
-    const int64_t n = std::min(kInitPiece, numel - first);
+  std::vector<T> piece(size_t(std::min(numel, kInitPieceElements)));
+  for (int64_t first = 0; first < numel; first += kInitPieceElements) {
+    const int64_t n = std::min(kInitPieceElements, numel - first);
     for (int64_t k = 0; k < n; ++k) piece[size_t(k)] = draw();
     write(first, piece.data(), n);
   }
@@ -261,10 +256,16 @@ void Decoder::init_random(uint64_t seed, double std) {
     } else if (p.storage == ParamStorage::Bf16) {  // the same draws, rounded as a master's bf16 copy
       draw_in_pieces<bf16>(
           p.numel, [&] { return float_to_bf16(value()); }, write);  // ZeRO-3: this rank's part
-    } else {  // 4-bit: the same draws, quantized
+    } else if (params_.sharded_weights()) {  // 4-bit under ZeRO-3: the same draws, the tensor quantized whole
       std::vector<float> w(size_t(p.numel));
       for (float& v : w) v = value();
       params_.store_four_bit(i, 0, w.data(), p.numel, options_.double_quantization);
+    } else {  // 4-bit: the same draws, quantized a piece of whole blocks at a time (no fp32 tensor: a
+              // 30B MoE's experts are 1.6 GB each in fp32), then the tensor's absmax values together
+      draw_in_pieces<float>(p.numel, value, [&](int64_t first, const float* values, int64_t n) {
+        params_.store_four_bit(i, first, values, n, false);
+      });
+      if (options_.double_quantization) params_.double_quantize_four_bit(i);
     }
   }
   params_.refresh_bf16_copy();

@@ -258,10 +258,17 @@ float embedding_scale(const ModelConfig& config);
 // memory: for what needs the tensor layout of a config (plans, tensor names) and no decoder.
 void declare_model_params(const ModelConfig& config, ParamStore& params, DecoderParamIds& ids);
 
+// A random initialisation's values drawn for a tensor that is not written in place go through a
+// buffer of this many (Decoder::init_random): a whole-tensor buffer (a 150k vocabulary's embedding:
+// 445 MiB in bf16, 890 MiB as ZeRO-3's fp32 draws; a 30B MoE's 4-bit experts, 1.6 GB each) would
+// raise the setup's peak far above the step's.
+inline constexpr int64_t kInitPieceElements = int64_t(1) << 20;
+
 // QLoRA's setup scratch: the most weights held in fp32 at once while the 4-bit projections are
-// filled — the largest HF tensor of a projection (loaded one by one), or the largest fused one
-// (a new model's random initialisation). 0 without 4-bit weights, and for a checkpoint saved in
-// 4 bits (copied as it is).
+// filled — the largest HF tensor of a 4-bit matrix in the published layout (loaded one by one; a
+// checkpoint in transformers 5's fused expert layout holds larger ones, which this does not count),
+// or a random initialisation's piece (kInitPieceElements; under ZeRO-3 its largest tensor).
+// 0 without 4-bit weights, and for a checkpoint saved in 4 bits (copied as it is).
 int64_t four_bit_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files);
 
 class Decoder {

@@ -723,17 +723,18 @@ int64_t four_bit_setup_scratch_elements(const ModelConfig& config, const Decoder
   if (!options.four_bit_base || (from_files && config.saved_four_bit)) return 0;
   ParamStore params;
   DecoderParamIds ids;
-  declare_params(config, params, ids);
+  declare_params(config, params, ids, {ParamStorage::Master, ParamStorage::FourBit});
   int64_t most = 0;
-  if (from_files) {
+  if (from_files) {  // the published checkpoints' tensors (an expert's gate, up or down on its own)
     for (const auto& t : hf_tensors(config, ids))
-      if (t.cols > 0 && t.param != ids.embed && t.param != ids.lm_head) most = std::max(most, t.rows * t.cols);
-  } else {
-    for (const auto& l : ids.layers)
-      for (int id : {l.qkv_weight, l.o_weight, l.gate_up_weight, l.down_weight})
-        most = std::max(most, params.param(id).numel);
+      if (params.param(t.param).storage == ParamStorage::FourBit) most = std::max(most, t.rows * t.cols);
+    return most;
   }
-  return most;
+  for (const auto& p : params.params())
+    if (p.storage == ParamStorage::FourBit) most = std::max(most, p.numel);
+  // A random initialisation draws a piece at a time (Decoder::init_random), but under ZeRO-3 each
+  // tensor is quantized whole.
+  return options.shard_weights ? most : std::min(most, kInitPieceElements);
 }
 
 }  // namespace keel::model

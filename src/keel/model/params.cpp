@@ -88,6 +88,16 @@ void require_four_bit_blocks(const Param& p, bool bound, int64_t first, int64_t 
           kFourBitBlockSize, p.numel);
 }
 
+// Double quantization's round trip of `count` absmax values in place (core/four_bit.h): what the
+// dequantization reads afterwards is what bitsandbytes' dequantized statistics give.
+void round_trip_absmax(float* absmax, int64_t count) {
+  std::vector<uint8_t> codes(static_cast<size_t>(count));
+  std::vector<float> absmax2(static_cast<size_t>((count + kAbsmaxBlockSize - 1) / kAbsmaxBlockSize));
+  float offset = 0.0f;
+  quantize_absmax(absmax, count, codes.data(), absmax2.data(), &offset);
+  dequantize_absmax(codes.data(), absmax2.data(), offset, count, absmax);
+}
+
 }  // namespace
 
 ParamStore::FourBitSlot ParamStore::four_bit_slot(int i, int64_t first, int64_t n) {
@@ -125,15 +135,14 @@ void ParamStore::store_four_bit(int i, int64_t first, const float* values, int64
     absmax = absmax_whole.data();
   }
   four_bit_quantize(four_bit_type_, values, n, packed, absmax);
-  if (double_quantization) {
-    const int64_t count = n / kFourBitBlockSize;
-    std::vector<uint8_t> codes(static_cast<size_t>(count));
-    std::vector<float> absmax2(static_cast<size_t>((count + kAbsmaxBlockSize - 1) / kAbsmaxBlockSize));
-    float offset = 0.0f;
-    quantize_absmax(absmax, count, codes.data(), absmax2.data(), &offset);
-    dequantize_absmax(codes.data(), absmax2.data(), offset, count, absmax);
-  }
+  if (double_quantization) round_trip_absmax(absmax, n / kFourBitBlockSize);
   if (sharded_weights()) write_four_bit(i, first, n, packed, absmax);
+}
+
+void ParamStore::double_quantize_four_bit(int i) {
+  const Param& p = params_[size_t(i)];
+  require_four_bit_blocks(p, four_bit_packed_ != nullptr && !sharded_weights(), 0, p.numel);
+  round_trip_absmax(four_bit_absmax_ + p.offset / kFourBitBlockSize, p.numel / kFourBitBlockSize);
 }
 
 void ParamStore::set_optimizer_range(FlatRange range) {

@@ -141,6 +141,10 @@ class ParamStore {
   // tensors are quantized one by one, as bitsandbytes quantizes each module), with double
   // quantization's round trip of their absmax values when asked.
   void store_four_bit(int i, int64_t first, const float* values, int64_t n, bool double_quantization);
+  // Double quantization of 4-bit tensor i's absmax values, all of them together (its offset is
+  // their mean), round-tripped in place: for a tensor stored in pieces without it (a random
+  // initialisation streamed a piece at a time). Not under ZeRO-3.
+  void double_quantize_four_bit(int i);
   // Where elements [first, first + n) of 4-bit tensor i are stored (whole blocks), for codes read as
   // they are (a checkpoint bitsandbytes saved): n / 2 bytes of codes, n / 64 absmax values. Not
   // under ZeRO-3 (write_four_bit).
