@@ -497,6 +497,8 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"qwen3_moe", model::Precision::F32, true},
                       StepCase{"qwen3_moe", model::Precision::BF16, true},
                       StepCase{"qwen3_moe", model::Precision::BF16, true, 32, false, true},
+                      StepCase{"qwen3_moe", model::Precision::BF16, true, 32, false, true, true},
+                      StepCase{"qwen3_moe", model::Precision::F32, false, 32, false, true, true},
                       StepCase{"llama", model::Precision::BF16, false, 32, false, true},
                       StepCase{"glm", model::Precision::F32, true, 32, false, true},
                       StepCase{"llama", model::Precision::BF16, true, 32, false, true, true},

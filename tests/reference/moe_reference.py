@@ -32,6 +32,22 @@ every layer sparse, a sliding window of 5; published names block_sparse_moe.expe
 PEFT's LoRA on the attention's projections instead (LORA_TARGETS), from a PEFT-saved adapter, and
 compares keel's final adapter, which PeftModel.from_pretrained must load. KEEL_MOE_SEED sets
 the model's seed (default train_reference's MODEL_SEED), to measure how bf16's distances spread.
+
+--qlora nf4 | nf4-dq | fp4 | fp4-dq (with LoRA on the attention, as --lora): QLoRA. keel stores the
+attention's projections, the dense layer's MLP and every expert in 4 bits (quantization_bit = 4),
+the router in full precision. bitsandbytes' own path does not say what to compare with: transformers
+5's BitsAndBytesConfig replaces nn.Linear modules only, so on Qwen3MoeForCausalLM it quantizes the
+attention and the dense MLP but leaves the experts (parameters of a fused module) and the router
+(a parameter too) in full precision (check_bnb_leaves_experts checks this), and its Linear4bit does
+not train on the CPU. The reference is therefore transformers' class whose quantized tensors are
+what bitsandbytes makes of them: dequantize_4bit(quantize_4bit(W, blocksize 64, TYPE,
+compress_statistics)), in fp32, each tensor of the checkpoint as keel reads it quantized on its
+own (per_expert: every expert's gate, up and down; fused: each layer's gate_up_proj and down_proj
+whole, as bitsandbytes quantizes a tensor, flattened) — the weights a QLoRA product computes with,
+which is what keel's dequantize-an-expert-then-multiply computes. The router, embedding, LM head
+and norms stay as they are. Sizes are multiples of the 64-element block (dense intermediate 128).
+With double quantization keel takes the nearest code for each absmax, bitsandbytes' native CPU
+kernel a neighbour for ~0.1% (four_bit_reference.py), so that mode is run in bf16 only.
 """
 import argparse
 import json
@@ -150,6 +166,74 @@ def per_expert(tensors):
         else:
             out[n] = t
     return out
+
+
+def fused(tensors):
+    """per_expert's inverse: transformers 5's in-memory names from the published ones."""
+    block, gate_name, up_name, down_name = PUBLISHED[FAMILY[0]]
+    out, experts = {}, {}
+    for n, t in tensors.items():
+        parts = n.split(".")
+        if "experts" in parts and parts[-1] == "weight" and parts[-2] in (gate_name, up_name, down_name):
+            i = parts.index("experts")
+            pre = ".".join(parts[:i - 1]) + ".mlp.experts."
+            experts.setdefault(pre, {})[(int(parts[i + 1]), parts[-2])] = t
+        elif n.endswith(block + "gate.weight"):
+            out[n[:-len(block + "gate.weight")] + "mlp.gate.weight"] = t
+        else:
+            out[n] = t
+    for pre, m in experts.items():
+        count = 1 + max(e for e, _ in m)
+        out[pre + "gate_up_proj"] = torch.stack([torch.cat([m[(e, gate_name)], m[(e, up_name)]]) for e in range(count)])
+        out[pre + "down_proj"] = torch.stack([m[(e, down_name)] for e in range(count)])
+    return out
+
+
+def quantized_by_keel(name):
+    """The checkpoint tensors QLoRA stores in 4 bits: every matrix of a layer but the router."""
+    return ".layers." in name and not name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight"))
+
+
+def bnb_round_trip(init, layout, quant_type, double_quantization):
+    """The model (in-memory names) with each tensor keel quantizes, as the checkpoint in `layout`
+    holds it, replaced by bitsandbytes' 4-bit round trip of it (fp32)."""
+    import bitsandbytes.functional as F
+    tensors = per_expert(init) if layout == "per_expert" else dict(init)
+    count = 0
+    for name, t in tensors.items():
+        if t.dim() >= 2 and quantized_by_keel(name):
+            # Flattened: the format's blocks run over the flattened tensor either way (the same codes
+            # and absmax for any shape), but bitsandbytes 0.50's CPU dequantize_4bit of a 2-D state
+            # whose rows are shorter than a block (an expert's down_proj [64, 32] here) gives values
+            # other than code x absmax for ~90% of the elements; flat, it gives exactly those.
+            packed, state = F.quantize_4bit(t.float().reshape(-1).contiguous(), blocksize=64, quant_type=quant_type,
+                                            compress_statistics=double_quantization)
+            tensors[name] = F.dequantize_4bit(packed, state).float().reshape(t.shape)
+            count += 1
+    print("reference weights: %d tensors through bitsandbytes' %s round trip%s (%s layout)"
+          % (count, quant_type, " with double quantization" if double_quantization else "", layout))
+    return fused(tensors) if layout == "per_expert" else tensors
+
+
+def check_bnb_leaves_experts(cfg, failures):
+    """What transformers' BitsAndBytesConfig would quantize of this class: nn.Linear modules only
+    (the attention, the dense MLP), not the experts or the router (parameters). The module tree
+    after its replacement, without loading weights."""
+    from transformers.integrations.bitsandbytes import replace_with_bnb_linear
+    from transformers import BitsAndBytesConfig
+    import bitsandbytes as bnb
+    model = build_model(cfg)
+    replace_with_bnb_linear(model, quantization_config=BitsAndBytesConfig(load_in_4bit=True))
+    four_bit = {n for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    experts = [n for n in four_bit if "experts" in n or n.endswith(".gate")]
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "experts" in n]
+    if experts or linear:
+        failures.append("transformers' bitsandbytes replacement now reaches the experts or router (%s): the "
+                        "reference's premise (docstring) needs revisiting" % sorted(experts + linear)[:4])
+    else:
+        print("transformers' bitsandbytes replacement quantizes %d nn.Linear modules (attention, dense MLP); the "
+              "experts and router are parameters it leaves in full precision: keel's 4-bit experts are compared "
+              "with their bitsandbytes round trip" % len(four_bit))
 
 
 def check_save_pretrained_layout(model, failures):
@@ -432,6 +516,8 @@ def main():
     ap.add_argument("--layout", default="per_expert", choices=("per_expert", "fused"))
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--lora", action="store_true", help="LoRA on the attention against PEFT (above)")
+    ap.add_argument("--qlora", choices=("none", "nf4", "nf4-dq", "fp4", "fp4-dq"), default="none",
+                    help="QLoRA: LoRA on the attention, the experts and projections 4-bit (above)")
     ap.add_argument("--backend", default="cpu", choices=("cpu", "reference"),
                     help="keel's compute backend (the recipe's `backend` key)")
     ap.add_argument("--gradient-checkpointing", action="store_true",
@@ -441,7 +527,15 @@ def main():
     torch.set_num_threads(2)
     work = os.path.abspath(args.work)
     FAMILY[0] = args.family
+    qlora = args.qlora != "none"
+    args.lora = args.lora or qlora
+    quant_type, double_quantization = args.qlora.split("-")[0], args.qlora.endswith("-dq")
+    if double_quantization and args.dtype != "bf16":
+        ap.error("--qlora %s: double quantization's codes differ from bitsandbytes' native kernel for ~0.1%% of the "
+                 "absmax values (docstring): run it with --dtype bf16" % args.qlora)
     cfg = make_config(args.family, args.norm_topk_prob == "true")
+    if qlora and cfg["model_type"] == "qwen3_moe":
+        cfg["intermediate_size"] = 128  # the dense layer's MLP in whole 64-element blocks
     print("MoE reference test: %s, norm_topk_prob=%s, %s checkpoint, %s, work=%s (transformers %s)"
           % (cfg["architectures"][0], args.norm_topk_prob, args.layout, args.dtype, work, transformers.__version__))
     failures = []
@@ -450,6 +544,12 @@ def main():
     check_save_pretrained_layout(build_model(cfg, init), failures)
     records = write_inputs(work, cfg, init, args.layout, args.backend, args.gradient_checkpointing, args.dtype)
     model_init = init
+    if qlora:
+        check_bnb_leaves_experts(cfg, failures)
+        model_init = bnb_round_trip(init, args.layout, quant_type, double_quantization)
+        with open(os.path.join(work, "recipe.toml"), "a") as f:
+            f.write('quantization_bit = 4\nquantization_type = "%s"\ndouble_quantization = %s\n'
+                    % (quant_type, "true" if double_quantization else "false"))
     if args.lora:
         LORA[0] = os.path.join(work, "initial_adapter")
         shutil.rmtree(LORA[0], ignore_errors=True)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "finite_difference.h"
+#include "keel/core/four_bit.h"
 #include "keel/kernels/backend.h"
 #include "keel/model/decoder.h"
 #include "keel/model/experts.h"
@@ -153,6 +154,98 @@ TEST_P(ExpertsTest, GroupedProductsMatchANaiveLoopAndItsGradients) {
   for (int64_t i = 0; i < H * I; ++i) ASSERT_EQ(g_down[size_t(3 * H * I + i)], 0.0f);
 }
 
+// QLoRA: 4-bit experts (dequantized an expert at a time into the tile) compute exactly what the
+// full-precision path computes on the dequantized weights, bit for bit: forward (with the
+// recomputation's y-less call) and the backward pass's input and router gradients, in fp32 and in
+// bf16 (where the full-precision path reads the dequantized weights' bf16 rounding, as
+// bitsandbytes' dequantize_4bit to bfloat16 rounds). An expert no token chooses is not needed.
+class FourBitExpertsTest : public ::testing::TestWithParam<std::tuple<std::string, bool, FourBitType>> {};
+
+TEST_P(FourBitExpertsTest, ComputeWhatTheirDequantizedWeightsCompute) {
+  const auto& [backend_name, bf, type] = GetParam();
+  kernels::Backend& backend = kernels::backend_named(backend_name);
+  const ExpertsShape s{9, 64, 5, 2, 32, true};
+  const int64_t N = s.tokens, H = s.hidden, E = s.experts, I = s.inter, R = s.routed();
+  auto x = test::to_float(test::random_vector(size_t(N * H), 1));
+  auto router = test::to_float(test::random_vector(size_t(E * H), 2, -1.5, 1.5));
+  for (int64_t t = 0; t < N; ++t) x[size_t(t * H)] = 1.0f;  // expert 3: chosen by no token (ExpertsTest)
+  for (int64_t i = 0; i < H; ++i) router[size_t(3 * H + i)] = i == 0 ? -20.0f : 0.0f;
+  const auto gate_up = test::to_float(test::random_vector(size_t(E * 2 * I * H), 3, -0.3, 0.3));
+  const auto down = test::to_float(test::random_vector(size_t(E * H * I), 4, -0.3, 0.3));
+  const auto residual = test::to_float(test::random_vector(size_t(N * H), 5));
+  const auto dy = test::to_float(test::random_vector(size_t(N * H), 6));
+  // The 4-bit experts, and their dequantized values as a full-precision model would hold them.
+  auto quantize = [&](const std::vector<float>& w, std::vector<uint8_t>& packed, std::vector<float>& absmax) {
+    packed.resize(w.size() / 2);
+    absmax.resize(w.size() / kFourBitBlockSize);
+    four_bit_quantize(type, w.data(), int64_t(w.size()), packed.data(), absmax.data());
+    std::vector<float> back(w.size());
+    four_bit_dequantize(type, packed.data(), absmax.data(), int64_t(w.size()), back.data());
+    return back;
+  };
+  std::vector<uint8_t> gu_packed, down_packed;
+  std::vector<float> gu_absmax, down_absmax;
+  const auto gate_up_deq = quantize(gate_up, gu_packed, gu_absmax), down_deq = quantize(down, down_packed, down_absmax);
+  auto to_bf16 = [](const std::vector<float>& v) {
+    std::vector<bf16> out(v.size());
+    convert_f32_to_bf16(v.data(), out.data(), v.size());
+    return out;
+  };
+  const auto x_b = to_bf16(x), router_b = to_bf16(router), gate_up_b = to_bf16(gate_up_deq), down_b = to_bf16(down_deq);
+
+  struct Run {
+    std::vector<float> y, dx, probs, out;
+  };
+  auto run = [&](bool four_bit) {
+    auto floats = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 0.0f); };
+    auto ints = [](int64_t n) { return std::vector<int32_t>(static_cast<size_t>(n)); };
+    std::vector<float> probs = floats(N * E), weight = floats(R), in = floats(R * H), gu = floats(R * 2 * I),
+                       act = floats(R * I), out = floats(R * H), y = floats(N * H), dx = floats(N * H);
+    std::vector<bf16> in_b(size_t(R * H)), act_b(size_t(R * I));
+    std::vector<int32_t> choice = ints(R), expert_rows = ints(E + 1), row_slot = ints(R), token_rows = ints(R);
+    const RoutedActivations a{probs.data(),    choice.data(),          weight.data(),
+                              expert_rows.data(), row_slot.data(),     token_rows.data(),
+                              bf ? nullptr : in.data(), gu.data(),     act.data(),
+                              out.data(),      bf ? in_b.data() : nullptr, bf ? act_b.data() : nullptr};
+    ExpertsWeights w{router.data(), four_bit ? nullptr : gate_up_deq.data(), four_bit ? nullptr : down_deq.data()};
+    std::vector<float> tile = floats(2 * I * H);
+    std::vector<bf16> tile_b(size_t(2 * I * H));
+    if (bf) {
+      w.router_b = router_b.data();
+      if (!four_bit) w.gate_up_b = gate_up_b.data(), w.down_b = down_b.data();
+    }
+    if (four_bit) {
+      w.gate_up_4bit = {gu_packed.data(), gu_absmax.data(), type};
+      w.down_4bit = {down_packed.data(), down_absmax.data(), type};
+      (bf ? static_cast<void>(w.tile_b = tile_b.data()) : static_cast<void>(w.tile = tile.data()));
+    }
+    // The recomputation's call (no y) first, then the forward pass proper: the same intermediates.
+    experts_forward(backend, s, x.data(), bf ? x_b.data() : nullptr, w, a, residual.data(), nullptr, nullptr, nullptr);
+    experts_forward(backend, s, x.data(), bf ? x_b.data() : nullptr, w, a, residual.data(), y.data(), nullptr, nullptr);
+    std::vector<float> d_rows = floats(R * H), d_act = floats(R * I), d_gu = floats(R * 2 * I),
+                       d_logits = floats(N * E), d_slot = floats(R);
+    std::vector<bf16> d_rows_b(size_t(R * H)), d_gu_b(size_t(R * 2 * I)), d_logits_b(size_t(N * E));
+    const ExpertsScratch scratch{d_rows.data(),   d_act.data(),  d_gu.data(),    d_logits.data(),
+                                 d_slot.data(),   bf ? d_rows_b.data() : nullptr, bf ? d_gu_b.data() : nullptr,
+                                 bf ? d_logits_b.data() : nullptr};
+    experts_backward(backend, s, x.data(), bf ? x_b.data() : nullptr, w, a, dy.data(), scratch, nullptr, nullptr,
+                     ExpertsGrads{}, dx.data());
+    EXPECT_EQ(expert_tokens(a, 3), 0) << "the test wants an expert no token chose";
+    return Run{y, dx, probs, out};
+  };
+  const Run full = run(false), four = run(true);
+  EXPECT_EQ(four.probs, full.probs);
+  EXPECT_EQ(four.out, full.out);
+  EXPECT_EQ(four.y, full.y);
+  EXPECT_EQ(four.dx, full.dx);
+  // And the weights are 4-bit's, not the originals: the outputs differ from the unquantized ones.
+  EXPECT_NE(gate_up_deq, gate_up);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, FourBitExpertsTest,
+                         ::testing::Combine(::testing::ValuesIn(kernels::backend_names()), ::testing::Bool(),
+                                            ::testing::Values(FourBitType::Nf4, FourBitType::Fp4)));
+
 // A Qwen3-MoE decoder: layer 0 sparse (6 experts, top 2), layer 1 dense.
 ModelConfig tiny_moe() {
   ModelConfig c;
@@ -201,6 +294,53 @@ TEST(ExpertsPlan, CountsEveryExpertAndHoldsAnyRouting) {
   ASSERT_EQ(load.size(), size_t(c.moe.experts));
   EXPECT_EQ(std::accumulate(load.begin(), load.end(), 0.0), double(routed));
   EXPECT_GT(decoder.aux_loss(), 0.0);
+}
+
+// QLoRA on a mixture of experts: the experts (with the attention and the dense MLP) in 4 bits and
+// counted so in the plan, the router in full precision, and the one tile the products dequantize
+// into large enough for an expert's gate/up.
+TEST(ExpertsPlan, QLoraHoldsTheExpertsInFourBitsAndTheRouterInFull) {
+  ModelConfig c = tiny_moe();
+  c.hidden_size = 64, c.intermediate_size = 64, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 16;
+  c.rotary_dim = 16;
+  c.moe.intermediate_size = 128;  // an expert's gate/up (2 x 128 x 64) outgrows every projection's tile
+  validate(c, "test");
+  DecoderOptions options{true, true, 0};
+  options.lora.rank = 4;
+  options.four_bit_base = true;
+  for (Precision precision : {Precision::F32, Precision::BF16}) {
+    Decoder decoder(c, precision, 1, 8, options);
+    const ParamStore& P = decoder.params();
+    const LayerParamIds& l = decoder.ids().layers[0];
+    EXPECT_EQ(P.param(l.experts_gate_up).storage, ParamStorage::FourBit);
+    EXPECT_EQ(P.param(l.experts_down).storage, ParamStorage::FourBit);
+    EXPECT_EQ(P.param(l.router).storage, precision == Precision::BF16 ? ParamStorage::Bf16 : ParamStorage::Master);
+    int64_t four_bit = 0;
+    for (const auto& p : P.params())
+      if (p.storage == ParamStorage::FourBit) four_bit += (p.numel + kFourBitShardAlign - 1) / kFourBitShardAlign * kFourBitShardAlign;
+    EXPECT_EQ(P.four_bit_total(), four_bit);
+    auto bytes_of = [&](const std::string& name) {
+      for (const auto& b : decoder.memory_plan().buffers())
+        if (b.name == name) return int64_t(b.bytes);
+      ADD_FAILURE() << "no buffer " << name;
+      return int64_t(-1);
+    };
+    EXPECT_EQ(bytes_of("weights.nf4 (4-bit codes)"), four_bit / 2);
+    EXPECT_EQ(bytes_of("weights.nf4.absmax"), four_bit / kFourBitBlockSize * 4);
+    const int64_t tile = experts_tile_elements(c);
+    EXPECT_EQ(tile, 2 * 128 * 64);
+    if (precision == Precision::BF16)
+      EXPECT_EQ(bytes_of("4bit.dequantized_tile (bf16)"), tile * 2);
+    else
+      EXPECT_EQ(bytes_of("4bit.dequantized_tile"), tile * 4);
+    decoder.init_random(3);
+    decoder.init_adapter(4);
+    std::vector<int32_t> ids(8, 7), targets(8, 8), positions(8);
+    for (int i = 0; i < 8; ++i) positions[size_t(i)] = i;
+    decoder.trainable().begin_gradient_step();
+    const double loss = decoder.forward_backward({1, 8, ids.data(), targets.data(), positions.data(), nullptr}, 0.1);
+    EXPECT_TRUE(std::isfinite(loss));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ExpertsTest,

@@ -12,14 +12,19 @@ namespace keel::model {
 namespace {
 
 // bf16 precision: the products read the weights' bf16 copies (under LoRA the frozen experts are
-// held in bf16 only, and weight() is null: the bf16 products never read it).
-ExpertsWeights experts_weights(const ParamStore& P, const LayerParamIds& p, bool bf) {
+// held in bf16 only, and weight() is null: the bf16 products never read it). QLoRA: the experts
+// are 4-bit, dequantized an expert at a time into the decoder's 4-bit tile (experts.h).
+ExpertsWeights experts_weights(const ParamStore& P, const LayerParamIds& p, bool bf, const auto& buffers) {
   ExpertsWeights w{P.weight(p.router), P.weight(p.experts_gate_up), P.weight(p.experts_down)};
   if (bf) {
     w.router_b = P.weight_bf16(p.router);
     w.gate_up_b = P.weight_bf16(p.experts_gate_up);
     w.down_b = P.weight_bf16(p.experts_down);
   }
+  w.gate_up_4bit = P.four_bit(p.experts_gate_up);
+  w.down_4bit = P.four_bit(p.experts_down);
+  w.tile = buffers.four_bit_tile;
+  w.tile_b = buffers.four_bit_tile_b;
   return w;
 }
 
@@ -52,7 +57,7 @@ void Decoder::experts_forward(const MicroBatch& mb, int64_t l, const BlockActiva
   const RoutedActivations routed = routed_activations(a);
   const bool bf = precision_ == Precision::BF16;
   model::experts_forward(backend_, experts_shape(config_, N), a.xn2, a.xn2_b,
-                         experts_weights(params_, ids_.layers[size_t(l)], bf), routed, a.xmid, x_out, b.token_mask,
+                         experts_weights(params_, ids_.layers[size_t(l)], bf, b), routed, a.xmid, x_out, b.token_mask,
                          x_out ? &balance : nullptr);
   if (!x_out) return;
   int64_t sparse = 0;  // this layer's row of the expert load
@@ -80,7 +85,7 @@ void Decoder::experts_backward(const MicroBatch& mb, int64_t l, const BlockActiv
                                b.d_slot,   b.d_routed_b, b.d_routed_gate_up_b, b.d_router_b};
   // In bf16 a.xn2 holds another block's data by now: the products read a.xn2_b.
   model::experts_backward(backend_, experts_shape(config_, mb.batch * mb.seq), a.xn2, a.xn2_b,
-                          experts_weights(P, p, precision_ == Precision::BF16), routed_activations(a), dy, scratch,
+                          experts_weights(P, p, precision_ == Precision::BF16, b), routed_activations(a), dy, scratch,
                           &balance, b.token_mask, g, dx);
 }
 

@@ -7,6 +7,7 @@
 
 #include "keel/core/error.h"
 #include "keel/kernels/bf16_widening.h"
+#include "keel/model/experts.h"
 #include "keel/model/hf_weights.h"
 
 namespace keel::model {
@@ -180,8 +181,10 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
     if (c.sandwich_norms) p.attn_out_norm = params.add(prefix + "attention_output_norm", {H}, false);
     p.post_norm = params.add(prefix + "post_attention_norm", {H}, false);
     if (c.sparse_layer(l)) {  // the router and the experts (experts.h), decayed as transformers' Trainer decays them
+      // The router stays in full precision under QLoRA (as bitsandbytes leaves transformers' router,
+      // no nn.Linear): the head's storage, which is the blocks' without 4 bits.
       const int64_t E = c.moe.experts, I = c.moe.intermediate_size;
-      p.router = params.add(prefix + "router.weight", {E, H}, true, blocks);
+      p.router = params.add(prefix + "router.weight", {E, H}, true, head);
       p.experts_gate_up = params.add(prefix + "experts.gate_up.weight", {E * 2 * I, H}, true, blocks);
       p.experts_down = params.add(prefix + "experts.down.weight", {E * H, I}, true, blocks);
     } else {
@@ -288,15 +291,18 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
           max_batch, max_seq);
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
   // What the mixture-of-experts layers (experts.h) do not run yet, refused rather than run wrong.
-  require(!config.has_experts() ||
-              (!options.four_bit_base && !options.shard_weights && !options.shard_masters && !options.cast_per_position),
-          "{} ({}): mixture-of-experts models train with full fine-tuning or LoRA, without 4-bit weights (QLoRA), "
-          "ZeRO-3 or sharded masters, in this version of keel",
+  require(!config.has_experts() || (!options.shard_weights && !options.shard_masters && !options.cast_per_position),
+          "{} ({}): mixture-of-experts models train with full fine-tuning, LoRA or QLoRA, without ZeRO-3 or sharded "
+          "masters, in this version of keel",
           family_display_name(config.family), config.architecture);
   // Every HF tensor of a projection must start and end on a 64-element 4-bit block, as bitsandbytes
-  // quantizes each on its own.
+  // quantizes each on its own (an expert's gate, up and down: whole rows of hidden_size). The dense
+  // MLP's width matters only where a layer has one.
+  bool dense_mlp = false;
+  for (int64_t l = 0; l < config.num_layers; ++l) dense_mlp = dense_mlp || !config.sparse_layer(l);
   require(!options.four_bit_base ||
-              (config.hidden_size % kFourBitBlockSize == 0 && config.intermediate_size % kFourBitBlockSize == 0 &&
+              (config.hidden_size % kFourBitBlockSize == 0 &&
+               (!dense_mlp || config.intermediate_size % kFourBitBlockSize == 0) &&
                config.q_size() % kFourBitBlockSize == 0),
           "QLoRA: hidden_size ({}), intermediate_size ({}) and heads x head_dim ({}) must be multiples of {} (4-bit "
           "blocks of whole rows)",
@@ -326,6 +332,9 @@ AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& 
 }
 
 namespace {
+
+// A sparse layer's experts tensor (declare_params' names): 4-bit, it is dequantized an expert at a time.
+bool is_experts_tensor(const Param& p) { return p.name.find(".experts.") != std::string::npos; }
 
 // describe_memory's sections, in the order the buffers are added to the plan (which `keel plan`
 // and the arena's layout both follow): the weights the step reads, what training adds to them
@@ -505,10 +514,12 @@ class MemoryDescription {
   void scratch(DecoderLayout& d) {
     const int32_t backward_first = t_.backward(L_ - 1), backward_last = t_.backward(0);
     if (params_.four_bit_total() > 0) {  // one tile of dequantized rows, used by every 4-bit GEMM in turn
+      // A projection's tile of rows; 4-bit experts one expert's gate/up at a time (experts.h).
       int64_t tile = 0;
       for (const auto& p : params_.params())
-        if (p.storage == ParamStorage::FourBit)
+        if (p.storage == ParamStorage::FourBit && !is_experts_tensor(p))
           tile = std::max(tile, four_bit_tile_rows(p.shape[0], p.shape[1], options_.four_bit_tile_elements) * p.shape[1]);
+      if (c_.has_experts() && options_.four_bit_base) tile = std::max(tile, experts_tile_elements(c_));
       if (bf_)
         d.four_bit_tile_b = add("4bit.dequantized_tile (bf16)", Cat::Workspace, tile, b16, t_.forward(0), backward_last);
       else

@@ -5,6 +5,7 @@
 #include <tuple>
 #include <utility>
 
+#include "keel/core/error.h"
 #include "keel/core/threads.h"
 
 namespace keel::model {
@@ -102,6 +103,30 @@ struct Operand {
   Operand at(int64_t offset) const { return {f32 ? f32 + offset : nullptr, b16 ? b16 + offset : nullptr}; }
 };
 
+// Expert e's matrix of a tensor holding `per_expert` elements per expert, as its products read it:
+// its slice of the full-precision tensor, or of the 4-bit one dequantized whole into the tile
+// (experts.h), bf16 where the products read bf16.
+Operand expert_matrix(kernels::Backend& backend, const ExpertsWeights& w, Operand full, const FourBitWeight& q,
+                      int64_t e, int64_t per_expert) {
+  if (!q) return full.at(e * per_expert);
+  const uint8_t* packed = q.packed + e * per_expert / 2;
+  const float* absmax = q.absmax + e * per_expert / kFourBitBlockSize;
+  if (w.in_bf16()) {
+    backend.dequantize_4bit_bf16(q.type, packed, absmax, per_expert, w.tile_b);
+    return {nullptr, w.tile_b};
+  }
+  backend.dequantize_4bit(q.type, packed, absmax, per_expert, w.tile);
+  return {w.tile, nullptr};
+}
+
+void require_tile(const ExpertsShape& s, const ExpertsWeights& w) {
+  if (!w.gate_up_4bit && !w.down_4bit) return;
+  require((w.in_bf16() ? static_cast<const void*>(w.tile_b) : w.tile) != nullptr &&
+              s.hidden % kFourBitBlockSize == 0,
+          "experts: 4-bit experts need a dequantization tile of {} elements and hidden ({}) a multiple of {}",
+          2 * s.inter * s.hidden, s.hidden, kFourBitBlockSize);
+}
+
 void product(kernels::Backend& backend, const kernels::GemmShape& s, Operand a, Operand b, float* c, float beta) {
   if (a.b16)
     backend.gemm_bf16(s, a.b16, b.b16, c, beta);
@@ -195,12 +220,17 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
   });
   const Operand in{a.in, bf ? a.in_b : nullptr}, act{a.act, bf ? a.act_b : nullptr};
   const Operand gate_up{w.gate_up, w.gate_up_b}, down{w.down, w.down_b};
+  require_tile(s, w);
   for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
-    row_product(backend, Trans::T, n, 2 * I, H, in.at(r0 * H), gate_up.at(e * 2 * I * H), a.gate_up + r0 * 2 * I);
+    if (n == 0) return;
+    row_product(backend, Trans::T, n, 2 * I, H, in.at(r0 * H),
+                expert_matrix(backend, w, gate_up, w.gate_up_4bit, e, 2 * I * H), a.gate_up + r0 * 2 * I);
   });
   backend.glu_forward(kernels::GluActivation::Silu, a.gate_up, R, I, a.act, bf ? a.act_b : nullptr);
   for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
-    row_product(backend, Trans::T, n, H, I, act.at(r0 * I), down.at(e * H * I), a.out + r0 * H);
+    if (n == 0) return;
+    row_product(backend, Trans::T, n, H, I, act.at(r0 * I), expert_matrix(backend, w, down, w.down_4bit, e, H * I),
+                a.out + r0 * H);
   });
   if (!y) return;
   // y[t] = residual[t] + sum over its rows (ascending expert) of w * out
@@ -251,15 +281,20 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
   };
   if (bf) backend.cast_to_bf16(d.rows, d.rows_b, R * H);
   // down: d act = d rows W_d[e];  dW_d[e] (+)= d rows^T act
+  require_tile(s, w);
   for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
-    row_product(backend, Trans::N, n, I, H, d_rows.at(r0 * H), down.at(e * H * I), d.act + r0 * I);
+    if (n == 0) return;
+    row_product(backend, Trans::N, n, I, H, d_rows.at(r0 * H), expert_matrix(backend, w, down, w.down_4bit, e, H * I),
+                d.act + r0 * I);
     if (g.down) row_sum(backend, H, I, n, d_rows.at(r0 * H), act.at(r0 * I), g.down + e * H * I, g.down_beta);
   });
   if (g.down) zero_unrouted(g.down, g.down_beta, H * I);
   backend.glu_backward(kernels::GluActivation::Silu, a.gate_up, d.act, R, I, d.gate_up, bf ? d.gate_up_b : nullptr);
   // gate/up: d in = d gate_up W_gu[e] (into d.rows, read above);  dW_gu[e] (+)= d gate_up^T in
   for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
-    row_product(backend, Trans::N, n, H, 2 * I, d_gate_up.at(r0 * 2 * I), gate_up.at(e * 2 * I * H), d.rows + r0 * H);
+    if (n == 0) return;
+    row_product(backend, Trans::N, n, H, 2 * I, d_gate_up.at(r0 * 2 * I),
+                expert_matrix(backend, w, gate_up, w.gate_up_4bit, e, 2 * I * H), d.rows + r0 * H);
     if (g.gate_up)
       row_sum(backend, 2 * I, H, n, d_gate_up.at(r0 * 2 * I), in.at(r0 * H), g.gate_up + e * 2 * I * H,
               g.gate_up_beta);

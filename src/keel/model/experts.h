@@ -28,6 +28,7 @@
 
 #include "keel/kernels/backend.h"
 #include "keel/model/config.h"
+#include "keel/model/params.h"
 
 namespace keel::model {
 
@@ -42,11 +43,24 @@ ExpertsShape experts_shape(const ModelConfig& c, int64_t tokens);
 // fused gate/up [experts * 2 inter, hidden] (expert e's gate rows, then its up rows: transformers'
 // in-memory gate_up_proj [experts, 2 inter, hidden]) and down [experts * hidden, inter].
 // In bf16 precision their bf16 copies are what the products read (null in fp32).
+//
+// QLoRA: the experts' two tensors may be 4-bit instead (gate_up_4bit / down_4bit; gate_up, down
+// and their bf16 copies null), frozen. Each expert's slice is a whole number of 64-element blocks
+// (hidden is a multiple of 64), and before each of that expert's products (forward, backward to the
+// input, checkpointing's recomputation) it is dequantized whole into `tile` (fp32) or `tile_b`
+// (bf16), which holds one expert's gate/up (2 inter x hidden elements, the larger of the two):
+//   W_e[i] = four_bit_values(type)[code of element e * slice + i] * absmax[(e * slice + i) / 64]
+// An expert no row reached is not dequantized. The router is never 4-bit.
 struct ExpertsWeights {
   const float *router = nullptr, *gate_up = nullptr, *down = nullptr;
   const bf16 *router_b = nullptr, *gate_up_b = nullptr, *down_b = nullptr;
+  FourBitWeight gate_up_4bit, down_4bit;
+  float* tile = nullptr;
+  bf16* tile_b = nullptr;
   bool in_bf16() const { return router_b != nullptr; }
 };
+// The elements of the dequantized-expert tile 4-bit experts need (one expert's gate/up).
+inline int64_t experts_tile_elements(const ModelConfig& c) { return 2 * c.moe.intermediate_size * c.hidden_size; }
 // Their gradients, each overwritten (beta 0: the step's first write) or added to (beta 1).
 struct ExpertsGrads {
   float *router = nullptr, *gate_up = nullptr, *down = nullptr;

@@ -23,6 +23,7 @@
 #include "keel/distributed/shard_reader.h"
 #include "keel/kernels/backend.h"
 #include "keel/kernels/bf16_widening.h"
+#include "keel/model/experts.h"
 #include "keel/model/hf_weights.h"
 #include "keel/model/peft_adapter.h"
 #include "keel/core/checksum.h"
@@ -408,6 +409,24 @@ class Trainer {
                  "config.json)\n");
   }
 
+  // QLoRA on a mixture of experts: what is 4-bit among the experts, and what is not.
+  void print_four_bit_experts(const std::string& type) {
+    if (!config_.has_experts()) return;
+    const model::ParamStore& frozen = decoder_.params();
+    int64_t weights = 0;
+    for (const auto& l : decoder_.ids().layers)
+      for (int id : {l.experts_gate_up, l.experts_down})
+        if (id >= 0 && frozen.param(id).storage == model::ParamStorage::FourBit) weights += frozen.param(id).numel;
+    const bool bf = decoder_.precision() == model::Precision::BF16;
+    const int64_t tile = model::experts_tile_elements(config_);
+    fmt::print(log_,
+               "keel: QLoRA: experts stored {} ({:.1f}M weights, {:.3f} GiB with their absmax values), frozen; each "
+               "expert dequantized whole ({:.2f} MiB in {}) into the projections' 4-bit tile right before its grouped products (forward, "
+               "recomputation, backward to the input), an expert no token chose not at all; the router stays in {}\n",
+               type, double(weights) / 1e6, double(weights) * (0.5 + 4.0 / 64) / double(1 << 30),
+               double(tile) * (bf ? 2 : 4) / double(1 << 20), bf ? "bf16" : "fp32", bf ? "bf16" : "fp32");
+  }
+
   // What LoRA trains, said once: the modules, the scaling, and the share of the model that trains.
   void print_lora() {
     const model::LoraSpec& spec = decoder_.options().lora;
@@ -441,6 +460,7 @@ class Trainer {
                  matrices, double(frozen.four_bit_total()) / 1e6, type, source,
                  double(frozen.four_bit_total()) * (0.5 + 4.0 / 64) / 1e9, double(frozen.four_bit_total()) * 2 / 1e9,
                  decoder_.options().double_quantization ? "on" : "off");
+      print_four_bit_experts(type);
     }
   }
 
