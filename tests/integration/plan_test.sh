@@ -189,6 +189,15 @@ run dp1_fits "$recipe" --dp 1 --set use_gradient_checkpointing=true --set async_
 expect dp1_fits "fits: yes"
 expect dp1_fits "with --zero 3 (one rank: the bf16 weights cast per position) fewer still: gradient_checkpointing_layers = 37 (37 of 40 blocks recompute)"
 
+# QLoRA on a 30B mixture of experts (issue 59): the experts and the attention's projections in NF4,
+# and, its model directory holding config.json alone, what keel train's random initialisation
+# peaks at (no weight file mapped: the plan's total less the largest tensor's pages).
+run qwen3_moe_qlora recipes/qwen3-30b-a3b-qlora.toml
+expect qwen3_moe_qlora "Qwen3MoeForCausalLM (qwen3_moe), 48 layers, hidden 2048, 32 heads (4 kv)"
+expect qwen3_moe_qlora "compute weights        16.86 GiB   frozen projections in NF4"
+expect qwen3_moe_qlora "total                  18.52 GiB"
+expect qwen3_moe_qlora "model_name holds no weights: keel train initialises it at random and maps no weight file, 593.50 MiB less during the setup; that run peaks at 17.94 GiB"
+
 # Bad input: exit status 2 and a message naming the problem.
 out=$("$keel" plan "$recipe" --device-memory 64XB 2>&1)
 status=$?

@@ -27,11 +27,14 @@ RunShape run_shape(const recipe::Recipe& r) {
   return s;
 }
 
-namespace {
+bool has_weight_files(const std::string& dir) {
+  try {
+    return !formats::CheckpointReader::open_dir(dir).names().empty();
+  } catch (const Error&) {
+    return false;
+  }
+}
 
-// The file pages a load holds at once: those of the largest tensor (CheckpointReader releases each
-// tensor's pages once read), from the directory's safetensors headers, or, for a directory with
-// config.json only, what that tensor would take in the config's torch_dtype.
 size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelConfig& config) {
   model::ParamStore params;
   model::DecoderParamIds ids;
@@ -49,6 +52,9 @@ size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelCon
     largest = std::max(largest, size_t(t.rows * (t.cols ? t.cols : 1)) * dtype_size(config.torch_dtype));
   return largest;
 }
+
+namespace {
+
 
 // The batch buffers of the trainer's data source (data/batch_source.cpp decides which): a
 // pre-tokenized JSONL file with padding is read into memory and filled into one step's micro-batches

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "keel/core/memory_plan.h"
 #include "keel/model/config.h"
@@ -43,6 +44,14 @@ RunShape run_shape(const recipe::Recipe& recipe);  // as the recipe configures i
 // The per-rank plan of one training process of this recipe with `shape` instead of the recipe's
 // own batch, sequence, accumulation, dp, ZeRO and checkpointing settings.
 MemoryPlan training_memory_plan(const recipe::Recipe& recipe, const model::ModelConfig& config, const RunShape& shape);
+
+// Whether `dir` holds weights keel train would load (a config.json alone: a random initialisation).
+bool has_weight_files(const std::string& dir);
+
+// The file pages a load holds at once: those of the largest tensor (CheckpointReader releases each
+// tensor's pages once read), from the directory's safetensors headers, or, for a directory with
+// config.json only, what that tensor would take in the config's torch_dtype.
+size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelConfig& config);
 
 // The decoder settings of one rank of this recipe run with `shape`.
 model::DecoderOptions planned_decoder_options(const recipe::Recipe& recipe, const model::ModelConfig& config,

@@ -258,7 +258,19 @@ std::string configured_run_lines(const recipe::Recipe& r, const model::ModelConf
              : fmt::format("\nper-rank memory at its peak: the arena's during the {}, the rest's during the {}:\n",
                            arena_peak, other_peak);
   out += breakdown_lines(plan, shape, bf16, recomputed, config.num_layers);
-  out += "  (not planned: the training records held in memory, 8 bytes per token)\n\n";
+  out += "  (not planned: the training records held in memory, 8 bytes per token)\n";
+  // A directory holding config.json alone plans the weights' loading (its use: planning a download),
+  // but keel train initialises that model at random, mapping no file: say what that run peaks at.
+  if (!r.model_config && !keel::plan::has_weight_files(r.model_name)) {
+    const size_t pages = keel::plan::largest_weight_tensor_bytes(r.model_name, config);
+    size_t external = plan.external_bytes_at(0) - pages;
+    for (int32_t p = 1; p <= timeline.last(); ++p) external = std::max(external, plan.external_bytes_at(p));
+    out += fmt::format(
+        "  (model_name holds no weights: keel train initialises it at random and maps no weight file, {} less "
+        "during the setup; that run peaks at {})\n",
+        format_bytes(double(pages)), format_bytes(double(plan.arena_bytes() + external)));
+  }
+  out += "\n";
   return out;
 }
 
