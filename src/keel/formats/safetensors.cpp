@@ -541,6 +541,19 @@ CheckpointReader CheckpointReader::open_file(const std::string& path) {
   return reader;
 }
 
+bool holds_config_only(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec) || !fs::exists(fs::path(dir) / "config.json", ec)) return false;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string ext = entry.path().extension().string();
+    if (ext == ".safetensors" || ext == ".bin" || ext == ".pt" || ext == ".pth" || ext == ".gguf" ||
+        entry.path().filename() == kIndexFileName)
+      return false;
+  }
+  return !ec;
+}
+
 CheckpointReader CheckpointReader::open_dir(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) fail("{}: cannot open model directory: {}", dir, errno_text(errno));

@@ -53,6 +53,10 @@ class SafetensorsFile {
   friend class CheckpointReader;
 };
 
+// Whether `dir` is a model directory holding config.json and no weights in any format (no
+// .safetensors, .bin, .pt, .pth or .gguf file): a model to create from its config, not to load.
+bool holds_config_only(const std::string& dir);
+
 // A model directory's weights: model.safetensors, or shards listed by model.safetensors.index.json
 // ("weight_map": {tensor: file}). All tensors of all shards are visible by name.
 class CheckpointReader {

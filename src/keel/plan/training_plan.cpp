@@ -27,14 +27,6 @@ RunShape run_shape(const recipe::Recipe& r) {
   return s;
 }
 
-bool has_weight_files(const std::string& dir) {
-  try {
-    return !formats::CheckpointReader::open_dir(dir).names().empty();
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelConfig& config) {
   model::ParamStore params;
   model::DecoderParamIds ids;
@@ -219,6 +211,17 @@ MemoryPlan training_memory_plan(const recipe::Recipe& r, const model::ModelConfi
   plan.add_external("libraries while training", MemoryCategory::Runtime, kStepRuntimeBytes, 1, end);
   plan.pack();
   return plan;
+}
+
+size_t training_peak_bytes(const recipe::Recipe& r, const model::ModelConfig& config, const MemoryPlan& plan,
+                           bool* random_initialisation) {
+  const bool random = !r.model_config && formats::holds_config_only(r.model_name);
+  if (random_initialisation) *random_initialisation = random;
+  if (!random) return plan.total_bytes();
+  size_t external = plan.external_bytes_at(0) - largest_weight_tensor_bytes(r.model_name, config);
+  for (int32_t p = 1; p <= model::StepTimeline{int32_t(config.num_layers)}.last(); ++p)
+    external = std::max(external, plan.external_bytes_at(p));
+  return plan.arena_bytes() + external;
 }
 
 }  // namespace keel::plan

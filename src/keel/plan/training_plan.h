@@ -45,13 +45,17 @@ RunShape run_shape(const recipe::Recipe& recipe);  // as the recipe configures i
 // own batch, sequence, accumulation, dp, ZeRO and checkpointing settings.
 MemoryPlan training_memory_plan(const recipe::Recipe& recipe, const model::ModelConfig& config, const RunShape& shape);
 
-// Whether `dir` holds weights keel train would load (a config.json alone: a random initialisation).
-bool has_weight_files(const std::string& dir);
-
 // The file pages a load holds at once: those of the largest tensor (CheckpointReader releases each
 // tensor's pages once read), from the directory's safetensors headers, or, for a directory with
 // config.json only, what that tensor would take in the config's torch_dtype.
 size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelConfig& config);
+
+// What keel train with this recipe peaks at by that plan. A model directory holding config.json
+// alone is planned as if its weights loaded (the largest tensor's file pages during the setup:
+// planning a download), but keel train initialises it at random and maps no file: its peak is
+// then the plan's without those pages (`random_initialisation` set true).
+size_t training_peak_bytes(const recipe::Recipe& recipe, const model::ModelConfig& config, const MemoryPlan& plan,
+                           bool* random_initialisation = nullptr);
 
 // The decoder settings of one rank of this recipe run with `shape`.
 model::DecoderOptions planned_decoder_options(const recipe::Recipe& recipe, const model::ModelConfig& config,

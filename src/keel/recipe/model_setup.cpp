@@ -1,5 +1,7 @@
 #include "keel/recipe/model_setup.h"
 
+#include <fmt/ostream.h>
+
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 #include "keel/model/hf_weights.h"
@@ -128,7 +130,7 @@ model::LoraSpec recipe_lora_spec(const Recipe& r) {
 }
 
 DType recipe_export_dtype(const Recipe& r, const model::ModelConfig& config, const model::DecoderParamIds& ids) {
-  if (r.model_config) return r.dtype == Precision::Bf16 ? DType::BF16 : DType::F32;
+  if (r.model_config || formats::holds_config_only(r.model_name)) return r.dtype == Precision::Bf16 ? DType::BF16 : DType::F32;
   return formats::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, ids)[0].name);
 }
 
@@ -140,6 +142,16 @@ ModelSetup setup_model(const Recipe& r, int rank, std::ostream* progress_log, bo
   options.optimizer_shard = options.optimizer_shards > 1 ? rank : 0;
   s.decoder = std::make_unique<model::Decoder>(config, precision, recipe::rows_per_micro_batch(r), r.max_seq_len, options);
   if (r.model_config) {
+    s.decoder->init_random(uint64_t(r.seed));
+  } else if (formats::holds_config_only(r.model_name)) {
+    // A directory holding config.json and no weights: a new model of that architecture, initialised
+    // as [model_config]'s (Decoder::init_random: transformers' default initializer_range, 0.02).
+    if (progress_log)
+      fmt::print(*progress_log,
+                 "keel: {} holds config.json and no weights: the model is initialised at random (seed {}, matrices "
+                 "normal(0, 0.02), norms 1, biases 0){}\n",
+                 r.model_name, r.seed,
+                 options.four_bit_base ? ", each 4-bit matrix quantized a piece of 1M draws at a time" : "");
     s.decoder->init_random(uint64_t(r.seed));
   } else {
     WorkProgress progress(progress_log, live_progress);

@@ -261,15 +261,12 @@ std::string configured_run_lines(const recipe::Recipe& r, const model::ModelConf
   out += "  (not planned: the training records held in memory, 8 bytes per token)\n";
   // A directory holding config.json alone plans the weights' loading (its use: planning a download),
   // but keel train initialises that model at random, mapping no file: say what that run peaks at.
-  if (!r.model_config && !keel::plan::has_weight_files(r.model_name)) {
-    const size_t pages = keel::plan::largest_weight_tensor_bytes(r.model_name, config);
-    size_t external = plan.external_bytes_at(0) - pages;
-    for (int32_t p = 1; p <= timeline.last(); ++p) external = std::max(external, plan.external_bytes_at(p));
+  bool random = false;
+  if (const size_t peak = keel::plan::training_peak_bytes(r, config, plan, &random); random)
     out += fmt::format(
         "  (model_name holds no weights: keel train initialises it at random and maps no weight file, {} less "
         "during the setup; that run peaks at {})\n",
-        format_bytes(double(pages)), format_bytes(double(plan.arena_bytes() + external)));
-  }
+        format_bytes(double(keel::plan::largest_weight_tensor_bytes(r.model_name, config))), format_bytes(double(peak)));
   out += "\n";
   return out;
 }

@@ -821,7 +821,8 @@ class Trainer {
     if (!result.interrupted) save_final_model();
     s.peak_memory_bytes = int64_t(peak_resident_bytes());
     const plan::RunShape shape = plan::run_shape(r_);
-    s.planned_memory_bytes = int64_t(plan::training_memory_plan(r_, config_, shape).total_bytes());
+    s.planned_memory_bytes =
+        int64_t(plan::training_peak_bytes(r_, config_, plan::training_memory_plan(r_, config_, shape)));
     // Every rank measures at once, with the threads it trains with, and the job's peak is their sum.
     std::vector<double> peaks(size_t(comm_.size()), 0.0);
     peaks[size_t(comm_.rank())] =
