@@ -194,7 +194,7 @@ expect dp1_fits "with --zero 3 (one rank: the bf16 weights cast per position) fe
 # peaks at (no weight file mapped: the plan's total less the largest tensor's pages).
 run qwen3_moe_qlora recipes/qwen3-30b-a3b-qlora.toml
 expect qwen3_moe_qlora "Qwen3MoeForCausalLM (qwen3_moe), 48 layers, hidden 2048, 32 heads (4 kv)"
-expect qwen3_moe_qlora "compute weights        16.86 GiB   frozen projections in NF4"
+expect qwen3_moe_qlora "compute weights        16.86 GiB   frozen projections and experts in NF4"
 expect qwen3_moe_qlora "total                  18.52 GiB"
 expect qwen3_moe_qlora "model_name holds no weights: keel train initialises it at random and maps no weight file, 593.50 MiB less during the setup; that run peaks at 17.94 GiB"
 

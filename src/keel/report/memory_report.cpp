@@ -95,7 +95,9 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
   // in the plan's buffers (model/decoder_plan.cpp names them).
   bool lora = false, masters_sharded = false, casts = false, sharded_staging = false;
   std::string four_bit;  // "NF4" or "FP4" when the projections are held in 4 bits
+  std::string matrices = "projections";  // " and experts" on a mixture of experts
   for (const auto& b : plan.buffers()) {
+    if (b.name.find(".experts.") != std::string::npos) matrices = "projections and experts";
     lora = lora || b.name == "lora.weights";
     casts = casts || b.name.rfind("weights.bf16.cast", 0) == 0;  // ZeRO-3 with one rank
     masters_sharded = masters_sharded || b.name.rfind("weights (1/", 0) == 0;
@@ -116,11 +118,11 @@ std::string breakdown_lines(const MemoryPlan& plan, const RunShape& shape, bool 
       case MemoryCategory::ComputeWeights:
         if (!four_bit.empty() && zero3)
           return fmt::format(
-              "frozen projections in {} (4-bit codes + absmax){}, and the embedding/LM head{}, "
+              "frozen {} in {} (4-bit codes + absmax){}, and the embedding/LM head{}, "
               "each gathered for this position and the next; the adapter's bf16 copy",
-              four_bit, shard, bf16 ? " in bf16" : "");
+              matrices, four_bit, shard, bf16 ? " in bf16" : "");
         if (!four_bit.empty())
-          return fmt::format("frozen projections in {} (4-bit codes + absmax), embedding/LM head and adapter in bf16",
+          return fmt::format("frozen {} in {} (4-bit codes + absmax), embedding/LM head and adapter in bf16", matrices,
                              four_bit);
         if (lora && zero3)
           return "the weights gathered for this position and the next" +
