@@ -1,5 +1,5 @@
 // The pieces of keel's GGUF export around the file format: llama.cpp's names for keel's families
-// (checkpoint/gguf_names.h), the destination rules (gguf_export.h) and the SHA-256 the pre-tokenizer
+// (model/gguf_names.h), the destination rules (gguf_export.h) and the SHA-256 the pre-tokenizer
 // lookup hashes with (core/sha256.h). That whole files equal llama.cpp's converter's is
 // tests/reference/gguf_reference.py's.
 #include <gtest/gtest.h>
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "keel/checkpoint/gguf_export.h"
-#include "keel/checkpoint/gguf_names.h"
+#include "keel/model/gguf_names.h"
 #include "keel/core/file_io.h"
 #include "keel/core/sha256.h"
 #include "keel/data/llama_cpp_vocab.h"
@@ -35,24 +35,24 @@ model::ModelConfig config_of(model::Family family);
 const model::ModelConfig kLlama = config_of(model::Family::Llama);
 
 TEST(GgufNames, HfTensorsGetLlamaCppNames) {
-  EXPECT_EQ(gguf_tensor_name(kLlama, "model.embed_tokens.weight"), "token_embd.weight");
-  EXPECT_EQ(gguf_tensor_name(kLlama, "lm_head.weight"), "output.weight");
-  EXPECT_EQ(gguf_tensor_name(kLlama, "model.norm.weight"), "output_norm.weight");
-  EXPECT_EQ(gguf_tensor_name(kLlama, "model.layers.12.self_attn.k_proj.bias"), "blk.12.attn_k.bias");
-  EXPECT_EQ(gguf_tensor_name(kLlama, "model.layers.0.self_attn.q_norm.weight"), "blk.0.attn_q_norm.weight");
-  EXPECT_EQ(gguf_tensor_name(kLlama, "model.layers.3.post_attention_layernorm.weight"), "blk.3.ffn_norm.weight");
-  EXPECT_EQ(gguf_tensor_name(kLlama, "model.layers.3.mlp.down_proj.weight"), "blk.3.ffn_down.weight");
-  expect_keel_error([] { gguf_tensor_name(kLlama, "model.layers.0.mlp.gate_up_proj.weight"); },
+  EXPECT_EQ(model::gguf_tensor_name(kLlama, "model.embed_tokens.weight"), "token_embd.weight");
+  EXPECT_EQ(model::gguf_tensor_name(kLlama, "lm_head.weight"), "output.weight");
+  EXPECT_EQ(model::gguf_tensor_name(kLlama, "model.norm.weight"), "output_norm.weight");
+  EXPECT_EQ(model::gguf_tensor_name(kLlama, "model.layers.12.self_attn.k_proj.bias"), "blk.12.attn_k.bias");
+  EXPECT_EQ(model::gguf_tensor_name(kLlama, "model.layers.0.self_attn.q_norm.weight"), "blk.0.attn_q_norm.weight");
+  EXPECT_EQ(model::gguf_tensor_name(kLlama, "model.layers.3.post_attention_layernorm.weight"), "blk.3.ffn_norm.weight");
+  EXPECT_EQ(model::gguf_tensor_name(kLlama, "model.layers.3.mlp.down_proj.weight"), "blk.3.ffn_down.weight");
+  expect_keel_error([] { model::gguf_tensor_name(kLlama, "model.layers.0.mlp.gate_up_proj.weight"); },
                     {"'model.layers.0.mlp.gate_up_proj.weight'", "no name"});
-  expect_keel_error([] { gguf_tensor_name(kLlama, "model.layers.x.mlp.up_proj.weight"); }, {"model.layers.x"});
+  expect_keel_error([] { model::gguf_tensor_name(kLlama, "model.layers.x.mlp.up_proj.weight"); }, {"model.layers.x"});
   // Gemma's sandwich norms: post_attention_layernorm is on the attention's output there.
   const auto gemma = config_of(model::Family::Gemma3);
-  EXPECT_EQ(gguf_tensor_name(gemma, "model.layers.1.post_attention_layernorm.weight"), "blk.1.post_attention_norm.weight");
-  EXPECT_EQ(gguf_tensor_name(gemma, "model.layers.1.pre_feedforward_layernorm.weight"), "blk.1.ffn_norm.weight");
-  EXPECT_EQ(gguf_tensor_name(gemma, "model.layers.1.post_feedforward_layernorm.weight"), "blk.1.post_ffw_norm.weight");
-  EXPECT_EQ(gguf_norm_shift(gemma, "model.layers.1.self_attn.q_norm.weight"), 1.0f);
-  EXPECT_EQ(gguf_norm_shift(gemma, "model.layers.1.self_attn.q_proj.weight"), 0.0f);
-  EXPECT_EQ(gguf_norm_shift(kLlama, "model.norm.weight"), 0.0f);
+  EXPECT_EQ(model::gguf_tensor_name(gemma, "model.layers.1.post_attention_layernorm.weight"), "blk.1.post_attention_norm.weight");
+  EXPECT_EQ(model::gguf_tensor_name(gemma, "model.layers.1.pre_feedforward_layernorm.weight"), "blk.1.ffn_norm.weight");
+  EXPECT_EQ(model::gguf_tensor_name(gemma, "model.layers.1.post_feedforward_layernorm.weight"), "blk.1.post_ffw_norm.weight");
+  EXPECT_EQ(model::gguf_norm_shift(gemma, "model.layers.1.self_attn.q_norm.weight"), 1.0f);
+  EXPECT_EQ(model::gguf_norm_shift(gemma, "model.layers.1.self_attn.q_proj.weight"), 0.0f);
+  EXPECT_EQ(model::gguf_norm_shift(kLlama, "model.norm.weight"), 0.0f);
 }
 
 model::ModelConfig config_of(model::Family family) {
@@ -65,54 +65,54 @@ model::ModelConfig config_of(model::Family family) {
 }
 
 TEST(GgufNames, FamiliesLlamaCppRunsButKeelDoesNotWriteAreRefusedByName) {
-  EXPECT_EQ(gguf_architecture(config_of(model::Family::Llama)), "llama");
-  EXPECT_EQ(gguf_architecture(config_of(model::Family::Mistral)), "llama");
-  EXPECT_EQ(gguf_architecture(config_of(model::Family::Qwen2)), "qwen2");
-  EXPECT_EQ(gguf_architecture(config_of(model::Family::Qwen3)), "qwen3");
-  EXPECT_EQ(gguf_architecture(config_of(model::Family::Gemma3)), "gemma3");
-  expect_keel_error([] { gguf_architecture(config_of(model::Family::Gemma2)); },
+  EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Llama)), "llama");
+  EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Mistral)), "llama");
+  EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Qwen2)), "qwen2");
+  EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Qwen3)), "qwen3");
+  EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Gemma3)), "gemma3");
+  expect_keel_error([] { model::gguf_architecture(config_of(model::Family::Gemma2)); },
                     {"Gemma 2", "does not write this family yet", "convert_hf_to_gguf.py"});
-  expect_keel_error([] { gguf_architecture(config_of(model::Family::GlmOriginal)); }, {"not write this family"});
+  expect_keel_error([] { model::gguf_architecture(config_of(model::Family::GlmOriginal)); }, {"not write this family"});
 }
 
 // Llama's rotate_half pairs (i, i + d/2) become ggml's adjacent pairs (2i, 2i + 1), per head.
 TEST(GgufNames, QueryAndKeyRowsArePermutedForLlamaOnly) {
   const auto llama = config_of(model::Family::Llama);
-  EXPECT_EQ(gguf_permuted_heads(llama, "model.layers.0.self_attn.q_proj.weight"), 2);
-  EXPECT_EQ(gguf_permuted_heads(llama, "model.layers.0.self_attn.k_proj.bias"), 1);
-  EXPECT_EQ(gguf_permuted_heads(llama, "model.layers.0.self_attn.v_proj.weight"), 0);
-  EXPECT_EQ(gguf_permuted_heads(config_of(model::Family::Qwen2), "model.layers.0.self_attn.q_proj.weight"), 0);
+  EXPECT_EQ(model::gguf_permuted_heads(llama, "model.layers.0.self_attn.q_proj.weight"), 2);
+  EXPECT_EQ(model::gguf_permuted_heads(llama, "model.layers.0.self_attn.k_proj.bias"), 1);
+  EXPECT_EQ(model::gguf_permuted_heads(llama, "model.layers.0.self_attn.v_proj.weight"), 0);
+  EXPECT_EQ(model::gguf_permuted_heads(config_of(model::Family::Qwen2), "model.layers.0.self_attn.q_proj.weight"), 0);
   // Two heads of four rows (head_dim 4), one column: head 0 rows 0 1 2 3 -> 0 2 1 3.
   const std::vector<float> src = {0, 1, 2, 3, 10, 11, 12, 13};
   std::vector<float> dst(8);
-  permute_rows_for_gguf(src.data(), dst.data(), 2, 8, 1);
+  model::permute_rows_for_gguf(src.data(), dst.data(), 2, 8, 1);
   EXPECT_EQ(dst, (std::vector<float>{0, 2, 1, 3, 10, 12, 11, 13}));
-  expect_keel_error([&] { permute_rows_for_gguf(src.data(), dst.data(), 3, 8, 1); }, {"8 rows", "3 heads"});
+  expect_keel_error([&] { model::permute_rows_for_gguf(src.data(), dst.data(), 3, 8, 1); }, {"8 rows", "3 heads"});
 }
 
 TEST(GgufNames, TensorTypesFollowTheConverter) {
-  EXPECT_EQ(gguf_tensor_type("blk.0.attn_norm.weight", {64}, GgmlType::Q8_0), GgmlType::F32);
-  EXPECT_EQ(gguf_tensor_type("blk.0.attn_q_norm.weight", {32}, GgmlType::F16), GgmlType::F32);
-  EXPECT_EQ(gguf_tensor_type("blk.0.attn_q.bias", {64}, GgmlType::BF16), GgmlType::F32);
-  EXPECT_EQ(gguf_tensor_type("token_embd.weight", {100, 64}, GgmlType::Q8_0), GgmlType::Q8_0);
+  EXPECT_EQ(model::gguf_tensor_type("blk.0.attn_norm.weight", {64}, GgmlType::Q8_0), GgmlType::F32);
+  EXPECT_EQ(model::gguf_tensor_type("blk.0.attn_q_norm.weight", {32}, GgmlType::F16), GgmlType::F32);
+  EXPECT_EQ(model::gguf_tensor_type("blk.0.attn_q.bias", {64}, GgmlType::BF16), GgmlType::F32);
+  EXPECT_EQ(model::gguf_tensor_type("token_embd.weight", {100, 64}, GgmlType::Q8_0), GgmlType::Q8_0);
   bool fallback = false;
-  EXPECT_EQ(gguf_tensor_type("blk.0.ffn_down.weight", {64, 80}, GgmlType::Q8_0, &fallback), GgmlType::F16);
+  EXPECT_EQ(model::gguf_tensor_type("blk.0.ffn_down.weight", {64, 80}, GgmlType::Q8_0, &fallback), GgmlType::F16);
   EXPECT_TRUE(fallback);
-  EXPECT_EQ(gguf_tensor_type("blk.0.ffn_down.weight", {64, 80}, GgmlType::BF16, &fallback), GgmlType::BF16);
+  EXPECT_EQ(model::gguf_tensor_type("blk.0.ffn_down.weight", {64, 80}, GgmlType::BF16, &fallback), GgmlType::BF16);
   EXPECT_FALSE(fallback);
-  EXPECT_EQ(gguf_outtype_from_name("q8_0"), GgmlType::Q8_0);
-  EXPECT_EQ(gguf_file_type(GgmlType::BF16), 32u);
-  expect_keel_error([] { gguf_outtype_from_name("q4_k_m"); }, {"--outtype", "f32, f16, bf16, q8_0 or q4_0", "q4_k_m"});
+  EXPECT_EQ(model::gguf_outtype_from_name("q8_0"), GgmlType::Q8_0);
+  EXPECT_EQ(model::gguf_file_type(GgmlType::BF16), 32u);
+  expect_keel_error([] { model::gguf_outtype_from_name("q4_k_m"); }, {"--outtype", "f32, f16, bf16, q8_0 or q4_0", "q4_k_m"});
 }
 
 TEST(GgufNames, AdapterMatricesAreQuantizedLikeWeights) {
   bool fallback = false;
-  EXPECT_EQ(gguf_tensor_type("blk.0.attn_q.weight.lora_a", {4, 64}, GgmlType::Q8_0, &fallback), GgmlType::Q8_0);
+  EXPECT_EQ(model::gguf_tensor_type("blk.0.attn_q.weight.lora_a", {4, 64}, GgmlType::Q8_0, &fallback), GgmlType::Q8_0);
   EXPECT_FALSE(fallback);
   // B [out, r]: rows of r = 4 values are not whole q8_0 blocks.
-  EXPECT_EQ(gguf_tensor_type("blk.0.attn_q.weight.lora_b", {64, 4}, GgmlType::Q8_0, &fallback), GgmlType::F16);
+  EXPECT_EQ(model::gguf_tensor_type("blk.0.attn_q.weight.lora_b", {64, 4}, GgmlType::Q8_0, &fallback), GgmlType::F16);
   EXPECT_TRUE(fallback);
-  EXPECT_EQ(gguf_tensor_type("blk.0.attn_q.weight.lora_b", {64, 4}, GgmlType::BF16), GgmlType::BF16);
+  EXPECT_EQ(model::gguf_tensor_type("blk.0.attn_q.weight.lora_b", {64, 4}, GgmlType::BF16), GgmlType::BF16);
 }
 
 // llama.cpp takes Gemma 3's attention scale and window pattern from its own tables: a model that

@@ -7,7 +7,7 @@
 #include <filesystem>
 #include <vector>
 
-#include "keel/checkpoint/gguf_names.h"
+#include "keel/model/gguf_names.h"
 #include "keel/core/error.h"
 #include "keel/formats/gguf_writer.h"
 
@@ -31,7 +31,7 @@ GgufExportResult write_gguf_adapter(const model::Decoder& decoder, const std::st
           "GGUF model file");
   GgufExportResult result;
   result.adapter = true;
-  result.architecture = gguf_architecture(c);
+  result.architecture = model::gguf_architecture(c);
   result.notes = check_llama_cpp_runs_as_trained(c, result.architecture);
   result.outtype = outtype ? *outtype : default_gguf_adapter_outtype(&result.outtype_reason);
   require(result.outtype != GgmlType::Q4_0,
@@ -51,22 +51,22 @@ GgufExportResult write_gguf_adapter(const model::Decoder& decoder, const std::st
   kv.add_string("general.name", name);
   kv.add_string("general.quantized_by", kGgufWriterName);
   kv.add_float32("adapter.lora.alpha", float(result.lora_alpha));
-  kv.add_uint32("general.quantization_version", kGgmlQuantizationVersion);
+  kv.add_uint32("general.quantization_version", model::kGgmlQuantizationVersion);
 
   // In the order keel's PEFT file holds them (the converter's order: the file's), A then B.
   const model::ParamStore& adapter = decoder.adapter();
   std::vector<formats::GgufTensor> tensors;
   for (const auto& m : decoder.lora_modules()) {
     const std::string weight = m.path + ".weight";
-    const std::string base = gguf_tensor_name(c, weight);
-    const int64_t heads = gguf_permuted_heads(c, weight);
+    const std::string base = model::gguf_tensor_name(c, weight);
+    const int64_t heads = model::gguf_permuted_heads(c, weight);
     for (const bool a : {true, false}) {
       const int id = a ? m.a : m.b;
       formats::GgufTensor g;
       g.name = base + (a ? ".lora_a" : ".lora_b");
       g.shape = adapter.param(id).shape;
       bool fallback = false;
-      g.type = gguf_tensor_type(g.name, g.shape, result.outtype, &fallback);
+      g.type = model::gguf_tensor_type(g.name, g.shape, result.outtype, &fallback);
       if (fallback) result.f16_fallbacks.push_back(g.name);
       const float* src = adapter.weight(id);
       const int64_t rows = g.shape[0], cols = g.shape[1];
@@ -74,7 +74,7 @@ GgufExportResult write_gguf_adapter(const model::Decoder& decoder, const std::st
       // when B's rows are permuted alike (A's are the input's columns, which do not move).
       g.fill = [src, rows, cols, heads = a ? 0 : heads](float* dst) {
         if (heads)
-          permute_rows_for_gguf(src, dst, heads, rows, cols);
+          model::permute_rows_for_gguf(src, dst, heads, rows, cols);
         else
           std::memcpy(dst, src, size_t(rows * cols) * sizeof(float));
       };

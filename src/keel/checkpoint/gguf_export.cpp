@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "keel/checkpoint/gguf_names.h"
+#include "keel/model/gguf_names.h"
 #include "keel/core/error.h"
 #include "keel/core/json_text.h"
 #include "keel/data/chat_encoding.h"
@@ -53,7 +53,7 @@ void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::st
     kv.add_uint32(key("attention.value_length"), uint32_t(c.head_dim));
   };
   if (head_dim_stated) add_head_lengths();
-  kv.add_uint32("general.file_type", gguf_file_type(outtype));
+  kv.add_uint32("general.file_type", model::gguf_file_type(outtype));
   if (arch == "gemma3") {  // Gemma3Model.set_gguf_parameters
     if (!head_dim_stated) add_head_lengths();
     if (c.final_logit_softcap > 0) kv.add_float32(key("final_logit_softcapping"), float(c.final_logit_softcap));
@@ -204,7 +204,7 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
                                   const GgufModelSource& source, const std::string& path,
                                   std::optional<GgmlType> outtype, WorkProgress* progress) {
   GgufExportResult result;
-  result.architecture = gguf_architecture(c);
+  result.architecture = model::gguf_architecture(c);
   result.outtype = outtype ? *outtype : default_gguf_outtype(source.weights_dtype, &result.outtype_reason);
   result.notes = check_llama_cpp_runs_as_trained(c, result.architecture);
 
@@ -226,7 +226,7 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   kv.add_string("general.name", source.name);
   kv.add_string("general.quantized_by", kGgufWriterName);
   add_model_keys(kv, c, result.architecture, source.config_json, result.outtype);
-  kv.add_uint32("general.quantization_version", kGgmlQuantizationVersion);
+  kv.add_uint32("general.quantization_version", model::kGgmlQuantizationVersion);
   add_tokenizer_keys(kv, vocab, result.architecture);
 
   // The converter reads a checkpoint's tensors sorted by name and writes them in that order.
@@ -234,12 +234,12 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   std::vector<formats::GgufTensor> tensors;
   for (const auto& t : hf) {
     formats::GgufTensor g;
-    g.name = gguf_tensor_name(c, t.name);
+    g.name = model::gguf_tensor_name(c, t.name);
     g.shape = t.shape;
     bool fallback = false;
-    g.type = gguf_tensor_type(g.name, g.shape, result.outtype, &fallback);
+    g.type = model::gguf_tensor_type(g.name, g.shape, result.outtype, &fallback);
     if (fallback) result.f16_fallbacks.push_back(g.name);
-    const int64_t heads = gguf_permuted_heads(c, t.name);
+    const int64_t heads = model::gguf_permuted_heads(c, t.name);
     int64_t rows = t.shape[0];
     const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
     if (result.architecture == "gemma3" && g.name == "token_embd.weight") {
@@ -248,7 +248,7 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
       g.shape[0] = rows;
       result.embedding_rows_dropped = t.shape[0] - rows;
     }
-    const float shift = gguf_norm_shift(c, t.name);
+    const float shift = model::gguf_norm_shift(c, t.name);
     // The converter adds in the checkpoint's dtype where that is f16 (bf16 it widens first).
     const bool f16_arithmetic = source.weights_dtype == DType::F16;
     const int64_t source_rows = t.shape[0];
@@ -257,7 +257,7 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
         std::vector<float> whole(size_t(source_rows * cols));
         read(whole.data());
         if (heads)
-          permute_rows_for_gguf(whole.data(), dst, heads, rows, cols);
+          model::permute_rows_for_gguf(whole.data(), dst, heads, rows, cols);
         else
           std::memcpy(dst, whole.data(), size_t(rows * cols) * sizeof(float));  // the embedding's first rows
       } else {

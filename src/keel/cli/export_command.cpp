@@ -15,7 +15,7 @@
 #include "keel/core/error.h"
 #include "keel/core/work_progress.h"
 #include "keel/checkpoint/export.h"
-#include "keel/checkpoint/gguf_names.h"
+#include "keel/model/gguf_names.h"
 #include "keel/report/memory_report.h"
 
 namespace keel::cli {
@@ -128,7 +128,7 @@ const CommandRegistration kExport{
         const bool gguf = request.format == checkpoint::ExportFormat::Gguf;
         require(o->outtype.empty() || gguf, "--outtype applies to --format gguf; for other formats use --dtype");
         require(o->dtype.empty() || !gguf, "--dtype does not apply to --format gguf; use --outtype");
-        if (!o->outtype.empty()) request.outtype = checkpoint::gguf_outtype_from_name(o->outtype);
+        if (!o->outtype.empty()) request.outtype = model::gguf_outtype_from_name(o->outtype);
         try {
           request.max_shard_bytes = report::parse_memory_size(o->max_shard_size);
         } catch (const Error& e) {

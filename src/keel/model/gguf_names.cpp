@@ -1,4 +1,4 @@
-#include "keel/checkpoint/gguf_names.h"
+#include "keel/model/gguf_names.h"
 
 #include <charconv>
 #include <string_view>
@@ -6,7 +6,7 @@
 
 #include "keel/core/error.h"
 
-namespace keel::checkpoint {
+namespace keel::model {
 namespace {
 
 using formats::GgmlType;
@@ -43,26 +43,26 @@ constexpr std::pair<std::string_view, std::string_view> kModelTensors[] = {
     {"lm_head.weight", "output.weight"},
 };
 
-bool llama_style(model::Family f) { return f == model::Family::Llama || f == model::Family::Mistral; }
+bool llama_style(Family f) { return f == Family::Llama || f == Family::Mistral; }
 
 }  // namespace
 
-std::string gguf_architecture(const model::ModelConfig& config) {
+std::string gguf_architecture(const ModelConfig& config) {
   switch (config.family) {
-    case model::Family::Llama:
-    case model::Family::Mistral: return "llama";  // the converter's LlamaModel takes MistralForCausalLM too
-    case model::Family::Qwen2: return "qwen2";
-    case model::Family::Qwen3: return "qwen3";
-    case model::Family::Gemma3: return "gemma3";
+    case Family::Llama:
+    case Family::Mistral: return "llama";  // the converter's LlamaModel takes MistralForCausalLM too
+    case Family::Qwen2: return "qwen2";
+    case Family::Qwen3: return "qwen3";
+    case Family::Gemma3: return "gemma3";
     default: break;
   }
   fail("{} ({}): keel's GGUF export does not write this family yet (it writes Llama, Mistral, Qwen2, Qwen3 and "
        "Gemma 3); "
        "export a Hugging Face directory (--format hf) and convert it with llama.cpp's convert_hf_to_gguf.py",
-       model::family_display_name(config.family), config.architecture);
+       family_display_name(config.family), config.architecture);
 }
 
-std::string gguf_tensor_name(const model::ModelConfig& config, const std::string& hf_name) {
+std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_name) {
   for (const auto& [hf, gguf] : kModelTensors)
     if (hf_name == hf) return std::string(gguf);
   constexpr std::string_view kLayers = "model.layers.";
@@ -84,11 +84,11 @@ std::string gguf_tensor_name(const model::ModelConfig& config, const std::string
        hf_name);
 }
 
-float gguf_norm_shift(const model::ModelConfig& config, const std::string& hf_name) {
-  return config.family == model::Family::Gemma3 && std::string_view(hf_name).ends_with("norm.weight") ? 1.0f : 0.0f;
+float gguf_norm_shift(const ModelConfig& config, const std::string& hf_name) {
+  return config.family == Family::Gemma3 && std::string_view(hf_name).ends_with("norm.weight") ? 1.0f : 0.0f;
 }
 
-int64_t gguf_permuted_heads(const model::ModelConfig& config, const std::string& hf_name) {
+int64_t gguf_permuted_heads(const ModelConfig& config, const std::string& hf_name) {
   if (!llama_style(config.family)) return 0;
   auto ends = [&](std::string_view s) { return std::string_view(hf_name).ends_with(s); };
   if (ends("q_proj.weight") || ends("q_proj.bias")) return config.num_heads;
@@ -144,4 +144,4 @@ GgmlType gguf_tensor_type(const std::string& gguf_name, const std::vector<int64_
   return outtype;
 }
 
-}  // namespace keel::checkpoint
+}  // namespace keel::model

@@ -11,26 +11,26 @@
 #include "keel/formats/gguf_quants.h"
 #include "keel/model/config.h"
 
-namespace keel::checkpoint {
+namespace keel::model {
 
 inline constexpr uint32_t kGgmlQuantizationVersion = 2;  // GGML_QNT_VERSION: general.quantization_version
 
 // The GGUF architecture (`general.architecture`) of a family: "llama" for Llama and Mistral,
 // "qwen2", "qwen3", "gemma3". Families keel does not write yet are a keel::Error naming the family.
-std::string gguf_architecture(const model::ModelConfig& config);
+std::string gguf_architecture(const ModelConfig& config);
 
 // "model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight", ... (Gemma's sandwich norms
 // by its own names); a keel::Error naming the tensor for one llama.cpp has no name for.
-std::string gguf_tensor_name(const model::ModelConfig& config, const std::string& hf_name);
+std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_name);
 
 // Gemma 3: llama.cpp's RMSNorm multiplies by w, transformers' Gemma3RMSNorm by (1 + w), so the
 // converter stores every norm weight plus one (Gemma3Model.norm_shift). 0 for other tensors.
-float gguf_norm_shift(const model::ModelConfig& config, const std::string& hf_name);
+float gguf_norm_shift(const ModelConfig& config, const std::string& hf_name);
 
 // Llama and Mistral: the converter's LlamaModel.permute on q_proj and k_proj (weights and biases):
 // within each head, rows (i, i + head_dim/2) -- the rotate_half pairs -- become rows (2i, 2i + 1),
 // the adjacent pairs ggml's RoPE rotates. 0 when the tensor is not permuted.
-int64_t gguf_permuted_heads(const model::ModelConfig& config, const std::string& hf_name);
+int64_t gguf_permuted_heads(const ModelConfig& config, const std::string& hf_name);
 // rows x cols values of `heads` heads, src -> dst (cols 1 for a bias).
 void permute_rows_for_gguf(const float* src, float* dst, int64_t heads, int64_t rows, int64_t cols);
 
@@ -45,4 +45,4 @@ uint32_t gguf_file_type(formats::GgmlType outtype);
 formats::GgmlType gguf_tensor_type(const std::string& gguf_name, const std::vector<int64_t>& shape,
                                    formats::GgmlType outtype, bool* fallback = nullptr);
 
-}  // namespace keel::checkpoint
+}  // namespace keel::model
