@@ -50,6 +50,12 @@ TEST(GgufReader, ReadsBackWhatTheWriterWrote) {
   EXPECT_EQ(file.find("tokenizer.ggml.token_type")->numbers, (std::vector<double>{1, 3, -2}));
   EXPECT_EQ(file.find("absent"), nullptr);
   expect_keel_error([&] { file.integer_value("general.architecture"); }, {"m.gguf", "general.architecture", "integer"});
+  EXPECT_EQ(file.number_value("llama.rope.freq_base"), 500000.0);
+  EXPECT_EQ(file.number_value("llama.block_count"), 2.0);
+  EXPECT_EQ(file.bool_value("tokenizer.ggml.add_bos_token"), true);
+  EXPECT_EQ(file.bool_value("absent"), std::nullopt);
+  expect_keel_error([&] { file.number_value("general.architecture"); }, {"m.gguf", "general.architecture", "number"});
+  expect_keel_error([&] { file.bool_value("llama.block_count"); }, {"m.gguf", "llama.block_count", "boolean"});
 
   ASSERT_EQ(file.tensors().size(), 2u);
   const auto& embd = file.tensors()[0];
@@ -78,6 +84,11 @@ TEST(GgufReader, ReadsAFileFromDisk) {
   const GgufFile file(dir / "m.gguf");
   EXPECT_EQ(file.string_value("general.architecture"), "qwen3");
   EXPECT_EQ(file.tensors().at(0).nbytes, 8u);
+  // Released pages come back from the file when read again.
+  file.release_tensor_bytes(file.tensors().at(0));
+  float second;
+  std::memcpy(&second, file.tensor_bytes(file.tensors().at(0)).data() + 4, 4);
+  EXPECT_EQ(second, 2.0f);
   expect_keel_error([&] { GgufFile(dir / "absent.gguf"); }, {"absent.gguf", "cannot open"});
   expect_keel_error([&] { GgufFile(dir.path()); }, {"regular GGUF file", "directory"});
 }

@@ -55,4 +55,11 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   return *this;
 }
 
+void MappedFile::release(size_t offset, size_t size) const {
+  if (!addr_ || offset >= size_) return;
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  const size_t begin = (offset + page - 1) / page * page, end = std::min(offset + size, size_) / page * page;
+  if (end > begin) ::madvise(static_cast<char*>(addr_) + begin, end - begin, MADV_DONTNEED);
+}
+
 }  // namespace keel

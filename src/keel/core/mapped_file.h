@@ -24,6 +24,10 @@ class MappedFile {
   const uint8_t* data() const { return static_cast<const uint8_t*>(addr_); }
   size_t size() const { return size_; }
   std::string_view bytes() const { return {static_cast<const char*>(addr_), size_}; }
+  // Drops the pages wholly inside [offset, offset + size) from this process's memory (madvise
+  // MADV_DONTNEED): a reader done with a part of a large file keeps its resident set at what it
+  // still needs. Read again, they come back from the page cache. Advice only: failures are ignored.
+  void release(size_t offset, size_t size) const;
 
  private:
   void* addr_ = nullptr;

@@ -263,6 +263,20 @@ std::optional<int64_t> GgufFile::integer_value(std::string_view key) const {
   return e->integer;
 }
 
+std::optional<double> GgufFile::number_value(std::string_view key) const {
+  const GgufEntry* e = find(key);
+  if (!e) return std::nullopt;
+  require(scalar_bytes(e->type) > 0 && e->type != GgufValueType::Bool, "{}: {}: expected a number", path_, key);
+  return e->number;
+}
+
+std::optional<bool> GgufFile::bool_value(std::string_view key) const {
+  const GgufEntry* e = find(key);
+  if (!e) return std::nullopt;
+  require(e->type == GgufValueType::Bool, "{}: {}: expected a boolean", path_, key);
+  return e->number != 0;
+}
+
 std::span<const uint8_t> GgufFile::tensor_bytes(const GgufTensorInfo& t) const {
   return {reinterpret_cast<const uint8_t*>(bytes_.data()) + data_offset_ + t.offset, size_t(t.nbytes)};
 }

@@ -66,10 +66,16 @@ class GgufFile {
   // holds another type.
   std::optional<std::string> string_value(std::string_view key) const;
   std::optional<int64_t> integer_value(std::string_view key) const;
+  // A numeric scalar (float or integer) as a double: a Float32 widened exactly, as gguf-py reads it.
+  std::optional<double> number_value(std::string_view key) const;
+  // A Bool scalar; a keel::Error naming the key if it holds another type.
+  std::optional<bool> bool_value(std::string_view key) const;
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   uint64_t alignment() const { return alignment_; }
   uint64_t data_offset() const { return data_offset_; }  // where the data section begins in the file
   std::span<const uint8_t> tensor_bytes(const GgufTensorInfo& t) const;
+  // Done with tensor t's bytes: their pages leave the resident set (MappedFile::release).
+  void release_tensor_bytes(const GgufTensorInfo& t) const { mapped_.release(data_offset_ + t.offset, t.nbytes); }
 
  private:
   void parse();
