@@ -1,10 +1,17 @@
 // A GGUF file read by keel's reader (formats/gguf_reader.h), as `keel inspect x.gguf` reads a file
-// someone downloaded. Input: the file's bytes. Properties: an accepted file's tensors lie inside
-// it, at the alignment, without overlapping, and hold whole blocks of their type.
+// someone downloaded, and read on as a model to train (model_name = "x.gguf"): its config from the
+// metadata (model/gguf_config.h) and its tokenizer as Hugging Face files, parsed back
+// (checkpoint/gguf_tokenizer.h, data/llama_cpp_vocab_hf.h). Input: the file's bytes. Properties:
+// an accepted file's tensors lie inside it, at the alignment, without overlapping, and hold whole
+// blocks of their type; the config and tokenizer are built or refused with a keel::Error.
 #include <algorithm>
 
 #include "fuzz_support.h"
+#include "keel/checkpoint/gguf_tokenizer.h"
+#include "keel/data/hf_tokenizer_json.h"
+#include "keel/data/llama_cpp_vocab_hf.h"
 #include "keel/formats/gguf_reader.h"
+#include "keel/model/gguf_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace keel;
@@ -29,6 +36,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (size_t i = 1; i < ranges.size(); ++i)
       if (ranges[i - 1].second > ranges[i].first) fuzz::property_failed("two tensors overlap");
     if (!file.tensors().empty() && file.data_offset() + end > size) fuzz::property_failed("data past the end");
+    try {
+      model::gguf_model_config(file);
+    } catch (const Error&) {}
+    const auto files = data::hf_tokenizer_files(checkpoint::read_gguf_vocab(file), file.path());
+    data::hf_tokenizer_from_json(files.tokenizer_json, file.path(), files.tokenizer_config_json);
   } catch (const Error&) {}
   return 0;
 }

@@ -337,6 +337,27 @@ void gguf_seeds(Seeds& out, const std::string& tmp) {
   seed(out, "gguf", "writer-model", read_file(path));
   formats::write_gguf(path, formats::GgufMetadata{}, {{"t", {2}, formats::GgmlType::F16, [&](float* d) { ramp(d, 2); }}});
   seed(out, "gguf", "writer-no-metadata", read_file(path));
+  // A model keel trains from (model_name = "x.gguf"): every config key, and a byte-level BPE
+  // tokenizer with merges, special ids and a chat template.
+  formats::GgufMetadata model;
+  model.add_string("general.architecture", "qwen2");
+  for (const auto& [key, value] : {std::pair{"block_count", 1}, {"context_length", 64}, {"embedding_length", 32},
+                                   {"feed_forward_length", 32}, {"attention.head_count", 2},
+                                   {"attention.head_count_kv", 1}})
+    model.add_uint32(std::string("qwen2.") + key, uint32_t(value));
+  model.add_float32("qwen2.attention.layer_norm_rms_epsilon", 1e-6f);
+  model.add_string("tokenizer.ggml.model", "gpt2");
+  model.add_string("tokenizer.ggml.pre", "qwen2");
+  model.add_strings("tokenizer.ggml.tokens", {"a", "b", "ab", "\xc4\xa0", "<|im_end|>", "<think>"});
+  model.add_int32s("tokenizer.ggml.token_type", {1, 1, 1, 1, 3, 4});
+  model.add_strings("tokenizer.ggml.merges", {"a b"});
+  model.add_uint32("tokenizer.ggml.eos_token_id", 4);
+  model.add_uint32("tokenizer.ggml.padding_token_id", 3);
+  model.add_bool("tokenizer.ggml.add_bos_token", false);
+  model.add_string("tokenizer.chat_template", "{{ messages[0]['content'] }}");
+  formats::write_gguf(path, model,
+                      {{"token_embd.weight", {6, 32}, formats::GgmlType::Q8_0, [&](float* d) { ramp(d, 192); }}});
+  seed(out, "gguf", "writer-trainable-model", read_file(path));
 }
 
 std::vector<SeedInput> seed_inputs(const std::string& scratch) {

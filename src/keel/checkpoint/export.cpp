@@ -11,10 +11,12 @@
 #include "keel/core/file_io.h"
 #include "keel/formats/safetensors.h"
 #include "keel/model/decoder.h"
+#include "keel/model/gguf_weights.h"
 #include "keel/model/hf_weights.h"
 #include "keel/model/peft_adapter.h"
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/checkpoint/gguf_adapter.h"
+#include "keel/checkpoint/gguf_tokenizer.h"
 #include "keel/checkpoint/sharded_reader.h"
 #include "keel/recipe/model_setup.h"
 #include "keel/recipe/run_guard.h"
@@ -272,7 +274,7 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
     if (recipe.model_config)
       decoder.init_random(uint64_t(recipe.seed));  // the run's base: a new model, from its seed
     else
-      model::load_hf_weights(decoder, recipe.model_name, &progress);
+      model::load_model_weights(decoder, recipe.model_name, &progress);  // a directory or a GGUF file
     model::merge_own_adapter(decoder);
   } else if (streamed) {
     ShardedCheckpoint checkpoint(step_dir);
@@ -290,6 +292,7 @@ ExportResult export_into(const ExportRequest& request, const std::string& step_d
   } else {
     read_checkpoint_weights(step_dir, decoder.params());
   }
+  prepare_recipe_gguf_tokenizer(recipe, nullptr);  // a run from a GGUF file: its tokenizer, as the run had it
   if (request.format == ExportFormat::Gguf) {
     const std::string tokenizer = recipe::recipe_tokenizer_path(recipe);
     require(!tokenizer.empty(),

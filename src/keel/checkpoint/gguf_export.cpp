@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "keel/model/gguf_names.h"
+#include "keel/checkpoint/gguf_tokenizer.h"
 #include "keel/core/error.h"
 #include "keel/core/json_text.h"
 #include "keel/data/chat_encoding.h"
@@ -17,6 +17,7 @@
 #include "keel/data/prepare.h"
 #include "keel/data/tokenizer.h"
 #include "keel/formats/gguf_writer.h"
+#include "keel/model/gguf_names.h"
 #include "keel/model/hf_weights.h"
 
 namespace keel::checkpoint {
@@ -65,17 +66,6 @@ void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::st
   }
 }
 
-// gguf-py's GGUFWriter names for SpecialVocab's token types (cls has none: the converter skips it).
-std::optional<std::string> special_id_key(const std::string& type) {
-  if (type == "bos") return "tokenizer.ggml.bos_token_id";
-  if (type == "eos") return "tokenizer.ggml.eos_token_id";
-  if (type == "unk") return "tokenizer.ggml.unknown_token_id";
-  if (type == "sep") return "tokenizer.ggml.seperator_token_id";  // sic: llama.cpp's spelling
-  if (type == "pad") return "tokenizer.ggml.padding_token_id";
-  if (type == "mask") return "tokenizer.ggml.mask_token_id";
-  return std::nullopt;
-}
-
 void add_tokenizer_keys(GgufMetadata& kv, const data::LlamaCppVocab& v, const std::string& arch) {
   if (arch == "llama" && v.add_prefix_space) kv.add_bool("tokenizer.ggml.add_space_prefix", *v.add_prefix_space);
   kv.add_string("tokenizer.ggml.model", v.model);
@@ -84,7 +74,7 @@ void add_tokenizer_keys(GgufMetadata& kv, const data::LlamaCppVocab& v, const st
   kv.add_int32s("tokenizer.ggml.token_type", v.token_types);
   if (!v.merges.empty()) kv.add_strings("tokenizer.ggml.merges", v.merges);
   for (const auto& [type, id] : v.special_ids)
-    if (auto k = special_id_key(type)) kv.add_uint32(*k, uint32_t(id));
+    if (auto k = gguf_special_id_key(type)) kv.add_uint32(*k, uint32_t(id));
   for (const auto& [type, add] : v.add_special)
     if (type == "bos" || type == "eos" || type == "sep") kv.add_bool(fmt::format("tokenizer.ggml.add_{}_token", type), add);
   if (v.chat_template) kv.add_string("tokenizer.chat_template", *v.chat_template);

@@ -97,17 +97,17 @@ int64_t gguf_permuted_heads(const ModelConfig& config, const std::string& hf_nam
 }
 
 // weights.reshape(heads, 2, rows / heads / 2, cols).swapaxes(1, 2): output row (h, i, j) is input
-// row (h, j, i).
-void permute_rows_for_gguf(const float* src, float* dst, int64_t heads, int64_t rows, int64_t cols) {
+// row (h, j, i); undone, output row (h, j, i) is input row (h, i, j).
+void permute_rows_for_gguf(const float* src, float* dst, int64_t heads, int64_t rows, int64_t cols, bool undo) {
   require(heads > 0 && rows % (2 * heads) == 0, "GGUF permutation: {} rows do not split into {} heads of pairs", rows,
           heads);
   const int64_t half = rows / heads / 2;
   for (int64_t h = 0; h < heads; ++h)
     for (int64_t i = 0; i < half; ++i)
       for (int64_t j = 0; j < 2; ++j) {
-        const float* from = src + ((h * 2 + j) * half + i) * cols;
-        float* to = dst + ((h * half + i) * 2 + j) * cols;
-        std::copy(from, from + cols, to);
+        const int64_t hf_row = (h * 2 + j) * half + i, gguf_row = (h * half + i) * 2 + j;
+        const float* from = src + (undo ? gguf_row : hf_row) * cols;
+        std::copy(from, from + cols, dst + (undo ? hf_row : gguf_row) * cols);
       }
 }
 

@@ -31,8 +31,9 @@ float gguf_norm_shift(const ModelConfig& config, const std::string& hf_name);
 // within each head, rows (i, i + head_dim/2) -- the rotate_half pairs -- become rows (2i, 2i + 1),
 // the adjacent pairs ggml's RoPE rotates. 0 when the tensor is not permuted.
 int64_t gguf_permuted_heads(const ModelConfig& config, const std::string& hf_name);
-// rows x cols values of `heads` heads, src -> dst (cols 1 for a bias).
-void permute_rows_for_gguf(const float* src, float* dst, int64_t heads, int64_t rows, int64_t cols);
+// rows x cols values of `heads` heads, src -> dst (cols 1 for a bias). `undo`: the inverse, from
+// the file's order back to transformers' (reading a GGUF file, as transformers' GGUF loader does).
+void permute_rows_for_gguf(const float* src, float* dst, int64_t heads, int64_t rows, int64_t cols, bool undo = false);
 
 // The --outtype values (the converter's names) and the file type each gives (general.file_type,
 // llama_ftype: 0 all f32, 1 mostly f16, 2 mostly q4_0, 7 mostly q8_0, 32 mostly bf16).

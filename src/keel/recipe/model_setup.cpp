@@ -1,9 +1,12 @@
 #include "keel/recipe/model_setup.h"
 
 #include <fmt/ostream.h>
+#include <fmt/ranges.h>
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/model/gguf_config.h"
+#include "keel/model/gguf_weights.h"
 #include "keel/model/hf_weights.h"
 #include "keel/model/peft_adapter.h"
 #include "keel/formats/safetensors.h"
@@ -42,13 +45,18 @@ void require_sequence_fits_model(const Recipe& r, const model::ModelConfig& c) {
           "{}: max_seq_len = {} is longer than the model's {} positions (max_position_embeddings in {}): it would "
           "train on positions the model never had. Set max_seq_len <= {}",
           r.source, r.max_seq_len, c.max_position_embeddings,
-          r.model_config ? "[model_config]" : r.model_name + "/config.json", c.max_position_embeddings);
+          r.model_config                   ? "[model_config]"
+          : model::is_gguf_path(r.model_name) ? r.model_name + "'s context_length"
+                                              : r.model_name + "/config.json",
+          c.max_position_embeddings);
 }
 
 model::ModelConfig recipe_model_config(const Recipe& r) {
   if (r.model_config) return scratch_model_config(*r.model_config);
-  require(path_exists(r.model_name), "{}: model_name '{}' does not exist (keel reads local HF model directories only)",
-          r.source, r.model_name);
+  require(path_exists(r.model_name),
+          "{}: model_name '{}' does not exist (keel reads local HF model directories and GGUF files only)", r.source,
+          r.model_name);
+  if (model::is_gguf_path(r.model_name)) return model::gguf_model_config(formats::GgufFile(r.model_name));
   return model::load_model_config(r.model_name + "/config.json");
 }
 
@@ -81,6 +89,28 @@ void set_four_bit_base(const Recipe& r, const model::ModelConfig& config, model:
   o.four_bit_base = true;
   o.four_bit_type = saved.type;
   o.double_quantization = saved.double_quantization;
+}
+
+// model_name is a GGUF file: its weights dequantized, and what keel decided said.
+void load_gguf_model(model::Decoder& decoder, const std::string& path, ModelSetup& s, std::ostream* log, bool live) {
+  const formats::GgufFile file(path);
+  model::GgufLoadSummary loaded;
+  {
+    WorkProgress progress(log, live);
+    loaded = model::load_gguf_weights(decoder, file, &progress);
+  }
+  s.unused_tensors = loaded.unused;
+  const auto& c = decoder.config();
+  if (log)
+    fmt::print(*log,
+               "keel: model from GGUF file {}: arch {} ({}), {} layers, hidden {}, {} heads ({} kv), vocab {}{}; "
+               "{} dequantized to fp32{}\n",
+               path, *file.string_value("general.architecture"), c.architecture, c.num_layers, c.hidden_size,
+               c.num_heads, c.num_kv_heads, c.vocab_size,
+               c.tie_word_embeddings ? ", tied embeddings (no output.weight)" : "",
+               fmt::join(loaded.types, ", "),
+               loaded.permuted ? fmt::format("; the converter's Q/K permutation undone on {} tensors", loaded.permuted)
+                               : std::string());
 }
 
 }  // namespace
@@ -130,6 +160,7 @@ model::LoraSpec recipe_lora_spec(const Recipe& r) {
 }
 
 DType recipe_export_dtype(const Recipe& r, const model::ModelConfig& config, const model::DecoderParamIds& ids) {
+  if (!r.model_config && model::is_gguf_path(r.model_name)) return DType::F32;  // dequantized to fp32, as transformers loads it
   if (r.model_config || formats::holds_config_only(r.model_name)) return r.dtype == Precision::Bf16 ? DType::BF16 : DType::F32;
   return formats::CheckpointReader::open_dir(r.model_name).dtype_of(model::hf_tensors(config, ids)[0].name);
 }
@@ -143,6 +174,8 @@ ModelSetup setup_model(const Recipe& r, int rank, std::ostream* progress_log, bo
   s.decoder = std::make_unique<model::Decoder>(config, precision, recipe::rows_per_micro_batch(r), r.max_seq_len, options);
   if (r.model_config) {
     s.decoder->init_random(uint64_t(r.seed));
+  } else if (model::is_gguf_path(r.model_name)) {
+    load_gguf_model(*s.decoder, r.model_name, s, progress_log, live_progress);
   } else if (formats::holds_config_only(r.model_name)) {
     // A directory holding config.json and no weights: a new model of that architecture, initialised
     // as [model_config]'s (Decoder::init_random: transformers' default initializer_range, 0.02).

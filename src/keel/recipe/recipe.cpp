@@ -15,6 +15,7 @@
 #include "keel/core/four_bit.h"
 #include "keel/core/file_io.h"
 #include "keel/core/suggest.h"
+#include "keel/model/gguf_config.h"
 
 namespace keel::recipe {
 
@@ -752,7 +753,9 @@ std::string recipe_to_toml(const Recipe& r) {
 }
 
 std::string recipe_tokenizer_path(const Recipe& r) {
-  return !r.tokenizer.empty() ? r.tokenizer : r.model_config ? "" : r.model_name;
+  if (!r.tokenizer.empty()) return r.tokenizer;
+  if (r.model_config) return "";
+  return model::is_gguf_path(r.model_name) ? r.output_dir + "/gguf_tokenizer" : r.model_name;
 }
 
 namespace {

@@ -267,7 +267,8 @@ std::vector<std::pair<std::string, std::string>> recipe_key_aliases();
 std::string recipe_to_toml(const Recipe& r);
 
 // The tokenizer a run of this recipe uses: `tokenizer`, else model_name's directory ("" for a new
-// model without one).
+// model without one); for a model_name that is a GGUF file, output_dir/gguf_tokenizer, where the
+// run writes the file's tokenizer as Hugging Face files (checkpoint/gguf_tokenizer.h).
 std::string recipe_tokenizer_path(const Recipe& r);
 
 // The lora_target list: "all" or the names between commas, trimmed.

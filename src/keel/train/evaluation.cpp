@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "keel/checkpoint/gguf_tokenizer.h"
 #include "keel/core/error.h"
 #include "keel/recipe/model_setup.h"
 
@@ -57,6 +58,7 @@ EvalResult evaluate_recipe(const recipe::Recipe& r, std::ostream& log) {
   recipe::ModelSetup setup = recipe::setup_model(whole, /*rank=*/0, &log);
   model::Decoder& decoder = *setup.decoder;
   recipe::require_sequence_fits_model(r, decoder.config());
+  checkpoint::prepare_recipe_gguf_tokenizer(r, &log);  // model_name = x.gguf
   auto loader = open_batch_source(r.eval_data_path, r, evaluation_source_options(r, decoder.config()), log);
   return evaluate(decoder, *loader);
 }

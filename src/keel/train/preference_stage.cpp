@@ -18,6 +18,7 @@ namespace {
 
 // The weight files of a model directory (or the adapter's), in name order, by content.
 std::string directory_weights_key(const std::string& dir) {
+  if (!dir.empty() && fs::is_regular_file(dir)) return checksum_hex(file_checksum(dir));  // a GGUF file
   if (dir.empty() || !fs::is_directory(dir)) return "-";
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir)) {

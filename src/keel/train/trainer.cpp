@@ -30,6 +30,7 @@
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/train/evaluation.h"
 #include "keel/checkpoint/export.h"
+#include "keel/checkpoint/gguf_tokenizer.h"
 #include "keel/train/grad_sync.h"
 #include "keel/train/interrupt.h"
 #include "keel/train/sync_overlap.h"
@@ -110,6 +111,7 @@ class Trainer {
         decoder_(*setup_.decoder),
         config_(decoder_.config()) {
     recipe::require_sequence_fits_model(r, config_);
+    checkpoint::prepare_recipe_gguf_tokenizer(r, comm_.rank() == 0 ? &log_ : nullptr);  // model_name = x.gguf
     for (const auto& name : setup_.unused_tensors)
       fmt::print(log_, "warning: tensor '{}' in {} is not used by the {} architecture\n", name, r.model_name,
                  config_.architecture);

@@ -1,0 +1,92 @@
+#include "keel/model/gguf_weights.h"
+
+#include <algorithm>
+#include <fmt/ranges.h>
+#include <set>
+#include <unordered_map>
+
+#include "keel/core/error.h"
+#include "keel/formats/gguf_dequantize.h"
+#include "keel/model/gguf_config.h"
+#include "keel/model/gguf_names.h"
+#include "keel/model/hf_weights.h"
+
+namespace keel::model {
+namespace {
+
+// fp32 values of one tensor into the decoder as its parameter is held (load_hf_weights' cases,
+// from fp32): the master in place, a frozen bf16 matrix rounded, QLoRA's base quantized.
+void store(Decoder& decoder, const HfTensor& t, const float* values, int64_t first, int64_t n) {
+  auto& P = decoder.params();
+  switch (P.param(t.param).storage) {
+    case ParamStorage::Master:
+      decoder.write_weights(t.param, first, values, n);
+      break;
+    case ParamStorage::Bf16: {
+      std::vector<bf16> rounded(static_cast<size_t>(n));
+      convert_f32_to_bf16(values, rounded.data(), size_t(n));
+      decoder.write_weights(t.param, first, rounded.data(), n);
+      break;
+    }
+    case ParamStorage::FourBit:
+      P.store_four_bit(t.param, first, values, n, decoder.options().double_quantization);
+      break;
+  }
+}
+
+}  // namespace
+
+GgufLoadSummary load_gguf_weights(Decoder& decoder, const formats::GgufFile& file, WorkProgress* progress) {
+  const ModelConfig& c = decoder.config();
+  const auto tensors = hf_tensors(c, decoder.ids());
+  std::unordered_map<std::string, const formats::GgufTensorInfo*> by_name;
+  for (const auto& info : file.tensors()) by_name[info.name] = &info;
+  GgufLoadSummary summary;
+  std::set<std::string> used;
+  double total = 0, done = 0;  // weights, in millions
+  for (const auto& t : tensors) total += double(t.rows * (t.cols ? t.cols : 1)) / 1e6;
+  std::vector<float> values, unpermuted;
+  for (const auto& t : tensors) {
+    const int64_t cols = t.cols ? t.cols : 1, n = t.rows * cols;
+    if (progress) progress->update("loading " + file.path(), done, total, "M weights");
+    done += double(n) / 1e6;
+    const std::string name = gguf_tensor_name(c, t.name);
+    const auto found = by_name.find(name);
+    require(found != by_name.end(), "{}: tensor '{}' (the model's {}) is missing", file.path(), name, t.name);
+    const formats::GgufTensorInfo& info = *found->second;
+    require(info.shape == t.shape(), "{}: tensor '{}' has shape [{}], the model's {} is [{}]", file.path(), name,
+            fmt::join(info.shape, ", "), t.name, fmt::join(t.shape(), ", "));
+    const auto* traits = formats::ggml_type_traits(info.type);
+    require(formats::ggml_can_dequantize(info.type),
+            "{}: tensor '{}' is stored as {}: keel dequantizes {} (requantize the model to one of them with "
+            "llama.cpp's llama-quantize, e.g. q8_0)",
+            file.path(), name, traits ? traits->name : "an unknown type", formats::ggml_dequantizable_types());
+    const std::string type = traits->name;
+    if (std::find(summary.types.begin(), summary.types.end(), type) == summary.types.end())
+      summary.types.push_back(type);
+    values.resize(size_t(n));
+    formats::ggml_dequantize(info.type, file.tensor_bytes(info).data(), n, values.data());
+    file.release_tensor_bytes(info);
+    const float* out = values.data();
+    // Llama: the converter's LlamaModel.permute, undone (transformers' GGUF loader does the same).
+    if (const int64_t heads = gguf_permuted_heads(c, t.name); heads > 0) {
+      unpermuted.resize(size_t(n));
+      permute_rows_for_gguf(values.data(), unpermuted.data(), heads, t.rows, cols, /*undo=*/true);
+      out = unpermuted.data();
+      ++summary.permuted;
+    }
+    store(decoder, t, out, t.row_begin * cols, n);
+    used.insert(name);
+  }
+  for (const auto& info : file.tensors())
+    if (!used.count(info.name)) summary.unused.push_back(info.name);
+  decoder.params().refresh_bf16_copy();
+  return summary;
+}
+
+std::vector<std::string> load_model_weights(Decoder& decoder, const std::string& path, WorkProgress* progress) {
+  if (!is_gguf_path(path)) return load_hf_weights(decoder, path, progress);
+  return load_gguf_weights(decoder, formats::GgufFile(path), progress).unused;
+}
+
+}  // namespace keel::model

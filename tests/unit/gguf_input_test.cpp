@@ -1,0 +1,284 @@
+// GGUF in: a model's config from a GGUF file's metadata (model/gguf_config.h), its weights
+// dequantized with the Q/K permutation undone (model/gguf_weights.h), and its tokenizer as
+// Hugging Face files (data/llama_cpp_vocab_hf.h, checkpoint/gguf_tokenizer.h), on small files
+// keel's writer makes. That training from converter-made files equals training from
+// transformers' directories of them is tests/reference/gguf_input_reference.py's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "keel/checkpoint/gguf_tokenizer.h"
+#include "keel/core/file_io.h"
+#include "keel/data/byte_level.h"
+#include "keel/data/hf_tokenizer_json.h"
+#include "keel/data/llama_cpp_vocab_hf.h"
+#include "keel/data/tokenizer.h"
+#include "keel/formats/gguf_dequantize.h"
+#include "keel/formats/gguf_reader.h"
+#include "keel/formats/gguf_writer.h"
+#include "keel/model/decoder.h"
+#include "keel/model/gguf_config.h"
+#include "keel/model/gguf_names.h"
+#include "keel/model/gguf_weights.h"
+#include "keel/model/hf_weights.h"
+#include "test_support.h"
+
+namespace keel {
+namespace {
+
+using formats::GgmlType;
+using formats::GgufMetadata;
+using formats::GgufTensor;
+using testing::expect_keel_error;
+using testing::TempDir;
+
+// A tiny Llama's metadata as llama.cpp's converter writes it (LlamaModel.set_gguf_parameters).
+GgufMetadata llama_metadata(const std::string& arch = "llama", const std::string& type = "model") {
+  GgufMetadata kv;
+  kv.add_string("general.architecture", arch);
+  kv.add_string("general.type", type);
+  kv.add_uint32(arch + ".block_count", 1);
+  kv.add_uint32(arch + ".context_length", 128);
+  kv.add_uint32(arch + ".embedding_length", 32);
+  kv.add_uint32(arch + ".feed_forward_length", 64);
+  kv.add_uint32(arch + ".attention.head_count", 4);
+  kv.add_uint32(arch + ".attention.head_count_kv", 2);
+  kv.add_float32(arch + ".rope.freq_base", 500000.0f);
+  kv.add_float32(arch + ".attention.layer_norm_rms_epsilon", 1e-5f);
+  kv.add_uint32("tokenizer.ggml.bos_token_id", 1);
+  kv.add_uint32("tokenizer.ggml.eos_token_id", 2);
+  return kv;
+}
+
+// Values i * scale + offset, distinct per tensor, that Q8_0 keeps exactly enough to compare.
+GgufTensor tensor(const std::string& name, std::vector<int64_t> shape, GgmlType type = GgmlType::F32,
+                  float offset = 0) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return {name, shape, type, [n, offset](float* dst) {
+            for (int64_t i = 0; i < n; ++i) dst[i] = offset + 0.001f * float(i % 97);
+          }};
+}
+
+std::vector<GgufTensor> llama_tensors(bool with_output, int64_t vocab = 40) {
+  std::vector<GgufTensor> t = {
+      tensor("token_embd.weight", {vocab, 32}, GgmlType::Q8_0, 0.1f),
+      tensor("blk.0.attn_norm.weight", {32}, GgmlType::F32, 1.0f),
+      tensor("blk.0.attn_q.weight", {32, 32}, GgmlType::F16, 0.2f),
+      tensor("blk.0.attn_k.weight", {16, 32}, GgmlType::F32, 0.3f),
+      tensor("blk.0.attn_v.weight", {16, 32}, GgmlType::F32, 0.4f),
+      tensor("blk.0.attn_output.weight", {32, 32}, GgmlType::F32, 0.5f),
+      tensor("blk.0.ffn_norm.weight", {32}, GgmlType::F32, 1.1f),
+      tensor("blk.0.ffn_gate.weight", {64, 32}, GgmlType::F32, 0.6f),
+      tensor("blk.0.ffn_up.weight", {64, 32}, GgmlType::F32, 0.7f),
+      tensor("blk.0.ffn_down.weight", {32, 64}, GgmlType::Q4_0, 0.8f),
+      tensor("output_norm.weight", {32}, GgmlType::F32, 1.2f),
+  };
+  if (with_output) t.push_back(tensor("output.weight", {vocab, 32}, GgmlType::F32, 0.9f));
+  return t;
+}
+
+std::string written(const GgufMetadata& kv, const std::vector<GgufTensor>& tensors) {
+  TempDir dir;
+  formats::write_gguf(dir / "m.gguf", kv, tensors);
+  return read_file(dir / "m.gguf");
+}
+
+TEST(GgufInput, ConfigFromTheMetadata) {
+  const std::string bytes = written(llama_metadata(), llama_tensors(true));
+  const auto c = model::gguf_model_config(formats::GgufFile(bytes, "m.gguf"));
+  EXPECT_EQ(c.family, model::Family::Llama);
+  EXPECT_EQ(c.architecture, "LlamaForCausalLM");
+  EXPECT_EQ(c.num_layers, 1);
+  EXPECT_EQ(c.hidden_size, 32);
+  EXPECT_EQ(c.intermediate_size, 64);
+  EXPECT_EQ(c.num_heads, 4);
+  EXPECT_EQ(c.num_kv_heads, 2);
+  EXPECT_EQ(c.head_dim, 8);  // no key_length: hidden / heads
+  EXPECT_EQ(c.vocab_size, 40);
+  EXPECT_EQ(c.max_position_embeddings, 128);
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rms_norm_eps, double(1e-5f));  // the file's float32, widened exactly
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{2}));
+  EXPECT_EQ(c.pad_token_id, -1);
+  EXPECT_NE(c.config_json.find("\"LlamaForCausalLM\""), std::string::npos);
+  // No output.weight: the converter dropped a tied head.
+  const std::string tied = written(llama_metadata(), llama_tensors(false));
+  EXPECT_TRUE(model::gguf_model_config(formats::GgufFile(tied, "t.gguf")).tie_word_embeddings);
+  // qwen2: q/k/v biases, from the family.
+  auto qwen = llama_metadata("qwen2");
+  qwen.add_uint32("qwen2.attention.key_length", 16);
+  qwen.add_uint32("qwen2.attention.value_length", 16);
+  const auto q = model::gguf_model_config(formats::GgufFile(written(qwen, llama_tensors(false)), "q.gguf"));
+  EXPECT_EQ(q.family, model::Family::Qwen2);
+  EXPECT_TRUE(q.qkv_bias);
+  EXPECT_EQ(q.head_dim, 16);
+}
+
+TEST(GgufInput, MetadataKeelCannotTrainIsRefusedByName) {
+  const auto refused = [](const GgufMetadata& kv, const std::vector<GgufTensor>& tensors,
+                          std::initializer_list<std::string> words) {
+    const std::string bytes = written(kv, tensors);
+    expect_keel_error([&] { model::gguf_model_config(formats::GgufFile(bytes, "bad.gguf")); }, words);
+  };
+  refused(llama_metadata("gemma2"), llama_tensors(true), {"bad.gguf", "'gemma2'", "llama, qwen2, qwen3"});
+  GgufMetadata missing;
+  missing.add_string("general.architecture", "llama");
+  refused(missing, llama_tensors(true), {"bad.gguf", "'llama.embedding_length' is missing"});
+  auto scaled = llama_metadata();
+  scaled.add_string("llama.rope.scaling.type", "yarn");
+  refused(scaled, llama_tensors(true), {"bad.gguf", "rope.scaling.type", "yarn"});
+  auto freqs = llama_tensors(true);
+  freqs.push_back(tensor("rope_freqs.weight", {4}));
+  refused(llama_metadata(), freqs, {"bad.gguf", "rope_freqs.weight"});
+  refused(llama_metadata("llama", "adapter"), llama_tensors(true), {"bad.gguf", "general.type"});
+  refused(llama_metadata(), {tensor("output_norm.weight", {32})}, {"bad.gguf", "token_embd.weight"});
+}
+
+TEST(GgufInput, PermutationUndoneIsTheInverse) {
+  // Two heads of eight rows, three columns: undo(permute(x)) == x, and undo moves rows back
+  // from ggml's adjacent pairs (2i, 2i + 1) to rotate_half's (i, i + 4).
+  std::vector<float> x(16 * 3);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i);
+  std::vector<float> permuted(x.size()), back(x.size());
+  model::permute_rows_for_gguf(x.data(), permuted.data(), 2, 16, 3);
+  model::permute_rows_for_gguf(permuted.data(), back.data(), 2, 16, 3, /*undo=*/true);
+  EXPECT_EQ(back, x);
+  EXPECT_NE(permuted, x);
+  const std::vector<float> ggml_rows = {0, 1, 2, 3, 4, 5, 6, 7};  // one head, one column
+  std::vector<float> hf_rows(8);
+  model::permute_rows_for_gguf(ggml_rows.data(), hf_rows.data(), 1, 8, 1, true);
+  EXPECT_EQ(hf_rows, (std::vector<float>{0, 2, 4, 6, 1, 3, 5, 7}));
+}
+
+TEST(GgufInput, WeightsDequantizedAndUnpermuted) {
+  const std::string bytes = written(llama_metadata(), llama_tensors(true));
+  const formats::GgufFile file(bytes, "m.gguf");
+  model::Decoder decoder(model::gguf_model_config(file), model::Precision::F32, 1, 4, model::DecoderOptions{});
+  const auto loaded = model::load_gguf_weights(decoder, file);
+  EXPECT_EQ(loaded.permuted, 2);  // attn_q and attn_k
+  EXPECT_TRUE(loaded.unused.empty());
+  EXPECT_EQ(loaded.types, (std::vector<std::string>{"Q8_0", "F32", "F16", "Q4_0"}));
+  // Each tensor as the decoder holds it, against the file's values dequantized (and un-permuted).
+  const auto weights = model::hf_weight_tensors(decoder);
+  for (const auto& info : file.tensors()) {
+    std::vector<float> expected(size_t(info.elements()));
+    formats::ggml_dequantize(info.type, file.tensor_bytes(info).data(), info.elements(), expected.data());
+    const int64_t heads = info.name == "blk.0.attn_q.weight" ? 4 : info.name == "blk.0.attn_k.weight" ? 2 : 0;
+    if (heads) {
+      std::vector<float> unpermuted(expected.size());
+      model::permute_rows_for_gguf(expected.data(), unpermuted.data(), heads, info.shape[0], info.shape[1], true);
+      expected = unpermuted;
+    }
+    bool found = false;
+    for (const auto& w : weights)
+      if (model::gguf_tensor_name(decoder.config(), w.name) == info.name) {
+        found = true;
+        const float* got = static_cast<const float*>(w.data);
+        EXPECT_TRUE(std::equal(expected.begin(), expected.end(), got)) << info.name;
+      }
+    EXPECT_TRUE(found) << info.name;
+  }
+}
+
+TEST(GgufInput, WeightErrorsNameTheTensor) {
+  auto wrong_shape = llama_tensors(true);
+  wrong_shape[3] = tensor("blk.0.attn_k.weight", {8, 32});
+  const std::string bytes = written(llama_metadata(), wrong_shape);
+  const formats::GgufFile file(bytes, "m.gguf");
+  model::Decoder decoder(model::gguf_model_config(file), model::Precision::F32, 1, 4, model::DecoderOptions{});
+  expect_keel_error([&] { model::load_gguf_weights(decoder, file); },
+                    {"m.gguf", "blk.0.attn_k.weight", "[8, 32]", "[16, 32]"});
+  auto missing = llama_tensors(true);
+  missing.erase(missing.begin() + 5);  // attn_output
+  const std::string bytes2 = written(llama_metadata(), missing);
+  const formats::GgufFile file2(bytes2, "n.gguf");
+  model::Decoder decoder2(model::gguf_model_config(file2), model::Precision::F32, 1, 4, model::DecoderOptions{});
+  expect_keel_error([&] { model::load_gguf_weights(decoder2, file2); },
+                    {"n.gguf", "blk.0.attn_output.weight", "missing"});
+}
+
+// A byte-level vocabulary: the 256 single bytes (their byte-level spellings), merges of "h e" and
+// "he llo"... as a GGUF file carries it.
+data::LlamaCppVocab small_vocab() {
+  data::LlamaCppVocab v;
+  v.model = "gpt2";
+  v.pre = "llama-bpe";
+  for (int b = 0; b < 256; ++b) v.tokens.push_back(data::byte_level_spelling(std::string(1, char(b))));
+  v.token_types.assign(256, 1);
+  for (const auto& [merge, token] : {std::pair{"h e", "he"}, {"l l", "ll"}, {"he ll", "hell"}, {"hell o", "hello"},
+                                     {"\xc4\xa0 w", "\xc4\xa0w"}}) {
+    v.merges.push_back(merge);
+    v.tokens.push_back(token);
+    v.token_types.push_back(1);
+  }
+  v.tokens.push_back("<|eot|>");
+  v.token_types.push_back(int32_t(data::LlamaCppTokenType::Control));
+  v.tokens.push_back("<think>");
+  v.token_types.push_back(int32_t(data::LlamaCppTokenType::UserDefined));
+  v.special_ids = {{"bos", 261}, {"eos", 261}, {"pad", 33}};  // pad '!' (a normal token)
+  v.add_special = {{"bos", true}};
+  v.chat_template = "{{ messages[0]['content'] }}";
+  return v;
+}
+
+TEST(GgufInput, TokenizerFilesAsTransformersBuildsThem) {
+  const auto files = data::hf_tokenizer_files(small_vocab(), "m.gguf");
+  const data::Tokenizer t = data::hf_tokenizer_from_json(files.tokenizer_json, "m.gguf", files.tokenizer_config_json);
+  EXPECT_EQ(t.vocab_size(), 263);
+  // BPE with the merges, the Llama 3 regex splitting " world" off; no BOS added for all add_bos_token says.
+  // "hello" merged whole; " world" split off by the regex, "\u0120w" merged. Token ids: the bytes
+  // 0-255, then the merges' tokens 256-260, <|eot|> 261, <think> 262.
+  EXPECT_EQ(t.encode("hello world", {.add_special_tokens = true}),
+            (std::vector<int32_t>{259, 260, 'o', 'r', 'l', 'd'}));
+  EXPECT_TRUE(t.is_special(261));   // control
+  EXPECT_FALSE(t.is_special(262));  // user-defined: added, not special
+  EXPECT_TRUE(t.is_special(33));    // the pad token, special as transformers makes the tokens its config names
+  EXPECT_EQ(t.encode("a<|eot|>b<think>"),
+            (std::vector<int32_t>{*t.token_to_id("a"), 261, *t.token_to_id("b"), 262}));
+  EXPECT_EQ(t.bos_id(), 261);
+  EXPECT_EQ(files.chat_template, "{{ messages[0]['content'] }}");
+  ASSERT_EQ(files.notes.size(), 1u);
+  EXPECT_NE(files.notes[0].find("add_bos_token"), std::string::npos);
+  // A pre-tokenizer transformers has no regex for: GPT-2's, said.
+  auto other = small_vocab();
+  other.pre = "made-up";
+  EXPECT_NE(data::hf_tokenizer_files(other, "m.gguf").notes.at(0).find("'made-up'"), std::string::npos);
+  auto spm = small_vocab();
+  spm.model = "llama";
+  expect_keel_error([&] { data::hf_tokenizer_files(spm, "m.gguf"); }, {"m.gguf", "'llama'", "byte-level BPE"});
+}
+
+TEST(GgufInput, TokenizerDirectoryFromAFile) {
+  TempDir dir;
+  GgufMetadata kv = llama_metadata();
+  const auto v = small_vocab();
+  kv.add_string("tokenizer.ggml.model", v.model);
+  kv.add_string("tokenizer.ggml.pre", v.pre);
+  kv.add_strings("tokenizer.ggml.tokens", v.tokens);
+  kv.add_int32s("tokenizer.ggml.token_type", v.token_types);
+  kv.add_strings("tokenizer.ggml.merges", v.merges);
+  kv.add_bool("tokenizer.ggml.add_bos_token", true);
+  kv.add_string("tokenizer.chat_template", *v.chat_template);
+  formats::write_gguf(dir / "m.gguf", kv, llama_tensors(true));
+  const auto read = checkpoint::read_gguf_vocab(formats::GgufFile(dir / "m.gguf"));
+  EXPECT_EQ(read.tokens, v.tokens);
+  EXPECT_EQ(read.merges, v.merges);
+  EXPECT_EQ(read.token_types, v.token_types);
+  EXPECT_EQ(read.special_ids, (std::vector<std::pair<std::string, int64_t>>{{"bos", 1}, {"eos", 2}}));
+  checkpoint::write_gguf_tokenizer_dir(dir / "m.gguf", dir / "tok", nullptr);
+  const data::Tokenizer t = data::load_tokenizer(dir / "tok");
+  EXPECT_EQ(t.encode("hello"), (std::vector<int32_t>{259}));
+  EXPECT_EQ(read_file(dir / "tok/chat_template.jinja"), *v.chat_template);
+  GgufMetadata bare = llama_metadata();
+  formats::write_gguf(dir / "bare.gguf", bare, llama_tensors(true));
+  expect_keel_error([&] { checkpoint::write_gguf_tokenizer_dir(dir / "bare.gguf", dir / "t2", nullptr); },
+                    {"bare.gguf", "tokenizer.ggml.model", "missing"});
+}
+
+}  // namespace
+}  // namespace keel
