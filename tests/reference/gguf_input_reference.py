@@ -20,7 +20,6 @@ tensors):
 
   gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2]
 """
-import argparse
 import json
 import os
 import shutil
@@ -210,12 +209,7 @@ def check_refused(keel, work):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--keel", required=True)
-    ap.add_argument("--npm", required=True)
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--families", default=",".join(CASES))
-    args = ap.parse_args()
+    args = G.arguments(CASES)
     tree = G.run([os.path.join(ROOT, "scripts", "llama-cpp-sources.sh"), sys.executable]).strip()
     library = G.run([os.path.join(ROOT, "scripts", "llama-cpp-library.sh"), sys.executable]).strip()
     sys.path.insert(0, library)  # llama_cpp, and gguf-py for transformers' GGUF loader

@@ -19,7 +19,6 @@ rsLoRA (whose alpha keel rescales for llama.cpp), and the adapter changes the ou
   gguf_llama_cpp.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3] [--build-only]
 (llama.cpp from scripts/llama-cpp-library.sh: built once into ~/.cache/keel/llama-cpp/.)
 """
-import argparse
 import json
 import os
 import shutil
@@ -159,13 +158,7 @@ def lora_checkpoint(keel, model_dir, work, name, rslora):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--keel", required=True)
-    ap.add_argument("--npm", required=True)
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--families", default=",".join(CASES))
-    ap.add_argument("--build-only", action="store_true", help="build (or find) the library and stop: ctest's fixture")
-    args = ap.parse_args()
+    args = G.arguments(CASES, build_only=True)
     library = G.run([os.path.join(ROOT, "scripts", "llama-cpp-library.sh"), sys.executable]).strip()
     if args.build_only:
         print("llama.cpp's library:", library)

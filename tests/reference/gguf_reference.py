@@ -79,6 +79,19 @@ def build_checkpoint(case, npm, out):
         shutil.copy(os.path.join(tok_dir, name), os.path.join(out, name))
 
 
+def arguments(cases, build_only=False):
+    """The GGUF references' command line: --keel, --npm, --work, --families (default every case),
+    and --build-only for a script that is also its own fixture."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--keel", required=True)
+    ap.add_argument("--npm", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--families", default=",".join(cases))
+    if build_only:
+        ap.add_argument("--build-only", action="store_true", help="build (or find) the library and stop: ctest's fixture")
+    return ap.parse_args()
+
+
 def run(cmd, env=None):
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -314,12 +327,7 @@ def check_adapters(keel, work, tree, env, families):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--keel", required=True)
-    ap.add_argument("--npm", required=True)
-    ap.add_argument("--work", required=True)
-    ap.add_argument("--families", default=",".join(CASES))
-    args = ap.parse_args()
+    args = arguments(CASES)
     tree = run([os.path.join(ROOT, "scripts", "llama-cpp-sources.sh"), sys.executable]).strip()
     env = dict(os.environ, PYTHONPATH=os.path.join(tree, "gguf-py"))
     sys.path.insert(0, os.path.join(tree, "gguf-py"))  # gguf-py's reader, for check_reader
