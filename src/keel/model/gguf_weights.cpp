@@ -64,18 +64,25 @@ GgufLoadSummary load_gguf_weights(Decoder& decoder, const formats::GgufFile& fil
     const std::string type = traits->name;
     if (std::find(summary.types.begin(), summary.types.end(), type) == summary.types.end())
       summary.types.push_back(type);
-    values.resize(size_t(n));
-    formats::ggml_dequantize(info.type, file.tensor_bytes(info).data(), n, values.data());
+    const int64_t first = t.row_begin * cols;
+    const int64_t heads = gguf_permuted_heads(c, t.name);
+    // An fp32 master held whole takes the values where they go, as load_hf_weights reads into it:
+    // no second copy of the tensor (the embedding is the largest).
+    auto& P = decoder.params();
+    const bool in_place = heads == 0 && P.param(t.param).storage == ParamStorage::Master && !P.sharded_weights();
+    if (!in_place) values.resize(size_t(n));
+    float* dequantized = in_place ? P.weight(t.param) + first : values.data();
+    formats::ggml_dequantize(info.type, file.tensor_bytes(info).data(), n, dequantized);
     file.release_tensor_bytes(info);
-    const float* out = values.data();
+    const float* out = dequantized;
     // Llama: the converter's LlamaModel.permute, undone (transformers' GGUF loader does the same).
-    if (const int64_t heads = gguf_permuted_heads(c, t.name); heads > 0) {
+    if (heads > 0) {
       unpermuted.resize(size_t(n));
       permute_rows_for_gguf(values.data(), unpermuted.data(), heads, t.rows, cols, /*undo=*/true);
       out = unpermuted.data();
       ++summary.permuted;
     }
-    store(decoder, t, out, t.row_begin * cols, n);
+    if (!in_place) store(decoder, t, out, first, n);
     used.insert(name);
   }
   for (const auto& info : file.tensors())
