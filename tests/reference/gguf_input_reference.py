@@ -162,8 +162,10 @@ def keel_tokenize(keel, tokenizer_dir):
     return [json.loads(line)["input_ids"] for line in r.stdout.splitlines() if line.strip()]
 
 
-def check_tokenizer(keel, gguf_tokenizer_dir, hf_tokenizer, label):
-    ours = keel_tokenize(keel, gguf_tokenizer_dir)
+def check_tokenizer(keel, tokenizer, hf_tokenizer, label):
+    """`tokenizer`: the run's output_dir/gguf_tokenizer, or the .gguf file itself (keel tokenize
+    builds it in memory)."""
+    ours = keel_tokenize(keel, tokenizer)
     failures = 0
     for text, got in zip(TEXTS, ours):
         expected = hf_tokenizer.encode(text, add_special_tokens=True)
@@ -176,6 +178,20 @@ def check_tokenizer(keel, gguf_tokenizer_dir, hf_tokenizer, label):
         failures += 1
     if not failures:
         print("ok   %s: %d texts tokenized as transformers' GGUF tokenizer does" % (label, len(TEXTS)))
+    return failures
+
+
+def check_generate(keel, gguf, hf_dir, label):
+    """keel generate from the .gguf file: the greedy tokens of keel generate from transformers' directory."""
+    failures = 0
+    for prompt in ("5,17,42,8", "200,3,1000"):
+        outputs = [G.run([keel, "generate", "--model", m, "--prompt-ids", prompt, "--max-new-tokens", "8", "--ids"])
+                   for m in (gguf, hf_dir)]
+        if outputs[0] != outputs[1] or not outputs[0].strip():
+            print("FAIL %s, prompt %s: from the .gguf %s, from the directory %s" % (label, prompt, *outputs))
+            failures += 1
+    if not failures:
+        print("ok   %s: keel generate from the .gguf gives the directory's greedy tokens" % label)
     return failures
 
 
@@ -247,6 +263,8 @@ def main():
                       % (case, len(ours), TOLERANCE, diff, seconds, hf_seconds))
             tokenizer_dir = os.path.join(args.work, "run-%s-%s-gguf" % (family, label), "out", "gguf_tokenizer")
             failures += check_tokenizer(args.keel, tokenizer_dir, hf_tokenizer, case + " tokenizer")
+            failures += check_tokenizer(args.keel, gguf, hf_tokenizer, case + " keel tokenize --tokenizer x.gguf")
+            failures += check_generate(args.keel, gguf, hf_dir, case + " keel generate --model x.gguf")
             for line in said:
                 print("     " + line)
         # The test can fail: a k-quant's losses are not the f32 file's.

@@ -273,6 +273,9 @@ TEST(GgufInput, TokenizerDirectoryFromAFile) {
   checkpoint::write_gguf_tokenizer_dir(dir / "m.gguf", dir / "tok", nullptr);
   const data::Tokenizer t = data::load_tokenizer(dir / "tok");
   EXPECT_EQ(t.encode("hello"), (std::vector<int32_t>{259}));
+  // In memory (keel tokenize --tokenizer x.gguf) as from the files.
+  const data::Tokenizer in_memory = checkpoint::gguf_tokenizer(dir / "m.gguf");
+  EXPECT_EQ(in_memory.encode("hello world<|eot|>"), t.encode("hello world<|eot|>"));
   EXPECT_EQ(read_file(dir / "tok/chat_template.jinja"), *v.chat_template);
   GgufMetadata bare = llama_metadata();
   formats::write_gguf(dir / "bare.gguf", bare, llama_tensors(true));

@@ -8,6 +8,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
+#include "keel/data/hf_tokenizer_json.h"
 #include "keel/data/llama_cpp_vocab_hf.h"
 #include "keel/model/gguf_config.h"
 
@@ -69,6 +70,11 @@ data::LlamaCppVocab read_gguf_vocab(const formats::GgufFile& file) {
       v.add_special.emplace_back(type, *add);
   v.chat_template = file.string_value("tokenizer.chat_template");
   return v;
+}
+
+data::Tokenizer gguf_tokenizer(const std::string& gguf_path) {
+  const auto files = data::hf_tokenizer_files(read_gguf_vocab(formats::GgufFile(gguf_path)), gguf_path);
+  return data::hf_tokenizer_from_json(files.tokenizer_json, gguf_path, files.tokenizer_config_json);
 }
 
 void write_gguf_tokenizer_dir(const std::string& gguf_path, const std::string& dir, std::ostream* log) {

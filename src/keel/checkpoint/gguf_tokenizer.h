@@ -8,6 +8,7 @@
 #include <string>
 
 #include "keel/data/llama_cpp_vocab.h"
+#include "keel/data/tokenizer.h"
 #include "keel/formats/gguf_reader.h"
 #include "keel/recipe/recipe.h"
 
@@ -19,6 +20,9 @@ std::optional<std::string> gguf_special_id_key(const std::string& type);
 
 // The tokenizer.* keys of `file` (absent arrays empty, absent ids unset).
 data::LlamaCppVocab read_gguf_vocab(const formats::GgufFile& file);
+
+// The tokenizer of the GGUF file `gguf_path`, in memory: what the files below load as.
+data::Tokenizer gguf_tokenizer(const std::string& gguf_path);
 
 // Writes the tokenizer files of the GGUF file `gguf_path` into `dir` (created; each file replaced
 // atomically) and says what it did on `log` (if not null).

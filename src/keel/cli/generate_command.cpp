@@ -2,10 +2,14 @@
 // Loads an HF model directory (and its tokenizer), then streams the continuation to stdout.
 #include <fmt/format.h>
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 
+#include "keel/checkpoint/gguf_tokenizer.h"
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
@@ -16,6 +20,8 @@
 #include "keel/data/tokenizer.h"
 #include "keel/kernels/backend.h"
 #include "keel/model/generator.h"
+#include "keel/model/gguf_config.h"
+#include "keel/model/gguf_weights.h"
 #include "keel/model/hf_weights.h"
 #include "keel/model/peft_adapter.h"
 
@@ -49,6 +55,18 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+// A temporary directory, removed with its files when the command ends.
+struct GgufTokenizerDir {
+  std::string path;
+  void make() {
+    path = (std::filesystem::temp_directory_path() / fmt::format("keel-gguf-tokenizer-{}", ::getpid())).string();
+  }
+  ~GgufTokenizerDir() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+  }
+};
+
 int run_generate(GenerateOptions& o) {
   require(o.prompt.empty() != o.prompt_ids.empty(), "give exactly one of --prompt TEXT or --prompt-ids 1,2,3");
   // A LoRA run's final/ is an adapter: its base model is the one adapter_config.json names.
@@ -63,7 +81,17 @@ int run_generate(GenerateOptions& o) {
     o.model = base;
     fmt::print(stderr, "keel: {} is a LoRA adapter; generating with its base model {}\n", o.adapter, o.model);
   }
-  auto config = model::load_model_config(o.model + "/config.json");
+  // A GGUF file: its config from the metadata, its tokenizer (unless --tokenizer names one) written
+  // as Hugging Face files into a directory of this process's, for the chat template's lookup too.
+  const bool gguf = model::is_gguf_path(o.model);
+  GgufTokenizerDir gguf_tokenizer_dir;
+  if (gguf && o.tokenizer.empty() && !o.prompt.empty()) {
+    gguf_tokenizer_dir.make();
+    checkpoint::write_gguf_tokenizer_dir(o.model, gguf_tokenizer_dir.path, nullptr);
+    o.tokenizer = gguf_tokenizer_dir.path;
+  }
+  auto config = gguf ? model::gguf_model_config(formats::GgufFile(o.model))
+                     : model::load_model_config(o.model + "/config.json");
   if (config.saved_four_bit)
     fmt::print(stderr,
                "keel: {} is saved in 4 bits by bitsandbytes ({}): generating with its projections as "
@@ -117,7 +145,7 @@ int run_generate(GenerateOptions& o) {
   model::DecoderOptions decoder_options;
   decoder_options.backend = &kernels::backend_named(o.backend);
   model::Decoder decoder(config, model::Precision::F32, 1, 2, decoder_options);
-  model::load_hf_weights(decoder, o.model);
+  model::load_model_weights(decoder, o.model);  // a directory or a GGUF file
   if (!o.adapter.empty()) {
     const int64_t merged = model::merge_peft_adapter(decoder, o.adapter);
     fmt::print(stderr, "keel: LoRA adapter {} merged into the weights ({} modules)\n", o.adapter, merged);
@@ -149,7 +177,8 @@ const CommandRegistration kGenerate{
     "generate", "Generate text from an HF model directory (greedy or sampled, with a KV cache)",
     [](CLI::App& cmd) -> CommandAction {
       auto o = std::make_shared<GenerateOptions>();
-      cmd.add_option("--model", o->model, "HF model directory (config.json, safetensors, tokenizer)")->required();
+      cmd.add_option("--model", o->model, "HF model directory (config.json, safetensors, tokenizer) or GGUF file")
+          ->required();
       cmd.add_option("--prompt", o->prompt, "Prompt text (tokenized with the model's tokenizer)");
       cmd.add_option("--prompt-ids", o->prompt_ids, "Prompt as comma-separated token ids instead of text");
       cmd.add_option("--tokenizer", o->tokenizer, "tokenizer.json or tiktoken file (default: the model's)");

@@ -16,6 +16,7 @@
 #include <optional>
 #include <thread>
 
+#include "keel/checkpoint/gguf_tokenizer.h"
 #include "keel/core/json_text.h"
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
@@ -23,6 +24,7 @@
 #include "keel/data/bpe_trainer.h"
 #include "keel/data/hf_tokenizer_json.h"
 #include "keel/data/tokenizer.h"
+#include "keel/model/gguf_config.h"
 #include "keel/cli/stdin_lines.h"
 
 namespace keel::cli {
@@ -51,10 +53,18 @@ std::optional<simdjson::dom::element> stdin_document(std::string_view line, size
 
 // --tokenizer, --pattern and --threads, shared by tokenize and detokenize.
 void add_tokenizer_options(CLI::App& cmd, TokenizeOptions& o, const char* work) {
-  cmd.add_option("--tokenizer", o.tokenizer, "tokenizer.json, a tiktoken rank file, or a model directory")->required();
+  cmd.add_option("--tokenizer", o.tokenizer,
+                 "tokenizer.json, a tiktoken rank file, a model directory, or a GGUF file (its metadata's)")
+      ->required();
   cmd.add_option("--pattern", o.pattern, "Pre-tokenizer of a tiktoken file: gpt2, cl100k, o200k, glm4, qwen2");
   cmd.add_option("--threads", o.threads, fmt::format("{} threads (default: all cores)", work))
       ->check(CLI::Range(1, 1024));
+}
+
+// A GGUF file's tokenizer as a run from it has it (checkpoint/gguf_tokenizer.h), else load_tokenizer's.
+data::Tokenizer options_tokenizer(const TokenizeOptions& o) {
+  if (model::is_gguf_path(o.tokenizer)) return checkpoint::gguf_tokenizer(o.tokenizer);
+  return data::load_tokenizer(o.tokenizer, o.pattern);
 }
 
 const CommandRegistration kTokenize{
@@ -64,7 +74,7 @@ const CommandRegistration kTokenize{
       add_tokenizer_options(cmd, *o, "Encoding");
       cmd.add_flag("--add-special-tokens", o->add_special_tokens, "Add the post-processor's BOS/EOS");
       return [o] {
-        const data::Tokenizer tokenizer = data::load_tokenizer(o->tokenizer, o->pattern);
+        const data::Tokenizer tokenizer = options_tokenizer(*o);
         const data::EncodeOptions options{o->add_special_tokens, false};
         process_stdin(o->threads ? o->threads : default_threads(),
                       [&](std::string_view line, size_t line_no, std::string& out) {
@@ -93,7 +103,7 @@ const CommandRegistration kDetokenize{
       add_tokenizer_options(cmd, *o, "Decoding");
       cmd.add_flag("--skip-special-tokens", o->skip_special_tokens, "Leave special tokens out of the text");
       return [o] {
-        const data::Tokenizer tokenizer = data::load_tokenizer(o->tokenizer, o->pattern);
+        const data::Tokenizer tokenizer = options_tokenizer(*o);
         process_stdin(
             o->threads ? o->threads : default_threads(), [&](std::string_view line, size_t line_no, std::string& out) {
               thread_local std::vector<int32_t> ids;
