@@ -7,6 +7,7 @@
 #include "keel/core/dtype.h"
 #include "keel/core/error.h"
 #include "keel/core/threads.h"
+#include "keel/formats/gguf_k_quants.h"
 
 namespace keel::formats {
 namespace {
@@ -78,14 +79,24 @@ std::string_view ggml_type_name(GgmlType type) {
     case GgmlType::F32: return "F32";
     case GgmlType::F16: return "F16";
     case GgmlType::Q4_0: return "Q4_0";
+    case GgmlType::Q5_0: return "Q5_0";
     case GgmlType::Q8_0: return "Q8_0";
+    case GgmlType::Q4_K: return "Q4_K";
+    case GgmlType::Q6_K: return "Q6_K";
     case GgmlType::BF16: return "BF16";
   }
   return "?";
 }
 
 int64_t ggml_block_size(GgmlType type) {
-  return type == GgmlType::Q4_0 || type == GgmlType::Q8_0 ? kQuantBlock : 1;
+  switch (type) {
+    case GgmlType::Q4_0:
+    case GgmlType::Q5_0:
+    case GgmlType::Q8_0: return kQuantBlock;
+    case GgmlType::Q4_K:
+    case GgmlType::Q6_K: return kQK_K;
+    default: return 1;
+  }
 }
 
 int64_t ggml_type_size(GgmlType type) {
@@ -95,6 +106,9 @@ int64_t ggml_type_size(GgmlType type) {
     case GgmlType::BF16: return 2;
     case GgmlType::Q4_0: return 2 + kQuantBlock / 2;
     case GgmlType::Q8_0: return 2 + kQuantBlock;
+    case GgmlType::Q5_0: return kQ5_0Bytes;
+    case GgmlType::Q4_K: return kQ4_KBytes;
+    case GgmlType::Q6_K: return kQ6_KBytes;
   }
   return 0;
 }
@@ -110,8 +124,10 @@ void ggml_quantize(GgmlType type, const float* x, int64_t count, uint8_t* dst) {
           ggml_type_name(type), ggml_block_size(type), count);
   const int64_t blocks = count / ggml_block_size(type);
   const int64_t bytes = ggml_type_size(type);
-  // One loop per type (the float types are a block per element: no dispatch inside them).
-  parallel_for(blocks, blocks > 4096, [&](int64_t begin, int64_t end) {
+  // One loop per type (the float types are a block per element: no dispatch inside them). Every
+  // block is quantized on its own, so the split across threads changes no byte.
+  const int64_t per_block = type == GgmlType::Q4_K || type == GgmlType::Q6_K ? 64 : 1;  // work per block
+  parallel_for(blocks, blocks * per_block > 4096, [&](int64_t begin, int64_t end) {
     switch (type) {
       case GgmlType::F32: std::memcpy(dst + begin * 4, x + begin, size_t(end - begin) * 4); break;
       case GgmlType::F16:
@@ -125,6 +141,15 @@ void ggml_quantize(GgmlType type, const float* x, int64_t count, uint8_t* dst) {
         break;
       case GgmlType::Q4_0:
         for (int64_t b = begin; b < end; ++b) quantize_q4_0_block(x + b * kQuantBlock, dst + b * bytes);
+        break;
+      case GgmlType::Q5_0:
+        for (int64_t b = begin; b < end; ++b) quantize_q5_0_block(x + b * kQuantBlock, dst + b * bytes);
+        break;
+      case GgmlType::Q4_K:
+        for (int64_t b = begin; b < end; ++b) quantize_q4_k_block(x + b * kQK_K, dst + b * bytes);
+        break;
+      case GgmlType::Q6_K:
+        for (int64_t b = begin; b < end; ++b) quantize_q6_k_block(x + b * kQK_K, dst + b * bytes);
         break;
     }
   });

@@ -9,13 +9,15 @@
 
 namespace keel::formats {
 
-// The values are ggml's (ggml.h `enum ggml_type`), written into the file as they are.
-enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30 };
+// The values are ggml's (ggml.h `enum ggml_type`), written into the file as they are. Q5_0, Q4_K
+// and Q6_K are llama-quantize's (gguf_k_quants.h), for --outtype q4_k_m.
+enum class GgmlType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q6_K = 14, BF16 = 30 };
 
-// "F32", "F16", "Q4_0", "Q8_0", "BF16": the names ggml and gguf-py print.
+// "F32", "F16", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "BF16": the names ggml and gguf-py print.
 std::string_view ggml_type_name(GgmlType type);
 
-// Elements per block (1 for the float types, 32 for Q4_0 and Q8_0) and bytes per block
+// Elements per block (1 for the float types, 32 for Q4_0, Q5_0 and Q8_0, 256 for Q4_K and Q6_K)
+// and bytes per block
 // (gguf-py's GGML_QUANT_SIZES).
 int64_t ggml_block_size(GgmlType type);
 int64_t ggml_type_size(GgmlType type);

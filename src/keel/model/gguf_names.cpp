@@ -127,6 +127,9 @@ uint32_t gguf_file_type(GgmlType outtype) {
     case GgmlType::Q4_0: return 2;
     case GgmlType::Q8_0: return 7;
     case GgmlType::BF16: return 32;
+    case GgmlType::Q5_0:
+    case GgmlType::Q4_K:
+    case GgmlType::Q6_K: break;  // llama-quantize's types, not outtypes
   }
   return 0;
 }
