@@ -102,7 +102,8 @@ TEST(GgufNames, TensorTypesFollowTheConverter) {
   EXPECT_FALSE(fallback);
   EXPECT_EQ(model::gguf_outtype_from_name("q8_0"), GgmlType::Q8_0);
   EXPECT_EQ(model::gguf_file_type(GgmlType::BF16), 32u);
-  expect_keel_error([] { model::gguf_outtype_from_name("q4_k_m"); }, {"--outtype", "f32, f16, bf16, q8_0 or q4_0", "q4_k_m"});
+  expect_keel_error([] { model::gguf_outtype_from_name("q5_k_m"); },
+                    {"--outtype", "f32, f16, bf16, q8_0, q4_0 or q4_k_m", "q5_k_m"});
 }
 
 TEST(GgufNames, AdapterMatricesAreQuantizedLikeWeights) {

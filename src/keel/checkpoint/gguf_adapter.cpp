@@ -34,9 +34,10 @@ GgufExportResult write_gguf_adapter(const model::Decoder& decoder, const std::st
   result.architecture = model::gguf_architecture(c);
   result.notes = check_llama_cpp_runs_as_trained(c, result.architecture);
   result.outtype = outtype ? *outtype : default_gguf_adapter_outtype(&result.outtype_reason);
-  require(result.outtype != GgmlType::Q4_0,
-          "--outtype q4_0: adapters are written as llama.cpp's convert_lora_to_gguf.py writes them, in f32, f16, bf16 "
-          "or q8_0");
+  require(result.outtype != GgmlType::Q4_0 && result.outtype != GgmlType::Q4_K,
+          "--outtype {}: adapters are written as llama.cpp's convert_lora_to_gguf.py writes them, in f32, f16, bf16 "
+          "or q8_0 (for {}, export the merged model with --merge)",
+          model::gguf_outtype_name(result.outtype), model::gguf_outtype_name(result.outtype));
   // llama.cpp scales an adapter by alpha / r. With rsLoRA the update is scaled by alpha / sqrt(r),
   // so the file's alpha is that scaling times r: the same product in llama.cpp as in training
   // (the converter writes lora_alpha as it stands, which would be wrong for rsLoRA).

@@ -18,6 +18,7 @@
 #include "keel/data/tokenizer.h"
 #include "keel/formats/gguf_writer.h"
 #include "keel/model/gguf_names.h"
+#include "keel/model/gguf_q4_k_m.h"
 #include "keel/model/hf_weights.h"
 
 namespace keel::checkpoint {
@@ -54,7 +55,9 @@ void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::st
     kv.add_uint32(key("attention.value_length"), uint32_t(c.head_dim));
   };
   if (head_dim_stated) add_head_lengths();
-  kv.add_uint32("general.file_type", model::gguf_file_type(outtype));
+  // q4_k_m: llama-quantize sets general.quantization_version and general.file_type anew, which
+  // moves them to the end of the f32 file's keys (write_gguf_model adds them there).
+  if (outtype != GgmlType::Q4_K) kv.add_uint32("general.file_type", model::gguf_file_type(outtype));
   if (arch == "gemma3") {  // Gemma3Model.set_gguf_parameters
     if (!head_dim_stated) add_head_lengths();
     if (c.final_logit_softcap > 0) kv.add_float32(key("final_logit_softcapping"), float(c.final_logit_softcap));
@@ -111,6 +114,26 @@ std::string check_end_of_turn(const data::LlamaCppVocab& vocab, const std::strin
           "token eos_token in tokenizer_config.json, or export --format hf and convert with llama.cpp's converter",
           tokenizer_dir, text, *end, eos);
   return text;
+}
+
+// --outtype q4_k_m: the f32 file's tensors as llama-quantize writes them, in its order and with its
+// types (model/gguf_q4_k_m.h); the tensors not Q4_K (vectors aside) recorded with the reason.
+void choose_q4_k_m_types(const model::ModelConfig& c, GgufExportResult& result, std::vector<formats::GgufTensor>& tensors) {
+  std::stable_sort(tensors.begin(), tensors.end(),
+                   [](const auto& a, const auto& b) { return model::llama_quantize_order(a.name, b.name); });
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& t : tensors) {
+    names.push_back(t.name);
+    shapes.push_back(t.shape);
+  }
+  const auto choices = model::q4_k_m_tensor_types(c, result.architecture, names, shapes);
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    tensors[i].type = choices[i].type;
+    if (!choices[i].reason.empty())
+      result.q4_k_m_exceptions.emplace_back(
+          tensors[i].name, fmt::format("{}: {}", formats::ggml_type_name(choices[i].type), choices[i].reason));
+  }
 }
 
 }  // namespace
@@ -216,8 +239,13 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   kv.add_string("general.name", source.name);
   kv.add_string("general.quantized_by", kGgufWriterName);
   add_model_keys(kv, c, result.architecture, source.config_json, result.outtype);
-  kv.add_uint32("general.quantization_version", model::kGgmlQuantizationVersion);
+  const bool q4_k_m = result.outtype == GgmlType::Q4_K;
+  if (!q4_k_m) kv.add_uint32("general.quantization_version", model::kGgmlQuantizationVersion);
   add_tokenizer_keys(kv, vocab, result.architecture);
+  if (q4_k_m) {  // llama_model_quantize_impl: gguf_set_val_u32 removes a key and appends it
+    kv.add_uint32("general.quantization_version", model::kGgmlQuantizationVersion);
+    kv.add_uint32("general.file_type", model::gguf_file_type(result.outtype));
+  }
 
   // The converter reads a checkpoint's tensors sorted by name and writes them in that order.
   std::sort(hf.begin(), hf.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
@@ -228,7 +256,7 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
     g.shape = t.shape;
     bool fallback = false;
     g.type = model::gguf_tensor_type(g.name, g.shape, result.outtype, &fallback);
-    if (fallback) result.f16_fallbacks.push_back(g.name);
+    if (fallback && !q4_k_m) result.f16_fallbacks.push_back(g.name);  // q4_k_m's: choose_q4_k_m_types
     const int64_t heads = model::gguf_permuted_heads(c, t.name);
     int64_t rows = t.shape[0];
     const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
@@ -259,6 +287,7 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
     };
     tensors.push_back(std::move(g));
   }
+  if (q4_k_m) choose_q4_k_m_types(c, result, tensors);
   result.tensor_count = tensors.size();
   formats::write_gguf(path, kv, tensors, progress);
   std::error_code ec;

@@ -3,11 +3,13 @@
 // Hugging Face directory keel's HF export would make: the same metadata keys and values (naming
 // aside), the same tensor names, order, shapes and bytes, the tokenizer and chat template inside.
 // The file format is formats/gguf_writer.h, the families' names gguf_names.h, the vocabulary
-// data/llama_cpp_vocab.h.
+// data/llama_cpp_vocab.h. --outtype q4_k_m writes what llama-quantize makes of the f32 file
+// (model/gguf_q4_k_m.h).
 #pragma once
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -34,6 +36,8 @@ struct GgufExportResult {
   formats::GgmlType outtype = formats::GgmlType::F16;
   std::string outtype_reason;               // why, when keel chose it
   std::vector<std::string> f16_fallbacks;   // matrices whose rows are not whole blocks: F16, as the converter
+  // --outtype q4_k_m: the tensors not stored as Q4_K (norms and vectors aside), with llama.cpp's reason.
+  std::vector<std::pair<std::string, std::string>> q4_k_m_exceptions;  // (name, "Q6_K: the output")
   int64_t embedding_rows_dropped = 0;        // Gemma 3: rows past the tokenizer's, dropped as the converter
   std::vector<std::string> skipped;          // buffers of the source that are not weights (rotary inv_freq)
   // Where llama.cpp will run the file otherwise than the model was trained, said (a difference it

@@ -1,13 +1,12 @@
 // keel export CHECKPOINT --to DIR [--dtype bf16|fp16|fp32] [--format hf|glm-original]
 //                                 [--max-shard-size 5GB] [--set key=value ...]
-// keel export CHECKPOINT|MODEL_DIR --to FILE.gguf --format gguf [--outtype f32|f16|bf16|q8_0|q4_0]
+// keel export CHECKPOINT|MODEL_DIR --to FILE.gguf --format gguf [--outtype f32|f16|bf16|q8_0|q4_0|q4_k_m]
 // A training checkpoint (a step-N directory, or a checkpoint_dir: its `latest`) as a Hugging Face
 // model directory: config.json, safetensors and the tokenizer files of the run; or, with --format
 // gguf, a checkpoint or a model directory as one GGUF file for llama.cpp.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <cctype>
 #include <iostream>
 #include <memory>
 
@@ -32,8 +31,7 @@ std::string_view dtype_label(DType t) { return t == DType::BF16 ? "bf16" : t == 
 // Every choice the GGUF export made for the user, said.
 void print_gguf_export(const checkpoint::ExportRequest& request, const checkpoint::ExportResult& result) {
   const auto& g = *result.gguf;
-  std::string outtype(formats::ggml_type_name(g.outtype));
-  for (char& ch : outtype) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  const std::string outtype = model::gguf_outtype_name(g.outtype);
   if (!g.outtype_reason.empty())
     fmt::print("keel: --outtype {} (not given: {}{})\n", outtype, g.outtype_reason,
                g.adapter ? "" : "; norms and biases stay f32");
@@ -58,6 +56,11 @@ void print_gguf_export(const checkpoint::ExportRequest& request, const checkpoin
   if (!g.f16_fallbacks.empty())
     fmt::print("keel: {} stored as f16: rows not whole blocks of {} values ({}), as llama.cpp's converter does\n",
                fmt::join(g.f16_fallbacks, ", "), formats::ggml_block_size(g.outtype), outtype);
+  if (g.outtype == formats::GgmlType::Q4_K) {
+    fmt::print("keel: q4_k_m: llama-quantize's Q4_K_M mix, tensors in its order: matrices Q4_K, norms and vectors f32, "
+               "and as llama.cpp chooses:\n");
+    for (const auto& [name, why] : g.q4_k_m_exceptions) fmt::print("keel:   {} {}\n", name, why);
+  }
   if (g.embedding_rows_dropped > 0)
     fmt::print("keel: token_embd.weight: the {} rows past the tokenizer's tokens dropped, as llama.cpp's converter "
                "does for Gemma 3\n",
@@ -71,6 +74,7 @@ void print_gguf_export(const checkpoint::ExportRequest& request, const checkpoin
              result.step_dir, result.step ? fmt::format(" (step {})", result.step) : "", request.destination,
              g.architecture, model::family_name(result.config.family), g.tensor_count, outtype,
              double(g.file_bytes) / 1e6);
+
 }
 
 const CommandRegistration kExport{
@@ -93,8 +97,9 @@ const CommandRegistration kExport{
                      "for llama.cpp); default: the format the model was trained in");
       cmd.add_option("--outtype", o->outtype,
                      "GGUF: f32 | f16 | bf16 | q8_0 | q4_0, as llama.cpp's convert_hf_to_gguf.py names them (norms and "
-                     "biases stay f32); default as it chooses: bf16 for bf16 weights, else f16; a LoRA adapter: "
-                     "f32 | f16 | bf16 | q8_0, default f32");
+                     "biases stay f32), or q4_k_m, as llama-quantize makes it of the f32 file; default as the "
+                     "converter chooses: bf16 for bf16 weights, else f16; a LoRA adapter: f32 | f16 | bf16 | q8_0, "
+                     "default f32");
       cmd.add_option("--max-shard-size", o->max_shard_size,
                      "Largest safetensors file before sharding with model.safetensors.index.json (binary units: "
                      "1 GB = 1 GiB)")

@@ -1,10 +1,12 @@
 #include "keel/model/gguf_names.h"
 
+#include <cctype>
 #include <charconv>
 #include <string_view>
 #include <utility>
 
 #include "keel/core/error.h"
+#include "keel/model/gguf_q4_k_m.h"
 
 namespace keel::model {
 namespace {
@@ -117,7 +119,15 @@ GgmlType gguf_outtype_from_name(const std::string& name) {
   if (name == "bf16") return GgmlType::BF16;
   if (name == "q8_0") return GgmlType::Q8_0;
   if (name == "q4_0") return GgmlType::Q4_0;
-  fail("--outtype: expected f32, f16, bf16, q8_0 or q4_0, found '{}'", name);
+  if (name == "q4_k_m") return GgmlType::Q4_K;
+  fail("--outtype: expected f32, f16, bf16, q8_0, q4_0 or q4_k_m, found '{}'", name);
+}
+
+std::string gguf_outtype_name(GgmlType outtype) {
+  if (outtype == GgmlType::Q4_K) return "q4_k_m";
+  std::string name(formats::ggml_type_name(outtype));
+  for (char& ch : name) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+  return name;
 }
 
 uint32_t gguf_file_type(GgmlType outtype) {
@@ -126,10 +136,10 @@ uint32_t gguf_file_type(GgmlType outtype) {
     case GgmlType::F16: return 1;
     case GgmlType::Q4_0: return 2;
     case GgmlType::Q8_0: return 7;
+    case GgmlType::Q4_K: return kGgufFileTypeQ4_K_M;
     case GgmlType::BF16: return 32;
     case GgmlType::Q5_0:
-    case GgmlType::Q4_K:
-    case GgmlType::Q6_K: break;  // llama-quantize's types, not outtypes
+    case GgmlType::Q6_K: break;  // types within the Q4_K_M mix, not outtypes
   }
   return 0;
 }

@@ -35,10 +35,14 @@ int64_t gguf_permuted_heads(const ModelConfig& config, const std::string& hf_nam
 // the file's order back to transformers' (reading a GGUF file, as transformers' GGUF loader does).
 void permute_rows_for_gguf(const float* src, float* dst, int64_t heads, int64_t rows, int64_t cols, bool undo = false);
 
-// The --outtype values (the converter's names) and the file type each gives (general.file_type,
-// llama_ftype: 0 all f32, 1 mostly f16, 2 mostly q4_0, 7 mostly q8_0, 32 mostly bf16).
+// The --outtype values (the converter's names, and llama-quantize's q4_k_m) and the file type each
+// gives (general.file_type, llama_ftype: 0 all f32, 1 mostly f16, 2 mostly q4_0, 7 mostly q8_0,
+// 15 mostly Q4_K_M, 32 mostly bf16). q4_k_m is GgmlType::Q4_K, the mix's base type: the per-tensor
+// types are gguf_q4_k_m.h's.
 formats::GgmlType gguf_outtype_from_name(const std::string& name);
 uint32_t gguf_file_type(formats::GgmlType outtype);
+// The --outtype name of an outtype ("f16", ..., "q4_k_m").
+std::string gguf_outtype_name(formats::GgmlType outtype);
 
 // The type a tensor is stored in (prepare_tensors): vectors, norms and anything not named
 // ".weight" (or an adapter's ".lora_a" / ".lora_b") in F32; a matrix in `outtype`, or F16 where its rows are not whole blocks of a block
