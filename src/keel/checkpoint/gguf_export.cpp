@@ -9,7 +9,9 @@
 #include <fstream>
 
 #include "keel/checkpoint/gguf_tokenizer.h"
+#include "keel/checkpoint/ollama_modelfile.h"
 #include "keel/core/error.h"
+#include "keel/core/file_io.h"
 #include "keel/core/json_text.h"
 #include "keel/data/chat_encoding.h"
 #include "keel/data/hf_tokenizer_json.h"
@@ -190,6 +192,7 @@ void check_gguf_destination(const std::string& path, bool overwrite) {
   require(parent.empty() || fs::is_directory(parent, ec), "--to {}: the directory {} does not exist", path,
           parent.string());
   require(!fs::is_directory(path, ec), "--to {}: is a directory; give the .gguf file to write", path);
+  check_modelfile_destination(path, overwrite);
   if (overwrite || !fs::exists(path, ec)) return;
   // keel's files name keel in general.quantized_by, the third key, within the first bytes.
   std::ifstream in(path, std::ios::binary);
@@ -232,6 +235,8 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   result.tokens = int64_t(vocab.tokens.size());
   result.merges = int64_t(vocab.merges.size());
   result.chat_template = vocab.chat_template.has_value();
+  for (const auto& [type, id] : vocab.special_ids)
+    if (type == "eos" && size_t(id) < vocab.tokens.size()) result.eos = vocab.tokens[size_t(id)];
 
   GgufMetadata kv;
   kv.add_string("general.architecture", result.architecture);
@@ -292,6 +297,9 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   formats::write_gguf(path, kv, tensors, progress);
   std::error_code ec;
   result.file_bytes = fs::file_size(path, ec);
+  result.modelfile = ollama_modelfile_path(path);
+  result.modelfile_text = ollama_modelfile(path, {result.end_of_turn, result.eos});
+  write_file_atomic(result.modelfile, result.modelfile_text);
   return result;
 }
 

@@ -47,6 +47,8 @@ struct GgufExportResult {
   int64_t tokens = 0, merges = 0;
   bool chat_template = false;
   std::string end_of_turn;                  // the template's end-of-turn token, which llama.cpp stops on
+  std::string eos;                          // the EOS token's text ("" without one)
+  std::string modelfile, modelfile_text;    // the Ollama Modelfile written beside a model (ollama_modelfile.h)
   size_t tensor_count = 0;
   uint64_t file_bytes = 0;
 };
@@ -71,14 +73,16 @@ struct HfTensorSource {
 // A decoder's weights (fp32 views), in hf_tensors' names.
 std::vector<HfTensorSource> decoder_tensor_sources(const model::Decoder& decoder);
 
-// Writes the model `config` describes, its tensors from `tensors`, to `path` (atomically). outtype:
-// unset for the default. Tensors llama.cpp has no name for are an error naming them.
+// Writes the model `config` describes, its tensors from `tensors`, to `path` (atomically), and the
+// Ollama Modelfile beside it (its stops: the end of turn and EOS). outtype: unset for the default.
+// Tensors llama.cpp has no name for are an error naming them.
 GgufExportResult write_gguf_model(const model::ModelConfig& config, std::vector<HfTensorSource> tensors,
                                   const GgufModelSource& source, const std::string& path,
                                   std::optional<formats::GgmlType> outtype, WorkProgress* progress = nullptr);
 
 // Before anything is read: `path` must end in .gguf, its directory exist, and a file already there
-// must be a GGUF keel wrote (it says so in general.quantized_by) unless `overwrite`.
+// must be a GGUF keel wrote (it says so in general.quantized_by) unless `overwrite`; likewise the
+// Modelfile beside it (ollama_modelfile.h).
 void check_gguf_destination(const std::string& path, bool overwrite);
 
 // The value of general.quantized_by in the files keel writes, by which it knows them again.

@@ -74,7 +74,9 @@ void print_gguf_export(const checkpoint::ExportRequest& request, const checkpoin
              result.step_dir, result.step ? fmt::format(" (step {})", result.step) : "", request.destination,
              g.architecture, model::family_name(result.config.family), g.tensor_count, outtype,
              double(g.file_bytes) / 1e6);
-
+  fmt::print("keel: Ollama Modelfile {} (its stops: the tokens the model ends on; no TEMPLATE: Ollama derives it "
+             "from the file's chat template):\n{}",
+             g.modelfile, g.modelfile_text);
 }
 
 const CommandRegistration kExport{
@@ -121,7 +123,8 @@ const CommandRegistration kExport{
           "  GGUF (--format gguf --to FILE.gguf): one file for llama.cpp, Ollama, LM Studio, as llama.cpp's\n"
           "    convert_hf_to_gguf.py writes it (tokenizer and chat template inside); Llama, Mistral, Qwen2, Qwen3,\n"
           "    Gemma 3 with tokenizer.json vocabularies; a LoRA run as a GGUF adapter (llama-cli --lora), or merged\n"
-          "    with --merge; docs/gguf.md\n");
+          "    with --merge; beside a model its Ollama Modelfile (FILE.Modelfile: ollama create NAME -f it); --outtype\n"
+          "    q4_k_m as llama-quantize makes it; docs/gguf.md\n");
       return [o] {
         checkpoint::ExportRequest request;
         request.overwrite = o->overwrite;
