@@ -131,6 +131,7 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     failures = 0
     for family in args.families.split(","):
+        failures_before = failures
         model_dir = os.path.join(args.work, family)
         build_checkpoint(family, args.npm, model_dir)
         path = lambda name: os.path.join(args.work, "%s-%s.gguf" % (family, name))  # noqa: E731
@@ -154,6 +155,14 @@ def main():
                          family + " q4_k_m against llama_model_quantize(converter's f32 file)"):
             failures += 1
         failures += check_generates(path("keel-q4_k_m"), family + " q4_k_m")
+        if failures == failures_before:
+            # The checkpoint and five files of up to 270 MB a family (Gemma 3's 262k-token embedding
+            # in f32): gone once checked (the disk is shared), kept for a look when a check failed.
+            for name in ("keel-q4_k_m", "keel-f32", "quantize-of-keel-f32", "converter-f32", "quantize-of-converter-f32"):
+                os.remove(path(name))
+            for name in ("keel-q4_k_m", "keel-f32"):
+                os.remove(path(name)[:-len(".gguf")] + ".Modelfile")
+            shutil.rmtree(model_dir)
     if failures:
         raise SystemExit("%d of the q4_k_m checks failed" % failures)
     print("keel's q4_k_m files are llama-quantize's")
