@@ -70,6 +70,7 @@ void expect_same_model(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.moe.router_aux_loss_coef, b.moe.router_aux_loss_coef);
   EXPECT_EQ(a.moe.output_router_logits, b.moe.output_router_logits);
   EXPECT_EQ(a.pad_token_id, b.pad_token_id);
+  EXPECT_EQ(a.initializer_range, b.initializer_range);
 }
 
 // meta-llama/Llama-2-7b-hf
@@ -406,6 +407,20 @@ TEST(ModelConfig, LlamaDefaults) {
   EXPECT_EQ(c.torch_dtype, DType::F32);
   EXPECT_TRUE(c.eos_token_ids.empty());
   EXPECT_EQ(c.bos_token_id, -1);
+  EXPECT_EQ(c.initializer_range, 0.02);  // PretrainedConfig's default
+}
+
+// A new model drawn at random uses config.json's initializer_range (transformers' _init_weights);
+// the value is written back on export and must be a positive number.
+TEST(ModelConfig, InitializerRangeIsReadWrittenAndChecked) {
+  const std::string base = R"({"model_type": "llama", "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+                            "num_hidden_layers": 2, "num_attention_heads": 4, "initializer_range": INIT})";
+  auto with = [&](const std::string& v) { return std::string(base).replace(base.find("INIT"), 4, v); };
+  const ModelConfig c = parse(with("0.006"));
+  EXPECT_EQ(c.initializer_range, 0.006);
+  EXPECT_EQ(parse(model_config_json(c, DType::F32)).initializer_range, 0.006);
+  expect_parse_error(with("-0.1"), {"config.json", "initializer_range"});
+  expect_parse_error(with("\"small\""), {"config.json", "initializer_range"});
 }
 
 TEST(ModelConfig, Qwen2HasQkvBiasAndTiedEmbeddings) {

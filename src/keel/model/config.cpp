@@ -776,6 +776,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     parse_transformers_format(cfg, c);
   }
   c.tie_word_embeddings = cfg.bool_or("tie_word_embeddings", c.gemma());  // Gemma's configs tie by default
+  c.initializer_range = cfg.positive_number_or("initializer_range", 0.02);
   c.saved_four_bit = parse_quantization_config(cfg);
   c.torch_dtype = parse_torch_dtype(cfg);
   c.eos_token_ids = parse_eos_token_ids(cfg);

@@ -70,6 +70,9 @@ struct ModelConfig {
   double final_logit_softcap = 0.0;  // Gemma 2: logits -> cap * tanh(logits / cap); 0: none
   double rope_local_theta = 0.0;     // Gemma 3: the RoPE base of sliding-window layers; 0: rope_theta
   bool tie_word_embeddings = false;
+  // The standard deviation of a random initialisation's matrices (transformers' _init_weights:
+  // normal(0, initializer_range)); 0.02 where config.json does not say, as the config classes.
+  double initializer_range = 0.02;
   int64_t max_position_embeddings = 4096;        // seq_length for GLM original
   DType torch_dtype = DType::F32;                // "torch_dtype" (or "dtype") in config.json
   std::vector<int64_t> eos_token_ids;            // may be empty

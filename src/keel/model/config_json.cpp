@@ -90,6 +90,7 @@ void add_common_fields(JsonFields& f, const ModelConfig& c, DType dtype) {
   f["bos_token_id"] = c.bos_token_id >= 0 ? std::to_string(c.bos_token_id) : "null";
   f["pad_token_id"] = c.pad_token_id >= 0 ? std::to_string(c.pad_token_id) : "null";
   f["use_cache"] = "true";
+  f["initializer_range"] = json_number(c.initializer_range);
 }
 
 std::string layer_types_json(const ModelConfig& c) {

@@ -233,6 +233,7 @@ void draw_in_pieces(int64_t numel, Draw&& draw, Write&& write) {
 void Decoder::init_random(uint64_t seed, double std) {
   std::mt19937_64 rng(seed);
   std::normal_distribution<float> normal(0.0f, float(std));
+  const float unit_norm = float(1.0 - config_.norm_weight_offset);  // Gemma's (1 + w): w = 0
   for (const auto& p : params_.params()) {
     const int i = int(&p - params_.params().data());
     const bool is_norm = p.name.find("norm") != std::string::npos;
@@ -243,7 +244,7 @@ void Decoder::init_random(uint64_t seed, double std) {
     const int64_t pad_begin = pad_row * config_.hidden_size, pad_end = pad_begin + config_.hidden_size;
     int64_t drawn = 0;
     auto value = [&] {
-      const float v = is_norm ? 1.0f : is_bias ? 0.0f : normal(rng);
+      const float v = is_norm ? unit_norm : is_bias ? 0.0f : normal(rng);
       const int64_t k = drawn++;
       return pad_row >= 0 && k >= pad_begin && k < pad_end ? 0.0f : v;
     };

@@ -298,9 +298,11 @@ class Decoder {
   int trained_lm_head() const { return trained_lm_head_; }
   const SavedModules& saved_modules() const { return saved_; }
 
-  // Initialises weights as transformers does for a new model: normal(0, std) matrices, zero biases,
-  // unit norm weights. Deterministic in `seed`.
-  void init_random(uint64_t seed, double std = 0.02);
+  // Initialises weights as transformers' _init_weights does for a new model: normal(0, std)
+  // matrices (std: the config's initializer_range), zero biases, norm weights that scale by 1 (1
+  // itself, or 0 where the norm scales by 1 + w: Gemma's). Deterministic in `seed`.
+  void init_random(uint64_t seed) { init_random(seed, config_.initializer_range); }
+  void init_random(uint64_t seed, double std);
   // The adapter's initialisation (lora.h: init_lora), deterministic in `seed`.
   void init_adapter(uint64_t seed);
   // modules_to_save: the adapter's trained copies := the model's embedding / LM head (PEFT's start).

@@ -178,12 +178,12 @@ ModelSetup setup_model(const Recipe& r, int rank, std::ostream* progress_log, bo
     load_gguf_model(*s.decoder, r.model_name, s, progress_log, live_progress);
   } else if (formats::holds_config_only(r.model_name)) {
     // A directory holding config.json and no weights: a new model of that architecture, initialised
-    // as [model_config]'s (Decoder::init_random: transformers' default initializer_range, 0.02).
+    // as transformers' _init_weights does (Decoder::init_random: normal(0, initializer_range)).
     if (progress_log)
       fmt::print(*progress_log,
                  "keel: {} holds config.json and no weights: the model is initialised at random (seed {}, matrices "
-                 "normal(0, 0.02), norms 1, biases 0){}\n",
-                 r.model_name, r.seed,
+                 "normal(0, {}) as its initializer_range, norms scaling by 1, biases 0){}\n",
+                 r.model_name, r.seed, config.initializer_range,
                  options.four_bit_base ? ", each 4-bit matrix quantized a piece of 1M draws at a time" : "");
     s.decoder->init_random(uint64_t(r.seed));
   } else {
