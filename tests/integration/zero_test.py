@@ -232,6 +232,82 @@ def test_zero3_qlora_fp4_dp4_checkpointing():
                    model={"hidden_size": 64, "intermediate_size": 128}, **LORA)
 
 
+def moe_model(family):
+    """A directory holding a tiny mixture of experts' config.json alone (keel draws it from the
+    recipe's seed, every rank the same draws): 4 experts of width 16, top 2, the load-balancing loss
+    added (output_router_logits); Qwen3-MoE with its last layer dense (mlp_only_layers)."""
+    path = os.path.join(WORK, "model_" + family)
+    os.makedirs(path, exist_ok=True)
+    config = {"model_type": family, "vocab_size": 40, "hidden_size": 32, "num_hidden_layers": 3,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "num_experts_per_tok": 2,
+              "output_router_logits": True, "router_aux_loss_coef": 0.02, "tie_word_embeddings": False}
+    if family == "qwen3_moe":
+        config.update(architectures=["Qwen3MoeForCausalLM"], intermediate_size=48, num_experts=4,
+                      moe_intermediate_size=16, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2])
+    else:
+        config.update(architectures=["MixtralForCausalLM"], intermediate_size=16, num_local_experts=4)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
+def test_zero3_moe_fp32_dp2():
+    """Mixtures of experts under ZeRO-3: the router and experts gathered per position with their
+    block, the load-balancing loss in the loss, against replicated training."""
+    compare_stages("moe_fp32_dp2_z3", 2, stage=3, model=None, model_name=moe_model("qwen3_moe"),
+                   eval_data_path=DATA, eval_interval=2)
+
+
+def test_zero2_moe_bf16_dp2():
+    """Mixtral in bf16 under ZeRO-2: fp32 masters sharded, their bf16 copies gathered resident."""
+    compare_stages("moe_bf16_dp2_z2", 2, stage=2, model=None, model_name=moe_model("mixtral"), dtype="bf16",
+                   gradient_accumulation_steps=1)
+
+
+def test_zero3_moe_qlora_dp2():
+    """QLoRA on a mixture of experts under ZeRO-3: the 4-bit experts sharded and gathered."""
+    compare_stages("moe_qlora_dp2_z3", 2, lora=True, stage=3, model=None, model_name=moe_model_64("qwen3_moe"),
+                   quantization_bit=4, gradient_accumulation_steps=1, **LORA)
+
+
+def test_moe_dp2_equals_dp1_accumulating():
+    """A mixture of experts on 2 ranks trains as on one rank accumulating twice the micro-batches:
+    each rank's load-balancing loss joins the loss unscaled, so the ranks' add up as micro-batches
+    do. That is transformers' Trainer under DDP with its default average_tokens_across_devices: it
+    multiplies each rank's loss (the tokens' mean plus coef x that rank's aux loss) by the number of
+    ranks before DDP averages the gradients, so the aux losses' gradients are summed over ranks. One
+    rank with accumulation is checked against the Trainer itself by moe_reference.py."""
+    runs = {}
+    for ranks, accumulation in ((1, 4), (2, 2)):
+        name = "moe_dp%d" % ranks
+        r = train(write_recipe(name, dp_degree=ranks, gradient_accumulation_steps=accumulation, model=None,
+                               model_name=moe_model("qwen3_moe")), ranks)
+        if not check(r.returncode == 0, "%s%s" % (name, r.why)):
+            return
+        runs[ranks] = (metrics(name), final_weights(name))
+    (m1, w1), (m2, w2) = runs[1], runs[2]
+    check(all("aux_loss" in m for m in m1 + m2), "both runs report aux_loss")
+    worst = max(max(rel(a["loss"], b["loss"]), rel(a["aux_loss"], b["aux_loss"])) for a, b in zip(m2, m1))
+    check(len(m1) == len(m2) == 5 and worst <= 1e-6,
+          "dp=2 losses and aux losses equal dp=1 accumulating twice as many (worst %.2e)" % worst)
+    worst, where = max_rel_l2(w2, w1)
+    check(worst <= 1e-5, "dp=2 final weights equal dp=1's (worst %.2e, %s)" % (worst, where))
+    print("  dp=2 against dp=1 with twice the accumulation: weights within %.1e" % worst)
+
+
+def moe_model_64(family):
+    """moe_model with 4-bit blocks of whole rows: hidden 64, the experts' width 64."""
+    path = moe_model(family)
+    with open(os.path.join(path, "config.json")) as f:
+        config = json.load(f)
+    config.update(hidden_size=64, intermediate_size=128, moe_intermediate_size=64, head_dim=16)
+    path += "_64"
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    return path
+
+
 def test_zero3_lora_modules_to_save_dp2():
     """modules_to_save under ZeRO-3: the trained copies of the embedding and LM head start from the
     whole tensors (taken as each passes through memory) and train as in ZeRO-2."""

@@ -62,7 +62,7 @@ class CastPerPosition : public ::testing::TestWithParam<Case> {};
 
 TEST_P(CastPerPosition, TrainsBitIdenticalToTheWholeBf16Copy) {
   const auto& [family, tied, checkpointing, backend] = GetParam();
-  ModelConfig config = test::tiny_config(family);
+  ModelConfig config = test::tiny_config_with_experts(family);
   config.tie_word_embeddings = tied;
   const DecoderOptions whole = test::on_backend(backend, {checkpointing, true, 0});
   DecoderOptions cast = whole;
@@ -90,7 +90,7 @@ TEST_P(CastPerPosition, TrainsBitIdenticalToTheWholeBf16Copy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CastPerPosition,
-                         ::testing::Combine(::testing::Values("llama", "qwen2", "gemma3", "glm", "glm_original"),
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "gemma3", "glm", "glm_original", "qwen3_moe", "mixtral"),
                                             ::testing::Bool(), ::testing::Bool(), test::each_backend()),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_tied" : "") +

@@ -39,6 +39,25 @@ inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qk
   return c;
 }
 
+// "qwen3_moe" / "mixtral": tiny_config's shape with a mixture of experts (5 experts of width 16,
+// top 2); Qwen3-MoE's last layer dense, as its mlp_only_layers allow. Any other family: tiny_config.
+inline ModelConfig tiny_config_with_experts(const std::string& family, int64_t hidden = 48, int64_t intermediate = 80) {
+  if (family != "qwen3_moe" && family != "mixtral") return tiny_config(family, std::nullopt, hidden, intermediate);
+  ModelConfig c = tiny_config(family == "mixtral" ? "mistral" : "qwen3", false, hidden, intermediate);
+  c.family = family == "mixtral" ? Family::Mixtral : Family::Qwen3Moe;
+  c.sliding_window = 0;
+  c.sliding_layers.clear();
+  apply_family_traits(c);
+  c.moe.experts = 5;
+  c.moe.experts_per_token = 2;
+  c.moe.intermediate_size = family == "mixtral" ? intermediate : 16;
+  c.moe.norm_topk_prob = family == "mixtral";
+  c.moe.sparse_layers.assign(size_t(c.num_layers), true);
+  if (family == "qwen3_moe") c.moe.sparse_layers.back() = false;
+  validate(c, "tiny_config_with_experts");
+  return c;
+}
+
 inline auto each_backend() { return ::testing::ValuesIn(kernels::backend_names()); }
 
 inline DecoderOptions on_backend(const std::string& backend, DecoderOptions options = {}) {

@@ -146,7 +146,8 @@ struct ReplicatedStep {
 
 void expect_gathered_step_equals_replicated(const Case& c, const std::string& backend) {
   // QLoRA's projections are quantized in 64-element blocks of whole rows.
-  ModelConfig config = c.four_bit ? test::tiny_config(c.family, std::nullopt, 64, 128) : test::tiny_config(c.family);
+  ModelConfig config =
+      c.four_bit ? test::tiny_config_with_experts(c.family, 64, 128) : test::tiny_config_with_experts(c.family);
   config.tie_word_embeddings = c.tied;
   const int64_t batch = 2, seq = 12;
   DecoderOptions base = test::on_backend(backend, {c.checkpointing, true, 0});
@@ -208,7 +209,11 @@ TEST_P(ZeroThreeGather, StepComputesWhatReplicatedTrainingComputes) {
         Case{"glm_original"}, Case{"qwen2", false, false, Precision::BF16}, Case{"llama", true, true, Precision::BF16},
         Case{"qwen2", false, false, Precision::BF16, true}, Case{"llama", true, true, Precision::F32, true},
         Case{"llama", false, false, Precision::BF16, true, true},
-        Case{"glm_original", false, true, Precision::F32, true, true}}) {
+        Case{"glm_original", false, true, Precision::F32, true, true},
+        // Mixtures of experts: the router and the experts are one block's parameters like any other,
+        // gathered with it; a sparse layer's products read them through the pointers the gather sets.
+        Case{"qwen3_moe"}, Case{"mixtral", false, true}, Case{"qwen3_moe", true, true, Precision::BF16},
+        Case{"mixtral", false, false, Precision::BF16, true}, Case{"mixtral", false, true, Precision::F32, true, true}}) {
     SCOPED_TRACE(c.family + (c.tied ? " tied" : "") + (c.checkpointing ? " checkpointing" : "") +
                  (c.precision == Precision::BF16 ? " bf16" : "") +
                  (c.four_bit ? " QLoRA"
@@ -227,7 +232,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, ZeroThreeGather, test::each_backend());
 // optimizer's bf16 casts, the fp32 runs copied) is the replicated model's, and the next evaluation
 // computes what the replicated one does.
 void expect_resident_step_equals_replicated(const std::string& family, bool tied, const std::string& backend) {
-  ModelConfig config = test::tiny_config(family);
+  ModelConfig config = test::tiny_config_with_experts(family);
   config.tie_word_embeddings = tied;
   const int64_t batch = 2, seq = 12;
   const DecoderOptions base = test::on_backend(backend, {false, true, 0});
@@ -295,7 +300,8 @@ void expect_resident_step_equals_replicated(const std::string& family, bool tied
 
 TEST_P(ZeroThreeGather, ResidentGathersOfShardedMastersComputeWhatReplicatedTrainingComputes) {
   for (const auto& [family, tied] :
-       {std::pair<std::string, bool>{"llama", false}, {"llama", true}, {"qwen3", true}, {"glm_original", false}}) {
+       {std::pair<std::string, bool>{"llama", false}, {"llama", true}, {"qwen3", true}, {"glm_original", false},
+        {"qwen3_moe", true}, {"mixtral", false}}) {
     SCOPED_TRACE(family + (tied ? " tied" : ""));
     expect_resident_step_equals_replicated(family, tied, GetParam());
   }

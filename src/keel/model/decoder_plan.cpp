@@ -290,11 +290,6 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
   require(max_batch > 0 && max_seq > 1, "decoder: batch {} and sequence length {} must be positive (seq >= 2)",
           max_batch, max_seq);
   require(!options.four_bit_base || options.lora.enabled(), "decoder: 4-bit base weights (QLoRA) need LoRA");
-  // What the mixture-of-experts layers (experts.h) do not run yet, refused rather than run wrong.
-  require(!config.has_experts() || (!options.shard_weights && !options.shard_masters && !options.cast_per_position),
-          "{} ({}): mixture-of-experts models train with full fine-tuning, LoRA or QLoRA, without ZeRO-3 or sharded "
-          "masters, in this version of keel",
-          family_display_name(config.family), config.architecture);
   // Every HF tensor of a projection must start and end on a 64-element 4-bit block, as bitsandbytes
   // quantizes each on its own (an expert's gate, up and down: whole rows of hidden_size). The dense
   // MLP's width matters only where a layer has one.
