@@ -343,6 +343,25 @@ TEST(ExpertsPlan, QLoraHoldsTheExpertsInFourBitsAndTheRouterInFull) {
   }
 }
 
+// QLoRA's setup reads each checkpoint tensor of a 4-bit matrix whole in fp32 before quantizing it:
+// in the published layout the largest is one expert's gate, up or down (or a dense projection), in
+// transformers 5's fused layout a layer's gate_up of every expert, which the plan must count.
+TEST(ExpertsPlan, QLoraSetupScratchIsTheCheckpointsLargestTensorInItsLayout) {
+  ModelConfig c = tiny_moe();
+  c.hidden_size = 64, c.intermediate_size = 64, c.num_heads = 4, c.num_kv_heads = 2, c.head_dim = 16;
+  c.rotary_dim = 16;
+  c.moe.intermediate_size = 128;
+  validate(c, "test");
+  DecoderOptions options{true, true, 0};
+  options.lora.rank = 4;
+  options.four_bit_base = true;
+  const int64_t H = c.hidden_size, I = c.moe.intermediate_size, E = c.moe.experts;
+  EXPECT_EQ(four_bit_setup_scratch_elements(c, options, true), I * H);  // an expert's gate (the projections: 64 x 64)
+  EXPECT_EQ(four_bit_setup_scratch_elements(c, options, true, true), E * 2 * I * H);
+  options.four_bit_base = false;
+  EXPECT_EQ(four_bit_setup_scratch_elements(c, options, true, true), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ExpertsTest,
                          ::testing::Combine(::testing::ValuesIn(kernels::backend_names()), ::testing::Bool()));
 

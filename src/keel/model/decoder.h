@@ -265,11 +265,12 @@ void declare_model_params(const ModelConfig& config, ParamStore& params, Decoder
 inline constexpr int64_t kInitPieceElements = int64_t(1) << 20;
 
 // QLoRA's setup scratch: the most weights held in fp32 at once while the 4-bit projections are
-// filled — the largest HF tensor of a 4-bit matrix in the published layout (loaded one by one; a
-// checkpoint in transformers 5's fused expert layout holds larger ones, which this does not count),
-// or a random initialisation's piece (kInitPieceElements; under ZeRO-3 its largest tensor).
+// filled — the largest HF tensor of a 4-bit matrix, loaded one by one, in the checkpoint's layout
+// (fused_experts: transformers 5's, a layer's experts in one tensor, read whole), or a random
+// initialisation's piece (kInitPieceElements; under ZeRO-3 its largest tensor).
 // 0 without 4-bit weights, and for a checkpoint saved in 4 bits (copied as it is).
-int64_t four_bit_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files);
+int64_t four_bit_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files,
+                                        bool fused_experts = false);
 
 class Decoder {
  public:

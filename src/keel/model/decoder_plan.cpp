@@ -724,15 +724,18 @@ void declare_model_params(const ModelConfig& config, ParamStore& params, Decoder
   declare_params(config, params, ids);
 }
 
-int64_t four_bit_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files) {
+int64_t four_bit_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files,
+                                        bool fused_experts) {
   // A checkpoint bitsandbytes saved in 4 bits is copied as it is: no tensor passes through fp32.
   if (!options.four_bit_base || (from_files && config.saved_four_bit)) return 0;
   ParamStore params;
   DecoderParamIds ids;
   declare_params(config, params, ids, {ParamStorage::Master, ParamStorage::FourBit});
   int64_t most = 0;
-  if (from_files) {  // the published checkpoints' tensors (an expert's gate, up or down on its own)
-    for (const auto& t : hf_tensors(config, ids))
+  // The checkpoint's tensors: in the published layout an expert's gate, up or down on its own; in
+  // transformers 5's fused one every expert's gate_up (or down) of a layer in one tensor.
+  if (from_files) {
+    for (const auto& t : hf_tensors(config, ids, fused_experts ? ExpertLayout::Fused : ExpertLayout::PerExpert))
       if (params.param(t.param).storage == ParamStorage::FourBit) most = std::max(most, t.rows * t.cols);
     return most;
   }

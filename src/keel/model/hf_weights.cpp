@@ -111,10 +111,7 @@ bool is_ignorable(const std::string& name) {
 
 }  // namespace
 
-namespace {
-
-// A mixture-of-experts checkpoint's layout: fused where its first sparse layer's experts are.
-ExpertLayout expert_layout(const CheckpointReader& reader, const ModelConfig& c) {
+ExpertLayout checkpoint_expert_layout(const CheckpointReader& reader, const ModelConfig& c) {
   for (int64_t l = 0; l < c.num_layers; ++l)
     if (c.sparse_layer(l))
       return reader.has("model.layers." + std::to_string(l) + ".mlp.experts.gate_up_proj") ? ExpertLayout::Fused
@@ -122,11 +119,9 @@ ExpertLayout expert_layout(const CheckpointReader& reader, const ModelConfig& c)
   return ExpertLayout::PerExpert;
 }
 
-}  // namespace
-
 std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& dir, WorkProgress* progress) {
   auto reader = CheckpointReader::open_dir(dir);
-  const auto tensors = hf_tensors(decoder.config(), decoder.ids(), expert_layout(reader, decoder.config()));
+  const auto tensors = hf_tensors(decoder.config(), decoder.ids(), checkpoint_expert_layout(reader, decoder.config()));
   auto& P = decoder.params();
   std::set<std::string> used;
   double total = 0, done = 0;  // weights, in millions

@@ -31,6 +31,10 @@ struct HfTensor {
 // (mlp.experts.gate_up_proj [experts, 2 inter, hidden], mlp.experts.down_proj [experts, hidden, inter]).
 enum class ExpertLayout : uint8_t { PerExpert, Fused };
 
+// The layout a checkpoint holds its experts in: fused where its first sparse layer's experts are
+// (PerExpert for a dense model).
+ExpertLayout checkpoint_expert_layout(const formats::CheckpointReader& reader, const ModelConfig& config);
+
 // Every tensor of the family's checkpoint format, in the order transformers writes them.
 std::vector<HfTensor> hf_tensors(const ModelConfig& config, const DecoderParamIds& ids,
                                  ExpertLayout experts = ExpertLayout::PerExpert);

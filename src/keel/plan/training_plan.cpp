@@ -27,6 +27,22 @@ RunShape run_shape(const recipe::Recipe& r) {
   return s;
 }
 
+namespace {
+
+// Whether a mixture of experts' checkpoint holds each layer's experts in one tensor (transformers
+// 5's layout), which the load reads whole.
+bool fused_expert_checkpoint(const std::string& dir, const model::ModelConfig& config) {
+  if (!config.has_experts()) return false;
+  try {
+    return model::checkpoint_expert_layout(formats::CheckpointReader::open_dir(dir), config) ==
+           model::ExpertLayout::Fused;
+  } catch (const Error&) {
+    return false;  // no weights (config.json only), or unreadable: the load reports that itself
+  }
+}
+
+}  // namespace
+
 size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelConfig& config) {
   model::ParamStore params;
   model::DecoderParamIds ids;
@@ -34,7 +50,7 @@ size_t largest_weight_tensor_bytes(const std::string& dir, const model::ModelCon
   size_t largest = 0;
   try {
     const auto reader = formats::CheckpointReader::open_dir(dir);
-    for (const auto& t : model::hf_tensors(config, ids))
+    for (const auto& t : model::hf_tensors(config, ids, model::checkpoint_expert_layout(reader, config)))
       if (reader.has(t.name)) largest = std::max(largest, reader.get(t.name).nbytes);
   } catch (const Error&) {
     largest = 0;  // no weights (config.json only), or unreadable: the load reports that itself
@@ -181,7 +197,8 @@ MemoryPlan training_memory_plan(const recipe::Recipe& r, const model::ModelConfi
     plan.add_external("weight file pages while loading (the largest tensor)", MemoryCategory::Data,
                       largest_weight_tensor_bytes(r.model_name, config), 0, 0);
   // QLoRA fills its 4-bit projections one tensor at a time from fp32: that tensor, during the setup.
-  if (const int64_t scratch = model::four_bit_setup_scratch_elements(config, options, !r.model_config))
+  if (const int64_t scratch = model::four_bit_setup_scratch_elements(
+          config, options, !r.model_config, !r.model_config && fused_expert_checkpoint(r.model_name, config)))
     plan.add_external("4-bit quantization (one projection in fp32)", MemoryCategory::Data,
                       size_t(scratch) * sizeof(float), 0, 0);
   plan.add_external("keel process at start", MemoryCategory::Runtime, kProcessStartBytes, 0, end);
