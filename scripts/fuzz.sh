@@ -25,7 +25,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-targets_all=(safetensors safetensors_index model_config recipe token_records checkpoint sharded_checkpoint rank_table tokenizer_json tiktoken records shard peft_adapter_config chat_template preference_pairs llama_cpp_vocab gguf)
+targets_all=(safetensors safetensors_index model_config recipe token_records checkpoint sharded_checkpoint rank_table tokenizer_json tiktoken records shard peft_adapter_config chat_template preference_pairs llama_cpp_vocab gguf sentencepiece_model)
 seconds=600
 build_only=0
 targets=()
@@ -84,7 +84,7 @@ dict_for() {
   case "$1" in
     recipe) echo fuzz/dict/toml.dict ;;
     rank_table) echo fuzz/dict/rank_table.dict ;;
-    tiktoken) echo "" ;;
+    tiktoken | sentencepiece_model) echo "" ;;
     chat_template) echo fuzz/dict/jinja.dict ;;
     *) echo fuzz/dict/json.dict ;;
   esac

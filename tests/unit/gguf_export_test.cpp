@@ -70,8 +70,9 @@ TEST(GgufNames, FamiliesLlamaCppRunsButKeelDoesNotWriteAreRefusedByName) {
   EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Qwen2)), "qwen2");
   EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Qwen3)), "qwen3");
   EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Gemma3)), "gemma3");
-  expect_keel_error([] { model::gguf_architecture(config_of(model::Family::Gemma2)); },
-                    {"Gemma 2", "does not write this family yet", "convert_hf_to_gguf.py"});
+  EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Gemma2)), "gemma2");
+  expect_keel_error([] { model::gguf_architecture(config_of(model::Family::Glm)); },
+                    {"GLM-4", "does not write this family yet", "convert_hf_to_gguf.py"});
   expect_keel_error([] { model::gguf_architecture(config_of(model::Family::GlmOriginal)); }, {"not write this family"});
 }
 
@@ -143,6 +144,40 @@ TEST(GgufExport, ModelsLlamaCppWouldRunOtherwiseAreRefusedOrNoted) {
   EXPECT_TRUE(check_llama_cpp_runs_as_trained(config_of(model::Family::Llama), "llama").empty());
 }
 
+// Gemma 2 likewise: llama.cpp's gemma2 scales by 1/sqrt(head_dim), slides every even layer, always
+// soft-caps both logits and uses the embedding as the LM head.
+TEST(GgufExport, Gemma2ModelsLlamaCppWouldRunOtherwiseAreRefused) {
+  auto gemma = config_of(model::Family::Gemma2);
+  gemma.num_layers = 4;
+  gemma.head_dim = 16;
+  gemma.hidden_size = 64;
+  gemma.query_pre_attn_scalar = 16;
+  gemma.attn_logit_softcap = 50;
+  gemma.final_logit_softcap = 30;
+  gemma.sliding_window = 4;
+  gemma.sliding_layers = {true, false, true, false};
+  gemma.tie_word_embeddings = true;
+  EXPECT_TRUE(check_llama_cpp_runs_as_trained(gemma, "gemma2").empty());
+  auto scaled = gemma;
+  scaled.query_pre_attn_scalar = 24;
+  expect_keel_error([&] { check_llama_cpp_runs_as_trained(scaled, "gemma2"); },
+                    {"Gemma 2", "query_pre_attn_scalar", "24", "16", "would not run the model as trained"});
+  auto uncapped = gemma;
+  uncapped.attn_logit_softcap = 0;
+  expect_keel_error([&] { check_llama_cpp_runs_as_trained(uncapped, "gemma2"); }, {"attention logit soft cap"});
+  auto unwindowed = gemma;
+  unwindowed.sliding_window = 0;
+  expect_keel_error([&] { check_llama_cpp_runs_as_trained(unwindowed, "gemma2"); }, {"no sliding window"});
+  auto pattern = gemma;
+  pattern.sliding_layers = {true, true, true, false};
+  expect_keel_error([&] { check_llama_cpp_runs_as_trained(pattern, "gemma2"); }, {"layer 1", "has a sliding window"});
+  auto untied = gemma;
+  untied.tie_word_embeddings = false;
+  expect_keel_error([&] { check_llama_cpp_runs_as_trained(untied, "gemma2"); }, {"LM head", "tie_word_embeddings"});
+  EXPECT_EQ(model::gguf_norm_shift(gemma, "model.layers.0.pre_feedforward_layernorm.weight"), 1.0f);
+  EXPECT_EQ(model::gguf_norm_shift(gemma, "model.layers.0.mlp.up_proj.weight"), 0.0f);
+}
+
 TEST(GgufExport, DefaultOuttypeIsTheConvertersAuto) {
   std::string reason;
   EXPECT_EQ(default_gguf_outtype(DType::BF16, &reason), GgmlType::BF16);
@@ -181,11 +216,13 @@ TEST(GgufExport, UnknownPreTokenizerAndSentencePieceAreRefused) {
                     R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]},
                         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false},
                         "added_tokens": []})");
-  expect_keel_error([&] { data::llama_cpp_bpe_vocab(dir.path(), 3, "{}"); },
+  expect_keel_error([&] { data::llama_cpp_vocab(dir.path(), 3, "{}"); },
                     {"tokenizer.json", "llama.cpp does not know this tokenizer's pre-tokenizer"});
   TempDir sp;
-  write_file_atomic(sp / "tokenizer.model", "x");
-  expect_keel_error([&] { data::llama_cpp_bpe_vocab(sp.path(), 3, "{}"); }, {"SentencePiece", "convert_hf_to_gguf.py"});
+  write_file_atomic(sp / "tokenizer.model", "x");  // not a SentencePiece model (tiktoken's is text too)
+  expect_keel_error([&] { data::llama_cpp_vocab(sp.path(), 3, "{}"); }, {"tokenizer.json", "no such file"});
+  expect_keel_error([&] { data::llama_cpp_vocab(sp.path(), 3, "{}", true); },
+                    {"no SentencePiece tokenizer.model", "this family"});
   EXPECT_EQ(data::llama_cpp_pre_tokenizer_name({1, 2, 3}), "");
 }
 

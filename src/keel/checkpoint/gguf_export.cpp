@@ -37,9 +37,28 @@ bool config_has(const std::string& config_json, std::string_view key) {
   return root.at_key(key).get(value) == simdjson::SUCCESS && !value.is_null();
 }
 
+// Gemma2Model.set_gguf_parameters, which writes its own keys in its own order (no RoPE base: its
+// 10000 is llama.cpp's default).
+void add_gemma2_keys(GgufMetadata& kv, const model::ModelConfig& c, GgmlType outtype) {
+  kv.add_uint32("gemma2.context_length", uint32_t(c.max_position_embeddings));
+  kv.add_uint32("gemma2.embedding_length", uint32_t(c.hidden_size));
+  kv.add_uint32("gemma2.block_count", uint32_t(c.num_layers));
+  kv.add_uint32("gemma2.feed_forward_length", uint32_t(c.intermediate_size));
+  kv.add_uint32("gemma2.attention.head_count", uint32_t(c.num_heads));
+  kv.add_uint32("gemma2.attention.head_count_kv", uint32_t(c.num_kv_heads));
+  kv.add_float32("gemma2.attention.layer_norm_rms_epsilon", float(c.rms_norm_eps));
+  kv.add_uint32("gemma2.attention.key_length", uint32_t(c.head_dim));
+  kv.add_uint32("gemma2.attention.value_length", uint32_t(c.head_dim));
+  if (outtype != GgmlType::Q4_K) kv.add_uint32("general.file_type", model::gguf_file_type(outtype));
+  kv.add_float32("gemma2.attn_logit_softcapping", float(c.attn_logit_softcap));
+  kv.add_float32("gemma2.final_logit_softcapping", float(c.final_logit_softcap));
+  kv.add_uint32("gemma2.attention.sliding_window", uint32_t(c.sliding_window));
+}
+
 // TextModel.set_gguf_parameters and the family's additions, in the converter's order.
 void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::string& arch,
                     const std::string& config_json, GgmlType outtype) {
+  if (arch == "gemma2") return add_gemma2_keys(kv, c, outtype);
   auto key = [&](std::string_view k) { return fmt::format("{}.{}", arch, k); };
   kv.add_uint32(key("block_count"), uint32_t(c.num_layers));
   kv.add_uint32(key("context_length"), uint32_t(c.max_position_embeddings));
@@ -76,6 +95,7 @@ void add_tokenizer_keys(GgufMetadata& kv, const data::LlamaCppVocab& v, const st
   kv.add_string("tokenizer.ggml.model", v.model);
   kv.add_string("tokenizer.ggml.pre", v.pre);
   kv.add_strings("tokenizer.ggml.tokens", v.tokens);
+  if (v.model == "llama") kv.add_float32s("tokenizer.ggml.scores", v.scores);
   kv.add_int32s("tokenizer.ggml.token_type", v.token_types);
   if (!v.merges.empty()) kv.add_strings("tokenizer.ggml.merges", v.merges);
   for (const auto& [type, id] : v.special_ids)
@@ -86,6 +106,9 @@ void add_tokenizer_keys(GgufMetadata& kv, const data::LlamaCppVocab& v, const st
   if (v.normalizer_lowercase) kv.add_bool("tokenizer.ggml.normalizer.lowercase", *v.normalizer_lowercase);
   if (v.normalizer_strip_accents)
     kv.add_bool("tokenizer.ggml.normalizer.strip_accents", *v.normalizer_strip_accents);
+  // Gemma2Model.set_vocab and Gemma3Model's SentencePiece path, after the vocabulary.
+  if (v.model == "llama" && (arch == "gemma2" || arch == "gemma3"))
+    kv.add_bool("tokenizer.ggml.add_space_prefix", false);
 }
 
 // The encoded general.quantized_by entry, to recognise a file keel wrote from its first bytes.
@@ -165,6 +188,38 @@ std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfi
                 "not run the model as trained. Export --format hf for runtimes that read layer_types",
                 i, slides ? "has" : "has no");
       }
+  } else if (arch == "gemma2") {
+    // llama_model_gemma2::load_arch_hparams: the same scale from its table (1/sqrt(hidden / heads)
+    // for the 46-layer 27B model), windows on every other layer from the first (pattern 2), and
+    // both soft caps always applied (the file's values, or 50 and 30 where it has none).
+    const bool is_27b = c.num_layers == 46;
+    const double llama_cpp_scalar = is_27b ? double(c.hidden_size / c.num_heads) : double(c.head_dim);
+    require(c.query_pre_attn_scalar == llama_cpp_scalar,
+            "--format gguf: this Gemma 2 model scales attention scores by query_pre_attn_scalar^-0.5 = {:g}^-0.5, and "
+            "llama.cpp's gemma2 by {}^-0.5 ({}; it does not read the value from the file): llama.cpp would not run "
+            "the model as trained. Export --format hf for runtimes that read config.json",
+            c.query_pre_attn_scalar, llama_cpp_scalar, is_27b ? "hidden / heads for the 46-layer model" : "head_dim");
+    require(c.attn_logit_softcap > 0 && c.final_logit_softcap > 0,
+            "--format gguf: this Gemma 2 model has no {} soft cap (null in config.json), and llama.cpp's gemma2 "
+            "always applies one: llama.cpp would not run the model as trained. Export --format hf instead",
+            c.attn_logit_softcap > 0 ? "final logit" : "attention logit");
+    require(c.sliding_window > 0,
+            "--format gguf: this Gemma 2 model has no sliding window (null in config.json), and llama.cpp's gemma2 "
+            "gives every other layer one: llama.cpp would not run the model as trained. Export --format hf instead");
+    for (int64_t i = 0; i < c.num_layers; ++i) {
+      const bool llama_cpp_slides = i % 2 == 0;
+      const bool slides = size_t(i) < c.sliding_layers.size() && c.sliding_layers[size_t(i)];
+      require(slides == llama_cpp_slides,
+              "--format gguf: layer {} of this Gemma 2 model {} a sliding window, and llama.cpp's gemma2 gives one to "
+              "every even layer (Gemma 2's pattern; the converter writes none): llama.cpp would not run the model as "
+              "trained. Export --format hf for runtimes that read layer_types",
+              i, slides ? "has" : "has no");
+    }
+    // Gemma2Model skips lm_head.weight; llama.cpp's gemma2 always uses the embedding as the head.
+    require(c.tie_word_embeddings,
+            "--format gguf: this Gemma 2 model has its own LM head (tie_word_embeddings false), which llama.cpp's "
+            "converter drops and llama.cpp's gemma2 replaces by the embedding: llama.cpp would not run the model as "
+            "trained. Export --format hf instead");
   } else if (c.sliding_window > 0) {
     // Mistral v0.1 and Qwen with use_sliding_window: llama.cpp's llama/qwen2/qwen3 attend to the
     // whole context (the converter writes no window either); the same up to the window's length.
@@ -224,13 +279,16 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   result.outtype = outtype ? *outtype : default_gguf_outtype(source.weights_dtype, &result.outtype_reason);
   result.notes = check_llama_cpp_runs_as_trained(c, result.architecture);
 
-  const data::LlamaCppVocab vocab = data::llama_cpp_bpe_vocab(source.tokenizer_dir, c.vocab_size, source.config_json);
-  require(!(vocab.byte_fallback && result.architecture == "llama"),
-          "{}/tokenizer.json: a SentencePiece-style vocabulary (byte_fallback), which llama.cpp's converter writes "
-          "for Llama-style models as \"llama\" with scores; keel's GGUF export does not write that form yet (use "
-          "convert_hf_to_gguf.py on a --format hf export)",
+  const data::LlamaCppVocab vocab =
+      data::llama_cpp_vocab(source.tokenizer_dir, c.vocab_size, source.config_json, result.architecture == "gemma2");
+  require(!(vocab.model == "gpt2" && vocab.byte_fallback && result.architecture == "llama"),
+          "{}/tokenizer.json: a SentencePiece-style vocabulary (byte_fallback) without the tokenizer.model it was "
+          "made from: llama.cpp's converter then rebuilds scores from tokenizer.json (LlamaHfVocab), which keel's GGUF "
+          "export does not; put the model's tokenizer.model beside it, or use convert_hf_to_gguf.py on a --format hf "
+          "export",
           source.tokenizer_dir);
   result.end_of_turn = check_end_of_turn(vocab, source.tokenizer_dir);
+  result.tokenizer_model = vocab.model;
   result.pre_tokenizer = vocab.pre;
   result.tokens = int64_t(vocab.tokens.size());
   result.merges = int64_t(vocab.merges.size());
@@ -266,8 +324,10 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
     int64_t rows = t.shape[0];
     const int64_t cols = t.shape.size() > 1 ? t.shape[1] : 1;
     if (result.architecture == "gemma3" && g.name == "token_embd.weight") {
-      // Gemma3Model drops the embedding's rows past the tokenizer's (its vocab + added tokens).
-      rows = std::min(rows, vocab.tokenizer_json_entries + vocab.added_tokens);
+      // Gemma3Model drops the embedding's rows past the tokenizer's: tokenizer.json's vocab and
+      // added tokens, or a SentencePiece vocabulary's length (the model's, so nothing).
+      rows = std::min(rows, vocab.model == "llama" ? int64_t(vocab.tokens.size())
+                                                   : vocab.tokenizer_json_entries + vocab.added_tokens);
       g.shape[0] = rows;
       result.embedding_rows_dropped = t.shape[0] - rows;
     }

@@ -43,6 +43,7 @@ struct GgufExportResult {
   // Where llama.cpp will run the file otherwise than the model was trained, said (a difference it
   // would make from the first token is refused instead: check_llama_cpp_runs_as_trained).
   std::vector<std::string> notes;
+  std::string tokenizer_model;              // tokenizer.ggml.model: "gpt2" (BPE) or "llama" (SentencePiece)
   std::string pre_tokenizer;                // tokenizer.ggml.pre
   int64_t tokens = 0, merges = 0;
   bool chat_template = false;
@@ -56,7 +57,8 @@ struct GgufExportResult {
 // llama.cpp runs some hyperparameters from its own tables rather than from the file. Where that
 // would change every token for this model (Gemma 3's attention scale, its layers' pattern of
 // sliding windows) this is a keel::Error saying why; where it changes only long contexts (a
-// sliding window on an architecture llama.cpp runs without one) the returned notes say so.
+// sliding window on an architecture llama.cpp runs without one) the returned notes say so. Gemma 2
+// likewise: its scale and window pattern from llama.cpp's table, both soft caps always, a tied head.
 std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfig& config, const std::string& arch);
 
 // The converter's default (--outtype auto): bf16 weights give bf16, anything else f16.

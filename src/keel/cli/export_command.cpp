@@ -67,8 +67,12 @@ void print_gguf_export(const checkpoint::ExportRequest& request, const checkpoin
                g.embedding_rows_dropped);
   if (!g.skipped.empty())
     fmt::print("keel: not written (buffers, not weights; the converter skips them too): {}\n", fmt::join(g.skipped, ", "));
-  fmt::print("keel: tokenizer: {} tokens, {} merges, pre-tokenizer '{}' (llama.cpp's name for it), {}{}\n", g.tokens,
-             g.merges, g.pre_tokenizer, g.chat_template ? "chat template included" : "no chat template",
+  const std::string vocabulary =
+      g.tokenizer_model == "llama"
+          ? fmt::format("SentencePiece vocabulary from tokenizer.model (\"llama\"), {} tokens with scores", g.tokens)
+          : fmt::format("{} tokens, {} merges, pre-tokenizer '{}' (llama.cpp's name for it)", g.tokens, g.merges,
+                        g.pre_tokenizer);
+  fmt::print("keel: tokenizer: {}, {}{}\n", vocabulary, g.chat_template ? "chat template included" : "no chat template",
              g.end_of_turn.empty() ? "" : fmt::format(" (its turns end with '{}', which llama.cpp stops on)", g.end_of_turn));
   fmt::print("keel: exported {}{} to {}: GGUF, architecture '{}' ({}), {} tensors, {} ({:.1f} MB)\n",
              result.step_dir, result.step ? fmt::format(" (step {})", result.step) : "", request.destination,

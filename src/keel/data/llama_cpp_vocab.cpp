@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 #include <simdjson.h>
 
+#include <charconv>
 #include <map>
 
 #include "keel/core/error.h"
@@ -12,6 +13,7 @@
 #include "keel/core/sha256.h"
 #include "keel/data/hf_tokenizer_json.h"
 #include "keel/data/llama_cpp_pre_tokenizers.h"
+#include "keel/data/sentencepiece_model.h"
 #include "keel/data/tokenizer.h"
 
 namespace keel::data {
@@ -218,6 +220,50 @@ std::optional<std::string> read_chat_template(const LlamaCppVocabFiles& files, e
   return std::nullopt;
 }
 
+// SpecialVocab's reading of a directory, merges aside: the normalizer flags and the post-processor
+// from tokenizer.json, the chat template, add_<type>_token and <type>_token (by tokenizer.json's added
+// tokens) from tokenizer_config.json, then config.json's <type>_token_id where still unset. Ids at
+// or past n_vocab (where SpecialVocab is given one) are skipped, as there.
+void read_special_vocab(const LlamaCppVocabFiles& files, element tokenizer_root, const Json* config,
+                        const std::vector<element>& added, LlamaCppVocab& v, std::optional<int64_t> n_vocab) {
+  auto set = [&](std::string_view type, int64_t id) {
+    if (!n_vocab || id < *n_vocab) set_special(v, type, id);
+  };
+  if (auto n = member(tokenizer_root, "normalizer")) read_normalizer(*n, v);
+  element config_root;
+  element* config_element = nullptr;
+  if (config) config_element = &(config_root = config->root);
+  read_post_processor(tokenizer_root, config_element, v);
+  // ... the chat template, add_<type>_token and <type>_token from tokenizer_config.json ...
+  if (config) {
+    v.chat_template = read_chat_template(files, config->root);
+    v.add_prefix_space = bool_member(config->root, "add_prefix_space");
+    for (const char* type : kSpecialTypes) {
+      if (auto add = bool_member(config->root, fmt::format("add_{}_token", type))) set_add(v, type, *add, true);
+      const auto content = config_token(config->root, fmt::format("{}_token", type));
+      if (!content) continue;
+      for (element t : added) {
+        if (string_member(t, "content") == std::string_view(*content)) {
+          int64_t id = 0;
+          if (t.at_key("id").get_int64().get(id) == simdjson::SUCCESS) set(type, id);
+          break;
+        }
+      }
+    }
+  }
+  // ... then config.json's <type>_token_id where still unset (integers only, as there).
+  if (!files.config_json.empty()) {
+    simdjson::dom::parser parser;
+    element root;
+    if (!parse_json_document(parser, files.config_json, root))
+      for (const char* type : kSpecialTypes) {
+        int64_t id;
+        auto e = member(root, fmt::format("{}_token_id", type));
+        if (e && e->is_int64() && e->get_int64().get(id) == simdjson::SUCCESS && id >= 0) set(type, id);
+      }
+  }
+}
+
 }  // namespace
 
 bool llama_cpp_ends_generation(const LlamaCppVocab& vocab, int64_t id) {
@@ -244,21 +290,91 @@ std::string llama_cpp_pre_tokenizer_name(const std::vector<int32_t>& ids) {
   return name;
 }
 
-LlamaCppVocab llama_cpp_bpe_vocab(const std::string& dir, int64_t vocab_size, const std::string& config_json) {
-  const std::string tokenizer_path = dir + "/tokenizer.json";
-  require(path_exists(tokenizer_path) || !path_exists(dir + "/tokenizer.model"),
-          "{}: a SentencePiece tokenizer (tokenizer.model without tokenizer.json): keel's GGUF export writes "
-          "byte-level BPE vocabularies only; convert this one with llama.cpp's convert_hf_to_gguf.py",
-          dir);
-  require(path_exists(tokenizer_path), "{}: no such file (a GGUF file carries the model's tokenizer)", tokenizer_path);
+LlamaCppVocab llama_cpp_vocab(const std::string& dir, int64_t vocab_size, const std::string& config_json,
+                              bool sentencepiece_only) {
+  const std::string tokenizer_path = dir + "/tokenizer.json", model_path = dir + "/tokenizer.model";
   LlamaCppVocabFiles files;
   files.origin = dir;
+  if (path_exists(model_path)) files.sentencepiece_model = read_file(model_path);
+  const bool sentencepiece = looks_like_sentencepiece_model(files.sentencepiece_model);
+  require(sentencepiece || !sentencepiece_only,
+          "{}: no SentencePiece tokenizer.model, which llama.cpp's converter reads for this family (its vocabulary "
+          "with scores); put the model's tokenizer.model beside tokenizer.json",
+          dir);
+  require(path_exists(tokenizer_path),
+          "{}: no such file: keel tokenizes with tokenizer.json (a SentencePiece tokenizer.model alone: load it with "
+          "transformers and save_pretrained to write one), and reads its special tokens from it",
+          tokenizer_path);
   files.tokenizer_json = read_file(tokenizer_path);
   files.tokenizer_config_json = read_if_there(dir + "/tokenizer_config.json");
   files.chat_template_jinja = read_if_there(dir + "/chat_template.jinja");
   files.chat_template_json = read_if_there(dir + "/chat_template.json");
+  files.added_tokens_json = read_if_there(dir + "/added_tokens.json");
   files.config_json = config_json;
-  return llama_cpp_bpe_vocab(files, vocab_size);
+  return sentencepiece ? llama_cpp_sentencepiece_vocab(files, vocab_size) : llama_cpp_bpe_vocab(files, vocab_size);
+}
+
+LlamaCppVocab llama_cpp_sentencepiece_vocab(const LlamaCppVocabFiles& files, int64_t vocab_size) {
+  const std::string model_path = files.origin + "/tokenizer.model";
+  const std::vector<SentencePiece> pieces = read_sentencepiece_model(files.sentencepiece_model, model_path);
+  require(vocab_size > 0, "{}: the model's vocabulary is empty (config.json vocab_size)", files.origin);
+  LlamaCppVocab v;
+  v.model = "llama";
+  v.pre = "default";
+  v.tokens.reserve(size_t(vocab_size));
+  for (int64_t i = 0; i < vocab_size; ++i) v.tokens.push_back(fmt::format("[PAD{}]", i));
+  v.scores.assign(size_t(vocab_size), -10000.0f);
+  v.token_types.assign(size_t(vocab_size), int32_t(LlamaCppTokenType::Unused));
+  // Pieces past the model's vocabulary are left out (the converter warns and stops there).
+  for (size_t id = 0; id < pieces.size() && int64_t(id) < vocab_size; ++id) {
+    const SentencePiece& p = pieces[id];
+    LlamaCppTokenType type = LlamaCppTokenType::Normal;  // user-defined pieces too: the processor has no IsUserDefined
+    if (p.type == SentencePieceType::Unknown) type = LlamaCppTokenType::Unknown;
+    else if (p.type == SentencePieceType::Control) type = LlamaCppTokenType::Control;
+    else if (p.type == SentencePieceType::Unused) type = LlamaCppTokenType::Unused;
+    else if (p.type == SentencePieceType::Byte) type = LlamaCppTokenType::Byte;
+    v.tokens[id] = p.piece;
+    v.scores[id] = p.score;
+    v.token_types[id] = int32_t(type);
+  }
+  auto over = [&](int64_t id, std::string token, LlamaCppTokenType type) {
+    if (id < 0 || id >= vocab_size) return;  // out of range: the converter skips it
+    v.tokens[size_t(id)] = std::move(token);
+    v.scores[size_t(id)] = -1000.0f;
+    v.token_types[size_t(id)] = int32_t(type);
+  };
+  if (auto added = parse_json(files.added_tokens_json, files.origin + "/added_tokens.json"))
+    for (auto [key, value] : object(added->root)) {
+      int64_t id;
+      require(value.get_int64().get(id) == simdjson::SUCCESS, "{}/added_tokens.json: '{}': expected an integer id",
+              files.origin, key);
+      over(id, std::string(key), LlamaCppTokenType::UserDefined);
+    }
+  auto config = parse_json(files.tokenizer_config_json, files.origin + "/tokenizer_config.json");
+  if (config)
+    if (auto decoder = member(config->root, "added_tokens_decoder"); decoder && decoder->is_object())
+      for (auto [key, value] : object(*decoder)) {
+        int64_t id = 0;
+        const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+        const auto content = string_member(value, "content");
+        require(ec == std::errc() && end == key.data() + key.size() && content,
+                "{}/tokenizer_config.json: added_tokens_decoder['{}']: expected an integer id and an object with "
+                "'content'",
+                files.origin, key);
+        std::string token(*content);
+        const bool control = bool_member(value, "special").value_or(false) || looks_special(token);
+        if (!control) token = replace_all(token, "\xe2\x96\x81", " ");  // pre-normalized user-defined spaces
+        over(id, std::move(token), control ? LlamaCppTokenType::Control : LlamaCppTokenType::UserDefined);
+      }
+  // SpecialVocab(n_vocab=len(tokens)), merges not loaded: from tokenizer.json's added tokens and
+  // post-processor, tokenizer_config.json and config.json.
+  auto tokenizer = parse_json(files.tokenizer_json, files.origin + "/tokenizer.json");
+  std::vector<element> added;
+  array added_list;
+  if (auto a = member(tokenizer->root, "added_tokens"); a && a->get_array().get(added_list) == simdjson::SUCCESS)
+    for (element t : added_list) added.push_back(t);
+  read_special_vocab(files, tokenizer->root, config.get(), added, v, vocab_size);
+  return v;
 }
 
 LlamaCppVocab llama_cpp_bpe_vocab(const LlamaCppVocabFiles& files, int64_t vocab_size) {
@@ -324,41 +440,9 @@ LlamaCppVocab llama_cpp_bpe_vocab(const LlamaCppVocabFiles& files, int64_t vocab
     }
   }
 
-  // SpecialVocab(load_merges=True): merges and normalizer flags from tokenizer.json, ...
+  // SpecialVocab(load_merges=True): merges, then what every vocabulary reads.
   v.merges = read_merges(model, tokenizer_path);
-  if (auto n = member(tokenizer->root, "normalizer")) read_normalizer(*n, v);
-  element config_root;
-  element* config_element = nullptr;
-  if (config) config_element = &(config_root = config->root);
-  read_post_processor(tokenizer->root, config_element, v);
-  // ... the chat template, add_<type>_token and <type>_token from tokenizer_config.json ...
-  if (config) {
-    v.chat_template = read_chat_template(files, config->root);
-    v.add_prefix_space = bool_member(config->root, "add_prefix_space");
-    for (const char* type : kSpecialTypes) {
-      if (auto add = bool_member(config->root, fmt::format("add_{}_token", type))) set_add(v, type, *add, true);
-      const auto content = config_token(config->root, fmt::format("{}_token", type));
-      if (!content) continue;
-      for (element t : added) {
-        if (string_member(t, "content") == std::string_view(*content)) {
-          int64_t id = 0;
-          if (t.at_key("id").get_int64().get(id) == simdjson::SUCCESS) set_special(v, type, id);
-          break;
-        }
-      }
-    }
-  }
-  // ... then config.json's <type>_token_id where still unset (integers only, as there).
-  if (!files.config_json.empty()) {
-    simdjson::dom::parser parser;
-    element root;
-    if (!parse_json_document(parser, files.config_json, root))
-      for (const char* type : kSpecialTypes) {
-        int64_t id;
-        auto e = member(root, fmt::format("{}_token_id", type));
-        if (e && e->is_int64() && e->get_int64().get(id) == simdjson::SUCCESS && id >= 0) set_special(v, type, id);
-      }
-  }
+  read_special_vocab(files, tokenizer->root, config.get(), added, v, std::nullopt);
   // The ids the tokenizer gives the converter's fixed text name its pre-tokenizer (last: the
   // tokenizer is built whole for it).
   const Tokenizer keel_tokenizer = hf_tokenizer_from_json(files.tokenizer_json, tokenizer_path,

@@ -4,9 +4,10 @@
 // decides, keel decides the same way (its get_vocab_base, get_vocab_base_pre and gguf-py's
 // SpecialVocab); the GGUF keys themselves are written by checkpoint/gguf_export.h.
 //
-// tokenizer.json BPE vocabularies read through transformers (Llama 3, Qwen2/3, GLM-4, Gemma 3's
-// tokenizer.json) are what this covers, the converter's "gpt2" path. A SentencePiece tokenizer.model
-// alone is a keel::Error saying so.
+// Two of the converter's paths: "gpt2", tokenizer.json's BPE vocabulary (Llama 3, Qwen2/3, Gemma 3's
+// tokenizer.json), and "llama", a SentencePiece tokenizer.model's pieces with their scores
+// (_set_vocab_sentencepiece: Gemma 2, and every family keel writes whose directory holds one, as
+// Llama 2, Mistral and Gemma's published ones do).
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -20,9 +21,10 @@ namespace keel::data {
 enum class LlamaCppTokenType : int32_t { Normal = 1, Unknown = 2, Control = 3, UserDefined = 4, Unused = 5, Byte = 6 };
 
 struct LlamaCppVocab {
-  std::string model = "gpt2";  // tokenizer.ggml.model
+  std::string model = "gpt2";  // tokenizer.ggml.model: "gpt2" or "llama" (SentencePiece)
   std::string pre;             // tokenizer.ggml.pre
   std::vector<std::string> tokens;
+  std::vector<float> scores;   // tokenizer.ggml.scores: "llama" vocabularies only
   std::vector<int32_t> token_types;
   std::vector<std::string> merges;  // "left right"; a space inside a part as U+0120 (' ' + 256, as gguf-py)
   // In the order SpecialVocab sets them: tokenizer_config.json's first, then config.json's.
@@ -43,8 +45,23 @@ struct LlamaCppVocabFiles {
   std::string tokenizer_json;
   std::optional<std::string> tokenizer_config_json, chat_template_jinja, chat_template_json;
   std::string config_json;  // the model's config.json ("" for none)
+  // For the SentencePiece path: tokenizer.model's bytes and added_tokens.json.
+  std::string sentencepiece_model;
+  std::optional<std::string> added_tokens_json;
 };
 LlamaCppVocab llama_cpp_bpe_vocab(const LlamaCppVocabFiles& files, int64_t vocab_size);
+// _create_vocab_sentencepiece and SpecialVocab(n_vocab): vocab_size entries ("[PAD<id>]", unused,
+// score -10000 past the model's pieces), each piece's text, score and type (user-defined pieces
+// normal, as SentencePieceProcessor has no IsUserDefined), added_tokens.json's and
+// tokenizer_config.json's added_tokens_decoder over them (score -1000); "llama", pre "default".
+LlamaCppVocab llama_cpp_sentencepiece_vocab(const LlamaCppVocabFiles& files, int64_t vocab_size);
+
+// The vocabulary the converter writes for `dir`: llama_cpp_sentencepiece_vocab where it holds a
+// SentencePiece tokenizer.model (the families keel writes try that first), else
+// llama_cpp_bpe_vocab. `sentencepiece_only` (Gemma 2, whose converter reads nothing else): without
+// a tokenizer.model, a keel::Error saying so.
+LlamaCppVocab llama_cpp_vocab(const std::string& dir, int64_t vocab_size, const std::string& config_json,
+                              bool sentencepiece_only = false);
 
 // Reads `dir`'s tokenizer.json, tokenizer_config.json, chat_template.jinja / .json, and the model's
 // config.json text (`config_json`, for the *_token_id keys SpecialVocab falls back to). vocab_size

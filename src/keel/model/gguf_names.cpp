@@ -55,11 +55,12 @@ std::string gguf_architecture(const ModelConfig& config) {
     case Family::Mistral: return "llama";  // the converter's LlamaModel takes MistralForCausalLM too
     case Family::Qwen2: return "qwen2";
     case Family::Qwen3: return "qwen3";
+    case Family::Gemma2: return "gemma2";
     case Family::Gemma3: return "gemma3";
     default: break;
   }
-  fail("{} ({}): keel's GGUF export does not write this family yet (it writes Llama, Mistral, Qwen2, Qwen3 and "
-       "Gemma 3); "
+  fail("{} ({}): keel's GGUF export does not write this family yet (it writes Llama, Mistral, Qwen2, Qwen3, "
+       "Gemma 2 and Gemma 3); "
        "export a Hugging Face directory (--format hf) and convert it with llama.cpp's convert_hf_to_gguf.py",
        family_display_name(config.family), config.architecture);
 }
@@ -82,12 +83,12 @@ std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_na
     }
   }
   fail("tensor '{}': llama.cpp's GGUF tensor map has no name for it (keel's GGUF export knows the tensors of "
-       "Llama, Mistral, Qwen2, Qwen3 and Gemma 3 checkpoints)",
+       "Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 checkpoints)",
        hf_name);
 }
 
 float gguf_norm_shift(const ModelConfig& config, const std::string& hf_name) {
-  return config.family == Family::Gemma3 && std::string_view(hf_name).ends_with("norm.weight") ? 1.0f : 0.0f;
+  return config.gemma() && std::string_view(hf_name).ends_with("norm.weight") ? 1.0f : 0.0f;
 }
 
 int64_t gguf_permuted_heads(const ModelConfig& config, const std::string& hf_name) {

@@ -16,15 +16,16 @@ namespace keel::model {
 inline constexpr uint32_t kGgmlQuantizationVersion = 2;  // GGML_QNT_VERSION: general.quantization_version
 
 // The GGUF architecture (`general.architecture`) of a family: "llama" for Llama and Mistral,
-// "qwen2", "qwen3", "gemma3". Families keel does not write yet are a keel::Error naming the family.
+// "qwen2", "qwen3", "gemma2", "gemma3". Families keel does not write yet are a keel::Error naming the family.
 std::string gguf_architecture(const ModelConfig& config);
 
 // "model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight", ... (Gemma's sandwich norms
 // by its own names); a keel::Error naming the tensor for one llama.cpp has no name for.
 std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_name);
 
-// Gemma 3: llama.cpp's RMSNorm multiplies by w, transformers' Gemma3RMSNorm by (1 + w), so the
-// converter stores every norm weight plus one (Gemma3Model.norm_shift). 0 for other tensors.
+// Gemma 2 and 3: llama.cpp's RMSNorm multiplies by w, transformers' Gemma RMSNorms by (1 + w), so
+// the converter stores every norm weight plus one (Gemma2Model.modify_tensors,
+// Gemma3Model.norm_shift). 0 for other tensors.
 float gguf_norm_shift(const ModelConfig& config, const std::string& hf_name);
 
 // Llama and Mistral: the converter's LlamaModel.permute on q_proj and k_proj (weights and biases):
