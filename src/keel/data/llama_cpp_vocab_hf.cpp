@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include <string_view>
 #include <unordered_map>
@@ -54,16 +55,219 @@ std::string added_token_json(int64_t id, const std::string& content, bool specia
       id, json_quoted(content), special ? "true" : "false");
 }
 
+
+// A token's code points, as Python's str indexes them (a lead byte's length, clamped to the end).
+std::vector<std::string_view> code_points(std::string_view token) {
+  std::vector<std::string_view> out;
+  for (size_t at = 0; at < token.size();) {
+    const size_t n = std::min(utf8_length(static_cast<unsigned char>(token[at])), token.size() - at);
+    out.push_back(token.substr(at, n));
+    at += n;
+  }
+  return out;
+}
+
+// Python's str.isspace for one code point.
+bool is_space(std::string_view cp) {
+  static constexpr std::string_view kSpaces[] = {
+      " ", "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", "\xc2\x85", "\xc2\xa0", "\xe1\x9a\x80",
+      "\xe2\x80\x80", "\xe2\x80\x81", "\xe2\x80\x82", "\xe2\x80\x83", "\xe2\x80\x84", "\xe2\x80\x85", "\xe2\x80\x86",
+      "\xe2\x80\x87", "\xe2\x80\x88", "\xe2\x80\x89", "\xe2\x80\x8a", "\xe2\x80\xa8", "\xe2\x80\xa9", "\xe2\x80\xaf",
+      "\xe2\x81\x9f", "\xe3\x80\x80"};
+  for (std::string_view s : kSpaces)
+    if (cp == s) return true;
+  return false;
+}
+
+// transformers' generate_merges(vocab, vocab_scores) (tokenization_utils_base.py): every way to
+// cut a token in two known tokens, each token's cuts by the pieces' ids, all of them sorted by the
+// token's score (then the pieces' lengths in code points), best first, stably.
+std::vector<std::pair<std::string, std::string>> generate_merges(
+    const std::vector<std::string>& order, const std::unordered_map<std::string, int64_t>& vocab,
+    const std::unordered_map<std::string, double>& scores) {
+  struct Merge {
+    std::string_view left, right;
+    double score;
+    size_t left_length, right_length;
+  };
+  std::vector<Merge> merges;
+  std::vector<Merge> local;
+  for (const std::string& token : order) {
+    const double score = scores.at(token);
+    const auto cps = code_points(token);
+    local.clear();
+    size_t offset = 0;
+    for (size_t i = 1; i < cps.size(); ++i) {
+      offset += cps[i - 1].size();
+      const std::string left = token.substr(0, offset), right = token.substr(offset);
+      const auto l = vocab.find(left), r = vocab.find(right);
+      if (l != vocab.end() && r != vocab.end())
+        local.push_back({l->first, r->first, score, i, cps.size() - i});
+    }
+    std::stable_sort(local.begin(), local.end(), [&](const Merge& a, const Merge& b) {
+      const int64_t al = vocab.at(std::string(a.left)), bl = vocab.at(std::string(b.left));
+      if (al != bl) return al < bl;
+      return vocab.at(std::string(a.right)) < vocab.at(std::string(b.right));
+    });
+    merges.insert(merges.end(), local.begin(), local.end());
+  }
+  // sorted(..., reverse=True) keeps equal keys in their order: a stable sort on the key descending.
+  std::stable_sort(merges.begin(), merges.end(), [](const Merge& a, const Merge& b) {
+    if (a.score != b.score) return a.score > b.score;
+    if (a.left_length != b.left_length) return a.left_length > b.left_length;
+    return a.right_length > b.right_length;
+  });
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(merges.size());
+  for (const auto& m : merges) out.emplace_back(m.left, m.right);
+  return out;
+}
+
+// A SentencePiece vocabulary ("llama") of a Gemma file as transformers' GGUF loader rebuilds it
+// (gemma_tokenizer): GemmaTokenizer's pipeline (spaces to U+2581 by a normalizer, no split, BPE
+// with byte fallback), merges generate_merges derives from the vocabulary ranked by the tokens'
+// order in the file, tokens of spaces respelled; then the class's special tokens, the file's
+// control tokens (special) and user-defined ones (not), and BOS as tokenizer.ggml.add_bos_token
+// says (true where absent, as there). Other architectures' (LlamaTokenizer, its Metaspace and
+// merges ranked by scores) are not built yet: an error saying so.
+HfTokenizerFiles sentencepiece_files(const LlamaCppVocab& v, const std::string& origin, const std::string& arch) {
+  const bool gemma = arch == "gemma" || arch == "gemma2" || arch == "gemma3";
+  require(gemma,
+          "{}: a SentencePiece vocabulary (tokenizer.ggml.model \"llama\") of architecture '{}': keel rebuilds "
+          "those of Gemma files (gemma2, gemma3) only; give the model's Hugging Face tokenizer with `tokenizer` in "
+          "the recipe",
+          origin, arch);
+  HfTokenizerFiles out;
+  std::vector<std::string> tokens = v.tokens;
+  // A token made of spaces is stored as spaces; GemmaTokenizer looks it up as U+2581s.
+  for (auto& t : tokens) {
+    const auto cps = code_points(t);
+    if (t.find(' ') != std::string::npos && std::all_of(cps.begin(), cps.end(), is_space)) {
+      std::string respelled;
+      for (size_t i = 0; i < cps.size(); ++i) respelled += "\xe2\x96\x81";
+      t = respelled;
+    }
+  }
+  // {token: id} and {token: score} as Python builds them: the last id wins, the first order stays.
+  std::unordered_map<std::string, int64_t> vocab;
+  std::unordered_map<std::string, double> scores;
+  std::vector<std::string> order;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (!vocab.count(tokens[id])) order.push_back(tokens[id]);
+    vocab[tokens[id]] = int64_t(id);
+    scores[tokens[id]] = -double(id);  // the file's order, not its scores (Gemma's do not follow the merges)
+  }
+  const auto merges = generate_merges(order, vocab, scores);
+
+  const auto type_of = [&](size_t id) { return v.token_types.empty() ? 1 : v.token_types[id]; };
+  const auto special_text = [&](std::string_view which) -> std::optional<std::string> {
+    for (const auto& [type, id] : v.special_ids)
+      if (type == which && id >= 0 && size_t(id) < tokens.size()) return v.tokens[size_t(id)];
+    return std::nullopt;
+  };
+  // The tokenizer class's special tokens: the file's, else the class's defaults where the
+  // vocabulary has them (transformers would add a missing one past the model's vocabulary).
+  struct Named {
+    const char* key;
+    const char* which;
+    const char* fallback;
+  };
+  const Named named[] = {{"unk_token", "unk", "<unk>"}, {"bos_token", "bos", "<bos>"}, {"eos_token", "eos", "<eos>"},
+                         {"pad_token", "pad", "<pad>"}, {"mask_token", "", "<mask>"}};
+  std::map<int64_t, bool> added;  // id -> special
+  std::string config = R"({"tokenizer_class":"GemmaTokenizer")";
+  std::optional<std::string> bos_text, eos_text;
+  for (const auto& n : named) {
+    std::optional<std::string> text = *n.which ? special_text(n.which) : std::nullopt;
+    if (!text && n.fallback) text = n.fallback;
+    if (text && !vocab.count(*text)) {
+      out.notes.push_back(fmt::format("{} '{}' is not in the vocabulary: not added (transformers would add it as a "
+                                      "new token past the model's embedding)",
+                                      n.key, *text));
+      text.reset();
+    }
+    config += fmt::format(",\"{}\":{}", n.key, text ? json_quoted(*text) : "null");
+    if (!text) continue;
+    added[vocab.at(*text)] = true;
+    if (std::string_view(n.which) == "bos") bos_text = text;
+    if (std::string_view(n.which) == "eos") eos_text = text;
+  }
+  for (size_t id = 0; id < tokens.size(); ++id)  // added by their text: a text spelled twice is its last id
+    if (type_of(id) == int32_t(LlamaCppTokenType::Control)) added[vocab.at(tokens[id])] = true;
+  for (size_t id = 0; id < tokens.size(); ++id)
+    if (type_of(id) == int32_t(LlamaCppTokenType::UserDefined) && vocab.at(tokens[id]) == int64_t(id))
+      added[int64_t(id)] = false;
+  auto add_flag = [&](std::string_view type, bool fallback) {
+    for (const auto& [t, add] : v.add_special)
+      if (t == type) return add;
+    return fallback;
+  };
+  const bool add_bos = add_flag("bos", true) && bos_text, add_eos = add_flag("eos", false) && eos_text;
+  config += fmt::format(R"(,"add_bos_token":{},"add_eos_token":{}}})", add_bos ? "true" : "false",
+                        add_eos ? "true" : "false");
+
+  std::string json = R"({"version":"1.0","truncation":null,"padding":null,"added_tokens":[)";
+  bool first = true;
+  for (const auto& [id, special] : added) {
+    json += (first ? "" : ",") + added_token_json(id, tokens[size_t(id)], special);
+    first = false;
+  }
+  json += "],";
+  json += R"("normalizer":{"type":"Replace","pattern":{"String":" "},"content":"\u2581"},)"
+          R"("pre_tokenizer":{"type":"Split","pattern":{"String":" "},"behavior":"MergedWithPrevious",)"
+          R"("invert":false},)";
+  out.pre_tokenizer = "GemmaTokenizer's (spaces as U+2581, no split)";
+  auto special_item = [](const std::string& text) {
+    return fmt::format(R"({{"SpecialToken":{{"id":{},"type_id":0}}}})", json_quoted(text));
+  };
+  std::string single, specials;
+  if (add_bos) single += special_item(*bos_text) + ",";
+  single += R"({"Sequence":{"id":"A","type_id":0}})";
+  if (add_eos) single += "," + special_item(*eos_text);
+  for (const auto& text : {add_bos ? bos_text : std::nullopt, add_eos ? eos_text : std::nullopt})
+    if (text)
+      specials += fmt::format(R"({}{}:{{"id":{},"ids":[{}],"tokens":[{}]}})", specials.empty() ? "" : ",",
+                              json_quoted(*text), json_quoted(*text), vocab.at(*text), json_quoted(*text));
+  json += fmt::format(
+      R"("post_processor":{{"type":"TemplateProcessing","single":[{}],"pair":[{}],"special_tokens":{{{}}}}},)", single,
+      single + R"(,{"Sequence":{"id":"B","type_id":1}})", specials);
+  json += R"("decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"\u2581"},"content":" "},)"
+          R"({"type":"ByteFallback"},{"type":"Fuse"}]},)";
+  json += fmt::format(R"("model":{{"type":"BPE","dropout":null,"unk_token":{},"continuing_subword_prefix":null,)"
+                      R"("end_of_word_suffix":null,"fuse_unk":true,"byte_fallback":true,"ignore_merges":false,)"
+                      R"("vocab":{{)",
+                      special_text("unk") ? json_quoted(*special_text("unk")) : std::string("\"<unk>\""));
+  first = true;
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (vocab.at(tokens[id]) != int64_t(id)) continue;
+    json += (first ? "" : ",") + json_quoted(tokens[id]) + ":" + std::to_string(id);
+    first = false;
+  }
+  json += R"(},"merges":[)";
+  first = true;
+  for (const auto& [left, right] : merges) {
+    json += fmt::format("{}[{},{}]", first ? "" : ",", json_quoted(left), json_quoted(right));
+    first = false;
+  }
+  json += "]}}";
+  out.tokenizer_json = std::move(json);
+  out.tokenizer_config_json = std::move(config);
+  out.chat_template = v.chat_template;
+  return out;
+}
+
 }  // namespace
 
-HfTokenizerFiles hf_tokenizer_files(const LlamaCppVocab& v, const std::string& origin) {
-  require(v.model == "gpt2",
-          "{}: tokenizer.ggml.model is '{}': keel builds byte-level BPE tokenizers (\"gpt2\") from GGUF metadata; "
-          "give the model's Hugging Face tokenizer with `tokenizer` in the recipe",
+HfTokenizerFiles hf_tokenizer_files(const LlamaCppVocab& v, const std::string& origin,
+                                    const std::string& architecture) {
+  require(v.model == "gpt2" || v.model == "llama",
+          "{}: tokenizer.ggml.model is '{}': keel builds byte-level BPE (\"gpt2\") and SentencePiece (\"llama\") "
+          "tokenizers from GGUF metadata; give the model's Hugging Face tokenizer with `tokenizer` in the recipe",
           origin, v.model);
   require(!v.tokens.empty(), "{}: tokenizer.ggml.tokens is missing or empty", origin);
   require(v.token_types.empty() || v.token_types.size() == v.tokens.size(),
           "{}: tokenizer.ggml.token_type has {} entries for {} tokens", origin, v.token_types.size(), v.tokens.size());
+  if (v.model == "llama") return sentencepiece_files(v, origin, architecture);
   HfTokenizerFiles out;
   const auto type_of = [&](size_t id) { return v.token_types.empty() ? 1 : v.token_types[id]; };
   const auto special_id = [&](std::string_view which) -> std::optional<int64_t> {

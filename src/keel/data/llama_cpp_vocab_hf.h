@@ -12,7 +12,13 @@
 //   - no post-processor tokens: transformers' GGUF tokenizer adds no BOS whatever
 //     tokenizer.ggml.add_bos_token says (a chat template that writes bos_token still has it);
 //   - tokenizer_config.json: bos/eos/pad/unk tokens; chat_template.jinja: the file's template.
-// SentencePiece vocabularies ("llama") and others are a keel::Error naming what is read.
+// SentencePiece vocabularies ("llama"), as transformers' sentencepiece builders make them
+// (gguf_tokenizer_mapping.py): for gemma/gemma2/gemma3 files GemmaTokenizer (spaces to U+2581 by a
+// normalizer, BPE with byte fallback, the merges transformers' generate_merges derives from the
+// vocabulary ranked by the tokens' order in the file), for others LlamaTokenizer (Metaspace, the
+// merges ranked by the file's scores); the class's special tokens, the file's control and
+// user-defined tokens; BOS added as tokenizer.ggml.add_bos_token says (true where absent).
+// Other tokenizer models are a keel::Error naming what is read.
 #pragma once
 #include <optional>
 #include <string>
@@ -29,7 +35,9 @@ struct HfTokenizerFiles {
   std::vector<std::string> notes;            // what keel decided that the file may have said otherwise
 };
 
-// `origin` names the GGUF file in errors and notes.
-HfTokenizerFiles hf_tokenizer_files(const LlamaCppVocab& vocab, const std::string& origin);
+// `origin` names the GGUF file in errors and notes; `architecture` (general.architecture) picks
+// transformers' SentencePiece builder for a "llama" vocabulary.
+HfTokenizerFiles hf_tokenizer_files(const LlamaCppVocab& vocab, const std::string& origin,
+                                    const std::string& architecture = "");
 
 }  // namespace keel::data

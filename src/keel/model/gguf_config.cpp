@@ -1,5 +1,8 @@
 #include "keel/model/gguf_config.h"
 
+#include <fmt/format.h>
+
+#include <cmath>
 #include <string_view>
 #include <utility>
 
@@ -15,6 +18,8 @@ constexpr std::pair<std::string_view, Family> kArchitectures[] = {
     {"llama", Family::Llama},
     {"qwen2", Family::Qwen2},
     {"qwen3", Family::Qwen3},
+    {"gemma2", Family::Gemma2},
+    {"gemma3", Family::Gemma3},
 };
 
 const formats::GgufTensorInfo* find_tensor(const formats::GgufFile& file, std::string_view name) {
@@ -32,7 +37,62 @@ int64_t positive(const formats::GgufFile& file, const std::string& key, std::opt
   return value;
 }
 
+// llama.cpp's attention scale for Gemma (llama_model_gemma2/3::load_arch_hparams), which no key
+// carries: 1/sqrt(head_dim), or 1/sqrt(hidden / heads) for the 27B models (46 and 62 layers).
+double gemma_query_pre_attn_scalar(const ModelConfig& c) {
+  const bool is_27b = c.num_layers == (c.family == Family::Gemma2 ? 46 : 62);
+  return is_27b ? double(c.hidden_size / c.num_heads) : double(c.head_dim);
+}
+
+// Gemma 2 and 3 as llama.cpp runs the file (checkpoint/gguf_export.h writes what it reads and
+// refuses what it would run otherwise): the soft caps and window from the file, with llama.cpp's
+// defaults where a key is absent (Gemma 2: caps 50 and 30, window 4096; Gemma 3: no final cap, no
+// window, local RoPE base 10000), the scale and the windowed layers from its tables (Gemma 2 every
+// even layer, Gemma 3 all but each sixth).
+void read_gemma(const formats::GgufFile& file, const std::string& k, ModelConfig& c) {
+  const bool gemma2 = c.family == Family::Gemma2;
+  c.query_pre_attn_scalar = gemma_query_pre_attn_scalar(c);
+  auto cap = [&](const std::string& key, double fallback) {
+    const double v = file.number_value(k + key).value_or(fallback);
+    require(v >= 0 && std::isfinite(v), "{}: {}{}: expected a non-negative number, found {}", file.path(), k, key, v);
+    return v;
+  };
+  if (gemma2) c.attn_logit_softcap = cap("attn_logit_softcapping", 50.0);
+  c.final_logit_softcap = cap("final_logit_softcapping", gemma2 ? 30.0 : 0.0);
+  if (!gemma2) c.rope_local_theta = file.number_value(k + "rope.freq_base_swa").value_or(10000.0);
+  // Gemma 3 without a window key (or 0) has none in llama.cpp.
+  const auto window = file.integer_value(k + "attention.sliding_window");
+  c.sliding_window = gemma2 ? positive(file, k + "attention.sliding_window", 4096) : window.value_or(0);
+  require(c.sliding_window >= 0, "{}: {}attention.sliding_window: expected a non-negative integer, found {}",
+          file.path(), k, c.sliding_window);
+  c.sliding_layers.assign(size_t(c.num_layers), false);
+  if (c.sliding_window > 0)
+    for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers[size_t(i)] = gemma2 ? i % 2 == 0 : i % 6 < 5;
+}
+
 }  // namespace
+
+std::vector<std::string> gguf_config_notes(const ModelConfig& c) {
+  if (!c.gemma()) return {};
+  std::vector<std::string> notes;
+  const bool gemma2 = c.family == Family::Gemma2;
+  // transformers' GGUF config mapping (integrations/ggml.py, 5.24) reads the window, not the caps
+  // or the scale: Gemma2Config's / Gemma3TextConfig's defaults stand in for them.
+  const double hf_attn = gemma2 ? 50.0 : 0.0, hf_final = gemma2 ? 30.0 : 0.0;
+  if (c.query_pre_attn_scalar != 256.0 || c.attn_logit_softcap != hf_attn || c.final_logit_softcap != hf_final)
+    notes.push_back(fmt::format(
+        "attention scaled by query_pre_attn_scalar^-0.5 = {:g}^-0.5 (llama.cpp's rule; no key carries it), soft caps "
+        "{:g} (attention) and {:g} (final, 0: none) as the file states: the model as llama.cpp runs it. transformers' "
+        "GGUF loader reads none of them and takes its config class's defaults (256, {:g}, {:g}), so a directory it "
+        "makes of this file trains another model",
+        c.query_pre_attn_scalar, c.attn_logit_softcap, c.final_logit_softcap, hf_attn, hf_final));
+  if (!gemma2 && c.rope_local_theta != 10000.0)
+    notes.push_back(fmt::format(
+        "the windowed layers' RoPE base {:g} from rope.freq_base_swa; transformers' GGUF loader does not read it "
+        "and takes Gemma3TextConfig's 10000",
+        c.rope_local_theta));
+  return notes;
+}
 
 std::string gguf_readable_architectures() {
   std::string out;
@@ -98,6 +158,7 @@ ModelConfig gguf_model_config(const formats::GgufFile& file) {
   if (id("eos") >= 0) c.eos_token_ids = {id("eos")};
   c.torch_dtype = DType::F32;  // dequantized to fp32 at load, as transformers does
   apply_family_traits(c);
+  if (c.gemma()) read_gemma(file, k, c);
   validate(c, file.path());
   c.config_json = model_config_json(c, DType::F32);
   return c;

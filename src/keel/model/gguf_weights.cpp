@@ -74,6 +74,12 @@ GgufLoadSummary load_gguf_weights(Decoder& decoder, const formats::GgufFile& fil
     float* dequantized = in_place ? P.weight(t.param) + first : values.data();
     formats::ggml_dequantize(info.type, file.tensor_bytes(info).data(), n, dequantized);
     file.release_tensor_bytes(info);
+    // Gemma: the converter stored each norm as 1 + w (gguf_norm_shift); transformers' GGUF loader
+    // subtracts 1 in fp32 (Gemma2TensorProcessor), and so does keel.
+    if (const float shift = gguf_norm_shift(c, t.name); shift != 0.0f) {
+      for (int64_t i = 0; i < n; ++i) dequantized[i] -= shift;
+      ++summary.shifted;
+    }
     const float* out = dequantized;
     // Llama: the converter's LlamaModel.permute, undone (transformers' GGUF loader does the same).
     if (heads > 0) {

@@ -18,6 +18,7 @@ struct GgufLoadSummary {
   std::vector<std::string> unused;       // tensors of the file the model does not use
   std::vector<std::string> types;        // the ggml types dequantized, in order of first use ("Q8_0", ...)
   int64_t permuted = 0;                  // tensors whose Q/K permutation was undone
+  int64_t shifted = 0;                   // Gemma's norms, stored as 1 + w, read back as w
 };
 
 // Loads every weight of `decoder` (whose config is gguf_model_config(file)). A tensor missing, of

@@ -104,13 +104,17 @@ void load_gguf_model(model::Decoder& decoder, const std::string& path, ModelSetu
   if (log)
     fmt::print(*log,
                "keel: model from GGUF file {}: arch {} ({}), {} layers, hidden {}, {} heads ({} kv), vocab {}{}; "
-               "{} dequantized to fp32{}\n",
+               "{} dequantized to fp32{}{}\n",
                path, *file.string_value("general.architecture"), c.architecture, c.num_layers, c.hidden_size,
                c.num_heads, c.num_kv_heads, c.vocab_size,
                c.tie_word_embeddings ? ", tied embeddings (no output.weight)" : "",
                fmt::join(loaded.types, ", "),
                loaded.permuted ? fmt::format("; the converter's Q/K permutation undone on {} tensors", loaded.permuted)
-                               : std::string());
+                               : std::string(),
+               loaded.shifted ? fmt::format("; {} norms stored as 1 + w read back as w", loaded.shifted)
+                              : std::string());
+  if (log)
+    for (const auto& note : model::gguf_config_notes(c)) fmt::print(*log, "keel: note: {}\n", note);
 }
 
 }  // namespace
