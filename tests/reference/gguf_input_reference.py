@@ -17,6 +17,9 @@ scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K tensors):
   from transformers' directory: the loss of every step equal within 1e-6 (TOLERANCE);
 - tokenization: keel's tokenizer built from the file's metadata (the run's output_dir/gguf_tokenizer)
   gives the ids of transformers' GGUF tokenizer (encoded in Python) for every text of the data;
+- keel prepare --tokenizer x.gguf (Gemma 2 f32): a run from the shards it writes has the losses of
+  the run that tokenized the JSONL from the file itself; and the chat template from the metadata:
+  keel's ids of two conversations equal transformers' apply_chat_template's;
 - that the comparison can fail: the Q4_K_M run's (Gemma 2: q8_0's) losses differ from the f32 run's
   by more than 100 x TOLERANCE (the quantization is seen), and keel refuses a file with a type it
   does not read.
@@ -141,13 +144,13 @@ def drop_tokens_past_vocabulary(out, vocab_size):
           % (os.path.basename(out), dropped, vocab_size))
 
 
-def keel_run(keel, model_name, run_dir, data):
+def keel_run(keel, model_name, run_dir, data, data_path=None):
     """A short fp32 full fine-tuning run; returns (losses per step, stdout, seconds). The data is
     copied into the run's directory, so that each run tokenizes it afresh with its own tokenizer
-    (keel caches prepared data beside the JSONL)."""
+    (keel caches prepared data beside the JSONL); data_path: prepared shards to train from instead."""
     shutil.rmtree(run_dir, ignore_errors=True)
     os.makedirs(run_dir)
-    data = shutil.copy(data, os.path.join(run_dir, "train.jsonl"))
+    data = data_path or shutil.copy(data, os.path.join(run_dir, "train.jsonl"))
     recipe = os.path.join(run_dir, "recipe.toml")
     keys = {"model_name": json.dumps(model_name), "data_path": json.dumps(data),
             "output_dir": json.dumps(os.path.join(run_dir, "out")), "dtype": '"fp32"', "max_seq_len": "32",
@@ -195,6 +198,36 @@ def check_tokenizer(keel, tokenizer, hf_tokenizer, label):
     return failures
 
 
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi! How are you?"}],
+    [{"role": "user", "content": "  Two turns:\n"}, {"role": "assistant", "content": "one"},
+     {"role": "user", "content": "naïve café 123"}, {"role": "assistant", "content": " two  "}],
+]
+
+
+def check_chat(keel, tokenizer_dir, hf_tokenizer, work, label):
+    """The chat template from the metadata: keel's ids of conversations (keel inspect, as keel
+    prepare encodes them with the model's own template) equal transformers' apply_chat_template."""
+    data = os.path.join(work, "conversations.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps({"messages": m}, ensure_ascii=False) + "\n" for m in CONVERSATIONS)
+    out = G.run([keel, "inspect", data, "--tokenizer", tokenizer_dir, "--template", "model"])
+    ours = [json.loads(line)["input_ids"] for line in out.splitlines() if line.startswith("{")]
+    failures = 0
+    for messages, got in zip(CONVERSATIONS, ours):
+        expected = hf_tokenizer.apply_chat_template(messages, tokenize=True)
+        expected = list(expected["input_ids"] if hasattr(expected, "keys") else expected)
+        if got != expected:
+            print("FAIL %s, conversation %s:\n  keel         %s\n  transformers %s" % (label, messages, got, expected))
+            failures += 1
+    if len(ours) != len(CONVERSATIONS):
+        print("FAIL %s: keel inspect gave %d conversations of %d" % (label, len(ours), len(CONVERSATIONS)))
+        failures += 1
+    if not failures:
+        print("ok   %s: %d conversations encoded as transformers' apply_chat_template does" % (label, len(ours)))
+    return failures
+
+
 def check_generate(keel, gguf, hf_dir, label):
     """keel generate from the .gguf file: the greedy tokens of keel generate from transformers' directory."""
     failures = 0
@@ -207,6 +240,24 @@ def check_generate(keel, gguf, hf_dir, label):
     if not failures:
         print("ok   %s: keel generate from the .gguf gives the directory's greedy tokens" % label)
     return failures
+
+
+def check_prepare(keel, gguf, data, work, losses, label):
+    """keel prepare --tokenizer x.gguf: shards tokenized with the file's tokenizer (and its chat
+    template), from which a run from the .gguf trains as the run that tokenized the JSONL itself
+    (the same losses), without a warning that the shards' tokenizer differs from the run's."""
+    prepared = os.path.join(work, "prepared-" + os.path.basename(gguf))
+    shutil.rmtree(prepared, ignore_errors=True)
+    # --pad: a run from a JSONL file pads one document per row (its packing default)
+    G.run([keel, "prepare", "--data", data, "--tokenizer", gguf, "--out", prepared, "--max-seq-len", "32", "--pad"])
+    ours, log, _ = keel_run(keel, gguf, os.path.join(work, "run-prepared"), data, data_path=prepared)
+    warned = "different tokenizer" in log
+    if ours != losses or warned or not os.path.exists(os.path.join(prepared, "gguf_tokenizer", "tokenizer.json")):
+        print("FAIL %s: from the prepared shards %s, from the JSONL %s%s"
+              % (label, ours, losses, " (warned of a different tokenizer)" if warned else ""))
+        return 1
+    print("ok   %s: a run from the shards has the JSONL run's losses, step for step" % label)
+    return 0
 
 
 def check_refused(keel, work):
@@ -281,6 +332,11 @@ def main():
             failures += check_generate(args.keel, gguf, hf_dir, case + " keel generate --model x.gguf")
             for line in said:
                 print("     " + line)
+            if family == "gemma2" and label == "f32":
+                failures += check_prepare(args.keel, gguf, data, args.work, ours,
+                                          case + " keel prepare --tokenizer x.gguf")
+                failures += check_chat(args.keel, tokenizer_dir, hf_tokenizer, args.work,
+                                       case + " chat template from the metadata")
         # The test can fail: a quantized file's losses are not the f32 file's.
         label = CASES[family][3][-1]
         quantized = max(abs(a - b) for a, b in zip(runs[label], runs["f32"]))

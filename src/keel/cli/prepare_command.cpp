@@ -1,15 +1,17 @@
-// keel prepare --data FILE.jsonl[.gz|.zst] --tokenizer PATH --out DIR --max-seq-len N [--pack|--pad]
+// keel prepare --data FILE.jsonl[.gz|.zst] --tokenizer PATH|X.gguf --out DIR --max-seq-len N [--pack|--pad]
 //              [--template auto|model|FILE.jinja|glm4|llama3|chatml|none] [--threads N] [--max-bad-fraction F]
 //   tokenizes JSONL records once, in parallel, into packed (or padded) memory-mappable shards
 //   (data/prepare.h); bad records are listed by line number in DIR/report.json.
 #include <iostream>
 #include <memory>
 
+#include "keel/checkpoint/gguf_tokenizer.h"
 #include "keel/cli/commands.h"
 #include "keel/core/error.h"
 #include "keel/core/work_progress.h"
 #include "keel/data/preference_pairs.h"
 #include "keel/data/prepare.h"
+#include "keel/model/gguf_config.h"
 
 namespace keel::cli {
 namespace {
@@ -28,7 +30,8 @@ const CommandRegistration kPrepare{
                      "instruction/input/output, messages or input_ids")
           ->required();
       cmd.add_option("--tokenizer", p.tokenizer_path,
-                     "tokenizer.json, a tiktoken rank file, or a model directory (optional for input_ids records)");
+                     "tokenizer.json, a tiktoken rank file, a model directory, or a GGUF file (its metadata's: "
+                     "written to DIR/gguf_tokenizer) (optional for input_ids records)");
       cmd.add_option("--out", p.out_dir, "Output directory (shards, manifest.json, report.json)")->required();
       cmd.add_option("--max-seq-len", p.max_seq_len, "Tokens per training sequence")
           ->required()
@@ -57,6 +60,13 @@ const CommandRegistration kPrepare{
                 "starts and keeps them in memory with their reference log-probabilities. `keel inspect {} "
                 "--tokenizer DIR --text` shows them as training will see them",
                 o->prepare.data_path, o->prepare.data_path);
+        // A GGUF file's tokenizer and chat template as a run from that file has them (its
+        // output_dir/gguf_tokenizer, the same files): the shards' tokenizer hash then matches.
+        if (model::is_gguf_path(o->prepare.tokenizer_path)) {
+          const std::string dir = o->prepare.out_dir + "/gguf_tokenizer";
+          checkpoint::write_gguf_tokenizer_dir(o->prepare.tokenizer_path, dir, &std::cerr);
+          o->prepare.tokenizer_path = dir;
+        }
         data::prepare(o->prepare, &std::cerr);
         return 0;
       };
