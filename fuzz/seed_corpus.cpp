@@ -92,6 +92,19 @@ model::ModelConfig family_config(model::Family family) {
     c.moe.norm_topk_prob = family == model::Family::Mixtral;
     c.moe.sparse_layers = {true, family == model::Family::Mixtral};
   }
+  if (family == model::Family::Glm4Moe) {  // layer 0 dense; 4 experts in 2 groups, top 2, a shared expert
+    c.moe.experts = 4;
+    c.moe.experts_per_token = 2;
+    c.moe.intermediate_size = 32;
+    c.moe.shared_intermediate_size = 32;
+    c.moe.norm_topk_prob = true;
+    c.moe.sigmoid_router = true;
+    c.moe.groups = 2;
+    c.moe.routed_scaling_factor = 2.5;
+    c.moe.router_aux_loss_coef = 0;
+    c.moe.sparse_layers = {false, true};
+    c.nextn_predict_layers = 1;
+  }
   model::validate(c, "seed");
   return c;
 }

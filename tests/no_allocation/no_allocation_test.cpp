@@ -414,6 +414,27 @@ model::ModelConfig small_model(const char* family) {
   m.num_kv_heads = 2;
   const std::string f = family;
   if (f == "mistral" || f == "gemma2" || f == "gemma3") m.sliding_window = 7;  // inside the shortest sequence
+  if (f == "glm4_moe") {  // GLM-4.5: layer 0 dense, layer 1 8 experts in 4 groups (top 3 of the best 2) + shared
+    m.family = "qwen3";
+    model::ModelConfig c = recipe::scratch_model_config(m);
+    c.family = model::Family::Glm4Moe;
+    model::apply_family_traits(c);
+    c.qk_norm = true;
+    c.qkv_bias = true;
+    c.moe.experts = 8;
+    c.moe.experts_per_token = 3;
+    c.moe.intermediate_size = 32;
+    c.moe.shared_intermediate_size = 64;
+    c.moe.sigmoid_router = true;
+    c.moe.groups = 4;
+    c.moe.topk_groups = 2;
+    c.moe.routed_scaling_factor = 2.5;
+    c.moe.norm_topk_prob = true;
+    c.moe.sparse_layers = {false, true};
+    c.nextn_predict_layers = 1;
+    model::validate(c, "no_allocation test");
+    return c;
+  }
   if (f != "qwen3_moe") return recipe::scratch_model_config(m);
   // Qwen3-MoE: Qwen3's attention, layer 0's MLP 6 experts (top 2), layer 1's dense.
   m.family = "qwen3";
@@ -499,6 +520,9 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"qwen3_moe", model::Precision::BF16, true, 32, false, true},
                       StepCase{"qwen3_moe", model::Precision::BF16, true, 32, false, true, true},
                       StepCase{"qwen3_moe", model::Precision::F32, false, 32, false, true, true},
+                      StepCase{"glm4_moe", model::Precision::F32, false},
+                      StepCase{"glm4_moe", model::Precision::BF16, true},
+                      StepCase{"glm4_moe", model::Precision::BF16, true, 32, false, true, true},
                       StepCase{"llama", model::Precision::BF16, false, 32, false, true},
                       StepCase{"glm", model::Precision::F32, true, 32, false, true},
                       StepCase{"llama", model::Precision::BF16, true, 32, false, true, true},

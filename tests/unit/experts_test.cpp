@@ -21,6 +21,7 @@ namespace {
 struct Case {
   ExpertsShape s;
   std::vector<double> x, router, gate_up, down, residual, probe, mask;
+  std::vector<double> bias;  // sigmoid routing: e_score_correction_bias
 };
 
 // y = residual + sum_j w_j down_e(silu(gate_e x) * up_e x), and the load-balancing loss, in double.
@@ -43,18 +44,40 @@ Naive naive(const Case& c) {
       for (int64_t i = 0; i < H; ++i) logit += c.x[size_t(t * H + i)] * c.router[size_t(e * H + i)];
       p[size_t(e)] = logit;
     }
-    const double most = *std::max_element(p.begin(), p.end());
-    double sum = 0;
-    for (double& v : p) sum += v = std::exp(v - most);
-    for (double& v : p) v /= sum;
     std::vector<int64_t> order(static_cast<size_t>(E));
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[size_t(a)] > p[size_t(b)]; });
     double chosen_sum = 0;
+    if (s.sigmoid) {  // GLM-4.5: sigmoid scores; the choice by score + bias among the best groups
+      for (double& v : p) v = 1 / (1 + std::exp(-v));
+      const int64_t per = E / s.groups;
+      std::vector<double> choice(static_cast<size_t>(E)), group(static_cast<size_t>(s.groups));
+      for (int64_t e = 0; e < E; ++e) choice[size_t(e)] = p[size_t(e)] + c.bias[size_t(e)];
+      for (int64_t g = 0; g < s.groups; ++g) {  // its two best, summed
+        std::vector<double> members(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+        std::sort(members.rbegin(), members.rend());
+        group[size_t(g)] = members[0] + members[1];
+      }
+      std::vector<int64_t> groups(static_cast<size_t>(s.groups));
+      std::iota(groups.begin(), groups.end(), 0);
+      std::stable_sort(groups.begin(), groups.end(),
+                       [&](int64_t a, int64_t b) { return group[size_t(a)] > group[size_t(b)]; });
+      for (int64_t g = s.topk_groups; g < s.groups; ++g)
+        for (int64_t e = groups[size_t(g)] * per; e < (groups[size_t(g)] + 1) * per; ++e) choice[size_t(e)] = -1e300;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int64_t a, int64_t b) { return choice[size_t(a)] > choice[size_t(b)]; });
+      chosen_sum = 1e-20;
+    } else {
+      const double most = *std::max_element(p.begin(), p.end());
+      double sum = 0;
+      for (double& v : p) sum += v = std::exp(v - most);
+      for (double& v : p) v /= sum;
+      std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[size_t(a)] > p[size_t(b)]; });
+    }
     for (int64_t j = 0; j < k; ++j) chosen_sum += p[size_t(order[size_t(j)])];
     for (int64_t j = 0; j < k; ++j) {
       const int64_t e = order[size_t(j)];
-      const double w = s.norm_topk_prob ? p[size_t(e)] / chosen_sum : p[size_t(e)];
+      double w = s.norm_topk_prob ? p[size_t(e)] / chosen_sum : p[size_t(e)];
+      if (s.sigmoid) w *= s.routed_scaling_factor;
       std::vector<double> act(static_cast<size_t>(I));
       for (int64_t r = 0; r < I; ++r) {
         double g = 0, u = 0;
@@ -79,13 +102,16 @@ Naive naive(const Case& c) {
   return out;
 }
 
-class ExpertsTest : public ::testing::TestWithParam<std::tuple<std::string, bool>> {};
+// Parameters: backend, norm_topk_prob, and GLM-4.5's sigmoid routing (6 experts in 3 groups, the
+// best 2 groups' top 2, a nonzero e_score_correction_bias, weights x 2.5; no load-balancing loss).
+class ExpertsTest : public ::testing::TestWithParam<std::tuple<std::string, bool, bool>> {};
 
 TEST_P(ExpertsTest, GroupedProductsMatchANaiveLoopAndItsGradients) {
-  const auto& [backend_name, norm] = GetParam();
+  const auto& [backend_name, norm, sigmoid] = GetParam();
   kernels::Backend& backend = kernels::backend_named(backend_name);
   Case c;
   c.s = {7, 8, 5, 2, 6, norm};
+  if (sigmoid) c.s = {7, 8, 6, 2, 6, norm, true, 3, 2, 2.5f};
   const auto& s = c.s;
   const int64_t N = s.tokens, H = s.hidden, E = s.experts, I = s.inter, R = s.routed();
   c.x = test::random_vector(size_t(N * H), 1);
@@ -98,7 +124,9 @@ TEST_P(ExpertsTest, GroupedProductsMatchANaiveLoopAndItsGradients) {
   c.residual = test::random_vector(size_t(N * H), 5);
   c.probe = test::random_vector(size_t(N * H), 6);
   c.mask = {1, 1, 1, 1, 0, 1, 0};  // two padding tokens: out of the load-balancing loss
-  const double aux_weight = 0.7;
+  c.bias = test::random_vector(size_t(E), 11, -0.3, 0.3);
+  c.bias[3] = -1.0;  // expert 3 stays unchosen under sigmoid routing too
+  const double aux_weight = sigmoid ? 0.0 : 0.7;  // GLM-4.5 has no load-balancing loss
 
   // keel, fp32
   auto x = test::to_float(c.x), router = test::to_float(c.router), gate_up = test::to_float(c.gate_up),
@@ -113,14 +141,17 @@ TEST_P(ExpertsTest, GroupedProductsMatchANaiveLoopAndItsGradients) {
   std::vector<double> sums(static_cast<size_t>(3 * E));
   RouterBalance balance{sums.data(), sums.data() + E, sums.data() + 2 * E};
   balance.clear(E);
-  const ExpertsWeights w{router.data(), gate_up.data(), down.data()};
-  experts_forward(backend, s, x.data(), nullptr, w, a, residual.data(), y.data(), mask.data(), &balance);
+  auto bias = test::to_float(c.bias);
+  ExpertsWeights w{router.data(), gate_up.data(), down.data()};
+  if (sigmoid) w.router_bias = bias.data();
+  experts_forward(backend, s, x.data(), nullptr, w, a, residual.data(), y.data(), mask.data(),
+                  sigmoid ? nullptr : &balance);
   balance.rows = std::accumulate(c.mask.begin(), c.mask.end(), 0.0);
   const double aux = balance.finish(E, aux_weight);
 
   const Naive ref = naive(c);
   for (int64_t i = 0; i < N * H; ++i) EXPECT_NEAR(y[size_t(i)], ref.y[size_t(i)], 1e-5) << i;
-  EXPECT_NEAR(aux, ref.aux, 1e-6);
+  if (!sigmoid) EXPECT_NEAR(aux, ref.aux, 1e-6);
   EXPECT_EQ(expert_tokens(a, 3), 0) << "the test wants an expert no token chose";
   int64_t routed = 0;
   for (int64_t e = 0; e < E; ++e) routed += expert_tokens(a, e);
@@ -134,7 +165,8 @@ TEST_P(ExpertsTest, GroupedProductsMatchANaiveLoopAndItsGradients) {
       g_down(size_t(E * H * I), 9.0f);
   const ExpertsGrads g{g_router.data(), g_gate_up.data(), g_down.data(), 0.0f, 0.0f, 0.0f};
   const ExpertsScratch scratch{d_rows.data(), d_act.data(), d_gu.data(), d_logits.data(), d_slot.data()};
-  experts_backward(backend, s, x.data(), nullptr, w, a, dy.data(), scratch, &balance, mask.data(), g, dx.data());
+  experts_backward(backend, s, x.data(), nullptr, w, a, dy.data(), scratch, sigmoid ? nullptr : &balance, mask.data(),
+                   g, dx.data());
 
   auto loss = [&] {
     const Naive n = naive(c);
@@ -363,7 +395,8 @@ TEST(ExpertsPlan, QLoraSetupScratchIsTheCheckpointsLargestTensorInItsLayout) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ExpertsTest,
-                         ::testing::Combine(::testing::ValuesIn(kernels::backend_names()), ::testing::Bool()));
+                         ::testing::Combine(::testing::ValuesIn(kernels::backend_names()), ::testing::Bool(),
+                                            ::testing::Bool()));
 
 }  // namespace
 }  // namespace keel::model

@@ -69,6 +69,12 @@ void expect_same_model(const ModelConfig& a, const ModelConfig& b) {
   EXPECT_EQ(a.moe.sparse_layers, b.moe.sparse_layers);
   EXPECT_EQ(a.moe.router_aux_loss_coef, b.moe.router_aux_loss_coef);
   EXPECT_EQ(a.moe.output_router_logits, b.moe.output_router_logits);
+  EXPECT_EQ(a.moe.sigmoid_router, b.moe.sigmoid_router);
+  EXPECT_EQ(a.moe.groups, b.moe.groups);
+  EXPECT_EQ(a.moe.topk_groups, b.moe.topk_groups);
+  EXPECT_EQ(a.moe.routed_scaling_factor, b.moe.routed_scaling_factor);
+  EXPECT_EQ(a.moe.shared_intermediate_size, b.moe.shared_intermediate_size);
+  EXPECT_EQ(a.nextn_predict_layers, b.nextn_predict_layers);
   EXPECT_EQ(a.pad_token_id, b.pad_token_id);
   EXPECT_EQ(a.initializer_range, b.initializer_range);
 }
@@ -237,6 +243,64 @@ TEST(ModelConfig, MixtralAsMixtralConfigReadsIt) {
                      {"'router_jitter_noise'", "expected 0"});
   // MixtralConfig reads num_experts too (its attribute_map).
   EXPECT_EQ(parse(with(R"("num_local_experts": 8)", R"("num_experts": 4)")).moe.experts, 4);
+}
+
+// zai-org/GLM-4.5-Air (recipes/glm-4.5-air-qlora.toml's tests/data/glm-4.5-air/config.json)
+const char* kGlm45Air = R"({
+  "architectures": ["Glm4MoeForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "pad_token_id": 151329, "eos_token_id": [151329, 151336, 151338], "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 4096, "partial_rotary_factor": 0.5, "initializer_range": 0.02, "intermediate_size": 10944,
+  "max_position_embeddings": 131072, "model_type": "glm4_moe", "moe_intermediate_size": 1408,
+  "norm_topk_prob": true, "num_attention_heads": 96, "n_group": 1, "topk_group": 1, "n_routed_experts": 128,
+  "n_shared_experts": 1, "routed_scaling_factor": 1.0, "num_experts_per_tok": 8, "first_k_dense_replace": 1,
+  "num_hidden_layers": 46, "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "rms_norm_eps": 1e-05,
+  "rope_scaling": null, "rope_theta": 1000000, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.54.0", "use_cache": true, "use_qk_norm": false, "vocab_size": 151552
+})";
+
+TEST(ModelConfig, Glm45AirAsGlm4MoeConfigReadsIt) {
+  ModelConfig c = parse(kGlm45Air);
+  EXPECT_EQ(c.family, Family::Glm4Moe);
+  EXPECT_EQ(c.head_dim, 128);
+  EXPECT_EQ(c.rotary_dim, 64);         // head_dim x partial_rotary_factor
+  EXPECT_FALSE(c.rope_interleaved);    // rotate_half's pairs, unlike GLM-4's
+  EXPECT_TRUE(c.qkv_bias);             // attention_bias: q/k/v only
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_EQ(c.rope_theta, 1e6);
+  EXPECT_EQ(c.moe.experts, 128);
+  EXPECT_EQ(c.moe.experts_per_token, 8);
+  EXPECT_EQ(c.moe.intermediate_size, 1408);
+  EXPECT_EQ(c.moe.shared_intermediate_size, 1408);
+  EXPECT_TRUE(c.moe.sigmoid_router);
+  EXPECT_TRUE(c.moe.norm_topk_prob);
+  EXPECT_EQ(c.moe.groups, 1);
+  EXPECT_EQ(c.nextn_predict_layers, 1);
+  EXPECT_FALSE(c.sparse_layer(0));
+  EXPECT_TRUE(c.sparse_layer(1));
+  EXPECT_TRUE(c.sparse_layer(45));
+  EXPECT_FALSE(c.has_aux_loss());
+  EXPECT_EQ(c.mlp_width(0), 10944);
+  EXPECT_EQ(c.mlp_width(1), 1408);
+  // transformers' Glm4MoeForCausalLM of this config: sum of its parameters' and
+  // e_score_correction_bias's numel (the MTP layer is not part of it).
+  EXPECT_EQ(c.total_parameters(), 106852245504 + 45 * 128);
+  auto with = [&](const char* from, const char* to) {
+    std::string s = kGlm45Air;
+    return s.replace(s.find(from), std::string(from).size(), to);
+  };
+  ModelConfig g = parse(with(R"("n_group": 1, "topk_group": 1)", R"("n_group": 8, "topk_group": 4)"));
+  EXPECT_EQ(g.moe.groups, 8);
+  EXPECT_EQ(g.moe.topk_groups, 4);
+  EXPECT_EQ(parse(with(R"("partial_rotary_factor": 0.5, )", "")).rotary_dim, 64);  // Glm4MoeConfig's default
+  EXPECT_EQ(parse(with(R"("first_k_dense_replace": 1)", R"("first_k_dense_replace": 0)")).sparse_layer(0), true);
+  expect_parse_error(with(R"("n_group": 1, "topk_group": 1)", R"("n_group": 3, "topk_group": 1)"),
+                     {"n_group", "divisor of n_routed_experts (128)"});
+  expect_parse_error(with(R"("n_group": 1, "topk_group": 1)", R"("n_group": 8, "topk_group": 9)"),
+                     {"topk_group", "from 1 to n_group (8)"});
+  expect_parse_error(with(R"("first_k_dense_replace": 1)", R"("first_k_dense_replace": -1)"),
+                     {"'first_k_dense_replace'", "non-negative integer"});
+  expect_parse_error(with(R"("n_routed_experts": 128)", R"("n_routed_experts": 128, "num_local_experts": 64)"),
+                     {"'n_routed_experts'", "'num_local_experts'"});
 }
 
 TEST(ModelConfig, Qwen3HasHeadNormsAndItsOwnHeadDim) {
@@ -688,12 +752,12 @@ TEST(ModelConfigErrors, ValidateCodeBuiltConfigs) {
 
 TEST(ModelConfig, FamilyNames) {
   for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral,
-                   Family::Gemma2, Family::Gemma3, Family::Qwen3Moe, Family::Mixtral}) {
+                   Family::Gemma2, Family::Gemma3, Family::Qwen3Moe, Family::Mixtral, Family::Glm4Moe}) {
     EXPECT_EQ(family_from_name(family_name(f)), f);
   }
   EXPECT_EQ(family_name(Family::GlmOriginal), "glm_original");
   expect_error([] { family_from_name("phi3"); },
-               {"phi3", "llama, qwen2, glm, glm_original, qwen3, mistral, gemma2, gemma3, qwen3_moe, mixtral"});
+               {"phi3", "llama, qwen2, glm, glm_original, qwen3, mistral, gemma2, gemma3, qwen3_moe, mixtral, glm4_moe"});
 }
 
 ModelConfig small_config(Family family) {
@@ -756,6 +820,24 @@ ModelConfig small_config(Family family) {
       c.moe.sparse_layers = {true, true, true};
       c.moe.router_aux_loss_coef = 0.03125;
       break;
+    case Family::Glm4Moe:
+      c.qkv_bias = true;
+      c.qk_norm = true;
+      c.rotary_dim = 10;  // partial, in rotate_half's pairs
+      c.moe.experts = 6;
+      c.moe.experts_per_token = 3;
+      c.moe.intermediate_size = 40;
+      c.moe.shared_intermediate_size = 80;
+      c.moe.norm_topk_prob = false;
+      c.moe.sigmoid_router = true;
+      c.moe.groups = 3;
+      c.moe.topk_groups = 2;
+      c.moe.routed_scaling_factor = 2.5;
+      c.moe.sparse_layers = {false, true, true};
+      c.moe.router_aux_loss_coef = 0;
+      c.moe.output_router_logits = true;
+      c.nextn_predict_layers = 1;
+      break;
     case Family::Gemma2:
     case Family::Gemma3: {
       ModelConfig traits = c;
@@ -781,7 +863,7 @@ ModelConfig small_config(Family family) {
 
 TEST(ModelConfigExport, GeneratedJsonParsesBackEqual) {
   for (Family f : {Family::Llama, Family::Qwen2, Family::Glm, Family::GlmOriginal, Family::Qwen3, Family::Mistral,
-                   Family::Gemma2, Family::Gemma3, Family::Qwen3Moe, Family::Mixtral}) {
+                   Family::Gemma2, Family::Gemma3, Family::Qwen3Moe, Family::Mixtral, Family::Glm4Moe}) {
     SCOPED_TRACE(family_name(f));
     ModelConfig c = small_config(f);
     validate(c, "test");

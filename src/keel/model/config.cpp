@@ -108,6 +108,15 @@ class ConfigObject {
     return x;
   }
 
+  // A count that may be 0 (first_k_dense_replace, num_nextn_predict_layers), or the fallback when absent.
+  int64_t non_negative_int_or(std::string_view key, int64_t fallback) const {
+    auto v = get(key);
+    if (!v) return fallback;
+    auto x = integer(*v);
+    if (!x || *x < 0) wrong_type(key, "a non-negative integer", *v);
+    return *x;
+  }
+
   bool bool_or(std::string_view key, bool fallback) const {
     auto v = get(key);
     if (!v) return fallback;
@@ -414,6 +423,42 @@ void parse_mixtral_experts(const ConfigObject& cfg, ModelConfig& c) {
   m.sparse_layers.assign(size_t(std::min(c.num_layers, kMaxLayers)), true);
 }
 
+// Glm4MoeConfig's experts (its defaults where a key is absent): n_routed_experts (num_local_experts
+// in its attribute_map) routed by a sigmoid router with group-limited top-k, n_shared_experts of
+// width moe_intermediate_size, and the first first_k_dense_replace layers dense (Glm4MoeDecoderLayer:
+// layer_idx >= first_k_dense_replace is sparse).
+void parse_glm4_moe_experts(const ConfigObject& cfg, ModelConfig& c) {
+  auto& m = c.moe;
+  if (cfg.get("n_routed_experts") && cfg.get("num_local_experts") &&
+      cfg.positive_int("n_routed_experts") != cfg.positive_int("num_local_experts"))
+    fail("{}: keys 'n_routed_experts' and 'num_local_experts' differ: they name the same number (Glm4MoeConfig's "
+         "attribute_map); expected one of them, or equal values",
+         cfg.path());
+  m.experts = cfg.positive_int_or("n_routed_experts", cfg.positive_int_or("num_local_experts", 128));
+  m.experts_per_token = cfg.positive_int_or("num_experts_per_tok", 8);
+  m.intermediate_size = cfg.positive_int_or("moe_intermediate_size", 1408);
+  m.norm_topk_prob = cfg.bool_or("norm_topk_prob", true);
+  m.sigmoid_router = true;
+  m.groups = cfg.positive_int_or("n_group", 1);
+  m.topk_groups = cfg.positive_int_or("topk_group", 1);
+  m.routed_scaling_factor = cfg.positive_number_or("routed_scaling_factor", 1.0);
+  // An absurd count is validate()'s to report; keep the product in range for it.
+  m.shared_intermediate_size =
+      std::min(cfg.non_negative_int_or("n_shared_experts", 1), kMaxIntermediate) *
+      std::min(m.intermediate_size, kMaxIntermediate);
+  m.output_router_logits = cfg.bool_or("output_router_logits", false);
+  m.router_aux_loss_coef = 0;  // Glm4MoeConfig has none, and Glm4MoeForCausalLM adds no such loss
+  if (auto scoring = cfg.string("scoring_func"); scoring && *scoring != "sigmoid")
+    fail("{}: key 'scoring_func': Glm4MoeTopkRouter always scores with a sigmoid; expected \"sigmoid\", found \"{}\"",
+         cfg.path(), *scoring);
+  const int64_t dense = cfg.non_negative_int_or("first_k_dense_replace", 1);
+  m.sparse_layers.clear();
+  for (int64_t l = 0; l < std::min(c.num_layers, kMaxLayers); ++l) m.sparse_layers.push_back(l >= dense);
+  c.nextn_predict_layers =
+      std::min(cfg.non_negative_int_or("num_nextn_predict_layers", cfg.non_negative_int_or("num_mtp_layers", 1)),
+               kMaxLayers);
+}
+
 // LlamaForCausalLM, Qwen2ForCausalLM, GlmForCausalLM, Qwen3ForCausalLM and MistralForCausalLM share
 // transformers' key names.
 void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
@@ -485,6 +530,21 @@ void parse_transformers_format(const ConfigObject& cfg, ModelConfig& c) {
       // As GlmRotaryEmbedding: int(head_dim * partial_rotary_factor), truncating.
       c.rotary_dim = int64_t(double(c.head_dim) * factor);
       c.rope_interleaved = true;
+      break;
+    }
+    case Family::Glm4Moe: {
+      // Glm4MoeAttention: q/k/v biases with attention_bias (o_proj never has one), q/k norms with
+      // use_qk_norm; RoPE on the first head_dim x partial_rotary_factor channels of each head in
+      // rotate_half's (i, i + d/2) pairs, not GLM-4's interleaved ones. Glm4MoeRotaryEmbedding reads
+      // the factor from rope_parameters, where the config puts the top-level key (default 0.5).
+      c.qkv_bias = cfg.bool_or("attention_bias", false);
+      c.qk_norm = cfg.bool_or("use_qk_norm", false);
+      double factor =
+          rope_parameter(cfg, "partial_rotary_factor").value_or(cfg.positive_number_or("partial_rotary_factor", 0.5));
+      if (factor > 1.0)
+        fail("{}: key 'partial_rotary_factor': expected a number in (0, 1], found {}", cfg.path(), json_number(factor));
+      c.rotary_dim = int64_t(double(c.head_dim) * factor);
+      parse_glm4_moe_experts(cfg, c);
       break;
     }
     case Family::GlmOriginal: break;
@@ -585,7 +645,8 @@ int64_t ModelConfig::matmul_parameters() const {
   int64_t mlp = 3 * hidden_size * intermediate_size;  // gate, up, down (SwiGLU)
   // A sparse layer's token meets the router and its experts_per_token experts only: the active
   // parameters, as MoE MFU is counted.
-  int64_t sparse_mlp = hidden_size * moe.experts + moe.experts_per_token * 3 * hidden_size * moe.intermediate_size;
+  int64_t sparse_mlp = hidden_size * moe.experts + moe.experts_per_token * 3 * hidden_size * moe.intermediate_size +
+                       3 * hidden_size * moe.shared_intermediate_size;  // + the shared experts (GLM-4.5)
   int64_t total = vocab_size * hidden_size;  // the LM head is a matmul on every token even when tied
   for (int64_t l = 0; l < num_layers; ++l) total += attention + (sparse_layer(l) ? sparse_mlp : mlp);
   return total;
@@ -603,7 +664,8 @@ int64_t ModelConfig::total_parameters() const {
   for (int64_t l = 0; l < num_layers; ++l)
     if (sparse_layer(l))
       experts += hidden_size * moe.experts + moe.experts * 3 * hidden_size * moe.intermediate_size -
-                 3 * hidden_size * intermediate_size;
+                 3 * hidden_size * (intermediate_size - moe.shared_intermediate_size) +
+                 (moe.sigmoid_router ? moe.experts : 0);  // GLM-4.5's e_score_correction_bias
   return embedding + lm_head + num_layers * per_layer + experts + hidden_size;  // + final norm
 }
 
@@ -624,7 +686,8 @@ void validate(const ModelConfig& c, const std::string& where) {
   require(c.q_size() < kMaxProjection, "{}: {} x {}: expected below {}, found {}", where, k.heads, k.head_dim,
           kMaxProjection, c.q_size());
 
-  std::string_view rotary_source = c.family == Family::Glm           ? " (head_dim x partial_rotary_factor)"
+  std::string_view rotary_source = c.family == Family::Glm || c.family == Family::Glm4Moe
+                                       ? " (head_dim x partial_rotary_factor)"
                                    : c.family == Family::GlmOriginal ? " (kv_channels / 2)"
                                                                      : "";
   require(c.rotary_dim > 0 && c.rotary_dim % 2 == 0 && c.rotary_dim <= c.head_dim,
@@ -641,11 +704,11 @@ void validate(const ModelConfig& c, const std::string& where) {
   // What each format can express: a config outside it could not be exported faithfully.
   bool transformers_rope = c.family == Family::Llama || c.family == Family::Qwen2 || c.family == Family::Qwen3 ||
                            c.family == Family::Qwen3Moe || c.family == Family::Mistral || c.family == Family::Mixtral ||
-                           c.gemma();
+                           c.family == Family::Glm4Moe || c.gemma();
   require(c.rope_interleaved != transformers_rope,
           "{}: rope_interleaved: the {} format expects {} RoPE pairs, found the other layout", where, family,
           transformers_rope ? "half-split (i, i + d/2)" : "interleaved (2i, 2i+1)");
-  require(!transformers_rope || c.rotary_dim == c.head_dim,
+  require(!transformers_rope || c.family == Family::Glm4Moe || c.rotary_dim == c.head_dim,
           "{}: rotary dimension: the {} format rotates the whole head ({}), found {}", where, family, c.head_dim,
           c.rotary_dim);
   require(c.family != Family::GlmOriginal || c.rotary_dim * 2 == c.head_dim,
@@ -658,7 +721,8 @@ void validate(const ModelConfig& c, const std::string& where) {
                           c.family != Family::Mixtral && !c.gemma()),
           "{}: qkv_bias: the {} format has no q/k/v-only biases", where, family);
   const bool head_norms = c.family == Family::Qwen3 || c.family == Family::Qwen3Moe || c.family == Family::Gemma3;
-  require(c.qk_norm == head_norms, "{}: qk_norm: the {} format {} q/k norms", where, family,
+  require(c.qk_norm == head_norms || c.family == Family::Glm4Moe, "{}: qk_norm: the {} format {} q/k norms", where,
+          family,
           head_norms ? "always has" : "has no");
   const bool gemma_layout = c.norm_weight_offset == 1.0 && c.scale_embeddings && c.sandwich_norms &&
                             c.mlp_activation == kernels::GluActivation::GeluTanh;
@@ -683,7 +747,7 @@ void validate(const ModelConfig& c, const std::string& where) {
           "{}: sliding_layers: expected one entry per layer ({}) with a sliding window, none without, found {}", where,
           c.num_layers, c.sliding_layers.size());
   const auto& m = c.moe;
-  const bool moe_format = c.family == Family::Qwen3Moe || c.family == Family::Mixtral;
+  const bool moe_format = c.family == Family::Qwen3Moe || c.family == Family::Mixtral || c.family == Family::Glm4Moe;
   require(moe_format == (m.experts > 0), "{}: num_experts: the {} format {}", where, family,
           moe_format ? "has experts (a positive number of them)" : "has no experts");
   require(c.family != Family::Mixtral ||
@@ -704,12 +768,45 @@ void validate(const ModelConfig& c, const std::string& where) {
     require(m.router_aux_loss_coef >= 0 && std::isfinite(m.router_aux_loss_coef),
             "{}: router_aux_loss_coef: expected a non-negative number, found {}", where, m.router_aux_loss_coef);
   }
+  // GLM-4.5's router and shared experts, and only GLM-4.5's.
+  require(m.sigmoid_router == (c.family == Family::Glm4Moe) &&
+              (c.family == Family::Glm4Moe || (m.groups == 1 && m.topk_groups == 1 && m.routed_scaling_factor == 1.0 &&
+                                               m.shared_intermediate_size == 0 && c.nextn_predict_layers == 0)),
+          "{}: the {} format {} a sigmoid router, expert groups, routed_scaling_factor, shared experts and "
+          "multi-token-prediction layers",
+          where, family, c.family == Family::Glm4Moe ? "has" : "has none of");
+  if (m.sigmoid_router) {
+    require(std::is_sorted(m.sparse_layers.begin(), m.sparse_layers.end()) &&
+                m.shared_intermediate_size % m.intermediate_size == 0,
+            "{}: the glm4_moe format has its dense layers first (first_k_dense_replace) and shared experts of a whole "
+            "number of moe_intermediate_size",
+            where);
+    require(m.groups > 0 && m.groups <= 1024 && m.experts % m.groups == 0 && m.experts / m.groups >= 2,
+            "{}: n_group: expected a divisor of n_routed_experts ({}), at most 1024, leaving at least 2 experts per "
+            "group (the router scores a group by its two best), found {}",
+            where, m.experts, m.groups);
+    require(m.topk_groups > 0 && m.topk_groups <= m.groups &&
+                m.experts_per_token <= m.topk_groups * (m.experts / m.groups),
+            "{}: topk_group: expected from 1 to n_group ({}), its groups holding at least num_experts_per_tok ({}) "
+            "experts, found {}",
+            where, m.groups, m.experts_per_token, m.topk_groups);
+    require(m.routed_scaling_factor > 0 && std::isfinite(m.routed_scaling_factor),
+            "{}: routed_scaling_factor: expected a positive number, found {}", where, m.routed_scaling_factor);
+    require(m.shared_intermediate_size >= 0 && m.shared_intermediate_size < kMaxIntermediate,
+            "{}: n_shared_experts x moe_intermediate_size: expected below {}, found {}", where, kMaxIntermediate,
+            m.shared_intermediate_size);
+    require(c.nextn_predict_layers >= 0 && c.nextn_predict_layers < kMaxLayers,
+            "{}: num_nextn_predict_layers: expected a non-negative count below {}, found {}", where, kMaxLayers,
+            c.nextn_predict_layers);
+  }
 }
 
 void apply_family_traits(ModelConfig& c) {
   const bool glm = c.family == Family::Glm || c.family == Family::GlmOriginal;
   c.architecture = std::string(format_of(c.family).architectures.front());
-  c.rotary_dim = glm ? c.head_dim / 2 : c.head_dim;  // GLM-4 rotates half of each head
+  // GLM-4 rotates half of each head in interleaved pairs; GLM-4.5 half (partial_rotary_factor's
+  // default) in rotate_half's pairs.
+  c.rotary_dim = glm || c.family == Family::Glm4Moe ? c.head_dim / 2 : c.head_dim;
   c.rope_interleaved = glm;
   c.qkv_bias = c.family == Family::Qwen2 || glm;
   c.qk_norm = c.family == Family::Qwen3 || c.family == Family::Qwen3Moe || c.family == Family::Gemma3;

@@ -24,9 +24,11 @@ enum class Family : uint8_t {
   Gemma3,       // Gemma3ForCausalLM, text (Gemma 2's layout + q/k norms and a local RoPE base)
   Qwen3Moe,     // Qwen3MoeForCausalLM (Qwen3's attention + mixture-of-experts MLPs)
   Mixtral,      // MixtralForCausalLM (Mistral's attention + a mixture of experts on every layer)
+  Glm4Moe,      // Glm4MoeForCausalLM (GLM-4.5: sigmoid router, grouped top-k, shared experts, dense first layers)
 };
 
-// "llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral"
+// "llama", "qwen2", "glm", "glm_original", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral",
+// "glm4_moe"
 std::string family_name(Family f);
 Family family_from_name(const std::string& name);  // inverse; throws keel::Error listing valid names
 // What users call the family: "Llama", "GLM-4", "Gemma 2", ...
@@ -102,15 +104,40 @@ struct ModelConfig {
     // computes it), added to the loss times router_aux_loss_coef when output_router_logits is true.
     double router_aux_loss_coef = 0.001;
     bool output_router_logits = false;
+    // GLM-4.5 (Glm4MoeTopkRouter; DeepSeek-V3's "noaux_tc" routing): scores are sigmoid(logits), not
+    // a softmax; the choice adds e_score_correction_bias (a buffer, never trained) to them and keeps
+    // only the topk_groups of the groups (experts split into `groups` equal runs) whose two best
+    // scores sum highest; the weights are the chosen scores without the bias (renormalised with
+    // norm_topk_prob, + 1e-20 in the denominator) times routed_scaling_factor. Its forward adds no
+    // load-balancing loss (output_router_logits is read and written back, and does nothing).
+    bool sigmoid_router = false;
+    int64_t groups = 1, topk_groups = 1;
+    double routed_scaling_factor = 1.0;
+    // n_shared_experts x moe_intermediate_size: a dense SwiGLU MLP of this width on the same input,
+    // added to the routed experts' output in every sparse layer (0: none).
+    int64_t shared_intermediate_size = 0;
   };
   Experts moe;
+  // GLM-4.5's multi-token-prediction layers (num_nextn_predict_layers), stored in checkpoints as
+  // model.layers.{num_layers ...}: Glm4MoeForCausalLM never runs them (its forward stops at
+  // num_hidden_layers and its loading ignores their tensors), and neither does keel.
+  int64_t nextn_predict_layers = 0;
 
   bool gemma() const { return family == Family::Gemma2 || family == Family::Gemma3; }
   // Whether layer `layer`'s MLP is a mixture of experts.
   bool sparse_layer(int64_t layer) const { return moe.experts > 0 && moe.sparse_layers.at(size_t(layer)); }
   bool has_experts() const { return moe.experts > 0; }
+  // Whether the family's transformers class can add the load-balancing loss (Glm4Moe's cannot).
+  bool has_aux_loss() const { return has_experts() && family != Family::Glm4Moe; }
   // The load-balancing loss's weight in the training loss (0 when it is not added).
-  double aux_loss_weight() const { return moe.output_router_logits ? moe.router_aux_loss_coef : 0.0; }
+  double aux_loss_weight() const {
+    return has_aux_loss() && moe.output_router_logits ? moe.router_aux_loss_coef : 0.0;
+  }
+  // The width of layer `layer`'s dense SwiGLU MLP: intermediate_size, or in a sparse layer its
+  // shared experts' (0: none, the experts alone).
+  int64_t mlp_width(int64_t layer) const {
+    return sparse_layer(layer) ? moe.shared_intermediate_size : intermediate_size;
+  }
   // The window layer `layer`'s attention uses (0: every earlier key).
   int64_t window_of(int64_t layer) const {
     return sliding_window > 0 && sliding_layers.at(size_t(layer)) ? sliding_window : 0;

@@ -22,6 +22,7 @@ const std::vector<FamilyFormat>& family_formats() {
       {Family::Gemma3, "gemma3", "Gemma 3", "gemma3_text", {"Gemma3ForCausalLM"}, 131072, 0, true},
       {Family::Qwen3Moe, "qwen3_moe", "Qwen3-MoE", "qwen3_moe", {"Qwen3MoeForCausalLM"}, 32768, -1, true},
       {Family::Mixtral, "mixtral", "Mixtral", "mixtral", {"MixtralForCausalLM"}, 4096 * 32, -1, true},
+      {Family::Glm4Moe, "glm4_moe", "GLM-4.5", "glm4_moe", {"Glm4MoeForCausalLM"}, 131072, -1, true},
   };
   return formats;
 }

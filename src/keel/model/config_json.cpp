@@ -176,7 +176,8 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
       if (c.family == Family::Gemma3) f["rope_local_base_freq"] = json_number(c.rope_local_theta);
       break;
     }
-    case Family::Glm: {
+    case Family::Glm:
+    case Family::Glm4Moe: {
       f["attention_bias"] = json_bool(c.qkv_bias);
       double factor = double(c.rotary_dim) / double(c.head_dim);
       // The reader truncates head_dim * factor; make sure that lands on rotary_dim, not below.
@@ -184,6 +185,22 @@ void add_transformers_fields(JsonFields& f, const ModelConfig& c) {
         factor = std::nextafter(factor, INFINITY);
       }
       f["partial_rotary_factor"] = json_number(factor);
+      if (c.family == Family::Glm) break;
+      const auto& m = c.moe;
+      f["use_qk_norm"] = json_bool(c.qk_norm);
+      f["n_routed_experts"] = std::to_string(m.experts);
+      f["num_experts_per_tok"] = std::to_string(m.experts_per_token);
+      f["moe_intermediate_size"] = std::to_string(m.intermediate_size);
+      f["n_shared_experts"] = std::to_string(m.shared_intermediate_size / m.intermediate_size);
+      f["norm_topk_prob"] = json_bool(m.norm_topk_prob);
+      f["n_group"] = std::to_string(m.groups);
+      f["topk_group"] = std::to_string(m.topk_groups);
+      f["routed_scaling_factor"] = json_number(m.routed_scaling_factor);
+      f["output_router_logits"] = json_bool(m.output_router_logits);
+      int64_t dense = 0;  // Glm4MoeConfig can say only "the first k layers are dense"
+      while (dense < c.num_layers && !c.sparse_layer(dense)) ++dense;
+      f["first_k_dense_replace"] = std::to_string(dense);
+      f["num_nextn_predict_layers"] = std::to_string(c.nextn_predict_layers);
       break;
     }
     case Family::GlmOriginal: break;

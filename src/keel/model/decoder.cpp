@@ -426,7 +426,8 @@ void Decoder::to_bf16(const float* src, bf16* dst, int64_t n) {
 
 void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, const BlockActivations& a, float* x_out) {
   const auto& c = config_;
-  const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size;
+  // I: the dense MLP's width, or a sparse layer's shared experts' (0: the routed experts alone).
+  const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.mlp_width(l);
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   Linear lin{backend_,
              precision_ == Precision::BF16,
@@ -479,7 +480,13 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   }
 
   backend_.rmsnorm_forward(norm, a.xmid, P.weight(p.post_norm), a.xn2, a.rstd2, a.xn2_b);
-  if (c.sparse_layer(l)) return experts_forward(mb, l, a, x_out);
+  // A sparse layer: x_out = xmid + the routed experts' output, then (GLM-4.5) + its shared
+  // experts', the dense MLP below on the same input, as Glm4MoeMoE adds shared_experts(residuals).
+  const bool sparse = c.sparse_layer(l);
+  if (sparse) {
+    experts_forward(mb, l, a, x_out);
+    if (I == 0) return;
+  }
   project(LinearSlot::GateUp, a.xn2, a.xn2_b, W(p.gate_up_weight), H, 2 * I, a.gate_up, 0.0f);
   backend_.glu_forward(c.mlp_activation, a.gate_up, N, I, a.act, a.act_b);
   if (c.sandwich_norms) {  // x_out = xmid + norm(down(act)); recomputation needs the norm's input again
@@ -492,7 +499,7 @@ void Decoder::forward_block(const MicroBatch& mb, int64_t l, const float* x, con
   // Recomputation (x_out null): the down projection's output is already the next block's input;
   // only its LoRA activations are wanted again.
   if (x_out) {
-    backend_.copy_on_device(x_out, a.xmid, sizeof(float) * N * H);
+    if (!sparse) backend_.copy_on_device(x_out, a.xmid, sizeof(float) * N * H);
     project(LinearSlot::Down, a.act, a.act_b, W(p.down_weight), I, H, x_out, 1.0f);
     return;
   }
@@ -692,7 +699,7 @@ void Decoder::backward(const MicroBatch& mb) {
   // to it last, below).
   if (!c.tie_word_embeddings) base_grad_ready(ids_.lm_head);
   if (trained_lm_head_ >= 0) grad_ready(trained_lm_head_);
-  const int64_t N = mb.batch * mb.seq, H = c.hidden_size, I = c.intermediate_size, L = c.num_layers;
+  const int64_t N = mb.batch * mb.seq, H = c.hidden_size, L = c.num_layers;
   const int64_t Q = c.q_size(), KV = c.kv_size(), QKV = Q + 2 * KV;
   const bool bf = precision_ == Precision::BF16;
   const bool frozen = P.frozen();  // LoRA: no weight-gradient GEMMs for the base weights
@@ -739,6 +746,7 @@ void Decoder::backward(const MicroBatch& mb) {
     const auto& a = b.backward[l];
     const float* x = b.x[l];
     const auto& p = ids_.layers[l];
+    const int64_t I = c.mlp_width(l);  // the dense MLP's width, or the shared experts' (0: none)
     // Gradient checkpointing: the forward kept only x; the same code on the same input gives the
     // same intermediates bit for bit, so the gradients equal those of the stored activations.
     if (options_.recomputes(l)) forward_block(mb, l, x, a, nullptr);
@@ -757,17 +765,19 @@ void Decoder::backward(const MicroBatch& mb) {
     // (In bf16, a.xn1, a.xn2 and a.act hold another block's data by now: only their bf16 copies
     // may be read here. See describe_memory.)
     const float* d_mlp = through_output_norm(b.dx, a.mo, a.rstd_mo, p.mlp_out_norm);  // d down's output (+ dyb)
-    if (c.sparse_layer(l)) {
-      experts_backward(mb, l, a, d_mlp, b.dnorm);
-    } else {
+    // A sparse layer's shared experts (GLM-4.5) run this dense path too, before its routed experts,
+    // which then add their input gradient to the shared experts'.
+    if (I > 0) {
       project_backward(LinearSlot::Down, d_mlp, p.down_weight, I, H, a.act, a.act_b, b.d_act);
       backend_.glu_backward(c.mlp_activation, a.gate_up, b.d_act, N, I, b.d_gate_up, dyb);
       project_backward(LinearSlot::GateUp, b.d_gate_up, p.gate_up_weight, H, 2 * I, a.xn2, a.xn2_b, b.dnorm);
     }
+    if (c.sparse_layer(l)) experts_backward(mb, l, a, d_mlp, b.dnorm, I > 0);
     // dh = dx (past the block's MLP, the residual) + the norm's input gradient, in one pass.
     backend_.rmsnorm_backward(hidden, a.xmid, P.weight(p.post_norm), a.rstd2, b.dnorm, b.dh, fresh_grad(p.post_norm),
                               b.dx, residual_dy_b);
-    for (int id : {p.down_weight, p.gate_up_weight, p.experts_down, p.experts_gate_up, p.router, p.post_norm})
+    for (int id :
+         {p.down_weight, p.gate_up_weight, p.experts_down, p.experts_gate_up, p.router, p.router_bias, p.post_norm})
       base_grad_ready(id);
 
     // Attention: xmid = x + o(attn(rope(qkv(rmsnorm(x))))), the branch normalised with sandwich norms

@@ -38,6 +38,10 @@ struct LayerParamIds {
   // the router [experts, hidden] and every expert's gate/up [experts * 2 inter, hidden] and down
   // [experts * hidden, inter].
   int router = -1, experts_gate_up = -1, experts_down = -1;
+  // GLM-4.5: the router's e_score_correction_bias [experts] (a buffer transformers never trains: it
+  // gets no gradient, and AdamW without weight decay leaves it as loaded), and the shared experts,
+  // which are gate_up and down above at width moe.shared_intermediate_size (ModelConfig::mlp_width).
+  int router_bias = -1;
 };
 
 struct DecoderParamIds {
@@ -431,7 +435,9 @@ class Decoder {
   void forward(const MicroBatch& batch, double aux_weight = 0.0);
   // A sparse layer's MLP (experts.h) from the post-attention norm's output.
   void experts_forward(const MicroBatch& batch, int64_t layer, const BlockActivations& a, float* x_out);
-  void experts_backward(const MicroBatch& batch, int64_t layer, const BlockActivations& a, const float* dy, float* dx);
+  // dx is overwritten, or added to with add_to_dx (GLM-4.5's shared experts wrote theirs first).
+  void experts_backward(const MicroBatch& batch, int64_t layer, const BlockActivations& a, const float* dy, float* dx,
+                        bool add_to_dx);
   void token_mask(const MicroBatch& batch);
   // Block `layer` from its input x_in: fills `a` and, unless x_out is null (recomputation inside
   // the backward pass, which only needs the intermediates), writes the next block's input.

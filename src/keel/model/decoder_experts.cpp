@@ -16,6 +16,7 @@ namespace {
 // are 4-bit, dequantized an expert at a time into the decoder's 4-bit tile (experts.h).
 ExpertsWeights experts_weights(const ParamStore& P, const LayerParamIds& p, bool bf, const auto& buffers) {
   ExpertsWeights w{P.weight(p.router), P.weight(p.experts_gate_up), P.weight(p.experts_down)};
+  if (p.router_bias >= 0) w.router_bias = P.weight(p.router_bias);
   if (bf) {
     w.router_b = P.weight_bf16(p.router);
     w.gate_up_b = P.weight_bf16(p.experts_gate_up);
@@ -58,7 +59,7 @@ void Decoder::experts_forward(const MicroBatch& mb, int64_t l, const BlockActiva
   const bool bf = precision_ == Precision::BF16;
   model::experts_forward(backend_, experts_shape(config_, N), a.xn2, a.xn2_b,
                          experts_weights(params_, ids_.layers[size_t(l)], bf, b), routed, a.xmid, x_out, b.token_mask,
-                         x_out ? &balance : nullptr);
+                         x_out && config_.has_aux_loss() ? &balance : nullptr);
   if (!x_out) return;
   int64_t sparse = 0;  // this layer's row of the expert load
   for (int64_t i = 0; i < l; ++i) sparse += config_.sparse_layer(i);
@@ -67,7 +68,7 @@ void Decoder::experts_forward(const MicroBatch& mb, int64_t l, const BlockActiva
 }
 
 void Decoder::experts_backward(const MicroBatch& mb, int64_t l, const BlockActivations& a, const float* dy,
-                               float* dx) {
+                               float* dx, bool add_to_dx) {
   auto& b = *buf_;
   auto& P = params_;
   const LayerParamIds& p = ids_.layers[size_t(l)];
@@ -86,7 +87,7 @@ void Decoder::experts_backward(const MicroBatch& mb, int64_t l, const BlockActiv
   // In bf16 a.xn2 holds another block's data by now: the products read a.xn2_b.
   model::experts_backward(backend_, experts_shape(config_, mb.batch * mb.seq), a.xn2, a.xn2_b,
                           experts_weights(P, p, precision_ == Precision::BF16, b), routed_activations(a), dy, scratch,
-                          &balance, b.token_mask, g, dx);
+                          config_.has_aux_loss() ? &balance : nullptr, b.token_mask, g, dx, add_to_dx);
 }
 
 std::span<const double> Decoder::expert_load() const {

@@ -185,11 +185,15 @@ void declare_params(const ModelConfig& c, ParamStore& params, DecoderParamIds& i
       // no nn.Linear): the head's storage, which is the blocks' without 4 bits.
       const int64_t E = c.moe.experts, I = c.moe.intermediate_size;
       p.router = params.add(prefix + "router.weight", {E, H}, true, head);
+      if (c.moe.sigmoid_router) p.router_bias = params.add(prefix + "router.score_correction_bias", {E}, false);
       p.experts_gate_up = params.add(prefix + "experts.gate_up.weight", {E * 2 * I, H}, true, blocks);
       p.experts_down = params.add(prefix + "experts.down.weight", {E * H, I}, true, blocks);
-    } else {
-      p.gate_up_weight = params.add(prefix + "gate_up.weight", {2 * c.intermediate_size, H}, true, blocks);
-      p.down_weight = params.add(prefix + "down.weight", {H, c.intermediate_size}, true, blocks);
+    }
+    // The dense MLP, or a sparse layer's shared experts (GLM-4.5).
+    if (const int64_t width = c.mlp_width(l); width > 0) {
+      const std::string mlp = prefix + (c.sparse_layer(l) ? "shared_experts." : "");
+      p.gate_up_weight = params.add(mlp + "gate_up.weight", {2 * width, H}, true, blocks);
+      p.down_weight = params.add(mlp + "down.weight", {H, width}, true, blocks);
     }
     if (c.sandwich_norms) p.mlp_out_norm = params.add(prefix + "mlp_output_norm", {H}, false);
   }
@@ -229,8 +233,8 @@ std::vector<GradGroup> gradient_groups(const ModelConfig& c, const DecoderParamI
     for (int64_t l = 0; l < c.num_layers; ++l) {
       const LayerParamIds& p = ids.layers[size_t(l)];
       for (int id : {p.input_norm, p.qkv_weight, p.qkv_bias, p.q_norm, p.k_norm, p.o_weight, p.attn_out_norm,
-                     p.post_norm, p.gate_up_weight, p.down_weight, p.mlp_out_norm, p.router, p.experts_gate_up,
-                     p.experts_down})
+                     p.post_norm, p.gate_up_weight, p.down_weight, p.mlp_out_norm, p.router, p.router_bias,
+                     p.experts_gate_up, p.experts_down})
         at(id, t.backward(l), t.backward(l));
     }
   } else {
@@ -293,15 +297,18 @@ void check_arguments(const ModelConfig& config, int64_t max_batch, int64_t max_s
   // Every HF tensor of a projection must start and end on a 64-element 4-bit block, as bitsandbytes
   // quantizes each on its own (an expert's gate, up and down: whole rows of hidden_size). The dense
   // MLP's width matters only where a layer has one.
+  // GLM-4.5's shared experts are a dense MLP of their own width.
   bool dense_mlp = false;
   for (int64_t l = 0; l < config.num_layers; ++l) dense_mlp = dense_mlp || !config.sparse_layer(l);
   require(!options.four_bit_base ||
               (config.hidden_size % kFourBitBlockSize == 0 &&
                (!dense_mlp || config.intermediate_size % kFourBitBlockSize == 0) &&
+               config.moe.shared_intermediate_size % kFourBitBlockSize == 0 &&
                config.q_size() % kFourBitBlockSize == 0),
-          "QLoRA: hidden_size ({}), intermediate_size ({}) and heads x head_dim ({}) must be multiples of {} (4-bit "
-          "blocks of whole rows)",
-          config.hidden_size, config.intermediate_size, config.q_size(), kFourBitBlockSize);
+          "QLoRA: hidden_size ({}), intermediate_size ({}), the shared experts' width ({}) and heads x head_dim ({}) "
+          "must be multiples of {} (4-bit blocks of whole rows)",
+          config.hidden_size, config.intermediate_size, config.moe.shared_intermediate_size, config.q_size(),
+          kFourBitBlockSize);
 }
 
 kernels::AttentionMatmul attention_matmul(Precision p) {
@@ -488,10 +495,14 @@ class MemoryDescription {
     // stream's gradient as they compute it (rmsnorm_backward's residual), with no buffer between.
     if (c_.sandwich_norms)
       d.dtmp = add("grad.norm_input", Cat::Workspace, N_ * H_, f32, backward_first, backward_last);
-    // The MLP's: a dense layer's, or the routed rows' of a sparse one (the wider of the two).
-    int64_t act_width = 0;
-    for (int64_t l = 0; l < L_; ++l)
+    // The MLP's: a dense layer's, or the routed rows' of a sparse one (the wider of the two), or its
+    // shared experts' (GLM-4.5).
+    int64_t act_width = 0, mlp_width = I_;
+    for (int64_t l = 0; l < L_; ++l) {
       act_width = std::max(act_width, c_.sparse_layer(l) ? c_.moe.experts_per_token * c_.moe.intermediate_size : I_);
+      mlp_width = std::max(mlp_width, c_.mlp_width(l));
+    }
+    act_width = std::max(act_width, mlp_width);
     d.d_act = add("grad.act", Cat::Workspace, N_ * act_width, f32, backward_first, backward_last);
     d.d_gate_up = add("grad.gate_up", Cat::Workspace, N_ * 2 * act_width, f32, backward_first, backward_last);
     if (c_.has_experts()) experts(d);
@@ -501,7 +512,7 @@ class MemoryDescription {
       d.d_qk = add("grad.qk_normed", Cat::Workspace, N_ * (Q_ + c_.kv_size()), f32, backward_first, backward_last);
     // From the head on: the final norm's backward (at the head position, before the first block's)
     // writes the last block's down-projection gradient into it (backward(): residual_dy_b).
-    d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N_ * std::max({H_, 2 * I_, QKV_}), head, backward_last);
+    d.dy_b = add_bf16("grad.bf16", Cat::Workspace, N_ * std::max({H_, 2 * mlp_width, QKV_}), head, backward_last);
   }
 
   // Scratch of 4-bit weights (a dequantized tile), LoRA (dropout, its gradient), bf16 products on a
@@ -586,7 +597,8 @@ class MemoryDescription {
   }
 
   BlockIds block(int64_t layer, const std::string& prefix, Cat cat, int32_t first, int32_t last) {
-    const int64_t N = N_, H = H_, I = I_, Q = Q_, QKV = QKV_;
+    // I: the dense MLP's width, or a sparse layer's shared experts' (0: none).
+    const int64_t N = N_, H = H_, I = c_.mlp_width(layer), Q = Q_, QKV = QKV_;
     BlockIds b;
     // In bf16 the GEMMs of the backward pass read the bf16 copies of the normalised inputs and of
     // the SwiGLU output (Linear::backward_weight), so their fp32 originals are scratch of the
@@ -630,14 +642,18 @@ class MemoryDescription {
       b.routed_act = add(prefix + "experts.act", cat, R * IM, f32, first, last);
       b.routed_out = add(prefix + "experts.output", cat, R * H, f32, first, last);
       b.routed_act_b = add_bf16(prefix + "experts.act.bf16", cat, R * IM, first, last);
-    } else {
-      b.gate_up = add(prefix + "gate_up", cat, N * 2 * I, f32, first, last);
-      b.act = add(prefix + "act", gemm_input_cat, N * I, f32, first, gemm_input_last);
+    }
+    if (I > 0) {  // the dense MLP, or the shared experts beside the routed ones
+      const std::string mlp = prefix + (c_.sparse_layer(layer) ? "shared_experts." : "");
+      b.gate_up = add(mlp + "gate_up", cat, N * 2 * I, f32, first, last);
+      b.act = add(mlp + "act", gemm_input_cat, N * I, f32, first, gemm_input_last);
     }
     b.xn1_b = add_bf16(prefix + "xn1.bf16", cat, N * H, first, last);
     b.attn_b = add_bf16(prefix + "attn.bf16", cat, N * Q, first, last);
     b.xn2_b = add_bf16(prefix + "xn2.bf16", cat, N * H, first, last);
-    if (!c_.sparse_layer(layer)) b.act_b = add_bf16(prefix + "act.bf16", cat, N * I, first, last);
+    if (I > 0)
+      b.act_b = add_bf16(prefix + (c_.sparse_layer(layer) ? "shared_experts." : "") + "act.bf16", cat, N * I, first,
+                         last);
     if (adapter_.enabled() && adapter_.modules_per_layer[size_t(layer)] > 0) {
       const int64_t u = N * adapter_.rank * adapter_.modules_per_layer[size_t(layer)];
       b.lora_u = add(prefix + "lora.u", cat, u, f32, first, last);

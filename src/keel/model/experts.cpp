@@ -1,6 +1,7 @@
 #include "keel/model/experts.h"
 
 #include <algorithm>
+#include <bitset>
 #include <cmath>
 #include <tuple>
 #include <utility>
@@ -26,6 +27,75 @@ void softmax_rows(float* p, int64_t rows, int64_t n) {
       float sum = 0;
       for (int64_t e = 0; e < n; ++e) sum += r[e] = std::exp(r[e] - most);
       for (int64_t e = 0; e < n; ++e) r[e] /= sum;
+    }
+  });
+}
+
+// s = sigmoid(s) in place, fp32 as torch's sigmoid: 1 / (1 + exp(-x)).
+void sigmoid_rows(float* p, int64_t n) {
+  parallel_for(n, n >= kParallelElements, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) p[i] = 1.0f / (1.0f + std::exp(-p[i]));
+  });
+}
+
+// Sigmoid routing (experts.h): each token's top_k experts by score + bias among its topk_groups
+// best groups, the lower index first among equals (torch.topk leaves ties unspecified), and their
+// weights from the scores alone.
+void choose_experts_sigmoid(const ExpertsShape& s, const float* bias, const RoutedActivations& a) {
+  const int64_t E = s.experts, k = s.top_k, G = s.groups, per_group = E / G;
+  parallel_for(s.tokens, s.tokens * E * k >= kParallelElements, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const float* p = a.probs + t * E;
+      auto choice_score = [&](int64_t e) { return p[e] + (bias ? bias[e] : 0.0f); };
+      // A group's score: its two best choice scores, summed (topk(2)[0].sum()).
+      auto group_score = [&](int64_t g) {
+        float first = -INFINITY, second = -INFINITY;
+        for (int64_t e = g * per_group; e < (g + 1) * per_group; ++e) {
+          const float v = choice_score(e);
+          if (v > first) {
+            second = first;
+            first = v;
+          } else if (v > second) {
+            second = v;
+          }
+        }
+        return first + second;
+      };
+      std::bitset<kMaxExpertGroups> kept;
+      if (s.topk_groups == G) {
+        for (int64_t g = 0; g < G; ++g) kept.set(size_t(g));
+      } else {
+        for (int64_t j = 0; j < s.topk_groups; ++j) {
+          int64_t best = -1;
+          float best_score = 0;
+          for (int64_t g = 0; g < G; ++g) {
+            if (kept.test(size_t(g))) continue;
+            const float score = group_score(g);
+            if (best < 0 || score > best_score) best = g, best_score = score;
+          }
+          kept.set(size_t(best));
+        }
+      }
+      int32_t* chosen = a.choice + t * k;
+      float* w = a.weight + t * k;
+      for (int64_t j = 0; j < k; ++j) {
+        int32_t best = -1;
+        float best_score = 0;
+        for (int64_t e = 0; e < E; ++e) {
+          if (!kept.test(size_t(e / per_group)) || std::find(chosen, chosen + j, int32_t(e)) != chosen + j) continue;
+          const float score = choice_score(e);
+          if (best < 0 || score > best_score) best = int32_t(e), best_score = score;
+        }
+        chosen[j] = best;
+        w[j] = p[best];
+      }
+      if (s.norm_topk_prob) {
+        float sum = 0;
+        for (int64_t j = 0; j < k; ++j) sum += w[j];
+        sum += 1e-20f;
+        for (int64_t j = 0; j < k; ++j) w[j] /= sum;
+      }
+      for (int64_t j = 0; j < k; ++j) w[j] *= s.routed_scaling_factor;
     }
   });
 }
@@ -167,7 +237,9 @@ void prepare_experts(kernels::Backend& backend, const ExpertsShape& s, bool bf16
 }
 
 ExpertsShape experts_shape(const ModelConfig& c, int64_t tokens) {
-  return {tokens, c.hidden_size, c.moe.experts, c.moe.experts_per_token, c.moe.intermediate_size, c.moe.norm_topk_prob};
+  const auto& m = c.moe;
+  return {tokens,           c.hidden_size,      m.experts, m.experts_per_token, m.intermediate_size, m.norm_topk_prob,
+          m.sigmoid_router, m.groups,           m.topk_groups, float(m.routed_scaling_factor)};
 }
 
 void RouterBalance::clear(int64_t experts) {
@@ -198,8 +270,16 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
   // p = softmax(x W_r^T)
   product(backend, kernels::packed_gemm(Trans::N, Trans::T, N, E, H), {x, bf ? x_b : nullptr}, {w.router, w.router_b},
           a.probs, 0.0f);
-  softmax_rows(a.probs, N, E);
-  choose_experts(s, a);
+  if (s.sigmoid) {
+    require(s.groups > 0 && s.groups <= kMaxExpertGroups && s.experts % s.groups == 0,
+            "experts: {} expert groups of {} experts: expected a divisor of the experts, at most {}", s.groups,
+            s.experts, kMaxExpertGroups);
+    sigmoid_rows(a.probs, N * E);
+    choose_experts_sigmoid(s, w.router_bias, a);
+  } else {
+    softmax_rows(a.probs, N, E);
+    choose_experts(s, a);
+  }
   sort_rows(s, a);
   if (balance) {
     for (int64_t t = 0; t < N; ++t) {
@@ -250,7 +330,7 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
 void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const bf16* x_b,
                       const ExpertsWeights& w, const RoutedActivations& a, const float* dy,
                       const ExpertsScratch& d, const RouterBalance* balance, const float* mask,
-                      const ExpertsGrads& g, float* dx) {
+                      const ExpertsGrads& g, float* dx, bool add_to_dx) {
   const int64_t N = s.tokens, H = s.hidden, E = s.experts, k = s.top_k, I = s.inter, R = s.routed();
   const bool bf = w.in_bf16();
   const Operand in{a.in, bf ? a.in_b : nullptr}, act{a.act, bf ? a.act_b : nullptr};
@@ -308,7 +388,7 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
       for (int64_t i = 0; i < H; ++i) {
         float sum = 0;
         for (int64_t j = 0; j < k; ++j) sum += d.rows[rows[j] * H + i];
-        dxt[i] = sum;
+        dxt[i] = add_to_dx ? dxt[i] + sum : sum;
       }
     }
   });
@@ -324,6 +404,22 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
       const int32_t* chosen = a.choice + t * k;
       const double m = mask ? mask[t] : 1.0;
       for (int64_t e = 0; e < E; ++e) dl[e] = balance && m != 0 ? float(balance->grad[e] * m) : 0.0f;
+      if (s.sigmoid) {
+        // w_j = rsf s_j / D (D = sum_i s_i + 1e-20 with norm_topk_prob, else w_j = rsf s_j):
+        // d s_j = rsf (d w_j - sum_i d w_i s_i / D) / D; then d logit = d s * s (1 - s).
+        double sum_s = 1e-20, dot = 0;
+        for (int64_t j = 0; j < k; ++j) {
+          sum_s += p[chosen[j]];
+          dot += double(dw[j]) * p[chosen[j]];
+        }
+        for (int64_t j = 0; j < k; ++j) {
+          const double sj = p[chosen[j]];
+          const double ds = s.norm_topk_prob ? s.routed_scaling_factor * (dw[j] - dot / sum_s) / sum_s
+                                             : double(s.routed_scaling_factor) * dw[j];
+          dl[chosen[j]] += float(ds * sj * (1.0 - sj));
+        }
+        continue;
+      }
       if (s.norm_topk_prob) {
         double sum_p = 0, dot = 0;
         for (int64_t j = 0; j < k; ++j) {

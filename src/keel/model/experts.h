@@ -18,6 +18,16 @@
 // allocates nothing. Each piece is a full-speed GEMM on its rows; the weight gradients sum the
 // pieces (beta 1 after the first).
 //
+// GLM-4.5 (ExpertsShape::sigmoid; Glm4MoeTopkRouter, DeepSeek-V3's "noaux_tc" routing) in place of
+// the softmax top-k:
+//   s[t] = sigmoid(x[t] W_r^T)                            the scores (kept in probs)
+//   c[t, e] = s[t, e] + b[e]                              b: e_score_correction_bias, chooses only
+//   G(t) = the topk_groups of the `groups` equal runs of experts whose two best c sum highest
+//   S(t) = the top_k experts of c[t] among G(t)'s          (lower index first among equals)
+//   w[t, j] = rsf * s[t, S_j] (/ (sum_j s[t, S_j] + 1e-20) with norm_topk_prob),  rsf: routed_scaling_factor
+// b gets no gradient (the choice is not differentiable); d s flows through the weights alone, then
+// d logit = d s * s (1 - s).
+//
 // The load-balancing loss (transformers' load_balancing_loss_func) over a micro-batch's sparse
 // layers, counting only tokens that are not padding (its attention_mask):
 //   f_e = (sum over layers and tokens of [e in S(t)]) / T,  P_e = (sum over layers and tokens of p[t, e]) / T
@@ -35,6 +45,9 @@ namespace keel::model {
 struct ExpertsShape {
   int64_t tokens = 0, hidden = 0, experts = 0, top_k = 0, inter = 0;  // inter: moe_intermediate_size
   bool norm_topk_prob = false;
+  bool sigmoid = false;  // GLM-4.5's router (above); the three below only with it
+  int64_t groups = 1, topk_groups = 1;
+  float routed_scaling_factor = 1.0f;
   int64_t routed() const { return tokens * top_k; }  // rows through the experts
 };
 ExpertsShape experts_shape(const ModelConfig& c, int64_t tokens);
@@ -53,6 +66,7 @@ ExpertsShape experts_shape(const ModelConfig& c, int64_t tokens);
 // An expert no row reached is not dequantized. The router is never 4-bit.
 struct ExpertsWeights {
   const float *router = nullptr, *gate_up = nullptr, *down = nullptr;
+  const float* router_bias = nullptr;  // sigmoid routing: e_score_correction_bias [experts], fp32
   const bf16 *router_b = nullptr, *gate_up_b = nullptr, *down_b = nullptr;
   FourBitWeight gate_up_4bit, down_4bit;
   float* tile = nullptr;
@@ -69,7 +83,7 @@ struct ExpertsGrads {
 
 // What the forward pass keeps for the backward pass (plan sizes in experts_buffer_elements).
 struct RoutedActivations {
-  float* probs = nullptr;          // [tokens, experts] the router's softmax
+  float* probs = nullptr;          // [tokens, experts] the router's softmax (sigmoid: its scores)
   int32_t* choice = nullptr;       // [tokens, top_k] each slot's expert, by descending probability
   float* weight = nullptr;         // [tokens, top_k] each slot's weight w
   int32_t* expert_rows = nullptr;  // [experts + 1] expert e's routed rows are [expert_rows[e], expert_rows[e + 1])
@@ -119,13 +133,17 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
                      const ExpertsWeights& w, const RoutedActivations& a, const float* residual, float* y,
                      const float* mask, RouterBalance* balance);
 
-// From dy [tokens, hidden] (the gradient of y): dx [tokens, hidden] (overwritten) and the weights'
-// gradients, the router's included, with the load-balancing loss's part (balance->grad, weighted
-// by mask; balance null: none). In bf16 only x_b is read of the input (x may be stale).
+// From dy [tokens, hidden] (the gradient of y): dx [tokens, hidden] (overwritten, or added to with
+// add_to_dx: GLM-4.5's shared experts wrote theirs first) and the weights' gradients, the router's
+// included, with the load-balancing loss's part (balance->grad, weighted by mask; balance null:
+// none). In bf16 only x_b is read of the input (x may be stale).
 void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const float* x, const bf16* x_b,
                       const ExpertsWeights& w, const RoutedActivations& a, const float* dy,
                       const ExpertsScratch& scratch, const RouterBalance* balance, const float* mask,
-                      const ExpertsGrads& g, float* dx);
+                      const ExpertsGrads& g, float* dx, bool add_to_dx = false);
+
+// Sigmoid routing's expert groups are chosen with a set on the stack: n_group is at most this.
+constexpr int64_t kMaxExpertGroups = 1024;
 
 // Builds the backend's plans of every product shape experts_forward and experts_backward can meet
 // for micro-batches of up to `tokens` tokens.

@@ -76,14 +76,15 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
   const auto& P = decoder_.params();
   const auto& I = decoder_.ids();
   const int64_t H = c_.hidden_size, Q = c_.q_size(), KV = c_.kv_size(), QKV = Q + 2 * KV, D = c_.head_dim;
-  const int64_t inter = c_.intermediate_size;
+  int64_t widest = c_.intermediate_size;  // the dense MLPs' and GLM-4.5's shared experts' widths
+  for (int64_t l = 0; l < c_.num_layers; ++l) widest = std::max(widest, c_.mlp_width(l));
   const kernels::RmsNormShape hidden = hidden_norm_shape(c_, n);
   const kernels::RmsNormShape q_norm = head_norm_shape(c_, n, c_.num_heads, QKV, QKV),
                               k_norm = head_norm_shape(c_, n, c_.num_kv_heads, QKV, QKV);
   for (int64_t i = 0; i < n; ++i)
     require(ids[i] >= 0 && ids[i] < c_.vocab_size, "generation: token id {} is outside the vocabulary", ids[i]);
   x_.resize(n * H), xn_.resize(n * H), qkv_.resize(n * QKV), attn_.resize(n * Q), h_.resize(n * H);
-  gate_up_.resize(n * 2 * inter), act_.resize(n * inter);
+  gate_up_.resize(n * 2 * widest), act_.resize(n * widest);
   if (c_.sandwich_norms) branch_.resize(n * H);
   std::vector<float> rstd(n);
   std::vector<int32_t> positions(n);
@@ -126,13 +127,15 @@ const std::vector<float>& Generator::feed(const int32_t* ids, int64_t n, int64_t
       linear(attn_.data(), p.o_weight, n, Q, H, h_.data(), 1.0f);
     }
     backend_.rmsnorm_forward(hidden, h_.data(), P.weight(p.post_norm), xn_.data(), rstd.data(), nullptr);
+    const int64_t inter = c_.mlp_width(l);
     if (c_.sparse_layer(l)) {  // x = h + the experts' weighted outputs (experts.h), as in training
       routed_experts(l, n);
-      continue;
+      if (inter == 0) continue;
     }
+    // The dense MLP, or (GLM-4.5) the shared experts added to the routed ones' output.
     linear(xn_.data(), p.gate_up_weight, n, H, 2 * inter, gate_up_.data(), 0.0f);
     backend_.glu_forward(c_.mlp_activation, gate_up_.data(), n, inter, act_.data(), nullptr);
-    std::memcpy(x_.data(), h_.data(), sizeof(float) * n * H);
+    if (!c_.sparse_layer(l)) std::memcpy(x_.data(), h_.data(), sizeof(float) * n * H);
     if (c_.sandwich_norms) {
       linear(act_.data(), p.down_weight, n, inter, H, branch_.data(), 0.0f);
       add_normed_branch(x_.data(), branch_.data(), p.mlp_out_norm);
@@ -169,7 +172,8 @@ void Generator::routed_experts(int64_t layer, int64_t n) {
   a.token_rows = i;
   const auto& P = decoder_.params();
   const auto& p = decoder_.ids().layers[size_t(layer)];
-  const ExpertsWeights w{P.weight(p.router), P.weight(p.experts_gate_up), P.weight(p.experts_down)};
+  ExpertsWeights w{P.weight(p.router), P.weight(p.experts_gate_up), P.weight(p.experts_down)};
+  if (p.router_bias >= 0) w.router_bias = P.weight(p.router_bias);
   experts_forward(backend_, s, xn_.data(), nullptr, w, a, h_.data(), x_.data(), nullptr, nullptr);
 }
 

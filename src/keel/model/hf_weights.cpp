@@ -69,22 +69,32 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& id
       out.push_back({pre + "post_attention_layernorm.weight", p.post_norm, 0, H, 0});
     }
     if (c.sparse_layer(l)) {  // the router (gate), then the experts
-      const int64_t E = c.moe.experts, IM = c.moe.intermediate_size;
-      if (layout == ExpertLayout::Fused) {  // transformers 5's in-memory names, every family's
-        out.push_back({pre + "mlp.gate.weight", p.router, 0, E, H});
-        out.push_back({pre + "mlp.experts.gate_up_proj", p.experts_gate_up, 0, E * 2 * IM, H, E});
-        out.push_back({pre + "mlp.experts.down_proj", p.experts_down, 0, E * H, IM, E});
-        continue;
-      }
-      // Published: Qwen3-MoE's mlp.experts.N.{gate,up,down}_proj, Mixtral's block_sparse_moe.experts.N.{w1,w3,w2}.
-      const bool mixtral = c.family == Family::Mixtral;
+      const int64_t E = c.moe.experts, IM = c.moe.intermediate_size, IS = c.moe.shared_intermediate_size;
+      // transformers 5's fused layout names every family's block mlp (its router too).
+      const bool mixtral = c.family == Family::Mixtral && layout == ExpertLayout::PerExpert;
       const std::string block = pre + (mixtral ? "block_sparse_moe." : "mlp.");
       out.push_back({block + "gate.weight", p.router, 0, E, H});
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string expert = block + "experts." + std::to_string(e) + ".";
-        out.push_back({expert + (mixtral ? "w1.weight" : "gate_proj.weight"), p.experts_gate_up, e * 2 * IM, IM, H});
-        out.push_back({expert + (mixtral ? "w3.weight" : "up_proj.weight"), p.experts_gate_up, e * 2 * IM + IM, IM, H});
-        out.push_back({expert + (mixtral ? "w2.weight" : "down_proj.weight"), p.experts_down, e * H, H, IM});
+      // GLM-4.5's router buffer, saved with the model by transformers (a persistent nn.Buffer).
+      if (p.router_bias >= 0) out.push_back({block + "gate.e_score_correction_bias", p.router_bias, 0, E, 0});
+      if (layout == ExpertLayout::Fused) {  // transformers 5's in-memory names, every family's
+        out.push_back({pre + "mlp.experts.gate_up_proj", p.experts_gate_up, 0, E * 2 * IM, H, E});
+        out.push_back({pre + "mlp.experts.down_proj", p.experts_down, 0, E * H, IM, E});
+      } else {
+        // Published: Qwen3-MoE's and GLM-4.5's mlp.experts.N.{gate,up,down}_proj, Mixtral's
+        // block_sparse_moe.experts.N.{w1,w3,w2}.
+        for (int64_t e = 0; e < E; ++e) {
+          const std::string expert = block + "experts." + std::to_string(e) + ".";
+          out.push_back({expert + (mixtral ? "w1.weight" : "gate_proj.weight"), p.experts_gate_up, e * 2 * IM, IM, H});
+          out.push_back(
+              {expert + (mixtral ? "w3.weight" : "up_proj.weight"), p.experts_gate_up, e * 2 * IM + IM, IM, H});
+          out.push_back({expert + (mixtral ? "w2.weight" : "down_proj.weight"), p.experts_down, e * H, H, IM});
+        }
+      }
+      if (p.gate_up_weight >= 0) {  // GLM-4.5's shared experts: one SwiGLU MLP, in both layouts
+        const std::string shared = pre + "mlp.shared_experts.";
+        out.push_back({shared + "gate_proj.weight", p.gate_up_weight, 0, IS, H});
+        out.push_back({shared + "up_proj.weight", p.gate_up_weight, IS, IS, H});
+        out.push_back({shared + "down_proj.weight", p.down_weight, 0, H, IS});
       }
       continue;
     }
@@ -188,9 +198,18 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
     }
     used.insert(t.name);
   }
+  // GLM-4.5's multi-token-prediction layers (model.layers.{num_layers ...}) are not part of the
+  // model transformers builds, which skips their tensors on load; so does keel (the trainer's
+  // banner says so), rather than warning about each of them.
+  const ModelConfig& c = decoder.config();
+  auto next_token_layer = [&](const std::string& name) {
+    for (int64_t i = 0; i < c.nextn_predict_layers; ++i)
+      if (name.starts_with("model.layers." + std::to_string(c.num_layers + i) + ".")) return true;
+    return false;
+  };
   std::vector<std::string> unused;
   for (const auto& name : reader.names())
-    if (!used.count(name) && !is_ignorable(name)) unused.push_back(name);
+    if (!used.count(name) && !is_ignorable(name) && !next_token_layer(name)) unused.push_back(name);
   P.refresh_bf16_copy();
   return unused;
 }

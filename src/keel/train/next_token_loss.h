@@ -22,7 +22,8 @@ class NextTokenLoss final : public Objective {
   }
   void micro_batch(model::Decoder& decoder, const model::MicroBatch& batch, const data::PackedMicroBatch&) override {
     loss_sum_ += decoder.forward_backward(batch, grad_scale_);
-    if (!decoder.config().has_experts()) return;
+    // GLM-4.5's transformers class computes no load-balancing loss: nothing to report or add.
+    if (!decoder.config().has_aux_loss()) return;
     experts_ = true;
     aux_weight_ = decoder.config().aux_loss_weight();
     aux_[0] += decoder.aux_loss();

@@ -400,6 +400,21 @@ class Trainer {
     for (int64_t l = 0; l < config_.num_layers; ++l) sparse += config_.sparse_layer(l);
     fmt::print(log_, "keel: {} of {} layers route each token to {} of {} experts{}; ", sparse, config_.num_layers,
                m.experts_per_token, m.experts, m.norm_topk_prob ? " (weights renormalised)" : "");
+    if (m.sigmoid_router) {  // GLM-4.5
+      fmt::print(log_,
+                 "sigmoid scores, chosen with e_score_correction_bias (kept as loaded, never trained) among the best "
+                 "{} of {} expert groups, weights x {}{}; {} multi-token-prediction layer(s) not run, as "
+                 "transformers does not run them; no load-balancing loss: Glm4MoeForCausalLM adds none{}\n",
+                 m.topk_groups, m.groups, m.routed_scaling_factor,
+                 m.shared_intermediate_size > 0
+                     ? fmt::format(", plus shared experts of width {}", m.shared_intermediate_size)
+                     : std::string(),
+                 config_.nextn_predict_layers,
+                 m.output_router_logits ? " (output_router_logits in config.json asks for one: ignored, as transformers "
+                                          "ignores it)"
+                                        : "");
+      return;
+    }
     if (config_.aux_loss_weight() > 0)
       fmt::print(log_,
                  "the load-balancing loss is added x {} per micro-batch (output_router_logits, as transformers' "
