@@ -28,6 +28,17 @@ greedy continuations of it must equal transformers' generate on it.
 
 --family mixtral runs the same checks on a tiny MixtralForCausalLM (8 experts, top-2 renormalised,
 every layer sparse, a sliding window of 5; published names block_sparse_moe.experts.N.{w1,w3,w2}).
+
+--family glm4_moe: a tiny Glm4MoeForCausalLM (GLM-4.5): 8 experts in 4 groups, top-3 from the best
+2 groups (n_group 4, topk_group 2), a sigmoid router with a nonzero e_score_correction_bias,
+routed_scaling_factor 2.5, 2 shared experts, first_k_dense_replace 1, partial RoPE (factor 0.5,
+rotate_half's pairs), q/k/v biases and q/k norms, and one multi-token-prediction layer's tensors
+(model.layers.3.*) in the checkpoint. Glm4MoeForCausalLM's forward adds no load-balancing loss
+(it has no aux_loss), so neither does the reference's loss nor keel's (which must report no
+aux_loss). The test checks that the bias and the group limit change the routing of this model
+(or it would not see them), that e_score_correction_bias (a buffer) comes out of keel's training
+as it went in, and that transformers' loading counts the MTP layer's tensors as unexpected and
+skips them, as keel does without a warning.
 --dtype bf16 measures keel's bf16 run against torch's fp32 one (bf16_yardstick). --lora trains
 PEFT's LoRA on the attention's projections instead (LORA_TARGETS), from a PEFT-saved adapter, and
 compares keel's final adapter, which PeftModel.from_pretrained must load. KEEL_MOE_SEED sets
@@ -82,7 +93,25 @@ ROUTER_STD = 0.5  # decisive routing: no near-ties between the k-th and (k+1)-th
 BF16_GAP_FACTOR = float(os.environ.get("KEEL_BF16_GAP_FACTOR", "3.0"))
 
 
+GLM_GROUPS, GLM_TOPK_GROUPS, GLM_TOP_K, GLM_SCALING = 4, 2, 3, 2.5
+GLM_ROUTER_STD, GLM_BIAS_STD = 0.1, 0.1  # sigmoid scores spread over ~(0.2, 0.8), the bias able to reorder them
+
+
 def make_config(family, norm_topk_prob):
+    if family == "glm4_moe":  # layer 0 dense, 1-2 sparse; the MTP layer (3) is in the checkpoint only
+        return {
+            "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe",
+            "vocab_size": 256, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "max_position_embeddings": 64,
+            "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "float32",
+            "attention_bias": True, "use_qk_norm": True,
+            "n_routed_experts": EXPERTS, "num_experts_per_tok": GLM_TOP_K, "moe_intermediate_size": MOE_INTER,
+            "n_shared_experts": 2, "n_group": GLM_GROUPS, "topk_group": GLM_TOPK_GROUPS,
+            "routed_scaling_factor": GLM_SCALING, "norm_topk_prob": norm_topk_prob, "first_k_dense_replace": 1,
+            "num_nextn_predict_layers": 1,
+            "bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 3,
+        }
     if family == "mixtral":  # every layer sparse, its intermediate_size the experts' width; a window of 5
         return {
             "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
@@ -108,7 +137,20 @@ def make_config(family, norm_topk_prob):
 
 
 def model_class(cfg):
-    return transformers.MixtralForCausalLM if cfg["model_type"] == "mixtral" else transformers.Qwen3MoeForCausalLM
+    return {"mixtral": transformers.MixtralForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM}.get(
+        cfg["model_type"], transformers.Qwen3MoeForCausalLM)
+
+
+def model_tensors(model):
+    """The model's trained parameters and GLM-4.5's e_score_correction_bias, a buffer its
+    checkpoints hold (every other buffer here is rotary's, not saved)."""
+    out = dict(model.named_parameters())
+    out.update({n: b for n, b in model.named_buffers() if n.endswith("e_score_correction_bias")})
+    return out
+
+
+def glm4_moe():
+    return FAMILY[0] == "glm4_moe"
 
 
 def build_model(cfg, tensors=None, attention="sdpa"):
@@ -119,7 +161,7 @@ def build_model(cfg, tensors=None, attention="sdpa"):
     model = model_class(cfg)(config).to(torch.float32)
     model.eval()  # no dropout (none configured); training mode does not change the math
     if tensors is not None:
-        params = dict(model.named_parameters())
+        params = model_tensors(model)
         if set(params) != set(tensors):
             raise ValueError("tensors do not match the model: missing %s, unexpected %s"
                              % (sorted(set(params) - set(tensors)), sorted(set(tensors) - set(params))))
@@ -134,8 +176,10 @@ def random_tensors(model, seed):
     router ROUTER_STD, the LM head 0.1), the embedding N(0, 0.5), norms 1 + N(0, 0.1)."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
-    for n, p in sorted(model.named_parameters()):
-        std = (0.5 if "embed" in n else 0.1 if n == "lm_head.weight" else ROUTER_STD if n.endswith("mlp.gate.weight")
+    router_std = GLM_ROUTER_STD if glm4_moe() else ROUTER_STD
+    for n, p in sorted(model_tensors(model).items()):
+        std = (0.5 if "embed" in n else 0.1 if n == "lm_head.weight" else router_std if n.endswith("mlp.gate.weight")
+               else GLM_BIAS_STD if n.endswith("e_score_correction_bias")
                else 0.15 if ("q_proj" in n or "k_proj" in n) else 0.1 if "norm" in n else 0.02)
         t = torch.randn(*p.shape, generator=gen) * std
         out[n] = 1.0 + t if "norm" in n else t
@@ -145,7 +189,8 @@ def random_tensors(model, seed):
 # The published checkpoints' expert names: Qwen3-MoE's mlp.experts.N.{gate,up,down}_proj, Mixtral's
 # block_sparse_moe.experts.N.{w1,w3,w2} (and block_sparse_moe.gate for the router).
 PUBLISHED = {"qwen3_moe": ("mlp.", "gate_proj", "up_proj", "down_proj"),
-             "mixtral": ("block_sparse_moe.", "w1", "w3", "w2")}
+             "mixtral": ("block_sparse_moe.", "w1", "w3", "w2"),
+             "glm4_moe": ("mlp.", "gate_proj", "up_proj", "down_proj")}
 FAMILY = ["qwen3_moe"]  # set by main()
 
 
@@ -229,8 +274,10 @@ def check_bnb_leaves_experts(cfg, failures):
     model = build_model(cfg)
     replace_with_bnb_linear(model, quantization_config=BitsAndBytesConfig(load_in_4bit=True))
     four_bit = {n for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
-    experts = [n for n in four_bit if "experts" in n or n.endswith(".gate")]
-    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and "experts" in n]
+    # GLM-4.5's shared experts are nn.Linear modules: quantized by bitsandbytes as by keel.
+    routed = lambda n: "experts" in n and "shared_experts" not in n  # noqa: E731
+    experts = [n for n in four_bit if routed(n) or n.endswith(".gate")]
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and routed(n)]
     if experts or linear:
         failures.append("transformers' bitsandbytes replacement now reaches the experts or router (%s): the "
                         "reference's premise (docstring) needs revisiting" % sorted(experts + linear)[:4])
@@ -323,10 +370,11 @@ def torch_train(cfg, init, records, mode="fp32", attention="sdpa"):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
                 out = model(input_ids=ids, attention_mask=masks[i], use_cache=False, output_router_logits=True)
             loss_sum, _ = hf.causal_lm_loss_sum(out.logits.to(pdtype), labels)
-            loss = loss_sum / n_tokens + AUX_COEF * out.aux_loss
+            aux = getattr(out, "aux_loss", None)  # Glm4MoeForCausalLM computes none
+            loss = loss_sum / n_tokens + (AUX_COEF * aux if aux is not None else 0.0)
             loss.backward()
             loss_logged += float(loss.detach())
-            aux_sum += float(out.aux_loss.detach())
+            aux_sum += float(aux.detach()) if aux is not None else float("nan")
         lr = opt.param_groups[0]["lr"]
         grad_norm = float(torch.nn.utils.clip_grad_norm_([p for _, p in named], tr.MAX_GRAD_NORM))
         opt.step()
@@ -335,14 +383,86 @@ def torch_train(cfg, init, records, mode="fp32", attention="sdpa"):
                       "grad_norm": grad_norm})
     if LORA[0]:
         return steps, adapter_tensors(model)
-    return steps, {n: p.detach().to(torch.float32).clone() for n, p in model.named_parameters()}
+    return steps, {n: p.detach().to(torch.float32).clone() for n, p in model_tensors(model).items()}
+
+
+def mtp_layer_tensors(cfg):
+    """A multi-token-prediction layer as GLM-4.5's checkpoints store it after the last layer
+    (model.layers.46.* in GLM-4.5-Air): its projection and norms and a decoder layer's tensors."""
+    layer = "model.layers.%d." % cfg["num_hidden_layers"]
+    H, gen = cfg["hidden_size"], torch.Generator().manual_seed(7)
+    shapes = {"eh_proj.weight": (H, 2 * H), "enorm.weight": (H,), "hnorm.weight": (H,),
+              "shared_head.norm.weight": (H,), "input_layernorm.weight": (H,),
+              "self_attn.q_proj.weight": (H, H), "mlp.gate.weight": (EXPERTS, H),
+              "mlp.gate.e_score_correction_bias": (EXPERTS,), "mlp.experts.0.gate_proj.weight": (MOE_INTER, H)}
+    return {layer + n: torch.randn(*shape, generator=gen) * 0.02 for n, shape in shapes.items()}
+
+
+def check_mtp_layer_skipped(cfg, work, failures):
+    """transformers' from_pretrained of the checkpoint counts the MTP layer's tensors as unexpected
+    and skips them (Glm4MoePreTrainedModel silences only layers 46 and 92, GLM-4.5-Air's and
+    GLM-4.5's); keel skips the same tensors without a warning (the banner says it)."""
+    model_dir = os.path.join(work, "model")
+    _, info = transformers.Glm4MoeForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                              output_loading_info=True)
+    mtp = sorted(mtp_layer_tensors(cfg))
+    prefix = "model.layers.%d." % cfg["num_hidden_layers"]
+    # (in its own names: the per-expert tensor as the fused one its loading converts it to)
+    unexpected = sorted(info["unexpected_keys"])
+    if len(unexpected) != len(mtp) or not all(k.startswith(prefix) for k in unexpected) or info["missing_keys"]:
+        failures.append("transformers' loading of the MTP layer: unexpected %s, missing %s (expected exactly the "
+                        "%d MTP tensors unexpected)" % (sorted(info["unexpected_keys"])[:4], sorted(info["missing_keys"])[:4],
+                                                         len(mtp)))
+    else:
+        print("transformers' from_pretrained skips the MTP layer's %d tensors as unexpected" % len(mtp))
+    with open(os.path.join(work, "keel.log")) as f:
+        log = f.read()
+    if prefix in log.split("multi-token")[0] or "warning: tensor '" + prefix in log:
+        failures.append("keel warned about the MTP layer's tensors instead of skipping them")
+    if "multi-token-prediction layer(s) not run" not in log:
+        failures.append("keel's banner does not say the multi-token-prediction layers are not run")
+
+
+def check_routing_exercised(cfg, init, records, failures):
+    """The test sees e_score_correction_bias and the group limit only if they change which experts
+    the tokens go to: the first micro-batch's router inputs through transformers' Glm4MoeTopkRouter
+    as configured, without the bias, and with every group allowed."""
+    model = build_model(cfg, init)
+    inputs = {}
+    hooks = [m.register_forward_hook(lambda mod, args, out, name=name: inputs.__setitem__(name, args[0].detach()))
+             for name, m in model.named_modules() if name.endswith("mlp.gate")]
+    ids, _ = tr.micro_batches(records, cfg["pad_token_id"])[0]
+    with torch.no_grad():
+        model(input_ids=ids, use_cache=False)
+    for h in hooks:
+        h.remove()
+    changed_bias = changed_groups = total = 0
+    with torch.no_grad():
+        for name, x in inputs.items():
+            router = model.get_submodule(name)
+            chosen = torch.sort(router(x)[2], dim=-1)[0]
+            bias = router.e_score_correction_bias.clone()
+            router.e_score_correction_bias.zero_()
+            changed_bias += int((torch.sort(router(x)[2], dim=-1)[0] != chosen).any(-1).sum())
+            router.e_score_correction_bias.copy_(bias)
+            router.topk_group = router.num_group
+            changed_groups += int((torch.sort(router(x)[2], dim=-1)[0] != chosen).any(-1).sum())
+            router.topk_group = cfg["topk_group"]
+            total += chosen.shape[0]
+    print("routing of micro-batch 1's %d (token, layer) pairs: e_score_correction_bias changes %d, the group limit "
+          "%d" % (total, changed_bias, changed_groups))
+    if changed_bias == 0 or changed_groups == 0:
+        failures.append("the test's model routes no token differently without e_score_correction_bias (%d) or "
+                        "without the group limit (%d): it would not see them" % (changed_bias, changed_groups))
 
 
 def write_inputs(work, cfg, init, layout, backend, checkpointing, dtype):
     for d in ("model", "out"):
         shutil.rmtree(os.path.join(work, d), ignore_errors=True)
     os.makedirs(work, exist_ok=True)
-    tensors = per_expert(init) if layout == "per_expert" else init
+    tensors = per_expert(init) if layout == "per_expert" else dict(init)
+    if glm4_moe():
+        tensors.update(mtp_layer_tensors(cfg))
     hf.save_checkpoint(os.path.join(work, "model"), cfg, tensors, shards=2)
     records = tr.make_records(cfg["vocab_size"], hf.special_ids(cfg))
     data_path = os.path.join(work, "train.jsonl")
@@ -386,12 +506,14 @@ def bf16_yardstick(init, runs, fp32):
     w0 = per_expert(init)
     finals = [per_expert(run[1]) for run in runs]
     tol = {"steps": {}, "tensors": {}, "gap_steps": {}, "gap_tensors": {}}
-    for key in ("loss", "aux_loss", "grad_norm"):
+    for key in ("loss", "grad_norm") if glm4_moe() else ("loss", "aux_loss", "grad_norm"):
         gap = max(tr.rel_diff(b[key], f[key]) for run in runs for b, f in zip(run[0], fp32[0]))
         tol["gap_steps"][key] = gap
         tol["steps"][key] = BF16_GAP_FACTOR * gap
     tol["steps"]["lr"] = tr.TOL["bf16"]["lr"]
     for n, f in ref32.items():
+        if n.endswith("e_score_correction_bias"):  # never trained: compared exactly
+            continue
         keep = torch.ones_like(f, dtype=torch.bool)
         dist = [tr.weight_errors(r[n].double(), f.double(), w0[n].double(), keep) for r in finals]
         e, u = max(d[0] for d in dist), max(d[1] for d in dist)
@@ -417,8 +539,14 @@ def compare(steps, final, init, metrics, ktensors, failures, tols=None):
             failures.append("metrics.jsonl: no record for step %d" % r["step"])
             continue
         cells = []
-        for key, t in ((k2, step_tol[k2]) for k2 in ("loss", "aux_loss", "grad_norm", "lr")):
+        for key, t in ((k2, step_tol.get(k2)) for k2 in ("loss", "aux_loss", "grad_norm", "lr")):
             v = k.get(key)
+            if key == "aux_loss" and glm4_moe():  # Glm4MoeForCausalLM has no load-balancing loss, nor may keel
+                if v is not None:
+                    failures.append("step %d: keel reports aux_loss %r; Glm4MoeForCausalLM computes none"
+                                    % (r["step"], v))
+                cells.append(float("nan"))
+                continue
             if not tr.num(v) or not math.isfinite(v):
                 failures.append("step %d: %s is %r (expected a finite number)" % (r["step"], key, v))
                 cells.append(float("nan"))
@@ -450,6 +578,11 @@ def compare(steps, final, init, metrics, ktensors, failures, tols=None):
         a, b, i = ktensors[n].double(), ref[n].double(), w0[n].double()
         if a.shape != b.shape:
             failures.append("%s: keel's shape %s, torch's %s" % (n, tuple(a.shape), tuple(b.shape)))
+            continue
+        if n.endswith("e_score_correction_bias"):  # a buffer: out as it went in, in both
+            if not (torch.equal(a, i) and torch.equal(b, i)):
+                failures.append("%s: changed by training (keel max %.3g, torch max %.3g); it is a buffer"
+                                % (n, float((a - i).abs().max()), float((b - i).abs().max())))
             continue
         keep = torch.ones_like(b, dtype=torch.bool)
         we, ue = tr.weight_errors(a, b, i, keep)
@@ -483,7 +616,7 @@ def check_from_pretrained(out_dir, ktensors, failures):
     except Exception as e:  # noqa: BLE001 - whatever stops transformers from reading it is the failure
         failures.append("from_pretrained(%s) failed: %s" % (out_dir, e))
         return
-    loaded = per_expert({n: p.detach() for n, p in model.named_parameters()})
+    loaded = per_expert({n: p.detach() for n, p in model_tensors(model).items()})
     bad = [n for n in loaded if n not in ktensors or not torch.equal(loaded[n], ktensors[n].to(torch.float32))]
     if bad or set(loaded) != set(ktensors):
         failures.append("from_pretrained(keel's export) differs from its files: %s" % (bad[:5] or "names"))
@@ -516,7 +649,7 @@ def main():
     ap.add_argument("--keel", required=True, help="path to the keel binary")
     ap.add_argument("--work", required=True, help="work directory (model/, out/, ... are (re)created)")
     ap.add_argument("--norm-topk-prob", default="false", choices=("true", "false"))
-    ap.add_argument("--family", default="qwen3_moe", choices=("qwen3_moe", "mixtral"))
+    ap.add_argument("--family", default="qwen3_moe", choices=("qwen3_moe", "mixtral", "glm4_moe"))
     ap.add_argument("--layout", default="per_expert", choices=("per_expert", "fused"))
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--lora", action="store_true", help="LoRA on the attention against PEFT (above)")
@@ -538,7 +671,7 @@ def main():
         ap.error("--qlora %s: double quantization's codes differ from bitsandbytes' native kernel for ~0.1%% of the "
                  "absmax values (docstring): run it with --dtype bf16" % args.qlora)
     cfg = make_config(args.family, args.norm_topk_prob == "true")
-    if qlora and cfg["model_type"] == "qwen3_moe":
+    if qlora and cfg["model_type"] in ("qwen3_moe", "glm4_moe"):
         cfg["intermediate_size"] = 128  # the dense layer's MLP in whole 64-element blocks
     print("MoE reference test: %s, norm_topk_prob=%s, %s checkpoint, %s, work=%s (transformers %s)"
           % (cfg["architectures"][0], args.norm_topk_prob, args.layout, args.dtype, work, transformers.__version__))
@@ -562,7 +695,11 @@ def main():
             f.write('finetuning_type = "lora"\nlora_rank = %d\nlora_alpha = %d\nlora_target = %s\n'
                     "adapter_name_or_path = %s\n" % (LORA_RANK, LORA_ALPHA, json.dumps(", ".join(LORA_TARGETS)),
                                                      json.dumps(LORA[0])))
+    if glm4_moe():
+        check_routing_exercised(cfg, model_init, records, failures)
     failures += tr.run_keel(os.path.abspath(args.keel), work, args.timeout)
+    if glm4_moe() and not failures:
+        check_mtp_layer_skipped(cfg, work, failures)
     if failures:
         print("FAIL: " + "; ".join(failures))
         return 1

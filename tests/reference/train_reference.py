@@ -373,6 +373,8 @@ def run_keel(keel, work, timeout, keel_env=()):
     except OSError as e:
         return ["could not run keel (%s): %s" % (keel, e)]
     dt = time.time() - t0
+    with open(os.path.join(work, "keel.log"), "w") as f:  # for checks of what keel said
+        f.write((proc.stdout or "") + (proc.stderr or ""))
     if proc.returncode != 0:
         print("keel stdout:\n" + (proc.stdout or ""))
         print("keel stderr:\n" + (proc.stderr or ""))
