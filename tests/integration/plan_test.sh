@@ -198,6 +198,15 @@ expect qwen3_moe_qlora "compute weights        16.86 GiB   frozen projections an
 expect qwen3_moe_qlora "total                  18.52 GiB"
 expect qwen3_moe_qlora "model_name holds no weights: keel train initialises it at random and maps no weight file, 593.50 MiB less during the setup; that run peaks at 17.94 GiB"
 
+# GLM-4.5-Air (106B, issue 59): QLoRA fits one 64 GiB host, its shared experts and dense layer in
+# the 4-bit weights too; full fine-tuning under ZeRO-3 is refused for mixtures of experts.
+run glm45_air_qlora recipes/glm-4.5-air-qlora.toml --device-memory 64GB
+expect glm45_air_qlora "Glm4MoeForCausalLM (glm4_moe), 46 layers, hidden 4096, 96 heads (8 kv)"
+expect glm45_air_qlora "106.85B parameters"
+expect glm45_air_qlora "compute weights        57.70 GiB   frozen projections and experts in NF4"
+expect glm45_air_qlora "total                  61.12 GiB"
+expect glm45_air_qlora "fits: yes, within 64.00 GiB of device memory per rank (2.88 GiB to spare)"
+
 # Bad input: exit status 2 and a message naming the problem.
 out=$("$keel" plan "$recipe" --device-memory 64XB 2>&1)
 status=$?
