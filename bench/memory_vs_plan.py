@@ -149,8 +149,8 @@ def main():
     if a.prequantized:
         model_dir = save_in_4_bits(model_dir, os.path.join(a.work, "model_4bit"))
     if tvp.is_moe(a):
-        print("experts: %d per layer of width %d, top-%d per token, every layer sparse" %
-              (a.experts, a.moe_intermediate, a.top_k))
+        print("experts: %d per layer of width %d, top-%d per token, %s" %
+              (a.experts, a.moe_intermediate, a.top_k, tvp.sparse_layers_text(a)))
     print("model: %s hidden %d, %d layers, %d heads, intermediate %d, vocab %d; seq %d x batch %d, %d steps, dp %d, "
           "ZeRO-%d, checkpoints: %s%s" % (a.family + (" window %d" % a.sliding_window if a.sliding_window else ""),
                                           a.hidden, a.layers, a.heads, a.intermediate, a.vocab, a.seq, a.batch, a.steps,

@@ -22,7 +22,9 @@ trains it for --steps optimizer steps, each peer in its own process:
                    and AdamW state in bf16, no fp32 masters), lighter than every other row's mixed
                    precision. Llama full fine-tuning only (not with --lora or another --family).
 
---family qwen3_moe | mixtral: a mixture of experts of the same hidden size, layers and attention,
+--family qwen3_moe | mixtral | glm4_moe: a mixture of experts of the same hidden size, layers and
+attention (glm4_moe: GLM-4.5's layer 0 dense of width --intermediate, one shared expert of width
+--moe-intermediate on the others, a sigmoid router, q/k/v biases and half-rotated heads), else
 every layer sparse, --experts (16) experts of width --moe-intermediate (512), --top-k (4) per token:
 the routed MLP computes what the dense model's 2048-wide one does, over 4x its weights. Written by
 transformers' own save_pretrained. The torch eager loop runs once per experts implementation of
@@ -80,8 +82,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "reference"))
 
 PEERS = ("trainer", "eager", "compile", "torchtune")
-FAMILIES = ("llama", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral")
-MOE_FAMILIES = ("qwen3_moe", "mixtral")
+FAMILIES = ("llama", "qwen3", "mistral", "gemma2", "gemma3", "qwen3_moe", "mixtral", "glm4_moe")
+MOE_FAMILIES = ("qwen3_moe", "mixtral", "glm4_moe")
 # transformers 5's ways of running a sparse layer's experts (integrations/moe.py): grouped_mm (its
 # default where torch has the kernel: one grouped GEMM over tokens sorted by expert) and eager (a
 # loop over the experts that were hit). Its third, batched_mm, gathers every routed row's expert
@@ -106,7 +108,8 @@ def parse_args():
     p.add_argument("--family", choices=FAMILIES, default="llama",
                    help="the checkpoint's architecture at the same shape (qwen3: q/k norms; mistral: a sliding "
                         "window; gemma2/3: sandwich norms, GeGLU, soft caps 50/30 for gemma2, window 4096; "
-                        "qwen3_moe, mixtral: mixtures of experts, every layer sparse, --experts of width "
+                        "qwen3_moe, mixtral, glm4_moe: mixtures of experts, every layer sparse (glm4_moe: "
+                        "but the first), --experts of width "
                         "--moe-intermediate, --top-k per token)")
     p.add_argument("--experts", type=int, default=16, help="mixtures of experts: experts per layer")
     p.add_argument("--top-k", type=int, default=4, help="mixtures of experts: experts per token")
@@ -186,20 +189,35 @@ def is_moe(a):
     return getattr(a, "family", "llama") in MOE_FAMILIES
 
 
+def sparse_layers_text(a):
+    return ("layer 0 dense, the others sparse with a shared expert" if getattr(a, "family", "") == "glm4_moe"
+            else "every layer sparse")
+
+
+def glm4_moe(a):
+    return getattr(a, "family", "llama") == "glm4_moe"
+
+
 def matmul_parameters(a):
     """The matmul weights a token meets: of a mixture of experts, the router and its top-k experts
-    only (the active parameters), not every expert."""
+    only (the active parameters), not every expert; GLM-4.5's shared expert and dense first layer."""
     d, hd = a.hidden, a.hidden // a.heads
-    mlp = d * a.experts + a.top_k * 3 * d * a.moe_intermediate if is_moe(a) else 3 * d * a.intermediate
-    per_layer = d * (a.heads * hd) + 2 * d * (a.kv_heads * hd) + (a.heads * hd) * d + mlp
-    return a.layers * per_layer + a.vocab * d
+    dense = 3 * d * a.intermediate
+    mlp = d * a.experts + a.top_k * 3 * d * a.moe_intermediate if is_moe(a) else dense
+    if glm4_moe(a):
+        mlp += 3 * d * a.moe_intermediate  # the shared expert
+    attention = d * (a.heads * hd) + 2 * d * (a.kv_heads * hd) + (a.heads * hd) * d
+    if glm4_moe(a):  # layer 0 dense (first_k_dense_replace 1)
+        return attention + dense + (a.layers - 1) * (attention + mlp) + a.vocab * d
+    return a.layers * (attention + mlp) + a.vocab * d
 
 
 def total_parameters(a):
     """Every matmul weight (a mixture of experts: all experts), for the header."""
     if not is_moe(a):
         return matmul_parameters(a)
-    return matmul_parameters(a) + a.layers * (a.experts - a.top_k) * 3 * a.hidden * a.moe_intermediate
+    sparse = a.layers - 1 if glm4_moe(a) else a.layers
+    return matmul_parameters(a) + sparse * (a.experts - a.top_k) * 3 * a.hidden * a.moe_intermediate
 
 
 def lora_parameters(a):
@@ -246,6 +264,13 @@ def moe_config(a):
               "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "float32",
               "num_experts_per_tok": a.top_k, "output_router_logits": False, "router_aux_loss_coef": 0.001,
               "bos_token_id": 1, "eos_token_id": 2}
+    if a.family == "glm4_moe":  # GLM-4.5-Air's settings: a dense first layer, one shared expert, one group
+        common = {k: v for k, v in common.items() if k not in ("router_aux_loss_coef",)}
+        return dict(common, architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe",
+                    intermediate_size=a.intermediate, moe_intermediate_size=a.moe_intermediate,
+                    n_routed_experts=a.experts, n_shared_experts=1, n_group=1, topk_group=1,
+                    routed_scaling_factor=1.0, norm_topk_prob=True, first_k_dense_replace=1,
+                    partial_rotary_factor=0.5, attention_bias=True, use_qk_norm=False, num_nextn_predict_layers=0)
     if a.family == "mixtral":
         return dict(common, architectures=["MixtralForCausalLM"], model_type="mixtral",
                     intermediate_size=a.moe_intermediate, num_local_experts=a.experts, sliding_window=None,
@@ -262,7 +287,8 @@ def make_moe_model(a, model_dir):
     import torch
     import transformers
     cfg = moe_config(a)
-    cls = transformers.MixtralForCausalLM if a.family == "mixtral" else transformers.Qwen3MoeForCausalLM
+    cls = {"mixtral": transformers.MixtralForCausalLM, "glm4_moe": transformers.Glm4MoeForCausalLM}.get(
+        a.family, transformers.Qwen3MoeForCausalLM)
     config = cls.config_class(**{k: v for k, v in cfg.items() if k not in ("torch_dtype", "model_type")})
     torch.manual_seed(1)
     model = cls(config).to(torch.float32)  # transformers' _init_weights: N(0, initializer_range = 0.02)
@@ -820,9 +846,10 @@ def main():
                                                                                      lora_parameters(a) / 1e6)
              if a.lora else ""))
     if is_moe(a):
-        print("experts: %d per layer of width %d, top-%d per token, every layer sparse; %.1fM matmul weights in all, "
+        print("experts: %d per layer of width %d, top-%d per token, %s; %.1fM matmul weights in all, "
               "%.1fM active per token (MFU counts the active ones)"
-              % (a.experts, a.moe_intermediate, a.top_k, total_parameters(a) / 1e6, matmul_parameters(a) / 1e6))
+              % (a.experts, a.moe_intermediate, a.top_k, sparse_layers_text(a), total_parameters(a) / 1e6,
+                 matmul_parameters(a) / 1e6))
     print("matmul peak (%s, %d^3): keel's oneDNN %.1f GFLOP/s, torch (%s) %.1f GFLOP/s; MFU divides by %.1f; "
           "%.3f GFLOP per token (%s, N = %.1fM); the causal column counts only the causal half of attention "
           "(%.3f GFLOP, 6LTd), what keel computes"
