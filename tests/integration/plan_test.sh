@@ -199,8 +199,15 @@ expect qwen3_moe_qlora "total                  18.52 GiB"
 expect qwen3_moe_qlora "model_name holds no weights: keel train initialises it at random and maps no weight file, 593.50 MiB less during the setup; that run peaks at 17.94 GiB"
 
 # GLM-4.5-Air (106B, issue 59): QLoRA fits one 64 GiB host, its shared experts and dense layer in
-# the 4-bit weights too; full fine-tuning under ZeRO-3 is refused for mixtures of experts.
+# the 4-bit weights too; full fine-tuning under ZeRO-3 over 4 hosts holds a quarter of the masters,
+# gradients and moments and two positions' gathered weights a rank.
 run glm45_air_qlora recipes/glm-4.5-air-qlora.toml --device-memory 64GB
+grep -v -E '^(finetuning_type|lora_|quantization_|double_quantization)' recipes/glm-4.5-air-qlora.toml |
+  sed "s|\"\.\./|\"$PWD/|" >"$work/glm45_air_full.toml"
+run glm45_air_full_zero3 "$work/glm45_air_full.toml" --dp 4 --zero 3 --device-memory 512GB
+expect glm45_air_full_zero3 "master weights         99.51 GiB   fp32 master, 1/4 shard (ZeRO-3)"
+expect glm45_air_full_zero3 "optimizer state       199.03 GiB   AdamW m and v, fp32, 1/4 shard (ZeRO-3)"
+expect glm45_air_full_zero3 "total                 432.70 GiB"
 expect glm45_air_qlora "Glm4MoeForCausalLM (glm4_moe), 46 layers, hidden 4096, 96 heads (8 kv)"
 expect glm45_air_qlora "106.85B parameters"
 expect glm45_air_qlora "compute weights        57.70 GiB   frozen projections and experts in NF4"
