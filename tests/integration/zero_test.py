@@ -244,6 +244,10 @@ def moe_model(family):
     if family == "qwen3_moe":
         config.update(architectures=["Qwen3MoeForCausalLM"], intermediate_size=48, num_experts=4,
                       moe_intermediate_size=16, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2])
+    elif family == "glm4_moe":  # a dense first layer, a shared expert, 2 groups of 2 experts, one kept
+        config.update(architectures=["Glm4MoeForCausalLM"], intermediate_size=48, n_routed_experts=4,
+                      moe_intermediate_size=16, n_shared_experts=1, n_group=2, topk_group=1,
+                      first_k_dense_replace=1, routed_scaling_factor=1.5, attention_bias=True)
     else:
         config.update(architectures=["MixtralForCausalLM"], intermediate_size=16, num_local_experts=4)
     with open(os.path.join(path, "config.json"), "w") as f:
@@ -256,6 +260,13 @@ def test_zero3_moe_fp32_dp2():
     block, the load-balancing loss in the loss, against replicated training."""
     compare_stages("moe_fp32_dp2_z3", 2, stage=3, model=None, model_name=moe_model("qwen3_moe"),
                    eval_data_path=DATA, eval_interval=2)
+
+
+def test_zero3_glm45_bf16_dp2():
+    """GLM-4.5 in bf16 under ZeRO-3: its sigmoid router's correction bias (never trained) and the
+    shared experts gathered with their block."""
+    compare_stages("glm45_bf16_dp2_z3", 2, stage=3, model=None, model_name=moe_model("glm4_moe"), dtype="bf16",
+                   gradient_accumulation_steps=1)
 
 
 def test_zero2_moe_bf16_dp2():

@@ -90,7 +90,7 @@ TEST_P(CastPerPosition, TrainsBitIdenticalToTheWholeBf16Copy) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CastPerPosition,
-                         ::testing::Combine(::testing::Values("llama", "qwen2", "gemma3", "glm", "glm_original", "qwen3_moe", "mixtral"),
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "gemma3", "glm", "glm_original", "qwen3_moe", "mixtral", "glm4_moe"),
                                             ::testing::Bool(), ::testing::Bool(), test::each_backend()),
                          [](const auto& info) {
                            return std::string(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_tied" : "") +

@@ -39,12 +39,16 @@ inline ModelConfig tiny_config(const std::string& family, std::optional<bool> qk
   return c;
 }
 
-// "qwen3_moe" / "mixtral": tiny_config's shape with a mixture of experts (5 experts of width 16,
-// top 2); Qwen3-MoE's last layer dense, as its mlp_only_layers allow. Any other family: tiny_config.
+// "qwen3_moe" / "mixtral" / "glm4_moe": tiny_config's shape with a mixture of experts (top 2 of 5
+// experts of width 16, Mixtral's as wide as intermediate); Qwen3-MoE's last layer dense, as its
+// mlp_only_layers allow; GLM-4.5's first layer dense (first_k_dense_replace), its sparse layers with
+// a shared expert and its sigmoid router keeping 2 of 3 groups of its 6 experts. Any
+// other family: tiny_config.
 inline ModelConfig tiny_config_with_experts(const std::string& family, int64_t hidden = 48, int64_t intermediate = 80) {
-  if (family != "qwen3_moe" && family != "mixtral") return tiny_config(family, std::nullopt, hidden, intermediate);
+  if (family != "qwen3_moe" && family != "mixtral" && family != "glm4_moe")
+    return tiny_config(family, std::nullopt, hidden, intermediate);
   ModelConfig c = tiny_config(family == "mixtral" ? "mistral" : "qwen3", false, hidden, intermediate);
-  c.family = family == "mixtral" ? Family::Mixtral : Family::Qwen3Moe;
+  c.family = family == "mixtral" ? Family::Mixtral : family == "glm4_moe" ? Family::Glm4Moe : Family::Qwen3Moe;
   c.sliding_window = 0;
   c.sliding_layers.clear();
   apply_family_traits(c);
@@ -54,6 +58,18 @@ inline ModelConfig tiny_config_with_experts(const std::string& family, int64_t h
   c.moe.norm_topk_prob = family == "mixtral";
   c.moe.sparse_layers.assign(size_t(c.num_layers), true);
   if (family == "qwen3_moe") c.moe.sparse_layers.back() = false;
+  if (family == "glm4_moe") {
+    c.qk_norm = false;
+    c.qkv_bias = true;
+    c.moe.experts = 6;
+    c.moe.norm_topk_prob = true;
+    c.moe.sigmoid_router = true;
+    c.moe.groups = 3;
+    c.moe.topk_groups = 2;
+    c.moe.routed_scaling_factor = 1.5;
+    c.moe.shared_intermediate_size = 16;
+    c.moe.sparse_layers.front() = false;
+  }
   validate(c, "tiny_config_with_experts");
   return c;
 }

@@ -213,7 +213,8 @@ TEST_P(ZeroThreeGather, StepComputesWhatReplicatedTrainingComputes) {
         // Mixtures of experts: the router and the experts are one block's parameters like any other,
         // gathered with it; a sparse layer's products read them through the pointers the gather sets.
         Case{"qwen3_moe"}, Case{"mixtral", false, true}, Case{"qwen3_moe", true, true, Precision::BF16},
-        Case{"mixtral", false, false, Precision::BF16, true}, Case{"mixtral", false, true, Precision::F32, true, true}}) {
+        Case{"mixtral", false, false, Precision::BF16, true}, Case{"mixtral", false, true, Precision::F32, true, true},
+        Case{"glm4_moe"}, Case{"glm4_moe", false, true, Precision::BF16}}) {
     SCOPED_TRACE(c.family + (c.tied ? " tied" : "") + (c.checkpointing ? " checkpointing" : "") +
                  (c.precision == Precision::BF16 ? " bf16" : "") +
                  (c.four_bit ? " QLoRA"
@@ -301,7 +302,7 @@ void expect_resident_step_equals_replicated(const std::string& family, bool tied
 TEST_P(ZeroThreeGather, ResidentGathersOfShardedMastersComputeWhatReplicatedTrainingComputes) {
   for (const auto& [family, tied] :
        {std::pair<std::string, bool>{"llama", false}, {"llama", true}, {"qwen3", true}, {"glm_original", false},
-        {"qwen3_moe", true}, {"mixtral", false}}) {
+        {"qwen3_moe", true}, {"mixtral", false}, {"glm4_moe", false}}) {
     SCOPED_TRACE(family + (tied ? " tied" : ""));
     expect_resident_step_equals_replicated(family, tied, GetParam());
   }
