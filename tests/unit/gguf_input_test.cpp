@@ -295,7 +295,8 @@ TEST(GgufInput, GemmaNormsAreReadBackLessOne) {
   auto tensors = llama_tensors(false);
   tensors.push_back(tensor("blk.0.post_attention_norm.weight", {32}, GgmlType::F32, 1.3f));
   tensors.push_back(tensor("blk.0.post_ffw_norm.weight", {32}, GgmlType::F32, 1.4f));
-  const formats::GgufFile file(written(kv, tensors), "g.gguf");
+  const std::string bytes = written(kv, tensors);  // the file views these bytes: they must outlive it
+  const formats::GgufFile file(bytes, "g.gguf");
   model::Decoder decoder(model::gguf_model_config(file), model::Precision::F32, 1, 4, model::DecoderOptions{});
   const auto summary = model::load_gguf_weights(decoder, file);
   EXPECT_EQ(summary.shifted, 5);  // attn, post-attention, pre- and post-feedforward, output norms
