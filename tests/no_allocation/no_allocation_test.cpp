@@ -398,6 +398,7 @@ struct StepCase {
   bool lora = false;    // LoRA on every linear layer: the adapter trains, the model's weights are frozen
   bool nf4 = false;     // QLoRA: the frozen projections in NF4, dequantized tile by tile
   bool cast_per_position = false;  // ZeRO-3 on one rank: each position casts its bf16 weights
+  bool experts_lora = false;       // with lora: the experts adapted too (lora_target "all, experts")
 };
 
 // forward_backward over accumulated micro-batches, the gradient norm, clipping and AdamW: counted
@@ -455,6 +456,7 @@ AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
   const int64_t batch = 2, seq = param.seq, accumulation = 2;
   model::DecoderOptions options{param.checkpointing, true, 0};
   if (param.lora) options.lora.rank = 4;
+  if (param.experts_lora) options.lora.targets = {"all", "experts"};
   options.four_bit_base = param.nf4;
   options.cast_per_position = param.cast_per_position;
   model::Decoder decoder(config, param.precision, batch, seq, options);
@@ -523,6 +525,11 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"glm4_moe", model::Precision::F32, false},
                       StepCase{"glm4_moe", model::Precision::BF16, true},
                       StepCase{"glm4_moe", model::Precision::BF16, true, 32, false, true, true},
+                      // LoRA on the experts too, on packed micro-batches: new data every step, so each
+                      // expert's row count (and with it the products' pieces) changes from step to step
+                      StepCase{"qwen3_moe", model::Precision::F32, false, 32, true, true, false, false, true},
+                      StepCase{"qwen3_moe", model::Precision::BF16, true, 32, true, true, false, false, true},
+                      StepCase{"qwen3_moe", model::Precision::BF16, true, 32, true, true, true, false, true},
                       StepCase{"llama", model::Precision::BF16, false, 32, false, true},
                       StepCase{"glm", model::Precision::F32, true, 32, false, true},
                       StepCase{"llama", model::Precision::BF16, true, 32, false, true, true},
@@ -530,8 +537,10 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"gemma3", model::Precision::BF16, false, 32, false, false, false, true}),
     [](const auto& info) {
       return std::string(info.param.family) + (info.param.precision == model::Precision::BF16 ? "_bf16" : "_fp32") +
-             (info.param.checkpointing ? "_checkpointing" : "") + (info.param.lora ? "_lora" : "") +
-             (info.param.nf4 ? "_nf4" : "") + (info.param.cast_per_position ? "_cast_per_position" : "");
+             (info.param.checkpointing ? "_checkpointing" : "") + (info.param.packed ? "_packed" : "") +
+             (info.param.lora ? "_lora" : "") +
+             (info.param.nf4 ? "_nf4" : "") + (info.param.cast_per_position ? "_cast_per_position" : "") +
+             (info.param.experts_lora ? "_experts" : "");
     });
 
 // Sequences of 128 put attention (batch * heads * seq^2 * head_dim = 2^21 multiply-adds) and the

@@ -10,10 +10,14 @@
 #include <vector>
 
 #include "finite_difference.h"
+#include "keel/core/error.h"
 #include "keel/core/four_bit.h"
 #include "keel/kernels/backend.h"
 #include "keel/model/decoder.h"
+#include "keel/model/decoder_plan.h"
 #include "keel/model/experts.h"
+#include "keel/model/lora.h"
+#include "keel/model/peft_adapter.h"
 
 namespace keel::model {
 namespace {
@@ -184,6 +188,101 @@ TEST_P(ExpertsTest, GroupedProductsMatchANaiveLoopAndItsGradients) {
                                 1e-6, 2e-4);
   for (int64_t i = 0; i < 2 * I * H; ++i) ASSERT_EQ(g_gate_up[size_t(3 * 2 * I * H + i)], 0.0f);
   for (int64_t i = 0; i < H * I; ++i) ASSERT_EQ(g_down[size_t(3 * H * I + i)], 0.0f);
+}
+
+// LoRA on the experts (experts.h: ExpertsLora): each expert's W_e + scaling B_e A_e, as PEFT folds
+// it (lora.ParamWrapper), computed as x W_e^T + (scaling x A_e^T) B_e^T on the expert's rows. The
+// forward pass against the naive loop on the folded weights; dA, dB (added to, as LoRA's gradients
+// are) and dx against its central differences; an expert no token chose gets nothing.
+TEST_P(ExpertsTest, AdaptersOnBothTensorsMatchTheFoldedWeightsAndTheirGradients) {
+  const auto& [backend_name, norm] = GetParam();
+  kernels::Backend& backend = kernels::backend_named(backend_name);
+  Case c;
+  c.s = {7, 8, 5, 2, 6, norm};
+  const auto& s = c.s;
+  const int64_t N = s.tokens, H = s.hidden, E = s.experts, I = s.inter, R = s.routed(), r = 3;
+  const double scaling = 1.5;
+  c.x = test::random_vector(size_t(N * H), 11);
+  c.router = test::random_vector(size_t(E * H), 12, -1.5, 1.5);
+  for (int64_t t = 0; t < N; ++t) c.x[size_t(t * H)] = 1.0;  // expert 3 unchosen, as above
+  for (int64_t i = 0; i < H; ++i) c.router[size_t(3 * H + i)] = i == 0 ? -20.0 : 0.0;
+  const std::vector<double> gate_up0 = test::random_vector(size_t(E * 2 * I * H), 13),
+                            down0 = test::random_vector(size_t(E * H * I), 14);
+  c.residual = test::random_vector(size_t(N * H), 15);
+  c.probe = test::random_vector(size_t(N * H), 16);
+  c.mask.assign(size_t(N), 1.0);
+  // keel's layouts (lora.h): A [E r, in], B [E out, r].
+  std::vector<double> a_gu = test::random_vector(size_t(E * r * H), 17), b_gu = test::random_vector(size_t(E * 2 * I * r), 18),
+                      a_d = test::random_vector(size_t(E * r * I), 19), b_d = test::random_vector(size_t(E * H * r), 20);
+  auto fold = [&](const std::vector<double>& w0, const std::vector<double>& A, const std::vector<double>& B, int64_t out,
+                  int64_t in) {
+    std::vector<double> w = w0;
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t o = 0; o < out; ++o)
+        for (int64_t i = 0; i < in; ++i) {
+          double sum = 0;
+          for (int64_t j = 0; j < r; ++j) sum += B[size_t((e * out + o) * r + j)] * A[size_t((e * r + j) * in + i)];
+          w[size_t((e * out + o) * in + i)] += scaling * sum;
+        }
+    return w;
+  };
+  auto folded = [&] {
+    Case f = c;
+    f.gate_up = fold(gate_up0, a_gu, b_gu, 2 * I, H);
+    f.down = fold(down0, a_d, b_d, H, I);
+    return f;
+  };
+
+  auto x = test::to_float(c.x), router = test::to_float(c.router), gate_up = test::to_float(gate_up0),
+       down = test::to_float(down0), residual = test::to_float(c.residual);
+  auto fa_gu = test::to_float(a_gu), fb_gu = test::to_float(b_gu), fa_d = test::to_float(a_d), fb_d = test::to_float(b_d);
+  auto floats = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n)); };
+  auto ints = [](int64_t n) { return std::vector<int32_t>(static_cast<size_t>(n)); };
+  std::vector<float> probs = floats(N * E), weight = floats(R), in = floats(R * H), gu = floats(R * 2 * I),
+                     act = floats(R * I), out = floats(R * H), y = floats(N * H), u_gu = floats(R * r), u_d = floats(R * r);
+  std::vector<int32_t> choice = ints(R), expert_rows = ints(E + 1), row_slot = ints(R), token_rows = ints(R);
+  RoutedActivations a{probs.data(),    choice.data(), weight.data(), expert_rows.data(), row_slot.data(),
+                      token_rows.data(), in.data(),   gu.data(),     act.data(),         out.data()};
+  a.lora_u_gate_up = u_gu.data();
+  a.lora_u_down = u_d.data();
+  ExpertsWeights w{router.data(), gate_up.data(), down.data()};
+  w.gate_up_lora = {fa_gu.data(), fb_gu.data()};
+  w.down_lora = {fa_d.data(), fb_d.data()};
+  w.lora_rank = r;
+  w.lora_scaling = float(scaling);
+  experts_forward(backend, s, x.data(), nullptr, w, a, residual.data(), y.data(), nullptr, nullptr);
+  const Naive ref = naive(folded());
+  for (int64_t i = 0; i < N * H; ++i) EXPECT_NEAR(y[size_t(i)], ref.y[size_t(i)], 1e-5) << i;
+  ASSERT_EQ(expert_tokens(a, 3), 0);
+
+  std::vector<float> dy = test::to_float(c.probe), dx = floats(N * H), d_rows = floats(R * H), d_act = floats(R * I),
+                     d_gu = floats(R * 2 * I), d_logits = floats(N * E), d_slot = floats(R), du = floats(R * r);
+  std::vector<float> g_a_gu = floats(E * r * H), g_b_gu = floats(E * 2 * I * r), g_a_d = floats(E * r * I),
+                     g_b_d = floats(E * H * r);
+  ExpertsGrads g;  // the base frozen: only the adapters' gradients
+  g.gate_up_a = g_a_gu.data(), g.gate_up_b = g_b_gu.data(), g.down_a = g_a_d.data(), g.down_b = g_b_d.data();
+  ExpertsScratch scratch{d_rows.data(), d_act.data(), d_gu.data(), d_logits.data(), d_slot.data()};
+  scratch.lora_du = du.data();
+  experts_backward(backend, s, x.data(), nullptr, w, a, dy.data(), scratch, nullptr, nullptr, g, dx.data());
+
+  auto loss = [&] {
+    const Naive n = naive(folded());
+    double l = 0;
+    for (size_t i = 0; i < n.y.size(); ++i) l += c.probe[i] * n.y[i];
+    return l;
+  };
+  auto as_double = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  test::expect_gradient_matches("dx", c.x, as_double(dx), test::sample_indices(N * H, 30, 21), loss, 1e-6, 2e-4);
+  test::expect_gradient_matches("d gate_up A", a_gu, as_double(g_a_gu), test::sample_indices(E * r * H, 40, 22), loss,
+                                1e-6, 2e-4);
+  test::expect_gradient_matches("d gate_up B", b_gu, as_double(g_b_gu), test::sample_indices(E * 2 * I * r, 40, 23),
+                                loss, 1e-6, 2e-4);
+  test::expect_gradient_matches("d down A", a_d, as_double(g_a_d), test::sample_indices(E * r * I, 40, 24), loss, 1e-6,
+                                2e-4);
+  test::expect_gradient_matches("d down B", b_d, as_double(g_b_d), test::sample_indices(E * H * r, 40, 25), loss, 1e-6,
+                                2e-4);
+  for (int64_t i = 0; i < r * H; ++i) ASSERT_EQ(g_a_gu[size_t(3 * r * H + i)], 0.0f) << "expert 3 got a gradient";
+  for (int64_t i = 0; i < H * r; ++i) ASSERT_EQ(g_b_d[size_t(3 * H * r + i)], 0.0f) << "expert 3 got a gradient";
 }
 
 // QLoRA: 4-bit experts (dequantized an expert at a time into the tile) compute exactly what the
@@ -392,6 +491,136 @@ TEST(ExpertsPlan, QLoraSetupScratchIsTheCheckpointsLargestTensorInItsLayout) {
   EXPECT_EQ(four_bit_setup_scratch_elements(c, options, true, true), E * 2 * I * H);
   options.four_bit_base = false;
   EXPECT_EQ(four_bit_setup_scratch_elements(c, options, true, true), 0);
+}
+
+// lora_target on a mixture of experts: "experts" adapts both expert tensors of every sparse layer
+// with one pair per expert in PEFT's names (gate_up_proj nested under base_layer when down_proj is
+// adapted too), "all" none of them, a path one layer's; the published per-expert names, the router
+// and dropout are refused saying why; the plan holds the routed rows' u per module and one du.
+TEST(ExpertsLora, TargetsNamesAndRefusals) {
+  const ModelConfig c = tiny_moe();
+  DecoderParamIds ids;
+  ParamStore store;
+  declare_params(c, store, ids, {});
+  LoraSpec spec;
+  spec.rank = 2;
+  spec.targets = {"q_proj", "experts"};
+  auto modules = lora_modules(c, ids, spec);
+  std::vector<std::string> paths;
+  for (const auto& m : modules) paths.push_back(m.path);
+  EXPECT_EQ(paths, (std::vector<std::string>{"model.layers.0.self_attn.q_proj", "model.layers.0.mlp.experts.gate_up_proj",
+                                             "model.layers.0.mlp.experts.down_proj", "model.layers.1.self_attn.q_proj"}));
+  const LoraModule& gu = modules[1];
+  EXPECT_EQ(gu.experts, 6);
+  EXPECT_EQ(gu.rows, 2 * c.moe.intermediate_size);
+  EXPECT_EQ(gu.cols, c.hidden_size);
+  EXPECT_EQ(peft_tensor_name(gu, true), "base_model.model.model.layers.0.mlp.experts.base_layer.lora_A.weight");
+  EXPECT_EQ(peft_tensor_name(modules[2], false), "base_model.model.model.layers.0.mlp.experts.lora_B.weight");
+  ParamStore adapter;
+  declare_lora_params(modules, 2, adapter);
+  EXPECT_EQ(adapter.param(gu.a).shape, (std::vector<int64_t>{6 * 2, c.hidden_size}));  // PEFT's lora_A
+  EXPECT_EQ(adapter.param(gu.b).shape, (std::vector<int64_t>{6 * 2 * c.moe.intermediate_size, 2}));
+  spec.targets = {"experts.down_proj"};  // alone: not nested
+  modules = lora_modules(c, ids, spec);
+  ASSERT_EQ(modules.size(), 1u);
+  EXPECT_EQ(peft_tensor_name(modules[0], true), "base_model.model.model.layers.0.mlp.experts.lora_A.weight");
+  spec.targets = {"all"};
+  for (const auto& m : lora_modules(c, ids, spec)) EXPECT_FALSE(m.on_experts()) << m.path;
+  auto error_of = [&](std::vector<std::string> targets, double dropout = 0) {
+    spec.targets = std::move(targets);
+    spec.dropout = dropout;
+    try {
+      lora_modules(c, ids, spec);
+    } catch (const keel::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(error_of({"w1"}).find("write \"experts\""), std::string::npos) << error_of({"w1"});
+  EXPECT_NE(error_of({"gate"}).find("router"), std::string::npos) << error_of({"gate"});
+  EXPECT_NE(error_of({"experts.gate_proj"}).find("experts.gate_up_proj, experts.down_proj"), std::string::npos);
+  EXPECT_NE(error_of({"experts"}, 0.1).find("lora_dropout"), std::string::npos);
+  EXPECT_EQ(error_of({"experts"}, 0.0), "no error");
+}
+
+// PEFT's lora_B [out, r x experts] holds expert e's column j at j x experts + e; keel's [experts x
+// out, r] expert by expert, and the two conversions are each other's inverse.
+TEST(ExpertsLora, PeftLayoutOfBIsInterleavedByExpert) {
+  LoraModule m;
+  m.experts = 3, m.rows = 2;
+  const int64_t r = 2;
+  std::vector<float> keel(12), peft(12), back(12);
+  for (int64_t e = 0; e < 3; ++e)
+    for (int64_t o = 0; o < 2; ++o)
+      for (int64_t j = 0; j < r; ++j) keel[size_t((e * 2 + o) * r + j)] = float(100 * e + 10 * o + j);
+  expert_b_to_peft(m, r, keel.data(), peft.data());
+  // PEFT: B.reshape(out, r, experts)[o, j, e]
+  for (int64_t e = 0; e < 3; ++e)
+    for (int64_t o = 0; o < 2; ++o)
+      for (int64_t j = 0; j < r; ++j) EXPECT_EQ(peft[size_t(o * r * 3 + j * 3 + e)], float(100 * e + 10 * o + j));
+  expert_b_from_peft(m, r, peft.data(), back.data());
+  EXPECT_EQ(back, keel);
+}
+
+// An adapter_config.json with target_parameters (PEFT's, for the experts): parsed into expert
+// targets; the router's weight refused.
+TEST(ExpertsLora, PeftConfigTargetParameters) {
+  const auto c = parse_peft_adapter_config(
+      R"({"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj"],
+          "target_parameters": ["down_proj", "mlp.experts.gate_up_proj"]})",
+      "cfg.json");
+  EXPECT_EQ(c.spec.targets, (std::vector<std::string>{"q_proj", "experts.down_proj", "mlp.experts.gate_up_proj"}));
+  const auto only = parse_peft_adapter_config(
+      R"({"peft_type": "LORA", "r": 4, "target_modules": null, "target_parameters": ["gate_up_proj"]})", "cfg.json");
+  EXPECT_EQ(only.spec.targets, (std::vector<std::string>{"experts.gate_up_proj"}));
+  try {
+    parse_peft_adapter_config(R"({"peft_type": "LORA", "r": 4, "target_parameters": ["mlp.gate.weight"]})", "cfg.json");
+    ADD_FAILURE() << "the router's weight was accepted";
+  } catch (const keel::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("cfg.json: key 'target_parameters'"), std::string::npos) << e.what();
+  }
+}
+
+// The plan holds LoRA on the experts exactly: each adapted module's u over the routed rows (tokens x
+// top_k, however they fall), fp32 in bf16 too, and one du; and a step trains every expert's pair.
+TEST(ExpertsLora, PlannedAndTrained) {
+  const ModelConfig c = tiny_moe();
+  const int64_t batch = 2, seq = 5, r = 4;
+  DecoderOptions options{true, true, 0};
+  options.lora.rank = r;
+  options.lora.targets = {"experts"};
+  for (Precision precision : {Precision::F32, Precision::BF16}) {
+    Decoder decoder(c, precision, batch, seq, options);
+    const MemoryPlan plan = decoder_memory_plan(c, precision, batch, seq, options);
+    EXPECT_EQ(plan.arena_bytes(), decoder.memory_plan().arena_bytes());
+    auto bytes_of = [&](const std::string& name) {
+      for (const auto& b : plan.buffers())
+        if (b.name == name) return int64_t(b.bytes);
+      ADD_FAILURE() << "no buffer " << name;
+      return int64_t(-1);
+    };
+    const int64_t routed = batch * seq * c.moe.experts_per_token;
+    // With gradient checkpointing the recomputation's copy is what the backward pass reads.
+    EXPECT_EQ(bytes_of("layers.0.recomputed.experts.lora.u"), 2 * routed * r * 4);
+    EXPECT_EQ(bytes_of("grad.experts.lora"), routed * r * 4);
+    decoder.init_random(3);
+    decoder.init_adapter(4);
+    ParamStore& adapter = decoder.adapter();
+    for (const auto& m : decoder.lora_modules())  // B nonzero, so that A gets a gradient too
+      for (int64_t i = 0; i < adapter.param(m.b).numel; ++i) adapter.weight(m.b)[i] = 0.01f * float(i % 7 - 3);
+    adapter.refresh_bf16_copy();
+    std::vector<int32_t> ids(10), targets(10), positions(10);
+    for (int i = 0; i < 10; ++i) ids[size_t(i)] = i * 3 % 50, targets[size_t(i)] = (i * 7 + 1) % 50, positions[size_t(i)] = i % 5;
+    decoder.trainable().begin_gradient_step();
+    decoder.forward_backward({batch, seq, ids.data(), targets.data(), positions.data(), nullptr}, 0.1);
+    for (const auto& m : decoder.lora_modules()) {
+      double a = 0, b = 0;
+      for (int64_t i = 0; i < adapter.param(m.a).numel; ++i) a += std::abs(adapter.grad(m.a)[i]);
+      for (int64_t i = 0; i < adapter.param(m.b).numel; ++i) b += std::abs(adapter.grad(m.b)[i]);
+      EXPECT_GT(a, 0) << m.path;
+      EXPECT_GT(b, 0) << m.path;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ExpertsTest,

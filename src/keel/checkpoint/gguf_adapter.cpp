@@ -29,6 +29,11 @@ GgufExportResult write_gguf_adapter(const model::Decoder& decoder, const std::st
           "--format gguf: the run trained the embedding or the LM head in full (modules_to_save), which a GGUF "
           "adapter cannot hold (only A/B pairs; llama.cpp's converter refuses them too); export with --merge for one "
           "GGUF model file");
+  for (const auto& m : decoder.lora_modules())
+    require(!m.on_experts(),
+            "--format gguf: the run adapted the experts ({}), and a GGUF adapter holds one A/B pair per tensor (llama.cpp's "
+            "convert_lora_to_gguf.py converts no per-expert pairs); export with --merge for one GGUF model file",
+            m.path);
   GgufExportResult result;
   result.adapter = true;
   result.architecture = model::gguf_architecture(c);

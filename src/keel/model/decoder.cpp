@@ -204,8 +204,11 @@ Decoder::Decoder(const ModelConfig& config, Precision precision, int64_t max_bat
   // shapes from step to step, and a plan built inside the step loop would allocate there.
   backend_.prepare_attention(attention_shape(c, 0, 1, max_seq_), attention_matmul(precision_));
   // Every product of the experts' row blocks (experts.h), whose row counts change every step.
-  if (c.has_experts())
-    prepare_experts(backend_, experts_shape(c, max_batch_ * max_seq_), precision_ == Precision::BF16);
+  if (c.has_experts()) {
+    const bool adapted = std::any_of(lora_.begin(), lora_.end(), [](const LoraModule& m) { return m.on_experts(); });
+    prepare_experts(backend_, experts_shape(c, max_batch_ * max_seq_), precision_ == Precision::BF16,
+                    adapted ? options_.lora.rank : 0);
+  }
 }
 
 Decoder::~Decoder() = default;

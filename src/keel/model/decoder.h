@@ -276,6 +276,9 @@ inline constexpr int64_t kInitPieceElements = int64_t(1) << 20;
 int64_t four_bit_setup_scratch_elements(const ModelConfig& config, const DecoderOptions& options, bool from_files,
                                         bool fused_experts = false);
 
+struct ExpertsWeights;     // experts.h
+struct RoutedActivations;
+
 class Decoder {
  public:
   // max_batch x max_seq bounds every micro-batch. Every buffer (parameters, gradients, optimizer
@@ -438,6 +441,11 @@ class Decoder {
   // dx is overwritten, or added to with add_to_dx (GLM-4.5's shared experts wrote theirs first).
   void experts_backward(const MicroBatch& batch, int64_t layer, const BlockActivations& a, const float* dy, float* dx,
                         bool add_to_dx);
+  // LoRA on a sparse layer's experts (lora.h): the module adapting `slot` (ExpertsGateUp,
+  // ExpertsDown) of `layer`, null if none; and the adapters handed to experts.h's products.
+  const LoraModule* experts_adapter(int64_t layer, LinearSlot slot) const;
+  void attach_experts_adapters(int64_t layer, int64_t tokens, const BlockActivations& a, ExpertsWeights& w,
+                               RoutedActivations& routed) const;
   void token_mask(const MicroBatch& batch);
   // Block `layer` from its input x_in: fills `a` and, unless x_out is null (recomputation inside
   // the backward pass, which only needs the intermediates), writes the next block's input.

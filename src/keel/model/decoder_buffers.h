@@ -39,6 +39,8 @@ struct Decoder::Buffers {
   // Mixture of experts (DecoderLayout says what each holds).
   float *d_routed, *d_router, *d_slot, *token_mask;
   bf16 *d_routed_b, *d_routed_gate_up_b, *d_router_b;
+  float* d_experts_lora;  // LoRA on the experts: du of the routed rows (ExpertsScratch::lora_du)
+  bf16* d_experts_lora_b;
   double *router_balance, *expert_load;
 
   DecoderLayout layout;
@@ -103,6 +105,8 @@ struct Decoder::Buffers {
     d_routed_b = b16(d.d_routed_b);
     d_routed_gate_up_b = b16(d.d_routed_gate_up_b);
     d_router_b = b16(d.d_router_b);
+    d_experts_lora = f32(d.d_experts_lora);
+    d_experts_lora_b = b16(d.d_experts_lora_b);
     token_mask = f32(d.token_mask);
     auto f64 = [&](int id) { return id < 0 ? nullptr : reinterpret_cast<double*>(at[size_t(id)]); };
     router_balance = f64(d.router_balance);

@@ -36,6 +36,37 @@ RoutedActivations routed_activations(const auto& a) {
 
 }  // namespace
 
+const LoraModule* Decoder::experts_adapter(int64_t layer, LinearSlot slot) const {
+  if (lora_.empty()) return nullptr;
+  const auto& modules = lora_by_slot_[size_t(layer)][size_t(slot)];
+  return modules.empty() ? nullptr : &lora_[size_t(modules.front())];
+}
+
+// LoRA on the layer's experts (experts.h: ExpertsLora), when lora_target names them: the adapter's
+// matrices into the weights, each module's u (the block's experts_lora_u, [routed, rank] per
+// module) into the routed activations.
+void Decoder::attach_experts_adapters(int64_t layer, int64_t tokens, const BlockActivations& a, ExpertsWeights& w,
+                                      RoutedActivations& routed) const {
+  const int64_t r = options_.lora.rank, R = tokens * config_.moe.experts_per_token;
+  const bool bf = precision_ == Precision::BF16;
+  for (LinearSlot slot : {LinearSlot::ExpertsGateUp, LinearSlot::ExpertsDown}) {
+    const LoraModule* m = experts_adapter(layer, slot);
+    if (!m) continue;
+    const ExpertsLora lora{adapter_.weight(m->a), adapter_.weight(m->b), bf ? adapter_.weight_bf16(m->a) : nullptr,
+                           bf ? adapter_.weight_bf16(m->b) : nullptr};
+    float* u = a.experts_lora_u + m->index_in_layer * R * r;
+    if (slot == LinearSlot::ExpertsGateUp) {
+      w.gate_up_lora = lora;
+      routed.lora_u_gate_up = u;
+    } else {
+      w.down_lora = lora;
+      routed.lora_u_down = u;
+    }
+    w.lora_rank = r;
+    w.lora_scaling = float(options_.lora.scaling());
+  }
+}
+
 void Decoder::token_mask(const MicroBatch& mb) {
   float* mask = buf_->token_mask;
   for (int64_t r = 0; r < mb.batch; ++r) {
@@ -55,10 +86,11 @@ void Decoder::experts_forward(const MicroBatch& mb, int64_t l, const BlockActiva
   const int64_t N = mb.batch * mb.seq;
   // The load-balancing sums and the expert load count the forward pass once (not its recomputation).
   RouterBalance balance = RouterBalance::over(b.router_balance, config_.moe.experts);
-  const RoutedActivations routed = routed_activations(a);
+  RoutedActivations routed = routed_activations(a);
   const bool bf = precision_ == Precision::BF16;
-  model::experts_forward(backend_, experts_shape(config_, N), a.xn2, a.xn2_b,
-                         experts_weights(params_, ids_.layers[size_t(l)], bf, b), routed, a.xmid, x_out, b.token_mask,
+  ExpertsWeights w = experts_weights(params_, ids_.layers[size_t(l)], bf, b);
+  attach_experts_adapters(l, N, a, w, routed);
+  model::experts_forward(backend_, experts_shape(config_, N), a.xn2, a.xn2_b, w, routed, a.xmid, x_out, b.token_mask,
                          x_out && config_.has_aux_loss() ? &balance : nullptr);
   if (!x_out) return;
   int64_t sparse = 0;  // this layer's row of the expert load
@@ -81,13 +113,23 @@ void Decoder::experts_backward(const MicroBatch& mb, int64_t l, const BlockActiv
     g.gate_up_beta = P.first_gradient_write(p.experts_gate_up) ? 0.0f : 1.0f;
     g.router_beta = P.first_gradient_write(p.router) ? 0.0f : 1.0f;
   }
+  const LoraModule* gate_up = experts_adapter(l, LinearSlot::ExpertsGateUp);
+  const LoraModule* down = experts_adapter(l, LinearSlot::ExpertsDown);
+  if (gate_up) g.gate_up_a = adapter_.grad(gate_up->a), g.gate_up_b = adapter_.grad(gate_up->b);
+  if (down) g.down_a = adapter_.grad(down->a), g.down_b = adapter_.grad(down->b);
   const RouterBalance balance = RouterBalance::over(b.router_balance, config_.moe.experts);
-  const ExpertsScratch scratch{b.d_routed, b.d_act,      b.d_gate_up,          b.d_router,
-                               b.d_slot,   b.d_routed_b, b.d_routed_gate_up_b, b.d_router_b};
+  const ExpertsScratch scratch{b.d_routed, b.d_act,      b.d_gate_up,          b.d_router,       b.d_slot,
+                               b.d_routed_b, b.d_routed_gate_up_b, b.d_router_b, b.d_experts_lora, b.d_experts_lora_b};
+  const int64_t N = mb.batch * mb.seq;
+  ExpertsWeights w = experts_weights(P, p, precision_ == Precision::BF16, b);
+  RoutedActivations routed = routed_activations(a);
+  attach_experts_adapters(l, N, a, w, routed);
   // In bf16 a.xn2 holds another block's data by now: the products read a.xn2_b.
-  model::experts_backward(backend_, experts_shape(config_, mb.batch * mb.seq), a.xn2, a.xn2_b,
-                          experts_weights(P, p, precision_ == Precision::BF16, b), routed_activations(a), dy, scratch,
+  model::experts_backward(backend_, experts_shape(config_, N), a.xn2, a.xn2_b, w, routed, dy, scratch,
                           config_.has_aux_loss() ? &balance : nullptr, b.token_mask, g, dx, add_to_dx);
+  // The adapters' gradients are final, in reverse parameter order (GradReadyHook).
+  for (const LoraModule* m : {down, gate_up})
+    if (m) grad_ready(m->b), grad_ready(m->a);
 }
 
 std::span<const double> Decoder::expert_load() const {

@@ -44,6 +44,8 @@ int64_t slot_width(const ModelConfig& c, LinearSlot slot) {
     case LinearSlot::O: return c.hidden_size;
     case LinearSlot::GateUp: return 2 * c.intermediate_size;
     case LinearSlot::Down: return c.hidden_size;
+    case LinearSlot::ExpertsGateUp: return 2 * c.moe.intermediate_size;  // per expert
+    case LinearSlot::ExpertsDown: return c.hidden_size;
   }
   return 0;
 }
@@ -322,7 +324,12 @@ AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& 
   a.elements = adapter.total();
   a.rank = spec.rank;
   a.modules_per_layer.assign(size_t(c.num_layers), 0);
+  a.expert_modules_per_layer.assign(size_t(c.num_layers), 0);
   for (const auto& m : modules) {
+    if (m.on_experts()) {  // its buffers are the routed rows' (experts.h), not the tokens'
+      ++a.expert_modules_per_layer[size_t(m.layer)];
+      continue;
+    }
     ++a.modules_per_layer[size_t(m.layer)];
     a.widest_input = std::max(a.widest_input, m.cols);
     a.inputs.push_back(m.cols);
@@ -594,6 +601,11 @@ class MemoryDescription {
     int64_t sparse = 0;
     for (int64_t l = 0; l < L_; ++l) sparse += c_.sparse_layer(l);
     d.expert_load = add("router.expert_load", Cat::Activations, sparse * E, f64, kAlways, end_);
+    if (adapter_.on_experts()) {  // LoRA on the experts: du of the routed rows, one module at a time
+      d.d_experts_lora = add("grad.experts.lora", Cat::Workspace, R * adapter_.rank, f32, backward_first, backward_last);
+      d.d_experts_lora_b =
+          add_bf16("grad.experts.lora.bf16", Cat::Workspace, R * adapter_.rank, backward_first, backward_last);
+    }
   }
 
   BlockIds block(int64_t layer, const std::string& prefix, Cat cat, int32_t first, int32_t last) {
@@ -642,6 +654,10 @@ class MemoryDescription {
       b.routed_act = add(prefix + "experts.act", cat, R * IM, f32, first, last);
       b.routed_out = add(prefix + "experts.output", cat, R * H, f32, first, last);
       b.routed_act_b = add_bf16(prefix + "experts.act.bf16", cat, R * IM, first, last);
+      if (adapter_.enabled() && adapter_.expert_modules_per_layer[size_t(layer)] > 0) {
+        const int64_t u = R * adapter_.rank * adapter_.expert_modules_per_layer[size_t(layer)];
+        b.experts_lora_u = add(prefix + "experts.lora.u", cat, u, f32, first, last);  // fp32 in bf16 too (experts.h)
+      }
     }
     if (I > 0) {  // the dense MLP, or the shared experts beside the routed ones
       const std::string mlp = prefix + (c_.sparse_layer(layer) ? "shared_experts." : "");

@@ -90,6 +90,7 @@ kernels::AttentionMatmul attention_matmul(Precision p);
 //   ao rstd_ao mo rstd_mo: sandwich norms (the attention's / MLP's output and rstd);
 //   *_b: the bf16 copies the GEMMs read in bf16 mode;
 //   lora_u: LoRA's scaling * x A^T of each of the block's modules;
+//   experts_lora_u: LoRA on a sparse layer's experts, scaling * x A_e^T of each routed row, per module;
 //   router_probs ... routed_out: a sparse layer's routing and routed rows (experts.h, RoutedActivations),
 //     in place of gate_up and act.
 #define KEEL_BLOCK_BUFFERS(X)                                                                                \
@@ -98,7 +99,8 @@ kernels::AttentionMatmul attention_matmul(Precision p);
   X(mo, float) X(rstd_mo, float) X(xn1_b, bf16) X(attn_b, bf16) X(xn2_b, bf16) X(act_b, bf16) X(lora_u, float) \
   X(lora_u_b, bf16) X(router_probs, float) X(route_choice, int32_t) X(route_weight, float)                    \
   X(expert_rows, int32_t) X(row_slot, int32_t) X(token_rows, int32_t) X(routed_in, float)                      \
-  X(routed_gate_up, float) X(routed_act, float) X(routed_out, float) X(routed_in_b, bf16) X(routed_act_b, bf16)
+  X(routed_gate_up, float) X(routed_act, float) X(routed_out, float) X(routed_in_b, bf16) X(routed_act_b, bf16) \
+  X(experts_lora_u, float)
 
 struct BlockIds {
 #define KEEL_BLOCK_ID(name, type) int name = -1;
@@ -114,7 +116,13 @@ struct AdapterShape {
   std::vector<int64_t> inputs, outputs, projection_outputs;
   bool dropout = false;
   std::vector<int64_t> modules_per_layer;
+  std::vector<int64_t> expert_modules_per_layer;  // LoRA on the experts: 0, 1 or 2 per layer
   bool enabled() const { return rank > 0; }
+  bool on_experts() const {
+    for (int64_t n : expert_modules_per_layer)
+      if (n > 0) return true;
+    return false;
+  }
 };
 AdapterShape adapter_shape(const ModelConfig& c, const std::vector<LoraModule>& modules, const ParamStore& adapter,
                            const LoraSpec& spec);
@@ -146,6 +154,7 @@ struct DecoderLayout {
   // layers, experts] doubles).
   int d_routed = -1, d_router = -1, d_slot = -1, token_mask = -1, router_balance = -1, expert_load = -1;
   int d_routed_b = -1, d_routed_gate_up_b = -1, d_router_b = -1;  // bf16: the products' copies
+  int d_experts_lora = -1, d_experts_lora_b = -1;  // LoRA on the experts: du [routed, rank] (ExpertsScratch)
 };
 
 // Every buffer of a training step with its lifetime on the StepTimeline. This one description

@@ -209,9 +209,9 @@ void product(kernels::Backend& backend, const kernels::GemmShape& s, Operand a, 
 // over the rows (row_sum: a weight gradient, C [m, n] = A[rows]^T B[rows], k = rows): the pieces
 // add into C after the first writes with `beta`.
 void row_product(kernels::Backend& backend, Trans tb, int64_t rows, int64_t n, int64_t k, Operand a, Operand w,
-                 float* c) {
+                 float* c, float beta = 0.0f) {
   for_each_piece(rows, [&](int64_t first, int64_t count) {
-    product(backend, kernels::packed_gemm(Trans::N, tb, count, n, k), a.at(first * k), w, c + first * n, 0.0f);
+    product(backend, kernels::packed_gemm(Trans::N, tb, count, n, k), a.at(first * k), w, c + first * n, beta);
   });
 }
 void row_sum(kernels::Backend& backend, int64_t m, int64_t n, int64_t rows, Operand a, Operand b, float* c,
@@ -222,10 +222,65 @@ void row_sum(kernels::Backend& backend, int64_t m, int64_t n, int64_t rows, Oper
   });
 }
 
+// Expert e's matrices of an adapter (experts.h: ExpertsLora), A_e [rank, in] and B_e [out, rank];
+// fp32: their masters alone, which the adapter's products read wherever the other operand is
+// fp32 too (experts.h says why).
+Operand lora_a(const ExpertsLora& l, int64_t e, int64_t rank, int64_t in, bool fp32) {
+  return Operand{l.a, fp32 ? nullptr : l.a_b}.at(e * rank * in);
+}
+Operand lora_b(const ExpertsLora& l, int64_t e, int64_t out, int64_t rank) {
+  return Operand{l.b, nullptr}.at(e * out * rank);
+}
+Operand fp32_only(Operand x) { return {x.f32, nullptr}; }
+
+// LoRA on one expert tensor [out, in] per expert, forward (experts.h): u = scaling x A_e^T over
+// every expert's rows, then y_e += u_e B_e^T. x, u and y are [routed, in | rank | out].
+void lora_forward(kernels::Backend& backend, const RoutedActivations& a, int64_t E, const ExpertsWeights& w,
+                  const ExpertsLora& l, int64_t out, int64_t in, Operand x, float* u, float* y) {
+  const int64_t r = w.lora_rank, R = a.expert_rows[E];
+  const bool x_fp32 = x.f32 != nullptr;  // else bf16 precision's routed input, held in bf16 alone
+  const Operand xo = x_fp32 ? fp32_only(x) : x;
+  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+    if (n > 0) row_product(backend, Trans::T, n, r, in, xo.at(r0 * in), lora_a(l, e, r, in, x_fp32), u + r0 * r);
+  });
+  backend.scale_in_place(u, R * r, w.lora_scaling);
+  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+    if (n > 0)
+      row_product(backend, Trans::T, n, out, r, Operand{u, nullptr}.at(r0 * r), lora_b(l, e, out, r), y + r0 * out,
+                  1.0f);
+  });
+}
+
+// Its backward pass, from dy [routed, out] (the product's output gradient, fp32): du = scaling dy_e
+// B_e, dB_e += dy_e^T u_e, dA_e += du_e^T x_e and dx_e += du_e A_e (dx [routed, in], fp32, already
+// holding the base product's input gradient).
+void lora_backward(kernels::Backend& backend, const RoutedActivations& a, int64_t E, const ExpertsWeights& w,
+                   const ExpertsLora& l, int64_t out, int64_t in, const float* dy, Operand x, const float* u,
+                   const ExpertsScratch& d, float* grad_a, float* grad_b, float* dx) {
+  const int64_t r = w.lora_rank, R = a.expert_rows[E];
+  const Operand dyo{dy, nullptr}, uo{u, nullptr}, du{d.lora_du, nullptr};
+  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+    if (n > 0) row_product(backend, Trans::N, n, r, out, dyo.at(r0 * out), lora_b(l, e, out, r), d.lora_du + r0 * r);
+  });
+  backend.scale_in_place(d.lora_du, R * r, w.lora_scaling);
+  // dA reads x: in fp32 where the forward pass keeps x so (the experts' act), else (bf16 precision's
+  // routed input, held in bf16 alone) as bf16 with du's bf16 copy.
+  const bool x_fp32 = x.f32 != nullptr;
+  if (!x_fp32) backend.cast_to_bf16(d.lora_du, d.lora_du_b, R * r);
+  const Operand du_x = x_fp32 ? du : Operand{nullptr, d.lora_du_b};
+  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+    if (n == 0) return;
+    if (grad_b) row_sum(backend, out, r, n, dyo.at(r0 * out), uo.at(r0 * r), grad_b + e * out * r, 1.0f);
+    if (grad_a) row_sum(backend, r, in, n, du_x.at(r0 * r), x_fp32 ? fp32_only(x).at(r0 * in) : x.at(r0 * in),
+                        grad_a + e * r * in, 1.0f);
+    row_product(backend, Trans::N, n, in, r, du.at(r0 * r), lora_a(l, e, r, in, true), dx + r0 * in, 1.0f);
+  });
+}
+
 }  // namespace
 
-void prepare_experts(kernels::Backend& backend, const ExpertsShape& s, bool bf16_inputs) {
-  const int64_t H = s.hidden, I = s.inter;
+void prepare_experts(kernels::Backend& backend, const ExpertsShape& s, bool bf16_inputs, int64_t lora_rank) {
+  const int64_t H = s.hidden, I = s.inter, r = lora_rank;
   for (int64_t rows = 1; rows <= s.routed(); rows *= 2) {
     for (const auto& [tb, n, k] : {std::tuple{Trans::T, 2 * I, H}, std::tuple{Trans::T, H, I},
                                    std::tuple{Trans::N, I, H}, std::tuple{Trans::N, H, 2 * I}})
@@ -233,6 +288,18 @@ void prepare_experts(kernels::Backend& backend, const ExpertsShape& s, bool bf16
     for (const auto& [m, n] : {std::pair{H, I}, std::pair{2 * I, H}})
       for (float beta : {0.0f, 1.0f})
         backend.prepare_gemm(kernels::packed_gemm(Trans::T, Trans::N, m, n, rows), bf16_inputs, beta);
+    if (r == 0) continue;
+    // LoRA (lora_forward, lora_backward) on gate_up ([2I, H] per expert) and down ([H, I]); in bf16
+    // some read bf16 operands and the rest fp32 (experts.h), so both kinds are prepared.
+    for (const bool bf : {false, bf16_inputs})
+      for (const auto& [out, in] : {std::pair{2 * I, H}, std::pair{H, I}}) {
+        backend.prepare_gemm(kernels::packed_gemm(Trans::N, Trans::T, rows, r, in), bf, 0.0f);   // u
+        backend.prepare_gemm(kernels::packed_gemm(Trans::N, Trans::T, rows, out, r), bf, 1.0f);  // y +=
+        backend.prepare_gemm(kernels::packed_gemm(Trans::N, Trans::N, rows, r, out), bf, 0.0f);  // du
+        backend.prepare_gemm(kernels::packed_gemm(Trans::N, Trans::N, rows, in, r), bf, 1.0f);   // dx +=
+        backend.prepare_gemm(kernels::packed_gemm(Trans::T, Trans::N, out, r, rows), bf, 1.0f);  // dB +=
+        backend.prepare_gemm(kernels::packed_gemm(Trans::T, Trans::N, r, in, rows), bf, 1.0f);   // dA +=
+      }
   }
 }
 
@@ -306,12 +373,14 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
     row_product(backend, Trans::T, n, 2 * I, H, in.at(r0 * H),
                 expert_matrix(backend, w, gate_up, w.gate_up_4bit, e, 2 * I * H), a.gate_up + r0 * 2 * I);
   });
+  if (w.gate_up_lora) lora_forward(backend, a, E, w, w.gate_up_lora, 2 * I, H, in, a.lora_u_gate_up, a.gate_up);
   backend.glu_forward(kernels::GluActivation::Silu, a.gate_up, R, I, a.act, bf ? a.act_b : nullptr);
   for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
     if (n == 0) return;
     row_product(backend, Trans::T, n, H, I, act.at(r0 * I), expert_matrix(backend, w, down, w.down_4bit, e, H * I),
                 a.out + r0 * H);
   });
+  if (w.down_lora) lora_forward(backend, a, E, w, w.down_lora, H, I, act, a.lora_u_down, a.out);
   if (!y) return;
   // y[t] = residual[t] + sum over its rows (ascending expert) of w * out
   parallel_for(N, N * H * k >= kParallelElements, [&](int64_t begin, int64_t end) {
@@ -369,6 +438,8 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
     if (g.down) row_sum(backend, H, I, n, d_rows.at(r0 * H), act.at(r0 * I), g.down + e * H * I, g.down_beta);
   });
   if (g.down) zero_unrouted(g.down, g.down_beta, H * I);
+  if (w.down_lora)
+    lora_backward(backend, a, E, w, w.down_lora, H, I, d.rows, act, a.lora_u_down, d, g.down_a, g.down_b, d.act);
   backend.glu_backward(kernels::GluActivation::Silu, a.gate_up, d.act, R, I, d.gate_up, bf ? d.gate_up_b : nullptr);
   // gate/up: d in = d gate_up W_gu[e] (into d.rows, read above);  dW_gu[e] (+)= d gate_up^T in
   for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
@@ -380,6 +451,9 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
               g.gate_up_beta);
   });
   if (g.gate_up) zero_unrouted(g.gate_up, g.gate_up_beta, 2 * I * H);
+  if (w.gate_up_lora)
+    lora_backward(backend, a, E, w, w.gate_up_lora, 2 * I, H, d.gate_up, in, a.lora_u_gate_up, d, g.gate_up_a,
+                  g.gate_up_b, d.rows);
   // dx[t] = sum of its rows' input gradients
   parallel_for(N, N * H * k >= kParallelElements, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {

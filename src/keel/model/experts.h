@@ -64,6 +64,27 @@ ExpertsShape experts_shape(const ModelConfig& c, int64_t tokens);
 // (bf16), which holds one expert's gate/up (2 inter x hidden elements, the larger of the two):
 //   W_e[i] = four_bit_values(type)[code of element e * slice + i] * absmax[(e * slice + i) / 64]
 // An expert no row reached is not dequantized. The router is never 4-bit.
+//
+// LoRA on the experts (lora.h; PEFT's target_parameters): gate_up and/or down may carry an adapter
+// pair per expert, A [experts * rank, in] and B [experts * out, rank] (expert e's A_e and B_e one
+// after another), and a product over expert e's rows x then adds, with u = scaling * x A_e^T,
+//   y_e = x W_e^T + u B_e^T        (= x (W_e + scaling B_e A_e)^T, PEFT's folded weight),
+// computed on the same row blocks, each a GEMM over the expert's rows (no loop over tokens): u for
+// every row first (one scale over all routed rows), then each expert's u B_e^T added.
+// 4-bit experts (QLoRA) take it alike: the adapter never touches the dequantized tile.
+// In bf16 precision the adapter's products read fp32 operands wherever both exist in fp32 (u, B,
+// the output gradients, du, A, the experts' act), and bf16 only with the routed input x, held in
+// bf16 alone (u = x A_e^T and gate_up's dA = du^T x). Why: PEFT folds scaling B_e A_e into the
+// expert's weight in fp32 and rounds the sum once for the product (its ParamWrapper, under
+// autocast), so its adapter path sees no bf16 rounding of u, B or du; rounding them all, as
+// keel's LoRA on a linear layer does (as PEFT's lora.Linear does), put keel's expert adapters at
+// 7.8x torch bf16's own distance from fp32 (moe_reference.py --lora-experts, KEEL_MOE_SEED=2),
+// against 1.5x so.
+struct ExpertsLora {
+  const float *a = nullptr, *b = nullptr;
+  const bf16 *a_b = nullptr, *b_b = nullptr;  // bf16: the products' copies
+  explicit operator bool() const { return a != nullptr; }
+};
 struct ExpertsWeights {
   const float *router = nullptr, *gate_up = nullptr, *down = nullptr;
   const float* router_bias = nullptr;  // sigmoid routing: e_score_correction_bias [experts], fp32
@@ -71,14 +92,20 @@ struct ExpertsWeights {
   FourBitWeight gate_up_4bit, down_4bit;
   float* tile = nullptr;
   bf16* tile_b = nullptr;
+  ExpertsLora gate_up_lora, down_lora;
+  int64_t lora_rank = 0;
+  float lora_scaling = 0;
   bool in_bf16() const { return router_b != nullptr; }
 };
 // The elements of the dequantized-expert tile 4-bit experts need (one expert's gate/up).
 inline int64_t experts_tile_elements(const ModelConfig& c) { return 2 * c.moe.intermediate_size * c.hidden_size; }
-// Their gradients, each overwritten (beta 0: the step's first write) or added to (beta 1).
+// Their gradients, each overwritten (beta 0: the step's first write) or added to (beta 1). The
+// adapters' (A and B of gate_up's and down's, as ExpertsLora lays them out) are always added to:
+// LoRA's gradients are zeroed once a step (design.md).
 struct ExpertsGrads {
   float *router = nullptr, *gate_up = nullptr, *down = nullptr;
   float router_beta = 1, gate_up_beta = 1, down_beta = 1;
+  float *gate_up_a = nullptr, *gate_up_b = nullptr, *down_a = nullptr, *down_b = nullptr;
 };
 
 // What the forward pass keeps for the backward pass (plan sizes in experts_buffer_elements).
@@ -95,6 +122,8 @@ struct RoutedActivations {
   float* out = nullptr;            // [routed, hidden] each row's expert output, before its weight
   bf16* in_b = nullptr;            // bf16: the copies the products read (null in fp32)
   bf16* act_b = nullptr;
+  float* lora_u_gate_up = nullptr;  // [routed, rank] LoRA on the experts: u = scaling x A_e^T of each row
+  float* lora_u_down = nullptr;
 };
 
 // The backward pass's scratch, shared by every sparse layer.
@@ -107,6 +136,8 @@ struct ExpertsScratch {
   bf16* rows_b = nullptr;     // bf16: rows', gate_up's and logits' gradients as the products read them
   bf16* gate_up_b = nullptr;
   bf16* logits_b = nullptr;
+  float* lora_du = nullptr;   // [routed, rank] LoRA on the experts: scaling * d y_e B_e of each row
+  bf16* lora_du_b = nullptr;  // bf16: its copy, for the products with the routed input (held in bf16 alone)
 };
 
 // The micro-batch's load-balancing sums over its sparse layers (counted where mask is 1), and the
@@ -146,8 +177,8 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
 constexpr int64_t kMaxExpertGroups = 1024;
 
 // Builds the backend's plans of every product shape experts_forward and experts_backward can meet
-// for micro-batches of up to `tokens` tokens.
-void prepare_experts(kernels::Backend& backend, const ExpertsShape& s, bool bf16_inputs);
+// for micro-batches of up to `tokens` tokens (lora_rank > 0: the adapters' products too).
+void prepare_experts(kernels::Backend& backend, const ExpertsShape& s, bool bf16_inputs, int64_t lora_rank = 0);
 
 // Tokens routed to each expert in a routed layer (expert_rows' differences): for the load report.
 inline int64_t expert_tokens(const RoutedActivations& a, int64_t expert) {

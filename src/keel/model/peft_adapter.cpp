@@ -36,13 +36,17 @@ double number(dom::element e, const std::string& path, const char* key) {
   fail("{}: key '{}': expected a number, found {}", path, key, json_describe(e));
 }
 
-// W[rows of m] += scaling * B A, with B and A as fp32 [rows, r] and [r, cols].
+// W[rows of m] += scaling * B A, with B and A as fp32 [rows, r] and [r, cols]; on the experts each
+// expert's W_e += scaling * B_e A_e, from keel's layouts of A and B (lora.h), as PEFT's
+// ParamWrapper.merge adds its delta weight.
 void merge_module(Decoder& d, const LoraModule& m, int64_t rank, double scaling, const float* a, const float* b) {
-  std::vector<float> scaled_b(b, b + m.rows * rank);
+  const int64_t experts = std::max<int64_t>(m.experts, 1);
+  std::vector<float> scaled_b(b, b + experts * m.rows * rank);
   for (float& v : scaled_b) v = float(double(v) * scaling);
   float* w = d.params().weight(module_weight(d.ids(), m)) + m.row_begin * m.cols;
-  d.backend().gemm(kernels::packed_gemm(kernels::Trans::N, kernels::Trans::N, m.rows, m.cols, rank), scaled_b.data(),
-                   a, w, 1.0f);
+  for (int64_t e = 0; e < experts; ++e)
+    d.backend().gemm(kernels::packed_gemm(kernels::Trans::N, kernels::Trans::N, m.rows, m.cols, rank),
+                     scaled_b.data() + e * m.rows * rank, a + e * rank * m.cols, w + e * m.rows * m.cols, 1.0f);
 }
 
 // A module name as target_modules and modules_to_save hold it ("q_proj", "self_attn.q_proj", a full
@@ -107,11 +111,15 @@ PeftAdapterConfig parse_peft_adapter_config(const std::string& text, const std::
   if (auto e = get("base_model_name_or_path"); e && e->get(base) == simdjson::SUCCESS) c.base_model = std::string(base);
 
   auto targets = get("target_modules");
-  require(targets.has_value(), "{}: key 'target_modules': expected a list of module names, found nothing", path);
+  auto parameters = get("target_parameters");
+  require(targets.has_value() || parameters.has_value(),
+          "{}: key 'target_modules': expected a list of module names, found nothing (nor target_parameters)", path);
   c.spec.targets.clear();
   std::string_view one;
   dom::array list;
-  if (targets->get(one) == simdjson::SUCCESS) {
+  if (!targets) {
+    // target_parameters alone (below)
+  } else if (targets->get(one) == simdjson::SUCCESS) {
     // PEFT reads a string as a regular expression over module paths, except "all-linear".
     require(one == "all-linear",
             "{}: key 'target_modules': the regular expression \"{}\" is not supported; keel needs a list of module "
@@ -127,9 +135,28 @@ PeftAdapterConfig parse_peft_adapter_config(const std::string& text, const std::
       require_module_name(one, path, "target_modules");
       c.spec.targets.emplace_back(one);
     }
-    require(!c.spec.targets.empty(),
-            "{}: key 'target_modules': an empty list adapts nothing; expected the module names PEFT adapted", path);
   }
+  // PEFT's target_parameters: parameters adapted directly, which keel supports for the experts'
+  // fused gate_up_proj and down_proj (lora.h). A bare name ("down_proj") matches parameters only,
+  // which keel's targets spell as "experts.down_proj".
+  if (parameters) {
+    require(parameters->get(list) == simdjson::SUCCESS,
+            "{}: key 'target_parameters': expected a list of parameter names, found {}", path,
+            json_describe(*parameters));
+    for (dom::element e : list) {
+      require(e.get(one) == simdjson::SUCCESS, "{}: key 'target_parameters': expected strings, found {}", path,
+              json_describe(e));
+      require_module_name(one, path, "target_parameters");
+      const std::string name(one);
+      require(!name.ends_with("gate.weight"),
+              "{}: key 'target_parameters': \"{}\" is the router's weight, which keel's LoRA never adapts (only the "
+              "experts' gate_up_proj and down_proj)",
+              path, name);
+      c.spec.targets.push_back(expert_target(name) ? name : "experts." + name);
+    }
+  }
+  require(!c.spec.targets.empty(),
+          "{}: key 'target_modules': an empty list adapts nothing; expected the module names PEFT adapted", path);
   std::string_view bias = "none";
   if (auto e = get("bias"))
     require(e->get(bias) == simdjson::SUCCESS, "{}: key 'bias': expected a string, found {}", path, json_describe(*e));
@@ -169,20 +196,32 @@ void save_peft_adapter(const Decoder& decoder, const std::string& dir, const std
   const auto& adapter = decoder.adapter();
   const LoraSpec& spec = decoder.options().lora;
   std::vector<TensorToWrite> tensors;
-  std::vector<std::string> names;
+  std::vector<std::string> names, parameters;  // target_modules, target_parameters
+  // The experts' B in PEFT's layout [rows, rank x experts] (lora.h), converted here.
+  std::vector<std::vector<float>> peft_b;
   for (const auto& m : modules) {
     tensors.push_back({peft_tensor_name(m, true), adapter.param(m.a).shape, adapter.weight(m.a)});
-    tensors.push_back({peft_tensor_name(m, false), adapter.param(m.b).shape, adapter.weight(m.b)});
-    if (std::find(names.begin(), names.end(), m.name) == names.end()) names.push_back(m.name);
+    if (m.on_experts()) {
+      peft_b.emplace_back(size_t(adapter.param(m.b).numel));
+      expert_b_to_peft(m, spec.rank, adapter.weight(m.b), peft_b.back().data());
+      tensors.push_back({peft_tensor_name(m, false), {m.rows, spec.rank * m.experts}, peft_b.back().data()});
+    } else {
+      tensors.push_back({peft_tensor_name(m, false), adapter.param(m.b).shape, adapter.weight(m.b)});
+    }
+    auto& list = m.on_experts() ? parameters : names;
+    if (std::find(list.begin(), list.end(), m.name) == list.end()) list.push_back(m.name);
   }
-  // target_modules as module names (what vLLM and most tools expect) when those names select
-  // exactly the adapted modules; a target naming some of them by path (layers.0.self_attn.q_proj)
-  // would be widened by the bare name, so then every adapted module's full path.
+  // target_modules (and target_parameters) as names (what vLLM and most tools expect) when those
+  // names select exactly the adapted modules; a target naming some of them by path
+  // (layers.0.self_attn.q_proj) would be widened by the bare name, so then every adapted module's
+  // full path.
   LoraSpec by_name = spec;
   by_name.targets = names;
+  for (const auto& p : parameters) by_name.targets.push_back("experts." + p);
   if (lora_modules(decoder.config(), decoder.ids(), by_name).size() != modules.size()) {
     names.clear();
-    for (const auto& m : modules) names.push_back(m.path);
+    parameters.clear();
+    for (const auto& m : modules) (m.on_experts() ? parameters : names).push_back(m.path);
   }
   // modules_to_save under their HF tensor names, as PEFT's get_peft_model_state_dict writes them.
   for (int copy : {decoder.trained_embedding(), decoder.trained_lm_head()})
@@ -204,13 +243,15 @@ void save_peft_adapter(const Decoder& decoder, const std::string& dir, const std
       "  \"r\": {},\n"
       "  \"revision\": null,\n"
       "  \"target_modules\": {},\n"
+      "  \"target_parameters\": {},\n"
       "  \"task_type\": \"CAUSAL_LM\",\n"
       "  \"use_dora\": false,\n"
       "  \"use_rslora\": {}\n"
       "}}\n",
       json_quoted(base_model), spec.alpha, dropout,
       decoder.saved_modules().names.empty() ? std::string("null") : json_string_list(decoder.saved_modules().names),
-      spec.rank, json_string_list(names), spec.rslora ? "true" : "false");
+      spec.rank, names.empty() ? std::string("null") : json_string_list(names),
+      parameters.empty() ? std::string("null") : json_string_list(parameters), spec.rslora ? "true" : "false");
   write_file_atomic(config_path(dir), json);
 }
 
@@ -225,9 +266,17 @@ std::vector<LoraModule> adapter_modules(const Decoder& decoder, const std::strin
   }
 }
 
+// A module's A and B into keel's layouts (lora.h: the experts' B permuted from PEFT's).
 void read_module(const CheckpointReader& reader, const LoraModule& m, int64_t rank, float* a, float* b) {
-  reader.read_f32(peft_tensor_name(m, true), {rank, m.cols}, a);
-  reader.read_f32(peft_tensor_name(m, false), {m.rows, rank}, b);
+  if (!m.on_experts()) {
+    reader.read_f32(peft_tensor_name(m, true), {rank, m.cols}, a);
+    reader.read_f32(peft_tensor_name(m, false), {m.rows, rank}, b);
+    return;
+  }
+  reader.read_f32(peft_tensor_name(m, true), {m.experts * rank, m.cols}, a);
+  std::vector<float> peft(size_t(m.rows * rank * m.experts));
+  reader.read_f32(peft_tensor_name(m, false), {m.rows, rank * m.experts}, peft.data());
+  expert_b_from_peft(m, rank, peft.data(), b);
 }
 
 // Tensors in the file that no module of the configuration reads: a different model's adapter.
@@ -293,8 +342,9 @@ int64_t merge_peft_adapter(Decoder& decoder, const std::string& dir) {
   const int64_t r = c.spec.rank;
   std::vector<float> a, b;
   for (const auto& m : modules) {
-    a.resize(size_t(r * m.cols));
-    b.resize(size_t(m.rows * r));
+    const int64_t experts = std::max<int64_t>(m.experts, 1);
+    a.resize(size_t(experts * r * m.cols));
+    b.resize(size_t(experts * m.rows * r));
     read_module(reader, m, r, a.data(), b.data());
     merge_module(decoder, m, r, c.spec.scaling(), a.data(), b.data());
   }

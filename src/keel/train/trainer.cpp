@@ -444,6 +444,35 @@ class Trainer {
                double(tile) * (bf ? 2 : 4) / double(1 << 20), bf ? "bf16" : "fp32", bf ? "bf16" : "fp32");
   }
 
+  // LoRA and a mixture of experts: whether the experts are adapted (PEFT's target_parameters), and
+  // that the router never is.
+  void print_experts_lora() {
+    if (!config_.has_experts()) return;
+    std::vector<std::string> params;
+    int64_t layers = 0, pairs = 0;
+    for (int64_t l = 0; l < config_.num_layers; ++l) {
+      bool any = false;
+      for (const auto& m : decoder_.lora_modules())
+        if (m.layer == l && m.on_experts()) {
+          any = true;
+          pairs += m.experts;
+          if (std::find(params.begin(), params.end(), m.name) == params.end()) params.push_back(m.name);
+        }
+      layers += any;
+    }
+    if (params.empty()) {
+      fmt::print(log_,
+                 "keel: LoRA: the experts are not adapted (lora_target names none of them; add \"experts\", "
+                 "\"experts.gate_up_proj\" or \"experts.down_proj\" to adapt them); the router never is\n");
+      return;
+    }
+    fmt::print(log_,
+               "keel: LoRA on the experts: mlp.experts.{} of {} sparse layers, one A/B pair per expert ({} pairs; "
+               "PEFT's target_parameters, saved as its lora.ParamWrapper's lora_A [experts x r, in] and lora_B [out, r "
+               "x experts]); no dropout on them; the router is not adapted\n",
+               fmt::join(params, ", mlp.experts."), layers, pairs);
+  }
+
   // What LoRA trains, said once: the modules, the scaling, and the share of the model that trains.
   void print_lora() {
     const model::LoraSpec& spec = decoder_.options().lora;
@@ -458,6 +487,7 @@ class Trainer {
                fmt::join(names, ", "), int64_t(trained), 100.0 * trained / base, base / 1e6,
                r_.adapter_name_or_path.empty() ? fmt::format("initialised as PEFT does (seed {})", r_.seed)
                                                : "loaded from " + r_.adapter_name_or_path);
+    print_experts_lora();
     if (!decoder_.saved_modules().names.empty())
       fmt::print(log_, "keel: additional_target: {} trained fully beside the adapters (copies of the originals)\n",
                  fmt::join(decoder_.saved_modules().names, ", "));
