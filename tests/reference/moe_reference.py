@@ -44,6 +44,15 @@ PEFT's LoRA on the attention's projections instead (LORA_TARGETS), from a PEFT-s
 compares keel's final adapter, which PeftModel.from_pretrained must load. KEEL_MOE_SEED sets
 the model's seed (default train_reference's MODEL_SEED), to measure how bf16's distances spread.
 
+--lora-experts (with --lora): LoRA on the experts too, as PEFT adapts transformers 5's fused expert
+parameters (target_parameters gate_up_proj and down_proj: one A/B pair per expert, saved as
+lora.ParamWrapper's lora_A [experts x r, in] and lora_B [out, r x experts]; keel's lora_target
+"experts"). Beyond the training's comparison: keel's adapter, loaded by PeftModel.from_pretrained,
+holds its tensors; `keel export --merge` of the run's checkpoint equals PEFT's merge_and_unload of
+that adapter (the experts' W_e + scaling B_e A_e) within 1e-6, and transformers' model read from the
+merged export gives the logits PEFT gives with keel's adapter, within 1e-5 (with --qlora both on the
+checkpoint's full-precision weights: what keel merges a run quantized at load into).
+
 --qlora nf4 | nf4-dq | fp4 | fp4-dq (with LoRA on the attention, as --lora): QLoRA. keel stores the
 attention's projections, the dense layer's MLP and every expert in 4 bits (quantization_bit = 4),
 the router in full precision. bitsandbytes' own path does not say what to compare with: transformers
@@ -319,12 +328,15 @@ def attention_masks(records):
 # (PEFT's zero B would make A's first gradient zero and hide a wrong dA).
 LORA_RANK, LORA_ALPHA, LORA_TARGETS = 4, 8, ["q_proj", "k_proj", "v_proj", "o_proj"]
 LORA = [None]  # the initial adapter's directory, set by main() with --lora
+LORA_PARAMETERS = []  # --lora-experts: PEFT's target_parameters, the experts' fused tensors
 
 
 def write_initial_adapter(cfg, init, out):
     from peft import LoraConfig, get_peft_model
+    torch.manual_seed(tr.SEED + 2)  # PEFT's kaiming-uniform A: the same adapter every run
     model = get_peft_model(build_model(cfg, init), LoraConfig(r=LORA_RANK, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
                                                               target_modules=LORA_TARGETS, bias="none",
+                                                              target_parameters=LORA_PARAMETERS or None,
                                                               task_type="CAUSAL_LM"))
     g = torch.Generator().manual_seed(tr.SEED + 1)
     with torch.no_grad():
@@ -338,6 +350,53 @@ def write_initial_adapter(cfg, init, out):
 def adapter_tensors(model):
     from peft.utils import get_peft_model_state_dict
     return {k: v.detach().to(torch.float32).clone() for k, v in get_peft_model_state_dict(model).items()}
+
+
+def check_merge_and_logits(keel, work, cfg, model_init, final_dir, records, failures):
+    """--lora-experts: keel export --merge of the run's checkpoint against PEFT's merge_and_unload of
+    keel's adapter, and the logits of transformers' model read from that export against PEFT's with
+    the adapter (module docstring). model_init: the checkpoint's weights (with --qlora the full
+    precision ones, which keel's merge of a run quantized at load deploys the adapter onto)."""
+    import subprocess
+    from peft import PeftModel
+    merged_dir = os.path.join(work, "merged")
+    cmd = [keel, "export", os.path.join(work, "checkpoints"), "--to", merged_dir, "--merge", "--overwrite"]
+    print("$ " + " ".join(cmd))
+    proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=300)
+    if proc.returncode != 0:
+        failures.append("keel export --merge failed (%d): %s" % (proc.returncode, proc.stderr.strip()[-600:]))
+        return
+    peft_model = PeftModel.from_pretrained(build_model(cfg, model_init), final_dir)
+    peft_model.eval()
+    ids = torch.tensor([rec["input_ids"][:tr.MAX_SEQ_LEN] for rec in records[:1]])
+    with torch.no_grad():
+        want_logits = peft_model(input_ids=ids).logits.double()
+        want = {n: p.detach().clone() for n, p in peft_model.merge_and_unload().named_parameters()}
+    merged = model_class(cfg).from_pretrained(merged_dir, dtype=torch.float32)
+    merged.eval()
+    got = {n: p.detach() for n, p in merged.named_parameters()}
+    worst = (0.0, "")
+    for name, t in want.items():
+        if name not in got:
+            failures.append("keel export --merge lacks %s" % name)
+            continue
+        worst = max(worst, (float((got[name].double() - t.double()).norm() / t.double().norm()), name))
+    print("keel export --merge vs PEFT's merge_and_unload of keel's adapter: worst rel err %.2e (%s)" % worst)
+    # The merge reached the experts: their merged tensors moved from the base's (else the logits
+    # below would compare two unadapted experts).
+    for name in [n for n in want if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        moved = float((got[name].double() - model_init[name].double()).norm() / model_init[name].double().norm())
+        if moved < 1e-3:
+            failures.append("%s: keel's merged export moved it by only %.2g (relative): the adapter did not reach it"
+                            % (name, moved))
+    if worst[0] > 1e-6:
+        failures.append("keel export --merge differs from PEFT's merge_and_unload by %.3g > 1e-6 (%s)" % worst)
+    with torch.no_grad():
+        logits = merged(input_ids=ids).logits.double()
+    err = float((logits - want_logits).norm() / want_logits.norm())
+    print("logits of transformers on keel's merged export vs PEFT with keel's adapter: rel err %.2e" % err)
+    if err > 1e-5:
+        failures.append("logits of keel's merged export differ from PEFT's with keel's adapter by %.3g > 1e-5" % err)
 
 
 def torch_train(cfg, init, records, mode="fp32", attention="sdpa"):
@@ -457,7 +516,7 @@ def check_routing_exercised(cfg, init, records, failures):
 
 
 def write_inputs(work, cfg, init, layout, backend, checkpointing, dtype):
-    for d in ("model", "out"):
+    for d in ("model", "out", "checkpoints", "merged"):
         shutil.rmtree(os.path.join(work, d), ignore_errors=True)
     os.makedirs(work, exist_ok=True)
     tensors = per_expert(init) if layout == "per_expert" else dict(init)
@@ -653,6 +712,8 @@ def main():
     ap.add_argument("--layout", default="per_expert", choices=("per_expert", "fused"))
     ap.add_argument("--dtype", default="fp32", choices=("fp32", "bf16"))
     ap.add_argument("--lora", action="store_true", help="LoRA on the attention against PEFT (above)")
+    ap.add_argument("--lora-experts", action="store_true",
+                    help="with LoRA: the experts adapted too (PEFT's target_parameters; above)")
     ap.add_argument("--qlora", choices=("none", "nf4", "nf4-dq", "fp4", "fp4-dq"), default="none",
                     help="QLoRA: LoRA on the attention, the experts and projections 4-bit (above)")
     ap.add_argument("--backend", default="cpu", choices=("cpu", "reference"),
@@ -665,7 +726,9 @@ def main():
     work = os.path.abspath(args.work)
     FAMILY[0] = args.family
     qlora = args.qlora != "none"
-    args.lora = args.lora or qlora
+    args.lora = args.lora or qlora or args.lora_experts
+    if args.lora_experts:
+        LORA_PARAMETERS[:] = ["gate_up_proj", "down_proj"]
     quant_type, double_quantization = args.qlora.split("-")[0], args.qlora.endswith("-dq")
     if double_quantization and args.dtype != "bf16":
         ap.error("--qlora %s: double quantization's codes differ from bitsandbytes' native kernel for ~0.1%% of the "
@@ -680,7 +743,7 @@ def main():
     init = random_tensors(model, int(os.environ.get("KEEL_MOE_SEED", tr.MODEL_SEED)))
     check_save_pretrained_layout(build_model(cfg, init), failures)
     records = write_inputs(work, cfg, init, args.layout, args.backend, args.gradient_checkpointing, args.dtype)
-    model_init = init
+    model_init = base = init  # base: the checkpoint's weights, which keel export --merge merges into
     if qlora:
         check_bnb_leaves_experts(cfg, failures)
         model_init = bnb_round_trip(init, args.layout, quant_type, double_quantization)
@@ -692,9 +755,13 @@ def main():
         shutil.rmtree(LORA[0], ignore_errors=True)
         init = write_initial_adapter(cfg, model_init, LORA[0])
         with open(os.path.join(work, "recipe.toml"), "a") as f:
+            targets = LORA_TARGETS + (["experts"] if LORA_PARAMETERS else [])
             f.write('finetuning_type = "lora"\nlora_rank = %d\nlora_alpha = %d\nlora_target = %s\n'
-                    "adapter_name_or_path = %s\n" % (LORA_RANK, LORA_ALPHA, json.dumps(", ".join(LORA_TARGETS)),
+                    "adapter_name_or_path = %s\n" % (LORA_RANK, LORA_ALPHA, json.dumps(", ".join(targets)),
                                                      json.dumps(LORA[0])))
+            if LORA_PARAMETERS:  # the checkpoint keel export --merge reads
+                f.write("checkpoint_dir = %s\nsave_interval = %d\n" % (json.dumps(os.path.join(work, "checkpoints")),
+                                                                        tr.MAX_STEPS))
     if glm4_moe():
         check_routing_exercised(cfg, model_init, records, failures)
     failures += tr.run_keel(os.path.abspath(args.keel), work, args.timeout)
@@ -722,6 +789,8 @@ def main():
             failures.append("PeftModel.from_pretrained(keel's adapter) does not hold its tensors")
         else:
             print("PEFT's from_pretrained reads keel's adapter: %d tensors, equal" % len(loaded))
+        if LORA_PARAMETERS:
+            check_merge_and_logits(os.path.abspath(args.keel), work, cfg, base, final_dir, records, failures)
     elif ktensors is not None:
         check_from_pretrained(final_dir, ktensors, failures)
         if args.dtype == "fp32" and args.backend == "cpu":  # fp32: tokens stable where logits agree to rounding
