@@ -52,8 +52,7 @@ void Decoder::attach_experts_adapters(int64_t layer, int64_t tokens, const Block
   for (LinearSlot slot : {LinearSlot::ExpertsGateUp, LinearSlot::ExpertsDown}) {
     const LoraModule* m = experts_adapter(layer, slot);
     if (!m) continue;
-    const ExpertsLora lora{adapter_.weight(m->a), adapter_.weight(m->b), bf ? adapter_.weight_bf16(m->a) : nullptr,
-                           bf ? adapter_.weight_bf16(m->b) : nullptr};
+    const ExpertsLora lora{adapter_.weight(m->a), adapter_.weight(m->b), bf ? adapter_.weight_bf16(m->a) : nullptr};
     float* u = a.experts_lora_u + m->index_in_layer * R * r;
     if (slot == LinearSlot::ExpertsGateUp) {
       w.gate_up_lora = lora;

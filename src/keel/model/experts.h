@@ -82,7 +82,7 @@ ExpertsShape experts_shape(const ModelConfig& c, int64_t tokens);
 // against 1.5x so.
 struct ExpertsLora {
   const float *a = nullptr, *b = nullptr;
-  const bf16 *a_b = nullptr, *b_b = nullptr;  // bf16: the products' copies
+  const bf16* a_b = nullptr;  // bf16: A's copy, for u = x A_e^T on the bf16 routed input (below)
   explicit operator bool() const { return a != nullptr; }
 };
 struct ExpertsWeights {
