@@ -31,8 +31,9 @@ GgufExportResult write_gguf_adapter(const model::Decoder& decoder, const std::st
           "GGUF model file");
   for (const auto& m : decoder.lora_modules())
     require(!m.on_experts(),
-            "--format gguf: the run adapted the experts ({}), and a GGUF adapter holds one A/B pair per tensor (llama.cpp's "
-            "convert_lora_to_gguf.py converts no per-expert pairs); export with --merge for one GGUF model file",
+            "--format gguf: the run adapted the experts ({}), whose per-expert pairs keel's GGUF adapter writer does not "
+            "lay out yet (llama.cpp's converter stacks them into 3-D lora_a/lora_b tensors of the experts' GGUF "
+            "tensors); export with --merge for one GGUF model file",
             m.path);
   GgufExportResult result;
   result.adapter = true;
