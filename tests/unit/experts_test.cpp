@@ -536,7 +536,21 @@ TEST(ExpertsLora, TargetsNamesAndRefusals) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(error_of({"w1"}).find("write \"experts\""), std::string::npos) << error_of({"w1"});
+  // Every layer sparse: the published per-expert name matches no module (on tiny_moe's dense layer
+  // 1 it names that layer's MLP, as before).
+  ModelConfig sparse = c;
+  sparse.moe.sparse_layers = {true, true};
+  validate(sparse, "test");
+  DecoderParamIds sparse_ids;
+  ParamStore sparse_store;
+  declare_params(sparse, sparse_store, sparse_ids, {});
+  spec.targets = {"down_proj"};
+  try {
+    lora_modules(sparse, sparse_ids, spec);
+    ADD_FAILURE() << "down_proj matched on a model without dense layers";
+  } catch (const keel::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("write \"experts\""), std::string::npos) << e.what();
+  }
   EXPECT_NE(error_of({"gate"}).find("router"), std::string::npos) << error_of({"gate"});
   EXPECT_NE(error_of({"experts.gate_proj"}).find("experts.gate_up_proj, experts.down_proj"), std::string::npos);
   EXPECT_NE(error_of({"experts"}, 0.1).find("lora_dropout"), std::string::npos);

@@ -125,7 +125,9 @@ std::string unmatched_hint(const ModelConfig& config, const std::string& target)
   if (last == "gate" || last == "router")
     return "; the router (mlp.gate) is never adapted by keel's LoRA (PEFT 0.21's all-linear on transformers 5 adds it; "
            "keel's \"all\" does not)";
-  for (const char* per_expert : {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3"})
+  // The family's own per-expert names (Mixtral's w1/w3/w2, the others' gate/up/down_proj).
+  static const std::vector<std::string> mixtral_names{"w1", "w2", "w3"}, names{"gate_proj", "up_proj", "down_proj"};
+  for (const std::string& per_expert : config.family == Family::Mixtral ? mixtral_names : names)
     if (last == per_expert)
       return fmt::format(
           "; '{}' is a per-expert module of the published checkpoints (experts.N.{}), which transformers 5 holds "
