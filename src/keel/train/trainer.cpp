@@ -29,6 +29,7 @@
 #include "keel/core/checksum.h"
 #include "keel/checkpoint/checkpoint.h"
 #include "keel/train/evaluation.h"
+#include "keel/train/experts_banner.h"
 #include "keel/checkpoint/export.h"
 #include "keel/checkpoint/gguf_tokenizer.h"
 #include "keel/train/grad_sync.h"
@@ -313,7 +314,7 @@ class Trainer {
     if (preference_) fmt::print(log_, "keel: {}\n", preference_->describe());
     if (decoder_.has_adapter()) print_lora();
     print_padding_row();
-    print_experts();
+    print_experts_routing(log_, decoder_);
     {
       // The logits buffer is the step's largest scratch: its size is a choice keel makes (or the recipe).
       const int64_t chunk = decoder_.lm_head_chunk();
@@ -391,88 +392,6 @@ class Trainer {
                text, row, config_.tie_word_embeddings ? "; as the tied LM head it still trains" : "");
   }
 
-  // A mixture of experts: which layers are sparse and how they route, and whether the
-  // load-balancing loss joins the loss (it is reported as aux_loss either way).
-  void print_experts() {
-    const auto& m = config_.moe;
-    if (!config_.has_experts()) return;
-    int64_t sparse = 0;
-    for (int64_t l = 0; l < config_.num_layers; ++l) sparse += config_.sparse_layer(l);
-    fmt::print(log_, "keel: {} of {} layers route each token to {} of {} experts{}; ", sparse, config_.num_layers,
-               m.experts_per_token, m.experts, m.norm_topk_prob ? " (weights renormalised)" : "");
-    if (m.sigmoid_router) {  // GLM-4.5
-      fmt::print(log_,
-                 "sigmoid scores, chosen with e_score_correction_bias (kept as loaded, never trained) among the best "
-                 "{} of {} expert groups, weights x {}{}; {} multi-token-prediction layer(s) not run, as "
-                 "transformers does not run them; no load-balancing loss: Glm4MoeForCausalLM adds none{}\n",
-                 m.topk_groups, m.groups, m.routed_scaling_factor,
-                 m.shared_intermediate_size > 0
-                     ? fmt::format(", plus shared experts of width {}", m.shared_intermediate_size)
-                     : std::string(),
-                 config_.nextn_predict_layers,
-                 m.output_router_logits ? " (output_router_logits in config.json asks for one: ignored, as transformers "
-                                          "ignores it)"
-                                        : "");
-      return;
-    }
-    if (config_.aux_loss_weight() > 0)
-      fmt::print(log_,
-                 "the load-balancing loss is added x {} per micro-batch (output_router_logits, as transformers' "
-                 "Trainer adds it), and reported as aux_loss\n",
-                 m.router_aux_loss_coef);
-    else
-      fmt::print(log_,
-                 "the load-balancing loss is reported as aux_loss, not added (output_router_logits is false in "
-                 "config.json)\n");
-  }
-
-  // QLoRA on a mixture of experts: what is 4-bit among the experts, and what is not.
-  void print_four_bit_experts(const std::string& type) {
-    if (!config_.has_experts()) return;
-    const model::ParamStore& frozen = decoder_.params();
-    int64_t weights = 0;
-    for (const auto& l : decoder_.ids().layers)
-      for (int id : {l.experts_gate_up, l.experts_down})
-        if (id >= 0 && frozen.param(id).storage == model::ParamStorage::FourBit) weights += frozen.param(id).numel;
-    const bool bf = decoder_.precision() == model::Precision::BF16;
-    const int64_t tile = model::experts_tile_elements(config_);
-    fmt::print(log_,
-               "keel: QLoRA: experts stored {} ({:.1f}M weights, {:.3f} GiB with their absmax values), frozen; each "
-               "expert dequantized whole ({:.2f} MiB in {}) into the projections' 4-bit tile right before its grouped products (forward, "
-               "recomputation, backward to the input), an expert no token chose not at all; the router stays in {}\n",
-               type, double(weights) / 1e6, double(weights) * (0.5 + 4.0 / 64) / double(1 << 30),
-               double(tile) * (bf ? 2 : 4) / double(1 << 20), bf ? "bf16" : "fp32", bf ? "bf16" : "fp32");
-  }
-
-  // LoRA and a mixture of experts: whether the experts are adapted (PEFT's target_parameters), and
-  // that the router never is.
-  void print_experts_lora() {
-    if (!config_.has_experts()) return;
-    std::vector<std::string> params;
-    int64_t layers = 0, pairs = 0;
-    for (int64_t l = 0; l < config_.num_layers; ++l) {
-      bool any = false;
-      for (const auto& m : decoder_.lora_modules())
-        if (m.layer == l && m.on_experts()) {
-          any = true;
-          pairs += m.experts;
-          if (std::find(params.begin(), params.end(), m.name) == params.end()) params.push_back(m.name);
-        }
-      layers += any;
-    }
-    if (params.empty()) {
-      fmt::print(log_,
-                 "keel: LoRA: the experts are not adapted (lora_target names none of them; add \"experts\", "
-                 "\"experts.gate_up_proj\" or \"experts.down_proj\" to adapt them); the router never is\n");
-      return;
-    }
-    fmt::print(log_,
-               "keel: LoRA on the experts: mlp.experts.{} of {} sparse layers, one A/B pair per expert ({} pairs; "
-               "PEFT's target_parameters, saved as its lora.ParamWrapper's lora_A [experts x r, in] and lora_B [out, r "
-               "x experts]); no dropout on them; the router is not adapted\n",
-               fmt::join(params, ", mlp.experts."), layers, pairs);
-  }
-
   // What LoRA trains, said once: the modules, the scaling, and the share of the model that trains.
   void print_lora() {
     const model::LoraSpec& spec = decoder_.options().lora;
@@ -487,7 +406,7 @@ class Trainer {
                fmt::join(names, ", "), int64_t(trained), 100.0 * trained / base, base / 1e6,
                r_.adapter_name_or_path.empty() ? fmt::format("initialised as PEFT does (seed {})", r_.seed)
                                                : "loaded from " + r_.adapter_name_or_path);
-    print_experts_lora();
+    print_experts_lora(log_, decoder_);
     if (!decoder_.saved_modules().names.empty())
       fmt::print(log_, "keel: additional_target: {} trained fully beside the adapters (copies of the originals)\n",
                  fmt::join(decoder_.saved_modules().names, ", "));
@@ -507,7 +426,7 @@ class Trainer {
                  matrices, double(frozen.four_bit_total()) / 1e6, type, source,
                  double(frozen.four_bit_total()) * (0.5 + 4.0 / 64) / 1e9, double(frozen.four_bit_total()) * 2 / 1e9,
                  decoder_.options().double_quantization ? "on" : "off");
-      print_four_bit_experts(type);
+      print_experts_four_bit(log_, decoder_, type);
     }
   }
 
