@@ -195,9 +195,12 @@ TEST_P(ExpertsTest, GroupedProductsMatchANaiveLoopAndItsGradients) {
 // forward pass against the naive loop on the folded weights; dA, dB (added to, as LoRA's gradients
 // are) and dx against its central differences; an expert no token chose gets nothing.
 TEST_P(ExpertsTest, AdaptersOnBothTensorsMatchTheFoldedWeightsAndTheirGradients) {
-  const auto& [backend_name, norm] = GetParam();
+  const auto& [backend_name, norm, sigmoid] = GetParam();
   kernels::Backend& backend = kernels::backend_named(backend_name);
   Case c;
+  // The adapters act on each expert's routed rows whatever chose them: the softmax routing only
+  // (GroupedProductsMatchANaiveLoopAndItsGradients checks GLM-4.5's sigmoid routing).
+  if (sigmoid) GTEST_SKIP() << "adapters are checked under the softmax routing";
   c.s = {7, 8, 5, 2, 6, norm};
   const auto& s = c.s;
   const int64_t N = s.tokens, H = s.hidden, E = s.experts, I = s.inter, R = s.routed(), r = 3;
