@@ -306,6 +306,14 @@ def test_moe_dp2_equals_dp1_accumulating():
     print("  dp=2 against dp=1 with twice the accumulation: weights within %.1e" % worst)
 
 
+def test_zero3_moe_expert_lora_dp2():
+    """LoRA on the experts under ZeRO-3: the frozen experts sharded and gathered, one adapter pair
+    per expert training beside them, against replicated training."""
+    compare_stages("moe_expert_lora_dp2_z3", 2, lora=True, stage=3, model=None, model_name=moe_model("qwen3_moe"),
+                   gradient_accumulation_steps=1, finetuning_type="lora", lora_rank=4,
+                   lora_target="q_proj, v_proj, experts")
+
+
 def moe_model_64(family):
     """moe_model with 4-bit blocks of whole rows: hidden 64, the experts' width 64."""
     path = moe_model(family)
