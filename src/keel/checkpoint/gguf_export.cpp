@@ -163,19 +163,28 @@ void choose_q4_k_m_types(const model::ModelConfig& c, GgufExportResult& result, 
 
 }  // namespace
 
+// llama.cpp's gemma2 and gemma3 scale attention scores by 1/sqrt(head_dim), or for their 27B
+// models (`layers_of_27b`) by 1/sqrt(hidden / heads), from their own table: they do not read
+// query_pre_attn_scalar from the file, so a model trained with another scale is refused.
+void require_llama_cpp_gemma_scale(const model::ModelConfig& c, const char* family, const char* arch,
+                                   int64_t layers_of_27b) {
+  const bool is_27b = c.num_layers == layers_of_27b;
+  const double llama_cpp_scalar = is_27b ? double(c.hidden_size / c.num_heads) : double(c.head_dim);
+  require(c.query_pre_attn_scalar == llama_cpp_scalar,
+          "--format gguf: this {} model scales attention scores by query_pre_attn_scalar^-0.5 = {:g}^-0.5, and "
+          "llama.cpp's {} by {}^-0.5 ({}; it does not read the value from the file): llama.cpp would not run the "
+          "model as trained. Export --format hf for runtimes that read config.json",
+          family, c.query_pre_attn_scalar, arch, llama_cpp_scalar,
+          is_27b ? fmt::format("hidden / heads for the {}-layer model", layers_of_27b) : std::string("head_dim"));
+}
+
 std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfig& c, const std::string& arch) {
   std::vector<std::string> notes;
   if (arch == "gemma3") {
     // llama_model_gemma3::load_arch_hparams: scores scaled by 1/sqrt(head_dim), or for the 62-layer
     // (27B) model 1/sqrt(hidden / heads), whatever query_pre_attn_scalar says; what the published
     // checkpoints state. Other values would give every token other attention than in training.
-    const bool is_27b = c.num_layers == 62;
-    const double llama_cpp_scalar = is_27b ? double(c.hidden_size / c.num_heads) : double(c.head_dim);
-    require(c.query_pre_attn_scalar == llama_cpp_scalar,
-            "--format gguf: this Gemma 3 model scales attention scores by query_pre_attn_scalar^-0.5 = {:g}^-0.5, and "
-            "llama.cpp's gemma3 by {}^-0.5 ({}; it does not read the value from the file): llama.cpp would not run "
-            "the model as trained. Export --format hf for runtimes that read config.json",
-            c.query_pre_attn_scalar, llama_cpp_scalar, is_27b ? "hidden / heads for the 62-layer model" : "head_dim");
+    require_llama_cpp_gemma_scale(c, "Gemma 3", "gemma3", 62);
     // Sliding windows: llama.cpp's default pattern for gemma3 is 6 (layers i with i % 6 < 5 slide),
     // and the converter writes no pattern key, as Gemma 3's published configs follow it.
     if (c.sliding_window > 0)
@@ -192,13 +201,7 @@ std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfi
     // llama_model_gemma2::load_arch_hparams: the same scale from its table (1/sqrt(hidden / heads)
     // for the 46-layer 27B model), windows on every other layer from the first (pattern 2), and
     // both soft caps always applied (the file's values, or 50 and 30 where it has none).
-    const bool is_27b = c.num_layers == 46;
-    const double llama_cpp_scalar = is_27b ? double(c.hidden_size / c.num_heads) : double(c.head_dim);
-    require(c.query_pre_attn_scalar == llama_cpp_scalar,
-            "--format gguf: this Gemma 2 model scales attention scores by query_pre_attn_scalar^-0.5 = {:g}^-0.5, and "
-            "llama.cpp's gemma2 by {}^-0.5 ({}; it does not read the value from the file): llama.cpp would not run "
-            "the model as trained. Export --format hf for runtimes that read config.json",
-            c.query_pre_attn_scalar, llama_cpp_scalar, is_27b ? "hidden / heads for the 46-layer model" : "head_dim");
+    require_llama_cpp_gemma_scale(c, "Gemma 2", "gemma2", 46);
     require(c.attn_logit_softcap > 0 && c.final_logit_softcap > 0,
             "--format gguf: this Gemma 2 model has no {} soft cap (null in config.json), and llama.cpp's gemma2 "
             "always applies one: llama.cpp would not run the model as trained. Export --format hf instead",
