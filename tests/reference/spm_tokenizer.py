@@ -72,7 +72,23 @@ def write_tokenizer(out_dir, kind="gemma", pieces=512):
         tokenizer = AutoTokenizer.from_pretrained(source)
         tokenizer.save_pretrained(out_dir)
         shutil.copy(os.path.join(tmp, "tokenizer.model"), os.path.join(out_dir, "tokenizer.model"))
+    check_same_ids(out_dir)
     return vocab_size(out_dir)
+
+
+def check_same_ids(tokenizer_dir):
+    """The directory holds one tokenizer twice (llama.cpp's converter reads tokenizer.model, keel
+    and transformers tokenizer.json): both must give the same ids to TEXT's lines, or the tests
+    built on it would compare two different tokenizers. Raises naming the first line that differs."""
+    import sentencepiece
+    from transformers import AutoTokenizer
+    model = sentencepiece.SentencePieceProcessor(model_file=os.path.join(tokenizer_dir, "tokenizer.model"))
+    fast = AutoTokenizer.from_pretrained(tokenizer_dir)
+    for line in TEXT.splitlines():
+        expected, found = model.encode(line), fast.encode(line, add_special_tokens=False)
+        if expected != found:
+            raise RuntimeError("%s: tokenizer.json and tokenizer.model disagree on %r: %s against %s"
+                               % (tokenizer_dir, line, found, expected))
 
 
 def vocab_size(tokenizer_dir):
