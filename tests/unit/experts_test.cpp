@@ -380,6 +380,14 @@ INSTANTIATE_TEST_SUITE_P(Backends, FourBitExpertsTest,
                          ::testing::Combine(::testing::ValuesIn(kernels::backend_names()), ::testing::Bool(),
                                             ::testing::Values(FourBitType::Nf4, FourBitType::Fp4)));
 
+// A planned buffer's bytes, by name (a failure, and -1, when the plan has no such buffer).
+int64_t buffer_bytes(const MemoryPlan& plan, const std::string& name) {
+  for (const auto& b : plan.buffers())
+    if (b.name == name) return int64_t(b.bytes);
+  ADD_FAILURE() << "no buffer " << name;
+  return int64_t(-1);
+}
+
 // A Qwen3-MoE decoder: layer 0 sparse (6 experts, top 2), layer 1 dense.
 ModelConfig tiny_moe() {
   ModelConfig c;
@@ -405,12 +413,7 @@ TEST(ExpertsPlan, CountsEveryExpertAndHoldsAnyRouting) {
   EXPECT_EQ(stored, c.total_parameters());
   const MemoryPlan plan = decoder_memory_plan(c, Precision::F32, batch, seq, DecoderOptions{false, true, 0});
   EXPECT_EQ(plan.arena_bytes(), decoder.memory_plan().arena_bytes());
-  auto bytes_of = [&](const std::string& name) {
-    for (const auto& b : plan.buffers())
-      if (b.name == name) return int64_t(b.bytes);
-    ADD_FAILURE() << "no buffer " << name;
-    return int64_t(-1);
-  };
+  auto bytes_of = [&](const std::string& name) { return buffer_bytes(plan, name); };
   const int64_t routed = batch * seq * c.moe.experts_per_token;  // every routing routes this many rows
   EXPECT_EQ(bytes_of("layers.0.experts.input"), routed * c.hidden_size * 4);
   EXPECT_EQ(bytes_of("layers.0.experts.gate_up"), routed * 2 * c.moe.intermediate_size * 4);
@@ -453,12 +456,7 @@ TEST(ExpertsPlan, QLoraHoldsTheExpertsInFourBitsAndTheRouterInFull) {
     for (const auto& p : P.params())
       if (p.storage == ParamStorage::FourBit) four_bit += (p.numel + kFourBitShardAlign - 1) / kFourBitShardAlign * kFourBitShardAlign;
     EXPECT_EQ(P.four_bit_total(), four_bit);
-    auto bytes_of = [&](const std::string& name) {
-      for (const auto& b : decoder.memory_plan().buffers())
-        if (b.name == name) return int64_t(b.bytes);
-      ADD_FAILURE() << "no buffer " << name;
-      return int64_t(-1);
-    };
+    auto bytes_of = [&](const std::string& name) { return buffer_bytes(decoder.memory_plan(), name); };
     EXPECT_EQ(bytes_of("weights.nf4 (4-bit codes)"), four_bit / 2);
     EXPECT_EQ(bytes_of("weights.nf4.absmax"), four_bit / kFourBitBlockSize * 4);
     const int64_t tile = experts_tile_elements(c);
@@ -610,12 +608,7 @@ TEST(ExpertsLora, PlannedAndTrained) {
     Decoder decoder(c, precision, batch, seq, options);
     const MemoryPlan plan = decoder_memory_plan(c, precision, batch, seq, options);
     EXPECT_EQ(plan.arena_bytes(), decoder.memory_plan().arena_bytes());
-    auto bytes_of = [&](const std::string& name) {
-      for (const auto& b : plan.buffers())
-        if (b.name == name) return int64_t(b.bytes);
-      ADD_FAILURE() << "no buffer " << name;
-      return int64_t(-1);
-    };
+    auto bytes_of = [&](const std::string& name) { return buffer_bytes(plan, name); };
     const int64_t routed = batch * seq * c.moe.experts_per_token;
     // With gradient checkpointing the recomputation's copy is what the backward pass reads.
     EXPECT_EQ(bytes_of("layers.0.recomputed.experts.lora.u"), 2 * routed * r * 4);

@@ -178,6 +178,21 @@ void require_llama_cpp_gemma_scale(const model::ModelConfig& c, const char* fami
           is_27b ? fmt::format("hidden / heads for the {}-layer model", layers_of_27b) : std::string("head_dim"));
 }
 
+// llama.cpp's gemma2 and gemma3 give layer i a sliding window when i % period < period - 1 (every
+// other layer from the first; all but each sixth), from their own table: a model whose layers
+// slide otherwise is refused.
+void require_llama_cpp_window_pattern(const model::ModelConfig& c, const char* family, const char* arch,
+                                      int64_t period, const char* pattern) {
+  for (int64_t i = 0; i < c.num_layers; ++i) {
+    const bool llama_cpp_slides = i % period < period - 1;
+    const bool slides = size_t(i) < c.sliding_layers.size() && c.sliding_layers[size_t(i)];
+    require(slides == llama_cpp_slides,
+            "--format gguf: layer {} of this {} model {} a sliding window, and llama.cpp's {} gives one to {}: "
+            "llama.cpp would not run the model as trained. Export --format hf for runtimes that read layer_types",
+            i, family, slides ? "has" : "has no", arch, pattern);
+  }
+}
+
 std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfig& c, const std::string& arch) {
   std::vector<std::string> notes;
   if (arch == "gemma3") {
@@ -188,15 +203,9 @@ std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfi
     // Sliding windows: llama.cpp's default pattern for gemma3 is 6 (layers i with i % 6 < 5 slide),
     // and the converter writes no pattern key, as Gemma 3's published configs follow it.
     if (c.sliding_window > 0)
-      for (int64_t i = 0; i < c.num_layers; ++i) {
-        const bool llama_cpp_slides = i % 6 < 5;
-        const bool slides = size_t(i) < c.sliding_layers.size() && c.sliding_layers[size_t(i)];
-        require(slides == llama_cpp_slides,
-                "--format gguf: layer {} of this Gemma 3 model {} a sliding window, and llama.cpp's gemma3 gives one to "
-                "every layer but each sixth (Gemma 3's published pattern; the file holds no pattern): llama.cpp would "
-                "not run the model as trained. Export --format hf for runtimes that read layer_types",
-                i, slides ? "has" : "has no");
-      }
+      require_llama_cpp_window_pattern(c, "Gemma 3", "gemma3", 6,
+                                       "every layer but each sixth (Gemma 3's published pattern; the file holds no "
+                                       "pattern)");
   } else if (arch == "gemma2") {
     // llama_model_gemma2::load_arch_hparams: the same scale from its table (1/sqrt(hidden / heads)
     // for the 46-layer 27B model), windows on every other layer from the first (pattern 2), and
@@ -209,15 +218,8 @@ std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfi
     require(c.sliding_window > 0,
             "--format gguf: this Gemma 2 model has no sliding window (null in config.json), and llama.cpp's gemma2 "
             "gives every other layer one: llama.cpp would not run the model as trained. Export --format hf instead");
-    for (int64_t i = 0; i < c.num_layers; ++i) {
-      const bool llama_cpp_slides = i % 2 == 0;
-      const bool slides = size_t(i) < c.sliding_layers.size() && c.sliding_layers[size_t(i)];
-      require(slides == llama_cpp_slides,
-              "--format gguf: layer {} of this Gemma 2 model {} a sliding window, and llama.cpp's gemma2 gives one to "
-              "every even layer (Gemma 2's pattern; the converter writes none): llama.cpp would not run the model as "
-              "trained. Export --format hf for runtimes that read layer_types",
-              i, slides ? "has" : "has no");
-    }
+    require_llama_cpp_window_pattern(c, "Gemma 2", "gemma2", 2,
+                                     "every even layer (Gemma 2's pattern; the converter writes none)");
     // Gemma2Model skips lm_head.weight; llama.cpp's gemma2 always uses the embedding as the head.
     require(c.tie_word_embeddings,
             "--format gguf: this Gemma 2 model has its own LM head (tie_word_embeddings false), which llama.cpp's "
