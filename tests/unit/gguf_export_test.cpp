@@ -53,6 +53,9 @@ TEST(GgufNames, HfTensorsGetLlamaCppNames) {
   EXPECT_EQ(model::gguf_norm_shift(gemma, "model.layers.1.self_attn.q_norm.weight"), 1.0f);
   EXPECT_EQ(model::gguf_norm_shift(gemma, "model.layers.1.self_attn.q_proj.weight"), 0.0f);
   EXPECT_EQ(model::gguf_norm_shift(kLlama, "model.norm.weight"), 0.0f);
+  // GLM-4's fused gate and up: llama.cpp's chatglm ffn_up (2 x n_ff rows).
+  EXPECT_EQ(model::gguf_tensor_name(config_of(model::Family::Glm), "model.layers.2.mlp.gate_up_proj.weight"),
+            "blk.2.ffn_up.weight");
 }
 
 model::ModelConfig config_of(model::Family family) {
@@ -71,9 +74,11 @@ TEST(GgufNames, FamiliesLlamaCppRunsButKeelDoesNotWriteAreRefusedByName) {
   EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Qwen3)), "qwen3");
   EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Gemma3)), "gemma3");
   EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Gemma2)), "gemma2");
-  expect_keel_error([] { model::gguf_architecture(config_of(model::Family::Glm)); },
-                    {"GLM-4", "does not write this family yet", "convert_hf_to_gguf.py"});
-  expect_keel_error([] { model::gguf_architecture(config_of(model::Family::GlmOriginal)); }, {"not write this family"});
+  EXPECT_EQ(model::gguf_architecture(config_of(model::Family::Glm)), "chatglm");
+  expect_keel_error([] { model::gguf_architecture(config_of(model::Family::GlmOriginal)); },
+                    {"ChatGLM-format", "--format hf first"});
+  expect_keel_error([] { model::gguf_architecture(config_of(model::Family::Glm4Moe)); },
+                    {"GLM-4.5", "does not write this family yet", "convert_hf_to_gguf.py"});
 }
 
 // Llama's rotate_half pairs (i, i + d/2) become ggml's adjacent pairs (2i, 2i + 1), per head.
@@ -142,6 +147,36 @@ TEST(GgufExport, ModelsLlamaCppWouldRunOtherwiseAreRefusedOrNoted) {
   ASSERT_EQ(notes.size(), 1u);
   EXPECT_NE(notes[0].find("4096 tokens"), std::string::npos);
   EXPECT_TRUE(check_llama_cpp_runs_as_trained(config_of(model::Family::Llama), "llama").empty());
+}
+
+// GLM-4 as the converter writes it: heads of hidden / heads channels (llama.cpp's chatglm has no
+// head size key) and RoPE base 10000 (the converter's) or refused; another epsilon and the
+// context length (the hidden size, the converter's fallback) are notes.
+TEST(GgufExport, Glm4ModelsLlamaCppWouldRunOtherwiseAreRefusedOrNoted) {
+  auto glm = config_of(model::Family::Glm);
+  glm.hidden_size = 64;
+  glm.num_heads = 4;
+  glm.head_dim = 16;
+  glm.rope_theta = 10000.0;
+  glm.rms_norm_eps = 1e-5;
+  glm.max_position_embeddings = 128;
+  const auto notes = check_llama_cpp_runs_as_trained(glm, "chatglm");
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("context_length is the hidden size (64)"), std::string::npos);
+  auto eps = glm;
+  eps.rms_norm_eps = 1.5625e-07;
+  const auto eps_notes = check_llama_cpp_runs_as_trained(eps, "chatglm");
+  ASSERT_EQ(eps_notes.size(), 2u);
+  EXPECT_NE(eps_notes[0].find("1.5625e-07"), std::string::npos);
+  EXPECT_NE(eps_notes[0].find("relative 5e-06"), std::string::npos);
+  auto heads = glm;
+  heads.head_dim = 32;
+  expect_keel_error([&] { check_llama_cpp_runs_as_trained(heads, "chatglm"); },
+                    {"4 heads of 32 channels", "hidden / heads = 16", "--format hf"});
+  auto base = glm;
+  base.rope_theta = 500000.0;
+  expect_keel_error([&] { check_llama_cpp_runs_as_trained(base, "chatglm"); },
+                    {"RoPE base is 500000", "writes 10000", "--format hf"});
 }
 
 // Gemma 2 likewise: llama.cpp's gemma2 scales by 1/sqrt(head_dim), slides every even layer, always
@@ -224,6 +259,31 @@ TEST(GgufExport, UnknownPreTokenizerAndSentencePieceAreRefused) {
   expect_keel_error([&] { data::llama_cpp_vocab(sp.path(), 3, "{}", true); },
                     {"no SentencePiece tokenizer.model", "this family"});
   EXPECT_EQ(data::llama_cpp_pre_tokenizer_name({1, 2, 3}), "");
+}
+
+// keel's one rule beside the converter's hash table: a GLM-4 tokenizer.json (GLM-4's Split regex,
+// then ByteLevel; [gMASK] and <sop> added) whose hash the table lacks is llama.cpp's "glm4".
+TEST(GgufExport, Glm4TokenizersWithoutAKnownHashAreNamedByTheirPreTokenizer) {
+  const std::string regex =
+      R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+)";
+  auto tokenizer = [&](const std::string& pattern, const std::string& second_marker) {
+    return R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": ["a b"]},
+               "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                 {"type": "Split", "pattern": {"Regex": ")" + pattern + R"("}, "behavior": "Isolated", "invert": false},
+                 {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false}]},
+               "added_tokens": [{"id": 3, "content": "[gMASK]", "special": true},
+                                {"id": 4, "content": ")" + second_marker + R"(", "special": true}]})";
+  };
+  TempDir glm;
+  write_file_atomic(glm / "tokenizer.json", tokenizer(regex, "<sop>"));
+  const auto v = data::llama_cpp_vocab(glm.path(), 5, "{}");
+  EXPECT_EQ(v.pre, "glm4");
+  EXPECT_TRUE(v.pre_by_glm4_rule);
+  TempDir other_regex, no_sop;  // another regex, or no <sop>: not GLM-4's tokenizer, refused as before
+  write_file_atomic(other_regex / "tokenizer.json", tokenizer(R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|\\p{N})", "<sop>"));
+  expect_keel_error([&] { data::llama_cpp_vocab(other_regex.path(), 5, "{}"); }, {"does not know this tokenizer"});
+  write_file_atomic(no_sop / "tokenizer.json", tokenizer(regex, "<eop>"));
+  expect_keel_error([&] { data::llama_cpp_vocab(no_sop.path(), 5, "{}"); }, {"does not know this tokenizer"});
 }
 
 // A fine-tuned model that never stops in llama.cpp is what a lost end-of-turn token gives: llama.cpp

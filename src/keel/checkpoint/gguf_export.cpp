@@ -4,6 +4,7 @@
 #include <simdjson.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -55,6 +56,66 @@ void add_gemma2_keys(GgufMetadata& kv, const model::ModelConfig& c, GgmlType out
   kv.add_uint32("gemma2.attention.sliding_window", uint32_t(c.sliding_window));
 }
 
+// The RMSNorm epsilon the converter writes for GLM-4: ChatGLMModel reads ChatGLM's
+// layernorm_epsilon, which GlmForCausalLM's config.json does not have, and falls back to 1e-5.
+constexpr float kChatglmRmsEps = 1e-5f;
+
+std::optional<bool> adds_bos(const data::LlamaCppVocab& v) {
+  for (const auto& [type, add] : v.add_special)
+    if (type == "bos") return add;
+  return std::nullopt;
+}
+
+// ChatGLMModel.set_gguf_parameters, its keys in its order, for GlmForCausalLM's config.json: the
+// keys it reads for ChatGLM's own format are absent there, so it writes its fallbacks (the context
+// length is the hidden size, for seq_length; epsilon 1e-5; RoPE base 10000, for 10000 x
+// rope_ratio: check_llama_cpp_runs_as_trained says where the model differs). Its add_bos_token
+// false is set among these keys, and SpecialVocab's value later replaces it in place (gguf-py
+// keeps a key's position when it is set again).
+void add_chatglm_keys(GgufMetadata& kv, const model::ModelConfig& c, GgmlType outtype, const data::LlamaCppVocab& v) {
+  kv.add_uint32("chatglm.context_length", uint32_t(c.hidden_size));
+  kv.add_uint32("chatglm.embedding_length", uint32_t(c.hidden_size));
+  kv.add_uint32("chatglm.feed_forward_length", uint32_t(c.intermediate_size));
+  kv.add_uint32("chatglm.block_count", uint32_t(c.num_layers));
+  kv.add_uint32("chatglm.attention.head_count", uint32_t(c.num_heads));
+  kv.add_uint32("chatglm.attention.head_count_kv", uint32_t(c.num_kv_heads));
+  kv.add_float32("chatglm.attention.layer_norm_rms_epsilon", kChatglmRmsEps);
+  kv.add_uint32("general.file_type", model::gguf_file_type(outtype));
+  kv.add_uint32("chatglm.rope.dimension_count", uint32_t(c.rotary_dim));  // hidden / heads x partial_rotary_factor
+  kv.add_bool("tokenizer.ggml.add_bos_token", adds_bos(v).value_or(false));
+  kv.add_float32("chatglm.rope.freq_base", 10000.0f);
+}
+
+// ChatGLMModel.set_vocab for GlmForCausalLM: tokenizer.json's BPE vocabulary, and after
+// SpecialVocab's ids (where each is still unset) EOS <|endoftext|>, EOT <|user|> -- a GLM-4 answer
+// ends where the next user turn begins, and llama.cpp stops on EOT -- and UNK <|endoftext|>, from
+// the tokenizer's added tokens.
+void add_chatglm_special_ids(data::LlamaCppVocab& v, const std::string& tokenizer_dir) {
+  require(v.model == "gpt2",
+          "{}: a SentencePiece tokenizer.model beside a GLM-4 model: llama.cpp's converter reads GLM-4's vocabulary "
+          "from tokenizer.json (ChatGLMModel.set_vocab), which keel's GGUF export does too; remove tokenizer.model "
+          "or export --format hf",
+          tokenizer_dir);
+  auto added_id = [&](std::string_view text, std::string_view role) {
+    for (size_t i = 0; i < v.tokens.size(); ++i)
+      if (v.tokens[i] == text && (v.token_types[i] == int32_t(data::LlamaCppTokenType::Control) ||
+                                  v.token_types[i] == int32_t(data::LlamaCppTokenType::UserDefined)))
+        return int64_t(i);
+    fail("{}/tokenizer.json: no added token '{}', which llama.cpp's converter takes GLM-4's {} from "
+         "(ChatGLMModel.set_vocab); GLM-4's tokenizers have it",
+         tokenizer_dir, text, role);
+  };
+  const int64_t end = added_id("<|endoftext|>", "EOS and UNK"), user = added_id("<|user|>", "end of turn (EOT)");
+  auto set = [&](const char* type, int64_t id) {
+    for (const auto& [t, unused] : v.special_ids)
+      if (t == type) return;
+    v.special_ids.emplace_back(type, id);
+  };
+  set("eos", end);
+  set("eot", user);
+  set("unk", end);
+}
+
 // TextModel.set_gguf_parameters and the family's additions, in the converter's order.
 void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::string& arch,
                     const std::string& config_json, GgmlType outtype) {
@@ -101,7 +162,8 @@ void add_tokenizer_keys(GgufMetadata& kv, const data::LlamaCppVocab& v, const st
   for (const auto& [type, id] : v.special_ids)
     if (auto k = gguf_special_id_key(type)) kv.add_uint32(*k, uint32_t(id));
   for (const auto& [type, add] : v.add_special)
-    if (type == "bos" || type == "eos" || type == "sep") kv.add_bool(fmt::format("tokenizer.ggml.add_{}_token", type), add);
+    if ((type == "bos" && arch != "chatglm") || type == "eos" || type == "sep")  // chatglm's bos: add_chatglm_keys
+      kv.add_bool(fmt::format("tokenizer.ggml.add_{}_token", type), add);
   if (v.chat_template) kv.add_string("tokenizer.chat_template", *v.chat_template);
   if (v.normalizer_lowercase) kv.add_bool("tokenizer.ggml.normalizer.lowercase", *v.normalizer_lowercase);
   if (v.normalizer_strip_accents)
@@ -225,6 +287,31 @@ std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfi
             "--format gguf: this Gemma 2 model has its own LM head (tie_word_embeddings false), which llama.cpp's "
             "converter drops and llama.cpp's gemma2 replaces by the embedding: llama.cpp would not run the model as "
             "trained. Export --format hf instead");
+  } else if (arch == "chatglm") {
+    // llama_model_chatglm: heads of hidden / heads channels (the converter writes no head size,
+    // and the output projection is read as hidden x hidden).
+    require(c.head_dim * c.num_heads == c.hidden_size,
+            "--format gguf: this GLM-4 model has {} heads of {} channels and a hidden size of {}, and llama.cpp's "
+            "chatglm takes heads of hidden / heads = {} channels (the file has no head size): llama.cpp could not run "
+            "it. Export --format hf instead",
+            c.num_heads, c.head_dim, c.hidden_size, c.hidden_size / c.num_heads);
+    // The converter writes RoPE base 10000 x ChatGLM's rope_ratio, which GlmForCausalLM's config lacks.
+    require(c.rope_theta == 10000.0,
+            "--format gguf: this GLM-4 model's RoPE base is {:g}, and llama.cpp's converter writes 10000 for "
+            "GlmForCausalLM (it reads ChatGLM's rope_ratio, which this format has not), as keel does: llama.cpp "
+            "would rotate otherwise than training. Export --format hf instead",
+            c.rope_theta);
+    if (float(c.rms_norm_eps) != kChatglmRmsEps)
+      notes.push_back(fmt::format(
+          "the RMSNorm epsilon in the file is 1e-05, as llama.cpp's converter writes for GLM-4 (it reads ChatGLM's "
+          "layernorm_epsilon, which GlmForCausalLM's config has not), where the model's is {:g}: llama.cpp "
+          "normalizes with that, which moves each norm's output by a relative {:.1g} at most for activations of unit "
+          "mean square",
+          c.rms_norm_eps, std::abs(1.0 - std::sqrt((1.0 + c.rms_norm_eps) / (1.0 + double(kChatglmRmsEps))))));
+    notes.push_back(fmt::format(
+        "chatglm.context_length is the hidden size ({}), as llama.cpp's converter writes for GLM-4 (it reads ChatGLM's "
+        "seq_length); the model has {} positions, and llama.cpp runs past the file's length with a warning",
+        c.hidden_size, c.max_position_embeddings));
   } else if (c.sliding_window > 0) {
     // Mistral v0.1 and Qwen with use_sliding_window: llama.cpp's llama/qwen2/qwen3 attend to the
     // whole context (the converter writes no window either); the same up to the window's length.
@@ -283,9 +370,19 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   result.architecture = model::gguf_architecture(c);
   result.outtype = outtype ? *outtype : default_gguf_outtype(source.weights_dtype, &result.outtype_reason);
   result.notes = check_llama_cpp_runs_as_trained(c, result.architecture);
+  const bool chatglm = result.architecture == "chatglm";
+  require(!(chatglm && result.outtype == GgmlType::Q4_K),
+          "--outtype q4_k_m: not written for GLM-4 (keel's Q4_K_M mix is checked against llama-quantize on Llama, "
+          "Qwen2, Qwen3 and Gemma 3 only); export --outtype f32 and quantize with llama.cpp's llama-quantize");
 
-  const data::LlamaCppVocab vocab =
+  data::LlamaCppVocab vocab =
       data::llama_cpp_vocab(source.tokenizer_dir, c.vocab_size, source.config_json, result.architecture == "gemma2");
+  if (chatglm) add_chatglm_special_ids(vocab, source.tokenizer_dir);
+  if (vocab.pre_by_glm4_rule)
+    result.notes.push_back(
+        "tokenizer.ggml.pre 'glm4' by keel's rule: llama.cpp's table does not know this tokenizer's hash (its ids "
+        "of the converter's test text), and it is a GLM-4 tokenizer (GLM-4's Split regex, [gMASK] and <sop>), which "
+        "llama.cpp's 'glm4' splits as training did; llama.cpp's converter would refuse it");
   require(!(vocab.model == "gpt2" && vocab.byte_fallback && result.architecture == "llama"),
           "{}/tokenizer.json: a SentencePiece-style vocabulary (byte_fallback) without the tokenizer.model it was "
           "made from: llama.cpp's converter then rebuilds scores from tokenizer.json (LlamaHfVocab), which keel's GGUF "
@@ -293,6 +390,11 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
           "export",
           source.tokenizer_dir);
   result.end_of_turn = check_end_of_turn(vocab, source.tokenizer_dir);
+  // GLM-4: an answer ends where the next turn begins, the converter's EOT <|user|>, which the
+  // template's probe (the answer last) cannot show; llama.cpp stops on it, and so does the Modelfile.
+  if (result.end_of_turn.empty())
+    for (const auto& [type, id] : vocab.special_ids)
+      if (type == "eot" && size_t(id) < vocab.tokens.size()) result.end_of_turn = vocab.tokens[size_t(id)];
   result.tokenizer_model = vocab.model;
   result.pre_tokenizer = vocab.pre;
   result.tokens = int64_t(vocab.tokens.size());
@@ -306,7 +408,10 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   kv.add_string("general.type", "model");
   kv.add_string("general.name", source.name);
   kv.add_string("general.quantized_by", kGgufWriterName);
-  add_model_keys(kv, c, result.architecture, source.config_json, result.outtype);
+  if (chatglm)
+    add_chatglm_keys(kv, c, result.outtype, vocab);
+  else
+    add_model_keys(kv, c, result.architecture, source.config_json, result.outtype);
   const bool q4_k_m = result.outtype == GgmlType::Q4_K;
   if (!q4_k_m) kv.add_uint32("general.quantization_version", model::kGgmlQuantizationVersion);
   add_tokenizer_keys(kv, vocab, result.architecture);

@@ -62,6 +62,7 @@ std::optional<std::string> gguf_special_id_key(const std::string& type) {
   if (type == "sep") return "tokenizer.ggml.seperator_token_id";  // sic: llama.cpp's spelling
   if (type == "pad") return "tokenizer.ggml.padding_token_id";
   if (type == "mask") return "tokenizer.ggml.mask_token_id";
+  if (type == "eot") return "tokenizer.ggml.eot_token_id";  // GLM-4's <|user|> (ChatGLMModel.set_vocab)
   return std::nullopt;
 }
 

@@ -13,6 +13,7 @@
 #include "keel/core/sha256.h"
 #include "keel/data/hf_tokenizer_json.h"
 #include "keel/data/llama_cpp_pre_tokenizers.h"
+#include "keel/data/pretokenizer.h"
 #include "keel/data/sentencepiece_model.h"
 #include "keel/data/tokenizer.h"
 
@@ -264,6 +265,38 @@ void read_special_vocab(const LlamaCppVocabFiles& files, element tokenizer_root,
   }
 }
 
+// The pre-tokenizer of GLM-4's tokenizer.json (glm-4-9b-hf, GLM-4.5): a Split on GLM-4's regex
+// (cl100k's; llama.cpp's "glm4" splits by it, LLAMA_VOCAB_PRE_TYPE_CHATGLM4, with (?i:...) spelled
+// out), isolated, then ByteLevel without a regex of its own; with GLM-4's [gMASK] and <sop> among
+// the added tokens. keel's name for a tokenizer whose hash llama.cpp's table lacks (a GLM-4
+// vocabulary extended or retrained): llama.cpp then splits its text as training did, which is
+// what the name decides (the vocabulary and merges are the file's). The converter has no such
+// rule and refuses it.
+bool is_glm4_tokenizer(element root, const std::vector<element>& added) {
+  const auto pre = member(root, "pre_tokenizer");
+  const auto steps = pre ? member(*pre, "pretokenizers") : std::nullopt;
+  array list;
+  if (!pre || string_member(*pre, "type") != "Sequence" || !steps ||
+      steps->get_array().get(list) != simdjson::SUCCESS)
+    return false;
+  std::vector<element> parts;
+  for (element e : list) parts.push_back(e);
+  if (parts.size() != 2) return false;
+  const element split = parts[0], byte_level = parts[1];
+  const auto pattern = member(split, "pattern");
+  if (string_member(split, "type") != "Split" || !pattern ||
+      string_member(*pattern, "Regex") != named_pattern("glm4") ||
+      string_member(split, "behavior") != "Isolated" || bool_member(split, "invert").value_or(false) ||
+      string_member(byte_level, "type") != "ByteLevel" || bool_member(byte_level, "use_regex").value_or(true))
+    return false;
+  bool gmask = false, sop = false;
+  for (element t : added) {
+    gmask = gmask || string_member(t, "content") == "[gMASK]";
+    sop = sop || string_member(t, "content") == "<sop>";
+  }
+  return gmask && sop;
+}
+
 }  // namespace
 
 bool llama_cpp_ends_generation(const LlamaCppVocab& vocab, int64_t id) {
@@ -449,6 +482,10 @@ LlamaCppVocab llama_cpp_bpe_vocab(const LlamaCppVocabFiles& files, int64_t vocab
                                                           files.tokenizer_config_json.value_or(""));
   v.pre = llama_cpp_pre_tokenizer_name(
       keel_tokenizer.encode(llama_cpp_pre_tokenizer_text(), EncodeOptions{.add_special_tokens = true}));
+  if (v.pre.empty() && is_glm4_tokenizer(tokenizer->root, added)) {
+    v.pre = "glm4";
+    v.pre_by_glm4_rule = true;
+  }
   require(!v.pre.empty(),
           "{}: llama.cpp does not know this tokenizer's pre-tokenizer (the hash of its tokenization of the "
           "converter's test text is not in its table); llama.cpp could not tokenize as the model was trained",

@@ -37,6 +37,9 @@ struct LlamaCppVocab {
   // reads this way for some families (Gemma 3, Qwen) and as "llama" with scores for others (Llama).
   bool byte_fallback = false;
   int64_t tokenizer_json_entries = 0, added_tokens = 0;  // model.vocab's and added_tokens' lengths
+  // tokenizer.ggml.pre named by keel's GLM-4 rule (a GLM-4 tokenizer.json whose hash llama.cpp's table lacks:
+  // its pre-tokenizer, GLM-4's regex, and [gMASK] and <sop>), not by the converter's hash.
+  bool pre_by_glm4_rule = false;
 };
 
 // The files it reads, as text (what the fuzz target feeds it).

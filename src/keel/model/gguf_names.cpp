@@ -31,6 +31,10 @@ constexpr std::pair<std::string_view, std::string_view> kBlockTensors[] = {
     {"mlp.down_proj.weight", "ffn_down.weight"},
 };
 
+// GLM-4 (GlmForCausalLM): gate and up in one matrix, gate rows first; llama.cpp's chatglm reads it
+// as ffn_up of 2 x n_ff rows and splits it the same way (LLM_FFN_SWIGLU).
+constexpr std::string_view kGlmGateUp = "mlp.gate_up_proj.weight";
+
 // Gemma's sandwich norms: its post_attention_layernorm is on the attention's output, and the norm
 // before the MLP is pre_feedforward_layernorm (gguf-py's GEMMA3 tensor list).
 constexpr std::pair<std::string_view, std::string_view> kGemmaBlockTensors[] = {
@@ -57,10 +61,15 @@ std::string gguf_architecture(const ModelConfig& config) {
     case Family::Qwen3: return "qwen3";
     case Family::Gemma2: return "gemma2";
     case Family::Gemma3: return "gemma3";
+    case Family::Glm: return "chatglm";  // the converter's ChatGLMModel takes GlmForCausalLM
     default: break;
   }
+  require(config.family != Family::GlmOriginal,
+          "ChatGLM-format GLM-4 ({}): keel's GGUF export writes GLM-4 in the glm format (GlmForCausalLM); export it "
+          "--format hf first (which writes the glm format), then that directory --format gguf",
+          config.architecture);
   fail("{} ({}): keel's GGUF export does not write this family yet (it writes Llama, Mistral, Qwen2, Qwen3, "
-       "Gemma 2 and Gemma 3); "
+       "Gemma 2, Gemma 3 and GLM-4 in the glm format); "
        "export a Hugging Face directory (--format hf) and convert it with llama.cpp's convert_hf_to_gguf.py",
        family_display_name(config.family), config.architecture);
 }
@@ -75,6 +84,7 @@ std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_na
     const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), block);
     if (ec == std::errc() && end < rest.data() + rest.size() && *end == '.') {
       const std::string_view suffix(end + 1, size_t(rest.data() + rest.size() - end - 1));
+      if (config.family == Family::Glm && suffix == kGlmGateUp) return "blk." + std::to_string(block) + ".ffn_up.weight";
       if (config.gemma())
         for (const auto& [hf, gguf] : kGemmaBlockTensors)
           if (suffix == hf) return "blk." + std::to_string(block) + "." + std::string(gguf);
@@ -83,7 +93,7 @@ std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_na
     }
   }
   fail("tensor '{}': llama.cpp's GGUF tensor map has no name for it (keel's GGUF export knows the tensors of "
-       "Llama, Mistral, Qwen2, Qwen3, Gemma 2 and Gemma 3 checkpoints)",
+       "Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 and GLM-4 checkpoints)",
        hf_name);
 }
 

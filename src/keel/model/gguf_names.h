@@ -16,7 +16,9 @@ namespace keel::model {
 inline constexpr uint32_t kGgmlQuantizationVersion = 2;  // GGML_QNT_VERSION: general.quantization_version
 
 // The GGUF architecture (`general.architecture`) of a family: "llama" for Llama and Mistral,
-// "qwen2", "qwen3", "gemma2", "gemma3". Families keel does not write yet are a keel::Error naming the family.
+// "qwen2", "qwen3", "gemma2", "gemma3", and "chatglm" for GLM-4 in the glm format (GlmForCausalLM,
+// which the converter writes with its ChatGLMModel; glm_original checkpoints are not written).
+// Families keel does not write yet are a keel::Error naming the family.
 std::string gguf_architecture(const ModelConfig& config);
 
 // "model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight", ... (Gemma's sandwich norms
