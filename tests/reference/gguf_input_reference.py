@@ -20,11 +20,16 @@ scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K tensors):
 - keel prepare --tokenizer x.gguf (Gemma 2 f32): a run from the shards it writes has the losses of
   the run that tokenized the JSONL from the file itself; and the chat template from the metadata:
   keel's ids of two conversations equal transformers' apply_chat_template's;
+- GLM-4 (chatglm files, with the GLM-4-style tokenizer of glm4_tokenizer.py, the converter told its
+  pre-tokenizer's name): transformers' GGUF loader does not read GLM files, so the reference is keel's
+  run from the directory the files were made from (the f32 file's losses exactly equal) and from the
+  directory gguf-py's dequantizers make of each quantized file (reference_dir), and the original
+  tokenizer's ids;
 - that the comparison can fail: the Q4_K_M run's (Gemma 2: q8_0's) losses differ from the f32 run's
   by more than 100 x TOLERANCE (the quantization is seen), and keel refuses a file with a type it
   does not read.
 
-  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2,gemma2]
+  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2,gemma2,glm]
 """
 import json
 import os
@@ -34,6 +39,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import glm4_tokenizer  # noqa: E402
 import gguf_reference as G  # noqa: E402
 import hf_models as H  # noqa: E402
 import torch  # noqa: E402
@@ -53,6 +59,10 @@ CASES = {
     "gemma2": ("spm:gemma", {"tie_word_embeddings": True, "head_dim": 256},
                {"query_pre_attn_scalar": 256, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0},
                ("f32", "q8_0")),
+    # GLM-4 (chatglm), which transformers' GGUF loader does not read: the reference is keel's run from the
+    # directory the file was made from (f32: exactly), and from gguf-py's dequantization of the file
+    # written as that directory (q8_0, Q4_K_M); see reference_dir.
+    "glm": ("glm4", {"tie_word_embeddings": False}, glm4_tokenizer.config_ids(), ("f32", "q8_0", "q4_k_m")),
 }
 SIZES = {"hidden_size": 256, "intermediate_size": 512, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64,
          "num_layers": 2, "max_position_embeddings": 64}
@@ -89,8 +99,8 @@ def make_gguf_files(family, model_dir, work, tree):
     files = {}
     for outtype in ("f32", "q8_0"):
         path = os.path.join(work, "%s-%s.gguf" % (family, outtype))
-        G.run([sys.executable, os.path.join(tree, "convert_hf_to_gguf.py"), model_dir, "--outfile", path,
-               "--outtype", outtype], env=env)
+        G.run(G.converter(tree, "convert_hf_to_gguf.py", CASES[family][0]) + [model_dir, "--outfile", path,
+                                                                           "--outtype", outtype], env=env)
         files[outtype] = path
     if "q4_k_m" not in CASES[family][3]:
         return files
@@ -123,6 +133,48 @@ def transformers_dir(gguf, out):
     tokenizer.save_pretrained(out)
     drop_tokens_past_vocabulary(out, model.config.vocab_size)
     return tokenizer
+
+
+# GLM-4's tensors by the converter's names, back to transformers' (GlmForCausalLM: no permutation).
+GLM_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+             "output.weight": "lm_head.weight"}
+GLM_BLOCK_NAMES = {"attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+                   "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+                   "ffn_norm": "post_attention_layernorm", "ffn_up": "mlp.gate_up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def reference_dir(family, label, gguf, model_dir, out):
+    """The directory keel's run from the .gguf is compared with, and the tokenizer its ids are
+    compared with: transformers' directory of the file (transformers_dir); for GLM-4, whose files
+    transformers' GGUF loader does not read (5.24: no chatglm), the directory the f32 file was made
+    from itself, and for the quantized files the one gguf-py makes of the file: each tensor
+    dequantized by gguf.quants.dequantize under its transformers name, beside that directory's
+    config.json and tokenizer. Returns (directory, tokenizer)."""
+    if family != "glm":
+        return out, transformers_dir(gguf, out)
+    import numpy as np
+    from gguf import GGUFReader, quants
+    from safetensors.torch import save_file
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if label == "f32":
+        return model_dir, tokenizer
+    tensors = {}
+    for t in GGUFReader(gguf).tensors:
+        if t.name in GLM_NAMES:
+            name = GLM_NAMES[t.name]
+        else:
+            _, block, base, kind = t.name.split(".")
+            name = "model.layers.%s.%s.%s" % (block, GLM_BLOCK_NAMES[base], kind)
+        values = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        tensors[name] = torch.from_numpy(values.reshape([int(d) for d in reversed(t.shape)]).copy())
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    for name in os.listdir(model_dir):
+        if not name.endswith(".safetensors"):
+            shutil.copy(os.path.join(model_dir, name), os.path.join(out, name))
+    return out, tokenizer
 
 
 def drop_tokens_past_vocabulary(out, vocab_size):
@@ -194,7 +246,8 @@ def check_tokenizer(keel, tokenizer, hf_tokenizer, label):
         print("FAIL %s: %d texts tokenized of %d" % (label, len(ours), len(TEXTS)))
         failures += 1
     if not failures:
-        print("ok   %s: %d texts tokenized as transformers' GGUF tokenizer does" % (label, len(TEXTS)))
+        print("ok   %s: %d texts tokenized as %s does" % (label, len(TEXTS), "the original tokenizer" if label.startswith("glm")
+                                                          else "transformers' GGUF tokenizer"))
     return failures
 
 
@@ -305,8 +358,10 @@ def main():
         runs = {}
         for label, gguf in make_gguf_files(family, model_dir, args.work, tree).items():
             case = "%s %s (%s)" % (family, label, ", ".join(tensor_types(gguf)))
-            hf_dir = os.path.join(args.work, "%s-%s-hf" % (family, label))
-            hf_tokenizer = transformers_dir(gguf, hf_dir)
+            hf_dir, hf_tokenizer = reference_dir(family, label, gguf, model_dir,
+                                                 os.path.join(args.work, "%s-%s-hf" % (family, label)))
+            # GLM-4's f32 file against the directory it was made from: exactly.
+            tolerance = 0.0 if family == "glm" and label == "f32" else TOLERANCE
             ours, log, seconds = keel_run(args.keel, gguf, os.path.join(args.work, "run-%s-%s-gguf" % (family, label)),
                                           data)
             theirs, _, hf_seconds = keel_run(args.keel, hf_dir, os.path.join(args.work, "run-%s-%s-hf" % (family, label)),
@@ -318,14 +373,14 @@ def main():
                 print("FAIL %s: keel did not say what it took from the file:\n%s" % (case, log[-2000:]))
                 failures += 1
             diff = max(abs(a - b) for a, b in zip(ours, theirs)) if ours and len(ours) == len(theirs) else float("inf")
-            if diff > TOLERANCE:
-                print("FAIL %s: losses from the .gguf %s, from transformers' directory %s (max diff %g > %g)"
-                      % (case, ours, theirs, diff, TOLERANCE))
+            if diff > tolerance:
+                print("FAIL %s: losses from the .gguf %s, from the reference directory %s (max diff %g > %g)"
+                      % (case, ours, theirs, diff, tolerance))
                 failures += 1
             else:
-                print("ok   %s: %d steps, losses equal to the transformers directory's within %g (max diff %.3g); "
+                print("ok   %s: %d steps, losses equal to the reference directory's within %g (max diff %.3g); "
                       "keel train %.1f s from the .gguf, %.1f s from the directory"
-                      % (case, len(ours), TOLERANCE, diff, seconds, hf_seconds))
+                      % (case, len(ours), tolerance, diff, seconds, hf_seconds))
             tokenizer_dir = os.path.join(args.work, "run-%s-%s-gguf" % (family, label), "out", "gguf_tokenizer")
             failures += check_tokenizer(args.keel, tokenizer_dir, hf_tokenizer, case + " tokenizer")
             failures += check_tokenizer(args.keel, gguf, hf_tokenizer, case + " keel tokenize --tokenizer x.gguf")

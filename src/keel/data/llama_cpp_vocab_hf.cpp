@@ -35,6 +35,9 @@ constexpr PreSplit kPreSplits[] = {
     {"f2llmv2", "qwen2", {}},  {"megrez", "qwen2", {}},     {"qwen35", {}, kQwen35},
     {"gpt-4o", "o200k", {}},   {"llama4", "o200k", {}},     {"kanana2", "o200k", {}},
     {"talkie", "o200k", {}},   {"minimax-m2", "o200k", {}},
+    // Not transformers' (its GGUF loader reads no GLM architecture, so it has no entry for them):
+    // llama.cpp's own regex for GLM-4's names (LLAMA_VOCAB_PRE_TYPE_CHATGLM4), GLM-4's tokenizer.json one.
+    {"glm4", "glm4", {}},      {"chatglm-bpe", "glm4", {}},
 };
 
 // The token as tokenizer.json's vocabulary spells it (byte_level_tokenizer): as the file has it

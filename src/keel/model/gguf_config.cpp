@@ -20,6 +20,7 @@ constexpr std::pair<std::string_view, Family> kArchitectures[] = {
     {"qwen3", Family::Qwen3},
     {"gemma2", Family::Gemma2},
     {"gemma3", Family::Gemma3},
+    {"chatglm", Family::Glm},  // GLM-4 as the converter writes GlmForCausalLM (ChatGLMModel)
 };
 
 const formats::GgufTensorInfo* find_tensor(const formats::GgufFile& file, std::string_view name) {
@@ -159,6 +160,12 @@ ModelConfig gguf_model_config(const formats::GgufFile& file) {
   c.torch_dtype = DType::F32;  // dequantized to fp32 at load, as transformers does
   apply_family_traits(c);
   if (c.gemma()) read_gemma(file, k, c);
+  if (c.family == Family::Glm) {
+    // llama.cpp's chatglm: RoPE on the first rope.dimension_count channels of each head, in
+    // adjacent pairs (GLM-4's interleaved ones); q/k/v biases where the file has them.
+    c.rotary_dim = positive(file, k + "rope.dimension_count", c.head_dim / 2);
+    c.qkv_bias = find_tensor(file, "blk.0.attn_q.bias") != nullptr;
+  }
   validate(c, file.path());
   c.config_json = model_config_json(c, DType::F32);
   return c;
