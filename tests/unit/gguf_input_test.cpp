@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -251,8 +252,8 @@ TEST(GgufInput, TokenizerFilesAsTransformersBuildsThem) {
   EXPECT_NE(data::hf_tokenizer_files(other, "m.gguf").notes.at(0).find("'made-up'"), std::string::npos);
   auto spm = small_vocab();
   spm.model = "llama";
-  expect_keel_error([&] { data::hf_tokenizer_files(spm, "m.gguf", "llama"); },
-                    {"m.gguf", "SentencePiece", "architecture 'llama'", "Gemma files"});
+  expect_keel_error([&] { data::hf_tokenizer_files(spm, "m.gguf", "phi3"); },
+                    {"m.gguf", "SentencePiece", "architecture 'phi3'", "Llama-style and Gemma files"});
   auto other_model = small_vocab();
   other_model.model = "t5";
   expect_keel_error([&] { data::hf_tokenizer_files(other_model, "m.gguf"); }, {"m.gguf", "'t5'"});
@@ -332,6 +333,58 @@ TEST(GgufInput, GemmaSentencePieceTokenizerAsTransformersBuildsIt) {
   EXPECT_EQ(t.encode("  "), (std::vector<int32_t>{12}));
   EXPECT_NE(files.tokenizer_config_json.find("\"mask_token\":\"<mask>\""), std::string::npos);
   EXPECT_NE(files.tokenizer_json.find(R"(["a","b"])"), std::string::npos);
+}
+
+// transformers' sentencepiece_tokenizer for a Llama file (Llama 2, Mistral v0.1, TinyLlama):
+// LlamaTokenizer's Metaspace (U+2581 prepended where the text does not start with one), merges
+// ranked by the file's scores (not by the tokens' order, as Gemma's), byte fallback, its
+// special tokens and BOS as add_bos_token is absent (true); the file's merges where it has them.
+TEST(GgufInput, LlamaSentencePieceTokenizerAsTransformersBuildsIt) {
+  data::LlamaCppVocab v;
+  v.model = "llama";
+  v.pre = "default";
+  // "ab" before "\u2581a" in the file, "\u2581a" scored higher: the scores decide.
+  v.tokens = {"<unk>", "<s>", "</s>", "<0x0A>", "<ctl>", "\xe2\x96\x81", "a", "b", "ab", "\xe2\x96\x81" "a"};
+  v.scores = {0, 0, 0, 0, 0, -1, -2, -3, -5, -4};
+  v.token_types = {2, 3, 3, 6, 3, 1, 1, 1, 1, 1};
+  v.special_ids = {{"bos", 1}, {"eos", 2}, {"unk", 0}};
+  const auto files = data::hf_tokenizer_files(v, "l.gguf", "llama");
+  const data::Tokenizer t = data::hf_tokenizer_from_json(files.tokenizer_json, "l.gguf", files.tokenizer_config_json);
+  // "ab" -> "\u2581ab": (\u2581, a) outranks (a, b); "\n" by its byte; " a" already starts with U+2581.
+  EXPECT_EQ(t.encode("ab", {.add_special_tokens = true}), (std::vector<int32_t>{1, 9, 7}));
+  EXPECT_EQ(t.encode("a\n"), (std::vector<int32_t>{9, 3}));
+  EXPECT_EQ(t.encode(" a"), (std::vector<int32_t>{9}));
+  EXPECT_EQ(t.encode("a<ctl>b"), (std::vector<int32_t>{9, 4, 7}));  // no U+2581 after the control token
+  EXPECT_TRUE(t.is_special(0));  // <unk>: LlamaTokenizer's own
+  EXPECT_TRUE(t.is_special(4));
+  EXPECT_NE(files.tokenizer_config_json.find(R"("tokenizer_class":"LlamaTokenizer")"), std::string::npos);
+  EXPECT_NE(files.tokenizer_config_json.find(R"("add_bos_token":true)"), std::string::npos);
+  EXPECT_TRUE(files.notes.empty());
+  // The file's merges, when it has them, instead of the scores'.
+  auto merged = v;
+  merged.merges = {"a b"};
+  const auto m = data::hf_tokenizer_files(merged, "l.gguf", "llama");
+  EXPECT_EQ(data::hf_tokenizer_from_json(m.tokenizer_json, "l.gguf", m.tokenizer_config_json).encode("ab"),
+            (std::vector<int32_t>{5, 8}));
+  // add_bos_token false, and a file that says llama.cpp prepends no space: said.
+  auto plain = v;
+  plain.add_special = {{"bos", false}};
+  plain.add_prefix_space = false;
+  const auto p = data::hf_tokenizer_files(plain, "l.gguf", "llama");
+  EXPECT_EQ(data::hf_tokenizer_from_json(p.tokenizer_json, "l.gguf", p.tokenizer_config_json)
+                .encode("ab", {.add_special_tokens = true}),
+            (std::vector<int32_t>{9, 7}));
+  ASSERT_EQ(p.notes.size(), 1u);
+  EXPECT_NE(p.notes[0].find("add_space_prefix is false"), std::string::npos);
+  // Without merges the scores rank them: one per token, finite.
+  auto unscored = v;
+  unscored.scores.pop_back();
+  expect_keel_error([&] { data::hf_tokenizer_files(unscored, "l.gguf", "llama"); },
+                    {"l.gguf", "tokenizer.ggml.scores has 9 entries for 10 tokens"});
+  auto nan = v;
+  nan.scores[6] = std::numeric_limits<float>::quiet_NaN();
+  expect_keel_error([&] { data::hf_tokenizer_files(nan, "l.gguf", "llama"); },
+                    {"l.gguf", "tokenizer.ggml.scores[6]", "finite"});
 }
 
 TEST(GgufInput, TokenizerDirectoryFromAFile) {

@@ -83,6 +83,7 @@ data::LlamaCppVocab read_gguf_vocab(const formats::GgufFile& file) {
     if (auto add = file.bool_value(fmt::format("tokenizer.ggml.add_{}_token", type)))
       v.add_special.emplace_back(type, *add);
   v.chat_template = file.string_value("tokenizer.chat_template");
+  v.add_prefix_space = file.bool_value("tokenizer.ggml.add_space_prefix");
   return v;
 }
 
@@ -105,12 +106,9 @@ void write_gguf_tokenizer_dir(const std::string& gguf_path, const std::string& d
   else if (path_exists(template_path))
     std::filesystem::remove(template_path);  // left by a run from another file
   if (!log) return;
-  const std::string kind =
-      vocab.model == "llama"
-          ? fmt::format("SentencePiece (\"llama\"), {} tokens, merges derived from the vocabulary as transformers "
-                        "does",
-                        vocab.tokens.size())
-          : fmt::format("{} BPE, {} tokens, {} merges", vocab.model, vocab.tokens.size(), vocab.merges.size());
+  const std::string kind = fmt::format("{}, {} tokens, {}",
+                                       vocab.model == "llama" ? "SentencePiece (\"llama\")" : vocab.model + " BPE",
+                                       vocab.tokens.size(), files.merges);
   fmt::print(*log, "keel: tokenizer from GGUF file {}: {}, pre-tokenizer {}, {}; written to {}\n", gguf_path, kind,
              files.pre_tokenizer, files.chat_template ? "its chat template" : "no chat template", dir);
   for (const auto& note : files.notes) fmt::print(*log, "keel: note: {}\n", note);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string_view>
 #include <unordered_map>
@@ -126,24 +127,108 @@ std::vector<std::pair<std::string, std::string>> generate_merges(
   return out;
 }
 
-// A SentencePiece vocabulary ("llama") of a Gemma file as transformers' GGUF loader rebuilds it
-// (gemma_tokenizer): GemmaTokenizer's pipeline (spaces to U+2581 by a normalizer, no split, BPE
-// with byte fallback), merges generate_merges derives from the vocabulary ranked by the tokens'
-// order in the file, tokens of spaces respelled; then the class's special tokens, the file's
-// control tokens (special) and user-defined ones (not), and BOS as tokenizer.ggml.add_bos_token
-// says (true where absent, as there). Other architectures' (LlamaTokenizer, its Metaspace and
-// merges ranked by scores) are not built yet: an error saying so.
+// The tokenizer class transformers' GGUF loader makes of a SentencePiece vocabulary ("llama")
+// (gguf_tokenizer_mapping.py's select_tokenizer_builder): GemmaTokenizer for gemma/gemma2/gemma3
+// files (gemma_tokenizer), LlamaTokenizer for the others (sentencepiece_tokenizer: Llama 2,
+// Mistral v0.1, TinyLlama). `named`: the class's special tokens, its __init__ defaults and the
+// file's id that replaces each ("" for none).
+struct SentencePieceClass {
+  std::string_view name;
+  bool gemma;
+  struct Named {
+    std::string_view key, which, fallback;
+  };
+  std::vector<Named> named;
+};
+
+SentencePieceClass sentencepiece_class(const std::string& arch, const std::string& origin) {
+  // phi3_tokenizer prefixes U+2581 by a normalizer and splits nothing: a third pipeline, not built here.
+  require(arch != "phi3",
+          "{}: a SentencePiece vocabulary of architecture 'phi3': keel rebuilds those of Llama-style and Gemma files, "
+          "not Phi-3's (its own prefix rule); give the model's Hugging Face tokenizer with `tokenizer` in the recipe",
+          origin);
+  if (arch == "gemma" || arch == "gemma2" || arch == "gemma3")
+    return {"GemmaTokenizer",
+            true,
+            {{"unk_token", "unk", "<unk>"},
+             {"bos_token", "bos", "<bos>"},
+             {"eos_token", "eos", "<eos>"},
+             {"pad_token", "pad", "<pad>"},
+             {"mask_token", "", "<mask>"}}};
+  return {"LlamaTokenizer",
+          false,
+          {{"unk_token", "unk", "<unk>"}, {"bos_token", "bos", "<s>"}, {"eos_token", "eos", "</s>"},
+           {"pad_token", "pad", ""}}};
+}
+
+// transformers' get_merges: the file's (tokenizer.ggml.merges, "left right") where it has them,
+// else generate_merges over the vocabulary ranked by each token's score: the file's scores
+// (LlamaTokenizer: SentencePiece's BPE merges by the merged piece's score), or for Gemma the
+// tokens' order in the file (its scores do not follow its merges). `order`: the distinct tokens in
+// their first order, `vocab`: each token's last id, as Python's dicts have them.
+std::vector<std::pair<std::string, std::string>> sentencepiece_merges(
+    const LlamaCppVocab& v, const std::vector<std::string>& tokens, const std::vector<std::string>& order,
+    const std::unordered_map<std::string, int64_t>& vocab, bool gemma, const std::string& origin) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!v.merges.empty()) {
+    for (const auto& merge : v.merges) {
+      const size_t space = merge.find(' ');
+      require(space != std::string::npos && merge.find(' ', space + 1) == std::string::npos,
+              "{}: tokenizer.ggml.merges: expected \"left right\", found {:?}", origin, merge);
+      out.emplace_back(merge.substr(0, space), merge.substr(space + 1));
+    }
+    return out;
+  }
+  require(gemma || v.scores.size() == tokens.size(),
+          "{}: tokenizer.ggml.scores has {} entries for {} tokens: a SentencePiece vocabulary without merges is "
+          "ranked by its scores (one per token)",
+          origin, v.scores.size(), tokens.size());
+  std::unordered_map<std::string, double> scores;  // {token: score}: the last one wins, as dict(zip(...))
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    const double score = gemma ? -double(id) : double(v.scores[id]);
+    require(std::isfinite(score), "{}: tokenizer.ggml.scores[{}] is {}: expected a finite number", origin, id, score);
+    scores[tokens[id]] = score;
+  }
+  return generate_merges(order, vocab, scores);
+}
+
+// transformers' update_post_processor: "[bos] $A [eos]", and for a pair "[bos] $A [eos] [bos] $B
+// [eos]", each special token where the tokenizer adds it (its text; nullopt where not).
+std::string post_processor_json(const std::optional<std::string>& bos, const std::optional<std::string>& eos,
+                                const std::unordered_map<std::string, int64_t>& vocab) {
+  auto special_item = [](const std::string& text, int type_id) {
+    return fmt::format(R"({{"SpecialToken":{{"id":{},"type_id":{}}}}})", json_quoted(text), type_id);
+  };
+  std::string single, pair, specials;
+  for (int type_id : {0, 1}) {
+    std::string& s = type_id == 0 ? single : pair;
+    if (bos) s += special_item(*bos, type_id) + ",";
+    s += fmt::format(R"({{"Sequence":{{"id":"{}","type_id":{}}}}})", type_id == 0 ? "A" : "B", type_id);
+    if (eos) s += "," + special_item(*eos, type_id);
+  }
+  pair = single + "," + pair;
+  for (const auto& text : {bos, eos})
+    if (text)
+      specials += fmt::format(R"({}{}:{{"id":{},"ids":[{}],"tokens":[{}]}})", specials.empty() ? "" : ",",
+                              json_quoted(*text), json_quoted(*text), vocab.at(*text), json_quoted(*text));
+  return fmt::format(
+      R"("post_processor":{{"type":"TemplateProcessing","single":[{}],"pair":[{}],"special_tokens":{{{}}}}},)", single,
+      pair, specials);
+}
+
+// A SentencePiece vocabulary ("llama") as transformers' GGUF loader rebuilds it: the class's
+// pipeline (GemmaTokenizer: spaces to U+2581 by a normalizer, no split; LlamaTokenizer: Metaspace,
+// U+2581 prepended to the text's start, prepend_scheme "first"), BPE with byte fallback and the
+// merges of sentencepiece_merges, Gemma's tokens of spaces respelled; then the class's special
+// tokens, the file's control tokens (special) and user-defined ones (not), and BOS as
+// tokenizer.ggml.add_bos_token says (true where absent, as there).
 HfTokenizerFiles sentencepiece_files(const LlamaCppVocab& v, const std::string& origin, const std::string& arch) {
-  const bool gemma = arch == "gemma" || arch == "gemma2" || arch == "gemma3";
-  require(gemma,
-          "{}: a SentencePiece vocabulary (tokenizer.ggml.model \"llama\") of architecture '{}': keel rebuilds "
-          "those of Gemma files (gemma2, gemma3) only; give the model's Hugging Face tokenizer with `tokenizer` in "
-          "the recipe",
-          origin, arch);
+  const SentencePieceClass cls = sentencepiece_class(arch, origin);
   HfTokenizerFiles out;
   std::vector<std::string> tokens = v.tokens;
-  // A token made of spaces is stored as spaces; GemmaTokenizer looks it up as U+2581s.
+  // A Gemma token made of spaces is stored as spaces; GemmaTokenizer looks it up as U+2581s.
   for (auto& t : tokens) {
+    if (!cls.gemma) break;
     const auto cps = code_points(t);
     if (t.find(' ') != std::string::npos && std::all_of(cps.begin(), cps.end(), is_space)) {
       std::string respelled;
@@ -151,16 +236,18 @@ HfTokenizerFiles sentencepiece_files(const LlamaCppVocab& v, const std::string& 
       t = respelled;
     }
   }
-  // {token: id} and {token: score} as Python builds them: the last id wins, the first order stays.
+  // {token: id} as Python builds it: the last id wins, the first order stays.
   std::unordered_map<std::string, int64_t> vocab;
-  std::unordered_map<std::string, double> scores;
   std::vector<std::string> order;
   for (size_t id = 0; id < tokens.size(); ++id) {
     if (!vocab.count(tokens[id])) order.push_back(tokens[id]);
     vocab[tokens[id]] = int64_t(id);
-    scores[tokens[id]] = -double(id);  // the file's order, not its scores (Gemma's do not follow the merges)
   }
-  const auto merges = generate_merges(order, vocab, scores);
+  const auto merges = sentencepiece_merges(v, tokens, order, vocab, cls.gemma, origin);
+  out.merges = !v.merges.empty()
+                   ? fmt::format("{} merges", merges.size())
+                   : fmt::format("merges derived from the vocabulary, ranked by the {}, as transformers does",
+                                 cls.gemma ? "tokens' order" : "file's scores");
 
   const auto type_of = [&](size_t id) { return v.token_types.empty() ? 1 : v.token_types[id]; };
   const auto special_text = [&](std::string_view which) -> std::optional<std::string> {
@@ -168,21 +255,16 @@ HfTokenizerFiles sentencepiece_files(const LlamaCppVocab& v, const std::string& 
       if (type == which && id >= 0 && size_t(id) < tokens.size()) return v.tokens[size_t(id)];
     return std::nullopt;
   };
-  // The tokenizer class's special tokens: the file's, else the class's defaults where the
-  // vocabulary has them (transformers would add a missing one past the model's vocabulary).
-  struct Named {
-    const char* key;
-    const char* which;
-    const char* fallback;
-  };
-  const Named named[] = {{"unk_token", "unk", "<unk>"}, {"bos_token", "bos", "<bos>"}, {"eos_token", "eos", "<eos>"},
-                         {"pad_token", "pad", "<pad>"}, {"mask_token", "", "<mask>"}};
+  // The class's special tokens: the file's, else the class's defaults where the vocabulary has
+  // them (transformers would add a missing one past the model's vocabulary); the class's own
+  // defaults are added tokens whatever the file names (its constructor adds them).
   std::map<int64_t, bool> added;  // id -> special
-  std::string config = R"({"tokenizer_class":"GemmaTokenizer")";
+  std::string config = fmt::format(R"({{"tokenizer_class":"{}")", cls.name);
   std::optional<std::string> bos_text, eos_text;
-  for (const auto& n : named) {
-    std::optional<std::string> text = *n.which ? special_text(n.which) : std::nullopt;
-    if (!text && n.fallback) text = n.fallback;
+  for (const auto& n : cls.named) {
+    if (!n.fallback.empty() && vocab.count(std::string(n.fallback))) added[vocab.at(std::string(n.fallback))] = true;
+    std::optional<std::string> text = n.which.empty() ? std::nullopt : special_text(n.which);
+    if (!text && !n.fallback.empty()) text = std::string(n.fallback);
     if (text && !vocab.count(*text)) {
       out.notes.push_back(fmt::format("{} '{}' is not in the vocabulary: not added (transformers would add it as a "
                                       "new token past the model's embedding)",
@@ -192,8 +274,8 @@ HfTokenizerFiles sentencepiece_files(const LlamaCppVocab& v, const std::string& 
     config += fmt::format(",\"{}\":{}", n.key, text ? json_quoted(*text) : "null");
     if (!text) continue;
     added[vocab.at(*text)] = true;
-    if (std::string_view(n.which) == "bos") bos_text = text;
-    if (std::string_view(n.which) == "eos") eos_text = text;
+    if (n.which == "bos") bos_text = text;
+    if (n.which == "eos") eos_text = text;
   }
   for (size_t id = 0; id < tokens.size(); ++id)  // added by their text: a text spelled twice is its last id
     if (type_of(id) == int32_t(LlamaCppTokenType::Control)) added[vocab.at(tokens[id])] = true;
@@ -216,30 +298,31 @@ HfTokenizerFiles sentencepiece_files(const LlamaCppVocab& v, const std::string& 
     first = false;
   }
   json += "],";
-  json += R"("normalizer":{"type":"Replace","pattern":{"String":" "},"content":"\u2581"},)"
-          R"("pre_tokenizer":{"type":"Split","pattern":{"String":" "},"behavior":"MergedWithPrevious",)"
-          R"("invert":false},)";
-  out.pre_tokenizer = "GemmaTokenizer's (spaces as U+2581, no split)";
-  auto special_item = [](const std::string& text) {
-    return fmt::format(R"({{"SpecialToken":{{"id":{},"type_id":0}}}})", json_quoted(text));
-  };
-  std::string single, specials;
-  if (add_bos) single += special_item(*bos_text) + ",";
-  single += R"({"Sequence":{"id":"A","type_id":0}})";
-  if (add_eos) single += "," + special_item(*eos_text);
-  for (const auto& text : {add_bos ? bos_text : std::nullopt, add_eos ? eos_text : std::nullopt})
-    if (text)
-      specials += fmt::format(R"({}{}:{{"id":{},"ids":[{}],"tokens":[{}]}})", specials.empty() ? "" : ",",
-                              json_quoted(*text), json_quoted(*text), vocab.at(*text), json_quoted(*text));
-  json += fmt::format(
-      R"("post_processor":{{"type":"TemplateProcessing","single":[{}],"pair":[{}],"special_tokens":{{{}}}}},)", single,
-      single + R"(,{"Sequence":{"id":"B","type_id":1}})", specials);
+  if (cls.gemma) {
+    json += R"("normalizer":{"type":"Replace","pattern":{"String":" "},"content":"\u2581"},)"
+            R"("pre_tokenizer":{"type":"Split","pattern":{"String":" "},"behavior":"MergedWithPrevious",)"
+            R"("invert":false},)";
+    out.pre_tokenizer = "GemmaTokenizer's (spaces as U+2581, no split)";
+  } else {
+    json += R"("normalizer":null,"pre_tokenizer":{"type":"Metaspace","replacement":"\u2581",)"
+            R"("prepend_scheme":"first","split":false},)";
+    out.pre_tokenizer = "LlamaTokenizer's (Metaspace: spaces as U+2581, one prepended to the text)";
+    if (v.add_prefix_space == false)
+      out.notes.push_back(
+          "tokenizer.ggml.add_space_prefix is false, but the tokenizer prepends U+2581 to the text as transformers' "
+          "GGUF loader builds it (LlamaTokenizer's Metaspace; llama.cpp would not prepend it)");
+  }
+  json += post_processor_json(add_bos ? bos_text : std::nullopt, add_eos ? eos_text : std::nullopt, vocab);
   json += R"("decoder":{"type":"Sequence","decoders":[{"type":"Replace","pattern":{"String":"\u2581"},"content":" "},)"
-          R"({"type":"ByteFallback"},{"type":"Fuse"}]},)";
+          R"({"type":"ByteFallback"},{"type":"Fuse"})";
+  json += cls.gemma ? "]}," : R"(,{"type":"Strip","content":" ","start":1,"stop":0}]},)";
+  // GemmaTokenizer's BPE has an unk token, LlamaTokenizer's none (byte fallback only).
+  const std::string unk =
+      !cls.gemma ? "null" : special_text("unk") ? json_quoted(*special_text("unk")) : std::string("\"<unk>\"");
   json += fmt::format(R"("model":{{"type":"BPE","dropout":null,"unk_token":{},"continuing_subword_prefix":null,)"
                       R"("end_of_word_suffix":null,"fuse_unk":true,"byte_fallback":true,"ignore_merges":false,)"
                       R"("vocab":{{)",
-                      special_text("unk") ? json_quoted(*special_text("unk")) : std::string("\"<unk>\""));
+                      unk);
   first = true;
   for (size_t id = 0; id < tokens.size(); ++id) {
     if (vocab.at(tokens[id]) != int64_t(id)) continue;
@@ -352,6 +435,7 @@ HfTokenizerFiles hf_tokenizer_files(const LlamaCppVocab& v, const std::string& o
   config += "}";
   out.tokenizer_config_json = std::move(config);
   out.chat_template = v.chat_template;
+  out.merges = fmt::format("{} merges", v.merges.size());
   for (const auto& [type, add] : v.add_special)
     if (add && (type == "bos" || type == "eos"))
       out.notes.push_back(fmt::format(

@@ -15,10 +15,12 @@
 // SentencePiece vocabularies ("llama"), as transformers' sentencepiece builders make them
 // (gguf_tokenizer_mapping.py): for gemma/gemma2/gemma3 files GemmaTokenizer (spaces to U+2581 by a
 // normalizer, BPE with byte fallback, the merges transformers' generate_merges derives from the
-// vocabulary ranked by the tokens' order in the file), for others LlamaTokenizer (Metaspace, the
-// merges ranked by the file's scores); the class's special tokens, the file's control and
-// user-defined tokens; BOS added as tokenizer.ggml.add_bos_token says (true where absent).
-// Other tokenizer models are a keel::Error naming what is read.
+// vocabulary ranked by the tokens' order in the file), for others (Llama 2, Mistral v0.1,
+// TinyLlama: architecture "llama") LlamaTokenizer (Metaspace with U+2581 prepended to the text,
+// BPE with byte fallback, the merges ranked by the file's scores); the file's merges instead
+// where it has tokenizer.ggml.merges; the class's special tokens, the file's control and
+// user-defined tokens; BOS added as tokenizer.ggml.add_bos_token says (true where absent). Phi-3's
+// (a third pipeline) and other tokenizer models are a keel::Error naming what is read.
 #pragma once
 #include <optional>
 #include <string>
@@ -32,6 +34,7 @@ struct HfTokenizerFiles {
   std::string tokenizer_json, tokenizer_config_json;
   std::optional<std::string> chat_template;  // chat_template.jinja
   std::string pre_tokenizer;                 // for the message: "'llama-bpe' (cl100k regex)"
+  std::string merges;                        // for the message: "280147 merges", or how they were derived
   std::vector<std::string> notes;            // what keel decided that the file may have said otherwise
 };
 
