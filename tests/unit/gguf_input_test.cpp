@@ -37,11 +37,11 @@ using testing::expect_keel_error;
 using testing::TempDir;
 
 // A tiny Llama's metadata as llama.cpp's converter writes it (LlamaModel.set_gguf_parameters).
-GgufMetadata llama_metadata(const std::string& arch = "llama", const std::string& type = "model") {
+GgufMetadata llama_metadata(const std::string& arch = "llama", const std::string& type = "model", uint32_t blocks = 1) {
   GgufMetadata kv;
   kv.add_string("general.architecture", arch);
   kv.add_string("general.type", type);
-  kv.add_uint32(arch + ".block_count", 1);
+  kv.add_uint32(arch + ".block_count", blocks);
   kv.add_uint32(arch + ".context_length", 128);
   kv.add_uint32(arch + ".embedding_length", 32);
   kv.add_uint32(arch + ".feed_forward_length", 64);
@@ -287,6 +287,39 @@ TEST(GgufInput, Gemma2ConfigAsLlamaCppRunsIt) {
   EXPECT_EQ(d.final_logit_softcap, 30.0);
   EXPECT_EQ(d.sliding_window, 4096);
   EXPECT_TRUE(model::gguf_config_notes(d).empty());  // what transformers takes too
+}
+
+// Gemma 3 as llama.cpp runs the file: the window from it, every layer but each sixth windowed, the
+// global RoPE base from rope.freq_base and the windowed layers' from rope.freq_base_swa (said:
+// transformers reads 10000), no final cap where the key is absent. No window key: no window (said:
+// transformers windows all but each sixth layer).
+TEST(GgufInput, Gemma3ConfigAsLlamaCppRunsIt) {
+  auto kv = llama_metadata("gemma3", "model", 7);
+  kv.add_uint32("gemma3.attention.key_length", 256);
+  kv.add_uint32("gemma3.attention.value_length", 256);
+  kv.add_uint32("gemma3.attention.sliding_window", 5);
+  kv.add_float32("gemma3.rope.freq_base_swa", 20000.0f);
+  const auto c = model::gguf_model_config(formats::GgufFile(written(kv, llama_tensors(false)), "g.gguf"));
+  EXPECT_EQ(c.family, model::Family::Gemma3);
+  EXPECT_EQ(c.sliding_window, 5);
+  EXPECT_EQ(c.sliding_layers, (std::vector<bool>{true, true, true, true, true, false, true}));
+  EXPECT_EQ(c.rope_theta, 500000.0);
+  EXPECT_EQ(c.rope_local_theta, 20000.0);
+  EXPECT_EQ(c.final_logit_softcap, 0.0);
+  EXPECT_EQ(c.query_pre_attn_scalar, 256.0);
+  EXPECT_EQ(c.norm_weight_offset, 1.0);
+  const auto notes = model::gguf_config_notes(c);
+  ASSERT_EQ(notes.size(), 1u);
+  EXPECT_NE(notes[0].find("rope.freq_base_swa"), std::string::npos);
+  auto bare = llama_metadata("gemma3", "model", 7);
+  bare.add_uint32("gemma3.attention.key_length", 256);
+  const auto d = model::gguf_model_config(formats::GgufFile(written(bare, llama_tensors(false)), "g.gguf"));
+  EXPECT_EQ(d.sliding_window, 0);  // no key: no window (was refused: sliding_layers of a model without one)
+  EXPECT_TRUE(d.sliding_layers.empty());
+  EXPECT_EQ(d.rope_local_theta, 10000.0);
+  const auto bare_notes = model::gguf_config_notes(d);
+  ASSERT_EQ(bare_notes.size(), 1u);
+  EXPECT_NE(bare_notes[0].find("no attention.sliding_window"), std::string::npos);
 }
 
 // Gemma's norms are stored as 1 + w: read back as w, in fp32, as transformers' Gemma2TensorProcessor.

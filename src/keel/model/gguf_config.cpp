@@ -66,9 +66,12 @@ void read_gemma(const formats::GgufFile& file, const std::string& k, ModelConfig
   c.sliding_window = gemma2 ? positive(file, k + "attention.sliding_window", 4096) : window.value_or(0);
   require(c.sliding_window >= 0, "{}: {}attention.sliding_window: expected a non-negative integer, found {}",
           file.path(), k, c.sliding_window);
+  // One entry per layer with a window, none without (ModelConfig's rule): a Gemma 3 file without
+  // the key (the converter leaves it out for sliding_window_pattern 1) has all layers global.
+  c.sliding_layers.clear();
+  if (c.sliding_window == 0) return;
   c.sliding_layers.assign(size_t(c.num_layers), false);
-  if (c.sliding_window > 0)
-    for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers[size_t(i)] = gemma2 ? i % 2 == 0 : i % 6 < 5;
+  for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers[size_t(i)] = gemma2 ? i % 2 == 0 : i % 6 < 5;
 }
 
 }  // namespace
@@ -87,6 +90,10 @@ std::vector<std::string> gguf_config_notes(const ModelConfig& c) {
         "GGUF loader reads none of them and takes its config class's defaults (256, {:g}, {:g}), so a directory it "
         "makes of this file trains another model",
         c.query_pre_attn_scalar, c.attn_logit_softcap, c.final_logit_softcap, hf_attn, hf_final));
+  if (!gemma2 && c.sliding_window == 0)
+    notes.push_back(
+        "no attention.sliding_window: every layer attends to all positions, as llama.cpp runs the file; "
+        "transformers' GGUF loader takes Gemma3TextConfig's window of 4096 on all but each sixth layer");
   if (!gemma2 && c.rope_local_theta != 10000.0)
     notes.push_back(fmt::format(
         "the windowed layers' RoPE base {:g} from rope.freq_base_swa; transformers' GGUF loader does not read it "
