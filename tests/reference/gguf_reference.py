@@ -10,9 +10,12 @@ general.quantized_by, by which keel knows its files), and every tensor's name, o
 and bytes. Variants: a bf16 checkpoint (auto gives bf16), rows that are not whole q8_0 blocks (f16
 fallback), tied and untied LM heads, q/k biases (qwen2), q/k norms (qwen3), Gemma 3's norms plus one
 and its sandwich norms, GLM-4 (chatglm: fused gate_up as ffn_up, EOT <|user|>; a GLM-4-style
-tokenizer, glm4_tokenizer.py, whose pre-tokenizer name the converter is given); and a checkpoint keel
-trained from the Llama one, its GGUF against the converter's of keel's own Hugging Face export of it;
-and q4_0 (no converter outtype) against gguf-py's quantizer itself. keel's GGUF reader (keel inspect) on one converter file of each case
+tokenizer, glm4_tokenizer.py, whose pre-tokenizer name the converter is given); mixtures of experts
+(Qwen3-MoE, Mixtral: their experts stacked per layer and projection, from the published per-expert
+layout and transformers 5's fused one, and the models llama.cpp could not run as trained refused);
+and a checkpoint keel trained from the Llama one, its GGUF against the converter's of keel's own
+Hugging Face export of it; and q4_0 (no converter outtype) against gguf-py's quantizer itself.
+keel's GGUF reader (keel inspect) on one converter file of each case
 against gguf-py's GGUFReader. And LoRA runs (Llama, whose q/k permutation reaches the adapter's B
 matrices, and Qwen3): keel's GGUF adapter against convert_lora_to_gguf.py's of keel's PEFT export
 of the same checkpoint (and GLM-4's, its fused gate_up adapted as one matrix).
@@ -64,7 +67,63 @@ CASES = {
     # pre-tokenizer the converter is told (the one substitution) and keel names by its GLM-4 rule.
     "glm": ("glm4", {"tie_word_embeddings": True, "config": glm4_tokenizer.config_ids()}, torch.float32,
             ("f32", "f16", "bf16", "q8_0")),
+    # Mixtures of experts (MOE below): the experts stacked per layer and projection, the router in
+    # F32, the expert keys; Qwen3-MoE (f32, bf16, q8_0) and Mixtral through LlamaModel (its q/k
+    # permutation, w1/w2/w3 merged in that order; f16) from the published per-expert layout, and
+    # each from transformers 5's fused one too (FUSED_TWIN: keel's file of it against the converter's
+    # of the published layout; the converter reads Qwen3-MoE's fused layout as well, to the same file,
+    # and not Mixtral's).
+    "qwen3_moe": ("qwen3", {}, torch.float32, ("f32", "bf16", "q8_0")),
+    "mixtral": ("llama3", {}, torch.float32, ("f16",)),
 }
+# family -> (the dense family whose make_config gives the shared keys, the mixture's keys): every
+# layer sparse and the top-k renormalised, as llama.cpp's qwen3moe and llama run a mixture (keel
+# refuses other models). Qwen3-MoE's experts as wide as Qwen3MoeConfig's default, which transformers'
+# GGUF loader takes (it does not read expert_feed_forward_length; gguf_llama_cpp.py reads files back).
+MOE = {
+    "qwen3_moe": ("qwen3", {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 4,
+                            "num_experts_per_tok": 2, "moe_intermediate_size": 768, "norm_topk_prob": True,
+                            "decoder_sparse_step": 1, "mlp_only_layers": []}),
+    "mixtral": ("mistral", {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                            "num_local_experts": 4, "num_experts_per_tok": 2}),
+}
+# The fused layout: keel's file of it against the converter's of the published layout (the first outtype).
+FUSED_TWIN = {"qwen3_moe": "qwen3_moe_fused", "mixtral": "mixtral_fused"}
+
+
+def case_family(case):
+    """The family of a case: its name up to the first "_", a mixture's whole family name."""
+    return next((f for f in MOE if case.startswith(f)), case.split("_")[0])
+
+
+def moe_model(family, vocab, seed, head_std=0.1, **overrides):
+    """A tiny mixture of experts of transformers' own class: its config.json and its tensors in
+    transformers 5's in-memory (fused) names. Matrices N(0, 0.02) (q/k 0.15), the routers N(0, 0.5)
+    (decisive routing: no near-ties for llama.cpp and keel to break apart), the embedding N(0, 0.5),
+    the LM head N(0, head_std), norms 1 + N(0, 0.1)."""
+    import transformers
+    base, keys = MOE[family]
+    cfg = H.make_config(base, vocab_size=vocab, **overrides)
+    cfg.update(keys)
+    cfg.pop("sliding_window", None)  # Mistral's short window (Mixtral's is a note, tested with Mistral)
+    cls = {"qwen3_moe": transformers.Qwen3MoeForCausalLM, "mixtral": transformers.MixtralForCausalLM}[family]
+    model = cls(cls.config_class(**{k: v for k, v in cfg.items() if k not in ("torch_dtype", "model_type")}))
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for n, p in sorted(model.named_parameters()):
+        std = (0.5 if "embed" in n or n.endswith("mlp.gate.weight") else head_std if n == "lm_head.weight"
+               else 0.15 if ("q_proj" in n or "k_proj" in n) else 0.1 if "norm" in n else 0.02)
+        t = torch.randn(*p.shape, generator=gen) * std
+        tensors[n] = 1.0 + t if "norm" in n else t
+    return cfg, tensors
+
+
+def published_layout(family, tensors):
+    """The published checkpoints' per-expert names (what save_pretrained writes; moe_reference.py
+    checks that) from transformers 5's fused ones."""
+    import moe_reference as M
+    M.FAMILY[0] = family
+    return M.per_expert(tensors)
 KEPT_GENERAL = {"general.architecture", "general.type", "general.file_type", "general.quantization_version",
                 "general.alignment"}
 
@@ -93,17 +152,24 @@ def tokenizer_dir(tokenizer, npm, work):
     return tok_dir, 1 + max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]])
 
 
-def build_checkpoint(case, npm, out):
-    family = case.split("_")[0]
+def build_checkpoint(case, npm, out, fused=None):
+    """The case's checkpoint in out, with its tokenizer's files. A mixture's in the published layout,
+    or fused (default: when the case's name ends in _fused)."""
+    family = case_family(case)
     tokenizer, overrides, dtype, _ = CASES[case]
     tok_dir, vocab = tokenizer_dir(tokenizer, npm, os.path.dirname(out))
     overrides = dict(overrides)
     extra = overrides.pop("config", {})
-    cfg = H.make_config(family, vocab_size=vocab, **overrides)
-    cfg.update(extra)
-    model = H.build_model(H.spec_from_config(cfg))
-    H.random_init(model, 7)
-    tensors = H.model_tensors(model)
+    if family in MOE:
+        cfg, tensors = moe_model(family, vocab, 7, **overrides)
+        if not (case.endswith("_fused") if fused is None else fused):
+            tensors = published_layout(family, tensors)
+    else:
+        cfg = H.make_config(family, vocab_size=vocab, **overrides)
+        cfg.update(extra)
+        model = H.build_model(H.spec_from_config(cfg))
+        H.random_init(model, 7)
+        tensors = H.model_tensors(model)
     if dtype != torch.float32:
         tensors = {k: v.to(dtype) for k, v in tensors.items()}
         cfg["torch_dtype"] = "bfloat16"
@@ -297,6 +363,45 @@ def check_q4_0(keel, model_dir, work, tree):
     return True
 
 
+def check_fused_twin(args, case, outtype, theirs):
+    """keel's GGUF of the case's model in transformers 5's fused layout (which the converter does not
+    read for Mixtral) against the converter's file of the published layout of the same model."""
+    twin = os.path.join(args.work, FUSED_TWIN[case])
+    build_checkpoint(case, args.npm, twin, fused=True)
+    ours = os.path.join(args.work, FUSED_TWIN[case] + "-keel.gguf")
+    run([args.keel, "export", twin, "--to", ours, "--format", "gguf", "--outtype", outtype, "--overwrite"])
+    ok = compare(ours, theirs, "%s fused layout --outtype %s, against the converter's file of the published layout"
+                 % (case, outtype))
+    os.remove(ours)
+    shutil.rmtree(twin)
+    return ok
+
+
+def check_moe_refusals(keel, model_dir, work):
+    """What llama.cpp's qwen3moe cannot run is refused by keel export, saying why: a dense layer among
+    the sparse ones (mlp_only_layers) and top-k weights not renormalised (norm_topk_prob false)."""
+    failures = 0
+    for key, value, expected in (("mlp_only_layers", [1], "layer 1 of this Qwen3-MoE model has a dense MLP"),
+                                 ("norm_topk_prob", False, "norm_topk_prob false")):
+        bad = os.path.join(work, "qwen3_moe-refused")
+        shutil.copytree(model_dir, bad, dirs_exist_ok=True)
+        cfg = json.load(open(os.path.join(bad, "config.json")))
+        cfg[key] = value
+        json.dump(cfg, open(os.path.join(bad, "config.json"), "w"))
+        if os.path.exists(os.path.join(work, "refused.gguf")):
+            os.remove(os.path.join(work, "refused.gguf"))
+        r = subprocess.run([keel, "export", bad, "--to", os.path.join(work, "refused.gguf"), "--format", "gguf"],
+                           capture_output=True, text=True)
+        shutil.rmtree(bad)
+        if r.returncode != 2 or expected not in r.stderr or os.path.exists(os.path.join(work, "refused.gguf")):
+            print("FAIL qwen3_moe with %s = %s: expected exit 2 saying %r and no file, got %d:\n%s"
+                  % (key, value, expected, r.returncode, r.stderr[-1000:]))
+            failures += 1
+        else:
+            print("ok   qwen3_moe with %s = %s refused: %s" % (key, json.dumps(value), r.stderr.strip()[:160]))
+    return failures
+
+
 def short_run(keel, model_dir, run_dir, keys=(), records=None):
     """A short fp32 run from model_dir in run_dir (recreated): `records` (JSONL dicts; default 16
     short texts) and the recipe's keys, `keys` ("key = value" lines) added or overriding. Returns
@@ -391,10 +496,14 @@ def main():
             run([args.keel, "export", model_dir, "--to", ours, "--format", "gguf"] +
                 (["--outtype", outtype] if outtype else []))
             failures += not compare(ours, theirs, label)
+            if case in FUSED_TWIN and outtype == CASES[case][3][0]:
+                failures += not check_fused_twin(args, case, outtype, theirs)
             if outtype == CASES[case][3][-1]:  # once per case: the reader on the converter's file
                 failures += not check_reader(args.keel, theirs, "%s --outtype %s read back" % (case, outtype))
             os.remove(theirs)
             os.remove(ours)
+    if "qwen3_moe" in args.families.split(","):
+        failures += check_moe_refusals(args.keel, os.path.join(args.work, "qwen3_moe"), args.work)
     # A trained checkpoint: keel's GGUF of it against the converter's of keel's HF export of it.
     if "llama" in args.families.split(","):
         failures += not check_q4_0(args.keel, os.path.join(args.work, "llama"), args.work, tree)

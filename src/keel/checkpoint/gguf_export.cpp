@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "keel/checkpoint/gguf_experts.h"
 #include "keel/checkpoint/gguf_tokenizer.h"
 #include "keel/checkpoint/ollama_modelfile.h"
 #include "keel/core/error.h"
@@ -130,6 +131,10 @@ void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::st
   kv.add_float32(key("rope.freq_base"), float(c.rope_theta));
   if (c.rope_local_theta > 0) kv.add_float32(key("rope.freq_base_swa"), float(c.rope_local_theta));
   kv.add_float32(key("attention.layer_norm_rms_epsilon"), float(c.rms_norm_eps));
+  if (c.has_experts()) {  // num_local_experts or num_experts, and num_experts_per_tok
+    kv.add_uint32(key("expert_count"), uint32_t(c.moe.experts));
+    kv.add_uint32(key("expert_used_count"), uint32_t(c.moe.experts_per_token));
+  }
   // Only where config.json states head_dim, as the converter; Gemma 3 adds them anyway, after.
   const bool head_dim_stated = config_has(config_json, "head_dim");
   auto add_head_lengths = [&] {
@@ -140,6 +145,8 @@ void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::st
   // q4_k_m: llama-quantize sets general.quantization_version and general.file_type anew, which
   // moves them to the end of the f32 file's keys (write_gguf_model adds them there).
   if (outtype != GgmlType::Q4_K) kv.add_uint32("general.file_type", model::gguf_file_type(outtype));
+  if (arch == "qwen3moe")  // Qwen2MoeModel.set_gguf_parameters, after its parent's keys
+    kv.add_uint32(key("expert_feed_forward_length"), uint32_t(c.moe.intermediate_size));
   if (arch == "gemma3") {  // Gemma3Model.set_gguf_parameters
     if (!head_dim_stated) add_head_lengths();
     if (c.final_logit_softcap > 0) kv.add_float32(key("final_logit_softcapping"), float(c.final_logit_softcap));
@@ -257,6 +264,7 @@ void require_llama_cpp_window_pattern(const model::ModelConfig& c, const char* f
 
 std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfig& c, const std::string& arch) {
   std::vector<std::string> notes;
+  require_llama_cpp_runs_experts(c, arch);
   if (arch == "gemma3") {
     // llama_model_gemma3::load_arch_hparams: scores scaled by 1/sqrt(head_dim), or for the 62-layer
     // (27B) model 1/sqrt(hidden / heads), whatever query_pre_attn_scalar says; what the published
@@ -374,6 +382,12 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   require(!(chatglm && result.outtype == GgmlType::Q4_K),
           "--outtype q4_k_m: not written for GLM-4 (keel's Q4_K_M mix is checked against llama-quantize on Llama, "
           "Qwen2, Qwen3 and Gemma 3 only); export --outtype f32 and quantize with llama.cpp's llama-quantize");
+  // llama-quantize's Q4_K_M has rules of its own for a mixture (attn_v of 8-expert models, the expert
+  // stacks' layer counts) that model/gguf_q4_k_m.h does not follow: refused rather than a different mix.
+  require(!(c.has_experts() && result.outtype == GgmlType::Q4_K),
+          "--outtype q4_k_m: keel's Q4_K_M mix follows llama-quantize for dense models only, not for a mixture of "
+          "experts (llama-quantize chooses some tensors' types by the expert count); export --outtype f16 (or f32) "
+          "and run llama-quantize on the file for Q4_K_M");
 
   data::LlamaCppVocab vocab =
       data::llama_cpp_vocab(source.tokenizer_dir, c.vocab_size, source.config_json, result.architecture == "gemma2");
@@ -420,8 +434,9 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
     kv.add_uint32("general.file_type", model::gguf_file_type(result.outtype));
   }
 
-  // The converter reads a checkpoint's tensors sorted by name and writes them in that order.
-  std::sort(hf.begin(), hf.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  // The converter reads a checkpoint's tensors sorted by name and writes them in that order (a
+  // mixture's experts stacked where they sort).
+  hf = gguf_converter_order(c, std::move(hf));
   std::vector<formats::GgufTensor> tensors;
   for (const auto& t : hf) {
     formats::GgufTensor g;

@@ -29,6 +29,15 @@ constexpr std::pair<std::string_view, std::string_view> kBlockTensors[] = {
     {"mlp.gate_proj.weight", "ffn_gate.weight"},
     {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},
+    // A mixture of experts: the router (Qwen3-MoE's and transformers 5's mlp.gate, Mixtral's
+    // block_sparse_moe.gate), and each projection of the layer's experts stacked into one 3-D
+    // tensor under the name the converter gives the stack (Qwen2MoeModel's merged_name; keel's
+    // stacking, checkpoint/gguf_experts.h, names Mixtral's w1, w3, w2 stacks alike).
+    {"mlp.gate.weight", "ffn_gate_inp.weight"},
+    {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
+    {"mlp.experts.gate_proj.weight", "ffn_gate_exps.weight"},
+    {"mlp.experts.up_proj.weight", "ffn_up_exps.weight"},
+    {"mlp.experts.down_proj.weight", "ffn_down_exps.weight"},
 };
 
 // GLM-4 (GlmForCausalLM): gate and up in one matrix, gate rows first; llama.cpp's chatglm reads it
@@ -49,16 +58,19 @@ constexpr std::pair<std::string_view, std::string_view> kModelTensors[] = {
     {"lm_head.weight", "output.weight"},
 };
 
-bool llama_style(Family f) { return f == Family::Llama || f == Family::Mistral; }
+// The families the converter writes through LlamaModel, which permutes q_proj and k_proj (Mixtral too).
+bool llama_style(Family f) { return f == Family::Llama || f == Family::Mistral || f == Family::Mixtral; }
 
 }  // namespace
 
 std::string gguf_architecture(const ModelConfig& config) {
   switch (config.family) {
     case Family::Llama:
-    case Family::Mistral: return "llama";  // the converter's LlamaModel takes MistralForCausalLM too
+    case Family::Mistral:  // the converter's LlamaModel takes MistralForCausalLM and MixtralForCausalLM too
+    case Family::Mixtral: return "llama";
     case Family::Qwen2: return "qwen2";
     case Family::Qwen3: return "qwen3";
+    case Family::Qwen3Moe: return "qwen3moe";
     case Family::Gemma2: return "gemma2";
     case Family::Gemma3: return "gemma3";
     case Family::Glm: return "chatglm";  // the converter's ChatGLMModel takes GlmForCausalLM
@@ -69,7 +81,7 @@ std::string gguf_architecture(const ModelConfig& config) {
           "--format hf first (which writes the glm format), then that directory --format gguf",
           config.architecture);
   fail("{} ({}): keel's GGUF export does not write this family yet (it writes Llama, Mistral, Qwen2, Qwen3, "
-       "Gemma 2, Gemma 3 and GLM-4 in the glm format); "
+       "Gemma 2, Gemma 3, GLM-4 in the glm format, Qwen3-MoE and Mixtral); "
        "export a Hugging Face directory (--format hf) and convert it with llama.cpp's convert_hf_to_gguf.py",
        family_display_name(config.family), config.architecture);
 }
@@ -93,7 +105,8 @@ std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_na
     }
   }
   fail("tensor '{}': llama.cpp's GGUF tensor map has no name for it (keel's GGUF export knows the tensors of "
-       "Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 and GLM-4 checkpoints)",
+       "Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, GLM-4, Qwen3-MoE and Mixtral checkpoints; a mixture's "
+       "experts as the stacks checkpoint/gguf_experts.h makes of them)",
        hf_name);
 }
 
@@ -160,7 +173,9 @@ GgmlType gguf_tensor_type(const std::string& gguf_name, const std::vector<int64_
   if (fallback) *fallback = false;
   const std::string_view name(gguf_name);
   const bool matrix_name = name.ends_with(".weight") || name.ends_with(".lora_a") || name.ends_with(".lora_b");
-  if (shape.size() <= 1 || name.ends_with("_norm.weight") || !matrix_name) return GgmlType::F32;
+  // The router (FFN_GATE_INP) is among the tensors the converter always keeps in F32, as llama-quantize does.
+  if (shape.size() <= 1 || name.ends_with("_norm.weight") || name.ends_with("ffn_gate_inp.weight") || !matrix_name)
+    return GgmlType::F32;
   if (!formats::ggml_row_fits(outtype, shape.back())) {
     if (fallback) *fallback = true;
     return GgmlType::F16;

@@ -15,10 +15,10 @@ namespace keel::model {
 
 inline constexpr uint32_t kGgmlQuantizationVersion = 2;  // GGML_QNT_VERSION: general.quantization_version
 
-// The GGUF architecture (`general.architecture`) of a family: "llama" for Llama and Mistral,
-// "qwen2", "qwen3", "gemma2", "gemma3", and "chatglm" for GLM-4 in the glm format (GlmForCausalLM,
-// which the converter writes with its ChatGLMModel; glm_original checkpoints are not written).
-// Families keel does not write yet are a keel::Error naming the family.
+// The GGUF architecture (`general.architecture`) of a family: "llama" for Llama, Mistral and Mixtral,
+// "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", and "chatglm" for GLM-4 in the glm format
+// (GlmForCausalLM, which the converter writes with its ChatGLMModel; glm_original checkpoints are
+// not written). Families keel does not write yet are a keel::Error naming the family.
 std::string gguf_architecture(const ModelConfig& config);
 
 // "model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight", ... (Gemma's sandwich norms
@@ -47,9 +47,10 @@ uint32_t gguf_file_type(formats::GgmlType outtype);
 // The --outtype name of an outtype ("f16", ..., "q4_k_m").
 std::string gguf_outtype_name(formats::GgmlType outtype);
 
-// The type a tensor is stored in (prepare_tensors): vectors, norms and anything not named
-// ".weight" (or an adapter's ".lora_a" / ".lora_b") in F32; a matrix in `outtype`, or F16 where its rows are not whole blocks of a block
-// type (the converter's fallback on gguf-py's QuantError). `fallback` tells the caller it happened.
+// The type a tensor is stored in (prepare_tensors): vectors, norms, a mixture's router (ffn_gate_inp)
+// and anything not named ".weight" (or an adapter's ".lora_a" / ".lora_b") in F32; a matrix in
+// `outtype`, or F16 where its rows are not whole blocks of a block type (the converter's fallback on
+// gguf-py's QuantError). `fallback` tells the caller it happened.
 formats::GgmlType gguf_tensor_type(const std::string& gguf_name, const std::vector<int64_t>& shape,
                                    formats::GgmlType outtype, bool* fallback = nullptr);
 

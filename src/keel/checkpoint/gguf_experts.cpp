@@ -1,0 +1,226 @@
+#include "keel/checkpoint/gguf_experts.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "keel/core/error.h"
+
+namespace keel::checkpoint {
+namespace {
+
+enum class Projection : uint8_t { Gate, Up, Down, GateUp };
+
+// An expert tensor's place: its layer, its expert (-1: transformers 5's fused tensor of all of them)
+// and its projection.
+struct ExpertName {
+  int64_t layer = -1, expert = -1;
+  Projection projection = Projection::Gate;
+};
+
+std::optional<int64_t> leading_number(std::string_view& s) {
+  int64_t n = -1;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (ec != std::errc() || end == s.data() + s.size() || *end != '.') return std::nullopt;
+  s.remove_prefix(size_t(end - s.data()) + 1);
+  return n;
+}
+
+// model.layers.L.mlp.experts.E.gate_proj.weight (Mixtral's block_sparse_moe.experts.E.w1.weight) and
+// model.layers.L.mlp.experts.gate_up_proj (any family's fused layout); nullopt for other tensors.
+std::optional<ExpertName> parse_expert_name(std::string_view name, bool mixtral) {
+  constexpr std::string_view kLayers = "model.layers.";
+  if (!name.starts_with(kLayers)) return std::nullopt;
+  name.remove_prefix(kLayers.size());
+  ExpertName e;
+  const auto layer = leading_number(name);
+  if (!layer) return std::nullopt;
+  e.layer = *layer;
+  if (name == "mlp.experts.gate_up_proj" || name == "mlp.experts.down_proj") {
+    e.projection = name.ends_with("gate_up_proj") ? Projection::GateUp : Projection::Down;
+    return e;
+  }
+  const std::string_view block = mixtral ? "block_sparse_moe.experts." : "mlp.experts.";
+  if (!name.starts_with(block)) return std::nullopt;
+  name.remove_prefix(block.size());
+  const auto expert = leading_number(name);
+  if (!expert) return std::nullopt;
+  e.expert = *expert;
+  const std::pair<std::string_view, Projection> names[] = {
+      {mixtral ? "w1.weight" : "gate_proj.weight", Projection::Gate},
+      {mixtral ? "w3.weight" : "up_proj.weight", Projection::Up},
+      {mixtral ? "w2.weight" : "down_proj.weight", Projection::Down}};
+  for (const auto& [suffix, projection] : names)
+    if (name == suffix) {
+      e.projection = projection;
+      return e;
+    }
+  return std::nullopt;
+}
+
+// One sparse layer's expert tensors as they came: per expert, or fused.
+struct LayerExperts {
+  std::vector<std::optional<HfTensorSource>> gate, up, down;  // [experts]
+  std::optional<HfTensorSource> gate_up_fused, down_fused;
+};
+
+void require_shape(const HfTensorSource& t, const std::vector<int64_t>& expected) {
+  require(t.shape == expected, "tensor '{}': expected shape [{}] (config.json's experts, hidden_size and "
+          "moe_intermediate_size), found [{}]",
+          t.name, fmt::join(expected, ", "), fmt::join(t.shape, ", "));
+}
+
+// The stack of one projection from its per-expert tensors: expert e's [rows, cols] at e x rows x cols.
+HfTensorSource stack_per_expert(const std::string& name, std::vector<std::optional<HfTensorSource>>& parts,
+                                int64_t rows, int64_t cols, const std::string& what) {
+  std::vector<std::function<void(float*)>> reads;
+  for (size_t e = 0; e < parts.size(); ++e) {
+    require(parts[e].has_value(),
+            "{}: expert {}'s {} is missing from the checkpoint (config.json says {} experts; a GGUF file stacks "
+            "them all into one tensor)",
+            name.substr(0, name.rfind(".mlp.")), e, what, parts.size());
+    require_shape(*parts[e], {rows, cols});
+    reads.push_back(std::move(parts[e]->read));
+  }
+  const int64_t experts = int64_t(parts.size());
+  return {name, {experts, rows, cols}, [reads = std::move(reads), per = size_t(rows * cols)](float* dst) {
+            for (size_t e = 0; e < reads.size(); ++e) reads[e](dst + e * per);
+          }};
+}
+
+// One half of transformers 5's fused gate_up_proj [E, 2I, H]: the gate (rows 0..I of each expert)
+// or the up projection (rows I..2I), as Qwen2MoeModel splits it.
+HfTensorSource fused_half(const std::string& name, const HfTensorSource& fused, int64_t experts, int64_t inter,
+                          int64_t hidden, bool up) {
+  return {name, {experts, inter, hidden}, [read = fused.read, experts, inter, hidden, up](float* dst) {
+            std::vector<float> whole(size_t(experts * 2 * inter * hidden));
+            read(whole.data());
+            const size_t half = size_t(inter * hidden);
+            for (int64_t e = 0; e < experts; ++e)
+              std::memcpy(dst + size_t(e) * half, whole.data() + (size_t(e) * 2 + (up ? 1 : 0)) * half,
+                          half * sizeof(float));
+          }};
+}
+
+// The layer's three stacks in the converter's order.
+std::vector<HfTensorSource> layer_stacks(const model::ModelConfig& c, int64_t layer, LayerExperts& x) {
+  const int64_t E = c.moe.experts, I = c.moe.intermediate_size, H = c.hidden_size;
+  const std::string pre = fmt::format("model.layers.{}.mlp.experts.", layer);
+  const bool any_per_expert = std::any_of(x.gate.begin(), x.gate.end(), [](auto& t) { return t.has_value(); }) ||
+                              std::any_of(x.up.begin(), x.up.end(), [](auto& t) { return t.has_value(); }) ||
+                              std::any_of(x.down.begin(), x.down.end(), [](auto& t) { return t.has_value(); });
+  const bool fused = x.gate_up_fused || x.down_fused;
+  require(!(fused && any_per_expert),
+          "model.layers.{}: the checkpoint holds this layer's experts both fused (mlp.experts.gate_up_proj, "
+          "down_proj) and one tensor per expert; expected one layout",
+          layer);
+  HfTensorSource gate, up, down;
+  if (fused) {
+    require(x.gate_up_fused && x.down_fused, "model.layers.{}.mlp.experts: expected both gate_up_proj and down_proj "
+            "(transformers 5's fused experts), found only {}",
+            layer, x.gate_up_fused ? "gate_up_proj" : "down_proj");
+    require_shape(*x.gate_up_fused, {E, 2 * I, H});
+    require_shape(*x.down_fused, {E, H, I});
+    gate = fused_half(pre + "gate_proj.weight", *x.gate_up_fused, E, I, H, false);
+    up = fused_half(pre + "up_proj.weight", *x.gate_up_fused, E, I, H, true);
+    down = {pre + "down_proj.weight", x.down_fused->shape, std::move(x.down_fused->read)};
+  } else {
+    const bool mixtral = c.family == model::Family::Mixtral;
+    gate = stack_per_expert(pre + "gate_proj.weight", x.gate, I, H, mixtral ? "w1" : "gate_proj");
+    up = stack_per_expert(pre + "up_proj.weight", x.up, I, H, mixtral ? "w3" : "up_proj");
+    down = stack_per_expert(pre + "down_proj.weight", x.down, H, I, mixtral ? "w2" : "down_proj");
+  }
+  std::vector<HfTensorSource> out;
+  if (c.family == model::Family::Mixtral) {  // LlamaModel: for wid in ["w1", "w2", "w3"]
+    out.push_back(std::move(gate));
+    out.push_back(std::move(down));
+    out.push_back(std::move(up));
+  } else {  // Qwen2MoeModel: for w_name in ["down_proj", "gate_proj", "up_proj"]
+    out.push_back(std::move(down));
+    out.push_back(std::move(gate));
+    out.push_back(std::move(up));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<HfTensorSource> gguf_converter_order(const model::ModelConfig& c, std::vector<HfTensorSource> tensors) {
+  const bool mixtral = c.family == model::Family::Mixtral;
+  // (sort key, tensors): a layer's stacks sort where its per-expert tensors do, under their common
+  // prefix, so the fused layout lands where the published one would.
+  std::vector<std::pair<std::string, std::vector<HfTensorSource>>> items;
+  std::map<int64_t, LayerExperts> layers;
+  for (auto& t : tensors) {
+    std::optional<ExpertName> e;
+    if (c.has_experts()) e = parse_expert_name(t.name, mixtral);
+    if (!e) {
+      // Mixtral's router under transformers 5's name sorts where the published one does.
+      std::string key = t.name;
+      constexpr std::string_view kRouter = ".mlp.gate.weight";
+      if (mixtral && t.name.starts_with("model.layers.") && std::string_view(t.name).ends_with(kRouter))
+        key = t.name.substr(0, t.name.size() - kRouter.size()) + ".block_sparse_moe.gate.weight";
+      t.name = key;
+      std::vector<HfTensorSource> one;
+      one.push_back(std::move(t));
+      items.emplace_back(key, std::move(one));
+      continue;
+    }
+    require(e->layer >= 0 && e->layer < c.num_layers && c.sparse_layer(e->layer),
+            "tensor '{}': config.json has no mixture of experts in layer {} ({} layers)", t.name, e->layer,
+            c.num_layers);
+    LayerExperts& x = layers[e->layer];
+    if (e->expert < 0) {
+      auto& slot = e->projection == Projection::GateUp ? x.gate_up_fused : x.down_fused;
+      slot = std::move(t);
+      continue;
+    }
+    require(e->expert < c.moe.experts, "tensor '{}': expert {} of a layer of {} experts (config.json)", t.name,
+            e->expert, c.moe.experts);
+    for (auto* list : {&x.gate, &x.up, &x.down}) list->resize(size_t(c.moe.experts));
+    auto& list = e->projection == Projection::Gate ? x.gate : e->projection == Projection::Up ? x.up : x.down;
+    list[size_t(e->expert)] = std::move(t);
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (!c.sparse_layer(l)) continue;
+    auto it = layers.find(l);
+    require(it != layers.end(), "model.layers.{}: the checkpoint has no experts for this layer (config.json makes "
+            "it a mixture of {} experts)",
+            l, c.moe.experts);
+    for (auto* list : {&it->second.gate, &it->second.up, &it->second.down}) list->resize(size_t(c.moe.experts));
+    items.emplace_back(fmt::format("model.layers.{}.{}experts.", l, mixtral ? "block_sparse_moe." : "mlp."),
+                       layer_stacks(c, l, it->second));
+  }
+  std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<HfTensorSource> out;
+  for (auto& [key, list] : items)
+    for (auto& t : list) out.push_back(std::move(t));
+  return out;
+}
+
+void require_llama_cpp_runs_experts(const model::ModelConfig& c, const std::string& arch) {
+  if (!c.has_experts()) return;
+  const std::string family = model::family_display_name(c.family);
+  for (int64_t l = 0; l < c.num_layers; ++l)
+    require(c.sparse_layer(l),
+            "--format gguf: layer {} of this {} model has a dense MLP (mlp_only_layers or decoder_sparse_step in "
+            "config.json), and llama.cpp's {} wants a mixture of experts in every layer (its loader requires each "
+            "layer's ffn_gate_inp and expert tensors; no GGUF key says which layers are dense): llama.cpp could not "
+            "load the file. Export --format hf for runtimes that read config.json",
+            l, family, arch);
+  require(c.moe.norm_topk_prob,
+          "--format gguf: this {} model does not renormalise its top-{} router weights (norm_topk_prob false in "
+          "config.json), and llama.cpp's {} always does (build_moe_ffn with norm_w; the file has no key for it): "
+          "llama.cpp would not run the model as trained. Export --format hf for runtimes that read config.json",
+          family, c.moe.experts_per_token, arch);
+}
+
+}  // namespace keel::checkpoint
