@@ -31,6 +31,18 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
 
 
+def bytes_to_unicode():
+    """The 256 printable stand-ins ByteLevel (GPT-2's bytes_to_unicode) gives the bytes."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            chars.append(256 + n)
+            n += 1
+    return [chr(c) for c in chars]
+
+
 def special_id(token):
     return VOCAB + SPECIALS.index(token)
 
@@ -51,6 +63,15 @@ def write_tokenizer(out, llama3_dir):
         left, right = merge.split(" ") if isinstance(merge, str) else merge
         if left in vocab and right in vocab and left + right in vocab:
             merges.append("%s %s" % (left, right))
+    # The cut must leave a tokenizer that encodes any text: all 256 byte-level symbols kept (ByteLevel
+    # BPE falls back to them; Llama 3's first 256 ranks are the bytes), merges among the kept tokens,
+    # and GLM-4's added tokens after the vocabulary, clear of it. A Llama 3 tokenizer.json of another
+    # layout fails here rather than as a mysterious converter or llama.cpp mismatch later.
+    byte_symbols = set(bytes_to_unicode())
+    missing = sorted(byte_symbols - set(vocab))
+    if missing or len(vocab) != VOCAB or not merges:
+        raise SystemExit("glm4_tokenizer: %s does not cut to a usable tokenizer: %d of %d tokens kept, %d merges, "
+                         "byte symbols missing: %s" % (llama3_dir, len(vocab), VOCAB, len(merges), missing[:8]))
     tj["model"]["vocab"] = vocab
     tj["model"]["merges"] = merges
     tj["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
