@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "keel/core/error.h"
+#include "keel/model/hf_weights.h"
 
 namespace keel::checkpoint {
 namespace {
@@ -36,7 +37,7 @@ std::optional<int64_t> leading_number(std::string_view& s) {
 
 // model.layers.L.mlp.experts.E.gate_proj.weight (Mixtral's block_sparse_moe.experts.E.w1.weight) and
 // model.layers.L.mlp.experts.gate_up_proj (any family's fused layout); nullopt for other tensors.
-std::optional<ExpertName> parse_expert_name(std::string_view name, bool mixtral) {
+std::optional<ExpertName> parse_expert_name(std::string_view name, const model::PublishedExpertNames& names) {
   constexpr std::string_view kLayers = "model.layers.";
   if (!name.starts_with(kLayers)) return std::nullopt;
   name.remove_prefix(kLayers.size());
@@ -48,17 +49,17 @@ std::optional<ExpertName> parse_expert_name(std::string_view name, bool mixtral)
     e.projection = name.ends_with("gate_up_proj") ? Projection::GateUp : Projection::Down;
     return e;
   }
-  const std::string_view block = mixtral ? "block_sparse_moe.experts." : "mlp.experts.";
-  if (!name.starts_with(block)) return std::nullopt;
-  name.remove_prefix(block.size());
+  constexpr std::string_view kExperts = "experts.";
+  if (!name.starts_with(names.block)) return std::nullopt;
+  name.remove_prefix(names.block.size());
+  if (!name.starts_with(kExperts)) return std::nullopt;
+  name.remove_prefix(kExperts.size());
   const auto expert = leading_number(name);
   if (!expert) return std::nullopt;
   e.expert = *expert;
-  const std::pair<std::string_view, Projection> names[] = {
-      {mixtral ? "w1.weight" : "gate_proj.weight", Projection::Gate},
-      {mixtral ? "w3.weight" : "up_proj.weight", Projection::Up},
-      {mixtral ? "w2.weight" : "down_proj.weight", Projection::Down}};
-  for (const auto& [suffix, projection] : names)
+  const std::pair<std::string_view, Projection> projections[] = {
+      {names.gate, Projection::Gate}, {names.up, Projection::Up}, {names.down, Projection::Down}};
+  for (const auto& [suffix, projection] : projections)
     if (name == suffix) {
       e.projection = projection;
       return e;
@@ -133,10 +134,11 @@ std::vector<HfTensorSource> layer_stacks(const model::ModelConfig& c, int64_t la
     up = fused_half(pre + "up_proj.weight", *x.gate_up_fused, E, I, H, true);
     down = {pre + "down_proj.weight", x.down_fused->shape, std::move(x.down_fused->read)};
   } else {
-    const bool mixtral = c.family == model::Family::Mixtral;
-    gate = stack_per_expert(pre + "gate_proj.weight", x.gate, I, H, mixtral ? "w1" : "gate_proj");
-    up = stack_per_expert(pre + "up_proj.weight", x.up, I, H, mixtral ? "w3" : "up_proj");
-    down = stack_per_expert(pre + "down_proj.weight", x.down, H, I, mixtral ? "w2" : "down_proj");
+    const auto names = model::published_expert_names(c.family);
+    const auto stem = [](std::string_view n) { return std::string(n.substr(0, n.rfind('.'))); };  // w1, up_proj
+    gate = stack_per_expert(pre + "gate_proj.weight", x.gate, I, H, stem(names.gate));
+    up = stack_per_expert(pre + "up_proj.weight", x.up, I, H, stem(names.up));
+    down = stack_per_expert(pre + "down_proj.weight", x.down, H, I, stem(names.down));
   }
   std::vector<HfTensorSource> out;
   if (c.family == model::Family::Mixtral) {  // LlamaModel: for wid in ["w1", "w2", "w3"]
@@ -155,13 +157,14 @@ std::vector<HfTensorSource> layer_stacks(const model::ModelConfig& c, int64_t la
 
 std::vector<HfTensorSource> gguf_converter_order(const model::ModelConfig& c, std::vector<HfTensorSource> tensors) {
   const bool mixtral = c.family == model::Family::Mixtral;
+  const auto names = model::published_expert_names(c.family);
   // (sort key, tensors): a layer's stacks sort where its per-expert tensors do, under their common
   // prefix, so the fused layout lands where the published one would.
   std::vector<std::pair<std::string, std::vector<HfTensorSource>>> items;
   std::map<int64_t, LayerExperts> layers;
   for (auto& t : tensors) {
     std::optional<ExpertName> e;
-    if (c.has_experts()) e = parse_expert_name(t.name, mixtral);
+    if (c.has_experts()) e = parse_expert_name(t.name, names);
     if (!e) {
       // Mixtral's router under transformers 5's name sorts where the published one does.
       std::string key = t.name;
@@ -196,7 +199,7 @@ std::vector<HfTensorSource> gguf_converter_order(const model::ModelConfig& c, st
             "it a mixture of {} experts)",
             l, c.moe.experts);
     for (auto* list : {&it->second.gate, &it->second.up, &it->second.down}) list->resize(size_t(c.moe.experts));
-    items.emplace_back(fmt::format("model.layers.{}.{}experts.", l, mixtral ? "block_sparse_moe." : "mlp."),
+    items.emplace_back(fmt::format("model.layers.{}.{}experts.", l, names.block),
                        layer_stacks(c, l, it->second));
   }
   std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });

@@ -71,8 +71,8 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& id
     if (c.sparse_layer(l)) {  // the router (gate), then the experts
       const int64_t E = c.moe.experts, IM = c.moe.intermediate_size, IS = c.moe.shared_intermediate_size;
       // transformers 5's fused layout names every family's block mlp (its router too).
-      const bool mixtral = c.family == Family::Mixtral && layout == ExpertLayout::PerExpert;
-      const std::string block = pre + (mixtral ? "block_sparse_moe." : "mlp.");
+      const PublishedExpertNames names = published_expert_names(c.family);
+      const std::string block = pre + std::string(layout == ExpertLayout::PerExpert ? names.block : "mlp.");
       out.push_back({block + "gate.weight", p.router, 0, E, H});
       // GLM-4.5's router buffer, saved with the model by transformers (a persistent nn.Buffer).
       if (p.router_bias >= 0) out.push_back({block + "gate.e_score_correction_bias", p.router_bias, 0, E, 0});
@@ -80,14 +80,11 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& id
         out.push_back({pre + "mlp.experts.gate_up_proj", p.experts_gate_up, 0, E * 2 * IM, H, E});
         out.push_back({pre + "mlp.experts.down_proj", p.experts_down, 0, E * H, IM, E});
       } else {
-        // Published: Qwen3-MoE's and GLM-4.5's mlp.experts.N.{gate,up,down}_proj, Mixtral's
-        // block_sparse_moe.experts.N.{w1,w3,w2}.
-        for (int64_t e = 0; e < E; ++e) {
+        for (int64_t e = 0; e < E; ++e) {  // the published names (published_expert_names)
           const std::string expert = block + "experts." + std::to_string(e) + ".";
-          out.push_back({expert + (mixtral ? "w1.weight" : "gate_proj.weight"), p.experts_gate_up, e * 2 * IM, IM, H});
-          out.push_back(
-              {expert + (mixtral ? "w3.weight" : "up_proj.weight"), p.experts_gate_up, e * 2 * IM + IM, IM, H});
-          out.push_back({expert + (mixtral ? "w2.weight" : "down_proj.weight"), p.experts_down, e * H, H, IM});
+          out.push_back({expert + std::string(names.gate), p.experts_gate_up, e * 2 * IM, IM, H});
+          out.push_back({expert + std::string(names.up), p.experts_gate_up, e * 2 * IM + IM, IM, H});
+          out.push_back({expert + std::string(names.down), p.experts_down, e * H, H, IM});
         }
       }
       if (p.gate_up_weight >= 0) {  // GLM-4.5's shared experts: one SwiGLU MLP, in both layouts

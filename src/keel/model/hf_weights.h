@@ -6,6 +6,7 @@
 #pragma once
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "keel/model/decoder.h"
@@ -30,6 +31,17 @@ struct HfTensor {
 // transformers' save_pretrained writes back), or fused as transformers 5 holds them in memory
 // (mlp.experts.gate_up_proj [experts, 2 inter, hidden], mlp.experts.down_proj [experts, hidden, inter]).
 enum class ExpertLayout : uint8_t { PerExpert, Fused };
+
+// A published checkpoint's per-expert names, block.experts.N.{gate,up,down}: Qwen3-MoE's and
+// GLM-4.5's mlp.experts.N.gate_proj.weight, ..., Mixtral's block_sparse_moe.experts.N.w1 (gate), w3
+// (up), w2 (down). One table for reading checkpoints (hf_tensors) and for stacking them into GGUF.
+struct PublishedExpertNames {
+  std::string_view block, gate, up, down;
+};
+inline PublishedExpertNames published_expert_names(Family family) {
+  if (family == Family::Mixtral) return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight"};
+  return {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+}
 
 // The layout a checkpoint holds its experts in: fused where its first sparse layer's experts are
 // (PerExpert for a dense model).
