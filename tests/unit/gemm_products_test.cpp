@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <random>
 #include <vector>
@@ -37,47 +38,67 @@ std::vector<bf16> random_bf16(size_t count, uint32_t seed) {
   return v;
 }
 
-// The product of bf16 values, by gemm_bf16, or (`fp32`) by gemm_f32 on the same values in fp32.
-void expect_product_matches_double(const Case& c, float beta, bool fp32 = false) {
-  SCOPED_TRACE(::testing::Message() << c.cut << " m " << c.m << " n " << c.n << " k " << c.k << " ta " << int(c.ta)
-                                    << " tb " << int(c.tb) << " beta " << beta << (fp32 ? " fp32" : " bf16"));
+// The product of bf16 values, by gemm_bf16, or (`fp32`) by gemm_f32 on the same values in fp32, once
+// for each beta. The double reference is computed once per case, over rows of A and columns of B
+// copied contiguous: these shapes are a few hundred million products, and the strided reads and
+// conversions per term were most of the unit tests' time under the sanitizers.
+void expect_product_matches_double(const Case& c, std::initializer_list<float> betas, bool fp32 = false) {
   // Padded leading dimensions: the tiles must follow them, and leave C's padding alone.
   const int64_t lda = (c.ta == Trans::N ? c.k : c.m) + 3, ldb = (c.tb == Trans::N ? c.n : c.k) + 5, ldc = c.n + 2;
   const int64_t a_rows = c.ta == Trans::N ? c.m : c.k, b_rows = c.tb == Trans::N ? c.k : c.n;
   const std::vector<bf16> a = random_bf16(size_t(a_rows * lda), 11), b = random_bf16(size_t(b_rows * ldb), 12);
-  auto at = [&](int64_t i, int64_t p) {
-    return double(bf16_to_float(c.ta == Trans::N ? a[i * lda + p] : a[p * lda + i]));
-  };
-  auto bt = [&](int64_t p, int64_t j) {
-    return double(bf16_to_float(c.tb == Trans::N ? b[p * ldb + j] : b[j * ldb + p]));
-  };
-  std::vector<float> out(size_t(c.m * ldc));
-  for (size_t i = 0; i < out.size(); ++i) out[i] = float(i % 7) - 3.0f;  // C's earlier contents
-  const std::vector<float> before = out;
-  const GemmShape shape{c.ta, c.tb, c.m, c.n, c.k, lda, ldb, ldc};
-  if (fp32) {
-    std::vector<float> fa(a.size()), fb(b.size());
-    std::transform(a.begin(), a.end(), fa.begin(), bf16_to_float);
-    std::transform(b.begin(), b.end(), fb.begin(), bf16_to_float);
-    gemm_f32(shape, fa.data(), fb.data(), out.data(), beta);
-  } else {
-    gemm_bf16(shape, a.data(), b.data(), out.data(), beta);
-  }
+  // A as m rows of k, B as n rows of k (B transposed), in double.
+  std::vector<double> a_rows_k(size_t(c.m * c.k)), b_cols_k(size_t(c.n * c.k));
+  for (int64_t i = 0; i < c.m; ++i)
+    for (int64_t p = 0; p < c.k; ++p)
+      a_rows_k[size_t(i * c.k + p)] = double(bf16_to_float(c.ta == Trans::N ? a[i * lda + p] : a[p * lda + i]));
+  for (int64_t j = 0; j < c.n; ++j)
+    for (int64_t p = 0; p < c.k; ++p)
+      b_cols_k[size_t(j * c.k + p)] = double(bf16_to_float(c.tb == Trans::N ? b[p * ldb + j] : b[j * ldb + p]));
+  // A·B and the sum of the terms' magnitudes, per element of C.
+  std::vector<double> product(size_t(c.m * c.n)), magnitude(size_t(c.m * c.n));
   for (int64_t i = 0; i < c.m; ++i) {
-    for (int64_t j = 0; j < ldc; ++j) {
-      const size_t at_c = size_t(i * ldc + j);
-      if (j >= c.n) {
-        ASSERT_EQ(out[at_c], before[at_c]) << "padding of row " << i << " written";
-        continue;
-      }
-      double want = beta * double(before[at_c]), magnitude = std::fabs(want);
+    const double* row = a_rows_k.data() + i * c.k;
+    for (int64_t j = 0; j < c.n; ++j) {
+      const double* col = b_cols_k.data() + j * c.k;
+      double sum = 0.0, size = 0.0;
       for (int64_t p = 0; p < c.k; ++p) {
-        const double term = at(i, p) * bt(p, j);
-        want += term;
-        magnitude += std::fabs(term);
+        const double term = row[p] * col[p];
+        sum += term;
+        size += std::fabs(term);
       }
-      // fp32 accumulation of exact products: a few float roundings of the running magnitude.
-      ASSERT_NEAR(out[at_c], want, 2e-6 * magnitude + 1e-6) << "C[" << i << ", " << j << "]";
+      product[size_t(i * c.n + j)] = sum;
+      magnitude[size_t(i * c.n + j)] = size;
+    }
+  }
+  const GemmShape shape{c.ta, c.tb, c.m, c.n, c.k, lda, ldb, ldc};
+  for (const float beta : betas) {
+    SCOPED_TRACE(::testing::Message() << c.cut << " m " << c.m << " n " << c.n << " k " << c.k << " ta " << int(c.ta)
+                                      << " tb " << int(c.tb) << " beta " << beta << (fp32 ? " fp32" : " bf16"));
+    std::vector<float> out(size_t(c.m * ldc));
+    for (size_t i = 0; i < out.size(); ++i) out[i] = float(i % 7) - 3.0f;  // C's earlier contents
+    const std::vector<float> before = out;
+    if (fp32) {
+      std::vector<float> fa(a.size()), fb(b.size());
+      std::transform(a.begin(), a.end(), fa.begin(), bf16_to_float);
+      std::transform(b.begin(), b.end(), fb.begin(), bf16_to_float);
+      gemm_f32(shape, fa.data(), fb.data(), out.data(), beta);
+    } else {
+      gemm_bf16(shape, a.data(), b.data(), out.data(), beta);
+    }
+    for (int64_t i = 0; i < c.m; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        const size_t at_c = size_t(i * ldc + j);
+        if (j >= c.n) {
+          ASSERT_EQ(out[at_c], before[at_c]) << "padding of row " << i << " written";
+          continue;
+        }
+        const double earlier = beta * double(before[at_c]);
+        const double want = earlier + product[size_t(i * c.n + j)];
+        // fp32 accumulation of exact products: a few float roundings of the running magnitude.
+        const double bound = 2e-6 * (std::fabs(earlier) + magnitude[size_t(i * c.n + j)]) + 1e-6;
+        ASSERT_NEAR(out[at_c], want, bound) << "C[" << i << ", " << j << "]";
+      }
     }
   }
 }
@@ -96,7 +117,7 @@ TEST(GemmWidening, ProductsLargerThanOneTileMatchDouble) {
       {Trans::T, Trans::N, 8, E / 480 + 700, 480, "N"},
   };
   for (const Case& c : cases)
-    for (float beta : {0.0f, 1.0f}) expect_product_matches_double(c, beta);
+    expect_product_matches_double(c, {0.0f, 1.0f});
 }
 
 // Every transpose of an fp32 product three chunks long (two whole chunks and a remainder): each
@@ -106,9 +127,9 @@ TEST(GemmKChunks, LongFp32ProductsMatchDouble) {
   const int64_t k = 2 * kKChunk + 333;
   for (Trans ta : {Trans::N, Trans::T})
     for (Trans tb : {Trans::N, Trans::T})
-      for (float beta : {0.0f, 1.0f}) expect_product_matches_double({ta, tb, 37, 53, k, "K chunks"}, beta, true);
+      expect_product_matches_double({ta, tb, 37, 53, k, "K chunks"}, {0.0f, 1.0f}, true);
   // One chunk exactly: not cut.
-  expect_product_matches_double({Trans::N, Trans::N, 37, 53, kKChunk, "one chunk"}, 1.0f, true);
+  expect_product_matches_double({Trans::N, Trans::N, 37, 53, kKChunk, "one chunk"}, {1.0f}, true);
 }
 
 // A product of bf16 operands at a and b, into a zeroed C.
