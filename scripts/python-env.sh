@@ -4,6 +4,8 @@
 # once and reused. Prints the path of its python on stdout; everything else goes to stderr.
 #
 #   scripts/python-env.sh            create or reuse, print the interpreter's path
+#   scripts/python-env.sh --path     print the path it has or will have, creating nothing (for a
+#                                    configure step that only records it: .ci/run)
 #
 # The environment lives outside the checkout, keyed by the requirements file's hash, so every clone
 # on the machine (and CI's fresh clone) reuses it, and a changed pin builds a new one:
@@ -19,6 +21,10 @@ hash=$(sha256sum "$req" | cut -c1-16)
 base=${KEEL_PYTHON_ENV_ROOT:-$HOME/.cache/keel/python-env}
 env=$base/$hash
 python=$env/bin/python
+if [ "${1:-}" = --path ]; then
+  echo "$python"
+  exit 0
+fi
 
 if [ -x "$python" ] && [ -f "$env/.complete" ]; then
   echo "$python"
