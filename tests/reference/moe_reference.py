@@ -39,7 +39,11 @@ aux_loss). The test checks that the bias and the group limit change the routing 
 (or it would not see them), that e_score_correction_bias (a buffer) comes out of keel's training
 as it went in, and that transformers' loading counts the MTP layer's tensors as unexpected and
 skips them, as keel does without a warning.
---dtype bf16 measures keel's bf16 run against torch's fp32 one (bf16_yardstick). --lora trains
+--dtype bf16 measures keel's bf16 run against torch's fp32 one (bf16_yardstick), from a model whose
+every token's routing has a margin by construction, which torch's own router scores must show at every
+token, layer and step (moe_routing.py says why; --random-routing keeps the random router and
+embedding, to measure how small their margin is; the --lora runs in bf16 still start from the
+random model, their margin unchecked). --lora trains
 PEFT's LoRA on the attention's projections instead (LORA_TARGETS), from a PEFT-saved adapter, and
 compares keel's final adapter, which PeftModel.from_pretrained must load. KEEL_MOE_SEED sets
 the model's seed (default train_reference's MODEL_SEED), to measure how bf16's distances spread.
@@ -86,20 +90,29 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import hf_models as hf  # noqa: E402
+import moe_routing  # noqa: E402
 import train_reference as tr  # noqa: E402
 import transformers  # noqa: E402
 
 AUX_COEF = 0.05  # above Qwen3's 0.001, so that a wrong load-balancing gradient shows at 1e-5
 EXPERTS, TOP_K, MOE_INTER = 8, 2, 32
-ROUTER_STD = 0.5  # decisive routing: no near-ties between the k-th and (k+1)-th expert
+ROUTER_STD = 0.5  # the fp32 cases' router (a scale keeps no token from a near-tie in bf16: moe_routing.py)
 # bf16: keel within this many times torch bf16's own distance from fp32 (train_reference.py's rule,
 # whose factor, 2.5, was measured on the dense families). An expert's gradient sums over the few
 # rows routed to it (here ~8 of a micro-batch's 32 tokens x top-2 over 8 experts), so its bf16
-# distance varies more from one rounding to another than a dense layer's: torch's own sdpa and
-# eager runs land up to 2.19x apart on an expert's down_proj, and keel needed 2.32x
-# (norm_topk_prob false) and 2.71x (true, layer 2's expert 1 down_proj), measured 2026-12-06 on
-# AVX-512 BF16. KEEL_BF16_GAP_FACTOR overrides it, to measure.
+# distance varies more from one rounding to another than a dense layer's: torch's own runs
+# (BF16_TORCH_RUNS) land up to 3.87x apart on an expert's down_proj (Mixtral's w2). From the
+# margin models (moe_routing.py) keel needed 1.57x (Mixtral), 1.59x (GLM-4.5) and 2.31x (Qwen3-MoE,
+# norm_topk_prob true, layer 0's k_norm), measured 2026-12-06 on AVX-512 BF16.
+# KEEL_BF16_GAP_FACTOR overrides it, to measure.
 BF16_GAP_FACTOR = float(os.environ.get("KEEL_BF16_GAP_FACTOR", "3.0"))
+# torch's own bf16 runs, (attention, experts implementation): as the dense families' yardstick takes
+# both attention paths, because neither alone is torch's bf16, this takes two of transformers' experts
+# implementations: its default grouped_mm (a bf16 product per expert, its weight gradient rounded
+# to bf16 per expert) and batched_mm (a bf16 product per routed row, each row's weight gradient
+# rounded to bf16 before the rows are summed). The LoRA runs keep the first two (PEFT's adapters
+# on the experts are not run through batched_mm here).
+BF16_TORCH_RUNS = [("sdpa", None), ("eager", None), ("sdpa", "batched_mm")]
 
 
 GLM_GROUPS, GLM_TOPK_GROUPS, GLM_TOP_K, GLM_SCALING = 4, 2, 3, 2.5
@@ -162,11 +175,15 @@ def glm4_moe():
     return FAMILY[0] == "glm4_moe"
 
 
-def build_model(cfg, tensors=None, attention="sdpa"):
-    """transformers' own class (sdpa attention, or eager), weights from {in-memory name: tensor}."""
+def build_model(cfg, tensors=None, attention="sdpa", experts=None):
+    """transformers' own class (sdpa attention, or eager; its experts run by transformers' default loop over
+    the experts, or `experts`: an implementation of transformers.integrations.moe), weights from
+    {in-memory name: tensor}."""
     kw = {k: v for k, v in cfg.items() if k not in ("torch_dtype", "model_type")}
     config = model_class(cfg).config_class(**kw)
     config._attn_implementation = attention
+    if experts:
+        config._experts_implementation = experts
     model = model_class(cfg)(config).to(torch.float32)
     model.eval()  # no dropout (none configured); training mode does not change the math
     if tensors is not None:
@@ -403,15 +420,18 @@ def check_merge_and_logits(keel, work, cfg, model_init, final_dir, records, fail
         failures.append("logits of keel's merged export differ from PEFT's with keel's adapter by %.3g > 1e-5" % err)
 
 
-def torch_train(cfg, init, records, mode="fp32", attention="sdpa"):
+def torch_train(cfg, init, records, mode="fp32", attention="sdpa", routes=None, experts=None):
     """Hugging Face Trainer semantics for Qwen3MoeForCausalLM (see the module docstring). mode "bf16":
     the forward pass under bf16 autocast, fp32 master weights (the Trainer's bf16=True). With --lora
-    the PeftModel trains, only its adapter's matrices."""
+    the PeftModel trains, only its adapter's matrices. routes: a list, filled with every router
+    call's scores (moe_routing.capture)."""
     pdtype = torch.float32
-    model = build_model(cfg, init, attention).to(pdtype)
+    model = build_model(cfg, init, attention, experts).to(pdtype)
     if LORA[0]:
         from peft import PeftModel
         model = PeftModel.from_pretrained(model, LORA[0], is_trainable=True)
+    where = [None]  # (step, micro-batch) of the forward pass running, for the router hooks
+    calls, handles = moe_routing.capture(model, cfg, where) if routes is not None else ([], [])
     no_decay = hf.no_decay_parameter_names(model)
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     groups = [
@@ -430,6 +450,7 @@ def torch_train(cfg, init, records, mode="fp32", attention="sdpa"):
         loss_logged, aux_sum = 0.0, 0.0
         for i in chunk:
             ids, labels = mbs[i]
+            where[0] = (step + 1, i)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mode == "bf16"):
                 out = model(input_ids=ids, attention_mask=masks[i], use_cache=False, output_router_logits=True)
             loss_sum, _ = hf.causal_lm_loss_sum(out.logits.to(pdtype), labels)
@@ -444,6 +465,10 @@ def torch_train(cfg, init, records, mode="fp32", attention="sdpa"):
         sched.step()
         steps.append({"step": step + 1, "loss": loss_logged, "aux_loss": aux_sum / tr.GRAD_ACCUM, "lr": lr,
                       "grad_norm": grad_norm})
+    for h in handles:
+        h.remove()
+    if routes is not None:
+        routes.extend(calls)
     if LORA[0]:
         return steps, adapter_tensors(model)
     return steps, {n: p.detach().to(torch.float32).clone() for n, p in model_tensors(model).items()}
@@ -666,7 +691,7 @@ def compare(steps, final, init, metrics, ktensors, failures, tols=None):
         print("bf16 against torch fp32: keel needs %.2f x torch bf16's own distance (%s; allowed %.1f); "
               "next: %s" % (factor, what, BF16_GAP_FACTOR,
                             ", ".join("%s %.2f" % (w, f) for f, w in sorted(needs, reverse=True)[1:6])))
-        print("torch's own bf16 runs (sdpa, eager) land up to %.2f x apart in their distance (%s)"
+        print("torch's own bf16 runs land up to %.2f x apart in their distance (%s)"
               % max(tols["spread"]))
         print("torch bf16's own distances per step metric: %s" % ", ".join(
             "%s %.2g" % kv for kv in sorted(tols["gap_steps"].items())))
@@ -724,6 +749,9 @@ def main():
                     help="keel's compute backend (the recipe's `backend` key)")
     ap.add_argument("--gradient-checkpointing", action="store_true",
                     help="keel recomputes each block in the backward pass (the same numbers, bit for bit)")
+    ap.add_argument("--random-routing", action="store_true",
+                    help="bf16: keep the random router and embedding (no margin by construction; the margin check "
+                         "then measures how small theirs is)")
     ap.add_argument("--timeout", type=int, default=300)
     args = ap.parse_args()
     torch.set_num_threads(2)
@@ -744,7 +772,12 @@ def main():
           % (cfg["architectures"][0], args.norm_topk_prob, args.layout, args.dtype, work, transformers.__version__))
     failures = []
     model = build_model(cfg)
-    init = random_tensors(model, int(os.environ.get("KEEL_MOE_SEED", tr.MODEL_SEED)))
+    seed = int(os.environ.get("KEEL_MOE_SEED", tr.MODEL_SEED))
+    init = random_tensors(model, seed)
+    margin = args.dtype == "bf16" and not args.lora  # the adapters' bf16 runs: not yet (docs/models.md)
+    if margin and not args.random_routing:
+        init = moe_routing.margin_model(cfg, init, seed)
+        print("bf16: the embedding and the routers built so that every token's routing has a margin (moe_routing.py)")
     check_save_pretrained_layout(build_model(cfg, init), failures)
     records = write_inputs(work, cfg, init, args.layout, args.backend, args.gradient_checkpointing, args.dtype)
     model_init = base = init  # base: the checkpoint's weights, which keel export --merge merges into
@@ -774,10 +807,18 @@ def main():
     if failures:
         print("FAIL: " + "; ".join(failures))
         return 1
-    steps, final = torch_train(cfg, model_init, records)
+    routes = [] if margin else None  # every router call's scores, for the margin
+    steps, final = torch_train(cfg, model_init, records, routes=routes)
     tols = None
     if args.dtype == "bf16":
-        runs = [torch_train(cfg, model_init, records, "bf16", attention) for attention in ("sdpa", "eager")]
+        # torch's own bf16 runs: sdpa and eager attention, and (full fine-tuning) the experts by
+        # batched_mm besides transformers' default grouped_mm (BF16_TORCH_RUNS)
+        variants = BF16_TORCH_RUNS[:2] if args.lora else BF16_TORCH_RUNS
+        bf16_routes = [[] for _ in variants]
+        runs = [torch_train(cfg, model_init, records, "bf16", attention, calls, experts)
+                for (attention, experts), calls in zip(variants, bf16_routes)]
+        if margin:
+            moe_routing.check_margins(cfg, routes, bf16_routes, attention_masks(records), failures)
         tols = bf16_yardstick(init, runs, (steps, final))
     final_dir = os.path.join(work, "out", "final")
     if args.lora:  # keel's final/ is the adapter, as PEFT saves it
