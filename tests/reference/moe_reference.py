@@ -42,8 +42,7 @@ skips them, as keel does without a warning.
 --dtype bf16 measures keel's bf16 run against torch's fp32 one (bf16_yardstick), from a model whose
 every token's routing has a margin by construction, which torch's own router scores must show at every
 token, layer and step (moe_routing.py says why; --random-routing keeps the random router and
-embedding, to measure how small their margin is; the --lora runs in bf16 still start from the
-random model, their margin unchecked). --lora trains
+embedding, to measure how small their margin is). --lora trains
 PEFT's LoRA on the attention's projections instead (LORA_TARGETS), from a PEFT-saved adapter, and
 compares keel's final adapter, which PeftModel.from_pretrained must load. KEEL_MOE_SEED sets
 the model's seed (default train_reference's MODEL_SEED), to measure how bf16's distances spread.
@@ -110,8 +109,7 @@ BF16_GAP_FACTOR = float(os.environ.get("KEEL_BF16_GAP_FACTOR", "3.0"))
 # both attention paths, because neither alone is torch's bf16, this takes two of transformers' experts
 # implementations: its default grouped_mm (a bf16 product per expert, its weight gradient rounded
 # to bf16 per expert) and batched_mm (a bf16 product per routed row, each row's weight gradient
-# rounded to bf16 before the rows are summed). The LoRA runs keep the first two (PEFT's adapters
-# on the experts are not run through batched_mm here).
+# rounded to bf16 before the rows are summed).
 BF16_TORCH_RUNS = [("sdpa", None), ("eager", None), ("sdpa", "batched_mm")]
 
 
@@ -774,8 +772,7 @@ def main():
     model = build_model(cfg)
     seed = int(os.environ.get("KEEL_MOE_SEED", tr.MODEL_SEED))
     init = random_tensors(model, seed)
-    margin = args.dtype == "bf16" and not args.lora  # the adapters' bf16 runs: not yet (docs/models.md)
-    if margin and not args.random_routing:
+    if args.dtype == "bf16" and not args.random_routing:  # routing with a margin (moe_routing.py)
         init = moe_routing.margin_model(cfg, init, seed)
         print("bf16: the embedding and the routers built so that every token's routing has a margin (moe_routing.py)")
     check_save_pretrained_layout(build_model(cfg, init), failures)
@@ -807,18 +804,16 @@ def main():
     if failures:
         print("FAIL: " + "; ".join(failures))
         return 1
-    routes = [] if margin else None  # every router call's scores, for the margin
+    routes = [] if args.dtype == "bf16" else None  # every router call's scores, for the margin
     steps, final = torch_train(cfg, model_init, records, routes=routes)
     tols = None
     if args.dtype == "bf16":
-        # torch's own bf16 runs: sdpa and eager attention, and (full fine-tuning) the experts by
-        # batched_mm besides transformers' default grouped_mm (BF16_TORCH_RUNS)
-        variants = BF16_TORCH_RUNS[:2] if args.lora else BF16_TORCH_RUNS
-        bf16_routes = [[] for _ in variants]
+        # torch's own bf16 runs: sdpa and eager attention, and the experts by batched_mm besides
+        # transformers' default grouped_mm (BF16_TORCH_RUNS)
+        bf16_routes = [[] for _ in BF16_TORCH_RUNS]
         runs = [torch_train(cfg, model_init, records, "bf16", attention, calls, experts)
-                for (attention, experts), calls in zip(variants, bf16_routes)]
-        if margin:
-            moe_routing.check_margins(cfg, routes, bf16_routes, attention_masks(records), failures)
+                for (attention, experts), calls in zip(BF16_TORCH_RUNS, bf16_routes)]
+        moe_routing.check_margins(cfg, routes, bf16_routes, attention_masks(records), failures)
         tols = bf16_yardstick(init, runs, (steps, final))
     final_dir = os.path.join(work, "out", "final")
     if args.lora:  # keel's final/ is the adapter, as PEFT saves it
