@@ -11,7 +11,6 @@
 #include <optional>
 #include <span>
 
-#include "keel/core/dropout_mask.h"
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
 #include "keel/core/process_memory.h"
@@ -42,6 +41,7 @@
 #include "keel/train/preference_stage.h"
 #include "keel/train/resume_policy.h"
 #include "keel/train/sharded_saves.h"
+#include "keel/train/training_step.h"
 #include "keel/report/metrics.h"
 #include "keel/report/tensorboard.h"
 #include "keel/recipe/model_setup.h"
@@ -55,22 +55,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// Mixture of experts: each sparse layer's busiest expert over the mean per expert in this step (on
-// this rank), so a router collapsing onto a few experts shows in metrics.jsonl.
-void record_expert_load(const model::Decoder& decoder, report::StepMetrics& m) {
-  const std::span<const double> load = decoder.expert_load();
-  const int64_t experts = decoder.config().moe.experts;
-  m.expert_load.clear();
-  for (size_t first = 0; experts > 0 && first < load.size(); first += size_t(experts)) {
-    double most = 0, sum = 0;
-    for (int64_t e = 0; e < experts; ++e) {
-      most = std::max(most, load[first + size_t(e)]);
-      sum += load[first + size_t(e)];
-    }
-    m.expert_load.push_back(sum > 0 ? most / (sum / double(experts)) : 0.0);
-  }
-}
 
 int64_t resolve_max_steps(const recipe::Recipe& r, int64_t records) {
   if (r.max_steps > 0) return r.max_steps;
@@ -187,6 +171,11 @@ class Trainer {
     resume(options.resume);
     // ZeRO-1/2 with sharded masters: the weights the step reads come from every rank's loaded shard.
     if (sync_) sync_->weights_loaded();
+    // The step itself (training_step.h), over the pieces set up above.
+    step_ = std::make_unique<TrainingStep>(decoder_, *objective_, *optimizer_, schedule_, comm_, sync_.get(),
+                                           TrainingStepOptions{.seed = uint64_t(r.seed),
+                                                               .max_grad_norm = r.max_grad_norm,
+                                                               .skip_nonfinite_steps = r.skip_nonfinite_steps});
   }
 
   TrainResult run() {
@@ -670,9 +659,11 @@ class Trainer {
     last_eval_ = e;
   }
 
+  // One step: its data agreed on (or taken from the agreement made at the end of the step before),
+  // the step itself (training_step.h), and between its phases what is the run's: the wait for an
+  // asynchronous save still reading the state, and the next step's agreement.
   report::StepMetrics train_step(int64_t step) {
     report::StepMetrics m;
-    m.step = step;
     const auto t0 = Clock::now();
     // Agreed on at the end of the step before (see below), or now for a run's first step; that
     // agreement counts in this step's time, as it did when it was this step's first collective.
@@ -681,81 +672,15 @@ class Trainer {
     const double agreed_earlier_s = agreed_ahead ? ahead_seconds_ : 0.0;
     ahead_.reset();
     ahead_seconds_ = 0;
-    const auto& micro = in.micro;
-    const int64_t ranks = comm_.size();
     m.data_s = in.data_s;
     m.peer_wait_s = in.peer_wait_s;
     m.grad_sync_s += m.peer_wait_s;
-    m.target_tokens = int64_t(in.target_tokens);
-    m.tokens = int64_t(in.tokens);
-
-    const auto t1 = Clock::now();
-    if (sync_)
-      sync_->begin_step();
-    else if (micro.empty())  // no write will overwrite last step's gradients
-      decoder_.trainable().zero_grads();
-    else
-      decoder_.trainable().begin_gradient_step();
-    objective_->begin_step({in.target_tokens, in.tokens});
-    decoder_.clear_expert_load();
-    double exposed_s = 0.0;
-    for (size_t i = 0; i < micro.size(); ++i) {
-      const auto& mb = micro[i];
-      model::MicroBatch batch{mb.batch,
-                              mb.seq,
-                              mb.input_ids.data(),
-                              mb.targets.data(),
-                              mb.positions.data(),
-                              loader_->packed() ? mb.segments.data() : nullptr};
-      batch.documents = mb.segments.data();  // where padding is, packed or not (experts' balance loss)
-      // LoRA dropout: masks from the seed, the step and the micro-batch's place in the global step
-      // (i * ranks + rank), so a resume, or another number of ranks, draws the same ones.
-      batch.dropout_key = dropout_subkey(splitmix64(uint64_t(r_.seed)), uint64_t(step) << 24 | (i * uint64_t(ranks) +
-                                                                                                 uint64_t(comm_.rank())));
-      if (sync_) sync_->before_micro_batch(i + 1 == micro.size());
-      objective_->micro_batch(decoder_, batch, mb);
-      if (sync_) {
-        const auto t_wait = Clock::now();  // ZeRO-2: the micro-batch's last reductions
-        sync_->after_micro_batch();
-        exposed_s += seconds_since(t_wait) + sync_->take_hook_seconds();
-      }
-    }
-    m.compute_s = seconds_since(t1) - exposed_s;
-    m.grad_sync_s += exposed_s;
-    model::ParamStore& params = decoder_.trainable();
-    double loss_sum = objective_->partial_loss();
-    if (sync_) {
-      // What is left of the synchronisation once the backward pass is done: the exposed part.
-      const auto t_sync = Clock::now();
-      const SyncedStep synced = sync_->finish(loss_sum);
-      loss_sum = synced.loss_sum;
-      m.grad_norm = synced.grad_norm;
-      m.grad_sync_s += seconds_since(t_sync);
-    } else {
-      m.grad_norm = gradient_norm(decoder_.backend(), params);
-    }
-    m.loss = objective_->step_loss(loss_sum);
-    record_expert_load(decoder_, m);
-    if (const std::span<double> sums = objective_->partial_metrics(); !sums.empty()) {
-      if (comm_.size() > 1) comm_.allreduce_totals(sums.data(), int64_t(sums.size()));
-      objective_->report(sums, m);
-    }
+    step_->compute_gradients({step, in.micro, loader_->packed(), {in.target_tokens, in.tokens}}, m);
 
     // An asynchronous sharded save still reading the state the optimizer is about to change: the
     // only place a step waits for the checkpoint writer (checkpoint time, not optimizer time).
     if (sharded_) m.checkpoint_s += sharded_->before_optimizer_step();
-    const auto t2 = Clock::now();
-    m.lr = schedule_.lr_for_step(step);
-    if (!std::isfinite(m.loss) || !std::isfinite(m.grad_norm)) {
-      require(r_.skip_nonfinite_steps,
-              "step {}: the loss ({}) or the gradient norm ({}) is not finite; training stopped before the weights "
-              "were corrupted (set skip_nonfinite_steps = true to skip such steps instead)",
-              step, m.loss, m.grad_norm);
-      m.skipped = true;  // weights and optimizer state stay as they were
-    } else {
-      optimizer_->step(m.lr, step, clip_coefficient(m.grad_norm, r_.max_grad_norm));
-    }
-    m.optimizer_s = seconds_since(t2);
+    step_->update(m);
     // The next step is agreed on now, before the weights' gather starts: its collective queued
     // behind the gather would wait for all of it, where the next forward pass waits only for the
     // weights it reads (ZeRO-1/2 with overlap, train/grad_sync.h). It also says whether to stop.
@@ -766,11 +691,7 @@ class Trainer {
       interrupt_agreed_ = ahead_->interrupt;
       ahead_seconds_ = seconds_since(t_ahead);
     }
-    if (sync_ && !m.skipped) {  // ZeRO: every rank needs every rank's updated shard
-      const auto t_gather = Clock::now();
-      sync_->gather_weights();
-      m.grad_sync_s += seconds_since(t_gather);
-    }
+    step_->share_weights(m);
     m.step_time_s = seconds_since(t0) - ahead_seconds_ + agreed_earlier_s;
     m.tokens_per_s = double(m.tokens) / std::max(m.step_time_s, 1e-9);
     return m;
@@ -879,6 +800,7 @@ class Trainer {
   std::unique_ptr<checkpoint::CheckpointWriter> checkpoints_;  // the single-file layout (rank 0)
   std::unique_ptr<ShardedSaves> sharded_;                      // the sharded layout (every rank)
   std::vector<std::string> checkpoint_notes_;  // what the sharded saves' agreements have to say
+  std::unique_ptr<TrainingStep> step_;  // holds references to the decoder, objective_, optimizer_, schedule_, sync_
 };
 
 }  // namespace
