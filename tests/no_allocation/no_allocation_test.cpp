@@ -32,19 +32,24 @@
 #include <omp.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <random>
+#include <span>
 
 #include "keel/distributed/communicator.h"
 #include "keel/distributed/grad_buckets.h"
 #include "keel/model/decoder.h"
 #include "keel/recipe/model_setup.h"
 #include "keel/train/grad_sync.h"
+#include "keel/train/next_token_loss.h"
 #include "keel/train/optimizer.h"
+#include "keel/train/training_step.h"
+#include "../unit/fake_communicator.h"
 
 extern "C" {
 void* __libc_malloc(size_t size);
@@ -559,6 +564,56 @@ TEST(NoAllocationPackedAttention, SteadyStateStepsAllocateNothing) {
   expect_no_allocation({"qwen2", model::Precision::F32, true, 200, true}, 5);  // a tail block of 8 rows
   expect_no_allocation({"mistral", model::Precision::BF16, false, 200, true}, 5);  // windows start mid-document
   expect_no_allocation({"gemma2", model::Precision::F32, false, 128}, 5);  // soft-capped attention, parallel
+}
+
+// The training step as the trainer runs it (train/training_step.h: next-token loss over the
+// micro-batches, the gradient norm, the loss, the non-finite check, the schedule and clipped AdamW),
+// on packed micro-batches that change every step: nothing either. (On a mixture of experts the
+// fresh metrics' expert_load list is filled per step: the record, not the computation.)
+TEST(NoAllocationTrainingStep, SteadyStateStepsAllocateNothing) {
+  const auto config = small_model("llama");
+  const int64_t batch = 2, seq = 64, accumulation = 2, steps = 3;
+  model::Decoder decoder(config, model::Precision::BF16, batch, seq, {false, true, 0});
+  decoder.init_random(1);
+  train::AdamW optimizer(decoder.backend(), decoder.trainable(), {0.9, 0.999, 1e-8, 0.01});
+  train::NextTokenLoss objective;
+  const train::LrSchedule schedule{recipe::LrScheduler::Cosine, 1e-3, 1, 10};
+  distributed::FakeCommunicator comm(/*size=*/1, /*rank=*/0);
+  train::TrainingStep step(decoder, objective, optimizer, schedule, comm, nullptr,
+                           {.seed = 1, .max_grad_norm = 1.0, .skip_nonfinite_steps = false});
+  // Every step's micro-batches, made before counting (the loader's buffers are its own).
+  std::vector<data::PackedMicroBatch> pool;
+  for (int64_t i = 0; i < accumulation * (steps + 1); ++i) {
+    const Batch b = packed_batch(batch, seq, config.vocab_size, 30 + uint64_t(i));
+    data::PackedMicroBatch mb = data::make_packed_micro_batch_buffers(batch, seq);
+    mb.input_ids = b.ids;
+    mb.targets = b.targets;
+    mb.positions = b.positions;
+    mb.segments = b.segments;
+    mb.input_tokens = batch * seq;
+    mb.target_tokens = std::count_if(b.targets.begin(), b.targets.end(), [](int32_t t) { return t != -100; });
+    pool.push_back(std::move(mb));
+  }
+  double loss = 0;
+  auto run = [&](int64_t number) {
+    const std::span<const data::PackedMicroBatch> micro(pool.data() + (number - 1) * accumulation, accumulation);
+    train::StepBatch in{number, micro, true, {}};
+    for (const auto& mb : micro) {
+      in.totals.target_tokens += double(mb.target_tokens);
+      in.totals.tokens += double(mb.input_tokens);
+    }
+    const report::StepMetrics m = step.run(in);
+    EXPECT_FALSE(m.skipped);
+    loss += m.loss;
+  };
+  run(1);  // warm-up
+  const auto n = allocations_during([&] {
+    for (int64_t s = 2; s < 2 + steps; ++s) run(s);
+  });
+  EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_EQ(n.by_origin[kKeel], 0) << "the training step allocated (call stacks above)";
+  EXPECT_EQ(n.by_origin[kLibgompTeam], 0) << "libgomp allocated a one-thread team";
+  EXPECT_EQ(n.outstanding, 0) << "an allocation made during a step outlived it";
 }
 
 // Data parallel (run under mpirun by ctest's mpi.no_allocation; skipped in a single process): the
