@@ -333,7 +333,12 @@ void shard_seeds(Seeds& out, const std::string& tmp) {
 // GGUF files from keel's writer: a model's shape of metadata (strings, arrays, scalars) with float
 // and block-quantized tensors, and one without metadata.
 void gguf_seeds(Seeds& out, const std::string& tmp) {
-  auto ramp = [](float* d, int n) { for (int i = 0; i < n; ++i) d[i] = 0.25f * float(i - n / 2); };
+  // A tensor of n values 0.25 x (i - n / 2), as the writer asks for it: values [begin, begin + count).
+  auto ramp = [](int n) {
+    return [n](int64_t begin, int64_t count, float* d) {
+      for (int64_t i = 0; i < count; ++i) d[i] = 0.25f * float(int(begin + i) - n / 2);
+    };
+  };
   formats::GgufMetadata kv;
   kv.add_string("general.architecture", "llama");
   kv.add_uint32("llama.block_count", 1);
@@ -343,12 +348,12 @@ void gguf_seeds(Seeds& out, const std::string& tmp) {
   kv.add_int32s("tokenizer.ggml.token_type", {1, 1, 3});
   const std::string path = tmp + "/seed.gguf";
   formats::write_gguf(path, kv,
-                      {{"token_embd.weight", {3, 32}, formats::GgmlType::Q8_0, [&](float* d) { ramp(d, 96); }},
-                       {"blk.0.attn_q.weight", {2, 32}, formats::GgmlType::Q4_0, [&](float* d) { ramp(d, 64); }},
-                       {"output_norm.weight", {32}, formats::GgmlType::F32, [&](float* d) { ramp(d, 32); }},
-                       {"output.weight", {3, 32}, formats::GgmlType::BF16, [&](float* d) { ramp(d, 96); }}});
+                      {{"token_embd.weight", {3, 32}, formats::GgmlType::Q8_0, ramp(96)},
+                       {"blk.0.attn_q.weight", {2, 32}, formats::GgmlType::Q4_0, ramp(64)},
+                       {"output_norm.weight", {32}, formats::GgmlType::F32, ramp(32)},
+                       {"output.weight", {3, 32}, formats::GgmlType::BF16, ramp(96)}});
   seed(out, "gguf", "writer-model", read_file(path));
-  formats::write_gguf(path, formats::GgufMetadata{}, {{"t", {2}, formats::GgmlType::F16, [&](float* d) { ramp(d, 2); }}});
+  formats::write_gguf(path, formats::GgufMetadata{}, {{"t", {2}, formats::GgmlType::F16, ramp(2)}});
   seed(out, "gguf", "writer-no-metadata", read_file(path));
   // A model keel trains from (model_name = "x.gguf"): every config key, and a byte-level BPE
   // tokenizer with merges, special ids and a chat template.
@@ -369,7 +374,7 @@ void gguf_seeds(Seeds& out, const std::string& tmp) {
   model.add_bool("tokenizer.ggml.add_bos_token", false);
   model.add_string("tokenizer.chat_template", "{{ messages[0]['content'] }}");
   formats::write_gguf(path, model,
-                      {{"token_embd.weight", {6, 32}, formats::GgmlType::Q8_0, [&](float* d) { ramp(d, 192); }}});
+                      {{"token_embd.weight", {6, 32}, formats::GgmlType::Q8_0, ramp(192)}});
   seed(out, "gguf", "writer-trainable-model", read_file(path));
 }
 

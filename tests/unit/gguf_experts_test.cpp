@@ -4,6 +4,7 @@
 // tests/reference/gguf_reference.py's (its qwen3_moe and mixtral cases).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -36,10 +37,8 @@ model::ModelConfig moe_config(model::Family family) {
 
 // A tensor whose element i is base + i.
 HfTensorSource counting(std::string name, std::vector<int64_t> shape, float base) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return {std::move(name), std::move(shape), [n, base](float* dst) {
-            for (int64_t i = 0; i < n; ++i) dst[i] = base + float(i);
+  return {std::move(name), std::move(shape), [base](int64_t begin, int64_t count, float* dst) {
+            for (int64_t i = 0; i < count; ++i) dst[i] = base + float(begin + i);
           }};
 }
 
@@ -47,7 +46,17 @@ std::vector<float> values(const HfTensorSource& t) {
   int64_t n = 1;
   for (int64_t d : t.shape) n *= d;
   std::vector<float> out(static_cast<size_t>(n));
-  t.read(out.data());
+  t.read(0, n, out.data());
+  return out;
+}
+
+// The same values read `piece` at a time, as the writer reads them: pieces that start and end
+// inside an expert.
+std::vector<float> values_in_pieces(const HfTensorSource& t, int64_t piece) {
+  std::vector<float> out = values(t);
+  std::fill(out.begin(), out.end(), -1.0f);
+  for (int64_t begin = 0; begin < int64_t(out.size()); begin += piece)
+    t.read(begin, std::min<int64_t>(piece, int64_t(out.size()) - begin), out.data() + begin);
   return out;
 }
 
@@ -86,6 +95,8 @@ TEST(GgufExperts, LayersExpertsAreStackedWhereTheySortInTheConvertersOrder) {
   // Expert 0's six values, then expert 1's.
   EXPECT_EQ(values(out[2]), (std::vector<float>{100, 101, 102, 103, 104, 105, 110, 111, 112, 113, 114, 115}));
   EXPECT_EQ(values(out[1]), (std::vector<float>{300, 301, 302, 303, 304, 305, 310, 311, 312, 313, 314, 315}));
+  // Read as the writer reads, in pieces that start and end inside an expert: the same values.
+  for (const int64_t piece : {1, 4, 5, 7, 12}) EXPECT_EQ(values_in_pieces(out[2], piece), values(out[2])) << piece;
   EXPECT_EQ(model::gguf_tensor_name(c, out[1].name), "blk.0.ffn_down_exps.weight");
   EXPECT_EQ(model::gguf_tensor_name(c, out[2].name), "blk.0.ffn_gate_exps.weight");
   EXPECT_EQ(model::gguf_tensor_name(c, out[3].name), "blk.0.ffn_up_exps.weight");
@@ -106,12 +117,11 @@ TEST(GgufExperts, FusedLayoutGivesThePublishedLayoutsStacks) {
   fused.push_back(counting("model.layers.0.mlp.gate.weight", {2, 2}, 0));
   fused.push_back(counting("model.layers.0.input_layernorm.weight", {2}, 0));
   // gate_up [2, 6, 2]: expert e's gate rows then its up rows, values as qwen_per_expert's.
-  fused.push_back({"model.layers.0.mlp.experts.gate_up_proj", {2, 6, 2}, [](float* dst) {
-                     for (int e = 0; e < 2; ++e)
-                       for (int i = 0; i < 6; ++i) {
-                         dst[e * 12 + i] = float(100 + 10 * e + i);
-                         dst[e * 12 + 6 + i] = float(200 + 10 * e + i);
-                       }
+  fused.push_back({"model.layers.0.mlp.experts.gate_up_proj", {2, 6, 2}, [](int64_t begin, int64_t count, float* dst) {
+                     for (int64_t k = begin; k < begin + count; ++k) {
+                       const int64_t e = k / 12, i = k % 12;  // expert e's gate (i < 6), then its up
+                       dst[k - begin] = float(i < 6 ? 100 + 10 * e + i : 200 + 10 * e + i - 6);
+                     }
                    }});
   fused.push_back(counting("model.layers.0.mlp.experts.down_proj", {2, 2, 3}, 300));
   const auto out = gguf_converter_order(c, std::move(fused));
@@ -124,6 +134,7 @@ TEST(GgufExperts, FusedLayoutGivesThePublishedLayoutsStacks) {
   for (size_t i = 2; i < 4; ++i) {
     EXPECT_EQ(out[i].shape, published[i].shape);
     EXPECT_EQ(values(out[i]), values(published[i])) << out[i].name;
+    EXPECT_EQ(values_in_pieces(out[i], 5), values(published[i])) << out[i].name;
   }
   EXPECT_EQ(values(out[1])[6], 306.0f);  // the fused down is the stack as it is
 }

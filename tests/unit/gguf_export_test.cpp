@@ -4,6 +4,7 @@
 // tests/reference/gguf_reference.py's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -94,6 +95,43 @@ TEST(GgufNames, QueryAndKeyRowsArePermutedForLlamaOnly) {
   model::permute_rows_for_gguf(src.data(), dst.data(), 2, 8, 1);
   EXPECT_EQ(dst, (std::vector<float>{0, 2, 1, 3, 10, 12, 11, 13}));
   expect_keel_error([&] { model::permute_rows_for_gguf(src.data(), dst.data(), 3, 8, 1); }, {"8 rows", "3 heads"});
+}
+
+// The writer asks for a tensor's values a piece of whole rows at a time; a permuted matrix's pieces
+// start and end inside heads. Each piece holds the rows of the whole permutation, read from the
+// source a head at a time (never the matrix), the norm shift added to each value.
+TEST(GgufExport, FileValuesComeInPiecesOfRowsReadAHeadAtATime) {
+  constexpr int64_t heads = 3, rows = 12, cols = 5;  // heads of 4 rows: two rotate_half pairs
+  std::vector<float> source(size_t(rows * cols));
+  for (size_t i = 0; i < source.size(); ++i) source[i] = float(i);
+  std::vector<float> permuted(source.size());
+  model::permute_rows_for_gguf(source.data(), permuted.data(), heads, rows, cols);
+  ASSERT_NE(permuted, source);
+  std::vector<int64_t> reads;  // the values each read asked for
+  auto read = [&](int64_t begin, int64_t count, float* dst) {
+    reads.push_back(count);
+    std::copy(source.begin() + begin, source.begin() + begin + count, dst);
+  };
+  auto in_pieces = [&](const formats::GgufFill& fill, int64_t piece_rows) {
+    std::vector<float> out(source.size(), -1.0f);
+    for (int64_t r = 0; r < rows; r += piece_rows)
+      fill(r * cols, std::min(piece_rows, rows - r) * cols, out.data() + r * cols);
+    return out;
+  };
+  const formats::GgufFill fill = gguf_file_values(read, heads, rows, cols, 0.0f, false);
+  for (const int64_t piece_rows : {1, 3, 5, 12}) EXPECT_EQ(in_pieces(fill, piece_rows), permuted) << piece_rows;
+  for (const int64_t n : reads) EXPECT_EQ(n, rows / heads * cols);
+  expect_keel_error([&] { std::vector<float> out(static_cast<size_t>(cols)); fill(1, cols, out.data()); },
+                    {"values [1, 6)", "not whole rows of 12 x 5"});
+
+  // Not permuted: the pieces as they are, the shift added (Gemma's norms; in f16 where the
+  // checkpoint is f16: 0.1 + 1 rounds to the f16 nearest 1.1).
+  std::vector<float> plus_one(source.size());
+  for (size_t i = 0; i < source.size(); ++i) plus_one[i] = source[i] + 1.0f;
+  EXPECT_EQ(in_pieces(gguf_file_values(read, 0, rows, cols, 1.0f, false), 5), plus_one);
+  source[0] = 0.1f;
+  EXPECT_EQ(in_pieces(gguf_file_values(read, 0, rows, cols, 1.0f, true), 12)[0], f16_to_float(float_to_f16(1.1f)));
+  EXPECT_NE(f16_to_float(float_to_f16(1.1f)), 1.1f);
 }
 
 TEST(GgufNames, TensorTypesFollowTheConverter) {
@@ -236,7 +274,7 @@ TEST(GgufExport, DestinationRefusesFilesKeelDidNotWrite) {
   kv.add_string("general.type", "model");
   kv.add_string("general.name", "m");
   kv.add_string("general.quantized_by", kGgufWriterName);
-  formats::write_gguf(ours, kv, {{"t", {1}, GgmlType::F32, [](float* d) { d[0] = 1; }}});
+  formats::write_gguf(ours, kv, {{"t", {1}, GgmlType::F32, [](int64_t, int64_t, float* d) { d[0] = 1; }}});
   check_gguf_destination(ours, false);
   check_gguf_destination(dir / "new.gguf", false);
 

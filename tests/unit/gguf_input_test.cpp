@@ -57,10 +57,8 @@ GgufMetadata llama_metadata(const std::string& arch = "llama", const std::string
 // Values i * scale + offset, distinct per tensor, that Q8_0 keeps exactly enough to compare.
 GgufTensor tensor(const std::string& name, std::vector<int64_t> shape, GgmlType type = GgmlType::F32,
                   float offset = 0) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return {name, shape, type, [n, offset](float* dst) {
-            for (int64_t i = 0; i < n; ++i) dst[i] = offset + 0.001f * float(i % 97);
+  return {name, shape, type, [offset](int64_t begin, int64_t count, float* dst) {
+            for (int64_t i = 0; i < count; ++i) dst[i] = offset + 0.001f * float((begin + i) % 97);
           }};
 }
 

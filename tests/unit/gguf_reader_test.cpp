@@ -3,6 +3,7 @@
 // That the reader agrees with gguf-py on files llama.cpp's converter wrote is reference.gguf's.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -34,8 +35,10 @@ TEST(GgufReader, ReadsBackWhatTheWriterWrote) {
   kv.add_strings("tokenizer.ggml.tokens", {"a", "bc", ""});
   kv.add_int32s("tokenizer.ggml.token_type", {1, 3, -2});
   std::vector<GgufTensor> tensors = {
-      {"token_embd.weight", {3, 32}, GgmlType::Q8_0, [](float* d) { for (int i = 0; i < 96; ++i) d[i] = float(i); }},
-      {"output_norm.weight", {5}, GgmlType::F32, [](float* d) { for (int i = 0; i < 5; ++i) d[i] = 0.5f * float(i); }},
+      {"token_embd.weight", {3, 32}, GgmlType::Q8_0,
+       [](int64_t b, int64_t n, float* d) { for (int64_t i = 0; i < n; ++i) d[i] = float(b + i); }},
+      {"output_norm.weight", {5}, GgmlType::F32,
+       [](int64_t b, int64_t n, float* d) { for (int64_t i = 0; i < n; ++i) d[i] = 0.5f * float(b + i); }},
   };
   const std::string bytes = written(kv, tensors);
   const GgufFile file(bytes, "m.gguf");
@@ -80,7 +83,8 @@ TEST(GgufReader, ReadsAFileFromDisk) {
   TempDir dir;
   GgufMetadata kv;
   kv.add_string("general.architecture", "qwen3");
-  write_gguf(dir / "m.gguf", kv, {{"t", {2}, GgmlType::F32, [](float* d) { d[0] = 1, d[1] = 2; }}});
+  write_gguf(dir / "m.gguf", kv,
+             {{"t", {2}, GgmlType::F32, [](int64_t, int64_t, float* d) { d[0] = 1, d[1] = 2; }}});
   const GgufFile file(dir / "m.gguf");
   EXPECT_EQ(file.string_value("general.architecture"), "qwen3");
   EXPECT_EQ(file.tensors().at(0).nbytes, 8u);
@@ -97,7 +101,8 @@ TEST(GgufReader, ReadsAFileFromDisk) {
 TEST(GgufReader, RefusesMalformedFilesNamingThePlace) {
   GgufMetadata kv;
   kv.add_string("general.architecture", "llama");
-  const std::string good = written(kv, {{"t", {4}, GgmlType::F32, [](float* d) { for (int i = 0; i < 4; ++i) d[i] = 1; }}});
+  const std::string good =
+      written(kv, {{"t", {4}, GgmlType::F32, [](int64_t, int64_t n, float* d) { std::fill(d, d + n, 1.0f); }}});
   auto refuses = [](const std::string& bytes, std::initializer_list<std::string> words) {
     expect_keel_error([&] { GgufFile(bytes, "bad.gguf"); }, words);
   };

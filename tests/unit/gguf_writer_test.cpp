@@ -4,11 +4,14 @@
 // values where they decide, and every refusal.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "keel/core/file_io.h"
@@ -116,8 +119,9 @@ TEST(GgufWriter, WritesTheLayoutOfTheSpecification) {
   GgufMetadata kv;
   kv.add_uint32("general.test", 7);
   std::vector<GgufTensor> tensors = {
-      {"a", {2, 3}, GgmlType::F32, [](float* d) { for (int i = 0; i < 6; ++i) d[i] = float(i); }},
-      {"b", {2}, GgmlType::F16, [](float* d) { d[0] = 1.0f, d[1] = -2.0f; }},
+      {"a", {2, 3}, GgmlType::F32,
+       [](int64_t b, int64_t n, float* d) { for (int64_t i = 0; i < n; ++i) d[i] = float(b + i); }},
+      {"b", {2}, GgmlType::F16, [](int64_t, int64_t, float* d) { d[0] = 1.0f, d[1] = -2.0f; }},
   };
   write_gguf(dir / "m.gguf", kv, tensors);
   const std::string file = read_file(dir / "m.gguf");
@@ -166,7 +170,7 @@ TEST(GgufWriter, MetadataArraysAndEveryScalarType) {
 TEST(GgufWriter, RefusesBadTensorsNamingTheFileAndTheTensor) {
   TempDir dir;
   const std::string path = dir / "bad.gguf";
-  auto fill = [](float* d) { d[0] = 0; };
+  auto fill = [](int64_t, int64_t, float* d) { d[0] = 0; };
   GgufMetadata kv;
   expect_keel_error([&] { write_gguf(path, kv, {{"t", {1}, GgmlType::F32, fill}, {"t", {1}, GgmlType::F32, fill}}); },
                     {path, "'t'", "twice"});
@@ -186,13 +190,53 @@ TEST(GgufWriter, AFailedWriteLeavesNoPartialFile) {
   write_file_atomic(path, "previous");
   GgufMetadata kv;
   std::vector<GgufTensor> tensors = {
-      {"a", {4}, GgmlType::F32, [](float* d) { for (int i = 0; i < 4; ++i) d[i] = 1; }},
-      {"b", {4}, GgmlType::F32, [](float*) { fail("source failed"); }},
+      {"a", {4}, GgmlType::F32, [](int64_t, int64_t n, float* d) { std::fill(d, d + n, 1.0f); }},
+      {"b", {4}, GgmlType::F32, [](int64_t, int64_t, float*) { fail("source failed"); }},
   };
   expect_keel_error([&] { write_gguf(path, kv, tensors); }, {"source failed"});
   EXPECT_EQ(read_file(path), "previous");
   for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
     EXPECT_EQ(entry.path().filename(), "m.gguf") << "a temporary file was left behind";
+}
+
+
+// The writer holds a piece of a tensor, not the tensor: it asks for the values in order, a piece
+// of whole rows at a time (at most the piece size, or one row where a row is longer), and the
+// bytes are those of the tensor converted whole, for every type. Pieces of one row, of two rows,
+// of a part of a row (one row then), and one piece for the whole tensor.
+TEST(GgufWriter, WritesATensorAPieceOfWholeRowsAtATime) {
+  TempDir dir;
+  GgufMetadata kv;
+  kv.add_uint32("general.test", 1);
+  constexpr int64_t rows = 7, cols = 512, n = rows * cols;
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[size_t(i)] = std::sin(0.37f * float(i)) * float(1 + i % 13);
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
+                        GgmlType::Q4_K, GgmlType::Q6_K}) {
+    std::vector<uint8_t> whole(ggml_nbytes(type, n));
+    ggml_quantize(type, values.data(), n, whole.data());
+    const std::string expected(whole.begin(), whole.end());
+    for (const int64_t piece : {n, cols, 2 * cols + 100, int64_t(100)}) {
+      std::vector<std::pair<int64_t, int64_t>> asked;
+      const GgufTensor t{"t", {rows, cols}, type, [&](int64_t begin, int64_t count, float* dst) {
+                           asked.emplace_back(begin, count);
+                           std::copy(values.begin() + begin, values.begin() + begin + count, dst);
+                         }};
+      write_gguf(dir / "m.gguf", kv, {t}, nullptr, piece);
+      const std::string file = read_file(dir / "m.gguf");
+      const size_t data = file.size() - (whole.size() + 31) / 32 * 32;  // the one tensor's bytes, last
+      EXPECT_EQ(file.substr(data, whole.size()), expected) << ggml_type_name(type) << ", pieces of " << piece;
+      int64_t next = 0;
+      for (const auto& [begin, count] : asked) {
+        EXPECT_EQ(begin, next);
+        EXPECT_TRUE(count > 0 && count % cols == 0 && count <= std::max(piece, cols)) << count << " of " << piece;
+        next = begin + count;
+      }
+      EXPECT_EQ(next, n);
+      const int64_t rows_per_piece = std::max<int64_t>(piece / cols, 1);
+      EXPECT_EQ(int64_t(asked.size()), (rows + rows_per_piece - 1) / rows_per_piece) << piece;
+    }
+  }
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <utility>
+#include <vector>
 
 #include "keel/core/error.h"
 #include "keel/core/file_io.h"
@@ -121,6 +123,33 @@ TEST_F(SafetensorsTest, RoundTripBf16AndF16RoundToNearest) {
           dtype == DType::BF16 ? bf16_to_float(float_to_bf16(values[i])) : f16_to_float(float_to_f16(values[i]));
       ASSERT_EQ(std::memcmp(&back[i], &expected, 4), 0) << dtype_name(dtype) << " at " << i;
     }
+  }
+}
+
+// A part of a tensor reads as that slice of the whole, in every dtype (a GGUF export streams a
+// tensor a piece at a time), and writes nothing past it; a part outside the tensor is an error
+// naming the tensor.
+TEST_F(SafetensorsTest, ReadsAPartOfATensorAsTheSliceOfTheWhole) {
+  auto values = ramp(1000, 3.f);
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    write_safetensors(path("model.safetensors"), {{"w", {10, 100}, values.data()}}, dtype);
+    auto reader = CheckpointReader::open_dir(dir_);
+    const auto whole = read_all(reader, "w");
+    const std::vector<std::pair<int64_t, int64_t>> parts = {{0, 1000}, {0, 1},  {137, 400},
+                                                            {999, 1},  {500, 0}, {1000, 0}};
+    for (const auto& [begin, count] : parts) {
+      std::vector<float> part(size_t(count) + 1, -7.0f);
+      reader.read_f32_part("w", {10, 100}, begin, count, part.data());
+      EXPECT_EQ(std::vector<float>(part.begin(), part.begin() + count),
+                std::vector<float>(whole.begin() + begin, whole.begin() + begin + count))
+          << dtype_name(dtype) << " [" << begin << ", +" << count << ")";
+      EXPECT_EQ(part[size_t(count)], -7.0f) << "written past the part";
+    }
+    std::vector<float> out(10);
+    expect_error([&] { reader.read_f32_part("w", {10, 100}, 995, 10, out.data()); },
+                 {"tensor 'w'", "[995, 1005)", "1000 elements"});
+    expect_error([&] { reader.read_f32_part("w", {10, 100}, -1, 1, out.data()); }, {"tensor 'w'", "[-1, 0)"});
+    expect_error([&] { reader.read_f32_part("w", {100, 10}, 0, 1, out.data()); }, {"expected shape [100, 10]"});
   }
 }
 

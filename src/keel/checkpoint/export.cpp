@@ -91,8 +91,8 @@ bool converter_skips(const std::string& name) {
 }
 
 // keel export MODEL_DIR --format gguf: any model keel loads, without a training run. The tensors
-// stream from the directory's files one at a time (as the converter reads them), so the export
-// holds one tensor, not the model.
+// stream from the directory's files a piece at a time (in the converter's order), so the export
+// holds a few MiB, not a tensor, let alone the model.
 ExportResult export_model_dir_as_gguf(const ExportRequest& request) {
   const std::string& dir = request.checkpoint;
   ExportResult result;
@@ -107,7 +107,9 @@ ExportResult export_model_dir_as_gguf(const ExportRequest& request) {
       continue;
     }
     const std::vector<int64_t> shape = reader.get(name).shape;
-    tensors.push_back({name, shape, [&reader, name, shape](float* dst) { reader.read_f32(name, shape, dst); }});
+    tensors.push_back({name, shape, [&reader, name, shape](int64_t begin, int64_t count, float* dst) {
+                         reader.read_f32_part(name, shape, begin, count, dst);
+                       }});
   }
   WorkProgress progress(request.progress_log, request.live_progress);
   GgufModelSource source;

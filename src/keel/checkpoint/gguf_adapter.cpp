@@ -77,15 +77,12 @@ GgufExportResult write_gguf_adapter(const model::Decoder& decoder, const std::st
       g.type = model::gguf_tensor_type(g.name, g.shape, result.outtype, &fallback);
       if (fallback) result.f16_fallbacks.push_back(g.name);
       const float* src = adapter.weight(id);
-      const int64_t rows = g.shape[0], cols = g.shape[1];
+      auto read = [src](int64_t begin, int64_t count, float* dst) {
+        std::memcpy(dst, src + begin, size_t(count) * sizeof(float));
+      };
       // W's rows are permuted for ggml's RoPE (gguf_permuted_heads); W + s B A keeps that order
       // when B's rows are permuted alike (A's are the input's columns, which do not move).
-      g.fill = [src, rows, cols, heads = a ? 0 : heads](float* dst) {
-        if (heads)
-          model::permute_rows_for_gguf(src, dst, heads, rows, cols);
-        else
-          std::memcpy(dst, src, size_t(rows * cols) * sizeof(float));
-      };
+      g.fill = gguf_file_values(read, a ? 0 : heads, g.shape[0], g.shape[1], 0.0f, false);
       tensors.push_back(std::move(g));
     }
   }

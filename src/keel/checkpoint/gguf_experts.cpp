@@ -79,10 +79,21 @@ void require_shape(const HfTensorSource& t, const std::vector<int64_t>& expected
           t.name, fmt::join(expected, ", "), fmt::join(t.shape, ", "));
 }
 
+// Values [begin, begin + count) of a stack of equal parts of `per` values each (experts), part e's
+// [first, first + n) read by read_part(e, first, n, to): a piece may start and end inside a part.
+void read_stacked(int64_t begin, int64_t count, float* dst, int64_t per,
+                  const std::function<void(int64_t e, int64_t first, int64_t n, float* to)>& read_part) {
+  while (count > 0) {
+    const int64_t e = begin / per, first = begin - e * per, n = std::min(count, per - first);
+    read_part(e, first, n, dst);
+    begin += n, count -= n, dst += n;
+  }
+}
+
 // The stack of one projection from its per-expert tensors: expert e's [rows, cols] at e x rows x cols.
 HfTensorSource stack_per_expert(const std::string& name, std::vector<std::optional<HfTensorSource>>& parts,
                                 int64_t rows, int64_t cols, const std::string& what) {
-  std::vector<std::function<void(float*)>> reads;
+  std::vector<HfTensorSource::Read> reads;
   for (size_t e = 0; e < parts.size(); ++e) {
     require(parts[e].has_value(),
             "{}: expert {}'s {} is missing from the checkpoint (config.json says {} experts; a GGUF file stacks "
@@ -92,8 +103,11 @@ HfTensorSource stack_per_expert(const std::string& name, std::vector<std::option
     reads.push_back(std::move(parts[e]->read));
   }
   const int64_t experts = int64_t(parts.size());
-  return {name, {experts, rows, cols}, [reads = std::move(reads), per = size_t(rows * cols)](float* dst) {
-            for (size_t e = 0; e < reads.size(); ++e) reads[e](dst + e * per);
+  return {name, {experts, rows, cols},
+          [reads = std::move(reads), per = rows * cols](int64_t begin, int64_t count, float* dst) {
+            read_stacked(begin, count, dst, per, [&](int64_t e, int64_t first, int64_t n, float* to) {
+              reads[size_t(e)](first, n, to);
+            });
           }};
 }
 
@@ -101,13 +115,11 @@ HfTensorSource stack_per_expert(const std::string& name, std::vector<std::option
 // or the up projection (rows I..2I), as Qwen2MoeModel splits it.
 HfTensorSource fused_half(const std::string& name, const HfTensorSource& fused, int64_t experts, int64_t inter,
                           int64_t hidden, bool up) {
-  return {name, {experts, inter, hidden}, [read = fused.read, experts, inter, hidden, up](float* dst) {
-            std::vector<float> whole(size_t(experts * 2 * inter * hidden));
-            read(whole.data());
-            const size_t half = size_t(inter * hidden);
-            for (int64_t e = 0; e < experts; ++e)
-              std::memcpy(dst + size_t(e) * half, whole.data() + (size_t(e) * 2 + (up ? 1 : 0)) * half,
-                          half * sizeof(float));
+  return {name, {experts, inter, hidden},
+          [read = fused.read, per = inter * hidden, up](int64_t begin, int64_t count, float* dst) {
+            read_stacked(begin, count, dst, per, [&](int64_t e, int64_t first, int64_t n, float* to) {
+              read((e * 2 + (up ? 1 : 0)) * per + first, n, to);
+            });
           }};
 }
 

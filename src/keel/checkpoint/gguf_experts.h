@@ -19,8 +19,8 @@ namespace keel::checkpoint {
 // (mlp.experts.E.{gate,up,down}_proj.weight; Mixtral's block_sparse_moe.experts.E.{w1,w3,w2}.weight)
 // or transformers 5's fused one (mlp.experts.gate_up_proj [E, 2I, H], mlp.experts.down_proj [E, H, I],
 // Mixtral's router as mlp.gate): the same file either way (the converter reads Mixtral's published
-// layout only). A stack is read into the writer's buffer one expert at a time (fused gate_up: the
-// layer's tensor, read once per half), so the export holds one stack, not the model. A missing,
+// layout only). A stack is read a piece at a time, each piece from the experts it spans (fused gate_up:
+// from each expert's half), so the export holds a piece, not a stack. A missing,
 // misshapen or unexpected expert tensor is an error naming it.
 std::vector<HfTensorSource> gguf_converter_order(const model::ModelConfig& config, std::vector<HfTensorSource> tensors);
 

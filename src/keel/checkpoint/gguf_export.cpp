@@ -364,11 +364,25 @@ std::vector<HfTensorSource> decoder_tensor_sources(const model::Decoder& decoder
   std::vector<HfTensorSource> out;
   for (const auto& t : model::hf_weight_tensors(decoder)) {
     const float* data = t.data;
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
-    out.push_back({t.name, t.shape, [data, n](float* dst) { std::memcpy(dst, data, size_t(n) * sizeof(float)); }});
+    out.push_back({t.name, t.shape, [data](int64_t begin, int64_t count, float* dst) {
+                     std::memcpy(dst, data + begin, size_t(count) * sizeof(float));
+                   }});
   }
   return out;
+}
+
+formats::GgufFill gguf_file_values(HfTensorSource::Read read, int64_t heads, int64_t rows, int64_t cols, float shift,
+                                   bool f16_arithmetic) {
+  return [read = std::move(read), heads, rows, cols, shift, f16_arithmetic](int64_t begin, int64_t count,
+                                                                            float* dst) {
+    if (heads)
+      model::permute_rows_for_gguf_part(read, heads, rows, cols, begin, count, dst);
+    else
+      read(begin, count, dst);
+    if (shift != 0.0f)
+      for (int64_t i = 0; i < count; ++i)
+        dst[i] = f16_arithmetic ? f16_to_float(float_to_f16(dst[i] + shift)) : dst[i] + shift;
+  };
 }
 
 GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTensorSource> hf,
@@ -456,25 +470,9 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
       g.shape[0] = rows;
       result.embedding_rows_dropped = t.shape[0] - rows;
     }
-    const float shift = model::gguf_norm_shift(c, t.name);
-    // The converter adds in the checkpoint's dtype where that is f16 (bf16 it widens first).
-    const bool f16_arithmetic = source.weights_dtype == DType::F16;
-    const int64_t source_rows = t.shape[0];
-    g.fill = [read = t.read, heads, rows, source_rows, cols, shift, f16_arithmetic](float* dst) {
-      if (heads || source_rows != rows) {
-        std::vector<float> whole(size_t(source_rows * cols));
-        read(whole.data());
-        if (heads)
-          model::permute_rows_for_gguf(whole.data(), dst, heads, rows, cols);
-        else
-          std::memcpy(dst, whole.data(), size_t(rows * cols) * sizeof(float));  // the embedding's first rows
-      } else {
-        read(dst);
-      }
-      if (shift != 0.0f)
-        for (int64_t i = 0; i < rows * cols; ++i)
-          dst[i] = f16_arithmetic ? f16_to_float(float_to_f16(dst[i] + shift)) : dst[i] + shift;
-    };
+    // Fewer rows than the source's (the embedding's first rows): the writer asks for no more.
+    g.fill = gguf_file_values(t.read, heads, rows, cols, model::gguf_norm_shift(c, t.name),
+                              source.weights_dtype == DType::F16);
     tensors.push_back(std::move(g));
   }
   if (q4_k_m) choose_q4_k_m_types(c, result, tensors);

@@ -16,6 +16,7 @@
 #include "keel/core/dtype.h"
 #include "keel/core/work_progress.h"
 #include "keel/formats/gguf_quants.h"
+#include "keel/formats/gguf_writer.h"
 #include "keel/model/decoder.h"
 
 namespace keel::checkpoint {
@@ -64,16 +65,26 @@ std::vector<std::string> check_llama_cpp_runs_as_trained(const model::ModelConfi
 // The converter's default (--outtype auto): bf16 weights give bf16, anything else f16.
 formats::GgmlType default_gguf_outtype(DType weights_dtype, std::string* reason);
 
-// A tensor under its Hugging Face name, read as fp32 when the file gets to it (so a model
-// directory is streamed tensor by tensor, never held whole).
+// A tensor under its Hugging Face name, read as fp32 a piece at a time when the file gets to it
+// (read(begin, count, dst): its values [begin, begin + count), row-major), so a model directory is
+// streamed piece by piece, never held whole, nor even a tensor.
 struct HfTensorSource {
+  using Read = std::function<void(int64_t begin, int64_t count, float* dst)>;
   std::string name;
   std::vector<int64_t> shape;
-  std::function<void(float* dst)> read;
+  Read read;
 };
 
 // A decoder's weights (fp32 views), in hf_tensors' names.
 std::vector<HfTensorSource> decoder_tensor_sources(const model::Decoder& decoder);
+
+// One tensor's values as the file holds them, asked for in whole rows (formats::GgufFill), from
+// its source's: rows x cols (cols 1 for a bias) permuted for ggml's RoPE where heads > 0
+// (model::gguf_permuted_heads), read a head at a time; `shift` added to each value
+// (model::gguf_norm_shift), in f16 arithmetic where the checkpoint is f16 (the converter adds in
+// the checkpoint's dtype there; bf16 it widens first).
+formats::GgufFill gguf_file_values(HfTensorSource::Read read, int64_t heads, int64_t rows, int64_t cols, float shift,
+                                   bool f16_arithmetic);
 
 // Writes the model `config` describes, its tensors from `tensors`, to `path` (atomically), and the
 // Ollama Modelfile beside it (its stops: the end of turn and EOS). outtype: unset for the default.

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <set>
@@ -149,7 +150,8 @@ void GgufMetadata::add_float32s(std::string_view key, const std::vector<float>& 
 }
 
 void write_gguf(const std::string& path, const GgufMetadata& metadata, const std::vector<GgufTensor>& tensors,
-                WorkProgress* progress) {
+                WorkProgress* progress, int64_t piece_elements) {
+  require(piece_elements > 0, "{}: expected a positive piece size, found {}", path, piece_elements);
   check_tensors(path, tensors);
   std::string head;
   put<uint32_t>(head, kGgufMagic);
@@ -173,19 +175,31 @@ void write_gguf(const std::string& path, const GgufMetadata& metadata, const std
   AtomicFileWriter out(path);
   out.write(head);
   const std::string zeros(kGgufAlignment, '\0');
+  // One piece, in fp32 and converted, reused from tensor to tensor: the values never exist whole.
   std::vector<float> values;
   std::vector<uint8_t> bytes;
   double done = 0;
   for (const auto& t : tensors) {
-    const int64_t n = element_count(t);
-    values.assign(size_t(n), 0.0f);
-    t.fill(values.data());
-    bytes.resize(ggml_nbytes(t.type, n));
-    ggml_quantize(t.type, values.data(), n, bytes.data());
-    out.write(bytes.data(), bytes.size());
-    out.write(zeros.data(), padded(bytes.size()) - bytes.size());
-    done += double(bytes.size());
-    if (progress) progress->update("writing " + path, done / 1e6, double(total) / 1e6, "MB");
+    const int64_t n = element_count(t), row = t.shape.back();
+    const int64_t piece = std::max(row, piece_elements / row * row);  // whole rows, so whole blocks
+    uint64_t written = 0;
+    for (int64_t begin = 0; begin < n; begin += piece) {
+      const int64_t count = std::min(piece, n - begin);
+      if (values.size() < size_t(count)) values.resize(size_t(count));
+      t.fill(begin, count, values.data());
+      const uint64_t size = ggml_nbytes(t.type, count);
+      const void* data = values.data();
+      if (t.type != GgmlType::F32) {  // fp32 goes out as it is
+        if (bytes.size() < size) bytes.resize(size);
+        ggml_quantize(t.type, values.data(), count, bytes.data());
+        data = bytes.data();
+      }
+      out.write(data, size);
+      written += size;
+      done += double(size);
+      if (progress) progress->update("writing " + path, done / 1e6, double(total) / 1e6, "MB");
+    }
+    out.write(zeros.data(), padded(written) - written);
   }
   out.commit();
 }

@@ -5,7 +5,7 @@
 // differs). All integers little-endian; strings are a u64 length and UTF-8 bytes.
 //
 // The file is written atomically (core/file_io.h): a crash or Ctrl-C leaves no partial .gguf.
-// Tensors are converted and written one at a time, so the peak is one tensor, not the model.
+// Tensors are converted and written a piece at a time, so the peak is a few MiB, not a tensor.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -59,23 +59,33 @@ class GgufMetadata {
   std::string bytes_;
 };
 
+// Fills dst[0, count) with a tensor's fp32 values [begin, begin + count), in row-major order (the
+// product of its shape in all).
+using GgufFill = std::function<void(int64_t begin, int64_t count, float* dst)>;
+
 // One tensor of the file. `shape` is the row-major shape torch and numpy give (outermost first):
-// the file stores it reversed, as ggml's ne[] (gguf-py's writer does the same). fill writes the
-// tensor's fp32 values (the product of shape) into dst; they are converted to `type` on the way.
+// the file stores it reversed, as ggml's ne[] (gguf-py's writer does the same). The writer asks
+// `fill` for the values in order, a piece of whole rows (of shape.back() values) at a time, and
+// converts each piece to `type` on the way: blocks never cross rows, so the bytes are those of
+// the tensor converted whole.
 struct GgufTensor {
   std::string name;
   std::vector<int64_t> shape;
   GgmlType type = GgmlType::F32;
-  std::function<void(float* dst)> fill;
+  GgufFill fill;
 };
 
 inline constexpr uint64_t kGgufAlignment = 32;  // GGUF_DEFAULT_ALIGNMENT
 inline constexpr size_t kGgufMaxNameBytes = 63;  // GGML_MAX_NAME (64) less the terminating NUL
+// Values per piece: 4 MiB of fp32, in the caches for the conversion, large enough that the calls
+// and write()s per piece cost nothing next to the bytes (a 1B model is ~1,200 pieces).
+inline constexpr int64_t kGgufPieceElements = int64_t(1) << 20;
 
 // Writes `path` (atomically). Errors name the file and the tensor: names empty, longer than 63
 // bytes or repeated, a shape of no or more than 4 dimensions (GGML_MAX_DIMS), rows that are not
-// whole blocks of a block type. progress, if given, shows the bytes written.
+// whole blocks of a block type. progress, if given, shows the bytes written. Memory: one piece of
+// at most piece_elements values (or one row, where a row is longer), in fp32 and converted.
 void write_gguf(const std::string& path, const GgufMetadata& metadata, const std::vector<GgufTensor>& tensors,
-                WorkProgress* progress = nullptr);
+                WorkProgress* progress = nullptr, int64_t piece_elements = kGgufPieceElements);
 
 }  // namespace keel::formats

@@ -635,12 +635,13 @@ const TensorInfo& CheckpointReader::get(const std::string& name) const {
 
 namespace {
 
-// A tensor's elements converted one by one: to fp32 (exact from BF16 and F16) or to bf16 (fp32
-// rounded to nearest even, as keel's bf16 copies are; F16 through fp32, where it is exact).
+// Elements [first, first + count) of a tensor converted one by one into dst[0, count): to fp32
+// (exact from BF16 and F16) or to bf16 (fp32 rounded to nearest even, as keel's bf16 copies are;
+// F16 through fp32, where it is exact).
 template <typename Out, typename Convert>
-void convert_elements(const TensorInfo& t, Out* dst, Convert convert) {
-  const size_t n = size_t(t.numel());
-  const uint8_t* src = t.data;
+void convert_elements(const TensorInfo& t, int64_t first, int64_t count, Out* dst, Convert convert) {
+  const size_t n = size_t(count);
+  const uint8_t* src = t.data + size_t(first) * dtype_size(t.dtype);
   // memcpy per element: the mapped data need not be aligned for the element type (headers
   // from other writers are not always padded), and compilers turn it into a plain load.
   parallel_for(int64_t(n), n > (1u << 16), [&](int64_t begin, int64_t end) {
@@ -689,25 +690,37 @@ namespace {
 // A tensor's file pages, once read, leave this process's resident set: they stay in the page cache
 // (shared with other ranks, re-read from there if touched again), but a load no longer peaks at the
 // arena plus every file it read (17.5 GiB more for GLM-4-9B), only plus the tensor being read.
-// Whole pages around the tensor, its neighbours' bytes included: dropping a clean page of a
+// Whole pages around the bytes read, their neighbours' bytes included: dropping a clean page of a
 // read-only private mapping only means the next access faults it in again.
-void release_pages(const TensorInfo& t) {
+void release_pages(const uint8_t* data, size_t nbytes) {
   static const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(t.data) / page * page;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + t.nbytes + page - 1) / page * page;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + nbytes + page - 1) / page * page;
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);  // advisory
 }
+
+void release_pages(const TensorInfo& t) { release_pages(t.data, t.nbytes); }
 
 }  // namespace
 
 void CheckpointReader::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const {
+  read_f32_part(name, expected_shape, 0, get_shaped(name, expected_shape).numel(), dst);
+}
+
+void CheckpointReader::read_f32_part(const std::string& name, const std::vector<int64_t>& expected_shape,
+                                     int64_t begin, int64_t count, float* dst) const {
   const TensorInfo& t = get_shaped(name, expected_shape);
-  if (t.numel() == 0) return;
+  require(begin >= 0 && count >= 0 && begin <= t.numel() - count,
+          "{}: tensor '{}': elements [{}, {}) asked for, outside its {} elements", t.file, t.name, begin, begin + count,
+          t.numel());
+  if (count == 0) return;
+  const size_t element = dtype_size(t.dtype);
+  const uint8_t* first = t.data + size_t(begin) * element;
   if (t.dtype == DType::F32)
-    std::memcpy(dst, t.data, size_t(t.numel()) * 4);
+    std::memcpy(dst, first, size_t(count) * 4);
   else
-    convert_elements(t, dst, [](float v) { return v; });
-  release_pages(t);
+    convert_elements(t, begin, count, dst, [](float v) { return v; });
+  release_pages(first, size_t(count) * element);
 }
 
 const TensorInfo& CheckpointReader::get_bytes(const std::string& name) const {
@@ -734,7 +747,7 @@ void CheckpointReader::read_u8(const std::string& name, const std::vector<int64_
 void CheckpointReader::read_bf16(const std::string& name, const std::vector<int64_t>& expected_shape, bf16* dst) const {
   const TensorInfo& t = get_shaped(name, expected_shape);
   if (t.numel() == 0) return;
-  convert_elements(t, dst, [](float v) { return float_to_bf16(v); });
+  convert_elements(t, 0, t.numel(), dst, [](float v) { return float_to_bf16(v); });
   release_pages(t);
 }
 

@@ -74,6 +74,11 @@ class CheckpointReader {
   // then leave the process's resident set (they stay in the page cache): a load holds one
   // tensor's pages at a time.
   void read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const;
+  // The same for elements [begin, begin + count) of the tensor (row-major) only, and only their
+  // pages released: a writer streaming a large tensor a piece at a time holds one piece. A range
+  // outside the tensor is an error naming it.
+  void read_f32_part(const std::string& name, const std::vector<int64_t>& expected_shape, int64_t begin,
+                     int64_t count, float* dst) const;
   // The same into bf16: BF16 as stored, F32 rounded to nearest even, F16 through fp32.
   void read_bf16(const std::string& name, const std::vector<int64_t>& expected_shape, bf16* dst) const;
   DType dtype_of(const std::string& name) const { return get(name).dtype; }

@@ -1,5 +1,6 @@
 #include "keel/model/gguf_names.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <string_view>
@@ -135,6 +136,25 @@ void permute_rows_for_gguf(const float* src, float* dst, int64_t heads, int64_t 
         const float* from = src + (undo ? gguf_row : hf_row) * cols;
         std::copy(from, from + cols, dst + (undo ? hf_row : gguf_row) * cols);
       }
+}
+
+void permute_rows_for_gguf_part(const std::function<void(int64_t first, int64_t n, float* buffer)>& read,
+                                int64_t heads, int64_t rows, int64_t cols, int64_t begin, int64_t count, float* dst) {
+  require(heads > 0 && rows % (2 * heads) == 0, "GGUF permutation: {} rows do not split into {} heads of pairs", rows,
+          heads);
+  require(begin >= 0 && count >= 0 && begin % cols == 0 && count % cols == 0 && begin + count <= rows * cols,
+          "GGUF permutation: values [{}, {}) are not whole rows of {} x {}", begin, begin + count, rows, cols);
+  const int64_t head_rows = rows / heads, head_values = head_rows * cols;
+  const int64_t first_row = begin / cols, end_row = (begin + count) / cols;
+  std::vector<float> input(static_cast<size_t>(head_values)), output(input.size());
+  for (int64_t h = first_row / head_rows; h * head_rows < end_row; ++h) {
+    read(h * head_values, head_values, input.data());
+    permute_rows_for_gguf(input.data(), output.data(), 1, head_rows, cols);
+    // The head's rows that fall in [first_row, end_row): all but at the piece's two ends.
+    const int64_t from = std::max(first_row, h * head_rows), to = std::min(end_row, (h + 1) * head_rows);
+    std::copy(output.begin() + (from - h * head_rows) * cols, output.begin() + (to - h * head_rows) * cols,
+              dst + (from - first_row) * cols);
+  }
 }
 
 GgmlType gguf_outtype_from_name(const std::string& name) {

@@ -4,6 +4,7 @@
 // tensor is stored in for a given --outtype. The file format itself is formats/gguf_writer.h.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,6 +38,11 @@ int64_t gguf_permuted_heads(const ModelConfig& config, const std::string& hf_nam
 // rows x cols values of `heads` heads, src -> dst (cols 1 for a bias). `undo`: the inverse, from
 // the file's order back to transformers' (reading a GGUF file, as transformers' GGUF loader does).
 void permute_rows_for_gguf(const float* src, float* dst, int64_t heads, int64_t rows, int64_t cols, bool undo = false);
+// Values [begin, begin + count) of permute_rows_for_gguf's output (whole rows) into dst, the input
+// read through read(first, n, buffer) -- its values [first, first + n) -- a head at a time: a head's
+// rows move only within it, so a tensor written a piece at a time holds a head, not the matrix.
+void permute_rows_for_gguf_part(const std::function<void(int64_t first, int64_t n, float* buffer)>& read,
+                                int64_t heads, int64_t rows, int64_t cols, int64_t begin, int64_t count, float* dst);
 
 // The --outtype values (the converter's names, and llama-quantize's q4_k_m) and the file type each
 // gives (general.file_type, llama_ftype: 0 all f32, 1 mostly f16, 2 mostly q4_0, 7 mostly q8_0,
