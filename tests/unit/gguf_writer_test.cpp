@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -200,41 +201,48 @@ TEST(GgufWriter, AFailedWriteLeavesNoPartialFile) {
 }
 
 
-// The writer holds a piece of a tensor, not the tensor: it asks for the values in order, a piece
-// of whole rows at a time (at most the piece size, or one row where a row is longer), and the
-// bytes are those of the tensor converted whole, for every type. Pieces of one row, of two rows,
-// of a part of a row (one row then), and one piece for the whole tensor.
+// The writer holds pieces of a tensor, not the tensor: it asks for the values a piece of whole rows
+// at a time (at most the piece size, or one row where a row is longer; a large piece in tasks from
+// several threads), covering the tensor once, and the bytes are those of the tensor converted
+// whole, for every type. Pieces of one row, of two rows, of a part of a row (one row then), and the
+// whole tensor; a tensor small enough for one task and one converted by two.
 TEST(GgufWriter, WritesATensorAPieceOfWholeRowsAtATime) {
   TempDir dir;
   GgufMetadata kv;
   kv.add_uint32("general.test", 1);
-  constexpr int64_t rows = 7, cols = 512, n = rows * cols;
-  std::vector<float> values(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) values[size_t(i)] = std::sin(0.37f * float(i)) * float(1 + i % 13);
-  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q5_0,
-                        GgmlType::Q4_K, GgmlType::Q6_K}) {
-    std::vector<uint8_t> whole(ggml_nbytes(type, n));
-    ggml_quantize(type, values.data(), n, whole.data());
-    const std::string expected(whole.begin(), whole.end());
-    for (const int64_t piece : {n, cols, 2 * cols + 100, int64_t(100)}) {
-      std::vector<std::pair<int64_t, int64_t>> asked;
-      const GgufTensor t{"t", {rows, cols}, type, [&](int64_t begin, int64_t count, float* dst) {
-                           asked.emplace_back(begin, count);
-                           std::copy(values.begin() + begin, values.begin() + begin + count, dst);
-                         }};
-      write_gguf(dir / "m.gguf", kv, {t}, nullptr, piece);
-      const std::string file = read_file(dir / "m.gguf");
-      const size_t data = file.size() - (whole.size() + 31) / 32 * 32;  // the one tensor's bytes, last
-      EXPECT_EQ(file.substr(data, whole.size()), expected) << ggml_type_name(type) << ", pieces of " << piece;
-      int64_t next = 0;
-      for (const auto& [begin, count] : asked) {
-        EXPECT_EQ(begin, next);
-        EXPECT_TRUE(count > 0 && count % cols == 0 && count <= std::max(piece, cols)) << count << " of " << piece;
-        next = begin + count;
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{7, 512}, {300, 1024}}) {
+    const int64_t n = rows * cols;
+    std::vector<float> values(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) values[size_t(i)] = std::sin(0.37f * float(i)) * float(1 + i % 13);
+    for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q4_0,
+                          GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q6_K}) {
+      std::vector<uint8_t> whole(ggml_nbytes(type, n));
+      ggml_quantize(type, values.data(), n, whole.data());
+      const std::string expected(whole.begin(), whole.end());
+      for (const int64_t piece : {n, cols, 2 * cols + 100, int64_t(100)}) {
+        std::mutex mutex;
+        std::vector<std::pair<int64_t, int64_t>> asked;
+        const GgufTensor t{"t", {rows, cols}, type, [&](int64_t begin, int64_t count, float* dst) {
+                             {
+                               std::lock_guard<std::mutex> lock(mutex);
+                               asked.emplace_back(begin, count);
+                             }
+                             std::copy(values.begin() + begin, values.begin() + begin + count, dst);
+                           }};
+        write_gguf(dir / "m.gguf", kv, {t}, nullptr, piece);
+        const std::string file = read_file(dir / "m.gguf");
+        const size_t data = file.size() - (whole.size() + 31) / 32 * 32;  // the one tensor's bytes, last
+        EXPECT_EQ(file.substr(data, whole.size()), expected)
+            << ggml_type_name(type) << ", " << rows << " rows, pieces of " << piece;
+        std::sort(asked.begin(), asked.end());
+        int64_t next = 0;
+        for (const auto& [begin, count] : asked) {
+          EXPECT_EQ(begin, next);
+          EXPECT_TRUE(count > 0 && count % cols == 0 && count <= std::max(piece, cols)) << count << " of " << piece;
+          next = begin + count;
+        }
+        EXPECT_EQ(next, n);
       }
-      EXPECT_EQ(next, n);
-      const int64_t rows_per_piece = std::max<int64_t>(piece / cols, 1);
-      EXPECT_EQ(int64_t(asked.size()), (rows + rows_per_piece - 1) / rows_per_piece) << piece;
     }
   }
 }

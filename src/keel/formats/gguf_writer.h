@@ -65,9 +65,10 @@ using GgufFill = std::function<void(int64_t begin, int64_t count, float* dst)>;
 
 // One tensor of the file. `shape` is the row-major shape torch and numpy give (outermost first):
 // the file stores it reversed, as ggml's ne[] (gguf-py's writer does the same). The writer asks
-// `fill` for the values in order, a piece of whole rows (of shape.back() values) at a time, and
-// converts each piece to `type` on the way: blocks never cross rows, so the bytes are those of
-// the tensor converted whole.
+// `fill` for the values a piece of whole rows (of shape.back() values) at a time, and converts
+// each piece to `type` on the way: blocks never cross rows, so the bytes are those of the tensor
+// converted whole. A large tensor's pieces are asked for from several threads at once (disjoint
+// ranges, in no particular order), so fill must be safe to call so.
 struct GgufTensor {
   std::string name;
   std::vector<int64_t> shape;
@@ -77,14 +78,14 @@ struct GgufTensor {
 
 inline constexpr uint64_t kGgufAlignment = 32;  // GGUF_DEFAULT_ALIGNMENT
 inline constexpr size_t kGgufMaxNameBytes = 63;  // GGML_MAX_NAME (64) less the terminating NUL
-// Values per piece: 4 MiB of fp32, in the caches for the conversion, large enough that the calls
-// and write()s per piece cost nothing next to the bytes (a 1B model is ~1,200 pieces).
+// Values per piece: 4 MiB of fp32, converted in tasks of 1 MiB while the piece before is written,
+// large enough that the calls and write()s per piece cost nothing next to the bytes (~1,200 for 1B).
 inline constexpr int64_t kGgufPieceElements = int64_t(1) << 20;
 
 // Writes `path` (atomically). Errors name the file and the tensor: names empty, longer than 63
 // bytes or repeated, a shape of no or more than 4 dimensions (GGML_MAX_DIMS), rows that are not
-// whole blocks of a block type. progress, if given, shows the bytes written. Memory: one piece of
-// at most piece_elements values (or one row, where a row is longer), in fp32 and converted.
+// whole blocks of a block type. progress, if given, shows the bytes written. Memory: two pieces
+// converted (of piece_elements values, or one row where a row is longer) and a task's fp32 per thread.
 void write_gguf(const std::string& path, const GgufMetadata& metadata, const std::vector<GgufTensor>& tensors,
                 WorkProgress* progress = nullptr, int64_t piece_elements = kGgufPieceElements);
 
