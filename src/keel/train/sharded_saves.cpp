@@ -8,12 +8,12 @@
 #include <filesystem>
 
 #include "keel/core/error.h"
+#include "keel/core/stopwatch.h"
 
 namespace keel::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // A failed rank's error, every rank's gathered on every rank (only after the sum said one failed:
 // every rank calls it then). Cut to a fixed size: collectives move fixed sizes.

@@ -12,6 +12,7 @@
 #include <span>
 
 #include "keel/core/error.h"
+#include "keel/core/stopwatch.h"
 #include "keel/core/file_io.h"
 #include "keel/core/process_memory.h"
 #include "keel/data/batch_builder.h"
@@ -53,8 +54,6 @@ namespace keel::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 int64_t resolve_max_steps(const recipe::Recipe& r, int64_t records) {
   if (r.max_steps > 0) return r.max_steps;

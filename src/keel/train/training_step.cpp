@@ -6,13 +6,12 @@
 
 #include "keel/core/dropout_mask.h"
 #include "keel/core/error.h"
+#include "keel/core/stopwatch.h"
 
 namespace keel::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Mixture of experts: each sparse layer's busiest expert over the mean per expert in this step (on
 // this rank), so a router collapsing onto a few experts shows in metrics.jsonl.
