@@ -1,6 +1,7 @@
 // A .safetensors file (8-byte header length, JSON header, data): SafetensorsFile::open on the
 // file, then CheckpointReader::open_dir on a model directory holding it as model.safetensors,
-// reading every tensor keel accepts to fp32 (the bytes behind each TensorInfo must exist).
+// reading every tensor keel accepts to fp32 (the bytes behind each TensorInfo must exist), whole
+// and a piece at a time.
 #include <cstring>
 #include <vector>
 
@@ -31,6 +32,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         const formats::TensorInfo& t = reader.get(name);
         out.assign(size_t(t.numel()), 0.0f);  // numel * element size == bytes in the file: bounded by the input
         reader.read_f32(name, t.shape, out.data());
+        // A piece (as the GGUF export streams a tensor) equals the same values of the whole read,
+        // and a piece past the end is an error, not a read outside the mapping.
+        const int64_t n = t.numel(), begin = n / 3, count = n - begin - n / 5;
+        std::vector<float> part(size_t(count), 0.0f);
+        reader.read_f32_part(name, t.shape, begin, count, part.data());
+        if (count > 0 && std::memcmp(part.data(), out.data() + begin, size_t(count) * sizeof(float)) != 0)
+          fuzz::property_failed("read_f32_part differs from read_f32's values", name);
+        bool refused = false;
+        try {
+          reader.read_f32_part(name, t.shape, n - count + 1, count, part.data());
+        } catch (const Error&) {
+          refused = true;
+        }
+        if (!refused) fuzz::property_failed("read_f32_part read past the tensor's end", name);
       } catch (const Error&) {  // an unsupported dtype: an error for that tensor only
       }
     }

@@ -701,15 +701,8 @@ void release_pages(const uint8_t* data, size_t nbytes) {
 
 void release_pages(const TensorInfo& t) { release_pages(t.data, t.nbytes); }
 
-}  // namespace
-
-void CheckpointReader::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const {
-  read_f32_part(name, expected_shape, 0, get_shaped(name, expected_shape).numel(), dst);
-}
-
-void CheckpointReader::read_f32_part(const std::string& name, const std::vector<int64_t>& expected_shape,
-                                     int64_t begin, int64_t count, float* dst) const {
-  const TensorInfo& t = get_shaped(name, expected_shape);
+// Elements [begin, begin + count) of t as fp32 into dst, then their pages released.
+void read_f32_range(const TensorInfo& t, int64_t begin, int64_t count, float* dst) {
   require(begin >= 0 && count >= 0 && begin <= t.numel() - count,
           "{}: tensor '{}': elements [{}, {}) asked for, outside its {} elements", t.file, t.name, begin, begin + count,
           t.numel());
@@ -721,6 +714,18 @@ void CheckpointReader::read_f32_part(const std::string& name, const std::vector<
   else
     convert_elements(t, begin, count, dst, [](float v) { return v; });
   release_pages(first, size_t(count) * element);
+}
+
+}  // namespace
+
+void CheckpointReader::read_f32(const std::string& name, const std::vector<int64_t>& expected_shape, float* dst) const {
+  const TensorInfo& t = get_shaped(name, expected_shape);
+  read_f32_range(t, 0, t.numel(), dst);
+}
+
+void CheckpointReader::read_f32_part(const std::string& name, const std::vector<int64_t>& expected_shape,
+                                     int64_t begin, int64_t count, float* dst) const {
+  read_f32_range(get_shaped(name, expected_shape), begin, count, dst);
 }
 
 const TensorInfo& CheckpointReader::get_bytes(const std::string& name) const {
