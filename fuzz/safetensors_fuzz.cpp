@@ -1,7 +1,7 @@
 // A .safetensors file (8-byte header length, JSON header, data): SafetensorsFile::open on the
 // file, then CheckpointReader::open_dir on a model directory holding it as model.safetensors,
 // reading every tensor keel accepts to fp32 (the bytes behind each TensorInfo must exist), whole
-// and a piece at a time.
+// and a piece at a time, and a piece's stored bytes as they lie.
 #include <cstring>
 #include <vector>
 
@@ -27,6 +27,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     auto reader = formats::CheckpointReader::open_dir(dir);
     std::vector<float> out;
+    uint64_t sum_bytes = 0;
     for (const auto& name : reader.names()) {
       try {
         const formats::TensorInfo& t = reader.get(name);
@@ -46,9 +47,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           refused = true;
         }
         if (!refused) fuzz::property_failed("read_f32_part read past the tensor's end", name);
+        // The piece's stored bytes are the tensor's own bytes there (the GGUF export copies them).
+        reader.read_stored_part(name, t.shape, begin, count, [&](const uint8_t* bytes) {
+          const size_t element = dtype_size(t.dtype);
+          if (bytes != t.data + size_t(begin) * element)
+            fuzz::property_failed("read_stored_part hands over other bytes than the piece's", name);
+          if (count > 0) sum_bytes += bytes[0] + bytes[size_t(count) * element - 1];  // both ends in the mapping
+        });
       } catch (const Error&) {  // an unsupported dtype: an error for that tensor only
       }
     }
+    (void)sum_bytes;
   } catch (const Error&) {}
   return 0;
 }

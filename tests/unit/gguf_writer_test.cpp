@@ -9,12 +9,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "keel/core/dtype.h"
 #include "keel/core/file_io.h"
 #include "keel/formats/gguf_quants.h"
 #include "keel/formats/gguf_writer.h"
@@ -55,6 +57,38 @@ TEST(GgufQuants, Bf16RoundsToNearestEvenAndQuietsNan) {
   EXPECT_EQ(half_of(GgmlType::BF16, from_bits(0x3f808001)), 0x3f81);
   EXPECT_EQ(half_of(GgmlType::BF16, from_bits(0x7f800001)), 0x7fc0);  // signalling NaN made quiet
   EXPECT_EQ(half_of(GgmlType::BF16, from_bits(0xff812345)), 0xffc1);
+}
+
+// The writer copies stored F16/BF16 bytes without converting where ggml_converts_to_itself says
+// converting would give them back: every one of the 65,536 patterns that is not a NaN widens to
+// fp32 (as the checkpoint reader widens it) and converts to itself, and every NaN is refused (a
+// bf16 signalling NaN comes back quiet). F32 both ways is a copy.
+TEST(GgufQuants, ConvertsToItselfIsEveryPatternButNan) {
+  for (GgmlType type : {GgmlType::F16, GgmlType::BF16}) {
+    int64_t nans = 0;
+    for (uint32_t p = 0; p < 65536; ++p) {
+      const uint16_t bits = uint16_t(p);
+      uint8_t stored[2];
+      std::memcpy(stored, &bits, 2);
+      const float wide = type == GgmlType::F16 ? f16_to_float(bits) : bf16_to_float(bf16{bits});
+      const bool nan = std::isnan(wide);
+      nans += nan;
+      ASSERT_EQ(ggml_converts_to_itself(type, stored, 1), !nan) << ggml_type_name(type) << " 0x" << std::hex << p;
+      if (!nan) {
+        ASSERT_EQ(half_of(type, wide), bits) << ggml_type_name(type) << " 0x" << std::hex << p;
+      }
+    }
+    EXPECT_EQ(nans, type == GgmlType::F16 ? 2 * 1023 : 2 * 127) << ggml_type_name(type);
+  }
+  // A NaN anywhere in a run, and no NaN: one pass over all of it.
+  std::vector<uint16_t> run(1000, 0x3f80);
+  EXPECT_TRUE(ggml_converts_to_itself(GgmlType::BF16, reinterpret_cast<const uint8_t*>(run.data()), 1000));
+  run[997] = 0x7f81;
+  EXPECT_FALSE(ggml_converts_to_itself(GgmlType::BF16, reinterpret_cast<const uint8_t*>(run.data()), 1000));
+  EXPECT_TRUE(ggml_converts_to_itself(GgmlType::BF16, reinterpret_cast<const uint8_t*>(run.data()), 997));
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(ggml_converts_to_itself(GgmlType::F32, reinterpret_cast<const uint8_t*>(&nan), 1));
+  EXPECT_FALSE(ggml_converts_to_itself(GgmlType::Q8_0, reinterpret_cast<const uint8_t*>(run.data()), 32));
 }
 
 TEST(GgufQuants, Q8_0ScalesByMaxOver127AndRoundsHalvesAwayFromZero) {
@@ -242,6 +276,63 @@ TEST(GgufWriter, WritesATensorAPieceOfWholeRowsAtATime) {
           next = begin + count;
         }
         EXPECT_EQ(next, n);
+      }
+    }
+  }
+}
+
+// A tensor whose bytes already lie in the file's type (a bf16 checkpoint written as bf16) is
+// copied from `stored`, a piece at a time, and the file is the one converting from `fill` writes:
+// F32, F16 and BF16, pieces of one row, of several and the whole, and a tensor after it converted
+// (the converted piece before a stored one is written first). A piece holding a NaN is converted
+// instead (the bf16 signalling NaN comes out quiet, as gguf-py writes it), the others still copied.
+TEST(GgufWriter, CopiesStoredBytesAsConvertingWouldWriteThem) {
+  TempDir dir;
+  GgufMetadata kv;
+  kv.add_uint32("general.test", 1);
+  const int64_t rows = 40, cols = 96, n = rows * cols;
+  std::vector<float> values(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) values[size_t(i)] = std::sin(0.37f * float(i)) * float(1 + i % 13);
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+    for (const bool with_nan : {false, true}) {
+      if (with_nan && type == GgmlType::F32) continue;
+      std::vector<uint8_t> bytes(ggml_nbytes(type, n));
+      ggml_quantize(type, values.data(), n, bytes.data());
+      std::vector<float> widened = values;  // what the source's fill gives: its stored values, widened
+      if (type == GgmlType::F16)
+        for (int64_t i = 0; i < n; ++i) widened[size_t(i)] = f16_to_float(uint16_t(bytes[2 * i] | bytes[2 * i + 1] << 8));
+      if (type == GgmlType::BF16)
+        for (int64_t i = 0; i < n; ++i) widened[size_t(i)] = bf16_to_float(bf16{uint16_t(bytes[2 * i] | bytes[2 * i + 1] << 8)});
+      const int64_t nan_at = 3 * cols + 5;  // in the fourth row
+      if (with_nan) {
+        const uint16_t nan = type == GgmlType::BF16 ? 0x7f81 : 0x7c01;  // bf16's signalling
+        std::memcpy(bytes.data() + 2 * nan_at, &nan, 2);
+        widened[size_t(nan_at)] = type == GgmlType::BF16 ? bf16_to_float(bf16{nan}) : f16_to_float(nan);
+      }
+      for (const int64_t piece : {cols, 3 * cols, n}) {
+        SCOPED_TRACE(::testing::Message() << ggml_type_name(type) << (with_nan ? ", a NaN" : "") << ", pieces of "
+                                          << piece);
+        int64_t filled = 0, copied = 0;
+        std::mutex mutex;
+        GgufFill fill = [&](int64_t begin, int64_t count, float* dst) {
+          std::lock_guard<std::mutex> lock(mutex);
+          filled += count;
+          std::copy(widened.begin() + begin, widened.begin() + begin + count, dst);
+        };
+        const GgufTensor first{"first", {rows, cols}, GgmlType::F32, fill};
+        GgufTensor converted{"t", {rows, cols}, type, fill}, as_stored = converted;
+        as_stored.stored = [&](int64_t begin, int64_t count, const std::function<void(const uint8_t*)>& use) {
+          copied += count;
+          use(bytes.data() + ggml_nbytes(type, begin));
+        };
+        write_gguf(dir / "converted.gguf", kv, {first, converted}, nullptr, piece);
+        filled = 0;
+        write_gguf(dir / "stored.gguf", kv, {first, as_stored}, nullptr, piece);
+        EXPECT_EQ(read_file(dir / "stored.gguf"), read_file(dir / "converted.gguf"));
+        EXPECT_EQ(copied, n) << "every piece offered";
+        // The first tensor converted, and the one piece holding the NaN.
+        const int64_t nan_piece = std::max(piece, cols);
+        EXPECT_EQ(filled, n + (with_nan ? nan_piece : 0));
       }
     }
   }

@@ -153,6 +153,34 @@ TEST_F(SafetensorsTest, ReadsAPartOfATensorAsTheSliceOfTheWhole) {
   }
 }
 
+// The stored bytes of a part: the file's own bytes of those elements (what the whole file holds
+// there), in the tensor's dtype; the same range and shape checks as read_f32_part.
+TEST_F(SafetensorsTest, HandsOverAPartsStoredBytes) {
+  auto values = ramp(1000, 3.f);
+  for (DType dtype : {DType::F32, DType::BF16, DType::F16}) {
+    write_safetensors(path("model.safetensors"), {{"w", {10, 100}, values.data()}}, dtype);
+    const std::string file = read_file(path("model.safetensors"));
+    auto reader = CheckpointReader::open_dir(dir_);
+    ASSERT_EQ(reader.dtype_of("w"), dtype);
+    const size_t element = dtype_size(dtype), data = file.size() - 1000 * element;  // the one tensor, last
+    for (const auto& [begin, count] : std::vector<std::pair<int64_t, int64_t>>{{0, 1000}, {137, 400}, {999, 1}}) {
+      std::string seen;
+      reader.read_stored_part("w", {10, 100}, begin, count, [&](const uint8_t* bytes) {
+        seen.assign(reinterpret_cast<const char*>(bytes), size_t(count) * element);
+      });
+      EXPECT_EQ(seen, file.substr(data + size_t(begin) * element, size_t(count) * element))
+          << dtype_name(dtype) << " [" << begin << ", +" << count << ")";
+    }
+    bool called = false;
+    reader.read_stored_part("w", {10, 100}, 500, 0, [&](const uint8_t*) { called = true; });
+    EXPECT_FALSE(called) << "nothing to hand over";
+    auto use = [](const uint8_t*) {};
+    expect_error([&] { reader.read_stored_part("w", {10, 100}, 995, 10, use); },
+                 {"tensor 'w'", "[995, 1005)", "1000 elements"});
+    expect_error([&] { reader.read_stored_part("w", {100, 10}, 0, 1, use); }, {"expected shape [100, 10]"});
+  }
+}
+
 TEST_F(SafetensorsTest, ShardedWeightsReadBackLikeSingleFile) {
   std::vector<std::vector<float>> data = {ramp(64), ramp(10), ramp(200), ramp(3), ramp(50)};
   std::vector<TensorToWrite> tensors;

@@ -107,9 +107,14 @@ ExportResult export_model_dir_as_gguf(const ExportRequest& request) {
       continue;
     }
     const std::vector<int64_t> shape = reader.get(name).shape;
-    tensors.push_back({name, shape, [&reader, name, shape](int64_t begin, int64_t count, float* dst) {
+    tensors.push_back({name, shape,
+                       [&reader, name, shape](int64_t begin, int64_t count, float* dst) {
                          reader.read_f32_part(name, shape, begin, count, dst);
-                       }});
+                       },
+                       [&reader, name, shape](int64_t begin, int64_t count, const auto& use) {
+                         reader.read_stored_part(name, shape, begin, count, use);
+                       },
+                       reader.dtype_of(name)});
   }
   WorkProgress progress(request.progress_log, request.live_progress);
   GgufModelSource source;

@@ -210,6 +210,16 @@ std::string check_end_of_turn(const data::LlamaCppVocab& vocab, const std::strin
   return text;
 }
 
+// The GGUF type whose bytes are `dtype`'s.
+GgmlType ggml_type_storing(DType dtype) {
+  switch (dtype) {
+    case DType::F32: return GgmlType::F32;
+    case DType::F16: return GgmlType::F16;
+    case DType::BF16: return GgmlType::BF16;
+  }
+  fail("GGUF export: unknown dtype {}", int(dtype));
+}
+
 // --outtype q4_k_m: the f32 file's tensors as llama-quantize writes them, in its order and with its
 // types (model/gguf_q4_k_m.h); the tensors not Q4_K (vectors aside) recorded with the reason.
 void choose_q4_k_m_types(const model::ModelConfig& c, GgufExportResult& result, std::vector<formats::GgufTensor>& tensors) {
@@ -471,8 +481,13 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
       result.embedding_rows_dropped = t.shape[0] - rows;
     }
     // Fewer rows than the source's (the embedding's first rows): the writer asks for no more.
-    g.fill = gguf_file_values(t.read, heads, rows, cols, model::gguf_norm_shift(c, t.name),
-                              source.weights_dtype == DType::F16);
+    const float shift = model::gguf_norm_shift(c, t.name);
+    g.fill = gguf_file_values(t.read, heads, rows, cols, shift, source.weights_dtype == DType::F16);
+    // Where the file keeps the source's type (a bf16 checkpoint, a bf16 file) and its values as they
+    // are, their bytes are copied, not widened to fp32 and converted back (the writer still converts
+    // a piece whose bytes that would change: a NaN). q4_k_m chooses its types below: converted.
+    if (t.stored && heads == 0 && shift == 0.0f && !q4_k_m && ggml_type_storing(t.stored_dtype) == g.type)
+      g.stored = t.stored;
     tensors.push_back(std::move(g));
   }
   if (q4_k_m) choose_q4_k_m_types(c, result, tensors);

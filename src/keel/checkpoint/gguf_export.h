@@ -73,6 +73,11 @@ struct HfTensorSource {
   std::string name;
   std::vector<int64_t> shape;
   Read read;
+  // Optional: the values' bytes as the source stores them, in `stored_dtype` (a checkpoint's
+  // mapping). Where the file keeps that type and the values are not permuted or shifted, the
+  // writer copies them as they are (formats::GgufTensor::stored).
+  formats::GgufStoredBytes stored;
+  DType stored_dtype = DType::F32;
 };
 
 // A decoder's weights (fp32 views), in hf_tensors' names.

@@ -1,5 +1,6 @@
 #include "keel/formats/gguf_quants.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -117,6 +118,20 @@ bool ggml_row_fits(GgmlType type, int64_t row_size) { return row_size % ggml_blo
 
 uint64_t ggml_nbytes(GgmlType type, int64_t count) {
   return uint64_t(count / ggml_block_size(type)) * uint64_t(ggml_type_size(type));
+}
+
+bool ggml_converts_to_itself(GgmlType type, const uint8_t* bytes, int64_t count) {
+  if (type == GgmlType::F32) return true;
+  if (type != GgmlType::F16 && type != GgmlType::BF16) return false;
+  // A NaN: exponent all ones, mantissa not zero, i.e. the magnitude bits above infinity's.
+  const uint16_t infinity = type == GgmlType::F16 ? 0x7c00 : 0x7f80;
+  uint16_t largest = 0;  // one pass without an early exit, so the compiler vectorizes it
+  for (int64_t i = 0; i < count; ++i) {
+    uint16_t v;
+    std::memcpy(&v, bytes + 2 * i, 2);
+    largest = std::max<uint16_t>(largest, v & 0x7fff);
+  }
+  return largest <= infinity;
 }
 
 void ggml_quantize(GgmlType type, const float* x, int64_t count, uint8_t* dst) {

@@ -36,6 +36,13 @@ bool ggml_row_fits(GgmlType type, int64_t row_size);
 //        two per byte (element j low nibble, element j + 16 high nibble).
 void ggml_quantize(GgmlType type, const float* x, int64_t count, uint8_t* dst);
 
+// Whether `count` values stored as `type`, widened to fp32 and written back by ggml_quantize, come
+// out as the same bytes: always for F32 (both ways copy); for F16 and BF16 unless one is a NaN
+// (gguf-py's bf16 conversion quiets a NaN; no NaN is assumed to keep its payload through the
+// widening). Every other pattern converts to itself (checked for all 65,536 of each in the unit
+// tests). The GGUF writer copies such bytes as they are (gguf_writer.h: GgufTensor::stored).
+bool ggml_converts_to_itself(GgmlType type, const uint8_t* bytes, int64_t count);
+
 // numpy's float32 -> float16 conversion (npy_floatbits_to_halfbits), exposed for tests.
 uint16_t numpy_float_to_half(float f);
 

@@ -62,6 +62,24 @@ void check_tensors(const std::string& path, const std::vector<GgufTensor>& tenso
   }
 }
 
+// A piece of a tensor whose bytes already lie in the file's type, written as they are (after the
+// converted piece before it, if any), with the tensor's padding when it is the last; false, and
+// nothing written, when converting would change them (a NaN): the caller converts the piece.
+bool write_stored_piece(AtomicFileWriter& out, const GgufTensor& t, int64_t begin, int64_t count, uint64_t size,
+                        uint64_t padding, std::vector<uint8_t>& ready) {
+  static constexpr uint8_t kZeros[kGgufAlignment] = {};
+  bool written = false;
+  t.stored(begin, count, [&](const uint8_t* bytes) {
+    if (!ggml_converts_to_itself(t.type, bytes, count)) return;
+    if (!ready.empty()) out.write(ready.data(), ready.size());
+    ready.clear();
+    out.write(bytes, size);
+    out.write(kZeros, padding);
+    written = true;
+  });
+  return written;
+}
+
 // Values per conversion task: whole rows, about 256 Ki values (1 MiB of fp32, in a core's cache).
 constexpr int64_t kTaskElements = int64_t(1) << 18;
 
@@ -85,6 +103,11 @@ void write_tensor_data(AtomicFileWriter& out, const std::string& path, const std
       const uint64_t size = ggml_nbytes(t.type, count);
       tensor_bytes += size;
       const uint64_t padding = begin + count == n ? padded(tensor_bytes) - tensor_bytes : 0;
+      if (t.stored && write_stored_piece(out, t, begin, count, size, padding, ready)) {
+        done += double(size);
+        if (progress) progress->update("writing " + path, done / 1e6, double(total) / 1e6, "MB");
+        continue;
+      }
       next.resize(size + padding);
       std::fill(next.begin() + std::ptrdiff_t(size), next.end(), uint8_t(0));
       for_each_task(1 + (count + task - 1) / task, count > task, [&](int64_t i, int thread) {

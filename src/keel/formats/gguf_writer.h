@@ -69,11 +69,22 @@ using GgufFill = std::function<void(int64_t begin, int64_t count, float* dst)>;
 // each piece to `type` on the way: blocks never cross rows, so the bytes are those of the tensor
 // converted whole. A large tensor's pieces are asked for from several threads at once (disjoint
 // ranges, in no particular order), so fill must be safe to call so.
+// Where a tensor's bytes in the file's type already lie (a bf16 checkpoint written as bf16, its rows
+// in the file's order): hands `use` the bytes of elements [begin, begin + count), contiguous and
+// valid during the call. The writer writes them as they are: no conversion and no copy of keel's,
+// only the kernel's copy into the page cache, which every writer of new bytes pays.
+using GgufStoredBytes =
+    std::function<void(int64_t begin, int64_t count, const std::function<void(const uint8_t* bytes)>& use)>;
+
 struct GgufTensor {
   std::string name;
   std::vector<int64_t> shape;
   GgmlType type = GgmlType::F32;
   GgufFill fill;
+  // Optional: the values' bytes as `type` (F32, F16 or BF16). A piece that converting would change
+  // (a NaN: ggml_converts_to_itself) is converted from `fill` instead, so the file is the same
+  // either way.
+  GgufStoredBytes stored;
 };
 
 inline constexpr uint64_t kGgufAlignment = 32;  // GGUF_DEFAULT_ALIGNMENT

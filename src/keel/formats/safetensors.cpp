@@ -701,14 +701,20 @@ void release_pages(const uint8_t* data, size_t nbytes) {
 
 void release_pages(const TensorInfo& t) { release_pages(t.data, t.nbytes); }
 
-// Elements [begin, begin + count) of t as fp32 into dst, then their pages released.
-void read_f32_range(const TensorInfo& t, int64_t begin, int64_t count, float* dst) {
+// Where elements [begin, begin + count) of t begin in its file's mapping; a range outside t is an
+// error naming it.
+const uint8_t* element_range(const TensorInfo& t, int64_t begin, int64_t count) {
   require(begin >= 0 && count >= 0 && begin <= t.numel() - count,
           "{}: tensor '{}': elements [{}, {}) asked for, outside its {} elements", t.file, t.name, begin, begin + count,
           t.numel());
+  return t.data + size_t(begin) * dtype_size(t.dtype);
+}
+
+// Elements [begin, begin + count) of t as fp32 into dst, then their pages released.
+void read_f32_range(const TensorInfo& t, int64_t begin, int64_t count, float* dst) {
+  const uint8_t* first = element_range(t, begin, count);
   if (count == 0) return;
   const size_t element = dtype_size(t.dtype);
-  const uint8_t* first = t.data + size_t(begin) * element;
   if (t.dtype == DType::F32)
     std::memcpy(dst, first, size_t(count) * 4);
   else
@@ -726,6 +732,16 @@ void CheckpointReader::read_f32(const std::string& name, const std::vector<int64
 void CheckpointReader::read_f32_part(const std::string& name, const std::vector<int64_t>& expected_shape,
                                      int64_t begin, int64_t count, float* dst) const {
   read_f32_range(get_shaped(name, expected_shape), begin, count, dst);
+}
+
+void CheckpointReader::read_stored_part(const std::string& name, const std::vector<int64_t>& expected_shape,
+                                        int64_t begin, int64_t count,
+                                        const std::function<void(const uint8_t* bytes)>& use) const {
+  const TensorInfo& t = get_shaped(name, expected_shape);
+  const uint8_t* first = element_range(t, begin, count);
+  if (count == 0) return;
+  use(first);
+  release_pages(first, size_t(count) * dtype_size(t.dtype));
 }
 
 const TensorInfo& CheckpointReader::get_bytes(const std::string& name) const {

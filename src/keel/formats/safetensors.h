@@ -79,6 +79,12 @@ class CheckpointReader {
   // outside the tensor is an error naming it.
   void read_f32_part(const std::string& name, const std::vector<int64_t>& expected_shape, int64_t begin,
                      int64_t count, float* dst) const;
+  // Elements [begin, begin + count) as the file stores them (in dtype_of(name)), handed to `use`
+  // where they lie in the file's mapping, then their pages released as above: a writer that keeps
+  // the dtype writes them without converting (a bf16 checkpoint exported as bf16 GGUF). Range and
+  // shape checked as read_f32_part checks them.
+  void read_stored_part(const std::string& name, const std::vector<int64_t>& expected_shape, int64_t begin,
+                        int64_t count, const std::function<void(const uint8_t* bytes)>& use) const;
   // The same into bf16: BF16 as stored, F32 rounded to nearest even, F16 through fp32.
   void read_bf16(const std::string& name, const std::vector<int64_t>& expected_shape, bf16* dst) const;
   DType dtype_of(const std::string& name) const { return get(name).dtype; }
