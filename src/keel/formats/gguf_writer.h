@@ -63,12 +63,6 @@ class GgufMetadata {
 // product of its shape in all).
 using GgufFill = std::function<void(int64_t begin, int64_t count, float* dst)>;
 
-// One tensor of the file. `shape` is the row-major shape torch and numpy give (outermost first):
-// the file stores it reversed, as ggml's ne[] (gguf-py's writer does the same). The writer asks
-// `fill` for the values a piece of whole rows (of shape.back() values) at a time, and converts
-// each piece to `type` on the way: blocks never cross rows, so the bytes are those of the tensor
-// converted whole. A large tensor's pieces are asked for from several threads at once (disjoint
-// ranges, in no particular order), so fill must be safe to call so.
 // Where a tensor's bytes in the file's type already lie (a bf16 checkpoint written as bf16, its rows
 // in the file's order): hands `use` the bytes of elements [begin, begin + count), contiguous and
 // valid during the call. The writer writes them as they are: no conversion and no copy of keel's,
@@ -76,6 +70,12 @@ using GgufFill = std::function<void(int64_t begin, int64_t count, float* dst)>;
 using GgufStoredBytes =
     std::function<void(int64_t begin, int64_t count, const std::function<void(const uint8_t* bytes)>& use)>;
 
+// One tensor of the file. `shape` is the row-major shape torch and numpy give (outermost first):
+// the file stores it reversed, as ggml's ne[] (gguf-py's writer does the same). The writer asks
+// `fill` for the values a piece of whole rows (of shape.back() values) at a time, and converts
+// each piece to `type` on the way: blocks never cross rows, so the bytes are those of the tensor
+// converted whole. A large tensor's pieces are asked for from several threads at once (disjoint
+// ranges, in no particular order), so fill must be safe to call so.
 struct GgufTensor {
   std::string name;
   std::vector<int64_t> shape;
