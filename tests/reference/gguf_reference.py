@@ -11,8 +11,9 @@ and bytes. Variants: a bf16 checkpoint (auto gives bf16), rows that are not whol
 fallback), tied and untied LM heads, q/k biases (qwen2), q/k norms (qwen3), Gemma 3's norms plus one
 and its sandwich norms, GLM-4 (chatglm: fused gate_up as ffn_up, EOT <|user|>; a GLM-4-style
 tokenizer, glm4_tokenizer.py, whose pre-tokenizer name the converter is given); mixtures of experts
-(Qwen3-MoE, Mixtral: their experts stacked per layer and projection, from the published per-expert
-layout and transformers 5's fused one, and the models llama.cpp could not run as trained refused);
+(Qwen3-MoE, Mixtral, GLM-4.5: their experts stacked per layer and projection, from the published
+per-expert layout and transformers 5's fused one, and the models llama.cpp could not run as trained
+refused; GLM-4.5's shared experts, router bias and group keys, and its MTP layer noted and not written);
 and a checkpoint keel trained from the Llama one, its GGUF against the converter's of keel's own
 Hugging Face export of it; and q4_0 (no converter outtype) against gguf-py's quantizer itself.
 keel's GGUF reader (keel inspect) on one converter file of each case
@@ -75,6 +76,12 @@ CASES = {
     # and not Mixtral's).
     "qwen3_moe": ("qwen3", {}, torch.float32, ("f32", "bf16", "q8_0")),
     "mixtral": ("llama3", {}, torch.float32, ("f16",)),
+    # GLM-4.5 (Glm4MoeModel: architecture glm4moe): a dense first layer among sparse ones, shared
+    # experts (*_shexp), the router's correction bias (exp_probs_b), expert groups, the sigmoid and
+    # scaling keys, q/k norms and biases, half of each head rotated, no permutation; one MTP layer
+    # counted in block_count and absent from the checkpoint (what keel's checkpoints hold); the
+    # GLM-4-style tokenizer, whose ids the converter's _set_vocab_glm takes BOS, EOT, UNK and EOM from.
+    "glm4_moe": ("glm4", {"config": glm4_tokenizer.config_ids()}, torch.float32, ("f32", "q8_0")),
 }
 # family -> (the dense family whose make_config gives the shared keys, the mixture's keys): every
 # layer sparse and the top-k renormalised, as llama.cpp's qwen3moe and llama run a mixture (keel
@@ -86,9 +93,16 @@ MOE = {
                             "decoder_sparse_step": 1, "mlp_only_layers": []}),
     "mixtral": ("mistral", {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
                             "num_local_experts": 4, "num_experts_per_tok": 2}),
+    # GLM-4.5 as published: layer 0 dense, 8 experts in 4 groups (top-3 from the best 2 groups),
+    # 2 shared experts, weights x 2.5; llama.cpp's glm4moe reads each of these from the file.
+    "glm4_moe": ("glm", {"architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "num_hidden_layers": 3,
+                         "n_routed_experts": 8, "num_experts_per_tok": 3, "moe_intermediate_size": 32,
+                         "n_shared_experts": 2, "n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5,
+                         "norm_topk_prob": True, "first_k_dense_replace": 1, "use_qk_norm": True,
+                         "num_nextn_predict_layers": 1}),
 }
 # The fused layout: keel's file of it against the converter's of the published layout (the first outtype).
-FUSED_TWIN = {"qwen3_moe": "qwen3_moe_fused", "mixtral": "mixtral_fused"}
+FUSED_TWIN = {"qwen3_moe": "qwen3_moe_fused", "mixtral": "mixtral_fused", "glm4_moe": "glm4_moe_fused"}
 
 
 def case_family(case):
@@ -105,16 +119,23 @@ def moe_model(family, vocab, seed, head_std=0.1, **overrides):
     1 + N(0, 0.1)."""
     import transformers
     base, keys = MOE[family]
+    extra = overrides.pop("config", {})
     cfg = H.make_config(base, vocab_size=vocab, **overrides)
     cfg.update(keys)
+    cfg.update(extra)
     cfg.pop("sliding_window", None)  # Mistral's short window (Mixtral's is a note, tested with Mistral)
-    cls = {"qwen3_moe": transformers.Qwen3MoeForCausalLM, "mixtral": transformers.MixtralForCausalLM}[family]
+    cls = {"qwen3_moe": transformers.Qwen3MoeForCausalLM, "mixtral": transformers.MixtralForCausalLM,
+           "glm4_moe": transformers.Glm4MoeForCausalLM}[family]
     with torch.device("meta"):  # the names and shapes only: no weights initialised
         model = cls(cls.config_class(**{k: v for k, v in cfg.items() if k not in ("torch_dtype", "model_type")}))
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
-    for n, p in sorted(model.named_parameters()):
+    # GLM-4.5's router bias is a buffer that checkpoints hold: N(0, 0.1), enough to reorder the choice.
+    params = list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers()
+                                               if n.endswith("e_score_correction_bias")]
+    for n, p in sorted(params):
         std = (0.5 if "embed" in n else 0.15 if n.endswith("mlp.gate.weight") else head_std if n == "lm_head.weight"
+               else 0.1 if n.endswith("e_score_correction_bias")
                else 0.1 if "experts" in n or "norm" in n else 0.15 if ("q_proj" in n or "k_proj" in n) else 0.02)
         t = torch.randn(*p.shape, generator=gen) * std
         tensors[n] = 1.0 + t if "norm" in n else t
@@ -164,7 +185,7 @@ def build_checkpoint(case, npm, out, fused=None):
     overrides = dict(overrides)
     extra = overrides.pop("config", {})
     if family in MOE:
-        cfg, tensors = moe_model(family, vocab, 7, **overrides)
+        cfg, tensors = moe_model(family, vocab, 7, config=extra, **overrides)
         if not (case.endswith("_fused") if fused is None else fused):
             tensors = published_layout(family, tensors)
     else:
@@ -405,6 +426,36 @@ def check_moe_refusals(keel, model_dir, work):
     return failures
 
 
+def check_mtp_layer_noted(keel, model_dir, work):
+    """A GLM-4.5 directory holding its multi-token-prediction layer (model.layers.{num_hidden_layers}.*,
+    as published checkpoints do): keel, which loads and trains the model without it as transformers
+    does, writes the file without its tensors and says so; every other tensor as without them."""
+    from safetensors.torch import load_file, save_file
+    with_mtp = os.path.join(work, "glm4_moe-mtp")
+    shutil.rmtree(with_mtp, ignore_errors=True)
+    shutil.copytree(model_dir, with_mtp)
+    weights = os.path.join(with_mtp, "model.safetensors")
+    tensors = load_file(weights)
+    hidden = tensors["model.norm.weight"].shape[0]
+    mtp = {"eh_proj.weight": torch.ones(hidden, 2 * hidden), "enorm.weight": torch.ones(hidden),
+           "hnorm.weight": torch.ones(hidden), "shared_head.norm.weight": torch.ones(hidden),
+           "input_layernorm.weight": torch.ones(hidden)}
+    layers = json.load(open(os.path.join(model_dir, "config.json")))["num_hidden_layers"]
+    tensors.update({"model.layers.%d.%s" % (layers, k): v for k, v in mtp.items()})
+    save_file(tensors, weights, metadata={"format": "pt"})
+    ours, plain = os.path.join(work, "mtp-keel.gguf"), os.path.join(work, "plain-keel.gguf")
+    out = run([keel, "export", with_mtp, "--to", ours, "--format", "gguf", "--outtype", "f32", "--overwrite"])
+    run([keel, "export", model_dir, "--to", plain, "--format", "gguf", "--outtype", "f32", "--overwrite"])
+    said = "the directory's %d tensors of GLM-4.5's multi-token-prediction layer(s) are not written" % len(mtp)
+    ok = said in out and compare(ours, plain, "glm4_moe with its MTP layer in the directory, against without it")
+    print("%s glm4_moe with its MTP layer in the directory: %s" % ("ok  " if ok else "FAIL",
+          "noted, and the file as without it" if ok else out[-1500:]))
+    for f in (ours, plain):
+        os.remove(f)
+    shutil.rmtree(with_mtp)
+    return 0 if ok else 1
+
+
 def short_run(keel, model_dir, run_dir, keys=(), records=None):
     """A short fp32 run from model_dir in run_dir (recreated): `records` (JSONL dicts; default 16
     short texts) and the recipe's keys, `keys` ("key = value" lines) added or overriding. Returns
@@ -507,6 +558,8 @@ def main():
             os.remove(ours)
     if "qwen3_moe" in args.families.split(","):
         failures += check_moe_refusals(args.keel, os.path.join(args.work, "qwen3_moe"), args.work)
+    if "glm4_moe" in args.families.split(","):
+        failures += check_mtp_layer_noted(args.keel, os.path.join(args.work, "glm4_moe"), args.work)
     # A trained checkpoint: keel's GGUF of it against the converter's of keel's HF export of it.
     if "llama" in args.families.split(","):
         failures += not check_q4_0(args.keel, os.path.join(args.work, "llama"), args.work, tree)

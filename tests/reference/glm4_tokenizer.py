@@ -97,21 +97,23 @@ def write_tokenizer(out, llama3_dir):
 
 
 # The one substitution in the converter's run: get_vocab_base_pre names a pre-tokenizer only by the
-# hash of a published tokenizer's ids, and this tokenizer is not a published one. ChatGLMModel is
-# given "glm4" for a tokenizer whose hash its table lacks (anything else as the table says), and
-# everything else -- keys, tensors, the rest of the vocabulary -- is the converter's own.
+# hash of a published tokenizer's ids, and this tokenizer is not a published one. ChatGLMModel (GLM-4)
+# and Glm4MoeModel (GLM-4.5) are given "glm4" for a tokenizer whose hash the table lacks (anything
+# else as the table says), and everything else -- keys, tensors, the rest of the vocabulary -- is the
+# converter's own.
 _CONVERTER = r"""
 import runpy, sys
 script = sys.argv[1]
 sys.path.insert(0, __import__("os").path.dirname(script))
 from conversion.chatglm import ChatGLMModel
-original = ChatGLMModel.get_vocab_base_pre
-def get_vocab_base_pre(self, tokenizer):
-    try:
-        return original(self, tokenizer)
-    except NotImplementedError:
-        return "glm4"
-ChatGLMModel.get_vocab_base_pre = get_vocab_base_pre
+from conversion.glm import Glm4MoeModel
+for cls in (ChatGLMModel, Glm4MoeModel):
+    def get_vocab_base_pre(self, tokenizer, original=cls.get_vocab_base_pre):
+        try:
+            return original(self, tokenizer)
+        except NotImplementedError:
+            return "glm4"
+    cls.get_vocab_base_pre = get_vocab_base_pre
 sys.argv = sys.argv[1:]
 runpy.run_path(script, run_name="__main__")
 """

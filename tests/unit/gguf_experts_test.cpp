@@ -194,8 +194,7 @@ TEST(GgufExperts, MissingOrMisshapenExpertsAreErrorsNamingThem) {
 TEST(GgufExperts, ArchitecturesNamesAndTypes) {
   EXPECT_EQ(model::gguf_architecture(moe_config(model::Family::Qwen3Moe)), "qwen3moe");
   EXPECT_EQ(model::gguf_architecture(moe_config(model::Family::Mixtral)), "llama");
-  expect_keel_error([] { model::gguf_architecture(moe_config(model::Family::Glm4Moe)); },
-                    {"GLM-4.5", "does not write this family yet"});
+  EXPECT_EQ(model::gguf_architecture(moe_config(model::Family::Glm4Moe)), "glm4moe");
   // The router stays F32 whatever the outtype, as the converter keeps FFN_GATE_INP; the stacks follow it.
   EXPECT_EQ(model::gguf_tensor_type("blk.0.ffn_gate_inp.weight", {8, 64}, GgmlType::Q8_0), GgmlType::F32);
   EXPECT_EQ(model::gguf_tensor_type("blk.0.ffn_gate_inp.weight", {8, 64}, GgmlType::F16), GgmlType::F32);
@@ -205,7 +204,30 @@ TEST(GgufExperts, ArchitecturesNamesAndTypes) {
                     {"no name"});
 }
 
-// llama.cpp's qwen3moe and llama want experts in every layer and renormalise the top-k weights.
+// gguf-py's GLM4_MOE list: the norm before the MLP is ATTN_POST_NORM (Qwen3-MoE's is FFN_NORM), the
+// router's correction bias FFN_EXP_PROBS_B (a vector: F32), the shared experts *_shexp.
+TEST(GgufExperts, Glm45TensorsHaveTheConvertersNames) {
+  const auto glm = moe_config(model::Family::Glm4Moe), qwen = moe_config(model::Family::Qwen3Moe);
+  EXPECT_EQ(model::gguf_tensor_name(glm, "model.layers.1.post_attention_layernorm.weight"),
+            "blk.1.post_attention_norm.weight");
+  EXPECT_EQ(model::gguf_tensor_name(qwen, "model.layers.1.post_attention_layernorm.weight"), "blk.1.ffn_norm.weight");
+  EXPECT_EQ(model::gguf_tensor_name(glm, "model.layers.2.mlp.gate.e_score_correction_bias"), "blk.2.exp_probs_b.bias");
+  EXPECT_EQ(model::gguf_tensor_type("blk.2.exp_probs_b.bias", {8}, GgmlType::Q8_0), GgmlType::F32);
+  EXPECT_EQ(model::gguf_tensor_name(glm, "model.layers.1.mlp.shared_experts.gate_proj.weight"),
+            "blk.1.ffn_gate_shexp.weight");
+  EXPECT_EQ(model::gguf_tensor_name(glm, "model.layers.1.mlp.shared_experts.up_proj.weight"),
+            "blk.1.ffn_up_shexp.weight");
+  EXPECT_EQ(model::gguf_tensor_name(glm, "model.layers.1.mlp.shared_experts.down_proj.weight"),
+            "blk.1.ffn_down_shexp.weight");
+  EXPECT_EQ(model::gguf_tensor_name(glm, "model.layers.0.mlp.gate_proj.weight"), "blk.0.ffn_gate.weight");
+  EXPECT_EQ(model::gguf_permuted_heads(glm, "model.layers.0.self_attn.q_proj.weight"), 0);  // rotate_half: none
+  // Shared experts are GLM-4.5's alone in gguf-py's lists.
+  expect_keel_error([&] { model::gguf_tensor_name(qwen, "model.layers.1.mlp.shared_experts.up_proj.weight"); },
+                    {"no name"});
+}
+
+// llama.cpp's qwen3moe and llama want experts in every layer and renormalise the top-k weights;
+// its glm4moe reads GLM-4.5's leading dense layers and renormalisation from the file.
 TEST(GgufExperts, ModelsLlamaCppWouldRunOtherwiseAreRefused) {
   auto c = moe_config(model::Family::Qwen3Moe);
   c.num_layers = 2;
@@ -222,6 +244,11 @@ TEST(GgufExperts, ModelsLlamaCppWouldRunOtherwiseAreRefused) {
   auto mixtral = moe_config(model::Family::Mixtral);
   mixtral.sliding_window = 4096;  // a note, as Mistral's
   EXPECT_EQ(check_llama_cpp_runs_as_trained(mixtral, "llama").size(), 1u);
+  auto glm = moe_config(model::Family::Glm4Moe);
+  glm.num_layers = 2;
+  glm.moe.sparse_layers = {false, true};
+  glm.moe.norm_topk_prob = false;
+  EXPECT_TRUE(check_llama_cpp_runs_as_trained(glm, "glm4moe").empty());
 }
 
 }  // namespace

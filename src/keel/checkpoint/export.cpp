@@ -101,9 +101,14 @@ ExportResult export_model_dir_as_gguf(const ExportRequest& request) {
   const auto reader = formats::CheckpointReader::open_dir(dir);
   std::vector<HfTensorSource> tensors;
   std::vector<std::string> skipped;
+  int64_t mtp_tensors = 0;
   for (const auto& name : reader.names()) {
     if (converter_skips(name)) {
       skipped.push_back(name);
+      continue;
+    }
+    if (result.config.next_token_prediction_tensor(name)) {  // not loaded, so not written: the note says so
+      ++mtp_tensors;
       continue;
     }
     const std::vector<int64_t> shape = reader.get(name).shape;
@@ -127,6 +132,11 @@ ExportResult export_model_dir_as_gguf(const ExportRequest& request) {
   result.gguf = write_gguf_model(result.config, std::move(tensors), source, request.destination, request.outtype,
                                  &progress);
   result.gguf->skipped = std::move(skipped);
+  if (mtp_tensors > 0)
+    result.gguf->notes.push_back(fmt::format(
+        "the directory's {} tensors of GLM-4.5's multi-token-prediction layer(s) are not written (llama.cpp's converter "
+        "writes them, for speculative drafting): keel loads and trains the model as transformers does, without them",
+        mtp_tensors));
   progress.finish();
   return result;
 }

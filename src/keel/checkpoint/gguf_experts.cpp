@@ -224,6 +224,10 @@ std::vector<HfTensorSource> gguf_converter_order(const model::ModelConfig& c, st
 void require_llama_cpp_runs_experts(const model::ModelConfig& c, const std::string& arch) {
   if (!c.has_experts()) return;
   const std::string family = model::family_display_name(c.family);
+  // llama.cpp's glm4moe reads what GLM-4.5 varies: its leading dense layers
+  // (leading_dense_block_count; config.json's first_k_dense_replace can say nothing else), the
+  // renormalisation (expert_weights_norm), the scaling, the sigmoid and the expert groups.
+  if (arch == "glm4moe") return;
   for (int64_t l = 0; l < c.num_layers; ++l)
     require(c.sparse_layer(l),
             "--format gguf: layer {} of this {} model has a dense MLP (mlp_only_layers or decoder_sparse_step in "

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "keel/checkpoint/gguf_experts.h"
 #include "keel/checkpoint/gguf_tokenizer.h"
@@ -87,34 +88,70 @@ void add_chatglm_keys(GgufMetadata& kv, const model::ModelConfig& c, GgmlType ou
   kv.add_float32("chatglm.rope.freq_base", 10000.0f);
 }
 
-// ChatGLMModel.set_vocab for GlmForCausalLM: tokenizer.json's BPE vocabulary, and after
-// SpecialVocab's ids (where each is still unset) EOS <|endoftext|>, EOT <|user|> -- a GLM-4 answer
-// ends where the next user turn begins, and llama.cpp stops on EOT -- and UNK <|endoftext|>, from
-// the tokenizer's added tokens.
-void add_chatglm_special_ids(data::LlamaCppVocab& v, const std::string& tokenizer_dir) {
+// The GLM vocabularies' special ids, which the converter takes from the tokenizer's added tokens
+// after SpecialVocab's (where each is still unset): ChatGLMModel.set_vocab for GlmForCausalLM sets
+// EOS <|endoftext|>, EOT <|user|> -- a GLM-4 answer ends where the next user turn begins, and
+// llama.cpp stops on EOT -- and UNK <|endoftext|>; Glm4MoeModel's _set_vocab_glm (GLM-4.5) BOS
+// [gMASK], EOT <|user|>, UNK <|endoftext|> and EOM <|observation|>.
+void add_glm_special_ids(data::LlamaCppVocab& v, const std::string& tokenizer_dir, const std::string& arch) {
+  const std::string family = arch == "glm4moe" ? "GLM-4.5" : "GLM-4";
+  const std::string converter = arch == "glm4moe" ? "Glm4MoeModel._set_vocab_glm" : "ChatGLMModel.set_vocab";
   require(v.model == "gpt2",
-          "{}: a SentencePiece tokenizer.model beside a GLM-4 model: llama.cpp's converter reads GLM-4's vocabulary "
-          "from tokenizer.json (ChatGLMModel.set_vocab), which keel's GGUF export does too; remove tokenizer.model "
-          "or export --format hf",
-          tokenizer_dir);
+          "{}: a SentencePiece tokenizer.model beside a {} model: llama.cpp's converter reads {}'s vocabulary "
+          "from tokenizer.json ({}), which keel's GGUF export does too; remove tokenizer.model or export --format hf",
+          tokenizer_dir, family, family, converter);
   auto added_id = [&](std::string_view text, std::string_view role) {
     for (size_t i = 0; i < v.tokens.size(); ++i)
       if (v.tokens[i] == text && (v.token_types[i] == int32_t(data::LlamaCppTokenType::Control) ||
                                   v.token_types[i] == int32_t(data::LlamaCppTokenType::UserDefined)))
         return int64_t(i);
-    fail("{}/tokenizer.json: no added token '{}', which llama.cpp's converter takes GLM-4's {} from "
-         "(ChatGLMModel.set_vocab); GLM-4's tokenizers have it",
-         tokenizer_dir, text, role);
+    fail("{}/tokenizer.json: no added token '{}', which llama.cpp's converter takes {}'s {} from ({}); {}'s "
+         "tokenizers have it",
+         tokenizer_dir, text, family, role, converter, family);
   };
-  const int64_t end = added_id("<|endoftext|>", "EOS and UNK"), user = added_id("<|user|>", "end of turn (EOT)");
   auto set = [&](const char* type, int64_t id) {
     for (const auto& [t, unused] : v.special_ids)
       if (t == type) return;
     v.special_ids.emplace_back(type, id);
   };
+  if (arch == "glm4moe") {
+    set("bos", added_id("[gMASK]", "BOS"));
+    set("eot", added_id("<|user|>", "end of turn (EOT)"));
+    set("unk", added_id("<|endoftext|>", "UNK"));
+    set("eom", added_id("<|observation|>", "end of message (EOM)"));
+    return;
+  }
+  const int64_t end = added_id("<|endoftext|>", "EOS and UNK"), user = added_id("<|user|>", "end of turn (EOT)");
   set("eos", end);
   set("eot", user);
   set("unk", end);
+}
+
+// gguf-py's ExpertGatingFuncType.SIGMOID.
+constexpr uint32_t kGgufExpertGatingSigmoid = 2;
+
+// Glm4MoeModel.set_gguf_parameters, after its parent's keys: the rotated channels (head_dim x
+// partial_rotary_factor), the experts' width and shared count, the leading dense layers, the
+// sigmoid gating (already written in its parent's place where config.json names scoring_func: gguf-py
+// sets a key again where it stands), the routed scaling and renormalisation, and the MTP layers --
+// each of the last four where config.json has the key, as the converter reads them.
+void add_glm4moe_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::string& config_json,
+                      const std::function<std::string(std::string_view)>& key, bool gating_written) {
+  kv.add_uint32(key("rope.dimension_count"), uint32_t(c.rotary_dim));
+  kv.add_uint32(key("expert_feed_forward_length"), uint32_t(c.moe.intermediate_size));
+  if (config_has(config_json, "n_shared_experts"))
+    kv.add_uint32(key("expert_shared_count"), uint32_t(c.moe.shared_intermediate_size / c.moe.intermediate_size));
+  if (config_has(config_json, "first_k_dense_replace")) {
+    int64_t dense = 0;
+    while (dense < c.num_layers && !c.sparse_layer(dense)) ++dense;
+    kv.add_uint32(key("leading_dense_block_count"), uint32_t(dense));
+  }
+  if (!gating_written) kv.add_uint32(key("expert_gating_func"), kGgufExpertGatingSigmoid);
+  if (config_has(config_json, "routed_scaling_factor"))
+    kv.add_float32(key("expert_weights_scale"), float(c.moe.routed_scaling_factor));
+  if (config_has(config_json, "norm_topk_prob")) kv.add_bool(key("expert_weights_norm"), c.moe.norm_topk_prob);
+  if (config_has(config_json, "num_nextn_predict_layers"))
+    kv.add_uint32(key("nextn_predict_layers"), uint32_t(c.nextn_predict_layers));
 }
 
 // TextModel.set_gguf_parameters and the family's additions, in the converter's order.
@@ -122,7 +159,11 @@ void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::st
                     const std::string& config_json, GgmlType outtype) {
   if (arch == "gemma2") return add_gemma2_keys(kv, c, outtype);
   auto key = [&](std::string_view k) { return fmt::format("{}.{}", arch, k); };
-  kv.add_uint32(key("block_count"), uint32_t(c.num_layers));
+  const bool glm4moe = arch == "glm4moe";
+  // Glm4MoeModel counts GLM-4.5's multi-token-prediction layers among the blocks (llama.cpp runs
+  // block_count - nextn_predict_layers of them); keel writes none of their tensors (note_mtp_layers).
+  const int64_t nextn = glm4moe ? c.nextn_predict_layers : 0;
+  kv.add_uint32(key("block_count"), uint32_t(c.num_layers + nextn));
   kv.add_uint32(key("context_length"), uint32_t(c.max_position_embeddings));
   kv.add_uint32(key("embedding_length"), uint32_t(c.hidden_size));
   kv.add_uint32(key("feed_forward_length"), uint32_t(c.intermediate_size));
@@ -135,6 +176,13 @@ void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::st
     kv.add_uint32(key("expert_count"), uint32_t(c.moe.experts));
     kv.add_uint32(key("expert_used_count"), uint32_t(c.moe.experts_per_token));
   }
+  // TextModel's group-limited routing keys (GLM-4.5's n_group and topk_group) and its gating
+  // function, each where config.json has the key.
+  if (c.has_experts() && config_has(config_json, "n_group")) kv.add_uint32(key("expert_group_count"), uint32_t(c.moe.groups));
+  if (c.has_experts() && config_has(config_json, "topk_group"))
+    kv.add_uint32(key("expert_group_used_count"), uint32_t(c.moe.topk_groups));
+  const bool scoring_stated = c.moe.sigmoid_router && config_has(config_json, "scoring_func");
+  if (scoring_stated) kv.add_uint32(key("expert_gating_func"), kGgufExpertGatingSigmoid);
   // Only where config.json states head_dim, as the converter; Gemma 3 adds them anyway, after.
   const bool head_dim_stated = config_has(config_json, "head_dim");
   auto add_head_lengths = [&] {
@@ -147,6 +195,7 @@ void add_model_keys(GgufMetadata& kv, const model::ModelConfig& c, const std::st
   if (outtype != GgmlType::Q4_K) kv.add_uint32("general.file_type", model::gguf_file_type(outtype));
   if (arch == "qwen3moe")  // Qwen2MoeModel.set_gguf_parameters, after its parent's keys
     kv.add_uint32(key("expert_feed_forward_length"), uint32_t(c.moe.intermediate_size));
+  if (glm4moe) add_glm4moe_keys(kv, c, config_json, key, scoring_stated);
   if (arch == "gemma3") {  // Gemma3Model.set_gguf_parameters
     if (!head_dim_stated) add_head_lengths();
     if (c.final_logit_softcap > 0) kv.add_float32(key("final_logit_softcapping"), float(c.final_logit_softcap));
@@ -402,6 +451,11 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
   result.architecture = model::gguf_architecture(c);
   result.outtype = outtype ? *outtype : default_gguf_outtype(source.weights_dtype, &result.outtype_reason);
   result.notes = check_llama_cpp_runs_as_trained(c, result.architecture);
+  if (result.architecture == "glm4moe" && c.nextn_predict_layers > 0)
+    result.notes.push_back(fmt::format(
+        "glm4moe.block_count is {} + {}: it counts the model's multi-token-prediction layer(s), as llama.cpp's converter "
+        "does, and the file holds none of their tensors, so llama.cpp runs the {} layers and drafts no tokens with them",
+        c.num_layers, c.nextn_predict_layers, c.num_layers));
   const bool chatglm = result.architecture == "chatglm";
   require(!(chatglm && result.outtype == GgmlType::Q4_K),
           "--outtype q4_k_m: not written for GLM-4 (keel's Q4_K_M mix is checked against llama-quantize on Llama, "
@@ -415,7 +469,7 @@ GgufExportResult write_gguf_model(const model::ModelConfig& c, std::vector<HfTen
 
   data::LlamaCppVocab vocab =
       data::llama_cpp_vocab(source.tokenizer_dir, c.vocab_size, source.config_json, result.architecture == "gemma2");
-  if (chatglm) add_chatglm_special_ids(vocab, source.tokenizer_dir);
+  if (chatglm || result.architecture == "glm4moe") add_glm_special_ids(vocab, source.tokenizer_dir, result.architecture);
   if (vocab.pre_by_glm4_rule)
     result.notes.push_back(
         "tokenizer.ggml.pre 'glm4' by keel's rule: llama.cpp's table does not know this tokenizer's hash (its ids "

@@ -63,6 +63,7 @@ std::optional<std::string> gguf_special_id_key(const std::string& type) {
   if (type == "pad") return "tokenizer.ggml.padding_token_id";
   if (type == "mask") return "tokenizer.ggml.mask_token_id";
   if (type == "eot") return "tokenizer.ggml.eot_token_id";  // GLM-4's <|user|> (ChatGLMModel.set_vocab)
+  if (type == "eom") return "tokenizer.ggml.eom_token_id";  // GLM-4.5's <|observation|> (_set_vocab_glm)
   return std::nullopt;
 }
 

@@ -126,7 +126,7 @@ const CommandRegistration kExport{
           "  PEFT adapter directory (a LoRA run without --merge): adapter_config.json and adapter_model.safetensors\n"
           "  GGUF (--format gguf --to FILE.gguf): one file for llama.cpp, Ollama, LM Studio, as llama.cpp's\n"
           "    convert_hf_to_gguf.py writes it (tokenizer and chat template inside); Llama, Mistral, Qwen2, Qwen3,\n"
-          "    Gemma 3 with tokenizer.json vocabularies; a LoRA run as a GGUF adapter (llama-cli --lora), or merged\n"
+          "    Gemma 2, Gemma 3, GLM-4, Qwen3-MoE, Mixtral, GLM-4.5; a LoRA run as a GGUF adapter (llama-cli --lora), or merged\n"
           "    with --merge; beside a model its Ollama Modelfile (FILE.Modelfile: ollama create NAME -f it); --outtype\n"
           "    q4_k_m as llama-quantize makes it; docs/gguf.md\n");
       return [o] {

@@ -635,6 +635,12 @@ Family family_from_name(const std::string& name) {
   fail("model family: expected one of {}, found \"{}\"", valid, name);
 }
 
+bool ModelConfig::next_token_prediction_tensor(const std::string& name) const {
+  for (int64_t i = 0; i < nextn_predict_layers; ++i)
+    if (name.starts_with("model.layers." + std::to_string(num_layers + i) + ".")) return true;
+  return false;
+}
+
 int64_t ModelConfig::embedding_padding_idx() const {
   // nn.Embedding refuses a padding_idx outside the table; keel trains such a model without one.
   return format_of(family).embedding_padding_idx && pad_token_id >= 0 && pad_token_id < vocab_size ? pad_token_id : -1;

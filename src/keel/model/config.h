@@ -122,6 +122,8 @@ struct ModelConfig {
   // model.layers.{num_layers ...}: Glm4MoeForCausalLM never runs them (its forward stops at
   // num_hidden_layers and its loading ignores their tensors), and neither does keel.
   int64_t nextn_predict_layers = 0;
+  // Whether a checkpoint tensor belongs to one of those layers (model.layers.{num_layers + i}.*).
+  bool next_token_prediction_tensor(const std::string& name) const;
 
   bool gemma() const { return family == Family::Gemma2 || family == Family::Gemma3; }
   // Whether layer `layer`'s MLP is a mixture of experts.

@@ -53,6 +53,17 @@ constexpr std::pair<std::string_view, std::string_view> kGemmaBlockTensors[] = {
     {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
 };
 
+// GLM-4.5 (gguf-py's GLM4_MOE tensor list): its norm before the MLP is ATTN_POST_NORM (the list has
+// no FFN_NORM), the router's correction bias is FFN_EXP_PROBS_B, and the shared experts are the
+// *_shexp projections.
+constexpr std::pair<std::string_view, std::string_view> kGlm4MoeBlockTensors[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias"},
+    {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
+    {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
+    {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"},
+};
+
 constexpr std::pair<std::string_view, std::string_view> kModelTensors[] = {
     {"model.embed_tokens.weight", "token_embd.weight"},
     {"model.norm.weight", "output_norm.weight"},
@@ -75,6 +86,7 @@ std::string gguf_architecture(const ModelConfig& config) {
     case Family::Gemma2: return "gemma2";
     case Family::Gemma3: return "gemma3";
     case Family::Glm: return "chatglm";  // the converter's ChatGLMModel takes GlmForCausalLM
+    case Family::Glm4Moe: return "glm4moe";
     default: break;
   }
   require(config.family != Family::GlmOriginal,
@@ -82,7 +94,7 @@ std::string gguf_architecture(const ModelConfig& config) {
           "--format hf first (which writes the glm format), then that directory --format gguf",
           config.architecture);
   fail("{} ({}): keel's GGUF export does not write this family yet (it writes Llama, Mistral, Qwen2, Qwen3, "
-       "Gemma 2, Gemma 3, GLM-4 in the glm format, Qwen3-MoE and Mixtral); "
+       "Gemma 2, Gemma 3, GLM-4 in the glm format, Qwen3-MoE, Mixtral and GLM-4.5); "
        "export a Hugging Face directory (--format hf) and convert it with llama.cpp's convert_hf_to_gguf.py",
        family_display_name(config.family), config.architecture);
 }
@@ -98,6 +110,9 @@ std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_na
     if (ec == std::errc() && end < rest.data() + rest.size() && *end == '.') {
       const std::string_view suffix(end + 1, size_t(rest.data() + rest.size() - end - 1));
       if (config.family == Family::Glm && suffix == kGlmGateUp) return "blk." + std::to_string(block) + ".ffn_up.weight";
+      if (config.family == Family::Glm4Moe)
+        for (const auto& [hf, gguf] : kGlm4MoeBlockTensors)
+          if (suffix == hf) return "blk." + std::to_string(block) + "." + std::string(gguf);
       if (config.gemma())
         for (const auto& [hf, gguf] : kGemmaBlockTensors)
           if (suffix == hf) return "blk." + std::to_string(block) + "." + std::string(gguf);
@@ -106,8 +121,8 @@ std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_na
     }
   }
   fail("tensor '{}': llama.cpp's GGUF tensor map has no name for it (keel's GGUF export knows the tensors of "
-       "Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, GLM-4, Qwen3-MoE and Mixtral checkpoints; a mixture's "
-       "experts as the stacks checkpoint/gguf_experts.h makes of them)",
+       "Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, GLM-4, Qwen3-MoE, Mixtral and GLM-4.5 checkpoints; a "
+       "mixture's experts as the stacks checkpoint/gguf_experts.h makes of them)",
        hf_name);
 }
 

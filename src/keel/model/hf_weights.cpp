@@ -199,14 +199,9 @@ std::vector<std::string> load_hf_weights(Decoder& decoder, const std::string& di
   // model transformers builds, which skips their tensors on load; so does keel (the trainer's
   // banner says so), rather than warning about each of them.
   const ModelConfig& c = decoder.config();
-  auto next_token_layer = [&](const std::string& name) {
-    for (int64_t i = 0; i < c.nextn_predict_layers; ++i)
-      if (name.starts_with("model.layers." + std::to_string(c.num_layers + i) + ".")) return true;
-    return false;
-  };
   std::vector<std::string> unused;
   for (const auto& name : reader.names())
-    if (!used.count(name) && !is_ignorable(name) && !next_token_layer(name)) unused.push_back(name);
+    if (!used.count(name) && !is_ignorable(name) && !c.next_token_prediction_tensor(name)) unused.push_back(name);
   P.refresh_bf16_copy();
   return unused;
 }
