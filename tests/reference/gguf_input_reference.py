@@ -31,11 +31,16 @@ library scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K tensors):
   run from the directory the files were made from (the f32 file's losses exactly equal) and from the
   directory gguf-py's dequantizers make of each quantized file (reference_dir), and the original
   tokenizer's ids;
+- mixtures of experts, each expert read as its slice of the layer's stack: Qwen3-MoE (f32, q8_0)
+  against transformers' directory, norm_topk_prob set true there (its loader leaves Qwen3MoeConfig's
+  default false; llama.cpp, and keel reading the file, renormalise); Mixtral (which transformers
+  reads as a dense Llama) and GLM-4.5 (which it does not read) against the source directory (f32:
+  exactly) and that directory through gguf-py's q8_0 quantizer and dequantizer (q8_0);
 - that the comparison can fail: the Q4_K_M run's (Gemma 2, llama_spm: q8_0's) losses differ from the
   f32 run's by more than 100 x TOLERANCE (the quantization is seen), and keel refuses a file with a
   type it does not read.
 
-  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2,gemma2,gemma3,llama_spm,glm]
+  gguf_input_reference.py --keel BUILD/keel --npm BUILD/npm --work DIR [--families llama,qwen2,...,glm4_moe]
 """
 import json
 import os
@@ -81,7 +86,25 @@ CASES = {
                 "layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
                ("f32",)),
     "llama_spm": ("spm:llama", {"tie_word_embeddings": False}, {}, ("f32", "q8_0")),
+    # Mixtures of experts (gguf_reference.py's MOE models: each layer's experts one stack per
+    # projection in the file, read back an expert at a time). Qwen3-MoE against transformers'
+    # directory, its experts 768 wide as Qwen3MoeConfig's default (the loader reads no width), and
+    # norm_topk_prob set true in the directory: the loader leaves the default false, and llama.cpp
+    # (whose semantics keel reads the file with, and keel says so) always renormalises. Mixtral
+    # (llama with experts; transformers' loader builds it as a dense Llama) and GLM-4.5 (which it
+    # does not read): the directory the file was made from for f32 (exactly), and that directory
+    # through gguf-py's q8_0 quantizer and dequantizer for q8_0 (reference_dir).
+    "qwen3_moe": ("qwen3", {}, {}, ("f32", "q8_0")),
+    # Mixtral with Llama 3's own special ids: its tokenization is compared with the original tokenizer's,
+    # and the tiny models' pad id 2 is Llama 3's "#", which a GGUF tokenizer (transformers', keel's)
+    # makes a special token that "##" no longer merges across.
+    "mixtral": ("llama3", {}, {"bos_token_id": 128000, "eos_token_id": 128001, "pad_token_id": None},
+                ("f32", "q8_0")),
+    "glm4_moe": ("glm4", {}, glm4_tokenizer.config_ids(), ("f32", "q8_0")),
 }
+# The families whose reference is keel's run from the source directory (transformers' GGUF loader
+# does not read them as they are).
+SOURCE_REFERENCE = ("glm", "mixtral", "glm4_moe")
 # Llama 2's chat template (BOS before each user turn, EOS after each answer), for the llama_spm case.
 LLAMA2_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}"
                    "{{ bos_token + '[INST] ' + message['content'] | trim + ' [/INST]' }}"
@@ -107,11 +130,15 @@ RECORDS = [{"text": TEXTS[i % len(TEXTS)] + " " + TEXTS[(3 * i + 1) % len(TEXTS)
 def build_checkpoint(case, npm, out):
     tokenizer, overrides, extra, _ = CASES[case]
     tok_dir, vocab = G.tokenizer_dir(tokenizer, npm, os.path.dirname(out))
-    cfg = H.make_config(case.split("_")[0], vocab_size=vocab, **dict(SIZES, **overrides))
-    cfg.update(extra)
-    model = H.random_init(H.build_model(H.spec_from_config(cfg)), seed=5)
+    if case in G.MOE:
+        cfg, tensors = G.moe_model(case, vocab, 5, config=extra, **overrides)
+        tensors = G.published_layout(case, tensors)
+    else:
+        cfg = H.make_config(case.split("_")[0], vocab_size=vocab, **dict(SIZES, **overrides))
+        cfg.update(extra)
+        tensors = H.model_tensors(H.random_init(H.build_model(H.spec_from_config(cfg)), seed=5))
     shutil.rmtree(out, ignore_errors=True)
-    H.save_checkpoint(out, cfg, H.model_tensors(model))
+    H.save_checkpoint(out, cfg, tensors)
     for name in os.listdir(tok_dir):
         shutil.copy(os.path.join(tok_dir, name), os.path.join(out, name))
     if case in TEMPLATES:  # read by the converter's SpecialVocab into tokenizer.chat_template
@@ -160,6 +187,11 @@ def transformers_dir(gguf, out):
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     drop_tokens_past_vocabulary(out, model.config.vocab_size)
+    if model.config.model_type == "qwen3_moe":  # see CASES: the one key the loader gets wrong here
+        path = os.path.join(out, "config.json")
+        cfg = json.load(open(path))
+        cfg["norm_topk_prob"] = True
+        json.dump(cfg, open(path, "w"), indent=2)
     return tokenizer
 
 
@@ -177,9 +209,17 @@ def reference_dir(family, label, gguf, model_dir, out):
     transformers' GGUF loader does not read (5.24: no chatglm), the directory the f32 file was made
     from itself, and for the quantized files the one gguf-py makes of the file: each tensor
     dequantized by gguf.quants.dequantize under its transformers name, beside that directory's
-    config.json and tokenizer. Returns (directory, tokenizer)."""
-    if family != "glm":
+    config.json and tokenizer. Mixtral and GLM-4.5: the source directory for f32, and for q8_0 that
+    directory's tensors through gguf-py's own quantizer and dequantizer as the converter stores them
+    (matrices Q8_0, vectors, norms and routers F32; reference.gguf shows the file is the converter's
+    byte for byte, and q8_0's blocks lie within rows, so the converter's q/k row permutation does
+    not change them). Returns (directory, tokenizer)."""
+    if family not in SOURCE_REFERENCE:
         return out, transformers_dir(gguf, out)
+    if family != "glm":
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        return (model_dir if label == "f32" else q8_0_round_trip(model_dir, out)), tokenizer
     import numpy as np
     from gguf import GGUFReader, quants
     from safetensors.torch import save_file
@@ -203,6 +243,30 @@ def reference_dir(family, label, gguf, model_dir, out):
         if not name.endswith(".safetensors"):
             shutil.copy(os.path.join(model_dir, name), os.path.join(out, name))
     return out, tokenizer
+
+
+def q8_0_round_trip(model_dir, out):
+    """model_dir as out, each tensor as a --outtype q8_0 file holds it, dequantized by gguf-py."""
+    import numpy as np
+    from gguf import GGMLQuantizationType, quants
+    from safetensors.torch import load_file, save_file
+    tensors = {}
+    for name, t in load_file(os.path.join(model_dir, "model.safetensors")).items():
+        f32_kept = t.dim() < 2 or "norm" in name or name.endswith("gate.weight") and "experts" not in name
+        if not f32_kept:
+            if t.shape[-1] % 32:
+                raise SystemExit("%s: rows of %d values, not whole q8_0 blocks (the converter's f16 fallback)"
+                                 % (name, t.shape[-1]))
+            q = quants.quantize(t.numpy().astype(np.float32), GGMLQuantizationType.Q8_0)
+            t = torch.from_numpy(np.asarray(quants.dequantize(q, GGMLQuantizationType.Q8_0), np.float32).copy())
+        tensors[name] = t.reshape(t.shape)
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+    for name in os.listdir(model_dir):
+        if not name.endswith(".safetensors"):
+            shutil.copy(os.path.join(model_dir, name), os.path.join(out, name))
+    return out
 
 
 def drop_tokens_past_vocabulary(out, vocab_size):
@@ -274,7 +338,8 @@ def check_tokenizer(keel, tokenizer, hf_tokenizer, label):
         print("FAIL %s: %d texts tokenized of %d" % (label, len(ours), len(TEXTS)))
         failures += 1
     if not failures:
-        print("ok   %s: %d texts tokenized as %s does" % (label, len(TEXTS), "the original tokenizer" if label.startswith("glm")
+        print("ok   %s: %d texts tokenized as %s does" % (label, len(TEXTS), "the original tokenizer"
+                                                          if label.split()[0] in SOURCE_REFERENCE
                                                           else "transformers' GGUF tokenizer"))
     return failures
 
@@ -437,8 +502,8 @@ def main():
             case = "%s %s (%s)" % (family, label, ", ".join(tensor_types(gguf)))
             hf_dir, hf_tokenizer = reference_dir(family, label, gguf, model_dir,
                                                  os.path.join(args.work, "%s-%s-hf" % (family, label)))
-            # GLM-4's f32 file against the directory it was made from: exactly.
-            tolerance = 0.0 if family == "glm" and label == "f32" else TOLERANCE
+            # GLM-4's, Mixtral's and GLM-4.5's f32 files against the directory each was made from: exactly.
+            tolerance = 0.0 if family in SOURCE_REFERENCE and label == "f32" else TOLERANCE
             ours, log, seconds = keel_run(args.keel, gguf, os.path.join(args.work, "run-%s-%s-gguf" % (family, label)),
                                           data)
             theirs, _, hf_seconds = keel_run(args.keel, hf_dir, os.path.join(args.work, "run-%s-%s-hf" % (family, label)),

@@ -125,7 +125,8 @@ TEST(GgufInput, MetadataKeelCannotTrainIsRefusedByName) {
     const std::string bytes = written(kv, tensors);
     expect_keel_error([&] { model::gguf_model_config(formats::GgufFile(bytes, "bad.gguf")); }, words);
   };
-  refused(llama_metadata("phi3"), llama_tensors(true), {"bad.gguf", "'phi3'", "llama, qwen2, qwen3, gemma2, gemma3"});
+  refused(llama_metadata("phi3"), llama_tensors(true),
+          {"bad.gguf", "'phi3'", "llama, qwen2, qwen3, gemma2, gemma3, chatglm, qwen3moe, glm4moe"});
   GgufMetadata missing;
   missing.add_string("general.architecture", "llama");
   refused(missing, llama_tensors(true), {"bad.gguf", "'llama.embedding_length' is missing"});
@@ -183,6 +184,128 @@ TEST(GgufInput, WeightsDequantizedAndUnpermuted) {
       }
     EXPECT_TRUE(found) << info.name;
   }
+}
+
+// A tiny GLM-4.5 as llama.cpp's converter writes it (Glm4MoeModel): layer 0 dense, layer 1 a mixture
+// of 4 experts in 2 groups with a shared expert, one MTP layer counted in block_count and absent.
+GgufMetadata glm4moe_metadata(uint32_t gating = 2) {
+  GgufMetadata kv = llama_metadata("glm4moe", "model", 3);
+  kv.add_uint32("glm4moe.expert_count", 4);
+  kv.add_uint32("glm4moe.expert_used_count", 2);
+  kv.add_uint32("glm4moe.expert_group_count", 2);
+  kv.add_uint32("glm4moe.expert_group_used_count", 1);
+  kv.add_uint32("glm4moe.rope.dimension_count", 4);
+  kv.add_uint32("glm4moe.expert_feed_forward_length", 32);
+  kv.add_uint32("glm4moe.expert_shared_count", 1);
+  kv.add_uint32("glm4moe.leading_dense_block_count", 1);
+  kv.add_uint32("glm4moe.expert_gating_func", gating);  // 2: sigmoid
+  kv.add_float32("glm4moe.expert_weights_scale", 2.5f);
+  kv.add_bool("glm4moe.expert_weights_norm", true);
+  kv.add_uint32("glm4moe.nextn_predict_layers", 1);
+  return kv;
+}
+
+std::vector<GgufTensor> glm4moe_tensors() {
+  std::vector<GgufTensor> t = {tensor("token_embd.weight", {40, 32}, GgmlType::Q8_0, 0.1f),
+                               tensor("output_norm.weight", {32}, GgmlType::F32, 1.2f),
+                               tensor("output.weight", {40, 32}, GgmlType::F32, 0.9f)};
+  for (int layer = 0; layer < 2; ++layer) {
+    const std::string b = "blk." + std::to_string(layer) + ".";
+    const float o = 0.01f * float(layer);
+    for (auto [name, shape] : {std::pair<std::string, std::vector<int64_t>>{"attn_norm.weight", {32}},
+                               {"attn_q.weight", {32, 32}}, {"attn_q.bias", {32}}, {"attn_k.weight", {16, 32}},
+                               {"attn_k.bias", {16}}, {"attn_v.weight", {16, 32}}, {"attn_v.bias", {16}},
+                               {"attn_output.weight", {32, 32}}, {"post_attention_norm.weight", {32}}})
+      t.push_back(tensor(b + name, shape, GgmlType::F32, o + 0.2f));
+    if (layer == 0) {
+      t.push_back(tensor(b + "ffn_gate.weight", {64, 32}, GgmlType::F32, 0.6f));
+      t.push_back(tensor(b + "ffn_up.weight", {64, 32}, GgmlType::F32, 0.7f));
+      t.push_back(tensor(b + "ffn_down.weight", {32, 64}, GgmlType::F32, 0.8f));
+      continue;
+    }
+    t.push_back(tensor(b + "ffn_gate_inp.weight", {4, 32}, GgmlType::F32, 0.3f));
+    t.push_back(tensor(b + "exp_probs_b.bias", {4}, GgmlType::F32, 0.05f));
+    // Each stack distinct per expert (the pattern's period, 97, is not a multiple of an expert's 1,024).
+    t.push_back(tensor(b + "ffn_gate_exps.weight", {4, 32, 32}, GgmlType::Q8_0, 0.4f));
+    t.push_back(tensor(b + "ffn_up_exps.weight", {4, 32, 32}, GgmlType::F16, 0.5f));
+    t.push_back(tensor(b + "ffn_down_exps.weight", {4, 32, 32}, GgmlType::Q4_0, 0.6f));
+    t.push_back(tensor(b + "ffn_gate_shexp.weight", {32, 32}, GgmlType::F32, 0.7f));
+    t.push_back(tensor(b + "ffn_up_shexp.weight", {32, 32}, GgmlType::F32, 0.75f));
+    t.push_back(tensor(b + "ffn_down_shexp.weight", {32, 32}, GgmlType::F32, 0.8f));
+  }
+  return t;
+}
+
+// Mixtures as llama.cpp runs them: GLM-4.5's keys, Qwen3-MoE's and Mixtral's experts on every layer
+// with their top-k renormalised (llama.cpp's qwen3moe and llama always do).
+TEST(GgufInput, MixturesConfigAsLlamaCppRunsIt) {
+  const auto glm = model::gguf_model_config(formats::GgufFile(written(glm4moe_metadata(), glm4moe_tensors()), "g.gguf"));
+  EXPECT_EQ(glm.family, model::Family::Glm4Moe);
+  EXPECT_EQ(glm.num_layers, 2);  // block_count 3 less the MTP layer
+  EXPECT_EQ(glm.nextn_predict_layers, 1);
+  EXPECT_EQ(glm.moe.sparse_layers, (std::vector<bool>{false, true}));
+  EXPECT_EQ(glm.moe.experts, 4);
+  EXPECT_EQ(glm.moe.experts_per_token, 2);
+  EXPECT_EQ(glm.moe.intermediate_size, 32);
+  EXPECT_EQ(glm.moe.shared_intermediate_size, 32);
+  EXPECT_EQ(glm.moe.groups, 2);
+  EXPECT_EQ(glm.moe.topk_groups, 1);
+  EXPECT_TRUE(glm.moe.sigmoid_router);
+  EXPECT_TRUE(glm.moe.norm_topk_prob);
+  EXPECT_EQ(glm.moe.routed_scaling_factor, 2.5);
+  EXPECT_EQ(glm.rotary_dim, 4);
+  EXPECT_TRUE(glm.qkv_bias);
+  EXPECT_FALSE(glm.qk_norm);  // no attn_q_norm: the GLM-4.5 355B layout
+  EXPECT_FALSE(glm.rope_interleaved);
+  const auto softmax = glm4moe_metadata(1);
+  expect_keel_error(
+      [&] { model::gguf_model_config(formats::GgufFile(written(softmax, glm4moe_tensors()), "s.gguf")); },
+      {"s.gguf", "expert_gating_func is 1", "sigmoid"});
+
+  auto qwen = llama_metadata("qwen3moe", "model", 1);
+  qwen.add_uint32("qwen3moe.expert_count", 4);
+  qwen.add_uint32("qwen3moe.expert_used_count", 2);
+  qwen.add_uint32("qwen3moe.expert_feed_forward_length", 32);
+  const auto q = model::gguf_model_config(formats::GgufFile(written(qwen, llama_tensors(true)), "q.gguf"));
+  EXPECT_EQ(q.family, model::Family::Qwen3Moe);
+  EXPECT_TRUE(q.moe.norm_topk_prob);
+  EXPECT_EQ(q.moe.sparse_layers, (std::vector<bool>{true}));
+  EXPECT_EQ(q.moe.intermediate_size, 32);
+  EXPECT_EQ(model::gguf_config_notes(q).size(), 1u);  // transformers' loader reads it otherwise: said
+  auto mixtral = llama_metadata();
+  mixtral.add_uint32("llama.expert_count", 4);
+  mixtral.add_uint32("llama.expert_used_count", 2);
+  const auto m = model::gguf_model_config(formats::GgufFile(written(mixtral, llama_tensors(true)), "x.gguf"));
+  EXPECT_EQ(m.family, model::Family::Mixtral);
+  EXPECT_EQ(m.moe.intermediate_size, 64);  // feed_forward_length: Mixtral's experts' width
+  EXPECT_TRUE(m.moe.norm_topk_prob);
+}
+
+// Each expert's projections are its slice of the layer's stack (any type), the router's bias and the
+// shared expert by their own names.
+TEST(GgufInput, ExpertsAreTheirSlicesOfTheStacks) {
+  const std::string bytes = written(glm4moe_metadata(), glm4moe_tensors());
+  const formats::GgufFile file(bytes, "g.gguf");
+  model::Decoder decoder(model::gguf_model_config(file), model::Precision::F32, 1, 4, model::DecoderOptions{});
+  const auto loaded = model::load_gguf_weights(decoder, file);
+  EXPECT_TRUE(loaded.unused.empty());
+  int64_t experts_checked = 0;
+  for (const auto& w : model::hf_weight_tensors(decoder)) {
+    const auto slice = model::gguf_expert_slice(decoder.config(), w.name);
+    const std::string name = slice ? slice->stack : model::gguf_tensor_name(decoder.config(), w.name);
+    const formats::GgufTensorInfo* info = nullptr;
+    for (const auto& t : file.tensors())
+      if (t.name == name) info = &t;
+    ASSERT_NE(info, nullptr) << w.name;
+    std::vector<float> all(size_t(info->elements()));
+    formats::ggml_dequantize(info->type, file.tensor_bytes(*info).data(), info->elements(), all.data());
+    int64_t n = 1;
+    for (int64_t d : w.shape) n *= d;
+    const int64_t first = slice ? slice->expert * n : 0;
+    EXPECT_TRUE(std::equal(all.begin() + first, all.begin() + first + n, static_cast<const float*>(w.data))) << w.name;
+    experts_checked += slice ? 1 : 0;
+  }
+  EXPECT_EQ(experts_checked, 12);  // 4 experts x gate, up, down
 }
 
 TEST(GgufInput, WeightErrorsNameTheTensor) {

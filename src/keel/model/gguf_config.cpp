@@ -21,6 +21,9 @@ constexpr std::pair<std::string_view, Family> kArchitectures[] = {
     {"gemma2", Family::Gemma2},
     {"gemma3", Family::Gemma3},
     {"chatglm", Family::Glm},  // GLM-4 as the converter writes GlmForCausalLM (ChatGLMModel)
+    {"qwen3moe", Family::Qwen3Moe},
+    {"glm4moe", Family::Glm4Moe},
+    // Mixtral is "llama" with llama.expert_count (gguf_model_config).
 };
 
 const formats::GgufTensorInfo* find_tensor(const formats::GgufFile& file, std::string_view name) {
@@ -74,9 +77,59 @@ void read_gemma(const formats::GgufFile& file, const std::string& k, ModelConfig
   for (int64_t i = 0; i < c.num_layers; ++i) c.sliding_layers[size_t(i)] = gemma2 ? i % 2 == 0 : i % 6 < 5;
 }
 
+// A mixture of experts as llama.cpp runs the file. Qwen3-MoE (qwen3moe) and Mixtral (llama with
+// experts): every layer sparse, the top-k weights always renormalised (build_moe_ffn's norm_w,
+// which no key changes); Mixtral's experts as wide as feed_forward_length (its intermediate_size).
+// GLM-4.5 (glm4moe): its leading dense layers, sigmoid scores with the correction bias, expert
+// groups, renormalisation, scaling and shared experts from the keys, llama.cpp's defaults where a
+// key is absent; block_count counts the multi-token-prediction layers, which keel does not run.
+void read_experts(const formats::GgufFile& file, const std::string& k, ModelConfig& c) {
+  auto& m = c.moe;
+  m.experts = positive(file, k + "expert_count");
+  m.experts_per_token = positive(file, k + "expert_used_count");
+  m.intermediate_size = c.family == Family::Mixtral
+                            ? positive(file, k + "expert_feed_forward_length", c.intermediate_size)
+                            : positive(file, k + "expert_feed_forward_length");
+  m.norm_topk_prob = true;
+  m.output_router_logits = false;  // transformers' loaded config's default: no load-balancing loss
+  m.sparse_layers.assign(size_t(c.num_layers), true);
+  if (c.family != Family::Glm4Moe) return;
+  const int64_t nextn = file.integer_value(k + "nextn_predict_layers").value_or(0);
+  require(nextn >= 0 && nextn < c.num_layers, "{}: {}nextn_predict_layers: expected from 0 to block_count - 1, "
+          "found {}", file.path(), k, nextn);
+  c.num_layers -= nextn;
+  c.nextn_predict_layers = nextn;
+  const int64_t dense = file.integer_value(k + "leading_dense_block_count").value_or(0);
+  require(dense >= 0 && dense < c.num_layers, "{}: {}leading_dense_block_count: expected from 0 to {}, found {}",
+          file.path(), k, c.num_layers - 1, dense);
+  m.sparse_layers.assign(size_t(c.num_layers), true);
+  for (int64_t i = 0; i < dense; ++i) m.sparse_layers[size_t(i)] = false;
+  const int64_t gating = file.integer_value(k + "expert_gating_func").value_or(2);
+  require(gating == 2, "{}: {}expert_gating_func is {}: GLM-4.5 scores its experts with a sigmoid (2), which is "
+          "what keel trains", file.path(), k, gating);
+  m.sigmoid_router = true;
+  m.groups = file.integer_value(k + "expert_group_count").value_or(1);
+  m.topk_groups = file.integer_value(k + "expert_group_used_count").value_or(1);
+  m.norm_topk_prob = file.bool_value(k + "expert_weights_norm").value_or(false);
+  // llama.cpp scales by the key where it is not 0 (its default): 0 and absent are 1.
+  const double scale = file.number_value(k + "expert_weights_scale").value_or(0.0);
+  m.routed_scaling_factor = scale == 0.0 ? 1.0 : scale;
+  m.shared_intermediate_size = file.integer_value(k + "expert_shared_count").value_or(0) * m.intermediate_size;
+  m.router_aux_loss_coef = 0;  // Glm4MoeForCausalLM adds no such loss
+}
+
 }  // namespace
 
 std::vector<std::string> gguf_config_notes(const ModelConfig& c) {
+  if (c.family == Family::Qwen3Moe)
+    // transformers' GGUF config mapping (integrations/ggml.py, 5.24) reads no expert width or
+    // renormalisation for qwen3moe: Qwen3MoeConfig's defaults (768, norm_topk_prob false) stand in.
+    return {fmt::format(
+        "each token's top-{} expert weights renormalised to sum to 1, as llama.cpp runs a qwen3moe file (no key says "
+        "otherwise; the published Qwen3-MoE models do the same); transformers' GGUF loader reads neither that nor the "
+        "experts' width ({}) and takes Qwen3MoeConfig's defaults (norm_topk_prob false, 768), so a directory it makes "
+        "of this file trains another model",
+        c.moe.experts_per_token, c.moe.intermediate_size)};
   if (!c.gemma()) return {};
   std::vector<std::string> notes;
   const bool gemma2 = c.family == Family::Gemma2;
@@ -121,6 +174,8 @@ ModelConfig gguf_model_config(const formats::GgufFile& file) {
   bool known = false;
   for (const auto& [name, family] : kArchitectures)
     if (*arch == name) c.family = family, known = true;
+  if (c.family == Family::Llama && file.integer_value("llama.expert_count").value_or(0) > 0)
+    c.family = Family::Mixtral;  // the converter's LlamaModel writes MixtralForCausalLM as llama with experts
   require(known, "{}: general.architecture '{}': keel trains GGUF files of the architectures {} (convert the model "
           "to a Hugging Face directory with transformers' from_pretrained(dir, gguf_file=...) and save_pretrained "
           "for another family keel trains)",
@@ -167,6 +222,15 @@ ModelConfig gguf_model_config(const formats::GgufFile& file) {
   c.torch_dtype = DType::F32;  // dequantized to fp32 at load, as transformers does
   apply_family_traits(c);
   if (c.gemma()) read_gemma(file, k, c);
+  if (c.family == Family::Mixtral || c.family == Family::Qwen3Moe || c.family == Family::Glm4Moe)
+    read_experts(file, k, c);
+  if (c.family == Family::Glm4Moe) {
+    // llama.cpp's glm4moe: RoPE on the first rope.dimension_count channels in rotate_half's pairs;
+    // biases and q/k norms where the file has them (the GLM-4.5 355B model has no q/k norms).
+    c.rotary_dim = positive(file, k + "rope.dimension_count", c.head_dim / 2);
+    c.qkv_bias = find_tensor(file, "blk.0.attn_q.bias") != nullptr;
+    c.qk_norm = find_tensor(file, "blk.0.attn_q_norm.weight") != nullptr;
+  }
   if (c.family == Family::Glm) {
     // llama.cpp's chatglm: RoPE on the first rope.dimension_count channels of each head, in
     // adjacent pairs (GLM-4's interleaved ones); q/k/v biases where the file has them.

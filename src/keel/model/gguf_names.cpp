@@ -1,5 +1,7 @@
 #include "keel/model/gguf_names.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -8,6 +10,7 @@
 
 #include "keel/core/error.h"
 #include "keel/model/gguf_q4_k_m.h"
+#include "keel/model/hf_weights.h"
 
 namespace keel::model {
 namespace {
@@ -124,6 +127,31 @@ std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_na
        "Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, GLM-4, Qwen3-MoE, Mixtral and GLM-4.5 checkpoints; a "
        "mixture's experts as the stacks checkpoint/gguf_experts.h makes of them)",
        hf_name);
+}
+
+std::optional<GgufExpertSlice> gguf_expert_slice(const ModelConfig& config, const std::string& hf_name) {
+  if (!config.has_experts()) return std::nullopt;
+  std::string_view rest(hf_name);
+  constexpr std::string_view kLayers = "model.layers.";
+  if (!rest.starts_with(kLayers)) return std::nullopt;
+  rest.remove_prefix(kLayers.size());
+  auto number = [&](int64_t& n) {
+    const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), n);
+    if (ec != std::errc() || end == rest.data() + rest.size() || *end != '.') return false;
+    rest.remove_prefix(size_t(end - rest.data()) + 1);
+    return true;
+  };
+  int64_t layer = -1, expert = -1;
+  const PublishedExpertNames names = published_expert_names(config.family);
+  const std::string experts = std::string(names.block) + "experts.";
+  if (!number(layer) || !rest.starts_with(experts)) return std::nullopt;
+  rest.remove_prefix(experts.size());
+  if (!number(expert)) return std::nullopt;
+  const std::pair<std::string_view, std::string_view> stacks[] = {
+      {names.gate, "ffn_gate_exps"}, {names.up, "ffn_up_exps"}, {names.down, "ffn_down_exps"}};
+  for (const auto& [suffix, stack] : stacks)
+    if (rest == suffix) return GgufExpertSlice{fmt::format("blk.{}.{}.weight", layer, stack), expert};
+  return std::nullopt;
 }
 
 float gguf_norm_shift(const ModelConfig& config, const std::string& hf_name) {

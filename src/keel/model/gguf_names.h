@@ -17,14 +17,24 @@ namespace keel::model {
 inline constexpr uint32_t kGgmlQuantizationVersion = 2;  // GGML_QNT_VERSION: general.quantization_version
 
 // The GGUF architecture (`general.architecture`) of a family: "llama" for Llama, Mistral and Mixtral,
-// "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", and "chatglm" for GLM-4 in the glm format
+// "qwen2", "qwen3", "qwen3moe", "gemma2", "gemma3", "chatglm" for GLM-4 in the glm format
 // (GlmForCausalLM, which the converter writes with its ChatGLMModel; glm_original checkpoints are
-// not written). Families keel does not write yet are a keel::Error naming the family.
+// not written) and "glm4moe" for GLM-4.5. Families keel does not write are a keel::Error naming the
+// family.
 std::string gguf_architecture(const ModelConfig& config);
 
 // "model.layers.3.self_attn.q_proj.weight" -> "blk.3.attn_q.weight", ... (Gemma's sandwich norms
 // by its own names); a keel::Error naming the tensor for one llama.cpp has no name for.
 std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_name);
+
+// A mixture's expert in a published checkpoint's per-expert names
+// ("model.layers.3.mlp.experts.5.gate_proj.weight"; Mixtral's block_sparse_moe.experts.5.w1) as the
+// slice of the GGUF stack holding it: {"blk.3.ffn_gate_exps.weight", 5}. nullopt for other tensors.
+struct GgufExpertSlice {
+  std::string stack;
+  int64_t expert = 0;
+};
+std::optional<GgufExpertSlice> gguf_expert_slice(const ModelConfig& config, const std::string& hf_name);
 
 // Gemma 2 and 3: llama.cpp's RMSNorm multiplies by w, transformers' Gemma RMSNorms by (1 + w), so
 // the converter stores every norm weight plus one (Gemma2Model.modify_tensors,

@@ -38,7 +38,8 @@ void store(Decoder& decoder, const HfTensor& t, const float* values, int64_t fir
 
 GgufLoadSummary load_gguf_weights(Decoder& decoder, const formats::GgufFile& file, WorkProgress* progress) {
   const ModelConfig& c = decoder.config();
-  const auto tensors = hf_tensors(c, decoder.ids());
+  // A mixture's experts by expert: each one a slice of its layer's GGUF stack (ffn_*_exps).
+  const auto tensors = hf_tensors(c, decoder.ids(), ExpertLayout::PerExpert);
   std::unordered_map<std::string, const formats::GgufTensorInfo*> by_name;
   for (const auto& info : file.tensors()) by_name[info.name] = &info;
   GgufLoadSummary summary;
@@ -50,12 +51,15 @@ GgufLoadSummary load_gguf_weights(Decoder& decoder, const formats::GgufFile& fil
     const int64_t cols = t.cols ? t.cols : 1, n = t.rows * cols;
     if (progress) progress->update("loading " + file.path(), done, total, "M weights");
     done += double(n) / 1e6;
-    const std::string name = gguf_tensor_name(c, t.name);
+    const auto slice = gguf_expert_slice(c, t.name);
+    const std::string name = slice ? slice->stack : gguf_tensor_name(c, t.name);
     const auto found = by_name.find(name);
     require(found != by_name.end(), "{}: tensor '{}' (the model's {}) is missing", file.path(), name, t.name);
     const formats::GgufTensorInfo& info = *found->second;
-    require(info.shape == t.shape(), "{}: tensor '{}' has shape [{}], the model's {} is [{}]", file.path(), name,
-            fmt::join(info.shape, ", "), t.name, fmt::join(t.shape(), ", "));
+    std::vector<int64_t> expected = t.shape();
+    if (slice) expected.insert(expected.begin(), c.moe.experts);  // [experts, rows, cols]
+    require(info.shape == expected, "{}: tensor '{}' has shape [{}], the model's {} is [{}]", file.path(), name,
+            fmt::join(info.shape, ", "), slice ? "stack of " + t.name : t.name, fmt::join(expected, ", "));
     const auto* traits = formats::ggml_type_traits(info.type);
     require(formats::ggml_can_dequantize(info.type),
             "{}: tensor '{}' is stored as {}: keel dequantizes {} (requantize the model to one of them with "
@@ -72,8 +76,15 @@ GgufLoadSummary load_gguf_weights(Decoder& decoder, const formats::GgufFile& fil
     const bool in_place = heads == 0 && P.param(t.param).storage == ParamStorage::Master && !P.sharded_weights();
     if (!in_place) values.resize(size_t(n));
     float* dequantized = in_place ? P.weight(t.param) + first : values.data();
-    formats::ggml_dequantize(info.type, file.tensor_bytes(info).data(), n, dequantized);
-    file.release_tensor_bytes(info);
+    // An expert's slice of a stack starts at whole blocks: its rows are whole blocks, as every row is.
+    const int64_t skip = slice ? slice->expert * n : 0;
+    require(skip % traits->block_size == 0 && n % traits->block_size == 0,
+            "{}: tensor '{}': an expert's {} values are not whole {} blocks of {}", file.path(), name, n, type,
+            traits->block_size);
+    formats::ggml_dequantize(info.type, file.tensor_bytes(info).data() + skip / traits->block_size * traits->type_size,
+                             n, dequantized);
+    // A stack's pages leave the resident set with its last expert.
+    if (!slice || slice->expert == c.moe.experts - 1) file.release_tensor_bytes(info);
     // Gemma: the converter stored each norm as 1 + w (gguf_norm_shift); transformers' GGUF loader
     // subtracts 1 in fp32 (Gemma2TensorProcessor), and so does keel.
     if (const float shift = gguf_norm_shift(c, t.name); shift != 0.0f) {
