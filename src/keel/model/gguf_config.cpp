@@ -114,7 +114,11 @@ void read_experts(const formats::GgufFile& file, const std::string& k, ModelConf
   // llama.cpp scales by the key where it is not 0 (its default): 0 and absent are 1.
   const double scale = file.number_value(k + "expert_weights_scale").value_or(0.0);
   m.routed_scaling_factor = scale == 0.0 ? 1.0 : scale;
-  m.shared_intermediate_size = file.integer_value(k + "expert_shared_count").value_or(0) * m.intermediate_size;
+  const int64_t shared = file.integer_value(k + "expert_shared_count").value_or(0);
+  require(shared >= 0 && shared <= 1024 && m.intermediate_size <= (int64_t(1) << 22),
+          "{}: {}expert_shared_count {} of experts {} wide: expected at most 1024 shared experts of at most 4194304",
+          file.path(), k, shared, m.intermediate_size);
+  m.shared_intermediate_size = shared * m.intermediate_size;
   m.router_aux_loss_coef = 0;  // Glm4MoeForCausalLM adds no such loss
 }
 
@@ -183,6 +187,9 @@ ModelConfig gguf_model_config(const formats::GgufFile& file) {
   const std::string k = *arch + ".";
   c.hidden_size = positive(file, k + "embedding_length");
   c.num_layers = positive(file, k + "block_count");
+  // Bounded before anything is sized by it (config.json's limit; validate checks the rest).
+  require(c.num_layers < 10000, "{}: {}block_count: expected fewer than 10000 layers, found {}", file.path(), k,
+          c.num_layers);
   c.intermediate_size = positive(file, k + "feed_forward_length");
   c.num_heads = positive(file, k + "attention.head_count");
   c.num_kv_heads = positive(file, k + "attention.head_count_kv", c.num_heads);
