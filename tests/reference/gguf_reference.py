@@ -43,19 +43,21 @@ GEMMA3_AS_LLAMA_CPP = {"query_pre_attn_scalar": 16, "layer_types": ["sliding_att
 GEMMA2_AS_LLAMA_CPP = {"query_pre_attn_scalar": 16}  # head_dim; layers slide alternately from the first
 
 # case -> (tokenizer package, config overrides ("config": keys set after make_config), checkpoint dtype, --outtype values; None: the default).
-# Each converter run costs ~10 s (torch's import, a 128k-token vocabulary): every outtype on Llama,
-# the rest where the case differs.
+# Each converter run costs ~10 s (torch's import, a 128k-token vocabulary): every family at f32, f16,
+# bf16 and q8_0 (the issue's promise), its variants (bf16 weights, SentencePiece vocabularies) where
+# they differ.
 CASES = {
     "llama": ("llama3", {}, torch.float32, (None, "f32", "f16", "bf16", "q8_0")),
     "llama_bf16": ("llama3", {}, torch.bfloat16, (None,)),
-    "mistral": ("llama3", {}, torch.float32, ("f32",)),
+    "mistral": ("llama3", {}, torch.float32, ("f32", "f16", "bf16", "q8_0")),
     # ffn_down's rows of 80 values are not whole q8_0 blocks: f16, as the converter falls back
-    "qwen2": ("qwen3", {"intermediate_size": 80}, torch.float32, ("f16", "q8_0")),
-    "qwen3": ("qwen3", {"tie_word_embeddings": False}, torch.float32, (None, "bf16", "q8_0")),
+    "qwen2": ("qwen3", {"intermediate_size": 80}, torch.float32, ("f32", "f16", "bf16", "q8_0")),
+    "qwen3": ("qwen3", {"tie_word_embeddings": False}, torch.float32, (None, "f32", "bf16", "q8_0")),
     # norms stored plus one; Gemma 3's tokenizer.json (SentencePiece-style, byte fallback) read as BPE.
     # Six layers, the last global, and the scalar = head_dim: what llama.cpp's gemma3 runs (it takes
     # both from its own tables; keel refuses a model it would run otherwise than trained).
-    "gemma3": ("gemma3", {"num_layers": 6, "config": GEMMA3_AS_LLAMA_CPP}, torch.float32, ("f32", "q8_0")),
+    "gemma3": ("gemma3", {"num_layers": 6, "config": GEMMA3_AS_LLAMA_CPP}, torch.float32,
+               ("f32", "f16", "bf16", "q8_0")),
     # SentencePiece vocabularies ("llama", scores from tokenizer.model; spm_tokenizer.py trains one):
     # Gemma 2, whose converter reads nothing else (norms plus one, soft caps, window; the scalar =
     # head_dim, as llama.cpp's gemma2 runs it), Gemma 3 and Llama with one beside tokenizer.json.
@@ -74,14 +76,15 @@ CASES = {
     # each from transformers 5's fused one too (FUSED_TWIN: keel's file of it against the converter's
     # of the published layout; the converter reads Qwen3-MoE's fused layout as well, to the same file,
     # and not Mixtral's).
-    "qwen3_moe": ("qwen3", {}, torch.float32, ("f32", "bf16", "q8_0")),
-    "mixtral": ("llama3", {}, torch.float32, ("f16",)),
+    "qwen3_moe": ("qwen3", {}, torch.float32, ("f32", "f16", "bf16", "q8_0")),
+    "mixtral": ("llama3", {}, torch.float32, ("f16", "f32", "bf16", "q8_0")),
     # GLM-4.5 (Glm4MoeModel: architecture glm4moe): a dense first layer among sparse ones, shared
     # experts (*_shexp), the router's correction bias (exp_probs_b), expert groups, the sigmoid and
     # scaling keys, q/k norms and biases, half of each head rotated, no permutation; one MTP layer
     # counted in block_count and absent from the checkpoint (what keel's checkpoints hold); the
     # GLM-4-style tokenizer, whose ids the converter's _set_vocab_glm takes BOS, EOT, UNK and EOM from.
-    "glm4_moe": ("glm4", {"config": glm4_tokenizer.config_ids()}, torch.float32, ("f32", "q8_0")),
+    "glm4_moe": ("glm4", {"config": glm4_tokenizer.config_ids()}, torch.float32,
+                 ("f32", "f16", "bf16", "q8_0")),
 }
 # family -> (the dense family whose make_config gives the shared keys, the mixture's keys): every
 # layer sparse and the top-k renormalised, as llama.cpp's qwen3moe and llama run a mixture (keel
