@@ -31,7 +31,7 @@ library scripts/llama-cpp-library.sh builds) to Q4_K_M (q4_K and q6_K tensors):
   run from the directory the files were made from (the f32 file's losses exactly equal) and from the
   directory gguf-py's dequantizers make of each quantized file (reference_dir), and the original
   tokenizer's ids;
-- mixtures of experts, each expert read as its slice of the layer's stack: Qwen3-MoE (f32, q8_0)
+- mixtures of experts, each expert read as its slice of the layer's stack: Qwen3-MoE (f32, q8_0, Q4_K_M)
   against transformers' directory, norm_topk_prob set true there (its loader leaves Qwen3MoeConfig's
   default false; llama.cpp, and keel reading the file, renormalise); Mixtral (which transformers
   reads as a dense Llama) and GLM-4.5 (which it does not read) against the source directory (f32:
@@ -88,13 +88,14 @@ CASES = {
     "llama_spm": ("spm:llama", {"tie_word_embeddings": False}, {}, ("f32", "q8_0")),
     # Mixtures of experts (gguf_reference.py's MOE models: each layer's experts one stack per
     # projection in the file, read back an expert at a time). Qwen3-MoE against transformers'
-    # directory, its experts 768 wide as Qwen3MoeConfig's default (the loader reads no width), and
+    # directory, its experts 768 wide as Qwen3MoeConfig's default (the loader reads no width), rows
+    # of 256 and 768 values (whole k-quant super-blocks: llama.cpp's Q4_K_M of it, q4_K and q6_K), and
     # norm_topk_prob set true in the directory: the loader leaves the default false, and llama.cpp
     # (whose semantics keel reads the file with, and keel says so) always renormalises. Mixtral
     # (llama with experts; transformers' loader builds it as a dense Llama) and GLM-4.5 (which it
     # does not read): the directory the file was made from for f32 (exactly), and that directory
     # through gguf-py's q8_0 quantizer and dequantizer for q8_0 (reference_dir).
-    "qwen3_moe": ("qwen3", {}, {}, ("f32", "q8_0")),
+    "qwen3_moe": ("qwen3", {"hidden_size": 256, "head_dim": 64}, {}, ("f32", "q8_0", "q4_k_m")),
     # Mixtral with Llama 3's own special ids: its tokenization is compared with the original tokenizer's,
     # and the tiny models' pad id 2 is Llama 3's "#", which a GGUF tokenizer (transformers', keel's)
     # makes a special token that "##" no longer merges across.
