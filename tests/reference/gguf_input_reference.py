@@ -223,7 +223,6 @@ def reference_dir(family, label, gguf, model_dir, out):
         return (model_dir if label == "f32" else q8_0_round_trip(model_dir, out)), tokenizer
     import numpy as np
     from gguf import GGUFReader, quants
-    from safetensors.torch import save_file
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if label == "f32":
@@ -237,20 +236,27 @@ def reference_dir(family, label, gguf, model_dir, out):
             name = "model.layers.%s.%s.%s" % (block, GLM_BLOCK_NAMES[base], kind)
         values = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
         tensors[name] = torch.from_numpy(values.reshape([int(d) for d in reversed(t.shape)]).copy())
+    return directory_of(tensors, model_dir, out), tokenizer
+
+
+def directory_of(tensors, model_dir, out):
+    """out: a model directory of `tensors` (one model.safetensors) beside model_dir's other files
+    (config.json, the tokenizer's)."""
+    from safetensors.torch import save_file
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
     for name in os.listdir(model_dir):
         if not name.endswith(".safetensors"):
             shutil.copy(os.path.join(model_dir, name), os.path.join(out, name))
-    return out, tokenizer
+    return out
 
 
 def q8_0_round_trip(model_dir, out):
     """model_dir as out, each tensor as a --outtype q8_0 file holds it, dequantized by gguf-py."""
     import numpy as np
     from gguf import GGMLQuantizationType, quants
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     tensors = {}
     for name, t in load_file(os.path.join(model_dir, "model.safetensors")).items():
         f32_kept = t.dim() < 2 or "norm" in name or name.endswith("gate.weight") and "experts" not in name
@@ -260,14 +266,8 @@ def q8_0_round_trip(model_dir, out):
                                  % (name, t.shape[-1]))
             q = quants.quantize(t.numpy().astype(np.float32), GGMLQuantizationType.Q8_0)
             t = torch.from_numpy(np.asarray(quants.dequantize(q, GGMLQuantizationType.Q8_0), np.float32).copy())
-        tensors[name] = t.reshape(t.shape)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
-    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
-    for name in os.listdir(model_dir):
-        if not name.endswith(".safetensors"):
-            shutil.copy(os.path.join(model_dir, name), os.path.join(out, name))
-    return out
+        tensors[name] = t
+    return directory_of(tensors, model_dir, out)
 
 
 def drop_tokens_past_vocabulary(out, vocab_size):

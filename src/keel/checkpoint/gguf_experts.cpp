@@ -4,7 +4,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -18,54 +17,7 @@
 namespace keel::checkpoint {
 namespace {
 
-enum class Projection : uint8_t { Gate, Up, Down, GateUp };
-
-// An expert tensor's place: its layer, its expert (-1: transformers 5's fused tensor of all of them)
-// and its projection.
-struct ExpertName {
-  int64_t layer = -1, expert = -1;
-  Projection projection = Projection::Gate;
-};
-
-std::optional<int64_t> leading_number(std::string_view& s) {
-  int64_t n = -1;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
-  if (ec != std::errc() || end == s.data() + s.size() || *end != '.') return std::nullopt;
-  s.remove_prefix(size_t(end - s.data()) + 1);
-  return n;
-}
-
-// model.layers.L.mlp.experts.E.gate_proj.weight (Mixtral's block_sparse_moe.experts.E.w1.weight) and
-// model.layers.L.mlp.experts.gate_up_proj (any family's fused layout); nullopt for other tensors.
-std::optional<ExpertName> parse_expert_name(std::string_view name, const model::PublishedExpertNames& names) {
-  constexpr std::string_view kLayers = "model.layers.";
-  if (!name.starts_with(kLayers)) return std::nullopt;
-  name.remove_prefix(kLayers.size());
-  ExpertName e;
-  const auto layer = leading_number(name);
-  if (!layer) return std::nullopt;
-  e.layer = *layer;
-  if (name == "mlp.experts.gate_up_proj" || name == "mlp.experts.down_proj") {
-    e.projection = name.ends_with("gate_up_proj") ? Projection::GateUp : Projection::Down;
-    return e;
-  }
-  constexpr std::string_view kExperts = "experts.";
-  if (!name.starts_with(names.block)) return std::nullopt;
-  name.remove_prefix(names.block.size());
-  if (!name.starts_with(kExperts)) return std::nullopt;
-  name.remove_prefix(kExperts.size());
-  const auto expert = leading_number(name);
-  if (!expert) return std::nullopt;
-  e.expert = *expert;
-  const std::pair<std::string_view, Projection> projections[] = {
-      {names.gate, Projection::Gate}, {names.up, Projection::Up}, {names.down, Projection::Down}};
-  for (const auto& [suffix, projection] : projections)
-    if (name == suffix) {
-      e.projection = projection;
-      return e;
-    }
-  return std::nullopt;
-}
+using Projection = model::ExpertProjection;
 
 // One sparse layer's expert tensors as they came: per expert, or fused.
 struct LayerExperts {
@@ -175,8 +127,8 @@ std::vector<HfTensorSource> gguf_converter_order(const model::ModelConfig& c, st
   std::vector<std::pair<std::string, std::vector<HfTensorSource>>> items;
   std::map<int64_t, LayerExperts> layers;
   for (auto& t : tensors) {
-    std::optional<ExpertName> e;
-    if (c.has_experts()) e = parse_expert_name(t.name, names);
+    std::optional<model::ExpertTensorName> e;
+    if (c.has_experts()) e = model::parse_expert_tensor_name(c.family, t.name);
     if (!e) {
       // Mixtral's router under transformers 5's name sorts where the published one does.
       std::string key = t.name;

@@ -131,27 +131,10 @@ std::string gguf_tensor_name(const ModelConfig& config, const std::string& hf_na
 
 std::optional<GgufExpertSlice> gguf_expert_slice(const ModelConfig& config, const std::string& hf_name) {
   if (!config.has_experts()) return std::nullopt;
-  std::string_view rest(hf_name);
-  constexpr std::string_view kLayers = "model.layers.";
-  if (!rest.starts_with(kLayers)) return std::nullopt;
-  rest.remove_prefix(kLayers.size());
-  auto number = [&](int64_t& n) {
-    const auto [end, ec] = std::from_chars(rest.data(), rest.data() + rest.size(), n);
-    if (ec != std::errc() || end == rest.data() + rest.size() || *end != '.') return false;
-    rest.remove_prefix(size_t(end - rest.data()) + 1);
-    return true;
-  };
-  int64_t layer = -1, expert = -1;
-  const PublishedExpertNames names = published_expert_names(config.family);
-  const std::string experts = std::string(names.block) + "experts.";
-  if (!number(layer) || !rest.starts_with(experts)) return std::nullopt;
-  rest.remove_prefix(experts.size());
-  if (!number(expert)) return std::nullopt;
-  const std::pair<std::string_view, std::string_view> stacks[] = {
-      {names.gate, "ffn_gate_exps"}, {names.up, "ffn_up_exps"}, {names.down, "ffn_down_exps"}};
-  for (const auto& [suffix, stack] : stacks)
-    if (rest == suffix) return GgufExpertSlice{fmt::format("blk.{}.{}.weight", layer, stack), expert};
-  return std::nullopt;
+  const auto e = parse_expert_tensor_name(config.family, hf_name);
+  if (!e || e->expert < 0) return std::nullopt;  // transformers 5's fused tensors are not one expert's
+  constexpr std::string_view kStacks[] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};  // Gate, Up, Down
+  return GgufExpertSlice{fmt::format("blk.{}.{}.weight", e->layer, kStacks[size_t(e->projection)]), e->expert};
 }
 
 float gguf_norm_shift(const ModelConfig& config, const std::string& hf_name) {

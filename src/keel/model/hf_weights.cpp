@@ -1,6 +1,7 @@
 #include "keel/model/hf_weights.h"
 
 #include <algorithm>
+#include <charconv>
 #include <set>
 
 #include "keel/core/error.h"
@@ -31,6 +32,50 @@ Names family_names(Family f) {
 }
 
 }  // namespace
+
+namespace {
+
+// "3.rest" -> 3, s left at "rest"; nullopt without a number and a dot.
+std::optional<int64_t> leading_number(std::string_view& s) {
+  int64_t n = -1;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (ec != std::errc() || end == s.data() + s.size() || *end != '.') return std::nullopt;
+  s.remove_prefix(size_t(end - s.data()) + 1);
+  return n;
+}
+
+}  // namespace
+
+std::optional<ExpertTensorName> parse_expert_tensor_name(Family family, std::string_view name) {
+  constexpr std::string_view kLayers = "model.layers.";
+  if (!name.starts_with(kLayers)) return std::nullopt;
+  name.remove_prefix(kLayers.size());
+  ExpertTensorName e;
+  const auto layer = leading_number(name);
+  if (!layer) return std::nullopt;
+  e.layer = *layer;
+  if (name == "mlp.experts.gate_up_proj" || name == "mlp.experts.down_proj") {
+    e.projection = name.ends_with("gate_up_proj") ? ExpertProjection::GateUp : ExpertProjection::Down;
+    return e;
+  }
+  const PublishedExpertNames names = published_expert_names(family);
+  constexpr std::string_view kExperts = "experts.";
+  if (!name.starts_with(names.block)) return std::nullopt;
+  name.remove_prefix(names.block.size());
+  if (!name.starts_with(kExperts)) return std::nullopt;
+  name.remove_prefix(kExperts.size());
+  const auto expert = leading_number(name);
+  if (!expert) return std::nullopt;
+  e.expert = *expert;
+  const std::pair<std::string_view, ExpertProjection> projections[] = {
+      {names.gate, ExpertProjection::Gate}, {names.up, ExpertProjection::Up}, {names.down, ExpertProjection::Down}};
+  for (const auto& [suffix, projection] : projections)
+    if (name == suffix) {
+      e.projection = projection;
+      return e;
+    }
+  return std::nullopt;
+}
 
 std::vector<HfTensor> hf_tensors(const ModelConfig& c, const DecoderParamIds& ids, ExpertLayout layout) {
   const Names names = family_names(c.family);

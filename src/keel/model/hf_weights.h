@@ -5,7 +5,9 @@
 // each tensor into its rows; exporting writes each block back under its own name.
 #pragma once
 #include <functional>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <string_view>
 #include <vector>
 
@@ -42,6 +44,17 @@ inline PublishedExpertNames published_expert_names(Family family) {
   if (family == Family::Mixtral) return {"block_sparse_moe.", "w1.weight", "w3.weight", "w2.weight"};
   return {"mlp.", "gate_proj.weight", "up_proj.weight", "down_proj.weight"};
 }
+
+// A mixture's expert tensor by name: its layer, its expert (-1: transformers 5's fused tensor of all
+// of them, mlp.experts.gate_up_proj or down_proj) and its projection, from the published names
+// above or the fused ones; nullopt for any other tensor. Shared by the GGUF stacking (export) and
+// slicing (input).
+enum class ExpertProjection : uint8_t { Gate, Up, Down, GateUp };
+struct ExpertTensorName {
+  int64_t layer = -1, expert = -1;
+  ExpertProjection projection = ExpertProjection::Gate;
+};
+std::optional<ExpertTensorName> parse_expert_tensor_name(Family family, std::string_view name);
 
 // The layout a checkpoint holds its experts in: fused where its first sparse layer's experts are
 // (PerExpert for a dense model).
