@@ -60,7 +60,7 @@ int main(int argc, char** argv) {
       s = scores;
       d = dp;
       const double grad_ns = ns_per_row(repeats / 10 + 1, [&](int row) {
-        ops.softmax_grad_round_bf16(s.data() + row * kKeys, d.data() + row * kKeys, kKeys, 0.125f, 1.5f, 0.2f,
+        ops.softmax_grad_round_bf16(s.data() + row * kKeys, d.data() + row * kKeys, kKeys, 0.125f, 1.5f,
                                     visible(row));
       });
       const double cast_ns = ns_per_row(repeats, [&](int row) {

@@ -1,6 +1,7 @@
 // attention_forward / attention_backward against a naive softmax attention and finite differences.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -68,13 +69,12 @@ struct FusedAttention {
                               segment_ids(), out.data(), lse.data(), ws.data(), ws.size(), operands);
   }
   std::vector<float> backward_blocked(AttentionMatmul precision, const std::vector<float>& buf,
-                                      const std::vector<float>& out, const std::vector<float>& lse,
-                                      const std::vector<float>& dout,
+                                      const std::vector<float>& lse, const std::vector<float>& dout,
                                       Bf16Operands operands = Bf16Operands::automatic) const {
     std::vector<float> grad(buf.size(), 0.0f);
     std::vector<char> ws(attention_workspace_bytes(shape, precision, max_threads(), operands));
     attention_backward_blocked(shape, precision, buf.data() + q_offset, buf.data() + k_offset, buf.data() + v_offset,
-                               segment_ids(), out.data(), lse.data(), dout.data(), grad.data() + q_offset,
+                               segment_ids(), lse.data(), dout.data(), grad.data() + q_offset,
                                grad.data() + k_offset, grad.data() + v_offset, ws.data(), ws.size(), operands);
     return grad;
   }
@@ -340,7 +340,7 @@ void expect_blocked_matches_reference(const FusedAttention& a) {
     SCOPED_TRACE(precision == AttentionMatmul::F32 ? "f32" : "bf16");
     std::vector<float> out_f, lse_f;
     a.forward_blocked(precision, buf, out_f, lse_f);
-    const std::vector<float> grad_f = a.backward_blocked(precision, buf, out_f, lse_f, dout_f);
+    const std::vector<float> grad_f = a.backward_blocked(precision, buf, lse_f, dout_f);
     if (precision == AttentionMatmul::F32) {
       for (int64_t i : output_indices(a)) ASSERT_NEAR(out_f[i], out[i], 4e-6) << i;
       for (size_t i = 0; i < lse.size(); ++i) ASSERT_NEAR(lse_f[i], lse[i], 4e-6 * std::fabs(lse[i]) + 4e-6) << i;
@@ -415,7 +415,7 @@ TEST(AttentionBlocked, IdenticalForOneAndTwoThreads) {
       test::with_threads(threads, [&] {
         std::vector<float> lse;
         a.forward_blocked(precision, buf, outs[threads - 1], lse);
-        grads[threads - 1] = a.backward_blocked(precision, buf, outs[threads - 1], lse, dout);
+        grads[threads - 1] = a.backward_blocked(precision, buf, lse, dout);
       });
     ASSERT_EQ(outs[0], outs[1]);
     ASSERT_EQ(std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)), 0);
@@ -434,7 +434,7 @@ void expect_widened_operands_match_packed(const FusedAttention& a) {
   const Bf16Operands holding[2] = {Bf16Operands::packed, Bf16Operands::widened};
   for (int m = 0; m < 2; ++m) {
     a.forward_blocked(AttentionMatmul::BF16, buf, out[m], lse[m], holding[m]);
-    grad[m] = a.backward_blocked(AttentionMatmul::BF16, buf, out[m], lse[m], dout, holding[m]);
+    grad[m] = a.backward_blocked(AttentionMatmul::BF16, buf, lse[m], dout, holding[m]);
   }
   if (!bf16_matmul_native()) {
     ASSERT_EQ(std::memcmp(out[0].data(), out[1].data(), out[0].size() * sizeof(float)), 0);
@@ -462,6 +462,40 @@ TEST(AttentionBlocked, WidenedBf16OperandsGiveThePackedOperandsResults) {
     a.shape.softcap = 1.2;  // the capped backward rounds after the slope
     expect_widened_operands_match_packed(a);
   });
+}
+
+// Softmax ignores a shift of all of a row's scores, so each row of dS sums to 0, and so do the
+// keys' gradients: sum_j dK_j = scale * sum_i (sum_j dS_ij) Q_i, what a bias added to every key
+// (GLM's k bias outside the rotary channels) cannot change. In bf16 only the rounding of dS to
+// bf16 may break it, at random across a row. A D taken as dO . O breaks it on every row: O was
+// made from bf16-rounded probabilities and dP from bf16-rounded dO, so D misses sum_j P_ij dP_ij
+// by ~2^-9 |D_i|, which dO close to O (a loss that pulls the output along itself) makes large.
+// Measured (the same on AVX-512 BF16, AVX2 and portable kernels): the worst channel's sum is
+// 6.9e-4 of sum_j |dK_j| with the row's own D, 2.1e-3 with dO . O.
+TEST(AttentionBlocked, KeyGradientsSumToZeroAsSoftmaxIgnoresAShift) {
+  FusedAttention a(2, 150, 4, 2, 16, 61);
+  a.segments = packed_segments(2, {100, 50});
+  const std::vector<float> buf = test::to_float(a.qkv), noise = test::to_float(a.loss_weights(62));
+  for (AttentionMatmul precision : {AttentionMatmul::F32, AttentionMatmul::BF16}) {
+    SCOPED_TRACE(precision == AttentionMatmul::F32 ? "f32" : "bf16");
+    std::vector<float> out, lse;
+    a.forward_blocked(precision, buf, out, lse);
+    std::vector<float> dout(out.size());
+    for (size_t i = 0; i < out.size(); ++i) dout[i] = out[i] + 0.1f * noise[i];
+    const std::vector<float> grad = a.backward_blocked(precision, buf, lse, dout);
+    double worst = 0.0;
+    for (int64_t b = 0; b < a.shape.batch; ++b)
+      for (int64_t c = 0; c < a.shape.kv_heads * a.shape.head_dim; ++c) {
+        double sum = 0.0, size = 0.0;
+        for (int64_t t = b * a.shape.seq; t < (b + 1) * a.shape.seq; ++t) {
+          const double g = grad[size_t(t * a.shape.ldk + a.k_offset + c)];
+          sum += g;
+          size += std::fabs(g);
+        }
+        worst = std::max(worst, std::fabs(sum) / size);
+      }
+    EXPECT_LT(worst, precision == AttentionMatmul::F32 ? 1e-5 : 1.2e-3);
+  }
 }
 
 TEST(AttentionBlocked, RefusesASmallWorkspace) {

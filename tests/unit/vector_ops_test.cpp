@@ -90,14 +90,22 @@ TEST(VectorOps, ExpAndSumMasksAndMatchesDouble) {
 }
 
 TEST(VectorOps, SoftmaxGradMatchesDouble) {
+  // D is the row's own sum of p * dp over visible keys, so ds sums to ~0 over the row: softmax
+  // ignores a shift of all of a row's scores, and so must its gradient.
   for (Isa isa : levels_here()) {
     SCOPED_TRACE(std::string(isa_name(isa)));
     const VectorOps& ops = vector_ops_for(isa);
     const int64_t n = 77, visible = 70;
     const std::vector<float> s0 = uniform(n, -4.0f, 2.0f, 7), dp0 = uniform(n, -1.0f, 1.0f, 8);
     std::vector<float> s = s0, dp = dp0;
-    const float scale = 0.125f, lse = 1.25f, delta = 0.3f;
-    ops.softmax_grad(s.data(), dp.data(), n, scale, lse, delta, RowVisibility{visible, nullptr, 0});
+    const float scale = 0.125f;
+    double row_sum = 0.0;  // the row's own log-sum-exp, as the forward pass saved it
+    for (int64_t c = 0; c < visible; ++c) row_sum += std::exp(double(s0[size_t(c)]) * scale);
+    const float lse = float(std::log(row_sum));
+    ops.softmax_grad(s.data(), dp.data(), n, scale, lse, RowVisibility{visible, nullptr, 0});
+    double delta = 0.0, ds_sum = 0.0, ds_size = 0.0;
+    for (int64_t c = 0; c < visible; ++c)
+      delta += std::exp(double(s0[size_t(c)]) * scale - lse) * double(dp0[size_t(c)]);
     for (int64_t c = 0; c < n; ++c) {
       if (c >= visible) {
         ASSERT_EQ(s[size_t(c)], 0.0f);
@@ -107,7 +115,10 @@ TEST(VectorOps, SoftmaxGradMatchesDouble) {
       const double p = std::exp(double(s0[size_t(c)]) * scale - lse);
       EXPECT_NEAR(s[size_t(c)], p, 4e-7 * p);
       EXPECT_NEAR(dp[size_t(c)], scale * p * (double(dp0[size_t(c)]) - delta), 2e-6 * p + 1e-9);
+      ds_sum += dp[size_t(c)];
+      ds_size += std::fabs(dp[size_t(c)]);
     }
+    EXPECT_LT(std::fabs(ds_sum), 1e-6 * ds_size);
   }
 }
 
@@ -126,14 +137,16 @@ TEST(VectorOps, SoftmaxGradToBf16IsSoftmaxGradThenTheConversion) {
       for (const RowVisibility vis : {RowVisibility{n, nullptr, 0}, RowVisibility{n - n / 3, nullptr, 0},
                                       RowVisibility{n, seg.data(), 1}, RowVisibility{n, nullptr, 0, n / 2}}) {
         std::vector<float> s = s0, dp = dp0;
-        ops.softmax_grad(s.data(), dp.data(), n, 0.125f, 0.75f, -0.2f, vis);
+        ops.softmax_grad(s.data(), dp.data(), n, 0.125f, 0.75f, vis);
         std::vector<bf16> want_p(count), want_ds(count), p(count), ds(count);
         ops.scale_to_bf16(s.data(), 1.0f, want_p.data(), n);
         ops.scale_to_bf16(dp.data(), 1.0f, want_ds.data(), n);
-        ops.softmax_grad_to_bf16(s0.data(), dp0.data(), n, 0.125f, 0.75f, -0.2f, vis, p.data(), ds.data());
+        std::vector<float> s_in = s0;  // left holding p in fp32
+        ops.softmax_grad_to_bf16(s_in.data(), dp0.data(), n, 0.125f, 0.75f, vis, p.data(), ds.data());
         for (int64_t c = 0; c < n; ++c) {
           ASSERT_EQ(p[size_t(c)].bits, want_p[size_t(c)].bits) << "n " << n << " c " << c;
           ASSERT_EQ(ds[size_t(c)].bits, want_ds[size_t(c)].bits) << "n " << n << " c " << c;
+          ASSERT_EQ(s_in[size_t(c)], s[size_t(c)]) << "n " << n << " c " << c;
         }
       }
     }
@@ -186,9 +199,10 @@ TEST(VectorOps, RoundedBf16RowsAreTheBf16RowsWidened) {
       for (const RowVisibility vis : {RowVisibility{n, nullptr, 0}, RowVisibility{n - n / 3, nullptr, 0},
                                       RowVisibility{n, seg.data(), 1}, RowVisibility{n, nullptr, 0, n / 2}}) {
         std::vector<bf16> want_p(count), want_ds(count);
-        ops.softmax_grad_to_bf16(s0.data(), dp0.data(), n, 0.125f, 0.75f, -0.2f, vis, want_p.data(), want_ds.data());
+        std::vector<float> s_in = s0;
+        ops.softmax_grad_to_bf16(s_in.data(), dp0.data(), n, 0.125f, 0.75f, vis, want_p.data(), want_ds.data());
         std::vector<float> s = s0, dp = dp0;
-        ops.softmax_grad_round_bf16(s.data(), dp.data(), n, 0.125f, 0.75f, -0.2f, vis);
+        ops.softmax_grad_round_bf16(s.data(), dp.data(), n, 0.125f, 0.75f, vis);
         for (int64_t c = 0; c < n; ++c) {
           ASSERT_EQ(std::bit_cast<uint32_t>(s[size_t(c)]), uint32_t(want_p[size_t(c)].bits) << 16) << n << " " << c;
           ASSERT_EQ(std::bit_cast<uint32_t>(dp[size_t(c)]), uint32_t(want_ds[size_t(c)].bits) << 16) << n << " " << c;

@@ -26,14 +26,15 @@ size_t attention_workspace_bytes(const AttentionShape& s, AttentionMatmul precis
 
 // workspace: at least attention_workspace_bytes(s, precision, keel::max_threads()) bytes,
 // 64-byte aligned. Same layouts and results as attention_forward/backward<float>, up to
-// rounding (and the bf16 rounding of the inputs with BF16).
+// rounding (and the bf16 rounding of the inputs with BF16). The backward pass reads no forward
+// output: it sums each row's D from the row itself (attention_blocked.cpp says why).
 void attention_forward_blocked(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
                                const float* v, const int32_t* segments, float* out, float* lse, void* workspace,
                                size_t workspace_bytes, Bf16Operands operands = Bf16Operands::automatic);
 void attention_backward_blocked(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
-                                const float* v, const int32_t* segments, const float* out, const float* lse,
-                                const float* dout, float* dq, float* dk, float* dv, void* workspace,
-                                size_t workspace_bytes, Bf16Operands operands = Bf16Operands::automatic);
+                                const float* v, const int32_t* segments, const float* lse, const float* dout, float* dq,
+                                float* dk, float* dv, void* workspace, size_t workspace_bytes,
+                                Bf16Operands operands = Bf16Operands::automatic);
 
 // Builds, on every thread, the GEMM plans the blocked kernels can meet for sequences of exactly
 // s.seq (s.batch does not matter): with packed documents a query block starts at the key block of

@@ -5,10 +5,21 @@
 //   forward   S = Q_blk K^T,  P = softmax(scale * S) over allowed keys,  O_blk = P V,
 //             lse = log-sum-exp of the row (saved);
 //   backward  S = Q_blk K^T,  P = exp(scale * S - lse),  dP = dO_blk V^T,
-//             dS = scale * P (dP - D)  with D_i = dO_i . O_i,
+//             dS = scale * P (dP - D)  with D_i = sum_j P_ij dP_ij,
 //             dV += P^T dO_blk,  dK += dS^T Q_blk,  dQ_blk = dS K.
-// The scalar flash kernel (attention.cpp) does the same arithmetic one row at a time; here the
-// O(seq^2 * head_dim) work runs in oneDNN's GEMMs (AVX-512 / AVX-512 BF16 / AMX, or AVX2, chosen
+// D is summed from the row's own P and dP, not taken as dO_i . O_i (equal in exact arithmetic,
+// and what a kernel that tiles the keys must use): in bf16, O was made from bf16-rounded P and dP
+// from bf16-rounded dO, so dO . O misses sum_j P_ij dP_ij by ~2^-9 |D_i| and every row of dS then
+// sums to that instead of 0. Softmax ignores a shift of all of a row's scores; that error does
+// not, and lands on what only shifts scores: a k bias, wholly in its non-rotary channels and
+// nearly in its slow rotary ones, where AdamW turns it into lr-sized steps. (GLM-4's bf16
+// reference over six seeds: the k bias was keel's farthest tensor from fp32, up to 2.70x torch
+// bf16's own distance, one element 4.6x; with the row's own D, 1.12-1.77x, and no bias.) Each
+// block holds its rows' every visible key, so the row's own sum is one more pass over a row
+// already in cache, and the pass over dO . O is gone.
+// The scalar flash kernel (attention.cpp) tiles the keys and so takes dO . O (the reference
+// backend runs it in double, where the two agree); otherwise it does the same arithmetic one row
+// at a time. Here the O(seq^2 * head_dim) work runs in oneDNN's GEMMs (AVX-512 / AVX-512 BF16 / AMX, or AVX2, chosen
 // by oneDNN at run time) and only the O(seq^2) softmax is ours, vectorised.
 //
 // The products write packed rows (row stride head_dim) in the thread's workspace, copied to the
@@ -78,7 +89,6 @@ struct ThreadScratch {
   M *q, *k, *v, *dout;  // [seq, head_dim] each
   float *s, *dp;        // [kBlock, seq] scores (then fp32 probabilities) and dP
   M *p, *ds;            // [kBlock, seq] probabilities and score gradients as GEMM inputs
-  float* delta;         // [seq] D_i
   float* cap;           // [kBlock, seq] soft-capping's d(capped)/d(score) (null without a cap)
   float *dk, *dv;       // [seq, head_dim] the kv head's gradients as they accumulate, packed
   float* rows_out;      // [kBlock, head_dim] one block's O or dQ rows, packed
@@ -97,8 +107,7 @@ struct ThreadScratch {
 
   static size_t bytes(int64_t seq, int64_t head_dim, bool softcap) {
     const Sizes z(seq, head_dim);
-    return 4 * z.operand + (softcap ? 3 : 2) * z.row_f32 + 2 * z.row_m + align_up(size_t(seq) * sizeof(float)) +
-           2 * z.accumulator + z.block_rows;
+    return 4 * z.operand + (softcap ? 3 : 2) * z.row_f32 + 2 * z.row_m + 2 * z.accumulator + z.block_rows;
   }
   static ThreadScratch at(char* base, int64_t seq, int64_t head_dim, bool softcap) {
     const Sizes z(seq, head_dim);
@@ -118,10 +127,9 @@ struct ThreadScratch {
       t.p = reinterpret_cast<M*>(rows + 2 * row_f32);
       t.ds = reinterpret_cast<M*>(rows + 2 * row_f32 + row_m);
     }
-    t.delta = reinterpret_cast<float*>(rows + 2 * row_f32 + 2 * row_m);
-    char* after_delta = rows + 2 * row_f32 + 2 * row_m + align_up(size_t(seq) * sizeof(float));
-    t.cap = softcap ? reinterpret_cast<float*>(after_delta) : nullptr;
-    char* packed = after_delta + (softcap ? row_f32 : 0);
+    char* after_rows = rows + 2 * row_f32 + 2 * row_m;
+    t.cap = softcap ? reinterpret_cast<float*>(after_rows) : nullptr;
+    char* packed = after_rows + (softcap ? row_f32 : 0);
     t.dk = reinterpret_cast<float*>(packed);
     t.dv = reinterpret_cast<float*>(packed + z.accumulator);
     t.rows_out = reinterpret_cast<float*>(packed + 2 * z.accumulator);
@@ -217,26 +225,27 @@ float softmax_row(const RowMask& mask, float scale, int64_t n, float* s, M* p, b
   return m + std::log(sum);
 }
 
-// Backward of one row: p = exp(scale*s - lse) over visible keys, ds = scale * p * (dp - delta),
+// Backward of one row: p = exp(scale*s - lse) over visible keys, ds = scale * p * (dp - D) with
+// D = sum p dp (see the top of this file),
 // computed in place in fp32 (s becomes p, dp becomes ds), then converted to the GEMM input type
 // (or, `widened`, rounded to bf16 values in place). With soft-capping, s is already capped
 // (scale 1) and ds is multiplied by the cap's slope.
 template <typename M>
-void softmax_backward_row(const RowMask& mask, float scale, float lse, float delta, int64_t n, float* s, float* dp,
+void softmax_backward_row(const RowMask& mask, float scale, float lse, int64_t n, float* s, float* dp,
                           M* p, M* ds, const float* cap_slope, bool widened) {
   const VectorOps& ops = vector_ops();
   RowVisibility vis = visibility(mask, n);
   if (lse == -std::numeric_limits<float>::infinity()) vis.visible = 0;
   if (!cap_slope) {  // the GEMMs read only the rounded rows: written straight from the formulas
     if constexpr (!std::is_same_v<M, float>) {
-      ops.softmax_grad_to_bf16(s, dp, n, scale, lse, delta, vis, p, ds);
+      ops.softmax_grad_to_bf16(s, dp, n, scale, lse, vis, p, ds);
       return;
     } else if (widened) {
-      ops.softmax_grad_round_bf16(s, dp, n, scale, lse, delta, vis);
+      ops.softmax_grad_round_bf16(s, dp, n, scale, lse, vis);
       return;
     }
   }
-  ops.softmax_grad(s, dp, n, scale, lse, delta, vis);
+  ops.softmax_grad(s, dp, n, scale, lse, vis);
   if (cap_slope)
     for (int64_t c = 0; c < n; ++c) dp[c] *= cap_slope[c];
   if constexpr (!std::is_same_v<M, float>) {
@@ -275,7 +284,7 @@ void forward_head(const AttentionShape& s, const float* q, const float* k, const
 
 template <typename M>
 void backward_kv_head(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* seg,
-                      const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv, int64_t b,
+                      const float* lse, const float* dout, float* dq, float* dk, float* dv, int64_t b,
                       int64_t kv, ThreadScratch<M>& w, bool widened) {
   const int64_t hd = s.head_dim, T = s.seq, token0 = b * T, group = s.q_heads / s.kv_heads;
   const float scale = float(s.scale), cap = float(s.softcap);
@@ -289,14 +298,6 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
     const int64_t h = kv * group + g;
     pack_head(q, s.ldq, token0, h, T, hd, w.q, widened);
     pack_head(dout, s.ldo, token0, h, T, hd, w.dout, widened);
-    for (int64_t t = 0; t < T; ++t) {
-      const float* o = out + (token0 + t) * s.ldo + h * hd;
-      const float* d = dout + (token0 + t) * s.ldo + h * hd;
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t c = 0; c < hd; ++c) sum += o[c] * d[c];
-      w.delta[t] = sum;
-    }
     const float* lse_h = lse + (b * s.q_heads + h) * T;
     for (int64_t i0 = 0; i0 < T; i0 += kBlock) {
       const int64_t rows = std::min(kBlock, T - i0), k0 = first_key(s, seg, runs, i0), n = i0 + rows - k0;
@@ -306,8 +307,8 @@ void backward_kv_head(const AttentionShape& s, const float* q, const float* k, c
       for (int64_t r = 0; r < rows; ++r) {
         float* slope = cap > 0 ? w.cap + r * n : nullptr;
         if (cap > 0) vector_ops().soft_cap(w.s + r * n, n, scale, cap, slope);  // slope: d capped / d raw
-        softmax_backward_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, lse_h[i0 + r], w.delta[i0 + r],
-                             n, w.s + r * n, w.dp + r * n, w.p + r * n, w.ds + r * n, slope, widened);
+        softmax_backward_row(RowMask{seg, i0 + r, k0, s.window}, cap > 0 ? 1.0f : scale, lse_h[i0 + r], n,
+                             w.s + r * n, w.dp + r * n, w.p + r * n, w.ds + r * n, slope, widened);
       }
       matmul(block.keys_by_dim(), w.p, w.dout + i0 * hd, w.dv + k0 * hd, 1.0f);
       matmul(block.keys_by_dim(), w.ds, w.q + i0 * hd, w.dk + k0 * hd, 1.0f);
@@ -367,10 +368,10 @@ void forward_all(const AttentionShape& s, const float* q, const float* k, const 
 
 template <typename M>
 void backward_all(const AttentionShape& s, const float* q, const float* k, const float* v, const int32_t* segments,
-                  const float* out, const float* lse, const float* dout, float* dq, float* dk, float* dv,
-                  void* workspace, size_t workspace_bytes, bool widened) {
+                  const float* lse, const float* dout, float* dq, float* dk, float* dv, void* workspace,
+                  size_t workspace_bytes, bool widened) {
   for_each_head<M>(s, s.kv_heads, workspace, workspace_bytes, [&](int64_t b, int64_t kv, ThreadScratch<M>& w) {
-    backward_kv_head(s, q, k, v, sequence_segments(segments, s, b), out, lse, dout, dq, dk, dv, b, kv, w, widened);
+    backward_kv_head(s, q, k, v, sequence_segments(segments, s, b), lse, dout, dq, dk, dv, b, kv, w, widened);
   });
 }
 
@@ -426,14 +427,13 @@ void attention_forward_blocked(const AttentionShape& s, AttentionMatmul precisio
 }
 
 void attention_backward_blocked(const AttentionShape& s, AttentionMatmul precision, const float* q, const float* k,
-                                const float* v, const int32_t* segments, const float* out, const float* lse,
-                                const float* dout, float* dq, float* dk, float* dv, void* workspace,
-                                size_t workspace_bytes, Bf16Operands operands) {
+                                const float* v, const int32_t* segments, const float* lse, const float* dout, float* dq,
+                                float* dk, float* dv, void* workspace, size_t workspace_bytes, Bf16Operands operands) {
   const bool widened = widened_operands(precision, operands);
   if (precision == AttentionMatmul::BF16 && !widened)
-    backward_all<bf16>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes, false);
+    backward_all<bf16>(s, q, k, v, segments, lse, dout, dq, dk, dv, workspace, workspace_bytes, false);
   else
-    backward_all<float>(s, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes, widened);
+    backward_all<float>(s, q, k, v, segments, lse, dout, dq, dk, dv, workspace, workspace_bytes, widened);
 }
 
 }  // namespace keel::kernels

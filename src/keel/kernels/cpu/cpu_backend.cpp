@@ -184,7 +184,7 @@ class CpuBackend final : public HostMemoryBackend, public Bf16Widening {
                           const float* v, const int32_t* segments, const float* out, const float* lse,
                           const float* dout, float* dq, float* dk, float* dv, void* workspace,
                           size_t workspace_bytes) override {
-    attention_backward_blocked(s, precision, q, k, v, segments, out, lse, dout, dq, dk, dv, workspace, workspace_bytes);
+    attention_backward_blocked(s, precision, q, k, v, segments, lse, dout, dq, dk, dv, workspace, workspace_bytes);
   }
   void cached_attention(const AttentionShape& s, const float* q, int64_t tokens, int64_t first_position,
                         const float* k_cache, const float* v_cache, float* out) override {

@@ -40,14 +40,15 @@ struct VectorOps {
   float (*masked_max)(const float* s, RowVisibility mask);
   // s[c] = visible ? exp(s[c]*scale - shift) : 0 for c < n; returns the sum.
   float (*exp_and_sum)(float* s, int64_t n, float scale, float shift, RowVisibility mask);
-  // Softmax backward from scores: p = visible ? exp(s*scale - lse) : 0, then s[c] = p and
-  // dp[c] = scale * p * (dp[c] - delta), for c < n. Results below 1.2e-38 are flushed to zero
+  // Softmax backward from scores: p = visible ? exp(s*scale - lse) : 0, D = sum over c of
+  // p * dp[c], then s[c] = p and dp[c] = scale * p * (dp[c] - D), for c < n. D is this row's own,
+  // not dO . O (attention_blocked.cpp says why). Results below 1.2e-38 are flushed to zero
   // (denormals cost a microcode assist per lane; vector_ops.cpp).
-  void (*softmax_grad)(float* s, float* dp, int64_t n, float scale, float lse, float delta, RowVisibility mask);
-  // The same p and dp written only as bf16, to p_out and ds_out (s and dp are left as they were):
-  // bf16 attention's backward needs nothing else of the row, and skips two passes over it.
-  void (*softmax_grad_to_bf16)(const float* s, const float* dp, int64_t n, float scale, float lse, float delta,
-                               RowVisibility mask, bf16* p_out, bf16* ds_out);
+  void (*softmax_grad)(float* s, float* dp, int64_t n, float scale, float lse, RowVisibility mask);
+  // The same p and dp written as bf16, to p_out and ds_out (s is left holding p in fp32, dp as it
+  // was): bf16 attention's backward needs nothing else of the row, and skips a pass over it.
+  void (*softmax_grad_to_bf16)(float* s, const float* dp, int64_t n, float scale, float lse, RowVisibility mask,
+                               bf16* p_out, bf16* ds_out);
   // dst[c] = bf16(src[c] * factor), round to nearest even.
   void (*scale_to_bf16)(const float* src, float factor, bf16* dst, int64_t n);
   // x[c] *= factor.
@@ -94,8 +95,7 @@ struct VectorOps {
   void (*scale_round_bf16)(const float* src, float factor, float* dst, int64_t n);
   // softmax_grad in place, its two results rounded as softmax_grad_to_bf16 rounds them (ds from
   // the unrounded p).
-  void (*softmax_grad_round_bf16)(float* s, float* dp, int64_t n, float scale, float lse, float delta,
-                                  RowVisibility mask);
+  void (*softmax_grad_round_bf16)(float* s, float* dp, int64_t n, float scale, float lse, RowVisibility mask);
   // dst[c] = float(src[c]), exact: a widened product's operand tiles (gemm.cpp), a register of
   // bf16 zero-extended and shifted at a time (the portable core/dtype.h loop runs at SSE2's width).
   void (*widen_bf16)(const bf16* src, float* dst, int64_t n);
