@@ -31,10 +31,6 @@ Names family_names(Family f) {
   return {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight", "model.layers."};
 }
 
-}  // namespace
-
-namespace {
-
 // "3.rest" -> 3, s left at "rest"; nullopt without a number and a dot.
 std::optional<int64_t> leading_number(std::string_view& s) {
   int64_t n = -1;

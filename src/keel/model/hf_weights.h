@@ -8,7 +8,6 @@
 #include <optional>
 #include <string>
 #include <string_view>
-#include <string_view>
 #include <vector>
 
 #include "keel/model/decoder.h"
