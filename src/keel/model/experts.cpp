@@ -146,6 +146,49 @@ void sort_rows(const ExpertsShape& s, const RoutedActivations& a) {
   for (int64_t t = 0; t < s.tokens; ++t) std::sort(a.token_rows + t * k, a.token_rows + (t + 1) * k);
 }
 
+// out[i] = base[i] + sum (base null: out[i] = sum), sum = 0 + w_0 r_0[i] + w_1 r_1[i] + ... over
+// j < k in that order (unweighted: r_j[i] alone), for i < n: a token's rows gathered back. Each
+// element is the running sum it always was; the columns go a chunk at a time, innermost, so the
+// loops vectorise (the sum over j innermost ran a float at a time). out may be base.
+template <bool kWeighted, typename Row, typename Weight>
+void sum_rows(float* out, const float* base, int64_t n, int64_t k, Row&& row, Weight&& weight) {
+  constexpr int64_t kChunk = 256;
+  float sum[kChunk];
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t m = std::min(kChunk, n - c0);
+    std::fill_n(sum, m, 0.0f);
+    for (int64_t j = 0; j < k; ++j) {
+      const float* r = row(j) + c0;
+      if constexpr (kWeighted) {
+        const float w = weight(j);
+        for (int64_t i = 0; i < m; ++i) sum[i] += w * r[i];
+      } else {
+        for (int64_t i = 0; i < m; ++i) sum[i] += r[i];
+      }
+    }
+    if (base)
+      for (int64_t i = 0; i < m; ++i) out[c0 + i] = base[c0 + i] + sum[i];
+    else
+      std::copy_n(sum, m, out + c0);
+  }
+}
+
+// sum over i < n of double(a[i]) * b[i], in 8 lanes (lane i % 8) added in order at the end. A
+// product of two floats is exact in double, and the lanes' order moves only the double sum's last
+// bits, far below the float it is rounded to. One running sum was a chain of n dependent adds for
+// every routed row (its routing weight's gradient, over the hidden size).
+double dot_f64(const float* a, const float* b, int64_t n) {
+  constexpr int kLanes = 8;
+  double lane[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lane[l] += double(a[i + l]) * b[i + l];
+  for (int l = 0; i < n; ++i, ++l) lane[l] += double(a[i]) * b[i];
+  double sum = 0;
+  for (int l = 0; l < kLanes; ++l) sum += lane[l];
+  return sum;
+}
+
 // Expert e's rows [r0, r0 + n): C = A_rows op(W_e) for each expert holding rows.
 template <typename F>
 void for_each_expert(const RoutedActivations& a, int64_t experts, F&& f) {
@@ -387,11 +430,8 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
     for (int64_t t = begin; t < end; ++t) {
       float* yt = y + t * H;
       const int32_t* rows = a.token_rows + t * k;
-      for (int64_t i = 0; i < H; ++i) {
-        float sum = 0;
-        for (int64_t j = 0; j < k; ++j) sum += a.weight[a.row_slot[rows[j]]] * a.out[rows[j] * H + i];
-        yt[i] = residual[t * H + i] + sum;
-      }
+      sum_rows<true>(yt, residual + t * H, H, k, [&](int64_t j) { return a.out + rows[j] * H; },
+                     [&](int64_t j) { return a.weight[a.row_slot[rows[j]]]; });
     }
   });
 }
@@ -413,12 +453,8 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
       const float* out = a.out + r * H;
       const float wt = a.weight[slot];
       float* drow = d.rows + r * H;
-      double dot = 0;
-      for (int64_t i = 0; i < H; ++i) {
-        dot += double(dyt[i]) * out[i];
-        drow[i] = wt * dyt[i];
-      }
-      d.slot_grad[slot] = float(dot);
+      for (int64_t i = 0; i < H; ++i) drow[i] = wt * dyt[i];
+      d.slot_grad[slot] = float(dot_f64(dyt, out, H));
     }
   });
   // An expert no row reached gets a zero gradient where this write overwrites.
@@ -459,11 +495,8 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
     for (int64_t t = begin; t < end; ++t) {
       const int32_t* rows = a.token_rows + t * k;
       float* dxt = dx + t * H;
-      for (int64_t i = 0; i < H; ++i) {
-        float sum = 0;
-        for (int64_t j = 0; j < k; ++j) sum += d.rows[rows[j] * H + i];
-        dxt[i] = add_to_dx ? dxt[i] + sum : sum;
-      }
+      sum_rows<false>(dxt, add_to_dx ? dxt : nullptr, H, k, [&](int64_t j) { return d.rows + rows[j] * H; },
+                      [](int64_t) { return 1.0f; });
     }
   });
   // The router: d p from the slots' weights (through the renormalisation w_j = p_j / sum_i p_i:

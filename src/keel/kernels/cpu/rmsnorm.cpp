@@ -17,9 +17,19 @@
 namespace keel::kernels {
 namespace {
 
-// Columns of dw reduced by one task: rows are visited in order for every column, so the sum
-// for a column never depends on how many threads share the work.
+// Columns of dw reduced by one task, at most: rows are visited in order for every column, so the
+// sum for a column never depends on how the columns are cut or how many threads share them.
 constexpr int64_t kDwColumnBlock = 256;
+
+// The column block of dw's tasks: a whole number of tasks per thread, each at most kDwColumnBlock
+// columns and a multiple of 16 (the row kernels' vectors; only dim's own tail is partial). A block
+// of 256 left Qwen3's q/k norms (dim 64: one block) to one thread while the others waited, and a
+// 768-wide norm in 3 blocks on 2 threads.
+int64_t dw_column_block(int64_t dim, int64_t threads) {
+  const int64_t per_thread = (dim + threads * kDwColumnBlock - 1) / (threads * kDwColumnBlock);
+  const int64_t tasks = threads * per_thread;
+  return std::min(kDwColumnBlock, ((dim + tasks - 1) / tasks + 15) / 16 * 16);
+}
 
 // Below this many elements a parallel region costs more than it saves.
 constexpr int64_t kParallelMinElements = int64_t(1) << 15;
@@ -60,8 +70,15 @@ void rmsnorm_forward(const RmsNormShape& s, const T* x, const T* w, T* y, T* rst
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + vector_at(s, r, s.ldx);
       T* yr = y + vector_at(s, r, s.ldy);
-      // torch: rsqrt(variance + eps) in the tensor's dtype, i.e. 1/sqrt correctly rounded.
-      const T rs = T(1) / std::sqrt(mean_of_squares(xr, dim) + T(s.eps));
+      // torch: rsqrt(variance + eps) in the tensor's dtype, i.e. 1/sqrt correctly rounded. The
+      // squares' sum in double: float rows in this CPU's vector lanes (one running sum is a chain
+      // of dim dependent adds, a row's whole cost), the reference's double rows one by one.
+      T mean;
+      if constexpr (std::is_same_v<T, float>)
+        mean = float(vector_ops().sum_of_squares_f64(xr, dim) / double(dim));
+      else
+        mean = mean_of_squares(xr, dim);
+      const T rs = T(1) / std::sqrt(mean + T(s.eps));
       rstd[r] = rs;
       for (int64_t c = 0; c < dim; ++c) yr[c] = (w[c] + offset) * (xr[c] * rs);  // y may be x: each read first
       if constexpr (std::is_same_v<T, float>)
@@ -75,8 +92,9 @@ void rmsnorm_backward(const RmsNormShape& s, const T* x, const T* w, const T* rs
                       const T* residual, bf16* dx_bf16) {
   const T offset = T(s.weight_offset);
   const int64_t vectors = s.rows * s.heads, dim = s.dim;
-  const int64_t column_blocks = (dim + kDwColumnBlock - 1) / kDwColumnBlock;
   const bool parallel = vectors * dim >= kParallelMinElements;
+  const int64_t column_block = dw_column_block(dim, parallel ? max_threads() : 1);
+  const int64_t column_blocks = (dim + column_block - 1) / column_block;
   if constexpr (!std::is_same_v<T, float>) require(dx_bf16 == nullptr, "rmsnorm: a bf16 output needs float rows");
   const VectorOps& ops = vector_ops();  // float rows: this CPU's vector level
   parallel_for(vectors, parallel, [&](int64_t begin, int64_t end) {
@@ -97,8 +115,8 @@ void rmsnorm_backward(const RmsNormShape& s, const T* x, const T* w, const T* rs
   if (!dw) return;  // a frozen norm weight (LoRA): no gradient wanted
   parallel_for(column_blocks, parallel, [&](int64_t begin, int64_t end) {
     for (int64_t blk = begin; blk < end; ++blk) {
-      const int64_t c0 = blk * kDwColumnBlock;
-      const int64_t nc = std::min(kDwColumnBlock, dim - c0);
+      const int64_t c0 = blk * column_block;
+      const int64_t nc = std::min(column_block, dim - c0);
       double acc[kDwColumnBlock] = {};
       for (int64_t r = 0; r < vectors; ++r) {
         const T* xr = x + vector_at(s, r, s.ldx) + c0;
