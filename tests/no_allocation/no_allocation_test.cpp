@@ -404,15 +404,18 @@ struct StepCase {
   bool nf4 = false;     // QLoRA: the frozen projections in NF4, dequantized tile by tile
   bool cast_per_position = false;  // ZeRO-3 on one rank: each position casts its bf16 weights
   bool experts_lora = false;       // with lora: the experts adapted too (lora_target "all, experts")
+  // Products wide enough (a vocabulary of 1,024; experts of width 256, gate/up 512) for the
+  // backend to split them over the threads, one single-threaded product a thread (gemm.cpp).
+  bool wide = false;
 };
 
 // forward_backward over accumulated micro-batches, the gradient norm, clipping and AdamW: counted
 // over `steps` steps after one warm-up step.
 // The small model every case trains: 2 layers, hidden 64, vocabulary 500.
-model::ModelConfig small_model(const char* family) {
+model::ModelConfig small_model(const char* family, bool wide = false) {
   recipe::ScratchModel m;
   m.family = family;
-  m.vocab_size = 500;
+  m.vocab_size = wide ? 1024 : 500;
   m.hidden_size = 64;
   m.intermediate_size = 128;
   m.num_layers = 2;
@@ -449,7 +452,7 @@ model::ModelConfig small_model(const char* family) {
   model::apply_family_traits(c);
   c.moe.experts = 6;
   c.moe.experts_per_token = 2;
-  c.moe.intermediate_size = 32;
+  c.moe.intermediate_size = wide ? 256 : 32;
   c.moe.sparse_layers = {true, false};
   c.moe.output_router_logits = true;
   model::validate(c, "no_allocation test");
@@ -457,7 +460,7 @@ model::ModelConfig small_model(const char* family) {
 }
 
 AllocationCount count_steady_state_steps(const StepCase& param, int64_t steps) {
-  const auto config = small_model(param.family);
+  const auto config = small_model(param.family, param.wide);
   const int64_t batch = 2, seq = param.seq, accumulation = 2;
   model::DecoderOptions options{param.checkpointing, true, 0};
   if (param.lora) options.lora.rank = 4;
@@ -539,13 +542,16 @@ INSTANTIATE_TEST_SUITE_P(
                       StepCase{"glm", model::Precision::F32, true, 32, false, true},
                       StepCase{"llama", model::Precision::BF16, true, 32, false, true, true},
                       StepCase{"qwen3", model::Precision::BF16, true, 32, false, false, false, true},
-                      StepCase{"gemma3", model::Precision::BF16, false, 32, false, false, false, true}),
+                      StepCase{"gemma3", model::Precision::BF16, false, 32, false, false, false, true},
+                      // split products, the experts' with row counts changing from step to step
+                      StepCase{"qwen3_moe", model::Precision::BF16, false, 32, true, false, false, false, false, true},
+                      StepCase{"llama", model::Precision::BF16, true, 32, false, false, false, false, false, true}),
     [](const auto& info) {
       return std::string(info.param.family) + (info.param.precision == model::Precision::BF16 ? "_bf16" : "_fp32") +
              (info.param.checkpointing ? "_checkpointing" : "") + (info.param.packed ? "_packed" : "") +
              (info.param.lora ? "_lora" : "") +
              (info.param.nf4 ? "_nf4" : "") + (info.param.cast_per_position ? "_cast_per_position" : "") +
-             (info.param.experts_lora ? "_experts" : "");
+             (info.param.experts_lora ? "_experts" : "") + (info.param.wide ? "_wide" : "");
     });
 
 // Sequences of 128 put attention (batch * heads * seq^2 * head_dim = 2^21 multiply-adds) and the

@@ -5,6 +5,7 @@
 //   these are the shapes that cut each way; with a native bf16 matmul they check that path on the
 //   same shapes.
 // - fp32 products longer than kKChunk, which run as K-chunks accumulating into C.
+// - bf16 products split over the threads, one single-threaded product a thread.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -20,6 +21,7 @@
 #include "keel/kernels/backend.h"
 #include "keel/kernels/bf16_widening.h"
 #include "keel/kernels/gemm.h"
+#include "finite_difference.h"
 
 namespace keel::kernels {
 namespace {
@@ -130,6 +132,21 @@ TEST(GemmKChunks, LongFp32ProductsMatchDouble) {
       expect_product_matches_double({ta, tb, 37, 53, k, "K chunks"}, {0.0f, 1.0f}, true);
   // One chunk exactly: not cut.
   expect_product_matches_double({Trans::N, Trans::N, 37, 53, kKChunk, "one chunk"}, {1.0f}, true);
+}
+
+// bf16 products wide enough for keel's split over two threads (gemm.cpp: ThreadSplit): columns
+// of C for a product of A, rows for one of A^T (a weight gradient), in parts of unequal width
+// (1,000 = 512 + 488), with every leading dimension padded; each part must read its own columns
+// of B (rows of a transposed B) or rows of A^T and write its own block of C, as beta says.
+TEST(GemmThreadSplit, SplitProductsMatchDouble) {
+  test::with_threads(2, [] {
+    if (!bf16_products_split()) GTEST_SKIP() << "no native bf16 matmul, or one thread: nothing is split";
+    for (Trans tb : {Trans::N, Trans::T}) {
+      expect_product_matches_double({Trans::N, tb, 40, 1000, 96, "N split"}, {0.0f, 1.0f});
+      expect_product_matches_double({Trans::T, tb, 1000, 40, 96, "M split"}, {0.0f, 1.0f});
+    }
+    expect_product_matches_double({Trans::N, Trans::T, 40, 511, 96, "too narrow to split"}, {0.0f});
+  });
 }
 
 // A product of bf16 operands at a and b, into a zeroed C.

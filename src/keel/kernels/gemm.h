@@ -71,6 +71,9 @@ const Bf16Products& bf16_products();
 const Bf16Products& keep_bf16_products(bool native, const std::string& why);
 // bf16_products().native: the products read bf16 as they are (nothing widened, nothing held).
 bool bf16_matmul_native();
+// Whether keel splits large bf16 products over the threads itself, one single-threaded product a
+// thread (gemm.cpp says when and why), rather than handing each whole to oneDNN's threading.
+bool bf16_products_split();
 
 // Measures the bf16 (or f32) matmul throughput of this machine on a large square GEMM, in FLOP/s.
 double measure_matmul_peak(bool use_bf16, int64_t size = 2048, int repeats = 5);

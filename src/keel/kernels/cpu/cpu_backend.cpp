@@ -35,7 +35,10 @@ class CpuBackend final : public HostMemoryBackend, public Bf16Widening {
     const std::string gemms =
         !bf16 ? "fp32 GEMMs on oneDNN"
         : bf16_matmul_native()
-            ? fmt::format("bf16 GEMMs on oneDNN ({})", bf16_products().reason)
+            ? fmt::format("bf16 GEMMs on oneDNN ({}){}", bf16_products().reason,
+                          bf16_products_split() ? "; the large ones split over the threads by keel, one product a "
+                                                  "thread (KEEL_GEMM_SPLIT=0: oneDNN's threading)"
+                                                : "")
             : fmt::format("bf16 GEMMs widened to fp32 ({}; docs/performance.md)", bf16_products().reason);
     return fmt::format("cpu backend: row kernels {}, {}", isa_name(vector_ops().isa), gemms);
   }

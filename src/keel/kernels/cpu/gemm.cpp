@@ -4,9 +4,10 @@
 // steady-state call needs no new objects.
 //
 // The cache and the stream are per thread: a call from outside a parallel region runs the product
-// on all threads (oneDNN parallelises it), while calls from inside an OpenMP parallel region (the
-// attention kernel gives each thread its own heads) run concurrently, each on its own thread, with
-// nothing shared.
+// on all threads (oneDNN parallelises it, or, for a large bf16 product, keel splits it into one
+// single-threaded product a thread: ThreadSplit below), while calls from inside an OpenMP parallel
+// region (the attention kernel gives each thread its own heads) run concurrently, each on its own
+// thread, with nothing shared.
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -324,6 +325,77 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
   execute(plan, a, b, c);
 }
 
+// keel's own split of a bf16 product over the threads: each thread runs one single-threaded
+// oneDNN product on its share of the output, columns (N) or, for a weight gradient (op(A) = A^T,
+// M = the weight's rows), rows (M), a multiple of 32 each. oneDNN 2.6's own partition of one
+// product over two threads left a thread waiting at its end: on the Qwen3-MoE bench (AMD EPYC,
+// AVX-512 BF16, 2 threads, 2026-12-07) the split products took 9% less time than the same products
+// on all threads (`ONEDNN_VERBOSE`, bench/onednn_verbose_summary.py), and the step less too
+// (bench/keel_before_after.py against the same binary under KEEL_GEMM_SPLIT=0; docs/performance.md).
+// Shares below kSplitMinExtent would leave each thread's product too small to run at speed, so
+// many threads split only the largest products (the LM head), and the rest go to oneDNN whole.
+// Inside a parallel region (attention's per-head products) a product runs on its thread anyway.
+// KEEL_GEMM_SPLIT=0 turns the split off.
+constexpr int64_t kSplitMinExtent = 256, kSplitAlign = 32;
+
+struct Part {
+  GemmShape shape;
+  int64_t a = 0, b = 0, c = 0;  // element offsets of the part's operands
+};
+
+struct ThreadSplit {
+  int64_t threads = 0, share = 0;  // parts, and the extent of each but the last
+  bool by_rows = false;
+  explicit operator bool() const { return threads > 1; }
+  Part part(const GemmShape& s, int64_t t) const {
+    const int64_t first = t * share, extent = by_rows ? s.m : s.n;
+    Part p{s};
+    if (by_rows) {
+      p.shape.m = std::min(share, extent - first);
+      p.a = s.trans_a == Trans::N ? first * s.lda : first;
+      p.c = first * s.ldc;
+    } else {
+      p.shape.n = std::min(share, extent - first);
+      p.b = s.trans_b == Trans::N ? first : first * s.ldb;
+      p.c = first;
+    }
+    return p;
+  }
+};
+
+bool split_enabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("KEEL_GEMM_SPLIT");
+    return env == nullptr || std::string(env) != "0";
+  }();
+  return enabled;
+}
+
+}  // namespace
+
+bool bf16_products_split() { return max_threads() > 1 && split_enabled() && bf16_matmul_native(); }
+
+namespace {
+
+ThreadSplit thread_split(bool bf16, const GemmShape& s) {
+  const int64_t threads = max_threads();
+  if (!bf16 || in_parallel_region() || !bf16_products_split()) return {};
+  const bool by_rows = s.trans_a == Trans::T;
+  const int64_t extent = by_rows ? s.m : s.n;
+  if (extent < kSplitMinExtent * threads) return {};
+  const int64_t share = (extent / threads + kSplitAlign - 1) / kSplitAlign * kSplitAlign;
+  return {(extent + share - 1) / share, share, by_rows};
+}
+
+// f(part) for each part, part t on thread t (parallel_for gives n = threads one index each): the
+// run and its preparation meet the same plans, each in its own thread's cache.
+template <typename F>
+void for_each_part(const ThreadSplit& split, F&& f) {
+  parallel_for(split.threads, true, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) f(t);
+  });
+}
+
 // Whether oneDNN has a bf16 matmul on this CPU at all (x86 before AVX-512 has none).
 bool onednn_has_bf16_matmul() {
   using dt = dnnl::memory::data_type;
@@ -484,11 +556,20 @@ void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, floa
   run(false, s, a, b, c, beta);
 }
 
-void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) { run(true, s, a, b, c, beta); }
+void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) {
+  const ThreadSplit split = thread_split(true, s);
+  if (!split) return run(true, s, a, b, c, beta);
+  for_each_part(split, [&](int64_t t) {
+    const Part part = split.part(s, t);
+    run(true, part.shape, a + part.a, b + part.b, c + part.c, beta);
+  });
+}
 
 void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta) {
   if (!bf16_inputs && s.k > kKChunk)
     return for_each_k_chunk(s, beta, [](const GemmShape& chunk, int64_t, float b) { plan_for(false, chunk, b); });
+  if (const ThreadSplit split = thread_split(bf16_inputs, s))  // each thread's plan, on that thread
+    return for_each_part(split, [&](int64_t t) { plan_for(bf16_inputs, split.part(s, t).shape, beta); });
   plan_for(bf16_inputs, s, beta);
 }
 
