@@ -344,9 +344,9 @@ struct Part {
 };
 
 struct ThreadSplit {
-  int64_t threads = 0, share = 0;  // parts, and the extent of each but the last
+  int64_t parts = 0, share = 0;  // at most one a thread; the extent of each but the last
   bool by_rows = false;
-  explicit operator bool() const { return threads > 1; }
+  explicit operator bool() const { return parts > 1; }
   Part part(const GemmShape& s, int64_t t) const {
     const int64_t first = t * share, extent = by_rows ? s.m : s.n;
     Part p{s};
@@ -387,11 +387,11 @@ ThreadSplit thread_split(bool bf16, const GemmShape& s) {
   return {(extent + share - 1) / share, share, by_rows};
 }
 
-// f(part) for each part, part t on thread t (parallel_for gives n = threads one index each): the
+// f(part) for each part, part t on thread t (parallel_for gives n <= threads one index each): the
 // run and its preparation meet the same plans, each in its own thread's cache.
 template <typename F>
 void for_each_part(const ThreadSplit& split, F&& f) {
-  parallel_for(split.threads, true, [&](int64_t begin, int64_t end) {
+  parallel_for(split.parts, true, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) f(t);
   });
 }
