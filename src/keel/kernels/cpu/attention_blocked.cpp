@@ -45,6 +45,7 @@
 #include "keel/core/threads.h"
 #include "keel/kernels/attention.h"
 #include "keel/kernels/cpu/flush_denormals.h"
+#include "keel/kernels/cpu/prefetch.h"
 #include "keel/kernels/cpu/vector_ops.h"
 #include "keel/kernels/gemm.h"
 
@@ -145,6 +146,8 @@ void pack_head(const float* base, int64_t ld, int64_t token0, int64_t head, int6
   const VectorOps& ops = vector_ops();
   for (int64_t t = 0; t < seq; ++t) {
     const float* row = base + (token0 + t) * ld + head * head_dim;
+    // One head's head_dim floats a row, ld apart: a walk the hardware does not prefetch (prefetch.h).
+    if (t + kPrefetchRows < seq) prefetch_lines(row + kPrefetchRows * ld, sizeof(float) * size_t(head_dim));
     if constexpr (std::is_same_v<M, float>) {
       if (widened)
         ops.scale_round_bf16(row, 1.0f, dst + t * head_dim, head_dim);

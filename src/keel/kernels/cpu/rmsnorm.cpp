@@ -12,6 +12,7 @@
 
 #include "keel/core/error.h"
 #include "keel/core/threads.h"
+#include "keel/kernels/cpu/prefetch.h"
 #include "keel/kernels/cpu/vector_ops.h"
 
 namespace keel::kernels {
@@ -122,6 +123,12 @@ void rmsnorm_backward(const RmsNormShape& s, const T* x, const T* w, const T* rs
         const T* xr = x + vector_at(s, r, s.ldx) + c0;
         const T* dyr = dy + vector_at(s, r, s.ldy) + c0;
         const double rs = rstd[r];
+        // A column block reads a few lines of each row, then jumps a row (prefetch.h): on Qwen3's
+        // q/k norms (rows of 64 of [tokens, 2304]) that walk waited on memory row by row.
+        if (r + kPrefetchRows < vectors) {
+          prefetch_lines(x + vector_at(s, r + kPrefetchRows, s.ldx) + c0, sizeof(T) * size_t(nc));
+          prefetch_lines(dy + vector_at(s, r + kPrefetchRows, s.ldy) + c0, sizeof(T) * size_t(nc));
+        }
         if constexpr (std::is_same_v<T, float>)
           ops.accumulate_scaled_products_f64(acc, dyr, xr, rs, nc);
         else
