@@ -42,6 +42,7 @@
 #include "finite_difference.h"
 #include "keel/core/dropout_mask.h"
 #include "keel/core/four_bit.h"
+#include "keel/core/threads.h"
 #include "keel/kernels/backend.h"
 
 namespace keel::kernels {
@@ -210,6 +211,65 @@ void check_gemm(const BackendOps& t, bool prepare) {
 
 TEST_P(BackendOps, gemm) { check_gemm<float>(*this, false); }
 TEST_P(BackendOps, gemm_bf16) { check_gemm<bf16>(*this, false); }
+// A product's shares (columns, or a weight gradient's rows) tile its output exactly, and once the
+// product is prepared, each share run as gemm_bf16 from a task on whichever thread takes it (as the
+// experts run theirs: experts.cpp) gives the whole product. Two threads, shapes the CPU cuts (where
+// its bf16 matmul is native) and one too narrow to cut; the reference backend cuts nothing.
+TEST_P(BackendOps, bf16_product_shares) {
+  test::with_threads(2, [&] {
+    uint64_t seed = 300;
+    for (const GemmCase& g : {GemmCase{Trans::N, Trans::T, 40, 1000, 96, 3, 0.0f},
+                              GemmCase{Trans::N, Trans::N, 40, 1000, 96, 0, 1.0f},
+                              GemmCase{Trans::T, Trans::N, 1000, 40, 96, 5, 1.0f},
+                              GemmCase{Trans::N, Trans::T, 40, 300, 96, 0, 0.0f}}) {
+      SCOPED_TRACE(::testing::Message() << "m " << g.m << " n " << g.n << " ta " << int(g.ta) << " tb " << int(g.tb));
+      const int64_t lda = (g.ta == Trans::N ? g.k : g.m) + g.pad, ldb = (g.tb == Trans::N ? g.n : g.k) + g.pad,
+                    ldc = g.n + g.pad;
+      const GemmShape s{g.ta, g.tb, g.m, g.n, g.k, lda, ldb, ldc};
+      const ProductShares shares = backend().bf16_product_shares(s);
+      const int64_t extent = shares.by_rows ? g.m : g.n;
+      ASSERT_GE(shares.parts, 1);
+      if (shares.parts > 1) {
+        EXPECT_EQ(shares.by_rows, g.ta == Trans::T) << "a weight gradient is cut by rows, the rest by columns";
+        int64_t covered = 0;
+        for (int64_t t = 0; t < shares.parts; ++t) {
+          const ProductShares::Part p = shares.part(s, t);
+          const int64_t width = shares.by_rows ? p.shape.m : p.shape.n;
+          EXPECT_GT(width, 0) << "part " << t;
+          EXPECT_EQ(p.c, shares.by_rows ? covered * ldc : covered) << "part " << t << " starts where the last ended";
+          covered += width;
+        }
+        EXPECT_EQ(covered, extent) << "the parts cover the output once";
+      }
+      const std::vector<bf16> a = random_bf16((g.ta == Trans::N ? g.m : g.k) * lda, ++seed),
+                              b = random_bf16((g.tb == Trans::N ? g.k : g.n) * ldb, ++seed);
+      const Floats c = random_floats(g.m * ldc, ++seed);
+      const Doubles ad = widen(a), bd = widen(b);
+      Doubles want = widen(c);
+      for (int64_t i = 0; i < g.m; ++i)
+        for (int64_t j = 0; j < g.n; ++j) {
+          double sum = g.beta * want[i * ldc + j];
+          for (int64_t p = 0; p < g.k; ++p)
+            sum += (g.ta == Trans::N ? ad[i * lda + p] : ad[p * lda + i]) *
+                   (g.tb == Trans::N ? bd[p * ldb + j] : bd[j * ldb + p]);
+          want[i * ldc + j] = sum;
+        }
+      check(
+          [&](Backend& be) {
+            const ProductShares cut = be.bf16_product_shares(s);
+            be.prepare_gemm(s, true, g.beta);
+            Floats out = c;
+            for_each_task(cut.parts, true, [&](int64_t t, int) {
+              const ProductShares::Part p = cut.part(s, t);
+              be.gemm_bf16(p.shape, a.data() + p.a, b.data() + p.b, out.data() + p.c, g.beta);
+            });
+            return Outputs{{"c", widen(out)}};
+          },
+          {{"c", want}}, kF32Sum);
+    }
+  });
+}
+
 // A prepared product (plans built before the step) multiplies as an unprepared one.
 TEST_P(BackendOps, prepare_gemm) {
   check_gemm<float>(*this, true);

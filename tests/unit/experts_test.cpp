@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "finite_difference.h"
+#include "keel/core/dtype.h"
 #include "keel/core/error.h"
 #include "keel/core/four_bit.h"
 #include "keel/kernels/backend.h"
@@ -631,6 +632,91 @@ TEST(ExpertsLora, PlannedAndTrained) {
       EXPECT_GT(b, 0) << m.path;
     }
   }
+}
+
+// The experts in bf16 where the CPU backend cuts their products over the threads, run as tasks of
+// (expert, part) on whichever thread is free (experts.cpp: for_each_expert_task), against the same
+// forward and backward pass on one thread, where each product runs whole. The two differ where a
+// product's sums over K are blocked differently: ~1e-7 of a value in fp32, which flips the bf16
+// rounding of some intermediates (act, the rows' gradients), ~1e-4 of the largest value after them
+// (5e-5 seen). A part written to another part's rows or columns, read from another expert's weight
+// or not run at all is off by the values themselves (each of the three fails it). The shape cuts
+// every kind of product in two but one (d act, [rows, 256] outputs: too narrow, run whole by the
+// task that holds part 0, on whichever thread).
+TEST(ExpertsTasks, Bf16PartsRunAsTasksMatchWholeProductsOnOneThread) {
+  kernels::Backend& backend = kernels::backend_named("cpu");
+  const ExpertsShape s{48, 512, 6, 2, 256, true};
+  const int64_t N = s.tokens, H = s.hidden, E = s.experts, I = s.inter, R = s.routed();
+  const int threads = 2;
+  bool cut = false;
+  test::with_threads(threads, [&] {
+    const kernels::GemmShape gate_up = kernels::packed_gemm(kernels::Trans::N, kernels::Trans::T, 1, 2 * I, H);
+    cut = backend.bf16_product_shares(gate_up).parts > 1;
+  });
+  if (!cut) GTEST_SKIP() << "no native bf16 matmul (or KEEL_GEMM_SPLIT=0): the experts' products are not cut";
+
+  auto bf16_of = [](const std::vector<float>& v) {
+    std::vector<bf16> b(v.size());
+    for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
+    return b;
+  };
+  const std::vector<float> x = test::to_float(test::random_vector(size_t(N * H), 31)),
+                           router = test::to_float(test::random_vector(size_t(E * H), 32, -0.2, 0.2)),
+                           gate_up = test::to_float(test::random_vector(size_t(E * 2 * I * H), 33, -0.1, 0.1)),
+                           down = test::to_float(test::random_vector(size_t(E * H * I), 34, -0.1, 0.1)),
+                           residual = test::to_float(test::random_vector(size_t(N * H), 35)),
+                           dy = test::to_float(test::random_vector(size_t(N * H), 36));
+  const std::vector<bf16> x_b = bf16_of(x), router_b = bf16_of(router), gate_up_b = bf16_of(gate_up),
+                          down_b = bf16_of(down);
+  struct Outputs {
+    std::vector<float> y, dx, g_router, g_gate_up, g_down;
+  };
+  auto run = [&] {
+    auto floats = [](int64_t n) { return std::vector<float>(static_cast<size_t>(n), 7.0f); };
+    auto ints = [](int64_t n) { return std::vector<int32_t>(static_cast<size_t>(n)); };
+    auto halves = [](int64_t n) { return std::vector<bf16>(static_cast<size_t>(n)); };
+    std::vector<float> probs = floats(N * E), weight = floats(R), gu = floats(R * 2 * I), act = floats(R * I),
+                       out = floats(R * H);
+    std::vector<bf16> in_b = halves(R * H), act_b = halves(R * I);
+    std::vector<int32_t> choice = ints(R), expert_rows = ints(E + 1), row_slot = ints(R), token_rows = ints(R);
+    RoutedActivations a{probs.data(),      choice.data(), weight.data(), expert_rows.data(), row_slot.data(),
+                        token_rows.data(), nullptr,       gu.data(),     act.data(),         out.data()};
+    a.in_b = in_b.data();
+    a.act_b = act_b.data();
+    ExpertsWeights w{router.data(), gate_up.data(), down.data()};
+    w.router_b = router_b.data();
+    w.gate_up_b = gate_up_b.data();
+    w.down_b = down_b.data();
+    Outputs o{floats(N * H), floats(N * H), floats(E * H), floats(E * 2 * I * H), floats(E * H * I)};
+    experts_forward(backend, s, x.data(), x_b.data(), w, a, residual.data(), o.y.data(), nullptr, nullptr);
+    std::vector<float> d_rows = floats(R * H), d_act = floats(R * I), d_gu = floats(R * 2 * I),
+                       d_logits = floats(N * E), d_slot = floats(R);
+    std::vector<bf16> rows_b = halves(R * H), gu_b = halves(R * 2 * I), logits_b = halves(N * E);
+    ExpertsScratch scratch{d_rows.data(), d_act.data(), d_gu.data(), d_logits.data(), d_slot.data()};
+    scratch.rows_b = rows_b.data();
+    scratch.gate_up_b = gu_b.data();
+    scratch.logits_b = logits_b.data();
+    const ExpertsGrads g{o.g_router.data(), o.g_gate_up.data(), o.g_down.data(), 0.0f, 0.0f, 0.0f};
+    experts_backward(backend, s, x.data(), x_b.data(), w, a, dy.data(), scratch, nullptr, nullptr, g, o.dx.data());
+    return o;
+  };
+  Outputs tasks, whole;
+  test::with_threads(threads, [&] { tasks = run(); });
+  test::with_threads(1, [&] { whole = run(); });
+  auto expect_close = [](const char* what, const std::vector<float>& got, const std::vector<float>& want) {
+    float scale = 0;
+    for (float v : want) scale = std::max(scale, std::fabs(v));
+    int64_t off = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      if (std::fabs(got[i] - want[i]) > 1e-3f * scale && off++ < 5)
+        ADD_FAILURE() << what << "[" << i << "]: " << got[i] << " as tasks, " << want[i] << " on one thread";
+    EXPECT_EQ(off, 0) << what << ": " << off << " of " << want.size() << " differ (largest value " << scale << ")";
+  };
+  expect_close("y", tasks.y, whole.y);
+  expect_close("dx", tasks.dx, whole.dx);
+  expect_close("d router", tasks.g_router, whole.g_router);
+  expect_close("d gate_up", tasks.g_gate_up, whole.g_gate_up);
+  expect_close("d down", tasks.g_down, whole.g_down);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ExpertsTest,

@@ -60,6 +60,11 @@ class Backend {
   // [rows, in] held as stored. Decoding reads each weight once per token, so it is bound by the
   // weight's bytes, and a GEMM would first pack (or widen) the whole weight for one row.
   virtual void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) = 0;
+  // How the backend cuts a bf16 product over its threads (one part: it does not). A caller with
+  // many independent products (the experts') may run their parts as its own tasks: gemm_bf16 on a
+  // part from inside a parallel region runs it on the calling thread, and where a backend cuts
+  // products at all, prepare_gemm prepares every part (or an uncut product) for every thread.
+  virtual ProductShares bf16_product_shares(const GemmShape& s) = 0;
   // Prepares whatever the backend builds for a product on first use, so that a step loop meeting
   // the shape later allocates nothing.
   virtual void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) = 0;

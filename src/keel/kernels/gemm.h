@@ -74,6 +74,12 @@ bool bf16_matmul_native();
 // Whether keel splits large bf16 products over the threads itself, one single-threaded product a
 // thread (gemm.cpp says when and why), rather than handing each whole to oneDNN's threading.
 bool bf16_products_split();
+// The shares gemm_bf16 cuts a bf16 product into, one a thread, when called outside a parallel
+// region (one part when it runs whole). Where it cuts products at all (bf16_products_split), every
+// thread holds the plans of every share (or of the whole product) once the product is prepared
+// (gemm_prepare), so a caller's own tasks may run them, one single-threaded product each, on
+// whichever threads take them (Backend::bf16_product_shares).
+ProductShares bf16_product_shares(const GemmShape& s);
 
 // Measures the bf16 (or f32) matmul throughput of this machine on a large square GEMM, in FLOP/s.
 double measure_matmul_peak(bool use_bf16, int64_t size = 2048, int repeats = 5);

@@ -1,7 +1,8 @@
 // The value types every backend's operations take: the shapes of products, of norms and of
 // attention, the rotary table, AdamW's step constants. Public (model/ and train/ build them); no
-// code runs here except RopeTable::build.
+// code runs here but RopeTable::build and ProductShares::part's offsets.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -21,6 +22,35 @@ struct GemmShape {
 inline GemmShape packed_gemm(Trans ta, Trans tb, int64_t m, int64_t n, int64_t k) {
   return {ta, tb, m, n, k, ta == Trans::N ? k : m, tb == Trans::N ? n : k, n};
 }
+
+// A product cut into shares of its output, each share a product of its own: columns (N) or, for a
+// weight gradient (op(A) = A^T, M = the weight's rows), rows (M); every share `share` wide but the
+// last. Part t: share t's shape (the whole product's leading dimensions) and the element offsets of
+// its A, B and C in the whole product's operands.
+struct ProductShares {
+  struct Part {
+    GemmShape shape;
+    int64_t a = 0, b = 0, c = 0;
+  };
+  int64_t parts = 1, share = 0;
+  bool by_rows = false;
+
+  Part part(const GemmShape& s, int64_t t) const {
+    if (parts <= 1) return {s};
+    const int64_t first = t * share, extent = by_rows ? s.m : s.n;
+    Part p{s};
+    if (by_rows) {
+      p.shape.m = std::min(share, extent - first);
+      p.a = s.trans_a == Trans::N ? first * s.lda : first;
+      p.c = first * s.ldc;
+    } else {
+      p.shape.n = std::min(share, extent - first);
+      p.b = s.trans_b == Trans::N ? first : first * s.ldb;
+      p.c = first;
+    }
+    return p;
+  }
+};
 
 // ---- RMSNorm (rmsnorm.h) on `rows` rows of `heads` vectors of `dim`, each vector normalised on
 // its own with the one weight w [dim]: heads 1 for a block's norms, the attention heads for Qwen3's

@@ -1,8 +1,10 @@
 #include "keel/model/experts.h"
 
 #include <algorithm>
+#include <array>
 #include <bitset>
 #include <cmath>
+#include <numeric>
 #include <tuple>
 #include <utility>
 
@@ -198,6 +200,46 @@ void for_each_expert(const RoutedActivations& a, int64_t experts, F&& f) {
   }
 }
 
+// Experts for_each_expert_task puts in order, largest first; past this many, expert order.
+constexpr int64_t kMaxOrderedExperts = 1024;
+
+// The experts' products of one kind as the tasks of one parallel region, where the backend cuts
+// each product over its threads (Backend::bf16_product_shares): f(e, r0, n, part) for every expert
+// and every part < parts, largest experts first, each task taken by whichever thread is free and
+// its products run on that thread. Cut one product at a time, the threads met at the end of every
+// piece's product (some 5,000 times a step on the bench model), the one done first waiting for the
+// other; as tasks they meet once per kind, and a thread slowed by a neighbour takes fewer tasks.
+// Each part is the same single-threaded product the cut ran, so the results are the same (a kind
+// too narrow to cut, run beside one that is, runs whole in its part-0 task: the backend plans
+// either for every thread). One part (fp32, a backend that does not cut, experts dequantized into
+// the one tile): f(e, r0, n, 0) in expert order on this thread, each product whole.
+template <typename F>
+void for_each_expert_task(const RoutedActivations& a, int64_t experts, int64_t parts, F&& f) {
+  if (parts <= 1)
+    return for_each_expert(a, experts, [&](int64_t e, int64_t r0, int64_t n) { f(e, r0, n, int64_t(0)); });
+  auto rows = [&](int64_t e) { return a.expert_rows[e + 1] - a.expert_rows[e]; };
+  std::array<int32_t, kMaxOrderedExperts> order;  // the last tasks the shortest; ties by index
+  const bool ordered = experts <= kMaxOrderedExperts;
+  if (ordered) {
+    std::iota(order.begin(), order.begin() + experts, 0);
+    std::sort(order.begin(), order.begin() + experts,
+              [&](int32_t x, int32_t y) { return rows(x) != rows(y) ? rows(x) > rows(y) : x < y; });
+  }
+  for_each_task(experts * parts, true, [&](int64_t task, int) {
+    const int64_t e = ordered ? order[size_t(task / parts)] : task / parts;
+    f(e, a.expert_rows[e], rows(e), task % parts);
+  });
+}
+
+// One part of a product as the backend cuts it (shares), or the whole product (shares null).
+struct Share {
+  const kernels::ProductShares* shares = nullptr;
+  int64_t part = 0;
+  kernels::ProductShares::Part of(const kernels::GemmShape& s) const {
+    return shares ? shares->part(s, part) : kernels::ProductShares::Part{s};
+  }
+};
+
 // f(first, count) over [0, n) in power-of-two pieces, largest first (experts.h says why).
 template <typename F>
 void for_each_piece(int64_t n, F&& f) {
@@ -251,18 +293,28 @@ void product(kernels::Backend& backend, const kernels::GemmShape& s, Operand a, 
 // C[rows] = A[rows] op(W) for m = rows, as packed_gemm(ta, tb, rows, n, k) lays them out. Sums
 // over the rows (row_sum: a weight gradient, C [m, n] = A[rows]^T B[rows], k = rows): the pieces
 // add into C after the first writes with `beta`.
+// With a Share, each piece's part of it.
 void row_product(kernels::Backend& backend, Trans tb, int64_t rows, int64_t n, int64_t k, Operand a, Operand w,
-                 float* c, float beta = 0.0f) {
+                 float* c, float beta = 0.0f, Share share = {}) {
   for_each_piece(rows, [&](int64_t first, int64_t count) {
-    product(backend, kernels::packed_gemm(Trans::N, tb, count, n, k), a.at(first * k), w, c + first * n, beta);
+    const auto p = share.of(kernels::packed_gemm(Trans::N, tb, count, n, k));
+    product(backend, p.shape, a.at(first * k + p.a), w.at(p.b), c + first * n + p.c, beta);
   });
 }
 void row_sum(kernels::Backend& backend, int64_t m, int64_t n, int64_t rows, Operand a, Operand b, float* c,
-             float beta) {
+             float beta, Share share = {}) {
   for_each_piece(rows, [&](int64_t first, int64_t count) {
-    product(backend, kernels::packed_gemm(Trans::T, Trans::N, m, n, count), a.at(first * m), b.at(first * n), c,
-            first == 0 ? beta : 1.0f);
+    const auto p = share.of(kernels::packed_gemm(Trans::T, Trans::N, m, n, count));
+    product(backend, p.shape, a.at(first * m + p.a), b.at(first * n + p.b), c + p.c, first == 0 ? beta : 1.0f);
   });
+}
+
+// The backend's cut of a kind of the experts' products, where they run as tasks
+// (for_each_expert_task): bf16 products read from full-precision experts' bf16 copies (4-bit ones
+// are dequantized into one tile, expert by expert, and run whole).
+kernels::ProductShares expert_shares(kernels::Backend& backend, const ExpertsWeights& w, const kernels::GemmShape& s) {
+  if (!w.in_bf16() || w.gate_up_4bit || w.down_4bit) return {};
+  return backend.bf16_product_shares(s);
 }
 
 // Expert e's matrices of an adapter (experts.h: ExpertsLora), A_e [rank, in] and B_e [out, rank];
@@ -411,17 +463,22 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
   const Operand in{a.in, bf ? a.in_b : nullptr}, act{a.act, bf ? a.act_b : nullptr};
   const Operand gate_up{w.gate_up, w.gate_up_b}, down{w.down, w.down_b};
   require_tile(s, w);
-  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+  const kernels::ProductShares gate_up_shares =
+      expert_shares(backend, w, kernels::packed_gemm(Trans::N, Trans::T, 1, 2 * I, H));
+  for_each_expert_task(a, E, gate_up_shares.parts, [&](int64_t e, int64_t r0, int64_t n, int64_t part) {
     if (n == 0) return;
     row_product(backend, Trans::T, n, 2 * I, H, in.at(r0 * H),
-                expert_matrix(backend, w, gate_up, w.gate_up_4bit, e, 2 * I * H), a.gate_up + r0 * 2 * I);
+                expert_matrix(backend, w, gate_up, w.gate_up_4bit, e, 2 * I * H), a.gate_up + r0 * 2 * I, 0.0f,
+                {&gate_up_shares, part});
   });
   if (w.gate_up_lora) lora_forward(backend, a, E, w, w.gate_up_lora, 2 * I, H, in, a.lora_u_gate_up, a.gate_up);
   backend.glu_forward(kernels::GluActivation::Silu, a.gate_up, R, I, a.act, bf ? a.act_b : nullptr);
-  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+  const kernels::ProductShares down_shares =
+      expert_shares(backend, w, kernels::packed_gemm(Trans::N, Trans::T, 1, H, I));
+  for_each_expert_task(a, E, down_shares.parts, [&](int64_t e, int64_t r0, int64_t n, int64_t part) {
     if (n == 0) return;
     row_product(backend, Trans::T, n, H, I, act.at(r0 * I), expert_matrix(backend, w, down, w.down_4bit, e, H * I),
-                a.out + r0 * H);
+                a.out + r0 * H, 0.0f, {&down_shares, part});
   });
   if (w.down_lora) lora_forward(backend, a, E, w, w.down_lora, H, I, act, a.lora_u_down, a.out);
   if (!y) return;
@@ -467,24 +524,41 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
   if (bf) backend.cast_to_bf16(d.rows, d.rows_b, R * H);
   // down: d act = d rows W_d[e];  dW_d[e] (+)= d rows^T act
   require_tile(s, w);
-  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+  // Each task: its part of d act's product and of dW_d's (every expert's parts of both, as tasks).
+  const kernels::ProductShares d_act_shares =
+      expert_shares(backend, w, kernels::packed_gemm(Trans::N, Trans::N, 1, I, H));
+  const kernels::ProductShares d_down_shares =
+      g.down ? expert_shares(backend, w, kernels::packed_gemm(Trans::T, Trans::N, H, I, 1)) : kernels::ProductShares{};
+  for_each_expert_task(a, E, std::max(d_act_shares.parts, d_down_shares.parts),
+                       [&](int64_t e, int64_t r0, int64_t n, int64_t part) {
     if (n == 0) return;
-    row_product(backend, Trans::N, n, I, H, d_rows.at(r0 * H), expert_matrix(backend, w, down, w.down_4bit, e, H * I),
-                d.act + r0 * I);
-    if (g.down) row_sum(backend, H, I, n, d_rows.at(r0 * H), act.at(r0 * I), g.down + e * H * I, g.down_beta);
+    if (part < d_act_shares.parts)
+      row_product(backend, Trans::N, n, I, H, d_rows.at(r0 * H),
+                  expert_matrix(backend, w, down, w.down_4bit, e, H * I), d.act + r0 * I, 0.0f, {&d_act_shares, part});
+    if (g.down && part < d_down_shares.parts)
+      row_sum(backend, H, I, n, d_rows.at(r0 * H), act.at(r0 * I), g.down + e * H * I, g.down_beta,
+              {&d_down_shares, part});
   });
   if (g.down) zero_unrouted(g.down, g.down_beta, H * I);
   if (w.down_lora)
     lora_backward(backend, a, E, w, w.down_lora, H, I, d.rows, act, a.lora_u_down, d, g.down_a, g.down_b, d.act);
   backend.glu_backward(kernels::GluActivation::Silu, a.gate_up, d.act, R, I, d.gate_up, bf ? d.gate_up_b : nullptr);
   // gate/up: d in = d gate_up W_gu[e] (into d.rows, read above);  dW_gu[e] (+)= d gate_up^T in
-  for_each_expert(a, E, [&](int64_t e, int64_t r0, int64_t n) {
+  const kernels::ProductShares d_in_shares =
+      expert_shares(backend, w, kernels::packed_gemm(Trans::N, Trans::N, 1, H, 2 * I));
+  const kernels::ProductShares d_gate_up_shares =
+      g.gate_up ? expert_shares(backend, w, kernels::packed_gemm(Trans::T, Trans::N, 2 * I, H, 1))
+                : kernels::ProductShares{};
+  for_each_expert_task(a, E, std::max(d_in_shares.parts, d_gate_up_shares.parts),
+                       [&](int64_t e, int64_t r0, int64_t n, int64_t part) {
     if (n == 0) return;
-    row_product(backend, Trans::N, n, H, 2 * I, d_gate_up.at(r0 * 2 * I),
-                expert_matrix(backend, w, gate_up, w.gate_up_4bit, e, 2 * I * H), d.rows + r0 * H);
-    if (g.gate_up)
+    if (part < d_in_shares.parts)
+      row_product(backend, Trans::N, n, H, 2 * I, d_gate_up.at(r0 * 2 * I),
+                  expert_matrix(backend, w, gate_up, w.gate_up_4bit, e, 2 * I * H), d.rows + r0 * H, 0.0f,
+                  {&d_in_shares, part});
+    if (g.gate_up && part < d_gate_up_shares.parts)
       row_sum(backend, 2 * I, H, n, d_gate_up.at(r0 * 2 * I), in.at(r0 * H), g.gate_up + e * 2 * I * H,
-              g.gate_up_beta);
+              g.gate_up_beta, {&d_gate_up_shares, part});
   });
   if (g.gate_up) zero_unrouted(g.gate_up, g.gate_up_beta, 2 * I * H);
   if (w.gate_up_lora)

@@ -49,6 +49,7 @@ class CpuBackend final : public HostMemoryBackend, public Bf16Widening {
   void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) override {
     kernels::gemm_bf16(s, a, b, c, beta);
   }
+  ProductShares bf16_product_shares(const GemmShape& s) override { return kernels::bf16_product_shares(s); }
   void prepare_gemm(const GemmShape& s, bool bf16_inputs, float beta) override { gemm_prepare(s, bf16_inputs, beta); }
   size_t gemm_scratch_bytes(bool bf16_inputs) override { return gemm_widened_operand_bytes(bf16_inputs); }
   void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) override {

@@ -5,7 +5,7 @@
 //
 // The cache and the stream are per thread: a call from outside a parallel region runs the product
 // on all threads (oneDNN parallelises it, or, for a large bf16 product, keel splits it into one
-// single-threaded product a thread: ThreadSplit below), while calls from inside an OpenMP parallel
+// single-threaded product a thread: bf16_product_shares below), while calls from inside an OpenMP parallel
 // region (the attention kernel gives each thread its own heads) run concurrently, each on its own
 // thread, with nothing shared.
 #include <algorithm>
@@ -338,31 +338,6 @@ void run(bool bf16, const GemmShape& s, const void* a, const void* b, float* c, 
 // KEEL_GEMM_SPLIT=0 turns the split off.
 constexpr int64_t kSplitMinExtent = 256, kSplitAlign = 32;
 
-struct Part {
-  GemmShape shape;
-  int64_t a = 0, b = 0, c = 0;  // element offsets of the part's operands
-};
-
-struct ThreadSplit {
-  int64_t parts = 0, share = 0;  // at most one a thread; the extent of each but the last
-  bool by_rows = false;
-  explicit operator bool() const { return parts > 1; }
-  Part part(const GemmShape& s, int64_t t) const {
-    const int64_t first = t * share, extent = by_rows ? s.m : s.n;
-    Part p{s};
-    if (by_rows) {
-      p.shape.m = std::min(share, extent - first);
-      p.a = s.trans_a == Trans::N ? first * s.lda : first;
-      p.c = first * s.ldc;
-    } else {
-      p.shape.n = std::min(share, extent - first);
-      p.b = s.trans_b == Trans::N ? first : first * s.ldb;
-      p.c = first;
-    }
-    return p;
-  }
-};
-
 bool split_enabled() {
   static const bool enabled = [] {
     const char* env = std::getenv("KEEL_GEMM_SPLIT");
@@ -375,11 +350,9 @@ bool split_enabled() {
 
 bool bf16_products_split() { return max_threads() > 1 && split_enabled() && bf16_matmul_native(); }
 
-namespace {
-
-ThreadSplit thread_split(bool bf16, const GemmShape& s) {
+ProductShares bf16_product_shares(const GemmShape& s) {
   const int64_t threads = max_threads();
-  if (!bf16 || in_parallel_region() || !bf16_products_split()) return {};
+  if (!bf16_products_split()) return {};
   const bool by_rows = s.trans_a == Trans::T;
   const int64_t extent = by_rows ? s.m : s.n;
   if (extent < kSplitMinExtent * threads) return {};
@@ -387,10 +360,17 @@ ThreadSplit thread_split(bool bf16, const GemmShape& s) {
   return {(extent + share - 1) / share, share, by_rows};
 }
 
-// f(part) for each part, part t on thread t (parallel_for gives n <= threads one index each): the
-// run and its preparation meet the same plans, each in its own thread's cache.
+namespace {
+
+// The split gemm_bf16 runs now: none inside a parallel region, where the product runs on its thread.
+ProductShares thread_split(bool bf16, const GemmShape& s) {
+  if (!bf16 || in_parallel_region()) return {};
+  return bf16_product_shares(s);
+}
+
+// f(part) for each part, part t on thread t (parallel_for gives n <= threads one index each).
 template <typename F>
-void for_each_part(const ThreadSplit& split, F&& f) {
+void for_each_part(const ProductShares& split, F&& f) {
   parallel_for(split.parts, true, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) f(t);
   });
@@ -557,10 +537,10 @@ void gemm_f32(const GemmShape& s, const float* a, const float* b, float* c, floa
 }
 
 void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) {
-  const ThreadSplit split = thread_split(true, s);
-  if (!split) return run(true, s, a, b, c, beta);
+  const ProductShares split = thread_split(true, s);
+  if (split.parts <= 1) return run(true, s, a, b, c, beta);
   for_each_part(split, [&](int64_t t) {
-    const Part part = split.part(s, t);
+    const ProductShares::Part part = split.part(s, t);
     run(true, part.shape, a + part.a, b + part.b, c + part.c, beta);
   });
 }
@@ -568,9 +548,15 @@ void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float
 void gemm_prepare(const GemmShape& s, bool bf16_inputs, float beta) {
   if (!bf16_inputs && s.k > kKChunk)
     return for_each_k_chunk(s, beta, [](const GemmShape& chunk, int64_t, float b) { plan_for(false, chunk, b); });
-  if (const ThreadSplit split = thread_split(bf16_inputs, s))  // each thread's plan, on that thread
-    return for_each_part(split, [&](int64_t t) { plan_for(bf16_inputs, split.part(s, t).shape, beta); });
-  plan_for(bf16_inputs, s, beta);
+  const ProductShares split = thread_split(bf16_inputs, s);
+  if (split.parts <= 1) plan_for(bf16_inputs, s, beta);  // the whole product, as a call from here runs it
+  // Where keel cuts bf16 products, every thread's plans for each share (or the whole product, not
+  // cut): gemm_bf16 runs share t on thread t, and tasks that run products themselves (the experts',
+  // experts.cpp) run a share, or a product too narrow to cut, on whichever thread takes the task.
+  if (bf16_inputs && !in_parallel_region() && bf16_products_split())
+    for_each_task(max_threads(), true, [&](int64_t, int) {
+      for (int64_t t = 0; t < split.parts; ++t) plan_for(true, split.part(s, t).shape, beta);
+    });
 }
 
 double measure_gemm(bool use_bf16, const GemmShape& s, int repeats) {

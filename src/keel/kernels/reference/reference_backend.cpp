@@ -104,6 +104,7 @@ class ReferenceBackend final : public HostMemoryBackend {
   void gemm_bf16(const GemmShape& s, const bf16* a, const bf16* b, float* c, float beta) override {
     product(s, widen(a, a_span(s)), widen(b, b_span(s)), c, beta);
   }
+  ProductShares bf16_product_shares(const GemmShape&) override { return {}; }  // each product whole
   void prepare_gemm(const GemmShape&, bool, float) override {}
   size_t gemm_scratch_bytes(bool) override { return 0; }
   void gemv_bf16(const float* x, const bf16* w, int64_t rows, int64_t in, float* y, float beta) override {
