@@ -162,6 +162,20 @@ const GemmCase kGemmCases[] = {
     {Trans::N, Trans::T, 5, 7, 2100, 2, 1.0f},  // K past kKChunk: the CPU's K-chunked product
 };
 
+// C = op(A) op(B) + beta C in double over s's view of the operands (C's padding kept); beta 0
+// never reads C (its view may be NaN).
+Doubles naive_gemm(const GemmShape& s, const Doubles& a, const Doubles& b, Doubles c, float beta) {
+  for (int64_t i = 0; i < s.m; ++i)
+    for (int64_t j = 0; j < s.n; ++j) {
+      double sum = beta == 0.0f ? 0.0 : beta * c[i * s.ldc + j];
+      for (int64_t p = 0; p < s.k; ++p)
+        sum += (s.trans_a == Trans::N ? a[i * s.lda + p] : a[p * s.lda + i]) *
+               (s.trans_b == Trans::N ? b[p * s.ldb + j] : b[j * s.ldb + p]);
+      c[i * s.ldc + j] = sum;
+    }
+  return c;
+}
+
 // a, b: float or bf16 inputs; c's view is NaN when beta is 0 (overwritten, never read), its padding
 // random and kept.
 template <typename T>
@@ -184,16 +198,7 @@ void check_gemm(const BackendOps& t, bool prepare) {
       for (int64_t i = 0; i < g.m; ++i)
         for (int64_t j = 0; j < g.n; ++j) c[i * ldc + j] = NAN;
 
-    const Doubles ad = widen(a), bd = widen(b);
-    Doubles want = widen(c);
-    for (int64_t i = 0; i < g.m; ++i)
-      for (int64_t j = 0; j < g.n; ++j) {
-        double sum = g.beta == 0.0f ? 0.0 : g.beta * want[i * ldc + j];
-        for (int64_t p = 0; p < g.k; ++p)
-          sum += (g.ta == Trans::N ? ad[i * lda + p] : ad[p * lda + i]) *
-                 (g.tb == Trans::N ? bd[p * ldb + j] : bd[j * ldb + p]);
-        want[i * ldc + j] = sum;
-      }
+    const Doubles want = naive_gemm(s, widen(a), widen(b), widen(c), g.beta);
     t.check(
         [&](Backend& be) {
           constexpr bool kBf16Inputs = std::is_same_v<T, bf16>;
@@ -244,16 +249,7 @@ TEST_P(BackendOps, bf16_product_shares) {
       const std::vector<bf16> a = random_bf16((g.ta == Trans::N ? g.m : g.k) * lda, ++seed),
                               b = random_bf16((g.tb == Trans::N ? g.k : g.n) * ldb, ++seed);
       const Floats c = random_floats(g.m * ldc, ++seed);
-      const Doubles ad = widen(a), bd = widen(b);
-      Doubles want = widen(c);
-      for (int64_t i = 0; i < g.m; ++i)
-        for (int64_t j = 0; j < g.n; ++j) {
-          double sum = g.beta * want[i * ldc + j];
-          for (int64_t p = 0; p < g.k; ++p)
-            sum += (g.ta == Trans::N ? ad[i * lda + p] : ad[p * lda + i]) *
-                   (g.tb == Trans::N ? bd[p * ldb + j] : bd[j * ldb + p]);
-          want[i * ldc + j] = sum;
-        }
+      const Doubles want = naive_gemm(s, widen(a), widen(b), widen(c), g.beta);
       check(
           [&](Backend& be) {
             const ProductShares cut = be.bf16_product_shares(s);

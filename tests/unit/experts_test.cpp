@@ -657,7 +657,7 @@ TEST(ExpertsTasks, Bf16PartsRunAsTasksMatchWholeProductsOnOneThread) {
 
   auto bf16_of = [](const std::vector<float>& v) {
     std::vector<bf16> b(v.size());
-    for (size_t i = 0; i < v.size(); ++i) b[i] = float_to_bf16(v[i]);
+    convert_f32_to_bf16(v.data(), b.data(), v.size());
     return b;
   };
   const std::vector<float> x = test::to_float(test::random_vector(size_t(N * H), 31)),

@@ -231,15 +231,6 @@ void for_each_expert_task(const RoutedActivations& a, int64_t experts, int64_t p
   });
 }
 
-// One part of a product as the backend cuts it (shares), or the whole product (shares null).
-struct Share {
-  const kernels::ProductShares* shares = nullptr;
-  int64_t part = 0;
-  kernels::ProductShares::Part of(const kernels::GemmShape& s) const {
-    return shares ? shares->part(s, part) : kernels::ProductShares::Part{s};
-  }
-};
-
 // f(first, count) over [0, n) in power-of-two pieces, largest first (experts.h says why).
 template <typename F>
 void for_each_piece(int64_t n, F&& f) {
@@ -293,18 +284,18 @@ void product(kernels::Backend& backend, const kernels::GemmShape& s, Operand a, 
 // C[rows] = A[rows] op(W) for m = rows, as packed_gemm(ta, tb, rows, n, k) lays them out. Sums
 // over the rows (row_sum: a weight gradient, C [m, n] = A[rows]^T B[rows], k = rows): the pieces
 // add into C after the first writes with `beta`.
-// With a Share, each piece's part of it.
+// Each piece's part `part` of the products as `shares` cuts them (one part: the whole product).
 void row_product(kernels::Backend& backend, Trans tb, int64_t rows, int64_t n, int64_t k, Operand a, Operand w,
-                 float* c, float beta = 0.0f, Share share = {}) {
+                 float* c, float beta = 0.0f, const kernels::ProductShares& shares = {}, int64_t part = 0) {
   for_each_piece(rows, [&](int64_t first, int64_t count) {
-    const auto p = share.of(kernels::packed_gemm(Trans::N, tb, count, n, k));
+    const auto p = shares.part(kernels::packed_gemm(Trans::N, tb, count, n, k), part);
     product(backend, p.shape, a.at(first * k + p.a), w.at(p.b), c + first * n + p.c, beta);
   });
 }
 void row_sum(kernels::Backend& backend, int64_t m, int64_t n, int64_t rows, Operand a, Operand b, float* c,
-             float beta, Share share = {}) {
+             float beta, const kernels::ProductShares& shares = {}, int64_t part = 0) {
   for_each_piece(rows, [&](int64_t first, int64_t count) {
-    const auto p = share.of(kernels::packed_gemm(Trans::T, Trans::N, m, n, count));
+    const auto p = shares.part(kernels::packed_gemm(Trans::T, Trans::N, m, n, count), part);
     product(backend, p.shape, a.at(first * m + p.a), b.at(first * n + p.b), c + p.c, first == 0 ? beta : 1.0f);
   });
 }
@@ -469,7 +460,7 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
     if (n == 0) return;
     row_product(backend, Trans::T, n, 2 * I, H, in.at(r0 * H),
                 expert_matrix(backend, w, gate_up, w.gate_up_4bit, e, 2 * I * H), a.gate_up + r0 * 2 * I, 0.0f,
-                {&gate_up_shares, part});
+                gate_up_shares, part);
   });
   if (w.gate_up_lora) lora_forward(backend, a, E, w, w.gate_up_lora, 2 * I, H, in, a.lora_u_gate_up, a.gate_up);
   backend.glu_forward(kernels::GluActivation::Silu, a.gate_up, R, I, a.act, bf ? a.act_b : nullptr);
@@ -478,7 +469,7 @@ void experts_forward(kernels::Backend& backend, const ExpertsShape& s, const flo
   for_each_expert_task(a, E, down_shares.parts, [&](int64_t e, int64_t r0, int64_t n, int64_t part) {
     if (n == 0) return;
     row_product(backend, Trans::T, n, H, I, act.at(r0 * I), expert_matrix(backend, w, down, w.down_4bit, e, H * I),
-                a.out + r0 * H, 0.0f, {&down_shares, part});
+                a.out + r0 * H, 0.0f, down_shares, part);
   });
   if (w.down_lora) lora_forward(backend, a, E, w, w.down_lora, H, I, act, a.lora_u_down, a.out);
   if (!y) return;
@@ -534,10 +525,10 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
     if (n == 0) return;
     if (part < d_act_shares.parts)
       row_product(backend, Trans::N, n, I, H, d_rows.at(r0 * H),
-                  expert_matrix(backend, w, down, w.down_4bit, e, H * I), d.act + r0 * I, 0.0f, {&d_act_shares, part});
+                  expert_matrix(backend, w, down, w.down_4bit, e, H * I), d.act + r0 * I, 0.0f, d_act_shares, part);
     if (g.down && part < d_down_shares.parts)
       row_sum(backend, H, I, n, d_rows.at(r0 * H), act.at(r0 * I), g.down + e * H * I, g.down_beta,
-              {&d_down_shares, part});
+              d_down_shares, part);
   });
   if (g.down) zero_unrouted(g.down, g.down_beta, H * I);
   if (w.down_lora)
@@ -555,10 +546,10 @@ void experts_backward(kernels::Backend& backend, const ExpertsShape& s, const fl
     if (part < d_in_shares.parts)
       row_product(backend, Trans::N, n, H, 2 * I, d_gate_up.at(r0 * 2 * I),
                   expert_matrix(backend, w, gate_up, w.gate_up_4bit, e, 2 * I * H), d.rows + r0 * H, 0.0f,
-                  {&d_in_shares, part});
+                  d_in_shares, part);
     if (g.gate_up && part < d_gate_up_shares.parts)
       row_sum(backend, 2 * I, H, n, d_gate_up.at(r0 * 2 * I), in.at(r0 * H), g.gate_up + e * 2 * I * H,
-              g.gate_up_beta, {&d_gate_up_shares, part});
+              g.gate_up_beta, d_gate_up_shares, part);
   });
   if (g.gate_up) zero_unrouted(g.gate_up, g.gate_up_beta, 2 * I * H);
   if (w.gate_up_lora)
